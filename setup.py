@@ -1,0 +1,30 @@
+"""Packaging for Patroller."""
+import re
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+HERE = Path(__file__).parent
+VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "patroller" / "__init__.py").read_text()).group(1)
+REQUIRES = [line.strip() for line in (HERE / "requirements.txt").read_text().splitlines()
+            if line.strip() and not line.startswith("#")]
+
+setup(
+    name="patroller",
+    version=VERSION,
+    description="Know which user is on which GPU of a shared host, and hand out free GPUs fairly",
+    long_description=(HERE / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="GPL-3.0-or-later",
+    packages=find_packages(include=["patroller", "patroller.*"]),
+    python_requires=">=3.9",
+    install_requires=REQUIRES,
+    extras_require={"test": ["pytest>=8.4", "pytest-timeout>=2.3"]},
+    entry_points={"console_scripts": ["patroller = patroller.main:main"]},
+    classifiers=[
+        "License :: OSI Approved :: GNU General Public License v3 or later (GPLv3+)",
+        "Programming Language :: Python :: 3",
+        "Operating System :: POSIX :: Linux",
+        "Environment :: No Input/Output (Daemon)",
+    ],
+)
