@@ -1,0 +1,37 @@
+"""Domain errors. Each carries a message and data; the HTTP layer maps classes to statuses."""
+from __future__ import annotations
+
+from typing import Any, Dict
+
+
+class PatrollerError(Exception):
+    """Base: a message for people and data for programs."""
+
+    def __init__(self, message: str, **data: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.data: Dict[str, Any] = data
+
+
+class BadRequest(PatrollerError):
+    """The request is malformed (HTTP 400)."""
+
+
+class Unidentified(PatrollerError):
+    """The caller could not be identified, so nothing can be reserved for it (HTTP 403)."""
+
+
+class NotYours(PatrollerError):
+    """The caller asked to act on another user's device (HTTP 403)."""
+
+
+class Unsatisfiable(PatrollerError):
+    """The request can never be satisfied on this host (HTTP 422)."""
+
+
+class Busy(PatrollerError):
+    """The devices asked for are not free now (HTTP 409)."""
+
+
+class Unavailable(PatrollerError):
+    """The daemon cannot take the request now: shutting down, or too many waiting (HTTP 503)."""

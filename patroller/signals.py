@@ -1,0 +1,49 @@
+"""The events that monitors emit and the daemon reacts to, as blinker signals.
+
+Each daemon builds its own `Signals` (a private blinker namespace), so that two daemons in
+one process (as in tests) never hear each other. Receivers are called on the event loop and
+must return quickly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional, Union
+
+import blinker
+
+Value = Union[float, int, str, None]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One statistics row for one device (a dmon line)."""
+
+    uuid: str
+    values: Mapping[str, Value]  # stable names: power, gtemp, mtemp, sm, mem, ...; None for '-'
+    time: float  # wall clock, seconds since the epoch
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process seen on a device (a pmon row)."""
+
+    uuid: str
+    pid: int
+    type: Optional[str] = None  # C, G or C+G
+    command: Optional[str] = None  # as pmon prints it: cut at 15 characters
+
+
+class Signals:
+    """The signals of one daemon.
+
+    Send with keyword `record`:
+      sample.send(monitor, record=Sample(...))
+      process_started.send(monitor, record=GpuProcess(...))
+      process_ended.send(monitor, record=GpuProcess(...))
+    """
+
+    def __init__(self) -> None:
+        namespace = blinker.Namespace()
+        self.sample = namespace.signal("sample", doc="statistics for one device")
+        self.process_started = namespace.signal("process-started", doc="a process appeared on a device")
+        self.process_ended = namespace.signal("process-ended", doc="a process left a device")
