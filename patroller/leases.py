@@ -1,0 +1,338 @@
+"""The lease rules: who holds which device, reservations that expire, and waiters served in order.
+
+Pure logic: no I/O, no event loop, an injectable clock. Whoever drives it calls `expire()` at
+`next_deadline()` (see `timer.py`) and feeds it process events; every change is announced to
+subscribers, and waiters are served by the change itself.
+
+A device is
+  free      no holder and no process;
+  reserved  held for a user whose process has not (or no longer) shown up: the lease runs;
+  claimed   every process on it belongs to the holder;
+  shared    a process of another user runs on it as well (logged once as trespassing).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
+
+from .devices import Device, Inventory
+from .errors import Busy, NotYours, Unavailable, Unsatisfiable
+from .identity import Identity
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+Wants = Mapping[str, int]  # group -> count
+
+# A timer may fire a hair before its deadline; treat that as on time.
+_EARLY = 0.001
+
+
+@dataclass
+class _Hold:
+    """The mutable state of one device."""
+
+    since: float
+    holder: Optional[Identity] = None
+    deadline: Optional[float] = None  # while the holder has no process here
+    releasing: bool = False  # released by the holder: free once their processes end
+    processes: Dict[int, Identity] = field(default_factory=dict)  # pid -> owner, oldest first
+    trespassers: Set[str] = field(default_factory=set)  # users already logged
+    shown: Tuple[str, Optional[str]] = ("free", None)  # (state, holder) when `since` was set
+
+
+class Waiter:
+    """A request that waits until it can be granted."""
+
+    def __init__(self, user: Identity, wants: Wants, on_grant: Callable[[List[Device]], None],
+                 on_abort: Optional[Callable[[Exception], None]] = None) -> None:
+        self.user = user
+        self.wants = dict(wants)
+        self.on_grant = on_grant
+        self.on_abort = on_abort
+        self.granted: Optional[List[Device]] = None
+
+
+class LeaseManager:
+    """Reservations, claims and waiters for an inventory of devices."""
+
+    def __init__(self, inventory: Inventory, lease: float, clock: Clock = time.monotonic,
+                 max_waiters: int = 10000) -> None:
+        self.inventory = inventory
+        self.lease = lease
+        self.clock = clock
+        self.max_waiters = max_waiters
+        now = clock()
+        self._holds = {d.uuid: _Hold(since=now) for d in inventory}
+        self._waiters: List[Waiter] = []
+        self._subscribers: List[Callable[[], None]] = []
+        self._closed = False
+
+    # -- asking for devices -------------------------------------------------------------
+
+    def check(self, wants: Wants) -> None:
+        """Raise Unsatisfiable if the request could never be granted on this host."""
+        for group, count in wants.items():
+            exist = self.inventory.groups.get(group)
+            if exist is None:
+                raise Unsatisfiable(f"there is no device group {group!r}",
+                                    requested=dict(wants), groups=sorted(self.inventory.groups))
+            if count > exist:
+                raise Unsatisfiable(
+                    f"{count} {group} requested but only {exist} exist on this host",
+                    requested=dict(wants), exist=dict(self.inventory.groups))
+
+    def request(self, user: Identity, wants: Wants) -> List[Device]:
+        """Reserve now, all or nothing; raise Busy when the devices are not free."""
+        self._check_open()
+        self.check(wants)
+        picked = self._pick(wants)
+        if picked is None:
+            raise self.busy(wants)
+        self._reserve(user, picked)
+        self._changed()
+        return picked
+
+    def wait(self, user: Identity, wants: Wants, on_grant: Callable[[List[Device]], None],
+             on_abort: Optional[Callable[[Exception], None]] = None) -> Waiter:
+        """Queue a request; `on_grant(devices)` is called once it is reserved (maybe at once).
+
+        `on_abort(error)` is called instead if the manager closes first.
+        """
+        self._check_open()
+        self.check(wants)
+        if len(self._waiters) >= self.max_waiters:
+            raise Unavailable(f"too many waiting requests ({len(self._waiters)})")
+        waiter = Waiter(user, wants, on_grant, on_abort)
+        self._waiters.append(waiter)
+        self._settle(changed=False)
+        return waiter
+
+    def cancel(self, waiter: Waiter) -> bool:
+        """Stop waiting; True if it was still waiting (and so got nothing)."""
+        try:
+            self._waiters.remove(waiter)
+        except ValueError:
+            return False
+        return True
+
+    def release(self, user: Identity, uuid: Optional[str] = None) -> Tuple[List[Device], List[Device]]:
+        """Give back the user's devices (all, or one): (freed now, freed when their processes end)."""
+        if uuid is not None:
+            device = self.inventory.get(uuid)
+            if device is None:
+                raise Unsatisfiable(f"there is no device {uuid!r}", uuid=uuid)
+            holder = self._holds[uuid].holder
+            if holder is not None and not holder.same_user(user):
+                raise NotYours(f"device {uuid} is held by another user", uuid=uuid)
+            devices = [device]
+        else:
+            devices = list(self.inventory)
+        now_free, after_exit = [], []
+        for device in devices:
+            hold = self._holds[device.uuid]
+            if not user.same_user(hold.holder):
+                continue
+            if self._pids_of(hold, user):
+                hold.releasing = True
+                after_exit.append(device)
+            else:
+                self._drop(hold)
+                now_free.append(device)
+        if now_free or after_exit:
+            self._settle()
+        return now_free, after_exit
+
+    # -- what the monitors see ------------------------------------------------------------
+
+    def process_started(self, uuid: str, pid: int, owner: Identity) -> None:
+        """A process of `owner` appeared on a device."""
+        hold = self._holds.get(uuid)
+        if hold is None or pid in hold.processes:
+            return
+        hold.processes[pid] = owner
+        if hold.holder is None:
+            hold.holder = owner
+        if owner.same_user(hold.holder):
+            hold.deadline = None
+        elif owner.user not in hold.trespassers:
+            hold.trespassers.add(owner.user)
+            log.warning("trespassing: %s runs pid %d on %s, held by %s",
+                        owner.user, pid, uuid, hold.holder.user)
+        self._touch(hold)
+        self._changed()
+
+    def process_ended(self, uuid: str, pid: int) -> None:
+        """A process left a device."""
+        hold = self._holds.get(uuid)
+        if hold is None or pid not in hold.processes:
+            return
+        owner = hold.processes.pop(pid)
+        if not self._pids_of(hold, owner):
+            hold.trespassers.discard(owner.user)
+        if hold.holder is not None and not self._pids_of(hold, hold.holder):
+            if hold.releasing:
+                self._drop(hold)
+            elif hold.deadline is None:
+                hold.deadline = self.clock() + self.lease  # the lease restarts
+        self._touch(hold)
+        self._settle()
+
+    # -- time -----------------------------------------------------------------------------
+
+    def next_deadline(self) -> Optional[float]:
+        """The earliest time a reservation runs out, on the manager's clock."""
+        deadlines = [h.deadline for h in self._holds.values() if h.deadline is not None]
+        return min(deadlines) if deadlines else None
+
+    def expire(self) -> List[Device]:
+        """End every reservation whose lease has run out; return those devices."""
+        now = self.clock()
+        expired = []
+        for device in self.inventory:
+            hold = self._holds[device.uuid]
+            if hold.deadline is not None and hold.deadline <= now + _EARLY:
+                log.info("lease of %s on %s expired", hold.holder.user if hold.holder else "?",
+                         device.uuid)
+                self._drop(hold)
+                expired.append(device)
+        if expired:
+            self._settle()
+        return expired
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def state(self, uuid: str) -> str:
+        """free, reserved, claimed or shared."""
+        return self._state(self._holds[uuid])
+
+    def claims(self) -> Dict[str, Dict[str, Any]]:
+        """The claim part of /status for every device, in device order."""
+        now = self.clock()
+        return {uuid: self._claim_view(hold, now) for uuid, hold in self._holds.items()}
+
+    def free_counts(self) -> Dict[str, int]:
+        """How many devices of each group are free now."""
+        counts = {group: 0 for group in self.inventory.groups}
+        for device in self.inventory:
+            if self._state(self._holds[device.uuid]) == "free":
+                counts[device.group] += 1
+        return counts
+
+    @property
+    def waiting(self) -> int:
+        """How many requests are waiting."""
+        return len(self._waiters)
+
+    def subscribe(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` after every change of state."""
+        self._subscribers.append(callback)
+
+    def busy(self, wants: Wants) -> Busy:
+        """The error for a request that cannot be granted now: says how many are free."""
+        free = self.free_counts()
+        parts = [f"{count} {group} requested, {free.get(group, 0)} free"
+                 for group, count in wants.items()]
+        return Busy("busy: " + "; ".join(parts), requested=dict(wants), free=free)
+
+    def close(self) -> None:
+        """Refuse new requests; every waiter is aborted and gets nothing."""
+        self._closed = True
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if waiter.on_abort is not None:
+                waiter.on_abort(Unavailable("the server is shutting down"))
+
+    # -- inside -----------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Unavailable("the server is shutting down")
+
+    def _pick(self, wants: Wants) -> Optional[List[Device]]:
+        """Free devices for every group, in device order, or None if any group falls short."""
+        picked = []
+        for group, count in wants.items():
+            free = [d for d in self.inventory.in_group(group)
+                    if self._state(self._holds[d.uuid]) == "free"]
+            if len(free) < count:
+                return None
+            picked.extend(free[:count])
+        return sorted(picked, key=lambda d: d.number)
+
+    def _reserve(self, user: Identity, devices: List[Device]) -> None:
+        deadline = self.clock() + self.lease
+        for device in devices:
+            hold = self._holds[device.uuid]
+            hold.holder, hold.deadline, hold.releasing = user, deadline, False
+            self._touch(hold)
+
+    def _settle(self, changed: bool = True) -> None:
+        """After a change: serve the waiters, tell the subscribers, then hand out the grants."""
+        granted = self._serve()
+        if changed or granted:
+            self._changed()
+        for waiter in granted:  # after the state is settled, so callbacks see it whole
+            waiter.on_grant(waiter.granted)
+
+    def _serve(self) -> List[Waiter]:
+        """Reserve, in arrival order, for every waiter whose request can be satisfied now."""
+        granted = []
+        for waiter in list(self._waiters):
+            picked = self._pick(waiter.wants)
+            if picked is not None:
+                self._waiters.remove(waiter)
+                self._reserve(waiter.user, picked)
+                waiter.granted = picked
+                granted.append(waiter)
+        return granted
+
+    def _drop(self, hold: _Hold) -> None:
+        """End the holder's hold; remaining processes pass the device to their owner."""
+        hold.holder, hold.deadline, hold.releasing = None, None, False
+        hold.trespassers.clear()
+        if hold.processes:
+            hold.holder = next(iter(hold.processes.values()))
+            hold.trespassers = {o.user for o in hold.processes.values()} - {hold.holder.user}
+        self._touch(hold)
+
+    def _touch(self, hold: _Hold) -> None:
+        """Restart the age when the state or the holder changes."""
+        shown = (self._state(hold), hold.holder.user if hold.holder else None)
+        if shown != hold.shown:
+            hold.shown, hold.since = shown, self.clock()
+
+    @staticmethod
+    def _pids_of(hold: _Hold, user: Optional[Identity]) -> List[int]:
+        return [pid for pid, owner in hold.processes.items() if owner.same_user(user)]
+
+    @staticmethod
+    def _state(hold: _Hold) -> str:
+        if hold.holder is None:
+            return "free"
+        if any(not owner.same_user(hold.holder) for owner in hold.processes.values()):
+            return "shared"
+        return "claimed" if hold.processes else "reserved"
+
+    def _claim_view(self, hold: _Hold, now: float) -> Dict[str, Any]:
+        users: List[Identity] = [hold.holder] if hold.holder else []
+        for owner in hold.processes.values():
+            if not any(owner.same_user(u) for u in users):
+                users.append(owner)
+        return {
+            "state": self._state(hold),
+            "user": hold.holder.to_json() if hold.holder else None,
+            "users": [u.to_json() for u in users],
+            "processes": list(hold.processes),
+            "age": round(now - hold.since, 3),
+            "expires": round(max(0.0, hold.deadline - now), 3) if hold.deadline is not None else None,
+        }
+
+    def _changed(self) -> None:
+        for callback in list(self._subscribers):
+            try:
+                callback()
+            except Exception:  # a subscriber's bug must not corrupt the lease state
+                log.exception("lease subscriber failed")

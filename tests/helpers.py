@@ -1,0 +1,152 @@
+"""Small real components shared by the tests: a fake clock, a daemon on a loopback port."""
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from typing import Any, AsyncIterator, Callable, Coroutine, Dict, List, Optional, Tuple
+
+from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+
+from patroller.app import Daemon, build
+from patroller.config import Config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class FakeClock:
+    """A clock that moves only when told to."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def async_test(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
+    """Run an async test function in a fresh event loop."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        asyncio.run(fn(*args, **kwargs))
+    return wrapper
+
+
+class Harness:
+    """A running daemon and a way to talk to it over loopback."""
+
+    def __init__(self, daemon: Daemon, url: str) -> None:
+        self.daemon = daemon
+        self.url = url
+        self.port = int(url.rsplit(":", 1)[1])
+        self.http = AsyncHTTPClient(force_instance=True)
+
+    async def call(self, path: str, method: str = "GET", body: Optional[bytes] = None,
+                   timeout: float = 20) -> Tuple[int, Any]:
+        """(status, decoded JSON body) of one request."""
+        request = HTTPRequest(self.url + path, method=method, body=body,
+                              request_timeout=timeout, allow_nonstandard_methods=True)
+        response = await self.http.fetch(request, raise_error=False)
+        return response.code, json.loads(response.body)
+
+    async def ok(self, path: str) -> Any:
+        """The body of a request that must succeed."""
+        status, body = await self.call(path)
+        assert status == 200, (path, status, body)
+        return body
+
+    async def raw(self, data: bytes) -> Tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A plain TCP connection that has sent `data`."""
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        writer.write(data)
+        await writer.drain()
+        return reader, writer
+
+    def uuids(self) -> List[str]:
+        return [d.uuid for d in self.daemon.inventory]
+
+
+@asynccontextmanager
+async def running(**settings: Any) -> AsyncIterator[Harness]:
+    """A test-mode daemon listening on an ephemeral loopback port."""
+    config = replace(Config(test=True, port=0, address="127.0.0.1"), **settings)
+    daemon = build(config)
+    urls = daemon.listen(0, "127.0.0.1")
+    daemon.start()
+    harness = Harness(daemon, urls[0])
+    try:
+        yield harness
+    finally:
+        harness.http.close()
+        await daemon.stop()
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Wait until predicate() is true; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+class ServerProcess:
+    """`python -m patroller` as a child process on an ephemeral loopback port."""
+
+    def __init__(self, *args: str, env: Optional[Dict[str, str]] = None) -> None:
+        self.args = ["--port", "0", "--address", "127.0.0.1", *args]
+        self.env = {**os.environ, "PYTHONPATH": ROOT, **(env or {})}
+        self.process: Optional[subprocess.Popen] = None
+        self.url = ""
+        self._log = tempfile.TemporaryFile(mode="w+")  # a file: a full pipe would stall it
+
+    def start(self, timeout: float = 20) -> "ServerProcess":
+        """Start, and wait until it says where it listens."""
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "patroller", *self.args], env=self.env, cwd=ROOT,
+            stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.search(r" on (http://[^\s,]+)", self.log)
+            if found:
+                self.url = found.group(1)
+                return self
+            if self.process.poll() is not None:
+                raise AssertionError("server exited at start: " + self.log)
+            time.sleep(0.02)
+        self.stop(signal.SIGKILL)
+        raise AssertionError("server did not start: " + self.log)
+
+    @property
+    def log(self) -> str:
+        """Everything it printed so far."""
+        self._log.seek(0)
+        return self._log.read()
+
+    @property
+    def server(self) -> str:
+        """host:port, as the client takes it."""
+        return self.url[len("http://"):]
+
+    def stop(self, signum: int = signal.SIGTERM, timeout: float = 10) -> int:
+        """Signal the server and wait for it; its exit status."""
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(signum)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise

@@ -1,0 +1,298 @@
+"""The lease rules, with a fake clock and no I/O."""
+import logging
+
+import pytest
+
+from helpers import FakeClock
+from patroller.devices import Device, Inventory
+from patroller.errors import Busy, NotYours, Unavailable, Unsatisfiable
+from patroller.identity import UNKNOWN, named_user
+from patroller.leases import LeaseManager
+from patroller.testmode import synthetic_inventory
+
+LEASE = 10.0
+alice, bob = named_user("alice"), named_user("bob")
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def leases(clock):
+    return LeaseManager(synthetic_inventory(), LEASE, clock=clock)
+
+
+def uuid(leases, number):
+    return leases.inventory.by_number(number).uuid
+
+
+def states(leases):
+    return [leases.state(d.uuid) for d in leases.inventory]
+
+
+def test_grants_free_devices_in_order_until_none_is_free(leases):
+    numbers = [leases.request(alice, {"gpu": 1})[0].number for _ in range(8)]
+    assert numbers == list(range(8))
+    with pytest.raises(Busy) as busy:
+        leases.request(alice, {"gpu": 1})
+    assert busy.value.data == {"requested": {"gpu": 1}, "free": {"gpu": 0}}
+    assert states(leases) == ["reserved"] * 8
+
+
+def test_busy_says_how_many_are_free(leases):
+    leases.request(alice, {"gpu": 6})
+    with pytest.raises(Busy) as busy:
+        leases.request(bob, {"gpu": 3})
+    assert busy.value.data["free"] == {"gpu": 2}
+    assert "3 gpu requested, 2 free" in busy.value.message
+    assert states(leases).count("free") == 2  # all or nothing: bob got none
+
+
+def test_unknown_group_and_too_many_can_never_be_satisfied(leases):
+    with pytest.raises(Unsatisfiable) as unknown:
+        leases.request(alice, {"tpu": 1})
+    assert unknown.value.data["groups"] == ["gpu"]
+    with pytest.raises(Unsatisfiable) as too_many:
+        leases.request(alice, {"gpu": 9})
+    assert too_many.value.data["exist"] == {"gpu": 8}
+    assert "only 8 exist" in too_many.value.message
+
+
+def test_all_or_nothing_across_groups(clock):
+    inventory = Inventory([Device("G0", 0), Device("G1", 1), Device("F0", 2, group="fpga")])
+    leases = LeaseManager(inventory, LEASE, clock=clock)
+    leases.request(bob, {"fpga": 1})
+    with pytest.raises(Busy):
+        leases.request(alice, {"gpu": 2, "fpga": 1})
+    assert [leases.state(u) for u in ("G0", "G1")] == ["free", "free"]
+    leases.release(bob)
+    granted = leases.request(alice, {"fpga": 1, "gpu": 2})
+    assert [d.uuid for d in granted] == ["G0", "G1", "F0"]  # in device order
+
+
+def test_reservation_expires_after_the_lease(leases, clock):
+    [device] = leases.request(alice, {"gpu": 1})
+    assert leases.next_deadline() == clock() + LEASE
+    clock.advance(LEASE - 0.01)
+    assert leases.expire() == []
+    assert leases.state(device.uuid) == "reserved"
+    assert leases.claims()[device.uuid]["expires"] == pytest.approx(0.01)
+    clock.advance(0.01)
+    assert leases.expire() == [device]
+    assert leases.state(device.uuid) == "free"
+    assert leases.next_deadline() is None
+
+
+def test_own_process_claims_a_reservation_and_stops_the_lease(leases, clock):
+    [device] = leases.request(alice, {"gpu": 1})
+    leases.process_started(device.uuid, 4242, alice)
+    assert leases.state(device.uuid) == "claimed"
+    assert leases.next_deadline() is None
+    clock.advance(LEASE * 5)
+    assert leases.expire() == []
+    claim = leases.claims()[device.uuid]
+    assert claim["processes"] == [4242]
+    assert claim["expires"] is None
+    assert claim["user"]["user"] == "alice"
+
+
+def test_last_process_ending_restarts_the_lease(leases, clock):
+    [device] = leases.request(alice, {"gpu": 1})
+    leases.process_started(device.uuid, 1, alice)
+    leases.process_started(device.uuid, 2, alice)
+    clock.advance(100)
+    leases.process_ended(device.uuid, 1)
+    assert leases.state(device.uuid) == "claimed"
+    leases.process_ended(device.uuid, 2)
+    assert leases.state(device.uuid) == "reserved"
+    assert leases.next_deadline() == clock() + LEASE
+    clock.advance(LEASE)
+    assert leases.expire() == [device]
+
+
+def test_process_on_a_free_device_claims_it_for_its_owner(leases):
+    target = uuid(leases, 3)
+    leases.process_started(target, 77, bob)
+    assert leases.state(target) == "claimed"
+    assert leases.claims()[target]["user"]["user"] == "bob"
+    leases.process_started(uuid(leases, 4), 78, UNKNOWN)
+    assert leases.claims()[uuid(leases, 4)]["user"]["user"] == "unknown"
+    # a claimed device is not free: a request skips it
+    assert 3 not in [d.number for d in leases.request(alice, {"gpu": 6})]
+
+
+def test_another_users_process_makes_it_shared_and_is_logged_once(leases, caplog):
+    [device] = leases.request(alice, {"gpu": 1})
+    with caplog.at_level(logging.WARNING, logger="patroller.leases"):
+        leases.process_started(device.uuid, 10, bob)
+        leases.process_started(device.uuid, 11, bob)
+    assert leases.state(device.uuid) == "shared"
+    claim = leases.claims()[device.uuid]
+    assert [u["user"] for u in claim["users"]] == ["alice", "bob"]
+    assert claim["user"]["user"] == "alice"
+    assert claim["processes"] == [10, 11]
+    trespass = [r for r in caplog.records if "trespassing" in r.getMessage()]
+    assert len(trespass) == 1
+    assert "bob" in trespass[0].getMessage() and "alice" in trespass[0].getMessage()
+
+
+def test_shared_device_passes_to_the_trespasser_when_the_lease_ends(leases, clock):
+    [device] = leases.request(alice, {"gpu": 1})
+    leases.process_started(device.uuid, 10, bob)
+    clock.advance(LEASE)
+    assert leases.expire() == [device]
+    assert leases.state(device.uuid) == "claimed"
+    assert leases.claims()[device.uuid]["user"]["user"] == "bob"
+
+
+def test_trespasser_leaving_turns_shared_back(leases):
+    [device] = leases.request(alice, {"gpu": 1})
+    leases.process_started(device.uuid, 1, alice)
+    leases.process_started(device.uuid, 2, bob)
+    assert leases.state(device.uuid) == "shared"
+    leases.process_ended(device.uuid, 2)
+    assert leases.state(device.uuid) == "claimed"
+
+
+def test_release_gives_back_only_the_callers_own(leases):
+    a = leases.request(alice, {"gpu": 2})
+    b = leases.request(bob, {"gpu": 1})
+    with pytest.raises(NotYours):
+        leases.release(alice, b[0].uuid)
+    now, later = leases.release(alice)
+    assert now == a and later == []
+    assert leases.state(b[0].uuid) == "reserved"
+    assert [leases.state(d.uuid) for d in a] == ["free", "free"]
+    assert leases.release(alice) == ([], [])  # nothing left: not an error
+
+
+def test_release_of_one_named_device(leases):
+    a = leases.request(alice, {"gpu": 2})
+    assert leases.release(alice, a[1].uuid) == ([a[1]], [])
+    assert leases.state(a[0].uuid) == "reserved"
+    with pytest.raises(Unsatisfiable):
+        leases.release(alice, "GPU-no-such-device")
+
+
+def test_release_with_running_processes_frees_when_they_end_without_a_lease(leases):
+    [device] = leases.request(alice, {"gpu": 1})
+    leases.process_started(device.uuid, 5, alice)
+    assert leases.release(alice) == ([], [device])
+    assert leases.state(device.uuid) == "claimed"
+    leases.process_ended(device.uuid, 5)
+    assert leases.state(device.uuid) == "free"
+    assert leases.next_deadline() is None
+
+
+def test_waiters_are_served_in_arrival_order_on_release(leases):
+    leases.request(alice, {"gpu": 8})
+    got = []
+    leases.wait(bob, {"gpu": 1}, lambda d: got.append(("bob", d)))
+    leases.wait(named_user("carol"), {"gpu": 1}, lambda d: got.append(("carol", d)))
+    assert got == [] and leases.waiting == 2
+    leases.release(alice, uuid(leases, 5))
+    assert [(who, [d.number for d in devices]) for who, devices in got] == [("bob", [5])]
+    assert leases.claims()[uuid(leases, 5)]["user"]["user"] == "bob"
+    leases.release(alice, uuid(leases, 2))
+    assert got[1][0] == "carol" and leases.waiting == 0
+
+
+def test_a_waiter_that_cannot_be_served_does_not_block_a_later_one(leases):
+    leases.request(alice, {"gpu": 8})
+    got = []
+    leases.wait(bob, {"gpu": 2}, lambda d: got.append("bob"))
+    leases.wait(named_user("carol"), {"gpu": 1}, lambda d: got.append("carol"))
+    leases.release(alice, uuid(leases, 0))
+    assert got == ["carol"]
+    leases.release(alice, uuid(leases, 1))
+    leases.release(alice, uuid(leases, 2))
+    assert got == ["carol", "bob"]
+
+
+def test_waiters_are_woken_by_expiry_and_by_a_process_ending(leases, clock):
+    leases.request(alice, {"gpu": 7})
+    leases.process_started(uuid(leases, 7), 99, bob)
+    leases.release(bob, uuid(leases, 7))  # bob is done: free when pid 99 ends
+    got = []
+    leases.wait(named_user("carol"), {"gpu": 1}, lambda d: got.append(d[0].number))
+    leases.process_ended(uuid(leases, 7), 99)
+    assert got == [7]
+    leases.wait(named_user("dave"), {"gpu": 1}, lambda d: got.append(d[0].number))
+    clock.advance(LEASE)
+    leases.expire()
+    assert got == [7, 0]
+
+
+def test_a_waiter_granted_at_once_and_the_state_seen_by_the_callback(leases):
+    seen = []
+    leases.wait(alice, {"gpu": 1}, lambda d: seen.append(leases.state(d[0].uuid)))
+    assert seen == ["reserved"]
+    assert leases.waiting == 0
+
+
+def test_cancelled_waiter_gets_nothing(leases):
+    leases.request(alice, {"gpu": 8})
+    got = []
+    waiter = leases.wait(bob, {"gpu": 1}, got.append)
+    assert leases.cancel(waiter) is True
+    assert leases.cancel(waiter) is False
+    leases.release(alice)
+    assert got == [] and states(leases) == ["free"] * 8
+
+
+def test_an_unsatisfiable_wait_is_refused_at_once(leases):
+    with pytest.raises(Unsatisfiable):
+        leases.wait(alice, {"gpu": 9}, lambda d: None)
+    assert leases.waiting == 0
+
+
+def test_close_aborts_waiters_and_refuses_new_requests(leases):
+    leases.request(alice, {"gpu": 8})
+    errors = []
+    leases.wait(bob, {"gpu": 1}, lambda d: None, errors.append)
+    leases.close()
+    assert len(errors) == 1 and isinstance(errors[0], Unavailable)
+    with pytest.raises(Unavailable):
+        leases.request(bob, {"gpu": 1})
+
+
+def test_too_many_waiters(clock):
+    leases = LeaseManager(synthetic_inventory(), LEASE, clock=clock, max_waiters=2)
+    leases.request(alice, {"gpu": 8})
+    leases.wait(bob, {"gpu": 1}, lambda d: None)
+    leases.wait(bob, {"gpu": 1}, lambda d: None)
+    with pytest.raises(Unavailable):
+        leases.wait(bob, {"gpu": 1}, lambda d: None)
+
+
+def test_age_counts_from_the_last_change_of_state(leases, clock):
+    [device] = leases.request(alice, {"gpu": 1})
+    clock.advance(3)
+    assert leases.claims()[device.uuid]["age"] == 3
+    leases.process_started(device.uuid, 1, alice)
+    clock.advance(2)
+    assert leases.claims()[device.uuid]["age"] == 2
+    leases.process_started(device.uuid, 2, alice)  # still claimed: the age goes on
+    clock.advance(1)
+    assert leases.claims()[device.uuid]["age"] == 3
+
+
+def test_subscribers_hear_every_change(leases, clock):
+    calls = []
+    leases.subscribe(lambda: calls.append(1))
+    [device] = leases.request(alice, {"gpu": 1})
+    leases.process_started(device.uuid, 1, alice)
+    leases.process_ended(device.uuid, 1)
+    clock.advance(LEASE)
+    leases.expire()
+    assert len(calls) == 4
+
+
+@pytest.mark.errors_expected
+def test_a_failing_subscriber_does_not_break_the_leases(leases, caplog):
+    leases.subscribe(lambda: 1 / 0)
+    [device] = leases.request(alice, {"gpu": 1})
+    assert leases.state(device.uuid) == "reserved"
+    assert "lease subscriber failed" in caplog.text
