@@ -1,0 +1,229 @@
+"""The JSON HTTP API: thin handlers over the lease manager, the statistics and the callers."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any, Dict, List, Optional
+
+import tornado.web
+from tornado.ioloop import IOLoop
+
+from . import __version__, query
+from .callers import CallerIdentifier
+from .devices import Device, Inventory
+from .errors import (BadRequest, Busy, NotYours, PatrollerError, Unavailable, Unidentified,
+                     Unsatisfiable)
+from .identity import Identity
+from .leases import LeaseManager, Waiter
+from .stats import StatsStore
+
+log = logging.getLogger(__name__)
+access_log = logging.getLogger("patroller.access")
+
+# Every domain error has one HTTP status, here and nowhere else.
+STATUS = {
+    BadRequest: 400,
+    Unidentified: 403,
+    NotYours: 403,
+    Busy: 409,
+    Unsatisfiable: 422,
+    Unavailable: 503,
+}
+
+
+def grant_json(devices: List[Device]) -> List[Dict[str, Any]]:
+    """Devices as /request, /wait and /release list them."""
+    return [{"uuid": d.uuid, "group": d.group, "info": d.info()} for d in devices]
+
+
+class Handler(tornado.web.RequestHandler):
+    """JSON in every answer, errors included; dependencies arrive through initialize()."""
+
+    def initialize(self, inventory: Inventory, leases: LeaseManager, stats: StatsStore,
+                   callers: CallerIdentifier, mode: str) -> None:
+        self.inventory = inventory
+        self.leases = leases
+        self.stats = stats
+        self.callers = callers
+        self.mode = mode
+
+    def set_default_headers(self) -> None:
+        self.set_header("Content-Type", "application/json; charset=UTF-8")
+        self.set_header("Cache-Control", "no-store")
+
+    def prepare(self) -> None:
+        query.check_length(self.request.query)
+
+    def args(self) -> Dict[str, List[bytes]]:
+        """Query arguments, plus form arguments of a POST."""
+        merged = {name: list(values) for name, values in self.request.query_arguments.items()}
+        for name, values in self.request.body_arguments.items():
+            merged.setdefault(name, []).extend(values)
+        return merged
+
+    async def caller(self, claimed: Optional[str]) -> Identity:
+        """Who is asking."""
+        return await self.callers.identify(self.request, claimed)
+
+    def send(self, body: Any, status: int = 200) -> None:
+        """Answer with a JSON body."""
+        self.set_status(status)
+        self.finish(json.dumps(body))
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, PatrollerError):
+            self.set_status(STATUS.get(type(exc), 500))
+            body = {"error": exc.message, **exc.data}
+        elif status_code == 405:
+            body = {"error": f"{self.request.method} is not allowed on {self.request.path}",
+                    "allowed": self.allowed()}
+            self.set_header("Allow", ", ".join(self.allowed()))
+        elif isinstance(exc, tornado.web.HTTPError) and status_code < 500:
+            body = {"error": exc.log_message or self._reason}
+        else:
+            body = {"error": "internal error: the daemon's log has the details"}
+        self.finish(json.dumps(body))
+
+    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
+        if isinstance(value, (PatrollerError, tornado.web.HTTPError)):
+            return  # an answer to the client, not a fault of ours
+        super().log_exception(typ, value, tb)
+
+    def allowed(self) -> List[str]:
+        """The methods this handler answers."""
+        base = tornado.web.RequestHandler
+        return [m for m in ("GET", "POST")
+                if getattr(type(self), m.lower()) is not getattr(base, m.lower())]
+
+
+class IndexHandler(Handler):
+    def get(self) -> None:
+        self.send({
+            "name": "patroller",
+            "version": __version__,
+            "mode": self.mode,
+            "devices": len(self.inventory),
+            "endpoints": {
+                "/devices": "inventory",
+                "/status": "live statistics and who holds what",
+                "/request?gpu=N": "reserve N devices now",
+                "/wait?gpu=N[&timeout=S]": "wait until N devices can be reserved",
+                "/release[?uuid=U]": "give back your reservations",
+            },
+        })
+
+
+class DevicesHandler(Handler):
+    def get(self) -> None:
+        self.send({d.uuid: d.info() for d in self.inventory})
+
+
+class StatusHandler(Handler):
+    def get(self) -> None:
+        claims = self.leases.claims()
+        self.send({d.uuid: {**self.stats.view(d.uuid), "claim": claims[d.uuid]}
+                   for d in self.inventory})
+
+
+class RequestHandler(Handler):
+    async def get(self) -> None:
+        ask = query.parse_ask(self.args(), wait=False)
+        caller = await self.caller(ask.user)
+        self.send(grant_json(self.leases.request(caller, ask.wants)))
+
+
+class WaitHandler(Handler):
+    """Long-poll: answered when the lease manager grants, on timeout, or never if the client leaves."""
+
+    waiter: Optional[Waiter] = None
+    outcome: Optional["asyncio.Future[Optional[List[Device]]]"] = None  # None: the client left
+
+    async def get(self) -> None:
+        ask = query.parse_ask(self.args(), wait=True)
+        caller = await self.caller(ask.user)
+        self.outcome = asyncio.get_running_loop().create_future()
+        self.waiter = self.leases.wait(caller, ask.wants, self._settle, self._fail)
+        timer = None
+        if ask.timeout is not None and not self.outcome.done():
+            timer = IOLoop.current().call_later(ask.timeout, self._timed_out, ask.wants)
+        try:
+            devices = await self.outcome
+        finally:
+            if timer is not None:
+                IOLoop.current().remove_timeout(timer)
+        if devices is None:
+            return
+        if self.request.connection.stream.closed():
+            for device in devices:  # nobody to tell: give them straight back
+                self.leases.release(caller, device.uuid)
+            return
+        self.send(grant_json(devices))
+
+    def _settle(self, devices: Optional[List[Device]]) -> None:
+        if self.outcome is not None and not self.outcome.done():
+            self.outcome.set_result(devices)
+
+    def _fail(self, error: Exception) -> None:
+        if self.outcome is not None and not self.outcome.done():
+            self.outcome.set_exception(error)
+
+    def _timed_out(self, wants: Dict[str, int]) -> None:
+        if self.waiter is not None and self.leases.cancel(self.waiter):
+            self._fail(self.leases.busy(wants))
+
+    def on_connection_close(self) -> None:
+        if self.waiter is not None and self.leases.cancel(self.waiter):
+            log.debug("a waiting client left")
+            self._settle(None)
+
+
+class ReleaseHandler(Handler):
+    async def _release(self) -> None:
+        ask = query.parse_release(self.args())
+        caller = await self.caller(ask.user)
+        now, later = self.leases.release(caller, ask.uuid)
+        self.send({"released": grant_json(now), "after_exit": grant_json(later)})
+
+    get = post = _release
+
+
+class NotFoundHandler(Handler):
+    def prepare(self) -> None:
+        raise tornado.web.HTTPError(404, f"no such endpoint: {self.request.path[:100]}; "
+                                         "try /devices, /status, /request, /wait, /release")
+
+
+def log_request(handler: tornado.web.RequestHandler) -> None:
+    """Access log: errors at info, the steady stream of successes at debug."""
+    status = handler.get_status()
+    if status < 400:
+        level = logging.DEBUG
+    elif status < 500:
+        level = logging.INFO
+    else:
+        level = logging.WARNING if status == 503 else logging.ERROR
+    if access_log.isEnabledFor(level):
+        access_log.log(level, "%d %s %.1fms", status, handler._request_summary(),
+                       1000.0 * handler.request.request_time())
+
+
+def make_app(inventory: Inventory, leases: LeaseManager, stats: StatsStore,
+             callers: CallerIdentifier, mode: str) -> tornado.web.Application:
+    """The whole API in one place."""
+    deps = dict(inventory=inventory, leases=leases, stats=stats, callers=callers, mode=mode)
+    return tornado.web.Application(
+        [
+            (r"/", IndexHandler, deps),
+            (r"/devices", DevicesHandler, deps),
+            (r"/status", StatusHandler, deps),
+            (r"/request", RequestHandler, deps),
+            (r"/wait", WaitHandler, deps),
+            (r"/release", ReleaseHandler, deps),
+        ],
+        default_handler_class=NotFoundHandler,
+        default_handler_args=deps,
+        log_function=log_request,
+        compress_response=False,
+    )

@@ -1,0 +1,146 @@
+"""Configuration: built once, from the command line with PATROLLER_* environment fallbacks."""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from dataclasses import dataclass
+from typing import Callable, List, Mapping, Optional, Sequence, Tuple, TypeVar
+
+from . import __version__
+
+T = TypeVar("T")
+
+DEFAULT_USER_LABELS = ("user.email", "email", "maintainer")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(Exception):
+    """A setting with a value that cannot be used; the message names the flag or variable."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything the daemon is told at start. Immutable; passed down explicitly."""
+
+    test: bool = False
+    port: int = 80
+    address: str = ""  # all interfaces
+    lease: float = 10.0
+    user_labels: Tuple[str, ...] = DEFAULT_USER_LABELS
+    user_info_labels: Tuple[str, ...] = ()
+    nvidia_smi: str = "nvidia-smi"
+    log_level: str = "info"
+
+
+# (flag, environment variable, help) for every setting, in the order of --help.
+_SETTINGS = (
+    ("--test", "PATROLLER_TEST", "synthetic devices: no GPU, no Docker, no nvidia-smi"),
+    ("--port", "PATROLLER_PORT", "TCP port to listen on (default 80)"),
+    ("--address", "PATROLLER_ADDRESS", "address to bind (default: all interfaces)"),
+    ("--lease", "PATROLLER_LEASE", "seconds an unclaimed reservation is held (default 10)"),
+    ("--user-labels", "PATROLLER_USER_LABELS",
+     "container labels searched for the user's e-mail, comma-separated "
+     "(default user.email,email,maintainer)"),
+    ("--user-info-labels", "PATROLLER_USER_INFO_LABELS",
+     "extra container labels copied into the identity, comma-separated (default none)"),
+    ("--nvidia-smi", "PATROLLER_NVIDIA_SMI", "the nvidia-smi command (default nvidia-smi)"),
+    ("--log-level", "PATROLLER_LOG_LEVEL", "debug, info, warning or error (default info)"),
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="patroller",
+        description="Know which user is on which GPU, and hand out free GPUs fairly.",
+        epilog="Every flag falls back to the environment variable named in its help.",
+    )
+    for flag, env, text in _SETTINGS:
+        if flag == "--test":
+            parser.add_argument(flag, action="store_true", default=None, help=f"{text} [{env}]")
+        else:
+            parser.add_argument(flag, metavar="VALUE", help=f"{text} [{env}]")
+    parser.add_argument("--version", action="version", version=f"patroller {__version__}")
+    return parser
+
+
+def _port(text: str) -> int:
+    if not text.strip().isdigit() or not 0 <= int(text) <= 65535:
+        raise ValueError("is not a port number (0-65535)")
+    return int(text)
+
+
+def _lease(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError("is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError("must be a positive number of seconds")
+    return value
+
+
+def _labels(text: str) -> Tuple[str, ...]:
+    labels = tuple(part.strip() for part in text.split(",") if part.strip())
+    if any(any(c.isspace() for c in label) for label in labels):
+        raise ValueError("holds a label with white space")
+    return labels
+
+
+def _user_labels(text: str) -> Tuple[str, ...]:
+    labels = _labels(text)
+    if not labels:
+        raise ValueError("must name at least one label")
+    return labels
+
+
+def _log_level(text: str) -> str:
+    if text.lower() not in LOG_LEVELS:
+        raise ValueError("must be one of " + ", ".join(LOG_LEVELS))
+    return text.lower()
+
+
+def _nonempty(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must not be empty")
+    return text
+
+
+def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None) -> Config:
+    """Build the Config from argv (default sys.argv[1:]) and environ (default os.environ).
+
+    Raises ConfigError naming the flag or variable whose value is unusable. argparse itself
+    exits with status 2 on an unknown flag.
+    """
+    environ = os.environ if environ is None else environ
+    args = _parser().parse_args(argv)
+
+    def pick(flag: str, env: str, convert: Callable[[str], T], default: T) -> T:
+        attr = flag[2:].replace("-", "_")
+        given: Optional[str] = getattr(args, attr)
+        source = flag
+        if given is None:
+            given, source = environ.get(env), env
+        if given is None:
+            return default
+        try:
+            return convert(given)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: {given!r} {exc}") from None
+
+    env_names = {flag: env for flag, env, _ in _SETTINGS}
+    return Config(
+        test=bool(args.test) or bool(environ.get("PATROLLER_TEST")),
+        port=pick("--port", env_names["--port"], _port, Config.port),
+        address=pick("--address", env_names["--address"], str.strip, Config.address),
+        lease=pick("--lease", env_names["--lease"], _lease, Config.lease),
+        user_labels=pick("--user-labels", env_names["--user-labels"], _user_labels, DEFAULT_USER_LABELS),
+        user_info_labels=pick("--user-info-labels", env_names["--user-info-labels"], _labels, ()),
+        nvidia_smi=pick("--nvidia-smi", env_names["--nvidia-smi"], _nonempty, Config.nvidia_smi),
+        log_level=pick("--log-level", env_names["--log-level"], _log_level, Config.log_level),
+    )
+
+
+def settings_table() -> List[Tuple[str, str, str]]:
+    """(flag, variable, meaning) for every setting: the README's table is checked against it."""
+    return list(_SETTINGS)

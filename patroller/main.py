@@ -1,0 +1,60 @@
+"""The entry point: configuration, logging, the daemon, and one ordered shutdown."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from typing import Optional, Sequence
+
+from . import __version__
+from .app import StartError, build
+from .config import Config, ConfigError, load
+
+log = logging.getLogger("patroller")
+
+SHUTDOWN_GRACE = 1.0  # seconds for each shutdown step; the whole stop stays under two seconds
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the daemon until SIGINT or SIGTERM. Exit status: 0 stopped, 1 failed, 2 bad config."""
+    try:
+        config = load(argv)
+    except ConfigError as exc:
+        print(f"patroller: error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return asyncio.run(serve(config))
+    except StartError as exc:
+        print(f"patroller: {exc}", file=sys.stderr)
+        return 1
+
+
+async def serve(config: Config) -> int:
+    """Build, listen, run until a stop signal, then stop in order."""
+    daemon = build(config)
+    try:
+        urls = daemon.listen(config.port, config.address)
+    except OSError as exc:
+        where = f"{config.address or 'all interfaces'} port {config.port}"
+        raise StartError(f"cannot listen on {where}: {exc.strerror or exc}; "
+                         "choose another --port or --address") from None
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stopping.set)
+    daemon.start()
+    mode = "test mode, synthetic devices" if config.test else "GPU host mode"
+    log.info("patroller %s serving %d devices (%s) on %s", __version__, len(daemon.inventory),
+             mode, ", ".join(urls))
+    await stopping.wait()
+    log.info("stopping")
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.remove_signal_handler(signum)
+    await daemon.stop(grace=SHUTDOWN_GRACE)
+    log.info("stopped")
+    return 0

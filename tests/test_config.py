@@ -1,0 +1,99 @@
+"""Configuration: flags, environment fallbacks, and values refused at start."""
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import ROOT, ServerProcess
+from patroller.config import Config, ConfigError, load, settings_table
+
+
+def test_defaults():
+    assert load([], {}) == Config()
+    assert Config().port == 80 and Config().lease == 10
+    assert Config().user_labels == ("user.email", "email", "maintainer")
+
+
+def test_environment_fallbacks():
+    config = load([], {
+        "PATROLLER_TEST": "1", "PATROLLER_PORT": "8080", "PATROLLER_ADDRESS": "127.0.0.1",
+        "PATROLLER_LEASE": "2.5", "PATROLLER_USER_LABELS": "owner, email",
+        "PATROLLER_USER_INFO_LABELS": "team,project", "PATROLLER_NVIDIA_SMI": "/opt/nvidia-smi",
+        "PATROLLER_LOG_LEVEL": "DEBUG"})
+    assert config == Config(test=True, port=8080, address="127.0.0.1", lease=2.5,
+                            user_labels=("owner", "email"), user_info_labels=("team", "project"),
+                            nvidia_smi="/opt/nvidia-smi", log_level="debug")
+
+
+def test_flags_win_over_the_environment():
+    config = load(["--port", "9000", "--lease", "3", "--test"], {"PATROLLER_PORT": "8080", "PATROLLER_LEASE": "x"})
+    assert (config.port, config.lease, config.test) == (9000, 3.0, True)
+
+
+def test_empty_test_variable_is_off():
+    assert load([], {"PATROLLER_TEST": ""}).test is False
+
+
+@pytest.mark.parametrize("argv,environ,named", [
+    (["--port", "http"], {}, "--port"),
+    (["--port", "70000"], {}, "--port"),
+    ([], {"PATROLLER_PORT": "-1"}, "PATROLLER_PORT"),
+    (["--lease", "ten"], {}, "--lease"),
+    (["--lease", "-1"], {}, "--lease"),
+    (["--lease", "0"], {}, "--lease"),
+    ([], {"PATROLLER_LEASE": "inf"}, "PATROLLER_LEASE"),
+    (["--user-labels", " , "], {}, "--user-labels"),
+    ([], {"PATROLLER_USER_INFO_LABELS": "a b"}, "PATROLLER_USER_INFO_LABELS"),
+    (["--nvidia-smi", " "], {}, "--nvidia-smi"),
+    (["--log-level", "loud"], {}, "--log-level"),
+])
+def test_bad_values_name_the_flag_or_variable(argv, environ, named):
+    with pytest.raises(ConfigError) as error:
+        load(argv, environ)
+    assert str(error.value).startswith(named + ":")
+
+
+def run(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "patroller", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=30, env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
+
+
+@pytest.mark.parametrize("args,env,named", [
+    (["--test", "--port", "abc"], {}, "--port"),
+    (["--test"], {"PATROLLER_LEASE": "-3"}, "PATROLLER_LEASE"),
+])
+def test_a_bad_value_stops_the_program_with_one_line_and_status_2(args, env, named):
+    result = run(*args, env=env)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and named in lines[0]
+
+
+def test_the_readme_documents_every_setting():
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    for flag, env, _ in settings_table():
+        assert re.search(rf"`{flag}`.*`{env}`", readme), flag
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_ends_the_server_promptly_and_cleanly(signum):
+    server = ServerProcess("--test").start()
+    started = time.monotonic()
+    assert server.stop(signum) == 0
+    assert time.monotonic() - started < 5  # generous: the stop path is bounded to ~2 s
+    assert "stopped" in server.log and "Traceback" not in server.log
+
+
+def test_a_port_in_use_is_one_clear_line_and_status_1():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run("--test", "--address", "127.0.0.1", "--port", str(port))
+    assert result.returncode == 1
+    assert "cannot listen on 127.0.0.1 port" in result.stderr and "Traceback" not in result.stderr
