@@ -1,0 +1,39 @@
+"""The README's promises that can be checked mechanically."""
+import os
+import re
+import subprocess
+import sys
+
+from helpers import ROOT
+
+
+def readme():
+    return open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+
+
+def quick_start_commands():
+    section = readme().split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```sh\n(.+?)\n```", section)
+
+
+def test_quick_start_has_two_set_up_commands():
+    commands = quick_start_commands()
+    assert "--test" in commands[0] and "pip install" in commands[0]
+    assert "pytest" in commands[1] and "pip install" in commands[1]
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8").read().splitlines()
+    assert quick_start_commands()[1] in ci
+
+
+def test_console_script_runs():
+    script = os.path.join(os.path.dirname(sys.executable), "patroller")
+    result = subprocess.run([script, "--version"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0 and result.stdout.startswith("patroller ")
+
+
+def test_example_uses_the_client_without_copying_it():
+    example = open(os.path.join(ROOT, "example.py"), encoding="utf-8").read()
+    assert "from patroller.client import" in example
+    assert "def claim" not in example and "urllib" not in example and "http.client" not in example
