@@ -37,3 +37,12 @@ def test_example_uses_the_client_without_copying_it():
     example = open(os.path.join(ROOT, "example.py"), encoding="utf-8").read()
     assert "from patroller.client import" in example
     assert "def claim" not in example and "urllib" not in example and "http.client" not in example
+
+
+def test_dockerfile_copies_files_that_exist_and_runs_the_console_script():
+    lines = open(os.path.join(ROOT, "Dockerfile"), encoding="utf-8").read().splitlines()
+    for line in lines:
+        if line.startswith("COPY "):
+            for source in line.split()[1:-1]:
+                assert os.path.exists(os.path.join(ROOT, source)), source
+    assert 'ENTRYPOINT ["patroller"]' in lines
