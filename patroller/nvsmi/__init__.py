@@ -1,0 +1,1 @@
+"""Readers and pure parsers for what nvidia-smi prints."""
