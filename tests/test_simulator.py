@@ -1,0 +1,407 @@
+"""The nvidia-smi simulator, run as a real child process the way the daemon runs nvidia-smi."""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import xml.etree.ElementTree as ET
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SIM = [sys.executable, "-m", "patroller.nvsmi.simulator"]
+
+# Verbatim from NVIDIA-SMI.md.
+DMON_R384 = "# gpu   pwr  temp    sm   mem   enc   dec  mclk  pclk"
+DMON_R470 = "# gpu   pwr gtemp mtemp    sm   mem   enc   dec  mclk  pclk"
+DMON_R550 = "# gpu    pwr  gtemp  mtemp     sm    mem    enc    dec    jpg    ofa   mclk   pclk "
+PMON_R384 = "# gpu     pid  type    sm   mem   enc   dec   command"
+PMON_R470 = "# gpu        pid  type    sm   mem   enc   dec   command"
+PMON_R470_UM = "# gpu        pid  type    sm   mem   enc   dec    fb   command"
+PMON_R550_UM = "# gpu         pid   type     sm    mem    enc    dec    jpg    ofa     fb   ccpm    command "
+
+
+def scenario(era: str = "r550", devices: Any = 1, procs: Sequence[Dict[str, Any]] = (),
+             **extra: Any) -> Dict[str, Any]:
+    """A scenario with these devices (a list, or how many default ones)."""
+    listed = [{} for _ in range(devices)] if isinstance(devices, int) else devices
+    base = {"era": era, "interval": 0.05, "devices": listed, "processes": list(procs)}
+    return dict(base, **extra)
+
+
+def write(path: Path, scn: Any) -> None:
+    """Replace the scenario file at once, as a test driving a live stream should."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(scn if isinstance(scn, str) else json.dumps(scn))
+    os.replace(tmp, path)
+
+
+def _env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("NVSMI_SHOW_ALL_DEVICES", None)
+    env.pop("PATROLLER_SIM_SCENARIO", None)
+    env.update(extra or {})
+    return env
+
+
+@pytest.fixture
+def scn_file(tmp_path: Path) -> Path:
+    return tmp_path / "scenario.json"
+
+
+def run(path: Path, *args: str,
+        env: Optional[Dict[str, str]] = None) -> "subprocess.CompletedProcess[str]":
+    """One finished run; subprocess.run kills the child if it overruns."""
+    return subprocess.run(SIM + ["--scenario", str(path)] + list(args), capture_output=True,
+                          text=True, timeout=10, env=_env(env))
+
+
+class Child:
+    """A running simulator whose stdout lines arrive on a queue."""
+
+    def __init__(self, argv: List[str], env: Dict[str, str]) -> None:
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env=env)
+        self.lines: "queue.Queue[Optional[str]]" = queue.Queue()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def until(self, done: Callable[[str], bool], timeout: float = 5.0) -> List[str]:
+        """Lines read up to and including the first that satisfies `done`."""
+        seen, deadline = [], time.monotonic() + timeout
+        while True:
+            line = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
+            assert line is not None, f"stream ended after {seen}"
+            seen.append(line)
+            if done(line):
+                return seen
+
+    def quiet_for(self, seconds: float) -> bool:
+        """True when nothing was printed for `seconds`."""
+        try:
+            self.lines.get(timeout=seconds)
+            return False
+        except queue.Empty:
+            return True
+
+
+@contextmanager
+def child(path: Path, *args: str, env: Optional[Dict[str, str]] = None) -> Iterator[Child]:
+    """A streaming simulator, killed and reaped whatever the test does."""
+    sim = Child(SIM + ["--scenario", str(path)] + list(args), _env(env))
+    try:
+        yield sim
+    finally:
+        if sim.proc.poll() is None:
+            sim.proc.kill()
+        sim.proc.wait(timeout=5)
+        sim.reader.join(timeout=5)  # it sees EOF now; closing under it would race
+        for pipe in (sim.proc.stdout, sim.proc.stderr):
+            pipe.close()  # type: ignore[union-attr]
+
+
+def data(stdout: str) -> List[List[str]]:
+    """Data rows split on whitespace."""
+    return [line.split() for line in stdout.splitlines() if line and not line.startswith("#")]
+
+
+# ---- -q -x ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("era,dtd", [("r384", "v9"), ("r470", "v11"), ("r550", "v12")])
+def test_xml_devices_in_index_order_with_minor_numbers(scn_file: Path, era: str, dtd: str) -> None:
+    buses_minors = (("01", 1), ("41", 2), ("81", 3), ("C1", 0))  # minors out of order, as seen
+    devices = [{"pci": f"00000000:{bus}:00.0", "minor": minor} for bus, minor in buses_minors]
+    procs = [{"pid": 4242, "gpu": 2, "type": "C+G", "name": "a&b <x>", "used_mib": 512}]
+    write(scn_file, scenario(era, procs=procs, devices=devices))
+    out = run(scn_file, "-x", "-q")
+    assert out.returncode == 0, out.stdout
+    assert f'<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_{dtd}.dtd">' in out.stdout
+    root = ET.fromstring(out.stdout)
+    gpus = root.findall("gpu")
+    assert [g.get("id") for g in gpus] == [d["pci"] for d in devices]
+    assert [g.findtext("minor_number") for g in gpus] == ["1", "2", "3", "0"]
+    assert all(g.findtext("uuid", "").startswith("GPU-") for g in gpus)
+    # product_architecture came with driver 495, fb reserved with 510: only r550 has them
+    assert (gpus[0].find("product_architecture") is None) == (era != "r550")
+    assert (gpus[0].find("fb_memory_usage/reserved") is None) == (era != "r550")
+    info = gpus[2].find("processes/process_info")
+    assert info is not None and info.findtext("process_name") == "a&b <x>"
+    fields = [info.findtext(tag) for tag in ("pid", "type", "used_memory")]
+    assert fields == ["4242", "C+G", "512 MiB"]
+    assert (info.find("gpu_instance_id") is None) == (era == "r384")
+    if era != "r384":
+        assert gpus[0].findtext("mig_mode/current_mig") == "Disabled"
+        assert gpus[0].findtext("mig_devices", "").strip() == "None"
+
+
+def test_query_compute_apps_lists_compute_processes(scn_file: Path) -> None:
+    procs = [{"pid": 11, "gpu": 1, "used_mib": 100}, {"pid": 12, "gpu": 0, "type": "G"},
+             {"pid": 13, "gpu": 0, "type": "C+G"}]
+    write(scn_file, scenario(devices=2, procs=procs))
+    out = run(scn_file, "--query-compute-apps=gpu_uuid,pid,used_memory",
+              "--format=csv,noheader,nounits")
+    assert out.returncode == 0
+    lines = out.stdout.splitlines()
+    assert [line.split(", ")[1:] for line in lines] == [["13", "[N/A]"], ["11", "100"]]
+    assert lines[1].startswith("GPU-00000001-")
+
+
+# ---- dmon / pmon shapes ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("era,args,head,units", [
+    ("r384", [], DMON_R384, "# Idx     W     C     %     %     %     %   MHz   MHz"),
+    ("r470", [], DMON_R470, "# Idx     W     C     C     %     %     %     %   MHz   MHz"),
+    ("r550", [], DMON_R550,
+     "# Idx      W      C      C      %      %      %      %      %      %    MHz    MHz "),
+    ("r550", ["-s", "m"], "# gpu     fb   bar1   ccpm ", "# Idx     MB     MB     MB "),
+    ("r550", ["-s", "t"], "# gpu  rxpci  txpci ", "# Idx   MB/s   MB/s "),
+])
+def test_dmon_headers_per_era(scn_file: Path, era: str, args: List[str], head: str,
+                              units: str) -> None:
+    write(scn_file, scenario(era))
+    out = run(scn_file, "dmon", "-c", "1", *args)
+    assert out.returncode == 0
+    assert out.stdout.splitlines()[:2] == [head, units]
+
+
+def test_dmon_full_selection_adds_columns_in_fixed_order(scn_file: Path) -> None:
+    write(scn_file, scenario("r550", devices=1, procs=[{"pid": 5, "used_mib": 300}]))
+    lines = run(scn_file, "dmon", "-c", "1", "-s", "tempvcu").stdout.splitlines()
+    assert lines[0].split()[13:] == "pviol tviol fb bar1 ccpm sbecc dbecc pci rxpci txpci".split()
+    assert "bool" in lines[1] and "errs" in lines[1] and "MB/s" in lines[1]
+    row = dict(zip(lines[0].split()[1:], lines[2].split()))
+    assert row["fb"] == "300" and row["mtemp"] == "-" and row["sbecc"] == "-"
+
+
+@pytest.mark.parametrize("era,select,head,units", [
+    ("r384", "u", PMON_R384, "# Idx       #   C/G     %     %     %     %   name"),
+    ("r470", "u", PMON_R470, "# Idx          #   C/G     %     %     %     %   name"),
+    ("r470", "um", PMON_R470_UM, "# Idx          #   C/G     %     %     %     %    MB   name"),
+    ("r550", "um", PMON_R550_UM,
+     "# Idx           #    C/G      %      %      %      %      %      %     MB     MB    name "),
+])
+def test_pmon_headers_per_era(scn_file: Path, era: str, select: str, head: str, units: str) -> None:
+    write(scn_file, scenario(era))
+    assert run(scn_file, "pmon", "-c", "1", "-s", select).stdout.splitlines()[:2] == [head, units]
+
+
+def test_only_four_devices_unless_asked(scn_file: Path) -> None:
+    write(scn_file, scenario(devices=6))
+    gpus = lambda out: sorted({row[0] for row in data(out.stdout)})  # noqa: E731
+    assert gpus(run(scn_file, "dmon", "-c", "1")) == ["0", "1", "2", "3"]
+    assert gpus(run(scn_file, "pmon", "-c", "1")) == ["0", "1", "2", "3"]
+    assert gpus(run(scn_file, "dmon", "-c", "1", "-i", "0,1,2,3,4,5")) == list("012345")
+    assert gpus(run(scn_file, "pmon", "-c", "1", "-i", "5,4")) == ["4", "5"]
+    everything = {"NVSMI_SHOW_ALL_DEVICES": "1"}
+    assert gpus(run(scn_file, "dmon", "-c", "1", env=everything)) == list("012345")
+    write(scn_file, scenario(devices=6, show_all_devices=True))
+    assert gpus(run(scn_file, "pmon", "-c", "1")) == list("012345")
+
+
+def test_count_gives_that_many_intervals(scn_file: Path) -> None:
+    write(scn_file, scenario(devices=2))
+    out = run(scn_file, "dmon", "-c", "3", "-d", "0.01")
+    assert out.returncode == 0
+    assert [row[0] for row in data(out.stdout)] == ["0", "1"] * 3
+
+
+def test_date_time_columns(scn_file: Path) -> None:
+    write(scn_file, scenario("r470", procs=[{"pid": 7}]))
+    lines = run(scn_file, "dmon", "-c", "1", "-o", "DT").stdout.splitlines()
+    assert lines[0].startswith("#Date       Time        gpu   pwr gtemp mtemp")
+    assert lines[1].startswith("#YYYYMMDD   HH:MM:SS    Idx")
+    assert re.match(r"^ \d{8}   \d\d:\d\d:\d\d       0 ", lines[2])
+    pmon = run(scn_file, "pmon", "-c", "1", "-o", "DT").stdout.splitlines()
+    assert pmon[0].startswith("#Date       Time        gpu        pid")
+    assert re.match(r"^ \d{8}   \d\d:\d\d:\d\d       0          7     C ", pmon[2])
+
+
+def test_pmon_rows_seven_digit_pid_idle_devices_and_command(scn_file: Path) -> None:
+    procs = [{"pid": 1426541, "gpu": 15, "name": "sglang::scheduler_tp0", "sm": 66, "mem": 12},
+             {"pid": 1426541, "gpu": 13, "name": "python"},
+             {"pid": 99, "gpu": 13, "type": "G", "name": ""}]
+    write(scn_file, scenario("r384", devices=16, procs=procs))
+    lines = run(scn_file, "pmon", "-c", "1", "-i", "15,14,13").stdout.splitlines()[2:]
+    assert lines[0].split() == ["13", "1426541", "C", "-", "-", "-", "-", "python"]
+    assert lines[0].endswith("   python         ")  # padded to 15 characters
+    assert lines[1].split() == ["13", "99", "G", "-", "-", "-", "-", "-"]  # no name: `-`
+    assert lines[2].split() == ["14"] + ["-"] * 7
+    assert "   15 1426541     C    66    12" in lines[3]
+    assert lines[3].split()[-1] == "sglang::schedul"
+
+
+# ---- live changes ---------------------------------------------------------------------------
+
+def test_live_scenario_changes_reach_pmon(scn_file: Path) -> None:
+    write(scn_file, scenario("r550"))
+    idle = lambda line: line.split()[:2] == ["0", "-"]  # noqa: E731
+    with child(scn_file, "pmon", "-d", "0.1") as sim:
+        sim.until(idle)
+        write(scn_file, scenario("r550", procs=[{"pid": 31337, "name": "train.py", "sm": 90}]))
+        row = sim.until(lambda line: "31337" in line)[-1]
+        assert row.split() == ["0", "31337", "C", "90", "-", "-", "-", "-", "-", "train.py"]
+        write(scn_file, '{"era": "r550", "devi')  # half-written: the stream goes on unchanged
+        sim.until(lambda line: "31337" in line)
+        write(scn_file, scenario("r550"))
+        sim.until(idle)
+        assert sim.proc.poll() is None
+
+
+def test_live_statistics_reach_dmon(scn_file: Path) -> None:
+    write(scn_file, scenario("r470", devices=2))
+    with child(scn_file, "dmon", "-d", "0.05") as sim:
+        sim.until(lambda line: line.startswith("    1"))
+        write(scn_file, scenario("r470", devices=[{}, {"stats": {"sm": 77, "mtemp": 51}}]))
+        row = sim.until(lambda line: line.split()[:1] == ["1"] and "77" in line)[-1]
+        assert row.split()[3:5] == ["51", "77"]
+
+
+# ---- faults ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,era,status,text", [
+    ("mismatch", "r550", 18, "Failed to initialize NVML: Driver/library version mismatch\n"
+                             "NVML library version: 570.124\n"),
+    ("mismatch", "r470", 18, "Failed to initialize NVML: Driver/library version mismatch\n"),
+    ("no_devices", "r550", 6, "No devices were found\n"),
+    ("no_driver", "r384", 9, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA"
+                             " driver. Make sure that the latest NVIDIA driver is installed and"
+                             " running.\n"),
+    ("gpu_lost", "r550", 15, "Unable to determine the device handle for GPU0000:01:00.0: GPU is"
+                             " lost. Reboot the system to recover this GPU\n"),
+    ("gpu_lost", "r470", 15, "Unable to determine the device handle for GPU 0000:01:00.0: GPU is"
+                             " lost. Reboot the system to recover this GPU\n"),
+])
+def test_fail(scn_file: Path, name: str, era: str, status: int, text: str) -> None:
+    write(scn_file, scenario(era, faults={"fail": name}))
+    for args in (["-q", "-x"], ["dmon"], ["pmon", "-c", "1"]):
+        out = run(scn_file, *args)
+        assert (out.returncode, out.stdout) == (status, text)
+
+
+def test_fail_scoped_to_one_command_and_live(scn_file: Path) -> None:
+    write(scn_file, scenario(faults={"dmon": {"fail": "nvml_unknown", "fail_status": 7}}))
+    assert run(scn_file, "-q", "-x").returncode == 0
+    assert run(scn_file, "pmon", "-c", "1").returncode == 0
+    out = run(scn_file, "dmon")
+    assert (out.returncode, out.stdout) == (7, "Failed to initialize NVML: Unknown Error\n")
+    write(scn_file, scenario())
+    with child(scn_file, "pmon", "-d", "0.05") as sim:
+        sim.until(lambda line: line.startswith("    0"))
+        write(scn_file, scenario(faults={"pmon": {"fail": "gpu_lost"}}))
+        sim.until(lambda line: "GPU is lost" in line)
+        assert sim.proc.wait(timeout=5) == 15
+
+
+def test_exit_after_lines(scn_file: Path) -> None:
+    write(scn_file, scenario(devices=2, faults={"exit_after_lines": 3, "exit_status": 4}))
+    out = run(scn_file, "dmon", "-d", "0.01")
+    assert out.returncode == 4
+    assert len(out.stdout.splitlines()) == 5 and len(data(out.stdout)) == 3
+
+
+def test_garbage_every(scn_file: Path) -> None:
+    write(scn_file, scenario(faults={"garbage_every": 1}))
+    lines = run(scn_file, "dmon", "-c", "3", "-d", "0.01").stdout.splitlines()
+    assert len(lines) == 8
+    row = lines[2]
+    assert lines[2::2] == [row, row, row]  # every real row is still there
+    assert lines[3] == ""
+    assert lines[5].replace("^C", "") == row and "^C" in lines[5]
+    assert lines[7] == row[: len(row) // 2]
+
+
+def test_repeat_header_every(scn_file: Path) -> None:
+    write(scn_file, scenario(devices=2, faults={"repeat_header_every": 2}))
+    lines = run(scn_file, "dmon", "-c", "5", "-d", "0.01").stdout.splitlines()
+    assert [i for i, line in enumerate(lines) if line == DMON_R550] == [0, 6, 12]
+    assert len(data("\n".join(lines))) == 10
+
+
+def test_stall_then_resume(scn_file: Path) -> None:
+    write(scn_file, scenario(faults={"stall_after_lines": 2}))
+    with child(scn_file, "dmon", "-d", "0.02") as sim:
+        assert len(sim.until(lambda line: not line.startswith("#"))) == 3
+        sim.until(lambda line: not line.startswith("#"))
+        assert sim.quiet_for(0.4)
+        assert sim.proc.poll() is None
+        write(scn_file, scenario())
+        sim.until(lambda line: not line.startswith("#"))
+
+
+def test_stderr_text(scn_file: Path) -> None:
+    warning = "WARNING: infoROM is corrupted at gpu 0000:01:00.0"
+    write(scn_file, scenario(faults={"stderr": warning}))
+    out = run(scn_file, "pmon", "-c", "1")
+    assert out.returncode == 0 and out.stderr == warning + "\n"
+    assert len(data(out.stdout)) == 1
+
+
+# ---- errors and endings ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("args,status,text", [
+    ([], 2, "Invalid combination of input arguments"),
+    (["-q"], 2, "Invalid combination of input arguments"),
+    (["--frobnicate"], 2, "ERROR: Option --frobnicate is not recognized"),
+    (["dmon", "-i", "7"], 6, "No devices were found"),
+    (["pmon", "-s", "x"], 2, "Invalid combination of input arguments"),
+    (["--query-compute-apps=bogus", "--format=csv"], 2, 'Field "bogus" is not a valid field'),
+])
+def test_bad_command_lines(scn_file: Path, args: List[str], status: int, text: str) -> None:
+    write(scn_file, scenario(devices=2))
+    out = run(scn_file, *args)
+    assert out.returncode == status and out.stdout.startswith(text)
+
+
+def test_host_without_devices(scn_file: Path) -> None:
+    write(scn_file, scenario(devices=[]))
+    for args in (["-q", "-x"], ["dmon", "-c", "1"], ["pmon", "-c", "1"]):
+        out = run(scn_file, *args)
+        assert (out.returncode, out.stdout) == (6, "No devices were found\n")
+
+
+def test_scenario_from_environment(tmp_path: Path) -> None:
+    path = tmp_path / "env.json"
+    write(path, scenario("r384", devices=3))
+    out = subprocess.run(SIM + ["dmon", "-c", "1"], capture_output=True, text=True, timeout=10,
+                         env=_env({"PATROLLER_SIM_SCENARIO": str(path)}))
+    assert out.stdout.splitlines()[0] == DMON_R384 and len(data(out.stdout)) == 3
+
+
+@pytest.mark.parametrize("signum,status", [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
+def test_signals_end_quietly(scn_file: Path, signum: int, status: int) -> None:
+    write(scn_file, scenario())
+    with child(scn_file, "pmon", "-d", "0.05") as sim:
+        sim.until(lambda line: line.startswith("    0"))
+        sim.proc.send_signal(signum)
+        assert sim.proc.wait(timeout=5) == status
+        assert sim.proc.stderr.read() == ""  # type: ignore[union-attr]
+
+
+def test_broken_pipe_ends_quietly(scn_file: Path) -> None:
+    write(scn_file, scenario(devices=4))
+    proc = subprocess.Popen(SIM + ["--scenario", str(scn_file), "dmon", "-d", "0.01"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+    try:
+        proc.stdout.readline()  # type: ignore[union-attr]
+        proc.stdout.close()  # type: ignore[union-attr]
+        assert proc.wait(timeout=5) == 0
+        assert proc.stderr.read() == b""  # type: ignore[union-attr]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=5)
+        proc.stderr.close()  # type: ignore[union-attr]
