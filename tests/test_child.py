@@ -1,0 +1,89 @@
+"""The supervised child process: lines, exit, restart with backoff, stop without leftovers."""
+import asyncio
+import logging
+import os
+import signal
+
+import pytest
+
+from helpers import alive, async_test, until
+from patroller.nvsmi.child import Backoff, ChildStream
+
+
+def test_backoff_grows_to_the_limit_and_resets_after_a_healthy_run():
+    backoff = Backoff(first=1, limit=30, healthy=60)
+    assert [backoff.delay(ran=0.1) for _ in range(7)] == [1, 2, 4, 8, 16, 30, 30]
+    assert backoff.delay(ran=61) == 1
+    assert backoff.delay(ran=1) == 2
+
+
+@pytest.mark.errors_expected
+@async_test
+async def test_lines_are_delivered_and_the_exit_is_logged_and_restarted(caplog):
+    lines = []
+    child = ChildStream("demo", ["sh", "-c", "echo one; printf 'two\\nthree'; echo oops >&2; exit 3"],
+                        lines.append, backoff=Backoff(first=0.05, limit=0.05))
+    with caplog.at_level(logging.INFO, logger="patroller.nvsmi.child"):
+        child.start()
+        await until(lambda: child.starts >= 2)
+        await child.stop()
+    assert lines[:3] == ["one", "two", "three"]  # the last line had no newline
+    assert child.last_exit == 3
+    assert "demo: exited with status 3" in caplog.text and "oops" in caplog.text
+
+
+@pytest.mark.errors_expected
+@async_test
+async def test_a_missing_command_is_retried_with_backoff_not_in_a_loop(caplog):
+    child = ChildStream("ghost", ["/nonexistent/nvidia-smi", "dmon"], lambda line: None,
+                        backoff=Backoff(first=0.2, limit=0.2))
+    child.start()
+    await asyncio.sleep(0.5)
+    await child.stop()
+    assert child.starts == 0
+    attempts = caplog.text.count("cannot start /nonexistent/nvidia-smi")
+    assert 2 <= attempts <= 4
+
+
+@async_test
+async def test_stop_terminates_the_whole_group_and_leaves_no_zombie():
+    pids = []
+    script = "sleep 100 & echo $!; trap '' TERM; while :; do sleep 0.05; done"
+    child = ChildStream("stubborn", ["sh", "-c", script], lambda line: pids.append(int(line)))
+    child.start()
+    await until(lambda: pids)
+    shell = child.process.pid
+    await child.stop(grace=0.3)  # the shell ignores SIGTERM: it is killed
+    assert child.process.returncode is not None  # reaped
+    assert not alive(shell)
+    await until(lambda: not alive(pids[0]), timeout=5)  # its own child went with the group
+
+
+@async_test
+async def test_an_overlong_line_is_dropped_not_buffered():
+    lines = []
+    child = ChildStream("long", ["sh", "-c", "head -c 200000 /dev/zero | tr '\\0' x; echo; echo ok; sleep 5"],
+                        lines.append)
+    child.start()
+    await until(lambda: "ok" in lines)
+    await child.stop()
+    assert all(len(line) <= 70000 for line in lines)
+
+
+@pytest.mark.errors_expected
+@async_test
+async def test_a_line_handler_failure_loses_one_line_not_the_stream(caplog):
+    seen = []
+
+    def handler(line):
+        seen.append(line)
+        if line == "bad":
+            raise ValueError("bug")
+
+    child = ChildStream("fragile", ["sh", "-c", "echo bad; echo good; sleep 5"], handler,
+                        backoff=Backoff(first=0.05, limit=0.05))
+    child.start()
+    await until(lambda: "good" in seen)
+    await child.stop()
+    assert child.starts == 1  # not restarted
+    assert "handling a line failed" in caplog.text
