@@ -1,0 +1,92 @@
+"""The pmon and dmon monitors' handling of lines, with the real event loop and no child."""
+import asyncio
+
+from helpers import async_test, until
+from patroller.nvsmi.monitors import DmonMonitor, PmonMonitor
+from patroller.signals import Signals
+from patroller.testmode import synthetic_inventory
+
+PMON_HEADER = ["# gpu         pid   type     sm    mem    enc    dec    jpg    ofa    command ",
+               "# Idx           #      C/G      %      %      %      %      %      %    name "]
+
+
+def interval(rows_by_gpu, gpus=3):
+    lines = []
+    for gpu in range(gpus):
+        rows = rows_by_gpu.get(gpu)
+        if not rows:
+            lines.append(f"    {gpu}          -     -      -      -      -      -      -      -    -              ")
+        for pid, name in rows or []:
+            lines.append(f"    {gpu}    {pid:>7}     C     12      3      -      -      -      -    {name:<15}")
+    return lines
+
+
+def recorder(signals):
+    events = []
+    signals.process_started.connect(lambda s, record: events.append(("+", record.pid, record.uuid)), weak=False)
+    signals.process_ended.connect(lambda s, record: events.append(("-", record.pid, record.uuid)), weak=False)
+    return events
+
+
+@async_test
+async def test_a_process_is_announced_at_once_and_gone_after_a_complete_interval():
+    inventory = synthetic_inventory(3)
+    signals = Signals()
+    events = recorder(signals)
+    monitor = PmonMonitor(inventory, signals, ["nvidia-smi"], {})
+    uuids = [d.uuid for d in inventory]
+    for line in PMON_HEADER + interval({1: [(4242, "python"), (77, "sglang::schedul")]})[:2]:
+        monitor._line(line)
+    assert events == [("+", 4242, uuids[1])]  # seen: announced before the interval ends
+    for line in interval({1: [(4242, "python"), (77, "sglang::schedul")]})[2:]:
+        monitor._line(line)
+    assert ("+", 77, uuids[1]) in events
+    for line in interval({1: [(77, "sglang::schedul")]}):
+        monitor._line(line)
+    await until(lambda: ("-", 4242, uuids[1]) in events, timeout=2)  # quiet after the last gpu
+    assert ("-", 77, uuids[1]) not in events
+    await monitor.stop()
+
+
+@async_test
+async def test_an_unfinished_interval_reports_nothing_gone():
+    inventory = synthetic_inventory(3)
+    signals = Signals()
+    events = recorder(signals)
+    monitor = PmonMonitor(inventory, signals, ["nvidia-smi"], {})
+    for line in PMON_HEADER + interval({2: [(500, "train")]}):
+        monitor._line(line)
+    await asyncio.sleep(0.1)
+    for line in interval({})[:2]:  # the stream stalls before the last device's row
+        monitor._line(line)
+    await asyncio.sleep(0.3)
+    assert events == [("+", 500, inventory.by_number(2).uuid)]
+    monitor._line(interval({})[2])
+    await until(lambda: len(events) == 2, timeout=2)
+    assert events[1][0] == "-"
+    await monitor.stop()
+
+
+def test_dmon_rows_become_samples_for_the_device_with_that_index():
+    inventory = synthetic_inventory(2)
+    signals = Signals()
+    samples = []
+    signals.sample.connect(lambda s, record: samples.append(record), weak=False)
+    monitor = DmonMonitor(inventory, signals, ["nvidia-smi"], {})
+    for line in ["# gpu   pwr gtemp mtemp    sm   mem   enc   dec  mclk  pclk",
+                 "# Idx     W     C     C     %     %     %     %   MHz   MHz",
+                 "    1    71    40     -    88    40     0     0  1593  1410",
+                 "    7    71    40     -    88    40     0     0  1593  1410",  # no such device
+                 "    0 garbage"]:
+        monitor._line(line)
+    assert len(samples) == 1
+    assert samples[0].uuid == inventory.by_number(1).uuid
+    assert samples[0].values["power"] == 71 and samples[0].values["mtemp"] is None
+    assert monitor.parser.skipped == 1
+
+
+def test_the_streams_watch_every_device():
+    inventory = synthetic_inventory(8)
+    monitor = PmonMonitor(inventory, Signals(), ["nvidia-smi", "--extra"], {"PATH": "/bin"})
+    assert monitor.child.argv == ["nvidia-smi", "--extra", "pmon", "-i", "0,1,2,3,4,5,6,7"]
+    assert monitor.child.env["NVSMI_SHOW_ALL_DEVICES"] == "1"
