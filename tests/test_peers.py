@@ -1,0 +1,65 @@
+"""The owner of a local TCP connection, from /proc/net/tcp{,6} and /proc/<pid>/fd."""
+import os
+import socket
+
+import pytest
+
+from patroller.peers import find_client, is_loopback, normalize, parse_net_tcp, pid_of_socket
+
+TCP = """\
+  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4242 1 0000000000000000 100 0 0 10 0
+   1: 0100007F:D431 0100007F:1F90 01 00000000:00000000 00:00000000 00000000  1000        0 5151 1 0000000000000000 20 4 30 10 -1
+   2: garbage line
+"""
+TCP6 = """\
+  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000000000000000000001000000:1F90 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 7000 1 0000000000000000 100 0 0 10 0
+   1: 0000000000000000FFFF00000100007F:C350 0000000000000000FFFF00000100007F:1F90 01 00000000:00000000 00:00000000 00000000  1001        0 7001 1 0000000000000000 20 4 30 10 -1
+"""
+
+
+def test_parse_ipv4_entries_and_skip_garbage():
+    entries = list(parse_net_tcp(TCP))
+    assert len(entries) == 2
+    assert entries[1].local == ("127.0.0.1", 0xD431) and entries[1].remote == ("127.0.0.1", 8080)
+    assert entries[1].uid == 1000 and entries[1].inode == 5151
+
+
+def test_parse_ipv6_and_mapped_ipv4():
+    entries = list(parse_net_tcp(TCP6))
+    assert entries[0].local == ("::1", 8080)
+    assert entries[1].local == ("127.0.0.1", 50000) and entries[1].uid == 1001
+
+
+def test_find_client_in_a_written_proc_tree(tmp_path):
+    (tmp_path / "net").mkdir()
+    (tmp_path / "net" / "tcp").write_text(TCP)
+    (tmp_path / "net" / "tcp6").write_text(TCP6)
+    entry = find_client(("::ffff:127.0.0.1", 0xD431), ("127.0.0.1", 8080), proc=str(tmp_path))
+    assert entry is not None and entry.uid == 1000
+    assert find_client(("::ffff:127.0.0.1", 50000), ("::ffff:127.0.0.1", 8080), proc=str(tmp_path)).uid == 1001
+    assert find_client(("127.0.0.1", 1), ("127.0.0.1", 8080), proc=str(tmp_path)) is None
+
+
+@pytest.mark.parametrize("family,host", [(socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")])
+def test_find_the_owner_of_a_real_loopback_connection(family, host):
+    try:
+        server = socket.socket(family)
+        server.bind((host, 0))
+    except OSError:
+        pytest.skip(f"no {host} on this machine")
+    with server:
+        server.listen()
+        with socket.create_connection(server.getsockname()[:2]) as client:
+            accepted, peer = server.accept()
+            with accepted:
+                entry = find_client(peer[:2], accepted.getsockname()[:2])
+                assert entry is not None and entry.uid == os.getuid()
+                assert pid_of_socket(entry.inode) == os.getpid()
+
+
+def test_loopback_and_normalize():
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("::ffff:127.0.0.2")
+    assert not is_loopback("10.0.0.1") and not is_loopback("not an address")
+    assert normalize("::ffff:10.1.2.3") == "10.1.2.3" and normalize("fe80::1%eth0") == "fe80::1"
