@@ -10,10 +10,11 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from .api import make_app
-from .callers import CallerIdentifier, TestModeCallers
+from .callers import CallerIdentifier, HostCallers, TestModeCallers
 from .config import Config
 from .devices import Inventory
 from .leases import LeaseManager
+from .nvsmi import gpuhost
 from .resolver import HostResolver, ProcessResolver
 from .signals import Signals
 from .stats import StatsStore
@@ -99,7 +100,7 @@ def _url(sock: socket.socket) -> str:
     return f"http://{host}:{port}"
 
 
-def build(config: Config) -> Daemon:
+async def build(config: Config) -> Daemon:
     """The daemon the configuration asks for. Raises StartError if it cannot be built."""
     signals = Signals()
     if config.test:
@@ -107,4 +108,13 @@ def build(config: Config) -> Daemon:
         monitor = SyntheticMonitor(inventory, signals)
         return Daemon(config, inventory, signals, [monitor], HostResolver(), TestModeCallers(),
                       interval=INTERVAL, mode="test")
-    raise StartError("GPU host mode is not available yet: run with --test for synthetic devices")
+    argv = gpuhost.command(config.nvidia_smi)
+    try:
+        found = await gpuhost.discover(argv)
+    except gpuhost.GpuHostError as exc:
+        raise StartError(str(exc)) from None
+    inventory = Inventory(found.devices)
+    log.info("nvidia-smi: driver %s, %d GPU(s): %s", found.driver_version or "unknown",
+             len(inventory), ", ".join(f"{d.number}={d.name}" for d in inventory))
+    return Daemon(config, inventory, signals, gpuhost.monitors(inventory, signals, argv),
+                  HostResolver(), HostCallers(), interval=gpuhost.INTERVAL, mode="gpu")

@@ -36,7 +36,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 async def serve(config: Config) -> int:
     """Build, listen, run until a stop signal, then stop in order."""
-    daemon = build(config)
+    daemon = await build(config)
     try:
         urls = daemon.listen(config.port, config.address)
     except OSError as exc:

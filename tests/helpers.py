@@ -82,7 +82,7 @@ class Harness:
 async def running(**settings: Any) -> AsyncIterator[Harness]:
     """A test-mode daemon listening on an ephemeral loopback port."""
     config = replace(Config(test=True, port=0, address="127.0.0.1"), **settings)
-    daemon = build(config)
+    daemon = await build(config)
     urls = daemon.listen(0, "127.0.0.1")
     daemon.start()
     harness = Harness(daemon, urls[0])
@@ -150,3 +150,67 @@ class ServerProcess:
             self.process.kill()
             self.process.wait()
             raise
+
+
+SIMULATOR = f"{sys.executable} -m patroller.nvsmi.simulator"
+
+
+class ScenarioFile:
+    """A simulator scenario on disk, rewritten atomically so a running simulator re-reads it."""
+
+    def __init__(self, path: str, **scenario: Any) -> None:
+        self.path = path
+        self.scenario: Dict[str, Any] = {"era": "r550", "interval": 0.1, **scenario}
+        self.write()
+
+    def write(self, **changes: Any) -> None:
+        self.scenario.update(changes)
+        temporary = self.path + ".new"
+        with open(temporary, "w", encoding="utf-8") as f:
+            json.dump(self.scenario, f)
+        os.replace(temporary, self.path)
+
+    @property
+    def command(self) -> str:
+        """The --nvidia-smi value that runs the simulator on this scenario."""
+        return f"{SIMULATOR} --scenario {self.path}"
+
+
+@asynccontextmanager
+async def gpu_running(scenario: ScenarioFile, **settings: Any) -> AsyncIterator[Harness]:
+    """A GPU-host-mode daemon on the simulator, on an ephemeral loopback port."""
+    config = replace(Config(port=0, address="127.0.0.1", nvidia_smi=scenario.command), **settings)
+    daemon = await build(config)
+    urls = daemon.listen(0, "127.0.0.1")
+    daemon.start()
+    harness = Harness(daemon, urls[0])
+    try:
+        yield harness
+    finally:
+        harness.http.close()
+        await daemon.stop()
+
+
+def children_of(pid: int) -> List[int]:
+    """Live processes whose parent is `pid`, from /proc."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether a process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
