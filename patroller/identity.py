@@ -18,8 +18,9 @@ class Identity:
     email: Optional[str] = None
     account: Optional[str] = None  # host account name
     uid: Optional[int] = None
-    container: Optional[Tuple[str, str]] = None  # (short id, name)
+    container: Optional[Tuple[str, Optional[str]]] = None  # (short id, name)
     info: Tuple[Tuple[str, str], ...] = field(default=())  # extra labels, in configured order
+    degraded: bool = False  # the user could not be learned just now (Docker unreachable)
 
     def same_user(self, other: Optional["Identity"]) -> bool:
         """Whether the two are the same user for the lease rules."""
@@ -37,6 +38,7 @@ class Identity:
                 {"id": self.container[0], "name": self.container[1]} if self.container else None
             ),
             "info": dict(self.info),
+            "degraded": self.degraded,
         }
 
 

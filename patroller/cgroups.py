@@ -1,0 +1,81 @@
+"""From a pid to the container it runs in: /proc/<pid>/cgroup, in every layout seen.
+
+cgroup v1 lists one line per hierarchy, v2 one line `0::<path>`; the container id is the
+last 64-hex-digit component that a container runtime put there:
+  /docker/<id>                                   cgroupfs driver, v1 and v2
+  /system.slice/docker-<id>.scope                systemd driver
+  /system.slice/docker.service/docker/<id>       nested parents (--cgroup-parent)
+  /machine.slice/libpod-<id>.scope, /libpod_parent/libpod-<id>          podman
+  /system.slice/containerd.service/cri-containerd-<id>.scope, crio-<id>.scope
+  /kubepods/burstable/pod<uid>/<id>, /kubepods.slice/.../cri-containerd-<id>.scope
+Pure parsing, plus readers with an injectable /proc root.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+_ID = r"[0-9a-f]{64}"
+# A path component that is a container: a runtime prefix and a 64-hex id (systemd scopes), or
+# the bare id (cgroupfs: under /docker, a --cgroup-parent, /kubepods/.../pod<uid>, ...).
+_SCOPE = re.compile(rf"^(docker|libpod|cri-containerd|crio|containerd)-({_ID})(?:\.scope)?$")
+_BARE = re.compile(rf"^({_ID})$")
+
+
+@dataclass(frozen=True)
+class ContainerRef:
+    """A container named by a process's cgroup: its runtime and full id."""
+
+    runtime: str  # docker, libpod, cri-containerd, crio, containerd, or "" when unknown
+    id: str
+
+    @property
+    def short(self) -> str:
+        """The first 12 hex digits, as docker prints them."""
+        return self.id[:12]
+
+
+def container_of_path(path: str) -> Optional[ContainerRef]:
+    """The container in one cgroup path, or None."""
+    parts = [p for p in path.strip().split("/") if p]
+    for index in range(len(parts) - 1, -1, -1):
+        part = parts[index]
+        scope = _SCOPE.match(part)
+        if scope:
+            return ContainerRef(scope.group(1), scope.group(2))
+        if _BARE.match(part):
+            return ContainerRef("docker" if "docker" in parts[:index] else "", part)
+    return None
+
+
+def parse_cgroup(text: str) -> Optional[ContainerRef]:
+    """The container named in a /proc/<pid>/cgroup file; malformed lines are skipped."""
+    for line in text.splitlines():
+        fields = line.split(":", 2)
+        if len(fields) != 3 or not fields[0].strip().isdigit():
+            continue
+        found = container_of_path(fields[2])
+        if found is not None:
+            return found
+    return None
+
+
+def read_container(pid: int, proc: str = "/proc") -> Optional[ContainerRef]:
+    """The container of a live pid; None for a host process. Raises OSError if it is gone."""
+    with open(os.path.join(proc, str(pid), "cgroup"), encoding="ascii", errors="replace") as f:
+        return parse_cgroup(f.read())
+
+
+def read_start_time(pid: int, proc: str = "/proc") -> int:
+    """The process's start time in clock ticks after boot (/proc/<pid>/stat field 22).
+
+    With the pid, it names one process: a reused pid has a later start time.
+    Raises OSError if the process is gone, ValueError if the file is unreadable.
+    """
+    with open(os.path.join(proc, str(pid), "stat"), encoding="ascii", errors="replace") as f:
+        text = f.read()
+    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    fields = text.rsplit(")", 1)[1].split()
+    return int(fields[19])
