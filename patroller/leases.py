@@ -164,6 +164,24 @@ class LeaseManager:
         self._touch(hold)
         self._changed()
 
+    def update_owner(self, uuid: str, pid: int, owner: Identity) -> None:
+        """A process's owner became known (it was degraded, e.g. while Docker was down)."""
+        hold = self._holds.get(uuid)
+        if hold is None or pid not in hold.processes:
+            return
+        old = hold.processes[pid]
+        hold.processes[pid] = owner
+        if hold.holder is not None and hold.holder.same_user(old) and not self._pids_of(hold, old):
+            hold.holder = owner  # the device was held only through this process
+        if owner.same_user(hold.holder):
+            hold.deadline = None
+        elif owner.user not in hold.trespassers:
+            hold.trespassers.add(owner.user)
+            log.warning("trespassing: %s runs pid %d on %s, held by %s",
+                        owner.user, pid, uuid, hold.holder.user if hold.holder else "nobody")
+        self._touch(hold)
+        self._settle()
+
     def process_ended(self, uuid: str, pid: int) -> None:
         """A process left a device."""
         hold = self._holds.get(uuid)

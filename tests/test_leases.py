@@ -296,3 +296,23 @@ def test_a_failing_subscriber_does_not_break_the_leases(leases, caplog):
     [device] = leases.request(alice, {"gpu": 1})
     assert leases.state(device.uuid) == "reserved"
     assert "lease subscriber failed" in caplog.text
+
+
+def test_a_degraded_owner_that_becomes_known_takes_over_its_claim(leases):
+    target = uuid(leases, 0)
+    leases.process_started(target, 5, UNKNOWN)
+    assert leases.claims()[target]["user"]["user"] == "unknown"
+    leases.update_owner(target, 5, alice)
+    assert leases.state(target) == "claimed"
+    assert leases.claims()[target]["user"]["user"] == "alice"
+
+
+def test_a_degraded_owner_on_a_reservation_turns_shared_into_claimed(leases, caplog):
+    [device] = leases.request(alice, {"gpu": 1})
+    leases.process_started(device.uuid, 5, UNKNOWN)
+    assert leases.state(device.uuid) == "shared"
+    leases.update_owner(device.uuid, 5, alice)
+    assert leases.state(device.uuid) == "claimed"
+    assert leases.next_deadline() is None
+    leases.update_owner(device.uuid, 99, bob)  # not on the device: ignored
+    assert leases.state(device.uuid) == "claimed"
