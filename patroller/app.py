@@ -6,16 +6,15 @@ import logging
 import socket
 from typing import List, Optional, Protocol, Sequence
 
-from tornado.httpserver import HTTPServer
-from tornado.netutil import bind_sockets
-
 from .api import make_app
-from .callers import CallerIdentifier, HostCallers, TestModeCallers
+from .callers import CallerIdentifier, SystemCallers, TestModeCallers
 from .config import Config
+from .containers import ContainerDirectory
 from .devices import Inventory
 from .leases import LeaseManager
+from .listeners import PeerServer, remove_unix_socket, tcp_sockets, unix_socket
 from .nvsmi import gpuhost
-from .resolver import HostResolver, ProcessResolver
+from .resolver import ProcessIdentifier
 from .signals import Signals
 from .stats import StatsStore
 from .testmode import INTERVAL, SyntheticMonitor, synthetic_inventory
@@ -45,28 +44,40 @@ class Daemon:
     """Wires the parts together; `main` drives it."""
 
     def __init__(self, config: Config, inventory: Inventory, signals: Signals,
-                 monitors: Sequence[Monitor], resolver: ProcessResolver,
-                 callers: CallerIdentifier, interval: float, mode: str) -> None:
+                 monitors: Sequence[Monitor], identifier: ProcessIdentifier,
+                 callers: CallerIdentifier, interval: float, mode: str,
+                 directory: Optional[ContainerDirectory] = None) -> None:
         self.config = config
         self.inventory = inventory
         self.signals = signals
         self.monitors = list(monitors)
+        self.identifier = identifier
+        self.directory = directory
         self.leases = LeaseManager(inventory, config.lease)
         self.stats = StatsStore(inventory, stale_after=STALE_INTERVALS * interval)
         self.stats.connect(signals)
-        self.tracker = ProcessTracker(self.leases, resolver)
+        self.tracker = ProcessTracker(self.leases, identifier)
         self.tracker.connect(signals)
         self.timer = ExpiryTimer(self.leases)
         self.app = make_app(inventory, self.leases, self.stats, callers, mode)
-        self.server: Optional[HTTPServer] = None
-        self.sockets: List[socket.socket] = []
+        self.server: Optional[PeerServer] = None
+        self.unix_path: Optional[str] = None
 
-    def listen(self, port: int, address: str = "") -> List[str]:
-        """Bind and serve; return the addresses as URLs. Raises OSError if it cannot bind."""
-        self.sockets = bind_sockets(port, address or None)
-        self.server = HTTPServer(self.app, xheaders=False)
-        self.server.add_sockets(self.sockets)
-        return [_url(s) for s in self.sockets]
+    def listen(self, port: int, address: str = "", unix_path: Optional[str] = None) -> List[str]:
+        """Bind and serve; return where, as URLs. Raises OSError if it cannot bind."""
+        sockets = tcp_sockets(port, address)
+        if unix_path:
+            try:
+                sockets.append(unix_socket(unix_path))
+            except OSError:
+                for sock in sockets:
+                    sock.close()
+                raise
+            self.unix_path = unix_path
+        self.server = PeerServer(self.app, xheaders=False)
+        self.server.read_facts = self.identifier.facts
+        self.server.add_sockets(sockets)
+        return [_url(s) for s in sockets]
 
     def start(self) -> None:
         """Start expiring leases and monitoring devices, on the current loop."""
@@ -78,6 +89,8 @@ class Daemon:
         """Stop accepting, answer waiters, stop monitors, close connections: within `grace` s."""
         if self.server is not None:
             self.server.stop()
+        if self.unix_path:
+            remove_unix_socket(self.unix_path)
         self.leases.close()  # waiters are answered 503
         await asyncio.sleep(0)  # let their answers go out
         self.timer.stop()
@@ -92,9 +105,13 @@ class Daemon:
                 await asyncio.wait_for(self.server.close_all_connections(), grace)
             except asyncio.TimeoutError:
                 log.warning("some connections did not close in time")
+        if self.directory is not None:
+            self.directory.close_quietly()
 
 
 def _url(sock: socket.socket) -> str:
+    if sock.family == socket.AF_UNIX:
+        return f"unix://{sock.getsockname()}"
     host, port = sock.getsockname()[:2]
     host = f"[{host}]" if ":" in host else host
     return f"http://{host}:{port}"
@@ -106,8 +123,8 @@ async def build(config: Config) -> Daemon:
     if config.test:
         inventory = synthetic_inventory()
         monitor = SyntheticMonitor(inventory, signals)
-        return Daemon(config, inventory, signals, [monitor], HostResolver(), TestModeCallers(),
-                      interval=INTERVAL, mode="test")
+        return Daemon(config, inventory, signals, [monitor], ProcessIdentifier(),
+                      TestModeCallers(), interval=INTERVAL, mode="test")
     argv = gpuhost.command(config.nvidia_smi)
     try:
         found = await gpuhost.discover(argv)
@@ -116,5 +133,8 @@ async def build(config: Config) -> Daemon:
     inventory = Inventory(found.devices)
     log.info("nvidia-smi: driver %s, %d GPU(s): %s", found.driver_version or "unknown",
              len(inventory), ", ".join(f"{d.number}={d.name}" for d in inventory))
+    directory = ContainerDirectory(config.docker_host)
+    identifier = ProcessIdentifier(directory, config.user_labels, config.user_info_labels)
     return Daemon(config, inventory, signals, gpuhost.monitors(inventory, signals, argv),
-                  HostResolver(), HostCallers(), interval=gpuhost.INTERVAL, mode="gpu")
+                  identifier, SystemCallers(identifier, directory),
+                  interval=gpuhost.INTERVAL, mode="gpu", directory=directory)

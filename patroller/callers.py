@@ -4,12 +4,15 @@ from __future__ import annotations
 import asyncio
 from typing import Optional, Protocol, Tuple
 
+from cachetools import TTLCache
 from tornado.httputil import HTTPServerRequest
 
+from .containers import ContainerDirectory, DockerUnavailable, container_identity
 from .errors import BadRequest, Unidentified
 from .identity import Identity, named_user
-from .peers import Address, find_client, is_loopback
-from .resolver import host_identity
+from .listeners import peer_of
+from .peers import Address, find_client, is_loopback, normalize, pid_of_socket
+from .resolver import ProcessIdentifier, ProcFacts, host_identity, read_facts
 
 DEFAULT_TEST_USER = "test-user"
 
@@ -32,43 +35,95 @@ class TestModeCallers:
         return named_user(claimed or self.default)
 
 
-class HostCallers:
-    """GPU host mode: a loopback caller is the local process that owns the connection.
+class SystemCallers:
+    """Outside test mode: a caller is identified by the system, never by what it says.
 
-    Its host account is read from the kernel's socket table, which the caller cannot forge.
-    Callers from other addresses cannot be identified yet.
+    - unix socket: the kernel's peer credentials (pid) -> cgroup -> container -> labels, or the
+      host account. The caller cannot forge it.
+    - loopback TCP: the local process that owns the client socket (/proc/net/tcp{,6} and
+      /proc/<pid>/fd), then the same chain. As trustworthy as the kernel's socket table.
+    - other TCP: the container whose network address the caller has (advisory: addresses can
+      be spoofed on a shared network).
     """
 
-    def __init__(self, proc: str = "/proc") -> None:
+    def __init__(self, identifier: ProcessIdentifier, directory: Optional[ContainerDirectory],
+                 proc: str = "/proc") -> None:
+        self.identifier = identifier
+        self.directory = directory
         self.proc = proc
+        self._by_inode: TTLCache = TTLCache(maxsize=4096, ttl=60)  # socket inode -> facts
 
     async def identify(self, request: HTTPServerRequest, claimed: Optional[str]) -> Identity:
-        """The account that owns the client socket, or Unidentified."""
+        """The caller's identity, or Unidentified."""
         if claimed is not None:
             raise BadRequest("user= is accepted in test mode only: callers are identified "
                              "by the system")
-        peer, server = _ends(request)
-        if peer is None or server is None:
+        stream = getattr(request.connection, "stream", None)
+        peer = peer_of(stream)
+        if peer is not None:
+            facts = await peer.facts
+            if facts is None:
+                raise Unidentified(f"the calling process (pid {peer.credentials.pid}) is gone "
+                                   "or cannot be read")
+            return _known(await self.identifier.identify(facts))
+        ends = _ends(request)
+        if ends is None:
             raise Unidentified("the connection has no address to identify the caller by")
-        if not is_loopback(peer[0]):
-            raise Unidentified(f"cannot identify a caller at {peer[0]}: call from the GPU host "
-                               "itself (loopback)")
+        client, server = ends
+        if is_loopback(client[0]):
+            return _known(await self._local(client, server))
+        return _known(await self._remote(client[0]))
+
+    async def _local(self, client: Address, server: Address) -> Identity:
         loop = asyncio.get_running_loop()
-        entry = await loop.run_in_executor(None, find_client, peer, server, self.proc)
+        entry = await loop.run_in_executor(None, find_client, client, server, self.proc)
         if entry is None:
-            raise Unidentified(f"no local process owns the connection from {peer[0]}:{peer[1]}")
-        return host_identity(entry.uid)
+            raise Unidentified(f"no local process owns the connection from port {client[1]}")
+        facts = self._by_inode.get(entry.inode)
+        if facts is None:
+            facts = await loop.run_in_executor(None, self._owner_facts, entry.inode)
+            if facts is not None:
+                self._by_inode[entry.inode] = facts
+        if facts is None:  # the owner's /proc is not ours to read: its account still is
+            return host_identity(entry.uid)
+        return await self.identifier.identify(facts)
+
+    def _owner_facts(self, inode: int) -> Optional[ProcFacts]:
+        pid = pid_of_socket(inode, self.proc)
+        return None if pid is None else read_facts(pid, self.proc)
+
+    async def _remote(self, address: str) -> Identity:
+        if self.directory is None:
+            raise Unidentified(f"cannot identify a caller at {address}")
+        try:
+            info = await self.directory.by_address(normalize(address))
+        except DockerUnavailable as exc:
+            raise Unidentified(f"cannot identify a caller at {address}: {exc}") from None
+        if info is None:
+            raise Unidentified(f"no container has the address {address}: call from a container "
+                               "on this host, from the host itself, or over the unix socket")
+        return container_identity(info, self.identifier.user_labels, self.identifier.info_labels)
 
 
-def _ends(request: HTTPServerRequest) -> Tuple[Optional[Address], Optional[Address]]:
-    """(peer, our end) of the request's TCP connection."""
+def _known(identity: Identity) -> Identity:
+    """Refuse a caller whose user cannot be told: nothing may be reserved for "unknown"."""
+    if identity.degraded:
+        raise Unidentified("your container's labels cannot be read just now (the Docker Engine "
+                           "is unreachable): try again shortly")
+    if identity.user == "unknown":
+        raise Unidentified("the calling process cannot be identified")
+    return identity
+
+
+def _ends(request: HTTPServerRequest) -> Optional[Tuple[Address, Address]]:
+    """(client, our end) of the request's TCP connection."""
     address = getattr(request.connection.context, "address", None)  # type: ignore[union-attr]
     stream = getattr(request.connection, "stream", None)
     sock = getattr(stream, "socket", None)
     if not isinstance(address, tuple) or sock is None:
-        return None, None
+        return None
     try:
         local = sock.getsockname()
     except OSError:
-        return None, None
+        return None
     return (address[0], address[1]), (local[0], local[1])

@@ -30,6 +30,8 @@ class Config:
     user_labels: Tuple[str, ...] = DEFAULT_USER_LABELS
     user_info_labels: Tuple[str, ...] = ()
     nvidia_smi: str = "nvidia-smi"
+    socket: Optional[str] = None  # also serve on this unix socket
+    docker_host: Optional[str] = None  # None: the Docker SDK's default socket
     log_level: str = "info"
 
 
@@ -45,6 +47,10 @@ _SETTINGS = (
     ("--user-info-labels", "PATROLLER_USER_INFO_LABELS",
      "extra container labels copied into the identity, comma-separated (default none)"),
     ("--nvidia-smi", "PATROLLER_NVIDIA_SMI", "the nvidia-smi command (default nvidia-smi)"),
+    ("--socket", "PATROLLER_SOCKET",
+     "also serve the API on this unix socket; its callers are identified by the kernel"),
+    ("--docker-host", "DOCKER_HOST",
+     "the Docker Engine to read container labels from (default unix:///var/run/docker.sock)"),
     ("--log-level", "PATROLLER_LOG_LEVEL", "debug, info, warning or error (default info)"),
 )
 
@@ -106,6 +112,23 @@ def _nonempty(text: str) -> str:
     return text
 
 
+def _socket_path(text: str) -> str:
+    path = os.path.abspath(text.strip())
+    if not text.strip():
+        raise ValueError("must not be empty")
+    if len(path.encode()) > 107:
+        raise ValueError("is longer than a unix socket path may be (107 bytes)")
+    if not os.path.isdir(os.path.dirname(path)):
+        raise ValueError(f"is in a directory that does not exist ({os.path.dirname(path)})")
+    return path
+
+
+def _docker_host(text: str) -> str:
+    if not text.strip().startswith(("unix://", "tcp://", "ssh://", "http://", "https://")):
+        raise ValueError("must be a unix://, tcp://, ssh:// or http(s):// address")
+    return text.strip()
+
+
 def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None) -> Config:
     """Build the Config from argv (default sys.argv[1:]) and environ (default os.environ).
 
@@ -137,6 +160,8 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         user_labels=pick("--user-labels", env_names["--user-labels"], _user_labels, DEFAULT_USER_LABELS),
         user_info_labels=pick("--user-info-labels", env_names["--user-info-labels"], _labels, ()),
         nvidia_smi=pick("--nvidia-smi", env_names["--nvidia-smi"], _nonempty, Config.nvidia_smi),
+        socket=pick("--socket", env_names["--socket"], _socket_path, None),
+        docker_host=pick("--docker-host", env_names["--docker-host"], _docker_host, None),
         log_level=pick("--log-level", env_names["--log-level"], _log_level, Config.log_level),
     )
 

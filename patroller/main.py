@@ -38,11 +38,13 @@ async def serve(config: Config) -> int:
     """Build, listen, run until a stop signal, then stop in order."""
     daemon = await build(config)
     try:
-        urls = daemon.listen(config.port, config.address)
+        urls = daemon.listen(config.port, config.address, config.socket)
     except OSError as exc:
         where = f"{config.address or 'all interfaces'} port {config.port}"
+        if config.socket and exc.filename is None and "port" not in str(exc):
+            where += f" or {config.socket}"
         raise StartError(f"cannot listen on {where}: {exc.strerror or exc}; "
-                         "choose another --port or --address") from None
+                         "choose another --port, --address or --socket") from None
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):

@@ -83,7 +83,7 @@ async def running(**settings: Any) -> AsyncIterator[Harness]:
     """A test-mode daemon listening on an ephemeral loopback port."""
     config = replace(Config(test=True, port=0, address="127.0.0.1"), **settings)
     daemon = await build(config)
-    urls = daemon.listen(0, "127.0.0.1")
+    urls = daemon.listen(0, "127.0.0.1", config.socket)
     daemon.start()
     harness = Harness(daemon, urls[0])
     try:
@@ -181,7 +181,7 @@ async def gpu_running(scenario: ScenarioFile, **settings: Any) -> AsyncIterator[
     """A GPU-host-mode daemon on the simulator, on an ephemeral loopback port."""
     config = replace(Config(port=0, address="127.0.0.1", nvidia_smi=scenario.command), **settings)
     daemon = await build(config)
-    urls = daemon.listen(0, "127.0.0.1")
+    urls = daemon.listen(0, "127.0.0.1", config.socket)
     daemon.start()
     harness = Harness(daemon, urls[0])
     try:

@@ -7,7 +7,7 @@ import pytest
 
 from helpers import async_test, running, until
 from patroller.signals import GpuProcess
-from patroller.resolver import HostResolver
+from patroller.resolver import host_identity, read_uid
 
 INFO_KEYS = {"name", "brand", "arch", "number", "pci_address", "total_mem", "group",
              "minor_number", "mig_mode"}
@@ -121,7 +121,7 @@ async def test_wait_is_answered_when_a_process_ends():
     async with running() as h:
         sleeper = subprocess.Popen(["sleep", "30"])
         try:
-            me = HostResolver().lookup(sleeper.pid).user  # a real process, a real account
+            me = host_identity(read_uid(sleeper.pid)).user  # a real process, a real account
             target = h.uuids()[0]
             record = GpuProcess(uuid=target, pid=sleeper.pid, type="C", command="sleep")
             h.daemon.signals.process_started.send(object(), record=record)

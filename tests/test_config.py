@@ -30,6 +30,13 @@ def test_environment_fallbacks():
                             nvidia_smi="/opt/nvidia-smi", log_level="debug")
 
 
+def test_socket_and_docker_host(tmp_path):
+    config = load(["--socket", str(tmp_path / "api.sock")], {"DOCKER_HOST": "unix:///tmp/d.sock"})
+    assert config.socket == str(tmp_path / "api.sock")
+    assert config.docker_host == "unix:///tmp/d.sock"
+    assert load([], {}).socket is None and load([], {}).docker_host is None
+
+
 def test_flags_win_over_the_environment():
     config = load(["--port", "9000", "--lease", "3", "--test"], {"PATROLLER_PORT": "8080", "PATROLLER_LEASE": "x"})
     assert (config.port, config.lease, config.test) == (9000, 3.0, True)
@@ -51,6 +58,9 @@ def test_empty_test_variable_is_off():
     ([], {"PATROLLER_USER_INFO_LABELS": "a b"}, "PATROLLER_USER_INFO_LABELS"),
     (["--nvidia-smi", " "], {}, "--nvidia-smi"),
     (["--log-level", "loud"], {}, "--log-level"),
+    (["--socket", "/no/such/dir/api.sock"], {}, "--socket"),
+    ([], {"PATROLLER_SOCKET": "/tmp/" + "x" * 120}, "PATROLLER_SOCKET"),
+    ([], {"DOCKER_HOST": "/var/run/docker.sock"}, "DOCKER_HOST"),
 ])
 def test_bad_values_name_the_flag_or_variable(argv, environ, named):
     with pytest.raises(ConfigError) as error:

@@ -11,7 +11,7 @@ import pytest
 
 from helpers import (ROOT, ScenarioFile, ServerProcess, alive, async_test, children_of,
                      gpu_running, until)
-from patroller.resolver import HostResolver
+from patroller.resolver import host_identity, read_uid
 
 SIX = [{"minor": 1}, {"minor": 2}, {"minor": 3}, {"minor": 0}, {"minor": 5}, {"minor": 4}]
 
@@ -62,7 +62,7 @@ async def test_all_six_devices_get_statistics_not_only_four(scenario):
 
 @async_test
 async def test_a_process_appears_on_and_leaves_the_right_device(scenario, sleeper):
-    account = HostResolver().lookup(sleeper.pid).user
+    account = host_identity(read_uid(sleeper.pid)).user
     async with gpu_running(scenario, lease=30) as h:
         inventory = await h.ok("/devices")
         await until(lambda: h.daemon.monitors[1].child.starts == 1)

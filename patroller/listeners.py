@@ -1,0 +1,66 @@
+"""Where the API listens: TCP, and a unix socket whose callers the kernel identifies."""
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from typing import Any, Awaitable, Callable, List, Optional
+
+from tornado.httpserver import HTTPServer
+from tornado.iostream import IOStream
+from tornado.netutil import bind_sockets, bind_unix_socket
+
+from .peers import Credentials, peer_credentials
+
+PEER = "patroller_peer"  # the attribute a unix connection's stream carries
+
+
+class Peer:
+    """A unix-socket caller: its credentials, and its /proc facts read as it connected."""
+
+    def __init__(self, credentials: Credentials, facts: "asyncio.Future[Any]") -> None:
+        self.credentials = credentials
+        self.facts = facts
+
+
+class PeerServer(HTTPServer):
+    """An HTTPServer that reads, as each unix-socket connection arrives, who made it.
+
+    The pid from SO_PEERCRED is read at once, with its /proc facts (in the executor), because
+    the caller may exit and its pid be reused before the request is handled.
+    """
+
+    read_facts: Optional[Callable[[int], Awaitable[Any]]] = None
+
+    def handle_stream(self, stream: IOStream, address: Any) -> None:
+        sock = stream.socket
+        if self.read_facts is not None and sock is not None and sock.family == socket.AF_UNIX:
+            credentials = peer_credentials(sock)
+            if credentials is not None:
+                facts = asyncio.ensure_future(self.read_facts(credentials.pid))
+                setattr(stream, PEER, Peer(credentials, facts))
+        super().handle_stream(stream, address)
+
+
+def peer_of(stream: Any) -> Optional[Peer]:
+    """The unix-socket caller behind a request's stream, if it came that way."""
+    return getattr(stream, PEER, None)
+
+
+def tcp_sockets(port: int, address: str) -> List[socket.socket]:
+    """Bound TCP sockets (every interface when address is empty). Raises OSError."""
+    return bind_sockets(port, address or None)
+
+
+def unix_socket(path: str) -> socket.socket:
+    """A bound unix socket that any local user (and container) may connect to."""
+    sock = bind_unix_socket(path, mode=0o666)
+    return sock
+
+
+def remove_unix_socket(path: str) -> None:
+    """Remove the socket file at shutdown."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
