@@ -14,6 +14,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import socket
 import urllib.parse
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
@@ -128,8 +129,14 @@ class Claim:
 
 
 def parse_server(server: Optional[str]) -> Tuple[str, str, int]:
-    """(scheme, host, port) from 'host', 'host:port', 'http://host[:port]' or 'https://...'."""
+    """(scheme, host, port) from 'host', 'host:port', 'http://host[:port]' or 'https://...';
+    ('unix', path, 0) from 'unix:///path/to/socket'."""
     text = (server or os.environ.get("PATROLLER_SERVER") or DEFAULT_SERVER).strip()
+    if text.startswith("unix://"):
+        path = text[len("unix://"):]
+        if not path.startswith("/"):
+            raise ValueError(f"a unix socket address needs an absolute path: {server!r}")
+        return "unix", path, 0
     if "://" not in text:
         text = "http://" + text
     parts = urllib.parse.urlsplit(text)
@@ -142,23 +149,50 @@ def parse_server(server: Optional[str]) -> Tuple[str, str, int]:
     return parts.scheme, parts.hostname, port
 
 
+class _UnixConnection(http.client.HTTPConnection):
+    """HTTP over a unix socket: the server identifies the caller from the kernel's word."""
+
+    def __init__(self, path: str, timeout: Optional[float]) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def _connection(scheme: str, host: str, port: int,
+                timeout: Optional[float]) -> http.client.HTTPConnection:
+    if scheme == "unix":
+        return _UnixConnection(host, timeout)
+    if scheme == "https":
+        return http.client.HTTPSConnection(host, port, timeout=timeout)
+    return http.client.HTTPConnection(host, port, timeout=timeout)
+
+
 def _call(server: Optional[str], method: str, path: str, params: Dict[str, Any],
           timeout: Optional[float]) -> Tuple[int, Any]:
     scheme, host, port = parse_server(server)
-    connection_class = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
-    connection = connection_class(host, port, timeout=timeout)
+    connection = _connection(scheme, host, port, timeout)
     target = path + ("?" + urllib.parse.urlencode(params) if params else "")
     try:
         connection.request(method, target, headers={"Accept": "application/json"})
         response = connection.getresponse()
         raw = response.read()
     except (OSError, http.client.HTTPException) as exc:
-        raise ServerUnreachable(f"Patroller at {host}:{port}: {exc}") from None
+        where = host if scheme == "unix" else f"{host}:{port}"
+        raise ServerUnreachable(f"Patroller at {where}: {exc}") from None
     finally:
         connection.close()
     try:
         body = json.loads(raw.decode("utf-8"))
     except ValueError:
-        raise ServerUnreachable(f"{host}:{port} did not answer like Patroller "
+        raise ServerUnreachable(f"{server or host} did not answer like Patroller "
                                 f"(HTTP {response.status})") from None
     return response.status, body

@@ -102,3 +102,25 @@ def test_server_addresses_in_every_form(server, monkeypatch):
 def test_unreachable_server_raises():
     with pytest.raises(ServerUnreachable):
         claim(1, server="127.0.0.1:1")
+
+
+def test_unix_socket_server_addresses():
+    assert client.parse_server("unix:///run/patroller/api.sock") == ("unix", "/run/patroller/api.sock", 0)
+    with pytest.raises(ValueError):
+        client.parse_server("unix://relative.sock")
+
+
+def test_claim_over_a_unix_socket(tmp_path):
+    path = f"/tmp/ptc{os.getpid()}.sock"
+    server = ServerProcess("--test", "--socket", path).start()
+    try:
+        assert f"unix://{path}" in server.log
+        assert oct(os.stat(path).st_mode & 0o777) == "0o666"  # any local user, any container
+        assert claim(1, server=f"unix://{path}") is True
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "0"
+        assert [d["info"]["number"] for d in release(f"unix://{path}")["released"]] == [0]
+    finally:
+        assert server.stop() == 0
+    assert not os.path.exists(path)  # removed at shutdown
+    with pytest.raises(ServerUnreachable):
+        claim(1, server=f"unix://{path}")
