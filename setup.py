@@ -19,7 +19,7 @@ setup(
     packages=find_packages(include=["patroller", "patroller.*"]),
     python_requires=">=3.9",
     install_requires=REQUIRES,
-    extras_require={"test": ["pytest>=8.4", "pytest-timeout>=2.3"]},
+    extras_require={"test": ["pytest>=8.4", "pytest-timeout>=2.4"]},
     entry_points={"console_scripts": ["patroller = patroller.main:main"]},
     classifiers=[
         "License :: OSI Approved :: GNU General Public License v3 or later (GPLv3+)",

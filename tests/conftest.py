@@ -17,3 +17,20 @@ def no_errors_logged(caplog, request):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "errors_expected: the test provokes logged errors on purpose")
+
+
+@pytest.fixture(scope="session")
+def engine():
+    """A private Docker Engine with the busybox test image. Under CI=true it must start."""
+    import os
+
+    from dockerd import Engine, EngineUnavailable
+
+    try:
+        started = Engine().start()
+    except EngineUnavailable as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the Docker tests, but no engine started: {exc}")
+        pytest.skip(f"no Docker Engine here: {exc}")
+    yield started
+    started.stop()

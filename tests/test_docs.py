@@ -19,7 +19,9 @@ def quick_start_commands():
 def test_quick_start_has_two_set_up_commands():
     commands = quick_start_commands()
     assert "--test" in commands[0] and "pip install" in commands[0]
-    assert "pytest" in commands[1] and "pip install" in commands[1]
+    assert "pytest" in commands[1] and "tests/setup.sh" in commands[1]
+    setup = open(os.path.join(ROOT, "tests", "setup.sh"), encoding="utf-8").read()
+    assert "-e '.[test]'" in setup and "docker.io busybox-static" in setup
 
 
 def test_ci_runs_the_readme_test_command():

@@ -1,0 +1,209 @@
+"""Identity against a real Docker Engine and real processes: labels, peers, pid reuse, outages."""
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import ROOT, ScenarioFile, async_test, gpu_running, until
+from patroller.containers import ContainerDirectory
+from patroller.resolver import ProcessIdentifier, host_identity, read_uid
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+LABELS = ("user.email", "email", "maintainer")
+
+
+@pytest.fixture
+def scenario(tmp_path):
+    return ScenarioFile(str(tmp_path / "scenario.json"), devices=[{}, {}, {}, {}])
+
+
+@pytest.fixture
+def socket_dir():
+    # Short, so that the socket path stays far below the 107-byte limit.
+    path = f"/tmp/pts{os.getpid()}"
+    os.makedirs(path, exist_ok=True)
+    yield path
+    subprocess.run(["rm", "-rf", path])
+
+
+def on_gpu(*pids_and_gpus):
+    return [{"pid": pid, "gpu": gpu, "type": "C", "name": "python"} for pid, gpu in pids_and_gpus]
+
+
+def client_in(container, server, code):
+    """Run the client in a fresh host process moved into the container's cgroups."""
+    script = (
+        "import json, os, sys\n"
+        f"sys.path[:0] = [{ROOT!r}, {TESTS!r}]\n"
+        "from dockerd import Container\n"
+        "from patroller import client\n"
+        f"Container.adopt_pid({container.pid}, os.getpid())\n"
+        f"server = {server!r}\n"
+        f"{code}\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@async_test
+async def test_a_containers_process_shows_its_labels_email_and_info(engine, scenario):
+    alice = engine.run(labels={"user.email": "Alice <alice@example.org>", "team": "vision"})
+    plain = engine.run()
+    async with gpu_running(scenario, docker_host=engine.url, user_info_labels=("team",)) as h:
+        scenario.write(processes=on_gpu((alice.pid, 1), (plain.pid, 2)))
+        await until(lambda: h.daemon.leases.state(h.uuids()[1]) == "claimed"
+                    and h.daemon.leases.state(h.uuids()[2]) == "claimed")
+        status = await h.ok("/status")
+        owner = status[h.uuids()[1]]["claim"]["user"]
+        assert owner["user"] == "alice@example.org" and owner["email"] == "alice@example.org"
+        assert owner["source"] == "container" and owner["info"] == {"team": "vision"}
+        assert owner["container"] == {"id": alice.short, "name": alice.name}
+        anonymous = status[h.uuids()[2]]["claim"]["user"]
+        assert anonymous["user"] == f"container:{plain.short}" and anonymous["email"] is None
+        assert anonymous["container"] == {"id": plain.short, "name": plain.name}
+
+
+@async_test
+async def test_a_host_process_shows_its_account(engine, scenario):
+    sleeper = subprocess.Popen(["sleep", "120"])
+    try:
+        async with gpu_running(scenario, docker_host=engine.url) as h:
+            scenario.write(processes=on_gpu((sleeper.pid, 0)))
+            await until(lambda: h.daemon.leases.state(h.uuids()[0]) == "claimed")
+            owner = (await h.ok("/status"))[h.uuids()[0]]["claim"]["user"]
+            assert owner["source"] == "host" and owner["uid"] == read_uid(sleeper.pid)
+            assert owner["user"] == host_identity(os.getuid()).user
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+@async_test
+async def test_a_caller_in_a_container_reserves_over_the_unix_socket(engine, scenario, socket_dir):
+    alice = engine.run(labels={"user.email": "alice@example.org"},
+                       command="sleep 600")
+    bob = engine.run(labels={"email": "bob@example.org"})
+    path = os.path.join(socket_dir, "api.sock")
+    async with gpu_running(scenario, docker_host=engine.url, socket=path) as h:
+        loop = asyncio.get_running_loop()
+        granted = await loop.run_in_executor(None, client_in, alice, f"unix://{path}",
+                                             "print(json.dumps(client.reserve(1, server=server)))")
+        uuid = granted[0]["uuid"]
+        claim = (await h.ok("/status"))[uuid]["claim"]
+        assert claim["state"] == "reserved" and claim["user"]["user"] == "alice@example.org"
+        assert claim["user"]["container"]["id"] == alice.short
+        # that user's process then claims it
+        scenario.write(processes=on_gpu((alice.pid, granted[0]["info"]["number"])))
+        await until(lambda: h.daemon.leases.state(uuid) == "claimed")
+        # another user's process on it makes it shared
+        scenario.write(processes=on_gpu((alice.pid, granted[0]["info"]["number"]),
+                                        (bob.pid, granted[0]["info"]["number"])))
+        await until(lambda: h.daemon.leases.state(uuid) == "shared")
+        users = [u["user"] for u in (await h.ok("/status"))[uuid]["claim"]["users"]]
+        assert users == ["alice@example.org", "bob@example.org"]
+        # and bob cannot release alice's device
+        refused = await loop.run_in_executor(None, client_in, bob, f"unix://{path}", (
+            "try:\n    client.release(server, uuid=%r)\n    print(json.dumps('released'))\n"
+            "except client.RequestRefused as e:\n    print(json.dumps(e.status))") % uuid)
+        assert refused == 403
+
+
+@async_test
+async def test_a_loopback_tcp_caller_in_a_container_is_that_container(engine, scenario):
+    alice = engine.run(labels={"user.email": "alice@example.org"})
+    async with gpu_running(scenario, docker_host=engine.url) as h:
+        loop = asyncio.get_running_loop()
+        granted = await loop.run_in_executor(None, client_in, alice, h.url,
+                                             "print(json.dumps(client.reserve(2, server=server)))")
+        claims = await h.ok("/status")
+        assert {claims[g["uuid"]]["claim"]["user"]["user"] for g in granted} == {"alice@example.org"}
+
+
+@async_test
+async def test_a_reused_pid_is_not_taken_for_the_old_process(engine):
+    alice = engine.run(labels={"user.email": "alice@example.org"})
+    identifier = ProcessIdentifier(ContainerDirectory(engine.url), LABELS)
+    old = alice.exec_pid("sleep 301")
+    assert (await identifier.resolve(old)).user == "alice@example.org"
+    os.kill(old, 9)
+    await until(lambda: not os.path.exists(f"/proc/{old}"))
+    newcomer = reuse_pid(old)
+    if newcomer is None:
+        pytest.skip("the kernel did not hand out the same pid again (ns_last_pid not writable)")
+    try:
+        again = await identifier.resolve(old)
+        assert again.source == "host" and again.user == host_identity(os.getuid()).user
+    finally:
+        newcomer.kill()
+        newcomer.wait()
+
+
+def reuse_pid(pid):
+    """A new host process with a pid that just ended, through /proc/sys/kernel/ns_last_pid."""
+    for _ in range(50):
+        try:
+            with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+                f.write(str(pid - 1))
+        except OSError:
+            return None
+        process = subprocess.Popen(["sleep", "60"])
+        if process.pid == pid:
+            return process
+        process.kill()
+        process.wait()
+    return None
+
+
+@async_test
+async def test_one_docker_call_per_container_and_none_at_steady_state(engine, scenario):
+    alice = engine.run(labels={"user.email": "alice@example.org"})
+    pids = [alice.pid] + [alice.exec_pid(f"sleep 60{n}") for n in range(4)]
+    directory = ContainerDirectory(engine.url)
+    identifier = ProcessIdentifier(directory, LABELS)
+    owners = await asyncio.gather(*(identifier.resolve(pid) for pid in pids))
+    assert {o.user for o in owners} == {"alice@example.org"}
+    assert directory.calls == 2  # the version negotiation and one lookup, shared by all five
+    async with gpu_running(scenario, docker_host=engine.url) as h:
+        scenario.write(processes=on_gpu(*[(pid, n % 4) for n, pid in enumerate(pids)]))
+        await until(lambda: all(h.daemon.leases.state(u) == "claimed" for u in h.uuids()))
+        calls = h.daemon.directory.calls
+        await asyncio.sleep(1.0)  # ten pmon intervals of the same processes
+        assert h.daemon.directory.calls == calls == 2
+
+
+@async_test
+async def test_docker_down_degrades_and_recovers(engine, scenario, socket_dir):
+    alice = engine.run(labels={"user.email": "alice@example.org"})
+    path = os.path.join(socket_dir, "api.sock")
+    async with gpu_running(scenario, docker_host=engine.url, socket=path) as h:
+        h.daemon.directory.retry_after = 0.2
+        h.daemon.tracker.retry = 0.2
+        os.rename(engine.socket, engine.socket + ".away")  # the engine is unreachable
+        try:
+            scenario.write(processes=on_gpu((alice.pid, 3)))
+            target = h.uuids()[3]
+            await until(lambda: h.daemon.leases.state(target) == "claimed")
+            owner = (await h.ok("/status"))[target]["claim"]["user"]
+            assert owner["degraded"] is True and owner["user"] == "unknown"
+            assert owner["container"]["id"] == alice.short  # the container is still known
+            loop = asyncio.get_running_loop()
+            refused = await loop.run_in_executor(None, client_in, alice, f"unix://{path}", (
+                "try:\n    client.reserve(1, server=server)\n    print(json.dumps(0))\n"
+                "except client.RequestRefused as e:\n    print(json.dumps([e.status, e.body['error']]))"))
+            assert refused[0] == 403 and "unreachable" in refused[1]
+            assert len(await h.ok("/devices")) == 4  # the API keeps answering
+        finally:
+            os.rename(engine.socket + ".away", engine.socket)
+        await until(lambda: (h.daemon.leases.claims()[target]["user"] or {}).get("user")
+                    == "alice@example.org", timeout=10)
+        assert h.daemon.leases.state(target) == "claimed"
+        loop = asyncio.get_running_loop()
+        granted = await loop.run_in_executor(None, client_in, alice, f"unix://{path}",
+                                             "print(json.dumps(client.reserve(1, server=server)))")
+        assert granted and granted[0]["uuid"] != target
