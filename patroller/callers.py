@@ -81,16 +81,16 @@ class SystemCallers:
             raise Unidentified(f"no local process owns the connection from port {client[1]}")
         facts = self._by_inode.get(entry.inode)
         if facts is None:
-            facts = await loop.run_in_executor(None, self._owner_facts, entry.inode)
-            if facts is not None:
-                self._by_inode[entry.inode] = facts
-        if facts is None:  # the owner's /proc is not ours to read: its account still is
-            return host_identity(entry.uid)
+            facts = await loop.run_in_executor(None, self._owner_facts, entry.inode, entry.uid)
+            self._by_inode[entry.inode] = facts
         return await self.identifier.identify(facts)
 
-    def _owner_facts(self, inode: int) -> Optional[ProcFacts]:
+    def _owner_facts(self, inode: int, uid: int) -> ProcFacts:
+        """Blocking: the facts of the process holding the socket; when its /proc is not ours to
+        read, its account from the socket table still is."""
         pid = pid_of_socket(inode, self.proc)
-        return None if pid is None else read_facts(pid, self.proc)
+        facts = None if pid is None else read_facts(pid, self.proc)
+        return facts or ProcFacts(pid=-inode, start=0, container=None, host=host_identity(uid))
 
     async def _remote(self, address: str) -> Identity:
         if self.directory is None:
