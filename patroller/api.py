@@ -2,9 +2,8 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import tornado.web
 from tornado.ioloop import IOLoop
@@ -16,7 +15,7 @@ from .errors import (BadRequest, Busy, NotYours, PatrollerError, Unavailable, Un
                      Unsatisfiable)
 from .identity import Identity
 from .leases import LeaseManager, Waiter
-from .stats import StatsStore
+from .views import DevicesView, StatusView, dumps
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("patroller.access")
@@ -40,13 +39,16 @@ def grant_json(devices: List[Device]) -> List[Dict[str, Any]]:
 class Handler(tornado.web.RequestHandler):
     """JSON in every answer, errors included; dependencies arrive through initialize()."""
 
-    def initialize(self, inventory: Inventory, leases: LeaseManager, stats: StatsStore,
-                   callers: CallerIdentifier, mode: str) -> None:
+    def initialize(self, inventory: Inventory, leases: LeaseManager, status: StatusView,
+                   devices: DevicesView, callers: CallerIdentifier, mode: str,
+                   metrics: Callable[[], Dict[str, Any]]) -> None:
         self.inventory = inventory
         self.leases = leases
-        self.stats = stats
+        self.status = status
+        self.devices = devices
         self.callers = callers
         self.mode = mode
+        self.metrics = metrics
 
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", "application/json; charset=UTF-8")
@@ -67,9 +69,9 @@ class Handler(tornado.web.RequestHandler):
         return await self.callers.identify(self.request, claimed)
 
     def send(self, body: Any, status: int = 200) -> None:
-        """Answer with a JSON body."""
+        """Answer with a JSON body (bytes are already JSON)."""
         self.set_status(status)
-        self.finish(json.dumps(body))
+        self.finish(body if isinstance(body, bytes) else dumps(body))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
@@ -84,7 +86,7 @@ class Handler(tornado.web.RequestHandler):
             body = {"error": exc.log_message or self._reason}
         else:
             body = {"error": "internal error: the daemon's log has the details"}
-        self.finish(json.dumps(body))
+        self.finish(dumps(body))
 
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
         if isinstance(value, (PatrollerError, tornado.web.HTTPError)):
@@ -111,20 +113,24 @@ class IndexHandler(Handler):
                 "/request?gpu=N": "reserve N devices now",
                 "/wait?gpu=N[&timeout=S]": "wait until N devices can be reserved",
                 "/release[?uuid=U]": "give back your reservations",
+                "/metrics": "the daemon's own counters",
             },
         })
 
 
 class DevicesHandler(Handler):
     def get(self) -> None:
-        self.send({d.uuid: d.info() for d in self.inventory})
+        self.send(self.devices.body())
 
 
 class StatusHandler(Handler):
     def get(self) -> None:
-        claims = self.leases.claims()
-        self.send({d.uuid: {**self.stats.view(d.uuid), "claim": claims[d.uuid]}
-                   for d in self.inventory})
+        self.send(self.status.body())
+
+
+class MetricsHandler(Handler):
+    def get(self) -> None:
+        self.send(self.metrics())
 
 
 class RequestHandler(Handler):
@@ -209,10 +215,12 @@ def log_request(handler: tornado.web.RequestHandler) -> None:
                        1000.0 * handler.request.request_time())
 
 
-def make_app(inventory: Inventory, leases: LeaseManager, stats: StatsStore,
-             callers: CallerIdentifier, mode: str) -> tornado.web.Application:
-    """The whole API in one place."""
-    deps = dict(inventory=inventory, leases=leases, stats=stats, callers=callers, mode=mode)
+def make_app(inventory: Inventory, leases: LeaseManager, status: StatusView,
+             devices: DevicesView, callers: CallerIdentifier, mode: str,
+             metrics: Callable[[], Dict[str, Any]]) -> tornado.web.Application:
+    """The whole API in one place. (GET /status and /devices also have a fast lane.)"""
+    deps = dict(inventory=inventory, leases=leases, status=status, devices=devices,
+                callers=callers, mode=mode, metrics=metrics)
     return tornado.web.Application(
         [
             (r"/", IndexHandler, deps),
@@ -221,6 +229,7 @@ def make_app(inventory: Inventory, leases: LeaseManager, stats: StatsStore,
             (r"/request", RequestHandler, deps),
             (r"/wait", WaitHandler, deps),
             (r"/release", ReleaseHandler, deps),
+            (r"/metrics", MetricsHandler, deps),
         ],
         default_handler_class=NotFoundHandler,
         default_handler_args=deps,

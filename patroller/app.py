@@ -4,13 +4,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from typing import List, Optional, Protocol, Sequence
+import time
+from typing import Any, Dict, List, Optional, Protocol, Sequence
 
 from .api import make_app
 from .callers import CallerIdentifier, SystemCallers, TestModeCallers
 from .config import Config
 from .containers import ContainerDirectory
 from .devices import Inventory
+from .fastlane import FastLane
 from .leases import LeaseManager
 from .listeners import PeerServer, remove_unix_socket, tcp_sockets, unix_socket
 from .nvsmi import gpuhost
@@ -20,6 +22,7 @@ from .stats import StatsStore
 from .testmode import INTERVAL, SyntheticMonitor, synthetic_inventory
 from .timer import ExpiryTimer
 from .tracker import ProcessTracker
+from .views import DevicesView, StatusView
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +41,9 @@ class Monitor(Protocol):
 
     async def stop(self) -> None:
         """Stop, and leave nothing running."""
+
+    def metrics(self) -> Dict[str, Any]:
+        """Counters for /metrics."""
 
 
 class Daemon:
@@ -59,9 +65,25 @@ class Daemon:
         self.tracker = ProcessTracker(self.leases, identifier)
         self.tracker.connect(signals)
         self.timer = ExpiryTimer(self.leases)
-        self.app = make_app(inventory, self.leases, self.stats, callers, mode)
+        self.status = StatusView(inventory, self.leases, self.stats)
+        self.devices = DevicesView(inventory)
+        self.app = make_app(inventory, self.leases, self.status, self.devices, callers, mode,
+                            self.metrics)
         self.server: Optional[PeerServer] = None
         self.unix_path: Optional[str] = None
+        self.started = time.monotonic()
+
+    def metrics(self) -> Dict[str, Any]:
+        """The daemon's own counters: what it costs and how its parts fare."""
+        return {
+            "uptime": round(time.monotonic() - self.started, 3),
+            "devices": len(self.inventory),
+            "waiting": self.leases.waiting,
+            "status_builds": self.status.builds,
+            "proc_reads": self.identifier.proc_reads,
+            "docker_calls": self.directory.calls if self.directory is not None else 0,
+            "monitors": {type(m).__name__: m.metrics() for m in self.monitors},
+        }
 
     def listen(self, port: int, address: str = "", unix_path: Optional[str] = None) -> List[str]:
         """Bind and serve; return where, as URLs. Raises OSError if it cannot bind."""
@@ -74,7 +96,8 @@ class Daemon:
                     sock.close()
                 raise
             self.unix_path = unix_path
-        self.server = PeerServer(self.app, xheaders=False)
+        lane = FastLane(self.app, {"/status": self.status.body, "/devices": self.devices.body})
+        self.server = PeerServer(lane, xheaders=False)
         self.server.read_facts = self.identifier.facts
         self.server.add_sockets(sockets)
         return [_url(s) for s in sockets]

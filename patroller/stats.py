@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timezone
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, List
 
 from .devices import Inventory
 from .signals import Sample, Signals
@@ -24,15 +24,22 @@ class StatsStore:
         self.clock = clock
         self._last: Dict[str, Sample] = {}
         self._seen: Dict[str, float] = {}  # uuid -> clock() when the last sample arrived
+        self._subscribers: List[Callable[[], None]] = []
 
     def connect(self, signals: Signals) -> None:
         """Listen to the daemon's samples."""
         signals.sample.connect(self._on_sample)
 
+    def subscribe(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` after every sample."""
+        self._subscribers.append(callback)
+
     def _on_sample(self, sender: Any, record: Sample) -> None:
         if self.inventory.get(record.uuid) is not None:
             self._last[record.uuid] = record
             self._seen[record.uuid] = self.clock()
+            for callback in self._subscribers:
+                callback()
 
     def view(self, uuid: str) -> Dict[str, Any]:
         """The statistics part of one device's /status entry."""

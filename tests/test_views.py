@@ -1,0 +1,70 @@
+"""Cached response bodies, the fast lane in front of the application, and /metrics."""
+import json
+
+import pytest
+
+from helpers import FakeClock, async_test, running
+from patroller.identity import named_user
+from patroller.leases import LeaseManager
+from patroller.signals import Sample, Signals
+from patroller.stats import StatsStore
+from patroller.testmode import synthetic_inventory
+from patroller.views import StatusView
+
+
+@pytest.fixture
+def parts():
+    clock = FakeClock()
+    inventory = synthetic_inventory(2)
+    leases = LeaseManager(inventory, 10, clock=clock)
+    stats = StatsStore(inventory, stale_after=3, clock=clock)
+    signals = Signals()
+    stats.connect(signals)
+    view = StatusView(inventory, leases, stats, clock=clock, max_age=0.1)
+    return clock, inventory, leases, signals, view
+
+
+def test_the_body_is_built_once_until_something_changes(parts):
+    clock, inventory, leases, signals, view = parts
+    first = view.body()
+    assert view.body() is first and view.builds == 1
+    leases.request(named_user("alice"), {"gpu": 1})
+    second = json.loads(view.body())
+    assert view.builds == 2 and second[inventory.devices[0].uuid]["claim"]["state"] == "reserved"
+    signals.sample.send(object(), record=Sample(inventory.devices[1].uuid, {"sm": 42}, 0.0))
+    assert json.loads(view.body())[inventory.devices[1].uuid]["sm"] == 42
+
+
+def test_clock_driven_fields_are_at_most_max_age_old(parts):
+    clock, inventory, leases, signals, view = parts
+    leases.request(named_user("alice"), {"gpu": 1})
+    uuid = inventory.devices[0].uuid
+    assert json.loads(view.body())[uuid]["claim"]["expires"] == 10
+    clock.advance(0.05)
+    assert json.loads(view.body())[uuid]["claim"]["expires"] == 10  # cached
+    clock.advance(0.06)
+    assert json.loads(view.body())[uuid]["claim"]["expires"] == pytest.approx(9.89)
+
+
+@async_test
+async def test_the_fast_lane_serves_the_cached_bodies_and_leaves_the_rest_to_the_app():
+    async with running() as h:
+        response = await h.http.fetch(h.url + "/devices")
+        assert response.body == h.daemon.devices.body()
+        assert response.headers["Content-Type"].startswith("application/json")
+        assert response.headers["Cache-Control"] == "no-store"
+        status, body = await h.call("/status?user=x")
+        assert status == 200 and list(body) == h.uuids()
+        for method in ("POST", "PUT"):  # not the fast lane: the application answers 405
+            status, body = await h.call("/status", method=method, body=b"")
+            assert status == 405 and body["allowed"] == ["GET"]
+
+
+@async_test
+async def test_metrics_counts_what_the_daemon_does():
+    async with running() as h:
+        await h.ok("/status")
+        metrics = await h.ok("/metrics")
+        assert metrics["devices"] == 8 and metrics["waiting"] == 0
+        assert metrics["status_builds"] >= 1 and metrics["docker_calls"] == 0
+        assert metrics["monitors"]["SyntheticMonitor"]["samples"] >= 8
