@@ -53,6 +53,7 @@ class SyntheticMonitor:
             for d in inventory
         }
         self._timer: Optional[PeriodicCallback] = None
+        self.samples = 0
 
     def start(self) -> None:
         """Sample now, then every interval, on the current IOLoop."""
@@ -66,6 +67,10 @@ class SyntheticMonitor:
             self._timer.stop()
             self._timer = None
 
+    def metrics(self) -> Dict[str, object]:
+        """Counters for /metrics."""
+        return {"samples": self.samples}
+
     def sample(self) -> List[Sample]:
         """Emit one sample per device."""
         now = time.time()
@@ -75,6 +80,7 @@ class SyntheticMonitor:
             record = Sample(uuid=device.uuid, values=values, time=now)
             self.signals.sample.send(self, record=record)
             samples.append(record)
+        self.samples += len(samples)
         return samples
 
     def _wander(self, state: Dict[str, float]) -> Dict[str, object]:

@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import time
-from typing import Callable, Deque, List, Mapping, Optional
+from typing import Callable, Deque, Dict, List, Mapping, Optional
 
 from tornado.iostream import PipeIOStream, StreamClosedError
 
@@ -60,6 +60,11 @@ class ChildStream:
         self._task: Optional["asyncio.Future[None]"] = None
         self._recent: Deque[str] = collections.deque(maxlen=3)
         self._failed_at = -60.0
+
+    def metrics(self) -> Dict[str, object]:
+        """Counters for /metrics."""
+        running = self.process is not None and self.process.poll() is None
+        return {"starts": self.starts, "running": running, "last_exit": self.last_exit}
 
     def start(self) -> None:
         """Begin supervising on the running loop."""

@@ -66,6 +66,10 @@ class DmonMonitor:
         """Stop the stream; no child is left behind."""
         await self.child.stop()
 
+    def metrics(self) -> Dict[str, object]:
+        """Counters for /metrics."""
+        return {**self.child.metrics(), "skipped_lines": self.parser.skipped}
+
     def _line(self, line: str) -> None:
         row = self.parser.feed(line)
         if row is None:
@@ -107,6 +111,11 @@ class PmonMonitor:
         """Stop the stream; no child is left behind."""
         self._disarm()
         await self.child.stop()
+
+    def metrics(self) -> Dict[str, object]:
+        """Counters for /metrics."""
+        return {**self.child.metrics(), "skipped_lines": self.parser.skipped,
+                "processes": len(self._announced)}
 
     def _restarted(self) -> None:
         # Keep what was known: a restart is not every process ending and starting again.
