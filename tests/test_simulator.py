@@ -405,3 +405,20 @@ def test_broken_pipe_ends_quietly(scn_file: Path) -> None:
             proc.kill()
         proc.wait(timeout=5)
         proc.stderr.close()  # type: ignore[union-attr]
+
+
+def test_live_pids_only_and_the_trace_file(scn_file: Path, tmp_path: Path) -> None:
+    sleeper = subprocess.Popen(["sleep", "30"])
+    trace = tmp_path / "pmon.trace"
+    try:
+        procs = [{"pid": sleeper.pid, "gpu": 0}, {"pid": 4194000, "gpu": 0}]  # the second is not alive
+        write(scn_file, dict(scenario("r550", procs=procs), live_pids_only=True, trace=str(trace)))
+        out = run(scn_file, "pmon", "-c", "2", "-d", "0.05")
+        pids = [row[1] for row in data(out.stdout)]
+        assert pids == [str(sleeper.pid)] * 2
+        lines = trace.read_text().splitlines()
+        assert len(lines) == 1 and lines[0].split()[1:] == [str(sleeper.pid), "0"]
+        assert abs(float(lines[0].split()[0]) - time.time()) < 30
+    finally:
+        sleeper.kill()
+        sleeper.wait()

@@ -22,7 +22,10 @@ Scenario (every key optional; ``null`` statistics print as ``-``)::
                             "enc": 0, "dec": 0, "mclk": 1593, "pclk": 1410, "fb": 4096}}],
      "processes": [{"pid": 1426541, "gpu": 0, "type": "C", "name": "python",
                     "used_mib": 4096, "sm": 95, "mem": 40}],
-     "faults": {"garbage_every": 5, "pmon": {"fail": "gpu_lost"}}}
+     "faults": {"garbage_every": 5, "pmon": {"fail": "gpu_lost"}},
+     "live_pids_only": false,      # true: leave out processes whose pid has exited
+     "trace": "/tmp/pmon.trace"}   # pmon appends "<epoch time> <pid> <gpu>" when it first
+                                   # prints a process (for reaction-time measurements)
 
 Device indices are list positions (PCI order); ``minor`` may be in any order; ``"devices": []``
 is a host with no GPU. ``stats`` keys are dmon column names (r384's ``temp`` is ``gtemp``); device
@@ -203,7 +206,10 @@ def _devices(scn: Scenario) -> List[Dict[str, Any]]:
 
 
 def _procs(scn: Scenario, index: int) -> List[Dict[str, Any]]:
-    return [p for p in scn.get("processes") or [] if p.get("gpu", 0) == index]
+    procs = [p for p in scn.get("processes") or [] if p.get("gpu", 0) == index]
+    if scn.get("live_pids_only"):  # like the driver: a process that has exited is not listed
+        procs = [p for p in procs if os.path.exists(f"/proc/{p['pid']}")]
+    return procs
 
 
 def _stats(scn: Scenario, dev: Dict[str, Any]) -> Dict[str, Any]:
@@ -474,6 +480,7 @@ class Stream:
             raise _bad_args()
         self.rows = 0  # data rows printed, what the fault knobs count
         self.bursts = 0  # intervals printed
+        self.traced: set = set()  # (pid, gpu) already written to the trace file
 
     def watched(self, scn: Scenario) -> List[int]:
         """Devices monitored: -i, else all or (like the real tool) only the first four."""
@@ -508,10 +515,22 @@ class Stream:
                 break
         sys.stdout.write("".join(line + "\n" for line in out))
         sys.stdout.flush()  # the reader is a pipe: each burst must reach it now
+        if self.kind == "pmon" and scn.get("trace") and rows:
+            self._trace(scn)
         self.bursts += 1
         if status is None and self.count and self.bursts >= self.count:
             status = 0
         return status
+
+    def _trace(self, scn: Scenario) -> None:
+        """Append `<time> <pid> <gpu>` for each process printed for the first time."""
+        now = time.time()
+        fresh = [(p["pid"], i) for i in self.watched(scn) for p in _procs(scn, i)
+                 if (p["pid"], i) not in self.traced]
+        if fresh:
+            self.traced.update(fresh)
+            with open(scn["trace"], "a", encoding="ascii") as f:
+                f.write("".join(f"{now:.6f} {pid} {gpu}\n" for pid, gpu in fresh))
 
     def _reached(self, faults: Dict[str, Any], knob: str) -> bool:
         return faults.get(knob) is not None and self.rows >= int(faults[knob])
