@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections import OrderedDict
 from typing import Optional, Protocol, Tuple
 
 from cachetools import TTLCache
@@ -52,6 +54,8 @@ class SystemCallers:
         self.directory = directory
         self.proc = proc
         self._by_inode: TTLCache = TTLCache(maxsize=4096, ttl=60)  # socket inode -> facts
+        self._recent: "OrderedDict[int, None]" = OrderedDict()  # pids that called lately
+        self._recent_lock = threading.Lock()  # used from executor threads
 
     async def identify(self, request: HTTPServerRequest, claimed: Optional[str]) -> Identity:
         """The caller's identity, or Unidentified."""
@@ -88,7 +92,15 @@ class SystemCallers:
     def _owner_facts(self, inode: int, uid: int) -> ProcFacts:
         """Blocking: the facts of the process holding the socket; when its /proc is not ours to
         read, its account from the socket table still is."""
-        pid = pid_of_socket(inode, self.proc)
+        with self._recent_lock:
+            likely = list(reversed(self._recent))
+        pid = pid_of_socket(inode, self.proc, likely=likely)
+        if pid is not None:
+            with self._recent_lock:
+                self._recent.pop(pid, None)
+                self._recent[pid] = None
+                while len(self._recent) > 16:
+                    self._recent.popitem(last=False)
         facts = None if pid is None else read_facts(pid, self.proc)
         return facts or ProcFacts(pid=-inode, start=0, container=None, host=host_identity(uid))
 

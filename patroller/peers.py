@@ -10,7 +10,7 @@ import os
 import socket
 import struct
 from dataclasses import dataclass
-from typing import Iterator, Optional, Tuple
+from typing import Iterable, Iterator, Optional, Tuple
 
 Address = Tuple[str, int]
 
@@ -68,41 +68,81 @@ def parse_net_tcp(text: str) -> Iterator[SocketEntry]:
             continue
 
 
+def _encode(address: Address, width: int) -> Optional[str]:
+    """An address as the kernel prints it in /proc/net/tcp (width 4) or tcp6 (width 16)."""
+    host, port = address
+    try:
+        parsed = ipaddress.ip_address(normalize(host))
+    except ValueError:
+        return None
+    if width == 4:
+        if parsed.version != 4:
+            return None
+        raw = struct.pack("=I", struct.unpack(">I", parsed.packed)[0])
+    else:
+        if parsed.version == 4:
+            parsed = ipaddress.IPv6Address("::ffff:" + str(parsed))
+        raw = struct.pack("=4I", *struct.unpack(">4I", parsed.packed))
+    return f"{raw.hex().upper()}:{port:04X}"
+
+
 def find_client(peer: Address, server: Address, proc: str = "/proc") -> Optional[SocketEntry]:
-    """The client end of a connection from `peer` to our `server` address, if it is local."""
-    want_local = (normalize(peer[0]), peer[1])
-    want_remote = (normalize(server[0]), server[1])
-    for name in ("tcp", "tcp6"):
+    """The client end of a connection from `peer` to our `server` address, if it is local.
+
+    The table can hold thousands of sockets: the line is found by its text, then parsed alone.
+    """
+    for name, width in (("tcp", 4), ("tcp6", 16)):
+        local, remote = _encode(peer, width), _encode(server, width)
+        if local is None or remote is None:
+            continue
         try:
             with open(os.path.join(proc, "net", name), encoding="ascii", errors="replace") as f:
                 text = f.read()
         except OSError:
             continue
-        for entry in parse_net_tcp(text):
-            if entry.local == want_local and entry.remote == want_remote:
-                return entry
+        at = text.find(f" {local} {remote} ")
+        if at < 0:
+            continue
+        line = text[text.rfind("\n", 0, at) + 1:text.find("\n", at)]
+        for entry in parse_net_tcp("header\n" + line):
+            return entry
     return None
 
 
-def pid_of_socket(inode: int, proc: str = "/proc") -> Optional[int]:
-    """A process holding the socket with this inode (the lowest pid), or None."""
+def _holds(pid: int, target: str, proc: str) -> bool:
+    fd_dir = os.path.join(proc, str(pid), "fd")
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:
+        return False  # gone, or not ours to read
+    for fd in fds:
+        try:
+            if os.readlink(os.path.join(fd_dir, fd)) == target:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def pid_of_socket(inode: int, proc: str = "/proc", likely: Iterable[int] = ()) -> Optional[int]:
+    """A process holding the socket with this inode, or None.
+
+    The `likely` pids (callers seen before) are tried first: a client that makes many
+    connections is found without walking every process's descriptors.
+    """
     target = f"socket:[{inode}]"
+    tried = set()
+    for pid in likely:
+        tried.add(pid)
+        if _holds(pid, target, proc):
+            return pid
     try:
         pids = sorted(int(name) for name in os.listdir(proc) if name.isdigit())
     except OSError:
         return None
     for pid in pids:
-        fd_dir = os.path.join(proc, str(pid), "fd")
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue  # gone, or not ours to read
-        for fd in fds:
-            try:
-                if os.readlink(os.path.join(fd_dir, fd)) == target:
-                    return pid
-            except OSError:
-                continue
+        if pid not in tried and _holds(pid, target, proc):
+            return pid
     return None
 
 

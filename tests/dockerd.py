@@ -14,7 +14,7 @@ import subprocess
 import tarfile
 import tempfile
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Union
 
 IMAGE = "patroller-test-busybox"
 
@@ -99,12 +99,13 @@ class Engine:
         return result
 
     def run(self, *args: str, labels: Optional[Dict[str, str]] = None,
-            command: str = "sleep 600") -> "Container":
+            command: Union[str, List[str]] = "sleep 600") -> "Container":
         """Start a container of the test image, with labels, and no network."""
         label_args = [arg for key, value in (labels or {}).items()
                       for arg in ("--label", f"{key}={value}")]
+        argv = command.split() if isinstance(command, str) else command
         cid = self.docker("run", "-d", "--network", "none", *label_args, *args, IMAGE,
-                          *command.split()).stdout.strip()
+                          *argv).stdout.strip()
         self.containers.append(cid)
         return Container(self, cid)
 
