@@ -7,8 +7,9 @@ never assumed, because they change between drivers and `-s`/`-o` options.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple, Union
 
 Value = Union[int, float, str, None]
 ProcessKey = Tuple[int, int]  # (gpu index, pid)
@@ -18,33 +19,32 @@ STABLE_NAMES: Mapping[str, str] = {"pwr": "power", "temp": "gtemp"}
 
 _INT = re.compile(r"[+-]?\d+")
 _FLOAT = re.compile(r"[+-]?(?:\d+\.\d*|\.\d+)")
-_INDEX = re.compile(r"\d+")
-_TOKEN = re.compile(r"\S+")
 # Control characters and an echoed `^C` mean the line was damaged by a terminal or a pipe.
 _DAMAGE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]|\^C")
 # First word of the units line: `# Idx ...`, `#YYYYMMDD HH:MM:SS Idx ...`, `#HH:MM:SS Idx ...`.
 _UNITS_FIRST = frozenset({"idx", "yyyymmdd", "hh:mm:ss"})
 
 
-@dataclass(frozen=True)
-class DmonRow:
-    """One dmon row: statistics of one device in one interval."""
+class DmonRow(NamedTuple):
+    """One dmon row: statistics of one device in one interval.
+
+    Rows are NamedTuples, not dataclasses: hundreds of thousands are made a second.
+    """
 
     gpu: int  # nvidia-smi index, not the minor number
-    values: Mapping[str, Value] = field(default_factory=dict, hash=False)
+    values: Mapping[str, Value] = MappingProxyType({})
     date: Optional[str] = None  # with `-o D`/`-o DT`, as printed (YYYYMMDD)
     time: Optional[str] = None  # with `-o T`/`-o DT`, as printed (HH:MM:SS)
 
 
-@dataclass(frozen=True)
-class PmonRow:
+class PmonRow(NamedTuple):
     """One pmon row: one process on one device in one interval, or an idle device (pid None)."""
 
     gpu: int
     pid: Optional[int]
     type: Optional[str] = None  # C, G, C+G
     command: Optional[str] = None  # cut at 15 characters by nvidia-smi
-    values: Mapping[str, Value] = field(default_factory=dict, hash=False)
+    values: Mapping[str, Value] = MappingProxyType({})
     date: Optional[str] = None
     time: Optional[str] = None
 
@@ -53,6 +53,8 @@ def parse_value(token: str) -> Value:
     """One cell: `-` is None, digits are int, a decimal point makes a float, else the text."""
     if token == "-":
         return None
+    if token.isdigit() and token.isascii():  # the common case, without a regex
+        return int(token)
     if _INT.fullmatch(token):
         return int(token)
     if _FLOAT.fullmatch(token):
@@ -60,9 +62,21 @@ def parse_value(token: str) -> Value:
     return token
 
 
+class _Cells(dict):  # type: ignore[type-arg]
+    """parse_value with a memory: the same few hundred cell texts recur on every line."""
+
+    LIMIT = 8192
+
+    def __missing__(self, token: str) -> Value:
+        value = parse_value(token)
+        if len(self) < self.LIMIT:
+            self[token] = value
+        return value
+
+
 def _index(token: str) -> Optional[int]:
     """A gpu index or pid: non-negative digits only, else None."""
-    return int(token) if _INDEX.fullmatch(token) else None
+    return int(token) if token.isdigit() and token.isascii() else None
 
 
 def _dash(token: str) -> Optional[str]:
@@ -85,6 +99,7 @@ class _StreamParser:
         self.skipped = 0  # lines that could not be read, for the caller to log now and then
         self.last_skipped: Optional[str] = None
         self.headers = 0  # header lines learned, repeats included
+        self._cell = _Cells()
 
     def reset(self) -> None:
         """Forget the header, as when the child process is restarted."""
@@ -94,20 +109,20 @@ class _StreamParser:
         self.skipped += 1
         self.last_skipped = line
 
-    def _tokens(self, line: str) -> Optional[List[re.Match]]:
-        """The cells of a data line, or None when the line is not one (and was dealt with)."""
+    def _text(self, line: str) -> Optional[str]:
+        """The text of a data line, or None when the line is not one (and was dealt with)."""
         text = line.rstrip("\r\n")
         stripped = text.strip()
         if not stripped:
             return None  # empty lines are harmless: not counted
-        if _DAMAGE.search(text):
+        if "^C" in text or (not text.isprintable() and _DAMAGE.search(text)):
             self._skip(stripped)
-        elif stripped.startswith("#"):
+        elif stripped[0] == "#":
             self._comment(stripped, stripped[1:].split())
         elif self.columns is None:
             self._skip(stripped)  # data before any header cannot be read
         else:
-            return list(_TOKEN.finditer(text))
+            return text
         return None
 
     def _comment(self, line: str, words: Sequence[str]) -> None:
@@ -128,11 +143,22 @@ class DmonParser(_StreamParser):
     def __init__(self) -> None:
         super().__init__()
         self._names: Tuple[str, ...] = ()
+        # Where the gpu, date and time cells are, and (name, position) of every statistic:
+        # worked out once per header, not once per line.
+        self._gpu_at = 0
+        self._date_at: Optional[int] = None
+        self._time_at: Optional[int] = None
+        self._values: Tuple[Tuple[str, int], ...] = ()
 
     def _comment(self, line: str, words: Sequence[str]) -> None:
         super()._comment(line, words)
         if self.columns is not None:
             self._names = tuple(self._stable(name, self.columns) for name in self.columns)
+            at = {name: i for i, name in enumerate(self._names)}
+            self._gpu_at = at["gpu"]
+            self._date_at, self._time_at = at.get("date"), at.get("time")
+            self._values = tuple((name, i) for i, name in enumerate(self._names)
+                                 if name not in ("gpu", "date", "time"))
 
     @staticmethod
     def _stable(name: str, columns: Sequence[str]) -> str:
@@ -142,24 +168,26 @@ class DmonParser(_StreamParser):
 
     def feed(self, line: str) -> Optional[DmonRow]:
         """Parse one line; a row for data lines, None for headers and skipped lines."""
-        spans = self._tokens(line)
-        if spans is None:
+        text = self._text(line)
+        if text is None:
             return None
-        row = self._row([span.group() for span in spans])
+        row = self._row(text)
         if row is None:
             self._skip(line.strip())
         return row
 
-    def _row(self, tokens: Sequence[str]) -> Optional[DmonRow]:
-        if len(tokens) != len(self._names) or not all(token.isascii() for token in tokens):
+    def _row(self, text: str) -> Optional[DmonRow]:
+        tokens = text.split()
+        if len(tokens) != len(self._names) or not text.isascii():
             return None
-        cells = dict(zip(self._names, tokens))
-        gpu = _index(cells.pop("gpu"))
+        gpu = _index(tokens[self._gpu_at])
         if gpu is None:
             return None
-        date, time = cells.pop("date", None), cells.pop("time", None)
-        values = {name: parse_value(token) for name, token in cells.items()}
-        return DmonRow(gpu, values, _date_cell(date), _date_cell(time))
+        cell = self._cell
+        values = {name: cell[tokens[i]] for name, i in self._values}
+        date = None if self._date_at is None else _dash(tokens[self._date_at])
+        time = None if self._time_at is None else _dash(tokens[self._time_at])
+        return DmonRow(gpu, values, date, time)
 
 
 class PmonParser(_StreamParser):
@@ -167,49 +195,66 @@ class PmonParser(_StreamParser):
 
     required = ("gpu", "pid")
 
+    def __init__(self) -> None:
+        super().__init__()
+        # Positions worked out once per header: the named cells, and every statistic's.
+        self._at: Dict[str, Optional[int]] = {}
+        self._tail = False
+        self._values: Tuple[Tuple[str, int], ...] = ()
+
     def feed(self, line: str) -> Optional[PmonRow]:
         """Parse one line; a row for data lines, None for headers and skipped lines."""
-        spans = self._tokens(line)
-        if spans is None:
+        text = self._text(line)
+        if text is None:
             return None
-        row = self._row(line.rstrip("\r\n"), spans)
+        row = self._row(text)
         if row is None:
             self._skip(line.strip())
         return row
 
-    def _cells(self, text: str, spans: Sequence[re.Match]) -> Optional[Dict[str, str]]:
-        """Cells by column name; a last column `command` takes the rest of the line."""
-        columns = self.columns or ()
-        tail = columns[-1] == "command"
-        fixed = len(columns) - 1 if tail else len(columns)
-        if len(spans) < len(columns) or (not tail and len(spans) > fixed):
-            return None
-        cells = {name: span.group() for name, span in zip(columns, spans[:fixed])}
-        if not all(token.isascii() for token in cells.values()):
-            return None
-        if tail:
-            # A process name may hold spaces, so the command is everything after the fixed cells.
-            cells["command"] = text[spans[fixed].start():].strip()
-        return cells
+    def _comment(self, line: str, words: Sequence[str]) -> None:
+        super()._comment(line, words)
+        if self.columns is not None:
+            at = {name: i for i, name in enumerate(self.columns)}
+            self._at = {key: at.get(key) for key in ("gpu", "pid", "type", "command", "date", "time")}
+            self._tail = self.columns[-1] == "command"
+            self._values = tuple((name, i) for i, name in enumerate(self.columns)
+                                 if name not in self._at)
 
-    def _row(self, text: str, spans: Sequence[re.Match]) -> Optional[PmonRow]:
-        cells = self._cells(text, spans)
-        if cells is None:
+    def _tokens(self, text: str) -> Optional[List[str]]:
+        """The cells in column order; a last column `command` takes the rest of the line."""
+        count = len(self.columns or ())
+        if self._tail:
+            # A process name may hold spaces, so the command is everything after the fixed cells.
+            tokens = text.split(None, count - 1)
+            if len(tokens) != count or not (text.isascii() or all(map(str.isascii, tokens[:-1]))):
+                return None
+            tokens[-1] = tokens[-1].strip()
+        else:
+            tokens = text.split()
+            if len(tokens) != count or not text.isascii():
+                return None
+        return tokens
+
+    def _row(self, text: str) -> Optional[PmonRow]:
+        tokens = self._tokens(text)
+        if tokens is None:
             return None
-        gpu, pid_text = _index(cells.pop("gpu")), cells.pop("pid")
+        at = self._at
+        gpu, pid_text = _index(tokens[at["gpu"]]), tokens[at["pid"]]  # type: ignore[index]
         pid = None if pid_text == "-" else _index(pid_text)
         if gpu is None or (pid is None and pid_text != "-"):
             return None
-        kind, command = _dash(cells.pop("type", "-")), _dash(cells.pop("command", "-"))
-        date, time = cells.pop("date", None), cells.pop("time", None)
-        values = {name: parse_value(token) for name, token in cells.items()}
-        if pid is None:
-            kind = command = None  # an idle device: the row is all `-`
-        return PmonRow(gpu, pid, kind, command, values, _date_cell(date), _date_cell(time))
+        cell = self._cell
+        values = {name: cell[tokens[i]] for name, i in self._values}
+        named = [None if i is None else _dash(tokens[i])
+                 for i in (at["type"], at["command"], at["date"], at["time"])]
+        if pid is None:  # an idle device: the row is all `-`
+            named[0] = named[1] = None
+        return PmonRow(gpu, pid, named[0], named[1], values, named[2], named[3])
 
 
-@dataclass(frozen=True)
-class PmonProcess:
+class PmonProcess(NamedTuple):
     """A process on a device, as pmon names it."""
 
     gpu: int
