@@ -153,6 +153,7 @@ class LeaseManager:
         if hold is None or pid in hold.processes:
             return
         hold.processes[pid] = owner
+        log.debug("pid %d of %s on %s", pid, owner.user, uuid)
         if hold.holder is None:
             hold.holder = owner
         if owner.same_user(hold.holder):
@@ -188,6 +189,7 @@ class LeaseManager:
         if hold is None or pid not in hold.processes:
             return
         owner = hold.processes.pop(pid)
+        log.debug("pid %d of %s left %s", pid, owner.user, uuid)
         if not self._pids_of(hold, owner):
             hold.trespassers.discard(owner.user)
         if hold.holder is not None and not self._pids_of(hold, hold.holder):

@@ -1,8 +1,6 @@
 """The supervised child process: lines, exit, restart with backoff, stop without leftovers."""
 import asyncio
 import logging
-import os
-import signal
 
 import pytest
 

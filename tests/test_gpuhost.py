@@ -1,6 +1,5 @@
 """GPU host mode against the simulator as a real child process, with real processes in /proc."""
 import asyncio
-import logging
 import os
 import signal
 import subprocess

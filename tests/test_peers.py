@@ -51,7 +51,7 @@ def test_find_the_owner_of_a_real_loopback_connection(family, host):
         pytest.skip(f"no {host} on this machine")
     with server:
         server.listen()
-        with socket.create_connection(server.getsockname()[:2]) as client:
+        with socket.create_connection(server.getsockname()[:2]):
             accepted, peer = server.accept()
             with accepted:
                 entry = find_client(peer[:2], accepted.getsockname()[:2])
