@@ -59,6 +59,7 @@ class Daemon:
         self.monitors = list(monitors)
         self.identifier = identifier
         self.directory = directory
+        self.callers = callers
         self.leases = LeaseManager(inventory, config.lease)
         self.stats = StatsStore(inventory, stale_after=STALE_INTERVALS * interval)
         self.stats.connect(signals)
@@ -82,6 +83,7 @@ class Daemon:
             "status_builds": self.status.builds,
             "proc_reads": self.identifier.proc_reads,
             "docker_calls": self.directory.calls if self.directory is not None else 0,
+            "caller_lookups": getattr(self.callers, "lookups", 0),
             "monitors": {type(m).__name__: m.metrics() for m in self.monitors},
         }
 

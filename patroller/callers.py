@@ -56,6 +56,7 @@ class SystemCallers:
         self._by_inode: TTLCache = TTLCache(maxsize=4096, ttl=60)  # socket inode -> facts
         self._recent: "OrderedDict[int, None]" = OrderedDict()  # pids that called lately
         self._recent_lock = threading.Lock()  # used from executor threads
+        self.lookups = 0  # TCP callers looked up in the socket table (once per connection)
 
     async def identify(self, request: HTTPServerRequest, claimed: Optional[str]) -> Identity:
         """The caller's identity, or Unidentified."""
@@ -70,13 +71,21 @@ class SystemCallers:
                 raise Unidentified(f"the calling process (pid {peer.credentials.pid}) is gone "
                                    "or cannot be read")
             return _known(await self.identifier.identify(facts))
+        known = getattr(stream, _CALLER, None)  # a keep-alive connection's earlier answer
+        if known is not None:
+            return known
         ends = _ends(request)
         if ends is None:
             raise Unidentified("the connection has no address to identify the caller by")
         client, server = ends
+        self.lookups += 1
         if is_loopback(client[0]):
-            return _known(await self._local(client, server))
-        return _known(await self._remote(client[0]))
+            identity = _known(await self._local(client, server))
+        else:
+            identity = _known(await self._remote(client[0]))
+        if stream is not None:
+            setattr(stream, _CALLER, identity)  # one TCP connection, one caller
+        return identity
 
     async def _local(self, client: Address, server: Address) -> Identity:
         loop = asyncio.get_running_loop()
@@ -115,6 +124,9 @@ class SystemCallers:
             raise Unidentified(f"no container has the address {address}: call from a container "
                                "on this host, from the host itself, or over the unix socket")
         return container_identity(info, self.identifier.user_labels, self.identifier.info_labels)
+
+
+_CALLER = "patroller_caller"  # the identity a TCP connection's stream carries once known
 
 
 def _known(identity: Identity) -> Identity:

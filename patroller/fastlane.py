@@ -18,6 +18,13 @@ Body = Callable[[], bytes]
 HEADERS = (("Content-Type", "application/json; charset=UTF-8"), ("Cache-Control", "no-store"))
 
 
+def _headers(length: int) -> httputil.HTTPHeaders:
+    """Fresh response headers (Tornado may add `Connection` to them, so none are shared)."""
+    headers = httputil.HTTPHeaders(HEADERS)
+    headers["Content-Length"] = str(length)
+    return headers
+
+
 class FastLane(httputil.HTTPServerConnectionDelegate):
     """Routes GET requests for `routes` to cached bodies, the rest to `app`."""
 
@@ -68,10 +75,8 @@ class _Lane(httputil.HTTPMessageDelegate):
             log.exception("building a response failed")
             body = b'{"error":"internal error: the daemon\'s log has the details"}'
             code, reason = 500, "Internal Server Error"
-        headers = httputil.HTTPHeaders(HEADERS)
-        headers["Content-Length"] = str(len(body))
         self.connection.write_headers(httputil.ResponseStartLine("HTTP/1.1", code, reason),
-                                      headers, body)
+                                      _headers(len(body)), body)
         self.connection.finish()
 
     def on_connection_close(self) -> None:

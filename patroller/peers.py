@@ -86,11 +86,65 @@ def _encode(address: Address, width: int) -> Optional[str]:
     return f"{raw.hex().upper()}:{port:04X}"
 
 
+_NETLINK_SOCK_DIAG = 4
+_SOCK_DIAG_BY_FAMILY = 20
+_NLMSG_ERROR = 2
+_NO_COOKIE = 0xFFFFFFFF
+
+
+def _diag_candidates(peer: Address, server: Address) -> Iterator[Tuple[int, Address, Address]]:
+    """(family, client, server) as the client's socket may have them: IPv4 first, then IPv6."""
+    client_host, server_host = normalize(peer[0]), normalize(server[0])
+    both_v4 = "." in client_host and "." in server_host
+    if both_v4:
+        yield socket.AF_INET, (client_host, peer[1]), (server_host, server[1])
+    mapped = (lambda h: "::ffff:" + h if "." in h else h)
+    yield socket.AF_INET6, (mapped(client_host), peer[1]), (mapped(server_host), server[1])
+
+
+def _diag(family: int, client: Address, server: Address) -> Optional[SocketEntry]:
+    """One exact lookup through the kernel's sock_diag netlink interface."""
+    def packed(host: str) -> bytes:
+        raw = socket.inet_pton(family, host)
+        return raw + bytes(16 - len(raw))
+
+    sockid = (struct.pack("!HH", client[1], server[1]) + packed(client[0]) + packed(server[0])
+              + struct.pack("=III", 0, _NO_COOKIE, _NO_COOKIE))
+    request = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF) + sockid
+    header = struct.pack("=IHHII", 16 + len(request), _SOCK_DIAG_BY_FAMILY, 1, 1, 0)
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as link:
+        link.settimeout(1.0)
+        link.sendto(header + request, (0, 0))
+        answer = link.recv(8192)
+    kind = struct.unpack_from("=H", answer, 4)[0]
+    if kind == _NLMSG_ERROR or len(answer) < 16 + 72:
+        return None
+    uid, inode = struct.unpack_from("=II", answer, 16 + 4 + 48 + 12)
+    return SocketEntry(client, server, uid, inode)
+
+
 def find_client(peer: Address, server: Address, proc: str = "/proc") -> Optional[SocketEntry]:
     """The client end of a connection from `peer` to our `server` address, if it is local.
 
-    The table can hold thousands of sockets: the line is found by its text, then parsed alone.
+    Asks the kernel for exactly that socket (sock_diag); where netlink is not allowed, reads
+    /proc/net/tcp{,6}, finding the line by its text, since the table can hold thousands.
     """
+    if proc == "/proc":
+        try:
+            for family, client, ours in _diag_candidates(peer, server):
+                entry = _diag(family, client, ours)
+                if entry is not None:
+                    return SocketEntry((normalize(client[0]), client[1]),
+                                       (normalize(ours[0]), ours[1]), entry.uid, entry.inode)
+            return None
+        except (OSError, struct.error, ValueError):
+            pass  # no netlink here: read the tables
+    return find_client_in_tables(peer, server, proc)
+
+
+def find_client_in_tables(peer: Address, server: Address,
+                          proc: str = "/proc") -> Optional[SocketEntry]:
+    """find_client through /proc/net/tcp and tcp6."""
     for name, width in (("tcp", 4), ("tcp6", 16)):
         local, remote = _encode(peer, width), _encode(server, width)
         if local is None or remote is None:
@@ -115,7 +169,8 @@ def _holds(pid: int, target: str, proc: str) -> bool:
         fds = os.listdir(fd_dir)
     except OSError:
         return False  # gone, or not ours to read
-    for fd in fds:
+    # Newest first: a connection just made usually has the highest descriptor.
+    for fd in sorted(fds, key=lambda name: -int(name) if name.isdigit() else 0):
         try:
             if os.readlink(os.path.join(fd_dir, fd)) == target:
                 return True

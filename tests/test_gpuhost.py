@@ -212,3 +212,19 @@ async def test_an_old_driver_without_architecture(scenario):
         await until(lambda: all(h.daemon.stats.view(u)["updated"] for u in h.uuids()))
         entry = (await h.ok("/status"))[h.uuids()[0]]
         assert "gtemp" in entry and "temp" not in entry  # old `temp` under the stable name
+
+
+@async_test
+async def test_a_keep_alive_connection_is_identified_once(scenario):
+    async with gpu_running(scenario) as h:
+        reader, writer = await asyncio.open_connection("127.0.0.1", h.port)
+        before = (await h.ok("/metrics"))["caller_lookups"]
+        for path in ("/request?gpu=1", "/release", "/request?gpu=2"):
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            await writer.drain()
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200")
+            length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+        writer.close()
+        assert (await h.ok("/metrics"))["caller_lookups"] == before + 1

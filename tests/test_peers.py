@@ -4,7 +4,8 @@ import socket
 
 import pytest
 
-from patroller.peers import find_client, is_loopback, normalize, parse_net_tcp, pid_of_socket
+from patroller.peers import (find_client, find_client_in_tables, is_loopback, normalize,
+                             parse_net_tcp, pid_of_socket)
 
 TCP = """\
   sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
@@ -51,12 +52,21 @@ def test_find_the_owner_of_a_real_loopback_connection(family, host):
         pytest.skip(f"no {host} on this machine")
     with server:
         server.listen()
-        with socket.create_connection(server.getsockname()[:2]):
+        with socket.create_connection(server.getsockname()[:2]) as client:
             accepted, peer = server.accept()
             with accepted:
                 entry = find_client(peer[:2], accepted.getsockname()[:2])
                 assert entry is not None and entry.uid == os.getuid()
                 assert pid_of_socket(entry.inode) == os.getpid()
+                # the kernel's answer (sock_diag) and the tables agree
+                assert find_client_in_tables(peer[:2], accepted.getsockname()[:2]) == entry
+                assert os.stat(f"/proc/self/fd/{client.fileno()}").st_ino == entry.inode
+
+
+def test_a_connection_that_does_not_exist_is_not_found():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        assert find_client(("127.0.0.1", 1), server.getsockname()) is None
 
 
 def test_loopback_and_normalize():

@@ -1,0 +1,190 @@
+"""Patroller's benchmark: `python -m bench [--quick] [--readme]`.
+
+Starts Patroller in GPU host mode against the simulator, with real processes (in labelled
+containers when a Docker Engine can be started), and measures throughput, reaction times,
+identity cost, scale, footprint and parser speed. Prints a table, writes a JSON file and, with
+--readme, the README's Performance section. Targets are reported, never enforced: the quick
+mode only proves that the harness still works.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from . import measures
+from .harness import ROOT, machine, raise_file_limit
+
+BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+NAMES = ("throughput", "reactions", "identity", "scale", "footprint", "parsers")
+
+
+def log(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def run(quick: bool, only: List[str]) -> Dict[str, Any]:
+    ctx = measures.Context(quick, log)
+    results: Dict[str, Any] = {}
+    steps: List[Tuple[str, Callable[[measures.Context], Any]]] = [
+        ("throughput", measures.throughput), ("reactions", measures.reactions),
+        ("identity", measures.identity_cost), ("scale", measures.scale),
+        ("footprint", measures.footprint), ("parsers", measures.parsers)]
+    try:
+        ctx.start()
+        for name, step in steps:
+            if name in only:
+                began = time.monotonic()
+                results[name] = step(ctx)
+                log(f"{name} took {time.monotonic() - began:.0f} s")
+    finally:
+        ctx.stop()
+    return {"machine": machine(), "mode": "quick" if quick else "full",
+            "docker": ctx.docker, "results": results}
+
+
+def _get(data: Dict[str, Any], *path: Any) -> Optional[Any]:
+    for key in path:
+        if isinstance(data, list):
+            data = next((row for row in data if (row["gpus"], row["processes"]) == key), None)
+        elif isinstance(data, dict):
+            data = data.get(key)
+        if data is None:
+            return None
+    return data
+
+
+def checks(report: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Each target against its measured figure (None where it was not measured)."""
+    r = report["results"]
+    small = _get(r, "throughput", (8, 0), "/status", "requests_per_s")
+    big = _get(r, "throughput", (64, 500), "/status", "requests_per_s")
+    rows = [
+        ("/status req/s, 8 GPUs", small, ">= 7000 (2x the seed)", lambda v: v >= 7000),
+        ("/status p99 ms, 8 GPUs", _get(r, "throughput", (8, 0), "/status", "p99_ms"),
+         "<= 8 (half the seed)", lambda v: v <= 8),
+        ("/status req/s, 64 GPUs + 500 processes", big,
+         f">= {small / 2:.0f} (half of 8 GPUs)" if small else ">= half of 8 GPUs",
+         lambda v: small is not None and v >= small / 2),
+        ("pmon line -> /status ms (max)", _get(r, "reactions", "pmon_to_status_ms", "max"),
+         "<= 50", lambda v: v <= 50),
+        ("release -> /wait answered ms (max)", _get(r, "reactions", "release_to_wait_ms", "max"),
+         "<= 50", lambda v: v <= 50),
+        ("lease expiry error ms (max)", _get(r, "reactions", "expiry_error_ms", "max"),
+         "<= 50", lambda v: abs(v) <= 50),
+        ("process exit -> /wait answered ms (max)", _get(r, "reactions", "exit_to_wait_ms", "max"),
+         "<= 1050 (50 + the 1 s interval)", lambda v: v <= 1050),
+        ("Docker calls/min, steady, 500 processes", _get(r, "identity", "docker_calls_per_min"),
+         "0", lambda v: v == 0),
+        ("Docker calls for a new container", _get(r, "identity", "new_container_docker_calls"),
+         "1", lambda v: v == 1),
+        ("/status p99 ms, 1000 waiters held", _get(r, "scale", "status_while_waiting", "p99_ms"),
+         "< 20", lambda v: v < 20),
+        ("memory added by 1000 waiters MiB", _get(r, "scale", "rss_added_mib"), "< 50",
+         lambda v: v < 50),
+        ("idle CPU %, 16 GPUs", _get(r, "footprint", "idle", "cpu_percent"), "< 1",
+         lambda v: v < 1),
+        ("idle RSS MiB", _get(r, "footprint", "idle", "rss_mib"), "< 60", lambda v: v < 60),
+        ("dmon parser lines/s", _get(r, "parsers", "dmon_lines_per_s"), ">= 200000",
+         lambda v: v >= 200000),
+        ("pmon parser lines/s", _get(r, "parsers", "pmon_lines_per_s"), ">= 200000",
+         lambda v: v >= 200000),
+    ]
+    return [{"what": what, "measured": value, "target": target,
+             "met": None if value is None else bool(test(value))}
+            for what, value, target, test in rows]
+
+
+def other_figures(report: Dict[str, Any]) -> List[Tuple[str, Any]]:
+    r = report["results"]
+    figures: List[Tuple[str, Any]] = []
+    for row in r.get("throughput", []):
+        for path in ("/status", "/devices"):
+            f = row[path]
+            figures.append((f"{path} {row['gpus']} GPUs, {row['processes']} processes",
+                            f"{f['requests_per_s']}/s, p50 {f['p50_ms']} ms, p99 {f['p99_ms']} ms"))
+    for key in ("pmon_to_status_ms", "release_to_wait_ms", "expiry_to_wait_ms", "expiry_error_ms",
+                "exit_to_wait_ms"):
+        value = _get(r, "reactions", key)
+        if value:
+            figures.append((key.replace("_", " "), f"median {value['median']}, max {value['max']}"))
+    for key in ("proc_reads_per_min", "first_resolution_ms", "cached_resolution_ms",
+                "new_container_visible_ms"):
+        value = _get(r, "identity", key)
+        if value is not None:
+            figures.append((key.replace("_", " "), value))
+    for key in ("all_served_s", "rss_mib"):
+        value = _get(r, "scale", key)
+        if value is not None:
+            figures.append((f"1000 waiters: {key.replace('_', ' ')}", value))
+    churn = _get(r, "footprint", "churn")
+    if churn:
+        figures.append(("500 processes churning (50/s): CPU %, RSS MiB",
+                        f"{churn['cpu_percent']}, {churn['rss_mib']}"))
+    value = _get(r, "parsers", "pmon_with_intervals_lines_per_s")
+    if value is not None:
+        figures.append(("pmon parser + interval tracking lines/s", value))
+    return figures
+
+
+def table(report: Dict[str, Any]) -> str:
+    """The results as a Markdown table (also readable in a terminal)."""
+    m = report["machine"]
+    lines = [f"Measured {m['date']} on {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, "
+             f"Python {m['python']}, Linux {m['kernel']}; load generator (wrk, 32 connections) "
+             f"on the same cores; {report['mode']} mode; processes "
+             f"{'in labelled Docker containers' if report['docker'] else 'on the host'}.", "",
+             "| target | measured | goal | met |", "| --- | --- | --- | --- |"]
+    for check in checks(report):
+        met = {True: "yes", False: "**no**", None: "not measured"}[check["met"]]
+        lines.append(f"| {check['what']} | {check['measured']} | {check['target']} | {met} |")
+    lines += ["", "| other figures | value |", "| --- | --- |"]
+    lines += [f"| {what} | {value} |" for what, value in other_figures(report)]
+    return "\n".join(lines)
+
+
+def update_readme(text: str) -> None:
+    path = os.path.join(ROOT, "README.md")
+    with open(path, encoding="utf-8") as f:
+        readme = f.read()
+    if BEGIN not in readme:
+        raise SystemExit("README.md has no benchmark markers")
+    readme = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), f"{BEGIN}\n{text}\n{END}",
+                    readme, flags=re.S)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(readme)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="short runs (under two minutes)")
+    parser.add_argument("--only", default=",".join(NAMES), help="comma-separated: " + ",".join(NAMES))
+    parser.add_argument("--out", help="JSON file (default bench/results.json, "
+                                      "bench/results-quick.json in quick mode)")
+    parser.add_argument("--readme", action="store_true", help="rewrite README's Performance table")
+    args = parser.parse_args(argv)
+    only = [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = set(only) - set(NAMES)
+    if unknown:
+        parser.error(f"unknown measurement(s): {', '.join(sorted(unknown))}")
+    raise_file_limit()
+    report = run(args.quick, only)
+    report["checks"] = checks(report)
+    out = args.out or os.path.join(ROOT, "bench", "results-quick.json" if args.quick else "results.json")
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=2)
+    text = table(report)
+    print(text)
+    log(f"wrote {out}")
+    if args.readme:
+        update_readme(text)
+        log("updated README.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
