@@ -33,6 +33,11 @@ class PeerServer(HTTPServer):
     read_facts: Optional[Callable[[int], Awaitable[Any]]] = None
 
     def handle_stream(self, stream: IOStream, address: Any) -> None:
+        if stream.socket is not None and stream.socket.family != socket.AF_UNIX:
+            # Every answer is written in one piece, so Nagle's algorithm never helps: turn it off
+            # once, instead of Tornado's two setsockopt calls around every response.
+            stream.set_nodelay(True)
+            stream.set_nodelay = _keep_nodelay  # type: ignore[method-assign]
         sock = stream.socket
         if self.read_facts is not None and sock is not None and sock.family == socket.AF_UNIX:
             credentials = peer_credentials(sock)
@@ -40,6 +45,10 @@ class PeerServer(HTTPServer):
                 facts = asyncio.ensure_future(self.read_facts(credentials.pid))
                 setattr(stream, PEER, Peer(credentials, facts))
         super().handle_stream(stream, address)
+
+
+def _keep_nodelay(value: bool) -> None:
+    """TCP_NODELAY stays on for the connection's life."""
 
 
 def peer_of(stream: Any) -> Optional[Peer]:

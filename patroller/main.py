@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import signal
 import sys
@@ -51,7 +50,6 @@ async def serve(config: Config) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stopping.set)
     daemon.start()
-    gc.freeze()  # what start-up made lives for ever: keep it out of the collector's way
     mode = "test mode, synthetic devices" if config.test else "GPU host mode"
     log.info("patroller %s serving %d devices (%s) on %s", __version__, len(daemon.inventory),
              mode, ", ".join(urls))
