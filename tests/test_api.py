@@ -263,6 +263,17 @@ async def test_a_busy_request_reports_the_counts():
 
 
 @async_test
+async def test_an_oversized_body_is_refused_and_the_daemon_goes_on():
+    async with running() as h:
+        reader, writer = await h.raw(b"POST /release HTTP/1.1\r\nHost: x\r\n"
+                                     b"Content-Length: 100000\r\n\r\n" + b"a" * 1000)
+        answer = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 400")
+        assert len(await h.ok("/devices")) == 8
+
+
+@async_test
 async def test_garbage_on_the_socket_does_not_stop_the_daemon():
     async with running() as h:
         for junk in (b"\x00\xff\r\n\r\n", b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n",
