@@ -161,7 +161,8 @@ class WaitHandler(Handler):
                 IOLoop.current().remove_timeout(timer)
         if devices is None:
             return
-        if self.request.connection.stream.closed():
+        stream = getattr(self.request.connection, "stream", None)
+        if stream is None or stream.closed():
             for device in devices:  # nobody to tell: give them straight back
                 self.leases.release(caller, device.uuid)
             return

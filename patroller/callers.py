@@ -92,7 +92,7 @@ class SystemCallers:
         entry = await loop.run_in_executor(None, find_client, client, server, self.proc)
         if entry is None:
             raise Unidentified(f"no local process owns the connection from port {client[1]}")
-        facts = self._by_inode.get(entry.inode)
+        facts: Optional[ProcFacts] = self._by_inode.get(entry.inode)
         if facts is None:
             facts = await loop.run_in_executor(None, self._owner_facts, entry.inode, entry.uid)
             self._by_inode[entry.inode] = facts

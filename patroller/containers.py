@@ -97,6 +97,7 @@ class ContainerDirectory:
         self._cache: TTLCache = TTLCache(maxsize=4096, ttl=ttl)
         self._by_address: TTLCache = TTLCache(maxsize=1, ttl=address_ttl)
         self._inflight: Dict[str, "asyncio.Future[Optional[ContainerInfo]]"] = {}
+        self._addresses: "Optional[asyncio.Future[Dict[str, ContainerInfo]]]" = None
         self._down_until = 0.0
         self._down_reason = ""
         self._client: Any = None
@@ -116,15 +117,13 @@ class ContainerDirectory:
 
     async def by_address(self, address: str) -> Optional[ContainerInfo]:
         """The container with this IP address on a container network, or None."""
-        table = self._by_address.get("all")
+        table: Optional[Dict[str, ContainerInfo]] = self._by_address.get("all")
         if table is None:
-            task = self._inflight.get("<addresses>")
-            if task is None:
+            if self._addresses is None:
                 self._check_up()
-                task = asyncio.ensure_future(self._load_addresses())
-                self._inflight["<addresses>"] = task  # type: ignore[assignment]
-                task.add_done_callback(lambda _: self._inflight.pop("<addresses>", None))
-            table = await asyncio.shield(task)
+                self._addresses = asyncio.ensure_future(self._load_addresses())
+                self._addresses.add_done_callback(lambda _: setattr(self, "_addresses", None))
+            table = await asyncio.shield(self._addresses)
         return table.get(address)
 
     def close(self) -> None:

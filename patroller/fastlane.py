@@ -20,7 +20,7 @@ HEADERS = (("Content-Type", "application/json; charset=UTF-8"), ("Cache-Control"
 
 def _headers(length: int) -> httputil.HTTPHeaders:
     """Fresh response headers (Tornado may add `Connection` to them, so none are shared)."""
-    headers = httputil.HTTPHeaders(HEADERS)
+    headers = httputil.HTTPHeaders(dict(HEADERS))
     headers["Content-Length"] = str(length)
     return headers
 

@@ -295,7 +295,7 @@ class LeaseManager:
         if changed or granted:
             self._changed()
         for waiter in granted:  # after the state is settled, so callbacks see it whole
-            waiter.on_grant(waiter.granted)
+            waiter.on_grant(waiter.granted or [])
 
     def _serve(self) -> List[Waiter]:
         """Reserve, in arrival order, for every waiter whose request can be satisfied now."""

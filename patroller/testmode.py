@@ -9,7 +9,7 @@ from typing import Dict, List, Optional
 from tornado.ioloop import PeriodicCallback
 
 from .devices import Device, Inventory
-from .signals import Sample, Signals
+from .signals import Sample, Signals, Value
 
 DEVICE_COUNT = 8
 INTERVAL = 1.0  # seconds between samples, as nvidia-smi dmon's default
@@ -58,7 +58,7 @@ class SyntheticMonitor:
     def start(self) -> None:
         """Sample now, then every interval, on the current IOLoop."""
         self.sample()
-        self._timer = PeriodicCallback(self.sample, self.interval * 1000)
+        self._timer = PeriodicCallback(self._tick, self.interval * 1000)
         self._timer.start()
 
     async def stop(self) -> None:
@@ -70,6 +70,9 @@ class SyntheticMonitor:
     def metrics(self) -> Dict[str, object]:
         """Counters for /metrics."""
         return {"samples": self.samples}
+
+    def _tick(self) -> None:
+        self.sample()
 
     def sample(self) -> List[Sample]:
         """Emit one sample per device."""
@@ -83,7 +86,7 @@ class SyntheticMonitor:
         self.samples += len(samples)
         return samples
 
-    def _wander(self, state: Dict[str, float]) -> Dict[str, object]:
+    def _wander(self, state: Dict[str, float]) -> Dict[str, Value]:
         step = self._random.uniform
         state["sm"] = min(100.0, max(0.0, state["sm"] + step(-8, 8)))
         state["mem"] = min(100.0, max(0.0, state["sm"] * 0.6 + step(-3, 3)))

@@ -79,9 +79,8 @@ class Harness:
 
 
 @asynccontextmanager
-async def running(**settings: Any) -> AsyncIterator[Harness]:
-    """A test-mode daemon listening on an ephemeral loopback port."""
-    config = replace(Config(test=True, port=0, address="127.0.0.1"), **settings)
+async def serving(config: Config) -> AsyncIterator[Harness]:
+    """The daemon `config` describes, listening on an ephemeral loopback port."""
     daemon = await build(config)
     urls = daemon.listen(0, "127.0.0.1", config.socket)
     daemon.start()
@@ -91,6 +90,11 @@ async def running(**settings: Any) -> AsyncIterator[Harness]:
     finally:
         harness.http.close()
         await daemon.stop()
+
+
+def running(**settings: Any) -> Any:
+    """A test-mode daemon (async context manager)."""
+    return serving(replace(Config(test=True, port=0, address="127.0.0.1"), **settings))
 
 
 async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -176,19 +180,10 @@ class ScenarioFile:
         return f"{SIMULATOR} --scenario {self.path}"
 
 
-@asynccontextmanager
-async def gpu_running(scenario: ScenarioFile, **settings: Any) -> AsyncIterator[Harness]:
-    """A GPU-host-mode daemon on the simulator, on an ephemeral loopback port."""
-    config = replace(Config(port=0, address="127.0.0.1", nvidia_smi=scenario.command), **settings)
-    daemon = await build(config)
-    urls = daemon.listen(0, "127.0.0.1", config.socket)
-    daemon.start()
-    harness = Harness(daemon, urls[0])
-    try:
-        yield harness
-    finally:
-        harness.http.close()
-        await daemon.stop()
+def gpu_running(scenario: ScenarioFile, **settings: Any) -> Any:
+    """A GPU-host-mode daemon on the simulator (async context manager)."""
+    return serving(replace(Config(port=0, address="127.0.0.1", nvidia_smi=scenario.command),
+                           **settings))
 
 
 def children_of(pid: int) -> List[int]:

@@ -167,7 +167,7 @@ def parse_inventory(xml_text: str) -> Discovery:
     for number, gpu in enumerate(root.findall("gpu")):
         device, problem = _device(gpu, number)
         if device is not None and device.uuid in processes:
-            device, problem = None, f"GPU {number} repeats uuid {device.uuid}: skipped"
+            problem, device = f"GPU {number} repeats uuid {device.uuid}: skipped", None
         if device is None:
             warnings.append(str(problem))
             continue

@@ -7,7 +7,7 @@ import logging
 import os
 import shlex
 import subprocess
-from typing import List, Mapping, Optional
+from typing import List, Mapping, Optional, Union
 
 from ..devices import Inventory
 from ..signals import Signals
@@ -73,7 +73,7 @@ async def discover(argv: List[str], env: Optional[Mapping[str, str]] = None) -> 
 
 
 def monitors(inventory: Inventory, signals: Signals, argv: List[str],
-             env: Optional[Mapping[str, str]] = None) -> List[object]:
+             env: Optional[Mapping[str, str]] = None) -> List[Union[DmonMonitor, PmonMonitor]]:
     """The dmon and pmon monitors over every device."""
     base = dict(os.environ if env is None else env)
     return [DmonMonitor(inventory, signals, argv, base), PmonMonitor(inventory, signals, argv, base)]

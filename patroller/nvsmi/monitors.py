@@ -135,9 +135,11 @@ class PmonMonitor:
         self._arm(row.gpu)
 
     def _announce(self, row: PmonRow) -> None:
+        if row.pid is None:
+            return
         key = (row.gpu, row.pid)
         device = self.inventory.by_number(row.gpu)
-        if key in self._announced or device is None or row.pid is None:
+        if key in self._announced or device is None:
             return
         record = GpuProcess(uuid=device.uuid, pid=row.pid, type=row.type, command=row.command)
         self._announced[key] = record

@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple, Union
+from typing import (Dict, Generic, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple,
+                    TypeVar, Union)
 
 Value = Union[int, float, str, None]
 ProcessKey = Tuple[int, int]  # (gpu index, pid)
@@ -89,7 +90,10 @@ def _date_cell(token: Optional[str]) -> Optional[str]:
     return None if token is None else _dash(token)
 
 
-class _StreamParser:
+Row = TypeVar("Row", "DmonRow", "PmonRow")
+
+
+class _StreamParser(Generic[Row]):
     """Header learning and skip accounting shared by the dmon and pmon parsers."""
 
     required: Tuple[str, ...] = ("gpu",)
@@ -108,6 +112,19 @@ class _StreamParser:
     def _skip(self, line: str) -> None:
         self.skipped += 1
         self.last_skipped = line
+
+    def feed(self, line: str) -> Optional[Row]:
+        """Parse one line; a row for data lines, None for headers and skipped lines."""
+        text = self._text(line)
+        if text is None:
+            return None
+        row = self._row(text)
+        if row is None:
+            self._skip(line.strip())
+        return row
+
+    def _row(self, text: str) -> Optional[Row]:
+        raise NotImplementedError
 
     def _text(self, line: str) -> Optional[str]:
         """The text of a data line, or None when the line is not one (and was dealt with)."""
@@ -137,7 +154,7 @@ class _StreamParser:
             self._skip(line)  # keep the old header: rows after a damaged repeat still match it
 
 
-class DmonParser(_StreamParser):
+class DmonParser(_StreamParser[DmonRow]):
     """Turns `nvidia-smi dmon` lines into rows; feed it every line, header lines included."""
 
     def __init__(self) -> None:
@@ -166,16 +183,6 @@ class DmonParser(_StreamParser):
         stable = STABLE_NAMES.get(name, name)
         return name if stable != name and stable in columns else stable
 
-    def feed(self, line: str) -> Optional[DmonRow]:
-        """Parse one line; a row for data lines, None for headers and skipped lines."""
-        text = self._text(line)
-        if text is None:
-            return None
-        row = self._row(text)
-        if row is None:
-            self._skip(line.strip())
-        return row
-
     def _row(self, text: str) -> Optional[DmonRow]:
         tokens = text.split()
         if len(tokens) != len(self._names) or not text.isascii():
@@ -190,7 +197,7 @@ class DmonParser(_StreamParser):
         return DmonRow(gpu, values, date, time)
 
 
-class PmonParser(_StreamParser):
+class PmonParser(_StreamParser[PmonRow]):
     """Turns `nvidia-smi pmon` lines into rows; feed it every line, header lines included."""
 
     required = ("gpu", "pid")
@@ -201,16 +208,6 @@ class PmonParser(_StreamParser):
         self._at: Dict[str, Optional[int]] = {}
         self._tail = False
         self._values: Tuple[Tuple[str, int], ...] = ()
-
-    def feed(self, line: str) -> Optional[PmonRow]:
-        """Parse one line; a row for data lines, None for headers and skipped lines."""
-        text = self._text(line)
-        if text is None:
-            return None
-        row = self._row(text)
-        if row is None:
-            self._skip(line.strip())
-        return row
 
     def _comment(self, line: str, words: Sequence[str]) -> None:
         super()._comment(line, words)
