@@ -136,7 +136,7 @@ class Daemon:
             except asyncio.TimeoutError:
                 log.warning("some connections did not close in time")
         if self.directory is not None:
-            self.directory.close_quietly()
+            self.directory.shutdown()
 
 
 def _url(sock: socket.socket) -> str:

@@ -12,6 +12,7 @@ import logging
 import re
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
@@ -102,6 +103,8 @@ class ContainerDirectory:
         self._down_reason = ""
         self._client: Any = None
         self._lock = threading.Lock()
+        # Its own threads: a hung engine must not hold up the /proc reads of the default pool.
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="docker")
 
     async def get(self, container_id: str) -> Optional[ContainerInfo]:
         """The container, or None if the engine does not know it. Raises DockerUnavailable."""
@@ -126,6 +129,11 @@ class ContainerDirectory:
             table = await asyncio.shield(self._addresses)
         return table.get(address)
 
+    def shutdown(self) -> None:
+        """Stop for good: close the connection, let the threads go."""
+        self.close_quietly()
+        self._pool.shutdown(wait=False)
+
     def close(self) -> None:
         """Close the connection to the engine."""
         with self._lock:
@@ -135,13 +143,13 @@ class ContainerDirectory:
 
     async def _load(self, container_id: str) -> Optional[ContainerInfo]:
         loop = asyncio.get_running_loop()
-        info = await loop.run_in_executor(None, self._fetch, container_id)
+        info = await loop.run_in_executor(self._pool, self._fetch, container_id)
         self._cache[container_id] = info
         return info
 
     async def _load_addresses(self) -> Dict[str, ContainerInfo]:
         loop = asyncio.get_running_loop()
-        infos = await loop.run_in_executor(None, self._fetch_all)
+        infos = await loop.run_in_executor(self._pool, self._fetch_all)
         table = {address: info for info in infos for address in info.addresses}
         self._by_address["all"] = table
         for info in infos:

@@ -2,8 +2,10 @@
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -206,3 +208,27 @@ async def test_docker_down_degrades_and_recovers(engine, scenario, socket_dir):
         granted = await loop.run_in_executor(None, client_in, alice, f"unix://{path}",
                                              "print(json.dumps(client.reserve(1, server=server)))")
         assert granted and granted[0]["uuid"] != target
+
+
+@async_test
+async def test_a_hung_docker_engine_degrades_without_stalling_the_api(engine, scenario):
+    alice = engine.run(labels={"user.email": "alice@example.org"})
+    async with gpu_running(scenario, docker_host=engine.url) as h:
+        h.daemon.directory.timeout = 1.0  # the client is made at the first lookup
+        h.daemon.directory.retry_after = 0.2
+        h.daemon.tracker.retry = 0.2
+        os.kill(engine.process.pid, signal.SIGSTOP)  # the engine hangs: calls time out
+        try:
+            scenario.write(processes=on_gpu((alice.pid, 2)))
+            target = h.uuids()[2]
+            began = time.monotonic()
+            while h.daemon.leases.state(target) != "claimed":
+                status, _ = await h.call("/status", timeout=5)  # answered while Docker hangs
+                assert status == 200 and time.monotonic() - began < 20
+                await asyncio.sleep(0.05)
+            owner = h.daemon.leases.claims()[target]["user"]
+            assert owner["degraded"] is True and owner["container"]["id"] == alice.short
+        finally:
+            os.kill(engine.process.pid, signal.SIGCONT)
+        await until(lambda: (h.daemon.leases.claims()[target]["user"] or {}).get("user")
+                    == "alice@example.org", timeout=15)
