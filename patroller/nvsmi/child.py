@@ -140,19 +140,24 @@ class ChildStream:
     async def _read_lines(self, fd: int) -> None:
         stream = PipeIOStream(fd)
         pending = b""
+        discarding = False  # inside a line that grew too long: drop it up to its end
         try:
             while True:
                 pending += await stream.read_bytes(65536, partial=True)
                 *lines, pending = pending.split(b"\n")
+                if lines and discarding:
+                    discarding = False
+                    lines = lines[1:]
                 if len(pending) > MAX_LINE:
-                    pending = b""
+                    pending, discarding = b"", True
                 for line in lines:
-                    self._deliver(line)
+                    if len(line) <= MAX_LINE:
+                        self._deliver(line)
         except StreamClosedError:
             pass  # end of output: the child exited or closed its stdout
         finally:
             stream.close()
-        if pending:
+        if pending and not discarding:
             self._deliver(pending)
 
     def _deliver(self, raw: bytes) -> None:
