@@ -124,3 +124,14 @@ def test_claim_over_a_unix_socket(tmp_path):
     assert not os.path.exists(path)  # removed at shutdown
     with pytest.raises(ServerUnreachable):
         claim(1, server=f"unix://{path}")
+
+
+def test_the_client_is_one_file_on_the_standard_library(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+    shutil.copy(client.__file__, tmp_path / "client.py")
+    # -S: no site-packages, so anything beyond the standard library fails to import
+    result = subprocess.run([sys.executable, "-S", "-c", "import client; print(client.claim)"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
