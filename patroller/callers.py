@@ -6,7 +6,6 @@ import threading
 from collections import OrderedDict
 from typing import Optional, Protocol, Tuple
 
-from cachetools import TTLCache
 from tornado.httputil import HTTPServerRequest
 
 from .containers import ContainerDirectory, DockerUnavailable, container_identity
@@ -53,7 +52,6 @@ class SystemCallers:
         self.identifier = identifier
         self.directory = directory
         self.proc = proc
-        self._by_inode: TTLCache = TTLCache(maxsize=4096, ttl=60)  # socket inode -> facts
         self._recent: "OrderedDict[int, None]" = OrderedDict()  # pids that called lately
         self._recent_lock = threading.Lock()  # used from executor threads
         self.lookups = 0  # TCP callers looked up in the socket table (once per connection)
@@ -92,15 +90,13 @@ class SystemCallers:
         entry = await loop.run_in_executor(None, find_client, client, server, self.proc)
         if entry is None:
             raise Unidentified(f"no local process owns the connection from port {client[1]}")
-        facts: Optional[ProcFacts] = self._by_inode.get(entry.inode)
-        if facts is None:
-            facts = await loop.run_in_executor(None, self._owner_facts, entry.inode, entry.uid)
-            self._by_inode[entry.inode] = facts
+        facts = await loop.run_in_executor(None, self._owner_facts, entry.inode)
+        if facts is None:  # the owner's /proc is not ours to read: its account in the table is
+            return await loop.run_in_executor(None, host_identity, entry.uid)
         return await self.identifier.identify(facts)
 
-    def _owner_facts(self, inode: int, uid: int) -> ProcFacts:
-        """Blocking: the facts of the process holding the socket; when its /proc is not ours to
-        read, its account from the socket table still is."""
+    def _owner_facts(self, inode: int) -> Optional[ProcFacts]:
+        """Blocking: the /proc facts of the process holding the socket, if they can be read."""
         with self._recent_lock:
             likely = list(reversed(self._recent))
         pid = pid_of_socket(inode, self.proc, likely=likely)
@@ -110,8 +106,7 @@ class SystemCallers:
                 self._recent[pid] = None
                 while len(self._recent) > 16:
                     self._recent.popitem(last=False)
-        facts = None if pid is None else read_facts(pid, self.proc)
-        return facts or ProcFacts(pid=-inode, start=0, container=None, host=host_identity(uid))
+        return None if pid is None else read_facts(pid, self.proc)
 
     async def _remote(self, address: str) -> Identity:
         if self.directory is None:
