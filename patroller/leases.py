@@ -156,13 +156,7 @@ class LeaseManager:
         log.debug("pid %d of %s on %s", pid, owner.user, uuid)
         if hold.holder is None:
             hold.holder = owner
-        if owner.same_user(hold.holder):
-            hold.deadline = None
-        elif owner.user not in hold.trespassers:
-            hold.trespassers.add(owner.user)
-            log.warning("trespassing: %s runs pid %d on %s, held by %s",
-                        owner.user, pid, uuid, hold.holder.user)
-        self._touch(hold)
+        self._place(hold, uuid, pid, owner)
         self._changed()
 
     def update_owner(self, uuid: str, pid: int, owner: Identity) -> None:
@@ -174,6 +168,11 @@ class LeaseManager:
         hold.processes[pid] = owner
         if hold.holder is not None and hold.holder.same_user(old) and not self._pids_of(hold, old):
             hold.holder = owner  # the device was held only through this process
+        self._place(hold, uuid, pid, owner)
+        self._settle()
+
+    def _place(self, hold: _Hold, uuid: str, pid: int, owner: Identity) -> None:
+        """A process of `owner` is on a held device: it claims it, or it trespasses (logged once)."""
         if owner.same_user(hold.holder):
             hold.deadline = None
         elif owner.user not in hold.trespassers:
@@ -181,7 +180,6 @@ class LeaseManager:
             log.warning("trespassing: %s runs pid %d on %s, held by %s",
                         owner.user, pid, uuid, hold.holder.user if hold.holder else "nobody")
         self._touch(hold)
-        self._settle()
 
     def process_ended(self, uuid: str, pid: int) -> None:
         """A process left a device."""
