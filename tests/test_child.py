@@ -1,11 +1,14 @@
 """The supervised child process: lines, exit, restart with backoff, stop without leftovers."""
 import asyncio
 import logging
+import signal
+import subprocess
+import sys
 
 import pytest
 
 from helpers import alive, async_test, until
-from patroller.nvsmi.child import Backoff, ChildStream
+from patroller.nvsmi.child import Backoff, ChildStream, parent_death_kill
 
 
 def test_backoff_grows_to_the_limit_and_resets_after_a_healthy_run():
@@ -24,9 +27,11 @@ async def test_lines_are_delivered_and_the_exit_is_logged_and_restarted(caplog):
     with caplog.at_level(logging.INFO, logger="patroller.nvsmi.child"):
         child.start()
         await until(lambda: child.starts >= 2)
+        # Read before stop: a second start comes only after the first exit was recorded, and
+        # stop may end a run still going (-15), which is that run's true status, not this one.
+        assert child.last_exit == 3
         await child.stop()
     assert lines[:3] == ["one", "two", "three"]  # the last line had no newline
-    assert child.last_exit == 3
     assert "demo: exited with status 3" in caplog.text and "oops" in caplog.text
 
 
@@ -86,3 +91,53 @@ async def test_a_line_handler_failure_loses_one_line_not_the_stream(caplog):
     await child.stop()
     assert child.starts == 1  # not restarted
     assert "handling a line failed" in caplog.text
+
+
+@async_test
+async def test_a_child_that_falls_silent_is_killed_once_and_restarted(caplog):
+    pids = []
+    script = "echo $$; echo tick; trap '' TERM; sleep 100"  # alive, silent, deaf to SIGTERM
+    child = ChildStream("mute", ["sh", "-c", script],
+                        lambda line: line.isdigit() and pids.append(int(line)),
+                        backoff=Backoff(first=0.05, limit=0.05), silence=0.3)
+    child.start()
+    await until(lambda: child.starts >= 2)
+    await child.stop()
+    assert child.hangs >= 1 and not alive(pids[0])
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    hung = [w for w in warnings if "hung" in w]
+    assert hung[0].startswith("mute: printed nothing more for 0.") and hung[0].endswith(
+        " s: hung, killing it")
+    assert len(hung) == child.hangs  # one warning a hang; its exit is not a second one
+    assert not [w for w in warnings if "exited with" in w]
+
+
+@async_test
+async def test_a_child_that_prints_nothing_at_all_is_hung_after_the_startup_allowance():
+    child = ChildStream("dumb", ["sleep", "100"], lambda line: None,
+                        backoff=Backoff(first=5, limit=5), silence=0.1, startup=0.4)
+    child.start()
+    await until(lambda: child.starts == 1)
+    await asyncio.sleep(0.25)
+    assert child.hangs == 0  # past `silence`, within `startup`: its first output may be slow
+    await until(lambda: child.hangs == 1)
+    await child.stop()
+
+
+@async_test
+async def test_a_steady_child_is_never_taken_as_hung():
+    lines = []
+    child = ChildStream("steady", ["sh", "-c", "while :; do echo x; sleep 0.05; done"],
+                        lines.append, silence=0.5)
+    child.start()
+    await until(lambda: len(lines) >= 30)
+    await child.stop()
+    assert child.hangs == 0 and child.starts == 1
+
+
+def test_the_parent_death_signal_is_armed_in_the_child_and_survives_exec():
+    ask = ("import ctypes; s = ctypes.c_int(); "
+           "ctypes.CDLL(None).prctl(2, ctypes.byref(s), 0, 0, 0); print(s.value)")  # GET
+    out = subprocess.run([sys.executable, "-c", ask], check=True, capture_output=True,
+                         text=True, preexec_fn=parent_death_kill()).stdout
+    assert int(out) == signal.SIGKILL

@@ -2,12 +2,15 @@
 
 Lifecycle: start, read lines, exit detected (end of its stdout), exit status and stderr logged,
 restarted after a growing delay (1 s doubling to 30 s, back to 1 s after a run that went well),
-terminated and then killed on stop. A closed pipe ends the read loop: it never spins.
+terminated and then killed on stop. A closed pipe ends the read loop: it never spins. A child
+that prints nothing for too long is hung: its group is killed and it is restarted as if it had
+exited. The kernel kills the child if the daemon dies (parent-death signal), even by SIGKILL.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import ctypes
 import logging
 import os
 import signal
@@ -21,6 +24,31 @@ log = logging.getLogger(__name__)
 
 MAX_LINE = 64 * 1024  # a line longer than this is garbage: dropped, not buffered for ever
 STDERR_TAIL = 2048  # bytes of stderr kept for the log when the child exits
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def parent_death_kill() -> Optional[Callable[[], None]]:
+    """A preexec_fn that has the kernel SIGKILL the child when this process dies; None off Linux.
+
+    Resolved here, before the fork, so that the child only makes three system calls between
+    fork and exec: no import, no lock, no logging. That is what makes preexec_fn acceptable in
+    a daemon with executor threads (its documented risk is a child deadlocking on a lock held
+    by another thread at fork time). The signal fires when the *thread* that forked exits:
+    children are started from the event loop's thread, which lives as long as the daemon.
+    """
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    parent, kill = os.getpid(), int(signal.SIGKILL)
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, kill, 0, 0, 0)
+        if os.getppid() != parent:  # the daemon died before the signal was armed
+            os.kill(os.getpid(), kill)
+    return arm
 
 
 class Backoff:
@@ -40,21 +68,32 @@ class Backoff:
 
 
 class ChildStream:
-    """Runs `argv`, hands each stdout line to `on_line`, and restarts it whenever it exits."""
+    """Runs `argv`, hands each stdout line to `on_line`, and restarts it whenever it exits.
+
+    With `silence`, a child that prints nothing for that many seconds is taken as hung (a hung
+    nvidia-smi stays alive and silent, so its end of output never comes): one warning, its
+    group killed, restarted with the usual backoff. Its first output may take `startup` s.
+    """
 
     def __init__(self, name: str, argv: List[str], on_line: Callable[[str], None],
                  on_start: Optional[Callable[[], None]] = None,
                  env: Optional[Mapping[str, str]] = None,
-                 backoff: Optional[Backoff] = None) -> None:
+                 backoff: Optional[Backoff] = None,
+                 silence: Optional[float] = None, startup: Optional[float] = None) -> None:
         self.name = name
         self.argv = argv
         self.on_line = on_line
         self.on_start = on_start
         self.env = dict(env) if env is not None else None
         self.backoff = backoff or Backoff()
+        self.silence = silence  # None: never taken as hung
+        self.startup = max(startup or 0.0, silence or 0.0)
         self.process: Optional[subprocess.Popen] = None
         self.starts = 0  # how many times the child was started
+        self.hangs = 0  # how many times it was killed for printing nothing
         self.last_exit: Optional[int] = None
+        self._heard: Optional[float] = None  # monotonic time of its last output in this run
+        self._hung = False
         self._stopping = False
         self._wake: Optional[asyncio.Event] = None
         self._task: Optional["asyncio.Future[None]"] = None
@@ -64,15 +103,16 @@ class ChildStream:
     def metrics(self) -> Dict[str, object]:
         """Counters for /metrics."""
         running = self.process is not None and self.process.poll() is None
-        return {"starts": self.starts, "running": running, "last_exit": self.last_exit}
+        return {"starts": self.starts, "running": running, "hangs": self.hangs,
+                "last_exit": self.last_exit}
 
     def start(self) -> None:
         """Begin supervising on the running loop."""
         self._wake = asyncio.Event()  # made here: on Python 3.9 an Event binds to a loop
         self._task = asyncio.ensure_future(self._supervise())
 
-    async def stop(self, grace: float = 1.0) -> None:
-        """Terminate the child (kill it after `grace` s) and stop restarting it."""
+    async def stop(self, grace: float = 0.5) -> None:
+        """Terminate the child (kill its group after `grace` s) and stop restarting it."""
         self._stopping = True
         if self._wake is not None:
             self._wake.set()
@@ -108,7 +148,8 @@ class ChildStream:
         try:
             self.process = subprocess.Popen(
                 self.argv, stdin=subprocess.DEVNULL, stdout=out_write, stderr=err_write,
-                env=self.env, start_new_session=True)  # its own group: we stop all of it
+                env=self.env, start_new_session=True,  # its own group: we stop all of it
+                preexec_fn=parent_death_kill())
         except OSError as exc:
             for fd in (out_read, out_write, err_read, err_write):
                 os.close(fd)
@@ -119,23 +160,44 @@ class ChildStream:
         os.close(err_write)
         self.starts += 1
         self._recent.clear()
+        self._heard, self._hung = None, False
         log.info("%s: started pid %d", self.name, self.process.pid)
         if self.on_start is not None:
             self.on_start()
         stderr = bytearray()
         errors = asyncio.ensure_future(self._drain(err_read, stderr))
         started = time.monotonic()
+        watch = asyncio.ensure_future(self._watch(started)) if self.silence else None
         finished = False
         try:
             await self._read_lines(out_read)
             finished = True
         finally:
+            if watch is not None:
+                watch.cancel()
             if not finished:
                 self._signal(signal.SIGTERM)  # cancelled: never leave it behind
             code = await self._reap(self.process)
             await errors
         self.last_exit = code
         self._log_exit(code, time.monotonic() - started, bytes(stderr))
+
+    async def _watch(self, started: float) -> None:
+        """Kill the child's group once it has printed nothing for too long."""
+        assert self.silence is not None
+        while True:
+            limit = self.startup if self._heard is None else self.silence
+            quiet = time.monotonic() - (started if self._heard is None else self._heard)
+            if quiet >= limit:
+                break
+            await asyncio.sleep(limit - quiet)
+        if self._stopping:
+            return  # being stopped already: not a hang
+        self._hung = True
+        self.hangs += 1
+        said = "nothing since it started" if self._heard is None else "nothing more"
+        log.warning("%s: printed %s for %.1f s: hung, killing it", self.name, said, quiet)
+        self._signal(signal.SIGKILL)  # a hung nvidia-smi need not answer SIGTERM
 
     async def _read_lines(self, fd: int) -> None:
         stream = PipeIOStream(fd)
@@ -144,6 +206,7 @@ class ChildStream:
         try:
             while True:
                 pending += await stream.read_bytes(65536, partial=True)
+                self._heard = time.monotonic()
                 *lines, pending = pending.split(b"\n")
                 if lines and discarding:
                     discarding = False
@@ -185,10 +248,11 @@ class ChildStream:
 
     async def _reap(self, process: subprocess.Popen, grace: float = 2.0) -> int:
         """Wait for the exit after end of output; a child that lingers is killed. No zombie."""
-        deadline = time.monotonic() + grace
+        deadline: Optional[float] = time.monotonic() + grace
         while process.poll() is None:
-            if time.monotonic() > deadline:
+            if deadline is not None and time.monotonic() > deadline:
                 self._signal(signal.SIGKILL)
+                deadline = None  # once: a process stuck in the kernel dies when it returns
             await asyncio.sleep(0.02)
         return process.returncode
 
@@ -204,6 +268,9 @@ class ChildStream:
     def _log_exit(self, code: int, ran: float, stderr: bytes) -> None:
         if self._stopping:
             log.info("%s: stopped (status %s)", self.name, code)
+            return
+        if self._hung:  # the warning was given when it was killed
+            log.info("%s: hung child ended (status %s) after %.1f s", self.name, code, ran)
             return
         said = stderr.decode("utf-8", "replace").strip() or " / ".join(self._recent).strip()
         status = f"signal {-code}" if code < 0 else f"status {code}"
