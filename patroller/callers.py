@@ -12,7 +12,8 @@ from .containers import ContainerDirectory, DockerUnavailable, container_identit
 from .errors import BadRequest, Unidentified
 from .identity import Identity, named_user
 from .listeners import peer_of
-from .peers import Address, find_client, is_loopback, normalize, pid_of_socket
+from .peers import (Address, Owner, SocketEntry, closed_reason, find_client, find_holder,
+                    is_loopback, normalize, owner_of)
 from .resolver import ProcessIdentifier, ProcFacts, host_identity, read_facts
 
 DEFAULT_TEST_USER = "test-user"
@@ -41,8 +42,10 @@ class SystemCallers:
 
     - unix socket: the kernel's peer credentials (pid) -> cgroup -> container -> labels, or the
       host account. The caller cannot forge it.
-    - loopback TCP: the local process that owns the client socket (/proc/net/tcp{,6} and
-      /proc/<pid>/fd), then the same chain. As trustworthy as the kernel's socket table.
+    - TCP from a socket on this host (loopback, or one of the host's own addresses): the
+      process that holds the client socket (sock_diag or /proc/net/tcp{,6}, and
+      /proc/<pid>/fd), then the same chain. As trustworthy as the kernel's socket table. A
+      socket already closed belongs to nobody: its caller is refused, never guessed.
     - other TCP: the container whose network address the caller has (advisory: addresses can
       be spoofed on a shared network).
     """
@@ -54,7 +57,7 @@ class SystemCallers:
         self.proc = proc
         self._recent: "OrderedDict[int, None]" = OrderedDict()  # pids that called lately
         self._recent_lock = threading.Lock()  # used from executor threads
-        self.lookups = 0  # TCP callers looked up in the socket table (once per connection)
+        self.lookups = 0  # TCP callers looked up (once per connection), counted when done
 
     async def identify(self, request: HTTPServerRequest, claimed: Optional[str]) -> Identity:
         """The caller's identity, or Unidentified."""
@@ -72,41 +75,59 @@ class SystemCallers:
         known = getattr(stream, _CALLER, None)  # a keep-alive connection's earlier answer
         if known is not None:
             return known
-        ends = _ends(request)
-        if ends is None:
-            raise Unidentified("the connection has no address to identify the caller by")
-        client, server = ends
-        self.lookups += 1
-        if is_loopback(client[0]):
-            identity = _known(await self._local(client, server))
-        else:
-            identity = _known(await self._remote(client[0]))
+        try:
+            identity = _known(await self._by_address(_ends(request)))
+        finally:
+            self.lookups += 1  # counted once the outcome is known (tests wait on it)
         if stream is not None:
             setattr(stream, _CALLER, identity)  # one TCP connection, one caller
         return identity
 
-    async def _local(self, client: Address, server: Address) -> Identity:
+    async def _by_address(self, ends: Optional[Tuple[Address, Address]]) -> Identity:
+        if ends is None:
+            raise Unidentified("the connection was closed before its caller could be identified")
+        client, server = ends
         loop = asyncio.get_running_loop()
+        # The kernel first: a client socket in our network namespace is a process on this
+        # host, over loopback or through one of the host's own addresses.
         entry = await loop.run_in_executor(None, find_client, client, server, self.proc)
-        if entry is None:
+        if entry is not None:
+            return await self._local(entry)
+        if is_loopback(client[0]):
             raise Unidentified(f"no local process owns the connection from port {client[1]}")
-        facts = await loop.run_in_executor(None, self._owner_facts, entry.inode)
-        if facts is None:  # the owner's /proc is not ours to read: its account in the table is
-            return await loop.run_in_executor(None, host_identity, entry.uid)
-        return await self.identifier.identify(facts)
+        return await self._remote(client[0])
 
-    def _owner_facts(self, inode: int) -> Optional[ProcFacts]:
-        """Blocking: the /proc facts of the process holding the socket, if they can be read."""
+    async def _local(self, entry: SocketEntry) -> Identity:
+        loop = asyncio.get_running_loop()
+        owner, facts = await loop.run_in_executor(None, self._owner, entry)
+        if owner.reason:
+            raise Unidentified(owner.reason)
+        if owner.pid is not None:
+            if facts is None:
+                raise Unidentified(f"the process holding the connection from port "
+                                   f"{entry.local[1]} (pid {owner.pid}) ended before it could "
+                                   "be identified")
+            return await self.identifier.identify(facts)
+        assert owner.uid is not None
+        # Its holder is hidden from us (no CAP_SYS_PTRACE): the live socket's creator stands.
+        return await loop.run_in_executor(None, host_identity, owner.uid)
+
+    def _owner(self, entry: SocketEntry) -> Tuple[Owner, Optional[ProcFacts]]:
+        """Blocking: the owner of a local client socket, with its holder's /proc facts."""
+        if closed_reason(entry):  # nobody can hold it: no need to look
+            return owner_of(entry, None, False), None
         with self._recent_lock:
             likely = list(reversed(self._recent))
-        pid = pid_of_socket(inode, self.proc, likely=likely)
-        if pid is not None:
-            with self._recent_lock:
-                self._recent.pop(pid, None)
-                self._recent[pid] = None
-                while len(self._recent) > 16:
-                    self._recent.popitem(last=False)
-        return None if pid is None else read_facts(pid, self.proc)
+        pid, hidden = find_holder(entry.inode, self.proc, likely=likely)
+        owner = owner_of(entry, pid, hidden)
+        if owner.pid is None:
+            return owner, None
+        with self._recent_lock:
+            self._recent.pop(owner.pid, None)
+            self._recent[owner.pid] = None
+            while len(self._recent) > 16:
+                self._recent.popitem(last=False)
+        return owner, read_facts(owner.pid, self.proc)
 
     async def _remote(self, address: str) -> Identity:
         if self.directory is None:

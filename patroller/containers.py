@@ -198,11 +198,11 @@ class ContainerDirectory:
         return result
 
     def _went_down(self, exc: Exception) -> None:
-        reason = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+        reason = in_words(exc, self.base_url or "unix:///var/run/docker.sock", self.timeout)
         if not self._down_until:
             log.warning("docker: cannot read container labels: %s; identities degrade to "
                         "the container id until it is back", reason)
-        self._down_reason = f"Docker Engine unavailable: {reason}"
+        self._down_reason = reason
         self._down_until = time.monotonic() + self.retry_after
         self.close_quietly()
 
@@ -212,3 +212,30 @@ class ContainerDirectory:
         except Exception:
             self._client = None
 
+
+
+def in_words(exc: BaseException, where: str, timeout: float) -> str:
+    """What went wrong talking to the engine, said in words, never an exception's repr.
+
+    The SDK wraps the cause in requests' and urllib3's errors, whose text is a tuple's repr
+    ("('Connection aborted.', FileNotFoundError(2, ...))"): the cause is dug out of the chain.
+    """
+    seen = set()
+    chain = [exc]
+    while chain:
+        cause = chain.pop(0)
+        if id(cause) in seen:
+            continue
+        seen.add(id(cause))
+        if isinstance(cause, TimeoutError) or "Timeout" in type(cause).__name__:
+            return f"the Docker Engine at {where} did not answer within {timeout:g} s"
+        if isinstance(cause, OSError) and cause.strerror:
+            return f"the Docker Engine at {where} cannot be reached: {cause.strerror.lower()}"
+        status = getattr(cause, "status_code", None)
+        if isinstance(status, int):
+            said = getattr(cause, "explanation", None) or ""
+            return f"the Docker Engine at {where} answered {status}" + (f": {said}" if said else "")
+        chain.extend(c for c in (cause.__cause__, cause.__context__, getattr(cause, "reason", None),
+                                 *cause.args) if isinstance(c, BaseException))
+    text = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+    return f"the Docker Engine at {where} cannot be used: {text}"

@@ -1,7 +1,9 @@
 """Who is at the other end of a local TCP connection: /proc/net/tcp{,6} and /proc/<pid>/fd.
 
-A loopback client's socket is listed in the host's /proc/net/tcp with its owner's uid and
-inode; the inode leads to the process that holds it. Readers take an injectable /proc root.
+A local client's socket is listed in the host's /proc/net/tcp with its state, its creator's uid
+and its inode; the inode leads to the process that holds it. Only a socket some process still
+holds names a caller: once closed, the kernel keeps a TIME_WAIT or orphan entry with inode 0
+(and uid 0 for TIME_WAIT) that belongs to nobody. Readers take an injectable /proc root.
 """
 from __future__ import annotations
 
@@ -14,15 +16,54 @@ from typing import Iterable, Iterator, Optional, Tuple
 
 Address = Tuple[str, int]
 
+ESTABLISHED = 1  # the kernel's TCP state number (/proc/net/tcp's `st` 01, sock_diag's state)
+
 
 @dataclass(frozen=True)
 class SocketEntry:
-    """One line of /proc/net/tcp or tcp6."""
+    """One line of /proc/net/tcp or tcp6 (or the same facts from sock_diag)."""
 
     local: Address
     remote: Address
-    uid: int
-    inode: int
+    uid: int  # whoever created the socket; meaningless once closed (TIME_WAIT says 0)
+    inode: int  # 0 once no file holds the socket any more
+    state: int  # ESTABLISHED, or another TCP state number
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who a local client socket belongs to, as far as the kernel can tell."""
+
+    pid: Optional[int] = None  # the process found holding it
+    uid: Optional[int] = None  # else its creator, when some holders' descriptors are hidden
+    reason: str = ""  # else why its owner cannot be known
+
+
+def closed_reason(entry: SocketEntry) -> str:
+    """Why a socket can name no caller because it is closed or closing, or "" (pure)."""
+    if entry.inode == 0 or entry.state != ESTABLISHED:
+        return (f"the connection from port {entry.local[1]} was closed before its caller could "
+                "be identified: keep it open until the answer comes")
+    return ""
+
+
+def owner_of(entry: SocketEntry, holder: Optional[int], hidden: bool) -> Owner:
+    """The owner of a client socket, from its table entry and a search for its holder (pure).
+
+    `holder` is the pid found holding the socket; `hidden` says whether some processes'
+    descriptors could not be read, so that a holder may exist unseen. Then, and only for an
+    established socket that a file still holds, the kernel's record of the socket's creator
+    stands for its owner: that uid cannot be chosen by the caller.
+    """
+    reason = closed_reason(entry)
+    if reason:
+        return Owner(reason=reason)
+    if holder is not None:
+        return Owner(pid=holder)
+    if hidden:
+        return Owner(uid=entry.uid)
+    return Owner(reason=f"no process holds the connection from port {entry.local[1]} any more: "
+                        "it was closed before its caller could be identified")
 
 
 def normalize(host: str) -> str:
@@ -63,7 +104,8 @@ def parse_net_tcp(text: str) -> Iterator[SocketEntry]:
     for line in text.splitlines()[1:]:
         fields = line.split()
         try:
-            yield SocketEntry(_decode(fields[1]), _decode(fields[2]), int(fields[7]), int(fields[9]))
+            yield SocketEntry(_decode(fields[1]), _decode(fields[2]), int(fields[7]),
+                              int(fields[9]), int(fields[3], 16))
         except (IndexError, ValueError):
             continue
 
@@ -119,15 +161,17 @@ def _diag(family: int, client: Address, server: Address) -> Optional[SocketEntry
     kind = struct.unpack_from("=H", answer, 4)[0]
     if kind == _NLMSG_ERROR or len(answer) < 16 + 72:
         return None
+    state = answer[16 + 1]  # inet_diag_msg: family, state, timer, retrans, sockid, ...
     uid, inode = struct.unpack_from("=II", answer, 16 + 4 + 48 + 12)
-    return SocketEntry(client, server, uid, inode)
+    return SocketEntry(client, server, uid, inode, state)
 
 
 def find_client(peer: Address, server: Address, proc: str = "/proc") -> Optional[SocketEntry]:
     """The client end of a connection from `peer` to our `server` address, if it is local.
 
-    Asks the kernel for exactly that socket (sock_diag); where netlink is not allowed, reads
-    /proc/net/tcp{,6}, finding the line by its text, since the table can hold thousands.
+    Local means in our network namespace: over loopback, or from one of the host's own
+    addresses. Asks the kernel for exactly that socket (sock_diag); where netlink is not
+    allowed, reads /proc/net/tcp{,6}, finding the line by its text (it can hold thousands).
     """
     if proc == "/proc":
         try:
@@ -135,7 +179,8 @@ def find_client(peer: Address, server: Address, proc: str = "/proc") -> Optional
                 entry = _diag(family, client, ours)
                 if entry is not None:
                     return SocketEntry((normalize(client[0]), client[1]),
-                                       (normalize(ours[0]), ours[1]), entry.uid, entry.inode)
+                                       (normalize(ours[0]), ours[1]), entry.uid, entry.inode,
+                                       entry.state)
             return None
         except (OSError, struct.error, ValueError):
             pass  # no netlink here: read the tables
@@ -163,12 +208,15 @@ def find_client_in_tables(peer: Address, server: Address,
     return None
 
 
-def _holds(pid: int, target: str, proc: str) -> bool:
+def _holds(pid: int, target: str, proc: str) -> Optional[bool]:
+    """Whether the process holds the target; None if its descriptors are not ours to read."""
     fd_dir = os.path.join(proc, str(pid), "fd")
     try:
         fds = os.listdir(fd_dir)
+    except PermissionError:
+        return None
     except OSError:
-        return False  # gone, or not ours to read
+        return False  # gone
     # Newest first: a connection just made usually has the highest descriptor.
     for fd in sorted(fds, key=lambda name: -int(name) if name.isdigit() else 0):
         try:
@@ -179,26 +227,39 @@ def _holds(pid: int, target: str, proc: str) -> bool:
     return False
 
 
-def pid_of_socket(inode: int, proc: str = "/proc", likely: Iterable[int] = ()) -> Optional[int]:
-    """A process holding the socket with this inode, or None.
+def find_holder(inode: int, proc: str = "/proc",
+                likely: Iterable[int] = ()) -> Tuple[Optional[int], bool]:
+    """(a process holding the socket with this inode or None, whether some were hidden).
 
+    Hidden: some process's descriptors could not be read, so the holder may be one of them.
     The `likely` pids (callers seen before) are tried first: a client that makes many
     connections is found without walking every process's descriptors.
     """
     target = f"socket:[{inode}]"
     tried = set()
+    hidden = False
     for pid in likely:
         tried.add(pid)
-        if _holds(pid, target, proc):
-            return pid
+        holds = _holds(pid, target, proc)
+        if holds:
+            return pid, hidden
+        hidden = hidden or holds is None
     try:
         pids = sorted(int(name) for name in os.listdir(proc) if name.isdigit())
     except OSError:
-        return None
+        return None, True
     for pid in pids:
-        if pid not in tried and _holds(pid, target, proc):
-            return pid
-    return None
+        if pid not in tried:
+            holds = _holds(pid, target, proc)
+            if holds:
+                return pid, hidden
+            hidden = hidden or holds is None
+    return None, hidden
+
+
+def pid_of_socket(inode: int, proc: str = "/proc", likely: Iterable[int] = ()) -> Optional[int]:
+    """A process holding the socket with this inode, or None."""
+    return find_holder(inode, proc, likely)[0]
 
 
 @dataclass(frozen=True)

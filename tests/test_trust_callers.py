@@ -1,0 +1,162 @@
+"""Who a TCP caller is when it misbehaves: a socket closed at once, the host's own address,
+a Docker Engine that cannot be reached. Real daemons, real processes, real sockets."""
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid as uuids
+
+import pytest
+
+from helpers import ROOT, ScenarioFile, ServerProcess, async_test, until
+from patroller.callers import SystemCallers
+from patroller.containers import ContainerDirectory, DockerUnavailable
+from patroller.errors import Unidentified
+from patroller.peers import ESTABLISHED, SocketEntry, owner_of
+from patroller.resolver import ProcessIdentifier
+
+NOBODY = 65534
+CLIENT = ("127.0.0.1", 40000)
+SERVER = ("127.0.0.1", 8080)
+
+
+def need_root(why):
+    """Skip when not root, except under CI, which runs as root and must run every test."""
+    if os.geteuid() != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run this test as root: {why}")
+        pytest.skip(f"needs root: {why}")
+
+
+@pytest.fixture
+def scenario(tmp_path):
+    return ScenarioFile(str(tmp_path / "scenario.json"), devices=[{}, {}, {}, {}])
+
+
+# -- the rule, on parsed socket-table entries (pure) ---------------------------------------------
+
+def entry(state=ESTABLISHED, uid=1000, inode=5151):
+    return SocketEntry(CLIENT, SERVER, uid, inode, state)
+
+
+def test_a_held_socket_names_its_holder():
+    assert owner_of(entry(), holder=4242, hidden=False).pid == 4242
+    assert owner_of(entry(), holder=4242, hidden=True).pid == 4242
+
+
+def test_a_timewait_socket_names_nobody_even_with_uid_0():
+    # what the kernel reports for a client that closed first: TIME_WAIT (6), uid 0, inode 0
+    owner = owner_of(entry(state=6, uid=0, inode=0), holder=None, hidden=True)
+    assert owner.pid is None and owner.uid is None and "closed" in owner.reason
+
+
+@pytest.mark.parametrize("state", [2, 4, 5, 7, 8, 9, 10, 11])  # SYN_SENT, FIN_WAIT*, CLOSE...
+def test_a_socket_not_established_names_nobody(state):
+    owner = owner_of(entry(state=state), holder=None, hidden=True)
+    assert owner.pid is None and owner.uid is None and owner.reason
+
+
+def test_an_orphan_socket_names_nobody_though_its_uid_is_kept():
+    owner = owner_of(entry(inode=0), holder=None, hidden=True)
+    assert owner.pid is None and owner.uid is None and "closed" in owner.reason
+
+
+def test_a_live_socket_nobody_holds_names_nobody():
+    owner = owner_of(entry(), holder=None, hidden=False)
+    assert owner.pid is None and owner.uid is None and "no process holds" in owner.reason
+
+
+def test_a_live_socket_whose_holder_cannot_be_read_is_its_creators_account():
+    owner = owner_of(entry(uid=1000), holder=None, hidden=True)
+    assert owner.pid is None and owner.uid == 1000 and owner.reason == ""
+
+
+# -- a client that closes at once ---------------------------------------------------------------
+
+CLOSER = r"""
+import socket, sys
+host, port, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+for _ in range(rounds):
+    for path in ("/release", "/request?gpu=1"):
+        s = socket.create_connection((host, port))
+        s.sendall(("GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path).encode())
+        s.close()
+"""
+ROUNDS = 25
+
+
+def python_for(uid):
+    """A Python that `uid` may run (the test's own may lie under root's home); stdlib only."""
+    for candidate in (os.path.realpath(sys.executable), "/usr/bin/python3"):
+        try:
+            subprocess.run([candidate, "-c", ""], user=uid, group=uid, extra_groups=[],
+                           capture_output=True, check=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        return candidate
+    pytest.fail(f"no Python that uid {uid} may run")
+
+
+def get(url, path):
+    with urllib.request.urlopen(url + path, timeout=20) as answer:
+        return json.loads(answer.read())
+
+
+def own_state(tmp_path):
+    """Environment for a daemon that keeps its lease book apart from any other daemon's."""
+    return {"PATROLLER_STATE_DIR": str(tmp_path / "state")}
+
+
+def test_a_client_that_closes_at_once_never_acts_as_root(scenario, tmp_path):
+    need_root("the closing client runs as an unprivileged uid")
+    server = ServerProcess("--nvidia-smi", scenario.command, "--lease", "300",
+                           env=own_state(tmp_path)).start()
+    try:
+        [grant] = get(server.url, "/request?gpu=1")  # root's, over a connection kept open
+        booked = time.monotonic()
+        mine = get(server.url, "/status")[grant["uuid"]]["claim"]
+        assert mine["user"]["user"] == "root" and mine["user"]["uid"] == 0
+        before = get(server.url, "/metrics")["caller_lookups"]
+        host, port = server.server.split(":")
+        subprocess.run([python_for(NOBODY), "-c", CLOSER, host, port, str(ROUNDS)], check=True,
+                       timeout=120, user=NOBODY, group=NOBODY, extra_groups=[])
+        # every request the closer sent has been looked up (and answered, or refused)
+        deadline = time.monotonic() + 30
+        while get(server.url, "/metrics")["caller_lookups"] < before + 2 * ROUNDS:
+            assert time.monotonic() < deadline, server.log
+            time.sleep(0.05)
+        checked = time.monotonic()
+        status = get(server.url, "/status")
+        roots = {u for u, e in status.items() if (e["claim"]["user"] or {}).get("uid") == 0}
+        assert roots == {grant["uuid"]}, status  # nothing released, nothing booked to root
+        claim = status[grant["uuid"]]["claim"]
+        assert claim["state"] == "reserved"
+        assert claim["age"] >= checked - booked - 0.01  # held since, never released and rebooked
+        assert "Traceback" not in server.log
+    finally:
+        server.stop()
+
+
+# -- Docker Engine unreachable: the reason in words ---------------------------------------------
+
+@async_test
+async def test_an_unreachable_docker_engine_is_said_in_words(tmp_path):
+    where = f"unix://{tmp_path}/docker.sock"  # nothing there
+    directory = ContainerDirectory(where, retry_after=60)
+    try:
+        for _ in range(2):  # the first failure, then the remembered one
+            with pytest.raises(DockerUnavailable) as failed:
+                await directory.by_address("192.0.2.7")
+            said = str(failed.value)
+            assert where in said and "no such file or directory" in said, said
+            assert "Error(" not in said and "('" not in said, said
+        callers = SystemCallers(ProcessIdentifier(directory), directory)
+        with pytest.raises(Unidentified) as refused:
+            await callers._remote("192.0.2.7")
+        assert refused.value.message.startswith("cannot identify a caller at 192.0.2.7")
+        assert "no such file or directory" in refused.value.message
+        assert "FileNotFoundError" not in refused.value.message
+    finally:
+        directory.shutdown()
