@@ -11,8 +11,8 @@ from tornado.ioloop import IOLoop
 from . import __version__, query
 from .callers import CallerIdentifier
 from .devices import Device, Inventory
-from .errors import (BadRequest, Busy, NotYours, PatrollerError, Unavailable, Unidentified,
-                     Unsatisfiable)
+from .errors import (BadRequest, Busy, NotYours, PatrollerError, TooManyWaiting, Unavailable,
+                     Unidentified, Unsatisfiable)
 from .identity import Identity
 from .leases import LeaseManager, Waiter
 from .views import DevicesView, StatusView, dumps
@@ -27,6 +27,7 @@ STATUS = {
     NotYours: 403,
     Busy: 409,
     Unsatisfiable: 422,
+    TooManyWaiting: 429,
     Unavailable: 503,
 }
 
@@ -141,7 +142,11 @@ class RequestHandler(Handler):
 
 
 class WaitHandler(Handler):
-    """Long-poll: answered when the lease manager grants, on timeout, or never if the client leaves."""
+    """Long-poll: answered when the lease manager grants, on timeout, or never if the client leaves.
+
+    A waiter exists only while its client is connected: one that leaves while it is being
+    identified is never queued, and a grant that finds it gone is given straight back.
+    """
 
     waiter: Optional[Waiter] = None
     outcome: Optional["asyncio.Future[Optional[List[Device]]]"] = None  # None: the client left
@@ -149,6 +154,9 @@ class WaitHandler(Handler):
     async def get(self) -> None:
         ask = query.parse_ask(self.args(), wait=True)
         caller = await self.caller(ask.user)
+        if self._gone():  # it left while we looked it up: queue nothing for nobody
+            log.debug("a waiting client left before it was queued")
+            return
         self.outcome = asyncio.get_running_loop().create_future()
         self.waiter = self.leases.wait(caller, ask.wants, self._settle, self._fail)
         timer = None
@@ -161,8 +169,7 @@ class WaitHandler(Handler):
                 IOLoop.current().remove_timeout(timer)
         if devices is None:
             return
-        stream = getattr(self.request.connection, "stream", None)
-        if stream is None or stream.closed():
+        if self._gone():
             for device in devices:  # nobody to tell: give them straight back
                 self.leases.release(caller, device.uuid)
             return
@@ -179,6 +186,12 @@ class WaitHandler(Handler):
     def _timed_out(self, wants: Dict[str, int]) -> None:
         if self.waiter is not None and self.leases.cancel(self.waiter):
             self._fail(self.leases.busy(wants))
+
+    def _gone(self) -> bool:
+        """Whether the client has closed. The stream is asked: Tornado calls on_connection_close
+        only for a close seen once the handler runs, not for one seen with the request."""
+        stream = getattr(self.request.connection, "stream", None)
+        return stream is None or stream.closed()
 
     def on_connection_close(self) -> None:
         if self.waiter is not None and self.leases.cancel(self.waiter):

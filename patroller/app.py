@@ -62,7 +62,8 @@ class Daemon:
         self.identifier = identifier
         self.directory = directory
         self.callers = callers
-        self.leases = LeaseManager(inventory, config.lease)
+        self.leases = LeaseManager(inventory, config.lease,
+                                   max_waiting_per_user=config.max_waiting_per_user)
         self.stats = StatsStore(inventory, stale_after=STALE_INTERVALS * interval)
         self.stats.connect(signals)
         self.tracker = ProcessTracker(self.leases, identifier)

@@ -27,6 +27,7 @@ class Config:
     port: int = 80
     address: str = ""  # all interfaces
     lease: float = 10.0
+    max_waiting_per_user: int = 100  # /wait requests one user may have queued at once
     user_labels: Tuple[str, ...] = DEFAULT_USER_LABELS
     user_info_labels: Tuple[str, ...] = ()
     nvidia_smi: str = "nvidia-smi"
@@ -41,6 +42,8 @@ _SETTINGS = (
     ("--port", "PATROLLER_PORT", "TCP port to listen on (default 80)"),
     ("--address", "PATROLLER_ADDRESS", "address to bind (default: all interfaces)"),
     ("--lease", "PATROLLER_LEASE", "seconds an unclaimed reservation is held (default 10)"),
+    ("--max-waiting-per-user", "PATROLLER_MAX_WAITING_PER_USER",
+     "/wait requests one user may have waiting at once; more get 429 (default 100)"),
     ("--user-labels", "PATROLLER_USER_LABELS",
      "container labels searched for the user's e-mail, comma-separated "
      "(default user.email,email,maintainer)"),
@@ -91,6 +94,12 @@ def _labels(text: str) -> Tuple[str, ...]:
     if any(any(c.isspace() for c in label) for label in labels):
         raise ValueError("holds a label with white space")
     return labels
+
+
+def _count(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ValueError("is not a whole number of 1 or more")
+    return int(text)
 
 
 def _user_labels(text: str) -> Tuple[str, ...]:
@@ -157,6 +166,8 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         port=pick("--port", env_names["--port"], _port, Config.port),
         address=pick("--address", env_names["--address"], str.strip, Config.address),
         lease=pick("--lease", env_names["--lease"], _lease, Config.lease),
+        max_waiting_per_user=pick("--max-waiting-per-user", env_names["--max-waiting-per-user"],
+                                  _count, Config.max_waiting_per_user),
         user_labels=pick("--user-labels", env_names["--user-labels"], _user_labels, DEFAULT_USER_LABELS),
         user_info_labels=pick("--user-info-labels", env_names["--user-info-labels"], _labels, ()),
         nvidia_smi=pick("--nvidia-smi", env_names["--nvidia-smi"], _nonempty, Config.nvidia_smi),

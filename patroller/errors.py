@@ -35,3 +35,7 @@ class Busy(PatrollerError):
 
 class Unavailable(PatrollerError):
     """The daemon cannot take the request now: shutting down, or too many waiting (HTTP 503)."""
+
+
+class TooManyWaiting(PatrollerError):
+    """The caller already has as many requests waiting as one user may (HTTP 429)."""

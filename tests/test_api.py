@@ -160,12 +160,14 @@ async def test_wait_granted_at_once_when_free():
 
 @async_test
 async def test_a_client_that_disconnects_stops_waiting_and_gets_nothing():
-    async with running() as h:
+    async with running(lease=600) as h:  # no lease ends in the test: only the close can act
         await h.ok("/request?gpu=8&user=alice")
         reader, writer = await h.raw(b"GET /wait?gpu=1&user=bob HTTP/1.1\r\nHost: x\r\n\r\n")
         await until(lambda: h.daemon.leases.waiting == 1)
         writer.close()
         await until(lambda: h.daemon.leases.waiting == 0)
+        status = await h.ok("/status")
+        assert {e["claim"]["user"]["user"] for e in status.values()} == {"alice"}
         await h.ok("/release?user=alice")
         status = await h.ok("/status")
         assert {e["claim"]["state"] for e in status.values()} == {"free"}

@@ -1,11 +1,13 @@
 """The lease rules, with a fake clock and no I/O."""
 import logging
+import random
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
 from helpers import FakeClock
 from patroller.devices import Device, Inventory
-from patroller.errors import Busy, NotYours, Unavailable, Unsatisfiable
+from patroller.errors import Busy, NotYours, TooManyWaiting, Unavailable, Unsatisfiable
 from patroller.identity import UNKNOWN, named_user
 from patroller.leases import LeaseManager
 from patroller.testmode import synthetic_inventory
@@ -316,3 +318,131 @@ def test_a_degraded_owner_on_a_reservation_turns_shared_into_claimed(leases, cap
     assert leases.next_deadline() is None
     leases.update_owner(device.uuid, 99, bob)  # not on the device: ignored
     assert leases.state(device.uuid) == "claimed"
+
+
+# -- waiters: per-user cap and the queue's order ------------------------------------------------
+
+def test_one_user_may_have_only_so_many_waiting(clock):
+    leases = LeaseManager(synthetic_inventory(), LEASE, clock=clock, max_waiting_per_user=2)
+    leases.request(alice, {"gpu": 8})
+    first = leases.wait(bob, {"gpu": 1}, lambda d: None)
+    leases.wait(bob, {"gpu": 2}, lambda d: None)
+    with pytest.raises(TooManyWaiting) as refused:
+        leases.wait(bob, {"gpu": 1}, lambda d: None)
+    assert refused.value.data == {"limit": 2, "waiting": 2}
+    assert "bob already has 2 requests waiting" in refused.value.message
+    leases.wait(named_user("carol"), {"gpu": 1}, lambda d: None)  # others still queue
+    assert (leases.waiting, leases.waiting_of(bob)) == (3, 2)
+    leases.cancel(first)
+    leases.wait(bob, {"gpu": 1}, lambda d: None)  # a cancelled one frees a place
+    leases.release(alice, uuid(leases, 0))  # carol's
+    leases.release(alice, uuid(leases, 1))  # bob's {"gpu": 1}: a granted one frees a place too
+    assert (leases.waiting, leases.waiting_of(bob), leases.waiting_of(named_user("carol"))) == (1, 1, 0)
+
+
+def test_a_newcomer_that_fits_what_is_free_is_granted_past_one_that_does_not(leases):
+    leases.request(alice, {"gpu": 7})
+    got = []
+    leases.wait(bob, {"gpu": 2}, lambda d: got.append("bob"))
+    leases.wait(named_user("carol"), {"gpu": 1}, lambda d: got.append("carol"))
+    assert got == ["carol"] and leases.waiting == 1
+
+
+def test_arrival_order_holds_across_groups_and_sizes(clock):
+    inventory = Inventory([Device("G0", 0), Device("G1", 1), Device("G2", 2),
+                           Device("F0", 3, group="fpga"), Device("F1", 4, group="fpga")])
+    leases = LeaseManager(inventory, LEASE, clock=clock)
+    leases.request(alice, {"gpu": 3, "fpga": 2})
+    got = []
+    for name, wants in (("w0", {"gpu": 1, "fpga": 1}), ("w1", {"gpu": 2}), ("w2", {"fpga": 1}),
+                        ("w3", {"gpu": 1}), ("w4", {"fpga": 1})):
+        leases.wait(named_user(name), wants, lambda d, name=name: got.append((name, [x.uuid for x in d])))
+    leases.release(alice, "F1")  # w0 needs a gpu too: w2 is the first that fits
+    leases.release(alice, "G2")  # w0 still needs an fpga; w1 two gpus: w3
+    assert got == [("w2", ["F1"]), ("w3", ["G2"])]
+    leases.release(alice)  # G0, G1, F0 free: w0 first, then w1 cannot, then w4
+    assert got[2:] == [("w0", ["G0", "F0"])]
+    assert leases.waiting == 2
+    leases.release(named_user("w3"))
+    assert got[3:] == [("w1", ["G1", "G2"])]
+
+
+def test_close_aborts_every_waiter_in_arrival_order(leases):
+    leases.request(alice, {"gpu": 8})
+    aborted = []
+    for n, count in enumerate((2, 1, 3, 1)):
+        leases.wait(named_user(f"w{n}"), {"gpu": count}, lambda d: None,
+                    lambda e, n=n: aborted.append(n))
+    leases.close()
+    assert aborted == [0, 1, 2, 3] and leases.waiting == 0
+
+
+def test_the_queue_serves_exactly_as_a_scan_of_every_waiter_would(clock):
+    """Random requests, waits, cancels and releases, against the rule written the plain way."""
+    uuids = ["G0", "G1", "G2", "G3", "F0", "F1"]
+    inventory = Inventory([Device(u, n, group="fpga" if u[0] == "F" else "gpu")
+                           for n, u in enumerate(uuids)])
+    shapes = [{"gpu": 1}, {"gpu": 2}, {"gpu": 3}, {"fpga": 1}, {"fpga": 2}, {"gpu": 1, "fpga": 1},
+              {"gpu": 2, "fpga": 1}]
+    for seed in range(30):
+        rng = random.Random(seed)
+        leases = LeaseManager(inventory, LEASE, clock=clock, max_waiting_per_user=1000)
+        holders: Dict[str, Optional[str]] = {u: None for u in uuids}
+        queue: List[Tuple[Any, str, Dict[str, int]]] = []  # the model: (waiter, user, wants)
+        grants: List[Tuple[str, List[str]]] = []
+
+        def fit(wants: Dict[str, int]) -> Optional[List[str]]:
+            picked = []
+            for group, count in wants.items():
+                free = [u for u in uuids if holders[u] is None and inventory.get(u).group == group]
+                if len(free) < count:
+                    return None
+                picked += free[:count]
+            return sorted(picked, key=uuids.index)
+
+        def scan() -> List[Tuple[str, List[str]]]:
+            served = []
+            for entry in list(queue):
+                picked = fit(entry[2])
+                if picked is not None:
+                    queue.remove(entry)
+                    holders.update({u: entry[1] for u in picked})
+                    served.append((entry[1], picked))
+            return served
+
+        for step in range(200):
+            action = rng.random()
+            user = f"u{rng.randrange(6)}"
+            if action < 0.45:
+                wants = rng.choice(shapes)
+                waiter = leases.wait(named_user(user), wants,
+                                     lambda d, user=user: grants.append((user, [x.uuid for x in d])))
+                queue.append((waiter, user, wants))
+                expected = scan()
+            elif action < 0.6 and queue:
+                entry = rng.choice(queue)
+                queue.remove(entry)
+                assert leases.cancel(entry[0]) is True
+                expected = []
+            elif action < 0.75:
+                wants = rng.choice(shapes)
+                picked = fit(wants)
+                try:
+                    granted = leases.request(named_user(user), wants)
+                except Busy:
+                    granted = None
+                assert (granted and [d.uuid for d in granted]) == (picked or None), (seed, step)
+                holders.update({u: user for u in picked or []})
+                expected = []
+            else:
+                held = [u for u in uuids if holders[u] is not None]
+                if not held:
+                    continue
+                target = rng.choice(held)
+                leases.release(named_user(holders[target]), target)
+                holders[target] = None
+                expected = scan()
+            assert grants == expected, (seed, step)
+            grants.clear()
+            assert {u: (c["user"] or {}).get("user") for u, c in leases.claims().items()} == holders
+            assert leases.waiting == len(queue)
