@@ -1,8 +1,8 @@
 """A fast lane in front of the application for the endpoints that are polled hardest.
 
-`GET /status` and `GET /devices` are answered straight from their cached bodies, without
-routing or a RequestHandler; every other request goes to the Tornado application unchanged.
-The answers are the same either way.
+`GET /status` and `GET /devices` (and `HEAD`, the same without the body) are answered straight
+from their cached bodies, without routing or a RequestHandler; every other request goes to the
+Tornado application unchanged. The answers are the same either way.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from tornado.web import Application
 log = logging.getLogger(__name__)
 
 Body = Callable[[], bytes]
-HEADERS = (("Content-Type", "application/json; charset=UTF-8"), ("Cache-Control", "no-store"))
+HEADERS = (("Content-Type", "application/json; charset=UTF-8"), ("Cache-Control", "no-store"),
+           ("Server", "patroller"))
 
 
 def _headers(length: int) -> httputil.HTTPHeaders:
@@ -26,7 +27,7 @@ def _headers(length: int) -> httputil.HTTPHeaders:
 
 
 class FastLane(httputil.HTTPServerConnectionDelegate):
-    """Routes GET requests for `routes` to cached bodies, the rest to `app`."""
+    """Routes GET and HEAD requests for `routes` to cached bodies, the rest to `app`."""
 
     def __init__(self, app: Application, routes: Dict[str, Body]) -> None:
         self.app = app
@@ -47,14 +48,16 @@ class _Lane(httputil.HTTPMessageDelegate):
         self.server_conn = server_conn
         self.connection = request_conn
         self.body: Optional[Body] = None
+        self.head = False  # a HEAD request: the headers of the GET answer, no body
         self.inner: Optional[httputil.HTTPMessageDelegate] = None
 
     def headers_received(self, start_line: Union[httputil.RequestStartLine, httputil.ResponseStartLine],
                          headers: httputil.HTTPHeaders) -> Optional[Awaitable[None]]:
         assert isinstance(start_line, httputil.RequestStartLine)
         path = start_line.path.split("?", 1)[0]
-        if start_line.method == "GET" and path in self.lane.routes:
+        if start_line.method in ("GET", "HEAD") and path in self.lane.routes:
             self.body = self.lane.routes[path]
+            self.head = start_line.method == "HEAD"
             return None
         self.inner = self.lane.app.start_request(self.server_conn, self.connection)
         return self.inner.headers_received(start_line, headers)
@@ -76,7 +79,7 @@ class _Lane(httputil.HTTPMessageDelegate):
             body = b'{"error":"internal error: the daemon\'s log has the details"}'
             code, reason = 500, "Internal Server Error"
         self.connection.write_headers(httputil.ResponseStartLine("HTTP/1.1", code, reason),
-                                      _headers(len(body)), body)
+                                      _headers(len(body)), None if self.head else body)
         self.connection.finish()
 
     def on_connection_close(self) -> None:

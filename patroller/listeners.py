@@ -2,15 +2,21 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
-from typing import Any, Awaitable, Callable, List, Optional
+from typing import Any, Awaitable, Callable, Iterable, List, Optional
 
-from tornado.httpserver import HTTPServer
+from tornado.httpserver import HTTPServer, _HTTPRequestContext
 from tornado.iostream import IOStream
 from tornado.netutil import bind_sockets, bind_unix_socket
 
+from .accepting import Acceptor
+from .framing import FramedServerConnection, HeadStream
 from .peers import Credentials, peer_credentials
+from .throttle import Throttle
+
+log = logging.getLogger(__name__)
 
 PEER = "patroller_peer"  # the attribute a unix connection's stream carries
 
@@ -27,10 +33,32 @@ class PeerServer(HTTPServer):
     """An HTTPServer that reads, as each unix-socket connection arrives, who made it.
 
     The pid from SO_PEERCRED is read at once, with its /proc facts (in the executor), because
-    the caller may exit and its pid be reused before the request is handled.
+    the caller may exit and its pid be reused before the request is handled. Connections are
+    accepted by an Acceptor (it pauses when descriptors run out) and read by the framing
+    module's classes (framing errors get JSON answers).
     """
 
     read_facts: Optional[Callable[[int], Awaitable[Any]]] = None
+
+    def initialize(self, *args: Any, **kwargs: Any) -> None:
+        super().initialize(*args, **kwargs)
+        self.acceptor = Acceptor(self._accepted)
+        self.framing_reports = Throttle(20, 10.0)  # framing errors logged per 10 s at most
+
+    def add_sockets(self, sockets: Iterable[socket.socket]) -> None:
+        """TCPServer.add_sockets, with the Acceptor in place of Tornado's add_accept_handler."""
+        for sock in sockets:
+            self._sockets[sock.fileno()] = sock
+            self._handlers[sock.fileno()] = self.acceptor.watch(sock)
+
+    def _accepted(self, connection: socket.socket, address: Any) -> None:
+        try:
+            stream = HeadStream(connection, max_buffer_size=self.max_buffer_size,
+                                read_chunk_size=self.read_chunk_size)
+            self.handle_stream(stream, address)
+        except Exception:  # as Tornado's TCPServer does: one connection's failure is not fatal
+            log.exception("error in connection callback")
+            connection.close()
 
     def handle_stream(self, stream: IOStream, address: Any) -> None:
         if stream.socket is not None and stream.socket.family != socket.AF_UNIX:
@@ -44,7 +72,11 @@ class PeerServer(HTTPServer):
             if credentials is not None:
                 facts = asyncio.ensure_future(self.read_facts(credentials.pid))
                 setattr(stream, PEER, Peer(credentials, facts))
-        super().handle_stream(stream, address)
+        # HTTPServer.handle_stream, with the connection class that answers framing errors
+        context = _HTTPRequestContext(stream, address, self.protocol, self.trusted_downstream)
+        conn = FramedServerConnection(stream, self.conn_params, context, self.framing_reports)
+        self._connections.add(conn)
+        conn.start_serving(self)
 
 
 def _keep_nodelay(value: bool) -> None:

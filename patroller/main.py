@@ -5,10 +5,11 @@ import asyncio
 import logging
 import signal
 import sys
+from collections import Counter
 from typing import Optional, Sequence
 
 from . import __version__
-from .app import StartError, build
+from .app import Daemon, StartError, build
 from .config import Config, ConfigError, load
 
 log = logging.getLogger("patroller")
@@ -17,7 +18,8 @@ SHUTDOWN_GRACE = 1.0  # seconds for each shutdown step; the whole stop stays und
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run the daemon until SIGINT or SIGTERM. Exit status: 0 stopped, 1 failed, 2 bad config."""
+    """Run the daemon until SIGINT or SIGTERM (SIGHUP logs the state). Exit: 0 stopped, 1 failed,
+    2 bad config."""
     try:
         config = load(argv)
     except ConfigError as exc:
@@ -49,6 +51,10 @@ async def serve(config: Config) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stopping.set)
+    # SIGHUP is the reload signal (systemctl reload): nothing is reloaded yet, so it says what the
+    # daemon holds and goes on; never the default action, which would kill it uncleanly.
+    loop.add_signal_handler(signal.SIGHUP, lambda: log.info("SIGHUP: nothing to reload; %s",
+                                                            summary(daemon)))
     daemon.start()
     mode = "test mode, synthetic devices" if config.test else "GPU host mode"
     log.info("patroller %s serving %d devices (%s) on %s", __version__, len(daemon.inventory),
@@ -60,3 +66,11 @@ async def serve(config: Config) -> int:
     await daemon.stop(grace=SHUTDOWN_GRACE)
     log.info("stopped")
     return 0
+
+
+def summary(daemon: Daemon) -> str:
+    """One line on what the daemon holds: devices by state, and requests waiting."""
+    states = Counter(daemon.leases.state(device.uuid) for device in daemon.inventory)
+    held = ", ".join(f"{states[state]} {state}" for state in ("reserved", "claimed", "shared", "free"))
+    return (f"{len(daemon.inventory)} devices: {held}; "
+            f"{daemon.leases.waiting} requests waiting, still serving")

@@ -108,9 +108,11 @@ async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
 class ServerProcess:
     """`python -m patroller` as a child process on an ephemeral loopback port."""
 
-    def __init__(self, *args: str, env: Optional[Dict[str, str]] = None) -> None:
+    def __init__(self, *args: str, env: Optional[Dict[str, str]] = None,
+                 preexec_fn: Optional[Callable[[], None]] = None) -> None:
         self.args = ["--port", "0", "--address", "127.0.0.1", *args]
         self.env = {**os.environ, "PYTHONPATH": ROOT, **(env or {})}
+        self.preexec_fn = preexec_fn  # run in the child before it starts (resource limits)
         self.process: Optional[subprocess.Popen] = None
         self.url = ""
         self._log = tempfile.TemporaryFile(mode="w+")  # a file: a full pipe would stall it
@@ -119,7 +121,8 @@ class ServerProcess:
         """Start, and wait until it says where it listens."""
         self.process = subprocess.Popen(
             [sys.executable, "-m", "patroller", *self.args], env=self.env, cwd=ROOT,
-            stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log)
+            stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
+            preexec_fn=self.preexec_fn)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             found = re.search(r" on (http://[^\s,]+)", self.log)
