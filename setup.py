@@ -19,7 +19,10 @@ setup(
     packages=find_packages(include=["patroller", "patroller.*"]),
     python_requires=">=3.9",
     install_requires=REQUIRES,
-    extras_require={"test": ["pytest>=8.4", "pytest-timeout>=2.4"]},
+    package_data={"patroller": ["openapi.json"]},
+    # schemathesis 4 (the API fuzzer of tests/test_fuzz.py) needs Python 3.11
+    extras_require={"test": ["pytest>=8.4", "pytest-timeout>=2.4",
+                             "schemathesis>=4,<5; python_version >= '3.11'"]},
     entry_points={"console_scripts": ["patroller = patroller.main:main"]},
     classifiers=[
         "License :: OSI Approved :: GNU General Public License v3 or later (GPLv3+)",

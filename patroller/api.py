@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import pkgutil
 from typing import Any, Callable, Dict, List, Optional
 
 import tornado.web
@@ -134,6 +136,25 @@ class MetricsHandler(Handler):
         self.send(self.metrics())
 
 
+def openapi_document() -> bytes:
+    """patroller/openapi.json, compact like every answer; tests check it against the handlers."""
+    data = pkgutil.get_data("patroller", "openapi.json")
+    if data is None:
+        raise FileNotFoundError("patroller/openapi.json is not installed")
+    return dumps(json.loads(data))
+
+
+class OpenApiHandler(Handler):
+    """The API described for machines (OpenAPI 3.1)."""
+
+    def initialize(self, document: bytes, **deps: Any) -> None:  # type: ignore[override]
+        super().initialize(**deps)
+        self.document = document
+
+    def get(self) -> None:
+        self.send(self.document)
+
+
 class RequestHandler(Handler):
     async def get(self) -> None:
         ask = query.parse_ask(self.args(), wait=False)
@@ -244,6 +265,7 @@ def make_app(inventory: Inventory, leases: LeaseManager, status: StatusView,
             (r"/wait", WaitHandler, deps),
             (r"/release", ReleaseHandler, deps),
             (r"/metrics", MetricsHandler, deps),
+            (r"/openapi.json", OpenApiHandler, dict(deps, document=openapi_document())),
         ],
         default_handler_class=NotFoundHandler,
         default_handler_args=deps,

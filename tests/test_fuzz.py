@@ -1,0 +1,124 @@
+"""The API fuzzed against its own OpenAPI document, on live daemons (test mode, GPU host mode).
+
+schemathesis generates requests from /openapi.json, valid and invalid, and checks each answer:
+no 5xx, a documented status, the documented content type and body schema, and a JSON body
+whenever there is a body. Afterwards every device must be free once the short leases expire.
+The run is derandomized, so a failure repeats.
+"""
+import json
+import time
+from collections import Counter
+import urllib.request
+from typing import Iterator, Tuple
+
+import pytest
+
+schemathesis = pytest.importorskip("schemathesis", reason="schemathesis 4 needs Python 3.11")
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402 (schemathesis brings it)
+from hypothesis.strategies import SearchStrategy  # noqa: E402
+from schemathesis import APIOperation, Case, GenerationMode  # noqa: E402
+from schemathesis.checks import not_a_server_error  # noqa: E402
+from schemathesis.specs.openapi.checks import (content_type_conformance,  # noqa: E402
+                                               response_schema_conformance,
+                                               status_code_conformance)
+
+from helpers import ScenarioFile, ServerProcess  # noqa: E402
+
+LEASE = "0.5"  # seconds: a /wait for busy devices is answered within a lease
+EXAMPLES = 12  # per operation and generation phase: the whole file stays well under a minute
+TIMEOUT = 10  # seconds a single answer may take: no request legitimately waits longer
+DEVICES = [{"minor": 1}, {"minor": 0}, {}]
+
+
+class Daemon:
+    """A daemon as a real process, and what the fuzzing did to it."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        self.server = server
+        self.url = server.url
+        self.granted = 0  # 200s from /request and /wait: the reservations the fuzzing made
+        self.answers: Counter = Counter()  # (operation, status) -> how many
+
+    def get(self, path: str) -> dict:
+        with urllib.request.urlopen(self.url + path, timeout=TIMEOUT) as response:
+            return json.loads(response.read())
+
+
+@pytest.fixture(scope="module", params=["test", "gpu"])
+def daemon(request, tmp_path_factory):
+    if request.param == "test":
+        server = ServerProcess("--test", "--lease", LEASE)
+    else:
+        scenario = ScenarioFile(str(tmp_path_factory.mktemp("fuzz") / "scenario.json"),
+                                devices=DEVICES)
+        server = ServerProcess("--lease", LEASE, "--nvidia-smi", scenario.command)
+    server.start()
+    try:
+        yield Daemon(server)
+    finally:
+        server.stop()
+    errors = [line for line in server.log.splitlines() if " ERROR " in line or "Traceback" in line]
+    assert not errors, "the daemon logged errors:\n" + server.log
+
+
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
+          response_schema_conformance]
+
+
+def answers_as_documented(case: Case, daemon: Daemon) -> None:
+    """One request: the documented checks, and JSON whenever there is a body."""
+    response = case.call(timeout=TIMEOUT)
+    daemon.answers[case.operation.label, response.status_code] += 1
+    case.validate_response(response, checks=CHECKS)
+    if case.method.upper() == "HEAD":
+        assert response.content == b"", f"HEAD {case.path} answered with a body"
+    else:
+        body = json.loads(response.content)  # never HTML, text or nothing
+        assert response.status_code < 400 or isinstance(body.get("error"), str), body
+    if case.path in ("/request", "/wait") and response.status_code == 200:
+        daemon.granted += 1
+
+
+def strategies(operation: APIOperation) -> Iterator[Tuple[str, SearchStrategy]]:
+    """The document's own examples, then valid input, then invalid input where there is any."""
+    for strategy in operation.get_strategies_from_examples():
+        yield "example", strategy
+    yield "valid", operation.as_strategy(generation_mode=GenerationMode.POSITIVE)
+    raw = operation.definition.raw
+    if raw.get("parameters") or raw.get("requestBody"):
+        yield "invalid", operation.as_strategy(generation_mode=GenerationMode.NEGATIVE)
+
+
+def test_every_answer_matches_the_document(daemon):
+    api = schemathesis.openapi.from_url(daemon.url + "/openapi.json")
+    failures, labels = [], set()
+    for result in api.get_all_operations():
+        operation = result.ok()
+        labels.add(operation.label)
+        for kind, strategy in strategies(operation):
+            @given(case=strategy)
+            @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+                      suppress_health_check=list(HealthCheck))
+            def fuzz(case: Case) -> None:
+                answers_as_documented(case, daemon)
+
+            try:
+                fuzz()
+            except (Exception, BaseExceptionGroup) as exc:  # every operation is tried, all reported
+                failures.append(f"{operation.label} ({kind} input): {exc}")
+    assert not failures, "\n\n".join(failures)
+    succeeded = {label for (label, status) in daemon.answers if status == 200}
+    assert labels - succeeded == set(), f"never answered 200: {sorted(daemon.answers.items())}"
+
+
+def test_every_device_is_free_once_leases_expire(daemon):
+    assert daemon.granted > 0, "run with the fuzzing above: it made no reservation to expire"
+    deadline = time.monotonic() + 10 * float(LEASE) + 5
+    while True:
+        states = {uuid: entry["claim"]["state"] for uuid, entry in daemon.get("/status").items()}
+        if set(states.values()) == {"free"}:
+            break
+        assert time.monotonic() < deadline, states
+        time.sleep(0.05)
+    assert daemon.get("/metrics")["waiting"] == 0
