@@ -17,10 +17,16 @@ from .errors import (BadRequest, Busy, NotYours, PatrollerError, TooManyWaiting,
                      Unidentified, Unsatisfiable)
 from .identity import Identity
 from .leases import LeaseManager, Waiter
+from .throttle import Throttle
 from .views import DevicesView, StatusView, dumps
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("patroller.access")
+
+CLIENT_ERRORS_LOGGED = 20  # 4xx access-log lines per window at most; the rest are counted
+CLIENT_ERRORS_WINDOW = 10.0  # seconds
+SHOWN_CHARS = 100  # of a path in a log line or an error message
+SHOWN_METHOD_CHARS = 20
 
 # Every domain error has one HTTP status, here and nowhere else.
 STATUS = {
@@ -32,6 +38,12 @@ STATUS = {
     TooManyWaiting: 429,
     Unavailable: 503,
 }
+
+
+def shown(text: str, limit: int = SHOWN_CHARS) -> str:
+    """What a client sent, cut to `limit` characters and printable, for a log line or a message."""
+    cut = "".join(c if c.isprintable() else "?" for c in text[:limit])
+    return cut + "..." if len(text) > limit else cut
 
 
 def grant_json(devices: List[Device]) -> List[Dict[str, Any]]:
@@ -56,6 +68,7 @@ class Handler(tornado.web.RequestHandler):
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", "application/json; charset=UTF-8")
         self.set_header("Cache-Control", "no-store")
+        self.set_header("Server", "patroller")  # not Tornado's name and version
 
     def prepare(self) -> None:
         query.check_length(self.request.query)
@@ -82,7 +95,8 @@ class Handler(tornado.web.RequestHandler):
             self.set_status(STATUS.get(type(exc), 500))
             body = {"error": exc.message, **exc.data}
         elif status_code == 405:
-            body = {"error": f"{self.request.method} is not allowed on {self.request.path}",
+            method = shown(self.request.method or "", SHOWN_METHOD_CHARS)
+            body = {"error": f"{method} is not allowed on {shown(self.request.path)}",
                     "allowed": self.allowed()}
             self.set_header("Allow", ", ".join(self.allowed()))
         elif isinstance(exc, tornado.web.HTTPError) and status_code < 500:
@@ -99,11 +113,18 @@ class Handler(tornado.web.RequestHandler):
     def allowed(self) -> List[str]:
         """The methods this handler answers."""
         base = tornado.web.RequestHandler
-        return [m for m in ("GET", "POST")
+        return [m for m in ("GET", "HEAD", "POST")
                 if getattr(type(self), m.lower()) is not getattr(base, m.lower())]
 
 
-class IndexHandler(Handler):
+class View(Handler):
+    """A read-only endpoint: HEAD is answered like GET, without the body (Tornado drops it)."""
+
+    def head(self) -> Any:
+        return self.get()
+
+
+class IndexHandler(View):
     def get(self) -> None:
         self.send({
             "name": "patroller",
@@ -121,17 +142,17 @@ class IndexHandler(Handler):
         })
 
 
-class DevicesHandler(Handler):
+class DevicesHandler(View):
     def get(self) -> None:
         self.send(self.devices.body())
 
 
-class StatusHandler(Handler):
+class StatusHandler(View):
     def get(self) -> None:
         self.send(self.status.body())
 
 
-class MetricsHandler(Handler):
+class MetricsHandler(View):
     def get(self) -> None:
         self.send(self.metrics())
 
@@ -144,7 +165,7 @@ def openapi_document() -> bytes:
     return dumps(json.loads(data))
 
 
-class OpenApiHandler(Handler):
+class OpenApiHandler(View):
     """The API described for machines (OpenAPI 3.1)."""
 
     def initialize(self, document: bytes, **deps: Any) -> None:  # type: ignore[override]
@@ -160,6 +181,8 @@ class RequestHandler(Handler):
         ask = query.parse_ask(self.args(), wait=False)
         caller = await self.caller(ask.user)
         self.send(grant_json(self.leases.request(caller, ask.wants)))
+
+    post = get  # so that a client need not change state with a GET; the form joins the query
 
 
 class WaitHandler(Handler):
@@ -196,6 +219,8 @@ class WaitHandler(Handler):
             return
         self.send(grant_json(devices))
 
+    post = get  # as /request: GET, the seed's contract, or POST
+
     def _settle(self, devices: Optional[List[Device]]) -> None:
         if self.outcome is not None and not self.outcome.done():
             self.outcome.set_result(devices)
@@ -231,23 +256,48 @@ class ReleaseHandler(Handler):
 
 
 class NotFoundHandler(Handler):
+    def initialize(self, endpoints: List[str], **deps: Any) -> None:  # type: ignore[override]
+        super().initialize(**deps)
+        self.endpoints = endpoints
+
     def prepare(self) -> None:
-        raise tornado.web.HTTPError(404, f"no such endpoint: {self.request.path[:100]}; "
-                                         "try /devices, /status, /request, /wait, /release")
+        raise tornado.web.HTTPError(404, f"no such endpoint: {shown(self.request.path)}; "
+                                         f"try {', '.join(self.endpoints)}")
 
 
-def log_request(handler: tornado.web.RequestHandler) -> None:
-    """Access log: errors at info, the steady stream of successes at debug."""
-    status = handler.get_status()
-    if status < 400:
-        level = logging.DEBUG
-    elif status < 500:
-        level = logging.INFO
-    else:
-        level = logging.WARNING if status == 503 else logging.ERROR
-    if access_log.isEnabledFor(level):
-        access_log.log(level, "%d %s %.1fms", status, handler._request_summary(),
-                       1000.0 * handler.request.request_time())
+class AccessLog:
+    """Tornado's log_function: successes at debug, errors at info and above, each line bounded.
+
+    A line names the method and the path, cut, never the query (a 60 kB query once made 40 MB/s
+    of log). Client errors (4xx) are rate-limited: past the limit they are counted, and the
+    count is logged with the next line let through.
+    """
+
+    def __init__(self, throttle: Throttle) -> None:
+        self.throttle = throttle
+
+    def __call__(self, handler: tornado.web.RequestHandler) -> None:
+        status = handler.get_status()
+        if status < 400:
+            level = logging.DEBUG
+        elif status < 500:
+            level = logging.INFO
+        else:
+            level = logging.WARNING if status == 503 else logging.ERROR
+        if not access_log.isEnabledFor(level):
+            return
+        if 400 <= status < 500:
+            admitted, held = self.throttle.admit()
+            if not admitted:
+                return
+            if held:
+                access_log.info("%d client errors were not logged (at most %d per %g s)", held,
+                                self.throttle.limit, self.throttle.window)
+        request = handler.request
+        access_log.log(level, "%d %s %s%s (%s) %.1fms", status,
+                       shown(request.method or "", SHOWN_METHOD_CHARS), shown(request.path),
+                       "?..." if request.query else "", request.remote_ip,
+                       1000.0 * request.request_time())
 
 
 def make_app(inventory: Inventory, leases: LeaseManager, status: StatusView,
@@ -256,19 +306,21 @@ def make_app(inventory: Inventory, leases: LeaseManager, status: StatusView,
     """The whole API in one place. (GET /status and /devices also have a fast lane.)"""
     deps = dict(inventory=inventory, leases=leases, status=status, devices=devices,
                 callers=callers, mode=mode, metrics=metrics)
+    routes: List[Any] = [
+        (r"/", IndexHandler, deps),
+        (r"/devices", DevicesHandler, deps),
+        (r"/status", StatusHandler, deps),
+        (r"/request", RequestHandler, deps),
+        (r"/wait", WaitHandler, deps),
+        (r"/release", ReleaseHandler, deps),
+        (r"/metrics", MetricsHandler, deps),
+        (r"/openapi.json", OpenApiHandler, dict(deps, document=openapi_document())),
+    ]
+    endpoints = [path for path, *_ in routes if path != "/"]  # the 404 hint lists them all
     return tornado.web.Application(
-        [
-            (r"/", IndexHandler, deps),
-            (r"/devices", DevicesHandler, deps),
-            (r"/status", StatusHandler, deps),
-            (r"/request", RequestHandler, deps),
-            (r"/wait", WaitHandler, deps),
-            (r"/release", ReleaseHandler, deps),
-            (r"/metrics", MetricsHandler, deps),
-            (r"/openapi.json", OpenApiHandler, dict(deps, document=openapi_document())),
-        ],
+        routes,
         default_handler_class=NotFoundHandler,
-        default_handler_args=deps,
-        log_function=log_request,
+        default_handler_args=dict(deps, endpoints=endpoints),
+        log_function=AccessLog(Throttle(CLIENT_ERRORS_LOGGED, CLIENT_ERRORS_WINDOW)),
         compress_response=False,
     )

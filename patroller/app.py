@@ -102,10 +102,11 @@ class Daemon:
                 raise
             self.unix_path = unix_path
         lane = FastLane(self.app, {"/status": self.status.body, "/devices": self.devices.body})
-        # Requests are small: refuse big bodies outright; idle keep-alive connections end after
-        # a while (a waiting /wait is not idle).
+        # Requests are small: refuse big bodies outright, and bodies that trickle in; idle
+        # keep-alive connections end after a while (a waiting /wait is not idle).
         self.server = PeerServer(lane, xheaders=False, max_body_size=MAX_BODY,
-                                 idle_connection_timeout=IDLE_TIMEOUT)
+                                 idle_connection_timeout=IDLE_TIMEOUT,
+                                 body_timeout=self.config.body_timeout)
         self.server.read_facts = self.identifier.facts
         self.server.add_sockets(sockets)
         return [_url(s) for s in sockets]

@@ -37,6 +37,7 @@ class Config:
 
 
 # (flag, environment variable, help) for every setting, in the order of --help.
+    body_timeout: float = 10.0  # seconds a request body may take to arrive
 _SETTINGS = (
     ("--test", "PATROLLER_TEST", "synthetic devices: no GPU, no Docker, no nvidia-smi"),
     ("--port", "PATROLLER_PORT", "TCP port to listen on (default 80)"),
@@ -64,6 +65,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Know which user is on which GPU, and hand out free GPUs fairly.",
         epilog="Every flag falls back to the environment variable named in its help.",
     )
+    ("--body-timeout", "PATROLLER_BODY_TIMEOUT",
+     "seconds a request body may take to arrive before the request is refused (default 10)"),
     for flag, env, text in _SETTINGS:
         if flag == "--test":
             parser.add_argument(flag, action="store_true", default=None, help=f"{text} [{env}]")
@@ -79,7 +82,7 @@ def _port(text: str) -> int:
     return int(text)
 
 
-def _lease(text: str) -> float:
+def _seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -165,7 +168,7 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         test=bool(args.test) or bool(environ.get("PATROLLER_TEST")),
         port=pick("--port", env_names["--port"], _port, Config.port),
         address=pick("--address", env_names["--address"], str.strip, Config.address),
-        lease=pick("--lease", env_names["--lease"], _lease, Config.lease),
+        lease=pick("--lease", env_names["--lease"], _seconds, Config.lease),
         max_waiting_per_user=pick("--max-waiting-per-user", env_names["--max-waiting-per-user"],
                                   _count, Config.max_waiting_per_user),
         user_labels=pick("--user-labels", env_names["--user-labels"], _user_labels, DEFAULT_USER_LABELS),
@@ -180,3 +183,5 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
 def settings_table() -> List[Tuple[str, str, str]]:
     """(flag, variable, meaning) for every setting: the README's table is checked against it."""
     return list(_SETTINGS)
+        body_timeout=pick("--body-timeout", env_names["--body-timeout"], _seconds,
+                          Config.body_timeout),

@@ -271,7 +271,8 @@ async def test_an_oversized_body_is_refused_and_the_daemon_goes_on():
                                      b"Content-Length: 100000\r\n\r\n" + b"a" * 1000)
         answer = await asyncio.wait_for(reader.read(), 5)
         writer.close()
-        assert answer.startswith(b"HTTP/1.1 400")
+        assert answer.startswith(b"HTTP/1.1 413")
+        assert b'{"error":"the request body is 100000 bytes' in answer
         assert len(await h.ok("/devices")) == 8
 
 

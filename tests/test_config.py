@@ -61,6 +61,8 @@ def test_empty_test_variable_is_off():
     (["--socket", "/no/such/dir/api.sock"], {}, "--socket"),
     ([], {"PATROLLER_SOCKET": "/tmp/" + "x" * 120}, "PATROLLER_SOCKET"),
     ([], {"DOCKER_HOST": "/var/run/docker.sock"}, "DOCKER_HOST"),
+    (["--body-timeout", "0"], {}, "--body-timeout"),
+    ([], {"PATROLLER_BODY_TIMEOUT": "soon"}, "PATROLLER_BODY_TIMEOUT"),
 ])
 def test_bad_values_name_the_flag_or_variable(argv, environ, named):
     with pytest.raises(ConfigError) as error:
