@@ -177,11 +177,11 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         socket=pick("--socket", env_names["--socket"], _socket_path, None),
         docker_host=pick("--docker-host", env_names["--docker-host"], _docker_host, None),
         log_level=pick("--log-level", env_names["--log-level"], _log_level, Config.log_level),
+        body_timeout=pick("--body-timeout", env_names["--body-timeout"], _seconds,
+                          Config.body_timeout),
     )
 
 
 def settings_table() -> List[Tuple[str, str, str]]:
     """(flag, variable, meaning) for every setting: the README's table is checked against it."""
     return list(_SETTINGS)
-        body_timeout=pick("--body-timeout", env_names["--body-timeout"], _seconds,
-                          Config.body_timeout),
