@@ -34,10 +34,10 @@ class Config:
     socket: Optional[str] = None  # also serve on this unix socket
     docker_host: Optional[str] = None  # None: the Docker SDK's default socket
     log_level: str = "info"
+    body_timeout: float = 10.0  # seconds a request body may take to arrive
 
 
 # (flag, environment variable, help) for every setting, in the order of --help.
-    body_timeout: float = 10.0  # seconds a request body may take to arrive
 _SETTINGS = (
     ("--test", "PATROLLER_TEST", "synthetic devices: no GPU, no Docker, no nvidia-smi"),
     ("--port", "PATROLLER_PORT", "TCP port to listen on (default 80)"),
@@ -56,6 +56,8 @@ _SETTINGS = (
     ("--docker-host", "DOCKER_HOST",
      "the Docker Engine to read container labels from (default unix:///var/run/docker.sock)"),
     ("--log-level", "PATROLLER_LOG_LEVEL", "debug, info, warning or error (default info)"),
+    ("--body-timeout", "PATROLLER_BODY_TIMEOUT",
+     "seconds a request body may take to arrive before the request is refused (default 10)"),
 )
 
 
@@ -65,8 +67,6 @@ def _parser() -> argparse.ArgumentParser:
         description="Know which user is on which GPU, and hand out free GPUs fairly.",
         epilog="Every flag falls back to the environment variable named in its help.",
     )
-    ("--body-timeout", "PATROLLER_BODY_TIMEOUT",
-     "seconds a request body may take to arrive before the request is refused (default 10)"),
     for flag, env, text in _SETTINGS:
         if flag == "--test":
             parser.add_argument(flag, action="store_true", default=None, help=f"{text} [{env}]")
