@@ -14,7 +14,8 @@ from .containers import ContainerDirectory
 from .devices import Inventory
 from .fastlane import FastLane
 from .leases import LeaseManager
-from .listeners import PeerServer, remove_unix_socket, tcp_sockets, unix_socket
+from .listeners import (PeerServer, SocketFile, SocketPathError, remove_unix_socket,
+                        tcp_sockets, unix_socket)
 from .nvsmi import gpuhost
 from .resolver import ProcessIdentifier
 from .signals import Signals
@@ -75,6 +76,7 @@ class Daemon:
                             self.metrics)
         self.server: Optional[PeerServer] = None
         self.unix_path: Optional[str] = None
+        self.unix_file: Optional[SocketFile] = None  # what we bound there, removed at stop
         self.started = time.monotonic()
 
     def metrics(self) -> Dict[str, Any]:
@@ -91,15 +93,19 @@ class Daemon:
         }
 
     def listen(self, port: int, address: str = "", unix_path: Optional[str] = None) -> List[str]:
-        """Bind and serve; return where, as URLs. Raises OSError if it cannot bind."""
+        """Bind and serve; return where, as URLs. Raises OSError if it cannot bind, StartError
+        if another daemon serves on `unix_path` or that path is not a socket."""
         sockets = tcp_sockets(port, address)
         if unix_path:
             try:
-                sockets.append(unix_socket(unix_path))
-            except OSError:
+                sock, self.unix_file = unix_socket(unix_path)
+            except (OSError, SocketPathError) as exc:
                 for sock in sockets:
                     sock.close()
+                if isinstance(exc, SocketPathError):
+                    raise StartError(str(exc)) from None
                 raise
+            sockets.append(sock)
             self.unix_path = unix_path
         lane = FastLane(self.app, {"/status": self.status.body, "/devices": self.devices.body})
         # Requests are small: refuse big bodies outright, and bodies that trickle in; idle
@@ -121,8 +127,8 @@ class Daemon:
         """Stop accepting, answer waiters, stop monitors, close connections: within `grace` s."""
         if self.server is not None:
             self.server.stop()
-        if self.unix_path:
-            remove_unix_socket(self.unix_path)
+        if self.unix_file is not None:
+            remove_unix_socket(self.unix_file)  # only if it is still ours
         self.leases.close()  # waiters are answered 503
         await asyncio.sleep(0)  # let their answers go out
         self.timer.stop()

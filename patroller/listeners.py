@@ -2,14 +2,17 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import socket
+import stat
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, List, Optional
 
 from tornado.httpserver import HTTPServer, _HTTPRequestContext
 from tornado.iostream import IOStream
-from tornado.netutil import bind_sockets, bind_unix_socket
+from tornado.netutil import bind_sockets
 
 from .accepting import Acceptor
 from .framing import FramedServerConnection, HeadStream
@@ -93,15 +96,90 @@ def tcp_sockets(port: int, address: str) -> List[socket.socket]:
     return bind_sockets(port, address or None)
 
 
-def unix_socket(path: str) -> socket.socket:
-    """A bound unix socket that any local user (and container) may connect to."""
-    sock = bind_unix_socket(path, mode=0o666)
-    return sock
+class SocketPathError(Exception):
+    """The --socket path is served by a live daemon, or is not a socket; one line says which."""
 
 
-def remove_unix_socket(path: str) -> None:
-    """Remove the socket file at shutdown."""
+@dataclass(frozen=True)
+class SocketFile:
+    """A unix socket's file as we bound it: removed at stop only while it is still this one."""
+
+    path: str
+    device: int
+    inode: int
+
+
+def unix_socket(path: str) -> tuple[socket.socket, SocketFile]:
+    """A listening unix socket that any local user (and container) may connect to.
+
+    A live server on `path` is left alone and a path that is not a socket is refused (both
+    SocketPathError); a stale socket file, which a killed daemon leaves, is replaced. Raises
+    OSError when it cannot bind for another reason.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        os.unlink(path)
+        try:
+            sock.bind(path)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            _clear_stale(path)
+            try:
+                sock.bind(path)
+            except OSError as again:
+                if again.errno != errno.EADDRINUSE:
+                    raise
+                raise SocketPathError(f"another Patroller is serving on {path}: it was bound "
+                                      "as this one started") from None
+        os.chmod(path, 0o666)
+        sock.setblocking(False)
+        sock.listen(128)
+        bound = os.stat(path)
+    except BaseException:
+        sock.close()
+        raise
+    return sock, SocketFile(path, bound.st_dev, bound.st_ino)
+
+
+def _clear_stale(path: str) -> None:
+    """Remove a socket file nobody serves on; refuse a live one, or anything not a socket."""
+    try:
+        before = os.lstat(path)
+    except FileNotFoundError:
+        return  # gone meanwhile: bind again
+    if stat.S_ISDIR(before.st_mode):
+        raise SocketPathError(f"--socket {path} is a directory: give the path of a socket "
+                              f"file to create, e.g. {path.rstrip('/')}/api.sock")
+    if not stat.S_ISSOCK(before.st_mode):
+        raise SocketPathError(f"--socket {path} exists and is not a socket: remove it, or "
+                              "choose another --socket")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            pass  # stale: nobody listens on it any more
+        except OSError as exc:  # not ours to connect to, or too busy to accept
+            raise SocketPathError(f"{path} cannot be taken over ({exc.strerror or 'no answer'}"
+                                  "): stop whoever serves on it, or choose another --socket") from None
+        else:
+            raise SocketPathError(f"another Patroller is serving on {path}: stop it first, or "
+                                  "choose another --socket")
+    try:
+        now = os.lstat(path)
+        if (now.st_dev, now.st_ino) == (before.st_dev, before.st_ino):  # not one bound since
+            os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def remove_unix_socket(bound: SocketFile) -> None:
+    """Remove our socket file at shutdown, unless another daemon's has replaced it since."""
+    try:
+        now = os.lstat(bound.path)
+        if (now.st_dev, now.st_ino) == (bound.device, bound.inode):
+            os.unlink(bound.path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("cannot remove the socket file %s: %s", bound.path, exc.strerror or exc)
