@@ -1,12 +1,13 @@
 """Who a TCP caller is when it misbehaves: a socket closed at once, the host's own address,
 a Docker Engine that cannot be reached. Real daemons, real processes, real sockets."""
+import ctypes
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 import urllib.request
-import uuid as uuids
 
 import pytest
 
@@ -137,6 +138,101 @@ def test_a_client_that_closes_at_once_never_acts_as_root(scenario, tmp_path):
         assert "Traceback" not in server.log
     finally:
         server.stop()
+
+
+# -- the host's own address, in network namespaces the test makes -------------------------------
+
+HOST, OTHER = "192.0.2.1", "192.0.2.2"  # documentation addresses (RFC 5737), never routed
+CLONE_NEWNET = 0x40000000
+
+ASK = r"""
+import http.client, json, sys
+host, port, *paths = sys.argv[1:]
+connection = http.client.HTTPConnection(host, int(port), timeout=20)
+answers = []
+for path in paths:
+    connection.request("GET", path)
+    answer = connection.getresponse()
+    answers.append([answer.status, json.loads(answer.read())])
+print(json.dumps(answers))
+"""
+
+
+def ip(*args):
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+
+def entering(namespace, uid=None):
+    """A preexec_fn: join the named network namespace, then (optionally) become `uid`."""
+    def enter():
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = os.open(f"/run/netns/{namespace}", os.O_RDONLY)
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), "setns")
+        os.close(fd)
+        if uid is not None:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+    return enter
+
+
+@pytest.fixture
+def namespaces():
+    """Two network namespaces joined by a veth pair: the host (HOST) and another one (OTHER)."""
+    need_root("it makes network namespaces")
+    if shutil.which("ip") is None:
+        (pytest.fail if os.environ.get("CI") == "true" else pytest.skip)("no iproute2 (ip)")
+    host, other = f"pth{os.getpid()}", f"pto{os.getpid()}"
+    try:
+        ip("netns", "add", host)
+        ip("netns", "add", other)
+        ip("-n", host, "link", "add", "v0", "type", "veth", "peer", "name", "v1", "netns", other)
+        ip("-n", host, "addr", "add", f"{HOST}/24", "dev", "v0")
+        ip("-n", other, "addr", "add", f"{OTHER}/24", "dev", "v1")
+        for namespace, link in ((host, "v0"), (host, "lo"), (other, "v1"), (other, "lo")):
+            ip("-n", namespace, "link", "set", link, "up")
+        yield host, other
+    finally:
+        for namespace in (host, other):
+            subprocess.run(["ip", "netns", "del", namespace], capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def host_daemon(namespaces, scenario, tmp_path):
+    """A GPU-host daemon in the host namespace on HOST, whose Docker Engine is nowhere."""
+    server = ServerProcess("--nvidia-smi", scenario.command, "--address", HOST,
+                           "--docker-host", f"unix://{tmp_path}/docker.sock",
+                           env=own_state(tmp_path), preexec_fn=entering(namespaces[0])).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def ask_from(namespace, server, *paths):
+    """[status, body] of each path, asked on one connection by `nobody` in the namespace."""
+    host, port = server.server.rsplit(":", 1)
+    result = subprocess.run([python_for(NOBODY), "-c", ASK, host, port, *paths],
+                            capture_output=True, text=True, timeout=60,
+                            preexec_fn=entering(namespace, NOBODY))
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_a_caller_through_the_hosts_own_address_is_its_account(namespaces, host_daemon):
+    [[status, grant], [_, view]] = ask_from(namespaces[0], host_daemon, "/request?gpu=1", "/status")
+    assert status == 200, grant
+    holder = view[grant[0]["uuid"]]["claim"]["user"]
+    assert holder["source"] == "host" and holder["uid"] == NOBODY, holder
+
+
+def test_a_caller_in_another_network_namespace_is_not_taken_for_local(namespaces, host_daemon):
+    [[status, body]] = ask_from(namespaces[1], host_daemon, "/request?gpu=1")
+    assert status == 403
+    said = body["error"]
+    assert said.startswith(f"cannot identify a caller at {OTHER}: the Docker Engine at unix://")
+    assert said.endswith("cannot be reached: no such file or directory"), said
 
 
 # -- Docker Engine unreachable: the reason in words ---------------------------------------------
