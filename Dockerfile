@@ -1,7 +1,13 @@
-# Patroller as a container. On the GPU host it needs the host's view of processes and GPUs:
-#   docker run -d --name patroller --restart unless-stopped --gpus all --pid host \
-#     -v /var/run/docker.sock:/var/run/docker.sock -p 80:80 patroller
-# Try it without a GPU:  docker run --rm -p 8080:80 patroller --test
+# Patroller as a container. On the GPU host it needs the host's view of processes, sockets and
+# GPUs, as the README's "In a container" explains:
+#   mkdir -p /run/patroller
+#   docker run -d --name patroller --restart unless-stopped \
+#     --gpus all --pid host --network host --cap-add SYS_PTRACE \
+#     -v /var/run/docker.sock:/var/run/docker.sock \
+#     -v /run/patroller:/run/patroller \
+#     patroller --socket /run/patroller/api.sock
+# Never `-p 80:80` there: through Docker's port mapping every caller is the bridge gateway, and
+# nobody can be identified. Try it without a GPU:  docker run --rm -p 8080:80 patroller --test
 FROM python:3.11-slim
 
 WORKDIR /opt/patroller
