@@ -1,11 +1,13 @@
 """The owner of a local TCP connection, from /proc/net/tcp{,6} and /proc/<pid>/fd."""
 import os
 import socket
+import time
 
 import pytest
 
-from patroller.peers import (find_client, find_client_in_tables, is_loopback, normalize,
-                             parse_net_tcp, pid_of_socket)
+from patroller.peers import (ESTABLISHED, closed_reason, find_client, find_client_in_tables,
+                             find_holder, is_loopback, normalize, owner_of, parse_net_tcp,
+                             pid_of_socket)
 
 TCP = """\
   sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
@@ -25,6 +27,11 @@ def test_parse_ipv4_entries_and_skip_garbage():
     assert len(entries) == 2
     assert entries[1].local == ("127.0.0.1", 0xD431) and entries[1].remote == ("127.0.0.1", 8080)
     assert entries[1].uid == 1000 and entries[1].inode == 5151
+
+
+def test_the_state_is_read_from_the_st_column():
+    listening, connected = parse_net_tcp(TCP)
+    assert listening.state == 0x0A and connected.state == ESTABLISHED
 
 
 def test_parse_ipv6_and_mapped_ipv4():
@@ -73,3 +80,29 @@ def test_loopback_and_normalize():
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("::ffff:127.0.0.2")
     assert not is_loopback("10.0.0.1") and not is_loopback("not an address")
     assert normalize("::ffff:10.1.2.3") == "10.1.2.3" and normalize("fe80::1%eth0") == "fe80::1"
+
+
+TIME_WAIT = 6
+
+
+def test_a_client_socket_once_closed_belongs_to_nobody():
+    """What the kernel keeps of a client that closed first: TIME_WAIT, inode 0, uid 0."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        client = socket.create_connection(server.getsockname())
+        accepted, peer = server.accept()
+        ours = accepted.getsockname()
+        live = find_client(peer, ours)
+        assert live.state == ESTABLISHED and live.inode != 0 and not closed_reason(live)
+        assert find_holder(live.inode) == (os.getpid(), False)
+        assert owner_of(live, os.getpid(), hidden=False).pid == os.getpid()
+        client.close()
+        accepted.close()
+        deadline = time.monotonic() + 10
+        while find_client(peer, ours).state != TIME_WAIT:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        left = find_client(peer, ours)
+        assert left.inode == 0 and left.uid == 0 and left == find_client_in_tables(peer, ours)
+        assert "closed" in closed_reason(left) and owner_of(left, None, hidden=True).uid is None
