@@ -42,8 +42,8 @@ class Monitor(Protocol):
     def start(self) -> None:
         """Begin emitting."""
 
-    async def stop(self) -> None:
-        """Stop, and leave nothing running."""
+    async def stop(self, grace: float) -> None:
+        """Stop, killing what did not end after `grace` s, and leave nothing running."""
 
     def metrics(self) -> Dict[str, Any]:
         """Counters for /metrics."""
@@ -123,8 +123,14 @@ class Daemon:
         for monitor in self.monitors:
             monitor.start()
 
-    async def stop(self, grace: float = 1.0) -> None:
-        """Stop accepting, answer waiters, stop monitors, close connections: within `grace` s."""
+    async def stop(self, grace: float = 2.0) -> None:
+        """Stop accepting, answer waiters, stop monitors, close connections: within `grace` s.
+
+        The monitors get half of it, all stopped together; each child has half of that to
+        answer SIGTERM before its group is killed, so no child outlives the stop. Connections
+        get the rest.
+        """
+        deadline = time.monotonic() + grace
         if self.server is not None:
             self.server.stop()
         if self.unix_file is not None:
@@ -133,18 +139,30 @@ class Daemon:
         await asyncio.sleep(0)  # let their answers go out
         self.timer.stop()
         self.tracker.close()
-        for monitor in self.monitors:
-            try:
-                await asyncio.wait_for(monitor.stop(), grace)
-            except Exception:
-                log.exception("stopping %s failed", monitor)
+        await self._stop_monitors(grace / 2)
         if self.server is not None:
             try:
-                await asyncio.wait_for(self.server.close_all_connections(), grace)
+                await asyncio.wait_for(self.server.close_all_connections(),
+                                       max(0.0, deadline - time.monotonic()))
             except asyncio.TimeoutError:
                 log.warning("some connections did not close in time")
         if self.directory is not None:
             self.directory.shutdown()
+
+
+    async def _stop_monitors(self, bound: float) -> None:
+        """Start every monitor's stop, then await them together (terminado's kill_all)."""
+        stops = {asyncio.ensure_future(m.stop(bound / 2)): m for m in self.monitors}
+        if not stops:
+            return
+        done, late = await asyncio.wait(stops, timeout=bound)
+        for task in late:  # a child stuck in the kernel: it dies when it returns
+            task.cancel()
+            log.warning("%s did not stop within %.1f s", type(stops[task]).__name__, bound)
+        for task in done:
+            if task.exception() is not None:
+                log.error("stopping %s failed", type(stops[task]).__name__,
+                          exc_info=task.exception())
 
 
 def _url(sock: socket.socket) -> str:
@@ -173,6 +191,8 @@ async def build(config: Config) -> Daemon:
              len(inventory), ", ".join(f"{d.number}={d.name}" for d in inventory))
     directory = ContainerDirectory(config.docker_host)
     identifier = ProcessIdentifier(directory, config.user_labels, config.user_info_labels)
-    return Daemon(config, inventory, signals, gpuhost.monitors(inventory, signals, argv),
+    monitors = gpuhost.monitors(inventory, signals, argv, silence=config.stream_silence,
+                                startup=config.stream_startup)
+    return Daemon(config, inventory, signals, monitors,
                   identifier, SystemCallers(identifier, directory),
                   interval=gpuhost.INTERVAL, mode="gpu", directory=directory)

@@ -31,6 +31,8 @@ class Config:
     user_labels: Tuple[str, ...] = DEFAULT_USER_LABELS
     user_info_labels: Tuple[str, ...] = ()
     nvidia_smi: str = "nvidia-smi"
+    stream_silence: float = 5.0  # seconds a running dmon/pmon may print nothing: then it is hung
+    stream_startup: float = 30.0  # seconds a fresh one may take to speak (slow NVML start)
     socket: Optional[str] = None  # also serve on this unix socket
     docker_host: Optional[str] = None  # None: the Docker SDK's default socket
     log_level: str = "info"
@@ -51,6 +53,9 @@ _SETTINGS = (
     ("--user-info-labels", "PATROLLER_USER_INFO_LABELS",
      "extra container labels copied into the identity, comma-separated (default none)"),
     ("--nvidia-smi", "PATROLLER_NVIDIA_SMI", "the nvidia-smi command (default nvidia-smi)"),
+    ("--stream-silence", "PATROLLER_STREAM_SILENCE",
+     "seconds dmon or pmon may print nothing before it is taken as hung, killed and restarted "
+     "(default 5; at least 3, as they print every second)"),
     ("--socket", "PATROLLER_SOCKET",
      "also serve the API on this unix socket; its callers are identified by the kernel"),
     ("--docker-host", "DOCKER_HOST",
@@ -89,6 +94,13 @@ def _seconds(text: str) -> float:
         raise ValueError("is not a number of seconds") from None
     if not math.isfinite(value) or value <= 0:
         raise ValueError("must be a positive number of seconds")
+    return value
+
+
+def _silence(text: str) -> float:
+    value = _seconds(text)
+    if value < 3:
+        raise ValueError("must be at least 3 seconds: nvidia-smi prints once a second")
     return value
 
 
@@ -174,6 +186,8 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         user_labels=pick("--user-labels", env_names["--user-labels"], _user_labels, DEFAULT_USER_LABELS),
         user_info_labels=pick("--user-info-labels", env_names["--user-info-labels"], _labels, ()),
         nvidia_smi=pick("--nvidia-smi", env_names["--nvidia-smi"], _nonempty, Config.nvidia_smi),
+        stream_silence=pick("--stream-silence", env_names["--stream-silence"], _silence,
+                            Config.stream_silence),
         socket=pick("--socket", env_names["--socket"], _socket_path, None),
         docker_host=pick("--docker-host", env_names["--docker-host"], _docker_host, None),
         log_level=pick("--log-level", env_names["--log-level"], _log_level, Config.log_level),

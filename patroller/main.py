@@ -14,7 +14,7 @@ from .config import Config, ConfigError, load
 
 log = logging.getLogger("patroller")
 
-SHUTDOWN_GRACE = 1.0  # seconds for each shutdown step; the whole stop stays under two seconds
+SHUTDOWN_GRACE = 2.0  # seconds the whole stop may take: monitors, then connections
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

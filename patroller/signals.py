@@ -7,7 +7,7 @@ must return quickly.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional, Union
+from typing import Mapping, Optional, Tuple, Union
 
 import blinker
 
@@ -33,6 +33,14 @@ class GpuProcess:
     command: Optional[str] = None  # as pmon prints it: cut at 15 characters
 
 
+@dataclass(frozen=True)
+class ProcessList:
+    """The process lists of these devices are current: pmon completed an interval over them."""
+
+    uuids: Tuple[str, ...]
+    time: float  # wall clock, seconds since the epoch
+
+
 class Signals:
     """The signals of one daemon.
 
@@ -40,6 +48,7 @@ class Signals:
       sample.send(monitor, record=Sample(...))
       process_started.send(monitor, record=GpuProcess(...))
       process_ended.send(monitor, record=GpuProcess(...))
+      processes_listed.send(monitor, record=ProcessList(...))
     """
 
     def __init__(self) -> None:
@@ -47,3 +56,5 @@ class Signals:
         self.sample = namespace.signal("sample", doc="statistics for one device")
         self.process_started = namespace.signal("process-started", doc="a process appeared on a device")
         self.process_ended = namespace.signal("process-ended", doc="a process left a device")
+        self.processes_listed = namespace.signal(
+            "processes-listed", doc="the process lists of some devices are current")

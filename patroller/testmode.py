@@ -9,7 +9,7 @@ from typing import Dict, List, Optional
 from tornado.ioloop import PeriodicCallback
 
 from .devices import Device, Inventory
-from .signals import Sample, Signals, Value
+from .signals import ProcessList, Sample, Signals, Value
 
 DEVICE_COUNT = 8
 INTERVAL = 1.0  # seconds between samples, as nvidia-smi dmon's default
@@ -39,7 +39,11 @@ def synthetic_inventory(count: int = DEVICE_COUNT) -> Inventory:
 
 
 class SyntheticMonitor:
-    """Emits a dmon-like sample per device every interval, wandering around idle values."""
+    """Emits a dmon-like sample per device every interval, wandering around idle values.
+
+    Test mode has no GPU processes, so each interval also says every device's (empty) process
+    list is current: ownership there is never stale.
+    """
 
     def __init__(self, inventory: Inventory, signals: Signals, interval: float = INTERVAL,
                  seed: Optional[int] = None) -> None:
@@ -61,8 +65,8 @@ class SyntheticMonitor:
         self._timer = PeriodicCallback(self._tick, self.interval * 1000)
         self._timer.start()
 
-    async def stop(self) -> None:
-        """Stop sampling."""
+    async def stop(self, grace: float = 0.0) -> None:
+        """Stop sampling (at once: there is no child to wait for)."""
         if self._timer is not None:
             self._timer.stop()
             self._timer = None
@@ -84,6 +88,8 @@ class SyntheticMonitor:
             self.signals.sample.send(self, record=record)
             samples.append(record)
         self.samples += len(samples)
+        listed = ProcessList(tuple(d.uuid for d in self.inventory), now)
+        self.signals.processes_listed.send(self, record=listed)
         return samples
 
     def _wander(self, state: Dict[str, float]) -> Dict[str, Value]:

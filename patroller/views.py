@@ -1,7 +1,7 @@
 """The bodies of /status and /devices, serialized once and served many times.
 
-/status changes with every sample and every lease event, and its `age`, `expires` and `stale`
-move with the clock; it is rebuilt on demand when something changed or when it is older than
+/status changes with every sample and every lease event, and its `age`, `expires`, `stale` and
+`processes_stale` move with the clock; it is rebuilt on demand when something changed or when it is older than
 MAX_AGE, so a busy poller costs one serialization per change, not one per request.
 """
 from __future__ import annotations
@@ -45,8 +45,11 @@ class StatusView:
     def data(self) -> Dict[str, Any]:
         """/status as data."""
         claims = self.leases.claims()
-        return {d.uuid: {**self.stats.view(d.uuid), "claim": claims[d.uuid]}
-                for d in self.inventory}
+        data = {}
+        for d in self.inventory:
+            claim = {**claims[d.uuid], "processes_stale": self.stats.processes_stale(d.uuid)}
+            data[d.uuid] = {**self.stats.view(d.uuid), "claim": claim}
+        return data
 
     def body(self) -> bytes:
         """/status as bytes, at most MAX_AGE old and never older than the last change."""

@@ -96,10 +96,11 @@ async def test_a_line_handler_failure_loses_one_line_not_the_stream(caplog):
 @async_test
 async def test_a_child_that_falls_silent_is_killed_once_and_restarted(caplog):
     pids = []
-    script = "echo $$; echo tick; trap '' TERM; sleep 100"  # alive, silent, deaf to SIGTERM
+    # Slow to speak (within `startup`), then alive, silent and deaf to SIGTERM.
+    script = "sleep 0.6; echo $$; echo tick; trap '' TERM; sleep 100"
     child = ChildStream("mute", ["sh", "-c", script],
                         lambda line: line.isdigit() and pids.append(int(line)),
-                        backoff=Backoff(first=0.05, limit=0.05), silence=0.3)
+                        backoff=Backoff(first=0.05, limit=0.05), silence=0.3, startup=30)
     child.start()
     await until(lambda: child.starts >= 2)
     await child.stop()

@@ -90,3 +90,26 @@ def test_the_streams_watch_every_device():
     monitor = PmonMonitor(inventory, Signals(), ["nvidia-smi", "--extra"], {"PATH": "/bin"})
     assert monitor.child.argv == ["nvidia-smi", "--extra", "pmon", "-i", "0,1,2,3,4,5,6,7"]
     assert monitor.child.env["NVSMI_SHOW_ALL_DEVICES"] == "1"
+
+
+@async_test
+async def test_each_completed_interval_lists_the_devices_it_covered():
+    inventory = synthetic_inventory(3)
+    signals = Signals()
+    listed = []
+    signals.processes_listed.connect(lambda s, record: listed.append(record.uuids), weak=False)
+    monitor = PmonMonitor(inventory, signals, ["nvidia-smi"], {})
+    uuids = tuple(d.uuid for d in inventory)
+    for line in PMON_HEADER + interval({1: [(4242, "python")]}):
+        monitor._line(line)
+    await until(lambda: listed, timeout=2)  # quiet after the last device's row
+    assert listed == [uuids]
+    for line in interval({})[:2]:  # the stream hangs before the last device's row
+        monitor._line(line)
+    await asyncio.sleep(0.3)
+    assert listed == [uuids]  # an unfinished interval makes no list current
+    monitor._restarted()  # killed as hung and started again: it lists again
+    for line in PMON_HEADER + interval({}) + interval({})[:1]:
+        monitor._line(line)  # the next interval's first row completes this one
+    assert listed == [uuids, uuids]
+    await monitor.stop()

@@ -342,6 +342,25 @@ def test_stall_then_resume(scn_file: Path) -> None:
         sim.until(lambda line: not line.startswith("#"))
 
 
+def sigterm_ignored(pid: int) -> bool:
+    """Whether SIGTERM is in the process's ignored set (/proc/PID/status SigIgn)."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        mask = next(line.split()[1] for line in f if line.startswith("SigIgn:"))
+    return bool(int(mask, 16) & (1 << (signal.SIGTERM - 1)))
+
+
+def test_ignore_sigterm_leaves_only_sigkill(scn_file: Path) -> None:
+    write(scn_file, scenario(faults={"pmon": {"ignore_sigterm": True}}))
+    with child(scn_file, "dmon", "-d", "0.05") as sim:  # the fault is pmon's only
+        sim.until(lambda line: not line.startswith("#"))
+        assert not sigterm_ignored(sim.proc.pid)
+    with child(scn_file, "pmon", "-d", "0.05") as sim:
+        sim.until(lambda line: not line.startswith("#"))
+        assert sigterm_ignored(sim.proc.pid)
+        sim.proc.kill()
+        assert sim.proc.wait(timeout=5) == -signal.SIGKILL
+
+
 def test_stderr_text(scn_file: Path) -> None:
     warning = "WARNING: infoROM is corrupted at gpu 0000:01:00.0"
     write(scn_file, scenario(faults={"stderr": warning}))

@@ -6,7 +6,7 @@ import pytest
 from helpers import FakeClock, async_test, running
 from patroller.identity import named_user
 from patroller.leases import LeaseManager
-from patroller.signals import Sample, Signals
+from patroller.signals import ProcessList, Sample, Signals
 from patroller.stats import StatsStore
 from patroller.testmode import synthetic_inventory
 from patroller.views import StatusView
@@ -68,3 +68,43 @@ async def test_metrics_counts_what_the_daemon_does():
         assert metrics["devices"] == 8 and metrics["waiting"] == 0
         assert metrics["status_builds"] >= 1 and metrics["docker_calls"] == 0
         assert metrics["monitors"]["SyntheticMonitor"]["samples"] >= 8
+
+
+def test_process_lists_are_stale_until_listed_and_after_three_intervals_without(parts):
+    clock, inventory, leases, signals, view = parts
+    first, second = (d.uuid for d in inventory)
+    claim = lambda uuid: json.loads(view.body())[uuid]["claim"]  # noqa: E731
+    assert claim(first)["processes_stale"] is True  # nothing listed yet: unknown
+    built = view.builds
+    signals.processes_listed.send(object(), record=ProcessList((first,), 0.0))
+    assert claim(first)["processes_stale"] is False and view.builds == built + 1  # at once
+    assert claim(second)["processes_stale"] is True
+    assert set(claim(first)) >= {"state", "user", "users", "processes", "age", "expires"}
+    clock.advance(2.9)
+    signals.processes_listed.send(object(), record=ProcessList((first, second), 0.0))
+    built = view.builds
+    clock.advance(0.05)
+    view.body()
+    assert view.builds == built + 1  # `second` revived: rebuilt although within MAX_AGE
+    clock.advance(2.9)
+    assert claim(first)["processes_stale"] is False  # 2.95 s after its last list: not yet
+    clock.advance(0.1)
+    assert claim(first)["processes_stale"] is True  # the clock alone turns it, within MAX_AGE
+
+
+def test_a_fresh_list_listed_again_does_not_rebuild_the_body(parts):
+    clock, inventory, leases, signals, view = parts
+    uuids = tuple(d.uuid for d in inventory)
+    signals.processes_listed.send(object(), record=ProcessList(uuids, 0.0))
+    view.body()
+    built = view.builds
+    signals.processes_listed.send(object(), record=ProcessList(uuids, 0.0))
+    view.body()
+    assert view.builds == built  # nothing shown changed: no rebuild a second per pmon interval
+
+
+@async_test
+async def test_test_mode_process_lists_are_never_stale():
+    async with running() as h:
+        status = await h.ok("/status")
+        assert {e["claim"]["processes_stale"] for e in status.values()} == {False}

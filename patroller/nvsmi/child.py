@@ -190,7 +190,7 @@ class ChildStream:
             quiet = time.monotonic() - (started if self._heard is None else self._heard)
             if quiet >= limit:
                 break
-            await asyncio.sleep(limit - quiet)
+            await asyncio.sleep(min(limit - quiet, self.silence))  # the first output shortens it
         if self._stopping:
             return  # being stopped already: not a hang
         self._hung = True

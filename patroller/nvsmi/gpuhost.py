@@ -73,7 +73,9 @@ async def discover(argv: List[str], env: Optional[Mapping[str, str]] = None) -> 
 
 
 def monitors(inventory: Inventory, signals: Signals, argv: List[str],
-             env: Optional[Mapping[str, str]] = None) -> List[Union[DmonMonitor, PmonMonitor]]:
-    """The dmon and pmon monitors over every device."""
+             env: Optional[Mapping[str, str]] = None, silence: Optional[float] = None,
+             startup: Optional[float] = None) -> List[Union[DmonMonitor, PmonMonitor]]:
+    """The dmon and pmon monitors over every device; a stream silent for `silence` s is hung."""
     base = dict(os.environ if env is None else env)
-    return [DmonMonitor(inventory, signals, argv, base), PmonMonitor(inventory, signals, argv, base)]
+    return [DmonMonitor(inventory, signals, argv, base, silence=silence, startup=startup),
+            PmonMonitor(inventory, signals, argv, base, silence=silence, startup=startup)]

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
 from tornado.ioloop import IOLoop
 
 from ..devices import Inventory
-from ..signals import GpuProcess, Sample, Signals
+from ..signals import GpuProcess, ProcessList, Sample, Signals
 from .child import Backoff, ChildStream
 from .parsers import DmonParser, IntervalChange, PmonParser, PmonIntervals, PmonRow
 
@@ -46,25 +46,29 @@ class _SkipReport:
 
 
 class DmonMonitor:
-    """Statistics of every device from `nvidia-smi dmon`, as `sample` signals."""
+    """Statistics of every device from `nvidia-smi dmon`, as `sample` signals.
+
+    `silence` and `startup` are the ChildStream's: how long the stream may print nothing.
+    """
 
     def __init__(self, inventory: Inventory, signals: Signals, nvidia_smi: List[str],
-                 env: Mapping[str, str], backoff: Optional[Backoff] = None) -> None:
+                 env: Mapping[str, str], backoff: Optional[Backoff] = None,
+                 silence: Optional[float] = None, startup: Optional[float] = None) -> None:
         self.inventory = inventory
         self.signals = signals
         self.parser = DmonParser()
         self._skips = _SkipReport("dmon")
         argv = [*nvidia_smi, "dmon", *all_devices(inventory)]
         self.child = ChildStream("dmon", argv, self._line, on_start=self.parser.reset,
-                                 env=stream_env(env), backoff=backoff)
+                                 env=stream_env(env), backoff=backoff, silence=silence,
+                                 startup=startup)
 
     def start(self) -> None:
-        """Start the stream."""
         self.child.start()
 
-    async def stop(self) -> None:
-        """Stop the stream; no child is left behind."""
-        await self.child.stop()
+    async def stop(self, grace: float = 0.5) -> None:
+        """Stop the stream, killing it after `grace` s; no child is left behind."""
+        await self.child.stop(grace)
 
     def metrics(self) -> Dict[str, object]:
         """Counters for /metrics."""
@@ -87,10 +91,13 @@ class PmonMonitor:
     A process is announced on its first row. It is reported gone when a complete interval
     lacks it; an interval completes when the next one begins or, sooner, when the stream falls
     quiet after the last device's rows (every device prints at least one row an interval).
+    Each completed interval is announced as `processes_listed` for the devices it covered: how
+    a reader of /status knows the process lists are current.
     """
 
     def __init__(self, inventory: Inventory, signals: Signals, nvidia_smi: List[str],
-                 env: Mapping[str, str], backoff: Optional[Backoff] = None) -> None:
+                 env: Mapping[str, str], backoff: Optional[Backoff] = None,
+                 silence: Optional[float] = None, startup: Optional[float] = None) -> None:
         self.inventory = inventory
         self.signals = signals
         self.parser = PmonParser()
@@ -98,19 +105,20 @@ class PmonMonitor:
         self._skips = _SkipReport("pmon")
         self._last_number = max((d.number for d in inventory), default=0)
         self._announced: Dict[Tuple[int, int], GpuProcess] = {}
+        self._covered: Set[int] = set()  # devices with a row in the current interval
         self._timer: Optional[object] = None
         argv = [*nvidia_smi, "pmon", *all_devices(inventory)]
         self.child = ChildStream("pmon", argv, self._line, on_start=self._restarted,
-                                 env=stream_env(env), backoff=backoff)
+                                 env=stream_env(env), backoff=backoff, silence=silence,
+                                 startup=startup)
 
     def start(self) -> None:
-        """Start the stream."""
         self.child.start()
 
-    async def stop(self) -> None:
-        """Stop the stream; no child is left behind."""
+    async def stop(self, grace: float = 0.5) -> None:
+        """Stop the stream, killing it after `grace` s; no child is left behind."""
         self._disarm()
-        await self.child.stop()
+        await self.child.stop(grace)
 
     def metrics(self) -> Dict[str, object]:
         """Counters for /metrics."""
@@ -121,6 +129,7 @@ class PmonMonitor:
         # Keep what was known: a restart is not every process ending and starting again.
         self.parser.reset()
         self.intervals.reset()
+        self._covered.clear()
 
     def _line(self, line: str) -> None:
         row = self.parser.feed(line)
@@ -130,6 +139,7 @@ class PmonMonitor:
         change = self.intervals.feed(row)
         if change is not None:
             self._settle(change)
+        self._covered.add(row.gpu)
         if row.pid is not None:
             self._announce(row)
         self._arm(row.gpu)
@@ -150,6 +160,11 @@ class PmonMonitor:
         present = {(p.gpu, p.pid) for p in change.present}
         for key in [k for k in self._announced if k not in present]:
             self.signals.process_ended.send(self, record=self._announced.pop(key))
+        covered = [self.inventory.by_number(gpu) for gpu in sorted(self._covered)]
+        self._covered = set()
+        uuids = tuple(d.uuid for d in covered if d is not None)
+        if uuids:
+            self.signals.processes_listed.send(self, record=ProcessList(uuids, time.time()))
 
     def _arm(self, gpu: int) -> None:
         self._disarm()

@@ -43,8 +43,10 @@ Fault knobs (in ``faults``; a nested object under ``"-q"``, ``"dmon"``, ``"pmon"
   stream ends with it.
 - ``stderr``: text written to stderr when the command starts.
 - ``exit_after_lines``: print N data rows then exit with ``exit_status`` (default 1).
-- ``stall_after_lines``: after N data rows print nothing more but stay alive (0: at once);
-  removing the knob resumes the stream.
+- ``stall_after_lines``: after N data rows print nothing more but stay alive, stdout open (0:
+  at once): a hung nvidia-smi, as Patroller sees one. Removing the knob resumes the stream; a
+  restarted one prints N rows again, then stalls.
+- ``ignore_sigterm``: dmon/pmon ignore SIGTERM, as a stuck one may: only SIGKILL ends them.
 - ``garbage_every``: after every N data rows add a garbled line: empty, ``^C`` inside a copy of
   the row, or the row cut in half, in turn.
 - ``repeat_header_every``: print the two header lines again every N intervals (default 30;
@@ -551,7 +553,11 @@ def monitor(kind: str, args: Sequence[str], source: Source, all_env: bool) -> in
     """Run dmon or pmon until -c, a fault or a signal ends it."""
     stream = Stream(kind, _options(args), all_env)
     scn = source.scenario
-    _start(scn, kind)
+    if _start(scn, kind).get("ignore_sigterm"):
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        except ValueError:
+            pass  # not the main thread: a test calling main() in-process
     stream.watched(scn)  # an unknown -i fails now, like the real tool
     Table(_era(scn), kind, stream.select, stream.stamp)  # so does a bad -s
     while True:

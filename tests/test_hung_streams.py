@@ -1,0 +1,115 @@
+"""A hung nvidia-smi, stale ownership, and children that must not outlive the daemon."""
+import logging
+import signal
+import subprocess
+import time
+from dataclasses import replace
+
+import pytest
+
+from helpers import (ScenarioFile, ServerProcess, alive, async_test, children_of, gpu_running,
+                     until)
+from patroller.app import build
+from patroller.config import Config, ConfigError, load
+
+SIX = [{"minor": n} for n in range(6)]
+
+
+@pytest.fixture
+def scenario(tmp_path):
+    return ScenarioFile(str(tmp_path / "scenario.json"), devices=SIX)
+
+
+@pytest.fixture
+def sleeper():
+    process = subprocess.Popen(["sleep", "120"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+@async_test
+async def test_a_hung_pmon_is_killed_and_restarted_and_the_dead_claim_cleared(scenario, sleeper,
+                                                                            caplog):
+    scenario.write(processes=[{"pid": sleeper.pid, "gpu": 1}])
+    async with gpu_running(scenario, stream_silence=1.0) as h:
+        pmon = h.daemon.monitors[1].child
+        target = h.uuids()[1]
+        await until(lambda: h.daemon.leases.state(target) == "claimed")
+        # In one write: pmon stops printing (it has printed more than 12 rows) while alive,
+        # and the process ends; a fresh pmon prints two intervals, then hangs again.
+        scenario.write(processes=[], faults={"pmon": {"stall_after_lines": 12}})
+        sleeper.kill()
+        sleeper.wait()
+        await until(lambda: pmon.hangs >= 1 and pmon.starts >= 2)
+        await until(lambda: h.daemon.leases.state(target) != "claimed")
+        claim = (await h.ok("/status"))[target]["claim"]
+        assert claim["processes"] == [] and claim["processes_stale"] is False
+        hung = [r.getMessage() for r in caplog.records
+                if r.levelno == logging.WARNING and "hung" in r.getMessage()]
+        assert hung[0].startswith("pmon: printed nothing more for 1.")
+        assert not [r for r in caplog.records if r.name.endswith("child")
+                    and "dmon" in r.getMessage() and "hung" in r.getMessage()]  # dmon ran on
+
+
+@async_test
+async def test_processes_are_stale_while_pmon_is_silent_and_fresh_again_after(scenario, sleeper):
+    scenario.write(processes=[{"pid": sleeper.pid, "gpu": 2}])
+    async with gpu_running(scenario, stream_silence=600.0) as h:  # never killed here
+        target = h.uuids()[2]
+        await until(lambda: h.daemon.leases.state(target) == "claimed"
+                    and not h.daemon.stats.processes_stale(target))  # an interval completed
+        entry = (await h.ok("/status"))[target]
+        assert entry["claim"]["processes_stale"] is False and entry["stale"] is False
+        scenario.write(faults={"pmon": {"stall_after_lines": 0}})
+        await until(lambda: h.daemon.stats.processes_stale(target), timeout=10)
+        entry = (await h.ok("/status"))[target]
+        assert entry["claim"]["processes_stale"] is True
+        assert entry["claim"]["processes"] == [sleeper.pid]  # the last known list, marked
+        assert entry["stale"] is False  # dmon still speaks: only ownership is in doubt
+        scenario.write(faults={})
+        await until(lambda: not h.daemon.stats.processes_stale(target), timeout=10)
+
+
+@async_test
+async def test_stop_kills_children_that_ignore_sigterm_before_it_returns(scenario):
+    scenario.write(faults={"ignore_sigterm": True})
+    config = Config(port=0, address="127.0.0.1", nvidia_smi=scenario.command)
+    daemon = await build(config)
+    daemon.start()
+    children = [m.child for m in daemon.monitors]
+    await until(lambda: all(c._heard is not None for c in children))  # SIGTERM ignored by now
+    pids = [c.process.pid for c in children]
+    await daemon.stop(grace=2.0)
+    assert [pid for pid in pids if alive(pid)] == []  # checked as stop returns: no waiting
+
+
+def test_kill_9_of_the_daemon_leaves_no_nvidia_smi_running(scenario):
+    # Silent streams: a child that writes dies of SIGPIPE anyway; a hung one never writes.
+    scenario.write(faults={"stall_after_lines": 0})
+    server = ServerProcess("--nvidia-smi", scenario.command).start()
+    deadline = time.monotonic() + 10
+    while len(children_of(server.process.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    children = children_of(server.process.pid)
+    try:
+        assert len(children) == 2, server.log
+        server.stop(signal.SIGKILL)
+        deadline = time.monotonic() + 10  # a bound, not a speed: the kernel acts at the death
+        while [pid for pid in children if alive(pid)] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [pid for pid in children if alive(pid)] == []
+    finally:
+        for pid in children:
+            if alive(pid):
+                subprocess.run(["kill", "-9", str(pid)], check=False)
+
+
+def test_stream_silence_is_a_setting_with_a_floor():
+    assert Config().stream_silence == 5.0
+    assert load(["--stream-silence", "12"], {}).stream_silence == 12.0
+    assert load([], {"PATROLLER_STREAM_SILENCE": "3"}).stream_silence == 3.0
+    with pytest.raises(ConfigError, match="--stream-silence.*at least 3 seconds"):
+        load(["--stream-silence", "1"], {})
+    with pytest.raises(ConfigError, match="PATROLLER_STREAM_SILENCE"):
+        load([], {"PATROLLER_STREAM_SILENCE": "soon"})
