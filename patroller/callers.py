@@ -93,8 +93,10 @@ class SystemCallers:
         entry = await loop.run_in_executor(None, find_client, client, server, self.proc)
         if entry is not None:
             return await self._local(entry)
-        if is_loopback(client[0]):
-            raise Unidentified(f"no local process owns the connection from port {client[1]}")
+        if is_loopback(client[0]) or normalize(client[0]) == normalize(server[0]):
+            raise Unidentified(f"the connection from port {client[1]} is no longer in the "
+                               "kernel's socket table: it was closed before its caller could "
+                               "be identified")
         return await self._remote(client[0])
 
     async def _local(self, entry: SocketEntry) -> Identity:
