@@ -27,6 +27,7 @@ CLIENT_ERRORS_LOGGED = 20  # 4xx access-log lines per window at most; the rest a
 CLIENT_ERRORS_WINDOW = 10.0  # seconds
 SHOWN_CHARS = 100  # of a path in a log line or an error message
 SHOWN_METHOD_CHARS = 20
+SHOWN_MESSAGE_CHARS = 300  # of an error message from Tornado
 
 # Every domain error has one HTTP status, here and nowhere else.
 STATUS = {
@@ -100,7 +101,8 @@ class Handler(tornado.web.RequestHandler):
                     "allowed": self.allowed()}
             self.set_header("Allow", ", ".join(self.allowed()))
         elif isinstance(exc, tornado.web.HTTPError) and status_code < 500:
-            body = {"error": exc.log_message or self._reason}
+            # Tornado's messages may quote the request (a 60 kB Content-Encoding): cut them
+            body = {"error": shown(exc.log_message or self._reason, SHOWN_MESSAGE_CHARS)}
         else:
             body = {"error": "internal error: the daemon's log has the details"}
         self.finish(dumps(body))

@@ -196,6 +196,20 @@ async def test_a_405_shows_the_method_cut_and_printable():
 
 
 @async_test
+async def test_a_bad_form_body_is_a_400_that_does_not_echo_it_whole():
+    async with running() as h:
+        reader, writer = await h.raw(b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+                                     b"Content-Type: application/x-www-form-urlencoded\r\n"
+                                     b"Content-Encoding: " + b"z" * 60000 + b"\r\n\r\nuuid=")
+        (line, _), body = await read_answer(reader)
+        writer.close()
+        assert line.startswith("HTTP/1.1 400 ")
+        error = json.loads(body)["error"]
+        assert error.startswith("Invalid body: Unsupported Content-Encoding: zzz")
+        assert len(error) <= 303
+
+
+@async_test
 async def test_the_404_hint_names_every_endpoint():
     async with running() as h:
         status, body = await h.call("/gpus")
