@@ -129,7 +129,7 @@ class Daemon:
     """`python -m patroller` in GPU host mode on the simulator, with its scenario."""
 
     def __init__(self, gpus: int, interval: float = 1.0, lease: float = 10.0,
-                 docker_host: Optional[str] = None) -> None:
+                 docker_host: Optional[str] = None, state_dir: Optional[str] = None) -> None:
         self.dir = tempfile.mkdtemp(prefix="pbench")
         self.scenario_path = os.path.join(self.dir, "scenario.json")
         self.trace = os.path.join(self.dir, "pmon.trace")
@@ -139,6 +139,7 @@ class Daemon:
         self.write()
         self.lease = lease
         self.docker_host = docker_host
+        self.state_dir = state_dir  # None: no lease book (the default would be the machine's)
         self._next_gpu = 0
         self.process: Optional[subprocess.Popen] = None
         self.port = 0
@@ -168,7 +169,8 @@ class Daemon:
     def start(self) -> "Daemon":
         simulator = f"{sys.executable} -m patroller.nvsmi.simulator --scenario {self.scenario_path}"
         args = [sys.executable, "-m", "patroller", "--port", "0", "--address", "127.0.0.1",
-                "--lease", str(self.lease), "--nvidia-smi", simulator, "--log-level",
+                "--lease", str(self.lease), "--state-dir", self.state_dir or "none",
+                "--nvidia-smi", simulator, "--log-level",
                 os.environ.get("PBENCH_LOG_LEVEL", "warning")]
         env = {**os.environ, "PYTHONPATH": ROOT}
         if self.docker_host:

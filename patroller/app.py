@@ -8,6 +8,7 @@ import time
 from typing import Any, Dict, List, Optional, Protocol, Sequence
 
 from .api import make_app
+from .book import BookError, LeaseBook
 from .callers import CallerIdentifier, SystemCallers, TestModeCallers
 from .config import Config
 from .containers import ContainerDirectory
@@ -55,7 +56,8 @@ class Daemon:
     def __init__(self, config: Config, inventory: Inventory, signals: Signals,
                  monitors: Sequence[Monitor], identifier: ProcessIdentifier,
                  callers: CallerIdentifier, interval: float, mode: str,
-                 directory: Optional[ContainerDirectory] = None) -> None:
+                 directory: Optional[ContainerDirectory] = None,
+                 book: Optional[LeaseBook] = None) -> None:
         self.config = config
         self.inventory = inventory
         self.signals = signals
@@ -69,6 +71,9 @@ class Daemon:
         self.stats.connect(signals)
         self.tracker = ProcessTracker(self.leases, identifier)
         self.tracker.connect(signals)
+        self.book = book
+        if book is not None:  # last run's reservations, before anything is served
+            book.attach(self.leases)
         self.timer = ExpiryTimer(self.leases)
         self.status = StatusView(inventory, self.leases, self.stats)
         self.devices = DevicesView(inventory)
@@ -90,6 +95,7 @@ class Daemon:
             "docker_calls": self.directory.calls if self.directory is not None else 0,
             "caller_lookups": getattr(self.callers, "lookups", 0),
             "monitors": {type(m).__name__: m.metrics() for m in self.monitors},
+            "lease_book": self.book.metrics() if self.book is not None else None,
         }
 
     def listen(self, port: int, address: str = "", unix_path: Optional[str] = None) -> List[str]:
@@ -148,6 +154,8 @@ class Daemon:
                 log.warning("some connections did not close in time")
         if self.directory is not None:
             self.directory.shutdown()
+        if self.book is not None:
+            self.book.close()
 
 
     async def _stop_monitors(self, bound: float) -> None:
@@ -180,13 +188,14 @@ async def build(config: Config) -> Daemon:
         inventory = synthetic_inventory()
         monitor = SyntheticMonitor(inventory, signals)
         return Daemon(config, inventory, signals, [monitor], ProcessIdentifier(),
-                      TestModeCallers(), interval=INTERVAL, mode="test")
+                      TestModeCallers(), interval=INTERVAL, mode="test", book=_book(config))
     argv = gpuhost.command(config.nvidia_smi)
     try:
         found = await gpuhost.discover(argv)
     except gpuhost.GpuHostError as exc:
         raise StartError(str(exc)) from None
     inventory = Inventory(found.devices)
+    book = _book(config)
     log.info("nvidia-smi: driver %s, %d GPU(s): %s", found.driver_version or "unknown",
              len(inventory), ", ".join(f"{d.number}={d.name}" for d in inventory))
     directory = ContainerDirectory(config.docker_host)
@@ -195,4 +204,16 @@ async def build(config: Config) -> Daemon:
                                 startup=config.stream_startup)
     return Daemon(config, inventory, signals, monitors,
                   identifier, SystemCallers(identifier, directory),
-                  interval=gpuhost.INTERVAL, mode="gpu", directory=directory)
+                  interval=gpuhost.INTERVAL, mode="gpu", directory=directory, book=book)
+
+
+def _book(config: Config) -> Optional[LeaseBook]:
+    """The locked lease book the configuration asks for, if any. Raises StartError."""
+    if config.state_dir is None:
+        return None
+    book = LeaseBook(config.state_dir)
+    try:
+        book.open()
+    except BookError as exc:
+        raise StartError(str(exc)) from None
+    return book

@@ -34,6 +34,7 @@ class Config:
     stream_silence: float = 5.0  # seconds a running dmon/pmon may print nothing: then it is hung
     stream_startup: float = 30.0  # seconds a fresh one may take to speak (slow NVML start)
     socket: Optional[str] = None  # also serve on this unix socket
+    state_dir: Optional[str] = None  # the lease book's directory; None: keep no book
     docker_host: Optional[str] = None  # None: the Docker SDK's default socket
     log_level: str = "info"
     body_timeout: float = 10.0  # seconds a request body may take to arrive
@@ -58,6 +59,9 @@ _SETTINGS = (
      "(default 5; at least 3, as they print every second)"),
     ("--socket", "PATROLLER_SOCKET",
      "also serve the API on this unix socket; its callers are identified by the kernel"),
+    ("--state-dir", "PATROLLER_STATE_DIR",
+     "directory of the lease book, so that reservations survive a restart; none or empty: no "
+     "book (default /var/lib/patroller as root, else ~/.local/state/patroller; none in test mode)"),
     ("--docker-host", "DOCKER_HOST",
      "the Docker Engine to read container labels from (default unix:///var/run/docker.sock)"),
     ("--log-level", "PATROLLER_LOG_LEVEL", "debug, info, warning or error (default info)"),
@@ -147,6 +151,28 @@ def _socket_path(text: str) -> str:
     return path
 
 
+def _state_dir(text: str) -> Optional[str]:
+    if text.strip().lower() in ("", "none"):
+        return None
+    path = os.path.abspath(os.path.expanduser(text.strip()))
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise ValueError("is not a directory")
+    return path
+
+
+def default_state_dir(test: bool, environ: Mapping[str, str], uid: int) -> Optional[str]:
+    """Where the lease book lives when no --state-dir is given: none in test mode (test daemons
+    run many at once), the system's state directory for root, the user's own otherwise."""
+    if test:
+        return None
+    if uid == 0:
+        return "/var/lib/patroller"
+    base = environ.get("XDG_STATE_HOME", "")
+    if not os.path.isabs(base):  # the XDG spec says to ignore a relative one
+        base = os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "patroller")
+
+
 def _docker_host(text: str) -> str:
     if not text.strip().startswith(("unix://", "tcp://", "ssh://", "http://", "https://")):
         raise ValueError("must be a unix://, tcp://, ssh:// or http(s):// address")
@@ -176,8 +202,9 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
             raise ConfigError(f"{source}: {given!r} {exc}") from None
 
     env_names = {flag: env for flag, env, _ in _SETTINGS}
+    test = bool(args.test) or bool(environ.get("PATROLLER_TEST"))
     return Config(
-        test=bool(args.test) or bool(environ.get("PATROLLER_TEST")),
+        test=test,
         port=pick("--port", env_names["--port"], _port, Config.port),
         address=pick("--address", env_names["--address"], str.strip, Config.address),
         lease=pick("--lease", env_names["--lease"], _seconds, Config.lease),
@@ -189,6 +216,8 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         stream_silence=pick("--stream-silence", env_names["--stream-silence"], _silence,
                             Config.stream_silence),
         socket=pick("--socket", env_names["--socket"], _socket_path, None),
+        state_dir=pick("--state-dir", env_names["--state-dir"], _state_dir,
+                       default_state_dir(test, environ, os.getuid())),
         docker_host=pick("--docker-host", env_names["--docker-host"], _docker_host, None),
         log_level=pick("--log-level", env_names["--log-level"], _log_level, Config.log_level),
         body_timeout=pick("--body-timeout", env_names["--body-timeout"], _seconds,

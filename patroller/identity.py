@@ -6,7 +6,7 @@ computing in another is one user.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,36 @@ class Identity:
             "info": dict(self.info),
             "degraded": self.degraded,
         }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Identity":
+        """The identity `to_json` gave (read back from the lease book); ValueError if it is not one."""
+        if not isinstance(data, Mapping):
+            raise ValueError("an identity must be an object")
+        user, source = data.get("user"), data.get("source")
+        if not isinstance(user, str) or not user or not isinstance(source, str):
+            raise ValueError("an identity needs a user and a source")
+        for key in ("email", "account"):
+            if data.get(key) is not None and not isinstance(data[key], str):
+                raise ValueError(f"an identity's {key} must be a string")
+        uid = data.get("uid")
+        if uid is not None and (not isinstance(uid, int) or isinstance(uid, bool)):
+            raise ValueError("an identity's uid must be an integer")
+        container = data.get("container")
+        if container is not None:
+            if (not isinstance(container, Mapping) or not isinstance(container.get("id"), str)
+                    or not isinstance(container.get("name"), (str, type(None)))):
+                raise ValueError("an identity's container must have an id and a name")
+            container = (container["id"], container.get("name"))
+        info = data.get("info") or {}
+        if not isinstance(info, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in info.items()):
+            raise ValueError("an identity's info must map strings to strings")
+        degraded = data.get("degraded", False)
+        if not isinstance(degraded, bool):
+            raise ValueError("an identity's degraded must be true or false")
+        return cls(user=user, source=source, email=data.get("email"), account=data.get("account"),
+                   uid=uid, container=container, info=tuple(info.items()), degraded=degraded)
 
 
 UNKNOWN = Identity(user="unknown", source="unknown")

@@ -111,7 +111,9 @@ class ServerProcess:
     def __init__(self, *args: str, env: Optional[Dict[str, str]] = None,
                  preexec_fn: Optional[Callable[[], None]] = None) -> None:
         self.args = ["--port", "0", "--address", "127.0.0.1", *args]
-        self.env = {**os.environ, "PYTHONPATH": ROOT, **(env or {})}
+        # No lease book unless the test names a --state-dir: in GPU host mode the default is
+        # the machine's own directory.
+        self.env = {**os.environ, "PYTHONPATH": ROOT, "PATROLLER_STATE_DIR": "", **(env or {})}
         self.preexec_fn = preexec_fn  # run in the child before it starts (resource limits)
         self.process: Optional[subprocess.Popen] = None
         self.url = ""

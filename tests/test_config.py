@@ -10,11 +10,11 @@ import time
 import pytest
 
 from helpers import ROOT, ServerProcess
-from patroller.config import Config, ConfigError, load, settings_table
+from patroller.config import Config, ConfigError, default_state_dir, load, settings_table
 
 
 def test_defaults():
-    assert load([], {}) == Config()
+    assert load([], {}) == Config(state_dir=default_state_dir(False, {}, os.getuid()))
     assert Config().port == 80 and Config().lease == 10
     assert Config().user_labels == ("user.email", "email", "maintainer")
 

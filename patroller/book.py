@@ -1,0 +1,226 @@
+"""The lease book on disk: who holds which device, in <state-dir>/leases.json, so that
+reservations survive a restart of the daemon.
+
+The book is written whenever it changes (a holder, a deadline, a releasing flag), atomically (a
+temporary file in the same directory, then `os.replace`), and synchronously, from the lease
+manager's change announcement, before the answer that made the change goes out: a
+CUDA_VISIBLE_DEVICES handed out is on disk. It costs tens of microseconds (see the benchmark's
+`persistence`), so it stays on the loop. No fsync: the page cache outlives the daemon (kill -9,
+SIGTERM, a crash of Python); only a crash of the host loses the last writes, and that ends every
+job the book speaks for. The directory is locked (flock) for the daemon's life, so two daemons
+never share one book.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import time
+from typing import Any, Callable, Dict, Optional
+
+from .leases import LeaseManager, Restored
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+VERSION = 1
+FILE = "leases.json"
+LOCK = "lock"  # holds the flock, and the pid of the daemon that holds it
+MAX_SIZE = 16 * 1024 * 1024  # bytes: a bigger file is not a lease book
+STEADY = 1.0  # seconds the wall clock may drift from the monotonic one before the offset follows
+REPORT_EVERY = 60.0  # seconds between log lines about failing writes
+
+
+class BookError(Exception):
+    """The state directory cannot be used; the message says why, in one line."""
+
+
+class LeaseBook:
+    """The lease book of one daemon, in one locked directory."""
+
+    def __init__(self, directory: str, wall: Clock = time.time) -> None:
+        self.directory = directory
+        self.path = os.path.join(directory, FILE)
+        self.wall = wall
+        self.writes = 0
+        self.failures = 0
+        self.leases: Optional[LeaseManager] = None
+        self._lock: Optional[int] = None
+        self._written: Optional[Dict[str, Any]] = None  # the snapshot last on disk
+        self._offset: Optional[float] = None
+        self._reported: Optional[float] = None  # when a failing write was last logged
+        self._unreported = 0  # failed writes since then
+
+    # -- life ---------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Create the directory (mode 0700) if missing and lock it; BookError if either fails."""
+        try:
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            fd = os.open(os.path.join(self.directory, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                         0o600)
+        except OSError as exc:
+            raise BookError(f"cannot use the state directory {self.directory}: "
+                            f"{exc.strerror or exc}; choose another --state-dir") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            owner = _pid_in(fd)
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise BookError(f"another patroller{f' (pid {owner})' if owner else ''} uses the "
+                                f"state directory {self.directory}; stop it, or give this one "
+                                "another --state-dir") from None
+            raise BookError(f"cannot lock the state directory {self.directory}: "
+                            f"{exc.strerror or exc}") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock = fd
+
+    def attach(self, leases: LeaseManager) -> Optional[Restored]:
+        """Load the book into a fresh lease manager, then keep the file up to date with it."""
+        self.leases = leases
+        restored = self.restore()
+        leases.subscribe(self.write)
+        self.write()
+        return restored
+
+    def close(self) -> None:
+        """Stop writing and unlock the directory (the lock file stays: removing it would race)."""
+        if self.leases is not None:
+            self.write()
+        self.leases = None
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+    def metrics(self) -> Dict[str, Any]:
+        """Counters for /metrics."""
+        return {"path": self.path, "writes": self.writes, "failures": self.failures}
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def restore(self) -> Optional[Restored]:
+        """Give the devices in the file back to their holders; a bad file is logged and set aside."""
+        assert self.leases is not None
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read(MAX_SIZE + 1)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            self._set_aside(f"cannot be read ({exc.strerror or exc})")
+            return None
+        try:
+            if len(data) > MAX_SIZE:
+                raise ValueError(f"over {MAX_SIZE} bytes")
+            book = json.loads(data)
+            if not isinstance(book, dict):
+                raise ValueError("not an object")
+            if book.get("version") != VERSION:
+                raise ValueError(f"version {book.get('version')!r}, not {VERSION}")
+            restored = self.leases.restore(book.get("devices"), self._steady_offset())
+        except (ValueError, RecursionError) as exc:  # JSON and UTF-8 errors are ValueErrors
+            self._set_aside(f"is not a lease book ({str(exc)[:200]})")
+            return None
+        log.info("lease book %s: %d device(s) held again, %d expired during the downtime, "
+                 "%d no longer on this host", self.path, len(restored.held),
+                 len(restored.expired), len(restored.dropped))
+        return restored
+
+    def _set_aside(self, why: str) -> None:
+        """Rename a file that cannot be restored, so that it is kept for a look, and say so once."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.wall()))
+        aside = f"{self.path}.corrupt-{stamp}"
+        n = 1
+        while os.path.lexists(aside):
+            n += 1
+            aside = f"{self.path}.corrupt-{stamp}-{n}"
+        try:
+            os.rename(self.path, aside)
+        except OSError as exc:
+            log.warning("lease book %s %s and cannot be set aside (%s); starting with no "
+                        "reservations", self.path, why, exc.strerror or exc)
+            return
+        log.warning("lease book %s %s; set aside as %s, starting with no reservations",
+                    self.path, why, aside)
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def write(self) -> None:
+        """Write the book if it changed since the last write; a failure is logged, never raised."""
+        if self.leases is None:
+            return
+        held = self.leases.snapshot(self._steady_offset())
+        if held == self._written:  # process churn that leaves the book as it was: no write
+            return
+        body = json.dumps({"version": VERSION, "saved": round(self.wall(), 3), "devices": held},
+                          separators=(",", ":")).encode()
+        try:
+            _replace(self.path, body)
+        except OSError as exc:
+            self._failed(exc)
+            return
+        self._written = held
+        self.writes += 1
+        if self._reported is not None:
+            log.warning("lease book %s is written again (%d write(s) failed)", self.path,
+                        self.failures)
+            self._reported, self._unreported = None, 0
+
+    def _failed(self, exc: OSError) -> None:
+        """Log a failing write now and then, not on every change."""
+        assert self.leases is not None
+        self.failures += 1
+        self._unreported += 1
+        now = self.leases.clock()
+        if self._reported is not None and now - self._reported < REPORT_EVERY:
+            return
+        log.error("cannot write the lease book %s: %s (%d failed write(s)); reservations made "
+                  "now will not survive a restart", self.path, exc.strerror or exc,
+                  self._unreported)
+        self._reported, self._unreported = now, 0
+
+    def _steady_offset(self) -> float:
+        """Wall clock minus the manager's clock, kept while it stays within STEADY.
+
+        Kept so that an unchanged deadline always converts to the same epoch time (the book is
+        compared, not rewritten); followed when the wall clock is set, so the file stays true.
+        """
+        assert self.leases is not None
+        offset = self.wall() - self.leases.clock()
+        if self._offset is None or abs(offset - self._offset) > STEADY:
+            self._offset = offset
+        return self._offset
+
+
+def _replace(path: str, body: bytes) -> None:
+    """Write `path` whole or not at all: a temporary file beside it, then a rename."""
+    temporary = path + ".tmp"
+    try:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            view = memoryview(body)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        os.replace(temporary, path)
+    except OSError:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+
+
+def _pid_in(fd: int) -> Optional[int]:
+    """The pid the lock file's holder wrote into it, if readable."""
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
