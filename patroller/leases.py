@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -427,3 +428,80 @@ class LeaseManager:
                 callback()
             except Exception:  # a subscriber's bug must not corrupt the lease state
                 log.exception("lease subscriber failed")
+
+    # -- the book on disk -------------------------------------------------------------------
+    # What survives a restart (book.py keeps it in a file): every held device's holder,
+    # releasing flag and deadline. Deadlines go to disk on the wall clock (this manager's clock
+    # + `offset`), as the monotonic clock means nothing to the next process after a reboot.
+
+    def snapshot(self, offset: float) -> Dict[str, Dict[str, Any]]:
+        """Every held device as the book keeps it; deadlines as epoch seconds (clock() + offset)."""
+        return {
+            uuid: {
+                "holder": hold.holder.to_json(),
+                "state": self._state(hold),
+                "releasing": hold.releasing,
+                "deadline": None if hold.deadline is None else round(hold.deadline + offset, 3),
+            }
+            for uuid, hold in self._holds.items() if hold.holder is not None
+        }
+
+    def restore(self, held: Any, offset: float) -> Restored:
+        """Give held devices back to their holders at start; ValueError (nothing changed) if malformed.
+
+        A reservation keeps its deadline, and is not restored if that passed while the daemon
+        was down. A device its holder's processes were on comes back reserved with a fresh
+        lease: the processes claim it again when the monitors see them, and if they died the
+        lease runs out as any other.
+        """
+        if not isinstance(held, Mapping):
+            raise ValueError("devices must be an object")
+        entries = [(uuid, *_book_entry(uuid, value)) for uuid, value in held.items()]
+        now = self.clock()
+        restored = Restored()
+        for uuid, holder, deadline, releasing in entries:
+            hold = self._holds.get(uuid)
+            if hold is None:
+                log.warning("the lease book holds %s for %s, a device this host no longer has: "
+                            "dropped", uuid, holder.user)
+                restored.dropped.append(uuid)
+                continue
+            if hold.holder is not None:  # already held again (restore runs before serving)
+                continue
+            if deadline is None:
+                deadline = now + self.lease
+            else:
+                deadline -= offset
+                if deadline <= now + _EARLY:
+                    log.info("lease of %s on %s ran out while the daemon was down", holder.user,
+                             uuid)
+                    restored.expired.append(uuid)
+                    continue
+            hold.holder, hold.deadline, hold.releasing = holder, deadline, releasing
+            self._touch(hold)
+            restored.held.append(uuid)
+        if restored.held:
+            self._changed()
+        return restored
+
+
+@dataclass
+class Restored:
+    """What `LeaseManager.restore` did with each device of the book, by uuid."""
+
+    held: List[str] = field(default_factory=list)  # given back to their holder
+    expired: List[str] = field(default_factory=list)  # the lease ran out during the downtime
+    dropped: List[str] = field(default_factory=list)  # no such device on this host any more
+
+
+def _book_entry(uuid: Any, value: Any) -> Tuple[Identity, Optional[float], bool]:
+    """(holder, deadline, releasing) of one device in the book; ValueError if it is not one."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"device {uuid!r} must be an object")
+    deadline, releasing = value.get("deadline"), value.get("releasing", False)
+    if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))
+                                 or not math.isfinite(deadline)):
+        raise ValueError(f"device {uuid!r} has a deadline that is not a time")
+    if not isinstance(releasing, bool):
+        raise ValueError(f"device {uuid!r} has a releasing flag that is not true or false")
+    return Identity.from_json(value.get("holder")), deadline, releasing
