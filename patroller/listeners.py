@@ -169,6 +169,7 @@ def _clear_stale(path: str) -> None:
         now = os.lstat(path)
         if (now.st_dev, now.st_ino) == (before.st_dev, before.st_ino):  # not one bound since
             os.unlink(path)
+            log.info("replacing the stale socket file %s: nobody answers on it", path)
     except FileNotFoundError:
         pass
 

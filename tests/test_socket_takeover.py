@@ -71,6 +71,7 @@ def test_a_stale_socket_left_by_a_killed_daemon_is_replaced(path):
     second = daemon(path).start()
     try:
         assert answer_on(path) == "HTTP/1.1 200 OK"
+        assert f"replacing the stale socket file {path}" in second.log
     finally:
         assert second.stop() == 0
     assert not os.path.exists(path)
