@@ -62,6 +62,8 @@ FRAMING = [
     ("header line", b"GET /status HTTP/1.1\r\nHost x\r\n\r\n", 400, "malformed request"),
     ("content length", b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n", 400,
      "Content-Length"),
+    ("unequal content lengths",
+     b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: 1, 2\r\n\r\nab", 400, "Content-Length"),
     ("body over the limit",
      b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n" + b"a" * 100000, 413,
      "at most 65536"),
