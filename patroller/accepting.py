@@ -1,6 +1,6 @@
 """Accepting connections in a way that survives running out of file descriptors.
 
-This replaces Tornado's `tornado.netutil.add_accept_handler` (Tornado 6.5-6.6) for the daemon's
+This replaces Tornado's `tornado.netutil.add_accept_handler` (as of Tornado 6.6) for the daemon's
 listening sockets. There, an `accept()` that fails with EMFILE raises out of the handler, the
 IOLoop logs the traceback, and since the listening socket stays readable the loop calls the
 handler again at once: 100% CPU and about 358 MB of log a minute, for as long as the limit is

@@ -1,6 +1,6 @@
 """HTTP framing errors answered in JSON, like every other error of the API.
 
-This replaces three behaviours of Tornado 6.5-6.6's HTTP/1 server (tornado.http1connection and
+This replaces three behaviours of Tornado 6.6's HTTP/1 server (tornado.http1connection and
 tornado.iostream), all pinned by tests/test_http_hardening.py:
 
 - A malformed request (request line, header line, Content-Length, chunked framing) is answered
@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import socket
 from typing import Awaitable, Optional, Tuple
 
@@ -38,6 +39,7 @@ HEADER_END = b"\r?\n\r?\n"  # the regex Tornado reads a header block with (CR, L
 LINGER = 1.0  # seconds an answered connection is drained before it is closed
 LINGER_BYTES = 1 << 20  # bytes drained at most
 MESSAGE_CHARS = 200  # Tornado's messages may quote what the client sent: cut them
+DIGITS = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() takes "²", which int() refuses
 
 
 class FramingError(Exception):
@@ -118,8 +120,9 @@ class FramedConnection(HTTP1Connection):
     def _read_body(self, code: int, headers: httputil.HTTPHeaders,
                    delegate: httputil.HTTPMessageDelegate) -> Optional[Awaitable[None]]:
         length = headers.get("Content-Length", "").split(",")[0].strip()
-        if length.isdigit() and int(length) > self._max_body_size:
-            raise FramingError(413, f"the request body is {int(length)} bytes; "
+        if DIGITS.fullmatch(length) and int(length[:15]) > self._max_body_size:
+            size = length if len(length) < 15 else "over 10^14"  # int() takes 4,300 digits at most
+            raise FramingError(413, f"the request body is {size} bytes; "
                                     f"at most {self._max_body_size} are taken")
         try:
             body = super()._read_body(code, headers, delegate)
