@@ -160,8 +160,9 @@ def _clear_stale(path: str) -> None:
         except (ConnectionRefusedError, FileNotFoundError):
             pass  # stale: nobody listens on it any more
         except OSError as exc:  # not ours to connect to, or too busy to accept
-            raise SocketPathError(f"{path} cannot be taken over ({exc.strerror or 'no answer'}"
-                                  "): stop whoever serves on it, or choose another --socket") from None
+            why = exc.strerror or "no answer"
+            raise SocketPathError(f"--socket {path} may be in use ({why}): stop whoever serves "
+                                  "on it, or choose another --socket") from None
         else:
             raise SocketPathError(f"another Patroller is serving on {path}: stop it first, or "
                                   "choose another --socket")

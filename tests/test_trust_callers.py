@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from helpers import ROOT, ScenarioFile, ServerProcess, async_test, until
+from helpers import ScenarioFile, ServerProcess, async_test
 from patroller.callers import SystemCallers
 from patroller.containers import ContainerDirectory, DockerUnavailable
 from patroller.errors import Unidentified
