@@ -20,7 +20,7 @@ from . import measures
 from .harness import ROOT, machine, raise_file_limit
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
-NAMES = ("throughput", "reactions", "identity", "scale", "footprint", "parsers")
+NAMES = ("throughput", "reactions", "identity", "scale", "footprint", "parsers", "waiters")
 
 
 def log(text: str) -> None:
@@ -33,7 +33,8 @@ def run(quick: bool, only: List[str]) -> Dict[str, Any]:
     steps: List[Tuple[str, Callable[[measures.Context], Any]]] = [
         ("throughput", measures.throughput), ("reactions", measures.reactions),
         ("identity", measures.identity_cost), ("scale", measures.scale),
-        ("footprint", measures.footprint), ("parsers", measures.parsers)]
+        ("footprint", measures.footprint), ("parsers", measures.parsers),
+        ("waiters", measures.waiters)]
     try:
         ctx.start()
         for name, step in steps:
@@ -62,6 +63,7 @@ def checks(report: Dict[str, Any]) -> List[Dict[str, Any]]:
     """Each target against its measured figure (None where it was not measured)."""
     r = report["results"]
     small = _get(r, "throughput", (8, 0), "/status", "requests_per_s")
+    without = _get(r, "waiters", "status_without_waiters", "p99_ms")
     big = _get(r, "throughput", (64, 500), "/status", "requests_per_s")
     rows = [
         ("/status req/s, 8 GPUs", small, ">= 7000 (twice the old 3,500)", lambda v: v >= 7000),
@@ -86,6 +88,11 @@ def checks(report: Dict[str, Any]) -> List[Dict[str, Any]]:
          "< 20", lambda v: v < 20),
         ("memory added by 1000 waiters MiB", _get(r, "scale", "rss_added_mib"), "< 50",
          lambda v: v < 50),
+        (f"/status p99 ms, {_many(r)} waiting", _get(r, "waiters", "status_while_waiting", "p99_ms"),
+         f"< 2x without them ({2 * without} ms)" if without else "< 2x without them",
+         lambda v: without is not None and v < 2 * without),
+        (f"/wait registration ms (p99), {_many(r)} waiting", _get(r, "waiters", "register_ms", "p99"),
+         "< 0.1 (a scan: 3.6 with 1,000 waiting)", lambda v: v < 0.1),
         ("idle CPU %, 16 GPUs", _get(r, "footprint", "idle", "cpu_percent"), "< 1",
          lambda v: v < 1),
         ("idle RSS MiB", _get(r, "footprint", "idle", "rss_mib"), "< 60", lambda v: v < 60),
@@ -121,6 +128,15 @@ def other_figures(report: Dict[str, Any]) -> List[Tuple[str, Any]]:
         value = _get(r, "scale", key)
         if value is not None:
             figures.append((f"1000 waiters: {key.replace('_', ' ')}", value))
+    w = r.get("waiters")
+    if w:
+        for key in ("register_ms", "release_serving_ms", "cancel_ms"):
+            figures.append((f"{_many(r)} waiting: lease manager {key.replace('_ms', '').replace('_', ' ')} ms",
+                            f"median {w[key]['median']}, p99 {w[key]['p99']}, max {w[key]['max']}"))
+        for key in ("register_wall_ms_each", "release_to_first_answered_ms", "all_left_queue_empty_s",
+                    "status_p99_ratio"):
+            if key in w:
+                figures.append((f"{_many(r)} waiting: {key.replace('_', ' ')}", w[key]))
     churn = _get(r, "footprint", "churn")
     if churn:
         figures.append(("500 processes churning (50/s): CPU %, RSS MiB",
@@ -129,6 +145,12 @@ def other_figures(report: Dict[str, Any]) -> List[Tuple[str, Any]]:
     if value is not None:
         figures.append(("pmon parser + interval tracking lines/s", value))
     return figures
+
+
+def _many(r: Dict[str, Any]) -> str:
+    """"10000 from 100 users", as the waiters run had them."""
+    w = r.get("waiters") or {"waiters": 10000, "users": 100}
+    return f"{w['waiters']} from {w['users']} users"
 
 
 def table(report: Dict[str, Any]) -> str:

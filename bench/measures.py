@@ -1,7 +1,8 @@
-"""The six measurements. Each returns plain data; `__main__` prints, saves and compares it."""
+"""The measurements. Each returns plain data; `__main__` prints, saves and compares it."""
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import threading
 import time
@@ -395,3 +396,147 @@ def parsers(ctx: Context) -> Dict[str, Any]:
     ctx.log(f"parsers: {result}")
     return result
 
+
+
+# 7. waiters ---------------------------------------------------------------------------------
+
+def waiters(ctx: Context) -> Dict[str, Any]:
+    """10,000 waiters from 100 users (1,000 from 10 in quick mode).
+
+    What a registration, a change and a cancel cost the lease manager; then a live test-mode
+    daemon: /status p99 with and without them, the per-user cap, a release answered past them,
+    and the queue emptied when they all leave.
+    """
+    users, per_user = (10, 100) if ctx.quick else (100, 100)
+    result: Dict[str, Any] = {"waiters": users * per_user, "users": users,
+                              **_lease_manager_costs(users, per_user)}
+    result.update(_live_waiters(ctx, users, per_user))
+    ctx.log(f"waiters: {result}")
+    return result
+
+
+def _spread(samples: List[float]) -> Dict[str, float]:
+    """Median, p99 and max in milliseconds, to the microsecond."""
+    ordered = sorted(samples)
+    return {"median": round(statistics.median(ordered) * 1000, 3),
+            "p99": round(ordered[int(len(ordered) * 0.99)] * 1000, 3),
+            "max": round(ordered[-1] * 1000, 3)}
+
+
+def _lease_manager_costs(users: int, per_user: int) -> Dict[str, Any]:
+    """The lease manager alone, on the 8 test-mode devices all held: each call timed."""
+    from patroller.identity import named_user
+    from patroller.leases import LeaseManager
+    from patroller.testmode import synthetic_inventory
+
+    leases = LeaseManager(synthetic_inventory(), 600.0, max_waiters=users * per_user,
+                          max_waiting_per_user=per_user)
+    leases.request(named_user("holder"), {"gpu": 8})
+    names = [named_user(f"user{n}") for n in range(users)]
+    registered, queued = [], []
+    for n in range(users * per_user):  # users take turns; they want 1 to 4 devices
+        began = time.perf_counter()
+        queued.append(leases.wait(names[n % users], {"gpu": n % 4 + 1}, lambda d: None))
+        registered.append(time.perf_counter() - began)
+    served: List[float] = []
+    uuids = [d.uuid for d in leases.inventory]
+    for n in range(200):  # a device freed: the first waiter that fits takes it
+        holder = named_user(leases.claims()[uuids[n % 8]]["user"]["user"])
+        began = time.perf_counter()
+        leases.release(holder, uuids[n % 8])
+        served.append(time.perf_counter() - began)
+    cancelled = []
+    for waiter in queued[-1000:]:
+        began = time.perf_counter()
+        leases.cancel(waiter)
+        cancelled.append(time.perf_counter() - began)
+    return {"register_ms": _spread(registered), "release_serving_ms": _spread(served),
+            "cancel_ms": _spread(cancelled)}
+
+
+def _test_mode_daemon(per_user: int) -> Daemon:
+    """The harness's daemon in test mode, where callers name themselves with user=."""
+    settings = {"PATROLLER_TEST": "1", "PATROLLER_MAX_WAITING_PER_USER": str(per_user)}
+    saved = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)  # the daemon inherits them; its flags stay the harness's
+    try:
+        return Daemon(8, lease=600).start()
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
+
+
+def _live_waiters(ctx: Context, users: int, per_user: int) -> Dict[str, Any]:
+    count = users * per_user
+    daemon = _test_mode_daemon(per_user)
+    result: Dict[str, Any] = {}
+    try:
+        daemon.ok("/request?gpu=8&user=holder")
+        if have_wrk():
+            result["status_without_waiters"] = wrk(daemon.url + "/status", ctx.wrk_seconds)
+
+        async def waiting() -> int:
+            loop = asyncio.get_running_loop()
+            return (await loop.run_in_executor(None, daemon.ok, "/metrics"))["waiting"]
+
+        async def run() -> None:
+            first = await _open_wait(daemon.port, "user0")  # to be served past the rest
+            while await waiting() < 1:
+                await asyncio.sleep(0.01)
+            began = time.monotonic()
+            opened = [first]
+            batch = 100  # connections opened at once: within the listen backlog (128)
+            for start in range(1, count, batch):
+                opened += await asyncio.gather(*(
+                    _open_wait(daemon.port, f"user{n % users}")
+                    for n in range(start, min(start + batch, count))))
+            while await waiting() < count:
+                if time.monotonic() - began > 120:
+                    raise RuntimeError(f"{await waiting()} of {count} waiters queued")
+                await asyncio.sleep(0.05)
+            result["register_wall_ms_each"] = round((time.monotonic() - began) * 1000 / (count - 1), 3)
+            loop = asyncio.get_running_loop()
+            status, body = await loop.run_in_executor(None, daemon.get, "/wait?gpu=1&user=user0")
+            result["over_the_cap"] = {"status": status, **{k: body.get(k) for k in ("limit", "waiting")}}
+            if have_wrk():
+                result["status_while_waiting"] = await loop.run_in_executor(
+                    None, wrk, daemon.url + "/status", ctx.wrk_seconds)
+            uuid = next(iter(await loop.run_in_executor(None, daemon.ok, "/devices")))
+            began = time.monotonic()
+            await loop.run_in_executor(None, daemon.ok, f"/release?user=holder&uuid={uuid}")
+            reader, _ = first
+            await reader.readuntil(b"\r\n\r\n")
+            result["release_to_first_answered_ms"] = ms(time.monotonic() - began)
+            began = time.monotonic()
+            for _, writer in opened:
+                writer.close()
+            while await waiting() > 0:
+                if time.monotonic() - began > 120:
+                    raise RuntimeError("waiters stayed queued after their clients left")
+                await asyncio.sleep(0.05)
+            result["all_left_queue_empty_s"] = round(time.monotonic() - began, 2)
+
+        asyncio.run(run())
+        if have_wrk():  # again, warmed up as the run with waiters was: the lower p99 counts
+            again = wrk(daemon.url + "/status", ctx.wrk_seconds)
+            if again["p99_ms"] < result["status_without_waiters"]["p99_ms"]:
+                result["status_without_waiters"] = again
+        result["rss_mib"] = round(daemon.rss_mib(), 1)
+    finally:
+        daemon.stop()
+    without = result.get("status_without_waiters", {}).get("p99_ms")
+    during = result.get("status_while_waiting", {}).get("p99_ms")
+    if without and during:
+        result["status_p99_ratio"] = round(during / without, 2)
+    return result
+
+
+async def _open_wait(port: int, user: str) -> Any:
+    """A connection that has asked /wait?gpu=1 as `user`: (reader, writer)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET /wait?gpu=1&user={user} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
+    await writer.drain()
+    return reader, writer
