@@ -111,24 +111,24 @@ class LeaseManager:
              on_abort: Optional[Callable[[Exception], None]] = None) -> Waiter:
         """Queue a request; `on_grant(devices)` is called once it is reserved (maybe at once).
 
-        `on_abort(error)` is called instead if the manager closes first. Raises TooManyWaiting
-        when the user already has `max_waiting_per_user` waiting, Unavailable when the queue
-        is full.
+        `on_abort(error)` is called instead if the manager closes first. A request that has to
+        wait raises TooManyWaiting when the user already has `max_waiting_per_user` waiting,
+        Unavailable when the queue is full.
         """
         self._check_open()
         self.check(wants)
-        mine = self._waiting_by_user.get(user.user, 0)
-        if mine >= self.max_waiting_per_user:
-            raise TooManyWaiting(
-                f"{user.user} already has {mine} requests waiting, the most one user may have",
-                limit=self.max_waiting_per_user, waiting=mine)
-        if self._waiting >= self.max_waiters:
-            raise Unavailable(f"too many waiting requests ({self._waiting})")
         waiter = Waiter(user, wants, on_grant, on_abort)
         # Every change that frees a device serves the queue, so no queued waiter fits what is
         # free now: only the newcomer can, and trying it alone keeps the arrival order.
         picked = self._pick(waiter.wants)
         if picked is None:
+            mine = self._waiting_by_user.get(user.user, 0)
+            if mine >= self.max_waiting_per_user:
+                raise TooManyWaiting(
+                    f"{user.user} already has {mine} requests waiting, the most one user may have",
+                    limit=self.max_waiting_per_user, waiting=mine)
+            if self._waiting >= self.max_waiters:
+                raise Unavailable(f"too many waiting requests ({self._waiting})")
             self._enqueue(waiter)
             return waiter
         self._reserve(user, picked)

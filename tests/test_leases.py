@@ -340,6 +340,17 @@ def test_one_user_may_have_only_so_many_waiting(clock):
     assert (leases.waiting, leases.waiting_of(bob), leases.waiting_of(named_user("carol"))) == (1, 1, 0)
 
 
+def test_a_user_at_the_cap_is_still_granted_what_is_free_now(clock):
+    leases = LeaseManager(synthetic_inventory(), LEASE, clock=clock, max_waiting_per_user=1)
+    leases.request(alice, {"gpu": 7})
+    leases.wait(bob, {"gpu": 2}, lambda d: None)
+    got = []
+    leases.wait(bob, {"gpu": 1}, got.append)  # the one free device: nothing to queue
+    assert len(got) == 1 and leases.waiting_of(bob) == 1
+    with pytest.raises(TooManyWaiting):
+        leases.wait(bob, {"gpu": 1}, got.append)
+
+
 def test_a_newcomer_that_fits_what_is_free_is_granted_past_one_that_does_not(leases):
     leases.request(alice, {"gpu": 7})
     got = []
