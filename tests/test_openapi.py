@@ -40,6 +40,7 @@ def implemented(handler: type) -> Set[str]:
 
 
 def resolve(schema: Dict[str, Any]) -> Dict[str, Any]:
+    """A schema or response with its $ref followed."""
     while "$ref" in schema:
         node: Any = DOCUMENT
         for part in schema["$ref"].lstrip("#/").split("/"):
@@ -76,7 +77,10 @@ def undocumented(value: Any, schema: Dict[str, Any], where: str = "") -> Iterato
 
 
 def answer_schema(path: str, method: str, status: int) -> Dict[str, Any]:
-    response = resolve(DOCUMENT["paths"][path][method.lower()]["responses"][str(status)])
+    """The documented body of one answer."""
+    responses = DOCUMENT["paths"].get(path, {}).get(method.lower(), {}).get("responses", {})
+    assert str(status) in responses, f"{method.upper()} {path} does not document {status}"
+    response = resolve(responses[str(status)])
     return response["content"]["application/json"]["schema"]
 
 
@@ -132,8 +136,14 @@ def test_every_error_the_api_maps_is_documented():
                 for code in op["responses"]}
     for error, status in api.STATUS.items():
         assert str(status) in statuses, f"{error.__name__} ({status}) is in no operation"
-    for ops in DOCUMENT["paths"].values():
-        for op in ops.values():
+    with open(f"{ROOT}/patroller/framing.py", encoding="utf-8") as f:
+        framing = set(re.findall(r"FramingError\((\d{3}),", f.read()))
+    assert {"400", "413", "431"} <= framing
+    for path, ops in DOCUMENT["paths"].items():
+        for method, op in ops.items():
+            # a request that cannot be read as HTTP can come to any endpoint
+            assert framing <= set(op["responses"]), f"{method} {path}"
+            # a 5xx is a fault, never part of the contract; 503 is the daemon saying no
             assert not any(code.startswith("5") and code != "503" for code in op["responses"])
 
 
