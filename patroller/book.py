@@ -52,7 +52,6 @@ class LeaseBook:
         self._written: Optional[Dict[str, Any]] = None  # the snapshot last on disk
         self._offset: Optional[float] = None
         self._reported: Optional[float] = None  # when a failing write was last logged
-        self._unreported = 0  # failed writes since then
 
     # -- life ---------------------------------------------------------------------------------
 
@@ -169,20 +168,19 @@ class LeaseBook:
         if self._reported is not None:
             log.warning("lease book %s is written again (%d write(s) failed)", self.path,
                         self.failures)
-            self._reported, self._unreported = None, 0
+            self._reported = None
 
     def _failed(self, exc: OSError) -> None:
         """Log a failing write now and then, not on every change."""
         assert self.leases is not None
         self.failures += 1
-        self._unreported += 1
         now = self.leases.clock()
         if self._reported is not None and now - self._reported < REPORT_EVERY:
             return
-        log.error("cannot write the lease book %s: %s (%d failed write(s)); reservations made "
-                  "now will not survive a restart", self.path, exc.strerror or exc,
-                  self._unreported)
-        self._reported, self._unreported = now, 0
+        log.error("cannot write the lease book %s: %s (%d failed write(s) so far); reservations "
+                  "made now will not survive a restart", self.path, exc.strerror or exc,
+                  self.failures)
+        self._reported = now
 
     def _steady_offset(self) -> float:
         """Wall clock minus the manager's clock, kept while it stays within STEADY.

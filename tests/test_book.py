@@ -1,0 +1,342 @@
+"""The lease book: snapshot and restore with fake clocks, and the file on disk (atomic, locked,
+set aside when corrupt)."""
+import json
+import logging
+import os
+
+import pytest
+
+from helpers import FakeClock
+from patroller import book as bookmodule
+from patroller.book import BookError, LeaseBook
+from patroller.config import ConfigError, default_state_dir, load
+from patroller.identity import Identity, named_user
+from patroller.leases import LeaseManager
+from patroller.testmode import synthetic_inventory
+
+LEASE = 10.0
+alice, bob, carol = named_user("alice"), named_user("bob"), named_user("carol")
+CONTAINER_USER = Identity(user="dana@example.org", source="container", email="dana@example.org",
+                          account="root", uid=0, container=("0123456789ab", "train"),
+                          info=(("team", "vision"), ("project", "x")))
+
+
+def manager(clock):
+    return LeaseManager(synthetic_inventory(), LEASE, clock=clock)
+
+
+def uuids(leases):
+    return [d.uuid for d in leases.inventory]
+
+
+def claim(leases, uuid):
+    return leases.claims()[uuid]
+
+
+# -- snapshot and restore, no I/O ---------------------------------------------------------------
+
+def test_the_snapshot_holds_every_held_device_with_its_deadline_on_the_wall_clock():
+    clock = FakeClock(1000.0)
+    leases = manager(clock)
+    u = uuids(leases)
+    leases.request(alice, {"gpu": 1})
+    leases.process_started(u[1], 7, CONTAINER_USER)
+    snap = leases.snapshot(offset=5000.0)
+    assert list(snap) == [u[0], u[1]]  # free devices are not in the book
+    assert snap[u[0]] == {"holder": alice.to_json(), "state": "reserved", "releasing": False,
+                          "deadline": 6010.0}
+    assert snap[u[1]] == {"holder": CONTAINER_USER.to_json(), "state": "claimed",
+                          "releasing": False, "deadline": None}
+
+
+def test_a_restart_gives_each_holder_back_its_device_and_the_remaining_time():
+    before = FakeClock(1000.0)
+    old = manager(before)
+    u = uuids(old)
+    old.request(alice, {"gpu": 2})  # u0, u1: reserved until 1010 (wall 6010)
+    before.advance(3)
+    old.process_started(u[2], 7, CONTAINER_USER)  # claimed: no deadline
+    old.process_started(u[3], 8, carol)
+    old.release(carol)  # releasing: free once pid 8 ends
+    book = json.loads(json.dumps(old.snapshot(offset=5000.0)))  # through JSON, as on disk
+
+    after = FakeClock(20.0)  # a new process (or boot): the monotonic clock starts elsewhere
+    new = manager(after)
+    restored = new.restore(book, offset=6005.0 - 20.0)  # the daemon was down 2 s (wall 6005)
+    assert restored.held == [u[0], u[1], u[2], u[3]] and not restored.expired
+    assert claim(new, u[0])["user"]["user"] == "alice"
+    assert claim(new, u[0])["state"] == "reserved" and claim(new, u[0])["expires"] == 5.0
+    # the claimed device comes back reserved with a fresh lease, for the same identity
+    assert claim(new, u[2])["state"] == "reserved" and claim(new, u[2])["expires"] == LEASE
+    assert claim(new, u[2])["user"] == CONTAINER_USER.to_json()
+    # its holder's process, seen again by the monitors, claims it again
+    new.process_started(u[2], 7, CONTAINER_USER)
+    assert claim(new, u[2])["state"] == "claimed" and claim(new, u[2])["expires"] is None
+    # the releasing flag is kept: once carol's process is seen again and ends, the device is free
+    new.process_started(u[3], 8, carol)
+    new.process_ended(u[3], 8)
+    assert new.state(u[3]) == "free"
+    assert [new.state(x) for x in u[4:]] == ["free"] * 4
+    # another user cannot have the restored devices
+    assert [d.uuid for d in new.request(bob, {"gpu": 5})] == u[3:]
+
+
+def test_a_reservation_that_ran_out_during_the_downtime_comes_back_free(caplog):
+    old = manager(FakeClock(1000.0))
+    u = uuids(old)
+    old.request(alice, {"gpu": 1})  # wall deadline 6010
+    old.request(bob, {"gpu": 1})
+    book = old.snapshot(offset=5000.0)
+    new = manager(FakeClock(0.0))
+    with caplog.at_level(logging.INFO, logger="patroller.leases"):
+        restored = new.restore(book, offset=6010.5)  # down until after both deadlines
+    assert restored.expired == [u[0], u[1]] and restored.held == []
+    assert new.free_counts() == {"gpu": 8} and new.next_deadline() is None
+    lines = [r.getMessage() for r in caplog.records if "ran out" in r.getMessage()]
+    assert lines == [f"lease of alice on {u[0]} ran out while the daemon was down",
+                     f"lease of bob on {u[1]} ran out while the daemon was down"]
+
+
+def test_a_restored_reservation_expires_at_its_deadline():
+    old = manager(FakeClock(1000.0))
+    [device] = old.request(alice, {"gpu": 1})
+    clock = FakeClock(0.0)
+    new = manager(clock)
+    new.restore(old.snapshot(offset=5000.0), offset=6004.0)  # wall 6004: 6 s left
+    assert new.next_deadline() == 6.0
+    clock.advance(5.9)
+    assert new.expire() == [] and new.state(device.uuid) == "reserved"
+    clock.advance(0.1)
+    assert new.expire() == [device]
+
+
+def test_a_device_this_host_no_longer_has_is_dropped_and_logged(caplog):
+    old = manager(FakeClock(1000.0))
+    old.request(alice, {"gpu": 1})
+    book = {"GPU-gone": next(iter(old.snapshot(offset=0.0).values()))}
+    new = manager(FakeClock(1000.0))
+    with caplog.at_level(logging.WARNING, logger="patroller.leases"):
+        restored = new.restore(book, offset=0.0)
+    assert restored.dropped == ["GPU-gone"] and new.free_counts() == {"gpu": 8}
+    assert any("GPU-gone" in r.getMessage() and "alice" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("book", [
+    [],
+    {"X": "alice"},
+    {"X": {"holder": {"user": "alice"}, "deadline": None}},  # no source
+    {"X": {"holder": alice.to_json(), "deadline": "soon"}},
+    {"X": {"holder": alice.to_json(), "deadline": True}},
+    {"X": {"holder": alice.to_json(), "deadline": None, "releasing": "yes"}},
+    {"X": {"holder": {**alice.to_json(), "uid": "0"}, "deadline": None}},
+    {"X": {"holder": {**alice.to_json(), "container": {"name": "x"}}, "deadline": None}},
+])
+def test_a_malformed_book_changes_nothing(book):
+    leases = manager(FakeClock())
+    good = {leases.inventory.by_number(0).uuid: {"holder": bob.to_json(), "deadline": None}}
+    with pytest.raises(ValueError):
+        leases.restore({**good, **book} if isinstance(book, dict) else book, offset=0.0)
+    assert leases.free_counts() == {"gpu": 8}
+
+
+def test_identities_survive_the_trip_through_json():
+    for identity in (alice, CONTAINER_USER, Identity(user="unknown", source="unknown"),
+                     Identity(user="x", source="container", container=("abc", None),
+                              degraded=True)):
+        assert Identity.from_json(json.loads(json.dumps(identity.to_json()))) == identity
+
+
+# -- the file -----------------------------------------------------------------------------------
+
+@pytest.fixture
+def clock():
+    return FakeClock(1000.0)
+
+
+@pytest.fixture
+def wall():
+    return FakeClock(1_800_000_000.0)  # the wall clock: 2027-01-15 08:00:00 UTC
+
+
+def opened(directory, clock, wall):
+    leases = manager(clock)
+    book = LeaseBook(str(directory), wall=wall)
+    book.open()
+    book.attach(leases)
+    return book, leases
+
+
+def on_disk(directory):
+    with open(os.path.join(directory, "leases.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def test_every_change_is_on_disk_before_the_call_returns(tmp_path, clock, wall):
+    book, leases = opened(tmp_path, clock, wall)
+    assert on_disk(tmp_path) == {"version": 1, "saved": wall(), "devices": {}}
+    [device] = leases.request(alice, {"gpu": 1})
+    held = on_disk(tmp_path)["devices"]
+    assert held == {device.uuid: {"holder": alice.to_json(), "state": "reserved",
+                                  "releasing": False, "deadline": wall() + LEASE}}
+    leases.release(alice)
+    assert on_disk(tmp_path)["devices"] == {}
+    assert sorted(os.listdir(tmp_path)) == ["leases.json", "lock"]  # no temporary left behind
+    assert oct(os.stat(tmp_path / "leases.json").st_mode & 0o777) == "0o600"
+    book.close()
+
+
+def test_changes_that_leave_the_book_as_it_was_are_not_written(tmp_path, clock, wall):
+    book, leases = opened(tmp_path, clock, wall)
+    [device] = leases.request(alice, {"gpu": 1})
+    leases.process_started(device.uuid, 1, alice)  # claimed: the deadline goes
+    leases.request(bob, {"gpu": 1})  # a deadline on the wall clock stays in the book
+    writes = book.writes
+    inode = os.stat(tmp_path / "leases.json").st_ino
+    for pid in range(2, 50):  # churn of the holder's own processes: the book does not change
+        clock.advance(0.1)
+        wall.advance(0.1003)  # and the two clocks drift a little apart
+        leases.process_started(device.uuid, pid, alice)
+        leases.process_ended(device.uuid, pid)
+    assert book.writes == writes and os.stat(tmp_path / "leases.json").st_ino == inode
+    leases.process_ended(device.uuid, 1)  # reserved again: a new deadline, written
+    assert book.writes == writes + 1
+    # drift under a second is not followed (the offset stays put): off by that drift at most
+    assert on_disk(tmp_path)["devices"][device.uuid]["deadline"] == pytest.approx(
+        wall() + LEASE, abs=0.05)
+    book.close()
+
+
+def test_a_step_of_the_wall_clock_is_followed(tmp_path, clock, wall):
+    book, leases = opened(tmp_path, clock, wall)
+    [device] = leases.request(alice, {"gpu": 1})
+    wall.advance(3600)  # the host's clock is set an hour ahead
+    leases.request(bob, {"gpu": 1})
+    held = on_disk(tmp_path)["devices"]
+    assert held[device.uuid]["deadline"] == wall() + LEASE  # still LEASE from now
+    book.close()
+
+
+@pytest.mark.errors_expected
+def test_a_failing_write_is_logged_now_and_then_and_breaks_nothing(tmp_path, clock, wall, caplog):
+    book, leases = opened(tmp_path, clock, wall)
+    [first] = leases.request(alice, {"gpu": 1})
+    os.mkdir(tmp_path / "leases.json.tmp")  # the temporary cannot be created: EISDIR
+    with caplog.at_level(logging.WARNING, logger="patroller.book"):
+        for _ in range(5):
+            leases.request(bob, {"gpu": 1})  # granted all the same
+        assert book.failures == 5 and leases.free_counts() == {"gpu": 2}
+        errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == 1 and "cannot write the lease book" in errors[0].getMessage()
+        clock.advance(bookmodule.REPORT_EVERY)
+        leases.request(bob, {"gpu": 1})
+        errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == 2 and "(6 failed write(s) so far)" in errors[1].getMessage()
+        # the file on disk is the last one written whole
+        assert list(on_disk(tmp_path)["devices"]) == [first.uuid]
+        os.rmdir(tmp_path / "leases.json.tmp")
+        leases.release(bob)
+        assert list(on_disk(tmp_path)["devices"]) == [first.uuid]
+        assert any("written again" in r.getMessage() for r in caplog.records)
+    book.close()
+
+
+def test_the_book_is_read_back_by_the_next_daemon(tmp_path, clock, wall):
+    book, leases = opened(tmp_path, clock, wall)
+    granted = leases.request(alice, {"gpu": 3})
+    book.close()
+    wall.advance(4)
+    later = FakeClock(3.0)
+    book, leases = opened(tmp_path, later, wall)
+    assert [leases.state(d.uuid) for d in granted] == ["reserved"] * 3
+    assert leases.next_deadline() == pytest.approx(3.0 + LEASE - 4)
+    book.close()
+
+
+@pytest.mark.parametrize("content", [
+    b"{\"version\": 1, \"devices\": {\"GPU-1\": ",  # cut short
+    b"\xff\xfe not even text",
+    b"[1, 2, 3]",
+    b"{\"version\": 99, \"devices\": {}}",
+    b"{\"version\": 1, \"devices\": {\"GPU-1\": {\"holder\": {\"user\": 3}}}}",
+    b"[" * 100000 + b"]" * 100000,
+])
+def test_a_corrupt_file_is_set_aside_with_one_line(tmp_path, clock, wall, caplog, content):
+    (tmp_path / "leases.json").write_bytes(content)
+    with caplog.at_level(logging.INFO, logger="patroller"):
+        book, leases = opened(tmp_path, clock, wall)
+    lines = [r for r in caplog.records if r.name == "patroller.book"]
+    assert len(lines) == 1 and lines[0].levelno == logging.WARNING
+    message = lines[0].getMessage()
+    aside = tmp_path / "leases.json.corrupt-20270115T080000Z"
+    assert str(tmp_path / "leases.json") in message and str(aside) in message
+    assert aside.read_bytes() == content
+    assert leases.free_counts() == {"gpu": 8}
+    assert on_disk(tmp_path)["devices"] == {}  # a fresh book in its place
+    book.close()
+
+
+def test_an_unreadable_file_is_set_aside(tmp_path, clock, wall, caplog):
+    (tmp_path / "leases.json").mkdir()  # reading it fails (root reads any plain file)
+    with caplog.at_level(logging.WARNING, logger="patroller.book"):
+        book, leases = opened(tmp_path, clock, wall)
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "cannot be read" in line and "set aside" in line
+    assert (tmp_path / "leases.json.corrupt-20270115T080000Z").is_dir()
+    assert leases.free_counts() == {"gpu": 8} and on_disk(tmp_path)["devices"] == {}
+    book.close()
+
+
+def test_the_directory_is_created_private(tmp_path):
+    book = LeaseBook(str(tmp_path / "a" / "state"))
+    book.open()
+    assert oct(os.stat(tmp_path / "a" / "state").st_mode & 0o777) == "0o700"
+    book.close()
+
+
+def test_an_unusable_directory_is_one_clear_error(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(BookError) as error:
+        LeaseBook(str(tmp_path / "file" / "state")).open()
+    assert str(tmp_path / "file" / "state") in str(error.value)
+    assert "--state-dir" in str(error.value)
+
+
+def test_one_directory_serves_one_daemon(tmp_path):
+    first = LeaseBook(str(tmp_path))
+    first.open()
+    with pytest.raises(BookError) as error:
+        LeaseBook(str(tmp_path)).open()
+    assert f"another patroller (pid {os.getpid()}) uses the state directory {tmp_path}" in str(
+        error.value)
+    first.close()
+    second = LeaseBook(str(tmp_path))
+    second.open()  # free again once the first let go
+    second.close()
+
+
+# -- the setting -------------------------------------------------------------------------------
+
+def test_state_dir_flag_environment_and_off(tmp_path):
+    assert load(["--state-dir", str(tmp_path)], {}).state_dir == str(tmp_path)
+    assert load([], {"PATROLLER_STATE_DIR": str(tmp_path)}).state_dir == str(tmp_path)
+    assert load(["--state-dir", "none"], {"PATROLLER_STATE_DIR": str(tmp_path)}).state_dir is None
+    assert load([], {"PATROLLER_STATE_DIR": ""}).state_dir is None
+    assert load(["--test"], {}).state_dir is None  # test daemons keep no book unless asked
+    assert load(["--test", "--state-dir", str(tmp_path)], {}).state_dir == str(tmp_path)
+
+
+def test_state_dir_defaults():
+    assert default_state_dir(False, {}, 0) == "/var/lib/patroller"
+    assert default_state_dir(False, {"HOME": "/home/al"}, 1000) == "/home/al/.local/state/patroller"
+    assert default_state_dir(False, {"HOME": "/home/al", "XDG_STATE_HOME": "/s"}, 1000) == \
+        "/s/patroller"
+    assert default_state_dir(False, {"HOME": "/home/al", "XDG_STATE_HOME": "rel"}, 1000) == \
+        "/home/al/.local/state/patroller"
+    assert default_state_dir(True, {}, 0) is None
+
+
+def test_a_state_dir_that_is_a_file_is_refused_naming_the_flag(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError) as error:
+        load(["--state-dir", str(tmp_path / "file")], {})
+    assert "--state-dir" in str(error.value) and "not a directory" in str(error.value)
