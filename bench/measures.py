@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import asyncio
+import http.client
 import os
+import shutil
 import statistics
+import tempfile
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
@@ -266,7 +269,8 @@ async def _hold_waiters(port: int, count: int) -> List[asyncio.Task]:
 
 def scale(ctx: Context, count: int = 1000) -> Dict[str, Any]:
     """1,000 waiters held, /status p99 and memory meanwhile, then all served."""
-    daemon = Daemon(8, interval=1.0, lease=600, docker_host=ctx.docker_host).start()
+    daemon = _started(Daemon(8, interval=1.0, lease=600, docker_host=ctx.docker_host),
+                      PATROLLER_MAX_WAITING_PER_USER=str(count))  # all are the bench's user
     result: Dict[str, Any] = {"waiters": count}
     try:
         daemon.ok("/request?gpu=8")
@@ -454,13 +458,12 @@ def _lease_manager_costs(users: int, per_user: int) -> Dict[str, Any]:
             "cancel_ms": _spread(cancelled)}
 
 
-def _test_mode_daemon(per_user: int) -> Daemon:
-    """The harness's daemon in test mode, where callers name themselves with user=."""
-    settings = {"PATROLLER_TEST": "1", "PATROLLER_MAX_WAITING_PER_USER": str(per_user)}
+def _started(daemon: Daemon, **settings: str) -> Daemon:
+    """Start the harness's daemon with these PATROLLER_* settings besides its own flags."""
     saved = {name: os.environ.get(name) for name in settings}
-    os.environ.update(settings)  # the daemon inherits them; its flags stay the harness's
+    os.environ.update(settings)  # the daemon inherits them
     try:
-        return Daemon(8, lease=600).start()
+        return daemon.start()
     finally:
         for name, value in saved.items():
             if value is None:
@@ -471,7 +474,9 @@ def _test_mode_daemon(per_user: int) -> Daemon:
 
 def _live_waiters(ctx: Context, users: int, per_user: int) -> Dict[str, Any]:
     count = users * per_user
-    daemon = _test_mode_daemon(per_user)
+    # Test mode: callers name themselves with user=, so one client can be a hundred users.
+    daemon = _started(Daemon(8, lease=600), PATROLLER_TEST="1",
+                      PATROLLER_MAX_WAITING_PER_USER=str(per_user))
     result: Dict[str, Any] = {}
     try:
         daemon.ok("/request?gpu=8&user=holder")
@@ -540,3 +545,134 @@ async def _open_wait(port: int, user: str) -> Any:
     writer.write(f"GET /wait?gpu=1&user={user} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
     await writer.drain()
     return reader, writer
+
+
+# 8. persistence ------------------------------------------------------------------------------
+
+def persistence(ctx: Context) -> Dict[str, Any]:
+    """What keeping the lease book on disk costs: each write alone, and /request + /release
+    round trips through a live daemon with and without --state-dir."""
+    parent = tempfile.mkdtemp(prefix="pbench-book", dir="/var/tmp")  # on disk, as /var/lib
+    try:
+        result: Dict[str, Any] = {"filesystem": _filesystem(parent),
+                                  **_book_write_costs(os.path.join(parent, "alone"), ctx)}
+        runs: Dict[str, Dict[str, Any]] = {}
+        for _ in range(2):  # alternated, the better of two each: the machine is shared
+            for name, state in (("without_book", None), ("with_book", os.path.join(parent, "live"))):
+                row = _round_trips(state, ctx.wrk_seconds)
+                if name not in runs or row["round_trips_per_s"] > runs[name]["round_trips_per_s"]:
+                    runs[name] = row
+        result.update(runs)
+        result["request_p50_added_ms"] = round(
+            runs["with_book"]["request_ms"]["median"] - runs["without_book"]["request_ms"]["median"], 3)
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
+    ctx.log(f"persistence: {result}")
+    return result
+
+
+def _filesystem(path: str) -> str:
+    """The type of the filesystem `path` is on, from /proc/mounts (the longest mount point)."""
+    best, kind = "", "unknown"
+    with open("/proc/mounts", encoding="utf-8") as f:
+        for line in f:
+            fields = line.split()
+            if path.startswith(fields[1].rstrip("/") + "/") and len(fields[1]) >= len(best):
+                best, kind = fields[1], fields[2]
+    return kind
+
+
+def _book_write_costs(directory: str, ctx: Context) -> Dict[str, Any]:
+    """The lease manager's request/release with and without a book, 8 devices; and one write,
+    with and without fsync (why the book does without it)."""
+    from patroller import book as bookmodule
+    from patroller.identity import Identity, named_user
+    from patroller.leases import LeaseManager
+    from patroller.testmode import synthetic_inventory
+
+    count = 2000 if ctx.quick else 20000
+    someone = Identity(user="dana@example.org", source="container", email="dana@example.org",
+                       uid=1000, container=("0123456789ab", "train"), info=(("team", "vision"),))
+
+    def timed(leases: LeaseManager) -> List[float]:
+        leases.request(someone, {"gpu": 7})  # the book holds 7 or 8 devices
+        alice = named_user("alice@example.org")
+        samples = []
+        for _ in range(count):
+            began = time.perf_counter()
+            leases.request(alice, {"gpu": 1})
+            leases.release(alice)
+            samples.append(time.perf_counter() - began)
+        return samples
+
+    bare = timed(LeaseManager(synthetic_inventory(), 600.0))
+    book = bookmodule.LeaseBook(directory)
+    book.open()
+    leases = LeaseManager(synthetic_inventory(), 600.0)
+    book.attach(leases)
+    try:
+        booked = timed(leases)
+        size = os.path.getsize(book.path)
+        assert book.writes == 2 * count + 2, book.writes  # every change written, nothing more
+    finally:
+        book.close()
+    body = b"x" * size
+    path = os.path.join(directory, "raw.json")
+    plain, synced = [], []
+    for n in range(min(count, 2000)):
+        began = time.perf_counter()
+        bookmodule._replace(path, body)
+        plain.append(time.perf_counter() - began)
+        if n < 200:  # fsync reaches the disk: slow, so fewer
+            began = time.perf_counter()
+            _replace_fsync(path, body)
+            synced.append(time.perf_counter() - began)
+    return {"book_bytes": size,
+            "request_release_ms": {"without_book": _spread(bare), "with_book": _spread(booked)},
+            "write_ms": _spread(plain), "write_fsync_ms": _spread(synced)}
+
+
+def _replace_fsync(path: str, body: bytes) -> None:
+    """The book's write with the fsyncs a host crash would need (file, then directory)."""
+    temporary = path + ".tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, body)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temporary, path)
+    fd = os.open(os.path.dirname(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _round_trips(state_dir: Optional[str], seconds: float) -> Dict[str, Any]:
+    """/request?gpu=1 then /release on one keep-alive connection, for `seconds`, GPU host mode."""
+    daemon = Daemon(8, lease=600, state_dir=state_dir).start()
+    try:
+        daemon.ok("/request?gpu=7")  # the book holds 7 or 8 devices, as above
+        connection = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=30)
+        requests: List[float] = []
+        trips = 0
+        began = time.monotonic()
+        while time.monotonic() - began < seconds:
+            start = time.perf_counter()
+            for path in ("/request?gpu=1", "/release"):
+                connection.request("GET", path)
+                response = connection.getresponse()
+                response.read()
+                if response.status != 200:
+                    raise RuntimeError(f"{path}: {response.status}")
+                if path != "/release":
+                    requests.append(time.perf_counter() - start)
+            trips += 1
+        elapsed = time.monotonic() - began
+        connection.close()
+        book = daemon.ok("/metrics").get("lease_book")
+    finally:
+        daemon.stop()
+    return {"round_trips_per_s": round(trips / elapsed), "request_ms": _spread(requests),
+            "book_writes": book["writes"] if book else 0}
