@@ -140,6 +140,7 @@ class IndexHandler(View):
                 "/wait?gpu=N[&timeout=S]": "wait until N devices can be reserved",
                 "/release[?uuid=U]": "give back your reservations",
                 "/metrics": "the daemon's own counters",
+                "/openapi.json": "this API, described for programs (OpenAPI 3.1)",
             },
         })
 
