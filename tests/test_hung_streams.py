@@ -36,14 +36,19 @@ async def test_a_hung_pmon_is_killed_and_restarted_and_the_dead_claim_cleared(sc
     async with gpu_running(scenario, stream_silence=1.0) as h:
         pmon = h.daemon.monitors[1].child
         target = h.uuids()[1]
-        await until(lambda: h.daemon.leases.state(target) == "claimed")
-        # In one write: pmon stops printing (it has printed more than 12 rows) while alive,
-        # and the process ends; a fresh pmon prints two intervals, then hangs again.
+        listed, ended = [], []
+        h.daemon.signals.processes_listed.connect(lambda s, record: listed.append(1), weak=False)
+        h.daemon.signals.process_ended.connect(lambda s, record: ended.append(pmon.starts),
+                                               weak=False)
+        await until(lambda: h.daemon.leases.state(target) == "claimed" and len(listed) >= 3)
+        # In one write: pmon, past its 12th row (3 intervals of 6), stops printing but stays
+        # alive, and the process ends; a fresh pmon prints two intervals, then hangs again.
         scenario.write(processes=[], faults={"pmon": {"stall_after_lines": 12}})
         sleeper.kill()
         sleeper.wait()
         await until(lambda: pmon.hangs >= 1 and pmon.starts >= 2)
         await until(lambda: h.daemon.leases.state(target) != "claimed")
+        assert ended == [2]  # learnt from the restarted pmon, not from the hung one
         claim = (await h.ok("/status"))[target]["claim"]
         assert claim["processes"] == [] and claim["processes_stale"] is False
         hung = [r.getMessage() for r in caplog.records
