@@ -157,7 +157,6 @@ class Daemon:
         if self.book is not None:
             self.book.close()
 
-
     async def _stop_monitors(self, bound: float) -> None:
         """Start every monitor's stop, then await them together (terminado's kill_all)."""
         stops = {asyncio.ensure_future(m.stop(bound / 2)): m for m in self.monitors}
