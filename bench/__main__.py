@@ -20,7 +20,8 @@ from . import measures
 from .harness import ROOT, machine, raise_file_limit
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
-NAMES = ("throughput", "reactions", "identity", "scale", "footprint", "parsers", "waiters")
+NAMES = ("throughput", "reactions", "identity", "scale", "footprint", "parsers", "waiters",
+         "persistence")
 
 
 def log(text: str) -> None:
@@ -34,7 +35,7 @@ def run(quick: bool, only: List[str]) -> Dict[str, Any]:
         ("throughput", measures.throughput), ("reactions", measures.reactions),
         ("identity", measures.identity_cost), ("scale", measures.scale),
         ("footprint", measures.footprint), ("parsers", measures.parsers),
-        ("waiters", measures.waiters)]
+        ("waiters", measures.waiters), ("persistence", measures.persistence)]
     try:
         ctx.start()
         for name, step in steps:
@@ -93,6 +94,9 @@ def checks(report: Dict[str, Any]) -> List[Dict[str, Any]]:
          lambda v: without is not None and v < 2 * without),
         (f"/wait registration ms (p99), {_many(r)} waiting", _get(r, "waiters", "register_ms", "p99"),
          "< 0.1 (a scan: 3.6 with 1,000 waiting)", lambda v: v < 0.1),
+        ("lease book write ms (p99), on the loop before the answer",
+         _get(r, "persistence", "write_ms", "p99"), "< 0.5 (a fraction of a request)",
+         lambda v: v < 0.5),
         ("idle CPU %, 16 GPUs", _get(r, "footprint", "idle", "cpu_percent"), "< 1",
          lambda v: v < 1),
         ("idle RSS MiB", _get(r, "footprint", "idle", "rss_mib"), "< 60", lambda v: v < 60),
@@ -137,6 +141,23 @@ def other_figures(report: Dict[str, Any]) -> List[Tuple[str, Any]]:
                     "status_p99_ratio"):
             if key in w:
                 figures.append((f"{_many(r)} waiting: {key.replace('_', ' ')}", w[key]))
+    p = r.get("persistence")
+    if p:
+        for name in ("without_book", "with_book"):
+            row = p[name]
+            figures.append((f"/request + /release round trips {name.replace('_', ' ')}",
+                            f"{row['round_trips_per_s']}/s, /request p50 {row['request_ms']['median']} "
+                            f"ms, p99 {row['request_ms']['p99']} ms"))
+        pair = p["request_release_ms"]
+        figures.append(("lease manager request + release ms, without / with the book (p50)",
+                        f"{pair['without_book']['median']} / {pair['with_book']['median']}"))
+        for key, how in (("write_ms", "the book's (link swung)"),
+                         ("rename_over_ms", "a temporary renamed over it"),
+                         ("rename_over_fsync_ms", "renamed over, with fsync")):
+            f = p[key]
+            figures.append((f"lease book write ms, {how} ({p['book_bytes']} bytes, "
+                            f"{p['filesystem']})",
+                            f"median {f['median']}, p99 {f['p99']}, max {f['max']}"))
     churn = _get(r, "footprint", "churn")
     if churn:
         figures.append(("500 processes churning (50/s): CPU %, RSS MiB",

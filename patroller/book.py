@@ -1,14 +1,17 @@
 """The lease book on disk: who holds which device, in <state-dir>/leases.json, so that
 reservations survive a restart of the daemon.
 
-The book is written whenever it changes (a holder, a deadline, a releasing flag), atomically (a
-temporary file in the same directory, then `os.replace`), and synchronously, from the lease
-manager's change announcement, before the answer that made the change goes out: a
-CUDA_VISIBLE_DEVICES handed out is on disk. It costs tens of microseconds (see the benchmark's
-`persistence`), so it stays on the loop. No fsync: the page cache outlives the daemon (kill -9,
-SIGTERM, a crash of Python); only a crash of the host loses the last writes, and that ends every
-job the book speaks for. The directory is locked (flock) for the daemon's life, so two daemons
-never share one book.
+The book is written whenever it changes (a holder, a deadline, a releasing flag), synchronously,
+from the lease manager's change announcement, before the answer that made the change goes out:
+a CUDA_VISIBLE_DEVICES handed out is on disk. Each write is whole or not at all: a new file
+`leases-N.json`, then the link `leases.json` swung over to it with a rename, then the previous
+file removed. A plain temporary file renamed over `leases.json` does the same job, but ext4 (and
+btrfs) start writing back a file renamed over another one at the rename: 1.0 ms on average, 5 ms
+p99, up to 125 ms, on the benchmark's disk; swinging a link costs 0.06 ms on average, 0.3 ms p99
+(see the benchmark's `persistence`), so the write stays on the loop. No fsync: the page cache
+outlives the daemon (kill -9, SIGTERM, a crash of Python); only a crash of the host loses the
+last writes (fsync: 8 ms a write there), and that ends every job the book speaks for. The
+directory is locked (flock) for the daemon's life, so two daemons never share one book.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import time
 from typing import Any, Callable, Dict, Optional
 
@@ -27,7 +31,8 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], float]
 
 VERSION = 1
-FILE = "leases.json"
+FILE = "leases.json"  # a link to the newest leases-N.json (a plain file is read as well)
+DATA = re.compile(r"leases-(\d+)\.json")
 LOCK = "lock"  # holds the flock, and the pid of the daemon that holds it
 MAX_SIZE = 16 * 1024 * 1024  # bytes: a bigger file is not a lease book
 STEADY = 1.0  # seconds the wall clock may drift from the monotonic one before the offset follows
@@ -51,6 +56,8 @@ class LeaseBook:
         self._lock: Optional[int] = None
         self._written: Optional[Dict[str, Any]] = None  # the snapshot last on disk
         self._offset: Optional[float] = None
+        self._current: Optional[str] = None  # the leases-N.json that FILE links to
+        self._next = 1  # N of the next file
         self._reported: Optional[float] = None  # when a failing write was last logged
 
     # -- life ---------------------------------------------------------------------------------
@@ -83,6 +90,7 @@ class LeaseBook:
         """Load the book into a fresh lease manager, then keep the file up to date with it."""
         self.leases = leases
         restored = self.restore()
+        self._tidy()
         leases.subscribe(self.write)
         self.write()
         return restored
@@ -109,6 +117,8 @@ class LeaseBook:
             with open(self.path, "rb") as f:
                 data = f.read(MAX_SIZE + 1)
         except FileNotFoundError:
+            if os.path.islink(self.path):
+                self._set_aside(f"links to a missing file ({os.readlink(self.path)})")
             return None
         except OSError as exc:
             self._set_aside(f"cannot be read ({exc.strerror or exc})")
@@ -139,7 +149,11 @@ class LeaseBook:
             n += 1
             aside = f"{self.path}.corrupt-{stamp}-{n}"
         try:
-            os.rename(self.path, aside)
+            if os.path.islink(self.path) and os.path.exists(self.path):
+                os.rename(os.path.realpath(self.path), aside)  # the file, not the link to it
+                os.unlink(self.path)
+            else:
+                os.rename(self.path, aside)
         except OSError as exc:
             log.warning("lease book %s %s and cannot be set aside (%s); starting with no "
                         "reservations", self.path, why, exc.strerror or exc)
@@ -159,7 +173,7 @@ class LeaseBook:
         body = json.dumps({"version": VERSION, "saved": round(self.wall(), 3), "devices": held},
                           separators=(",", ":")).encode()
         try:
-            _replace(self.path, body)
+            self._publish(body)
         except OSError as exc:
             self._failed(exc)
             return
@@ -169,6 +183,62 @@ class LeaseBook:
             log.warning("lease book %s is written again (%d write(s) failed)", self.path,
                         self.failures)
             self._reported = None
+
+    def _publish(self, body: bytes) -> None:
+        """Put `body` in a new file, swing the link to it, remove the previous one."""
+        name = self._create(body)
+        link = self.path + ".tmp"
+        try:
+            try:
+                os.symlink(name, link)
+            except FileExistsError:  # left by a daemon killed at that very moment
+                os.unlink(link)
+                os.symlink(name, link)
+            os.replace(link, self.path)
+        except OSError:
+            _remove(os.path.join(self.directory, name))
+            raise
+        if self._current is not None:
+            _remove(os.path.join(self.directory, self._current))
+        self._current = name
+
+    def _create(self, body: bytes) -> str:
+        """A new leases-N.json holding `body`; its name."""
+        while True:
+            name = f"leases-{self._next}.json"
+            self._next += 1
+            try:
+                fd = os.open(os.path.join(self.directory, name),
+                             os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            except FileExistsError:  # left by a daemon killed between writing and linking
+                continue
+            try:
+                view = memoryview(body)
+                while view:
+                    view = view[os.write(fd, view):]
+            except OSError:
+                os.close(fd)
+                _remove(os.path.join(self.directory, name))
+                raise
+            os.close(fd)
+            return name
+
+    def _tidy(self) -> None:
+        """Remove what a killed daemon may have left: files the link does not name, the new link."""
+        try:
+            target = os.readlink(self.path) if os.path.islink(self.path) else None
+            names = os.listdir(self.directory)
+        except OSError:
+            return
+        if target is not None and DATA.fullmatch(target):
+            self._current = target
+        for name in names:
+            found = DATA.fullmatch(name)
+            if found:
+                self._next = max(self._next, int(found.group(1)) + 1)
+                if name != self._current:
+                    _remove(os.path.join(self.directory, name))
+        _remove(self.path + ".tmp")
 
     def _failed(self, exc: OSError) -> None:
         """Log a failing write now and then, not on every change."""
@@ -195,24 +265,12 @@ class LeaseBook:
         return self._offset
 
 
-def _replace(path: str, body: bytes) -> None:
-    """Write `path` whole or not at all: a temporary file beside it, then a rename."""
-    temporary = path + ".tmp"
+def _remove(path: str) -> None:
+    """Remove a file if it is there; a failure leaves a stray that the next start removes."""
     try:
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            view = memoryview(body)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
-        os.replace(temporary, path)
+        os.unlink(path)
     except OSError:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
+        pass
 
 
 def _pid_in(fd: int) -> Optional[int]:

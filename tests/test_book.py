@@ -180,7 +180,9 @@ def test_every_change_is_on_disk_before_the_call_returns(tmp_path, clock, wall):
                                   "releasing": False, "deadline": wall() + LEASE}}
     leases.release(alice)
     assert on_disk(tmp_path)["devices"] == {}
-    assert sorted(os.listdir(tmp_path)) == ["leases.json", "lock"]  # no temporary left behind
+    # one file, named by the link; no temporary, no earlier version left behind
+    assert sorted(os.listdir(tmp_path)) == ["leases-3.json", "leases.json", "lock"]
+    assert os.readlink(tmp_path / "leases.json") == "leases-3.json"
     assert oct(os.stat(tmp_path / "leases.json").st_mode & 0o777) == "0o600"
     book.close()
 
@@ -252,6 +254,54 @@ def test_the_book_is_read_back_by_the_next_daemon(tmp_path, clock, wall):
     book.close()
 
 
+def test_what_a_killed_daemon_left_is_tidied_away(tmp_path, clock, wall):
+    book, leases = opened(tmp_path, clock, wall)
+    [device] = leases.request(alice, {"gpu": 1})
+    os.close(book._lock)  # as if killed: no close(), the lock goes with the process
+    current = os.readlink(tmp_path / "leases.json")
+    (tmp_path / "leases-7.json").write_text("{}")  # written, never linked
+    os.symlink("leases-7.json", tmp_path / "leases.json.tmp")  # made, never swung
+    book, leases = opened(tmp_path, clock, wall)
+    assert leases.state(device.uuid) == "reserved"
+    assert sorted(os.listdir(tmp_path)) == ["leases-8.json", "leases.json", "lock"]
+    assert current != "leases-8.json" and os.readlink(tmp_path / "leases.json") == "leases-8.json"
+    book.close()
+
+
+def test_a_plain_file_is_read_and_replaced_by_the_link(tmp_path, clock, wall):
+    old, leases = opened(tmp_path / "old", clock, wall)
+    [device] = leases.request(alice, {"gpu": 1})
+    old.close()
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / "leases.json").write_bytes((tmp_path / "old" / "leases.json").read_bytes())
+    book, leases = opened(tmp_path / "new", clock, wall)
+    assert leases.state(device.uuid) == "reserved"
+    assert os.path.islink(tmp_path / "new" / "leases.json")
+    book.close()
+
+
+def test_a_corrupt_file_behind_the_link_is_what_is_set_aside(tmp_path, clock, wall):
+    book, leases = opened(tmp_path, clock, wall)
+    leases.request(alice, {"gpu": 1})
+    book.close()
+    (tmp_path / os.readlink(tmp_path / "leases.json")).write_bytes(b"\0\0\0")
+    book, leases = opened(tmp_path, clock, wall)
+    aside = tmp_path / "leases.json.corrupt-20270115T080000Z"
+    assert aside.read_bytes() == b"\0\0\0" and not aside.is_symlink()
+    assert leases.free_counts() == {"gpu": 8} and on_disk(tmp_path)["devices"] == {}
+    book.close()
+
+
+def test_a_link_to_a_missing_file_is_set_aside(tmp_path, clock, wall, caplog):
+    os.symlink("leases-3.json", tmp_path / "leases.json")
+    with caplog.at_level(logging.WARNING, logger="patroller.book"):
+        book, leases = opened(tmp_path, clock, wall)
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "links to a missing file (leases-3.json)" in line and "set aside" in line
+    assert leases.free_counts() == {"gpu": 8} and on_disk(tmp_path)["devices"] == {}
+    book.close()
+
+
 @pytest.mark.parametrize("content", [
     b"{\"version\": 1, \"devices\": {\"GPU-1\": ",  # cut short
     b"\xff\xfe not even text",
@@ -269,7 +319,7 @@ def test_a_corrupt_file_is_set_aside_with_one_line(tmp_path, clock, wall, caplog
     message = lines[0].getMessage()
     aside = tmp_path / "leases.json.corrupt-20270115T080000Z"
     assert str(tmp_path / "leases.json") in message and str(aside) in message
-    assert aside.read_bytes() == content
+    assert aside.read_bytes() == content and not aside.is_symlink()
     assert leases.free_counts() == {"gpu": 8}
     assert on_disk(tmp_path)["devices"] == {}  # a fresh book in its place
     book.close()
