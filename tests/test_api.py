@@ -12,7 +12,7 @@ from patroller.resolver import host_identity, read_uid
 INFO_KEYS = {"name", "brand", "arch", "number", "pci_address", "total_mem", "group",
              "minor_number", "mig_mode"}
 STAT_KEYS = {"power", "gtemp", "mtemp", "sm", "mem", "enc", "dec", "mclk", "pclk"}
-CLAIM_KEYS = {"state", "user", "users", "processes", "age", "expires"}
+CLAIM_KEYS = {"state", "user", "users", "processes", "age", "expires", "processes_stale"}
 
 
 @async_test
