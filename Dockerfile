@@ -5,6 +5,7 @@
 #     --gpus all --pid host --network host --cap-add SYS_PTRACE \
 #     -v /var/run/docker.sock:/var/run/docker.sock \
 #     -v /run/patroller:/run/patroller \
+#     -v /var/lib/patroller:/var/lib/patroller \
 #     patroller --socket /run/patroller/api.sock
 # Never `-p 80:80` there: through Docker's port mapping every caller is the bridge gateway, and
 # nobody can be identified. Try it without a GPU:  docker run --rm -p 8080:80 patroller --test

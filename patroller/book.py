@@ -66,8 +66,19 @@ class LeaseBook:
         """Create the directory (mode 0700) if missing and lock it; BookError if either fails."""
         try:
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
-            fd = os.open(os.path.join(self.directory, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                         0o600)
+            found = os.stat(self.directory)
+        except OSError as exc:
+            raise BookError(f"cannot use the state directory {self.directory}: "
+                            f"{exc.strerror or exc}; choose another --state-dir") from None
+        # Whoever else may write there could slip in a link for us to follow: refuse, as ssh does.
+        if found.st_uid != os.geteuid() or found.st_mode & 0o022:
+            raise BookError(f"the state directory {self.directory} is "
+                            f"{'writable by others' if found.st_mode & 0o022 else 'not ours'} "
+                            f"(mode {found.st_mode & 0o7777:o}, uid {found.st_uid}); choose "
+                            "another --state-dir, or make it ours and private (chmod 700)")
+        try:
+            fd = os.open(os.path.join(self.directory, LOCK),
+                         os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
             raise BookError(f"cannot use the state directory {self.directory}: "
                             f"{exc.strerror or exc}; choose another --state-dir") from None
@@ -149,8 +160,9 @@ class LeaseBook:
             n += 1
             aside = f"{self.path}.corrupt-{stamp}-{n}"
         try:
-            if os.path.islink(self.path) and os.path.exists(self.path):
-                os.rename(os.path.realpath(self.path), aside)  # the file, not the link to it
+            target = os.readlink(self.path) if os.path.islink(self.path) else ""
+            if DATA.fullmatch(target) and os.path.exists(self.path):
+                os.rename(os.path.join(self.directory, target), aside)  # the file, not the link
                 os.unlink(self.path)
             else:
                 os.rename(self.path, aside)

@@ -390,3 +390,21 @@ def test_a_state_dir_that_is_a_file_is_refused_naming_the_flag(tmp_path):
     with pytest.raises(ConfigError) as error:
         load(["--state-dir", str(tmp_path / "file")], {})
     assert "--state-dir" in str(error.value) and "not a directory" in str(error.value)
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o770])
+def test_a_directory_others_may_write_to_is_refused(tmp_path, mode):
+    os.chmod(tmp_path, mode)
+    with pytest.raises(BookError) as error:
+        LeaseBook(str(tmp_path)).open()
+    assert "writable by others" in str(error.value) and f"mode {mode:o}" in str(error.value)
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory away takes root")
+def test_a_directory_of_another_user_is_refused(tmp_path):
+    os.chmod(tmp_path, 0o700)
+    os.chown(tmp_path, 4321, 4321)
+    with pytest.raises(BookError) as error:
+        LeaseBook(str(tmp_path)).open()
+    assert "is not ours" in str(error.value) and "uid 4321" in str(error.value)
