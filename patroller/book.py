@@ -93,8 +93,11 @@ class LeaseBook:
                                 "another --state-dir") from None
             raise BookError(f"cannot lock the state directory {self.directory}: "
                             f"{exc.strerror or exc}") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        try:  # the pid only names us to a second daemon: not worth failing for
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError:
+            pass
         self._lock = fd
 
     def attach(self, leases: LeaseManager) -> Optional[Restored]:

@@ -499,9 +499,15 @@ def _book_entry(uuid: Any, value: Any) -> Tuple[Identity, Optional[float], bool]
     if not isinstance(value, Mapping):
         raise ValueError(f"device {uuid!r} must be an object")
     deadline, releasing = value.get("deadline"), value.get("releasing", False)
-    if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))
-                                 or not math.isfinite(deadline)):
-        raise ValueError(f"device {uuid!r} has a deadline that is not a time")
+    if deadline is not None:
+        try:
+            if isinstance(deadline, bool) or not isinstance(deadline, (int, float)):
+                raise TypeError
+            deadline = float(deadline)  # an int too big for a float: OverflowError
+            if not math.isfinite(deadline):
+                raise TypeError
+        except (TypeError, OverflowError):
+            raise ValueError(f"device {uuid!r} has a deadline that is not a time") from None
     if not isinstance(releasing, bool):
         raise ValueError(f"device {uuid!r} has a releasing flag that is not true or false")
     return Identity.from_json(value.get("holder")), deadline, releasing

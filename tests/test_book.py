@@ -127,6 +127,8 @@ def test_a_device_this_host_no_longer_has_is_dropped_and_logged(caplog):
     {"X": {"holder": {"user": "alice"}, "deadline": None}},  # no source
     {"X": {"holder": alice.to_json(), "deadline": "soon"}},
     {"X": {"holder": alice.to_json(), "deadline": True}},
+    {"X": {"holder": alice.to_json(), "deadline": 10 ** 400}},
+    {"X": {"holder": alice.to_json(), "deadline": float("nan")}},
     {"X": {"holder": alice.to_json(), "deadline": None, "releasing": "yes"}},
     {"X": {"holder": {**alice.to_json(), "uid": "0"}, "deadline": None}},
     {"X": {"holder": {**alice.to_json(), "container": {"name": "x"}}, "deadline": None}},
