@@ -1,6 +1,6 @@
 """HTTP framing errors answered in JSON, like every other error of the API.
 
-This replaces three behaviours of Tornado 6.6's HTTP/1 server (tornado.http1connection and
+This replaces three behaviours of Tornado's HTTP/1 server (6.5 and 6.6) (tornado.http1connection and
 tornado.iostream), all pinned by tests/test_http_hardening.py:
 
 - A malformed request (request line, header line, Content-Length, chunked framing) is answered
@@ -28,7 +28,7 @@ from typing import Awaitable, Optional, Tuple
 
 from tornado import gen, httputil
 from tornado.http1connection import (HTTP1Connection, HTTP1ConnectionParameters,
-                                     HTTP1ServerConnection)
+                                     HTTP1ServerConnection, _QuietException)
 from tornado.iostream import IOStream, StreamClosedError, UnsatisfiableReadError
 
 from .throttle import Throttle
@@ -190,7 +190,8 @@ class FramedServerConnection(HTTP1ServerConnection):
         self.reports = reports  # how often framing errors are logged: one Throttle per server
 
     async def _server_request_loop(self, delegate: httputil.HTTPServerConnectionDelegate) -> None:
-        # Tornado 6.6's loop, with FramedConnection for HTTP1Connection (a test pins its source).
+        # Tornado's loop, with FramedConnection for HTTP1Connection (a test pins its source). 6.5
+        # lets _QuietException (a delegate's error, already logged) reach this loop; 6.6 does not.
         try:
             while True:
                 conn = FramedConnection(self.stream, self.params, self.context, self.reports)
@@ -198,6 +199,9 @@ class FramedServerConnection(HTTP1ServerConnection):
                 try:
                     ret = await conn.read_response(request_delegate)
                 except (StreamClosedError, UnsatisfiableReadError, asyncio.CancelledError):
+                    return
+                except _QuietException:
+                    conn.close()
                     return
                 except Exception:
                     logging.getLogger("tornado.general").error("Uncaught exception", exc_info=True)
