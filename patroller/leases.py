@@ -470,8 +470,8 @@ class LeaseManager:
                 continue
             if deadline is None:
                 deadline = now + self.lease
-            else:
-                deadline -= offset
+            else:  # never more than a full lease: the wall clock may have been set back
+                deadline = min(deadline - offset, now + self.lease)
                 if deadline <= now + _EARLY:
                     log.info("lease of %s on %s ran out while the daemon was down", holder.user,
                              uuid)

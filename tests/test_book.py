@@ -110,6 +110,14 @@ def test_a_restored_reservation_expires_at_its_deadline():
     assert new.expire() == [device]
 
 
+def test_a_restored_reservation_never_has_more_than_a_full_lease_left():
+    old = manager(FakeClock(1000.0))
+    [device] = old.request(alice, {"gpu": 1})  # wall deadline 6010
+    new = manager(FakeClock(0.0))
+    new.restore(old.snapshot(offset=5000.0), offset=4000.0)  # the wall clock went back 1000 s
+    assert new.claims()[device.uuid]["expires"] == LEASE
+
+
 def test_a_device_this_host_no_longer_has_is_dropped_and_logged(caplog):
     old = manager(FakeClock(1000.0))
     old.request(alice, {"gpu": 1})
