@@ -558,13 +558,14 @@ def persistence(ctx: Context) -> Dict[str, Any]:
                                   **_book_write_costs(os.path.join(parent, "alone"), ctx)}
         runs: Dict[str, Dict[str, Any]] = {}
         for _ in range(2):  # alternated, the better of two each: the machine is shared
-            for name, state in (("without_book", None), ("with_book", os.path.join(parent, "live"))):
+            for name, state in (("without_book", None),
+                                ("with_book", os.path.join(parent, "live"))):
                 row = _round_trips(state, ctx.wrk_seconds)
                 if name not in runs or row["round_trips_per_s"] > runs[name]["round_trips_per_s"]:
                     runs[name] = row
         result.update(runs)
-        result["request_p50_added_ms"] = round(
-            runs["with_book"]["request_ms"]["median"] - runs["without_book"]["request_ms"]["median"], 3)
+        result["request_p50_added_ms"] = round(runs["with_book"]["request_ms"]["median"]
+                                               - runs["without_book"]["request_ms"]["median"], 3)
     finally:
         shutil.rmtree(parent, ignore_errors=True)
     ctx.log(f"persistence: {result}")

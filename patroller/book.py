@@ -126,7 +126,7 @@ class LeaseBook:
     # -- reading ------------------------------------------------------------------------------
 
     def restore(self) -> Optional[Restored]:
-        """Give the devices in the file back to their holders; a bad file is logged and set aside."""
+        """Give the devices in the file back to their holders; a bad file is set aside, logged."""
         assert self.leases is not None
         try:
             with open(self.path, "rb") as f:

@@ -43,7 +43,7 @@ class Identity:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "Identity":
-        """The identity `to_json` gave (read back from the lease book); ValueError if it is not one."""
+        """The identity `to_json` gave (read back from the lease book); ValueError if not one."""
         if not isinstance(data, Mapping):
             raise ValueError("an identity must be an object")
         user, source = data.get("user"), data.get("source")

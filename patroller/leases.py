@@ -447,7 +447,7 @@ class LeaseManager:
         }
 
     def restore(self, held: Any, offset: float) -> Restored:
-        """Give held devices back to their holders at start; ValueError (nothing changed) if malformed.
+        """Give held devices back to their holders at start; ValueError, and no change, if bad.
 
         A reservation keeps its deadline, and is not restored if that passed while the daemon
         was down. A device its holder's processes were on comes back reserved with a fresh

@@ -38,7 +38,8 @@ def book(state):
 
 
 def held_by(status, user):
-    return sorted(u for u, entry in status.items() if (entry["claim"]["user"] or {}).get("user") == user)
+    return sorted(u for u, entry in status.items()
+                  if (entry["claim"]["user"] or {}).get("user") == user)
 
 
 @pytest.fixture
