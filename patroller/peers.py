@@ -257,11 +257,6 @@ def find_holder(inode: int, proc: str = "/proc",
     return None, hidden
 
 
-def pid_of_socket(inode: int, proc: str = "/proc", likely: Iterable[int] = ()) -> Optional[int]:
-    """A process holding the socket with this inode, or None."""
-    return find_holder(inode, proc, likely)[0]
-
-
 @dataclass(frozen=True)
 class Credentials:
     """The kernel's word on who connected to a unix socket (SO_PEERCRED)."""

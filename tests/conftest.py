@@ -1,5 +1,6 @@
 """Shared fixtures: every test fails if the daemon logged an error while it ran."""
 import logging
+import subprocess
 
 import pytest
 
@@ -34,3 +35,12 @@ def engine():
         pytest.skip(f"no Docker Engine here: {exc}")
     yield started
     started.stop()
+
+
+@pytest.fixture
+def sleeper():
+    """A real process (sleep) whose pid a simulator scenario can list on a GPU."""
+    process = subprocess.Popen(["sleep", "120"])
+    yield process
+    process.kill()
+    process.wait()

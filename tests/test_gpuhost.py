@@ -20,14 +20,6 @@ def scenario(tmp_path):
     return ScenarioFile(str(tmp_path / "scenario.json"), devices=SIX)
 
 
-@pytest.fixture
-def sleeper():
-    process = subprocess.Popen(["sleep", "120"])
-    yield process
-    process.kill()
-    process.wait()
-
-
 def by_number(status, devices, number):
     uuid = next(u for u, info in devices.items() if info["number"] == number)
     return status[uuid]

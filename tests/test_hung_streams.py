@@ -4,7 +4,6 @@ import re
 import signal
 import subprocess
 import time
-from dataclasses import replace
 
 import pytest
 
@@ -19,14 +18,6 @@ SIX = [{"minor": n} for n in range(6)]
 @pytest.fixture
 def scenario(tmp_path):
     return ScenarioFile(str(tmp_path / "scenario.json"), devices=SIX)
-
-
-@pytest.fixture
-def sleeper():
-    process = subprocess.Popen(["sleep", "120"])
-    yield process
-    process.kill()
-    process.wait()
 
 
 @async_test

@@ -6,8 +6,7 @@ import time
 import pytest
 
 from patroller.peers import (ESTABLISHED, closed_reason, find_client, find_client_in_tables,
-                             find_holder, is_loopback, normalize, owner_of, parse_net_tcp,
-                             pid_of_socket)
+                             find_holder, is_loopback, normalize, owner_of, parse_net_tcp)
 
 TCP = """\
   sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
@@ -64,7 +63,7 @@ def test_find_the_owner_of_a_real_loopback_connection(family, host):
             with accepted:
                 entry = find_client(peer[:2], accepted.getsockname()[:2])
                 assert entry is not None and entry.uid == os.getuid()
-                assert pid_of_socket(entry.inode) == os.getpid()
+                assert find_holder(entry.inode)[0] == os.getpid()
                 # the kernel's answer (sock_diag) and the tables agree
                 assert find_client_in_tables(peer[:2], accepted.getsockname()[:2]) == entry
                 assert os.stat(f"/proc/self/fd/{client.fileno()}").st_ino == entry.inode

@@ -137,14 +137,6 @@ def scenario(tmp_path):
     return ScenarioFile(str(tmp_path / "scenario.json"), devices=SIX)
 
 
-@pytest.fixture
-def sleeper():
-    process = subprocess.Popen(["sleep", "120"])
-    yield process
-    process.kill()
-    process.wait()
-
-
 def gpu_server(scenario, state):
     return ServerProcess("--nvidia-smi", scenario.command, "--state-dir", state,
                          "--lease", "60").start()
