@@ -4,7 +4,8 @@ Standard library only: copy this one file into a container and `from client impo
 
     if not claim(2, server="gpuhost:8080", timeout=600):
         raise SystemExit("no GPUs free")
-    # CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER=PCI_BUS_ID are set: import torch now
+    # CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER=PCI_BUS_ID are set: import torch now;
+    # the GPUs stay reserved for as long as this process lives (hold="process")
 
     with Claim(1, server="gpuhost:8080") as devices:   # released when the block ends
         ...
@@ -15,15 +16,21 @@ import http.client
 import json
 import os
 import socket
+import threading
 import urllib.parse
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
-__all__ = ["claim", "reserve", "release", "Claim", "PatrollerError", "RequestRefused",
-           "ServerUnreachable", "Busy"]
+__all__ = ["claim", "reserve", "release", "renew", "keep_alive", "status", "devices", "queue",
+           "Claim", "KeepAlive", "PatrollerError", "RequestRefused", "ServerUnreachable", "Busy",
+           "HOLDS"]
 
 DEFAULT_SERVER = "localhost"  # or the PATROLLER_SERVER environment variable
+HOLDS = ("process", "lease")  # what keeps a reservation: the calling process, or a lease
+CUDA_VARIABLES = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 _SLACK = 30.0  # seconds the HTTP connection outlives a /wait timeout
+_LEASE = 10.0  # the server's default lease, for a grant that does not say its own
+_SHORTEST_RENEWAL = 0.5  # seconds: keep_alive never asks more often than this
 
 
 class PatrollerError(Exception):
@@ -48,13 +55,17 @@ class Busy(PatrollerError):
 
 
 def reserve(count: int = 1, server: Optional[str] = None, timeout: Optional[float] = 0,
-            resource: str = "gpu") -> Optional[List[Dict[str, Any]]]:
+            resource: str = "gpu", hold: str = "process") -> Optional[List[Dict[str, Any]]]:
     """Reserve `count` devices of group `resource`; the granted devices, or None when busy.
 
     timeout=0 asks once (/request); a positive timeout waits that many seconds (/wait);
-    timeout=None waits for as long as it takes.
+    timeout=None waits for as long as it takes. hold="process" keeps the devices for as long
+    as the calling process lives; hold="lease" keeps them for the server's short lease, until
+    the user's process shows up on them (see `keep_alive` to hold a lease longer).
     """
-    params: Dict[str, Any] = {resource: count}
+    if hold not in HOLDS:
+        raise ValueError(f"hold must be one of {', '.join(HOLDS)}, not {hold!r}")
+    params: Dict[str, Any] = {resource: count, "hold": hold}
     if timeout == 0:
         path = "/request"
         http_timeout: Optional[float] = _SLACK
@@ -63,22 +74,22 @@ def reserve(count: int = 1, server: Optional[str] = None, timeout: Optional[floa
         if timeout is not None:
             params["timeout"] = timeout
         http_timeout = None if timeout is None else float(timeout) + _SLACK
-    status, body = _call(server, "GET", path, params, http_timeout)
-    if status == 200:
+    code, body = _call(server, "GET", path, params, http_timeout)
+    if code == 200:
         return body
-    if status == 409:
+    if code == 409:
         return None
-    raise RequestRefused(status, body)
+    raise RequestRefused(code, body)
 
 
 def claim(count: int = 1, server: Optional[str] = None, timeout: Optional[float] = 0,
-          resource: str = "gpu") -> bool:
+          resource: str = "gpu", hold: str = "process") -> bool:
     """Reserve devices and point CUDA at them; True on success, False when busy or timed out.
 
     Sets CUDA_VISIBLE_DEVICES to the devices' nvidia-smi numbers and CUDA_DEVICE_ORDER to
     PCI_BUS_ID, the order those numbers follow. Call it before CUDA is initialised.
     """
-    devices = reserve(count, server, timeout, resource)
+    devices = reserve(count, server, timeout, resource, hold)
     if devices is None:
         return False
     export(devices)
@@ -96,30 +107,162 @@ def export(devices: List[Dict[str, Any]]) -> None:
 def release(server: Optional[str] = None, uuid: Optional[str] = None) -> Dict[str, Any]:
     """Give back this caller's reservations (all, or one by uuid); what the server released."""
     params = {"uuid": uuid} if uuid is not None else {}
-    status, body = _call(server, "POST", "/release", params, _SLACK)
-    if status != 200:
-        raise RequestRefused(status, body)
+    code, body = _call(server, "POST", "/release", params, _SLACK)
+    if code != 200:
+        raise RequestRefused(code, body)
     return body
 
 
+def renew(server: Optional[str] = None, uuid: Optional[str] = None,
+          http_timeout: float = _SLACK) -> List[Dict[str, Any]]:
+    """Restart the lease of this caller's lease-held devices (all, or one); the renewed grants.
+
+    Raises RequestRefused: 409 when the device is no longer the caller's (the lease ran out or
+    it was released), 403 when another user holds it, 422 when there is no such device.
+    """
+    params = {"uuid": uuid} if uuid is not None else {}
+    code, body = _call(server, "POST", "/renew", params, http_timeout)
+    if code != 200:
+        raise RequestRefused(code, body)
+    return body["renewed"]
+
+
+def status(server: Optional[str] = None) -> Dict[str, Any]:
+    """GET /status: every device's statistics and claim, by uuid."""
+    return _get(server, "/status")
+
+
+def devices(server: Optional[str] = None) -> Dict[str, Any]:
+    """GET /devices: the inventory, by uuid, in device order."""
+    return _get(server, "/devices")
+
+
+def queue(server: Optional[str] = None) -> List[Dict[str, Any]]:
+    """GET /queue: the waiting requests in arrival order."""
+    return _get(server, "/queue")
+
+
+class KeepAlive:
+    """Renews leases from a daemon thread until stopped; made by `keep_alive`.
+
+    `lost` maps each device that can no longer be renewed (the server answered 409, 403 or
+    422: it ran out, was released or is another's) to the server's error; those are not asked
+    for again. `error` is the last failure to reach the server (it keeps trying), or None.
+    The thread never raises into the caller and never keeps the interpreter alive.
+    """
+
+    def __init__(self, uuids: List[str], server: Optional[str], every: float) -> None:
+        self.uuids = list(uuids)
+        self.server = server
+        self.every = every
+        self.lost: Dict[str, str] = {}
+        self.error: Optional[PatrollerError] = None
+        self.renewals = 0  # successful /renew answers, all devices together
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="patroller-keep-alive",
+                                        daemon=True)
+
+    def start(self) -> "KeepAlive":
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: Optional[float] = None) -> None:
+        """Stop renewing and wait for the thread (at most one renewal in flight)."""
+        self._stopping.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def __enter__(self) -> "KeepAlive":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        # An answer later than `every` would be too late anyway; a hung server must not hold
+        # stop() up for long either.
+        http_timeout = max(self.every, 2.0)
+        while not self._stopping.wait(self.every):
+            left = [uuid for uuid in self.uuids if uuid not in self.lost]
+            if not left:
+                return
+            for uuid in left:
+                if self._stopping.is_set():
+                    return
+                try:
+                    renew(self.server, uuid, http_timeout)
+                except RequestRefused as refused:
+                    if refused.status in (403, 409, 422):
+                        self.lost[uuid] = str(refused.body.get("error", refused.body))
+                    else:
+                        self.error = refused
+                except ServerUnreachable as unreachable:
+                    self.error = unreachable
+                except Exception as unexpected:  # never into the caller's thread
+                    self.error = PatrollerError(f"keep-alive: {unexpected!r}")
+                else:
+                    self.renewals += 1
+                    self.error = None
+
+
+def keep_alive(granted: List[Dict[str, Any]], server: Optional[str] = None,
+               every: Optional[float] = None) -> KeepAlive:
+    """Renew the leases of `granted` (what reserve returned) every `every` seconds, from a
+    daemon thread, until `.stop()`; started. By default `every` is a third of the shortest
+    `expires` among the grants (the server's 10 s lease if none says), never under 0.5 s."""
+    if every is None:
+        leases = [float(g["expires"]) for g in granted if g.get("expires") is not None]
+        every = max(min(leases, default=_LEASE) / 3.0, _SHORTEST_RENEWAL)
+    if every <= 0:
+        raise ValueError(f"every must be positive, not {every!r}")
+    return KeepAlive([g["uuid"] for g in granted], server, every).start()
+
+
 class Claim:
-    """A context manager: reserves on entry (raising Busy if it cannot), releases on exit."""
+    """A context manager: reserves on entry (raising Busy if it cannot), releases on exit.
+
+    Inside the block CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER point at the devices; on exit
+    they are put back as they were (unset if they were unset). With hold="lease" a background
+    thread keeps the lease alive while the block runs.
+    """
 
     def __init__(self, count: int = 1, server: Optional[str] = None,
-                 timeout: Optional[float] = 0, resource: str = "gpu") -> None:
+                 timeout: Optional[float] = 0, resource: str = "gpu",
+                 hold: str = "process") -> None:
+        if hold not in HOLDS:
+            raise ValueError(f"hold must be one of {', '.join(HOLDS)}, not {hold!r}")
         self.count, self.server, self.timeout, self.resource = count, server, timeout, resource
+        self.hold = hold
         self.devices: List[Dict[str, Any]] = []
+        self.keeper: Optional[KeepAlive] = None
+        self._saved: Dict[str, Optional[str]] = {}
 
     def __enter__(self) -> List[Dict[str, Any]]:
-        devices = reserve(self.count, self.server, self.timeout, self.resource)
+        devices = reserve(self.count, self.server, self.timeout, self.resource, self.hold)
         if devices is None:
             raise Busy(f"{self.count} {self.resource} not free"
                        + (f" within {self.timeout} s" if self.timeout else ""))
         self.devices = devices
+        if self.hold == "lease":
+            self.keeper = keep_alive(devices, self.server)
+        self._saved = {name: os.environ.get(name) for name in CUDA_VARIABLES}
         export(devices)
         return devices
 
     def __exit__(self, *exc: Any) -> None:
+        if self.keeper is not None:
+            self.keeper.stop()
+            self.keeper = None
+        for name, value in self._saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        self._saved = {}
         for device in self.devices:
             try:
                 release(self.server, device["uuid"])
@@ -174,6 +317,13 @@ def _connection(scheme: str, host: str, port: int,
     if scheme == "https":
         return http.client.HTTPSConnection(host, port, timeout=timeout)
     return http.client.HTTPConnection(host, port, timeout=timeout)
+
+
+def _get(server: Optional[str], path: str) -> Any:
+    code, body = _call(server, "GET", path, {}, _SLACK)
+    if code != 200:
+        raise RequestRefused(code, body)
+    return body
 
 
 def _call(server: Optional[str], method: str, path: str, params: Dict[str, Any],
