@@ -13,9 +13,9 @@ from tornado.ioloop import IOLoop
 from . import __version__, query
 from .callers import CallerIdentifier
 from .devices import Device, Inventory
-from .errors import (BadRequest, Busy, NotYours, PatrollerError, TooManyWaiting, Unavailable,
-                     Unidentified, Unsatisfiable)
-from .identity import Identity
+from .errors import (BadRequest, Busy, NoCallerProcess, NotHeld, NotYours, PatrollerError,
+                     TooManyWaiting, Unavailable, Unidentified, Unsatisfiable)
+from .identity import Identity, ProcessRef
 from .leases import LeaseManager, Waiter
 from .throttle import Throttle
 from .views import DevicesView, StatusView, dumps
@@ -35,7 +35,9 @@ STATUS = {
     Unidentified: 403,
     NotYours: 403,
     Busy: 409,
+    NotHeld: 409,
     Unsatisfiable: 422,
+    NoCallerProcess: 422,
     TooManyWaiting: 429,
     Unavailable: 503,
 }
@@ -47,9 +49,16 @@ def shown(text: str, limit: int = SHOWN_CHARS) -> str:
     return cut + "..." if len(text) > limit else cut
 
 
-def grant_json(devices: List[Device]) -> List[Dict[str, Any]]:
-    """Devices as /request, /wait and /release list them."""
+def device_json(devices: List[Device]) -> List[Dict[str, Any]]:
+    """Devices as /release lists them."""
     return [{"uuid": d.uuid, "group": d.group, "info": d.info()} for d in devices]
+
+
+def grant_json(devices: List[Device], leases: LeaseManager) -> List[Dict[str, Any]]:
+    """Devices as /request, /wait and /renew list them: with how each is held (`hold`,
+    `expires`, `held_for_pid`)."""
+    return [{"uuid": d.uuid, "group": d.group, "info": d.info(), **leases.hold_of(d.uuid)}
+            for d in devices]
 
 
 class Handler(tornado.web.RequestHandler):
@@ -84,6 +93,10 @@ class Handler(tornado.web.RequestHandler):
     async def caller(self, claimed: Optional[str]) -> Identity:
         """Who is asking."""
         return await self.callers.identify(self.request, claimed)
+
+    async def bound(self, hold: str) -> Optional[ProcessRef]:
+        """The process a hold=process grant is held for (after `caller`); None for a lease."""
+        return await self.callers.process(self.request) if hold == "process" else None
 
     def send(self, body: Any, status: int = 200) -> None:
         """Answer with a JSON body (bytes are already JSON)."""
@@ -139,6 +152,8 @@ class IndexHandler(View):
                 "/request?gpu=N": "reserve N devices now",
                 "/wait?gpu=N[&timeout=S]": "wait until N devices can be reserved",
                 "/release[?uuid=U]": "give back your reservations",
+                "/renew[?uuid=U]": "restart the lease of your reservations",
+                "/queue": "the requests waiting, in order",
                 "/metrics": "the daemon's own counters",
                 "/openapi.json": "this API, described for programs (OpenAPI 3.1)",
             },
@@ -183,7 +198,8 @@ class RequestHandler(Handler):
     async def get(self) -> None:
         ask = query.parse_ask(self.args(), wait=False)
         caller = await self.caller(ask.user)
-        self.send(grant_json(self.leases.request(caller, ask.wants)))
+        bound = await self.bound(ask.hold)
+        self.send(grant_json(self.leases.request(caller, ask.wants, bound), self.leases))
 
     post = get  # so that a client need not change state with a GET; the form joins the query
 
@@ -201,11 +217,12 @@ class WaitHandler(Handler):
     async def get(self) -> None:
         ask = query.parse_ask(self.args(), wait=True)
         caller = await self.caller(ask.user)
+        bound = await self.bound(ask.hold)
         if self._gone():  # it left while we looked it up: queue nothing for nobody
             log.debug("a waiting client left before it was queued")
             return
         self.outcome = asyncio.get_running_loop().create_future()
-        self.waiter = self.leases.wait(caller, ask.wants, self._settle, self._fail)
+        self.waiter = self.leases.wait(caller, ask.wants, self._settle, self._fail, bound)
         timer = None
         if ask.timeout is not None and not self.outcome.done():
             timer = IOLoop.current().call_later(ask.timeout, self._timed_out, ask.wants)
@@ -220,7 +237,7 @@ class WaitHandler(Handler):
             for device in devices:  # nobody to tell: give them straight back
                 self.leases.release(caller, device.uuid)
             return
-        self.send(grant_json(devices))
+        self.send(grant_json(devices, self.leases))
 
     post = get  # as /request: GET, the seed's contract, or POST
 
@@ -253,9 +270,25 @@ class ReleaseHandler(Handler):
         ask = query.parse_release(self.args())
         caller = await self.caller(ask.user)
         now, later = self.leases.release(caller, ask.uuid)
-        self.send({"released": grant_json(now), "after_exit": grant_json(later)})
+        self.send({"released": device_json(now), "after_exit": device_json(later)})
 
     get = post = _release
+
+
+class RenewHandler(Handler):
+    """Restart the lease of the caller's reservations: a client that keeps a lease alive."""
+
+    async def _renew(self) -> None:
+        ask = query.parse_release(self.args(), endpoint="/renew")
+        caller = await self.caller(ask.user)
+        self.send({"renewed": grant_json(self.leases.renew(caller, ask.uuid), self.leases)})
+
+    get = post = _renew
+
+
+class QueueHandler(View):
+    def get(self) -> None:
+        self.send(self.leases.queue())
 
 
 class NotFoundHandler(Handler):
@@ -316,6 +349,8 @@ def make_app(inventory: Inventory, leases: LeaseManager, status: StatusView,
         (r"/request", RequestHandler, deps),
         (r"/wait", WaitHandler, deps),
         (r"/release", ReleaseHandler, deps),
+        (r"/renew", RenewHandler, deps),
+        (r"/queue", QueueHandler, deps),
         (r"/metrics", MetricsHandler, deps),
         (r"/openapi.json", OpenApiHandler, dict(deps, document=openapi_document())),
     ]

@@ -15,6 +15,7 @@ from .containers import ContainerDirectory
 from .devices import Inventory
 from .fastlane import FastLane
 from .leases import LeaseManager
+from .lifetimes import Lifelines
 from .listeners import (PeerServer, SocketFile, SocketPathError, remove_unix_socket,
                         tcp_sockets, unix_socket)
 from .nvsmi import gpuhost
@@ -75,6 +76,7 @@ class Daemon:
         if book is not None:  # last run's reservations, before anything is served
             book.attach(self.leases)
         self.timer = ExpiryTimer(self.leases)
+        self.lifelines = Lifelines(self.leases)  # frees what was held for a process that ended
         self.status = StatusView(inventory, self.leases, self.stats)
         self.devices = DevicesView(inventory)
         self.app = make_app(inventory, self.leases, self.status, self.devices, callers, mode,
@@ -96,6 +98,7 @@ class Daemon:
             "caller_lookups": getattr(self.callers, "lookups", 0),
             "monitors": {type(m).__name__: m.metrics() for m in self.monitors},
             "lease_book": self.book.metrics() if self.book is not None else None,
+            "held_for_processes": self.lifelines.metrics(),
         }
 
     def listen(self, port: int, address: str = "", unix_path: Optional[str] = None) -> List[str]:
@@ -126,6 +129,7 @@ class Daemon:
     def start(self) -> None:
         """Start expiring leases and monitoring devices, on the current loop."""
         self.timer.start()
+        self.lifelines.start()
         for monitor in self.monitors:
             monitor.start()
 
@@ -144,6 +148,7 @@ class Daemon:
         self.leases.close()  # waiters are answered 503
         await asyncio.sleep(0)  # let their answers go out
         self.timer.stop()
+        self.lifelines.stop()
         self.tracker.close()
         await self._stop_monitors(grace / 2)
         if self.server is not None:

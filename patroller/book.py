@@ -12,7 +12,9 @@ other work loads it; swinging a link costs 0.07-0.09 ms (median), 0.2-0.4 ms p99
 (the benchmark's `persistence`), so the write stays on the loop. No fsync: the page cache
 outlives the daemon (kill -9, SIGTERM, a crash of Python); only a crash of the host loses the
 last writes (an fsync'd write: 0.6 ms quiet, 8-12 ms loaded), and that ends every job the book
-speaks for. The directory is locked (flock) for the daemon's life: one daemon, one book.
+speaks for. The directory is locked (flock) for the daemon's life: one daemon, one book. A device held
+for a process keeps its pid and start time, with the boot's id: it is held again at start only
+if that very process still runs.
 """
 from __future__ import annotations
 
@@ -25,7 +27,9 @@ import re
 import time
 from typing import Any, Callable, Dict, Optional
 
+from .identity import ProcessRef
 from .leases import LeaseManager, Restored
+from .lifetimes import boot_id, is_alive
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +61,7 @@ class LeaseBook:
         self._lock: Optional[int] = None
         self._written: Optional[Dict[str, Any]] = None  # the snapshot last on disk
         self._offset: Optional[float] = None
+        self._boot = boot_id()
         self._current: Optional[str] = None  # the leases-N.json that FILE links to
         self._next = 1  # N of the next file
         self._reported: Optional[float] = None  # when a failing write was last logged
@@ -146,13 +151,17 @@ class LeaseBook:
                 raise ValueError("not an object")
             if book.get("version") != VERSION:
                 raise ValueError(f"version {book.get('version')!r}, not {VERSION}")
-            restored = self.leases.restore(book.get("devices"), self._steady_offset())
+            # A process's start time counts from boot: after a reboot no process is alive.
+            same_boot = book.get("boot") is not None and book.get("boot") == boot_id()
+            restored = self.leases.restore(book.get("devices"), self._steady_offset(),
+                                           alive=is_alive if same_boot else _ended)
         except (ValueError, RecursionError) as exc:  # JSON and UTF-8 errors are ValueErrors
             self._set_aside(f"is not a lease book ({str(exc)[:200]})")
             return None
         log.info("lease book %s: %d device(s) held again, %d expired during the downtime, "
-                 "%d no longer on this host", self.path, len(restored.held),
-                 len(restored.expired), len(restored.dropped))
+                 "%d whose process ended, %d no longer on this host", self.path,
+                 len(restored.held), len(restored.expired), len(restored.ended),
+                 len(restored.dropped))
         return restored
 
     def _set_aside(self, why: str) -> None:
@@ -186,8 +195,8 @@ class LeaseBook:
         held = self.leases.snapshot(self._steady_offset())
         if held == self._written:  # process churn that leaves the book as it was: no write
             return
-        body = json.dumps({"version": VERSION, "saved": round(self.wall(), 3), "devices": held},
-                          separators=(",", ":")).encode()
+        body = json.dumps({"version": VERSION, "saved": round(self.wall(), 3),
+                           "boot": self._boot, "devices": held}, separators=(",", ":")).encode()
         try:
             self._publish(body)
         except OSError as exc:
@@ -279,6 +288,11 @@ class LeaseBook:
         if self._offset is None or abs(offset - self._offset) > STEADY:
             self._offset = offset
         return self._offset
+
+
+def _ended(ref: ProcessRef) -> bool:
+    """No process of another boot is alive."""
+    return False
 
 
 def _remove(path: str) -> None:

@@ -39,3 +39,12 @@ class Unavailable(PatrollerError):
 
 class TooManyWaiting(PatrollerError):
     """The caller already has as many requests waiting as one user may (HTTP 429)."""
+
+
+class NoCallerProcess(PatrollerError):
+    """A hold for the caller's process, asked by a caller whose process cannot be known
+    (HTTP 422)."""
+
+
+class NotHeld(PatrollerError):
+    """The caller asked to renew a device it does not hold (any more) (HTTP 409)."""

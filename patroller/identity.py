@@ -6,7 +6,7 @@ computing in another is one user.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,14 @@ class Identity:
 
 
 UNKNOWN = Identity(user="unknown", source="unknown")
+
+
+class ProcessRef(NamedTuple):
+    """One process for ever: its pid and its start time (clock ticks after boot). A pid that
+    ends and is handed out again has a later start time, so it never names the same process."""
+
+    pid: int
+    start: int
 
 
 def named_user(name: str) -> Identity:

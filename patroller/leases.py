@@ -6,9 +6,14 @@ subscribers, and waiters are served by the change itself.
 
 A device is
   free      no holder and no process;
-  reserved  held for a user whose process has not (or no longer) shown up: the lease runs;
+  reserved  held for a user whose process has not (or no longer) shown up: the lease runs, or,
+            held for a process (hold=process), no lease runs while that process lives;
   claimed   every process on it belongs to the holder;
   shared    a process of another user runs on it as well (logged once as trespassing).
+
+A device held for a process (its pid and start time, a ProcessRef) is freed when the process
+ends (`process_exited`, told by lifetimes.py), unless the holder's processes run on it: then the
+usual rules go on (claimed; a lease when they end).
 """
 from __future__ import annotations
 
@@ -21,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from .devices import Device, Inventory
-from .errors import Busy, NotYours, TooManyWaiting, Unavailable, Unsatisfiable
-from .identity import Identity
+from .errors import Busy, NotHeld, NotYours, TooManyWaiting, Unavailable, Unsatisfiable
+from .identity import Identity, ProcessRef
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +44,13 @@ class _Hold:
     """The mutable state of one device."""
 
     since: float
+    uuid: str = ""
     holder: Optional[Identity] = None
     deadline: Optional[float] = None  # while the holder has no process here
     releasing: bool = False  # released by the holder: free once their processes end
+    bound: Optional[ProcessRef] = None  # held while this process lives (hold=process)
     processes: Dict[int, Identity] = field(default_factory=dict)  # pid -> owner, oldest first
+    commands: Dict[int, Optional[str]] = field(default_factory=dict)  # pid -> name nvidia-smi printed
     trespassers: Set[str] = field(default_factory=set)  # users already logged
     shown: Tuple[str, Optional[str]] = ("free", None)  # (state, holder) when `since` was set
 
@@ -51,14 +59,17 @@ class Waiter:
     """A request that waits until it can be granted."""
 
     def __init__(self, user: Identity, wants: Wants, on_grant: Callable[[List[Device]], None],
-                 on_abort: Optional[Callable[[Exception], None]] = None) -> None:
+                 on_abort: Optional[Callable[[Exception], None]] = None,
+                 bound: Optional[ProcessRef] = None) -> None:
         self.user = user
         self.wants = dict(wants)
         self.shape: Shape = tuple(sorted(self.wants.items()))
         self.on_grant = on_grant
         self.on_abort = on_abort
+        self.bound = bound  # the grant is held for this process
         self.granted: Optional[List[Device]] = None
         self.arrival = 0  # set when queued: waiters are served in this order
+        self.since = 0.0  # when queued, on the manager's clock
 
 
 class LeaseManager:
@@ -72,13 +83,14 @@ class LeaseManager:
         self.max_waiters = max_waiters
         self.max_waiting_per_user = max_waiting_per_user
         now = clock()
-        self._holds = {d.uuid: _Hold(since=now) for d in inventory}
+        self._holds = {d.uuid: _Hold(since=now, uuid=d.uuid) for d in inventory}
         # Waiters by shape, each queue in arrival order: serving looks at the head of each
         # shape, not at every waiter (a scan of 1,000 waiters cost 3.6 ms a change).
         self._queues: Dict[Shape, "OrderedDict[Waiter, None]"] = {}
         self._arrivals = itertools.count()
         self._waiting = 0
         self._waiting_by_user: Dict[str, int] = {}
+        self._bound: Dict[ProcessRef, Set[str]] = {}  # process -> uuids held for it
         self._subscribers: List[Callable[[], None]] = []
         self._closed = False
 
@@ -96,19 +108,24 @@ class LeaseManager:
                     f"{count} {group} requested but only {exist} exist on this host",
                     requested=dict(wants), exist=dict(self.inventory.groups))
 
-    def request(self, user: Identity, wants: Wants) -> List[Device]:
-        """Reserve now, all or nothing; raise Busy when the devices are not free."""
+    def request(self, user: Identity, wants: Wants,
+                bound: Optional[ProcessRef] = None) -> List[Device]:
+        """Reserve now, all or nothing; raise Busy when the devices are not free.
+
+        With `bound`, the devices are held while that process lives instead of for a lease.
+        """
         self._check_open()
         self.check(wants)
         picked = self._pick(wants)
         if picked is None:
             raise self.busy(wants)
-        self._reserve(user, picked)
+        self._reserve(user, picked, bound)
         self._changed()
         return picked
 
     def wait(self, user: Identity, wants: Wants, on_grant: Callable[[List[Device]], None],
-             on_abort: Optional[Callable[[Exception], None]] = None) -> Waiter:
+             on_abort: Optional[Callable[[Exception], None]] = None,
+             bound: Optional[ProcessRef] = None) -> Waiter:
         """Queue a request; `on_grant(devices)` is called once it is reserved (maybe at once).
 
         `on_abort(error)` is called instead if the manager closes first. A request that has to
@@ -117,7 +134,7 @@ class LeaseManager:
         """
         self._check_open()
         self.check(wants)
-        waiter = Waiter(user, wants, on_grant, on_abort)
+        waiter = Waiter(user, wants, on_grant, on_abort, bound)
         # Every change that frees a device serves the queue, so no queued waiter fits what is
         # free now: only the newcomer can, and trying it alone keeps the arrival order.
         picked = self._pick(waiter.wants)
@@ -131,7 +148,7 @@ class LeaseManager:
                 raise Unavailable(f"too many waiting requests ({self._waiting})")
             self._enqueue(waiter)
             return waiter
-        self._reserve(user, picked)
+        self._reserve(user, picked, bound)
         waiter.granted = picked
         self._changed()
         on_grant(picked)
@@ -164,6 +181,7 @@ class LeaseManager:
                 continue
             if self._pids_of(hold, user):
                 hold.releasing = True
+                self._unbind(hold)
                 after_exit.append(device)
             else:
                 self._drop(hold)
@@ -172,14 +190,60 @@ class LeaseManager:
             self._settle()
         return now_free, after_exit
 
+    def renew(self, user: Identity, uuid: Optional[str] = None) -> List[Device]:
+        """Restart the lease of the user's reservations (all, or one); the devices they hold.
+
+        A device whose lease does not run (claimed by the user's processes, or held for a
+        process) is listed unchanged. Asked for one device: NotHeld if the user does not hold
+        it (the lease ran out, or it was released), NotYours if another user does.
+        """
+        self._check_open()
+        if uuid is not None:
+            device = self.inventory.get(uuid)
+            if device is None:
+                raise Unsatisfiable(f"there is no device {uuid!r}", uuid=uuid)
+            hold = self._holds[uuid]
+            if hold.holder is None:
+                raise NotHeld(f"device {uuid} is not held by you: its lease ran out or it was "
+                              "released", uuid=uuid, state=self._state(hold))
+            if not hold.holder.same_user(user) or hold.releasing:
+                if hold.releasing:
+                    raise NotHeld(f"device {uuid} was released: it is free once your processes "
+                                  "on it end", uuid=uuid, state=self._state(hold))
+                raise NotYours(f"device {uuid} is held by another user", uuid=uuid)
+            devices = [device]
+        else:
+            devices = [d for d in self.inventory if user.same_user(self._holds[d.uuid].holder)
+                       and not self._holds[d.uuid].releasing]
+        deadline = self.clock() + self.lease
+        for device in devices:
+            hold = self._holds[device.uuid]
+            if hold.deadline is not None:
+                hold.deadline = deadline
+        if devices:
+            self._changed()
+        return devices
+
+    def hold_of(self, uuid: str) -> Dict[str, Any]:
+        """How a device is held, as a grant shows it: its hold, seconds left, the process."""
+        hold = self._holds[uuid]
+        now = self.clock()
+        return {
+            "hold": "process" if hold.bound is not None else "lease",
+            "expires": round(max(0.0, hold.deadline - now), 3) if hold.deadline is not None else None,
+            "held_for_pid": hold.bound.pid if hold.bound is not None else None,
+        }
+
     # -- what the monitors see ------------------------------------------------------------
 
-    def process_started(self, uuid: str, pid: int, owner: Identity) -> None:
-        """A process of `owner` appeared on a device."""
+    def process_started(self, uuid: str, pid: int, owner: Identity,
+                        command: Optional[str] = None) -> None:
+        """A process of `owner` appeared on a device (`command`: its name, when known)."""
         hold = self._holds.get(uuid)
         if hold is None or pid in hold.processes:
             return
         hold.processes[pid] = owner
+        hold.commands[pid] = command
         log.debug("pid %d of %s on %s", pid, owner.user, uuid)
         if hold.holder is None:
             hold.holder = owner
@@ -213,17 +277,50 @@ class LeaseManager:
         hold = self._holds.get(uuid)
         if hold is None or pid not in hold.processes:
             return
+        self._forget(hold, pid)
+        self._settle()
+
+    def _forget(self, hold: _Hold, pid: int) -> None:
+        """A process is no longer on the device: the lease restarts if it was the holder's last
+        (unless the device is held for a live process), a released device is freed."""
         owner = hold.processes.pop(pid)
-        log.debug("pid %d of %s left %s", pid, owner.user, uuid)
+        hold.commands.pop(pid, None)
+        log.debug("pid %d of %s left %s", pid, owner.user, hold.uuid)
         if not self._pids_of(hold, owner):
             hold.trespassers.discard(owner.user)
         if hold.holder is not None and not self._pids_of(hold, hold.holder):
             if hold.releasing:
                 self._drop(hold)
-            elif hold.deadline is None:
+            elif hold.deadline is None and hold.bound is None:
                 hold.deadline = self.clock() + self.lease  # the lease restarts
         self._touch(hold)
+
+    def bound_processes(self) -> Set[ProcessRef]:
+        """The processes devices are held for: lifetimes.py watches them."""
+        return set(self._bound)
+
+    def process_exited(self, ref: ProcessRef) -> List[Device]:
+        """A process devices were held for has ended: free them, unless the holder's processes
+        run on them (then the usual rules go on). The devices it held."""
+        uuids = self._bound.get(ref)
+        if not uuids:
+            return []
+        devices = [d for d in self.inventory if d.uuid in uuids]
+        for hold in self._holds.values():  # the kernel's word: it is on no device any more,
+            if ref.pid in hold.processes:  # though pmon may list it for another interval
+                self._forget(hold, ref.pid)
+        for device in devices:
+            hold = self._holds[device.uuid]
+            self._unbind(hold)
+            user = hold.holder.user if hold.holder else "?"
+            if self._pids_of(hold, hold.holder):
+                log.info("pid %d of %s ended; that user's processes still run on %s", ref.pid, user,
+                         device.uuid)
+            else:
+                log.info("pid %d of %s ended: %s is free", ref.pid, user, device.uuid)
+                self._drop(hold)
         self._settle()
+        return devices
 
     # -- time -----------------------------------------------------------------------------
 
@@ -275,6 +372,20 @@ class LeaseManager:
         """How many requests this user has waiting."""
         return self._waiting_by_user.get(user.user, 0)
 
+    def queue(self) -> List[Dict[str, Any]]:
+        """The waiting requests in arrival order, as /queue lists them."""
+        now = self.clock()
+        waiters = sorted((w for queue in self._queues.values() for w in queue),
+                         key=lambda w: w.arrival)
+        return [{
+            "position": n,
+            "user": w.user.user,
+            "wants": dict(w.wants),
+            "waited": round(now - w.since, 3),
+            "hold": "process" if w.bound is not None else "lease",
+            "pid": w.bound.pid if w.bound is not None else None,
+        } for n, w in enumerate(waiters, 1)]
+
     def subscribe(self, callback: Callable[[], None]) -> None:
         """Call `callback()` after every change of state."""
         self._subscribers.append(callback)
@@ -315,12 +426,30 @@ class LeaseManager:
             picked.extend(free[:count])
         return sorted(picked, key=lambda d: d.number)
 
-    def _reserve(self, user: Identity, devices: List[Device]) -> None:
-        deadline = self.clock() + self.lease
+    def _reserve(self, user: Identity, devices: List[Device],
+                 bound: Optional[ProcessRef] = None) -> None:
+        deadline = None if bound is not None else self.clock() + self.lease
         for device in devices:
             hold = self._holds[device.uuid]
             hold.holder, hold.deadline, hold.releasing = user, deadline, False
+            if bound is not None:
+                self._bind(hold, bound)
             self._touch(hold)
+
+    def _bind(self, hold: _Hold, ref: ProcessRef) -> None:
+        self._unbind(hold)
+        hold.bound = ref
+        self._bound.setdefault(ref, set()).add(hold.uuid)
+
+    def _unbind(self, hold: _Hold) -> None:
+        ref, hold.bound = hold.bound, None
+        if ref is None:
+            return
+        uuids = self._bound.get(ref)
+        if uuids is not None:
+            uuids.discard(hold.uuid)
+            if not uuids:
+                del self._bound[ref]
 
     def _settle(self) -> None:
         """After a change that may free devices: serve the waiters, tell the subscribers, then
@@ -356,13 +485,14 @@ class LeaseManager:
                 picked.extend(free[group][:count])
                 del free[group][:count]
             picked.sort(key=lambda d: d.number)
-            self._reserve(waiter.user, picked)
+            self._reserve(waiter.user, picked, waiter.bound)
             waiter.granted = picked
             granted.append(waiter)
         return granted
 
     def _enqueue(self, waiter: Waiter) -> None:
         waiter.arrival = next(self._arrivals)
+        waiter.since = self.clock()
         self._queues.setdefault(waiter.shape, OrderedDict())[waiter] = None
         self._waiting += 1
         user = waiter.user.user
@@ -383,6 +513,8 @@ class LeaseManager:
 
     def _drop(self, hold: _Hold) -> None:
         """End the holder's hold; remaining processes pass the device to their owner."""
+        if hold.bound is not None:
+            self._unbind(hold)
         hold.holder, hold.deadline, hold.releasing = None, None, False
         hold.trespassers.clear()
         if hold.processes:
@@ -418,8 +550,11 @@ class LeaseManager:
             "user": hold.holder.to_json() if hold.holder else None,
             "users": [u.to_json() for u in users],
             "processes": list(hold.processes),
+            "process_detail": [{"pid": pid, "user": owner.user, "command": hold.commands.get(pid)}
+                               for pid, owner in hold.processes.items()],
             "age": round(now - hold.since, 3),
             "expires": round(max(0.0, hold.deadline - now), 3) if hold.deadline is not None else None,
+            "held_for_pid": hold.bound.pid if hold.bound is not None else None,
         }
 
     def _changed(self) -> None:
@@ -431,7 +566,7 @@ class LeaseManager:
 
     # -- the book on disk -------------------------------------------------------------------
     # What survives a restart (book.py keeps it in a file): every held device's holder,
-    # releasing flag and deadline. Deadlines go to disk on the wall clock (this manager's clock
+    # releasing flag, deadline and the process it is held for. Deadlines go to disk on the wall clock (this manager's clock
     # + `offset`), as the monotonic clock means nothing to the next process after a reboot.
 
     def snapshot(self, offset: float) -> Dict[str, Dict[str, Any]]:
@@ -442,24 +577,27 @@ class LeaseManager:
                 "state": self._state(hold),
                 "releasing": hold.releasing,
                 "deadline": None if hold.deadline is None else round(hold.deadline + offset, 3),
+                **({"pid": hold.bound.pid, "start": hold.bound.start} if hold.bound else {}),
             }
             for uuid, hold in self._holds.items() if hold.holder is not None
         }
 
-    def restore(self, held: Any, offset: float) -> Restored:
+    def restore(self, held: Any, offset: float,
+                alive: Callable[[ProcessRef], bool] = lambda ref: False) -> Restored:
         """Give held devices back to their holders at start; ValueError, and no change, if bad.
 
         A reservation keeps its deadline, and is not restored if that passed while the daemon
         was down. A device its holder's processes were on comes back reserved with a fresh
         lease: the processes claim it again when the monitors see them, and if they died the
-        lease runs out as any other.
+        lease runs out as any other. A device held for a process comes back held for it if
+        `alive(process)` says it still runs, else it is not restored.
         """
         if not isinstance(held, Mapping):
             raise ValueError("devices must be an object")
         entries = [(uuid, *_book_entry(uuid, value)) for uuid, value in held.items()]
         now = self.clock()
         restored = Restored()
-        for uuid, holder, deadline, releasing in entries:
+        for uuid, holder, deadline, releasing, bound in entries:
             hold = self._holds.get(uuid)
             if hold is None:
                 log.warning("the lease book holds %s for %s, a device this host no longer has: "
@@ -468,7 +606,14 @@ class LeaseManager:
                 continue
             if hold.holder is not None:  # already held again (restore runs before serving)
                 continue
-            if deadline is None:
+            if bound is not None:
+                if not alive(bound):
+                    log.info("pid %d of %s, which held %s, ended while the daemon was down",
+                             bound.pid, holder.user, uuid)
+                    restored.ended.append(uuid)
+                    continue
+                deadline = None
+            elif deadline is None:
                 deadline = now + self.lease
             else:  # never more than a full lease: the wall clock may have been set back
                 deadline = min(deadline - offset, now + self.lease)
@@ -478,6 +623,8 @@ class LeaseManager:
                     restored.expired.append(uuid)
                     continue
             hold.holder, hold.deadline, hold.releasing = holder, deadline, releasing
+            if bound is not None:
+                self._bind(hold, bound)
             self._touch(hold)
             restored.held.append(uuid)
         if restored.held:
@@ -492,10 +639,13 @@ class Restored:
     held: List[str] = field(default_factory=list)  # given back to their holder
     expired: List[str] = field(default_factory=list)  # the lease ran out during the downtime
     dropped: List[str] = field(default_factory=list)  # no such device on this host any more
+    ended: List[str] = field(default_factory=list)  # the process it was held for has ended
 
 
-def _book_entry(uuid: Any, value: Any) -> Tuple[Identity, Optional[float], bool]:
-    """(holder, deadline, releasing) of one device in the book; ValueError if it is not one."""
+def _book_entry(uuid: Any, value: Any
+                ) -> Tuple[Identity, Optional[float], bool, Optional[ProcessRef]]:
+    """(holder, deadline, releasing, process) of one device in the book; ValueError if it is
+    not one."""
     if not isinstance(value, Mapping):
         raise ValueError(f"device {uuid!r} must be an object")
     deadline, releasing = value.get("deadline"), value.get("releasing", False)
@@ -510,4 +660,10 @@ def _book_entry(uuid: Any, value: Any) -> Tuple[Identity, Optional[float], bool]
             raise ValueError(f"device {uuid!r} has a deadline that is not a time") from None
     if not isinstance(releasing, bool):
         raise ValueError(f"device {uuid!r} has a releasing flag that is not true or false")
-    return Identity.from_json(value.get("holder")), deadline, releasing
+    pid, start = value.get("pid"), value.get("start")
+    bound = None
+    if pid is not None or start is not None:
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (pid, start)):
+            raise ValueError(f"device {uuid!r} has a process that is not a pid and a start time")
+        bound = ProcessRef(pid, start)
+    return Identity.from_json(value.get("holder")), deadline, releasing, bound

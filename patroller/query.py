@@ -12,6 +12,7 @@ MAX_QUERY = 2048  # bytes of query string
 MAX_GROUPS = 16
 MAX_COUNT = 9999
 MAX_TIMEOUT = 7 * 24 * 3600.0
+HOLDS = ("lease", "process")  # how a grant is held: the short lease, or the caller's process
 _GROUP = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}\Z")
 _USER = re.compile(r"[^\s\x00-\x1f\x7f]{1,128}\Z")
 _UUID = re.compile(r"[A-Za-z0-9-]{1,128}\Z")
@@ -26,11 +27,12 @@ class Ask:
     wants: Dict[str, int]
     user: Optional[str] = None  # test mode only
     timeout: Optional[float] = None  # /wait only; None waits for ever
+    hold: str = "lease"  # or "process": held while the calling process lives
 
 
 @dataclass(frozen=True)
 class Release:
-    """A /release: one device or all of them."""
+    """A /release or /renew: one device or all of them."""
 
     uuid: Optional[str] = None
     user: Optional[str] = None
@@ -48,9 +50,13 @@ def parse_ask(args: Args, *, wait: bool) -> Ask:
     timeout_text = _single(args, "timeout")
     if timeout_text is not None and not wait:
         raise BadRequest("timeout= belongs to /wait; /request answers at once")
+    hold = _single(args, "hold")
+    if hold is not None and hold not in HOLDS:
+        raise BadRequest(f"hold={hold[:16]!r}: must be lease (the short lease, the default) or "
+                         "process (held while the calling process lives)", holds=list(HOLDS))
     wants: Dict[str, int] = {}
     for name, values in args.items():
-        if name in ("user", "timeout"):
+        if name in ("user", "timeout", "hold"):
             continue
         if not _GROUP.match(name):
             raise BadRequest(f"{name[:64]!r} is not a device group name")
@@ -63,14 +69,15 @@ def parse_ask(args: Args, *, wait: bool) -> Ask:
         raise BadRequest("nothing requested: ask for devices as ?gpu=<count>")
     if sum(wants.values()) == 0:
         raise BadRequest("nothing requested: every count is zero", requested=wants)
-    return Ask(wants=wants, user=_user(user), timeout=_timeout(timeout_text))
+    return Ask(wants=wants, user=_user(user), timeout=_timeout(timeout_text),
+               hold=hold or "lease")
 
 
-def parse_release(args: Args) -> Release:
-    """The optional uuid of a /release."""
+def parse_release(args: Args, endpoint: str = "/release") -> Release:
+    """The optional uuid of a /release or a /renew."""
     for name in args:
         if name not in ("uuid", "user"):
-            raise BadRequest(f"/release takes uuid= (and user= in test mode), not {name[:64]}=")
+            raise BadRequest(f"{endpoint} takes uuid= (and user= in test mode), not {name[:64]}=")
     uuid = _single(args, "uuid")
     if uuid is not None and not _UUID.match(uuid):
         raise BadRequest(f"{uuid[:64]!r} is not a device uuid")

@@ -66,7 +66,7 @@ class ProcessTracker:
             owner = UNKNOWN
         key = (record.uuid, record.pid)
         if self._pending.pop(key, None) is not None:
-            self.leases.process_started(record.uuid, record.pid, owner)
+            self.leases.process_started(record.uuid, record.pid, owner, record.command)
             if owner.degraded:
                 self._degraded[key] = asyncio.ensure_future(self._learn(record))
 

@@ -12,7 +12,7 @@ from patroller.resolver import host_identity, read_uid
 INFO_KEYS = {"name", "brand", "arch", "number", "pci_address", "total_mem", "group",
              "minor_number", "mig_mode"}
 STAT_KEYS = {"power", "gtemp", "mtemp", "sm", "mem", "enc", "dec", "mclk", "pclk"}
-CLAIM_KEYS = {"state", "user", "users", "processes", "age", "expires", "processes_stale"}
+CLAIM_KEYS = {"state", "user", "users", "processes", "process_detail", "age", "expires", "held_for_pid", "processes_stale"}
 
 
 @async_test
@@ -56,7 +56,8 @@ async def test_eight_requests_get_eight_devices_and_the_ninth_is_busy():
         granted = []
         for _ in range(8):
             [grant] = await h.ok("/request?gpu=1")
-            assert set(grant) == {"uuid", "group", "info"} and grant["group"] == "gpu"
+            assert set(grant) == {"uuid", "group", "info", "hold", "expires", "held_for_pid"}
+            assert grant["group"] == "gpu" and grant["hold"] == "lease"
             granted.append(grant["uuid"])
         assert sorted(granted) == sorted(h.uuids())
         status, body = await h.call("/request?gpu=1")

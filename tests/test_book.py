@@ -12,6 +12,7 @@ from patroller.book import BookError, LeaseBook
 from patroller.config import ConfigError, default_state_dir, load
 from patroller.identity import Identity, named_user
 from patroller.leases import LeaseManager
+from patroller.lifetimes import boot_id
 from patroller.testmode import synthetic_inventory
 
 LEASE = 10.0
@@ -183,7 +184,7 @@ def on_disk(directory):
 
 def test_every_change_is_on_disk_before_the_call_returns(tmp_path, clock, wall):
     book, leases = opened(tmp_path, clock, wall)
-    assert on_disk(tmp_path) == {"version": 1, "saved": wall(), "devices": {}}
+    assert on_disk(tmp_path) == {"version": 1, "saved": wall(), "boot": boot_id(), "devices": {}}
     [device] = leases.request(alice, {"gpu": 1})
     held = on_disk(tmp_path)["devices"]
     assert held == {device.uuid: {"holder": alice.to_json(), "state": "reserved",
