@@ -1,4 +1,8 @@
-"""The entry point: configuration, logging, the daemon, and one ordered shutdown."""
+"""The entry point: configuration, logging, the daemon, and one ordered shutdown.
+
+`patroller [flags]` runs the daemon; `patroller run|status|release|wait ...` are the command
+line's client commands (cli.py), which need neither Tornado nor the Docker SDK.
+"""
 from __future__ import annotations
 
 import asyncio
@@ -6,11 +10,13 @@ import logging
 import signal
 import sys
 from collections import Counter
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
-from . import __version__
-from .app import Daemon, StartError, build
-from .config import Config, ConfigError, load
+from . import __version__, cli
+
+if TYPE_CHECKING:
+    from .app import Daemon
+    from .config import Config
 
 log = logging.getLogger("patroller")
 
@@ -18,8 +24,20 @@ SHUTDOWN_GRACE = 2.0  # seconds the whole stop may take: monitors, then connecti
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run the daemon until SIGINT or SIGTERM (SIGHUP logs the state). Exit: 0 stopped, 1 failed,
-    2 bad config."""
+    """A client command (`patroller run ...`), or the daemon: run until SIGINT or SIGTERM
+    (SIGHUP logs the state). The daemon's exit: 0 stopped, 1 failed, 2 bad config."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in cli.COMMANDS:
+        return cli.main(args)
+    if args and args[0] == "serve":  # the daemon by name, for symmetry with the commands
+        args = args[1:]
+    return daemon_main(args)
+
+
+def daemon_main(argv: Sequence[str]) -> int:
+    """The daemon, with its flags."""
+    from .config import ConfigError, load  # the daemon's imports: Tornado, the Docker SDK
+
     try:
         config = load(argv)
     except ConfigError as exc:
@@ -29,6 +47,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from .app import StartError
+
     try:
         return asyncio.run(serve(config))
     except StartError as exc:
@@ -36,8 +56,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 1
 
 
-async def serve(config: Config) -> int:
+async def serve(config: "Config") -> int:
     """Build, listen, run until a stop signal, then stop in order."""
+    from .app import StartError, build
+
     daemon = await build(config)
     try:
         urls = daemon.listen(config.port, config.address, config.socket)
@@ -68,7 +90,7 @@ async def serve(config: Config) -> int:
     return 0
 
 
-def summary(daemon: Daemon) -> str:
+def summary(daemon: "Daemon") -> str:
     """One line on what the daemon holds: devices by state, and requests waiting."""
     states = Counter(daemon.leases.state(device.uuid) for device in daemon.inventory)
     held = ", ".join(f"{states[state]} {state}" for state in ("reserved", "claimed", "shared", "free"))
