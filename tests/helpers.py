@@ -214,3 +214,20 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def reuse_pid(pid: int) -> Optional[subprocess.Popen]:
+    """A new host process (sleep) with a pid that just ended, through
+    /proc/sys/kernel/ns_last_pid; None where the kernel does not let us choose."""
+    for _ in range(50):
+        try:
+            with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+                f.write(str(pid - 1))
+        except OSError:
+            return None
+        process = subprocess.Popen(["sleep", "60"])
+        if process.pid == pid:
+            return process
+        process.kill()
+        process.wait()
+    return None

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from helpers import ROOT, ScenarioFile, async_test, gpu_running, until
+from helpers import ROOT, ScenarioFile, async_test, gpu_running, reuse_pid, until
 from patroller.containers import ContainerDirectory
 from patroller.resolver import ProcessIdentifier, host_identity, read_uid
 
@@ -143,22 +143,6 @@ async def test_a_reused_pid_is_not_taken_for_the_old_process(engine):
     finally:
         newcomer.kill()
         newcomer.wait()
-
-
-def reuse_pid(pid):
-    """A new host process with a pid that just ended, through /proc/sys/kernel/ns_last_pid."""
-    for _ in range(50):
-        try:
-            with open("/proc/sys/kernel/ns_last_pid", "w") as f:
-                f.write(str(pid - 1))
-        except OSError:
-            return None
-        process = subprocess.Popen(["sleep", "60"])
-        if process.pid == pid:
-            return process
-        process.kill()
-        process.wait()
-    return None
 
 
 @async_test
