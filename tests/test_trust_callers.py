@@ -235,6 +235,24 @@ def test_a_caller_in_another_network_namespace_is_not_taken_for_local(namespaces
     assert said.endswith("cannot be reached: no such file or directory"), said
 
 
+def test_a_caller_whose_process_cannot_be_known_gets_no_process_hold(namespaces, tmp_path):
+    # Test mode takes user= for the identity, but the process is still the kernel's word: a
+    # caller from another network namespace has none that the daemon can see.
+    server = ServerProcess("--test", "--address", HOST, env=own_state(tmp_path),
+                           preexec_fn=entering(namespaces[0])).start()
+    try:
+        [[status, body], [_, view]] = ask_from(
+            namespaces[1], server, "/request?gpu=1&hold=process&user=alice", "/status")
+        assert status == 422 and body["hold"] == "process", body
+        assert f"caller at {OTHER}" not in body["error"]  # test mode does not look it up
+        assert "unix socket" in body["error"] and "hold=lease" in body["error"]
+        assert all(device["claim"]["state"] == "free" for device in view.values())
+        [[status, _]] = ask_from(namespaces[1], server, "/request?gpu=1&user=alice")
+        assert status == 200  # a lease it can have
+    finally:
+        server.stop()
+
+
 # -- Docker Engine unreachable: the reason in words ---------------------------------------------
 
 @async_test
