@@ -16,6 +16,7 @@ import argparse
 import errno
 import json
 import os
+import shlex
 import shutil
 import sys
 import threading
@@ -36,6 +37,7 @@ EX_INTERRUPTED = 130
 
 COMMANDS = ("run", "status", "release", "wait")
 PROGRESS_EVERY = 1.0  # seconds between looks at the queue while waiting
+QUEUE_GRACE = 3.0  # seconds the progress line waits for the request to show in /queue
 PIPED_PROGRESS_EVERY = 10.0  # at most one progress line this often when stderr is not a terminal
 CUT = "…"
 WIDEST = {"NAME": 22, "USER": 32, "PROCESSES": 40}  # longer cells are cut
@@ -170,7 +172,7 @@ def run_command(options: argparse.Namespace) -> int:
         os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     if not options.quiet:
         print(f"patroller: {describe(granted)} reserved while pid {os.getpid()} runs: "
-              f"{' '.join(command)}", file=sys.stderr)
+              f"{shlex.join(command)}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     try:
@@ -263,6 +265,10 @@ class Progress:
             if self._stopping.is_set():
                 return
             waited = time.monotonic() - self.started
+            if (queued is not None and waited < QUEUE_GRACE
+                    and not any(w.get("pid") == os.getpid() for w in queued)):
+                self._stopping.wait(PROGRESS_EVERY / 10)  # the request is not in the queue yet
+                continue
             key = progress_message(self.count, self.resource, os.getpid(), queued, claims,
                                    inventory, None)
             self._show(key, progress_message(self.count, self.resource, os.getpid(), queued,
@@ -559,7 +565,9 @@ def unit(value: Any, suffix: str) -> str:
 
 
 def duration(seconds: float) -> str:
-    """8s, 3m12s, 2h05m, 3d04h."""
+    """0.5s, 8s, 3m12s, 2h05m, 3d04h."""
+    if 0 < seconds < 9.95 and seconds != int(seconds):
+        return f"{seconds:.1f}s"
     whole = max(int(round(seconds)), 0)
     if whole < 60:
         return f"{whole}s"

@@ -30,7 +30,7 @@ HOLDS = ("process", "lease")  # what keeps a reservation: the calling process, o
 CUDA_VARIABLES = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 _SLACK = 30.0  # seconds the HTTP connection outlives a /wait timeout
 _LEASE = 10.0  # the server's default lease, for a grant that does not say its own
-_SHORTEST_RENEWAL = 0.5  # seconds: keep_alive never asks more often than this
+_SHORTEST_RENEWAL = 0.1  # seconds: keep_alive never asks more often than this
 
 
 class PatrollerError(Exception):
@@ -213,7 +213,7 @@ def keep_alive(granted: List[Dict[str, Any]], server: Optional[str] = None,
                every: Optional[float] = None) -> KeepAlive:
     """Renew the leases of `granted` (what reserve returned) every `every` seconds, from a
     daemon thread, until `.stop()`; started. By default `every` is a third of the shortest
-    `expires` among the grants (the server's 10 s lease if none says), never under 0.5 s."""
+    `expires` among the grants (the server's 10 s lease if none says), never under 0.1 s."""
     if every is None:
         leases = [float(g["expires"]) for g in granted if g.get("expires") is not None]
         every = max(min(leases, default=_LEASE) / 3.0, _SHORTEST_RENEWAL)

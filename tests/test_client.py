@@ -1,12 +1,16 @@
 """The client helper against a real server process."""
 import os
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 
-from helpers import ServerProcess
+from helpers import ROOT, ServerProcess
 from patroller import client
-from patroller.client import Busy, Claim, RequestRefused, ServerUnreachable, claim, release, reserve
+from patroller.client import (Busy, Claim, RequestRefused, ServerUnreachable, claim, release, renew,
+                              reserve)
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +139,139 @@ def test_the_client_is_one_file_on_the_standard_library(tmp_path):
     result = subprocess.run([sys.executable, "-S", "-c", "import client; print(client.claim)"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
+
+
+def claim_of(server, uuid):
+    return client.status(server.server)[uuid]["claim"]
+
+
+def test_the_default_hold_is_the_calling_process(server):
+    granted = reserve(1, server=server.server)
+    assert granted[0]["hold"] == "process" and granted[0]["held_for_pid"] == os.getpid()
+    assert granted[0]["expires"] is None
+    held = claim_of(server, granted[0]["uuid"])
+    assert held["state"] == "reserved" and held["held_for_pid"] == os.getpid()
+    assert held["expires"] is None
+
+
+def test_a_process_hold_ends_with_the_script_that_claimed(server):
+    script = ("import sys\nfrom patroller.client import claim\n"
+              f"assert claim(1, server={server.server!r})\n"
+              "print('claimed', flush=True)\nsys.stdin.read()\n")
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": ROOT})
+    try:
+        assert child.stdout.readline() == "claimed\n"
+        held = [c["claim"] for c in client.status(server.server).values()
+                if c["claim"]["held_for_pid"] == child.pid]
+        assert len(held) == 1 and held[0]["state"] == "reserved"
+    finally:
+        child.stdin.close()  # the script ends
+        child.wait(30)
+    deadline = time.monotonic() + 10
+    while any(c["claim"]["held_for_pid"] == child.pid for c in client.status(server.server).values()):
+        assert time.monotonic() < deadline, "the reservation outlived its process"
+        time.sleep(0.05)
+
+
+def test_hold_lease_keeps_the_lease(server):
+    granted = reserve(1, server=server.server, hold="lease")
+    assert granted[0]["hold"] == "lease" and granted[0]["held_for_pid"] is None
+    held = claim_of(server, granted[0]["uuid"])
+    assert held["state"] == "reserved" and held["held_for_pid"] is None
+    assert 0 < held["expires"] <= 30
+
+
+def test_hold_must_be_process_or_lease(server):
+    with pytest.raises(ValueError):
+        reserve(1, server=server.server, hold="forever")
+    with pytest.raises(ValueError):
+        Claim(1, server=server.server, hold="")
+
+
+@pytest.mark.parametrize("before", [None, {"CUDA_VISIBLE_DEVICES": "7", "CUDA_DEVICE_ORDER": "FASTEST_FIRST"}])
+def test_claim_context_manager_puts_the_variables_back(server, before):
+    for name, value in (before or {}).items():
+        os.environ[name] = value
+    with Claim(2, server=server.server) as devices:
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == ",".join(str(d["info"]["number"]) for d in devices)
+        assert os.environ["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    for name in client.CUDA_VARIABLES:
+        assert os.environ.get(name) == (before or {}).get(name)
+
+
+@pytest.fixture(scope="module")
+def short_lease():
+    process = ServerProcess("--test", "--lease", "0.5").start()
+    yield process
+    assert process.stop() == 0
+
+
+def held_throughout(server, uuid, seconds):
+    """Whether the device stays reserved by us for `seconds`, looked at every 50 ms."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if claim_of(server, uuid)["state"] != "reserved":
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_renew_restarts_the_lease_and_says_when_it_is_lost(short_lease):
+    server = short_lease.server
+    try:
+        granted = reserve(2, server=server, hold="lease")
+        renewed = renew(server, granted[0]["uuid"])
+        assert [r["uuid"] for r in renewed] == [granted[0]["uuid"]]
+        assert 0 < renewed[0]["expires"] <= 0.5
+        assert sorted(r["uuid"] for r in renew(server)) == sorted(g["uuid"] for g in granted)
+        release(server, granted[1]["uuid"])
+        with pytest.raises(RequestRefused) as lost:
+            renew(server, granted[1]["uuid"])
+        assert lost.value.status == 409 and lost.value.body["uuid"] == granted[1]["uuid"]
+        with pytest.raises(RequestRefused) as unknown:
+            renew(server, "GPU-no-such-device")
+        assert unknown.value.status == 422
+    finally:
+        release(server)
+
+
+def test_keep_alive_holds_a_lease_past_three_lease_lengths_and_reports_a_lost_one(short_lease):
+    server = short_lease.server
+    try:
+        kept, dropped = reserve(2, server=server, hold="lease")
+        keeper = client.keep_alive([kept, dropped], server)
+        assert keeper.every == pytest.approx(0.5 / 3, abs=0.05)
+        try:
+            # 3 lease lengths and then some: without renewals the lease ends after one
+            assert held_throughout(short_lease, kept["uuid"], 2.0)
+            assert keeper.renewals >= 2 and keeper.lost == {} and keeper.running
+            release(server, dropped["uuid"])  # now it cannot be renewed: lost, not retried
+            deadline = time.monotonic() + 10
+            while dropped["uuid"] not in keeper.lost:
+                assert time.monotonic() < deadline, "the lost device was not reported"
+                time.sleep(0.05)
+            assert set(keeper.lost) == {dropped["uuid"]}
+            assert held_throughout(short_lease, kept["uuid"], 0.6)
+        finally:
+            keeper.stop()
+        assert not keeper.running
+        # once stopped, nothing renews it: the lease runs out
+        deadline = time.monotonic() + 10
+        while claim_of(short_lease, kept["uuid"])["state"] != "free":
+            assert time.monotonic() < deadline, "the lease was still renewed after stop()"
+            time.sleep(0.05)
+    finally:
+        release(server)
+
+
+def test_without_keep_alive_the_lease_runs_out(short_lease):
+    granted = reserve(1, server=short_lease.server, hold="lease")
+    assert not held_throughout(short_lease, granted[0]["uuid"], 3.0)
+
+
+def test_claim_with_hold_lease_keeps_the_lease_while_the_block_runs(short_lease):
+    with Claim(1, server=short_lease.server, hold="lease") as devices:
+        assert held_throughout(short_lease, devices[0]["uuid"], 2.0)
+    assert claim_of(short_lease, devices[0]["uuid"])["state"] == "free"  # released on exit

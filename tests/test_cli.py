@@ -1,0 +1,475 @@
+"""The command line (`patroller run|status|release|wait`) against real daemons and processes."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from helpers import ROOT, ScenarioFile, ServerProcess, alive
+from patroller import cli, client
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ENV = {name: value for name, value in os.environ.items()
+       if name not in ("PATROLLER_SERVER", "NO_COLOR", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")}
+ENV["PYTHONPATH"] = ROOT
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def patroller(*args, timeout=60, **kwargs):
+    """`python -m patroller.cli ARGS` to its end: the completed process, text captured."""
+    return subprocess.run([sys.executable, "-m", "patroller.cli", *args], env=ENV, cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def start(*args, **kwargs):
+    """`python -m patroller.cli ARGS` started in a process group of its own, as a shell would."""
+    kwargs.setdefault("stdout", subprocess.PIPE)
+    kwargs.setdefault("stderr", subprocess.PIPE)
+    return subprocess.Popen([sys.executable, "-m", "patroller.cli", *args], env=ENV, cwd=ROOT,
+                            text=True, start_new_session=True, **kwargs)
+
+
+def call(server, path):
+    """(status, body) of one raw request, for what the client does not do (test mode's user=)."""
+    try:
+        with urllib.request.urlopen(f"http://{server}{path}", timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def eventually(check, timeout=20.0, what="condition"):
+    """check()'s first true value, asked every 50 ms; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what} not reached in time"
+        time.sleep(0.05)
+
+
+def claims(server):
+    return {uuid: entry["claim"] for uuid, entry in client.status(server).items()}
+
+
+def all_free(server):
+    return all(c["state"] == "free" for c in claims(server).values())
+
+
+def held_for(server, pid):
+    """The claims held for process `pid`."""
+    return [c for c in claims(server).values() if c.get("held_for_pid") == pid]
+
+
+def group_members(pgid):
+    """Live processes of process group `pgid`."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                found.append(int(name))
+    return found
+
+
+def table_rows(text):
+    """{first cell: the row's cells} of a status table (cells two or more spaces apart)."""
+    lines = text.splitlines()
+    assert lines[0].split()[:3] == ["GPU", "NAME", "STATE"]
+    return {re.split(r"\s{2,}", line)[0]: re.split(r"\s{2,}", line)
+            for line in lines[1:] if re.match(r"\d+\s", line)}
+
+
+# --- formatting, on bodies from a live test-mode daemon ------------------------------------
+
+@pytest.fixture(scope="module")
+def testmode():
+    process = ServerProcess("--test", "--lease", "300").start()
+    yield process
+    assert process.stop() == 0
+
+
+@pytest.fixture
+def test_server(testmode):
+    yield testmode.server
+    for user in ("alice@example.org", "bob", "carol"):
+        call(testmode.server, f"/release?user={user}")
+    client.release(testmode.server)
+
+
+def test_the_status_table_from_live_bodies(test_server):
+    assert call(test_server, "/request?gpu=2&user=alice@example.org")[0] == 200
+    assert call(test_server, "/request?gpu=1&user=bob")[0] == 200
+    mine = client.reserve(1, test_server)  # hold=process: bound to this very process
+    assert mine[0]["info"]["number"] == 3
+    status, devices = client.status(test_server), client.devices(test_server)
+
+    plain = cli.format_status(status, devices, [], colour=False)
+    assert "\x1b" not in plain
+    rows = table_rows(plain)
+    assert sorted(rows) == [str(n) for n in range(8)]
+    assert rows["0"][1:4] == ["A100-SXM4-80GB", "reserved", "alice@example.org"]
+    assert rows["1"][2:4] == ["reserved", "alice@example.org"]
+    assert rows["2"][2:4] == ["reserved", "bob"]
+    assert rows["0"][-1].startswith("expires in ")
+    assert rows["3"][2] == "reserved" and rows["3"][-1] == f"while pid {os.getpid()} lives"
+    assert rows["4"][2:5] == ["free", "-", "-"] and rows["4"][-1].startswith("for ")
+    total = devices[mine[0]["uuid"]]["total_mem"].split()[0]
+    assert rows["3"][6] == f"{status[mine[0]['uuid']]['fb']}/{total} MiB"
+    assert rows["3"][5] == f"{status[mine[0]['uuid']]['sm']}%"
+    assert rows["3"][7] == f"{status[mine[0]['uuid']]['gtemp']}C"
+    assert rows["3"][8] == f"{status[mine[0]['uuid']]['power']}W"
+
+    coloured = cli.format_status(status, devices, [], colour=True)
+    assert "\x1b[33mreserved\x1b[0m" in coloured and "\x1b[32mfree\x1b[0m" in coloured
+    assert ANSI.sub("", coloured) == plain  # colours never move a column
+
+
+def test_waiting_requests_and_the_progress_line_from_live_bodies(test_server):
+    assert call(test_server, "/request?gpu=6&user=alice@example.org")[0] == 200
+    assert call(test_server, "/request?gpu=1&user=bob")[0] == 200
+    waiter = threading.Thread(target=call, args=(test_server, "/wait?gpu=2&user=carol&timeout=20"))
+    waiter.start()
+    try:
+        queued = eventually(lambda: client.queue(test_server), what="a waiter")
+        status, devices = client.status(test_server), client.devices(test_server)
+        text = cli.format_status(status, devices, queued)
+        assert re.search(r"^waiting 1: carol wants 2 gpu \(for \d+(\.\d)?s\)$", text, re.M), text
+        # the line `patroller run --wait` shows, for a waiter bound to this pid and another
+        mine = [dict(queued[0], pid=os.getpid())]
+        line = cli.progress_message(2, "gpu", os.getpid(), mine, status, devices, 75)
+        assert line == ("patroller: waiting for 2 gpu: 1st of 1 in the queue; held by "
+                        "alice@example.org (0,1,2,3,4,5), bob (6); 1 free; waited 1m15s")
+        line = cli.progress_message(2, "gpu", os.getpid(), queued, status, devices, None)
+        assert line.startswith("patroller: waiting for 2 gpu: 1 in the queue; held by ")
+    finally:
+        call(test_server, "/release?user=alice@example.org")  # carol is served, the wait ends
+        waiter.join()
+
+
+def test_small_formatters():
+    assert [cli.duration(s) for s in (0, 0.5, 8, 192, 7500, 273600)] == \
+        ["0s", "0.5s", "8s", "3m12s", "2h05m", "3d04h"]
+    assert cli.short_name("NVIDIA A100-SXM4-80GB") == "A100-SXM4-80GB"
+    assert cli.short_name("Tesla P100-PCIE-16GB") == "P100-PCIE-16GB"
+    assert cli.memory_cell(295, "81920 MiB") == "295/81920 MiB"
+    assert cli.memory_cell(None, "81920 MiB") == "-/81920 MiB"
+    assert cli.memory_cell(None, None) == "-"
+    assert cli.cut("abcdef", 4) == "abc…" and cli.cut("abc", 4) == "abc"
+    assert [cli.ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22)] == \
+        ["1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd"]
+    table = cli.format_table(["A", "B"], [["x" * 50, "y"], ["z", ""]])
+    assert table.splitlines()[1] == "x" * 39 + "…  y"  # cut at 40
+    assert table.splitlines()[2] == "z"  # no trailing blanks
+
+
+# --- release and wait, on a test-mode daemon ---------------------------------------------
+
+def test_wait_prints_the_numbers_and_holds_a_lease(test_server):
+    done = patroller("wait", "-n", "2", "--timeout", "5", "--server", test_server)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "0,1\n"
+    assert re.fullmatch(r"patroller: GPUs 0,1 reserved; start the job within \d+m?\d*s?, or the "
+                        r"reservation lapses \(it then lasts while your processes run on them\)\n",
+                        done.stderr), done.stderr
+    held = [c for c in claims(test_server).values() if c["state"] == "reserved"]
+    assert len(held) == 2 and all(c["held_for_pid"] is None and c["expires"] > 0 for c in held)
+
+
+def test_wait_times_out_with_75(test_server):
+    assert call(test_server, "/request?gpu=8&user=bob")[0] == 200
+    done = patroller("wait", "-n", "1", "--timeout", "0.3", "--server", test_server)
+    assert done.returncode == 75 and done.stdout == ""
+    assert done.stderr == "patroller: 1 gpu not free within 0.3s\n"
+
+
+def test_release_says_what_it_released(test_server):
+    assert patroller("wait", "-n", "3", "--server", test_server).stdout == "0,1,2\n"
+    done = patroller("release", "1", "--server", test_server)
+    assert (done.returncode, done.stdout) == (0, "released GPU 1\n"), done.stderr
+    uuid = [u for u, info in client.devices(test_server).items() if info["number"] == 2][0]
+    done = patroller("release", uuid, "--server", test_server)
+    assert (done.returncode, done.stdout) == (0, "released GPU 2\n")
+    assert patroller("release", "--server", test_server).stdout == "released GPU 0\n"
+    assert patroller("release", "--server", test_server).stdout == \
+        "nothing to release: you hold no reservation\n"
+    assert patroller("release", "5", "--server", test_server).stdout == \
+        "nothing released: GPU 5 is not reserved by you\n"
+
+
+def test_release_refused_exits_77_with_the_servers_words(test_server):
+    assert call(test_server, "/request?gpu=1&user=bob")[0] == 200
+    done = patroller("release", "0", "--server", test_server)
+    assert done.returncode == 77
+    assert done.stderr.startswith("patroller: cannot release 0: ") and "another user" in done.stderr
+    done = patroller("release", "9", "GPU-nothing", "--server", test_server)
+    assert done.returncode == 77
+    assert done.stderr.splitlines() == [
+        "patroller: cannot release 9: no GPU number 9 on this host",
+        "patroller: cannot release GPU-nothing: " + call(
+            test_server, "/release?uuid=GPU-nothing")[1]["error"]]
+
+
+def test_usage_and_unreachable_exit_codes(test_server):
+    assert patroller().returncode == 2
+    assert patroller("run", "--server", test_server).returncode == 2  # no command
+    assert patroller("wait", "-n", "0", "--server", test_server).returncode == 2
+    assert patroller("status", "--server", "ftp://x").returncode == 2
+    done = patroller("status", "--server", "127.0.0.1:1")
+    assert done.returncode == 69 and "cannot reach the server" in done.stderr
+    done = patroller("run", "-n", "9", "--server", test_server, "--", "true")
+    assert done.returncode == 77 and "only 8 exist" in done.stderr
+
+
+# --- GPU host mode on the simulator --------------------------------------------------------
+
+@pytest.fixture
+def scenario(tmp_path):
+    return ScenarioFile(str(tmp_path / "scenario.json"), devices=[{}, {}, {}, {}])
+
+
+@pytest.fixture
+def gpuhost(scenario):
+    process = ServerProcess("--nvidia-smi", scenario.command, "--lease", "300").start()
+    yield process
+    try:
+        client.release(process.server)
+    finally:
+        assert process.stop() == 0
+
+
+def on_gpu(*pids_and_gpus):
+    return [{"pid": pid, "gpu": gpu, "type": "C", "name": "sleep", "used_mib": 100}
+            for pid, gpu in pids_and_gpus]
+
+
+def test_status_shows_a_reserved_a_claimed_and_a_shared_gpu(gpuhost, scenario, sleeper):
+    server = gpuhost.server
+    scenario.write(processes=on_gpu((sleeper.pid, 1)))
+    eventually(lambda: claims(server)[uuid_of(server, 1)]["state"] == "claimed", what="claimed")
+    granted = client.reserve(2, server)  # held for this process: GPUs 0 and 2
+    assert [g["info"]["number"] for g in granted] == [0, 2]
+    stranger = subprocess.Popen(["sleep", "120"], preexec_fn=lambda: os.setuid(65534))
+    try:
+        scenario.write(processes=on_gpu((sleeper.pid, 1), (stranger.pid, 2)))
+        eventually(lambda: claims(server)[uuid_of(server, 2)]["state"] == "shared", what="shared")
+        me = client.status(server)[uuid_of(server, 1)]["claim"]["user"]["account"]
+
+        done = patroller("status", "--server", server)  # piped: no colours
+        assert done.returncode == 0, done.stderr
+        assert "\x1b" not in done.stdout
+        rows = table_rows(done.stdout)
+        assert rows["0"][2:5] == ["reserved", me, "-"]
+        assert rows["0"][-1] == f"while pid {os.getpid()} lives"
+        assert rows["1"][2:5] == ["claimed", me, f"{sleeper.pid} sleep"]
+        assert rows["1"][-1].startswith("for ")
+        assert rows["2"][2:5] == ["shared", f"{me}, nobody", f"{stranger.pid} sleep"]
+        assert rows["3"][2:5] == ["free", "-", "-"]
+
+        done = patroller("status", "--json", "--server", server)
+        raw = json.loads(done.stdout)
+        now = client.status(server)
+        assert set(raw) == set(now)
+        for uuid, entry in raw.items():
+            for field in ("state", "user", "users", "processes", "held_for_pid", "process_detail"):
+                assert entry["claim"][field] == now[uuid]["claim"][field], (uuid, field)
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def uuid_of(server, number):
+    return [u for u, info in client.devices(server).items() if info["number"] == number][0]
+
+
+def test_status_watch_redraws_until_ctrl_c(gpuhost):
+    with tempfile.TemporaryFile("w+") as out:
+        watching = start("status", "--watch", "0.2", "--server", gpuhost.server, stdout=out)
+        try:
+            def tables():
+                out.seek(0)
+                return out.read().count("GPU  NAME") >= 2
+            eventually(tables, what="two tables")
+        finally:
+            os.killpg(watching.pid, signal.SIGINT)
+            assert watching.wait(20) == 0
+
+
+def test_run_gives_the_command_the_gpus_and_its_exit_status(gpuhost):
+    server = gpuhost.server
+    running = start("run", "-n", "2", "--server", server, "--",
+                    "sh", "-c", 'echo "$CUDA_VISIBLE_DEVICES $CUDA_DEVICE_ORDER $$"; exit 7')
+    out, err = running.communicate(timeout=60)
+    assert running.returncode == 7, err
+    assert out == f"0,1 PCI_BUS_ID {running.pid}\n"  # the same process, the command in place
+    assert err == f"patroller: GPUs 0,1 reserved while pid {running.pid} runs: sh -c '" \
+                  f"echo \"$CUDA_VISIBLE_DEVICES $CUDA_DEVICE_ORDER $$\"; exit 7'\n"
+    eventually(lambda: all_free(server), what="the GPUs freed after the command")
+
+
+def test_run_holds_the_gpus_for_the_commands_pid_and_ctrl_c_ends_it(gpuhost):
+    server = gpuhost.server
+    running = start("run", "-n", "1", "-q", "--server", server, "--", "sleep", "60")
+    try:
+        held = eventually(lambda: held_for(server, running.pid), what="held for the run")
+        assert [c["state"] for c in held] == ["reserved"] and held[0]["expires"] is None
+        eventually(lambda: open(f"/proc/{running.pid}/cmdline").read() == "sleep\x0060\x00",
+                   what="the command in place of patroller")
+        os.killpg(running.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
+        assert running.wait(20) == -signal.SIGINT  # the command's own answer to it
+    finally:
+        if running.poll() is None:
+            running.kill()
+    assert group_members(running.pid) == []
+    eventually(lambda: all_free(server), what="the GPUs freed after Ctrl-C")
+
+
+def test_run_when_busy_exits_75_and_leaves_nothing(gpuhost):
+    server = gpuhost.server
+    client.reserve(4, server)
+    done = patroller("run", "-n", "1", "--server", server, "--", "true")
+    assert done.returncode == 75
+    assert done.stderr.startswith("patroller: busy: 1 gpu not free now; held by ")
+    assert done.stderr.endswith("; 0 free; add --wait SECONDS or --wait forever to queue\n")
+
+
+def test_run_refuses_a_missing_command_before_reserving(gpuhost, tmp_path):
+    server = gpuhost.server
+    done = patroller("run", "--server", server, "--", "no-such-command-here")
+    assert (done.returncode, done.stderr) == (
+        127, "patroller: no-such-command-here: command not found\n")
+    plain = tmp_path / "plain"
+    plain.write_text("not a program\n")
+    plain.chmod(0o644)
+    done = patroller("run", "--server", server, "--", str(plain))
+    assert (done.returncode, done.stderr) == (126, f"patroller: {plain}: not executable\n")
+    assert all_free(server)
+
+
+def test_run_releases_what_it_reserved_when_exec_fails(gpuhost, tmp_path):
+    server = gpuhost.server
+    garbage = tmp_path / "garbage"
+    garbage.write_bytes(b"\x7fELF not really")  # executable bits, but no program the kernel runs
+    garbage.chmod(0o755)
+    # main() in a process that lives on after it: what is held then was not released by main,
+    # since the process that holds it has not ended
+    script = ("import json, os, sys\nfrom patroller import cli, client\n"
+              f"code = cli.main(['run', '-n', '2', '--server', {server!r}, '--', {str(garbage)!r}])\n"
+              f"held = [c['claim']['state'] for c in client.status({server!r}).values()\n"
+              "        if c['claim']['held_for_pid'] == os.getpid()]\n"
+              "print(json.dumps([code, held]))\n")
+    done = subprocess.run([sys.executable, "-c", script], env=ENV, capture_output=True,
+                          text=True, timeout=60)
+    assert json.loads(done.stdout) == [126, []], done.stderr
+    assert done.stderr.splitlines()[-1] == f"patroller: cannot run {garbage}: Exec format error"
+    assert all_free(server)
+
+
+def test_run_waits_in_the_queue_and_starts_when_a_gpu_frees(gpuhost):
+    server = gpuhost.server
+    mine = client.reserve(4, server)
+    with tempfile.TemporaryFile("w+") as err:
+        waiting = start("run", "-n", "1", "--wait", "60", "--server", server, "--",
+                        "sh", "-c", 'echo "started on $CUDA_VISIBLE_DEVICES"', stderr=err)
+        try:
+            queued = eventually(lambda: [w for w in client.queue(server)
+                                         if w["pid"] == waiting.pid], what="queued")
+            assert queued[0]["hold"] == "process" and queued[0]["wants"] == {"gpu": 1}
+
+            def progress():
+                err.seek(0)
+                return err.read()
+            first = eventually(lambda: "in the queue" in progress() and progress())
+            assert first.startswith("patroller: waiting for 1 gpu: 1st of 1 in the queue; "
+                                    "held by ")
+            assert "\r" not in first and "\x1b" not in first  # not a terminal: plain lines
+            client.release(server, mine[2]["uuid"])
+            out, _ = waiting.communicate(timeout=60)
+        finally:
+            if waiting.poll() is None:
+                waiting.kill()
+        assert waiting.returncode == 0, progress()
+        assert out == "started on 2\n"
+
+
+def test_ctrl_c_while_waiting_exits_130_and_leaves_nothing(gpuhost):
+    server = gpuhost.server
+    client.reserve(4, server)
+    waiting = start("run", "-n", "1", "--wait", "forever", "--server", server, "--", "sleep", "60")
+    try:
+        eventually(lambda: any(w["pid"] == waiting.pid for w in client.queue(server)),
+                   what="queued")
+        os.killpg(waiting.pid, signal.SIGINT)
+        _, err = waiting.communicate(timeout=20)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+    assert waiting.returncode == 130
+    assert err.splitlines()[-1] == "patroller: interrupted"
+    assert group_members(waiting.pid) == [] and not alive(waiting.pid)
+    eventually(lambda: client.queue(server) == [], what="the queue empty")
+    client.release(server)
+    assert all_free(server)
+
+
+def test_release_of_a_gpu_in_use_says_it_frees_after_the_processes(gpuhost, scenario, sleeper):
+    server = gpuhost.server
+    client.reserve(1, server, hold="lease")
+    scenario.write(processes=on_gpu((sleeper.pid, 0)))
+    eventually(lambda: claims(server)[uuid_of(server, 0)]["state"] == "claimed", what="claimed")
+    done = patroller("release", "--server", server)
+    assert done.stdout == "GPU 0 will be free when your processes on it end\n", done.stderr
+
+
+# --- a caller in a container, on the unix socket -----------------------------------------
+
+@pytest.fixture
+def socket_dir():
+    path = f"/tmp/ptcli{os.getpid()}"  # short: far below the 107-byte limit of a socket path
+    os.makedirs(path, exist_ok=True)
+    yield path
+    subprocess.run(["rm", "-rf", path])
+
+
+def test_run_from_a_container_on_the_unix_socket(engine, scenario, socket_dir):
+    alice = engine.run(labels={"user.email": "alice@example.org"}, command="sleep 600")
+    path = os.path.join(socket_dir, "api.sock")
+    server = ServerProcess("--nvidia-smi", scenario.command, "--docker-host", engine.url,
+                           "--socket", path).start()
+    socket = f"unix://{path}"
+    script = (
+        "import os, sys\n"
+        f"sys.path[:0] = [{ROOT!r}, {TESTS!r}]\n"
+        "from dockerd import Container\n"
+        f"Container.adopt_pid({alice.pid}, os.getpid())\n"
+        "from patroller.cli import main\n"
+        f"sys.exit(main(['run', '-n', '1', '--server', {socket!r}, '--', 'sh', '-c', "
+        "'echo \"$CUDA_VISIBLE_DEVICES\"; cat >/dev/null']))\n")
+    running = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert running.stdout.readline() == "0\n", running.stderr.read()
+        held = held_for(socket, running.pid)
+        assert len(held) == 1 and held[0]["state"] == "reserved"
+        assert held[0]["user"]["user"] == "alice@example.org"
+        assert held[0]["user"]["container"]["id"] == alice.short
+        running.stdin.close()  # cat reads to the end of its input and the command ends
+        assert running.wait(30) == 0
+        eventually(lambda: all_free(socket), what="the GPU freed after the container's command")
+    finally:
+        if running.poll() is None:
+            running.kill()
+        assert server.stop() == 0
