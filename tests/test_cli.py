@@ -473,3 +473,15 @@ def test_run_from_a_container_on_the_unix_socket(engine, scenario, socket_dir):
         if running.poll() is None:
             running.kill()
         assert server.stop() == 0
+
+
+def test_the_command_line_needs_only_the_client_and_the_standard_library(test_server, tmp_path):
+    package = tmp_path / "patroller"
+    package.mkdir()
+    for name in ("__init__.py", "client.py", "cli.py"):
+        (package / name).write_text(open(os.path.join(ROOT, "patroller", name)).read())
+    # -S: no site-packages, so Tornado, the Docker SDK or any other package cannot be imported
+    done = subprocess.run([sys.executable, "-S", "-m", "patroller.cli", "status", "--server",
+                           test_server], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert len(table_rows(done.stdout)) == 8
