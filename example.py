@@ -20,7 +20,7 @@ def main() -> None:
     if claim(args.gpus, server=args.server):
         print("claimed GPUs", os.environ["CUDA_VISIBLE_DEVICES"])
         # import torch here: it sees only the claimed GPUs, numbered from 0
-        print("released", release(server=args.server))  # or let the lease run out
+        print("released", release(server=args.server))  # else held until this process ends
 
     # 2. Wait up to ten minutes, and release when the block ends.
     try:

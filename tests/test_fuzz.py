@@ -104,9 +104,20 @@ def strategies(operation: APIOperation) -> Iterator[Tuple[str, SearchStrategy]]:
         yield "invalid", operation.as_strategy(generation_mode=GenerationMode.NEGATIVE)
 
 
+def leases_only(document: dict) -> dict:
+    """The document with hold=lease alone: a hold=process grant would last as long as the
+    process that asked, which is this test's own (test_hold_process.py covers those)."""
+    lease = {"const": "lease"}
+    document["components"]["parameters"]["hold"]["schema"] = lease
+    for path in ("/request", "/wait"):
+        form = document["paths"][path]["post"]["requestBody"]["content"]
+        form["application/x-www-form-urlencoded"]["schema"]["properties"]["hold"] = lease
+    return document
+
+
 def test_every_answer_matches_the_document(daemon):
     # from_dict, not from_url: schemathesis would leave out GET /openapi.json, where it came from
-    api = schemathesis.openapi.from_dict(daemon.get("/openapi.json"))
+    api = schemathesis.openapi.from_dict(leases_only(daemon.get("/openapi.json")))
     failures, labels = [], set()
     for result in api.get_all_operations():
         operation = result.ok()
