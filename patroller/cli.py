@@ -437,7 +437,7 @@ def status_command(options: argparse.Namespace) -> int:
 def render_status(options: argparse.Namespace, colour: bool) -> str:
     claims = client.status(options.server)
     if options.json:
-        return json.dumps(claims) + "\n"
+        return json.dumps(claims, separators=(",", ":")) + "\n"
     return format_status(claims, client.devices(options.server), optional_queue(options.server),
                          colour)
 
