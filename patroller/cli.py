@@ -292,8 +292,10 @@ class Progress:
 def progress_message(count: int, resource: str, pid: int, queued: Optional[List[Dict[str, Any]]],
                      claims: Optional[Dict[str, Any]], inventory: Dict[str, Any],
                      waited: Optional[float]) -> str:
-    """'patroller: waiting for 2 gpu: 1st of 3 in the queue; held by ...; waited 12s'."""
-    parts = [f"patroller: waiting for {count} {resource}"]
+    """'patroller: waiting for 2 gpu (12s): 1st of 3 in the queue; held by ...'; the time
+    first, so that a line cut to the terminal's width keeps it."""
+    waiting = f" ({duration(waited)})" if waited is not None else ""
+    parts = [f"patroller: waiting for {count} {resource}{waiting}"]
     if queued is not None:
         mine = [w for w in queued if w.get("pid") == pid]
         if mine:
@@ -302,10 +304,7 @@ def progress_message(count: int, resource: str, pid: int, queued: Optional[List[
             parts.append(f"{len(queued)} in the queue")
     if claims is not None:
         parts.append(holders_summary(claims, inventory, resource))
-    text = parts[0] + (": " + "; ".join(parts[1:]) if parts[1:] else "")
-    if waited is not None:
-        text += f"; waited {duration(waited)}"
-    return text
+    return parts[0] + (": " + "; ".join(parts[1:]) if parts[1:] else "")
 
 
 def holders_summary(claims: Dict[str, Any], inventory: Dict[str, Any], resource: str) -> str:

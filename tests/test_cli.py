@@ -151,8 +151,8 @@ def test_waiting_requests_and_the_progress_line_from_live_bodies(test_server):
         # the line `patroller run --wait` shows, for a waiter bound to this pid and another
         mine = [dict(queued[0], pid=os.getpid())]
         line = cli.progress_message(2, "gpu", os.getpid(), mine, status, devices, 75)
-        assert line == ("patroller: waiting for 2 gpu: 1st of 1 in the queue; held by "
-                        "alice@example.org (0,1,2,3,4,5), bob (6); 1 free; waited 1m15s")
+        assert line == ("patroller: waiting for 2 gpu (1m15s): 1st of 1 in the queue; held by "
+                        "alice@example.org (0,1,2,3,4,5), bob (6); 1 free")
         line = cli.progress_message(2, "gpu", os.getpid(), queued, status, devices, None)
         assert line.startswith("patroller: waiting for 2 gpu: 1 in the queue; held by ")
     finally:
@@ -367,7 +367,8 @@ def test_run_releases_what_it_reserved_when_exec_fails(gpuhost, tmp_path):
     # main() in a process that lives on after it: what is held then was not released by main,
     # since the process that holds it has not ended
     script = ("import json, os, sys\nfrom patroller import cli, client\n"
-              f"code = cli.main(['run', '-n', '2', '--server', {server!r}, '--', {str(garbage)!r}])\n"
+              f"code = cli.main(['run', '-n', '2', '--server', {server!r}, '--', "
+              f"{str(garbage)!r}])\n"
               f"held = [c['claim']['state'] for c in client.status({server!r}).values()\n"
               "        if c['claim']['held_for_pid'] == os.getpid()]\n"
               "print(json.dumps([code, held]))\n")
@@ -393,8 +394,8 @@ def test_run_waits_in_the_queue_and_starts_when_a_gpu_frees(gpuhost):
                 err.seek(0)
                 return err.read()
             first = eventually(lambda: "in the queue" in progress() and progress())
-            assert first.startswith("patroller: waiting for 1 gpu: 1st of 1 in the queue; "
-                                    "held by ")
+            assert re.match(r"patroller: waiting for 1 gpu \(\d+(\.\d)?s\): 1st of 1 in the queue; "
+                            "held by ", first), first
             assert "\r" not in first and "\x1b" not in first  # not a terminal: plain lines
             client.release(server, mine[2]["uuid"])
             out, _ = waiting.communicate(timeout=60)

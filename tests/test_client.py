@@ -170,7 +170,8 @@ def test_a_process_hold_ends_with_the_script_that_claimed(server):
         child.stdin.close()  # the script ends
         child.wait(30)
     deadline = time.monotonic() + 10
-    while any(c["claim"]["held_for_pid"] == child.pid for c in client.status(server.server).values()):
+    while any(c["claim"]["held_for_pid"] == child.pid
+              for c in client.status(server.server).values()):
         assert time.monotonic() < deadline, "the reservation outlived its process"
         time.sleep(0.05)
 
@@ -190,12 +191,14 @@ def test_hold_must_be_process_or_lease(server):
         Claim(1, server=server.server, hold="")
 
 
-@pytest.mark.parametrize("before", [None, {"CUDA_VISIBLE_DEVICES": "7", "CUDA_DEVICE_ORDER": "FASTEST_FIRST"}])
+@pytest.mark.parametrize("before", [
+    None, {"CUDA_VISIBLE_DEVICES": "7", "CUDA_DEVICE_ORDER": "FASTEST_FIRST"}])
 def test_claim_context_manager_puts_the_variables_back(server, before):
     for name, value in (before or {}).items():
         os.environ[name] = value
     with Claim(2, server=server.server) as devices:
-        assert os.environ["CUDA_VISIBLE_DEVICES"] == ",".join(str(d["info"]["number"]) for d in devices)
+        numbers = ",".join(str(d["info"]["number"]) for d in devices)
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == numbers
         assert os.environ["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     for name in client.CUDA_VARIABLES:
         assert os.environ.get(name) == (before or {}).get(name)
