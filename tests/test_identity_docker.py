@@ -15,6 +15,9 @@ from patroller.resolver import ProcessIdentifier, host_identity, read_uid
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 LABELS = ("user.email", "email", "maintainer")
+# The identity tests look at a reservation after the client has exited: a lease, not a process hold
+RESERVE_1 = "print(json.dumps(client.reserve(1, server=server, hold='lease')))"
+RESERVE_2 = "print(json.dumps(client.reserve(2, server=server, hold='lease')))"
 
 
 @pytest.fixture
@@ -94,7 +97,7 @@ async def test_a_caller_in_a_container_reserves_over_the_unix_socket(engine, sce
     async with gpu_running(scenario, docker_host=engine.url, socket=path) as h:
         loop = asyncio.get_running_loop()
         granted = await loop.run_in_executor(None, client_in, alice, f"unix://{path}",
-                                             "print(json.dumps(client.reserve(1, server=server)))")
+                                             RESERVE_1)
         uuid = granted[0]["uuid"]
         claim = (await h.ok("/status"))[uuid]["claim"]
         assert claim["state"] == "reserved" and claim["user"]["user"] == "alice@example.org"
@@ -121,7 +124,7 @@ async def test_a_loopback_tcp_caller_in_a_container_is_that_container(engine, sc
     async with gpu_running(scenario, docker_host=engine.url) as h:
         loop = asyncio.get_running_loop()
         granted = await loop.run_in_executor(None, client_in, alice, h.url,
-                                             "print(json.dumps(client.reserve(2, server=server)))")
+                                             RESERVE_2)
         claims = await h.ok("/status")
         assert {claims[g["uuid"]]["claim"]["user"]["user"] for g in granted} == {"alice@example.org"}
 
@@ -179,7 +182,7 @@ async def test_docker_down_degrades_and_recovers(engine, scenario, socket_dir):
             assert owner["container"]["id"] == alice.short  # the container is still known
             loop = asyncio.get_running_loop()
             refused = await loop.run_in_executor(None, client_in, alice, f"unix://{path}", (
-                "try:\n    client.reserve(1, server=server)\n    print(json.dumps(0))\n"
+                "try:\n    client.reserve(1, server=server, hold='lease')\n    print(json.dumps(0))\n"
                 "except client.RequestRefused as e:\n    print(json.dumps([e.status, e.body['error']]))"))
             assert refused[0] == 403 and "unreachable" in refused[1]
             assert len(await h.ok("/devices")) == 4  # the API keeps answering
@@ -190,7 +193,7 @@ async def test_docker_down_degrades_and_recovers(engine, scenario, socket_dir):
         assert h.daemon.leases.state(target) == "claimed"
         loop = asyncio.get_running_loop()
         granted = await loop.run_in_executor(None, client_in, alice, f"unix://{path}",
-                                             "print(json.dumps(client.reserve(1, server=server)))")
+                                             RESERVE_1)
         assert granted and granted[0]["uuid"] != target
 
 
