@@ -486,3 +486,36 @@ def test_the_command_line_needs_only_the_client_and_the_standard_library(test_se
                            test_server], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert len(table_rows(done.stdout)) == 8
+
+
+def test_status_is_coloured_on_a_terminal_unless_told_not_to(test_server):
+    import pty
+
+    def on_a_terminal(*args, **env):
+        leader, follower = pty.openpty()
+        try:
+            done = subprocess.run([sys.executable, "-m", "patroller.cli", "status", "--server",
+                                   test_server, *args], env={**ENV, "TERM": "xterm", **env},
+                                  cwd=ROOT, stdout=follower, stderr=subprocess.PIPE, timeout=60)
+            assert done.returncode == 0, done.stderr
+            os.close(follower)
+            follower = None
+            output = b""
+            while True:
+                try:
+                    chunk = os.read(leader, 65536)
+                except OSError:  # EIO: the terminal's other end is closed and drained
+                    break
+                if not chunk:
+                    break
+                output += chunk
+            return output.decode()
+        finally:
+            os.close(leader)
+            if follower is not None:
+                os.close(follower)
+
+    assert "\x1b[32mfree\x1b[0m" in on_a_terminal()
+    assert "\x1b" not in on_a_terminal("--no-color")
+    assert "\x1b" not in on_a_terminal(NO_COLOR="1")
+    assert len(table_rows(on_a_terminal(NO_COLOR="1").replace("\r\n", "\n"))) == 8
