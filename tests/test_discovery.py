@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from patroller.devices import Device, Inventory
-from patroller.nvsmi.discovery import DiscoveryError, ProcessInfo, parse_inventory
+from patroller.nvsmi.discovery import DiscoveryError, MigInstance, ProcessInfo, parse_inventory
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nvsmi"
 
@@ -71,6 +71,41 @@ CASES = {
             ],
             "GPU-a6f5e4d3-c2b1-a0f9-e8d7-c6b5a4f3e2d1": [],
         },
+        mig={
+            "GPU-d1e2f3a4-b5c6-d7e8-f9a0-b1c2d3e4f5a6": [
+                MigInstance(index=0, gpu_instance_id=1, compute_instance_id=0, memory_mib=19968),
+                MigInstance(index=1, gpu_instance_id=2, compute_instance_id=0, memory_mib=19968),
+            ],
+        },
+    ),
+    "mig-h100-r570.xml": dict(
+        driver="570.124.06", cuda="12.8",
+        devices=[
+            Device("GPU-4f3c2b1a-0e9d-8c7b-6a59-483726150f1e", 0, name="NVIDIA H100 80GB HBM3",
+                   brand="NVIDIA", arch="Hopper", pci_address="00000000:18:00.0",
+                   total_mem="81559 MiB", minor_number=1, mig_mode="Enabled"),
+            Device("GPU-9a8b7c6d-5e4f-3a2b-1c0d-efdcba987654", 1, name="NVIDIA H100 80GB HBM3",
+                   brand="NVIDIA", arch="Hopper", pci_address="00000000:2A:00.0",
+                   total_mem="81559 MiB", minor_number=0, mig_mode="Disabled"),
+        ],
+        processes={
+            "GPU-4f3c2b1a-0e9d-8c7b-6a59-483726150f1e": [
+                ProcessInfo(91234, "C", "python3 train.py, stage 2", "20200 MiB",
+                            gpu_instance_id=2, compute_instance_id=0),
+                ProcessInfo(91802, "C", "/usr/bin/vllm", "9500 MiB",
+                            gpu_instance_id=3, compute_instance_id=0),
+            ],
+            # not MIG: the instance ids are N/A
+            "GPU-9a8b7c6d-5e4f-3a2b-1c0d-efdcba987654": [ProcessInfo(93011, "C", "python",
+                                                                     "61440 MiB")],
+        },
+        mig={
+            "GPU-4f3c2b1a-0e9d-8c7b-6a59-483726150f1e": [
+                MigInstance(index=0, gpu_instance_id=2, compute_instance_id=0, memory_mib=40192),
+                MigInstance(index=1, gpu_instance_id=3, compute_instance_id=0, memory_mib=19968),
+                MigInstance(index=2, gpu_instance_id=9, compute_instance_id=0, memory_mib=9856),
+            ],
+        },
     ),
     "smi_q_x_v11_four_gpus.xml": dict(
         driver="510.47.03", cuda="11.6",
@@ -124,6 +159,18 @@ def test_fixture_inventory(name: str) -> None:
     assert found.processes == expected["processes"]
     assert found.warnings == []
     assert len(Inventory(found.devices)) == len(expected["devices"])
+    # every device has an entry: its MIG devices, [] when it has none
+    assert found.mig == {d.uuid: expected.get("mig", {}).get(d.uuid, [])
+                         for d in expected["devices"]}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_fixture_total_memory_in_mib(name: str) -> None:
+    found = parse_inventory(read(name))
+    # the GPU's own total, never that of a MIG device listed before it
+    assert found.memory_mib == {d.uuid: int(d.total_mem.split()[0]) if d.total_mem else None
+                                for d in CASES[name]["devices"]}
+    assert all(isinstance(v, int) for v in found.memory_mib.values())
 
 
 def test_odd_values_give_none_and_gpus_without_uuid_are_skipped() -> None:
@@ -268,3 +315,84 @@ TRUNCATED = read("smi_q_x_v12_driver535.xml")[:3000]
 def test_not_a_document_raises_discovery_error(text: str, message: str) -> None:
     with pytest.raises(DiscoveryError, match=message):
         parse_inventory(text)
+
+
+MIG_DEVICE = """<mig_device>
+    <index>{index}</index><gpu_instance_id>{gi}</gpu_instance_id>
+    <compute_instance_id>{ci}</compute_instance_id>
+    <fb_memory_usage><total>{total}</total><used>0 MiB</used></fb_memory_usage>
+</mig_device>"""
+
+
+def mig_device(index: str = "0", gi: str = "1", ci: str = "0", total: str = "9856 MiB") -> str:
+    return MIG_DEVICE.format(index=index, gi=gi, ci=ci, total=total)
+
+
+@pytest.mark.parametrize("listing", [
+    "<mig_devices>None</mig_devices>",
+    "<mig_devices>\n\t\t\tNone\n\t\t</mig_devices>",
+    "<mig_devices>N/A</mig_devices>",
+    "<mig_devices>Unknown Error</mig_devices>",
+    "<mig_devices></mig_devices>",
+    "<mig_devices/>",
+    "",  # drivers before MIG print no element at all
+])
+def test_no_mig_devices_is_an_empty_list(listing: str) -> None:
+    found = parse_inventory(minimal(extra="<mig_mode><current_mig>Disabled</current_mig>"
+                                          "</mig_mode>" + listing))
+    assert found.mig == {"GPU-aaaa-0001": []}
+    assert found.warnings == []
+
+
+def test_mig_device_values_that_are_no_numbers_are_none() -> None:
+    devices = "".join([
+        mig_device("0", "7", "0", "9856 MiB"),
+        mig_device("N/A", "Unknown Error", "[N/A]", "N/A"),
+        mig_device("2", "8", "1", "Requested functionality has been deprecated"),
+        "<mig_device><index>3</index></mig_device>",  # everything else missing
+        mig_device("4", "13", "0", "4864"),  # a size without its unit
+    ])
+    found = parse_inventory(minimal(extra=f"<mig_devices>{devices}</mig_devices>"))
+    assert found.mig == {"GPU-aaaa-0001": [
+        MigInstance(0, 7, 0, 9856),
+        MigInstance(None, None, None, None),
+        MigInstance(2, 8, 1, None),
+        MigInstance(3, None, None, None),
+        MigInstance(4, 13, 0, 4864),
+    ]}
+    # a MIG device's memory is not the GPU's: the GPU printed none
+    assert found.memory_mib == {"GPU-aaaa-0001": None}
+    assert found.devices[0].total_mem is None
+
+
+@pytest.mark.parametrize("total, mib", [
+    ("40960 MiB", 40960), ("  16280 MiB  ", 16280), ("16280", 16280), ("16280MiB", 16280),
+    ("N/A", None), ("Unknown Error", None), ("[N/A]", None), ("", None),
+    ("Insufficient Permissions", None), ("lots MiB", None), ("-1 MiB", None),
+    ("12.5 GiB", None),
+])
+def test_total_memory_in_mib(total: str, mib: object) -> None:
+    extra = f"<fb_memory_usage><total>{total}</total></fb_memory_usage>"
+    assert parse_inventory(minimal(extra=extra)).memory_mib == {"GPU-aaaa-0001": mib}
+
+
+def test_memory_missing_is_none_and_skipped_gpus_have_no_entry() -> None:
+    found = parse_inventory(read("smi_q_x_v13_odd_values.xml"))
+    assert found.memory_mib == {d.uuid: None for d in found.devices}
+    assert found.mig == {d.uuid: [] for d in found.devices}
+    assert found.memory_mib.keys() == found.processes.keys()
+
+
+@pytest.mark.parametrize("gi, ci, expected", [
+    ("3", "0", (3, 0)), ("N/A", "N/A", (None, None)), ("Unknown Error", "1", (None, 1)),
+    (None, None, (None, None)),  # before 495: no such elements
+])
+def test_process_instance_ids(gi: object, ci: object, expected: tuple) -> None:
+    ids = "" if gi is None else (f"<gpu_instance_id>{gi}</gpu_instance_id>"
+                                 f"<compute_instance_id>{ci}</compute_instance_id>")
+    extra = (f"<processes><process_info>{ids}<pid>5150</pid><type>C</type>"
+             "<process_name>python</process_name><used_memory>N/A</used_memory>"
+             "</process_info></processes>")
+    (process,) = parse_inventory(minimal(extra=extra)).processes["GPU-aaaa-0001"]  # type: ignore
+    assert (process.gpu_instance_id, process.compute_instance_id) == expected
+    assert process.pid == 5150 and process.used_memory is None

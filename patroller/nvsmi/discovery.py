@@ -1,4 +1,4 @@
-"""Pure parsing of `nvidia-smi -q -x`: the device inventory and the processes it lists.
+"""Pure parsing of `nvidia-smi -q -x`: the device inventory, its MIG instances and processes.
 
 The XML changed across drivers (schema v9 to v13): elements appear, get renamed, or hold
 text such as `N/A` or `Unknown Error` instead of a value. Every field is therefore optional
@@ -31,6 +31,20 @@ class ProcessInfo:
 
 
 @dataclass(frozen=True)
+class MigInstance:
+    """One MIG device (a GPU instance and a compute instance in it) of a MIG-enabled GPU.
+
+    Each field is None where the driver printed no number. `index` is the MIG device's index
+    within its GPU; the two instance ids are what processes on it carry in `-q -x`.
+    """
+
+    index: Optional[int]
+    gpu_instance_id: Optional[int]
+    compute_instance_id: Optional[int]
+    memory_mib: Optional[int]  # its share of the framebuffer
+
+
+@dataclass(frozen=True)
 class Discovery:
     """What `nvidia-smi -q -x` says about the host."""
 
@@ -40,6 +54,11 @@ class Discovery:
     processes: Dict[str, Optional[List[ProcessInfo]]] = field(default_factory=dict)
     warnings: List[str] = field(default_factory=list)
     cuda_version: Optional[str] = None
+    # By device uuid, every device: its MIG devices in document order; [] when MIG is off,
+    # when the driver predates MIG (no <mig_devices>) or prints no list (`None`, `N/A`).
+    mig: Dict[str, List[MigInstance]] = field(default_factory=dict)
+    # By device uuid, every device: total framebuffer in MiB; None when not printed as a number.
+    memory_mib: Dict[str, Optional[int]] = field(default_factory=dict)
 
 
 # Texts that stand where a value should be: none of them is a value.
@@ -50,6 +69,7 @@ _NOT_VALUES = frozenset({
 })
 _UUID = re.compile(r"GPU-[0-9A-Za-z-]+")
 _DIGITS = re.compile(r"\d+")
+_MIB = re.compile(r"(\d+)\s*(?:MiB|MB)?")  # `24576 MiB`; no unit on some re-serialised documents
 # Where the document starts: an XML declaration, a DOCTYPE or an element.
 _START = re.compile(r"<[?!A-Za-z_]")
 
@@ -112,6 +132,25 @@ def _total_mem(gpu: ET.Element) -> Optional[str]:
     return total if total is not None and total[0].isdigit() else None
 
 
+def _mib(text: Optional[str]) -> Optional[int]:
+    """`24576 MiB` as 24576; None for anything that is not a size in MiB."""
+    found = _MIB.fullmatch(text) if text is not None else None
+    return int(found.group(1)) if found else None
+
+
+def _mig_devices(gpu: ET.Element) -> List[MigInstance]:
+    """The <mig_device> children of <mig_devices>; [] for `None`, `N/A` or no element."""
+    node = gpu.find("mig_devices")
+    if node is None:
+        return []
+    return [MigInstance(
+        index=_int(_text(entry, "index")),
+        gpu_instance_id=_int(_text(entry, "gpu_instance_id")),
+        compute_instance_id=_int(_text(entry, "compute_instance_id")),
+        memory_mib=_mib(_text(entry, "fb_memory_usage/total")),
+    ) for entry in node.findall("mig_device")]
+
+
 def _device(gpu: ET.Element, number: int) -> Tuple[Optional[Device], Optional[str]]:
     """The device at one index, or None and the reason it cannot be reserved."""
     pci = _clean(gpu.get("id")) or _text(gpu, "pci/pci_bus_id")
@@ -164,6 +203,8 @@ def parse_inventory(xml_text: str) -> Discovery:
     root = _root(xml_text, warnings)
     devices: List[Device] = []
     processes: Dict[str, Optional[List[ProcessInfo]]] = {}
+    mig: Dict[str, List[MigInstance]] = {}
+    memory_mib: Dict[str, Optional[int]] = {}
     for number, gpu in enumerate(root.findall("gpu")):
         device, problem = _device(gpu, number)
         if device is not None and device.uuid in processes:
@@ -173,6 +214,9 @@ def parse_inventory(xml_text: str) -> Discovery:
             continue
         devices.append(device)
         processes[device.uuid] = _processes(gpu, device.uuid, warnings)
+        mig[device.uuid] = _mig_devices(gpu)
+        # The direct child: a MIG device's own <fb_memory_usage> is its share, not the GPU's.
+        memory_mib[device.uuid] = _mib(_text(gpu, "fb_memory_usage/total"))
     if not devices:
         warnings.append("nvidia-smi -q -x lists no reservable GPU")
     return Discovery(
@@ -181,4 +225,6 @@ def parse_inventory(xml_text: str) -> Discovery:
         processes=processes,
         warnings=warnings,
         cuda_version=_text(root, "cuda_version"),
+        mig=mig,
+        memory_mib=memory_mib,
     )
