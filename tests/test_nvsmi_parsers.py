@@ -8,6 +8,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 import pytest
 
 from patroller.nvsmi.parsers import (
+    ComputeApp,
     DmonParser,
     DmonRow,
     IntervalChange,
@@ -15,6 +16,7 @@ from patroller.nvsmi.parsers import (
     PmonParser,
     PmonProcess,
     PmonRow,
+    parse_compute_apps,
     parse_value,
 )
 
@@ -397,3 +399,67 @@ def test_unmonitored_gpu_rows_are_tracked_and_idle_rows_are_not_processes() -> N
 def test_interval_change_is_false_when_nothing_changed() -> None:
     assert not IntervalChange((), (), (XORG,))
     assert IntervalChange((XORG,), (), (XORG,))
+
+
+# ---- --query-compute-apps --------------------------------------------------------------------
+
+A100 = "GPU-d1e2f3a4-b5c6-d7e8-f9a0-b1c2d3e4f5a6"
+H100 = "GPU-4f3c2b1a-0e9d-8c7b-6a59-483726150f1e"
+
+
+def test_compute_apps_lines() -> None:
+    text = (f"{A100}, 77120, 4096, python\n"
+            f"{A100}, 1426541, 18650, /opt/conda/bin/python3\n"
+            f"{H100}, 91234, 20200, python3 train.py, stage 2,  final\n"  # commas in the name
+            f"{H100}, 91802, 9500, /usr/bin/my worker\r\n")
+    skipped: List[str] = []
+    assert parse_compute_apps(text, skipped) == [
+        ComputeApp(A100, 77120, 4096, "python"),
+        ComputeApp(A100, 1426541, 18650, "/opt/conda/bin/python3"),
+        ComputeApp(H100, 91234, 20200, "python3 train.py, stage 2,  final"),
+        ComputeApp(H100, 91802, 9500, "/usr/bin/my worker"),
+    ]
+    assert skipped == []
+
+
+@pytest.mark.parametrize("memory, mib", [
+    ("[N/A]", None), ("N/A", None), ("[Insufficient Permissions]", None),
+    ("[Not Supported]", None), ("4096 MiB", 4096), ("0", 0), ("-", None),
+])
+def test_compute_apps_used_memory(memory: str, mib: Optional[int]) -> None:
+    assert parse_compute_apps(f"{A100}, 5150, {memory}, python\n") == [
+        ComputeApp(A100, 5150, mib, "python")]
+
+
+@pytest.mark.parametrize("line, name", [
+    (f"{A100}, 5150, 10, ", None), (f"{A100}, 5150, 10,", None), (f"{A100}, 5150, 10", None),
+    (f"{A100}, 5150, 10, [Not Found]", None), (f"{A100}, 5150, 10, [N/A]", None),
+    (f"{A100}, 5150, 10, sglang::scheduler_TP0", "sglang::scheduler_TP0"),
+])
+def test_compute_apps_missing_names(line: str, name: Optional[str]) -> None:
+    assert parse_compute_apps(line + "\n") == [ComputeApp(A100, 5150, 10, name)]
+
+
+def test_compute_apps_blank_lines_ignored_and_unreadable_lines_skipped() -> None:
+    text = "\n".join([
+        "", "   ",
+        "gpu_uuid, pid, used_gpu_memory [MiB], process_name",  # a header: noheader was lost
+        "No running processes found",
+        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
+        f"{A100}, -, 10, python",  # no pid
+        f"{A100}, 12x, 10, python",
+        "N/A, 5150, 10, python",  # no uuid
+        f"{A100}, 5150, 10, pyt\x00hon",  # damaged
+        f"{A100}",
+        f"{A100}, 7, 10, python",
+    ]) + "\n"
+    skipped: List[str] = []
+    assert parse_compute_apps(text, skipped) == [ComputeApp(A100, 7, 10, "python")]
+    assert len(skipped) == 8 and skipped[0].startswith("gpu_uuid")
+    assert parse_compute_apps(text) == parse_compute_apps(text, skipped)  # counting is optional
+
+
+@pytest.mark.parametrize("text", ["", "\n", "\n\n  \n"])
+def test_compute_apps_nothing_listed(text: str) -> None:
+    skipped: List[str] = []
+    assert parse_compute_apps(text, skipped) == [] and skipped == []

@@ -346,3 +346,52 @@ class PmonIntervals:
             return
         self._busy.add(row.gpu)
         self._current[(row.gpu, row.pid)] = PmonProcess(row.gpu, row.pid, row.type, row.command)
+
+
+# ---- --query-compute-apps ----------------------------------------------------------------------
+
+COMPUTE_APPS_FIELDS = ("gpu_uuid", "pid", "used_memory", "process_name")
+_APP_UUID = re.compile(r"(?:GPU|MIG)-[0-9A-Za-z/-]+")
+_APP_MIB = re.compile(r"(\d+)(?:\s*MiB)?")  # `4096`, or `4096 MiB` when `nounits` was lost
+
+
+class ComputeApp(NamedTuple):
+    """One line of `--query-compute-apps=gpu_uuid,pid,used_memory,process_name`."""
+
+    uuid: str  # the GPU's uuid
+    pid: int
+    used_mib: Optional[int]  # None for `[N/A]`, `[Insufficient Permissions]`, ...
+    name: Optional[str]  # as listed, not cut; None when empty or a placeholder
+
+
+def parse_compute_apps(text: str, skipped: Optional[List[str]] = None) -> List[ComputeApp]:
+    """The processes listed by `nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory,
+    process_name --format=csv,noheader,nounits`. Never raises: blank lines are ignored, lines
+    that cannot be read are left out and, when `skipped` is given, appended to it.
+    """
+    found = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        app = _compute_app(line)
+        if app is not None:
+            found.append(app)
+        elif skipped is not None:
+            skipped.append(line.strip())
+    return found
+
+
+def _compute_app(line: str) -> Optional[ComputeApp]:
+    # The name comes last and may hold `, ` itself: only the first three separators count.
+    cells = line.split(",", 3)
+    if len(cells) < 3 or not line.isprintable():
+        return None
+    uuid, pid_text, memory = (cell.strip() for cell in cells[:3])
+    pid = _index(pid_text)
+    if not _APP_UUID.fullmatch(uuid) or pid is None:
+        return None
+    found = _APP_MIB.fullmatch(memory)
+    name = cells[3].strip() if len(cells) == 4 else ""
+    if not name or name in ("N/A", "-") or (name.startswith("[") and name.endswith("]")):
+        name = None  # `[N/A]`, `[Not Found]`, `[Insufficient Permissions]`
+    return ComputeApp(uuid, pid, int(found.group(1)) if found else None, name)
