@@ -79,11 +79,13 @@ class ChildStream:
                  on_start: Optional[Callable[[], None]] = None,
                  env: Optional[Mapping[str, str]] = None,
                  backoff: Optional[Backoff] = None,
-                 silence: Optional[float] = None, startup: Optional[float] = None) -> None:
+                 silence: Optional[float] = None, startup: Optional[float] = None,
+                 on_exit: Optional[Callable[[int, str], None]] = None) -> None:
         self.name = name
-        self.argv = argv
+        self.argv = argv  # may be changed between runs: the next start uses it
         self.on_line = on_line
         self.on_start = on_start
+        self.on_exit = on_exit  # (status, what it said) after an exit that was not a stop
         self.env = dict(env) if env is not None else None
         self.backoff = backoff or Backoff()
         self.silence = silence  # None: never taken as hung
@@ -99,6 +101,7 @@ class ChildStream:
         self._task: Optional["asyncio.Future[None]"] = None
         self._recent: Deque[str] = collections.deque(maxlen=3)
         self._failed_at = -60.0
+        self._again = False  # restart at once, not after the backoff delay
 
     def metrics(self) -> Dict[str, object]:
         """Counters for /metrics."""
@@ -125,6 +128,13 @@ class ChildStream:
                 self._signal(signal.SIGKILL)
                 await self._task
 
+    def restart(self) -> None:
+        """End the running child and start it again at once (with `argv` as it is now)."""
+        self._again = True
+        if self._wake is not None:
+            self._wake.set()
+        self._signal(signal.SIGTERM)
+
     async def _supervise(self) -> None:
         while not self._stopping:
             started = time.monotonic()
@@ -134,6 +144,12 @@ class ChildStream:
                 log.exception("%s: reader failed", self.name)
             if self._stopping:
                 break
+            if self._again:
+                self._again = False
+                assert self._wake is not None
+                self._wake.clear()
+                log.info("%s: restarting with %s", self.name, " ".join(self.argv[-4:]))
+                continue
             delay = self.backoff.delay(time.monotonic() - started)
             log.warning("%s: restarting in %.0f s", self.name, delay)
             assert self._wake is not None
@@ -141,6 +157,9 @@ class ChildStream:
                 await asyncio.wait_for(self._wake.wait(), delay)
             except asyncio.TimeoutError:
                 pass
+            if not self._stopping:  # woken by restart(): it starts now, with the new argv
+                self._again = False
+                self._wake.clear()
 
     async def _run_once(self) -> None:
         out_read, out_write = os.pipe()
@@ -272,7 +291,14 @@ class ChildStream:
         if self._hung:  # the warning was given when it was killed
             log.info("%s: hung child ended (status %s) after %.1f s", self.name, code, ran)
             return
+        if self._again:  # restarted on purpose
+            return
         said = stderr.decode("utf-8", "replace").strip() or " / ".join(self._recent).strip()
+        if self.on_exit is not None:
+            try:
+                self.on_exit(code, said)
+            except Exception:
+                log.exception("%s: exit handler failed", self.name)
         status = f"signal {-code}" if code < 0 else f"status {code}"
         log.warning("%s: exited with %s after %.1f s%s", self.name, status, ran,
                     f": {said[-500:]}" if said else "")
