@@ -41,6 +41,15 @@ class ProcessList:
     time: float  # wall clock, seconds since the epoch
 
 
+@dataclass(frozen=True)
+class ProcessSamples:
+    """Figures of processes in one sampling interval: pmon's sm, mem, fb, ... per process, or
+    the used memory the compute-apps cross-check lists."""
+
+    values: Mapping[Tuple[str, int], Mapping[str, Value]]  # (uuid, pid) -> stable names
+    time: float  # wall clock, seconds since the epoch
+
+
 class Signals:
     """The signals of one daemon.
 
@@ -49,6 +58,7 @@ class Signals:
       process_started.send(monitor, record=GpuProcess(...))
       process_ended.send(monitor, record=GpuProcess(...))
       processes_listed.send(monitor, record=ProcessList(...))
+      process_sampled.send(monitor, record=ProcessSamples(...))
     """
 
     def __init__(self) -> None:
@@ -58,3 +68,5 @@ class Signals:
         self.process_ended = namespace.signal("process-ended", doc="a process left a device")
         self.processes_listed = namespace.signal(
             "processes-listed", doc="the process lists of some devices are current")
+        self.process_sampled = namespace.signal(
+            "process-sampled", doc="figures of some processes in one interval")

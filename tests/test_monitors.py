@@ -88,8 +88,11 @@ def test_dmon_rows_become_samples_for_the_device_with_that_index():
 def test_the_streams_watch_every_device():
     inventory = synthetic_inventory(8)
     monitor = PmonMonitor(inventory, Signals(), ["nvidia-smi", "--extra"], {"PATH": "/bin"})
-    assert monitor.child.argv == ["nvidia-smi", "--extra", "pmon", "-i", "0,1,2,3,4,5,6,7"]
+    assert monitor.child.argv == ["nvidia-smi", "--extra", "pmon", "-s", "um",
+                                  "-i", "0,1,2,3,4,5,6,7"]
     assert monitor.child.env["NVSMI_SHOW_ALL_DEVICES"] == "1"
+    dmon = DmonMonitor(inventory, Signals(), ["nvidia-smi"], {"PATH": "/bin"})
+    assert dmon.child.argv == ["nvidia-smi", "dmon", "-s", "pucvmt", "-i", "0,1,2,3,4,5,6,7"]
 
 
 @async_test
