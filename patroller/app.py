@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import time
 from typing import Any, Dict, List, Optional, Protocol, Sequence
@@ -12,13 +13,17 @@ from .book import BookError, LeaseBook
 from .callers import CallerIdentifier, SystemCallers, TestModeCallers
 from .config import Config
 from .containers import ContainerDirectory
-from .devices import Inventory
+from .devices import Inventory, InventoryChange
 from .fastlane import FastLane
 from .leases import LeaseManager
 from .lifetimes import Lifelines
 from .listeners import (PeerServer, SocketFile, SocketPathError, remove_unix_socket,
                         tcp_sockets, unix_socket)
 from .nvsmi import gpuhost
+try:  # TEMPORARY while the cross-check is written
+    from .nvsmi.crosscheck import CrossCheck
+except ImportError:
+    CrossCheck = None  # type: ignore
 from .resolver import ProcessIdentifier
 from .signals import Signals
 from .stats import StatsStore
@@ -86,6 +91,16 @@ class Daemon:
         self.unix_file: Optional[SocketFile] = None  # what we bound there, removed at stop
         self.started = time.monotonic()
 
+    def inventory_changed(self, change: InventoryChange) -> None:
+        """The host's GPUs changed (the inventory is updated already): leases, views, streams."""
+        self.leases.devices_changed()
+        self.devices.invalidate()
+        self.status.invalidate()
+        for monitor in self.monitors:
+            reconfigure = getattr(monitor, "reconfigure", None)
+            if reconfigure is not None and (change.added or change.lost or change.renumbered):
+                reconfigure()
+
     def metrics(self) -> Dict[str, Any]:
         """The daemon's own counters: what it costs and how its parts fare."""
         return {
@@ -100,6 +115,13 @@ class Daemon:
             "lease_book": self.book.metrics() if self.book is not None else None,
             "held_for_processes": self.lifelines.metrics(),
         }
+
+    def busy(self, uuid: str) -> bool:
+        """Whether the statistics show a device in use: SM busy, or memory used."""
+        view = self.stats.view(uuid)
+        sm, used = view.get("sm"), view.get("fb")
+        return (isinstance(sm, (int, float)) and sm > 0) or (
+            isinstance(used, (int, float)) and used >= gpuhost.BUSY_MIB)
 
     def listen(self, port: int, address: str = "", unix_path: Optional[str] = None) -> List[str]:
         """Bind and serve; return where, as URLs. Raises OSError if it cannot bind, StartError
@@ -198,17 +220,24 @@ async def build(config: Config) -> Daemon:
         found = await gpuhost.discover(argv)
     except gpuhost.GpuHostError as exc:
         raise StartError(str(exc)) from None
-    inventory = Inventory(found.devices)
+    inventory = Inventory(gpuhost.devices(found))
     book = _book(config)
     log.info("nvidia-smi: driver %s, %d GPU(s): %s", found.driver_version or "unknown",
              len(inventory), ", ".join(f"{d.number}={d.name}" for d in inventory))
     directory = ContainerDirectory(config.docker_host)
     identifier = ProcessIdentifier(directory, config.user_labels, config.user_info_labels)
-    monitors = gpuhost.monitors(inventory, signals, argv, silence=config.stream_silence,
-                                startup=config.stream_startup)
-    return Daemon(config, inventory, signals, monitors,
-                  identifier, SystemCallers(identifier, directory),
-                  interval=gpuhost.INTERVAL, mode="gpu", directory=directory, book=book)
+    dmon, pmon = gpuhost.monitors(inventory, signals, argv, silence=config.stream_silence,
+                                  startup=config.stream_startup)
+    watch = gpuhost.InventoryWatch(inventory, argv, every=config.inventory_every)
+    unattributed = gpuhost.Unattributed(inventory, lambda uuid: daemon.busy(uuid), pmon)
+    extra = [] if CrossCheck is None else [CrossCheck(inventory, signals, argv, os.environ, unattributed,
+                       interval=config.cross_check_every)]
+    daemon = Daemon(config, inventory, signals, [dmon, pmon, *extra, watch],
+                    identifier, SystemCallers(identifier, directory),
+                    interval=gpuhost.INTERVAL, mode="gpu", directory=directory, book=book)
+    watch.on_change = daemon.inventory_changed
+    dmon.on_lost = pmon.on_lost = watch.poke
+    return daemon
 
 
 def _book(config: Config) -> Optional[LeaseBook]:

@@ -33,6 +33,8 @@ class Config:
     nvidia_smi: str = "nvidia-smi"
     stream_silence: float = 5.0  # seconds a running dmon/pmon may print nothing: then it is hung
     stream_startup: float = 30.0  # seconds a fresh one may take to speak (slow NVML start)
+    inventory_every: float = 60.0  # seconds between readings of `nvidia-smi -q -x`
+    cross_check_every: float = 10.0  # seconds between compute-apps queries, when needed
     socket: Optional[str] = None  # also serve on this unix socket
     state_dir: Optional[str] = None  # the lease book's directory; None: keep no book
     docker_host: Optional[str] = None  # None: the Docker SDK's default socket
@@ -57,6 +59,12 @@ _SETTINGS = (
     ("--stream-silence", "PATROLLER_STREAM_SILENCE",
      "seconds dmon or pmon may print nothing before it is taken as hung, killed and restarted "
      "(default 5; at least 3, as they print every second)"),
+    ("--inventory-every", "PATROLLER_INVENTORY_EVERY",
+     "seconds between readings of the GPU inventory (nvidia-smi -q -x), so that a GPU lost or "
+     "added is seen (default 60; also read at once when a stream says a GPU is gone)"),
+    ("--cross-check-every", "PATROLLER_CROSS_CHECK_EVERY",
+     "seconds between queries of the compute processes (nvidia-smi --query-compute-apps) of GPUs "
+     "whose pmon cannot attribute processes: MIG, or busy with none listed (default 10)"),
     ("--socket", "PATROLLER_SOCKET",
      "also serve the API on this unix socket; its callers are identified by the kernel"),
     ("--state-dir", "PATROLLER_STATE_DIR",
@@ -215,6 +223,10 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         nvidia_smi=pick("--nvidia-smi", env_names["--nvidia-smi"], _nonempty, Config.nvidia_smi),
         stream_silence=pick("--stream-silence", env_names["--stream-silence"], _silence,
                             Config.stream_silence),
+        inventory_every=pick("--inventory-every", env_names["--inventory-every"], _seconds,
+                             Config.inventory_every),
+        cross_check_every=pick("--cross-check-every", env_names["--cross-check-every"], _seconds,
+                               Config.cross_check_every),
         socket=pick("--socket", env_names["--socket"], _socket_path, None),
         state_dir=pick("--state-dir", env_names["--state-dir"], _state_dir,
                        default_state_dir(test, environ, os.getuid())),

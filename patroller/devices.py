@@ -1,8 +1,31 @@
-"""The device inventory: what GPUs the host has, in nvidia-smi index order."""
+"""The device inventory: what GPUs the host has, in nvidia-smi index order.
+
+The inventory changes when the host's GPUs do (one falls off the bus, one is added): `update`
+takes a fresh discovery. A device that is gone stays known, marked lost, so that /status shows
+it and nothing is ever granted on it; the others may be renumbered (nvidia-smi's index is the
+position in PCI order among the GPUs present).
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+_MIB = re.compile(r"\s*(\d+)\s*MiB\s*$")
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """A MIG instance of a GPU, as `nvidia-smi -q -x` lists it."""
+
+    index: Optional[int]
+    gpu_instance_id: Optional[int]
+    compute_instance_id: Optional[int]
+    memory_mib: Optional[int]
+
+    def info(self) -> Dict[str, Any]:
+        return {"index": self.index, "gpu_instance_id": self.gpu_instance_id,
+                "compute_instance_id": self.compute_instance_id, "memory_mib": self.memory_mib}
 
 
 @dataclass(frozen=True)
@@ -19,6 +42,19 @@ class Device:
     group: str = "gpu"
     minor_number: Optional[int] = None  # the N of /dev/nvidiaN: a different numbering
     mig_mode: Optional[str] = None
+    mig_instances: Tuple[MigInstance, ...] = field(default=())
+    lost: bool = False  # gone from the host (fell off the bus, removed): never granted
+
+    @property
+    def memory_mib(self) -> Optional[int]:
+        """Total memory in MiB, from `total_mem` ("81920 MiB"), or None."""
+        found = _MIB.match(self.total_mem or "")
+        return int(found.group(1)) if found else None
+
+    @property
+    def mig(self) -> bool:
+        """Whether MIG is enabled: its processes are not attributed by pmon."""
+        return (self.mig_mode or "").strip().lower() == "enabled"
 
     def info(self) -> Dict[str, Any]:
         """The inventory entry served by /devices and inside grants."""
@@ -32,22 +68,42 @@ class Device:
             "group": self.group,
             "minor_number": self.minor_number,
             "mig_mode": self.mig_mode,
+            "mig_instances": [m.info() for m in self.mig_instances],
+            "lost": self.lost,
         }
 
 
+@dataclass(frozen=True)
+class InventoryChange:
+    """What `Inventory.update` changed, by uuid."""
+
+    added: Tuple[str, ...] = ()  # new devices, and lost ones that came back
+    lost: Tuple[str, ...] = ()
+    renumbered: Tuple[str, ...] = ()  # present before and after, with another index
+    updated: Tuple[str, ...] = ()  # other facts changed (MIG mode, instances, memory)
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.lost or self.renumbered or self.updated)
+
+
 class Inventory:
-    """An ordered, immutable set of devices with lookups by uuid, number and group."""
+    """The devices the host has (present, in index order), then those it lost, with lookups by
+    uuid (every device), number and group (devices present only)."""
 
     def __init__(self, devices: Sequence[Device]) -> None:
-        self.devices = tuple(devices)
+        self._set(devices)
+
+    def _set(self, devices: Sequence[Device]) -> None:
+        present = sorted((d for d in devices if not d.lost), key=lambda d: d.number)
+        self.devices = tuple(present + [d for d in devices if d.lost])
         self._by_uuid = {d.uuid: d for d in self.devices}
-        self._by_number = {d.number: d for d in self.devices}
+        self._by_number = {d.number: d for d in present}
         if len(self._by_uuid) != len(self.devices):
             raise ValueError("device uuids must be unique")
-        if len(self._by_number) != len(self.devices):
+        if len(self._by_number) != len(present):
             raise ValueError("device numbers must be unique")
         self.groups: Dict[str, int] = {}
-        for device in self.devices:
+        for device in present:
             self.groups[device.group] = self.groups.get(device.group, 0) + 1
 
     def __iter__(self) -> Iterator[Device]:
@@ -56,14 +112,44 @@ class Inventory:
     def __len__(self) -> int:
         return len(self.devices)
 
+    def present(self) -> List[Device]:
+        """The devices the host has now, in index order."""
+        return [d for d in self.devices if not d.lost]
+
     def get(self, uuid: str) -> Optional[Device]:
-        """The device with this uuid, or None."""
+        """The device with this uuid (present or lost), or None."""
         return self._by_uuid.get(uuid)
 
     def by_number(self, number: int) -> Optional[Device]:
-        """The device with this nvidia-smi index, or None."""
+        """The present device with this nvidia-smi index, or None."""
         return self._by_number.get(number)
 
     def in_group(self, group: str) -> List[Device]:
-        """The devices of one group, in device order."""
-        return [d for d in self.devices if d.group == group]
+        """The present devices of one group, in device order."""
+        return [d for d in self.devices if d.group == group and not d.lost]
+
+    def update(self, found: Sequence[Device]) -> InventoryChange:
+        """Take a fresh discovery: new devices join, missing ones are lost, numbers follow."""
+        fresh = {d.uuid: d for d in found}
+        added, lost, renumbered, updated = [], [], [], []
+        devices: List[Device] = []
+        for old in self.devices:
+            new = fresh.pop(old.uuid, None)
+            if new is None:
+                if not old.lost:
+                    lost.append(old.uuid)
+                devices.append(old if old.lost else replace(old, lost=True))
+                continue
+            if old.lost:
+                added.append(old.uuid)
+            elif new.number != old.number:
+                renumbered.append(old.uuid)
+            elif new != old:
+                updated.append(old.uuid)
+            devices.append(new)
+        for new in found:
+            if new.uuid in fresh:
+                added.append(new.uuid)
+                devices.append(new)
+        self._set(devices)
+        return InventoryChange(tuple(added), tuple(lost), tuple(renumbered), tuple(updated))

@@ -9,7 +9,9 @@ A device is
   reserved  held for a user whose process has not (or no longer) shown up: the lease runs, or,
             held for a process (hold=process), no lease runs while that process lives;
   claimed   every process on it belongs to the holder;
-  shared    a process of another user runs on it as well (logged once as trespassing).
+  shared    a process of another user runs on it as well (logged once as trespassing);
+  lost      gone from the host (fell off the bus, removed): never granted; its holder, if any,
+            is still shown, and its reservation ends by the usual rules.
 
 A device held for a process (its pid and start time, a ProcessRef) is freed when the process
 ends (`process_exited`, told by lifetimes.py), unless the holder's processes run on it: then the
@@ -49,6 +51,7 @@ class _Hold:
     deadline: Optional[float] = None  # while the holder has no process here
     releasing: bool = False  # released by the holder: free once their processes end
     bound: Optional[ProcessRef] = None  # held while this process lives (hold=process)
+    lost: bool = False  # the device is gone from the host
     processes: Dict[int, Identity] = field(default_factory=dict)  # pid -> owner, oldest first
     commands: Dict[int, Optional[str]] = field(default_factory=dict)  # pid -> name nvidia-smi printed
     trespassers: Set[str] = field(default_factory=set)  # users already logged
@@ -236,6 +239,20 @@ class LeaseManager:
 
     # -- what the monitors see ------------------------------------------------------------
 
+    def devices_changed(self) -> None:
+        """The inventory changed (Inventory.update): new devices are free, lost ones are lost,
+        and a device that came back is free again unless someone holds it."""
+        now = self.clock()
+        for device in self.inventory:
+            hold = self._holds.get(device.uuid)
+            if hold is None:
+                hold = self._holds[device.uuid] = _Hold(since=now, uuid=device.uuid)
+            if hold.lost != device.lost:
+                hold.lost = device.lost
+                log.warning("%s is %s", device.uuid, "lost" if device.lost else "back")
+            self._touch(hold)
+        self._settle()
+
     def process_started(self, uuid: str, pid: int, owner: Identity,
                         command: Optional[str] = None) -> None:
         """A process of `owner` appeared on a device (`command`: its name, when known)."""
@@ -347,7 +364,7 @@ class LeaseManager:
     # -- reading ----------------------------------------------------------------------------
 
     def state(self, uuid: str) -> str:
-        """free, reserved, claimed or shared."""
+        """free, reserved, claimed, shared or lost."""
         return self._state(self._holds[uuid])
 
     def claims(self) -> Dict[str, Dict[str, Any]]:
@@ -534,6 +551,8 @@ class LeaseManager:
 
     @staticmethod
     def _state(hold: _Hold) -> str:
+        if hold.lost:
+            return "lost"
         if hold.holder is None:
             return "free"
         if any(not owner.same_user(hold.holder) for owner in hold.processes.values()):

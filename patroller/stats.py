@@ -1,12 +1,26 @@
-"""The latest statistics of every device, and how fresh its process list is, from the monitors."""
+"""The latest statistics of every device and of every process on it, and how fresh each
+device's process list is, from the monitors.
+
+Every device's entry has the same keys whatever the driver prints (FIELDS): a figure the driver
+does not print is None, never a missing key, so a reader of /status can index any of them on
+any host. Columns a future driver adds are passed on as they come.
+"""
 from __future__ import annotations
 
 import time
 from datetime import datetime, timezone
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from .devices import Inventory
-from .signals import ProcessList, Sample, Signals
+from .signals import GpuProcess, ProcessList, ProcessSamples, Sample, Signals, Value
+
+# The figures of a device, by their stable names (dmon's columns, `pwr` as power, r384's
+# `temp` as gtemp), in the order /status shows them; `fb_total` comes from the inventory.
+FIELDS = ("power", "gtemp", "mtemp", "sm", "mem", "enc", "dec", "jpg", "ofa", "mclk", "pclk",
+          "fb", "fb_total", "bar1", "ccpm", "pviol", "tviol", "rxpci", "txpci")
+# The figures of a process: pmon's `-s um` columns, or the cross-check's used memory (fb).
+PROCESS_FIELDS = ("sm", "mem", "fb")
+_EMPTY: Mapping[str, Value] = {name: None for name in FIELDS}
 
 
 def iso_time(epoch: float) -> str:
@@ -29,12 +43,15 @@ class StatsStore:
         self._last: Dict[str, Sample] = {}
         self._seen: Dict[str, float] = {}  # uuid -> clock() when the last sample arrived
         self._listed: Dict[str, float] = {}  # uuid -> clock() when its processes were listed
+        self._processes: Dict[Tuple[str, int], Mapping[str, Value]] = {}  # (uuid, pid) -> figures
         self._subscribers: List[Callable[[], None]] = []
 
     def connect(self, signals: Signals) -> None:
         """Listen to the daemon's samples."""
         signals.sample.connect(self._on_sample)
         signals.processes_listed.connect(self._on_listed)
+        signals.process_sampled.connect(self._on_process_sampled)
+        signals.process_ended.connect(self._on_process_ended)
 
     def subscribe(self, callback: Callable[[], None]) -> None:
         """Call `callback()` after every sample, and when a stale process list is fresh again."""
@@ -58,17 +75,36 @@ class StatsStore:
             for callback in self._subscribers:
                 callback()
 
+    def _on_process_sampled(self, sender: Any, record: ProcessSamples) -> None:
+        self._processes.update(record.values)  # shown with the next change of /status
+
+    def _on_process_ended(self, sender: Any, record: GpuProcess) -> None:
+        self._processes.pop((record.uuid, record.pid), None)
+
+    def process_view(self, uuid: str, pid: int) -> Dict[str, Optional[Value]]:
+        """A process's figures on a device: sm and mem in %, fb in MiB; None when not known."""
+        values = self._processes.get((uuid, pid), _EMPTY)
+        return {name: values.get(name) for name in PROCESS_FIELDS}
+
     def processes_stale(self, uuid: str) -> bool:
         """Whether the device's process list may be out of date, so its ownership too."""
         listed = self._listed.get(uuid)
         return listed is None or self.clock() - listed > self.stale_after
 
     def view(self, uuid: str) -> Dict[str, Any]:
-        """The statistics part of one device's /status entry."""
+        """The statistics part of one device's /status entry: every FIELDS key, then columns
+        beyond them, then `updated` and `stale`."""
         sample = self._last.get(uuid)
+        values: Mapping[str, Value] = sample.values if sample is not None else _EMPTY
+        view: Dict[str, Any] = {name: values.get(name) for name in FIELDS}
+        device = self.inventory.get(uuid)
+        view["fb_total"] = device.memory_mib if device is not None else None
+        for name, value in values.items():
+            if name not in view:
+                view[name] = value
         if sample is None:
-            return {"updated": None, "stale": True}
-        view: Dict[str, Any] = dict(sample.values)
+            view.update(updated=None, stale=True)
+            return view
         view["updated"] = iso_time(sample.time)
         view["stale"] = self.clock() - self._seen[uuid] > self.stale_after
         return view

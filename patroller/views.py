@@ -48,6 +48,8 @@ class StatusView:
         data = {}
         for d in self.inventory:
             claim = {**claims[d.uuid], "processes_stale": self.stats.processes_stale(d.uuid)}
+            claim["process_detail"] = [{**p, **self.stats.process_view(d.uuid, p["pid"])}
+                                       for p in claim["process_detail"]]
             data[d.uuid] = {**self.stats.view(d.uuid), "claim": claim}
         return data
 
@@ -61,10 +63,15 @@ class StatusView:
 
 
 class DevicesView:
-    """The /devices body: the inventory does not change while the daemon runs."""
+    """The /devices body, built again when the inventory changes (`invalidate`)."""
 
     def __init__(self, inventory: Inventory) -> None:
+        self.inventory = inventory
         self._body = dumps({d.uuid: d.info() for d in inventory})
+
+    def invalidate(self) -> None:
+        """The inventory changed."""
+        self._body = dumps({d.uuid: d.info() for d in self.inventory})
 
     def body(self) -> bytes:
         return self._body

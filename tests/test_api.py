@@ -9,7 +9,8 @@ from helpers import async_test, running, until
 from patroller.signals import GpuProcess
 from patroller.resolver import host_identity, read_uid
 
-INFO_KEYS = {"name", "brand", "arch", "number", "pci_address", "total_mem", "group",
+INFO_KEYS = {"name", "brand", "arch", "number", "pci_address", "total_mem", "group", "lost",
+             "mig_instances",
              "minor_number", "mig_mode"}
 STAT_KEYS = {"power", "gtemp", "mtemp", "sm", "mem", "enc", "dec", "mclk", "pclk"}
 CLAIM_KEYS = {"state", "user", "users", "processes", "process_detail", "age", "expires", "held_for_pid", "processes_stale"}

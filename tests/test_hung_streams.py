@@ -76,7 +76,7 @@ async def test_stop_kills_children_that_ignore_sigterm_before_it_returns(scenari
     config = Config(port=0, address="127.0.0.1", nvidia_smi=scenario.command)
     daemon = await build(config)
     daemon.start()
-    children = [m.child for m in daemon.monitors]
+    children = [m.child for m in daemon.monitors if hasattr(m, "child")]  # dmon and pmon
     await until(lambda: all(c._heard is not None for c in children))  # SIGTERM ignored by now
     pids = [c.process.pid for c in children]
     await daemon.stop(grace=2.0)
