@@ -441,3 +441,186 @@ def test_live_pids_only_and_the_trace_file(scn_file: Path, tmp_path: Path) -> No
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+# ---- architecture and device figures ----------------------------------------------------------
+
+ARCHITECTURES = [
+    ("NVIDIA H100 80GB HBM3", "Hopper"), ("NVIDIA H200", "Hopper"),
+    ("NVIDIA GH200 480GB", "Hopper"), ("NVIDIA A100-SXM4-80GB", "Ampere"),
+    ("NVIDIA A30", "Ampere"), ("NVIDIA A10G", "Ampere"), ("NVIDIA A40", "Ampere"),
+    ("NVIDIA RTX A6000", "Ampere"), ("Tesla V100-SXM2-16GB", "Volta"),
+    ("Tesla P100-PCIE-16GB", "Pascal"), ("Tesla P40", "Pascal"), ("NVIDIA L4", "Ada Lovelace"),
+    ("NVIDIA L40S", "Ada Lovelace"), ("NVIDIA GeForce RTX 4090", "Ada Lovelace"),
+    ("NVIDIA B200", "Blackwell"), ("NVIDIA GB200", "Blackwell"), ("Tesla T4", "Turing"),
+    ("Graphics Device", "Ampere"),  # unknown: the era's default
+]
+
+
+def test_architecture_follows_the_product_name(scn_file: Path) -> None:
+    devices = [{"name": name} for name, _ in ARCHITECTURES] + [{"name": "NVIDIA H100", "arch": "X"}]
+    write(scn_file, scenario("r550", devices=devices))
+    gpus = ET.fromstring(run(scn_file, "-q", "-x").stdout).findall("gpu")
+    named = [(g.findtext("product_name"), g.findtext("product_architecture")) for g in gpus]
+    assert named == ARCHITECTURES + [("NVIDIA H100", "X")]  # the scenario's arch wins
+    write(scn_file, scenario("r470", devices=[{"name": "NVIDIA H100 80GB HBM3"}]))
+    gpu = ET.fromstring(run(scn_file, "-q", "-x").stdout).find("gpu")
+    assert gpu is not None and gpu.find("product_architecture") is None  # before 495: none
+
+
+def dmon_rows(out: str) -> List[Dict[str, str]]:
+    """dmon's data rows as {column: value}."""
+    names = out.splitlines()[0].lstrip("#").split()
+    return [dict(zip(names, row)) for row in data(out)]
+
+
+@pytest.mark.parametrize("era", ["r384", "r470", "r550"])
+def test_device_figures_follow_their_processes(scn_file: Path, era: str) -> None:
+    procs = [{"pid": 1, "gpu": 0, "sm": 97, "mem": 40, "used_mib": 30000},
+             {"pid": 2, "gpu": 1, "sm": 60, "mem": 70, "used_mib": 100},
+             {"pid": 3, "gpu": 1, "sm": 60, "mem": 70, "used_mib": 200},
+             {"pid": 4, "gpu": 2, "sm": 90, "used_mib": 50}]
+    devices = [{}, {}, {"stats": {"sm": 5, "pwr": 40}}, {}]
+    write(scn_file, scenario(era, devices=devices, procs=procs))
+    temp = "temp" if era == "r384" else "gtemp"
+    rows = dmon_rows(run(scn_file, "dmon", "-c", "1", "-s", "pucvmt").stdout)
+    figures = [[r["sm"], r["mem"], r["fb"], r["pwr"], r[temp]] for r in rows]
+    assert figures == [["97", "40", "30000", "316", "69"],  # 25 + 3 * 97 W, 30 + 0.4 * 97 C
+                       ["100", "100", "300", "325", "70"],  # sums, at most 100
+                       ["5", "0", "50", "40", "32"],  # the scenario's stats win
+                       ["0", "0", "0", "25", "30"]]  # idle
+    gpus = ET.fromstring(run(scn_file, "-q", "-x").stdout).findall("gpu")
+    assert [g.findtext("utilization/gpu_util") for g in gpus] == ["97 %", "100 %", "5 %", "0 %"]
+    assert gpus[0].findtext("fb_memory_usage/used") == "30000 MiB"
+
+
+# ---- MIG and devices whose pmon attributes nothing ------------------------------------------
+
+MIG_INSTANCES = [{"gpu_instance_id": 1, "compute_instance_id": 0, "memory_mib": 9856},
+                 {"gpu_instance_id": 2, "compute_instance_id": 0, "memory_mib": 9856}]
+
+
+def mig_host(era: str) -> Dict[str, Any]:
+    """A MIG GPU with two instances, a blind GPU and a plain one, each with a process."""
+    devices = [{"name": "NVIDIA A100-SXM4-40GB", "mig": "Enabled", "mig_devices": MIG_INSTANCES},
+               {"name": "NVIDIA H100 80GB HBM3", "pmon_blind": True},
+               {"name": "NVIDIA L4"}]
+    procs = [{"pid": 501, "gpu": 0, "gi": 2, "ci": 0, "used_mib": 4096, "sm": 50, "name": "train"},
+             {"pid": 502, "gpu": 0, "used_mib": 1000, "sm": 10},  # the first instance's
+             {"pid": 601, "gpu": 1, "used_mib": 2048, "sm": 97, "name": "infer"},
+             {"pid": 701, "gpu": 2, "used_mib": 512, "sm": 30, "name": "plain"}]
+    return scenario(era, devices=devices, procs=procs)
+
+
+@pytest.mark.parametrize("era", ["r470", "r550"])
+def test_mig_devices_and_instance_ids_in_xml(scn_file: Path, era: str) -> None:
+    write(scn_file, mig_host(era))
+    gpus = ET.fromstring(run(scn_file, "-q", "-x").stdout).findall("gpu")
+    assert gpus[0].findtext("mig_mode/current_mig") == "Enabled"
+    instances = gpus[0].findall("mig_devices/mig_device")
+    ids = [[m.findtext(t) for t in ("index", "gpu_instance_id", "compute_instance_id")]
+           for m in instances]
+    assert ids == [["0", "1", "0"], ["1", "2", "0"]]
+    memory = [[m.findtext(f"fb_memory_usage/{t}") for t in ("total", "used", "free")]
+              for m in instances]
+    assert memory == [["9856 MiB", "1000 MiB", "8856 MiB"], ["9856 MiB", "4096 MiB", "5760 MiB"]]
+    assert (instances[0].find("fb_memory_usage/reserved") is None) == (era == "r470")
+    procs = [[p.findtext(t) for t in ("pid", "gpu_instance_id", "compute_instance_id")]
+             for p in gpus[0].findall("processes/process_info")]
+    assert procs == [["501", "2", "0"], ["502", "1", "0"]]
+    assert gpus[0].findtext("utilization/gpu_util") == "N/A"  # no device-wide figure in MIG
+    assert gpus[1].findtext("mig_devices", "").strip() == "None"
+    assert gpus[1].findtext("processes/process_info/gpu_instance_id") == "N/A"
+    assert gpus[1].findtext("processes/process_info/pid") == "601"  # blind to pmon only
+
+
+def test_no_mig_before_r470(scn_file: Path) -> None:
+    write(scn_file, mig_host("r384"))
+    gpu = ET.fromstring(run(scn_file, "-q", "-x").stdout).find("gpu")
+    assert gpu is not None and gpu.find("mig_mode") is None and gpu.find("mig_devices") is None
+    assert gpu.find("processes/process_info/gpu_instance_id") is None
+    rows = data(run(scn_file, "pmon", "-c", "1").stdout)
+    assert [row[:2] for row in rows] == [["0", "501"], ["0", "502"], ["1", "-"], ["2", "701"]]
+
+
+@pytest.mark.parametrize("era", ["r470", "r550"])
+def test_pmon_attributes_nothing_on_mig_and_blind_devices(scn_file: Path, era: str) -> None:
+    write(scn_file, mig_host(era))
+    rows = data(run(scn_file, "pmon", "-c", "2", "-d", "0.01", "-s", "um").stdout)
+    assert [row[:2] for row in rows] == [["0", "-"], ["1", "-"], ["2", "701"]] * 2
+    assert set(rows[0][1:]) == {"-"} and set(rows[1][1:]) == {"-"}
+    dmon = dmon_rows(run(scn_file, "dmon", "-c", "1", "-s", "pucvmt").stdout)
+    assert [r["gpu"] for r in dmon] == ["0", "1", "2"]  # dmon still prints the MIG device
+    assert [r["sm"] for r in dmon] == ["-", "97", "30"] and dmon[0]["mem"] == "-"
+    assert dmon[0]["fb"] == "5096" and dmon[0]["pwr"] == str(25 + 3 * 60)
+    apps = run(scn_file, "--query-compute-apps=gpu_uuid,pid,used_memory,process_name",
+               "--format=csv,noheader,nounits").stdout.splitlines()
+    gpus = ET.fromstring(run(scn_file, "-q", "-x").stdout).findall("gpu")
+    uuids = [g.findtext("uuid") for g in gpus]
+    assert apps == [f"{uuids[0]}, 501, 4096, train", f"{uuids[0]}, 502, 1000, python",
+                    f"{uuids[1]}, 601, 2048, infer", f"{uuids[2]}, 701, 512, plain"]
+
+
+def test_pmon_trace_names_only_what_pmon_printed(scn_file: Path, tmp_path: Path) -> None:
+    trace = tmp_path / "pmon.trace"
+    write(scn_file, dict(mig_host("r550"), trace=str(trace)))
+    run(scn_file, "pmon", "-c", "2", "-d", "0.01")
+    assert [line.split()[1:] for line in trace.read_text().splitlines()] == [["701", "2"]]
+
+
+def test_query_compute_apps_process_name_as_printed(scn_file: Path) -> None:
+    procs = [{"pid": 11, "used_mib": 100, "name": "python3 train.py --lr=1,2"}, {"pid": 12}]
+    write(scn_file, scenario(procs=procs))
+    uuid = "GPU-00000000-5a1e-4e57-8000-000000000000"
+    out = run(scn_file, "--query-compute-apps=gpu_uuid,pid,used_memory,process_name",
+              "--format=csv,noheader,nounits")
+    assert out.returncode == 0
+    assert out.stdout == (f"{uuid}, 11, 100, python3 train.py --lr=1,2\n"  # unquoted, as it is
+                          f"{uuid}, 12, [N/A], python\n")
+    out = run(scn_file, "--query-compute-apps=pid,process_name,used_memory", "--format=csv")
+    assert out.stdout.splitlines() == ["pid, process_name, used_gpu_memory [MiB]",
+                                       "11, python3 train.py --lr=1,2, 100 MiB",
+                                       "12, python, [N/A]"]
+
+
+# ---- devices that change while dmon/pmon run --------------------------------------------------
+
+def board(n: int) -> Dict[str, Any]:
+    """A device with its own uuid and PCI id, so that it keeps them when others go."""
+    return {"uuid": f"GPU-b0a4d{n:03d}-0000-4000-8000-00000000000{n}",
+            "pci": f"00000000:{0x18 + n:02X}:00.0"}
+
+
+@pytest.mark.parametrize("kind", ["dmon", "pmon"])
+@pytest.mark.parametrize("era,how", [("r550", "index"), ("r470", "uuid"), ("r550", "pci")])
+def test_a_watched_device_that_goes_is_lost(scn_file: Path, kind: str, era: str,
+                                            how: str) -> None:
+    boards = [board(0), board(1), board(2)]
+    named = {"index": "1,2", "uuid": f"{boards[1]['uuid']},{boards[2]['uuid']}",
+             "pci": f"{boards[1]['pci']},{boards[2]['pci']}"}[how]
+    write(scn_file, scenario(era, devices=boards))
+    first = lambda gpu: lambda line: line.split()[:1] == [gpu]  # noqa: E731
+    with child(scn_file, kind, "-d", "0.05", "-i", named) as sim:
+        sim.until(first("2"))
+        write(scn_file, scenario(era, devices=[boards[1], boards[2]]))  # unwatched 0 goes
+        sim.until(first("1"))
+        sim.until(first("2"))  # the same gpu numbers as at start
+        write(scn_file, scenario(era, devices=[boards[2]]))  # watched 1 goes
+        sp = "" if era == "r550" else " "
+        lost = (f"Unable to determine the device handle for GPU{sp}0000:19:00.0: GPU is lost."
+                " Reboot the system to recover this GPU")
+        sim.until(lambda line: line == lost)
+        assert sim.proc.wait(timeout=5) == 15
+
+
+@pytest.mark.parametrize("kind", ["dmon", "pmon"])
+def test_a_device_added_appears_after_a_restart(scn_file: Path, kind: str) -> None:
+    write(scn_file, scenario("r550", devices=[board(0)]))
+    with child(scn_file, kind, "-d", "0.05", "-i", "0") as sim:
+        sim.until(lambda line: line.startswith("    0"))
+        write(scn_file, scenario("r550", devices=[board(0), board(1)], procs=[{"pid": 9, "gpu": 1}]))
+        seen: List[str] = []  # ten intervals: the stream re-reads the file before each
+        sim.until(lambda line: seen.append(line) or len(data("\n".join(seen))) == 10)
+        assert {row[0] for row in data("\n".join(seen))} == {"0"}
+    out = run(scn_file, kind, "-c", "1", "-i", "0,1")
+    assert [row[:1] for row in data(out.stdout)] == [["0"], ["1"]]

@@ -3,8 +3,9 @@
 Run as ``python -m patroller.nvsmi.simulator [--scenario FILE] <nvidia-smi arguments>``; the
 scenario may instead be named by ``PATROLLER_SIM_SCENARIO`` (none: one idle r550 GPU). Answers
 ``-q -x`` (``-i`` too), ``dmon`` and ``pmon`` (``-i -c -d -s -o``) and
-``--query-compute-apps=gpu_uuid,pid,used_memory --format=csv,noheader,nounits``; anything else
-fails as nvidia-smi does. dmon/pmon re-read the file whenever it changes (an unreadable or
+``--query-compute-apps=<fields> --format=csv[,noheader][,nounits]`` (fields ``gpu_uuid pid
+used_memory process_name gpu_bus_id gpu_name``; a name is printed as it is, commas and all,
+unquoted like the real tool); anything else fails as nvidia-smi does. dmon/pmon re-read the file whenever it changes (an unreadable or
 half-written file keeps the previous scenario), so a test can start and stop processes live.
 
 Scenario (every key optional; ``null`` statistics print as ``-``)::
@@ -18,21 +19,50 @@ Scenario (every key optional; ``null`` statistics print as ``-``)::
      "devices": [{"name": "NVIDIA A100-SXM4-80GB", "brand": "NVIDIA", "arch": "Ampere",
                   "uuid": "GPU-...", "pci": "00000000:01:00.0", "minor": 1,
                   "memory_mib": 81920, "reserved_mib": 512, "mig": "Disabled",
+                  "mig_devices": [{"gpu_instance_id": 1, "compute_instance_id": 0,
+                                   "memory_mib": 9856}],
+                  "pmon_blind": false,   # true: pmon prints only `-` rows for this device
                   "stats": {"pwr": 61, "gtemp": 34, "mtemp": null, "sm": 97, "mem": 40,
                             "enc": 0, "dec": 0, "mclk": 1593, "pclk": 1410, "fb": 4096}}],
      "processes": [{"pid": 1426541, "gpu": 0, "type": "C", "name": "python",
-                    "used_mib": 4096, "sm": 95, "mem": 40}],
+                    "used_mib": 4096, "sm": 95, "mem": 40, "gi": 1, "ci": 0}],
      "faults": {"garbage_every": 5, "pmon": {"fail": "gpu_lost"}},
      "live_pids_only": false,      # true: leave out processes whose pid has exited
      "trace": "/tmp/pmon.trace"}   # pmon appends "<epoch time> <pid> <gpu>" when it first
                                    # prints a process (for reaction-time measurements)
 
 Device indices are list positions (PCI order); ``minor`` may be in any order; ``"devices": []``
-is a host with no GPU. ``stats`` keys are dmon column names (r384's ``temp`` is ``gtemp``); device
-``fb`` defaults to the sum of its processes' ``used_mib``. A process's ``gpu`` is a device index
-(list a pid twice to put it on two devices); its pmon values are ``sm mem enc dec jpg ofa ccpm``
-(``fb`` is ``used_mib``), ``-`` when absent; ``"name": ""`` prints ``-``. ``mig`` sets mig_mode
-only: mig_devices is always ``None``.
+is a host with no GPU. ``arch`` defaults to the product name's architecture (H100/H200/GH200
+Hopper; A100/A30/A10/A40/RTX A6000 Ampere; V100 Volta; P100/P40 Pascal; L4/L40/RTX 4090 Ada
+Lovelace; B200/GB200 Blackwell; T4 Turing; a model number as a whole word, a letter may follow
+as in L40S), else the era's default (Ampere; Pascal in r384); only r550 prints it.
+
+Device figures follow the processes on it unless its ``stats`` set them (``stats`` keys are dmon
+column names; r384's ``temp`` is ``gtemp``): ``sm`` and ``mem`` are the sums of its processes'
+``sm``/``mem`` (at most 100), ``fb`` the sum of their ``used_mib``, and with load = ``sm``
+(the ``stats`` one if set) ``pwr`` = 25 + 3 * load watts and ``gtemp`` = 30 + 0.4 * load
+degrees (rounded). A process's ``gpu`` is a device index (list a pid twice to put it on two
+devices); its pmon values are ``sm mem enc dec jpg ofa ccpm`` (``fb`` is ``used_mib``), ``-``
+when absent; ``"name": ""`` prints ``-``.
+
+MIG (r470 and r550; r384 ignores it): ``"mig": "Enabled"`` with ``mig_devices`` prints a
+``<mig_device>`` per instance (index, gpu_instance_id, compute_instance_id, fb_memory_usage
+whose used is the sum of ``used_mib`` of the processes in that GPU instance), else the text
+``None``. A process on a MIG device prints ``gi``/``ci`` (default: the first instance's) as its
+gpu_instance_id/compute_instance_id; elsewhere they are ``N/A``. As on real hosts, pmon gives no
+per-process attribution in MIG mode: only the device's ``-`` row, though processes run. dmon
+still prints the device, utilisation (``sm mem enc dec jpg ofa``) as ``-`` and ``-q -x``
+gpu_util as ``N/A`` (``stats`` may still set them); power and temperature follow the hidden load.
+``"pmon_blind": true`` makes pmon print only ``-`` for a device without MIG too (some GPUs and
+drivers do). ``-q -x`` and ``--query-compute-apps`` (by the parent GPU's uuid) list them all.
+
+Devices that change: ``-q -x`` reads the scenario at each call. dmon/pmon choose their devices
+once at start (``-i`` by index, uuid or PCI id; without it all, or the first four) and follow
+each by uuid; when one disappears from the scenario the stream prints the era's "Unable to
+determine the device handle for GPU<pci>: GPU is lost. Reboot the system to recover this GPU"
+naming its PCI id and exits with status 15. A device added later does not appear until the
+stream is restarted. Default uuids and PCI ids follow list positions: give them explicitly to
+remove a device other than the last.
 
 Fault knobs (in ``faults``; a nested object under ``"-q"``, ``"dmon"``, ``"pmon"`` or
 ``"--query-compute-apps"`` overrides them for that command only; all re-read live):
@@ -56,6 +86,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -89,6 +120,26 @@ DEFAULT_STATS = {"pwr": 25, "gtemp": 30, "mtemp": None, "sm": 0, "mem": 0, "enc"
                  "jpg": 0, "ofa": 0, "mclk": 1215, "pclk": 210, "pviol": 0, "tviol": 0,
                  "bar1": 2, "ccpm": 0, "sbecc": None, "dbecc": None, "pci": 0, "rxpci": 0,
                  "txpci": 0}
+
+# dmon's utilisation columns: not available for a GPU in MIG mode (printed as `-`).
+UTILISATION = ("sm", "mem", "enc", "dec", "jpg", "ofa")
+
+# Power and temperature rise with the device's sm% (the load): idle + load * slope.
+IDLE_PWR, PWR_PER_SM = 25, 3  # W: 25 idle, 325 at sm 100
+IDLE_GTEMP, GTEMP_PER_SM = 30, 0.4  # C: 30 idle, 70 at sm 100
+
+# product_architecture from the product name when the scenario gives no `arch`: a model
+# number as a whole word ("GH200" is not "H200", "A100" is not "A10"; a letter may follow,
+# as in "L40S" or "A10G").
+ARCHITECTURES = (
+    ("Hopper", ("H100", "H200", "GH200")),
+    ("Ampere", ("A100", "A30", "A10", "A40", "A6000")),
+    ("Volta", ("V100",)),
+    ("Pascal", ("P100", "P40")),
+    ("Ada Lovelace", ("L4", "L40", "RTX 4090")),
+    ("Blackwell", ("B200", "GB200")),
+    ("Turing", ("T4",)),
+)
 
 # -o D / -o T: (header, units, strftime) segments that lead every line.
 STAMPS = {"D": ("Date       ", "YYYYMMDD   ", "%Y%m%d   "),
@@ -191,6 +242,15 @@ def _era(scn: Scenario) -> Era:
     return ERAS[scn.get("era", "r550")]
 
 
+def _architecture(name: str, modern: bool) -> str:
+    """The architecture a product name belongs to; the era's default when unknown."""
+    for arch, models in ARCHITECTURES:
+        for model in models:
+            if re.search(rf"(?<![A-Za-z0-9]){re.escape(model)}(?![0-9])", name, re.IGNORECASE):
+                return arch
+    return "Ampere" if modern else "Pascal"
+
+
 def _devices(scn: Scenario) -> List[Dict[str, Any]]:
     """The devices in index order, defaults filled in."""
     modern = _era(scn).modern
@@ -199,12 +259,19 @@ def _devices(scn: Scenario) -> List[Dict[str, Any]]:
     for i, dev in enumerate(raw):
         full = {"uuid": f"GPU-{i:08x}-5a1e-4e57-8000-{i:012x}", "pci": f"00000000:{i + 1:02X}:00.0",
                 "minor": i, "name": "NVIDIA A100-SXM4-80GB" if modern else "Tesla P100-PCIE-16GB",
-                "brand": "NVIDIA" if modern else "Tesla", "arch": "Ampere" if modern else "Pascal",
-                "memory_mib": 81920 if modern else 16280, "reserved_mib": 512, "mig": "Disabled"}
+                "brand": "NVIDIA" if modern else "Tesla", "memory_mib": 81920 if modern else 16280,
+                "reserved_mib": 512, "mig": "Disabled"}
         full.update(dev)
+        if "arch" not in dev:
+            full["arch"] = _architecture(str(full["name"]), modern)
         full["index"] = i
         out.append(full)
     return out
+
+
+def _mig(scn: Scenario, dev: Dict[str, Any]) -> bool:
+    """Whether the device is in MIG mode (eras before r470 have no MIG)."""
+    return _era(scn).modern and dev["mig"] == "Enabled"
 
 
 def _procs(scn: Scenario, index: int) -> List[Dict[str, Any]]:
@@ -214,10 +281,33 @@ def _procs(scn: Scenario, index: int) -> List[Dict[str, Any]]:
     return procs
 
 
+def _attributed(scn: Scenario, dev: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The processes pmon prints for the device: none in MIG mode or on a blind device."""
+    if dev.get("pmon_blind") or _mig(scn, dev):
+        return []
+    return _procs(scn, dev["index"])
+
+
+def _number(value: Any) -> float:
+    """A process figure as a number; absent, null or text counts as 0."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return value if ok else 0
+
+
 def _stats(scn: Scenario, dev: Dict[str, Any]) -> Dict[str, Any]:
-    used = sum(p.get("used_mib") or 0 for p in _procs(scn, dev["index"]))
-    stats = dict(DEFAULT_STATS, fb=used)
-    stats.update(dev.get("stats") or {})
+    """dmon's figures for the device: the scenario's `stats`, else what its processes make."""
+    procs = _procs(scn, dev["index"])
+    given = dev.get("stats") or {}
+    load = {c: int(round(min(100, sum(_number(p.get(c)) for p in procs)))) for c in ("sm", "mem")}
+    stats = dict(DEFAULT_STATS, fb=sum(p.get("used_mib") or 0 for p in procs), **load)
+    if _mig(scn, dev):  # no device-wide utilisation in MIG mode
+        stats.update((c, None) for c in UTILISATION)
+    stats.update(given)
+    busy = _number(given["sm"]) if "sm" in given else load["sm"]
+    if "pwr" not in given:
+        stats["pwr"] = IDLE_PWR + int(round(busy * PWR_PER_SM))
+    if "gtemp" not in given:
+        stats["gtemp"] = IDLE_GTEMP + int(round(busy * GTEMP_PER_SM))
     stats.setdefault("temp", stats["gtemp"])
     return stats
 
@@ -229,10 +319,11 @@ def _faults(scn: Scenario, command: str) -> Dict[str, Any]:
     return knobs
 
 
-def _failure(scn: Scenario, knob: str, faults: Dict[str, Any]) -> _Exit:
+def _failure(scn: Scenario, knob: str, faults: Dict[str, Any], pci: Optional[str] = None) -> _Exit:
+    """The failure a knob names; a device message names `pci`, else the first device."""
     text, status = FAILURES.get(knob, (knob, 255))
     era, devs = _era(scn), _devices(scn)
-    pci = devs[0]["pci"] if devs else "00000000:01:00.0"
+    pci = pci or (devs[0]["pci"] if devs else "00000000:01:00.0")
     if knob in FAILURES:
         text = text.format(sp="" if era.newest else " ", pci=pci[-12:])
     if knob == "mismatch" and era.newest:
@@ -290,10 +381,51 @@ def _na(value: Any, fmt: str) -> str:
     return fmt.format(value) if isinstance(value, (int, float)) else str(value)
 
 
-def _xml_process(proc: Dict[str, Any], modern: bool) -> Tuple[str, Any]:
-    ids = "N/A" if modern else None  # gpu/compute instance ids arrived with MIG
+def _instances(scn: Scenario, dev: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The device's MIG instances: its `mig_devices` while in MIG mode, else none."""
+    return list(dev.get("mig_devices") or []) if _mig(scn, dev) else []
+
+
+def _instance_ids(scn: Scenario, dev: Dict[str, Any], proc: Dict[str, Any]) -> Tuple[Any, Any]:
+    """A process's (gpu_instance_id, compute_instance_id): its gi/ci (else the first
+    instance's) on a MIG device, N/A on a GPU without MIG, absent (None) before r470."""
+    if not _era(scn).modern:
+        return None, None  # gpu/compute instance ids arrived with MIG
+    instances = _instances(scn, dev)
+    if not instances:
+        return "N/A", "N/A"
+    first = instances[0]
+    return (proc.get("gi", first.get("gpu_instance_id", 0)),
+            proc.get("ci", first.get("compute_instance_id", 0)))
+
+
+def _xml_mig_devices(scn: Scenario, dev: Dict[str, Any]) -> Any:
+    """<mig_devices>: a <mig_device> per instance, or the text None."""
+    era, instances = _era(scn), _instances(scn, dev)
+    if not era.modern:
+        return None
+    if not instances:
+        return ("None",)
+    out = []
+    for n, inst in enumerate(instances):
+        gi = inst.get("gpu_instance_id", n + 1)
+        total = inst.get("memory_mib", 9856)
+        used = sum(p.get("used_mib") or 0 for p in _procs(scn, dev["index"])
+                   if _instance_ids(scn, dev, p)[0] == gi)  # an instance's memory is its GI's
+        out.append(("mig_device", [
+            ("index", n), ("gpu_instance_id", gi),
+            ("compute_instance_id", inst.get("compute_instance_id", 0)),
+            ("fb_memory_usage", [("total", f"{total} MiB"),
+                                 ("reserved", "0 MiB" if era.arch else None),
+                                 ("used", f"{used} MiB"),
+                                 ("free", f"{max(0, total - used)} MiB")])]))
+    return out
+
+
+def _xml_process(scn: Scenario, dev: Dict[str, Any], proc: Dict[str, Any]) -> Tuple[str, Any]:
+    gi, ci = _instance_ids(scn, dev, proc)
     return ("process_info", [
-        ("gpu_instance_id", ids), ("compute_instance_id", ids), ("pid", proc["pid"]),
+        ("gpu_instance_id", gi), ("compute_instance_id", ci), ("pid", proc["pid"]),
         ("type", proc.get("type", "C")), ("process_name", proc.get("name", "python")),
         ("used_memory", _na(proc.get("used_mib"), "{} MiB"))])
 
@@ -312,7 +444,7 @@ def _xml_gpu(scn: Scenario, dev: Dict[str, Any]) -> List[str]:
         ("product_name", dev["name"]), ("product_brand", dev["brand"]),
         ("product_architecture", dev["arch"] if era.arch else None),
         ("display_mode", "Disabled"), ("persistence_mode", "Enabled"),
-        ("mig_mode", mig if modern else None), ("mig_devices", ("None",) if modern else None),
+        ("mig_mode", mig if modern else None), ("mig_devices", _xml_mig_devices(scn, dev)),
         ("uuid", dev["uuid"]), ("minor_number", dev["minor"]),
         ("pci", [("pci_bus", bus), ("pci_device", rest[:2]), ("pci_domain", domain[-4:]),
                  ("pci_bus_id", dev["pci"])]),
@@ -322,7 +454,7 @@ def _xml_gpu(scn: Scenario, dev: Dict[str, Any]) -> List[str]:
         ("temperature", [("gpu_temp", _na(stats["gtemp"], "{} C"))]),
         ("gpu_power_readings" if era.newest else "power_readings",
          [("power_draw", _na(stats["pwr"], "{:.2f} W"))]),
-        ("processes", [_xml_process(p, modern) for p in _procs(scn, dev["index"])]),
+        ("processes", [_xml_process(scn, dev, p) for p in _procs(scn, dev["index"])]),
     ]
     return [f'\t<gpu id="{escape(dev["pci"])}">'] + _xml(2, items) + ["\t</gpu>"]
 
@@ -424,15 +556,16 @@ class Table:
                                                          widths, command)
         return text if pmon else text + self.era.tail
 
-    def rows(self, scn: Scenario, watched: Sequence[int]) -> List[str]:
-        """One interval: rows in device order; pmon's idle devices get a row of `-`."""
-        now, devs, out = datetime.now(), _devices(scn), []
-        for i in (i for i in watched if i < len(devs)):
+    def rows(self, scn: Scenario, watched: Sequence[Tuple[int, Dict[str, Any]]]) -> List[str]:
+        """One interval: a (gpu column, device) pair's rows each, in order; pmon prints a row
+        of `-` for a device with no process it can attribute."""
+        now, out = datetime.now(), []
+        for i, dev in watched:
             if self.kind == "dmon":
-                stats = _stats(scn, devs[i])
+                stats = _stats(scn, dev)
                 out.append(self.row(now, i, [stats.get(c) for c in self.columns]))
                 continue
-            procs = _procs(scn, i)
+            procs = _attributed(scn, dev)
             for p in procs:
                 values = [p.get("used_mib") if c == "fb" else p.get(c) for c in self.columns]
                 cells = [p["pid"], p.get("type", "C")] + values
@@ -483,14 +616,25 @@ class Stream:
         self.rows = 0  # data rows printed, what the fault knobs count
         self.bursts = 0  # intervals printed
         self.traced: set = set()  # (pid, gpu) already written to the trace file
+        self.handles: List[Tuple[int, str, str]] = []  # (index, uuid, pci) chosen at start
 
-    def watched(self, scn: Scenario) -> List[int]:
-        """Devices monitored: -i, else all or (like the real tool) only the first four."""
+    def watch(self, scn: Scenario) -> None:
+        """Choose the devices once, at start, as the real tool takes its device handles: -i,
+        else all or (like the real tool) only the first four. An unknown -i fails now."""
         devs = _devices(scn)
         chosen = _select(devs, self.ids)
         if self.ids is None and not (self.all_env or scn.get("show_all_devices")):
             chosen = chosen[:4]
-        return chosen
+        self.handles = [(i, devs[i]["uuid"], devs[i]["pci"]) for i in chosen]
+
+    def watched(self, scn: Scenario) -> List[Tuple[int, Dict[str, Any]]]:
+        """(gpu column, device now) for each device chosen at start, found by its uuid; one
+        gone from the scenario is a lost GPU: the stream fails as the real one does."""
+        by_uuid = {d["uuid"]: d for d in _devices(scn)}
+        for index, uuid, pci in self.handles:
+            if uuid not in by_uuid:
+                raise _failure(scn, "gpu_lost", {}, pci)
+        return [(index, by_uuid[uuid]) for index, uuid, _ in self.handles]
 
     def interval(self, scn: Scenario) -> Optional[int]:
         """Print one interval's burst; an exit status when the stream must end."""
@@ -527,7 +671,7 @@ class Stream:
     def _trace(self, scn: Scenario) -> None:
         """Append `<time> <pid> <gpu>` for each process printed for the first time."""
         now = time.time()
-        fresh = [(p["pid"], i) for i in self.watched(scn) for p in _procs(scn, i)
+        fresh = [(p["pid"], i) for i, dev in self.watched(scn) for p in _attributed(scn, dev)
                  if (p["pid"], i) not in self.traced]
         if fresh:
             self.traced.update(fresh)
@@ -558,7 +702,7 @@ def monitor(kind: str, args: Sequence[str], source: Source, all_env: bool) -> in
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         except ValueError:
             pass  # not the main thread: a test calling main() in-process
-    stream.watched(scn)  # an unknown -i fails now, like the real tool
+    stream.watch(scn)  # an unknown -i fails now, like the real tool
     Table(_era(scn), kind, stream.select, stream.stamp)  # so does a bad -s
     while True:
         status = stream.interval(scn)
