@@ -624,3 +624,85 @@ def test_a_device_added_appears_after_a_restart(scn_file: Path, kind: str) -> No
         assert {row[0] for row in data("\n".join(seen))} == {"0"}
     out = run(scn_file, kind, "-c", "1", "-i", "0,1")
     assert [row[:1] for row in data(out.stdout)] == [["0"], ["1"]]
+
+
+# ---- the columns Patroller asks for, in every era, and fixtures made from them ---------------
+
+FIXTURES = ROOT / "tests" / "fixtures" / "nvsmi"
+ERA_COLUMNS = {
+    ("r384", "dmon"): "gpu pwr temp sm mem enc dec mclk pclk pviol tviol fb bar1 rxpci txpci",
+    ("r470", "dmon"): "gpu pwr gtemp mtemp sm mem enc dec mclk pclk pviol tviol fb bar1 rxpci"
+                      " txpci",
+    ("r550", "dmon"): "gpu pwr gtemp mtemp sm mem enc dec jpg ofa mclk pclk pviol tviol fb bar1"
+                      " ccpm rxpci txpci",
+    ("r384", "pmon"): "gpu pid type sm mem enc dec fb command",
+    ("r470", "pmon"): "gpu pid type sm mem enc dec fb command",
+    ("r550", "pmon"): "gpu pid type sm mem enc dec jpg ofa fb ccpm command",
+}
+# The streams the daemon runs; each fixture is three intervals of one process on a two-GPU host.
+STREAMS = {"dmon": ["dmon", "-s", "pucvmt", "-i", "0,1"], "pmon": ["pmon", "-s", "um", "-i", "0,1"]}
+
+
+def fixture_scenario(era: str) -> Dict[str, Any]:
+    procs = [{"pid": 1426541, "gpu": 0, "name": "sglang::scheduler_tp0", "sm": 66, "mem": 20,
+              "used_mib": 40210}]
+    return scenario(era, devices=2, procs=procs)
+
+
+def mig_fixture_scenario() -> Dict[str, Any]:
+    return dict(mig_host("r550"), driver_version="550.54.15")
+
+
+def generate(path: Path, name: str) -> str:
+    """What the simulator prints for the fixture `name` (see FIXTURES)."""
+    if name.endswith("-q-x-mig.xml"):
+        write(path, mig_fixture_scenario())
+        return run(path, "-q", "-x").stdout
+    era, kind = name.split("-")[:2]
+    write(path, fixture_scenario(era))
+    return run(path, *STREAMS[kind], "-c", "3", "-d", "0.01").stdout
+
+
+def stream_fixture_names() -> List[str]:
+    return [f"{era}-{kind}-{'pucvmt' if kind == 'dmon' else 'um'}.txt"
+            for era in ("r384", "r470", "r550") for kind in ("dmon", "pmon")]
+
+
+@pytest.mark.parametrize("name", stream_fixture_names())
+def test_stream_fixtures_are_what_the_simulator_prints(scn_file: Path, name: str) -> None:
+    era, kind = name.split("-")[:2]
+    fresh = generate(scn_file, name).splitlines()
+    kept = (FIXTURES / name).read_text().splitlines()
+    hint = f"regenerate with: python tests/test_simulator.py ({name})"
+    assert fresh[:2] == kept[:2], hint  # headers identical
+    assert kept[0].lstrip("#").split() == ERA_COLUMNS[(era, kind)].split()
+    width = len(kept[0].lstrip("#").split())
+    for lines in (fresh, kept):
+        rows = data("\n".join(lines))
+        assert len(rows) == 6 and all(len(row) == width for row in rows)
+        assert [row[0] for row in rows] == ["0", "1"] * 3
+    if kind == "pmon":  # the command is the name cut at 15 characters; rows split on spaces
+        assert [row[1] for row in data("\n".join(kept))] == ["1426541", "-"] * 3
+        assert data("\n".join(kept))[0][-1] == "sglang::schedul"
+    assert data("\n".join(fresh)) == data("\n".join(kept)), hint
+
+
+def test_mig_xml_fixture_is_what_the_simulator_prints(scn_file: Path) -> None:
+    name = "r550-q-x-mig.xml"
+
+    def elements(text: str) -> List[Any]:
+        root = ET.fromstring(text)
+        return [(e.tag, (e.text or "").strip()) for e in root.iter() if e.tag != "timestamp"]
+
+    kept = (FIXTURES / name).read_text()
+    assert elements(generate(scn_file, name)) == elements(kept), "regenerate: see __main__"
+    gpu = ET.fromstring(kept).find("gpu")
+    assert gpu is not None and len(gpu.findall("mig_devices/mig_device")) == 2
+
+
+if __name__ == "__main__":  # python tests/test_simulator.py: write the fixtures again
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        for fixture in stream_fixture_names() + ["r550-q-x-mig.xml"]:
+            (FIXTURES / fixture).write_text(generate(Path(tmp) / "scenario.json", fixture))
+            print("wrote", FIXTURES / fixture)
