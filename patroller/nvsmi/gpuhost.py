@@ -146,9 +146,10 @@ class InventoryWatch:
                 await asyncio.wait_for(self._wake.wait(), self.every)
             except asyncio.TimeoutError:
                 pass
-            pause = self.soonest - (time.monotonic() - self._last)
-            if pause > 0:
-                await asyncio.sleep(pause)
+            else:  # poked: not more often than `soonest`
+                pause = min(self.soonest, self.every) - (time.monotonic() - self._last)
+                if pause > 0:
+                    await asyncio.sleep(pause)
             self._wake.clear()
             await self.read()
 
