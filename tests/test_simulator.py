@@ -618,7 +618,8 @@ def test_a_device_added_appears_after_a_restart(scn_file: Path, kind: str) -> No
     write(scn_file, scenario("r550", devices=[board(0)]))
     with child(scn_file, kind, "-d", "0.05", "-i", "0") as sim:
         sim.until(lambda line: line.startswith("    0"))
-        write(scn_file, scenario("r550", devices=[board(0), board(1)], procs=[{"pid": 9, "gpu": 1}]))
+        grown = scenario("r550", devices=[board(0), board(1)], procs=[{"pid": 9, "gpu": 1}])
+        write(scn_file, grown)
         seen: List[str] = []  # ten intervals: the stream re-reads the file before each
         sim.until(lambda line: seen.append(line) or len(data("\n".join(seen))) == 10)
         assert {row[0] for row in data("\n".join(seen))} == {"0"}

@@ -5,8 +5,9 @@ scenario may instead be named by ``PATROLLER_SIM_SCENARIO`` (none: one idle r550
 ``-q -x`` (``-i`` too), ``dmon`` and ``pmon`` (``-i -c -d -s -o``) and
 ``--query-compute-apps=<fields> --format=csv[,noheader][,nounits]`` (fields ``gpu_uuid pid
 used_memory process_name gpu_bus_id gpu_name``; a name is printed as it is, commas and all,
-unquoted like the real tool); anything else fails as nvidia-smi does. dmon/pmon re-read the file whenever it changes (an unreadable or
-half-written file keeps the previous scenario), so a test can start and stop processes live.
+unquoted like the real tool); anything else fails as nvidia-smi does. dmon/pmon re-read the
+file whenever it changes (an unreadable or half-written file keeps the previous scenario), so a
+test can start and stop processes live.
 
 Scenario (every key optional; ``null`` statistics print as ``-``)::
 
