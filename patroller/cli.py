@@ -41,7 +41,8 @@ QUEUE_GRACE = 3.0  # seconds the progress line waits for the request to show in 
 PIPED_PROGRESS_EVERY = 10.0  # at most one progress line this often when stderr is not a terminal
 CUT = "…"
 WIDEST = {"NAME": 22, "USER": 32, "PROCESSES": 40}  # longer cells are cut
-STATE_COLOURS = {"free": "32", "reserved": "33", "claimed": "36", "shared": "1;31"}
+STATE_COLOURS = {"free": "32", "reserved": "33", "claimed": "36", "shared": "1;31",
+                 "lost": "35"}
 
 
 class Failure(Exception):
@@ -478,7 +479,7 @@ def device_row(uuid: str, info: Dict[str, Any], entry: Dict[str, Any]) -> List[s
     return [number, short_name(info.get("name") or ""), state,
             ", ".join(dict.fromkeys(user_name(u) for u in users)) or "-",
             processes_cell(claim), percent(entry.get("sm")),
-            memory_cell(entry.get("fb"), info.get("total_mem")),
+            memory_cell(entry.get("fb"), entry.get("fb_total") or info.get("total_mem")),
             unit(entry.get("gtemp"), "C"), unit(entry.get("power"), "W"), time_cell(claim)]
 
 
@@ -530,7 +531,8 @@ def user_name(user: Optional[Dict[str, Any]]) -> str:
 def processes_cell(claim: Dict[str, Any]) -> str:
     detail = claim.get("process_detail")
     if detail:
-        return ", ".join(f"{p['pid']} {p['command']}" if p.get("command") else str(p["pid"])
+        return ", ".join(" ".join([str(p["pid"]), *([p["command"]] if p.get("command") else []),
+                                   *([f"{int(p['fb'])}MiB"] if p.get("fb") is not None else [])])
                          for p in detail)
     return ", ".join(str(pid) for pid in claim.get("processes") or []) or "-"
 
@@ -547,7 +549,7 @@ def time_cell(claim: Dict[str, Any]) -> str:
 
 def memory_cell(used: Any, total: Any) -> str:
     """'4096/81920 MiB' from the used MiB and the inventory's '81920 MiB'."""
-    total_mib: Optional[int] = None
+    total_mib: Optional[int] = total if isinstance(total, int) else None
     if isinstance(total, str) and total.split() and total.split()[0].isdigit():
         total_mib = int(total.split()[0])
     if used is None and total_mib is None:
