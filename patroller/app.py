@@ -20,10 +20,7 @@ from .lifetimes import Lifelines
 from .listeners import (PeerServer, SocketFile, SocketPathError, remove_unix_socket,
                         tcp_sockets, unix_socket)
 from .nvsmi import gpuhost
-try:  # TEMPORARY while the cross-check is written
-    from .nvsmi.crosscheck import CrossCheck
-except ImportError:
-    CrossCheck = None  # type: ignore
+from .nvsmi.crosscheck import CrossCheck
 from .resolver import ProcessIdentifier
 from .signals import Signals
 from .stats import StatsStore
@@ -230,9 +227,9 @@ async def build(config: Config) -> Daemon:
                                   startup=config.stream_startup)
     watch = gpuhost.InventoryWatch(inventory, argv, every=config.inventory_every)
     unattributed = gpuhost.Unattributed(inventory, lambda uuid: daemon.busy(uuid), pmon)
-    extra = [] if CrossCheck is None else [CrossCheck(inventory, signals, argv, os.environ, unattributed,
-                       interval=config.cross_check_every)]
-    daemon = Daemon(config, inventory, signals, [dmon, pmon, *extra, watch],
+    check = CrossCheck(inventory, signals, argv, os.environ, unattributed,
+                       interval=config.cross_check_every)
+    daemon = Daemon(config, inventory, signals, [dmon, pmon, check, watch],
                     identifier, SystemCallers(identifier, directory),
                     interval=gpuhost.INTERVAL, mode="gpu", directory=directory, book=book)
     watch.on_change = daemon.inventory_changed
