@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import random
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple, Union
 
@@ -463,3 +464,16 @@ def test_compute_apps_blank_lines_ignored_and_unreadable_lines_skipped() -> None
 def test_compute_apps_nothing_listed(text: str) -> None:
     skipped: List[str] = []
     assert parse_compute_apps(text, skipped) == [] and skipped == []
+
+
+def test_compute_apps_never_raises_on_random_text() -> None:
+    rng = random.Random(10)
+    pieces = [A100, "GPU-", ", ", ",", " ", "1234", "[N/A]", "N/A", "MiB", "python", "\x00",
+              "\r", "\n", "\t", "é", "-", "[", "]", "0"]
+    for _ in range(2000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        skipped: List[str] = []
+        for app in parse_compute_apps(text, skipped):
+            assert app.uuid.startswith("GPU-") and app.pid >= 0
+            assert app.used_mib is None or app.used_mib >= 0
+        assert all(line.strip() for line in skipped)
