@@ -43,7 +43,7 @@ class StatsStore:
         self._last: Dict[str, Sample] = {}
         self._seen: Dict[str, float] = {}  # uuid -> clock() when the last sample arrived
         self._listed: Dict[str, float] = {}  # uuid -> clock() when its processes were listed
-        self._processes: Dict[Tuple[str, int], Mapping[str, Value]] = {}  # (uuid, pid) -> figures
+        self._processes: Dict[Tuple[str, int], Dict[str, Value]] = {}  # (uuid, pid) -> figures
         self._subscribers: List[Callable[[], None]] = []
 
     def connect(self, signals: Signals) -> None:
@@ -76,7 +76,15 @@ class StatsStore:
                 callback()
 
     def _on_process_sampled(self, sender: Any, record: ProcessSamples) -> None:
-        self._processes.update(record.values)  # shown with the next change of /status
+        # Shown with the next change of /status. A figure not known this time (None) keeps the
+        # last one: pmon prints `-` for an interval without a sample, and the cross-check knows
+        # memory alone.
+        for key, values in record.values.items():
+            known = self._processes.get(key)
+            if known is None:
+                self._processes[key] = dict(values)
+            else:
+                known.update((k, v) for k, v in values.items() if v is not None)
 
     def _on_process_ended(self, sender: Any, record: GpuProcess) -> None:
         self._processes.pop((record.uuid, record.pid), None)

@@ -477,3 +477,28 @@ def test_compute_apps_never_raises_on_random_text() -> None:
             assert app.uuid.startswith("GPU-") and app.pid >= 0
             assert app.used_mib is None or app.used_mib >= 0
         assert all(line.strip() for line in skipped)
+
+
+# -- the columns Patroller asks for, in every era (fixtures printed by the simulator) -----------
+
+@pytest.mark.parametrize("era", ["r384", "r470", "r550"])
+def test_dmon_pucvmt_gives_every_group_in_every_era(era: str) -> None:
+    rows = [r for r in feed_all(DmonParser(), lines(f"{era}-dmon-pucvmt.txt")) if r is not None]
+    assert rows and {r.gpu for r in rows} == {0, 1}
+    for row in rows:
+        for name in ("power", "gtemp", "sm", "mem", "enc", "dec", "mclk", "pclk", "pviol",
+                     "tviol", "fb", "bar1", "rxpci", "txpci"):
+            assert name in row.values, (era, name)
+        assert isinstance(row.values["fb"], int)
+    busy = rows[0].values
+    assert busy["fb"] == 40210 and busy["sm"] == 66
+    assert ("jpg" in busy) == ("ccpm" in busy) == (era == "r550")
+    assert ("mtemp" in busy) == (era != "r384")
+
+
+@pytest.mark.parametrize("era", ["r384", "r470", "r550"])
+def test_pmon_um_gives_each_process_its_memory_in_every_era(era: str) -> None:
+    rows = [r for r in feed_all(PmonParser(), lines(f"{era}-pmon-um.txt")) if r is not None]
+    busy = [r for r in rows if r.pid is not None]
+    assert busy and all(r.values["fb"] == 40210 and r.values["sm"] == 66 for r in busy), era
+    assert all(r.pid is None for r in rows if r.gpu == 1)

@@ -152,8 +152,13 @@ def test_the_fields_the_readme_documents_are_required():
         readme = f.read()
     schemas = DOCUMENT["components"]["schemas"]
     status = readme.split("### `GET /status`", 1)[1].split("\n### ", 1)[0]
-    claim_fields = re.findall(r"^\| `(\w+)` \|", status, re.MULTILINE)
-    assert {"state", "expires"} <= set(claim_fields)
+    statistics, claim = status.split("`claim`:", 1)
+    first_cells = re.findall(r"^\| ([^|]+) \|", statistics, re.MULTILINE)
+    stat_fields = {name for cell in first_cells for name in re.findall(r"`(\w+)`", cell)}
+    assert {"power", "fb", "fb_total", "updated", "stale"} <= stat_fields
+    assert stat_fields <= set(schemas["DeviceStatus"]["required"])
+    claim_fields = re.findall(r"^\| `(\w+)` \|", claim, re.MULTILINE)
+    assert {"state", "expires", "held_for_pid", "process_detail"} <= set(claim_fields)
     assert set(claim_fields) <= set(schemas["Claim"]["required"])
     assert {"updated", "stale", "claim"} <= set(schemas["DeviceStatus"]["required"])
     metrics = readme.split("### `GET /metrics`", 1)[1].split("\n### ", 1)[0]

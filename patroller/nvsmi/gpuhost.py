@@ -82,13 +82,10 @@ async def discover(argv: List[str], env: Optional[Mapping[str, str]] = None) -> 
 
 def devices(found: Discovery) -> List[Device]:
     """The discovered devices, with their MIG instances."""
-    mig: Dict[str, Any] = getattr(found, "mig", None) or {}
     out = []
     for device in found.devices:
-        instances = tuple(
-            MigInstance(getattr(m, "index", None), getattr(m, "gpu_instance_id", None),
-                        getattr(m, "compute_instance_id", None), getattr(m, "memory_mib", None))
-            for m in mig.get(device.uuid) or ())
+        instances = tuple(MigInstance(m.index, m.gpu_instance_id, m.compute_instance_id,
+                                      m.memory_mib) for m in found.mig.get(device.uuid) or ())
         out.append(replace(device, mig_instances=instances) if instances else device)
     return out
 
