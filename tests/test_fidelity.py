@@ -1,6 +1,7 @@
 """Fidelity in GPU host mode, on the simulator: every figure in every era, per-process figures,
 GPUs lost and added while the daemon runs, and processes pmon cannot attribute (MIG, blind)."""
 import asyncio
+import os
 
 import pytest
 
@@ -9,6 +10,7 @@ from patroller.devices import Device, Inventory
 from patroller.errors import Busy, Unsatisfiable
 from patroller.identity import named_user
 from patroller.leases import LeaseManager
+from patroller.resolver import host_identity
 from patroller.stats import FIELDS
 
 ERAS = ("r384", "r470", "r550")
@@ -156,6 +158,7 @@ async def test_a_mig_gpus_processes_are_found_by_the_cross_check(tmp_path, sleep
         await until(lambda: h.daemon.leases.state(target) == "claimed", timeout=10)
         claim = (await h.ok("/status"))[target]["claim"]
         assert claim["processes"] == [sleeper.pid]
+        assert claim["user"]["user"] == host_identity(os.getuid()).user  # the process's own
         status, _ = await h.call("/request?gpu=2")
         assert status == 409  # the MIG GPU in use is not handed out as a whole
         scenario.write(processes=[])  # it ends: the usual lease follows
@@ -177,5 +180,6 @@ async def test_a_blind_gpus_processes_are_found_by_the_cross_check(tmp_path, sle
         await until(lambda: h.daemon.leases.state(target) == "claimed", timeout=10)
         [detail] = (await h.ok("/status"))[target]["claim"]["process_detail"]
         assert detail["pid"] == sleeper.pid and detail["fb"] == 3000
+        assert detail["user"] == host_identity(os.getuid()).user
         scenario.write(processes=[])  # it ends: the usual lease follows
         await until(lambda: h.daemon.leases.state(target) == "reserved", timeout=10)
