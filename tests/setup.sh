@@ -1,21 +1,40 @@
 #!/bin/sh
 # Installs what the tests need: a virtual environment with Patroller and pytest, and, for the
 # identity tests, a Docker Engine and busybox (the tests start their own private dockerd and
-# import a busybox image: no registry, no system Docker service).
+# import a busybox image: no registry, no system Docker service), and for the monitoring
+# tests a Prometheus server and promtool (the tests start their own Prometheus: no service).
 set -eu
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/pip install --quiet --disable-pip-version-check -e '.[test]'
 if command -v dockerd >/dev/null 2>&1 && command -v busybox >/dev/null 2>&1 \
-        && command -v wrk >/dev/null 2>&1; then
+        && command -v wrk >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 \
+        && command -v promtool >/dev/null 2>&1; then
     exit 0
 fi
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    # No service may start while installing (prometheus's package would start its daemon):
+    # a policy-rc.d that refuses every start, unless the system already has one of its own.
+    policy=/usr/sbin/policy-rc.d
+    if [ ! -e "$policy" ]; then
+        trap 'rm -f "$policy"' EXIT
+        printf '#!/bin/sh\n# tests/setup.sh: no service starts while it installs\nexit 101\n' \
+            >"$policy"
+        chmod 755 "$policy"
+    fi
     apt-get update -qq
     # wrk is the benchmark's load generator (python -m bench), not the tests'.
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        docker.io busybox-static wrk >/dev/null
+        docker.io busybox-static wrk prometheus >/dev/null
+    # Should a service have started anyway (an init system that ignores policy-rc.d), stop it:
+    # the tests start their own Prometheus on a port of their choosing.
+    if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+        systemctl disable --now prometheus >/dev/null 2>&1 || true
+    elif [ -x /etc/init.d/prometheus ]; then
+        /etc/init.d/prometheus stop >/dev/null 2>&1 || true
+    fi
 else
-    echo "tests/setup.sh: dockerd and busybox are missing; install docker.io and busybox-static" \
-         "(as root) or the Docker tests will be skipped" >&2
+    echo "tests/setup.sh: dockerd, busybox or prometheus is missing; install docker.io," \
+         "busybox-static and prometheus (as root) or the Docker and Prometheus tests will be" \
+         "skipped" >&2
 fi
