@@ -100,10 +100,10 @@ class Waiter(threading.Thread):
         self.answered = time.time()
 
     def begin(self) -> "Waiter":
-        before = self.daemon_.ok("/metrics")["waiting"]
+        before = self.daemon_.ok("/metrics.json")["waiting"]
         self.start()
         deadline = time.monotonic() + 10
-        while self.daemon_.ok("/metrics")["waiting"] <= before:
+        while self.daemon_.ok("/metrics.json")["waiting"] <= before:
             if time.monotonic() > deadline:
                 raise RuntimeError("the waiter did not start waiting")
             time.sleep(0.005)
@@ -203,9 +203,9 @@ def identity_cost(ctx: Context) -> Dict[str, Any]:
         daemon.place(ctx.pool)
         daemon.wait_for(lambda s: processes_on(s) == len(ctx.pool), timeout=120)
         time.sleep(2)
-        before, start = daemon.ok("/metrics"), time.monotonic()
+        before, start = daemon.ok("/metrics.json"), time.monotonic()
         time.sleep(ctx.steady_seconds)
-        after, minutes = daemon.ok("/metrics"), (time.monotonic() - start) / 60
+        after, minutes = daemon.ok("/metrics.json"), (time.monotonic() - start) / 60
         result["docker_calls_per_min"] = round((after["docker_calls"] - before["docker_calls"]) / minutes, 1)
         result["proc_reads_per_min"] = round((after["proc_reads"] - before["proc_reads"]) / minutes, 1)
         result["docker_calls_to_resolve_all"] = before["docker_calls"]
@@ -222,14 +222,14 @@ def _new_container(ctx: Context, daemon: Daemon) -> Dict[str, Any]:
     from patroller.resolver import ProcessIdentifier
 
     container, pids = ctx.containers.run("newcomer@example.org", 10)
-    calls = daemon.ok("/metrics")["docker_calls"]
+    calls = daemon.ok("/metrics.json")["docker_calls"]
     daemon.place(ctx.pool + pids)
     daemon.wait_for(lambda s: processes_on(s) == len(ctx.pool) + 10, timeout=60, every=0.002)
     first = _trace_time(daemon, pids[0])
     visible = daemon.wait_for(lambda s: any(
         (e["claim"]["users"] and any(u["user"] == "newcomer@example.org" for u in e["claim"]["users"]))
         for e in s.values()), every=0.002)
-    new_calls = daemon.ok("/metrics")["docker_calls"] - calls
+    new_calls = daemon.ok("/metrics.json")["docker_calls"] - calls
 
     async def resolve_times() -> Dict[str, float]:
         identifier = ProcessIdentifier(ContainerDirectory(ctx.containers.url))
@@ -281,7 +281,7 @@ def scale(ctx: Context, count: int = 1000) -> Dict[str, Any]:
             tasks = await _hold_waiters(daemon.port, count)
             loop = asyncio.get_running_loop()
             deadline = time.monotonic() + 120
-            while (await loop.run_in_executor(None, daemon.ok, "/metrics"))["waiting"] < count:
+            while (await loop.run_in_executor(None, daemon.ok, "/metrics.json"))["waiting"] < count:
                 if time.monotonic() > deadline:
                     raise RuntimeError("the waiters were not all held")
                 await asyncio.sleep(0.2)
@@ -335,7 +335,7 @@ def footprint(ctx: Context) -> Dict[str, Any]:
         result["churn"] = _cpu_and_rss(daemon, ctx.footprint_seconds)
         stop.set()
         thread.join()
-        result["churn"]["docker_calls"] = daemon.ok("/metrics")["docker_calls"]
+        result["churn"]["docker_calls"] = daemon.ok("/metrics.json")["docker_calls"]
     finally:
         daemon.stop()
         for pid in churners:
@@ -485,7 +485,7 @@ def _live_waiters(ctx: Context, users: int, per_user: int) -> Dict[str, Any]:
 
         async def waiting() -> int:
             loop = asyncio.get_running_loop()
-            return (await loop.run_in_executor(None, daemon.ok, "/metrics"))["waiting"]
+            return (await loop.run_in_executor(None, daemon.ok, "/metrics.json"))["waiting"]
 
         async def run() -> None:
             first = await _open_wait(daemon.port, "user0")  # to be served past the rest
@@ -684,7 +684,7 @@ def _round_trips(state_dir: Optional[str], seconds: float) -> Dict[str, Any]:
             trips += 1
         elapsed = time.monotonic() - began
         connection.close()
-        book = daemon.ok("/metrics").get("lease_book")
+        book = daemon.ok("/metrics.json").get("lease_book")
     finally:
         daemon.stop()
     return {"round_trips_per_s": round(trips / elapsed), "request_ms": _spread(requests),

@@ -10,7 +10,10 @@ from typing import Any, Callable, Dict, List, Optional
 import tornado.web
 from tornado.ioloop import IOLoop
 
+from prometheus_client import CollectorRegistry
+
 from . import __version__, query
+from .metrics import Requests, exposition
 from .callers import CallerIdentifier
 from .devices import Device, Inventory
 from .errors import (BadRequest, Busy, NoCallerProcess, NotHeld, NotYours, PatrollerError,
@@ -66,7 +69,7 @@ class Handler(tornado.web.RequestHandler):
 
     def initialize(self, inventory: Inventory, leases: LeaseManager, status: StatusView,
                    devices: DevicesView, callers: CallerIdentifier, mode: str,
-                   metrics: Callable[[], Dict[str, Any]]) -> None:
+                   metrics: Callable[[], Dict[str, Any]], requests: Requests) -> None:
         self.inventory = inventory
         self.leases = leases
         self.status = status
@@ -74,6 +77,7 @@ class Handler(tornado.web.RequestHandler):
         self.callers = callers
         self.mode = mode
         self.metrics = metrics
+        self.requests = requests
 
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", "application/json; charset=UTF-8")
@@ -105,6 +109,8 @@ class Handler(tornado.web.RequestHandler):
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, Unidentified):
+            self.requests.identity_failures += 1
         if isinstance(exc, PatrollerError):
             self.set_status(STATUS.get(type(exc), 500))
             body = {"error": exc.message, **exc.data}
@@ -154,7 +160,8 @@ class IndexHandler(View):
                 "/release[?uuid=U]": "give back your reservations",
                 "/renew[?uuid=U]": "restart the lease of your reservations",
                 "/queue": "the requests waiting, in order",
-                "/metrics": "the daemon's own counters",
+                "/metrics": "Prometheus metrics: GPUs, who holds and uses them, the daemon",
+                "/metrics.json": "the daemon's own counters, as JSON",
                 "/openapi.json": "this API, described for programs (OpenAPI 3.1)",
             },
         })
@@ -170,9 +177,23 @@ class StatusHandler(View):
         self.send(self.status.body())
 
 
-class MetricsHandler(View):
+class MetricsJsonHandler(View):
     def get(self) -> None:
         self.send(self.metrics())
+
+
+class MetricsHandler(View):
+    """The Prometheus exposition (OpenMetrics when the scraper asks for it), built at scrape
+    time from the daemon's state."""
+
+    def initialize(self, registry: CollectorRegistry, **deps: Any) -> None:  # type: ignore[override]
+        super().initialize(**deps)
+        self.registry = registry
+
+    def get(self) -> None:
+        body, content_type = exposition(self.registry, self.request.headers.get("Accept"))
+        self.set_header("Content-Type", content_type)
+        self.finish(body)
 
 
 def openapi_document() -> bytes:
@@ -309,11 +330,14 @@ class AccessLog:
     count is logged with the next line let through.
     """
 
-    def __init__(self, throttle: Throttle) -> None:
+    def __init__(self, throttle: Throttle, requests: Optional[Requests] = None) -> None:
         self.throttle = throttle
+        self.requests = requests
 
     def __call__(self, handler: tornado.web.RequestHandler) -> None:
         status = handler.get_status()
+        if self.requests is not None:
+            self.requests.count(handler.request.path, status)
         if status < 400:
             level = logging.DEBUG
         elif status < 500:
@@ -338,10 +362,11 @@ class AccessLog:
 
 def make_app(inventory: Inventory, leases: LeaseManager, status: StatusView,
              devices: DevicesView, callers: CallerIdentifier, mode: str,
-             metrics: Callable[[], Dict[str, Any]]) -> tornado.web.Application:
+             metrics: Callable[[], Dict[str, Any]], requests: Requests,
+             registry: CollectorRegistry) -> tornado.web.Application:
     """The whole API in one place. (GET /status and /devices also have a fast lane.)"""
     deps = dict(inventory=inventory, leases=leases, status=status, devices=devices,
-                callers=callers, mode=mode, metrics=metrics)
+                callers=callers, mode=mode, metrics=metrics, requests=requests)
     routes: List[Any] = [
         (r"/", IndexHandler, deps),
         (r"/devices", DevicesHandler, deps),
@@ -351,14 +376,16 @@ def make_app(inventory: Inventory, leases: LeaseManager, status: StatusView,
         (r"/release", ReleaseHandler, deps),
         (r"/renew", RenewHandler, deps),
         (r"/queue", QueueHandler, deps),
-        (r"/metrics", MetricsHandler, deps),
+        (r"/metrics", MetricsHandler, dict(deps, registry=registry)),
+        (r"/metrics\.json", MetricsJsonHandler, deps),
         (r"/openapi.json", OpenApiHandler, dict(deps, document=openapi_document())),
     ]
-    endpoints = [path for path, *_ in routes if path != "/"]  # the 404 hint lists them all
+    endpoints = [path.replace("\\", "") for path, *_ in routes if path != "/"]  # the 404 hint
+    requests.endpoints = {"/", *endpoints}
     return tornado.web.Application(
         routes,
         default_handler_class=NotFoundHandler,
         default_handler_args=dict(deps, endpoints=endpoints),
-        log_function=AccessLog(Throttle(CLIENT_ERRORS_LOGGED, CLIENT_ERRORS_WINDOW)),
+        log_function=AccessLog(Throttle(CLIENT_ERRORS_LOGGED, CLIENT_ERRORS_WINDOW), requests),
         compress_response=False,
     )

@@ -17,6 +17,7 @@ from .devices import Inventory, InventoryChange
 from .fastlane import FastLane
 from .leases import LeaseManager
 from .lifetimes import Lifelines
+from .metrics import Requests, registry
 from .listeners import (PeerServer, SocketFile, SocketPathError, remove_unix_socket,
                         tcp_sockets, unix_socket)
 from .nvsmi import gpuhost
@@ -81,8 +82,11 @@ class Daemon:
         self.lifelines = Lifelines(self.leases)  # frees what was held for a process that ended
         self.status = StatusView(inventory, self.leases, self.stats)
         self.devices = DevicesView(inventory)
+        self.mode = mode
+        self.requests = Requests()  # HTTP answers counted, for /metrics
+        self.registry = registry(self)
         self.app = make_app(inventory, self.leases, self.status, self.devices, callers, mode,
-                            self.metrics)
+                            self.metrics, self.requests, self.registry)
         self.server: Optional[PeerServer] = None
         self.unix_path: Optional[str] = None
         self.unix_file: Optional[SocketFile] = None  # what we bound there, removed at stop
@@ -99,7 +103,7 @@ class Daemon:
                 reconfigure()
 
     def metrics(self) -> Dict[str, Any]:
-        """The daemon's own counters: what it costs and how its parts fare."""
+        """The daemon's own counters as JSON (/metrics.json): what it costs, how its parts fare."""
         return {
             "uptime": round(time.monotonic() - self.started, 3),
             "devices": len(self.inventory),
@@ -135,7 +139,8 @@ class Daemon:
                 raise
             sockets.append(sock)
             self.unix_path = unix_path
-        lane = FastLane(self.app, {"/status": self.status.body, "/devices": self.devices.body})
+        lane = FastLane(self.app, {"/status": self.status.body, "/devices": self.devices.body},
+                        self.requests.count)
         # Requests are small: refuse big bodies outright, and bodies that trickle in; idle
         # keep-alive connections end after a while (a waiting /wait is not idle).
         self.server = PeerServer(lane, xheaders=False, max_body_size=MAX_BODY,

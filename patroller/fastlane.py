@@ -29,9 +29,11 @@ def _headers(length: int) -> httputil.HTTPHeaders:
 class FastLane(httputil.HTTPServerConnectionDelegate):
     """Routes GET and HEAD requests for `routes` to cached bodies, the rest to `app`."""
 
-    def __init__(self, app: Application, routes: Dict[str, Body]) -> None:
+    def __init__(self, app: Application, routes: Dict[str, Body],
+                 count: Optional[Callable[[str, int], None]] = None) -> None:
         self.app = app
         self.routes = routes
+        self.count = count  # told (path, status) of each answer it gives
 
     def start_request(self, server_conn: object,
                       request_conn: httputil.HTTPConnection) -> httputil.HTTPMessageDelegate:
@@ -48,6 +50,7 @@ class _Lane(httputil.HTTPMessageDelegate):
         self.server_conn = server_conn
         self.connection = request_conn
         self.body: Optional[Body] = None
+        self.path = ""
         self.head = False  # a HEAD request: the headers of the GET answer, no body
         self.inner: Optional[httputil.HTTPMessageDelegate] = None
 
@@ -57,6 +60,7 @@ class _Lane(httputil.HTTPMessageDelegate):
         path = start_line.path.split("?", 1)[0]
         if start_line.method in ("GET", "HEAD") and path in self.lane.routes:
             self.body = self.lane.routes[path]
+            self.path = path
             self.head = start_line.method == "HEAD"
             return None
         self.inner = self.lane.app.start_request(self.server_conn, self.connection)
@@ -81,6 +85,8 @@ class _Lane(httputil.HTTPMessageDelegate):
         self.connection.write_headers(httputil.ResponseStartLine("HTTP/1.1", code, reason),
                                       _headers(len(body)), None if self.head else body)
         self.connection.finish()
+        if self.lane.count is not None:
+            self.lane.count(self.path, code)
 
     def on_connection_close(self) -> None:
         if self.inner is not None:

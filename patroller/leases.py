@@ -52,6 +52,7 @@ class _Hold:
     releasing: bool = False  # released by the holder: free once their processes end
     bound: Optional[ProcessRef] = None  # held while this process lives (hold=process)
     lost: bool = False  # the device is gone from the host
+    asked: bool = False  # the holder asked for it (a grant), rather than took it by computing
     processes: Dict[int, Identity] = field(default_factory=dict)  # pid -> owner, oldest first
     commands: Dict[int, Optional[str]] = field(default_factory=dict)  # pid -> name nvidia-smi printed
     trespassers: Set[str] = field(default_factory=set)  # users already logged
@@ -403,6 +404,51 @@ class LeaseManager:
             "pid": w.bound.pid if w.bound is not None else None,
         } for n, w in enumerate(waiters, 1)]
 
+    def usage(self) -> Dict[str, Dict[str, int]]:
+        """Per user: devices held (`held`), held with nothing running (`reserved_unused`), and
+        used without having asked for them (`unreserved`: their processes on a device another
+        user holds, or on one they took by computing on it rather than by a request)."""
+        out: Dict[str, Dict[str, int]] = {}
+
+        def add(user: str, key: str) -> None:
+            counts = out.setdefault(user, {"held": 0, "reserved_unused": 0, "unreserved": 0})
+            counts[key] += 1
+
+        for hold in self._holds.values():
+            if hold.lost:
+                continue
+            if hold.holder is not None:
+                add(hold.holder.user, "held")
+                if not hold.processes:
+                    add(hold.holder.user, "reserved_unused")
+            for user in {owner.user for owner in hold.processes.values()}:
+                if hold.holder is None or user != hold.holder.user or not hold.asked:
+                    add(user, "unreserved")
+        return out
+
+    def waiting_by_user(self) -> Dict[str, Tuple[int, float]]:
+        """Per user: (requests waiting, seconds the longest has waited)."""
+        now = self.clock()
+        out: Dict[str, Tuple[int, float]] = {}
+        for queue in self._queues.values():
+            for waiter in queue:
+                count, longest = out.get(waiter.user.user, (0, 0.0))
+                out[waiter.user.user] = (count + 1, max(longest, now - waiter.since))
+        return out
+
+    def holds(self) -> Dict[str, Dict[str, Any]]:
+        """Per device: what the metrics show of its hold (state, holder, age, lease left, and
+        each process's owner and command)."""
+        now = self.clock()
+        return {uuid: {
+            "state": self._state(hold),
+            "holder": hold.holder,
+            "age": now - hold.since,
+            "expires": None if hold.deadline is None else max(0.0, hold.deadline - now),
+            "processes": [(pid, owner, hold.commands.get(pid))
+                          for pid, owner in hold.processes.items()],
+        } for uuid, hold in self._holds.items()}
+
     def subscribe(self, callback: Callable[[], None]) -> None:
         """Call `callback()` after every change of state."""
         self._subscribers.append(callback)
@@ -448,7 +494,7 @@ class LeaseManager:
         deadline = None if bound is not None else self.clock() + self.lease
         for device in devices:
             hold = self._holds[device.uuid]
-            hold.holder, hold.deadline, hold.releasing = user, deadline, False
+            hold.holder, hold.deadline, hold.releasing, hold.asked = user, deadline, False, True
             if bound is not None:
                 self._bind(hold, bound)
             self._touch(hold)
@@ -532,7 +578,7 @@ class LeaseManager:
         """End the holder's hold; remaining processes pass the device to their owner."""
         if hold.bound is not None:
             self._unbind(hold)
-        hold.holder, hold.deadline, hold.releasing = None, None, False
+        hold.holder, hold.deadline, hold.releasing, hold.asked = None, None, False, False
         hold.trespassers.clear()
         if hold.processes:
             hold.holder = next(iter(hold.processes.values()))
@@ -642,6 +688,7 @@ class LeaseManager:
                     restored.expired.append(uuid)
                     continue
             hold.holder, hold.deadline, hold.releasing = holder, deadline, releasing
+            hold.asked = True  # the book keeps grants; a claim by processes is seen again
             if bound is not None:
                 self._bind(hold, bound)
             self._touch(hold)

@@ -84,9 +84,14 @@ def answers_as_documented(case: Case, daemon: Daemon) -> None:
     daemon.answers[case.operation.label, response.status_code] += 1
     case.validate_response(response, checks=CHECKS)
     content_type = response.headers.get("content-type", [""])[0]
-    assert content_type.startswith("application/json"), content_type  # HEAD included
+    if case.path == "/metrics" and response.status_code == 200:  # Prometheus's text format
+        assert content_type.startswith("text/plain; version=0.0.4"), content_type
+    else:
+        assert content_type.startswith("application/json"), content_type  # HEAD included
     if case.method.upper() == "HEAD":
         assert response.content == b"", f"HEAD {case.path} answered with a body"
+    elif case.path == "/metrics" and response.status_code == 200:
+        assert response.content.startswith(b"# HELP patroller_"), response.content[:80]
     else:
         body = json.loads(response.content)  # never HTML, text or nothing
         assert response.status_code < 400 or isinstance(body.get("error"), str), body
@@ -143,7 +148,7 @@ def test_every_answer_matches_the_document(daemon):
 def test_every_device_is_free_once_leases_expire(daemon):
     assert daemon.granted > 0, "run with the fuzzing above: it made no reservation to expire"
     daemon.wait_until_free()
-    assert daemon.get("/metrics")["waiting"] == 0
+    assert daemon.get("/metrics.json")["waiting"] == 0
     devices = sorted(daemon.states())  # and each of them can be reserved again, all at once
     granted = daemon.get(f"/request?gpu={len(devices)}")
     assert sorted(grant["uuid"] for grant in granted) == devices

@@ -210,7 +210,7 @@ async def test_an_old_driver_without_architecture(scenario):
 async def test_a_keep_alive_connection_is_identified_once(scenario):
     async with gpu_running(scenario) as h:
         reader, writer = await asyncio.open_connection("127.0.0.1", h.port)
-        before = (await h.ok("/metrics"))["caller_lookups"]
+        before = (await h.ok("/metrics.json"))["caller_lookups"]
         for path in ("/request?gpu=1", "/release", "/request?gpu=2"):
             writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
             await writer.drain()
@@ -219,4 +219,4 @@ async def test_a_keep_alive_connection_is_identified_once(scenario):
             length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
             await reader.readexactly(length)
         writer.close()
-        assert (await h.ok("/metrics"))["caller_lookups"] == before + 1
+        assert (await h.ok("/metrics.json"))["caller_lookups"] == before + 1

@@ -170,7 +170,7 @@ def test_the_fields_the_readme_documents_are_required():
 async def test_every_field_of_a_live_answer_is_named_in_the_document():
     async with running(lease=30) as h:
         uuid = h.uuids()[0]
-        answers = [("/", "get", 200), ("/devices", "get", 200), ("/metrics", "get", 200),
+        answers = [("/", "get", 200), ("/devices", "get", 200), ("/metrics.json", "get", 200),
                    ("/request?gpu=1&user=alice@example.org", "get", 200),
                    ("/wait?gpu=1&timeout=5&user=bob@example.org", "post", 200),
                    ("/status", "get", 200),

@@ -119,13 +119,13 @@ def test_a_client_that_closes_at_once_never_acts_as_root(scenario, tmp_path):
         booked = time.monotonic()
         mine = get(server.url, "/status")[grant["uuid"]]["claim"]
         assert mine["user"]["user"] == "root" and mine["user"]["uid"] == 0
-        before = get(server.url, "/metrics")["caller_lookups"]
+        before = get(server.url, "/metrics.json")["caller_lookups"]
         host, port = server.server.split(":")
         subprocess.run([python_for(NOBODY), "-c", CLOSER, host, port, str(ROUNDS)], check=True,
                        timeout=120, user=NOBODY, group=NOBODY, extra_groups=[])
         # every request the closer sent has been looked up (and answered, or refused)
         deadline = time.monotonic() + 30
-        while get(server.url, "/metrics")["caller_lookups"] < before + 2 * ROUNDS:
+        while get(server.url, "/metrics.json")["caller_lookups"] < before + 2 * ROUNDS:
             assert time.monotonic() < deadline, server.log
             time.sleep(0.05)
         checked = time.monotonic()

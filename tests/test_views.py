@@ -64,7 +64,7 @@ async def test_the_fast_lane_serves_the_cached_bodies_and_leaves_the_rest_to_the
 async def test_metrics_counts_what_the_daemon_does():
     async with running() as h:
         await h.ok("/status")
-        metrics = await h.ok("/metrics")
+        metrics = await h.ok("/metrics.json")
         assert metrics["devices"] == 8 and metrics["waiting"] == 0
         assert metrics["status_builds"] >= 1 and metrics["docker_calls"] == 0
         assert metrics["monitors"]["SyntheticMonitor"]["samples"] >= 8

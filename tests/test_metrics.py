@@ -1,0 +1,164 @@
+"""/metrics in Prometheus's format, read from live daemons and parsed with prometheus_client."""
+import asyncio
+import os
+
+from prometheus_client.parser import text_string_to_metric_families
+from tornado.httpclient import HTTPRequest
+
+from helpers import ScenarioFile, async_test, gpu_running, running, until
+from patroller.errors import Unidentified
+from patroller.resolver import host_identity
+
+
+async def scrape(h, accept=None):
+    """{(sample name, frozenset(labels)): value} and the content type of one scrape."""
+    headers = {"Accept": accept} if accept else {}
+    response = await h.http.fetch(HTTPRequest(h.url + "/metrics", headers=headers))
+    text = response.body.decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return samples, response.headers["Content-Type"], text
+
+
+def find(samples, name, **labels):
+    """Values of the samples of `name` whose labels include `labels`."""
+    return [v for (n, ls), v in samples.items()
+            if n == name and set(labels.items()) <= set(ls)]
+
+
+@async_test
+async def test_who_holds_what_by_gpu_and_by_user():
+    async with running(lease=60) as h:
+        await h.ok("/request?gpu=2&user=alice@example.org")
+        await h.ok("/request?gpu=1&user=bob@example.org")
+        samples, content_type, text = await scrape(h)
+        assert content_type.startswith("text/plain; version=0.0.4")
+        assert text.count("# HELP patroller_") == text.count("# TYPE patroller_")
+        assert find(samples, "patroller_user_gpus_held", user="alice@example.org") == [2]
+        assert find(samples, "patroller_user_gpus_held", user="bob@example.org") == [1]
+        assert find(samples, "patroller_user_gpus_reserved_unused",
+                    user="alice@example.org") == [2]
+        holders = find(samples, "patroller_gpu_holder_info", state="reserved")
+        assert len(holders) == 3
+        assert find(samples, "patroller_gpu_holder_info", gpu="0", user="alice@example.org",
+                    state="reserved", model="NVIDIA A100-SXM4-80GB") == [1]
+        assert len(find(samples, "patroller_gpu_holder_info", state="free", user="")) == 5
+        assert len(find(samples, "patroller_gpu_lease_expiry_seconds")) == 3
+        assert all(0 < v <= 60 for v in find(samples, "patroller_gpu_lease_expiry_seconds"))
+        assert find(samples, "patroller_build_info", mode="test") == [1]
+        assert find(samples, "patroller_devices") == [8]
+
+
+@async_test
+async def test_every_gpu_has_its_figures_in_base_units():
+    async with running() as h:
+        await until(lambda: h.daemon.stats.view(h.uuids()[0])["updated"] is not None)
+        samples, _, _ = await scrape(h)
+        view = h.daemon.stats.view(h.uuids()[0])
+        labels = dict(gpu="0", uuid=h.uuids()[0])
+        assert find(samples, "patroller_gpu_memory_total_bytes", **labels) == [81920 * 2 ** 20]
+        [ratio] = find(samples, "patroller_gpu_utilization_ratio", **labels)
+        assert 0 <= ratio <= 1
+        [celsius] = find(samples, "patroller_gpu_temperature_celsius", sensor="gpu", **labels)
+        assert celsius == view["gtemp"]
+        [hertz] = find(samples, "patroller_gpu_clock_hertz", clock="memory", **labels)
+        assert hertz == view["mclk"] * 1e6
+        assert find(samples, "patroller_gpu_stale", data="statistics", **labels) == [0]
+
+
+@async_test
+async def test_a_waiting_request_shows_per_user_and_in_all():
+    async with running() as h:
+        await h.ok("/request?gpu=8&user=bob")
+        waiting = asyncio.ensure_future(h.call("/wait?gpu=1&user=carol"))
+        await until(lambda: h.daemon.leases.waiting == 1)
+        await asyncio.sleep(0.2)
+        samples, _, _ = await scrape(h)
+        assert find(samples, "patroller_user_requests_waiting", user="carol") == [1]
+        [longest] = find(samples, "patroller_user_wait_seconds_max", user="carol")
+        assert longest >= 0.2
+        assert find(samples, "patroller_requests_waiting") == [1]
+        await h.ok("/release?user=bob")
+        assert (await waiting)[0] == 200
+        samples, _, _ = await scrape(h)
+        assert find(samples, "patroller_user_requests_waiting") == []
+        assert find(samples, "patroller_requests_waiting") == [0]
+
+
+@async_test
+async def test_requests_are_counted_by_endpoint_and_status_fast_lane_included():
+    async with running() as h:
+        for _ in range(3):
+            await h.ok("/status")
+        await h.call("/request?gpu=99")
+        await h.call("/nowhere")
+        samples, _, _ = await scrape(h)
+        assert find(samples, "patroller_http_requests_total", endpoint="/status",
+                    status="200") == [3]
+        assert find(samples, "patroller_http_requests_total", endpoint="/request",
+                    status="422") == [1]
+        assert find(samples, "patroller_http_requests_total", endpoint="other",
+                    status="404") == [1]
+
+
+@async_test
+async def test_openmetrics_when_the_scraper_asks_for_it():
+    async with running() as h:
+        _, content_type, text = await scrape(h, "application/openmetrics-text; version=1.0.0")
+        assert content_type.startswith("application/openmetrics-text")
+        assert text.endswith("# EOF\n")
+
+
+@async_test
+async def test_a_process_has_series_only_while_it_is_on_a_gpu(tmp_path, sleeper):
+    scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=[{}, {}])
+    me = host_identity(os.getuid()).user
+    async with gpu_running(scenario) as h:
+        await h.ok("/request?gpu=1")  # gpu 0: reserved, nothing on it
+        scenario.write(processes=[{"pid": sleeper.pid, "gpu": 1, "name": "python",
+                                   "used_mib": 1024, "sm": 50}])
+
+        async def memory():
+            samples, _, _ = await scrape(h)
+            return find(samples, "patroller_process_gpu_memory_bytes", pid=str(sleeper.pid))
+        found = []
+        for _ in range(200):
+            found = await memory()
+            if found:
+                break
+            await asyncio.sleep(0.05)
+        assert found == [1024 * 2 ** 20]
+        samples, _, _ = await scrape(h)
+        assert find(samples, "patroller_process_gpu_utilization_ratio", pid=str(sleeper.pid),
+                    user=me, command="python", gpu="1") == [0.5]
+        # gpu 1 was taken by computing on it, without a request: used unreserved
+        assert find(samples, "patroller_user_gpus_unreserved", user=me) == [1]
+        assert find(samples, "patroller_user_gpus_held", user=me) == [2]
+        assert find(samples, "patroller_user_gpus_reserved_unused", user=me) == [1]
+        assert find(samples, "patroller_monitor_up", monitor="pmon") == [1]
+        scenario.write(processes=[])
+        for _ in range(200):
+            if not await memory():
+                break
+            await asyncio.sleep(0.05)
+        assert await memory() == []
+
+
+@async_test
+async def test_callers_refused_for_want_of_an_identity_are_counted():
+    async with running() as h:
+        original = h.daemon.callers.identify
+
+        async def nobody(request, claimed):
+            if claimed == "ghost":
+                raise Unidentified("the calling process cannot be identified")
+            return await original(request, claimed)
+        h.daemon.callers.identify = nobody  # the handlers share this object
+        assert (await h.call("/request?gpu=1&user=ghost"))[0] == 403
+        assert (await h.call("/request?gpu=1&user=alice"))[0] == 200
+        samples, _, _ = await scrape(h)
+        assert find(samples, "patroller_identity_failures_total") == [1]
+        assert find(samples, "patroller_http_requests_total", endpoint="/request",
+                    status="403") == [1]
