@@ -21,7 +21,7 @@ from .harness import ROOT, machine, raise_file_limit
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 NAMES = ("throughput", "reactions", "identity", "scale", "footprint", "parsers", "waiters",
-         "persistence")
+         "persistence", "scrape")
 
 
 def log(text: str) -> None:
@@ -35,7 +35,8 @@ def run(quick: bool, only: List[str]) -> Dict[str, Any]:
         ("throughput", measures.throughput), ("reactions", measures.reactions),
         ("identity", measures.identity_cost), ("scale", measures.scale),
         ("footprint", measures.footprint), ("parsers", measures.parsers),
-        ("waiters", measures.waiters), ("persistence", measures.persistence)]
+        ("waiters", measures.waiters), ("persistence", measures.persistence),
+        ("scrape", measures.scrape)]
     try:
         ctx.start()
         for name, step in steps:
@@ -104,6 +105,13 @@ def checks(report: Dict[str, Any]) -> List[Dict[str, Any]]:
          lambda v: v >= 200000),
         ("pmon parser lines/s", _get(r, "parsers", "pmon_lines_per_s"), ">= 200000",
          lambda v: v >= 200000),
+        ("/metrics scrape ms (p99), 64 GPUs + 500 processes",
+         _get(r, "scrape", "scrape_ms", "p99"), "< 100 (a tenth of a 1 s scrape interval)",
+         lambda v: v < 100),
+        ("/status p99 ms while Prometheus scrapes every second, 64 GPUs + 500 processes",
+         _get(r, "scrape", "status_while_scraped", "p99_ms"),
+         "< 2x without scrapes", lambda v: v < 2 * (_get(r, "scrape", "status_alone", "p99_ms")
+                                                  or 0)),
     ]
     return [{"what": what, "measured": value, "target": target,
              "met": None if value is None else bool(test(value))}
@@ -158,6 +166,16 @@ def other_figures(report: Dict[str, Any]) -> List[Tuple[str, Any]]:
             figures.append((f"lease book write ms, {how} ({p['book_bytes']} bytes, "
                             f"{p['filesystem']})",
                             f"median {f['median']}, p99 {f['p99']}, max {f['max']}"))
+    sc = r.get("scrape")
+    if sc:
+        figures.append(("/metrics at 64 GPUs + 500 processes: bytes, series, ms (median)",
+                        f"{sc['scrape_bytes']}, {sc['series']}, {sc['scrape_ms']['median']}"))
+        for key in ("status_alone", "status_while_scraped"):
+            if key in sc:
+                f = sc[key]
+                figures.append((f"/status 64 GPUs + 500 processes, {key.replace('_', ' ')} "
+                                f"({sc.get('scraper', '')})",
+                                f"{f['requests_per_s']}/s, p99 {f['p99_ms']} ms"))
     churn = _get(r, "footprint", "churn")
     if churn:
         figures.append(("500 processes churning (50/s): CPU %, RSS MiB",

@@ -689,3 +689,89 @@ def _round_trips(state_dir: Optional[str], seconds: float) -> Dict[str, Any]:
         daemon.stop()
     return {"round_trips_per_s": round(trips / elapsed), "request_ms": _spread(requests),
             "book_writes": book["writes"] if book else 0}
+
+
+# 9. Prometheus scrapes ----------------------------------------------------------------------
+
+def scrape(ctx: Context) -> Dict[str, Any]:
+    """/metrics at 64 GPUs and 500 processes: time per scrape and its size; then /status p99
+    under load while Prometheus (Debian's, when installed) scrapes the daemon every second."""
+    daemon = Daemon(64, docker_host=ctx.docker_host).start()
+    result: Dict[str, Any] = {"gpus": 64, "processes": len(ctx.pool[:500])}
+    try:
+        pids = ctx.pool[:500]
+        daemon.write([{"pid": pid, "gpu": n % 64, "type": "C", "name": "python",
+                       "used_mib": 1024 + n, "sm": n % 100} for n, pid in enumerate(pids)])
+        daemon.wait_for(lambda s: processes_on(s) == len(pids), timeout=120)
+        times = []
+        size = 0
+        for _ in range(ctx.repeats * 5):
+            began = time.perf_counter()
+            body = daemon.raw("/metrics")
+            times.append(time.perf_counter() - began)
+            size = len(body)
+        result["scrape_ms"] = _spread(times)
+        result["scrape_bytes"] = size
+        result["series"] = sum(1 for line in body.decode().splitlines()
+                               if line and not line.startswith("#"))
+        if have_wrk():
+            result["status_alone"] = wrk(daemon.url + "/status", ctx.wrk_seconds)
+            with _Scraper(daemon) as scraper:
+                result["status_while_scraped"] = wrk(daemon.url + "/status", ctx.wrk_seconds)
+                result["scraper"] = scraper.kind
+    finally:
+        daemon.stop()
+    ctx.log(f"scrape: {result}")
+    return result
+
+
+class _Scraper:
+    """Prometheus scraping `daemon` every second (a thread doing the same where Prometheus is
+    not installed)."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.kind = "prometheus" if shutil.which("prometheus") else "thread"
+        self.dir = tempfile.mkdtemp(prefix="pbench-prom")
+        self.process: Any = None
+        self.thread: Optional[threading.Thread] = None
+        self.stopping = threading.Event()
+
+    def __enter__(self) -> "_Scraper":
+        if self.kind == "prometheus":
+            import subprocess
+            config = os.path.join(self.dir, "prometheus.yml")
+            with open(config, "w", encoding="utf-8") as f:
+                f.write("global: {scrape_interval: 1s, scrape_timeout: 1s}\n"
+                        "scrape_configs:\n- job_name: patroller\n  static_configs:\n"
+                        f"  - targets: ['127.0.0.1:{self.daemon.port}']\n")
+            self.process = subprocess.Popen(
+                ["prometheus", f"--config.file={config}",
+                 f"--storage.tsdb.path={self.dir}/data", "--web.listen-address=127.0.0.1:0"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            deadline = time.monotonic() + 30  # until it has scraped a few times
+            before = self._scrapes()
+            while self._scrapes() < before + 3 and time.monotonic() < deadline:
+                time.sleep(0.2)
+        else:
+            def run() -> None:
+                while not self.stopping.wait(1.0):
+                    self.daemon.raw("/metrics")
+            self.thread = threading.Thread(target=run, daemon=True)
+            self.thread.start()
+        return self
+
+    def _scrapes(self) -> int:
+        text = self.daemon.raw("/metrics").decode()
+        found = [line for line in text.splitlines()
+                 if line.startswith('patroller_http_requests_total{endpoint="/metrics",status="200"}')]
+        return int(float(found[0].split()[-1])) if found else 0
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stopping.set()
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(30)
+        if self.thread is not None:
+            self.thread.join(5)
+        shutil.rmtree(self.dir, ignore_errors=True)

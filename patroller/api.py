@@ -10,10 +10,8 @@ from typing import Any, Callable, Dict, List, Optional
 import tornado.web
 from tornado.ioloop import IOLoop
 
-from prometheus_client import CollectorRegistry
-
 from . import __version__, query
-from .metrics import Requests, exposition
+from .metrics import Registries, Requests
 from .callers import CallerIdentifier
 from .devices import Device, Inventory
 from .errors import (BadRequest, Busy, NoCallerProcess, NotHeld, NotYours, PatrollerError,
@@ -186,14 +184,18 @@ class MetricsHandler(View):
     """The Prometheus exposition (OpenMetrics when the scraper asks for it), built at scrape
     time from the daemon's state."""
 
-    def initialize(self, registry: CollectorRegistry, **deps: Any) -> None:  # type: ignore[override]
+    def initialize(self, registries: Registries, **deps: Any) -> None:  # type: ignore[override]
         super().initialize(**deps)
-        self.registry = registry
+        self.registries = registries
 
-    def get(self) -> None:
-        body, content_type = exposition(self.registry, self.request.headers.get("Accept"))
+    async def get(self) -> None:
+        accept = self.request.headers.get("Accept")
+        body, content_type = await self.registries.exposition(accept)
         self.set_header("Content-Type", content_type)
         self.finish(body)
+
+    async def head(self) -> None:
+        await self.get()
 
 
 def openapi_document() -> bytes:
@@ -363,7 +365,7 @@ class AccessLog:
 def make_app(inventory: Inventory, leases: LeaseManager, status: StatusView,
              devices: DevicesView, callers: CallerIdentifier, mode: str,
              metrics: Callable[[], Dict[str, Any]], requests: Requests,
-             registry: CollectorRegistry) -> tornado.web.Application:
+             registries: Registries) -> tornado.web.Application:
     """The whole API in one place. (GET /status and /devices also have a fast lane.)"""
     deps = dict(inventory=inventory, leases=leases, status=status, devices=devices,
                 callers=callers, mode=mode, metrics=metrics, requests=requests)
@@ -376,7 +378,7 @@ def make_app(inventory: Inventory, leases: LeaseManager, status: StatusView,
         (r"/release", ReleaseHandler, deps),
         (r"/renew", RenewHandler, deps),
         (r"/queue", QueueHandler, deps),
-        (r"/metrics", MetricsHandler, dict(deps, registry=registry)),
+        (r"/metrics", MetricsHandler, dict(deps, registries=registries)),
         (r"/metrics\.json", MetricsJsonHandler, deps),
         (r"/openapi.json", OpenApiHandler, dict(deps, document=openapi_document())),
     ]

@@ -17,7 +17,7 @@ from .devices import Inventory, InventoryChange
 from .fastlane import FastLane
 from .leases import LeaseManager
 from .lifetimes import Lifelines
-from .metrics import Requests, registry
+from .metrics import Registries, Requests
 from .listeners import (PeerServer, SocketFile, SocketPathError, remove_unix_socket,
                         tcp_sockets, unix_socket)
 from .nvsmi import gpuhost
@@ -84,9 +84,9 @@ class Daemon:
         self.devices = DevicesView(inventory)
         self.mode = mode
         self.requests = Requests()  # HTTP answers counted, for /metrics
-        self.registry = registry(self)
+        self.registries = Registries(self)
         self.app = make_app(inventory, self.leases, self.status, self.devices, callers, mode,
-                            self.metrics, self.requests, self.registry)
+                            self.metrics, self.requests, self.registries)
         self.server: Optional[PeerServer] = None
         self.unix_path: Optional[str] = None
         self.unix_file: Optional[SocketFile] = None  # what we bound there, removed at stop
