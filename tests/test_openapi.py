@@ -162,7 +162,8 @@ def test_the_fields_the_readme_documents_are_required():
     assert set(claim_fields) <= set(schemas["Claim"]["required"])
     assert {"updated", "stale", "claim"} <= set(schemas["DeviceStatus"]["required"])
     metrics = readme.split("### `GET /metrics`", 1)[1].split("\n### ", 1)[0]
-    example = json.loads(re.search(r"\$ curl -s \S+/metrics\n(.*?)\n```", metrics, re.S).group(1))
+    example = json.loads(re.search(r"\$ curl -s \S+/metrics\.json\n(.*?)\n```", metrics,
+                                   re.S).group(1))
     assert set(example) <= set(schemas["Metrics"]["required"])
 
 
