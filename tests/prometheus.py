@@ -57,6 +57,22 @@ def eventually(probe: Callable[[], Optional[T]], what: str, timeout: float = 60)
     raise AssertionError(f"{what}: not reached in {timeout}s; last: {last!r}")
 
 
+def settles(probe: Callable[[], T], expected: T, what: str, timeout: float = 60) -> None:
+    """Poll probe() until it returns `expected`; fail after `timeout` seconds with the last
+    value seen."""
+    last: List[Any] = [None]
+
+    def equal() -> bool:
+        last[0] = probe()
+        return last[0] == expected
+
+    try:
+        eventually(equal, what, timeout)
+    except AssertionError:
+        raise AssertionError(
+            f"{what}: wanted {expected!r} for {timeout}s, last {last[0]!r}") from None
+
+
 def get(url: str, accept: Optional[str] = None, timeout: float = 20) -> Tuple[int, str, bytes]:
     """(status, Content-Type, body) of a GET."""
     request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})

@@ -10,7 +10,7 @@ import pytest
 
 from helpers import ScenarioFile, ServerProcess
 from prometheus import (OPENMETRICS, Prometheus, eventually, exposition, get,
-                        promtool_check_metrics, tool)
+                        promtool_check_metrics, settles, tool)
 
 ALICE = "alice@example.org"
 BOB = "bob@example.org"
@@ -81,12 +81,9 @@ def test_gpus_per_user_summed_across_both_hosts(fleet):
     assert on_b[me] == 2  # the GPU it reserved, and the one its `sleep` runs on
     expected = {ALICE: 2, BOB: 1, me: 2}
 
-    def summed():
-        found = {labels["user"]: value
-                 for labels, value in prometheus.query("sum by (user) (patroller_user_gpus_held)")}
-        return found if found == expected else None
-
-    eventually(summed, f"sum by (user) (patroller_user_gpus_held) == {expected}")
+    expr = "sum by (user) (patroller_user_gpus_held)"
+    settles(lambda: {labels["user"]: value for labels, value in prometheus.query(expr)},
+            expected, expr)
     # each user is counted on the host where they hold: alice and bob on A, this account on B
     by_host = {(labels["user"], labels["job"]): value
                for labels, value in prometheus.query("patroller_user_gpus_held")}
@@ -117,7 +114,7 @@ def test_a_process_memory_series_appears_and_goes_with_the_process(fleet):
 
         scenario.write(processes=kept)
         # Prometheus marks the series stale at the first scrape that lacks it
-        eventually(lambda: prometheus.query(expr) == [], f"{expr} gone")
+        settles(lambda: prometheus.query(expr), [], f"{expr} gone")
         # the other process's series stays
         still = f'patroller_process_gpu_memory_bytes{{pid="{first.pid}"}}'
         assert [value for _, value in prometheus.query(still)] == [512 * MIB]
