@@ -14,12 +14,14 @@ from . import __version__, query
 from .metrics import Registries, Requests
 from .callers import CallerIdentifier
 from .devices import Device, Inventory
-from .errors import (BadRequest, Busy, NoCallerProcess, NotHeld, NotYours, PatrollerError,
-                     TooManyWaiting, Unavailable, Unidentified, Unsatisfiable)
+from .errors import (BadRequest, Busy, NoCallerProcess, NotHeld, NotYours, OverLimit,
+                     PatrollerError, TooManyWaiting, Unavailable, Unidentified, Unsatisfiable)
 from .identity import Identity, ProcessRef
 from .leases import LeaseManager, Waiter
 from .throttle import Throttle
-from .views import DevicesView, StatusView, dumps
+from .audit import AuditLog
+from .idle import IdleWatch
+from .views import DevicesView, StatusView, dumps, users_view
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("patroller.access")
@@ -35,6 +37,7 @@ STATUS = {
     BadRequest: 400,
     Unidentified: 403,
     NotYours: 403,
+    OverLimit: 403,
     Busy: 409,
     NotHeld: 409,
     Unsatisfiable: 422,
@@ -95,6 +98,13 @@ class Handler(tornado.web.RequestHandler):
     async def caller(self, claimed: Optional[str]) -> Identity:
         """Who is asking."""
         return await self.callers.identify(self.request, claimed)
+
+    def check_duration(self, duration: Optional[float]) -> None:
+        """Refuse a reservation longer than the host's policy allows."""
+        longest = self.leases.policy.max_hold
+        if duration is not None and duration > longest:
+            raise BadRequest(f"hold: {duration:.0f} s is longer than the {longest:.0f} s one may "
+                             "ask for on this host", max_hold=longest)
 
     async def bound(self, hold: str) -> Optional[ProcessRef]:
         """The process a hold=process grant is held for (after `caller`); None for a lease."""
@@ -158,6 +168,8 @@ class IndexHandler(View):
                 "/release[?uuid=U]": "give back your reservations",
                 "/renew[?uuid=U]": "restart the lease of your reservations",
                 "/queue": "the requests waiting, in order",
+                "/users": "per user: GPUs held, unused, used without asking, idle; limits",
+                "/history[?since=T]": "the recent events of the audit record",
                 "/metrics": "Prometheus metrics: GPUs, who holds and uses them, the daemon",
                 "/metrics.json": "the daemon's own counters, as JSON",
                 "/openapi.json": "this API, described for programs (OpenAPI 3.1)",
@@ -222,7 +234,9 @@ class RequestHandler(Handler):
         ask = query.parse_ask(self.args(), wait=False)
         caller = await self.caller(ask.user)
         bound = await self.bound(ask.hold)
-        self.send(grant_json(self.leases.request(caller, ask.wants, bound), self.leases))
+        self.check_duration(ask.duration)
+        self.send(grant_json(self.leases.request(caller, ask.wants, bound, ask.duration),
+                             self.leases))
 
     post = get  # so that a client need not change state with a GET; the form joins the query
 
@@ -241,11 +255,13 @@ class WaitHandler(Handler):
         ask = query.parse_ask(self.args(), wait=True)
         caller = await self.caller(ask.user)
         bound = await self.bound(ask.hold)
+        self.check_duration(ask.duration)
         if self._gone():  # it left while we looked it up: queue nothing for nobody
             log.debug("a waiting client left before it was queued")
             return
         self.outcome = asyncio.get_running_loop().create_future()
-        self.waiter = self.leases.wait(caller, ask.wants, self._settle, self._fail, bound)
+        self.waiter = self.leases.wait(caller, ask.wants, self._settle, self._fail, bound,
+                                       ask.duration)
         timer = None
         if ask.timeout is not None and not self.outcome.done():
             timer = IOLoop.current().call_later(ask.timeout, self._timed_out, ask.wants)
@@ -292,7 +308,7 @@ class ReleaseHandler(Handler):
     async def _release(self) -> None:
         ask = query.parse_release(self.args())
         caller = await self.caller(ask.user)
-        now, later = self.leases.release(caller, ask.uuid)
+        now, later = self.leases.release(caller, ask.uuid, ask.reason)
         self.send({"released": device_json(now), "after_exit": device_json(later)})
 
     get = post = _release
@@ -312,6 +328,28 @@ class RenewHandler(Handler):
 class QueueHandler(View):
     def get(self) -> None:
         self.send(self.leases.queue())
+
+
+class UsersHandler(View):
+    def initialize(self, idle: IdleWatch, **deps: Any) -> None:  # type: ignore[override]
+        super().initialize(**deps)
+        self.idle = idle
+
+    def get(self) -> None:
+        self.send(users_view(self.leases, self.idle))
+
+
+class HistoryHandler(View):
+    """The recent events of the audit record, oldest first: ?since=<epoch seconds or ISO time>
+    (default: all kept) and ?limit=N (default and most: 1000)."""
+
+    def initialize(self, audit: AuditLog, **deps: Any) -> None:  # type: ignore[override]
+        super().initialize(**deps)
+        self.audit = audit
+
+    def get(self) -> None:
+        ask = query.parse_history(self.args())
+        self.send(self.audit.since(ask.since, ask.limit))
 
 
 class NotFoundHandler(Handler):
@@ -365,7 +403,8 @@ class AccessLog:
 def make_app(inventory: Inventory, leases: LeaseManager, status: StatusView,
              devices: DevicesView, callers: CallerIdentifier, mode: str,
              metrics: Callable[[], Dict[str, Any]], requests: Requests,
-             registries: Registries) -> tornado.web.Application:
+             registries: Registries, audit: AuditLog,
+             idle: IdleWatch) -> tornado.web.Application:
     """The whole API in one place. (GET /status and /devices also have a fast lane.)"""
     deps = dict(inventory=inventory, leases=leases, status=status, devices=devices,
                 callers=callers, mode=mode, metrics=metrics, requests=requests)
@@ -378,6 +417,8 @@ def make_app(inventory: Inventory, leases: LeaseManager, status: StatusView,
         (r"/release", ReleaseHandler, deps),
         (r"/renew", RenewHandler, deps),
         (r"/queue", QueueHandler, deps),
+        (r"/users", UsersHandler, dict(deps, idle=idle)),
+        (r"/history", HistoryHandler, dict(deps, audit=audit)),
         (r"/metrics", MetricsHandler, dict(deps, registries=registries)),
         (r"/metrics\.json", MetricsJsonHandler, deps),
         (r"/openapi.json", OpenApiHandler, dict(deps, document=openapi_document())),

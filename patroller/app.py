@@ -16,7 +16,10 @@ from .containers import ContainerDirectory
 from .devices import Inventory, InventoryChange
 from .fastlane import FastLane
 from .leases import LeaseManager
+from .audit import AuditLog
+from .idle import IdleWatch
 from .lifetimes import Lifelines
+from .policy import Policy, load_limits
 from .metrics import Registries, Requests
 from .listeners import (PeerServer, SocketFile, SocketPathError, remove_unix_socket,
                         tcp_sockets, unix_socket)
@@ -70,9 +73,19 @@ class Daemon:
         self.directory = directory
         self.callers = callers
         self.leases = LeaseManager(inventory, config.lease,
-                                   max_waiting_per_user=config.max_waiting_per_user)
+                                   max_waiting_per_user=config.max_waiting_per_user,
+                                   policy=make_policy(config))
+        self.audit = AuditLog(config.audit_log)
+        try:
+            self.audit.open()
+        except OSError as exc:
+            raise StartError(f"cannot open the audit log {config.audit_log}: "
+                             f"{exc.strerror or exc}") from None
+        self.leases.listen(self.audit.record)
+        self.idle = IdleWatch(self.leases)
         self.stats = StatsStore(inventory, stale_after=STALE_INTERVALS * interval)
         self.stats.connect(signals)
+        self.idle.connect(signals)
         self.tracker = ProcessTracker(self.leases, identifier)
         self.tracker.connect(signals)
         self.book = book
@@ -80,13 +93,13 @@ class Daemon:
             book.attach(self.leases)
         self.timer = ExpiryTimer(self.leases)
         self.lifelines = Lifelines(self.leases)  # frees what was held for a process that ended
-        self.status = StatusView(inventory, self.leases, self.stats)
+        self.status = StatusView(inventory, self.leases, self.stats, idle=self.idle)
         self.devices = DevicesView(inventory)
         self.mode = mode
         self.requests = Requests()  # HTTP answers counted, for /metrics
         self.registries = Registries(self)
         self.app = make_app(inventory, self.leases, self.status, self.devices, callers, mode,
-                            self.metrics, self.requests, self.registries)
+                            self.metrics, self.requests, self.registries, self.audit, self.idle)
         self.server: Optional[PeerServer] = None
         self.unix_path: Optional[str] = None
         self.unix_file: Optional[SocketFile] = None  # what we bound there, removed at stop
@@ -185,6 +198,7 @@ class Daemon:
             self.directory.shutdown()
         if self.book is not None:
             self.book.close()
+        self.audit.close()
 
     async def _stop_monitors(self, bound: float) -> None:
         """Start every monitor's stop, then await them together (terminado's kill_all)."""
@@ -240,6 +254,21 @@ async def build(config: Config) -> Daemon:
     watch.on_change = daemon.inventory_changed
     dmon.on_lost = pmon.on_lost = watch.poke
     return daemon
+
+
+def make_policy(config: Config) -> Policy:
+    """The fair-use policy the configuration and its limits file set. Raises StartError if the
+    limits file is unusable (at start; a reload keeps the old policy instead)."""
+    limits = {}
+    if config.limits_file:
+        try:
+            limits = load_limits(config.limits_file)
+        except ValueError as exc:
+            raise StartError(f"--limits-file: {exc}") from None
+    return Policy(max_per_user=config.max_per_user, limits=limits,
+                  starvation_bound=config.starvation_bound, max_hold=config.max_hold,
+                  idle_sm=config.idle_sm, idle_memory_mib=config.idle_memory,
+                  idle_after=config.idle_after, idle_release=config.idle_release)
 
 
 def _book(config: Config) -> Optional[LeaseBook]:

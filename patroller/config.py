@@ -40,6 +40,15 @@ class Config:
     docker_host: Optional[str] = None  # None: the Docker SDK's default socket
     log_level: str = "info"
     body_timeout: float = 10.0  # seconds a request body may take to arrive
+    max_per_user: Optional[int] = None  # devices one user may hold at once
+    limits_file: Optional[str] = None  # per-user overrides (JSON), read again on SIGHUP
+    starvation_bound: float = 600.0  # seconds a waiting request may be overtaken
+    max_hold: float = 12 * 3600.0  # the longest reservation one may ask for (hold=2h)
+    idle_sm: float = 5.0  # %: at most this SM use ...
+    idle_memory: float = 1024.0  # MiB: ... and less memory used than this is idle
+    idle_after: float = 1800.0  # seconds idle before it shows
+    idle_release: Optional[float] = None  # seconds idle (no process) before it is released
+    audit_log: Optional[str] = None  # also write the audit record here (JSON lines; - stdout)
 
 
 # (flag, environment variable, help) for every setting, in the order of --help.
@@ -75,6 +84,28 @@ _SETTINGS = (
     ("--log-level", "PATROLLER_LOG_LEVEL", "debug, info, warning or error (default info)"),
     ("--body-timeout", "PATROLLER_BODY_TIMEOUT",
      "seconds a request body may take to arrive before the request is refused (default 10)"),
+    ("--max-per-user", "PATROLLER_MAX_PER_USER",
+     "devices one user may hold at once, every way (default: no limit)"),
+    ("--limits-file", "PATROLLER_LIMITS_FILE",
+     "JSON object of per-user limits overriding --max-per-user (null: no limit); read again on "
+     "SIGHUP"),
+    ("--starvation-bound", "PATROLLER_STARVATION_BOUND",
+     "seconds a waiting request may be overtaken by later ones; then the devices it needs are "
+     "set aside for it (default 600)"),
+    ("--max-hold", "PATROLLER_MAX_HOLD",
+     "the longest reservation one may ask for with hold=<duration> (default 12h)"),
+    ("--idle-sm", "PATROLLER_IDLE_SM",
+     "a held device using at most this % of SM ... (default 5)"),
+    ("--idle-memory", "PATROLLER_IDLE_MEMORY",
+     "... and less than this many MiB of memory is idle (default 1024)"),
+    ("--idle-after", "PATROLLER_IDLE_AFTER",
+     "seconds a held device must be idle before /status says so (default 1800)"),
+    ("--idle-release", "PATROLLER_IDLE_RELEASE",
+     "release a reservation with no process on it after this many seconds idle "
+     "(default: never)"),
+    ("--audit-log", "PATROLLER_AUDIT_LOG",
+     "also append the audit record to this file as JSON lines; - for standard output "
+     "(default: the daemon's log only)"),
 )
 
 
@@ -114,6 +145,28 @@ def _silence(text: str) -> float:
     if value < 3:
         raise ValueError("must be at least 3 seconds: nvidia-smi prints once a second")
     return value
+
+
+def _duration(text: str) -> float:
+    from .policy import parse_duration
+    return parse_duration(text)
+
+
+def _nonnegative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError("is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError("must be zero or more")
+    return value
+
+
+def _existing_file(text: str) -> str:
+    path = os.path.abspath(os.path.expanduser(text.strip()))
+    if not os.path.isfile(path):
+        raise ValueError("is not a file")
+    return path
 
 
 def _labels(text: str) -> Tuple[str, ...]:
@@ -234,6 +287,17 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         log_level=pick("--log-level", env_names["--log-level"], _log_level, Config.log_level),
         body_timeout=pick("--body-timeout", env_names["--body-timeout"], _seconds,
                           Config.body_timeout),
+        max_per_user=pick("--max-per-user", env_names["--max-per-user"], _count, None),
+        limits_file=pick("--limits-file", env_names["--limits-file"], _existing_file, None),
+        starvation_bound=pick("--starvation-bound", env_names["--starvation-bound"], _duration,
+                              Config.starvation_bound),
+        max_hold=pick("--max-hold", env_names["--max-hold"], _duration, Config.max_hold),
+        idle_sm=pick("--idle-sm", env_names["--idle-sm"], _nonnegative, Config.idle_sm),
+        idle_memory=pick("--idle-memory", env_names["--idle-memory"], _nonnegative,
+                         Config.idle_memory),
+        idle_after=pick("--idle-after", env_names["--idle-after"], _duration, Config.idle_after),
+        idle_release=pick("--idle-release", env_names["--idle-release"], _duration, None),
+        audit_log=pick("--audit-log", env_names["--audit-log"], _nonempty, None),
     )
 
 

@@ -48,3 +48,7 @@ class NoCallerProcess(PatrollerError):
 
 class NotHeld(PatrollerError):
     """The caller asked to renew a device it does not hold (any more) (HTTP 409)."""
+
+
+class OverLimit(PatrollerError):
+    """The user would hold more devices than the host's policy allows one user (HTTP 403)."""

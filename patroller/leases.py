@@ -15,7 +15,13 @@ A device is
 
 A device held for a process (its pid and start time, a ProcessRef) is freed when the process
 ends (`process_exited`, told by lifetimes.py), unless the holder's processes run on it: then the
-usual rules go on (claimed; a lease when they end).
+usual rules go on (claimed; a lease when they end). A device held for a duration (hold=2h) is
+held until then whatever runs on it; then the usual rules go on.
+
+Fair use (policy.py): a user may hold at most the policy's limit of devices; a waiter that has
+waited longer than the starvation bound is no longer overtaken: the free devices it needs are
+set aside for it (neither /request nor a later waiter gets them) until it can be served. Every
+grant, release, expiry, claim and trespass is announced as an Event (the audit record).
 """
 from __future__ import annotations
 
@@ -28,8 +34,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from .devices import Device, Inventory
-from .errors import Busy, NotHeld, NotYours, TooManyWaiting, Unavailable, Unsatisfiable
+from .errors import (Busy, NotHeld, NotYours, OverLimit, TooManyWaiting, Unavailable,
+                     Unsatisfiable)
 from .identity import Identity, ProcessRef
+from .policy import Policy
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +59,7 @@ class _Hold:
     deadline: Optional[float] = None  # while the holder has no process here
     releasing: bool = False  # released by the holder: free once their processes end
     bound: Optional[ProcessRef] = None  # held while this process lives (hold=process)
+    until: Optional[float] = None  # held until then whatever runs (hold=<duration>)
     lost: bool = False  # the device is gone from the host
     asked: bool = False  # the holder asked for it (a grant), rather than took it by computing
     processes: Dict[int, Identity] = field(default_factory=dict)  # pid -> owner, oldest first
@@ -59,18 +68,37 @@ class _Hold:
     shown: Tuple[str, Optional[str]] = ("free", None)  # (state, holder) when `since` was set
 
 
+_NOBODY = Identity(user="", source="nobody")
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something the audit record keeps: a grant, a release, an expiry, a claim, ..."""
+
+    kind: str
+    user: Optional[str]  # whose devices (the holder; the trespasser for a trespass)
+    devices: Tuple[Tuple[str, int], ...]  # (uuid, number)
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+def is_admin(user: Identity) -> bool:
+    """The host's root, as the system identified it (never a name a caller gives)."""
+    return user.source == "host" and user.uid == 0
+
+
 class Waiter:
     """A request that waits until it can be granted."""
 
     def __init__(self, user: Identity, wants: Wants, on_grant: Callable[[List[Device]], None],
                  on_abort: Optional[Callable[[Exception], None]] = None,
-                 bound: Optional[ProcessRef] = None) -> None:
+                 bound: Optional[ProcessRef] = None, duration: Optional[float] = None) -> None:
         self.user = user
         self.wants = dict(wants)
         self.shape: Shape = tuple(sorted(self.wants.items()))
         self.on_grant = on_grant
         self.on_abort = on_abort
         self.bound = bound  # the grant is held for this process
+        self.duration = duration  # or for this many seconds
         self.granted: Optional[List[Device]] = None
         self.arrival = 0  # set when queued: waiters are served in this order
         self.since = 0.0  # when queued, on the manager's clock
@@ -80,10 +108,12 @@ class LeaseManager:
     """Reservations, claims and waiters for an inventory of devices."""
 
     def __init__(self, inventory: Inventory, lease: float, clock: Clock = time.monotonic,
-                 max_waiters: int = 10000, max_waiting_per_user: int = 100) -> None:
+                 max_waiters: int = 10000, max_waiting_per_user: int = 100,
+                 policy: Optional[Policy] = None) -> None:
         self.inventory = inventory
         self.lease = lease
         self.clock = clock
+        self.policy = policy or Policy()  # replaced whole when the administrator reloads it
         self.max_waiters = max_waiters
         self.max_waiting_per_user = max_waiting_per_user
         now = clock()
@@ -96,6 +126,7 @@ class LeaseManager:
         self._waiting_by_user: Dict[str, int] = {}
         self._bound: Dict[ProcessRef, Set[str]] = {}  # process -> uuids held for it
         self._subscribers: List[Callable[[], None]] = []
+        self._listeners: List[Callable[[Event], None]] = []
         self._closed = False
 
     # -- asking for devices -------------------------------------------------------------
@@ -112,24 +143,66 @@ class LeaseManager:
                     f"{count} {group} requested but only {exist} exist on this host",
                     requested=dict(wants), exist=dict(self.inventory.groups))
 
-    def request(self, user: Identity, wants: Wants,
-                bound: Optional[ProcessRef] = None) -> List[Device]:
-        """Reserve now, all or nothing; raise Busy when the devices are not free.
+    def request(self, user: Identity, wants: Wants, bound: Optional[ProcessRef] = None,
+                duration: Optional[float] = None) -> List[Device]:
+        """Reserve now, all or nothing; raise Busy when the devices are not free, OverLimit
+        when the user would hold more than the policy allows.
 
-        With `bound`, the devices are held while that process lives instead of for a lease.
+        With `bound`, the devices are held while that process lives instead of for a lease;
+        with `duration`, for that many seconds.
         """
         self._check_open()
         self.check(wants)
+        self.check_limit(user, wants)
         picked = self._pick(wants)
         if picked is None:
             raise self.busy(wants)
-        self._reserve(user, picked, bound)
+        self._reserve(user, picked, bound, duration)
+        self._event("grant", user.user, picked, **self._how(bound, duration))
         self._changed()
         return picked
 
+    def holder(self, uuid: str) -> Optional[Identity]:
+        """Who holds the device now, or None."""
+        hold = self._holds.get(uuid)
+        return hold.holder if hold is not None else None
+
+    def release_idle(self, uuid: str, idle: float) -> bool:
+        """Release a reservation nobody uses (no process on it), as the idle policy says; True
+        if it was released."""
+        hold = self._holds.get(uuid)
+        if hold is None or hold.holder is None or hold.processes or hold.lost:
+            return False
+        user = hold.holder.user
+        log.warning("%s on %s was idle for %.0f s with no process: released", user, uuid, idle)
+        self._event("idle_release", user, [self.inventory.get(uuid)], idle=round(idle, 1))
+        self._drop(hold)
+        self._settle()
+        return True
+
+    def check_limit(self, user: Identity, wants: Wants) -> None:
+        """Raise OverLimit if granting `wants` would give the user more than their limit."""
+        limit = self.policy.limit_of(user.user)
+        if limit is None:
+            return
+        held = self.held_by(user.user)
+        asked = sum(wants.values())
+        if len(held) + asked > limit:
+            numbers = ", ".join(str(d.number) for d in held) or "none"
+            raise OverLimit(
+                f"{user.user} holds {len(held)} device(s) ({numbers}) and asks for {asked}: "
+                f"the most one user may hold is {limit}; release some first "
+                "(/release?uuid=..., or patroller release NUMBER)",
+                limit=limit, held=[d.number for d in held], requested=dict(wants))
+
+    def held_by(self, user: str) -> List[Device]:
+        """The present devices `user` holds, every way (reserved, claimed, shared)."""
+        return [d for d in self.inventory if not d.lost
+                and (self._holds[d.uuid].holder or _NOBODY).user == user]
+
     def wait(self, user: Identity, wants: Wants, on_grant: Callable[[List[Device]], None],
              on_abort: Optional[Callable[[Exception], None]] = None,
-             bound: Optional[ProcessRef] = None) -> Waiter:
+             bound: Optional[ProcessRef] = None, duration: Optional[float] = None) -> Waiter:
         """Queue a request; `on_grant(devices)` is called once it is reserved (maybe at once).
 
         `on_abort(error)` is called instead if the manager closes first. A request that has to
@@ -138,7 +211,8 @@ class LeaseManager:
         """
         self._check_open()
         self.check(wants)
-        waiter = Waiter(user, wants, on_grant, on_abort, bound)
+        self.check_limit(user, wants)
+        waiter = Waiter(user, wants, on_grant, on_abort, bound, duration)
         # Every change that frees a device serves the queue, so no queued waiter fits what is
         # free now: only the newcomer can, and trying it alone keeps the arrival order.
         picked = self._pick(waiter.wants)
@@ -152,8 +226,9 @@ class LeaseManager:
                 raise Unavailable(f"too many waiting requests ({self._waiting})")
             self._enqueue(waiter)
             return waiter
-        self._reserve(user, picked, bound)
+        self._reserve(user, picked, bound, duration)
         waiter.granted = picked
+        self._event("grant", user.user, picked, waited=0.0, **self._how(bound, duration))
         self._changed()
         on_grant(picked)
         return waiter
@@ -166,24 +241,39 @@ class LeaseManager:
         self._dequeue(waiter)
         return True
 
-    def release(self, user: Identity, uuid: Optional[str] = None) -> Tuple[List[Device], List[Device]]:
-        """Give back the user's devices (all, or one): (freed now, freed when their processes end)."""
+    def release(self, user: Identity, uuid: Optional[str] = None,
+                reason: Optional[str] = None) -> Tuple[List[Device], List[Device]]:
+        """Give back the user's devices (all, or one): (freed now, freed when their processes
+        end). The host's root (`is_admin`) may release another user's device, named by uuid:
+        recorded with `reason` as an administrator's release."""
+        admin = False
         if uuid is not None:
             device = self.inventory.get(uuid)
             if device is None:
                 raise Unsatisfiable(f"there is no device {uuid!r}", uuid=uuid)
             holder = self._holds[uuid].holder
             if holder is not None and not holder.same_user(user):
-                raise NotYours(f"device {uuid} is held by another user", uuid=uuid)
+                if not is_admin(user):
+                    raise NotYours(f"device {uuid} is held by another user", uuid=uuid)
+                admin = True
             devices = [device]
         else:
             devices = list(self.inventory)
         now_free, after_exit = [], []
         for device in devices:
             hold = self._holds[device.uuid]
-            if not user.same_user(hold.holder):
+            owner = hold.holder
+            if owner is None or not (admin or user.same_user(owner)):
                 continue
-            if self._pids_of(hold, user):
+            if admin:
+                self._event("admin_release", owner.user, [device], by=user.user,
+                            reason=reason or "released by the administrator")
+                log.warning("%s released %s, held by %s: %s", user.user, device.uuid,
+                            owner.user, reason or "no reason given")
+            else:
+                self._event("release", owner.user, [device], **({"reason": reason}
+                                                              if reason else {}))
+            if self._pids_of(hold, owner):
                 hold.releasing = True
                 self._unbind(hold)
                 after_exit.append(device)
@@ -233,10 +323,22 @@ class LeaseManager:
         hold = self._holds[uuid]
         now = self.clock()
         return {
-            "hold": "process" if hold.bound is not None else "lease",
-            "expires": round(max(0.0, hold.deadline - now), 3) if hold.deadline is not None else None,
+            "hold": self._hold_kind(hold),
+            "expires": self._expires(hold, now),
             "held_for_pid": hold.bound.pid if hold.bound is not None else None,
         }
+
+    @staticmethod
+    def _hold_kind(hold: _Hold) -> str:
+        if hold.bound is not None:
+            return "process"
+        return "duration" if hold.until is not None else "lease"
+
+    @staticmethod
+    def _expires(hold: _Hold, now: float) -> Optional[float]:
+        """Seconds until the hold ends: its lease, or the duration asked for."""
+        end = hold.until if hold.until is not None else hold.deadline
+        return None if end is None else round(max(0.0, end - now), 3)
 
     # -- what the monitors see ------------------------------------------------------------
 
@@ -251,6 +353,8 @@ class LeaseManager:
             if hold.lost != device.lost:
                 hold.lost = device.lost
                 log.warning("%s is %s", device.uuid, "lost" if device.lost else "back")
+                self._event("lost" if device.lost else "back",
+                            hold.holder.user if hold.holder else None, [device])
             self._touch(hold)
         self._settle()
 
@@ -265,6 +369,8 @@ class LeaseManager:
         log.debug("pid %d of %s on %s", pid, owner.user, uuid)
         if hold.holder is None:
             hold.holder = owner
+            self._event("claim", owner.user, [self.inventory.get(uuid)], pid=pid,
+                        command=command)
         self._place(hold, uuid, pid, owner)
         self._changed()
 
@@ -288,6 +394,8 @@ class LeaseManager:
             hold.trespassers.add(owner.user)
             log.warning("trespassing: %s runs pid %d on %s, held by %s",
                         owner.user, pid, uuid, hold.holder.user if hold.holder else "nobody")
+            self._event("trespass", owner.user, [self.inventory.get(uuid)], pid=pid,
+                        holder=hold.holder.user if hold.holder else None)
         self._touch(hold)
 
     def process_ended(self, uuid: str, pid: int) -> None:
@@ -309,7 +417,7 @@ class LeaseManager:
         if hold.holder is not None and not self._pids_of(hold, hold.holder):
             if hold.releasing:
                 self._drop(hold)
-            elif hold.deadline is None and hold.bound is None:
+            elif hold.deadline is None and hold.bound is None and hold.until is None:
                 hold.deadline = self.clock() + self.lease  # the lease restarts
         self._touch(hold)
 
@@ -336,6 +444,7 @@ class LeaseManager:
                          device.uuid)
             else:
                 log.info("pid %d of %s ended: %s is free", ref.pid, user, device.uuid)
+                self._event("ended", user, [device], pid=ref.pid)
                 self._drop(hold)
         self._settle()
         return devices
@@ -344,7 +453,8 @@ class LeaseManager:
 
     def next_deadline(self) -> Optional[float]:
         """The earliest time a reservation runs out, on the manager's clock."""
-        deadlines = [h.deadline for h in self._holds.values() if h.deadline is not None]
+        deadlines = [t for h in self._holds.values() for t in (h.deadline, h.until)
+                     if t is not None]
         return min(deadlines) if deadlines else None
 
     def expire(self) -> List[Device]:
@@ -353,9 +463,20 @@ class LeaseManager:
         expired = []
         for device in self.inventory:
             hold = self._holds[device.uuid]
-            if hold.deadline is not None and hold.deadline <= now + _EARLY:
-                log.info("lease of %s on %s expired", hold.holder.user if hold.holder else "?",
-                         device.uuid)
+            user = hold.holder.user if hold.holder else "?"
+            if hold.until is not None and hold.until <= now + _EARLY:
+                hold.until = None  # the duration asked for is over: the usual rules
+                if self._pids_of(hold, hold.holder):
+                    log.info("the reservation of %s on %s ended; their processes hold it", user,
+                             device.uuid)
+                    continue
+                log.info("the reservation of %s on %s ended", user, device.uuid)
+                self._event("expire", user, [device], hold="duration")
+                self._drop(hold)
+                expired.append(device)
+            elif hold.deadline is not None and hold.deadline <= now + _EARLY:
+                log.info("lease of %s on %s expired", user, device.uuid)
+                self._event("expire", user, [device], hold="lease")
                 self._drop(hold)
                 expired.append(device)
         if expired:
@@ -371,7 +492,11 @@ class LeaseManager:
     def claims(self) -> Dict[str, Dict[str, Any]]:
         """The claim part of /status for every device, in device order."""
         now = self.clock()
-        return {uuid: self._claim_view(hold, now) for uuid, hold in self._holds.items()}
+        claims = {uuid: self._claim_view(hold, now) for uuid, hold in self._holds.items()}
+        waiter, aside = self._set_aside()
+        for uuid in aside:
+            claims[uuid]["set_aside_for"] = waiter.user.user if waiter is not None else None
+        return claims
 
     def free_counts(self) -> Dict[str, int]:
         """How many devices of each group are free now."""
@@ -444,10 +569,34 @@ class LeaseManager:
             "state": self._state(hold),
             "holder": hold.holder,
             "age": now - hold.since,
-            "expires": None if hold.deadline is None else max(0.0, hold.deadline - now),
+            "expires": self._expires(hold, now),
             "processes": [(pid, owner, hold.commands.get(pid))
                           for pid, owner in hold.processes.items()],
         } for uuid, hold in self._holds.items()}
+
+    def listen(self, callback: Callable[[Event], None]) -> None:
+        """Call `callback(event)` for every event of the audit record."""
+        self._listeners.append(callback)
+
+    def _event(self, kind: str, user: Optional[str], devices: List[Optional[Device]],
+               **details: Any) -> None:
+        if not self._listeners:
+            return
+        event = Event(kind, user, tuple((d.uuid, d.number) for d in devices if d is not None),
+                      {k: v for k, v in details.items() if v is not None})
+        for callback in list(self._listeners):
+            try:
+                callback(event)
+            except Exception:  # a broken audit sink must not break the lease rules
+                log.exception("event listener failed")
+
+    @staticmethod
+    def _how(bound: Optional[ProcessRef], duration: Optional[float]) -> Dict[str, Any]:
+        if bound is not None:
+            return {"hold": "process", "pid": bound.pid}
+        if duration is not None:
+            return {"hold": "duration", "seconds": duration}
+        return {"hold": "lease"}
 
     def subscribe(self, callback: Callable[[], None]) -> None:
         """Call `callback()` after every change of state."""
@@ -479,22 +628,27 @@ class LeaseManager:
             raise Unavailable("the server is shutting down")
 
     def _pick(self, wants: Wants) -> Optional[List[Device]]:
-        """Free devices for every group, in device order, or None if any group falls short."""
+        """Free devices for every group, in device order, or None if any group falls short.
+        Devices set aside for a starving waiter are not free for anyone else."""
+        aside = self._set_aside()[1]
         picked = []
         for group, count in wants.items():
             free = [d for d in self.inventory.in_group(group)
-                    if self._state(self._holds[d.uuid]) == "free"]
+                    if self._state(self._holds[d.uuid]) == "free" and d.uuid not in aside]
             if len(free) < count:
                 return None
             picked.extend(free[:count])
         return sorted(picked, key=lambda d: d.number)
 
     def _reserve(self, user: Identity, devices: List[Device],
-                 bound: Optional[ProcessRef] = None) -> None:
-        deadline = None if bound is not None else self.clock() + self.lease
+                 bound: Optional[ProcessRef] = None, duration: Optional[float] = None) -> None:
+        now = self.clock()
+        held = bound is not None or duration is not None
+        deadline = None if held else now + self.lease
         for device in devices:
             hold = self._holds[device.uuid]
             hold.holder, hold.deadline, hold.releasing, hold.asked = user, deadline, False, True
+            hold.until = None if duration is None else now + duration
             if bound is not None:
                 self._bind(hold, bound)
             self._touch(hold)
@@ -536,22 +690,64 @@ class LeaseManager:
         for device in self.inventory:
             if self._state(self._holds[device.uuid]) == "free":
                 free.setdefault(device.group, []).append(device)
+        skipped: Set[Waiter] = set()  # over their user's limit now: they wait on
         while free:
-            heads = [next(iter(queue)) for shape, queue in self._queues.items()
-                     if all(len(free.get(group, ())) >= count for group, count in shape)]
+            starving, aside = self._set_aside(free)
+            heads = []
+            for queue in self._queues.values():
+                waiter = next((w for w in queue if w not in skipped), None)
+                if waiter is None:
+                    continue
+                usable = free if waiter is starving else {
+                    g: [d for d in devs if d.uuid not in aside] for g, devs in free.items()}
+                if all(len(usable.get(group, ())) >= count for group, count in waiter.shape):
+                    heads.append((waiter, usable))
             if not heads:
                 break
-            waiter = min(heads, key=lambda w: w.arrival)
+            waiter, usable = min(heads, key=lambda pair: pair[0].arrival)
+            limit = self.policy.limit_of(waiter.user.user)
+            if limit is not None and len(self.held_by(waiter.user.user)) + sum(
+                    waiter.wants.values()) > limit:
+                skipped.add(waiter)
+                continue
             self._dequeue(waiter)
             picked = []
             for group, count in waiter.shape:
-                picked.extend(free[group][:count])
-                del free[group][:count]
+                chosen = usable[group][:count]
+                picked.extend(chosen)
+                free[group] = [d for d in free[group] if d not in chosen]
             picked.sort(key=lambda d: d.number)
-            self._reserve(waiter.user, picked, waiter.bound)
+            self._reserve(waiter.user, picked, waiter.bound, waiter.duration)
             waiter.granted = picked
+            self._event("grant", waiter.user.user, picked,
+                        waited=round(self.clock() - waiter.since, 3),
+                        **self._how(waiter.bound, waiter.duration))
             granted.append(waiter)
         return granted
+
+    def starving(self) -> Optional[Waiter]:
+        """The waiter no longer overtaken: the longest waiting, once it has waited longer than
+        the policy's starvation bound."""
+        heads = [next(iter(queue)) for queue in self._queues.values()]
+        if not heads:
+            return None
+        first = min(heads, key=lambda w: w.arrival)
+        return first if self.clock() - first.since >= self.policy.starvation_bound else None
+
+    def _set_aside(self, free: Optional[Dict[str, List[Device]]] = None
+                   ) -> Tuple[Optional[Waiter], Set[str]]:
+        """The starving waiter, and the free devices held for it (as many of each group it
+        wants as are free, lowest numbers first)."""
+        waiter = self.starving()
+        if waiter is None:
+            return None, set()
+        if free is None:
+            free = {}
+            for device in self.inventory:
+                if self._state(self._holds[device.uuid]) == "free":
+                    free.setdefault(device.group, []).append(device)
+        return waiter, {d.uuid for group, count in waiter.shape
+                        for d in free.get(group, [])[:count]}
 
     def _enqueue(self, waiter: Waiter) -> None:
         waiter.arrival = next(self._arrivals)
@@ -579,6 +775,7 @@ class LeaseManager:
         if hold.bound is not None:
             self._unbind(hold)
         hold.holder, hold.deadline, hold.releasing, hold.asked = None, None, False, False
+        hold.until = None
         hold.trespassers.clear()
         if hold.processes:
             hold.holder = next(iter(hold.processes.values()))
@@ -618,8 +815,11 @@ class LeaseManager:
             "process_detail": [{"pid": pid, "user": owner.user, "command": hold.commands.get(pid)}
                                for pid, owner in hold.processes.items()],
             "age": round(now - hold.since, 3),
-            "expires": round(max(0.0, hold.deadline - now), 3) if hold.deadline is not None else None,
+            "expires": self._expires(hold, now),
             "held_for_pid": hold.bound.pid if hold.bound is not None else None,
+            "hold": self._hold_kind(hold) if hold.holder is not None else None,
+            "asked": hold.asked,
+            "set_aside_for": None,
         }
 
     def _changed(self) -> None:
@@ -643,6 +843,7 @@ class LeaseManager:
                 "releasing": hold.releasing,
                 "deadline": None if hold.deadline is None else round(hold.deadline + offset, 3),
                 **({"pid": hold.bound.pid, "start": hold.bound.start} if hold.bound else {}),
+                **({"until": round(hold.until + offset, 3)} if hold.until is not None else {}),
             }
             for uuid, hold in self._holds.items() if hold.holder is not None
         }
@@ -662,7 +863,7 @@ class LeaseManager:
         entries = [(uuid, *_book_entry(uuid, value)) for uuid, value in held.items()]
         now = self.clock()
         restored = Restored()
-        for uuid, holder, deadline, releasing, bound in entries:
+        for uuid, holder, deadline, releasing, bound, until in entries:
             hold = self._holds.get(uuid)
             if hold is None:
                 log.warning("the lease book holds %s for %s, a device this host no longer has: "
@@ -678,6 +879,14 @@ class LeaseManager:
                     restored.ended.append(uuid)
                     continue
                 deadline = None
+            elif until is not None:  # never longer than the longest hold one may ask for
+                until = min(until - offset, now + self.policy.max_hold)
+                if until <= now + _EARLY:
+                    log.info("the reservation of %s on %s ended while the daemon was down",
+                             holder.user, uuid)
+                    restored.expired.append(uuid)
+                    continue
+                deadline = None
             elif deadline is None:
                 deadline = now + self.lease
             else:  # never more than a full lease: the wall clock may have been set back
@@ -688,6 +897,7 @@ class LeaseManager:
                     restored.expired.append(uuid)
                     continue
             hold.holder, hold.deadline, hold.releasing = holder, deadline, releasing
+            hold.until = until if bound is None else None
             hold.asked = True  # the book keeps grants; a claim by processes is seen again
             if bound is not None:
                 self._bind(hold, bound)
@@ -708,22 +918,30 @@ class Restored:
     ended: List[str] = field(default_factory=list)  # the process it was held for has ended
 
 
-def _book_entry(uuid: Any, value: Any
-                ) -> Tuple[Identity, Optional[float], bool, Optional[ProcessRef]]:
-    """(holder, deadline, releasing, process) of one device in the book; ValueError if it is
-    not one."""
+def _time(uuid: Any, name: str, value: Any) -> Optional[float]:
+    """A time of the book (epoch seconds), or None; ValueError if it is not one."""
+    if value is None:
+        return None
+    try:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError
+        value = float(value)  # an int too big for a float: OverflowError
+        if not math.isfinite(value):
+            raise TypeError
+    except (TypeError, OverflowError):
+        raise ValueError(f"device {uuid!r} has a {name} that is not a time") from None
+    return value
+
+
+def _book_entry(uuid: Any, value: Any) -> Tuple[Identity, Optional[float], bool,
+                                                Optional[ProcessRef], Optional[float]]:
+    """(holder, deadline, releasing, process, until) of one device in the book; ValueError if
+    it is not one."""
     if not isinstance(value, Mapping):
         raise ValueError(f"device {uuid!r} must be an object")
     deadline, releasing = value.get("deadline"), value.get("releasing", False)
-    if deadline is not None:
-        try:
-            if isinstance(deadline, bool) or not isinstance(deadline, (int, float)):
-                raise TypeError
-            deadline = float(deadline)  # an int too big for a float: OverflowError
-            if not math.isfinite(deadline):
-                raise TypeError
-        except (TypeError, OverflowError):
-            raise ValueError(f"device {uuid!r} has a deadline that is not a time") from None
+    deadline = _time(uuid, "deadline", deadline)
+    until = _time(uuid, "end", value.get("until"))
     if not isinstance(releasing, bool):
         raise ValueError(f"device {uuid!r} has a releasing flag that is not true or false")
     pid, start = value.get("pid"), value.get("start")
@@ -732,4 +950,4 @@ def _book_entry(uuid: Any, value: Any
         if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (pid, start)):
             raise ValueError(f"device {uuid!r} has a process that is not a pid and a start time")
         bound = ProcessRef(pid, start)
-    return Identity.from_json(value.get("holder")), deadline, releasing, bound
+    return Identity.from_json(value.get("holder")), deadline, releasing, bound, until

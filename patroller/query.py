@@ -4,9 +4,11 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Dict, Mapping, Optional, Sequence
 
 from .errors import BadRequest
+from .policy import parse_duration
 
 MAX_QUERY = 2048  # bytes of query string
 MAX_GROUPS = 16
@@ -27,7 +29,8 @@ class Ask:
     wants: Dict[str, int]
     user: Optional[str] = None  # test mode only
     timeout: Optional[float] = None  # /wait only; None waits for ever
-    hold: str = "lease"  # or "process": held while the calling process lives
+    hold: str = "lease"  # or "process": held while the calling process lives; or "duration"
+    duration: Optional[float] = None  # seconds, for hold=<duration> (hold=2h)
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class Release:
 
     uuid: Optional[str] = None
     user: Optional[str] = None
+    reason: Optional[str] = None  # /release: recorded in the audit record
 
 
 def check_length(query: str) -> None:
@@ -51,9 +55,15 @@ def parse_ask(args: Args, *, wait: bool) -> Ask:
     if timeout_text is not None and not wait:
         raise BadRequest("timeout= belongs to /wait; /request answers at once")
     hold = _single(args, "hold")
+    duration = None
     if hold is not None and hold not in HOLDS:
-        raise BadRequest(f"hold={hold[:16]!r}: must be lease (the short lease, the default) or "
-                         "process (held while the calling process lives)", holds=list(HOLDS))
+        try:
+            duration = parse_duration(hold)
+        except ValueError:
+            raise BadRequest(f"hold={hold[:16]!r}: must be lease (the short lease, the default), "
+                             "process (held while the calling process lives) or a duration "
+                             "(90m, 2h)", holds=[*HOLDS, "<duration>"]) from None
+        hold = "duration"
     wants: Dict[str, int] = {}
     for name, values in args.items():
         if name in ("user", "timeout", "hold"):
@@ -70,18 +80,24 @@ def parse_ask(args: Args, *, wait: bool) -> Ask:
     if sum(wants.values()) == 0:
         raise BadRequest("nothing requested: every count is zero", requested=wants)
     return Ask(wants=wants, user=_user(user), timeout=_timeout(timeout_text),
-               hold=hold or "lease")
+               hold=hold or "lease", duration=duration)
 
 
 def parse_release(args: Args, endpoint: str = "/release") -> Release:
-    """The optional uuid of a /release or a /renew."""
+    """The optional uuid (and, for /release, reason) of a /release or a /renew."""
+    names = ("uuid", "user", "reason") if endpoint == "/release" else ("uuid", "user")
     for name in args:
-        if name not in ("uuid", "user"):
-            raise BadRequest(f"{endpoint} takes uuid= (and user= in test mode), not {name[:64]}=")
+        if name not in names:
+            takes = "uuid= and reason=" if endpoint == "/release" else "uuid="
+            raise BadRequest(f"{endpoint} takes {takes} (and user= in test mode), not "
+                             f"{name[:64]}=")
     uuid = _single(args, "uuid")
     if uuid is not None and not _UUID.match(uuid):
         raise BadRequest(f"{uuid[:64]!r} is not a device uuid")
-    return Release(uuid=uuid, user=_user(_single(args, "user")))
+    reason = _single(args, "reason")
+    if reason is not None and (len(reason) > 500 or not reason.isprintable()):
+        raise BadRequest("reason= must be at most 500 printable characters")
+    return Release(uuid=uuid, user=_user(_single(args, "user")), reason=reason)
 
 
 def parse_user(args: Args) -> Optional[str]:
@@ -136,3 +152,44 @@ def _timeout(text: Optional[str]) -> Optional[float]:
         raise BadRequest(f"timeout={text[:16]}: at most {MAX_TIMEOUT:.0f} seconds; "
                          "leave it out to wait for ever")
     return value
+
+
+MAX_HISTORY = 1000
+
+
+@dataclass(frozen=True)
+class History:
+    """A /history: events since a time (epoch seconds), at most `limit`."""
+
+    since: float = 0.0
+    limit: int = MAX_HISTORY
+
+
+def parse_history(args: Args) -> History:
+    """since= (epoch seconds, or an ISO 8601 time with its offset) and limit=."""
+    for name in args:
+        if name not in ("since", "limit"):
+            raise BadRequest(f"/history takes since= and limit=, not {name[:64]}=")
+    since_text, limit_text = _single(args, "since"), _single(args, "limit")
+    since = 0.0
+    if since_text is not None:
+        try:
+            since = float(since_text)
+        except ValueError:
+            try:
+                moment = datetime.fromisoformat(since_text.replace("Z", "+00:00"))
+            except ValueError:
+                raise BadRequest(f"since={since_text[:40]!r} is neither epoch seconds nor an "
+                                 "ISO 8601 time") from None
+            if moment.tzinfo is None:
+                raise BadRequest("since= needs a time zone (2026-12-03T08:00:00Z)")
+            since = moment.timestamp()
+        if not math.isfinite(since):
+            raise BadRequest("since= must be a finite time")
+    limit = MAX_HISTORY
+    if limit_text is not None:
+        if (not (limit_text.isascii() and limit_text.isdigit()) or len(limit_text) > 6
+                or not 1 <= int(limit_text) <= MAX_HISTORY):
+            raise BadRequest(f"limit= must be a whole number from 1 to {MAX_HISTORY}")
+        limit = int(limit_text)
+    return History(since=since, limit=limit)

@@ -12,7 +12,8 @@ from typing import Any, Callable, Dict, Optional
 
 from .devices import Inventory
 from .leases import LeaseManager
-from .stats import StatsStore
+from .idle import IdleWatch
+from .stats import StatsStore, iso_time
 
 MAX_AGE = 0.1  # seconds: how stale the clock-driven fields of a cached /status may be
 
@@ -26,10 +27,12 @@ class StatusView:
     """The /status body, cached between changes."""
 
     def __init__(self, inventory: Inventory, leases: LeaseManager, stats: StatsStore,
-                 clock: Callable[[], float] = time.monotonic, max_age: float = MAX_AGE) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_age: float = MAX_AGE,
+                 idle: Optional[IdleWatch] = None) -> None:
         self.inventory = inventory
         self.leases = leases
         self.stats = stats
+        self.idle = idle
         self.clock = clock
         self.max_age = max_age
         self.builds = 0  # how many times the body was serialized
@@ -46,8 +49,12 @@ class StatusView:
         """/status as data."""
         claims = self.leases.claims()
         data = {}
+        wall = time.time()
         for d in self.inventory:
             claim = {**claims[d.uuid], "processes_stale": self.stats.processes_stale(d.uuid)}
+            expires = claim["expires"]
+            claim["ends_at"] = iso_time(wall + expires) if expires is not None else None
+            claim["idle_for"] = self.idle.idle_for(d.uuid) if self.idle is not None else None
             claim["process_detail"] = [{**p, **self.stats.process_view(d.uuid, p["pid"])}
                                        for p in claim["process_detail"]]
             data[d.uuid] = {**self.stats.view(d.uuid), "claim": claim}
@@ -75,3 +82,24 @@ class DevicesView:
 
     def body(self) -> bytes:
         return self._body
+
+
+def users_view(leases: LeaseManager, idle: Optional[IdleWatch]) -> Dict[str, Any]:
+    """/users: per user, GPUs held, held with nothing running, used without asking, idle,
+    requests waiting, and the limit that applies."""
+    usage = leases.usage()
+    waiting = leases.waiting_by_user()
+    users: Dict[str, Any] = {}
+    for user in sorted(set(usage) | set(waiting)):
+        counts = usage.get(user, {"held": 0, "reserved_unused": 0, "unreserved": 0})
+        held = leases.held_by(user)
+        count, longest = waiting.get(user, (0, 0.0))
+        users[user] = {
+            **counts,
+            "devices": [d.number for d in held],
+            "idle": sum(1 for d in held if idle is not None and idle.idle_for(d.uuid) is not None),
+            "waiting": count,
+            "waited_max": round(longest, 3),
+            "limit": leases.policy.limit_of(user),
+        }
+    return users

@@ -13,7 +13,9 @@ INFO_KEYS = {"name", "brand", "arch", "number", "pci_address", "total_mem", "gro
              "mig_instances",
              "minor_number", "mig_mode"}
 STAT_KEYS = {"power", "gtemp", "mtemp", "sm", "mem", "enc", "dec", "mclk", "pclk"}
-CLAIM_KEYS = {"state", "user", "users", "processes", "process_detail", "age", "expires", "held_for_pid", "processes_stale"}
+CLAIM_KEYS = {"state", "user", "users", "processes", "process_detail", "age", "expires",
+              "held_for_pid", "hold", "asked", "set_aside_for", "ends_at", "idle_for",
+              "processes_stale"}
 
 
 @async_test

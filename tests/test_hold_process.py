@@ -410,7 +410,7 @@ async def test_renew_over_http():
 async def test_hold_must_be_lease_or_process():
     async with running() as h:
         status, body = await h.call("/request?gpu=1&hold=forever")
-        assert status == 400 and body["holds"] == ["lease", "process"]
+        assert status == 400 and body["holds"] == ["lease", "process", "<duration>"]
         assert all(c["claim"]["state"] == "free" for c in (await h.ok("/status")).values())
 
 
