@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections import Counter
@@ -43,10 +44,10 @@ def daemon_main(argv: Sequence[str]) -> int:
     except ConfigError as exc:
         print(f"patroller: error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    handler = logging.StreamHandler()
+    handler.setFormatter(JournalFormatter() if under_journal() else logging.Formatter(
+        "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=config.log_level.upper(), handlers=[handler])
     from .app import StartError
 
     try:
@@ -73,10 +74,9 @@ async def serve(config: "Config") -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stopping.set)
-    # SIGHUP is the reload signal (systemctl reload): nothing is reloaded yet, so it says what the
-    # daemon holds and goes on; never the default action, which would kill it uncleanly.
-    loop.add_signal_handler(signal.SIGHUP, lambda: log.info("SIGHUP: nothing to reload; %s",
-                                                            summary(daemon)))
+    # SIGHUP is the reload signal (systemctl reload): the per-user limits file is read again,
+    # and one line says what the daemon holds; never the default action, which would kill it.
+    loop.add_signal_handler(signal.SIGHUP, lambda: reload(daemon, config))
     daemon.start()
     mode = "test mode, synthetic devices" if config.test else "GPU host mode"
     log.info("patroller %s serving %d devices (%s) on %s", __version__, len(daemon.inventory),
@@ -88,6 +88,47 @@ async def serve(config: "Config") -> int:
     await daemon.stop(grace=SHUTDOWN_GRACE)
     log.info("stopped")
     return 0
+
+
+def under_journal() -> bool:
+    """Whether stderr is systemd's journal (systemd sets JOURNAL_STREAM to its device:inode)."""
+    stream = os.environ.get("JOURNAL_STREAM", "")
+    try:
+        device, inode = (int(part) for part in stream.split(":"))
+        info = os.fstat(sys.stderr.fileno())
+    except (ValueError, OSError):
+        return False
+    return (info.st_dev, info.st_ino) == (device, inode)
+
+
+class JournalFormatter(logging.Formatter):
+    """Lines for the journal: its own time stamps, and the level as a syslog priority prefix
+    (`<4>` for a warning), which journald reads; `journalctl -p warning` then filters."""
+
+    PRIORITIES = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3,
+                  logging.CRITICAL: 2}
+
+    def format(self, record: logging.LogRecord) -> str:
+        priority = self.PRIORITIES.get(record.levelno, 6)
+        text = f"{record.name}: {record.getMessage()}"
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return "\n".join(f"<{priority}>{line}" for line in text.splitlines())
+
+
+def reload(daemon: "Daemon", config: "Config") -> None:
+    """SIGHUP: the policy again, from the configuration and the limits file; a file that cannot
+    be used keeps the policy as it was (one warning)."""
+    from .app import StartError, make_policy
+
+    try:
+        daemon.leases.policy = make_policy(config)
+    except StartError as exc:
+        log.warning("SIGHUP: %s; the limits stay as they were; %s", exc, summary(daemon))
+        return
+    limits = daemon.leases.policy.limits
+    log.info("SIGHUP: limits read again (%d per-user limit(s)%s); %s", len(limits),
+             f" from {config.limits_file}" if config.limits_file else "", summary(daemon))
 
 
 def summary(daemon: "Daemon") -> str:

@@ -110,6 +110,9 @@ class DaemonCollector:
         expiry = GaugeMetricFamily("patroller_gpu_lease_expiry_seconds",
                                    "Seconds until the reservation's lease runs out (only while "
                                    "a lease runs)", labels=GPU_LABELS)
+        idle = GaugeMetricFamily("patroller_gpu_idle_seconds",
+                                 "Seconds a held GPU has been idle (only once past --idle-after)",
+                                 labels=GPU_LABELS)
         for device in daemon.inventory:
             ids = [str(device.number), device.uuid, device.name or ""]
             view = daemon.stats.view(device.uuid)
@@ -127,8 +130,11 @@ class DaemonCollector:
             age.add_metric(ids, hold["age"])
             if hold["expires"] is not None:
                 expiry.add_metric(ids, hold["expires"])
+            idle_for = daemon.idle.idle_for(device.uuid)
+            if idle_for is not None:
+                idle.add_metric(ids, idle_for)
         yield from families.values()
-        yield from (stale, holder, age, expiry)
+        yield from (stale, holder, age, expiry, idle)
 
     def _processes(self, holds: Dict[str, Dict[str, Any]]) -> Iterator[Metric]:
         daemon = self.daemon

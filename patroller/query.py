@@ -177,7 +177,9 @@ def parse_history(args: Args) -> History:
             since = float(since_text)
         except ValueError:
             try:
-                moment = datetime.fromisoformat(since_text.replace("Z", "+00:00"))
+                # a "+" typed into a URL arrives as a space
+                moment = datetime.fromisoformat(since_text.replace("Z", "+00:00")
+                                                .replace(" ", "+"))
             except ValueError:
                 raise BadRequest(f"since={since_text[:40]!r} is neither epoch seconds nor an "
                                  "ISO 8601 time") from None

@@ -1,0 +1,270 @@
+"""Fair use on the fake clock: per-user limits, the starvation bound, reservations for a
+duration, the administrator's release, idle detection, and the audit record."""
+import json
+
+import pytest
+
+from helpers import FakeClock
+from patroller.audit import AuditLog
+from patroller.errors import Busy, NotYours, OverLimit
+from patroller.idle import IdleWatch
+from patroller.identity import Identity, named_user
+from patroller.leases import LeaseManager
+from patroller.policy import Policy, load_limits, parse_duration
+from patroller.testmode import synthetic_inventory
+
+LEASE = 10.0
+alice, bob, carol = named_user("alice"), named_user("bob"), named_user("carol")
+root = Identity(user="root", source="host", account="root", uid=0)
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+def manager(clock, **policy):
+    return LeaseManager(synthetic_inventory(), LEASE, clock=clock, policy=Policy(**policy))
+
+
+def recorded(leases):
+    events = []
+    leases.listen(events.append)
+    return events
+
+
+# -- limits -----------------------------------------------------------------------------------
+
+def test_a_user_cannot_hold_more_than_the_limit_every_way_counted(clock):
+    leases = manager(clock, max_per_user=3)
+    leases.request(alice, {"gpu": 2})
+    leases.process_started(leases.inventory.by_number(5).uuid, 4242, alice)  # took one by computing
+    with pytest.raises(OverLimit) as refused:
+        leases.request(alice, {"gpu": 1})
+    assert refused.value.data == {"limit": 3, "held": [0, 1, 5], "requested": {"gpu": 1}}
+    assert "the most one user may hold is 3" in refused.value.message
+    assert "release some first" in refused.value.message
+    leases.request(bob, {"gpu": 3})  # the limit is per user
+    leases.release(alice, leases.inventory.by_number(0).uuid)
+    assert [d.number for d in leases.request(alice, {"gpu": 1})] == [0]
+
+
+def test_per_user_limits_override_the_default(clock, tmp_path):
+    path = tmp_path / "limits.json"
+    path.write_text(json.dumps({"alice": 4, "bob": None}))
+    leases = manager(clock, max_per_user=1, limits=load_limits(str(path)))
+    assert len(leases.request(alice, {"gpu": 4})) == 4
+    assert len(leases.request(bob, {"gpu": 3})) == 3  # no limit for bob
+    with pytest.raises(OverLimit):
+        leases.request(carol, {"gpu": 2})  # the default
+    for bad in ("[1, 2]", '{"alice": -1}', '{"alice": "four"}', "{"):
+        path.write_text(bad)
+        with pytest.raises(ValueError):
+            load_limits(str(path))
+
+
+def test_a_waiter_over_the_limit_is_refused_and_one_that_grew_over_it_waits_on(clock):
+    leases = manager(clock, max_per_user=2, limits={"bob": None})
+    leases.request(bob, {"gpu": 8})
+    with pytest.raises(OverLimit):
+        leases.wait(alice, {"gpu": 3}, lambda d: None)
+    got = []
+    leases.wait(alice, {"gpu": 2}, got.append)
+    leases.wait(carol, {"gpu": 1}, got.append)
+    freed = leases.inventory.by_number(7).uuid
+    leases.release(bob, freed)  # carol, behind alice, fits and alice does not: carol gets it
+    assert [d.number for d in got[0]] == [7]
+    six = leases.inventory.by_number(6).uuid
+    leases.release(bob, six)
+    leases.process_started(six, 4242, alice)  # alice takes the free one by computing on it
+    assert leases.held_by("alice") == [leases.inventory.by_number(6)]
+    leases.release(bob, leases.inventory.by_number(0).uuid)
+    leases.release(bob, leases.inventory.by_number(1).uuid)
+    assert len(got) == 1 and leases.waiting == 1  # 2 free, but alice would hold 3
+    leases.process_ended(six, 4242)
+    clock.advance(LEASE)
+    leases.expire()  # her claim's lease runs out: she holds none, and is served
+    assert [d.number for d in got[1]] == [0, 1]
+
+
+# -- the starvation bound ----------------------------------------------------------------------
+
+def run_stream(clock, leases, seconds):
+    """Eight GPUs held by small jobs whose leases run out in turn; every second a new small
+    job asks to wait for one GPU. A 4-GPU request waits among them. When was it served?"""
+    for n in range(8):
+        leases.request(named_user(f"small{n}"), {"gpu": 1})
+        clock.advance(1.25)
+    big = []
+    start = clock.now
+    leases.wait(alice, {"gpu": 4}, big.append)
+    taken_after_bound = 0
+    for second in range(seconds):
+        clock.advance(1.0)
+        late = clock.now - start >= leases.policy.starvation_bound
+        granted = []
+        leases.wait(named_user(f"job{second}"), {"gpu": 1}, granted.append)
+        leases.expire()
+        if late and granted and not big:
+            taken_after_bound += 1
+        if big:
+            return clock.now - start, taken_after_bound
+    return None, taken_after_bound
+
+
+def test_a_big_request_among_a_stream_of_small_ones_is_served_within_the_bound(clock):
+    leases = manager(clock, starvation_bound=60.0)
+    served, overtaken_late = run_stream(clock, leases, 600)
+    assert served is not None
+    # once the bound passed, freed devices were set aside: served within one more lease
+    assert 60.0 <= served <= 60.0 + LEASE + 1
+    assert overtaken_late == 0
+
+
+def test_without_the_bound_the_big_request_starves(clock):
+    leases = manager(clock, starvation_bound=float("inf"))
+    served, _ = run_stream(clock, leases, 600)
+    assert served is None
+
+
+def test_devices_set_aside_are_not_free_for_a_request_and_say_for_whom(clock):
+    leases = manager(clock, starvation_bound=30.0)
+    held = leases.request(bob, {"gpu": 8})
+    leases.wait(alice, {"gpu": 3}, lambda d: None)
+    clock.advance(31)
+    leases.release(bob, held[0].uuid)
+    with pytest.raises(Busy):
+        leases.request(carol, {"gpu": 1})
+    assert leases.claims()[held[0].uuid]["set_aside_for"] == "alice"
+    assert leases.state(held[0].uuid) == "free"
+
+
+# -- durations ----------------------------------------------------------------------------------
+
+def test_a_reservation_for_a_duration_outlives_its_processes_and_ends_on_time(clock):
+    leases = manager(clock)
+    [device] = leases.request(alice, {"gpu": 1}, duration=7200)
+    assert leases.hold_of(device.uuid) == {"hold": "duration", "expires": 7200.0,
+                                           "held_for_pid": None}
+    clock.advance(3 * LEASE)
+    leases.expire()
+    leases.process_started(device.uuid, 4242, alice)
+    leases.process_ended(device.uuid, 4242)  # a notebook cell ran and finished: no lease
+    clock.advance(7200 - 3 * LEASE - 1)
+    leases.expire()
+    assert leases.state(device.uuid) == "reserved"
+    assert leases.claims()[device.uuid]["expires"] == 1.0
+    clock.advance(1)
+    assert leases.expire() == [device]
+
+
+def test_at_its_end_a_duration_gives_way_to_the_usual_rules_and_release_ends_it_early(clock):
+    leases = manager(clock)
+    [device] = leases.request(alice, {"gpu": 1}, duration=100)
+    leases.process_started(device.uuid, 4242, alice)
+    clock.advance(100)
+    assert leases.expire() == []  # her process still runs: claimed
+    assert leases.state(device.uuid) == "claimed"
+    leases.process_ended(device.uuid, 4242)
+    assert leases.claims()[device.uuid]["expires"] == LEASE
+    [other] = leases.request(bob, {"gpu": 1}, duration=3600)
+    assert leases.release(bob) == ([other], [])
+
+
+def test_durations_are_read_in_any_unit():
+    assert [parse_duration(t) for t in ("90", "90s", "15m", "2h", "1.5d")] == \
+        [90, 90, 900, 7200, 129600]
+    for bad in ("", "2x", "-1h", "0", "h"):
+        with pytest.raises(ValueError):
+            parse_duration(bad)
+
+
+# -- the administrator ---------------------------------------------------------------------------
+
+def test_root_releases_another_users_reservation_with_a_reason(clock):
+    leases = manager(clock)
+    events = recorded(leases)
+    [device] = leases.request(alice, {"gpu": 1})
+    with pytest.raises(NotYours):
+        leases.release(bob, device.uuid)
+    assert leases.release(root, device.uuid, "forgotten since Friday") == ([device], [])
+    assert events[-1].kind == "admin_release" and events[-1].user == "alice"
+    assert events[-1].details == {"by": "root", "reason": "forgotten since Friday"}
+    assert leases.release(root) == ([], [])  # without a uuid: only root's own
+
+
+# -- idle ---------------------------------------------------------------------------------------
+
+def test_a_held_device_unused_is_idle_after_the_period_and_work_resets_it(clock):
+    leases = manager(clock, idle_after=60)
+    idle = IdleWatch(leases, clock=clock)
+    [device] = leases.request(alice, {"gpu": 1}, duration=3600)
+    quiet = {"sm": 0, "fb": 300}
+    idle.observe(device.uuid, quiet)
+    clock.advance(59)
+    idle.observe(device.uuid, quiet)
+    assert idle.idle_for(device.uuid) is None
+    clock.advance(2)
+    idle.observe(device.uuid, quiet)
+    assert idle.idle_for(device.uuid) == 61
+    idle.observe(device.uuid, {"sm": 40, "fb": 300})
+    assert idle.idle_for(device.uuid) is None
+    idle.observe(device.uuid, {"sm": 0, "fb": 4000})  # a model loaded: not idle
+    clock.advance(100)
+    assert idle.idle_for(device.uuid) is None
+    idle.observe(device.uuid, {"sm": None, "fb": None})  # not printed: never taken for idle
+    clock.advance(100)
+    assert idle.idle_for(device.uuid) is None
+    free = leases.inventory.by_number(5).uuid
+    idle.observe(free, quiet)
+    clock.advance(100)
+    assert idle.idle_for(free) is None  # free is not idle
+
+
+def test_an_idle_reservation_without_processes_is_released_when_asked(clock):
+    leases = manager(clock, idle_after=60, idle_release=600)
+    events = recorded(leases)
+    idle = IdleWatch(leases, clock=clock)
+    [reserved] = leases.request(alice, {"gpu": 1}, duration=7200)
+    [claimed] = leases.request(bob, {"gpu": 1}, duration=7200)
+    leases.process_started(claimed.uuid, 4242, bob)
+    for _ in range(12):
+        idle.observe(reserved.uuid, {"sm": 0, "fb": 0})
+        idle.observe(claimed.uuid, {"sm": 0, "fb": 100})
+        clock.advance(60)
+    idle.observe(reserved.uuid, {"sm": 0, "fb": 0})
+    idle.observe(claimed.uuid, {"sm": 0, "fb": 100})
+    assert leases.state(reserved.uuid) == "free"
+    assert leases.state(claimed.uuid) == "claimed"  # a process is there: only marked idle
+    assert idle.idle_for(claimed.uuid) >= 600
+    assert [e.kind for e in events if e.kind == "idle_release"] == ["idle_release"]
+    assert next(e for e in events if e.kind == "idle_release").user == "alice"
+
+
+# -- the record ----------------------------------------------------------------------------------
+
+def test_every_change_of_hands_is_recorded(clock, tmp_path):
+    leases = manager(clock)
+    log = AuditLog(str(tmp_path / "audit.jsonl"), keep=5, clock=lambda: 1000.0 + clock.now)
+    log.open()
+    leases.listen(log.record)
+    [first] = leases.request(alice, {"gpu": 1})
+    leases.process_started(first.uuid, 11, bob)  # bob computes on alice's GPU
+    free = leases.inventory.by_number(3).uuid
+    leases.process_started(free, 12, carol)  # carol takes a free one by computing
+    leases.release(alice)
+    clock.advance(LEASE)
+    [second] = leases.request(bob, {"gpu": 1})
+    clock.advance(LEASE)
+    leases.expire()
+    log.close()
+    lines = [json.loads(line) for line in open(tmp_path / "audit.jsonl", encoding="utf-8")]
+    assert [(e["event"], e["user"]) for e in lines] == [
+        ("grant", "alice"), ("trespass", "bob"), ("claim", "carol"), ("release", "alice"),
+        ("grant", "bob"), ("expire", "bob")]
+    assert lines[0]["devices"] == [{"uuid": first.uuid, "number": first.number}]
+    assert lines[0]["hold"] == "lease" and lines[1]["holder"] == "alice"
+    assert lines[1]["pid"] == 11 and lines[0]["time"].endswith("+00:00")
+    assert len(log.recent) == 5  # bounded
+    assert [e["event"] for e in log.since(lines[4]["at"], 1000)] == ["grant", "expire"]
+    assert [e["event"] for e in log.since(0, 1)] == ["expire"]
