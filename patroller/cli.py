@@ -334,6 +334,14 @@ def busy_message(server: Optional[str], count: int, resource: str) -> str:
     return f"busy: {count} {resource} not free now{summary}"
 
 
+def optional_users(server: Optional[str]) -> Optional[Dict[str, Any]]:
+    """/users, or None from a server without it."""
+    try:
+        return client.users(server)
+    except RequestRefused:
+        return None
+
+
 def optional_queue(server: Optional[str]) -> Optional[List[Dict[str, Any]]]:
     """/queue, or None from a server without it."""
     try:
@@ -439,7 +447,7 @@ def render_status(options: argparse.Namespace, colour: bool) -> str:
     if options.json:
         return json.dumps(claims, separators=(",", ":")) + "\n"
     return format_status(claims, client.devices(options.server), optional_queue(options.server),
-                         colour)
+                         colour, optional_users(options.server))
 
 
 def use_colour(out: TextIO) -> bool:
@@ -452,8 +460,10 @@ HEADERS = ("GPU", "NAME", "STATE", "USER", "PROCESSES", "UTIL", "MEMORY", "TEMP"
 
 
 def format_status(claims: Dict[str, Any], inventory: Dict[str, Any],
-                  queued: Optional[List[Dict[str, Any]]] = None, colour: bool = False) -> str:
-    """The status table, then one line per waiting request and notes on stale data."""
+                  queued: Optional[List[Dict[str, Any]]] = None, colour: bool = False,
+                  users: Optional[Dict[str, Any]] = None) -> str:
+    """The status table, then one line per waiting request, per user and notes on stale or
+    idle devices."""
     rows = [device_row(uuid, info, claims.get(uuid) or {}) for uuid, info in inventory.items()]
     text = format_table(HEADERS, rows, colour)
     notes = []
@@ -462,10 +472,29 @@ def format_status(claims: Dict[str, Any], inventory: Dict[str, Any],
         label = device_label(info)
         if entry.get("stale"):
             notes.append(f"{label}: statistics are stale (no sample for three intervals)")
-        if (entry.get("claim") or {}).get("processes_stale"):
+        claim = entry.get("claim") or {}
+        if claim.get("processes_stale"):
             notes.append(f"{label}: the process list is out of date; state and users may be wrong")
+        if claim.get("idle_for") is not None:
+            notes.append(f"{label}: idle for {duration(claim['idle_for'])} "
+                         f"(held by {user_name(claim.get('user') or {})})")
+        if claim.get("set_aside_for"):
+            notes.append(f"{label}: free, set aside for {claim['set_aside_for']}, whose request "
+                         "has waited past the starvation bound")
     notes.extend(queue_line(waiter) for waiter in queued or [])
+    notes.extend(user_line(name, usage) for name, usage in (users or {}).items())
     return text + "".join(note + "\n" for note in notes)
+
+
+def user_line(name: str, usage: Dict[str, Any]) -> str:
+    """'user alice@example.org: 2 held (limit 4), 1 unused, 1 idle, 1 used without asking'."""
+    limit = usage.get("limit")
+    parts = [f"{usage.get('held', 0)} held" + (f" (limit {limit})" if limit is not None else "")]
+    for key, words in (("reserved_unused", "unused"), ("idle", "idle"),
+                       ("unreserved", "used without asking"), ("waiting", "waiting")):
+        if usage.get(key):
+            parts.append(f"{usage[key]} {words}")
+    return f"user {name}: " + ", ".join(parts)
 
 
 def device_row(uuid: str, info: Dict[str, Any], entry: Dict[str, Any]) -> List[str]:

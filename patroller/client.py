@@ -142,6 +142,11 @@ def queue(server: Optional[str] = None) -> List[Dict[str, Any]]:
     return _get(server, "/queue")
 
 
+def users(server: Optional[str] = None) -> Dict[str, Any]:
+    """GET /users: per user, GPUs held, unused, used without asking, idle; the limit."""
+    return _get(server, "/users")
+
+
 class KeepAlive:
     """Renews leases from a daemon thread until stopped; made by `keep_alive`.
 

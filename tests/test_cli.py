@@ -521,3 +521,25 @@ def test_status_is_coloured_on_a_terminal_unless_told_not_to(test_server):
     assert "\x1b" not in on_a_terminal("--no-color")
     assert "\x1b" not in on_a_terminal(NO_COLOR="1")
     assert len(table_rows(on_a_terminal(NO_COLOR="1").replace("\r\n", "\n"))) == 8
+
+
+def test_status_shows_limits_idle_gpus_and_use_without_asking(scenario, sleeper):
+    server = ServerProcess("--nvidia-smi", scenario.command, "--lease", "300",
+                           "--max-per-user", "3", "--idle-after", "0.5").start()
+    try:
+        host = server.server
+        assert call(host, "/request?gpu=1")[0] == 200  # gpu 0: reserved, nothing on it: idle
+        scenario.write(processes=[{"pid": sleeper.pid, "gpu": 2, "type": "C", "name": "sleep",
+                                   "used_mib": 8000, "sm": 90}])  # taken by computing on it
+        eventually(lambda: claims(host)[client.devices(host) and
+                                        list(client.devices(host))[2]]["state"] == "claimed")
+        eventually(lambda: list(claims(host).values())[0]["idle_for"] is not None)
+        done = patroller("status", "--server", host)
+        assert done.returncode == 0, done.stderr
+        me = done.stdout.splitlines()
+        mine = [line for line in me if line.startswith("user ")]
+        assert len(mine) == 1, done.stdout
+        assert mine[0].endswith(": 2 held (limit 3), 1 unused, 1 idle, 1 used without asking")
+        assert any(line.startswith("GPU 0: idle for ") for line in me), done.stdout
+    finally:
+        server.stop()
