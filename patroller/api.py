@@ -21,6 +21,7 @@ from .leases import LeaseManager, Waiter
 from .throttle import Throttle
 from .audit import AuditLog
 from .idle import IdleWatch
+from .live import LiveFeed, Stream
 from .views import DevicesView, StatusView, dumps, users_view
 
 log = logging.getLogger(__name__)
@@ -153,8 +154,43 @@ class View(Handler):
         return self.get()
 
 
+PAGE_POLICY = ("default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+               "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
+WEB_TYPES = {".html": "text/html; charset=UTF-8", ".js": "text/javascript; charset=UTF-8",
+             ".css": "text/css; charset=UTF-8", ".svg": "image/svg+xml", ".png": "image/png",
+             ".ico": "image/x-icon"}
+
+
+def wants_html(accept: Optional[str]) -> bool:
+    """Whether the client is a browser asking for a page (curl and programs ask for */* or JSON)."""
+    return accept is not None and "text/html" in accept.lower()
+
+
+def web_files() -> Dict[str, bytes]:
+    """The page's files, shipped in the package (patroller/web), by name."""
+    import importlib.resources
+    folder = importlib.resources.files("patroller") / "web"
+    if not folder.is_dir():
+        return {}
+    return {entry.name: entry.read_bytes() for entry in folder.iterdir()
+            if entry.is_file() and not entry.name.startswith(".")}
+
+
 class IndexHandler(View):
+    """The endpoints as JSON, or, for a browser, the page."""
+
+    def initialize(self, web: Dict[str, bytes], **deps: Any) -> None:  # type: ignore[override]
+        super().initialize(**deps)
+        self.web = web
+
     def get(self) -> None:
+        self.set_header("Vary", "Accept")
+        if wants_html(self.request.headers.get("Accept")) and "index.html" in self.web:
+            self.set_header("Content-Type", WEB_TYPES[".html"])
+            self.set_header("Content-Security-Policy", PAGE_POLICY)
+            self.set_header("X-Content-Type-Options", "nosniff")
+            self.finish(self.web["index.html"])
+            return
         self.send({
             "name": "patroller",
             "version": __version__,
@@ -170,6 +206,8 @@ class IndexHandler(View):
                 "/queue": "the requests waiting, in order",
                 "/users": "per user: GPUs held, unused, used without asking, idle; limits",
                 "/history[?since=T]": "the recent events of the audit record",
+                "/events": "the page's live feed (Server-Sent Events)",
+                "/web/{name}": "the page's scripts and style (a browser at / gets the page)",
                 "/metrics": "Prometheus metrics: GPUs, who holds and uses them, the daemon",
                 "/metrics.json": "the daemon's own counters, as JSON",
                 "/openapi.json": "this API, described for programs (OpenAPI 3.1)",
@@ -216,6 +254,79 @@ def openapi_document() -> bytes:
     if data is None:
         raise FileNotFoundError("patroller/openapi.json is not installed")
     return dumps(json.loads(data))
+
+
+class WebHandler(View):
+    """The page's other files (/web/app.js, /web/style.css): only those the package ships."""
+
+    def initialize(self, web: Dict[str, bytes], **deps: Any) -> None:  # type: ignore[override]
+        super().initialize(**deps)
+        self.web = web
+
+    def get(self, name: str) -> None:
+        body = self.web.get(name)
+        if body is None:
+            raise tornado.web.HTTPError(404, f"no such file: /web/{shown(name, 60)}")
+        extension = name[name.rfind("."):] if "." in name else ""
+        self.set_header("Content-Type", WEB_TYPES.get(extension, "application/octet-stream"))
+        self.set_header("X-Content-Type-Options", "nosniff")
+        self.finish(body)
+
+    def head(self, name: str) -> None:  # type: ignore[override]
+        self.get(name)
+
+
+class _EventStream(Stream):
+    """The feed's end of one /events connection."""
+
+    def __init__(self, handler: "EventsHandler") -> None:
+        self.handler = handler
+
+    def write(self, message: bytes) -> None:
+        connection = getattr(self.handler.request.connection, "stream", None)
+        if connection is None or connection.closed():
+            self.close()
+            return
+        if connection.writing() and not message.startswith(b"retry:"):
+            return  # the last one has not gone out yet: this one supersedes it, skip it
+        self.handler.write(message)
+        self.handler.flush()
+
+    def close(self) -> None:
+        self.handler.ended()
+
+
+class EventsHandler(Handler):
+    """Server-Sent Events: a snapshot of everything the page shows after each change."""
+
+    def initialize(self, feed: LiveFeed, **deps: Any) -> None:  # type: ignore[override]
+        super().initialize(**deps)
+        self.feed = feed
+        self.stream: Optional[_EventStream] = None
+        self.done: Optional["asyncio.Future[None]"] = None
+
+    async def get(self) -> None:
+        if self.args():
+            raise BadRequest("/events takes no arguments")
+        if self.feed.full():
+            raise Unavailable(f"too many open pages ({len(self.feed.streams)})")
+        self.set_header("Content-Type", "text/event-stream; charset=UTF-8")
+        self.set_header("X-Accel-Buffering", "no")  # a proxy in front must not hold it back
+        self.done = asyncio.get_running_loop().create_future()
+        self.stream = _EventStream(self)
+        self.feed.add(self.stream)
+        await self.done
+        if not self._finished:
+            self.finish()
+
+    def ended(self) -> None:
+        if self.stream is not None:
+            self.feed.remove(self.stream)
+        if self.done is not None and not self.done.done():
+            self.done.set_result(None)
+
+    def on_connection_close(self) -> None:
+        self.ended()
 
 
 class OpenApiHandler(View):
@@ -404,12 +515,13 @@ def make_app(inventory: Inventory, leases: LeaseManager, status: StatusView,
              devices: DevicesView, callers: CallerIdentifier, mode: str,
              metrics: Callable[[], Dict[str, Any]], requests: Requests,
              registries: Registries, audit: AuditLog,
-             idle: IdleWatch) -> tornado.web.Application:
+             idle: IdleWatch, feed: LiveFeed) -> tornado.web.Application:
     """The whole API in one place. (GET /status and /devices also have a fast lane.)"""
     deps = dict(inventory=inventory, leases=leases, status=status, devices=devices,
                 callers=callers, mode=mode, metrics=metrics, requests=requests)
+    web = web_files()
     routes: List[Any] = [
-        (r"/", IndexHandler, deps),
+        (r"/", IndexHandler, dict(deps, web=web)),
         (r"/devices", DevicesHandler, deps),
         (r"/status", StatusHandler, deps),
         (r"/request", RequestHandler, deps),
@@ -419,12 +531,15 @@ def make_app(inventory: Inventory, leases: LeaseManager, status: StatusView,
         (r"/queue", QueueHandler, deps),
         (r"/users", UsersHandler, dict(deps, idle=idle)),
         (r"/history", HistoryHandler, dict(deps, audit=audit)),
+        (r"/events", EventsHandler, dict(deps, feed=feed)),
+        (r"/web/([A-Za-z0-9_.-]{1,64})", WebHandler, dict(deps, web=web)),
         (r"/metrics", MetricsHandler, dict(deps, registries=registries)),
         (r"/metrics\.json", MetricsJsonHandler, deps),
         (r"/openapi.json", OpenApiHandler, dict(deps, document=openapi_document())),
     ]
-    endpoints = [path.replace("\\", "") for path, *_ in routes if path != "/"]  # the 404 hint
-    requests.endpoints = {"/", *endpoints}
+    endpoints = [path.split("(")[0] + "<file>" if "(" in path else path.replace("\\", "")
+                 for path, *_ in routes if path != "/"]  # the 404 hint lists them all
+    requests.endpoints = {"/", "/web", *endpoints}
     return tornado.web.Application(
         routes,
         default_handler_class=NotFoundHandler,

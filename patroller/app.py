@@ -20,6 +20,7 @@ from .audit import AuditLog
 from .idle import IdleWatch
 from .lifetimes import Lifelines
 from .policy import Policy, load_limits
+from .live import LiveFeed
 from .metrics import Registries, Requests
 from .listeners import (PeerServer, SocketFile, SocketPathError, remove_unix_socket,
                         tcp_sockets, unix_socket)
@@ -31,7 +32,8 @@ from .stats import StatsStore
 from .testmode import INTERVAL, SyntheticMonitor, synthetic_inventory
 from .timer import ExpiryTimer
 from .tracker import ProcessTracker
-from .views import DevicesView, StatusView
+from .stats import HISTORY_EVERY, iso_time
+from .views import DevicesView, StatusView, users_view
 
 log = logging.getLogger(__name__)
 
@@ -98,12 +100,30 @@ class Daemon:
         self.mode = mode
         self.requests = Requests()  # HTTP answers counted, for /metrics
         self.registries = Registries(self)
+        self.feed = LiveFeed(self.snapshot)  # the web page's
+        self.leases.subscribe(self.feed.changed)
+        self.stats.subscribe(self.feed.changed)
         self.app = make_app(inventory, self.leases, self.status, self.devices, callers, mode,
-                            self.metrics, self.requests, self.registries, self.audit, self.idle)
+                            self.metrics, self.requests, self.registries, self.audit, self.idle,
+                            self.feed)
         self.server: Optional[PeerServer] = None
         self.unix_path: Optional[str] = None
         self.unix_file: Optional[SocketFile] = None  # what we bound there, removed at stop
         self.started = time.monotonic()
+
+    def snapshot(self) -> Dict[str, Any]:
+        """Everything the web page shows, for its live feed."""
+        return {
+            "time": iso_time(time.time()),
+            "mode": self.mode,
+            "status": self.status.data(),
+            "devices": {d.uuid: d.info() for d in self.inventory},
+            "queue": self.leases.queue(),
+            "users": users_view(self.leases, self.idle),
+            "events": self.audit.since(0.0, 10),
+            "history": self.stats.history(),
+            "interval": HISTORY_EVERY,
+        }
 
     def inventory_changed(self, change: InventoryChange) -> None:
         """The host's GPUs changed (the inventory is updated already): leases, views, streams."""
@@ -167,6 +187,7 @@ class Daemon:
         """Start expiring leases and monitoring devices, on the current loop."""
         self.timer.start()
         self.lifelines.start()
+        self.feed.start()
         for monitor in self.monitors:
             monitor.start()
 
@@ -183,6 +204,7 @@ class Daemon:
         if self.unix_file is not None:
             remove_unix_socket(self.unix_file)  # only if it is still ours
         self.leases.close()  # waiters are answered 503
+        self.feed.stop()  # pages' streams end (browsers reconnect by themselves)
         await asyncio.sleep(0)  # let their answers go out
         self.timer.stop()
         self.lifelines.stop()

@@ -62,6 +62,8 @@ class Requests:
         self.identity_failures = 0
 
     def count(self, path: str, status: int) -> None:
+        if path.startswith("/web/"):
+            path = "/web"
         self.answers[(path if path in self.endpoints else "other", status)] += 1
 
 

@@ -8,6 +8,7 @@ any host. Columns a future driver adds are passed on as they come.
 from __future__ import annotations
 
 import time
+from collections import deque
 from datetime import datetime, timezone
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
@@ -21,6 +22,8 @@ FIELDS = ("power", "gtemp", "mtemp", "sm", "mem", "enc", "dec", "jpg", "ofa", "m
 # The figures of a process: pmon's `-s um` columns, or the cross-check's used memory (fb).
 PROCESS_FIELDS = ("sm", "mem", "fb")
 _EMPTY: Mapping[str, Value] = {name: None for name in FIELDS}
+HISTORY_EVERY = 5.0  # seconds between the points of a device's utilisation history
+HISTORY_POINTS = 120  # ten minutes of them
 
 
 def iso_time(epoch: float) -> str:
@@ -44,6 +47,8 @@ class StatsStore:
         self._seen: Dict[str, float] = {}  # uuid -> clock() when the last sample arrived
         self._listed: Dict[str, float] = {}  # uuid -> clock() when its processes were listed
         self._processes: Dict[Tuple[str, int], Dict[str, Value]] = {}  # (uuid, pid) -> figures
+        self._history: Dict[str, "deque[Optional[Value]]"] = {}  # uuid -> SM %, oldest first
+        self._history_at: Dict[str, float] = {}
         self._subscribers: List[Callable[[], None]] = []
 
     def connect(self, signals: Signals) -> None:
@@ -60,7 +65,11 @@ class StatsStore:
     def _on_sample(self, sender: Any, record: Sample) -> None:
         if self.inventory.get(record.uuid) is not None:
             self._last[record.uuid] = record
-            self._seen[record.uuid] = self.clock()
+            now = self._seen[record.uuid] = self.clock()
+            if now - self._history_at.get(record.uuid, -HISTORY_EVERY) >= HISTORY_EVERY:
+                self._history_at[record.uuid] = now
+                self._history.setdefault(record.uuid, deque(maxlen=HISTORY_POINTS)).append(
+                    record.values.get("sm"))
             for callback in self._subscribers:
                 callback()
 
@@ -93,6 +102,10 @@ class StatsStore:
         """A process's figures on a device: sm and mem in %, fb in MiB; None when not known."""
         values = self._processes.get((uuid, pid), _EMPTY)
         return {name: values.get(name) for name in PROCESS_FIELDS}
+
+    def history(self) -> Dict[str, List[Optional[Value]]]:
+        """Per device, its SM utilisation every HISTORY_EVERY s over the last minutes."""
+        return {uuid: list(points) for uuid, points in self._history.items()}
 
     def processes_stale(self, uuid: str) -> bool:
         """Whether the device's process list may be out of date, so its ownership too."""
