@@ -1,0 +1,133 @@
+"""The web page's live feed (/events) on live daemons, and the feed's coalescing on its own."""
+import asyncio
+import json
+
+from tornado.httpclient import HTTPRequest
+
+from helpers import FakeClock, async_test, running, until
+from patroller.live import LiveFeed, Stream
+
+
+class Reader:
+    """An /events client: the snapshots it has read so far."""
+
+    def __init__(self, h) -> None:
+        self.snapshots = []
+        self.comments = 0
+        self.retry = None
+        self._pending = b""
+        request = HTTPRequest(h.url + "/events", streaming_callback=self._chunk,
+                              request_timeout=3600, headers={"Accept": "text/event-stream"})
+        self.response = asyncio.ensure_future(h.http.fetch(request, raise_error=False))
+
+    def _chunk(self, data: bytes) -> None:
+        self._pending += data
+        *messages, self._pending = self._pending.split(b"\n\n")
+        for message in messages:
+            fields = dict(line.split(b": ", 1) if b": " in line else (line, b"")
+                          for line in message.split(b"\n"))
+            if message.startswith(b": "):
+                self.comments += 1
+            elif b"retry" in fields:
+                self.retry = int(fields[b"retry"])
+            elif fields.get(b"event") == b"snapshot":
+                self.snapshots.append(json.loads(fields[b"data"]))
+
+
+@async_test
+async def test_a_page_gets_a_snapshot_at_once_and_after_each_change():
+    async with running(lease=60) as h:
+        reader = Reader(h)
+        await until(lambda: reader.snapshots)
+        assert reader.retry == 1000
+        first = reader.snapshots[0]
+        assert set(first) == {"time", "mode", "status", "devices", "queue", "users", "events",
+                              "history", "interval"}
+        assert first["mode"] == "test" and list(first["status"]) == h.uuids()
+        assert first["devices"][h.uuids()[0]]["number"] == 0
+        [grant] = await h.ok("/request?gpu=1&user=alice@example.org")
+
+        def shows_alice():
+            last = reader.snapshots[-1]
+            claim = last["status"][grant["uuid"]]["claim"]
+            return claim["user"] and claim["user"]["user"] == "alice@example.org"
+        await until(shows_alice, timeout=3)
+        last = reader.snapshots[-1]
+        assert last["users"]["alice@example.org"]["held"] == 1
+        assert last["events"][-1]["event"] == "grant"
+        await h.ok("/release?user=alice@example.org")
+        await until(lambda: reader.snapshots[-1]["status"][grant["uuid"]]["claim"]["state"]
+                    == "free", timeout=3)
+
+
+@async_test
+async def test_the_stream_ends_with_the_daemon_and_the_page_is_told_to_retry_soon():
+    async with running() as h:
+        reader = Reader(h)
+        await until(lambda: reader.snapshots)
+        assert len(h.daemon.feed.streams) == 1
+    response = await asyncio.wait_for(reader.response, 10)  # the daemon stopped: it ended
+    assert response.code == 200
+    assert response.headers["Content-Type"].startswith("text/event-stream")
+
+
+async def open_page(h):
+    """A raw /events connection that has read its first snapshot."""
+    reader, writer = await h.raw(b"GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
+    seen = b""
+    while b"event: snapshot" not in seen:
+        seen += await asyncio.wait_for(reader.read(65536), 10)
+    return reader, writer
+
+
+@async_test
+async def test_a_page_that_leaves_is_forgotten_and_too_many_are_refused():
+    async with running() as h:
+        h.daemon.feed.max_streams = 2
+        pages = [await open_page(h), await open_page(h)]
+        status, body = await h.call("/events")
+        assert status == 503 and "too many open pages" in body["error"]
+        status, body = await h.call("/events?x=1")
+        assert status == 400
+        for _, writer in pages:
+            writer.close()
+        await until(lambda: len(h.daemon.feed.streams) == 0)
+        await open_page(h)  # room again
+
+
+class Recorder(Stream):
+    def __init__(self):
+        self.messages = []
+
+    def write(self, message):
+        self.messages.append(message)
+
+    def close(self):
+        pass
+
+
+@async_test
+async def test_many_changes_make_one_snapshot_a_second_and_no_change_makes_none():
+    clock = FakeClock()
+    built = []
+    feed = LiveFeed(lambda: built.append(1) or {"n": len(built)}, every=1.0, clock=clock)
+    feed.start()
+    idle = LiveFeed(lambda: built.append(1) or {}, every=1.0, clock=clock)
+    idle.start()
+    for _ in range(100):
+        idle.changed()  # no page open: nothing is built or scheduled
+    assert built == []
+    page = Recorder()
+    feed.add(page)
+    assert len(built) == 1 and b"event: snapshot" in page.messages[0]
+    for _ in range(100):
+        feed.changed()
+    await asyncio.sleep(0.05)
+    assert len(built) == 1  # the last one was built just now: the next waits a second
+    clock.advance(1.0)
+    feed.changed()  # already scheduled; the timer is the loop's, so wake it by hand
+    feed._send()
+    assert len(built) == 2 and len(page.messages) == 2
+    assert page.messages[1] == b'event: snapshot\ndata: {"n":2}\n\n'
+    feed.stop()
+    idle.stop()
