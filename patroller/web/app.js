@@ -1,0 +1,338 @@
+// Patroller's page: follows /events (Server-Sent Events, one snapshot per change) and draws
+// the host's GPUs, the queue, the users and the recent events. Read-only.
+// Everything from the daemon is untrusted text: the DOM is built with textContent and
+// setAttribute on plain attributes, never from HTML strings.
+"use strict";
+
+(function () {
+  const SVG = "http://www.w3.org/2000/svg";
+  const STATES = ["free", "reserved", "claimed", "shared", "lost"];
+  let source = null;          // the EventSource
+  let retryTimer = null;      // a reconnect of our own, when the browser gave up
+  let receivedAt = 0;         // performance.now() when the last snapshot came
+  let rendered = false;
+
+  function $(id) { return document.getElementById(id); }
+
+  // h("div", {class: "x", data: {n: 1}}, "text", child, ...): text arguments become text nodes.
+  function h(tag, attrs, ...children) {
+    const el = document.createElement(tag);
+    setAttrs(el, attrs);
+    append(el, children);
+    return el;
+  }
+
+  function s(tag, attrs) {
+    const el = document.createElementNS(SVG, tag);
+    setAttrs(el, attrs);
+    return el;
+  }
+
+  function setAttrs(el, attrs) {
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (value === null || value === undefined || value === false) continue;
+      if (key === "data") {
+        for (const [k, v] of Object.entries(value)) el.dataset[k] = String(v);
+      } else {
+        el.setAttribute(key, String(value));
+      }
+    }
+  }
+
+  function append(el, children) {
+    for (const child of children.flat()) {
+      if (child === null || child === undefined || child === false) continue;
+      el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+  }
+
+  function num(value, digits) {
+    return typeof value === "number" && isFinite(value) ? value.toFixed(digits || 0) : null;
+  }
+
+  // 42 s, 12 min, 3 h 5 min, 2 d 4 h
+  function duration(seconds) {
+    if (typeof seconds !== "number" || !isFinite(seconds)) return "–";
+    const t = Math.max(0, Math.floor(seconds));
+    if (t < 60) return t + " s";
+    if (t < 3600) return Math.floor(t / 60) + " min";
+    if (t < 86400) {
+      const m = Math.floor(t / 60) % 60;
+      return Math.floor(t / 3600) + " h" + (m ? " " + m + " min" : "");
+    }
+    const hours = Math.floor(t / 3600) % 24;
+    return Math.floor(t / 86400) + " d" + (hours ? " " + hours + " h" : "");
+  }
+
+  // 0:08, 12:30, 1:59:58
+  function clock(seconds) {
+    const t = Math.max(0, Math.ceil(seconds));
+    const two = (n) => String(n).padStart(2, "0");
+    const hours = Math.floor(t / 3600);
+    const rest = two(Math.floor(t / 60) % 60) + ":" + two(t % 60);
+    return hours ? hours + ":" + rest : String(Math.floor(t / 60)) + ":" + two(t % 60);
+  }
+
+  function gib(mib) {
+    if (typeof mib !== "number") return "–";
+    return mib >= 1024 ? (mib / 1024).toFixed(mib >= 10240 ? 0 : 1) + " GiB" : mib + " MiB";
+  }
+
+  function timeOfDay(iso) {
+    const when = new Date(iso);
+    if (isNaN(when)) return String(iso || "");
+    return when.toLocaleTimeString([], {hour: "2-digit", minute: "2-digit", second: "2-digit"});
+  }
+
+  // The name people know a holder by: e-mail, else account, else container, else the user string.
+  function who(identity) {
+    if (!identity) return "";
+    return identity.email || identity.account || identity.container || identity.user || "?";
+  }
+
+  function labels(identity) {
+    const info = (identity && identity.info) || {};
+    return Object.entries(info)
+      .filter(([, v]) => v !== null && v !== undefined && v !== "")
+      .map(([k, v]) => h("span", {class: "label"}, k + ": " + v));
+  }
+
+  // A text that keeps moving between snapshots: seconds left (down) or seconds so far (up).
+  function ticking(seconds, direction, format, prefix, suffix) {
+    return h("span", {class: "tick", data: {
+      base: seconds, dir: direction, fmt: format, at: receivedAt,
+      prefix: prefix || "", suffix: suffix || ""}}, tickText(seconds, direction, format,
+      receivedAt, prefix, suffix));
+  }
+
+  function tickText(base, direction, format, at, prefix, suffix) {
+    const elapsed = (performance.now() - at) / 1000;
+    const value = direction === "down" ? base - elapsed : base + elapsed;
+    const text = format === "clock" ? clock(value) : duration(value);
+    return (prefix || "") + text + (suffix || "");
+  }
+
+  function tick() {
+    for (const el of document.querySelectorAll(".tick")) {
+      const d = el.dataset;
+      el.textContent = tickText(Number(d.base), d.dir, d.fmt, Number(d.at), d.prefix, d.suffix);
+    }
+  }
+
+  function bar(kind, label, fraction, text) {
+    const shown = typeof fraction === "number" && isFinite(fraction);
+    const fill = h("span", {class: "fill"});
+    fill.style.width = shown ? Math.min(100, Math.max(0, fraction * 100)).toFixed(1) + "%" : "0";
+    return h("div", {class: "bar " + kind, data: {value: shown ? fraction.toFixed(3) : ""}},
+      h("span", {class: "bar-label"}, label),
+      h("span", {class: "track", role: "img", "aria-label": label + " " + text}, fill),
+      h("span", {class: "bar-text"}, text));
+  }
+
+  function sparkline(points, interval) {
+    const width = 120, height = 28;
+    const svg = s("svg", {class: "spark", viewBox: "0 0 " + width + " " + height,
+      preserveAspectRatio: "none", role: "img",
+      "aria-label": "SM utilisation, last " + duration((points.length || 0) * interval)});
+    svg.append(s("rect", {x: 0, y: 0, width: width, height: height, class: "spark-bg"}));
+    const values = points.filter((v) => typeof v === "number");
+    if (values.length > 0) {
+      const step = points.length > 1 ? width / (points.length - 1) : 0;
+      const coords = [];
+      points.forEach((v, i) => {
+        if (typeof v !== "number") return;
+        const y = height - 1 - (Math.min(100, Math.max(0, v)) / 100) * (height - 2);
+        coords.push((points.length > 1 ? i * step : width).toFixed(1) + "," + y.toFixed(1));
+      });
+      if (coords.length === 1) coords.unshift("0," + coords[0].split(",")[1]);
+      svg.append(s("polyline", {points: coords.join(" "), class: "spark-line"}));
+    }
+    const title = s("title", {});
+    title.textContent = "SM utilisation over the last " + duration(points.length * interval);
+    svg.append(title);
+    return svg;
+  }
+
+  function holdText(claim) {
+    if (claim.held_for_pid !== null && claim.held_for_pid !== undefined) {
+      return h("span", {class: "hold"}, "while pid " + claim.held_for_pid + " lives");
+    }
+    if (typeof claim.expires === "number") {
+      const what = claim.hold === "duration" ? "held, " : "lease, ";
+      return h("span", {class: "hold countdown"}, what,
+        ticking(claim.expires, "down", "clock", "", " left"));
+    }
+    return null;
+  }
+
+  function processTable(claim) {
+    const rows = (claim.process_detail || []).map((p) => h("tr", {data: {pid: p.pid}},
+      h("td", {class: "pid"}, String(p.pid)),
+      h("td", {class: "puser"}, p.user || "?"),
+      h("td", {class: "command"}, p.command || "?"),
+      h("td", {class: "pmem"}, typeof p.fb === "number" ? p.fb + " MiB" : "–"),
+      h("td", {class: "psm"}, typeof p.sm === "number" ? p.sm + " %" : "–")));
+    if (!rows.length) return null;
+    return h("table", {class: "procs"},
+      h("thead", {}, h("tr", {}, h("th", {scope: "col"}, "pid"), h("th", {scope: "col"}, "user"),
+        h("th", {scope: "col"}, "command"), h("th", {scope: "col"}, "memory"),
+        h("th", {scope: "col"}, "SM"))),
+      h("tbody", {}, rows));
+  }
+
+  function card(uuid, device, stat, history, interval) {
+    const claim = (stat && stat.claim) || {state: "free", users: []};
+    const state = device.lost ? "lost" : (STATES.includes(claim.state) ? claim.state : "free");
+    const idle = typeof claim.idle_for === "number";
+    const holder = claim.user;
+    const others = (claim.users || []).slice(holder ? 1 : 0);
+    const sm = stat ? stat.sm : null;
+    const fb = stat ? stat.fb : null;
+    const total = stat && typeof stat.fb_total === "number" ? stat.fb_total : null;
+    const temps = [num(stat && stat.gtemp), num(stat && stat.mtemp)];
+    const facts = [
+      temps[0] !== null ? "GPU " + temps[0] + " °C" : null,
+      temps[1] !== null ? "memory " + temps[1] + " °C" : null,
+      num(stat && stat.power) !== null ? num(stat.power) + " W" : null,
+    ].filter(Boolean);
+    const badges = [h("span", {class: "state state-" + state}, state)];
+    if (idle) badges.push(h("span", {class: "state state-idle"}, "idle " + duration(claim.idle_for)));
+    if (claim.asked === false && holder) badges.push(h("span", {class: "note"}, "not asked for"));
+
+    const el = h("article", {class: "card is-" + state + (idle ? " is-idle" : ""),
+      data: {uuid: uuid, number: device.number, state: state, idle: idle ? "1" : "0"}},
+      h("header", {class: "card-head"},
+        h("span", {class: "gpu-number"}, "GPU " + device.number),
+        h("span", {class: "model"}, device.name || "?"),
+        h("span", {class: "badges"}, badges)),
+      h("div", {class: "who"},
+        holder ? h("span", {class: "holder"}, who(holder)) : h("span", {class: "holder none"},
+          state === "lost" ? "gone from the host" : "nobody"),
+        holder ? labels(holder) : null,
+        others.length ? h("span", {class: "others"}, "also: " + others.map(who).join(", ")) : null),
+      h("div", {class: "when"},
+        h("span", {class: "age"}, state + " for ", ticking(claim.age || 0, "up", "duration")),
+        holdText(claim),
+        claim.set_aside_for ? h("span", {class: "aside"}, "set aside for " + claim.set_aside_for) : null),
+      bar("util", "SM", typeof sm === "number" ? sm / 100 : null,
+        typeof sm === "number" ? sm + " %" : "–"),
+      bar("mem", "memory", typeof fb === "number" && total ? fb / total : null,
+        gib(fb) + " / " + gib(total)),
+      h("div", {class: "foot-row"},
+        h("span", {class: "facts"}, facts.join(" · ") || "no figures yet"),
+        sparkline(history || [], interval)),
+      stat && stat.stale ? h("p", {class: "warn"}, "statistics are stale") : null,
+      claim.processes_stale ? h("p", {class: "warn"}, "the process list is stale") : null,
+      processTable(claim));
+    return el;
+  }
+
+  function renderGpus(snap) {
+    const devices = snap.devices || {};
+    const status = snap.status || {};
+    const uuids = Object.keys(devices).sort((a, b) => devices[a].number - devices[b].number);
+    const counts = {};
+    const cards = uuids.map((uuid) => {
+      const el = card(uuid, devices[uuid], status[uuid], (snap.history || {})[uuid],
+        snap.interval || 5);
+      counts[el.dataset.state] = (counts[el.dataset.state] || 0) + 1;
+      return el;
+    });
+    $("gpus").replaceChildren(...cards);
+    const parts = STATES.filter((st) => counts[st]).map((st) => counts[st] + " " + st);
+    $("summary").textContent = uuids.length + " GPU" + (uuids.length === 1 ? "" : "s") +
+      (parts.length ? ": " + parts.join(", ") : "");
+  }
+
+  function wants(w) {
+    return Object.entries(w || {}).map(([group, n]) => n + " " + group).join(" + ");
+  }
+
+  function renderQueue(queue) {
+    const items = (queue || []).map((q) => h("li", {data: {position: q.position}},
+      h("span", {class: "quser"}, q.user), " wants ", h("span", {class: "qwants"}, wants(q.wants)),
+      ", waiting ", ticking(q.waited || 0, "up", "duration"),
+      q.pid ? " (for pid " + q.pid + ")" : null));
+    $("queue").replaceChildren(...items);
+    $("queue-empty").hidden = items.length > 0;
+  }
+
+  function cell(value) {
+    return h("td", {}, value === null || value === undefined ? "none" : String(value));
+  }
+
+  function renderUsers(users) {
+    const rows = Object.entries(users || {}).map(([name, u]) => h("tr", {data: {user: name}},
+      h("th", {scope: "row"}, name), cell(u.held), cell(u.limit), cell(u.reserved_unused),
+      cell(u.idle), cell(u.unreserved),
+      h("td", {}, u.waiting ? u.waiting + " (" + duration(u.waited_max) + ")" : "0")));
+    $("users-body").replaceChildren(...rows);
+    $("users").hidden = rows.length === 0;
+    $("users-empty").hidden = rows.length > 0;
+  }
+
+  function renderEvents(events) {
+    const items = (events || []).slice(-10).reverse().map((e) => {
+      const numbers = (e.devices || []).map((d) => d.number).filter((n) => n !== undefined);
+      return h("li", {},
+        h("time", {datetime: e.time}, timeOfDay(e.time)), " ",
+        h("span", {class: "event"}, String(e.event || "").replace(/_/g, " ")), " ",
+        e.user ? h("span", {class: "euser"}, e.user) : null,
+        numbers.length ? " GPU " + numbers.join(", ") : null,
+        e.by ? " by " + e.by : null,
+        e.reason ? h("span", {class: "reason"}, " (" + e.reason + ")") : null);
+    });
+    $("events").replaceChildren(...items);
+    $("events-empty").hidden = items.length > 0;
+  }
+
+  function render(snap) {
+    receivedAt = performance.now();
+    renderGpus(snap);
+    renderQueue(snap.queue);
+    renderUsers(snap.users);
+    renderEvents(snap.events);
+    $("mode").textContent = snap.mode === "test" ? "test mode (synthetic GPUs)" :
+      snap.mode === "gpu" ? "GPU host" : String(snap.mode || "");
+    $("updated").textContent = "updated " + timeOfDay(snap.time);
+    if (!rendered) {
+      rendered = true;
+      document.body.dataset.firstRender = performance.now().toFixed(1);
+      document.body.dataset.rendered = "1";
+    }
+    document.body.dataset.snapshots = String(Number(document.body.dataset.snapshots || 0) + 1);
+  }
+
+  function setConnection(state) {
+    document.body.dataset.connection = state;
+    $("banner").hidden = state !== "lost";
+  }
+
+  function connect() {
+    retryTimer = null;
+    source = new EventSource("/events");
+    source.addEventListener("snapshot", (event) => {
+      let snap;
+      try {
+        snap = JSON.parse(event.data);
+      } catch (err) {
+        return;
+      }
+      setConnection("live");
+      render(snap);
+    });
+    source.onerror = () => {
+      setConnection("lost");
+      // The browser reconnects by itself (retry: 1000) unless the answer was not a stream at
+      // all (a 503 when too many pages are open, a proxy's error page): then we do.
+      if (source.readyState === EventSource.CLOSED && retryTimer === null) {
+        source.close();
+        retryTimer = setTimeout(connect, 2000);
+      }
+    };
+  }
+
+  $("where").textContent = location.host;
+  setInterval(tick, 1000);
+  connect();
+})();
