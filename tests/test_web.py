@@ -1,0 +1,264 @@
+"""The web page in a real headless Chromium against live daemons: test mode and GPU host mode on
+the simulator, with real processes. Under CI=true these run; elsewhere, without a browser,
+they are skipped with the reason (tests/browser.py)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+import urllib.parse
+from typing import Any, Dict, List, Optional
+
+import pytest
+
+from browser import Browser, browser
+from helpers import ScenarioFile, ServerProcess
+from prometheus import free_port, get
+
+BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
+# The feed sends at most one snapshot a second, so a change is on the page about a second
+# later; the deadline leaves room for a busy machine.
+FOLLOWS = 3.0
+H100 = [{"name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "minor": n} for n in range(4)]
+
+
+@pytest.fixture(scope="module")
+def page():
+    opened = browser()
+    yield opened
+    opened.quit()
+
+
+@pytest.fixture
+def daemon():
+    server = ServerProcess("--test", "--lease", "300").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def scenario(tmp_path):
+    return ScenarioFile(str(tmp_path / "scenario.json"), devices=H100)
+
+
+def call(server: ServerProcess, path: str, **params: Any) -> Any:
+    """The decoded JSON answer of GET path?params."""
+    query = urllib.parse.urlencode(params)
+    status, _, body = get(server.url + path + (f"?{query}" if query else ""))
+    return status, json.loads(body)
+
+
+def opened(page: Browser, server: ServerProcess) -> None:
+    """The page loaded and drawn from its first snapshot; a marker that a reload would lose."""
+    page.open(server.url + "/")
+    page.until(lambda: page.js("return document.body.dataset.rendered === '1'"),
+               "the first snapshot drawn")
+    page.js("window.notReloaded = true")
+
+
+def card_where(page: Browser, number: int, what: str, test, timeout: float = FOLLOWS):
+    """The card of GPU `number` once test(card) holds."""
+    def probe() -> Optional[Dict[str, Any]]:
+        found = page.card(number)
+        return found if found is not None and test(found) else None
+    return page.until(probe, f"GPU {number}: {what} (last card: {page.card(number)})", timeout)
+
+
+def still_the_same_page(page: Browser) -> None:
+    assert page.js("return window.notReloaded === true"), "the page reloaded"
+
+
+def test_the_page_shows_every_gpu_with_its_state_and_figures(page, daemon):
+    opened(page, daemon)
+    cards = page.cards()
+    _, devices = call(daemon, "/devices")
+    assert sorted(c["uuid"] for c in cards) == sorted(devices)
+    assert [c["number"] for c in cards] == list(range(8))
+    for found in cards:
+        assert found["state"] == "free"
+        assert "NVIDIA A100-SXM4-80GB" in found["text"] and "FREE" in found["text"].upper()
+        assert "°C" in found["text"] and " W" in found["text"] and "GiB" in found["text"]
+    # A utilisation and a memory bar and a sparkline on every card.
+    assert page.js("return document.querySelectorAll('.card .bar.util .fill').length") == 8
+    assert page.js("return document.querySelectorAll('.card .bar.mem .fill').length") == 8
+    assert page.js("return document.querySelectorAll('.card svg.spark').length") == 8
+    assert page.js("return document.body.dataset.connection") == "live"
+    assert not page.banner_shown()
+    # The strict Content-Security-Policy let everything run: nothing refused, no script error.
+    errors = [e for e in page.console() if e.get("level") == "SEVERE"]
+    assert not errors, errors
+
+
+def test_a_reservation_appears_without_reloading_and_a_release_shows_free(page, daemon):
+    opened(page, daemon)
+    status, grant = call(daemon, "/request", gpu=1, user="alice@example.org")
+    assert status == 200, grant
+    number = grant[0]["info"]["number"]
+    found = card_where(page, number, "reserved by alice",
+                       lambda c: c["state"] == "reserved" and c["holder"] == "alice@example.org")
+    assert "lease" in found["text"] and "left" in found["text"]
+    # The user and the grant are in the users table and the recent events.
+    page.until(lambda: page.js(
+        "const r = document.querySelector('#users-body tr[data-user=\"alice@example.org\"]');"
+        "return r && r.cells[1].textContent === '1'"), "alice holding one GPU in the users table")
+    page.until(lambda: page.js(
+        "return Array.from(document.querySelectorAll('#events li')).some("
+        "(li) => /grant/.test(li.textContent) && /alice@example.org/.test(li.textContent))"),
+        "the grant among the recent events")
+
+    status, _ = call(daemon, "/release", user="alice@example.org")
+    assert status == 200
+    found = card_where(page, number, "free again", lambda c: c["state"] == "free")
+    assert found["holder"] == "nobody"
+    still_the_same_page(page)
+
+
+def test_the_lease_counts_down_on_the_page(page, daemon):
+    opened(page, daemon)
+    _, grant = call(daemon, "/request", gpu=1, user="alice@example.org")
+    number = grant[0]["info"]["number"]
+
+    def left() -> Optional[int]:
+        text = page.js(f"const c = document.querySelector('.card[data-number=\"{number}\"] "
+                       ".countdown'); return c ? c.textContent : null")
+        if not text:
+            return None
+        minutes, seconds = text.split()[-2].split(":")[-2:]
+        return int(minutes) * 60 + int(seconds)
+
+    first = page.until(left, "a countdown on the reserved GPU")
+    assert 280 <= first <= 300, first
+    page.until(lambda: (left() or first) < first, "the countdown going down")
+
+
+def test_a_device_held_for_a_process_says_for_which(page, daemon):
+    opened(page, daemon)
+    # hold=process binds to the connecting process, found by the kernel: this one.
+    status, grant = call(daemon, "/request", gpu=1, user="alice@example.org", hold="process")
+    assert status == 200, grant
+    number = grant[0]["info"]["number"]
+    card_where(page, number, f"held while pid {os.getpid()} lives",
+               lambda c: f"while pid {os.getpid()} lives" in c["text"])
+
+
+def test_the_queue_shows_who_waits_for_how_many(page, daemon):
+    opened(page, daemon)
+    call(daemon, "/request", gpu=1, user="alice@example.org")
+    answers: List[Any] = []
+    waiter = threading.Thread(target=lambda: answers.append(
+        call(daemon, "/wait", gpu=8, timeout=60, user="bob@example.org")))
+    waiter.start()
+    try:
+        text = page.until(lambda: page.js(
+            "const q = document.querySelector('#queue li'); return q ? q.textContent : null"),
+            "bob in the queue")
+        assert "bob@example.org" in text and "8 gpu" in text and "waiting" in text, text
+        assert page.js("return document.getElementById('queue-empty').hidden") is True
+    finally:
+        call(daemon, "/release", user="alice@example.org")
+        waiter.join(30)
+    assert answers and answers[0][0] == 200, answers
+    page.until(lambda: page.js("return document.querySelectorAll('#queue li').length === 0"),
+               "an empty queue once bob is served")
+    card_where(page, 0, "held by bob", lambda c: c["holder"] == "bob@example.org")
+
+
+def test_html_from_the_daemon_is_shown_as_text(page, daemon):
+    opened(page, daemon)
+    name = "<b>x</b><img/src=/nothing/onerror=window.hacked=1>"
+    status, grant = call(daemon, "/request", gpu=1, user=name)
+    assert status == 200, grant
+    found = card_where(page, grant[0]["info"]["number"], "held by the odd name",
+                       lambda c: c["state"] == "reserved")
+    assert found["holder"] == name  # the very characters, as text
+    assert found["bold"] == 0, found["holder_html"]  # no element made from them
+    assert page.js("return document.querySelectorAll('#gpus b, #users b, #events b, img')"
+                   ".length") == 0
+    assert page.js("return window.hacked === undefined")
+    page.until(lambda: page.js(
+        "return Array.from(document.querySelectorAll('#users-body th'))"
+        ".some((th) => th.textContent === arguments[0])", name), "the name in the users table")
+
+
+def test_programs_still_get_json_and_a_browser_gets_the_page(daemon):
+    for accept in (None, "*/*", "application/json"):
+        status, kind, body = get(daemon.url + "/", accept=accept)
+        assert status == 200 and kind.startswith("application/json"), (accept, kind)
+        assert json.loads(body)["name"] == "patroller"
+    status, kind, body = get(daemon.url + "/", accept=BROWSER_ACCEPT)
+    assert status == 200 and kind.startswith("text/html"), kind
+    assert b'src="/web/app.js"' in body and b'href="/web/style.css"' in body
+    assert b"<script>" not in body and b"style=" not in body  # nothing inline: the CSP holds
+    for name, expected in (("app.js", "javascript"), ("style.css", "text/css")):
+        status, kind, _ = get(daemon.url + "/web/" + name)
+        assert status == 200 and expected in kind, (name, kind)
+
+
+def test_a_process_shows_its_command_and_memory_in_gpu_host_mode(page, scenario):
+    sleeper = subprocess.Popen(["sleep", "120"])
+    server = ServerProcess("--nvidia-smi", scenario.command, "--lease", "300").start()
+    try:
+        opened(page, server)
+        assert [c["number"] for c in page.cards()] == [0, 1, 2, 3]
+        assert all("H100" in c["text"] for c in page.cards())
+        scenario.write(processes=[{"pid": sleeper.pid, "gpu": 2, "type": "C",
+                                   "name": "<i>train</i>", "used_mib": 4096, "sm": 60}])
+        found = card_where(page, 2, "the sleep process listed",
+                           lambda c: any(p["pid"] == sleeper.pid for p in c["processes"]),
+                           timeout=20)
+        process = next(p for p in found["processes"] if p["pid"] == sleeper.pid)
+        assert process["command"] == "<i>train</i>" and process["memory"] == "4096 MiB", process
+        assert page.js("return document.querySelectorAll('.procs i').length") == 0
+        assert found["state"] in ("claimed", "shared") and found["holder"], found
+        scenario.write(processes=[])
+        card_where(page, 2, "the process gone", lambda c: not c["processes"], timeout=20)
+    finally:
+        server.stop()
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_stopped_daemon_shows_the_lost_connection_and_the_page_recovers(page):
+    port = free_port()
+    server = ServerProcess("--test", "--port", str(port)).start()
+    try:
+        opened(page, server)
+        assert page.connection() == "live" and not page.banner_shown()
+        server.stop()
+        banner = page.until(page.banner_shown, "the lost-connection banner", timeout=10)
+        assert "connection to the daemon lost" in banner
+        assert page.connection() == "lost"
+
+        server = ServerProcess("--test", "--port", str(port)).start()
+        page.until(lambda: page.connection() == "live", "the page live again", timeout=20)
+        assert not page.banner_shown()
+        # Snapshots of the new daemon arrive: a reservation made there shows.
+        status, grant = call(server, "/request", gpu=1, user="carol@example.org")
+        assert status == 200, grant
+        card_where(page, grant[0]["info"]["number"], "reserved by carol",
+                   lambda c: c["holder"] == "carol@example.org")
+        still_the_same_page(page)
+    finally:
+        server.stop()
+
+
+def test_readable_on_a_phone_and_dark_when_the_system_is(daemon):
+    phone = browser(width=390, height=844)
+    try:
+        opened(phone, daemon)
+        columns = phone.js("return new Set(Array.from(document.querySelectorAll('.card'))"
+                           ".map((c) => c.getBoundingClientRect().left)).size")
+        assert columns == 1
+        assert phone.js("return document.scrollingElement.scrollWidth <= window.innerWidth + 1")
+        light = phone.js("return getComputedStyle(document.body).backgroundColor")
+        phone.driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {
+            "features": [{"name": "prefers-color-scheme", "value": "dark"}]})
+        dark = phone.js("return getComputedStyle(document.body).backgroundColor")
+        assert light != dark, (light, dark)
+        # Dark means dark: the background's brightness is low.
+        red, green, blue = (int(v) for v in dark[dark.index("(") + 1:-1].split(",")[:3])
+        assert red + green + blue < 150, dark
+    finally:
+        phone.quit()
