@@ -2,14 +2,18 @@
 # Installs what the tests need: a virtual environment with Patroller and pytest, and, for the
 # identity tests, a Docker Engine and busybox (the tests start their own private dockerd and
 # import a busybox image: no registry, no system Docker service), and for the monitoring
-# tests a Prometheus server and promtool (the tests start their own Prometheus: no service).
+# tests a Prometheus server and promtool (the tests start their own Prometheus: no service), and
+# for the web page's tests a headless browser: Debian's chromium and chromium-driver (Selenium,
+# from the test extra, drives /usr/bin/chromedriver, whose version is the browser's: nothing is
+# downloaded).
 set -eu
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/pip install --quiet --disable-pip-version-check -e '.[test]'
 if command -v dockerd >/dev/null 2>&1 && command -v busybox >/dev/null 2>&1 \
         && command -v wrk >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 \
-        && command -v promtool >/dev/null 2>&1; then
+        && command -v promtool >/dev/null 2>&1 && command -v chromium >/dev/null 2>&1 \
+        && command -v chromedriver >/dev/null 2>&1; then
     exit 0
 fi
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -25,7 +29,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     apt-get update -qq
     # wrk is the benchmark's load generator (python -m bench), not the tests'.
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        docker.io busybox-static wrk prometheus >/dev/null
+        docker.io busybox-static wrk prometheus chromium chromium-driver >/dev/null
     # Should a service have started anyway (an init system that ignores policy-rc.d), stop it:
     # the tests start their own Prometheus on a port of their choosing.
     if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
@@ -34,7 +38,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         /etc/init.d/prometheus stop >/dev/null 2>&1 || true
     fi
 else
-    echo "tests/setup.sh: dockerd, busybox or prometheus is missing; install docker.io," \
-         "busybox-static and prometheus (as root) or the Docker and Prometheus tests will be" \
-         "skipped" >&2
+    echo "tests/setup.sh: dockerd, busybox, prometheus or chromium is missing; install" \
+         "docker.io, busybox-static, prometheus, chromium and chromium-driver (as root) or the" \
+         "Docker, Prometheus and web page tests will be skipped" >&2
 fi
