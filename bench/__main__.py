@@ -21,7 +21,7 @@ from .harness import ROOT, machine, raise_file_limit
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 NAMES = ("throughput", "reactions", "identity", "scale", "footprint", "parsers", "waiters",
-         "persistence", "scrape")
+         "persistence", "scrape", "page")
 
 
 def log(text: str) -> None:
@@ -36,7 +36,7 @@ def run(quick: bool, only: List[str]) -> Dict[str, Any]:
         ("identity", measures.identity_cost), ("scale", measures.scale),
         ("footprint", measures.footprint), ("parsers", measures.parsers),
         ("waiters", measures.waiters), ("persistence", measures.persistence),
-        ("scrape", measures.scrape)]
+        ("scrape", measures.scrape), ("page", measures.page)]
     try:
         ctx.start()
         for name, step in steps:
@@ -112,6 +112,10 @@ def checks(report: Dict[str, Any]) -> List[Dict[str, Any]]:
          _get(r, "scrape", "status_while_scraped", "p99_ms"),
          "< 2x without scrapes", lambda v: v < 2 * (_get(r, "scrape", "status_alone", "p99_ms")
                                                   or 0)),
+        ("web page bytes transferred: /, app.js, style.css, first /events snapshot at 8 GPUs",
+         _get(r, "page", "total_bytes"), "< 102400 (100 KB)", lambda v: v < 102400),
+        ("web page first render ms (median), navigation start to the cards, loopback",
+         _get(r, "page", "render", "ms", "median"), "< 200", lambda v: v < 200),
     ]
     return [{"what": what, "measured": value, "target": target,
              "met": None if value is None else bool(test(value))}
@@ -176,6 +180,17 @@ def other_figures(report: Dict[str, Any]) -> List[Tuple[str, Any]]:
                 figures.append((f"/status 64 GPUs + 500 processes, {key.replace('_', ' ')} "
                                 f"({sc.get('scraper', '')})",
                                 f"{f['requests_per_s']}/s, p99 {f['p99_ms']} ms"))
+    pg = r.get("page")
+    if pg:
+        figures.append(("web page bytes at 8 GPUs: " + ", ".join(pg["bytes"]),
+                        ", ".join(str(v) for v in pg["bytes"].values())))
+        render = pg["render"]
+        if render.get("measured"):
+            figures.append((f"web page first render ms (Chromium {render['browser']}): cold, "
+                            "median, max", f"{render['cold_ms']}, {render['ms']['median']}, "
+                            f"{render['ms']['max']}"))
+        else:
+            figures.append(("web page first render", f"not measured: {render.get('why')}"))
     churn = _get(r, "footprint", "churn")
     if churn:
         figures.append(("500 processes churning (50/s): CPU %, RSS MiB",

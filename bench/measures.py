@@ -775,3 +775,106 @@ class _Scraper:
         if self.thread is not None:
             self.thread.join(5)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# 10. The web page ---------------------------------------------------------------------------
+
+BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
+
+
+def page(ctx: Context) -> Dict[str, Any]:
+    """The web page at 8 GPUs with processes on them: the bytes a browser receives for /,
+    /web/app.js, /web/style.css and the first /events snapshot (headers included, as sent on
+    loopback), and the time from navigation start to the first GPU cards drawn, in headless
+    Chromium (tests/browser.py) when it is installed."""
+    daemon = Daemon(8, docker_host=ctx.docker_host).start()
+    result: Dict[str, Any] = {"gpus": 8}
+    try:
+        pids = ctx.pool[:16]
+        daemon.write([{"pid": pid, "gpu": n % 8, "type": "C", "name": "python",
+                       "used_mib": 4096 + n, "sm": 50 + n} for n, pid in enumerate(pids)])
+        daemon.wait_for(lambda s: processes_on(s) == len(pids), timeout=120)
+        result["processes"] = len(pids)
+        sizes = {path: _transferred(daemon.port, path, accept)
+                 for path, accept in (("/", BROWSER_ACCEPT), ("/web/app.js", "*/*"),
+                                      ("/web/style.css", "text/css,*/*;q=0.1"))}
+        sizes["/events (first snapshot)"] = _first_event(daemon.port)
+        result["bytes"] = sizes
+        result["total_bytes"] = sum(sizes.values())
+        result["render"] = _first_render(daemon.url, 3 if ctx.quick else 20)
+    finally:
+        daemon.stop()
+    ctx.log(f"page: {result}")
+    return result
+
+
+def _exchange(port: int, path: str, accept: str, until: Callable[[bytes], bool]) -> bytes:
+    """What the daemon sends for one GET as a browser asks it, up to until(received)."""
+    import socket
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAccept: {accept}\r\n"
+                  "Accept-Encoding: gzip, deflate, br\r\nConnection: close\r\n\r\n".encode())
+        received = b""
+        while not until(received):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            received += chunk
+    return received
+
+
+def _transferred(port: int, path: str, accept: str) -> int:
+    answer = _exchange(port, path, accept, lambda got: False)
+    if not answer.startswith(b"HTTP/1.1 200"):
+        raise RuntimeError(f"{path}: {answer[:200]!r}")
+    return len(answer)
+
+
+def _first_event(port: int) -> int:
+    """Headers, the retry line and the first snapshot event of /events."""
+    def whole(got: bytes) -> bool:
+        at = got.find(b"event: snapshot")
+        return at >= 0 and got.find(b"\n\n", at) >= 0
+    answer = _exchange(port, "/events", "text/event-stream", whole)
+    if not whole(answer):
+        raise RuntimeError(f"/events: no snapshot: {answer[:300]!r}")
+    at = answer.find(b"event: snapshot")
+    return answer.find(b"\n\n", at) + 2
+
+
+def _first_render(url: str, loads: int) -> Dict[str, Any]:
+    """Navigation start to the first cards drawn (the page's own performance.now() when it
+    set data-rendered), over `loads` loads after a first one that warms the browser."""
+    import sys
+    tests = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+    sys.path.insert(0, tests)
+    try:
+        from browser import Browser, BrowserUnavailable  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(tests)
+    try:
+        chromium = Browser(width=1400, height=1000)
+    except BrowserUnavailable as exc:
+        return {"measured": False, "why": str(exc)}
+    try:
+        times: List[float] = []
+        for n in range(loads + 1):
+            chromium.open(url + "/")
+            chromium.until(lambda: chromium.js("return document.body.dataset.rendered"),
+                           "the first render", timeout=30)
+            drawn = float(chromium.js("return document.body.dataset.firstRender"))
+            cards = chromium.js("return document.querySelectorAll('#gpus .card').length")
+            if cards != 8:
+                raise RuntimeError(f"{cards} cards drawn, not 8")
+            if n == 0:
+                first = drawn
+            else:
+                times.append(drawn / 1000)
+        browser_bytes = chromium.js(
+            "return performance.getEntriesByType('navigation').concat("
+            "performance.getEntriesByType('resource')).reduce((n, e) => n + e.transferSize, 0)")
+        return {"measured": True, "cold_ms": round(first, 1), "ms": _spread(times),
+                "browser_counted_bytes": browser_bytes,
+                "browser": chromium.driver.capabilities.get("browserVersion")}
+    finally:
+        chromium.quit()
