@@ -168,15 +168,15 @@
   function processTable(claim) {
     const rows = (claim.process_detail || []).map((p) => h("tr", {data: {pid: p.pid}},
       h("td", {class: "pid"}, String(p.pid)),
-      h("td", {class: "puser"}, p.user || "?"),
-      h("td", {class: "command"}, p.command || "?"),
+      h("td", {}, h("span", {class: "command"}, p.command || "?"),
+        h("span", {class: "puser"}, p.user || "?")),
       h("td", {class: "pmem"}, typeof p.fb === "number" ? p.fb + " MiB" : "–"),
       h("td", {class: "psm"}, typeof p.sm === "number" ? p.sm + " %" : "–")));
     if (!rows.length) return null;
     return h("table", {class: "procs"},
-      h("thead", {}, h("tr", {}, h("th", {scope: "col"}, "pid"), h("th", {scope: "col"}, "user"),
-        h("th", {scope: "col"}, "command"), h("th", {scope: "col"}, "memory"),
-        h("th", {scope: "col"}, "SM"))),
+      h("thead", {}, h("tr", {}, h("th", {scope: "col", class: "c-pid"}, "pid"),
+        h("th", {scope: "col"}, "process"), h("th", {scope: "col", class: "c-mem"}, "memory"),
+        h("th", {scope: "col", class: "c-sm"}, "SM"))),
       h("tbody", {}, rows));
   }
 
