@@ -169,7 +169,7 @@
     const rows = (claim.process_detail || []).map((p) => h("tr", {data: {pid: p.pid}},
       h("td", {class: "pid"}, String(p.pid)),
       h("td", {}, h("span", {class: "command"}, p.command || "?"),
-        h("span", {class: "puser"}, p.user || "?")),
+        h("span", {class: "puser", title: p.user || ""}, p.user || "?")),
       h("td", {class: "pmem"}, typeof p.fb === "number" ? p.fb + " MiB" : "–"),
       h("td", {class: "psm"}, typeof p.sm === "number" ? p.sm + " %" : "–")));
     if (!rows.length) return null;
