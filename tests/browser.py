@@ -56,7 +56,7 @@ class Browser:
     """Headless Chromium through chromedriver, with a profile of its own in a temporary
     directory."""
 
-    def __init__(self, width: int = 1400, height: int = 1000, dark: bool = False) -> None:
+    def __init__(self, width: int = 1400, height: int = 1000) -> None:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
 
@@ -72,9 +72,6 @@ class Browser:
                          f"--window-size={width},{height}",
                          f"--user-data-dir={self.profile.name}"):
             options.add_argument(argument)
-        if dark:
-            options.add_argument("--force-dark-mode")
-            options.add_argument("--blink-settings=preferredColorScheme=0")
         # The browser's console (CSP violations, script errors) for the tests to read.
         options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
         try:
@@ -137,6 +134,11 @@ class Browser:
             return self.driver.get_log("browser")
         except Exception:  # some driver versions do not keep the log
             return []
+
+    def color_scheme(self, scheme: str) -> None:
+        """What prefers-color-scheme says from now on: "light" or "dark"."""
+        self.driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {
+            "features": [{"name": "prefers-color-scheme", "value": scheme}]})
 
     def screenshot(self, path: str) -> None:
         self.driver.save_screenshot(path)

@@ -252,9 +252,9 @@ def test_readable_on_a_phone_and_dark_when_the_system_is(daemon):
                            ".map((c) => c.getBoundingClientRect().left)).size")
         assert columns == 1
         assert phone.js("return document.scrollingElement.scrollWidth <= window.innerWidth + 1")
+        phone.color_scheme("light")
         light = phone.js("return getComputedStyle(document.body).backgroundColor")
-        phone.driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {
-            "features": [{"name": "prefers-color-scheme", "value": "dark"}]})
+        phone.color_scheme("dark")
         dark = phone.js("return getComputedStyle(document.body).backgroundColor")
         assert light != dark, (light, dark)
         # Dark means dark: the background's brightness is low.
