@@ -262,3 +262,30 @@ def test_readable_on_a_phone_and_dark_when_the_system_is(daemon):
         assert red + green + blue < 150, dark
     finally:
         phone.quit()
+
+
+def test_an_idle_reservation_and_a_lost_gpu_in_gpu_host_mode(page, tmp_path):
+    devices = [dict(H100[n], uuid=f"GPU-{n}000000-5a1e-4e57-8000-00000000000{n}",
+                    pci=f"00000000:{n + 1:02X}:00.0") for n in range(4)]
+    scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=devices)
+    server = ServerProcess("--nvidia-smi", scenario.command, "--lease", "300",
+                           "--idle-after", "1", "--inventory-every", "0.5").start()
+    try:
+        opened(page, server)
+        status, grant = call(server, "/request", gpu=1)  # this host process's account
+        assert status == 200, grant
+        number = grant[0]["info"]["number"]
+        found = card_where(page, number, "reserved and idle", lambda c: c["idle"], timeout=20)
+        assert found["state"] == "reserved" and "IDLE" in found["text"].upper(), found
+        # The second one falls off the bus: it keeps its number, 1, which nvidia-smi now gives
+        # the third; on the page it goes last.
+        scenario.write(devices=[devices[0], devices[2], devices[3]])
+        gone = devices[1]["uuid"]
+        page.until(lambda: next((c for c in page.cards() if c["uuid"] == gone
+                                 and c["state"] == "lost"), None), "the lost GPU", timeout=20)
+        cards = page.cards()
+        assert cards[-1]["uuid"] == gone and "LOST" in cards[-1]["text"].upper(), cards[-1]
+        assert [c["state"] for c in cards].count("lost") == 1
+        assert [c["number"] for c in cards] == [0, 1, 2, 1]
+    finally:
+        server.stop()

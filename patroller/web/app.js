@@ -230,7 +230,9 @@
   function renderGpus(snap) {
     const devices = snap.devices || {};
     const status = snap.status || {};
-    const uuids = Object.keys(devices).sort((a, b) => devices[a].number - devices[b].number);
+    // In device order; a lost GPU last (it keeps its last number, which another may have now).
+    const uuids = Object.keys(devices).sort((a, b) =>
+      (devices[a].lost ? 1 : 0) - (devices[b].lost ? 1 : 0) || devices[a].number - devices[b].number);
     const counts = {};
     const cards = uuids.map((uuid) => {
       const el = card(uuid, devices[uuid], status[uuid], (snap.history || {})[uuid],
