@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import threading
-import time
 import urllib.parse
 from typing import Any, Dict, List, Optional
 
