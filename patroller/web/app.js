@@ -129,26 +129,29 @@
       h("span", {class: "bar-text"}, text));
   }
 
+  // The SM utilisation of the last ten minutes (HISTORY points, one per interval), newest at
+  // the right edge: a GPU watched for a short while has a short line.
+  const HISTORY = 120;
+
   function sparkline(points, interval) {
     const width = 120, height = 28;
+    const shown = points.slice(-HISTORY);
+    const span = duration(HISTORY * interval);
     const svg = s("svg", {class: "spark", viewBox: "0 0 " + width + " " + height,
-      preserveAspectRatio: "none", role: "img",
-      "aria-label": "SM utilisation, last " + duration((points.length || 0) * interval)});
+      preserveAspectRatio: "none", role: "img", "aria-label": "SM utilisation, last " + span});
     svg.append(s("rect", {x: 0, y: 0, width: width, height: height, class: "spark-bg"}));
-    const values = points.filter((v) => typeof v === "number");
-    if (values.length > 0) {
-      const step = points.length > 1 ? width / (points.length - 1) : 0;
-      const coords = [];
-      points.forEach((v, i) => {
-        if (typeof v !== "number") return;
-        const y = height - 1 - (Math.min(100, Math.max(0, v)) / 100) * (height - 2);
-        coords.push((points.length > 1 ? i * step : width).toFixed(1) + "," + y.toFixed(1));
-      });
-      if (coords.length === 1) coords.unshift("0," + coords[0].split(",")[1]);
-      svg.append(s("polyline", {points: coords.join(" "), class: "spark-line"}));
-    }
+    const step = width / (HISTORY - 1);
+    const coords = [];
+    shown.forEach((v, i) => {
+      if (typeof v !== "number") return;
+      const x = width - (shown.length - 1 - i) * step;
+      const y = height - 1 - (Math.min(100, Math.max(0, v)) / 100) * (height - 2);
+      coords.push(x.toFixed(1) + "," + y.toFixed(1));
+    });
+    if (coords.length === 1) coords.unshift((width - step).toFixed(1) + "," + coords[0].split(",")[1]);
+    if (coords.length) svg.append(s("polyline", {points: coords.join(" "), class: "spark-line"}));
     const title = s("title", {});
-    title.textContent = "SM utilisation over the last " + duration(points.length * interval);
+    title.textContent = "SM utilisation over the last " + span;
     svg.append(title);
     return svg;
   }
