@@ -1,6 +1,6 @@
 """Take docs/screenshot.png: the web page of a daemon on the simulator with a realistic scene.
 
-    sudo .venv/bin/python scripts/screenshot.py [--out docs/screenshot.png] [--settle 40]
+    sudo .venv/bin/python scripts/screenshot.py [--out docs/screenshot.png] [--settle 240]
 
 Eight simulated H100s and a private Docker Engine (tests/dockerd.py: root, docker.io and
 busybox-static, as tests/setup.sh installs them) whose labelled containers are the users: real
@@ -87,7 +87,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=1400)
     parser.add_argument("--height", type=int, default=1000)
     parser.add_argument("--dark", action="store_true", help="as a system in dark mode sees it")
-    parser.add_argument("--settle", type=float, default=40,
+    parser.add_argument("--settle", type=float, default=240,
                         help="seconds of load before the picture (points on the sparklines)")
     args = parser.parse_args()
 
@@ -104,12 +104,12 @@ def main() -> None:
         scenario = ScenarioFile(os.path.join(directory.name, "scenario.json"), interval=1,
                                 devices=[dict(H100, minor=n) for n in range(8)], processes=[])
         server = ServerProcess("--nvidia-smi", scenario.command, "--docker-host", engine.url,
-                               "--user-info-labels", "team", "--lease", "300",
+                               "--user-info-labels", "team", "--lease", str(args.settle + 600),
                                "--idle-after", "20").start()
         url = server.url
         # alice asked for two GPUs and trains on them; carol for one, which dave's notebook
         # shares without asking; bob holds one for 8 h and does nothing with it; erin's GPU is
-        # held for her process; frank's lease runs out in five minutes unless his job starts.
+        # held for her process; frank's lease runs out in ten minutes unless his job starts.
         asked(containers["alice"], url, "/request?gpu=2")
         asked(containers["bob"], url, "/request?gpu=1&hold=8h")
         asked(containers["carol"], url, "/request?gpu=1")
