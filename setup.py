@@ -21,7 +21,7 @@ setup(
     install_requires=REQUIRES,
     package_data={"patroller": ["openapi.json", "web/*"]},
     # schemathesis 4 (the API fuzzer of tests/test_fuzz.py) needs Python 3.11
-    extras_require={"test": ["pytest>=8.4", "pytest-timeout>=2.4",
+    extras_require={"test": ["pytest>=8.4", "pytest-timeout>=2.4", "selenium>=4.20",
                              "schemathesis>=4,<5; python_version >= '3.11'"]},
     entry_points={"console_scripts": ["patroller = patroller.main:main"]},
     classifiers=[
