@@ -117,7 +117,7 @@ class Daemon:
             "time": iso_time(time.time()),
             "mode": self.mode,
             "status": self.status.data(),
-            "devices": {d.uuid: d.info() for d in self.inventory},
+            "devices": self.devices.data(),
             "queue": self.leases.queue(),
             "users": users_view(self.leases, self.idle),
             "events": self.audit.since(0.0, 10),

@@ -21,7 +21,7 @@ import shutil
 import sys
 import threading
 import time
-from typing import Any, Dict, Iterable, List, Optional, Sequence, TextIO, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, TextIO
 
 from patroller import client
 from patroller.client import PatrollerError, RequestRefused, ServerUnreachable

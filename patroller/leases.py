@@ -68,9 +68,6 @@ class _Hold:
     shown: Tuple[str, Optional[str]] = ("free", None)  # (state, holder) when `since` was set
 
 
-_NOBODY = Identity(user="", source="nobody")
-
-
 @dataclass(frozen=True)
 class Event:
     """Something the audit record keeps: a grant, a release, an expiry, a claim, ..."""
@@ -198,7 +195,8 @@ class LeaseManager:
     def held_by(self, user: str) -> List[Device]:
         """The present devices `user` holds, every way (reserved, claimed, shared)."""
         return [d for d in self.inventory if not d.lost
-                and (self._holds[d.uuid].holder or _NOBODY).user == user]
+                and self._holds[d.uuid].holder is not None
+                and self._holds[d.uuid].holder.user == user]
 
     def wait(self, user: Identity, wants: Wants, on_grant: Callable[[List[Device]], None],
              on_abort: Optional[Callable[[Exception], None]] = None,

@@ -74,11 +74,15 @@ class DevicesView:
 
     def __init__(self, inventory: Inventory) -> None:
         self.inventory = inventory
-        self._body = dumps({d.uuid: d.info() for d in inventory})
+        self._body = dumps(self.data())
+
+    def data(self) -> Dict[str, Any]:
+        """/devices as data."""
+        return {d.uuid: d.info() for d in self.inventory}
 
     def invalidate(self) -> None:
         """The inventory changed."""
-        self._body = dumps({d.uuid: d.info() for d in self.inventory})
+        self._body = dumps(self.data())
 
     def body(self) -> bytes:
         return self._body

@@ -11,7 +11,7 @@ import shlex
 import subprocess
 import time
 from dataclasses import replace
-from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from ..devices import Device, Inventory, InventoryChange, MigInstance
 from ..signals import Signals
