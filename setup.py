@@ -19,7 +19,7 @@ setup(
     packages=find_packages(include=["patroller", "patroller.*"]),
     python_requires=">=3.9",
     install_requires=REQUIRES,
-    package_data={"patroller": ["openapi.json", "web/*"]},
+    package_data={"patroller.http": ["openapi.json", "web/*"]},
     # schemathesis 4 (the API fuzzer of tests/test_fuzz.py) needs Python 3.11
     extras_require={"test": ["pytest>=8.4", "pytest-timeout>=2.4", "selenium>=4.20",
                              "schemathesis>=4,<5; python_version >= '3.11'"]},

@@ -167,7 +167,7 @@ class Daemon:
         self.write(processes)
 
     def start(self) -> "Daemon":
-        simulator = f"{sys.executable} -m patroller.nvsmi.simulator --scenario {self.scenario_path}"
+        simulator = f"{sys.executable} -m patroller.simulator --scenario {self.scenario_path}"
         args = [sys.executable, "-m", "patroller", "--port", "0", "--address", "127.0.0.1",
                 "--lease", str(self.lease), "--state-dir", self.state_dir or "none",
                 "--nvidia-smi", simulator, "--log-level",

@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .harness import Containers, Daemon, Sleepers, have_wrk, processes_on, wrk
+from __outside__.bench.harness import Containers, Daemon, Sleepers, have_wrk, processes_on, wrk
 
 LEASE = 3.0  # seconds, for the reaction runs: longer than a sampling interval, so that the
 # process-exit measurement cannot be answered by an expiring lease instead
@@ -218,8 +218,8 @@ def identity_cost(ctx: Context) -> Dict[str, Any]:
 
 
 def _new_container(ctx: Context, daemon: Daemon) -> Dict[str, Any]:
-    from patroller.containers import ContainerDirectory
-    from patroller.resolver import ProcessIdentifier
+    from patroller.identify.containers import ContainerDirectory
+    from patroller.identify.resolver import ProcessIdentifier
 
     container, pids = ctx.containers.run("newcomer@example.org", 10)
     calls = daemon.ok("/metrics.json")["docker_calls"]
@@ -365,7 +365,7 @@ def _cpu_and_rss(daemon: Daemon, seconds: float) -> Dict[str, float]:
 
 def parsers(ctx: Context) -> Dict[str, Any]:
     """Lines per second through the pure dmon and pmon parsers (and the pmon interval tracker)."""
-    from patroller.nvsmi.parsers import DmonParser, PmonIntervals, PmonParser
+    from patroller.observe.nvsmi.parsers import DmonParser, PmonIntervals, PmonParser
 
     dmon = ["# gpu    pwr  gtemp  mtemp     sm    mem    enc    dec    jpg    ofa   mclk   pclk ",
             "# Idx      W      C      C      %      %      %      %      %      %    MHz    MHz "]
@@ -429,9 +429,9 @@ def _spread(samples: List[float]) -> Dict[str, float]:
 
 def _lease_manager_costs(users: int, per_user: int) -> Dict[str, Any]:
     """The lease manager alone, on the 8 test-mode devices all held: each call timed."""
-    from patroller.identity import named_user
-    from patroller.leases import LeaseManager
-    from patroller.testmode import synthetic_inventory
+    from patroller.core.identity import named_user
+    from patroller.core.leases.manager import LeaseManager
+    from patroller.observe.testmode import synthetic_inventory
 
     leases = LeaseManager(synthetic_inventory(), 600.0, max_waiters=users * per_user,
                           max_waiting_per_user=per_user)
@@ -586,10 +586,10 @@ def _filesystem(path: str) -> str:
 def _book_write_costs(directory: str, ctx: Context) -> Dict[str, Any]:
     """The lease manager's request/release with and without a book, 8 devices; and one write,
     with and without fsync (why the book does without it)."""
-    from patroller import book as bookmodule
-    from patroller.identity import Identity, named_user
-    from patroller.leases import LeaseManager
-    from patroller.testmode import synthetic_inventory
+    from patroller.state import book as bookmodule
+    from patroller.core.identity import Identity, named_user
+    from patroller.core.leases.manager import LeaseManager
+    from patroller.observe.testmode import synthetic_inventory
 
     count = 2000 if ctx.quick else 20000
     someone = Identity(user="dana@example.org", source="container", email="dana@example.org",

@@ -1,4 +1,4 @@
 """`python -m patroller` starts the daemon."""
-from .main import main
+from patroller.main import main
 
 raise SystemExit(main())

@@ -8,32 +8,32 @@ import socket
 import time
 from typing import Any, Dict, List, Optional, Protocol, Sequence
 
-from .api import make_app
-from .book import BookError, LeaseBook
-from .callers import CallerIdentifier, SystemCallers, TestModeCallers
-from .config import Config
-from .containers import ContainerDirectory
-from .devices import Inventory, InventoryChange
-from .fastlane import FastLane
-from .leases import LeaseManager
-from .audit import AuditLog
-from .idle import IdleWatch
-from .lifetimes import Lifelines
-from .policy import Policy, load_limits
-from .live import LiveFeed
-from .metrics import Registries, Requests
-from .listeners import (PeerServer, SocketFile, SocketPathError, remove_unix_socket,
+from patroller.http.handlers import make_app
+from patroller.state.book import BookError, LeaseBook
+from patroller.identify.callers import CallerIdentifier, SystemCallers, TestModeCallers
+from patroller.config import Config
+from patroller.identify.containers import ContainerDirectory
+from patroller.core.devices import Inventory, InventoryChange
+from patroller.http.fastlane import FastLane
+from patroller.core.leases.manager import LeaseManager
+from patroller.state.audit import AuditLog
+from patroller.observe.idle import IdleWatch
+from patroller.state.lifetimes import Lifelines
+from patroller.core.policy import Policy, load_limits
+from patroller.http.live import LiveFeed
+from patroller.http.metrics import Registries, Requests
+from patroller.http.server import (PeerServer, SocketFile, SocketPathError, remove_unix_socket,
                         tcp_sockets, unix_socket)
-from .nvsmi import gpuhost
-from .nvsmi.crosscheck import CrossCheck
-from .resolver import ProcessIdentifier
-from .signals import Signals
-from .stats import StatsStore
-from .testmode import INTERVAL, SyntheticMonitor, synthetic_inventory
-from .timer import ExpiryTimer
-from .tracker import ProcessTracker
-from .stats import HISTORY_EVERY, iso_time
-from .views import DevicesView, StatusView, users_view
+from patroller.observe import gpuhost
+from patroller.observe.crosscheck import CrossCheck
+from patroller.identify.resolver import ProcessIdentifier
+from patroller.observe.signals import Signals
+from patroller.observe.stats import StatsStore
+from patroller.observe.testmode import INTERVAL, SyntheticMonitor, synthetic_inventory
+from patroller.state.timer import ExpiryTimer
+from patroller.identify.tracker import ProcessTracker
+from patroller.observe.stats import HISTORY_EVERY, iso_time
+from patroller.http.views import DevicesView, StatusView, users_view
 
 log = logging.getLogger(__name__)
 

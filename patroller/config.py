@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
-from . import __version__
+from patroller import __version__
 
 T = TypeVar("T")
 
@@ -148,7 +148,7 @@ def _silence(text: str) -> float:
 
 
 def _duration(text: str) -> float:
-    from .policy import parse_duration
+    from patroller.core.policy import parse_duration
     return parse_duration(text)
 
 

@@ -13,11 +13,12 @@ import sys
 from collections import Counter
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from . import __version__, cli
+from patroller import __version__
+from patroller import cli
 
 if TYPE_CHECKING:
-    from .app import Daemon
-    from .config import Config
+    from patroller.app import Daemon
+    from patroller.config import Config
 
 log = logging.getLogger("patroller")
 
@@ -37,7 +38,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def daemon_main(argv: Sequence[str]) -> int:
     """The daemon, with its flags."""
-    from .config import ConfigError, load  # the daemon's imports: Tornado, the Docker SDK
+    from patroller.config import ConfigError, load  # the daemon's imports: Tornado, the Docker SDK
 
     try:
         config = load(argv)
@@ -48,7 +49,7 @@ def daemon_main(argv: Sequence[str]) -> int:
     handler.setFormatter(JournalFormatter() if under_journal() else logging.Formatter(
         "%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=config.log_level.upper(), handlers=[handler])
-    from .app import StartError
+    from patroller.app import StartError
 
     try:
         return asyncio.run(serve(config))
@@ -59,7 +60,7 @@ def daemon_main(argv: Sequence[str]) -> int:
 
 async def serve(config: "Config") -> int:
     """Build, listen, run until a stop signal, then stop in order."""
-    from .app import StartError, build
+    from patroller.app import StartError, build
 
     daemon = await build(config)
     try:
@@ -119,7 +120,7 @@ class JournalFormatter(logging.Formatter):
 def reload(daemon: "Daemon", config: "Config") -> None:
     """SIGHUP: the policy again, from the configuration and the limits file; a file that cannot
     be used keeps the policy as it was (one warning)."""
-    from .app import StartError, make_policy
+    from patroller.app import StartError, make_policy
 
     try:
         daemon.leases.policy = make_policy(config)

@@ -161,7 +161,7 @@ class ServerProcess:
             raise
 
 
-SIMULATOR = f"{sys.executable} -m patroller.nvsmi.simulator"
+SIMULATOR = f"{sys.executable} -m patroller.simulator"
 
 
 class ScenarioFile:

@@ -6,8 +6,8 @@ import time
 import pytest
 
 from helpers import async_test, running, until
-from patroller.signals import GpuProcess
-from patroller.resolver import host_identity, read_uid
+from patroller.observe.signals import GpuProcess
+from patroller.identify.resolver import host_identity, read_uid
 
 INFO_KEYS = {"name", "brand", "arch", "number", "pci_address", "total_mem", "group", "lost",
              "mig_instances",

@@ -7,13 +7,13 @@ import os
 import pytest
 
 from helpers import FakeClock
-from patroller import book as bookmodule
-from patroller.book import BookError, LeaseBook
+from patroller.state import book as bookmodule
+from patroller.state.book import BookError, LeaseBook
 from patroller.config import ConfigError, default_state_dir, load
-from patroller.identity import Identity, named_user
-from patroller.leases import LeaseManager
-from patroller.lifetimes import boot_id
-from patroller.testmode import synthetic_inventory
+from patroller.core.identity import Identity, named_user
+from patroller.core.leases.manager import LeaseManager
+from patroller.state.lifetimes import boot_id
+from patroller.observe.testmode import synthetic_inventory
 
 LEASE = 10.0
 alice, bob, carol = named_user("alice"), named_user("bob"), named_user("carol")
@@ -89,7 +89,7 @@ def test_a_reservation_that_ran_out_during_the_downtime_comes_back_free(caplog):
     old.request(bob, {"gpu": 1})
     book = old.snapshot(offset=5000.0)
     new = manager(FakeClock(0.0))
-    with caplog.at_level(logging.INFO, logger="patroller.leases"):
+    with caplog.at_level(logging.INFO, logger="patroller.core.leases"):
         restored = new.restore(book, offset=6010.5)  # down until after both deadlines
     assert restored.expired == [u[0], u[1]] and restored.held == []
     assert new.free_counts() == {"gpu": 8} and new.next_deadline() is None
@@ -124,7 +124,7 @@ def test_a_device_this_host_no_longer_has_is_dropped_and_logged(caplog):
     old.request(alice, {"gpu": 1})
     book = {"GPU-gone": next(iter(old.snapshot(offset=0.0).values()))}
     new = manager(FakeClock(1000.0))
-    with caplog.at_level(logging.WARNING, logger="patroller.leases"):
+    with caplog.at_level(logging.WARNING, logger="patroller.core.leases"):
         restored = new.restore(book, offset=0.0)
     assert restored.dropped == ["GPU-gone"] and new.free_counts() == {"gpu": 8}
     assert any("GPU-gone" in r.getMessage() and "alice" in r.getMessage() for r in caplog.records)
@@ -234,7 +234,7 @@ def test_a_failing_write_is_logged_now_and_then_and_breaks_nothing(tmp_path, clo
     book, leases = opened(tmp_path, clock, wall)
     [first] = leases.request(alice, {"gpu": 1})
     os.mkdir(tmp_path / "leases.json.tmp")  # the temporary cannot be created: EISDIR
-    with caplog.at_level(logging.WARNING, logger="patroller.book"):
+    with caplog.at_level(logging.WARNING, logger="patroller.state.book"):
         for _ in range(5):
             leases.request(bob, {"gpu": 1})  # granted all the same
         assert book.failures == 5 and leases.free_counts() == {"gpu": 2}
@@ -305,7 +305,7 @@ def test_a_corrupt_file_behind_the_link_is_what_is_set_aside(tmp_path, clock, wa
 
 def test_a_link_to_a_missing_file_is_set_aside(tmp_path, clock, wall, caplog):
     os.symlink("leases-3.json", tmp_path / "leases.json")
-    with caplog.at_level(logging.WARNING, logger="patroller.book"):
+    with caplog.at_level(logging.WARNING, logger="patroller.state.book"):
         book, leases = opened(tmp_path, clock, wall)
     [line] = [r.getMessage() for r in caplog.records]
     assert "links to a missing file (leases-3.json)" in line and "set aside" in line
@@ -325,7 +325,7 @@ def test_a_corrupt_file_is_set_aside_with_one_line(tmp_path, clock, wall, caplog
     (tmp_path / "leases.json").write_bytes(content)
     with caplog.at_level(logging.INFO, logger="patroller"):
         book, leases = opened(tmp_path, clock, wall)
-    lines = [r for r in caplog.records if r.name == "patroller.book"]
+    lines = [r for r in caplog.records if r.name == "patroller.state.book"]
     assert len(lines) == 1 and lines[0].levelno == logging.WARNING
     message = lines[0].getMessage()
     aside = tmp_path / "leases.json.corrupt-20270115T080000Z"
@@ -338,7 +338,7 @@ def test_a_corrupt_file_is_set_aside_with_one_line(tmp_path, clock, wall, caplog
 
 def test_an_unreadable_file_is_set_aside(tmp_path, clock, wall, caplog):
     (tmp_path / "leases.json").mkdir()  # reading it fails (root reads any plain file)
-    with caplog.at_level(logging.WARNING, logger="patroller.book"):
+    with caplog.at_level(logging.WARNING, logger="patroller.state.book"):
         book, leases = opened(tmp_path, clock, wall)
     [line] = [r.getMessage() for r in caplog.records]
     assert "cannot be read" in line and "set aside" in line

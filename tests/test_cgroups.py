@@ -3,8 +3,8 @@ import os
 
 import pytest
 
-from patroller.cgroups import parse_cgroup, read_container, read_start_time
-from patroller.containers import ContainerInfo, _info, container_identity, email_in
+from patroller.identify.cgroups import parse_cgroup, read_container, read_start_time
+from patroller.identify.containers import ContainerInfo, _info, container_identity, email_in
 
 ID = "c81412db6243dd1de3fe8782f83b4160a8c8545022b9922208a095d173f6944d"
 ID2 = "e910be4c0517af10b36261502a4c6eadfa05f3d70e3c6724ca593593d12c0cd2"

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from helpers import alive, async_test, until
-from patroller.nvsmi.child import Backoff, ChildStream, parent_death_kill
+from patroller.observe.supervisor import Backoff, ChildStream, parent_death_kill
 
 
 def test_backoff_grows_to_the_limit_and_resets_after_a_healthy_run():
@@ -25,7 +25,7 @@ async def test_lines_are_delivered_and_the_exit_is_logged_and_restarted(caplog):
     lines = []
     child = ChildStream("demo", ["sh", "-c", "echo one; printf 'two\\nthree'; echo oops >&2; exit 3"],
                         lines.append, backoff=Backoff(first=0.05, limit=0.05))
-    with caplog.at_level(logging.INFO, logger="patroller.nvsmi.child"):
+    with caplog.at_level(logging.INFO, logger="patroller.observe.supervisor"):
         child.start()
         await until(lambda: child.starts >= 2)
         # Read before stop: a second start comes only after the first exit was recorded, and

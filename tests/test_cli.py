@@ -14,7 +14,9 @@ import urllib.request
 import pytest
 
 from helpers import ROOT, ScenarioFile, ServerProcess, alive
-from patroller import cli, client
+from patroller import client
+from patroller import cli
+from patroller.cli import render
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ENV = {name: value for name, value in os.environ.items()
@@ -117,7 +119,7 @@ def test_the_status_table_from_live_bodies(test_server):
     assert mine[0]["info"]["number"] == 3
     status, devices = client.status(test_server), client.devices(test_server)
 
-    plain = cli.format_status(status, devices, [], colour=False)
+    plain = render.format_status(status, devices, [], colour=False)
     assert "\x1b" not in plain
     rows = table_rows(plain)
     assert sorted(rows) == [str(n) for n in range(8)]
@@ -133,7 +135,7 @@ def test_the_status_table_from_live_bodies(test_server):
     assert rows["3"][7] == f"{status[mine[0]['uuid']]['gtemp']}C"
     assert rows["3"][8] == f"{status[mine[0]['uuid']]['power']}W"
 
-    coloured = cli.format_status(status, devices, [], colour=True)
+    coloured = render.format_status(status, devices, [], colour=True)
     assert "\x1b[33mreserved\x1b[0m" in coloured and "\x1b[32mfree\x1b[0m" in coloured
     assert ANSI.sub("", coloured) == plain  # colours never move a column
 
@@ -146,14 +148,14 @@ def test_waiting_requests_and_the_progress_line_from_live_bodies(test_server):
     try:
         queued = eventually(lambda: client.queue(test_server), what="a waiter")
         status, devices = client.status(test_server), client.devices(test_server)
-        text = cli.format_status(status, devices, queued)
+        text = render.format_status(status, devices, queued)
         assert re.search(r"^waiting 1: carol wants 2 gpu \(for \d+(\.\d)?s\)$", text, re.M), text
         # the line `patroller run --wait` shows, for a waiter bound to this pid and another
         mine = [dict(queued[0], pid=os.getpid())]
-        line = cli.progress_message(2, "gpu", os.getpid(), mine, status, devices, 75)
+        line = render.progress_message(2, "gpu", os.getpid(), mine, status, devices, 75)
         assert line == ("patroller: waiting for 2 gpu (1m15s): 1st of 1 in the queue; held by "
                         "alice@example.org (0,1,2,3,4,5), bob (6); 1 free")
-        line = cli.progress_message(2, "gpu", os.getpid(), queued, status, devices, None)
+        line = render.progress_message(2, "gpu", os.getpid(), queued, status, devices, None)
         assert line.startswith("patroller: waiting for 2 gpu: 1 in the queue; held by ")
     finally:
         call(test_server, "/release?user=alice@example.org")  # carol is served, the wait ends
@@ -161,17 +163,17 @@ def test_waiting_requests_and_the_progress_line_from_live_bodies(test_server):
 
 
 def test_small_formatters():
-    assert [cli.duration(s) for s in (0, 0.5, 8, 192, 7500, 273600)] == \
+    assert [render.duration(s) for s in (0, 0.5, 8, 192, 7500, 273600)] == \
         ["0s", "0.5s", "8s", "3m12s", "2h05m", "3d04h"]
-    assert cli.short_name("NVIDIA A100-SXM4-80GB") == "A100-SXM4-80GB"
-    assert cli.short_name("Tesla P100-PCIE-16GB") == "P100-PCIE-16GB"
-    assert cli.memory_cell(295, "81920 MiB") == "295/81920 MiB"
-    assert cli.memory_cell(None, "81920 MiB") == "-/81920 MiB"
-    assert cli.memory_cell(None, None) == "-"
-    assert cli.cut("abcdef", 4) == "abc…" and cli.cut("abc", 4) == "abc"
-    assert [cli.ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22)] == \
+    assert render.short_name("NVIDIA A100-SXM4-80GB") == "A100-SXM4-80GB"
+    assert render.short_name("Tesla P100-PCIE-16GB") == "P100-PCIE-16GB"
+    assert render.memory_cell(295, "81920 MiB") == "295/81920 MiB"
+    assert render.memory_cell(None, "81920 MiB") == "-/81920 MiB"
+    assert render.memory_cell(None, None) == "-"
+    assert render.cut("abcdef", 4) == "abc…" and render.cut("abc", 4) == "abc"
+    assert [render.ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22)] == \
         ["1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd"]
-    table = cli.format_table(["A", "B"], [["x" * 50, "y"], ["z", ""]])
+    table = render.format_table(["A", "B"], [["x" * 50, "y"], ["z", ""]])
     assert table.splitlines()[1] == "x" * 39 + "…  y"  # cut at 40
     assert table.splitlines()[2] == "z"  # no trailing blanks
 
@@ -481,7 +483,9 @@ def test_run_from_a_container_on_the_unix_socket(engine, scenario, socket_dir):
 def test_the_command_line_needs_only_the_client_and_the_standard_library(test_server, tmp_path):
     package = tmp_path / "patroller"
     package.mkdir()
-    for name in ("__init__.py", "client.py", "cli.py"):
+    (package / "cli").mkdir()
+    for name in ("__init__.py", "client.py", *(f"cli/{n}" for n in os.listdir(
+            os.path.join(ROOT, "patroller", "cli")) if n.endswith(".py"))):
         (package / name).write_text(open(os.path.join(ROOT, "patroller", name)).read())
     # -S: no site-packages, so Tornado, the Docker SDK or any other package cannot be imported
     done = subprocess.run([sys.executable, "-S", "-m", "patroller.cli", "status", "--server",

@@ -11,9 +11,9 @@ from typing import Any, Iterator, List, Set, Tuple
 import pytest
 
 from helpers import ScenarioFile, alive, async_test, children_of, until
-from patroller.devices import Device, Inventory
-from patroller.nvsmi.crosscheck import CrossCheck
-from patroller.signals import GpuProcess, Signals
+from patroller.core.devices import Device, Inventory
+from patroller.observe.crosscheck import CrossCheck
+from patroller.observe.signals import GpuProcess, Signals
 
 MIG = "GPU-0000aaaa-5a1e-4e57-8000-00000000aaaa"
 PLAIN = "GPU-0000bbbb-5a1e-4e57-8000-00000000bbbb"
@@ -162,7 +162,7 @@ async def test_a_failing_query_keeps_what_was_announced_and_recovers(tmp_path, s
         await checker.stop()
     assert [r.pid for r in heard.of("process_ended")] == [sleepers[0].pid]
     failed = [r.getMessage() for r in caplog.records
-              if r.name == "patroller.nvsmi.crosscheck" and "failed" in r.getMessage()]
+              if r.name == "patroller.observe.crosscheck" and "failed" in r.getMessage()]
     assert len(failed) == 1, failed  # once a minute, not once a run
     assert "couldn't communicate with the NVIDIA driver" in failed[0]
     assert "status 9" in failed[0] and "keeping the 1 process" in failed[0]

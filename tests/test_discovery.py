@@ -5,8 +5,8 @@ import socket
 from pathlib import Path
 import pytest
 
-from patroller.devices import Device, Inventory
-from patroller.nvsmi.discovery import DiscoveryError, MigInstance, ProcessInfo, parse_inventory
+from patroller.core.devices import Device, Inventory
+from patroller.observe.nvsmi.discovery import DiscoveryError, MigInstance, ProcessInfo, parse_inventory
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nvsmi"
 

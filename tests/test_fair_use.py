@@ -5,13 +5,13 @@ import json
 import pytest
 
 from helpers import FakeClock
-from patroller.audit import AuditLog
-from patroller.errors import Busy, NotYours, OverLimit
-from patroller.idle import IdleWatch
-from patroller.identity import Identity, named_user
-from patroller.leases import LeaseManager
-from patroller.policy import Policy, load_limits, parse_duration
-from patroller.testmode import synthetic_inventory
+from patroller.state.audit import AuditLog
+from patroller.core.errors import Busy, NotYours, OverLimit
+from patroller.observe.idle import IdleWatch
+from patroller.core.identity import Identity, named_user
+from patroller.core.leases.manager import LeaseManager
+from patroller.core.policy import Policy, load_limits, parse_duration
+from patroller.observe.testmode import synthetic_inventory
 
 LEASE = 10.0
 alice, bob, carol = named_user("alice"), named_user("bob"), named_user("carol")

@@ -13,7 +13,7 @@ import pytest
 
 from helpers import ScenarioFile, ServerProcess, async_test, gpu_running, running, until
 from patroller.main import JournalFormatter, under_journal
-from patroller.resolver import host_identity
+from patroller.identify.resolver import host_identity
 
 
 @async_test

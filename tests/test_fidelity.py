@@ -6,12 +6,12 @@ import os
 import pytest
 
 from helpers import FakeClock, ScenarioFile, async_test, gpu_running, running, until
-from patroller.devices import Device, Inventory
-from patroller.errors import Busy, Unsatisfiable
-from patroller.identity import named_user
-from patroller.leases import LeaseManager
-from patroller.resolver import host_identity
-from patroller.stats import FIELDS
+from patroller.core.devices import Device, Inventory
+from patroller.core.errors import Busy, Unsatisfiable
+from patroller.core.identity import named_user
+from patroller.core.leases.manager import LeaseManager
+from patroller.identify.resolver import host_identity
+from patroller.observe.stats import FIELDS
 
 ERAS = ("r384", "r470", "r550")
 alice = named_user("alice")

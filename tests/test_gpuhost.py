@@ -10,7 +10,7 @@ import pytest
 
 from helpers import (ROOT, ScenarioFile, ServerProcess, alive, async_test, children_of,
                      gpu_running, until)
-from patroller.resolver import host_identity, read_uid
+from patroller.identify.resolver import host_identity, read_uid
 
 SIX = [{"minor": 1}, {"minor": 2}, {"minor": 3}, {"minor": 0}, {"minor": 5}, {"minor": 4}]
 

@@ -16,11 +16,11 @@ import pytest
 
 from helpers import (FakeClock, ScenarioFile, ServerProcess, async_test, gpu_running, reuse_pid,
                      running, until)
-from patroller.errors import NotHeld, NotYours, Unsatisfiable
-from patroller.identity import ProcessRef, named_user
-from patroller.leases import LeaseManager
-from patroller.lifetimes import Lifelines, is_alive, open_pidfd, process_state
-from patroller.testmode import synthetic_inventory
+from patroller.core.errors import NotHeld, NotYours, Unsatisfiable
+from patroller.core.identity import ProcessRef, named_user
+from patroller.core.leases.manager import LeaseManager
+from patroller.state.lifetimes import Lifelines, is_alive, open_pidfd, process_state
+from patroller.observe.testmode import synthetic_inventory
 
 LEASE = 10.0
 alice, bob = named_user("alice"), named_user("bob")

@@ -24,7 +24,7 @@ from tornado.httpserver import HTTPServer
 from tornado.tcpserver import TCPServer
 
 from helpers import FakeClock, ServerProcess, async_test, running
-from patroller.throttle import Throttle
+from patroller.core.throttle import Throttle
 
 Head = Tuple[str, Dict[str, str]]
 

@@ -47,7 +47,7 @@ async def test_a_hung_pmon_is_killed_and_restarted_and_the_dead_claim_cleared(sc
         said = re.fullmatch(r"pmon: printed nothing more for ([0-9.]+) s: hung, killing it",
                             hung[0])
         assert said and float(said.group(1)) >= 1.0
-        assert not [r for r in caplog.records if r.name.endswith("child")
+        assert not [r for r in caplog.records if r.name.endswith("supervisor")
                     and "dmon" in r.getMessage() and "hung" in r.getMessage()]  # dmon ran on
 
 

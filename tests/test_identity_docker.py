@@ -10,8 +10,8 @@ import time
 import pytest
 
 from helpers import ROOT, ScenarioFile, async_test, gpu_running, reuse_pid, until
-from patroller.containers import ContainerDirectory
-from patroller.resolver import ProcessIdentifier, host_identity, read_uid
+from patroller.identify.containers import ContainerDirectory
+from patroller.identify.resolver import ProcessIdentifier, host_identity, read_uid
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 LABELS = ("user.email", "email", "maintainer")

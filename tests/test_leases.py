@@ -6,11 +6,11 @@ from typing import Any, Dict, List, Optional, Tuple
 import pytest
 
 from helpers import FakeClock
-from patroller.devices import Device, Inventory
-from patroller.errors import Busy, NotYours, TooManyWaiting, Unavailable, Unsatisfiable
-from patroller.identity import UNKNOWN, named_user
-from patroller.leases import LeaseManager
-from patroller.testmode import synthetic_inventory
+from patroller.core.devices import Device, Inventory
+from patroller.core.errors import Busy, NotYours, TooManyWaiting, Unavailable, Unsatisfiable
+from patroller.core.identity import UNKNOWN, named_user
+from patroller.core.leases.manager import LeaseManager
+from patroller.observe.testmode import synthetic_inventory
 
 LEASE = 10.0
 alice, bob = named_user("alice"), named_user("bob")
@@ -127,7 +127,7 @@ def test_process_on_a_free_device_claims_it_for_its_owner(leases):
 
 def test_another_users_process_makes_it_shared_and_is_logged_once(leases, caplog):
     [device] = leases.request(alice, {"gpu": 1})
-    with caplog.at_level(logging.WARNING, logger="patroller.leases"):
+    with caplog.at_level(logging.WARNING, logger="patroller.core.leases"):
         leases.process_started(device.uuid, 10, bob)
         leases.process_started(device.uuid, 11, bob)
     assert leases.state(device.uuid) == "shared"

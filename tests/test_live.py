@@ -5,7 +5,7 @@ import json
 from tornado.httpclient import HTTPRequest
 
 from helpers import async_test, running, until
-from patroller.live import LiveFeed, Stream
+from patroller.http.live import LiveFeed, Stream
 
 
 class Reader:

@@ -6,8 +6,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tornado.httpclient import HTTPRequest
 
 from helpers import ScenarioFile, async_test, gpu_running, running, until
-from patroller.errors import Unidentified
-from patroller.resolver import host_identity
+from patroller.core.errors import Unidentified
+from patroller.identify.resolver import host_identity
 
 
 async def scrape(h, accept=None):

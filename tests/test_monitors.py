@@ -2,9 +2,9 @@
 import asyncio
 
 from helpers import async_test, until
-from patroller.nvsmi.monitors import DmonMonitor, PmonMonitor
-from patroller.signals import Signals
-from patroller.testmode import synthetic_inventory
+from patroller.observe.monitors import DmonMonitor, PmonMonitor
+from patroller.observe.signals import Signals
+from patroller.observe.testmode import synthetic_inventory
 
 PMON_HEADER = ["# gpu         pid   type     sm    mem    enc    dec    jpg    ofa    command ",
                "# Idx           #      C/G      %      %      %      %      %      %    name "]

@@ -8,7 +8,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import pytest
 
-from patroller.nvsmi.parsers import (
+from patroller.observe.nvsmi.parsers import (
     ComputeApp,
     DmonParser,
     DmonRow,

@@ -14,9 +14,10 @@ import tornado.web
 from tornado.httpclient import HTTPRequest
 
 from helpers import ROOT, async_test, running
-from patroller import __version__, api
+from patroller import __version__
+from patroller.http import handlers as api
 
-DOCUMENT: Dict[str, Any] = json.loads(pkgutil.get_data("patroller", "openapi.json") or b"")
+DOCUMENT: Dict[str, Any] = json.loads(pkgutil.get_data("patroller.http", "openapi.json") or b"")
 METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
 FAST_LANE = ("/status", "/devices")  # served in front of the application (fastlane.py)
 
@@ -101,7 +102,7 @@ def test_the_document_is_valid_openapi_of_this_version():
 
 @async_test
 async def test_the_daemon_serves_the_document_kept_in_the_repository():
-    with open(f"{ROOT}/patroller/openapi.json", encoding="utf-8") as f:
+    with open(f"{ROOT}/patroller/http/openapi.json", encoding="utf-8") as f:
         kept = json.load(f)
     async with running() as h:
         assert await h.ok("/openapi.json") == kept == DOCUMENT
@@ -145,7 +146,7 @@ def test_every_error_the_api_maps_is_documented():
                 for code in op["responses"]}
     for error, status in api.STATUS.items():
         assert str(status) in statuses, f"{error.__name__} ({status}) is in no operation"
-    with open(f"{ROOT}/patroller/framing.py", encoding="utf-8") as f:
+    with open(f"{ROOT}/patroller/http/framing.py", encoding="utf-8") as f:
         framing = set(re.findall(r"FramingError\((\d{3}),", f.read()))
     assert {"400", "413", "431"} <= framing
     for path, ops in DOCUMENT["paths"].items():

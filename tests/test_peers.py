@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from patroller.peers import (ESTABLISHED, closed_reason, find_client, find_client_in_tables,
+from patroller.identify.sockets import (ESTABLISHED, closed_reason, find_client, find_client_in_tables,
                              find_holder, is_loopback, normalize, owner_of, parse_net_tcp)
 
 TCP = """\

@@ -103,7 +103,7 @@ def test_a_corrupt_book_is_set_aside_and_the_daemon_starts_empty(state):
     try:
         status = ok(server, "/status")
         assert [e["claim"]["state"] for e in status.values()] == ["free"] * 8
-        lines = [line for line in server.log.splitlines() if "patroller.book" in line]
+        lines = [line for line in server.log.splitlines() if "patroller.state.book" in line]
         assert len(lines) == 1 and "WARNING" in lines[0] and "set aside as" in lines[0], lines
         aside = [n for n in os.listdir(state) if n.startswith("leases.json.corrupt-")]
         assert len(aside) == 1 and aside[0] in lines[0]

@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SIM = [sys.executable, "-m", "patroller.nvsmi.simulator"]
+SIM = [sys.executable, "-m", "patroller.simulator"]
 
 # Verbatim from NVIDIA-SMI.md.
 DMON_R384 = "# gpu   pwr  temp    sm   mem   enc   dec  mclk  pclk"

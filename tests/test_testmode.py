@@ -1,6 +1,6 @@
 """Test mode's synthetic devices and statistics."""
-from patroller.signals import Signals
-from patroller.testmode import SyntheticMonitor, synthetic_inventory
+from patroller.observe.signals import Signals
+from patroller.observe.testmode import SyntheticMonitor, synthetic_inventory
 
 
 def test_eight_stable_devices_with_plausible_inventory():

@@ -3,10 +3,10 @@ import asyncio
 import time
 
 from helpers import async_test, until
-from patroller.identity import named_user
-from patroller.leases import LeaseManager
-from patroller.testmode import synthetic_inventory
-from patroller.timer import ExpiryTimer
+from patroller.core.identity import named_user
+from patroller.core.leases.manager import LeaseManager
+from patroller.observe.testmode import synthetic_inventory
+from patroller.state.timer import ExpiryTimer
 
 
 @async_test

@@ -12,11 +12,11 @@ import urllib.request
 import pytest
 
 from helpers import ScenarioFile, ServerProcess, async_test
-from patroller.callers import SystemCallers
-from patroller.containers import ContainerDirectory, DockerUnavailable
-from patroller.errors import Unidentified
-from patroller.peers import ESTABLISHED, SocketEntry, owner_of
-from patroller.resolver import ProcessIdentifier
+from patroller.identify.callers import SystemCallers
+from patroller.identify.containers import ContainerDirectory, DockerUnavailable
+from patroller.core.errors import Unidentified
+from patroller.identify.sockets import ESTABLISHED, SocketEntry, owner_of
+from patroller.identify.resolver import ProcessIdentifier
 
 NOBODY = 65534
 CLIENT = ("127.0.0.1", 40000)

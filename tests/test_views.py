@@ -4,12 +4,12 @@ import json
 import pytest
 
 from helpers import FakeClock, async_test, running
-from patroller.identity import named_user
-from patroller.leases import LeaseManager
-from patroller.signals import ProcessList, Sample, Signals
-from patroller.stats import StatsStore
-from patroller.testmode import synthetic_inventory
-from patroller.views import StatusView
+from patroller.core.identity import named_user
+from patroller.core.leases.manager import LeaseManager
+from patroller.observe.signals import ProcessList, Sample, Signals
+from patroller.observe.stats import StatsStore
+from patroller.observe.testmode import synthetic_inventory
+from patroller.http.views import StatusView
 
 
 @pytest.fixture

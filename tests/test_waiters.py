@@ -7,12 +7,12 @@ import pytest
 
 from helpers import Harness, async_test, running, until
 from patroller.app import Daemon
-from patroller.callers import TestModeCallers as NamedCallers  # not collected as a test
+from patroller.identify.callers import TestModeCallers as NamedCallers  # not collected as a test
 from patroller.config import Config, ConfigError, load
-from patroller.identity import Identity, named_user
-from patroller.resolver import ProcessIdentifier
-from patroller.signals import Signals
-from patroller.testmode import INTERVAL, SyntheticMonitor, synthetic_inventory
+from patroller.core.identity import Identity, named_user
+from patroller.identify.resolver import ProcessIdentifier
+from patroller.observe.signals import Signals
+from patroller.observe.testmode import INTERVAL, SyntheticMonitor, synthetic_inventory
 
 GHOST = b"GET /wait?gpu=1&user=ghost HTTP/1.1\r\nHost: x\r\n\r\n"
 

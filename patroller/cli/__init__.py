@@ -1,0 +1,10 @@
+"""The command line: `patroller run|status|release|wait`.
+
+Owns: parsing the commands, talking to the server through `patroller.client`, rendering what it
+answers, exit statuses. May import: the standard library, `patroller.client` and
+`patroller.durations`; nothing of the daemon (no Tornado, no Docker SDK), so that it runs
+wherever the client is installed.
+"""
+from patroller.cli.commands import COMMANDS, main
+
+__all__ = ["COMMANDS", "main"]

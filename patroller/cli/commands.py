@@ -1,0 +1,202 @@
+"""The command line people type: `patroller run|status|release|wait`.
+
+Standard library and `patroller.client` only, so that it works wherever the client is installed
+(a container with the socket directory mounted) without Tornado or Docker. `patroller` with
+flags (or none) is still the server; patroller/main.py hands these four words to `main` here.
+Exit statuses: patroller/cli/exits.py.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, Dict, Optional, Sequence, TextIO
+
+from patroller import client
+from patroller.cli.exits import (EX_INTERRUPTED, EX_NOPERM, EX_OK, EX_TEMPFAIL, EX_UNAVAILABLE,
+                                 EX_USAGE, Failure, error_text, refused_code)
+from patroller.cli.render import describe, duration, format_status, numbers_of, release_message
+from patroller.cli.run import optional_queue, optional_users, run_command
+from patroller.client import PatrollerError, RequestRefused, ServerUnreachable
+
+COMMANDS = ("run", "status", "release", "wait")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run one subcommand; its exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        options = parser.parse_args(args)
+    except SystemExit as exit_:  # argparse: --help (0) or a usage error (2)
+        return int(exit_.code or 0)
+    try:
+        client.parse_server(options.server)
+    except ValueError as exc:
+        print(f"patroller: {exc}", file=sys.stderr)
+        return EX_USAGE
+    try:
+        return options.handler(options)
+    except Failure as failure:
+        print(f"patroller: {failure}", file=sys.stderr)
+        return failure.code
+    except ServerUnreachable as exc:
+        print(f"patroller: cannot reach the server: {exc}", file=sys.stderr)
+        return EX_UNAVAILABLE
+    except RequestRefused as refused:
+        print(f"patroller: the server refused: {error_text(refused)}", file=sys.stderr)
+        return refused_code(refused)
+    except KeyboardInterrupt:
+        print("patroller: interrupted", file=sys.stderr)
+        return EX_INTERRUPTED
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--server", help="host[:port], http://host:port or unix:///path "
+                        "(default: $PATROLLER_SERVER, else localhost)")
+    parser = argparse.ArgumentParser(
+        prog="patroller", description="Reserve and watch the GPUs of a Patroller host. "
+        "`patroller` with flags and no command runs the server (patroller --help).")
+    commands = parser.add_subparsers(dest="command", metavar="{run,status,release,wait}")
+    commands.required = True
+
+    run = commands.add_parser("run", parents=[common], help="run a command on reserved GPUs",
+                              description="Reserve GPUs for as long as the command runs, "
+                              "then run it in place with CUDA_VISIBLE_DEVICES set.")
+    run.add_argument("-n", "--count", type=count_arg, default=1, help="how many (default 1)")
+    run.add_argument("--wait", type=wait_arg, default=False, metavar="SECONDS|forever",
+                     help="wait in the queue up to this long (default: do not wait)")
+    run.add_argument("--resource", default="gpu", help="device group (default gpu)")
+    run.add_argument("-q", "--quiet", action="store_true", help="no message before the command")
+    run.add_argument("command", nargs=argparse.REMAINDER, help="-- command [args...]")
+    run.set_defaults(handler=run_command)
+
+    status = commands.add_parser("status", parents=[common], help="who holds which GPU",
+                                 description="One row per GPU, then the waiting requests.")
+    status.add_argument("--json", action="store_true", help="print the raw /status body")
+    status.add_argument("--watch", nargs="?", type=seconds_arg, const=2.0, metavar="SECONDS",
+                        help="redraw every SECONDS (default 2) until Ctrl-C")
+    status.add_argument("--no-color", "--no-colour", dest="colour", action="store_false",
+                        help="no colours even on a terminal (so does NO_COLOR)")
+    status.set_defaults(handler=status_command)
+
+    release = commands.add_parser("release", parents=[common], help="give reserved GPUs back",
+                                  description="Release all your reservations, or the named.")
+    release.add_argument("devices", nargs="*", metavar="UUID|NUMBER")
+    release.set_defaults(handler=release_command)
+
+    wait = commands.add_parser("wait", parents=[common], help="wait for GPUs, print numbers",
+                               description="Wait for free GPUs, reserve them for the usual "
+                               "lease and print their numbers: "
+                               "CUDA_VISIBLE_DEVICES=$(patroller wait -n 2) python train.py")
+    wait.add_argument("-n", "--count", type=count_arg, default=1, help="how many (default 1)")
+    wait.add_argument("--timeout", type=seconds_arg, metavar="SECONDS",
+                      help="give up after this long (default: wait for ever)")
+    wait.add_argument("--resource", default="gpu", help="device group (default gpu)")
+    wait.set_defaults(handler=wait_command)
+    return parser
+
+def count_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"at least 1, not {value}")
+    return value
+
+def seconds_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"a number of seconds, not {text!r}")
+    return value
+
+def wait_arg(text: str) -> Optional[float]:
+    """Seconds, or None for 'forever'."""
+    if text.lower() in ("forever", "inf", "infinity"):
+        return None
+    return seconds_arg(text)
+
+def wait_command(options: argparse.Namespace) -> int:
+    """Reserve for the usual lease (hold=lease) and print the numbers on stdout."""
+    granted = client.reserve(options.count, options.server, options.timeout, options.resource,
+                             "lease")
+    if granted is None:
+        within = "now" if options.timeout == 0 else f"within {duration(options.timeout or 0)}"
+        raise Failure(f"{options.count} {options.resource} not free {within}", EX_TEMPFAIL)
+    numbers = numbers_of(granted, options.resource)
+    leases = [g["expires"] for g in granted if g.get("expires") is not None]
+    lease = (f"start the job within {duration(min(leases))}, or the reservation lapses"
+             if leases else "start the job soon, or the reservation lapses")
+    print(f"patroller: {describe(granted)} reserved; {lease} (it then lasts while your "
+          "processes run on them)", file=sys.stderr)
+    print(",".join(numbers))
+    return EX_OK
+
+def release_command(options: argparse.Namespace) -> int:
+    """Release everything, or the devices named by uuid or number."""
+    if not options.devices:
+        body = client.release(options.server)
+        print(release_message(body))
+        return EX_OK
+    inventory = client.devices(options.server)
+    failed = False
+    for name in options.devices:
+        try:
+            uuid = uuid_of(name, inventory)
+            label = f"GPU {name}" if name.isdigit() else name
+            print(release_message(client.release(options.server, uuid), label))
+        except RequestRefused as refused:
+            print(f"patroller: cannot release {name}: {error_text(refused)}", file=sys.stderr)
+            failed = True
+        except Failure as failure:
+            print(f"patroller: {failure}", file=sys.stderr)
+            failed = True
+    return EX_NOPERM if failed else EX_OK
+
+def uuid_of(name: str, inventory: Dict[str, Any]) -> str:
+    """A device's uuid from its uuid or its number (a GPU's, as nvidia-smi numbers them)."""
+    if not name.isdigit():
+        return name
+    for uuid, info in inventory.items():
+        if info.get("group", "gpu") == "gpu" and str(info.get("number")) == name:
+            return uuid
+    raise Failure(f"cannot release {name}: no GPU number {name} on this host", EX_NOPERM)
+
+def status_command(options: argparse.Namespace) -> int:
+    colour = options.colour and use_colour(sys.stdout)
+    if options.watch is None:
+        print(render_status(options, colour), end="")
+        return EX_OK
+    terminal = sys.stdout.isatty()
+    try:
+        while True:
+            try:
+                text = render_status(options, colour)
+            except PatrollerError as exc:
+                text = f"patroller: {exc}\n"
+            if terminal:
+                sys.stdout.write("\033[H\033[J" + text)
+            else:
+                sys.stdout.write(text + "\n")
+            sys.stdout.flush()
+            time.sleep(options.watch)
+    except KeyboardInterrupt:
+        return EX_OK
+
+def render_status(options: argparse.Namespace, colour: bool) -> str:
+    claims = client.status(options.server)
+    if options.json:
+        return json.dumps(claims, separators=(",", ":")) + "\n"
+    return format_status(claims, client.devices(options.server), optional_queue(options.server),
+                         colour, optional_users(options.server))
+
+def use_colour(out: TextIO) -> bool:
+    """Colours on a terminal, unless NO_COLOR is set (https://no-color.org) or TERM=dumb."""
+    return (out.isatty() and not os.environ.get("NO_COLOR")
+            and os.environ.get("TERM", "") != "dumb")

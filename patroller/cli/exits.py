@@ -1,0 +1,36 @@
+"""How a command ends: the exit statuses (sysexits.h where one fits) and the failure that
+carries one.
+
+0 done; 2 bad usage; 69 server unreachable (EX_UNAVAILABLE); 75 busy, or not free in time
+(EX_TEMPFAIL); 77 refused by the server (EX_NOPERM: any other 4xx, the server's error is
+printed); 126 command not executable; 127 command not found; 130 interrupted (Ctrl-C) while
+waiting. Once `run` has started the command, the status is the command's own.
+"""
+from __future__ import annotations
+
+from patroller.client import RequestRefused
+
+EX_OK = 0
+EX_USAGE = 2
+EX_UNAVAILABLE = 69
+EX_TEMPFAIL = 75
+EX_NOPERM = 77
+EX_NOEXEC = 126
+EX_NOTFOUND = 127
+EX_INTERRUPTED = 130
+
+
+class Failure(Exception):
+    """A command ends with a message for people and an exit status."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+def error_text(refused: RequestRefused) -> str:
+    return str(refused.body.get("error", refused.body)) if isinstance(refused.body, dict) \
+        else str(refused.body)
+
+def refused_code(refused: RequestRefused) -> int:
+    """77 for a refusal (4xx), 69 for a server that cannot serve (5xx)."""
+    return EX_UNAVAILABLE if refused.status >= 500 else EX_NOPERM

@@ -1,0 +1,1 @@
+"""patroller.core.leases."""

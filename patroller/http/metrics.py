@@ -1,0 +1,284 @@
+"""/metrics for Prometheus: the daemon's state read at scrape time by one custom collector.
+
+Nothing is recorded per sample: a scrape walks what the daemon already holds (the last sample of
+each device, the lease manager's holds and queue, the monitors' counters) and builds the
+families from it, so the metrics cost nothing between scrapes. The walk is on the event loop (the
+state is the loop's); writing the text, three quarters of a scrape's cost, and the standard
+process and Python collectors (which read /proc) run in the executor. Names follow Prometheus's
+conventions: the `patroller_` prefix, base units (`_bytes`, `_watts`, `_celsius`, `_hertz`,
+`_ratio`, `_seconds`), `_total` for counters, `_info` for a series whose labels are the value.
+
+Cardinality: per GPU a fixed number of series; per process series exist only while the process
+is on a GPU (pmon or the cross-check lists it), so they go when it ends; per user series exist
+only for users who hold, use or wait for a GPU now; requests are counted by endpoint (the routes,
+or `other`) and status.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Tuple
+
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily,
+                                    Metric)
+from prometheus_client.exposition import choose_encoder
+
+from patroller import __version__
+from patroller.core.identity import Identity
+
+if TYPE_CHECKING:
+    from patroller.app import Daemon
+
+MIB = 1024 * 1024
+MHZ = 1_000_000
+GPU_LABELS = ("gpu", "uuid", "model")
+PROCESS_LABELS = ("gpu", "uuid", "pid", "user", "container", "command")
+# (family, help, statistic, scale, extra label and its value)
+GPU_FIGURES = (
+    ("utilization_ratio", "SM utilisation (0-1)", "sm", 0.01, None),
+    ("memory_utilization_ratio", "Memory-controller utilisation (0-1)", "mem", 0.01, None),
+    ("encoder_utilization_ratio", "Video encoder utilisation (0-1)", "enc", 0.01, None),
+    ("decoder_utilization_ratio", "Video decoder utilisation (0-1)", "dec", 0.01, None),
+    ("memory_used_bytes", "GPU memory in use, bytes", "fb", MIB, None),
+    ("memory_total_bytes", "GPU memory in all, bytes", "fb_total", MIB, None),
+    ("power_watts", "Power draw, watts", "power", 1, None),
+    ("temperature_celsius", "Temperature, degrees Celsius", "gtemp", 1, ("sensor", "gpu")),
+    ("temperature_celsius", "", "mtemp", 1, ("sensor", "memory")),
+    ("clock_hertz", "Clock frequency, hertz", "pclk", MHZ, ("clock", "sm")),
+    ("clock_hertz", "", "mclk", MHZ, ("clock", "memory")),
+)
+MONITORS = {"DmonMonitor": "dmon", "PmonMonitor": "pmon", "CrossCheck": "cross_check",
+            "InventoryWatch": "inventory", "SyntheticMonitor": "synthetic"}
+
+
+class Requests:
+    """HTTP answers by endpoint and status, and callers refused because they could not be
+    identified: counted as the answers go out (a dict increment each)."""
+
+    def __init__(self, endpoints: Iterable[str] = ()) -> None:
+        self.endpoints = set(endpoints)
+        self.answers: "Counter[Tuple[str, int]]" = Counter()
+        self.identity_failures = 0
+
+    def count(self, path: str, status: int) -> None:
+        if path.startswith("/web/"):
+            path = "/web"
+        self.answers[(path if path in self.endpoints else "other", status)] += 1
+
+
+def _name(identity: Optional[Identity]) -> str:
+    return identity.user if identity is not None else ""
+
+
+def _container(identity: Optional[Identity]) -> str:
+    if identity is None or identity.container is None:
+        return ""
+    short, name = identity.container
+    return name or short
+
+
+def _number(value: Any) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+class DaemonCollector:
+    """Every family Patroller exposes, built from the daemon's state at each scrape."""
+
+    def __init__(self, daemon: "Daemon") -> None:
+        self.daemon = daemon
+
+    def collect(self) -> Iterator[Metric]:
+        holds = self.daemon.leases.holds()
+        yield from self._gpus(holds)
+        yield from self._processes(holds)
+        yield from self._users()
+        yield from self._health()
+
+    def _gpus(self, holds: Dict[str, Dict[str, Any]]) -> Iterator[Metric]:
+        daemon = self.daemon
+        families: Dict[str, GaugeMetricFamily] = {}
+        for suffix, text, _, _, extra in GPU_FIGURES:
+            if suffix not in families:
+                labels = GPU_LABELS + ((extra[0],) if extra else ())
+                families[suffix] = GaugeMetricFamily(f"patroller_gpu_{suffix}", text,
+                                                     labels=labels)
+        stale = GaugeMetricFamily("patroller_gpu_stale", "1 when the device's statistics (or "
+                                  "process list) are out of date", labels=GPU_LABELS + ("data",))
+        holder = InfoMetricFamily("patroller_gpu_holder", "Who holds each GPU, and its state",
+                                  labels=GPU_LABELS + ("state", "user", "container"))
+        age = GaugeMetricFamily("patroller_gpu_state_seconds", "Seconds in the current state",
+                                labels=GPU_LABELS)
+        expiry = GaugeMetricFamily("patroller_gpu_lease_expiry_seconds",
+                                   "Seconds until the reservation's lease runs out (only while "
+                                   "a lease runs)", labels=GPU_LABELS)
+        idle = GaugeMetricFamily("patroller_gpu_idle_seconds",
+                                 "Seconds a held GPU has been idle (only once past --idle-after)",
+                                 labels=GPU_LABELS)
+        for device in daemon.inventory:
+            ids = [str(device.number), device.uuid, device.name or ""]
+            view = daemon.stats.view(device.uuid)
+            for suffix, _, key, scale, extra in GPU_FIGURES:
+                value = _number(view.get(key))
+                if value is not None:
+                    families[suffix].add_metric(ids + ([extra[1]] if extra else []),
+                                                value * scale)
+            stale.add_metric(ids + ["statistics"], 1.0 if view.get("stale") else 0.0)
+            stale.add_metric(ids + ["processes"],
+                             1.0 if daemon.stats.processes_stale(device.uuid) else 0.0)
+            hold = holds[device.uuid]
+            holder.add_metric(ids, {"state": hold["state"], "user": _name(hold["holder"]),
+                                    "container": _container(hold["holder"])})
+            age.add_metric(ids, hold["age"])
+            if hold["expires"] is not None:
+                expiry.add_metric(ids, hold["expires"])
+            idle_for = daemon.idle.idle_for(device.uuid)
+            if idle_for is not None:
+                idle.add_metric(ids, idle_for)
+        yield from families.values()
+        yield from (stale, holder, age, expiry, idle)
+
+    def _processes(self, holds: Dict[str, Dict[str, Any]]) -> Iterator[Metric]:
+        daemon = self.daemon
+        memory = GaugeMetricFamily("patroller_process_gpu_memory_bytes",
+                                   "GPU memory of a process on a GPU, bytes",
+                                   labels=PROCESS_LABELS)
+        busy = GaugeMetricFamily("patroller_process_gpu_utilization_ratio",
+                                 "SM utilisation of a process on a GPU (0-1)",
+                                 labels=PROCESS_LABELS)
+        for device in daemon.inventory:
+            for pid, owner, command in holds[device.uuid]["processes"]:
+                labels = [str(device.number), device.uuid, str(pid), _name(owner),
+                          _container(owner), command or ""]
+                figures = daemon.stats.process_view(device.uuid, pid)
+                fb, sm = _number(figures.get("fb")), _number(figures.get("sm"))
+                if fb is not None:
+                    memory.add_metric(labels, fb * MIB)
+                if sm is not None:
+                    busy.add_metric(labels, sm / 100)
+        yield memory
+        yield busy
+
+    def _users(self) -> Iterator[Metric]:
+        leases = self.daemon.leases
+        families = {
+            "held": GaugeMetricFamily("patroller_user_gpus_held",
+                                      "GPUs the user holds (reserved, claimed or shared)",
+                                      labels=["user"]),
+            "reserved_unused": GaugeMetricFamily(
+                "patroller_user_gpus_reserved_unused",
+                "GPUs the user holds with no process of theirs running on them", labels=["user"]),
+            "unreserved": GaugeMetricFamily(
+                "patroller_user_gpus_unreserved",
+                "GPUs the user computes on without having asked for them", labels=["user"]),
+        }
+        for user, counts in sorted(leases.usage().items()):
+            for key, family in families.items():
+                family.add_metric([user], counts[key])
+        yield from families.values()
+        waiting = GaugeMetricFamily("patroller_user_requests_waiting",
+                                    "Requests of the user waiting in the queue", labels=["user"])
+        longest = GaugeMetricFamily("patroller_user_wait_seconds_max",
+                                    "Seconds the user's longest waiting request has waited",
+                                    labels=["user"])
+        queued = leases.waiting_by_user()
+        for user, (count, seconds) in sorted(queued.items()):
+            waiting.add_metric([user], count)
+            longest.add_metric([user], seconds)
+        yield waiting
+        yield longest
+        yield GaugeMetricFamily("patroller_requests_waiting", "Requests waiting in the queue",
+                                value=leases.waiting)
+        yield GaugeMetricFamily("patroller_wait_seconds_max",
+                                "Seconds the longest waiting request has waited",
+                                value=max((s for _, s in queued.values()), default=0.0))
+
+    def _health(self) -> Iterator[Metric]:
+        daemon = self.daemon
+        yield InfoMetricFamily("patroller_build", "The daemon's version and mode",
+                               value={"version": __version__, "mode": daemon.mode})
+        yield GaugeMetricFamily("patroller_devices", "Devices known (lost ones included)",
+                                value=len(daemon.inventory))
+        up = GaugeMetricFamily("patroller_monitor_up", "1 while the monitor's child runs",
+                               labels=["monitor"])
+        starts = CounterMetricFamily("patroller_monitor_starts", "Times the monitor's child was "
+                                     "started (restarts included)", labels=["monitor"])
+        hangs = CounterMetricFamily("patroller_monitor_hangs", "Times the monitor's child was "
+                                    "killed for printing nothing", labels=["monitor"])
+        skipped = CounterMetricFamily("patroller_monitor_skipped_lines",
+                                      "Unreadable lines the monitor skipped", labels=["monitor"])
+        specific: Dict[str, Dict[str, Any]] = {}
+        for monitor in daemon.monitors:
+            name = MONITORS.get(type(monitor).__name__, type(monitor).__name__.lower())
+            counters = monitor.metrics()
+            specific[name] = counters
+            if "running" in counters:
+                up.add_metric([name], 1.0 if counters["running"] else 0.0)
+            if "starts" in counters:
+                starts.add_metric([name], counters["starts"])
+            if "hangs" in counters:
+                hangs.add_metric([name], counters["hangs"])
+            if "skipped_lines" in counters:
+                skipped.add_metric([name], counters["skipped_lines"])
+        yield from (up, starts, hangs, skipped)
+        check, inventory = specific.get("cross_check", {}), specific.get("inventory", {})
+        for name, text, value in (
+                ("cross_check_runs", "Compute-apps queries run", check.get("runs", 0)),
+                ("cross_check_failures", "Compute-apps queries that failed",
+                 check.get("failures", 0)),
+                ("inventory_readings", "Readings of the GPU inventory after the first",
+                 inventory.get("readings", 0)),
+                ("inventory_changes", "Readings that found GPUs lost, added or renumbered",
+                 inventory.get("changes", 0)),
+                ("docker_calls", "Calls to the Docker Engine",
+                 daemon.directory.calls if daemon.directory is not None else 0),
+                ("proc_reads", "/proc entries of processes read", daemon.identifier.proc_reads),
+                ("caller_lookups", "TCP callers looked up in the kernel's socket table",
+                 getattr(daemon.callers, "lookups", 0)),
+                ("identity_failures", "Requests refused because the caller could not be "
+                 "identified", daemon.requests.identity_failures)):
+            yield CounterMetricFamily(f"patroller_{name}", text, value=value)
+        book = daemon.book.metrics() if daemon.book is not None else {}
+        yield CounterMetricFamily("patroller_lease_book_writes", "Writes of the lease book",
+                                  value=book.get("writes", 0))
+        yield CounterMetricFamily("patroller_lease_book_failures",
+                                  "Writes of the lease book that failed",
+                                  value=book.get("failures", 0))
+        answers = CounterMetricFamily("patroller_http_requests", "HTTP requests answered, by "
+                                      "endpoint and status", labels=["endpoint", "status"])
+        for (endpoint, status), count in sorted(daemon.requests.answers.items()):
+            answers.add_metric([endpoint, str(status)], count)
+        yield answers
+
+
+class Collected:
+    """Families already collected, as a registry the encoders take."""
+
+    def __init__(self, families: List[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> List[Metric]:
+        return self.families
+
+
+class Registries:
+    """The daemon's collector (read on the loop) and the standard ones (read anywhere)."""
+
+    def __init__(self, daemon: "Daemon") -> None:
+        self.daemon = CollectorRegistry(auto_describe=False)
+        self.daemon.register(DaemonCollector(daemon))
+        self.standard = CollectorRegistry(auto_describe=False)
+        ProcessCollector(registry=self.standard)
+        PlatformCollector(registry=self.standard)
+        GCCollector(registry=self.standard)
+
+    def encode(self, families: List[Metric], accept: Optional[str]) -> Tuple[bytes, str]:
+        """Blocking: (body, content type), OpenMetrics when `accept` asks for it."""
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(Collected(families + list(self.standard.collect()))), content_type
+
+    async def exposition(self, accept: Optional[str]) -> Tuple[bytes, str]:
+        """The daemon's state taken on the loop, written out in the executor."""
+        families = list(self.daemon.collect())
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, self.encode, families, accept)

@@ -1,0 +1,197 @@
+"""Parsing of the API's query strings into typed requests. Pure: every mistake is a BadRequest."""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Dict, Mapping, Optional, Sequence
+
+from patroller.core.errors import BadRequest
+from patroller.core.policy import parse_duration
+
+MAX_QUERY = 2048  # bytes of query string
+MAX_GROUPS = 16
+MAX_COUNT = 9999
+MAX_TIMEOUT = 7 * 24 * 3600.0
+HOLDS = ("lease", "process")  # how a grant is held: the short lease, or the caller's process
+_GROUP = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}\Z")
+_USER = re.compile(r"[^\s\x00-\x1f\x7f]{1,128}\Z")
+_UUID = re.compile(r"[A-Za-z0-9-]{1,128}\Z")
+
+Args = Mapping[str, Sequence[bytes]]
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A /request or /wait: how many devices of each group, and for whom."""
+
+    wants: Dict[str, int]
+    user: Optional[str] = None  # test mode only
+    timeout: Optional[float] = None  # /wait only; None waits for ever
+    hold: str = "lease"  # or "process": held while the calling process lives; or "duration"
+    duration: Optional[float] = None  # seconds, for hold=<duration> (hold=2h)
+
+
+@dataclass(frozen=True)
+class Release:
+    """A /release or /renew: one device or all of them."""
+
+    uuid: Optional[str] = None
+    user: Optional[str] = None
+    reason: Optional[str] = None  # /release: recorded in the audit record
+
+
+def check_length(query: str) -> None:
+    """Refuse an absurdly long query before looking at it."""
+    if len(query) > MAX_QUERY:
+        raise BadRequest(f"the query is too long ({len(query)} bytes, at most {MAX_QUERY})")
+
+
+def parse_ask(args: Args, *, wait: bool) -> Ask:
+    """The groups and counts of a /request (wait=False) or /wait (wait=True)."""
+    user = _single(args, "user")
+    timeout_text = _single(args, "timeout")
+    if timeout_text is not None and not wait:
+        raise BadRequest("timeout= belongs to /wait; /request answers at once")
+    hold = _single(args, "hold")
+    duration = None
+    if hold is not None and hold not in HOLDS:
+        try:
+            duration = parse_duration(hold)
+        except ValueError:
+            raise BadRequest(f"hold={hold[:16]!r}: must be lease (the short lease, the default), "
+                             "process (held while the calling process lives) or a duration "
+                             "(90m, 2h)", holds=[*HOLDS, "<duration>"]) from None
+        hold = "duration"
+    wants: Dict[str, int] = {}
+    for name, values in args.items():
+        if name in ("user", "timeout", "hold"):
+            continue
+        if not _GROUP.match(name):
+            raise BadRequest(f"{name[:64]!r} is not a device group name")
+        if len(values) > 1:
+            raise BadRequest(f"{name} is given {len(values)} times; give each group once", group=name)
+        wants[name] = _count(name, _text(name, values[0]))
+        if len(wants) > MAX_GROUPS:
+            raise BadRequest(f"too many groups (at most {MAX_GROUPS})")
+    if not wants:
+        raise BadRequest("nothing requested: ask for devices as ?gpu=<count>")
+    if sum(wants.values()) == 0:
+        raise BadRequest("nothing requested: every count is zero", requested=wants)
+    return Ask(wants=wants, user=_user(user), timeout=_timeout(timeout_text),
+               hold=hold or "lease", duration=duration)
+
+
+def parse_release(args: Args, endpoint: str = "/release") -> Release:
+    """The optional uuid (and, for /release, reason) of a /release or a /renew."""
+    names = ("uuid", "user", "reason") if endpoint == "/release" else ("uuid", "user")
+    for name in args:
+        if name not in names:
+            takes = "uuid= and reason=" if endpoint == "/release" else "uuid="
+            raise BadRequest(f"{endpoint} takes {takes} (and user= in test mode), not "
+                             f"{name[:64]}=")
+    uuid = _single(args, "uuid")
+    if uuid is not None and not _UUID.match(uuid):
+        raise BadRequest(f"{uuid[:64]!r} is not a device uuid")
+    reason = _single(args, "reason")
+    if reason is not None and (len(reason) > 500 or not reason.isprintable()):
+        raise BadRequest("reason= must be at most 500 printable characters")
+    return Release(uuid=uuid, user=_user(_single(args, "user")), reason=reason)
+
+
+def parse_user(args: Args) -> Optional[str]:
+    """The user= of any request (test mode), checked."""
+    return _user(_single(args, "user"))
+
+
+def _text(name: str, raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest(f"{name}= is not valid UTF-8") from None
+
+
+def _single(args: Args, name: str) -> Optional[str]:
+    values = args.get(name)
+    if not values:
+        return None
+    if len(values) > 1:
+        raise BadRequest(f"{name}= is given {len(values)} times; give it once")
+    return _text(name, values[0])
+
+
+def _count(group: str, text: str) -> int:
+    shown = text[:16]
+    if text.startswith("-") and text[1:].isdigit():
+        raise BadRequest(f"{group}={shown}: a count cannot be negative", group=group)
+    if not (text.isascii() and text.isdigit()):
+        raise BadRequest(f"{group}={shown!r}: the count must be a whole number", group=group)
+    if len(text) > len(str(MAX_COUNT)) or int(text) > MAX_COUNT:
+        raise BadRequest(f"{group}={shown}: the count is absurdly large (at most {MAX_COUNT})",
+                         group=group)
+    return int(text)
+
+
+def _user(text: Optional[str]) -> Optional[str]:
+    if text is not None and not _USER.match(text):
+        raise BadRequest("user= must be 1 to 128 printable characters without spaces")
+    return text
+
+
+def _timeout(text: Optional[str]) -> Optional[float]:
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise BadRequest(f"timeout={text[:16]!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise BadRequest(f"timeout={text[:16]}: must be zero or more seconds")
+    if value > MAX_TIMEOUT:
+        raise BadRequest(f"timeout={text[:16]}: at most {MAX_TIMEOUT:.0f} seconds; "
+                         "leave it out to wait for ever")
+    return value
+
+
+MAX_HISTORY = 1000
+
+
+@dataclass(frozen=True)
+class History:
+    """A /history: events since a time (epoch seconds), at most `limit`."""
+
+    since: float = 0.0
+    limit: int = MAX_HISTORY
+
+
+def parse_history(args: Args) -> History:
+    """since= (epoch seconds, or an ISO 8601 time with its offset) and limit=."""
+    for name in args:
+        if name not in ("since", "limit"):
+            raise BadRequest(f"/history takes since= and limit=, not {name[:64]}=")
+    since_text, limit_text = _single(args, "since"), _single(args, "limit")
+    since = 0.0
+    if since_text is not None:
+        try:
+            since = float(since_text)
+        except ValueError:
+            try:
+                # a "+" typed into a URL arrives as a space
+                moment = datetime.fromisoformat(since_text.replace("Z", "+00:00")
+                                                .replace(" ", "+"))
+            except ValueError:
+                raise BadRequest(f"since={since_text[:40]!r} is neither epoch seconds nor an "
+                                 "ISO 8601 time") from None
+            if moment.tzinfo is None:
+                raise BadRequest("since= needs a time zone (2026-12-03T08:00:00Z)")
+            since = moment.timestamp()
+        if not math.isfinite(since):
+            raise BadRequest("since= must be a finite time")
+    limit = MAX_HISTORY
+    if limit_text is not None:
+        if (not (limit_text.isascii() and limit_text.isdigit()) or len(limit_text) > 6
+                or not 1 <= int(limit_text) <= MAX_HISTORY):
+            raise BadRequest(f"limit= must be a whole number from 1 to {MAX_HISTORY}")
+        limit = int(limit_text)
+    return History(since=since, limit=limit)

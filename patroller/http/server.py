@@ -1,0 +1,187 @@
+"""Where the API listens: TCP, and a unix socket whose callers the kernel identifies."""
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import socket
+import stat
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Iterable, List, Optional
+
+from tornado.httpserver import HTTPServer, _HTTPRequestContext
+from tornado.iostream import IOStream
+from tornado.netutil import bind_sockets
+
+from patroller.http.accepting import Acceptor
+from patroller.http.framing import FramedServerConnection, HeadStream
+from patroller.identify.sockets import Credentials, peer_credentials
+from patroller.core.throttle import Throttle
+
+log = logging.getLogger(__name__)
+
+PEER = "patroller_peer"  # the attribute a unix connection's stream carries
+
+
+class Peer:
+    """A unix-socket caller: its credentials, and its /proc facts read as it connected."""
+
+    def __init__(self, credentials: Credentials, facts: "asyncio.Future[Any]") -> None:
+        self.credentials = credentials
+        self.facts = facts
+
+
+class PeerServer(HTTPServer):
+    """An HTTPServer that reads, as each unix-socket connection arrives, who made it.
+
+    The pid from SO_PEERCRED is read at once, with its /proc facts (in the executor), because
+    the caller may exit and its pid be reused before the request is handled. Connections are
+    accepted by an Acceptor (it pauses when descriptors run out) and read by the framing
+    module's classes (framing errors get JSON answers).
+    """
+
+    read_facts: Optional[Callable[[int], Awaitable[Any]]] = None
+
+    def initialize(self, *args: Any, **kwargs: Any) -> None:
+        super().initialize(*args, **kwargs)
+        self.acceptor = Acceptor(self._accepted)
+        self.framing_reports = Throttle(20, 10.0)  # framing errors logged per 10 s at most
+
+    def add_sockets(self, sockets: Iterable[socket.socket]) -> None:
+        """TCPServer.add_sockets, with the Acceptor in place of Tornado's add_accept_handler."""
+        for sock in sockets:
+            self._sockets[sock.fileno()] = sock
+            self._handlers[sock.fileno()] = self.acceptor.watch(sock)
+
+    def _accepted(self, connection: socket.socket, address: Any) -> None:
+        try:
+            stream = HeadStream(connection, max_buffer_size=self.max_buffer_size,
+                                read_chunk_size=self.read_chunk_size)
+            self.handle_stream(stream, address)
+        except Exception:  # as Tornado's TCPServer does: one connection's failure is not fatal
+            log.exception("error in connection callback")
+            connection.close()
+
+    def handle_stream(self, stream: IOStream, address: Any) -> None:
+        if stream.socket is not None and stream.socket.family != socket.AF_UNIX:
+            # Every answer is written in one piece, so Nagle's algorithm never helps: turn it off
+            # once, instead of Tornado's two setsockopt calls around every response.
+            stream.set_nodelay(True)
+            stream.set_nodelay = _keep_nodelay  # type: ignore[method-assign]
+        sock = stream.socket
+        if self.read_facts is not None and sock is not None and sock.family == socket.AF_UNIX:
+            credentials = peer_credentials(sock)
+            if credentials is not None:
+                facts = asyncio.ensure_future(self.read_facts(credentials.pid))
+                setattr(stream, PEER, Peer(credentials, facts))
+        # HTTPServer.handle_stream, with the connection class that answers framing errors
+        context = _HTTPRequestContext(stream, address, self.protocol, self.trusted_downstream)
+        conn = FramedServerConnection(stream, self.conn_params, context, self.framing_reports)
+        self._connections.add(conn)
+        conn.start_serving(self)
+
+
+def _keep_nodelay(value: bool) -> None:
+    """TCP_NODELAY stays on for the connection's life."""
+
+
+def peer_of(stream: Any) -> Optional[Peer]:
+    """The unix-socket caller behind a request's stream, if it came that way."""
+    return getattr(stream, PEER, None)
+
+
+def tcp_sockets(port: int, address: str) -> List[socket.socket]:
+    """Bound TCP sockets (every interface when address is empty). Raises OSError."""
+    return bind_sockets(port, address or None)
+
+
+class SocketPathError(Exception):
+    """The --socket path is served by a live daemon, or is not a socket; one line says which."""
+
+
+@dataclass(frozen=True)
+class SocketFile:
+    """A unix socket's file as we bound it: removed at stop only while it is still this one."""
+
+    path: str
+    device: int
+    inode: int
+
+
+def unix_socket(path: str) -> tuple[socket.socket, SocketFile]:
+    """A listening unix socket that any local user (and container) may connect to.
+
+    A live server on `path` is left alone and a path that is not a socket is refused (both
+    SocketPathError); a stale socket file, which a killed daemon leaves, is replaced. Raises
+    OSError when it cannot bind for another reason.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        try:
+            sock.bind(path)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            _clear_stale(path)
+            try:
+                sock.bind(path)
+            except OSError as again:
+                if again.errno != errno.EADDRINUSE:
+                    raise
+                raise SocketPathError(f"another Patroller is serving on {path}: it was bound "
+                                      "as this one started") from None
+        os.chmod(path, 0o666)
+        sock.setblocking(False)
+        sock.listen(128)
+        bound = os.stat(path)
+    except BaseException:
+        sock.close()
+        raise
+    return sock, SocketFile(path, bound.st_dev, bound.st_ino)
+
+
+def _clear_stale(path: str) -> None:
+    """Remove a socket file nobody serves on; refuse a live one, or anything not a socket."""
+    try:
+        before = os.lstat(path)
+    except FileNotFoundError:
+        return  # gone meanwhile: bind again
+    if stat.S_ISDIR(before.st_mode):
+        raise SocketPathError(f"--socket {path} is a directory: give the path of a socket "
+                              f"file to create, e.g. {path.rstrip('/')}/api.sock")
+    if not stat.S_ISSOCK(before.st_mode):
+        raise SocketPathError(f"--socket {path} exists and is not a socket: remove it, or "
+                              "choose another --socket")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            pass  # stale: nobody listens on it any more
+        except OSError as exc:  # not ours to connect to, or too busy to accept
+            why = exc.strerror or "no answer"
+            raise SocketPathError(f"--socket {path} may be in use ({why}): stop whoever serves "
+                                  "on it, or choose another --socket") from None
+        else:
+            raise SocketPathError(f"another Patroller is serving on {path}: stop it first, or "
+                                  "choose another --socket")
+    try:
+        now = os.lstat(path)
+        if (now.st_dev, now.st_ino) == (before.st_dev, before.st_ino):  # not one bound since
+            os.unlink(path)
+            log.info("replacing the stale socket file %s: nobody answers on it", path)
+    except FileNotFoundError:
+        pass
+
+
+def remove_unix_socket(bound: SocketFile) -> None:
+    """Remove our socket file at shutdown, unless another daemon's has replaced it since."""
+    try:
+        now = os.lstat(bound.path)
+        if (now.st_dev, now.st_ino) == (bound.device, bound.inode):
+            os.unlink(bound.path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("cannot remove the socket file %s: %s", bound.path, exc.strerror or exc)

@@ -1,0 +1,238 @@
+"""Who is calling the API: the identity behind an HTTP request, and the process that sent it."""
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import OrderedDict
+from typing import Optional, Protocol, Tuple
+
+from tornado.httputil import HTTPServerRequest
+
+from patroller.identify.containers import ContainerDirectory, DockerUnavailable, container_identity
+from patroller.core.errors import BadRequest, NoCallerProcess, Unidentified
+from patroller.core.identity import Identity, ProcessRef, named_user
+from patroller.http.server import peer_of
+from patroller.identify.sockets import (Address, Owner, SocketEntry, closed_reason, find_client, find_holder,
+                    is_loopback, normalize, owner_of)
+from patroller.identify.resolver import ProcessIdentifier, ProcFacts, host_identity, read_facts
+
+DEFAULT_TEST_USER = "test-user"
+SOCKET_HINT = ("call over the daemon's unix socket (PATROLLER_SERVER=unix:///run/patroller/"
+               "api.sock, the directory mounted into the container) or from a process on the "
+               "host, or ask hold=lease")
+
+
+class CallerIdentifier(Protocol):
+    """Turns a request into the caller's identity, or raises errors.Unidentified."""
+
+    async def identify(self, request: HTTPServerRequest, claimed: Optional[str]) -> Identity:
+        """`claimed` is the request's user= (already checked for form), or None."""
+
+    async def process(self, request: HTTPServerRequest) -> ProcessRef:
+        """The process that sent the request (after `identify`); NoCallerProcess if unknown."""
+
+
+class LocalProcesses:
+    """The process behind a connection from this host, as the kernel tells it: the unix
+    socket's peer credentials, or the holder of a loopback TCP client socket."""
+
+    def __init__(self, proc: str = "/proc") -> None:
+        self.proc = proc
+        self._recent: "OrderedDict[int, None]" = OrderedDict()  # pids that called lately
+        self._recent_lock = threading.Lock()  # used from executor threads
+
+    async def of_stream(self, stream: object) -> Optional[ProcFacts]:
+        """Facts of the unix-socket peer, or of the process found earlier for a TCP stream."""
+        peer = peer_of(stream)
+        if peer is not None:
+            facts = await peer.facts
+            if facts is None:
+                raise Unidentified(f"the calling process (pid {peer.credentials.pid}) is gone "
+                                   "or cannot be read")
+            return facts
+        return getattr(stream, _PROCESS, None)
+
+    def owner(self, entry: SocketEntry) -> Tuple[Owner, Optional[ProcFacts]]:
+        """Blocking: the owner of a local client socket, with its holder's /proc facts."""
+        if closed_reason(entry):  # nobody can hold it: no need to look
+            return owner_of(entry, None, False), None
+        with self._recent_lock:
+            likely = list(reversed(self._recent))
+        pid, hidden = find_holder(entry.inode, self.proc, likely=likely)
+        owner = owner_of(entry, pid, hidden)
+        if owner.pid is None:
+            return owner, None
+        with self._recent_lock:
+            self._recent.pop(owner.pid, None)
+            self._recent[owner.pid] = None
+            while len(self._recent) > 16:
+                self._recent.popitem(last=False)
+        return owner, read_facts(owner.pid, self.proc)
+
+
+class TestModeCallers:
+    """Test mode: callers are who they say they are (`user=`), or one default user; the process
+    behind a request from this host is still the kernel's word."""
+
+    def __init__(self, default: str = DEFAULT_TEST_USER, proc: str = "/proc") -> None:
+        self.default = default
+        self.local = LocalProcesses(proc)
+
+    async def identify(self, request: HTTPServerRequest, claimed: Optional[str]) -> Identity:
+        """The user named in the request, or the default test user."""
+        return named_user(claimed or self.default)
+
+    async def process(self, request: HTTPServerRequest) -> ProcessRef:
+        """The calling process, for a unix-socket or loopback caller."""
+        stream = getattr(request.connection, "stream", None)
+        facts = await self.local.of_stream(stream)
+        if facts is None and peer_of(stream) is None:
+            facts = await self._by_address(request)
+            if facts is not None and stream is not None:
+                setattr(stream, _PROCESS, facts)
+        if facts is None:
+            raise NoCallerProcess("hold=process: the calling process cannot be known for this "
+                                  "connection; " + SOCKET_HINT, hold="process")
+        return ProcessRef(facts.pid, facts.start)
+
+    async def _by_address(self, request: HTTPServerRequest) -> Optional[ProcFacts]:
+        ends = _ends(request)
+        if ends is None:
+            return None
+        loop = asyncio.get_running_loop()
+        entry = await loop.run_in_executor(None, find_client, ends[0], ends[1], self.local.proc)
+        if entry is None:
+            return None
+        owner, facts = await loop.run_in_executor(None, self.local.owner, entry)
+        if owner.reason:
+            raise Unidentified(owner.reason)
+        return facts
+
+
+class SystemCallers:
+    """Outside test mode: a caller is identified by the system, never by what it says.
+
+    - unix socket: the kernel's peer credentials (pid) -> cgroup -> container -> labels, or the
+      host account. The caller cannot forge it.
+    - TCP from a socket on this host (loopback, or one of the host's own addresses): the
+      process that holds the client socket (sock_diag or /proc/net/tcp{,6}, and
+      /proc/<pid>/fd), then the same chain. As trustworthy as the kernel's socket table. A
+      socket already closed belongs to nobody: its caller is refused, never guessed.
+    - other TCP: the container whose network address the caller has (advisory: addresses can
+      be spoofed on a shared network).
+    """
+
+    def __init__(self, identifier: ProcessIdentifier, directory: Optional[ContainerDirectory],
+                 proc: str = "/proc") -> None:
+        self.identifier = identifier
+        self.directory = directory
+        self.proc = proc
+        self.local = LocalProcesses(proc)
+        self.lookups = 0  # TCP callers looked up (once per connection), counted when done
+
+    async def identify(self, request: HTTPServerRequest, claimed: Optional[str]) -> Identity:
+        """The caller's identity, or Unidentified."""
+        if claimed is not None:
+            raise BadRequest("user= is accepted in test mode only: callers are identified "
+                             "by the system")
+        stream = getattr(request.connection, "stream", None)
+        if peer_of(stream) is not None:
+            facts = await self.local.of_stream(stream)
+            assert facts is not None
+            return _known(await self.identifier.identify(facts))
+        known = getattr(stream, _CALLER, None)  # a keep-alive connection's earlier answer
+        if known is not None:
+            return known
+        try:
+            identity, facts = await self._by_address(_ends(request))
+            identity = _known(identity)
+        finally:
+            self.lookups += 1  # counted once the outcome is known (tests wait on it)
+        if stream is not None:
+            setattr(stream, _CALLER, identity)  # one TCP connection, one caller
+            setattr(stream, _PROCESS, facts)
+        return identity
+
+    async def process(self, request: HTTPServerRequest) -> ProcessRef:
+        """The calling process: the unix-socket peer, or the holder of a local TCP socket."""
+        stream = getattr(request.connection, "stream", None)
+        facts = await self.local.of_stream(stream)
+        if facts is None:
+            ends = _ends(request)
+            where = f" at {ends[0][0]}" if ends is not None else ""
+            raise NoCallerProcess(f"hold=process: the daemon cannot know the calling process of "
+                                  f"a caller{where}; " + SOCKET_HINT, hold="process")
+        return ProcessRef(facts.pid, facts.start)
+
+    async def _by_address(self, ends: Optional[Tuple[Address, Address]]
+                          ) -> Tuple[Identity, Optional[ProcFacts]]:
+        """The caller of a TCP connection, with its process's facts when it is local."""
+        if ends is None:
+            raise Unidentified("the connection was closed before its caller could be identified")
+        client, server = ends
+        loop = asyncio.get_running_loop()
+        # The kernel first: a client socket in our network namespace is a process on this
+        # host, over loopback or through one of the host's own addresses.
+        entry = await loop.run_in_executor(None, find_client, client, server, self.proc)
+        if entry is not None:
+            return await self._local(entry)
+        if is_loopback(client[0]) or normalize(client[0]) == normalize(server[0]):
+            raise Unidentified(f"the connection from port {client[1]} is no longer in the "
+                               "kernel's socket table: it was closed before its caller could "
+                               "be identified")
+        return await self._remote(client[0]), None
+
+    async def _local(self, entry: SocketEntry) -> Tuple[Identity, Optional[ProcFacts]]:
+        loop = asyncio.get_running_loop()
+        owner, facts = await loop.run_in_executor(None, self.local.owner, entry)
+        if owner.reason:
+            raise Unidentified(owner.reason)
+        if owner.pid is not None:
+            if facts is None:
+                raise Unidentified(f"the process holding the connection from port "
+                                   f"{entry.local[1]} (pid {owner.pid}) ended before it could "
+                                   "be identified")
+            return await self.identifier.identify(facts), facts
+        assert owner.uid is not None
+        # Its holder is hidden from us (no CAP_SYS_PTRACE): the live socket's creator stands.
+        return await loop.run_in_executor(None, host_identity, owner.uid), None
+
+    async def _remote(self, address: str) -> Identity:
+        if self.directory is None:
+            raise Unidentified(f"cannot identify a caller at {address}")
+        try:
+            info = await self.directory.by_address(normalize(address))
+        except DockerUnavailable as exc:
+            raise Unidentified(f"cannot identify a caller at {address}: {exc}") from None
+        if info is None:
+            raise Unidentified(f"no container has the address {address}: call from a container "
+                               "on this host, from the host itself, or over the unix socket")
+        return container_identity(info, self.identifier.user_labels, self.identifier.info_labels)
+
+
+_CALLER = "patroller_caller"  # the identity a TCP connection's stream carries once known
+_PROCESS = "patroller_process"  # and the facts of its process, when it is local and visible
+
+
+def _known(identity: Identity) -> Identity:
+    """Refuse a caller whose user cannot be told: nothing may be reserved for "unknown"."""
+    if identity.degraded:
+        raise Unidentified("your container's labels cannot be read just now (the Docker Engine "
+                           "is unreachable): try again shortly")
+    if identity.user == "unknown":
+        raise Unidentified("the calling process cannot be identified")
+    return identity
+
+
+def _ends(request: HTTPServerRequest) -> Optional[Tuple[Address, Address]]:
+    """(client, our end) of the request's TCP connection."""
+    address = getattr(request.connection.context, "address", None)  # type: ignore[union-attr]
+    stream = getattr(request.connection, "stream", None)
+    sock = getattr(stream, "socket", None)
+    if not isinstance(address, tuple) or sock is None:
+        return None
+    try:
+        local = sock.getsockname()
+    except OSError:
+        return None
+    return (address[0], address[1]), (local[0], local[1])

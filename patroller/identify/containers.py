@@ -1,0 +1,241 @@
+"""Containers and their labels, from the Docker Engine: cached, shared, and off the event loop.
+
+The Docker SDK is blocking, so every call runs in the executor. A container's labels are
+fetched once (concurrent lookups of one container share that call) and cached for `ttl`
+seconds. When the engine cannot be reached, lookups fail fast with DockerUnavailable for a few
+seconds and then try again: nothing waits on a dead engine, and it recovers by itself.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+
+from cachetools import TTLCache
+
+from patroller.core.identity import Identity
+
+log = logging.getLogger(__name__)
+
+_EMAIL = re.compile(r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+")
+
+
+class DockerUnavailable(Exception):
+    """The Docker Engine cannot be reached (or answered with an error) just now."""
+
+
+@dataclass(frozen=True)
+class ContainerInfo:
+    """What Patroller needs to know of a container."""
+
+    id: str
+    name: str
+    labels: Mapping[str, str]
+    addresses: Tuple[str, ...] = ()  # its IP addresses on container networks
+
+    @property
+    def short(self) -> str:
+        return self.id[:12]
+
+
+def email_in(value: str) -> Optional[str]:
+    """The e-mail address in a label value: `alice@example.org` or `Alice <alice@example.org>`."""
+    angled = re.search(r"<([^<>]+)>", value)
+    text = angled.group(1).strip() if angled else value.strip()
+    match = _EMAIL.fullmatch(text)
+    return match.group(0) if match else None
+
+
+def container_identity(info: ContainerInfo, user_labels: Sequence[str],
+                       info_labels: Sequence[str]) -> Identity:
+    """The identity of a container's user from its labels (pure)."""
+    email = None
+    for label in user_labels:
+        email = email_in(info.labels.get(label, ""))
+        if email:
+            break
+    copied = tuple((label, info.labels[label]) for label in info_labels if label in info.labels)
+    return Identity(
+        user=email.lower() if email else f"container:{info.short}",
+        source="container",
+        email=email,
+        container=(info.short, info.name),
+        info=copied,
+    )
+
+
+def unlabelled_identity(container_id: str, degraded: bool = False) -> Identity:
+    """A container Docker does not know (another runtime), or cannot tell about (degraded)."""
+    short = container_id[:12]
+    return Identity(user="unknown" if degraded else f"container:{short}", source="container",
+                    container=(short, None), degraded=degraded)
+
+
+def _info(container: Any) -> ContainerInfo:
+    attrs = container.attrs or {}
+    networks = (attrs.get("NetworkSettings") or {}).get("Networks") or {}
+    addresses = tuple(sorted({addr for net in networks.values() for addr in
+                              ((net or {}).get("IPAddress"), (net or {}).get("GlobalIPv6Address"))
+                              if addr}))
+    return ContainerInfo(container.id, container.name, dict(container.labels or {}), addresses)
+
+
+class ContainerDirectory:
+    """Container labels by id (and by network address), from the Docker Engine, cached."""
+
+    def __init__(self, base_url: Optional[str] = None, ttl: float = 600.0,
+                 retry_after: float = 5.0, timeout: float = 5.0,
+                 address_ttl: float = 10.0) -> None:
+        self.base_url = base_url
+        self.timeout = timeout
+        self.retry_after = retry_after
+        self.calls = 0  # Docker API calls made: the benchmark watches it
+        self._cache: TTLCache = TTLCache(maxsize=4096, ttl=ttl)
+        self._by_address: TTLCache = TTLCache(maxsize=1, ttl=address_ttl)
+        self._inflight: Dict[str, "asyncio.Future[Optional[ContainerInfo]]"] = {}
+        self._addresses: "Optional[asyncio.Future[Dict[str, ContainerInfo]]]" = None
+        self._down_until = 0.0
+        self._down_reason = ""
+        self._client: Any = None
+        self._lock = threading.Lock()
+        # Its own threads: a hung engine must not hold up the /proc reads of the default pool.
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="docker")
+
+    async def get(self, container_id: str) -> Optional[ContainerInfo]:
+        """The container, or None if the engine does not know it. Raises DockerUnavailable."""
+        if container_id in self._cache:
+            return self._cache[container_id]
+        task = self._inflight.get(container_id)
+        if task is None:
+            self._check_up()
+            task = asyncio.ensure_future(self._load(container_id))
+            self._inflight[container_id] = task
+            task.add_done_callback(lambda _: self._inflight.pop(container_id, None))
+        return await asyncio.shield(task)
+
+    async def by_address(self, address: str) -> Optional[ContainerInfo]:
+        """The container with this IP address on a container network, or None."""
+        table: Optional[Dict[str, ContainerInfo]] = self._by_address.get("all")
+        if table is None:
+            if self._addresses is None:
+                self._check_up()
+                self._addresses = asyncio.ensure_future(self._load_addresses())
+                self._addresses.add_done_callback(lambda _: setattr(self, "_addresses", None))
+            table = await asyncio.shield(self._addresses)
+        return table.get(address)
+
+    def shutdown(self) -> None:
+        """Stop for good: close the connection, let the threads go."""
+        self.close_quietly()
+        self._pool.shutdown(wait=False)
+
+    def close(self) -> None:
+        """Close the connection to the engine."""
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+    async def _load(self, container_id: str) -> Optional[ContainerInfo]:
+        loop = asyncio.get_running_loop()
+        info = await loop.run_in_executor(self._pool, self._fetch, container_id)
+        self._cache[container_id] = info
+        return info
+
+    async def _load_addresses(self) -> Dict[str, ContainerInfo]:
+        loop = asyncio.get_running_loop()
+        infos = await loop.run_in_executor(self._pool, self._fetch_all)
+        table = {address: info for info in infos for address in info.addresses}
+        self._by_address["all"] = table
+        for info in infos:
+            self._cache[info.id] = info
+        return table
+
+    def _check_up(self) -> None:
+        if time.monotonic() < self._down_until:
+            raise DockerUnavailable(self._down_reason)
+
+    # -- in the executor --------------------------------------------------------------------
+
+    def _fetch(self, container_id: str) -> Optional[ContainerInfo]:
+        import docker.errors
+
+        try:
+            container = self._call(lambda client: client.containers.get(container_id))
+        except docker.errors.NotFound:
+            return None
+        return _info(container)
+
+    def _fetch_all(self) -> Sequence[ContainerInfo]:
+        return [_info(c) for c in self._call(lambda client: client.containers.list())]
+
+    def _call(self, action: Any) -> Any:
+        import docker
+        import docker.errors
+
+        try:
+            with self._lock:
+                if self._client is None:
+                    self.calls += 1  # the version negotiation
+                    self._client = docker.DockerClient(base_url=self.base_url, version="auto",
+                                                       timeout=self.timeout)
+                client = self._client
+            self.calls += 1
+            result = action(client)
+        except docker.errors.NotFound:
+            raise
+        except Exception as exc:  # unreachable, timed out, or an engine error
+            self._went_down(exc)
+            raise DockerUnavailable(self._down_reason) from None
+        if self._down_until:
+            log.info("docker: reachable again")
+            self._down_until = 0.0
+        return result
+
+    def _went_down(self, exc: Exception) -> None:
+        reason = in_words(exc, self.base_url or "unix:///var/run/docker.sock", self.timeout)
+        if not self._down_until:
+            log.warning("docker: cannot read container labels: %s; identities degrade to "
+                        "the container id until it is back", reason)
+        self._down_reason = reason
+        self._down_until = time.monotonic() + self.retry_after
+        self.close_quietly()
+
+    def close_quietly(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            self._client = None
+
+
+
+def in_words(exc: BaseException, where: str, timeout: float) -> str:
+    """What went wrong talking to the engine, said in words, never an exception's repr.
+
+    The SDK wraps the cause in requests' and urllib3's errors, whose text is a tuple's repr
+    ("('Connection aborted.', FileNotFoundError(2, ...))"): the cause is dug out of the chain.
+    """
+    seen = set()
+    chain = [exc]
+    while chain:
+        cause = chain.pop(0)
+        if id(cause) in seen:
+            continue
+        seen.add(id(cause))
+        if isinstance(cause, TimeoutError) or "Timeout" in type(cause).__name__:
+            return f"the Docker Engine at {where} did not answer within {timeout:g} s"
+        if isinstance(cause, OSError) and cause.strerror:
+            return f"the Docker Engine at {where} cannot be reached: {cause.strerror.lower()}"
+        status = getattr(cause, "status_code", None)
+        if isinstance(status, int):
+            said = getattr(cause, "explanation", None) or ""
+            return f"the Docker Engine at {where} answered {status}" + (f": {said}" if said else "")
+        chain.extend(c for c in (cause.__cause__, cause.__context__, getattr(cause, "reason", None),
+                                 *cause.args) if isinstance(c, BaseException))
+    text = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+    return f"the Docker Engine at {where} cannot be used: {text}"

@@ -1,0 +1,123 @@
+"""From a host pid to the identity of whoever runs it: container labels, or the host account.
+
+pid -> /proc/<pid>/cgroup -> container id -> Docker labels -> e-mail; a process in no container
+is its host account (uid from /proc/<pid>/status); only a pid whose /proc entry cannot be read
+is "unknown". /proc is read in the executor, never on the event loop. Identities are cached by
+(pid, start time), so a reused pid is never taken for the process that had it before.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import pwd
+from dataclasses import dataclass
+from typing import Optional, Protocol, Sequence, Tuple
+
+from cachetools import TTLCache
+
+from patroller.identify.cgroups import ContainerRef, read_container, read_start_time
+from patroller.identify.containers import (ContainerDirectory, DockerUnavailable, container_identity,
+                         unlabelled_identity)
+from patroller.core.identity import UNKNOWN, Identity
+
+
+class ProcessResolver(Protocol):
+    """Turns a host pid into an identity; never raises for a pid that has gone."""
+
+    async def resolve(self, pid: int) -> Identity:
+        """The identity of the process, or UNKNOWN."""
+
+
+def read_uid(pid: int, proc: str = "/proc") -> Optional[int]:
+    """The real uid of a process from /proc/<pid>/status, or None if it cannot be read."""
+    try:
+        with open(os.path.join(proc, str(pid), "status"), encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def host_identity(uid: int) -> Identity:
+    """The identity of a host account, named from the password database when it can be."""
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = f"uid:{uid}"
+    return Identity(user=name, source="host", account=name, uid=uid)
+
+
+@dataclass(frozen=True)
+class ProcFacts:
+    """What /proc says of one process, read in one go."""
+
+    pid: int
+    start: int  # clock ticks after boot: with the pid, names exactly one process
+    container: Optional[ContainerRef]
+    host: Optional[Identity]  # its account, for a process in no container
+
+
+def read_facts(pid: int, proc: str = "/proc") -> Optional[ProcFacts]:
+    """Blocking: the facts of a live pid, or None if it is gone or unreadable."""
+    try:
+        start = read_start_time(pid, proc)
+        container = read_container(pid, proc)
+    except (OSError, ValueError, IndexError):
+        return None
+    host = None
+    if container is None:
+        uid = read_uid(pid, proc)
+        if uid is None:
+            return None
+        host = host_identity(uid)
+    return ProcFacts(pid, start, container, host)
+
+
+class ProcessIdentifier:
+    """Resolves pids to identities through /proc and (when given) the container directory."""
+
+    def __init__(self, directory: Optional[ContainerDirectory] = None,
+                 user_labels: Sequence[str] = ("user.email", "email", "maintainer"),
+                 info_labels: Sequence[str] = (), proc: str = "/proc",
+                 ttl: float = 3600.0) -> None:
+        self.directory = directory
+        self.user_labels = tuple(user_labels)
+        self.info_labels = tuple(info_labels)
+        self.proc = proc
+        self.proc_reads = 0  # processes whose /proc entry was read: the benchmark watches it
+        self._cache: TTLCache = TTLCache(maxsize=65536, ttl=ttl)
+
+    async def facts(self, pid: int) -> Optional[ProcFacts]:
+        """/proc facts of a pid, read off the loop."""
+        self.proc_reads += 1
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, read_facts, pid, self.proc)
+
+    async def resolve(self, pid: int) -> Identity:
+        """The identity of a live pid; UNKNOWN if /proc cannot tell."""
+        facts = await self.facts(pid)
+        return UNKNOWN if facts is None else await self.identify(facts)
+
+    async def identify(self, facts: ProcFacts) -> Identity:
+        """The identity behind facts already read (a peer's, read when it connected)."""
+        key: Tuple[int, int] = (facts.pid, facts.start)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        if facts.container is None:
+            identity = facts.host or UNKNOWN
+        elif self.directory is None:
+            identity = unlabelled_identity(facts.container.id)
+        else:
+            try:
+                info = await self.directory.get(facts.container.id)
+            except DockerUnavailable:
+                return unlabelled_identity(facts.container.id, degraded=True)  # not cached
+            if info is None:
+                identity = unlabelled_identity(facts.container.id)
+            else:
+                identity = container_identity(info, self.user_labels, self.info_labels)
+        self._cache[key] = identity
+        return identity

@@ -1,0 +1,77 @@
+"""Noticing waste: held GPUs that nobody uses.
+
+A device that someone holds (reserved, claimed or shared) is idle while its SM use is at most
+the policy's `idle_sm` (%) and its memory used under `idle_memory_mib` (canhazgpu's 1 GiB is the
+reference: a loaded model or a CUDA context of a live job uses more), as dmon reports them. A
+figure the driver does not print (`-`, MIG) is not taken for idle: nothing is marked idle or
+released on a guess. After `idle_after` seconds idle, /status and the metrics say so
+(`idle_for`). With `idle_release` set (off by default), a reservation idle that long with no
+process on it is released, and the audit record says so with its user.
+
+Each sample updates one timestamp per device: no history is kept.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from patroller.core.leases.manager import LeaseManager
+from patroller.observe.signals import Sample, Signals
+
+log = logging.getLogger(__name__)
+
+
+class IdleWatch:
+    """When each held device became idle, from the samples."""
+
+    def __init__(self, leases: LeaseManager, clock: Callable[[], float] = time.monotonic) -> None:
+        self.leases = leases
+        self.clock = clock
+        self.released = 0  # reservations released for being idle
+        self._since: Dict[str, Tuple[str, float]] = {}  # uuid -> (holder, when it became idle)
+
+    def connect(self, signals: Signals) -> None:
+        signals.sample.connect(self._on_sample)
+
+    def _on_sample(self, sender: Any, record: Sample) -> None:
+        self.observe(record.uuid, record.values)
+
+    def observe(self, uuid: str, values: Any) -> None:
+        """A sample of one device: is it idle, and for how long?"""
+        policy = self.leases.policy
+        state = self.leases.state(uuid) if self.leases.inventory.get(uuid) else None
+        if state not in ("reserved", "claimed", "shared"):
+            self._since.pop(uuid, None)
+            return
+        sm, used = values.get("sm"), values.get("fb")
+        quiet = (_number(sm) is not None and _number(sm) <= policy.idle_sm
+                 and _number(used) is not None and _number(used) < policy.idle_memory_mib)
+        if not quiet:
+            self._since.pop(uuid, None)
+            return
+        now = self.clock()
+        holder = self.leases.holder(uuid)
+        user = holder.user if holder is not None else ""
+        known = self._since.get(uuid)
+        if known is None or known[0] != user:  # idle from now, or held by someone else now
+            known = self._since[uuid] = (user, now)
+        since = known[1]
+        if (policy.idle_release is not None and state == "reserved"
+                and now - since >= policy.idle_release):
+            if self.leases.release_idle(uuid, now - since):
+                self.released += 1
+                self._since.pop(uuid, None)
+
+    def idle_for(self, uuid: str) -> Optional[float]:
+        """Seconds the held device has been idle, once that is at least `idle_after`."""
+        known = self._since.get(uuid)
+        holder = self.leases.holder(uuid)
+        if known is None or holder is None or known[0] != holder.user:
+            return None
+        idle = self.clock() - known[1]
+        return round(idle, 3) if idle >= self.leases.policy.idle_after else None
+
+
+def _number(value: Any) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

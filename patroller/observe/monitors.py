@@ -1,0 +1,287 @@
+"""The dmon and pmon monitors: supervised nvidia-smi streams turned into the daemon's signals.
+
+dmon is asked for the column groups Patroller reports (`-s pucvmt`: power and temperatures,
+utilisation, clocks, violations, memory, PCIe throughput), pmon for utilisation and memory per
+process (`-s um`). Where a driver or GPU refuses a group (it prints `Failed to process command
+line` or `Not supported on the device(s)` and exits before any row), the monitor asks for fewer
+(`-s pucm`, then the tool's default) and says so once.
+
+A stream that ends saying a device is gone (`GPU is lost`, `Unable to determine the device
+handle`) calls `on_lost`: the daemon reads the inventory again. `reconfigure()` restarts a
+stream over the inventory as it is now (devices added, lost or renumbered).
+"""
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
+
+from tornado.ioloop import IOLoop
+
+from patroller.core.devices import Inventory
+from patroller.observe.signals import GpuProcess, ProcessList, ProcessSamples, Sample, Signals
+from patroller.observe.supervisor import Backoff, ChildStream
+from patroller.observe.nvsmi.parsers import DmonParser, IntervalChange, PmonParser, PmonIntervals, PmonRow
+
+log = logging.getLogger(__name__)
+
+INTERVAL = 1.0  # nvidia-smi's default sampling interval, which Patroller uses
+SKIP_LOG_EVERY = 60.0  # seconds between reports of unreadable lines
+BURST_GAP = 0.03  # quiet after the last device's row that ends a pmon interval
+DMON_SELECTS = ("pucvmt", "pucm", "")  # column groups asked of dmon, most first; "": the default
+PMON_SELECTS = ("um", "")
+REFUSED = re.compile(r"Failed to process command line|Not supported on the device|"
+                     r"Invalid combination of input arguments", re.I)
+DEVICE_GONE = re.compile(r"GPU is lost|Unable to determine the device handle|"
+                         r"No devices were found", re.I)
+
+
+def stream_env(base: Mapping[str, str]) -> Dict[str, str]:
+    """The environment for dmon/pmon: all devices, not the default four."""
+    return {**base, "NVSMI_SHOW_ALL_DEVICES": "1"}
+
+
+def all_devices(inventory: Inventory) -> List[str]:
+    """`-i` with every index, so that no device is silently left out."""
+    return ["-i", ",".join(str(d.number) for d in inventory.present())]
+
+
+class _Stream:
+    """What dmon and pmon share: the argv over the inventory, the column groups asked for,
+    stepping down when they are refused, and telling the daemon when a device is gone."""
+
+    name = ""
+    selects: Tuple[str, ...] = ("",)
+
+    def __init__(self, inventory: Inventory, nvidia_smi: List[str]) -> None:
+        self.inventory = inventory
+        self.nvidia_smi = nvidia_smi
+        self.on_lost: Optional[Callable[[str], None]] = None  # set by the daemon
+        self.rows = 0  # data rows read in the current run
+        self._select = 0
+        self._ignoring = False  # lines of a child being replaced (a stale device mapping)
+
+    def argv(self) -> List[str]:
+        select = self.selects[self._select]
+        return [*self.nvidia_smi, self.name, *(["-s", select] if select else []),
+                *all_devices(self.inventory)]
+
+    @property
+    def select(self) -> str:
+        """The column groups asked for now ("" for the tool's default)."""
+        return self.selects[self._select]
+
+    def reconfigure(self) -> None:
+        """The inventory changed: run again over the devices it has now."""
+        self._ignoring = True
+        self.child.argv = self.argv()  # type: ignore[attr-defined]
+        self.child.restart()  # type: ignore[attr-defined]
+
+    def _started(self) -> None:
+        self.rows = 0
+        self._ignoring = False
+
+    def _exited(self, status: int, said: str) -> None:
+        if self.rows == 0 and REFUSED.search(said) and self._select + 1 < len(self.selects):
+            self._select += 1
+            log.warning("%s: the driver refused the column groups asked for (%s); asking for %s",
+                        self.name, said[:200], f"-s {self.select}" if self.select
+                        else "its default columns")
+            self.child.argv = self.argv()  # type: ignore[attr-defined]
+        if DEVICE_GONE.search(said) and self.on_lost is not None:
+            self.on_lost(said)
+
+
+class _SkipReport:
+    """Logs unreadable lines now and then, never per line."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._reported = 0
+        self._at = 0.0
+
+    def check(self, parser: Any) -> None:
+        now = time.monotonic()
+        if parser.skipped > self._reported and now - self._at >= SKIP_LOG_EVERY:
+            log.warning("%s: %d unreadable line(s) skipped, the last: %r", self.name,
+                        parser.skipped - self._reported, (parser.last_skipped or "")[:200])
+            self._reported, self._at = parser.skipped, now
+
+
+class DmonMonitor(_Stream):
+    """Statistics of every device from `nvidia-smi dmon`, as `sample` signals.
+
+    `silence` and `startup` are the ChildStream's: how long the stream may print nothing.
+    """
+
+    name = "dmon"
+    selects = DMON_SELECTS
+
+    def __init__(self, inventory: Inventory, signals: Signals, nvidia_smi: List[str],
+                 env: Mapping[str, str], backoff: Optional[Backoff] = None,
+                 silence: Optional[float] = None, startup: Optional[float] = None) -> None:
+        super().__init__(inventory, nvidia_smi)
+        self.signals = signals
+        self.parser = DmonParser()
+        self._skips = _SkipReport("dmon")
+        self.child = ChildStream("dmon", self.argv(), self._line, on_start=self._restarted,
+                                 env=stream_env(env), backoff=backoff, silence=silence,
+                                 startup=startup, on_exit=self._exited)
+
+    def start(self) -> None:
+        self.child.start()
+
+    async def stop(self, grace: float = 0.5) -> None:
+        """Stop the stream, killing it after `grace` s; no child is left behind."""
+        await self.child.stop(grace)
+
+    def metrics(self) -> Dict[str, object]:
+        """Counters for /metrics."""
+        return {**self.child.metrics(), "skipped_lines": self.parser.skipped,
+                "columns": self.select or "default"}
+
+    def _restarted(self) -> None:
+        self._started()
+        self.parser.reset()
+
+    def _line(self, line: str) -> None:
+        if self._ignoring:
+            return
+        row = self.parser.feed(line)
+        if row is None:
+            self._skips.check(self.parser)
+            return
+        self.rows += 1
+        device = self.inventory.by_number(row.gpu)
+        if device is not None:
+            record = Sample(uuid=device.uuid, values=dict(row.values), time=time.time())
+            self.signals.sample.send(self, record=record)
+
+
+class PmonMonitor(_Stream):
+    """Processes on every device from `nvidia-smi pmon`, as process_started/ended signals.
+
+    A process is announced on its first row. It is reported gone when a complete interval
+    lacks it; an interval completes when the next one begins or, sooner, when the stream falls
+    quiet after the last device's rows (every device prints at least one row an interval).
+    Each completed interval is announced as `processes_listed` for the devices it covered: how
+    a reader of /status knows the process lists are current.
+    """
+
+    name = "pmon"
+    selects = PMON_SELECTS
+
+    def __init__(self, inventory: Inventory, signals: Signals, nvidia_smi: List[str],
+                 env: Mapping[str, str], backoff: Optional[Backoff] = None,
+                 silence: Optional[float] = None, startup: Optional[float] = None) -> None:
+        super().__init__(inventory, nvidia_smi)
+        self.signals = signals
+        self.parser = PmonParser()
+        self.intervals = PmonIntervals()
+        self._skips = _SkipReport("pmon")
+        self._last_number = max((d.number for d in inventory.present()), default=0)
+        # By (uuid, pid): a device renumbered when another falls off keeps its processes.
+        self._announced: Dict[Tuple[str, int], GpuProcess] = {}
+        self._covered: Set[int] = set()  # devices with a row in the current interval
+        self._values: Dict[Tuple[str, int], Mapping[str, Any]] = {}  # this interval's figures
+        self._timer: Optional[object] = None
+        self.child = ChildStream("pmon", self.argv(), self._line, on_start=self._restarted,
+                                 env=stream_env(env), backoff=backoff, silence=silence,
+                                 startup=startup, on_exit=self._exited)
+
+    def start(self) -> None:
+        self.child.start()
+
+    async def stop(self, grace: float = 0.5) -> None:
+        """Stop the stream, killing it after `grace` s; no child is left behind."""
+        self._disarm()
+        await self.child.stop(grace)
+
+    def metrics(self) -> Dict[str, object]:
+        """Counters for /metrics."""
+        return {**self.child.metrics(), "skipped_lines": self.parser.skipped,
+                "processes": len(self._announced)}
+
+    def reconfigure(self) -> None:
+        self._last_number = max((d.number for d in self.inventory.present()), default=0)
+        super().reconfigure()
+
+    def attributed(self) -> Set[str]:
+        """The devices pmon lists a process on."""
+        return {uuid for uuid, _ in self._announced}
+
+    def _restarted(self) -> None:
+        # Keep what was known: a restart is not every process ending and starting again.
+        self._started()
+        self.parser.reset()
+        self.intervals.reset()
+        self._covered.clear()
+        self._values.clear()
+
+    def _line(self, line: str) -> None:
+        if self._ignoring:
+            return
+        row = self.parser.feed(line)
+        if row is None:
+            self._skips.check(self.parser)
+            return
+        self.rows += 1
+        change = self.intervals.feed(row)
+        if change is not None:
+            self._settle(change)
+        self._covered.add(row.gpu)
+        if row.pid is not None:
+            self._announce(row)
+        self._arm(row.gpu)
+
+    def _announce(self, row: PmonRow) -> None:
+        if row.pid is None:
+            return
+        device = self.inventory.by_number(row.gpu)
+        if device is None:
+            return
+        key = (device.uuid, row.pid)
+        self._values[key] = row.values
+        if key in self._announced:
+            return
+        record = GpuProcess(uuid=device.uuid, pid=row.pid, type=row.type, command=row.command)
+        self._announced[key] = record
+        self.signals.process_started.send(self, record=record)
+
+    def _settle(self, change: IntervalChange) -> None:
+        """After a complete interval: whatever was announced and is not in it has gone."""
+        present = set()
+        for process in change.present:
+            device = self.inventory.by_number(process.gpu)
+            if device is not None:
+                present.add((device.uuid, process.pid))
+        for key in [k for k in self._announced if k not in present]:
+            self.signals.process_ended.send(self, record=self._announced.pop(key))
+        covered = [self.inventory.by_number(gpu) for gpu in sorted(self._covered)]
+        self._covered = set()
+        now = time.time()
+        if self._values:
+            values, self._values = self._values, {}
+            self.signals.process_sampled.send(self, record=ProcessSamples(values, now))
+        uuids = tuple(d.uuid for d in covered if d is not None)
+        if uuids:
+            self.signals.processes_listed.send(self, record=ProcessList(uuids, now))
+
+    def _arm(self, gpu: int) -> None:
+        self._disarm()
+        # Rows after the last device's first row can only be more of that device's: a short
+        # quiet ends the interval. Before that, a quiet stream is a stall, not an absence.
+        if gpu >= self._last_number:
+            self._timer = IOLoop.current().call_later(BURST_GAP, self._quiet)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            IOLoop.current().remove_timeout(self._timer)
+            self._timer = None
+
+    def _quiet(self) -> None:
+        self._timer = None
+        change = self.intervals.end_interval()
+        if change is not None:
+            self._settle(change)

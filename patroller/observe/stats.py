@@ -1,0 +1,132 @@
+"""The latest statistics of every device and of every process on it, and how fresh each
+device's process list is, from the monitors.
+
+Every device's entry has the same keys whatever the driver prints (FIELDS): a figure the driver
+does not print is None, never a missing key, so a reader of /status can index any of them on
+any host. Columns a future driver adds are passed on as they come.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from datetime import datetime, timezone
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+from patroller.core.devices import Inventory
+from patroller.observe.signals import GpuProcess, ProcessList, ProcessSamples, Sample, Signals, Value
+
+# The figures of a device, by their stable names (dmon's columns, `pwr` as power, r384's
+# `temp` as gtemp), in the order /status shows them; `fb_total` comes from the inventory.
+FIELDS = ("power", "gtemp", "mtemp", "sm", "mem", "enc", "dec", "jpg", "ofa", "mclk", "pclk",
+          "fb", "fb_total", "bar1", "ccpm", "pviol", "tviol", "rxpci", "txpci")
+# The figures of a process: pmon's `-s um` columns, or the cross-check's used memory (fb).
+PROCESS_FIELDS = ("sm", "mem", "fb")
+_EMPTY: Mapping[str, Value] = {name: None for name in FIELDS}
+HISTORY_EVERY = 5.0  # seconds between the points of a device's utilisation history
+HISTORY_POINTS = 120  # ten minutes of them
+
+
+def iso_time(epoch: float) -> str:
+    """An epoch time as ISO 8601 in UTC, to the millisecond."""
+    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="milliseconds")
+
+
+class StatsStore:
+    """Keeps the last sample per device; a device with no sample for `stale_after` s is stale.
+
+    Its process list is stale the same way: when no complete pmon interval listed the device's
+    processes for `stale_after` s (pmon down or hung), or none ever did.
+    """
+
+    def __init__(self, inventory: Inventory, stale_after: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.inventory = inventory
+        self.stale_after = stale_after
+        self.clock = clock
+        self._last: Dict[str, Sample] = {}
+        self._seen: Dict[str, float] = {}  # uuid -> clock() when the last sample arrived
+        self._listed: Dict[str, float] = {}  # uuid -> clock() when its processes were listed
+        self._processes: Dict[Tuple[str, int], Dict[str, Value]] = {}  # (uuid, pid) -> figures
+        self._history: Dict[str, "deque[Optional[Value]]"] = {}  # uuid -> SM %, oldest first
+        self._history_at: Dict[str, float] = {}
+        self._subscribers: List[Callable[[], None]] = []
+
+    def connect(self, signals: Signals) -> None:
+        """Listen to the daemon's samples."""
+        signals.sample.connect(self._on_sample)
+        signals.processes_listed.connect(self._on_listed)
+        signals.process_sampled.connect(self._on_process_sampled)
+        signals.process_ended.connect(self._on_process_ended)
+
+    def subscribe(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` after every sample, and when a stale process list is fresh again."""
+        self._subscribers.append(callback)
+
+    def _on_sample(self, sender: Any, record: Sample) -> None:
+        if self.inventory.get(record.uuid) is not None:
+            self._last[record.uuid] = record
+            now = self._seen[record.uuid] = self.clock()
+            if now - self._history_at.get(record.uuid, -HISTORY_EVERY) >= HISTORY_EVERY:
+                self._history_at[record.uuid] = now
+                self._history.setdefault(record.uuid, deque(maxlen=HISTORY_POINTS)).append(
+                    record.values.get("sm"))
+            for callback in self._subscribers:
+                callback()
+
+    def _on_listed(self, sender: Any, record: ProcessList) -> None:
+        now = self.clock()
+        revived = False
+        for uuid in record.uuids:
+            if self.inventory.get(uuid) is not None:
+                revived = revived or self.processes_stale(uuid)
+                self._listed[uuid] = now
+        if revived:  # otherwise nothing shown changed: lists change through lease events
+            for callback in self._subscribers:
+                callback()
+
+    def _on_process_sampled(self, sender: Any, record: ProcessSamples) -> None:
+        # Shown with the next change of /status. A figure not known this time (None) keeps the
+        # last one: pmon prints `-` for an interval without a sample, and the cross-check knows
+        # memory alone.
+        for key, values in record.values.items():
+            known = self._processes.get(key)
+            if known is None:
+                self._processes[key] = dict(values)
+            else:
+                known.update((k, v) for k, v in values.items() if v is not None)
+
+    def _on_process_ended(self, sender: Any, record: GpuProcess) -> None:
+        self._processes.pop((record.uuid, record.pid), None)
+
+    def process_view(self, uuid: str, pid: int) -> Dict[str, Optional[Value]]:
+        """A process's figures on a device: sm and mem in %, fb in MiB; None when not known."""
+        values = self._processes.get((uuid, pid), _EMPTY)
+        return {name: values.get(name) for name in PROCESS_FIELDS}
+
+    def history(self) -> Dict[str, List[Optional[Value]]]:
+        """Per device, its SM utilisation every HISTORY_EVERY s over the last minutes."""
+        return {uuid: list(points) for uuid, points in self._history.items()}
+
+    def processes_stale(self, uuid: str) -> bool:
+        """Whether the device's process list may be out of date, so its ownership too."""
+        listed = self._listed.get(uuid)
+        return listed is None or self.clock() - listed > self.stale_after
+
+    def view(self, uuid: str) -> Dict[str, Any]:
+        """The statistics part of one device's /status entry: every FIELDS key, then columns
+        beyond them, then `updated` and `stale`."""
+        sample = self._last.get(uuid)
+        values: Mapping[str, Value] = sample.values if sample is not None else _EMPTY
+        view: Dict[str, Any] = {name: values.get(name) for name in FIELDS}
+        device = self.inventory.get(uuid)
+        view["fb_total"] = device.memory_mib if device is not None else None
+        for name, value in values.items():
+            if name not in view:
+                view[name] = value
+        if sample is None:
+            view.update(updated=None, stale=True)
+            return view
+        view["updated"] = iso_time(sample.time)
+        view["stale"] = self.clock() - self._seen[uuid] > self.stale_after
+        return view
+

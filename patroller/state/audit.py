@@ -1,0 +1,79 @@
+"""The audit record: who had which GPU when, one JSON object per event.
+
+Every grant, release (by whom, and an administrator's with the reason), expiry, claim by a
+process on a free device, trespass, end of a process a reservation was held for, idle release,
+and GPU lost or back is one line:
+
+    {"time": "2026-12-03T08:40:01.512+00:00", "event": "grant", "user": "alice@example.org",
+     "devices": [{"uuid": "GPU-...", "number": 2}], "hold": "process", "pid": 4242}
+
+The lines go to the daemon's log (logger `patroller.audit`, so to the journal under systemd),
+and, with --audit-log, also to a file (appended, one line per event; `-` is standard output).
+The last `keep` events stay in memory for /history.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections import deque
+from typing import Any, Callable, Deque, Dict, List, Optional, TextIO
+
+from patroller.core.leases.manager import Event
+from patroller.observe.stats import iso_time
+
+log = logging.getLogger("patroller.audit")
+
+KEEP = 1000  # events kept in memory for /history
+
+
+class AuditLog:
+    """Writes each event as a JSON line, and keeps the recent ones."""
+
+    def __init__(self, path: Optional[str] = None, keep: int = KEEP,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.path = path
+        self.clock = clock
+        self.recent: Deque[Dict[str, Any]] = deque(maxlen=keep)
+        self.written = 0
+        self.failures = 0
+        self._file: Optional[TextIO] = None
+
+    def open(self) -> None:
+        """Open the file (append); OSError if it cannot be."""
+        if self.path == "-":
+            self._file = sys.stdout
+        elif self.path:
+            self._file = open(self.path, "a", encoding="utf-8", buffering=1)
+
+    def close(self) -> None:
+        if self._file is not None and self._file is not sys.stdout:
+            self._file.close()
+        self._file = None
+
+    def record(self, event: Event) -> None:
+        """One event: in memory, in the log, in the file."""
+        entry: Dict[str, Any] = {
+            "time": iso_time(self.clock()), "at": round(self.clock(), 3), "event": event.kind,
+            "user": event.user,
+            "devices": [{"uuid": uuid, "number": number} for uuid, number in event.devices],
+            **event.details}
+        self.recent.append(entry)
+        line = json.dumps(entry, separators=(",", ":"))
+        log.info("%s", line)
+        if self._file is not None:
+            try:
+                self._file.write(line + "\n")
+                self.written += 1
+            except OSError as exc:  # a full disk must not stop the daemon
+                self.failures += 1
+                if self.failures == 1 or self.failures % 1000 == 0:
+                    logging.getLogger(__name__).warning(
+                        "cannot write the audit log %s: %s (%d failures)", self.path,
+                        exc.strerror or exc, self.failures)
+
+    def since(self, when: float, limit: int) -> List[Dict[str, Any]]:
+        """The kept events at or after `when` (epoch seconds), the most recent `limit`."""
+        found = [e for e in self.recent if e["at"] >= when]
+        return found[-limit:]
