@@ -1,1 +1,8 @@
-"""patroller.core."""
+"""The rules, with no I/O: what a device and an identity are, the domain errors, the fair-use
+policy, the lease rules (`core.leases`), and small pure helpers (a log throttle).
+
+Owns: Device and Inventory, Identity and ProcessRef, the errors the API maps to statuses,
+Policy, the lease manager with its holds and queue.
+May import: the standard library and `patroller.durations`; nothing else of Patroller, no
+third-party package. Everything else builds on this.
+"""

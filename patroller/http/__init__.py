@@ -1,1 +1,8 @@
-"""patroller.http."""
+"""The API: where it listens, how each request is answered, and what it shows.
+
+Owns: the server (TCP and unix sockets, accepting, peer credentials attached to connections),
+the handlers, the query parsers, the read models and cached bodies of the views, the web
+page's live feed, the Prometheus metrics, and the page's files.
+May import: every layer below it (`patroller.services`, `patroller.state`, `patroller.identify`,
+`patroller.observe`, `patroller.config`, `patroller.core`); Tornado, prometheus_client.
+"""

@@ -1,1 +1,6 @@
-"""Readers and pure parsers for what nvidia-smi prints."""
+"""What nvidia-smi prints, parsed: `-q -x` (the inventory), the dmon and pmon streams, and
+`--query-compute-apps`. Pure functions over text: no process, no clock, no logging.
+
+Owns: the parsers and the records they give.
+May import: `patroller.core`.
+"""

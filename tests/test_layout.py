@@ -1,0 +1,235 @@
+"""The shape of the code, checked: layers that import only downwards, no import cycle, what each
+package may import from outside the standard library, and modules and classes of a size one
+can read.
+
+The contract lives in one place, LAYERS and THIRD_PARTY below, and each package's docstring
+says the same in words (checked too). Imports are read from the source with `ast`, every one of
+them: at module level, inside functions, and under `if TYPE_CHECKING`.
+"""
+import ast
+import os
+import sys
+from typing import Dict, List, Optional, Set, Tuple
+
+import pytest
+
+from helpers import ROOT
+
+PACKAGE = os.path.join(ROOT, "patroller")
+
+# Top to bottom: a unit may import itself and the units below it, never one above. Each entry
+# is a package (and everything in it) or a module.
+LAYERS: List[Tuple[str, ...]] = [
+    ("patroller.__main__",),  # python -m patroller
+    ("patroller.main",),  # the entry point: the command line's words, or the daemon
+    ("patroller.app",),  # the daemon: build the services, start and stop
+    ("patroller.http",),  # the server, handlers, read models, live feed, metrics
+    ("patroller.services",),  # the one object the handlers and the collector take
+    ("patroller.state",),  # the lease book, the audit record, the timer, lifetimes
+    ("patroller.identify",),  # who runs a process, who calls the API
+    ("patroller.observe",),  # nvidia-smi children, parsers, monitors, statistics
+    ("patroller.config",),  # every setting, built once
+    ("patroller.core",),  # devices, identities, errors, policy, the lease rules
+]
+# Units outside the daemon's layers: what each may import of patroller. The client side
+# imports nothing of the daemon, so that it runs where only the client is installed.
+LEAVES: Dict[str, Tuple[str, ...]] = {
+    "patroller": (),  # __init__: the version
+    "patroller.durations": (),  # one duration parser, for the client side and the daemon
+    "patroller.client": ("patroller.durations",),
+    "patroller.cli": ("patroller.client", "patroller.durations"),
+    "patroller.simulator": (),  # the fake nvidia-smi: nothing of the daemon it imitates a GPU for
+}
+# What each unit may import beyond the standard library (and patroller).
+THIRD_PARTY: Dict[str, Set[str]] = {
+    "patroller.core": set(),
+    "patroller.config": set(),
+    "patroller.observe": {"tornado", "blinker"},
+    "patroller.identify": {"tornado", "docker", "cachetools"},
+    "patroller.state": {"tornado"},
+    "patroller.services": set(),
+    "patroller.http": {"tornado", "prometheus_client", "orjson"},
+    "patroller.main": set(),
+    "patroller.app": {"tornado"},
+    "patroller.__main__": set(),
+    "patroller": set(),
+    "patroller.durations": set(),
+    "patroller.client": set(),
+    "patroller.cli": set(),
+    "patroller.simulator": set(),
+}
+MAX_MODULE_LINES = 400
+MAX_CLASS_LINES = 300
+# The simulator may be larger: it is a program of its own, imitating every era of nvidia-smi.
+SIZE_EXEMPT = ("patroller.simulator",)
+
+
+def modules() -> Dict[str, str]:
+    """Every module of the package: dotted name -> path."""
+    found = {}
+    for folder, _, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                parts = os.path.relpath(path, ROOT)[:-3].split(os.sep)
+                if parts[-1] == "__init__":
+                    parts = parts[:-1]
+                found[".".join(parts)] = path
+    return found
+
+
+MODULES = modules()
+
+
+def is_package(module: str) -> bool:
+    return MODULES[module].endswith("__init__.py")
+
+
+def imports(module: str) -> List[Tuple[str, int]]:
+    """(imported module, line) for every import in the module, relative ones resolved."""
+    tree = ast.parse(open(MODULES[module], encoding="utf-8").read())
+    here = module if is_package(module) else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend((alias.name, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here.split(".")[:len(here.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.append((target, node.lineno))
+            for alias in node.names:  # `from patroller.x import y` may name the module x.y
+                if f"{target}.{alias.name}" in MODULES:
+                    found.append((f"{target}.{alias.name}", node.lineno))
+    return found
+
+
+def unit_of(module: str) -> Optional[str]:
+    """The layer entry or leaf that a patroller module belongs to."""
+    units = [u for layer in LAYERS for u in layer] + list(LEAVES)
+    best = None
+    for unit in units:
+        if module == unit or module.startswith(unit + "."):
+            if best is None or len(unit) > len(best):
+                best = unit
+    return best
+
+
+def layer_of(unit: str) -> Optional[int]:
+    for depth, layer in enumerate(LAYERS):
+        if unit in layer:
+            return depth
+    return None
+
+
+def internal(name: str) -> Optional[str]:
+    """The patroller module an import names (a name inside a module counts as the module)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def test_every_module_belongs_to_a_unit_of_the_contract():
+    orphans = [m for m in MODULES if unit_of(m) is None]
+    assert not orphans, f"modules in no layer or leaf of tests/test_layout.py: {orphans}"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_go_down_the_layers_and_leaves_stay_apart(module):
+    unit = unit_of(module)
+    depth = layer_of(unit)
+    for name, line in imports(module):
+        target = internal(name) if name.startswith("patroller") else None
+        if target is None:
+            continue
+        other = unit_of(target)
+        if other == unit or other == "patroller":
+            continue
+        where = f"{MODULES[module]}:{line} imports {target}"
+        if unit in LEAVES:
+            assert other in LEAVES[unit], f"{where}: {unit} may import only {LEAVES[unit]}"
+        elif other in LEAVES:
+            assert other in ("patroller.durations", "patroller.cli"), \
+                f"{where}: the daemon does not import {other}"
+            assert other != "patroller.cli" or module == "patroller.main", \
+                f"{where}: only the entry point hands words to the command line"
+        else:
+            assert layer_of(other) > depth, f"{where}: {other} is not below {unit}"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_third_party_imports_are_the_ones_the_unit_may_use(module):
+    allowed = THIRD_PARTY[unit_of(module)]
+    for name, line in imports(module):
+        top = name.split(".")[0]
+        if top == "patroller" or top in sys.stdlib_module_names or top == "__future__":
+            continue
+        assert top in allowed, f"{MODULES[module]}:{line} imports {name}; {unit_of(module)} " \
+                               f"may use {sorted(allowed) or 'the standard library only'}"
+
+
+def test_no_import_cycle():
+    graph = {m: {t for n, _ in imports(m) if n.startswith("patroller")
+                 for t in [internal(n)] if t is not None and t != m} for m in MODULES}
+    # A package's __init__ that only re-exports its modules is not a cycle with them.
+    cycles = strongly_connected(graph)
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(sorted(c)) for c in cycles)
+
+
+def strongly_connected(graph: Dict[str, Set[str]]) -> List[Set[str]]:
+    """Tarjan's algorithm: the components of more than one module."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    found: List[Set[str]] = []
+    counter = [0]
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.add(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(component)
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_each_package_says_what_it_owns_and_what_it_may_import():
+    for module in MODULES:
+        if not is_package(module) or module == "patroller":
+            continue
+        doc = ast.get_docstring(ast.parse(open(MODULES[module], encoding="utf-8").read())) or ""
+        assert "Owns:" in doc and "May import:" in doc, \
+            f"{MODULES[module]}: the docstring says what the package owns and may import"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if not m.startswith(SIZE_EXEMPT)))
+def test_modules_and_classes_are_of_a_size_one_can_read(module):
+    text = open(MODULES[module], encoding="utf-8").read()
+    lines = len(text.splitlines())
+    assert lines <= MAX_MODULE_LINES, f"{MODULES[module]} has {lines} lines"
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ClassDef):
+            size = node.end_lineno - node.lineno + 1
+            assert size <= MAX_CLASS_LINES, f"{MODULES[module]}: class {node.name} has {size} lines"
