@@ -1,54 +1,18 @@
-"""Configuration: built once, from the command line with PATROLLER_* environment fallbacks."""
+"""The command line and the environment: every flag, its PATROLLER_* variable, its help, and
+the checks that turn text into a Config (a bad value is refused at start, naming the flag)."""
 from __future__ import annotations
 
 import argparse
 import math
 import os
-from dataclasses import dataclass
 from typing import Callable, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 from patroller import __version__
+from patroller.config.settings import DEFAULT_USER_LABELS, Config, ConfigError
 
 T = TypeVar("T")
 
-DEFAULT_USER_LABELS = ("user.email", "email", "maintainer")
 LOG_LEVELS = ("debug", "info", "warning", "error")
-
-
-class ConfigError(Exception):
-    """A setting with a value that cannot be used; the message names the flag or variable."""
-
-
-@dataclass(frozen=True)
-class Config:
-    """Everything the daemon is told at start. Immutable; passed down explicitly."""
-
-    test: bool = False
-    port: int = 80
-    address: str = ""  # all interfaces
-    lease: float = 10.0
-    max_waiting_per_user: int = 100  # /wait requests one user may have queued at once
-    user_labels: Tuple[str, ...] = DEFAULT_USER_LABELS
-    user_info_labels: Tuple[str, ...] = ()
-    nvidia_smi: str = "nvidia-smi"
-    stream_silence: float = 5.0  # seconds a running dmon/pmon may print nothing: then it is hung
-    stream_startup: float = 30.0  # seconds a fresh one may take to speak (slow NVML start)
-    inventory_every: float = 60.0  # seconds between readings of `nvidia-smi -q -x`
-    cross_check_every: float = 10.0  # seconds between compute-apps queries, when needed
-    socket: Optional[str] = None  # also serve on this unix socket
-    state_dir: Optional[str] = None  # the lease book's directory; None: keep no book
-    docker_host: Optional[str] = None  # None: the Docker SDK's default socket
-    log_level: str = "info"
-    body_timeout: float = 10.0  # seconds a request body may take to arrive
-    max_per_user: Optional[int] = None  # devices one user may hold at once
-    limits_file: Optional[str] = None  # per-user overrides (JSON), read again on SIGHUP
-    starvation_bound: float = 600.0  # seconds a waiting request may be overtaken
-    max_hold: float = 12 * 3600.0  # the longest reservation one may ask for (hold=2h)
-    idle_sm: float = 5.0  # %: at most this SM use ...
-    idle_memory: float = 1024.0  # MiB: ... and less memory used than this is idle
-    idle_after: float = 1800.0  # seconds idle before it shows
-    idle_release: Optional[float] = None  # seconds idle (no process) before it is released
-    audit_log: Optional[str] = None  # also write the audit record here (JSON lines; - stdout)
 
 
 # (flag, environment variable, help) for every setting, in the order of --help.
