@@ -10,7 +10,8 @@ from patroller.core.errors import Busy, NotYours, OverLimit
 from patroller.observe.idle import IdleWatch
 from patroller.core.identity import Identity, named_user
 from patroller.core.leases.manager import LeaseManager
-from patroller.core.policy import Policy, load_limits, parse_duration
+from patroller import durations
+from patroller.core.policy import Policy, load_limits
 from patroller.observe.testmode import synthetic_inventory
 
 LEASE = 10.0
@@ -172,11 +173,15 @@ def test_at_its_end_a_duration_gives_way_to_the_usual_rules_and_release_ends_it_
 
 
 def test_durations_are_read_in_any_unit():
-    assert [parse_duration(t) for t in ("90", "90s", "15m", "2h", "1.5d")] == \
-        [90, 90, 900, 7200, 129600]
-    for bad in ("", "2x", "-1h", "0", "h"):
+    assert [durations.parse(t) for t in ("90", "90s", "15m", "2h", "1.5d", " 2H ", "1e3")] == \
+        [90, 90, 900, 7200, 129600, 7200, 1000]
+    for bad in ("", "2x", "-1h", "0", "h", "inf", "nan", "1_000", "\u0661\u0662", "2 hours"):
         with pytest.raises(ValueError):
-            parse_duration(bad)
+            durations.parse(bad)
+    assert durations.parse("0", zero=True) == 0
+    for bad in ("-1", "nan", "inf"):
+        with pytest.raises(ValueError, match="zero or more"):
+            durations.parse(bad, zero=True)
 
 
 # -- the administrator ---------------------------------------------------------------------------

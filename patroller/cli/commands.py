@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any, Dict, Optional, Sequence, TextIO
 
-from patroller import client
+from patroller import client, durations
 from patroller.cli.exits import (EX_INTERRUPTED, EX_NOPERM, EX_OK, EX_TEMPFAIL, EX_UNAVAILABLE,
                                  EX_USAGE, Failure, error_text, refused_code)
 from patroller.cli.render import describe, duration, format_status, numbers_of, release_message
@@ -108,19 +108,19 @@ def count_arg(text: str) -> int:
     return value
 
 def seconds_arg(text: str) -> float:
+    """A duration (90, 90s, 2m, 1h); zero is allowed."""
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"a number of seconds, not {text!r}")
-    return value
+        return durations.parse(text, zero=True)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} {exc}") from None
+
 
 def wait_arg(text: str) -> Optional[float]:
-    """Seconds, or None for 'forever'."""
-    if text.lower() in ("forever", "inf", "infinity"):
+    """A duration, or None for 'forever'."""
+    if text.strip().lower() in ("forever", "inf", "infinity"):
         return None
     return seconds_arg(text)
+
 
 def wait_command(options: argparse.Namespace) -> int:
     """Reserve for the usual lease (hold=lease) and print the numbers on stdout."""

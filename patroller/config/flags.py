@@ -7,7 +7,7 @@ import math
 import os
 from typing import Callable, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
-from patroller import __version__
+from patroller import __version__, durations
 from patroller.config.settings import DEFAULT_USER_LABELS, Config, ConfigError
 
 T = TypeVar("T")
@@ -94,26 +94,11 @@ def _port(text: str) -> int:
     return int(text)
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError("is not a number of seconds") from None
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError("must be a positive number of seconds")
-    return value
-
-
 def _silence(text: str) -> float:
-    value = _seconds(text)
+    value = durations.parse(text)
     if value < 3:
         raise ValueError("must be at least 3 seconds: nvidia-smi prints once a second")
     return value
-
-
-def _duration(text: str) -> float:
-    from patroller.core.policy import parse_duration
-    return parse_duration(text)
 
 
 def _nonnegative(text: str) -> float:
@@ -232,7 +217,7 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         test=test,
         port=pick("--port", env_names["--port"], _port, Config.port),
         address=pick("--address", env_names["--address"], str.strip, Config.address),
-        lease=pick("--lease", env_names["--lease"], _seconds, Config.lease),
+        lease=pick("--lease", env_names["--lease"], durations.parse, Config.lease),
         max_waiting_per_user=pick("--max-waiting-per-user", env_names["--max-waiting-per-user"],
                                   _count, Config.max_waiting_per_user),
         user_labels=pick("--user-labels", env_names["--user-labels"], _user_labels, DEFAULT_USER_LABELS),
@@ -240,27 +225,30 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         nvidia_smi=pick("--nvidia-smi", env_names["--nvidia-smi"], _nonempty, Config.nvidia_smi),
         stream_silence=pick("--stream-silence", env_names["--stream-silence"], _silence,
                             Config.stream_silence),
-        inventory_every=pick("--inventory-every", env_names["--inventory-every"], _seconds,
+        inventory_every=pick("--inventory-every", env_names["--inventory-every"], durations.parse,
                              Config.inventory_every),
-        cross_check_every=pick("--cross-check-every", env_names["--cross-check-every"], _seconds,
+        cross_check_every=pick("--cross-check-every", env_names["--cross-check-every"],
+                               durations.parse,
                                Config.cross_check_every),
         socket=pick("--socket", env_names["--socket"], _socket_path, None),
         state_dir=pick("--state-dir", env_names["--state-dir"], _state_dir,
                        default_state_dir(test, environ, os.getuid())),
         docker_host=pick("--docker-host", env_names["--docker-host"], _docker_host, None),
         log_level=pick("--log-level", env_names["--log-level"], _log_level, Config.log_level),
-        body_timeout=pick("--body-timeout", env_names["--body-timeout"], _seconds,
+        body_timeout=pick("--body-timeout", env_names["--body-timeout"], durations.parse,
                           Config.body_timeout),
         max_per_user=pick("--max-per-user", env_names["--max-per-user"], _count, None),
         limits_file=pick("--limits-file", env_names["--limits-file"], _existing_file, None),
-        starvation_bound=pick("--starvation-bound", env_names["--starvation-bound"], _duration,
+        starvation_bound=pick("--starvation-bound", env_names["--starvation-bound"],
+                              durations.parse,
                               Config.starvation_bound),
-        max_hold=pick("--max-hold", env_names["--max-hold"], _duration, Config.max_hold),
+        max_hold=pick("--max-hold", env_names["--max-hold"], durations.parse, Config.max_hold),
         idle_sm=pick("--idle-sm", env_names["--idle-sm"], _nonnegative, Config.idle_sm),
         idle_memory=pick("--idle-memory", env_names["--idle-memory"], _nonnegative,
                          Config.idle_memory),
-        idle_after=pick("--idle-after", env_names["--idle-after"], _duration, Config.idle_after),
-        idle_release=pick("--idle-release", env_names["--idle-release"], _duration, None),
+        idle_after=pick("--idle-after", env_names["--idle-after"], durations.parse,
+                        Config.idle_after),
+        idle_release=pick("--idle-release", env_names["--idle-release"], durations.parse, None),
         audit_log=pick("--audit-log", env_names["--audit-log"], _nonempty, None),
     )
 

@@ -11,13 +11,9 @@ the identity: an e-mail, a host account, `container:<id>`); null means no limit 
 from __future__ import annotations
 
 import json
-import math
-import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd]?)\Z")
-_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 MAX_LIMITS_BYTES = 1024 * 1024
 
 
@@ -37,17 +33,6 @@ class Policy:
     def limit_of(self, user: str) -> Optional[int]:
         """The most devices `user` may hold at once, or None."""
         return self.limits[user] if user in self.limits else self.max_per_user
-
-
-def parse_duration(text: str) -> float:
-    """Seconds from `90`, `90s`, `15m`, `2h`, `1.5d`; ValueError if it is none of those."""
-    found = _DURATION.match(text.strip().lower())
-    if not found:
-        raise ValueError(f"{text[:16]!r} is not a duration (such as 90s, 30m, 2h)")
-    seconds = float(found.group(1)) * _UNITS[found.group(2)]
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"{text[:16]!r} is not a positive duration")
-    return seconds
 
 
 def load_limits(path: str) -> Dict[str, Optional[int]]:

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Dict, Mapping, Optional, Sequence
 
+from patroller import durations
 from patroller.core.errors import BadRequest
-from patroller.core.policy import parse_duration
 
 MAX_QUERY = 2048  # bytes of query string
 MAX_GROUPS = 16
@@ -58,7 +58,7 @@ def parse_ask(args: Args, *, wait: bool) -> Ask:
     duration = None
     if hold is not None and hold not in HOLDS:
         try:
-            duration = parse_duration(hold)
+            duration = durations.parse(hold)
         except ValueError:
             raise BadRequest(f"hold={hold[:16]!r}: must be lease (the short lease, the default), "
                              "process (held while the calling process lives) or a duration "
@@ -143,11 +143,9 @@ def _timeout(text: Optional[str]) -> Optional[float]:
     if text is None:
         return None
     try:
-        value = float(text)
-    except ValueError:
-        raise BadRequest(f"timeout={text[:16]!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value < 0:
-        raise BadRequest(f"timeout={text[:16]}: must be zero or more seconds")
+        value = durations.parse(text, zero=True)
+    except ValueError as exc:
+        raise BadRequest(f"timeout={text[:16]!r} {exc}") from None
     if value > MAX_TIMEOUT:
         raise BadRequest(f"timeout={text[:16]}: at most {MAX_TIMEOUT:.0f} seconds; "
                          "leave it out to wait for ever")

@@ -1,0 +1,35 @@
+"""Durations as people write them: `90` (seconds), `90s`, `1.5m`, `2h`, `1d`.
+
+One parser for every duration Patroller reads: the daemon's flags, the API's `timeout=` and
+`hold=`, and the command line's `--wait`, `--timeout` and `--watch`. Standard library only: the
+client side uses it too. Its messages name no flag; the caller says which value it was.
+"""
+from __future__ import annotations
+
+import math
+
+UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+EXAMPLES = "90, 90s, 30m, 2h"
+
+
+def parse(text: str, *, zero: bool = False) -> float:
+    """The seconds `text` says: a number, with an optional unit s, m, h or d.
+
+    Raises ValueError when it is not a duration, is negative or not finite, or is zero and
+    `zero` is false.
+    """
+    given = text.strip().lower()
+    unit = given[-1:] if given[-1:] in UNITS else ""
+    number = given[:len(given) - len(unit)].strip()
+    try:
+        if not number.isascii() or "_" in number:
+            raise ValueError
+        seconds = float(number) * UNITS[unit]
+    except ValueError:
+        raise ValueError(f"is not a number of seconds or a duration such as {EXAMPLES}") \
+            from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError("must be zero or more seconds" if zero else "must be a positive duration")
+    if seconds == 0 and not zero:
+        raise ValueError("must be a positive duration")
+    return seconds
