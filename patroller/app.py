@@ -19,7 +19,8 @@ from patroller.core.leases.manager import LeaseManager
 from patroller.state.audit import AuditLog
 from patroller.observe.idle import IdleWatch
 from patroller.state.lifetimes import Lifelines
-from patroller.core.policy import Policy, load_limits
+from patroller.config import policy_of
+from patroller.core.policy import Policy
 from patroller.http.live import LiveFeed
 from patroller.http.metrics import Registries, Requests
 from patroller.http.server import (PeerServer, SocketFile, SocketPathError, remove_unix_socket,
@@ -281,16 +282,10 @@ async def build(config: Config) -> Daemon:
 def make_policy(config: Config) -> Policy:
     """The fair-use policy the configuration and its limits file set. Raises StartError if the
     limits file is unusable (at start; a reload keeps the old policy instead)."""
-    limits = {}
-    if config.limits_file:
-        try:
-            limits = load_limits(config.limits_file)
-        except ValueError as exc:
-            raise StartError(f"--limits-file: {exc}") from None
-    return Policy(max_per_user=config.max_per_user, limits=limits,
-                  starvation_bound=config.starvation_bound, max_hold=config.max_hold,
-                  idle_sm=config.idle_sm, idle_memory_mib=config.idle_memory,
-                  idle_after=config.idle_after, idle_release=config.idle_release)
+    try:
+        return policy_of(config)
+    except ValueError as exc:
+        raise StartError(f"--limits-file: {exc}") from None
 
 
 def _book(config: Config) -> Optional[LeaseBook]:

@@ -15,7 +15,6 @@ import pytest
 
 from helpers import ROOT, ScenarioFile, ServerProcess, alive
 from patroller import client
-from patroller import cli
 from patroller.cli import render
 
 TESTS = os.path.dirname(os.path.abspath(__file__))

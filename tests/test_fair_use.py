@@ -11,7 +11,8 @@ from patroller.observe.idle import IdleWatch
 from patroller.core.identity import Identity, named_user
 from patroller.core.leases.manager import LeaseManager
 from patroller import durations
-from patroller.core.policy import Policy, load_limits
+from patroller.config import load_limits
+from patroller.core.policy import Policy
 from patroller.observe.testmode import synthetic_inventory
 
 LEASE = 10.0

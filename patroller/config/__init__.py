@@ -1,11 +1,13 @@
 """Configuration: every setting, built once from the command line with PATROLLER_* environment
 fallbacks, into one immutable Config that is passed down explicitly.
 
-Owns: Config (settings and documented internal defaults) and the command line that fills it.
+Owns: Config (settings and documented internal defaults), the command line that fills it, and
+the fair-use policy built from it (with the per-user limits file).
 May import: `patroller.core` and `patroller.durations`.
 """
 from patroller.config.flags import default_state_dir, load, settings_table
+from patroller.config.policy import load_limits, policy_of
 from patroller.config.settings import DEFAULT_USER_LABELS, Config, ConfigError
 
 __all__ = ["DEFAULT_USER_LABELS", "Config", "ConfigError", "default_state_dir", "load",
-           "settings_table"]
+           "load_limits", "policy_of", "settings_table"]

@@ -1,20 +1,12 @@
 """The host's fair-use policy, as its administrator sets it: how many GPUs one user may hold,
 how long a waiting request may be overtaken, how long a reservation may be asked for, and when
-a held GPU counts as idle. Pure: the lease manager and the idle watch read it; `main` builds it
-from the configuration and the limits file, and builds it again on SIGHUP.
-
-The limits file is a JSON object of per-user overrides of --max-per-user, by user (the `user` of
-the identity: an e-mail, a host account, `container:<id>`); null means no limit for that user:
-
-    {"alice@example.org": 4, "bob@example.org": 1, "ci-runner": null}
+a held GPU counts as idle. Pure: the lease manager and the idle watch read it; it is built from
+the configuration and the limits file (`patroller.config.policy_of`), again on SIGHUP.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional
-
-MAX_LIMITS_BYTES = 1024 * 1024
+from typing import Mapping, Optional
 
 
 @dataclass(frozen=True)
@@ -33,28 +25,3 @@ class Policy:
     def limit_of(self, user: str) -> Optional[int]:
         """The most devices `user` may hold at once, or None."""
         return self.limits[user] if user in self.limits else self.max_per_user
-
-
-def load_limits(path: str) -> Dict[str, Optional[int]]:
-    """The per-user limits in `path`; ValueError says what is wrong with the file."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_LIMITS_BYTES + 1)
-    except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_LIMITS_BYTES:
-        raise ValueError(f"{path} is over {MAX_LIMITS_BYTES} bytes")
-    try:
-        data: Any = json.loads(raw)
-    except ValueError as exc:
-        raise ValueError(f"{path} is not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold an object of user: limit")
-    limits: Dict[str, Optional[int]] = {}
-    for user, limit in data.items():
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
-                                  or limit < 0):
-            raise ValueError(f"{path}: the limit of {user!r} must be a whole number of 0 or "
-                             "more, or null")
-        limits[user] = limit
-    return limits

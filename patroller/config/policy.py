@@ -1,0 +1,52 @@
+"""The fair-use policy as the configuration sets it, with the per-user limits file.
+
+The limits file is a JSON object of per-user overrides of --max-per-user, by user (the `user` of
+the identity: an e-mail, a host account, `container:<id>`); null means no limit for that user:
+
+    {"alice@example.org": 4, "bob@example.org": 1, "ci-runner": null}
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, Mapping, Optional
+
+from patroller.config.settings import Config
+from patroller.core.policy import Policy
+
+MAX_LIMITS_BYTES = 1024 * 1024  # a bigger file is not a limits file
+
+
+def policy_of(config: Config, limits: Optional[Mapping[str, Optional[int]]] = None) -> Policy:
+    """The policy `config` sets, with `limits`, or those of its limits file when not given.
+    Raises ValueError, saying what is wrong with the file, if it cannot be used."""
+    if limits is None:
+        limits = load_limits(config.limits_file) if config.limits_file else {}
+    return Policy(max_per_user=config.max_per_user, limits=dict(limits),
+                  starvation_bound=config.starvation_bound, max_hold=config.max_hold,
+                  idle_sm=config.idle_sm, idle_memory_mib=config.idle_memory,
+                  idle_after=config.idle_after, idle_release=config.idle_release)
+
+
+def load_limits(path: str) -> Dict[str, Optional[int]]:
+    """The per-user limits in `path`; ValueError says what is wrong with the file."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_LIMITS_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_LIMITS_BYTES:
+        raise ValueError(f"{path} is over {MAX_LIMITS_BYTES} bytes")
+    try:
+        data: Any = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"{path} is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold an object of user: limit")
+    limits: Dict[str, Optional[int]] = {}
+    for user, limit in data.items():
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                                  or limit < 0):
+            raise ValueError(f"{path}: the limit of {user!r} must be a whole number of 0 or "
+                             "more, or null")
+        limits[user] = limit
+    return limits
