@@ -16,8 +16,8 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from __outside__.bench import measures
-from __outside__.bench.harness import ROOT, machine, raise_file_limit
+from . import measures
+from .harness import ROOT, machine, raise_file_limit
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 NAMES = ("throughput", "reactions", "identity", "scale", "footprint", "parsers", "waiters",
@@ -69,6 +69,16 @@ def checks(report: Dict[str, Any]) -> List[Dict[str, Any]]:
     big = _get(r, "throughput", (64, 500), "/status", "requests_per_s")
     rows = [
         ("/status req/s, 8 GPUs", small, ">= 7000 (twice the old 3,500)", lambda v: v >= 7000),
+        ("/status throughput as a fraction of the ceiling's, 8 GPUs",
+         _get(r, "throughput", (8, 0), "of_ceiling", "throughput"),
+         ">= 0.25 (the same bytes from a bare asyncio server)", lambda v: v >= 0.25),
+        ("/status p99 as a multiple of the ceiling's, 8 GPUs",
+         _get(r, "throughput", (8, 0), "of_ceiling", "p99"), "<= 2.5", lambda v: v <= 2.5),
+        ("/status throughput as a fraction of the ceiling's, 64 GPUs + 500 processes",
+         _get(r, "throughput", (64, 500), "of_ceiling", "throughput"), ">= 0.25",
+         lambda v: v >= 0.25),
+        ("/status p99 as a multiple of the ceiling's, 64 GPUs + 500 processes",
+         _get(r, "throughput", (64, 500), "of_ceiling", "p99"), "<= 2.5", lambda v: v <= 2.5),
         ("/status p99 ms, 8 GPUs", _get(r, "throughput", (8, 0), "/status", "p99_ms"),
          "<= 8 (half the old 16)", lambda v: v <= 8),
         ("/status req/s, 64 GPUs + 500 processes", big,
@@ -126,9 +136,12 @@ def other_figures(report: Dict[str, Any]) -> List[Tuple[str, Any]]:
     r = report["results"]
     figures: List[Tuple[str, Any]] = []
     for row in r.get("throughput", []):
-        for path in ("/status", "/devices"):
-            f = row[path]
-            figures.append((f"{path} {row['gpus']} GPUs, {row['processes']} processes",
+        for path in ("/status", "/devices", "ceiling"):
+            f = row.get(path)
+            if f is None:
+                continue
+            what = "/status from the ceiling" if path == "ceiling" else path
+            figures.append((f"{what} {row['gpus']} GPUs, {row['processes']} processes",
                             f"{f['requests_per_s']}/s, p50 {f['p50_ms']} ms, p99 {f['p99_ms']} ms"))
     for key in ("pmon_to_status_ms", "release_to_wait_ms", "expiry_to_wait_ms", "expiry_error_ms",
                 "exit_to_wait_ms"):

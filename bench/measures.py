@@ -6,12 +6,14 @@ import http.client
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from __outside__.bench.harness import Containers, Daemon, Sleepers, have_wrk, processes_on, wrk
+from .harness import ROOT, Containers, Daemon, Sleepers, have_wrk, processes_on, wrk
 
 LEASE = 3.0  # seconds, for the reaction runs: longer than a sampling interval, so that the
 # process-exit measurement cannot be answered by an expiring lease instead
@@ -61,7 +63,8 @@ def ms(seconds: float) -> float:
 # 1. throughput and latency -----------------------------------------------------------------
 
 def throughput(ctx: Context) -> List[Dict[str, Any]]:
-    """/status and /devices under 32 connections, for 8 and 64 GPUs, 0 and 500 processes."""
+    """/status and /devices under 32 connections, for 8 and 64 GPUs, 0 and 500 processes; and
+    the same /status bytes from the ceiling (a bare asyncio server) under the same load."""
     if not have_wrk():
         ctx.log("wrk is not installed: throughput skipped (apt-get install wrk)")
         return []
@@ -72,16 +75,52 @@ def throughput(ctx: Context) -> List[Dict[str, Any]]:
             if count:
                 daemon.place(ctx.pool[:count])
                 daemon.wait_for(lambda s: processes_on(s) == count, timeout=120)
-            row: Dict[str, Any] = {"gpus": gpus, "processes": count,
-                                   "status_bytes": len(daemon.raw("/status"))}
+            body = daemon.raw("/status")
+            row: Dict[str, Any] = {"gpus": gpus, "processes": count, "status_bytes": len(body)}
             for path in ("/status", "/devices"):
                 row[path] = wrk(daemon.url + path, ctx.wrk_seconds)
-            results.append(row)
-            ctx.log(f"throughput {gpus} GPUs {count} processes: /status "
-                    f"{row['/status']['requests_per_s']}/s p99 {row['/status']['p99_ms']} ms")
         finally:
             daemon.stop()
+        with Ceiling(body) as ceiling:  # the same bytes and load, with nothing else running
+            row["ceiling"] = wrk(ceiling.url, ctx.wrk_seconds)
+        row["of_ceiling"] = _of_ceiling(row["/status"], row["ceiling"])
+        results.append(row)
+        ctx.log(f"throughput {gpus} GPUs {count} processes: /status "
+                f"{row['/status']['requests_per_s']}/s p99 {row['/status']['p99_ms']} ms; "
+                f"ceiling {row['ceiling']['requests_per_s']}/s p99 {row['ceiling']['p99_ms']} ms")
     return results
+
+
+def _of_ceiling(ours: Dict[str, Any], ceiling: Dict[str, Any]) -> Dict[str, Optional[float]]:
+    """Patroller's throughput as a fraction of the ceiling's, and its p99 as a multiple."""
+    rate, p99 = ceiling.get("requests_per_s"), ceiling.get("p99_ms")
+    return {"throughput": round(ours["requests_per_s"] / rate, 3) if rate else None,
+            "p99": round(ours["p99_ms"] / p99, 2) if p99 else None}
+
+
+class Ceiling:
+    """bench/ceiling.py serving `body`: a bare asyncio server, in a process of its own."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.process: Optional[subprocess.Popen] = None
+        self.url = ""
+
+    def __enter__(self) -> "Ceiling":
+        self.file = tempfile.NamedTemporaryFile(prefix="pceiling", suffix=".json")
+        self.file.write(self.body)
+        self.file.flush()
+        self.process = subprocess.Popen([sys.executable, "-m", "bench.ceiling", self.file.name],
+                                        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        assert self.process.stdout is not None
+        self.url = f"http://127.0.0.1:{int(self.process.stdout.readline())}/status"
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        assert self.process is not None
+        self.process.terminate()
+        self.process.wait(10)
+        self.file.close()
 
 
 # 2. reaction times ---------------------------------------------------------------------------
