@@ -100,11 +100,6 @@ def parse_release(args: Args, endpoint: str = "/release") -> Release:
     return Release(uuid=uuid, user=_user(_single(args, "user")), reason=reason)
 
 
-def parse_user(args: Args) -> Optional[str]:
-    """The user= of any request (test mode), checked."""
-    return _user(_single(args, "user"))
-
-
 def _text(name: str, raw: bytes) -> str:
     try:
         return raw.decode("utf-8")
