@@ -362,10 +362,14 @@ def test_run_refuses_a_missing_command_before_reserving(gpuhost, tmp_path):
     assert all_free(server)
 
 
-def test_run_releases_what_it_reserved_when_exec_fails(gpuhost, tmp_path):
+@pytest.mark.parametrize("content,code,why", [
+    (b"\x7fELF not really", 126, "Exec format error"),  # no program the kernel runs: 126
+    (b"#!/nonexistent/python\n", 127, "No such file or directory"),  # its interpreter is missing
+], ids=["not executable", "interpreter not found"])
+def test_run_releases_what_it_reserved_when_exec_fails(gpuhost, tmp_path, content, code, why):
     server = gpuhost.server
     garbage = tmp_path / "garbage"
-    garbage.write_bytes(b"\x7fELF not really")  # executable bits, but no program the kernel runs
+    garbage.write_bytes(content)  # executable bits: it passes the check made before reserving
     garbage.chmod(0o755)
     # main() in a process that lives on after it: what is held then was not released by main,
     # since the process that holds it has not ended
@@ -377,8 +381,8 @@ def test_run_releases_what_it_reserved_when_exec_fails(gpuhost, tmp_path):
               "print(json.dumps([code, held]))\n")
     done = subprocess.run([sys.executable, "-c", script], env=ENV, capture_output=True,
                           text=True, timeout=60)
-    assert json.loads(done.stdout) == [126, []], done.stderr
-    assert done.stderr.splitlines()[-1] == f"patroller: cannot run {garbage}: Exec format error"
+    assert json.loads(done.stdout) == [code, []], done.stderr
+    assert done.stderr.splitlines()[-1] == f"patroller: cannot run {garbage}: {why}"
     assert all_free(server)
 
 
@@ -547,3 +551,18 @@ def test_status_shows_limits_idle_gpus_and_use_without_asking(scenario, sleeper)
         assert any(line.startswith("GPU 0: idle for ") for line in me), done.stdout
     finally:
         server.stop()
+
+
+def test_a_server_that_cannot_serve_the_request_gives_69():
+    server = ServerProcess("--test", "--lease", "300").start()
+    try:
+        assert call(server.server, "/request?gpu=8&user=alice")[0] == 200
+        waiting = start("wait", "-n", "1", "--server", server.server)
+        eventually(lambda: len(client.queue(server.server)) == 1, what="queued")
+        assert server.stop() == 0  # a daemon that stops answers its waiters 503
+        _, err = waiting.communicate(timeout=30)
+    finally:
+        if server.process.poll() is None:
+            server.stop()
+    assert waiting.returncode == 69, err
+    assert err.splitlines()[-1] == "patroller: the server refused: the server is shutting down"

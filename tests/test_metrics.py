@@ -162,3 +162,20 @@ async def test_callers_refused_for_want_of_an_identity_are_counted():
         assert find(samples, "patroller_identity_failures_total") == [1]
         assert find(samples, "patroller_http_requests_total", endpoint="/request",
                     status="403") == [1]
+
+
+@async_test
+async def test_memory_is_in_bytes_where_nvidia_smi_prints_mib(tmp_path, sleeper):
+    scenario = ScenarioFile(str(tmp_path / "scenario.json"),
+                            devices=[{"memory_mib": 24576, "stats": {"fb": 3000}}],
+                            processes=[{"pid": sleeper.pid, "gpu": 0, "used_mib": 1536}])
+    async with gpu_running(scenario) as h:
+        uuid = h.uuids()[0]
+        await until(lambda: h.daemon.stats.view(uuid)["fb"] == 3000
+                    and h.daemon.stats.process_view(uuid, sleeper.pid)["fb"] == 1536)
+        samples, _, _ = await scrape(h)
+        labels = dict(gpu="0", uuid=uuid)
+        assert find(samples, "patroller_gpu_memory_used_bytes", **labels) == [3000 * 2 ** 20]
+        assert find(samples, "patroller_gpu_memory_total_bytes", **labels) == [24576 * 2 ** 20]
+        assert find(samples, "patroller_process_gpu_memory_bytes", pid=str(sleeper.pid),
+                    **labels) == [1536 * 2 ** 20]
