@@ -20,15 +20,15 @@ import subprocess
 
 import pytest
 
-from helpers import FakeClock, ROOT
+from helpers import FakeClock, ROOT, lease_manager
 from patroller.core.errors import NotHeld
 from patroller.core.identity import Identity, ProcessRef, named_user
-from patroller.core.leases.manager import LeaseManager
-from patroller.observe.testmode import synthetic_inventory
+from patroller.http.views import claims
 from patroller.state.book import LeaseBook
 from patroller.state.lifetimes import boot_id, process_state
+from patroller.state.schema import restore
 
-LEASE = 10.0
+LEASE = 10.0  # the lease the book was written under, and restored under here
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "book", "leases-v1.json")
 SAVED = 1_780_000_003.0  # the wall clock when the book was written
 CAROLS = ProcessRef(4242, 123456)
@@ -44,16 +44,16 @@ def version_1():
 
 def test_a_book_of_version_1_restores_as_it_did_when_it_was_written():
     clock = FakeClock(500.0)
-    leases = LeaseManager(synthetic_inventory(), LEASE, clock=clock)
+    leases = lease_manager(clock, lease=LEASE)
     u = [d.uuid for d in leases.inventory]
     book = version_1()
     offset = SAVED + 2.0 - clock()  # the daemon was down for 2 s
-    restored = leases.restore(book["devices"], offset, alive=lambda ref: ref == CAROLS)
+    restored = restore(leases, book["devices"], offset, alive=lambda ref: ref == CAROLS)
     assert restored.held == u[:5]
     assert restored.expired == restored.dropped == restored.ended == []
-    claims = leases.claims()
-    held = {uuid: (claims[uuid]["user"], claims[uuid]["state"], claims[uuid]["hold"],
-                   claims[uuid]["expires"], claims[uuid]["held_for_pid"]) for uuid in u}
+    shown = claims(leases)
+    held = {uuid: (shown[uuid]["user"], shown[uuid]["state"], shown[uuid]["hold"],
+                   shown[uuid]["expires"], shown[uuid]["held_for_pid"]) for uuid in u}
     assert held == {
         u[0]: (named_user("alice").to_json(), "reserved", "lease", 8.0, None),  # 13 - 3 - 2
         u[1]: (named_user("bob").to_json(), "reserved", "lease", LEASE, None),  # a fresh lease
@@ -62,9 +62,9 @@ def test_a_book_of_version_1_restores_as_it_did_when_it_was_written():
         u[4]: (DANA.to_json(), "reserved", "lease", LEASE, None),  # a fresh lease: it ran there
         **{uuid: (None, "free", None, None, None) for uuid in u[5:]},
     }
-    assert claims[u[4]]["user"]["info"] == {"team": "vision", "project": "x"}
-    assert all(claims[uuid]["asked"] for uuid in u[:5])
-    assert leases.bound_processes() == {CAROLS}
+    assert shown[u[4]]["user"]["info"] == {"team": "vision", "project": "x"}
+    assert all(shown[uuid]["asked"] for uuid in u[:5])
+    assert leases.processes_held_for() == {CAROLS}
     assert leases.next_deadline() == 508.0
     with pytest.raises(NotHeld, match="was released"):  # bob's device is still releasing
         leases.renew(named_user("bob"), u[1])
@@ -75,11 +75,11 @@ def test_a_book_of_version_1_restores_as_it_did_when_it_was_written():
 
 def test_a_book_of_version_1_drops_the_process_entry_when_its_process_has_ended():
     clock = FakeClock(500.0)
-    leases = LeaseManager(synthetic_inventory(), LEASE, clock=clock)
+    leases = lease_manager(clock, lease=LEASE)
     u = [d.uuid for d in leases.inventory]
-    restored = leases.restore(version_1()["devices"], SAVED - clock(), alive=lambda ref: False)
+    restored = restore(leases, version_1()["devices"], SAVED - clock(), alive=lambda ref: False)
     assert restored.ended == [u[2]] and restored.held == [u[0], u[1], u[3], u[4]]
-    assert leases.state(u[2]) == "free" and leases.bound_processes() == set()
+    assert leases.state(u[2]) == "free" and leases.processes_held_for() == set()
 
 
 @pytest.fixture
@@ -95,11 +95,11 @@ def live():
                          ids=["this-boot", "another-boot"])
 def test_a_process_entry_of_another_boot_is_dropped_not_held(tmp_path, live, boot, held):
     clock, wall = FakeClock(1000.0), FakeClock(1_800_000_000.0)
-    leases = LeaseManager(synthetic_inventory(), LEASE, clock=clock)
+    leases = lease_manager(clock, lease=LEASE)
     book = LeaseBook(str(tmp_path), wall=wall)
     book.open()
     book.attach(leases)
-    [device] = leases.request(named_user("carol"), {"gpu": 1}, bound=live)
+    [device] = leases.request(named_user("carol"), {"gpu": 1}, held_for=live)
     [other] = leases.request(named_user("alice"), {"gpu": 1})
     book.close()
     path = tmp_path / "leases.json"
@@ -107,7 +107,7 @@ def test_a_process_entry_of_another_boot_is_dropped_not_held(tmp_path, live, boo
     assert written["boot"] == boot_id() and written["devices"][device.uuid]["pid"] == live.pid
     os.unlink(path)  # the same book, as written in this boot or in another one
     path.write_text(json.dumps({**written, "boot": boot or written["boot"]}))
-    again = LeaseManager(synthetic_inventory(), LEASE, clock=clock)
+    again = lease_manager(clock, lease=LEASE)
     book = LeaseBook(str(tmp_path), wall=wall)
     book.open()
     restored = book.attach(again)
@@ -115,8 +115,8 @@ def test_a_process_entry_of_another_boot_is_dropped_not_held(tmp_path, live, boo
     if held:
         assert restored.held == [device.uuid, other.uuid] and restored.ended == []
         assert again.holder(device.uuid) == named_user("carol")
-        assert again.bound_processes() == {live}
+        assert again.processes_held_for() == {live}
     else:
         assert restored.held == [other.uuid] and restored.ended == [device.uuid]
-        assert again.state(device.uuid) == "free" and again.bound_processes() == set()
+        assert again.state(device.uuid) == "free" and again.processes_held_for() == set()
     book.close()
