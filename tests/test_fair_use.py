@@ -123,6 +123,23 @@ def test_without_the_bound_the_big_request_starves(clock):
     assert served is None
 
 
+@pytest.mark.parametrize("waited, starving", [(30.0, True), (30.0 - 1e-6, False)],
+                         ids=["exactly-the-bound", "a-hair-under"])
+def test_a_request_that_has_waited_exactly_the_bound_is_starving(clock, waited, starving):
+    leases = manager(clock, starvation_bound=30.0)
+    held = leases.request(bob, {"gpu": 8})
+    waiter = leases.wait(alice, {"gpu": 2}, lambda d: None)
+    clock.advance(waited)
+    leases.release(bob, held[0].uuid)  # one device free: alice wants two and waits on
+    assert leases.set_aside() == ((waiter, {held[0].uuid}) if starving else (None, set()))
+    assert claims(leases)[held[0].uuid]["set_aside_for"] == ("alice" if starving else None)
+    if starving:  # set aside: not free for a newcomer
+        with pytest.raises(Busy):
+            leases.request(carol, {"gpu": 1})
+    else:
+        assert leases.request(carol, {"gpu": 1}) == [held[0]]
+
+
 def test_devices_set_aside_are_not_free_for_a_request_and_say_for_whom(clock):
     leases = manager(clock, starvation_bound=30.0)
     held = leases.request(bob, {"gpu": 8})
