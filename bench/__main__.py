@@ -16,8 +16,8 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from __outside__.bench import measures
-from __outside__.bench.harness import ROOT, machine, raise_file_limit
+from . import measures
+from .harness import ROOT, machine, raise_file_limit
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 NAMES = ("throughput", "reactions", "identity", "scale", "footprint", "parsers", "waiters",

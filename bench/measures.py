@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from __outside__.bench.harness import Containers, Daemon, Sleepers, have_wrk, processes_on, wrk
+from .harness import Containers, Daemon, Sleepers, have_wrk, processes_on, wrk
 
 LEASE = 3.0  # seconds, for the reaction runs: longer than a sampling interval, so that the
 # process-exit measurement cannot be answered by an expiring lease instead
