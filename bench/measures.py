@@ -469,11 +469,12 @@ def _spread(samples: List[float]) -> Dict[str, float]:
 def _lease_manager_costs(users: int, per_user: int) -> Dict[str, Any]:
     """The lease manager alone, on the 8 test-mode devices all held: each call timed."""
     from patroller.core.identity import named_user
-    from patroller.core.leases.manager import LeaseManager
+    from patroller.core.leases import LeaseManager
+    from patroller.core.policy import Policy
     from patroller.observe.testmode import synthetic_inventory
 
-    leases = LeaseManager(synthetic_inventory(), 600.0, max_waiters=users * per_user,
-                          max_waiting_per_user=per_user)
+    leases = LeaseManager(synthetic_inventory(), lease=600.0, policy=Policy(),
+                          max_waiters=users * per_user, max_waiting_per_user=per_user)
     leases.request(named_user("holder"), {"gpu": 8})
     names = [named_user(f"user{n}") for n in range(users)]
     registered, queued = [], []
@@ -484,7 +485,8 @@ def _lease_manager_costs(users: int, per_user: int) -> Dict[str, Any]:
     served: List[float] = []
     uuids = [d.uuid for d in leases.inventory]
     for n in range(200):  # a device freed: the first waiter that fits takes it
-        holder = named_user(leases.claims()[uuids[n % 8]]["user"]["user"])
+        holder = leases.holder(uuids[n % 8])
+        assert holder is not None
         began = time.perf_counter()
         leases.release(holder, uuids[n % 8])
         served.append(time.perf_counter() - began)
@@ -626,8 +628,10 @@ def _book_write_costs(directory: str, ctx: Context) -> Dict[str, Any]:
     """The lease manager's request/release with and without a book, 8 devices; and one write,
     with and without fsync (why the book does without it)."""
     from patroller.state import book as bookmodule
+    from patroller.config import Config
     from patroller.core.identity import Identity, named_user
-    from patroller.core.leases.manager import LeaseManager
+    from patroller.core.leases import LeaseManager
+    from patroller.core.policy import Policy
     from patroller.observe.testmode import synthetic_inventory
 
     count = 2000 if ctx.quick else 20000
@@ -645,10 +649,16 @@ def _book_write_costs(directory: str, ctx: Context) -> Dict[str, Any]:
             samples.append(time.perf_counter() - began)
         return samples
 
-    bare = timed(LeaseManager(synthetic_inventory(), 600.0))
+    def manager() -> LeaseManager:
+        config = Config()
+        return LeaseManager(synthetic_inventory(), lease=600.0, policy=Policy(),
+                            max_waiters=config.max_waiters,
+                            max_waiting_per_user=config.max_waiting_per_user)
+
+    bare = timed(manager())
     book = bookmodule.LeaseBook(directory)
     book.open()
-    leases = LeaseManager(synthetic_inventory(), 600.0)
+    leases = manager()
     book.attach(leases)
     try:
         booked = timed(leases)

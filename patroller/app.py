@@ -15,7 +15,7 @@ from patroller.config import Config
 from patroller.identify.containers import ContainerDirectory
 from patroller.core.devices import Inventory, InventoryChange
 from patroller.http.fastlane import FastLane
-from patroller.core.leases.manager import LeaseManager
+from patroller.core.leases import LeaseManager
 from patroller.state.audit import AuditLog
 from patroller.observe.idle import IdleWatch
 from patroller.state.lifetimes import Lifelines
@@ -34,7 +34,7 @@ from patroller.observe.testmode import INTERVAL, SyntheticMonitor, synthetic_inv
 from patroller.state.timer import ExpiryTimer
 from patroller.identify.tracker import ProcessTracker
 from patroller.observe.stats import HISTORY_EVERY, iso_time
-from patroller.http.views import DevicesView, StatusView, users_view
+from patroller.http.views import DevicesView, StatusView, queue_view, users_view
 
 log = logging.getLogger(__name__)
 
@@ -75,16 +75,16 @@ class Daemon:
         self.identifier = identifier
         self.directory = directory
         self.callers = callers
-        self.leases = LeaseManager(inventory, config.lease,
-                                   max_waiting_per_user=config.max_waiting_per_user,
-                                   policy=make_policy(config))
+        self.leases = LeaseManager(inventory, lease=config.lease, policy=make_policy(config),
+                                   max_waiters=config.max_waiters,
+                                   max_waiting_per_user=config.max_waiting_per_user)
         self.audit = AuditLog(config.audit_log)
         try:
             self.audit.open()
         except OSError as exc:
             raise StartError(f"cannot open the audit log {config.audit_log}: "
                              f"{exc.strerror or exc}") from None
-        self.leases.listen(self.audit.record)
+        self.leases.on_event(self.audit.record)
         self.idle = IdleWatch(self.leases)
         self.stats = StatsStore(inventory, stale_after=STALE_INTERVALS * interval)
         self.stats.connect(signals)
@@ -102,8 +102,8 @@ class Daemon:
         self.requests = Requests()  # HTTP answers counted, for /metrics
         self.registries = Registries(self)
         self.feed = LiveFeed(self.snapshot)  # the web page's
-        self.leases.subscribe(self.feed.changed)
-        self.stats.subscribe(self.feed.changed)
+        self.leases.on_change(self.feed.changed)
+        self.stats.on_change(self.feed.changed)
         self.app = make_app(inventory, self.leases, self.status, self.devices, callers, mode,
                             self.metrics, self.requests, self.registries, self.audit, self.idle,
                             self.feed)
@@ -119,7 +119,7 @@ class Daemon:
             "mode": self.mode,
             "status": self.status.data(),
             "devices": self.devices.data(),
-            "queue": self.leases.queue(),
+            "queue": queue_view(self.leases),
             "users": users_view(self.leases, self.idle),
             "events": self.audit.since(0.0, 10),
             "history": self.stats.history(),
@@ -141,7 +141,7 @@ class Daemon:
         return {
             "uptime": round(time.monotonic() - self.started, 3),
             "devices": len(self.inventory),
-            "waiting": self.leases.waiting,
+            "waiting": len(self.leases.waiters),
             "status_builds": self.status.builds,
             "proc_reads": self.identifier.proc_reads,
             "docker_calls": self.directory.calls if self.directory is not None else 0,

@@ -137,4 +137,4 @@ def summary(daemon: "Daemon") -> str:
     states = Counter(daemon.leases.state(device.uuid) for device in daemon.inventory)
     held = ", ".join(f"{states[state]} {state}" for state in ("reserved", "claimed", "shared", "free"))
     return (f"{len(daemon.inventory)} devices: {held}; "
-            f"{daemon.leases.waiting} requests waiting, still serving")
+            f"{len(daemon.leases.waiters)} requests waiting, still serving")

@@ -1,8 +1,11 @@
-"""Shared fixtures: every test fails if the daemon logged an error while it ran."""
+"""Shared fixtures: every test fails if the daemon logged an error while it ran; a fake clock
+and a lease manager on it."""
 import logging
 import subprocess
 
 import pytest
+
+from helpers import FakeClock, lease_manager
 
 
 @pytest.fixture(autouse=True)
@@ -18,6 +21,18 @@ def no_errors_logged(caplog, request):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "errors_expected: the test provokes logged errors on purpose")
+
+
+@pytest.fixture
+def clock():
+    """A fake clock at 1000.0 that moves only when told to."""
+    return FakeClock()
+
+
+@pytest.fixture
+def leases(clock):
+    """A lease manager with the daemon's defaults on the synthetic inventory and `clock`."""
+    return lease_manager(clock)
 
 
 @pytest.fixture(scope="session")

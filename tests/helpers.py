@@ -1,4 +1,5 @@
-"""Small real components shared by the tests: a fake clock, a daemon on a loopback port."""
+"""Small real components shared by the tests: a fake clock, a lease manager as the daemon builds
+one, a daemon on a loopback port."""
 from __future__ import annotations
 
 import asyncio
@@ -19,6 +20,10 @@ from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
 from patroller.app import Daemon, build
 from patroller.config import Config
+from patroller.core.devices import Inventory
+from patroller.core.leases import LeaseManager
+from patroller.core.policy import Policy
+from patroller.observe.testmode import synthetic_inventory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,6 +39,23 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+def lease_manager(clock: Optional[Callable[[], float]] = None,
+                  inventory: Optional[Inventory] = None, **overrides: Any) -> LeaseManager:
+    """A lease manager as the daemon builds one, from Config()'s defaults and Policy(), on the
+    synthetic inventory (or `inventory`) and `clock` (the monotonic clock if None). `overrides`
+    replace any of lease, policy, max_waiters and max_waiting_per_user."""
+    config = Config()
+    settings: Dict[str, Any] = dict(lease=config.lease, policy=Policy(),
+                                    max_waiters=config.max_waiters,
+                                    max_waiting_per_user=config.max_waiting_per_user)
+    unknown = set(overrides) - set(settings)
+    if unknown:
+        raise TypeError(f"lease_manager() takes no {sorted(unknown)}")
+    settings.update(overrides)
+    return LeaseManager(synthetic_inventory() if inventory is None else inventory,
+                        clock=time.monotonic if clock is None else clock, **settings)
 
 
 def async_test(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:

@@ -1,29 +1,25 @@
-"""The lease book: snapshot and restore with fake clocks, and the file on disk (atomic, locked,
-set aside when corrupt)."""
+"""The lease book: its schema's snapshot and restore with fake clocks, and the file on disk
+(atomic, locked, set aside when corrupt)."""
 import json
 import logging
 import os
 
 import pytest
 
-from helpers import FakeClock
+from helpers import FakeClock, lease_manager
 from patroller.state import book as bookmodule
 from patroller.state.book import BookError, LeaseBook
-from patroller.config import ConfigError, default_state_dir, load
+from patroller.config import Config, ConfigError, default_state_dir, load
 from patroller.core.identity import Identity, named_user
-from patroller.core.leases.manager import LeaseManager
+from patroller.http.views import claims, free_counts
 from patroller.state.lifetimes import boot_id
-from patroller.observe.testmode import synthetic_inventory
+from patroller.state.schema import restore, snapshot
 
-LEASE = 10.0
+LEASE = Config().lease  # the shared factory's
 alice, bob, carol = named_user("alice"), named_user("bob"), named_user("carol")
 CONTAINER_USER = Identity(user="dana@example.org", source="container", email="dana@example.org",
                           account="root", uid=0, container=("0123456789ab", "train"),
                           info=(("team", "vision"), ("project", "x")))
-
-
-def manager(clock):
-    return LeaseManager(synthetic_inventory(), LEASE, clock=clock)
 
 
 def uuids(leases):
@@ -31,18 +27,18 @@ def uuids(leases):
 
 
 def claim(leases, uuid):
-    return leases.claims()[uuid]
+    return claims(leases)[uuid]
 
 
 # -- snapshot and restore, no I/O ---------------------------------------------------------------
 
 def test_the_snapshot_holds_every_held_device_with_its_deadline_on_the_wall_clock():
     clock = FakeClock(1000.0)
-    leases = manager(clock)
+    leases = lease_manager(clock)
     u = uuids(leases)
     leases.request(alice, {"gpu": 1})
     leases.process_started(u[1], 7, CONTAINER_USER)
-    snap = leases.snapshot(offset=5000.0)
+    snap = snapshot(leases, offset=5000.0)
     assert list(snap) == [u[0], u[1]]  # free devices are not in the book
     assert snap[u[0]] == {"holder": alice.to_json(), "state": "reserved", "releasing": False,
                           "deadline": 6010.0}
@@ -52,18 +48,18 @@ def test_the_snapshot_holds_every_held_device_with_its_deadline_on_the_wall_cloc
 
 def test_a_restart_gives_each_holder_back_its_device_and_the_remaining_time():
     before = FakeClock(1000.0)
-    old = manager(before)
+    old = lease_manager(before)
     u = uuids(old)
     old.request(alice, {"gpu": 2})  # u0, u1: reserved until 1010 (wall 6010)
     before.advance(3)
     old.process_started(u[2], 7, CONTAINER_USER)  # claimed: no deadline
     old.process_started(u[3], 8, carol)
     old.release(carol)  # releasing: free once pid 8 ends
-    book = json.loads(json.dumps(old.snapshot(offset=5000.0)))  # through JSON, as on disk
+    book = json.loads(json.dumps(snapshot(old, offset=5000.0)))  # through JSON, as on disk
 
     after = FakeClock(20.0)  # a new process (or boot): the monotonic clock starts elsewhere
-    new = manager(after)
-    restored = new.restore(book, offset=6005.0 - 20.0)  # the daemon was down 2 s (wall 6005)
+    new = lease_manager(after)
+    restored = restore(new, book, offset=6005.0 - 20.0)  # the daemon was down 2 s (wall 6005)
     assert restored.held == [u[0], u[1], u[2], u[3]] and not restored.expired
     assert claim(new, u[0])["user"]["user"] == "alice"
     assert claim(new, u[0])["state"] == "reserved" and claim(new, u[0])["expires"] == 5.0
@@ -83,27 +79,27 @@ def test_a_restart_gives_each_holder_back_its_device_and_the_remaining_time():
 
 
 def test_a_reservation_that_ran_out_during_the_downtime_comes_back_free(caplog):
-    old = manager(FakeClock(1000.0))
+    old = lease_manager(FakeClock(1000.0))
     u = uuids(old)
     old.request(alice, {"gpu": 1})  # wall deadline 6010
     old.request(bob, {"gpu": 1})
-    book = old.snapshot(offset=5000.0)
-    new = manager(FakeClock(0.0))
-    with caplog.at_level(logging.INFO, logger="patroller.core.leases"):
-        restored = new.restore(book, offset=6010.5)  # down until after both deadlines
+    book = snapshot(old, offset=5000.0)
+    new = lease_manager(FakeClock(0.0))
+    with caplog.at_level(logging.INFO, logger="patroller.state.schema"):
+        restored = restore(new, book, offset=6010.5)  # down until after both deadlines
     assert restored.expired == [u[0], u[1]] and restored.held == []
-    assert new.free_counts() == {"gpu": 8} and new.next_deadline() is None
+    assert free_counts(new) == {"gpu": 8} and new.next_deadline() is None
     lines = [r.getMessage() for r in caplog.records if "ran out" in r.getMessage()]
     assert lines == [f"lease of alice on {u[0]} ran out while the daemon was down",
                      f"lease of bob on {u[1]} ran out while the daemon was down"]
 
 
 def test_a_restored_reservation_expires_at_its_deadline():
-    old = manager(FakeClock(1000.0))
+    old = lease_manager(FakeClock(1000.0))
     [device] = old.request(alice, {"gpu": 1})
     clock = FakeClock(0.0)
-    new = manager(clock)
-    new.restore(old.snapshot(offset=5000.0), offset=6004.0)  # wall 6004: 6 s left
+    new = lease_manager(clock)
+    restore(new, snapshot(old, offset=5000.0), offset=6004.0)  # wall 6004: 6 s left
     assert new.next_deadline() == 6.0
     clock.advance(5.9)
     assert new.expire() == [] and new.state(device.uuid) == "reserved"
@@ -112,21 +108,21 @@ def test_a_restored_reservation_expires_at_its_deadline():
 
 
 def test_a_restored_reservation_never_has_more_than_a_full_lease_left():
-    old = manager(FakeClock(1000.0))
+    old = lease_manager(FakeClock(1000.0))
     [device] = old.request(alice, {"gpu": 1})  # wall deadline 6010
-    new = manager(FakeClock(0.0))
-    new.restore(old.snapshot(offset=5000.0), offset=4000.0)  # the wall clock went back 1000 s
-    assert new.claims()[device.uuid]["expires"] == LEASE
+    new = lease_manager(FakeClock(0.0))
+    restore(new, snapshot(old, offset=5000.0), offset=4000.0)  # the wall clock went back 1000 s
+    assert claims(new)[device.uuid]["expires"] == LEASE
 
 
 def test_a_device_this_host_no_longer_has_is_dropped_and_logged(caplog):
-    old = manager(FakeClock(1000.0))
+    old = lease_manager(FakeClock(1000.0))
     old.request(alice, {"gpu": 1})
-    book = {"GPU-gone": next(iter(old.snapshot(offset=0.0).values()))}
-    new = manager(FakeClock(1000.0))
-    with caplog.at_level(logging.WARNING, logger="patroller.core.leases"):
-        restored = new.restore(book, offset=0.0)
-    assert restored.dropped == ["GPU-gone"] and new.free_counts() == {"gpu": 8}
+    book = {"GPU-gone": next(iter(snapshot(old, offset=0.0).values()))}
+    new = lease_manager(FakeClock(1000.0))
+    with caplog.at_level(logging.WARNING, logger="patroller.state.schema"):
+        restored = restore(new, book, offset=0.0)
+    assert restored.dropped == ["GPU-gone"] and free_counts(new) == {"gpu": 8}
     assert any("GPU-gone" in r.getMessage() and "alice" in r.getMessage() for r in caplog.records)
 
 
@@ -143,11 +139,11 @@ def test_a_device_this_host_no_longer_has_is_dropped_and_logged(caplog):
     {"X": {"holder": {**alice.to_json(), "container": {"name": "x"}}, "deadline": None}},
 ])
 def test_a_malformed_book_changes_nothing(book):
-    leases = manager(FakeClock())
+    leases = lease_manager(FakeClock())
     good = {leases.inventory.by_number(0).uuid: {"holder": bob.to_json(), "deadline": None}}
     with pytest.raises(ValueError):
-        leases.restore({**good, **book} if isinstance(book, dict) else book, offset=0.0)
-    assert leases.free_counts() == {"gpu": 8}
+        restore(leases, {**good, **book} if isinstance(book, dict) else book, offset=0.0)
+    assert free_counts(leases) == {"gpu": 8}
 
 
 def test_identities_survive_the_trip_through_json():
@@ -160,17 +156,12 @@ def test_identities_survive_the_trip_through_json():
 # -- the file -----------------------------------------------------------------------------------
 
 @pytest.fixture
-def clock():
-    return FakeClock(1000.0)
-
-
-@pytest.fixture
 def wall():
     return FakeClock(1_800_000_000.0)  # the wall clock: 2027-01-15 08:00:00 UTC
 
 
 def opened(directory, clock, wall):
-    leases = manager(clock)
+    leases = lease_manager(clock)
     book = LeaseBook(str(directory), wall=wall)
     book.open()
     book.attach(leases)
@@ -237,7 +228,7 @@ def test_a_failing_write_is_logged_now_and_then_and_breaks_nothing(tmp_path, clo
     with caplog.at_level(logging.WARNING, logger="patroller.state.book"):
         for _ in range(5):
             leases.request(bob, {"gpu": 1})  # granted all the same
-        assert book.failures == 5 and leases.free_counts() == {"gpu": 2}
+        assert book.failures == 5 and free_counts(leases) == {"gpu": 2}
         errors = [r for r in caplog.records if r.levelno == logging.ERROR]
         assert len(errors) == 1 and "cannot write the lease book" in errors[0].getMessage()
         clock.advance(bookmodule.REPORT_EVERY)
@@ -299,7 +290,7 @@ def test_a_corrupt_file_behind_the_link_is_what_is_set_aside(tmp_path, clock, wa
     book, leases = opened(tmp_path, clock, wall)
     aside = tmp_path / "leases.json.corrupt-20270115T080000Z"
     assert aside.read_bytes() == b"\0\0\0" and not aside.is_symlink()
-    assert leases.free_counts() == {"gpu": 8} and on_disk(tmp_path)["devices"] == {}
+    assert free_counts(leases) == {"gpu": 8} and on_disk(tmp_path)["devices"] == {}
     book.close()
 
 
@@ -309,7 +300,7 @@ def test_a_link_to_a_missing_file_is_set_aside(tmp_path, clock, wall, caplog):
         book, leases = opened(tmp_path, clock, wall)
     [line] = [r.getMessage() for r in caplog.records]
     assert "links to a missing file (leases-3.json)" in line and "set aside" in line
-    assert leases.free_counts() == {"gpu": 8} and on_disk(tmp_path)["devices"] == {}
+    assert free_counts(leases) == {"gpu": 8} and on_disk(tmp_path)["devices"] == {}
     book.close()
 
 
@@ -331,7 +322,7 @@ def test_a_corrupt_file_is_set_aside_with_one_line(tmp_path, clock, wall, caplog
     aside = tmp_path / "leases.json.corrupt-20270115T080000Z"
     assert str(tmp_path / "leases.json") in message and str(aside) in message
     assert aside.read_bytes() == content and not aside.is_symlink()
-    assert leases.free_counts() == {"gpu": 8}
+    assert free_counts(leases) == {"gpu": 8}
     assert on_disk(tmp_path)["devices"] == {}  # a fresh book in its place
     book.close()
 
@@ -343,7 +334,7 @@ def test_an_unreadable_file_is_set_aside(tmp_path, clock, wall, caplog):
     [line] = [r.getMessage() for r in caplog.records]
     assert "cannot be read" in line and "set aside" in line
     assert (tmp_path / "leases.json.corrupt-20270115T080000Z").is_dir()
-    assert leases.free_counts() == {"gpu": 8} and on_disk(tmp_path)["devices"] == {}
+    assert free_counts(leases) == {"gpu": 8} and on_disk(tmp_path)["devices"] == {}
     book.close()
 
 

@@ -4,34 +4,30 @@ import json
 
 import pytest
 
-from helpers import FakeClock
+from helpers import lease_manager
+from patroller.config import Config
 from patroller.state.audit import AuditLog
 from patroller.core.errors import Busy, NotYours, OverLimit
 from patroller.observe.idle import IdleWatch
 from patroller.core.identity import Identity, named_user
-from patroller.core.leases.manager import LeaseManager
 from patroller import durations
 from patroller.config import load_limits
 from patroller.core.policy import Policy
-from patroller.observe.testmode import synthetic_inventory
+from patroller.http.views import claims
 
-LEASE = 10.0
+LEASE = Config().lease  # the shared factory's
 alice, bob, carol = named_user("alice"), named_user("bob"), named_user("carol")
 root = Identity(user="root", source="host", account="root", uid=0)
 
 
-@pytest.fixture
-def clock():
-    return FakeClock()
-
-
 def manager(clock, **policy):
-    return LeaseManager(synthetic_inventory(), LEASE, clock=clock, policy=Policy(**policy))
+    """The shared factory's manager, under a policy of `policy`."""
+    return lease_manager(clock, policy=Policy(**policy))
 
 
 def recorded(leases):
     events = []
-    leases.listen(events.append)
+    leases.on_event(events.append)
     return events
 
 
@@ -82,7 +78,7 @@ def test_a_waiter_over_the_limit_is_refused_and_one_that_grew_over_it_waits_on(c
     assert leases.held_by("alice") == [leases.inventory.by_number(6)]
     leases.release(bob, leases.inventory.by_number(0).uuid)
     leases.release(bob, leases.inventory.by_number(1).uuid)
-    assert len(got) == 1 and leases.waiting == 1  # 2 free, but alice would hold 3
+    assert len(got) == 1 and len(leases.waiters) == 1  # 2 free, but alice would hold 3
     leases.process_ended(six, 4242)
     clock.advance(LEASE)
     leases.expire()  # her claim's lease runs out: she holds none, and is served
@@ -129,6 +125,23 @@ def test_without_the_bound_the_big_request_starves(clock):
     assert served is None
 
 
+@pytest.mark.parametrize("waited, starving", [(30.0, True), (30.0 - 1e-6, False)],
+                         ids=["exactly-the-bound", "a-hair-under"])
+def test_a_request_that_has_waited_exactly_the_bound_is_starving(clock, waited, starving):
+    leases = manager(clock, starvation_bound=30.0)
+    held = leases.request(bob, {"gpu": 8})
+    waiter = leases.wait(alice, {"gpu": 2}, lambda d: None)
+    clock.advance(waited)
+    leases.release(bob, held[0].uuid)  # one device free: alice wants two and waits on
+    assert leases.set_aside() == ((waiter, {held[0].uuid}) if starving else (None, set()))
+    assert claims(leases)[held[0].uuid]["set_aside_for"] == ("alice" if starving else None)
+    if starving:  # set aside: not free for a newcomer
+        with pytest.raises(Busy):
+            leases.request(carol, {"gpu": 1})
+    else:
+        assert leases.request(carol, {"gpu": 1}) == [held[0]]
+
+
 def test_devices_set_aside_are_not_free_for_a_request_and_say_for_whom(clock):
     leases = manager(clock, starvation_bound=30.0)
     held = leases.request(bob, {"gpu": 8})
@@ -137,7 +150,7 @@ def test_devices_set_aside_are_not_free_for_a_request_and_say_for_whom(clock):
     leases.release(bob, held[0].uuid)
     with pytest.raises(Busy):
         leases.request(carol, {"gpu": 1})
-    assert leases.claims()[held[0].uuid]["set_aside_for"] == "alice"
+    assert claims(leases)[held[0].uuid]["set_aside_for"] == "alice"
     assert leases.state(held[0].uuid) == "free"
 
 
@@ -155,7 +168,7 @@ def test_a_reservation_for_a_duration_outlives_its_processes_and_ends_on_time(cl
     clock.advance(7200 - 3 * LEASE - 1)
     leases.expire()
     assert leases.state(device.uuid) == "reserved"
-    assert leases.claims()[device.uuid]["expires"] == 1.0
+    assert claims(leases)[device.uuid]["expires"] == 1.0
     clock.advance(1)
     assert leases.expire() == [device]
 
@@ -168,7 +181,7 @@ def test_at_its_end_a_duration_gives_way_to_the_usual_rules_and_release_ends_it_
     assert leases.expire() == []  # her process still runs: claimed
     assert leases.state(device.uuid) == "claimed"
     leases.process_ended(device.uuid, 4242)
-    assert leases.claims()[device.uuid]["expires"] == LEASE
+    assert claims(leases)[device.uuid]["expires"] == LEASE
     [other] = leases.request(bob, {"gpu": 1}, duration=3600)
     assert leases.release(bob) == ([other], [])
 
@@ -253,7 +266,7 @@ def test_every_change_of_hands_is_recorded(clock, tmp_path):
     leases = manager(clock)
     log = AuditLog(str(tmp_path / "audit.jsonl"), keep=5, clock=lambda: 1000.0 + clock.now)
     log.open()
-    leases.listen(log.record)
+    leases.on_event(log.record)
     [first] = leases.request(alice, {"gpu": 1})
     leases.process_started(first.uuid, 11, bob)  # bob computes on alice's GPU
     free = leases.inventory.by_number(3).uuid

@@ -5,11 +5,11 @@ import os
 
 import pytest
 
-from helpers import FakeClock, ScenarioFile, async_test, gpu_running, running, until
+from helpers import (FakeClock, ScenarioFile, async_test, gpu_running, lease_manager, running,
+                     until)
 from patroller.core.devices import Device, Inventory
 from patroller.core.errors import Busy, Unsatisfiable
 from patroller.core.identity import named_user
-from patroller.core.leases.manager import LeaseManager
 from patroller.identify.resolver import host_identity
 from patroller.observe.stats import FIELDS
 
@@ -93,7 +93,7 @@ def test_a_lost_device_is_never_granted_and_a_new_one_is():
     clock = FakeClock()
     devices = [Device(f"GPU-{n}", n) for n in range(3)]
     inventory = Inventory(devices)
-    leases = LeaseManager(inventory, 10.0, clock=clock)
+    leases = lease_manager(clock, inventory, lease=10.0)
     [held] = leases.request(alice, {"gpu": 1})
     change = inventory.update([devices[0], Device("GPU-2", 1), Device("GPU-9", 2)])
     assert change.lost == ("GPU-1",) and change.added == ("GPU-9",)

@@ -14,27 +14,18 @@ import urllib.request
 
 import pytest
 
-from helpers import (FakeClock, ScenarioFile, ServerProcess, async_test, gpu_running, reuse_pid,
-                     running, until)
+from helpers import (ScenarioFile, ServerProcess, async_test, gpu_running, lease_manager,
+                     reuse_pid, running, until)
+from patroller.config import Config
 from patroller.core.errors import NotHeld, NotYours, Unsatisfiable
 from patroller.core.identity import ProcessRef, named_user
-from patroller.core.leases.manager import LeaseManager
+from patroller.http.views import claims, queue_view
 from patroller.state.lifetimes import Lifelines, is_alive, open_pidfd, process_state
-from patroller.observe.testmode import synthetic_inventory
+from patroller.state.schema import restore, snapshot
 
-LEASE = 10.0
+LEASE = Config().lease  # the lease of the shared `leases` fixture (conftest.py)
 alice, bob = named_user("alice"), named_user("bob")
 SCRIPT = ProcessRef(4242, 777)  # a process, for the rules: they never look at /proc
-
-
-@pytest.fixture
-def clock():
-    return FakeClock()
-
-
-@pytest.fixture
-def leases(clock):
-    return LeaseManager(synthetic_inventory(), LEASE, clock=clock)
 
 
 def uuid(leases, number):
@@ -44,62 +35,62 @@ def uuid(leases, number):
 # -- the rules --------------------------------------------------------------------------------
 
 def test_a_process_hold_runs_no_lease_while_the_process_lives(leases, clock):
-    [device] = leases.request(alice, {"gpu": 1}, bound=SCRIPT)
+    [device] = leases.request(alice, {"gpu": 1}, held_for=SCRIPT)
     assert leases.hold_of(device.uuid) == {"hold": "process", "expires": None,
                                            "held_for_pid": SCRIPT.pid}
     assert leases.next_deadline() is None
     clock.advance(100 * LEASE)
     assert leases.expire() == [] and leases.state(device.uuid) == "reserved"
-    claim = leases.claims()[device.uuid]
+    claim = claims(leases)[device.uuid]
     assert claim["held_for_pid"] == SCRIPT.pid and claim["expires"] is None
-    assert leases.bound_processes() == {SCRIPT}
+    assert leases.processes_held_for() == {SCRIPT}
 
 
 def test_the_end_of_the_process_frees_its_devices_at_once(leases, clock):
-    devices = leases.request(alice, {"gpu": 2}, bound=SCRIPT)
+    devices = leases.request(alice, {"gpu": 2}, held_for=SCRIPT)
     other = leases.request(alice, {"gpu": 1})  # a lease of the same user: untouched
     freed = leases.process_exited(SCRIPT)
     assert freed == devices
     assert [leases.state(d.uuid) for d in devices] == ["free", "free"]
     assert leases.state(other[0].uuid) == "reserved"
-    assert leases.bound_processes() == set()
+    assert leases.processes_held_for() == set()
     assert leases.process_exited(SCRIPT) == []  # told twice: nothing more
 
 
 def test_another_process_of_the_same_pid_does_not_end_the_hold(leases):
-    [device] = leases.request(alice, {"gpu": 1}, bound=SCRIPT)
+    [device] = leases.request(alice, {"gpu": 1}, held_for=SCRIPT)
     assert leases.process_exited(ProcessRef(SCRIPT.pid, SCRIPT.start + 1)) == []
     assert leases.state(device.uuid) == "reserved"
 
 
 def test_the_users_processes_on_the_device_outlive_the_hold_then_the_usual_rules(leases, clock):
-    [device] = leases.request(alice, {"gpu": 1}, bound=SCRIPT)
+    [device] = leases.request(alice, {"gpu": 1}, held_for=SCRIPT)
     leases.process_started(device.uuid, 5001, alice, "python")  # a worker it started
     assert leases.state(device.uuid) == "claimed"
     leases.process_exited(SCRIPT)
     assert leases.state(device.uuid) == "claimed"
-    assert leases.claims()[device.uuid]["held_for_pid"] is None
+    assert claims(leases)[device.uuid]["held_for_pid"] is None
     leases.process_ended(device.uuid, 5001)  # the last one ends: the usual lease
     assert leases.state(device.uuid) == "reserved"
-    assert leases.claims()[device.uuid]["expires"] == LEASE
+    assert claims(leases)[device.uuid]["expires"] == LEASE
     clock.advance(LEASE)
     leases.expire()
     assert leases.state(device.uuid) == "free"
 
 
 def test_the_process_itself_on_the_gpu_frees_it_when_it_ends_without_waiting_for_pmon(leases):
-    [device] = leases.request(alice, {"gpu": 1}, bound=SCRIPT)
+    [device] = leases.request(alice, {"gpu": 1}, held_for=SCRIPT)
     leases.process_started(device.uuid, SCRIPT.pid, alice, "python")
     assert leases.state(device.uuid) == "claimed"
     leases.process_exited(SCRIPT)  # before pmon notices: the kernel's word is enough
     assert leases.state(device.uuid) == "free"
-    assert leases.claims()[device.uuid]["processes"] == []
+    assert claims(leases)[device.uuid]["processes"] == []
     leases.process_ended(device.uuid, SCRIPT.pid)  # pmon, an interval later: nothing to do
     assert leases.state(device.uuid) == "free"
 
 
 def test_a_gpu_process_ending_while_the_holder_lives_starts_no_lease(leases, clock):
-    [device] = leases.request(alice, {"gpu": 1}, bound=SCRIPT)
+    [device] = leases.request(alice, {"gpu": 1}, held_for=SCRIPT)
     leases.process_started(device.uuid, 5001, alice)
     leases.process_ended(device.uuid, 5001)  # e.g. one evaluation run of a notebook
     assert leases.state(device.uuid) == "reserved"
@@ -110,16 +101,16 @@ def test_a_gpu_process_ending_while_the_holder_lives_starts_no_lease(leases, clo
 
 
 def test_release_ends_a_process_hold(leases):
-    [device] = leases.request(alice, {"gpu": 1}, bound=SCRIPT)
+    [device] = leases.request(alice, {"gpu": 1}, held_for=SCRIPT)
     assert leases.release(alice) == ([device], [])
-    assert leases.bound_processes() == set() and leases.state(device.uuid) == "free"
+    assert leases.processes_held_for() == set() and leases.state(device.uuid) == "free"
 
 
 def test_released_with_processes_running_it_no_longer_waits_for_the_holder(leases):
-    [device] = leases.request(alice, {"gpu": 1}, bound=SCRIPT)
+    [device] = leases.request(alice, {"gpu": 1}, held_for=SCRIPT)
     leases.process_started(device.uuid, 5001, alice)
     assert leases.release(alice) == ([], [device])
-    assert leases.bound_processes() == set()
+    assert leases.processes_held_for() == set()
     leases.process_ended(device.uuid, 5001)
     assert leases.state(device.uuid) == "free"
 
@@ -127,22 +118,22 @@ def test_released_with_processes_running_it_no_longer_waits_for_the_holder(lease
 def test_a_waiter_for_a_process_is_granted_a_process_hold(leases):
     taken = leases.request(bob, {"gpu": 8})
     granted = []
-    waiter = leases.wait(alice, {"gpu": 2}, granted.append, bound=SCRIPT)
-    assert leases.queue() == [{"position": 1, "user": "alice", "wants": {"gpu": 2},
+    waiter = leases.wait(alice, {"gpu": 2}, granted.append, held_for=SCRIPT)
+    assert queue_view(leases) == [{"position": 1, "user": "alice", "wants": {"gpu": 2},
                                "waited": 0.0, "hold": "process", "pid": SCRIPT.pid}]
     leases.release(bob, taken[0].uuid)
     leases.release(bob, taken[1].uuid)
     assert granted == [taken[:2]] and waiter.granted == taken[:2]
     assert all(leases.hold_of(d.uuid)["held_for_pid"] == SCRIPT.pid for d in taken[:2])
-    assert leases.queue() == []
+    assert queue_view(leases) == []
 
 
 def test_the_queue_lists_waiters_in_arrival_order_with_their_wait(leases, clock):
     leases.request(bob, {"gpu": 8})
     leases.wait(alice, {"gpu": 3}, lambda d: None)
     clock.advance(5)
-    leases.wait(bob, {"gpu": 1}, lambda d: None, bound=SCRIPT)
-    queue = leases.queue()
+    leases.wait(bob, {"gpu": 1}, lambda d: None, held_for=SCRIPT)
+    queue = queue_view(leases)
     assert [(w["position"], w["user"], w["wants"], w["waited"], w["hold"], w["pid"])
             for w in queue] == [(1, "alice", {"gpu": 3}, 5.0, "lease", None),
                                 (2, "bob", {"gpu": 1}, 0.0, "process", SCRIPT.pid)]
@@ -150,7 +141,7 @@ def test_the_queue_lists_waiters_in_arrival_order_with_their_wait(leases, clock)
 
 def test_renew_restarts_the_lease_of_the_callers_reservations(leases, clock):
     mine = leases.request(alice, {"gpu": 2})
-    leases.request(alice, {"gpu": 1}, bound=SCRIPT)
+    leases.request(alice, {"gpu": 1}, held_for=SCRIPT)
     theirs = leases.request(bob, {"gpu": 1})
     clock.advance(LEASE - 1)
     renewed = leases.renew(alice)
@@ -179,19 +170,19 @@ def test_renew_of_a_device_not_held_says_why(leases, clock):
 
 
 def test_a_process_hold_survives_the_book_only_while_its_process_lives(leases, clock):
-    [held] = leases.request(alice, {"gpu": 1}, bound=SCRIPT)
-    [other] = leases.request(bob, {"gpu": 1}, bound=ProcessRef(4343, 1))
-    book = leases.snapshot(offset=0.0)
+    [held] = leases.request(alice, {"gpu": 1}, held_for=SCRIPT)
+    [other] = leases.request(bob, {"gpu": 1}, held_for=ProcessRef(4343, 1))
+    book = snapshot(leases, offset=0.0)
     assert book[held.uuid]["pid"] == SCRIPT.pid and book[held.uuid]["start"] == SCRIPT.start
     assert book[held.uuid]["deadline"] is None
-    fresh = LeaseManager(synthetic_inventory(), LEASE, clock=clock)
-    restored = fresh.restore(book, 0.0, alive=lambda ref: ref == SCRIPT)
+    fresh = lease_manager(clock)
+    restored = restore(fresh, book, 0.0, alive=lambda ref: ref == SCRIPT)
     assert restored.held == [held.uuid] and restored.ended == [other.uuid]
     assert fresh.hold_of(held.uuid) == {"hold": "process", "expires": None,
                                         "held_for_pid": SCRIPT.pid}
-    assert fresh.bound_processes() == {SCRIPT}
+    assert fresh.processes_held_for() == {SCRIPT}
     with pytest.raises(ValueError):
-        fresh.restore({held.uuid: {**book[held.uuid], "start": "soon"}}, 0.0)
+        restore(fresh, {held.uuid: {**book[held.uuid], "start": "soon"}}, 0.0)
 
 
 # -- the watch on real processes --------------------------------------------------------------
@@ -207,12 +198,12 @@ def ref_of(process):
 @pytest.mark.parametrize("pidfds", [True, False], ids=["pidfd", "polling"])
 @async_test
 async def test_the_watch_frees_a_device_when_its_process_is_killed(pidfds):
-    leases = LeaseManager(synthetic_inventory(), LEASE)
+    leases = lease_manager()
     lifelines = Lifelines(leases, pidfds=pidfds, poll=0.05)
     lifelines.start()
     process = sleeping()
     try:
-        [device] = leases.request(alice, {"gpu": 1}, bound=ref_of(process))
+        [device] = leases.request(alice, {"gpu": 1}, held_for=ref_of(process))
         await until(lambda: lifelines.metrics()["watched" if pidfds else "polled"] == 1)
         await asyncio.sleep(0.2)
         assert leases.state(device.uuid) == "reserved"
@@ -228,13 +219,13 @@ async def test_the_watch_frees_a_device_when_its_process_is_killed(pidfds):
 
 @async_test
 async def test_a_zombie_has_ended():
-    leases = LeaseManager(synthetic_inventory(), LEASE)
+    leases = lease_manager()
     lifelines = Lifelines(leases)
     lifelines.start()
     process = sleeping()
     try:
         ref = ref_of(process)
-        [device] = leases.request(alice, {"gpu": 1}, bound=ref)
+        [device] = leases.request(alice, {"gpu": 1}, held_for=ref)
         await until(lambda: lifelines.metrics()["watched"] == 1)
         os.kill(process.pid, signal.SIGKILL)  # not reaped: a zombie keeps its pid
         await until(lambda: process_state(process.pid)[0] == "Z")
@@ -276,10 +267,10 @@ async def test_a_reused_pid_does_not_inherit_the_hold():
             "the kernel did not hand out the same pid again (ns_last_pid not writable)")
     try:
         assert process_state(ref.pid) is not None  # the pid lives, as another process
-        leases = LeaseManager(synthetic_inventory(), LEASE)
+        leases = lease_manager()
         lifelines = Lifelines(leases)
         lifelines.start()
-        [device] = leases.request(alice, {"gpu": 1}, bound=ref)  # granted as it died
+        [device] = leases.request(alice, {"gpu": 1}, held_for=ref)  # granted as it died
         await until(lambda: leases.state(device.uuid) == "free", timeout=5)
         assert lifelines.metrics()["ended"] == 1
         lifelines.stop()
@@ -375,7 +366,7 @@ async def test_a_waiting_process_is_granted_a_process_hold_and_shows_in_the_queu
         taken = await h.ok("/request?gpu=8&user=bob")
         holder = Holder(where(h), "/wait?gpu=1&hold=process&user=alice")
         try:
-            await until(lambda: h.daemon.leases.waiting == 1)
+            await until(lambda: len(h.daemon.leases.waiters) == 1)
             [entry] = await h.ok("/queue")
             assert entry["user"] == "alice" and entry["pid"] == holder.pid
             assert entry["hold"] == "process" and entry["wants"] == {"gpu": 1}
@@ -445,7 +436,7 @@ async def test_gpu_host_a_process_hold_over_the_unix_socket_ends_with_its_proces
             await until(lambda: h.daemon.leases.state(grant["uuid"]) == "reserved")
             await asyncio.sleep(3 * 0.3 + 0.2)
             assert h.daemon.leases.state(grant["uuid"]) == "reserved"
-            assert h.daemon.leases.claims()[grant["uuid"]]["held_for_pid"] == holder.pid
+            assert claims(h.daemon.leases)[grant["uuid"]]["held_for_pid"] == holder.pid
         finally:
             holder.kill()
         await until(lambda: h.daemon.leases.state(grant["uuid"]) == "free", timeout=5)

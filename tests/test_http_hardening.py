@@ -146,7 +146,7 @@ async def test_a_body_that_trickles_in_is_refused_after_the_body_timeout():
         assert json.loads(body) == {"error": "the request body did not arrive within 1 s"}
         assert await asyncio.wait_for(reader.read(), 10) == b""  # and the connection is closed
         writer.close()
-        assert h.daemon.leases.waiting == 0
+        assert len(h.daemon.leases.waiters) == 0
 
 
 @pytest.mark.parametrize("path", ["/status", "/devices", "/", "/metrics", "/metrics.json",

@@ -12,6 +12,7 @@ import pytest
 from helpers import ROOT, ScenarioFile, async_test, gpu_running, reuse_pid, until
 from patroller.identify.containers import ContainerDirectory
 from patroller.identify.resolver import ProcessIdentifier, host_identity, read_uid
+from patroller.http.views import claims
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 LABELS = ("user.email", "email", "maintainer")
@@ -188,7 +189,7 @@ async def test_docker_down_degrades_and_recovers(engine, scenario, socket_dir):
             assert len(await h.ok("/devices")) == 4  # the API keeps answering
         finally:
             os.rename(engine.socket + ".away", engine.socket)
-        await until(lambda: (h.daemon.leases.claims()[target]["user"] or {}).get("user")
+        await until(lambda: (claims(h.daemon.leases)[target]["user"] or {}).get("user")
                     == "alice@example.org", timeout=10)
         assert h.daemon.leases.state(target) == "claimed"
         loop = asyncio.get_running_loop()
@@ -213,9 +214,9 @@ async def test_a_hung_docker_engine_degrades_without_stalling_the_api(engine, sc
                 status, _ = await h.call("/status", timeout=5)  # answered while Docker hangs
                 assert status == 200 and time.monotonic() - began < 20
                 await asyncio.sleep(0.05)
-            owner = h.daemon.leases.claims()[target]["user"]
+            owner = claims(h.daemon.leases)[target]["user"]
             assert owner["degraded"] is True and owner["container"]["id"] == alice.short
         finally:
             os.kill(engine.process.pid, signal.SIGCONT)
-        await until(lambda: (h.daemon.leases.claims()[target]["user"] or {}).get("user")
+        await until(lambda: (claims(h.daemon.leases)[target]["user"] or {}).get("user")
                     == "alice@example.org", timeout=15)

@@ -5,25 +5,15 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
-from helpers import FakeClock
+from helpers import lease_manager
+from patroller.config import Config
 from patroller.core.devices import Device, Inventory
 from patroller.core.errors import Busy, NotYours, TooManyWaiting, Unavailable, Unsatisfiable
 from patroller.core.identity import UNKNOWN, named_user
-from patroller.core.leases.manager import LeaseManager
-from patroller.observe.testmode import synthetic_inventory
+from patroller.http.views import claims
 
-LEASE = 10.0
+LEASE = Config().lease  # the lease of the shared `leases` fixture (conftest.py)
 alice, bob = named_user("alice"), named_user("bob")
-
-
-@pytest.fixture
-def clock():
-    return FakeClock()
-
-
-@pytest.fixture
-def leases(clock):
-    return LeaseManager(synthetic_inventory(), LEASE, clock=clock)
 
 
 def uuid(leases, number):
@@ -64,7 +54,7 @@ def test_unknown_group_and_too_many_can_never_be_satisfied(leases):
 
 def test_all_or_nothing_across_groups(clock):
     inventory = Inventory([Device("G0", 0), Device("G1", 1), Device("F0", 2, group="fpga")])
-    leases = LeaseManager(inventory, LEASE, clock=clock)
+    leases = lease_manager(clock, inventory)
     leases.request(bob, {"fpga": 1})
     with pytest.raises(Busy):
         leases.request(alice, {"gpu": 2, "fpga": 1})
@@ -80,7 +70,7 @@ def test_reservation_expires_after_the_lease(leases, clock):
     clock.advance(LEASE - 0.01)
     assert leases.expire() == []
     assert leases.state(device.uuid) == "reserved"
-    assert leases.claims()[device.uuid]["expires"] == pytest.approx(0.01)
+    assert claims(leases)[device.uuid]["expires"] == pytest.approx(0.01)
     clock.advance(0.01)
     assert leases.expire() == [device]
     assert leases.state(device.uuid) == "free"
@@ -94,7 +84,7 @@ def test_own_process_claims_a_reservation_and_stops_the_lease(leases, clock):
     assert leases.next_deadline() is None
     clock.advance(LEASE * 5)
     assert leases.expire() == []
-    claim = leases.claims()[device.uuid]
+    claim = claims(leases)[device.uuid]
     assert claim["processes"] == [4242]
     assert claim["expires"] is None
     assert claim["user"]["user"] == "alice"
@@ -118,9 +108,9 @@ def test_process_on_a_free_device_claims_it_for_its_owner(leases):
     target = uuid(leases, 3)
     leases.process_started(target, 77, bob)
     assert leases.state(target) == "claimed"
-    assert leases.claims()[target]["user"]["user"] == "bob"
+    assert claims(leases)[target]["user"]["user"] == "bob"
     leases.process_started(uuid(leases, 4), 78, UNKNOWN)
-    assert leases.claims()[uuid(leases, 4)]["user"]["user"] == "unknown"
+    assert claims(leases)[uuid(leases, 4)]["user"]["user"] == "unknown"
     # a claimed device is not free: a request skips it
     assert 3 not in [d.number for d in leases.request(alice, {"gpu": 6})]
 
@@ -131,7 +121,7 @@ def test_another_users_process_makes_it_shared_and_is_logged_once(leases, caplog
         leases.process_started(device.uuid, 10, bob)
         leases.process_started(device.uuid, 11, bob)
     assert leases.state(device.uuid) == "shared"
-    claim = leases.claims()[device.uuid]
+    claim = claims(leases)[device.uuid]
     assert [u["user"] for u in claim["users"]] == ["alice", "bob"]
     assert claim["user"]["user"] == "alice"
     assert claim["processes"] == [10, 11]
@@ -146,7 +136,7 @@ def test_shared_device_passes_to_the_trespasser_when_the_lease_ends(leases, cloc
     clock.advance(LEASE)
     assert leases.expire() == [device]
     assert leases.state(device.uuid) == "claimed"
-    assert leases.claims()[device.uuid]["user"]["user"] == "bob"
+    assert claims(leases)[device.uuid]["user"]["user"] == "bob"
 
 
 def test_trespasser_leaving_turns_shared_back(leases):
@@ -193,12 +183,12 @@ def test_waiters_are_served_in_arrival_order_on_release(leases):
     got = []
     leases.wait(bob, {"gpu": 1}, lambda d: got.append(("bob", d)))
     leases.wait(named_user("carol"), {"gpu": 1}, lambda d: got.append(("carol", d)))
-    assert got == [] and leases.waiting == 2
+    assert got == [] and len(leases.waiters) == 2
     leases.release(alice, uuid(leases, 5))
     assert [(who, [d.number for d in devices]) for who, devices in got] == [("bob", [5])]
-    assert leases.claims()[uuid(leases, 5)]["user"]["user"] == "bob"
+    assert claims(leases)[uuid(leases, 5)]["user"]["user"] == "bob"
     leases.release(alice, uuid(leases, 2))
-    assert got[1][0] == "carol" and leases.waiting == 0
+    assert got[1][0] == "carol" and len(leases.waiters) == 0
 
 
 def test_a_waiter_that_cannot_be_served_does_not_block_a_later_one(leases):
@@ -231,7 +221,7 @@ def test_a_waiter_granted_at_once_and_the_state_seen_by_the_callback(leases):
     seen = []
     leases.wait(alice, {"gpu": 1}, lambda d: seen.append(leases.state(d[0].uuid)))
     assert seen == ["reserved"]
-    assert leases.waiting == 0
+    assert len(leases.waiters) == 0
 
 
 def test_cancelled_waiter_gets_nothing(leases):
@@ -247,7 +237,7 @@ def test_cancelled_waiter_gets_nothing(leases):
 def test_an_unsatisfiable_wait_is_refused_at_once(leases):
     with pytest.raises(Unsatisfiable):
         leases.wait(alice, {"gpu": 9}, lambda d: None)
-    assert leases.waiting == 0
+    assert len(leases.waiters) == 0
 
 
 def test_close_aborts_waiters_and_refuses_new_requests(leases):
@@ -261,7 +251,7 @@ def test_close_aborts_waiters_and_refuses_new_requests(leases):
 
 
 def test_too_many_waiters(clock):
-    leases = LeaseManager(synthetic_inventory(), LEASE, clock=clock, max_waiters=2)
+    leases = lease_manager(clock, max_waiters=2)
     leases.request(alice, {"gpu": 8})
     leases.wait(bob, {"gpu": 1}, lambda d: None)
     leases.wait(bob, {"gpu": 1}, lambda d: None)
@@ -272,18 +262,18 @@ def test_too_many_waiters(clock):
 def test_age_counts_from_the_last_change_of_state(leases, clock):
     [device] = leases.request(alice, {"gpu": 1})
     clock.advance(3)
-    assert leases.claims()[device.uuid]["age"] == 3
+    assert claims(leases)[device.uuid]["age"] == 3
     leases.process_started(device.uuid, 1, alice)
     clock.advance(2)
-    assert leases.claims()[device.uuid]["age"] == 2
+    assert claims(leases)[device.uuid]["age"] == 2
     leases.process_started(device.uuid, 2, alice)  # still claimed: the age goes on
     clock.advance(1)
-    assert leases.claims()[device.uuid]["age"] == 3
+    assert claims(leases)[device.uuid]["age"] == 3
 
 
-def test_subscribers_hear_every_change(leases, clock):
+def test_on_change_callbacks_hear_every_change(leases, clock):
     calls = []
-    leases.subscribe(lambda: calls.append(1))
+    leases.on_change(lambda: calls.append(1))
     [device] = leases.request(alice, {"gpu": 1})
     leases.process_started(device.uuid, 1, alice)
     leases.process_ended(device.uuid, 1)
@@ -293,20 +283,20 @@ def test_subscribers_hear_every_change(leases, clock):
 
 
 @pytest.mark.errors_expected
-def test_a_failing_subscriber_does_not_break_the_leases(leases, caplog):
-    leases.subscribe(lambda: 1 / 0)
+def test_a_failing_change_callback_does_not_break_the_leases(leases, caplog):
+    leases.on_change(lambda: 1 / 0)
     [device] = leases.request(alice, {"gpu": 1})
     assert leases.state(device.uuid) == "reserved"
-    assert "lease subscriber failed" in caplog.text
+    assert "lease change callback failed" in caplog.text
 
 
 def test_a_degraded_owner_that_becomes_known_takes_over_its_claim(leases):
     target = uuid(leases, 0)
     leases.process_started(target, 5, UNKNOWN)
-    assert leases.claims()[target]["user"]["user"] == "unknown"
+    assert claims(leases)[target]["user"]["user"] == "unknown"
     leases.update_owner(target, 5, alice)
     assert leases.state(target) == "claimed"
-    assert leases.claims()[target]["user"]["user"] == "alice"
+    assert claims(leases)[target]["user"]["user"] == "alice"
 
 
 def test_a_degraded_owner_on_a_reservation_turns_shared_into_claimed(leases, caplog):
@@ -323,7 +313,7 @@ def test_a_degraded_owner_on_a_reservation_turns_shared_into_claimed(leases, cap
 # -- waiters: per-user cap and the queue's order ------------------------------------------------
 
 def test_one_user_may_have_only_so_many_waiting(clock):
-    leases = LeaseManager(synthetic_inventory(), LEASE, clock=clock, max_waiting_per_user=2)
+    leases = lease_manager(clock, max_waiting_per_user=2)
     leases.request(alice, {"gpu": 8})
     first = leases.wait(bob, {"gpu": 1}, lambda d: None)
     leases.wait(bob, {"gpu": 2}, lambda d: None)
@@ -332,21 +322,22 @@ def test_one_user_may_have_only_so_many_waiting(clock):
     assert refused.value.data == {"limit": 2, "waiting": 2}
     assert "bob already has 2 requests waiting" in refused.value.message
     leases.wait(named_user("carol"), {"gpu": 1}, lambda d: None)  # others still queue
-    assert (leases.waiting, leases.waiting_of(bob)) == (3, 2)
+    assert (len(leases.waiters), leases.waiters.count_of("bob")) == (3, 2)
     leases.cancel(first)
     leases.wait(bob, {"gpu": 1}, lambda d: None)  # a cancelled one frees a place
     leases.release(alice, uuid(leases, 0))  # carol's
     leases.release(alice, uuid(leases, 1))  # bob's {"gpu": 1}: a granted one frees a place too
-    assert (leases.waiting, leases.waiting_of(bob), leases.waiting_of(named_user("carol"))) == (1, 1, 0)
+    assert (len(leases.waiters), leases.waiters.count_of("bob"),
+            leases.waiters.count_of("carol")) == (1, 1, 0)
 
 
 def test_a_user_at_the_cap_is_still_granted_what_is_free_now(clock):
-    leases = LeaseManager(synthetic_inventory(), LEASE, clock=clock, max_waiting_per_user=1)
+    leases = lease_manager(clock, max_waiting_per_user=1)
     leases.request(alice, {"gpu": 7})
     leases.wait(bob, {"gpu": 2}, lambda d: None)
     got = []
     leases.wait(bob, {"gpu": 1}, got.append)  # the one free device: nothing to queue
-    assert len(got) == 1 and leases.waiting_of(bob) == 1
+    assert len(got) == 1 and leases.waiters.count_of("bob") == 1
     with pytest.raises(TooManyWaiting):
         leases.wait(bob, {"gpu": 1}, got.append)
 
@@ -356,13 +347,13 @@ def test_a_newcomer_that_fits_what_is_free_is_granted_past_one_that_does_not(lea
     got = []
     leases.wait(bob, {"gpu": 2}, lambda d: got.append("bob"))
     leases.wait(named_user("carol"), {"gpu": 1}, lambda d: got.append("carol"))
-    assert got == ["carol"] and leases.waiting == 1
+    assert got == ["carol"] and len(leases.waiters) == 1
 
 
 def test_arrival_order_holds_across_groups_and_sizes(clock):
     inventory = Inventory([Device("G0", 0), Device("G1", 1), Device("G2", 2),
                            Device("F0", 3, group="fpga"), Device("F1", 4, group="fpga")])
-    leases = LeaseManager(inventory, LEASE, clock=clock)
+    leases = lease_manager(clock, inventory)
     leases.request(alice, {"gpu": 3, "fpga": 2})
     got = []
     for name, wants in (("w0", {"gpu": 1, "fpga": 1}), ("w1", {"gpu": 2}), ("w2", {"fpga": 1}),
@@ -373,7 +364,7 @@ def test_arrival_order_holds_across_groups_and_sizes(clock):
     assert got == [("w2", ["F1"]), ("w3", ["G2"])]
     leases.release(alice)  # G0, G1, F0 free: w0 first, then w1 cannot, then w4
     assert got[2:] == [("w0", ["G0", "F0"])]
-    assert leases.waiting == 2
+    assert len(leases.waiters) == 2
     leases.release(named_user("w3"))
     assert got[3:] == [("w1", ["G1", "G2"])]
 
@@ -385,7 +376,7 @@ def test_close_aborts_every_waiter_in_arrival_order(leases):
         leases.wait(named_user(f"w{n}"), {"gpu": count}, lambda d: None,
                     lambda e, n=n: aborted.append(n))
     leases.close()
-    assert aborted == [0, 1, 2, 3] and leases.waiting == 0
+    assert aborted == [0, 1, 2, 3] and len(leases.waiters) == 0
 
 
 def test_the_queue_serves_exactly_as_a_scan_of_every_waiter_would(clock):
@@ -397,7 +388,7 @@ def test_the_queue_serves_exactly_as_a_scan_of_every_waiter_would(clock):
               {"gpu": 2, "fpga": 1}]
     for seed in range(30):
         rng = random.Random(seed)
-        leases = LeaseManager(inventory, LEASE, clock=clock, max_waiting_per_user=1000)
+        leases = lease_manager(clock, inventory, max_waiting_per_user=1000)
         holders: Dict[str, Optional[str]] = {u: None for u in uuids}
         queue: List[Tuple[Any, str, Dict[str, int]]] = []  # the model: (waiter, user, wants)
         grants: List[Tuple[str, List[str]]] = []
@@ -455,5 +446,5 @@ def test_the_queue_serves_exactly_as_a_scan_of_every_waiter_would(clock):
                 expected = scan()
             assert grants == expected, (seed, step)
             grants.clear()
-            assert {u: (c["user"] or {}).get("user") for u, c in leases.claims().items()} == holders
-            assert leases.waiting == len(queue)
+            assert {u: (c["user"] or {}).get("user") for u, c in claims(leases).items()} == holders
+            assert len(leases.waiters) == len(queue)

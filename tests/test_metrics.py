@@ -73,7 +73,7 @@ async def test_a_waiting_request_shows_per_user_and_in_all():
     async with running() as h:
         await h.ok("/request?gpu=8&user=bob")
         waiting = asyncio.ensure_future(h.call("/wait?gpu=1&user=carol"))
-        await until(lambda: h.daemon.leases.waiting == 1)
+        await until(lambda: len(h.daemon.leases.waiters) == 1)
         await asyncio.sleep(0.2)
         samples, _, _ = await scrape(h)
         assert find(samples, "patroller_user_requests_waiting", user="carol") == [1]

@@ -2,22 +2,20 @@
 import asyncio
 import time
 
-from helpers import async_test, until
+from helpers import async_test, lease_manager, until
 from patroller.core.identity import named_user
-from patroller.core.leases.manager import LeaseManager
-from patroller.observe.testmode import synthetic_inventory
 from patroller.state.timer import ExpiryTimer
 
 
 @async_test
 async def test_the_timer_follows_the_next_deadline_and_expires_on_it():
-    leases = LeaseManager(synthetic_inventory(), lease=0.3)
+    leases = lease_manager(lease=0.3)
     timer = ExpiryTimer(leases)
     timer.start()
     [device] = leases.request(named_user("alice"), {"gpu": 1})
     uuid = device.uuid
     freed = []
-    leases.subscribe(lambda: freed.append(time.monotonic()) if leases.state(uuid) == "free" else None)
+    leases.on_change(lambda: freed.append(time.monotonic()) if leases.state(uuid) == "free" else None)
     deadline = leases.next_deadline()
     assert timer._at == deadline
     await asyncio.sleep(0.15)
@@ -30,7 +28,7 @@ async def test_the_timer_follows_the_next_deadline_and_expires_on_it():
 
 @async_test
 async def test_a_claim_cancels_the_timer_and_a_new_reservation_moves_it():
-    leases = LeaseManager(synthetic_inventory(), lease=0.2)
+    leases = lease_manager(lease=0.2)
     timer = ExpiryTimer(leases)
     timer.start()
     alice = named_user("alice")

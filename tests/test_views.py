@@ -3,9 +3,8 @@ import json
 
 import pytest
 
-from helpers import FakeClock, async_test, running
+from helpers import FakeClock, async_test, lease_manager, running
 from patroller.core.identity import named_user
-from patroller.core.leases.manager import LeaseManager
 from patroller.observe.signals import ProcessList, Sample, Signals
 from patroller.observe.stats import StatsStore
 from patroller.observe.testmode import synthetic_inventory
@@ -16,7 +15,7 @@ from patroller.http.views import StatusView
 def parts():
     clock = FakeClock()
     inventory = synthetic_inventory(2)
-    leases = LeaseManager(inventory, 10, clock=clock)
+    leases = lease_manager(clock, inventory, lease=10)
     stats = StatsStore(inventory, stale_after=3, clock=clock)
     signals = Signals()
     stats.connect(signals)

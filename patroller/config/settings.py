@@ -58,6 +58,7 @@ class Config:
     body_timeout: float = 10.0  # seconds a request body may take to arrive
 
     # -- internal defaults: core (the lease rules) --------------------------------------------
+    max_waiters: int = 10000  # /wait requests queued at once, all users together: 503 past it
 
     # -- internal defaults: observe (nvidia-smi's children, statistics) -----------------------
 

@@ -18,12 +18,12 @@ from patroller.core.devices import Device, Inventory
 from patroller.core.errors import (BadRequest, Busy, NoCallerProcess, NotHeld, NotYours, OverLimit,
                      PatrollerError, TooManyWaiting, Unavailable, Unidentified, Unsatisfiable)
 from patroller.core.identity import Identity, ProcessRef
-from patroller.core.leases.manager import LeaseManager, Waiter
+from patroller.core.leases import LeaseManager, Waiter
 from patroller.core.throttle import Throttle
 from patroller.state.audit import AuditLog
 from patroller.observe.idle import IdleWatch
 from patroller.http.live import LiveFeed, Stream
-from patroller.http.views import DevicesView, StatusView, dumps, users_view
+from patroller.http.views import DevicesView, StatusView, dumps, queue_view, users_view
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("patroller.access")
@@ -108,7 +108,7 @@ class Handler(tornado.web.RequestHandler):
             raise BadRequest(f"hold: {duration:.0f} s is longer than the {longest:.0f} s one may "
                              "ask for on this host", max_hold=longest)
 
-    async def bound(self, hold: str) -> Optional[ProcessRef]:
+    async def held_for(self, hold: str) -> Optional[ProcessRef]:
         """The process a hold=process grant is held for (after `caller`); None for a lease."""
         return await self.callers.process(self.request) if hold == "process" else None
 
@@ -345,9 +345,9 @@ class RequestHandler(Handler):
     async def get(self) -> None:
         ask = query.parse_ask(self.args(), wait=False)
         caller = await self.caller(ask.user)
-        bound = await self.bound(ask.hold)
+        held_for = await self.held_for(ask.hold)
         self.check_duration(ask.duration)
-        self.send(grant_json(self.leases.request(caller, ask.wants, bound, ask.duration),
+        self.send(grant_json(self.leases.request(caller, ask.wants, held_for, ask.duration),
                              self.leases))
 
     post = get  # so that a client need not change state with a GET; the form joins the query
@@ -366,13 +366,13 @@ class WaitHandler(Handler):
     async def get(self) -> None:
         ask = query.parse_ask(self.args(), wait=True)
         caller = await self.caller(ask.user)
-        bound = await self.bound(ask.hold)
+        held_for = await self.held_for(ask.hold)
         self.check_duration(ask.duration)
         if self._gone():  # it left while we looked it up: queue nothing for nobody
             log.debug("a waiting client left before it was queued")
             return
         self.outcome = asyncio.get_running_loop().create_future()
-        self.waiter = self.leases.wait(caller, ask.wants, self._settle, self._fail, bound,
+        self.waiter = self.leases.wait(caller, ask.wants, self._end_wait, self._fail, held_for,
                                        ask.duration)
         timer = None
         if ask.timeout is not None and not self.outcome.done():
@@ -392,7 +392,7 @@ class WaitHandler(Handler):
 
     post = get  # as /request: GET, the seed's contract, or POST
 
-    def _settle(self, devices: Optional[List[Device]]) -> None:
+    def _end_wait(self, devices: Optional[List[Device]]) -> None:
         if self.outcome is not None and not self.outcome.done():
             self.outcome.set_result(devices)
 
@@ -413,7 +413,7 @@ class WaitHandler(Handler):
     def on_connection_close(self) -> None:
         if self.waiter is not None and self.leases.cancel(self.waiter):
             log.debug("a waiting client left")
-            self._settle(None)
+            self._end_wait(None)
 
 
 class ReleaseHandler(Handler):
@@ -439,7 +439,7 @@ class RenewHandler(Handler):
 
 class QueueHandler(View):
     def get(self) -> None:
-        self.send(self.leases.queue())
+        self.send(queue_view(self.leases))
 
 
 class UsersHandler(View):

@@ -2,7 +2,7 @@
 Server-Sent Event to every open page after each change, at most once a second.
 
 The feed follows the same change notifications as the waiters and /status (the lease manager's
-and the statistics' subscribers): a change schedules one flush; the snapshot is built and
+and the statistics' on_change callbacks): a change schedules one flush; the snapshot is built and
 serialized once per flush, whatever the number of pages; with no change nothing is sent but a
 keep-alive comment every KEEPALIVE seconds (so that proxies keep the stream open), and with no
 page open a change costs one call that returns.

@@ -26,6 +26,7 @@ from prometheus_client.exposition import choose_encoder
 
 from patroller import __version__
 from patroller.core.identity import Identity
+from patroller.http.views import device_holds, usage, waiting_by_user
 
 if TYPE_CHECKING:
     from patroller.app import Daemon
@@ -89,7 +90,7 @@ class DaemonCollector:
         self.daemon = daemon
 
     def collect(self) -> Iterator[Metric]:
-        holds = self.daemon.leases.holds()
+        holds = device_holds(self.daemon.leases)
         yield from self._gpus(holds)
         yield from self._processes(holds)
         yield from self._users()
@@ -172,7 +173,7 @@ class DaemonCollector:
                 "patroller_user_gpus_unreserved",
                 "GPUs the user computes on without having asked for them", labels=["user"]),
         }
-        for user, counts in sorted(leases.usage().items()):
+        for user, counts in sorted(usage(leases).items()):
             for key, family in families.items():
                 family.add_metric([user], counts[key])
         yield from families.values()
@@ -181,14 +182,14 @@ class DaemonCollector:
         longest = GaugeMetricFamily("patroller_user_wait_seconds_max",
                                     "Seconds the user's longest waiting request has waited",
                                     labels=["user"])
-        queued = leases.waiting_by_user()
+        queued = waiting_by_user(leases)
         for user, (count, seconds) in sorted(queued.items()):
             waiting.add_metric([user], count)
             longest.add_metric([user], seconds)
         yield waiting
         yield longest
         yield GaugeMetricFamily("patroller_requests_waiting", "Requests waiting in the queue",
-                                value=leases.waiting)
+                                value=len(leases.waiters))
         yield GaugeMetricFamily("patroller_wait_seconds_max",
                                 "Seconds the longest waiting request has waited",
                                 value=max((s for _, s in queued.values()), default=0.0))

@@ -1,17 +1,22 @@
-"""The bodies of /status and /devices, serialized once and served many times.
+"""What the API shows: the bodies of /status and /devices, serialized once and served many
+times, and the read models of the lease manager's state (claims, the queue, usage per user,
+holds per device) that /status, /queue, /users, the metrics and the web page serve.
 
 /status changes with every sample and every lease event, and its `age`, `expires`, `stale` and
 `processes_stale` move with the clock; it is rebuilt on demand when something changed or when it is older than
 MAX_AGE, so a busy poller costs one serialization per change, not one per request.
+
+The read models read the lease manager (its holds, its queue, the devices set aside for a
+starving waiter); the manager never reads them.
 """
 from __future__ import annotations
 
 import json
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from patroller.core.devices import Inventory
-from patroller.core.leases.manager import LeaseManager
+from patroller.core.leases import Hold, LeaseManager
 from patroller.observe.idle import IdleWatch
 from patroller.observe.stats import StatsStore, iso_time
 
@@ -38,8 +43,8 @@ class StatusView:
         self.builds = 0  # how many times the body was serialized
         self._body: Optional[bytes] = None
         self._built = 0.0
-        leases.subscribe(self.invalidate)
-        stats.subscribe(self.invalidate)
+        leases.on_change(self.invalidate)
+        stats.on_change(self.invalidate)
 
     def invalidate(self) -> None:
         """Something changed: build the body again when it is next asked for."""
@@ -47,11 +52,11 @@ class StatusView:
 
     def data(self) -> Dict[str, Any]:
         """/status as data."""
-        claims = self.leases.claims()
+        shown = claims(self.leases)
         data = {}
         wall = time.time()
         for d in self.inventory:
-            claim = {**claims[d.uuid], "processes_stale": self.stats.processes_stale(d.uuid)}
+            claim = {**shown[d.uuid], "processes_stale": self.stats.processes_stale(d.uuid)}
             expires = claim["expires"]
             claim["ends_at"] = iso_time(wall + expires) if expires is not None else None
             claim["idle_for"] = self.idle.idle_for(d.uuid) if self.idle is not None else None
@@ -91,11 +96,11 @@ class DevicesView:
 def users_view(leases: LeaseManager, idle: Optional[IdleWatch]) -> Dict[str, Any]:
     """/users: per user, GPUs held, held with nothing running, used without asking, idle,
     requests waiting, and the limit that applies."""
-    usage = leases.usage()
-    waiting = leases.waiting_by_user()
+    counted = usage(leases)
+    waiting = waiting_by_user(leases)
     users: Dict[str, Any] = {}
-    for user in sorted(set(usage) | set(waiting)):
-        counts = usage.get(user, {"held": 0, "reserved_unused": 0, "unreserved": 0})
+    for user in sorted(set(counted) | set(waiting)):
+        counts = counted.get(user, {"held": 0, "reserved_unused": 0, "unreserved": 0})
         held = leases.held_by(user)
         count, longest = waiting.get(user, (0, 0.0))
         users[user] = {
@@ -107,3 +112,98 @@ def users_view(leases: LeaseManager, idle: Optional[IdleWatch]) -> Dict[str, Any
             "limit": leases.policy.limit_of(user),
         }
     return users
+
+
+# -- the read models of the lease manager ---------------------------------------------------------
+
+def claim_view(hold: Hold, now: float) -> Dict[str, Any]:
+    """The claim part of /status for one device (`set_aside_for` is filled in by `claims`)."""
+    return {
+        "state": hold.state,
+        "user": hold.holder.to_json() if hold.holder else None,
+        "users": [u.to_json() for u in hold.users()],
+        "processes": list(hold.processes),
+        "process_detail": [{"pid": pid, "user": owner.user, "command": hold.commands.get(pid)}
+                           for pid, owner in hold.processes.items()],
+        "age": round(now - hold.since, 3),
+        "expires": hold.expires(now),
+        "held_for_pid": hold.held_for.pid if hold.held_for is not None else None,
+        "hold": hold.how if hold.holder is not None else None,
+        "asked": hold.asked,
+        "set_aside_for": None,
+    }
+
+
+def claims(leases: LeaseManager) -> Dict[str, Dict[str, Any]]:
+    """The claim part of /status for every device, with the devices set aside for whom."""
+    now = leases.clock()
+    shown = {uuid: claim_view(hold, now) for uuid, hold in leases.holds.items()}
+    waiter, aside = leases.set_aside()
+    for uuid in aside:
+        shown[uuid]["set_aside_for"] = waiter.user.user if waiter is not None else None
+    return shown
+
+
+def free_counts(leases: LeaseManager) -> Dict[str, int]:
+    """How many devices of each group are free now (as a Busy answer says)."""
+    return {group: len(devices) for group, devices in leases.free().items()}
+
+
+def queue_view(leases: LeaseManager) -> List[Dict[str, Any]]:
+    """The waiting requests in arrival order, as /queue lists them."""
+    now = leases.clock()
+    return [{
+        "position": n,
+        "user": w.user.user,
+        "wants": dict(w.wants),
+        "waited": round(now - w.since, 3),
+        "hold": "process" if w.held_for is not None else "lease",
+        "pid": w.held_for.pid if w.held_for is not None else None,
+    } for n, w in enumerate(leases.waiters.in_order(), 1)]
+
+
+def usage(leases: LeaseManager) -> Dict[str, Dict[str, int]]:
+    """Per user: devices held (`held`), held with nothing running (`reserved_unused`), and
+    used without having asked for them (`unreserved`: their processes on a device another
+    user holds, or on one they took by computing on it rather than by a request)."""
+    out: Dict[str, Dict[str, int]] = {}
+
+    def add(user: str, key: str) -> None:
+        counts = out.setdefault(user, {"held": 0, "reserved_unused": 0, "unreserved": 0})
+        counts[key] += 1
+
+    for hold in leases.holds.values():
+        if hold.lost:
+            continue
+        if hold.holder is not None:
+            add(hold.holder.user, "held")
+            if not hold.processes:
+                add(hold.holder.user, "reserved_unused")
+        for user in {owner.user for owner in hold.processes.values()}:
+            if hold.holder is None or user != hold.holder.user or not hold.asked:
+                add(user, "unreserved")
+    return out
+
+
+def waiting_by_user(leases: LeaseManager) -> Dict[str, Tuple[int, float]]:
+    """Per user: (requests waiting, seconds the longest has waited)."""
+    now = leases.clock()
+    out: Dict[str, Tuple[int, float]] = {}
+    for waiter in leases.waiters.in_order():
+        count, longest = out.get(waiter.user.user, (0, 0.0))
+        out[waiter.user.user] = (count + 1, max(longest, now - waiter.since))
+    return out
+
+
+def device_holds(leases: LeaseManager) -> Dict[str, Dict[str, Any]]:
+    """Per device: what the metrics show of its hold (state, holder, age, lease left, and
+    each process's owner and command)."""
+    now = leases.clock()
+    return {uuid: {
+        "state": hold.state,
+        "holder": hold.holder,
+        "age": now - hold.since,
+        "expires": hold.expires(now),
+        "processes": [(pid, owner, hold.commands.get(pid))
+                      for pid, owner in hold.processes.items()],
+    } for uuid, hold in leases.holds.items()}

@@ -10,7 +10,7 @@ import logging
 from typing import Any, Dict, Tuple
 
 from patroller.core.identity import UNKNOWN, Identity
-from patroller.core.leases.manager import LeaseManager
+from patroller.core.leases import LeaseManager
 from patroller.identify.resolver import ProcessResolver
 from patroller.observe.signals import GpuProcess, Signals
 

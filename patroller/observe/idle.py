@@ -16,7 +16,7 @@ import logging
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from patroller.core.leases.manager import LeaseManager
+from patroller.core.leases import LeaseManager
 from patroller.observe.signals import Sample, Signals
 
 log = logging.getLogger(__name__)

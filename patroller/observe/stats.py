@@ -49,7 +49,7 @@ class StatsStore:
         self._processes: Dict[Tuple[str, int], Dict[str, Value]] = {}  # (uuid, pid) -> figures
         self._history: Dict[str, "deque[Optional[Value]]"] = {}  # uuid -> SM %, oldest first
         self._history_at: Dict[str, float] = {}
-        self._subscribers: List[Callable[[], None]] = []
+        self._on_change: List[Callable[[], None]] = []
 
     def connect(self, signals: Signals) -> None:
         """Listen to the daemon's samples."""
@@ -58,9 +58,9 @@ class StatsStore:
         signals.process_sampled.connect(self._on_process_sampled)
         signals.process_ended.connect(self._on_process_ended)
 
-    def subscribe(self, callback: Callable[[], None]) -> None:
+    def on_change(self, callback: Callable[[], None]) -> None:
         """Call `callback()` after every sample, and when a stale process list is fresh again."""
-        self._subscribers.append(callback)
+        self._on_change.append(callback)
 
     def _on_sample(self, sender: Any, record: Sample) -> None:
         if self.inventory.get(record.uuid) is not None:
@@ -70,7 +70,7 @@ class StatsStore:
                 self._history_at[record.uuid] = now
                 self._history.setdefault(record.uuid, deque(maxlen=HISTORY_POINTS)).append(
                     record.values.get("sm"))
-            for callback in self._subscribers:
+            for callback in self._on_change:
                 callback()
 
     def _on_listed(self, sender: Any, record: ProcessList) -> None:
@@ -81,7 +81,7 @@ class StatsStore:
                 revived = revived or self.processes_stale(uuid)
                 self._listed[uuid] = now
         if revived:  # otherwise nothing shown changed: lists change through lease events
-            for callback in self._subscribers:
+            for callback in self._on_change:
                 callback()
 
     def _on_process_sampled(self, sender: Any, record: ProcessSamples) -> None:

@@ -20,7 +20,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Optional, TextIO
 
-from patroller.core.leases.manager import Event
+from patroller.core.leases import Event
 from patroller.observe.stats import iso_time
 
 log = logging.getLogger("patroller.audit")

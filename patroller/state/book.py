@@ -14,28 +14,28 @@ outlives the daemon (kill -9, SIGTERM, a crash of Python); only a crash of the h
 last writes (an fsync'd write: 0.6 ms quiet, 8-12 ms loaded), and that ends every job the book
 speaks for. The directory is locked (flock) for the daemon's life: one daemon, one book. A device held
 for a process keeps its pid and start time, with the boot's id: it is held again at start only
-if that very process still runs.
+if that very process still runs. What the file holds, and what a restart makes of each entry,
+is schema.py's.
 """
 from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import logging
 import os
 import re
 import time
 from typing import Any, Callable, Dict, Optional
 
-from patroller.core.identity import ProcessRef
-from patroller.core.leases.manager import LeaseManager, Restored
+from patroller.core.leases import LeaseManager
+from patroller.state import schema
 from patroller.state.lifetimes import boot_id, is_alive
+from patroller.state.schema import Restored
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 
-VERSION = 1
 FILE = "leases.json"  # a link to the newest leases-N.json (a plain file is read as well)
 DATA = re.compile(r"leases-(\d+)\.json")
 LOCK = "lock"  # holds the flock, and the pid of the daemon that holds it
@@ -111,7 +111,7 @@ class LeaseBook:
         self.leases = leases
         restored = self.restore()
         self._tidy()
-        leases.subscribe(self.write)
+        leases.on_change(self.write)
         self.write()
         return restored
 
@@ -146,15 +146,11 @@ class LeaseBook:
         try:
             if len(data) > MAX_SIZE:
                 raise ValueError(f"over {MAX_SIZE} bytes")
-            book = json.loads(data)
-            if not isinstance(book, dict):
-                raise ValueError("not an object")
-            if book.get("version") != VERSION:
-                raise ValueError(f"version {book.get('version')!r}, not {VERSION}")
+            book = schema.decode(data)
             # A process's start time counts from boot: after a reboot no process is alive.
             same_boot = book.get("boot") is not None and book.get("boot") == boot_id()
-            restored = self.leases.restore(book.get("devices"), self._steady_offset(),
-                                           alive=is_alive if same_boot else _ended)
+            restored = schema.restore(self.leases, book.get("devices"), self._steady_offset(),
+                                      alive=is_alive if same_boot else schema.ended)
         except (ValueError, RecursionError) as exc:  # JSON and UTF-8 errors are ValueErrors
             self._set_aside(f"is not a lease book ({str(exc)[:200]})")
             return None
@@ -192,11 +188,10 @@ class LeaseBook:
         """Write the book if it changed since the last write; a failure is logged, never raised."""
         if self.leases is None:
             return
-        held = self.leases.snapshot(self._steady_offset())
+        held = schema.snapshot(self.leases, self._steady_offset())
         if held == self._written:  # process churn that leaves the book as it was: no write
             return
-        body = json.dumps({"version": VERSION, "saved": round(self.wall(), 3),
-                           "boot": self._boot, "devices": held}, separators=(",", ":")).encode()
+        body = schema.encode(held, self.wall(), self._boot)
         try:
             self._publish(body)
         except OSError as exc:
@@ -288,11 +283,6 @@ class LeaseBook:
         if self._offset is None or abs(offset - self._offset) > STEADY:
             self._offset = offset
         return self._offset
-
-
-def _ended(ref: ProcessRef) -> bool:
-    """No process of another boot is alive."""
-    return False
 
 
 def _remove(path: str) -> None:

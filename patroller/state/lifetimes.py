@@ -18,7 +18,7 @@ import os
 from typing import Dict, Optional, Set, Tuple
 
 from patroller.core.identity import ProcessRef
-from patroller.core.leases.manager import LeaseManager
+from patroller.core.leases import LeaseManager
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class Lifelines:
     def start(self) -> None:
         """Follow the manager's changes on the running loop."""
         self._loop = asyncio.get_running_loop()
-        self.leases.subscribe(self.sync)
+        self.leases.on_change(self.sync)
         self.sync()
 
     def stop(self) -> None:
@@ -108,7 +108,7 @@ class Lifelines:
         """Watch the processes the manager holds devices for, and only those."""
         if self._loop is None:
             return
-        wanted = self.leases.bound_processes()
+        wanted = self.leases.processes_held_for()
         if not wanted and not self._fds and not self._polled:
             return
         for ref in wanted - self._fds.keys() - self._polled - self._opening:
@@ -135,7 +135,7 @@ class Lifelines:
                 alive = await loop.run_in_executor(None, is_alive, ref, self.proc)
         finally:
             self._opening.discard(ref)
-        if self._loop is None or ref not in self.leases.bound_processes():
+        if self._loop is None or ref not in self.leases.processes_held_for():
             if fd is not None:  # no longer wanted while it was opened
                 os.close(fd)
             return

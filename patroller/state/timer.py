@@ -5,7 +5,7 @@ from typing import Any, Optional
 
 from tornado.ioloop import IOLoop
 
-from patroller.core.leases.manager import LeaseManager
+from patroller.core.leases import LeaseManager
 
 
 class ExpiryTimer:
@@ -20,7 +20,7 @@ class ExpiryTimer:
     def start(self) -> None:
         """Follow the manager's changes on the current loop."""
         self._loop = IOLoop.current()
-        self.leases.subscribe(self.reschedule)
+        self.leases.on_change(self.reschedule)
         self.reschedule()
 
     def stop(self) -> None:

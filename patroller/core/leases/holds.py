@@ -1,0 +1,212 @@
+"""The hold of one device, the events of the audit record, and the types the lease rules share.
+
+A device is
+  free      no holder and no process;
+  reserved  held for a user whose process has not (or no longer) shown up: the lease runs, or,
+            held for a process (hold=process), no lease runs while that process lives;
+  claimed   every process on it belongs to the holder;
+  shared    a process of another user runs on it as well (logged once as trespassing);
+  lost      gone from the host (fell off the bus, removed): never granted; its holder, if any,
+            is still shown, and its reservation ends by the usual rules.
+
+A hold is held one way: for a lease (a deadline while the holder runs nothing there), for a
+process (`held_for`: while that process lives), or for a duration (`until`: whatever runs).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
+
+from patroller.core.devices import Device
+from patroller.core.identity import Identity, ProcessRef
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+Wants = Mapping[str, int]  # group -> count
+Shape = Tuple[Tuple[str, int], ...]  # wants in a fixed order: waiters of one shape queue together
+
+# A timer may fire a hair before its deadline, and a float sum may land a hair short of it:
+# an end within this many seconds from now is taken as reached. Not a tuning value: the
+# tolerance of comparing times, shared by expiry and the book's restore.
+EARLY = 0.001
+
+
+@dataclass(eq=False)
+class Hold:
+    """The mutable state of one device: who holds it, how, and what runs on it."""
+
+    since: float  # when `shown` last changed: the age of the state
+    uuid: str = ""
+    holder: Optional[Identity] = None
+    deadline: Optional[float] = None  # while the holder has no process here
+    releasing: bool = False  # released by the holder: free once their processes end
+    held_for: Optional[ProcessRef] = None  # held while this process lives (hold=process)
+    until: Optional[float] = None  # held until then whatever runs (hold=<duration>)
+    lost: bool = False  # the device is gone from the host
+    asked: bool = False  # the holder asked for it (a grant), rather than took it by computing
+    processes: Dict[int, Identity] = field(default_factory=dict)  # pid -> owner, oldest first
+    commands: Dict[int, Optional[str]] = field(default_factory=dict)  # pid -> name nvidia-smi printed
+    trespassers: Set[str] = field(default_factory=set)  # users already logged
+    shown: Tuple[str, Optional[str]] = ("free", None)  # (state, holder) when `since` was set
+
+    @property
+    def state(self) -> str:
+        """free, reserved, claimed, shared or lost."""
+        if self.lost:
+            return "lost"
+        if self.holder is None:
+            return "free"
+        if any(not owner.same_user(self.holder) for owner in self.processes.values()):
+            return "shared"
+        return "claimed" if self.processes else "reserved"
+
+    @property
+    def how(self) -> str:
+        """How it is held: for a process, for a duration, or for a lease."""
+        if self.held_for is not None:
+            return "process"
+        return "duration" if self.until is not None else "lease"
+
+    def expires(self, now: float) -> Optional[float]:
+        """Seconds until the hold ends: its lease, or the duration asked for."""
+        end = self.until if self.until is not None else self.deadline
+        return None if end is None else round(max(0.0, end - now), 3)
+
+    def pids_of(self, user: Optional[Identity]) -> List[int]:
+        """The pids of `user`'s processes on the device."""
+        return [pid for pid, owner in self.processes.items() if owner.same_user(user)]
+
+    def users(self) -> List[Identity]:
+        """The holder, then every other user whose processes run on the device."""
+        users: List[Identity] = [self.holder] if self.holder else []
+        for owner in self.processes.values():
+            if not any(owner.same_user(u) for u in users):
+                users.append(owner)
+        return users
+
+    def touch(self, now: float) -> None:
+        """Restart the age when the state or the holder changed."""
+        shown = (self.state, self.holder.user if self.holder else None)
+        if shown != self.shown:
+            self.shown, self.since = shown, now
+
+    def take(self, holder: Identity, now: float, deadline: Optional[float] = None,
+             until: Optional[float] = None, held_for: Optional[ProcessRef] = None,
+             releasing: bool = False) -> None:
+        """Hold the device for `holder`, as granted: until `deadline` (a lease), until `until`
+        (a duration), or while `held_for` lives."""
+        self.holder, self.deadline, self.until = holder, deadline, until
+        self.held_for, self.releasing, self.asked = held_for, releasing, True
+        self.touch(now)
+
+    def place(self, owner: Identity, now: float) -> bool:
+        """A process of `owner` runs here: the holder's own stops the lease. True for the first
+        process here of another user: a trespass, reported once."""
+        trespass = False
+        if owner.same_user(self.holder):
+            self.deadline = None
+        elif owner.user not in self.trespassers:
+            self.trespassers.add(owner.user)
+            trespass = True
+        self.touch(now)
+        return trespass
+
+    def forget(self, pid: int, now: float, lease: float) -> None:
+        """A process left: a lease of `lease` s starts if it was the holder's last (unless the
+        hold is for a process or a duration); a released device's hold ends."""
+        owner = self.processes.pop(pid)
+        self.commands.pop(pid, None)
+        if not self.pids_of(owner):
+            self.trespassers.discard(owner.user)
+        if self.holder is not None and not self.pids_of(self.holder):
+            if self.releasing:
+                self.end(now)
+            elif self.deadline is None and self.held_for is None and self.until is None:
+                self.deadline = now + lease
+        self.touch(now)
+
+    def release(self, now: float) -> bool:
+        """The holder gives it back: the hold ends now, or (True) once their processes here end."""
+        if self.pids_of(self.holder):
+            self.releasing, self.held_for = True, None
+            return True
+        self.end(now)
+        return False
+
+    def ran_out(self, now: float) -> Optional[str]:
+        """What of the hold ran out by `now`, "duration" or "lease": then the hold ends. A
+        duration over while the holder's processes run leaves them the device (None)."""
+        if self.until is not None and self.until <= now + EARLY:
+            self.until = None  # the duration asked for is over: the usual rules
+            if not self.pids_of(self.holder):
+                return "duration"
+            log.info("the reservation of %s on %s ended; their processes hold it",
+                     self.holder.user if self.holder else "?", self.uuid)
+        elif self.deadline is not None and self.deadline <= now + EARLY:
+            return "lease"
+        return None
+
+    def end(self, now: float) -> None:
+        """End the holder's hold, however held: the processes still on the device pass it to
+        the owner of the oldest."""
+        self.holder, self.deadline, self.until, self.held_for = None, None, None, None
+        self.releasing, self.asked = False, False
+        self.trespassers.clear()
+        if self.processes:
+            self.holder = next(iter(self.processes.values()))
+            self.trespassers = {o.user for o in self.processes.values()} - {self.holder.user}
+        self.touch(now)
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something the audit record keeps: a grant, a release, an expiry, a claim, ..."""
+
+    kind: str
+    user: Optional[str]  # whose devices (the holder; the trespasser for a trespass)
+    devices: Tuple[Tuple[str, int], ...]  # (uuid, number)
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Notices:
+    """Who follows the lease rules: callbacks after every change of state (the book, the views,
+    the timer, ...), and callbacks for every event of the audit record."""
+
+    def __init__(self) -> None:
+        self._on_change: List[Callable[[], None]] = []
+        self._on_event: List[Callable[[Event], None]] = []
+
+    def on_change(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` after every change of state."""
+        self._on_change.append(callback)
+
+    def on_event(self, callback: Callable[[Event], None]) -> None:
+        """Call `callback(event)` for every event of the audit record."""
+        self._on_event.append(callback)
+
+    def changed(self) -> None:
+        for callback in list(self._on_change):
+            try:
+                callback()
+            except Exception:  # a follower's bug must not corrupt the lease state
+                log.exception("lease change callback failed")
+
+    def event(self, kind: str, user: Optional[str], devices: Iterable[Optional[Device]],
+              **details: Any) -> None:
+        """Tell the audit record: `details` that are None are left out."""
+        if not self._on_event:
+            return
+        event = Event(kind, user, tuple((d.uuid, d.number) for d in devices if d is not None),
+                      {k: v for k, v in details.items() if v is not None})
+        for callback in list(self._on_event):
+            try:
+                callback(event)
+            except Exception:  # a broken audit sink must not break the lease rules
+                log.exception("event callback failed")
+
+
+def is_admin(user: Identity) -> bool:
+    """The host's root, as the system identified it (never a name a caller gives)."""
+    return user.source == "host" and user.uid == 0

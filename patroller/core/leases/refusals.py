@@ -1,0 +1,64 @@
+"""Why a request is refused, said with what the client needs to know: the errors the lease
+manager raises before anything changes (the API maps each to its status)."""
+from __future__ import annotations
+
+from typing import Dict, List
+
+from patroller.core.devices import Device, Inventory
+from patroller.core.errors import Busy, NotHeld, NotYours, OverLimit, Unsatisfiable
+from patroller.core.identity import Identity
+from patroller.core.leases.holds import Hold, Wants, is_admin
+
+
+def check_exists(inventory: Inventory, wants: Wants) -> None:
+    """Raise Unsatisfiable if the request could never be granted on this host."""
+    for group, count in wants.items():
+        exist = inventory.groups.get(group)
+        if exist is None:
+            raise Unsatisfiable(f"there is no device group {group!r}",
+                                requested=dict(wants), groups=sorted(inventory.groups))
+        if count > exist:
+            raise Unsatisfiable(f"{count} {group} requested but only {exist} exist on this host",
+                                requested=dict(wants), exist=dict(inventory.groups))
+
+
+def check_limit(user: Identity, wants: Wants, limit: int, held: List[Device]) -> None:
+    """Raise OverLimit if `user`, holding `held`, may not have `wants` more under `limit`."""
+    asked = sum(wants.values())
+    if len(held) + asked > limit:
+        numbers = ", ".join(str(d.number) for d in held) or "none"
+        raise OverLimit(
+            f"{user.user} holds {len(held)} device(s) ({numbers}) and asks for {asked}: "
+            f"the most one user may hold is {limit}; release some first "
+            "(/release?uuid=..., or patroller release NUMBER)",
+            limit=limit, held=[d.number for d in held], requested=dict(wants))
+
+
+def busy(wants: Wants, free: Dict[str, int]) -> Busy:
+    """The error for a request that cannot be granted now, with how many of each group are free."""
+    parts = [f"{count} {group} requested, {free.get(group, 0)} free"
+             for group, count in wants.items()]
+    return Busy("busy: " + "; ".join(parts), requested=dict(wants), free=free)
+
+
+def check_renew(user: Identity, hold: Hold) -> None:
+    """Raise NotHeld if the device is not held by `user` (its lease ran out, or it was
+    released), NotYours if another user holds it."""
+    uuid = hold.uuid
+    if hold.holder is None:
+        raise NotHeld(f"device {uuid} is not held by you: its lease ran out or it was "
+                      "released", uuid=uuid, state=hold.state)
+    if hold.releasing:
+        raise NotHeld(f"device {uuid} was released: it is free once your processes on it end",
+                      uuid=uuid, state=hold.state)
+    if not hold.holder.same_user(user):
+        raise NotYours(f"device {uuid} is held by another user", uuid=uuid)
+
+
+def check_release(user: Identity, hold: Hold) -> bool:
+    """Raise NotYours if another user holds the device and `user` is not the host's root; True
+    if root releases another user's device (an administrator's release)."""
+    other = hold.holder is not None and not hold.holder.same_user(user)
+    if other and not is_admin(user):
+        raise NotYours(f"device {hold.uuid} is held by another user", uuid=hold.uuid)
+    return other
