@@ -433,7 +433,7 @@ def _lease_manager_costs(users: int, per_user: int) -> Dict[str, Any]:
     from patroller.core.leases.manager import LeaseManager
     from patroller.observe.testmode import synthetic_inventory
 
-    leases = LeaseManager(synthetic_inventory(), 600.0, max_waiters=users * per_user,
+    leases = LeaseManager(synthetic_inventory(8), 600.0, max_waiters=users * per_user,
                           max_waiting_per_user=per_user)
     leases.request(named_user("holder"), {"gpu": 8})
     names = [named_user(f"user{n}") for n in range(users)]
@@ -606,10 +606,10 @@ def _book_write_costs(directory: str, ctx: Context) -> Dict[str, Any]:
             samples.append(time.perf_counter() - began)
         return samples
 
-    bare = timed(LeaseManager(synthetic_inventory(), 600.0))
+    bare = timed(LeaseManager(synthetic_inventory(8), 600.0))
     book = bookmodule.LeaseBook(directory)
     book.open()
-    leases = LeaseManager(synthetic_inventory(), 600.0)
+    leases = LeaseManager(synthetic_inventory(8), 600.0)
     book.attach(leases)
     try:
         booked = timed(leases)

@@ -23,7 +23,7 @@ CONTAINER_USER = Identity(user="dana@example.org", source="container", email="da
 
 
 def manager(clock):
-    return LeaseManager(synthetic_inventory(), LEASE, clock=clock)
+    return LeaseManager(synthetic_inventory(8), LEASE, clock=clock)
 
 
 def uuids(leases):

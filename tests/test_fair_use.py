@@ -24,7 +24,7 @@ def clock():
 
 
 def manager(clock, **policy):
-    return LeaseManager(synthetic_inventory(), LEASE, clock=clock, policy=Policy(**policy))
+    return LeaseManager(synthetic_inventory(8), LEASE, clock=clock, policy=Policy(**policy))
 
 
 def recorded(leases):

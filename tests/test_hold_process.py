@@ -34,7 +34,7 @@ def clock():
 
 @pytest.fixture
 def leases(clock):
-    return LeaseManager(synthetic_inventory(), LEASE, clock=clock)
+    return LeaseManager(synthetic_inventory(8), LEASE, clock=clock)
 
 
 def uuid(leases, number):
@@ -184,7 +184,7 @@ def test_a_process_hold_survives_the_book_only_while_its_process_lives(leases, c
     book = leases.snapshot(offset=0.0)
     assert book[held.uuid]["pid"] == SCRIPT.pid and book[held.uuid]["start"] == SCRIPT.start
     assert book[held.uuid]["deadline"] is None
-    fresh = LeaseManager(synthetic_inventory(), LEASE, clock=clock)
+    fresh = LeaseManager(synthetic_inventory(8), LEASE, clock=clock)
     restored = fresh.restore(book, 0.0, alive=lambda ref: ref == SCRIPT)
     assert restored.held == [held.uuid] and restored.ended == [other.uuid]
     assert fresh.hold_of(held.uuid) == {"hold": "process", "expires": None,
@@ -207,7 +207,7 @@ def ref_of(process):
 @pytest.mark.parametrize("pidfds", [True, False], ids=["pidfd", "polling"])
 @async_test
 async def test_the_watch_frees_a_device_when_its_process_is_killed(pidfds):
-    leases = LeaseManager(synthetic_inventory(), LEASE)
+    leases = LeaseManager(synthetic_inventory(8), LEASE)
     lifelines = Lifelines(leases, pidfds=pidfds, poll=0.05)
     lifelines.start()
     process = sleeping()
@@ -228,7 +228,7 @@ async def test_the_watch_frees_a_device_when_its_process_is_killed(pidfds):
 
 @async_test
 async def test_a_zombie_has_ended():
-    leases = LeaseManager(synthetic_inventory(), LEASE)
+    leases = LeaseManager(synthetic_inventory(8), LEASE)
     lifelines = Lifelines(leases)
     lifelines.start()
     process = sleeping()
@@ -276,7 +276,7 @@ async def test_a_reused_pid_does_not_inherit_the_hold():
             "the kernel did not hand out the same pid again (ns_last_pid not writable)")
     try:
         assert process_state(ref.pid) is not None  # the pid lives, as another process
-        leases = LeaseManager(synthetic_inventory(), LEASE)
+        leases = LeaseManager(synthetic_inventory(8), LEASE)
         lifelines = Lifelines(leases)
         lifelines.start()
         [device] = leases.request(alice, {"gpu": 1}, bound=ref)  # granted as it died

@@ -23,7 +23,7 @@ def clock():
 
 @pytest.fixture
 def leases(clock):
-    return LeaseManager(synthetic_inventory(), LEASE, clock=clock)
+    return LeaseManager(synthetic_inventory(8), LEASE, clock=clock)
 
 
 def uuid(leases, number):
@@ -261,7 +261,7 @@ def test_close_aborts_waiters_and_refuses_new_requests(leases):
 
 
 def test_too_many_waiters(clock):
-    leases = LeaseManager(synthetic_inventory(), LEASE, clock=clock, max_waiters=2)
+    leases = LeaseManager(synthetic_inventory(8), LEASE, clock=clock, max_waiters=2)
     leases.request(alice, {"gpu": 8})
     leases.wait(bob, {"gpu": 1}, lambda d: None)
     leases.wait(bob, {"gpu": 1}, lambda d: None)
@@ -323,7 +323,7 @@ def test_a_degraded_owner_on_a_reservation_turns_shared_into_claimed(leases, cap
 # -- waiters: per-user cap and the queue's order ------------------------------------------------
 
 def test_one_user_may_have_only_so_many_waiting(clock):
-    leases = LeaseManager(synthetic_inventory(), LEASE, clock=clock, max_waiting_per_user=2)
+    leases = LeaseManager(synthetic_inventory(8), LEASE, clock=clock, max_waiting_per_user=2)
     leases.request(alice, {"gpu": 8})
     first = leases.wait(bob, {"gpu": 1}, lambda d: None)
     leases.wait(bob, {"gpu": 2}, lambda d: None)
@@ -341,7 +341,7 @@ def test_one_user_may_have_only_so_many_waiting(clock):
 
 
 def test_a_user_at_the_cap_is_still_granted_what_is_free_now(clock):
-    leases = LeaseManager(synthetic_inventory(), LEASE, clock=clock, max_waiting_per_user=1)
+    leases = LeaseManager(synthetic_inventory(8), LEASE, clock=clock, max_waiting_per_user=1)
     leases.request(alice, {"gpu": 7})
     leases.wait(bob, {"gpu": 2}, lambda d: None)
     got = []

@@ -11,7 +11,7 @@ from patroller.state.timer import ExpiryTimer
 
 @async_test
 async def test_the_timer_follows_the_next_deadline_and_expires_on_it():
-    leases = LeaseManager(synthetic_inventory(), lease=0.3)
+    leases = LeaseManager(synthetic_inventory(8), lease=0.3)
     timer = ExpiryTimer(leases)
     timer.start()
     [device] = leases.request(named_user("alice"), {"gpu": 1})
@@ -30,7 +30,7 @@ async def test_the_timer_follows_the_next_deadline_and_expires_on_it():
 
 @async_test
 async def test_a_claim_cancels_the_timer_and_a_new_reservation_moves_it():
-    leases = LeaseManager(synthetic_inventory(), lease=0.2)
+    leases = LeaseManager(synthetic_inventory(8), lease=0.2)
     timer = ExpiryTimer(leases)
     timer.start()
     alice = named_user("alice")
