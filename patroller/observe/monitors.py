@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from abc import abstractmethod
 from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from tornado.ioloop import IOLoop
@@ -96,8 +97,9 @@ class StreamMonitor(Monitor):
         self.child.argv = self.argv()
         self.child.restart()
 
+    @abstractmethod
     def _line(self, line: str) -> None:
-        raise NotImplementedError
+        """One line of the child's output."""
 
     def _restarted(self) -> None:
         self.rows = 0
