@@ -103,6 +103,27 @@ async def test_a_line_handler_failure_loses_one_line_not_the_stream(caplog):
     assert "handling a line failed" in caplog.text
 
 
+@pytest.mark.errors_expected
+@async_test
+async def test_a_handler_failing_on_every_line_is_logged_once_a_window(caplog):
+    seen = []
+
+    def handler(line):
+        seen.append(line)
+        raise ValueError("bug")
+
+    script = "for n in 1 2 3 4 5; do echo bad; done; sleep 0.5; echo worse; sleep 5"
+    child = RestartingChild("buggy", ["sh", "-c", script], handler,
+                            settings(repeat_log_every=0.3))
+    child.start()
+    await until(lambda: "worse" in seen)
+    await child.stop(0.5)
+    failed = [r.getMessage() for r in caplog.records if "handling a line failed" in r.getMessage()]
+    # The first of a window, then the first of the next, which counts the four held back.
+    assert failed == ["buggy: handling a line failed: 'bad'",
+                      "buggy: handling a line failed (4 more since the last report): 'worse'"]
+
+
 @async_test
 async def test_a_child_that_falls_silent_is_killed_once_and_restarted(caplog):
     pids = []

@@ -1,5 +1,7 @@
 """The pmon and dmon monitors' handling of lines, with the real event loop and no child."""
 import asyncio
+import logging
+from dataclasses import replace
 
 from helpers import async_test, until
 from patroller.config import Config
@@ -118,3 +120,17 @@ async def test_each_completed_interval_lists_the_devices_it_covered():
         monitor._line(line)  # the next interval's first row completes this one
     assert listed == [uuids, uuids]
     await monitor.stop(0.5)
+
+
+@async_test
+async def test_unreadable_lines_are_reported_once_a_window_with_their_count(caplog):
+    monitor = DmonMonitor(synthetic_inventory(2), Signals(), ["nvidia-smi"], {},
+                          replace(Config(), repeat_log_every=0.3))
+    monitor._line("# gpu   pwr gtemp mtemp    sm   mem   enc   dec  mclk  pclk")
+    for n in range(5):
+        monitor._line(f"    0 garbage {n}")
+    await asyncio.sleep(0.4)  # the next window
+    monitor._line("    1 garbage 5")
+    reports = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert reports == ["dmon: 1 unreadable line(s) skipped, the last: '0 garbage 0'",
+                       "dmon: 5 unreadable line(s) skipped, the last: '1 garbage 5'"]
