@@ -12,7 +12,7 @@ import pytest
 from helpers import alive, async_test, until
 from patroller.config import Config
 from patroller.observe.child import parent_death_kill
-from patroller.observe.supervisor import Backoff, RestartingChild
+from patroller.observe.supervisor import Backoff, OneShotChild, RestartingChild
 
 
 def settings(first=1.0, limit=30.0, **changes):
@@ -172,3 +172,21 @@ def test_the_parent_death_signal_is_armed_in_the_child_and_survives_exec():
     out = subprocess.run([sys.executable, "-c", ask], check=True, capture_output=True,
                          text=True, preexec_fn=parent_death_kill()).stdout
     assert int(out) == signal.SIGKILL
+
+
+# Prints the parent-death signal armed in it, and whether it leads a process group of its own.
+ASK_CHILD = [sys.executable, "-c", "import ctypes, os; s = ctypes.c_int(); "
+             "ctypes.CDLL(None).prctl(2, ctypes.byref(s), 0, 0, 0); "
+             "print(s.value, os.getpgid(0) == os.getpid())"]
+
+
+@async_test
+async def test_both_kinds_of_child_have_the_parent_death_signal_and_their_own_group():
+    answer = await OneShotChild(ASK_CHILD, None, 30, Config()).run()
+    assert answer.status == 0 and answer.output.split() == [str(int(signal.SIGKILL)), "True"]
+    lines = []
+    child = RestartingChild("asked", ASK_CHILD, lines.append, settings(5, 5))
+    child.start()
+    await until(lambda: lines)
+    await child.stop(0.5)
+    assert lines[0].split() == [str(int(signal.SIGKILL)), "True"]
