@@ -473,7 +473,7 @@ def _lease_manager_costs(users: int, per_user: int) -> Dict[str, Any]:
     from patroller.core.policy import Policy
     from patroller.observe.testmode import synthetic_inventory
 
-    leases = LeaseManager(synthetic_inventory(), lease=600.0, policy=Policy(),
+    leases = LeaseManager(synthetic_inventory(8), lease=600.0, policy=Policy(),
                           max_waiters=users * per_user, max_waiting_per_user=per_user)
     leases.request(named_user("holder"), {"gpu": 8})
     names = [named_user(f"user{n}") for n in range(users)]
@@ -651,7 +651,7 @@ def _book_write_costs(directory: str, ctx: Context) -> Dict[str, Any]:
 
     def manager() -> LeaseManager:
         config = Config()
-        return LeaseManager(synthetic_inventory(), lease=600.0, policy=Policy(),
+        return LeaseManager(synthetic_inventory(8), lease=600.0, policy=Policy(),
                             max_waiters=config.max_waiters,
                             max_waiting_per_user=config.max_waiting_per_user)
 

@@ -6,7 +6,7 @@ import logging
 import os
 import socket
 import time
-from typing import Any, Dict, List, Optional, Protocol, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from patroller.http.handlers import make_app
 from patroller.state.book import BookError, LeaseBook
@@ -25,39 +25,27 @@ from patroller.http.live import LiveFeed
 from patroller.http.metrics import Registries, Requests
 from patroller.http.server import (PeerServer, SocketFile, SocketPathError, remove_unix_socket,
                         tcp_sockets, unix_socket)
-from patroller.observe import gpuhost
-from patroller.observe.crosscheck import CrossCheck
+from patroller.observe.crosscheck import CrossCheck, Unattributed
+from patroller.observe.inventory import GpuHostError, InventoryWatch, command, devices_of, discover
+from patroller.observe.monitor import Monitor
+from patroller.observe.monitors import DmonMonitor, PmonMonitor
 from patroller.identify.resolver import ProcessIdentifier
 from patroller.observe.signals import Signals
 from patroller.observe.stats import StatsStore
-from patroller.observe.testmode import INTERVAL, SyntheticMonitor, synthetic_inventory
+from patroller.observe.testmode import SyntheticMonitor, synthetic_inventory
 from patroller.state.timer import ExpiryTimer
 from patroller.identify.tracker import ProcessTracker
-from patroller.observe.stats import HISTORY_EVERY, iso_time
+from patroller.observe.stats import iso_time
 from patroller.http.views import DevicesView, StatusView, queue_view, users_view
 
 log = logging.getLogger(__name__)
 
-STALE_INTERVALS = 3  # statistics older than this many sampling intervals are stale
 MAX_BODY = 64 * 1024  # bytes: the largest request body taken (a form for /release)
 IDLE_TIMEOUT = 300.0  # seconds a keep-alive connection may sit idle between requests
 
 
 class StartError(Exception):
     """The daemon cannot start; the message says why, in one line."""
-
-
-class Monitor(Protocol):
-    """Something that emits the daemon's signals while it runs."""
-
-    def start(self) -> None:
-        """Begin emitting."""
-
-    async def stop(self, grace: float) -> None:
-        """Stop, killing what did not end after `grace` s, and leave nothing running."""
-
-    def metrics(self) -> Dict[str, Any]:
-        """Counters for /metrics."""
 
 
 class Daemon:
@@ -86,7 +74,8 @@ class Daemon:
                              f"{exc.strerror or exc}") from None
         self.leases.on_event(self.audit.record)
         self.idle = IdleWatch(self.leases)
-        self.stats = StatsStore(inventory, stale_after=STALE_INTERVALS * interval)
+        self.stats = StatsStore(inventory, config.stale_intervals * interval,
+                                config.history_every, config.history_points)
         self.stats.connect(signals)
         self.idle.connect(signals)
         self.tracker = ProcessTracker(self.leases, identifier)
@@ -123,7 +112,7 @@ class Daemon:
             "users": users_view(self.leases, self.idle),
             "events": self.audit.since(0.0, 10),
             "history": self.stats.history(),
-            "interval": HISTORY_EVERY,
+            "interval": self.config.history_every,
         }
 
     def inventory_changed(self, change: InventoryChange) -> None:
@@ -131,10 +120,9 @@ class Daemon:
         self.leases.devices_changed()
         self.devices.invalidate()
         self.status.invalidate()
-        for monitor in self.monitors:
-            reconfigure = getattr(monitor, "reconfigure", None)
-            if reconfigure is not None and (change.added or change.lost or change.renumbered):
-                reconfigure()
+        if change.added or change.lost or change.renumbered:
+            for monitor in self.monitors:
+                monitor.reconfigure()
 
     def metrics(self) -> Dict[str, Any]:
         """The daemon's own counters as JSON (/metrics.json): what it costs, how its parts fare."""
@@ -150,13 +138,6 @@ class Daemon:
             "lease_book": self.book.metrics() if self.book is not None else None,
             "held_for_processes": self.lifelines.metrics(),
         }
-
-    def busy(self, uuid: str) -> bool:
-        """Whether the statistics show a device in use: SM busy, or memory used."""
-        view = self.stats.view(uuid)
-        sm, used = view.get("sm"), view.get("fb")
-        return (isinstance(sm, (int, float)) and sm > 0) or (
-            isinstance(used, (int, float)) and used >= gpuhost.BUSY_MIB)
 
     def listen(self, port: int, address: str = "", unix_path: Optional[str] = None) -> List[str]:
         """Bind and serve; return where, as URLs. Raises OSError if it cannot bind, StartError
@@ -231,11 +212,10 @@ class Daemon:
         done, late = await asyncio.wait(stops, timeout=bound)
         for task in late:  # a child stuck in the kernel: it dies when it returns
             task.cancel()
-            log.warning("%s did not stop within %.1f s", type(stops[task]).__name__, bound)
+            log.warning("%s did not stop within %.1f s", stops[task].name, bound)
         for task in done:
             if task.exception() is not None:
-                log.error("stopping %s failed", type(stops[task]).__name__,
-                          exc_info=task.exception())
+                log.error("stopping %s failed", stops[task].name, exc_info=task.exception())
 
 
 def _url(sock: socket.socket) -> str:
@@ -250,30 +230,31 @@ async def build(config: Config) -> Daemon:
     """The daemon the configuration asks for. Raises StartError if it cannot be built."""
     signals = Signals()
     if config.test:
-        inventory = synthetic_inventory()
-        monitor = SyntheticMonitor(inventory, signals)
+        inventory = synthetic_inventory(config.test_devices)
+        monitor = SyntheticMonitor(inventory, signals, config.test_interval)
         return Daemon(config, inventory, signals, [monitor], ProcessIdentifier(),
-                      TestModeCallers(), interval=INTERVAL, mode="test", book=_book(config))
-    argv = gpuhost.command(config.nvidia_smi)
+                      TestModeCallers(), interval=config.test_interval, mode="test",
+                      book=_book(config))
+    argv = command(config.nvidia_smi)
     try:
-        found = await gpuhost.discover(argv)
-    except gpuhost.GpuHostError as exc:
+        found = await discover(argv, None, config)
+    except GpuHostError as exc:
         raise StartError(str(exc)) from None
-    inventory = Inventory(gpuhost.devices(found))
+    inventory = Inventory(devices_of(found))
     book = _book(config)
     log.info("nvidia-smi: driver %s, %d GPU(s): %s", found.driver_version or "unknown",
              len(inventory), ", ".join(f"{d.number}={d.name}" for d in inventory))
     directory = ContainerDirectory(config.docker_host)
     identifier = ProcessIdentifier(directory, config.user_labels, config.user_info_labels)
-    dmon, pmon = gpuhost.monitors(inventory, signals, argv, silence=config.stream_silence,
-                                  startup=config.stream_startup)
-    watch = gpuhost.InventoryWatch(inventory, argv, every=config.inventory_every)
-    unattributed = gpuhost.Unattributed(inventory, lambda uuid: daemon.busy(uuid), pmon)
-    check = CrossCheck(inventory, signals, argv, os.environ, unattributed,
-                       interval=config.cross_check_every)
+    dmon = DmonMonitor(inventory, signals, argv, os.environ, config)
+    pmon = PmonMonitor(inventory, signals, argv, os.environ, config)
+    watch = InventoryWatch(inventory, argv, None, config)
+    unattributed = Unattributed(inventory, lambda uuid: daemon.stats.view(uuid), pmon,
+                                config.busy_mib)
+    check = CrossCheck(inventory, signals, argv, os.environ, unattributed, config)
     daemon = Daemon(config, inventory, signals, [dmon, pmon, check, watch],
                     identifier, SystemCallers(identifier, directory),
-                    interval=gpuhost.INTERVAL, mode="gpu", directory=directory, book=book)
+                    interval=config.sample_interval, mode="gpu", directory=directory, book=book)
     watch.on_change = daemon.inventory_changed
     dmon.on_lost = pmon.on_lost = watch.poke
     return daemon

@@ -19,10 +19,9 @@ from typing import Any, AsyncIterator, Callable, Coroutine, Dict, List, Optional
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
 from patroller.app import Daemon, build
-from patroller.config import Config
+from patroller.config import Config, policy_of
 from patroller.core.devices import Inventory
 from patroller.core.leases import LeaseManager
-from patroller.core.policy import Policy
 from patroller.observe.testmode import synthetic_inventory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,18 +42,18 @@ class FakeClock:
 
 def lease_manager(clock: Optional[Callable[[], float]] = None,
                   inventory: Optional[Inventory] = None, **overrides: Any) -> LeaseManager:
-    """A lease manager as the daemon builds one, from Config()'s defaults and Policy(), on the
+    """A lease manager as the daemon builds one, from Config()'s defaults and policy, on the
     synthetic inventory (or `inventory`) and `clock` (the monotonic clock if None). `overrides`
     replace any of lease, policy, max_waiters and max_waiting_per_user."""
     config = Config()
-    settings: Dict[str, Any] = dict(lease=config.lease, policy=Policy(),
+    settings: Dict[str, Any] = dict(lease=config.lease, policy=policy_of(config),
                                     max_waiters=config.max_waiters,
                                     max_waiting_per_user=config.max_waiting_per_user)
     unknown = set(overrides) - set(settings)
     if unknown:
         raise TypeError(f"lease_manager() takes no {sorted(unknown)}")
     settings.update(overrides)
-    return LeaseManager(synthetic_inventory() if inventory is None else inventory,
+    return LeaseManager(synthetic_inventory(config.test_devices) if inventory is None else inventory,
                         clock=time.monotonic if clock is None else clock, **settings)
 
 

@@ -5,11 +5,19 @@ import re
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
 from helpers import alive, async_test, until
-from patroller.observe.supervisor import Backoff, ChildStream, parent_death_kill
+from patroller.config import Config
+from patroller.observe.child import parent_death_kill
+from patroller.observe.supervisor import Backoff, OneShotChild, RestartingChild
+
+
+def settings(first=1.0, limit=30.0, **changes):
+    """The daemon's settings, with restart delays of `first` doubling up to `limit`."""
+    return replace(Config(), restart_first=first, restart_limit=limit, **changes)
 
 
 def test_backoff_grows_to_the_limit_and_resets_after_a_healthy_run():
@@ -23,15 +31,15 @@ def test_backoff_grows_to_the_limit_and_resets_after_a_healthy_run():
 @async_test
 async def test_lines_are_delivered_and_the_exit_is_logged_and_restarted(caplog):
     lines = []
-    child = ChildStream("demo", ["sh", "-c", "echo one; printf 'two\\nthree'; echo oops >&2; exit 3"],
-                        lines.append, backoff=Backoff(first=0.05, limit=0.05))
+    child = RestartingChild("demo", ["sh", "-c", "echo one; printf 'two\\nthree'; echo oops >&2; exit 3"],
+                            lines.append, settings(0.05, 0.05))
     with caplog.at_level(logging.INFO, logger="patroller.observe.supervisor"):
         child.start()
         await until(lambda: child.starts >= 2)
         # Read before stop: a second start comes only after the first exit was recorded, and
         # stop may end a run still going (-15), which is that run's true status, not this one.
         assert child.last_exit == 3
-        await child.stop()
+        await child.stop(0.5)
     assert lines[:3] == ["one", "two", "three"]  # the last line had no newline
     assert "demo: exited with status 3" in caplog.text and "oops" in caplog.text
 
@@ -39,11 +47,11 @@ async def test_lines_are_delivered_and_the_exit_is_logged_and_restarted(caplog):
 @pytest.mark.errors_expected
 @async_test
 async def test_a_missing_command_is_retried_with_backoff_not_in_a_loop(caplog):
-    child = ChildStream("ghost", ["/nonexistent/nvidia-smi", "dmon"], lambda line: None,
-                        backoff=Backoff(first=0.2, limit=0.2))
+    child = RestartingChild("ghost", ["/nonexistent/nvidia-smi", "dmon"], lambda line: None,
+                            settings(0.2, 0.2))
     child.start()
     await asyncio.sleep(0.5)
-    await child.stop()
+    await child.stop(0.5)
     assert child.starts == 0
     attempts = caplog.text.count("cannot start /nonexistent/nvidia-smi")
     assert 2 <= attempts <= 4
@@ -53,12 +61,13 @@ async def test_a_missing_command_is_retried_with_backoff_not_in_a_loop(caplog):
 async def test_stop_terminates_the_whole_group_and_leaves_no_zombie():
     pids = []
     script = "sleep 100 & echo $!; trap '' TERM; while :; do sleep 0.05; done"
-    child = ChildStream("stubborn", ["sh", "-c", script], lambda line: pids.append(int(line)))
+    child = RestartingChild("stubborn", ["sh", "-c", script], lambda line: pids.append(int(line)),
+                            settings())
     child.start()
     await until(lambda: pids)
-    shell = child.process.pid
+    shell = child.child.pid
     await child.stop(grace=0.3)  # the shell ignores SIGTERM: it is killed
-    assert child.process.returncode is not None  # reaped
+    assert child.child.process.returncode is not None  # reaped
     assert not alive(shell)
     await until(lambda: not alive(pids[0]), timeout=5)  # its own child went with the group
 
@@ -66,11 +75,11 @@ async def test_stop_terminates_the_whole_group_and_leaves_no_zombie():
 @async_test
 async def test_an_overlong_line_is_dropped_not_buffered():
     lines = []
-    child = ChildStream("long", ["sh", "-c", "head -c 200000 /dev/zero | tr '\\0' x; echo; echo ok; sleep 5"],
-                        lines.append)
+    child = RestartingChild("long", ["sh", "-c", "head -c 200000 /dev/zero | tr '\\0' x; echo; echo ok; sleep 5"],
+                            lines.append, settings())
     child.start()
     await until(lambda: "ok" in lines)
-    await child.stop()
+    await child.stop(0.5)
     assert lines[-1] == "ok" and all(len(line) <= 64 * 1024 for line in lines)
     assert "x" not in "".join(lines)  # no piece of the long line got through
 
@@ -85,13 +94,34 @@ async def test_a_line_handler_failure_loses_one_line_not_the_stream(caplog):
         if line == "bad":
             raise ValueError("bug")
 
-    child = ChildStream("fragile", ["sh", "-c", "echo bad; echo good; sleep 5"], handler,
-                        backoff=Backoff(first=0.05, limit=0.05))
+    child = RestartingChild("fragile", ["sh", "-c", "echo bad; echo good; sleep 5"], handler,
+                            settings(0.05, 0.05))
     child.start()
     await until(lambda: "good" in seen)
-    await child.stop()
+    await child.stop(0.5)
     assert child.starts == 1  # not restarted
     assert "handling a line failed" in caplog.text
+
+
+@pytest.mark.errors_expected
+@async_test
+async def test_a_handler_failing_on_every_line_is_logged_once_a_window(caplog):
+    seen = []
+
+    def handler(line):
+        seen.append(line)
+        raise ValueError("bug")
+
+    script = "for n in 1 2 3 4 5; do echo bad; done; sleep 0.5; echo worse; sleep 5"
+    child = RestartingChild("buggy", ["sh", "-c", script], handler,
+                            settings(repeat_log_every=0.3))
+    child.start()
+    await until(lambda: "worse" in seen)
+    await child.stop(0.5)
+    failed = [r.getMessage() for r in caplog.records if "handling a line failed" in r.getMessage()]
+    # The first of a window, then the first of the next, which counts the four held back.
+    assert failed == ["buggy: handling a line failed: 'bad'",
+                      "buggy: handling a line failed (4 more since the last report): 'worse'"]
 
 
 @async_test
@@ -99,12 +129,12 @@ async def test_a_child_that_falls_silent_is_killed_once_and_restarted(caplog):
     pids = []
     # Slow to speak (within `startup`), then alive, silent and deaf to SIGTERM.
     script = "sleep 0.6; echo $$; echo tick; trap '' TERM; sleep 100"
-    child = ChildStream("mute", ["sh", "-c", script],
-                        lambda line: line.isdigit() and pids.append(int(line)),
-                        backoff=Backoff(first=0.05, limit=0.05), silence=0.3, startup=30)
+    child = RestartingChild("mute", ["sh", "-c", script],
+                            lambda line: line.isdigit() and pids.append(int(line)),
+                            settings(0.05, 0.05, stream_silence=0.3, stream_startup=30))
     child.start()
     await until(lambda: child.starts >= 2)
-    await child.stop()
+    await child.stop(0.5)
     assert child.hangs >= 1 and not alive(pids[0])
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     hung = [w for w in warnings if "hung" in w]
@@ -116,11 +146,11 @@ async def test_a_child_that_falls_silent_is_killed_once_and_restarted(caplog):
 
 @async_test
 async def test_a_child_that_prints_nothing_at_all_is_hung_after_the_startup_allowance(caplog):
-    child = ChildStream("dumb", ["sleep", "100"], lambda line: None,
-                        backoff=Backoff(first=5, limit=5), silence=0.1, startup=0.6)
+    child = RestartingChild("dumb", ["sleep", "100"], lambda line: None,
+                            settings(5, 5, stream_silence=0.1, stream_startup=0.6))
     child.start()
     await until(lambda: child.hangs == 1)
-    await child.stop()
+    await child.stop(0.5)
     said = re.search(r"dumb: printed nothing since it started for ([0-9.]+) s", caplog.text)
     assert said and float(said.group(1)) >= 0.6  # `startup`, not `silence`, before any output
 
@@ -128,11 +158,11 @@ async def test_a_child_that_prints_nothing_at_all_is_hung_after_the_startup_allo
 @async_test
 async def test_a_steady_child_is_never_taken_as_hung():
     lines = []
-    child = ChildStream("steady", ["sh", "-c", "while :; do echo x; sleep 0.05; done"],
-                        lines.append, silence=1.0)
+    child = RestartingChild("steady", ["sh", "-c", "while :; do echo x; sleep 0.05; done"],
+                            lines.append, settings(stream_silence=1.0))
     child.start()
     await until(lambda: len(lines) >= 60)  # three seconds: three times `silence`
-    await child.stop()
+    await child.stop(0.5)
     assert child.hangs == 0 and child.starts == 1
 
 
@@ -142,3 +172,21 @@ def test_the_parent_death_signal_is_armed_in_the_child_and_survives_exec():
     out = subprocess.run([sys.executable, "-c", ask], check=True, capture_output=True,
                          text=True, preexec_fn=parent_death_kill()).stdout
     assert int(out) == signal.SIGKILL
+
+
+# Prints the parent-death signal armed in it, and whether it leads a process group of its own.
+ASK_CHILD = [sys.executable, "-c", "import ctypes, os; s = ctypes.c_int(); "
+             "ctypes.CDLL(None).prctl(2, ctypes.byref(s), 0, 0, 0); "
+             "print(s.value, os.getpgid(0) == os.getpid())"]
+
+
+@async_test
+async def test_both_kinds_of_child_have_the_parent_death_signal_and_their_own_group():
+    answer = await OneShotChild(ASK_CHILD, None, 30, Config()).run()
+    assert answer.status == 0 and answer.output.split() == [str(int(signal.SIGKILL)), "True"]
+    lines = []
+    child = RestartingChild("asked", ASK_CHILD, lines.append, settings(5, 5))
+    child.start()
+    await until(lambda: lines)
+    await child.stop(0.5)
+    assert lines[0].split() == [str(int(signal.SIGKILL)), "True"]

@@ -5,12 +5,14 @@ import asyncio
 import os
 import shlex
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator, List, Set, Tuple
 
 import pytest
 
 from helpers import ScenarioFile, alive, async_test, children_of, until
+from patroller.config import Config
 from patroller.core.devices import Device, Inventory
 from patroller.observe.crosscheck import CrossCheck
 from patroller.observe.signals import GpuProcess, Signals
@@ -73,8 +75,9 @@ def scenario(tmp_path: Path, sleepers: List[subprocess.Popen], **extra: Any) -> 
 
 def cross_check(command: str, candidates: Candidates, signals: Signals,
                 **settings: Any) -> CrossCheck:
+    config = replace(Config(), **{"cross_check_every": TICK, **settings})
     checker = CrossCheck(INVENTORY, signals, shlex.split(command), dict(os.environ), candidates,
-                         **{"interval": TICK, **settings})
+                         config)
     checker.start()
     return checker
 
@@ -90,7 +93,7 @@ async def test_a_process_on_a_candidate_device_is_announced_with_its_name(tmp_pa
         runs = checker.runs
         await until(lambda: checker.runs >= runs + 2)  # later runs add nothing
     finally:
-        await checker.stop()
+        await checker.stop(0.5)
     mine = GpuProcess(MIG, sleepers[0].pid, "C", "python train.py, rank 0")
     # the process on the device that is no candidate is not the cross-check's to announce
     assert heard.of("process_started") == [mine]
@@ -112,7 +115,7 @@ async def test_a_process_gone_from_the_listing_is_ended(tmp_path, sleepers):
         sim.write(processes=sim.scenario["processes"][1:])
         await until(lambda: heard.of("process_ended"))
     finally:
-        await checker.stop()
+        await checker.stop(0.5)
     assert heard.of("process_ended") == [
         GpuProcess(MIG, sleepers[0].pid, "C", "python train.py, rank 0")]
     assert checker.metrics()["processes"] == 1
@@ -141,7 +144,7 @@ async def test_nothing_runs_without_a_candidate_or_an_announced_process(tmp_path
         await until(lambda: candidates.asked >= asked + 4)
         assert checker.runs == runs
     finally:
-        await checker.stop()
+        await checker.stop(0.5)
 
 
 @async_test
@@ -159,7 +162,7 @@ async def test_a_failing_query_keeps_what_was_announced_and_recovers(tmp_path, s
         sim.write(faults={}, processes=[])
         await until(lambda: heard.of("process_ended"))
     finally:
-        await checker.stop()
+        await checker.stop(0.5)
     assert [r.pid for r in heard.of("process_ended")] == [sleepers[0].pid]
     failed = [r.getMessage() for r in caplog.records
               if r.name == "patroller.observe.crosscheck" and "failed" in r.getMessage()]
@@ -175,7 +178,7 @@ async def test_a_missing_nvidia_smi_is_a_failure_not_a_crash(tmp_path):
     try:
         await until(lambda: checker.failures >= 2)
     finally:
-        await checker.stop()
+        await checker.stop(0.5)
     assert checker.runs == checker.failures
 
 
@@ -194,20 +197,20 @@ def started_pids(pids: Path) -> List[int]:
 @async_test
 async def test_a_query_that_takes_too_long_is_killed_and_counted(tmp_path):
     command, pids = hanging(tmp_path)
-    checker = cross_check(command, Candidates(MIG), Signals(), timeout=0.5)
+    checker = cross_check(command, Candidates(MIG), Signals(), cross_check_timeout=0.5)
     try:
         await until(lambda: checker.failures >= 2)
         killed = started_pids(pids)[:2]
         assert len(killed) == 2 and not any(map(alive, killed))
     finally:
-        await checker.stop()
+        await checker.stop(0.5)
 
 
 @async_test
 async def test_stop_leaves_no_child_running(tmp_path):
     command, pids = hanging(tmp_path, ignore_term=True)  # only SIGKILL ends it
     before = set(children_of(os.getpid()))
-    checker = cross_check(command, Candidates(MIG), Signals(), timeout=60)
+    checker = cross_check(command, Candidates(MIG), Signals(), cross_check_timeout=60)
     await until(lambda: started_pids(pids))
     (pid,) = started_pids(pids)
     assert alive(pid)
@@ -225,9 +228,9 @@ async def test_never_two_queries_at_once(tmp_path):
     script = 'if [ -e "$0.busy" ]; then echo overlap >> "$0"; fi; touch "$0.busy"; ' \
              'sleep 0.5; rm "$0.busy"; echo done >> "$0"'
     command = f"sh -c {shlex.quote(script)} {shlex.quote(str(log))}"
-    checker = cross_check(command, Candidates(MIG), Signals(), interval=0.05)
+    checker = cross_check(command, Candidates(MIG), Signals(), cross_check_every=0.05)
     try:
         await until(lambda: log.exists() and log.read_text().count("done") >= 3)
     finally:
-        await checker.stop()
+        await checker.stop(0.5)
     assert "overlap" not in log.read_text()

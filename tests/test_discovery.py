@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from patroller.core.devices import Device, Inventory
-from patroller.observe.nvsmi.discovery import DiscoveryError, MigInstance, ProcessInfo, parse_inventory
+from patroller.core.devices import MigInstance
+from patroller.observe.nvsmi.discovery import DiscoveryError, ProcessInfo, parse_inventory
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nvsmi"
 

@@ -172,7 +172,7 @@ async def test_a_blind_gpus_processes_are_found_by_the_cross_check(tmp_path, sle
     async with gpu_running(scenario, cross_check_every=0.3) as h:
         target = h.uuids()[1]
         await until(lambda: sampled(h))
-        check = next(m for m in h.daemon.monitors if type(m).__name__ == "CrossCheck")
+        check = next(m for m in h.daemon.monitors if m.name == "cross_check")
         await asyncio.sleep(1.0)  # idle and attributed: no query runs
         assert check.metrics()["runs"] == 0
         scenario.write(processes=[{"pid": sleeper.pid, "gpu": 1, "name": "python",

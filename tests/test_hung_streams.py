@@ -77,8 +77,8 @@ async def test_stop_kills_children_that_ignore_sigterm_before_it_returns(scenari
     daemon = await build(config)
     daemon.start()
     children = [m.child for m in daemon.monitors if hasattr(m, "child")]  # dmon and pmon
-    await until(lambda: all(c._heard is not None for c in children))  # SIGTERM ignored by now
-    pids = [c.process.pid for c in children]
+    await until(lambda: all(c.heard is not None for c in children))  # SIGTERM ignored by now
+    pids = [c.child.pid for c in children]
     await daemon.stop(grace=2.0)
     assert [pid for pid in pids if alive(pid)] == []  # checked as stop returns: no waiting
 

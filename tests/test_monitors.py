@@ -1,7 +1,10 @@
 """The pmon and dmon monitors' handling of lines, with the real event loop and no child."""
 import asyncio
+import logging
+from dataclasses import replace
 
 from helpers import async_test, until
+from patroller.config import Config
 from patroller.observe.monitors import DmonMonitor, PmonMonitor
 from patroller.observe.signals import Signals
 from patroller.observe.testmode import synthetic_inventory
@@ -33,7 +36,7 @@ async def test_a_process_is_announced_at_once_and_gone_after_a_complete_interval
     inventory = synthetic_inventory(3)
     signals = Signals()
     events = recorder(signals)
-    monitor = PmonMonitor(inventory, signals, ["nvidia-smi"], {})
+    monitor = PmonMonitor(inventory, signals, ["nvidia-smi"], {}, Config())
     uuids = [d.uuid for d in inventory]
     for line in PMON_HEADER + interval({1: [(4242, "python"), (77, "sglang::schedul")]})[:2]:
         monitor._line(line)
@@ -45,7 +48,7 @@ async def test_a_process_is_announced_at_once_and_gone_after_a_complete_interval
         monitor._line(line)
     await until(lambda: ("-", 4242, uuids[1]) in events, timeout=2)  # quiet after the last gpu
     assert ("-", 77, uuids[1]) not in events
-    await monitor.stop()
+    await monitor.stop(0.5)
 
 
 @async_test
@@ -53,7 +56,7 @@ async def test_an_unfinished_interval_reports_nothing_gone():
     inventory = synthetic_inventory(3)
     signals = Signals()
     events = recorder(signals)
-    monitor = PmonMonitor(inventory, signals, ["nvidia-smi"], {})
+    monitor = PmonMonitor(inventory, signals, ["nvidia-smi"], {}, Config())
     for line in PMON_HEADER + interval({2: [(500, "train")]}):
         monitor._line(line)
     await asyncio.sleep(0.1)
@@ -64,7 +67,7 @@ async def test_an_unfinished_interval_reports_nothing_gone():
     monitor._line(interval({})[2])
     await until(lambda: len(events) == 2, timeout=2)
     assert events[1][0] == "-"
-    await monitor.stop()
+    await monitor.stop(0.5)
 
 
 def test_dmon_rows_become_samples_for_the_device_with_that_index():
@@ -72,7 +75,7 @@ def test_dmon_rows_become_samples_for_the_device_with_that_index():
     signals = Signals()
     samples = []
     signals.sample.connect(lambda s, record: samples.append(record), weak=False)
-    monitor = DmonMonitor(inventory, signals, ["nvidia-smi"], {})
+    monitor = DmonMonitor(inventory, signals, ["nvidia-smi"], {}, Config())
     for line in ["# gpu   pwr gtemp mtemp    sm   mem   enc   dec  mclk  pclk",
                  "# Idx     W     C     C     %     %     %     %   MHz   MHz",
                  "    1    71    40     -    88    40     0     0  1593  1410",
@@ -87,11 +90,12 @@ def test_dmon_rows_become_samples_for_the_device_with_that_index():
 
 def test_the_streams_watch_every_device():
     inventory = synthetic_inventory(8)
-    monitor = PmonMonitor(inventory, Signals(), ["nvidia-smi", "--extra"], {"PATH": "/bin"})
+    monitor = PmonMonitor(inventory, Signals(), ["nvidia-smi", "--extra"], {"PATH": "/bin"},
+                          Config())
     assert monitor.child.argv == ["nvidia-smi", "--extra", "pmon", "-s", "um",
                                   "-i", "0,1,2,3,4,5,6,7"]
     assert monitor.child.env["NVSMI_SHOW_ALL_DEVICES"] == "1"
-    dmon = DmonMonitor(inventory, Signals(), ["nvidia-smi"], {"PATH": "/bin"})
+    dmon = DmonMonitor(inventory, Signals(), ["nvidia-smi"], {"PATH": "/bin"}, Config())
     assert dmon.child.argv == ["nvidia-smi", "dmon", "-s", "pucvmt", "-i", "0,1,2,3,4,5,6,7"]
 
 
@@ -101,7 +105,7 @@ async def test_each_completed_interval_lists_the_devices_it_covered():
     signals = Signals()
     listed = []
     signals.processes_listed.connect(lambda s, record: listed.append(record.uuids), weak=False)
-    monitor = PmonMonitor(inventory, signals, ["nvidia-smi"], {})
+    monitor = PmonMonitor(inventory, signals, ["nvidia-smi"], {}, Config())
     uuids = tuple(d.uuid for d in inventory)
     for line in PMON_HEADER + interval({1: [(4242, "python")]}):
         monitor._line(line)
@@ -115,4 +119,18 @@ async def test_each_completed_interval_lists_the_devices_it_covered():
     for line in PMON_HEADER + interval({}) + interval({})[:1]:
         monitor._line(line)  # the next interval's first row completes this one
     assert listed == [uuids, uuids]
-    await monitor.stop()
+    await monitor.stop(0.5)
+
+
+@async_test
+async def test_unreadable_lines_are_reported_once_a_window_with_their_count(caplog):
+    monitor = DmonMonitor(synthetic_inventory(2), Signals(), ["nvidia-smi"], {},
+                          replace(Config(), repeat_log_every=0.3))
+    monitor._line("# gpu   pwr gtemp mtemp    sm   mem   enc   dec  mclk  pclk")
+    for n in range(5):
+        monitor._line(f"    0 garbage {n}")
+    await asyncio.sleep(0.4)  # the next window
+    monitor._line("    1 garbage 5")
+    reports = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert reports == ["dmon: 1 unreadable line(s) skipped, the last: '0 garbage 0'",
+                       "dmon: 5 unreadable line(s) skipped, the last: '1 garbage 5'"]

@@ -361,6 +361,31 @@ def test_ignore_sigterm_leaves_only_sigkill(scn_file: Path) -> None:
         assert sim.proc.wait(timeout=5) == -signal.SIGKILL
 
 
+@pytest.mark.parametrize("hung,answers", [
+    ("-q", ["--query-compute-apps=pid", "--format=csv"]),
+    ("--query-compute-apps", ["-q", "-x"]),
+])
+def test_hang_leaves_a_query_silent_and_alive_until_sigkill(scn_file: Path, hung: str,
+                                                             answers: List[str]) -> None:
+    write(scn_file, scenario(faults={hung: {"hang": True, "ignore_sigterm": True}}))
+    assert run(scn_file, *answers).returncode == 0  # the other query is not hung
+    args = ["-q", "-x"] if hung == "-q" else ["--query-compute-apps=pid", "--format=csv"]
+    proc = subprocess.Popen(SIM + ["--scenario", str(scn_file), *args], stdout=subprocess.PIPE,
+                            text=True, env=_env())
+    try:
+        deadline = time.monotonic() + 10
+        while not sigterm_ignored(proc.pid):  # set just before it starts hanging
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.3)  # it hangs on, deaf to SIGTERM
+    finally:
+        proc.kill()
+        out, _ = proc.communicate(timeout=5)
+    assert proc.returncode == -signal.SIGKILL and out == ""
+
+
 def test_stderr_text(scn_file: Path) -> None:
     warning = "WARNING: infoROM is corrupted at gpu 0000:01:00.0"
     write(scn_file, scenario(faults={"stderr": warning}))

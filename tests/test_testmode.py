@@ -1,10 +1,11 @@
 """Test mode's synthetic devices and statistics."""
+from patroller.config import Config
 from patroller.observe.signals import Signals
 from patroller.observe.testmode import SyntheticMonitor, synthetic_inventory
 
 
 def test_eight_stable_devices_with_plausible_inventory():
-    first, second = synthetic_inventory(), synthetic_inventory()
+    first, second = synthetic_inventory(8), synthetic_inventory(8)
     assert [d.uuid for d in first] == [d.uuid for d in second]  # stable across restarts
     assert [d.number for d in first] == list(range(8))
     assert len({d.uuid for d in first}) == len({d.pci_address for d in first}) == 8
@@ -16,11 +17,11 @@ def test_eight_stable_devices_with_plausible_inventory():
 
 
 def test_samples_reach_the_signal_and_stay_in_range():
-    inventory = synthetic_inventory()
+    inventory = synthetic_inventory(8)
     signals = Signals()
     got = []
     signals.sample.connect(lambda sender, record: got.append(record), weak=False)
-    monitor = SyntheticMonitor(inventory, signals, seed=7)
+    monitor = SyntheticMonitor(inventory, signals, Config().test_interval, seed=7)
     for _ in range(200):
         monitor.sample()
     assert len(got) == 200 * 8

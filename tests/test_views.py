@@ -16,7 +16,7 @@ def parts():
     clock = FakeClock()
     inventory = synthetic_inventory(2)
     leases = lease_manager(clock, inventory, lease=10)
-    stats = StatsStore(inventory, stale_after=3, clock=clock)
+    stats = StatsStore(inventory, stale_after=3, history_every=5, history_points=120, clock=clock)
     signals = Signals()
     stats.connect(signals)
     view = StatusView(inventory, leases, stats, clock=clock, max_age=0.1)

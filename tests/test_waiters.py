@@ -13,7 +13,7 @@ from patroller.core.identity import Identity, named_user
 from patroller.identify.resolver import ProcessIdentifier
 from patroller.http.views import claims
 from patroller.observe.signals import Signals
-from patroller.observe.testmode import INTERVAL, SyntheticMonitor, synthetic_inventory
+from patroller.observe.testmode import SyntheticMonitor, synthetic_inventory
 
 GHOST = b"GET /wait?gpu=1&user=ghost HTTP/1.1\r\nHost: x\r\n\r\n"
 
@@ -82,9 +82,11 @@ class GatedCallers(NamedCallers):
 async def gated(**settings: Any) -> AsyncIterator[Tuple[Harness, GatedCallers]]:
     """A test-mode daemon, as build() makes one, with GatedCallers."""
     config = Config(test=True, port=0, address="127.0.0.1", **settings)
-    signals, inventory, callers = Signals(), synthetic_inventory(), GatedCallers()
-    daemon = Daemon(config, inventory, signals, [SyntheticMonitor(inventory, signals)],
-                    ProcessIdentifier(), callers, interval=INTERVAL, mode="test")
+    signals, inventory = Signals(), synthetic_inventory(config.test_devices)
+    callers = GatedCallers()
+    monitor = SyntheticMonitor(inventory, signals, config.test_interval)
+    daemon = Daemon(config, inventory, signals, [monitor], ProcessIdentifier(), callers,
+                    interval=config.test_interval, mode="test")
     urls = daemon.listen(0, "127.0.0.1")
     daemon.start()
     harness = Harness(daemon, urls[0])

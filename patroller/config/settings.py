@@ -61,6 +61,28 @@ class Config:
     max_waiters: int = 10000  # /wait requests queued at once, all users together: 503 past it
 
     # -- internal defaults: observe (nvidia-smi's children, statistics) -----------------------
+    # A dmon or pmon that exits is started again after restart_first seconds, the delay doubling
+    # at each exit up to restart_limit; a run of restart_healthy seconds went well: back to first.
+    restart_first: float = 1.0
+    restart_limit: float = 30.0
+    restart_healthy: float = 60.0
+    child_linger: float = 2.0  # seconds a child may live on after closing its output: then killed
+    max_line: int = 64 * 1024  # bytes: a longer line from a child is garbage, dropped
+    stderr_tail: int = 2048  # bytes of a child's stderr kept for the log when it exits
+    repeat_log_every: float = 60.0  # seconds between log lines about a trouble that repeats
+    # (unreadable lines, failing queries, a line handler's bug): the rest are counted
+    sample_interval: float = 1.0  # seconds between dmon samples: nvidia-smi's default, kept
+    stale_intervals: int = 3  # statistics older than this many sampling intervals are stale
+    burst_gap: float = 0.03  # seconds of quiet after the last device's pmon rows: interval over
+    discovery_timeout: float = 120.0  # seconds `nvidia-smi -q -x` may take (15 s seen on a
+    # large host): then it is killed, at start and in the inventory watch
+    rediscover_soonest: float = 5.0  # seconds at least between readings a failing stream asks for
+    busy_mib: int = 64  # MiB used on a device that pmon lists no process on: someone computes
+    cross_check_timeout: float = 30.0  # seconds a compute-apps query may take: then it is killed
+    test_devices: int = 8  # test mode's synthetic devices
+    test_interval: float = 1.0  # seconds between test mode's samples
+    history_every: float = 5.0  # seconds between the points of a device's utilisation history
+    history_points: int = 120  # points of it kept: ten minutes
 
     # -- internal defaults: identify (/proc, containers, callers) -----------------------------
 

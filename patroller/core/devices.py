@@ -16,12 +16,13 @@ _MIB = re.compile(r"\s*(\d+)\s*MiB\s*$")
 
 @dataclass(frozen=True)
 class MigInstance:
-    """A MIG instance of a GPU, as `nvidia-smi -q -x` lists it."""
+    """A MIG instance of a GPU (a GPU instance and a compute instance in it), as
+    `nvidia-smi -q -x` lists it. Each field is None where the driver printed no number."""
 
-    index: Optional[int]
-    gpu_instance_id: Optional[int]
+    index: Optional[int]  # the MIG device's index within its GPU
+    gpu_instance_id: Optional[int]  # the two instance ids: what processes on it carry in -q -x
     compute_instance_id: Optional[int]
-    memory_mib: Optional[int]
+    memory_mib: Optional[int]  # its share of the framebuffer
 
     def info(self) -> Dict[str, Any]:
         return {"index": self.index, "gpu_instance_id": self.gpu_instance_id,

@@ -49,8 +49,6 @@ GPU_FIGURES = (
     ("clock_hertz", "Clock frequency, hertz", "pclk", MHZ, ("clock", "sm")),
     ("clock_hertz", "", "mclk", MHZ, ("clock", "memory")),
 )
-MONITORS = {"DmonMonitor": "dmon", "PmonMonitor": "pmon", "CrossCheck": "cross_check",
-            "InventoryWatch": "inventory", "SyntheticMonitor": "synthetic"}
 
 
 class Requests:
@@ -205,12 +203,13 @@ class DaemonCollector:
         starts = CounterMetricFamily("patroller_monitor_starts", "Times the monitor's child was "
                                      "started (restarts included)", labels=["monitor"])
         hangs = CounterMetricFamily("patroller_monitor_hangs", "Times the monitor's child was "
-                                    "killed for printing nothing", labels=["monitor"])
+                                    "killed as hung: printing nothing, or no answer in time",
+                                    labels=["monitor"])
         skipped = CounterMetricFamily("patroller_monitor_skipped_lines",
                                       "Unreadable lines the monitor skipped", labels=["monitor"])
         specific: Dict[str, Dict[str, Any]] = {}
         for monitor in daemon.monitors:
-            name = MONITORS.get(type(monitor).__name__, type(monitor).__name__.lower())
+            name = monitor.name
             counters = monitor.metrics()
             specific[name] = counters
             if "running" in counters:

@@ -28,7 +28,6 @@ class IdleWatch:
     def __init__(self, leases: LeaseManager, clock: Callable[[], float] = time.monotonic) -> None:
         self.leases = leases
         self.clock = clock
-        self.released = 0  # reservations released for being idle
         self._since: Dict[str, Tuple[str, float]] = {}  # uuid -> (holder, when it became idle)
 
     def connect(self, signals: Signals) -> None:
@@ -60,7 +59,6 @@ class IdleWatch:
         if (policy.idle_release is not None and state == "reserved"
                 and now - since >= policy.idle_release):
             if self.leases.release_idle(uuid, now - since):
-                self.released += 1
                 self._since.pop(uuid, None)
 
     def idle_for(self, uuid: str) -> Optional[float]:

@@ -15,20 +15,22 @@ from __future__ import annotations
 import logging
 import re
 import time
+from abc import abstractmethod
 from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from tornado.ioloop import IOLoop
 
+from patroller.config import Config
 from patroller.core.devices import Inventory
+from patroller.core.throttle import Throttle
+from patroller.observe.monitor import Monitor
+from patroller.observe.nvsmi.parsers import (DmonParser, IntervalChange, PmonIntervals,
+                                             PmonParser, PmonRow)
 from patroller.observe.signals import GpuProcess, ProcessList, ProcessSamples, Sample, Signals
-from patroller.observe.supervisor import Backoff, ChildStream
-from patroller.observe.nvsmi.parsers import DmonParser, IntervalChange, PmonParser, PmonIntervals, PmonRow
+from patroller.observe.supervisor import RestartingChild
 
 log = logging.getLogger(__name__)
 
-INTERVAL = 1.0  # nvidia-smi's default sampling interval, which Patroller uses
-SKIP_LOG_EVERY = 60.0  # seconds between reports of unreadable lines
-BURST_GAP = 0.03  # quiet after the last device's row that ends a pmon interval
 DMON_SELECTS = ("pucvmt", "pucm", "")  # column groups asked of dmon, most first; "": the default
 PMON_SELECTS = ("um", "")
 REFUSED = re.compile(r"Failed to process command line|Not supported on the device|"
@@ -47,20 +49,28 @@ def all_devices(inventory: Inventory) -> List[str]:
     return ["-i", ",".join(str(d.number) for d in inventory.present())]
 
 
-class _Stream:
-    """What dmon and pmon share: the argv over the inventory, the column groups asked for,
-    stepping down when they are refused, and telling the daemon when a device is gone."""
+class StreamMonitor(Monitor):
+    """What the dmon and pmon monitors share: their child, restarted for as long as the daemon
+    runs; the argv over the inventory; the column groups asked for, fewer when they are
+    refused; telling the daemon when a device is gone; reporting unreadable lines now and then.
+    """
 
-    name = ""
     selects: Tuple[str, ...] = ("",)
 
-    def __init__(self, inventory: Inventory, nvidia_smi: List[str]) -> None:
+    def __init__(self, inventory: Inventory, nvidia_smi: List[str], env: Mapping[str, str],
+                 config: Config, parser: Any) -> None:
         self.inventory = inventory
         self.nvidia_smi = nvidia_smi
+        self.parser = parser
         self.on_lost: Optional[Callable[[str], None]] = None  # set by the daemon
         self.rows = 0  # data rows read in the current run
         self._select = 0
         self._ignoring = False  # lines of a child being replaced (a stale device mapping)
+        self._skips_reported = 0
+        self._skips_logged = Throttle(1, config.repeat_log_every)
+        self.child = RestartingChild(self.name, self.argv(), self._line, config,
+                                     env=stream_env(env), on_start=self._restarted,
+                                     on_exit=self._exited)
 
     def argv(self) -> List[str]:
         select = self.selects[self._select]
@@ -72,15 +82,29 @@ class _Stream:
         """The column groups asked for now ("" for the tool's default)."""
         return self.selects[self._select]
 
+    def start(self) -> None:
+        self.child.start()
+
+    async def stop(self, grace: float) -> None:
+        await self.child.stop(grace)
+
+    def metrics(self) -> Dict[str, object]:
+        return {**self.child.metrics(), "skipped_lines": self.parser.skipped}
+
     def reconfigure(self) -> None:
         """The inventory changed: run again over the devices it has now."""
         self._ignoring = True
-        self.child.argv = self.argv()  # type: ignore[attr-defined]
-        self.child.restart()  # type: ignore[attr-defined]
+        self.child.argv = self.argv()
+        self.child.restart()
 
-    def _started(self) -> None:
+    @abstractmethod
+    def _line(self, line: str) -> None:
+        """One line of the child's output."""
+
+    def _restarted(self) -> None:
         self.rows = 0
         self._ignoring = False
+        self.parser.reset()
 
     def _exited(self, status: int, said: str) -> None:
         if self.rows == 0 and REFUSED.search(said) and self._select + 1 < len(self.selects):
@@ -88,69 +112,39 @@ class _Stream:
             log.warning("%s: the driver refused the column groups asked for (%s); asking for %s",
                         self.name, said[:200], f"-s {self.select}" if self.select
                         else "its default columns")
-            self.child.argv = self.argv()  # type: ignore[attr-defined]
+            self.child.argv = self.argv()
         if DEVICE_GONE.search(said) and self.on_lost is not None:
             self.on_lost(said)
 
-
-class _SkipReport:
-    """Logs unreadable lines now and then, never per line."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._reported = 0
-        self._at = 0.0
-
-    def check(self, parser: Any) -> None:
-        now = time.monotonic()
-        if parser.skipped > self._reported and now - self._at >= SKIP_LOG_EVERY:
+    def _skipped(self) -> None:
+        """A line could not be read: say so now and then, never per line."""
+        parser = self.parser
+        if parser.skipped > self._skips_reported and self._skips_logged.admit()[0]:
             log.warning("%s: %d unreadable line(s) skipped, the last: %r", self.name,
-                        parser.skipped - self._reported, (parser.last_skipped or "")[:200])
-            self._reported, self._at = parser.skipped, now
+                        parser.skipped - self._skips_reported, (parser.last_skipped or "")[:200])
+            self._skips_reported = parser.skipped
 
 
-class DmonMonitor(_Stream):
-    """Statistics of every device from `nvidia-smi dmon`, as `sample` signals.
-
-    `silence` and `startup` are the ChildStream's: how long the stream may print nothing.
-    """
+class DmonMonitor(StreamMonitor):
+    """Statistics of every device from `nvidia-smi dmon`, as `sample` signals."""
 
     name = "dmon"
     selects = DMON_SELECTS
 
     def __init__(self, inventory: Inventory, signals: Signals, nvidia_smi: List[str],
-                 env: Mapping[str, str], backoff: Optional[Backoff] = None,
-                 silence: Optional[float] = None, startup: Optional[float] = None) -> None:
-        super().__init__(inventory, nvidia_smi)
+                 env: Mapping[str, str], config: Config) -> None:
+        super().__init__(inventory, nvidia_smi, env, config, DmonParser())
         self.signals = signals
-        self.parser = DmonParser()
-        self._skips = _SkipReport("dmon")
-        self.child = ChildStream("dmon", self.argv(), self._line, on_start=self._restarted,
-                                 env=stream_env(env), backoff=backoff, silence=silence,
-                                 startup=startup, on_exit=self._exited)
-
-    def start(self) -> None:
-        self.child.start()
-
-    async def stop(self, grace: float = 0.5) -> None:
-        """Stop the stream, killing it after `grace` s; no child is left behind."""
-        await self.child.stop(grace)
 
     def metrics(self) -> Dict[str, object]:
-        """Counters for /metrics."""
-        return {**self.child.metrics(), "skipped_lines": self.parser.skipped,
-                "columns": self.select or "default"}
-
-    def _restarted(self) -> None:
-        self._started()
-        self.parser.reset()
+        return {**super().metrics(), "columns": self.select or "default"}
 
     def _line(self, line: str) -> None:
         if self._ignoring:
             return
         row = self.parser.feed(line)
         if row is None:
-            self._skips.check(self.parser)
+            self._skipped()
             return
         self.rows += 1
         device = self.inventory.by_number(row.gpu)
@@ -159,7 +153,7 @@ class DmonMonitor(_Stream):
             self.signals.sample.send(self, record=record)
 
 
-class PmonMonitor(_Stream):
+class PmonMonitor(StreamMonitor):
     """Processes on every device from `nvidia-smi pmon`, as process_started/ended signals.
 
     A process is announced on its first row. It is reported gone when a complete interval
@@ -173,35 +167,24 @@ class PmonMonitor(_Stream):
     selects = PMON_SELECTS
 
     def __init__(self, inventory: Inventory, signals: Signals, nvidia_smi: List[str],
-                 env: Mapping[str, str], backoff: Optional[Backoff] = None,
-                 silence: Optional[float] = None, startup: Optional[float] = None) -> None:
-        super().__init__(inventory, nvidia_smi)
+                 env: Mapping[str, str], config: Config) -> None:
+        super().__init__(inventory, nvidia_smi, env, config, PmonParser())
         self.signals = signals
-        self.parser = PmonParser()
         self.intervals = PmonIntervals()
-        self._skips = _SkipReport("pmon")
+        self.burst_gap = config.burst_gap
         self._last_number = max((d.number for d in inventory.present()), default=0)
         # By (uuid, pid): a device renumbered when another falls off keeps its processes.
         self._announced: Dict[Tuple[str, int], GpuProcess] = {}
         self._covered: Set[int] = set()  # devices with a row in the current interval
         self._values: Dict[Tuple[str, int], Mapping[str, Any]] = {}  # this interval's figures
         self._timer: Optional[object] = None
-        self.child = ChildStream("pmon", self.argv(), self._line, on_start=self._restarted,
-                                 env=stream_env(env), backoff=backoff, silence=silence,
-                                 startup=startup, on_exit=self._exited)
 
-    def start(self) -> None:
-        self.child.start()
-
-    async def stop(self, grace: float = 0.5) -> None:
-        """Stop the stream, killing it after `grace` s; no child is left behind."""
+    async def stop(self, grace: float) -> None:
         self._disarm()
-        await self.child.stop(grace)
+        await super().stop(grace)
 
     def metrics(self) -> Dict[str, object]:
-        """Counters for /metrics."""
-        return {**self.child.metrics(), "skipped_lines": self.parser.skipped,
-                "processes": len(self._announced)}
+        return {**super().metrics(), "processes": len(self._announced)}
 
     def reconfigure(self) -> None:
         self._last_number = max((d.number for d in self.inventory.present()), default=0)
@@ -213,8 +196,7 @@ class PmonMonitor(_Stream):
 
     def _restarted(self) -> None:
         # Keep what was known: a restart is not every process ending and starting again.
-        self._started()
-        self.parser.reset()
+        super()._restarted()
         self.intervals.reset()
         self._covered.clear()
         self._values.clear()
@@ -224,12 +206,12 @@ class PmonMonitor(_Stream):
             return
         row = self.parser.feed(line)
         if row is None:
-            self._skips.check(self.parser)
+            self._skipped()
             return
         self.rows += 1
         change = self.intervals.feed(row)
         if change is not None:
-            self._settle(change)
+            self._interval_completed(change)
         self._covered.add(row.gpu)
         if row.pid is not None:
             self._announce(row)
@@ -249,7 +231,7 @@ class PmonMonitor(_Stream):
         self._announced[key] = record
         self.signals.process_started.send(self, record=record)
 
-    def _settle(self, change: IntervalChange) -> None:
+    def _interval_completed(self, change: IntervalChange) -> None:
         """After a complete interval: whatever was announced and is not in it has gone."""
         present = set()
         for process in change.present:
@@ -273,7 +255,7 @@ class PmonMonitor(_Stream):
         # Rows after the last device's first row can only be more of that device's: a short
         # quiet ends the interval. Before that, a quiet stream is a stall, not an absence.
         if gpu >= self._last_number:
-            self._timer = IOLoop.current().call_later(BURST_GAP, self._quiet)
+            self._timer = IOLoop.current().call_later(self.burst_gap, self._quiet)
 
     def _disarm(self) -> None:
         if self._timer is not None:
@@ -284,4 +266,4 @@ class PmonMonitor(_Stream):
         self._timer = None
         change = self.intervals.end_interval()
         if change is not None:
-            self._settle(change)
+            self._interval_completed(change)

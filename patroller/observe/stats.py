@@ -22,8 +22,6 @@ FIELDS = ("power", "gtemp", "mtemp", "sm", "mem", "enc", "dec", "jpg", "ofa", "m
 # The figures of a process: pmon's `-s um` columns, or the cross-check's used memory (fb).
 PROCESS_FIELDS = ("sm", "mem", "fb")
 _EMPTY: Mapping[str, Value] = {name: None for name in FIELDS}
-HISTORY_EVERY = 5.0  # seconds between the points of a device's utilisation history
-HISTORY_POINTS = 120  # ten minutes of them
 
 
 def iso_time(epoch: float) -> str:
@@ -35,13 +33,16 @@ class StatsStore:
     """Keeps the last sample per device; a device with no sample for `stale_after` s is stale.
 
     Its process list is stale the same way: when no complete pmon interval listed the device's
-    processes for `stale_after` s (pmon down or hung), or none ever did.
+    processes for `stale_after` s (pmon down or hung), or none ever did. Each device's SM
+    utilisation is also kept every `history_every` s, the last `history_points` of it.
     """
 
-    def __init__(self, inventory: Inventory, stale_after: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, inventory: Inventory, stale_after: float, history_every: float,
+                 history_points: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.inventory = inventory
         self.stale_after = stale_after
+        self.history_every = history_every
+        self.history_points = history_points
         self.clock = clock
         self._last: Dict[str, Sample] = {}
         self._seen: Dict[str, float] = {}  # uuid -> clock() when the last sample arrived
@@ -66,10 +67,11 @@ class StatsStore:
         if self.inventory.get(record.uuid) is not None:
             self._last[record.uuid] = record
             now = self._seen[record.uuid] = self.clock()
-            if now - self._history_at.get(record.uuid, -HISTORY_EVERY) >= HISTORY_EVERY:
+            last = self._history_at.get(record.uuid)
+            if last is None or now - last >= self.history_every:
                 self._history_at[record.uuid] = now
-                self._history.setdefault(record.uuid, deque(maxlen=HISTORY_POINTS)).append(
-                    record.values.get("sm"))
+                points = self._history.setdefault(record.uuid, deque(maxlen=self.history_points))
+                points.append(record.values.get("sm"))
             for callback in self._on_change:
                 callback()
 
@@ -104,7 +106,7 @@ class StatsStore:
         return {name: values.get(name) for name in PROCESS_FIELDS}
 
     def history(self) -> Dict[str, List[Optional[Value]]]:
-        """Per device, its SM utilisation every HISTORY_EVERY s over the last minutes."""
+        """Per device, its SM utilisation every `history_every` s over the last minutes."""
         return {uuid: list(points) for uuid, points in self._history.items()}
 
     def processes_stale(self, uuid: str) -> bool:

@@ -1,60 +1,32 @@
-"""A supervised child process whose output lines are read on the event loop, without threads.
-
-Lifecycle: start, read lines, exit detected (end of its stdout), exit status and stderr logged,
-restarted after a growing delay (1 s doubling to 30 s, back to 1 s after a run that went well),
-terminated and then killed on stop. A closed pipe ends the read loop: it never spins. A child
-that prints nothing for too long is hung: its group is killed and it is restarted as if it had
-exited. The kernel kills the child if the daemon dies (parent-death signal), even by SIGKILL.
+"""The one way Patroller runs an nvidia-smi child: `RestartingChild` for the dmon and pmon
+streams, which run as long as the daemon does (restarted after a growing delay when they exit,
+killed and restarted when they print nothing for too long: a hung nvidia-smi stays alive and
+silent), and `OneShotChild` for the queries (`-q -x`, `--query-compute-apps`), killed when they
+take longer than their timeout. Each run is a `Child` (child.py): its own process group, the
+parent-death signal, its exit awaited. Stopping either terminates the child's group, and kills
+it after the grace given.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
-import ctypes
 import logging
-import os
 import signal
-import subprocess
 import time
-from typing import Callable, Deque, Dict, List, Mapping, Optional
+from dataclasses import dataclass
+from typing import Callable, Deque, Dict, List, Mapping, Optional, Tuple
 
-from tornado.iostream import PipeIOStream, StreamClosedError
+from patroller.config import Config
+from patroller.core.throttle import Throttle
+from patroller.observe.child import Child, one_line, status_text
 
 log = logging.getLogger(__name__)
-
-MAX_LINE = 64 * 1024  # a line longer than this is garbage: dropped, not buffered for ever
-STDERR_TAIL = 2048  # bytes of stderr kept for the log when the child exits
-PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-
-
-def parent_death_kill() -> Optional[Callable[[], None]]:
-    """A preexec_fn that has the kernel SIGKILL the child when this process dies; None off Linux.
-
-    Resolved here, before the fork, so that the child only makes three system calls between
-    fork and exec: no import, no lock, no logging. That is what makes preexec_fn acceptable in
-    a daemon with executor threads (its documented risk is a child deadlocking on a lock held
-    by another thread at fork time). The signal fires when the *thread* that forked exits:
-    children are started from the event loop's thread, which lives as long as the daemon.
-    """
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    prctl.restype = ctypes.c_int
-    parent, kill = os.getpid(), int(signal.SIGKILL)
-
-    def arm() -> None:
-        prctl(PR_SET_PDEATHSIG, kill, 0, 0, 0)
-        if os.getppid() != parent:  # the daemon died before the signal was armed
-            os.kill(os.getpid(), kill)
-    return arm
 
 
 class Backoff:
     """Restart delays: `first` doubling up to `limit`; back to `first` after a healthy run."""
 
-    def __init__(self, first: float = 1.0, limit: float = 30.0, healthy: float = 60.0) -> None:
+    def __init__(self, first: float, limit: float, healthy: float) -> None:
         self.first, self.limit, self.healthy = first, limit, healthy
         self._next = first
 
@@ -67,65 +39,67 @@ class Backoff:
         return delay
 
 
-class ChildStream:
-    """Runs `argv`, hands each stdout line to `on_line`, and restarts it whenever it exits.
+class RestartingChild:
+    """Runs `argv` for as long as the daemon runs, handing each line of its output to `on_line`.
 
-    With `silence`, a child that prints nothing for that many seconds is taken as hung (a hung
-    nvidia-smi stays alive and silent, so its end of output never comes): one warning, its
-    group killed, restarted with the usual backoff. Its first output may take `startup` s.
+    After an exit it is started again after the Backoff's delay; `restart()` starts it again at
+    once. A child that prints nothing for `stream_silence` s is hung: one warning, its group
+    killed, restarted with the usual delay. Its first output may take `stream_startup` s.
+    `on_exit(status, what it said)` hears of every exit that was not asked for.
     """
 
     def __init__(self, name: str, argv: List[str], on_line: Callable[[str], None],
+                 config: Config, env: Optional[Mapping[str, str]] = None,
                  on_start: Optional[Callable[[], None]] = None,
-                 env: Optional[Mapping[str, str]] = None,
-                 backoff: Optional[Backoff] = None,
-                 silence: Optional[float] = None, startup: Optional[float] = None,
                  on_exit: Optional[Callable[[int, str], None]] = None) -> None:
         self.name = name
         self.argv = argv  # may be changed between runs: the next start uses it
         self.on_line = on_line
         self.on_start = on_start
-        self.on_exit = on_exit  # (status, what it said) after an exit that was not a stop
+        self.on_exit = on_exit
         self.env = dict(env) if env is not None else None
-        self.backoff = backoff or Backoff()
-        self.silence = silence  # None: never taken as hung
-        self.startup = max(startup or 0.0, silence or 0.0)
-        self.process: Optional[subprocess.Popen] = None
+        self.backoff = Backoff(config.restart_first, config.restart_limit, config.restart_healthy)
+        self.silence = config.stream_silence
+        self.startup = max(config.stream_startup, config.stream_silence)
+        self.max_line = config.max_line
+        self.stderr_tail = config.stderr_tail
+        self.linger = config.child_linger
+        self.child: Optional[Child] = None  # the current run, or the last one
         self.starts = 0  # how many times the child was started
         self.hangs = 0  # how many times it was killed for printing nothing
         self.last_exit: Optional[int] = None
-        self._heard: Optional[float] = None  # monotonic time of its last output in this run
+        self.heard: Optional[float] = None  # monotonic time of its last output in this run
         self._hung = False
         self._stopping = False
+        self._again = False  # restart at once, not after the backoff delay
         self._wake: Optional[asyncio.Event] = None
         self._task: Optional["asyncio.Future[None]"] = None
         self._recent: Deque[str] = collections.deque(maxlen=3)
-        self._failed_at = -60.0
-        self._again = False  # restart at once, not after the backoff delay
+        self._handler_failures = Throttle(1, config.repeat_log_every)
 
     def metrics(self) -> Dict[str, object]:
         """Counters for /metrics."""
-        running = self.process is not None and self.process.poll() is None
-        return {"starts": self.starts, "running": running, "hangs": self.hangs,
-                "last_exit": self.last_exit}
+        return {"starts": self.starts, "running": self.child is not None and self.child.running,
+                "hangs": self.hangs, "last_exit": self.last_exit}
 
     def start(self) -> None:
         """Begin supervising on the running loop."""
         self._wake = asyncio.Event()  # made here: on Python 3.9 an Event binds to a loop
         self._task = asyncio.ensure_future(self._supervise())
 
-    async def stop(self, grace: float = 0.5) -> None:
+    async def stop(self, grace: float) -> None:
         """Terminate the child (kill its group after `grace` s) and stop restarting it."""
         self._stopping = True
         if self._wake is not None:
             self._wake.set()
-        if self.process is not None and self.process.poll() is None:
-            self._signal(signal.SIGTERM)
+        if self.child is not None:
+            self.child.signal(signal.SIGTERM)
         if self._task is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), grace)
             except asyncio.TimeoutError:
-                self._signal(signal.SIGKILL)
+                if self.child is not None:
+                    self.child.signal(signal.SIGKILL)
                 await self._task
 
     def restart(self) -> None:
@@ -133,9 +107,11 @@ class ChildStream:
         self._again = True
         if self._wake is not None:
             self._wake.set()
-        self._signal(signal.SIGTERM)
+        if self.child is not None:
+            self.child.signal(signal.SIGTERM)
 
     async def _supervise(self) -> None:
+        assert self._wake is not None
         while not self._stopping:
             started = time.monotonic()
             try:
@@ -146,13 +122,11 @@ class ChildStream:
                 break
             if self._again:
                 self._again = False
-                assert self._wake is not None
                 self._wake.clear()
                 log.info("%s: restarting with %s", self.name, " ".join(self.argv[-4:]))
                 continue
             delay = self.backoff.delay(time.monotonic() - started)
             log.warning("%s: restarting in %.0f s", self.name, delay)
-            assert self._wake is not None
             try:
                 await asyncio.wait_for(self._wake.wait(), delay)
             except asyncio.TimeoutError:
@@ -162,51 +136,38 @@ class ChildStream:
                 self._wake.clear()
 
     async def _run_once(self) -> None:
-        out_read, out_write = os.pipe()
-        err_read, err_write = os.pipe()
         try:
-            self.process = subprocess.Popen(
-                self.argv, stdin=subprocess.DEVNULL, stdout=out_write, stderr=err_write,
-                env=self.env, start_new_session=True,  # its own group: we stop all of it
-                preexec_fn=parent_death_kill())
+            child = await Child.start(self.argv, self.env, self.stderr_tail)
         except OSError as exc:
-            for fd in (out_read, out_write, err_read, err_write):
-                os.close(fd)
             log.error("%s: cannot start %s: %s", self.name, self.argv[0], exc.strerror or exc)
             self.last_exit = None
             return
-        os.close(out_write)
-        os.close(err_write)
+        self.child = child
         self.starts += 1
         self._recent.clear()
-        self._heard, self._hung = None, False
-        log.info("%s: started pid %d", self.name, self.process.pid)
+        self.heard, self._hung = None, False
+        log.info("%s: started pid %d", self.name, child.pid)
+        if self._stopping:  # stopped while it was being started
+            child.signal(signal.SIGTERM)
         if self.on_start is not None:
             self.on_start()
-        stderr = bytearray()
-        errors = asyncio.ensure_future(self._drain(err_read, stderr))
-        started = time.monotonic()
-        watch = asyncio.ensure_future(self._watch(started)) if self.silence else None
-        finished = False
+        watch = asyncio.ensure_future(self._watch(child))
         try:
-            await self._read_lines(out_read)
-            finished = True
+            await self._read_lines(child.stdout)
+        except BaseException:
+            child.signal(signal.SIGTERM)  # cancelled, or a bug: never leave it behind
+            raise
         finally:
-            if watch is not None:
-                watch.cancel()
-            if not finished:
-                self._signal(signal.SIGTERM)  # cancelled: never leave it behind
-            code = await self._reap(self.process)
-            await errors
+            watch.cancel()
+            code = await child.exited(self.linger)
         self.last_exit = code
-        self._log_exit(code, time.monotonic() - started, bytes(stderr))
+        self._log_exit(code, time.monotonic() - child.started, child.said())
 
-    async def _watch(self, started: float) -> None:
+    async def _watch(self, child: Child) -> None:
         """Kill the child's group once it has printed nothing for too long."""
-        assert self.silence is not None
         while True:
-            limit = self.startup if self._heard is None else self.silence
-            quiet = time.monotonic() - (started if self._heard is None else self._heard)
+            limit = self.startup if self.heard is None else self.silence
+            quiet = time.monotonic() - (child.started if self.heard is None else self.heard)
             if quiet >= limit:
                 break
             await asyncio.sleep(min(limit - quiet, self.silence))  # the first output shortens it
@@ -214,31 +175,28 @@ class ChildStream:
             return  # being stopped already: not a hang
         self._hung = True
         self.hangs += 1
-        said = "nothing since it started" if self._heard is None else "nothing more"
+        said = "nothing since it started" if self.heard is None else "nothing more"
         log.warning("%s: printed %s for %.1f s: hung, killing it", self.name, said, quiet)
-        self._signal(signal.SIGKILL)  # a hung nvidia-smi need not answer SIGTERM
+        child.signal(signal.SIGKILL)  # a hung nvidia-smi need not answer SIGTERM
 
-    async def _read_lines(self, fd: int) -> None:
-        stream = PipeIOStream(fd)
+    async def _read_lines(self, stdout: asyncio.StreamReader) -> None:
         pending = b""
         discarding = False  # inside a line that grew too long: drop it up to its end
-        try:
-            while True:
-                pending += await stream.read_bytes(65536, partial=True)
-                self._heard = time.monotonic()
-                *lines, pending = pending.split(b"\n")
-                if lines and discarding:
-                    discarding = False
-                    lines = lines[1:]
-                if len(pending) > MAX_LINE:
-                    pending, discarding = b"", True
-                for line in lines:
-                    if len(line) <= MAX_LINE:
-                        self._deliver(line)
-        except StreamClosedError:
-            pass  # end of output: the child exited or closed its stdout
-        finally:
-            stream.close()
+        while True:
+            chunk = await stdout.read(self.max_line)
+            if not chunk:
+                break  # end of output: the child exited or closed its stdout
+            self.heard = time.monotonic()
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            if lines and discarding:
+                discarding = False
+                lines = lines[1:]
+            if len(pending) > self.max_line:
+                pending, discarding = b"", True
+            for line in lines:
+                if len(line) <= self.max_line:
+                    self._deliver(line)
         if pending and not discarding:
             self._deliver(pending)
 
@@ -248,43 +206,13 @@ class ChildStream:
         try:
             self.on_line(line)
         except Exception:  # a handler's bug loses one line, not the stream
-            now = time.monotonic()
-            if now - self._failed_at >= 60:
-                self._failed_at = now
-                log.exception("%s: handling a line failed: %r", self.name, line[:200])
+            admitted, held = self._handler_failures.admit()
+            if admitted:
+                log.exception("%s: handling a line failed%s: %r", self.name,
+                              f" ({held} more since the last report)" if held else "",
+                              line[:200])
 
-    @staticmethod
-    async def _drain(fd: int, into: bytearray) -> None:
-        stream = PipeIOStream(fd)
-        try:
-            while True:
-                into += await stream.read_bytes(4096, partial=True)
-                del into[:-STDERR_TAIL]
-        except StreamClosedError:
-            pass
-        finally:
-            stream.close()
-
-    async def _reap(self, process: subprocess.Popen, grace: float = 2.0) -> int:
-        """Wait for the exit after end of output; a child that lingers is killed. No zombie."""
-        deadline: Optional[float] = time.monotonic() + grace
-        while process.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                self._signal(signal.SIGKILL)
-                deadline = None  # once: a process stuck in the kernel dies when it returns
-            await asyncio.sleep(0.02)
-        return process.returncode
-
-    def _signal(self, signum: int) -> None:
-        process = self.process
-        if process is None or process.returncode is not None:
-            return
-        try:
-            os.killpg(process.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def _log_exit(self, code: int, ran: float, stderr: bytes) -> None:
+    def _log_exit(self, code: int, ran: float, stderr: str) -> None:
         if self._stopping:
             log.info("%s: stopped (status %s)", self.name, code)
             return
@@ -293,12 +221,87 @@ class ChildStream:
             return
         if self._again:  # restarted on purpose
             return
-        said = stderr.decode("utf-8", "replace").strip() or " / ".join(self._recent).strip()
+        said = stderr or " / ".join(self._recent).strip()
         if self.on_exit is not None:
             try:
                 self.on_exit(code, said)
             except Exception:
                 log.exception("%s: exit handler failed", self.name)
-        status = f"signal {-code}" if code < 0 else f"status {code}"
-        log.warning("%s: exited with %s after %.1f s%s", self.name, status, ran,
+        log.warning("%s: exited with %s after %.1f s%s", self.name, status_text(code), ran,
                     f": {said[-500:]}" if said else "")
+
+
+@dataclass(frozen=True)
+class Answer:
+    """How one run of a OneShotChild ended."""
+
+    output: str = ""  # its stdout
+    status: Optional[int] = None  # its exit status (negative: the signal); None: never started
+    said: str = ""  # the tail of its stderr
+    error: Optional[OSError] = None  # why it could not be started
+    timed_out: bool = False  # killed for taking longer than its timeout
+    stopped: bool = False  # ended by stop(): whatever it printed is incomplete
+
+    def account(self) -> str:
+        """What it said, on one line: its stderr, else its output."""
+        return one_line(self.said) or one_line(self.output) or "nothing"
+
+
+class OneShotChild:
+    """Runs `argv` to its end, one run at a time. A run that takes longer than `timeout` s is
+    killed, its whole group (a hung nvidia-smi need not answer SIGTERM), and counted in
+    `hangs`. `stop()` ends a run in progress and refuses later ones."""
+
+    def __init__(self, argv: List[str], env: Optional[Mapping[str, str]], timeout: float,
+                 config: Config) -> None:
+        self.argv = argv
+        self.env = env
+        self.timeout = timeout
+        self.stderr_tail = config.stderr_tail
+        self.linger = config.child_linger
+        self.child: Optional[Child] = None  # the run in progress
+        self.hangs = 0
+        self._stopping = False
+
+    @property
+    def running(self) -> bool:
+        return self.child is not None and self.child.running
+
+    async def run(self) -> Answer:
+        """One run, to its end, its timeout or a stop."""
+        if self._stopping:
+            return Answer(stopped=True)
+        try:
+            child = await Child.start(self.argv, self.env, self.stderr_tail)
+        except OSError as exc:
+            return Answer(error=exc)
+        self.child = child
+        if self._stopping:  # stopped while it was being started
+            child.signal(signal.SIGKILL)
+        finishing = asyncio.ensure_future(self._finish(child))
+        timed_out = False
+        try:
+            output, code = await asyncio.wait_for(asyncio.shield(finishing), self.timeout)
+        except asyncio.TimeoutError:
+            timed_out = not self._stopping
+            if timed_out:
+                self.hangs += 1
+            child.signal(signal.SIGKILL)
+            output, code = await finishing
+        except asyncio.CancelledError:
+            child.signal(signal.SIGKILL)  # never left behind
+            raise
+        finally:
+            self.child = None
+        return Answer(output.decode("utf-8", "replace"), code, child.said(),
+                      timed_out=timed_out, stopped=self._stopping)
+
+    async def stop(self, grace: float) -> None:
+        """End the run in progress (its group killed after `grace` s); no run after this."""
+        self._stopping = True
+        if self.child is not None:
+            await self.child.end(grace)
+
+    async def _finish(self, child: Child) -> Tuple[bytes, int]:
+        output = await child.stdout.read()
+        return output, await child.exited(self.linger)

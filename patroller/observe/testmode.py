@@ -9,17 +9,17 @@ from typing import Dict, List, Optional
 from tornado.ioloop import PeriodicCallback
 
 from patroller.core.devices import Device, Inventory
+from patroller.observe.monitor import Monitor
 from patroller.observe.signals import ProcessList, Sample, Signals, Value
 
-DEVICE_COUNT = 8
-INTERVAL = 1.0  # seconds between samples, as nvidia-smi dmon's default
 _NAMESPACE = uuidlib.UUID("6c1f3e0a-6d2c-4b8e-9a57-0d7f1e3c5b21")
 # An 8-GPU HGX board: PCI buses as such hosts show them, in index (bus) order.
 _BUSES = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
 
 
-def synthetic_inventory(count: int = DEVICE_COUNT) -> Inventory:
-    """The test-mode devices: stable uuids, so they are the same after a restart."""
+def synthetic_inventory(count: int) -> Inventory:
+    """The test-mode devices (`test_devices` of them in the daemon): stable uuids, so that they
+    are the same after a restart."""
     devices = []
     for number in range(count):
         bus = _BUSES[number] if number < len(_BUSES) else format(number, "02X")
@@ -38,14 +38,16 @@ def synthetic_inventory(count: int = DEVICE_COUNT) -> Inventory:
     return Inventory(devices)
 
 
-class SyntheticMonitor:
+class SyntheticMonitor(Monitor):
     """Emits a dmon-like sample per device every interval, wandering around idle values.
 
     Test mode has no GPU processes, so each interval also says every device's (empty) process
     list is current: ownership there is never stale.
     """
 
-    def __init__(self, inventory: Inventory, signals: Signals, interval: float = INTERVAL,
+    name = "synthetic"
+
+    def __init__(self, inventory: Inventory, signals: Signals, interval: float,
                  seed: Optional[int] = None) -> None:
         self.inventory = inventory
         self.signals = signals
@@ -65,14 +67,13 @@ class SyntheticMonitor:
         self._timer = PeriodicCallback(self._tick, self.interval * 1000)
         self._timer.start()
 
-    async def stop(self, grace: float = 0.0) -> None:
+    async def stop(self, grace: float) -> None:
         """Stop sampling (at once: there is no child to wait for)."""
         if self._timer is not None:
             self._timer.stop()
             self._timer = None
 
     def metrics(self) -> Dict[str, object]:
-        """Counters for /metrics."""
         return {"samples": self.samples}
 
     def _tick(self) -> None:

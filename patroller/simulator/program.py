@@ -77,7 +77,11 @@ Fault knobs (in ``faults``; a nested object under ``"-q"``, ``"dmon"``, ``"pmon"
 - ``stall_after_lines``: after N data rows print nothing more but stay alive, stdout open (0:
   at once): a hung nvidia-smi, as Patroller sees one. Removing the knob resumes the stream; a
   restarted one prints N rows again, then stalls.
-- ``ignore_sigterm``: dmon/pmon ignore SIGTERM, as a stuck one may: only SIGKILL ends them.
+- ``ignore_sigterm``: dmon/pmon ignore SIGTERM, as a stuck one may: only SIGKILL ends them
+  (a hanging query too, see ``hang``).
+- ``hang``: ``-q -x`` and ``--query-compute-apps`` print nothing and never end, as a query
+  stuck in the driver does (scope it with ``"-q"`` or ``"--query-compute-apps"``); SIGTERM
+  ends them quietly unless ``ignore_sigterm`` is set too.
 - ``garbage_every``: after every N data rows add a garbled line: empty, ``^C`` inside a copy of
   the row, or the row cut in half, in turn.
 - ``repeat_header_every``: print the two header lines again every N intervals (default 30;
@@ -699,10 +703,7 @@ def monitor(kind: str, args: Sequence[str], source: Source, all_env: bool) -> in
     stream = Stream(kind, _options(args), all_env)
     scn = source.scenario
     if _start(scn, kind).get("ignore_sigterm"):
-        try:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        except ValueError:
-            pass  # not the main thread: a test calling main() in-process
+        _ignore_sigterm()
     stream.watch(scn)  # an unknown -i fails now, like the real tool
     Table(_era(scn), kind, stream.select, stream.stamp)  # so does a bad -s
     while True:
@@ -711,6 +712,23 @@ def monitor(kind: str, args: Sequence[str], source: Source, all_env: bool) -> in
             return status
         time.sleep(stream.delay or float(scn.get("interval", 1)))
         scn = source.refresh()
+
+
+def _ignore_sigterm() -> None:
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    except ValueError:
+        pass  # not the main thread: a test calling main() in-process
+
+
+def _hang_if_asked(faults: Dict[str, Any]) -> None:
+    """The `hang` knob: print nothing, never end (until a signal ends the process)."""
+    if not faults.get("hang"):
+        return
+    if faults.get("ignore_sigterm"):
+        _ignore_sigterm()
+    while True:
+        time.sleep(3600)
 
 
 def one_shot(args: List[str], scn: Scenario) -> int:
@@ -730,11 +748,11 @@ def one_shot(args: List[str], scn: Scenario) -> int:
         else:
             raise _Exit(f"ERROR: Option {arg} is not recognized. Please run 'nvidia-smi -h'.", 2)
     if flags == {"q", "x"} and query is None and fmt is None:
-        _start(scn, "-q")
+        _hang_if_asked(_start(scn, "-q"))
         sys.stdout.write(query_xml(scn, ids))
         return 0
     if query and not flags and fmt and fmt[0] == "csv" and set(fmt[1:]) <= {"noheader", "nounits"}:
-        _start(scn, "--query-compute-apps")
+        _hang_if_asked(_start(scn, "--query-compute-apps"))
         text = query_apps(scn, query.split(","), "noheader" not in fmt, "nounits" not in fmt)
         sys.stdout.write(text)
         return 0

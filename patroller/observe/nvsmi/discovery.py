@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from patroller.core.devices import Device
+from patroller.core.devices import Device, MigInstance
 
 
 class DiscoveryError(ValueError):
@@ -28,20 +28,6 @@ class ProcessInfo:
     used_memory: Optional[str] = None  # as printed, e.g. `1234 MiB`
     gpu_instance_id: Optional[int] = None  # MIG only
     compute_instance_id: Optional[int] = None
-
-
-@dataclass(frozen=True)
-class MigInstance:
-    """One MIG device (a GPU instance and a compute instance in it) of a MIG-enabled GPU.
-
-    Each field is None where the driver printed no number. `index` is the MIG device's index
-    within its GPU; the two instance ids are what processes on it carry in `-q -x`.
-    """
-
-    index: Optional[int]
-    gpu_instance_id: Optional[int]
-    compute_instance_id: Optional[int]
-    memory_mib: Optional[int]  # its share of the framebuffer
 
 
 @dataclass(frozen=True)

@@ -85,11 +85,6 @@ def _dash(token: str) -> Optional[str]:
     return None if token == "-" else token
 
 
-def _date_cell(token: Optional[str]) -> Optional[str]:
-    """A date or time cell: None when the column is absent or shows `-`."""
-    return None if token is None else _dash(token)
-
-
 Row = TypeVar("Row", "DmonRow", "PmonRow")
 
 
@@ -350,7 +345,6 @@ class PmonIntervals:
 
 # ---- --query-compute-apps ----------------------------------------------------------------------
 
-COMPUTE_APPS_FIELDS = ("gpu_uuid", "pid", "used_memory", "process_name")
 _APP_UUID = re.compile(r"(?:GPU|MIG)-[0-9A-Za-z/-]+")
 _APP_MIB = re.compile(r"(\d+)(?:\s*MiB)?")  # `4096`, or `4096 MiB` when `nounits` was lost
 

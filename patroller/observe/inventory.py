@@ -1,0 +1,169 @@
+"""The host's GPUs from `nvidia-smi -q -x`: read once at start (discovery), then again now and
+then by the inventory watch (GPUs fall off the bus, or are added), always under a timeout: a
+hung query is killed like a hung stream."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import shlex
+import time
+from dataclasses import replace
+from typing import Callable, Dict, List, Mapping, Optional
+
+from patroller.config import Config
+from patroller.core.devices import Device, Inventory, InventoryChange
+from patroller.core.throttle import Throttle
+from patroller.observe.monitor import Monitor
+from patroller.observe.nvsmi.discovery import Discovery, DiscoveryError, parse_inventory
+from patroller.observe.child import status_text
+from patroller.observe.supervisor import OneShotChild
+
+log = logging.getLogger(__name__)
+
+HINT = "run with --test to try Patroller without a GPU"
+
+
+class GpuHostError(Exception):
+    """The GPUs cannot be discovered; the message is one line for the user."""
+
+
+def command(nvidia_smi: str) -> List[str]:
+    """The configured nvidia-smi command as argv (it may carry arguments of its own)."""
+    return shlex.split(nvidia_smi)
+
+
+def inventory_query(argv: List[str], env: Optional[Mapping[str, str]],
+                    config: Config) -> OneShotChild:
+    """`nvidia-smi -q -x`, killed after `discovery_timeout` s."""
+    return OneShotChild([*argv, "-q", "-x"], env, config.discovery_timeout, config)
+
+
+async def read_inventory(query: OneShotChild) -> Discovery:
+    """One run of the query, parsed; GpuHostError says what went wrong."""
+    answer = await query.run()
+    name, shown = query.argv[0], " ".join(query.argv)
+    if isinstance(answer.error, FileNotFoundError):
+        raise GpuHostError(f"cannot list the GPUs: {name} was not found; {HINT}")
+    if isinstance(answer.error, PermissionError):
+        raise GpuHostError(f"cannot list the GPUs: {name} is not executable; {HINT}")
+    if answer.error is not None:
+        raise GpuHostError(f"cannot list the GPUs: cannot run {name}: "
+                           f"{answer.error.strerror or answer.error}; {HINT}")
+    if answer.timed_out:
+        raise GpuHostError(f"cannot list the GPUs: `{shown}` did not answer in "
+                           f"{query.timeout:g} s: killed; {HINT}")
+    if answer.stopped:
+        raise GpuHostError(f"cannot list the GPUs: `{shown}` was stopped")
+    if answer.status:
+        raise GpuHostError(f"cannot list the GPUs: `{shown}` failed with "
+                           f"{status_text(answer.status)}: {answer.account()}; {HINT}")
+    try:
+        found = parse_inventory(answer.output)
+    except DiscoveryError as exc:
+        raise GpuHostError(f"cannot list the GPUs: {exc}; {HINT}") from None
+    for warning in found.warnings:
+        log.warning("discovery: %s", warning)
+    if not found.devices:
+        raise GpuHostError(f"cannot list the GPUs: `{shown}` lists no GPU with a uuid; {HINT}")
+    return found
+
+
+async def discover(argv: List[str], env: Optional[Mapping[str, str]],
+                   config: Config) -> Discovery:
+    """The GPUs at start; GpuHostError says why they cannot be listed."""
+    return await read_inventory(inventory_query(argv, env, config))
+
+
+def devices_of(found: Discovery) -> List[Device]:
+    """The discovered devices, with their MIG instances."""
+    return [replace(device, mig_instances=tuple(found.mig[device.uuid]))
+            if found.mig.get(device.uuid) else device for device in found.devices]
+
+
+class InventoryWatch(Monitor):
+    """Reads `nvidia-smi -q -x` again every `inventory_every` seconds, and soon after `poke()`
+    (a stream said a device is gone), then tells `on_change` what changed. A reading that
+    fails changes nothing, except `No devices were found`, which means every device is lost."""
+
+    name = "inventory"
+
+    def __init__(self, inventory: Inventory, argv: List[str],
+                 env: Optional[Mapping[str, str]], config: Config) -> None:
+        self.inventory = inventory
+        self.query = inventory_query(argv, env, config)
+        self.every = config.inventory_every
+        self.soonest = config.rediscover_soonest
+        self.on_change: Optional[Callable[[InventoryChange], None]] = None
+        self.readings = 0
+        self.failures = 0
+        self.changes = 0
+        self._wake: Optional[asyncio.Event] = None
+        self._task: Optional["asyncio.Future[None]"] = None
+        self._last = time.monotonic()
+        self._stopping = False
+        self._failures_logged = Throttle(1, config.repeat_log_every)
+
+    def start(self) -> None:
+        self._wake = asyncio.Event()
+        self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self, grace: float) -> None:
+        self._stopping = True
+        await self.query.stop(grace)  # a reading in progress ends; none starts after
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait([self._task])
+
+    def metrics(self) -> Dict[str, object]:
+        return {"readings": self.readings, "failures": self.failures, "changes": self.changes,
+                "lost": sum(1 for d in self.inventory if d.lost), "hangs": self.query.hangs}
+
+    def poke(self, why: str = "") -> None:
+        """Read the inventory again soon (at most once per `soonest` seconds)."""
+        if self._wake is not None and not self._wake.is_set():
+            log.info("reading the GPU inventory again: %s", why[:200] or "asked")
+            self._wake.set()
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.every)
+            except asyncio.TimeoutError:
+                pass
+            else:  # poked: not more often than `soonest`
+                pause = min(self.soonest, self.every) - (time.monotonic() - self._last)
+                if pause > 0:
+                    await asyncio.sleep(pause)
+            self._wake.clear()
+            await self.read()
+
+    async def read(self) -> InventoryChange:
+        """One reading, applied to the inventory; what changed."""
+        self._last = time.monotonic()
+        self.readings += 1
+        try:
+            found = devices_of(await read_inventory(self.query))
+        except GpuHostError as exc:
+            if self._stopping:
+                return InventoryChange()  # stopped mid-reading: not a failure
+            if "No devices were found" not in str(exc) and "lists no GPU" not in str(exc):
+                self.failures += 1
+                admitted, held = self._failures_logged.admit()
+                if admitted:
+                    log.warning("reading the GPU inventory again failed (%s); keeping it as it "
+                                "was%s", exc, f" ({held} more failures not logged)" if held else "")
+                return InventoryChange()
+            found = []
+        change = self.inventory.update(found)
+        if change:
+            self.changes += 1
+            for uuid in change.lost:
+                log.warning("GPU %s is gone from the host: lost, never granted", uuid)
+            for uuid in change.added:
+                device = self.inventory.get(uuid)
+                log.warning("GPU %s (number %s) is on the host now", uuid,
+                            device.number if device else "?")
+            if self.on_change is not None:
+                self.on_change(change)
+        return change
