@@ -1,4 +1,5 @@
-"""One Patroller daemon: devices, monitors, leases and the API, with one ordered start and stop."""
+"""One Patroller daemon: `build` makes its services and the API over them; `Daemon` starts them
+in order and stops them in order, and does nothing else."""
 from __future__ import annotations
 
 import asyncio
@@ -6,37 +7,34 @@ import logging
 import os
 import socket
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
-from patroller.http.handlers import make_app
-from patroller.state.book import BookError, LeaseBook
-from patroller.identify.callers import CallerIdentifier, SystemCallers, TestModeCallers
-from patroller.config import Config
-from patroller.identify.containers import ContainerDirectory
+from patroller.config import Config, policy_of
 from patroller.core.devices import Inventory, InventoryChange
-from patroller.http.fastlane import FastLane
 from patroller.core.leases import LeaseManager
-from patroller.state.audit import AuditLog
-from patroller.observe.idle import IdleWatch
-from patroller.state.lifetimes import Lifelines
-from patroller.config import policy_of
 from patroller.core.policy import Policy
-from patroller.http.live import LiveFeed
-from patroller.http.metrics import Registries, Requests
+from patroller.http.api import Api
+from patroller.http.fastlane import FastLane
+from patroller.http.routes import make_api
 from patroller.http.server import (PeerServer, SocketFile, SocketPathError, remove_unix_socket,
-                        tcp_sockets, unix_socket)
+                                   tcp_sockets, unix_socket)
+from patroller.identify.callers import CallerIdentifier, SystemCallers, TestModeCallers
+from patroller.identify.containers import ContainerDirectory
+from patroller.identify.resolver import ProcessIdentifier
+from patroller.identify.tracker import ProcessTracker
 from patroller.observe.crosscheck import CrossCheck, Unattributed
+from patroller.observe.idle import IdleWatch
 from patroller.observe.inventory import GpuHostError, InventoryWatch, command, devices_of, discover
 from patroller.observe.monitor import Monitor
 from patroller.observe.monitors import DmonMonitor, PmonMonitor
-from patroller.identify.resolver import ProcessIdentifier
 from patroller.observe.signals import Signals
 from patroller.observe.stats import StatsStore
 from patroller.observe.testmode import SyntheticMonitor, synthetic_inventory
+from patroller.services import Services
+from patroller.state.audit import AuditLog
+from patroller.state.book import BookError, LeaseBook
+from patroller.state.lifetimes import Lifelines
 from patroller.state.timer import ExpiryTimer
-from patroller.identify.tracker import ProcessTracker
-from patroller.observe.stats import iso_time
-from patroller.http.views import DevicesView, StatusView, queue_view, users_view
 
 log = logging.getLogger(__name__)
 
@@ -49,95 +47,38 @@ class StartError(Exception):
 
 
 class Daemon:
-    """Wires the parts together; `main` drives it."""
+    """Starts and stops what `build` made. It builds nothing, and reads nothing but what
+    `start` opens."""
 
-    def __init__(self, config: Config, inventory: Inventory, signals: Signals,
-                 monitors: Sequence[Monitor], identifier: ProcessIdentifier,
-                 callers: CallerIdentifier, interval: float, mode: str,
-                 directory: Optional[ContainerDirectory] = None,
-                 book: Optional[LeaseBook] = None) -> None:
-        self.config = config
-        self.inventory = inventory
-        self.signals = signals
-        self.monitors = list(monitors)
-        self.identifier = identifier
-        self.directory = directory
-        self.callers = callers
-        self.leases = LeaseManager(inventory, lease=config.lease, policy=make_policy(config),
-                                   max_waiters=config.max_waiters,
-                                   max_waiting_per_user=config.max_waiting_per_user)
-        self.audit = AuditLog(config.audit_log)
-        try:
-            self.audit.open()
-        except OSError as exc:
-            raise StartError(f"cannot open the audit log {config.audit_log}: "
-                             f"{exc.strerror or exc}") from None
-        self.leases.on_event(self.audit.record)
-        self.idle = IdleWatch(self.leases)
-        self.stats = StatsStore(inventory, config.stale_intervals * interval,
-                                config.history_every, config.history_points)
-        self.stats.connect(signals)
-        self.idle.connect(signals)
-        self.tracker = ProcessTracker(self.leases, identifier)
-        self.tracker.connect(signals)
-        self.book = book
-        if book is not None:  # last run's reservations, before anything is served
-            book.attach(self.leases)
-        self.timer = ExpiryTimer(self.leases)
-        self.lifelines = Lifelines(self.leases)  # frees what was held for a process that ended
-        self.status = StatusView(inventory, self.leases, self.stats, idle=self.idle)
-        self.devices = DevicesView(inventory)
-        self.mode = mode
-        self.requests = Requests()  # HTTP answers counted, for /metrics
-        self.registries = Registries(self)
-        self.feed = LiveFeed(self.snapshot)  # the web page's
-        self.leases.on_change(self.feed.changed)
-        self.stats.on_change(self.feed.changed)
-        self.app = make_app(inventory, self.leases, self.status, self.devices, callers, mode,
-                            self.metrics, self.requests, self.registries, self.audit, self.idle,
-                            self.feed)
+    def __init__(self, services: Services, api: Api) -> None:
+        self.services = services
+        self.api = api
         self.server: Optional[PeerServer] = None
-        self.unix_path: Optional[str] = None
         self.unix_file: Optional[SocketFile] = None  # what we bound there, removed at stop
-        self.started = time.monotonic()
 
-    def snapshot(self) -> Dict[str, Any]:
-        """Everything the web page shows, for its live feed."""
-        return {
-            "time": iso_time(time.time()),
-            "mode": self.mode,
-            "status": self.status.data(),
-            "devices": self.devices.data(),
-            "queue": queue_view(self.leases),
-            "users": users_view(self.leases, self.idle),
-            "events": self.audit.since(0.0, 10),
-            "history": self.stats.history(),
-            "interval": self.config.history_every,
-        }
-
-    def inventory_changed(self, change: InventoryChange) -> None:
-        """The host's GPUs changed (the inventory is updated already): leases, views, streams."""
-        self.leases.devices_changed()
-        self.devices.invalidate()
-        self.status.invalidate()
-        if change.added or change.lost or change.renumbered:
-            for monitor in self.monitors:
-                monitor.reconfigure()
-
-    def metrics(self) -> Dict[str, Any]:
-        """The daemon's own counters as JSON (/metrics.json): what it costs, how its parts fare."""
-        return {
-            "uptime": round(time.monotonic() - self.started, 3),
-            "devices": len(self.inventory),
-            "waiting": len(self.leases.waiters),
-            "status_builds": self.status.builds,
-            "proc_reads": self.identifier.proc_reads,
-            "docker_calls": self.directory.calls if self.directory is not None else 0,
-            "caller_lookups": getattr(self.callers, "lookups", 0),
-            "monitors": {type(m).__name__: m.metrics() for m in self.monitors},
-            "lease_book": self.book.metrics() if self.book is not None else None,
-            "held_for_processes": self.lifelines.metrics(),
-        }
+    def start(self) -> None:
+        """Open the audit record's file and the lease book (last run's reservations come back
+        before anything is served), then start expiring leases, watching the processes devices
+        are held for, the web page's feed and the monitors, on the current loop. Raises
+        StartError if a file cannot be opened."""
+        services = self.services
+        try:
+            services.audit.open()
+        except OSError as exc:
+            raise StartError(f"cannot open the audit log {services.config.audit_log}: "
+                             f"{exc.strerror or exc}") from None
+        if services.book is not None:
+            try:
+                services.book.open()
+            except BookError as exc:
+                services.audit.close()
+                raise StartError(str(exc)) from None
+            services.book.attach(services.leases)
+        services.timer.start()
+        services.lifelines.start()
+        self.api.feed.start()
+        for monitor in services.monitors:
+            monitor.start()
 
     def listen(self, port: int, address: str = "", unix_path: Optional[str] = None) -> List[str]:
         """Bind and serve; return where, as URLs. Raises OSError if it cannot bind, StartError
@@ -153,44 +94,38 @@ class Daemon:
                     raise StartError(str(exc)) from None
                 raise
             sockets.append(sock)
-            self.unix_path = unix_path
-        lane = FastLane(self.app, {"/status": self.status.body, "/devices": self.devices.body},
-                        self.requests.count)
+        api = self.api
+        assert api.app is not None
+        lane = FastLane(api.app, {"/status": api.status.body, "/devices": api.devices.body},
+                        api.requests.count)
         # Requests are small: refuse big bodies outright, and bodies that trickle in; idle
         # keep-alive connections end after a while (a waiting /wait is not idle).
         self.server = PeerServer(lane, xheaders=False, max_body_size=MAX_BODY,
                                  idle_connection_timeout=IDLE_TIMEOUT,
-                                 body_timeout=self.config.body_timeout)
-        self.server.read_facts = self.identifier.facts
+                                 body_timeout=self.services.config.body_timeout)
+        self.server.read_facts = self.services.identifier.facts
         self.server.add_sockets(sockets)
         return [_url(s) for s in sockets]
 
-    def start(self) -> None:
-        """Start expiring leases and monitoring devices, on the current loop."""
-        self.timer.start()
-        self.lifelines.start()
-        self.feed.start()
-        for monitor in self.monitors:
-            monitor.start()
-
-    async def stop(self, grace: float = 2.0) -> None:
+    async def stop(self, grace: float) -> None:
         """Stop accepting, answer waiters, stop monitors, close connections: within `grace` s.
 
         The monitors get half of it, all stopped together; each child has half of that to
         answer SIGTERM before its group is killed, so no child outlives the stop. Connections
         get the rest.
         """
+        services = self.services
         deadline = time.monotonic() + grace
         if self.server is not None:
             self.server.stop()
         if self.unix_file is not None:
             remove_unix_socket(self.unix_file)  # only if it is still ours
-        self.leases.close()  # waiters are answered 503
-        self.feed.stop()  # pages' streams end (browsers reconnect by themselves)
+        services.leases.close()  # waiters are answered 503
+        self.api.feed.stop()  # pages' streams end (browsers reconnect by themselves)
         await asyncio.sleep(0)  # let their answers go out
-        self.timer.stop()
-        self.lifelines.stop()
-        self.tracker.close()
+        services.timer.stop()
+        services.lifelines.stop()
+        services.tracker.close()
         await self._stop_monitors(grace / 2)
         if self.server is not None:
             try:
@@ -198,21 +133,21 @@ class Daemon:
                                        max(0.0, deadline - time.monotonic()))
             except asyncio.TimeoutError:
                 log.warning("some connections did not close in time")
-        if self.directory is not None:
-            self.directory.shutdown()
-        if self.book is not None:
-            self.book.close()
-        self.audit.close()
+        if services.directory is not None:
+            services.directory.shutdown()
+        if services.book is not None:
+            services.book.close()
+        services.audit.close()
 
-    async def _stop_monitors(self, bound: float) -> None:
+    async def _stop_monitors(self, grace: float) -> None:
         """Start every monitor's stop, then await them together (terminado's kill_all)."""
-        stops = {asyncio.ensure_future(m.stop(bound / 2)): m for m in self.monitors}
+        stops = {asyncio.ensure_future(m.stop(grace / 2)): m for m in self.services.monitors}
         if not stops:
             return
-        done, late = await asyncio.wait(stops, timeout=bound)
+        done, late = await asyncio.wait(stops, timeout=grace)
         for task in late:  # a child stuck in the kernel: it dies when it returns
             task.cancel()
-            log.warning("%s did not stop within %.1f s", stops[task].name, bound)
+            log.warning("%s did not stop within %.1f s", stops[task].name, grace)
         for task in done:
             if task.exception() is not None:
                 log.error("stopping %s failed", stops[task].name, exc_info=task.exception())
@@ -227,37 +162,74 @@ def _url(sock: socket.socket) -> str:
 
 
 async def build(config: Config) -> Daemon:
-    """The daemon the configuration asks for. Raises StartError if it cannot be built."""
+    """The daemon the configuration asks for, built but not started: in GPU host mode, the
+    devices are discovered first (`nvidia-smi -q -x`). Raises StartError if it cannot be."""
     signals = Signals()
     if config.test:
         inventory = synthetic_inventory(config.test_devices)
-        monitor = SyntheticMonitor(inventory, signals, config.test_interval)
-        return Daemon(config, inventory, signals, [monitor], ProcessIdentifier(),
-                      TestModeCallers(), interval=config.test_interval, mode="test",
-                      book=_book(config))
+        return assemble(config, inventory, signals,
+                        [SyntheticMonitor(inventory, signals, config.test_interval)],
+                        ProcessIdentifier(), TestModeCallers())
     argv = command(config.nvidia_smi)
     try:
         found = await discover(argv, None, config)
     except GpuHostError as exc:
         raise StartError(str(exc)) from None
     inventory = Inventory(devices_of(found))
-    book = _book(config)
     log.info("nvidia-smi: driver %s, %d GPU(s): %s", found.driver_version or "unknown",
              len(inventory), ", ".join(f"{d.number}={d.name}" for d in inventory))
     directory = ContainerDirectory(config.docker_host)
     identifier = ProcessIdentifier(directory, config.user_labels, config.user_info_labels)
-    dmon = DmonMonitor(inventory, signals, argv, os.environ, config)
     pmon = PmonMonitor(inventory, signals, argv, os.environ, config)
-    watch = InventoryWatch(inventory, argv, None, config)
-    unattributed = Unattributed(inventory, lambda uuid: daemon.stats.view(uuid), pmon,
+    # The cross-check reads the statistics, which the daemon assembled below holds.
+    unattributed = Unattributed(inventory, lambda uuid: daemon.services.stats.view(uuid), pmon,
                                 config.busy_mib)
-    check = CrossCheck(inventory, signals, argv, os.environ, unattributed, config)
-    daemon = Daemon(config, inventory, signals, [dmon, pmon, check, watch],
-                    identifier, SystemCallers(identifier, directory),
-                    interval=config.sample_interval, mode="gpu", directory=directory, book=book)
-    watch.on_change = daemon.inventory_changed
-    dmon.on_lost = pmon.on_lost = watch.poke
+    monitors = [DmonMonitor(inventory, signals, argv, os.environ, config), pmon,
+                CrossCheck(inventory, signals, argv, os.environ, unattributed, config),
+                InventoryWatch(inventory, signals, argv, None, config)]
+    daemon = assemble(config, inventory, signals, monitors, identifier,
+                      SystemCallers(identifier, directory), directory)
     return daemon
+
+
+def assemble(config: Config, inventory: Inventory, signals: Signals, monitors: Sequence[Monitor],
+             identifier: ProcessIdentifier, callers: CallerIdentifier,
+             directory: Optional[ContainerDirectory] = None) -> Daemon:
+    """The daemon around these devices, monitors and identities: its services, connected, and
+    the API over them. No I/O: `Daemon.start` opens the files."""
+    interval = config.test_interval if config.test else config.sample_interval
+    leases = LeaseManager(inventory, lease=config.lease, policy=make_policy(config),
+                          max_waiters=config.max_waiters,
+                          max_waiting_per_user=config.max_waiting_per_user)
+    services = Services(
+        config=config, mode="test" if config.test else "gpu", started=time.monotonic(),
+        inventory=inventory, signals=signals, monitors=tuple(monitors), leases=leases,
+        stats=StatsStore(inventory, config.stale_intervals * interval, config.history_every,
+                         config.history_points),
+        idle=IdleWatch(leases), identifier=identifier, callers=callers,
+        tracker=ProcessTracker(leases, identifier), timer=ExpiryTimer(leases),
+        lifelines=Lifelines(leases), audit=AuditLog(config.audit_log),
+        book=LeaseBook(config.state_dir) if config.state_dir is not None else None,
+        directory=directory)
+    connect(services)
+    return Daemon(services, make_api(services))
+
+
+def connect(services: Services) -> None:
+    """Who hears whom: the monitors' signals reach the statistics, the idle watch and (through
+    the tracker) the leases; every lease event reaches the audit record; a change of the host's
+    devices reaches the leases and the streams."""
+    services.stats.connect(services.signals)
+    services.idle.connect(services.signals)
+    services.tracker.connect(services.signals)
+    services.leases.on_event(services.audit.record)
+
+    def devices_changed(sender: Any, record: InventoryChange) -> None:
+        services.leases.devices_changed()
+        if record.added or record.lost or record.renumbered:
+            for monitor in services.monitors:
+                monitor.reconfigure()
+    services.signals.inventory_changed.connect(devices_changed, weak=False)
 
 
 def make_policy(config: Config) -> Policy:
@@ -267,15 +239,3 @@ def make_policy(config: Config) -> Policy:
         return policy_of(config)
     except ValueError as exc:
         raise StartError(f"--limits-file: {exc}") from None
-
-
-def _book(config: Config) -> Optional[LeaseBook]:
-    """The locked lease book the configuration asks for, if any. Raises StartError."""
-    if config.state_dir is None:
-        return None
-    book = LeaseBook(config.state_dir)
-    try:
-        book.open()
-    except BookError as exc:
-        raise StartError(str(exc)) from None
-    return book

@@ -17,13 +17,10 @@ from patroller import __version__
 from patroller import cli
 
 if TYPE_CHECKING:
-    from patroller.app import Daemon
     from patroller.config import Config
+    from patroller.services import Services
 
 log = logging.getLogger("patroller")
-
-SHUTDOWN_GRACE = 2.0  # seconds the whole stop may take: monitors, then connections
-
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """A client command (`patroller run ...`), or the daemon: run until SIGINT or SIGTERM
@@ -59,34 +56,49 @@ def daemon_main(argv: Sequence[str]) -> int:
 
 
 async def serve(config: "Config") -> int:
-    """Build, listen, run until a stop signal, then stop in order."""
+    """Build, start, listen, run until a stop signal, then stop in order. A stop signal that
+    comes while the daemon is being built (discovery may take seconds, or hang) ends it at once:
+    the nvidia-smi it waits for is killed."""
     from patroller.app import StartError, build
 
-    daemon = await build(config)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stopping.set)
+    building = asyncio.ensure_future(build(config))
+    stopped = asyncio.ensure_future(stopping.wait())
+    await asyncio.wait({building, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if not building.done():
+        building.cancel()
+        await asyncio.wait({building})
+        log.info("stopped while starting")
+        return 0
+    stopped.cancel()
+    daemon = building.result()
+    daemon.start()
     try:
         urls = daemon.listen(config.port, config.address, config.socket)
-    except OSError as exc:
+    except (OSError, StartError) as exc:
+        await daemon.stop(grace=config.shutdown_grace)
+        if isinstance(exc, StartError):
+            raise
         where = f"{config.address or 'all interfaces'} port {config.port}"
         if config.socket and exc.filename is None and "port" not in str(exc):
             where += f" or {config.socket}"
         raise StartError(f"cannot listen on {where}: {exc.strerror or exc}; "
                          "choose another --port, --address or --socket") from None
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stopping.set)
+    services = daemon.services
     # SIGHUP is the reload signal (systemctl reload): the per-user limits file is read again,
     # and one line says what the daemon holds; never the default action, which would kill it.
-    loop.add_signal_handler(signal.SIGHUP, lambda: reload(daemon, config))
-    daemon.start()
+    loop.add_signal_handler(signal.SIGHUP, lambda: reload(services, config))
     mode = "test mode, synthetic devices" if config.test else "GPU host mode"
-    log.info("patroller %s serving %d devices (%s) on %s", __version__, len(daemon.inventory),
+    log.info("patroller %s serving %d devices (%s) on %s", __version__, len(services.inventory),
              mode, ", ".join(urls))
     await stopping.wait()
     log.info("stopping")
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.remove_signal_handler(signum)
-    await daemon.stop(grace=SHUTDOWN_GRACE)
+    await daemon.stop(grace=config.shutdown_grace)
     log.info("stopped")
     return 0
 
@@ -117,24 +129,25 @@ class JournalFormatter(logging.Formatter):
         return "\n".join(f"<{priority}>{line}" for line in text.splitlines())
 
 
-def reload(daemon: "Daemon", config: "Config") -> None:
+def reload(services: "Services", config: "Config") -> None:
     """SIGHUP: the policy again, from the configuration and the limits file; a file that cannot
     be used keeps the policy as it was (one warning)."""
     from patroller.app import StartError, make_policy
 
     try:
-        daemon.leases.policy = make_policy(config)
+        services.leases.policy = make_policy(config)
     except StartError as exc:
-        log.warning("SIGHUP: %s; the limits stay as they were; %s", exc, summary(daemon))
+        log.warning("SIGHUP: %s; the limits stay as they were; %s", exc, summary(services))
         return
-    limits = daemon.leases.policy.limits
+    limits = services.leases.policy.limits
     log.info("SIGHUP: limits read again (%d per-user limit(s)%s); %s", len(limits),
-             f" from {config.limits_file}" if config.limits_file else "", summary(daemon))
+             f" from {config.limits_file}" if config.limits_file else "", summary(services))
 
 
-def summary(daemon: "Daemon") -> str:
+def summary(services: "Services") -> str:
     """One line on what the daemon holds: devices by state, and requests waiting."""
-    states = Counter(daemon.leases.state(device.uuid) for device in daemon.inventory)
-    held = ", ".join(f"{states[state]} {state}" for state in ("reserved", "claimed", "shared", "free"))
-    return (f"{len(daemon.inventory)} devices: {held}; "
-            f"{len(daemon.leases.waiters)} requests waiting, still serving")
+    states = Counter(services.leases.state(device.uuid) for device in services.inventory)
+    held = ", ".join(f"{states[state]} {state}"
+                     for state in ("reserved", "claimed", "shared", "free"))
+    return (f"{len(services.inventory)} devices: {held}; "
+            f"{len(services.leases.waiters)} requests waiting, still serving")

@@ -70,6 +70,8 @@ class Harness:
 
     def __init__(self, daemon: Daemon, url: str) -> None:
         self.daemon = daemon
+        self.services = daemon.services  # what it is made of
+        self.api = daemon.api  # and what its HTTP layer adds
         self.url = url
         self.port = int(url.rsplit(":", 1)[1])
         self.http = AsyncHTTPClient(force_instance=True)
@@ -96,21 +98,30 @@ class Harness:
         return reader, writer
 
     def uuids(self) -> List[str]:
-        return [d.uuid for d in self.daemon.inventory]
+        return [d.uuid for d in self.services.inventory]
 
 
 @asynccontextmanager
 async def serving(config: Config) -> AsyncIterator[Harness]:
     """The daemon `config` describes, listening on an ephemeral loopback port."""
     daemon = await build(config)
-    urls = daemon.listen(0, "127.0.0.1", config.socket)
-    daemon.start()
-    harness = Harness(daemon, urls[0])
-    try:
+    async with started(daemon) as harness:
         yield harness
+
+
+@asynccontextmanager
+async def started(daemon: Daemon) -> AsyncIterator[Harness]:
+    """A daemon built, started and listening on an ephemeral loopback port; stopped after."""
+    daemon.start()
+    try:
+        urls = daemon.listen(0, "127.0.0.1", daemon.services.config.socket)
+        harness = Harness(daemon, urls[0])
+        try:
+            yield harness
+        finally:
+            harness.http.close()
     finally:
-        harness.http.close()
-        await daemon.stop()
+        await daemon.stop(daemon.services.config.shutdown_grace)
 
 
 def running(**settings: Any) -> Any:

@@ -50,7 +50,7 @@ async def test_status_has_live_statistics_and_claims():
             assert set(entry["claim"]) == CLAIM_KEYS
             assert entry["claim"]["state"] == "free" and entry["claim"]["user"] is None
         first = body[h.uuids()[0]]["updated"]
-        await until(lambda: h.daemon.stats.view(h.uuids()[0])["updated"] != first, timeout=5)
+        await until(lambda: h.services.stats.view(h.uuids()[0])["updated"] != first, timeout=5)
 
 
 @async_test
@@ -101,7 +101,7 @@ async def test_wait_is_answered_when_a_device_is_released():
     async with running() as h:
         await h.ok("/request?gpu=8&user=alice")
         waiting = asyncio.ensure_future(h.call("/wait?gpu=1&user=bob"))
-        await until(lambda: len(h.daemon.leases.waiters) == 1)
+        await until(lambda: len(h.services.leases.waiters) == 1)
         assert not waiting.done()
         await h.ok(f"/release?user=alice&uuid={h.uuids()[4]}")
         status, body = await asyncio.wait_for(waiting, 5)
@@ -128,8 +128,8 @@ async def test_wait_is_answered_when_a_process_ends():
             me = host_identity(read_uid(sleeper.pid)).user  # a real process, a real account
             target = h.uuids()[0]
             record = GpuProcess(uuid=target, pid=sleeper.pid, type="C", command="sleep")
-            h.daemon.signals.process_started.send(object(), record=record)
-            await until(lambda: h.daemon.leases.state(target) == "claimed")
+            h.services.signals.process_started.send(object(), record=record)
+            await until(lambda: h.services.leases.state(target) == "claimed")
             claim = (await h.ok("/status"))[target]["claim"]
             assert claim["processes"] == [sleeper.pid] and claim["user"]["user"] == me
             await h.ok(f"/request?gpu=7&user={me}")
@@ -138,7 +138,7 @@ async def test_wait_is_answered_when_a_process_ends():
             assert [g["uuid"] for g in body["after_exit"]] == [target]
             await asyncio.sleep(0.1)
             assert not waiting.done()  # the process still runs there
-            h.daemon.signals.process_ended.send(object(), record=record)
+            h.services.signals.process_ended.send(object(), record=record)
             status, body = await asyncio.wait_for(waiting, 5)
             assert status == 200 and body[0]["uuid"] == target
         finally:
@@ -152,7 +152,7 @@ async def test_wait_with_timeout_answers_like_a_busy_request():
         await h.ok("/request?gpu=8&user=alice")
         status, body = await h.call("/wait?gpu=1&timeout=0.2&user=bob")
         assert status == 409 and body["free"] == {"gpu": 0}
-        assert len(h.daemon.leases.waiters) == 0
+        assert len(h.services.leases.waiters) == 0
 
 
 @async_test
@@ -167,9 +167,9 @@ async def test_a_client_that_disconnects_stops_waiting_and_gets_nothing():
     async with running(lease=600) as h:  # no lease ends in the test: only the close can act
         await h.ok("/request?gpu=8&user=alice")
         reader, writer = await h.raw(b"GET /wait?gpu=1&user=bob HTTP/1.1\r\nHost: x\r\n\r\n")
-        await until(lambda: len(h.daemon.leases.waiters) == 1)
+        await until(lambda: len(h.services.leases.waiters) == 1)
         writer.close()
-        await until(lambda: len(h.daemon.leases.waiters) == 0)
+        await until(lambda: len(h.services.leases.waiters) == 0)
         status = await h.ok("/status")
         assert {e["claim"]["user"]["user"] for e in status.values()} == {"alice"}
         await h.ok("/release?user=alice")
@@ -182,8 +182,8 @@ async def test_waiters_are_answered_503_on_shutdown():
     async with running() as h:
         await h.ok("/request?gpu=8&user=alice")
         waiting = asyncio.ensure_future(h.call("/wait?gpu=1&user=bob"))
-        await until(lambda: len(h.daemon.leases.waiters) == 1)
-        await h.daemon.stop()
+        await until(lambda: len(h.services.leases.waiters) == 1)
+        await h.daemon.stop(grace=2.0)
         status, body = await asyncio.wait_for(waiting, 5)
         assert status == 503 and "shutting down" in body["error"]
 
@@ -195,7 +195,7 @@ async def test_many_waiters_are_served_in_arrival_order():
         waits = []
         for n in range(3):
             waits.append(asyncio.ensure_future(h.call(f"/wait?gpu=1&user=w{n}")))
-            await until(lambda: len(h.daemon.leases.waiters) == n + 1)
+            await until(lambda: len(h.services.leases.waiters) == n + 1)
         for uuid in h.uuids()[:3]:
             await h.ok(f"/release?user=alice&uuid={uuid}")
         results = [await asyncio.wait_for(w, 5) for w in waits]
@@ -244,7 +244,7 @@ async def test_bad_requests_get_a_4xx_json_answer_that_says_why(path, status, wo
         got, body = await h.call(path)
         assert got == status, body
         assert words in body["error"]
-        assert len(h.daemon.leases.waiters) == 0
+        assert len(h.services.leases.waiters) == 0
         assert {e["claim"]["state"] for e in (await h.ok("/status")).values()} == {"free"}
 
 

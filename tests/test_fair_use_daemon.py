@@ -128,7 +128,7 @@ async def test_root_releases_another_users_reservation_and_the_record_says_why(t
         status, [grant] = json.loads(result.stdout)
         assert status == 200
         nobody = host_identity(NOBODY).user
-        assert h.daemon.leases.holder(grant["uuid"]).user == nobody
+        assert h.services.leases.holder(grant["uuid"]).user == nobody
         released = await h.ok(f"/release?uuid={grant['uuid']}&reason=left%20over")
         assert [d["uuid"] for d in released["released"]] == [grant["uuid"]]
         [event] = [e for e in await h.ok("/history") if e["event"] == "admin_release"]
@@ -146,16 +146,16 @@ async def test_an_idle_reservation_shows_idle_and_is_released_when_configured(tm
         scenario.write(processes=[{"pid": sleeper.pid, "gpu": 1, "name": "python",
                                    "used_mib": 100, "sm": 0}])
         busy = h.uuids()[1]
-        await until(lambda: h.daemon.leases.state(busy) == "claimed")
-        await until(lambda: (h.daemon.status.data()[reserved["uuid"]]["claim"]["idle_for"]
+        await until(lambda: h.services.leases.state(busy) == "claimed")
+        await until(lambda: (h.api.status.data()[reserved["uuid"]]["claim"]["idle_for"]
                              or 0) >= 1, timeout=10)
         users = await h.ok("/users")
         me = host_identity(os.getuid()).user
         assert users[me]["unreserved"] == 1 and users[me]["reserved_unused"] == 1
-        await until(lambda: h.daemon.leases.state(reserved["uuid"]) == "free", timeout=15)
+        await until(lambda: h.services.leases.state(reserved["uuid"]) == "free", timeout=15)
         events = [e["event"] for e in await h.ok("/history")]
         assert "idle_release" in events
-        assert h.daemon.leases.state(busy) == "claimed"  # a process is on it: only marked
+        assert h.services.leases.state(busy) == "claimed"  # a process is on it: only marked
         claim = (await h.ok("/status"))[busy]["claim"]
         assert claim["idle_for"] >= 1 and claim["asked"] is False
 

@@ -18,7 +18,7 @@ alice = named_user("alice")
 
 
 def sampled(h):
-    return all(h.daemon.stats.view(u)["updated"] is not None for u in h.uuids())
+    return all(h.services.stats.view(u)["updated"] is not None for u in h.uuids())
 
 
 @pytest.mark.parametrize("era", ERAS)
@@ -35,7 +35,7 @@ async def test_every_figure_is_there_in_every_era(tmp_path, era):
             assert isinstance(entry["fb"], int), (era, entry)  # dmon -s m: memory used
             assert isinstance(entry["power"], (int, float)) and isinstance(entry["sm"], int)
         assert status[h.uuids()[0]]["fb_total"] == 16384
-        columns = h.daemon.monitors[0].metrics()["columns"]
+        columns = h.services.monitors[0].metrics()["columns"]
         assert columns == "pucvmt"
 
 
@@ -75,7 +75,7 @@ async def test_each_process_shows_its_memory_and_sm(tmp_path, sleeper):
         uuid = h.uuids()[1]
 
         def detail():
-            found = h.daemon.status.data()[uuid]["claim"]["process_detail"]
+            found = h.api.status.data()[uuid]["claim"]["process_detail"]
             return found[0] if found and found[0]["fb"] is not None else None
         await until(lambda: detail() is not None)
         shown = (await h.ok("/status"))[uuid]
@@ -84,7 +84,7 @@ async def test_each_process_shows_its_memory_and_sm(tmp_path, sleeper):
                            "sm": 95, "mem": 40, "fb": 4096}
         assert shown["claim"]["processes"] == [sleeper.pid]  # the old field, as it was
         # the device's memory follows its processes
-        await until(lambda: (h.daemon.stats.view(uuid)["fb"] or 0) >= 4096)
+        await until(lambda: (h.services.stats.view(uuid)["fb"] or 0) >= 4096)
 
 
 # -- GPUs that change --------------------------------------------------------------------------
@@ -119,7 +119,7 @@ async def test_a_gpu_removed_while_running_becomes_lost_and_one_added_appears(tm
         await until(lambda: sampled(h))
         gone, moved = h.uuids()[1:]
         scenario.write(devices=[devices[0], devices[2]])  # the second one falls off the bus
-        await until(lambda: h.daemon.leases.state(gone) == "lost", timeout=10)
+        await until(lambda: h.services.leases.state(gone) == "lost", timeout=10)
         listed = await h.ok("/devices")
         assert listed[gone]["lost"] is True
         assert h.uuids() == [h.uuids()[0], moved, gone]  # the lost one last
@@ -131,13 +131,13 @@ async def test_a_gpu_removed_while_running_becomes_lost_and_one_added_appears(tm
         await h.ok("/release")
         # the renumbered device's statistics and processes follow it
         scenario.write(processes=[{"pid": sleeper.pid, "gpu": 1, "name": "python"}])
-        await until(lambda: h.daemon.leases.state(moved) == "claimed", timeout=10)
+        await until(lambda: h.services.leases.state(moved) == "claimed", timeout=10)
         # a new GPU is plugged in
         new = {"uuid": "GPU-0000000a-5a1e-4e57-8000-00000000000a", "pci": "00000000:20:00.0"}
         scenario.write(devices=[devices[0], devices[2], new], processes=[])
-        await until(lambda: h.daemon.inventory.get(new["uuid"]) is not None, timeout=10)
-        await until(lambda: h.daemon.stats.view(new["uuid"])["updated"] is not None, timeout=10)
-        assert h.daemon.leases.state(new["uuid"]) == "free"
+        await until(lambda: h.services.inventory.get(new["uuid"]) is not None, timeout=10)
+        await until(lambda: h.services.stats.view(new["uuid"])["updated"] is not None, timeout=10)
+        assert h.services.leases.state(new["uuid"]) == "free"
         assert (await h.ok("/status"))[gone]["claim"]["state"] == "lost"
 
 
@@ -155,14 +155,14 @@ async def test_a_mig_gpus_processes_are_found_by_the_cross_check(tmp_path, sleep
         assert listed["mig_mode"] == "Enabled" and len(listed["mig_instances"]) == 2
         scenario.write(processes=[{"pid": sleeper.pid, "gpu": 0, "name": "python",
                                    "used_mib": 2048, "gi": 1, "ci": 0}])
-        await until(lambda: h.daemon.leases.state(target) == "claimed", timeout=10)
+        await until(lambda: h.services.leases.state(target) == "claimed", timeout=10)
         claim = (await h.ok("/status"))[target]["claim"]
         assert claim["processes"] == [sleeper.pid]
         assert claim["user"]["user"] == host_identity(os.getuid()).user  # the process's own
         status, _ = await h.call("/request?gpu=2")
         assert status == 409  # the MIG GPU in use is not handed out as a whole
         scenario.write(processes=[])  # it ends: the usual lease follows
-        await until(lambda: h.daemon.leases.state(target) == "reserved", timeout=10)
+        await until(lambda: h.services.leases.state(target) == "reserved", timeout=10)
 
 
 @async_test
@@ -172,14 +172,14 @@ async def test_a_blind_gpus_processes_are_found_by_the_cross_check(tmp_path, sle
     async with gpu_running(scenario, cross_check_every=0.3) as h:
         target = h.uuids()[1]
         await until(lambda: sampled(h))
-        check = next(m for m in h.daemon.monitors if m.name == "cross_check")
+        check = next(m for m in h.services.monitors if m.name == "cross_check")
         await asyncio.sleep(1.0)  # idle and attributed: no query runs
         assert check.metrics()["runs"] == 0
         scenario.write(processes=[{"pid": sleeper.pid, "gpu": 1, "name": "python",
                                    "used_mib": 3000, "sm": 80}])
-        await until(lambda: h.daemon.leases.state(target) == "claimed", timeout=10)
+        await until(lambda: h.services.leases.state(target) == "claimed", timeout=10)
         [detail] = (await h.ok("/status"))[target]["claim"]["process_detail"]
         assert detail["pid"] == sleeper.pid and detail["fb"] == 3000
         assert detail["user"] == host_identity(os.getuid()).user
         scenario.write(processes=[])  # it ends: the usual lease follows
-        await until(lambda: h.daemon.leases.state(target) == "reserved", timeout=10)
+        await until(lambda: h.services.leases.state(target) == "reserved", timeout=10)

@@ -42,7 +42,7 @@ async def test_all_six_devices_get_statistics_not_only_four(scenario):
     scenario.write(devices=devices, show_all_devices=False)  # like the real one: four by default
     async with gpu_running(scenario) as h:
         inventory = await h.ok("/devices")
-        await until(lambda: all(h.daemon.stats.view(u)["updated"] for u in h.uuids()))
+        await until(lambda: all(h.services.stats.view(u)["updated"] for u in h.uuids()))
         status = await h.ok("/status")
         for number in range(6):
             entry = by_number(status, inventory, number)
@@ -56,10 +56,10 @@ async def test_a_process_appears_on_and_leaves_the_right_device(scenario, sleepe
     account = host_identity(read_uid(sleeper.pid)).user
     async with gpu_running(scenario, lease=30) as h:
         inventory = await h.ok("/devices")
-        await until(lambda: h.daemon.monitors[1].child.starts == 1)
+        await until(lambda: h.services.monitors[1].child.starts == 1)
         scenario.write(processes=[{"pid": sleeper.pid, "gpu": 4, "type": "C", "name": "sleep"}])
         target = by_number({u: u for u in inventory}, inventory, 4)
-        await until(lambda: h.daemon.leases.state(target) == "claimed")
+        await until(lambda: h.services.leases.state(target) == "claimed")
         status = await h.ok("/status")
         claim = status[target]["claim"]
         assert claim["processes"] == [sleeper.pid]
@@ -67,7 +67,7 @@ async def test_a_process_appears_on_and_leaves_the_right_device(scenario, sleepe
         others = [e["claim"]["state"] for u, e in status.items() if u != target]
         assert others == ["free"] * 5
         scenario.write(processes=[])
-        await until(lambda: h.daemon.leases.state(target) == "reserved")
+        await until(lambda: h.services.leases.state(target) == "reserved")
         claim = (await h.ok("/status"))[target]["claim"]
         assert claim["processes"] == [] and 0 < claim["expires"] <= 30  # the lease restarted
 
@@ -80,7 +80,7 @@ async def test_a_loopback_caller_reserves_and_its_process_claims(scenario, sleep
         me = status[grant["uuid"]]["claim"]["user"]
         assert me["source"] == "host" and me["uid"] == os.getuid()
         scenario.write(processes=[{"pid": sleeper.pid, "gpu": grant["info"]["number"]}])
-        await until(lambda: h.daemon.leases.state(grant["uuid"]) == "claimed")
+        await until(lambda: h.services.leases.state(grant["uuid"]) == "claimed")
         got, body = await h.call("/request?gpu=1&user=mallory")
         assert got == 400 and "test mode only" in body["error"]
 
@@ -92,9 +92,9 @@ async def test_a_process_on_two_devices_and_one_with_a_seven_digit_pid(scenario,
         uuids = {info["number"]: u for u, info in inventory.items()}
         scenario.write(processes=[{"pid": sleeper.pid, "gpu": 0}, {"pid": sleeper.pid, "gpu": 5},
                                   {"pid": 4194303, "gpu": 2, "name": "gone-long-ago"}])
-        await until(lambda: h.daemon.leases.state(uuids[0]) == "claimed"
-                    and h.daemon.leases.state(uuids[5]) == "claimed"
-                    and h.daemon.leases.state(uuids[2]) == "claimed")
+        await until(lambda: h.services.leases.state(uuids[0]) == "claimed"
+                    and h.services.leases.state(uuids[5]) == "claimed"
+                    and h.services.leases.state(uuids[2]) == "claimed")
         claim = (await h.ok("/status"))[uuids[2]]["claim"]
         assert claim["processes"] == [4194303]
         assert claim["user"]["user"] == "unknown"  # no such pid in /proc
@@ -105,12 +105,12 @@ async def test_statistics_turn_stale_when_the_stream_stalls(scenario):
     scenario.write(faults={"dmon": {"stall_after_lines": 12}})
     async with gpu_running(scenario) as h:
         first = h.uuids()[0]
-        await until(lambda: h.daemon.stats.view(first)["updated"] is not None)
-        await until(lambda: h.daemon.stats.view(first)["stale"], timeout=10)
+        await until(lambda: h.services.stats.view(first)["updated"] is not None)
+        await until(lambda: h.services.stats.view(first)["stale"], timeout=10)
         entry = (await h.ok("/status"))[first]
         assert entry["stale"] is True and entry["sm"] == 0  # the last values are kept
         scenario.write(faults={})
-        await until(lambda: not h.daemon.stats.view(first)["stale"], timeout=10)
+        await until(lambda: not h.services.stats.view(first)["stale"], timeout=10)
 
 
 @pytest.mark.errors_expected
@@ -118,7 +118,7 @@ async def test_statistics_turn_stale_when_the_stream_stalls(scenario):
 async def test_a_dying_child_is_restarted_without_spinning(scenario, caplog):
     scenario.write(faults={"dmon": {"fail": "gpu_lost"}})
     async with gpu_running(scenario) as h:
-        dmon = h.daemon.monitors[0].child
+        dmon = h.services.monitors[0].child
         await until(lambda: dmon.starts >= 1)
         wall, cpu = time.monotonic(), time.process_time()
         await until(lambda: dmon.starts >= 3, timeout=10)  # restarted after ~1 s, then ~2 s
@@ -127,7 +127,7 @@ async def test_a_dying_child_is_restarted_without_spinning(scenario, caplog):
         assert "exited with status 15" in caplog.text and "GPU is lost" in caplog.text
         assert (await h.ok("/status"))  # still serving
         scenario.write(faults={})
-        await until(lambda: all(h.daemon.stats.view(u)["updated"] for u in h.uuids()), timeout=10)
+        await until(lambda: all(h.services.stats.view(u)["updated"] for u in h.uuids()), timeout=10)
 
 
 @async_test
@@ -135,14 +135,14 @@ async def test_a_pmon_restart_does_not_drop_running_processes(scenario, sleeper)
     scenario.write(processes=[{"pid": sleeper.pid, "gpu": 1}],
                    faults={"pmon": {"exit_after_lines": 14, "exit_status": 1}})
     async with gpu_running(scenario) as h:
-        pmon = h.daemon.monitors[1]
+        pmon = h.services.monitors[1]
         target = [u for u in h.uuids()][1]
         ended = []
-        h.daemon.signals.process_ended.connect(lambda s, record: ended.append(record), weak=False)
-        await until(lambda: h.daemon.leases.state(target) == "claimed")
+        h.services.signals.process_ended.connect(lambda s, record: ended.append(record), weak=False)
+        await until(lambda: h.services.leases.state(target) == "claimed")
         await until(lambda: pmon.child.starts >= 2, timeout=10)
         await asyncio.sleep(0.5)
-        assert ended == [] and h.daemon.leases.state(target) == "claimed"
+        assert ended == [] and h.services.leases.state(target) == "claimed"
 
 
 def test_sigterm_stops_the_daemon_and_leaves_no_child(scenario):
@@ -201,7 +201,7 @@ async def test_an_old_driver_without_architecture(scenario):
     async with gpu_running(scenario) as h:
         devices = await h.ok("/devices")
         assert {d["arch"] for d in devices.values()} == {None}
-        await until(lambda: all(h.daemon.stats.view(u)["updated"] for u in h.uuids()))
+        await until(lambda: all(h.services.stats.view(u)["updated"] for u in h.uuids()))
         entry = (await h.ok("/status"))[h.uuids()[0]]
         assert "gtemp" in entry and "temp" not in entry  # old `temp` under the stable name
 

@@ -342,9 +342,9 @@ async def test_a_process_hold_outlives_three_leases_and_ends_with_the_process():
                 assert claim["user"]["user"] == "alice@example.org"
         finally:
             holder.kill()
-        await until(lambda: all(h.daemon.leases.state(g["uuid"]) == "free" for g in granted),
+        await until(lambda: all(h.services.leases.state(g["uuid"]) == "free" for g in granted),
                     timeout=5)
-        assert h.daemon.metrics()["held_for_processes"]["ended"] == 1
+        assert h.services.lifelines.metrics()["ended"] == 1
 
 
 @async_test
@@ -355,7 +355,7 @@ async def test_a_lease_hold_is_still_the_default():
             _, [grant] = await holder.answer()
             assert grant["hold"] == "lease" and grant["held_for_pid"] is None
             assert 0 < grant["expires"] <= 0.3
-            await until(lambda: h.daemon.leases.state(grant["uuid"]) == "free", timeout=5)
+            await until(lambda: h.services.leases.state(grant["uuid"]) == "free", timeout=5)
         finally:
             holder.kill()
 
@@ -366,7 +366,7 @@ async def test_a_waiting_process_is_granted_a_process_hold_and_shows_in_the_queu
         taken = await h.ok("/request?gpu=8&user=bob")
         holder = Holder(where(h), "/wait?gpu=1&hold=process&user=alice")
         try:
-            await until(lambda: len(h.daemon.leases.waiters) == 1)
+            await until(lambda: len(h.services.leases.waiters) == 1)
             [entry] = await h.ok("/queue")
             assert entry["user"] == "alice" and entry["pid"] == holder.pid
             assert entry["hold"] == "process" and entry["wants"] == {"gpu": 1}
@@ -377,7 +377,7 @@ async def test_a_waiting_process_is_granted_a_process_hold_and_shows_in_the_queu
             assert await h.ok("/queue") == []
         finally:
             holder.kill()
-        await until(lambda: h.daemon.leases.state(taken[3]["uuid"]) == "free", timeout=5)
+        await until(lambda: h.services.leases.state(taken[3]["uuid"]) == "free", timeout=5)
 
 
 @async_test
@@ -429,17 +429,17 @@ async def test_gpu_host_a_process_hold_over_the_unix_socket_ends_with_its_proces
             number = grant["info"]["number"]
             # its process computes on the GPU: claimed; it leaves the GPU: held again, no lease
             scenario.write(processes=[{"pid": holder.pid, "gpu": number, "name": "python"}])
-            await until(lambda: h.daemon.leases.state(grant["uuid"]) == "claimed")
+            await until(lambda: h.services.leases.state(grant["uuid"]) == "claimed")
             [detail] = (await h.ok("/status"))[grant["uuid"]]["claim"]["process_detail"]
             assert detail["pid"] == holder.pid and detail["command"] == "python"
             scenario.write(processes=[])
-            await until(lambda: h.daemon.leases.state(grant["uuid"]) == "reserved")
+            await until(lambda: h.services.leases.state(grant["uuid"]) == "reserved")
             await asyncio.sleep(3 * 0.3 + 0.2)
-            assert h.daemon.leases.state(grant["uuid"]) == "reserved"
-            assert claims(h.daemon.leases)[grant["uuid"]]["held_for_pid"] == holder.pid
+            assert h.services.leases.state(grant["uuid"]) == "reserved"
+            assert claims(h.services.leases)[grant["uuid"]]["held_for_pid"] == holder.pid
         finally:
             holder.kill()
-        await until(lambda: h.daemon.leases.state(grant["uuid"]) == "free", timeout=5)
+        await until(lambda: h.services.leases.state(grant["uuid"]) == "free", timeout=5)
 
 
 @async_test
@@ -451,7 +451,7 @@ async def test_gpu_host_a_process_hold_over_loopback_tcp(scenario):
             assert status == 200 and grant["held_for_pid"] == holder.pid
         finally:
             holder.kill()
-        await until(lambda: h.daemon.leases.state(grant["uuid"]) == "free", timeout=5)
+        await until(lambda: h.services.leases.state(grant["uuid"]) == "free", timeout=5)
 
 
 def test_a_process_hold_is_held_again_after_a_restart_only_while_the_process_lives(tmp_path):

@@ -146,7 +146,7 @@ async def test_a_body_that_trickles_in_is_refused_after_the_body_timeout():
         assert json.loads(body) == {"error": "the request body did not arrive within 1 s"}
         assert await asyncio.wait_for(reader.read(), 10) == b""  # and the connection is closed
         writer.close()
-        assert len(h.daemon.leases.waiters) == 0
+        assert len(h.services.leases.waiters) == 0
 
 
 @pytest.mark.parametrize("path", ["/status", "/devices", "/", "/metrics", "/metrics.json",
@@ -232,7 +232,7 @@ async def test_the_404_hint_names_every_endpoint():
     async with running() as h:
         status, body = await h.call("/gpus")
         assert status == 404
-        for rule in h.daemon.app.wildcard_router.rules:
+        for rule in h.api.app.wildcard_router.rules:
             pattern = rule.matcher.regex.pattern.rstrip("$")
             path = pattern.split("(")[0] + "<file>" if "(" in pattern else rule.matcher.reverse()
             assert path == "/" or path in body["error"]

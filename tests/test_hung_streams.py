@@ -25,20 +25,20 @@ async def test_a_hung_pmon_is_killed_and_restarted_and_the_dead_claim_cleared(sc
                                                                             caplog):
     scenario.write(processes=[{"pid": sleeper.pid, "gpu": 1}])
     async with gpu_running(scenario, stream_silence=1.0) as h:
-        pmon = h.daemon.monitors[1].child
+        pmon = h.services.monitors[1].child
         target = h.uuids()[1]
         listed, ended = [], []
-        h.daemon.signals.processes_listed.connect(lambda s, record: listed.append(1), weak=False)
-        h.daemon.signals.process_ended.connect(lambda s, record: ended.append(pmon.starts),
+        h.services.signals.processes_listed.connect(lambda s, record: listed.append(1), weak=False)
+        h.services.signals.process_ended.connect(lambda s, record: ended.append(pmon.starts),
                                                weak=False)
-        await until(lambda: h.daemon.leases.state(target) == "claimed" and len(listed) >= 3)
+        await until(lambda: h.services.leases.state(target) == "claimed" and len(listed) >= 3)
         # In one write: pmon, past its 12th row (3 intervals of 6), stops printing but stays
         # alive, and the process ends; a fresh pmon prints two intervals, then hangs again.
         scenario.write(processes=[], faults={"pmon": {"stall_after_lines": 12}})
         sleeper.kill()
         sleeper.wait()
         await until(lambda: pmon.hangs >= 1 and pmon.starts >= 2)
-        await until(lambda: h.daemon.leases.state(target) != "claimed")
+        await until(lambda: h.services.leases.state(target) != "claimed")
         assert ended == [2]  # learnt from the restarted pmon, not from the hung one
         claim = (await h.ok("/status"))[target]["claim"]
         assert claim["processes"] == [] and claim["processes_stale"] is False
@@ -56,18 +56,18 @@ async def test_processes_are_stale_while_pmon_is_silent_and_fresh_again_after(sc
     scenario.write(processes=[{"pid": sleeper.pid, "gpu": 2}])
     async with gpu_running(scenario, stream_silence=600.0) as h:  # never killed here
         target = h.uuids()[2]
-        await until(lambda: h.daemon.leases.state(target) == "claimed"
-                    and not h.daemon.stats.processes_stale(target))  # an interval completed
+        await until(lambda: h.services.leases.state(target) == "claimed"
+                    and not h.services.stats.processes_stale(target))  # an interval completed
         entry = (await h.ok("/status"))[target]
         assert entry["claim"]["processes_stale"] is False and entry["stale"] is False
         scenario.write(faults={"pmon": {"stall_after_lines": 0}})
-        await until(lambda: h.daemon.stats.processes_stale(target), timeout=10)
+        await until(lambda: h.services.stats.processes_stale(target), timeout=10)
         entry = (await h.ok("/status"))[target]
         assert entry["claim"]["processes_stale"] is True
         assert entry["claim"]["processes"] == [sleeper.pid]  # the last known list, marked
         assert entry["stale"] is False  # dmon still speaks: only ownership is in doubt
         scenario.write(faults={})
-        await until(lambda: not h.daemon.stats.processes_stale(target), timeout=10)
+        await until(lambda: not h.services.stats.processes_stale(target), timeout=10)
 
 
 @async_test
@@ -76,7 +76,7 @@ async def test_stop_kills_children_that_ignore_sigterm_before_it_returns(scenari
     config = Config(port=0, address="127.0.0.1", nvidia_smi=scenario.command)
     daemon = await build(config)
     daemon.start()
-    children = [m.child for m in daemon.monitors if hasattr(m, "child")]  # dmon and pmon
+    children = [m.child for m in daemon.services.monitors if m.name in ("dmon", "pmon")]
     await until(lambda: all(c.heard is not None for c in children))  # SIGTERM ignored by now
     pids = [c.child.pid for c in children]
     await daemon.stop(grace=2.0)

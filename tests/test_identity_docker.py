@@ -62,8 +62,8 @@ async def test_a_containers_process_shows_its_labels_email_and_info(engine, scen
     plain = engine.run()
     async with gpu_running(scenario, docker_host=engine.url, user_info_labels=("team",)) as h:
         scenario.write(processes=on_gpu((alice.pid, 1), (plain.pid, 2)))
-        await until(lambda: h.daemon.leases.state(h.uuids()[1]) == "claimed"
-                    and h.daemon.leases.state(h.uuids()[2]) == "claimed")
+        await until(lambda: h.services.leases.state(h.uuids()[1]) == "claimed"
+                    and h.services.leases.state(h.uuids()[2]) == "claimed")
         status = await h.ok("/status")
         owner = status[h.uuids()[1]]["claim"]["user"]
         assert owner["user"] == "alice@example.org" and owner["email"] == "alice@example.org"
@@ -80,7 +80,7 @@ async def test_a_host_process_shows_its_account(engine, scenario):
     try:
         async with gpu_running(scenario, docker_host=engine.url) as h:
             scenario.write(processes=on_gpu((sleeper.pid, 0)))
-            await until(lambda: h.daemon.leases.state(h.uuids()[0]) == "claimed")
+            await until(lambda: h.services.leases.state(h.uuids()[0]) == "claimed")
             owner = (await h.ok("/status"))[h.uuids()[0]]["claim"]["user"]
             assert owner["source"] == "host" and owner["uid"] == read_uid(sleeper.pid)
             assert owner["user"] == host_identity(os.getuid()).user
@@ -105,11 +105,11 @@ async def test_a_caller_in_a_container_reserves_over_the_unix_socket(engine, sce
         assert claim["user"]["container"]["id"] == alice.short
         # that user's process then claims it
         scenario.write(processes=on_gpu((alice.pid, granted[0]["info"]["number"])))
-        await until(lambda: h.daemon.leases.state(uuid) == "claimed")
+        await until(lambda: h.services.leases.state(uuid) == "claimed")
         # another user's process on it makes it shared
         scenario.write(processes=on_gpu((alice.pid, granted[0]["info"]["number"]),
                                         (bob.pid, granted[0]["info"]["number"])))
-        await until(lambda: h.daemon.leases.state(uuid) == "shared")
+        await until(lambda: h.services.leases.state(uuid) == "shared")
         users = [u["user"] for u in (await h.ok("/status"))[uuid]["claim"]["users"]]
         assert users == ["alice@example.org", "bob@example.org"]
         # and bob cannot release alice's device
@@ -160,10 +160,10 @@ async def test_one_docker_call_per_container_and_none_at_steady_state(engine, sc
     assert directory.calls == 2  # the version negotiation and one lookup, shared by all five
     async with gpu_running(scenario, docker_host=engine.url) as h:
         scenario.write(processes=on_gpu(*[(pid, n % 4) for n, pid in enumerate(pids)]))
-        await until(lambda: all(h.daemon.leases.state(u) == "claimed" for u in h.uuids()))
-        calls = h.daemon.directory.calls
+        await until(lambda: all(h.services.leases.state(u) == "claimed" for u in h.uuids()))
+        calls = h.services.directory.calls
         await asyncio.sleep(1.0)  # ten pmon intervals of the same processes
-        assert h.daemon.directory.calls == calls == 2
+        assert h.services.directory.calls == calls == 2
 
 
 @async_test
@@ -171,13 +171,13 @@ async def test_docker_down_degrades_and_recovers(engine, scenario, socket_dir):
     alice = engine.run(labels={"user.email": "alice@example.org"})
     path = os.path.join(socket_dir, "api.sock")
     async with gpu_running(scenario, docker_host=engine.url, socket=path) as h:
-        h.daemon.directory.retry_after = 0.2
-        h.daemon.tracker.retry = 0.2
+        h.services.directory.retry_after = 0.2
+        h.services.tracker.retry = 0.2
         os.rename(engine.socket, engine.socket + ".away")  # the engine is unreachable
         try:
             scenario.write(processes=on_gpu((alice.pid, 3)))
             target = h.uuids()[3]
-            await until(lambda: h.daemon.leases.state(target) == "claimed")
+            await until(lambda: h.services.leases.state(target) == "claimed")
             owner = (await h.ok("/status"))[target]["claim"]["user"]
             assert owner["degraded"] is True and owner["user"] == "unknown"
             assert owner["container"]["id"] == alice.short  # the container is still known
@@ -189,9 +189,9 @@ async def test_docker_down_degrades_and_recovers(engine, scenario, socket_dir):
             assert len(await h.ok("/devices")) == 4  # the API keeps answering
         finally:
             os.rename(engine.socket + ".away", engine.socket)
-        await until(lambda: (claims(h.daemon.leases)[target]["user"] or {}).get("user")
+        await until(lambda: (claims(h.services.leases)[target]["user"] or {}).get("user")
                     == "alice@example.org", timeout=10)
-        assert h.daemon.leases.state(target) == "claimed"
+        assert h.services.leases.state(target) == "claimed"
         loop = asyncio.get_running_loop()
         granted = await loop.run_in_executor(None, client_in, alice, f"unix://{path}",
                                              RESERVE_1)
@@ -202,21 +202,21 @@ async def test_docker_down_degrades_and_recovers(engine, scenario, socket_dir):
 async def test_a_hung_docker_engine_degrades_without_stalling_the_api(engine, scenario):
     alice = engine.run(labels={"user.email": "alice@example.org"})
     async with gpu_running(scenario, docker_host=engine.url) as h:
-        h.daemon.directory.timeout = 1.0  # the client is made at the first lookup
-        h.daemon.directory.retry_after = 0.2
-        h.daemon.tracker.retry = 0.2
+        h.services.directory.timeout = 1.0  # the client is made at the first lookup
+        h.services.directory.retry_after = 0.2
+        h.services.tracker.retry = 0.2
         os.kill(engine.process.pid, signal.SIGSTOP)  # the engine hangs: calls time out
         try:
             scenario.write(processes=on_gpu((alice.pid, 2)))
             target = h.uuids()[2]
             began = time.monotonic()
-            while h.daemon.leases.state(target) != "claimed":
+            while h.services.leases.state(target) != "claimed":
                 status, _ = await h.call("/status", timeout=5)  # answered while Docker hangs
                 assert status == 200 and time.monotonic() - began < 20
                 await asyncio.sleep(0.05)
-            owner = claims(h.daemon.leases)[target]["user"]
+            owner = claims(h.services.leases)[target]["user"]
             assert owner["degraded"] is True and owner["container"]["id"] == alice.short
         finally:
             os.kill(engine.process.pid, signal.SIGCONT)
-        await until(lambda: (claims(h.daemon.leases)[target]["user"] or {}).get("user")
+        await until(lambda: (claims(h.services.leases)[target]["user"] or {}).get("user")
                     == "alice@example.org", timeout=15)

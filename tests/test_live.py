@@ -1,11 +1,13 @@
 """The web page's live feed (/events) on live daemons, and the feed's coalescing on its own."""
 import asyncio
+from dataclasses import replace
 import json
 
 from tornado.httpclient import HTTPRequest
 
 from helpers import async_test, running, until
-from patroller.http.live import LiveFeed, Stream
+from patroller.config import Config
+from patroller.http.live import LiveFeed, Page
 
 
 class Reader:
@@ -65,7 +67,7 @@ async def test_the_stream_ends_with_the_daemon_and_the_page_is_told_to_retry_soo
     async with running() as h:
         reader = Reader(h)
         await until(lambda: reader.snapshots)
-        assert len(h.daemon.feed.streams) == 1
+        assert len(h.api.feed.pages) == 1
     response = await asyncio.wait_for(reader.response, 10)  # the daemon stopped: it ended
     assert response.code == 200
     assert response.headers["Content-Type"].startswith("text/event-stream")
@@ -83,7 +85,7 @@ async def open_page(h):
 @async_test
 async def test_a_page_that_leaves_is_forgotten_and_too_many_are_refused():
     async with running() as h:
-        h.daemon.feed.max_streams = 2
+        h.api.feed.max_pages = 2
         pages = [await open_page(h), await open_page(h)]
         status, body = await h.call("/events")
         assert status == 503 and "too many open pages" in body["error"]
@@ -91,11 +93,11 @@ async def test_a_page_that_leaves_is_forgotten_and_too_many_are_refused():
         assert status == 400
         for _, writer in pages:
             writer.close()
-        await until(lambda: len(h.daemon.feed.streams) == 0)
+        await until(lambda: len(h.api.feed.pages) == 0)
         await open_page(h)  # room again
 
 
-class Recorder(Stream):
+class Recorder(Page):
     def __init__(self):
         self.messages = []
 
@@ -109,9 +111,10 @@ class Recorder(Stream):
 @async_test
 async def test_many_changes_make_one_snapshot_a_period_and_no_page_costs_nothing():
     built = []
-    feed = LiveFeed(lambda: built.append(1) or {"n": len(built)}, every=0.2)
+    config = replace(Config(), feed_every=0.2)
+    feed = LiveFeed(lambda: built.append(1) or {"n": len(built)}, config)
     feed.start()
-    idle = LiveFeed(lambda: built.append(1) or {}, every=0.2)
+    idle = LiveFeed(lambda: built.append(1) or {}, config)
     idle.start()
     for _ in range(100):
         idle.changed()  # no page open: nothing is built or scheduled

@@ -54,9 +54,9 @@ async def test_who_holds_what_by_gpu_and_by_user():
 @async_test
 async def test_every_gpu_has_its_figures_in_base_units():
     async with running() as h:
-        await until(lambda: h.daemon.stats.view(h.uuids()[0])["updated"] is not None)
+        await until(lambda: h.services.stats.view(h.uuids()[0])["updated"] is not None)
         samples, _, _ = await scrape(h)
-        view = h.daemon.stats.view(h.uuids()[0])
+        view = h.services.stats.view(h.uuids()[0])
         labels = dict(gpu="0", uuid=h.uuids()[0])
         assert find(samples, "patroller_gpu_memory_total_bytes", **labels) == [81920 * 2 ** 20]
         [ratio] = find(samples, "patroller_gpu_utilization_ratio", **labels)
@@ -73,7 +73,7 @@ async def test_a_waiting_request_shows_per_user_and_in_all():
     async with running() as h:
         await h.ok("/request?gpu=8&user=bob")
         waiting = asyncio.ensure_future(h.call("/wait?gpu=1&user=carol"))
-        await until(lambda: len(h.daemon.leases.waiters) == 1)
+        await until(lambda: len(h.services.leases.waiters) == 1)
         await asyncio.sleep(0.2)
         samples, _, _ = await scrape(h)
         assert find(samples, "patroller_user_requests_waiting", user="carol") == [1]
@@ -149,13 +149,13 @@ async def test_a_process_has_series_only_while_it_is_on_a_gpu(tmp_path, sleeper)
 @async_test
 async def test_callers_refused_for_want_of_an_identity_are_counted():
     async with running() as h:
-        original = h.daemon.callers.identify
+        original = h.services.callers.identify
 
         async def nobody(request, claimed):
             if claimed == "ghost":
                 raise Unidentified("the calling process cannot be identified")
             return await original(request, claimed)
-        h.daemon.callers.identify = nobody  # the handlers share this object
+        h.services.callers.identify = nobody  # the handlers share this object
         assert (await h.call("/request?gpu=1&user=ghost"))[0] == 403
         assert (await h.call("/request?gpu=1&user=alice"))[0] == 200
         samples, _, _ = await scrape(h)
@@ -171,8 +171,8 @@ async def test_memory_is_in_bytes_where_nvidia_smi_prints_mib(tmp_path, sleeper)
                             processes=[{"pid": sleeper.pid, "gpu": 0, "used_mib": 1536}])
     async with gpu_running(scenario) as h:
         uuid = h.uuids()[0]
-        await until(lambda: h.daemon.stats.view(uuid)["fb"] == 3000
-                    and h.daemon.stats.process_view(uuid, sleeper.pid)["fb"] == 1536)
+        await until(lambda: h.services.stats.view(uuid)["fb"] == 3000
+                    and h.services.stats.process_view(uuid, sleeper.pid)["fb"] == 1536)
         samples, _, _ = await scrape(h)
         labels = dict(gpu="0", uuid=uuid)
         assert find(samples, "patroller_gpu_memory_used_bytes", **labels) == [3000 * 2 ** 20]

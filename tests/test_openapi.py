@@ -111,7 +111,7 @@ async def test_the_daemon_serves_the_document_kept_in_the_repository():
 @async_test
 async def test_every_route_is_documented_with_the_methods_its_handler_implements():
     async with running() as h:
-        served = routes(h.daemon.app)
+        served = routes(h.api.app)
         assert set(served) == set(DOCUMENT["paths"]), "routes and document differ"
         assert set(FAST_LANE) <= set(served)
         for path, handler in served.items():

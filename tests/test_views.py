@@ -19,7 +19,7 @@ def parts():
     stats = StatsStore(inventory, stale_after=3, history_every=5, history_points=120, clock=clock)
     signals = Signals()
     stats.connect(signals)
-    view = StatusView(inventory, leases, stats, clock=clock, max_age=0.1)
+    view = StatusView(inventory, leases, stats, None, max_age=0.1, clock=clock)
     return clock, inventory, leases, signals, view
 
 
@@ -49,7 +49,7 @@ def test_clock_driven_fields_are_at_most_max_age_old(parts):
 async def test_the_fast_lane_serves_the_cached_bodies_and_leaves_the_rest_to_the_app():
     async with running() as h:
         response = await h.http.fetch(h.url + "/devices")
-        assert response.body == h.daemon.devices.body()
+        assert response.body == h.api.devices.body()
         assert response.headers["Content-Type"].startswith("application/json")
         assert response.headers["Cache-Control"] == "no-store"
         status, body = await h.call("/status?user=x")
@@ -66,7 +66,7 @@ async def test_metrics_counts_what_the_daemon_does():
         metrics = await h.ok("/metrics.json")
         assert metrics["devices"] == 8 and metrics["waiting"] == 0
         assert metrics["status_builds"] >= 1 and metrics["docker_calls"] == 0
-        assert metrics["monitors"]["SyntheticMonitor"]["samples"] >= 8
+        assert metrics["monitors"]["synthetic"]["samples"] >= 8
 
 
 def test_process_lists_are_stale_until_listed_and_after_three_intervals_without(parts):

@@ -5,8 +5,8 @@ from typing import Any, AsyncIterator, List, Optional, Tuple
 
 import pytest
 
-from helpers import Harness, async_test, running, until
-from patroller.app import Daemon
+from helpers import Harness, async_test, running, started, until
+from patroller.app import assemble
 from patroller.identify.callers import TestModeCallers as NamedCallers  # not collected as a test
 from patroller.config import Config, ConfigError, load
 from patroller.core.identity import Identity, named_user
@@ -21,14 +21,14 @@ GHOST = b"GET /wait?gpu=1&user=ghost HTTP/1.1\r\nHost: x\r\n\r\n"
 def count_finished(h: Harness, path: str) -> List[int]:
     """A list that grows by one as each request for `path` is answered (or dropped) and logged."""
     finished: List[int] = []
-    log_function = h.daemon.app.settings["log_function"]
+    log_function = h.api.app.settings["log_function"]
 
     def counting(handler: Any) -> None:
         if handler.request.path == path:
             finished.append(handler.get_status())
         log_function(handler)
 
-    h.daemon.app.settings["log_function"] = counting
+    h.api.app.settings["log_function"] = counting
     return finished
 
 
@@ -47,9 +47,9 @@ async def test_clients_that_send_and_close_at_once_leave_no_waiter_behind():
             _, writer = await h.raw(GHOST)
             writer.close()
         await until(lambda: len(finished) == ghosts)  # every one of them was handled
-        assert len(h.daemon.leases.waiters) == 0
+        assert len(h.services.leases.waiters) == 0
         waiting = asyncio.ensure_future(h.call("/wait?gpu=1&user=bob"))
-        await until(lambda: len(h.daemon.leases.waiters) == 1)
+        await until(lambda: len(h.services.leases.waiters) == 1)
         await h.ok(f"/release?user=alice&uuid={h.uuids()[3]}")
         status, body = await asyncio.wait_for(waiting, 5)  # served first: no ghost ahead of it
         assert status == 200 and [g["uuid"] for g in body] == [h.uuids()[3]]
@@ -85,16 +85,9 @@ async def gated(**settings: Any) -> AsyncIterator[Tuple[Harness, GatedCallers]]:
     signals, inventory = Signals(), synthetic_inventory(config.test_devices)
     callers = GatedCallers()
     monitor = SyntheticMonitor(inventory, signals, config.test_interval)
-    daemon = Daemon(config, inventory, signals, [monitor], ProcessIdentifier(), callers,
-                    interval=config.test_interval, mode="test")
-    urls = daemon.listen(0, "127.0.0.1")
-    daemon.start()
-    harness = Harness(daemon, urls[0])
-    try:
+    daemon = assemble(config, inventory, signals, [monitor], ProcessIdentifier(), callers)
+    async with started(daemon) as harness:
         yield harness, callers
-    finally:
-        harness.http.close()
-        await daemon.stop()
 
 
 @async_test
@@ -111,9 +104,9 @@ async def test_a_client_that_leaves_while_it_is_identified_is_never_queued():
         # Each handler decides, without awaiting anything, once its caller is identified.
         await until(lambda: callers.identified == ghosts)
         assert callers.left_meanwhile == ghosts
-        assert len(h.daemon.leases.waiters) == 0
+        assert len(h.services.leases.waiters) == 0
         waiting = asyncio.ensure_future(h.call("/wait?gpu=1&user=bob"))
-        await until(lambda: len(h.daemon.leases.waiters) == 1)
+        await until(lambda: len(h.services.leases.waiters) == 1)
         await h.ok(f"/release?user=alice&uuid={h.uuids()[0]}")
         status, body = await asyncio.wait_for(waiting, 5)
         assert status == 200 and [g["uuid"] for g in body] == [h.uuids()[0]]
@@ -126,17 +119,17 @@ async def test_a_grant_that_finds_its_client_gone_is_given_back():
         callers.gate.set()
         await h.ok("/request?gpu=8&user=alice")
         _, writer = await h.raw(GHOST)
-        await until(lambda: len(h.daemon.leases.waiters) == 1)
+        await until(lambda: len(h.services.leases.waiters) == 1)
         target, holder = h.uuids()[5], []
 
         def grant_first() -> None:  # a release grants the waiter just as its close is seen
-            h.daemon.leases.release(named_user("alice"), target)
-            holder.append(claims(h.daemon.leases)[target]["user"]["user"])
+            h.services.leases.release(named_user("alice"), target)
+            holder.append(claims(h.services.leases)[target]["user"]["user"])
 
         callers.connections[0].set_close_callback(grant_first)  # in place of the handler's
         writer.close()
-        await until(lambda: holder == ["ghost"] and h.daemon.leases.state(target) == "free")
-        assert len(h.daemon.leases.waiters) == 0
+        await until(lambda: holder == ["ghost"] and h.services.leases.state(target) == "free")
+        assert len(h.services.leases.waiters) == 0
         assert await holders(h) == ["alice"] * 5 + [None] + ["alice"] * 2
 
 
@@ -147,18 +140,18 @@ async def test_one_user_at_the_cap_gets_429_while_another_is_still_queued():
         calls = []
         for n in range(3):
             calls.append(asyncio.ensure_future(h.call("/wait?gpu=1&user=mallory")))
-            await until(lambda: len(h.daemon.leases.waiters) == n + 1)
+            await until(lambda: len(h.services.leases.waiters) == n + 1)
         status, body = await h.call("/wait?gpu=1&user=mallory")
         assert status == 429
         assert body == {"error": "mallory already has 3 requests waiting, the most one user may "
                                  "have", "limit": 3, "waiting": 3}
         calls.append(asyncio.ensure_future(h.call("/wait?gpu=1&user=bob")))
-        await until(lambda: len(h.daemon.leases.waiters) == 4)
+        await until(lambda: len(h.services.leases.waiters) == 4)
         # One of mallory's is served: she may queue one more.
         await h.ok(f"/release?user=alice&uuid={h.uuids()[0]}")
-        await until(lambda: len(h.daemon.leases.waiters) == 3)
+        await until(lambda: len(h.services.leases.waiters) == 3)
         calls.append(asyncio.ensure_future(h.call("/wait?gpu=1&user=mallory")))
-        await until(lambda: len(h.daemon.leases.waiters) == 4)
+        await until(lambda: len(h.services.leases.waiters) == 4)
         status, body = await h.call("/wait?gpu=1&timeout=0&user=mallory")
         assert status == 429 and body["waiting"] == 3
         await h.ok("/release?user=alice")  # everyone waiting is served

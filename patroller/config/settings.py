@@ -57,6 +57,9 @@ class Config:
     # -- HTTP (flags) -------------------------------------------------------------------------
     body_timeout: float = 10.0  # seconds a request body may take to arrive
 
+    # -- internal defaults: the daemon as a whole ----------------------------------------------
+    shutdown_grace: float = 2.0  # seconds the whole stop may take: monitors, then connections
+
     # -- internal defaults: core (the lease rules) --------------------------------------------
     max_waiters: int = 10000  # /wait requests queued at once, all users together: 503 past it
 
@@ -89,3 +92,10 @@ class Config:
     # -- internal defaults: state (the book, the audit record, lifetimes) ---------------------
 
     # -- internal defaults: http (the server, the views, the live feed) -----------------------
+    status_max_age: float = 0.1  # seconds the cached /status body may be old (its clocks move)
+    client_errors_logged: int = 20  # 4xx access-log lines per window at most; the rest counted
+    client_errors_window: float = 10.0  # seconds
+    feed_every: float = 1.0  # seconds at least between two snapshots of the web page's feed
+    feed_keepalive: float = 15.0  # seconds between keep-alive comments on an idle feed
+    feed_retry_ms: int = 1000  # how soon a browser reconnects after the feed ends
+    max_pages: int = 200  # web pages open at once (/events)

@@ -1,37 +1,29 @@
-"""The JSON HTTP API: thin handlers over the lease manager, the statistics and the callers."""
+"""The JSON API's handlers: each parses its query, makes one call on the services, and writes
+what it answers. Every error, domain or HTTP, is answered in JSON by one `write_error`. The
+routes are in routes.py; the web page's handlers in page.py."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import pkgutil
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import tornado.web
+from tornado import httputil
 from tornado.ioloop import IOLoop
 
-from patroller import __version__
-from patroller.http import query
-from patroller.http.metrics import Registries, Requests
-from patroller.identify.callers import CallerIdentifier
-from patroller.core.devices import Device, Inventory
+from patroller.core.devices import Device
 from patroller.core.errors import (BadRequest, Busy, NoCallerProcess, NotHeld, NotYours, OverLimit,
-                     PatrollerError, TooManyWaiting, Unavailable, Unidentified, Unsatisfiable)
+                                   PatrollerError, TooManyWaiting, Unavailable, Unidentified,
+                                   Unsatisfiable)
 from patroller.core.identity import Identity, ProcessRef
 from patroller.core.leases import LeaseManager, Waiter
-from patroller.core.throttle import Throttle
-from patroller.state.audit import AuditLog
-from patroller.observe.idle import IdleWatch
-from patroller.http.live import LiveFeed, Stream
-from patroller.http.views import DevicesView, StatusView, dumps, queue_view, users_view
+from patroller.http import query
+from patroller.http.access import SHOWN_METHOD_CHARS, shown
+from patroller.http.api import Api
+from patroller.http.views import counters, dumps, queue_view, users_view
 
 log = logging.getLogger(__name__)
-access_log = logging.getLogger("patroller.access")
 
-CLIENT_ERRORS_LOGGED = 20  # 4xx access-log lines per window at most; the rest are counted
-CLIENT_ERRORS_WINDOW = 10.0  # seconds
-SHOWN_CHARS = 100  # of a path in a log line or an error message
-SHOWN_METHOD_CHARS = 20
 SHOWN_MESSAGE_CHARS = 300  # of an error message from Tornado
 
 # Every domain error has one HTTP status, here and nowhere else.
@@ -49,12 +41,6 @@ STATUS = {
 }
 
 
-def shown(text: str, limit: int = SHOWN_CHARS) -> str:
-    """What a client sent, cut to `limit` characters and printable, for a log line or a message."""
-    cut = "".join(c if c.isprintable() else "?" for c in text[:limit])
-    return cut + "..." if len(text) > limit else cut
-
-
 def device_json(devices: List[Device]) -> List[Dict[str, Any]]:
     """Devices as /release lists them."""
     return [{"uuid": d.uuid, "group": d.group, "info": d.info()} for d in devices]
@@ -68,19 +54,13 @@ def grant_json(devices: List[Device], leases: LeaseManager) -> List[Dict[str, An
 
 
 class Handler(tornado.web.RequestHandler):
-    """JSON in every answer, errors included; dependencies arrive through initialize()."""
+    """JSON in every answer, errors included. Its one dependency, the Api (the services and
+    the HTTP layer's views), arrives through initialize()."""
 
-    def initialize(self, inventory: Inventory, leases: LeaseManager, status: StatusView,
-                   devices: DevicesView, callers: CallerIdentifier, mode: str,
-                   metrics: Callable[[], Dict[str, Any]], requests: Requests) -> None:
-        self.inventory = inventory
-        self.leases = leases
-        self.status = status
-        self.devices = devices
-        self.callers = callers
-        self.mode = mode
-        self.metrics = metrics
-        self.requests = requests
+    def initialize(self, api: Api) -> None:
+        self.api = api
+        self.services = api.services
+        self.leases = api.services.leases
 
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", "application/json; charset=UTF-8")
@@ -99,7 +79,7 @@ class Handler(tornado.web.RequestHandler):
 
     async def caller(self, claimed: Optional[str]) -> Identity:
         """Who is asking."""
-        return await self.callers.identify(self.request, claimed)
+        return await self.services.callers.identify(self.request, claimed)
 
     def check_duration(self, duration: Optional[float]) -> None:
         """Refuse a reservation longer than the host's policy allows."""
@@ -110,7 +90,9 @@ class Handler(tornado.web.RequestHandler):
 
     async def held_for(self, hold: str) -> Optional[ProcessRef]:
         """The process a hold=process grant is held for (after `caller`); None for a lease."""
-        return await self.callers.process(self.request) if hold == "process" else None
+        if hold != "process":
+            return None
+        return await self.services.callers.process(self.request)
 
     def send(self, body: Any, status: int = 200) -> None:
         """Answer with a JSON body (bytes are already JSON)."""
@@ -120,7 +102,7 @@ class Handler(tornado.web.RequestHandler):
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
         if isinstance(exc, Unidentified):
-            self.requests.identity_failures += 1
+            self.api.requests.identity_failures += 1
         if isinstance(exc, PatrollerError):
             self.set_status(STATUS.get(type(exc), 500))
             body = {"error": exc.message, **exc.data}
@@ -131,7 +113,8 @@ class Handler(tornado.web.RequestHandler):
             self.set_header("Allow", ", ".join(self.allowed()))
         elif isinstance(exc, tornado.web.HTTPError) and status_code < 500:
             # Tornado's messages may quote the request (a 60 kB Content-Encoding): cut them
-            body = {"error": shown(exc.log_message or self._reason, SHOWN_MESSAGE_CHARS)}
+            reason = exc.reason or httputil.responses.get(status_code, "Unknown")
+            body = {"error": shown(exc.log_message or reason, SHOWN_MESSAGE_CHARS)}
         else:
             body = {"error": "internal error: the daemon's log has the details"}
         self.finish(dumps(body))
@@ -155,93 +138,28 @@ class View(Handler):
         return self.get()
 
 
-PAGE_POLICY = ("default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
-               "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
-WEB_TYPES = {".html": "text/html; charset=UTF-8", ".js": "text/javascript; charset=UTF-8",
-             ".css": "text/css; charset=UTF-8", ".svg": "image/svg+xml", ".png": "image/png",
-             ".ico": "image/x-icon"}
-
-
-def wants_html(accept: Optional[str]) -> bool:
-    """Whether the client is a browser asking for a page (curl and programs ask for */* or JSON)."""
-    return accept is not None and "text/html" in accept.lower()
-
-
-def web_files() -> Dict[str, bytes]:
-    """The page's files, shipped in the package (patroller/web), by name."""
-    import importlib.resources
-    folder = importlib.resources.files("patroller.http") / "web"
-    if not folder.is_dir():
-        return {}
-    return {entry.name: entry.read_bytes() for entry in folder.iterdir()
-            if entry.is_file() and not entry.name.startswith(".")}
-
-
-class IndexHandler(View):
-    """The endpoints as JSON, or, for a browser, the page."""
-
-    def initialize(self, web: Dict[str, bytes], **deps: Any) -> None:  # type: ignore[override]
-        super().initialize(**deps)
-        self.web = web
-
-    def get(self) -> None:
-        self.set_header("Vary", "Accept")
-        if wants_html(self.request.headers.get("Accept")) and "index.html" in self.web:
-            self.set_header("Content-Type", WEB_TYPES[".html"])
-            self.set_header("Content-Security-Policy", PAGE_POLICY)
-            self.set_header("X-Content-Type-Options", "nosniff")
-            self.finish(self.web["index.html"])
-            return
-        self.send({
-            "name": "patroller",
-            "version": __version__,
-            "mode": self.mode,
-            "devices": len(self.inventory),
-            "endpoints": {
-                "/devices": "inventory",
-                "/status": "live statistics and who holds what",
-                "/request?gpu=N": "reserve N devices now",
-                "/wait?gpu=N[&timeout=S]": "wait until N devices can be reserved",
-                "/release[?uuid=U]": "give back your reservations",
-                "/renew[?uuid=U]": "restart the lease of your reservations",
-                "/queue": "the requests waiting, in order",
-                "/users": "per user: GPUs held, unused, used without asking, idle; limits",
-                "/history[?since=T]": "the recent events of the audit record",
-                "/events": "the page's live feed (Server-Sent Events)",
-                "/web/{name}": "the page's scripts and style (a browser at / gets the page)",
-                "/metrics": "Prometheus metrics: GPUs, who holds and uses them, the daemon",
-                "/metrics.json": "the daemon's own counters, as JSON",
-                "/openapi.json": "this API, described for programs (OpenAPI 3.1)",
-            },
-        })
-
-
 class DevicesHandler(View):
     def get(self) -> None:
-        self.send(self.devices.body())
+        self.send(self.api.devices.body())
 
 
 class StatusHandler(View):
     def get(self) -> None:
-        self.send(self.status.body())
+        self.send(self.api.status.body())
 
 
 class MetricsJsonHandler(View):
     def get(self) -> None:
-        self.send(self.metrics())
+        self.send(counters(self.services, self.api.status))
 
 
 class MetricsHandler(View):
     """The Prometheus exposition (OpenMetrics when the scraper asks for it), built at scrape
     time from the daemon's state."""
 
-    def initialize(self, registries: Registries, **deps: Any) -> None:  # type: ignore[override]
-        super().initialize(**deps)
-        self.registries = registries
-
     async def get(self) -> None:
         accept = self.request.headers.get("Accept")
-        body, content_type = await self.registries.exposition(accept)
+        body, content_type = await self.api.registries.exposition(accept)
         self.set_header("Content-Type", content_type)
         self.finish(body)
 
@@ -249,96 +167,11 @@ class MetricsHandler(View):
         await self.get()
 
 
-def openapi_document() -> bytes:
-    """patroller/openapi.json, compact like every answer; tests check it against the handlers."""
-    data = pkgutil.get_data("patroller.http", "openapi.json")
-    if data is None:
-        raise FileNotFoundError("patroller/openapi.json is not installed")
-    return dumps(json.loads(data))
-
-
-class WebHandler(View):
-    """The page's other files (/web/app.js, /web/style.css): only those the package ships."""
-
-    def initialize(self, web: Dict[str, bytes], **deps: Any) -> None:  # type: ignore[override]
-        super().initialize(**deps)
-        self.web = web
-
-    def get(self, name: str) -> None:
-        body = self.web.get(name)
-        if body is None:
-            raise tornado.web.HTTPError(404, f"no such file: /web/{shown(name, 60)}")
-        extension = name[name.rfind("."):] if "." in name else ""
-        self.set_header("Content-Type", WEB_TYPES.get(extension, "application/octet-stream"))
-        self.set_header("X-Content-Type-Options", "nosniff")
-        self.finish(body)
-
-    def head(self, name: str) -> None:  # type: ignore[override]
-        self.get(name)
-
-
-class _EventStream(Stream):
-    """The feed's end of one /events connection."""
-
-    def __init__(self, handler: "EventsHandler") -> None:
-        self.handler = handler
-
-    def write(self, message: bytes) -> None:
-        connection = getattr(self.handler.request.connection, "stream", None)
-        if connection is None or connection.closed():
-            self.close()
-            return
-        if connection.writing() and not message.startswith(b"retry:"):
-            return  # the last one has not gone out yet: this one supersedes it, skip it
-        self.handler.write(message)
-        self.handler.flush()
-
-    def close(self) -> None:
-        self.handler.ended()
-
-
-class EventsHandler(Handler):
-    """Server-Sent Events: a snapshot of everything the page shows after each change."""
-
-    def initialize(self, feed: LiveFeed, **deps: Any) -> None:  # type: ignore[override]
-        super().initialize(**deps)
-        self.feed = feed
-        self.stream: Optional[_EventStream] = None
-        self.done: Optional["asyncio.Future[None]"] = None
-
-    async def get(self) -> None:
-        if self.args():
-            raise BadRequest("/events takes no arguments")
-        if self.feed.full():
-            raise Unavailable(f"too many open pages ({len(self.feed.streams)})")
-        self.set_header("Content-Type", "text/event-stream; charset=UTF-8")
-        self.set_header("X-Accel-Buffering", "no")  # a proxy in front must not hold it back
-        self.done = asyncio.get_running_loop().create_future()
-        self.stream = _EventStream(self)
-        self.feed.add(self.stream)
-        await self.done
-        if not self._finished:
-            self.finish()
-
-    def ended(self) -> None:
-        if self.stream is not None:
-            self.feed.remove(self.stream)
-        if self.done is not None and not self.done.done():
-            self.done.set_result(None)
-
-    def on_connection_close(self) -> None:
-        self.ended()
-
-
 class OpenApiHandler(View):
     """The API described for machines (OpenAPI 3.1)."""
 
-    def initialize(self, document: bytes, **deps: Any) -> None:  # type: ignore[override]
-        super().initialize(**deps)
-        self.document = document
-
     def get(self) -> None:
-        self.send(self.document)
+        self.send(self.api.document)
 
 
 class RequestHandler(Handler):
@@ -443,108 +276,20 @@ class QueueHandler(View):
 
 
 class UsersHandler(View):
-    def initialize(self, idle: IdleWatch, **deps: Any) -> None:  # type: ignore[override]
-        super().initialize(**deps)
-        self.idle = idle
-
     def get(self) -> None:
-        self.send(users_view(self.leases, self.idle))
+        self.send(users_view(self.leases, self.services.idle))
 
 
 class HistoryHandler(View):
     """The recent events of the audit record, oldest first: ?since=<epoch seconds or ISO time>
     (default: all kept) and ?limit=N (default and most: 1000)."""
 
-    def initialize(self, audit: AuditLog, **deps: Any) -> None:  # type: ignore[override]
-        super().initialize(**deps)
-        self.audit = audit
-
     def get(self) -> None:
         ask = query.parse_history(self.args())
-        self.send(self.audit.since(ask.since, ask.limit))
+        self.send(self.services.audit.since(ask.since, ask.limit))
 
 
 class NotFoundHandler(Handler):
-    def initialize(self, endpoints: List[str], **deps: Any) -> None:  # type: ignore[override]
-        super().initialize(**deps)
-        self.endpoints = endpoints
-
     def prepare(self) -> None:
         raise tornado.web.HTTPError(404, f"no such endpoint: {shown(self.request.path)}; "
-                                         f"try {', '.join(self.endpoints)}")
-
-
-class AccessLog:
-    """Tornado's log_function: successes at debug, errors at info and above, each line bounded.
-
-    A line names the method and the path, cut, never the query (a 60 kB query once made 40 MB/s
-    of log). Client errors (4xx) are rate-limited: past the limit they are counted, and the
-    count is logged with the next line let through.
-    """
-
-    def __init__(self, throttle: Throttle, requests: Optional[Requests] = None) -> None:
-        self.throttle = throttle
-        self.requests = requests
-
-    def __call__(self, handler: tornado.web.RequestHandler) -> None:
-        status = handler.get_status()
-        if self.requests is not None:
-            self.requests.count(handler.request.path, status)
-        if status < 400:
-            level = logging.DEBUG
-        elif status < 500:
-            level = logging.INFO
-        else:
-            level = logging.WARNING if status == 503 else logging.ERROR
-        if not access_log.isEnabledFor(level):
-            return
-        if 400 <= status < 500:
-            admitted, held = self.throttle.admit()
-            if not admitted:
-                return
-            if held:
-                access_log.info("%d client errors were not logged (at most %d per %g s)", held,
-                                self.throttle.limit, self.throttle.window)
-        request = handler.request
-        access_log.log(level, "%d %s %s%s (%s) %.1fms", status,
-                       shown(request.method or "", SHOWN_METHOD_CHARS), shown(request.path),
-                       "?..." if request.query else "", request.remote_ip,
-                       1000.0 * request.request_time())
-
-
-def make_app(inventory: Inventory, leases: LeaseManager, status: StatusView,
-             devices: DevicesView, callers: CallerIdentifier, mode: str,
-             metrics: Callable[[], Dict[str, Any]], requests: Requests,
-             registries: Registries, audit: AuditLog,
-             idle: IdleWatch, feed: LiveFeed) -> tornado.web.Application:
-    """The whole API in one place. (GET /status and /devices also have a fast lane.)"""
-    deps = dict(inventory=inventory, leases=leases, status=status, devices=devices,
-                callers=callers, mode=mode, metrics=metrics, requests=requests)
-    web = web_files()
-    routes: List[Any] = [
-        (r"/", IndexHandler, dict(deps, web=web)),
-        (r"/devices", DevicesHandler, deps),
-        (r"/status", StatusHandler, deps),
-        (r"/request", RequestHandler, deps),
-        (r"/wait", WaitHandler, deps),
-        (r"/release", ReleaseHandler, deps),
-        (r"/renew", RenewHandler, deps),
-        (r"/queue", QueueHandler, deps),
-        (r"/users", UsersHandler, dict(deps, idle=idle)),
-        (r"/history", HistoryHandler, dict(deps, audit=audit)),
-        (r"/events", EventsHandler, dict(deps, feed=feed)),
-        (r"/web/([A-Za-z0-9_.-]{1,64})", WebHandler, dict(deps, web=web)),
-        (r"/metrics", MetricsHandler, dict(deps, registries=registries)),
-        (r"/metrics\.json", MetricsJsonHandler, deps),
-        (r"/openapi.json", OpenApiHandler, dict(deps, document=openapi_document())),
-    ]
-    endpoints = [path.split("(")[0] + "<file>" if "(" in path else path.replace("\\", "")
-                 for path, *_ in routes if path != "/"]  # the 404 hint lists them all
-    requests.endpoints = {"/", "/web", *endpoints}
-    return tornado.web.Application(
-        routes,
-        default_handler_class=NotFoundHandler,
-        default_handler_args=dict(deps, endpoints=endpoints),
-        log_function=AccessLog(Throttle(CLIENT_ERRORS_LOGGED, CLIENT_ERRORS_WINDOW), requests),
-        compress_response=False,
-    )
+                                         f"try {', '.join(self.api.endpoints)}")

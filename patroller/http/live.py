@@ -4,27 +4,21 @@ Server-Sent Event to every open page after each change, at most once a second.
 The feed follows the same change notifications as the waiters and /status (the lease manager's
 and the statistics' on_change callbacks): a change schedules one flush; the snapshot is built and
 serialized once per flush, whatever the number of pages; with no change nothing is sent but a
-keep-alive comment every KEEPALIVE seconds (so that proxies keep the stream open), and with no
-page open a change costs one call that returns.
+keep-alive comment every `feed_keepalive` seconds (so that proxies keep the stream open), and
+with no page open a change costs one call that returns.
 """
 from __future__ import annotations
 
-import json
-import logging
 import time
 from typing import Any, Callable, Dict, Optional, Set
 
 from tornado.ioloop import IOLoop
 
-log = logging.getLogger(__name__)
-
-EVERY = 1.0  # seconds at least between two snapshots
-KEEPALIVE = 15.0  # seconds between keep-alive comments
-MAX_STREAMS = 200  # open pages at once
-RETRY_MS = 1000  # how soon a browser reconnects after the stream ends
+from patroller.config import Config
+from patroller.http.views import dumps
 
 
-class Stream:
+class Page:
     """One open page: writes the feed's messages to its connection."""
 
     def write(self, message: bytes) -> None:
@@ -35,19 +29,18 @@ class Stream:
 
 
 class LiveFeed:
-    """Sends `snapshot()` (JSON data) to every stream after changes, coalesced."""
+    """Sends `snapshot()` (JSON data) to every open page after changes, coalesced."""
 
-    def __init__(self, snapshot: Callable[[], Dict[str, Any]], every: float = EVERY,
-                 keepalive: float = KEEPALIVE, max_streams: int = MAX_STREAMS,
+    def __init__(self, snapshot: Callable[[], Dict[str, Any]], config: Config,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.snapshot = snapshot
-        self.every = every
-        self.keepalive = keepalive
-        self.max_streams = max_streams
+        self.every = config.feed_every
+        self.keepalive = config.feed_keepalive
+        self.max_pages = config.max_pages
+        self.retry_ms = config.feed_retry_ms
         self.clock = clock
-        self.streams: Set[Stream] = set()
-        self.sent = 0  # snapshots built and sent
-        self._last = -every  # when the last snapshot was built
+        self.pages: Set[Page] = set()
+        self._last = -self.every  # when the last snapshot was built
         self._flush: Optional[object] = None
         self._ping: Optional[object] = None
         self._loop: Optional[IOLoop] = None
@@ -56,47 +49,46 @@ class LiveFeed:
         self._loop = IOLoop.current()
 
     def stop(self) -> None:
-        """End every stream (browsers reconnect by themselves) and stop sending."""
+        """End every page's stream (browsers reconnect by themselves) and stop sending."""
         for timer in (self._flush, self._ping):
             if timer is not None and self._loop is not None:
                 self._loop.remove_timeout(timer)
         self._flush = self._ping = None
-        for stream in list(self.streams):
-            stream.close()
-        self.streams.clear()
+        for page in list(self.pages):
+            page.close()
+        self.pages.clear()
         self._loop = None
 
     def full(self) -> bool:
-        return len(self.streams) >= self.max_streams
+        return len(self.pages) >= self.max_pages
 
-    def add(self, stream: Stream) -> None:
+    def add(self, page: Page) -> None:
         """A new page: the retry delay and the current snapshot at once."""
-        self.streams.add(stream)
-        stream.write(f"retry: {RETRY_MS}\n\n".encode() + self._message(self._build()))
+        self.pages.add(page)
+        page.write(f"retry: {self.retry_ms}\n\n".encode() + self._message(self._build()))
         self._arm_ping()
 
-    def remove(self, stream: Stream) -> None:
-        self.streams.discard(stream)
+    def remove(self, page: Page) -> None:
+        self.pages.discard(page)
 
     def changed(self) -> None:
         """Something the page shows changed: send within `every` seconds."""
-        if not self.streams or self._flush is not None or self._loop is None:
+        if not self.pages or self._flush is not None or self._loop is None:
             return
         delay = max(0.0, self._last + self.every - self.clock())
         self._flush = self._loop.call_later(delay, self._send)
 
     def _send(self) -> None:
         self._flush = None
-        if not self.streams:
+        if not self.pages:
             return
         message = self._message(self._build())
-        for stream in list(self.streams):
-            stream.write(message)
-        self.sent += 1
+        for page in list(self.pages):
+            page.write(message)
 
     def _build(self) -> bytes:
         self._last = self.clock()
-        return json.dumps(self.snapshot(), separators=(",", ":")).encode()
+        return dumps(self.snapshot())
 
     @staticmethod
     def _message(data: bytes) -> bytes:
@@ -108,8 +100,8 @@ class LiveFeed:
 
     def _keepalive(self) -> None:
         self._ping = None
-        if not self.streams:
+        if not self.pages:
             return
-        for stream in list(self.streams):
-            stream.write(b": keep-alive\n\n")
+        for page in list(self.pages):
+            page.write(b": keep-alive\n\n")
         self._arm_ping()

@@ -16,8 +16,8 @@ or `other`) and status.
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
-from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Tuple
+import threading
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily,
@@ -26,10 +26,9 @@ from prometheus_client.exposition import choose_encoder
 
 from patroller import __version__
 from patroller.core.identity import Identity
+from patroller.http.access import Requests
 from patroller.http.views import device_holds, usage, waiting_by_user
-
-if TYPE_CHECKING:
-    from patroller.app import Daemon
+from patroller.services import Services
 
 MIB = 1024 * 1024
 MHZ = 1_000_000
@@ -51,21 +50,6 @@ GPU_FIGURES = (
 )
 
 
-class Requests:
-    """HTTP answers by endpoint and status, and callers refused because they could not be
-    identified: counted as the answers go out (a dict increment each)."""
-
-    def __init__(self, endpoints: Iterable[str] = ()) -> None:
-        self.endpoints = set(endpoints)
-        self.answers: "Counter[Tuple[str, int]]" = Counter()
-        self.identity_failures = 0
-
-    def count(self, path: str, status: int) -> None:
-        if path.startswith("/web/"):
-            path = "/web"
-        self.answers[(path if path in self.endpoints else "other", status)] += 1
-
-
 def _name(identity: Optional[Identity]) -> str:
     return identity.user if identity is not None else ""
 
@@ -82,20 +66,21 @@ def _number(value: Any) -> Optional[float]:
 
 
 class DaemonCollector:
-    """Every family Patroller exposes, built from the daemon's state at each scrape."""
+    """Every family Patroller exposes, built from the services' state at each scrape."""
 
-    def __init__(self, daemon: "Daemon") -> None:
-        self.daemon = daemon
+    def __init__(self, services: Services, requests: Requests) -> None:
+        self.services = services
+        self.requests = requests  # the HTTP answers counted
 
     def collect(self) -> Iterator[Metric]:
-        holds = device_holds(self.daemon.leases)
+        holds = device_holds(self.services.leases)
         yield from self._gpus(holds)
         yield from self._processes(holds)
         yield from self._users()
         yield from self._health()
 
     def _gpus(self, holds: Dict[str, Dict[str, Any]]) -> Iterator[Metric]:
-        daemon = self.daemon
+        services = self.services
         families: Dict[str, GaugeMetricFamily] = {}
         for suffix, text, _, _, extra in GPU_FIGURES:
             if suffix not in families:
@@ -114,9 +99,9 @@ class DaemonCollector:
         idle = GaugeMetricFamily("patroller_gpu_idle_seconds",
                                  "Seconds a held GPU has been idle (only once past --idle-after)",
                                  labels=GPU_LABELS)
-        for device in daemon.inventory:
+        for device in services.inventory:
             ids = [str(device.number), device.uuid, device.name or ""]
-            view = daemon.stats.view(device.uuid)
+            view = services.stats.view(device.uuid)
             for suffix, _, key, scale, extra in GPU_FIGURES:
                 value = _number(view.get(key))
                 if value is not None:
@@ -124,32 +109,32 @@ class DaemonCollector:
                                                 value * scale)
             stale.add_metric(ids + ["statistics"], 1.0 if view.get("stale") else 0.0)
             stale.add_metric(ids + ["processes"],
-                             1.0 if daemon.stats.processes_stale(device.uuid) else 0.0)
+                             1.0 if services.stats.processes_stale(device.uuid) else 0.0)
             hold = holds[device.uuid]
             holder.add_metric(ids, {"state": hold["state"], "user": _name(hold["holder"]),
                                     "container": _container(hold["holder"])})
             age.add_metric(ids, hold["age"])
             if hold["expires"] is not None:
                 expiry.add_metric(ids, hold["expires"])
-            idle_for = daemon.idle.idle_for(device.uuid)
+            idle_for = services.idle.idle_for(device.uuid)
             if idle_for is not None:
                 idle.add_metric(ids, idle_for)
         yield from families.values()
         yield from (stale, holder, age, expiry, idle)
 
     def _processes(self, holds: Dict[str, Dict[str, Any]]) -> Iterator[Metric]:
-        daemon = self.daemon
+        services = self.services
         memory = GaugeMetricFamily("patroller_process_gpu_memory_bytes",
                                    "GPU memory of a process on a GPU, bytes",
                                    labels=PROCESS_LABELS)
         busy = GaugeMetricFamily("patroller_process_gpu_utilization_ratio",
                                  "SM utilisation of a process on a GPU (0-1)",
                                  labels=PROCESS_LABELS)
-        for device in daemon.inventory:
+        for device in services.inventory:
             for pid, owner, command in holds[device.uuid]["processes"]:
                 labels = [str(device.number), device.uuid, str(pid), _name(owner),
                           _container(owner), command or ""]
-                figures = daemon.stats.process_view(device.uuid, pid)
+                figures = services.stats.process_view(device.uuid, pid)
                 fb, sm = _number(figures.get("fb")), _number(figures.get("sm"))
                 if fb is not None:
                     memory.add_metric(labels, fb * MIB)
@@ -159,7 +144,7 @@ class DaemonCollector:
         yield busy
 
     def _users(self) -> Iterator[Metric]:
-        leases = self.daemon.leases
+        leases = self.services.leases
         families = {
             "held": GaugeMetricFamily("patroller_user_gpus_held",
                                       "GPUs the user holds (reserved, claimed or shared)",
@@ -193,11 +178,11 @@ class DaemonCollector:
                                 value=max((s for _, s in queued.values()), default=0.0))
 
     def _health(self) -> Iterator[Metric]:
-        daemon = self.daemon
+        services = self.services
         yield InfoMetricFamily("patroller_build", "The daemon's version and mode",
-                               value={"version": __version__, "mode": daemon.mode})
+                               value={"version": __version__, "mode": services.mode})
         yield GaugeMetricFamily("patroller_devices", "Devices known (lost ones included)",
-                                value=len(daemon.inventory))
+                                value=len(services.inventory))
         up = GaugeMetricFamily("patroller_monitor_up", "1 while the monitor's child runs",
                                labels=["monitor"])
         starts = CounterMetricFamily("patroller_monitor_starts", "Times the monitor's child was "
@@ -208,7 +193,7 @@ class DaemonCollector:
         skipped = CounterMetricFamily("patroller_monitor_skipped_lines",
                                       "Unreadable lines the monitor skipped", labels=["monitor"])
         specific: Dict[str, Dict[str, Any]] = {}
-        for monitor in daemon.monitors:
+        for monitor in services.monitors:
             name = monitor.name
             counters = monitor.metrics()
             specific[name] = counters
@@ -231,14 +216,14 @@ class DaemonCollector:
                 ("inventory_changes", "Readings that found GPUs lost, added or renumbered",
                  inventory.get("changes", 0)),
                 ("docker_calls", "Calls to the Docker Engine",
-                 daemon.directory.calls if daemon.directory is not None else 0),
-                ("proc_reads", "/proc entries of processes read", daemon.identifier.proc_reads),
+                 services.directory.calls if services.directory is not None else 0),
+                ("proc_reads", "/proc entries of processes read", services.identifier.proc_reads),
                 ("caller_lookups", "TCP callers looked up in the kernel's socket table",
-                 getattr(daemon.callers, "lookups", 0)),
+                 services.callers.lookups),
                 ("identity_failures", "Requests refused because the caller could not be "
-                 "identified", daemon.requests.identity_failures)):
+                 "identified", self.requests.identity_failures)):
             yield CounterMetricFamily(f"patroller_{name}", text, value=value)
-        book = daemon.book.metrics() if daemon.book is not None else {}
+        book = services.book.metrics() if services.book is not None else {}
         yield CounterMetricFamily("patroller_lease_book_writes", "Writes of the lease book",
                                   value=book.get("writes", 0))
         yield CounterMetricFamily("patroller_lease_book_failures",
@@ -246,7 +231,7 @@ class DaemonCollector:
                                   value=book.get("failures", 0))
         answers = CounterMetricFamily("patroller_http_requests", "HTTP requests answered, by "
                                       "endpoint and status", labels=["endpoint", "status"])
-        for (endpoint, status), count in sorted(daemon.requests.answers.items()):
+        for (endpoint, status), count in sorted(self.requests.answers.items()):
             answers.add_metric([endpoint, str(status)], count)
         yield answers
 
@@ -262,23 +247,36 @@ class Collected:
 
 
 class Registries:
-    """The daemon's collector (read on the loop) and the standard ones (read anywhere)."""
+    """The daemon's collector (read on the loop) and the standard ones (read anywhere).
 
-    def __init__(self, daemon: "Daemon") -> None:
-        self.daemon = CollectorRegistry(auto_describe=False)
-        self.daemon.register(DaemonCollector(daemon))
-        self.standard = CollectorRegistry(auto_describe=False)
-        ProcessCollector(registry=self.standard)
-        PlatformCollector(registry=self.standard)
-        GCCollector(registry=self.standard)
+    The standard collectors read /proc as they are made: they are made at the first scrape, in
+    the executor, not when the daemon is built.
+    """
+
+    def __init__(self, services: Services, requests: Requests) -> None:
+        self.collected = CollectorRegistry(auto_describe=False)
+        self.collected.register(DaemonCollector(services, requests))
+        self._standard: Optional[CollectorRegistry] = None
+        self._lock = threading.Lock()  # two scrapes at once make them once
+
+    def standard(self) -> CollectorRegistry:
+        """Blocking: the process, platform and garbage collector registries."""
+        with self._lock:
+            if self._standard is None:
+                registry = CollectorRegistry(auto_describe=False)
+                ProcessCollector(registry=registry)
+                PlatformCollector(registry=registry)
+                GCCollector(registry=registry)
+                self._standard = registry
+            return self._standard
 
     def encode(self, families: List[Metric], accept: Optional[str]) -> Tuple[bytes, str]:
         """Blocking: (body, content type), OpenMetrics when `accept` asks for it."""
         encoder, content_type = choose_encoder(accept or "")
-        return encoder(Collected(families + list(self.standard.collect()))), content_type
+        return encoder(Collected(families + list(self.standard().collect()))), content_type
 
     async def exposition(self, accept: Optional[str]) -> Tuple[bytes, str]:
         """The daemon's state taken on the loop, written out in the executor."""
-        families = list(self.daemon.collect())
+        families = list(self.collected.collect())
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, self.encode, families, accept)

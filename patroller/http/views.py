@@ -3,8 +3,9 @@ times, and the read models of the lease manager's state (claims, the queue, usag
 holds per device) that /status, /queue, /users, the metrics and the web page serve.
 
 /status changes with every sample and every lease event, and its `age`, `expires`, `stale` and
-`processes_stale` move with the clock; it is rebuilt on demand when something changed or when it is older than
-MAX_AGE, so a busy poller costs one serialization per change, not one per request.
+`processes_stale` move with the clock; it is rebuilt on demand when something changed or when
+it is older than `status_max_age` (Config), so a busy poller costs one serialization per change,
+not one per request.
 
 The read models read the lease manager (its holds, its queue, the devices set aside for a
 starving waiter); the manager never reads them.
@@ -19,9 +20,7 @@ from patroller.core.devices import Inventory
 from patroller.core.leases import Hold, LeaseManager
 from patroller.observe.idle import IdleWatch
 from patroller.observe.stats import StatsStore, iso_time
-
-MAX_AGE = 0.1  # seconds: how stale the clock-driven fields of a cached /status may be
-
+from patroller.services import Services
 
 def dumps(body: Any) -> bytes:
     """Compact JSON, as every answer is written."""
@@ -32,8 +31,8 @@ class StatusView:
     """The /status body, cached between changes."""
 
     def __init__(self, inventory: Inventory, leases: LeaseManager, stats: StatsStore,
-                 clock: Callable[[], float] = time.monotonic, max_age: float = MAX_AGE,
-                 idle: Optional[IdleWatch] = None) -> None:
+                 idle: Optional[IdleWatch], max_age: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.inventory = inventory
         self.leases = leases
         self.stats = stats
@@ -66,7 +65,7 @@ class StatusView:
         return data
 
     def body(self) -> bytes:
-        """/status as bytes, at most MAX_AGE old and never older than the last change."""
+        """/status as bytes, at most `max_age` old and never older than the last change."""
         now = self.clock()
         if self._body is None or now - self._built >= self.max_age:
             self._body, self._built = dumps(self.data()), now
@@ -91,6 +90,38 @@ class DevicesView:
 
     def body(self) -> bytes:
         return self._body
+
+
+def page_snapshot(services: Services, status: StatusView,
+                  devices: DevicesView) -> Dict[str, Any]:
+    """Everything the web page shows, for its live feed."""
+    return {
+        "time": iso_time(time.time()),
+        "mode": services.mode,
+        "status": status.data(),
+        "devices": devices.data(),
+        "queue": queue_view(services.leases),
+        "users": users_view(services.leases, services.idle),
+        "events": services.audit.since(0.0, 10),
+        "history": services.stats.history(),
+        "interval": services.config.history_every,
+    }
+
+
+def counters(services: Services, status: StatusView) -> Dict[str, Any]:
+    """The daemon's own counters (/metrics.json): what it costs, how its parts fare."""
+    return {
+        "uptime": round(time.monotonic() - services.started, 3),
+        "devices": len(services.inventory),
+        "waiting": len(services.leases.waiters),
+        "status_builds": status.builds,
+        "proc_reads": services.identifier.proc_reads,
+        "docker_calls": services.directory.calls if services.directory is not None else 0,
+        "caller_lookups": services.callers.lookups,
+        "monitors": {m.name: m.metrics() for m in services.monitors},
+        "lease_book": services.book.metrics() if services.book is not None else None,
+        "held_for_processes": services.lifelines.metrics(),
+    }
 
 
 def users_view(leases: LeaseManager, idle: Optional[IdleWatch]) -> Dict[str, Any]:

@@ -25,6 +25,8 @@ SOCKET_HINT = ("call over the daemon's unix socket (PATROLLER_SERVER=unix:///run
 class CallerIdentifier(Protocol):
     """Turns a request into the caller's identity, or raises errors.Unidentified."""
 
+    lookups: int  # TCP callers looked up in the kernel's socket table (/metrics counts them)
+
     async def identify(self, request: HTTPServerRequest, claimed: Optional[str]) -> Identity:
         """`claimed` is the request's user= (already checked for form), or None."""
 
@@ -77,6 +79,7 @@ class TestModeCallers:
     def __init__(self, default: str = DEFAULT_TEST_USER, proc: str = "/proc") -> None:
         self.default = default
         self.local = LocalProcesses(proc)
+        self.lookups = 0  # loopback callers of hold=process looked up
 
     async def identify(self, request: HTTPServerRequest, claimed: Optional[str]) -> Identity:
         """The user named in the request, or the default test user."""
@@ -100,6 +103,7 @@ class TestModeCallers:
         if ends is None:
             return None
         loop = asyncio.get_running_loop()
+        self.lookups += 1
         entry = await loop.run_in_executor(None, find_client, ends[0], ends[1], self.local.proc)
         if entry is None:
             return None

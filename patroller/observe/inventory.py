@@ -8,13 +8,14 @@ import logging
 import shlex
 import time
 from dataclasses import replace
-from typing import Callable, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from patroller.config import Config
 from patroller.core.devices import Device, Inventory, InventoryChange
 from patroller.core.throttle import Throttle
 from patroller.observe.monitor import Monitor
 from patroller.observe.nvsmi.discovery import Discovery, DiscoveryError, parse_inventory
+from patroller.observe.signals import Signals
 from patroller.observe.child import status_text
 from patroller.observe.supervisor import OneShotChild
 
@@ -81,19 +82,20 @@ def devices_of(found: Discovery) -> List[Device]:
 
 
 class InventoryWatch(Monitor):
-    """Reads `nvidia-smi -q -x` again every `inventory_every` seconds, and soon after `poke()`
-    (a stream said a device is gone), then tells `on_change` what changed. A reading that
-    fails changes nothing, except `No devices were found`, which means every device is lost."""
+    """Reads `nvidia-smi -q -x` again every `inventory_every` seconds, and soon after a stream
+    says a device is gone (`device_gone`, or `poke()`), then sends `inventory_changed` with
+    what changed. A reading that fails changes nothing, except `No devices were found`, which
+    means every device is lost."""
 
     name = "inventory"
 
-    def __init__(self, inventory: Inventory, argv: List[str],
+    def __init__(self, inventory: Inventory, signals: Signals, argv: List[str],
                  env: Optional[Mapping[str, str]], config: Config) -> None:
         self.inventory = inventory
+        self.signals = signals
         self.query = inventory_query(argv, env, config)
         self.every = config.inventory_every
         self.soonest = config.rediscover_soonest
-        self.on_change: Optional[Callable[[InventoryChange], None]] = None
         self.readings = 0
         self.failures = 0
         self.changes = 0
@@ -106,9 +108,14 @@ class InventoryWatch(Monitor):
     def start(self) -> None:
         self._wake = asyncio.Event()
         self._task = asyncio.ensure_future(self._run())
+        self.signals.device_gone.connect(self._on_device_gone)
+
+    def _on_device_gone(self, sender: Any, record: str) -> None:
+        self.poke(record)
 
     async def stop(self, grace: float) -> None:
         self._stopping = True
+        self.signals.device_gone.disconnect(self._on_device_gone)
         await self.query.stop(grace)  # a reading in progress ends; none starts after
         if self._task is not None:
             self._task.cancel()
@@ -164,6 +171,5 @@ class InventoryWatch(Monitor):
                 device = self.inventory.get(uuid)
                 log.warning("GPU %s (number %s) is on the host now", uuid,
                             device.number if device else "?")
-            if self.on_change is not None:
-                self.on_change(change)
+            self.signals.inventory_changed.send(self, record=change)
         return change

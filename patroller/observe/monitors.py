@@ -16,7 +16,7 @@ import logging
 import re
 import time
 from abc import abstractmethod
-from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
 from tornado.ioloop import IOLoop
 
@@ -57,12 +57,12 @@ class StreamMonitor(Monitor):
 
     selects: Tuple[str, ...] = ("",)
 
-    def __init__(self, inventory: Inventory, nvidia_smi: List[str], env: Mapping[str, str],
-                 config: Config, parser: Any) -> None:
+    def __init__(self, inventory: Inventory, signals: Signals, nvidia_smi: List[str],
+                 env: Mapping[str, str], config: Config, parser: Any) -> None:
         self.inventory = inventory
+        self.signals = signals
         self.nvidia_smi = nvidia_smi
         self.parser = parser
-        self.on_lost: Optional[Callable[[str], None]] = None  # set by the daemon
         self.rows = 0  # data rows read in the current run
         self._select = 0
         self._ignoring = False  # lines of a child being replaced (a stale device mapping)
@@ -113,8 +113,8 @@ class StreamMonitor(Monitor):
                         self.name, said[:200], f"-s {self.select}" if self.select
                         else "its default columns")
             self.child.argv = self.argv()
-        if DEVICE_GONE.search(said) and self.on_lost is not None:
-            self.on_lost(said)
+        if DEVICE_GONE.search(said):
+            self.signals.device_gone.send(self, record=said)
 
     def _skipped(self) -> None:
         """A line could not be read: say so now and then, never per line."""
@@ -133,8 +133,7 @@ class DmonMonitor(StreamMonitor):
 
     def __init__(self, inventory: Inventory, signals: Signals, nvidia_smi: List[str],
                  env: Mapping[str, str], config: Config) -> None:
-        super().__init__(inventory, nvidia_smi, env, config, DmonParser())
-        self.signals = signals
+        super().__init__(inventory, signals, nvidia_smi, env, config, DmonParser())
 
     def metrics(self) -> Dict[str, object]:
         return {**super().metrics(), "columns": self.select or "default"}
@@ -168,8 +167,7 @@ class PmonMonitor(StreamMonitor):
 
     def __init__(self, inventory: Inventory, signals: Signals, nvidia_smi: List[str],
                  env: Mapping[str, str], config: Config) -> None:
-        super().__init__(inventory, nvidia_smi, env, config, PmonParser())
-        self.signals = signals
+        super().__init__(inventory, signals, nvidia_smi, env, config, PmonParser())
         self.intervals = PmonIntervals()
         self.burst_gap = config.burst_gap
         self._last_number = max((d.number for d in inventory.present()), default=0)

@@ -59,6 +59,8 @@ class Signals:
       process_ended.send(monitor, record=GpuProcess(...))
       processes_listed.send(monitor, record=ProcessList(...))
       process_sampled.send(monitor, record=ProcessSamples(...))
+      device_gone.send(monitor, record="what nvidia-smi said")
+      inventory_changed.send(watch, record=InventoryChange(...))
     """
 
     def __init__(self) -> None:
@@ -70,3 +72,7 @@ class Signals:
             "processes-listed", doc="the process lists of some devices are current")
         self.process_sampled = namespace.signal(
             "process-sampled", doc="figures of some processes in one interval")
+        self.device_gone = namespace.signal(
+            "device-gone", doc="a stream ended saying a device is gone: read the inventory")
+        self.inventory_changed = namespace.signal(
+            "inventory-changed", doc="devices were added, lost, renumbered or changed")

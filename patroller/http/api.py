@@ -1,0 +1,32 @@
+"""The one object every handler takes: the daemon's services, with what the HTTP layer adds to
+them. Built once by `patroller.http.routes.make_api`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Mapping, Optional
+
+import tornado.web
+
+from patroller.http.access import Requests
+from patroller.http.live import LiveFeed
+from patroller.http.metrics import Registries
+from patroller.http.views import DevicesView, StatusView
+from patroller.services import Services
+
+
+@dataclass
+class Api:
+    """The services, and the HTTP layer's own parts: the cached bodies of /status and /devices,
+    the web page's live feed, the Prometheus registries, the answers counted, the page's files
+    and the API document."""
+
+    services: Services
+    status: StatusView
+    devices: DevicesView
+    feed: LiveFeed
+    registries: Registries
+    requests: Requests
+    web: Mapping[str, bytes]  # the page's files by name (patroller/http/web)
+    document: bytes  # the OpenAPI document, compact
+    endpoints: List[str] = field(default_factory=list)  # every route, for the 404's hint
+    app: Optional[tornado.web.Application] = None  # the routes (routes.make_app)

@@ -1,0 +1,139 @@
+"""The web page's handlers: / (the page for a browser, the endpoints as JSON for a program),
+/web/<file> (its script and style, only what the package ships) and /events (its live feed,
+Server-Sent Events)."""
+from __future__ import annotations
+
+import asyncio
+import importlib.resources
+from typing import Dict, Optional
+
+import tornado.web
+
+from patroller import __version__
+from patroller.core.errors import BadRequest, Unavailable
+from patroller.http.access import shown
+from patroller.http.handlers import Handler, View
+from patroller.http.live import Page
+
+PAGE_POLICY = ("default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+               "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
+WEB_TYPES = {".html": "text/html; charset=UTF-8", ".js": "text/javascript; charset=UTF-8",
+             ".css": "text/css; charset=UTF-8", ".svg": "image/svg+xml", ".png": "image/png",
+             ".ico": "image/x-icon"}
+ENDPOINTS = {
+    "/devices": "inventory",
+    "/status": "live statistics and who holds what",
+    "/request?gpu=N": "reserve N devices now",
+    "/wait?gpu=N[&timeout=S]": "wait until N devices can be reserved",
+    "/release[?uuid=U]": "give back your reservations",
+    "/renew[?uuid=U]": "restart the lease of your reservations",
+    "/queue": "the requests waiting, in order",
+    "/users": "per user: GPUs held, unused, used without asking, idle; limits",
+    "/history[?since=T]": "the recent events of the audit record",
+    "/events": "the page's live feed (Server-Sent Events)",
+    "/web/{name}": "the page's scripts and style (a browser at / gets the page)",
+    "/metrics": "Prometheus metrics: GPUs, who holds and uses them, the daemon",
+    "/metrics.json": "the daemon's own counters, as JSON",
+    "/openapi.json": "this API, described for programs (OpenAPI 3.1)",
+}
+
+
+def wants_html(accept: Optional[str]) -> bool:
+    """Whether the client is a browser asking for a page (curl and programs ask for */* or JSON)."""
+    return accept is not None and "text/html" in accept.lower()
+
+
+def web_files() -> Dict[str, bytes]:
+    """Blocking: the page's files, shipped in the package (patroller/http/web), by name."""
+    folder = importlib.resources.files("patroller.http") / "web"
+    if not folder.is_dir():
+        return {}
+    return {entry.name: entry.read_bytes() for entry in folder.iterdir()
+            if entry.is_file() and not entry.name.startswith(".")}
+
+
+class IndexHandler(View):
+    """The endpoints as JSON, or, for a browser, the page."""
+
+    def get(self) -> None:
+        self.set_header("Vary", "Accept")
+        page = self.api.web.get("index.html")
+        if page is not None and wants_html(self.request.headers.get("Accept")):
+            self.set_header("Content-Type", WEB_TYPES[".html"])
+            self.set_header("Content-Security-Policy", PAGE_POLICY)
+            self.set_header("X-Content-Type-Options", "nosniff")
+            self.finish(page)
+            return
+        self.send({"name": "patroller", "version": __version__, "mode": self.services.mode,
+                   "devices": len(self.services.inventory), "endpoints": ENDPOINTS})
+
+
+class WebHandler(View):
+    """The page's other files (/web/app.js, /web/style.css): only those the package ships."""
+
+    def get(self, name: str) -> None:
+        body = self.api.web.get(name)
+        if body is None:
+            raise tornado.web.HTTPError(404, f"no such file: /web/{shown(name, 60)}")
+        extension = name[name.rfind("."):] if "." in name else ""
+        self.set_header("Content-Type", WEB_TYPES.get(extension, "application/octet-stream"))
+        self.set_header("X-Content-Type-Options", "nosniff")
+        self.finish(body)
+
+    def head(self, name: str) -> None:  # type: ignore[override]
+        self.get(name)
+
+
+class _PageConnection(Page):
+    """The feed's end of one /events connection."""
+
+    def __init__(self, handler: "EventsHandler") -> None:
+        self.handler = handler
+
+    def write(self, message: bytes) -> None:
+        connection = getattr(self.handler.request.connection, "stream", None)
+        if connection is None or connection.closed():
+            self.close()
+            return
+        if connection.writing() and not message.startswith(b"retry:"):
+            return  # the last one has not gone out yet: this one supersedes it, skip it
+        self.handler.write(message)
+        self.handler.flush()
+
+    def close(self) -> None:
+        self.handler.ended()
+
+
+class EventsHandler(Handler):
+    """Server-Sent Events: a snapshot of everything the page shows after each change."""
+
+    page: Optional[_PageConnection] = None
+    done: Optional["asyncio.Future[None]"] = None
+    answered = False  # finish() was called (by us, or by Tornado on an error)
+
+    async def get(self) -> None:
+        if self.args():
+            raise BadRequest("/events takes no arguments")
+        feed = self.api.feed
+        if feed.full():
+            raise Unavailable(f"too many open pages ({len(feed.pages)})")
+        self.set_header("Content-Type", "text/event-stream; charset=UTF-8")
+        self.set_header("X-Accel-Buffering", "no")  # a proxy in front must not hold it back
+        self.done = asyncio.get_running_loop().create_future()
+        self.page = _PageConnection(self)
+        feed.add(self.page)
+        await self.done
+        if not self.answered:
+            self.finish()
+
+    def on_finish(self) -> None:
+        self.answered = True
+
+    def ended(self) -> None:
+        if self.page is not None:
+            self.api.feed.remove(self.page)
+        if self.done is not None and not self.done.done():
+            self.done.set_result(None)
+
+    def on_connection_close(self) -> None:
+        self.ended()

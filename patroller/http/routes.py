@@ -1,0 +1,91 @@
+"""The whole API in one place: the HTTP layer built over the services, and every route with the
+handler that answers it."""
+from __future__ import annotations
+
+import json
+import pkgutil
+from typing import Any, List
+
+import tornado.web
+
+from patroller.core.throttle import Throttle
+from patroller.http.access import AccessLog, Requests
+from patroller.http.api import Api
+from patroller.http.handlers import (DevicesHandler, HistoryHandler, MetricsHandler,
+                                     MetricsJsonHandler, NotFoundHandler, OpenApiHandler,
+                                     QueueHandler, ReleaseHandler, RenewHandler, RequestHandler,
+                                     StatusHandler, UsersHandler, WaitHandler)
+from patroller.http.live import LiveFeed
+from patroller.http.metrics import Registries
+from patroller.http.page import EventsHandler, IndexHandler, WebHandler, web_files
+from patroller.http.views import DevicesView, StatusView, dumps, page_snapshot
+from patroller.services import Services
+
+
+def make_api(services: Services) -> Api:
+    """The HTTP layer over `services`: its views, feed, counters, files and routes. Reads the
+    page's files and the API document from the package."""
+    config = services.config
+    status = StatusView(services.inventory, services.leases, services.stats, services.idle,
+                        config.status_max_age)
+    devices = DevicesView(services.inventory)
+    feed = LiveFeed(lambda: page_snapshot(services, status, devices), config)
+    requests = Requests()
+    api = Api(services=services, status=status, devices=devices, feed=feed,
+              registries=Registries(services, requests), requests=requests, web=web_files(),
+              document=openapi_document())
+    # The views and the feed follow every change; the inventory's too.
+    services.leases.on_change(feed.changed)
+    services.stats.on_change(feed.changed)
+    services.signals.inventory_changed.connect(_inventory_changed(api), weak=False)
+    api.app = make_app(api)
+    return api
+
+
+def _inventory_changed(api: Api) -> Any:
+    def receive(sender: Any, record: Any) -> None:
+        api.devices.invalidate()
+        api.status.invalidate()
+    return receive
+
+
+def openapi_document() -> bytes:
+    """patroller/http/openapi.json, compact like every answer; tests check it against the
+    handlers."""
+    data = pkgutil.get_data("patroller.http", "openapi.json")
+    if data is None:
+        raise FileNotFoundError("patroller/http/openapi.json is not installed")
+    return dumps(json.loads(data))
+
+
+def make_app(api: Api) -> tornado.web.Application:
+    """Every route and its handler. (GET /status and /devices also have a fast lane in front.)"""
+    routes: List[Any] = [
+        (r"/", IndexHandler),
+        (r"/devices", DevicesHandler),
+        (r"/status", StatusHandler),
+        (r"/request", RequestHandler),
+        (r"/wait", WaitHandler),
+        (r"/release", ReleaseHandler),
+        (r"/renew", RenewHandler),
+        (r"/queue", QueueHandler),
+        (r"/users", UsersHandler),
+        (r"/history", HistoryHandler),
+        (r"/events", EventsHandler),
+        (r"/web/([A-Za-z0-9_.-]{1,64})", WebHandler),
+        (r"/metrics", MetricsHandler),
+        (r"/metrics\.json", MetricsJsonHandler),
+        (r"/openapi.json", OpenApiHandler),
+    ]
+    api.endpoints = [path.split("(")[0] + "<file>" if "(" in path else path.replace("\\", "")
+                     for path, _ in routes if path != "/"]  # the 404 hint lists them all
+    api.requests.endpoints = {"/", "/web", *api.endpoints}
+    config = api.services.config
+    return tornado.web.Application(
+        [(path, handler, dict(api=api)) for path, handler in routes],
+        default_handler_class=NotFoundHandler,
+        default_handler_args=dict(api=api),
+        log_function=AccessLog(Throttle(config.client_errors_logged, config.client_errors_window),
+                               api.requests),
+        compress_response=False,
+    )
