@@ -257,6 +257,9 @@ def identity_cost(ctx: Context) -> Dict[str, Any]:
 
 
 def _new_container(ctx: Context, daemon: Daemon) -> Dict[str, Any]:
+    from dataclasses import replace
+
+    from patroller.config import Config
     from patroller.identify.containers import ContainerDirectory
     from patroller.identify.resolver import ProcessIdentifier
 
@@ -271,7 +274,8 @@ def _new_container(ctx: Context, daemon: Daemon) -> Dict[str, Any]:
     new_calls = daemon.ok("/metrics.json")["docker_calls"] - calls
 
     async def resolve_times() -> Dict[str, float]:
-        identifier = ProcessIdentifier(ContainerDirectory(ctx.containers.url))
+        config = replace(Config(), docker_host=ctx.containers.url)
+        identifier = ProcessIdentifier(config, ContainerDirectory(config))
         warm, _ = ctx.containers.run("warm@example.org", 1)
         await identifier.resolve(warm.pid)  # connect and negotiate first
         fresh, fresh_pids = ctx.containers.run("fresh@example.org", 1)
@@ -656,7 +660,7 @@ def _book_write_costs(directory: str, ctx: Context) -> Dict[str, Any]:
                             max_waiting_per_user=config.max_waiting_per_user)
 
     bare = timed(manager())
-    book = bookmodule.LeaseBook(directory)
+    book = bookmodule.LeaseBook(directory, Config())
     book.open()
     leases = manager()
     book.attach(leases)
@@ -669,7 +673,7 @@ def _book_write_costs(directory: str, ctx: Context) -> Dict[str, Any]:
     # One write of the same bytes, three ways: the book's (a new file, the link swung to it),
     # a temporary renamed over the file, and that with the fsyncs a host crash would need.
     body = b"x" * size
-    writer = bookmodule.LeaseBook(os.path.join(directory, "raw"))
+    writer = bookmodule.LeaseBook(os.path.join(directory, "raw"), Config())
     os.makedirs(writer.directory)
     path = os.path.join(directory, "raw.json")
     linked: List[float] = []

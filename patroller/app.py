@@ -169,7 +169,7 @@ async def build(config: Config) -> Daemon:
         inventory = synthetic_inventory(config.test_devices)
         return assemble(config, inventory, signals,
                         [SyntheticMonitor(inventory, signals, config.test_interval)],
-                        ProcessIdentifier(), TestModeCallers())
+                        ProcessIdentifier(config), TestModeCallers(config.proc_root))
     argv = command(config.nvidia_smi)
     try:
         found = await discover(argv, None, config)
@@ -178,8 +178,8 @@ async def build(config: Config) -> Daemon:
     inventory = Inventory(devices_of(found))
     log.info("nvidia-smi: driver %s, %d GPU(s): %s", found.driver_version or "unknown",
              len(inventory), ", ".join(f"{d.number}={d.name}" for d in inventory))
-    directory = ContainerDirectory(config.docker_host)
-    identifier = ProcessIdentifier(directory, config.user_labels, config.user_info_labels)
+    directory = ContainerDirectory(config)
+    identifier = ProcessIdentifier(config, directory)
     pmon = PmonMonitor(inventory, signals, argv, os.environ, config)
     # The cross-check reads the statistics, which the daemon assembled below holds.
     unattributed = Unattributed(inventory, lambda uuid: daemon.services.stats.view(uuid), pmon,
@@ -188,7 +188,7 @@ async def build(config: Config) -> Daemon:
                 CrossCheck(inventory, signals, argv, os.environ, unattributed, config),
                 InventoryWatch(inventory, signals, argv, None, config)]
     daemon = assemble(config, inventory, signals, monitors, identifier,
-                      SystemCallers(identifier, directory), directory)
+                      SystemCallers(identifier, directory, config.proc_root), directory)
     return daemon
 
 
@@ -207,9 +207,10 @@ def assemble(config: Config, inventory: Inventory, signals: Signals, monitors: S
         stats=StatsStore(inventory, config.stale_intervals * interval, config.history_every,
                          config.history_points),
         idle=IdleWatch(leases), identifier=identifier, callers=callers,
-        tracker=ProcessTracker(leases, identifier), timer=ExpiryTimer(leases),
-        lifelines=Lifelines(leases), audit=AuditLog(config.audit_log),
-        book=LeaseBook(config.state_dir) if config.state_dir is not None else None,
+        tracker=ProcessTracker(leases, identifier, config.owner_retry),
+        timer=ExpiryTimer(leases), lifelines=Lifelines(leases, config),
+        audit=AuditLog(config.audit_log, config.audit_keep, config.repeat_log_every),
+        book=LeaseBook(config.state_dir, config) if config.state_dir is not None else None,
         directory=directory)
     connect(services)
     return Daemon(services, make_api(services))

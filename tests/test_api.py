@@ -7,7 +7,8 @@ import pytest
 
 from helpers import async_test, running, until
 from patroller.observe.signals import GpuProcess
-from patroller.identify.resolver import host_identity, read_uid
+from patroller.identify.procfs import uid as read_uid
+from patroller.identify.resolver import host_identity
 
 INFO_KEYS = {"name", "brand", "arch", "number", "pci_address", "total_mem", "group", "lost",
              "mig_instances",

@@ -7,12 +7,11 @@ import os
 import pytest
 
 from helpers import FakeClock, lease_manager
-from patroller.state import book as bookmodule
 from patroller.state.book import BookError, LeaseBook
 from patroller.config import Config, ConfigError, default_state_dir, load
 from patroller.core.identity import Identity, named_user
 from patroller.http.views import claims, free_counts
-from patroller.state.lifetimes import boot_id
+from patroller.identify.procfs import boot_id
 from patroller.state.schema import restore, snapshot
 
 LEASE = Config().lease  # the shared factory's
@@ -162,7 +161,7 @@ def wall():
 
 def opened(directory, clock, wall):
     leases = lease_manager(clock)
-    book = LeaseBook(str(directory), wall=wall)
+    book = LeaseBook(str(directory), Config(), wall=wall)
     book.open()
     book.attach(leases)
     return book, leases
@@ -231,7 +230,7 @@ def test_a_failing_write_is_logged_now_and_then_and_breaks_nothing(tmp_path, clo
         assert book.failures == 5 and free_counts(leases) == {"gpu": 2}
         errors = [r for r in caplog.records if r.levelno == logging.ERROR]
         assert len(errors) == 1 and "cannot write the lease book" in errors[0].getMessage()
-        clock.advance(bookmodule.REPORT_EVERY)
+        clock.advance(Config().repeat_log_every)
         leases.request(bob, {"gpu": 1})
         errors = [r for r in caplog.records if r.levelno == logging.ERROR]
         assert len(errors) == 2 and "(6 failed write(s) so far)" in errors[1].getMessage()
@@ -339,7 +338,7 @@ def test_an_unreadable_file_is_set_aside(tmp_path, clock, wall, caplog):
 
 
 def test_the_directory_is_created_private(tmp_path):
-    book = LeaseBook(str(tmp_path / "a" / "state"))
+    book = LeaseBook(str(tmp_path / "a" / "state"), Config())
     book.open()
     assert oct(os.stat(tmp_path / "a" / "state").st_mode & 0o777) == "0o700"
     book.close()
@@ -348,20 +347,20 @@ def test_the_directory_is_created_private(tmp_path):
 def test_an_unusable_directory_is_one_clear_error(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(BookError) as error:
-        LeaseBook(str(tmp_path / "file" / "state")).open()
+        LeaseBook(str(tmp_path / "file" / "state"), Config()).open()
     assert str(tmp_path / "file" / "state") in str(error.value)
     assert "--state-dir" in str(error.value)
 
 
 def test_one_directory_serves_one_daemon(tmp_path):
-    first = LeaseBook(str(tmp_path))
+    first = LeaseBook(str(tmp_path), Config())
     first.open()
     with pytest.raises(BookError) as error:
-        LeaseBook(str(tmp_path)).open()
+        LeaseBook(str(tmp_path), Config()).open()
     assert f"another patroller (pid {os.getpid()}) uses the state directory {tmp_path}" in str(
         error.value)
     first.close()
-    second = LeaseBook(str(tmp_path))
+    second = LeaseBook(str(tmp_path), Config())
     second.open()  # free again once the first let go
     second.close()
 
@@ -398,7 +397,7 @@ def test_a_state_dir_that_is_a_file_is_refused_naming_the_flag(tmp_path):
 def test_a_directory_others_may_write_to_is_refused(tmp_path, mode):
     os.chmod(tmp_path, mode)
     with pytest.raises(BookError) as error:
-        LeaseBook(str(tmp_path)).open()
+        LeaseBook(str(tmp_path), Config()).open()
     assert "writable by others" in str(error.value) and f"mode {mode:o}" in str(error.value)
     assert os.listdir(tmp_path) == []
 
@@ -408,5 +407,5 @@ def test_a_directory_of_another_user_is_refused(tmp_path):
     os.chmod(tmp_path, 0o700)
     os.chown(tmp_path, 4321, 4321)
     with pytest.raises(BookError) as error:
-        LeaseBook(str(tmp_path)).open()
+        LeaseBook(str(tmp_path), Config()).open()
     assert "is not ours" in str(error.value) and "uid 4321" in str(error.value)

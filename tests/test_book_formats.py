@@ -25,8 +25,9 @@ from patroller.core.errors import NotHeld
 from patroller.core.identity import Identity, ProcessRef, named_user
 from patroller.http.views import claims
 from patroller.state.book import LeaseBook
-from patroller.state.lifetimes import boot_id, process_state
+from patroller.identify.procfs import boot_id, process_state
 from patroller.state.schema import restore
+from patroller.config import Config
 
 LEASE = 10.0  # the lease the book was written under, and restored under here
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "book", "leases-v1.json")
@@ -96,7 +97,7 @@ def live():
 def test_a_process_entry_of_another_boot_is_dropped_not_held(tmp_path, live, boot, held):
     clock, wall = FakeClock(1000.0), FakeClock(1_800_000_000.0)
     leases = lease_manager(clock, lease=LEASE)
-    book = LeaseBook(str(tmp_path), wall=wall)
+    book = LeaseBook(str(tmp_path), Config(), wall=wall)
     book.open()
     book.attach(leases)
     [device] = leases.request(named_user("carol"), {"gpu": 1}, held_for=live)
@@ -108,7 +109,7 @@ def test_a_process_entry_of_another_boot_is_dropped_not_held(tmp_path, live, boo
     os.unlink(path)  # the same book, as written in this boot or in another one
     path.write_text(json.dumps({**written, "boot": boot or written["boot"]}))
     again = lease_manager(clock, lease=LEASE)
-    book = LeaseBook(str(tmp_path), wall=wall)
+    book = LeaseBook(str(tmp_path), Config(), wall=wall)
     book.open()
     restored = book.attach(again)
     assert again.state(other.uuid) == "reserved"  # a lease is held again either way

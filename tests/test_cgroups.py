@@ -3,7 +3,8 @@ import os
 
 import pytest
 
-from patroller.identify.cgroups import parse_cgroup, read_container, read_start_time
+from patroller.identify import procfs
+from patroller.identify.cgroups import parse_cgroup, read_container
 from patroller.identify.containers import ContainerInfo, _info, container_identity, email_in
 
 ID = "c81412db6243dd1de3fe8782f83b4160a8c8545022b9922208a095d173f6944d"
@@ -53,13 +54,13 @@ def test_readers_use_an_injectable_proc_root(tmp_path):
     (tmp_path / "4242" / "stat").write_text(
         "4242 (python (a) b) S 1 4242 4242 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 987654 1000 10\n")
     assert read_container(4242, str(tmp_path)).id == ID
-    assert read_start_time(4242, str(tmp_path)) == 987654
+    assert procfs.stat(4242, str(tmp_path)).start == 987654
     with pytest.raises(OSError):
         read_container(1, str(tmp_path))
 
 
 def test_the_real_proc_of_this_process():
-    assert read_start_time(os.getpid()) > 0
+    assert procfs.stat(os.getpid()).start > 0
 
 
 @pytest.mark.parametrize("value,email", [

@@ -1,6 +1,7 @@
 """Fair use on the fake clock: per-user limits, the starvation bound, reservations for a
 duration, the administrator's release, idle detection, and the audit record."""
 import json
+import logging
 
 import pytest
 
@@ -264,7 +265,7 @@ def test_an_idle_reservation_without_processes_is_released_when_asked(clock):
 
 def test_every_change_of_hands_is_recorded(clock, tmp_path):
     leases = manager(clock)
-    log = AuditLog(str(tmp_path / "audit.jsonl"), keep=5, clock=lambda: 1000.0 + clock.now)
+    log = AuditLog(str(tmp_path / "audit.jsonl"), 5, 60.0, clock=lambda: 1000.0 + clock.now)
     log.open()
     leases.on_event(log.record)
     [first] = leases.request(alice, {"gpu": 1})
@@ -287,3 +288,18 @@ def test_every_change_of_hands_is_recorded(clock, tmp_path):
     assert len(log.recent) == 5  # bounded
     assert [e["event"] for e in log.since(lines[4]["at"], 1000)] == ["grant", "expire"]
     assert [e["event"] for e in log.since(0, 1)] == ["expire"]
+
+
+def test_a_full_disk_loses_the_file_lines_not_the_record(clock, caplog):
+    leases = manager(clock)
+    log = AuditLog("/dev/full", 5, 60.0)  # every write fails: no space left on the device
+    log.open()
+    leases.on_event(log.record)
+    with caplog.at_level(logging.WARNING, logger="patroller.state.audit"):
+        for _ in range(3):
+            leases.request(alice, {"gpu": 1})
+    assert log.failures == 3 and [e["event"] for e in log.recent] == ["grant"] * 3
+    log.close()  # what is left to flush cannot be written either: counted, not raised
+    assert log.failures == 4
+    warnings = [r.getMessage() for r in caplog.records if r.name == "patroller.state.audit"]
+    assert len(warnings) == 1 and "No space left on device (1 failures)" in warnings[0]

@@ -10,7 +10,8 @@ import pytest
 
 from helpers import (ROOT, ScenarioFile, ServerProcess, alive, async_test, children_of,
                      gpu_running, until)
-from patroller.identify.resolver import host_identity, read_uid
+from patroller.identify.procfs import uid as read_uid
+from patroller.identify.resolver import host_identity
 
 SIX = [{"minor": 1}, {"minor": 2}, {"minor": 3}, {"minor": 0}, {"minor": 5}, {"minor": 4}]
 

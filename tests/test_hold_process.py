@@ -13,6 +13,7 @@ import time
 import urllib.request
 
 import pytest
+from dataclasses import replace
 
 from helpers import (ScenarioFile, ServerProcess, async_test, gpu_running, lease_manager,
                      reuse_pid, running, until)
@@ -20,7 +21,8 @@ from patroller.config import Config
 from patroller.core.errors import NotHeld, NotYours, Unsatisfiable
 from patroller.core.identity import ProcessRef, named_user
 from patroller.http.views import claims, queue_view
-from patroller.state.lifetimes import Lifelines, is_alive, open_pidfd, process_state
+from patroller.identify.procfs import is_alive, process_state
+from patroller.state.lifetimes import Lifelines, open_pidfd
 from patroller.state.schema import restore, snapshot
 
 LEASE = Config().lease  # the lease of the shared `leases` fixture (conftest.py)
@@ -199,7 +201,7 @@ def ref_of(process):
 @async_test
 async def test_the_watch_frees_a_device_when_its_process_is_killed(pidfds):
     leases = lease_manager()
-    lifelines = Lifelines(leases, pidfds=pidfds, poll=0.05)
+    lifelines = Lifelines(leases, replace(Config(), lifeline_poll=0.05), pidfds=pidfds)
     lifelines.start()
     process = sleeping()
     try:
@@ -220,7 +222,7 @@ async def test_the_watch_frees_a_device_when_its_process_is_killed(pidfds):
 @async_test
 async def test_a_zombie_has_ended():
     leases = lease_manager()
-    lifelines = Lifelines(leases)
+    lifelines = Lifelines(leases, Config())
     lifelines.start()
     process = sleeping()
     try:
@@ -268,7 +270,7 @@ async def test_a_reused_pid_does_not_inherit_the_hold():
     try:
         assert process_state(ref.pid) is not None  # the pid lives, as another process
         leases = lease_manager()
-        lifelines = Lifelines(leases)
+        lifelines = Lifelines(leases, Config())
         lifelines.start()
         [device] = leases.request(alice, {"gpu": 1}, held_for=ref)  # granted as it died
         await until(lambda: leases.state(device.uuid) == "free", timeout=5)

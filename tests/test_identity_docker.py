@@ -8,11 +8,14 @@ import sys
 import time
 
 import pytest
+from dataclasses import replace
 
 from helpers import ROOT, ScenarioFile, async_test, gpu_running, reuse_pid, until
 from patroller.identify.containers import ContainerDirectory
-from patroller.identify.resolver import ProcessIdentifier, host_identity, read_uid
+from patroller.identify.procfs import uid as read_uid
+from patroller.identify.resolver import ProcessIdentifier, host_identity
 from patroller.http.views import claims
+from patroller.config import Config
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 LABELS = ("user.email", "email", "maintainer")
@@ -133,7 +136,8 @@ async def test_a_loopback_tcp_caller_in_a_container_is_that_container(engine, sc
 @async_test
 async def test_a_reused_pid_is_not_taken_for_the_old_process(engine):
     alice = engine.run(labels={"user.email": "alice@example.org"})
-    identifier = ProcessIdentifier(ContainerDirectory(engine.url), LABELS)
+    config = replace(Config(), docker_host=engine.url, user_labels=tuple(LABELS))
+    identifier = ProcessIdentifier(config, ContainerDirectory(config))
     old = alice.exec_pid("sleep 301")
     assert (await identifier.resolve(old)).user == "alice@example.org"
     os.kill(old, 9)
@@ -153,8 +157,9 @@ async def test_a_reused_pid_is_not_taken_for_the_old_process(engine):
 async def test_one_docker_call_per_container_and_none_at_steady_state(engine, scenario):
     alice = engine.run(labels={"user.email": "alice@example.org"})
     pids = [alice.pid] + [alice.exec_pid(f"sleep 60{n}") for n in range(4)]
-    directory = ContainerDirectory(engine.url)
-    identifier = ProcessIdentifier(directory, LABELS)
+    config = replace(Config(), docker_host=engine.url, user_labels=tuple(LABELS))
+    directory = ContainerDirectory(config)
+    identifier = ProcessIdentifier(config, directory)
     owners = await asyncio.gather(*(identifier.resolve(pid) for pid in pids))
     assert {o.user for o in owners} == {"alice@example.org"}
     assert directory.calls == 2  # the version negotiation and one lookup, shared by all five

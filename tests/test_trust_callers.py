@@ -10,6 +10,7 @@ import time
 import urllib.request
 
 import pytest
+from dataclasses import replace
 
 from helpers import ScenarioFile, ServerProcess, async_test
 from patroller.identify.callers import SystemCallers
@@ -17,6 +18,7 @@ from patroller.identify.containers import ContainerDirectory, DockerUnavailable
 from patroller.core.errors import Unidentified
 from patroller.identify.sockets import ESTABLISHED, SocketEntry, owner_of
 from patroller.identify.resolver import ProcessIdentifier
+from patroller.config import Config
 
 NOBODY = 65534
 CLIENT = ("127.0.0.1", 40000)
@@ -258,7 +260,8 @@ def test_a_caller_whose_process_cannot_be_known_gets_no_process_hold(namespaces,
 @async_test
 async def test_an_unreachable_docker_engine_is_said_in_words(tmp_path):
     where = f"unix://{tmp_path}/docker.sock"  # nothing there
-    directory = ContainerDirectory(where, retry_after=60)
+    config = replace(Config(), docker_host=where, docker_retry_after=60)
+    directory = ContainerDirectory(config)
     try:
         for _ in range(2):  # the first failure, then the remembered one
             with pytest.raises(DockerUnavailable) as failed:
@@ -266,7 +269,7 @@ async def test_an_unreachable_docker_engine_is_said_in_words(tmp_path):
             said = str(failed.value)
             assert where in said and "no such file or directory" in said, said
             assert "Error(" not in said and "('" not in said, said
-        callers = SystemCallers(ProcessIdentifier(directory), directory)
+        callers = SystemCallers(ProcessIdentifier(config, directory), directory, config.proc_root)
         with pytest.raises(Unidentified) as refused:
             await callers._remote("192.0.2.7")
         assert refused.value.message.startswith("cannot identify a caller at 192.0.2.7")

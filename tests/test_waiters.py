@@ -60,7 +60,7 @@ class GatedCallers(NamedCallers):
     """Test-mode callers whose /wait identification waits at a gate the test opens."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(Config().proc_root)
         self.gate = asyncio.Event()
         self.connections: List[Any] = []  # of every /wait caller, in arrival order
         self.streams: List[Any] = []
@@ -85,7 +85,7 @@ async def gated(**settings: Any) -> AsyncIterator[Tuple[Harness, GatedCallers]]:
     signals, inventory = Signals(), synthetic_inventory(config.test_devices)
     callers = GatedCallers()
     monitor = SyntheticMonitor(inventory, signals, config.test_interval)
-    daemon = assemble(config, inventory, signals, [monitor], ProcessIdentifier(), callers)
+    daemon = assemble(config, inventory, signals, [monitor], ProcessIdentifier(config), callers)
     async with started(daemon) as harness:
         yield harness, callers
 

@@ -88,8 +88,20 @@ class Config:
     history_points: int = 120  # points of it kept: ten minutes
 
     # -- internal defaults: identify (/proc, containers, callers) -----------------------------
+    proc_root: str = "/proc"  # where every reader of /proc looks (tests give a tree of their own)
+    identity_ttl: float = 3600.0  # seconds a process's identity is cached (by pid and start)
+    identity_cache: int = 65536  # identities cached at most
+    owner_retry: float = 5.0  # seconds between attempts to learn a degraded owner (Docker down)
+    container_ttl: float = 600.0  # seconds a container's labels are cached
+    container_cache: int = 4096  # containers cached at most
+    address_ttl: float = 10.0  # seconds the containers' network addresses are cached
+    docker_timeout: float = 5.0  # seconds a call to the Docker Engine may take
+    docker_retry_after: float = 5.0  # seconds an unreachable engine is not asked again
 
     # -- internal defaults: state (the book, the audit record, lifetimes) ---------------------
+    audit_keep: int = 1000  # events of the audit record kept in memory for /history
+    lifeline_poll: float = 0.5  # seconds between checks of a process held for, where pidfds
+    # cannot be had
 
     # -- internal defaults: http (the server, the views, the live feed) -----------------------
     status_max_age: float = 0.1  # seconds the cached /status body may be old (its clocks move)

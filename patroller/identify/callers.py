@@ -38,7 +38,7 @@ class LocalProcesses:
     """The process behind a connection from this host, as the kernel tells it: the unix
     socket's peer credentials, or the holder of a loopback TCP client socket."""
 
-    def __init__(self, proc: str = "/proc") -> None:
+    def __init__(self, proc: str) -> None:
         self.proc = proc
         self._recent: "OrderedDict[int, None]" = OrderedDict()  # pids that called lately
         self._recent_lock = threading.Lock()  # used from executor threads
@@ -76,7 +76,7 @@ class TestModeCallers:
     """Test mode: callers are who they say they are (`user=`), or one default user; the process
     behind a request from this host is still the kernel's word."""
 
-    def __init__(self, default: str = DEFAULT_TEST_USER, proc: str = "/proc") -> None:
+    def __init__(self, proc: str, default: str = DEFAULT_TEST_USER) -> None:
         self.default = default
         self.local = LocalProcesses(proc)
         self.lookups = 0  # loopback callers of hold=process looked up
@@ -127,7 +127,7 @@ class SystemCallers:
     """
 
     def __init__(self, identifier: ProcessIdentifier, directory: Optional[ContainerDirectory],
-                 proc: str = "/proc") -> None:
+                 proc: str) -> None:
         self.identifier = identifier
         self.directory = directory
         self.proc = proc

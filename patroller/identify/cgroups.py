@@ -8,14 +8,15 @@ last 64-hex-digit component that a container runtime put there:
   /machine.slice/libpod-<id>.scope, /libpod_parent/libpod-<id>          podman
   /system.slice/containerd.service/cri-containerd-<id>.scope, crio-<id>.scope
   /kubepods/burstable/pod<uid>/<id>, /kubepods.slice/.../cri-containerd-<id>.scope
-Pure parsing, plus readers with an injectable /proc root.
+Pure parsing; the file is read by procfs.py.
 """
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from typing import Optional
+
+from patroller.identify import procfs
 
 _ID = r"[0-9a-f]{64}"
 # A path component that is a container: a runtime prefix and a 64-hex id (systemd scopes), or
@@ -64,18 +65,4 @@ def parse_cgroup(text: str) -> Optional[ContainerRef]:
 
 def read_container(pid: int, proc: str = "/proc") -> Optional[ContainerRef]:
     """The container of a live pid; None for a host process. Raises OSError if it is gone."""
-    with open(os.path.join(proc, str(pid), "cgroup"), encoding="ascii", errors="replace") as f:
-        return parse_cgroup(f.read())
-
-
-def read_start_time(pid: int, proc: str = "/proc") -> int:
-    """The process's start time in clock ticks after boot (/proc/<pid>/stat field 22).
-
-    With the pid, it names one process: a reused pid has a later start time.
-    Raises OSError if the process is gone, ValueError if the file is unreadable.
-    """
-    with open(os.path.join(proc, str(pid), "stat"), encoding="ascii", errors="replace") as f:
-        text = f.read()
-    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    fields = text.rsplit(")", 1)[1].split()
-    return int(fields[19])
+    return parse_cgroup(procfs.cgroup(pid, proc))

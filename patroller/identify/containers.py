@@ -18,6 +18,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from cachetools import TTLCache
 
+from patroller.config import Config
 from patroller.core.identity import Identity
 
 log = logging.getLogger(__name__)
@@ -88,15 +89,13 @@ def _info(container: Any) -> ContainerInfo:
 class ContainerDirectory:
     """Container labels by id (and by network address), from the Docker Engine, cached."""
 
-    def __init__(self, base_url: Optional[str] = None, ttl: float = 600.0,
-                 retry_after: float = 5.0, timeout: float = 5.0,
-                 address_ttl: float = 10.0) -> None:
-        self.base_url = base_url
-        self.timeout = timeout
-        self.retry_after = retry_after
+    def __init__(self, config: Config) -> None:
+        self.base_url = config.docker_host  # None: the Docker SDK's default socket
+        self.timeout = config.docker_timeout
+        self.retry_after = config.docker_retry_after
         self.calls = 0  # Docker API calls made: the benchmark watches it
-        self._cache: TTLCache = TTLCache(maxsize=4096, ttl=ttl)
-        self._by_address: TTLCache = TTLCache(maxsize=1, ttl=address_ttl)
+        self._cache: TTLCache = TTLCache(maxsize=config.container_cache, ttl=config.container_ttl)
+        self._by_address: TTLCache = TTLCache(maxsize=1, ttl=config.address_ttl)
         self._inflight: Dict[str, "asyncio.Future[Optional[ContainerInfo]]"] = {}
         self._addresses: "Optional[asyncio.Future[Dict[str, ContainerInfo]]]" = None
         self._down_until = 0.0

@@ -8,14 +8,15 @@ is "unknown". /proc is read in the executor, never on the event loop. Identities
 from __future__ import annotations
 
 import asyncio
-import os
 import pwd
 from dataclasses import dataclass
-from typing import Optional, Protocol, Sequence, Tuple
+from typing import Optional, Protocol, Tuple
 
 from cachetools import TTLCache
 
-from patroller.identify.cgroups import ContainerRef, read_container, read_start_time
+from patroller.config import Config
+from patroller.identify import procfs
+from patroller.identify.cgroups import ContainerRef, read_container
 from patroller.identify.containers import (ContainerDirectory, DockerUnavailable, container_identity,
                          unlabelled_identity)
 from patroller.core.identity import UNKNOWN, Identity
@@ -26,18 +27,6 @@ class ProcessResolver(Protocol):
 
     async def resolve(self, pid: int) -> Identity:
         """The identity of the process, or UNKNOWN."""
-
-
-def read_uid(pid: int, proc: str = "/proc") -> Optional[int]:
-    """The real uid of a process from /proc/<pid>/status, or None if it cannot be read."""
-    try:
-        with open(os.path.join(proc, str(pid), "status"), encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("Uid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def host_identity(uid: int) -> Identity:
@@ -62,13 +51,13 @@ class ProcFacts:
 def read_facts(pid: int, proc: str = "/proc") -> Optional[ProcFacts]:
     """Blocking: the facts of a live pid, or None if it is gone or unreadable."""
     try:
-        start = read_start_time(pid, proc)
+        start = procfs.stat(pid, proc).start
         container = read_container(pid, proc)
-    except (OSError, ValueError, IndexError):
+    except (OSError, ValueError):
         return None
     host = None
     if container is None:
-        uid = read_uid(pid, proc)
+        uid = procfs.uid(pid, proc)
         if uid is None:
             return None
         host = host_identity(uid)
@@ -78,16 +67,13 @@ def read_facts(pid: int, proc: str = "/proc") -> Optional[ProcFacts]:
 class ProcessIdentifier:
     """Resolves pids to identities through /proc and (when given) the container directory."""
 
-    def __init__(self, directory: Optional[ContainerDirectory] = None,
-                 user_labels: Sequence[str] = ("user.email", "email", "maintainer"),
-                 info_labels: Sequence[str] = (), proc: str = "/proc",
-                 ttl: float = 3600.0) -> None:
+    def __init__(self, config: Config, directory: Optional[ContainerDirectory] = None) -> None:
         self.directory = directory
-        self.user_labels = tuple(user_labels)
-        self.info_labels = tuple(info_labels)
-        self.proc = proc
+        self.user_labels = config.user_labels
+        self.info_labels = config.user_info_labels
+        self.proc = config.proc_root
         self.proc_reads = 0  # processes whose /proc entry was read: the benchmark watches it
-        self._cache: TTLCache = TTLCache(maxsize=65536, ttl=ttl)
+        self._cache: TTLCache = TTLCache(maxsize=config.identity_cache, ttl=config.identity_ttl)
 
     async def facts(self, pid: int) -> Optional[ProcFacts]:
         """/proc facts of a pid, read off the loop."""

@@ -1,7 +1,8 @@
 """Connects the monitors' process signals to the lease manager, through the process resolver.
 
 A process whose owner could not be learned just now (a degraded identity: Docker unreachable)
-is resolved again, every RETRY seconds, until its owner is known or it has gone.
+is resolved again, every `retry` seconds (Config.owner_retry), until its owner is known or it
+has gone.
 """
 from __future__ import annotations
 
@@ -16,13 +17,11 @@ from patroller.observe.signals import GpuProcess, Signals
 
 log = logging.getLogger(__name__)
 
-RETRY = 5.0  # seconds between attempts to learn a degraded owner
-
 
 class ProcessTracker:
     """Resolves each new GPU process to an identity (off the loop) and tells the leases."""
 
-    def __init__(self, leases: LeaseManager, resolver: ProcessResolver, retry: float = RETRY) -> None:
+    def __init__(self, leases: LeaseManager, resolver: ProcessResolver, retry: float) -> None:
         self.leases = leases
         self.resolver = resolver
         self.retry = retry

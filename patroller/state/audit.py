@@ -21,24 +21,27 @@ from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Optional, TextIO
 
 from patroller.core.leases import Event
+from patroller.core.throttle import Throttle
 from patroller.observe.stats import iso_time
 
 log = logging.getLogger("patroller.audit")
 
-KEEP = 1000  # events kept in memory for /history
-
 
 class AuditLog:
-    """Writes each event as a JSON line, and keeps the recent ones."""
+    """Writes each event as a JSON line, and keeps the last `keep` for /history.
 
-    def __init__(self, path: Optional[str] = None, keep: int = KEEP,
+    A file that cannot be written (a full disk) is logged once per `report_every` seconds, with
+    the count of failures so far; the daemon goes on.
+    """
+
+    def __init__(self, path: Optional[str], keep: int, report_every: float,
                  clock: Callable[[], float] = time.time) -> None:
         self.path = path
         self.clock = clock
         self.recent: Deque[Dict[str, Any]] = deque(maxlen=keep)
-        self.written = 0
         self.failures = 0
         self._file: Optional[TextIO] = None
+        self._reports = Throttle(1, report_every)
 
     def open(self) -> None:
         """Open the file (append); OSError if it cannot be."""
@@ -48,9 +51,14 @@ class AuditLog:
             self._file = open(self.path, "a", encoding="utf-8", buffering=1)
 
     def close(self) -> None:
-        if self._file is not None and self._file is not sys.stdout:
-            self._file.close()
-        self._file = None
+        """Close the file; what it could not write (a full disk) is counted, not raised."""
+        file, self._file = self._file, None
+        if file is None or file is sys.stdout:
+            return
+        try:
+            file.close()
+        except OSError:  # the last lines could not be flushed: the close is done all the same
+            self.failures += 1
 
     def record(self, event: Event) -> None:
         """One event: in memory, in the log, in the file."""
@@ -65,10 +73,9 @@ class AuditLog:
         if self._file is not None:
             try:
                 self._file.write(line + "\n")
-                self.written += 1
             except OSError as exc:  # a full disk must not stop the daemon
                 self.failures += 1
-                if self.failures == 1 or self.failures % 1000 == 0:
+                if self._reports.admit()[0]:
                     logging.getLogger(__name__).warning(
                         "cannot write the audit log %s: %s (%d failures)", self.path,
                         exc.strerror or exc, self.failures)

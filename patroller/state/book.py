@@ -29,7 +29,9 @@ from typing import Any, Callable, Dict, Optional
 
 from patroller.core.leases import LeaseManager
 from patroller.state import schema
-from patroller.state.lifetimes import boot_id, is_alive
+from patroller.config import Config
+from patroller.core.throttle import Throttle
+from patroller.identify.procfs import boot_id, is_alive
 from patroller.state.schema import Restored
 
 log = logging.getLogger(__name__)
@@ -40,8 +42,9 @@ FILE = "leases.json"  # a link to the newest leases-N.json (a plain file is read
 DATA = re.compile(r"leases-(\d+)\.json")
 LOCK = "lock"  # holds the flock, and the pid of the daemon that holds it
 MAX_SIZE = 16 * 1024 * 1024  # bytes: a bigger file is not a lease book
-STEADY = 1.0  # seconds the wall clock may drift from the monotonic one before the offset follows
-REPORT_EVERY = 60.0  # seconds between log lines about failing writes
+# Seconds the wall clock may drift from the monotonic one before the offset follows: not a
+# tuning value, the tolerance of comparing the two clocks (an unchanged deadline stays the same).
+STEADY = 1.0
 
 
 class BookError(Exception):
@@ -51,9 +54,11 @@ class BookError(Exception):
 class LeaseBook:
     """The lease book of one daemon, in one locked directory."""
 
-    def __init__(self, directory: str, wall: Clock = time.time) -> None:
+    def __init__(self, directory: str, config: Config, wall: Clock = time.time) -> None:
         self.directory = directory
         self.path = os.path.join(directory, FILE)
+        self.proc = config.proc_root
+        self.report_every = config.repeat_log_every  # seconds between lines on failing writes
         self.wall = wall
         self.writes = 0
         self.failures = 0
@@ -61,15 +66,17 @@ class LeaseBook:
         self._lock: Optional[int] = None
         self._written: Optional[Dict[str, Any]] = None  # the snapshot last on disk
         self._offset: Optional[float] = None
-        self._boot = boot_id()
+        self._boot: Optional[str] = None  # this boot's id, read as the book is opened
         self._current: Optional[str] = None  # the leases-N.json that FILE links to
         self._next = 1  # N of the next file
-        self._reported: Optional[float] = None  # when a failing write was last logged
+        self._failing = False  # a failing write was logged, and no write has worked since
+        self._reports: Optional[Throttle] = None  # on the lease manager's clock, once attached
 
     # -- life ---------------------------------------------------------------------------------
 
     def open(self) -> None:
         """Create the directory (mode 0700) if missing and lock it; BookError if either fails."""
+        self._boot = boot_id(self.proc)
         try:
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
             found = os.stat(self.directory)
@@ -109,6 +116,7 @@ class LeaseBook:
     def attach(self, leases: LeaseManager) -> Optional[Restored]:
         """Load the book into a fresh lease manager, then keep the file up to date with it."""
         self.leases = leases
+        self._reports = Throttle(1, self.report_every, clock=leases.clock)
         restored = self.restore()
         self._tidy()
         leases.on_change(self.write)
@@ -148,9 +156,10 @@ class LeaseBook:
                 raise ValueError(f"over {MAX_SIZE} bytes")
             book = schema.decode(data)
             # A process's start time counts from boot: after a reboot no process is alive.
-            same_boot = book.get("boot") is not None and book.get("boot") == boot_id()
+            same_boot = book.get("boot") is not None and book.get("boot") == self._boot
+            alive = (lambda ref: is_alive(ref, self.proc)) if same_boot else schema.ended
             restored = schema.restore(self.leases, book.get("devices"), self._steady_offset(),
-                                      alive=is_alive if same_boot else schema.ended)
+                                      alive=alive)
         except (ValueError, RecursionError) as exc:  # JSON and UTF-8 errors are ValueErrors
             self._set_aside(f"is not a lease book ({str(exc)[:200]})")
             return None
@@ -199,10 +208,10 @@ class LeaseBook:
             return
         self._written = held
         self.writes += 1
-        if self._reported is not None:
+        if self._failing:
             log.warning("lease book %s is written again (%d write(s) failed)", self.path,
                         self.failures)
-            self._reported = None
+            self._failing = False
 
     def _publish(self, body: bytes) -> None:
         """Put `body` in a new file, swing the link to it, remove the previous one."""
@@ -262,15 +271,14 @@ class LeaseBook:
 
     def _failed(self, exc: OSError) -> None:
         """Log a failing write now and then, not on every change."""
-        assert self.leases is not None
+        assert self._reports is not None
         self.failures += 1
-        now = self.leases.clock()
-        if self._reported is not None and now - self._reported < REPORT_EVERY:
+        self._failing = True
+        if not self._reports.admit()[0]:
             return
         log.error("cannot write the lease book %s: %s (%d failed write(s) so far); reservations "
                   "made now will not survive a restart", self.path, exc.strerror or exc,
                   self.failures)
-        self._reported = now
 
     def _steady_offset(self) -> float:
         """Wall clock minus the manager's clock, kept while it stays within STEADY.

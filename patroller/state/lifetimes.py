@@ -6,7 +6,7 @@ process exits, so the event loop learns of the end at once and nothing polls. Op
 a pid, which may have been handed to another process since the caller connected: the start time
 is read after the open, and a mismatch means that the process had already ended (a pidfd names
 the process it was opened on for ever, so one check after the open is enough). Where pidfds
-cannot be had, the processes are checked every POLL seconds instead. /proc is read in the
+cannot be had, the processes are checked every `lifeline_poll` seconds (Config) instead. /proc is read in the
 executor, never on the loop.
 """
 from __future__ import annotations
@@ -15,42 +15,14 @@ import asyncio
 import errno
 import logging
 import os
-from typing import Dict, Optional, Set, Tuple
+from typing import Dict, Optional, Set
 
+from patroller.config import Config
 from patroller.core.identity import ProcessRef
 from patroller.core.leases import LeaseManager
+from patroller.identify.procfs import is_alive
 
 log = logging.getLogger(__name__)
-
-POLL = 0.5  # seconds between checks of processes watched without a pidfd
-
-
-def process_state(pid: int, proc: str = "/proc") -> Optional[Tuple[str, int]]:
-    """(state letter, start time in clock ticks after boot) of a pid, or None if it is gone."""
-    try:
-        with open(os.path.join(proc, str(pid), "stat"), encoding="ascii", errors="replace") as f:
-            text = f.read()
-        fields = text.rsplit(")", 1)[1].split()  # the name may hold spaces and parentheses
-        return fields[0], int(fields[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def is_alive(ref: ProcessRef, proc: str = "/proc") -> bool:
-    """Whether this very process still runs (a zombie has ended; a reused pid is another)."""
-    state = process_state(ref.pid, proc)
-    return state is not None and state[1] == ref.start and state[0] not in ("Z", "X", "x")
-
-
-def boot_id(proc: str = "/proc") -> Optional[str]:
-    """This boot's id: start times count from boot, so a process of another boot is none of
-    this one's."""
-    try:
-        with open(os.path.join(proc, "sys", "kernel", "random", "boot_id"), encoding="ascii") as f:
-            return f.read().strip() or None
-    except OSError:
-        return None
-
 
 def open_pidfd(ref: ProcessRef, proc: str = "/proc") -> Optional[int]:
     """Blocking: a pidfd on this very process, or None if it has ended. Raises OSError when
@@ -71,12 +43,11 @@ def open_pidfd(ref: ProcessRef, proc: str = "/proc") -> Optional[int]:
 class Lifelines:
     """Keeps a watch on every process the lease manager holds devices for."""
 
-    def __init__(self, leases: LeaseManager, proc: str = "/proc", pidfds: bool = True,
-                 poll: float = POLL) -> None:
+    def __init__(self, leases: LeaseManager, config: Config, pidfds: bool = True) -> None:
         self.leases = leases
-        self.proc = proc
+        self.proc = config.proc_root
         self.pidfds = pidfds  # False: poll, as where pidfds cannot be had
-        self.poll = poll
+        self.poll = config.lifeline_poll
         self.ended = 0  # processes seen to end
         self._fds: Dict[ProcessRef, int] = {}
         self._polled: Set[ProcessRef] = set()
