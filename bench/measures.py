@@ -474,10 +474,10 @@ def _lease_manager_costs(users: int, per_user: int) -> Dict[str, Any]:
     """The lease manager alone, on the 8 test-mode devices all held: each call timed."""
     from patroller.core.identity import named_user
     from patroller.core.leases import LeaseManager
-    from patroller.core.policy import Policy
+    from patroller.config import Config, policy_of
     from patroller.observe.testmode import synthetic_inventory
 
-    leases = LeaseManager(synthetic_inventory(8), lease=600.0, policy=Policy(),
+    leases = LeaseManager(synthetic_inventory(8), lease=600.0, policy=policy_of(Config()),
                           max_waiters=users * per_user, max_waiting_per_user=per_user)
     leases.request(named_user("holder"), {"gpu": 8})
     names = [named_user(f"user{n}") for n in range(users)]
@@ -631,11 +631,10 @@ def _filesystem(path: str) -> str:
 def _book_write_costs(directory: str, ctx: Context) -> Dict[str, Any]:
     """The lease manager's request/release with and without a book, 8 devices; and one write,
     with and without fsync (why the book does without it)."""
-    from patroller.state import book as bookmodule
-    from patroller.config import Config
+    from patroller.config import Config, policy_of
     from patroller.core.identity import Identity, named_user
     from patroller.core.leases import LeaseManager
-    from patroller.core.policy import Policy
+    from patroller.state import book as bookmodule
     from patroller.observe.testmode import synthetic_inventory
 
     count = 2000 if ctx.quick else 20000
@@ -655,7 +654,7 @@ def _book_write_costs(directory: str, ctx: Context) -> Dict[str, Any]:
 
     def manager() -> LeaseManager:
         config = Config()
-        return LeaseManager(synthetic_inventory(8), lease=600.0, policy=Policy(),
+        return LeaseManager(synthetic_inventory(8), lease=600.0, policy=policy_of(Config()),
                             max_waiters=config.max_waiters,
                             max_waiting_per_user=config.max_waiting_per_user)
 

@@ -1,6 +1,7 @@
 """Fair use on the fake clock: per-user limits, the starvation bound, reservations for a
 duration, the administrator's release, idle detection, and the audit record."""
 import json
+from dataclasses import replace
 import logging
 
 import pytest
@@ -12,8 +13,7 @@ from patroller.core.errors import Busy, NotYours, OverLimit
 from patroller.observe.idle import IdleWatch
 from patroller.core.identity import Identity, named_user
 from patroller import durations
-from patroller.config import load_limits
-from patroller.core.policy import Policy
+from patroller.config import load_limits, policy_of
 from patroller.http.views import claims
 
 LEASE = Config().lease  # the shared factory's
@@ -23,7 +23,7 @@ root = Identity(user="root", source="host", account="root", uid=0)
 
 def manager(clock, **policy):
     """The shared factory's manager, under a policy of `policy`."""
-    return lease_manager(clock, policy=Policy(**policy))
+    return lease_manager(clock, policy=replace(policy_of(Config()), **policy))
 
 
 def recorded(leases):

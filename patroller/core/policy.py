@@ -11,16 +11,17 @@ from typing import Mapping, Optional
 
 @dataclass(frozen=True)
 class Policy:
-    """What the administrator allows. The defaults change nothing but the starvation bound."""
+    """What the administrator allows. Built from Config (`patroller.config.policy_of`), which
+    holds the defaults: none is repeated here."""
 
-    max_per_user: Optional[int] = None  # devices one user may hold at once; None: unlimited
+    max_per_user: Optional[int]  # devices one user may hold at once; None: unlimited
+    starvation_bound: float  # seconds a waiting request may be overtaken
+    max_hold: float  # the longest reservation one may ask for (hold=<duration>)
+    idle_sm: float  # % of SM below which a held device is idle ...
+    idle_memory_mib: float  # ... when its memory used is below this too
+    idle_after: float  # seconds idle before /status says so
+    idle_release: Optional[float]  # seconds idle, with no process, before it is released
     limits: Mapping[str, Optional[int]] = field(default_factory=dict)  # per-user overrides
-    starvation_bound: float = 600.0  # seconds a waiting request may be overtaken
-    max_hold: float = 12 * 3600.0  # the longest reservation one may ask for (hold=<duration>)
-    idle_sm: float = 5.0  # % of SM below which a held device is idle ...
-    idle_memory_mib: float = 1024.0  # ... when its memory used is below this too
-    idle_after: float = 1800.0  # seconds idle before /status says so
-    idle_release: Optional[float] = None  # seconds idle, with no process, before it is released
 
     def limit_of(self, user: str) -> Optional[int]:
         """The most devices `user` may hold at once, or None."""
