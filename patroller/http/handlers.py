@@ -20,7 +20,8 @@ from patroller.core.leases import LeaseManager, Waiter
 from patroller.http import query
 from patroller.http.access import SHOWN_METHOD_CHARS, shown
 from patroller.http.api import Api
-from patroller.http.views import counters, dumps, queue_view, users_view
+from patroller.http.encoding import dumps
+from patroller.http.views import counters, queue_view, users_view
 
 log = logging.getLogger(__name__)
 

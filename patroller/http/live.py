@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Optional, Set
 from tornado.ioloop import IOLoop
 
 from patroller.config import Config
-from patroller.http.views import dumps
+from patroller.http.encoding import dumps
 
 
 class Page:

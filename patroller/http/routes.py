@@ -18,7 +18,8 @@ from patroller.http.handlers import (DevicesHandler, HistoryHandler, MetricsHand
 from patroller.http.live import LiveFeed
 from patroller.http.metrics import Registries
 from patroller.http.page import EventsHandler, IndexHandler, WebHandler, web_files
-from patroller.http.views import DevicesView, StatusView, dumps, page_snapshot
+from patroller.http.encoding import dumps
+from patroller.http.views import DevicesView, StatusView, page_snapshot
 from patroller.services import Services
 
 

@@ -12,20 +12,15 @@ starving waiter); the manager never reads them.
 """
 from __future__ import annotations
 
-import json
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from patroller.core.devices import Inventory
 from patroller.core.leases import Hold, LeaseManager
+from patroller.http.encoding import dumps
 from patroller.observe.idle import IdleWatch
 from patroller.observe.stats import StatsStore, iso_time
 from patroller.services import Services
-
-def dumps(body: Any) -> bytes:
-    """Compact JSON, as every answer is written."""
-    return json.dumps(body, separators=(",", ":")).encode()
-
 
 class StatusView:
     """The /status body, cached between changes."""
