@@ -607,7 +607,7 @@ def _positive(text: Optional[str], kind: type) -> Optional[Any]:
     return value
 
 
-class Stream:
+class MonitorRun:
     """One dmon/pmon run: the counters that -c, faults and header repeats need."""
 
     def __init__(self, kind: str, opts: Dict[str, str], all_env: bool) -> None:
@@ -700,7 +700,7 @@ def _garble(row: str, n: int) -> str:
 
 def monitor(kind: str, args: Sequence[str], source: Source, all_env: bool) -> int:
     """Run dmon or pmon until -c, a fault or a signal ends it."""
-    stream = Stream(kind, _options(args), all_env)
+    stream = MonitorRun(kind, _options(args), all_env)
     scn = source.scenario
     if _start(scn, kind).get("ignore_sigterm"):
         _ignore_sigterm()
