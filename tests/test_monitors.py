@@ -5,6 +5,7 @@ from dataclasses import replace
 
 from helpers import async_test, until
 from patroller.config import Config
+from patroller.observe.crosscheck import Unattributed
 from patroller.observe.monitors import DmonMonitor, PmonMonitor
 from patroller.observe.signals import Signals
 from patroller.observe.testmode import synthetic_inventory
@@ -134,3 +135,21 @@ async def test_unreadable_lines_are_reported_once_a_window_with_their_count(capl
     reports = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert reports == ["dmon: 1 unreadable line(s) skipped, the last: '0 garbage 0'",
                        "dmon: 5 unreadable line(s) skipped, the last: '1 garbage 5'"]
+
+
+@async_test
+async def test_a_blind_device_stays_blind_until_pmon_lists_a_process_on_it():
+    inventory = synthetic_inventory(3)
+    pmon = PmonMonitor(inventory, Signals(), ["nvidia-smi"], {}, Config())
+    figures = {d.uuid: {"sm": 0, "fb": 0} for d in inventory}
+    unattributed = Unattributed(inventory, figures.__getitem__, pmon, Config().busy_mib)
+    blind = inventory.by_number(1).uuid
+    assert unattributed() == set()  # idle, no process listed: nothing to cross-check
+    figures[blind] = {"sm": 40, "fb": 9000}  # busy, and pmon lists nothing there
+    assert unattributed() == {blind}
+    figures[blind] = {"sm": 0, "fb": 0}  # quiet for a while: still blind, still cross-checked
+    assert unattributed() == {blind}
+    for line in PMON_HEADER + interval({1: [(4242, "python")]}):
+        pmon._line(line)
+    assert unattributed() == set()  # pmon names a process there: it sees this device
+    await pmon.stop(0.5)
