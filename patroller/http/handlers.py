@@ -8,6 +8,7 @@ import pkgutil
 from typing import Any, Callable, Dict, List, Optional
 
 import tornado.web
+from tornado import httputil
 from tornado.ioloop import IOLoop
 
 from patroller import __version__
@@ -131,7 +132,8 @@ class Handler(tornado.web.RequestHandler):
             self.set_header("Allow", ", ".join(self.allowed()))
         elif isinstance(exc, tornado.web.HTTPError) and status_code < 500:
             # Tornado's messages may quote the request (a 60 kB Content-Encoding): cut them
-            body = {"error": shown(exc.log_message or self._reason, SHOWN_MESSAGE_CHARS)}
+            reason = exc.reason or httputil.responses.get(status_code, "Unknown")
+            body = {"error": shown(exc.log_message or reason, SHOWN_MESSAGE_CHARS)}
         else:
             body = {"error": "internal error: the daemon's log has the details"}
         self.finish(dumps(body))
@@ -305,6 +307,7 @@ class EventsHandler(Handler):
         self.feed = feed
         self.stream: Optional[_EventStream] = None
         self.done: Optional["asyncio.Future[None]"] = None
+        self.answered = False  # finish() was called (by us, or by Tornado on an error)
 
     async def get(self) -> None:
         if self.args():
@@ -317,8 +320,11 @@ class EventsHandler(Handler):
         self.stream = _EventStream(self)
         self.feed.add(self.stream)
         await self.done
-        if not self._finished:
+        if not self.answered:
             self.finish()
+
+    def on_finish(self) -> None:
+        self.answered = True
 
     def ended(self) -> None:
         if self.stream is not None:
