@@ -16,20 +16,10 @@ from tornado.netutil import bind_sockets
 
 from patroller.http.accepting import Acceptor
 from patroller.http.framing import FramedServerConnection, HeadStream
-from patroller.identify.sockets import Credentials, peer_credentials
+from patroller.identify.peers import Peer, attach, peer_credentials
 from patroller.core.throttle import Throttle
 
 log = logging.getLogger(__name__)
-
-PEER = "patroller_peer"  # the attribute a unix connection's stream carries
-
-
-class Peer:
-    """A unix-socket caller: its credentials, and its /proc facts read as it connected."""
-
-    def __init__(self, credentials: Credentials, facts: "asyncio.Future[Any]") -> None:
-        self.credentials = credentials
-        self.facts = facts
 
 
 class PeerServer(HTTPServer):
@@ -74,7 +64,7 @@ class PeerServer(HTTPServer):
             credentials = peer_credentials(sock)
             if credentials is not None:
                 facts = asyncio.ensure_future(self.read_facts(credentials.pid))
-                setattr(stream, PEER, Peer(credentials, facts))
+                attach(stream, Peer(credentials, facts))
         # HTTPServer.handle_stream, with the connection class that answers framing errors
         context = _HTTPRequestContext(stream, address, self.protocol, self.trusted_downstream)
         conn = FramedServerConnection(stream, self.conn_params, context, self.framing_reports)
@@ -84,11 +74,6 @@ class PeerServer(HTTPServer):
 
 def _keep_nodelay(value: bool) -> None:
     """TCP_NODELAY stays on for the connection's life."""
-
-
-def peer_of(stream: Any) -> Optional[Peer]:
-    """The unix-socket caller behind a request's stream, if it came that way."""
-    return getattr(stream, PEER, None)
 
 
 def tcp_sockets(port: int, address: str) -> List[socket.socket]:

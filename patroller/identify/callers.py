@@ -11,9 +11,9 @@ from tornado.httputil import HTTPServerRequest
 from patroller.identify.containers import ContainerDirectory, DockerUnavailable, container_identity
 from patroller.core.errors import BadRequest, NoCallerProcess, Unidentified
 from patroller.core.identity import Identity, ProcessRef, named_user
-from patroller.http.server import peer_of
 from patroller.identify.sockets import (Address, Owner, SocketEntry, closed_reason, find_client, find_holder,
                     is_loopback, normalize, owner_of)
+from patroller.identify.peers import peer_of
 from patroller.identify.resolver import ProcessIdentifier, ProcFacts, host_identity, read_facts
 
 DEFAULT_TEST_USER = "test-user"
