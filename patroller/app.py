@@ -38,8 +38,6 @@ from patroller.http.views import DevicesView, StatusView, users_view
 log = logging.getLogger(__name__)
 
 STALE_INTERVALS = 3  # statistics older than this many sampling intervals are stale
-MAX_BODY = 64 * 1024  # bytes: the largest request body taken (a form for /release)
-IDLE_TIMEOUT = 300.0  # seconds a keep-alive connection may sit idle between requests
 
 
 class StartError(Exception):
@@ -174,12 +172,7 @@ class Daemon:
             self.unix_path = unix_path
         lane = FastLane(self.app, {"/status": self.status.body, "/devices": self.devices.body},
                         self.requests.count)
-        # Requests are small: refuse big bodies outright, and bodies that trickle in; idle
-        # keep-alive connections end after a while (a waiting /wait is not idle).
-        self.server = PeerServer(lane, xheaders=False, max_body_size=MAX_BODY,
-                                 idle_connection_timeout=IDLE_TIMEOUT,
-                                 body_timeout=self.config.body_timeout)
-        self.server.read_facts = self.identifier.facts
+        self.server = PeerServer(lane, config=self.config, read_facts=self.identifier.facts)
         self.server.add_sockets(sockets)
         return [_url(s) for s in sockets]
 
