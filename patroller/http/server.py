@@ -19,7 +19,7 @@ from patroller.config import Config
 from patroller.core.throttle import Throttle
 from patroller.http.accepting import Acceptor
 from patroller.http.framing import Framing, TornadoReports
-from patroller.identify.peers import Peer, attach, peer_credentials
+from patroller.identify.peers import Peer, attach, attach_address, peer_credentials
 
 log = logging.getLogger(__name__)
 
@@ -64,13 +64,16 @@ class PeerServer(HTTPServer):
         super().stop()
 
     def handle_stream(self, stream: IOStream, address: Any) -> None:
-        """Attach a unix caller's credentials and /proc facts, then serve it as HTTP."""
+        """Attach who is calling (a unix caller's credentials and /proc facts, a TCP caller's
+        address), then serve the connection as HTTP."""
         sock = stream.socket
         if sock is not None and sock.family == socket.AF_UNIX:
             credentials = peer_credentials(sock)
             if credentials is not None:
                 facts = asyncio.ensure_future(self.read_facts(credentials.pid))
                 attach(stream, Peer(credentials, facts))
+        elif isinstance(address, tuple):
+            attach_address(stream, (address[0], address[1]))
         super().handle_stream(stream, address)
 
 

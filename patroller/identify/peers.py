@@ -1,8 +1,10 @@
-"""Who is at the other end of a unix-socket connection: the kernel's word (SO_PEERCRED).
+"""Who is at the other end of a connection: the kernel's word (SO_PEERCRED) for a unix-socket
+caller, the address a TCP caller came from.
 
-The server reads a connection's credentials as it accepts it, starts reading the peer's /proc
-facts at once (the caller may exit and its pid be reused before its request is handled), and
-attaches both to the connection's stream here; the callers layer looks them up by the stream.
+The server reads a unix connection's credentials as it accepts it, starts reading the peer's
+/proc facts at once (the caller may exit and its pid be reused before its request is handled),
+and attaches both to the connection's stream here, as it attaches a TCP connection's address;
+the callers layer looks them up by the stream.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import socket
 import struct
 import weakref
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class Peer:
 # Keyed by the connection's stream and weakly, so that an entry lives exactly as long as its
 # connection; two daemons in one process never share a stream.
 _PEERS: "weakref.WeakKeyDictionary[Any, Peer]" = weakref.WeakKeyDictionary()
+_ADDRESSES: "weakref.WeakKeyDictionary[Any, Tuple[str, int]]" = weakref.WeakKeyDictionary()
 
 
 def attach(stream: Any, peer: Peer) -> None:
@@ -56,3 +59,15 @@ def peer_of(stream: Any) -> Optional[Peer]:
     if stream is None:
         return None
     return _PEERS.get(stream)
+
+
+def attach_address(stream: Any, address: Tuple[str, int]) -> None:
+    """Say where a TCP connection's stream comes from (host, port), as it was accepted."""
+    _ADDRESSES[stream] = address
+
+
+def address_of(stream: Any) -> Optional[Tuple[str, int]]:
+    """The (host, port) a TCP connection came from, if the server said so."""
+    if stream is None:
+        return None
+    return _ADDRESSES.get(stream)
