@@ -38,8 +38,6 @@ from patroller.state.timer import ExpiryTimer
 
 log = logging.getLogger(__name__)
 
-MAX_BODY = 64 * 1024  # bytes: the largest request body taken (a form for /release)
-IDLE_TIMEOUT = 300.0  # seconds a keep-alive connection may sit idle between requests
 
 
 class StartError(Exception):
@@ -98,12 +96,8 @@ class Daemon:
         assert api.app is not None
         lane = FastLane(api.app, {"/status": api.status.body, "/devices": api.devices.body},
                         api.requests.count)
-        # Requests are small: refuse big bodies outright, and bodies that trickle in; idle
-        # keep-alive connections end after a while (a waiting /wait is not idle).
-        self.server = PeerServer(lane, xheaders=False, max_body_size=MAX_BODY,
-                                 idle_connection_timeout=IDLE_TIMEOUT,
-                                 body_timeout=self.services.config.body_timeout)
-        self.server.read_facts = self.services.identifier.facts
+        self.server = PeerServer(lane, config=self.services.config,
+                                 read_facts=self.services.identifier.facts)
         self.server.add_sockets(sockets)
         return [_url(s) for s in sockets]
 

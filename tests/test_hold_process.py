@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -405,6 +406,56 @@ async def test_hold_must_be_lease_or_process():
         status, body = await h.call("/request?gpu=1&hold=forever")
         assert status == 400 and body["holds"] == ["lease", "process", "<duration>"]
         assert all(c["claim"]["state"] == "free" for c in (await h.ok("/status")).values())
+
+
+# Connects to the unix socket, waits for a word on stdin, hands the connection over the
+# socket it inherited and exits.
+CONNECTOR = r"""
+import socket, sys
+caller = socket.socket(socket.AF_UNIX)
+caller.connect(sys.argv[1])
+sys.stdin.readline()
+socket.send_fds(socket.socket(fileno=int(sys.argv[2])), [b"x"], [caller.fileno()])
+"""
+
+
+@async_test
+async def test_a_unix_caller_that_exits_before_its_request_is_still_who_connected(tmp_path):
+    """Its credentials and /proc facts are read as it connects, not when its request comes:
+    by then the caller may be gone, and its pid another process's."""
+    path = str(tmp_path / "api.sock")
+    async with running(socket=path, lease=60) as h:
+        ours, theirs = socket.socketpair()
+        with ours, theirs:
+            read = h.daemon.identifier.proc_reads
+            child = subprocess.Popen([sys.executable, "-c", CONNECTOR, path, str(theirs.fileno())],
+                                     pass_fds=[theirs.fileno()], stdin=subprocess.PIPE, text=True)
+            try:
+                await until(lambda: h.daemon.identifier.proc_reads > read)  # before any request
+                child.stdin.write("go\n")
+                child.stdin.flush()
+                loop = asyncio.get_running_loop()
+                _, [fd], _, _ = await loop.run_in_executor(None, socket.recv_fds, ours, 1, 1)
+            finally:
+                child.stdin.close()
+                assert child.wait(10) == 0
+        assert not os.path.exists(f"/proc/{child.pid}")  # gone before its request is sent
+        with socket.socket(fileno=fd) as connection:
+            connection.settimeout(10)
+            connection.sendall(b"GET /request?gpu=1&hold=process&user=alice HTTP/1.1\r\n"
+                               b"Host: x\r\nConnection: close\r\n\r\n")
+            answer = b""
+            while True:
+                chunk = await loop.run_in_executor(None, connection.recv, 65536)
+                if not chunk:
+                    break
+                answer += chunk
+        head, body = answer.split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.1 200 "), answer
+        [grant] = json.loads(body)
+        assert grant["hold"] == "process" and grant["held_for_pid"] == child.pid
+        # held for a process that has ended: freed at once, no lease to wait for
+        await until(lambda: h.daemon.leases.state(grant["uuid"]) == "free", timeout=5)
 
 
 @pytest.fixture

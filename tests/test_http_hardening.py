@@ -1,12 +1,11 @@
-"""HTTP at its edges: framing errors in JSON, HEAD, POST, the Server header, bounded logs, SIGHUP.
+"""HTTP at its edges: framing errors, HEAD, POST, the Server header, bounded logs, SIGHUP.
 
 A real daemon on a loopback port, spoken to over raw sockets where the framing matters. The
-framing tests also pin the Tornado behaviour that patroller/framing.py replaces: an upgrade that
-changes it fails here.
+framing tests pin which refusals the daemon answers in JSON (patroller/http/framing.py) and
+which Tornado answers itself, before the daemon sees the request: a Tornado release that
+changes one of them fails here.
 """
 import asyncio
-import hashlib
-import inspect
 import json
 import logging
 import os
@@ -15,16 +14,14 @@ import socket
 import tempfile
 import time
 import urllib.request
-from typing import Dict, Tuple
+from typing import Dict, List, Tuple
 
 import pytest
-import tornado
-from tornado.http1connection import HTTP1ServerConnection
-from tornado.httpserver import HTTPServer
-from tornado.tcpserver import TCPServer
 
-from helpers import FakeClock, ServerProcess, async_test, running
+from helpers import FakeClock, ServerProcess, async_test, running, until
 from patroller.core.throttle import Throttle
+from patroller.http.accepting import Stream
+from patroller.identify.sockets import SocketEntry, find_client_in_tables
 
 Head = Tuple[str, Dict[str, str]]
 
@@ -56,15 +53,16 @@ async def refused(h, data: bytes) -> Tuple[Head, dict]:
     return (status, headers), json.loads(body)
 
 
+ZERO = SocketEntry(("", 0), ("", 0), 0, 0, 0)  # no socket
 BIG = 70 * 1024  # over Tornado's 64 KiB header limit
-FRAMING = [
-    ("request line", b"\x00\xff\r\n\r\n", 400, "malformed request"),
-    ("HTTP version", b"GET /status HTTP/2.0\r\nHost: x\r\n\r\n", 400, "HTTP version"),
-    ("header line", b"GET /status HTTP/1.1\r\nHost x\r\n\r\n", 400, "malformed request"),
+JSON_FRAMING = [  # refused by the daemon, in JSON
     ("content length", b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n", 400,
      "Content-Length"),
     ("unequal content lengths",
      b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: 1, 2\r\n\r\nab", 400, "Content-Length"),
+    ("repeated content length lines",
+     b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+     400, "Content-Length"),
     ("content length not in ASCII digits",
      b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: \xb2\r\n\r\n", 400, "Content-Length"),
     ("content length of 5,000 digits",
@@ -73,22 +71,47 @@ FRAMING = [
     ("body over the limit",
      b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n" + b"a" * 100000, 413,
      "at most 65536"),
+    ("body over the limit on the fast lane",
+     b"GET /status HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n" + b"a" * 100000, 413,
+     "at most 65536"),
     ("chunked body over the limit",
      b"POST /release HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
      + (b"8000\r\n" + b"a" * 0x8000 + b"\r\n") * 3 + b"0\r\n\r\n", 413, "longer than 65536"),
+    ("one chunk announcing 2^248 bytes",
+     b"POST /release HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+     + b"f" * 62 + b"\r\n" + b"a" * 100000, 413, "longer than 65536"),
+    ("both content length and chunked",
+     b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked"
+     b"\r\n\r\nabc", 400, "both Transfer-Encoding and Content-Length"),
+    ("transfer encoding other than chunked",
+     b"POST /release HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 400,
+     "Transfer-Encoding 'gzip' is not taken"),
+    ("no Host header", b"GET /queue HTTP/1.1\r\n\r\n", 400, "Missing Host header"),
+    ("two Host headers", b"GET /queue HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400,
+     "Multiple host headers"),
+]
+PLAIN_FRAMING = [  # parsed by Tornado before the daemon sees a request: its bare 400
+    ("request line", b"\x00\xff\r\n\r\n"),
+    ("HTTP version", b"GET /status HTTP/2.0\r\nHost: x\r\n\r\n"),
+    ("HTTP/2 preface", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"),
+    ("header line", b"GET /status HTTP/1.1\r\nHost x\r\n\r\n"),
     ("bad chunk size",
-     b"POST /release HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400,
-     "chunk size"),
-    ("URL over 64 KiB", b"GET /status?" + b"a" * BIG + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414,
-     "request line is longer than 65536 bytes"),
+     b"POST /release HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"),
+]
+UNANSWERED = [  # over Tornado's limits on what it reads before the daemon sees it: closed
+    ("URL over 64 KiB", b"GET /status?" + b"a" * BIG + b" HTTP/1.1\r\nHost: x\r\n\r\n"),
     ("header block over 64 KiB", b"GET /status HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * BIG
-     + b"\r\n\r\n", 431, "header block is longer than 65536 bytes"),
+     + b"\r\n\r\n"),
     ("header block of 1 MiB", b"GET /status HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * (1 << 20)
-     + b"\r\n\r\n", 431, "header block"),
+     + b"\r\n\r\n"),
+    ("chunk-size line over 64 bytes",
+     b"POST /release HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + b"0" * 100
+     + b"1\r\n"),
 ]
 
 
-@pytest.mark.parametrize("data,status,words", [f[1:] for f in FRAMING], ids=[f[0] for f in FRAMING])
+@pytest.mark.parametrize("data,status,words", [f[1:] for f in JSON_FRAMING],
+                         ids=[f[0] for f in JSON_FRAMING])
 @async_test
 async def test_framing_errors_get_a_json_answer_then_the_connection_closes(data, status, words):
     async with running() as h:
@@ -99,35 +122,145 @@ async def test_framing_errors_get_a_json_answer_then_the_connection_closes(data,
         assert len(await h.ok("/devices")) == 8  # and the daemon goes on
 
 
-# What framing.py and listeners.py replace, as found in the installed Tornado. A new Tornado
-# that changes one of them fails here: compare it with our version, then update the digest.
-REPLACED = {
-    "HTTP1ServerConnection._server_request_loop": (HTTP1ServerConnection._server_request_loop,
-                                                   "framing.FramedServerConnection"),
-    "HTTPServer.handle_stream": (HTTPServer.handle_stream, "listeners.PeerServer.handle_stream"),
-    "TCPServer.add_sockets": (TCPServer.add_sockets, "listeners.PeerServer.add_sockets"),
-}
-DIGESTS = {  # by Tornado release: the ones requirements.txt admits
-    "6.5": {
-        "HTTP1ServerConnection._server_request_loop": "3d66d7a731fbc3c3",
-        "HTTPServer.handle_stream": "cfee5acf32843e5c",
-        "TCPServer.add_sockets": "4cc159003c60dd83",
-    },
-    "6.6": {
-        "HTTP1ServerConnection._server_request_loop": "878caf064d85d615",
-        "HTTPServer.handle_stream": "164864e68f57d899",
-        "TCPServer.add_sockets": "4cc159003c60dd83",
-    },
-}
+async def everything(h, data: bytes) -> bytes:
+    """Send `data` on a fresh connection: all it gets before the connection ends."""
+    reader, writer = await h.raw(data)
+    try:
+        return await asyncio.wait_for(reader.read(), 10)
+    except ConnectionResetError:  # closed with what the client sent still unread
+        return b""
+    finally:
+        writer.close()
 
 
-@pytest.mark.parametrize("name", sorted(REPLACED))
-def test_the_tornado_code_we_replace_is_the_code_we_copied(name):
-    function, ours = REPLACED[name]
-    digest = hashlib.sha256(inspect.getsource(function).encode()).hexdigest()[:16]
-    release = ".".join(tornado.version.split(".")[:2])
-    assert release in DIGESTS, f"Tornado {tornado.version} is not one requirements.txt admits"
-    assert digest == DIGESTS[release][name], f"Tornado's {name} changed: check patroller/{ours} against it"
+@pytest.mark.parametrize("data", [f[1] for f in PLAIN_FRAMING], ids=[f[0] for f in PLAIN_FRAMING])
+@async_test
+async def test_what_tornado_parses_first_gets_its_bare_400_then_the_connection_closes(data):
+    async with running() as h:
+        assert await everything(h, data) == b"HTTP/1.1 400 Bad Request\r\n\r\n"
+        assert len(await h.ok("/devices")) == 8
+
+
+@pytest.mark.parametrize("data", [f[1] for f in UNANSWERED], ids=[f[0] for f in UNANSWERED])
+@async_test
+async def test_what_is_over_tornados_read_limits_closes_the_connection_unanswered(data):
+    async with running() as h:
+        assert await everything(h, data) == b""
+        assert len(await h.ok("/devices")) == 8
+
+
+LINGERED = [  # refused with more of the body still coming than the daemon had read
+    ("by its content length", b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n"
+     + b"a" * 100000, "at most 65536 are taken"),
+    ("as its chunks arrive", b"POST /release HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+     + (b"8000\r\n" + b"a" * 0x8000 + b"\r\n") * 8 + b"0\r\n\r\n", "longer than 65536 bytes"),
+]
+
+
+@pytest.mark.parametrize("request_,words", [f[1:] for f in LINGERED], ids=[f[0] for f in LINGERED])
+@async_test
+async def test_a_refused_connection_ends_with_a_clean_close_not_a_reset(request_, words):
+    """The lingering close: what the client still sends is read and dropped before the close.
+    Closing with unread data makes the kernel send a reset instead, which can destroy an answer
+    the client has not read yet (here the client waits until the daemon has closed its end,
+    then reads, and looks whether a reset came)."""
+    async with running(linger=0.3) as h:
+        loop = asyncio.get_running_loop()
+        with socket.create_connection(("127.0.0.1", h.port)) as client:
+            ours, theirs = client.getsockname(), client.getpeername()
+            await loop.run_in_executor(None, client.sendall, request_)
+            # not a byte read until the daemon has closed its end (its socket is gone, or
+            # has no file any more)
+            await until(lambda: (find_client_in_tables(theirs, ours) or ZERO).inode == 0)
+            client.settimeout(10)
+            answer = b""
+            while True:
+                chunk = await loop.run_in_executor(None, client.recv, 65536)
+                if not chunk:
+                    break
+                answer += chunk
+            reset = client.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)  # kept past the end
+        assert answer.startswith(b"HTTP/1.1 413 ") and answer.endswith(words.encode() + b'"}')
+        assert reset == 0, os.strerror(reset)  # the daemon closed with nothing left unread
+
+
+@async_test
+async def test_a_refused_head_request_gets_the_headers_without_the_body():
+    async with running() as h:
+        reader, writer = await h.raw(b"HEAD /status HTTP/1.1\r\nHost: x\r\n"
+                                     b"Content-Length: 100000\r\n\r\n")
+        (line, headers), _ = await read_answer(reader, head_only=True)
+        assert line.startswith("HTTP/1.1 413 ") and int(headers["content-length"]) > 0
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # no body, then the end
+        writer.close()
+
+
+@async_test
+async def test_the_body_limit_and_the_log_bound_are_the_configured_ones():
+    volume = Volume()
+    logger = logging.getLogger("patroller.access")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(volume)
+    try:
+        async with running(max_body=100, framing_reports=2, framing_window=60.0) as h:
+            status, body = await h.call("/release", method="POST", body=b"uuid=" + b"a" * 95)
+            assert status == 422 and "no device" in body["error"]  # 100 bytes are taken
+            for size in (101, 102, 103):
+                request = (b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+                           % size + b"a" * size)
+                (line, _), body = await refused(h, request)
+                assert line.startswith("HTTP/1.1 413 ")
+                assert body["error"] == f"the request body is {size} bytes; at most 100 are taken"
+    finally:
+        logger.removeHandler(volume)
+        logger.setLevel(level)
+    assert [m[:4] for m in volume.messages].count("413 ") == 2  # the third one is held back
+
+
+@async_test
+async def test_an_idle_keep_alive_connection_ends_after_the_configured_idle_timeout():
+    async with running(idle_timeout=0.5) as h:
+        reader, writer = await h.raw(b"GET /devices HTTP/1.1\r\nHost: x\r\n\r\n")
+        (line, _), _ = await read_answer(reader)
+        assert line == "HTTP/1.1 200 OK"
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # closed by the daemon
+        writer.close()
+
+
+@async_test
+async def test_stopping_the_server_stops_accepting_and_closing_ends_the_open_connections():
+    async with running() as h:
+        reader, writer = await h.raw(b"GET /devices HTTP/1.1\r\nHost: x\r\n\r\n")
+        (line, _), _ = await read_answer(reader)
+        assert line == "HTTP/1.1 200 OK"
+        h.daemon.server.stop()
+        with pytest.raises(ConnectionRefusedError):
+            await asyncio.open_connection("127.0.0.1", h.port)
+        writer.write(b"GET /devices HTTP/1.1\r\nHost: x\r\n\r\n")  # still served
+        (line, _), _ = await read_answer(reader)
+        assert line == "HTTP/1.1 200 OK"
+        await asyncio.wait_for(h.daemon.server.close_all_connections(), 10)
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+        writer.close()
+
+
+def test_an_accepted_tcp_connection_keeps_tcp_nodelay_on():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        with socket.create_connection(server.getsockname()):
+            accepted, _ = server.accept()
+
+            async def check() -> None:
+                stream = Stream(accepted)
+                try:
+                    assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+                    stream.set_nodelay(False)  # as Tornado does after each answer
+                    assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+                finally:
+                    stream.close()
+            asyncio.run(check())
 
 
 @async_test
@@ -201,7 +334,8 @@ async def test_every_answer_says_server_patroller_and_no_framework_version():
                                           allow_nonstandard_methods=True,
                                           body=b"" if method == "PUT" else None)
             assert response.headers["Server"] == "patroller", (path, method)
-        (_, headers), _ = await refused(h, b"\x00\r\n\r\n")
+        (_, headers), _ = await refused(h, b"POST /release HTTP/1.1\r\nHost: x\r\n"
+                                             b"Content-Length: -5\r\n\r\n")
         assert headers["server"] == "patroller"
 
 
@@ -246,10 +380,12 @@ class Volume(logging.Handler):
         super().__init__(logging.DEBUG)
         self.lines = 0
         self.bytes = 0
+        self.messages: List[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines += 1
         self.bytes += len(record.getMessage())
+        self.messages.append(record.getMessage())
 
 
 @async_test
@@ -276,6 +412,26 @@ async def test_a_thousand_bad_requests_with_60_kB_queries_make_a_small_log():
     print(f"1000 bad requests of 60 kB in {took:.1f} s: {volume.lines} log lines, "
           f"{volume.bytes} bytes of log")
     assert volume.lines <= 25 and volume.bytes < 5000
+
+
+@async_test
+async def test_tornados_own_lines_about_bad_requests_are_bounded_and_cut():
+    volume = Volume()
+    logger = logging.getLogger("tornado.general")  # where Tornado logs what it refuses itself
+    level = logger.level
+    logger.setLevel(logging.INFO)  # as the daemon logs by default
+    logger.addHandler(volume)
+    try:
+        async with running() as h:
+            request = b"GET /status HTTP/" + b"x" * 60000 + b"\r\nHost: x\r\n\r\n"
+            for _ in range(300):
+                assert await everything(h, request) == b"HTTP/1.1 400 Bad Request\r\n\r\n"
+    finally:
+        logger.removeHandler(volume)
+        logger.setLevel(level)
+    print(f"300 bad request lines of 60 kB: {volume.lines} log lines, {volume.bytes} bytes of log")
+    assert 0 < volume.lines <= 25 and volume.bytes < 25 * 300
+    assert all("Malformed HTTP" in m for m in volume.messages), volume.messages[:3]
 
 
 def test_the_throttle_lets_a_few_through_per_window_and_counts_the_rest():

@@ -104,6 +104,16 @@ class Config:
     # cannot be had
 
     # -- internal defaults: http (the server, the views, the live feed) -----------------------
+    max_body: int = 64 * 1024  # bytes: the largest request body taken (a form for /release)
+    idle_timeout: float = 300.0  # seconds a keep-alive connection may sit idle between requests
+    linger: float = 1.0  # seconds a refused connection's input is read and dropped before closing
+    linger_bytes: int = 1 << 20  # bytes read and dropped so at most
+    framing_reports: int = 20  # refused requests logged per window at most (the rest counted)
+    framing_window: float = 10.0  # seconds: that window
+    accept_batch: int = 128  # connections accepted per wake-up at most, so others get a turn
+    accept_first_pause: float = 0.05  # seconds without accepting after accept() fails (EMFILE)
+    accept_max_pause: float = 1.0  # seconds: the pause doubles after each failure up to this
+    accept_report_every: float = 60.0  # seconds between two log lines about failing accepts
     status_max_age: float = 0.1  # seconds the cached /status body may be old (its clocks move)
     client_errors_logged: int = 20  # 4xx access-log lines per window at most; the rest counted
     client_errors_window: float = 10.0  # seconds

@@ -1,23 +1,28 @@
 """Accepting connections in a way that survives running out of file descriptors.
 
-This replaces Tornado's `tornado.netutil.add_accept_handler` (as of Tornado 6.6) for the daemon's
-listening sockets. There, an `accept()` that fails with EMFILE raises out of the handler, the
-IOLoop logs the traceback, and since the listening socket stays readable the loop calls the
-handler again at once: 100% CPU and about 358 MB of log a minute, for as long as the limit is
-reached. Here such a failure stops watching every listening socket for a pause that grows from
-0.05 s to 1 s (new connections wait in the kernel's backlog), then watches them again; the
-connections already open are served all along. The condition is logged once a minute at most,
+The daemon's listening sockets are watched here instead of by Tornado's `add_accept_handler`,
+whose handler, when `accept()` fails with EMFILE, raises to the IOLoop, which logs the traceback
+and, the listening socket staying readable, calls it again at once: 100% CPU and about 358 MB
+of log a minute, for as long as the limit is reached. Here such a failure stops watching every
+listening socket for a pause that grows from `accept_first_pause` to `accept_max_pause` (new
+connections wait in the kernel's backlog), then watches them again; the connections already
+open are served all along. The condition is logged once per `accept_report_every` at most,
 with a count, and once more when accepting works again.
+
+Each accepted connection becomes a `Stream`, handed to the server's `handle_stream` (the
+override point Tornado documents for a TCPServer).
 """
 from __future__ import annotations
 
 import errno
 import logging
 import socket
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Dict, Optional, Protocol
 
 from tornado.ioloop import IOLoop
+from tornado.iostream import IOStream
 
+from patroller.config import Config
 from patroller.core.throttle import Throttle
 
 log = logging.getLogger(__name__)
@@ -26,46 +31,73 @@ log = logging.getLogger(__name__)
 # (Linux passes a new connection's pending network error to accept(); see accept(2)).
 SKIP = {errno.ECONNABORTED, errno.EPROTO, errno.ENOPROTOOPT, errno.EHOSTDOWN, errno.ENONET,
         errno.EHOSTUNREACH, errno.EOPNOTSUPP, errno.ENETDOWN, errno.ENETUNREACH, errno.EPERM}
-BATCH = 128  # connections taken per wake-up at most, as Tornado does, so others get their turn
-FIRST_PAUSE = 0.05  # seconds without accepting after the first failure; doubles up to MAX_PAUSE
-MAX_PAUSE = 1.0
-REPORT_EVERY = 60.0  # seconds between two log lines about failing accepts
 
-Accepted = Callable[[socket.socket, Any], None]
+
+class Server(Protocol):
+    """What the Acceptor hands connections to: a Tornado TCPServer's public face."""
+
+    max_buffer_size: Optional[int]
+    read_chunk_size: Optional[int]
+
+    def handle_stream(self, stream: IOStream, address: Any) -> None:
+        """Serve one accepted connection."""
+
+
+class Stream(IOStream):
+    """An accepted connection, with TCP_NODELAY set once for its whole life.
+
+    Every answer is written in one piece, so Nagle's algorithm never helps; Tornado would turn
+    it on and off around every response (two setsockopt calls each).
+    """
+
+    def __init__(self, sock: socket.socket, **kwargs: Any) -> None:
+        super().__init__(sock, **kwargs)
+        super().set_nodelay(True)  # a no-op for a unix socket
+
+    def set_nodelay(self, value: bool) -> None:
+        """TCP_NODELAY stays on: see the class."""
 
 
 class Acceptor:
     """Accepts on listening sockets and pauses them all while accept() fails (EMFILE, ENFILE...)."""
 
-    def __init__(self, callback: Accepted, report: Optional[Throttle] = None) -> None:
-        self.callback = callback
+    def __init__(self, server: Server, config: Config) -> None:
+        self.server = server
+        self.batch = config.accept_batch
+        self.first_pause = config.accept_first_pause
+        self.max_pause = config.accept_max_pause
         self.sockets: Dict[int, socket.socket] = {}
+        self.loop: Optional[IOLoop] = None
         self.pause = 0.0  # the current pause; 0 while accepting works
         self.resume: Optional[object] = None  # the timeout that resumes watching, while paused
-        self.report = report or Throttle(1, REPORT_EVERY)
+        self.report = Throttle(1, config.accept_report_every)
         self.reported = False  # a failure was logged and its end not yet
         self.failures = 0  # accept() calls that failed for lack of resources, in all
 
-    def watch(self, sock: socket.socket) -> Callable[[], None]:
-        """Accept on `sock`; the callable returned stops that (as add_accept_handler's does)."""
+    def watch(self, sock: socket.socket) -> None:
+        """Accept on a listening socket, from now until `stop`."""
         self.loop = IOLoop.current()
-        fd = sock.fileno()
-        self.sockets[fd] = sock
+        self.sockets[sock.fileno()] = sock
         if self.resume is None:
             self.loop.add_handler(sock, self._ready, IOLoop.READ)
 
-        def remove() -> None:
-            if self.sockets.pop(fd, None) is not None and self.resume is None:
-                self.loop.remove_handler(sock)
-            if not self.sockets and self.resume is not None:
+    def stop(self) -> None:
+        """Stop accepting and close the listening sockets (open connections stay open)."""
+        sockets, self.sockets = list(self.sockets.values()), {}
+        if self.loop is not None:
+            if self.resume is not None:
                 self.loop.remove_timeout(self.resume)
-                self.resume = None
-        return remove
+            else:
+                for sock in sockets:
+                    self.loop.remove_handler(sock)
+        self.resume = None
+        for sock in sockets:
+            sock.close()
 
     def _ready(self, sock: socket.socket, events: int) -> None:
-        for _ in range(BATCH):
+        for _ in range(self.batch):
             if sock.fileno() not in self.sockets or self.resume is not None:
-                return  # removed, or paused by a failure on another socket
+                return  # stopped, or paused by a failure on another socket
             try:
                 connection, address = sock.accept()
             except BlockingIOError:
@@ -77,24 +109,35 @@ class Acceptor:
                 return
             if self.pause:
                 self._recovered()
-            self.callback(connection, address)
+            self._serve(connection, address)
+
+    def _serve(self, connection: socket.socket, address: Any) -> None:
+        try:
+            stream = Stream(connection, max_buffer_size=self.server.max_buffer_size,
+                            read_chunk_size=self.server.read_chunk_size)
+            self.server.handle_stream(stream, address)
+        except Exception:  # as Tornado's TCPServer does: one connection's failure is not fatal
+            log.exception("error in connection callback")
+            connection.close()
 
     def _failed(self, exc: OSError) -> None:
         """Stop watching every socket for a while: the same failure would come back at once."""
+        assert self.loop is not None
         self.failures += 1
-        self.pause = min(MAX_PAUSE, self.pause * 2 or FIRST_PAUSE)
+        self.pause = min(self.max_pause, self.pause * 2 or self.first_pause)
         admitted, held = self.report.admit()
         if admitted:
             more = f"; {held} more since the last report" if held else ""
             log.warning("cannot accept connections: %s; new ones wait in the queue, open ones "
                         "are served, accepting again within %g s%s",
-                        exc.strerror or exc, MAX_PAUSE, more)
+                        exc.strerror or exc, self.max_pause, more)
             self.reported = True
         for sock in self.sockets.values():
             self.loop.remove_handler(sock)
         self.resume = self.loop.call_later(self.pause, self._resume)
 
     def _resume(self) -> None:
+        assert self.loop is not None
         self.resume = None
         for sock in self.sockets.values():
             self.loop.add_handler(sock, self._ready, IOLoop.READ)

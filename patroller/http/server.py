@@ -8,28 +8,26 @@ import os
 import socket
 import stat
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterable, List, Optional
+from typing import Any, Awaitable, Callable, Iterable, List
 
-from tornado.httpserver import HTTPServer, _HTTPRequestContext
+from tornado.httpserver import HTTPServer
+from tornado.httputil import HTTPServerConnectionDelegate
 from tornado.iostream import IOStream
 from tornado.netutil import bind_sockets
 
-from patroller.http.accepting import Acceptor
-from patroller.http.framing import FramedServerConnection, HeadStream
-from patroller.identify.sockets import Credentials, peer_credentials
+from patroller.config import Config
 from patroller.core.throttle import Throttle
+from patroller.http.accepting import Acceptor
+from patroller.http.framing import Framing, TornadoReports
+from patroller.identify.peers import Peer, attach, attach_address, peer_credentials
 
 log = logging.getLogger(__name__)
 
-PEER = "patroller_peer"  # the attribute a unix connection's stream carries
-
-
-class Peer:
-    """A unix-socket caller: its credentials, and its /proc facts read as it connected."""
-
-    def __init__(self, credentials: Credentials, facts: "asyncio.Future[Any]") -> None:
-        self.credentials = credentials
-        self.facts = facts
+# Tornado's own body-size check answers a bare 400, so it must never come first: a chunk
+# header may announce up to 16**62 bytes at once, before any of them is read. The Guard of
+# framing.py enforces Config.max_body instead, in JSON.
+UNLIMITED = 1 << 256
+TORNADO_LOG = "tornado.general"  # where Tornado logs the requests it refuses itself
 
 
 class PeerServer(HTTPServer):
@@ -37,58 +35,46 @@ class PeerServer(HTTPServer):
 
     The pid from SO_PEERCRED is read at once, with its /proc facts (in the executor), because
     the caller may exit and its pid be reused before the request is handled. Connections are
-    accepted by an Acceptor (it pauses when descriptors run out) and read by the framing
-    module's classes (framing errors get JSON answers).
+    accepted by an Acceptor (it pauses when descriptors run out); every request passes
+    framing.py's Guard first (framing errors get JSON answers where Tornado lets us answer).
     """
 
-    read_facts: Optional[Callable[[int], Awaitable[Any]]] = None
-
-    def initialize(self, *args: Any, **kwargs: Any) -> None:
-        super().initialize(*args, **kwargs)
-        self.acceptor = Acceptor(self._accepted)
-        self.framing_reports = Throttle(20, 10.0)  # framing errors logged per 10 s at most
+    def initialize(self, lane: HTTPServerConnectionDelegate,  # type: ignore[override]
+                   config: Config, read_facts: Callable[[int], Awaitable[Any]]) -> None:
+        reports = Throttle(config.framing_reports, config.framing_window)
+        # Idle keep-alive connections end after a while (a waiting /wait is not idle); the
+        # Guard bounds bodies, in size and in time.
+        super().initialize(Framing(lane, config, reports), xheaders=False,
+                           idle_connection_timeout=config.idle_timeout,
+                           max_body_size=UNLIMITED, body_timeout=None)
+        self.read_facts = read_facts
+        self.acceptor = Acceptor(self, config)
+        self.tornado_reports = TornadoReports(reports)
+        logging.getLogger(TORNADO_LOG).addFilter(self.tornado_reports)
 
     def add_sockets(self, sockets: Iterable[socket.socket]) -> None:
-        """TCPServer.add_sockets, with the Acceptor in place of Tornado's add_accept_handler."""
+        """Accept on these listening sockets, through the Acceptor."""
         for sock in sockets:
-            self._sockets[sock.fileno()] = sock
-            self._handlers[sock.fileno()] = self.acceptor.watch(sock)
+            self.acceptor.watch(sock)
 
-    def _accepted(self, connection: socket.socket, address: Any) -> None:
-        try:
-            stream = HeadStream(connection, max_buffer_size=self.max_buffer_size,
-                                read_chunk_size=self.read_chunk_size)
-            self.handle_stream(stream, address)
-        except Exception:  # as Tornado's TCPServer does: one connection's failure is not fatal
-            log.exception("error in connection callback")
-            connection.close()
+    def stop(self) -> None:
+        """Stop accepting; the open connections are served until `close_all_connections`."""
+        self.acceptor.stop()
+        logging.getLogger(TORNADO_LOG).removeFilter(self.tornado_reports)
+        super().stop()
 
     def handle_stream(self, stream: IOStream, address: Any) -> None:
-        if stream.socket is not None and stream.socket.family != socket.AF_UNIX:
-            # Every answer is written in one piece, so Nagle's algorithm never helps: turn it off
-            # once, instead of Tornado's two setsockopt calls around every response.
-            stream.set_nodelay(True)
-            stream.set_nodelay = _keep_nodelay  # type: ignore[method-assign]
+        """Attach who is calling (a unix caller's credentials and /proc facts, a TCP caller's
+        address), then serve the connection as HTTP."""
         sock = stream.socket
-        if self.read_facts is not None and sock is not None and sock.family == socket.AF_UNIX:
+        if sock is not None and sock.family == socket.AF_UNIX:
             credentials = peer_credentials(sock)
             if credentials is not None:
                 facts = asyncio.ensure_future(self.read_facts(credentials.pid))
-                setattr(stream, PEER, Peer(credentials, facts))
-        # HTTPServer.handle_stream, with the connection class that answers framing errors
-        context = _HTTPRequestContext(stream, address, self.protocol, self.trusted_downstream)
-        conn = FramedServerConnection(stream, self.conn_params, context, self.framing_reports)
-        self._connections.add(conn)
-        conn.start_serving(self)
-
-
-def _keep_nodelay(value: bool) -> None:
-    """TCP_NODELAY stays on for the connection's life."""
-
-
-def peer_of(stream: Any) -> Optional[Peer]:
-    """The unix-socket caller behind a request's stream, if it came that way."""
-    return getattr(stream, PEER, None)
+                attach(stream, Peer(credentials, facts))
+        elif isinstance(address, tuple):
+            attach_address(stream, (address[0], address[1]))
+        super().handle_stream(stream, address)
 
 
 def tcp_sockets(port: int, address: str) -> List[socket.socket]:

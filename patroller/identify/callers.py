@@ -11,9 +11,9 @@ from tornado.httputil import HTTPServerRequest
 from patroller.identify.containers import ContainerDirectory, DockerUnavailable, container_identity
 from patroller.core.errors import BadRequest, NoCallerProcess, Unidentified
 from patroller.core.identity import Identity, ProcessRef, named_user
-from patroller.http.server import peer_of
 from patroller.identify.sockets import (Address, Owner, SocketEntry, closed_reason, find_client, find_holder,
                     is_loopback, normalize, owner_of)
+from patroller.identify.peers import address_of, peer_of
 from patroller.identify.resolver import ProcessIdentifier, ProcFacts, host_identity, read_facts
 
 DEFAULT_TEST_USER = "test-user"
@@ -230,10 +230,10 @@ def _known(identity: Identity) -> Identity:
 
 def _ends(request: HTTPServerRequest) -> Optional[Tuple[Address, Address]]:
     """(client, our end) of the request's TCP connection."""
-    address = getattr(request.connection.context, "address", None)  # type: ignore[union-attr]
     stream = getattr(request.connection, "stream", None)
+    address = address_of(stream)
     sock = getattr(stream, "socket", None)
-    if not isinstance(address, tuple) or sock is None:
+    if address is None or sock is None:
         return None
     try:
         local = sock.getsockname()

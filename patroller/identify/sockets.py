@@ -255,22 +255,3 @@ def find_holder(inode: int, proc: str = "/proc",
                 return pid, hidden
             hidden = hidden or holds is None
     return None, hidden
-
-
-@dataclass(frozen=True)
-class Credentials:
-    """The kernel's word on who connected to a unix socket (SO_PEERCRED)."""
-
-    pid: int
-    uid: int
-    gid: int
-
-
-def peer_credentials(sock: socket.socket) -> Optional[Credentials]:
-    """The peer of a connected unix socket, as the kernel recorded it at connect()."""
-    try:
-        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    except (OSError, AttributeError):
-        return None
-    pid, uid, gid = struct.unpack("3i", raw)
-    return Credentials(pid, uid, gid) if pid > 0 else None
