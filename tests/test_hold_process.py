@@ -427,11 +427,11 @@ async def test_a_unix_caller_that_exits_before_its_request_is_still_who_connecte
     async with running(socket=path, lease=60) as h:
         ours, theirs = socket.socketpair()
         with ours, theirs:
-            read = h.daemon.identifier.proc_reads
+            read = h.services.identifier.proc_reads
             child = subprocess.Popen([sys.executable, "-c", CONNECTOR, path, str(theirs.fileno())],
                                      pass_fds=[theirs.fileno()], stdin=subprocess.PIPE, text=True)
             try:
-                await until(lambda: h.daemon.identifier.proc_reads > read)  # before any request
+                await until(lambda: h.services.identifier.proc_reads > read)  # before any request
                 child.stdin.write("go\n")
                 child.stdin.flush()
                 loop = asyncio.get_running_loop()
@@ -455,7 +455,7 @@ async def test_a_unix_caller_that_exits_before_its_request_is_still_who_connecte
         [grant] = json.loads(body)
         assert grant["hold"] == "process" and grant["held_for_pid"] == child.pid
         # held for a process that has ended: freed at once, no lease to wait for
-        await until(lambda: h.daemon.leases.state(grant["uuid"]) == "free", timeout=5)
+        await until(lambda: h.services.leases.state(grant["uuid"]) == "free", timeout=5)
 
 
 @pytest.fixture
