@@ -94,9 +94,10 @@ class Daemon:
             sockets.append(sock)
         api = self.api
         assert api.app is not None
-        lane = FastLane(api.app, {"/status": api.status.body, "/devices": api.devices.body},
-                        api.requests.count)
-        self.server = PeerServer(lane, config=self.services.config,
+        config = self.services.config
+        lane = FastLane({"/status": api.status.body, "/devices": api.devices.body},
+                        api.requests.count, hand_back_after=config.idle_timeout / 2)
+        self.server = PeerServer(api.app, lane, config=config,
                                  read_facts=self.services.identifier.facts)
         self.server.add_sockets(sockets)
         return [_url(s) for s in sockets]

@@ -20,7 +20,7 @@ import pytest
 
 from helpers import FakeClock, ServerProcess, async_test, running, until
 from patroller.core.throttle import Throttle
-from patroller.http.accepting import Stream
+from patroller.http.fastlane import Connection
 from patroller.identify.sockets import SocketEntry, find_client_in_tables
 
 Head = Tuple[str, Dict[str, str]]
@@ -253,7 +253,7 @@ def test_an_accepted_tcp_connection_keeps_tcp_nodelay_on():
             accepted, _ = server.accept()
 
             async def check() -> None:
-                stream = Stream(accepted)
+                stream = Connection(accepted)
                 try:
                     assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
                     stream.set_nodelay(False)  # as Tornado does after each answer

@@ -1,5 +1,8 @@
-"""Cached response bodies, the fast lane in front of the application, and /metrics."""
+"""Cached response bodies, the fast lane at the connection's door, and /metrics."""
+import asyncio
 import json
+import time
+from typing import Dict, List, Tuple
 
 import pytest
 
@@ -107,3 +110,56 @@ async def test_test_mode_process_lists_are_never_stale():
     async with running() as h:
         status = await h.ok("/status")
         assert {e["claim"]["processes_stale"] for e in status.values()} == {False}
+
+
+async def answers(reader: asyncio.StreamReader, count: int) -> List[Tuple[str, Dict[str, str], bytes]]:
+    """`count` HTTP answers read off one connection: (status line, headers, body)."""
+    found = []
+    for _ in range(count):
+        head = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)).decode("latin-1")
+        lines = head.split("\r\n")
+        headers = {k.strip().lower(): v.strip() for k, v in
+                   (line.split(":", 1) for line in lines[1:] if line)}
+        body = await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), 10)
+        found.append((lines[0], headers, body))
+    return found
+
+
+PLAIN = b"GET /status HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n\r\n"
+
+
+@async_test
+async def test_the_simplest_polls_are_answered_at_the_door_and_the_rest_in_order_by_the_app():
+    async with running() as h:
+        reader, writer = await h.raw(PLAIN + b"GET /queue HTTP/1.1\r\nHost: localhost\r\n\r\n"
+                                     + PLAIN + b"GET /status?x=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+        got = await answers(reader, 4)
+        assert [line for line, _, _ in got] == ["HTTP/1.1 200 OK"] * 4
+        assert json.loads(got[1][2]) == [] and list(json.loads(got[0][2])) == h.uuids()
+        # The fast lane's answers carry none of the application's Etag: the others do.
+        assert ["etag" in headers for _, headers, _ in got] == [False, True, False, True]
+        assert got[0][2] == got[2][2] == h.api.status.body()
+        assert not reader.at_eof()  # keep-alive: the connection stays open
+        writer.write(b"GET /devices HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        [(_, headers, body)] = await answers(reader, 1)
+        assert headers["connection"] == "close" and body == h.api.devices.body()
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # and it is closed
+        writer.close()
+        samples = h.api.requests.answers
+        assert samples[("/status", 200)] == 3 and samples[("/devices", 200)] == 1
+
+
+@async_test
+async def test_a_busy_connection_is_not_taken_for_an_idle_one():
+    # Tornado's idle timer runs while it waits for a head: the lane hands a head back to it
+    # now and then, so that a connection polled without a pause is never closed as idle.
+    async with running(idle_timeout=0.6) as h:
+        reader, writer = await h.raw(b"")
+        polled = 0
+        until = time.monotonic() + 2.0
+        while time.monotonic() < until:
+            writer.write(PLAIN)
+            await answers(reader, 1)
+            polled += 1
+        writer.close()
+        assert polled > 20

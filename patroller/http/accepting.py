@@ -9,8 +9,8 @@ connections wait in the kernel's backlog), then watches them again; the connecti
 open are served all along. The condition is logged once per `accept_report_every` at most,
 with a count, and once more when accepting works again.
 
-Each accepted connection becomes a `Stream`, handed to the server's `handle_stream` (the
-override point Tornado documents for a TCPServer).
+Each accepted connection becomes a `Connection` (fastlane.py), handed to the server's
+`handle_stream` (the override point Tornado documents for a TCPServer).
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from tornado.iostream import IOStream
 
 from patroller.config import Config
 from patroller.core.throttle import Throttle
+from patroller.http.fastlane import Connection, FastLane
 
 log = logging.getLogger(__name__)
 
@@ -43,26 +44,12 @@ class Server(Protocol):
         """Serve one accepted connection."""
 
 
-class Stream(IOStream):
-    """An accepted connection, with TCP_NODELAY set once for its whole life.
-
-    Every answer is written in one piece, so Nagle's algorithm never helps; Tornado would turn
-    it on and off around every response (two setsockopt calls each).
-    """
-
-    def __init__(self, sock: socket.socket, **kwargs: Any) -> None:
-        super().__init__(sock, **kwargs)
-        super().set_nodelay(True)  # a no-op for a unix socket
-
-    def set_nodelay(self, value: bool) -> None:
-        """TCP_NODELAY stays on: see the class."""
-
-
 class Acceptor:
     """Accepts on listening sockets and pauses them all while accept() fails (EMFILE, ENFILE...)."""
 
-    def __init__(self, server: Server, config: Config) -> None:
+    def __init__(self, server: Server, config: Config, lane: Optional[FastLane] = None) -> None:
         self.server = server
+        self.lane = lane  # at every connection's door
         self.batch = config.accept_batch
         self.first_pause = config.accept_first_pause
         self.max_pause = config.accept_max_pause
@@ -113,8 +100,8 @@ class Acceptor:
 
     def _serve(self, connection: socket.socket, address: Any) -> None:
         try:
-            stream = Stream(connection, max_buffer_size=self.server.max_buffer_size,
-                            read_chunk_size=self.server.read_chunk_size)
+            stream = Connection(connection, self.lane, max_buffer_size=self.server.max_buffer_size,
+                                read_chunk_size=self.server.read_chunk_size)
             self.server.handle_stream(stream, address)
         except Exception:  # as Tornado's TCPServer does: one connection's failure is not fatal
             log.exception("error in connection callback")

@@ -24,7 +24,6 @@ send a reset, which can destroy the answer before the client reads it.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import socket
@@ -36,6 +35,7 @@ from tornado.iostream import IOStream, StreamClosedError
 
 from patroller.config import Config
 from patroller.core.throttle import Throttle
+from patroller.http.encoding import dumps
 
 log = logging.getLogger("patroller.access")
 
@@ -98,7 +98,7 @@ def framing_error(headers: httputil.HTTPHeaders, max_body: int) -> Optional[Fram
 
 def answer(status: int, message: str, head: bool = False) -> bytes:
     """A complete JSON error response that closes the connection (without its body for HEAD)."""
-    body = json.dumps({"error": message}, separators=(",", ":")).encode()
+    body = dumps({"error": message})
     return (f"HTTP/1.1 {status} {httputil.responses.get(status, 'Error')}\r\n"
             "Content-Type: application/json; charset=UTF-8\r\n"
             f"Content-Length: {len(body)}\r\nConnection: close\r\nServer: patroller\r\n"

@@ -18,6 +18,7 @@ from tornado.netutil import bind_sockets
 from patroller.config import Config
 from patroller.core.throttle import Throttle
 from patroller.http.accepting import Acceptor
+from patroller.http.fastlane import FastLane
 from patroller.http.framing import Framing, TornadoReports
 from patroller.identify.peers import Peer, attach, attach_address, peer_credentials
 
@@ -35,20 +36,22 @@ class PeerServer(HTTPServer):
 
     The pid from SO_PEERCRED is read at once, with its /proc facts (in the executor), because
     the caller may exit and its pid be reused before the request is handled. Connections are
-    accepted by an Acceptor (it pauses when descriptors run out); every request passes
-    framing.py's Guard first (framing errors get JSON answers where Tornado lets us answer).
+    accepted by an Acceptor (it pauses when descriptors run out), each with the fast lane at
+    its door (fastlane.py); every other request passes framing.py's Guard first (framing
+    errors get JSON answers where Tornado lets us answer), then goes to the application.
     """
 
-    def initialize(self, lane: HTTPServerConnectionDelegate,  # type: ignore[override]
-                   config: Config, read_facts: Callable[[int], Awaitable[Any]]) -> None:
+    def initialize(self, app: HTTPServerConnectionDelegate,  # type: ignore[override]
+                   lane: FastLane, config: Config,
+                   read_facts: Callable[[int], Awaitable[Any]]) -> None:
         reports = Throttle(config.framing_reports, config.framing_window)
         # Idle keep-alive connections end after a while (a waiting /wait is not idle); the
         # Guard bounds bodies, in size and in time.
-        super().initialize(Framing(lane, config, reports), xheaders=False,
+        super().initialize(Framing(app, config, reports), xheaders=False,
                            idle_connection_timeout=config.idle_timeout,
                            max_body_size=UNLIMITED, body_timeout=None)
         self.read_facts = read_facts
-        self.acceptor = Acceptor(self, config)
+        self.acceptor = Acceptor(self, config, lane)
         self.tornado_reports = TornadoReports(reports)
         logging.getLogger(TORNADO_LOG).addFilter(self.tornado_reports)
 
