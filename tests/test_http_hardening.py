@@ -19,6 +19,7 @@ from typing import Dict, List, Tuple
 import pytest
 
 from helpers import FakeClock, ServerProcess, async_test, running, until
+from patroller.config import Config
 from patroller.core.throttle import Throttle
 from patroller.http.fastlane import Connection
 from patroller.identify.sockets import SocketEntry, find_client_in_tables
@@ -471,3 +472,26 @@ def test_sighup_logs_the_state_and_keeps_serving_then_sigterm_stops_cleanly():
             assert server.stop(signal.SIGTERM) == 0, server.log
         assert not os.path.exists(path)
         assert "Traceback" not in server.log
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["Content-Length", "chunked"])
+@async_test
+async def test_a_body_exactly_at_the_size_limit_is_taken_and_one_byte_more_is_not(chunked):
+    limit = Config().max_body
+    async with running() as h:
+        for size, status in ((limit, 200), (limit + 1, 413)):
+            form = b"a" * size  # not a form: the body is taken, not read as arguments
+            if chunked:
+                framing = b"Transfer-Encoding: chunked\r\n\r\n" + b"".join(
+                    b"%x\r\n%s\r\n" % (len(piece), piece)
+                    for piece in (form[i:i + 20000] for i in range(0, size, 20000))) + b"0\r\n\r\n"
+            else:
+                framing = b"Content-Length: %d\r\n\r\n" % size + form
+            reader, writer = await h.raw(b"POST /release?user=alice HTTP/1.1\r\nHost: x\r\n"
+                                         b"Content-Type: application/octet-stream\r\n"
+                                         + framing)
+            (line, _), body = await read_answer(reader)
+            writer.close()
+            assert line.startswith(f"HTTP/1.1 {status} "), (size, line, body)
+            if status == 200:
+                assert json.loads(body) == {"released": [], "after_exit": []}
