@@ -125,10 +125,6 @@ class Inventory:
         """The present device with this nvidia-smi index, or None."""
         return self._by_number.get(number)
 
-    def in_group(self, group: str) -> List[Device]:
-        """The present devices of one group, in device order."""
-        return [d for d in self.devices if d.group == group and not d.lost]
-
     def update(self, found: Sequence[Device]) -> InventoryChange:
         """Take a fresh discovery: new devices join, missing ones are lost, numbers follow."""
         fresh = {d.uuid: d for d in found}

@@ -14,6 +14,8 @@ import struct
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Optional, Tuple
 
+from patroller.identify import procfs
+
 Address = Tuple[str, int]
 
 ESTABLISHED = 1  # the kernel's TCP state number (/proc/net/tcp's `st` 01, sock_diag's state)
@@ -210,21 +212,13 @@ def find_client_in_tables(peer: Address, server: Address,
 
 def _holds(pid: int, target: str, proc: str) -> Optional[bool]:
     """Whether the process holds the target; None if its descriptors are not ours to read."""
-    fd_dir = os.path.join(proc, str(pid), "fd")
     try:
-        fds = os.listdir(fd_dir)
+        fds = procfs.descriptors(pid, proc)  # newest first: a new connection's is the highest
     except PermissionError:
         return None
     except OSError:
         return False  # gone
-    # Newest first: a connection just made usually has the highest descriptor.
-    for fd in sorted(fds, key=lambda name: -int(name) if name.isdigit() else 0):
-        try:
-            if os.readlink(os.path.join(fd_dir, fd)) == target:
-                return True
-        except OSError:
-            continue
-    return False
+    return any(procfs.descriptor_target(pid, fd, proc) == target for fd in fds)
 
 
 def find_holder(inode: int, proc: str = "/proc",
@@ -245,7 +239,7 @@ def find_holder(inode: int, proc: str = "/proc",
             return pid, hidden
         hidden = hidden or holds is None
     try:
-        pids = sorted(int(name) for name in os.listdir(proc) if name.isdigit())
+        pids = procfs.pids(proc)
     except OSError:
         return None, True
     for pid in pids:
