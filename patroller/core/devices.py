@@ -89,7 +89,7 @@ class InventoryChange:
 
 class Inventory:
     """The devices the host has (present, in index order), then those it lost, with lookups by
-    uuid (every device), number and group (devices present only)."""
+    uuid (every device) and number (devices present only), and the count of each group."""
 
     def __init__(self, devices: Sequence[Device]) -> None:
         self._set(devices)
