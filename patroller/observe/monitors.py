@@ -24,7 +24,7 @@ from patroller.config import Config
 from patroller.core.devices import Inventory
 from patroller.core.throttle import Throttle
 from patroller.observe.monitor import Monitor
-from patroller.observe.nvsmi.parsers import (DmonParser, IntervalChange, PmonIntervals,
+from patroller.observe.nvsmi.parsers import (DmonParser, DmonRow, IntervalChange, PmonIntervals,
                                              PmonParser, PmonRow)
 from patroller.observe.signals import GpuProcess, ProcessList, ProcessSamples, Sample, Signals
 from patroller.observe.supervisor import RestartingChild
@@ -97,9 +97,20 @@ class StreamMonitor(Monitor):
         self.child.argv = self.argv()
         self.child.restart()
 
-    @abstractmethod
     def _line(self, line: str) -> None:
-        """One line of the child's output."""
+        """One line of the child's output: a row for `_row`, or a header, or skipped."""
+        if self._ignoring:
+            return
+        row = self.parser.feed(line)
+        if row is None:
+            self._skipped()
+            return
+        self.rows += 1
+        self._row(row)
+
+    @abstractmethod
+    def _row(self, row: Any) -> None:
+        """One data row of the stream."""
 
     def _restarted(self) -> None:
         self.rows = 0
@@ -138,14 +149,7 @@ class DmonMonitor(StreamMonitor):
     def metrics(self) -> Dict[str, object]:
         return {**super().metrics(), "columns": self.select or "default"}
 
-    def _line(self, line: str) -> None:
-        if self._ignoring:
-            return
-        row = self.parser.feed(line)
-        if row is None:
-            self._skipped()
-            return
-        self.rows += 1
+    def _row(self, row: DmonRow) -> None:
         device = self.inventory.by_number(row.gpu)
         if device is not None:
             record = Sample(uuid=device.uuid, values=dict(row.values), time=time.time())
@@ -199,14 +203,7 @@ class PmonMonitor(StreamMonitor):
         self._covered.clear()
         self._values.clear()
 
-    def _line(self, line: str) -> None:
-        if self._ignoring:
-            return
-        row = self.parser.feed(line)
-        if row is None:
-            self._skipped()
-            return
-        self.rows += 1
+    def _row(self, row: PmonRow) -> None:
         change = self.intervals.feed(row)
         if change is not None:
             self._interval_completed(change)
