@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from collections import OrderedDict
-from typing import Optional, Protocol, Tuple
+from typing import Any, Optional, Protocol, Tuple
 
 from tornado.httputil import HTTPServerRequest
 
@@ -52,7 +53,7 @@ class LocalProcesses:
                 raise Unidentified(f"the calling process (pid {peer.credentials.pid}) is gone "
                                    "or cannot be read")
             return facts
-        return getattr(stream, _PROCESS, None)
+        return _PROCESSES.get(stream) if stream is not None else None
 
     def owner(self, entry: SocketEntry) -> Tuple[Owner, Optional[ProcFacts]]:
         """Blocking: the owner of a local client socket, with its holder's /proc facts."""
@@ -92,7 +93,7 @@ class TestModeCallers:
         if facts is None and peer_of(stream) is None:
             facts = await self._by_address(request)
             if facts is not None and stream is not None:
-                setattr(stream, _PROCESS, facts)
+                _PROCESSES[stream] = facts
         if facts is None:
             raise NoCallerProcess("hold=process: the calling process cannot be known for this "
                                   "connection; " + SOCKET_HINT, hold="process")
@@ -144,7 +145,7 @@ class SystemCallers:
             facts = await self.local.of_stream(stream)
             assert facts is not None
             return _known(await self.identifier.identify(facts))
-        known = getattr(stream, _CALLER, None)  # a keep-alive connection's earlier answer
+        known = _CALLERS.get(stream) if stream is not None else None  # said before on it
         if known is not None:
             return known
         try:
@@ -153,8 +154,9 @@ class SystemCallers:
         finally:
             self.lookups += 1  # counted once the outcome is known (tests wait on it)
         if stream is not None:
-            setattr(stream, _CALLER, identity)  # one TCP connection, one caller
-            setattr(stream, _PROCESS, facts)
+            _CALLERS[stream] = identity  # one TCP connection, one caller
+            if facts is not None:
+                _PROCESSES[stream] = facts
         return identity
 
     async def process(self, request: HTTPServerRequest) -> ProcessRef:
@@ -214,8 +216,10 @@ class SystemCallers:
         return container_identity(info, self.identifier.user_labels, self.identifier.info_labels)
 
 
-_CALLER = "patroller_caller"  # the identity a TCP connection's stream carries once known
-_PROCESS = "patroller_process"  # and the facts of its process, when it is local and visible
+# What a TCP connection was found to be, by its stream, for as long as the connection lives:
+# the caller's identity once known, and the facts of its process when it is local and visible.
+_CALLERS: "weakref.WeakKeyDictionary[Any, Identity]" = weakref.WeakKeyDictionary()
+_PROCESSES: "weakref.WeakKeyDictionary[Any, ProcFacts]" = weakref.WeakKeyDictionary()
 
 
 def _known(identity: Identity) -> Identity:
