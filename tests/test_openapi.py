@@ -19,7 +19,7 @@ from patroller.http import handlers as api
 
 DOCUMENT: Dict[str, Any] = json.loads(pkgutil.get_data("patroller.http", "openapi.json") or b"")
 METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
-FAST_LANE = ("/status", "/devices")  # served in front of the application (fastlane.py)
+FAST_LANE = ("/status", "/devices")  # also answered at the connection's door (fastlane.py)
 
 
 def documented(path: str) -> Set[str]:
