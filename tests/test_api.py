@@ -291,3 +291,15 @@ async def test_garbage_on_the_socket_does_not_stop_the_daemon():
             writer.close()
         assert len(await h.ok("/devices")) == 8
         assert {e["claim"]["state"] for e in (await h.ok("/status")).values()} == {"free"}
+
+
+@async_test
+async def test_routes_match_their_whole_path_and_one_query_limit_holds_everywhere():
+    async with running() as h:
+        status, body = await h.call("/openapiXjson")
+        assert status == 404 and "no such endpoint" in body["error"]
+        assert (await h.call("/openapi.json"))[0] == 200
+        long_query = "?" + "a" * 60000
+        for path in ("/status", "/devices", "/queue", "/users", "/metrics.json", "/"):
+            status, body = await h.call(path + long_query)
+            assert status == 400 and "query is too long" in body["error"], path

@@ -76,7 +76,7 @@ def make_app(api: Api) -> tornado.web.Application:
         (r"/web/([A-Za-z0-9_.-]{1,64})", WebHandler),
         (r"/metrics", MetricsHandler),
         (r"/metrics\.json", MetricsJsonHandler),
-        (r"/openapi.json", OpenApiHandler),
+        (r"/openapi\.json", OpenApiHandler),
     ]
     api.endpoints = [path.split("(")[0] + "<file>" if "(" in path else path.replace("\\", "")
                      for path, _ in routes if path != "/"]  # the 404 hint lists them all
