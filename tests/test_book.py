@@ -409,3 +409,27 @@ def test_a_directory_of_another_user_is_refused(tmp_path):
     with pytest.raises(BookError) as error:
         LeaseBook(str(tmp_path), Config()).open()
     assert "is not ours" in str(error.value) and "uid 4321" in str(error.value)
+
+
+def test_a_book_of_many_unknown_devices_costs_one_line_and_a_big_one_is_set_aside(
+        tmp_path, clock, wall, caplog):
+    entry = {"holder": alice.to_json(), "releasing": False, "deadline": None}
+    book = {"version": 1, "saved": wall(), "boot": boot_id(),
+            "devices": {f"GPU-gone-{n}": entry for n in range(2000)}}
+    (tmp_path / "leases.json").write_text(json.dumps(book))
+    with caplog.at_level(logging.INFO, logger="patroller"):
+        first, leases = opened(tmp_path, clock, wall)
+    first.close()
+    lines = [r.getMessage() for r in caplog.records if "no longer has" in r.getMessage()]
+    assert len(lines) == 1 and "2000 device(s)" in lines[0] and "GPU-gone-0 (alice)" in lines[0]
+    assert free_counts(leases) == {"gpu": 8}
+    # A file far bigger than any book is not read as one.
+    book["devices"] = {f"GPU-gone-{n}": entry for n in range(20000)}
+    (tmp_path / "leases.json").unlink()
+    (tmp_path / "leases.json").write_text(json.dumps(book))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="patroller"):
+        second, leases = opened(tmp_path, clock, wall)
+    second.close()
+    assert [r.getMessage() for r in caplog.records if "no longer has" in r.getMessage()] == []
+    assert any("is not a lease book (over" in r.getMessage() for r in caplog.records)

@@ -41,7 +41,9 @@ Clock = Callable[[], float]
 FILE = "leases.json"  # a link to the newest leases-N.json (a plain file is read as well)
 DATA = re.compile(r"leases-(\d+)\.json")
 LOCK = "lock"  # holds the flock, and the pid of the daemon that holds it
-MAX_SIZE = 16 * 1024 * 1024  # bytes: a bigger file is not a lease book
+# Bytes: a bigger file is not a lease book (one held device takes about 300 bytes: this is
+# room for thousands; a bigger file would only cost the start its time).
+MAX_SIZE = 1024 * 1024
 # Seconds the wall clock may drift from the monotonic one before the offset follows: not a
 # tuning value, the tolerance of comparing the two clocks (an unchanged deadline stays the same).
 STEADY = 1.0

@@ -29,6 +29,7 @@ from patroller.core.leases.holds import EARLY
 log = logging.getLogger(__name__)
 
 VERSION = 1
+DROPPED_SHOWN = 5  # devices named in the one line that says some were dropped
 
 
 @dataclass
@@ -93,11 +94,11 @@ def restore(leases: LeaseManager, held: Any, offset: float,
     entries = [(uuid, *_book_entry(uuid, value)) for uuid, value in held.items()]
     now = leases.clock()
     restored = Restored()
+    gone: List[str] = []  # devices this host no longer has: one log line for all of them
     for uuid, holder, deadline, releasing, held_for, until in entries:
         if uuid not in leases.holds:
-            log.warning("the lease book holds %s for %s, a device this host no longer has: "
-                        "dropped", uuid, holder.user)
             restored.dropped.append(uuid)
+            gone.append(f"{uuid} ({holder.user})")
             continue
         if leases.holder(uuid) is not None:  # already held again (restore runs before serving)
             continue
@@ -127,6 +128,10 @@ def restore(leases: LeaseManager, held: Any, offset: float,
                 continue
         leases.give_back(uuid, holder, deadline, until, held_for, releasing)
         restored.held.append(uuid)
+    if gone:
+        shown = ", ".join(gone[:DROPPED_SHOWN]) + (", ..." if len(gone) > DROPPED_SHOWN else "")
+        log.warning("the lease book holds %d device(s) this host no longer has: dropped: %s",
+                    len(gone), shown)
     return restored
 
 
