@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 from collections import Counter
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence, Set
 
 from patroller import __version__
 from patroller import cli
@@ -90,7 +90,13 @@ async def serve(config: "Config") -> int:
     services = daemon.services
     # SIGHUP is the reload signal (systemctl reload): the per-user limits file is read again,
     # and one line says what the daemon holds; never the default action, which would kill it.
-    loop.add_signal_handler(signal.SIGHUP, lambda: reload(services, config))
+    reloads: Set["asyncio.Future[None]"] = set()  # held until done
+
+    def hangup() -> None:
+        task = asyncio.ensure_future(reload(services, config))
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+    loop.add_signal_handler(signal.SIGHUP, hangup)
     mode = "test mode, synthetic devices" if config.test else "GPU host mode"
     log.info("patroller %s serving %d devices (%s) on %s", __version__, len(services.inventory),
              mode, ", ".join(urls))
@@ -129,13 +135,15 @@ class JournalFormatter(logging.Formatter):
         return "\n".join(f"<{priority}>{line}" for line in text.splitlines())
 
 
-def reload(services: "Services", config: "Config") -> None:
-    """SIGHUP: the policy again, from the configuration and the limits file; a file that cannot
-    be used keeps the policy as it was (one warning)."""
+async def reload(services: "Services", config: "Config") -> None:
+    """SIGHUP: the policy again, from the configuration and the limits file (read in the
+    executor, never on the loop); a file that cannot be used keeps the policy as it was (one
+    warning)."""
     from patroller.app import StartError, make_policy
 
+    loop = asyncio.get_running_loop()
     try:
-        services.leases.policy = make_policy(config)
+        services.leases.policy = await loop.run_in_executor(None, make_policy, config)
     except StartError as exc:
         log.warning("SIGHUP: %s; the limits stay as they were; %s", exc, summary(services))
         return

@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from helpers import ScenarioFile, ServerProcess, async_test, gpu_running, running, until
+from helpers import ROOT, ScenarioFile, ServerProcess, async_test, gpu_running, running, until
 from patroller.main import JournalFormatter, under_journal
 from patroller.identify.resolver import host_identity
 
@@ -184,3 +184,33 @@ def test_log_lines_for_the_journal_carry_their_priority(tmp_path):
             process.wait(10)
     first = log.read_text().splitlines()[0]
     assert first.startswith("<6>patroller") and not first[3].isdigit()
+
+
+def test_a_limits_file_nested_too_deeply_stops_the_start_with_one_line(tmp_path):
+    limits = tmp_path / "limits.json"
+    limits.write_text("[" * 100000)
+    done = subprocess.run([sys.executable, "-m", "patroller", "--test", "--port", "0",
+                           "--limits-file", str(limits)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [f"patroller: --limits-file: {limits} is nested too "
+                                        "deeply: it holds one object of user: limit"]
+
+
+def test_sighup_with_a_fifo_for_limits_file_keeps_serving(tmp_path):
+    limits = tmp_path / "limits.json"
+    limits.write_text(json.dumps({"alice": 1}))
+    server = ServerProcess("--test", "--limits-file", str(limits)).start()
+    try:
+        limits.unlink()
+        os.mkfifo(limits)  # nobody writes to it: opening it to read would wait for ever
+        server.process.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while "is not a regular file" not in server.log:
+            assert time.monotonic() < deadline, server.log
+            time.sleep(0.05)
+        with urllib.request.urlopen(server.url + "/status", timeout=5) as answer:
+            assert answer.status == 200  # the loop was never blocked
+        assert "the limits stay as they were" in server.log
+    finally:
+        assert server.stop() == 0

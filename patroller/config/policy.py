@@ -8,6 +8,8 @@ the identity: an e-mail, a host account, `container:<id>`); null means no limit 
 from __future__ import annotations
 
 import json
+import os
+import stat
 from typing import Any, Dict, Mapping, Optional
 
 from patroller.config.settings import Config
@@ -28,16 +30,31 @@ def policy_of(config: Config, limits: Optional[Mapping[str, Optional[int]]] = No
 
 
 def load_limits(path: str) -> Dict[str, Optional[int]]:
-    """The per-user limits in `path`; ValueError says what is wrong with the file."""
+    """Blocking: the per-user limits in `path`; ValueError says what is wrong with the file.
+
+    Only a regular file is read (a FIFO or a device would block, or never end), at most
+    MAX_LIMITS_BYTES of it; the object it holds is flat, so nesting is refused, not recursed into.
+    """
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
             raw = f.read(MAX_LIMITS_BYTES + 1)
     except OSError as exc:
         raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
     if len(raw) > MAX_LIMITS_BYTES:
         raise ValueError(f"{path} is over {MAX_LIMITS_BYTES} bytes")
     try:
         data: Any = json.loads(raw)
+    except RecursionError:
+        raise ValueError(f"{path} is nested too deeply: it holds one object of user: limit") \
+            from None
     except ValueError as exc:
         raise ValueError(f"{path} is not JSON: {exc}") from None
     if not isinstance(data, dict):
