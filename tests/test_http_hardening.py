@@ -18,7 +18,8 @@ from typing import Dict, List, Tuple
 
 import pytest
 
-from helpers import FakeClock, ServerProcess, async_test, running, until
+from helpers import (FakeClock, ScenarioFile, ServerProcess, async_test, gpu_running, running,
+                     until)
 from patroller.config import Config
 from patroller.core.throttle import Throttle
 from patroller.http.fastlane import Connection
@@ -495,3 +496,23 @@ async def test_a_body_exactly_at_the_size_limit_is_taken_and_one_byte_more_is_no
             assert line.startswith(f"HTTP/1.1 {status} "), (size, line, body)
             if status == 200:
                 assert json.loads(body) == {"released": [], "after_exit": []}
+
+
+@async_test
+async def test_a_request_whose_client_half_closes_is_answered_or_not_carried_out(tmp_path):
+    # As `nc -N` and socat do: the request, then shutdown(SHUT_WR). In GPU host mode the caller
+    # is looked up in /proc off the loop, long enough for the end of its input to arrive.
+    scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=[{}, {}, {}, {}])
+    path = str(tmp_path / "api.sock")
+    async with gpu_running(scenario, socket=path) as h:
+        for _ in range(4):
+            reader, writer = await asyncio.open_unix_connection(path)
+            writer.write(b"GET /request?gpu=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+            writer.write_eof()
+            answered = await asyncio.wait_for(reader.read(), 10)
+            writer.close()
+            held = [d for d in h.uuids() if h.services.leases.holder(d) is not None]
+            # Either the client read its grant, or nothing was reserved for it.
+            assert answered.startswith(b"HTTP/1.1 200 ") or held == [], (answered, held)
+            if held:
+                h.services.leases.release(h.services.leases.holder(held[0]))

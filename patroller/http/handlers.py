@@ -95,6 +95,23 @@ class Handler(tornado.web.RequestHandler):
             return None
         return await self.services.callers.process(self.request)
 
+    def client_gone(self) -> bool:
+        """Whether the client's connection has closed: then it can read no answer, and nothing
+        is done for it. A client that half-closes (sends its request, then shuts its side, as
+        `nc -N` does) is taken as gone: Tornado ends the connection at the end of its input.
+        The stream is asked: Tornado calls on_connection_close only for a close seen once the
+        handler runs, not for one seen with the request."""
+        stream = getattr(self.request.connection, "stream", None)
+        return stream is None or stream.closed()
+
+    def unanswerable(self) -> bool:
+        """Before a change made for the client: true (and logged) if it can no longer be told."""
+        if not self.client_gone():
+            return False
+        log.debug("%s %s: the client left before the answer; nothing done", self.request.method,
+                 self.request.path)
+        return True
+
     def send(self, body: Any, status: int = 200) -> None:
         """Answer with a JSON body (bytes are already JSON)."""
         self.set_status(status)
@@ -181,6 +198,8 @@ class RequestHandler(Handler):
         caller = await self.caller(ask.user)
         held_for = await self.held_for(ask.hold)
         self.check_duration(ask.duration)
+        if self.unanswerable():
+            return
         self.send(grant_json(self.leases.request(caller, ask.wants, held_for, ask.duration),
                              self.leases))
 
@@ -202,7 +221,7 @@ class WaitHandler(Handler):
         caller = await self.caller(ask.user)
         held_for = await self.held_for(ask.hold)
         self.check_duration(ask.duration)
-        if self._gone():  # it left while we looked it up: queue nothing for nobody
+        if self.client_gone():  # it left while we looked it up: queue nothing for nobody
             log.debug("a waiting client left before it was queued")
             return
         self.outcome = asyncio.get_running_loop().create_future()
@@ -218,7 +237,7 @@ class WaitHandler(Handler):
                 IOLoop.current().remove_timeout(timer)
         if devices is None:
             return
-        if self._gone():
+        if self.client_gone():
             for device in devices:  # nobody to tell: give them straight back
                 self.leases.release(caller, device.uuid)
             return
@@ -238,12 +257,6 @@ class WaitHandler(Handler):
         if self.waiter is not None and self.leases.cancel(self.waiter):
             self._fail(self.leases.busy(wants))
 
-    def _gone(self) -> bool:
-        """Whether the client has closed. The stream is asked: Tornado calls on_connection_close
-        only for a close seen once the handler runs, not for one seen with the request."""
-        stream = getattr(self.request.connection, "stream", None)
-        return stream is None or stream.closed()
-
     def on_connection_close(self) -> None:
         if self.waiter is not None and self.leases.cancel(self.waiter):
             log.debug("a waiting client left")
@@ -254,6 +267,8 @@ class ReleaseHandler(Handler):
     async def _release(self) -> None:
         ask = query.parse_release(self.args())
         caller = await self.caller(ask.user)
+        if self.unanswerable():
+            return
         now, later = self.leases.release(caller, ask.uuid, ask.reason)
         self.send({"released": device_json(now), "after_exit": device_json(later)})
 
@@ -266,6 +281,8 @@ class RenewHandler(Handler):
     async def _renew(self) -> None:
         ask = query.parse_release(self.args(), endpoint="/renew")
         caller = await self.caller(ask.user)
+        if self.unanswerable():
+            return
         self.send({"renewed": grant_json(self.leases.renew(caller, ask.uuid), self.leases)})
 
     get = post = _renew
