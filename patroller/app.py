@@ -219,6 +219,8 @@ def connect(services: Services) -> None:
     services.idle.connect(services.signals)
     services.tracker.connect(services.signals)
     services.leases.on_event(services.audit.record)
+    if services.book is not None:  # nothing is handed out that the book cannot keep
+        services.leases.gate = services.book.refusal
 
     def devices_changed(sender: Any, record: InventoryChange) -> None:
         services.leases.devices_changed()

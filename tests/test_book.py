@@ -226,7 +226,7 @@ def test_a_failing_write_is_logged_now_and_then_and_breaks_nothing(tmp_path, clo
     os.mkdir(tmp_path / "leases.json.tmp")  # the temporary cannot be created: EISDIR
     with caplog.at_level(logging.WARNING, logger="patroller.state.book"):
         for _ in range(5):
-            leases.request(bob, {"gpu": 1})  # granted all the same
+            leases.request(bob, {"gpu": 1})  # the rules alone: the daemon gates them on the book
         assert book.failures == 5 and free_counts(leases) == {"gpu": 2}
         errors = [r for r in caplog.records if r.levelno == logging.ERROR]
         assert len(errors) == 1 and "cannot write the lease book" in errors[0].getMessage()

@@ -12,7 +12,8 @@ import urllib.request
 
 import pytest
 
-from helpers import ROOT, ScenarioFile, ServerProcess, alive, async_test, children_of, until
+from helpers import (ROOT, ScenarioFile, ServerProcess, alive, async_test, children_of, running,
+                     until)
 
 SIX = [{"minor": n} for n in range(6)]
 
@@ -182,3 +183,31 @@ async def test_gpu_host_mode_a_claim_and_a_reservation_survive_kill_9(scenario, 
         assert len(free) == 4 and reserved not in free and uuid[1] not in free
     finally:
         server.stop()
+
+
+@pytest.mark.errors_expected  # the failing write is logged as an error
+@async_test
+async def test_a_book_that_cannot_be_written_hands_nothing_out_and_recovers_by_itself(tmp_path):
+    state = tmp_path / "state"
+    async with running(state_dir=str(state), book_retry=0.1, lease=600) as h:
+        everything = await h.ok("/request?gpu=8&user=alice")
+        waiting = asyncio.ensure_future(h.call("/wait?gpu=2&user=carol"))
+        await until(lambda: len(h.services.leases.waiters) == 1)
+        await h.ok(f"/release?user=alice&uuid={everything[1]['uuid']}")  # carol wants two
+        os.mkdir(state / "leases.json.tmp")  # every write fails now (as on a full disk)
+        status, body = await h.call("/request?gpu=1&user=bob")  # written, failed, given back
+        assert status == 503 and "cannot be written" in body["error"]
+        assert h.services.leases.held_by("bob") == []
+        await h.ok(f"/release?user=alice&uuid={everything[0]['uuid']}")
+        status, body = await h.call("/request?gpu=1&user=bob")  # refused before the grant
+        assert status == 503 and "cannot be written" in body["error"]
+        assert not waiting.done() and len(h.services.leases.waiters) == 1  # carol waits on
+        assert (await h.ok("/metrics.json"))["lease_book"]["writable"] is False
+        os.rmdir(state / "leases.json.tmp")  # room again: the book recovers by itself
+        status, granted = await asyncio.wait_for(waiting, 10)
+        assert status == 200 and [g["uuid"] for g in granted] == [d["uuid"] for d in everything[:2]]
+        await h.ok(f"/release?user=alice&uuid={everything[2]['uuid']}")
+        assert (await h.call("/request?gpu=1&user=bob"))[0] == 200  # handed out again
+        assert (await h.ok("/metrics.json"))["lease_book"]["writable"] is True
+    book = json.loads((state / "leases.json").read_text())
+    assert book["devices"][granted[0]["uuid"]]["holder"]["user"] == "carol"  # on disk

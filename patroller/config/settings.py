@@ -100,6 +100,7 @@ class Config:
 
     # -- internal defaults: state (the book, the audit record, lifetimes) ---------------------
     audit_keep: int = 1000  # events of the audit record kept in memory for /history
+    book_retry: float = 1.0  # seconds between tries to write the lease book while writes fail
     lifeline_poll: float = 0.5  # seconds between checks of a process held for, where pidfds
     # cannot be had
 

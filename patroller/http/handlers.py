@@ -112,6 +112,18 @@ class Handler(tornado.web.RequestHandler):
                  self.request.path)
         return True
 
+    def kept(self, caller: Identity, devices: List[Device]) -> List[Device]:
+        """The devices just granted, if the lease book could keep the grant; else they are
+        given back and the request is refused (503): a grant the book does not hold would not
+        survive a restart."""
+        book = self.services.book
+        refusal = book.refusal() if book is not None else None
+        if refusal is None:
+            return devices
+        for device in devices:
+            self.leases.release(caller, device.uuid, "the lease book could not be written")
+        raise Unavailable(refusal)
+
     def send(self, body: Any, status: int = 200) -> None:
         """Answer with a JSON body (bytes are already JSON)."""
         self.set_status(status)
@@ -200,8 +212,8 @@ class RequestHandler(Handler):
         self.check_duration(ask.duration)
         if self.unanswerable():
             return
-        self.send(grant_json(self.leases.request(caller, ask.wants, held_for, ask.duration),
-                             self.leases))
+        granted = self.leases.request(caller, ask.wants, held_for, ask.duration)
+        self.send(grant_json(self.kept(caller, granted), self.leases))
 
     post = get  # so that a client need not change state with a GET; the form joins the query
 
@@ -241,7 +253,7 @@ class WaitHandler(Handler):
             for device in devices:  # nobody to tell: give them straight back
                 self.leases.release(caller, device.uuid)
             return
-        self.send(grant_json(devices, self.leases))
+        self.send(grant_json(self.kept(caller, devices), self.leases))
 
     post = get  # as /request: GET, the seed's contract, or POST
 

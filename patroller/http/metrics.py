@@ -229,6 +229,9 @@ class DaemonCollector:
         yield CounterMetricFamily("patroller_lease_book_failures",
                                   "Writes of the lease book that failed",
                                   value=book.get("failures", 0))
+        yield GaugeMetricFamily("patroller_lease_book_writable", "1 while the lease book can be "
+                                "written (else no reservation is handed out); 1 with no book",
+                                value=1.0 if book.get("writable", True) else 0.0)
         answers = CounterMetricFamily("patroller_http_requests", "HTTP requests answered, by "
                                       "endpoint and status", labels=["endpoint", "status"])
         for (endpoint, status), count in sorted(self.requests.answers.items()):

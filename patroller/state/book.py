@@ -19,6 +19,7 @@ is schema.py's.
 """
 from __future__ import annotations
 
+import asyncio
 import errno
 import fcntl
 import logging
@@ -61,6 +62,7 @@ class LeaseBook:
         self.path = os.path.join(directory, FILE)
         self.proc = config.proc_root
         self.report_every = config.repeat_log_every  # seconds between lines on failing writes
+        self.retry_every = config.book_retry  # seconds between tries while writes fail
         self.wall = wall
         self.writes = 0
         self.failures = 0
@@ -71,7 +73,9 @@ class LeaseBook:
         self._boot: Optional[str] = None  # this boot's id, read as the book is opened
         self._current: Optional[str] = None  # the leases-N.json that FILE links to
         self._next = 1  # N of the next file
-        self._failing = False  # a failing write was logged, and no write has worked since
+        self._failing = False  # a write failed, and no write has worked since
+        self._why = ""  # what the last failing write said
+        self._retry: Optional[asyncio.TimerHandle] = None  # the next try, while writes fail
         self._reports: Optional[Throttle] = None  # on the lease manager's clock, once attached
 
     # -- life ---------------------------------------------------------------------------------
@@ -127,6 +131,9 @@ class LeaseBook:
 
     def close(self) -> None:
         """Stop writing and unlock the directory (the lock file stays: removing it would race)."""
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
         if self.leases is not None:
             self.write()
         self.leases = None
@@ -136,7 +143,16 @@ class LeaseBook:
 
     def metrics(self) -> Dict[str, Any]:
         """Counters for /metrics."""
-        return {"path": self.path, "writes": self.writes, "failures": self.failures}
+        return {"path": self.path, "writes": self.writes, "failures": self.failures,
+                "writable": not self._failing}
+
+    def refusal(self) -> Optional[str]:
+        """Why nothing may be handed out now (the book cannot be written: a reservation would
+        not survive a restart), or None. The lease manager's gate."""
+        if not self._failing:
+            return None
+        return (f"the lease book {self.path} cannot be written ({self._why}): no reservation is "
+                "handed out until it can; try again shortly")
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -200,7 +216,7 @@ class LeaseBook:
         if self.leases is None:
             return
         held = schema.snapshot(self.leases, self._steady_offset())
-        if held == self._written:  # process churn that leaves the book as it was: no write
+        if held == self._written and not self._failing:  # churn that leaves it as it was
             return
         body = schema.encode(held, self.wall(), self._boot)
         try:
@@ -211,9 +227,13 @@ class LeaseBook:
         self._written = held
         self.writes += 1
         if self._failing:
-            log.warning("lease book %s is written again (%d write(s) failed)", self.path,
-                        self.failures)
+            log.warning("lease book %s is written again (%d write(s) failed); reservations are "
+                        "handed out again", self.path, self.failures)
             self._failing = False
+            if self._retry is not None:
+                self._retry.cancel()
+                self._retry = None
+            self.leases.serve()  # the waiters held back meanwhile
 
     def _publish(self, body: bytes) -> None:
         """Put `body` in a new file, swing the link to it, remove the previous one."""
@@ -276,11 +296,28 @@ class LeaseBook:
         assert self._reports is not None
         self.failures += 1
         self._failing = True
+        self._why = str(exc.strerror or exc)
+        self._try_again()
         if not self._reports.admit()[0]:
             return
-        log.error("cannot write the lease book %s: %s (%d failed write(s) so far); reservations "
-                  "made now will not survive a restart", self.path, exc.strerror or exc,
+        log.error("cannot write the lease book %s: %s (%d failed write(s) so far); no "
+                  "reservation is handed out until it can be written", self.path, self._why,
                   self.failures)
+
+    def _try_again(self) -> None:
+        """While writes fail, try again every `retry_every` seconds (on the running loop, if
+        any): the book recovers by itself when the disk does."""
+        if self._retry is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (the rules driven by hand): the next change tries again
+            return
+        self._retry = loop.call_later(self.retry_every, self._retried)
+
+    def _retried(self) -> None:
+        self._retry = None
+        self.write()
 
     def _steady_offset(self) -> float:
         """Wall clock minus the manager's clock, kept while it stays within STEADY.

@@ -104,6 +104,8 @@ class LeaseManager(LeaseState):
         self._notices = Notices()
         self.on_change = self._notices.on_change  # (callback): after every change of state
         self.on_event = self._notices.on_event  # (callback): every event of the audit record
+        # Why nothing may be handed out now (a lease book that cannot be written), or None.
+        self.gate: Callable[[], Optional[str]] = lambda: None
         self._closed = False
 
     # -- asking for devices -------------------------------------------------------------
@@ -204,6 +206,10 @@ class LeaseManager(LeaseState):
         hold.end(self.clock())
         self._serve_and_announce()
         return True
+
+    def serve(self) -> None:
+        """Serve the waiters now: what held them back (the gate) has cleared."""
+        self._serve_and_announce()
 
     def close(self) -> None:
         """Refuse new requests; every waiter is aborted and gets nothing."""
@@ -319,6 +325,9 @@ class LeaseManager(LeaseState):
         self._check_open()
         self.check(wants)
         self.check_limit(user, wants)
+        closed = self.gate()
+        if closed is not None:
+            raise Unavailable(closed)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -353,7 +362,7 @@ class LeaseManager(LeaseState):
         announce the change, then hand out the grants (so that their callbacks see it whole)."""
         granted: List[Waiter] = []
         passed: Set[Waiter] = set()
-        free = self.free() if len(self.waiters) else {}
+        free = self.free() if len(self.waiters) and self.gate() is None else {}
         while any(free.values()):
             chosen = serving.choose(self.waiters, free, *self.set_aside(free), passed)
             if chosen is None:
