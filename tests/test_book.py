@@ -3,6 +3,10 @@
 import json
 import logging
 import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -433,3 +437,43 @@ def test_a_book_of_many_unknown_devices_costs_one_line_and_a_big_one_is_set_asid
     second.close()
     assert [r.getMessage() for r in caplog.records if "no longer has" in r.getMessage()] == []
     assert any("is not a lease book (over" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="another user's link and root's book take root")
+def test_a_state_directory_reached_through_another_users_link_is_refused(tmp_path):
+    # As found: a sticky, world-writable parent, where uid 65534 made `state` a link to a
+    # directory of root's holding root's book. The daemon followed it, renamed root's
+    # leases.json and deleted its leases-7.json.
+    roots = tmp_path / "root-owned"
+    roots.mkdir(mode=0o700)
+    (roots / "leases.json").write_text("not a book of this daemon's")
+    (roots / "leases-7.json").write_text("{}")
+    shared = Path(tempfile.mkdtemp(prefix="pshared", dir="/tmp"))  # where uid 65534 reaches
+    try:
+        os.chmod(shared, 0o1777)
+        subprocess.run(["ln", "-s", str(roots), str(shared / "state")], check=True, user=65534)
+        with pytest.raises(BookError) as error:
+            LeaseBook(str(shared / "state"), Config()).open()
+        assert "a link another user (uid 65534) made" in str(error.value)
+        assert sorted(os.listdir(roots)) == ["leases-7.json", "leases.json"]  # untouched
+        # Under a link, in any part of the path, the same.
+        subprocess.run(["ln", "-s", str(roots), str(shared / "deeper")], check=True, user=65534)
+        with pytest.raises(BookError):
+            LeaseBook(str(shared / "deeper" / "state"), Config()).open()
+        assert sorted(os.listdir(roots)) == ["leases-7.json", "leases.json"]
+    finally:
+        shutil.rmtree(shared)
+
+
+def test_a_state_directory_in_a_directory_others_may_write_to_is_refused(tmp_path):
+    parent = tmp_path / "open"
+    parent.mkdir()
+    os.chmod(parent, 0o777)  # not sticky: anyone may replace what is in it at any time
+    with pytest.raises(BookError) as error:
+        LeaseBook(str(parent / "state"), Config()).open()
+    assert "which others may write to (mode 777, not sticky)" in str(error.value)
+    assert os.listdir(parent) == []
+    os.chmod(parent, 0o1777)  # sticky: what we make there stays ours
+    book = LeaseBook(str(parent / "state"), Config())
+    book.open()
+    book.close()

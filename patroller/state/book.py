@@ -25,6 +25,7 @@ import fcntl
 import logging
 import os
 import re
+import stat
 import time
 from typing import Any, Callable, Dict, Optional
 
@@ -81,10 +82,13 @@ class LeaseBook:
     # -- life ---------------------------------------------------------------------------------
 
     def open(self) -> None:
-        """Create the directory (mode 0700) if missing and lock it; BookError if either fails."""
+        """Create the directory (mode 0700) if missing and lock it; BookError if either fails,
+        or if someone else could have chosen where it leads (see `_check_path`)."""
         self._boot = boot_id(self.proc)
+        self._check_path()
         try:
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            self._check_path()  # again: a link may have been slipped in meanwhile
             found = os.stat(self.directory)
         except OSError as exc:
             raise BookError(f"cannot use the state directory {self.directory}: "
@@ -118,6 +122,37 @@ class LeaseBook:
         except OSError:
             pass
         self._lock = fd
+
+    def _check_path(self) -> None:
+        """Refuse a directory another user could have chosen where it leads: one reached
+        through a link that user made (any part of the path; root's and our own links are
+        trusted), or one whose parent others may write to without the sticky bit (they could
+        replace it at any time). The book renames and removes files in it: it must be where we
+        meant. Checked before the directory is made and again after."""
+        path = os.path.abspath(self.directory)
+        current = os.sep
+        for part in path.split(os.sep)[1:]:
+            current = os.path.join(current, part)
+            try:
+                info = os.lstat(current)
+            except FileNotFoundError:
+                break  # what is missing, we make
+            except OSError as exc:
+                raise BookError(f"cannot use the state directory {self.directory}: "
+                                f"{exc.strerror or exc}; choose another --state-dir") from None
+            if stat.S_ISLNK(info.st_mode) and info.st_uid not in (0, os.geteuid()):
+                raise BookError(f"the state directory {self.directory} is reached through "
+                                f"{current}, a link another user (uid {info.st_uid}) made; "
+                                "choose another --state-dir")
+        try:
+            around = os.stat(os.path.dirname(path))
+        except OSError:
+            return  # not there yet: makedirs makes it, ours
+        if around.st_mode & 0o022 and not around.st_mode & stat.S_ISVTX:
+            raise BookError(f"the state directory {self.directory} is in "
+                            f"{os.path.dirname(path)}, which others may write to (mode "
+                            f"{around.st_mode & 0o7777:o}, not sticky); choose a --state-dir "
+                            "in a directory only its owner writes to")
 
     def attach(self, leases: LeaseManager) -> Optional[Restored]:
         """Load the book into a fresh lease manager, then keep the file up to date with it."""
