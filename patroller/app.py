@@ -32,7 +32,8 @@ from patroller.observe.stats import StatsStore
 from patroller.observe.testmode import SyntheticMonitor, synthetic_inventory
 from patroller.services import Services
 from patroller.state.audit import AuditLog
-from patroller.state.book import BookError, LeaseBook
+from patroller.state.book import LeaseBook
+from patroller.state.directory import BookError
 from patroller.state.lifetimes import Lifelines
 from patroller.state.timer import ExpiryTimer
 

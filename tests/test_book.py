@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from helpers import FakeClock, lease_manager
-from patroller.state.book import BookError, LeaseBook
+from patroller.state.book import LeaseBook
+from patroller.state.directory import BookError
 from patroller.config import Config, ConfigError, default_state_dir, load
 from patroller.core.identity import Identity, named_user
 from patroller.http.views import claims, free_counts

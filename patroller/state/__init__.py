@@ -1,7 +1,8 @@
 """What outlives a moment: the lease book on disk, the audit record, lease expiry on time, and
 the lives of the processes devices are held for.
 
-Owns: the lease book with its whole on-disk schema, the audit record, the expiry timer, the
+Owns: the lease book with its whole on-disk schema and its locked directory, the audit record,
+the expiry timer, the
 lifelines (pidfds) of processes that hold devices.
 May import: `patroller.identify`, `patroller.observe`, `patroller.config`, `patroller.core`;
 Tornado.

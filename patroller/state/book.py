@@ -20,12 +20,9 @@ is schema.py's.
 from __future__ import annotations
 
 import asyncio
-import errno
-import fcntl
 import logging
 import os
 import re
-import stat
 import time
 from typing import Any, Callable, Dict, Optional
 
@@ -34,6 +31,7 @@ from patroller.state import schema
 from patroller.config import Config
 from patroller.core.throttle import Throttle
 from patroller.identify.procfs import boot_id, is_alive
+from patroller.state.directory import lock
 from patroller.state.schema import Restored
 
 log = logging.getLogger(__name__)
@@ -42,17 +40,12 @@ Clock = Callable[[], float]
 
 FILE = "leases.json"  # a link to the newest leases-N.json (a plain file is read as well)
 DATA = re.compile(r"leases-(\d+)\.json")
-LOCK = "lock"  # holds the flock, and the pid of the daemon that holds it
 # Bytes: a bigger file is not a lease book (one held device takes about 300 bytes: this is
 # room for thousands; a bigger file would only cost the start its time).
 MAX_SIZE = 1024 * 1024
 # Seconds the wall clock may drift from the monotonic one before the offset follows: not a
 # tuning value, the tolerance of comparing the two clocks (an unchanged deadline stays the same).
 STEADY = 1.0
-
-
-class BookError(Exception):
-    """The state directory cannot be used; the message says why, in one line."""
 
 
 class LeaseBook:
@@ -82,77 +75,10 @@ class LeaseBook:
     # -- life ---------------------------------------------------------------------------------
 
     def open(self) -> None:
-        """Create the directory (mode 0700) if missing and lock it; BookError if either fails,
-        or if someone else could have chosen where it leads (see `_check_path`)."""
+        """Make the directory (private) if missing and lock it (directory.py); BookError if
+        either fails, or if someone else could have chosen where it leads."""
         self._boot = boot_id(self.proc)
-        self._check_path()
-        try:
-            os.makedirs(self.directory, mode=0o700, exist_ok=True)
-            self._check_path()  # again: a link may have been slipped in meanwhile
-            found = os.stat(self.directory)
-        except OSError as exc:
-            raise BookError(f"cannot use the state directory {self.directory}: "
-                            f"{exc.strerror or exc}; choose another --state-dir") from None
-        # Whoever else may write there could slip in a link for us to follow: refuse, as ssh does.
-        if found.st_uid != os.geteuid() or found.st_mode & 0o022:
-            raise BookError(f"the state directory {self.directory} is "
-                            f"{'writable by others' if found.st_mode & 0o022 else 'not ours'} "
-                            f"(mode {found.st_mode & 0o7777:o}, uid {found.st_uid}); choose "
-                            "another --state-dir, or make it ours and private (chmod 700)")
-        try:
-            fd = os.open(os.path.join(self.directory, LOCK),
-                         os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        except OSError as exc:
-            raise BookError(f"cannot use the state directory {self.directory}: "
-                            f"{exc.strerror or exc}; choose another --state-dir") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            owner = _pid_in(fd)
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise BookError(f"another patroller{f' (pid {owner})' if owner else ''} uses the "
-                                f"state directory {self.directory}; stop it, or give this one "
-                                "another --state-dir") from None
-            raise BookError(f"cannot lock the state directory {self.directory}: "
-                            f"{exc.strerror or exc}") from None
-        try:  # the pid only names us to a second daemon: not worth failing for
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()}\n".encode())
-        except OSError:
-            pass
-        self._lock = fd
-
-    def _check_path(self) -> None:
-        """Refuse a directory another user could have chosen where it leads: one reached
-        through a link that user made (any part of the path; root's and our own links are
-        trusted), or one whose parent others may write to without the sticky bit (they could
-        replace it at any time). The book renames and removes files in it: it must be where we
-        meant. Checked before the directory is made and again after."""
-        path = os.path.abspath(self.directory)
-        current = os.sep
-        for part in path.split(os.sep)[1:]:
-            current = os.path.join(current, part)
-            try:
-                info = os.lstat(current)
-            except FileNotFoundError:
-                break  # what is missing, we make
-            except OSError as exc:
-                raise BookError(f"cannot use the state directory {self.directory}: "
-                                f"{exc.strerror or exc}; choose another --state-dir") from None
-            if stat.S_ISLNK(info.st_mode) and info.st_uid not in (0, os.geteuid()):
-                raise BookError(f"the state directory {self.directory} is reached through "
-                                f"{current}, a link another user (uid {info.st_uid}) made; "
-                                "choose another --state-dir")
-        try:
-            around = os.stat(os.path.dirname(path))
-        except OSError:
-            return  # not there yet: makedirs makes it, ours
-        if around.st_mode & 0o022 and not around.st_mode & stat.S_ISVTX:
-            raise BookError(f"the state directory {self.directory} is in "
-                            f"{os.path.dirname(path)}, which others may write to (mode "
-                            f"{around.st_mode & 0o7777:o}, not sticky); choose a --state-dir "
-                            "in a directory only its owner writes to")
+        self._lock = lock(self.directory)
 
     def attach(self, leases: LeaseManager) -> Optional[Restored]:
         """Load the book into a fresh lease manager, then keep the file up to date with it."""
@@ -373,12 +299,3 @@ def _remove(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
-
-
-def _pid_in(fd: int) -> Optional[int]:
-    """The pid the lock file's holder wrote into it, if readable."""
-    try:
-        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
