@@ -2,8 +2,7 @@
 the lives of the processes devices are held for.
 
 Owns: the lease book with its whole on-disk schema and its locked directory, the audit record,
-the expiry timer, the
-lifelines (pidfds) of processes that hold devices.
+the expiry timer, the lifelines (pidfds) of processes that hold devices.
 May import: `patroller.identify`, `patroller.observe`, `patroller.config`, `patroller.core`;
 Tornado.
 """
