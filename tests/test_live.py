@@ -2,10 +2,13 @@
 import asyncio
 from dataclasses import replace
 import json
+import os
+import subprocess
 
+import pytest
 from tornado.httpclient import HTTPRequest
 
-from helpers import async_test, running, until
+from helpers import ScenarioFile, async_test, gpu_running, running, until
 from patroller.config import Config
 from patroller.http.live import LiveFeed, Page
 
@@ -131,3 +134,38 @@ async def test_many_changes_make_one_snapshot_a_period_and_no_page_costs_nothing
     assert len(built) == 2  # nothing changed since: nothing sent
     feed.stop()
     idle.stop()
+
+
+HOG = """
+import json, socket, sys
+pages = []
+for _ in range(int(sys.argv[2])):
+    s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+    s.sendall(b"GET /events HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n")
+    pages.append(s)
+print(json.dumps([s.recv(12)[9:12].decode() for s in pages]), flush=True)
+sys.stdin.read()  # the pages stay open until the test is done
+"""
+
+
+@async_test
+async def test_one_user_cannot_take_every_page_slot(tmp_path):
+    if os.getuid() != 0:
+        pytest.skip("the other user runs as uid 65534: run as root")
+    from test_trust_callers import python_for
+    # As found: one uid held every /events slot, and every other page got 503.
+    scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=[{}, {}])
+    async with gpu_running(scenario, max_pages=6, max_pages_per_user=3) as h:
+        loop = asyncio.get_running_loop()
+        hog = await loop.run_in_executor(None, lambda: subprocess.Popen(
+            [python_for(65534), "-c", HOG, str(h.port), "6"], user=65534, group=65534,
+            extra_groups=[], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+        try:
+            line = await loop.run_in_executor(None, hog.stdout.readline)
+            # three pages each at most (answered in whatever order they were identified)
+            assert sorted(json.loads(line)) == ["200"] * 3 + ["503"] * 3
+            await open_page(h)  # root's page: there is room for it
+            assert len(h.api.feed.pages) == 4
+        finally:
+            hog.stdin.close()
+            await loop.run_in_executor(None, hog.wait)

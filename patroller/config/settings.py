@@ -122,3 +122,5 @@ class Config:
     feed_keepalive: float = 15.0  # seconds between keep-alive comments on an idle feed
     feed_retry_ms: int = 1000  # how soon a browser reconnects after the feed ends
     max_pages: int = 200  # web pages open at once (/events)
+    max_pages_per_user: int = 20  # of them, one user's: nobody keeps the others' pages out
+    max_pages_unidentified: int = 20  # of them, those of callers who cannot be identified

@@ -37,9 +37,13 @@ class LiveFeed:
         self.every = config.feed_every
         self.keepalive = config.feed_keepalive
         self.max_pages = config.max_pages
+        self.max_pages_per_user = config.max_pages_per_user
+        self.max_pages_unidentified = config.max_pages_unidentified
         self.retry_ms = config.feed_retry_ms
         self.clock = clock
         self.pages: Set[Page] = set()
+        self._of: Dict[Page, Optional[str]] = {}  # page -> its caller (None: unidentified)
+        self._per: Dict[Optional[str], int] = {}  # caller -> pages open
         self._last = -self.every  # when the last snapshot was built
         self._flush: Optional[object] = None
         self._ping: Optional[object] = None
@@ -57,19 +61,40 @@ class LiveFeed:
         for page in list(self.pages):
             page.close()
         self.pages.clear()
+        self._of.clear()
+        self._per.clear()
         self._loop = None
 
-    def full(self) -> bool:
-        return len(self.pages) >= self.max_pages
+    def full(self, caller: Optional[str]) -> Optional[str]:
+        """Why one more page of `caller` (None: unidentified callers, who share a small pool)
+        is refused, or None: the pages in all, or the caller's own, are at their limit."""
+        if len(self.pages) >= self.max_pages:
+            return f"too many open pages ({len(self.pages)})"
+        mine = self._per.get(caller, 0)
+        limit = self.max_pages_unidentified if caller is None else self.max_pages_per_user
+        if mine >= limit:
+            who = "unidentified callers" if caller is None else caller
+            return f"{who} {'have' if caller is None else 'has'} {mine} pages open, the most " \
+                   "allowed: close one"
+        return None
 
-    def add(self, page: Page) -> None:
-        """A new page: the retry delay and the current snapshot at once."""
+    def add(self, page: Page, caller: Optional[str] = None) -> None:
+        """A new page of `caller`: the retry delay and the current snapshot at once."""
         self.pages.add(page)
+        self._of[page] = caller
+        self._per[caller] = self._per.get(caller, 0) + 1
         page.write(f"retry: {self.retry_ms}\n\n".encode() + self._message(self._build()))
         self._arm_ping()
 
     def remove(self, page: Page) -> None:
         self.pages.discard(page)
+        if page in self._of:
+            caller = self._of.pop(page)
+            left = self._per[caller] - 1
+            if left:
+                self._per[caller] = left
+            else:
+                del self._per[caller]
 
     def changed(self) -> None:
         """Something the page shows changed: send within `every` seconds."""

@@ -10,7 +10,7 @@ from typing import Dict, Optional
 import tornado.web
 
 from patroller import __version__
-from patroller.core.errors import BadRequest, Unavailable
+from patroller.core.errors import BadRequest, Unavailable, Unidentified
 from patroller.http.access import shown
 from patroller.http.handlers import Handler, View
 from patroller.http.live import Page
@@ -115,16 +115,26 @@ class EventsHandler(Handler):
         if self.args():
             raise BadRequest("/events takes no arguments")
         feed = self.api.feed
-        if feed.full():
-            raise Unavailable(f"too many open pages ({len(feed.pages)})")
+        caller = await self.page_caller()
+        refused = feed.full(caller)
+        if refused is not None:
+            raise Unavailable(refused)
         self.set_header("Content-Type", "text/event-stream; charset=UTF-8")
         self.set_header("X-Accel-Buffering", "no")  # a proxy in front must not hold it back
         self.done = asyncio.get_running_loop().create_future()
         self.page = _PageConnection(self)
-        feed.add(self.page)
+        feed.add(self.page, caller)
         await self.done
         if not self.answered:
             self.finish()
+
+    async def page_caller(self) -> Optional[str]:
+        """Whose page this is, to count it against that user's slots; None for a caller who
+        cannot be identified (they share a small pool). The page itself needs no identity."""
+        try:
+            return (await self.caller(None)).user
+        except Unidentified:
+            return None
 
     def on_finish(self) -> None:
         self.answered = True
