@@ -97,7 +97,7 @@ class Daemon:
         assert api.app is not None
         config = self.services.config
         lane = FastLane({"/status": api.status.body, "/devices": api.devices.body},
-                        api.requests.count, hand_back_after=config.idle_timeout / 2)
+                        api.requests.count, hand_back_after=config.header_timeout / 2)
         self.server = PeerServer(api.app, lane, config=config,
                                  read_facts=self.services.identifier.facts)
         self.server.add_sockets(sockets)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import resource
 import signal
 import sys
 from collections import Counter
@@ -46,6 +47,7 @@ def daemon_main(argv: Sequence[str]) -> int:
     handler.setFormatter(JournalFormatter() if under_journal() else logging.Formatter(
         "%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=config.log_level.upper(), handlers=[handler])
+    raise_file_limit()
     from patroller.app import StartError
 
     try:
@@ -53,6 +55,20 @@ def daemon_main(argv: Sequence[str]) -> int:
     except StartError as exc:
         print(f"patroller: {exc}", file=sys.stderr)
         return 1
+
+
+def raise_file_limit() -> None:
+    """Let the daemon use every descriptor it may: services often start with a soft limit of
+    1,024, which slow clients could fill (each holds one); the hard limit is often far higher."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft == hard:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as exc:
+        log.warning("cannot raise the descriptor limit from %d to %d: %s", soft, hard, exc)
+        return
+    log.info("descriptors: the limit is raised from %d to %d", soft, hard)
 
 
 async def serve(config: "Config") -> int:

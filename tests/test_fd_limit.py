@@ -4,10 +4,12 @@ The daemon runs as a real process limited to 64 descriptors (RLIMIT_NOFILE); the
 connections until it cannot accept more. Found on the first version: accept() failed with EMFILE
 in a loop, 100% CPU and 358 MB of log a minute.
 """
+import json
 import os
 import resource
 import select
 import socket
+import subprocess
 import time
 from typing import List
 
@@ -98,4 +100,67 @@ def test_at_the_open_file_limit_it_serves_open_connections_quietly_and_recovers(
     finally:
         for sock in flood:
             sock.close()
+        assert server.stop() == 0
+
+
+SLOW = """
+import json, socket, sys, time
+held = []
+for _ in range(int(sys.argv[2])):
+    try:
+        s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5)
+        s.sendall(b"GET /status HTTP/1.1\\r\\nHost: x\\r\\n")  # a head that never ends
+        held.append(s)
+    except OSError:
+        break
+time.sleep(1.0)  # let the daemon accept, and close what it refuses
+still = 0
+for s in held:
+    s.setblocking(False)
+    try:
+        still += s.recv(1) != b""
+    except BlockingIOError:
+        still += 1  # open, and quiet
+    except OSError:
+        pass
+print(json.dumps([len(held), still]), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_slow_heads_from_one_uid_keep_nobody_else_out():
+    # As found: under the usual service limit of 1,024 descriptors, 1,010 connections from one
+    # uid, each sending a partial head, refused every other caller for 5 minutes.
+    if os.getuid() != 0:
+        import pytest
+        pytest.skip("the slow client runs as uid 65534: run as root")
+    from test_trust_callers import python_for
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        import pytest
+        pytest.skip(f"the hard descriptor limit ({hard}) leaves no room above 1,024")
+
+    def service_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+
+    server = ServerProcess("--test", "--max-connections-per-caller", "300",
+                           preexec_fn=service_limit).start()
+    slow = None
+    try:
+        slow = subprocess.Popen([python_for(65534), "-c", SLOW, server.server.rsplit(":", 1)[1],
+                                 "1100"], user=65534, group=65534, extra_groups=[],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        opened, still = json.loads(slow.stdout.readline())
+        assert opened == 1100 and still <= 300  # the rest were closed as they came
+        began = time.monotonic()
+        with connect(server) as mine:  # another user: root
+            assert answered(mine, timeout=10).startswith(b"HTTP/1.1 200 ")
+        assert time.monotonic() - began < 10  # the target is 2 s; the bug made it 5 minutes
+        assert "closed a connection of uid 65534 at once" in server.log
+        assert "the limit is raised from 1024" in server.log
+    finally:
+        if slow is not None:
+            slow.stdin.close()
+            slow.wait()
         assert server.stop() == 0

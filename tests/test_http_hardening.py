@@ -222,7 +222,7 @@ async def test_the_body_limit_and_the_log_bound_are_the_configured_ones():
 
 @async_test
 async def test_an_idle_keep_alive_connection_ends_after_the_configured_idle_timeout():
-    async with running(idle_timeout=0.5) as h:
+    async with running(header_timeout=0.5) as h:
         reader, writer = await h.raw(b"GET /devices HTTP/1.1\r\nHost: x\r\n\r\n")
         (line, _), _ = await read_answer(reader)
         assert line == "HTTP/1.1 200 OK"

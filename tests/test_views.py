@@ -153,7 +153,7 @@ async def test_the_simplest_polls_are_answered_at_the_door_and_the_rest_in_order
 async def test_a_busy_connection_is_not_taken_for_an_idle_one():
     # Tornado's idle timer runs while it waits for a head: the lane hands a head back to it
     # now and then, so that a connection polled without a pause is never closed as idle.
-    async with running(idle_timeout=0.6) as h:
+    async with running(header_timeout=0.6) as h:
         reader, writer = await h.raw(b"")
         polled = 0
         until = time.monotonic() + 2.0

@@ -56,6 +56,8 @@ class Config:
 
     # -- HTTP (flags) -------------------------------------------------------------------------
     body_timeout: float = 10.0  # seconds a request body may take to arrive
+    header_timeout: float = 30.0  # seconds a request's head may take, or a connection sit idle
+    max_connections_per_caller: int = 512  # open at once per uid (or per address)
 
     # -- internal defaults: the daemon as a whole ----------------------------------------------
     shutdown_grace: float = 2.0  # seconds the whole stop may take: monitors, then connections
@@ -106,7 +108,6 @@ class Config:
 
     # -- internal defaults: http (the server, the views, the live feed) -----------------------
     max_body: int = 64 * 1024  # bytes: the largest request body taken (a form for /release)
-    idle_timeout: float = 300.0  # seconds a keep-alive connection may sit idle between requests
     linger: float = 1.0  # seconds a refused connection's input is read and dropped before closing
     linger_bytes: int = 1 << 20  # bytes read and dropped so at most
     framing_reports: int = 20  # refused requests logged per window at most (the rest counted)

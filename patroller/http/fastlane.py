@@ -115,6 +115,14 @@ class Connection(IOStream):
         super().__init__(sock, **kwargs)
         super().set_nodelay(True)  # a no-op for a unix socket
         self.lane = lane
+        self.on_close: Optional[Callable[[], None]] = None  # told once, as it closes
+
+    def close(self, exc_info: Any = False) -> None:
+        """Close, then tell `on_close` (every way a connection ends comes through here)."""
+        told, self.on_close = self.on_close, None
+        super().close(exc_info)
+        if told is not None:
+            told()
 
     def set_nodelay(self, value: bool) -> None:
         """TCP_NODELAY stays on: see the class."""

@@ -8,7 +8,7 @@ import os
 import socket
 import stat
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterable, List
+from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 from tornado.httpserver import HTTPServer
 from tornado.httputil import HTTPServerConnectionDelegate
@@ -18,9 +18,11 @@ from tornado.netutil import bind_sockets
 from patroller.config import Config
 from patroller.core.throttle import Throttle
 from patroller.http.accepting import Acceptor
-from patroller.http.fastlane import FastLane
+from patroller.http.fastlane import Connection, FastLane
 from patroller.http.framing import Framing, TornadoReports
-from patroller.identify.peers import Peer, attach, attach_address, peer_credentials
+from patroller.identify.peers import (Credentials, Peer, attach, attach_address,
+                                      peer_credentials)
+from patroller.identify.sockets import normalize, socket_owner
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +50,12 @@ class PeerServer(HTTPServer):
         # Idle keep-alive connections end after a while (a waiting /wait is not idle); the
         # Guard bounds bodies, in size and in time.
         super().initialize(Framing(app, config, reports), xheaders=False,
-                           idle_connection_timeout=config.idle_timeout,
+                           idle_connection_timeout=config.header_timeout,
                            max_body_size=UNLIMITED, body_timeout=None)
         self.read_facts = read_facts
         self.acceptor = Acceptor(self, config, lane)
+        self.counts = ConnectionCounts(config.max_connections_per_caller,
+                                       Throttle(1, config.repeat_log_every))
         self.tornado_reports = TornadoReports(reports)
         logging.getLogger(TORNADO_LOG).addFilter(self.tornado_reports)
 
@@ -67,17 +71,76 @@ class PeerServer(HTTPServer):
         super().stop()
 
     def handle_stream(self, stream: IOStream, address: Any) -> None:
-        """Attach who is calling (a unix caller's credentials and /proc facts, a TCP caller's
-        address), then serve the connection as HTTP."""
+        """Count the connection against its caller's (a caller at its limit is closed at
+        once), attach who is calling (a unix caller's credentials and /proc facts, a TCP
+        caller's address), then serve the connection as HTTP."""
         sock = stream.socket
+        credentials = None
         if sock is not None and sock.family == socket.AF_UNIX:
             credentials = peer_credentials(sock)
-            if credentials is not None:
-                facts = asyncio.ensure_future(self.read_facts(credentials.pid))
-                attach(stream, Peer(credentials, facts))
+        if not self.counts.admit(stream, _caller_of(sock, address, credentials)):
+            return
+        if credentials is not None:
+            facts = asyncio.ensure_future(self.read_facts(credentials.pid))
+            attach(stream, Peer(credentials, facts))
         elif isinstance(address, tuple):
             attach_address(stream, (address[0], address[1]))
         super().handle_stream(stream, address)
+
+
+Caller = Tuple[str, Union[int, str, None]]  # ("uid", 1000) or ("address", "10.0.0.7")
+
+
+def _caller_of(sock: Optional[socket.socket], address: Any,
+               credentials: Optional[Credentials]) -> Caller:
+    """Who holds a connection, for counting: the uid the kernel recorded for the client (the
+    unix socket's peer, or a TCP client's socket on this host), else its address."""
+    if sock is not None and sock.family == socket.AF_UNIX:
+        return ("uid", credentials.uid if credentials is not None else None)
+    if not isinstance(address, tuple) or sock is None:
+        return ("address", None)
+    try:
+        ours = sock.getsockname()
+    except OSError:
+        return ("address", normalize(address[0]))
+    uid = socket_owner((address[0], address[1]), (ours[0], ours[1]))
+    return ("uid", uid) if uid is not None else ("address", normalize(address[0]))
+
+
+class ConnectionCounts:
+    """Open connections per caller, so that no caller can hold every descriptor: one at its
+    limit (`max_connections_per_caller`) is closed as it is accepted, the others go on."""
+
+    def __init__(self, limit: int, reports: Throttle) -> None:
+        self.limit = limit
+        self.reports = reports
+        self.open: Dict[Caller, int] = {}
+        self.refused = 0  # connections closed at once, for /metrics
+
+    def admit(self, stream: IOStream, caller: Caller) -> bool:
+        """Count a new connection, or close it if its caller is at the limit."""
+        held = self.open.get(caller, 0)
+        if held >= self.limit or not isinstance(stream, Connection):
+            if held >= self.limit:
+                self.refused += 1
+                admitted, more = self.reports.admit()
+                if admitted:
+                    log.warning("closed a connection of %s %s at once: it holds %d, the most one "
+                                "caller may (--max-connections-per-caller)%s", caller[0],
+                                caller[1], held, f"; {more} more not logged" if more else "")
+                stream.close()
+                return False
+            return True  # not ours to count (a stream made elsewhere)
+        self.open[caller] = held + 1
+        stream.on_close = lambda: self._closed(caller)
+        return True
+
+    def _closed(self, caller: Caller) -> None:
+        left = self.open.get(caller, 1) - 1
+        if left > 0:
+            self.open[caller] = left
+        else:
+            self.open.pop(caller, None)
 
 
 def tcp_sockets(port: int, address: str) -> List[socket.socket]:

@@ -189,6 +189,21 @@ def find_client(peer: Address, server: Address, proc: str = "/proc") -> Optional
     return find_client_in_tables(peer, server, proc)
 
 
+def socket_owner(peer: Address, server: Address) -> Optional[int]:
+    """The uid the kernel recorded for the client socket of a connection from `peer` to our
+    `server` address, if the client is on this host; None otherwise, or where netlink is not
+    allowed. One exact sock_diag lookup per address family (30-80 µs): quick enough to make as a
+    connection is accepted. Never the /proc tables, which can take 100 ms."""
+    try:
+        for family, client, ours in _diag_candidates(peer, server):
+            entry = _diag(family, client, ours)
+            if entry is not None:
+                return entry.uid
+    except (OSError, struct.error, ValueError):
+        pass
+    return None
+
+
 def find_client_in_tables(peer: Address, server: Address,
                           proc: str = "/proc") -> Optional[SocketEntry]:
     """find_client through /proc/net/tcp and tcp6."""
