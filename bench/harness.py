@@ -168,7 +168,9 @@ class Daemon:
 
     def start(self) -> "Daemon":
         simulator = f"{sys.executable} -m patroller.simulator --scenario {self.scenario_path}"
+        # One process stands for many users here (10,000 waiters): no per-caller connection cap.
         args = [sys.executable, "-m", "patroller", "--port", "0", "--address", "127.0.0.1",
+                "--max-connections-per-caller", "1000000",
                 "--lease", str(self.lease), "--state-dir", self.state_dir or "none",
                 "--nvidia-smi", simulator, "--log-level",
                 os.environ.get("PBENCH_LOG_LEVEL", "warning")]
