@@ -99,7 +99,7 @@ class Daemon:
         lane = FastLane({"/status": api.status.body, "/devices": api.devices.body},
                         api.requests.count, hand_back_after=config.header_timeout / 2)
         self.server = PeerServer(api.app, lane, config=config,
-                                 read_facts=self.services.identifier.facts)
+                                 read_facts=self.services.identifier.peer_facts)
         self.server.add_sockets(sockets)
         return [_url(s) for s in sockets]
 
@@ -165,7 +165,8 @@ async def build(config: Config) -> Daemon:
         inventory = synthetic_inventory(config.test_devices)
         return assemble(config, inventory, signals,
                         [SyntheticMonitor(inventory, signals, config.test_interval)],
-                        ProcessIdentifier(config), TestModeCallers(config.proc_root))
+                        ProcessIdentifier(config),
+                        TestModeCallers(config.proc_root, config.repeat_log_every))
     argv = command(config.nvidia_smi)
     try:
         found = await discover(argv, None, config)
@@ -184,7 +185,8 @@ async def build(config: Config) -> Daemon:
                 CrossCheck(inventory, signals, argv, os.environ, unattributed, config),
                 InventoryWatch(inventory, signals, argv, None, config)]
     daemon = assemble(config, inventory, signals, monitors, identifier,
-                      SystemCallers(identifier, directory, config.proc_root), directory)
+                      SystemCallers(identifier, directory, config.proc_root,
+                                    config.repeat_log_every), directory)
     return daemon
 
 

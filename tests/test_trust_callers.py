@@ -4,7 +4,9 @@ import ctypes
 import json
 import os
 import shutil
+import signal
 import subprocess
+import tempfile
 import sys
 import time
 import urllib.request
@@ -12,7 +14,7 @@ import urllib.request
 import pytest
 from dataclasses import replace
 
-from helpers import ScenarioFile, ServerProcess, async_test
+from helpers import ScenarioFile, ServerProcess, async_test, reuse_pid
 from patroller.identify.callers import SystemCallers
 from patroller.identify.containers import ContainerDirectory, DockerUnavailable
 from patroller.core.errors import Unidentified
@@ -269,7 +271,8 @@ async def test_an_unreachable_docker_engine_is_said_in_words(tmp_path):
             said = str(failed.value)
             assert where in said and "no such file or directory" in said, said
             assert "Error(" not in said and "('" not in said, said
-        callers = SystemCallers(ProcessIdentifier(config, directory), directory, config.proc_root)
+        callers = SystemCallers(ProcessIdentifier(config, directory), directory, config.proc_root,
+                                config.repeat_log_every)
         with pytest.raises(Unidentified) as refused:
             await callers._remote("192.0.2.7")
         assert refused.value.message.startswith("cannot identify a caller at 192.0.2.7")
@@ -277,3 +280,62 @@ async def test_an_unreachable_docker_engine_is_said_in_words(tmp_path):
         assert "FileNotFoundError" not in refused.value.message
     finally:
         directory.shutdown()
+
+
+BORROWER = """
+import os, socket, sys
+sock = socket.socket(socket.AF_UNIX)
+sock.connect(sys.argv[1])  # the kernel records this process's pid and uid now
+sock.sendall(("GET " + sys.argv[2] + " HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n").encode())
+print(os.getpid(), flush=True)
+if os.fork():
+    os._exit(0)  # the caller ends; a child keeps its connection open to read the answer
+answer = b""
+while b"\\r\\n\\r\\n" not in answer:
+    chunk = sock.recv(65536)
+    if not chunk:
+        break
+    answer += chunk
+print(answer.split(b"\\r\\n")[0].decode(), flush=True)
+"""
+
+
+def test_a_pid_reused_while_its_connection_waits_does_not_lend_its_identity(scenario, tmp_path):
+    # As found: a uid-65534 caller's connection waited in the backlog; its process exited and
+    # its pid went to root's process; the caller then acted as root (an administrator's release).
+    need_root("the caller runs as uid 65534, and its pid is given to a root process")
+    where = tempfile.mkdtemp(prefix="psock", dir="/tmp")  # a directory uid 65534 may enter
+    os.chmod(where, 0o755)
+    path = os.path.join(where, "api.sock")
+    server = ServerProcess("--nvidia-smi", scenario.command, "--lease", "300", "--socket", path,
+                           env=own_state(tmp_path)).start()
+    reused = None
+    borrower = None
+    try:
+        [held] = get(server.url, "/request?gpu=1")  # held by root, as the kernel says
+        server.process.send_signal(signal.SIGSTOP)  # connections wait in the backlog meanwhile
+        try:
+            borrower = subprocess.Popen(
+                [python_for(NOBODY), "-c", BORROWER, path,
+                 f"/release?uuid={held['uuid']}&reason=borrowed"],
+                user=NOBODY, group=NOBODY, extra_groups=[], stdout=subprocess.PIPE, text=True)
+            pid = int(borrower.stdout.readline())
+            borrower.wait(timeout=20)  # the caller has ended, and its pid is free
+            reused = reuse_pid(pid)
+            if reused is None:
+                pytest.skip("the kernel does not let us choose the next pid (ns_last_pid)")
+        finally:
+            server.process.send_signal(signal.SIGCONT)
+        status_line = borrower.stdout.readline().strip()
+        assert status_line.startswith("HTTP/1.1 403 "), status_line
+        holder = get(server.url, "/status")[held["uuid"]]["claim"]["user"]
+        assert holder is not None and holder["uid"] == 0  # still root's
+        assert "is not the process that connected" in server.log
+    finally:
+        if borrower is not None and borrower.poll() is None:
+            borrower.kill()
+        if reused is not None:
+            reused.kill()
+            reused.wait()
+        assert server.stop() == 0
+        shutil.rmtree(where)

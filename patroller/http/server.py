@@ -37,7 +37,8 @@ class PeerServer(HTTPServer):
     """An HTTPServer that reads, as each unix-socket connection arrives, who made it.
 
     The pid from SO_PEERCRED is read at once, with its /proc facts (in the executor), because
-    the caller may exit and its pid be reused before the request is handled. Connections are
+    the caller may exit and its pid be reused before the request is handled; those facts are
+    kept only if the process at that pid is still the one that connected (its pidfd, its uid). Connections are
     accepted by an Acceptor (it pauses when descriptors run out), each with the fast lane at
     its door (fastlane.py); every other request passes framing.py's Guard first (framing
     errors get JSON answers where Tornado lets us answer), then goes to the application.
@@ -45,7 +46,7 @@ class PeerServer(HTTPServer):
 
     def initialize(self, app: HTTPServerConnectionDelegate,  # type: ignore[override]
                    lane: FastLane, config: Config,
-                   read_facts: Callable[[int], Awaitable[Any]]) -> None:
+                   read_facts: Callable[[Credentials], Awaitable[Any]]) -> None:
         reports = Throttle(config.framing_reports, config.framing_window)
         # Idle keep-alive connections end after a while (a waiting /wait is not idle); the
         # Guard bounds bodies, in size and in time.
@@ -79,9 +80,11 @@ class PeerServer(HTTPServer):
         if sock is not None and sock.family == socket.AF_UNIX:
             credentials = peer_credentials(sock)
         if not self.counts.admit(stream, _caller_of(sock, address, credentials)):
+            if credentials is not None and credentials.pidfd is not None:
+                os.close(credentials.pidfd)
             return
         if credentials is not None:
-            facts = asyncio.ensure_future(self.read_facts(credentials.pid))
+            facts = asyncio.ensure_future(self.read_facts(credentials))
             attach(stream, Peer(credentials, facts))
         elif isinstance(address, tuple):
             attach_address(stream, (address[0], address[1]))

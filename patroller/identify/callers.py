@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import weakref
 from collections import OrderedDict
@@ -12,10 +13,14 @@ from tornado.httputil import HTTPServerRequest
 from patroller.identify.containers import ContainerDirectory, DockerUnavailable, container_identity
 from patroller.core.errors import BadRequest, NoCallerProcess, Unidentified
 from patroller.core.identity import Identity, ProcessRef, named_user
-from patroller.identify.sockets import (Address, Owner, SocketEntry, closed_reason, find_client, find_holder,
-                    is_loopback, normalize, owner_of)
+from patroller.core.throttle import Throttle
+from patroller.identify import procfs
+from patroller.identify.sockets import (Address, Owner, SocketEntry, closed_reason, find_client,
+                                        find_holder, holds, is_loopback, normalize, owner_of)
 from patroller.identify.peers import address_of, peer_of
 from patroller.identify.resolver import ProcessIdentifier, ProcFacts, host_identity, read_facts
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TEST_USER = "test-user"
 SOCKET_HINT = ("call over the daemon's unix socket (PATROLLER_SERVER=unix:///run/patroller/"
@@ -39,8 +44,9 @@ class LocalProcesses:
     """The process behind a connection from this host, as the kernel tells it: the unix
     socket's peer credentials, or the holder of a loopback TCP client socket."""
 
-    def __init__(self, proc: str) -> None:
+    def __init__(self, proc: str, log_every: float) -> None:
         self.proc = proc
+        self.reports = Throttle(1, log_every)  # refusals of a borrowed pid, logged
         self._recent: "OrderedDict[int, None]" = OrderedDict()  # pids that called lately
         self._recent_lock = threading.Lock()  # used from executor threads
 
@@ -49,11 +55,17 @@ class LocalProcesses:
         peer = peer_of(stream)
         if peer is not None:
             facts = await peer.facts
-            if facts is None:
-                raise Unidentified(f"the calling process (pid {peer.credentials.pid}) is gone "
-                                   "or cannot be read")
+            if isinstance(facts, str):  # its pid no longer names the process that connected
+                self._report(facts)
+                raise Unidentified(facts)
             return facts
         return _PROCESSES.get(stream) if stream is not None else None
+
+    def _report(self, reason: str) -> None:
+        logged, held = self.reports.admit()
+        if logged:
+            more = f" ({held} more since the last such line)" if held else ""
+            log.warning("caller refused: %s%s", reason, more)
 
     def owner(self, entry: SocketEntry) -> Tuple[Owner, Optional[ProcFacts]]:
         """Blocking: the owner of a local client socket, with its holder's /proc facts."""
@@ -70,16 +82,38 @@ class LocalProcesses:
             self._recent[owner.pid] = None
             while len(self._recent) > 16:
                 self._recent.popitem(last=False)
-        return owner, read_facts(owner.pid, self.proc)
+        facts = read_facts(owner.pid, self.proc)
+        if facts is None:
+            return owner, None
+        refused = self._not_the_holder(entry, facts)
+        if refused:
+            self._report(refused)
+            return Owner(reason=refused), None
+        return owner, facts
+
+    def _not_the_holder(self, entry: SocketEntry, facts: ProcFacts) -> str:
+        """Why the process whose facts were read is not the one holding the client socket (its
+        pid was reused meanwhile, or the socket is another uid's), or ""."""
+        port = entry.local[1]
+        if entry.uid not in facts.uids:
+            return (f"pid {facts.pid} is not the process that made the connection from port "
+                    f"{port}: it runs as uid {facts.uids[0]}, the socket is uid {entry.uid}'s")
+        # Holding the socket after its facts were read, and still the same process: the facts
+        # are that holder's, not those of a process that took its pid in between.
+        if not holds(facts.pid, entry.inode, self.proc) or not procfs.is_alive(
+                ProcessRef(facts.pid, facts.start), self.proc):
+            return (f"pid {facts.pid} is not the process that made the connection from port "
+                    f"{port}: it no longer holds it")
+        return ""
 
 
 class TestModeCallers:
     """Test mode: callers are who they say they are (`user=`), or one default user; the process
     behind a request from this host is still the kernel's word."""
 
-    def __init__(self, proc: str, default: str = DEFAULT_TEST_USER) -> None:
+    def __init__(self, proc: str, log_every: float, default: str = DEFAULT_TEST_USER) -> None:
         self.default = default
-        self.local = LocalProcesses(proc)
+        self.local = LocalProcesses(proc, log_every)
         self.lookups = 0  # loopback callers of hold=process looked up
 
     async def identify(self, request: HTTPServerRequest, claimed: Optional[str]) -> Identity:
@@ -128,11 +162,11 @@ class SystemCallers:
     """
 
     def __init__(self, identifier: ProcessIdentifier, directory: Optional[ContainerDirectory],
-                 proc: str) -> None:
+                 proc: str, log_every: float) -> None:
         self.identifier = identifier
         self.directory = directory
         self.proc = proc
-        self.local = LocalProcesses(proc)
+        self.local = LocalProcesses(proc, log_every)
         self.lookups = 0  # TCP callers looked up (once per connection), counted when done
 
     async def identify(self, request: HTTPServerRequest, claimed: Optional[str]) -> Identity:

@@ -9,30 +9,71 @@ the callers layer looks them up by the stream.
 from __future__ import annotations
 
 import asyncio
+import os
+import select
 import socket
 import struct
 import weakref
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
+from patroller.identify import procfs
+
+
+SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5 and later
+
 
 @dataclass(frozen=True)
 class Credentials:
-    """The kernel's word on who connected to a unix socket (SO_PEERCRED)."""
+    """The kernel's word on who connected to a unix socket (SO_PEERCRED, SO_PEERPIDFD), and
+    when the daemon accepted the connection."""
 
     pid: int
     uid: int
     gid: int
+    accepted: int = 0  # clock ticks after boot, when the connection was accepted
+    pidfd: Optional[int] = None  # the connecting process itself, where the kernel gives one
 
 
 def peer_credentials(sock: socket.socket) -> Optional[Credentials]:
-    """The peer of a connected unix socket, as the kernel recorded it at connect()."""
+    """The peer of a connected unix socket, as the kernel recorded it at connect(). The pidfd
+    it may come with is the caller's to close (`not_the_caller` does)."""
     try:
         raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     except (OSError, AttributeError):
         return None
     pid, uid, gid = struct.unpack("3i", raw)
-    return Credentials(pid, uid, gid) if pid > 0 else None
+    if pid <= 0:
+        return None
+    try:
+        pidfd: Optional[int] = sock.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD)
+    except OSError:  # an older kernel: the start time stands in for it
+        pidfd = None
+    return Credentials(pid, uid, gid, procfs.boot_ticks(), pidfd)
+
+
+def not_the_caller(credentials: Credentials, uids: Tuple[int, ...], start: int) -> Optional[str]:
+    """Blocking: why the process now at the caller's pid, with these uids and start time
+    (read from /proc), is not the process that connected, or None if it is. The kernel's
+    record of the connecting process's uid is the ground truth; its pidfd, where there is one,
+    says whether that very process still runs (a pid is handed out again only once its process
+    is gone); else a process that started after the connection was accepted is another.
+    Closes the pidfd."""
+    try:
+        if uids and credentials.uid not in uids:
+            return (f"pid {credentials.pid} is not the process that connected: it runs as uid "
+                    f"{uids[0]}, the connection was made by uid {credentials.uid}")
+        if credentials.pidfd is not None:
+            if select.select([credentials.pidfd], [], [], 0)[0]:  # readable: it has exited
+                return (f"pid {credentials.pid} is not the process that connected: that "
+                        "process has ended")
+        elif start > credentials.accepted:
+            return (f"pid {credentials.pid} is not the process that connected: it started "
+                    "after the connection was made")
+        return None
+    finally:
+        if credentials.pidfd is not None:
+            os.close(credentials.pidfd)
 
 
 class Peer:

@@ -8,7 +8,8 @@ gone raises OSError where the caller must tell "gone" from "unreadable", else re
 from __future__ import annotations
 
 import os
-from typing import List, NamedTuple, Optional
+import time
+from typing import List, NamedTuple, Optional, Tuple
 
 from patroller.core.identity import ProcessRef
 
@@ -49,17 +50,24 @@ def is_alive(ref: ProcessRef, proc: str = "/proc") -> bool:
     return found is not None and found.start == ref.start and found.state not in ENDED
 
 
-def uid(pid: int, proc: str = "/proc") -> Optional[int]:
-    """The real uid of a process (/proc/<pid>/status), or None if it cannot be read."""
+def uids(pid: int, proc: str = "/proc") -> Tuple[int, ...]:
+    """The real, effective, saved and file-system uids of a process (/proc/<pid>/status), or
+    () if they cannot be read."""
     try:
         with open(os.path.join(proc, str(pid), "status"), encoding="ascii",
                   errors="replace") as f:
             for line in f:
                 if line.startswith("Uid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+                    return tuple(int(field) for field in line.split()[1:5])
+    except (OSError, ValueError):
+        return ()
+    return ()
+
+
+def uid(pid: int, proc: str = "/proc") -> Optional[int]:
+    """The real uid of a process, or None if it cannot be read."""
+    found = uids(pid, proc)
+    return found[0] if found else None
 
 
 def cgroup(pid: int, proc: str = "/proc") -> str:
@@ -86,6 +94,11 @@ def descriptor_target(pid: int, fd: str, proc: str = "/proc") -> Optional[str]:
 def pids(proc: str = "/proc") -> List[int]:
     """Every process's pid, in order. Raises OSError if /proc cannot be listed."""
     return sorted(int(name) for name in os.listdir(proc) if name.isdigit())
+
+
+def boot_ticks() -> int:
+    """Now, in the clock ticks after boot that a process's start time is counted in."""
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
 
 
 def boot_id(proc: str = "/proc") -> Optional[str]:

@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import pwd
 from dataclasses import dataclass
-from typing import Optional, Protocol, Tuple
+from typing import Optional, Protocol, Tuple, Union
 
 from cachetools import TTLCache
 
 from patroller.config import Config
 from patroller.identify import procfs
 from patroller.identify.cgroups import ContainerRef, read_container
+from patroller.identify.peers import Credentials, not_the_caller
 from patroller.identify.containers import (ContainerDirectory, DockerUnavailable, container_identity,
                          unlabelled_identity)
 from patroller.core.identity import UNKNOWN, Identity
@@ -46,6 +47,7 @@ class ProcFacts:
     start: int  # clock ticks after boot: with the pid, names exactly one process
     container: Optional[ContainerRef]
     host: Optional[Identity]  # its account, for a process in no container
+    uids: Tuple[int, ...] = ()  # its real, effective, saved and file-system uids
 
 
 def read_facts(pid: int, proc: str = "/proc") -> Optional[ProcFacts]:
@@ -55,13 +57,21 @@ def read_facts(pid: int, proc: str = "/proc") -> Optional[ProcFacts]:
         container = read_container(pid, proc)
     except (OSError, ValueError):
         return None
-    host = None
-    if container is None:
-        uid = procfs.uid(pid, proc)
-        if uid is None:
-            return None
-        host = host_identity(uid)
-    return ProcFacts(pid, start, container, host)
+    uids = procfs.uids(pid, proc)
+    if not uids:
+        return None
+    host = host_identity(uids[0]) if container is None else None
+    return ProcFacts(pid, start, container, host, uids)
+
+
+def read_peer_facts(credentials: Credentials, proc: str) -> Union[ProcFacts, str]:
+    """Blocking: the facts of the process that connected, or why they cannot be had."""
+    facts = read_facts(credentials.pid, proc)
+    refused = not_the_caller(credentials, facts.uids if facts is not None else (),
+                             facts.start if facts is not None else 0)
+    if facts is None:
+        return f"the calling process (pid {credentials.pid}) is gone or cannot be read"
+    return refused if refused is not None else facts
 
 
 class ProcessIdentifier:
@@ -80,6 +90,13 @@ class ProcessIdentifier:
         self.proc_reads += 1
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, read_facts, pid, self.proc)
+
+    async def peer_facts(self, credentials: Credentials) -> Union[ProcFacts, str]:
+        """/proc facts of a unix-socket caller, read off the loop, if its pid still names the
+        process that connected; else why not (`peers.not_the_caller`)."""
+        self.proc_reads += 1
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, read_peer_facts, credentials, self.proc)
 
     async def resolve(self, pid: int) -> Identity:
         """The identity of a live pid; UNKNOWN if /proc cannot tell."""

@@ -236,6 +236,11 @@ def _holds(pid: int, target: str, proc: str) -> Optional[bool]:
     return any(procfs.descriptor_target(pid, fd, proc) == target for fd in fds)
 
 
+def holds(pid: int, inode: int, proc: str = "/proc") -> bool:
+    """Whether the process holds the socket with this inode now."""
+    return bool(_holds(pid, f"socket:[{inode}]", proc))
+
+
 def find_holder(inode: int, proc: str = "/proc",
                 likely: Iterable[int] = ()) -> Tuple[Optional[int], bool]:
     """(a process holding the socket with this inode or None, whether some were hidden).

@@ -1,0 +1,162 @@
+"""A pid names a caller only while it is the process the kernel saw connect: the checks that
+keep a caller's identity from being borrowed by whoever gets its pid next. Real sockets, real
+processes, the real /proc; the daemon-level attack is in test_trust_callers.py."""
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from helpers import reuse_pid
+from patroller.identify import procfs
+from patroller.identify.callers import LocalProcesses
+from patroller.identify.peers import Credentials, peer_credentials
+from patroller.identify.resolver import ProcFacts, read_facts, read_peer_facts
+from patroller.identify.sockets import ESTABLISHED, SocketEntry, find_client
+
+NOBODY = 65534
+CONNECT_AND_EXIT = ("import os, socket, sys\n"
+                    "s = socket.socket(socket.AF_UNIX)\n"
+                    "s.connect(sys.argv[1])\n"
+                    "print(os.getpid(), flush=True)\n")
+
+
+def need_root(why):
+    if os.geteuid() != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run this test as root: {why}")
+        pytest.skip(f"needs root: {why}")
+
+
+def kernel_has_peer_pidfd():
+    major, minor = (int(part) for part in os.uname().release.split(".")[:2])
+    return (major, minor) >= (6, 5)
+
+
+@pytest.fixture
+def listener(tmp_path):
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(tmp_path / "api.sock"))
+    sock.listen(8)
+    yield sock, str(tmp_path / "api.sock")
+    sock.close()
+
+
+def connect_and_exit(path):
+    """The pid of a process that connected to `path` and has ended (and been reaped)."""
+    child = subprocess.run([sys.executable, "-c", CONNECT_AND_EXIT, path], check=True,
+                           capture_output=True, text=True, timeout=30)
+    return int(child.stdout)
+
+
+def test_the_process_that_connected_is_the_caller(listener):
+    sock, path = listener
+    client = socket.socket(socket.AF_UNIX)
+    client.connect(path)
+    conn, _ = sock.accept()
+    try:
+        credentials = peer_credentials(conn)
+        assert credentials is not None and credentials.pid == os.getpid()
+        facts = read_peer_facts(credentials, "/proc")
+        assert isinstance(facts, ProcFacts), facts
+        assert facts.pid == os.getpid() and os.geteuid() in facts.uids
+    finally:
+        conn.close()
+        client.close()
+
+
+def test_a_pid_taken_by_a_process_of_the_same_uid_is_not_the_caller(listener):
+    # Two containers may run as the same uid: the uid alone cannot tell their processes apart,
+    # the connecting process's pidfd can.
+    need_root("the next pid is chosen through /proc/sys/kernel/ns_last_pid")
+    if not kernel_has_peer_pidfd():
+        pytest.skip(f"kernel {os.uname().release} gives no SO_PEERPIDFD (6.5 and later do)")
+    sock, path = listener
+    pid = connect_and_exit(path)
+    reused = reuse_pid(pid)  # a process of ours, the same uid as the caller's
+    if reused is None:
+        pytest.skip("the kernel does not let us choose the next pid (ns_last_pid)")
+    conn, _ = sock.accept()  # the connection waited in the backlog meanwhile
+    try:
+        credentials = peer_credentials(conn)
+        assert credentials is not None and credentials.pid == pid
+        assert credentials.pidfd is not None
+        refused = read_peer_facts(credentials, "/proc")
+        assert isinstance(refused, str), refused
+        assert f"pid {pid} is not the process that connected: that process has ended" == refused
+        with pytest.raises(OSError):  # its pidfd was closed
+            os.fstat(credentials.pidfd)
+    finally:
+        conn.close()
+        reused.kill()
+        reused.wait()
+
+
+def test_a_pid_taken_by_another_uid_is_not_the_caller():
+    # The kernel's record of the uid at connect() is the ground truth.
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        other = NOBODY if os.geteuid() != NOBODY else 0
+        credentials = Credentials(sleeper.pid, other, other, procfs.boot_ticks() + 10**6)
+        refused = read_peer_facts(credentials, "/proc")
+        assert refused == (f"pid {sleeper.pid} is not the process that connected: it runs as "
+                           f"uid {os.getuid()}, the connection was made by uid {other}")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_without_a_pidfd_a_process_started_after_the_connection_is_not_the_caller():
+    accepted = procfs.boot_ticks()
+    while procfs.boot_ticks() == accepted:  # a tick later: the process starts after it
+        pass
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        uid = os.geteuid()
+        later = read_peer_facts(Credentials(sleeper.pid, uid, uid, accepted), "/proc")
+        assert later == (f"pid {sleeper.pid} is not the process that connected: it started "
+                         "after the connection was made")
+        before = read_peer_facts(Credentials(sleeper.pid, uid, uid, procfs.boot_ticks()), "/proc")
+        assert isinstance(before, ProcFacts) and before.pid == sleeper.pid
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_loopback_socket_held_by_another_uid_than_its_creator_names_no_caller():
+    # The socket owner's uid (sock_diag) must match the process found holding it: here root
+    # made the socket and handed it to a process of uid 65534.
+    need_root("the socket is handed to a process of uid 65534")
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    client = socket.create_connection(server.getsockname())
+    conn, _ = server.accept()
+    holder = subprocess.Popen(["sleep", "30"], pass_fds=[client.fileno()], user=NOBODY,
+                              group=NOBODY, extra_groups=[])
+    ends = client.getsockname(), server.getsockname()
+    client.close()
+    try:
+        entry = find_client(ends[0], ends[1])
+        assert entry is not None and entry.uid == 0
+        owner, facts = LocalProcesses("/proc", 60.0).owner(entry)
+        assert facts is None and owner.pid is None
+        assert owner.reason == (f"pid {holder.pid} is not the process that made the connection "
+                                f"from port {ends[0][1]}: it runs as uid {NOBODY}, the socket "
+                                "is uid 0's")
+    finally:
+        holder.kill()
+        holder.wait()
+        conn.close()
+        server.close()
+
+
+def test_facts_of_a_process_that_does_not_hold_the_socket_name_no_caller():
+    # Read after the holder was found: a pid reused in between holds no such socket.
+    facts = read_facts(os.getpid())
+    assert facts is not None
+    entry = SocketEntry(("127.0.0.1", 40000), ("127.0.0.1", 8080), os.geteuid(), 1, ESTABLISHED)
+    assert LocalProcesses("/proc", 60.0)._not_the_holder(entry, facts) == (
+        f"pid {os.getpid()} is not the process that made the connection from port 40000: it "
+        "no longer holds it")
