@@ -234,3 +234,15 @@ async def test_never_two_queries_at_once(tmp_path):
     finally:
         await checker.stop(0.5)
     assert "overlap" not in log.read_text()
+
+
+@async_test
+async def test_a_stop_at_any_moment_of_a_query_ends_the_cross_check():
+    # Stops that land before, during and as a query ends (it ends on its own after 20 ms, and
+    # at once when terminated). A stop that lost its way (as a cancellation does when it comes
+    # as the awaited query finishes, before Python 3.12) would leave the tick running for ever.
+    for attempt in range(150):
+        checker = cross_check("sleep 0.02", Candidates(MIG), Signals(), cross_check_every=0.005)
+        await asyncio.sleep(0.005 + (attempt % 12) * 0.003)
+        await asyncio.wait_for(checker.stop(0.5), 10)  # fails here: TimeoutError
+        assert not checker.query.running

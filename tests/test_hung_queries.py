@@ -1,6 +1,7 @@
 """A hung `nvidia-smi -q -x` or `--query-compute-apps` is killed like a hung stream: after its
 timeout in the inventory watch and at discovery, within the stop's grace on SIGTERM, and by the
 kernel when the daemon is killed. The simulator's `hang` fault is the hung nvidia-smi."""
+import asyncio
 import logging
 import os
 import signal
@@ -169,3 +170,27 @@ def test_kill_9_of_the_daemon_leaves_no_hung_query_running(scenario, kind, devic
         server.stop(signal.SIGKILL)
         for pid in filter(alive, hung):
             os.kill(pid, signal.SIGKILL)
+
+
+@async_test
+async def test_a_stop_at_any_moment_of_the_watch_ends_it(scenario):
+    # Stops that land before, during and as a reading ends, and one in the pause after a poke
+    # (rediscover_soonest long): each ends the watch at once. A stop that lost its way (as a
+    # cancellation does when it comes as the awaited reading finishes, before Python 3.12)
+    # would leave the watch reading for ever.
+    argv = command(scenario.command)
+    inventory = Inventory(devices_of(await discover(argv, None, Config())))
+    quick = replace(Config(), inventory_every=0.005)
+    for attempt in range(40):
+        watch = InventoryWatch(inventory, Signals(), argv, None, quick)
+        watch.start()
+        await asyncio.sleep(0.005 + (attempt % 10) * 0.02)
+        await asyncio.wait_for(watch.stop(0.5), BOUND)  # fails here: TimeoutError
+        assert not watch.query.running
+    patient = replace(Config(), inventory_every=60, rediscover_soonest=60)
+    watch = InventoryWatch(inventory, Signals(), argv, None, patient)
+    watch.start()
+    await watch.read()
+    watch.poke("a test")
+    await asyncio.sleep(0.1)  # in the pause: the last reading was just now
+    await asyncio.wait_for(watch.stop(0.5), BOUND)

@@ -74,6 +74,8 @@ class CrossCheck(Monitor):
         self.last_duration: Optional[float] = None  # seconds the last query took
         self._announced: Dict[Key, GpuProcess] = {}
         self._task: Optional["asyncio.Future[None]"] = None
+        self._wake: Optional[asyncio.Event] = None  # set by stop(): the tick ends
+        self._stopping = False
         self._failing = 0  # failures since the last success
         self._failures_logged = Throttle(1, config.repeat_log_every)
         self._skips_logged = Throttle(1, config.repeat_log_every)
@@ -81,13 +83,20 @@ class CrossCheck(Monitor):
 
     def start(self) -> None:
         """Begin ticking on the running loop; the first query comes after one interval."""
+        self._wake = asyncio.Event()  # made here: on Python 3.9 an Event binds to a loop
         self._task = asyncio.ensure_future(self._tick())
 
     async def stop(self, grace: float) -> None:
-        """Stop ticking; a running query is terminated, and its group killed after `grace` s."""
+        """Stop ticking; a running query is terminated, and its group killed after `grace` s.
+
+        The tick is told to end, never cancelled: on Python before 3.12 a cancellation that
+        comes as the query it awaits ends is lost (asyncio.wait_for returns the result), and
+        the tick would go on."""
+        self._stopping = True
+        if self._wake is not None:
+            self._wake.set()
         await self.query.stop(grace)  # a query in progress ends; none starts after
         if self._task is not None:
-            self._task.cancel()
             await asyncio.wait([self._task])
 
     def metrics(self) -> Dict[str, object]:
@@ -97,8 +106,14 @@ class CrossCheck(Monitor):
                 "running": self.query.running}
 
     async def _tick(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
+        assert self._wake is not None
+        while not self._stopping:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.interval)
+            except asyncio.TimeoutError:
+                pass
+            if self._stopping:
+                return
             try:
                 if self._announced or self.candidates():
                     await self._check()

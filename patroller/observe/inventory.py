@@ -99,14 +99,15 @@ class InventoryWatch(Monitor):
         self.readings = 0
         self.failures = 0
         self.changes = 0
-        self._wake: Optional[asyncio.Event] = None
+        self._wake: Optional[asyncio.Event] = None  # a poke, or stop()
+        self._halt: Optional[asyncio.Event] = None  # stop()
         self._task: Optional["asyncio.Future[None]"] = None
         self._last = time.monotonic()
         self._stopping = False
         self._failures_logged = Throttle(1, config.repeat_log_every)
 
     def start(self) -> None:
-        self._wake = asyncio.Event()
+        self._wake, self._halt = asyncio.Event(), asyncio.Event()
         self._task = asyncio.ensure_future(self._run())
         self.signals.device_gone.connect(self._on_device_gone)
 
@@ -114,11 +115,15 @@ class InventoryWatch(Monitor):
         self.poke(record)
 
     async def stop(self, grace: float) -> None:
+        """Stop reading; a reading in progress is ended. The loop is told to end, never
+        cancelled (a cancellation that comes as the reading ends is lost before Python 3.12)."""
         self._stopping = True
         self.signals.device_gone.disconnect(self._on_device_gone)
+        if self._wake is not None and self._halt is not None:
+            self._wake.set()
+            self._halt.set()
         await self.query.stop(grace)  # a reading in progress ends; none starts after
         if self._task is not None:
-            self._task.cancel()
             await asyncio.wait([self._task])
 
     def metrics(self) -> Dict[str, object]:
@@ -133,7 +138,7 @@ class InventoryWatch(Monitor):
 
     async def _run(self) -> None:
         assert self._wake is not None
-        while True:
+        while not self._stopping:
             try:
                 await asyncio.wait_for(self._wake.wait(), self.every)
             except asyncio.TimeoutError:
@@ -141,9 +146,19 @@ class InventoryWatch(Monitor):
             else:  # poked: not more often than `soonest`
                 pause = min(self.soonest, self.every) - (time.monotonic() - self._last)
                 if pause > 0:
-                    await asyncio.sleep(pause)
+                    await self._halted(pause)
+            if self._stopping:
+                return
             self._wake.clear()
             await self.read()
+
+    async def _halted(self, seconds: float) -> None:
+        """Wait `seconds`, or until stop()."""
+        assert self._halt is not None
+        try:
+            await asyncio.wait_for(self._halt.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
 
     async def read(self) -> InventoryChange:
         """One reading, applied to the inventory; what changed."""
