@@ -16,12 +16,12 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import measures
+from . import callers, measures
 from .harness import ROOT, machine, raise_file_limit
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
-NAMES = ("throughput", "reactions", "identity", "scale", "footprint", "parsers", "waiters",
-         "persistence", "scrape", "page")
+NAMES = ("throughput", "reactions", "identity", "callers", "scale", "footprint", "parsers",
+         "waiters", "persistence", "scrape", "page")
 
 
 def log(text: str) -> None:
@@ -33,7 +33,8 @@ def run(quick: bool, only: List[str]) -> Dict[str, Any]:
     results: Dict[str, Any] = {}
     steps: List[Tuple[str, Callable[[measures.Context], Any]]] = [
         ("throughput", measures.throughput), ("reactions", measures.reactions),
-        ("identity", measures.identity_cost), ("scale", measures.scale),
+        ("identity", measures.identity_cost),
+        ("callers", lambda c: callers.first_calls(c.repeats, c.log)), ("scale", measures.scale),
         ("footprint", measures.footprint), ("parsers", measures.parsers),
         ("waiters", measures.waiters), ("persistence", measures.persistence),
         ("scrape", measures.scrape), ("page", measures.page)]
@@ -96,6 +97,8 @@ def checks(report: Dict[str, Any]) -> List[Dict[str, Any]]:
          "0", lambda v: v == 0),
         ("Docker calls for a new container", _get(r, "identity", "new_container_docker_calls"),
          "1", lambda v: v == 1),
+        ("another user's first TCP call ms (median), 100,000 descriptors parked by uid 65534",
+         _get(r, "callers", "another_uid", "median_ms"), "< 100", lambda v: v < 100),
         ("/status p99 ms, 1000 waiters held", _get(r, "scale", "status_while_waiting", "p99_ms"),
          "< 20", lambda v: v < 20),
         ("memory added by 1000 waiters MiB", _get(r, "scale", "rss_added_mib"), "< 50",
@@ -153,6 +156,14 @@ def other_figures(report: Dict[str, Any]) -> List[Tuple[str, Any]]:
         value = _get(r, "identity", key)
         if value is not None:
             figures.append((key.replace("_", " "), value))
+    c = r.get("callers")
+    if c and "skipped" not in c:
+        for key, what in (("alone", "nothing parked"),
+                          ("another_uid", "another uid's 100,000 descriptors parked"),
+                          ("another_uid_8_at_once", "the same, 8 callers at once"),
+                          ("same_uid", "100,000 descriptors of the caller's own uid parked")):
+            figures.append((f"first TCP call ms, {what}: median, max",
+                            f"{c[key]['median_ms']}, {c[key]['max_ms']}"))
     for key in ("all_served_s", "rss_mib"):
         value = _get(r, "scale", key)
         if value is not None:

@@ -166,7 +166,7 @@ async def build(config: Config) -> Daemon:
         return assemble(config, inventory, signals,
                         [SyntheticMonitor(inventory, signals, config.test_interval)],
                         ProcessIdentifier(config),
-                        TestModeCallers(config.proc_root, config.repeat_log_every))
+                        TestModeCallers(config))
     argv = command(config.nvidia_smi)
     try:
         found = await discover(argv, None, config)
@@ -185,8 +185,7 @@ async def build(config: Config) -> Daemon:
                 CrossCheck(inventory, signals, argv, os.environ, unattributed, config),
                 InventoryWatch(inventory, signals, argv, None, config)]
     daemon = assemble(config, inventory, signals, monitors, identifier,
-                      SystemCallers(identifier, directory, config.proc_root,
-                                    config.repeat_log_every), directory)
+                      SystemCallers(identifier, directory, config), directory)
     return daemon
 
 

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from helpers import reuse_pid
+from patroller.config import Config
 from patroller.identify import procfs
 from patroller.identify.callers import LocalProcesses
 from patroller.identify.peers import Credentials, peer_credentials
@@ -125,8 +126,8 @@ def test_without_a_pidfd_a_process_started_after_the_connection_is_not_the_calle
 
 
 def test_a_loopback_socket_held_by_another_uid_than_its_creator_names_no_caller():
-    # The socket owner's uid (sock_diag) must match the process found holding it: here root
-    # made the socket and handed it to a process of uid 65534.
+    # The socket owner's uid (sock_diag) must be the process's: here root made the socket and
+    # handed it to a process of uid 65534, which is not searched, let alone taken for root.
     need_root("the socket is handed to a process of uid 65534")
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -140,11 +141,18 @@ def test_a_loopback_socket_held_by_another_uid_than_its_creator_names_no_caller(
     try:
         entry = find_client(ends[0], ends[1])
         assert entry is not None and entry.uid == 0
-        owner, facts = LocalProcesses("/proc", 60.0).owner(entry)
+        local = LocalProcesses(Config())
+        owner, facts = local.owner(entry)
         assert facts is None and owner.pid is None
-        assert owner.reason == (f"pid {holder.pid} is not the process that made the connection "
-                                f"from port {ends[0][1]}: it runs as uid {NOBODY}, the socket "
-                                "is uid 0's")
+        assert owner.reason == (f"no process of uid 0 holds the connection from port "
+                                f"{ends[0][1]} any more: it was closed before its caller could "
+                                "be identified, or handed to another user's process")
+        # Had the search found it (its uid changed as it was searched), its uid still refuses it.
+        facts = read_facts(holder.pid)
+        assert facts is not None and facts.uids[0] == NOBODY
+        assert local._not_the_holder(entry, facts) == (
+            f"pid {holder.pid} is not the process that made the connection from port "
+            f"{ends[0][1]}: it runs as uid {NOBODY}, the socket is uid 0's")
     finally:
         holder.kill()
         holder.wait()
@@ -157,6 +165,6 @@ def test_facts_of_a_process_that_does_not_hold_the_socket_name_no_caller():
     facts = read_facts(os.getpid())
     assert facts is not None
     entry = SocketEntry(("127.0.0.1", 40000), ("127.0.0.1", 8080), os.geteuid(), 1, ESTABLISHED)
-    assert LocalProcesses("/proc", 60.0)._not_the_holder(entry, facts) == (
+    assert LocalProcesses(Config())._not_the_holder(entry, facts) == (
         f"pid {os.getpid()} is not the process that made the connection from port 40000: it "
         "no longer holds it")

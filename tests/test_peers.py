@@ -1,12 +1,19 @@
-"""The owner of a local TCP connection, from /proc/net/tcp{,6} and /proc/<pid>/fd."""
+"""The owner of a local TCP connection, from sock_diag, /proc/net/tcp{,6} and /proc/<pid>/fd."""
 import os
 import socket
 import time
 
 import pytest
 
-from patroller.identify.sockets import (ESTABLISHED, closed_reason, find_client, find_client_in_tables,
-                             find_holder, is_loopback, normalize, owner_of, parse_net_tcp)
+from patroller.identify.holders import HolderSearch
+from patroller.identify.sockets import (ESTABLISHED, closed_reason, find_client,
+                                        find_client_in_tables, is_loopback, normalize, owner_of,
+                                        parse_net_tcp)
+
+
+def find_holder(inode, uid):
+    search = HolderSearch("/proc", budget=10**6, remembered=1024).find(inode, uid)
+    return search.pid, search.hidden
 
 TCP = """\
   sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
@@ -63,7 +70,7 @@ def test_find_the_owner_of_a_real_loopback_connection(family, host):
             with accepted:
                 entry = find_client(peer[:2], accepted.getsockname()[:2])
                 assert entry is not None and entry.uid == os.getuid()
-                assert find_holder(entry.inode)[0] == os.getpid()
+                assert find_holder(entry.inode, entry.uid)[0] == os.getpid()
                 # the kernel's answer (sock_diag) and the tables agree
                 assert find_client_in_tables(peer[:2], accepted.getsockname()[:2]) == entry
                 assert os.stat(f"/proc/self/fd/{client.fileno()}").st_ino == entry.inode
@@ -94,7 +101,7 @@ def test_a_client_socket_once_closed_belongs_to_nobody():
         ours = accepted.getsockname()
         live = find_client(peer, ours)
         assert live.state == ESTABLISHED and live.inode != 0 and not closed_reason(live)
-        assert find_holder(live.inode) == (os.getpid(), False)
+        assert find_holder(live.inode, live.uid) == (os.getpid(), False)
         assert owner_of(live, os.getpid(), hidden=False).pid == os.getpid()
         client.close()
         accepted.close()

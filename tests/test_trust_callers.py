@@ -70,7 +70,16 @@ def test_an_orphan_socket_names_nobody_though_its_uid_is_kept():
 
 def test_a_live_socket_nobody_holds_names_nobody():
     owner = owner_of(entry(), holder=None, hidden=False)
-    assert owner.pid is None and owner.uid is None and "no process holds" in owner.reason
+    assert owner.pid is None and owner.uid is None and owner.reason == (
+        "no process of uid 1000 holds the connection from port 40000 any more: it was closed "
+        "before its caller could be identified, or handed to another user's process")
+
+
+def test_a_search_stopped_at_its_budget_names_nobody():
+    owner = owner_of(entry(), holder=None, hidden=True, exhausted=True)
+    assert owner.pid is None and owner.uid is None and owner.reason.startswith(
+        "the processes of uid 1000 hold too many descriptors to find the one holding the "
+        "connection from port 40000")
 
 
 def test_a_live_socket_whose_holder_cannot_be_read_is_its_creators_account():
@@ -271,8 +280,7 @@ async def test_an_unreachable_docker_engine_is_said_in_words(tmp_path):
             said = str(failed.value)
             assert where in said and "no such file or directory" in said, said
             assert "Error(" not in said and "('" not in said, said
-        callers = SystemCallers(ProcessIdentifier(config, directory), directory, config.proc_root,
-                                config.repeat_log_every)
+        callers = SystemCallers(ProcessIdentifier(config, directory), directory, config)
         with pytest.raises(Unidentified) as refused:
             await callers._remote("192.0.2.7")
         assert refused.value.message.startswith("cannot identify a caller at 192.0.2.7")

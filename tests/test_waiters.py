@@ -60,7 +60,7 @@ class GatedCallers(NamedCallers):
     """Test-mode callers whose /wait identification waits at a gate the test opens."""
 
     def __init__(self) -> None:
-        super().__init__(Config().proc_root)
+        super().__init__(Config())
         self.gate = asyncio.Event()
         self.connections: List[Any] = []  # of every /wait caller, in arrival order
         self.streams: List[Any] = []

@@ -99,6 +99,9 @@ class Config:
     address_ttl: float = 10.0  # seconds the containers' network addresses are cached
     docker_timeout: float = 5.0  # seconds a call to the Docker Engine may take
     docker_retry_after: float = 5.0  # seconds an unreachable engine is not asked again
+    holder_search_budget: int = 50000  # descriptors read at most to find a TCP caller's process
+    holder_sockets_remembered: int = 16384  # socket inodes seen in that search, remembered
+    recent_callers: int = 16  # pids that called lately, searched first
 
     # -- internal defaults: state (the book, the audit record, lifetimes) ---------------------
     audit_keep: int = 1000  # events of the audit record kept in memory for /history

@@ -220,6 +220,8 @@ class DaemonCollector:
                 ("proc_reads", "/proc entries of processes read", services.identifier.proc_reads),
                 ("caller_lookups", "TCP callers looked up in the kernel's socket table",
                  services.callers.lookups),
+                ("caller_descriptors_read", "Descriptors read to find the processes of TCP "
+                 "callers", services.callers.descriptors_read),
                 ("identity_failures", "Requests refused because the caller could not be "
                  "identified", self.requests.identity_failures)):
             yield CounterMetricFamily(f"patroller_{name}", text, value=value)

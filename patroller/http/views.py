@@ -113,6 +113,7 @@ def counters(services: Services, status: StatusView) -> Dict[str, Any]:
         "proc_reads": services.identifier.proc_reads,
         "docker_calls": services.directory.calls if services.directory is not None else 0,
         "caller_lookups": services.callers.lookups,
+        "caller_descriptors_read": services.callers.descriptors_read,
         "monitors": {m.name: m.metrics() for m in services.monitors},
         "lease_book": services.book.metrics() if services.book is not None else None,
         "held_for_processes": services.lifelines.metrics(),

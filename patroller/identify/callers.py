@@ -10,13 +10,15 @@ from typing import Any, Optional, Protocol, Tuple
 
 from tornado.httputil import HTTPServerRequest
 
+from patroller.config import Config
 from patroller.identify.containers import ContainerDirectory, DockerUnavailable, container_identity
 from patroller.core.errors import BadRequest, NoCallerProcess, Unidentified
 from patroller.core.identity import Identity, ProcessRef, named_user
 from patroller.core.throttle import Throttle
 from patroller.identify import procfs
+from patroller.identify.holders import HolderSearch, holds
 from patroller.identify.sockets import (Address, Owner, SocketEntry, closed_reason, find_client,
-                                        find_holder, holds, is_loopback, normalize, owner_of)
+                                        is_loopback, normalize, owner_of)
 from patroller.identify.peers import address_of, peer_of
 from patroller.identify.resolver import ProcessIdentifier, ProcFacts, host_identity, read_facts
 
@@ -33,6 +35,10 @@ class CallerIdentifier(Protocol):
 
     lookups: int  # TCP callers looked up in the kernel's socket table (/metrics counts them)
 
+    @property
+    def descriptors_read(self) -> int:
+        """Descriptors read to find the processes of TCP callers (/metrics counts them)."""
+
     async def identify(self, request: HTTPServerRequest, claimed: Optional[str]) -> Identity:
         """`claimed` is the request's user= (already checked for form), or None."""
 
@@ -44,9 +50,12 @@ class LocalProcesses:
     """The process behind a connection from this host, as the kernel tells it: the unix
     socket's peer credentials, or the holder of a loopback TCP client socket."""
 
-    def __init__(self, proc: str, log_every: float) -> None:
-        self.proc = proc
-        self.reports = Throttle(1, log_every)  # refusals of a borrowed pid, logged
+    def __init__(self, config: Config) -> None:
+        self.proc = config.proc_root
+        self.reports = Throttle(1, config.repeat_log_every)  # refusals of a borrowed pid, logged
+        self.holders = HolderSearch(self.proc, config.holder_search_budget,
+                                    config.holder_sockets_remembered)
+        self.recent_callers = config.recent_callers
         self._recent: "OrderedDict[int, None]" = OrderedDict()  # pids that called lately
         self._recent_lock = threading.Lock()  # used from executor threads
 
@@ -73,14 +82,14 @@ class LocalProcesses:
             return owner_of(entry, None, False), None
         with self._recent_lock:
             likely = list(reversed(self._recent))
-        pid, hidden = find_holder(entry.inode, self.proc, likely=likely)
-        owner = owner_of(entry, pid, hidden)
+        search = self.holders.find(entry.inode, entry.uid, likely)
+        owner = owner_of(entry, search.pid, search.hidden, search.exhausted)
         if owner.pid is None:
             return owner, None
         with self._recent_lock:
             self._recent.pop(owner.pid, None)
             self._recent[owner.pid] = None
-            while len(self._recent) > 16:
+            while len(self._recent) > self.recent_callers:
                 self._recent.popitem(last=False)
         facts = read_facts(owner.pid, self.proc)
         if facts is None:
@@ -111,10 +120,15 @@ class TestModeCallers:
     """Test mode: callers are who they say they are (`user=`), or one default user; the process
     behind a request from this host is still the kernel's word."""
 
-    def __init__(self, proc: str, log_every: float, default: str = DEFAULT_TEST_USER) -> None:
+    def __init__(self, config: Config, default: str = DEFAULT_TEST_USER) -> None:
         self.default = default
-        self.local = LocalProcesses(proc, log_every)
+        self.local = LocalProcesses(config)
         self.lookups = 0  # loopback callers of hold=process looked up
+
+    @property
+    def descriptors_read(self) -> int:
+        """Descriptors read to find the processes of TCP callers."""
+        return self.local.holders.read
 
     async def identify(self, request: HTTPServerRequest, claimed: Optional[str]) -> Identity:
         """The user named in the request, or the default test user."""
@@ -162,12 +176,17 @@ class SystemCallers:
     """
 
     def __init__(self, identifier: ProcessIdentifier, directory: Optional[ContainerDirectory],
-                 proc: str, log_every: float) -> None:
+                 config: Config) -> None:
         self.identifier = identifier
         self.directory = directory
-        self.proc = proc
-        self.local = LocalProcesses(proc, log_every)
+        self.proc = config.proc_root
+        self.local = LocalProcesses(config)
         self.lookups = 0  # TCP callers looked up (once per connection), counted when done
+
+    @property
+    def descriptors_read(self) -> int:
+        """Descriptors read to find the processes of TCP callers."""
+        return self.local.holders.read
 
     async def identify(self, request: HTTPServerRequest, claimed: Optional[str]) -> Identity:
         """The caller's identity, or Unidentified."""

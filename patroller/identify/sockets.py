@@ -1,7 +1,7 @@
-"""Who is at the other end of a local TCP connection: /proc/net/tcp{,6} and /proc/<pid>/fd.
+"""Who is at the other end of a local TCP connection: sock_diag and /proc/net/tcp{,6}.
 
 A local client's socket is listed in the host's /proc/net/tcp with its state, its creator's uid
-and its inode; the inode leads to the process that holds it. Only a socket some process still
+and its inode; the inode leads to the process that holds it (holders.py). Only a socket some process still
 holds names a caller: once closed, the kernel keeps a TIME_WAIT or orphan entry with inode 0
 (and uid 0 for TIME_WAIT) that belongs to nobody. Readers take an injectable /proc root.
 """
@@ -12,9 +12,8 @@ import os
 import socket
 import struct
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Optional, Tuple
+from typing import Iterator, Optional, Tuple
 
-from patroller.identify import procfs
 
 Address = Tuple[str, int]
 
@@ -49,23 +48,32 @@ def closed_reason(entry: SocketEntry) -> str:
     return ""
 
 
-def owner_of(entry: SocketEntry, holder: Optional[int], hidden: bool) -> Owner:
-    """The owner of a client socket, from its table entry and a search for its holder (pure).
+def owner_of(entry: SocketEntry, holder: Optional[int], hidden: bool,
+             exhausted: bool = False) -> Owner:
+    """The owner of a client socket, from its table entry and a search for its holder among
+    the processes of the socket's uid (pure).
 
     `holder` is the pid found holding the socket; `hidden` says whether some processes'
     descriptors could not be read, so that a holder may exist unseen. Then, and only for an
     established socket that a file still holds, the kernel's record of the socket's creator
-    stands for its owner: that uid cannot be chosen by the caller.
+    stands for its owner: that uid cannot be chosen by the caller. `exhausted`: the search
+    stopped at its budget, so the holder is not known.
     """
     reason = closed_reason(entry)
     if reason:
         return Owner(reason=reason)
     if holder is not None:
         return Owner(pid=holder)
+    port = entry.local[1]
+    if exhausted:
+        return Owner(reason=f"the processes of uid {entry.uid} hold too many descriptors to "
+                            f"find the one holding the connection from port {port}: try again "
+                            "from a process with fewer, or over the unix socket")
     if hidden:
         return Owner(uid=entry.uid)
-    return Owner(reason=f"no process holds the connection from port {entry.local[1]} any more: "
-                        "it was closed before its caller could be identified")
+    return Owner(reason=f"no process of uid {entry.uid} holds the connection from port {port} "
+                        "any more: it was closed before its caller could be identified, or "
+                        "handed to another user's process")
 
 
 def normalize(host: str) -> str:
@@ -223,49 +231,3 @@ def find_client_in_tables(peer: Address, server: Address,
         for entry in parse_net_tcp("header\n" + line):
             return entry
     return None
-
-
-def _holds(pid: int, target: str, proc: str) -> Optional[bool]:
-    """Whether the process holds the target; None if its descriptors are not ours to read."""
-    try:
-        fds = procfs.descriptors(pid, proc)  # newest first: a new connection's is the highest
-    except PermissionError:
-        return None
-    except OSError:
-        return False  # gone
-    return any(procfs.descriptor_target(pid, fd, proc) == target for fd in fds)
-
-
-def holds(pid: int, inode: int, proc: str = "/proc") -> bool:
-    """Whether the process holds the socket with this inode now."""
-    return bool(_holds(pid, f"socket:[{inode}]", proc))
-
-
-def find_holder(inode: int, proc: str = "/proc",
-                likely: Iterable[int] = ()) -> Tuple[Optional[int], bool]:
-    """(a process holding the socket with this inode or None, whether some were hidden).
-
-    Hidden: some process's descriptors could not be read, so the holder may be one of them.
-    The `likely` pids (callers seen before) are tried first: a client that makes many
-    connections is found without walking every process's descriptors.
-    """
-    target = f"socket:[{inode}]"
-    tried = set()
-    hidden = False
-    for pid in likely:
-        tried.add(pid)
-        holds = _holds(pid, target, proc)
-        if holds:
-            return pid, hidden
-        hidden = hidden or holds is None
-    try:
-        pids = procfs.pids(proc)
-    except OSError:
-        return None, True
-    for pid in pids:
-        if pid not in tried:
-            holds = _holds(pid, target, proc)
-            if holds:
-                return pid, hidden
-            hidden = hidden or holds is None
-    return None, hidden

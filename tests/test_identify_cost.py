@@ -1,0 +1,243 @@
+"""What it costs to identify a TCP caller on this host when some user parks processes full of
+descriptors (as found: 100 processes of 1,000 descriptors each, by uid 65534, made another
+user's first /request take 0.6 s, and 8 at once 7-10 s). The cost is counted in descriptors
+read (/metrics.json `caller_descriptors_read`); its time is the benchmark's (`identity`).
+Real daemon, real processes of other uids, real /proc."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+from helpers import ScenarioFile, ServerProcess
+from patroller.identify.holders import HolderSearch, candidates
+
+NOBODY = 65534
+PROCESSES, DESCRIPTORS = 100, 1000
+PARKED = PROCESSES * DESCRIPTORS
+
+PARKER = r"""
+import os, resource, signal, socket, sys, time
+processes, descriptors = int(sys.argv[1]), int(sys.argv[2])
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, descriptors + 64), hard))
+held = [end for _ in range(descriptors // 2) for end in socket.socketpair()]
+children = []
+for _ in range(processes - 1):
+    pid = os.fork()
+    if pid == 0:
+        signal.pause()
+        os._exit(0)
+    children.append(pid)
+print(" ".join(map(str, [os.getpid()] + children)), flush=True)
+sys.stdin.read()  # until the test closes our stdin
+for pid in children:
+    os.kill(pid, signal.SIGKILL)
+"""
+
+# A client holding `extra` descriptors of its own connects, prints its pid, and when told asks
+# for a GPU on that connection and prints the answer's status.
+CLIENT = r"""
+import http.client, os, sys
+url, extra = sys.argv[1], int(sys.argv[2])
+held = [os.open("/dev/null", os.O_RDONLY) for _ in range(extra)]
+host, port = url.split("//")[1].split(":")
+connection = http.client.HTTPConnection(host, int(port), timeout=60)
+connection.connect()
+print(os.getpid(), flush=True)
+sys.stdin.readline()
+connection.request("GET", "/request?gpu=1")
+answer = connection.getresponse()
+print(answer.status, answer.read().decode())
+"""
+
+# A process holding `n` descriptors, which says so and waits for its stdin to close.
+HOLDER = r"""
+import os, resource, sys
+n = int(sys.argv[1])
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, n + 64), hard))
+held = [os.open("/dev/null", os.O_RDONLY) for _ in range(n)]
+print(len(held), flush=True)
+sys.stdin.read()
+"""
+
+
+def need_root(why):
+    if os.geteuid() != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run this test as root: {why}")
+        pytest.skip(f"needs root: {why}")
+
+
+def python_for(uid):
+    for candidate in (os.path.realpath(sys.executable), "/usr/bin/python3"):
+        try:
+            subprocess.run([candidate, "-c", ""], user=uid, group=uid, extra_groups=[],
+                           capture_output=True, check=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        return candidate
+    pytest.fail(f"no Python that uid {uid} may run")
+
+
+def get(url, path):
+    with urllib.request.urlopen(url + path, timeout=20) as answer:
+        return json.loads(answer.read())
+
+
+class Parked:
+    """uid 65534's 100 processes of 1,000 descriptors each, alive until stopped."""
+
+    def __init__(self):
+        self.parker = subprocess.Popen(
+            [python_for(NOBODY), "-c", PARKER, str(PROCESSES), str(DESCRIPTORS)], user=NOBODY,
+            group=NOBODY, extra_groups=[], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True)
+        self.pids = [int(pid) for pid in self.parker.stdout.readline().split()]
+        assert len(self.pids) == PROCESSES
+        assert all(len(os.listdir(f"/proc/{pid}/fd")) >= DESCRIPTORS for pid in self.pids)
+
+    def stop(self):
+        self.parker.stdin.close()
+        self.parker.wait(timeout=30)
+
+
+@pytest.fixture
+def server(tmp_path):
+    scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=[{}, {}, {}, {}])
+    server = ServerProcess("--nvidia-smi", scenario.command, "--lease", "300",
+                           env={"PATROLLER_STATE_DIR": str(tmp_path / "state")}).start()
+    yield server
+    assert server.stop() == 0
+
+
+class Client:
+    """A client process of `uid`, connected, its request not yet sent."""
+
+    def __init__(self, server, uid, extra):
+        self.server = server
+        self.process = subprocess.Popen(
+            [python_for(uid), "-c", CLIENT, server.url, str(extra)], user=uid, group=uid,
+            extra_groups=[], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.pid = int(self.process.stdout.readline())
+
+    def first_call(self):
+        """(the answer's status, descriptors the daemon read to identify the caller)."""
+        before = get(self.server.url, "/metrics.json")["caller_descriptors_read"]
+        out, _ = self.process.communicate("go\n", timeout=120)
+        assert self.process.returncode == 0
+        read = get(self.server.url, "/metrics.json")["caller_descriptors_read"] - before
+        return out.split()[0], read
+
+
+def test_another_users_parked_descriptors_are_not_read(server):
+    # As found, and harder: uid 65534 parks its descriptors after root's client has connected,
+    # so its processes are the newest, and root's client holds more descriptors than any of
+    # them; only the search's restriction to the socket's uid keeps them unread.
+    need_root("the descriptors are parked by uid 65534")
+    client = Client(server, 0, extra=DESCRIPTORS + 500)
+    parked = Parked()
+    try:
+        answer, read = client.first_call()
+    finally:
+        parked.stop()
+    assert answer == "200"
+    assert read < PARKED / 10, f"{read} descriptors read to identify root's first call"
+
+
+def test_a_new_caller_of_the_same_uid_is_found_before_the_parked_descriptors(server):
+    # uid 65534's own client, started after them: the newest processes are read first.
+    need_root("the descriptors are parked by uid 65534")
+    parked = Parked()
+    try:
+        for _ in range(3):  # the pids may wrap round between the parked and the client
+            client = Client(server, NOBODY, extra=0)
+            if client.pid > max(parked.pids):
+                break
+            client.process.kill()
+            client.process.wait()
+        answer, read = client.first_call()
+    finally:
+        parked.stop()
+    assert answer == "200"
+    assert read < DESCRIPTORS, f"{read} descriptors read to identify the new client"
+
+
+def test_the_search_stops_at_its_budget_and_names_nobody():
+    # This process holds the socket, behind more descriptors than the budget lets be read.
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    client = socket.create_connection(server.getsockname())
+    held = [os.open("/dev/null", os.O_RDONLY) for _ in range(50)]  # newer than the socket
+    inode = os.fstat(client.fileno()).st_ino
+    try:
+        whole = HolderSearch("/proc", budget=10**6, remembered=16).find(inode, os.geteuid(),
+                                                                         [os.getpid()])
+        assert whole.pid == os.getpid() and not whole.exhausted and whole.read > 50
+        cut = HolderSearch("/proc", budget=20, remembered=16).find(inode, os.geteuid(),
+                                                                   [os.getpid()])
+        assert cut.pid is None and cut.exhausted and cut.read == 20
+    finally:
+        for fd in held:
+            os.close(fd)
+        client.close()
+        server.close()
+
+
+def test_sockets_seen_in_a_search_are_found_at_once_later():
+    # Eight callers at once: a search reads the processes that turn out not to hold its socket,
+    # and passes the others' sockets, which it then knows. A newer process of the same uid, full
+    # of descriptors, would be read first by a search that had not seen them.
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    clients = [socket.create_connection(server.getsockname()) for _ in range(3)]
+    newer = None
+    try:
+        for _ in range(3):  # the pids may wrap round between this process and the newer one
+            newer = subprocess.Popen([sys.executable, "-c", HOLDER, str(DESCRIPTORS * 2)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            newer.stdout.readline()
+            if newer.pid > os.getpid():
+                break
+            newer.kill()
+            newer.wait()
+        search = HolderSearch("/proc", budget=10**6, remembered=1024)
+        nowhere = search.find(1, os.geteuid())  # no process holds it: every one of ours is read
+        assert nowhere.pid is None and nowhere.read >= DESCRIPTORS * 2
+        for sock in clients:
+            found = search.find(os.fstat(sock.fileno()).st_ino, os.geteuid())
+            assert found.pid == os.getpid()
+            assert found.read <= len(os.listdir("/proc/self/fd")), "not known from before"
+    finally:
+        if newer is not None:
+            newer.kill()
+            newer.wait()
+        for sock in clients:
+            sock.close()
+        server.close()
+
+
+def test_candidates_are_the_uids_processes_newest_first():
+    first = [1, os.getpid()]  # pid 1 is root's: first only when we are root
+    mine = candidates(os.geteuid(), "/proc", first)
+    ours = [pid for pid in first if os.stat(f"/proc/{pid}").st_uid == os.geteuid()]
+    assert mine[:len(ours)] == ours
+    rest = mine[len(ours):]
+    assert rest == sorted(rest, reverse=True) and os.getpid() not in rest
+    assert all(os.stat(f"/proc/{pid}").st_uid == os.geteuid() for pid in rest
+               if os.path.exists(f"/proc/{pid}"))
+    assert not set(mine) & set(pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+                               if not owned(pid))
+
+
+def owned(pid):
+    try:
+        return os.stat(f"/proc/{pid}").st_uid == os.geteuid()
+    except FileNotFoundError:
+        return True  # gone meanwhile: whatever it was
