@@ -566,3 +566,10 @@ def test_a_server_that_cannot_serve_the_request_gives_69():
             server.stop()
     assert waiting.returncode == 69, err
     assert err.splitlines()[-1] == "patroller: the server refused: the server is shutting down"
+
+
+def test_a_users_line_says_what_was_taken_beyond_the_limit():
+    line = render.user_line("container:3f2a9c1b7d4e", {"held": 2, "limit": 1, "unreserved": 2,
+                                                       "over_limit": 1})
+    assert line == ("user container:3f2a9c1b7d4e: 2 held (limit 1), 2 used without asking, "
+                    "1 taken beyond the limit")

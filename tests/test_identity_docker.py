@@ -10,9 +10,10 @@ import time
 import pytest
 from dataclasses import replace
 
-from helpers import ROOT, ScenarioFile, async_test, gpu_running, reuse_pid, until
+from helpers import ROOT, ScenarioFile, alive, async_test, gpu_running, reuse_pid, until
 from patroller.identify.containers import ContainerDirectory
 from patroller.identify.procfs import uid as read_uid
+from patroller.identify.callers import SystemCallers
 from patroller.identify.resolver import ProcessIdentifier, host_identity
 from patroller.http.views import claims
 from patroller.config import Config
@@ -225,3 +226,94 @@ async def test_a_hung_docker_engine_degrades_without_stalling_the_api(engine, sc
             os.kill(engine.process.pid, signal.SIGCONT)
         await until(lambda: (claims(h.services.leases)[target]["user"] or {}).get("user")
                     == "alice@example.org", timeout=15)
+
+
+def client_as(container, uid, server, code):
+    """Like client_in, but the process then runs as `uid`, as one started with
+    `docker exec --user` would."""
+    return client_in(container, server, f"os.setgroups([]); os.setgid({uid}); os.setuid({uid})\n"
+                                        + code)
+
+
+TRY_RESERVE = (
+    "try:\n"
+    "    print(json.dumps([200, client.reserve(1, server=server, hold='lease')]))\n"
+    "except client.RequestRefused as e:\n"
+    "    print(json.dumps([e.status, e.body]))\n")
+
+
+@async_test
+async def test_limits_count_the_host_account_a_container_runs_as(engine, scenario, socket_dir):
+    # As found: with --max-per-user 1, a container labelled alice+2@example.org, or none, run
+    # as alice's uid, got a GPU beside alice's, and a process of one took another by computing.
+    scenario.write(devices=[{} for _ in range(6)])
+    uid = 1001
+    alice = engine.run("--user", f"{uid}:{uid}", labels={"user.email": "alice@example.org"})
+    alice2 = engine.run("--user", f"{uid}:{uid}", labels={"user.email": "alice+2@example.org"})
+    plain = engine.run("--user", f"{uid}:{uid}")
+    bob = engine.run("--user", "1002:1002", labels={"user.email": "bob@example.org"})
+    carol = engine.run(labels={"user.email": "carol@example.org"})  # as root, the default
+    dave = engine.run(labels={"user.email": "dave@example.org"})
+    path = os.path.join(socket_dir, "api.sock")
+    async with gpu_running(scenario, docker_host=engine.url, socket=path, max_per_user=1) as h:
+        loop = asyncio.get_running_loop()
+
+        async def reserve(container, as_uid):
+            return await loop.run_in_executor(None, client_as, container, as_uid,
+                                              f"unix://{path}", TRY_RESERVE)
+
+        status, granted = await reserve(alice, uid)
+        assert status == 200
+        claim = (await h.ok("/status"))[granted[0]["uuid"]]["claim"]["user"]
+        assert claim["user"] == "alice@example.org" and claim["uid"] == uid
+        for other in (alice2, plain):
+            status, body = await reserve(other, uid)
+            assert status == 403, body
+            assert body["account"] == f"uid:{uid}" and body["uid"] == uid and body["limit"] == 1
+            assert "the most one host account may hold is 1" in body["error"]
+        assert (await reserve(bob, 1002))[0] == 200  # another account
+        assert (await reserve(carol, 0))[0] == 200  # root: counted by its labels alone
+        assert (await reserve(dave, 0))[0] == 200
+        # A process of the unlabelled container computes on the last free GPU: it holds it, a
+        # trespass beyond the account's limit, in /users, the metrics and the audit record.
+        free = [n for n in range(6) if (await h.ok("/status"))[h.uuids()[n]]["claim"]["state"]
+                == "free"]
+        scenario.write(processes=on_gpu((plain.pid, free[-1])))
+        await until(lambda: h.services.leases.state(h.uuids()[free[-1]]) == "claimed")
+        anonymous = f"container:{plain.short}"
+        users = await h.ok("/users")
+        assert users[anonymous]["over_limit"] == 1
+        assert users[anonymous]["accounts"] == [
+            {"account": f"uid:{uid}", "uid": uid, "held": 2, "devices": sorted(
+                [granted[0]["info"]["number"], free[-1]]), "limit": 1}]
+        assert users["alice@example.org"]["over_limit"] == 0
+        metrics = (await h.http.fetch(h.url + "/metrics")).body.decode()
+        assert f'patroller_user_gpus_over_limit{{user="{anonymous}"}} 1.0' in metrics
+        assert 'patroller_user_gpus_over_limit{user="alice@example.org"} 0.0' in metrics
+        (trespass,) = [e for e in await h.ok("/history") if e["event"] == "trespass"]
+        assert trespass["user"] == anonymous and trespass["why"] == "over_limit"
+        assert trespass["account"] == f"uid:{uid}" and trespass["pid"] == plain.pid
+
+
+@async_test
+async def test_a_caller_at_a_containers_address_counts_under_the_account_it_runs_as(engine):
+    # The test's containers have no network (--network none): the address is looked up as the
+    # daemon would, and names this container; its first process is the engine's word.
+    alice2 = engine.run("--user", "1001:1001", labels={"user.email": "alice+2@example.org"})
+    config = replace(Config(), docker_host=engine.url)
+
+    class AtAddress(ContainerDirectory):
+        async def by_address(self, address):
+            return await self.get(alice2.id)
+
+    directory = AtAddress(config)
+    try:
+        callers = SystemCallers(ProcessIdentifier(config, directory), directory, config)
+        caller = await callers._remote("192.0.2.7")
+        assert caller.user == "alice+2@example.org" and caller.uid == 1001
+        engine.docker("kill", alice2.id)
+        await until(lambda: not alive(alice2.pid))
+        caller = await callers._remote("192.0.2.7")  # its labels known, its process gone
+        assert caller.user == "alice+2@example.org" and caller.uid is None
+    finally:
+        directory.shutdown()

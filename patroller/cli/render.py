@@ -41,7 +41,8 @@ def user_line(name: str, usage: Dict[str, Any]) -> str:
     limit = usage.get("limit")
     parts = [f"{usage.get('held', 0)} held" + (f" (limit {limit})" if limit is not None else "")]
     for key, words in (("reserved_unused", "unused"), ("idle", "idle"),
-                       ("unreserved", "used without asking"), ("waiting", "waiting")):
+                       ("unreserved", "used without asking"),
+                       ("over_limit", "taken beyond the limit"), ("waiting", "waiting")):
         if usage.get(key):
             parts.append(f"{usage[key]} {words}")
     return f"user {name}: " + ", ".join(parts)

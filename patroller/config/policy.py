@@ -24,6 +24,7 @@ def policy_of(config: Config, limits: Optional[Mapping[str, Optional[int]]] = No
     if limits is None:
         limits = load_limits(config.limits_file) if config.limits_file else {}
     return Policy(max_per_user=config.max_per_user, limits=dict(limits),
+                  uncounted_uids=frozenset(config.limits_uncounted_uids),
                   starvation_bound=config.starvation_bound, max_hold=config.max_hold,
                   idle_sm=config.idle_sm, idle_memory_mib=config.idle_memory,
                   idle_after=config.idle_after, idle_release=config.idle_release)

@@ -63,6 +63,9 @@ class Config:
     shutdown_grace: float = 2.0  # seconds the whole stop may take: monitors, then connections
 
     # -- internal defaults: core (the lease rules) --------------------------------------------
+    # Host accounts whose holds count by identity alone, not by account as well: root, as which
+    # containers run unless told otherwise, whoever starts them.
+    limits_uncounted_uids: Tuple[int, ...] = (0,)
     max_waiters: int = 10000  # /wait requests queued at once, all users together: 503 past it
 
     # -- internal defaults: observe (nvidia-smi's children, statistics) -----------------------

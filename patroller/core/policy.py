@@ -6,7 +6,7 @@ the configuration and the limits file (`patroller.config.policy_of`), again on S
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
+from typing import FrozenSet, Mapping, Optional
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,8 @@ class Policy:
     idle_after: float  # seconds idle before /status says so
     idle_release: Optional[float]  # seconds idle, with no process, before it is released
     limits: Mapping[str, Optional[int]] = field(default_factory=dict)  # per-user overrides
+    # host accounts (uids) whose holds count by identity alone (core/leases/limits.py)
+    uncounted_uids: FrozenSet[int] = frozenset()
 
     def limit_of(self, user: str) -> Optional[int]:
         """The most devices `user` may hold at once, or None."""

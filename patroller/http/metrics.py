@@ -155,6 +155,10 @@ class DaemonCollector:
             "unreserved": GaugeMetricFamily(
                 "patroller_user_gpus_unreserved",
                 "GPUs the user computes on without having asked for them", labels=["user"]),
+            "over_limit": GaugeMetricFamily(
+                "patroller_user_gpus_over_limit",
+                "GPUs the user took by computing beyond their limit, or their account's",
+                labels=["user"]),
         }
         for user, counts in sorted(usage(leases).items()):
             for key, family in families.items():

@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from patroller.core.devices import Inventory
 from patroller.core.leases import Hold, LeaseManager
+from patroller.core.leases.limits import counted_uid
 from patroller.http.encoding import dumps
 from patroller.observe.idle import IdleWatch
 from patroller.observe.stats import StatsStore, iso_time
@@ -126,8 +127,10 @@ def users_view(leases: LeaseManager, idle: Optional[IdleWatch]) -> Dict[str, Any
     counted = usage(leases)
     waiting = waiting_by_user(leases)
     users: Dict[str, Any] = {}
+    accounts = accounts_of(leases)
     for user in sorted(set(counted) | set(waiting)):
-        counts = counted.get(user, {"held": 0, "reserved_unused": 0, "unreserved": 0})
+        counts = counted.get(user, {"held": 0, "reserved_unused": 0, "unreserved": 0,
+                                    "over_limit": 0})
         held = leases.held_by(user)
         count, longest = waiting.get(user, (0, 0.0))
         users[user] = {
@@ -137,8 +140,30 @@ def users_view(leases: LeaseManager, idle: Optional[IdleWatch]) -> Dict[str, Any
             "waiting": count,
             "waited_max": round(longest, 3),
             "limit": leases.policy.limit_of(user),
+            "accounts": accounts.get(user, []),
         }
     return users
+
+
+def accounts_of(leases: LeaseManager) -> Dict[str, List[Dict[str, Any]]]:
+    """Per user: the host accounts their holds count under as well (core/leases/limits.py),
+    each with every device it holds (whoever the holder) and its limit."""
+    policy, holds = leases.policy, leases.holds
+    present = [d for d in leases.inventory if not d.lost]
+    by_uid: Dict[int, Tuple[str, List[int]]] = {}
+    users: Dict[str, List[int]] = {}
+    for device in present:
+        holder = holds[device.uuid].holder
+        uid = counted_uid(holder, policy) if holder is not None else None
+        if holder is None or uid is None:
+            continue
+        name, numbers = by_uid.setdefault(uid, (holder.account or f"uid:{uid}", []))
+        numbers.append(device.number)
+        if uid not in users.setdefault(holder.user, []):
+            users[holder.user].append(uid)
+    return {user: [{"account": by_uid[uid][0], "uid": uid, "held": len(by_uid[uid][1]),
+                    "devices": by_uid[uid][1], "limit": policy.limit_of(by_uid[uid][0])}
+                   for uid in uids] for user, uids in users.items()}
 
 
 # -- the read models of the lease manager ---------------------------------------------------------
@@ -190,13 +215,15 @@ def queue_view(leases: LeaseManager) -> List[Dict[str, Any]]:
 
 
 def usage(leases: LeaseManager) -> Dict[str, Dict[str, int]]:
-    """Per user: devices held (`held`), held with nothing running (`reserved_unused`), and
-    used without having asked for them (`unreserved`: their processes on a device another
-    user holds, or on one they took by computing on it rather than by a request)."""
+    """Per user: devices held (`held`), held with nothing running (`reserved_unused`), used
+    without having asked for them (`unreserved`: their processes on a device another user
+    holds, or on one they took by computing on it rather than by a request), and taken by
+    computing beyond a limit (`over_limit`: a trespass)."""
     out: Dict[str, Dict[str, int]] = {}
 
     def add(user: str, key: str) -> None:
-        counts = out.setdefault(user, {"held": 0, "reserved_unused": 0, "unreserved": 0})
+        counts = out.setdefault(user, {"held": 0, "reserved_unused": 0, "unreserved": 0,
+                                       "over_limit": 0})
         counts[key] += 1
 
     for hold in leases.holds.values():
@@ -206,6 +233,8 @@ def usage(leases: LeaseManager) -> Dict[str, Dict[str, int]]:
             add(hold.holder.user, "held")
             if not hold.processes:
                 add(hold.holder.user, "reserved_unused")
+            if hold.over_limit:
+                add(hold.holder.user, "over_limit")
         for user in {owner.user for owner in hold.processes.values()}:
             if hold.holder is None or user != hold.holder.user or not hold.asked:
                 add(user, "unreserved")

@@ -20,7 +20,8 @@ from patroller.identify.holders import HolderSearch, holds
 from patroller.identify.sockets import (Address, Owner, SocketEntry, closed_reason, find_client,
                                         is_loopback, normalize, owner_of)
 from patroller.identify.peers import address_of, peer_of
-from patroller.identify.resolver import ProcessIdentifier, ProcFacts, host_identity, read_facts
+from patroller.identify.resolver import (ProcessIdentifier, ProcFacts, host_identity, read_facts,
+                                         runs_as)
 
 log = logging.getLogger(__name__)
 
@@ -266,7 +267,15 @@ class SystemCallers:
         if info is None:
             raise Unidentified(f"no container has the address {address}: call from a container "
                                "on this host, from the host itself, or over the unix socket")
-        return container_identity(info, self.identifier.user_labels, self.identifier.info_labels)
+        identity = container_identity(info, self.identifier.user_labels,
+                                      self.identifier.info_labels)
+        if info.pid is None:
+            return identity
+        # The account it runs as: its first process's (the caller's own is not known).
+        facts = await self.identifier.facts(info.pid)
+        if facts is None or facts.container is None or facts.container.id != info.id:
+            return identity  # it stopped, or restarted since Docker was asked
+        return runs_as(identity, facts.host)
 
 
 # What a TCP connection was found to be, by its stream, for as long as the connection lives:

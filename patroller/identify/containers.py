@@ -38,6 +38,7 @@ class ContainerInfo:
     name: str
     labels: Mapping[str, str]
     addresses: Tuple[str, ...] = ()  # its IP addresses on container networks
+    pid: Optional[int] = None  # its first process, on the host (while it runs)
 
     @property
     def short(self) -> str:
@@ -83,7 +84,9 @@ def _info(container: Any) -> ContainerInfo:
     addresses = tuple(sorted({addr for net in networks.values() for addr in
                               ((net or {}).get("IPAddress"), (net or {}).get("GlobalIPv6Address"))
                               if addr}))
-    return ContainerInfo(container.id, container.name, dict(container.labels or {}), addresses)
+    pid = (attrs.get("State") or {}).get("Pid")
+    return ContainerInfo(container.id, container.name, dict(container.labels or {}), addresses,
+                         pid if isinstance(pid, int) and pid > 0 else None)
 
 
 class ContainerDirectory:

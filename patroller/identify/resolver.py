@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import pwd
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Protocol, Tuple, Union
 
 from cachetools import TTLCache
@@ -39,6 +39,14 @@ def host_identity(uid: int) -> Identity:
     return Identity(user=name, source="host", account=name, uid=uid)
 
 
+def runs_as(identity: Identity, host: Optional[Identity]) -> Identity:
+    """A container's identity, with the host account its process runs as (`account`, `uid`):
+    the kernel's word, which fair use counts as well as the labels' (core/leases/limits.py)."""
+    if host is None:
+        return identity
+    return replace(identity, account=host.account, uid=host.uid)
+
+
 @dataclass(frozen=True)
 class ProcFacts:
     """What /proc says of one process, read in one go."""
@@ -46,7 +54,7 @@ class ProcFacts:
     pid: int
     start: int  # clock ticks after boot: with the pid, names exactly one process
     container: Optional[ContainerRef]
-    host: Optional[Identity]  # its account, for a process in no container
+    host: Optional[Identity]  # the host account it runs as (in a container too)
     uids: Tuple[int, ...] = ()  # its real, effective, saved and file-system uids
 
 
@@ -60,8 +68,7 @@ def read_facts(pid: int, proc: str = "/proc") -> Optional[ProcFacts]:
     uids = procfs.uids(pid, proc)
     if not uids:
         return None
-    host = host_identity(uids[0]) if container is None else None
-    return ProcFacts(pid, start, container, host, uids)
+    return ProcFacts(pid, start, container, host_identity(uids[0]), uids)
 
 
 def read_peer_facts(credentials: Credentials, proc: str) -> Union[ProcFacts, str]:
@@ -112,15 +119,16 @@ class ProcessIdentifier:
         if facts.container is None:
             identity = facts.host or UNKNOWN
         elif self.directory is None:
-            identity = unlabelled_identity(facts.container.id)
+            identity = runs_as(unlabelled_identity(facts.container.id), facts.host)
         else:
             try:
                 info = await self.directory.get(facts.container.id)
-            except DockerUnavailable:
-                return unlabelled_identity(facts.container.id, degraded=True)  # not cached
+            except DockerUnavailable:  # not cached
+                return runs_as(unlabelled_identity(facts.container.id, degraded=True), facts.host)
             if info is None:
                 identity = unlabelled_identity(facts.container.id)
             else:
                 identity = container_identity(info, self.user_labels, self.info_labels)
+            identity = runs_as(identity, facts.host)
         self._cache[key] = identity
         return identity

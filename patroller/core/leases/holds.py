@@ -46,6 +46,7 @@ class Hold:
     until: Optional[float] = None  # held until then whatever runs (hold=<duration>)
     lost: bool = False  # the device is gone from the host
     asked: bool = False  # the holder asked for it (a grant), rather than took it by computing
+    over_limit: bool = False  # the holder took it by computing, beyond a limit (a trespass)
     processes: Dict[int, Identity] = field(default_factory=dict)  # pid -> owner, oldest first
     commands: Dict[int, Optional[str]] = field(default_factory=dict)  # pid -> name nvidia-smi printed
     trespassers: Set[str] = field(default_factory=set)  # users already logged
@@ -99,6 +100,7 @@ class Hold:
         (a duration), or while `held_for` lives."""
         self.holder, self.deadline, self.until = holder, deadline, until
         self.held_for, self.releasing, self.asked = held_for, releasing, True
+        self.over_limit = False
         self.touch(now)
 
     def place(self, owner: Identity, now: float) -> bool:
@@ -152,7 +154,7 @@ class Hold:
         """End the holder's hold, however held: the processes still on the device pass it to
         the owner of the oldest."""
         self.holder, self.deadline, self.until, self.held_for = None, None, None, None
-        self.releasing, self.asked = False, False
+        self.releasing, self.asked, self.over_limit = False, False, False
         self.trespassers.clear()
         if self.processes:
             self.holder = next(iter(self.processes.values()))

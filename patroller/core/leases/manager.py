@@ -11,17 +11,17 @@ ends (`process_exited`, told by lifetimes.py), unless the holder's processes run
 usual rules go on (claimed; a lease when they end). A device held for a duration (hold=2h) is
 held until then whatever runs on it; then the usual rules go on.
 
-Fair use (policy.py): a user may hold at most the policy's limit of devices; a waiter that has
-waited the starvation bound is no longer overtaken: the free devices it needs are set aside for
-it (neither /request nor a later waiter gets them) until it can be served. Every grant, release,
+Fair use (policy.py): a user, and the host account they run as (limits.py), may hold at most
+the policy's limit of devices (a process that takes a free device beyond it trespasses); a
+waiter that has waited the starvation bound is no longer overtaken: the free devices it needs
+are set aside for it (neither /request nor a later waiter gets them) until it can be served. Every grant, release,
 expiry, claim and trespass is announced as an Event (the audit record) to `on_event` callbacks.
 """
 from __future__ import annotations
 
 import logging
 import time
-from types import MappingProxyType
-from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, List, Optional, Set, Tuple
 
 from patroller.core.devices import Device, Inventory
 from patroller.core.errors import Busy, Unavailable, Unsatisfiable
@@ -29,69 +29,12 @@ from patroller.core.identity import Identity, ProcessRef
 import patroller.core.leases.refusals as refusals
 import patroller.core.leases.serving as serving
 from patroller.core.leases.holds import Clock, Hold, Notices, Wants
+from patroller.core.leases.limits import Count
 from patroller.core.leases.queue import WaitQueue, Waiter
-from patroller.core.leases.serving import Free
+from patroller.core.leases.state import LeaseState
 from patroller.core.policy import Policy
 
 log = logging.getLogger(__name__)
-
-
-class LeaseState:
-    """The hold of every device and the queue of waiters, with the queries others need of them:
-    the read side of the lease rules (LeaseManager, below, adds the commands)."""
-
-    def __init__(self, inventory: Inventory, lease: float, policy: Policy, clock: Clock,
-                 waiters: WaitQueue) -> None:
-        self.inventory = inventory
-        self.lease = lease
-        self.clock = clock
-        self.policy = policy  # replaced whole when the administrator reloads it
-        self.waiters = waiters
-        now = clock()
-        self._holds = {d.uuid: Hold(since=now, uuid=d.uuid) for d in inventory}
-
-    @property
-    def holds(self) -> Mapping[str, Hold]:
-        """Every device's hold, by uuid, in the order the devices were first seen: to read."""
-        return MappingProxyType(self._holds)
-
-    def state(self, uuid: str) -> str:
-        """free, reserved, claimed, shared or lost."""
-        return self._holds[uuid].state
-
-    def holder(self, uuid: str) -> Optional[Identity]:
-        """Who holds the device now, or None."""
-        hold = self._holds.get(uuid)
-        return hold.holder if hold is not None else None
-
-    def held_by(self, user: str) -> List[Device]:
-        """The present devices `user` holds, every way (reserved, claimed, shared)."""
-        holders = {uuid: h.holder.user for uuid, h in self._holds.items() if h.holder is not None}
-        return [d for d in self.inventory if not d.lost and holders.get(d.uuid) == user]
-
-    def hold_of(self, uuid: str) -> Dict[str, Any]:
-        """How a device is held, as a grant shows it: its hold, seconds left, the process."""
-        hold = self._holds[uuid]
-        return {"hold": hold.how, "expires": hold.expires(self.clock()),
-                "held_for_pid": hold.held_for.pid if hold.held_for is not None else None}
-
-    def next_deadline(self) -> Optional[float]:
-        """The earliest time a reservation runs out, on the manager's clock."""
-        ends = [t for h in self._holds.values() for t in (h.deadline, h.until) if t is not None]
-        return min(ends) if ends else None
-
-    def processes_held_for(self) -> Set[ProcessRef]:
-        """The processes devices are held for: lifetimes.py watches them."""
-        return {h.held_for for h in self._holds.values() if h.held_for is not None}
-
-    def free(self) -> Free:
-        """The free devices of every group (set-aside ones included), in device order."""
-        return serving.free_devices(self.inventory, self._holds)
-
-    def set_aside(self, free: Optional[Free] = None) -> Tuple[Optional[Waiter], Set[str]]:
-        """The starving waiter, and the free devices set aside for it."""
-        return serving.set_aside(self.waiters, self.free() if free is None else free,
-                                 self.clock(), self.policy.starvation_bound)
 
 
 class LeaseManager(LeaseState):
@@ -115,10 +58,11 @@ class LeaseManager(LeaseState):
         refusals.check_exists(self.inventory, wants)
 
     def check_limit(self, user: Identity, wants: Wants) -> None:
-        """Raise OverLimit if granting `wants` would give the user more than their limit."""
-        limit = self.policy.limit_of(user.user)
-        if limit is not None:
-            refusals.check_limit(user, wants, limit, self.held_by(user.user))
+        """Raise OverLimit if granting `wants` would take the user, or the host account they
+        run as, past its limit (limits.py)."""
+        count = self.exceeded(user, sum(wants.values()))
+        if count is not None:
+            raise refusals.over_limit(user, wants, count)
 
     def request(self, user: Identity, wants: Wants, held_for: Optional[ProcessRef] = None,
                 duration: Optional[float] = None) -> List[Device]:
@@ -248,9 +192,12 @@ class LeaseManager(LeaseState):
         hold.processes[pid], hold.commands[pid] = owner, command
         log.debug("pid %d of %s on %s", pid, owner.user, uuid)
         if hold.holder is None:
-            hold.holder = owner
+            beyond = self.exceeded(owner, 1)
+            hold.holder, hold.over_limit = owner, beyond is not None
             self._notices.event("claim", owner.user, [self.inventory.get(uuid)], pid=pid,
                                 command=command)
+            if beyond is not None:
+                _trespass(self._notices, self.inventory.get(uuid), pid, owner, beyond=beyond)
         self._place(hold, pid, owner)
         self._notices.changed()
 
@@ -368,8 +315,7 @@ class LeaseManager(LeaseState):
             if chosen is None:
                 break
             waiter, devices = chosen
-            limit = self.policy.limit_of(waiter.user.user)
-            if limit is not None and len(self.held_by(waiter.user.user)) + len(devices) > limit:
+            if self.exceeded(waiter.user, len(devices)):
                 passed.add(waiter)
                 continue
             self.waiters.remove(waiter)
@@ -383,15 +329,28 @@ class LeaseManager(LeaseState):
             waiter.on_grant(waiter.granted or [])
 
     def _place(self, hold: Hold, pid: int, owner: Identity) -> None:
-        """A process of `owner` is on a held device: it claims it, or trespasses (logged once)."""
+        """A process of `owner` is on a held device: it claims it, or trespasses (told once)."""
         if hold.place(owner, self.clock()):
-            holder = hold.holder.user if hold.holder else None
-            log.warning("trespassing: %s runs pid %d on %s, held by %s", owner.user, pid,
-                        hold.uuid, holder or "nobody")
-            self._notices.event("trespass", owner.user, [self.inventory.get(hold.uuid)], pid=pid,
-                                holder=holder)
+            _trespass(self._notices, self.inventory.get(hold.uuid), pid, owner, hold=hold)
 
     def _forget(self, hold: Hold, pid: int) -> None:
         log.debug("pid %d of %s left %s", pid, hold.processes[pid].user, hold.uuid)
         hold.forget(pid, self.clock(), self.lease)
 
+
+def _trespass(notices: Notices, device: Optional[Device], pid: int, owner: Identity,
+              hold: Optional[Hold] = None, beyond: Optional[Count] = None) -> None:
+    """Log and record a trespass: a process on a device another user holds (`hold`), or one
+    that took a free device beyond its owner's limit (`beyond`, the count it went past)."""
+    where = device.uuid if device is not None else "?"
+    if beyond is None:
+        holder = hold.holder.user if hold is not None and hold.holder else None
+        log.warning("trespassing: %s runs pid %d on %s, held by %s", owner.user, pid, where,
+                    holder or "nobody")
+        notices.event("trespass", owner.user, [device], pid=pid, holder=holder)
+        return
+    log.warning("trespassing: %s runs pid %d on %s, beyond the limit of %d of %s", owner.user,
+                pid, where, beyond.limit, beyond.describe(owner).rstrip(","))
+    notices.event("trespass", owner.user, [device], pid=pid, why="over_limit",
+                  limit=beyond.limit, held=[d.number for d in beyond.held],
+                  account=beyond.name if beyond.kind == "account" else None)

@@ -2,12 +2,13 @@
 manager raises before anything changes (the API maps each to its status)."""
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict
 
-from patroller.core.devices import Device, Inventory
+from patroller.core.devices import Inventory
 from patroller.core.errors import Busy, NotHeld, NotYours, OverLimit, Unsatisfiable
 from patroller.core.identity import Identity
 from patroller.core.leases.holds import Hold, Wants, is_admin
+from patroller.core.leases.limits import Count
 
 
 def check_exists(inventory: Inventory, wants: Wants) -> None:
@@ -22,16 +23,18 @@ def check_exists(inventory: Inventory, wants: Wants) -> None:
                                 requested=dict(wants), exist=dict(inventory.groups))
 
 
-def check_limit(user: Identity, wants: Wants, limit: int, held: List[Device]) -> None:
-    """Raise OverLimit if `user`, holding `held`, may not have `wants` more under `limit`."""
+def over_limit(user: Identity, wants: Wants, count: Count) -> OverLimit:
+    """The error for a request that `count` (the user's, or their account's) does not allow."""
     asked = sum(wants.values())
-    if len(held) + asked > limit:
-        numbers = ", ".join(str(d.number) for d in held) or "none"
-        raise OverLimit(
-            f"{user.user} holds {len(held)} device(s) ({numbers}) and asks for {asked}: "
-            f"the most one user may hold is {limit}; release some first "
-            "(/release?uuid=..., or patroller release NUMBER)",
-            limit=limit, held=[d.number for d in held], requested=dict(wants))
+    numbers = ", ".join(str(d.number) for d in count.held) or "none"
+    whom = "one user" if count.kind == "user" else "one host account"
+    account = {"account": count.name, "uid": count.uid} if count.kind == "account" else {}
+    return OverLimit(
+        f"{count.describe(user)} holds {len(count.held)} device(s) ({numbers}) and asks for "
+        f"{asked}: the most {whom} may hold is {count.limit}; release some first "
+        "(/release?uuid=..., or patroller release NUMBER)",
+        limit=count.limit, held=[d.number for d in count.held], requested=dict(wants),
+        **account)
 
 
 def busy(wants: Wants, free: Dict[str, int]) -> Busy:

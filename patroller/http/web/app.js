@@ -269,7 +269,8 @@
   function renderUsers(users) {
     const rows = Object.entries(users || {}).map(([name, u]) => h("tr", {data: {user: name}},
       h("th", {scope: "row"}, name), cell(u.held), cell(u.limit), cell(u.reserved_unused),
-      cell(u.idle), cell(u.unreserved),
+      cell(u.idle), cell(u.over_limit ? u.unreserved + " (" + u.over_limit + " beyond the limit)"
+        : u.unreserved),
       h("td", {}, u.waiting ? u.waiting + " (" + duration(u.waited_max) + ")" : "0")));
     $("users-body").replaceChildren(...rows);
     $("users").hidden = rows.length === 0;

@@ -1,0 +1,81 @@
+"""The read side of the lease rules: the hold of every device and the queue of waiters, with
+the queries others need of them (who holds what, what a limit allows, what is free, what is set
+aside, when the next reservation runs out). LeaseManager (manager.py) adds the commands.
+"""
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
+
+from patroller.core.devices import Device, Inventory
+from patroller.core.identity import Identity, ProcessRef
+import patroller.core.leases.limits as limits
+import patroller.core.leases.serving as serving
+from patroller.core.leases.holds import Clock, Hold
+from patroller.core.leases.limits import Count
+from patroller.core.leases.queue import WaitQueue, Waiter
+from patroller.core.leases.serving import Free
+from patroller.core.policy import Policy
+
+
+class LeaseState:
+    """The hold of every device and the queue of waiters, with the queries others need of them:
+    the read side of the lease rules (LeaseManager, below, adds the commands)."""
+
+    def __init__(self, inventory: Inventory, lease: float, policy: Policy, clock: Clock,
+                 waiters: WaitQueue) -> None:
+        self.inventory = inventory
+        self.lease = lease
+        self.clock = clock
+        self.policy = policy  # replaced whole when the administrator reloads it
+        self.waiters = waiters
+        now = clock()
+        self._holds = {d.uuid: Hold(since=now, uuid=d.uuid) for d in inventory}
+
+    @property
+    def holds(self) -> Mapping[str, Hold]:
+        """Every device's hold, by uuid, in the order the devices were first seen: to read."""
+        return MappingProxyType(self._holds)
+
+    def state(self, uuid: str) -> str:
+        """free, reserved, claimed, shared or lost."""
+        return self._holds[uuid].state
+
+    def holder(self, uuid: str) -> Optional[Identity]:
+        """Who holds the device now, or None."""
+        hold = self._holds.get(uuid)
+        return hold.holder if hold is not None else None
+
+    def held_by(self, user: str) -> List[Device]:
+        """The present devices `user` holds, every way (reserved, claimed, shared)."""
+        holders = {uuid: h.holder.user for uuid, h in self._holds.items() if h.holder is not None}
+        return [d for d in self.inventory if not d.lost and holders.get(d.uuid) == user]
+
+    def exceeded(self, who: Identity, asked: int) -> Optional[Count]:
+        """The limit (of the user, or of the host account they run as) that `asked` more
+        devices would take `who` past, or None (limits.py)."""
+        return limits.exceeded(who, asked, self.policy, self._holds, self.inventory)
+
+    def hold_of(self, uuid: str) -> Dict[str, Any]:
+        """How a device is held, as a grant shows it: its hold, seconds left, the process."""
+        hold = self._holds[uuid]
+        return {"hold": hold.how, "expires": hold.expires(self.clock()),
+                "held_for_pid": hold.held_for.pid if hold.held_for is not None else None}
+
+    def next_deadline(self) -> Optional[float]:
+        """The earliest time a reservation runs out, on the manager's clock."""
+        ends = [t for h in self._holds.values() for t in (h.deadline, h.until) if t is not None]
+        return min(ends) if ends else None
+
+    def processes_held_for(self) -> Set[ProcessRef]:
+        """The processes devices are held for: lifetimes.py watches them."""
+        return {h.held_for for h in self._holds.values() if h.held_for is not None}
+
+    def free(self) -> Free:
+        """The free devices of every group (set-aside ones included), in device order."""
+        return serving.free_devices(self.inventory, self._holds)
+
+    def set_aside(self, free: Optional[Free] = None) -> Tuple[Optional[Waiter], Set[str]]:
+        """The starving waiter, and the free devices set aside for it."""
+        return serving.set_aside(self.waiters, self.free() if free is None else free,
+                                 self.clock(), self.policy.starvation_bound)
