@@ -573,3 +573,16 @@ def test_a_users_line_says_what_was_taken_beyond_the_limit():
                                                        "over_limit": 1})
     assert line == ("user container:3f2a9c1b7d4e: 2 held (limit 1), 2 used without asking, "
                     "1 taken beyond the limit")
+
+
+@pytest.mark.parametrize("args", [["--help"], ["serve", "--help"], ["run", "--help"],
+                                  ["status", "--help"], ["release", "--help"], ["wait", "--help"],
+                                  ["--version"]])
+def test_every_commands_help_is_printed(args):
+    # As found: `patroller --help` crashed on a bare % in --idle-sm's help.
+    done = subprocess.run([sys.executable, "-m", "patroller", *args], env=ENV, cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout.startswith("usage: patroller" if args != ["--version"] else "patroller ")
+    if args[-1] == "--help" and args[0] in ("--help", "serve"):
+        assert "at most this % of SM" in done.stdout and "patroller run, status" in done.stdout

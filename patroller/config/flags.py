@@ -83,13 +83,16 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="patroller",
         description="Know which user is on which GPU, and hand out free GPUs fairly.",
-        epilog="Every flag falls back to the environment variable named in its help.",
+        epilog="Every flag falls back to the environment variable named in its help. The "
+        "commands that talk to a running server: patroller run, status, release and wait (each "
+        "with --help).",
     )
     for flag, env, text in _SETTINGS:
+        shown = f"{text} [{env}]".replace("%", "%%")  # argparse formats help with %
         if flag == "--test":
-            parser.add_argument(flag, action="store_true", default=None, help=f"{text} [{env}]")
+            parser.add_argument(flag, action="store_true", default=None, help=shown)
         else:
-            parser.add_argument(flag, metavar="VALUE", help=f"{text} [{env}]")
+            parser.add_argument(flag, metavar="VALUE", help=shown)
     parser.add_argument("--version", action="version", version=f"patroller {__version__}")
     return parser
 
