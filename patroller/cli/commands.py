@@ -76,8 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", parents=[common], help="who holds which GPU",
                                  description="One row per GPU, then the waiting requests.")
     status.add_argument("--json", action="store_true", help="print the raw /status body")
-    status.add_argument("--watch", nargs="?", type=seconds_arg, const=2.0, metavar="SECONDS",
-                        help="redraw every SECONDS (default 2) until Ctrl-C")
+    status.add_argument("--watch", nargs="?", type=watch_arg, const=2.0, metavar="SECONDS",
+                        help="redraw every SECONDS (default 2, at least 0.5) until Ctrl-C")
     status.add_argument("--no-color", "--no-colour", dest="colour", action="store_false",
                         help="no colours even on a terminal (so does NO_COLOR)")
     status.set_defaults(handler=status_command)
@@ -113,6 +113,17 @@ def seconds_arg(text: str) -> float:
         return durations.parse(text, zero=True)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"{text!r} {exc}") from None
+
+
+WATCH_SOONEST = 0.5  # seconds between redraws at the least: /status changes at most every 0.1 s
+
+
+def watch_arg(text: str) -> float:
+    """A redraw interval: a duration of at least WATCH_SOONEST."""
+    value = seconds_arg(text)
+    if value < WATCH_SOONEST:
+        raise argparse.ArgumentTypeError(f"{text!r} is too often: at least {WATCH_SOONEST} s")
+    return value
 
 
 def wait_arg(text: str) -> Optional[float]:
