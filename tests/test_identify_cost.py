@@ -54,14 +54,16 @@ answer = connection.getresponse()
 print(answer.status, answer.read().decode())
 """
 
-# A process holding `n` descriptors, which says so and waits for its stdin to close.
-HOLDER = r"""
-import os, resource, sys
-n = int(sys.argv[1])
+# A process holding `n` descriptors, then three connections to a port on loopback: it prints
+# the inodes of its connections and waits for its stdin to close.
+CALLERS = r"""
+import os, resource, socket, sys
+n, port = int(sys.argv[1]), int(sys.argv[2])
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, n + 64), hard))
 held = [os.open("/dev/null", os.O_RDONLY) for _ in range(n)]
-print(len(held), flush=True)
+connections = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+print(" ".join(str(os.fstat(c.fileno()).st_ino) for c in connections), flush=True)
 sys.stdin.read()
 """
 
@@ -152,14 +154,15 @@ def test_another_users_parked_descriptors_are_not_read(server):
 def test_a_new_caller_of_the_same_uid_is_found_before_the_parked_descriptors(server):
     # uid 65534's own client, started after them: the newest processes are read first.
     need_root("the descriptors are parked by uid 65534")
-    parked = Parked()
+    for _ in range(3):  # the pids may wrap round between the parked and the client: again
+        parked = Parked()
+        client = Client(server, NOBODY, extra=0)
+        if client.pid > max(parked.pids):
+            break
+        client.process.kill()
+        client.process.wait()
+        parked.stop()
     try:
-        for _ in range(3):  # the pids may wrap round between the parked and the client
-            client = Client(server, NOBODY, extra=0)
-            if client.pid > max(parked.pids):
-                break
-            client.process.kill()
-            client.process.wait()
         answer, read = client.first_call()
     finally:
         parked.stop()
@@ -190,36 +193,31 @@ def test_the_search_stops_at_its_budget_and_names_nobody():
 
 
 def test_sockets_seen_in_a_search_are_found_at_once_later():
-    # Eight callers at once: a search reads the processes that turn out not to hold its socket,
-    # and passes the others' sockets, which it then knows. A newer process of the same uid, full
-    # of descriptors, would be read first by a search that had not seen them.
+    # Callers at once: a search reads the processes that turn out not to hold its socket, and
+    # passes the others' sockets, which it then knows. Two processes of this uid, each with
+    # 2,000 descriptors and then three connections: whichever the search reads second would be
+    # found only after the other's 2,000 descriptors, were its sockets not known from before.
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(8)
-    clients = [socket.create_connection(server.getsockname()) for _ in range(3)]
-    newer = None
+    children = [subprocess.Popen([sys.executable, "-c", CALLERS, str(DESCRIPTORS * 2),
+                                  str(server.getsockname()[1])], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True) for _ in range(2)]
     try:
-        for _ in range(3):  # the pids may wrap round between this process and the newer one
-            newer = subprocess.Popen([sys.executable, "-c", HOLDER, str(DESCRIPTORS * 2)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-            newer.stdout.readline()
-            if newer.pid > os.getpid():
-                break
-            newer.kill()
-            newer.wait()
+        inodes = {child.pid: [int(i) for i in child.stdout.readline().split()]
+                  for child in children}
         search = HolderSearch("/proc", budget=10**6, remembered=1024)
         nowhere = search.find(1, os.geteuid())  # no process holds it: every one of ours is read
-        assert nowhere.pid is None and nowhere.read >= DESCRIPTORS * 2
-        for sock in clients:
-            found = search.find(os.fstat(sock.fileno()).st_ino, os.geteuid())
-            assert found.pid == os.getpid()
-            assert found.read <= len(os.listdir("/proc/self/fd")), "not known from before"
+        assert nowhere.pid is None and nowhere.read >= 2 * DESCRIPTORS * 2
+        second = [pid for pid in candidates(os.geteuid(), "/proc") if pid in inodes][-1]
+        for inode in inodes[second]:
+            found = search.find(inode, os.geteuid())
+            assert found.pid == second
+            assert found.read <= 3, f"{found.read} descriptors read: not known from before"
     finally:
-        if newer is not None:
-            newer.kill()
-            newer.wait()
-        for sock in clients:
-            sock.close()
+        for child in children:
+            child.kill()
+            child.wait()
         server.close()
 
 
