@@ -27,7 +27,8 @@ from patroller.observe.idle import IdleWatch
 from patroller.observe.inventory import GpuHostError, InventoryWatch, command, devices_of, discover
 from patroller.observe.monitor import Monitor
 from patroller.observe.monitors import DmonMonitor, PmonMonitor
-from patroller.observe.signals import Signals
+from patroller.observe.signals import Signals, Silence
+from patroller.observe.silence import SilenceWatch
 from patroller.observe.stats import StatsStore
 from patroller.observe.testmode import SyntheticMonitor, synthetic_inventory
 from patroller.services import Services
@@ -183,7 +184,9 @@ async def build(config: Config) -> Daemon:
                                 config.busy_mib)
     monitors = [DmonMonitor(inventory, signals, argv, os.environ, config), pmon,
                 CrossCheck(inventory, signals, argv, os.environ, unattributed, config),
-                InventoryWatch(inventory, signals, argv, None, config)]
+                InventoryWatch(inventory, signals, argv, None, config),
+                SilenceWatch(inventory, signals, config.sample_interval,
+                             config.silent_intervals * config.sample_interval)]
     daemon = assemble(config, inventory, signals, monitors, identifier,
                       SystemCallers(identifier, directory, config), directory)
     return daemon
@@ -216,7 +219,7 @@ def assemble(config: Config, inventory: Inventory, signals: Signals, monitors: S
 def connect(services: Services) -> None:
     """Who hears whom: the monitors' signals reach the statistics, the idle watch and (through
     the tracker) the leases; every lease event reaches the audit record; a change of the host's
-    devices reaches the leases and the streams."""
+    devices reaches the leases and the streams; a device that falls silent is withheld."""
     services.stats.connect(services.signals)
     services.idle.connect(services.signals)
     services.tracker.connect(services.signals)
@@ -230,6 +233,10 @@ def connect(services: Services) -> None:
             for monitor in services.monitors:
                 monitor.reconfigure()
     services.signals.inventory_changed.connect(devices_changed, weak=False)
+
+    def device_silent(sender: Any, record: Silence) -> None:
+        services.leases.withhold(record.uuid, record.why)
+    services.signals.device_silent.connect(device_silent, weak=False)
 
 
 def make_policy(config: Config) -> Policy:

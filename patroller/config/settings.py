@@ -81,6 +81,9 @@ class Config:
     # (unreadable lines, failing queries, a line handler's bug): the rest are counted
     sample_interval: float = 1.0  # seconds between dmon samples: nvidia-smi's default, kept
     stale_intervals: int = 3  # statistics older than this many sampling intervals are stale
+    # A device that printed nothing for this many sampling intervals while the others printed
+    # is silent: the inventory is read at once, and it is granted to nobody until heard again.
+    silent_intervals: int = 2
     burst_gap: float = 0.03  # seconds of quiet after the last device's pmon rows: interval over
     discovery_timeout: float = 120.0  # seconds `nvidia-smi -q -x` may take (15 s seen on a
     # large host): then it is killed, at start and in the inventory watch

@@ -211,6 +211,10 @@ class DaemonCollector:
                 skipped.add_metric([name], counters["skipped_lines"])
         yield from (up, starts, hangs, skipped)
         check, inventory = specific.get("cross_check", {}), specific.get("inventory", {})
+        quiet = specific.get("silence", {})
+        yield GaugeMetricFamily("patroller_devices_silent", "GPUs that print no statistics "
+                                "while the others do: granted to nobody",
+                                value=quiet.get("silent", 0))
         for name, text, value in (
                 ("cross_check_runs", "Compute-apps queries run", check.get("runs", 0)),
                 ("cross_check_failures", "Compute-apps queries that failed",
@@ -219,6 +223,8 @@ class DaemonCollector:
                  inventory.get("readings", 0)),
                 ("inventory_changes", "Readings that found GPUs lost, added or renumbered",
                  inventory.get("changes", 0)),
+                ("silences", "Times a GPU fell silent while the others printed",
+                 quiet.get("silences", 0)),
                 ("docker_calls", "Calls to the Docker Engine",
                  services.directory.calls if services.directory is not None else 0),
                 ("proc_reads", "/proc entries of processes read", services.identifier.proc_reads),

@@ -182,6 +182,7 @@ def claim_view(hold: Hold, now: float) -> Dict[str, Any]:
         "held_for_pid": hold.held_for.pid if hold.held_for is not None else None,
         "hold": hold.how if hold.holder is not None else None,
         "asked": hold.asked,
+        "withheld": hold.withheld,
         "set_aside_for": None,
     }
 

@@ -10,7 +10,8 @@ class Monitor(ABC):
     """Something that emits the daemon's signals while it runs.
 
     `name` is stable: /metrics uses it as the value of the `monitor` label (`dmon`, `pmon`,
-    `cross_check`, `inventory`, `synthetic`), and so do the log lines about stopping it.
+    `cross_check`, `inventory`, `silence`, `synthetic`), and so do the log lines about stopping
+    it.
     """
 
     name: ClassVar[str]

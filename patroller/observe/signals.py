@@ -50,6 +50,14 @@ class ProcessSamples:
     time: float  # wall clock, seconds since the epoch
 
 
+@dataclass(frozen=True)
+class Silence:
+    """A device fell silent (`why`), or is heard again (None)."""
+
+    uuid: str
+    why: Optional[str]
+
+
 class Signals:
     """The signals of one daemon.
 
@@ -60,6 +68,7 @@ class Signals:
       processes_listed.send(monitor, record=ProcessList(...))
       process_sampled.send(monitor, record=ProcessSamples(...))
       device_gone.send(monitor, record="what nvidia-smi said")
+      device_silent.send(watch, record=Silence(uuid, why or None))
       inventory_changed.send(watch, record=InventoryChange(...))
     """
 
@@ -74,5 +83,7 @@ class Signals:
             "process-sampled", doc="figures of some processes in one interval")
         self.device_gone = namespace.signal(
             "device-gone", doc="a stream ended saying a device is gone: read the inventory")
+        self.device_silent = namespace.signal(
+            "device-silent", doc="a device printed nothing while the others did, or again")
         self.inventory_changed = namespace.signal(
             "inventory-changed", doc="devices were added, lost, renumbered or changed")

@@ -23,6 +23,8 @@ Scenario (every key optional; ``null`` statistics print as ``-``)::
                   "mig_devices": [{"gpu_instance_id": 1, "compute_instance_id": 0,
                                    "memory_mib": 9856}],
                   "pmon_blind": false,   # true: pmon prints only `-` rows for this device
+                  "silent": false,       # true: dmon and pmon print no row for it, the others
+                                         # go on, and no stream says it is lost
                   "stats": {"pwr": 61, "gtemp": 34, "mtemp": null, "sm": 97, "mem": 40,
                             "enc": 0, "dec": 0, "mclk": 1593, "pclk": 1410, "fb": 4096}}],
      "processes": [{"pid": 1426541, "gpu": 0, "type": "C", "name": "python",
@@ -652,7 +654,8 @@ class MonitorRun:
         every = int(faults.get("repeat_header_every", 30) or 0)
         out = table.headers() if self.bursts == 0 or (every and self.bursts % every == 0) else []
         status = self._exit_status(faults)
-        rows = table.rows(scn, self.watched(scn)) if status is None else []
+        printing = [(i, dev) for i, dev in self.watched(scn) if not dev.get("silent")]
+        rows = table.rows(scn, printing) if status is None else []
         for row in rows:
             if self._reached(faults, "stall_after_lines"):
                 break

@@ -45,6 +45,7 @@ class Hold:
     held_for: Optional[ProcessRef] = None  # held while this process lives (hold=process)
     until: Optional[float] = None  # held until then whatever runs (hold=<duration>)
     lost: bool = False  # the device is gone from the host
+    withheld: Optional[str] = None  # why it is granted to nobody now (it fell silent)
     asked: bool = False  # the holder asked for it (a grant), rather than took it by computing
     over_limit: bool = False  # the holder took it by computing, beyond a limit (a trespass)
     processes: Dict[int, Identity] = field(default_factory=dict)  # pid -> owner, oldest first

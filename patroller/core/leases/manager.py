@@ -24,7 +24,7 @@ import time
 from typing import Any, Callable, List, Optional, Set, Tuple
 
 from patroller.core.devices import Device, Inventory
-from patroller.core.errors import Busy, Unavailable, Unsatisfiable
+from patroller.core.errors import Unavailable, Unsatisfiable
 from patroller.core.identity import Identity, ProcessRef
 import patroller.core.leases.refusals as refusals
 import patroller.core.leases.serving as serving
@@ -52,17 +52,6 @@ class LeaseManager(LeaseState):
         self._closed = False
 
     # -- asking for devices -------------------------------------------------------------
-
-    def check(self, wants: Wants) -> None:
-        """Raise Unsatisfiable if the request could never be granted on this host."""
-        refusals.check_exists(self.inventory, wants)
-
-    def check_limit(self, user: Identity, wants: Wants) -> None:
-        """Raise OverLimit if granting `wants` would take the user, or the host account they
-        run as, past its limit (limits.py)."""
-        count = self.exceeded(user, sum(wants.values()))
-        if count is not None:
-            raise refusals.over_limit(user, wants, count)
 
     def request(self, user: Identity, wants: Wants, held_for: Optional[ProcessRef] = None,
                 duration: Optional[float] = None) -> List[Device]:
@@ -162,11 +151,16 @@ class LeaseManager(LeaseState):
             if waiter.on_abort is not None:
                 waiter.on_abort(Unavailable("the server is shutting down"))
 
-    def busy(self, wants: Wants) -> Busy:
-        """The error for a request that cannot be granted now: says how many are free."""
-        return refusals.busy(wants, {group: len(free) for group, free in self.free().items()})
-
     # -- what the monitors see, and time ------------------------------------------------------
+
+    def withhold(self, uuid: str, why: Optional[str]) -> None:
+        """Grant the device to nobody while `why` holds (it fell silent); None: grantable again.
+        Whoever holds it keeps it."""
+        hold = self._holds.get(uuid)
+        if hold is None or hold.withheld == why:
+            return
+        hold.withheld = why
+        self._serve_and_announce()
 
     def devices_changed(self) -> None:
         """The inventory changed: new devices are free, lost ones lost, those back as they were."""

@@ -15,10 +15,12 @@ Free = Dict[str, List[Device]]  # group -> its free devices, in device order
 
 
 def free_devices(inventory: Inventory, holds: Mapping[str, Hold]) -> Free:
-    """The free devices of every group of the inventory, in device order."""
+    """The free devices of every group of the inventory, in device order (those withheld, as
+    silent, are not)."""
     free: Free = {group: [] for group in inventory.groups}
     for device in inventory:
-        if not device.lost and holds[device.uuid].state == "free":
+        hold = holds[device.uuid]
+        if not device.lost and hold.state == "free" and hold.withheld is None:
             free[device.group].append(device)
     return free
 

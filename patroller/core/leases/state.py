@@ -10,8 +10,10 @@ from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 from patroller.core.devices import Device, Inventory
 from patroller.core.identity import Identity, ProcessRef
 import patroller.core.leases.limits as limits
+import patroller.core.leases.refusals as refusals
 import patroller.core.leases.serving as serving
-from patroller.core.leases.holds import Clock, Hold
+from patroller.core.errors import Busy
+from patroller.core.leases.holds import Clock, Hold, Wants
 from patroller.core.leases.limits import Count
 from patroller.core.leases.queue import WaitQueue, Waiter
 from patroller.core.leases.serving import Free
@@ -55,6 +57,23 @@ class LeaseState:
         """The limit (of the user, or of the host account they run as) that `asked` more
         devices would take `who` past, or None (limits.py)."""
         return limits.exceeded(who, asked, self.policy, self._holds, self.inventory)
+
+    # -- checks before a command: they raise, and change nothing ----------------------------
+
+    def check(self, wants: Wants) -> None:
+        """Raise Unsatisfiable if the request could never be granted on this host."""
+        refusals.check_exists(self.inventory, wants)
+
+    def check_limit(self, user: Identity, wants: Wants) -> None:
+        """Raise OverLimit if granting `wants` would take the user, or the host account they
+        run as, past its limit (limits.py)."""
+        count = self.exceeded(user, sum(wants.values()))
+        if count is not None:
+            raise refusals.over_limit(user, wants, count)
+
+    def busy(self, wants: Wants) -> Busy:
+        """The error for a request that cannot be granted now: says how many are free."""
+        return refusals.busy(wants, {group: len(free) for group, free in self.free().items()})
 
     def hold_of(self, uuid: str) -> Dict[str, Any]:
         """How a device is held, as a grant shows it: its hold, seconds left, the process."""
