@@ -502,3 +502,23 @@ def test_pmon_um_gives_each_process_its_memory_in_every_era(era: str) -> None:
     busy = [r for r in rows if r.pid is not None]
     assert busy and all(r.values["fb"] == 40210 and r.values["sm"] == 66 for r in busy), era
     assert all(r.pid is None for r in rows if r.gpu == 1)
+
+
+def test_pmon_row_with_more_cells_than_its_header_is_skipped_not_misread() -> None:
+    # As found: under an eight-column header ending in `command`, the row of a `-s um` stream
+    # (an fb cell more) was read as sm 7669 and command `-   python3.9`.
+    parser = PmonParser()
+    parser.feed("# gpu        pid  type    sm   mem   enc   dec   command\n")
+    parser.feed("# Idx          #   C/G     %     %     %     %   name\n")
+    assert parser.feed("    0     447153     C  7669     -     -     -     -   python3.9\n") is None
+    assert parser.feed("    0     447153     C     -     -     -     -  7669   python3.9\n") is None
+    assert parser.skipped == 2
+    # What fits is read, names with spaces and a leading dash included.
+    assert parser.feed("    0     447153     C    97    40     -     -   python3.9\n") == \
+        PmonRow(0, 447153, "C", "python3.9", {"sm": 97, "mem": 40, "enc": None, "dec": None})
+    assert parser.feed("    0     447154     C   100     0     0     0   python train.py\n") \
+        .command == "python train.py"
+    assert parser.feed("    0     447155     G     0     0     0     0   -bash\n").command == "-bash"
+    assert parser.feed("    0          -     -     -     -     -     -   -\n") == \
+        PmonRow(0, None, None, None, {"sm": None, "mem": None, "enc": None, "dec": None})
+    assert parser.skipped == 2

@@ -17,6 +17,8 @@ ProcessKey = Tuple[int, int]  # (gpu index, pid)
 
 # Header names that differ between drivers, mapped to the names the rest of Patroller uses.
 STABLE_NAMES: Mapping[str, str] = {"pwr": "power", "temp": "gtemp"}
+# Columns that are a share of the device, in %: a figure over 100 is another column's.
+PERCENT = frozenset(("sm", "mem", "enc", "dec", "jpg", "ofa"))
 
 _INT = re.compile(r"[+-]?\d+")
 _FLOAT = re.compile(r"[+-]?(?:\d+\.\d*|\.\d+)")
@@ -239,11 +241,26 @@ class PmonParser(_StreamParser[PmonRow]):
             return None
         cell = self._cell
         values = {name: cell[tokens[i]] for name, i in self._values}
+        if self._misfit(tokens, values):
+            return None
         named = [None if i is None else _dash(tokens[i])
                  for i in (at["type"], at["command"], at["date"], at["time"])]
         if pid is None:  # an idle device: the row is all `-`
             named[0] = named[1] = None
         return PmonRow(gpu, pid, named[0], named[1], values, named[2], named[3])
+
+
+    def _misfit(self, tokens: Sequence[str], values: Mapping[str, Value]) -> bool:
+        """Whether the row has more cells than its header, which the last column (`command`,
+        which may hold spaces) would swallow: a name whose first word is a lone `-` or a number
+        (the cell of a column the header lacks), or a share over 100 % (another column's
+        figure)."""
+        if self._tail:
+            words = tokens[-1].split(None, 1)
+            if len(words) == 2 and (words[0] == "-" or words[0].isdigit()):
+                return True
+        return any(name in PERCENT and isinstance(value, (int, float)) and not 0 <= value <= 100
+                   for name, value in values.items())
 
 
 class PmonProcess(NamedTuple):
