@@ -183,7 +183,8 @@ async def build(config: Config) -> Daemon:
     unattributed = Unattributed(inventory, lambda uuid: daemon.services.stats.view(uuid), pmon,
                                 config.busy_mib)
     monitors = [DmonMonitor(inventory, signals, argv, os.environ, config), pmon,
-                CrossCheck(inventory, signals, argv, os.environ, unattributed, config),
+                CrossCheck(inventory, signals, argv, os.environ, unattributed, config,
+                           unmeasured=pmon.figureless),
                 InventoryWatch(inventory, signals, argv, None, config),
                 SilenceWatch(inventory, signals, config.sample_interval,
                              config.silent_intervals * config.sample_interval)]

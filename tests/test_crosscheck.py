@@ -11,7 +11,7 @@ from typing import Any, Iterator, List, Set, Tuple
 
 import pytest
 
-from helpers import ScenarioFile, alive, async_test, children_of, until
+from helpers import ScenarioFile, alive, async_test, children_of, gpu_running, until
 from patroller.config import Config
 from patroller.core.devices import Device, Inventory
 from patroller.observe.crosscheck import CrossCheck
@@ -246,3 +246,32 @@ async def test_a_stop_at_any_moment_of_a_query_ends_the_cross_check():
         await asyncio.sleep(0.005 + (attempt % 12) * 0.003)
         await asyncio.wait_for(checker.stop(0.5), 10)  # fails here: TimeoutError
         assert not checker.query.running
+
+
+@async_test
+async def test_a_mig_gpu_whose_pmon_rows_carry_no_figures_gets_its_memory(tmp_path, sleepers):
+    # As found on 590-series drivers with MIG enabled (real H100 and H200 captures): pmon lists
+    # every process with `-` in every figure, so the device was no candidate and in 13.5 s the
+    # cross-check ran 0 times: the processes' memory stayed unknown.
+    first = sleepers[0].pid
+    sim = ScenarioFile(str(tmp_path / "scenario.json"),
+                       devices=[{"uuid": MIG, "mig": "Enabled", "pmon_no_figures": True},
+                                {"uuid": PLAIN}],
+                       processes=[{"pid": first, "gpu": 0, "name": "python", "used_mib": 4096,
+                                   "sm": 80}])
+    async with gpu_running(sim, cross_check_every=TICK) as h:
+        await until(lambda: h.services.leases.state(MIG) == "claimed")
+
+        async def memory():
+            detail = (await h.ok("/status"))[MIG]["claim"]["process_detail"]
+            return [(p["pid"], p["fb"]) for p in detail]
+
+        for _ in range(100):
+            if await memory() == [(first, 4096)]:
+                break
+            await asyncio.sleep(0.1)
+        assert await memory() == [(first, 4096)]
+        check = [m for m in h.services.monitors if m.name == "cross_check"][0]
+        assert check.metrics()["runs"] >= 1
+        assert check.metrics()["announced"] == 0  # pmon announces them; the query measures
+        assert h.services.leases.holds[MIG].processes.keys() == {first}

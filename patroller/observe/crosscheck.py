@@ -6,7 +6,9 @@ For those devices (the `candidates`, which the daemon works out: MIG-enabled dev
 devices that dmon shows busy while pmon lists no process) this monitor runs
 `nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory,process_name` and announces what it
 lists as processes, with the same signals as pmon (process_started, process_ended, and
-process_sampled with each process's used memory as `fb`).
+process_sampled with each process's used memory as `fb`). For devices pmon lists processes on
+without any figure (`unmeasured`: 590-series drivers print `-` in every cell in MIG mode), it
+gives the used memory alone: pmon announces those processes.
 
 Why only for candidates, and slowly: a single nvidia-smi query has been measured at 7-15 s on
 a large host (shared/NVIDIA-SMI.md, Cost), against a stream that costs nothing per sample. So
@@ -60,12 +62,13 @@ class CrossCheck(Monitor):
 
     def __init__(self, inventory: Inventory, signals: Signals, argv: List[str],
                  env: Mapping[str, str], candidates: Callable[[], Set[str]],
-                 config: Config) -> None:
+                 config: Config, unmeasured: Callable[[], Set[str]] = set) -> None:
         self.inventory = inventory
         self.signals = signals
         self.query = OneShotChild([*argv, *QUERY], dict(env), config.cross_check_timeout, config)
         self.shown = " ".join(self.query.argv)
         self.candidates = candidates
+        self.unmeasured = unmeasured
         self.interval = config.cross_check_every
         self.runs = 0  # queries started
         self.failures = 0
@@ -115,7 +118,7 @@ class CrossCheck(Monitor):
             if self._stopping:
                 return
             try:
-                if self._announced or self.candidates():
+                if self._announced or self.candidates() or self.unmeasured():
                     await self._check()
             except Exception:  # a bug (here or in a receiver) must not end the timer
                 log.exception("cross-check failed")
@@ -156,8 +159,13 @@ class CrossCheck(Monitor):
                 self._announced[key] = record
                 self.announced_total += 1
                 self.signals.process_started.send(self, record=record)
-        if listed:  # the used memory, under pmon's name for it (MiB)
-            values = {key: {"fb": app.used_mib} for key, app in listed.items()}
+        # The used memory, under pmon's name for it (MiB), of the processes it announces and of
+        # those pmon lists without figures.
+        unmeasured = self.unmeasured()
+        values = {key: {"fb": app.used_mib} for key, app in listed.items()}
+        values.update({(app.uuid, app.pid): {"fb": app.used_mib} for app in apps
+                       if app.uuid in unmeasured and self.inventory.get(app.uuid)})
+        if values:
             self.signals.process_sampled.send(self, record=ProcessSamples(values, time.time()))
 
     def _failed(self, problem: str) -> None:

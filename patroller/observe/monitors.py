@@ -179,6 +179,7 @@ class PmonMonitor(StreamMonitor):
         self._announced: Dict[Tuple[str, int], GpuProcess] = {}
         self._covered: Set[int] = set()  # devices with a row in the current interval
         self._values: Dict[Tuple[str, int], Mapping[str, Any]] = {}  # this interval's figures
+        self._figureless: Set[str] = set()  # devices whose rows carried no figure, last interval
         self._timer: Optional[object] = None
 
     async def stop(self, grace: float) -> None:
@@ -195,6 +196,11 @@ class PmonMonitor(StreamMonitor):
     def attributed(self) -> Set[str]:
         """The devices pmon lists a process on."""
         return {uuid for uuid, _ in self._announced}
+
+    def figureless(self) -> Set[str]:
+        """The devices pmon lists processes on without a figure for any (`-` in every cell, as
+        590-series drivers print in MIG mode), in the last complete interval."""
+        return set(self._figureless)
 
     def _restarted(self) -> None:
         # Keep what was known: a restart is not every process ending and starting again.
@@ -238,6 +244,9 @@ class PmonMonitor(StreamMonitor):
         covered = [self.inventory.by_number(gpu) for gpu in sorted(self._covered)]
         self._covered = set()
         now = time.time()
+        measured = {uuid for (uuid, _), row in self._values.items()
+                    if any(value is not None for value in row.values())}
+        self._figureless = {uuid for uuid, _ in self._values} - measured
         if self._values:
             values, self._values = self._values, {}
             self.signals.process_sampled.send(self, record=ProcessSamples(values, now))

@@ -23,6 +23,8 @@ Scenario (every key optional; ``null`` statistics print as ``-``)::
                   "mig_devices": [{"gpu_instance_id": 1, "compute_instance_id": 0,
                                    "memory_mib": 9856}],
                   "pmon_blind": false,   # true: pmon prints only `-` rows for this device
+                  "pmon_no_figures": false,  # true: pmon lists its processes (in MIG mode too,
+                                         # as 590-series drivers do) with `-` in every figure
                   "silent": false,       # true: dmon and pmon print no row for it, the others
                                          # go on, and no stream says it is lost
                   "stats": {"pwr": 61, "gtemp": 34, "mtemp": null, "sm": 97, "mem": 40,
@@ -289,7 +291,10 @@ def _procs(scn: Scenario, index: int) -> List[Dict[str, Any]]:
 
 
 def _attributed(scn: Scenario, dev: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """The processes pmon prints for the device: none in MIG mode or on a blind device."""
+    """The processes pmon prints for the device: none in MIG mode or on a blind device, unless
+    it prints them without figures (590-series drivers in MIG mode)."""
+    if dev.get("pmon_no_figures"):
+        return _procs(scn, dev["index"])
     if dev.get("pmon_blind") or _mig(scn, dev):
         return []
     return _procs(scn, dev["index"])
@@ -575,6 +580,8 @@ class Table:
             procs = _attributed(scn, dev)
             for p in procs:
                 values = [p.get("used_mib") if c == "fb" else p.get(c) for c in self.columns]
+                if dev.get("pmon_no_figures"):
+                    values = [None] * len(self.columns)
                 cells = [p["pid"], p.get("type", "C")] + values
                 out.append(self.row(now, i, cells, p.get("name", "python")))
             if not procs:
