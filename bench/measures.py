@@ -408,7 +408,8 @@ def _cpu_and_rss(daemon: Daemon, seconds: float) -> Dict[str, float]:
 
 def parsers(ctx: Context) -> Dict[str, Any]:
     """Lines per second through the pure dmon and pmon parsers (and the pmon interval tracker)."""
-    from patroller.observe.nvsmi.parsers import DmonParser, PmonIntervals, PmonParser
+    from patroller.observe.nvsmi.intervals import PmonIntervals
+    from patroller.observe.nvsmi.parsers import DmonParser, PmonParser
 
     dmon = ["# gpu    pwr  gtemp  mtemp     sm    mem    enc    dec    jpg    ofa   mclk   pclk ",
             "# Idx      W      C      C      %      %      %      %      %      %    MHz    MHz "]

@@ -8,14 +8,12 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import pytest
 
+from patroller.observe.nvsmi.intervals import IntervalChange, PmonIntervals, PmonProcess
 from patroller.observe.nvsmi.parsers import (
     ComputeApp,
     DmonParser,
     DmonRow,
-    IntervalChange,
-    PmonIntervals,
     PmonParser,
-    PmonProcess,
     PmonRow,
     parse_compute_apps,
     parse_value,

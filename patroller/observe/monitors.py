@@ -24,8 +24,8 @@ from patroller.config import Config
 from patroller.core.devices import Inventory
 from patroller.core.throttle import Throttle
 from patroller.observe.monitor import Monitor
-from patroller.observe.nvsmi.parsers import (DmonParser, DmonRow, IntervalChange, PmonIntervals,
-                                             PmonParser, PmonRow)
+from patroller.observe.nvsmi.intervals import IntervalChange, PmonIntervals
+from patroller.observe.nvsmi.parsers import DmonParser, DmonRow, PmonParser, PmonRow
 from patroller.observe.signals import GpuProcess, ProcessList, ProcessSamples, Sample, Signals
 from patroller.observe.supervisor import RestartingChild
 

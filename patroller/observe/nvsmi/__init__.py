@@ -1,5 +1,6 @@
-"""What nvidia-smi prints, parsed: `-q -x` (the inventory), the dmon and pmon streams, and
-`--query-compute-apps`. Pure functions over text: no process, no clock, no logging.
+"""What nvidia-smi prints, parsed: `-q -x` (the inventory, discovery.py), the dmon and pmon
+streams and `--query-compute-apps` (parsers.py), and pmon's sampling intervals (intervals.py).
+Pure functions over text: no process, no clock, no logging.
 
 Owns: the parsers and the records they give.
 May import: `patroller.core`.

@@ -1,0 +1,106 @@
+"""pmon's sampling intervals: which processes came and went, from the rows the parser reads.
+Pure, like the parser: the reader feeds rows and says when the stream has been quiet.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, NamedTuple, Optional, Set, Tuple
+
+from patroller.observe.nvsmi.parsers import PmonRow, ProcessKey
+
+
+class PmonProcess(NamedTuple):
+    """A process on a device, as pmon names it."""
+
+    gpu: int
+    pid: int
+    type: Optional[str] = None
+    command: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class IntervalChange:
+    """The outcome of one completed pmon interval, compared with the previous one."""
+
+    appeared: Tuple[PmonProcess, ...]
+    disappeared: Tuple[PmonProcess, ...]
+    present: Tuple[PmonProcess, ...]  # every process of the completed interval
+
+    def __bool__(self) -> bool:
+        return bool(self.appeared or self.disappeared)
+
+
+class PmonIntervals:
+    """Groups pmon rows into sampling intervals and reports the processes that came and went.
+
+    pmon prints no end-of-sample marker, so an interval ends when a row cannot belong to it:
+    the gpu index goes down, a (gpu, pid) or an idle row repeats for a device already seen
+    (one-GPU hosts), a device switches between idle and busy, or the date/time changes. The
+    caller also calls `end_interval()` when the stream has been quiet for a while, because
+    rows of one interval come out in one burst.
+    """
+
+    def __init__(self) -> None:
+        self._known: Dict[ProcessKey, PmonProcess] = {}  # the last completed interval
+        self._current: Dict[ProcessKey, PmonProcess] = {}
+        self._busy: Set[int] = set()  # gpus with a process row in the current interval
+        self._idle: Set[int] = set()  # gpus with a `-` row in the current interval
+        self._last_gpu = -1
+        self._stamp: Tuple[Optional[str], Optional[str]] = (None, None)
+        self._open = False
+
+    @property
+    def known(self) -> Tuple[PmonProcess, ...]:
+        """The processes of the last completed interval, by gpu and pid."""
+        return tuple(self._known[key] for key in sorted(self._known))
+
+    def feed(self, row: PmonRow) -> Optional[IntervalChange]:
+        """Add a row; the change of the previous interval when this row starts a new one."""
+        change = self.end_interval() if self._starts_interval(row) else None
+        self._add(row)
+        return change
+
+    def end_interval(self) -> Optional[IntervalChange]:
+        """Complete the current interval now; None when no row arrived since the last end."""
+        if not self._open:
+            return None
+        before, after = self._known, self._current
+        change = IntervalChange(
+            appeared=tuple(after[key] for key in sorted(after.keys() - before.keys())),
+            disappeared=tuple(before[key] for key in sorted(before.keys() - after.keys())),
+            present=tuple(after[key] for key in sorted(after)),
+        )
+        self._known = dict(after)
+        self.reset()
+        return change
+
+    def reset(self) -> None:
+        """Drop the partial interval but keep the known processes (the child restarted)."""
+        self._current = {}
+        self._busy, self._idle = set(), set()
+        self._last_gpu = -1
+        self._stamp = (None, None)
+        self._open = False
+
+    def _starts_interval(self, row: PmonRow) -> bool:
+        if not self._open:
+            return False
+        stamp = (row.date, row.time)
+        if stamp != (None, None) and self._stamp != (None, None) and stamp != self._stamp:
+            return True
+        if row.gpu < self._last_gpu:
+            return True
+        if row.pid is None:
+            return row.gpu in self._idle or row.gpu in self._busy
+        return (row.gpu, row.pid) in self._current or row.gpu in self._idle
+
+    def _add(self, row: PmonRow) -> None:
+        self._open = True
+        self._last_gpu = row.gpu
+        if row.date is not None or row.time is not None:
+            self._stamp = (row.date, row.time)
+        if row.pid is None:
+            self._idle.add(row.gpu)
+            return
+        self._busy.add(row.gpu)
+        self._current[(row.gpu, row.pid)] = PmonProcess(row.gpu, row.pid, row.type, row.command)
