@@ -21,7 +21,8 @@ import urllib.parse
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
-__all__ = ["claim", "reserve", "release", "renew", "keep_alive", "status", "devices", "queue",
+__all__ = ["claim", "reserve", "release", "release_all", "renew", "keep_alive", "status",
+           "devices", "queue",
            "Claim", "KeepAlive", "PatrollerError", "RequestRefused", "ServerUnreachable", "Busy",
            "HOLDS"]
 
@@ -31,6 +32,12 @@ CUDA_VARIABLES = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 _SLACK = 30.0  # seconds the HTTP connection outlives a /wait timeout
 _LEASE = 10.0  # the server's default lease, for a grant that does not say its own
 _SHORTEST_RENEWAL = 0.1  # seconds: keep_alive never asks more often than this
+
+
+# What this process reserved through this module and has not released, by server: what a
+# bare release() gives back (never another job's reservations of the same user).
+_reserved: Dict[Tuple[str, str, int], List[str]] = {}
+_reserved_lock = threading.Lock()
 
 
 class PatrollerError(Exception):
@@ -76,6 +83,8 @@ def reserve(count: int = 1, server: Optional[str] = None, timeout: Optional[floa
         http_timeout = None if timeout is None else float(timeout) + _SLACK
     code, body = _call(server, "GET", path, params, http_timeout)
     if code == 200:
+        with _reserved_lock:
+            _reserved.setdefault(parse_server(server), []).extend(d["uuid"] for d in body)
         return body
     if code == 409:
         return None
@@ -105,9 +114,29 @@ def export(devices: List[Dict[str, Any]]) -> None:
 
 
 def release(server: Optional[str] = None, uuid: Optional[str] = None) -> Dict[str, Any]:
-    """Give back this caller's reservations (all, or one by uuid); what the server released."""
-    params = {"uuid": uuid} if uuid is not None else {}
-    code, body = _call(server, "POST", "/release", params, _SLACK)
+    """Give back what this process reserved through this module (claim, reserve, Claim), or
+    the device `uuid`; what the server released. The user's other reservations (another job's,
+    a hold for a duration) stay: `release_all` gives back those too."""
+    key = parse_server(server)
+    with _reserved_lock:
+        uuids = [uuid] if uuid is not None else list(_reserved.get(key, []))
+    answer: Dict[str, Any] = {"released": [], "after_exit": []}
+    for one in uuids:
+        code, body = _call(server, "POST", "/release", {"uuid": one}, _SLACK)
+        if code != 200:
+            raise RequestRefused(code, body)
+        answer["released"] += body["released"]
+        answer["after_exit"] += body["after_exit"]
+        with _reserved_lock:
+            if one in _reserved.get(key, []):
+                _reserved[key].remove(one)
+    return answer
+
+
+def release_all(server: Optional[str] = None) -> Dict[str, Any]:
+    """Give back every reservation of this caller's user, but those held for another process
+    that still runs (a job's: `kept`, with why); what the server released and kept."""
+    code, body = _call(server, "POST", "/release", {}, _SLACK)
     if code != 200:
         raise RequestRefused(code, body)
     return body

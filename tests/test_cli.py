@@ -108,7 +108,7 @@ def test_server(testmode):
     yield testmode.server
     for user in ("alice@example.org", "bob", "carol"):
         call(testmode.server, f"/release?user={user}")
-    client.release(testmode.server)
+    client.release_all(testmode.server)
 
 
 def test_the_status_table_from_live_bodies(test_server):
@@ -247,7 +247,7 @@ def gpuhost(scenario):
     process = ServerProcess("--nvidia-smi", scenario.command, "--lease", "300").start()
     yield process
     try:
-        client.release(process.server)
+        client.release_all(process.server)
     finally:
         assert process.stop() == 0
 
@@ -437,7 +437,7 @@ def test_ctrl_c_while_waiting_exits_130_and_leaves_nothing(gpuhost):
     assert err.splitlines()[-1] == "patroller: interrupted"
     assert group_members(waiting.pid) == [] and not alive(waiting.pid)
     eventually(lambda: client.queue(server) == [], what="the queue empty")
-    client.release(server)
+    client.release_all(server)
     assert all_free(server)
 
 

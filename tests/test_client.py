@@ -1,4 +1,5 @@
 """The client helper against a real server process."""
+import json
 import os
 import subprocess
 import sys
@@ -26,7 +27,7 @@ def clean_environment(server, monkeypatch):
     monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
     monkeypatch.delenv("PATROLLER_SERVER", raising=False)
     yield
-    release(server.server)
+    client.release_all(server.server)
 
 
 def test_claim_sets_the_cuda_environment(server):
@@ -278,3 +279,47 @@ def test_claim_with_hold_lease_keeps_the_lease_while_the_block_runs(short_lease)
     with Claim(1, server=short_lease.server, hold="lease") as devices:
         assert held_throughout(short_lease, devices[0]["uuid"], 2.0)
     assert claim_of(short_lease, devices[0]["uuid"])["state"] == "free"  # released on exit
+
+
+def test_release_gives_back_what_this_script_claimed_and_no_other_job_of_the_user(server):
+    # As found: a script's release() ("give back early") gave back everything the user held:
+    # a 4-hour hold, and the GPU of a live `patroller run` job, which then showed free while
+    # the job ran.
+    job = subprocess.Popen([sys.executable, "-m", "patroller.cli", "run", "-q", "--server",
+                            server.server, "--", "sleep", "120"],
+                           env={**os.environ, "PYTHONPATH": ROOT})
+    try:
+        deadline = time.monotonic() + 30
+        while not [u for u, c in client.status(server.server).items()
+                   if c["claim"]["held_for_pid"] == job.pid]:
+            assert time.monotonic() < deadline, "the job's GPU was not reserved"
+            time.sleep(0.05)
+        [running] = [u for u, c in client.status(server.server).items()
+                     if c["claim"]["held_for_pid"] == job.pid]
+        code, [notebook] = client._call(server.server, "GET", "/request", {"gpu": 1,
+                                                                           "hold": "4h"}, 30)
+        assert code == 200 and notebook["hold"] == "duration"
+        script = ("import json\nfrom patroller.client import claim, release\n"
+                  f"assert claim(1, server={server.server!r})\n"
+                  f"print(json.dumps(release(server={server.server!r})))\n")
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": ROOT}, timeout=60)
+        assert done.returncode == 0, done.stderr
+        released = json.loads(done.stdout)["released"]
+        assert len(released) == 1 and released[0]["uuid"] not in (running, notebook["uuid"])
+        assert claim_of(server, running)["state"] == "reserved"
+        assert claim_of(server, notebook["uuid"])["state"] == "reserved"
+        # `patroller release` with no device: every reservation but the running job's, which
+        # it names.
+        bare = subprocess.run([sys.executable, "-m", "patroller.cli", "release", "--server",
+                               server.server], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "PYTHONPATH": ROOT})
+        assert bare.returncode == 0, bare.stderr
+        number = client.devices(server.server)[running]["number"]
+        assert f"kept GPU {number}: held while pid {job.pid} runs" in bare.stdout, bare.stdout
+        assert claim_of(server, notebook["uuid"])["state"] == "free"
+        assert claim_of(server, running)["state"] == "reserved"
+    finally:
+        job.kill()
+        job.wait()
+

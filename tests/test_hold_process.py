@@ -103,16 +103,23 @@ def test_a_gpu_process_ending_while_the_holder_lives_starts_no_lease(leases, clo
     assert leases.state(device.uuid) == "reserved"
 
 
-def test_release_ends_a_process_hold(leases):
+def test_release_ends_a_process_hold_asked_by_that_process_or_by_uuid(leases):
     [device] = leases.request(alice, {"gpu": 1}, held_for=SCRIPT)
-    assert leases.release(alice) == ([device], [])
+    # All of alice's, asked from elsewhere: the job of the process it is held for runs there.
+    assert leases.release(alice) == ([], [])
+    assert leases.release(alice, caller=ProcessRef(SCRIPT.pid + 1, SCRIPT.start)) == ([], [])
+    assert leases.state(device.uuid) == "reserved"
+    assert leases.release(alice, caller=SCRIPT) == ([device], [])  # by that process
     assert leases.processes_held_for() == set() and leases.state(device.uuid) == "free"
+    [device] = leases.request(alice, {"gpu": 1}, held_for=SCRIPT)
+    assert leases.release(alice, device.uuid) == ([device], [])  # by uuid
+    assert leases.state(device.uuid) == "free"
 
 
 def test_released_with_processes_running_it_no_longer_waits_for_the_holder(leases):
     [device] = leases.request(alice, {"gpu": 1}, held_for=SCRIPT)
     leases.process_started(device.uuid, 5001, alice)
-    assert leases.release(alice) == ([], [device])
+    assert leases.release(alice, caller=SCRIPT) == ([], [device])
     assert leases.processes_held_for() == set()
     leases.process_ended(device.uuid, 5001)
     assert leases.state(device.uuid) == "free"

@@ -150,9 +150,10 @@ def wait_command(options: argparse.Namespace) -> int:
     return EX_OK
 
 def release_command(options: argparse.Namespace) -> int:
-    """Release everything, or the devices named by uuid or number."""
+    """Release everything (but what a running job's process holds), or the devices named by
+    uuid or number."""
     if not options.devices:
-        body = client.release(options.server)
+        body = client.release_all(options.server)
         print(release_message(body))
         return EX_OK
     inventory = client.devices(options.server)

@@ -218,6 +218,10 @@ def release_message(body: Dict[str, Any], named: Optional[str] = None) -> str:
     if after:
         lines.append(f"{describe(after)} will be free when your processes on "
                      f"{'it' if len(after) == 1 else 'them'} end")
+    for device in body.get("kept") or []:
+        number = (device.get("info") or {}).get("number", "?")
+        lines.append(f"kept {describe([device])}: held while pid {device.get('held_for_pid')} "
+                     f"runs (patroller release {number} releases it)")
     if lines:
         return "\n".join(lines)
     if named is not None:

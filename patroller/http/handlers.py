@@ -276,13 +276,30 @@ class WaitHandler(Handler):
 
 
 class ReleaseHandler(Handler):
+    """Give back one device (uuid=), or all the caller's but those held for another process
+    that lives (`kept`, saying why: that process's job runs on them)."""
+
     async def _release(self) -> None:
         ask = query.parse_release(self.args())
         caller = await self.caller(ask.user)
+        process = await self.calling_process() if ask.uuid is None else None
         if self.unanswerable():
             return
-        now, later = self.leases.release(caller, ask.uuid, ask.reason)
-        self.send({"released": device_json(now), "after_exit": device_json(later)})
+        now, later = self.leases.release(caller, ask.uuid, ask.reason, process)
+        kept = [] if ask.uuid is not None else [
+            d for d in self.leases.held_by(caller.user)
+            if self.leases.holds[d.uuid].held_for not in (None, process)]
+        why = ("held while its process runs: released by that process, by uuid, or when it "
+               "ends")
+        self.send({"released": device_json(now), "after_exit": device_json(later),
+                   "kept": [{**g, "why": why} for g in grant_json(kept, self.leases)]})
+
+    async def calling_process(self) -> Optional[ProcessRef]:
+        """The process asking, when the kernel can say (a unix or loopback caller), else None."""
+        try:
+            return await self.services.callers.process(self.request)
+        except NoCallerProcess:
+            return None
 
     get = post = _release
 

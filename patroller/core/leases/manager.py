@@ -86,10 +86,12 @@ class LeaseManager(LeaseState):
         """Stop waiting; True if it was still waiting (and so got nothing)."""
         return self.waiters.remove(waiter)
 
-    def release(self, user: Identity, uuid: Optional[str] = None,
-                reason: Optional[str] = None) -> Tuple[List[Device], List[Device]]:
+    def release(self, user: Identity, uuid: Optional[str] = None, reason: Optional[str] = None,
+                caller: Optional[ProcessRef] = None) -> Tuple[List[Device], List[Device]]:
         """Give back the user's devices (all, or one): (freed now, freed when their processes
-        end). The host's root may release another's device, named, as an administrator."""
+        end). All of them leaves those held for a process other than `caller` (the process
+        asking): they are released by that process, by uuid, or when it ends. The host's root
+        may release another's device, named, as an administrator."""
         devices, admin = list(self.inventory), False
         if uuid is not None:
             admin = refusals.check_release(user, self._hold(uuid))  # root, another's device
@@ -100,6 +102,8 @@ class LeaseManager(LeaseState):
             owner = hold.holder
             if owner is None or not (admin or user.same_user(owner)):
                 continue
+            if uuid is None and hold.held_for not in (None, caller):
+                continue  # another process's job runs on it
             if admin:
                 self._notices.event("admin_release", owner.user, [device], by=user.user,
                                     reason=reason or "released by the administrator")
