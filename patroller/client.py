@@ -15,6 +15,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import socket
 import threading
 import urllib.parse
@@ -27,7 +28,9 @@ __all__ = ["claim", "reserve", "release", "release_all", "renew", "keep_alive", 
            "HOLDS"]
 
 DEFAULT_SERVER = "localhost"  # or the PATROLLER_SERVER environment variable
-HOLDS = ("process", "lease")  # what keeps a reservation: the calling process, or a lease
+HOLDS = ("process", "lease")  # what keeps a reservation: the calling process, or a lease; or
+# a duration ("2h", "90m", "3600"): held that long whatever runs (the server's --max-hold at most)
+_DURATION = re.compile(r"\s*\d+(\.\d+)?\s*[smhd]?\s*", re.IGNORECASE)
 CUDA_VARIABLES = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 _SLACK = 30.0  # seconds the HTTP connection outlives a /wait timeout
 _LEASE = 10.0  # the server's default lease, for a grant that does not say its own
@@ -68,10 +71,10 @@ def reserve(count: int = 1, server: Optional[str] = None, timeout: Optional[floa
     timeout=0 asks once (/request); a positive timeout waits that many seconds (/wait);
     timeout=None waits for as long as it takes. hold="process" keeps the devices for as long
     as the calling process lives; hold="lease" keeps them for the server's short lease, until
-    the user's process shows up on them (see `keep_alive` to hold a lease longer).
+    the user's process shows up on them (see `keep_alive` to hold a lease longer); a duration
+    (hold="2h") keeps them that long, whatever runs on them.
     """
-    if hold not in HOLDS:
-        raise ValueError(f"hold must be one of {', '.join(HOLDS)}, not {hold!r}")
+    _check_hold(hold)
     params: Dict[str, Any] = {resource: count, "hold": hold}
     if timeout == 0:
         path = "/request"
@@ -89,6 +92,12 @@ def reserve(count: int = 1, server: Optional[str] = None, timeout: Optional[floa
     if code == 409:
         return None
     raise RequestRefused(code, body)
+
+
+def _check_hold(hold: str) -> None:
+    """ValueError unless `hold` is one of HOLDS or a duration (the server checks its length)."""
+    if hold not in HOLDS and not _DURATION.fullmatch(str(hold)):
+        raise ValueError(f"hold must be process, lease or a duration such as 2h, not {hold!r}")
 
 
 def claim(count: int = 1, server: Optional[str] = None, timeout: Optional[float] = 0,
@@ -113,30 +122,36 @@ def export(devices: List[Dict[str, Any]]) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(numbers)
 
 
-def release(server: Optional[str] = None, uuid: Optional[str] = None) -> Dict[str, Any]:
+def release(server: Optional[str] = None, uuid: Optional[str] = None,
+            reason: Optional[str] = None) -> Dict[str, Any]:
     """Give back what this process reserved through this module (claim, reserve, Claim), or
     the device `uuid`; what the server released. The user's other reservations (another job's,
-    a hold for a duration) stay: `release_all` gives back those too."""
+    a hold for a duration) stay: `release_all` gives back those too. The host's root may name
+    another user's device, with a `reason` for the audit record (the answer's `holder`)."""
     key = parse_server(server)
     with _reserved_lock:
         uuids = [uuid] if uuid is not None else list(_reserved.get(key, []))
     answer: Dict[str, Any] = {"released": [], "after_exit": []}
     for one in uuids:
-        code, body = _call(server, "POST", "/release", {"uuid": one}, _SLACK)
+        params = {"uuid": one, **({"reason": reason} if reason else {})}
+        code, body = _call(server, "POST", "/release", params, _SLACK)
         if code != 200:
             raise RequestRefused(code, body)
         answer["released"] += body["released"]
         answer["after_exit"] += body["after_exit"]
+        if body.get("holder"):  # the host's root released another user's device
+            answer["holder"] = body["holder"]
         with _reserved_lock:
             if one in _reserved.get(key, []):
                 _reserved[key].remove(one)
     return answer
 
 
-def release_all(server: Optional[str] = None) -> Dict[str, Any]:
+def release_all(server: Optional[str] = None, reason: Optional[str] = None) -> Dict[str, Any]:
     """Give back every reservation of this caller's user, but those held for another process
     that still runs (a job's: `kept`, with why); what the server released and kept."""
-    code, body = _call(server, "POST", "/release", {}, _SLACK)
+    code, body = _call(server, "POST", "/release", {"reason": reason} if reason else {},
+                       _SLACK)
     if code != 200:
         raise RequestRefused(code, body)
     return body
@@ -267,8 +282,7 @@ class Claim:
     def __init__(self, count: int = 1, server: Optional[str] = None,
                  timeout: Optional[float] = 0, resource: str = "gpu",
                  hold: str = "process") -> None:
-        if hold not in HOLDS:
-            raise ValueError(f"hold must be one of {', '.join(HOLDS)}, not {hold!r}")
+        _check_hold(hold)
         self.count, self.server, self.timeout, self.resource = count, server, timeout, resource
         self.hold = hold
         self.devices: List[Dict[str, Any]] = []

@@ -1,6 +1,7 @@
 """The command line (`patroller run|status|release|wait`) against real daemons and processes."""
 import json
 import os
+import pwd
 import re
 import signal
 import subprocess
@@ -594,3 +595,59 @@ def test_every_commands_help_is_printed(args):
     assert done.stdout.startswith("usage: patroller" if args != ["--version"] else "patroller ")
     if args[-1] == "--help" and args[0] in ("--help", "serve"):
         assert "at most this % of SM" in done.stdout and "patroller run, status" in done.stdout
+
+
+def test_reserve_holds_gpus_for_a_duration(test_server):
+    # canhazgpu's habit: `reserve -n 2 --hold 2h`, kept whatever runs on the GPUs.
+    done = patroller("reserve", "-n", "2", "--hold", "2h", "--server", test_server)
+    assert (done.returncode, done.stdout) == (0, "0,1\n"), done.stderr
+    assert "GPUs 0,1 reserved for 2h00m, whatever runs on them" in done.stderr
+    assert "`patroller release 0 1` gives them back" in done.stderr
+    held = [c["claim"] for c in client.status(test_server).values()][:2]
+    assert [c["hold"] for c in held] == ["duration", "duration"]
+    assert all(7100 < c["expires"] <= 7200 for c in held)
+    lease = patroller("reserve", "--server", test_server)  # the default: the short lease
+    assert lease.stdout == "2\n" and "for the lease: start the job within" in lease.stderr
+    assert patroller("reserve", "-n", "6", "--server", test_server).returncode == 75  # busy
+    refused = patroller("reserve", "--hold", "13h", "--server", test_server)
+    assert refused.returncode == 77 and "longer than" in refused.stderr, refused.stderr
+    for bad in ("process", "0", "soon"):
+        usage = patroller("reserve", "--hold", bad, "--server", test_server)
+        assert usage.returncode == 2 and usage.stdout == "", usage.stderr
+    assert "patroller run" in patroller("reserve", "--hold", "process").stderr
+
+
+def test_claim_and_reserve_take_a_duration_hold(test_server):
+    granted = client.reserve(1, server=test_server, hold="90m")
+    assert granted[0]["hold"] == "duration" and 5300 < granted[0]["expires"] <= 5400
+    with pytest.raises(ValueError):
+        client.reserve(1, server=test_server, hold="for ever")
+    assert client.release(test_server)["released"][0]["uuid"] == granted[0]["uuid"]
+
+
+NOBODY_REQUEST = """
+import json, sys, urllib.request
+with urllib.request.urlopen(sys.argv[1] + "/request?gpu=1&hold=1h", timeout=30) as answer:
+    print(json.loads(answer.read())[0]["info"]["number"])
+"""
+
+
+def test_root_releases_another_users_gpu_with_a_reason_and_is_told_whose(gpuhost):
+    if os.geteuid() != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI must run this test as root: root releases uid 65534's GPU")
+        pytest.skip("needs root: root releases uid 65534's GPU")
+    taken = subprocess.run(["/usr/bin/python3", "-c", NOBODY_REQUEST, f"http://{gpuhost.server}"],
+                           user=65534, group=65534, extra_groups=[], capture_output=True,
+                           text=True, timeout=60)
+    assert taken.returncode == 0, taken.stderr
+    number = taken.stdout.strip()
+    done = patroller("release", number, "--reason", "left over since Friday", "--server",
+                     gpuhost.server)
+    assert done.returncode == 0, done.stderr
+    whose = pwd.getpwuid(65534).pw_name
+    assert done.stdout == f"released GPU {number}, {whose}'s reservation\n"
+    assert all(c["claim"]["state"] == "free" for c in client.status(gpuhost.server).values())
+    [event] = [e for e in json.loads(urllib.request.urlopen(
+        f"http://{gpuhost.server}/history", timeout=30).read()) if e["event"] == "admin_release"]
+    assert event["reason"] == "left over since Friday" and event["by"] == "root"

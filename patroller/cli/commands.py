@@ -1,8 +1,8 @@
-"""The command line people type: `patroller run|status|release|wait`.
+"""The command line people type: `patroller run|status|release|wait|reserve`.
 
 Standard library and `patroller.client` only, so that it works wherever the client is installed
 (a container with the socket directory mounted) without Tornado or Docker. `patroller` with
-flags (or none) is still the server; patroller/main.py hands these four words to `main` here.
+flags (or none) is still the server; patroller/main.py hands these five words to `main` here.
 Exit statuses: patroller/cli/exits.py.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from patroller.cli.render import describe, duration, format_status, numbers_of, 
 from patroller.cli.run import optional_queue, optional_users, run_command
 from patroller.client import PatrollerError, RequestRefused, ServerUnreachable
 
-COMMANDS = ("run", "status", "release", "wait")
+COMMANDS = ("run", "status", "release", "wait", "reserve")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="patroller", description="Reserve and watch the GPUs of a Patroller host. "
         "`patroller` with flags and no command runs the server (patroller --help).")
-    commands = parser.add_subparsers(dest="command", metavar="{run,status,release,wait}")
+    commands = parser.add_subparsers(dest="command", metavar="{run,status,release,wait,reserve}")
     commands.required = True
 
     run = commands.add_parser("run", parents=[common], help="run a command on reserved GPUs",
@@ -85,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     release = commands.add_parser("release", parents=[common], help="give reserved GPUs back",
                                   description="Release all your reservations, or the named.")
     release.add_argument("devices", nargs="*", metavar="UUID|NUMBER")
+    release.add_argument("--reason", help="why, for the audit record; the host's root may "
+                         "release another user's device, named, with a reason")
     release.set_defaults(handler=release_command)
 
     wait = commands.add_parser("wait", parents=[common], help="wait for GPUs, print numbers",
@@ -96,6 +98,19 @@ def build_parser() -> argparse.ArgumentParser:
                       help="give up after this long (default: wait for ever)")
     wait.add_argument("--resource", default="gpu", help="device group (default gpu)")
     wait.set_defaults(handler=wait_command)
+
+    reserve = commands.add_parser("reserve", parents=[common], help="hold GPUs for a while",
+                                  description="Reserve GPUs for a duration, whatever runs on "
+                                  "them (a notebook, jobs one after the other), and print "
+                                  "their numbers: patroller reserve -n 2 --hold 4h")
+    reserve.add_argument("-n", "--count", type=count_arg, default=1, help="how many (default 1)")
+    reserve.add_argument("--hold", type=hold_arg, default="lease", metavar="DURATION|lease",
+                         help="how long: 90m, 4h (at most the server's --max-hold), or lease "
+                         "(the short lease, until your process shows up; the default)")
+    reserve.add_argument("--wait", type=wait_arg, default=0.0, metavar="SECONDS|forever",
+                         help="wait in the queue up to this long (default: do not wait)")
+    reserve.add_argument("--resource", default="gpu", help="device group (default gpu)")
+    reserve.set_defaults(handler=reserve_command)
     return parser
 
 def count_arg(text: str) -> int:
@@ -133,6 +148,36 @@ def wait_arg(text: str) -> Optional[float]:
     return seconds_arg(text)
 
 
+def hold_arg(text: str) -> str:
+    """lease, or a duration; a command line has no process to hold devices for."""
+    if text.strip().lower() == "lease":
+        return "lease"
+    if text.strip().lower() == "process":
+        raise argparse.ArgumentTypeError("a reservation made here has no process to last for: "
+                                         "use patroller run, which holds them while it runs")
+    seconds_arg(text)
+    if durations.parse(text) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive duration")
+    return text.strip()
+
+
+def reserve_command(options: argparse.Namespace) -> int:
+    """Reserve for a duration (or the lease) and print the numbers on stdout."""
+    granted = client.reserve(options.count, options.server, options.wait, options.resource,
+                             options.hold)
+    if granted is None:
+        within = "now" if options.wait == 0 else f"within {duration(options.wait or 0)}"
+        raise Failure(f"{options.count} {options.resource} not free {within}", EX_TEMPFAIL)
+    numbers = numbers_of(granted, options.resource)
+    left = min((g["expires"] for g in granted if g.get("expires") is not None), default=None)
+    how = (f"for {duration(left)}, whatever runs on them" if options.hold != "lease" and left
+           else f"for the lease: start the job within {duration(left or 0)}")
+    print(f"patroller: {describe(granted)} reserved {how}; `patroller release "
+          f"{' '.join(numbers)}` gives them back", file=sys.stderr)
+    print(",".join(numbers))
+    return EX_OK
+
+
 def wait_command(options: argparse.Namespace) -> int:
     """Reserve for the usual lease (hold=lease) and print the numbers on stdout."""
     granted = client.reserve(options.count, options.server, options.timeout, options.resource,
@@ -153,7 +198,7 @@ def release_command(options: argparse.Namespace) -> int:
     """Release everything (but what a running job's process holds), or the devices named by
     uuid or number."""
     if not options.devices:
-        body = client.release_all(options.server)
+        body = client.release_all(options.server, options.reason)
         print(release_message(body))
         return EX_OK
     inventory = client.devices(options.server)
@@ -162,7 +207,7 @@ def release_command(options: argparse.Namespace) -> int:
         try:
             uuid = uuid_of(name, inventory)
             label = f"GPU {name}" if name.isdigit() else name
-            print(release_message(client.release(options.server, uuid), label))
+            print(release_message(client.release(options.server, uuid, options.reason), label))
         except RequestRefused as refused:
             print(f"patroller: cannot release {name}: {error_text(refused)}", file=sys.stderr)
             failed = True

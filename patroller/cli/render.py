@@ -214,7 +214,8 @@ def release_message(body: Dict[str, Any], named: Optional[str] = None) -> str:
     after = body.get("after_exit") or []
     lines = []
     if released:
-        lines.append(f"released {describe(released)}")
+        whose = f", {body['holder']}'s reservation" if body.get("holder") else ""
+        lines.append(f"released {describe(released)}{whose}")
     if after:
         lines.append(f"{describe(after)} will be free when your processes on "
                      f"{'it' if len(after) == 1 else 'them'} end")

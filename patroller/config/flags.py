@@ -84,8 +84,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="patroller",
         description="Know which user is on which GPU, and hand out free GPUs fairly.",
         epilog="Every flag falls back to the environment variable named in its help. The "
-        "commands that talk to a running server: patroller run, status, release and wait (each "
-        "with --help).",
+        "commands that talk to a running server: patroller run, status, release, wait and "
+        "reserve (each with --help).",
     )
     for flag, env, text in _SETTINGS:
         shown = f"{text} [{env}]".replace("%", "%%")  # argparse formats help with %

@@ -285,6 +285,7 @@ class ReleaseHandler(Handler):
         process = await self.calling_process() if ask.uuid is None else None
         if self.unanswerable():
             return
+        holder = self.leases.holder(ask.uuid) if ask.uuid is not None else None
         now, later = self.leases.release(caller, ask.uuid, ask.reason, process)
         kept = [] if ask.uuid is not None else [
             d for d in self.leases.held_by(caller.user)
@@ -292,7 +293,10 @@ class ReleaseHandler(Handler):
         why = ("held while its process runs: released by that process, by uuid, or when it "
                "ends")
         self.send({"released": device_json(now), "after_exit": device_json(later),
-                   "kept": [{**g, "why": why} for g in grant_json(kept, self.leases)]})
+                   "kept": [{**g, "why": why} for g in grant_json(kept, self.leases)],
+                   # whose reservation it was, when the host's root released another user's
+                   "holder": holder.user if holder and not holder.same_user(caller) and
+                   (now or later) else None})
 
     async def calling_process(self) -> Optional[ProcessRef]:
         """The process asking, when the kernel can say (a unix or loopback caller), else None."""
