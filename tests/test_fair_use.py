@@ -11,7 +11,7 @@ from patroller.config import Config
 from patroller.state.audit import AuditLog
 from patroller.core.errors import Busy, NotYours, OverLimit
 from patroller.observe.idle import IdleWatch
-from patroller.core.identity import Identity, named_user
+from patroller.core.identity import Identity, ProcessRef, named_user
 from patroller import durations
 from patroller.config import load_limits, policy_of
 from patroller.http.views import claims
@@ -245,18 +245,23 @@ def test_an_idle_reservation_without_processes_is_released_when_asked(clock):
     leases = manager(clock, idle_after=60, idle_release=600)
     events = recorded(leases)
     idle = IdleWatch(leases, clock=clock)
-    [reserved] = leases.request(alice, {"gpu": 1}, duration=7200)
+    [reserved] = leases.request(alice, {"gpu": 1}, held_for=ProcessRef(4141, 1))
     [claimed] = leases.request(bob, {"gpu": 1}, duration=7200)
     leases.process_started(claimed.uuid, 4242, bob)
+    # As found: a hold=2h was released after 45 s idle. A duration is kept to its end.
+    [notebook] = leases.request(carol, {"gpu": 1}, duration=7200)
     for _ in range(12):
-        idle.observe(reserved.uuid, {"sm": 0, "fb": 0})
+        for uuid in (reserved.uuid, notebook.uuid):
+            idle.observe(uuid, {"sm": 0, "fb": 0})
         idle.observe(claimed.uuid, {"sm": 0, "fb": 100})
         clock.advance(60)
-    idle.observe(reserved.uuid, {"sm": 0, "fb": 0})
+    for uuid in (reserved.uuid, notebook.uuid):
+        idle.observe(uuid, {"sm": 0, "fb": 0})
     idle.observe(claimed.uuid, {"sm": 0, "fb": 100})
     assert leases.state(reserved.uuid) == "free"
     assert leases.state(claimed.uuid) == "claimed"  # a process is there: only marked idle
     assert idle.idle_for(claimed.uuid) >= 600
+    assert leases.state(notebook.uuid) == "reserved" and idle.idle_for(notebook.uuid) >= 600
     assert [e.kind for e in events if e.kind == "idle_release"] == ["idle_release"]
     assert next(e for e in events if e.kind == "idle_release").user == "alice"
 

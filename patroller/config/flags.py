@@ -71,8 +71,8 @@ _SETTINGS = (
     ("--idle-after", "PATROLLER_IDLE_AFTER",
      "seconds a held device must be idle before /status says so (default 1800)"),
     ("--idle-release", "PATROLLER_IDLE_RELEASE",
-     "release a reservation with no process on it after this many seconds idle "
-     "(default: never)"),
+     "release a reservation with no process on it after this many seconds idle; a hold for "
+     "a duration is kept to its end (default: never)"),
     ("--audit-log", "PATROLLER_AUDIT_LOG",
      "also append the audit record to this file as JSON lines; - for standard output "
      "(default: the daemon's log only)"),

@@ -133,9 +133,10 @@ class LeaseManager(LeaseState):
         return devices
 
     def release_idle(self, uuid: str, idle: float) -> bool:
-        """Release a reservation with no process on it, as the idle policy says; True if done."""
+        """Release a reservation with no process on it, as the idle policy says; True if done.
+        A hold for a duration is kept to its end: the user asked for that long."""
         hold = self._holds.get(uuid)
-        if hold is None or hold.holder is None or hold.processes or hold.lost:
+        if hold is None or hold.holder is None or hold.processes or hold.lost or hold.until:
             return False
         user = hold.holder.user
         log.warning("%s on %s was idle for %.0f s with no process: released", user, uuid, idle)
