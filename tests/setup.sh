@@ -26,9 +26,13 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
             >"$policy"
         chmod 755 "$policy"
     fi
-    apt-get update -qq
+    . tests/apt-wait.sh
+    wait_for_apt
+    apt-get -o DPkg::Lock::Timeout=600 update -qq
+    wait_for_apt
     # wrk is the benchmark's load generator (python -m bench), not the tests'.
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+        --no-install-recommends \
         docker.io busybox-static wrk prometheus chromium chromium-driver >/dev/null
     # Should a service have started anyway (an init system that ignores policy-rc.d), stop it:
     # the tests start their own Prometheus on a port of their choosing.
