@@ -495,7 +495,8 @@ async def test_a_body_exactly_at_the_size_limit_is_taken_and_one_byte_more_is_no
             writer.close()
             assert line.startswith(f"HTTP/1.1 {status} "), (size, line, body)
             if status == 200:
-                assert json.loads(body) == {"released": [], "after_exit": []}
+                assert json.loads(body) == {"released": [], "after_exit": [], "kept": [],
+                                            "holder": None}
 
 
 @async_test
