@@ -164,10 +164,13 @@ async def build(config: Config) -> Daemon:
     signals = Signals()
     if config.test:
         inventory = synthetic_inventory(config.test_devices)
-        return assemble(config, inventory, signals,
-                        [SyntheticMonitor(inventory, signals, config.test_interval)],
-                        ProcessIdentifier(config),
-                        TestModeCallers(config))
+        # Its statistics follow the leases (a held device looks busy), which assemble() makes.
+        synthetic = SyntheticMonitor(inventory, signals, config.test_interval,
+                                     held=lambda uuid: daemon.services.leases.state(uuid)
+                                     not in ("free", "lost"))
+        daemon = assemble(config, inventory, signals, [synthetic], ProcessIdentifier(config),
+                          TestModeCallers(config))
+        return daemon
     argv = command(config.nvidia_smi)
     try:
         found = await discover(argv, None, config)

@@ -4,7 +4,8 @@ from __future__ import annotations
 import random
 import time
 import uuid as uuidlib
-from typing import Dict, List, Optional
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
 
 from tornado.ioloop import PeriodicCallback
 
@@ -38,8 +39,29 @@ def synthetic_inventory(count: int) -> Inventory:
     return Inventory(devices)
 
 
+@dataclass(frozen=True)
+class Model:
+    """What one GPU model's figures look like, idle and busy, within its limits."""
+
+    memory_mib: float
+    idle_power: float  # W
+    max_power: float  # W: its power limit
+    busy_sm: float  # % a training job keeps it at
+    busy_fb: float  # MiB such a job uses
+    max_temp: float  # degrees C
+
+
+# Test mode's devices are A100-SXM4-80GB: 400 W, 81920 MiB, about 55 W idle.
+MODELS = {"NVIDIA A100-SXM4-80GB": Model(81920, 55, 400, 85, 38000, 85)}
+DEFAULT_MODEL = MODELS["NVIDIA A100-SXM4-80GB"]
+PULL = 0.2  # how far each sample moves toward where the device is heading
+
+
 class SyntheticMonitor(Monitor):
-    """Emits a dmon-like sample per device every interval, wandering around idle values.
+    """Emits a dmon-like sample per device every interval: a free device near idle (SM at most
+    a few %, no memory used, idle power), a held one busy as if its job ran (test mode has no
+    processes), each within its model's limits, moving toward its level a fifth of the way per
+    sample with a little noise, so a device that changes hands settles within seconds.
 
     Test mode has no GPU processes, so each interval also says every device's (empty) process
     list is current: ownership there is never stale.
@@ -48,14 +70,15 @@ class SyntheticMonitor(Monitor):
     name = "synthetic"
 
     def __init__(self, inventory: Inventory, signals: Signals, interval: float,
-                 seed: Optional[int] = None) -> None:
+                 seed: Optional[int] = None,
+                 held: Callable[[str], bool] = lambda uuid: False) -> None:
         self.inventory = inventory
         self.signals = signals
         self.interval = interval
+        self.held = held  # whether the device is held now (the lease manager's word)
         self._random = random.Random(seed)
         self._state: Dict[str, Dict[str, float]] = {
-            d.uuid: {"power": 62.0, "gtemp": 33.0, "mtemp": 38.0, "sm": 0.0, "mem": 0.0,
-                     "fb": 0.0}
+            d.uuid: {"power": _model(d).idle_power, "gtemp": 31.0, "sm": 0.0, "fb": 0.0}
             for d in inventory
         }
         self._timer: Optional[PeriodicCallback] = None
@@ -84,7 +107,9 @@ class SyntheticMonitor(Monitor):
         now = time.time()
         samples = []
         for device in self.inventory:
-            values = self._wander(self._state[device.uuid])
+            state = self._state.setdefault(device.uuid, {"power": _model(device).idle_power,
+                                                         "gtemp": 31.0, "sm": 0.0, "fb": 0.0})
+            values = self._wander(state, _model(device), self.held(device.uuid))
             record = Sample(uuid=device.uuid, values=values, time=now)
             self.signals.sample.send(self, record=record)
             samples.append(record)
@@ -93,20 +118,25 @@ class SyntheticMonitor(Monitor):
         self.signals.processes_listed.send(self, record=listed)
         return samples
 
-    def _wander(self, state: Dict[str, float]) -> Dict[str, Value]:
-        step = self._random.uniform
-        state["sm"] = min(100.0, max(0.0, state["sm"] + step(-8, 8)))
-        state["mem"] = min(100.0, max(0.0, state["sm"] * 0.6 + step(-3, 3)))
-        state["power"] = 60 + state["sm"] * 3.4 + step(-2, 2)
-        state["gtemp"] = min(85.0, max(28.0, state["gtemp"] + (30 + state["sm"] * 0.45 - state["gtemp"]) * 0.2))
-        state["mtemp"] = state["gtemp"] + 5
-        state["fb"] = min(81000.0, max(0.0, state["fb"] + step(-500, 500)))
+    def _wander(self, state: Dict[str, float], model: Model, busy: bool) -> Dict[str, Value]:
+        noise = self._random.uniform
+        sm_to, fb_to = (model.busy_sm, model.busy_fb) if busy else (0.0, 0.0)
+        state["sm"] = _clamp(state["sm"] + (sm_to - state["sm"]) * PULL
+                             + (noise(-4, 4) if busy else noise(-0.3, 0.3)), 0, 100)
+        state["fb"] = _clamp(state["fb"] + (fb_to - state["fb"]) * PULL
+                             + (noise(-300, 300) if busy else 0), 0, model.memory_mib)
+        power_to = model.idle_power + (model.max_power - model.idle_power) * state["sm"] / 100
+        state["power"] = _clamp(state["power"] + (power_to - state["power"]) * PULL
+                                + noise(-2, 2), model.idle_power * 0.9, model.max_power)
+        temp_to = 30 + state["sm"] * 0.4
+        state["gtemp"] = _clamp(state["gtemp"] + (temp_to - state["gtemp"]) * PULL, 28,
+                                model.max_temp)
         return {
             "power": round(state["power"]),
             "gtemp": round(state["gtemp"]),
-            "mtemp": round(state["mtemp"]),
+            "mtemp": round(state["gtemp"]) + 5,
             "sm": round(state["sm"]),
-            "mem": round(state["mem"]),
+            "mem": round(_clamp(state["sm"] * 0.6 + noise(-2, 2), 0, 100)) if busy else 0,
             "enc": 0,
             "dec": 0,
             "jpg": 0,
@@ -115,3 +145,11 @@ class SyntheticMonitor(Monitor):
             "pclk": 210 if state["sm"] < 1 else 1410,
             "fb": round(state["fb"]),
         }
+
+
+def _model(device: Device) -> Model:
+    return MODELS.get(device.name or "", DEFAULT_MODEL)
+
+
+def _clamp(value: float, low: float, high: float) -> float:
+    return min(high, max(low, value))
