@@ -15,7 +15,7 @@ from patroller.state.book import LeaseBook
 from patroller.state.directory import BookError
 from patroller.config import Config, ConfigError, default_state_dir, load
 from patroller.core.identity import Identity, named_user
-from patroller.http.views import claims, free_counts
+from patroller.http.views import claims, free_counts, usage
 from patroller.identify.procfs import boot_id
 from patroller.state.schema import restore, snapshot
 
@@ -45,9 +45,9 @@ def test_the_snapshot_holds_every_held_device_with_its_deadline_on_the_wall_cloc
     snap = snapshot(leases, offset=5000.0)
     assert list(snap) == [u[0], u[1]]  # free devices are not in the book
     assert snap[u[0]] == {"holder": alice.to_json(), "state": "reserved", "releasing": False,
-                          "deadline": 6010.0}
+                          "asked": True, "deadline": 6010.0}
     assert snap[u[1]] == {"holder": CONTAINER_USER.to_json(), "state": "claimed",
-                          "releasing": False, "deadline": None}
+                          "releasing": False, "asked": False, "deadline": None}
 
 
 def test_a_restart_gives_each_holder_back_its_device_and_the_remaining_time():
@@ -183,7 +183,8 @@ def test_every_change_is_on_disk_before_the_call_returns(tmp_path, clock, wall):
     [device] = leases.request(alice, {"gpu": 1})
     held = on_disk(tmp_path)["devices"]
     assert held == {device.uuid: {"holder": alice.to_json(), "state": "reserved",
-                                  "releasing": False, "deadline": wall() + LEASE}}
+                                  "releasing": False, "asked": True,
+                                  "deadline": wall() + LEASE}}
     leases.release(alice)
     assert on_disk(tmp_path)["devices"] == {}
     # one file, named by the link; no temporary, no earlier version left behind
@@ -478,3 +479,27 @@ def test_a_state_directory_in_a_directory_others_may_write_to_is_refused(tmp_pat
     book = LeaseBook(str(parent / "state"), Config())
     book.open()
     book.close()
+
+
+def test_use_without_asking_is_kept_across_a_restart():
+    # As found: after a restart a GPU a user had taken by computing on it counted as asked for,
+    # and "used without asking" (/users unreserved) dropped to 0.
+    before = FakeClock(1000.0)
+    old = lease_manager(before)
+    u = uuids(old)
+    old.request(alice, {"gpu": 1})  # u0: asked for
+    old.process_started(u[1], 7, carol)  # u1: taken by computing on it
+    book = json.loads(json.dumps(snapshot(old, offset=5000.0)))
+    assert usage(old)["carol"]["unreserved"] == 1
+    new = lease_manager(FakeClock(2000.0))
+    restore(new, book, offset=4000.0)
+    new.process_started(u[1], 7, carol)  # the monitors see it again
+    assert usage(new)["carol"]["unreserved"] == 1 and usage(new)["alice"]["unreserved"] == 0
+    # A book of the version before, which did not keep it: asked, as it was taken then.
+    del book[u[1]]["asked"]
+    older = lease_manager(FakeClock(2000.0))
+    restore(older, book, offset=4000.0)
+    assert older.holds[u[1]].asked
+    with pytest.raises(ValueError):
+        restore(lease_manager(FakeClock(2000.0)), {u[1]: {**book[u[1]], "asked": "no"}}, 0.0)
+

@@ -179,3 +179,49 @@ async def test_memory_is_in_bytes_where_nvidia_smi_prints_mib(tmp_path, sleeper)
         assert find(samples, "patroller_gpu_memory_total_bytes", **labels) == [24576 * 2 ** 20]
         assert find(samples, "patroller_process_gpu_memory_bytes", pid=str(sleeper.pid),
                     **labels) == [1536 * 2 ** 20]
+
+
+def state_of(samples, monitor):
+    """The state a monitor's patroller_monitor_state series set to 1."""
+    on = [dict(labels)["state"] for (name, labels), value in samples.items()
+          if name == "patroller_monitor_state" and dict(labels)["monitor"] == monitor
+          and value == 1.0]
+    assert len(on) == 1, (monitor, on)
+    return on[0]
+
+
+@async_test
+async def test_every_monitor_is_up_or_idle_by_design_in_normal_operation_and_failing_says_so(
+        tmp_path):
+    # As found: patroller_monitor_up{monitor="cross_check"} was 0 in normal operation (its
+    # child runs only while it queries), so a plain alert fired all the time, and the
+    # inventory watch had no series at all.
+    scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=[{}, {"mig": "Enabled"}])
+    async with gpu_running(scenario, cross_check_every=0.2) as h:
+        names = {m.name for m in h.services.monitors}
+        assert names == {"dmon", "pmon", "cross_check", "inventory", "silence"}
+
+        async def states():
+            samples = (await scrape(h))[0]
+            return {name: state_of(samples, name) for name in names}, samples
+
+        await until(lambda: all(m.metrics()["state"] != "failing" for m in h.services.monitors))
+        now, samples = await states()
+        cross_check = now.pop("cross_check")  # it queries the MIG GPU every 0.2 s
+        assert cross_check in ("idle", "up")
+        assert now == {"dmon": "up", "pmon": "up", "inventory": "idle", "silence": "up"}
+        assert all(find(samples, "patroller_monitor_up", monitor=name) == [1.0]
+                   for name in names)
+        # The drivers fail: dmon exits and waits to restart, a query fails.
+        scenario.write(faults={"dmon": {"fail": "no_driver"},
+                               "--query-compute-apps": {"fail": "no_driver"}})
+        checker = [m for m in h.services.monitors if m.name == "cross_check"][0]
+        await until(lambda: h.services.monitors[0].metrics()["state"] == "failing"
+                    and checker.metrics()["state"] == "failing", timeout=20)
+        now, samples = await states()
+        assert now["dmon"] == "failing" and now["cross_check"] == "failing"
+        assert find(samples, "patroller_monitor_up", monitor="dmon") == [0.0]
+        # Back to normal: it recovers by itself, and says so.
+        scenario.write(faults={})
+        await until(lambda: checker.metrics()["state"] != "failing"
+                    and h.services.monitors[0].metrics()["state"] == "up", timeout=30)

@@ -27,6 +27,7 @@ from prometheus_client.exposition import choose_encoder
 from patroller import __version__
 from patroller.core.identity import Identity
 from patroller.http.access import Requests
+from patroller.observe.monitor import FAILING, STATES
 from patroller.http.views import device_holds, usage, waiting_by_user
 from patroller.services import Services
 
@@ -187,8 +188,12 @@ class DaemonCollector:
                                value={"version": __version__, "mode": services.mode})
         yield GaugeMetricFamily("patroller_devices", "Devices known (lost ones included)",
                                 value=len(services.inventory))
-        up = GaugeMetricFamily("patroller_monitor_up", "1 while the monitor's child runs",
+        up = GaugeMetricFamily("patroller_monitor_up", "1 while the monitor works: its child "
+                               "runs, or it is idle by design (the cross-check with nothing to "
+                               "query, the inventory between readings); 0 while it fails",
                                labels=["monitor"])
+        states = GaugeMetricFamily("patroller_monitor_state", "1 for the monitor's state: up, "
+                                   "idle (by design) or failing", labels=["monitor", "state"])
         starts = CounterMetricFamily("patroller_monitor_starts", "Times the monitor's child was "
                                      "started (restarts included)", labels=["monitor"])
         hangs = CounterMetricFamily("patroller_monitor_hangs", "Times the monitor's child was "
@@ -201,15 +206,17 @@ class DaemonCollector:
             name = monitor.name
             counters = monitor.metrics()
             specific[name] = counters
-            if "running" in counters:
-                up.add_metric([name], 1.0 if counters["running"] else 0.0)
+            state = counters.get("state", FAILING)
+            up.add_metric([name], 0.0 if state == FAILING else 1.0)
+            for each in STATES:
+                states.add_metric([name, each], 1.0 if state == each else 0.0)
             if "starts" in counters:
                 starts.add_metric([name], counters["starts"])
             if "hangs" in counters:
                 hangs.add_metric([name], counters["hangs"])
             if "skipped_lines" in counters:
                 skipped.add_metric([name], counters["skipped_lines"])
-        yield from (up, starts, hangs, skipped)
+        yield from (up, states, starts, hangs, skipped)
         check, inventory = specific.get("cross_check", {}), specific.get("inventory", {})
         quiet = specific.get("silence", {})
         yield GaugeMetricFamily("patroller_devices_silent", "GPUs that print no statistics "

@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 from patroller.config import Config
 from patroller.core.devices import Inventory
 from patroller.core.throttle import Throttle
-from patroller.observe.monitor import Monitor
+from patroller.observe.monitor import FAILING, IDLE, UP, Monitor
 from patroller.observe.monitors import PmonMonitor
 from patroller.observe.nvsmi.parsers import ComputeApp, parse_compute_apps
 from patroller.observe.signals import GpuProcess, ProcessSamples, Signals
@@ -106,7 +106,8 @@ class CrossCheck(Monitor):
         return {"runs": self.runs, "failures": self.failures, "hangs": self.query.hangs,
                 "last_duration": self.last_duration, "processes": len(self._announced),
                 "announced": self.announced_total, "skipped_lines": self.skipped,
-                "running": self.query.running}
+                "running": self.query.running,
+                "state": FAILING if self._failing else UP if self.query.running else IDLE}
 
     async def _tick(self) -> None:
         assert self._wake is not None

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Mapping, Optional
 from patroller.config import Config
 from patroller.core.devices import Device, Inventory, InventoryChange
 from patroller.core.throttle import Throttle
-from patroller.observe.monitor import Monitor
+from patroller.observe.monitor import FAILING, IDLE, UP, Monitor
 from patroller.observe.nvsmi.discovery import Discovery, DiscoveryError, parse_inventory
 from patroller.observe.signals import Signals
 from patroller.observe.child import status_text
@@ -104,6 +104,7 @@ class InventoryWatch(Monitor):
         self._task: Optional["asyncio.Future[None]"] = None
         self._last = time.monotonic()
         self._stopping = False
+        self._failing = 0  # readings that failed since the last that worked
         self._failures_logged = Throttle(1, config.repeat_log_every)
 
     def start(self) -> None:
@@ -128,7 +129,9 @@ class InventoryWatch(Monitor):
 
     def metrics(self) -> Dict[str, object]:
         return {"readings": self.readings, "failures": self.failures, "changes": self.changes,
-                "lost": sum(1 for d in self.inventory if d.lost), "hangs": self.query.hangs}
+                "lost": sum(1 for d in self.inventory if d.lost), "hangs": self.query.hangs,
+                "running": self.query.running,
+                "state": FAILING if self._failing else UP if self.query.running else IDLE}
 
     def poke(self, why: str = "") -> None:
         """Read the inventory again soon (at most once per `soonest` seconds)."""
@@ -171,12 +174,14 @@ class InventoryWatch(Monitor):
                 return InventoryChange()  # stopped mid-reading: not a failure
             if "No devices were found" not in str(exc) and "lists no GPU" not in str(exc):
                 self.failures += 1
+                self._failing += 1
                 admitted, held = self._failures_logged.admit()
                 if admitted:
                     log.warning("reading the GPU inventory again failed (%s); keeping it as it "
                                 "was%s", exc, f" ({held} more failures not logged)" if held else "")
                 return InventoryChange()
             found = []
+        self._failing = 0
         change = self.inventory.update(found)
         if change:
             self.changes += 1

@@ -5,6 +5,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import ClassVar, Dict
 
+# How a monitor is doing, its metrics' `state`: working (its child runs, or it watches), idle by
+# design (nothing to do now: the cross-check with no device to query, the inventory between
+# readings), or failing (its child exited or hung and waits to restart, its last query failed).
+UP, IDLE, FAILING = "up", "idle", "failing"
+STATES = (UP, IDLE, FAILING)
+
 
 class Monitor(ABC):
     """Something that emits the daemon's signals while it runs.
@@ -29,6 +35,7 @@ class Monitor(ABC):
 
     @abstractmethod
     def metrics(self) -> Dict[str, object]:
-        """Counters for /metrics, under stable keys: `running` (its child runs now), `starts`,
-        `hangs` (children killed for printing nothing, or for not answering in time),
-        `skipped_lines`, and those of one monitor (`runs`, `failures`, `readings`, ...)."""
+        """Counters for /metrics, under stable keys: `state` (one of STATES, always), `running`
+        (its child runs now), `starts`, `hangs` (children killed for printing nothing, or for
+        not answering in time), `skipped_lines`, and those of one monitor (`runs`,
+        `failures`, `readings`, ...)."""

@@ -23,7 +23,7 @@ from tornado.ioloop import IOLoop
 from patroller.config import Config
 from patroller.core.devices import Inventory
 from patroller.core.throttle import Throttle
-from patroller.observe.monitor import Monitor
+from patroller.observe.monitor import FAILING, UP, Monitor
 from patroller.observe.nvsmi.intervals import IntervalChange, PmonIntervals
 from patroller.observe.nvsmi.parsers import DmonParser, DmonRow, PmonParser, PmonRow
 from patroller.observe.signals import GpuProcess, ProcessList, ProcessSamples, Sample, Signals
@@ -89,7 +89,9 @@ class StreamMonitor(Monitor):
         await self.child.stop(grace)
 
     def metrics(self) -> Dict[str, object]:
-        return {**self.child.metrics(), "skipped_lines": self.parser.skipped}
+        counters = self.child.metrics()
+        return {**counters, "skipped_lines": self.parser.skipped,
+                "state": UP if counters["running"] else FAILING}
 
     def reconfigure(self) -> None:
         """The inventory changed: run again over the devices it has now."""

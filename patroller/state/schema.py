@@ -7,6 +7,8 @@ with one entry per held device:
 
     {"holder": <Identity.to_json()>, "state": "reserved", "releasing": false,
      "deadline": <epoch s, or null while no lease runs>,
+     "asked": true,                  (false: taken by computing on it, not by a grant; a book
+                                      written before it was kept says nothing: true)
      "pid": 4242, "start": 123456,   (held for a process: its pid and start time)
      "until": <epoch s>}             (held for a duration)
 
@@ -66,6 +68,7 @@ def snapshot(leases: LeaseManager, offset: float) -> Dict[str, Dict[str, Any]]:
             "holder": hold.holder.to_json(),
             "state": hold.state,
             "releasing": hold.releasing,
+            "asked": hold.asked,
             "deadline": None if hold.deadline is None else round(hold.deadline + offset, 3),
             **({"pid": hold.held_for.pid, "start": hold.held_for.start} if hold.held_for else {}),
             **({"until": round(hold.until + offset, 3)} if hold.until is not None else {}),
@@ -95,7 +98,7 @@ def restore(leases: LeaseManager, held: Any, offset: float,
     now = leases.clock()
     restored = Restored()
     gone: List[str] = []  # devices this host no longer has: one log line for all of them
-    for uuid, holder, deadline, releasing, held_for, until in entries:
+    for uuid, holder, deadline, releasing, held_for, until, asked in entries:
         if uuid not in leases.holds:
             restored.dropped.append(uuid)
             gone.append(f"{uuid} ({holder.user})")
@@ -126,7 +129,7 @@ def restore(leases: LeaseManager, held: Any, offset: float,
                          uuid)
                 restored.expired.append(uuid)
                 continue
-        leases.give_back(uuid, holder, deadline, until, held_for, releasing)
+        leases.give_back(uuid, holder, deadline, until, held_for, releasing, asked)
         restored.held.append(uuid)
     if gone:
         shown = ", ".join(gone[:DROPPED_SHOWN]) + (", ..." if len(gone) > DROPPED_SHOWN else "")
@@ -151,9 +154,9 @@ def _time(uuid: Any, name: str, value: Any) -> Optional[float]:
 
 
 def _book_entry(uuid: Any, value: Any) -> Tuple[Identity, Optional[float], bool,
-                                                Optional[ProcessRef], Optional[float]]:
-    """(holder, deadline, releasing, process, until) of one device in the book; ValueError if
-    it is not one."""
+                                                Optional[ProcessRef], Optional[float], bool]:
+    """(holder, deadline, releasing, process, until, asked) of one device in the book;
+    ValueError if it is not one."""
     if not isinstance(value, Mapping):
         raise ValueError(f"device {uuid!r} must be an object")
     deadline, releasing = value.get("deadline"), value.get("releasing", False)
@@ -161,10 +164,13 @@ def _book_entry(uuid: Any, value: Any) -> Tuple[Identity, Optional[float], bool,
     until = _time(uuid, "end", value.get("until"))
     if not isinstance(releasing, bool):
         raise ValueError(f"device {uuid!r} has a releasing flag that is not true or false")
+    asked = value.get("asked", True)  # not kept before: as a restart took it then
+    if not isinstance(asked, bool):
+        raise ValueError(f"device {uuid!r} has an asked flag that is not true or false")
     pid, start = value.get("pid"), value.get("start")
     held_for = None
     if pid is not None or start is not None:
         if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (pid, start)):
             raise ValueError(f"device {uuid!r} has a process that is not a pid and a start time")
         held_for = ProcessRef(pid, start)
-    return Identity.from_json(value.get("holder")), deadline, releasing, held_for, until
+    return Identity.from_json(value.get("holder")), deadline, releasing, held_for, until, asked

@@ -96,11 +96,12 @@ class Hold:
 
     def take(self, holder: Identity, now: float, deadline: Optional[float] = None,
              until: Optional[float] = None, held_for: Optional[ProcessRef] = None,
-             releasing: bool = False) -> None:
+             releasing: bool = False, asked: bool = True) -> None:
         """Hold the device for `holder`, as granted: until `deadline` (a lease), until `until`
-        (a duration), or while `held_for` lives."""
+        (a duration), or while `held_for` lives. `asked`: by a grant (else taken by computing,
+        as the lease book may say at start)."""
         self.holder, self.deadline, self.until = holder, deadline, until
-        self.held_for, self.releasing, self.asked = held_for, releasing, True
+        self.held_for, self.releasing, self.asked = held_for, releasing, asked
         self.over_limit = False
         self.touch(now)
 

@@ -260,9 +260,9 @@ class LeaseManager(LeaseState):
 
     def give_back(self, uuid: str, holder: Identity, deadline: Optional[float] = None,
                   until: Optional[float] = None, held_for: Optional[ProcessRef] = None,
-                  releasing: bool = False) -> None:
+                  releasing: bool = False, asked: bool = True) -> None:
         """At start: hold a device again as the book says it was held (the book checked it)."""
-        self._holds[uuid].take(holder, self.clock(), deadline, until, held_for, releasing)
+        self._holds[uuid].take(holder, self.clock(), deadline, until, held_for, releasing, asked)
         self._notices.changed()
 
     # -- inside -----------------------------------------------------------------------------
