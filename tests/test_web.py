@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import threading
 import urllib.parse
@@ -110,7 +112,7 @@ def test_a_reservation_appears_without_reloading_and_a_release_shows_free(page, 
     status, _ = call(daemon, "/release", user="alice@example.org")
     assert status == 200
     found = card_where(page, number, "free again", lambda c: c["state"] == "free")
-    assert found["holder"] == "nobody"
+    assert found["holder"] == "free"  # as found: "nobody", which reads like uid 65534's name
     still_the_same_page(page)
 
 
@@ -208,7 +210,9 @@ def test_a_process_shows_its_command_and_memory_in_gpu_host_mode(page, scenario)
                            lambda c: any(p["pid"] == sleeper.pid for p in c["processes"]),
                            timeout=20)
         process = next(p for p in found["processes"] if p["pid"] == sleeper.pid)
-        assert process["command"] == "<i>train</i>" and process["memory"] == "4096 MiB", process
+        # In GiB, as the cards say it (as found: the cards in GiB, the process table in MiB).
+        assert process["command"] == "<i>train</i>" and process["memory"] == "4.0 GiB", process
+        assert "4.0 GiB / 80 GiB" in found["text"], found["text"]
         assert page.js("return document.querySelectorAll('.procs i').length") == 0
         assert found["state"] in ("claimed", "shared") and found["holder"], found
         scenario.write(processes=[])
@@ -288,3 +292,53 @@ def test_an_idle_reservation_and_a_lost_gpu_in_gpu_host_mode(page, tmp_path):
         assert [c["number"] for c in cards] == [0, 1, 2, 1]
     finally:
         server.stop()
+
+
+USERS = ["alice.longname@example.org", "bob@example.org",
+         "carol.researcher@university.example.edu"]
+
+
+@pytest.mark.parametrize("width", [1280, 1920, 2560])
+def test_the_users_table_fits_at_every_width_and_a_user_over_the_limit_stands_out(
+        width, tmp_path):
+    # As found at 1,920 px: the sidebar overflowed (493 > 446 px), the "waiting" column was
+    # hidden and a row wrapped; a user over their limit was not highlighted.
+    limits = tmp_path / "limits.json"
+    limits.write_text("{}")
+    server = ServerProcess("--test", "--lease", "300", "--max-per-user", "2", "--limits-file",
+                           str(limits)).start()
+    wide = browser(width=width, height=1200)
+    try:
+        # Before the first snapshot, no empty-state text claims that nobody waits: the page
+        # as served shows none (as found: "nobody is waiting" before anything was known).
+        _, _, html = get(server.url + "/", accept=BROWSER_ACCEPT)
+        empties = re.findall(r'<p id="[a-z]+-empty"[^>]*>', html.decode())
+        assert len(empties) == 3 and all(" hidden" in tag for tag in empties), empties
+        wide.open(server.url + "/")
+        for user in USERS:
+            assert call(server, "/request", gpu=2, user=user)[0] == 200
+        limits.write_text(json.dumps({USERS[0]: 1}))  # alice's limit lowered: she is over it
+        server.process.send_signal(signal.SIGHUP)
+        wide.until(lambda: wide.js(
+            "const r = document.querySelector('#users-body tr[data-user=\"%s\"]');"
+            "return r && r.dataset.over === '1'" % USERS[0]), "alice shown over her limit")
+        wide.until(lambda: wide.js("return document.querySelectorAll('#users-body tr').length")
+                   == 3, "three users")
+        fit = wide.js("""
+            const table = document.getElementById('users'), panel = table.closest('.panel');
+            const head = table.querySelector('thead tr').getBoundingClientRect().height;
+            const rows = Array.from(table.querySelectorAll('tbody tr'));
+            const last = table.querySelector('thead th:last-child').getBoundingClientRect();
+            return {fits: table.scrollWidth <= panel.clientWidth,
+                    lastShown: last.right <= panel.getBoundingClientRect().right,
+                    oneLine: rows.every((r) => r.getBoundingClientRect().height < 2 * head),
+                    page: document.scrollingElement.scrollWidth <= window.innerWidth + 1,
+                    overColour: getComputedStyle(rows[0].cells[0]).color,
+                    plainColour: getComputedStyle(rows[1].cells[0]).color};""")
+        assert fit["fits"] and fit["lastShown"] and fit["oneLine"] and fit["page"], fit
+        assert fit["overColour"] != fit["plainColour"], fit
+        wide.screenshot(str(tmp_path / f"page-{width}.png"))
+    finally:
+        wide.quit()
+        server.stop()
+

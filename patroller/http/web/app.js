@@ -73,9 +73,11 @@
     return hours ? hours + ":" + rest : String(Math.floor(t / 60)) + ":" + two(t % 60);
   }
 
+  // Memory in GiB everywhere (cards and process tables alike): one decimal below 10 GiB.
   function gib(mib) {
     if (typeof mib !== "number") return "–";
-    return mib >= 1024 ? (mib / 1024).toFixed(mib >= 10240 ? 0 : 1) + " GiB" : mib + " MiB";
+    const g = mib / 1024;
+    return (g === 0 || g >= 10 ? Math.round(g) : g.toFixed(1)) + " GiB";
   }
 
   function timeOfDay(iso) {
@@ -173,7 +175,7 @@
       h("td", {class: "pid"}, String(p.pid)),
       h("td", {}, h("span", {class: "command"}, p.command || "?"),
         h("span", {class: "puser", title: p.user || ""}, p.user || "?")),
-      h("td", {class: "pmem"}, typeof p.fb === "number" ? p.fb + " MiB" : "–"),
+      h("td", {class: "pmem"}, gib(p.fb)),
       h("td", {class: "psm"}, typeof p.sm === "number" ? p.sm + " %" : "–")));
     if (!rows.length) return null;
     return h("table", {class: "procs"},
@@ -210,7 +212,7 @@
         h("span", {class: "badges"}, badges)),
       h("div", {class: "who"},
         holder ? h("span", {class: "holder"}, who(holder)) : h("span", {class: "holder none"},
-          state === "lost" ? "gone from the host" : "nobody"),
+          state === "lost" ? "gone from the host" : "free"),
         holder ? labels(holder) : null,
         others.length ? h("span", {class: "others"}, "also: " + others.map(who).join(", ")) : null),
       h("div", {class: "when"},
@@ -267,12 +269,23 @@
     return h("td", {}, value === null || value === undefined ? "none" : String(value));
   }
 
+  // Over a limit: GPUs taken beyond it by computing, or more held than the user's limit or
+  // their account's allows (a limit lowered since).
+  function overLimit(u) {
+    const over = (held, limit) => typeof limit === "number" && held > limit;
+    return u.over_limit > 0 || over(u.held, u.limit) ||
+      (u.accounts || []).some((a) => over(a.held, a.limit));
+  }
+
   function renderUsers(users) {
-    const rows = Object.entries(users || {}).map(([name, u]) => h("tr", {data: {user: name}},
-      h("th", {scope: "row"}, name), cell(u.held), cell(u.limit), cell(u.reserved_unused),
-      cell(u.idle), cell(u.over_limit ? u.unreserved + " (" + u.over_limit + " beyond the limit)"
-        : u.unreserved),
-      h("td", {}, u.waiting ? u.waiting + " (" + duration(u.waited_max) + ")" : "0")));
+    const rows = Object.entries(users || {}).map(([name, u]) => {
+      const over = overLimit(u);
+      return h("tr", {class: over ? "over" : null, data: {user: name, over: over ? "1" : "0"},
+                      title: over ? "over the limit" : null},
+        h("th", {scope: "row", title: name}, name), cell(u.held), cell(u.limit),
+        cell(u.reserved_unused), cell(u.idle), cell(u.unreserved),
+        h("td", {}, u.waiting ? u.waiting + " (" + duration(u.waited_max) + ")" : "0"));
+    });
     $("users-body").replaceChildren(...rows);
     $("users").hidden = rows.length === 0;
     $("users-empty").hidden = rows.length > 0;
