@@ -14,13 +14,16 @@ class Identity:
     """A user, and where we learned who they are."""
 
     user: str  # the key that leases compare: an e-mail, a host account, a container, "unknown"
-    source: str  # "test", "container", "host" or "unknown"
+    source: str  # "test", "container", "host", "slurm" (a job's process) or "unknown"
     email: Optional[str] = None
     account: Optional[str] = None  # host account name
     uid: Optional[int] = None
     container: Optional[Tuple[str, Optional[str]]] = None  # (short id, name)
     info: Tuple[Tuple[str, str], ...] = field(default=())  # extra labels, in configured order
     degraded: bool = False  # the user could not be learned just now (Docker unreachable)
+    # A Slurm job's process: ("id", ...), ("step", ...), and ("account", ...), ("partition",
+    # ...) where known; None for any other process.
+    job: Optional[Tuple[Tuple[str, str], ...]] = None
 
     def same_user(self, other: Optional["Identity"]) -> bool:
         """Whether the two are the same user for the lease rules."""
@@ -39,6 +42,7 @@ class Identity:
             ),
             "info": dict(self.info),
             "degraded": self.degraded,
+            "job": dict(self.job) if self.job else None,
         }
 
     @classmethod
@@ -68,8 +72,14 @@ class Identity:
         degraded = data.get("degraded", False)
         if not isinstance(degraded, bool):
             raise ValueError("an identity's degraded must be true or false")
+        job = data.get("job")  # a book written before jobs were known has none
+        if job is not None and (not isinstance(job, Mapping) or not isinstance(job.get("id"), str)
+                                or not all(isinstance(k, str) and isinstance(v, str)
+                                           for k, v in job.items())):
+            raise ValueError("an identity's job must map strings to strings, with an id")
         return cls(user=user, source=source, email=data.get("email"), account=data.get("account"),
-                   uid=uid, container=container, info=tuple(info.items()), degraded=degraded)
+                   uid=uid, container=container, info=tuple(info.items()), degraded=degraded,
+                   job=tuple(job.items()) if job else None)
 
 
 UNKNOWN = Identity(user="unknown", source="unknown")

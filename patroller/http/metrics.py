@@ -55,6 +55,12 @@ def _name(identity: Optional[Identity]) -> str:
     return identity.user if identity is not None else ""
 
 
+def _job(identity: Optional[Identity]) -> str:
+    """The Slurm job id of a holder's process: on the holder-info series alone, as a label on
+    every series would multiply them by the jobs."""
+    return dict(identity.job).get("id", "") if identity is not None and identity.job else ""
+
+
 def _container(identity: Optional[Identity]) -> str:
     if identity is None or identity.container is None:
         return ""
@@ -90,8 +96,9 @@ class DaemonCollector:
                                                      labels=labels)
         stale = GaugeMetricFamily("patroller_gpu_stale", "1 when the device's statistics (or "
                                   "process list) are out of date", labels=GPU_LABELS + ("data",))
-        holder = InfoMetricFamily("patroller_gpu_holder", "Who holds each GPU, and its state",
-                                  labels=GPU_LABELS + ("state", "user", "container"))
+        holder = InfoMetricFamily("patroller_gpu_holder", "Who holds each GPU, and its state "
+                                  "(job: the Slurm job of the holder's process, if any)",
+                                  labels=GPU_LABELS + ("state", "user", "container", "job"))
         age = GaugeMetricFamily("patroller_gpu_state_seconds", "Seconds in the current state",
                                 labels=GPU_LABELS)
         expiry = GaugeMetricFamily("patroller_gpu_lease_expiry_seconds",
@@ -113,7 +120,8 @@ class DaemonCollector:
                              1.0 if services.stats.processes_stale(device.uuid) else 0.0)
             hold = holds[device.uuid]
             holder.add_metric(ids, {"state": hold["state"], "user": _name(hold["holder"]),
-                                    "container": _container(hold["holder"])})
+                                    "container": _container(hold["holder"]),
+                                    "job": _job(hold["holder"])})
             age.add_metric(ids, hold["age"])
             if hold["expires"] is not None:
                 expiry.add_metric(ids, hold["expires"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import List, NamedTuple, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from patroller.core.identity import ProcessRef
 
@@ -74,6 +74,20 @@ def cgroup(pid: int, proc: str = "/proc") -> str:
     """The text of /proc/<pid>/cgroup. Raises OSError if the process is gone."""
     with open(os.path.join(proc, str(pid), "cgroup"), encoding="ascii", errors="replace") as f:
         return f.read()
+
+
+def environ(pid: int, names: Tuple[str, ...], proc: str = "/proc") -> Dict[str, str]:
+    """Those of `names` set in a process's environment (as it started): readable by root or
+    its own uid. Raises OSError when it cannot be read or the process is gone."""
+    with open(os.path.join(proc, str(pid), "environ"), "rb") as f:
+        raw = f.read(1 << 20)
+    found: Dict[str, str] = {}
+    for entry in raw.split(b"\0"):
+        name, _, value = entry.partition(b"=")
+        text = name.decode("ascii", "replace")
+        if text in names:
+            found[text] = value.decode("utf-8", "replace")
+    return found
 
 
 def descriptors(pid: int, proc: str = "/proc") -> List[str]:

@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import pwd
 from dataclasses import dataclass, replace
-from typing import Optional, Protocol, Tuple, Union
+from typing import Mapping, Optional, Protocol, Tuple, Union
 
 from cachetools import TTLCache
 
 from patroller.config import Config
 from patroller.identify import procfs
-from patroller.identify.cgroups import ContainerRef, read_container
+from patroller.identify.cgroups import ContainerRef, SlurmStep, parse_cgroup, parse_slurm
 from patroller.identify.peers import Credentials, not_the_caller
 from patroller.identify.containers import (ContainerDirectory, DockerUnavailable, container_identity,
                          unlabelled_identity)
@@ -39,6 +39,19 @@ def host_identity(uid: int) -> Identity:
     return Identity(user=name, source="host", account=name, uid=uid)
 
 
+SLURM_ENV = ("SLURM_JOB_ACCOUNT", "SLURM_JOB_PARTITION")
+
+
+def job_identity(host: Identity, step: SlurmStep, env: Mapping[str, str]) -> Identity:
+    """A Slurm job's process: its host account (the job's user), with the job, its step, and
+    the job's account and partition where its environment says them."""
+    job = [("id", step.job), ("step", step.step)]
+    job += [(key, env[name]) for key, name in (("account", "SLURM_JOB_ACCOUNT"),
+                                               ("partition", "SLURM_JOB_PARTITION"))
+            if env.get(name)]
+    return replace(host, source="slurm", job=tuple(job))
+
+
 def runs_as(identity: Identity, host: Optional[Identity]) -> Identity:
     """A container's identity, with the host account its process runs as (`account`, `uid`):
     the kernel's word, which fair use counts as well as the labels' (core/leases/limits.py)."""
@@ -56,19 +69,29 @@ class ProcFacts:
     container: Optional[ContainerRef]
     host: Optional[Identity]  # the host account it runs as (in a container too)
     uids: Tuple[int, ...] = ()  # its real, effective, saved and file-system uids
+    job: Optional[SlurmStep] = None  # the Slurm job step its cgroup names
+    job_env: Tuple[Tuple[str, str], ...] = ()  # SLURM_JOB_ACCOUNT/PARTITION, where readable
 
 
 def read_facts(pid: int, proc: str = "/proc") -> Optional[ProcFacts]:
     """Blocking: the facts of a live pid, or None if it is gone or unreadable."""
     try:
         start = procfs.stat(pid, proc).start
-        container = read_container(pid, proc)
+        text = procfs.cgroup(pid, proc)
     except (OSError, ValueError):
         return None
+    container = parse_cgroup(text)
+    job = parse_slurm(text) if container is None else None
     uids = procfs.uids(pid, proc)
     if not uids:
         return None
-    return ProcFacts(pid, start, container, host_identity(uids[0]), uids)
+    env: Tuple[Tuple[str, str], ...] = ()
+    if job is not None:
+        try:  # as root, or as the job's own uid
+            env = tuple(sorted(procfs.environ(pid, SLURM_ENV, proc).items()))
+        except OSError:
+            pass
+    return ProcFacts(pid, start, container, host_identity(uids[0]), uids, job, env)
 
 
 def read_peer_facts(credentials: Credentials, proc: str) -> Union[ProcFacts, str]:
@@ -116,7 +139,9 @@ class ProcessIdentifier:
         cached = self._cache.get(key)
         if cached is not None:
             return cached
-        if facts.container is None:
+        if facts.container is None and facts.job is not None and facts.host is not None:
+            identity = job_identity(facts.host, facts.job, dict(facts.job_env))
+        elif facts.container is None:
             identity = facts.host or UNKNOWN
         elif self.directory is None:
             identity = runs_as(unlabelled_identity(facts.container.id), facts.host)

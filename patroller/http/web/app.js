@@ -87,16 +87,22 @@
   }
 
   // The name people know a holder by: e-mail, else account, else container, else the user string.
+  // The user as leases compare them: an e-mail, a host account, container:<id>.
   function who(identity) {
     if (!identity) return "";
-    return identity.email || identity.account || identity.container || identity.user || "?";
+    return identity.email || identity.user || "?";
   }
 
+  // A Slurm job's process: its job (and step, account, partition); then the copied labels.
   function labels(identity) {
+    const job = identity && identity.job;
+    const jobLabel = job ? [h("span", {class: "label job"}, "job " + job.id +
+      (job.account ? " · " + job.account : "") + (job.partition ? " · " + job.partition : ""))]
+      : [];
     const info = (identity && identity.info) || {};
-    return Object.entries(info)
+    return jobLabel.concat(Object.entries(info)
       .filter(([, v]) => v !== null && v !== undefined && v !== "")
-      .map(([k, v]) => h("span", {class: "label"}, k + ": " + v));
+      .map(([k, v]) => h("span", {class: "label"}, k + ": " + v)));
   }
 
   // A text that keeps moving between snapshots: seconds left (down) or seconds so far (up).
