@@ -95,6 +95,8 @@ async def test_a_computing_jobs_gpu_shows_its_job_and_user(job_process, tmp_path
         holder = (await h.ok("/status"))[uuid]["claim"]["user"]
         assert holder["source"] == "slurm" and holder["job"]["id"] == "4242"
         assert holder["job"]["step"] == "0" and holder["job"]["account"] == "vision-lab"
+        users = await h.ok("/users")
+        assert users[holder["user"]]["jobs"] == ["4242"]
         metrics = (await h.http.fetch(h.url + "/metrics")).body.decode()
         line = [m for m in metrics.splitlines() if m.startswith("patroller_gpu_holder_info{")
                 and f'uuid="{uuid}"' in m]

@@ -141,6 +141,9 @@ def users_view(leases: LeaseManager, idle: Optional[IdleWatch]) -> Dict[str, Any
             "waited_max": round(longest, 3),
             "limit": leases.policy.limit_of(user),
             "accounts": accounts.get(user, []),
+            # the Slurm jobs whose processes hold devices (a job's process as holder)
+            "jobs": sorted({dict(h.holder.job)["id"] for d in held
+                            for h in [leases.holds[d.uuid]] if h.holder and h.holder.job}),
         }
     return users
 
