@@ -41,7 +41,7 @@ def test_the_watch_says_once_when_a_device_falls_silent_and_when_it_is_back():
         watch.check()
     assert [(r.uuid, r.why is not None) for r in told] == [("GPU-1", True)]  # once
     assert len(pokes) == 1 and "GPU GPU-1 printed no statistics for 3 s" in pokes[0]
-    assert watch.metrics() == {"silent": 1, "silences": 1}
+    assert watch.metrics() == {"silent": 1, "silences": 1, "state": "up"}
     sample("GPU-1")  # heard again: said at once
     assert [(r.uuid, r.why) for r in told][-1] == ("GPU-1", None)
     assert watch.metrics()["silent"] == 0
