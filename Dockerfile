@@ -1,5 +1,5 @@
 # Patroller as a container. On the GPU host it needs the host's view of processes, sockets and
-# GPUs, as the README's "In a container" explains:
+# GPUs, as docs/gpu-host.md ("In a container") explains:
 #   mkdir -p /run/patroller
 #   docker run -d --name patroller --restart unless-stopped \
 #     --gpus all --pid host --network host --cap-add SYS_PTRACE \

@@ -1,9 +1,9 @@
-"""Patroller's benchmark: `python -m bench [--quick] [--readme]`.
+"""Patroller's benchmark: `python -m bench [--quick] [--docs]`.
 
 Starts Patroller in GPU host mode against the simulator, with real processes (in labelled
 containers when a Docker Engine can be started), and measures throughput, reaction times,
 identity cost, scale, footprint and parser speed. Prints a table, writes a JSON file and, with
---readme, the README's Performance section. Targets are reported, never enforced: the quick
+--docs, the table of docs/performance.md. Targets are reported, never enforced: the quick
 mode only proves that the harness still works.
 """
 from __future__ import annotations
@@ -247,16 +247,20 @@ def table(report: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def update_readme(text: str) -> None:
-    path = os.path.join(ROOT, "README.md")
+PAGE = os.path.join("docs", "performance.md")  # the page whose table --docs rewrites
+
+
+def update_page(text: str) -> None:
+    """Put `text` between the benchmark markers of docs/performance.md."""
+    path = os.path.join(ROOT, PAGE)
     with open(path, encoding="utf-8") as f:
-        readme = f.read()
-    if BEGIN not in readme:
-        raise SystemExit("README.md has no benchmark markers")
-    readme = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), f"{BEGIN}\n{text}\n{END}",
-                    readme, flags=re.S)
+        page = f.read()
+    if BEGIN not in page or END not in page:
+        raise SystemExit(f"{PAGE} has no benchmark markers")
+    page = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: f"{BEGIN}\n{text}\n{END}",
+                  page, flags=re.S)
     with open(path, "w", encoding="utf-8") as f:
-        f.write(readme)
+        f.write(page)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -265,16 +269,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--only", default=",".join(NAMES), help="comma-separated: " + ",".join(NAMES))
     parser.add_argument("--out", help="JSON file (default bench/results.json, "
                                       "bench/results-quick.json in quick mode)")
-    parser.add_argument("--readme", action="store_true", help="rewrite README's Performance table")
+    parser.add_argument("--docs", "--readme", dest="docs", action="store_true",
+                        help=f"rewrite the table of {PAGE} (--readme: its old name)")
     parser.add_argument("--render", metavar="JSON",
-                        help="measure nothing: print (and with --readme, write) a saved report")
+                        help="measure nothing: print (and with --docs, write) a saved report")
     args = parser.parse_args(argv)
     if args.render:
         with open(args.render, encoding="utf-8") as f:
             saved = json.load(f)
         print(table(saved))
-        if args.readme:
-            update_readme(table(saved))
+        if args.docs:
+            update_page(table(saved))
         return 0
     only = [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = set(only) - set(NAMES)
@@ -289,9 +294,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     text = table(report)
     print(text)
     log(f"wrote {out}")
-    if args.readme:
-        update_readme(text)
-        log("updated README.md")
+    if args.docs:
+        update_page(text)
+        log(f"updated {PAGE}")
     return 0
 
 

@@ -1,8 +1,9 @@
 """Durations as people write them: `90` (seconds), `90s`, `1.5m`, `2h`, `1d`.
 
 One parser for every duration Patroller reads: the daemon's flags, the API's `timeout=` and
-`hold=`, and the command line's `--wait`, `--timeout` and `--watch`. Standard library only: the
-client side uses it too. Its messages name no flag; the caller says which value it was.
+`hold=`, and the command line's `--wait`, `--timeout` and `--watch`; and `describe`, which says
+a number of seconds back in those units for messages (`13h`, not 46800 s). Standard library
+only: the client side uses it too. Its messages name no flag; the caller says which value it was.
 """
 from __future__ import annotations
 
@@ -33,3 +34,17 @@ def parse(text: str, *, zero: bool = False) -> float:
     if seconds == 0 and not zero:
         raise ValueError("must be a positive duration")
     return seconds
+
+
+def describe(seconds: float) -> str:
+    """`seconds` as people read it, largest unit first and zero parts left out: `13h`, `1h30m`,
+    `1m30s`, `7d`, `45s`, `0.5s` (under a minute to a tenth of a second, else whole seconds)."""
+    if round(seconds, 1) < 60:
+        return f"{round(max(seconds, 0.0), 1):g}s"
+    left = int(round(seconds))
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if left >= size:
+            parts.append(f"{left // size}{unit}")
+            left %= size
+    return "".join(parts)

@@ -86,10 +86,10 @@ def test_a_bad_value_stops_the_program_with_one_line_and_status_2(args, env, nam
     assert len(lines) == 1 and named in lines[0]
 
 
-def test_the_readme_documents_every_setting():
-    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+def test_the_docs_document_every_setting():
+    page = open(os.path.join(ROOT, "docs", "configuration.md"), encoding="utf-8").read()
     for flag, env, _ in settings_table():
-        assert re.search(rf"`{flag}`.*`{env}`", readme), flag
+        assert re.search(rf"`{flag}`.*`{env}`", page), flag
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

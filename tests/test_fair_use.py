@@ -48,6 +48,14 @@ def test_a_user_cannot_hold_more_than_the_limit_every_way_counted(clock):
     assert [d.number for d in leases.request(alice, {"gpu": 1})] == [0]
 
 
+def test_a_user_who_holds_nothing_is_told_the_limit_without_advice_to_release(clock):
+    leases = manager(clock, max_per_user=2)
+    with pytest.raises(OverLimit) as refused:
+        leases.request(alice, {"gpu": 3})
+    assert refused.value.data == {"limit": 2, "held": [], "requested": {"gpu": 3}}
+    assert refused.value.message == f"{alice.user} asks for 3: the most one user may hold is 2"
+
+
 def test_per_user_limits_override_the_default(clock, tmp_path):
     path = tmp_path / "limits.json"
     path.write_text(json.dumps({"alice": 4, "bob": None}))

@@ -44,6 +44,7 @@ async def test_a_reservation_for_two_hours_shows_its_end():
         assert 7190 < datetime.fromisoformat(ends).timestamp() - time.time() <= 7200
         status, body = await h.call("/request?gpu=1&hold=5h&user=alice")
         assert status == 400 and body["max_hold"] == 4 * 3600
+        assert body["error"].startswith("hold: 5h is longer than the 4h one may ask for")
         status, body = await h.call("/request?gpu=1&hold=soon&user=alice")
         assert status == 400
 

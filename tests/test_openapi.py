@@ -157,11 +157,11 @@ def test_every_error_the_api_maps_is_documented():
             assert not any(code.startswith("5") and code != "503" for code in op["responses"])
 
 
-def test_the_fields_the_readme_documents_are_required():
-    with open(f"{ROOT}/README.md", encoding="utf-8") as f:
-        readme = f.read()
+def test_the_fields_the_docs_document_are_required():
+    with open(f"{ROOT}/docs/api.md", encoding="utf-8") as f:
+        page = f.read()
     schemas = DOCUMENT["components"]["schemas"]
-    status = readme.split("### `GET /status`", 1)[1].split("\n### ", 1)[0]
+    status = page.split("## `GET /status`", 1)[1].split("\n## ", 1)[0]
     statistics, claim = status.split("`claim`:", 1)
     first_cells = re.findall(r"^\| ([^|]+) \|", statistics, re.MULTILINE)
     stat_fields = {name for cell in first_cells for name in re.findall(r"`(\w+)`", cell)}
@@ -171,7 +171,7 @@ def test_the_fields_the_readme_documents_are_required():
     assert {"state", "expires", "held_for_pid", "process_detail"} <= set(claim_fields)
     assert set(claim_fields) <= set(schemas["Claim"]["required"])
     assert {"updated", "stale", "claim"} <= set(schemas["DeviceStatus"]["required"])
-    metrics = readme.split("### `GET /metrics`", 1)[1].split("\n### ", 1)[0]
+    metrics = page.split("## `GET /metrics`", 1)[1].split("\n## ", 1)[0]
     example = json.loads(re.search(r"\$ curl -s \S+/metrics\.json\n(.*?)\n```", metrics,
                                    re.S).group(1))
     assert set(example) <= set(schemas["Metrics"]["required"])

@@ -268,5 +268,6 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
 
 
 def settings_table() -> List[Tuple[str, str, str]]:
-    """(flag, variable, meaning) for every setting: the README's table is checked against it."""
+    """(flag, variable, meaning) for every setting: docs/configuration.md's table is checked
+    against it."""
     return list(_SETTINGS)

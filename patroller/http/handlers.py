@@ -11,6 +11,7 @@ import tornado.web
 from tornado import httputil
 from tornado.ioloop import IOLoop
 
+from patroller import durations
 from patroller.core.devices import Device
 from patroller.core.errors import (BadRequest, Busy, NoCallerProcess, NotHeld, NotYours, OverLimit,
                                    PatrollerError, TooManyWaiting, Unavailable, Unidentified,
@@ -86,8 +87,9 @@ class Handler(tornado.web.RequestHandler):
         """Refuse a reservation longer than the host's policy allows."""
         longest = self.leases.policy.max_hold
         if duration is not None and duration > longest:
-            raise BadRequest(f"hold: {duration:.0f} s is longer than the {longest:.0f} s one may "
-                             "ask for on this host", max_hold=longest)
+            raise BadRequest(f"hold: {durations.describe(duration)} is longer than the "
+                             f"{durations.describe(longest)} one may ask for on this host",
+                             max_hold=longest)
 
     async def held_for(self, hold: str) -> Optional[ProcessRef]:
         """The process a hold=process grant is held for (after `caller`); None for a lease."""

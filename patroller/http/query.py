@@ -142,7 +142,7 @@ def _timeout(text: Optional[str]) -> Optional[float]:
     except ValueError as exc:
         raise BadRequest(f"timeout={text[:16]!r} {exc}") from None
     if value > MAX_TIMEOUT:
-        raise BadRequest(f"timeout={text[:16]}: at most {MAX_TIMEOUT:.0f} seconds; "
+        raise BadRequest(f"timeout={text[:16]}: at most {durations.describe(MAX_TIMEOUT)}; "
                          "leave it out to wait for ever")
     return value
 

@@ -26,15 +26,18 @@ def check_exists(inventory: Inventory, wants: Wants) -> None:
 def over_limit(user: Identity, wants: Wants, count: Count) -> OverLimit:
     """The error for a request that `count` (the user's, or their account's) does not allow."""
     asked = sum(wants.values())
-    numbers = ", ".join(str(d.number) for d in count.held) or "none"
+    numbers = ", ".join(str(d.number) for d in count.held)
     whom = "one user" if count.kind == "user" else "one host account"
     account = {"account": count.name, "uid": count.uid} if count.kind == "account" else {}
-    return OverLimit(
-        f"{count.describe(user)} holds {len(count.held)} device(s) ({numbers}) and asks for "
-        f"{asked}: the most {whom} may hold is {count.limit}; release some first "
-        "(/release?uuid=..., or patroller release NUMBER)",
-        limit=count.limit, held=[d.number for d in count.held], requested=dict(wants),
-        **account)
+    if count.held:
+        message = (f"{count.describe(user)} holds {len(count.held)} device(s) ({numbers}) and "
+                   f"asks for {asked}: the most {whom} may hold is {count.limit}; release some "
+                   "first (/release?uuid=..., or patroller release NUMBER)")
+    else:  # nothing to release: the request alone is over the limit
+        message = (f"{count.describe(user)} asks for {asked}: the most {whom} may hold is "
+                   f"{count.limit}")
+    return OverLimit(message, limit=count.limit, held=[d.number for d in count.held],
+                     requested=dict(wants), **account)
 
 
 def busy(wants: Wants, free: Dict[str, int]) -> Busy:
