@@ -149,7 +149,9 @@ def test_waiting_requests_and_the_progress_line_from_live_bodies(test_server):
         queued = eventually(lambda: client.queue(test_server), what="a waiter")
         status, devices = client.status(test_server), client.devices(test_server)
         text = render.format_status(status, devices, queued)
-        assert re.search(r"^waiting 1: carol wants 2 gpu \(for \d+(\.\d)?s\)$", text, re.M), text
+        assert re.search(r"^waiting 1: carol wants 2 GPUs \(for \d+(\.\d)?s\)$", text, re.M), text
+        assert render.queue_line({"position": 2, "user": "dan", "wants": {"gpu": 1, "fpga": 2},
+                                  "waited": 3}) == "waiting 2: dan wants 1 GPU, 2 fpga (for 3s)"
         # the line `patroller run --wait` shows, for a waiter bound to this pid and another
         mine = [dict(queued[0], pid=os.getpid())]
         line = render.progress_message(2, "gpu", os.getpid(), mine, status, devices, 75)
@@ -610,7 +612,8 @@ def test_reserve_holds_gpus_for_a_duration(test_server):
     assert lease.stdout == "2\n" and "for the lease: start the job within" in lease.stderr
     assert patroller("reserve", "-n", "6", "--server", test_server).returncode == 75  # busy
     refused = patroller("reserve", "--hold", "13h", "--server", test_server)
-    assert refused.returncode == 77 and "longer than" in refused.stderr, refused.stderr
+    assert refused.returncode == 77, refused.stderr
+    assert "hold: 13h is longer than the 12h one may ask for" in refused.stderr, refused.stderr
     for bad in ("process", "0", "soon"):
         usage = patroller("reserve", "--hold", bad, "--server", test_server)
         assert usage.returncode == 2 and usage.stdout == "", usage.stderr
@@ -651,3 +654,13 @@ def test_root_releases_another_users_gpu_with_a_reason_and_is_told_whose(gpuhost
     [event] = [e for e in json.loads(urllib.request.urlopen(
         f"http://{gpuhost.server}/history", timeout=30).read()) if e["event"] == "admin_release"]
     assert event["reason"] == "left over since Friday" and event["by"] == "root"
+
+
+def test_a_holder_is_named_by_its_user_and_a_jobs_process_by_its_job_too():
+    unlabelled = {"user": "container:3f2a9c1b7d4e", "source": "container", "email": None,
+                  "account": "root", "uid": 0,
+                  "container": {"id": "3f2a9c1b7d4e", "name": "train-7"}, "job": None}
+    assert render.user_name(unlabelled) == "train-7"  # not the account it runs as
+    job = {"user": "alice", "source": "slurm", "email": None, "account": "alice", "uid": 1001,
+           "container": None, "job": {"id": "4242", "step": "0"}}
+    assert render.user_name(job) == "alice (job 4242)"

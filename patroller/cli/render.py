@@ -82,7 +82,9 @@ def format_table(headers: Sequence[str], rows: List[List[str]], colour: bool = F
     return "".join(line(cells, i == 0) + "\n" for i, cells in enumerate([list(headers)] + rows))
 
 def queue_line(waiter: Dict[str, Any]) -> str:
-    wants = ", ".join(f"{n} {group}" for group, n in (waiter.get("wants") or {}).items())
+    """'waiting 1: carol wants 2 GPUs (for 12s)'; other groups by their name ('1 fpga')."""
+    wants = ", ".join(f"{n} GPU{'' if n == 1 else 's'}" if group == "gpu" else f"{n} {group}"
+                      for group, n in (waiter.get("wants") or {}).items())
     bound = f", while pid {waiter['pid']} lives" if waiter.get("pid") else ""
     return (f"waiting {waiter.get('position', '?')}: {waiter.get('user', '?')} wants {wants} "
             f"(for {duration(waiter.get('waited') or 0)}{bound})")
@@ -95,12 +97,14 @@ def short_name(name: str) -> str:
     return name or "-"
 
 def user_name(user: Optional[Dict[str, Any]]) -> str:
-    """The e-mail, else the account, else the container's name, else the user string."""
+    """The e-mail, else a container's name, else the user string (a host account), and a Slurm
+    job's id: `alice (job 4242)`. A container's account (the uid it runs as) is not its user."""
     if not user:
         return "-"
     container = user.get("container") or {}
-    return (user.get("email") or user.get("account") or container.get("name")
-            or user.get("user") or "?")
+    name = user.get("email") or container.get("name") or user.get("user") or "?"
+    job = user.get("job") or {}
+    return f"{name} (job {job['id']})" if job.get("id") else name
 
 def processes_cell(claim: Dict[str, Any]) -> str:
     detail = claim.get("process_detail")
