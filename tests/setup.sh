@@ -5,7 +5,7 @@
 # tests a Prometheus server and promtool (the tests start their own Prometheus: no service), and
 # for the web page's tests a headless browser: Debian's chromium and chromium-driver (Selenium,
 # from the test extra, drives /usr/bin/chromedriver, whose version is the browser's: nothing is
-# downloaded).
+# downloaded), and for the systemd unit's test systemd-analyze (Debian's systemd).
 set -eu
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
@@ -13,7 +13,8 @@ python3 -m venv .venv
 if command -v dockerd >/dev/null 2>&1 && command -v busybox >/dev/null 2>&1 \
         && command -v wrk >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 \
         && command -v promtool >/dev/null 2>&1 && command -v chromium >/dev/null 2>&1 \
-        && command -v chromedriver >/dev/null 2>&1; then
+        && command -v chromedriver >/dev/null 2>&1 \
+        && command -v systemd-analyze >/dev/null 2>&1; then
     exit 0
 fi
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -26,6 +27,10 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
             >"$policy"
         chmod 755 "$policy"
     fi
+    # systemd-analyze checks the unit in contrib/systemd; systemd is only installed where it is
+    # missing (never upgraded under a running system).
+    systemd=""
+    command -v systemd-analyze >/dev/null 2>&1 || systemd=systemd
     . tests/apt-wait.sh
     wait_for_apt
     apt-get -o DPkg::Lock::Timeout=600 update -qq
@@ -33,7 +38,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     # wrk is the benchmark's load generator (python -m bench), not the tests'.
     DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
         --no-install-recommends \
-        docker.io busybox-static wrk prometheus chromium chromium-driver >/dev/null
+        docker.io busybox-static wrk prometheus chromium chromium-driver $systemd >/dev/null
     # Should a service have started anyway (an init system that ignores policy-rc.d), stop it:
     # the tests start their own Prometheus on a port of their choosing.
     if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then

@@ -274,6 +274,7 @@ FOREIGN = {
     "--query-compute-apps", "--format",  # nvidia-smi
     "--no-deps",  # pip install
     "--scenario",  # python -m patroller.simulator
+    "--now", "--full",  # systemctl enable --now, systemctl edit --full
 }
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 

@@ -1,0 +1,73 @@
+"""contrib/systemd/patroller.service: systemd itself checks it (`systemd-analyze verify`, with
+no warning), it has the hardening the host needs, and its command line is the daemon's."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from helpers import ROOT
+
+UNIT = os.path.join(ROOT, "contrib", "systemd", "patroller.service")
+
+
+def analyze():
+    found = shutil.which("systemd-analyze")
+    if found is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI must check the unit: tests/setup.sh installs systemd")
+        pytest.skip("systemd-analyze is missing (Debian's systemd package)")
+    return found
+
+
+def settings():
+    """The unit's [Service] settings, name -> value (the last one of a name)."""
+    found, section = {}, None
+    for line in open(UNIT, encoding="utf-8"):
+        line = line.strip()
+        if line.startswith("["):
+            section = line
+        elif line and not line.startswith("#") and section == "[Service]":
+            name, _, value = line.partition("=")
+            found[name] = value
+    return found
+
+
+def test_systemd_verifies_the_unit_without_a_warning(tmp_path):
+    # Where this checkout's daemon is, not where pip puts it as root: verify checks the path.
+    unit = tmp_path / "patroller.service"
+    patroller = os.path.join(os.path.dirname(sys.executable), "patroller")
+    unit.write_text(open(UNIT, encoding="utf-8").read().replace(
+        "/usr/local/bin/patroller", patroller))
+    done = subprocess.run([analyze(), "verify", str(unit)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stderr == "" and done.stdout == "", done.stderr
+    # And it would say so: an unknown key is a warning.
+    unit.write_text(unit.read_text().replace("NoNewPrivileges=", "NoNewPrivilege="))
+    done = subprocess.run([analyze(), "verify", str(unit)], capture_output=True, text=True,
+                          timeout=60)
+    assert "Unknown key" in done.stderr
+
+
+def test_the_unit_is_hardened_and_restarts_on_failure():
+    unit = settings()
+    assert unit["NoNewPrivileges"] == "yes" and unit["ProtectSystem"] == "strict"
+    assert unit["StateDirectory"] == "patroller" and unit["Restart"] == "on-failure"
+    assert int(unit["LimitNOFILE"]) >= 65536
+    assert unit["ExecReload"].endswith("kill -HUP $MAINPID")  # --limits-file again
+    # What it writes lies in its own directories, the rest being read-only to it.
+    command = unit["ExecStart"].split()
+    for flag, directory in (("--state-dir", "/var/lib/patroller"),
+                            ("--socket", "/run/patroller/"), ("--audit-log", "/var/log/patroller/")):
+        assert command[command.index(flag) + 1].startswith(directory)
+
+
+def test_the_units_command_line_is_the_daemons():
+    command = settings()["ExecStart"].split()
+    assert command[0] == "/usr/local/bin/patroller"
+    shown = subprocess.run([sys.executable, "-m", "patroller", "--help"], capture_output=True,
+                           text=True, timeout=60, cwd=ROOT).stdout
+    for word in command[1:]:
+        if word.startswith("--"):
+            assert f"{word} VALUE" in shown, word
