@@ -155,10 +155,10 @@ def test_waiting_requests_and_the_progress_line_from_live_bodies(test_server):
         # the line `patroller run --wait` shows, for a waiter bound to this pid and another
         mine = [dict(queued[0], pid=os.getpid())]
         line = render.progress_message(2, "gpu", os.getpid(), mine, status, devices, 75)
-        assert line == ("patroller: waiting for 2 gpu (1m15s): 1st of 1 in the queue; held by "
+        assert line == ("patroller: waiting for 2 GPUs (1m15s): 1st of 1 in the queue; held by "
                         "alice@example.org (0,1,2,3,4,5), bob (6); 1 free")
         line = render.progress_message(2, "gpu", os.getpid(), queued, status, devices, None)
-        assert line.startswith("patroller: waiting for 2 gpu: 1 in the queue; held by ")
+        assert line.startswith("patroller: waiting for 2 GPUs: 1 in the queue; held by ")
     finally:
         call(test_server, "/release?user=alice@example.org")  # carol is served, the wait ends
         waiter.join()
@@ -197,7 +197,7 @@ def test_wait_times_out_with_75(test_server):
     assert call(test_server, "/request?gpu=8&user=bob")[0] == 200
     done = patroller("wait", "-n", "1", "--timeout", "0.3", "--server", test_server)
     assert done.returncode == 75 and done.stdout == ""
-    assert done.stderr == "patroller: 1 gpu not free within 0.3s\n"
+    assert done.stderr == "patroller: 1 GPU not free within 0.3s\n"
 
 
 def test_release_says_what_it_released(test_server):
@@ -356,7 +356,7 @@ def test_run_when_busy_exits_75_and_leaves_nothing(gpuhost):
     client.reserve(4, server)
     done = patroller("run", "-n", "1", "--server", server, "--", "true")
     assert done.returncode == 75
-    assert done.stderr.startswith("patroller: busy: 1 gpu not free now; held by ")
+    assert done.stderr.startswith("patroller: busy: 1 GPU not free now; held by ")
     assert done.stderr.endswith("; 0 free; add --wait SECONDS or --wait forever to queue\n")
 
 
@@ -412,7 +412,7 @@ def test_run_waits_in_the_queue_and_starts_when_a_gpu_frees(gpuhost):
                 err.seek(0)
                 return err.read()
             first = eventually(lambda: "in the queue" in progress() and progress())
-            assert re.match(r"patroller: waiting for 1 gpu \(\d+(\.\d)?s\): 1st of 1 in the queue; "
+            assert re.match(r"patroller: waiting for 1 GPU \(\d+(\.\d)?s\): 1st of 1 in the queue; "
                             "held by ", first), first
             assert "\r" not in first and "\x1b" not in first  # not a terminal: plain lines
             client.release(server, mine[2]["uuid"])

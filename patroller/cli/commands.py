@@ -17,7 +17,8 @@ from typing import Any, Dict, Optional, Sequence, TextIO
 from patroller import client, durations
 from patroller.cli.exits import (EX_INTERRUPTED, EX_NOPERM, EX_OK, EX_TEMPFAIL, EX_UNAVAILABLE,
                                  EX_USAGE, Failure, error_text, refused_code)
-from patroller.cli.render import describe, duration, format_status, numbers_of, release_message
+from patroller.cli.render import (amount, describe, duration, format_status, numbers_of,
+                                   release_message)
 from patroller.cli.run import optional_queue, optional_users, run_command
 from patroller.client import PatrollerError, RequestRefused, ServerUnreachable
 
@@ -167,7 +168,7 @@ def reserve_command(options: argparse.Namespace) -> int:
                              options.hold)
     if granted is None:
         within = "now" if options.wait == 0 else f"within {duration(options.wait or 0)}"
-        raise Failure(f"{options.count} {options.resource} not free {within}", EX_TEMPFAIL)
+        raise Failure(f"{amount(options.count, options.resource)} not free {within}", EX_TEMPFAIL)
     numbers = numbers_of(granted, options.resource)
     left = min((g["expires"] for g in granted if g.get("expires") is not None), default=None)
     how = (f"for {duration(left)}, whatever runs on them" if options.hold != "lease" and left
@@ -184,7 +185,7 @@ def wait_command(options: argparse.Namespace) -> int:
                              "lease")
     if granted is None:
         within = "now" if options.timeout == 0 else f"within {duration(options.timeout or 0)}"
-        raise Failure(f"{options.count} {options.resource} not free {within}", EX_TEMPFAIL)
+        raise Failure(f"{amount(options.count, options.resource)} not free {within}", EX_TEMPFAIL)
     numbers = numbers_of(granted, options.resource)
     leases = [g["expires"] for g in granted if g.get("expires") is not None]
     lease = (f"start the job within {duration(min(leases))}, or the reservation lapses"

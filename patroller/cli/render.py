@@ -81,10 +81,14 @@ def format_table(headers: Sequence[str], rows: List[List[str]], colour: bool = F
 
     return "".join(line(cells, i == 0) + "\n" for i, cells in enumerate([list(headers)] + rows))
 
+def amount(count: int, group: str) -> str:
+    """'1 GPU', '2 GPUs'; other groups by their name: '2 fpga'."""
+    return f"{count} GPU{'' if count == 1 else 's'}" if group == "gpu" else f"{count} {group}"
+
+
 def queue_line(waiter: Dict[str, Any]) -> str:
     """'waiting 1: carol wants 2 GPUs (for 12s)'; other groups by their name ('1 fpga')."""
-    wants = ", ".join(f"{n} GPU{'' if n == 1 else 's'}" if group == "gpu" else f"{n} {group}"
-                      for group, n in (waiter.get("wants") or {}).items())
+    wants = ", ".join(amount(n, group) for group, n in (waiter.get("wants") or {}).items())
     bound = f", while pid {waiter['pid']} lives" if waiter.get("pid") else ""
     return (f"waiting {waiter.get('position', '?')}: {waiter.get('user', '?')} wants {wants} "
             f"(for {duration(waiter.get('waited') or 0)}{bound})")
@@ -180,10 +184,10 @@ def describe(granted: List[Dict[str, Any]]) -> str:
 def progress_message(count: int, resource: str, pid: int, queued: Optional[List[Dict[str, Any]]],
                      claims: Optional[Dict[str, Any]], inventory: Dict[str, Any],
                      waited: Optional[float]) -> str:
-    """'patroller: waiting for 2 gpu (12s): 1st of 3 in the queue; held by ...'; the time
+    """'patroller: waiting for 2 GPUs (12s): 1st of 3 in the queue; held by ...'; the time
     first, so that a line cut to the terminal's width keeps it."""
     waiting = f" ({duration(waited)})" if waited is not None else ""
-    parts = [f"patroller: waiting for {count} {resource}{waiting}"]
+    parts = [f"patroller: waiting for {amount(count, resource)}{waiting}"]
     if queued is not None:
         mine = [w for w in queued if w.get("pid") == pid]
         if mine:

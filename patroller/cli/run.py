@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, TextIO
 
 from patroller import client
 from patroller.cli.exits import EX_NOEXEC, EX_NOTFOUND, EX_OK, EX_TEMPFAIL, EX_USAGE, Failure
-from patroller.cli.render import (cut, describe, duration, holders_summary, numbers_of,
+from patroller.cli.render import (amount, cut, describe, duration, holders_summary, numbers_of,
                                   progress_message)
 from patroller.client import PatrollerError, RequestRefused
 
@@ -87,7 +87,7 @@ def reserve_for_run(options: argparse.Namespace) -> List[Dict[str, Any]]:
     finally:
         progress.stop()
     if granted is None:
-        raise Failure(f"{options.count} {options.resource} not free within "
+        raise Failure(f"{amount(options.count, options.resource)} not free within "
                       f"{duration(options.wait or 0)}", EX_TEMPFAIL)
     return granted
 
@@ -160,7 +160,7 @@ def busy_message(server: Optional[str], count: int, resource: str) -> str:
         summary = "; " + holders_summary(client.status(server), client.devices(server), resource)
     except PatrollerError:
         summary = ""
-    return f"busy: {count} {resource} not free now{summary}"
+    return f"busy: {amount(count, resource)} not free now{summary}"
 
 def optional_users(server: Optional[str]) -> Optional[Dict[str, Any]]:
     """/users, or None from a server without it."""
