@@ -23,7 +23,7 @@ import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = ["claim", "reserve", "release", "release_all", "renew", "keep_alive", "status",
-           "devices", "queue",
+           "devices", "queue", "get_json",
            "Claim", "KeepAlive", "PatrollerError", "RequestRefused", "ServerUnreachable", "Busy",
            "HOLDS"]
 
@@ -173,22 +173,22 @@ def renew(server: Optional[str] = None, uuid: Optional[str] = None,
 
 def status(server: Optional[str] = None) -> Dict[str, Any]:
     """GET /status: every device's statistics and claim, by uuid."""
-    return _get(server, "/status")
+    return get_json(server, "/status")
 
 
 def devices(server: Optional[str] = None) -> Dict[str, Any]:
     """GET /devices: the inventory, by uuid, in device order."""
-    return _get(server, "/devices")
+    return get_json(server, "/devices")
 
 
 def queue(server: Optional[str] = None) -> List[Dict[str, Any]]:
     """GET /queue: the waiting requests in arrival order."""
-    return _get(server, "/queue")
+    return get_json(server, "/queue")
 
 
 def users(server: Optional[str] = None) -> Dict[str, Any]:
     """GET /users: per user, GPUs held, unused, used without asking, idle; the limit."""
-    return _get(server, "/users")
+    return get_json(server, "/users")
 
 
 class KeepAlive:
@@ -367,8 +367,10 @@ def _connection(scheme: str, host: str, port: int,
     return http.client.HTTPConnection(host, port, timeout=timeout)
 
 
-def _get(server: Optional[str], path: str) -> Any:
-    code, body = _call(server, "GET", path, {}, _SLACK)
+def get_json(server: Optional[str], path: str, timeout: float = _SLACK) -> Any:
+    """GET `path` (/status, /devices, /users, ...): its decoded JSON. RequestRefused when the
+    server refuses, ServerUnreachable when it does not answer within `timeout` seconds."""
+    code, body = _call(server, "GET", path, {}, timeout)
     if code != 200:
         raise RequestRefused(code, body)
     return body

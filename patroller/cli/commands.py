@@ -12,9 +12,10 @@ import json
 import os
 import sys
 import time
-from typing import Any, Dict, Optional, Sequence, TextIO
+from typing import Any, Dict, List, Optional, Sequence, TextIO
 
 from patroller import client, durations
+import patroller.cli.fleet as fleet
 from patroller.cli.exits import (EX_INTERRUPTED, EX_NOPERM, EX_OK, EX_TEMPFAIL, EX_UNAVAILABLE,
                                  EX_USAGE, Failure, error_text, refused_code)
 from patroller.cli.render import (amount, describe, duration, format_status, numbers_of,
@@ -81,6 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="redraw every SECONDS (default 2, at least 0.5) until Ctrl-C")
     status.add_argument("--no-color", "--no-colour", dest="colour", action="store_false",
                         help="no colours even on a terminal (so does NO_COLOR)")
+    status.add_argument("--hosts", metavar="HOST[:PORT],...",
+                        help="many hosts in one table, asked at once (default: $PATROLLER_HOSTS)")
+    status.add_argument("--hosts-file", metavar="FILE", help="the hosts, one a line")
+    status.add_argument("--host-timeout", type=seconds_arg, default=fleet.FLEET_TIMEOUT,
+                        metavar="SECONDS", help="how long a host may take to answer (default 5)")
+    status.add_argument("--free", type=count_arg, metavar="N",
+                        help="with many hosts: list those with N free GPUs now")
     status.set_defaults(handler=status_command)
 
     release = commands.add_parser("release", parents=[common], help="give reserved GPUs back",
@@ -247,7 +255,33 @@ def status_command(options: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return EX_OK
 
+def fleet_of(options: argparse.Namespace) -> List[str]:
+    """The hosts `status` shows, if more than the one server: --hosts, --hosts-file or
+    PATROLLER_HOSTS."""
+    try:
+        return fleet.hosts_from(options.hosts, options.hosts_file)
+    except OSError as exc:
+        raise Failure(f"--hosts-file: {exc.strerror or exc}", EX_USAGE) from None
+
+
+def render_fleet(options: argparse.Namespace, hosts: List[str], colour: bool) -> str:
+    answers = fleet.ask_all(hosts, options.host_timeout)
+    if options.json:
+        return json.dumps(fleet.fleet_json(answers), separators=(",", ":")) + "\n"
+    if options.free is not None:
+        found = fleet.free_hosts(answers, options.free)
+        if not found:
+            raise Failure(f"no host has {amount(options.free, 'gpu')} free now", EX_TEMPFAIL)
+        return "".join(f"{host}  {free} free\n" for host, free in found)
+    return fleet.fleet_table(answers, colour)
+
+
 def render_status(options: argparse.Namespace, colour: bool) -> str:
+    hosts = fleet_of(options)
+    if hosts:
+        return render_fleet(options, hosts, colour)
+    if options.free is not None:
+        raise Failure("--free needs --hosts, --hosts-file or PATROLLER_HOSTS", EX_USAGE)
     claims = client.status(options.server)
     if options.json:
         return json.dumps(claims, separators=(",", ":")) + "\n"

@@ -1,0 +1,81 @@
+"""`patroller status --hosts`: three real daemons, one stopped and one host that accepts and
+never answers; each host is asked at once with its own timeout, and the dead ones are shown as
+such without holding up the rest."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+from helpers import ROOT, ServerProcess
+
+ENV = {**os.environ, "PYTHONPATH": ROOT}
+
+
+def patroller(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "patroller.cli", *args], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT, env={**ENV, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    up = [ServerProcess("--test", "--lease", "300").start() for _ in range(3)]
+    stopped = up.pop()
+    stopped.stop()  # its port now refuses
+    silent = socket.socket()  # accepts (the kernel's backlog) and never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    hosts = [up[0].server, stopped.server, up[1].server, f"127.0.0.1:{silent.getsockname()[1]}"]
+    urllib.request.urlopen(f"http://{up[0].server}/request?gpu=7&user=alice", timeout=30).read()
+    yield hosts
+    for server in up:
+        server.stop()
+    silent.close()
+
+
+def test_one_table_for_every_host_and_the_dead_ones_said(fleet):
+    done = patroller("status", "--hosts", ",".join(fleet), "--host-timeout", "1")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].split()[:4] == ["HOST", "GPU", "NAME", "STATE"]
+    for host in (fleet[0], fleet[2]):
+        assert len([line for line in lines if line.startswith(host + " ")]) == 8
+    for host in (fleet[1], fleet[3]):
+        [line] = [line for line in lines if line.startswith(host + " ")]
+        assert "not answering" in line
+    assert lines[-1] == "4 hosts, 2 not answering; 16 GPUs: 9 free, 7 reserved"
+    assert [line for line in lines if line.startswith(fleet[0]) and " alice " in line]
+
+
+def test_free_lists_the_hosts_with_that_many_free_gpus(fleet):
+    hosts = ",".join(fleet)
+    done = patroller("status", "--hosts", hosts, "--free", "2", "--host-timeout", "1")
+    assert (done.returncode, done.stdout) == (0, f"{fleet[2]}  8 free\n"), done.stderr
+    done = patroller("status", "--hosts", hosts, "--free", "1", "--host-timeout", "1")
+    assert done.stdout == f"{fleet[2]}  8 free\n{fleet[0]}  1 free\n"
+    done = patroller("status", "--hosts", hosts, "--free", "9", "--host-timeout", "1")
+    assert done.returncode == 75 and "no host has 9 GPUs free now" in done.stderr
+
+
+def test_the_same_as_json_from_a_file_or_the_environment(fleet, tmp_path):
+    listing = tmp_path / "hosts"
+    listing.write_text("# the lab\n" + "\n".join(fleet) + "\n")
+    done = patroller("status", "--hosts-file", str(listing), "--json", "--host-timeout", "1")
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)["hosts"]
+    assert [h["host"] for h in answer] == fleet
+    assert [h["free"] for h in answer] == [1, None, 8, None]
+    assert answer[1]["error"] and answer[3]["error"] and answer[0]["error"] is None
+    assert len(answer[2]["status"]) == len(answer[2]["devices"]) == 8
+    by_env = patroller("status", "--free", "8", "--host-timeout", "1",
+                       env={"PATROLLER_HOSTS": " ".join(fleet)})
+    assert by_env.stdout == f"{fleet[2]}  8 free\n", by_env.stderr
+
+
+def test_free_needs_hosts_and_a_missing_file_is_a_usage_error(fleet, tmp_path):
+    assert patroller("status", "--free", "1", "--server", fleet[0]).returncode == 2
+    done = patroller("status", "--hosts-file", str(tmp_path / "none"))
+    assert done.returncode == 2 and "--hosts-file" in done.stderr
