@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any, AsyncIterator, Callable, Coroutine, Dict, List, Optional, Tuple
 
+import pytest
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
 from patroller.app import Daemon, build
@@ -263,3 +264,23 @@ def reuse_pid(pid: int) -> Optional[subprocess.Popen]:
         process.kill()
         process.wait()
     return None
+
+
+def need_root(why: str) -> None:
+    """Skip when not root, except under CI, which runs as root and must run every test."""
+    if os.geteuid() != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run this test as root: {why}")
+        pytest.skip(f"needs root: {why}")
+
+
+def python_for(uid: int) -> str:
+    """A Python that `uid` may run (the test's own may lie under root's home); stdlib only."""
+    for candidate in (os.path.realpath(sys.executable), "/usr/bin/python3"):
+        try:
+            subprocess.run([candidate, "-c", ""], user=uid, group=uid, extra_groups=[],
+                           capture_output=True, check=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        return candidate
+    pytest.fail(f"no Python that uid {uid} may run")

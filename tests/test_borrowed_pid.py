@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from helpers import reuse_pid
+from helpers import need_root, reuse_pid
 from patroller.config import Config
 from patroller.identify import procfs
 from patroller.identify.callers import LocalProcesses
@@ -23,11 +23,6 @@ CONNECT_AND_EXIT = ("import os, socket, sys\n"
                     "print(os.getpid(), flush=True)\n")
 
 
-def need_root(why):
-    if os.geteuid() != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run this test as root: {why}")
-        pytest.skip(f"needs root: {why}")
 
 
 def kernel_has_peer_pidfd():

@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from helpers import ROOT, ScenarioFile, ServerProcess, alive
+from helpers import ROOT, ScenarioFile, ServerProcess, alive, need_root
 from patroller import client
 from patroller.cli import render
 
@@ -636,10 +636,7 @@ with urllib.request.urlopen(sys.argv[1] + "/request?gpu=1&hold=1h", timeout=30) 
 
 
 def test_root_releases_another_users_gpu_with_a_reason_and_is_told_whose(gpuhost):
-    if os.geteuid() != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI must run this test as root: root releases uid 65534's GPU")
-        pytest.skip("needs root: root releases uid 65534's GPU")
+    need_root("root releases uid 65534's GPU")
     taken = subprocess.run(["/usr/bin/python3", "-c", NOBODY_REQUEST, f"http://{gpuhost.server}"],
                            user=65534, group=65534, extra_groups=[], capture_output=True,
                            text=True, timeout=60)

@@ -8,7 +8,6 @@ import subprocess
 import sys
 from collections import Counter
 
-import pytest
 
 from helpers import ROOT
 

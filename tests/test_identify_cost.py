@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from helpers import ScenarioFile, ServerProcess
+from helpers import ScenarioFile, ServerProcess, need_root, python_for
 from patroller.identify.holders import HolderSearch, candidates
 
 NOBODY = 65534
@@ -68,22 +68,8 @@ sys.stdin.read()
 """
 
 
-def need_root(why):
-    if os.geteuid() != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run this test as root: {why}")
-        pytest.skip(f"needs root: {why}")
 
 
-def python_for(uid):
-    for candidate in (os.path.realpath(sys.executable), "/usr/bin/python3"):
-        try:
-            subprocess.run([candidate, "-c", ""], user=uid, group=uid, extra_groups=[],
-                           capture_output=True, check=True, timeout=30)
-        except (OSError, subprocess.SubprocessError):
-            continue
-        return candidate
-    pytest.fail(f"no Python that uid {uid} may run")
 
 
 def get(url, path):

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from helpers import ScenarioFile, async_test, gpu_running, until
+from helpers import ScenarioFile, async_test, gpu_running, need_root, until
 from patroller.config import Config
 from patroller.identify.cgroups import SlurmStep, parse_cgroup, parse_slurm
 from patroller.identify.resolver import ProcessIdentifier
@@ -51,10 +51,7 @@ def cgroup_root():
 @pytest.fixture
 def job_process():
     """`sleep` as uid 65534, with a job's environment, moved into a job step's cgroup."""
-    if os.geteuid() != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI must run this test as root: it makes a job's cgroup")
-        pytest.skip("needs root: it makes a job's cgroup")
+    need_root("it makes a job's cgroup")
     root, path = cgroup_root()
     where = os.path.join(root, path)
     os.makedirs(where)

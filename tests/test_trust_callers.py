@@ -7,14 +7,13 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import sys
 import time
 import urllib.request
 
 import pytest
 from dataclasses import replace
 
-from helpers import ScenarioFile, ServerProcess, async_test, reuse_pid
+from helpers import ScenarioFile, ServerProcess, async_test, need_root, python_for, reuse_pid
 from patroller.identify.callers import SystemCallers
 from patroller.identify.containers import ContainerDirectory, DockerUnavailable
 from patroller.core.errors import Unidentified
@@ -27,12 +26,6 @@ CLIENT = ("127.0.0.1", 40000)
 SERVER = ("127.0.0.1", 8080)
 
 
-def need_root(why):
-    """Skip when not root, except under CI, which runs as root and must run every test."""
-    if os.geteuid() != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run this test as root: {why}")
-        pytest.skip(f"needs root: {why}")
 
 
 @pytest.fixture
@@ -101,16 +94,6 @@ for _ in range(rounds):
 ROUNDS = 25
 
 
-def python_for(uid):
-    """A Python that `uid` may run (the test's own may lie under root's home); stdlib only."""
-    for candidate in (os.path.realpath(sys.executable), "/usr/bin/python3"):
-        try:
-            subprocess.run([candidate, "-c", ""], user=uid, group=uid, extra_groups=[],
-                           capture_output=True, check=True, timeout=30)
-        except (OSError, subprocess.SubprocessError):
-            continue
-        return candidate
-    pytest.fail(f"no Python that uid {uid} may run")
 
 
 def get(url, path):
