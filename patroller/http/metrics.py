@@ -168,6 +168,10 @@ class DaemonCollector:
                 "patroller_user_gpus_over_limit",
                 "GPUs the user took by computing beyond their limit, or their account's",
                 labels=["user"]),
+            "trespassing": GaugeMetricFamily(
+                "patroller_user_gpus_trespassing",
+                "GPUs the user runs a process on that are not theirs: another user holds them, "
+                "or a Slurm job their process is not in", labels=["user"]),
         }
         for user, counts in sorted(usage(leases).items()):
             for key, family in families.items():

@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from patroller.core.devices import Inventory
+from patroller.core.jobs import Job
 from patroller.core.leases import Hold, LeaseManager
 from patroller.core.leases.limits import counted_uid
 from patroller.http.encoding import dumps
@@ -129,8 +130,7 @@ def users_view(leases: LeaseManager, idle: Optional[IdleWatch]) -> Dict[str, Any
     users: Dict[str, Any] = {}
     accounts = accounts_of(leases)
     for user in sorted(set(counted) | set(waiting)):
-        counts = counted.get(user, {"held": 0, "reserved_unused": 0, "unreserved": 0,
-                                    "over_limit": 0})
+        counts = counted.get(user, dict.fromkeys(USAGE_KEYS, 0))
         held = leases.held_by(user)
         count, longest = waiting.get(user, (0, 0.0))
         users[user] = {
@@ -186,8 +186,16 @@ def claim_view(hold: Hold, now: float) -> Dict[str, Any]:
         "hold": hold.how if hold.holder is not None else None,
         "asked": hold.asked,
         "withheld": hold.withheld,
+        "jobs": ([job_view(job) for job in hold.allocation.jobs]
+                 if hold.allocation is not None else None),
         "set_aside_for": None,
     }
+
+
+def job_view(job: Job) -> Dict[str, Any]:
+    """One Slurm job a device is allocated to, as the job map says it."""
+    return {"id": job.id, "user": job.user, "uid": job.uid, "account": job.account,
+            "partition": job.partition}
 
 
 def claims(leases: LeaseManager) -> Dict[str, Dict[str, Any]]:
@@ -218,16 +226,20 @@ def queue_view(leases: LeaseManager) -> List[Dict[str, Any]]:
     } for n, w in enumerate(leases.waiters.in_order(), 1)]
 
 
+USAGE_KEYS = ("held", "reserved_unused", "unreserved", "over_limit", "trespassing")
+
+
 def usage(leases: LeaseManager) -> Dict[str, Dict[str, int]]:
     """Per user: devices held (`held`), held with nothing running (`reserved_unused`), used
     without having asked for them (`unreserved`: their processes on a device another user
     holds, or on one they took by computing on it rather than by a request), and taken by
-    computing beyond a limit (`over_limit`: a trespass)."""
+    computing beyond a limit (`over_limit`: a trespass), and those they trespass on
+    (`trespassing`: their process on a device another user holds, or, on a device a Slurm
+    job holds, a process not in the job, theirs or not)."""
     out: Dict[str, Dict[str, int]] = {}
 
     def add(user: str, key: str) -> None:
-        counts = out.setdefault(user, {"held": 0, "reserved_unused": 0, "unreserved": 0,
-                                       "over_limit": 0})
+        counts = out.setdefault(user, dict.fromkeys(USAGE_KEYS, 0))
         counts[key] += 1
 
     for hold in leases.holds.values():
@@ -242,6 +254,9 @@ def usage(leases: LeaseManager) -> Dict[str, Dict[str, int]]:
         for user in {owner.user for owner in hold.processes.values()}:
             if hold.holder is None or user != hold.holder.user or not hold.asked:
                 add(user, "unreserved")
+        if hold.holder is not None:
+            for user in {o.user for o in hold.processes.values() if not hold.belongs(o)}:
+                add(user, "trespassing")
     return out
 
 

@@ -6,11 +6,15 @@ A device is
             held for a process (hold=process), no lease runs while that process lives;
   claimed   every process on it belongs to the holder;
   shared    a process of another user runs on it as well (logged once as trespassing);
+  allocated held by a Slurm job (core/jobs.py) with no process of it there yet: never
+            granted, no lease runs; once the job computes it is claimed, and a process not in
+            the job makes it shared, whoever runs it;
   lost      gone from the host (fell off the bus, removed): never granted; its holder, if any,
             is still shown, and its reservation ends by the usual rules.
 
 A hold is held one way: for a lease (a deadline while the holder runs nothing there), for a
-process (`held_for`: while that process lives), or for a duration (`until`: whatever runs).
+process (`held_for`: while that process lives), for a duration (`until`: whatever runs), or
+for a Slurm job (`allocation`: while the job map lists the device).
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, 
 
 from patroller.core.devices import Device
 from patroller.core.identity import Identity, ProcessRef
+from patroller.core.jobs import Allocation
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +53,7 @@ class Hold:
     withheld: Optional[str] = None  # why it is granted to nobody now (it fell silent)
     asked: bool = False  # the holder asked for it (a grant), rather than took it by computing
     over_limit: bool = False  # the holder took it by computing, beyond a limit (a trespass)
+    allocation: Optional[Allocation] = None  # the Slurm jobs it is allocated to: theirs
     processes: Dict[int, Identity] = field(default_factory=dict)  # pid -> owner, oldest first
     commands: Dict[int, Optional[str]] = field(default_factory=dict)  # pid -> name nvidia-smi printed
     trespassers: Set[str] = field(default_factory=set)  # users already logged
@@ -55,18 +61,40 @@ class Hold:
 
     @property
     def state(self) -> str:
-        """free, reserved, claimed, shared or lost."""
+        """free, reserved, allocated, claimed, shared or lost."""
         if self.lost:
             return "lost"
         if self.holder is None:
             return "free"
-        if any(not owner.same_user(self.holder) for owner in self.processes.values()):
+        if any(not self.belongs(owner) for owner in self.processes.values()):
             return "shared"
-        return "claimed" if self.processes else "reserved"
+        if self.processes:
+            return "claimed"
+        return "allocated" if self.allocation is not None else "reserved"
+
+    def belongs(self, owner: Identity) -> bool:
+        """Whether a process of `owner` runs here by right: it is the holder's, or, on a
+        device allocated to jobs, it is in one of them."""
+        if self.allocation is not None:
+            return self.allocation.job_of(owner) is not None
+        return owner.same_user(self.holder)
+
+    def key(self, owner: Identity) -> str:
+        """Whom a trespass is told of once: the user, and on an allocated device the job
+        their process is in (or none), as one user's two jobs are two trespassers."""
+        if self.allocation is None:
+            return owner.user
+        return f"{owner.user} in job {dict(owner.job or ()).get('id', '-')}"
+
+    def own_pids(self) -> List[int]:
+        """The pids that hold the device: the holder's, or the jobs' on an allocated one."""
+        return [pid for pid, owner in self.processes.items() if self.belongs(owner)]
 
     @property
     def how(self) -> str:
         """How it is held: for a process, for a duration, or for a lease."""
+        if self.allocation is not None:
+            return "slurm"
         if self.held_for is not None:
             return "process"
         return "duration" if self.until is not None else "lease"
@@ -109,10 +137,12 @@ class Hold:
         """A process of `owner` runs here: the holder's own stops the lease. True for the first
         process here of another user: a trespass, reported once."""
         trespass = False
-        if owner.same_user(self.holder):
+        if self.belongs(owner):
             self.deadline = None
-        elif owner.user not in self.trespassers:
-            self.trespassers.add(owner.user)
+            if self.allocation is not None and not self.allocation.named():
+                self.holder = self.allocation.holder(owner)  # the job's user, from its process
+        elif self.key(owner) not in self.trespassers:
+            self.trespassers.add(self.key(owner))
             trespass = True
         self.touch(now)
         return trespass
@@ -122,18 +152,19 @@ class Hold:
         hold is for a process or a duration); a released device's hold ends."""
         owner = self.processes.pop(pid)
         self.commands.pop(pid, None)
-        if not self.pids_of(owner):
-            self.trespassers.discard(owner.user)
-        if self.holder is not None and not self.pids_of(self.holder):
+        if not any(self.key(o) == self.key(owner) for o in self.processes.values()):
+            self.trespassers.discard(self.key(owner))
+        if self.holder is not None and not self.own_pids():
             if self.releasing:
                 self.end(now)
-            elif self.deadline is None and self.held_for is None and self.until is None:
+            elif (self.deadline is None and self.held_for is None and self.until is None
+                    and self.allocation is None):
                 self.deadline = now + lease
         self.touch(now)
 
     def release(self, now: float) -> bool:
         """The holder gives it back: the hold ends now, or (True) once their processes here end."""
-        if self.pids_of(self.holder):
+        if self.own_pids():
             self.releasing, self.held_for = True, None
             return True
         self.end(now)
@@ -144,7 +175,7 @@ class Hold:
         duration over while the holder's processes run leaves them the device (None)."""
         if self.until is not None and self.until <= now + EARLY:
             self.until = None  # the duration asked for is over: the usual rules
-            if not self.pids_of(self.holder):
+            if not self.own_pids():
                 return "duration"
             log.info("the reservation of %s on %s ended; their processes hold it",
                      self.holder.user if self.holder else "?", self.uuid)
@@ -156,6 +187,7 @@ class Hold:
         """End the holder's hold, however held: the processes still on the device pass it to
         the owner of the oldest."""
         self.holder, self.deadline, self.until, self.held_for = None, None, None, None
+        self.allocation = None
         self.releasing, self.asked, self.over_limit = False, False, False
         self.trespassers.clear()
         if self.processes:

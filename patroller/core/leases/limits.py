@@ -8,6 +8,8 @@ its limit, the policy's limit for the identity's name and for the account's name
 stricter decides: a new identity (another e-mail on a container's label, or none) on the same
 account gets no more.
 
+Devices a Slurm job holds (core/jobs.py) count under neither: Slurm has limits of its own.
+
 Pure: the lease manager asks, with its holds.
 """
 from __future__ import annotations
@@ -80,6 +82,7 @@ def exceeded(who: Identity, asked: int, policy: Policy, holds: Mapping[str, Hold
 
 def _held(devices: Iterable[Device], holds: Mapping[str, Hold],
           whose: Callable[[Identity], bool]) -> List[Device]:
-    """The devices whose holder is `whose`."""
+    """The devices whose holder is `whose` (a Slurm job's are Slurm's to count, not ours)."""
     return [d for d in devices
-            if (holder := holds[d.uuid].holder) is not None and whose(holder)]
+            if (holder := holds[d.uuid].holder) is not None and whose(holder)
+            and holds[d.uuid].allocation is None]

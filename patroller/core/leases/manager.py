@@ -24,14 +24,16 @@ import time
 from typing import Any, Callable, List, Optional, Set, Tuple
 
 from patroller.core.devices import Device, Inventory
-from patroller.core.errors import Unavailable, Unsatisfiable
+from patroller.core.errors import Unavailable
 from patroller.core.identity import Identity, ProcessRef
+from patroller.core.jobs import Allocation
+import patroller.core.leases.allocations as allocations
 import patroller.core.leases.refusals as refusals
 import patroller.core.leases.serving as serving
 from patroller.core.leases.holds import Clock, Hold, Notices, Wants
-from patroller.core.leases.limits import Count
 from patroller.core.leases.queue import WaitQueue, Waiter
 from patroller.core.leases.state import LeaseState
+from patroller.core.leases.trespass import trespass
 from patroller.core.policy import Policy
 
 log = logging.getLogger(__name__)
@@ -102,8 +104,8 @@ class LeaseManager(LeaseState):
             owner = hold.holder
             if owner is None or not (admin or user.same_user(owner)):
                 continue
-            if uuid is None and hold.held_for not in (None, caller):
-                continue  # another process's job runs on it
+            if uuid is None and (hold.held_for not in (None, caller) or hold.allocation):
+                continue  # another process's job, or a Slurm job, runs on it
             if admin:
                 self._notices.event("admin_release", owner.user, [device], by=user.user,
                                     reason=reason or "released by the administrator")
@@ -167,6 +169,15 @@ class LeaseManager(LeaseState):
         hold.withheld = why
         self._serve_and_announce()
 
+    def allocate(self, uuid: str, allocation: Optional[Allocation]) -> None:
+        """The job map says the device is allocated to these Slurm jobs (None: to none now):
+        see allocations.py."""
+        hold = self._holds.get(uuid)
+        if hold is not None and hold.allocation != allocation:
+            allocations.apply(hold, allocation, self.inventory.get(uuid), self.clock(),
+                              self._notices)
+            self._serve_and_announce()
+
     def devices_changed(self) -> None:
         """The inventory changed: new devices are free, lost ones lost, those back as they were."""
         now = self.clock()
@@ -196,7 +207,7 @@ class LeaseManager(LeaseState):
             self._notices.event("claim", owner.user, [self.inventory.get(uuid)], pid=pid,
                                 command=command)
             if beyond is not None:
-                _trespass(self._notices, self.inventory.get(uuid), pid, owner, beyond=beyond)
+                trespass(self._notices, self.inventory.get(uuid), pid, owner, beyond=beyond)
         self._place(hold, pid, owner)
         self._notices.changed()
 
@@ -206,7 +217,8 @@ class LeaseManager(LeaseState):
         if hold is None or pid not in hold.processes:
             return
         old, hold.processes[pid] = hold.processes[pid], owner
-        if hold.holder is not None and hold.holder.same_user(old) and not hold.pids_of(old):
+        if (hold.holder is not None and hold.allocation is None and hold.holder.same_user(old)
+                and not hold.pids_of(old)):
             hold.holder = owner  # the device was held only through this process
         self._place(hold, pid, owner)
         self._serve_and_announce()
@@ -279,17 +291,6 @@ class LeaseManager(LeaseState):
         if self._closed:
             raise Unavailable("the server is shutting down")
 
-    def _hold(self, uuid: str) -> Hold:
-        hold = self._holds.get(uuid)
-        if hold is None or self.inventory.get(uuid) is None:
-            raise Unsatisfiable(f"there is no device {uuid!r}", uuid=uuid)
-        return hold
-
-    def _pick(self, wants: Wants) -> Optional[List[Device]]:
-        """Free devices for a request: none of those set aside for a starving waiter."""
-        free = self.free()
-        return serving.pick(wants, free, self.set_aside(free)[1])
-
     def _grant(self, user: Identity, devices: List[Device], held_for: Optional[ProcessRef],
                duration: Optional[float], **details: Any) -> None:
         now = self.clock()
@@ -330,26 +331,9 @@ class LeaseManager(LeaseState):
     def _place(self, hold: Hold, pid: int, owner: Identity) -> None:
         """A process of `owner` is on a held device: it claims it, or trespasses (told once)."""
         if hold.place(owner, self.clock()):
-            _trespass(self._notices, self.inventory.get(hold.uuid), pid, owner, hold=hold)
+            trespass(self._notices, self.inventory.get(hold.uuid), pid, owner, hold=hold)
 
     def _forget(self, hold: Hold, pid: int) -> None:
         log.debug("pid %d of %s left %s", pid, hold.processes[pid].user, hold.uuid)
         hold.forget(pid, self.clock(), self.lease)
 
-
-def _trespass(notices: Notices, device: Optional[Device], pid: int, owner: Identity,
-              hold: Optional[Hold] = None, beyond: Optional[Count] = None) -> None:
-    """Log and record a trespass: a process on a device another user holds (`hold`), or one
-    that took a free device beyond its owner's limit (`beyond`, the count it went past)."""
-    where = device.uuid if device is not None else "?"
-    if beyond is None:
-        holder = hold.holder.user if hold is not None and hold.holder else None
-        log.warning("trespassing: %s runs pid %d on %s, held by %s", owner.user, pid, where,
-                    holder or "nobody")
-        notices.event("trespass", owner.user, [device], pid=pid, holder=holder)
-        return
-    log.warning("trespassing: %s runs pid %d on %s, beyond the limit of %d of %s", owner.user,
-                pid, where, beyond.limit, beyond.describe(owner).rstrip(","))
-    notices.event("trespass", owner.user, [device], pid=pid, why="over_limit",
-                  limit=beyond.limit, held=[d.number for d in beyond.held],
-                  account=beyond.name if beyond.kind == "account" else None)

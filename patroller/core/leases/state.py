@@ -12,7 +12,7 @@ from patroller.core.identity import Identity, ProcessRef
 import patroller.core.leases.limits as limits
 import patroller.core.leases.refusals as refusals
 import patroller.core.leases.serving as serving
-from patroller.core.errors import Busy
+from patroller.core.errors import Busy, Unsatisfiable
 from patroller.core.leases.holds import Clock, Hold, Wants
 from patroller.core.leases.limits import Count
 from patroller.core.leases.queue import WaitQueue, Waiter
@@ -98,3 +98,14 @@ class LeaseState:
         """The starving waiter, and the free devices set aside for it."""
         return serving.set_aside(self.waiters, self.free() if free is None else free,
                                  self.clock(), self.policy.starvation_bound)
+
+    def _hold(self, uuid: str) -> Hold:
+        hold = self._holds.get(uuid)
+        if hold is None or self.inventory.get(uuid) is None:
+            raise Unsatisfiable(f"there is no device {uuid!r}", uuid=uuid)
+        return hold
+
+    def _pick(self, wants: Wants) -> Optional[List[Device]]:
+        """Free devices for a request: none of those set aside for a starving waiter."""
+        free = self.free()
+        return serving.pick(wants, free, self.set_aside(free)[1])

@@ -1,0 +1,86 @@
+"""Devices a batch scheduler (Slurm) has allocated to jobs: whose they are, and which processes
+belong there.
+
+An allocation is what the job map (observe/jobmap.py) says of one device: the jobs it is
+allocated to, each with what the map knows of it (its user, uid, account and partition, where
+the prolog wrote them). While a device is allocated the job holds it: the lease rules never
+grant it, no lease runs on it, and a process on it that is not in one of its jobs trespasses,
+whoever runs it (another job, the job's own user from an SSH session the job did not adopt, a
+container, a host process).
+
+A process is in a job when its cgroup names the job (identify/cgroups.py): by its numeric id, or
+by its SLUID (Slurm 26.05 and later name the cgroup after it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional, Tuple
+
+from patroller.core.identity import Identity
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job, as the job map knows it."""
+
+    id: str  # SLURM_JOB_ID
+    uid: Optional[int] = None
+    user: Optional[str] = None  # the uid's account name
+    account: Optional[str] = None  # Slurm's account (not a host account)
+    partition: Optional[str] = None
+    sluid: Optional[str] = None  # SLURM_JOB_SLUID, where Slurm has one
+
+    def names(self) -> Tuple[str, ...]:
+        """What a cgroup may call the job: its id, and its SLUID."""
+        return (self.id,) + ((self.sluid,) if self.sluid else ())
+
+    def fields(self) -> Tuple[Tuple[str, str], ...]:
+        """The job as an identity's `job` shows it."""
+        pairs = [("id", self.id), ("account", self.account), ("partition", self.partition),
+                 ("sluid", self.sluid)]
+        return tuple((k, v) for k, v in pairs if v)
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The jobs one device is allocated to, in the job map's order (usually one)."""
+
+    jobs: Tuple[Job, ...]
+
+    def ids(self) -> Tuple[str, ...]:
+        return tuple(job.id for job in self.jobs)
+
+    def job_of(self, owner: Optional[Identity]) -> Optional[Job]:
+        """The job of ours that `owner`'s process is in, or None (not in a job, or another)."""
+        name = dict(owner.job).get("id") if owner is not None and owner.job else None
+        if name is None:
+            return None
+        return next((job for job in self.jobs if name in job.names()), None)
+
+    def holder(self, seen: Optional[Identity] = None) -> Identity:
+        """Who holds the device: the first job, as its user. `seen`: a process of one of the
+        jobs, whose host account names the user when the map does not (a map of bare ids)."""
+        job = self.job_of(seen) if seen is not None else None
+        job = job or self.jobs[0]
+        user = job.user or (seen.account if seen is not None and self.job_of(seen) is job
+                            else None)
+        uid = job.uid if job.uid is not None else (seen.uid if seen is not None and
+                                                   self.job_of(seen) is job else None)
+        who = Identity(user=user or (f"uid:{uid}" if uid is not None else f"job {job.id}"),
+                       source="slurm", account=user, uid=uid, job=job.fields())
+        return who
+
+    def named(self) -> bool:
+        """Whether the map names the first job's user (else its processes will)."""
+        return self.jobs[0].user is not None or self.jobs[0].uid is not None
+
+    def describe(self) -> str:
+        """The jobs in words: `job 4242`, `jobs 4242, 4243`."""
+        ids = self.ids()
+        return ("job " if len(ids) == 1 else "jobs ") + ", ".join(ids)
+
+
+def with_user(allocation: Allocation, user: str, uid: Optional[int]) -> Allocation:
+    """The allocation with its first job's user filled in (by the one who reads the map)."""
+    first = replace(allocation.jobs[0], user=user, uid=uid)
+    return Allocation((first,) + allocation.jobs[1:])

@@ -1,0 +1,46 @@
+"""Telling of a trespass, once: a process on a device that is not its owner's to use.
+
+Three kinds: a process of another user on a held device; one that took a free device beyond
+its owner's limit (limits.py); and, on a device a Slurm job holds (core/jobs.py), a process
+that is not in the job, whoever runs it. Each is logged and recorded (the audit record's
+`trespass` event); the hold remembers whom it has told of (Hold.trespassers).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from patroller.core.devices import Device
+from patroller.core.identity import Identity
+from patroller.core.leases.holds import Hold, Notices
+from patroller.core.leases.limits import Count
+
+log = logging.getLogger(__name__)
+
+
+def trespass(notices: Notices, device: Optional[Device], pid: int, owner: Identity,
+             hold: Optional[Hold] = None, beyond: Optional[Count] = None) -> None:
+    """Log and record a trespass: a process on a device another user (or job) holds
+    (`hold`), or one that took a free device beyond its owner's limit (`beyond`, the count it
+    went past)."""
+    where = device.uuid if device is not None else "?"
+    if beyond is not None:
+        log.warning("trespassing: %s runs pid %d on %s, beyond the limit of %d of %s",
+                    owner.user, pid, where, beyond.limit, beyond.describe(owner).rstrip(","))
+        notices.event("trespass", owner.user, [device], pid=pid, why="over_limit",
+                      limit=beyond.limit, held=[d.number for d in beyond.held],
+                      account=beyond.name if beyond.kind == "account" else None)
+        return
+    holder = hold.holder.user if hold is not None and hold.holder else None
+    allocation = hold.allocation if hold is not None else None
+    if allocation is None:
+        log.warning("trespassing: %s runs pid %d on %s, held by %s", owner.user, pid, where,
+                    holder or "nobody")
+        notices.event("trespass", owner.user, [device], pid=pid, holder=holder)
+        return
+    job = dict(owner.job).get("id") if owner.job else None
+    log.warning("trespassing: %s runs pid %d on %s (%s), allocated to Slurm %s of %s",
+                owner.user, pid, where, f"job {job}" if job else "in no job",
+                allocation.describe(), holder or "?")
+    notices.event("trespass", owner.user, [device], pid=pid, holder=holder,
+                  why="outside_job", jobs=list(allocation.ids()), job=job)

@@ -1,0 +1,207 @@
+"""Slurm allocations in the lease rules: a device the job map lists is its jobs', never granted,
+no lease runs on it, a process outside the jobs trespasses; when the map lets go, the usual
+rules go on. A fake clock and no I/O."""
+from dataclasses import replace
+from typing import List
+
+import pytest
+
+from helpers import FakeClock, lease_manager
+from patroller.config import Config, policy_of
+from patroller.core.errors import Busy, NotYours
+from patroller.core.identity import Identity, named_user
+from patroller.core.jobs import Allocation, Job
+from patroller.core.leases.holds import Event
+from patroller.http.views import claims, usage
+
+alice, bob = named_user("alice"), named_user("bob")
+ROOT = Identity(user="root", source="host", account="root", uid=0)
+JOB = Job(id="4242", uid=1001, user="carol", account="physics", partition="gpu")
+ALLOCATION = Allocation((JOB,))
+
+
+def in_job(user: str, uid: int, job: str, step: str = "0") -> Identity:
+    """A process of a job, as identify/resolver.py makes its identity."""
+    return Identity(user=user, source="slurm", account=user, uid=uid,
+                    job=(("id", job), ("step", step)))
+
+
+def host(user: str, uid: int) -> Identity:
+    return Identity(user=user, source="host", account=user, uid=uid)
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def leases(clock):
+    return lease_manager(clock)
+
+
+def recorded(leases) -> List[Event]:
+    events: List[Event] = []
+    leases.on_event(events.append)
+    return events
+
+
+def uuid(leases, number):
+    return leases.inventory.by_number(number).uuid
+
+
+def test_an_allocated_device_is_its_jobs_and_never_granted(leases):
+    leases.request(alice, {"gpu": 6})  # GPUs 0-5; 6 and 7 are free, until Slurm allocates them
+    leases.allocate(uuid(leases, 6), ALLOCATION)
+    leases.allocate(uuid(leases, 7), ALLOCATION)
+    assert leases.state(uuid(leases, 6)) == "allocated"
+    holder = leases.holder(uuid(leases, 6))
+    assert (holder.user, holder.source, holder.uid) == ("carol", "slurm", 1001)
+    assert dict(holder.job) == {"id": "4242", "account": "physics", "partition": "gpu"}
+    with pytest.raises(Busy):
+        leases.request(bob, {"gpu": 1})
+    waiter = leases.wait(bob, {"gpu": 1}, lambda devices: None)
+    assert leases.cancel(waiter)  # it waited: nothing was free for it
+    claim = claims(leases)[uuid(leases, 6)]
+    assert claim["hold"] == "slurm" and claim["expires"] is None
+    assert claim["jobs"] == [{"id": "4242", "user": "carol", "uid": 1001, "account": "physics",
+                              "partition": "gpu"}]
+
+
+def test_no_lease_runs_on_an_allocated_device(leases, clock):
+    device = uuid(leases, 2)
+    leases.allocate(device, ALLOCATION)
+    clock.advance(Config().lease * 10)
+    assert leases.expire() == []
+    assert leases.next_deadline() is None
+    leases.process_started(device, 500, in_job("carol", 1001, "4242"))
+    leases.process_ended(device, 500)  # the job's last process left: still the job's
+    clock.advance(Config().lease * 10)
+    assert leases.expire() == [] and leases.state(device) == "allocated"
+
+
+def test_a_waiter_gets_the_device_when_the_allocation_ends(leases):
+    for _ in range(7):
+        leases.request(alice, {"gpu": 1})
+    last = uuid(leases, 7)
+    leases.allocate(last, ALLOCATION)
+    granted = []
+    leases.wait(bob, {"gpu": 1}, granted.append)
+    assert granted == []
+    leases.allocate(last, None)
+    assert [d.uuid for d in granted[0]] == [last]
+    assert leases.holder(last).user == "bob"
+
+
+def test_the_jobs_processes_claim_it_and_others_trespass_once(leases):
+    events = recorded(leases)
+    device = uuid(leases, 3)
+    leases.allocate(device, ALLOCATION)
+    leases.process_started(device, 100, in_job("carol", 1001, "4242"))
+    assert leases.state(device) == "claimed"
+    # the job's own user, from an SSH session the job did not adopt: not in the job
+    leases.process_started(device, 101, host("carol", 1001))
+    leases.process_started(device, 102, host("carol", 1001))
+    # another job of another user
+    leases.process_started(device, 103, in_job("dave", 1002, "4243"))
+    assert leases.state(device) == "shared"
+    trespasses = [e for e in events if e.kind == "trespass"]
+    assert [(e.user, e.details["pid"], e.details.get("job")) for e in trespasses] == [
+        ("carol", 101, None), ("dave", 103, "4243")]
+    assert all(e.details["why"] == "outside_job" and e.details["jobs"] == ["4242"]
+               and e.details["holder"] == "carol" for e in trespasses)
+    counted = usage(leases)
+    assert counted["carol"]["trespassing"] == 1 and counted["dave"]["trespassing"] == 1
+    assert leases.holder(device).user == "carol"
+
+
+def test_a_trespasser_who_leaves_and_comes_back_is_told_again(leases):
+    events = recorded(leases)
+    device = uuid(leases, 0)
+    leases.allocate(device, ALLOCATION)
+    leases.process_started(device, 101, host("bob", 1003))
+    leases.process_ended(device, 101)
+    leases.process_started(device, 102, host("bob", 1003))
+    assert [e.details["pid"] for e in events if e.kind == "trespass"] == [101, 102]
+
+
+def test_processes_there_before_the_allocation_are_judged_by_it(leases):
+    events = recorded(leases)
+    device = uuid(leases, 4)
+    leases.process_started(device, 200, host("bob", 1003))  # bob took it by computing
+    assert leases.holder(device).user == "bob"
+    leases.allocate(device, ALLOCATION)
+    assert leases.holder(device).user == "carol" and leases.state(device) == "shared"
+    kinds = [(e.kind, e.user) for e in events]
+    assert ("preempted", "bob") in kinds and ("allocated", "carol") in kinds
+    assert ("trespass", "bob") in kinds
+    # the allocation ends while bob still computes: his process holds it again
+    leases.allocate(device, None)
+    assert leases.holder(device).user == "bob" and leases.state(device) == "claimed"
+    assert ("deallocated", "carol") in [(e.kind, e.user) for e in events]
+
+
+def test_a_reservation_ends_when_slurm_allocates_the_device(leases):
+    events = recorded(leases)
+    device = leases.request(alice, {"gpu": 1})[0].uuid
+    leases.allocate(device, ALLOCATION)
+    assert leases.holder(device).user == "carol"
+    preempted = [e for e in events if e.kind == "preempted"]
+    assert preempted and preempted[0].user == "alice" and preempted[0].details == {
+        "jobs": ["4242"], "hold": "lease"}
+    assert leases.held_by("alice") == []
+
+
+def test_nobody_releases_a_slurm_allocation_not_even_root(leases):
+    device = uuid(leases, 5)
+    leases.allocate(device, ALLOCATION)
+    carol = in_job("carol", 1001, "4242")
+    for who in (carol, ROOT):
+        with pytest.raises(NotYours) as refused:
+            leases.release(who, device)
+        assert "Slurm job 4242" in str(refused.value) and refused.value.data["jobs"] == ["4242"]
+    assert leases.release(carol) == ([], [])  # a bare release leaves it too
+    assert leases.state(device) == "allocated"
+
+
+def test_a_map_of_bare_ids_learns_the_user_from_the_jobs_process(leases):
+    device = uuid(leases, 6)
+    leases.allocate(device, Allocation((Job(id="77"),)))
+    assert leases.holder(device).user == "job 77"
+    leases.process_started(device, 300, in_job("erin", 1004, "77", "batch"))
+    holder = leases.holder(device)
+    assert (holder.user, holder.uid, dict(holder.job)["id"]) == ("erin", 1004, "77")
+    assert leases.state(device) == "claimed"
+
+
+def test_a_job_named_by_its_sluid_in_the_cgroup_is_the_same_job(leases):
+    device = uuid(leases, 6)
+    leases.allocate(device, Allocation((Job(id="4242", sluid="sEKNKTV3WPV500", user="carol"),)))
+    leases.process_started(device, 300, in_job("carol", 1001, "sEKNKTV3WPV500"))
+    assert leases.state(device) == "claimed"
+
+
+def test_a_device_shared_by_two_jobs_is_both_jobs(leases):
+    device = uuid(leases, 1)
+    leases.allocate(device, Allocation((JOB, Job(id="4243", user="dave"))))
+    leases.process_started(device, 1, in_job("carol", 1001, "4242"))
+    leases.process_started(device, 2, in_job("dave", 1002, "4243"))
+    assert leases.state(device) == "claimed"
+    assert claims(leases)[device]["hold"] == "slurm"
+
+
+def test_allocated_devices_do_not_count_against_patroller_limits(clock):
+    leases = lease_manager(clock, policy=replace(policy_of(Config()), max_per_user=1))
+    carol = Identity(user="carol", source="host", account="carol", uid=1001)
+    leases.allocate(uuid(leases, 0), ALLOCATION)
+    leases.allocate(uuid(leases, 1), ALLOCATION)
+    assert len(leases.request(carol, {"gpu": 1})) == 1
+
+
+def test_the_same_allocation_told_again_changes_nothing(leases):
+    events = recorded(leases)
+    device = uuid(leases, 0)
+    leases.allocate(device, ALLOCATION)
+    leases.allocate(device, Allocation((JOB,)))
+    leases.allocate(uuid(leases, 1), None)  # never allocated: nothing to end
+    assert [e.kind for e in events] == ["allocated"]
