@@ -24,10 +24,11 @@ from patroller.identify.resolver import ProcessIdentifier
 from patroller.identify.tracker import ProcessTracker
 from patroller.observe.crosscheck import CrossCheck, Unattributed
 from patroller.observe.idle import IdleWatch
+from patroller.observe.jobmap import JobMapWatch
 from patroller.observe.inventory import GpuHostError, InventoryWatch, command, devices_of, discover
 from patroller.observe.monitor import Monitor
 from patroller.observe.monitors import DmonMonitor, PmonMonitor
-from patroller.observe.signals import Signals, Silence
+from patroller.observe.signals import Allocated, Signals, Silence
 from patroller.observe.silence import SilenceWatch
 from patroller.observe.stats import StatsStore
 from patroller.observe.testmode import SyntheticMonitor, synthetic_inventory
@@ -168,8 +169,9 @@ async def build(config: Config) -> Daemon:
         synthetic = SyntheticMonitor(inventory, signals, config.test_interval,
                                      held=lambda uuid: daemon.services.leases.state(uuid)
                                      not in ("free", "lost"))
-        daemon = assemble(config, inventory, signals, [synthetic], ProcessIdentifier(config),
-                          TestModeCallers(config))
+        daemon = assemble(config, inventory, signals, [synthetic] + schedulers(inventory, signals,
+                                                                            config),
+                          ProcessIdentifier(config), TestModeCallers(config))
         return daemon
     argv = command(config.nvidia_smi)
     try:
@@ -191,9 +193,18 @@ async def build(config: Config) -> Daemon:
                 InventoryWatch(inventory, signals, argv, None, config),
                 SilenceWatch(inventory, signals, config.sample_interval,
                              config.silent_intervals * config.sample_interval)]
+    monitors += schedulers(inventory, signals, config)
     daemon = assemble(config, inventory, signals, monitors, identifier,
                       SystemCallers(identifier, directory, config), directory)
     return daemon
+
+
+def schedulers(inventory: Inventory, signals: Signals, config: Config) -> List[Monitor]:
+    """The watches of a batch scheduler's allocations the configuration asks for: Slurm's job
+    map (--slurm-job-map), or none."""
+    if config.slurm_job_map is None:
+        return []
+    return [JobMapWatch(inventory, signals, config)]
 
 
 def assemble(config: Config, inventory: Inventory, signals: Signals, monitors: Sequence[Monitor],
@@ -223,7 +234,8 @@ def assemble(config: Config, inventory: Inventory, signals: Signals, monitors: S
 def connect(services: Services) -> None:
     """Who hears whom: the monitors' signals reach the statistics, the idle watch and (through
     the tracker) the leases; every lease event reaches the audit record; a change of the host's
-    devices reaches the leases and the streams; a device that falls silent is withheld."""
+    devices reaches the leases and the streams; a device that falls silent is withheld; a
+    device the Slurm job map allocates is its jobs'."""
     services.stats.connect(services.signals)
     services.idle.connect(services.signals)
     services.tracker.connect(services.signals)
@@ -241,6 +253,10 @@ def connect(services: Services) -> None:
     def device_silent(sender: Any, record: Silence) -> None:
         services.leases.withhold(record.uuid, record.why)
     services.signals.device_silent.connect(device_silent, weak=False)
+
+    def job_allocation(sender: Any, record: Allocated) -> None:
+        services.leases.allocate(record.uuid, record.allocation)
+    services.signals.job_allocation.connect(job_allocation, weak=False)
 
 
 def make_policy(config: Config) -> Policy:

@@ -172,6 +172,7 @@ def summary(services: "Services") -> str:
     """One line on what the daemon holds: devices by state, and requests waiting."""
     states = Counter(services.leases.state(device.uuid) for device in services.inventory)
     held = ", ".join(f"{states[state]} {state}"
-                     for state in ("reserved", "claimed", "shared", "free"))
+                     for state in ("reserved", "allocated", "claimed", "shared", "free")
+                     if state != "allocated" or states[state])
     return (f"{len(services.inventory)} devices: {held}; "
             f"{len(services.leases.waiters)} requests waiting, still serving")

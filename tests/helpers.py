@@ -12,9 +12,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
-from typing import Any, AsyncIterator, Callable, Coroutine, Dict, List, Optional, Tuple
+from typing import Any, AsyncIterator, Callable, Coroutine, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
@@ -26,6 +26,7 @@ from patroller.core.leases import LeaseManager
 from patroller.observe.testmode import synthetic_inventory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOBODY = 65534  # an unprivileged uid every Debian has
 
 
 class FakeClock:
@@ -284,3 +285,35 @@ def python_for(uid: int) -> str:
             continue
         return candidate
     pytest.fail(f"no Python that uid {uid} may run")
+
+
+@contextmanager
+def slurm_job_process(job: str, step: str = "0", uid: int = NOBODY,
+                      **job_env: str) -> Iterator[int]:
+    """`sleep` as `uid`, moved into the cgroup of a job's step as slurmstepd makes it (a v1
+    hierarchy, freezer, where the host has one; else v2), with SLURM_JOB_<KEY> variables from
+    `job_env` (account=..., partition=...): its pid. Needs root."""
+    need_root("it makes a job's cgroup")
+    tag = f"pt{os.getpid()}_{job}_{step}"
+    if os.path.isdir("/sys/fs/cgroup/freezer"):
+        root, path = "/sys/fs/cgroup/freezer", f"slurm_{tag}/uid_{uid}/job_{job}/step_{step}"
+    else:
+        root, path = "/sys/fs/cgroup", f"{tag}_slurmstepd.scope/job_{job}/step_{step}"
+    where = os.path.join(root, path)
+    os.makedirs(where)
+    env = {f"SLURM_JOB_{key.upper()}": value for key, value in job_env.items()}
+    sleeper = subprocess.Popen(["sleep", "120"], user=uid, group=uid, extra_groups=[],
+                               env={**env, "PATH": "/usr/bin:/bin"})
+    try:
+        with open(os.path.join(where, "cgroup.procs"), "w") as f:
+            f.write(str(sleeper.pid))
+        yield sleeper.pid
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        parts = path.split("/")
+        for depth in range(len(parts), 0, -1):
+            try:
+                os.rmdir(os.path.join(root, *parts[:depth]))
+            except OSError:
+                pass

@@ -274,6 +274,7 @@ FOREIGN = {
     "--no-deps",  # pip install
     "--scenario",  # python -m patroller.simulator
     "--now", "--full",  # systemctl enable --now, systemctl edit --full
+    "--hpc-job-mapping-dir",  # dcgm-exporter
 }
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 

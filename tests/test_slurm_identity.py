@@ -1,17 +1,12 @@
 """A Slurm job's processes: the job and step its cgroup names, its user, and the job's account
 and partition (parser fixtures for every path shape; then a real process in a real cgroup of
 Slurm's shape, made here as slurmstepd makes it, and the daemon on the simulator)."""
-import os
-import subprocess
-
 import pytest
 
-from helpers import ScenarioFile, async_test, gpu_running, need_root, until
+from helpers import NOBODY, ScenarioFile, async_test, gpu_running, slurm_job_process, until
 from patroller.config import Config
 from patroller.identify.cgroups import SlurmStep, parse_cgroup, parse_slurm
 from patroller.identify.resolver import ProcessIdentifier
-
-NOBODY = 65534
 
 
 @pytest.mark.parametrize("text,step", [
@@ -41,36 +36,11 @@ def test_other_processes_are_in_no_job(text):
     assert parse_slurm(text) is None
 
 
-def cgroup_root():
-    """Where this host lets a job's cgroup be made: a v1 hierarchy (freezer) or v2."""
-    if os.path.isdir("/sys/fs/cgroup/freezer"):
-        return "/sys/fs/cgroup/freezer", f"slurm_pt{os.getpid()}/uid_{NOBODY}/job_4242/step_0"
-    return "/sys/fs/cgroup", f"pt{os.getpid()}_slurmstepd.scope/job_4242/step_0"
-
-
 @pytest.fixture
 def job_process():
-    """`sleep` as uid 65534, with a job's environment, moved into a job step's cgroup."""
-    need_root("it makes a job's cgroup")
-    root, path = cgroup_root()
-    where = os.path.join(root, path)
-    os.makedirs(where)
-    sleeper = subprocess.Popen(["sleep", "120"], user=NOBODY, group=NOBODY, extra_groups=[],
-                               env={"SLURM_JOB_ACCOUNT": "vision-lab", "SLURM_JOB_PARTITION":
-                                    "gpu", "PATH": "/usr/bin:/bin"})
-    try:
-        with open(os.path.join(where, "cgroup.procs"), "w") as f:
-            f.write(str(sleeper.pid))
-        yield sleeper.pid
-    finally:
-        sleeper.kill()
-        sleeper.wait()
-        parts = path.split("/")
-        for depth in range(len(parts), 0, -1):
-            try:
-                os.rmdir(os.path.join(root, *parts[:depth]))
-            except OSError:
-                pass
+    """`sleep` as uid 65534, with a job's environment, in a job step's cgroup."""
+    with slurm_job_process("4242", account="vision-lab", partition="gpu") as pid:
+        yield pid
 
 
 @async_test

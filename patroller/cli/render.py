@@ -5,8 +5,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 CUT = "…"
 WIDEST = {"NAME": 22, "USER": 32, "PROCESSES": 40}  # longer cells are cut
-STATE_COLOURS = {"free": "32", "reserved": "33", "claimed": "36", "shared": "1;31",
-                 "lost": "35"}
+STATE_COLOURS = {"free": "32", "reserved": "33", "allocated": "34", "claimed": "36",
+                 "shared": "1;31", "lost": "35"}
 HEADERS = ("GPU", "NAME", "STATE", "USER", "PROCESSES", "UTIL", "MEMORY", "TEMP", "POWER", "TIME")
 
 
@@ -108,7 +108,7 @@ def user_name(user: Optional[Dict[str, Any]]) -> str:
     container = user.get("container") or {}
     name = user.get("email") or container.get("name") or user.get("user") or "?"
     job = user.get("job") or {}
-    return f"{name} (job {job['id']})" if job.get("id") else name
+    return f"{name} (job {job['id']})" if job.get("id") and name != f"job {job['id']}" else name
 
 def processes_cell(claim: Dict[str, Any]) -> str:
     detail = claim.get("process_detail")

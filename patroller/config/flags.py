@@ -45,6 +45,9 @@ _SETTINGS = (
      "book (default /var/lib/patroller as root, else ~/.local/state/patroller; none in test mode)"),
     ("--docker-host", "DOCKER_HOST",
      "the Docker Engine to read container labels from (default unix:///var/run/docker.sock)"),
+    ("--slurm-job-map", "PATROLLER_SLURM_JOB_MAP",
+     "directory of the Slurm job map (one file per GPU index, listing its jobs; written by "
+     "contrib/slurm's prolog): a GPU listed there is its jobs', never granted (default: none)"),
     ("--log-level", "PATROLLER_LOG_LEVEL", "debug, info, warning or error (default info)"),
     ("--body-timeout", "PATROLLER_BODY_TIMEOUT",
      "seconds a request body may take to arrive before the request is refused (default 10)"),
@@ -179,6 +182,15 @@ def _state_dir(text: str) -> Optional[str]:
     return path
 
 
+def _job_map(text: str) -> Optional[str]:
+    if text.strip().lower() in ("", "none"):
+        return None
+    path = os.path.abspath(os.path.expanduser(text.strip()))
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise ValueError("is not a directory")
+    return path  # one that is not there yet is read once the prolog makes it
+
+
 def default_state_dir(test: bool, environ: Mapping[str, str], uid: int) -> Optional[str]:
     """Where the lease book lives when no --state-dir is given: none in test mode (test daemons
     run many at once), the system's state directory for root, the user's own otherwise."""
@@ -243,6 +255,7 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         state_dir=pick("--state-dir", env_names["--state-dir"], _state_dir,
                        default_state_dir(test, environ, os.getuid())),
         docker_host=pick("--docker-host", env_names["--docker-host"], _docker_host, None),
+        slurm_job_map=pick("--slurm-job-map", env_names["--slurm-job-map"], _job_map, None),
         log_level=pick("--log-level", env_names["--log-level"], _log_level, Config.log_level),
         body_timeout=pick("--body-timeout", env_names["--body-timeout"], durations.parse,
                           Config.body_timeout),

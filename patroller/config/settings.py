@@ -49,6 +49,7 @@ class Config:
     user_labels: Tuple[str, ...] = DEFAULT_USER_LABELS
     user_info_labels: Tuple[str, ...] = ()
     docker_host: Optional[str] = None  # None: the Docker SDK's default socket
+    slurm_job_map: Optional[str] = None  # the Slurm prolog's job map directory; None: none
 
     # -- state on disk (flags) ----------------------------------------------------------------
     state_dir: Optional[str] = None  # the lease book's directory; None: keep no book
@@ -90,6 +91,8 @@ class Config:
     rediscover_soonest: float = 5.0  # seconds at least between readings a failing stream asks for
     busy_mib: int = 64  # MiB used on a device that pmon lists no process on: someone computes
     cross_check_timeout: float = 30.0  # seconds a compute-apps query may take: then it is killed
+    job_map_every: float = 1.0  # seconds between readings of the Slurm job map directory
+    job_map_file_limit: int = 64 * 1024  # bytes read at most of one job map file
     test_devices: int = 8  # test mode's synthetic devices
     test_interval: float = 1.0  # seconds between test mode's samples
     history_every: float = 5.0  # seconds between the points of a device's utilisation history

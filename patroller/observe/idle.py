@@ -1,12 +1,13 @@
 """Noticing waste: held GPUs that nobody uses.
 
-A device that someone holds (reserved, claimed or shared) is idle while its SM use is at most
+A device that someone holds (reserved, allocated to a Slurm job, claimed or shared) is idle while its SM use is at most
 the policy's `idle_sm` (%) and its memory used under `idle_memory_mib` (canhazgpu's 1 GiB is the
 reference: a loaded model or a CUDA context of a live job uses more), as dmon reports them. A
 figure the driver does not print (`-`, MIG) is not taken for idle: nothing is marked idle or
 released on a guess. After `idle_after` seconds idle, /status and the metrics say so
 (`idle_for`). With `idle_release` set (off by default), a reservation idle that long with no
-process on it is released, and the audit record says so with its user.
+process on it is released, and the audit record says so with its user (a Slurm job's never:
+Slurm ends its jobs).
 
 Each sample updates one timestamp per device: no history is kept.
 """
@@ -40,7 +41,7 @@ class IdleWatch:
         """A sample of one device: is it idle, and for how long?"""
         policy = self.leases.policy
         state = self.leases.state(uuid) if self.leases.inventory.get(uuid) else None
-        if state not in ("reserved", "claimed", "shared"):
+        if state not in ("reserved", "allocated", "claimed", "shared"):
             self._since.pop(uuid, None)
             return
         sm, used = values.get("sm"), values.get("fb")

@@ -11,6 +11,8 @@ from typing import Mapping, Optional, Tuple, Union
 
 import blinker
 
+from patroller.core.jobs import Allocation
+
 Value = Union[float, int, str, None]
 
 
@@ -58,6 +60,14 @@ class Silence:
     why: Optional[str]
 
 
+@dataclass(frozen=True)
+class Allocated:
+    """The Slurm job map says a device is allocated to these jobs (None: to none now)."""
+
+    uuid: str
+    allocation: Optional[Allocation]
+
+
 class Signals:
     """The signals of one daemon.
 
@@ -85,5 +95,7 @@ class Signals:
             "device-gone", doc="a stream ended saying a device is gone: read the inventory")
         self.device_silent = namespace.signal(
             "device-silent", doc="a device printed nothing while the others did, or again")
+        self.job_allocation = namespace.signal(
+            "job-allocation", doc="the Slurm job map changed what a device is allocated to")
         self.inventory_changed = namespace.signal(
             "inventory-changed", doc="devices were added, lost, renumbered or changed")

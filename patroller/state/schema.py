@@ -12,6 +12,8 @@ with one entry per held device:
      "pid": 4242, "start": 123456,   (held for a process: its pid and start time)
      "until": <epoch s>}             (held for a duration)
 
+A device a Slurm job holds is not kept: the job map says so again at start.
+
 Times go to disk on the wall clock (the manager's clock + an offset), as the monotonic clock
 means nothing to the next process after a reboot. `state` is for people reading the file; a
 restart does not use it.
@@ -73,7 +75,8 @@ def snapshot(leases: LeaseManager, offset: float) -> Dict[str, Dict[str, Any]]:
             **({"pid": hold.held_for.pid, "start": hold.held_for.start} if hold.held_for else {}),
             **({"until": round(hold.until + offset, 3)} if hold.until is not None else {}),
         }
-        for uuid, hold in leases.holds.items() if hold.holder is not None
+        for uuid, hold in leases.holds.items()
+        if hold.holder is not None and hold.allocation is None  # the job map says those again
     }
 
 

@@ -6,7 +6,7 @@
 
 (function () {
   const SVG = "http://www.w3.org/2000/svg";
-  const STATES = ["free", "reserved", "claimed", "shared", "lost"];
+  const STATES = ["free", "reserved", "allocated", "claimed", "shared", "lost"];
   let source = null;          // the EventSource
   let retryTimer = null;      // a reconnect of our own, when the browser gave up
   let receivedAt = 0;         // performance.now() when the last snapshot came
@@ -165,6 +165,10 @@
   }
 
   function holdText(claim) {
+    if (claim.jobs && claim.jobs.length) {
+      return h("span", {class: "hold"}, "Slurm job" + (claim.jobs.length > 1 ? "s " : " ") +
+        claim.jobs.map((j) => j.id).join(", "));
+    }
     if (claim.held_for_pid !== null && claim.held_for_pid !== undefined) {
       return h("span", {class: "hold"}, "while pid " + claim.held_for_pid + " lives");
     }
