@@ -342,3 +342,21 @@ def test_the_users_table_fits_at_every_width_and_a_user_over_the_limit_stands_ou
         wide.quit()
         server.stop()
 
+
+
+def test_a_gpu_allocated_to_a_slurm_job_shows_the_job_and_its_user(page, tmp_path):
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    server = ServerProcess("--test", "--slurm-job-map", str(jobs)).start()
+    try:
+        opened(page, server)
+        (jobs / ".3.new").write_text("4242 uid=1001 user=carol account=physics\n")
+        os.replace(jobs / ".3.new", jobs / "3")
+        card = card_where(page, 3, "allocated to job 4242",
+                          lambda c: c["state"] == "allocated" and "Slurm job 4242" in c["text"])
+        assert card["holder"] == "carol" and "job 4242 · physics" in card["text"]
+        os.remove(jobs / "3")
+        card_where(page, 3, "free again", lambda c: c["state"] == "free")
+        still_the_same_page(page)
+    finally:
+        server.stop()
