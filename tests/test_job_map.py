@@ -4,13 +4,18 @@ the job on it trespasses, an allocated GPU with nothing running is idle like a r
 the GPU is grantable again once the file goes."""
 import os
 import subprocess
+from dataclasses import replace as changed
 
 import pytest
 
 from helpers import (NOBODY, ScenarioFile, async_test, gpu_running, running,
                      slurm_job_process, until)
+from patroller.config import Config
+from patroller.core.devices import Inventory
 from patroller.core.jobs import Allocation, Job
-from patroller.observe.jobmap import gpu_index, parse_files, parse_line, read_map
+from patroller.observe.jobmap import JobMapWatch, gpu_index, parse_files, parse_line, read_map
+from patroller.observe.signals import Signals
+from patroller.observe.testmode import synthetic_inventory
 
 
 @pytest.mark.parametrize("line,job", [
@@ -174,3 +179,20 @@ async def test_an_allocated_gpu_with_nothing_running_is_idle(tmp_path):
         # --idle-release never ends a Slurm job's allocation: Slurm ends its jobs
         await until(lambda: h.services.idle.idle_for(uuid) > 2)
         assert h.services.leases.state(uuid) == "allocated"
+
+
+def test_the_watch_matches_indices_to_devices_afresh_after_a_renumbering(tmp_path):
+    """Two GPUs swap numbers (a GPU host's inventory can say so): the allocation follows the
+    index, and the device that no longer has it is told so."""
+    devices = list(synthetic_inventory(2))
+    signals, told = Signals(), []
+    signals.job_allocation.connect(lambda sender, record: told.append(record), weak=False)
+    watch = JobMapWatch(Inventory(devices), signals,
+                        Config(slurm_job_map=str(tmp_path)))
+    allocation = {0: Allocation((Job("7"),))}
+    watch.apply(allocation)
+    watch.inventory = Inventory([changed(devices[0], number=1), changed(devices[1], number=0)])
+    watch.reconfigure()
+    watch.apply(allocation)
+    assert [(r.uuid, r.allocation) for r in told] == [
+        (devices[0].uuid, allocation[0]), (devices[0].uuid, None), (devices[1].uuid, allocation[0])]

@@ -143,16 +143,13 @@ class JobMapWatch(Monitor):
         if self._task is not None:
             await asyncio.wait([self._task])
 
-    def reconfigure(self) -> None:
-        """Devices were renumbered: the next reading tells each device its allocation."""
-        self._told.clear()
-
     def metrics(self) -> Dict[str, object]:
         return {"state": self._state, "readings": self.readings, "failures": self.failures,
                 "allocated": len(self._told)}
 
     def apply(self, found: Allocations) -> None:
-        """Tell of every device whose allocation is not what was last told."""
+        """Tell of every device whose allocation is not what was last told: indices are
+        matched to devices afresh each time, so a renumbered host needs nothing more."""
         by_index = {d.number: d.uuid for d in self.inventory if not d.lost}
         for index in sorted(set(found) - set(by_index) - self._unknown):
             log.warning("the Slurm job map names GPU %d, which this host does not have: "
