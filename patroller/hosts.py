@@ -26,20 +26,20 @@ def read(path: str) -> List[str]:
 
 def base_url(host: str) -> str:
     """The URL a host's API is under: `http://gpu1:8080` for `gpu1:8080`; `http://` and
-    `https://` addresses as given; port 80 (443) when none is given. ValueError, saying why,
-    when `host` is not the address of a host."""
+    `https://` addresses as given; port 80 (443) when none is given. ValueError when `host` is
+    not the address of a host: its message says why, without naming it (the caller does)."""
     text = host if "://" in host else "http://" + host
     parts = urllib.parse.urlsplit(text)
     if parts.scheme not in ("http", "https"):
-        raise ValueError(f"{host!r} is not host:port (nor an http:// or https:// address)")
+        raise ValueError("is not host:port, nor an http:// or https:// address")
     if not parts.hostname or parts.path not in ("", "/") or parts.query or parts.fragment \
             or parts.username is not None:
-        raise ValueError(f"{host!r} is not host:port")
+        raise ValueError("is not host:port")
     try:
         port = parts.port
     except ValueError:
         port = 0
     if port == 0 or (port is None and parts.netloc.endswith(":")):
-        raise ValueError(f"{host!r}: its port must be a number from 1 to 65535")
+        raise ValueError("has a port that is not a number from 1 to 65535")
     name = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
     return f"{parts.scheme}://{name}:{port or (443 if parts.scheme == 'https' else 80)}"
