@@ -86,7 +86,7 @@ def fleet():
     try:
         while True:
             _, first = fleet_json(daemon)
-            if all(by_host(first)[s.server]["state"] == "up" for s in live):
+            if all(by_host(first).get(s.server, {}).get("state") == "up" for s in live):
                 break
             assert time.monotonic() - started < 30, first
             time.sleep(0.05)
@@ -282,10 +282,12 @@ async def test_the_hosts_are_asked_no_more_once_the_daemon_stopped():
                 await asyncio.sleep(0.05)
             answer = await h.ok("/fleet.json")
             assert answer["hosts"][0]["state"] == "failed", answer
-            fleet = h.api.fleet
+            loops = set(h.api.fleet.tasks)
+            assert len(loops) == 1 and not any(loop.done() for loop in loops)
         asked = len(connections)
+        assert all(loop.done() for loop in loops)
         await asyncio.sleep(1.5)  # three intervals
-        assert len(connections) == asked and not fleet.tasks and fleet.client is None
+        assert len(connections) == asked
     finally:
         host.close()
         await host.wait_closed()
@@ -296,5 +298,6 @@ def test_the_fleet_page_is_the_package_page_under_the_strict_policy(fleet):
     assert status == 200 and kind.startswith("text/html"), (status, kind)
     assert b'src="/web/fleet.js"' in body and b'href="/web/style.css"' in body
     assert b"<script>" not in body and b"style=" not in body
-    status, kind, _ = get(fleet.daemon.url + "/web/fleet.js")
-    assert status == 200 and "javascript" in kind
+    for name, expected in (("fleet.js", "javascript"), ("fleet.css", "text/css")):
+        status, kind, _ = get(fleet.daemon.url + "/web/" + name)
+        assert status == 200 and expected in kind, (name, kind)
