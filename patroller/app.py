@@ -60,8 +60,8 @@ class Daemon:
     def start(self) -> None:
         """Open the audit record's file and the lease book (last run's reservations come back
         before anything is served), then start expiring leases, watching the processes devices
-        are held for, the web page's feed and the monitors, on the current loop. Raises
-        StartError if a file cannot be opened."""
+        are held for, the web page's feed, asking the fleet's hosts (with --fleet) and the
+        monitors, on the current loop. Raises StartError if a file cannot be opened."""
         services = self.services
         try:
             services.audit.open()
@@ -78,6 +78,8 @@ class Daemon:
         services.timer.start()
         services.lifelines.start()
         self.api.feed.start()
+        if self.api.fleet is not None:
+            self.api.fleet.start()
         for monitor in services.monitors:
             monitor.start()
 
@@ -106,7 +108,8 @@ class Daemon:
         return [_url(s) for s in sockets]
 
     async def stop(self, grace: float) -> None:
-        """Stop accepting, answer waiters, stop monitors, close connections: within `grace` s.
+        """Stop accepting, answer waiters, stop asking the fleet's hosts, stop monitors, close
+        connections: within `grace` s.
 
         The monitors get half of it, all stopped together; each child has half of that to
         answer SIGTERM before its group is killed, so no child outlives the stop. Connections
@@ -120,6 +123,8 @@ class Daemon:
             remove_unix_socket(self.unix_file)  # only if it is still ours
         services.leases.close()  # waiters are answered 503
         self.api.feed.stop()  # pages' streams end (browsers reconnect by themselves)
+        if self.api.fleet is not None:  # the other hosts are asked no more
+            await self.api.fleet.stop(grace / 4)
         await asyncio.sleep(0)  # let their answers go out
         services.timer.stop()
         services.lifelines.stop()

@@ -63,11 +63,44 @@ def test_empty_test_variable_is_off():
     ([], {"DOCKER_HOST": "/var/run/docker.sock"}, "DOCKER_HOST"),
     (["--body-timeout", "0"], {}, "--body-timeout"),
     ([], {"PATROLLER_BODY_TIMEOUT": "soon"}, "PATROLLER_BODY_TIMEOUT"),
+    (["--fleet", "gpu1:8080,gpu2:80x"], {}, "--fleet"),
+    (["--fleet", "gpu1:0"], {}, "--fleet"),
+    (["--fleet", "unix:///run/patroller.sock"], {}, "--fleet"),
+    (["--fleet", " , "], {}, "--fleet"),
+    ([], {"PATROLLER_FLEET": "gpu1:8080/status"}, "PATROLLER_FLEET"),
+    (["--fleet-file", "/no/such/file"], {}, "--fleet-file"),
+    (["--fleet", "gpu1:8080", "--fleet-file", "/etc/hostname"], {}, "--fleet-file"),
+    (["--fleet-interval", "0.1"], {}, "--fleet-interval"),
+    (["--fleet-interval", "never"], {}, "--fleet-interval"),
+    (["--fleet-timeout", "0"], {}, "--fleet-timeout"),
+    ([], {"PATROLLER_FLEET_TIMEOUT": "-2"}, "PATROLLER_FLEET_TIMEOUT"),
 ])
 def test_bad_values_name_the_flag_or_variable(argv, environ, named):
     with pytest.raises(ConfigError) as error:
         load(argv, environ)
     assert str(error.value).startswith(named + ":")
+
+
+def test_the_fleet_from_a_list_or_a_file(tmp_path):
+    config = load(["--fleet", "gpu1:8080, gpu2:8080 gpu1:8080", "--fleet-interval", "2s",
+                   "--fleet-timeout", "1.5"], {})
+    assert config.fleet == ("gpu1:8080", "gpu2:8080")
+    assert (config.fleet_interval, config.fleet_timeout) == (2.0, 1.5)
+    listing = tmp_path / "fleet"
+    listing.write_text("# the lab\ngpu1:8080  # the old one\n\nhttp://[::1]:8080\n")
+    assert load([], {"PATROLLER_FLEET_FILE": str(listing)}).fleet == ("gpu1:8080",
+                                                                       "http://[::1]:8080")
+    assert load([], {}).fleet == () and Config().fleet_interval > Config().fleet_timeout
+    listing.write_text("# nobody yet\n")
+    with pytest.raises(ConfigError, match="^--fleet-file: .* names no host$"):
+        load(["--fleet-file", str(listing)], {})
+
+
+def test_a_bad_fleet_host_is_named():
+    with pytest.raises(ConfigError) as error:
+        load(["--fleet", "gpu1:8080,gpu2:80x"], {})
+    assert str(error.value) == ("--fleet: 'gpu1:8080,gpu2:80x' names 'gpu2:80x', which has a "
+                                "port that is not a number from 1 to 65535")
 
 
 def run(*args, env=None):
@@ -78,6 +111,7 @@ def run(*args, env=None):
 @pytest.mark.parametrize("args,env,named", [
     (["--test", "--port", "abc"], {}, "--port"),
     (["--test"], {"PATROLLER_LEASE": "-3"}, "PATROLLER_LEASE"),
+    (["--test", "--fleet", "gpu1:8080", "--fleet-timeout", "soon"], {}, "--fleet-timeout"),
 ])
 def test_a_bad_value_stops_the_program_with_one_line_and_status_2(args, env, named):
     result = run(*args, env=env)

@@ -7,13 +7,14 @@ fields the document names. tests/test_fuzz.py checks the shapes by fuzzing.
 import json
 import pkgutil
 import re
+import socket
 from typing import Any, Dict, Iterator, Set
 
 import pytest
 import tornado.web
 from tornado.httpclient import HTTPRequest
 
-from helpers import ROOT, async_test, running
+from helpers import ROOT, async_test, running, until
 from patroller import __version__
 from patroller.http import handlers as api
 
@@ -200,3 +201,24 @@ async def test_every_field_of_a_live_answer_is_named_in_the_document():
         index = await h.ok("/")
         named = {re.split(r"[?\[]", endpoint)[0] for endpoint in index["endpoints"]}
         assert named == set(DOCUMENT["paths"]) - {"/"}, "GET / names other endpoints"
+
+
+@async_test
+async def test_every_field_of_the_fleet_view_is_named_in_the_document():
+    with socket.socket() as gone:  # a port nothing listens on any more
+        gone.bind(("127.0.0.1", 0))
+        refused = gone.getsockname()[1]
+    async with running(lease=30) as host:
+        await host.ok("/request?gpu=1&user=alice@example.org")
+        hosts = (host.url[len("http://"):], f"127.0.0.1:{refused}")
+        async with running(fleet=hosts, fleet_interval=0.5, fleet_timeout=2.0) as h:
+            fleet = h.api.fleet
+            await until(lambda: all(entry.state != "asking" for entry in fleet.hosts))
+            body = await h.ok("/fleet.json")
+            assert [entry["state"] for entry in body["hosts"]] == ["up", "refused"], body
+            assert list(undocumented(body, answer_schema("/fleet.json", "get", 200))) == []
+    async with running() as h:
+        for path in ("/fleet", "/fleet.json"):
+            code, body = await h.call(path)
+            assert code == 404
+            assert list(undocumented(body, answer_schema(path, "get", 404))) == [], path

@@ -1,9 +1,9 @@
 """The command line: `patroller run|status|release|wait|reserve`.
 
 Owns: parsing the commands, talking to the server through `patroller.client`, rendering what it
-answers, exit statuses. May import: the standard library, `patroller.client` and
-`patroller.durations`; nothing of the daemon (no Tornado, no Docker SDK), so that it runs
-wherever the client is installed.
+answers, exit statuses. May import: the standard library, `patroller.client`,
+`patroller.durations` and `patroller.hosts`; nothing of the daemon (no Tornado, no Docker
+SDK), so that it runs wherever the client is installed.
 """
 from patroller.cli.commands import COMMANDS, main
 

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from patroller import client
+from patroller import client, hosts
 from patroller.cli.render import HEADERS, device_row, format_table
 
 FLEET_TIMEOUT = 5.0  # seconds a host may take to answer (--host-timeout)
@@ -41,12 +41,8 @@ def hosts_from(given: Optional[str], path: Optional[str]) -> List[str]:
     """The hosts asked for: `--hosts a,b`, else the lines of `--hosts-file`, else
     PATROLLER_HOSTS; each once, in the order given. OSError if the file cannot be read."""
     if given is None and path is not None:
-        with open(path, encoding="utf-8") as f:
-            given = ",".join(line.split("#", 1)[0] for line in f)
-    if given is None:
-        given = os.environ.get("PATROLLER_HOSTS", "")
-    words = [w.strip() for part in given.split(",") for w in part.split()]
-    return list(dict.fromkeys(w for w in words if w))
+        return hosts.read(path)
+    return hosts.split(os.environ.get("PATROLLER_HOSTS", "") if given is None else given)
 
 
 def _ask(host: str, timeout: float) -> HostAnswer:

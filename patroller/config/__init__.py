@@ -3,7 +3,7 @@ fallbacks, into one immutable Config that is passed down explicitly.
 
 Owns: Config (settings and documented internal defaults), the command line that fills it, and
 the fair-use policy built from it (with the per-user limits file).
-May import: `patroller.core` and `patroller.durations`.
+May import: `patroller.core`, `patroller.durations` and `patroller.hosts`.
 """
 from patroller.config.flags import default_state_dir, load, settings_table
 from patroller.config.policy import load_limits, policy_of

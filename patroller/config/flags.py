@@ -7,7 +7,7 @@ import math
 import os
 from typing import Callable, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
-from patroller import __version__, durations
+from patroller import __version__, durations, hosts
 from patroller.config.settings import DEFAULT_USER_LABELS, Config, ConfigError
 
 T = TypeVar("T")
@@ -79,6 +79,16 @@ _SETTINGS = (
     ("--audit-log", "PATROLLER_AUDIT_LOG",
      "also append the audit record to this file as JSON lines; - for standard output "
      "(default: the daemon's log only)"),
+    ("--fleet", "PATROLLER_FLEET",
+     "serve /fleet, one live page of these hosts' GPUs (host:port,host:port,...), and "
+     "/fleet.json; this daemon asks each host's /status itself (default: no fleet view)"),
+    ("--fleet-file", "PATROLLER_FLEET_FILE",
+     "the same hosts from a file, one a line (# comments); not with --fleet"),
+    ("--fleet-interval", "PATROLLER_FLEET_INTERVAL",
+     "seconds from one asking of a fleet host to the next (default 5; at least 0.5)"),
+    ("--fleet-timeout", "PATROLLER_FLEET_TIMEOUT",
+     "seconds a fleet host may take to answer before it is shown as not answering "
+     "(default 3)"),
 )
 
 
@@ -204,6 +214,37 @@ def default_state_dir(test: bool, environ: Mapping[str, str], uid: int) -> Optio
     return os.path.join(base, "patroller")
 
 
+def _fleet(text: str) -> Tuple[str, ...]:
+    return _fleet_hosts(hosts.split(text))
+
+
+def _fleet_file(text: str) -> Tuple[str, ...]:
+    path = os.path.abspath(os.path.expanduser(text.strip()))
+    try:
+        found = hosts.read(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
+    return _fleet_hosts(found)
+
+
+def _fleet_hosts(found: List[str]) -> Tuple[str, ...]:
+    if not found:
+        raise ValueError("names no host")
+    for host in found:
+        try:
+            hosts.base_url(host)
+        except ValueError as exc:
+            raise ValueError(f"names {host!r}, which {exc}") from None
+    return tuple(found)
+
+
+def _fleet_interval(text: str) -> float:
+    value = durations.parse(text)
+    if value < 0.5:
+        raise ValueError("must be at least 0.5 seconds: every host is asked that often")
+    return value
+
+
 def _docker_host(text: str) -> str:
     if not text.strip().startswith(("unix://", "tcp://", "ssh://", "http://", "https://")):
         raise ValueError("must be a unix://, tcp://, ssh:// or http(s):// address")
@@ -234,6 +275,12 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
 
     env_names = {flag: env for flag, env, _ in _SETTINGS}
     test = bool(args.test) or bool(environ.get("PATROLLER_TEST"))
+    fleet = pick("--fleet", env_names["--fleet"], _fleet, ())
+    from_file = pick("--fleet-file", env_names["--fleet-file"], _fleet_file, ())
+    if fleet and from_file:
+        raise ConfigError("--fleet-file: given with --fleet too (or PATROLLER_FLEET_FILE with "
+                          "PATROLLER_FLEET); name the fleet's hosts one way")
+    fleet = fleet or from_file
     return Config(
         test=test,
         port=pick("--port", env_names["--port"], _port, Config.port),
@@ -277,6 +324,11 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
                         Config.idle_after),
         idle_release=pick("--idle-release", env_names["--idle-release"], durations.parse, None),
         audit_log=pick("--audit-log", env_names["--audit-log"], _nonempty, None),
+        fleet=fleet,
+        fleet_interval=pick("--fleet-interval", env_names["--fleet-interval"], _fleet_interval,
+                            Config.fleet_interval),
+        fleet_timeout=pick("--fleet-timeout", env_names["--fleet-timeout"], durations.parse,
+                           Config.fleet_timeout),
     )
 
 

@@ -60,6 +60,11 @@ class Config:
     header_timeout: float = 30.0  # seconds a request's head may take, or a connection sit idle
     max_connections_per_caller: int = 512  # open at once per uid (or per address)
 
+    # -- the fleet view: /fleet and /fleet.json (flags) ---------------------------------------
+    fleet: Tuple[str, ...] = ()  # the hosts shown, as given (host:port); none: no fleet view
+    fleet_interval: float = 5.0  # seconds from one asking of a host's /status to the next
+    fleet_timeout: float = 3.0  # seconds a host may take to answer: then it is not answering
+
     # -- internal defaults: the daemon as a whole ----------------------------------------------
     shutdown_grace: float = 2.0  # seconds the whole stop may take: monitors, then connections
 
@@ -137,3 +142,5 @@ class Config:
     max_pages: int = 200  # web pages open at once (/events)
     max_pages_per_user: int = 20  # of them, one user's: nobody keeps the others' pages out
     max_pages_unidentified: int = 20  # of them, those of callers who cannot be identified
+    fleet_max_body: int = 8 << 20  # bytes: the largest answer taken from a fleet host (a
+    # /status of 64 GPUs and 500 processes is about 92 KB)

@@ -1,6 +1,6 @@
 """The web page's handlers: / (the page for a browser, the endpoints as JSON for a program),
-/web/<file> (its script and style, only what the package ships) and /events (its live feed,
-Server-Sent Events)."""
+/web/<file> (its script and style, only what the package ships), /events (its live feed,
+Server-Sent Events), and with --fleet the fleet's page, /fleet, and its data, /fleet.json."""
 from __future__ import annotations
 
 import asyncio
@@ -32,6 +32,8 @@ ENDPOINTS = {
     "/history[?since=T]": "the recent events of the audit record",
     "/events": "the page's live feed (Server-Sent Events)",
     "/web/{name}": "the page's scripts and style (a browser at / gets the page)",
+    "/fleet": "with --fleet: one live page of every host's GPUs",
+    "/fleet.json": "with --fleet: every host's GPUs, as this daemon last heard them",
     "/metrics": "Prometheus metrics: GPUs, who holds and uses them, the daemon",
     "/metrics.json": "the daemon's own counters, as JSON",
     "/openapi.json": "this API, described for programs (OpenAPI 3.1)",
@@ -52,20 +54,54 @@ def web_files() -> Dict[str, bytes]:
             if entry.is_file() and not entry.name.startswith(".")}
 
 
-class IndexHandler(View):
+class PageView(View):
+    """A handler that may answer one of the package's pages."""
+
+    def send_page(self, page: bytes) -> None:
+        """The page, under the strict policy: its scripts and style from this daemon only."""
+        self.set_header("Content-Type", WEB_TYPES[".html"])
+        self.set_header("Content-Security-Policy", PAGE_POLICY)
+        self.set_header("X-Content-Type-Options", "nosniff")
+        self.finish(page)
+
+
+class IndexHandler(PageView):
     """The endpoints as JSON, or, for a browser, the page."""
 
     def get(self) -> None:
         self.set_header("Vary", "Accept")
         page = self.api.web.get("index.html")
         if page is not None and wants_html(self.request.headers.get("Accept")):
-            self.set_header("Content-Type", WEB_TYPES[".html"])
-            self.set_header("Content-Security-Policy", PAGE_POLICY)
-            self.set_header("X-Content-Type-Options", "nosniff")
-            self.finish(page)
+            self.send_page(page)
             return
         self.send({"name": "patroller", "version": __version__, "mode": self.services.mode,
                    "devices": len(self.services.inventory), "endpoints": ENDPOINTS})
+
+
+def no_fleet() -> tornado.web.HTTPError:
+    return tornado.web.HTTPError(404, "no fleet view here: start the daemon with --fleet "
+                                      "host:port,host:port,... (or --fleet-file) to serve "
+                                      "/fleet and /fleet.json")
+
+
+class FleetHandler(PageView):
+    """With --fleet, the fleet's page (it follows /fleet.json)."""
+
+    def get(self) -> None:
+        page = self.api.web.get("fleet.html")
+        if self.api.fleet is None or page is None:
+            raise no_fleet()
+        self.send_page(page)
+
+
+class FleetJsonHandler(View):
+    """With --fleet, every host's GPUs as this daemon last heard them; it never waits for a
+    host."""
+
+    def get(self) -> None:
+        if self.api.fleet is None:
+            raise no_fleet()
+        self.send(self.api.fleet.data())
 
 
 class WebHandler(View):

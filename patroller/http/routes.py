@@ -11,21 +11,23 @@ import tornado.web
 from patroller.core.throttle import Throttle
 from patroller.http.access import AccessLog, Requests
 from patroller.http.api import Api
+from patroller.http.fleet import Fleet
 from patroller.http.handlers import (DevicesHandler, HistoryHandler, MetricsHandler,
                                      MetricsJsonHandler, NotFoundHandler, OpenApiHandler,
                                      QueueHandler, ReleaseHandler, RenewHandler, RequestHandler,
                                      StatusHandler, UsersHandler, WaitHandler)
 from patroller.http.live import LiveFeed
 from patroller.http.metrics import Registries
-from patroller.http.page import EventsHandler, IndexHandler, WebHandler, web_files
+from patroller.http.page import (EventsHandler, FleetHandler, FleetJsonHandler, IndexHandler,
+                                 WebHandler, web_files)
 from patroller.http.encoding import dumps
 from patroller.http.views import DevicesView, StatusView, page_snapshot
 from patroller.services import Services
 
 
 def make_api(services: Services) -> Api:
-    """The HTTP layer over `services`: its views, feed, counters, files and routes. Reads the
-    page's files and the API document from the package."""
+    """The HTTP layer over `services`: its views, feed, counters, files, fleet view and routes.
+    Reads the page's files and the API document from the package."""
     config = services.config
     status = StatusView(services.inventory, services.leases, services.stats, services.idle,
                         config.status_max_age)
@@ -34,7 +36,7 @@ def make_api(services: Services) -> Api:
     requests = Requests()
     api = Api(services=services, status=status, devices=devices, feed=feed,
               registries=Registries(services, requests), requests=requests, web=web_files(),
-              document=openapi_document())
+              document=openapi_document(), fleet=Fleet(config) if config.fleet else None)
     # The views and the feed follow every change; the inventory's too.
     services.leases.on_change(feed.changed)
     services.stats.on_change(feed.changed)
@@ -74,6 +76,8 @@ def make_app(api: Api) -> tornado.web.Application:
         (r"/history", HistoryHandler),
         (r"/events", EventsHandler),
         (r"/web/([A-Za-z0-9_.-]{1,64})", WebHandler),
+        (r"/fleet", FleetHandler),
+        (r"/fleet\.json", FleetJsonHandler),
         (r"/metrics", MetricsHandler),
         (r"/metrics\.json", MetricsJsonHandler),
         (r"/openapi\.json", OpenApiHandler),

@@ -1,0 +1,213 @@
+"""The fleet view (--fleet): every listed host's GPUs as its own daemon says, asked by this
+daemon, for /fleet.json and the /fleet page.
+
+Each host has a loop of its own on the event loop: ask its /status and /devices at once with
+Tornado's AsyncHTTPClient, each request bounded by --fleet-timeout; keep the GPUs it answered,
+or why it did not answer (refused, not answering, failed) and since when; wait out the rest of
+--fleet-interval; ask again. A host that never answers costs its own loop one timeout a round
+and never holds up another host's; one that comes back is shown again after its next round.
+The client has a connection for every request that can be in flight (two a host), so no
+request waits in its queue behind a silent host's. /fleet.json serializes what the loops kept:
+it never waits for a host.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+import orjson
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPResponse
+from tornado.simple_httpclient import HTTPTimeoutError
+
+from patroller import __version__, durations, hosts
+from patroller.config import Config
+from patroller.observe.stats import iso_time
+
+log = logging.getLogger(__name__)
+
+# What a host is, as last heard: it answered; not asked yet (this daemon just started); it
+# refused the connection (no daemon on that port); it did not answer in time; anything else
+# (a name that does not resolve, a connection reset, an answer that is not Patroller's).
+UP, ASKING, REFUSED, SILENT, FAILED = "up", "asking", "refused", "not answering", "failed"
+PATHS = ("/status", "/devices")
+
+
+class NotPatroller(Exception):
+    """A host answered, but not as a Patroller daemon does."""
+
+
+@dataclass
+class Host:
+    """One host of the fleet as this daemon last heard it."""
+
+    host: str  # as the configuration names it
+    url: str  # where its API is: http://host:port
+    since: float  # wall time it began to answer, or stopped: its state's start
+    state: str = ASKING
+    error: Optional[str] = None  # why it is not up
+    last_seen: Optional[float] = None  # wall time of its last answer; None: not since we started
+    checked: Optional[float] = None  # wall time its last asking ended
+    gpus: List[Dict[str, Any]] = field(default_factory=list)  # while up
+
+    def answered(self, gpus: List[Dict[str, Any]], now: float) -> None:
+        if self.state != UP:
+            self.since = now
+        self.state, self.error, self.gpus = UP, None, gpus
+        self.last_seen = self.checked = now
+
+    def failed(self, state: str, error: str, asked: float, now: float) -> None:
+        """It did not answer the asking that began at `asked`: down since then, at the latest
+        (a host down one way, then another, stays down since the first)."""
+        if self.state in (UP, ASKING):
+            self.since = asked
+        self.state, self.error, self.gpus = state, error, []
+        self.checked = now
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"host": self.host, "url": self.url, "state": self.state, "error": self.error,
+                "since": iso_time(self.since),
+                "last_seen": iso_time(self.last_seen) if self.last_seen is not None else None,
+                "checked": iso_time(self.checked) if self.checked is not None else None,
+                "free": sum(1 for gpu in self.gpus if free(gpu)) if self.state == UP else None,
+                "gpus": self.gpus}
+
+
+def free(gpu: Dict[str, Any]) -> bool:
+    """A GPU one could reserve there now."""
+    return gpu["group"] == "gpu" and gpu["state"] == "free" and not gpu["withheld"]
+
+
+def gpus_of(status: Any, devices: Any) -> List[Dict[str, Any]]:
+    """One host's GPUs from its /status and /devices, in device order (a lost one last).
+    NotPatroller if they are not what a Patroller daemon answers."""
+    if not isinstance(status, dict) or not isinstance(devices, dict):
+        raise NotPatroller("its /status or /devices is not a JSON object")
+    found = []
+    try:
+        for uuid, info in devices.items():
+            entry = status.get(uuid) or {}
+            claim = entry.get("claim") or {}
+            found.append({
+                "uuid": uuid, "number": info.get("number"), "group": info.get("group", "gpu"),
+                "name": info.get("name"),
+                "state": "lost" if info.get("lost") else claim.get("state", "free"),
+                "user": claim.get("user"),  # the holder's identity, as /status shows it
+                "users": claim.get("users") or [],  # everyone whose processes run there
+                "withheld": bool(claim.get("withheld")), "idle_for": claim.get("idle_for"),
+                "sm": entry.get("sm"), "fb": entry.get("fb"),
+                "fb_total": entry.get("fb_total") or info.get("total_mem"),
+                "stale": bool(entry.get("stale"))})
+    except AttributeError:  # an entry that is not an object
+        raise NotPatroller("its /status or /devices is not as Patroller's are") from None
+    return sorted(found, key=lambda gpu: (gpu["state"] == "lost", str(gpu["group"]),
+                                          gpu["number"] if isinstance(gpu["number"], int) else -1))
+
+
+class Fleet:
+    """Asks every host of `config.fleet`, each in a loop of its own, and keeps their answers."""
+
+    def __init__(self, config: Config, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self.interval = config.fleet_interval
+        self.timeout = config.fleet_timeout
+        self.max_body = config.fleet_max_body
+        started = clock()
+        self.hosts = [Host(host, hosts.base_url(host), started) for host in config.fleet]
+        self.client: Optional[AsyncHTTPClient] = None
+        self.tasks: Set["asyncio.Task[None]"] = set()
+
+    def start(self) -> None:
+        """Start asking every host, on the current loop."""
+        # Two requests a host can be in flight: a connection for each, never a queue.
+        self.client = AsyncHTTPClient(force_instance=True, max_clients=2 * len(self.hosts),
+                                      max_body_size=self.max_body)
+        self.tasks = {asyncio.ensure_future(self._watch(host)) for host in self.hosts}
+
+    async def stop(self, grace: float) -> None:
+        """Stop asking: every loop is cancelled, a request in flight with it."""
+        for task in self.tasks:
+            task.cancel()
+        if self.tasks:
+            await asyncio.wait(self.tasks, timeout=grace)
+        self.tasks = set()
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+    async def _watch(self, host: Host) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            began = loop.time()
+            try:
+                await self.ask(host)
+            except Exception:  # a bug of ours: said, and the host asked again next round
+                log.exception("asking %s failed", host.host)
+            await asyncio.sleep(max(0.0, began + self.interval - loop.time()))
+
+    async def ask(self, host: Host) -> None:
+        """Ask one host once, and keep what it answered or why it did not."""
+        assert self.client is not None
+        asked = self.clock()
+        answers = await asyncio.gather(*(self._get(host.url + path) for path in PATHS),
+                                       return_exceptions=True)
+        now = self.clock()
+        errors = [a for a in answers if isinstance(a, BaseException)]
+        if errors:
+            state, why = self.trouble(errors[0])
+            if host.state != state or host.error != why:
+                log.info("fleet: %s %s: %s", host.host, state, why)
+            host.failed(state, why, asked, now)
+            return
+        try:
+            gpus = gpus_of(*answers)
+        except NotPatroller as exc:
+            host.failed(FAILED, f"{exc}: is it a Patroller daemon?", asked, now)
+            return
+        if host.state != UP:
+            log.info("fleet: %s answers: %d GPUs", host.host, len(gpus))
+        host.answered(gpus, now)
+
+    async def _get(self, url: str) -> Any:
+        assert self.client is not None
+        response: HTTPResponse = await self.client.fetch(
+            url, raise_error=False, connect_timeout=self.timeout, request_timeout=self.timeout,
+            follow_redirects=False, headers={"Accept": "application/json"},
+            user_agent=f"patroller/{__version__} (fleet view)")
+        if response.code != 200:
+            raise NotPatroller(f"{url[url.rfind('/'):]} answered HTTP {response.code}")
+        try:
+            return orjson.loads(response.body)
+        except orjson.JSONDecodeError:
+            raise NotPatroller(f"{url[url.rfind('/'):]} did not answer JSON") from None
+
+    def trouble(self, error: BaseException) -> Tuple[str, str]:
+        """(state, why) for what asking a host raised."""
+        if isinstance(error, HTTPTimeoutError):
+            return SILENT, f"no answer within {durations.describe(self.timeout)}"
+        if isinstance(error, ConnectionRefusedError):
+            return REFUSED, "connection refused"
+        if isinstance(error, NotPatroller):
+            return FAILED, f"{error}: is it a Patroller daemon?"
+        if isinstance(error, OSError):
+            return FAILED, error.strerror or str(error) or type(error).__name__
+        if isinstance(error, HTTPClientError):
+            return FAILED, error.message or str(error)
+        return FAILED, str(error) or type(error).__name__
+
+    def data(self) -> Dict[str, Any]:
+        """/fleet.json: every host as last heard, in the order given, and the totals."""
+        states: Dict[str, int] = {}
+        for host in self.hosts:
+            for gpu in host.gpus:
+                states[gpu["state"]] = states.get(gpu["state"], 0) + 1
+        answering = [host for host in self.hosts if host.state == UP]
+        return {
+            "time": iso_time(self.clock()), "interval": self.interval, "timeout": self.timeout,
+            "totals": {"hosts": len(self.hosts), "answering": len(answering),
+                       "gpus": sum(states.values()),
+                       "free": sum(1 for host in answering for gpu in host.gpus if free(gpu)),
+                       "states": dict(sorted(states.items()))},
+            "hosts": [host.to_json() for host in self.hosts]}

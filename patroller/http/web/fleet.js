@@ -1,0 +1,196 @@
+// Patroller's fleet page: asks /fleet.json of this daemon every few seconds (the daemon itself
+// asks every host; the browser talks to nobody else) and draws a panel per host, a row per GPU,
+// and each host that does not answer marked, with since when. Read-only.
+// Everything in the answer is untrusted text (user names come from the hosts): the DOM is built
+// with textContent and setAttribute on plain attributes, never from HTML strings.
+"use strict";
+
+(function () {
+  const STATES = ["free", "reserved", "allocated", "claimed", "shared", "lost"];
+  const TIMEOUT = 10000;      // ms the daemon may take to answer this page
+  let every = 2000;           // ms between two askings: the daemon's interval, 1 to 5 s
+  let rendered = false;
+
+  function $(id) { return document.getElementById(id); }
+
+  // h("div", {class: "x", data: {n: 1}}, "text", child, ...): text arguments become text nodes.
+  function h(tag, attrs, ...children) {
+    const el = document.createElement(tag);
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (value === null || value === undefined || value === false) continue;
+      if (key === "data") {
+        for (const [k, v] of Object.entries(value)) el.dataset[k] = String(v);
+      } else {
+        el.setAttribute(key, String(value));
+      }
+    }
+    for (const child of children.flat()) {
+      if (child === null || child === undefined || child === false) continue;
+      el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return el;
+  }
+
+  // 42 s, 12 min, 3 h 5 min, 2 d 4 h: as the host's own page says it.
+  function duration(seconds) {
+    if (typeof seconds !== "number" || !isFinite(seconds)) return "–";
+    const t = Math.max(0, Math.floor(seconds));
+    if (t < 60) return t + " s";
+    if (t < 3600) return Math.floor(t / 60) + " min";
+    if (t < 86400) {
+      const m = Math.floor(t / 60) % 60;
+      return Math.floor(t / 3600) + " h" + (m ? " " + m + " min" : "");
+    }
+    const hours = Math.floor(t / 3600) % 24;
+    return Math.floor(t / 86400) + " d" + (hours ? " " + hours + " h" : "");
+  }
+
+  function gib(mib) {
+    if (typeof mib !== "number") return "–";
+    const g = mib / 1024;
+    return (g === 0 || g >= 10 ? Math.round(g) : g.toFixed(1)) + " GiB";
+  }
+
+  function timeOfDay(iso) {
+    const when = new Date(iso);
+    if (isNaN(when)) return String(iso || "");
+    return when.toLocaleTimeString([], {hour: "2-digit", minute: "2-digit", second: "2-digit"});
+  }
+
+  // Seconds from `iso` to the answer's own time (the daemon's clock: the browser's may differ).
+  function ago(iso, now) {
+    return (Date.parse(now) - Date.parse(iso)) / 1000;
+  }
+
+  function who(identity) {
+    if (!identity) return "";
+    const container = identity.container || {};
+    return identity.email || container.name || identity.user || "?";
+  }
+
+  // The label shows on a phone only, where the table's head is not shown.
+  function bar(kind, label, fraction, text) {
+    const shown = typeof fraction === "number" && isFinite(fraction);
+    const fill = h("span", {class: "fill"});
+    fill.style.width = shown ? Math.min(100, Math.max(0, fraction * 100)).toFixed(1) + "%" : "0";
+    return h("div", {class: "bar " + kind, data: {value: shown ? fraction.toFixed(3) : ""}},
+      h("span", {class: "bar-label"}, label),
+      h("span", {class: "track", role: "img", "aria-label": label + " " + text}, fill),
+      h("span", {class: "bar-text"}, text));
+  }
+
+  function gpuRow(gpu) {
+    const state = STATES.includes(gpu.state) ? gpu.state : "free";
+    const holder = gpu.user;
+    const others = (gpu.users || []).filter((u) => !holder || u.user !== holder.user);
+    const job = holder && holder.job ? holder.job : null;
+    const idle = typeof gpu.idle_for === "number";
+    const label = (gpu.group && gpu.group !== "gpu" ? gpu.group + " " : "GPU ") + gpu.number;
+    return h("tr", {class: "gpu is-" + state,
+                    data: {uuid: gpu.uuid, number: gpu.number, state: state,
+                           user: holder ? holder.user : ""}},
+      h("th", {scope: "row"}, label),
+      h("td", {class: "model"}, String(gpu.name || "?").replace(/^NVIDIA /, "")),
+      h("td", {class: "cell-state"}, h("span", {class: "state state-" + state}, state),
+        idle ? [" ", h("span", {class: "state state-idle"}, "idle " + duration(gpu.idle_for))] : null,
+        gpu.withheld ? [" ", h("span", {class: "note"}, "silent")] : null),
+      h("td", {class: "cell-user"},
+        holder ? h("span", {class: "holder"}, who(holder)) :
+          h("span", {class: "holder none"}, state === "lost" ? "gone from the host" : "free"),
+        job ? [" ", h("span", {class: "label job"}, "job " + job.id)] : null,
+        others.length ? [" ", h("span", {class: "others"}, "also: " + others.map(who).join(", "))]
+          : null,
+        gpu.stale ? [" ", h("span", {class: "note"}, "statistics stale")] : null),
+      h("td", {class: "cell-sm"}, bar("util", "SM", typeof gpu.sm === "number" ? gpu.sm / 100
+        : null, typeof gpu.sm === "number" ? gpu.sm + " %" : "–")),
+      h("td", {class: "cell-mem"}, bar("mem", "memory", typeof gpu.fb === "number" &&
+        gpu.fb_total ? gpu.fb / gpu.fb_total : null, gib(gpu.fb) + " / " + gib(gpu.fb_total))));
+  }
+
+  function counted(gpus) {
+    const counts = {};
+    for (const gpu of gpus) counts[gpu.state] = (counts[gpu.state] || 0) + 1;
+    const parts = Object.keys(counts).sort((a, b) => STATES.indexOf(a) - STATES.indexOf(b))
+      .map((st) => counts[st] + " " + st);
+    return gpus.length + " GPU" + (gpus.length === 1 ? "" : "s") +
+      (parts.length ? ": " + parts.join(", ") : "");
+  }
+
+  function hostPanel(host, now) {
+    const up = host.state === "up";
+    const kind = up ? "up" : host.state === "asking" ? "asking" : "down";
+    const gpus = host.gpus || [];
+    let said;
+    if (up) {
+      said = counted(gpus);
+    } else if (kind === "asking") {
+      said = "asked, no answer yet";
+    } else {
+      said = host.state + " since " + timeOfDay(host.since) + " (" +
+        duration(ago(host.since, now)) + "); " + (host.last_seen ?
+          "last seen " + timeOfDay(host.last_seen) + " (" + duration(ago(host.last_seen, now)) +
+          " ago)" : "not seen since this daemon started");
+    }
+    const link = h("a", {href: host.url + "/"}, host.host);
+    return h("section", {class: "panel host is-" + kind, data: {host: host.host, state: host.state},
+                         "aria-label": host.host},
+      h("header", {class: "host-head"}, h("h2", {}, link),
+        h("span", {class: "state state-" + kind}, host.state),
+        h("span", {class: "host-summary"}, said)),
+      !up && host.error ? h("p", {class: "down-why"}, host.error) : null,
+      gpus.length ? h("table", {class: "fleet-gpus"},
+        h("thead", {}, h("tr", {},
+          h("th", {scope: "col", class: "c-gpu"}, "GPU"),
+          h("th", {scope: "col", class: "c-model"}, "model"),
+          h("th", {scope: "col", class: "c-state"}, "state"),
+          h("th", {scope: "col"}, "user or job"),
+          h("th", {scope: "col", class: "c-sm"}, "SM"),
+          h("th", {scope: "col", class: "c-mem"}, "memory"))),
+        h("tbody", {}, gpus.map(gpuRow))) : null);
+  }
+
+  function render(snap) {
+    const hosts = snap.hosts || [];
+    $("hosts").replaceChildren(...hosts.map((host) => hostPanel(host, snap.time)));
+    const byState = {};
+    for (const host of hosts) byState[host.state] = (byState[host.state] || 0) + 1;
+    const states = Object.entries(byState).map(([st, n]) => n + " " + st).join(", ");
+    $("summary").textContent = hosts.length + " host" + (hosts.length === 1 ? "" : "s") +
+      (states ? ": " + states : "") + "; " +
+      counted(hosts.flatMap((host) => host.gpus || []));
+    $("updated").textContent = "updated " + timeOfDay(snap.time);
+    $("every").textContent = "every " + snap.interval + " s";
+    if (!rendered) {
+      rendered = true;
+      document.body.dataset.rendered = "1";
+    }
+    document.body.dataset.snapshots = String(Number(document.body.dataset.snapshots || 0) + 1);
+  }
+
+  function setConnection(state) {
+    document.body.dataset.connection = state;
+    $("banner").hidden = state !== "lost";
+  }
+
+  async function ask() {
+    const abort = new AbortController();
+    const timer = setTimeout(() => abort.abort(), TIMEOUT);
+    try {
+      const answer = await fetch("/fleet.json", {cache: "no-store", signal: abort.signal,
+                                                 headers: {Accept: "application/json"}});
+      if (!answer.ok) throw new Error("HTTP " + answer.status);
+      const snap = await answer.json();
+      setConnection("live");
+      render(snap);
+      every = Math.min(5, Math.max(1, Number(snap.interval) || 2)) * 1000;
+    } catch (err) {
+      setConnection("lost");
+    } finally {
+      clearTimeout(timer);
+      setTimeout(ask, every);
+    }
+  }
+
+  $("where").textContent = location.host;
+  ask();
+})();
