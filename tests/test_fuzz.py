@@ -59,12 +59,15 @@ class Daemon:
 
 @pytest.fixture(scope="module", params=["test", "gpu"])
 def daemon(request, tmp_path_factory):
+    # --fleet, so that /fleet and /fleet.json answer as documented with a fleet too: one host,
+    # port 1 on loopback, where nothing listens (a refused host).
+    fleet = ("--fleet", "127.0.0.1:1")
     if request.param == "test":
-        server = ServerProcess("--test", "--lease", LEASE)
+        server = ServerProcess("--test", "--lease", LEASE, *fleet)
     else:
         scenario = ScenarioFile(str(tmp_path_factory.mktemp("fuzz") / "scenario.json"),
                                 devices=DEVICES)
-        server = ServerProcess("--lease", LEASE, "--nvidia-smi", scenario.command)
+        server = ServerProcess("--lease", LEASE, "--nvidia-smi", scenario.command, *fleet)
     server.start()
     try:
         yield Daemon(server)
