@@ -8,6 +8,7 @@ from typing import List, Mapping, Optional
 import tornado.web
 
 from patroller.http.access import Requests
+from patroller.http.hiding import Hiding
 from patroller.http.live import LiveFeed
 from patroller.http.metrics import Registries
 from patroller.http.views import DevicesView, StatusView
@@ -17,8 +18,8 @@ from patroller.services import Services
 @dataclass
 class Api:
     """The services, and the HTTP layer's own parts: the cached bodies of /status and /devices,
-    the web page's live feed, the Prometheus registries, the answers counted, the page's files
-    and the API document."""
+    the web page's live feed, the Prometheus registries, the answers counted, the page's files,
+    the API document, and what each caller may see of names (None: every name, to everyone)."""
 
     services: Services
     status: StatusView
@@ -30,3 +31,4 @@ class Api:
     document: bytes  # the OpenAPI document, compact
     endpoints: List[str] = field(default_factory=list)  # every route, for the 404's hint
     app: Optional[tornado.web.Application] = None  # the routes (routes.make_app)
+    hiding: Optional[Hiding] = None  # --hide-users

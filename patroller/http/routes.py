@@ -16,6 +16,7 @@ from patroller.http.handlers import (DevicesHandler, HistoryHandler, MetricsHand
                                      QueueHandler, ReleaseHandler, RenewHandler, RequestHandler,
                                      StatusHandler, UsersHandler, WaitHandler)
 from patroller.http.fastlane import Body
+from patroller.http.hiding import Hiding
 from patroller.http.live import LiveFeed
 from patroller.http.metrics import Registries
 from patroller.http.page import EventsHandler, IndexHandler, WebHandler, web_files
@@ -31,11 +32,13 @@ def make_api(services: Services) -> Api:
     status = StatusView(services.inventory, services.leases, services.stats, services.idle,
                         config.status_max_age)
     devices = DevicesView(services.inventory)
-    feed = LiveFeed(lambda: page_snapshot(services, status, devices), config)
+    hiding = Hiding(services.pseudonyms, status) if services.pseudonyms is not None else None
+    feed = LiveFeed(lambda: page_snapshot(services, status, devices), config,
+                    views=hiding.feed if hiding is not None else None)
     requests = Requests()
     api = Api(services=services, status=status, devices=devices, feed=feed,
-              registries=Registries(services, requests), requests=requests, web=web_files(),
-              document=openapi_document())
+              registries=Registries(services, requests, hiding), requests=requests,
+              web=web_files(), document=openapi_document(), hiding=hiding)
     # The views and the feed follow every change; the inventory's too.
     services.leases.on_change(feed.changed)
     services.stats.on_change(feed.changed)
@@ -52,9 +55,11 @@ def _inventory_changed(api: Api) -> Any:
 
 
 def lane_routes(api: Api) -> Dict[str, Body]:
-    """What the fast lane answers: /status and /devices from their cached bodies."""
+    """What the fast lane answers: /status and /devices from their cached bodies; with
+    --hide-users, /status only on a connection whose caller a handler has identified."""
     status, devices = api.status, api.devices
-    return {"/status": lambda connection: status.body(),
+    return {"/status": api.hiding.lane_status if api.hiding is not None
+            else lambda connection: status.body(),
             "/devices": lambda connection: devices.body()}
 
 
