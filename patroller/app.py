@@ -15,7 +15,7 @@ from patroller.core.leases import LeaseManager
 from patroller.core.policy import Policy
 from patroller.http.api import Api
 from patroller.http.fastlane import FastLane
-from patroller.http.routes import make_api
+from patroller.http.routes import lane_routes, make_api
 from patroller.http.server import (PeerServer, SocketFile, SocketPathError, remove_unix_socket,
                                    tcp_sockets, unix_socket)
 from patroller.identify.callers import CallerIdentifier, SystemCallers, TestModeCallers
@@ -37,6 +37,7 @@ from patroller.state.audit import AuditLog
 from patroller.state.book import LeaseBook
 from patroller.state.directory import BookError
 from patroller.state.lifetimes import Lifelines
+from patroller.state.pseudonyms import PseudonymError, Pseudonyms
 from patroller.state.timer import ExpiryTimer
 
 log = logging.getLogger(__name__)
@@ -58,10 +59,11 @@ class Daemon:
         self.unix_file: Optional[SocketFile] = None  # what we bound there, removed at stop
 
     def start(self) -> None:
-        """Open the audit record's file and the lease book (last run's reservations come back
-        before anything is served), then start expiring leases, watching the processes devices
-        are held for, the web page's feed, asking the fleet's hosts (with --fleet) and the
-        monitors, on the current loop. Raises StartError if a file cannot be opened."""
+        """Open the audit record's file, the lease book and the pseudonyms' key (last run's
+        reservations come back before anything is served), then start expiring leases,
+        watching the processes devices are held for, the web page's feed, asking the fleet's
+        hosts (with --fleet) and the monitors, on the current loop. Raises StartError if a file
+        cannot be opened."""
         services = self.services
         try:
             services.audit.open()
@@ -74,6 +76,15 @@ class Daemon:
             except BookError as exc:
                 services.audit.close()
                 raise StartError(str(exc)) from None
+        if services.pseudonyms is not None:  # its key lives in the book's directory, made now
+            try:
+                services.pseudonyms.open()
+            except PseudonymError as exc:
+                if services.book is not None:
+                    services.book.close()
+                services.audit.close()
+                raise StartError(str(exc)) from None
+        if services.book is not None:
             services.book.attach(services.leases)
         services.timer.start()
         services.lifelines.start()
@@ -100,8 +111,8 @@ class Daemon:
         api = self.api
         assert api.app is not None
         config = self.services.config
-        lane = FastLane({"/status": api.status.body, "/devices": api.devices.body},
-                        api.requests.count, hand_back_after=config.header_timeout / 2)
+        lane = FastLane(lane_routes(api), api.requests.count,
+                        hand_back_after=config.header_timeout / 2)
         self.server = PeerServer(api.app, lane, config=config,
                                  read_facts=self.services.identifier.peer_facts)
         self.server.add_sockets(sockets)
@@ -231,7 +242,9 @@ def assemble(config: Config, inventory: Inventory, signals: Signals, monitors: S
         timer=ExpiryTimer(leases), lifelines=Lifelines(leases, config),
         audit=AuditLog(config.audit_log, config.audit_keep, config.repeat_log_every),
         book=LeaseBook(config.state_dir, config) if config.state_dir is not None else None,
-        directory=directory)
+        directory=directory,
+        pseudonyms=Pseudonyms(config.state_dir, config.pseudonyms_remembered)
+        if config.hide_users else None)
     connect(services)
     return Daemon(services, make_api(services))
 

@@ -28,6 +28,7 @@ from patroller.observe.stats import StatsStore
 from patroller.state.audit import AuditLog
 from patroller.state.book import LeaseBook
 from patroller.state.lifetimes import Lifelines
+from patroller.state.pseudonyms import Pseudonyms
 from patroller.state.timer import ExpiryTimer
 
 
@@ -52,3 +53,4 @@ class Services:
     audit: AuditLog
     book: Optional[LeaseBook]  # None: no --state-dir, reservations do not survive a restart
     directory: Optional[ContainerDirectory]  # the Docker Engine's labels; None in test mode
+    pseudonyms: Optional[Pseudonyms] = None  # others' names hidden (--hide-users); else None

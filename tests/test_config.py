@@ -46,6 +46,14 @@ def test_empty_test_variable_is_off():
     assert load([], {"PATROLLER_TEST": ""}).test is False
 
 
+def test_hide_users_is_a_switch_with_a_checked_variable():
+    assert load([], {}).hide_users is False
+    assert load(["--hide-users"], {"PATROLLER_HIDE_USERS": "no"}).hide_users is True
+    for text, value in (("1", True), ("Yes", True), ("on", True), ("0", False), ("", False),
+                        ("false", False)):
+        assert load([], {"PATROLLER_HIDE_USERS": text}).hide_users is value, text
+
+
 @pytest.mark.parametrize("argv,environ,named", [
     (["--port", "http"], {}, "--port"),
     (["--port", "70000"], {}, "--port"),
@@ -62,6 +70,7 @@ def test_empty_test_variable_is_off():
     ([], {"PATROLLER_SOCKET": "/tmp/" + "x" * 120}, "PATROLLER_SOCKET"),
     ([], {"DOCKER_HOST": "/var/run/docker.sock"}, "DOCKER_HOST"),
     (["--body-timeout", "0"], {}, "--body-timeout"),
+    ([], {"PATROLLER_HIDE_USERS": "maybe"}, "PATROLLER_HIDE_USERS"),
     ([], {"PATROLLER_BODY_TIMEOUT": "soon"}, "PATROLLER_BODY_TIMEOUT"),
     (["--fleet", "gpu1:8080,gpu2:80x"], {}, "--fleet"),
     (["--fleet", "gpu1:0"], {}, "--fleet"),

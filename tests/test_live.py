@@ -14,14 +14,14 @@ from patroller.http.live import LiveFeed, Page
 
 
 class Reader:
-    """An /events client: the snapshots it has read so far."""
+    """An /events client (`path`: with its query, if any): the snapshots it has read so far."""
 
-    def __init__(self, h) -> None:
+    def __init__(self, h, path="/events") -> None:
         self.snapshots = []
         self.comments = 0
         self.retry = None
         self._pending = b""
-        request = HTTPRequest(h.url + "/events", streaming_callback=self._chunk,
+        request = HTTPRequest(h.url + path, streaming_callback=self._chunk,
                               request_timeout=3600, headers={"Accept": "text/event-stream"})
         self.response = asyncio.ensure_future(h.http.fetch(request, raise_error=False))
 

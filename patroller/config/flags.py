@@ -13,6 +13,7 @@ from patroller.config.settings import DEFAULT_USER_LABELS, Config, ConfigError
 T = TypeVar("T")
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+SWITCHES = ("--test", "--hide-users")  # flags that take no value
 
 
 # (flag, environment variable, help) for every setting, in the order of --help.
@@ -43,6 +44,9 @@ _SETTINGS = (
     ("--state-dir", "PATROLLER_STATE_DIR",
      "directory of the lease book, so that reservations survive a restart; none or empty: no "
      "book (default /var/lib/patroller as root, else ~/.local/state/patroller; none in test mode)"),
+    ("--hide-users", "PATROLLER_HIDE_USERS",
+     "show every caller the users other than themselves as stable pseudonyms; the host's root "
+     "sees every name (PATROLLER_HIDE_USERS: 1/true/yes or 0/false/no)"),
     ("--docker-host", "DOCKER_HOST",
      "the Docker Engine to read container labels from (default unix:///var/run/docker.sock)"),
     ("--slurm-job-map", "PATROLLER_SLURM_JOB_MAP",
@@ -102,7 +106,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     for flag, env, text in _SETTINGS:
         shown = f"{text} [{env}]".replace("%", "%%")  # argparse formats help with %
-        if flag == "--test":
+        if flag in SWITCHES:
             parser.add_argument(flag, action="store_true", default=None, help=shown)
         else:
             parser.add_argument(flag, metavar="VALUE", help=shown)
@@ -245,6 +249,15 @@ def _fleet_interval(text: str) -> float:
     return value
 
 
+def _switch(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    raise ValueError("must be 1, true, yes or on; or 0, false, no, off or empty")
+
+
 def _docker_host(text: str) -> str:
     if not text.strip().startswith(("unix://", "tcp://", "ssh://", "http://", "https://")):
         raise ValueError("must be a unix://, tcp://, ssh:// or http(s):// address")
@@ -301,6 +314,8 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         socket=pick("--socket", env_names["--socket"], _socket_path, None),
         state_dir=pick("--state-dir", env_names["--state-dir"], _state_dir,
                        default_state_dir(test, environ, os.getuid())),
+        hide_users=bool(args.hide_users) or pick("--hide-users", env_names["--hide-users"],
+                                                 _switch, Config.hide_users),
         docker_host=pick("--docker-host", env_names["--docker-host"], _docker_host, None),
         slurm_job_map=pick("--slurm-job-map", env_names["--slurm-job-map"], _job_map, None),
         log_level=pick("--log-level", env_names["--log-level"], _log_level, Config.log_level),

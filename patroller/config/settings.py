@@ -50,6 +50,7 @@ class Config:
     user_info_labels: Tuple[str, ...] = ()
     docker_host: Optional[str] = None  # None: the Docker SDK's default socket
     slurm_job_map: Optional[str] = None  # the Slurm prolog's job map directory; None: none
+    hide_users: bool = False  # others' names shown as pseudonyms (http/hiding.py)
 
     # -- state on disk (flags) ----------------------------------------------------------------
     state_dir: Optional[str] = None  # the lease book's directory; None: keep no book
@@ -122,6 +123,7 @@ class Config:
     book_retry: float = 1.0  # seconds between tries to write the lease book while writes fail
     lifeline_poll: float = 0.5  # seconds between checks of a process held for, where pidfds
     # cannot be had
+    pseudonyms_remembered: int = 65536  # pseudonyms kept once computed (--hide-users)
 
     # -- internal defaults: http (the server, the views, the live feed) -----------------------
     max_body: int = 64 * 1024  # bytes: the largest request body taken (a form for /release)

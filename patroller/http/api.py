@@ -9,6 +9,7 @@ import tornado.web
 
 from patroller.http.access import Requests
 from patroller.http.fleet import Fleet
+from patroller.http.hiding import Hiding
 from patroller.http.live import LiveFeed
 from patroller.http.metrics import Registries
 from patroller.http.views import DevicesView, StatusView
@@ -19,7 +20,8 @@ from patroller.services import Services
 class Api:
     """The services, and the HTTP layer's own parts: the cached bodies of /status and /devices,
     the web page's live feed, the Prometheus registries, the answers counted, the page's files,
-    the API document, and the fleet view's hosts (with --fleet)."""
+    the API document, the fleet view's hosts (with --fleet), and what each caller may see of
+    names (None: every name, to everyone)."""
 
     services: Services
     status: StatusView
@@ -32,3 +34,4 @@ class Api:
     fleet: Optional[Fleet] = None  # the other hosts, asked for /fleet; None without --fleet
     endpoints: List[str] = field(default_factory=list)  # every route, for the 404's hint
     app: Optional[tornado.web.Application] = None  # the routes (routes.make_app)
+    hiding: Optional[Hiding] = None  # --hide-users

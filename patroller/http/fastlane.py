@@ -6,7 +6,9 @@ its simplest form, the connection answers at once from the cached body and reads
 and Tornado never sees that request. Everything else (any other path or method, HTTP/1.0, a
 query string, a body, an Expect or Upgrade, a header line that is not plain `name: value`) is
 handed to Tornado as it came, to be answered by the application: the fast lane only ever
-answers what the application would, and with the same body.
+answers what the application would, and with the same body. A route may also decline a
+connection (one whose answer depends on who asks, before the caller is known): its request
+goes to Tornado too.
 
 Why: those two endpoints are polled hardest, and Tornado's parsing, routing and handler cost
 most of a request's time: answered here, /status is served several times faster (the
@@ -24,7 +26,7 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 from tornado.iostream import IOStream, StreamClosedError
 
-Body = Callable[[], bytes]
+Body = Callable[[Any], Optional[bytes]]  # the connection -> its body, or None: Tornado answers
 HEAD_END = b"\r?\n\r?\n"  # how Tornado's HTTP/1 server reads a request's head
 REQUEST_LINE = re.compile(rb"GET (/[a-z]+) HTTP/1\.1\r?\n")
 # Plain header lines: a token, a colon, a value of visible characters and blanks.
@@ -56,9 +58,9 @@ class FastLane:
         self._heads: Dict[bytes, Optional[Tuple[str, bool]]] = {}
         self._answers: Dict[Tuple[str, bool], Tuple[bytes, bytes]] = {}  # -> (body, response)
 
-    def answer(self, head: bytes) -> Optional[Tuple[bytes, bool]]:
-        """(the whole response, whether to close after it) for a head the lane answers; None
-        for one that goes to Tornado."""
+    def answer(self, head: bytes, connection: Any = None) -> Optional[Tuple[bytes, bool]]:
+        """(the whole response, whether to close after it) for a head the lane answers on
+        `connection`; None for one that goes to Tornado."""
         if head in self._heads:
             taken = self._heads[head]
         else:
@@ -68,7 +70,9 @@ class FastLane:
         if taken is None:
             return None
         path, close = taken
-        body = self.routes[path]()
+        body = self.routes[path](connection)
+        if body is None:
+            return None
         known = self._answers.get(taken)
         if known is None or known[0] is not body:  # the body was built again since
             known = self._answers[taken] = (body, _response(body, close))
@@ -141,7 +145,7 @@ class Connection(IOStream):
             head = await super().read_until_regex(regex, max_bytes)
             if time.monotonic() - began > self.lane.hand_back_after:
                 return head  # Tornado answers this one, and its idle timer starts again
-            answer = self.lane.answer(head)
+            answer = self.lane.answer(head, self)
             if answer is None:
                 return head
             response, close = answer

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Dict, List, Optional
+from typing import Any, Awaitable, Callable, Dict, List, Optional
 
 import tornado.web
 from tornado import httputil
@@ -18,10 +18,11 @@ from patroller.core.errors import (BadRequest, Busy, NoCallerProcess, NotHeld, N
                                    Unsatisfiable)
 from patroller.core.identity import Identity, ProcessRef
 from patroller.core.leases import LeaseManager, Waiter
-from patroller.http import query
+from patroller.http import hiding, query
 from patroller.http.access import SHOWN_METHOD_CHARS, shown
 from patroller.http.api import Api
 from patroller.http.encoding import dumps
+from patroller.http.hiding import Viewer, viewer_of
 from patroller.http.views import counters, queue_view, users_view
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,19 @@ class Handler(tornado.web.RequestHandler):
     async def caller(self, claimed: Optional[str]) -> Identity:
         """Who is asking."""
         return await self.services.callers.identify(self.request, claimed)
+
+    async def viewer(self, claimed: Optional[str]) -> Viewer:
+        """Who is asking, for the names they may see (--hide-users): a caller who cannot be
+        identified sees no name. The caller of a plain request (no user=) is remembered for
+        its connection, where the fast lane answers it next."""
+        try:
+            identity: Optional[Identity] = await self.caller(claimed)
+        except Unidentified:
+            identity = None
+        viewer = viewer_of(identity)
+        if claimed is None and self.api.hiding is not None:
+            self.api.hiding.remember(getattr(self.request.connection, "stream", None), viewer)
+        return viewer
 
     def check_duration(self, duration: Optional[float]) -> None:
         """Refuse a reservation longer than the host's policy allows."""
@@ -169,6 +183,17 @@ class View(Handler):
     def head(self) -> Any:
         return self.get()
 
+    def shown(self, data: Callable[[], Any], render: hiding.Render) -> Optional[Awaitable[None]]:
+        """Send `data()`; with --hide-users, once the caller is known, as they may see it."""
+        hidden = self.api.hiding
+        if hidden is None:
+            self.send(data())
+            return None
+        return self.shown_to_caller(lambda viewer: hidden.show(render, data(), viewer))
+
+    async def shown_to_caller(self, body: Callable[[Viewer], Any]) -> None:
+        self.send(body(await self.viewer(query.parse_user(self.args()))))
+
 
 class DevicesHandler(View):
     def get(self) -> None:
@@ -176,8 +201,12 @@ class DevicesHandler(View):
 
 
 class StatusHandler(View):
-    def get(self) -> None:
-        self.send(self.api.status.body())
+    def get(self) -> Optional[Awaitable[None]]:
+        hidden = self.api.hiding
+        if hidden is None:
+            self.send(self.api.status.body())
+            return None
+        return self.shown_to_caller(hidden.status_body)
 
 
 class MetricsJsonHandler(View):
@@ -297,8 +326,13 @@ class ReleaseHandler(Handler):
         self.send({"released": device_json(now), "after_exit": device_json(later),
                    "kept": [{**g, "why": why} for g in grant_json(kept, self.leases)],
                    # whose reservation it was, when the host's root released another user's
-                   "holder": holder.user if holder and not holder.same_user(caller) and
-                   (now or later) else None})
+                   "holder": self.named(holder.user, caller) if holder and
+                   not holder.same_user(caller) and (now or later) else None})
+
+    def named(self, user: str, caller: Identity) -> Optional[str]:
+        """`user` as the caller may see them (--hide-users)."""
+        hidden = self.api.hiding
+        return hidden.name(user, viewer_of(caller)) if hidden is not None else user
 
     async def calling_process(self) -> Optional[ProcessRef]:
         """The process asking, when the kernel can say (a unix or loopback caller), else None."""
@@ -324,22 +358,23 @@ class RenewHandler(Handler):
 
 
 class QueueHandler(View):
-    def get(self) -> None:
-        self.send(queue_view(self.leases))
+    def get(self) -> Optional[Awaitable[None]]:
+        return self.shown(lambda: queue_view(self.leases), hiding.queue)
 
 
 class UsersHandler(View):
-    def get(self) -> None:
-        self.send(users_view(self.leases, self.services.idle))
+    def get(self) -> Optional[Awaitable[None]]:
+        return self.shown(lambda: users_view(self.leases, self.services.idle), hiding.users)
 
 
 class HistoryHandler(View):
     """The recent events of the audit record, oldest first: ?since=<epoch seconds or ISO time>
     (default: all kept) and ?limit=N (default and most: 1000)."""
 
-    def get(self) -> None:
+    def get(self) -> Optional[Awaitable[None]]:
         ask = query.parse_history(self.args())
-        self.send(self.services.audit.since(ask.since, ask.limit))
+        return self.shown(lambda: self.services.audit.since(ask.since, ask.limit),
+                          hiding.events)
 
 
 class NotFoundHandler(Handler):

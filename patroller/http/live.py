@@ -5,7 +5,9 @@ The feed follows the same change notifications as the waiters and /status (the l
 and the statistics' on_change callbacks): a change schedules one flush; the snapshot is built and
 serialized once per flush, whatever the number of pages; with no change nothing is sent but a
 keep-alive comment every `feed_keepalive` seconds (so that proxies keep the stream open), and
-with no page open a change costs one call that returns.
+with no page open a change costs one call that returns. With --hide-users each page is sent the
+snapshot as its caller may see it (hiding.py): serialized once per way of seeing it, not per
+page.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from tornado.ioloop import IOLoop
 
 from patroller.config import Config
 from patroller.http.encoding import dumps
+from patroller.http.hiding import NOBODY, Shown, Viewer
 
 
 class Page:
@@ -29,11 +32,14 @@ class Page:
 
 
 class LiveFeed:
-    """Sends `snapshot()` (JSON data) to every open page after changes, coalesced."""
+    """Sends `snapshot()` (JSON data) to every open page after changes, coalesced; as each
+    page's caller sees it when `views` is given (--hide-users)."""
 
     def __init__(self, snapshot: Callable[[], Dict[str, Any]], config: Config,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 views: Optional[Callable[[Dict[str, Any]], Shown]] = None) -> None:
         self.snapshot = snapshot
+        self.views = views
         self.every = config.feed_every
         self.keepalive = config.feed_keepalive
         self.max_pages = config.max_pages
@@ -44,6 +50,7 @@ class LiveFeed:
         self.pages: Set[Page] = set()
         self._of: Dict[Page, Optional[str]] = {}  # page -> its caller (None: unidentified)
         self._per: Dict[Optional[str], int] = {}  # caller -> pages open
+        self._viewer: Dict[Page, Viewer] = {}  # page -> the names its caller may see
         self._last = -self.every  # when the last snapshot was built
         self._flush: Optional[object] = None
         self._ping: Optional[object] = None
@@ -63,6 +70,7 @@ class LiveFeed:
         self.pages.clear()
         self._of.clear()
         self._per.clear()
+        self._viewer.clear()
         self._loop = None
 
     def full(self, caller: Optional[str]) -> Optional[str]:
@@ -78,16 +86,20 @@ class LiveFeed:
                    "allowed: close one"
         return None
 
-    def add(self, page: Page, caller: Optional[str] = None) -> None:
-        """A new page of `caller`: the retry delay and the current snapshot at once."""
+    def add(self, page: Page, caller: Optional[str] = None, viewer: Viewer = NOBODY) -> None:
+        """A new page of `caller`, who sees names as `viewer` may: the retry delay and the
+        current snapshot at once."""
         self.pages.add(page)
         self._of[page] = caller
         self._per[caller] = self._per.get(caller, 0) + 1
-        page.write(f"retry: {self.retry_ms}\n\n".encode() + self._message(self._build()))
+        self._viewer[page] = viewer
+        body = self._build()(viewer)
+        page.write(f"retry: {self.retry_ms}\n\n".encode() + self._message(body))
         self._arm_ping()
 
     def remove(self, page: Page) -> None:
         self.pages.discard(page)
+        self._viewer.pop(page, None)
         if page in self._of:
             caller = self._of.pop(page)
             left = self._per[caller] - 1
@@ -107,13 +119,23 @@ class LiveFeed:
         self._flush = None
         if not self.pages:
             return
-        message = self._message(self._build())
+        body_for = self._build()
+        messages: Dict[int, bytes] = {}  # id(body) -> its message: one per way of seeing it
         for page in list(self.pages):
+            body = body_for(self._viewer.get(page, NOBODY))
+            message = messages.get(id(body))
+            if message is None:
+                message = messages[id(body)] = self._message(body)
             page.write(message)
 
-    def _build(self) -> bytes:
+    def _build(self) -> Callable[[Viewer], bytes]:
+        """The snapshot now, serialized: the same for every viewer, unless names are hidden."""
         self._last = self.clock()
-        return dumps(self.snapshot())
+        data = self.snapshot()
+        if self.views is None:
+            body = dumps(data)
+            return lambda viewer: body
+        return self.views(data).body
 
     @staticmethod
     def _message(data: bytes) -> bytes:

@@ -12,12 +12,15 @@ Cardinality: per GPU a fixed number of series; per process series exist only whi
 is on a GPU (pmon or the cross-check lists it), so they go when it ends; per user series exist
 only for users who hold, use or wait for a GPU now; requests are counted by endpoint (the routes,
 or `other`) and status.
+
+With --hide-users, the scrapers (nobody in particular) see every user label as its pseudonym,
+and no container or job label of a user's (hiding.py).
 """
 from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily,
@@ -27,6 +30,7 @@ from prometheus_client.exposition import choose_encoder
 from patroller import __version__
 from patroller.core.identity import Identity
 from patroller.http.access import Requests
+from patroller.http.hiding import Hiding
 from patroller.observe.monitor import FAILING, STATES
 from patroller.http.views import device_holds, usage, waiting_by_user
 from patroller.services import Services
@@ -51,18 +55,22 @@ GPU_FIGURES = (
 )
 
 
-def _name(identity: Optional[Identity]) -> str:
-    return identity.user if identity is not None else ""
+def _name(identity: Optional[Identity], hide: Optional[Callable[[str], str]]) -> str:
+    if identity is None:
+        return ""
+    return hide(identity.user) if hide is not None else identity.user
 
 
-def _job(identity: Optional[Identity]) -> str:
+def _job(identity: Optional[Identity], hide: Optional[Callable[[str], str]]) -> str:
     """The Slurm job id of a holder's process: on the holder-info series alone, as a label on
     every series would multiply them by the jobs."""
-    return dict(identity.job).get("id", "") if identity is not None and identity.job else ""
+    if identity is None or not identity.job or hide is not None:
+        return ""
+    return dict(identity.job).get("id", "")
 
 
-def _container(identity: Optional[Identity]) -> str:
-    if identity is None or identity.container is None:
+def _container(identity: Optional[Identity], hide: Optional[Callable[[str], str]]) -> str:
+    if identity is None or identity.container is None or hide is not None:
         return ""
     short, name = identity.container
     return name or short
@@ -75,9 +83,11 @@ def _number(value: Any) -> Optional[float]:
 class DaemonCollector:
     """Every family Patroller exposes, built from the services' state at each scrape."""
 
-    def __init__(self, services: Services, requests: Requests) -> None:
+    def __init__(self, services: Services, requests: Requests,
+                 hiding: Optional[Hiding] = None) -> None:
         self.services = services
         self.requests = requests  # the HTTP answers counted
+        self.hide = hiding.label if hiding is not None else None  # user -> its label
 
     def collect(self) -> Iterator[Metric]:
         holds = device_holds(self.services.leases)
@@ -119,9 +129,10 @@ class DaemonCollector:
             stale.add_metric(ids + ["processes"],
                              1.0 if services.stats.processes_stale(device.uuid) else 0.0)
             hold = holds[device.uuid]
-            holder.add_metric(ids, {"state": hold["state"], "user": _name(hold["holder"]),
-                                    "container": _container(hold["holder"]),
-                                    "job": _job(hold["holder"])})
+            who = hold["holder"]
+            holder.add_metric(ids, {"state": hold["state"], "user": _name(who, self.hide),
+                                    "container": _container(who, self.hide),
+                                    "job": _job(who, self.hide)})
             age.add_metric(ids, hold["age"])
             if hold["expires"] is not None:
                 expiry.add_metric(ids, hold["expires"])
@@ -141,8 +152,8 @@ class DaemonCollector:
                                  labels=PROCESS_LABELS)
         for device in services.inventory:
             for pid, owner, command in holds[device.uuid]["processes"]:
-                labels = [str(device.number), device.uuid, str(pid), _name(owner),
-                          _container(owner), command or ""]
+                labels = [str(device.number), device.uuid, str(pid), _name(owner, self.hide),
+                          _container(owner, self.hide), command or ""]
                 figures = services.stats.process_view(device.uuid, pid)
                 fb, sm = _number(figures.get("fb")), _number(figures.get("sm"))
                 if fb is not None:
@@ -173,9 +184,10 @@ class DaemonCollector:
                 "GPUs the user runs a process on that are not theirs: another user holds them, "
                 "or a Slurm job their process is not in", labels=["user"]),
         }
+        label = self.hide or (lambda user: user)
         for user, counts in sorted(usage(leases).items()):
             for key, family in families.items():
-                family.add_metric([user], counts[key])
+                family.add_metric([label(user)], counts[key])
         yield from families.values()
         waiting = GaugeMetricFamily("patroller_user_requests_waiting",
                                     "Requests of the user waiting in the queue", labels=["user"])
@@ -184,8 +196,8 @@ class DaemonCollector:
                                     labels=["user"])
         queued = waiting_by_user(leases)
         for user, (count, seconds) in sorted(queued.items()):
-            waiting.add_metric([user], count)
-            longest.add_metric([user], seconds)
+            waiting.add_metric([label(user)], count)
+            longest.add_metric([label(user)], seconds)
         yield waiting
         yield longest
         yield GaugeMetricFamily("patroller_requests_waiting", "Requests waiting in the queue",
@@ -287,9 +299,10 @@ class Registries:
     the executor, not when the daemon is built.
     """
 
-    def __init__(self, services: Services, requests: Requests) -> None:
+    def __init__(self, services: Services, requests: Requests,
+                 hiding: Optional[Hiding] = None) -> None:
         self.collected = CollectorRegistry(auto_describe=False)
-        self.collected.register(DaemonCollector(services, requests))
+        self.collected.register(DaemonCollector(services, requests, hiding))
         self._standard: Optional[CollectorRegistry] = None
         self._lock = threading.Lock()  # two scrapes at once make them once
 

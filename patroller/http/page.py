@@ -11,8 +11,11 @@ import tornado.web
 
 from patroller import __version__
 from patroller.core.errors import BadRequest, Unavailable, Unidentified
+from patroller.core.identity import Identity
+from patroller.http import query
 from patroller.http.access import shown
 from patroller.http.handlers import Handler, View
+from patroller.http.hiding import viewer_of
 from patroller.http.live import Page
 
 PAGE_POLICY = ("default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
@@ -148,10 +151,11 @@ class EventsHandler(Handler):
     answered = False  # finish() was called (by us, or by Tornado on an error)
 
     async def get(self) -> None:
-        if self.args():
-            raise BadRequest("/events takes no arguments")
+        if set(self.args()) - {"user"}:
+            raise BadRequest("/events takes no arguments (but user= in test mode)")
         feed = self.api.feed
-        caller = await self.page_caller()
+        identity = await self.page_caller(query.parse_user(self.args()))
+        caller = identity.user if identity is not None else None
         refused = feed.full(caller)
         if refused is not None:
             raise Unavailable(refused)
@@ -159,16 +163,17 @@ class EventsHandler(Handler):
         self.set_header("X-Accel-Buffering", "no")  # a proxy in front must not hold it back
         self.done = asyncio.get_running_loop().create_future()
         self.page = _PageConnection(self)
-        feed.add(self.page, caller)
+        feed.add(self.page, caller, viewer_of(identity))
         await self.done
         if not self.answered:
             self.finish()
 
-    async def page_caller(self) -> Optional[str]:
-        """Whose page this is, to count it against that user's slots; None for a caller who
-        cannot be identified (they share a small pool). The page itself needs no identity."""
+    async def page_caller(self, claimed: Optional[str]) -> Optional[Identity]:
+        """Whose page this is, to count it against that user's slots, and for the names it
+        may show (--hide-users); None for a caller who cannot be identified (they share a small
+        pool, and see no name). The page itself needs no identity."""
         try:
-            return (await self.caller(None)).user
+            return await self.caller(claimed)
         except Unidentified:
             return None
 

@@ -100,6 +100,12 @@ def parse_release(args: Args, endpoint: str = "/release") -> Release:
     return Release(uuid=uuid, user=_user(_single(args, "user")), reason=reason)
 
 
+def parse_user(args: Args) -> Optional[str]:
+    """The user= of a read-only endpoint: in test mode, who asks (whose names --hide-users
+    shows them); its other arguments are its own."""
+    return _user(_single(args, "user"))
+
+
 def _text(name: str, raw: bytes) -> str:
     try:
         return raw.decode("utf-8")
@@ -159,10 +165,12 @@ class History:
 
 
 def parse_history(args: Args) -> History:
-    """since= (epoch seconds, or an ISO 8601 time with its offset) and limit=."""
+    """since= (epoch seconds, or an ISO 8601 time with its offset) and limit= (user= is
+    `parse_user`'s)."""
     for name in args:
-        if name not in ("since", "limit"):
-            raise BadRequest(f"/history takes since= and limit=, not {name[:64]}=")
+        if name not in ("since", "limit", "user"):
+            raise BadRequest(f"/history takes since= and limit= (and user= in test mode), not "
+                             f"{name[:64]}=")
     since_text, limit_text = _single(args, "since"), _single(args, "limit")
     since = 0.0
     if since_text is not None:

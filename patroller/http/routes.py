@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import pkgutil
-from typing import Any, List
+from typing import Any, Dict, List
 
 import tornado.web
 
@@ -16,6 +16,8 @@ from patroller.http.handlers import (DevicesHandler, HistoryHandler, MetricsHand
                                      MetricsJsonHandler, NotFoundHandler, OpenApiHandler,
                                      QueueHandler, ReleaseHandler, RenewHandler, RequestHandler,
                                      StatusHandler, UsersHandler, WaitHandler)
+from patroller.http.fastlane import Body
+from patroller.http.hiding import Hiding
 from patroller.http.live import LiveFeed
 from patroller.http.metrics import Registries
 from patroller.http.page import (EventsHandler, FleetHandler, FleetJsonHandler, IndexHandler,
@@ -32,11 +34,14 @@ def make_api(services: Services) -> Api:
     status = StatusView(services.inventory, services.leases, services.stats, services.idle,
                         config.status_max_age)
     devices = DevicesView(services.inventory)
-    feed = LiveFeed(lambda: page_snapshot(services, status, devices), config)
+    hiding = Hiding(services.pseudonyms, status) if services.pseudonyms is not None else None
+    feed = LiveFeed(lambda: page_snapshot(services, status, devices), config,
+                    views=hiding.feed if hiding is not None else None)
     requests = Requests()
     api = Api(services=services, status=status, devices=devices, feed=feed,
-              registries=Registries(services, requests), requests=requests, web=web_files(),
-              document=openapi_document(), fleet=Fleet(config) if config.fleet else None)
+              registries=Registries(services, requests, hiding), requests=requests,
+              web=web_files(), document=openapi_document(),
+              fleet=Fleet(config) if config.fleet else None, hiding=hiding)
     # The views and the feed follow every change; the inventory's too.
     services.leases.on_change(feed.changed)
     services.stats.on_change(feed.changed)
@@ -50,6 +55,15 @@ def _inventory_changed(api: Api) -> Any:
         api.devices.invalidate()
         api.status.invalidate()
     return receive
+
+
+def lane_routes(api: Api) -> Dict[str, Body]:
+    """What the fast lane answers: /status and /devices from their cached bodies; with
+    --hide-users, /status only on a connection whose caller a handler has identified."""
+    status, devices = api.status, api.devices
+    return {"/status": api.hiding.lane_status if api.hiding is not None
+            else lambda connection: status.body(),
+            "/devices": lambda connection: devices.body()}
 
 
 def openapi_document() -> bytes:

@@ -38,6 +38,7 @@ class StatusView:
         self.max_age = max_age
         self.builds = 0  # how many times the body was serialized
         self._body: Optional[bytes] = None
+        self._data: Dict[str, Any] = {}  # what _body says, as data (hiding.py derives from it)
         self._built = 0.0
         leases.on_change(self.invalidate)
         stats.on_change(self.invalidate)
@@ -65,9 +66,14 @@ class StatusView:
         """/status as bytes, at most `max_age` old and never older than the last change."""
         now = self.clock()
         if self._body is None or now - self._built >= self.max_age:
-            self._body, self._built = dumps(self.data()), now
+            self._data = self.data()
+            self._body, self._built = dumps(self._data), now
             self.builds += 1
         return self._body
+
+    def latest(self) -> Dict[str, Any]:
+        """The data of the body `body()` last returned (never to be changed: it is shared)."""
+        return self._data
 
 
 class DevicesView:

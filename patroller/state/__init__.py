@@ -2,7 +2,8 @@
 the lives of the processes devices are held for.
 
 Owns: the lease book with its whole on-disk schema and its locked directory, the audit record,
-the expiry timer, the lifelines (pidfds) of processes that hold devices.
+the expiry timer, the lifelines (pidfds) of processes that hold devices, the pseudonyms of
+--hide-users and their key.
 May import: `patroller.identify`, `patroller.observe`, `patroller.config`, `patroller.core`;
 Tornado.
 """

@@ -1,0 +1,239 @@
+"""--hide-users: which user names each caller may see, and the answers as each caller sees them.
+
+A user's name is shown to that user (the same user as the lease rules' `same_user` compares:
+by `user`) and to the host's root as the kernel identified it (`is_admin`). Everyone else, a
+caller that cannot be identified, and the scrapers of /metrics (nobody in particular) see the
+user's pseudonym (state/pseudonyms.py) instead, and nothing else that names them: an
+identity's e-mail, account, uid, container, info labels and Slurm job are left out (null, or
+empty), a user's host accounts in /users are pseudonyms with no uid, and their jobs are not
+listed. `unknown` (a process nobody can be found for) names no one and is shown as it is.
+
+The read models build their data as before, names and all (the audit record and the log keep
+them); what each caller sees is derived from that data here, as late as possible. One build of
+the data is serialized once per way of seeing it: with every name (root: the views' own body),
+with pseudonyms only (everyone the data names nothing of: most pollers share it), and once for
+each user it names who asks.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Set
+
+from patroller.core.identity import Identity
+from patroller.core.leases import is_admin
+from patroller.http.encoding import dumps
+from patroller.http.views import StatusView
+from patroller.state.pseudonyms import Pseudonyms
+
+Data = Any  # a read model's data: JSON's dicts, lists and scalars
+SHOWN = frozenset({"unknown"})  # user strings that name nobody
+EVENT_NAMES = ("user", "by", "holder")  # the fields of an audit event that name users
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """Who asks, as far as names go."""
+
+    user: Optional[str] = None  # the caller's `user`; None: not identified, or a scraper
+    everything: bool = False  # the host's root: every name
+
+    def sees(self, user: Optional[str]) -> bool:
+        """Whether this caller may see `user` named."""
+        return self.everything or user is None or user in SHOWN or user == self.user
+
+
+NOBODY = Viewer()
+
+
+def viewer_of(identity: Optional[Identity]) -> Viewer:
+    """The viewer a caller is: None for one that could not be identified."""
+    if identity is None:
+        return NOBODY
+    return Viewer(identity.user, is_admin(identity))
+
+
+class Redaction:
+    """One viewer's pass over some data: each name they may not see becomes its pseudonym, and
+    is noted in `hidden` (so a pass for nobody notes every name the data holds)."""
+
+    def __init__(self, viewer: Viewer, pseudonyms: Pseudonyms) -> None:
+        self.viewer = viewer
+        self.pseudonyms = pseudonyms
+        self.hidden: Set[str] = set()
+
+    def name(self, user: Optional[str]) -> Optional[str]:
+        if user is None or self.viewer.sees(user):
+            return user
+        self.hidden.add(user)
+        return self.pseudonyms.of(user)
+
+    def identity(self, data: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+        """An identity (Identity.to_json) as the viewer sees it: its pseudonym, where it came
+        from, and nothing else; every other field null, a field added later included."""
+        if data is None or self.viewer.sees(data.get("user")):
+            return data
+        shown: Dict[str, Any] = {key: None for key in data}
+        shown.update(user=self.name(data.get("user")), source=data.get("source"), info={},
+                     degraded=data.get("degraded", False))
+        return shown
+
+
+# -- each read model, as a viewer sees it (the data given is never changed) --------------------
+
+def status(data: Dict[str, Any], r: Redaction) -> Dict[str, Any]:
+    """/status (StatusView.data)."""
+    return {uuid: {**entry, "claim": claim(entry["claim"], r)} for uuid, entry in data.items()}
+
+
+def claim(data: Dict[str, Any], r: Redaction) -> Dict[str, Any]:
+    holder = (data.get("user") or {}).get("user")
+    return {**data, "user": r.identity(data.get("user")),
+            "users": [r.identity(u) for u in data.get("users", [])],
+            "process_detail": [{**p, "user": r.name(p.get("user"))}
+                               for p in data.get("process_detail", [])],
+            "set_aside_for": r.name(data.get("set_aside_for")),
+            "jobs": (None if data.get("jobs") is None else
+                     [job_seen(job, holder, r) for job in data["jobs"]])}
+
+
+def job_seen(job: Dict[str, Any], holder: Optional[str], r: Redaction) -> Dict[str, Any]:
+    """A Slurm job a device is allocated to (views.job_view): its user, or the holder's when
+    the job map does not name one, decides; hidden, its id goes too (squeue names its user)."""
+    user = job.get("user") or holder
+    if r.viewer.sees(user):
+        return job
+    return {**job, "id": None, "user": r.name(job.get("user")), "uid": None, "account": None}
+
+
+def queue(data: List[Dict[str, Any]], r: Redaction) -> List[Dict[str, Any]]:
+    """/queue (views.queue_view)."""
+    return [{**waiter, "user": r.name(waiter.get("user"))} for waiter in data]
+
+
+def users(data: Dict[str, Any], r: Redaction) -> Dict[str, Any]:
+    """/users (views.users_view): another user's accounts are their pseudonyms, with no uid,
+    and their Slurm jobs are not listed (a job's id names its user to squeue)."""
+    shown: Dict[str, Any] = {}
+    for user, entry in data.items():
+        if r.viewer.sees(user):
+            shown[user] = entry
+            continue
+        shown[str(r.name(user))] = {
+            **entry, "jobs": [],
+            "accounts": [{**a, "account": r.pseudonyms.of(a["account"]), "uid": None}
+                         for a in entry.get("accounts", [])]}
+    return shown
+
+
+def events(data: List[Dict[str, Any]], r: Redaction) -> List[Dict[str, Any]]:
+    """/history (the audit record's events): the users they name, and the account of an
+    over-limit trespass, which is its user's."""
+    shown = []
+    for event in data:
+        seen = dict(event)
+        for key in EVENT_NAMES:
+            if event.get(key) is not None:
+                seen[key] = r.name(event[key])
+        if event.get("account") is not None and not r.viewer.sees(event.get("user")):
+            seen["account"] = r.pseudonyms.of(event["account"])
+        # Slurm job ids name their users to squeue: a trespasser's own job is theirs; the
+        # jobs a device is allocated to are the holder's (trespass) or the event's user's
+        # (allocated, deallocated); whose a preempting allocation is, the event does not say.
+        if event.get("job") is not None and not r.viewer.sees(event.get("user")):
+            seen["job"] = None
+        if event.get("jobs") is not None:
+            owner = {"trespass": event.get("holder"), "allocated": event.get("user"),
+                     "deallocated": event.get("user")}.get(event.get("event"))
+            if not (r.viewer.everything or owner is not None and r.viewer.sees(owner)):
+                seen["jobs"] = None
+        shown.append(seen)
+    return shown
+
+
+def snapshot(data: Dict[str, Any], r: Redaction) -> Dict[str, Any]:
+    """The web page's live feed (views.page_snapshot)."""
+    return {**data, "status": status(data["status"], r), "queue": queue(data["queue"], r),
+            "users": users(data["users"], r), "events": events(data["events"], r)}
+
+
+Render = Callable[[Data, Redaction], Data]
+
+
+class Shown:
+    """One build of some data, serialized once for each way of seeing it (see the module)."""
+
+    def __init__(self, data: Data, render: Render, pseudonyms: Pseudonyms,
+                 everything: Optional[bytes] = None) -> None:
+        self.data = data
+        self.render = render
+        self.pseudonyms = pseudonyms
+        self._everything = everything  # the data with every name, when already serialized
+        anonymous = Redaction(NOBODY, pseudonyms)
+        self._anonymous = dumps(render(data, anonymous))
+        self.named = anonymous.hidden  # every name in the data
+        self._own: Dict[str, bytes] = {}  # user -> the data as that user sees it
+
+    def body(self, viewer: Viewer) -> bytes:
+        if viewer.everything:
+            if self._everything is None:
+                self._everything = dumps(self.data)
+            return self._everything
+        if viewer.user not in self.named:  # nothing of theirs in it
+            return self._anonymous
+        own = self._own.get(viewer.user)
+        if own is None:
+            own = self._own[viewer.user] = dumps(self.render(self.data,
+                                                             Redaction(viewer, self.pseudonyms)))
+        return own
+
+
+class Hiding:
+    """The HTTP layer's side of --hide-users: the callers' views of /status (cached with the
+    views' body), of the other read models and of the live feed, the labels of the metrics,
+    and who asks on each connection, for the fast lane."""
+
+    def __init__(self, pseudonyms: Pseudonyms, status_view: StatusView) -> None:
+        self.pseudonyms = pseudonyms
+        self.status_view = status_view
+        self._status: Optional[Shown] = None  # /status as each viewer sees it ...
+        self._status_of: Optional[bytes] = None  # ... for this build of the views' body
+        # Who asked on each open connection, once a handler has identified them: one
+        # connection, one caller (callers.py holds the same of TCP callers).
+        self._viewers: "weakref.WeakKeyDictionary[Any, Viewer]" = weakref.WeakKeyDictionary()
+
+    def status_body(self, viewer: Viewer) -> bytes:
+        """/status as `viewer` sees it, at most as old as the views' own body."""
+        body = self.status_view.body()
+        if viewer.everything:
+            return body
+        if self._status is None or self._status_of is not body:
+            self._status = Shown(self.status_view.latest(), status, self.pseudonyms, body)
+            self._status_of = body
+        return self._status.body(viewer)
+
+    def lane_status(self, connection: Any) -> Optional[bytes]:
+        """The fast lane's /status: for a connection whose caller is known; None sends the
+        request to the handler, which identifies the caller (and remembers them)."""
+        viewer = self._viewers.get(connection) if connection is not None else None
+        return self.status_body(viewer) if viewer is not None else None
+
+    def remember(self, connection: Any, viewer: Viewer) -> None:
+        """Who asked on `connection` (a plain request: no user= of test mode)."""
+        if connection is not None:
+            self._viewers[connection] = viewer
+
+    def show(self, render: Render, data: Data, viewer: Viewer) -> Data:
+        """Some data as `viewer` sees it."""
+        return data if viewer.everything else render(data, Redaction(viewer, self.pseudonyms))
+
+    def name(self, user: Optional[str], viewer: Viewer) -> Optional[str]:
+        return Redaction(viewer, self.pseudonyms).name(user)
+
+    def feed(self, data: Data) -> Shown:
+        """One snapshot of the live feed, for every page."""
+        return Shown(data, snapshot, self.pseudonyms)
+
+    def label(self, user: str) -> str:
+        """A user as the metrics' labels name them: nobody scrapes as anyone."""
+        return user if user in SHOWN else self.pseudonyms.of(user)
