@@ -52,6 +52,17 @@ def engine():
     started.stop()
 
 
+@pytest.fixture(scope="session")
+def slurm_node():
+    """A one-node Slurm cluster of the tests' own (tests/slurm.py): this host with 4 fake GPUs,
+    the project's prolog and epilog, jobs as nobody. Under CI=true it must start."""
+    from slurm import start_node
+
+    node = start_node()
+    yield node
+    node.stop()
+
+
 @pytest.fixture
 def sleeper():
     """A real process (sleep) whose pid a simulator scenario can list on a GPU."""
