@@ -397,6 +397,16 @@ class SlurmNode:
         except OSError:
             return []
 
+    def script_errors(self, which: str) -> str:
+        """What the prolog or epilog (`which`) wrote on stderr, every run of it (the scripts
+        say only problems)."""
+        try:
+            with open(os.path.join(self.logs, f"{which}.err"), encoding="utf-8",
+                      errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
     def script_env(self, which: str, job: str) -> Dict[str, str]:
         """The environment slurmd gave the prolog or epilog (`which`) of a job."""
         path = os.path.join(self.logs, f"{which}.{job}.env")

@@ -65,6 +65,7 @@ def test_a_batch_job_runs_as_its_user_in_its_steps_cgroup_and_is_in_the_map_of_i
         assert not os.path.exists(os.path.join(slurm_node.job_map, str(gpu)))
     assert (0, job) in slurm_node.script_runs("prolog")
     assert (0, job) in slurm_node.script_runs("epilog")
+    assert slurm_node.script_errors("prolog") == slurm_node.script_errors("epilog") == ""
     assert slurm_node.in_service(), (slurm_node.node_state(), slurm_node.node_reason())
 
 
@@ -195,6 +196,7 @@ def test_two_jobs_on_one_gpu_and_one_leaving(tmp_path):
         "0": ["100 uid=1000 user=ana account=vision partition=gpu"],
         "1": ["100 uid=1000 user=ana account=vision partition=gpu", "101 uid=1001 user=bo"]}
     assert stat.S_IMODE(os.stat(jobmap).st_mode) == 0o755
+    assert {stat.S_IMODE(os.stat(jobmap / name).st_mode) for name in "01"} == {0o644}
     assert epilog(jobmap, "100", "0,1") == (0, "")
     assert lines(jobmap) == {"1": ["101 uid=1001 user=bo"]}
     assert epilog(jobmap, "101", "1") == (0, "")

@@ -20,6 +20,9 @@
 # It always exits 0: a prolog that fails drains the node. Problems go to stderr (slurmd's log)
 # and to syslog through logger, where there is one.
 
+# slurmd runs prologs and epilogs with no PATH in their environment.
+PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export PATH
 map_dir=${PATROLLER_SLURM_JOB_MAP:-/run/patroller/slurm-job-map}
 job=${SLURM_JOB_ID-}
 umask 022
