@@ -3,15 +3,16 @@ started, used and stopped by the tests, with four GPUs that are fake character d
 
 Everything lives in one temporary directory: slurm.conf, gres.conf, cgroup.conf and an empty
 plugstack.conf; a munge key; state, spool and logs; dev/nvidia0..3 (mknod, major 195 as on a
-real host); the prolog and epilog wrappers that run contrib/slurm/prolog.sh and epilog.sh with
-PATROLLER_SLURM_JOB_MAP set to the directory's job-map/; and work/, owned by the job user,
-where jobs run and write their output. Nothing under /etc is read or changed (SLURM_CONF points
-the client commands at the cluster's own slurm.conf), and the daemons listen on loopback ports
-chosen free.
+real host); prolog.d/ and epilog.d/ with wrappers that run contrib/slurm/prolog.sh and epilog.sh
+with PATROLLER_SLURM_JOB_MAP set to the directory's job-map/ (the Prolog=, Epilog= and
+PrologFlags= lines are those of contrib/slurm/slurm.conf.example); and work/, owned by the job
+user, where jobs run and write their output. Nothing under /etc is read or changed (SLURM_CONF
+points the client commands at the cluster's own slurm.conf), and the daemons listen on loopback
+ports chosen free.
 
-`start_node()` starts one (the `slurm_node` fixture of conftest.py, one for the session): under CI=true a missing Slurm, munge or
-root fails the test, elsewhere it is skipped with the reason (tests/setup.sh installs slurmctld,
-slurmd, slurm-client and munge as root on Debian or Ubuntu).
+`start_node()` starts one (conftest.py's `slurm_node` fixture: one for the session): under
+CI=true a missing Slurm, munge or root fails the test, elsewhere it is skipped with the reason
+(tests/setup.sh installs slurmctld, slurmd, slurm-client and munge as root on Debian or Ubuntu).
 
 The choices this host (cgroup v1, no systemd) needs, and why:
 - ProctrackType=proctrack/cgroup and TaskPlugin=task/cgroup with CgroupPlugin=cgroup/v1: a
@@ -427,9 +428,11 @@ class SlurmNode:
         slurmctld_port, slurmd_port = free_port(), free_port()
         while slurmd_port == slurmctld_port:
             slurmd_port = free_port()
-        wrapper = {name: os.path.join(self.etc, f"{name}.sh") for name in ("prolog", "epilog")}
+        # As contrib/slurm/slurm.conf.example has them: every script of prolog.d and epilog.d.
         for name, script in (("prolog", PROLOG), ("epilog", EPILOG)):
-            self._write_file(wrapper[name], self._wrapper(name, script), 0o755)
+            os.makedirs(os.path.join(self.etc, f"{name}.d"), mode=0o755)
+            self._write_file(os.path.join(self.etc, f"{name}.d", "patroller.sh"),
+                             self._wrapper(name, script), 0o755)
         root = self.root
         self._write_file(self.conf, "\n".join([
             "# A one-node cluster of Patroller's tests (tests/slurm.py).",
@@ -457,8 +460,8 @@ class SlurmNode:
             "SelectTypeParameters=CR_Core",
             "GresTypes=gpu",
             "PrologFlags=Alloc",
-            f"Prolog={wrapper['prolog']}",
-            f"Epilog={wrapper['epilog']}",
+            f"Prolog={self.etc}/prolog.d/*",
+            f"Epilog={self.etc}/epilog.d/*",
             "SchedulerType=sched/builtin",
             "ReturnToService=2",
             "MpiDefault=none",

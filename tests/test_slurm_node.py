@@ -12,6 +12,7 @@ import pytest
 from helpers import alive
 from slurm import EPILOG, NOBODY, PROLOG, start_node
 
+EXAMPLE = os.path.join(os.path.dirname(PROLOG), "slurm.conf.example")
 SLEEP = "#!/bin/sh\nsleep 300\n"  # a shell and its child: two processes in the batch step
 
 
@@ -160,6 +161,18 @@ def test_the_cluster_stops_cleanly_and_starts_again(slurm_node):
         assert not any(alive(pid) for pid in pids)  # (a zombie is not: pid 1 reaps it)
         assert not os.path.exists(node.root)
     assert slurm_node.in_service()
+
+
+def test_the_cluster_runs_the_lines_of_slurm_conf_example(slurm_node):
+    """The tested configuration is the documented one: every line of the example, its
+    /etc/slurm/ the cluster's own directory, is in the cluster's slurm.conf."""
+    with open(EXAMPLE, encoding="utf-8") as f:
+        wanted = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+    assert {line.split("=")[0] for line in wanted} == {"Prolog", "Epilog", "PrologFlags"}
+    with open(slurm_node.conf, encoding="utf-8") as f:
+        conf = f.read().splitlines()
+    for line in wanted:
+        assert line.replace("/etc/slurm/", slurm_node.etc + "/") in conf, line
 
 
 # -- the scripts, run directly -------------------------------------------------------------------
