@@ -139,6 +139,7 @@ case $job in
         ;;
 esac
 [ -n "$gpus" ] || exit 0  # a job without GPUs here: nothing to record
+# shellcheck disable=SC2174 # parents get 0755 from the umask
 if ! mkdir -p -m 0755 "$map_dir" 2>/dev/null || [ ! -d "$map_dir" ]; then
     say "job $job: cannot make $map_dir; nothing recorded"
     exit 0
