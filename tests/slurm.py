@@ -108,6 +108,7 @@ class SlurmNode:
         self.job_map = os.path.join(self.root, "job-map")  # made by the prolog
         self.devices = [os.path.join(self.root, "dev", f"nvidia{i}") for i in range(gpus)]
         self.first_job_id = random.randrange(100_000, 60_000_000, 1000)
+        self.cluster = f"pt{self.first_job_id // 1000}"
         self.env = {**os.environ, "SLURM_CONF": self.conf}
         for name in ("SLURM_JOB_ID", "SLURM_JOBID"):  # a test run inside a Slurm job
             self.env.pop(name, None)
@@ -132,10 +133,25 @@ class SlurmNode:
                                        "this cluster is configured for cgroup v1")
             self._write()
             self._start_munged(deadline=began + timeout)
-            self._spawn("slurmctld", ["slurmctld", "-D", "-f", self.conf])
-            self._spawn("slurmd", ["slurmd", "-D", "-N", self.node, "-f", self.conf])
-            self._until(lambda: self.node_state() == "IDLE", "the node is not idle",
-                        deadline=began + timeout)
+            for attempt in range(3):
+                self._write_conf()
+                self._spawn("slurmctld", ["slurmctld", "-D", "-f", self.conf])
+                self._spawn("slurmd", ["slurmd", "-D", "-N", self.node, "-f", self.conf])
+                try:
+                    self._until(self._idle, "the node is not idle", deadline=began + timeout)
+                    break
+                except AssertionError:
+                    # A port chosen free was taken in the meantime: again, on others.
+                    if attempt == 2 or "Address already in use" not in self.log():
+                        raise
+                    for name in ("slurmd", "slurmctld"):
+                        self._end(name)
+                    for name in ("slurmctld", "slurmd"):
+                        for suffix in (".log", ".out"):
+                            _remove(os.path.join(self.logs, name + suffix))
+                    for name in ("state", "spool"):
+                        shutil.rmtree(os.path.join(self.root, name))
+                        os.makedirs(os.path.join(self.root, name), mode=0o755)
         except BaseException:
             self.stop()
             raise
@@ -154,15 +170,7 @@ class SlurmNode:
                        any(self.state(job) not in FINISHED | {""} for job in running)):
                     time.sleep(0.1)
         for name in ("slurmd", "slurmctld", "munged"):
-            process = self.processes.get(name)
-            if process is None or process.poll() is not None:
-                continue
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            self._end(name)
         self._kill_steps()
         self._remove_cgroups()
         shutil.rmtree(self.root, ignore_errors=True)
@@ -256,9 +264,15 @@ class SlurmNode:
                                    group=pwd.getpwuid(user).pw_gid, extra_groups=[],
                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True)
-        job = self._until(lambda: self.job_named(name), f"no job named {name}",
-                          deadline=time.monotonic() + 60,
-                          died=lambda: process.poll() is not None)
+        try:
+            job = self._until(lambda: self.job_named(name), f"no job named {name}",
+                              deadline=time.monotonic() + 60,
+                              died=lambda: process.poll() is not None)
+        except AssertionError as exc:
+            if process.poll() is None:
+                process.kill()
+            out, err = process.communicate()
+            raise AssertionError(f"srun: {out}{err}\n{exc}") from None
         self.jobs.add(job)
         return process, job
 
@@ -421,22 +435,42 @@ class SlurmNode:
         for folder in (self.etc, self.logs, os.path.join(self.root, "dev"),
                        os.path.join(self.root, "state"), os.path.join(self.root, "spool")):
             os.makedirs(folder, mode=0o755)
-        os.makedirs(self.work, mode=0o755)
+        os.makedirs(self.work)
         os.chown(self.work, self.uid, self.gid)
+        os.chmod(self.work, 0o1777)  # the job user's, and any other user's who submits a job
         for minor, path in enumerate(self.devices):
             os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(GPU_MAJOR, minor))
-        slurmctld_port, slurmd_port = free_port(), free_port()
-        while slurmd_port == slurmctld_port:
-            slurmd_port = free_port()
         # As contrib/slurm/slurm.conf.example has them: every script of prolog.d and epilog.d.
         for name, script in (("prolog", PROLOG), ("epilog", EPILOG)):
             os.makedirs(os.path.join(self.etc, f"{name}.d"), mode=0o755)
             self._write_file(os.path.join(self.etc, f"{name}.d", "patroller.sh"),
                              self._wrapper(name, script), 0o755)
+        last = self.gpus - 1
+        self._write_file(os.path.join(self.etc, "gres.conf"), "\n".join([
+            "AutoDetect=off",
+            f"Name=gpu File={self.root}/dev/nvidia[0-{last}]" if last else
+            f"Name=gpu File={self.devices[0]}",
+            ""]))
+        self._write_file(os.path.join(self.etc, "cgroup.conf"), "\n".join([
+            "CgroupPlugin=cgroup/v1",
+            f"CgroupMountpoint={CGROUP}",
+            "CgroupAutomount=no",
+            "ConstrainCores=no",
+            "ConstrainRAMSpace=no",
+            "ConstrainSwapSpace=no",
+            "ConstrainDevices=yes",
+            ""]))
+        self._write_file(os.path.join(self.etc, "plugstack.conf"), "")
+
+    def _write_conf(self) -> None:
+        """slurm.conf, with two loopback ports free now."""
+        slurmctld_port, slurmd_port = free_port(), free_port()
+        while slurmd_port == slurmctld_port:
+            slurmd_port = free_port()
         root = self.root
         self._write_file(self.conf, "\n".join([
             "# A one-node cluster of Patroller's tests (tests/slurm.py).",
-            f"ClusterName=pt{os.getpid() % 100000}x{random.randrange(10**6)}",
+            f"ClusterName={self.cluster}",
             f"SlurmctldHost={self.node}(127.0.0.1)",
             f"SlurmctldPort={slurmctld_port}",
             f"SlurmdPort={slurmd_port}",
@@ -480,22 +514,6 @@ class SlurmNode:
             f"PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE "
             "State=UP",
             ""]))
-        last = self.gpus - 1
-        self._write_file(os.path.join(self.etc, "gres.conf"), "\n".join([
-            "AutoDetect=off",
-            f"Name=gpu File={self.root}/dev/nvidia[0-{last}]" if last else
-            f"Name=gpu File={self.devices[0]}",
-            ""]))
-        self._write_file(os.path.join(self.etc, "cgroup.conf"), "\n".join([
-            "CgroupPlugin=cgroup/v1",
-            f"CgroupMountpoint={CGROUP}",
-            "CgroupAutomount=no",
-            "ConstrainCores=no",
-            "ConstrainRAMSpace=no",
-            "ConstrainSwapSpace=no",
-            "ConstrainDevices=yes",
-            ""]))
-        self._write_file(os.path.join(self.etc, "plugstack.conf"), "")
 
     def _wrapper(self, which: str, script: str) -> str:
         """A prolog or epilog that records who ran it and with what environment, then runs the
@@ -547,6 +565,27 @@ class SlurmNode:
             self.processes[name] = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=self.env,
                 cwd=self.root, start_new_session=True, close_fds=True, **as_user)  # type: ignore
+
+    def _idle(self) -> bool:
+        """Whether the node is idle; fails as soon as a daemon says it could not take its port
+        (slurmctld tries for 10 s before it says so)."""
+        if self.node_state() == "IDLE":
+            return True
+        if "Address already in use" in self.log():
+            raise AssertionError("Address already in use")
+        return False
+
+    def _end(self, name: str) -> None:
+        """Stop one daemon: SIGTERM, and SIGKILL if it lingers."""
+        process = self.processes.get(name)
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
     def _alive(self, name: str) -> bool:
         process = self.processes.get(name)
@@ -624,6 +663,13 @@ def expand(indices: str) -> List[int]:
         elif part:
             found.append(int(part))
     return found
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _kill(pid: int) -> None:
