@@ -46,7 +46,7 @@ import stat
 import subprocess
 import tempfile
 import time
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import pytest
 
@@ -164,7 +164,7 @@ class SlurmNode:
             self.jobs.update(self._listed_jobs())
             running = [job for job in self.jobs if self.state(job) not in FINISHED | {""}]
             if running:
-                self.scontrol_quiet(["scancel", *running])
+                self._quietly(["scancel", *running])
                 deadline = time.monotonic() + 20
                 while (time.monotonic() < deadline and
                        any(self.state(job) not in FINISHED | {""} for job in running)):
@@ -185,7 +185,7 @@ class SlurmNode:
         """The end of every daemon's log, and what the prolog and epilog said."""
         parts = []
         for name in ("munged.log", "slurmctld.log", "slurmd.log", "slurmctld.out", "slurmd.out",
-                     "munged.out"):
+                     "munged.out", "prolog.err", "epilog.err"):
             try:
                 with open(os.path.join(self.logs, name), encoding="utf-8",
                           errors="replace") as f:
@@ -209,15 +209,15 @@ class SlurmNode:
                                  f"{result.stdout}{result.stderr}\n{self.log()}")
         return result
 
-    def scontrol_quiet(self, argv: Sequence[str]) -> None:
-        """Run a command whose failure does not matter (the cleanup)."""
+    def _quietly(self, argv: Sequence[str]) -> None:
+        """Run a client command whose failure does not matter (the cleanup)."""
         try:
             subprocess.run(list(argv), env=self.env, capture_output=True, timeout=30)
         except (OSError, subprocess.SubprocessError):
             pass
 
-    def _job_options(self, user: Optional[int], gpus: int, name: Optional[str],
-                     account: Optional[str], extra: Sequence[str]) -> List[str]:
+    def _job_options(self, gpus: int, name: Optional[str], account: Optional[str],
+                     extra: Sequence[str]) -> List[str]:
         options = ["-N", "1", "-n", "1", f"--partition={self.partition}"]
         if gpus:
             options.append(f"--gres=gpu:{gpus}")
@@ -235,7 +235,7 @@ class SlurmNode:
         user = self.uid if user is None else user
         argv = ["sbatch", "--parsable", f"--chdir={self.work}",
                 f"--output={self.work}/slurm-%j.out",
-                *self._job_options(user, gpus, name, account, extra)]
+                *self._job_options(gpus, name, account, extra)]
         job = self.command(argv, user=user, input=script).stdout.strip().split(";")[0]
         assert re.fullmatch(r"[0-9]+", job), job
         self.jobs.add(job)
@@ -246,20 +246,21 @@ class SlurmNode:
              extra: Sequence[str] = (), timeout: float = 60) -> subprocess.CompletedProcess:
         """Run `command` as a job step with srun (a job of its own) as `user`, and wait."""
         user = self.uid if user is None else user
-        argv = ["srun", f"--chdir={self.work}", *self._job_options(user, gpus, name, account,
-                                                                   extra), *command]
+        argv = ["srun", f"--chdir={self.work}", *self._job_options(gpus, name, account, extra),
+                *command]
         return self.command(argv, user=user, check=False, timeout=timeout)
 
     def srun_background(self, command: Sequence[str], user: Optional[int] = None,
                         gpus: int = 0, name: Optional[str] = None,
                         account: Optional[str] = None,
                         extra: Sequence[str] = ()) -> Tuple[subprocess.Popen, str]:
-        """Start `command` under srun as `user` without waiting; the srun process and its job
-        id, once the job runs."""
+        """Start `command` under srun as `user` without waiting; the srun process (its output
+        in pipes: communicate() after the job ends) and the job's id, once slurmctld has the
+        job (it may still be pending)."""
         user = self.uid if user is None else user
         name = name or f"srun{random.randrange(10**9)}"
-        argv = ["srun", f"--chdir={self.work}", *self._job_options(user, gpus, name, account,
-                                                                   extra), *command]
+        argv = ["srun", f"--chdir={self.work}", *self._job_options(gpus, name, account, extra),
+                *command]
         process = subprocess.Popen(argv, env=self.env, cwd=self.work, user=user,
                                    group=pwd.getpwuid(user).pw_gid, extra_groups=[],
                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
