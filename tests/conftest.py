@@ -52,6 +52,19 @@ def engine():
     started.stop()
 
 
+@pytest.fixture(scope="session")
+def slurm_node():
+    """A one-node Slurm cluster of the tests' own (tests/slurm.py): this host with 4 fake GPUs,
+    the project's prolog and epilog, jobs as nobody. Under CI=true it must start."""
+    from helpers import need_root
+    from slurm import start_node
+
+    need_root("slurmd runs jobs as their users and makes their cgroups")
+    node = start_node()
+    yield node
+    node.stop()
+
+
 @pytest.fixture
 def sleeper():
     """A real process (sleep) whose pid a simulator scenario can list on a GPU."""
