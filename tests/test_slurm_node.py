@@ -10,6 +10,7 @@ import time
 import pytest
 
 from helpers import alive
+from patroller.observe.jobmap import read_map
 from slurm import EPILOG, NOBODY, PROLOG, start_node
 
 EXAMPLE = os.path.join(os.path.dirname(PROLOG), "slurm.conf.example")
@@ -221,6 +222,15 @@ def test_a_job_recorded_twice_has_one_line(tmp_path):
     prolog(tmp_path, "8", "2")
     prolog(tmp_path, "7", "2", SLURM_JOB_USER="bo")
     assert lines(tmp_path) == {"2": ["8", "7 user=bo"]}
+
+
+def test_a_sluid_is_recorded_and_read_back_as_the_same_job(tmp_path):
+    """Slurm 26.05 names a job's cgroup after its SLUID: the prolog records it, so the daemon
+    knows a process in that cgroup is the job's."""
+    prolog(tmp_path, "4242", "1", SLURM_JOB_UID="1001", SLURM_JOB_SLUID="sEKNKTV3WPV500")
+    assert lines(tmp_path) == {"1": ["4242 uid=1001 sluid=sEKNKTV3WPV500"]}
+    found = read_map(str(tmp_path), 65536, lambda uid: None)
+    assert found[1].jobs[0].names() == ("4242", "sEKNKTV3WPV500")
 
 
 def test_ids_only(tmp_path):

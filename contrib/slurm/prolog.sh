@@ -6,10 +6,11 @@
 # slurm.conf.example). For every GPU index of the job it puts one line for the job in the file
 # DIR/<index>:
 #
-#     <job id> uid=<uid> user=<user> account=<account> partition=<partition>
+#     <job id> uid=<uid> user=<user> account=<account> partition=<partition> [sluid=<sluid>]
 #
-# leaving out a key whose value Slurm did not give. With PATROLLER_SLURM_MAP_IDS_ONLY=1 the line
-# is the bare job id: the plain format (one job id per line) that other readers of such a map
+# leaving out a key whose value Slurm did not give (SLURM_JOB_SLUID is there from Slurm 26.05,
+# whose cgroups name the job by it). With PATROLLER_SLURM_MAP_IDS_ONLY=1 the line is the bare
+# job id: the plain format (one job id per line) that other readers of such a map
 # expect. A line for the same job id already in the file is replaced, never duplicated.
 #
 # DIR is $PATROLLER_SLURM_JOB_MAP, or /run/patroller/slurm-job-map; it is made (0755) if missing.
@@ -64,7 +65,8 @@ line() {
     fi
     text=$job
     for pair in "uid=${SLURM_JOB_UID-}" "user=${SLURM_JOB_USER-}" \
-            "account=${SLURM_JOB_ACCOUNT-}" "partition=${SLURM_JOB_PARTITION-}"; do
+            "account=${SLURM_JOB_ACCOUNT-}" "partition=${SLURM_JOB_PARTITION-}" \
+            "sluid=${SLURM_JOB_SLUID-}"; do
         key=${pair%%=*}
         value=${pair#*=}
         [ -n "$value" ] || continue
