@@ -498,8 +498,9 @@ def test_the_command_line_needs_only_the_client_and_the_standard_library(test_se
     package = tmp_path / "patroller"
     package.mkdir()
     (package / "cli").mkdir()
-    # the client side: the package's version, the client, the duration parser, the command line
-    for name in ("__init__.py", "client.py", "durations.py", *(f"cli/{n}" for n in os.listdir(
+    # the client side: the package's version, the client, the duration parser, the host lists'
+    # reader, the command line
+    for name in ("__init__.py", "client.py", "durations.py", "hosts.py", *(f"cli/{n}" for n in os.listdir(
             os.path.join(ROOT, "patroller", "cli")) if n.endswith(".py"))):
         (package / name).write_text(open(os.path.join(ROOT, "patroller", name)).read())
     # -S: no site-packages, so Tornado, the Docker SDK or any other package cannot be imported
