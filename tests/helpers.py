@@ -6,6 +6,7 @@ import asyncio
 import functools
 import json
 import os
+import pwd
 import re
 import signal
 import subprocess
@@ -285,6 +286,37 @@ def python_for(uid: int) -> str:
             continue
         return candidate
     pytest.fail(f"no Python that uid {uid} may run")
+
+
+def unused_uid(start: int) -> int:
+    """The first uid from `start` up that names no account here."""
+    uid = start
+    while True:
+        try:
+            pwd.getpwuid(uid)
+        except KeyError:
+            return uid
+        uid += 1
+
+
+# A rootless engine's user, and a uid of a user namespace (as LXD and the rootless engines hand
+# them out): neither an account here, and each test run its own (cgroups are named after them).
+ROOTLESS_UID = unused_uid(30000 + os.getpid() % 20000)
+SHIFTED_UID = unused_uid(1000000 + os.getpid() % 50000)
+
+
+def user_manager(uid: int) -> str:
+    """The cgroup of a user's systemd manager, under which its rootless engines run."""
+    return f"/user.slice/user-{uid}.slice/user@{uid}.service"
+
+
+def engines_in(folder: str, **more: Any) -> Dict[str, Any]:
+    """Config settings with every container engine's socket in `folder` (none there unless a
+    test puts it there), the Docker Engine's too, and `more`."""
+    return {"docker_host": f"unix://{folder}/docker.sock",
+            "podman_socket": f"unix://{folder}/podman.sock",
+            "rootless_docker_socket": f"unix://{folder}/{{uid}}/docker.sock",
+            "rootless_podman_socket": f"unix://{folder}/{{uid}}/podman/podman.sock", **more}
 
 
 def cgroup_root(version: int) -> Optional[str]:

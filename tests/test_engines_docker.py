@@ -5,34 +5,22 @@ cgroup of the runtime's shape naming that container. Podman itself is not run he
 speaks the same API, through the same client."""
 import asyncio
 import os
-import secrets
-import shutil
 import socket
 from dataclasses import replace
 
 import pytest
 
-from helpers import ScenarioFile, async_test, gpu_running, process_in_cgroup, until
+from helpers import (ROOTLESS_UID as OWNER, SHIFTED_UID as SHIFTED, ScenarioFile, async_test,
+                     engines_in, gpu_running, process_in_cgroup, until, user_manager)
 from patroller.config import Config
 from patroller.http.views import claims
 from patroller.identify.containers import ContainerDirectory
 from patroller.identify.resolver import ProcessIdentifier
 
-OWNER = 30000 + os.getpid() % 20000  # the rootless engine's user: a uid with no account here
-SHIFTED = 1000000 + os.getpid() % 50000  # one of that user's shifted uids
-
 
 def user_slice(uid):
-    return f"/user.slice/user-{uid}.slice/user@{uid}.service/user.slice"
-
-
-@pytest.fixture
-def sockets():
-    """Where the engines' sockets go: short, for unix socket paths."""
-    path = f"/tmp/pt{os.getpid()}r{secrets.token_hex(3)}"
-    os.makedirs(path)
-    yield path
-    shutil.rmtree(path)
+    """Where a user's rootless engines put their containers."""
+    return f"{user_manager(uid)}/user.slice"
 
 
 @pytest.fixture
@@ -48,18 +36,9 @@ def serve_at(engine, path):
     os.symlink(engine.socket, path)
 
 
-def engines_in(sockets, **more):
-    """Settings with every engine's socket in `sockets`, none there unless a test puts it
-    there; the Docker Engine's too, unless `more` names it."""
-    return {"docker_host": f"unix://{sockets}/docker.sock",
-            "podman_socket": f"unix://{sockets}/podman.sock",
-            "rootless_docker_socket": f"unix://{sockets}/{{uid}}/docker.sock",
-            "rootless_podman_socket": f"unix://{sockets}/{{uid}}/podman/podman.sock",
-            "user_info_labels": ("team",), **more}
-
-
-def config_for(sockets, **more):
-    return replace(Config(), **engines_in(sockets, **more))
+def config_for(folder, **more):
+    """Every engine's socket in `folder`, none there unless the test puts it there."""
+    return replace(Config(), **engines_in(folder, user_info_labels=("team",), **more))
 
 
 def assert_alice(identity, container):
@@ -71,10 +50,10 @@ def assert_alice(identity, container):
 @pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("uid", [OWNER, SHIFTED])
 @async_test
-async def test_a_rootless_docker_container_is_named_by_its_users_engine(engine, alice, sockets,
-                                                                        version, uid):
-    serve_at(engine, f"{sockets}/{OWNER}/docker.sock")
-    config = config_for(sockets)
+async def test_a_rootless_docker_container_is_named_by_its_users_engine(
+        engine, alice, engine_sockets, version, uid):
+    serve_at(engine, f"{engine_sockets}/{OWNER}/docker.sock")
+    config = config_for(engine_sockets)
     directory = ContainerDirectory(config)  # the system's Docker Engine: not there
     identifier = ProcessIdentifier(config, directory)
     path = f"{user_slice(OWNER)}/docker-{alice.id}.scope"
@@ -89,11 +68,11 @@ async def test_a_rootless_docker_container_is_named_by_its_users_engine(engine, 
 
 
 @async_test
-async def test_a_container_in_a_users_slice_is_never_asked_of_the_systems_engine(engine, alice,
-                                                                                  sockets):
+async def test_a_container_in_a_users_slice_is_never_asked_of_the_systems_engine(
+        engine, alice, engine_sockets):
     """Anyone may name a cgroup in their own slice after someone else's container: the system's
     engine knows alice's container, but a process in another user's slice is not alice."""
-    config = config_for(sockets, docker_host=engine.url)
+    config = config_for(engine_sockets, docker_host=engine.url)
     identifier = ProcessIdentifier(config, ContainerDirectory(config))
     with process_in_cgroup(f"{user_slice(OWNER)}/docker-{alice.id}.scope", OWNER) as pid:
         identity = await identifier.resolve(pid)
@@ -108,10 +87,10 @@ async def test_a_container_in_a_users_slice_is_never_asked_of_the_systems_engine
 @pytest.mark.parametrize("shape", ["/machine.slice/libpod-{id}.scope/container",
                                    "/libpod_parent/libpod-{id}"])
 @async_test
-async def test_a_podman_container_is_named_by_the_podman_service(engine, alice, sockets, shape,
-                                                                 version):
-    serve_at(engine, f"{sockets}/podman.sock")
-    config = config_for(sockets)
+async def test_a_podman_container_is_named_by_the_podman_service(
+        engine, alice, engine_sockets, shape, version):
+    serve_at(engine, f"{engine_sockets}/podman.sock")
+    config = config_for(engine_sockets)
     directory = ContainerDirectory(config)
     identifier = ProcessIdentifier(config, directory)
     with process_in_cgroup(shape.format(id=alice.id), 0, version) as pid:
@@ -122,10 +101,10 @@ async def test_a_podman_container_is_named_by_the_podman_service(engine, alice, 
 
 @pytest.mark.parametrize("version", [1, 2])
 @async_test
-async def test_a_rootless_podman_container_is_named_by_its_users_service(engine, alice, sockets,
-                                                                         version):
-    serve_at(engine, f"{sockets}/{OWNER}/podman/podman.sock")
-    config = config_for(sockets)
+async def test_a_rootless_podman_container_is_named_by_its_users_service(
+        engine, alice, engine_sockets, version):
+    serve_at(engine, f"{engine_sockets}/{OWNER}/podman/podman.sock")
+    config = config_for(engine_sockets)
     identifier = ProcessIdentifier(config, ContainerDirectory(config))
     path = f"{user_slice(OWNER)}/libpod-{alice.id}.scope/container"
     with process_in_cgroup(path, SHIFTED, version) as pid:
@@ -135,17 +114,18 @@ async def test_a_rootless_podman_container_is_named_by_its_users_service(engine,
 
 
 @async_test
-async def test_a_rootless_engine_that_does_not_answer_degrades_and_recovers(engine, alice,
-                                                                             sockets):
+async def test_a_rootless_engine_that_does_not_answer_degrades_and_recovers(
+        engine, alice, engine_sockets):
     """The daemon: the user's engine has a socket nobody answers on (it died): the GPU's owner
     is degraded, its container known; once the engine answers there, the owner is learned."""
-    path = f"{sockets}/{OWNER}/docker.sock"
+    path = f"{engine_sockets}/{OWNER}/docker.sock"
     os.makedirs(os.path.dirname(path))
     stale = socket.socket(socket.AF_UNIX)
     stale.bind(path)
     stale.close()  # the file stays; connections to it are refused
-    scenario = ScenarioFile(os.path.join(sockets, "scenario.json"), devices=[{}, {}])
-    settings = engines_in(sockets, docker_retry_after=0.2, owner_retry=0.2)
+    scenario = ScenarioFile(os.path.join(engine_sockets, "scenario.json"), devices=[{}, {}])
+    settings = engines_in(engine_sockets, user_info_labels=("team",), docker_retry_after=0.2,
+                          owner_retry=0.2)
     with process_in_cgroup(f"{user_slice(OWNER)}/docker-{alice.id}.scope", OWNER) as pid:
         async with gpu_running(scenario, **settings) as h:
             scenario.write(processes=[{"pid": pid, "gpu": 1, "name": "python"}])

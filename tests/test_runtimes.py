@@ -7,14 +7,14 @@ import asyncio
 import logging
 import os
 import secrets
-import shutil
 import socket
 import uuid
 from dataclasses import replace
 
 import pytest
 
-from helpers import NOBODY, async_test, process_in_cgroup
+from helpers import (NOBODY, ROOTLESS_UID as OWNER, SHIFTED_UID as SHIFTED, async_test,
+                     engines_in, process_in_cgroup, user_manager)
 from patroller.config import Config
 from patroller.identify.cgroups import ContainerRef
 from patroller.identify.containers import ContainerDirectory
@@ -22,8 +22,6 @@ from patroller.identify.engines import Engines, route
 from patroller.identify.resolver import ProcessIdentifier, host_identity
 
 TAG = f"pt{os.getpid()}"
-OWNER = 30000 + os.getpid() % 20000  # a rootless engine's user: a uid with no account here
-SHIFTED = 1000000 + os.getpid() % 50000  # a uid of a user namespace, as LXD hands them out
 VERSIONS = [1, 2]
 
 
@@ -31,28 +29,11 @@ def container_id():
     return secrets.token_hex(32)
 
 
-def user_slice(uid):
-    return f"/user.slice/user-{uid}.slice/user@{uid}.service"
-
-
 @pytest.fixture
-def sockets(tmp_path):
-    """A directory for the engines' sockets, short enough for unix socket paths."""
-    path = f"/tmp/{TAG}e{secrets.token_hex(3)}"
-    os.makedirs(path)
-    yield path
-    shutil.rmtree(path)
-
-
-@pytest.fixture
-def config(sockets):
+def config(engine_sockets):
     """Every engine at a socket that is not there; the Docker Engine is asked all the same
     (it always is) and so degrades: a lookup routed to it is seen."""
-    return replace(Config(), docker_host=f"unix://{sockets}/docker.sock",
-                   podman_socket=f"unix://{sockets}/podman.sock",
-                   rootless_docker_socket=f"unix://{sockets}/{{uid}}/docker.sock",
-                   rootless_podman_socket=f"unix://{sockets}/{{uid}}/podman/podman.sock",
-                   docker_retry_after=0.05)
+    return replace(Config(), **engines_in(engine_sockets, docker_retry_after=0.05))
 
 
 def identifier_for(config):
@@ -142,7 +123,7 @@ async def test_a_rootless_container_without_its_engine_is_itself_and_its_users(
     whose slice holds it, whether its process runs as that uid or as one of its shifted ones."""
     cid = container_id()
     identifier = identifier_for(config)
-    path = ROOTLESS[runtime].format(user=user_slice(OWNER), id=cid)
+    path = ROOTLESS[runtime].format(user=user_manager(OWNER), id=cid)
     with process_in_cgroup(path, uid, version) as pid:
         identity = await identifier.resolve(pid)
     assert identity.user == f"container:{cid[:12]}" and not identity.degraded
@@ -180,16 +161,16 @@ async def test_a_docker_container_is_asked_of_the_docker_engine(path, version, c
 
 
 @async_test
-async def test_a_rootless_engine_that_does_not_answer_degrades(config, sockets):
+async def test_a_rootless_engine_that_does_not_answer_degrades(config, engine_sockets):
     """A socket that is there with nobody listening (its engine died): degraded, asked again."""
-    folder = os.path.join(sockets, str(OWNER))
+    folder = os.path.join(engine_sockets, str(OWNER))
     os.makedirs(folder)
     stale = socket.socket(socket.AF_UNIX)
     stale.bind(os.path.join(folder, "docker.sock"))
     stale.close()  # the file stays; connecting to it is refused
     cid = container_id()
     identifier = identifier_for(config)
-    with process_in_cgroup(f"{user_slice(OWNER)}/user.slice/docker-{cid}.scope", OWNER) as pid:
+    with process_in_cgroup(f"{user_manager(OWNER)}/user.slice/docker-{cid}.scope", OWNER) as pid:
         identity = await identifier.resolve(pid)
     assert identity.degraded and identity.user == "unknown"
     assert identity.container == (cid[:12], None) and identity.uid == OWNER
@@ -230,19 +211,20 @@ def listening_file(path):
 
 
 @async_test
-async def test_a_socket_is_looked_for_once_in_a_while_and_each_gets_one_client(config, sockets):
+async def test_a_socket_is_looked_for_once_in_a_while_and_each_gets_one_client(
+        config, engine_sockets):
     config = replace(config, engine_socket_ttl=0.3, engine_clients=2)
     engines = Engines(config, ContainerDirectory(config))
     try:
         assert await engines.directory(rootless(OWNER)) is None
-        sock = listening_file(os.path.join(sockets, str(OWNER), "docker.sock"))
+        sock = listening_file(os.path.join(engine_sockets, str(OWNER), "docker.sock"))
         assert await engines.directory(rootless(OWNER)) is None  # remembered a while
         await asyncio.sleep(0.35)
         first = await engines.directory(rootless(OWNER))
         assert first is not None and first.base_url.endswith(f"/{OWNER}/docker.sock")
         assert await engines.directory(rootless(OWNER)) is first  # one client per socket
         assert first.engine == f"the rootless Docker Engine of uid {OWNER}"
-        others = [listening_file(os.path.join(sockets, str(OWNER + n), "docker.sock"))
+        others = [listening_file(os.path.join(engine_sockets, str(OWNER + n), "docker.sock"))
                   for n in (1, 2)]
         second = await engines.directory(rootless(OWNER + 1))
         third = await engines.directory(rootless(OWNER + 2))
@@ -257,9 +239,9 @@ async def test_a_socket_is_looked_for_once_in_a_while_and_each_gets_one_client(c
 
 
 @async_test
-async def test_a_path_that_is_no_socket_is_said_once(config, sockets, caplog):
-    os.makedirs(os.path.join(sockets, str(OWNER)))
-    with open(os.path.join(sockets, str(OWNER), "docker.sock"), "w"):
+async def test_a_path_that_is_no_socket_is_said_once(config, engine_sockets, caplog):
+    os.makedirs(os.path.join(engine_sockets, str(OWNER)))
+    with open(os.path.join(engine_sockets, str(OWNER), "docker.sock"), "w"):
         pass
     engines = Engines(replace(config, engine_socket_ttl=0), ContainerDirectory(config))
     try:

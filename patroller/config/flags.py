@@ -229,24 +229,27 @@ def _unix_path_fits(address: str) -> str:
     return address
 
 
-def _engine_socket(text: str) -> Optional[str]:
+def _engine_address(text: str) -> Optional[str]:
+    """An engine's address; None for none (or nothing); a path is a unix socket's."""
     address = text.strip()
     if address.lower() in ("", "none"):
         return None
-    if address.startswith("/"):
-        address = "unix://" + address
+    return _docker_host("unix://" + address if address.startswith("/") else address)
+
+
+def _engine_socket(text: str) -> Optional[str]:
+    address = _engine_address(text)
+    if address is None:
+        return None
     if "{" in address or "}" in address:
         raise ValueError("holds braces: only the rootless sockets take {uid}")
-    return _unix_path_fits(_docker_host(address))
+    return _unix_path_fits(address)
 
 
 def _engine_template(text: str) -> Optional[str]:
-    address = text.strip()
-    if address.lower() in ("", "none"):
+    address = _engine_address(text)
+    if address is None:
         return None
-    if address.startswith("/"):
-        address = "unix://" + address
-    _docker_host(address)
     if "{uid}" not in address:
         raise ValueError("must hold {uid}, which stands for the uid of the engine's user")
     try:
