@@ -147,8 +147,7 @@ class Daemon:
                                        max(0.0, deadline - time.monotonic()))
             except asyncio.TimeoutError:
                 log.warning("some connections did not close in time")
-        if services.directory is not None:
-            services.directory.shutdown()
+        services.identifier.close()  # the container engines' clients, the Docker Engine's too
         if services.book is not None:
             services.book.close()
         services.audit.close()

@@ -66,6 +66,19 @@ def slurm_node():
 
 
 @pytest.fixture
+def engine_sockets():
+    """A directory for container engines' sockets, short enough for unix socket paths."""
+    import os
+    import secrets
+    import shutil
+
+    path = f"/tmp/pt{os.getpid()}e{secrets.token_hex(3)}"
+    os.makedirs(path)
+    yield path
+    shutil.rmtree(path)
+
+
+@pytest.fixture
 def sleeper():
     """A real process (sleep) whose pid a simulator scenario can list on a GPU."""
     process = subprocess.Popen(["sleep", "120"])

@@ -6,6 +6,7 @@ import asyncio
 import functools
 import json
 import os
+import pwd
 import re
 import signal
 import subprocess
@@ -287,6 +288,85 @@ def python_for(uid: int) -> str:
     pytest.fail(f"no Python that uid {uid} may run")
 
 
+def unused_uid(start: int) -> int:
+    """The first uid from `start` up that names no account here."""
+    uid = start
+    while True:
+        try:
+            pwd.getpwuid(uid)
+        except KeyError:
+            return uid
+        uid += 1
+
+
+# A rootless engine's user, and a uid of a user namespace (as LXD and the rootless engines hand
+# them out): neither an account here, and each test run its own (cgroups are named after them).
+ROOTLESS_UID = unused_uid(30000 + os.getpid() % 20000)
+SHIFTED_UID = unused_uid(1000000 + os.getpid() % 50000)
+
+
+def user_manager(uid: int) -> str:
+    """The cgroup of a user's systemd manager, under which its rootless engines run."""
+    return f"/user.slice/user-{uid}.slice/user@{uid}.service"
+
+
+def engines_in(folder: str, **more: Any) -> Dict[str, Any]:
+    """Config settings with every container engine's socket in `folder` (none there unless a
+    test puts it there), the Docker Engine's too, and `more`."""
+    return {"docker_host": f"unix://{folder}/docker.sock",
+            "podman_socket": f"unix://{folder}/podman.sock",
+            "rootless_docker_socket": f"unix://{folder}/{{uid}}/docker.sock",
+            "rootless_podman_socket": f"unix://{folder}/{{uid}}/podman/podman.sock", **more}
+
+
+def cgroup_root(version: int) -> Optional[str]:
+    """Where a test may make cgroups of one hierarchy: v1's freezer (a process moved there
+    runs on as before), or v2's (unified, on a hybrid host); None if the host has none."""
+    if version == 1:
+        root = "/sys/fs/cgroup/freezer"
+        return root if os.path.isfile(os.path.join(root, "cgroup.procs")) else None
+    for root in ("/sys/fs/cgroup/unified", "/sys/fs/cgroup"):
+        if os.path.isfile(os.path.join(root, "cgroup.controllers")):
+            return root
+    return None
+
+
+@contextmanager
+def process_in_cgroup(path: str, uid: int = NOBODY, version: int = 1,
+                      env: Optional[Dict[str, str]] = None) -> Iterator[int]:
+    """`sleep` as `uid`, moved into the cgroup `path` (as a runtime would make it) of one
+    hierarchy, v1 or v2: its pid. The directories made for it are removed after; those there
+    before are left. Needs root."""
+    need_root("it makes cgroups")
+    root = cgroup_root(version)
+    if root is None:
+        pytest.skip(f"this host mounts no cgroup v{version} hierarchy to make cgroups in")
+    parts = [p for p in path.split("/") if p]
+    made = [depth for depth in range(1, len(parts) + 1)
+            if not os.path.isdir(os.path.join(root, *parts[:depth]))]
+    where = os.path.join(root, *parts)
+    for _ in range(20):  # another test may remove a shared parent (user.slice) meanwhile
+        try:
+            os.makedirs(where, exist_ok=True)
+            break
+        except FileNotFoundError:
+            time.sleep(0.01)
+    sleeper = subprocess.Popen(["sleep", "120"], user=uid, group=uid, extra_groups=[],
+                               env={**(env or {}), "PATH": "/usr/bin:/bin"})
+    try:
+        with open(os.path.join(where, "cgroup.procs"), "w") as f:
+            f.write(str(sleeper.pid))
+        yield sleeper.pid
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        for depth in reversed(made):
+            try:
+                os.rmdir(os.path.join(root, *parts[:depth]))
+            except OSError:  # in use by another test's cgroup
+                pass
+
+
 @contextmanager
 def slurm_job_process(job: str, step: str = "0", uid: int = NOBODY,
                       **job_env: str) -> Iterator[int]:
@@ -295,25 +375,10 @@ def slurm_job_process(job: str, step: str = "0", uid: int = NOBODY,
     `job_env` (account=..., partition=...): its pid. Needs root."""
     need_root("it makes a job's cgroup")
     tag = f"pt{os.getpid()}_{job}_{step}"
-    if os.path.isdir("/sys/fs/cgroup/freezer"):
-        root, path = "/sys/fs/cgroup/freezer", f"slurm_{tag}/uid_{uid}/job_{job}/step_{step}"
+    if cgroup_root(1) is not None:
+        version, path = 1, f"slurm_{tag}/uid_{uid}/job_{job}/step_{step}"
     else:
-        root, path = "/sys/fs/cgroup", f"{tag}_slurmstepd.scope/job_{job}/step_{step}"
-    where = os.path.join(root, path)
-    os.makedirs(where)
+        version, path = 2, f"{tag}_slurmstepd.scope/job_{job}/step_{step}"
     env = {f"SLURM_JOB_{key.upper()}": value for key, value in job_env.items()}
-    sleeper = subprocess.Popen(["sleep", "120"], user=uid, group=uid, extra_groups=[],
-                               env={**env, "PATH": "/usr/bin:/bin"})
-    try:
-        with open(os.path.join(where, "cgroup.procs"), "w") as f:
-            f.write(str(sleeper.pid))
-        yield sleeper.pid
-    finally:
-        sleeper.kill()
-        sleeper.wait()
-        parts = path.split("/")
-        for depth in range(len(parts), 0, -1):
-            try:
-                os.rmdir(os.path.join(root, *parts[:depth]))
-            except OSError:
-                pass
+    with process_in_cgroup(path, uid, version, env) as pid:
+        yield pid

@@ -1,50 +1,170 @@
-"""Container ids from /proc/<pid>/cgroup in every layout, and identities from labels (pure)."""
+"""Containers from /proc/<pid>/cgroup in every runtime's layout, and identities from labels
+(pure)."""
 import os
 
 import pytest
 
 from patroller.identify import procfs
-from patroller.identify.cgroups import parse_cgroup, read_container
+from patroller.identify.cgroups import ContainerRef, parse_cgroup, read_container
 from patroller.identify.containers import ContainerInfo, _info, container_identity, email_in
 
 ID = "c81412db6243dd1de3fe8782f83b4160a8c8545022b9922208a095d173f6944d"
 ID2 = "e910be4c0517af10b36261502a4c6eadfa05f3d70e3c6724ca593593d12c0cd2"
+POD = "1f2e3d4c-5b6a-7980-1a2b-3c4d5e6f7a8b"  # a pod's uid, as the API shows it
+POD_ = POD.replace("-", "_")  # as systemd's unit names carry it
+STATIC_POD = "3b1f6f0c8b3e6f7e1c0b0e0c1d2e3f40"  # a static pod's uid: a hash
+USER = "/user.slice/user-1000.slice/user@1000.service"  # a user's systemd manager
 
-LAYOUTS = {
-    "v1 cgroupfs": (f"12:pids:/docker/{ID}\n4:memory:/docker/{ID}\n1:name=systemd:/docker/{ID}\n", "docker", ID),
-    "v2 cgroupfs": (f"0::/docker/{ID}\n", "docker", ID),
-    "v2 systemd scope": (f"0::/system.slice/docker-{ID}.scope\n", "docker", ID),
-    "v1 systemd scope": (f"11:devices:/system.slice/docker-{ID}.scope\n1:name=systemd:/system.slice/docker-{ID}.scope\n", "docker", ID),
-    "nested parent": (f"4:memory:/system.slice/docker.service/docker/{ID}\n0::/system.slice/docker.service/docker/{ID}\n", "docker", ID),
-    "other parent": (f"0::/my-lab/gpu-jobs/{ID}\n", "", ID),
-    "podman systemd": (f"0::/machine.slice/libpod-{ID}.scope/container\n", "libpod", ID),
-    "podman cgroupfs": (f"0::/libpod_parent/libpod-{ID}\n", "libpod", ID),
-    "containerd systemd": (f"0::/system.slice/containerd.service/cri-containerd-{ID}.scope\n", "cri-containerd", ID),
-    "kubepods systemd": (f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1f2e3d4c_5b6a_7980_1a2b_3c4d5e6f7a8b.slice/cri-containerd-{ID}.scope\n", "cri-containerd", ID),
-    "kubepods cgroupfs": (f"4:memory:/kubepods/burstable/pod1f2e3d4c-5b6a-7980-1a2b-3c4d5e6f7a8b/{ID}\n", "", ID),
-    "cri-o": (f"0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podabc.slice/crio-{ID}.scope\n", "crio", ID),
-    "docker in a kube pod": (f"0::/kubepods/besteffort/podabc/{ID2}/docker/{ID}\n", "docker", ID),
-    "malformed lines first": (f"garbage\n::\nx:y\n4:memory:/docker/{ID}\n", "docker", ID),
+# name: (cgroup path, the container it names)
+SHAPES = {
+    # Docker
+    "docker cgroupfs": (f"/docker/{ID}", ContainerRef("docker", ID)),
+    "docker systemd": (f"/system.slice/docker-{ID}.scope", ContainerRef("docker", ID)),
+    "docker nested parent": (f"/system.slice/docker.service/docker/{ID}",
+                             ContainerRef("docker", ID)),
+    "docker in docker": (f"/system.slice/docker-{ID2}.scope/docker/{ID}",
+                         ContainerRef("docker", ID)),
+    "other parent": (f"/my-lab/gpu-jobs/{ID}", ContainerRef("", ID)),
+    # Podman, rootful
+    "podman systemd": (f"/machine.slice/libpod-{ID}.scope", ContainerRef("podman", ID)),
+    "podman systemd, container child": (f"/machine.slice/libpod-{ID}.scope/container",
+                                        ContainerRef("podman", ID)),
+    "podman systemd, in a pod": (
+        f"/machine.slice/machine-libpod_pod_{ID2}.slice/libpod-{ID}.scope",
+        ContainerRef("podman", ID)),
+    "podman cgroupfs": (f"/libpod_parent/libpod-{ID}", ContainerRef("podman", ID)),
+    # rootless: the owner is the uid of the user slice
+    "rootless docker": (f"{USER}/user.slice/docker-{ID}.scope", ContainerRef("docker", ID, 1000)),
+    "rootless podman": (f"{USER}/user.slice/libpod-{ID}.scope", ContainerRef("podman", ID, 1000)),
+    "rootless podman, container child": (f"{USER}/user.slice/libpod-{ID}.scope/container",
+                                         ContainerRef("podman", ID, 1000)),
+    "rootless podman, in a pod": (
+        f"{USER}/user.slice/user-libpod_pod_{ID2}.slice/libpod-{ID}.scope",
+        ContainerRef("podman", ID, 1000)),
+    "rootless docker, cgroupfs-like": (f"{USER}/docker/{ID}", ContainerRef("docker", ID, 1000)),
+    "rootless, of root's own manager": (
+        f"/user.slice/user-0.slice/user@0.service/user.slice/docker-{ID}.scope",
+        ContainerRef("docker", ID, 0)),
+    # containerd and CRI-O outside Kubernetes
+    "containerd systemd": (f"/system.slice/containerd.service/cri-containerd-{ID}.scope",
+                           ContainerRef("containerd", ID)),
+    "crio systemd": (f"/system.slice/crio-{ID}.scope", ContainerRef("crio", ID)),
+    # Kubernetes, systemd driver
+    "kubepods systemd burstable containerd": (
+        f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD_}.slice/"
+        f"cri-containerd-{ID}.scope", ContainerRef("containerd", ID, None, POD, "burstable")),
+    "kubepods systemd besteffort crio": (
+        f"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{POD_}.slice/"
+        f"crio-{ID}.scope", ContainerRef("crio", ID, None, POD, "besteffort")),
+    "kubepods systemd guaranteed docker": (
+        f"/kubepods.slice/kubepods-pod{POD_}.slice/docker-{ID}.scope",
+        ContainerRef("docker", ID, None, POD, "guaranteed")),
+    "kubepods systemd, kubelet- prefix": (
+        f"/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/"
+        f"kubelet-kubepods-besteffort-pod{POD_}.slice/cri-containerd-{ID}.scope",
+        ContainerRef("containerd", ID, None, POD, "besteffort")),
+    # Kubernetes, cgroupfs driver: the runtime is not in the path
+    "kubepods cgroupfs burstable": (f"/kubepods/burstable/pod{POD}/{ID}",
+                                    ContainerRef("", ID, None, POD, "burstable")),
+    "kubepods cgroupfs besteffort": (f"/kubepods/besteffort/pod{POD}/{ID}",
+                                     ContainerRef("", ID, None, POD, "besteffort")),
+    "kubepods cgroupfs guaranteed": (f"/kubepods/pod{POD}/{ID}",
+                                     ContainerRef("", ID, None, POD, "guaranteed")),
+    "kubepods cgroupfs static pod": (f"/kubepods/besteffort/pod{STATIC_POD}/{ID}",
+                                     ContainerRef("", ID, None, STATIC_POD, "besteffort")),
+    "docker in a kube pod": (f"/kubepods/besteffort/pod{POD}/{ID2}/docker/{ID}",
+                             ContainerRef("docker", ID, None, POD, "besteffort")),
+    # LXD: named, at the top; whatever runs inside is the LXD container's
+    "lxd": ("/lxc.payload.c1", ContainerRef("lxd", "c1")),
+    "lxd init": ("/lxc.payload.c1/init.scope", ContainerRef("lxd", "c1")),
+    "lxd, a service inside": ("/lxc.payload.web-2/system.slice/ssh.service",
+                              ContainerRef("lxd", "web-2")),
+    "lxd, a project's instance": ("/lxc.payload.vision_train-7",
+                                  ContainerRef("lxd", "vision_train-7")),
+    "docker in lxd": (f"/lxc.payload.c1/system.slice/docker-{ID}.scope",
+                      ContainerRef("lxd", "c1")),
 }
 
 
-@pytest.mark.parametrize("name", LAYOUTS)
-def test_every_layout_names_its_container(name):
-    text, runtime, cid = LAYOUTS[name]
-    found = parse_cgroup(text)
-    assert found is not None and found.id == cid and found.runtime == runtime
-    assert found.short == cid[:12]
+def as_v2(path):
+    return f"0::{path}\n"
+
+
+def as_v1(path):
+    """Every controller of a v1 host (and the empty v2 line of a hybrid one) names it."""
+    return "".join(f"{n}:{c}:{path}\n" for n, c in ((12, "pids"), (11, "freezer"), (4, "memory"),
+                                                   (1, "name=systemd"))) + "0::/\n"
+
+
+def as_v1_one_line(path):
+    """One hierarchy names it, the others say the host's (a process moved in one of them)."""
+    return ("12:pids:/\n11:freezer:" + path + "\n4:memory:/process_api/cb8c240692e8428b9f\n"
+            "1:name=systemd:/user.slice/user-1000.slice/session-3.scope\n0::/\n")
+
+
+@pytest.mark.parametrize("layout", [as_v2, as_v1, as_v1_one_line])
+@pytest.mark.parametrize("name", SHAPES)
+def test_every_shape_names_its_container(name, layout):
+    path, container = SHAPES[name]
+    assert parse_cgroup(layout(path)) == container
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_a_trailing_slash_and_white_space_change_nothing(name):
+    path, container = SHAPES[name]
+    assert parse_cgroup(f" 0::{path}/ \n") == container
+
+
+def test_the_first_line_that_names_a_container_gives_it():
+    text = f"garbage\n::\nx:y\n4:memory:/docker/{ID}\n0::/system.slice/crio-{ID2}.scope\n"
+    assert parse_cgroup(text) == ContainerRef("docker", ID)
+
+
+def test_what_a_container_says_of_itself():
+    rootless = parse_cgroup(as_v2(SHAPES["rootless docker"][0]))
+    assert rootless.rootless and rootless.owner == 1000 and rootless.short == ID[:12]
+    assert not parse_cgroup(as_v2(SHAPES["docker systemd"][0])).rootless
+    assert parse_cgroup(as_v2(SHAPES["rootless, of root's own manager"][0])).rootless
+    assert parse_cgroup(as_v2("/lxc.payload.vision_train-7")).short == "vision_train-7"
 
 
 @pytest.mark.parametrize("text", [
     "0::/\n",
-    "12:pids:/user.slice/user-1000.slice/session-3.scope\n0::/user.slice/user-1000.slice/session-3.scope\n",
-    "4:memory:/process_api/cb8c240692e8428b9fdc0a806cce55ac\n0::/\n",  # 32 hex: not a container
-    f"0::/docker/{ID[:63]}\n",  # one digit short
     "",
     "not a cgroup file at all",
+    # a user's processes that are in no container
+    "12:pids:/user.slice/user-1000.slice/session-3.scope\n0::/user.slice/user-1000.slice/session-3.scope\n",
+    f"0::{USER}/app.slice/dbus.service\n",
+    f"0::{USER}/user.slice/podman-pause-1a2b3c4d.scope\n",
+    f"0::{USER}/init.scope\n",
+    "4:memory:/process_api/cb8c240692e8428b9fdc0a806cce55ac\n0::/\n",  # 32 hex: not a container
+    # ids one digit short, one too long, or not as runtimes write them
+    f"0::/docker/{ID[:63]}\n",
+    f"0::/system.slice/docker-{ID[:63]}.scope\n",
+    f"0::{USER}/user.slice/libpod-{ID[:63]}.scope\n",
+    f"0::/docker/{ID}0\n",
+    f"0::/docker/{ID.upper()}\n",
+    f"0::/system.slice/docker-{ID}.service\n",
+    f"0::/system.slice/var-lib-docker-overlay2-{ID}-merged.mount\n",
+    # the runtimes' monitors, not their containers
+    f"0::/machine.slice/libpod-conmon-{ID}.scope\n",
+    f"0::{USER}/user.slice/libpod-conmon-{ID}.scope\n",
+    f"0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{POD_}.slice/crio-conmon-{ID}.scope\n",
+    "0::/lxc.monitor.c1\n",
+    "9:freezer:/lxc.monitor.c1\n",
+    # a pod's own cgroup, with no container in it
+    f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD_}.slice\n",
+    f"0::/kubepods/burstable/pod{POD}\n",
+    # LXD only at the top, which only root can write: never in a user's own slice
+    "0::/lxc.payload.\n",
+    f"0::{USER}/lxc.payload.c1\n",
+    "0::/system.slice/lxc.payload.c1\n",
+    "0::/lxc.payload.-x\n",
+    # Slurm's and a scheduler's own
+    "6:freezer:/slurm_vm/uid_65534/job_4242/step_0\n",
+    "0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0\n",
 ])
-def test_host_processes_are_in_no_container(text):
+def test_processes_in_no_container(text):
     assert parse_cgroup(text) is None
 
 

@@ -37,6 +37,26 @@ def test_socket_and_docker_host(tmp_path):
     assert load([], {}).socket is None and load([], {}).docker_host is None
 
 
+def test_the_other_container_engines():
+    defaults = load([], {})
+    assert defaults.podman_socket == "unix:///run/podman/podman.sock"
+    assert defaults.rootless_docker_socket == "unix:///run/user/{uid}/docker.sock"
+    assert defaults.rootless_podman_socket == "unix:///run/user/{uid}/podman/podman.sock"
+    assert defaults.shifted_uids_from == 100000
+    config = load(["--podman-socket", "/srv/podman.sock",
+                   "--rootless-docker-socket", "unix:///srv/{uid}/d.sock",
+                   "--shifted-uids-from", "2000000"],
+                  {"PATROLLER_ROOTLESS_PODMAN_SOCKET": "/srv/p/{uid}.sock",
+                   "PATROLLER_SHIFTED_UIDS_FROM": "x"})
+    assert config.podman_socket == "unix:///srv/podman.sock"  # a path is a unix socket
+    assert config.rootless_docker_socket == "unix:///srv/{uid}/d.sock"
+    assert config.rootless_podman_socket == "unix:///srv/p/{uid}.sock"
+    assert config.shifted_uids_from == 2000000
+    off = load(["--podman-socket", "none", "--rootless-docker-socket", ""],
+               {"PATROLLER_ROOTLESS_PODMAN_SOCKET": "None"})
+    assert off.podman_socket is off.rootless_docker_socket is off.rootless_podman_socket is None
+
+
 def test_flags_win_over_the_environment():
     config = load(["--port", "9000", "--lease", "3", "--test"], {"PATROLLER_PORT": "8080", "PATROLLER_LEASE": "x"})
     assert (config.port, config.lease, config.test) == (9000, 3.0, True)
@@ -71,6 +91,17 @@ def test_hide_users_is_a_switch_with_a_checked_variable():
     ([], {"DOCKER_HOST": "/var/run/docker.sock"}, "DOCKER_HOST"),
     (["--body-timeout", "0"], {}, "--body-timeout"),
     ([], {"PATROLLER_HIDE_USERS": "maybe"}, "PATROLLER_HIDE_USERS"),
+    (["--podman-socket", "podman.sock"], {}, "--podman-socket"),
+    ([], {"PATROLLER_PODMAN_SOCKET": "/run/user/{uid}/podman.sock"}, "PATROLLER_PODMAN_SOCKET"),
+    (["--podman-socket", "/tmp/" + "x" * 120], {}, "--podman-socket"),
+    (["--rootless-docker-socket", "/run/user/1000/docker.sock"], {}, "--rootless-docker-socket"),
+    (["--rootless-docker-socket", "/run/user/{user}/{uid}.sock"], {}, "--rootless-docker-socket"),
+    (["--rootless-docker-socket", "/run/{uid}/{0}.sock"], {}, "--rootless-docker-socket"),
+    (["--rootless-podman-socket", "run/{uid}/podman.sock"], {}, "--rootless-podman-socket"),
+    ([], {"PATROLLER_ROOTLESS_PODMAN_SOCKET": "/run/{uid}/" + "x" * 95},
+     "PATROLLER_ROOTLESS_PODMAN_SOCKET"),  # too long for the widest uid
+    (["--shifted-uids-from", "0"], {}, "--shifted-uids-from"),
+    ([], {"PATROLLER_SHIFTED_UIDS_FROM": "many"}, "PATROLLER_SHIFTED_UIDS_FROM"),
     ([], {"PATROLLER_BODY_TIMEOUT": "soon"}, "PATROLLER_BODY_TIMEOUT"),
     (["--fleet", "gpu1:8080,gpu2:80x"], {}, "--fleet"),
     (["--fleet", "gpu1:0"], {}, "--fleet"),

@@ -49,6 +49,19 @@ _SETTINGS = (
      "sees every name (PATROLLER_HIDE_USERS: 1/true/yes or 0/false/no)"),
     ("--docker-host", "DOCKER_HOST",
      "the Docker Engine to read container labels from (default unix:///var/run/docker.sock)"),
+    ("--podman-socket", "PATROLLER_PODMAN_SOCKET",
+     "the Podman service (its Docker-compatible API) to read the labels of Podman's containers "
+     "from; none: not asked (default unix:///run/podman/podman.sock)"),
+    ("--rootless-docker-socket", "PATROLLER_ROOTLESS_DOCKER_SOCKET",
+     "where the rootless Docker Engine of a user listens, {uid} standing for the user's uid: "
+     "the labels of containers in that user's slice are read there; none: not asked "
+     "(default unix:///run/user/{uid}/docker.sock)"),
+    ("--rootless-podman-socket", "PATROLLER_ROOTLESS_PODMAN_SOCKET",
+     "where a user's rootless Podman service listens, {uid} standing for the user's uid; none: "
+     "not asked (default unix:///run/user/{uid}/podman/podman.sock)"),
+    ("--shifted-uids-from", "PATROLLER_SHIFTED_UIDS_FROM",
+     "host uids from this one up are user namespaces' (the ranges /etc/subuid hands out): a "
+     "container's process running as one is never taken for a host account (default 100000)"),
     ("--slurm-job-map", "PATROLLER_SLURM_JOB_MAP",
      "directory of the Slurm job map (one file per GPU index, listing its jobs; written by "
      "contrib/slurm's prolog): a GPU listed there is its jobs', never granted (default: none)"),
@@ -264,6 +277,43 @@ def _docker_host(text: str) -> str:
     return text.strip()
 
 
+def _unix_path_fits(address: str) -> str:
+    if address.startswith("unix://") and len(address[len("unix://"):].encode()) > 107:
+        raise ValueError("is longer than a unix socket path may be (107 bytes)")
+    return address
+
+
+def _engine_address(text: str) -> Optional[str]:
+    """An engine's address; None for none (or nothing); a path is a unix socket's."""
+    address = text.strip()
+    if address.lower() in ("", "none"):
+        return None
+    return _docker_host("unix://" + address if address.startswith("/") else address)
+
+
+def _engine_socket(text: str) -> Optional[str]:
+    address = _engine_address(text)
+    if address is None:
+        return None
+    if "{" in address or "}" in address:
+        raise ValueError("holds braces: only the rootless sockets take {uid}")
+    return _unix_path_fits(address)
+
+
+def _engine_template(text: str) -> Optional[str]:
+    address = _engine_address(text)
+    if address is None:
+        return None
+    if "{uid}" not in address:
+        raise ValueError("must hold {uid}, which stands for the uid of the engine's user")
+    try:
+        widest = address.format(uid=4294967294)  # the largest uid there can be
+    except (KeyError, IndexError, ValueError):
+        raise ValueError("may hold {uid} and nothing else in braces") from None
+    _unix_path_fits(widest)
+    return address
+
+
 def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None) -> Config:
     """Build the Config from argv (default sys.argv[1:]) and environ (default os.environ).
 
@@ -317,6 +367,16 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         hide_users=bool(args.hide_users) or pick("--hide-users", env_names["--hide-users"],
                                                  _switch, Config.hide_users),
         docker_host=pick("--docker-host", env_names["--docker-host"], _docker_host, None),
+        podman_socket=pick("--podman-socket", env_names["--podman-socket"], _engine_socket,
+                           Config.podman_socket),
+        rootless_docker_socket=pick("--rootless-docker-socket",
+                                    env_names["--rootless-docker-socket"], _engine_template,
+                                    Config.rootless_docker_socket),
+        rootless_podman_socket=pick("--rootless-podman-socket",
+                                    env_names["--rootless-podman-socket"], _engine_template,
+                                    Config.rootless_podman_socket),
+        shifted_uids_from=pick("--shifted-uids-from", env_names["--shifted-uids-from"], _count,
+                               Config.shifted_uids_from),
         slurm_job_map=pick("--slurm-job-map", env_names["--slurm-job-map"], _job_map, None),
         log_level=pick("--log-level", env_names["--log-level"], _log_level, Config.log_level),
         body_timeout=pick("--body-timeout", env_names["--body-timeout"], durations.parse,

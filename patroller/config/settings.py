@@ -49,6 +49,14 @@ class Config:
     user_labels: Tuple[str, ...] = DEFAULT_USER_LABELS
     user_info_labels: Tuple[str, ...] = ()
     docker_host: Optional[str] = None  # None: the Docker SDK's default socket
+    # The other engines that serve the Docker API, by the containers' cgroups (None: not
+    # asked): Podman's, and each user's own, {uid} being the uid of the user's slice.
+    podman_socket: Optional[str] = "unix:///run/podman/podman.sock"
+    rootless_docker_socket: Optional[str] = "unix:///run/user/{uid}/docker.sock"
+    rootless_podman_socket: Optional[str] = "unix:///run/user/{uid}/podman/podman.sock"
+    # Host uids from here up, seen in a container, are shifted ones (a user namespace's, as
+    # /etc/subuid hands them out): never looked up as host accounts.
+    shifted_uids_from: int = 100000
     slurm_job_map: Optional[str] = None  # the Slurm prolog's job map directory; None: none
     hide_users: bool = False  # others' names shown as pseudonyms (http/hiding.py)
 
@@ -114,6 +122,8 @@ class Config:
     address_ttl: float = 10.0  # seconds the containers' network addresses are cached
     docker_timeout: float = 5.0  # seconds a call to the Docker Engine may take
     docker_retry_after: float = 5.0  # seconds an unreachable engine is not asked again
+    engine_socket_ttl: float = 5.0  # seconds whether an engine's socket exists is remembered
+    engine_clients: int = 64  # engines (Podman's, users' own) with a client kept at most
     holder_search_budget: int = 50000  # descriptors read at most to find a TCP caller's process
     holder_sockets_remembered: int = 16384  # socket inodes seen in that search, remembered
     recent_callers: int = 16  # pids that called lately, searched first

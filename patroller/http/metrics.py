@@ -256,8 +256,8 @@ class DaemonCollector:
                  inventory.get("changes", 0)),
                 ("silences", "Times a GPU fell silent while the others printed",
                  quiet.get("silences", 0)),
-                ("docker_calls", "Calls to the Docker Engine",
-                 services.directory.calls if services.directory is not None else 0),
+                ("docker_calls", "Calls to the container engines' Docker API (Docker, Podman, "
+                 "users' rootless engines)", services.identifier.docker_calls),
                 ("proc_reads", "/proc entries of processes read", services.identifier.proc_reads),
                 ("caller_lookups", "TCP callers looked up in the kernel's socket table",
                  services.callers.lookups),

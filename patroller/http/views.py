@@ -119,7 +119,7 @@ def counters(services: Services, status: StatusView) -> Dict[str, Any]:
         "waiting": len(services.leases.waiters),
         "status_builds": status.builds,
         "proc_reads": services.identifier.proc_reads,
-        "docker_calls": services.directory.calls if services.directory is not None else 0,
+        "docker_calls": services.identifier.docker_calls,
         "caller_lookups": services.callers.lookups,
         "caller_descriptors_read": services.callers.descriptors_read,
         "monitors": {m.name: m.metrics() for m in services.monitors},

@@ -53,6 +53,7 @@ class LocalProcesses:
 
     def __init__(self, config: Config) -> None:
         self.proc = config.proc_root
+        self.shifted_from = config.shifted_uids_from
         self.reports = Throttle(1, config.repeat_log_every)  # refusals of a borrowed pid, logged
         self.holders = HolderSearch(self.proc, config.holder_search_budget,
                                     config.holder_sockets_remembered)
@@ -92,7 +93,7 @@ class LocalProcesses:
             self._recent[owner.pid] = None
             while len(self._recent) > self.recent_callers:
                 self._recent.popitem(last=False)
-        facts = read_facts(owner.pid, self.proc)
+        facts = read_facts(owner.pid, self.proc, self.shifted_from)
         if facts is None:
             return owner, None
         refused = self._not_the_holder(entry, facts)
@@ -287,8 +288,8 @@ _PROCESSES: "weakref.WeakKeyDictionary[Any, ProcFacts]" = weakref.WeakKeyDiction
 def _known(identity: Identity) -> Identity:
     """Refuse a caller whose user cannot be told: nothing may be reserved for "unknown"."""
     if identity.degraded:
-        raise Unidentified("your container's labels cannot be read just now (the Docker Engine "
-                           "is unreachable): try again shortly")
+        raise Unidentified("your container's labels cannot be read just now (its container "
+                           "engine is unreachable): try again shortly")
     if identity.user == "unknown":
         raise Unidentified("the calling process cannot be identified")
     return identity

@@ -1,13 +1,29 @@
 """From a pid to the container it runs in: /proc/<pid>/cgroup, in every layout seen.
 
-cgroup v1 lists one line per hierarchy, v2 one line `0::<path>`; the container id is the
-last 64-hex-digit component that a container runtime put there:
-  /docker/<id>                                   cgroupfs driver, v1 and v2
-  /system.slice/docker-<id>.scope                systemd driver
+cgroup v1 lists one line per hierarchy, v2 one line `0::<path>`; every line is read, and the
+first that names a container gives it. A container is the innermost path component that a
+runtime named with a 64-hex-digit id, or an LXD container at the top:
+  /docker/<id>                                   Docker, cgroupfs driver, v1 and v2
+  /system.slice/docker-<id>.scope                Docker, systemd driver
   /system.slice/docker.service/docker/<id>       nested parents (--cgroup-parent)
-  /machine.slice/libpod-<id>.scope, /libpod_parent/libpod-<id>          podman
+  /machine.slice/libpod-<id>.scope[/container]   Podman, systemd (machine-libpod_pod_... pods)
+  /libpod_parent/libpod-<id>                     Podman, cgroupfs
   /system.slice/containerd.service/cri-containerd-<id>.scope, crio-<id>.scope
-  /kubepods/burstable/pod<uid>/<id>, /kubepods.slice/.../cri-containerd-<id>.scope
+  /user.slice/user-<uid>.slice/user@<uid>.service/user.slice/docker-<id>.scope   rootless
+      Docker (libpod-<id>.scope: rootless Podman); the owner is the uid of the user slice
+  /kubepods.slice/kubepods-<qos>.slice/kubepods-<qos>-pod<uid, '_' for '-'>.slice/
+      cri-containerd-<id>.scope (or crio-, docker-); Guaranteed pods directly under
+      kubepods.slice (kubepods-pod<uid>.slice); a prefix such as kubelet- is allowed
+  /kubepods/<qos>/pod<uid>/<id>, /kubepods/pod<uid>/<id>   Kubernetes, cgroupfs driver
+  /lxc.payload.<name>[/...]                      LXD (and LXC), v1 and v2: named, not an id
+
+A container found under `user-<uid>.slice` is that user's, whatever its name says: everything
+under a user's slice is the user's to create (systemd delegates it), so such a container is
+looked up only in that user's own engines, never in the system's. For the same reason an LXD
+container counts only at the top of the hierarchy, which only root can write; whatever runs
+inside an LXD container (nested containers too) is that container's. `lxc.monitor.<name>` is
+LXD's monitor, not the container; `libpod-conmon-<id>` and `crio-conmon-<id>` are the runtimes'
+monitors. Apptainer (Singularity) makes no container cgroup: its processes are host accounts.
 
 and, for a process of a Slurm job, the job and its step:
   /slurm[_<node>]/uid_<uid>/job_<id>/step_<step>[/task_<n>]                 cgroup v1
@@ -20,7 +36,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional, Tuple
 
 from patroller.identify import procfs
 
@@ -29,32 +45,84 @@ _ID = r"[0-9a-f]{64}"
 # the bare id (cgroupfs: under /docker, a --cgroup-parent, /kubepods/.../pod<uid>, ...).
 _SCOPE = re.compile(rf"^(docker|libpod|cri-containerd|crio|containerd)-({_ID})(?:\.scope)?$")
 _BARE = re.compile(rf"^({_ID})$")
+_RUNTIMES = {"docker": "docker", "libpod": "podman", "cri-containerd": "containerd",
+             "containerd": "containerd", "crio": "crio"}
+# LXD names are letters, digits and '-'; a project's instances are <project>_<name>.
+_LXD = re.compile(r"^lxc\.payload\.([A-Za-z0-9][A-Za-z0-9_.-]*)$")
+_USER_SLICE = re.compile(r"^user-([0-9]+)\.slice$")
+# A pod's uid: a UUID, or a static pod's 32-hex hash; '_' for '-' in systemd's unit names.
+_POD_UID = r"[0-9a-f]{8}(?:[-_][0-9a-f]{4}){3}[-_][0-9a-f]{12}|[0-9a-f]{32}"
+_POD_SLICE = re.compile(rf"^(?:.+-)?kubepods(?:-(besteffort|burstable))?-pod({_POD_UID})\.slice$")
+_POD_DIR = re.compile(rf"^pod({_POD_UID})$")
+_QOS_DIRS = ("besteffort", "burstable")
 
 
 @dataclass(frozen=True)
 class ContainerRef:
-    """A container named by a process's cgroup: its runtime and full id."""
+    """A container named by a process's cgroup: which runtime made it, its id, and what else
+    the path says of it."""
 
-    runtime: str  # docker, libpod, cri-containerd, crio, containerd, or "" when unknown
-    id: str
+    runtime: str  # docker, podman, containerd, crio, lxd; "" when the path does not say
+    id: str  # 64 hex digits; an LXD container's name
+    owner: Optional[int] = None  # rootless: the uid whose user slice holds it
+    pod: Optional[str] = None  # Kubernetes: the pod's uid, as the API shows it (with '-')
+    qos: Optional[str] = None  # and the pod's QoS class: guaranteed, burstable or besteffort
+
+    @property
+    def rootless(self) -> bool:
+        """Whether a user's own engine runs it (the path lies in that user's slice)."""
+        return self.owner is not None
 
     @property
     def short(self) -> str:
-        """The first 12 hex digits, as docker prints them."""
-        return self.id[:12]
+        """The first 12 hex digits, as docker prints them; an LXD container's name."""
+        return self.id if self.runtime == "lxd" else self.id[:12]
 
 
 def container_of_path(path: str) -> Optional[ContainerRef]:
     """The container in one cgroup path, or None."""
     parts = [p for p in path.strip().split("/") if p]
+    if parts:
+        lxd = _LXD.match(parts[0])
+        if lxd:
+            return ContainerRef("lxd", lxd.group(1))
     for index in range(len(parts) - 1, -1, -1):
         part = parts[index]
         scope = _SCOPE.match(part)
         if scope:
-            return ContainerRef(scope.group(1), scope.group(2))
+            return _placed(_RUNTIMES[scope.group(1)], scope.group(2), parts[:index])
         if _BARE.match(part):
-            return ContainerRef("docker" if "docker" in parts[:index] else "", part)
+            runtime = "docker" if "docker" in parts[:index] else ""  # else: not said
+            return _placed(runtime, part, parts[:index])
     return None
+
+
+def _placed(runtime: str, cid: str, parents: List[str]) -> ContainerRef:
+    """The container, with its owner (the innermost user slice above it) and its pod."""
+    owner = None
+    for part in parents:
+        user = _USER_SLICE.match(part)
+        if user:
+            owner = int(user.group(1))
+    pod, qos = _pod_of(parents)
+    return ContainerRef(runtime, cid, owner, pod, qos)
+
+
+def _pod_of(parents: List[str]) -> Tuple[Optional[str], Optional[str]]:
+    """The Kubernetes pod uid and QoS class its parents name, or (None, None)."""
+    for index in range(len(parents) - 1, -1, -1):
+        part = parents[index]
+        sliced = _POD_SLICE.match(part)
+        if sliced:
+            return sliced.group(2).replace("_", "-"), sliced.group(1) or "guaranteed"
+        plain = _POD_DIR.match(part)
+        if plain and index > 0:
+            above = parents[index - 1]
+            if above.endswith("kubepods"):
+                return plain.group(1), "guaranteed"
+            if above in _QOS_DIRS and index > 1 and parents[index - 2].endswith("kubepods"):
+                return plain.group(1), above
+    return None, None
 
 
 _SLURM_V1 = re.compile(r"^slurm(?:_[^/]+)?$")

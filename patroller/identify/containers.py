@@ -1,4 +1,5 @@
-"""Containers and their labels, from the Docker Engine: cached, shared, and off the event loop.
+"""Containers and their labels, from the Docker Engine or any engine that serves its API
+(Podman, a user's rootless Docker): cached, shared, and off the event loop.
 
 The Docker SDK is blocking, so every call runs in the executor. A container's labels are
 fetched once (concurrent lookups of one container share that call) and cached for `ttl`
@@ -78,6 +79,11 @@ def unlabelled_identity(container_id: str, degraded: bool = False) -> Identity:
                     container=(short, None), degraded=degraded)
 
 
+def lxd_identity(name: str) -> Identity:
+    """An LXD container: its name is all the host knows of it (`lxd:<name>`)."""
+    return Identity(user=f"lxd:{name}", source="container", container=(name, name))
+
+
 def _info(container: Any) -> ContainerInfo:
     attrs = container.attrs or {}
     networks = (attrs.get("NetworkSettings") or {}).get("Networks") or {}
@@ -92,8 +98,11 @@ def _info(container: Any) -> ContainerInfo:
 class ContainerDirectory:
     """Container labels by id (and by network address), from the Docker Engine, cached."""
 
-    def __init__(self, config: Config) -> None:
-        self.base_url = config.docker_host  # None: the Docker SDK's default socket
+    def __init__(self, config: Config, base_url: Optional[str] = None,
+                 engine: str = "the Docker Engine") -> None:
+        # None: the configured Docker Engine (--docker-host), else the Docker SDK's default
+        self.base_url = base_url or config.docker_host
+        self.engine = engine  # what the log and the errors call it
         self.timeout = config.docker_timeout
         self.retry_after = config.docker_retry_after
         self.calls = 0  # Docker API calls made: the benchmark watches it
@@ -104,6 +113,7 @@ class ContainerDirectory:
         self._down_until = 0.0
         self._down_reason = ""
         self._client: Any = None
+        self.closed = False  # shut down for good
         self._lock = threading.Lock()
         # Its own threads: a hung engine must not hold up the /proc reads of the default pool.
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="docker")
@@ -133,6 +143,7 @@ class ContainerDirectory:
 
     def shutdown(self) -> None:
         """Stop for good: close the connection, let the threads go."""
+        self.closed = True
         self.close_quietly()
         self._pool.shutdown(wait=False)
 
@@ -195,15 +206,17 @@ class ContainerDirectory:
             self._went_down(exc)
             raise DockerUnavailable(self._down_reason) from None
         if self._down_until:
-            log.info("docker: reachable again")
+            log.info("%s at %s is reachable again", self.engine,
+                     self.base_url or "unix:///var/run/docker.sock")
             self._down_until = 0.0
         return result
 
     def _went_down(self, exc: Exception) -> None:
-        reason = in_words(exc, self.base_url or "unix:///var/run/docker.sock", self.timeout)
+        reason = in_words(exc, self.base_url or "unix:///var/run/docker.sock", self.timeout,
+                          self.engine)
         if not self._down_until:
-            log.warning("docker: cannot read container labels: %s; identities degrade to "
-                        "the container id until it is back", reason)
+            log.warning("cannot read container labels: %s; identities degrade to the "
+                        "container id until it is back", reason)
         self._down_reason = reason
         self._down_until = time.monotonic() + self.retry_after
         self.close_quietly()
@@ -216,7 +229,8 @@ class ContainerDirectory:
 
 
 
-def in_words(exc: BaseException, where: str, timeout: float) -> str:
+def in_words(exc: BaseException, where: str, timeout: float,
+             engine: str = "the Docker Engine") -> str:
     """What went wrong talking to the engine, said in words, never an exception's repr.
 
     The SDK wraps the cause in requests' and urllib3's errors, whose text is a tuple's repr
@@ -230,14 +244,14 @@ def in_words(exc: BaseException, where: str, timeout: float) -> str:
             continue
         seen.add(id(cause))
         if isinstance(cause, TimeoutError) or "Timeout" in type(cause).__name__:
-            return f"the Docker Engine at {where} did not answer within {timeout:g} s"
+            return f"{engine} at {where} did not answer within {timeout:g} s"
         if isinstance(cause, OSError) and cause.strerror:
-            return f"the Docker Engine at {where} cannot be reached: {cause.strerror.lower()}"
+            return f"{engine} at {where} cannot be reached: {cause.strerror.lower()}"
         status = getattr(cause, "status_code", None)
         if isinstance(status, int):
             said = getattr(cause, "explanation", None) or ""
-            return f"the Docker Engine at {where} answered {status}" + (f": {said}" if said else "")
+            return f"{engine} at {where} answered {status}" + (f": {said}" if said else "")
         chain.extend(c for c in (cause.__cause__, cause.__context__, getattr(cause, "reason", None),
                                  *cause.args) if isinstance(c, BaseException))
     text = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-    return f"the Docker Engine at {where} cannot be used: {text}"
+    return f"{engine} at {where} cannot be used: {text}"

@@ -1,9 +1,10 @@
 """From a host pid to the identity of whoever runs it: container labels, or the host account.
 
-pid -> /proc/<pid>/cgroup -> container id -> Docker labels -> e-mail; a process in no container
-is its host account (uid from /proc/<pid>/status); only a pid whose /proc entry cannot be read
-is "unknown". /proc is read in the executor, never on the event loop. Identities are cached by
-(pid, start time), so a reused pid is never taken for the process that had it before.
+pid -> /proc/<pid>/cgroup -> container -> the engine that runs it (engines.py) -> labels ->
+e-mail; an LXD container is its name; a process in no container is its host account (uid from
+/proc/<pid>/status); only a pid whose /proc entry cannot be read is "unknown". /proc is read in
+the executor, never on the event loop. Identities are cached by (pid, start time), so a reused
+pid is never taken for the process that had it before.
 """
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from patroller.config import Config
 from patroller.identify import procfs
 from patroller.identify.cgroups import ContainerRef, SlurmStep, parse_cgroup, parse_slurm
 from patroller.identify.peers import Credentials, not_the_caller
-from patroller.identify.containers import (ContainerDirectory, DockerUnavailable, container_identity,
-                         unlabelled_identity)
+from patroller.identify.containers import (ContainerDirectory, DockerUnavailable,
+                                           container_identity, lxd_identity, unlabelled_identity)
+from patroller.identify.engines import Engines
 from patroller.core.identity import UNKNOWN, Identity
 
 
@@ -60,6 +62,19 @@ def runs_as(identity: Identity, host: Optional[Identity]) -> Identity:
     return replace(identity, account=host.account, uid=host.uid)
 
 
+def account_of(container: Optional[ContainerRef], uid: int, shifted_from: int
+               ) -> Optional[Identity]:
+    """The host account a process counts as: a rootless container's is the user whose slice
+    holds it (whose uid its root runs as); a container's process running as a shifted uid (a
+    user namespace's, from `shifted_from` up) has none, as that uid names nobody, or someone
+    else; any other process is its own uid's."""
+    if container is not None and container.owner is not None:
+        return host_identity(container.owner)
+    if container is not None and uid >= shifted_from:
+        return None
+    return host_identity(uid)
+
+
 @dataclass(frozen=True)
 class ProcFacts:
     """What /proc says of one process, read in one go."""
@@ -67,13 +82,14 @@ class ProcFacts:
     pid: int
     start: int  # clock ticks after boot: with the pid, names exactly one process
     container: Optional[ContainerRef]
-    host: Optional[Identity]  # the host account it runs as (in a container too)
+    host: Optional[Identity]  # the host account it counts as (account_of); None: shifted
     uids: Tuple[int, ...] = ()  # its real, effective, saved and file-system uids
     job: Optional[SlurmStep] = None  # the Slurm job step its cgroup names
     job_env: Tuple[Tuple[str, str], ...] = ()  # SLURM_JOB_ACCOUNT/PARTITION, where readable
 
 
-def read_facts(pid: int, proc: str = "/proc") -> Optional[ProcFacts]:
+def read_facts(pid: int, proc: str = "/proc",
+               shifted_from: int = Config.shifted_uids_from) -> Optional[ProcFacts]:
     """Blocking: the facts of a live pid, or None if it is gone or unreadable."""
     try:
         start = procfs.stat(pid, proc).start
@@ -91,12 +107,14 @@ def read_facts(pid: int, proc: str = "/proc") -> Optional[ProcFacts]:
             env = tuple(sorted(procfs.environ(pid, SLURM_ENV, proc).items()))
         except OSError:
             pass
-    return ProcFacts(pid, start, container, host_identity(uids[0]), uids, job, env)
+    return ProcFacts(pid, start, container, account_of(container, uids[0], shifted_from), uids,
+                     job, env)
 
 
-def read_peer_facts(credentials: Credentials, proc: str) -> Union[ProcFacts, str]:
+def read_peer_facts(credentials: Credentials, proc: str,
+                    shifted_from: int = Config.shifted_uids_from) -> Union[ProcFacts, str]:
     """Blocking: the facts of the process that connected, or why they cannot be had."""
-    facts = read_facts(credentials.pid, proc)
+    facts = read_facts(credentials.pid, proc, shifted_from)
     refused = not_the_caller(credentials, facts.uids if facts is not None else (),
                              facts.start if facts is not None else 0)
     if facts is None:
@@ -105,13 +123,16 @@ def read_peer_facts(credentials: Credentials, proc: str) -> Union[ProcFacts, str
 
 
 class ProcessIdentifier:
-    """Resolves pids to identities through /proc and (when given) the container directory."""
+    """Resolves pids to identities through /proc and (when given the Docker Engine's directory)
+    the container engines."""
 
     def __init__(self, config: Config, directory: Optional[ContainerDirectory] = None) -> None:
-        self.directory = directory
+        # No Docker Engine (test mode): no engine at all, containers are named by their ids.
+        self.engines = Engines(config, directory) if directory is not None else None
         self.user_labels = config.user_labels
         self.info_labels = config.user_info_labels
         self.proc = config.proc_root
+        self.shifted_from = config.shifted_uids_from
         self.proc_reads = 0  # processes whose /proc entry was read: the benchmark watches it
         self._cache: TTLCache = TTLCache(maxsize=config.identity_cache, ttl=config.identity_ttl)
 
@@ -119,14 +140,15 @@ class ProcessIdentifier:
         """/proc facts of a pid, read off the loop."""
         self.proc_reads += 1
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, read_facts, pid, self.proc)
+        return await loop.run_in_executor(None, read_facts, pid, self.proc, self.shifted_from)
 
     async def peer_facts(self, credentials: Credentials) -> Union[ProcFacts, str]:
         """/proc facts of a unix-socket caller, read off the loop, if its pid still names the
         process that connected; else why not (`peers.not_the_caller`)."""
         self.proc_reads += 1
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, read_peer_facts, credentials, self.proc)
+        return await loop.run_in_executor(None, read_peer_facts, credentials, self.proc,
+                                          self.shifted_from)
 
     async def resolve(self, pid: int) -> Identity:
         """The identity of a live pid; UNKNOWN if /proc cannot tell."""
@@ -139,21 +161,36 @@ class ProcessIdentifier:
         cached = self._cache.get(key)
         if cached is not None:
             return cached
-        if facts.container is None and facts.job is not None and facts.host is not None:
+        container = facts.container
+        if container is None and facts.job is not None and facts.host is not None:
             identity = job_identity(facts.host, facts.job, dict(facts.job_env))
-        elif facts.container is None:
+        elif container is None:
             identity = facts.host or UNKNOWN
-        elif self.directory is None:
-            identity = runs_as(unlabelled_identity(facts.container.id), facts.host)
+        elif container.runtime == "lxd":
+            identity = runs_as(lxd_identity(container.id), facts.host)
         else:
-            try:
-                info = await self.directory.get(facts.container.id)
-            except DockerUnavailable:  # not cached
-                return runs_as(unlabelled_identity(facts.container.id, degraded=True), facts.host)
-            if info is None:
-                identity = unlabelled_identity(facts.container.id)
+            directory = None if self.engines is None else await self.engines.directory(container)
+            if directory is None:  # no engine to ask: the container is all that is known
+                identity = runs_as(unlabelled_identity(container.id), facts.host)
             else:
-                identity = container_identity(info, self.user_labels, self.info_labels)
-            identity = runs_as(identity, facts.host)
+                try:
+                    info = await directory.get(container.id)
+                except DockerUnavailable:  # not cached
+                    return runs_as(unlabelled_identity(container.id, degraded=True), facts.host)
+                if info is None:
+                    identity = unlabelled_identity(container.id)
+                else:
+                    identity = container_identity(info, self.user_labels, self.info_labels)
+                identity = runs_as(identity, facts.host)
         self._cache[key] = identity
         return identity
+
+    @property
+    def docker_calls(self) -> int:
+        """Docker API calls made to every container engine (the metrics count them)."""
+        return self.engines.calls if self.engines is not None else 0
+
+    def close(self) -> None:
+        """Close the engines' clients."""
+        if self.engines is not None:
+            self.engines.shutdown()

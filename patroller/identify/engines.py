@@ -1,0 +1,158 @@
+"""Which engine can name a container, by what its cgroup says: the Docker Engine, Podman's
+service, or the rootless engine of the user whose slice holds it; one client for each.
+
+Every one of them is asked through the Docker API (Podman's service serves it too), with the
+same label rules. Where a container goes:
+  Docker, or a bare id under a parent that names no runtime  -> the Docker Engine (--docker-host)
+  Podman                                                     -> --podman-socket
+  in the slice of uid U: rootless Podman                     -> --rootless-podman-socket, for U
+  in the slice of uid U: rootless Docker (or not said)       -> --rootless-docker-socket, for U
+  LXD, containerd (Kubernetes' CRI), CRI-O                   -> none yet: named by id (or name)
+A user's container is never looked up in the system's engines: anyone may name a cgroup in
+their own slice after someone else's container, and only their own engines know theirs.
+
+The engines other than the Docker Engine are optional: a socket that is not there is none to
+ask (checked off the loop, remembered for `engine_socket_ttl` seconds, said in the log only when
+it is there but cannot be used), and its containers are named by their ids. One that is there
+but does not answer degrades like the Docker Engine, and is asked again later. A client is made
+for an engine when it is first needed, one per socket, and at most `engine_clients` are kept.
+"""
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import stat
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Set, Tuple
+
+from cachetools import LRUCache, TTLCache
+
+from patroller.config import Config
+from patroller.identify.cgroups import ContainerRef
+from patroller.identify.containers import ContainerDirectory
+
+log = logging.getLogger(__name__)
+
+# Runtimes with no engine that serves the Docker API: LXD names its containers in the cgroup
+# itself; containerd's and CRI-O's are the kubelet's (a later source of names).
+UNASKED = ("lxd", "containerd", "crio")
+
+
+@dataclass(frozen=True)
+class Route:
+    """The engine to ask about a container."""
+
+    engine: str  # what the log and the errors call it
+    address: Optional[str]  # its Docker API address; None: the Docker Engine (--docker-host)
+
+
+def route(ref: ContainerRef, config: Config) -> Optional[Route]:
+    """The engine that may name this container, or None when none of those configured can."""
+    if ref.runtime in UNASKED:
+        return None
+    if ref.owner is not None:  # the user's own engine, or none
+        podman = ref.runtime == "podman"
+        template = config.rootless_podman_socket if podman else config.rootless_docker_socket
+        if template is None:
+            return None
+        engine = "rootless Podman" if podman else "the rootless Docker Engine"
+        return Route(f"{engine} of uid {ref.owner}", template.format(uid=ref.owner))
+    if ref.runtime == "podman":
+        return None if config.podman_socket is None else Route("Podman", config.podman_socket)
+    return Route("the Docker Engine", None)
+
+
+class _Clients(LRUCache):
+    """The engines' directories by address; one pushed out is shut down."""
+
+    def __init__(self, maxsize: int, retired: Callable[[ContainerDirectory], None]) -> None:
+        super().__init__(maxsize=maxsize)
+        self._retired = retired
+
+    def popitem(self) -> Tuple[Any, Any]:
+        address, directory = super().popitem()
+        self._retired(directory)
+        return address, directory
+
+
+class Engines:
+    """The container engines, each asked only about the containers that are its own."""
+
+    def __init__(self, config: Config, docker: ContainerDirectory) -> None:
+        self.config = config
+        self.docker = docker  # the Docker Engine: always there, degrading when it is down
+        self._clients = _Clients(config.engine_clients, self._retire)
+        self._sockets: TTLCache = TTLCache(maxsize=4096, ttl=config.engine_socket_ttl)
+        self._looking: Dict[str, "asyncio.Future[Tuple[bool, str]]"] = {}
+        self._reported: Set[str] = set()  # sockets whose trouble was logged once
+        self._retired_calls = 0
+        # Its own thread: a socket on a hung file system must not hold up the /proc reads.
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-sockets")
+
+    @property
+    def calls(self) -> int:
+        """Docker API calls made to every engine."""
+        return (self.docker.calls + self._retired_calls
+                + sum(d.calls for d in list(self._clients.values())))
+
+    async def directory(self, ref: ContainerRef) -> Optional[ContainerDirectory]:
+        """The directory of the engine that may name this container; None when there is none
+        to ask (not configured, or its socket is not there)."""
+        found = route(ref, self.config)
+        if found is None or found.address is None:
+            return None if found is None else self.docker
+        if not await self._socket_exists(found.address):
+            return None
+        directory = self._clients.get(found.address)
+        if directory is None:
+            directory = ContainerDirectory(self.config, found.address, found.engine)
+            self._clients[found.address] = directory
+        return directory
+
+    def shutdown(self) -> None:
+        """Close every engine's client; let the threads go."""
+        self.docker.shutdown()
+        for directory in list(self._clients.values()):
+            directory.shutdown()
+        self._clients.clear()
+        self._pool.shutdown(wait=False)
+
+    def _retire(self, directory: ContainerDirectory) -> None:
+        self._retired_calls += directory.calls
+        directory.shutdown()
+
+    async def _socket_exists(self, address: str) -> bool:
+        if not address.startswith("unix://"):
+            return True  # a TCP engine: asking it is the only way to know
+        path = address[len("unix://"):]
+        known = self._sockets.get(path)
+        if known is not None:
+            return known
+        pending = self._looking.get(path)
+        if pending is None:
+            pending = asyncio.get_running_loop().run_in_executor(self._pool, _is_socket, path)
+            self._looking[path] = pending
+            pending.add_done_callback(lambda _: self._looking.pop(path, None))
+        exists, trouble = await asyncio.shield(pending)
+        self._sockets[path] = exists
+        if trouble and path not in self._reported:
+            self._reported.add(path)
+            log.warning("cannot use %s: %s; its containers are named by their ids", path,
+                        trouble)
+        return exists
+
+
+def _is_socket(path: str) -> Tuple[bool, str]:
+    """Blocking: whether a unix socket is at `path`, and what is wrong if something else is."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return False, ""  # no such engine: nothing to say
+        return False, (exc.strerror or str(exc)).lower()
+    if not stat.S_ISSOCK(mode):
+        return False, "it is not a socket"
+    return True, ""
