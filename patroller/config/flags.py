@@ -3,16 +3,15 @@ the checks that turn text into a Config (a bad value is refused at start, naming
 from __future__ import annotations
 
 import argparse
-import math
 import os
 from typing import Callable, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
-from patroller import __version__, durations, hosts
+from patroller import __version__, durations
+import patroller.config.values as values
 from patroller.config.settings import DEFAULT_USER_LABELS, Config, ConfigError
 
 T = TypeVar("T")
 
-LOG_LEVELS = ("debug", "info", "warning", "error")
 SWITCHES = ("--test", "--hide-users")  # flags that take no value
 
 
@@ -127,97 +126,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _port(text: str) -> int:
-    if not text.strip().isdigit() or not 0 <= int(text) <= 65535:
-        raise ValueError("is not a port number (0-65535)")
-    return int(text)
-
-
-def _silence(text: str) -> float:
-    value = durations.parse(text)
-    if value < 3:
-        raise ValueError("must be at least 3 seconds: nvidia-smi prints once a second")
-    return value
-
-
-def _nonnegative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError("is not a number") from None
-    if not math.isfinite(value) or value < 0:
-        raise ValueError("must be zero or more")
-    return value
-
-
-def _existing_file(text: str) -> str:
-    path = os.path.abspath(os.path.expanduser(text.strip()))
-    if not os.path.isfile(path):
-        raise ValueError("is not a file")
-    return path
-
-
-def _labels(text: str) -> Tuple[str, ...]:
-    labels = tuple(part.strip() for part in text.split(",") if part.strip())
-    if any(any(c.isspace() for c in label) for label in labels):
-        raise ValueError("holds a label with white space")
-    return labels
-
-
-def _count(text: str) -> int:
-    if not text.strip().isdigit() or int(text) < 1:
-        raise ValueError("is not a whole number of 1 or more")
-    return int(text)
-
-
-def _user_labels(text: str) -> Tuple[str, ...]:
-    labels = _labels(text)
-    if not labels:
-        raise ValueError("must name at least one label")
-    return labels
-
-
-def _log_level(text: str) -> str:
-    if text.lower() not in LOG_LEVELS:
-        raise ValueError("must be one of " + ", ".join(LOG_LEVELS))
-    return text.lower()
-
-
-def _nonempty(text: str) -> str:
-    if not text.strip():
-        raise ValueError("must not be empty")
-    return text
-
-
-def _socket_path(text: str) -> str:
-    path = os.path.abspath(text.strip())
-    if not text.strip():
-        raise ValueError("must not be empty")
-    if len(path.encode()) > 107:
-        raise ValueError("is longer than a unix socket path may be (107 bytes)")
-    if not os.path.isdir(os.path.dirname(path)):
-        raise ValueError(f"is in a directory that does not exist ({os.path.dirname(path)})")
-    return path
-
-
-def _state_dir(text: str) -> Optional[str]:
-    if text.strip().lower() in ("", "none"):
-        return None
-    path = os.path.abspath(os.path.expanduser(text.strip()))
-    if os.path.lexists(path) and not os.path.isdir(path):
-        raise ValueError("is not a directory")
-    return path
-
-
-def _job_map(text: str) -> Optional[str]:
-    if text.strip().lower() in ("", "none"):
-        return None
-    path = os.path.abspath(os.path.expanduser(text.strip()))
-    if os.path.lexists(path) and not os.path.isdir(path):
-        raise ValueError("is not a directory")
-    return path  # one that is not there yet is read once the prolog makes it
-
-
 def default_state_dir(test: bool, environ: Mapping[str, str], uid: int) -> Optional[str]:
     """Where the lease book lives when no --state-dir is given: none in test mode (test daemons
     run many at once), the system's state directory for root, the user's own otherwise."""
@@ -229,89 +137,6 @@ def default_state_dir(test: bool, environ: Mapping[str, str], uid: int) -> Optio
     if not os.path.isabs(base):  # the XDG spec says to ignore a relative one
         base = os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".local", "state")
     return os.path.join(base, "patroller")
-
-
-def _fleet(text: str) -> Tuple[str, ...]:
-    return _fleet_hosts(hosts.split(text))
-
-
-def _fleet_file(text: str) -> Tuple[str, ...]:
-    path = os.path.abspath(os.path.expanduser(text.strip()))
-    try:
-        found = hosts.read(path)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
-    return _fleet_hosts(found)
-
-
-def _fleet_hosts(found: List[str]) -> Tuple[str, ...]:
-    if not found:
-        raise ValueError("names no host")
-    for host in found:
-        try:
-            hosts.base_url(host)
-        except ValueError as exc:
-            raise ValueError(f"names {host!r}, which {exc}") from None
-    return tuple(found)
-
-
-def _fleet_interval(text: str) -> float:
-    value = durations.parse(text)
-    if value < 0.5:
-        raise ValueError("must be at least 0.5 seconds: every host is asked that often")
-    return value
-
-
-def _switch(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("", "0", "false", "no", "off"):
-        return False
-    raise ValueError("must be 1, true, yes or on; or 0, false, no, off or empty")
-
-
-def _docker_host(text: str) -> str:
-    if not text.strip().startswith(("unix://", "tcp://", "ssh://", "http://", "https://")):
-        raise ValueError("must be a unix://, tcp://, ssh:// or http(s):// address")
-    return text.strip()
-
-
-def _unix_path_fits(address: str) -> str:
-    if address.startswith("unix://") and len(address[len("unix://"):].encode()) > 107:
-        raise ValueError("is longer than a unix socket path may be (107 bytes)")
-    return address
-
-
-def _engine_address(text: str) -> Optional[str]:
-    """An engine's address; None for none (or nothing); a path is a unix socket's."""
-    address = text.strip()
-    if address.lower() in ("", "none"):
-        return None
-    return _docker_host("unix://" + address if address.startswith("/") else address)
-
-
-def _engine_socket(text: str) -> Optional[str]:
-    address = _engine_address(text)
-    if address is None:
-        return None
-    if "{" in address or "}" in address:
-        raise ValueError("holds braces: only the rootless sockets take {uid}")
-    return _unix_path_fits(address)
-
-
-def _engine_template(text: str) -> Optional[str]:
-    address = _engine_address(text)
-    if address is None:
-        return None
-    if "{uid}" not in address:
-        raise ValueError("must hold {uid}, which stands for the uid of the engine's user")
-    try:
-        widest = address.format(uid=4294967294)  # the largest uid there can be
-    except (KeyError, IndexError, ValueError):
-        raise ValueError("may hold {uid} and nothing else in braces") from None
-    _unix_path_fits(widest)
-    return address
 
 
 def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None) -> Config:
@@ -338,69 +163,69 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
 
     env_names = {flag: env for flag, env, _ in _SETTINGS}
     test = bool(args.test) or bool(environ.get("PATROLLER_TEST"))
-    fleet = pick("--fleet", env_names["--fleet"], _fleet, ())
-    from_file = pick("--fleet-file", env_names["--fleet-file"], _fleet_file, ())
+    fleet = pick("--fleet", env_names["--fleet"], values.fleet, ())
+    from_file = pick("--fleet-file", env_names["--fleet-file"], values.fleet_file, ())
     if fleet and from_file:
         raise ConfigError("--fleet-file: given with --fleet too (or PATROLLER_FLEET_FILE with "
                           "PATROLLER_FLEET); name the fleet's hosts one way")
     fleet = fleet or from_file
     return Config(
         test=test,
-        port=pick("--port", env_names["--port"], _port, Config.port),
+        port=pick("--port", env_names["--port"], values.port, Config.port),
         address=pick("--address", env_names["--address"], str.strip, Config.address),
         lease=pick("--lease", env_names["--lease"], durations.parse, Config.lease),
         max_waiting_per_user=pick("--max-waiting-per-user", env_names["--max-waiting-per-user"],
-                                  _count, Config.max_waiting_per_user),
-        user_labels=pick("--user-labels", env_names["--user-labels"], _user_labels, DEFAULT_USER_LABELS),
-        user_info_labels=pick("--user-info-labels", env_names["--user-info-labels"], _labels, ()),
-        nvidia_smi=pick("--nvidia-smi", env_names["--nvidia-smi"], _nonempty, Config.nvidia_smi),
-        stream_silence=pick("--stream-silence", env_names["--stream-silence"], _silence,
+                                  values.count, Config.max_waiting_per_user),
+        user_labels=pick("--user-labels", env_names["--user-labels"], values.user_labels, DEFAULT_USER_LABELS),
+        user_info_labels=pick("--user-info-labels", env_names["--user-info-labels"], values.labels, ()),
+        nvidia_smi=pick("--nvidia-smi", env_names["--nvidia-smi"], values.nonempty, Config.nvidia_smi),
+        stream_silence=pick("--stream-silence", env_names["--stream-silence"], values.silence,
                             Config.stream_silence),
         inventory_every=pick("--inventory-every", env_names["--inventory-every"], durations.parse,
                              Config.inventory_every),
         cross_check_every=pick("--cross-check-every", env_names["--cross-check-every"],
                                durations.parse,
                                Config.cross_check_every),
-        socket=pick("--socket", env_names["--socket"], _socket_path, None),
-        state_dir=pick("--state-dir", env_names["--state-dir"], _state_dir,
+        socket=pick("--socket", env_names["--socket"], values.socket_path, None),
+        state_dir=pick("--state-dir", env_names["--state-dir"], values.state_dir,
                        default_state_dir(test, environ, os.getuid())),
         hide_users=bool(args.hide_users) or pick("--hide-users", env_names["--hide-users"],
-                                                 _switch, Config.hide_users),
-        docker_host=pick("--docker-host", env_names["--docker-host"], _docker_host, None),
-        podman_socket=pick("--podman-socket", env_names["--podman-socket"], _engine_socket,
+                                                 values.switch, Config.hide_users),
+        docker_host=pick("--docker-host", env_names["--docker-host"], values.docker_host, None),
+        podman_socket=pick("--podman-socket", env_names["--podman-socket"], values.engine_socket,
                            Config.podman_socket),
         rootless_docker_socket=pick("--rootless-docker-socket",
-                                    env_names["--rootless-docker-socket"], _engine_template,
+                                    env_names["--rootless-docker-socket"], values.engine_template,
                                     Config.rootless_docker_socket),
         rootless_podman_socket=pick("--rootless-podman-socket",
-                                    env_names["--rootless-podman-socket"], _engine_template,
+                                    env_names["--rootless-podman-socket"], values.engine_template,
                                     Config.rootless_podman_socket),
-        shifted_uids_from=pick("--shifted-uids-from", env_names["--shifted-uids-from"], _count,
+        shifted_uids_from=pick("--shifted-uids-from", env_names["--shifted-uids-from"], values.count,
                                Config.shifted_uids_from),
-        slurm_job_map=pick("--slurm-job-map", env_names["--slurm-job-map"], _job_map, None),
-        log_level=pick("--log-level", env_names["--log-level"], _log_level, Config.log_level),
+        slurm_job_map=pick("--slurm-job-map", env_names["--slurm-job-map"], values.job_map, None),
+        log_level=pick("--log-level", env_names["--log-level"], values.log_level, Config.log_level),
         body_timeout=pick("--body-timeout", env_names["--body-timeout"], durations.parse,
                           Config.body_timeout),
         header_timeout=pick("--header-timeout", env_names["--header-timeout"], durations.parse,
                             Config.header_timeout),
         max_connections_per_caller=pick("--max-connections-per-caller",
-                                        env_names["--max-connections-per-caller"], _count,
+                                        env_names["--max-connections-per-caller"], values.count,
                                         Config.max_connections_per_caller),
-        max_per_user=pick("--max-per-user", env_names["--max-per-user"], _count, None),
-        limits_file=pick("--limits-file", env_names["--limits-file"], _existing_file, None),
+        max_per_user=pick("--max-per-user", env_names["--max-per-user"], values.count, None),
+        limits_file=pick("--limits-file", env_names["--limits-file"], values.existing_file, None),
         starvation_bound=pick("--starvation-bound", env_names["--starvation-bound"],
                               durations.parse,
                               Config.starvation_bound),
         max_hold=pick("--max-hold", env_names["--max-hold"], durations.parse, Config.max_hold),
-        idle_sm=pick("--idle-sm", env_names["--idle-sm"], _nonnegative, Config.idle_sm),
-        idle_memory=pick("--idle-memory", env_names["--idle-memory"], _nonnegative,
+        idle_sm=pick("--idle-sm", env_names["--idle-sm"], values.nonnegative, Config.idle_sm),
+        idle_memory=pick("--idle-memory", env_names["--idle-memory"], values.nonnegative,
                          Config.idle_memory),
         idle_after=pick("--idle-after", env_names["--idle-after"], durations.parse,
                         Config.idle_after),
         idle_release=pick("--idle-release", env_names["--idle-release"], durations.parse, None),
-        audit_log=pick("--audit-log", env_names["--audit-log"], _nonempty, None),
+        audit_log=pick("--audit-log", env_names["--audit-log"], values.nonempty, None),
         fleet=fleet,
-        fleet_interval=pick("--fleet-interval", env_names["--fleet-interval"], _fleet_interval,
+        fleet_interval=pick("--fleet-interval", env_names["--fleet-interval"], values.fleet_interval,
                             Config.fleet_interval),
         fleet_timeout=pick("--fleet-timeout", env_names["--fleet-timeout"], durations.parse,
                            Config.fleet_timeout),

@@ -1,0 +1,187 @@
+"""The values of the daemon's flags: each parser takes the text given (a flag's or its
+environment variable's) and returns the setting, or raises ValueError saying what is wrong
+(flags.py names the flag or variable in front)."""
+from __future__ import annotations
+
+import math
+import os
+from typing import List, Optional, Tuple
+
+from patroller import durations, hosts
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def port(text: str) -> int:
+    if not text.strip().isdigit() or not 0 <= int(text) <= 65535:
+        raise ValueError("is not a port number (0-65535)")
+    return int(text)
+
+
+def silence(text: str) -> float:
+    value = durations.parse(text)
+    if value < 3:
+        raise ValueError("must be at least 3 seconds: nvidia-smi prints once a second")
+    return value
+
+
+def nonnegative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError("is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError("must be zero or more")
+    return value
+
+
+def existing_file(text: str) -> str:
+    path = os.path.abspath(os.path.expanduser(text.strip()))
+    if not os.path.isfile(path):
+        raise ValueError("is not a file")
+    return path
+
+
+def labels(text: str) -> Tuple[str, ...]:
+    found = tuple(part.strip() for part in text.split(",") if part.strip())
+    if any(any(c.isspace() for c in label) for label in found):
+        raise ValueError("holds a label with white space")
+    return found
+
+
+def count(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ValueError("is not a whole number of 1 or more")
+    return int(text)
+
+
+def user_labels(text: str) -> Tuple[str, ...]:
+    found = labels(text)
+    if not found:
+        raise ValueError("must name at least one label")
+    return found
+
+
+def log_level(text: str) -> str:
+    if text.lower() not in LOG_LEVELS:
+        raise ValueError("must be one of " + ", ".join(LOG_LEVELS))
+    return text.lower()
+
+
+def nonempty(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must not be empty")
+    return text
+
+
+def socket_path(text: str) -> str:
+    path = os.path.abspath(text.strip())
+    if not text.strip():
+        raise ValueError("must not be empty")
+    if len(path.encode()) > 107:
+        raise ValueError("is longer than a unix socket path may be (107 bytes)")
+    if not os.path.isdir(os.path.dirname(path)):
+        raise ValueError(f"is in a directory that does not exist ({os.path.dirname(path)})")
+    return path
+
+
+def state_dir(text: str) -> Optional[str]:
+    if text.strip().lower() in ("", "none"):
+        return None
+    path = os.path.abspath(os.path.expanduser(text.strip()))
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise ValueError("is not a directory")
+    return path
+
+
+def job_map(text: str) -> Optional[str]:
+    if text.strip().lower() in ("", "none"):
+        return None
+    path = os.path.abspath(os.path.expanduser(text.strip()))
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise ValueError("is not a directory")
+    return path  # one that is not there yet is read once the prolog makes it
+
+
+
+def fleet(text: str) -> Tuple[str, ...]:
+    return fleet_hosts(hosts.split(text))
+
+
+def fleet_file(text: str) -> Tuple[str, ...]:
+    path = os.path.abspath(os.path.expanduser(text.strip()))
+    try:
+        found = hosts.read(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
+    return fleet_hosts(found)
+
+
+def fleet_hosts(found: List[str]) -> Tuple[str, ...]:
+    if not found:
+        raise ValueError("names no host")
+    for host in found:
+        try:
+            hosts.base_url(host)
+        except ValueError as exc:
+            raise ValueError(f"names {host!r}, which {exc}") from None
+    return tuple(found)
+
+
+def fleet_interval(text: str) -> float:
+    value = durations.parse(text)
+    if value < 0.5:
+        raise ValueError("must be at least 0.5 seconds: every host is asked that often")
+    return value
+
+
+def switch(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    raise ValueError("must be 1, true, yes or on; or 0, false, no, off or empty")
+
+
+def docker_host(text: str) -> str:
+    if not text.strip().startswith(("unix://", "tcp://", "ssh://", "http://", "https://")):
+        raise ValueError("must be a unix://, tcp://, ssh:// or http(s):// address")
+    return text.strip()
+
+
+def unix_path_fits(address: str) -> str:
+    if address.startswith("unix://") and len(address[len("unix://"):].encode()) > 107:
+        raise ValueError("is longer than a unix socket path may be (107 bytes)")
+    return address
+
+
+def engine_address(text: str) -> Optional[str]:
+    """An engine's address; None for none (or nothing); a path is a unix socket's."""
+    address = text.strip()
+    if address.lower() in ("", "none"):
+        return None
+    return docker_host("unix://" + address if address.startswith("/") else address)
+
+
+def engine_socket(text: str) -> Optional[str]:
+    address = engine_address(text)
+    if address is None:
+        return None
+    if "{" in address or "}" in address:
+        raise ValueError("holds braces: only the rootless sockets take {uid}")
+    return unix_path_fits(address)
+
+
+def engine_template(text: str) -> Optional[str]:
+    address = engine_address(text)
+    if address is None:
+        return None
+    if "{uid}" not in address:
+        raise ValueError("must hold {uid}, which stands for the uid of the engine's user")
+    try:
+        widest = address.format(uid=4294967294)  # the largest uid there can be
+    except (KeyError, IndexError, ValueError):
+        raise ValueError("may hold {uid} and nothing else in braces") from None
+    unix_path_fits(widest)
+    return address
