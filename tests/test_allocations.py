@@ -6,7 +6,7 @@ from typing import List
 
 import pytest
 
-from helpers import FakeClock, lease_manager
+from helpers import lease_manager
 from patroller.config import Config, policy_of
 from patroller.core.errors import Busy, NotYours
 from patroller.core.identity import Identity, named_user
@@ -14,7 +14,7 @@ from patroller.core.jobs import Allocation, Job
 from patroller.core.leases.holds import Event
 from patroller.http.views import claims, usage
 
-alice, bob = named_user("alice"), named_user("bob")
+alice, bob = named_user("alice"), named_user("bob")  # `clock` and `leases`: conftest.py
 ROOT = Identity(user="root", source="host", account="root", uid=0)
 JOB = Job(id="4242", uid=1001, user="carol", account="physics", partition="gpu")
 ALLOCATION = Allocation((JOB,))
@@ -28,16 +28,6 @@ def in_job(user: str, uid: int, job: str, step: str = "0") -> Identity:
 
 def host(user: str, uid: int) -> Identity:
     return Identity(user=user, source="host", account=user, uid=uid)
-
-
-@pytest.fixture
-def clock():
-    return FakeClock()
-
-
-@pytest.fixture
-def leases(clock):
-    return lease_manager(clock)
 
 
 def recorded(leases) -> List[Event]:

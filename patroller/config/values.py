@@ -85,22 +85,15 @@ def socket_path(text: str) -> str:
     return path
 
 
-def state_dir(text: str) -> Optional[str]:
+def directory(text: str) -> Optional[str]:
+    """A directory, which need not be there yet (the lease book's is made at start; the Slurm
+    job map's by the prolog at the first job); `none` or empty: None."""
     if text.strip().lower() in ("", "none"):
         return None
     path = os.path.abspath(os.path.expanduser(text.strip()))
     if os.path.lexists(path) and not os.path.isdir(path):
         raise ValueError("is not a directory")
     return path
-
-
-def job_map(text: str) -> Optional[str]:
-    if text.strip().lower() in ("", "none"):
-        return None
-    path = os.path.abspath(os.path.expanduser(text.strip()))
-    if os.path.lexists(path) and not os.path.isdir(path):
-        raise ValueError("is not a directory")
-    return path  # one that is not there yet is read once the prolog makes it
 
 
 
