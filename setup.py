@@ -21,7 +21,10 @@ setup(
     install_requires=REQUIRES,
     package_data={"patroller.http": ["openapi.json", "web/*"]},
     # schemathesis 4 (the API fuzzer of tests/test_fuzz.py) needs Python 3.11
-    extras_require={"test": ["pytest>=8.4", "pytest-timeout>=2.4", "selenium>=4.20",
+    # kubernetes: containerd's API and the kubelet's pod-resources are gRPC (grpcio alone: the
+    # messages are encoded by patroller itself, so neither protobuf nor generated code is needed)
+    extras_require={"kubernetes": ["grpcio>=1.60"],
+                    "test": ["pytest>=8.4", "pytest-timeout>=2.4", "selenium>=4.20", "grpcio>=1.60",
                              "schemathesis>=4,<5; python_version >= '3.11'"]},
     entry_points={"console_scripts": ["patroller = patroller.main:main"]},
     classifiers=[

@@ -7,7 +7,9 @@
 # from the test extra, drives /usr/bin/chromedriver, whose version is the browser's: nothing is
 # downloaded), and for the systemd unit's test systemd-analyze (Debian's systemd), and for the
 # Slurm tests Slurm's slurmctld, slurmd and client commands and munge (the tests start their own
-# one-node cluster in a temporary directory: no service, nothing under /etc/slurm).
+# one-node cluster in a temporary directory: no service, nothing under /etc/slurm), and for the
+# runtime tests Podman with uidmap (rootless Podman's newuidmap) and containerd with ctr (both
+# from docker.io's dependencies; the tests start their own containerd and Podman service).
 set -eu
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
@@ -18,7 +20,9 @@ if command -v dockerd >/dev/null 2>&1 && command -v busybox >/dev/null 2>&1 \
         && command -v chromedriver >/dev/null 2>&1 \
         && command -v systemd-analyze >/dev/null 2>&1 && command -v slurmctld >/dev/null 2>&1 \
         && command -v slurmd >/dev/null 2>&1 && command -v sbatch >/dev/null 2>&1 \
-        && command -v munged >/dev/null 2>&1; then
+        && command -v munged >/dev/null 2>&1 && command -v podman >/dev/null 2>&1 \
+        && command -v newuidmap >/dev/null 2>&1 && command -v containerd >/dev/null 2>&1 \
+        && command -v ctr >/dev/null 2>&1; then
     exit 0
 fi
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -48,7 +52,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
         --no-install-recommends \
         docker.io busybox-static wrk prometheus chromium chromium-driver \
-        slurmctld slurmd slurm-client munge $systemd >/dev/null
+        slurmctld slurmd slurm-client munge podman uidmap containerd $systemd >/dev/null
     # Should a service have started anyway (an init system that ignores policy-rc.d), stop it:
     # the tests start their own Prometheus on a port of their choosing, and their own munged,
     # slurmctld and slurmd; those three only where this run installed them (a host that is
@@ -61,8 +65,9 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         fi
     done
 else
-    echo "tests/setup.sh: dockerd, busybox, prometheus, chromium, slurm or munge is missing;" \
-         "install docker.io, busybox-static, prometheus, chromium, chromium-driver, slurmctld," \
-         "slurmd, slurm-client and munge (as root) or the Docker, Prometheus, web page and" \
-         "Slurm tests will be skipped" >&2
+    echo "tests/setup.sh: dockerd, busybox, prometheus, chromium, slurm, munge, podman or" \
+         "containerd is missing; install docker.io, busybox-static, prometheus, chromium," \
+         "chromium-driver, slurmctld, slurmd, slurm-client, munge, podman, uidmap and" \
+         "containerd (as root) or the Docker, Prometheus, web page, Slurm and runtime tests" \
+         "will be skipped" >&2
 fi
