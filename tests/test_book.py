@@ -141,6 +141,8 @@ def test_a_device_this_host_no_longer_has_is_dropped_and_logged(caplog):
     {"X": {"holder": alice.to_json(), "deadline": None, "releasing": "yes"}},
     {"X": {"holder": {**alice.to_json(), "uid": "0"}, "deadline": None}},
     {"X": {"holder": {**alice.to_json(), "container": {"name": "x"}}, "deadline": None}},
+    {"X": {"holder": {**alice.to_json(), "pod": {"name": "x"}}, "deadline": None}},  # no namespace
+    {"X": {"holder": {**alice.to_json(), "pod": {"namespace": "a", "name": 3}}, "deadline": None}},
 ])
 def test_a_malformed_book_changes_nothing(book):
     leases = lease_manager(FakeClock())
@@ -150,10 +152,19 @@ def test_a_malformed_book_changes_nothing(book):
     assert free_counts(leases) == {"gpu": 8}
 
 
+def test_an_identity_written_before_pods_reads_back_with_none():
+    data = alice.to_json()
+    del data["pod"]
+    assert Identity.from_json(data) == alice
+
+
 def test_identities_survive_the_trip_through_json():
     for identity in (alice, CONTAINER_USER, Identity(user="unknown", source="unknown"),
                      Identity(user="x", source="container", container=("abc", None),
-                              degraded=True)):
+                              degraded=True),
+                     Identity(user="namespace:ml", source="pod", container=("abc", "train"),
+                              pod=(("namespace", "ml"), ("name", "train-0"), ("uid", "u-1"),
+                                   ("container", "train")))):
         assert Identity.from_json(json.loads(json.dumps(identity.to_json()))) == identity
 
 

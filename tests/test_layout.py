@@ -45,7 +45,7 @@ LEAVES: Dict[str, Tuple[str, ...]] = {
 THIRD_PARTY: Dict[str, Set[str]] = {
     "patroller.core": set(),
     "patroller.config": set(),
-    "patroller.observe": {"tornado", "blinker"},
+    "patroller.observe": {"tornado", "blinker", "grpc"},
     "patroller.identify": {"tornado", "docker", "cachetools"},
     "patroller.state": {"tornado"},
     "patroller.services": set(),

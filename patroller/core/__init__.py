@@ -2,8 +2,8 @@
 policy, the lease rules (`core.leases`), and small pure helpers (a log throttle).
 
 Owns: Device and Inventory, Identity and ProcessRef, the errors the API maps to statuses,
-Policy, the lease manager with its holds and queue, and the Slurm jobs a device is allocated
-to (`jobs`).
+Policy, the lease manager with its holds and queue, the Slurm jobs a device is allocated to
+(`jobs`), and the protobuf wire format (`protowire`).
 May import: the standard library and `patroller.durations`; nothing else of Patroller, no
 third-party package. Everything else builds on this.
 """

@@ -14,7 +14,9 @@ class Identity:
     """A user, and where we learned who they are."""
 
     user: str  # the key that leases compare: an e-mail, a host account, a container, "unknown"
-    source: str  # "test", "container", "host", "slurm" (a job's process) or "unknown"
+    # "test", "container", "host", "slurm" (a job's process), "pod" (a Kubernetes pod's
+    # process) or "unknown"
+    source: str
     email: Optional[str] = None
     account: Optional[str] = None  # host account name
     uid: Optional[int] = None
@@ -24,6 +26,9 @@ class Identity:
     # A Slurm job's process: ("id", ...), ("step", ...), and ("account", ...), ("partition",
     # ...) where known; None for any other process.
     job: Optional[Tuple[Tuple[str, str], ...]] = None
+    # A Kubernetes pod's process: ("namespace", ...), ("name", ...), and ("uid", ...),
+    # ("container", ...) where known; None for any other process.
+    pod: Optional[Tuple[Tuple[str, str], ...]] = None
 
     def same_user(self, other: Optional["Identity"]) -> bool:
         """Whether the two are the same user for the lease rules."""
@@ -43,6 +48,7 @@ class Identity:
             "info": dict(self.info),
             "degraded": self.degraded,
             "job": dict(self.job) if self.job else None,
+            "pod": dict(self.pod) if self.pod else None,
         }
 
     @classmethod
@@ -77,9 +83,17 @@ class Identity:
                                 or not all(isinstance(k, str) and isinstance(v, str)
                                            for k, v in job.items())):
             raise ValueError("an identity's job must map strings to strings, with an id")
+        pod = data.get("pod")  # nor one written before pods were
+        if pod is not None and (not isinstance(pod, Mapping)
+                                or not all(isinstance(pod.get(k), str) for k in ("namespace", "name"))
+                                or not all(isinstance(k, str) and isinstance(v, str)
+                                           for k, v in pod.items())):
+            raise ValueError("an identity's pod must map strings to strings, with a namespace "
+                             "and a name")
         return cls(user=user, source=source, email=data.get("email"), account=data.get("account"),
                    uid=uid, container=container, info=tuple(info.items()), degraded=degraded,
-                   job=tuple(job.items()) if job else None)
+                   job=tuple(job.items()) if job else None,
+                   pod=tuple(pod.items()) if pod else None)
 
 
 UNKNOWN = Identity(user="unknown", source="unknown")

@@ -1,0 +1,60 @@
+"""The protobuf wire format as patroller/core/protowire.py writes and reads it: the encodings
+the Protocol Buffers documentation gives byte for byte, round trips, and malformed input."""
+import pytest
+
+from patroller.core import protowire as pw
+
+
+def test_the_documented_encodings():
+    # The Protocol Buffers encoding guide: field 1 = 150 is 08 96 01; field 2 = "testing" is
+    # 12 07 74 65 73 74 69 6e 67; a message with field 3 = that first message is 1a 03 08 96 01.
+    assert pw.integer(1, 150) == bytes.fromhex("089601")
+    assert pw.string(2, "testing") == bytes.fromhex("120774657374696e67")
+    assert pw.delimited(3, pw.integer(1, 150)) == bytes.fromhex("1a03089601")
+    assert pw.varint(1) == b"\x01" and pw.varint(300) == bytes.fromhex("ac02")
+    assert pw.varint(-1) == b"\xff" * 9 + b"\x01"  # int64 -1: ten bytes
+
+
+def test_a_message_reads_back_what_was_written():
+    data = (pw.string(1, "GPU-1") + pw.strings(2, ["a", "b"]) + pw.integer(3, 2 ** 40)
+            + pw.delimited(4, pw.string(1, "inner")) + pw.delimited(4, pw.string(1, "second"))
+            + pw.string_map(5, {"io.kubernetes.pod.name": "p", "é": "ü"}))
+    message = pw.Message(data)
+    assert message.text(1) == "GPU-1"
+    assert message.texts(2) == ["a", "b"]
+    assert message.integer(3) == 2 ** 40
+    assert [m.text(1) for m in message.messages(4)] == ["inner", "second"]
+    assert message.message(4).text(1) == "second"  # a scalar read twice: the last
+    assert message.string_map(5) == {"io.kubernetes.pod.name": "p", "é": "ü"}
+    assert message.text(9, "none") == "none" and message.integer(9) == 0
+    assert not message.has(9) and message.has(1)
+    assert message.message(9).texts(1) == []
+
+
+def test_fields_of_kinds_not_read_here_are_skipped():
+    fixed64 = pw.varint(6 << 3 | pw.FIXED64) + bytes(8)
+    fixed32 = pw.varint(7 << 3 | pw.FIXED32) + bytes(4)
+    message = pw.Message(fixed64 + pw.string(1, "x") + fixed32)
+    assert message.text(1) == "x" and not message.has(6) and not message.has(7)
+
+
+@pytest.mark.parametrize("data, why", [
+    (b"\x08", "varint runs past"),
+    (b"\x08" + b"\xff" * 11, "longer than ten"),
+    (b"\x12\x05abc", "runs past the end"),
+    (b"\x00\x01", "field number 0"),
+    (bytes([1 << 3 | 3]), "wire type 3"),
+    (pw.varint(6 << 3 | pw.FIXED64) + bytes(3), "runs past the end"),
+])
+def test_malformed_input_is_a_wire_error(data, why):
+    with pytest.raises(pw.WireError, match=why):
+        pw.Message(data)
+
+
+def test_a_field_of_the_wrong_type_or_bad_utf8_is_a_wire_error():
+    with pytest.raises(pw.WireError, match="not of the type"):
+        pw.Message(pw.integer(1, 5)).text(1)
+    with pytest.raises(pw.WireError, match="not UTF-8"):
+        pw.Message(pw.delimited(1, b"\xff\xfe")).text(1)
+    with pytest.raises(ValueError):
+        pw.string(0, "x")
