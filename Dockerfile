@@ -4,6 +4,7 @@
 #   docker run -d --name patroller --restart unless-stopped \
 #     --gpus all --pid host --network host --cap-add SYS_PTRACE \
 #     -v /var/run/docker.sock:/var/run/docker.sock \
+#     -v /run/podman:/run/podman \
 #     -v /run/patroller:/run/patroller \
 #     -v /var/lib/patroller:/var/lib/patroller \
 #     patroller --socket /run/patroller/api.sock

@@ -85,3 +85,70 @@ def sleeper():
     yield process
     process.kill()
     process.wait()
+
+
+def _podman_or_skip(start, strict=False):
+    """Start a Podman service with `start()`; skip where Podman is missing or this is not root,
+    but fail under CI=true, which must run the Podman tests. `strict`: any other reason it does
+    not start fails the tests, wherever they run."""
+    import os
+    import shutil
+
+    from podman import PodmanUnavailable, UserNamespacesRefused
+
+    missing = [tool for tool in ("podman", "runc", "conmon", "busybox", "newuidmap", "unshare")
+               if shutil.which(tool) is None]
+    try:
+        if missing:
+            raise PodmanUnavailable(f"{', '.join(missing)} not installed (tests/setup.sh installs "
+                                    "podman, runc, uidmap and busybox-static)")
+        if os.geteuid() != 0:
+            raise PodmanUnavailable("the tests' Podman services need root")
+    except PodmanUnavailable as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the Podman tests, but no Podman service started: {exc}")
+        pytest.skip(f"no Podman here: {exc}")
+    try:
+        return start()
+    except UserNamespacesRefused as exc:
+        pytest.skip(f"the kernel refuses user namespaces: {exc}")
+    except PodmanUnavailable as exc:
+        if strict or os.environ.get("CI") == "true":
+            pytest.fail(f"no Podman service started: {exc}")
+        pytest.skip(f"no Podman here: {exc}")
+
+
+@pytest.fixture(scope="session")
+def podman():
+    """A private rootful Podman service with the busybox test image. Under CI=true it must
+    start."""
+    from podman import Podman
+
+    service = _podman_or_skip(lambda: Podman().start())
+    yield service
+    service.stop()
+
+
+@pytest.fixture(scope="session")
+def rootless_podman():
+    """A private rootless Podman service of a throwaway user, with the test image. It skips only
+    where the kernel refuses that user a user namespace (or as `podman` does)."""
+    from podman import Account, Podman
+
+    made = []
+
+    def start():
+        user = Account()
+        made.append(user)
+        user.check_user_namespaces()
+        return Podman(user).start()
+
+    try:
+        service = _podman_or_skip(start, strict=True)
+    except BaseException:
+        for user in made:
+            user.remove()
+        raise
+    yield service
+    service.stop()
+    made[0].remove()

@@ -110,26 +110,31 @@ class Engine:
         return Container(self, cid)
 
     def _import_image(self) -> None:
-        busybox = shutil.which("busybox")
-        assert busybox is not None
-        listed = subprocess.run([busybox, "--list"], capture_output=True, text=True).stdout.split()
-        applets = sorted(set(listed) - {"busybox"})
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as tar:
-            for folder in ("bin", "tmp", "proc", "sys", "dev", "etc"):
-                info = tarfile.TarInfo(folder)
-                info.type, info.mode = tarfile.DIRTYPE, 0o755
-                tar.addfile(info)
-            tar.add(busybox, arcname="bin/busybox")
-            for applet in applets:
-                info = tarfile.TarInfo(f"bin/{applet}")
-                info.type, info.linkname = tarfile.SYMTYPE, "busybox"
-                tar.addfile(info)
         result = subprocess.run(
             ["docker", "--host", self.url, "import", "-c", "ENV PATH=/bin", "-c", 'CMD ["/bin/sh"]',
-             "-", IMAGE], input=buffer.getvalue(), capture_output=True, timeout=60)
+             "-", IMAGE], input=busybox_rootfs(), capture_output=True, timeout=60)
         if result.returncode != 0:
             raise EngineUnavailable(f"cannot import the test image: {result.stderr.decode()}")
+
+
+def busybox_rootfs() -> bytes:
+    """A tarball of a root file system: the host's busybox and a link for each of its applets."""
+    busybox = shutil.which("busybox")
+    assert busybox is not None
+    listed = subprocess.run([busybox, "--list"], capture_output=True, text=True).stdout.split()
+    applets = sorted(set(listed) - {"busybox"})
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for folder in ("bin", "tmp", "proc", "sys", "dev", "etc"):
+            info = tarfile.TarInfo(folder)
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(info)
+        tar.add(busybox, arcname="bin/busybox")
+        for applet in applets:
+            info = tarfile.TarInfo(f"bin/{applet}")
+            info.type, info.linkname = tarfile.SYMTYPE, "busybox"
+            tar.addfile(info)
+    return buffer.getvalue()
 
 
 class Container:

@@ -8,8 +8,10 @@
 # downloaded), and for the systemd unit's test systemd-analyze (Debian's systemd), and for the
 # Slurm tests Slurm's slurmctld, slurmd and client commands and munge (the tests start their own
 # one-node cluster in a temporary directory: no service, nothing under /etc/slurm), and for the
-# runtime tests Podman with uidmap (rootless Podman's newuidmap) and containerd with ctr (both
-# from docker.io's dependencies; the tests start their own containerd and Podman service).
+# runtime tests Podman with runc (the tests' containers run on runc: crun refuses cgroup v1) and
+# uidmap (rootless Podman's newuidmap), and containerd with ctr (both from docker.io's
+# dependencies; the tests start their own containerd and Podman services, a rootful one and a
+# throwaway user's rootless one, with no registry).
 set -eu
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
@@ -21,7 +23,8 @@ if command -v dockerd >/dev/null 2>&1 && command -v busybox >/dev/null 2>&1 \
         && command -v systemd-analyze >/dev/null 2>&1 && command -v slurmctld >/dev/null 2>&1 \
         && command -v slurmd >/dev/null 2>&1 && command -v sbatch >/dev/null 2>&1 \
         && command -v munged >/dev/null 2>&1 && command -v podman >/dev/null 2>&1 \
-        && command -v newuidmap >/dev/null 2>&1 && command -v containerd >/dev/null 2>&1 \
+        && command -v newuidmap >/dev/null 2>&1 && command -v runc >/dev/null 2>&1 \
+        && command -v containerd >/dev/null 2>&1 \
         && command -v ctr >/dev/null 2>&1; then
     exit 0
 fi
@@ -52,7 +55,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
         --no-install-recommends \
         docker.io busybox-static wrk prometheus chromium chromium-driver \
-        slurmctld slurmd slurm-client munge podman uidmap containerd $systemd >/dev/null
+        slurmctld slurmd slurm-client munge podman runc uidmap containerd $systemd >/dev/null
     # Should a service have started anyway (an init system that ignores policy-rc.d), stop it:
     # the tests start their own Prometheus on a port of their choosing, and their own munged,
     # slurmctld and slurmd; those three only where this run installed them (a host that is
@@ -67,7 +70,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
 else
     echo "tests/setup.sh: dockerd, busybox, prometheus, chromium, slurm, munge, podman or" \
          "containerd is missing; install docker.io, busybox-static, prometheus, chromium," \
-         "chromium-driver, slurmctld, slurmd, slurm-client, munge, podman, uidmap and" \
+         "chromium-driver, slurmctld, slurmd, slurm-client, munge, podman, runc, uidmap and" \
          "containerd (as root) or the Docker, Prometheus, web page, Slurm and runtime tests" \
          "will be skipped" >&2
 fi
