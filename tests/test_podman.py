@@ -234,15 +234,12 @@ async def test_a_rootless_podman_container_is_named_by_its_users_service(
     assert identity.account == user.name
 
 
-@pytest.mark.xfail(strict=True, reason="a service stopped in order removes its socket: Podman is "
-                   "then taken for not there, and the process named by its container's id for "
-                   "as long as its identity is cached (an hour), the service back or not")
 @async_test
 async def test_podman_stopped_in_order_is_learned_once_it_is_back(podman, scenario,
                                                                   engine_sockets):
     alice = podman.run(labels={"user.email": "alice@example.org"})
     more = dict(podman_socket=podman.url, docker_retry_after=0.2, owner_retry=0.2,
-                engine_socket_ttl=0.2)
+                engine_socket_ttl=0.2, engine_recheck=0.2)
     async with gpu_running(scenario, **settings(engine_sockets, **more)) as h:
         podman.stop_service(signal.SIGTERM)
         try:

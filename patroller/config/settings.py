@@ -123,6 +123,8 @@ class Config:
     docker_timeout: float = 5.0  # seconds a call to the Docker Engine may take
     docker_retry_after: float = 5.0  # seconds an unreachable engine is not asked again
     engine_socket_ttl: float = 5.0  # seconds whether an engine's socket exists is remembered
+    # seconds between attempts to name a container whose engine's socket was not there
+    engine_recheck: float = 30.0
     engine_clients: int = 64  # engines (Podman's, users' own) with a client kept at most
     holder_search_budget: int = 50000  # descriptors read at most to find a TCP caller's process
     holder_sockets_remembered: int = 16384  # socket inodes seen in that search, remembered

@@ -29,6 +29,9 @@ class Identity:
     # A Kubernetes pod's process: ("namespace", ...), ("name", ...), and ("uid", ...),
     # ("container", ...) where known; None for any other process.
     pod: Optional[Tuple[Tuple[str, str], ...]] = None
+    # A container whose engine could not be asked (its socket was not there): named by its id
+    # for now, and asked about again later (identify/tracker.py). Not shown, not compared.
+    pending: bool = field(default=False, compare=False)
 
     def same_user(self, other: Optional["Identity"]) -> bool:
         """Whether the two are the same user for the lease rules."""

@@ -21,7 +21,7 @@ from patroller.identify.cgroups import ContainerRef, SlurmStep, parse_cgroup, pa
 from patroller.identify.peers import Credentials, not_the_caller
 from patroller.identify.containers import (ContainerDirectory, DockerUnavailable,
                                            container_identity, lxd_identity, unlabelled_identity)
-from patroller.identify.engines import Engines
+from patroller.identify.engines import Engines, route
 from patroller.core.identity import UNKNOWN, Identity
 
 
@@ -133,6 +133,7 @@ class ProcessIdentifier:
         self.info_labels = config.user_info_labels
         self.proc = config.proc_root
         self.shifted_from = config.shifted_uids_from
+        self.config = config
         self.proc_reads = 0  # processes whose /proc entry was read: the benchmark watches it
         self._cache: TTLCache = TTLCache(maxsize=config.identity_cache, ttl=config.identity_ttl)
 
@@ -172,6 +173,9 @@ class ProcessIdentifier:
             directory = None if self.engines is None else await self.engines.directory(container)
             if directory is None:  # no engine to ask: the container is all that is known
                 identity = runs_as(unlabelled_identity(container.id), facts.host)
+                if self.engines is not None and route(container, self.config) is not None:
+                    # its engine's socket is not there (yet, or again): for now, not cached
+                    return replace(identity, pending=True)
             else:
                 try:
                     info = await directory.get(container.id)

@@ -2,7 +2,9 @@
 
 A process whose owner could not be learned just now (a degraded identity: Docker unreachable)
 is resolved again, every `retry` seconds (Config.owner_retry), until its owner is known or it
-has gone.
+has gone. So is a container's process whose engine's socket was not there (a pending identity:
+Podman's service stopped, or never started), every `recheck` seconds (Config.engine_recheck):
+named by its container's id meanwhile, it gets its user once the engine is there.
 """
 from __future__ import annotations
 
@@ -21,10 +23,12 @@ log = logging.getLogger(__name__)
 class ProcessTracker:
     """Resolves each new GPU process to an identity (off the loop) and tells the leases."""
 
-    def __init__(self, leases: LeaseManager, resolver: ProcessResolver, retry: float) -> None:
+    def __init__(self, leases: LeaseManager, resolver: ProcessResolver, retry: float,
+                 recheck: float) -> None:
         self.leases = leases
         self.resolver = resolver
         self.retry = retry
+        self.recheck = recheck
         self._pending: Dict[Tuple[str, int], "asyncio.Future[None]"] = {}
         self._degraded: Dict[Tuple[str, int], "asyncio.Future[None]"] = {}
 
@@ -66,23 +70,26 @@ class ProcessTracker:
         key = (record.uuid, record.pid)
         if self._pending.pop(key, None) is not None:
             self.leases.process_started(record.uuid, record.pid, owner, record.command)
-            if owner.degraded:
-                self._degraded[key] = asyncio.ensure_future(self._learn(record))
+            if owner.degraded or owner.pending:
+                self._degraded[key] = asyncio.ensure_future(self._learn(record, owner))
 
-    async def _learn(self, record: GpuProcess) -> None:
-        """Resolve a degraded owner again until it is known; then tell the leases."""
+    async def _learn(self, record: GpuProcess, owner: Identity) -> None:
+        """Resolve a degraded or pending owner again until it is known; tell the leases of
+        each change."""
         key = (record.uuid, record.pid)
         try:
-            while True:
-                await asyncio.sleep(self.retry)
+            while owner.degraded or owner.pending:
+                await asyncio.sleep(self.retry if owner.degraded else self.recheck)
                 try:
-                    owner = await self.resolver.resolve(record.pid)
+                    learned = await self.resolver.resolve(record.pid)
                 except Exception:
                     log.exception("resolving pid %d failed", record.pid)
                     continue
-                if not owner.degraded:
-                    self.leases.update_owner(record.uuid, record.pid, owner)
-                    return
+                if learned.degraded:
+                    continue  # still not known: the owner shown stays as it is
+                if learned != owner:
+                    self.leases.update_owner(record.uuid, record.pid, learned)
+                owner = learned
         finally:
             if self._degraded.get(key) is asyncio.current_task():
                 del self._degraded[key]
