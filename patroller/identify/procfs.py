@@ -1,5 +1,5 @@
 """The one reader of /proc for a process: its stat (state and start time), its real uid, its
-cgroup file, its descriptors, and this boot's id.
+cgroup file, the owner of its user namespace, its descriptors, and this boot's id.
 
 Every reader takes the /proc root (Config.proc_root) so that tests can give a tree of their own.
 They are blocking: callers run them in the executor, never on the event loop. A process that is
@@ -7,13 +7,16 @@ gone raises OSError where the caller must tell "gone" from "unreadable", else re
 """
 from __future__ import annotations
 
+import fcntl
 import os
+import struct
 import time
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from patroller.core.identity import ProcessRef
 
 ENDED = ("Z", "X", "x")  # the states of a process that has ended (a zombie, dead)
+NS_GET_OWNER_UID = 0xB704  # linux/nsfs.h: _IO(0xb7, 0x4), the uid that made a user namespace
 
 
 class Stat(NamedTuple):
@@ -74,6 +77,26 @@ def cgroup(pid: int, proc: str = "/proc") -> str:
     """The text of /proc/<pid>/cgroup. Raises OSError if the process is gone."""
     with open(os.path.join(proc, str(pid), "cgroup"), encoding="ascii", errors="replace") as f:
         return f.read()
+
+
+def userns_owner(pid: int, proc: str = "/proc") -> Optional[int]:
+    """The uid that made the process's user namespace (as the kernel keeps it), when that is not
+    the reader's own namespace; None when it is, or when it cannot be told."""
+    theirs = os.path.join(proc, str(pid), "ns", "user")
+    try:
+        mine = os.stat(os.path.join(proc, "self", "ns", "user"))
+        found = os.stat(theirs)
+        if (found.st_dev, found.st_ino) == (mine.st_dev, mine.st_ino):
+            return None
+        fd = os.open(theirs, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return struct.unpack("I", fcntl.ioctl(fd, NS_GET_OWNER_UID, bytes(4)))[0]
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def environ(pid: int, names: Tuple[str, ...], proc: str = "/proc") -> Dict[str, str]:

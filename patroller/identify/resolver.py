@@ -62,15 +62,19 @@ def runs_as(identity: Identity, host: Optional[Identity]) -> Identity:
     return replace(identity, account=host.account, uid=host.uid)
 
 
-def account_of(container: Optional[ContainerRef], uid: int, shifted_from: int
-               ) -> Optional[Identity]:
+def account_of(container: Optional[ContainerRef], uid: int, shifted_from: int,
+               ns_owner: Optional[int] = None) -> Optional[Identity]:
     """The host account a process counts as: a rootless container's is the user whose slice
-    holds it (whose uid its root runs as); a container's process running as a shifted uid (a
-    user namespace's, from `shifted_from` up) has none, as that uid names nobody, or someone
-    else; any other process is its own uid's."""
+    holds it (whose uid its root runs as); else a process in a user namespace that a user made
+    (`ns_owner`, the kernel's word: a rootless container where no cgroup names it, as on cgroup
+    v1, or any `unshare --user`) is that user's; a process running as a shifted uid (a user
+    namespace's, from `shifted_from` up) in a container or in a namespace that root made has
+    none, as that uid names nobody, or someone else; any other process is its own uid's."""
     if container is not None and container.owner is not None:
         return host_identity(container.owner)
-    if container is not None and uid >= shifted_from:
+    if ns_owner:  # not None, not root
+        return host_identity(ns_owner)
+    if (container is not None or ns_owner is not None) and uid >= shifted_from:
         return None
     return host_identity(uid)
 
@@ -107,8 +111,9 @@ def read_facts(pid: int, proc: str = "/proc",
             env = tuple(sorted(procfs.environ(pid, SLURM_ENV, proc).items()))
         except OSError:
             pass
-    return ProcFacts(pid, start, container, account_of(container, uids[0], shifted_from), uids,
-                     job, env)
+    owner = procfs.userns_owner(pid, proc)
+    return ProcFacts(pid, start, container, account_of(container, uids[0], shifted_from, owner),
+                     uids, job, env)
 
 
 def read_peer_facts(credentials: Credentials, proc: str,
