@@ -34,7 +34,6 @@ def apply(hold: Hold, allocation: Optional[AnyAllocation], device: Optional[Devi
         if allocation is None:
             hold.end(now)
             return
-        known = None
     if allocation is None:
         return
     if hold.allocation is None and hold.holder is not None:
