@@ -3,6 +3,7 @@ field numbers, device ids mapped to the host's GPUs, and the daemon asking a rea
 a unix socket (tests/kubelet.py): a pod's GPU is allocated to it and never granted, a host
 process on it trespasses, the GPU is granted again once the kubelet lets go; a socket that is
 not there costs nothing, and a kubelet that fails keeps the pods' GPUs theirs until it is back."""
+import json
 import logging
 import subprocess
 from dataclasses import replace
@@ -207,4 +208,27 @@ async def test_a_host_process_on_a_pods_gpu_trespasses(tmp_path):
     finally:
         outsider.kill()
         outsider.wait()
+        kubelet.stop()
+
+
+@async_test
+async def test_a_pods_name_is_hidden_with_its_holder(tmp_path):
+    kubelet = Kubelet(str(tmp_path / "kubelet.sock")).start()
+    try:
+        async with running(hide_users=True, kubelet_socket=kubelet.path,
+                           kubelet_every=0.05) as h:
+            uuid = h.uuids()[0]
+            kubelet.pods = [gpu_pod("ml", "train-0", uuid, container="trainer")]
+            await until(lambda: h.services.leases.state(uuid) == "allocated")
+            theirs = (await h.ok("/status?user=bob"))[uuid]["claim"]
+            assert theirs["user"]["user"] != "namespace:ml" and theirs["user"]["pod"] is None
+            assert theirs["pods"] == [{"namespace": None, "name": None, "containers": []}]
+            [allocated] = [e for e in await h.ok("/history?user=bob")
+                           if e["event"] == "allocated"]
+            assert allocated["pods"] is None
+            for path in ("/status?user=bob", "/history?user=bob"):
+                assert "train-0" not in json.dumps(await h.ok(path))
+            mine = (await h.ok("/status?user=namespace:ml"))[uuid]["claim"]
+            assert mine["pods"][0]["name"] == "train-0"
+    finally:
         kubelet.stop()
