@@ -198,13 +198,14 @@ async def test_a_host_process_on_a_pods_gpu_trespasses(tmp_path):
             assert (trespass["user"], trespass["pid"], trespass["why"], trespass["pods"]) == (
                 "root", outsider.pid, "outside_pod", ["ml/train-0"])
             assert (await h.ok("/users"))["root"]["trespassing"] == 1
-            # the pod ends; the host process still runs there: it holds the GPU now
-            kubelet.pods = []
-            await until(lambda: state() == "claimed", timeout=20)
-            assert (await h.ok("/status"))[uuid]["claim"]["user"]["user"] == "root"
+            # the trespasser leaves, then the pod ends: the GPU is granted again
             outsider.kill()
             scenario.write(processes=[])
-            await until(lambda: state() == "reserved", timeout=20)  # root's lease, then free
+            await until(lambda: state() == "allocated", timeout=20)
+            kubelet.pods = []
+            await until(lambda: state() == "free", timeout=20)
+            granted = await h.ok("/request?gpu=2")
+            assert uuid in {d["uuid"] for d in granted}
     finally:
         outsider.kill()
         outsider.wait()
@@ -230,5 +231,33 @@ async def test_a_pods_name_is_hidden_with_its_holder(tmp_path):
                 assert "train-0" not in json.dumps(await h.ok(path))
             mine = (await h.ok("/status?user=namespace:ml"))[uuid]["claim"]
             assert mine["pods"][0]["name"] == "train-0"
+    finally:
+        kubelet.stop()
+
+
+@async_test
+async def test_the_job_map_and_the_kubelet_never_clear_each_others(tmp_path):
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    kubelet = Kubelet(str(tmp_path / "kubelet.sock")).start()
+    try:
+        async with running(slurm_job_map=str(jobs), job_map_every=0.05,
+                           kubelet_socket=kubelet.path, kubelet_every=0.05) as h:
+            uuid = h.uuids()[0]
+            watch, hold = watch_of(h), lambda: h.services.leases.holds[uuid]
+            kubelet.pods = [gpu_pod("ml", "train-0", uuid)]
+            await until(lambda: hold().how == "kubernetes")
+            (jobs / "0").write_text("4242 uid=1001 user=carol\n")
+            await until(lambda: hold().how == "slurm")  # a GPU both list is the job's
+            kubelet.pods = []  # the kubelet lets go: the job keeps it
+            readings = watch.readings
+            await until(lambda: watch.readings > readings + 3)
+            assert hold().how == "slurm" and hold().state == "allocated"
+            kubelet.pods = [gpu_pod("ml", "train-0", uuid)]
+            await until(lambda: watch.metrics()["allocated"] == 1)
+            (jobs / "0").unlink()  # the job ends: the pod holds it
+            await until(lambda: hold().how == "kubernetes")
+            kubelet.pods = []
+            await until(lambda: hold().state == "free")
     finally:
         kubelet.stop()
