@@ -28,6 +28,7 @@ from patroller.observe.jobmap import JobMapWatch
 from patroller.observe.inventory import GpuHostError, InventoryWatch, command, devices_of, discover
 from patroller.observe.monitor import Monitor
 from patroller.observe.monitors import DmonMonitor, PmonMonitor
+from patroller.observe.podresources import PodResourcesWatch
 from patroller.observe.signals import Allocated, Signals, Silence
 from patroller.observe.silence import SilenceWatch
 from patroller.observe.stats import StatsStore
@@ -215,11 +216,14 @@ async def build(config: Config) -> Daemon:
 
 
 def schedulers(inventory: Inventory, signals: Signals, config: Config) -> List[Monitor]:
-    """The watches of a batch scheduler's allocations the configuration asks for: Slurm's job
-    map (--slurm-job-map), or none."""
-    if config.slurm_job_map is None:
-        return []
-    return [JobMapWatch(inventory, signals, config)]
+    """The watches of the schedulers' allocations the configuration asks for: Slurm's job map
+    (--slurm-job-map) and the kubelet's pod-resources (--kubelet-socket), or none."""
+    watches: List[Monitor] = []
+    if config.slurm_job_map is not None:
+        watches.append(JobMapWatch(inventory, signals, config))
+    if config.kubelet_socket is not None:
+        watches.append(PodResourcesWatch(inventory, signals, config))
+    return watches
 
 
 def assemble(config: Config, inventory: Inventory, signals: Signals, monitors: Sequence[Monitor],
@@ -253,7 +257,7 @@ def connect(services: Services) -> None:
     """Who hears whom: the monitors' signals reach the statistics, the idle watch and (through
     the tracker) the leases; every lease event reaches the audit record; a change of the host's
     devices reaches the leases and the streams; a device that falls silent is withheld; a
-    device the Slurm job map allocates is its jobs'."""
+    device the Slurm job map or the kubelet allocates is its jobs' or pods'."""
     services.stats.connect(services.signals)
     services.idle.connect(services.signals)
     services.tracker.connect(services.signals)
@@ -273,7 +277,7 @@ def connect(services: Services) -> None:
     services.signals.device_silent.connect(device_silent, weak=False)
 
     def job_allocation(sender: Any, record: Allocated) -> None:
-        services.leases.allocate(record.uuid, record.allocation)
+        services.leases.allocate(record.uuid, record.allocation, record.source)
     services.signals.job_allocation.connect(job_allocation, weak=False)
 
 

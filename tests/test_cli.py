@@ -662,3 +662,9 @@ def test_a_holder_is_named_by_its_user_and_a_jobs_process_by_its_job_too():
     job = {"user": "alice", "source": "slurm", "email": None, "account": "alice", "uid": 1001,
            "container": None, "job": {"id": "4242", "step": "0"}}
     assert render.user_name(job) == "alice (job 4242)"
+    in_pod = {"user": "carol@example.org", "source": "pod", "email": "carol@example.org",
+              "container": None, "job": None,
+              "pod": {"namespace": "ml", "name": "train-0", "container": "trainer"}}
+    assert render.user_name(in_pod) == "carol@example.org (pod ml/train-0)"
+    hidden = {**in_pod, "user": "user-0123456789ab", "email": None, "pod": None}
+    assert render.user_name(hidden) == "user-0123456789ab"

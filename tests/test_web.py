@@ -360,3 +360,24 @@ def test_a_gpu_allocated_to_a_slurm_job_shows_the_job_and_its_user(page, tmp_pat
         still_the_same_page(page)
     finally:
         server.stop()
+
+
+def test_a_gpu_assigned_to_a_pod_shows_the_pod(page, tmp_path):
+    from kubelet import Kubelet, gpu_pod
+    kubelet = Kubelet(str(tmp_path / "kubelet.sock")).start()
+    server = ServerProcess("--test", "--kubelet-socket", kubelet.path).start()
+    try:
+        opened(page, server)
+        _, devices = call(server, "/devices")
+        uuid = next(u for u, d in devices.items() if d["number"] == 2)
+        kubelet.pods = [gpu_pod("ml", "train-0", uuid)]
+        card = card_where(page, 2, "allocated to pod ml/train-0",
+                          lambda c: c["state"] == "allocated"
+                          and "Kubernetes pod ml/train-0" in c["text"])
+        assert card["holder"] == "namespace:ml"
+        kubelet.pods = []
+        card_where(page, 2, "free again", lambda c: c["state"] == "free")
+        still_the_same_page(page)
+    finally:
+        server.stop()
+        kubelet.stop()

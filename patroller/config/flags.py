@@ -8,7 +8,7 @@ from typing import Callable, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 from patroller import __version__, durations
 import patroller.config.values as values
-from patroller.config.settings import DEFAULT_USER_LABELS, Config, ConfigError
+from patroller.config.settings import DEFAULT_USER_LABELS, KUBELET_SOCKET, Config, ConfigError
 
 T = TypeVar("T")
 
@@ -64,6 +64,10 @@ _SETTINGS = (
     ("--slurm-job-map", "PATROLLER_SLURM_JOB_MAP",
      "directory of the Slurm job map (one file per GPU index, listing its jobs; written by "
      "contrib/slurm's prolog): a GPU listed there is its jobs', never granted (default: none)"),
+    ("--kubelet-socket", "PATROLLER_KUBELET_SOCKET",
+     "the kubelet's pod-resources socket, asked only while it is there: a GPU it assigns to a "
+     "pod is the pod's, never granted; none or empty: not asked (default "
+     "/var/lib/kubelet/pod-resources/kubelet.sock; none in test mode)"),
     ("--log-level", "PATROLLER_LOG_LEVEL", "debug, info, warning or error (default info)"),
     ("--body-timeout", "PATROLLER_BODY_TIMEOUT",
      "seconds a request body may take to arrive before the request is refused (default 10)"),
@@ -203,6 +207,8 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         shifted_uids_from=pick("--shifted-uids-from", env_names["--shifted-uids-from"], values.count,
                                Config.shifted_uids_from),
         slurm_job_map=pick("--slurm-job-map", env_names["--slurm-job-map"], values.directory, None),
+        kubelet_socket=pick("--kubelet-socket", env_names["--kubelet-socket"],
+                            values.optional_socket, None if test else KUBELET_SOCKET),
         log_level=pick("--log-level", env_names["--log-level"], values.log_level, Config.log_level),
         body_timeout=pick("--body-timeout", env_names["--body-timeout"], durations.parse,
                           Config.body_timeout),

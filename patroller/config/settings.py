@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 DEFAULT_USER_LABELS = ("user.email", "email", "maintainer")
+KUBELET_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"  # the kubelet's own default
 
 
 class ConfigError(Exception):
@@ -58,6 +59,9 @@ class Config:
     # /etc/subuid hands them out): never looked up as host accounts.
     shifted_uids_from: int = 100000
     slurm_job_map: Optional[str] = None  # the Slurm prolog's job map directory; None: none
+    # The kubelet's pod-resources socket; None: not asked (the flag's default is KUBELET_SOCKET
+    # outside test mode, asked only while it is there).
+    kubelet_socket: Optional[str] = None
     hide_users: bool = False  # others' names shown as pseudonyms (http/hiding.py)
 
     # -- state on disk (flags) ----------------------------------------------------------------
@@ -107,6 +111,11 @@ class Config:
     cross_check_timeout: float = 30.0  # seconds a compute-apps query may take: then it is killed
     job_map_every: float = 1.0  # seconds between readings of the Slurm job map directory
     job_map_file_limit: int = 64 * 1024  # bytes read at most of one job map file
+    kubelet_every: float = 2.0  # seconds between calls of the kubelet's pod-resources List
+    kubelet_timeout: float = 5.0  # seconds one call may take: then it failed
+    # The resources of the kubelet's that are GPUs (shell patterns): the NVIDIA device plugin's
+    # GPUs, its MIG devices (mixed strategy), and time-slicing's renamed replicas.
+    kubelet_resources: Tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/mig-*", "*.shared")
     test_devices: int = 8  # test mode's synthetic devices
     test_interval: float = 1.0  # seconds between test mode's samples
     history_every: float = 5.0  # seconds between the points of a device's utilisation history

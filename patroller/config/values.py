@@ -85,6 +85,17 @@ def socket_path(text: str) -> str:
     return path
 
 
+def optional_socket(text: str) -> Optional[str]:
+    """A unix socket another program serves, which need not be there (the kubelet's); `none`
+    or empty: None."""
+    if text.strip().lower() in ("", "none"):
+        return None
+    path = os.path.abspath(os.path.expanduser(text.strip()))
+    if len(path.encode()) > 107:
+        raise ValueError("is longer than a unix socket path may be (107 bytes)")
+    return path
+
+
 def directory(text: str) -> Optional[str]:
     """A directory, which need not be there yet (the lease book's is made at start; the Slurm
     job map's by the prolog at the first job); `none` or empty: None."""

@@ -14,7 +14,7 @@ by its SLUID (Slurm 26.05 and later name the cgroup after it).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional, Tuple
+from typing import ClassVar, Optional, Tuple
 
 from patroller.core.identity import Identity
 
@@ -46,6 +46,19 @@ class Allocation:
     """The jobs one device is allocated to, in the job map's order (usually one)."""
 
     jobs: Tuple[Job, ...]
+
+    # The protocol both kinds of allocation answer (core/pods.py says what each is).
+    how: ClassVar[str] = "slurm"
+    key: ClassVar[str] = "jobs"
+    member_key: ClassVar[str] = "job"
+    why: ClassVar[str] = "outside_job"
+    word: ClassVar[str] = "job"
+    scheduler: ClassVar[str] = "Slurm"
+    release_hint: ClassVar[str] = "it is released when the job ends (scancel)"
+
+    def own(self, owner: Optional[Identity]) -> Optional[str]:
+        """The id of the job `owner`'s process is in (ours or not), or None."""
+        return dict(owner.job).get("id") if owner is not None and owner.job else None
 
     def ids(self) -> Tuple[str, ...]:
         return tuple(job.id for job in self.jobs)

@@ -94,7 +94,9 @@ def claim(data: Dict[str, Any], r: Redaction) -> Dict[str, Any]:
                                for p in data.get("process_detail", [])],
             "set_aside_for": r.name(data.get("set_aside_for")),
             "jobs": (None if data.get("jobs") is None else
-                     [job_seen(job, holder, r) for job in data["jobs"]])}
+                     [job_seen(job, holder, r) for job in data["jobs"]]),
+            "pods": (None if data.get("pods") is None else
+                     [pod_seen(pod, holder, r) for pod in data["pods"]])}
 
 
 def job_seen(job: Dict[str, Any], holder: Optional[str], r: Redaction) -> Dict[str, Any]:
@@ -104,6 +106,14 @@ def job_seen(job: Dict[str, Any], holder: Optional[str], r: Redaction) -> Dict[s
     if r.viewer.sees(user):
         return job
     return {**job, "id": None, "user": r.name(job.get("user")), "uid": None, "account": None}
+
+
+def pod_seen(pod: Dict[str, Any], holder: Optional[str], r: Redaction) -> Dict[str, Any]:
+    """A Kubernetes pod a device is assigned to (views.pod_view): the holder's (the kubelet
+    names no user); hidden, its namespace, name and containers go (they name their team)."""
+    if r.viewer.sees(holder):
+        return pod
+    return {**pod, "namespace": None, "name": None, "containers": []}
 
 
 def queue(data: List[Dict[str, Any]], r: Redaction) -> List[Dict[str, Any]]:
@@ -137,16 +147,18 @@ def events(data: List[Dict[str, Any]], r: Redaction) -> List[Dict[str, Any]]:
                 seen[key] = r.name(event[key])
         if event.get("account") is not None and not r.viewer.sees(event.get("user")):
             seen["account"] = r.pseudonyms.of(event["account"])
-        # Slurm job ids name their users to squeue: a trespasser's own job is theirs; the
-        # jobs a device is allocated to are the holder's (trespass) or the event's user's
-        # (allocated, deallocated); whose a preempting allocation is, the event does not say.
-        if event.get("job") is not None and not r.viewer.sees(event.get("user")):
-            seen["job"] = None
-        if event.get("jobs") is not None:
-            owner = {"trespass": event.get("holder"), "allocated": event.get("user"),
-                     "deallocated": event.get("user")}.get(event.get("event"))
-            if not (r.viewer.everything or owner is not None and r.viewer.sees(owner)):
-                seen["jobs"] = None
+        # Slurm job ids name their users to squeue (and pods their team): a trespasser's own
+        # job (pod) is theirs; the jobs (pods) a device is allocated to are the holder's
+        # (trespass) or the event's user's (allocated, deallocated); whose a preempting
+        # allocation is, the event does not say.
+        for own, listed in (("job", "jobs"), ("pod", "pods")):
+            if event.get(own) is not None and not r.viewer.sees(event.get("user")):
+                seen[own] = None
+            if event.get(listed) is not None:
+                owner = {"trespass": event.get("holder"), "allocated": event.get("user"),
+                         "deallocated": event.get("user")}.get(event.get("event"))
+                if not (r.viewer.everything or owner is not None and r.viewer.sees(owner)):
+                    seen[listed] = None
         shown.append(seen)
     return shown
 

@@ -16,9 +16,10 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from patroller.core.devices import Inventory
-from patroller.core.jobs import Job
+from patroller.core.jobs import Allocation, Job
 from patroller.core.leases import Hold, LeaseManager
 from patroller.core.leases.limits import counted_uid
+from patroller.core.pods import Pod, PodAllocation
 from patroller.http.encoding import dumps
 from patroller.observe.idle import IdleWatch
 from patroller.observe.stats import StatsStore, iso_time
@@ -193,7 +194,9 @@ def claim_view(hold: Hold, now: float) -> Dict[str, Any]:
         "asked": hold.asked,
         "withheld": hold.withheld,
         "jobs": ([job_view(job) for job in hold.allocation.jobs]
-                 if hold.allocation is not None else None),
+                 if isinstance(hold.allocation, Allocation) else None),
+        "pods": ([pod_view(pod) for pod in hold.allocation.pods]
+                 if isinstance(hold.allocation, PodAllocation) else None),
         "set_aside_for": None,
     }
 
@@ -202,6 +205,11 @@ def job_view(job: Job) -> Dict[str, Any]:
     """One Slurm job a device is allocated to, as the job map says it."""
     return {"id": job.id, "user": job.user, "uid": job.uid, "account": job.account,
             "partition": job.partition}
+
+
+def pod_view(pod: Pod) -> Dict[str, Any]:
+    """One Kubernetes pod a device is assigned to, as the kubelet lists it."""
+    return {"namespace": pod.namespace, "name": pod.name, "containers": list(pod.containers)}
 
 
 def claims(leases: LeaseManager) -> Dict[str, Dict[str, Any]]:

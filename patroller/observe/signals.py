@@ -11,7 +11,7 @@ from typing import Mapping, Optional, Tuple, Union
 
 import blinker
 
-from patroller.core.jobs import Allocation
+from patroller.core.pods import AnyAllocation
 
 Value = Union[float, int, str, None]
 
@@ -62,10 +62,12 @@ class Silence:
 
 @dataclass(frozen=True)
 class Allocated:
-    """The Slurm job map says a device is allocated to these jobs (None: to none now)."""
+    """A scheduler's source says a device is allocated to these jobs or pods (None: to none of
+    its now): the Slurm job map ("slurm"), or the kubelet ("kubernetes")."""
 
     uuid: str
-    allocation: Optional[Allocation]
+    allocation: Optional[AnyAllocation]
+    source: str = "slurm"
 
 
 class Signals:
@@ -96,6 +98,7 @@ class Signals:
         self.device_silent = namespace.signal(
             "device-silent", doc="a device printed nothing while the others did, or again")
         self.job_allocation = namespace.signal(
-            "job-allocation", doc="the Slurm job map changed what a device is allocated to")
+            "job-allocation",
+            doc="the Slurm job map or the kubelet changed what a device is allocated to")
         self.inventory_changed = namespace.signal(
             "inventory-changed", doc="devices were added, lost, renumbered or changed")

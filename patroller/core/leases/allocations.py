@@ -1,10 +1,13 @@
-"""A device's Slurm allocation coming and going (core/jobs.py says what one is).
+"""A device's allocation by a scheduler coming and going: Slurm's jobs (core/jobs.py) or
+Kubernetes' pods (core/pods.py), which answer one protocol.
 
-When the job map lists a device, its jobs hold it: a hold of Patroller's on it ends (Slurm
-decides on its node, and its user is told by the audit record's `preempted`), the first job's
-user is the holder, no lease runs, and every process on it that is not in the jobs trespasses.
-When the map no longer lists it, the hold ends as any other: the processes still there pass it
-to the owner of the oldest, or it is free.
+When the scheduler lists a device, its jobs (pods) hold it: a hold of Patroller's on it ends
+(the scheduler decides on its node, and its user is told by the audit record's `preempted`),
+the first job's user is the holder, no lease runs, and every process on it that is not in the
+jobs trespasses. When it no longer lists it, the hold ends as any other: the processes still
+there pass it to the owner of the oldest, or it is free. A device that one scheduler lets go
+while the other lists it (sources.py says which holds) passes from one to the other: the first
+is `deallocated`, the second `allocated`, and nobody is told of a preemption.
 """
 from __future__ import annotations
 
@@ -12,37 +15,40 @@ import logging
 from typing import Optional
 
 from patroller.core.devices import Device
-from patroller.core.jobs import Allocation
 from patroller.core.leases.holds import Hold, Notices
 from patroller.core.leases.trespass import trespass
+from patroller.core.pods import AnyAllocation
 
 log = logging.getLogger(__name__)
 
 
-def apply(hold: Hold, allocation: Optional[Allocation], device: Optional[Device], now: float,
-          notices: Notices) -> None:
+def apply(hold: Hold, allocation: Optional[AnyAllocation], device: Optional[Device],
+          now: float, notices: Notices) -> None:
     """Make the hold what the allocation says (the caller serves waiters after)."""
-    if allocation is None:
-        if hold.allocation is not None:
-            log.info("%s is no longer allocated to Slurm %s", hold.uuid,
-                     hold.allocation.describe())
-            notices.event("deallocated", hold.holder.user if hold.holder else None, [device],
-                          jobs=list(hold.allocation.ids()))
+    known = hold.allocation
+    if known is not None and (allocation is None or allocation.how != known.how):
+        log.info("%s is no longer allocated to %s %s", hold.uuid, known.scheduler,
+                 known.describe())
+        notices.event("deallocated", hold.holder.user if hold.holder else None, [device],
+                      **{known.key: list(known.ids())})
+        if allocation is None:
             hold.end(now)
+            return
+    if allocation is None:
         return
     if hold.allocation is None and hold.holder is not None:
-        log.warning("Slurm allocated %s to %s: the hold of %s on it ends", hold.uuid,
-                    allocation.describe(), hold.holder.user)
-        notices.event("preempted", hold.holder.user, [device], jobs=list(allocation.ids()),
-                      hold=hold.how)
-    known = hold.allocation
+        log.warning("%s allocated %s to %s: the hold of %s on it ends", allocation.scheduler,
+                    hold.uuid, allocation.describe(), hold.holder.user)
+        notices.event("preempted", hold.holder.user, [device],
+                      **{allocation.key: list(allocation.ids())}, hold=hold.how)
     members = [o for o in hold.processes.values() if allocation.job_of(o) is not None]
     hold.allocation = allocation
     hold.take(allocation.holder(members[0] if members else None), now, asked=False)
     if known is None or known.ids() != allocation.ids():
-        log.info("%s is allocated to Slurm %s", hold.uuid, allocation.describe())
+        log.info("%s is allocated to %s %s", hold.uuid, allocation.scheduler,
+                 allocation.describe())
         notices.event("allocated", hold.holder.user if hold.holder else None, [device],
-                      jobs=list(allocation.ids()))
+                      **{allocation.key: list(allocation.ids())})
     told, hold.trespassers = hold.trespassers, set()
     for pid, owner in hold.processes.items():
         if hold.place(owner, now) and hold.key(owner) not in told:

@@ -6,15 +6,16 @@ A device is
             held for a process (hold=process), no lease runs while that process lives;
   claimed   every process on it belongs to the holder;
   shared    a process of another user runs on it as well (logged once as trespassing);
-  allocated held by a Slurm job (core/jobs.py) with no process of it there yet: never
-            granted, no lease runs; once the job computes it is claimed, and a process not in
-            the job makes it shared, whoever runs it;
+  allocated held by a Slurm job (core/jobs.py) or a Kubernetes pod (core/pods.py) with no
+            process of it there yet: never granted, no lease runs; once the job (or pod)
+            computes it is claimed, and a process not in it makes it shared, whoever runs it;
   lost      gone from the host (fell off the bus, removed): never granted; its holder, if any,
             is still shown, and its reservation ends by the usual rules.
 
 A hold is held one way: for a lease (a deadline while the holder runs nothing there), for a
 process (`held_for`: while that process lives), for a duration (`until`: whatever runs), or
-for a Slurm job (`allocation`: while the job map lists the device).
+for a Slurm job or a Kubernetes pod (`allocation`: while the job map, or the kubelet, lists
+the device).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, 
 
 from patroller.core.devices import Device
 from patroller.core.identity import Identity, ProcessRef
-from patroller.core.jobs import Allocation
+from patroller.core.pods import AnyAllocation
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class Hold:
     withheld: Optional[str] = None  # why it is granted to nobody now (it fell silent)
     asked: bool = False  # the holder asked for it (a grant), rather than took it by computing
     over_limit: bool = False  # the holder took it by computing, beyond a limit (a trespass)
-    allocation: Optional[Allocation] = None  # the Slurm jobs it is allocated to: theirs
+    allocation: Optional[AnyAllocation] = None  # the Slurm jobs or pods it is allocated to
     processes: Dict[int, Identity] = field(default_factory=dict)  # pid -> owner, oldest first
     commands: Dict[int, Optional[str]] = field(default_factory=dict)  # pid -> name nvidia-smi printed
     trespassers: Set[str] = field(default_factory=set)  # users already logged
@@ -74,17 +75,18 @@ class Hold:
 
     def belongs(self, owner: Identity) -> bool:
         """Whether a process of `owner` runs here by right: it is the holder's, or, on a
-        device allocated to jobs, it is in one of them."""
+        device allocated to jobs (or pods), it is in one of them."""
         if self.allocation is not None:
             return self.allocation.job_of(owner) is not None
         return owner.same_user(self.holder)
 
     def key(self, owner: Identity) -> str:
         """Whom a trespass is told of once: the user, and on an allocated device the job
-        their process is in (or none), as one user's two jobs are two trespassers."""
+        their process is in (or none), as one user's two jobs are two trespassers (pods
+        likewise)."""
         if self.allocation is None:
             return owner.user
-        return f"{owner.user} in job {dict(owner.job or ()).get('id', '-')}"
+        return f"{owner.user} in {self.allocation.word} {self.allocation.own(owner) or '-'}"
 
     def own_pids(self) -> List[int]:
         """The pids that hold the device: the holder's, or the jobs' on an allocated one."""
@@ -94,7 +96,7 @@ class Hold:
     def how(self) -> str:
         """How it is held: for a process, for a duration, or for a lease."""
         if self.allocation is not None:
-            return "slurm"
+            return self.allocation.how  # slurm, kubernetes
         if self.held_for is not None:
             return "process"
         return "duration" if self.until is not None else "lease"

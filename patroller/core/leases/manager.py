@@ -26,14 +26,15 @@ from typing import Any, Callable, List, Optional, Set, Tuple
 from patroller.core.devices import Device, Inventory
 from patroller.core.errors import Unavailable
 from patroller.core.identity import Identity, ProcessRef
-from patroller.core.jobs import Allocation
 import patroller.core.leases.allocations as allocations
 import patroller.core.leases.refusals as refusals
 import patroller.core.leases.serving as serving
 from patroller.core.leases.holds import Clock, Hold, Notices, Wants
 from patroller.core.leases.queue import WaitQueue, Waiter
+from patroller.core.leases.sources import Sources
 from patroller.core.leases.state import LeaseState
 from patroller.core.leases.trespass import trespass
+from patroller.core.pods import AnyAllocation
 from patroller.core.policy import Policy
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ class LeaseManager(LeaseState):
         # Why nothing may be handed out now (a lease book that cannot be written), or None.
         self.gate: Callable[[], Optional[str]] = lambda: None
         self._closed = False
+        self._sources = Sources()  # each scheduler's allocations, kept apart
 
     # -- asking for devices -------------------------------------------------------------
 
@@ -105,7 +107,7 @@ class LeaseManager(LeaseState):
             if owner is None or not (admin or user.same_user(owner)):
                 continue
             if uuid is None and (hold.held_for not in (None, caller) or hold.allocation):
-                continue  # another process's job, or a Slurm job, runs on it
+                continue  # another process's job, or a Slurm job or a pod, runs on it
             if admin:
                 self._notices.event("admin_release", owner.user, [device], by=user.user,
                                     reason=reason or "released by the administrator")
@@ -169,9 +171,11 @@ class LeaseManager(LeaseState):
         hold.withheld = why
         self._serve_and_announce()
 
-    def allocate(self, uuid: str, allocation: Optional[Allocation]) -> None:
-        """The job map says the device is allocated to these Slurm jobs (None: to none now):
-        see allocations.py."""
+    def allocate(self, uuid: str, allocation: Optional[AnyAllocation],
+                 source: str = "slurm") -> None:
+        """A scheduler (Slurm's job map; "kubernetes": the kubelet) says the device is its
+        jobs' or pods' (None: none of its now): allocations.py; two that list it: sources.py."""
+        allocation = self._sources.tell(source, uuid, allocation)
         hold = self._holds.get(uuid)
         if hold is not None and hold.allocation != allocation:
             allocations.apply(hold, allocation, self.inventory.get(uuid), self.clock(),

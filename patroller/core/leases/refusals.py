@@ -63,12 +63,13 @@ def check_renew(user: Identity, hold: Hold) -> None:
 
 def check_release(user: Identity, hold: Hold) -> bool:
     """Raise NotYours if another user holds the device and `user` is not the host's root, or
-    if a Slurm job holds it (Slurm ends that, for root too); True if root releases another
-    user's device (an administrator's release)."""
-    if hold.allocation is not None:
-        raise NotYours(f"device {hold.uuid} is allocated to Slurm {hold.allocation.describe()}: "
-                       "it is released when the job ends (scancel)", uuid=hold.uuid,
-                       jobs=list(hold.allocation.ids()))
+    if a Slurm job or a Kubernetes pod holds it (its scheduler ends that, for root too); True if
+    root releases another user's device (an administrator's release)."""
+    allocation = hold.allocation
+    if allocation is not None:
+        raise NotYours(f"device {hold.uuid} is allocated to {allocation.scheduler} "
+                       f"{allocation.describe()}: {allocation.release_hint}", uuid=hold.uuid,
+                       **{allocation.key: list(allocation.ids())})
     other = hold.holder is not None and not hold.holder.same_user(user)
     if other and not is_admin(user):
         raise NotYours(f"device {hold.uuid} is held by another user", uuid=hold.uuid)

@@ -1,8 +1,8 @@
 """Telling of a trespass, once: a process on a device that is not its owner's to use.
 
 Three kinds: a process of another user on a held device; one that took a free device beyond
-its owner's limit (limits.py); and, on a device a Slurm job holds (core/jobs.py), a process
-that is not in the job, whoever runs it. Each is logged and recorded (the audit record's
+its owner's limit (limits.py); and, on a device a Slurm job (core/jobs.py) or a Kubernetes
+pod (core/pods.py) holds, a process that is not in the job (or pod), whoever runs it. Each is logged and recorded (the audit record's
 `trespass` event); the hold remembers whom it has told of (Hold.trespassers).
 """
 from __future__ import annotations
@@ -38,9 +38,10 @@ def trespass(notices: Notices, device: Optional[Device], pid: int, owner: Identi
                     holder or "nobody")
         notices.event("trespass", owner.user, [device], pid=pid, holder=holder)
         return
-    job = dict(owner.job).get("id") if owner.job else None
-    log.warning("trespassing: %s runs pid %d on %s (%s), allocated to Slurm %s of %s",
-                owner.user, pid, where, f"job {job}" if job else "in no job",
-                allocation.describe(), holder or "?")
+    own, word = allocation.own(owner), allocation.word
+    log.warning("trespassing: %s runs pid %d on %s (%s), allocated to %s %s of %s",
+                owner.user, pid, where, f"{word} {own}" if own else f"in no {word}",
+                allocation.scheduler, allocation.describe(), holder or "?")
     notices.event("trespass", owner.user, [device], pid=pid, holder=holder,
-                  why="outside_job", jobs=list(allocation.ids()), job=job)
+                  why=allocation.why, **{allocation.key: list(allocation.ids()),
+                                         allocation.member_key: own})

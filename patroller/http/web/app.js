@@ -169,6 +169,11 @@
       return h("span", {class: "hold"}, "Slurm job" + (claim.jobs.length > 1 ? "s " : " ") +
         claim.jobs.map((j) => j.id).join(", "));
     }
+    if (claim.pods && claim.pods.length) {  // a pod's name is null where its holder is hidden
+      const named = claim.pods.filter((p) => p.name).map((p) => p.namespace + "/" + p.name);
+      return h("span", {class: "hold"}, "Kubernetes pod" + (claim.pods.length > 1 ? "s" : "") +
+        (named.length ? " " + named.join(", ") : ""));
+    }
     if (claim.held_for_pid !== null && claim.held_for_pid !== undefined) {
       return h("span", {class: "hold"}, "while pid " + claim.held_for_pid + " lives");
     }

@@ -1,0 +1,206 @@
+"""The kubelet's pod-resources: which pods each GPU is assigned to, asked of the kubelet's
+socket (`--kubelet-socket`, by default /var/lib/kubelet/pod-resources/kubelet.sock).
+
+`/v1.PodResourcesLister/List` answers every pod of the node with the devices each container was
+given, by resource name. Only GPU resources count (Config.kubelet_resources: `nvidia.com/gpu`,
+the NVIDIA device plugin's MIG resources `nvidia.com/mig-<profile>` of its mixed strategy, and
+time-slicing's renamed `<resource>.shared`). Device ids map to the host's GPUs:
+
+  GPU-<uuid>             the GPU itself (the device plugin's ids are uuids);
+  <id>::<n>              a time-slicing replica of <id>: that GPU (several pods may share it);
+  MIG-GPU-<uuid>/<gi>/<ci>  a MIG device in the form of drivers before R470: its GPU;
+  nvidia<N>              /dev/nvidiaN (some device plugins name GPUs so): the GPU of that minor.
+
+A MIG device named `MIG-<uuid>` (R470 and later) cannot be mapped: nvidia-smi -q -x, which the
+inventory reads, lists no MIG uuid. Such an id, like any id that matches no GPU, is logged once
+and otherwise ignored.
+
+The watch asks every `kubelet_every` seconds, in an executor (never on the event loop), and
+tells of every GPU whose pods changed (`job_allocation`, source "kubernetes"). A socket that is
+not there (no kubelet on this host) costs a stat: nothing is logged and no GPU is allocated.
+One that answers no more (the kubelet restarts, and removes its socket meanwhile; an answer that
+is not a well-formed message) keeps the last allocations known, and the watch is failing until
+it reads again: a GPU a pod holds is never handed out because a call failed.
+"""
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import logging
+import os
+import re
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+from patroller.config import Config
+from patroller.core.devices import Inventory
+from patroller.core.pods import Pod, PodAllocation
+from patroller.core.protowire import Message, WireError
+from patroller.observe.grpcunix import GrpcUnavailable, UnixCaller
+from patroller.observe.monitor import FAILING, IDLE, UP, Monitor
+from patroller.observe.signals import Allocated, Signals
+
+log = logging.getLogger(__name__)
+
+LIST = "/v1.PodResourcesLister/List"
+SOURCE = "kubernetes"  # the lease manager's name of this source (core/leases/sources.py)
+
+# The public api.proto (k8s.io/kubelet/pkg/apis/podresources/v1): field numbers.
+RESPONSE_PODS = 1  # ListPodResourcesResponse.pod_resources (repeated PodResources)
+POD_NAME, POD_NAMESPACE, POD_CONTAINERS = 1, 2, 3  # PodResources
+CONTAINER_NAME, CONTAINER_DEVICES = 1, 2  # ContainerResources
+DEVICE_RESOURCE, DEVICE_IDS = 1, 2  # ContainerDevices
+
+_OLD_MIG = re.compile(r"^MIG-(GPU-[0-9A-Fa-f-]+)/[0-9]+/[0-9]+$")
+_MINOR = re.compile(r"^nvidia([0-9]+)$")
+
+Listed = List[Tuple[Pod, Tuple[str, ...]]]  # each pod with a GPU, and its GPU device ids
+
+
+def is_gpu(resource: str, patterns: Sequence[str]) -> bool:
+    """Whether a resource name is one of the GPU resources (shell patterns)."""
+    return any(fnmatch.fnmatchcase(resource, pattern) for pattern in patterns)
+
+
+def parse_list(data: bytes, patterns: Sequence[str]) -> Listed:
+    """The pods with GPU devices in a ListPodResourcesResponse, each with the containers that
+    have them and their device ids, in order, each once. WireError if it is not one."""
+    listed: Listed = []
+    for pod in Message(data).messages(RESPONSE_PODS):
+        containers: List[str] = []
+        ids: Dict[str, None] = {}
+        for container in pod.messages(POD_CONTAINERS):
+            found = [i for device in container.messages(CONTAINER_DEVICES)
+                     if is_gpu(device.text(DEVICE_RESOURCE), patterns)
+                     for i in device.texts(DEVICE_IDS)]
+            if found:
+                containers.append(container.text(CONTAINER_NAME))
+                ids.update(dict.fromkeys(found))
+        if ids:
+            listed.append((Pod(pod.text(POD_NAMESPACE), pod.text(POD_NAME), tuple(containers)),
+                           tuple(ids)))
+    return listed
+
+
+def gpu_of(device_id: str, inventory: Inventory) -> Optional[str]:
+    """The uuid of the host's GPU a device id names (see above), or None."""
+    base = device_id.split("::", 1)[0]  # a time-slicing replica: its GPU (or MIG device)
+    old = _OLD_MIG.match(base)
+    if old:
+        base = old.group(1)
+    minor = _MINOR.match(base)
+    for device in inventory:
+        if device.lost:
+            continue
+        if device.uuid == base or minor and device.minor_number == int(minor.group(1)):
+            return device.uuid
+    return None
+
+
+def allocations(listed: Listed, inventory: Inventory) -> Tuple[Dict[str, PodAllocation], Set[str]]:
+    """The pods of each GPU (by uuid), and the device ids that match no GPU."""
+    pods: Dict[str, List[Pod]] = {}
+    unknown: Set[str] = set()
+    for pod, ids in listed:
+        for device_id in ids:
+            uuid = gpu_of(device_id, inventory)
+            if uuid is None:
+                unknown.add(device_id)
+            elif pod not in pods.setdefault(uuid, []):
+                pods[uuid].append(pod)
+    return {uuid: PodAllocation(tuple(found)) for uuid, found in pods.items()}, unknown
+
+
+def ask(caller: UnixCaller) -> Optional[bytes]:
+    """Blocking: the kubelet's encoded answer, or None when its socket is not there.
+    GrpcUnavailable if it does not answer."""
+    if not os.path.exists(caller.path):
+        return None
+    return caller.call(LIST, b"")
+
+
+class PodResourcesWatch(Monitor):
+    """Asks the kubelet and tells of each GPU whose pods changed (see above)."""
+
+    name = "kubelet_pod_resources"
+
+    def __init__(self, inventory: Inventory, signals: Signals, config: Config) -> None:
+        assert config.kubelet_socket is not None
+        self.inventory = inventory
+        self.signals = signals
+        self.caller = UnixCaller(config.kubelet_socket, config.kubelet_timeout)
+        self.every = config.kubelet_every
+        self.patterns = config.kubelet_resources
+        self.readings = 0
+        self.failures = 0
+        self._state = IDLE
+        self._seen = False  # the socket was there once: its going away is a failure
+        self._told: Dict[str, PodAllocation] = {}  # uuid -> the pods last told
+        self._unknown: Set[str] = set()  # device ids that match no GPU: told once
+        self._task: Optional["asyncio.Future[None]"] = None
+        self._halt: Optional[asyncio.Event] = None
+
+    def start(self) -> None:
+        self._halt = asyncio.Event()
+        self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self, grace: float) -> None:
+        if self._halt is not None:
+            self._halt.set()  # told to end, never cancelled (see crosscheck.py)
+        if self._task is not None:
+            await asyncio.wait([self._task])
+        self.caller.close()
+
+    def metrics(self) -> Dict[str, object]:
+        return {"state": self._state, "readings": self.readings, "failures": self.failures,
+                "allocated": len(self._told)}
+
+    def apply(self, listed: Listed) -> None:
+        """Tell of every GPU whose pods are not what was last told."""
+        wanted, unknown = allocations(listed, self.inventory)
+        for device_id in sorted(unknown - self._unknown):
+            log.warning("the kubelet assigns device %s, which is no GPU of this host that "
+                        "Patroller can tell: ignored (a MIG device's uuid, or another host's?)",
+                        device_id)
+        self._unknown = unknown  # one that comes back after it went is told again
+        for uuid in [u for u in self._told if u not in wanted]:
+            del self._told[uuid]
+            self.signals.job_allocation.send(self, record=Allocated(uuid, None, SOURCE))
+        for uuid, allocation in wanted.items():
+            if self._told.get(uuid) != allocation:
+                self._told[uuid] = allocation
+                self.signals.job_allocation.send(self, record=Allocated(uuid, allocation,
+                                                                        SOURCE))
+
+    async def read(self) -> None:
+        """Ask the kubelet now, and tell of what changed."""
+        loop = asyncio.get_running_loop()
+        try:
+            answer = await loop.run_in_executor(None, ask, self.caller)
+            if answer is None and self._seen:
+                raise GrpcUnavailable(f"{self.caller.path} is gone")
+            listed = [] if answer is None else parse_list(answer, self.patterns)
+        except (GrpcUnavailable, WireError) as exc:
+            self.failures += 1
+            if self._state != FAILING:
+                log.warning("cannot read the kubelet's pod-resources: %s; the allocations "
+                            "known are kept", exc)
+            self._state = FAILING
+            return
+        if self._state == FAILING:
+            log.warning("the kubelet's pod-resources are read again")
+        self._seen = self._seen or answer is not None
+        self._state = UP if answer is not None else IDLE
+        self.readings += 1
+        self.apply(listed)
+
+    async def _run(self) -> None:
+        assert self._halt is not None
+        while not self._halt.is_set():
+            try:
+                await self.read()
+            except Exception:  # a receiver's bug must not end the watch
+                log.exception("the kubelet's pod-resources watch failed")
+            try:
+                await asyncio.wait_for(self._halt.wait(), self.every)
+            except asyncio.TimeoutError:
+                pass

@@ -1,0 +1,69 @@
+"""The kubelet's pod-resources service for the tests: a real gRPC server on a unix socket
+(tests/grpc_server.py) answering `/v1.PodResourcesLister/List` with the pods it is given,
+encoded with core/protowire.py from the field numbers of the kubelet's public api.proto
+(k8s.io/kubelet/pkg/apis/podresources/v1), as the simulator stands in for nvidia-smi."""
+from __future__ import annotations
+
+from typing import Dict, List, Sequence, Tuple
+
+import grpc
+
+from patroller.core import protowire as pw
+from tests.grpc_server import Abort, Server
+
+LIST = "/v1.PodResourcesLister/List"
+
+Devices = Sequence[Tuple[str, Sequence[str]]]  # (resource name, device ids)
+Containers = Sequence[Tuple[str, Devices]]  # (container name, its devices)
+
+
+def pod(namespace: str, name: str, containers: Containers) -> bytes:
+    """A PodResources message: name 1, namespace 2, containers 3; a ContainerResources has
+    name 1, devices 2, cpu_ids 3 (a packed repeated int64); a ContainerDevices has
+    resource_name 1, device_ids 2, topology 3."""
+    encoded = []
+    for container, devices in containers:
+        body = pw.string(1, container)
+        for resource, ids in devices:
+            topology = pw.delimited(1, pw.integer(1, 0))  # TopologyInfo{nodes: [NUMANode{ID 0}]}
+            body += pw.delimited(2, pw.string(1, resource) + pw.strings(2, ids)
+                                 + pw.delimited(3, topology))
+        body += pw.delimited(3, pw.varint(2) + pw.varint(3))  # cpu_ids [2, 3], packed
+        encoded.append(pw.delimited(3, body))
+    return pw.string(1, name) + pw.string(2, namespace) + b"".join(encoded)
+
+
+def gpu_pod(namespace: str, name: str, *ids: str, resource: str = "nvidia.com/gpu",
+            container: str = "main") -> bytes:
+    """A pod with one container given these devices of one resource."""
+    return pod(namespace, name, [(container, [(resource, ids)])])
+
+
+class Kubelet:
+    """The pod-resources service on `path`: `pods` (encoded PodResources) is what List answers,
+    `broken` makes it answer UNAVAILABLE, `garbage` with bytes that are no message."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.pods: List[bytes] = []
+        self.broken = False
+        self.garbage = False
+        self.server = Server(path, {LIST: self._list})
+
+    def _list(self, request: bytes) -> bytes:
+        if self.broken:
+            raise Abort(grpc.StatusCode.UNAVAILABLE, "the kubelet is restarting")
+        if self.garbage:
+            return b"\x0a\xff"  # field 1, a length past the end
+        return b"".join(pw.delimited(1, p) for p in self.pods)
+
+    @property
+    def calls(self) -> Dict[str, int]:
+        return self.server.calls
+
+    def start(self) -> "Kubelet":
+        self.server.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.stop()

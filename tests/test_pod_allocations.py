@@ -1,0 +1,175 @@
+"""Kubernetes pods in the lease rules: a GPU the kubelet assigns to a pod is the pod's, never
+granted, never released by Patroller; a process outside the pod trespasses; when the kubelet
+lets go, the usual rules go on. The Slurm job map and the kubelet are kept apart. A fake clock
+and no I/O (the leases fixture: conftest.py)."""
+from typing import List
+
+import pytest
+
+from patroller.config import Config
+from patroller.core.errors import Busy, NotYours
+from patroller.core.identity import Identity, named_user
+from patroller.core.jobs import Allocation, Job
+from patroller.core.leases.holds import Event
+from patroller.core.pods import Pod, PodAllocation
+from patroller.http.views import claims, usage
+
+alice, bob = named_user("alice"), named_user("bob")
+ROOT = Identity(user="root", source="host", account="root", uid=0)
+TRAIN = Pod("ml", "train-0", ("trainer",))
+PODS = PodAllocation((TRAIN,))
+JOBS = Allocation((Job(id="4242", uid=1001, user="carol"),))
+
+
+def in_pod(user: str, namespace: str, name: str, container: str = "trainer") -> Identity:
+    """A pod's process, as the container runtime's labels make its identity."""
+    return Identity(user=user, source="pod", pod=(("namespace", namespace), ("name", name),
+                                                  ("uid", "0f1e"), ("container", container)))
+
+
+def host(user: str, uid: int) -> Identity:
+    return Identity(user=user, source="host", account=user, uid=uid)
+
+
+def recorded(leases) -> List[Event]:
+    events: List[Event] = []
+    leases.on_event(events.append)
+    return events
+
+
+def uuid(leases, number):
+    return leases.inventory.by_number(number).uuid
+
+
+def test_a_pods_gpu_is_its_own_and_never_granted(leases):
+    events = recorded(leases)
+    leases.request(alice, {"gpu": 7})
+    device = uuid(leases, 7)
+    leases.allocate(device, PODS, "kubernetes")
+    assert leases.state(device) == "allocated"
+    holder = leases.holder(device)
+    assert (holder.user, holder.source, dict(holder.pod)) == (
+        "namespace:ml", "pod", {"namespace": "ml", "name": "train-0"})
+    with pytest.raises(Busy):
+        leases.request(bob, {"gpu": 1})
+    claim = claims(leases)[device]
+    assert claim["hold"] == "kubernetes" and claim["expires"] is None and claim["jobs"] is None
+    assert claim["pods"] == [{"namespace": "ml", "name": "train-0", "containers": ["trainer"]}]
+    assert [(e.kind, e.user, e.details) for e in events if e.kind == "allocated"] == [
+        ("allocated", "namespace:ml", {"pods": ["ml/train-0"]})]
+
+
+def test_no_lease_runs_and_the_pods_process_becomes_the_holder(leases, clock):
+    device = uuid(leases, 2)
+    leases.allocate(device, PODS, "kubernetes")
+    clock.advance(Config().lease * 10)
+    assert leases.expire() == [] and leases.next_deadline() is None
+    leases.process_started(device, 500, in_pod("carol@example.org", "ml", "train-0"))
+    assert leases.state(device) == "claimed"
+    assert leases.holder(device).user == "carol@example.org"
+    leases.process_ended(device, 500)
+    clock.advance(Config().lease * 10)
+    assert leases.expire() == [] and leases.state(device) == "allocated"
+
+
+def test_other_pods_and_host_processes_trespass_once(leases):
+    events = recorded(leases)
+    device = uuid(leases, 3)
+    leases.allocate(device, PODS, "kubernetes")
+    leases.process_started(device, 100, in_pod("carol", "ml", "train-0"))
+    leases.process_started(device, 101, in_pod("dave", "ml", "other-1"))  # another pod
+    leases.process_started(device, 102, in_pod("dave", "ml", "other-1"))
+    leases.process_started(device, 103, host("carol", 1001))  # the pod's user, outside it
+    leases.process_started(device, 104, in_pod("carol", "prod", "train-0"))  # same name elsewhere
+    assert leases.state(device) == "shared"
+    trespasses = [e for e in events if e.kind == "trespass"]
+    assert [(e.user, e.details["pid"], e.details.get("pod")) for e in trespasses] == [
+        ("dave", 101, "ml/other-1"), ("carol", 103, None), ("carol", 104, "prod/train-0")]
+    assert all(e.details["why"] == "outside_pod" and e.details["pods"] == ["ml/train-0"]
+               and e.details["holder"] == "carol" and "jobs" not in e.details
+               for e in trespasses)
+    assert usage(leases)["dave"]["trespassing"] == 1
+    assert leases.holder(device).user == "carol"
+
+
+def test_a_reservation_ends_when_the_kubelet_assigns_the_gpu(leases):
+    events = recorded(leases)
+    device = leases.request(alice, {"gpu": 1})[0].uuid
+    leases.allocate(device, PODS, "kubernetes")
+    [preempted] = [e for e in events if e.kind == "preempted"]
+    assert preempted.user == "alice" and preempted.details == {"pods": ["ml/train-0"],
+                                                               "hold": "lease"}
+    assert leases.held_by("alice") == []
+
+
+def test_nobody_releases_a_pods_gpu_not_even_root(leases):
+    device = uuid(leases, 5)
+    leases.allocate(device, PODS, "kubernetes")
+    carol = in_pod("carol", "ml", "train-0")
+    leases.process_started(device, 7, carol)
+    for who in (carol, ROOT):
+        with pytest.raises(NotYours) as refused:
+            leases.release(who, device)
+        assert "Kubernetes pod ml/train-0" in str(refused.value)
+        assert refused.value.data["pods"] == ["ml/train-0"] and "jobs" not in refused.value.data
+    assert leases.release(carol) == ([], [])
+    assert leases.state(device) == "claimed"
+
+
+def test_when_the_kubelet_lets_go_a_waiter_is_served(leases):
+    events = recorded(leases)
+    for _ in range(7):
+        leases.request(alice, {"gpu": 1})
+    last = uuid(leases, 7)
+    leases.allocate(last, PODS, "kubernetes")
+    granted = []
+    leases.wait(bob, {"gpu": 1}, granted.append)
+    assert granted == []
+    leases.allocate(last, None, "kubernetes")
+    assert [d.uuid for d in granted[0]] == [last] and leases.holder(last).user == "bob"
+    assert ("deallocated", {"pods": ["ml/train-0"]}) in [(e.kind, e.details) for e in events]
+
+
+def test_slurm_and_the_kubelet_never_clear_each_others(leases):
+    slurm, pods = uuid(leases, 0), uuid(leases, 1)
+    leases.allocate(slurm, JOBS)  # the job map's
+    leases.allocate(pods, PODS, "kubernetes")
+    # a reading of either that lists nothing of the other's clears only its own
+    leases.allocate(pods, None)  # Slurm does not list GPU 1
+    leases.allocate(slurm, None, "kubernetes")  # the kubelet does not list GPU 0
+    assert leases.holds[slurm].allocation == JOBS and leases.holds[pods].allocation == PODS
+
+
+def test_a_gpu_both_list_is_slurms_then_the_pods(leases):
+    events = recorded(leases)
+    device = uuid(leases, 4)
+    leases.allocate(device, PODS, "kubernetes")
+    leases.allocate(device, JOBS)  # Slurm's comes first, whoever told first
+    assert leases.holds[device].allocation == JOBS and claims(leases)[device]["hold"] == "slurm"
+    leases.process_started(device, 9, in_pod("dave", "ml", "train-0"))
+    assert [e.details["why"] for e in events if e.kind == "trespass"] == ["outside_job"]
+    leases.allocate(device, None)  # the job ends: the pod holds it, nobody was preempted
+    assert leases.holds[device].allocation == PODS and leases.state(device) == "claimed"
+    assert [(e.kind, e.details) for e in events if e.kind != "trespass"] == [
+        ("allocated", {"pods": ["ml/train-0"]}), ("deallocated", {"pods": ["ml/train-0"]}),
+        ("allocated", {"jobs": ["4242"]}), ("deallocated", {"jobs": ["4242"]}),
+        ("allocated", {"pods": ["ml/train-0"]})]
+    leases.allocate(device, None, "kubernetes")
+    assert leases.holds[device].allocation is None and leases.holder(device).user == "dave"
+
+
+def test_a_gpu_of_two_pods_is_both_pods(leases):
+    device = uuid(leases, 6)
+    leases.allocate(device, PodAllocation((TRAIN, Pod("ml", "eval-0"))), "kubernetes")
+    leases.process_started(device, 1, in_pod("carol", "ml", "train-0"))
+    leases.process_started(device, 2, in_pod("erin", "ml", "eval-0"))
+    assert leases.state(device) == "claimed"
+
+
+def test_the_same_pods_told_again_change_nothing(leases):
+    events = recorded(leases)
+    device = uuid(leases, 0)
+    leases.allocate(device, PODS, "kubernetes")
+    leases.allocate(device, PodAllocation((Pod("ml", "train-0", ("trainer",)),)), "kubernetes")
+    leases.allocate(uuid(leases, 1), None, "kubernetes")
+    assert [e.kind for e in events] == ["allocated"]
