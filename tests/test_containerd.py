@@ -194,8 +194,9 @@ async def test_containerd_without_its_socket_costs_nothing(containerd, config, e
 async def test_containerd_down_degrades_the_pods_owner_and_it_recovers(containerd,
                                                                         engine_sockets):
     """The daemon: containerd crashes (its socket stays, nobody answers): the GPU's owner is
-    degraded, its container known; once containerd is back, the pod's user is learned."""
-    pod = Pod(containerd, labels={"patroller/user": "alice@example.org"})
+    degraded, its container known; once containerd is back, the pod's user is learned. A
+    cri-containerd scope: no other engine is asked, the degradation is containerd's alone."""
+    pod = Pod(containerd, labels={"patroller/user": "alice@example.org"}, systemd=True)
     cid, pid = pod.run("trainer")
     scenario = ScenarioFile(os.path.join(engine_sockets, "scenario.json"), devices=[{}, {}])
     settings = engines_in(engine_sockets, containerd_socket=containerd.address,
@@ -219,6 +220,34 @@ async def test_containerd_down_degrades_the_pods_owner_and_it_recovers(container
     finally:
         if containerd.process.poll() is not None:
             containerd.run_daemon()
+
+
+@pytest.mark.parametrize("answer", [b"\xff\xff", pw.delimited(1, pw.integer(1, 7)),
+                                    pw.delimited(1, pw.string(1, "c") + pw.delimited(2, b"\x08"))])
+@async_test
+async def test_garbage_from_containerd_degrades_and_crashes_nothing(engine_sockets, answer,
+                                                                    caplog):
+    """A server at containerd's socket answering what is no container (the tests' gRPC server,
+    as containerd's own cannot be made to): degraded, said once, and nothing raised."""
+    from grpc_server import Server
+
+    path = os.path.join(engine_sockets, "containerd.sock")
+    server = Server(path, {ctrd.GET: lambda request: answer}).start()
+    try:
+        config = replace(Config(), **engines_in(engine_sockets, containerd_retry_after=60))
+        identifier = identifier_for(config)
+        cid = secrets.token_hex(32)
+        facts = replace(await identifier.facts(os.getpid()),
+                        container=ContainerRef("containerd", cid))
+        for _ in range(2):
+            identity = await identifier.identify(facts)
+            assert identity.degraded and identity.container == (cid[:12], None)
+        assert server.calls == {ctrd.GET: 1}  # then it is not asked for a while
+        said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(said) == 1 and "not a container" in said[0]
+        identifier.close()
+    finally:
+        server.stop()
 
 
 # -- the messages, from the .proto's field numbers ------------------------------------------
