@@ -662,3 +662,9 @@ def test_a_holder_is_named_by_its_user_and_a_jobs_process_by_its_job_too():
     job = {"user": "alice", "source": "slurm", "email": None, "account": "alice", "uid": 1001,
            "container": None, "job": {"id": "4242", "step": "0"}}
     assert render.user_name(job) == "alice (job 4242)"
+    pod = {"user": "alice@example.org", "source": "pod", "email": "alice@example.org",
+           "container": {"id": "3f2a9c1b7d4e", "name": "trainer"},
+           "pod": {"namespace": "research", "name": "train-7", "uid": "u", "container": "trainer"}}
+    assert render.user_name(pod) == "alice@example.org (pod research/train-7)"
+    nobody = {**pod, "user": "namespace:research", "email": None}
+    assert render.user_name(nobody) == "pod research/train-7"

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import secrets
+import time
 import uuid
 from dataclasses import replace
 
@@ -247,6 +248,55 @@ async def test_garbage_from_containerd_degrades_and_crashes_nothing(engine_socke
         assert len(said) == 1 and "not a container" in said[0]
         identifier.close()
     finally:
+        server.stop()
+
+
+def test_the_pod_is_shown_by_status_the_command_line_and_the_web_page(containerd,
+                                                                      engine_sockets):
+    """A daemon on the simulator with containerd at its socket, a pod's process on GPU 2: the
+    pod in /status, in `patroller status`, and on the card of the web page."""
+    import subprocess
+    import sys
+    import urllib.request
+
+    from browser import browser
+    from helpers import ROOT, ServerProcess
+
+    pod = Pod(containerd, namespace="ml", name="p7", labels={"patroller/user": "alice@example.org"})
+    cid, pid = pod.run("trainer")
+    scenario = ScenarioFile(os.path.join(engine_sockets, "scenario.json"), devices=[{}] * 4)
+    server = ServerProcess("--nvidia-smi", scenario.command, "--lease", "300",
+                           "--containerd-socket", containerd.address,
+                           "--docker-host", f"unix://{engine_sockets}/docker.sock",
+                           "--podman-socket", "none").start()
+    page = None
+    try:
+        scenario.write(processes=[{"pid": pid, "gpu": 2, "name": "python", "used_mib": 1024}])
+
+        def owner():
+            with urllib.request.urlopen(server.url + "/status", timeout=30) as answer:
+                status = json.loads(answer.read())
+            held = [e["claim"] for e in status.values() if pid in e["claim"]["processes"]]
+            return (held[0].get("user") or {}) if held else {}
+
+        deadline = time.monotonic() + 20
+        while owner().get("source") != "pod":
+            assert time.monotonic() < deadline, owner()
+            time.sleep(0.1)
+        assert owner()["pod"] == {"namespace": "ml", "name": "p7", "uid": pod.uid,
+                                  "container": "trainer"}
+        env = {k: v for k, v in os.environ.items() if k not in ("PATROLLER_SERVER", "NO_COLOR")}
+        shown = subprocess.run([sys.executable, "-m", "patroller.cli", "status", "--server",
+                                server.url.split("//", 1)[1]], env={**env, "PYTHONPATH": ROOT},
+                               cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert "alice@example.org (pod ml/p7)" in shown.stdout, shown.stdout
+        page = browser()
+        page.open(server.url + "/")
+        page.until(lambda: (page.card(2) or {}).get("text", "").count(
+            "pod ml/p7 · trainer") == 1, "the pod on GPU 2's card", 20)
+    finally:
+        if page is not None:
+            page.quit()
         server.stop()
 
 
