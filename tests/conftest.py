@@ -53,6 +53,24 @@ def engine():
 
 
 @pytest.fixture(scope="session")
+def containerd():
+    """A private containerd (tests/containerd.py) with the busybox test image in its k8s.io and
+    default namespaces. Under CI=true it must start."""
+    import os
+
+    from containerd import Containerd, ContainerdUnavailable
+
+    try:
+        started = Containerd().start()
+    except ContainerdUnavailable as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the containerd tests, but containerd did not start: {exc}")
+        pytest.skip(f"no containerd here: {exc}")
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="session")
 def slurm_node():
     """A one-node Slurm cluster of the tests' own (tests/slurm.py): this host with 4 fake GPUs,
     the project's prolog and epilog, jobs as nobody. Under CI=true it must start."""

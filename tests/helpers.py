@@ -316,7 +316,8 @@ def engines_in(folder: str, **more: Any) -> Dict[str, Any]:
     return {"docker_host": f"unix://{folder}/docker.sock",
             "podman_socket": f"unix://{folder}/podman.sock",
             "rootless_docker_socket": f"unix://{folder}/{{uid}}/docker.sock",
-            "rootless_podman_socket": f"unix://{folder}/{{uid}}/podman/podman.sock", **more}
+            "rootless_podman_socket": f"unix://{folder}/{{uid}}/podman/podman.sock",
+            "containerd_socket": f"unix://{folder}/containerd.sock", **more}
 
 
 def cgroup_root(version: int) -> Optional[str]:

@@ -668,3 +668,9 @@ def test_a_holder_is_named_by_its_user_and_a_jobs_process_by_its_job_too():
     assert render.user_name(in_pod) == "carol@example.org (pod ml/train-0)"
     hidden = {**in_pod, "user": "user-0123456789ab", "email": None, "pod": None}
     assert render.user_name(hidden) == "user-0123456789ab"
+    pod = {"user": "alice@example.org", "source": "pod", "email": "alice@example.org",
+           "container": {"id": "3f2a9c1b7d4e", "name": "trainer"},
+           "pod": {"namespace": "research", "name": "train-7", "uid": "u", "container": "trainer"}}
+    assert render.user_name(pod) == "alice@example.org (pod research/train-7)"
+    nobody = {**pod, "user": "namespace:research", "email": None}
+    assert render.user_name(nobody) == "pod research/train-7"

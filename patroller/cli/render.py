@@ -102,15 +102,19 @@ def short_name(name: str) -> str:
 
 def user_name(user: Optional[Dict[str, Any]]) -> str:
     """The e-mail, else a container's name, else the user string (a host account), and a Slurm
-    job's id: `alice (job 4242)`, or a Kubernetes pod's: `alice (pod ml/train-0)`. A
-    container's account (the uid it runs as) is not its user."""
+    job's id: `alice (job 4242)`; a Kubernetes pod's user and its pod:
+    `alice@example.org (pod research/train-7)`, or the pod alone when its namespace is all
+    that names its user. A container's account (the uid it runs as) is not its user."""
     if not user:
         return "-"
+    pod = user.get("pod") or {}
+    if pod.get("namespace") and pod.get("name"):  # its container's name is not its user
+        where = f"pod {pod['namespace']}/{pod['name']}"
+        name = user.get("email") or user.get("user") or "?"
+        return where if name == f"namespace:{pod['namespace']}" else f"{name} ({where})"
     container = user.get("container") or {}
     name = user.get("email") or container.get("name") or user.get("user") or "?"
-    job, pod = user.get("job") or {}, user.get("pod") or {}
-    if pod.get("namespace") and pod.get("name"):
-        return f"{name} (pod {pod['namespace']}/{pod['name']})"
+    job = user.get("job") or {}
     return f"{name} (job {job['id']})" if job.get("id") and name != f"job {job['id']}" else name
 
 def processes_cell(claim: Dict[str, Any]) -> str:

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Callable, List, Mapping, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 from patroller import __version__, durations
 import patroller.config.values as values
-from patroller.config.settings import DEFAULT_USER_LABELS, KUBELET_SOCKET, Config, ConfigError
+from patroller.config.settings import (DEFAULT_POD_USER_KEYS, DEFAULT_USER_LABELS,
+                                       KUBELET_SOCKET, Config, ConfigError)
 
 T = TypeVar("T")
 
 SWITCHES = ("--test", "--hide-users")  # flags that take no value
+REPEATED = ("--pod-user-key",)  # flags that may be given more than once
 
 
 # (flag, environment variable, help) for every setting, in the order of --help.
@@ -58,6 +60,17 @@ _SETTINGS = (
     ("--rootless-podman-socket", "PATROLLER_ROOTLESS_PODMAN_SOCKET",
      "where a user's rootless Podman service listens, {uid} standing for the user's uid; none: "
      "not asked (default unix:///run/user/{uid}/podman/podman.sock)"),
+    ("--containerd-socket", "PATROLLER_CONTAINERD_SOCKET",
+     "containerd's socket, whose API names its containers and Kubernetes pods (containerd's "
+     "CRI); used only when it is there; none: not asked "
+     "(default /run/containerd/containerd.sock)"),
+    ("--containerd-namespaces", "PATROLLER_CONTAINERD_NAMESPACES",
+     "containerd namespaces to look for a container in, in order, comma-separated "
+     "(default k8s.io,default)"),
+    ("--pod-user-key", "PATROLLER_POD_USER_KEYS",
+     "a pod label or annotation key whose value (an e-mail or a name) names the pod's user; "
+     "may be given more than once (the variable: comma-separated); looked for before "
+     "--user-labels (default patroller/user)"),
     ("--shifted-uids-from", "PATROLLER_SHIFTED_UIDS_FROM",
      "host uids from this one up are user namespaces' (the ranges /etc/subuid hands out): a "
      "container's process running as one is never taken for a host account (default 100000)"),
@@ -124,6 +137,8 @@ def _parser() -> argparse.ArgumentParser:
         shown = f"{text} [{env}]".replace("%", "%%")  # argparse formats help with %
         if flag in SWITCHES:
             parser.add_argument(flag, action="store_true", default=None, help=shown)
+        elif flag in REPEATED:
+            parser.add_argument(flag, metavar="VALUE", action="append", help=shown)
         else:
             parser.add_argument(flag, metavar="VALUE", help=shown)
     parser.add_argument("--version", action="version", version=f"patroller {__version__}")
@@ -154,16 +169,19 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
 
     def pick(flag: str, env: str, convert: Callable[[str], T], default: T) -> T:
         attr = flag[2:].replace("-", "_")
-        given: Optional[str] = getattr(args, attr)
+        given: Any = getattr(args, attr)
         source = flag
         if given is None:
             given, source = environ.get(env), env
+            if given is not None and flag in REPEATED:
+                given = [given]
         if given is None:
             return default
         try:
             return convert(given)
         except ValueError as exc:
-            raise ConfigError(f"{source}: {given!r} {exc}") from None
+            said = ",".join(given) if isinstance(given, list) else given
+            raise ConfigError(f"{source}: {said!r} {exc}") from None
 
     env_names = {flag: env for flag, env, _ in _SETTINGS}
     test = bool(args.test) or bool(environ.get("PATROLLER_TEST"))
@@ -204,6 +222,13 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         rootless_podman_socket=pick("--rootless-podman-socket",
                                     env_names["--rootless-podman-socket"], values.engine_template,
                                     Config.rootless_podman_socket),
+        containerd_socket=pick("--containerd-socket", env_names["--containerd-socket"],
+                               values.containerd_socket, Config.containerd_socket),
+        containerd_namespaces=pick("--containerd-namespaces",
+                                   env_names["--containerd-namespaces"], values.namespaces,
+                                   Config.containerd_namespaces),
+        pod_user_keys=pick("--pod-user-key", env_names["--pod-user-key"], values.keys,
+                           DEFAULT_POD_USER_KEYS),
         shifted_uids_from=pick("--shifted-uids-from", env_names["--shifted-uids-from"], values.count,
                                Config.shifted_uids_from),
         slurm_job_map=pick("--slurm-job-map", env_names["--slurm-job-map"], values.directory, None),

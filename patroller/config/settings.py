@@ -10,6 +10,7 @@ from typing import Optional, Tuple
 
 DEFAULT_USER_LABELS = ("user.email", "email", "maintainer")
 KUBELET_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"  # the kubelet's own default
+DEFAULT_POD_USER_KEYS = ("patroller/user",)
 
 
 class ConfigError(Exception):
@@ -55,6 +56,12 @@ class Config:
     podman_socket: Optional[str] = "unix:///run/podman/podman.sock"
     rootless_docker_socket: Optional[str] = "unix:///run/user/{uid}/docker.sock"
     rootless_podman_socket: Optional[str] = "unix:///run/user/{uid}/podman/podman.sock"
+    # containerd's API (its containers, Kubernetes pods under containerd's CRI; None: not
+    # asked), the namespaces looked in, in order (Docker's own, moby, is the Docker Engine's),
+    # and the pod label or annotation keys that name a pod's user, before --user-labels.
+    containerd_socket: Optional[str] = "unix:///run/containerd/containerd.sock"
+    containerd_namespaces: Tuple[str, ...] = ("k8s.io", "default")
+    pod_user_keys: Tuple[str, ...] = DEFAULT_POD_USER_KEYS
     # Host uids from here up, seen in a container, are shifted ones (a user namespace's, as
     # /etc/subuid hands them out): never looked up as host accounts.
     shifted_uids_from: int = 100000
@@ -131,6 +138,8 @@ class Config:
     address_ttl: float = 10.0  # seconds the containers' network addresses are cached
     docker_timeout: float = 5.0  # seconds a call to the Docker Engine may take
     docker_retry_after: float = 5.0  # seconds an unreachable engine is not asked again
+    containerd_timeout: float = 5.0  # seconds a call to containerd may take
+    containerd_retry_after: float = 5.0  # seconds an unreachable containerd is not asked again
     engine_socket_ttl: float = 5.0  # seconds whether an engine's socket exists is remembered
     # seconds between attempts to name a container whose engine's socket was not there
     engine_recheck: float = 30.0

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 import os
-from typing import List, Optional, Tuple
+import re
+from typing import List, Optional, Sequence, Tuple
 
 from patroller import durations, hosts
 
@@ -189,3 +190,34 @@ def engine_template(text: str) -> Optional[str]:
         raise ValueError("may hold {uid} and nothing else in braces") from None
     unix_path_fits(widest)
     return address
+
+
+def containerd_socket(text: str) -> Optional[str]:
+    """containerd's socket: a path or a unix:// address (it serves no other); none: not asked."""
+    address = engine_address(text)
+    if address is None:
+        return None
+    if not address.startswith("unix://") or not address[len("unix://"):].startswith("/"):
+        raise ValueError("must be a unix socket: a path, or unix:///path")
+    return unix_path_fits(address)
+
+
+_NAMESPACE = re.compile(r"^[A-Za-z0-9]+(?:[._-][A-Za-z0-9]+)*$")  # as containerd checks them
+
+
+def namespaces(text: str) -> Tuple[str, ...]:
+    found = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not found:
+        raise ValueError("must name at least one namespace")
+    for name in found:
+        if len(name) > 76 or not _NAMESPACE.match(name):
+            raise ValueError(f"names {name!r}, which is not a containerd namespace")
+    return found
+
+
+def keys(given: Sequence[str]) -> Tuple[str, ...]:
+    """Label or annotation keys, from a flag given once or more (each comma-separated)."""
+    found = tuple(key for text in given for key in labels(text))
+    if not found:
+        raise ValueError("must name at least one key")
+    return found

@@ -1,17 +1,20 @@
 """Which engine can name a container, by what its cgroup says: the Docker Engine, Podman's
-service, or the rootless engine of the user whose slice holds it; one client for each.
+service, the rootless engine of the user whose slice holds it, or containerd; one client each.
 
-Every one of them is asked through the Docker API (Podman's service serves it too), with the
-same label rules. Where a container goes:
+All but containerd are asked through the Docker API (Podman's service serves it too), with the
+same label rules; containerd through its own gRPC API (containerd.py). Where a container goes:
+  containerd (cri-containerd-<id>)                           -> --containerd-socket
+  a bare id under a Kubernetes pod's cgroupfs path           -> --containerd-socket if containerd
+                                                                knows it, else the Docker Engine
   Docker, or a bare id under a parent that names no runtime  -> the Docker Engine (--docker-host)
   Podman                                                     -> --podman-socket
   in the slice of uid U: rootless Podman                     -> --rootless-podman-socket, for U
   in the slice of uid U: rootless Docker (or not said)       -> --rootless-docker-socket, for U
-  LXD, containerd (Kubernetes' CRI), CRI-O                   -> none yet: named by id (or name)
+  LXD, CRI-O                                                 -> none: named by name (or id)
 A user's container is never looked up in the system's engines: anyone may name a cgroup in
 their own slice after someone else's container, and only their own engines know theirs.
 
-The engines other than the Docker Engine are optional: a socket that is not there is none to
+The engines other than the Docker Engine are optional (containerd also needs grpcio): a socket that is not there is none to
 ask (checked off the loop, remembered for `engine_socket_ttl` seconds, said in the log only when
 it is there but cannot be used), and its containers are named by their ids. One that is there
 but does not answer degrades like the Docker Engine, and is asked again later. A client is made
@@ -32,13 +35,24 @@ from cachetools import LRUCache, TTLCache
 
 from patroller.config import Config
 from patroller.identify.cgroups import ContainerRef
+from patroller.identify.containerd import ContainerdDirectory
 from patroller.identify.containers import ContainerDirectory
+from patroller.observe import grpcunix
 
 log = logging.getLogger(__name__)
 
 # Runtimes with no engine that serves the Docker API: LXD names its containers in the cgroup
-# itself; containerd's and CRI-O's are the kubelet's (a later source of names).
+# itself; containerd has an API of its own (asks_containerd); CRI-O's are named by their ids.
 UNASKED = ("lxd", "containerd", "crio")
+
+
+def asks_containerd(ref: ContainerRef) -> bool:
+    """Whether containerd may know this container: one its cgroup says is containerd's, or a
+    bare id in a Kubernetes pod's cgroupfs path (the runtime is not said there). Never one in
+    a user's slice: the system's containerd is not that user's engine."""
+    if ref.owner is not None:
+        return False
+    return ref.runtime == "containerd" or (ref.runtime == "" and ref.pod is not None)
 
 
 @dataclass(frozen=True)
@@ -89,6 +103,8 @@ class Engines:
         self._looking: Dict[str, "asyncio.Future[Tuple[bool, str]]"] = {}
         self._reported: Set[str] = set()  # sockets whose trouble was logged once
         self._retired_calls = 0
+        self._containerd: Optional[ContainerdDirectory] = None
+        self._grpc: Optional[bool] = None  # whether grpcio is installed, once known
         # Its own thread: a socket on a hung file system must not hold up the /proc reads.
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-sockets")
 
@@ -112,9 +128,31 @@ class Engines:
             self._clients[found.address] = directory
         return directory
 
+    @property
+    def containerd_calls(self) -> int:
+        """gRPC calls made to containerd."""
+        return self._containerd.calls if self._containerd is not None else 0
+
+    async def containerd(self) -> Optional[ContainerdDirectory]:
+        """containerd's directory; None when there is none to ask (not configured, its socket
+        not there, or grpcio not installed)."""
+        address = self.config.containerd_socket
+        if address is None or not await self._socket_exists(address):
+            return None
+        if self._grpc is None:  # the first import of grpc takes a while: off the loop
+            loop = asyncio.get_running_loop()
+            self._grpc = await loop.run_in_executor(self._pool, grpcunix.installed)
+        if not self._grpc:
+            return None
+        if self._containerd is None:
+            self._containerd = ContainerdDirectory(self.config, address)
+        return self._containerd
+
     def shutdown(self) -> None:
         """Close every engine's client; let the threads go."""
         self.docker.shutdown()
+        if self._containerd is not None:
+            self._containerd.shutdown()
         for directory in list(self._clients.values()):
             directory.shutdown()
         self._clients.clear()

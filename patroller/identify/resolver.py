@@ -1,7 +1,8 @@
 """From a host pid to the identity of whoever runs it: container labels, or the host account.
 
 pid -> /proc/<pid>/cgroup -> container -> the engine that runs it (engines.py) -> labels ->
-e-mail; an LXD container is its name; a process in no container is its host account (uid from
+e-mail; a Kubernetes pod's container (through containerd) is its pod (pods.py); an LXD
+container is its name; a process in no container is its host account (uid from
 /proc/<pid>/status); only a pid whose /proc entry cannot be read is "unknown". /proc is read in
 the executor, never on the event loop. Identities are cached by (pid, start time), so a reused
 pid is never taken for the process that had it before.
@@ -9,6 +10,7 @@ pid is never taken for the process that had it before.
 from __future__ import annotations
 
 import asyncio
+import logging
 import pwd
 from dataclasses import dataclass, replace
 from typing import Mapping, Optional, Protocol, Tuple, Union
@@ -21,8 +23,12 @@ from patroller.identify.cgroups import ContainerRef, SlurmStep, parse_cgroup, pa
 from patroller.identify.peers import Credentials, not_the_caller
 from patroller.identify.containers import (ContainerDirectory, DockerUnavailable,
                                            container_identity, lxd_identity, unlabelled_identity)
-from patroller.identify.engines import Engines, route
+from patroller.identify.containerd import ContainerdUnavailable
+from patroller.identify.engines import Engines, asks_containerd, route
+from patroller.identify.pods import containerd_identity, mismatch
 from patroller.core.identity import UNKNOWN, Identity
+
+log = logging.getLogger(__name__)
 
 
 class ProcessResolver(Protocol):
@@ -136,6 +142,7 @@ class ProcessIdentifier:
         self.engines = Engines(config, directory) if directory is not None else None
         self.user_labels = config.user_labels
         self.info_labels = config.user_info_labels
+        self.pod_keys = config.pod_user_keys
         self.proc = config.proc_root
         self.shifted_from = config.shifted_uids_from
         self.config = config
@@ -175,24 +182,55 @@ class ProcessIdentifier:
         elif container.runtime == "lxd":
             identity = runs_as(lxd_identity(container.id), facts.host)
         else:
-            directory = None if self.engines is None else await self.engines.directory(container)
-            if directory is None:  # no engine to ask: the container is all that is known
-                identity = runs_as(unlabelled_identity(container.id), facts.host)
-                if self.engines is not None and route(container, self.config) is not None:
-                    # its engine's socket is not there (yet, or again): for now, not cached
-                    return replace(identity, pending=True)
-            else:
-                try:
-                    info = await directory.get(container.id)
-                except DockerUnavailable:  # not cached
-                    return runs_as(unlabelled_identity(container.id, degraded=True), facts.host)
-                if info is None:
-                    identity = unlabelled_identity(container.id)
-                else:
-                    identity = container_identity(info, self.user_labels, self.info_labels)
-                identity = runs_as(identity, facts.host)
+            named = await self._container(container)
+            if named is None:  # an engine that may know it cannot be asked just now
+                return runs_as(unlabelled_identity(container.id, degraded=True), facts.host)
+            identity = runs_as(named, facts.host)
+            if identity.pending:  # its engine's socket is not there (yet, or again): not cached
+                return identity
         self._cache[key] = identity
         return identity
+
+    async def _container(self, ref: ContainerRef) -> Optional[Identity]:
+        """A container's identity from the engine that knows it, before its host account is
+        added; None when it is degraded (not cached: asked again at the next lookup)."""
+        if self.engines is None:  # no engine to ask: the container is all that is known
+            return unlabelled_identity(ref.id)
+        containerd_down = False
+        if asks_containerd(ref):
+            directory = await self.engines.containerd()
+            if directory is not None:
+                try:
+                    found = await directory.get(ref.id)
+                except ContainerdUnavailable:
+                    found, containerd_down = None, True
+                if found is not None:
+                    trouble = mismatch(found, ref)
+                    if trouble is not None:
+                        log.warning("%s", trouble)
+                    return containerd_identity(found, ref, self.pod_keys, self.user_labels,
+                                               self.info_labels)
+            if ref.runtime == "containerd":  # no other engine knows it
+                if containerd_down:
+                    return None
+                return replace(unlabelled_identity(ref.id), pending=directory is None
+                               and self.config.containerd_socket is not None)
+        engine = await self.engines.directory(ref)
+        if engine is None:  # pending: the engine is configured but its socket is not there
+            return replace(unlabelled_identity(ref.id),
+                           pending=route(ref, self.config) is not None)
+        try:
+            info = await engine.get(ref.id)
+        except DockerUnavailable:
+            return None
+        if info is None:  # nobody knows it; but containerd, which might, cannot be asked
+            return None if containerd_down else unlabelled_identity(ref.id)
+        return container_identity(info, self.user_labels, self.info_labels)
+
+    @property
+    def containerd_calls(self) -> int:
+        """gRPC calls made to containerd."""
+        return self.engines.containerd_calls if self.engines is not None else 0
 
     @property
     def docker_calls(self) -> int:

@@ -41,6 +41,16 @@ def _grpc() -> Any:
         raise GrpcUnavailable(f"grpcio is not installed ({INSTALL})") from None
 
 
+def installed() -> bool:
+    """Whether grpcio can be imported (blocking: the first time imports it); said once in the
+    log when it cannot."""
+    try:
+        _grpc()
+    except GrpcUnavailable:
+        return False
+    return True
+
+
 class UnixCaller:
     """Unary calls to one gRPC server on a unix socket."""
 

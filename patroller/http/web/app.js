@@ -93,14 +93,18 @@
     return identity.email || identity.user || "?";
   }
 
-  // A Slurm job's process: its job (and step, account, partition); then the copied labels.
+  // A Slurm job's process: its job (and step, account, partition); a Kubernetes pod's: its
+  // pod (namespace/name, and the container's name); then the copied labels.
   function labels(identity) {
     const job = identity && identity.job;
     const jobLabel = job ? [h("span", {class: "label job"}, "job " + job.id +
       (job.account ? " · " + job.account : "") + (job.partition ? " · " + job.partition : ""))]
       : [];
+    const pod = identity && identity.pod;
+    const podLabel = pod ? [h("span", {class: "label pod"}, "pod " + pod.namespace + "/" +
+      pod.name + (pod.container ? " · " + pod.container : ""))] : [];
     const info = (identity && identity.info) || {};
-    return jobLabel.concat(Object.entries(info)
+    return jobLabel.concat(podLabel, Object.entries(info)
       .filter(([, v]) => v !== null && v !== undefined && v !== "")
       .map(([k, v]) => h("span", {class: "label"}, k + ": " + v)));
   }
