@@ -17,7 +17,8 @@ COPY requirements.txt ./
 RUN pip install --no-cache-dir -r requirements.txt
 COPY setup.py pyproject.toml README.md LICENSE ./
 COPY patroller ./patroller
-RUN pip install --no-cache-dir --no-deps . && rm -rf /root/.cache
+# with the kubernetes extra (grpcio): containerd's API and the kubelet's pod-resources
+RUN pip install --no-cache-dir '.[kubernetes]' && rm -rf /root/.cache
 
 EXPOSE 80
 STOPSIGNAL SIGTERM
