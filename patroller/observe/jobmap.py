@@ -26,8 +26,8 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 from patroller.config import Config
 from patroller.core.devices import Inventory
 from patroller.core.jobs import Allocation, Job
-from patroller.observe.monitor import FAILING, UP, Monitor
-from patroller.observe.signals import Allocated, Signals
+from patroller.observe.allocwatch import AllocationWatch
+from patroller.observe.signals import Signals
 
 log = logging.getLogger(__name__)
 
@@ -110,42 +110,25 @@ def account_name(uid: int) -> Optional[str]:
         return None
 
 
-class JobMapWatch(Monitor):
+class JobMapWatch(AllocationWatch):
     """Reads the job map and tells of each device whose allocation changed (see above)."""
 
     name = "slurm_job_map"
+    source = "slurm"
 
     def __init__(self, inventory: Inventory, signals: Signals, config: Config) -> None:
         assert config.slurm_job_map is not None
-        self.inventory = inventory
-        self.signals = signals
+        super().__init__(inventory, signals, config.job_map_every,
+                         f"the Slurm job map {config.slurm_job_map}")
         self.path = config.slurm_job_map
-        self.every = config.job_map_every
         self.limit = config.job_map_file_limit
-        self.readings = 0
-        self.failures = 0
-        self._state = UP
-        self._told: Dict[str, Allocation] = {}  # uuid -> the allocation last told
         self._unknown: Set[int] = set()  # indices named in the map that no device has: told once
-        self._task: Optional["asyncio.Future[None]"] = None
-        self._halt: Optional[asyncio.Event] = None
 
     def start(self) -> None:
         if not os.path.isdir(self.path):
             log.info("the Slurm job map %s is not there yet: no GPU is allocated to a job "
                      "until the prolog writes it", self.path)
-        self._halt = asyncio.Event()
-        self._task = asyncio.ensure_future(self._run())
-
-    async def stop(self, grace: float) -> None:
-        if self._halt is not None:
-            self._halt.set()  # told to end, never cancelled (see crosscheck.py)
-        if self._task is not None:
-            await asyncio.wait([self._task])
-
-    def metrics(self) -> Dict[str, object]:
-        return {"state": self._state, "readings": self.readings, "failures": self.failures,
-                "allocated": len(self._told)}
+        super().start()
 
     def apply(self, found: Allocations) -> None:
         """Tell of every device whose allocation is not what was last told: indices are
@@ -155,14 +138,7 @@ class JobMapWatch(Monitor):
             log.warning("the Slurm job map names GPU %d, which this host does not have: "
                         "ignored (are Slurm's GRES indices nvidia-smi's?)", index)
         self._unknown = set(found) - set(by_index)
-        wanted = {by_index[i]: a for i, a in found.items() if i in by_index}
-        for uuid in [u for u in self._told if u not in wanted]:
-            del self._told[uuid]
-            self.signals.job_allocation.send(self, record=Allocated(uuid, None))
-        for uuid, allocation in wanted.items():
-            if self._told.get(uuid) != allocation:
-                self._told[uuid] = allocation
-                self.signals.job_allocation.send(self, record=Allocated(uuid, allocation))
+        self.tell({by_index[i]: a for i, a in found.items() if i in by_index})
 
     async def read(self) -> None:
         """Read the map now, and tell of what changed."""
@@ -171,26 +147,7 @@ class JobMapWatch(Monitor):
             found = await loop.run_in_executor(None, read_map, self.path, self.limit,
                                                account_name)
         except OSError as exc:
-            self.failures += 1
-            if self._state != FAILING:
-                log.warning("cannot read the Slurm job map %s: %s; the allocations known "
-                            "are kept", self.path, exc.strerror or exc)
-            self._state = FAILING
+            self.failed(exc.strerror or exc)
             return
-        if self._state == FAILING:
-            log.warning("the Slurm job map %s is read again", self.path)
-        self._state = UP
-        self.readings += 1
+        self.read_well()
         self.apply(found)
-
-    async def _run(self) -> None:
-        assert self._halt is not None
-        while not self._halt.is_set():
-            try:
-                await self.read()
-            except Exception:  # a receiver's bug must not end the watch
-                log.exception("the Slurm job map watch failed")
-            try:
-                await asyncio.wait_for(self._halt.wait(), self.every)
-            except asyncio.TimeoutError:
-                pass
