@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from patroller.core.devices import Device, MigInstance
+from patroller.core.devices import Device
 
 _GPU = re.compile(r"GPU\s+(\d+)\s*:\s*(.*?)\s*\(\s*UUID\s*:\s*(GPU-[0-9A-Za-z-]+)\s*\)")
 _MIG = re.compile(r"MIG\s+(.*?)\s*Device\s+(\d+)\s*:\s*\(\s*UUID\s*:\s*(MIG-[0-9A-Za-z/-]+)\s*\)")
