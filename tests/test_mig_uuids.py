@@ -107,3 +107,27 @@ async def test_a_failing_list_maps_no_mig_device_is_logged_once_and_the_daemon_g
                 assert len(again) == 1
     finally:
         kubelet.stop()
+
+
+@async_test
+async def test_a_list_that_fails_later_keeps_the_uuids_it_gave(tmp_path, caplog):
+    # The pod's GPU stays its own: a failing -L must not hand out a GPU a pod holds.
+    scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=HOST)
+    migs = listed(scenario)
+    kubelet = Kubelet(str(tmp_path / "kubelet.sock")).start()
+    kubelet.pods = [gpu_pod("ml", "infer-0", migs[1], resource=MIG_RESOURCE)]
+    try:
+        with caplog.at_level(logging.WARNING, logger="patroller"):
+            async with gpu_running(scenario, kubelet_socket=kubelet.path, kubelet_every=0.05,
+                                   inventory_every=0.1) as h:
+                mig = h.uuids()[1]
+                await until(lambda: h.services.leases.state(mig) == "allocated", timeout=20)
+                scenario.write(faults={"-L": {"fail": "gpu_lost"}})
+                watch = inventory_watch(h)
+                await until(lambda: watch.mig.failures >= 3, timeout=20)
+                devices = await h.ok("/devices")
+                assert [m["uuid"] for m in devices[mig]["mig_instances"]] == migs
+                assert h.services.leases.state(mig) == "allocated"
+                assert sum(FAILED in r.getMessage() for r in caplog.records) == 1
+    finally:
+        kubelet.stop()
