@@ -131,3 +131,14 @@ async def test_a_list_that_fails_later_keeps_the_uuids_it_gave(tmp_path, caplog)
                 assert sum(FAILED in r.getMessage() for r in caplog.records) == 1
     finally:
         kubelet.stop()
+
+
+@async_test
+async def test_discovery_reads_them_before_the_daemon_serves(tmp_path):
+    scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=HOST)
+    migs = listed(scenario)
+    async with gpu_running(scenario, inventory_every=3600) as h:
+        watch = inventory_watch(h)
+        devices = await h.ok("/devices")
+        assert [m["uuid"] for m in devices[h.uuids()[1]]["mig_instances"]] == migs
+        assert (watch.readings, watch.mig.readings) == (0, 1)  # discovery's run, once
