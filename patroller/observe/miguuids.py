@@ -63,7 +63,7 @@ class MigUuids:
             self._failing = True
             return self._remembered(devices)
         if self._failing:
-            log.warning("`%s` lists the MIG devices' uuids again", self.shown)
+            log.info("`%s` lists the MIG devices' uuids again", self.shown)
             self._failing = False
         listing = parse_list_gpus(answer.output)
         if listing.skipped:
