@@ -67,7 +67,7 @@ def test_crlf_tabs_and_odd_spacing_are_read():
     f"  MIG 1g.10gb     Device  x: (UUID: {M1})",
     f"  MIG 3g.20gb Device 1: (UUID: MIG-{G1}/2/0)",  # the old form naming another GPU
     f"  MIG 3g.20gb Device 1: (UUID: MIG-{G0}/2)",  # the old form cut short
-    f"  MIG 3g.20gb Device 1: (UUID: MIG-abc/2/0)",
+    "  MIG 3g.20gb Device 1: (UUID: MIG-abc/2/0)",
     "Failed to initialize NVML: Unknown Error",
     "No devices were found",
     "GPU 2: NVIDIA A100 (UUID: GPU-",
