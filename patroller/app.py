@@ -26,6 +26,7 @@ from patroller.observe.crosscheck import CrossCheck, Unattributed
 from patroller.observe.idle import IdleWatch
 from patroller.observe.jobmap import JobMapWatch
 from patroller.observe.inventory import GpuHostError, InventoryWatch, command, devices_of, discover
+from patroller.observe.miguuids import MigUuids
 from patroller.observe.monitor import Monitor
 from patroller.observe.monitors import DmonMonitor, PmonMonitor
 from patroller.observe.podresources import PodResourcesWatch
@@ -194,7 +195,8 @@ async def build(config: Config) -> Daemon:
         found = await discover(argv, None, config)
     except GpuHostError as exc:
         raise StartError(str(exc)) from None
-    inventory = Inventory(devices_of(found))
+    mig = MigUuids(argv, None, config)  # the MIG devices' uuids (nvidia-smi -L), if any
+    inventory = Inventory(await mig.attach(devices_of(found)))
     log.info("nvidia-smi: driver %s, %d GPU(s): %s", found.driver_version or "unknown",
              len(inventory), ", ".join(f"{d.number}={d.name}" for d in inventory))
     directory = ContainerDirectory(config)
@@ -206,7 +208,7 @@ async def build(config: Config) -> Daemon:
     monitors = [DmonMonitor(inventory, signals, argv, os.environ, config), pmon,
                 CrossCheck(inventory, signals, argv, os.environ, unattributed, config,
                            unmeasured=pmon.figureless),
-                InventoryWatch(inventory, signals, argv, None, config),
+                InventoryWatch(inventory, signals, argv, None, config, mig),
                 SilenceWatch(inventory, signals, config.sample_interval,
                              config.silent_intervals * config.sample_interval)]
     monitors += schedulers(inventory, signals, config)

@@ -13,7 +13,7 @@ import pytest
 from helpers import ScenarioFile, async_test, gpu_running, running, until
 from patroller.config import Config
 from patroller.config.flags import load
-from patroller.core.devices import Inventory
+from patroller.core.devices import Inventory, MigInstance
 from patroller.core.pods import Pod, PodAllocation
 from patroller.core.protowire import WireError, delimited, integer, string
 from patroller.observe.podresources import (PodResourcesWatch, allocations, gpu_of, is_gpu,
@@ -74,6 +74,25 @@ def test_device_ids_map_to_the_gpu_they_are_or_are_on():
     for unknown in ["MIG-8e2b1c3a-0000-4000-8000-000000000001", "GPU-elsewhere", third,
                     first.lower() + "x", "", "::1", "nvidia99"]:
         assert gpu_of(unknown, lost) is None, unknown
+
+
+def test_a_mig_uuid_maps_to_the_gpu_that_holds_it():
+    inventory = synthetic_inventory(3)
+    first, second, third = (d.uuid for d in inventory)
+    mig = "MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f"  # as nvidia-smi -L lists it (R470 on)
+    other = "MIG-0929581a-2be6-549f-a016-ba1fd7359f23"
+    instances = {second: (MigInstance(0, 1, 0, 9856, "MIG-3adbed3a-d03d-549f-a016-ba1fd7359f23"),
+                          MigInstance(1, 2, 0, 9856, mig), MigInstance(2, 3, 0, 9856)),
+                 third: (MigInstance(0, 1, 0, 9856, other),)}
+    found = Inventory([replace(d, mig_mode="Enabled", mig_instances=instances.get(d.uuid, ()),
+                               lost=d.uuid == third) for d in inventory])
+    assert gpu_of(mig, found) == second
+    assert gpu_of(f"{mig}::3", found) == second  # a time-slicing replica of it
+    assert gpu_of(other, found) is None  # on a GPU that is lost
+    for unknown in ["MIG-8e2b1c3a-0000-4000-8000-000000000001", mig[4:], mig.lower() + "0",
+                    "MIG-", f"GPU-{mig[4:]}"]:
+        assert gpu_of(unknown, found) is None, unknown
+    assert gpu_of(first, found) == first
 
 
 def test_the_pods_of_each_gpu_each_once_and_ids_that_match_nothing():

@@ -568,6 +568,71 @@ def test_no_mig_before_r470(scn_file: Path) -> None:
     assert [row[:2] for row in rows] == [["0", "501"], ["0", "502"], ["1", "-"], ["2", "701"]]
 
 
+# ---- -L ---------------------------------------------------------------------------------------
+
+MIG_LINE = re.compile(r"  MIG (\S+) +Device +(\d+): \(UUID: (MIG-[0-9a-f-]{36})\)")
+
+
+@pytest.mark.parametrize("era", ["r470", "r550"])
+@pytest.mark.parametrize("flag", ["-L", "--list-gpus"])
+def test_list_gpus_names_each_gpu_and_its_mig_devices(scn_file: Path, era: str, flag: str) -> None:
+    write(scn_file, mig_host(era))
+    out = run(scn_file, flag)
+    assert out.returncode == 0 and out.stderr == ""
+    lines = out.stdout.splitlines()
+    uuids = [f"GPU-{i:08x}-5a1e-4e57-8000-{i:012x}" for i in range(3)]
+    assert lines[0] == f"GPU 0: NVIDIA A100-SXM4-40GB (UUID: {uuids[0]})"
+    assert lines[3:] == [f"GPU 1: NVIDIA H100 80GB HBM3 (UUID: {uuids[1]})",
+                         f"GPU 2: NVIDIA L4 (UUID: {uuids[2]})"]
+    # Padded as R470 and later print it: the profile in 11 columns, the index in 2.
+    assert lines[1].startswith("  MIG 1g.10gb     Device  0: (UUID: MIG-")
+    found = [MIG_LINE.fullmatch(line) for line in lines[1:3]]
+    assert all(found) and [m.group(2) for m in found] == ["0", "1"]  # type: ignore[union-attr]
+    migs = [m.group(3) for m in found]  # type: ignore[union-attr]
+    assert len(set(migs)) == 2 and all(re.fullmatch(r"MIG-\w{8}-\w{4}-5\w{3}-\w{4}-\w{12}", m)
+                                       for m in migs)  # version-5 uuids
+    assert run(scn_file, "-L").stdout == out.stdout  # the same at every call
+    other = mig_host(era)
+    other["devices"][0]["uuid"] = "GPU-11111111-2222-4333-8444-555555555555"
+    write(scn_file, other)
+    assert not set(migs) & set(MIG_LINE.findall(run(scn_file, "-L").stdout)[0])  # another GPU's
+
+
+def test_list_gpus_takes_a_given_uuid_and_profile_and_the_legacy_form(scn_file: Path) -> None:
+    host = mig_host("r550")
+    host["devices"][0]["mig_devices"] = [
+        dict(MIG_INSTANCES[0], uuid="MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f",
+             profile="1g.10gb+me"), MIG_INSTANCES[1]]
+    write(scn_file, host)
+    lines = run(scn_file, "-L").stdout.splitlines()
+    assert lines[1] == "  MIG 1g.10gb+me  Device  0: (UUID: MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f)"
+    write(scn_file, dict(host, legacy_mig_uuids=True))  # as R450-R465 print it
+    gpu = "GPU-00000000-5a1e-4e57-8000-000000000000"
+    assert run(scn_file, "-L").stdout.splitlines()[1:3] == [
+        f"  MIG 1g.10gb+me Device 0: (UUID: MIG-{gpu}/1/0)",
+        f"  MIG 1g.10gb Device 1: (UUID: MIG-{gpu}/2/0)"]
+
+
+def test_list_gpus_before_r470_and_without_mig_lists_gpus_only(scn_file: Path) -> None:
+    write(scn_file, mig_host("r384"))
+    assert [line.split(" (")[0] for line in run(scn_file, "-L").stdout.splitlines()] == [
+        "GPU 0: NVIDIA A100-SXM4-40GB", "GPU 1: NVIDIA H100 80GB HBM3", "GPU 2: NVIDIA L4"]
+    write(scn_file, scenario("r550", devices=[{"mig": "Enabled"}]))  # MIG on, no instance
+    assert len(run(scn_file, "-L").stdout.splitlines()) == 1
+
+
+def test_list_gpus_faults_are_its_own(scn_file: Path) -> None:
+    write(scn_file, dict(mig_host("r550"), faults={"-L": {"fail": "nvml_unknown"}}))
+    out = run(scn_file, "-L")
+    assert (out.returncode, out.stdout) == (255, "Failed to initialize NVML: Unknown Error\n")
+    assert run(scn_file, "-q", "-x").returncode == 0
+    write(scn_file, dict(mig_host("r550"), faults={"-L": {"hang": True}}))
+    with pytest.raises(subprocess.TimeoutExpired):
+        subprocess.run(SIM + ["--scenario", str(scn_file), "-L"], capture_output=True,
+                       timeout=0.5, env=_env())
+    assert run(scn_file, "-L", "-q").returncode == 2  # not a combination nvidia-smi takes
+
+
 @pytest.mark.parametrize("era", ["r470", "r550"])
 def test_pmon_attributes_nothing_on_mig_and_blind_devices(scn_file: Path, era: str) -> None:
     write(scn_file, mig_host(era))

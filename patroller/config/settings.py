@@ -116,6 +116,8 @@ class Config:
     rediscover_soonest: float = 5.0  # seconds at least between readings a failing stream asks for
     busy_mib: int = 64  # MiB used on a device that pmon lists no process on: someone computes
     cross_check_timeout: float = 30.0  # seconds a compute-apps query may take: then it is killed
+    mig_list_timeout: float = 30.0  # seconds `nvidia-smi -L` (the MIG devices' uuids, read with
+    # the inventory while a GPU has MIG on) may take: then it is killed, and they stay unknown
     job_map_every: float = 1.0  # seconds between readings of the Slurm job map directory
     job_map_file_limit: int = 64 * 1024  # bytes read at most of one job map file
     kubelet_every: float = 2.0  # seconds between calls of the kubelet's pod-resources List

@@ -17,16 +17,20 @@ _MIB = re.compile(r"\s*(\d+)\s*MiB\s*$")
 @dataclass(frozen=True)
 class MigInstance:
     """A MIG instance of a GPU (a GPU instance and a compute instance in it), as
-    `nvidia-smi -q -x` lists it. Each field is None where the driver printed no number."""
+    `nvidia-smi -q -x` lists it, with the uuid `nvidia-smi -L` gives it (`-q -x` has none).
+    Each field is None where the driver printed no number (no uuid: `-L` was not read, failed,
+    or did not list it)."""
 
     index: Optional[int]  # the MIG device's index within its GPU
     gpu_instance_id: Optional[int]  # the two instance ids: what processes on it carry in -q -x
     compute_instance_id: Optional[int]
     memory_mib: Optional[int]  # its share of the framebuffer
+    uuid: Optional[str] = None  # `MIG-<uuid>` (R470 on) or `MIG-GPU-<uuid>/<gi>/<ci>` (before)
 
     def info(self) -> Dict[str, Any]:
         return {"index": self.index, "gpu_instance_id": self.gpu_instance_id,
-                "compute_instance_id": self.compute_instance_id, "memory_mib": self.memory_mib}
+                "compute_instance_id": self.compute_instance_id, "memory_mib": self.memory_mib,
+                "uuid": self.uuid}
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,7 @@ from patroller.observe.monitor import FAILING, IDLE, UP, Monitor
 from patroller.observe.monitors import PmonMonitor
 from patroller.observe.nvsmi.parsers import ComputeApp, parse_compute_apps
 from patroller.observe.signals import GpuProcess, ProcessSamples, Signals
-from patroller.observe.child import status_text
-from patroller.observe.supervisor import Answer, OneShotChild
+from patroller.observe.supervisor import OneShotChild, problem
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +132,7 @@ class CrossCheck(Monitor):
         if answer.stopped:
             return  # its output is incomplete
         if answer.error is not None or answer.timed_out or answer.status:
-            self._failed(_problem(answer, self.query))
+            self._failed(problem(answer, self.query))
             return
         if self._failing:
             log.info("cross-check: `%s` answers again after %d failure(s)", self.shown,
@@ -184,16 +183,6 @@ class CrossCheck(Monitor):
             log.warning("cross-check: %d unreadable line(s) skipped, the last: %r",
                         self.skipped - self._skips_reported, skipped[-1][:200] if skipped else "")
             self._skips_reported = self.skipped
-
-
-def _problem(answer: Answer, query: OneShotChild) -> str:
-    """Why a query gave no answer, in a few words."""
-    if answer.error is not None:
-        return f"cannot start {query.argv[0]}: {answer.error.strerror or answer.error}"
-    if answer.timed_out:
-        return f"no answer in {query.timeout:g} s: killed"
-    assert answer.status is not None
-    return f"{status_text(answer.status)}: {answer.account()}"
 
 
 class Unattributed:

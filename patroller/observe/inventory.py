@@ -1,6 +1,7 @@
 """The host's GPUs from `nvidia-smi -q -x`: read once at start (discovery), then again now and
 then by the inventory watch (GPUs fall off the bus, or are added), always under a timeout: a
-hung query is killed like a hung stream."""
+hung query is killed like a hung stream. While a GPU has MIG on, each reading also runs
+`nvidia-smi -L` for its MIG devices' uuids (miguuids.py), which never fails the reading."""
 from __future__ import annotations
 
 import asyncio
@@ -13,6 +14,7 @@ from typing import Any, Dict, List, Mapping, Optional
 from patroller.config import Config
 from patroller.core.devices import Device, Inventory, InventoryChange
 from patroller.core.throttle import Throttle
+from patroller.observe.miguuids import MigUuids
 from patroller.observe.monitor import FAILING, IDLE, UP, Monitor
 from patroller.observe.nvsmi.discovery import Discovery, DiscoveryError, parse_inventory
 from patroller.observe.signals import Signals
@@ -85,15 +87,18 @@ class InventoryWatch(Monitor):
     """Reads `nvidia-smi -q -x` again every `inventory_every` seconds, and soon after a stream
     says a device is gone (`device_gone`, or `poke()`), then sends `inventory_changed` with
     what changed. A reading that fails changes nothing, except `No devices were found`, which
-    means every device is lost."""
+    means every device is lost. `mig` gives the MIG instances their uuids (the one discovery
+    used, so that a failing `-L` is logged once in all)."""
 
     name = "inventory"
 
     def __init__(self, inventory: Inventory, signals: Signals, argv: List[str],
-                 env: Optional[Mapping[str, str]], config: Config) -> None:
+                 env: Optional[Mapping[str, str]], config: Config,
+                 mig: Optional[MigUuids] = None) -> None:
         self.inventory = inventory
         self.signals = signals
         self.query = inventory_query(argv, env, config)
+        self.mig = mig if mig is not None else MigUuids(argv, env, config)
         self.every = config.inventory_every
         self.soonest = config.rediscover_soonest
         self.readings = 0
@@ -124,13 +129,14 @@ class InventoryWatch(Monitor):
             self._wake.set()
             self._halt.set()
         await self.query.stop(grace)  # a reading in progress ends; none starts after
+        await self.mig.stop(grace)
         if self._task is not None:
             await asyncio.wait([self._task])
 
     def metrics(self) -> Dict[str, object]:
         return {"readings": self.readings, "failures": self.failures, "changes": self.changes,
                 "lost": sum(1 for d in self.inventory if d.lost), "hangs": self.query.hangs,
-                "running": self.query.running,
+                "running": self.query.running, "mig_list_failures": self.mig.failures,
                 "state": FAILING if self._failing else UP if self.query.running else IDLE}
 
     def poke(self, why: str = "") -> None:
@@ -168,7 +174,7 @@ class InventoryWatch(Monitor):
         self._last = time.monotonic()
         self.readings += 1
         try:
-            found = devices_of(await read_inventory(self.query))
+            found = await self.mig.attach(devices_of(await read_inventory(self.query)))
         except GpuHostError as exc:
             if self._stopping:
                 return InventoryChange()  # stopped mid-reading: not a failure

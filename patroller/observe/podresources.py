@@ -8,12 +8,14 @@ time-slicing's renamed `<resource>.shared`). Device ids map to the host's GPUs:
 
   GPU-<uuid>             the GPU itself (the device plugin's ids are uuids);
   <id>::<n>              a time-slicing replica of <id>: that GPU (several pods may share it);
+  MIG-<uuid>             a MIG device (R470 and later): the GPU that holds it;
   MIG-GPU-<uuid>/<gi>/<ci>  a MIG device in the form of drivers before R470: its GPU;
   nvidia<N>              /dev/nvidiaN (some device plugins name GPUs so): the GPU of that minor.
 
-A MIG device named `MIG-<uuid>` (R470 and later) cannot be mapped: nvidia-smi -q -x, which the
-inventory reads, lists no MIG uuid. Such an id, like any id that matches no GPU, is logged once
-and otherwise ignored.
+`nvidia-smi -q -x` lists no MIG device's uuid: the inventory learns them from `nvidia-smi -L`
+(observe/miguuids.py), read with it while a GPU has MIG on. A MIG uuid that `-L` never listed
+(it failed, or it has not been read again since the MIG devices were made), like any id that
+matches no GPU, is logged once and otherwise ignored.
 
 The watch asks every `kubelet_every` seconds, in an executor (never on the event loop), and
 tells of every GPU whose pods changed (`job_allocation`, source "kubernetes"). A socket that is
@@ -88,10 +90,13 @@ def gpu_of(device_id: str, inventory: Inventory) -> Optional[str]:
     if old:
         base = old.group(1)
     minor = _MINOR.match(base)
+    mig = base.startswith("MIG-")
     for device in inventory:
         if device.lost:
             continue
         if device.uuid == base or minor and device.minor_number == int(minor.group(1)):
+            return device.uuid
+        if mig and any(m.uuid == base for m in device.mig_instances):
             return device.uuid
     return None
 
@@ -159,7 +164,8 @@ class PodResourcesWatch(Monitor):
         wanted, unknown = allocations(listed, self.inventory)
         for device_id in sorted(unknown - self._unknown):
             log.warning("the kubelet assigns device %s, which is no GPU of this host that "
-                        "Patroller can tell: ignored (a MIG device's uuid, or another host's?)",
+                        "Patroller can tell: ignored (a MIG device nvidia-smi -L did not list, "
+                        "or another host's?)",
                         device_id)
         self._unknown = unknown  # one that comes back after it went is told again
         for uuid in [u for u in self._told if u not in wanted]:

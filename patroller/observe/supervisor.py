@@ -305,3 +305,13 @@ class OneShotChild:
     async def _finish(self, child: Child) -> Tuple[bytes, int]:
         output = await child.stdout.read()
         return output, await child.exited(self.linger)
+
+
+def problem(answer: Answer, query: OneShotChild) -> str:
+    """Why a query gave no answer (it could not start, timed out, or failed), in a few words."""
+    if answer.error is not None:
+        return f"cannot start {query.argv[0]}: {answer.error.strerror or answer.error}"
+    if answer.timed_out:
+        return f"no answer in {query.timeout:g} s: killed"
+    assert answer.status is not None
+    return f"{status_text(answer.status)}: {answer.account()}"

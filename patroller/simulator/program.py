@@ -2,8 +2,8 @@
 
 Run as ``python -m patroller.simulator [--scenario FILE] <nvidia-smi arguments>``; the
 scenario may instead be named by ``PATROLLER_SIM_SCENARIO`` (none: one idle r550 GPU). Answers
-``-q -x`` (``-i`` too), ``dmon`` and ``pmon`` (``-i -c -d -s -o``) and
-``--query-compute-apps=<fields> --format=csv[,noheader][,nounits]`` (fields ``gpu_uuid pid
+``-q -x`` (``-i`` too), ``-L`` (``--list-gpus``), ``dmon`` and ``pmon`` (``-i -c -d -s -o``)
+and ``--query-compute-apps=<fields> --format=csv[,noheader][,nounits]`` (fields ``gpu_uuid pid
 used_memory process_name gpu_bus_id gpu_name``; a name is printed as it is, commas and all,
 unquoted like the real tool); anything else fails as nvidia-smi does. dmon/pmon re-read the
 file whenever it changes (an unreadable or half-written file keeps the previous scenario), so a
@@ -21,7 +21,8 @@ Scenario (every key optional; ``null`` statistics print as ``-``)::
                   "uuid": "GPU-...", "pci": "00000000:01:00.0", "minor": 1,
                   "memory_mib": 81920, "reserved_mib": 512, "mig": "Disabled",
                   "mig_devices": [{"gpu_instance_id": 1, "compute_instance_id": 0,
-                                   "memory_mib": 9856}],
+                                   "memory_mib": 9856, "profile": "1g.10gb",
+                                   "uuid": "MIG-..."}],
                   "pmon_blind": false,   # true: pmon prints only `-` rows for this device
                   "pmon_no_figures": false,  # true: pmon lists its processes (in MIG mode too,
                                          # as 590-series drivers do) with `-` in every figure
@@ -32,6 +33,7 @@ Scenario (every key optional; ``null`` statistics print as ``-``)::
      "processes": [{"pid": 1426541, "gpu": 0, "type": "C", "name": "python",
                     "used_mib": 4096, "sm": 95, "mem": 40, "gi": 1, "ci": 0}],
      "faults": {"garbage_every": 5, "pmon": {"fail": "gpu_lost"}},
+     "legacy_mig_uuids": false,    # true: -L names MIG devices as R450-R465 drivers did
      "live_pids_only": false,      # true: leave out processes whose pid has exited
      "trace": "/tmp/pmon.trace"}   # pmon appends "<epoch time> <pid> <gpu>" when it first
                                    # prints a process (for reaction-time measurements)
@@ -61,6 +63,13 @@ gpu_util as ``N/A`` (``stats`` may still set them); power and temperature follow
 ``"pmon_blind": true`` makes pmon print only ``-`` for a device without MIG too (some GPUs and
 drivers do). ``-q -x`` and ``--query-compute-apps`` (by the parent GPU's uuid) list them all.
 
+``-L`` lists each GPU (``GPU 0: <name> (UUID: GPU-...)``) and under a GPU in MIG mode its MIG
+devices, the only place nvidia-smi prints their uuids: ``  MIG 1g.10gb     Device  0: (UUID:
+MIG-<uuid>)`` as R470 and later drivers do, or with ``"legacy_mig_uuids": true`` ``  MIG
+1g.10gb Device 0: (UUID: MIG-GPU-<gpu uuid>/<gi>/<ci>)`` as R450 to R465 did. An instance's
+``uuid`` defaults to a version-5 uuid of its GPU's uuid and instance ids (the same at every
+call); its ``profile`` to ``<g>g.<gb>gb``, g the sevenths of the GPU's memory it has.
+
 Devices that change: ``-q -x`` reads the scenario at each call. dmon/pmon choose their devices
 once at start (``-i`` by index, uuid or PCI id; without it all, or the first four) and follow
 each by uuid; when one disappears from the scenario the stream prints the era's "Unable to
@@ -69,8 +78,8 @@ naming its PCI id and exits with status 15. A device added later does not appear
 stream is restarted. Default uuids and PCI ids follow list positions: give them explicitly to
 remove a device other than the last.
 
-Fault knobs (in ``faults``; a nested object under ``"-q"``, ``"dmon"``, ``"pmon"`` or
-``"--query-compute-apps"`` overrides them for that command only; all re-read live):
+Fault knobs (in ``faults``; a nested object under ``"-q"``, ``"-L"``, ``"dmon"``, ``"pmon"``
+or ``"--query-compute-apps"`` overrides them for that command only; all re-read live):
 
 - ``fail``: literal text, or a name: ``no_driver`` (9), ``no_devices`` (6), ``mismatch`` (18),
   ``nvml_unknown``, ``handle_unknown`` (255), ``gpu_lost`` (15), ``not_supported`` (3). Printed on
@@ -83,9 +92,9 @@ Fault knobs (in ``faults``; a nested object under ``"-q"``, ``"dmon"``, ``"pmon"
   restarted one prints N rows again, then stalls.
 - ``ignore_sigterm``: dmon/pmon ignore SIGTERM, as a stuck one may: only SIGKILL ends them
   (a hanging query too, see ``hang``).
-- ``hang``: ``-q -x`` and ``--query-compute-apps`` print nothing and never end, as a query
-  stuck in the driver does (scope it with ``"-q"`` or ``"--query-compute-apps"``); SIGTERM
-  ends them quietly unless ``ignore_sigterm`` is set too.
+- ``hang``: ``-q -x``, ``-L`` and ``--query-compute-apps`` print nothing and never end, as a
+  query stuck in the driver does (scope it with ``"-q"``, ``"-L"`` or
+  ``"--query-compute-apps"``); SIGTERM ends them quietly unless ``ignore_sigterm`` is set too.
 - ``garbage_every``: after every N data rows add a garbled line: empty, ``^C`` inside a copy of
   the row, or the row cut in half, in turn.
 - ``repeat_header_every``: print the two header lines again every N intervals (default 30;
@@ -99,13 +108,16 @@ import re
 import signal
 import sys
 import time
+import uuid as uuids
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 from xml.sax.saxutils import escape
 
 Scenario = Dict[str, Any]
-COMMANDS = ("-q", "dmon", "pmon", "--query-compute-apps")
+COMMANDS = ("-q", "-L", "dmon", "pmon", "--query-compute-apps")
+# The namespace of the MIG uuids the simulator makes up (uuid5 of GPU uuid and instance ids).
+MIG_NAMESPACE = uuids.UUID("6d1c0e4a-3b8f-5e2a-9c71-4f0b2d8e6a13")
 
 FAILURES = {
     "no_driver": ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
@@ -487,6 +499,34 @@ def query_xml(scn: Scenario, ids: Optional[str]) -> str:
     return "\n".join(lines + ["</nvidia_smi_log>", ""])
 
 
+def _mig_uuid(scn: Scenario, dev: Dict[str, Any], gi: Any, ci: Any, inst: Dict[str, Any]) -> str:
+    """A MIG device's uuid in the form the scenario's drivers print."""
+    if scn.get("legacy_mig_uuids"):
+        return f"MIG-{dev['uuid']}/{gi}/{ci}"
+    if inst.get("uuid"):
+        return str(inst["uuid"])
+    return "MIG-" + str(uuids.uuid5(MIG_NAMESPACE, f"{dev['uuid']}/{gi}/{ci}"))
+
+
+def list_gpus(scn: Scenario, ids: Optional[str]) -> str:
+    """What `nvidia-smi -L` prints: each GPU, and the MIG devices of one in MIG mode."""
+    devs, lines = _devices(scn), []
+    legacy = bool(scn.get("legacy_mig_uuids"))
+    for i in _select(devs, ids):
+        dev = devs[i]
+        lines.append(f"GPU {i}: {dev['name']} (UUID: {dev['uuid']})")
+        for n, inst in enumerate(_instances(scn, dev)):
+            gi = inst.get("gpu_instance_id", n + 1)
+            ci = inst.get("compute_instance_id", 0)
+            memory = inst.get("memory_mib", 9856)
+            sevenths = max(1, round(7 * memory / max(1, dev["memory_mib"])))
+            profile = inst.get("profile", f"{sevenths}g.{round(memory / 1024)}gb")
+            mig = _mig_uuid(scn, dev, gi, ci, inst)
+            lines.append(f"  MIG {profile} Device {n}: (UUID: {mig})" if legacy
+                         else f"  MIG {profile:<11} Device {n:>2}: (UUID: {mig})")
+    return "\n".join(lines + [""])
+
+
 def query_apps(scn: Scenario, fields: Sequence[str], header: bool, units: bool) -> str:
     """The CSV `--query-compute-apps=...` prints: compute processes, by device."""
     names = {"gpu_uuid": "gpu_uuid", "pid": "pid", "used_memory": "used_gpu_memory [MiB]",
@@ -742,14 +782,14 @@ def _hang_if_asked(faults: Dict[str, Any]) -> None:
 
 
 def one_shot(args: List[str], scn: Scenario) -> int:
-    """`-q -x` or `--query-compute-apps`."""
+    """`-q -x`, `-L` or `--query-compute-apps`."""
     ids, flags, query, fmt = None, set(), None, None
     it = iter(args)
     for arg in it:
         name, _, value = arg.partition("=")
         if name in ("-i", "--id"):
             ids = value or next(it, "")
-        elif name in ("-q", "--query", "-x", "--xml-format"):
+        elif name in ("-q", "--query", "-x", "--xml-format", "-L", "--list-gpus"):
             flags.add(name.lstrip("-")[0])
         elif name == "--query-compute-apps" and value:
             query = value
@@ -760,6 +800,10 @@ def one_shot(args: List[str], scn: Scenario) -> int:
     if flags == {"q", "x"} and query is None and fmt is None:
         _hang_if_asked(_start(scn, "-q"))
         sys.stdout.write(query_xml(scn, ids))
+        return 0
+    if flags and flags <= {"L", "l"} and query is None and fmt is None:
+        _hang_if_asked(_start(scn, "-L"))
+        sys.stdout.write(list_gpus(scn, ids))
         return 0
     if query and not flags and fmt and fmt[0] == "csv" and set(fmt[1:]) <= {"noheader", "nounits"}:
         _hang_if_asked(_start(scn, "--query-compute-apps"))
