@@ -38,8 +38,9 @@ from patroller.core.devices import Inventory
 from patroller.core.pods import Pod, PodAllocation
 from patroller.core.protowire import Message, WireError
 from patroller.observe.grpcunix import GrpcUnavailable, UnixCaller
-from patroller.observe.monitor import FAILING, IDLE, UP, Monitor
-from patroller.observe.signals import Allocated, Signals
+from patroller.observe.allocwatch import AllocationWatch
+from patroller.observe.monitor import IDLE, UP
+from patroller.observe.signals import Signals
 
 log = logging.getLogger(__name__)
 
@@ -123,41 +124,23 @@ def ask(caller: UnixCaller) -> Optional[bytes]:
     return caller.call(LIST, b"")
 
 
-class PodResourcesWatch(Monitor):
+class PodResourcesWatch(AllocationWatch):
     """Asks the kubelet and tells of each GPU whose pods changed (see above)."""
 
     name = "kubelet_pod_resources"
+    source = SOURCE
 
     def __init__(self, inventory: Inventory, signals: Signals, config: Config) -> None:
         assert config.kubelet_socket is not None
-        self.inventory = inventory
-        self.signals = signals
+        super().__init__(inventory, signals, config.kubelet_every,
+                         "the kubelet's pod-resources", state=IDLE)
         self.caller = UnixCaller(config.kubelet_socket, config.kubelet_timeout)
-        self.every = config.kubelet_every
         self.patterns = config.kubelet_resources
-        self.readings = 0
-        self.failures = 0
-        self._state = IDLE
         self._seen = False  # the socket was there once: its going away is a failure
-        self._told: Dict[str, PodAllocation] = {}  # uuid -> the pods last told
         self._unknown: Set[str] = set()  # device ids that match no GPU: told once
-        self._task: Optional["asyncio.Future[None]"] = None
-        self._halt: Optional[asyncio.Event] = None
 
-    def start(self) -> None:
-        self._halt = asyncio.Event()
-        self._task = asyncio.ensure_future(self._run())
-
-    async def stop(self, grace: float) -> None:
-        if self._halt is not None:
-            self._halt.set()  # told to end, never cancelled (see crosscheck.py)
-        if self._task is not None:
-            await asyncio.wait([self._task])
+    def closed(self) -> None:
         self.caller.close()
-
-    def metrics(self) -> Dict[str, object]:
-        return {"state": self._state, "readings": self.readings, "failures": self.failures,
-                "allocated": len(self._told)}
 
     def apply(self, listed: Listed) -> None:
         """Tell of every GPU whose pods are not what was last told."""
@@ -165,17 +148,9 @@ class PodResourcesWatch(Monitor):
         for device_id in sorted(unknown - self._unknown):
             log.warning("the kubelet assigns device %s, which is no GPU of this host that "
                         "Patroller can tell: ignored (a MIG device nvidia-smi -L did not list, "
-                        "or another host's?)",
-                        device_id)
+                        "or another host's?)", device_id)
         self._unknown = unknown  # one that comes back after it went is told again
-        for uuid in [u for u in self._told if u not in wanted]:
-            del self._told[uuid]
-            self.signals.job_allocation.send(self, record=Allocated(uuid, None, SOURCE))
-        for uuid, allocation in wanted.items():
-            if self._told.get(uuid) != allocation:
-                self._told[uuid] = allocation
-                self.signals.job_allocation.send(self, record=Allocated(uuid, allocation,
-                                                                        SOURCE))
+        self.tell(dict(wanted))
 
     async def read(self) -> None:
         """Ask the kubelet now, and tell of what changed."""
@@ -186,27 +161,8 @@ class PodResourcesWatch(Monitor):
                 raise GrpcUnavailable(f"{self.caller.path} is gone")
             listed = [] if answer is None else parse_list(answer, self.patterns)
         except (GrpcUnavailable, WireError) as exc:
-            self.failures += 1
-            if self._state != FAILING:
-                log.warning("cannot read the kubelet's pod-resources: %s; the allocations "
-                            "known are kept", exc)
-            self._state = FAILING
+            self.failed(exc)
             return
-        if self._state == FAILING:
-            log.warning("the kubelet's pod-resources are read again")
         self._seen = self._seen or answer is not None
-        self._state = UP if answer is not None else IDLE
-        self.readings += 1
+        self.read_well(UP if answer is not None else IDLE)
         self.apply(listed)
-
-    async def _run(self) -> None:
-        assert self._halt is not None
-        while not self._halt.is_set():
-            try:
-                await self.read()
-            except Exception:  # a receiver's bug must not end the watch
-                log.exception("the kubelet's pod-resources watch failed")
-            try:
-                await asyncio.wait_for(self._halt.wait(), self.every)
-            except asyncio.TimeoutError:
-                pass
