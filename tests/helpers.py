@@ -23,6 +23,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from patroller.app import Daemon, build
 from patroller.config import Config, policy_of
 from patroller.core.devices import Inventory
+from patroller.core.identity import Identity
 from patroller.core.leases import LeaseManager
 from patroller.observe.testmode import synthetic_inventory
 
@@ -383,3 +384,22 @@ def slurm_job_process(job: str, step: str = "0", uid: int = NOBODY,
     env = {f"SLURM_JOB_{key.upper()}": value for key, value in job_env.items()}
     with process_in_cgroup(path, uid, version, env) as pid:
         yield pid
+
+
+# -- the lease rules' tests of allocations (Slurm's, the kubelet's) -----------------------------
+
+def host_user(user: str, uid: int) -> Identity:
+    """A host account's process."""
+    return Identity(user=user, source="host", account=user, uid=uid)
+
+
+def recorded(leases) -> list:
+    """The lease manager's audit events, as they come."""
+    events: list = []
+    leases.on_event(events.append)
+    return events
+
+
+def uuid_of(leases, number: int) -> str:
+    """The uuid of device `number`."""
+    return leases.inventory.by_number(number).uuid

@@ -2,16 +2,14 @@
 no lease runs on it, a process outside the jobs trespasses; when the map lets go, the usual
 rules go on. A fake clock and no I/O."""
 from dataclasses import replace
-from typing import List
 
 import pytest
 
-from helpers import lease_manager
+from helpers import host_user as host, lease_manager, recorded, uuid_of as uuid
 from patroller.config import Config, policy_of
 from patroller.core.errors import Busy, NotYours
 from patroller.core.identity import Identity, named_user
 from patroller.core.jobs import Allocation, Job
-from patroller.core.leases.holds import Event
 from patroller.http.views import claims, usage
 
 alice, bob = named_user("alice"), named_user("bob")  # `clock` and `leases`: conftest.py
@@ -24,20 +22,6 @@ def in_job(user: str, uid: int, job: str, step: str = "0") -> Identity:
     """A process of a job, as identify/resolver.py makes its identity."""
     return Identity(user=user, source="slurm", account=user, uid=uid,
                     job=(("id", job), ("step", step)))
-
-
-def host(user: str, uid: int) -> Identity:
-    return Identity(user=user, source="host", account=user, uid=uid)
-
-
-def recorded(leases) -> List[Event]:
-    events: List[Event] = []
-    leases.on_event(events.append)
-    return events
-
-
-def uuid(leases, number):
-    return leases.inventory.by_number(number).uuid
 
 
 def test_an_allocated_device_is_its_jobs_and_never_granted(leases):

@@ -2,15 +2,13 @@
 granted, never released by Patroller; a process outside the pod trespasses; when the kubelet
 lets go, the usual rules go on. The Slurm job map and the kubelet are kept apart. A fake clock
 and no I/O (the leases fixture: conftest.py)."""
-from typing import List
-
 import pytest
 
+from helpers import host_user as host, recorded, uuid_of as uuid
 from patroller.config import Config
 from patroller.core.errors import Busy, NotYours
 from patroller.core.identity import Identity, named_user
 from patroller.core.jobs import Allocation, Job
-from patroller.core.leases.holds import Event
 from patroller.core.pods import Pod, PodAllocation
 from patroller.http.views import claims, usage
 
@@ -25,20 +23,6 @@ def in_pod(user: str, namespace: str, name: str, container: str = "trainer") -> 
     """A pod's process, as the container runtime's labels make its identity."""
     return Identity(user=user, source="pod", pod=(("namespace", namespace), ("name", name),
                                                   ("uid", "0f1e"), ("container", container)))
-
-
-def host(user: str, uid: int) -> Identity:
-    return Identity(user=user, source="host", account=user, uid=uid)
-
-
-def recorded(leases) -> List[Event]:
-    events: List[Event] = []
-    leases.on_event(events.append)
-    return events
-
-
-def uuid(leases, number):
-    return leases.inventory.by_number(number).uuid
 
 
 def test_a_pods_gpu_is_its_own_and_never_granted(leases):
