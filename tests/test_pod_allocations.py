@@ -10,7 +10,7 @@ from patroller.core.errors import Busy, NotYours
 from patroller.core.identity import Identity, named_user
 from patroller.core.jobs import Allocation, Job
 from patroller.core.pods import Pod, PodAllocation
-from patroller.http.views import claims, usage
+from patroller.http.views import claims, usage, users_view
 
 alice, bob = named_user("alice"), named_user("bob")
 ROOT = Identity(user="root", source="host", account="root", uid=0)
@@ -48,9 +48,11 @@ def test_no_lease_runs_and_the_pods_process_becomes_the_holder(leases, clock):
     leases.allocate(device, PODS, "kubernetes")
     clock.advance(Config().lease * 10)
     assert leases.expire() == [] and leases.next_deadline() is None
+    assert users_view(leases, None)["namespace:ml"]["pods"] == ["ml/train-0"]
     leases.process_started(device, 500, in_pod("carol@example.org", "ml", "train-0"))
     assert leases.state(device) == "claimed"
     assert leases.holder(device).user == "carol@example.org"
+    assert users_view(leases, None)["carol@example.org"]["pods"] == ["ml/train-0"]
     leases.process_ended(device, 500)
     clock.advance(Config().lease * 10)
     assert leases.expire() == [] and leases.state(device) == "allocated"

@@ -246,10 +246,12 @@ async def test_a_pods_name_is_hidden_with_its_holder(tmp_path):
             [allocated] = [e for e in await h.ok("/history?user=bob")
                            if e["event"] == "allocated"]
             assert allocated["pods"] is None
-            for path in ("/status?user=bob", "/history?user=bob"):
+            for path in ("/status?user=bob", "/history?user=bob", "/users?user=bob"):
                 assert "train-0" not in json.dumps(await h.ok(path))
             mine = (await h.ok("/status?user=namespace:ml"))[uuid]["claim"]
             assert mine["pods"][0]["name"] == "train-0"
+            assert (await h.ok("/users?user=namespace:ml"))["namespace:ml"]["pods"] == [
+                "ml/train-0"]
     finally:
         kubelet.stop()
 

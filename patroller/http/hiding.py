@@ -123,14 +123,15 @@ def queue(data: List[Dict[str, Any]], r: Redaction) -> List[Dict[str, Any]]:
 
 def users(data: Dict[str, Any], r: Redaction) -> Dict[str, Any]:
     """/users (views.users_view): another user's accounts are their pseudonyms, with no uid,
-    and their Slurm jobs are not listed (a job's id names its user to squeue)."""
+    and their Slurm jobs and Kubernetes pods are not listed (a job's id names its user to
+    squeue, a pod's name to kubectl)."""
     shown: Dict[str, Any] = {}
     for user, entry in data.items():
         if r.viewer.sees(user):
             shown[user] = entry
             continue
         shown[str(r.name(user))] = {
-            **entry, "jobs": [],
+            **entry, "jobs": [], "pods": [],
             "accounts": [{**a, "account": r.pseudonyms.of(a["account"]), "uid": None}
                          for a in entry.get("accounts", [])]}
     return shown

@@ -151,6 +151,10 @@ def users_view(leases: LeaseManager, idle: Optional[IdleWatch]) -> Dict[str, Any
             # the Slurm jobs whose processes hold devices (a job's process as holder)
             "jobs": sorted({dict(h.holder.job)["id"] for d in held
                             for h in [leases.holds[d.uuid]] if h.holder and h.holder.job}),
+            # the Kubernetes pods whose processes hold devices, as namespace/name
+            "pods": sorted({f"{pod['namespace']}/{pod['name']}" for d in held
+                            for h in [leases.holds[d.uuid]] if h.holder and h.holder.pod
+                            for pod in [dict(h.holder.pod)]}),
         }
     return users
 
