@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any, AsyncIterator, Callable, Coroutine, Dict, Iterator, List, Optional, Tuple
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
 from patroller.app import Daemon, build
@@ -403,3 +404,24 @@ def recorded(leases) -> list:
 def uuid_of(leases, number: int) -> str:
     """The uuid of device `number`."""
     return leases.inventory.by_number(number).uuid
+
+
+# -- /metrics ---------------------------------------------------------------------------------
+
+async def scrape(h, accept=None):
+    """One scrape of /metrics, parsed with prometheus_client: {(sample name,
+    frozenset(labels)): value}, its content type, and its text."""
+    headers = {"Accept": accept} if accept else {}
+    response = await h.http.fetch(HTTPRequest(h.url + "/metrics", headers=headers))
+    text = response.body.decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return samples, response.headers["Content-Type"], text
+
+
+def find(samples, name, **labels):
+    """Values of the samples of `name` whose labels include `labels`."""
+    return [v for (n, ls), v in samples.items()
+            if n == name and set(labels.items()) <= set(ls)]

@@ -2,30 +2,9 @@
 import asyncio
 import os
 
-from prometheus_client.parser import text_string_to_metric_families
-from tornado.httpclient import HTTPRequest
-
-from helpers import ScenarioFile, async_test, gpu_running, running, until
+from helpers import ScenarioFile, async_test, find, gpu_running, running, scrape, until
 from patroller.core.errors import Unidentified
 from patroller.identify.resolver import host_identity
-
-
-async def scrape(h, accept=None):
-    """{(sample name, frozenset(labels)): value} and the content type of one scrape."""
-    headers = {"Accept": accept} if accept else {}
-    response = await h.http.fetch(HTTPRequest(h.url + "/metrics", headers=headers))
-    text = response.body.decode()
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
-    return samples, response.headers["Content-Type"], text
-
-
-def find(samples, name, **labels):
-    """Values of the samples of `name` whose labels include `labels`."""
-    return [v for (n, ls), v in samples.items()
-            if n == name and set(labels.items()) <= set(ls)]
 
 
 @async_test

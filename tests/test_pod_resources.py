@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from helpers import ScenarioFile, async_test, gpu_running, running, until
+from helpers import ScenarioFile, async_test, find, gpu_running, running, scrape, until
 from patroller.config import Config
 from patroller.config.flags import load
 from patroller.core.devices import Inventory, MigInstance
@@ -156,6 +156,9 @@ async def test_a_pods_gpu_is_its_own_while_the_kubelet_lists_it(tmp_path):
             assert claim["pods"] == [{"namespace": "ml", "name": "train-0",
                                       "containers": ["trainer"]}]
             assert claim["hold"] == "kubernetes" and claim["user"]["user"] == "namespace:ml"
+            samples, _, _ = await scrape(h)
+            assert find(samples, "patroller_gpu_holder_info", uuid=uuid, state="allocated",
+                        user="namespace:ml", pod="ml/train-0") == [1]
             assert len(await h.ok("/request?gpu=7&user=bob")) == 7
             status, busy = await h.call("/request?gpu=1&user=carol")
             assert status == 409 and busy["free"] == {"gpu": 0}

@@ -69,6 +69,15 @@ def _job(identity: Optional[Identity], hide: Optional[Callable[[str], str]]) -> 
     return dict(identity.job).get("id", "")
 
 
+def _pod(identity: Optional[Identity], hide: Optional[Callable[[str], str]]) -> str:
+    """The Kubernetes pod of a holder's process (namespace/name), on the holder-info series
+    alone, as a job is."""
+    if identity is None or not identity.pod or hide is not None:
+        return ""
+    pod = dict(identity.pod)
+    return f"{pod.get('namespace', '')}/{pod.get('name', '')}"
+
+
 def _container(identity: Optional[Identity], hide: Optional[Callable[[str], str]]) -> str:
     if identity is None or identity.container is None or hide is not None:
         return ""
@@ -107,8 +116,10 @@ class DaemonCollector:
         stale = GaugeMetricFamily("patroller_gpu_stale", "1 when the device's statistics (or "
                                   "process list) are out of date", labels=GPU_LABELS + ("data",))
         holder = InfoMetricFamily("patroller_gpu_holder", "Who holds each GPU, and its state "
-                                  "(job: the Slurm job of the holder's process, if any)",
-                                  labels=GPU_LABELS + ("state", "user", "container", "job"))
+                                  "(job: the Slurm job of the holder's process, if any; pod: "
+                                  "its Kubernetes pod, namespace/name)",
+                                  labels=GPU_LABELS + ("state", "user", "container", "job",
+                                                       "pod"))
         age = GaugeMetricFamily("patroller_gpu_state_seconds", "Seconds in the current state",
                                 labels=GPU_LABELS)
         expiry = GaugeMetricFamily("patroller_gpu_lease_expiry_seconds",
@@ -132,7 +143,8 @@ class DaemonCollector:
             who = hold["holder"]
             holder.add_metric(ids, {"state": hold["state"], "user": _name(who, self.hide),
                                     "container": _container(who, self.hide),
-                                    "job": _job(who, self.hide)})
+                                    "job": _job(who, self.hide),
+                                    "pod": _pod(who, self.hide)})
             age.add_metric(ids, hold["age"])
             if hold["expires"] is not None:
                 expiry.add_metric(ids, hold["expires"])
