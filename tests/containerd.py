@@ -94,6 +94,12 @@ class Containerd:
         self.process.kill()
         self.process.wait()
 
+    def terminate(self) -> None:
+        """Stop containerd in order (SIGTERM, as systemctl stop does): it removes its socket."""
+        assert self.process is not None
+        self.process.terminate()
+        self.process.wait()
+
     def stop(self) -> None:
         """Remove the containers, stop containerd, delete the directory and the pods' cgroups."""
         if self.process is not None and self.process.poll() is None:

@@ -223,6 +223,36 @@ async def test_containerd_down_degrades_the_pods_owner_and_it_recovers(container
             containerd.run_daemon()
 
 
+@async_test
+async def test_containerd_stopped_in_order_is_asked_again_once_it_is_back(containerd,
+                                                                          engine_sockets):
+    """containerd stopped in order removes its socket: a pod's process that appears meanwhile
+    is named by its container's id (pending, not degraded), and gets its pod and user once
+    containerd is back."""
+    pod = Pod(containerd, labels={"patroller/user": "alice@example.org"}, systemd=True)
+    cid, pid = pod.run("trainer")
+    scenario = ScenarioFile(os.path.join(engine_sockets, "scenario.json"), devices=[{}, {}])
+    settings = engines_in(engine_sockets, containerd_socket=containerd.address,
+                          engine_socket_ttl=0.2, engine_recheck=0.2)
+    containerd.terminate()
+    try:
+        assert not os.path.exists(containerd.socket)
+        async with gpu_running(scenario, **settings) as h:
+            scenario.write(processes=[{"pid": pid, "gpu": 1, "name": "python"}])
+            gpu = h.uuids()[1]
+            await until(lambda: h.services.leases.state(gpu) == "claimed")
+            owner = (await h.ok("/status"))[gpu]["claim"]["user"]
+            assert owner["user"] == f"container:{cid[:12]}" and owner["degraded"] is False
+            containerd.run_daemon()
+            await until(lambda: (claims(h.services.leases)[gpu]["user"] or {}).get("user")
+                        == "alice@example.org")
+            owner = (await h.ok("/status"))[gpu]["claim"]["user"]
+            assert owner["source"] == "pod" and owner["pod"]["name"] == pod.name
+    finally:
+        if containerd.process.poll() is not None:
+            containerd.run_daemon()
+
+
 @pytest.mark.parametrize("answer", [b"\xff\xff", pw.delimited(1, pw.integer(1, 7)),
                                     pw.delimited(1, pw.string(1, "c") + pw.delimited(2, b"\x08"))])
 @async_test
