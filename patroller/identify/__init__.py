@@ -1,7 +1,8 @@
 """Who is behind a process or a request: /proc, cgroups, container labels, socket owners.
 
 Owns: the /proc readers, the cgroup parser, the container directory (labels through the Docker
-API, cached), containerd's directory (its gRPC API, cached) and the identity of a Kubernetes
+API), containerd's directory (its gRPC API), the cached and shared lookups both make
+(`lookups`), the identity of a Kubernetes
 pod's container, which engine names which container (Docker, Podman, users' rootless engines,
 containerd), the owner of a local TCP socket, unix peer credentials, the pid-to-identity
 resolver, the caller of a request, and the tracker that tells the lease manager whose

@@ -15,28 +15,25 @@ containerd's api/services/containers/v1/containers.proto gives them:
   Container {id = 1, labels = 2 (map), image = 3, spec = 5 (google.protobuf.Any: type_url = 1,
              value = 2, the OCI runtime spec as JSON), ...}
 
-As with the Docker Engine (containers.py): one call per container (concurrent lookups share
+As with the Docker Engine (containers.py, through lookups.py): one call per container (concurrent lookups share
 it), cached for `container_ttl` seconds; when containerd cannot be reached, or answers what is
 not a container, lookups fail fast with ContainerdUnavailable for `containerd_retry_after`
 seconds, then it is asked again. The calls block and run in this directory's own threads.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional
 
-from cachetools import TTLCache
-
 from patroller.config import Config
 from patroller.core import protowire
 from patroller.core.protowire import WireError
+from patroller.identify.lookups import SharedLookups
 from patroller.observe.grpcunix import GrpcUnavailable, UnixCaller
 
 log = logging.getLogger(__name__)
@@ -151,37 +148,21 @@ class ContainerdDirectory:
         self.retry_after = config.containerd_retry_after
         self.calls = 0  # gRPC calls made: the tests and the benchmark watch it
         self._caller = UnixCaller(self.path, self.timeout)
-        self._cache: TTLCache = TTLCache(maxsize=config.container_cache, ttl=config.container_ttl)
-        self._inflight: Dict[str, "asyncio.Future[Optional[Found]]"] = {}
-        self._down_until = 0.0
-        self._down_reason = ""
         self._lock = threading.Lock()
         # Its own threads: a hung containerd must not hold up the /proc reads.
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="containerd")
+        self._lookups: SharedLookups[Found] = SharedLookups(
+            self._pool, self._fetch, config.container_cache, config.container_ttl,
+            ContainerdUnavailable)
 
     async def get(self, container_id: str) -> Optional[Found]:
         """The container, or None if no namespace has it. Raises ContainerdUnavailable."""
-        if container_id in self._cache:
-            return self._cache[container_id]
-        task = self._inflight.get(container_id)
-        if task is None:
-            if time.monotonic() < self._down_until:
-                raise ContainerdUnavailable(self._down_reason)
-            task = asyncio.ensure_future(self._load(container_id))
-            self._inflight[container_id] = task
-            task.add_done_callback(lambda _: self._inflight.pop(container_id, None))
-        return await asyncio.shield(task)
+        return await self._lookups.get(container_id)
 
     def shutdown(self) -> None:
         """Stop for good: close the channel, let the threads go."""
         self._caller.close()
         self._pool.shutdown(wait=False)
-
-    async def _load(self, container_id: str) -> Optional[Found]:
-        loop = asyncio.get_running_loop()
-        found = await loop.run_in_executor(self._pool, self._fetch, container_id)
-        self._cache[container_id] = found
-        return found
 
     # -- in the executor ----------------------------------------------------------------------
 
@@ -191,10 +172,9 @@ class ContainerdDirectory:
         except WireError as exc:
             self._went_down(f"containerd at {self.path} answered something that is not a "
                             f"container ({exc})")
-            raise ContainerdUnavailable(self._down_reason) from None
-        if self._down_until:
+            raise ContainerdUnavailable(self._lookups.reason) from None
+        if self._lookups.came_up():
             log.info("containerd at %s is reachable again", self.path)
-            self._down_until = 0.0
         return found
 
     def _find(self, container_id: str) -> Optional[Found]:
@@ -227,11 +207,9 @@ class ContainerdDirectory:
             if exc.code == "NOT_FOUND":
                 raise _NotFound() from None
             self._went_down(f"containerd at {self.path}: {exc}")
-            raise ContainerdUnavailable(self._down_reason) from None
+            raise ContainerdUnavailable(self._lookups.reason) from None
 
     def _went_down(self, reason: str) -> None:
-        if not self._down_until:
+        if self._lookups.went_down(reason, self.retry_after):
             log.warning("cannot read containerd's containers: %s; their identities degrade to "
                         "the container id until it is back", reason)
-        self._down_reason = reason
-        self._down_until = time.monotonic() + self.retry_after

@@ -4,7 +4,8 @@
 The Docker SDK is blocking, so every call runs in the executor. A container's labels are
 fetched once (concurrent lookups of one container share that call) and cached for `ttl`
 seconds. When the engine cannot be reached, lookups fail fast with DockerUnavailable for a few
-seconds and then try again: nothing waits on a dead engine, and it recovers by itself.
+seconds and then try again: nothing waits on a dead engine, and it recovers by itself (lookups.py
+does this for every directory).
 """
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import asyncio
 import logging
 import re
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
@@ -21,6 +21,7 @@ from cachetools import TTLCache
 
 from patroller.config import Config
 from patroller.core.identity import Identity
+from patroller.identify.lookups import SharedLookups
 
 log = logging.getLogger(__name__)
 
@@ -106,36 +107,27 @@ class ContainerDirectory:
         self.timeout = config.docker_timeout
         self.retry_after = config.docker_retry_after
         self.calls = 0  # Docker API calls made: the benchmark watches it
-        self._cache: TTLCache = TTLCache(maxsize=config.container_cache, ttl=config.container_ttl)
         self._by_address: TTLCache = TTLCache(maxsize=1, ttl=config.address_ttl)
-        self._inflight: Dict[str, "asyncio.Future[Optional[ContainerInfo]]"] = {}
         self._addresses: "Optional[asyncio.Future[Dict[str, ContainerInfo]]]" = None
-        self._down_until = 0.0
-        self._down_reason = ""
         self._client: Any = None
         self.closed = False  # shut down for good
         self._lock = threading.Lock()
         # Its own threads: a hung engine must not hold up the /proc reads of the default pool.
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="docker")
+        self._lookups: SharedLookups[ContainerInfo] = SharedLookups(
+            self._pool, self._fetch, config.container_cache, config.container_ttl,
+            DockerUnavailable)
 
     async def get(self, container_id: str) -> Optional[ContainerInfo]:
         """The container, or None if the engine does not know it. Raises DockerUnavailable."""
-        if container_id in self._cache:
-            return self._cache[container_id]
-        task = self._inflight.get(container_id)
-        if task is None:
-            self._check_up()
-            task = asyncio.ensure_future(self._load(container_id))
-            self._inflight[container_id] = task
-            task.add_done_callback(lambda _: self._inflight.pop(container_id, None))
-        return await asyncio.shield(task)
+        return await self._lookups.get(container_id)
 
     async def by_address(self, address: str) -> Optional[ContainerInfo]:
         """The container with this IP address on a container network, or None."""
         table: Optional[Dict[str, ContainerInfo]] = self._by_address.get("all")
         if table is None:
             if self._addresses is None:
-                self._check_up()
+                self._lookups.check_up()
                 self._addresses = asyncio.ensure_future(self._load_addresses())
                 self._addresses.add_done_callback(lambda _: setattr(self, "_addresses", None))
             table = await asyncio.shield(self._addresses)
@@ -154,24 +146,14 @@ class ContainerDirectory:
                 self._client.close()
                 self._client = None
 
-    async def _load(self, container_id: str) -> Optional[ContainerInfo]:
-        loop = asyncio.get_running_loop()
-        info = await loop.run_in_executor(self._pool, self._fetch, container_id)
-        self._cache[container_id] = info
-        return info
-
     async def _load_addresses(self) -> Dict[str, ContainerInfo]:
         loop = asyncio.get_running_loop()
         infos = await loop.run_in_executor(self._pool, self._fetch_all)
         table = {address: info for info in infos for address in info.addresses}
         self._by_address["all"] = table
         for info in infos:
-            self._cache[info.id] = info
+            self._lookups.cache[info.id] = info
         return table
-
-    def _check_up(self) -> None:
-        if time.monotonic() < self._down_until:
-            raise DockerUnavailable(self._down_reason)
 
     # -- in the executor --------------------------------------------------------------------
 
@@ -204,21 +186,18 @@ class ContainerDirectory:
             raise
         except Exception as exc:  # unreachable, timed out, or an engine error
             self._went_down(exc)
-            raise DockerUnavailable(self._down_reason) from None
-        if self._down_until:
+            raise DockerUnavailable(self._lookups.reason) from None
+        if self._lookups.came_up():
             log.info("%s at %s is reachable again", self.engine,
                      self.base_url or "unix:///var/run/docker.sock")
-            self._down_until = 0.0
         return result
 
     def _went_down(self, exc: Exception) -> None:
         reason = in_words(exc, self.base_url or "unix:///var/run/docker.sock", self.timeout,
                           self.engine)
-        if not self._down_until:
+        if self._lookups.went_down(reason, self.retry_after):
             log.warning("cannot read container labels: %s; identities degrade to the "
                         "container id until it is back", reason)
-        self._down_reason = reason
-        self._down_until = time.monotonic() + self.retry_after
         self.close_quietly()
 
     def close_quietly(self) -> None:
