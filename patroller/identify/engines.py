@@ -14,10 +14,11 @@ same label rules; containerd through its own gRPC API (containerd.py). Where a c
 A user's container is never looked up in the system's engines: anyone may name a cgroup in
 their own slice after someone else's container, and only their own engines know theirs.
 
-The engines other than the Docker Engine are optional (containerd also needs grpcio): a socket that is not there is none to
-ask (checked off the loop, remembered for `engine_socket_ttl` seconds, said in the log only when
-it is there but cannot be used), and its containers are named by their ids. One that is there
-but does not answer degrades like the Docker Engine, and is asked again later. A client is made
+The engines other than the Docker Engine are optional (containerd also needs grpcio): a socket
+that is not there is none to ask (checked off the loop, remembered for `engine_socket_ttl`
+seconds, said in the log only when it is there but cannot be used), and its containers are named
+by their ids until it is there (`awaits`: the tracker asks again). One that is there but does
+not answer degrades like the Docker Engine, and is asked again later. A client is made
 for an engine when it is first needed, one per socket, and at most `engine_clients` are kept.
 """
 from __future__ import annotations
@@ -147,6 +148,14 @@ class Engines:
         if self._containerd is None:
             self._containerd = ContainerdDirectory(self.config, address)
         return self._containerd
+
+    def awaits(self, ref: ContainerRef) -> bool:
+        """Whether an engine configured to name this container was not there to ask (its
+        socket missing): once it is, it may name it. Not so for a container no engine is
+        configured for, nor for containerd's while grpcio is not installed."""
+        if ref.runtime == "containerd":
+            return self.config.containerd_socket is not None and self._grpc is not False
+        return route(ref, self.config) is not None
 
     def shutdown(self) -> None:
         """Close every engine's client; let the threads go."""

@@ -24,7 +24,7 @@ from patroller.identify.peers import Credentials, not_the_caller
 from patroller.identify.containers import (ContainerDirectory, DockerUnavailable,
                                            container_identity, lxd_identity, unlabelled_identity)
 from patroller.identify.containerd import ContainerdUnavailable
-from patroller.identify.engines import Engines, asks_containerd, route
+from patroller.identify.engines import Engines, asks_containerd
 from patroller.identify.pods import containerd_identity, mismatch
 from patroller.core.identity import UNKNOWN, Identity
 
@@ -145,7 +145,6 @@ class ProcessIdentifier:
         self.pod_keys = config.pod_user_keys
         self.proc = config.proc_root
         self.shifted_from = config.shifted_uids_from
-        self.config = config
         self.proc_reads = 0  # processes whose /proc entry was read: the benchmark watches it
         self._cache: TTLCache = TTLCache(maxsize=config.identity_cache, ttl=config.identity_ttl)
 
@@ -213,12 +212,11 @@ class ProcessIdentifier:
             if ref.runtime == "containerd":  # no other engine knows it
                 if containerd_down:
                     return None
-                return replace(unlabelled_identity(ref.id), pending=directory is None
-                               and self.config.containerd_socket is not None)
+                return replace(unlabelled_identity(ref.id),  # pending only if not asked
+                               pending=directory is None and self.engines.awaits(ref))
         engine = await self.engines.directory(ref)
-        if engine is None:  # pending: the engine is configured but its socket is not there
-            return replace(unlabelled_identity(ref.id),
-                           pending=route(ref, self.config) is not None)
+        if engine is None:  # pending where its engine is configured but not there
+            return replace(unlabelled_identity(ref.id), pending=self.engines.awaits(ref))
         try:
             info = await engine.get(ref.id)
         except DockerUnavailable:

@@ -30,7 +30,7 @@ class ProcessTracker:
         self.retry = retry
         self.recheck = recheck
         self._pending: Dict[Tuple[str, int], "asyncio.Future[None]"] = {}
-        self._degraded: Dict[Tuple[str, int], "asyncio.Future[None]"] = {}
+        self._unsettled: Dict[Tuple[str, int], "asyncio.Future[None]"] = {}
 
     def connect(self, signals: Signals) -> None:
         """Listen to the daemon's process signals."""
@@ -39,10 +39,10 @@ class ProcessTracker:
 
     def close(self) -> None:
         """Stop resolving."""
-        for task in [*self._pending.values(), *self._degraded.values()]:
+        for task in [*self._pending.values(), *self._unsettled.values()]:
             task.cancel()
         self._pending.clear()
-        self._degraded.clear()
+        self._unsettled.clear()
 
     def _on_started(self, sender: Any, record: GpuProcess) -> None:
         key = (record.uuid, record.pid)
@@ -50,7 +50,7 @@ class ProcessTracker:
             self._pending[key] = asyncio.ensure_future(self._resolve(record))
 
     def _on_ended(self, sender: Any, record: GpuProcess) -> None:
-        retry = self._degraded.pop((record.uuid, record.pid), None)
+        retry = self._unsettled.pop((record.uuid, record.pid), None)
         if retry is not None:
             retry.cancel()
         task = self._pending.pop((record.uuid, record.pid), None)
@@ -71,7 +71,7 @@ class ProcessTracker:
         if self._pending.pop(key, None) is not None:
             self.leases.process_started(record.uuid, record.pid, owner, record.command)
             if owner.degraded or owner.pending:
-                self._degraded[key] = asyncio.ensure_future(self._learn(record, owner))
+                self._unsettled[key] = asyncio.ensure_future(self._learn(record, owner))
 
     async def _learn(self, record: GpuProcess, owner: Identity) -> None:
         """Resolve a degraded or pending owner again until it is known; tell the leases of
@@ -91,5 +91,5 @@ class ProcessTracker:
                     self.leases.update_owner(record.uuid, record.pid, learned)
                 owner = learned
         finally:
-            if self._degraded.get(key) is asyncio.current_task():
-                del self._degraded[key]
+            if self._unsettled.get(key) is asyncio.current_task():
+                del self._unsettled[key]

@@ -67,7 +67,7 @@ class Allocated:
 
     uuid: str
     allocation: Optional[AnyAllocation]
-    source: str = "slurm"
+    source: str
 
 
 class Signals:
