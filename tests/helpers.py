@@ -425,3 +425,30 @@ def find(samples, name, **labels):
     """Values of the samples of `name` whose labels include `labels`."""
     return [v for (n, ls), v in samples.items()
             if n == name and set(labels.items()) <= set(ls)]
+
+
+# -- containers' processes (the Docker Engine's, Podman's) ----------------------------------
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def on_gpu(*pids_and_gpus):
+    """pmon's processes in a scenario: (pid, GPU) pairs, each a compute process."""
+    return [{"pid": pid, "gpu": gpu, "type": "C", "name": "python"} for pid, gpu in pids_and_gpus]
+
+
+def client_in(container, server, code):
+    """Run the client in a fresh host process moved into the container's cgroups."""
+    script = (
+        "import json, os, sys\n"
+        f"sys.path[:0] = [{ROOT!r}, {TESTS!r}]\n"
+        "from dockerd import Container\n"
+        "from patroller import client\n"
+        f"Container.adopt_pid({container.pid}, os.getpid())\n"
+        f"server = {server!r}\n"
+        f"{code}\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)

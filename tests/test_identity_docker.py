@@ -1,16 +1,15 @@
 """Identity against a real Docker Engine and real processes: labels, peers, pid reuse, outages."""
 import asyncio
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 from dataclasses import replace
 
-from helpers import ROOT, ScenarioFile, alive, async_test, gpu_running, reuse_pid, until
+from helpers import (ScenarioFile, alive, async_test, client_in, gpu_running, on_gpu,
+                     reuse_pid, until)
 from patroller.identify.containers import ContainerDirectory
 from patroller.identify.procfs import uid as read_uid
 from patroller.identify.callers import SystemCallers
@@ -18,7 +17,6 @@ from patroller.identify.resolver import ProcessIdentifier, host_identity
 from patroller.http.views import claims
 from patroller.config import Config
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
 LABELS = ("user.email", "email", "maintainer")
 # The identity tests look at a reservation after the client has exited: a lease, not a process hold
 RESERVE_1 = "print(json.dumps(client.reserve(1, server=server, hold='lease')))"
@@ -37,27 +35,6 @@ def socket_dir():
     os.makedirs(path, exist_ok=True)
     yield path
     subprocess.run(["rm", "-rf", path])
-
-
-def on_gpu(*pids_and_gpus):
-    return [{"pid": pid, "gpu": gpu, "type": "C", "name": "python"} for pid, gpu in pids_and_gpus]
-
-
-def client_in(container, server, code):
-    """Run the client in a fresh host process moved into the container's cgroups."""
-    script = (
-        "import json, os, sys\n"
-        f"sys.path[:0] = [{ROOT!r}, {TESTS!r}]\n"
-        "from dockerd import Container\n"
-        "from patroller import client\n"
-        f"Container.adopt_pid({container.pid}, os.getpid())\n"
-        f"server = {server!r}\n"
-        f"{code}\n"
-    )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=60)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
 
 
 @async_test

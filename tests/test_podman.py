@@ -6,31 +6,23 @@ import json
 import logging
 import os
 import signal
-import subprocess
-import sys
 import urllib.request
 from dataclasses import replace
 
 import pytest
 
 from prometheus import eventually
-from helpers import (ROOT, ScenarioFile, ServerProcess, async_test, engines_in, gpu_running,
-                     until)
+from helpers import (ScenarioFile, ServerProcess, async_test, client_in, engines_in,
+                     gpu_running, on_gpu, until)
 from patroller.config import Config
 from patroller.http.views import claims
 from patroller.identify.containers import ContainerDirectory
 from patroller.identify.resolver import ProcessIdentifier, host_identity
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
-
 
 @pytest.fixture
 def scenario(engine_sockets):
     return ScenarioFile(os.path.join(engine_sockets, "scenario.json"), devices=[{}, {}, {}, {}])
-
-
-def on_gpu(*pids_and_gpus):
-    return [{"pid": pid, "gpu": gpu, "type": "C", "name": "python"} for pid, gpu in pids_and_gpus]
 
 
 def settings(folder, **more):
@@ -151,23 +143,6 @@ async def test_with_no_podman_socket_its_container_is_its_id_and_nothing_is_said
     assert identity.uid == 0 and not identity.degraded
     assert identifier.docker_calls == 0  # no engine was asked, none waited for
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
-
-
-def client_in(container, server, code):
-    """Run the client in a fresh host process moved into the container's cgroups."""
-    script = (
-        "import json, os, sys\n"
-        f"sys.path[:0] = [{ROOT!r}, {TESTS!r}]\n"
-        "from dockerd import Container\n"
-        "from patroller import client\n"
-        f"Container.adopt_pid({container.pid}, os.getpid())\n"
-        f"server = {server!r}\n"
-        f"{code}\n"
-    )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=60)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
 
 
 @async_test
