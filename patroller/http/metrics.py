@@ -29,6 +29,7 @@ from prometheus_client.exposition import choose_encoder
 
 from patroller import __version__
 from patroller.core.identity import Identity
+from patroller.core.pods import pod_id
 from patroller.http.access import Requests
 from patroller.http.hiding import Hiding
 from patroller.observe.monitor import FAILING, STATES
@@ -72,10 +73,7 @@ def _job(identity: Optional[Identity], hide: Optional[Callable[[str], str]]) -> 
 def _pod(identity: Optional[Identity], hide: Optional[Callable[[str], str]]) -> str:
     """The Kubernetes pod of a holder's process (namespace/name), on the holder-info series
     alone, as a job is."""
-    if identity is None or not identity.pod or hide is not None:
-        return ""
-    pod = dict(identity.pod)
-    return f"{pod.get('namespace', '')}/{pod.get('name', '')}"
+    return "" if hide is not None else pod_id(identity) or ""
 
 
 def _container(identity: Optional[Identity], hide: Optional[Callable[[str], str]]) -> str:

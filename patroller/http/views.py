@@ -19,7 +19,7 @@ from patroller.core.devices import Inventory
 from patroller.core.jobs import Allocation, Job
 from patroller.core.leases import Hold, LeaseManager
 from patroller.core.leases.limits import counted_uid
-from patroller.core.pods import Pod, PodAllocation
+from patroller.core.pods import Pod, PodAllocation, pod_id
 from patroller.http.encoding import dumps
 from patroller.observe.idle import IdleWatch
 from patroller.observe.stats import StatsStore, iso_time
@@ -152,9 +152,8 @@ def users_view(leases: LeaseManager, idle: Optional[IdleWatch]) -> Dict[str, Any
             "jobs": sorted({dict(h.holder.job)["id"] for d in held
                             for h in [leases.holds[d.uuid]] if h.holder and h.holder.job}),
             # the Kubernetes pods whose processes hold devices, as namespace/name
-            "pods": sorted({f"{pod['namespace']}/{pod['name']}" for d in held
-                            for h in [leases.holds[d.uuid]] if h.holder and h.holder.pod
-                            for pod in [dict(h.holder.pod)]}),
+            "pods": sorted({pod for d in held for pod in [pod_id(leases.holds[d.uuid].holder)]
+                            if pod}),
         }
     return users
 
