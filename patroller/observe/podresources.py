@@ -37,8 +37,8 @@ from patroller.config import Config
 from patroller.core.devices import Inventory
 from patroller.core.pods import Pod, PodAllocation
 from patroller.core.protowire import Message, WireError
-from patroller.observe.grpcunix import GrpcUnavailable, UnixCaller
 from patroller.observe.allocwatch import AllocationWatch
+from patroller.observe.grpcunix import GrpcUnavailable, UnixCaller
 from patroller.observe.monitor import IDLE, UP
 from patroller.observe.signals import Signals
 
@@ -150,7 +150,7 @@ class PodResourcesWatch(AllocationWatch):
                         "Patroller can tell: ignored (a MIG device nvidia-smi -L did not list, "
                         "or another host's?)", device_id)
         self._unknown = unknown  # one that comes back after it went is told again
-        self.tell(dict(wanted))
+        self.tell(wanted)
 
     async def read(self) -> None:
         """Ask the kubelet now, and tell of what changed."""
