@@ -381,7 +381,7 @@ def slurm_job_process(job: str, step: str = "0", uid: int = NOBODY,
     if cgroup_root(1) is not None:
         version, path = 1, f"slurm_{tag}/uid_{uid}/job_{job}/step_{step}"
     else:
-        version, path = 2, f"{tag}_slurmstepd.scope/job_{job}/step_{step}"
+        version, path = 2, f"system.slice/{tag}_slurmstepd.scope/job_{job}/step_{step}"
     env = {f"SLURM_JOB_{key.upper()}": value for key, value in job_env.items()}
     with process_in_cgroup(path, uid, version, env) as pid:
         yield pid

@@ -148,6 +148,21 @@ def test_a_map_of_bare_ids_learns_the_user_from_the_jobs_process(leases):
     assert leases.state(device) == "claimed"
 
 
+def test_a_process_of_another_uid_is_no_part_of_a_job_whose_uid_the_map_gives(leases):
+    """slurmd runs a job's processes as the job's uid: one of another uid that names the job
+    (a cgroup made to look like the job's) trespasses, and never holds the device."""
+    device = uuid(leases, 6)
+    events = recorded(leases)
+    leases.allocate(device, ALLOCATION)  # job 4242, uid 1001
+    leases.process_started(device, 300, in_job("mallory", 2002, "4242"))
+    assert leases.state(device) == "shared"
+    assert leases.holder(device).user == "carol" and leases.holder(device).uid == 1001
+    [told] = [e for e in events if e.kind == "trespass"]
+    assert told.user == "mallory" and told.details["why"] == "outside_job"
+    leases.process_started(device, 301, in_job("carol", 1001, "4242"))
+    assert leases.holder(device).uid == 1001 and leases.state(device) == "shared"
+
+
 def test_a_job_named_by_its_sluid_in_the_cgroup_is_the_same_job(leases):
     device = uuid(leases, 6)
     leases.allocate(device, Allocation((Job(id="4242", sluid="sEKNKTV3WPV500", user="carol"),)))

@@ -128,6 +128,32 @@ def test_what_a_container_says_of_itself():
     assert parse_cgroup(as_v2("/lxc.payload.vision_train-7")).short == "vision_train-7"
 
 
+# A user makes what they like under their manager: the owner is the outermost user's, and any
+# other uid's slice nested there is marked, whatever it says (identify/resolver.py refuses it).
+NESTED = {
+    "another user's slice": (f"{USER}/user-1001.slice/docker-{ID}.scope", 1001),
+    "another user's manager": (f"{USER}/user-1001.slice/user@1001.service/user.slice/"
+                               f"docker-{ID}.scope", 1001),
+    "another user's manager alone": (f"{USER}/user@1001.service/libpod-{ID}.scope", 1001),
+    "root's slice": (f"{USER}/user-0.slice/docker-{ID}.scope", 0),
+    "a slice that disagrees with the manager": (
+        f"/user.slice/user-1000.slice/user@1001.service/docker-{ID}.scope", 1001),
+}
+
+
+@pytest.mark.parametrize("name", NESTED)
+def test_a_slice_nested_in_a_users_subtree_is_marked_and_the_owner_is_outermost(name):
+    path, nested = NESTED[name]
+    found = parse_cgroup(as_v2(path))
+    assert found is not None and found.id == ID
+    assert found.owner == 1000 and found.nested == nested
+
+
+def test_the_users_own_slices_nested_in_their_subtree_are_theirs():
+    found = parse_cgroup(as_v2(f"{USER}/user.slice/user-1000.slice/docker-{ID}.scope"))
+    assert found.owner == 1000 and found.nested is None
+
+
 @pytest.mark.parametrize("text", [
     "0::/\n",
     "",

@@ -10,8 +10,11 @@ from patroller.identify.resolver import ProcessIdentifier
 
 
 @pytest.mark.parametrize("text,step", [
-    ("6:freezer:/slurm_vm/uid_65534/job_4242/step_0\n", SlurmStep("4242", "0")),
-    ("4:memory:/slurm/uid_1000/job_7/step_batch/task_0\n0::/\n", SlurmStep("7", "batch")),
+    ("6:freezer:/slurm_vm/uid_65534/job_4242/step_0\n", SlurmStep("4242", "0", 65534)),
+    ("4:memory:/slurm/uid_1000/job_7/step_batch/task_0\n0::/\n", SlurmStep("7", "batch", 1000)),
+    ("4:memory:/slurm/job_7/step_batch/task_0\n0::/\n", SlurmStep("7", "batch")),
+    # a host process seen from inside a cgroup namespace: the leading '..' are passed over
+    ("0::/../../system.slice/slurmstepd.scope/job_4242/step_0\n", SlurmStep("4242", "0")),
     ("0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0\n", SlurmStep("4242", "0")),
     ("0::/system.slice/node1_slurmstepd.scope/job_77/step_extern\n", SlurmStep("77", "extern")),
     ("0::/system.slice/slurmstepd.scope/sEKNKTV3WPV500/step_interactive/user/task_0\n",
@@ -31,6 +34,16 @@ def test_every_slurm_path_shape_names_its_job_and_step(text, step):
     "0::/user.slice/user-1000.slice/session-3.scope\n",
     "0::/docker/" + "a" * 64 + "\n",
     "garbage\n",
+    # Slurm's names anywhere but where slurmd puts them: a user's delegated subtree, say
+    "0::/user.slice/user-23002.slice/user@23002.service/app_slurmstepd.scope/job_4242/step_0\n",
+    "0::/user.slice/user-23002.slice/user@23002.service/system.slice/slurmstepd.scope/job_4242/"
+    "step_0\n",
+    "1:name=systemd:/user.slice/user-23002.slice/user@23002.service/slurm/uid_23001/job_4242/"
+    "step_0\n",
+    "0::/system.slice/docker-" + "a" * 64 + ".scope/slurmstepd.scope/job_4242/step_0\n",
+    "0::/my-lab/slurm_node1/uid_1000/job_7/step_0\n",
+    "0::/machine.slice/slurmstepd.scope/job_4242/step_0\n",  # v2's: under system.slice only
+    "0::/system.slice/slurmstepd.scope/job_4242\n",  # the job, no step
 ])
 def test_other_processes_are_in_no_job(text):
     assert parse_slurm(text) is None

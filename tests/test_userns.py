@@ -10,8 +10,8 @@ import pytest
 from helpers import SHIFTED_UID, async_test
 from patroller.config import Config
 from patroller.identify import procfs
-from patroller.identify.cgroups import ContainerRef
-from patroller.identify.resolver import ProcessIdentifier, account_of, host_identity
+from patroller.identify.cgroups import ContainerRef, SlurmStep
+from patroller.identify.resolver import ProcessIdentifier, account_of, host_identity, misplaced
 
 SHIFTED_FROM = Config.shifted_uids_from
 
@@ -88,3 +88,24 @@ async def test_a_process_in_a_users_namespace_counts_as_that_user(user, shifted)
         process.kill()
         process.wait()
     assert identity == host_identity(user.uid) and identity.account == user.name
+
+
+A = ContainerRef("docker", "a" * 64, owner=1234)
+NESTED = ContainerRef("docker", "a" * 64, owner=1234, nested=0)
+
+
+@pytest.mark.parametrize("container,job,uid,ns_owner,refused", [
+    (A, None, 1234, None, False),  # the user's own rootless container, as the user
+    (A, None, SHIFTED_UID, 1234, False),  # as a shifted uid of the user's namespace
+    (A, None, 4321, None, True),  # another uid, in no namespace
+    (A, None, SHIFTED_UID, 4321, True),  # in another user's namespace
+    (A, None, SHIFTED_UID, None, True),  # a shifted uid in our own namespace: nobody's
+    (NESTED, None, 1234, None, True),  # another uid's slice nested in the user's
+    (ContainerRef("docker", "a" * 64), None, 4321, None, False),  # the system's: not judged here
+    (None, SlurmStep("4242", "0", 1001), 1001, None, False),  # slurmd's uid_1001, as uid 1001
+    (None, SlurmStep("4242", "0", 1001), 2002, None, True),  # as another uid
+    (None, SlurmStep("4242", "0"), 2002, None, False),  # v2 names no uid: the map's is checked
+])
+def test_what_a_cgroup_says_is_believed_only_of_its_own_users_process(container, job, uid,
+                                                                       ns_owner, refused):
+    assert (misplaced(container, job, uid, ns_owner) is not None) == refused

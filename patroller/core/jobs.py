@@ -64,11 +64,16 @@ class Allocation:
         return tuple(job.id for job in self.jobs)
 
     def job_of(self, owner: Optional[Identity]) -> Optional[Job]:
-        """The job of ours that `owner`'s process is in, or None (not in a job, or another)."""
-        name = dict(owner.job).get("id") if owner is not None and owner.job else None
-        if name is None:
+        """The job of ours that `owner`'s process is in, or None (not in a job, or another).
+        Where the map gives the job's uid, the process must run as it: slurmd runs a job's
+        processes as its user, so a process of another uid is no part of the job."""
+        if owner is None or not owner.job:
             return None
-        return next((job for job in self.jobs if name in job.names()), None)
+        name = dict(owner.job).get("id")
+        job = next((job for job in self.jobs if name in job.names()), None)
+        if job is not None and job.uid is not None and owner.uid != job.uid:
+            return None
+        return job
 
     def holder(self, seen: Optional[Identity] = None) -> Identity:
         """Who holds the device: the first job, as its user. `seen`: a process of one of the

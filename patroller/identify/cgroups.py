@@ -17,9 +17,13 @@ runtime named with a 64-hex-digit id, or an LXD container at the top:
   /kubepods/<qos>/pod<uid>/<id>, /kubepods/pod<uid>/<id>   Kubernetes, cgroupfs driver
   /lxc.payload.<name>[/...]                      LXD (and LXC), v1 and v2: named, not an id
 
-A container found under `user-<uid>.slice` is that user's, whatever its name says: everything
-under a user's slice is the user's to create (systemd delegates it), so such a container is
-looked up only in that user's own engines, never in the system's. For the same reason an LXD
+A container found under a user's slice is that user's, whatever its name says: everything under
+a user's manager (`user@<uid>.service`, with `Delegate=yes`) is the user's to create, so such a
+container is looked up only in that user's own engines, never in the system's. Its owner is the
+uid of the outermost `user-<uid>.slice` or `user@<uid>.service` on the path, which systemd made,
+never one further in, which the user may have made: a path that nests another uid's slice there
+(`.../user@1000.service/user-1001.slice/docker-<id>.scope`) is marked (`nested`), and the
+resolver takes it for no container at all. For the same reason an LXD
 container counts only at the top of the hierarchy, which only root can write; whatever runs
 inside an LXD container (nested containers too) is that container's. `lxc.monitor.<name>` is
 LXD's monitor, not the container; `libpod-conmon-<id>` and `crio-conmon-<id>` are the runtimes'
@@ -29,7 +33,11 @@ and, for a process of a Slurm job, the job and its step:
   /slurm[_<node>]/uid_<uid>/job_<id>/step_<step>[/task_<n>]                 cgroup v1
   /system.slice/[<node>_]slurmstepd.scope/job_<id>/step_<step>[/user/task_<n>]  cgroup v2
 where from Slurm 26.05 the job's directory may be its SLUID (`sEKNKTV3WPV500`, or
-`job_sEKNKTV3WPV500`), and a step is a number, `batch`, `extern` or `interactive`.
+`job_sEKNKTV3WPV500`), and a step is a number, `batch`, `extern` or `interactive`. Only the
+places slurmd makes count: the `slurm[_<node>]` directory at the top of a v1 hierarchy, or
+`system.slice/[<node>_]slurmstepd.scope` at the top of v2, which only root can write; the same
+names further down (in a user's delegated subtree, say) are anyone's to make, and name no job.
+Leading `..` components (a host process seen from inside a cgroup namespace) are passed over.
 Pure parsing; the file is read by procfs.py.
 """
 from __future__ import annotations
@@ -49,7 +57,8 @@ _RUNTIMES = {"docker": "docker", "libpod": "podman", "cri-containerd": "containe
              "containerd": "containerd", "crio": "crio"}
 # LXD names are letters, digits and '-'; a project's instances are <project>_<name>.
 _LXD = re.compile(r"^lxc\.payload\.([A-Za-z0-9][A-Za-z0-9_.-]*)$")
-_USER_SLICE = re.compile(r"^user-([0-9]+)\.slice$")
+# What names a user's uid on the path: the slice logind makes, and the manager's service in it.
+_USER_UNIT = re.compile(r"^user(?:-([0-9]+)\.slice|@([0-9]+)\.service)$")
 # A pod's uid: a UUID, or a static pod's 32-hex hash; '_' for '-' in systemd's unit names.
 _POD_UID = r"[0-9a-f]{8}(?:[-_][0-9a-f]{4}){3}[-_][0-9a-f]{12}|[0-9a-f]{32}"
 _POD_SLICE = re.compile(rf"^(?:.+-)?kubepods(?:-(besteffort|burstable))?-pod({_POD_UID})\.slice$")
@@ -67,6 +76,7 @@ class ContainerRef:
     owner: Optional[int] = None  # rootless: the uid whose user slice holds it
     pod: Optional[str] = None  # Kubernetes: the pod's uid, as the API shows it (with '-')
     qos: Optional[str] = None  # and the pod's QoS class: guaranteed, burstable or besteffort
+    nested: Optional[int] = None  # another uid's slice the owner's subtree holds: forged
 
     @property
     def rootless(self) -> bool:
@@ -98,14 +108,19 @@ def container_of_path(path: str) -> Optional[ContainerRef]:
 
 
 def _placed(runtime: str, cid: str, parents: List[str]) -> ContainerRef:
-    """The container, with its owner (the innermost user slice above it) and its pod."""
-    owner = None
+    """The container, with its owner (the outermost user slice above it), another uid's slice
+    nested under that one, if any, and its pod."""
+    owner = nested = None
     for part in parents:
-        user = _USER_SLICE.match(part)
+        user = _USER_UNIT.match(part)
         if user:
-            owner = int(user.group(1))
+            uid = int(user.group(1) or user.group(2))
+            if owner is None:
+                owner = uid
+            elif uid != owner and nested is None:
+                nested = uid
     pod, qos = _pod_of(parents)
-    return ContainerRef(runtime, cid, owner, pod, qos)
+    return ContainerRef(runtime, cid, owner, pod, qos, nested)
 
 
 def _pod_of(parents: List[str]) -> Tuple[Optional[str], Optional[str]]:
@@ -129,6 +144,7 @@ _SLURM_V1 = re.compile(r"^slurm(?:_[^/]+)?$")
 _SLURM_V2 = re.compile(r"^(?:[^/]+_)?slurmstepd\.scope$")
 _JOB = re.compile(r"^(?:job_)?([0-9]+|s[0-9A-Z]{13})$")
 _STEP = re.compile(r"^step_([0-9]+|batch|extern|interactive)$")
+_UID = re.compile(r"^uid_[0-9]+$")
 
 
 @dataclass(frozen=True)
@@ -137,24 +153,27 @@ class SlurmStep:
 
     job: str  # the job id, or its SLUID
     step: str  # a number, "batch", "extern" or "interactive"
+    uid: Optional[int] = None  # the job's user, where the path says it (v1's uid_<uid>)
 
 
 def slurm_of_path(path: str) -> Optional[SlurmStep]:
-    """The Slurm job step in one cgroup path, or None."""
+    """The Slurm job step in one cgroup path, where slurmd puts it, or None."""
     parts = [p for p in path.strip().split("/") if p]
-    for index, part in enumerate(parts):
-        if _SLURM_V1.match(part):
-            rest = parts[index + 1:]
-            if rest and rest[0].startswith("uid_"):
-                rest = rest[1:]
-        elif _SLURM_V2.match(part):
-            rest = parts[index + 1:]
-        else:
-            continue
-        if len(rest) >= 2:
-            job, step = _JOB.match(rest[0]), _STEP.match(rest[1])
-            if job and (rest[0].startswith("job_") or not job.group(1).isdigit()) and step:
-                return SlurmStep(job.group(1), step.group(1))
+    while parts and parts[0] == "..":
+        parts = parts[1:]
+    uid = None
+    if parts and _SLURM_V1.match(parts[0]):
+        rest = parts[1:]
+        if rest and _UID.match(rest[0]):
+            uid, rest = int(rest[0][4:]), rest[1:]
+    elif len(parts) > 1 and parts[0] == "system.slice" and _SLURM_V2.match(parts[1]):
+        rest = parts[2:]
+    else:
+        return None
+    if len(rest) >= 2:
+        job, step = _JOB.match(rest[0]), _STEP.match(rest[1])
+        if job and (rest[0].startswith("job_") or not job.group(1).isdigit()) and step:
+            return SlurmStep(job.group(1), step.group(1), uid)
     return None
 
 

@@ -85,6 +85,26 @@ def account_of(container: Optional[ContainerRef], uid: int, shifted_from: int,
     return host_identity(uid)
 
 
+def misplaced(container: Optional[ContainerRef], job: Optional[SlurmStep], uid: int,
+              ns_owner: Optional[int]) -> Optional[str]:
+    """Why a process's cgroup cannot be what it says, or None when it can be. A user may make
+    any cgroup in their own delegated subtree: a rootless container there is the user's only
+    when the process runs as that user or in a user namespace that user made (the kernel's
+    word), and never when another uid's slice is nested in the user's; a Slurm step of v1's
+    `uid_<uid>` directory is its user's only (slurmd runs the job's processes as the job's
+    uid)."""
+    if container is not None and container.owner is not None:
+        if container.nested is not None:
+            return (f"its cgroup nests the slice of uid {container.nested} in that of uid "
+                    f"{container.owner}, around container {container.short}")
+        if container.owner not in (uid, ns_owner):
+            return (f"it runs as uid {uid}, not as uid {container.owner} whose slice holds "
+                    f"container {container.short}, nor in a user namespace of theirs")
+    if job is not None and job.uid is not None and job.uid != uid:
+        return f"it runs as uid {uid}, not as uid {job.uid} of Slurm job {job.job}"
+    return None
+
+
 @dataclass(frozen=True)
 class ProcFacts:
     """What /proc says of one process, read in one go."""
@@ -96,6 +116,7 @@ class ProcFacts:
     uids: Tuple[int, ...] = ()  # its real, effective, saved and file-system uids
     job: Optional[SlurmStep] = None  # the Slurm job step its cgroup names
     job_env: Tuple[Tuple[str, str], ...] = ()  # SLURM_JOB_ACCOUNT/PARTITION, where readable
+    misplaced: Optional[str] = None  # why its cgroup's container or job was not believed
 
 
 def read_facts(pid: int, proc: str = "/proc",
@@ -111,15 +132,18 @@ def read_facts(pid: int, proc: str = "/proc",
     uids = procfs.uids(pid, proc)
     if not uids:
         return None
+    owner = procfs.userns_owner(pid, proc)
+    trouble = misplaced(container, job, uids[0], owner)
+    if trouble is not None:  # nobody's container, no job: the process's own account
+        container = job = None
     env: Tuple[Tuple[str, str], ...] = ()
     if job is not None:
         try:  # as root, or as the job's own uid
             env = tuple(sorted(procfs.environ(pid, SLURM_ENV, proc).items()))
         except OSError:
             pass
-    owner = procfs.userns_owner(pid, proc)
     return ProcFacts(pid, start, container, account_of(container, uids[0], shifted_from, owner),
-                     uids, job, env)
+                     uids, job, env, trouble)
 
 
 def read_peer_facts(credentials: Credentials, proc: str,
@@ -147,6 +171,7 @@ class ProcessIdentifier:
         self.shifted_from = config.shifted_uids_from
         self.proc_reads = 0  # processes whose /proc entry was read: the benchmark watches it
         self._cache: TTLCache = TTLCache(maxsize=config.identity_cache, ttl=config.identity_ttl)
+        self._warned: TTLCache = TTLCache(maxsize=config.identity_cache, ttl=config.identity_ttl)
 
     async def facts(self, pid: int) -> Optional[ProcFacts]:
         """/proc facts of a pid, read off the loop."""
@@ -173,6 +198,9 @@ class ProcessIdentifier:
         cached = self._cache.get(key)
         if cached is not None:
             return cached
+        if facts.misplaced is not None and facts.misplaced not in self._warned:
+            self._warned[facts.misplaced] = True  # once per forgery, not per process or call
+            log.warning("pid %d counts as its own account: %s", facts.pid, facts.misplaced)
         container = facts.container
         if container is None and facts.job is not None and facts.host is not None:
             identity = job_identity(facts.host, facts.job, dict(facts.job_env))
