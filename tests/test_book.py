@@ -260,6 +260,22 @@ def test_a_failing_write_is_logged_now_and_then_and_breaks_nothing(tmp_path, clo
     book.close()
 
 
+@pytest.mark.errors_expected
+def test_a_failing_book_whose_change_was_undone_opens_the_gate_at_the_next_write(
+        tmp_path, clock, wall):
+    """A write fails; the change is undone meanwhile (what is held is what was last written):
+    the next write still tries, and once it works the gate opens."""
+    book, leases = opened(tmp_path, clock, wall)
+    leases.request(alice, {"gpu": 1})
+    os.mkdir(tmp_path / "leases.json.tmp")  # the temporary cannot be created: EISDIR
+    leases.request(bob, {"gpu": 1})
+    assert book.refusal() is not None and not book.metrics()["writable"]
+    os.rmdir(tmp_path / "leases.json.tmp")
+    leases.release(bob)  # as it was written; nothing else moved (neither clock)
+    assert book.refusal() is None and book.metrics()["writable"]
+    book.close()
+
+
 def test_the_book_is_read_back_by_the_next_daemon(tmp_path, clock, wall):
     book, leases = opened(tmp_path, clock, wall)
     granted = leases.request(alice, {"gpu": 3})

@@ -8,6 +8,7 @@ import pytest
 
 from helpers import lease_manager
 from patroller.config import Config
+from patroller.core.devices import Device, Inventory
 from patroller.state.audit import AuditLog
 from patroller.core.errors import Busy, NotYours, OverLimit
 from patroller.observe.idle import IdleWatch
@@ -132,6 +133,24 @@ def test_without_the_bound_the_big_request_starves(clock):
     leases = manager(clock, starvation_bound=float("inf"))
     served, _ = run_stream(clock, leases, 600)
     assert served is None
+
+
+def test_a_starving_waiter_is_set_aside_exactly_what_it_wants_of_each_group(clock):
+    """It wants one GPU and two FPGAs; two GPUs and one FPGA are free: one GPU (not two) is
+    held for it, and the other is anyone's."""
+    inventory = Inventory([Device("G0", 0), Device("G1", 1), Device("G2", 2),
+                           Device("F0", 3, group="fpga"), Device("F1", 4, group="fpga")])
+    leases = lease_manager(clock, inventory,
+                           policy=replace(policy_of(Config()), starvation_bound=30.0))
+    leases.request(bob, {"gpu": 3, "fpga": 2})
+    waiter = leases.wait(alice, {"gpu": 1, "fpga": 2}, lambda d: None)
+    clock.advance(30.0)
+    leases.release(bob, "G0")
+    leases.release(bob, "G1")
+    leases.release(bob, "F0")  # alice still lacks an FPGA: she waits, starving
+    assert leases.set_aside() == (waiter, {"G0", "F0"})
+    [granted] = leases.request(carol, {"gpu": 1})
+    assert granted.uuid == "G1"
 
 
 @pytest.mark.parametrize("waited, starving", [(30.0, True), (30.0 - 1e-6, False)],

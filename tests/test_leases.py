@@ -13,7 +13,7 @@ from patroller.core.identity import UNKNOWN, named_user
 from patroller.http.views import claims
 
 LEASE = Config().lease  # the lease of the shared `leases` fixture (conftest.py)
-alice, bob = named_user("alice"), named_user("bob")
+alice, bob, carol = named_user("alice"), named_user("bob"), named_user("carol")
 
 
 def uuid(leases, number):
@@ -297,6 +297,33 @@ def test_a_degraded_owner_that_becomes_known_takes_over_its_claim(leases):
     leases.update_owner(target, 5, alice)
     assert leases.state(target) == "claimed"
     assert claims(leases)[target]["user"]["user"] == "alice"
+
+
+def test_the_holder_stays_while_one_of_its_processes_is_still_unnamed(leases):
+    """Two processes of a degraded owner hold a device: the first named alice's does not make
+    alice the holder while the other still computes there as the old owner."""
+    target = uuid(leases, 0)
+    leases.process_started(target, 5, UNKNOWN)
+    leases.process_started(target, 6, UNKNOWN)
+    leases.update_owner(target, 5, alice)
+    assert leases.holder(target) == UNKNOWN and leases.state(target) == "shared"
+    leases.update_owner(target, 6, alice)
+    assert leases.holder(target) == alice and leases.state(target) == "claimed"
+
+
+def test_trespassers_already_told_are_not_told_again_when_the_hold_passes_on(leases):
+    """alice's reservation has carol's and bob's processes on it (each told once); when alice
+    lets go, the oldest, carol's, holds it, and bob, already told, is not told again."""
+    events = []
+    leases.on_event(events.append)
+    [device] = leases.request(alice, {"gpu": 1})
+    leases.process_started(device.uuid, 1, carol)
+    leases.process_started(device.uuid, 2, bob)
+    leases.release(alice, device.uuid)
+    assert leases.holder(device.uuid) == carol and leases.state(device.uuid) == "shared"
+    leases.process_started(device.uuid, 3, bob)  # another of bob's
+    told = [(e.user, e.details["pid"]) for e in events if e.kind == "trespass"]
+    assert told == [("carol", 1), ("bob", 2)]
 
 
 def test_a_degraded_owner_on_a_reservation_turns_shared_into_claimed(leases, caplog):

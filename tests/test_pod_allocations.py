@@ -9,7 +9,7 @@ from patroller.config import Config
 from patroller.core.errors import Busy, NotYours
 from patroller.core.identity import Identity, named_user
 from patroller.core.jobs import Allocation, Job
-from patroller.core.pods import Pod, PodAllocation
+from patroller.core.pods import Pod, PodAllocation, pod_id
 from patroller.http.views import claims, usage, users_view
 
 alice, bob = named_user("alice"), named_user("bob")
@@ -159,3 +159,15 @@ def test_the_same_pods_told_again_change_nothing(leases):
     leases.allocate(device, PodAllocation((Pod("ml", "train-0", ("trainer",)),)), "kubernetes")
     leases.allocate(uuid(leases, 1), None, "kubernetes")
     assert [e.kind for e in events] == ["allocated"]
+
+
+@pytest.mark.parametrize("pod,named", [
+    ((("namespace", "vision"), ("name", "trainer-0")), "vision/trainer-0"),
+    ((("namespace", "vision"),), None),  # half a name is no pod
+    ((("name", "trainer-0"),), None),
+    ((), None),
+    (None, None),
+])
+def test_a_pod_is_named_only_by_its_namespace_and_name_both(pod, named):
+    owner = Identity(user="alice", source="container", pod=pod)
+    assert pod_id(owner) == named

@@ -33,6 +33,9 @@ def test_who_a_process_counts_as():
     assert account_of(None, SHIFTED_UID, SHIFTED_FROM).uid == SHIFTED_UID
     assert account_of(docker, SHIFTED_UID, SHIFTED_FROM) is None
     assert account_of(docker, 1000, SHIFTED_FROM).uid == 1000
+    # the first shifted uid is shifted; the one below it is an account
+    assert account_of(docker, SHIFTED_FROM, SHIFTED_FROM) is None
+    assert account_of(docker, SHIFTED_FROM - 1, SHIFTED_FROM).uid == SHIFTED_FROM - 1
 
 
 def test_our_own_namespace_has_no_owner_to_tell(tmp_path):

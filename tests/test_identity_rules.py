@@ -1,0 +1,201 @@
+"""The identity rules that need an engine's answer, run where no engine can: pending and degraded
+identities are never cached, and are learned again until the engine names them, by the resolver
+and by the tracker that tells the leases. The engine is tests/fake_engine.py, which answers with
+what the real Docker Engine answered; real processes in real cgroups, a real /proc. (The same
+rules against real engines: test_identity_docker, test_engines_docker, test_containerd.)"""
+import asyncio
+import secrets
+from dataclasses import replace
+
+import pytest
+
+from fake_engine import FakeEngine
+from helpers import (ScenarioFile, async_test, engines_in, gpu_running, host_user, lease_manager,
+                     process_in_cgroup, until)
+from patroller.config import Config
+from patroller.core.identity import Identity, named_user
+from patroller.identify.containers import ContainerDirectory
+from patroller.identify.resolver import ProcessIdentifier
+from patroller.identify.tracker import ProcessTracker
+from patroller.observe.signals import GpuProcess, Signals
+
+ALICE = {"user.email": "Alice <alice@example.org>", "team": "vision"}
+
+
+@pytest.fixture
+def folder(tmp_path):
+    return str(tmp_path)
+
+
+def config_in(folder, **more):
+    """Every engine's socket in `folder`, none there until a test starts one; quick rechecks."""
+    return replace(Config(), **engines_in(folder, engine_socket_ttl=0.0, docker_retry_after=0.05,
+                                          **more))
+
+
+@pytest.fixture
+def engines():
+    started = []
+    yield lambda path: started.append(FakeEngine(path)) or started[-1]
+    for engine in started:
+        engine.stop()
+
+
+@async_test
+async def test_a_pending_identity_is_not_cached_and_is_named_once_its_engine_is_there(
+        folder, engines):
+    """A Podman container's process while Podman's socket is not there: named by its id,
+    pending; asked again, once the service is there, it is its labels' user."""
+    cid = secrets.token_hex(32)
+    config = config_in(folder)
+    resolver = ProcessIdentifier(config, ContainerDirectory(config))
+    with process_in_cgroup(f"/machine.slice/libpod-{cid}.scope") as pid:
+        first = await resolver.resolve(pid)
+        assert first.user == f"container:{cid[:12]}" and first.pending and not first.degraded
+        podman = engines(f"{folder}/podman.sock")
+        podman.add(cid, ALICE)
+        podman.start()
+        second = await resolver.resolve(pid)
+    resolver.close()
+    assert second.user == "alice@example.org" and not second.pending
+    assert second.info == ()  # only the configured info labels are kept
+    assert podman.requests >= 2  # the version, then the container
+
+
+@async_test
+async def test_a_degraded_identity_is_not_cached_and_is_named_once_the_engine_answers(
+        folder, engines):
+    """The Docker Engine answers 500: the container's process is degraded (its container known,
+    its user not);
+    once the engine answers again (after its fail-fast pause), it is its labels' user."""
+    cid = secrets.token_hex(32)
+    docker = engines(f"{folder}/docker.sock")
+    docker.add(cid, ALICE)
+    docker.failing = "the engine is restarting"
+    docker.start()
+    config = config_in(folder, user_info_labels=("team",))
+    resolver = ProcessIdentifier(config, ContainerDirectory(config))
+    with process_in_cgroup(f"/system.slice/docker-{cid}.scope") as pid:
+        first = await resolver.resolve(pid)
+        assert first.user == "unknown" and first.degraded
+        assert first.container == (cid[:12], None)
+        docker.failing = None
+        deadline = asyncio.get_running_loop().time() + 10
+        while True:
+            second = await resolver.resolve(pid)
+            if not second.degraded:
+                break
+            assert asyncio.get_running_loop().time() < deadline, "never named again"
+            await asyncio.sleep(0.02)
+    resolver.close()
+    assert second.user == "alice@example.org" and second.info == (("team", "vision"),)
+
+
+@async_test
+async def test_an_unknown_container_is_named_by_its_id_and_cached(folder, engines):
+    """The engine answers 404: nobody knows it; that answer is final (cached, not pending)."""
+    cid = secrets.token_hex(32)
+    docker = engines(f"{folder}/docker.sock").start()
+    config = config_in(folder)
+    resolver = ProcessIdentifier(config, ContainerDirectory(config))
+    with process_in_cgroup(f"/system.slice/docker-{cid}.scope") as pid:
+        first = await resolver.resolve(pid)
+        asked = docker.requests
+        docker.add(cid, ALICE)  # it would name it now, but the answer was final
+        second = await resolver.resolve(pid)
+    resolver.close()
+    assert first == second and first.user == f"container:{cid[:12]}"
+    assert not first.degraded and not first.pending and docker.requests == asked
+
+
+# -- the tracker: what it tells the leases while an owner is degraded or pending ---------------
+
+class Scripted:
+    """A resolver (the ProcessResolver protocol) that answers from a list, then the last."""
+
+    def __init__(self, *answers: Identity) -> None:
+        self.answers = list(answers)
+        self.asked = 0
+
+    async def resolve(self, pid: int) -> Identity:
+        self.asked += 1
+        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+
+DEGRADED = Identity(user="unknown", source="container", container=("0123456789ab", None),
+                    degraded=True)  # as containers.unlabelled_identity makes them
+PENDING = replace(DEGRADED, user="container:0123456789ab", degraded=False, pending=True)
+
+
+@pytest.mark.parametrize("unsettled", [DEGRADED, PENDING], ids=["degraded", "pending"])
+@async_test
+async def test_the_tracker_learns_an_unsettled_owner_and_tells_the_leases(unsettled):
+    alice = named_user("alice")
+    leases = lease_manager()
+    resolver = Scripted(unsettled, unsettled, alice)
+    tracker = ProcessTracker(leases, resolver, retry=0.01, recheck=0.01)
+    signals = Signals()
+    tracker.connect(signals)
+    uuid = list(leases.inventory)[0].uuid
+    signals.process_started.send(None, record=GpuProcess(uuid, 4242, "C", "python"))
+    await until(lambda: leases.holder(uuid) == alice)
+    assert resolver.asked == 3 and leases.state(uuid) == "claimed"
+    tracker.close()
+
+
+@async_test
+async def test_an_owner_that_turns_degraded_on_a_retry_is_shown_as_it_was():
+    """A pending owner (named by its container) whose engine then fails: the GPU still shows
+    the container, not `unknown`, while the tracker keeps asking."""
+    leases = lease_manager()
+    resolver = Scripted(PENDING, DEGRADED)
+    tracker = ProcessTracker(leases, resolver, retry=0.01, recheck=0.01)
+    signals = Signals()
+    tracker.connect(signals)
+    uuid = list(leases.inventory)[0].uuid
+    signals.process_started.send(None, record=GpuProcess(uuid, 4242, "C", "python"))
+    await until(lambda: resolver.asked >= 4)  # asked again, and again after the degraded one
+    assert leases.holder(uuid) == PENDING and leases.holder(uuid).user.startswith("container:")
+    tracker.close()
+
+
+@async_test
+async def test_the_tracker_keeps_a_settled_owner_and_asks_no_more():
+    bob = host_user("bob", 1002)
+    leases = lease_manager()
+    resolver = Scripted(bob, named_user("alice"))
+    tracker = ProcessTracker(leases, resolver, retry=0.01, recheck=0.01)
+    signals = Signals()
+    tracker.connect(signals)
+    uuid = list(leases.inventory)[0].uuid
+    signals.process_started.send(None, record=GpuProcess(uuid, 4242, "C", "python"))
+    await until(lambda: leases.holder(uuid) == bob)
+    marker = GpuProcess(list(leases.inventory)[1].uuid, 4243, "C", "python")
+    signals.process_started.send(None, record=marker)  # a later process, resolved after
+    await until(lambda: leases.holder(marker.uuid) is not None)
+    assert leases.holder(uuid) == bob and resolver.asked == 2
+    tracker.close()
+
+
+@async_test
+async def test_a_degraded_gpu_owner_is_learned_by_the_daemon_once_the_engine_answers(
+        folder, engines, tmp_path):
+    """End to end: the simulator shows a container's process on a GPU while the engine fails;
+    the GPU is held by the container (degraded); once the engine answers, by alice."""
+    cid = secrets.token_hex(32)
+    docker = engines(f"{folder}/docker.sock")
+    docker.add(cid, ALICE)
+    docker.failing = "the engine is restarting"
+    docker.start()
+    scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=[{}, {}])
+    with process_in_cgroup(f"/system.slice/docker-{cid}.scope") as pid:
+        async with gpu_running(scenario, owner_retry=0.05,
+                               **engines_in(folder, docker_retry_after=0.05)) as h:
+            uuid = h.uuids()[1]
+            scenario.write(processes=[{"pid": pid, "gpu": 1, "name": "python"}])
+            await until(lambda: h.services.leases.holder(uuid) is not None)
+            assert h.services.leases.holder(uuid).degraded
+            docker.failing = None
+            await until(lambda: h.services.leases.holder(uuid).user == "alice@example.org")
+            claim = (await h.ok("/status"))[uuid]["claim"]
+            assert claim["user"]["degraded"] is False and claim["state"] == "claimed"
