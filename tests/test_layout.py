@@ -4,7 +4,9 @@ can read.
 
 The contract lives in one place, LAYERS and THIRD_PARTY below, and each package's docstring
 says the same in words (checked too). Imports are read from the source with `ast`, every one of
-them: at module level, inside functions, and under `if TYPE_CHECKING`.
+them: at module level, inside functions, under `if TYPE_CHECKING`, and the dynamic ones
+(`importlib.import_module("x")`, `__import__("x")`), whose name must then be written out. Inside
+`patroller.core`, CORE_ORDER says which module may import which, as docs/development.md does.
 """
 import ast
 import os
@@ -60,6 +62,21 @@ THIRD_PARTY: Dict[str, Set[str]] = {
     "patroller.cli": set(),
     "patroller.simulator": set(),
 }
+# Inside patroller.core, top to bottom: a module imports only modules of lower ranks (never one
+# of its own rank, nor one above). docs/development.md states the same order.
+CORE_ORDER: List[Tuple[str, ...]] = [
+    ("patroller.core", "patroller.core.leases"),  # the packages: they re-export
+    ("patroller.core.leases.manager",),  # the commands
+    ("patroller.core.leases.state", "patroller.core.leases.allocations"),  # queries; schedulers'
+    ("patroller.core.leases.refusals", "patroller.core.leases.trespass"),  # why not; telling
+    ("patroller.core.leases.serving", "patroller.core.leases.limits"),  # who gets what; limits
+    ("patroller.core.leases.queue", "patroller.core.leases.sources"),  # waiters; two schedulers
+    ("patroller.core.leases.holds",),  # a device's hold, its states, events
+    ("patroller.core.pods",),  # Kubernetes pods' allocations
+    ("patroller.core.jobs",),  # Slurm jobs' allocations
+    ("patroller.core.devices", "patroller.core.identity", "patroller.core.errors",
+     "patroller.core.policy", "patroller.core.throttle", "patroller.core.protowire"),
+]
 MAX_MODULE_LINES = 400
 MAX_CLASS_LINES = 300
 # The simulator may be larger: it is a program of its own, imitating every era of nvidia-smi.
@@ -105,7 +122,20 @@ def imports(module: str) -> List[Tuple[str, int]]:
             for alias in node.names:  # `from patroller.x import y` may name the module x.y
                 if f"{target}.{alias.name}" in MODULES:
                     found.append((f"{target}.{alias.name}", node.lineno))
+        elif isinstance(node, ast.Call) and _dynamic(node.func):
+            name = node.args[0] if node.args else None
+            assert isinstance(name, ast.Constant) and isinstance(name.value, str), \
+                f"{MODULES[module]}:{node.lineno}: a dynamic import of a computed name cannot " \
+                "be checked; write the module's name out"
+            found.append((name.value, node.lineno))
     return found
+
+
+def _dynamic(func: ast.expr) -> bool:
+    """Whether a call is importlib.import_module(...) or __import__(...)."""
+    if isinstance(func, ast.Name):
+        return func.id in ("__import__", "import_module")
+    return isinstance(func, ast.Attribute) and func.attr == "import_module"
 
 
 def unit_of(module: str) -> Optional[str]:
@@ -159,6 +189,42 @@ def test_imports_go_down_the_layers_and_leaves_stay_apart(module):
                 f"{where}: only the entry point hands words to the command line"
         else:
             assert layer_of(other) > depth, f"{where}: {other} is not below {unit}"
+
+
+def core_rank(module: str) -> int:
+    for rank, modules_of in enumerate(CORE_ORDER):
+        if module in modules_of:
+            return rank
+    raise AssertionError(f"{module} has no place in CORE_ORDER of tests/test_layout.py")
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if unit_of(m) == "patroller.core"))
+def test_inside_core_imports_go_down_its_order(module):
+    rank = core_rank(module)
+    for name, line in imports(module):
+        target = internal(name) if name.startswith("patroller.core") else None
+        if target is None or target == module:
+            continue
+        assert core_rank(target) > rank, \
+            f"{MODULES[module]}:{line} imports {target}, which is not below it in CORE_ORDER"
+
+
+def test_the_checks_see_every_kind_of_import(tmp_path, monkeypatch):
+    """A module that imports upwards in a function, dynamically, or by a computed name is
+    seen (the checks above are only as good as what imports() finds)."""
+    source = tmp_path / "probe.py"
+    source.write_text("import importlib\n"
+                      "def f():\n"
+                      "    from patroller.core.leases import limits\n"
+                      "    importlib.import_module('patroller.http.views')\n"
+                      "    __import__('docker')\n")
+    monkeypatch.setitem(MODULES, "patroller.core.errors", str(source))
+    names = [name for name, _ in imports("patroller.core.errors")]
+    assert {"patroller.core.leases.limits", "patroller.http.views", "docker"} <= set(names)
+    assert core_rank("patroller.core.leases.limits") < core_rank("patroller.core.errors")
+    source.write_text("import importlib\nimportlib.import_module('patroller.' + 'http')\n")
+    with pytest.raises(AssertionError, match="computed name"):
+        imports("patroller.core.errors")
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
