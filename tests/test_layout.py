@@ -72,6 +72,7 @@ CORE_ORDER: List[Tuple[str, ...]] = [
     ("patroller.core.leases.serving", "patroller.core.leases.limits"),  # who gets what; limits
     ("patroller.core.leases.queue", "patroller.core.leases.sources"),  # waiters; two schedulers
     ("patroller.core.leases.holds",),  # a device's hold, its states, events
+    ("patroller.core.scheduled",),  # what an allocation answers, whoever made it
     ("patroller.core.pods",),  # Kubernetes pods' allocations
     ("patroller.core.jobs",),  # Slurm jobs' allocations
     ("patroller.core.devices", "patroller.core.identity", "patroller.core.errors",

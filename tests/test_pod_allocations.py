@@ -171,3 +171,23 @@ def test_the_same_pods_told_again_change_nothing(leases):
 def test_a_pod_is_named_only_by_its_namespace_and_name_both(pod, named):
     owner = Identity(user="alice", source="container", pod=pod)
     assert pod_id(owner) == named
+
+
+@pytest.mark.parametrize("kind", [Allocation, PodAllocation])
+def test_both_kinds_of_allocation_answer_the_whole_protocol(kind):
+    """core/scheduled.py's SchedulerAllocation, read from the protocol itself: every class
+    attribute it names and every method, with the same parameters."""
+    import inspect
+    import typing
+
+    from patroller.core.scheduled import SchedulerAllocation
+
+    for name in typing.get_type_hints(SchedulerAllocation, include_extras=True):
+        assert isinstance(getattr(kind, name, None), str), f"{kind.__name__}.{name}"
+    for name, method in inspect.getmembers(SchedulerAllocation, inspect.isfunction):
+        if name.startswith("_"):
+            continue
+        theirs = getattr(kind, name, None)
+        assert callable(theirs), f"{kind.__name__}.{name}"
+        assert list(inspect.signature(theirs).parameters) == \
+            list(inspect.signature(method).parameters), f"{kind.__name__}.{name}"

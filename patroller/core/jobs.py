@@ -47,7 +47,7 @@ class Allocation:
 
     jobs: Tuple[Job, ...]
 
-    # The protocol both kinds of allocation answer (core/pods.py says what each is).
+    # The protocol both kinds of allocation answer (core/scheduled.py says what each is).
     how: ClassVar[str] = "slurm"
     key: ClassVar[str] = "jobs"
     member_key: ClassVar[str] = "job"
@@ -63,7 +63,7 @@ class Allocation:
     def ids(self) -> Tuple[str, ...]:
         return tuple(job.id for job in self.jobs)
 
-    def job_of(self, owner: Optional[Identity]) -> Optional[Job]:
+    def member_of(self, owner: Optional[Identity]) -> Optional[Job]:
         """The job of ours that `owner`'s process is in, or None (not in a job, or another).
         Where the map gives the job's uid, the process must run as it: slurmd runs a job's
         processes as its user, so a process of another uid is no part of the job."""
@@ -78,12 +78,12 @@ class Allocation:
     def holder(self, seen: Optional[Identity] = None) -> Identity:
         """Who holds the device: the first job, as its user. `seen`: a process of one of the
         jobs, whose host account names the user when the map does not (a map of bare ids)."""
-        job = self.job_of(seen) if seen is not None else None
+        job = self.member_of(seen) if seen is not None else None
         job = job or self.jobs[0]
-        user = job.user or (seen.account if seen is not None and self.job_of(seen) is job
+        user = job.user or (seen.account if seen is not None and self.member_of(seen) is job
                             else None)
         uid = job.uid if job.uid is not None else (seen.uid if seen is not None and
-                                                   self.job_of(seen) is job else None)
+                                                   self.member_of(seen) is job else None)
         who = Identity(user=user or (f"uid:{uid}" if uid is not None else f"job {job.id}"),
                        source="slurm", account=user, uid=uid, job=job.fields())
         return who

@@ -12,20 +12,15 @@ container's labels) names the same namespace and name. The kubelet does not say 
 user is: the holder is the identity of a process of the pod once one is seen, and until then
 `namespace:<namespace>`.
 
-Both kinds of allocation answer the same small protocol, which the lease rules use without
-asking which one they hold: `how` (the hold's `how`), `key` and `member_key` (the audit
-record's fields: `jobs`/`job`, `pods`/`pod`), `why` (a trespass's), `word`, `scheduler`,
-`ids()`, `job_of(owner)` (the member the owner's process is in), `own(owner)` (what the owner's
-process is in, of this kind, whether or not it is one of ours), `holder(seen)`, `named()`,
-`describe()` and `release_hint`.
+Both kinds of allocation answer the same small protocol (core/scheduled.py,
+SchedulerAllocation), which the lease rules use without asking which one they hold.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Optional, Tuple, Union
+from typing import ClassVar, Optional, Tuple
 
 from patroller.core.identity import Identity
-from patroller.core.jobs import Allocation
 
 
 @dataclass(frozen=True)
@@ -75,7 +70,7 @@ class PodAllocation:
     def own(self, owner: Optional[Identity]) -> Optional[str]:
         return pod_id(owner)
 
-    def job_of(self, owner: Optional[Identity]) -> Optional[Pod]:
+    def member_of(self, owner: Optional[Identity]) -> Optional[Pod]:
         """The pod of ours that `owner`'s process is in, or None."""
         name = pod_id(owner)
         return next((pod for pod in self.pods if pod.id == name), None) if name else None
@@ -83,7 +78,7 @@ class PodAllocation:
     def holder(self, seen: Optional[Identity] = None) -> Identity:
         """Who holds the GPU: `seen`, a process of one of the pods (its user came from the
         pod's labels), or else the first pod's namespace."""
-        if seen is not None and self.job_of(seen) is not None:
+        if seen is not None and self.member_of(seen) is not None:
             return seen
         pod = self.pods[0]
         return Identity(user=f"namespace:{pod.namespace}", source="pod", pod=pod.fields())
@@ -98,5 +93,3 @@ class PodAllocation:
         return ("pod " if len(ids) == 1 else "pods ") + ", ".join(ids)
 
 
-# What a device may be allocated to: Slurm jobs, or Kubernetes pods.
-AnyAllocation = Union[Allocation, PodAllocation]

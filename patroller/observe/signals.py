@@ -11,7 +11,7 @@ from typing import Mapping, Optional, Tuple, Union
 
 import blinker
 
-from patroller.core.pods import AnyAllocation
+from patroller.core.scheduled import SchedulerAllocation
 
 Value = Union[float, int, str, None]
 
@@ -66,7 +66,7 @@ class Allocated:
     its now): the Slurm job map ("slurm"), or the kubelet ("kubernetes")."""
 
     uuid: str
-    allocation: Optional[AnyAllocation]
+    allocation: Optional[SchedulerAllocation]
     source: str
 
 

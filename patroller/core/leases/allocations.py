@@ -17,12 +17,12 @@ from typing import Optional
 from patroller.core.devices import Device
 from patroller.core.leases.holds import Hold, Notices
 from patroller.core.leases.trespass import trespass
-from patroller.core.pods import AnyAllocation
+from patroller.core.scheduled import SchedulerAllocation
 
 log = logging.getLogger(__name__)
 
 
-def apply(hold: Hold, allocation: Optional[AnyAllocation], device: Optional[Device],
+def apply(hold: Hold, allocation: Optional[SchedulerAllocation], device: Optional[Device],
           now: float, notices: Notices) -> None:
     """Make the hold what the allocation says (the caller serves waiters after)."""
     known = hold.allocation
@@ -41,7 +41,7 @@ def apply(hold: Hold, allocation: Optional[AnyAllocation], device: Optional[Devi
                     hold.uuid, allocation.describe(), hold.holder.user)
         notices.event("preempted", hold.holder.user, [device],
                       **{allocation.key: list(allocation.ids())}, hold=hold.how)
-    members = [o for o in hold.processes.values() if allocation.job_of(o) is not None]
+    members = [o for o in hold.processes.values() if allocation.member_of(o) is not None]
     hold.allocation = allocation
     hold.take(allocation.holder(members[0] if members else None), now, asked=False)
     if known is None or known.ids() != allocation.ids():

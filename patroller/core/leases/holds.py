@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, 
 
 from patroller.core.devices import Device
 from patroller.core.identity import Identity, ProcessRef
-from patroller.core.pods import AnyAllocation
+from patroller.core.scheduled import SchedulerAllocation
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class Hold:
     withheld: Optional[str] = None  # why it is granted to nobody now (it fell silent)
     asked: bool = False  # the holder asked for it (a grant), rather than took it by computing
     over_limit: bool = False  # the holder took it by computing, beyond a limit (a trespass)
-    allocation: Optional[AnyAllocation] = None  # the Slurm jobs or pods it is allocated to
+    allocation: Optional[SchedulerAllocation] = None  # the Slurm jobs or pods it is allocated to
     processes: Dict[int, Identity] = field(default_factory=dict)  # pid -> owner, oldest first
     commands: Dict[int, Optional[str]] = field(default_factory=dict)  # pid -> name nvidia-smi printed
     trespassers: Set[str] = field(default_factory=set)  # users already logged
@@ -77,7 +77,7 @@ class Hold:
         """Whether a process of `owner` runs here by right: it is the holder's, or, on a
         device allocated to jobs (or pods), it is in one of them."""
         if self.allocation is not None:
-            return self.allocation.job_of(owner) is not None
+            return self.allocation.member_of(owner) is not None
         return owner.same_user(self.holder)
 
     def key(self, owner: Identity) -> str:

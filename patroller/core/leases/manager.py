@@ -34,7 +34,7 @@ from patroller.core.leases.queue import WaitQueue, Waiter
 from patroller.core.leases.sources import Sources
 from patroller.core.leases.state import LeaseState
 from patroller.core.leases.trespass import trespass
-from patroller.core.pods import AnyAllocation
+from patroller.core.scheduled import SchedulerAllocation
 from patroller.core.policy import Policy
 
 log = logging.getLogger(__name__)
@@ -171,7 +171,7 @@ class LeaseManager(LeaseState):
         hold.withheld = why
         self._serve_and_announce()
 
-    def allocate(self, uuid: str, allocation: Optional[AnyAllocation],
+    def allocate(self, uuid: str, allocation: Optional[SchedulerAllocation],
                  source: str = "slurm") -> None:
         """A scheduler (Slurm's job map; "kubernetes": the kubelet) says the device is its
         jobs' or pods' (None: none of its now): allocations.py; two that list it: sources.py."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Dict, Optional, Set
 
-from patroller.core.pods import AnyAllocation
+from patroller.core.scheduled import SchedulerAllocation
 
 log = logging.getLogger(__name__)
 
@@ -23,11 +23,11 @@ class Sources:
     """Per source, the allocation of every device it lists."""
 
     def __init__(self) -> None:
-        self._by: Dict[str, Dict[str, AnyAllocation]] = {source: {} for source in SOURCES}
+        self._by: Dict[str, Dict[str, SchedulerAllocation]] = {source: {} for source in SOURCES}
         self._clashes: Set[str] = set()  # devices both list: logged once
 
-    def tell(self, source: str, uuid: str, allocation: Optional[AnyAllocation]
-             ) -> Optional[AnyAllocation]:
+    def tell(self, source: str, uuid: str, allocation: Optional[SchedulerAllocation]
+             ) -> Optional[SchedulerAllocation]:
         """`source` says `uuid` is allocated so (None: not by it); the allocation that holds."""
         if source not in self._by:
             raise ValueError(f"no such allocation source: {source!r}")
