@@ -1,13 +1,14 @@
 """The mutation run: mutmut on the scope of pyproject.toml's [tool.mutmut], then the score.
 
-    scripts/mutation.sh [--fresh] [--jobs N] [SCOPE ...]    (the one command; it calls this)
+    scripts/mutation.sh [--fresh | --missed] [--jobs N] [SCOPE ...]   (the one command)
     .venv/bin/python scripts/mutation.py score [SCOPE ...]  (the score of the last run again)
 
 SCOPE is a package or a module of the scope, as a path under patroller/ (`core`, `state`,
 `core/leases`, `observe/jobmap.py`, `http/hiding.py`); none means the whole scope. Every mutant
 in it is tested again; mutmut keeps in mutants/ which tests ran which function, and runs only
 those for a mutant (tests new since the last run are found and added); `--fresh` removes
-mutants/ first, as the run whose figure docs/development.md records does. The tests are the
+mutants/ first; `--missed` tests again only the mutants the last run did not catch (a test
+added can only catch more; mutmut tests a function whose code changed afresh all the same). The tests are the
 engine-free suite: PATROLLER_TESTS_WITHOUT_ENGINES=1, which the fixtures of tests/conftest.py
 honour, and the test files that start an engine are left out by [tool.mutmut].
 
@@ -107,13 +108,19 @@ def package_of(path: str) -> str:
     return path.split(os.sep)[1]
 
 
+def in_scopes(scopes: Sequence[str], settings: dict) -> List[str]:
+    """The files of the scope under `scopes` (paths under patroller/; none: all of them)."""
+    files = scope_files(settings)
+    if not scopes:
+        return files
+    prefixes = [os.path.normpath(os.path.join("patroller", s)) for s in scopes]
+    return [f for f in files if any(f == p or f.startswith(p + os.sep) for p in prefixes)]
+
+
 def score(scopes: Sequence[str], settings: dict) -> int:
     """Print the score of each package and the mutants not caught; 0 when every mutant in
     `scopes` was tested."""
-    wanted = set(scope_files(settings))
-    if scopes:
-        prefixes = [os.path.normpath(os.path.join("patroller", s)) for s in scopes]
-        wanted = {f for f in wanted if any(f == p or f.startswith(p + os.sep) for p in prefixes)}
+    wanted = set(in_scopes(scopes, settings))
     set_aside = equivalents()
     rows: Dict[str, Dict[str, int]] = {}
     missed: List[Tuple[str, str]] = []
@@ -147,11 +154,26 @@ def score(scopes: Sequence[str], settings: dict) -> int:
     return 1 if unchecked else 0
 
 
+def missed(scopes: Sequence[str], settings: dict) -> List[str]:
+    """The mutants in `scopes` that the last run did not catch (or did not test), less the
+    equivalent ones."""
+    wanted = set(in_scopes(scopes, settings))
+    set_aside = equivalents()
+    return sorted(name for name, (path, code) in results().items()
+                  if path in wanted and code not in CAUGHT and name not in set_aside)
+
+
 def run(args: argparse.Namespace, settings: dict) -> int:
     """mutmut run on the scope, then the score."""
     patterns = patterns_for(args.scope or [""], settings)
     if args.fresh and os.path.isdir(MUTANTS):
         shutil.rmtree(MUTANTS)
+    if args.missed:
+        if not os.path.isdir(MUTANTS):
+            raise SystemExit("--missed: no earlier run in mutants/")
+        patterns = missed(args.scope, settings)
+        if not patterns:
+            return score(args.scope, settings)
     env = {**os.environ, "PATROLLER_TESTS_WITHOUT_ENGINES": "1"}
     mutmut = os.path.join(os.path.dirname(sys.executable), "mutmut")
     done = subprocess.run([mutmut, "run", "--max-children", str(args.jobs), *patterns],
@@ -167,6 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("command", choices=("run", "score"))
     parser.add_argument("scope", nargs="*", help="packages or modules under patroller/")
     parser.add_argument("--fresh", action="store_true", help="remove mutants/ first")
+    parser.add_argument("--missed", action="store_true",
+                        help="test again only the mutants the last run did not catch")
     parser.add_argument("--jobs", type=int, default=int(os.environ.get("MUTATION_JOBS", "2")),
                         help="mutants tested at once (default 2, or MUTATION_JOBS)")
     args = parser.parse_intermixed_args(argv)
