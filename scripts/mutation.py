@@ -12,9 +12,10 @@ added can only catch more; mutmut tests a function whose code changed afresh all
 engine-free suite: PATROLLER_TESTS_WITHOUT_ENGINES=1, which the fixtures of tests/conftest.py
 honour, and the test files that start an engine are left out by [tool.mutmut].
 
-The score of a package: caught (killed, or a timeout) / (mutants - the equivalent ones), where
-the equivalent mutants are the table under "Equivalent mutants" in docs/development.md, each
-with why no test can tell it from the code.
+The score of a package: caught (killed, or a timeout) / (caught + missed), over the mutants
+tested, less the equivalent ones: the table under "Equivalent mutants" in docs/development.md,
+each with why no test can tell it from the code. A mutant no test of the suite runs is missed;
+one the run did not reach (stopped early) is untested, and counted apart.
 """
 from __future__ import annotations
 
@@ -124,34 +125,35 @@ def score(scopes: Sequence[str], settings: dict) -> int:
     set_aside = equivalents()
     rows: Dict[str, Dict[str, int]] = {}
     missed: List[Tuple[str, str]] = []
-    unchecked = 0
     for name, (path, code) in sorted(results().items()):
         if path not in wanted:
             continue
-        row = rows.setdefault(package_of(path), {"mutants": 0, "caught": 0, "equivalent": 0,
-                                                 "missed": 0})
+        row = rows.setdefault(package_of(path), dict.fromkeys(
+            ("mutants", "untested", "equivalent", "caught", "missed"), 0))
         row["mutants"] += 1
-        if name in set_aside:
+        if code is None:
+            row["untested"] += 1
+        elif name in set_aside:
             row["equivalent"] += 1
         elif code in CAUGHT:
             row["caught"] += 1
         else:
             row["missed"] += 1
-            missed.append((name, MISSED.get(code, "not checked" if code is None else f"exit {code}")))
-            unchecked += code is None
-    print(f"{'package':<10} {'mutants':>8} {'caught':>7} {'equivalent':>11} {'missed':>7} {'score':>7}")
+            missed.append((name, MISSED.get(code, f"exit {code}")))
+    print(f"{'package':<10} {'mutants':>8} {'untested':>9} {'equivalent':>11} {'caught':>7} "
+          f"{'missed':>7} {'score':>7}")
     for package in sorted(rows, key=PACKAGES.index):
         row = rows[package]
-        judged = row["mutants"] - row["equivalent"]
+        judged = row["caught"] + row["missed"]
         percent = 100.0 * row["caught"] / judged if judged else 100.0
-        print(f"{package + '/':<10} {row['mutants']:>8} {row['caught']:>7} {row['equivalent']:>11} "
-              f"{row['missed']:>7} {percent:>6.1f}%")
+        print(f"{package + '/':<10} {row['mutants']:>8} {row['untested']:>9} "
+              f"{row['equivalent']:>11} {row['caught']:>7} {row['missed']:>7} {percent:>6.1f}%")
     for name, why in missed:
         print(f"  {why}: {name}")
     stale = sorted(set(set_aside) - set(results()))
     for name in stale:
         print(f"  listed as equivalent, but no such mutant: {name}")
-    return 1 if unchecked else 0
+    return 1 if any(row["untested"] for row in rows.values()) else 0
 
 
 def missed(scopes: Sequence[str], settings: dict) -> List[str]:

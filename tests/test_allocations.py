@@ -1,6 +1,7 @@
 """Slurm allocations in the lease rules: a device the job map lists is its jobs', never granted,
 no lease runs on it, a process outside the jobs trespasses; when the map lets go, the usual
 rules go on. A fake clock and no I/O."""
+import logging
 from dataclasses import replace
 
 import pytest
@@ -9,7 +10,11 @@ from helpers import host_user as host, lease_manager, recorded, uuid_of as uuid
 from patroller.config import Config, policy_of
 from patroller.core.errors import Busy, NotYours
 from patroller.core.identity import Identity, named_user
+from patroller.core.devices import Device
 from patroller.core.jobs import Allocation, Job
+from patroller.core.leases.holds import Hold, Notices
+from patroller.core.leases.limits import Count
+from patroller.core.leases.trespass import trespass
 from patroller.http.views import claims, usage
 
 alice, bob = named_user("alice"), named_user("bob")  # `clock` and `leases`: conftest.py
@@ -194,3 +199,56 @@ def test_the_same_allocation_told_again_changes_nothing(leases):
     leases.allocate(device, Allocation((JOB,)))
     leases.allocate(uuid(leases, 1), None)  # never allocated: nothing to end
     assert [e.kind for e in events] == ["allocated"]
+
+
+# -- telling of a trespass, in one line (core/leases/trespass.py) ------------------------------
+
+def _trespasses():
+    """(hold's holder, allocated?, pid, owner, device?, count beyond) -> the line and event."""
+    dave = in_job("dave", 1002, "4243")
+    account = Identity(user="bob+2@example.org", source="host", account="bob", uid=1003)
+    over_user = Count("user", "bob", None, 2, [Device("GPU-0", 0), Device("GPU-1", 1)])
+    over_account = Count("account", "bob", 1003, 1, [Device("GPU-1", 1)])
+    return [
+        (None, False, 7, bob, True, None, "trespassing: bob runs pid 7 on GPU-1, held by nobody",
+         {"pid": 7}),
+        (None, False, 7, bob, False, None, "trespassing: bob runs pid 7 on ?, held by nobody",
+         {"pid": 7}),
+        (alice, False, 8, bob, True, None, "trespassing: bob runs pid 8 on GPU-1, held by alice",
+         {"pid": 8, "holder": "alice"}),
+        (alice, True, 9, bob, True, None,
+         "trespassing: bob runs pid 9 on GPU-1 (in no job), allocated to Slurm job 4242 of alice",
+         {"pid": 9, "holder": "alice", "why": "outside_job", "jobs": ["4242"]}),
+        (alice, True, 10, dave, True, None,
+         "trespassing: dave runs pid 10 on GPU-1 (job 4243), allocated to Slurm job 4242 of alice",
+         {"pid": 10, "holder": "alice", "why": "outside_job", "jobs": ["4242"], "job": "4243"}),
+        (None, True, 11, dave, True, None,
+         "trespassing: dave runs pid 11 on GPU-1 (job 4243), allocated to Slurm job 4242 of ?",
+         {"pid": 11, "why": "outside_job", "jobs": ["4242"], "job": "4243"}),
+        (None, False, 12, bob, True, over_user,
+         "trespassing: bob runs pid 12 on GPU-1, beyond the limit of 2 of bob",
+         {"pid": 12, "why": "over_limit", "limit": 2, "held": [0, 1]}),
+        (None, False, 13, account, True, over_account,
+         "trespassing: bob+2@example.org runs pid 13 on GPU-1, beyond the limit of 1 of account "
+         "bob (uid 1003), which bob+2@example.org runs as",
+         {"pid": 13, "why": "over_limit", "limit": 1, "held": [1], "account": "bob"}),
+    ]
+
+
+@pytest.mark.parametrize("holder, allocated, pid, owner, on_device, beyond, line, details",
+                         _trespasses())
+def test_a_trespass_is_one_line_and_one_event(caplog, holder, allocated, pid, owner, on_device,
+                                              beyond, line, details):
+    notices, events = Notices(), []
+    notices.on_event(events.append)
+    device = Device("GPU-1", 1)
+    hold = None
+    if holder is not None or allocated:
+        hold = Hold(since=0.0, uuid=device.uuid)
+        hold.holder = holder
+        hold.allocation = ALLOCATION if allocated else None
+    with caplog.at_level(logging.WARNING, logger="patroller.core.leases.trespass"):
+        trespass(notices, device if on_device else None, pid, owner, hold=hold, beyond=beyond)
+    assert [r.getMessage() for r in caplog.records] == [line]
+    [event] = events
+    assert (event.kind, event.user, event.details) == ("trespass", owner.user, details)

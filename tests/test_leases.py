@@ -475,3 +475,99 @@ def test_the_queue_serves_exactly_as_a_scan_of_every_waiter_would(clock):
             grants.clear()
             assert {u: (c["user"] or {}).get("user") for u, c in claims(leases).items()} == holders
             assert len(leases.waiters) == len(queue)
+
+
+# -- an expiry and an idle release, each one line and one event ---------------------------------
+
+def test_each_expiry_says_which_hold_ran_out_at_its_very_deadline(clock, caplog):
+    from helpers import recorded
+
+    leases = lease_manager(clock)
+    events = recorded(leases)
+    lease = Config().lease
+    [leased] = leases.request(alice, {"gpu": 1})  # deadline: now + lease
+    [timed] = leases.request(bob, {"gpu": 1}, duration=lease)  # until: now + lease
+    [kept] = leases.request(carol, {"gpu": 1}, duration=lease)
+    leases.process_started(kept.uuid, 42, carol)  # her process: the device stays hers
+    clock.advance(lease - 0.001)  # each end is EARLY ahead: due now (<=)
+    with caplog.at_level(logging.INFO, logger="patroller.core.leases"):
+        assert leases.expire() == [leased, timed]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"lease of alice on {leased.uuid} expired",
+        f"the reservation of bob on {timed.uuid} ended",
+        f"the reservation of carol on {kept.uuid} ended; their processes hold it"]
+    expiries = [(e.user, e.devices, dict(e.details)) for e in events if e.kind == "expire"]
+    assert expiries == [("alice", ((leased.uuid, leased.number),), {"hold": "lease"}),
+                        ("bob", ((timed.uuid, timed.number),), {"hold": "duration"})]
+    assert leases.holder(kept.uuid) == carol and leases.holds[kept.uuid].until is None
+
+
+def test_a_hold_ends_no_sooner_than_early_before_its_end(clock):
+    leases = lease_manager(clock)
+    lease = Config().lease
+    leases.request(alice, {"gpu": 1})
+    leases.request(bob, {"gpu": 1}, duration=lease)
+    clock.advance(lease - 0.0011)
+    assert leases.expire() == []
+
+
+def test_an_idle_release_is_one_line_and_one_event(clock, caplog):
+    from helpers import recorded
+
+    leases = lease_manager(clock)
+    events = recorded(leases)
+    [idle] = leases.request(alice, {"gpu": 1})
+    with caplog.at_level(logging.WARNING, logger="patroller.core.leases"):
+        assert leases.release_idle(idle.uuid, 612.345) is True
+    assert [r.getMessage() for r in caplog.records] == [
+        f"alice on {idle.uuid} was idle for 612 s with no process: released"]
+    [event] = [e for e in events if e.kind == "idle_release"]
+    assert (event.user, event.devices, dict(event.details)) == (
+        "alice", ((idle.uuid, idle.number),), {"idle": 612.3})
+    assert leases.state(idle.uuid) == "free" and leases.holds[idle.uuid].since == clock()
+
+
+@pytest.mark.parametrize("how", ["free", "process", "lost", "duration", "unknown"])
+def test_what_is_not_an_idle_reservation_is_not_released(clock, how):
+    devices = [Device(f"GPU-{n}", n) for n in range(2)]
+    inventory = Inventory(devices)
+    leases = lease_manager(clock, inventory)
+    uuid = "GPU-0"
+    if how == "process":
+        leases.request(alice, {"gpu": 1})
+        leases.process_started(uuid, 42, alice)
+    elif how == "lost":
+        leases.request(alice, {"gpu": 1})
+        inventory.update([devices[1]])
+        leases.devices_changed()
+    elif how == "duration":
+        leases.request(alice, {"gpu": 1}, duration=600.0)
+    elif how == "unknown":
+        uuid = "GPU-9"
+    held = leases.holder(uuid) if how != "unknown" else None
+    assert leases.release_idle(uuid, 900.0) is False
+    assert how == "unknown" or leases.holder(uuid) == held
+
+
+def test_a_device_lost_and_back_is_one_line_and_one_event_each(clock, caplog):
+    from helpers import recorded
+
+    devices = [Device(f"GPU-{n}", n) for n in range(3)]
+    inventory = Inventory(devices)
+    leases = lease_manager(clock, inventory)
+    events = recorded(leases)
+    leases.request(alice, {"gpu": 1})  # GPU-0
+    with caplog.at_level(logging.WARNING, logger="patroller.core.leases"):
+        change = inventory.update([devices[2]])  # GPU-0 and GPU-1 fall off the bus
+        assert change.lost == ("GPU-0", "GPU-1") and change.renumbered == ()
+        assert change and not inventory.update([devices[2]])  # nothing new: no change
+        leases.devices_changed()
+        clock.advance(5)
+        inventory.update(devices)
+        leases.devices_changed()
+    assert [r.getMessage() for r in caplog.records] == [
+        "GPU-0 is lost", "GPU-1 is lost", "GPU-0 is back", "GPU-1 is back"]
+    assert [(e.kind, e.user, e.devices) for e in events if e.kind in ("lost", "back")] == [
+        ("lost", "alice", (("GPU-0", 0),)), ("lost", None, (("GPU-1", 1),)),
+        ("back", "alice", (("GPU-0", 0),)), ("back", None, (("GPU-1", 1),))]
+    assert [leases.state(f"GPU-{n}") for n in range(3)] == ["reserved", "free", "free"]
