@@ -41,6 +41,9 @@ _SHORTEST_RENEWAL = 0.1  # seconds: keep_alive never asks more often than this
 # bare release() gives back (never another job's reservations of the same user).
 _reserved: Dict[Tuple[str, str, int], List[str]] = {}
 _reserved_lock = threading.Lock()
+# The CUDA variables as they were before claim() set them: release() puts them back once this
+# process holds nothing it claimed (None: claim() has set nothing that is still to undo).
+_before_claim: Optional[Dict[str, Optional[str]]] = None
 
 
 class PatrollerError(Exception):
@@ -105,13 +108,32 @@ def claim(count: int = 1, server: Optional[str] = None, timeout: Optional[float]
     """Reserve devices and point CUDA at them; True on success, False when busy or timed out.
 
     Sets CUDA_VISIBLE_DEVICES to the devices' nvidia-smi numbers and CUDA_DEVICE_ORDER to
-    PCI_BUS_ID, the order those numbers follow. Call it before CUDA is initialised.
+    PCI_BUS_ID, the order those numbers follow. Call it before CUDA is initialised. release()
+    puts both back as they were before the first claim() once nothing claimed is held.
     """
+    global _before_claim
     devices = reserve(count, server, timeout, resource, hold)
     if devices is None:
         return False
+    with _reserved_lock:
+        if _before_claim is None:
+            _before_claim = saved_environment()
     export(devices)
     return True
+
+
+def saved_environment() -> Dict[str, Optional[str]]:
+    """The CUDA variables as they are now (None: unset), for restore_environment()."""
+    return {name: os.environ.get(name) for name in CUDA_VARIABLES}
+
+
+def restore_environment(saved: Dict[str, Optional[str]]) -> None:
+    """Put the CUDA variables back as saved_environment() found them (unset if they were)."""
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def export(devices: List[Dict[str, Any]]) -> None:
@@ -127,7 +149,9 @@ def release(server: Optional[str] = None, uuid: Optional[str] = None,
     """Give back what this process reserved through this module (claim, reserve, Claim), or
     the device `uuid`; what the server released. The user's other reservations (another job's,
     a hold for a duration) stay: `release_all` gives back those too. The host's root may name
-    another user's device, with a `reason` for the audit record (the answer's `holder`)."""
+    another user's device, with a `reason` for the audit record (the answer's `holder`). Once
+    this process holds nothing it reserved here, the CUDA variables are as before claim()."""
+    global _before_claim
     key = parse_server(server)
     with _reserved_lock:
         uuids = [uuid] if uuid is not None else list(_reserved.get(key, []))
@@ -144,6 +168,10 @@ def release(server: Optional[str] = None, uuid: Optional[str] = None,
         with _reserved_lock:
             if one in _reserved.get(key, []):
                 _reserved[key].remove(one)
+    with _reserved_lock:
+        if _before_claim is not None and not any(_reserved.values()):
+            restore_environment(_before_claim)
+            _before_claim = None
     return answer
 
 
@@ -297,7 +325,7 @@ class Claim:
         self.devices = devices
         if self.hold == "lease":
             self.keeper = keep_alive(devices, self.server)
-        self._saved = {name: os.environ.get(name) for name in CUDA_VARIABLES}
+        self._saved = saved_environment()
         export(devices)
         return devices
 
@@ -305,11 +333,7 @@ class Claim:
         if self.keeper is not None:
             self.keeper.stop()
             self.keeper = None
-        for name, value in self._saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        restore_environment(self._saved)
         self._saved = {}
         for device in self.devices:
             try:
