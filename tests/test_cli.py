@@ -631,6 +631,7 @@ def test_reserve_holds_gpus_for_a_duration(test_server):
     assert all(7100 < c["expires"] <= 7200 for c in held)
     lease = patroller("reserve", "--server", test_server)  # the default: the short lease
     assert lease.stdout == "2\n" and "for the lease: start the job within" in lease.stderr
+    assert "`patroller release 2` gives it back" in lease.stderr  # one GPU: it
     assert patroller("reserve", "-n", "6", "--server", test_server).returncode == 75  # busy
     refused = patroller("reserve", "--hold", "13h", "--server", test_server)
     assert refused.returncode == 77, refused.stderr

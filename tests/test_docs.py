@@ -45,6 +45,19 @@ def test_ci_runs_the_readme_test_command():
     assert quick_start_commands()[1] in ci
 
 
+def test_the_readme_names_every_package_the_test_setup_installs():
+    """The packages of tests/setup.sh's apt-get install, each named in the README's list."""
+    setup = read("tests/setup.sh")
+    command = setup.split("apt-get -o DPkg::Lock::Timeout=600 install", 1)[1].split(">/dev/null")[0]
+    packages = [w for w in command.replace("\\", " ").split()
+                if not w.startswith(("-", "$")) and w != "\n"]
+    packages += re.findall(r"systemd=\"\"\n\s*command -v systemd-analyze \S+ 2>&1 \|\| (\w+)=", setup)
+    assert {"docker.io", "wrk", "containerd"} <= set(packages), packages
+    said = readme().split("`tests/setup.sh` makes the virtual environment", 1)[1].split("\n\n")[0]
+    missing = [p for p in packages if f"`{p}`" not in said]
+    assert not missing, f"the README does not say tests/setup.sh installs {missing}"
+
+
 def test_console_script_runs():
     script = os.path.join(os.path.dirname(sys.executable), "patroller")
     result = subprocess.run([script, "--version"], capture_output=True, text=True, timeout=30)

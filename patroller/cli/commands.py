@@ -181,8 +181,9 @@ def reserve_command(options: argparse.Namespace) -> int:
     left = min((g["expires"] for g in granted if g.get("expires") is not None), default=None)
     how = (f"for {duration(left)}, whatever runs on them" if options.hold != "lease" and left
            else f"for the lease: start the job within {duration(left or 0)}")
+    them = "them" if len(granted) > 1 else "it"
     print(f"patroller: {describe(granted)} reserved {how}; `patroller release "
-          f"{' '.join(numbers)}` gives them back", file=sys.stderr)
+          f"{' '.join(numbers)}` gives {them} back", file=sys.stderr)
     print(",".join(numbers))
     return EX_OK
 
