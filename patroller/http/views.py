@@ -249,7 +249,8 @@ USAGE_KEYS = ("held", "reserved_unused", "unreserved", "over_limit", "trespassin
 def usage(leases: LeaseManager) -> Dict[str, Dict[str, int]]:
     """Per user: devices held (`held`), held with nothing running (`reserved_unused`), used
     without having asked for them (`unreserved`: their processes on a device another user
-    holds, or on one they took by computing on it rather than by a request), and taken by
+    holds, or on one they took by computing on it rather than by a request, or, on a device
+    a scheduler allocated, outside its jobs or pods: those asked the scheduler), and taken by
     computing beyond a limit (`over_limit`: a trespass), and those they trespass on
     (`trespassing`: their process on a device another user holds, or, on a device a Slurm
     job holds, a process not in the job, theirs or not)."""
@@ -268,11 +269,16 @@ def usage(leases: LeaseManager) -> Dict[str, Dict[str, int]]:
                 add(hold.holder.user, "reserved_unused")
             if hold.over_limit:
                 add(hold.holder.user, "over_limit")
-        for user in {owner.user for owner in hold.processes.values()}:
-            if hold.holder is None or user != hold.holder.user or not hold.asked:
-                add(user, "unreserved")
+        outsiders = {o.user for o in hold.processes.values() if not hold.belongs(o)}
+        if hold.allocation is not None:  # its jobs' (or pods') own processes asked Slurm
+            unasked = outsiders
+        else:
+            unasked = {o.user for o in hold.processes.values() if hold.holder is None
+                       or o.user != hold.holder.user or not hold.asked}
+        for user in unasked:
+            add(user, "unreserved")
         if hold.holder is not None:
-            for user in {o.user for o in hold.processes.values() if not hold.belongs(o)}:
+            for user in outsiders:
                 add(user, "trespassing")
     return out
 
