@@ -1,9 +1,14 @@
 """Shared fixtures: every test fails if the daemon logged an error while it ran; a fake clock
 and a lease manager on it."""
 import logging
+import os
 import subprocess
 
 import pytest
+
+# As the daemon sets it before it imports gRPC (observe/grpcunix.py): the tests' own gRPC
+# servers (grpc_server.py, kubelet.py) run in the process that also starts the daemon's children.
+os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
 
 from helpers import FakeClock, lease_manager
 
