@@ -19,7 +19,8 @@ setup(
     packages=find_packages(include=["patroller", "patroller.*"]),
     python_requires=">=3.10",  # orjson 3.13 needs 3.10; tests/test_setup.py installs on it
     install_requires=REQUIRES,
-    package_data={"patroller.http": ["openapi.json", "web/*"]},
+    package_data={"patroller.http": ["openapi.json", "web/*"],
+                  "patroller.cli": ["patroller.service"]},
     # schemathesis 4 (the API fuzzer of tests/test_fuzz.py) needs Python 3.11
     # kubernetes: containerd's API and the kubelet's pod-resources are gRPC (grpcio alone: the
     # messages are encoded by patroller itself, so neither protobuf nor generated code is needed)

@@ -23,9 +23,8 @@ import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = ["claim", "reserve", "release", "release_all", "renew", "keep_alive", "status",
-           "devices", "queue", "get_json",
-           "Claim", "KeepAlive", "PatrollerError", "RequestRefused", "ServerUnreachable", "Busy",
-           "HOLDS"]
+           "devices", "queue", "get_json", "Claim", "KeepAlive", "PatrollerError",
+           "RequestRefused", "ServerUnreachable", "Busy", "HOLDS"]
 
 DEFAULT_SERVER = "localhost"  # or the PATROLLER_SERVER environment variable
 HOLDS = ("process", "lease")  # what keeps a reservation: the calling process, or a lease; or
@@ -41,9 +40,7 @@ _SHORTEST_RENEWAL = 0.1  # seconds: keep_alive never asks more often than this
 # bare release() gives back (never another job's reservations of the same user).
 _reserved: Dict[Tuple[str, str, int], List[str]] = {}
 _reserved_lock = threading.Lock()
-# The CUDA variables as they were before claim() set them: release() puts them back once this
-# process holds nothing it claimed (None: claim() has set nothing that is still to undo).
-_before_claim: Optional[Dict[str, Optional[str]]] = None
+_before_claim: Optional[Dict[str, Optional[str]]] = None  # CUDA's variables before claim()
 
 
 class PatrollerError(Exception):
@@ -116,24 +113,15 @@ def claim(count: int = 1, server: Optional[str] = None, timeout: Optional[float]
     if devices is None:
         return False
     with _reserved_lock:
-        if _before_claim is None:
-            _before_claim = saved_environment()
+        _before_claim = _before_claim or {n: os.environ.get(n) for n in CUDA_VARIABLES}
     export(devices)
     return True
 
 
-def saved_environment() -> Dict[str, Optional[str]]:
-    """The CUDA variables as they are now (None: unset), for restore_environment()."""
-    return {name: os.environ.get(name) for name in CUDA_VARIABLES}
-
-
-def restore_environment(saved: Dict[str, Optional[str]]) -> None:
-    """Put the CUDA variables back as saved_environment() found them (unset if they were)."""
+def _put_back(saved: Dict[str, Optional[str]]) -> None:
+    """The CUDA variables as they were saved (unset if they were unset)."""
     for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+        os.environ.pop(name, None) if value is None else os.environ.update({name: value})
 
 
 def export(devices: List[Dict[str, Any]]) -> None:
@@ -158,9 +146,7 @@ def release(server: Optional[str] = None, uuid: Optional[str] = None,
     answer: Dict[str, Any] = {"released": [], "after_exit": []}
     for one in uuids:
         params = {"uuid": one, **({"reason": reason} if reason else {})}
-        code, body = _call(server, "POST", "/release", params, _SLACK)
-        if code != 200:
-            raise RequestRefused(code, body)
+        body = _granted(server, "POST", "/release", params, _SLACK)
         answer["released"] += body["released"]
         answer["after_exit"] += body["after_exit"]
         if body.get("holder"):  # the host's root released another user's device
@@ -168,21 +154,16 @@ def release(server: Optional[str] = None, uuid: Optional[str] = None,
         with _reserved_lock:
             if one in _reserved.get(key, []):
                 _reserved[key].remove(one)
-    with _reserved_lock:
-        if _before_claim is not None and not any(_reserved.values()):
-            restore_environment(_before_claim)
-            _before_claim = None
+            if _before_claim is not None and not any(_reserved.values()):
+                _put_back(_before_claim)  # nothing claimed is held any more
+                _before_claim = None
     return answer
 
 
 def release_all(server: Optional[str] = None, reason: Optional[str] = None) -> Dict[str, Any]:
     """Give back every reservation of this caller's user, but those held for another process
     that still runs (a job's: `kept`, with why); what the server released and kept."""
-    code, body = _call(server, "POST", "/release", {"reason": reason} if reason else {},
-                       _SLACK)
-    if code != 200:
-        raise RequestRefused(code, body)
-    return body
+    return _granted(server, "POST", "/release", {"reason": reason} if reason else {}, _SLACK)
 
 
 def renew(server: Optional[str] = None, uuid: Optional[str] = None,
@@ -193,10 +174,7 @@ def renew(server: Optional[str] = None, uuid: Optional[str] = None,
     it was released), 403 when another user holds it, 422 when there is no such device.
     """
     params = {"uuid": uuid} if uuid is not None else {}
-    code, body = _call(server, "POST", "/renew", params, http_timeout)
-    if code != 200:
-        raise RequestRefused(code, body)
-    return body["renewed"]
+    return _granted(server, "POST", "/renew", params, http_timeout)["renewed"]
 
 
 def status(server: Optional[str] = None) -> Dict[str, Any]:
@@ -325,7 +303,7 @@ class Claim:
         self.devices = devices
         if self.hold == "lease":
             self.keeper = keep_alive(devices, self.server)
-        self._saved = saved_environment()
+        self._saved = {name: os.environ.get(name) for name in CUDA_VARIABLES}
         export(devices)
         return devices
 
@@ -333,7 +311,7 @@ class Claim:
         if self.keeper is not None:
             self.keeper.stop()
             self.keeper = None
-        restore_environment(self._saved)
+        _put_back(self._saved)
         self._saved = {}
         for device in self.devices:
             try:
@@ -371,30 +349,30 @@ class _UnixConnection(http.client.HTTPConnection):
         super().__init__("localhost", timeout=timeout)
         self.path = path
 
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self.path)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
+    def connect(self) -> None:  # a socket that cannot connect is closed with the connection
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.path)
 
 
 def _connection(scheme: str, host: str, port: int,
                 timeout: Optional[float]) -> http.client.HTTPConnection:
     if scheme == "unix":
         return _UnixConnection(host, timeout)
-    if scheme == "https":
-        return http.client.HTTPSConnection(host, port, timeout=timeout)
-    return http.client.HTTPConnection(host, port, timeout=timeout)
+    kind = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
+    return kind(host, port, timeout=timeout)
 
 
 def get_json(server: Optional[str], path: str, timeout: float = _SLACK) -> Any:
     """GET `path` (/status, /devices, /users, ...): its decoded JSON. RequestRefused when the
     server refuses, ServerUnreachable when it does not answer within `timeout` seconds."""
-    code, body = _call(server, "GET", path, {}, timeout)
+    return _granted(server, "GET", path, {}, timeout)
+
+
+def _granted(server: Optional[str], method: str, path: str, params: Dict[str, Any],
+             timeout: Optional[float]) -> Any:
+    """The answer to a call that must succeed; RequestRefused when the server refuses."""
+    code, body = _call(server, method, path, params, timeout)
     if code != 200:
         raise RequestRefused(code, body)
     return body

@@ -1,8 +1,8 @@
-"""The command line people type: `patroller run|status|release|wait|reserve`.
+"""The command line people type: `patroller run|status|release|wait|reserve|systemd-unit`.
 
 Standard library and `patroller.client` only, so that it works wherever the client is installed
 (a container with the socket directory mounted) without Tornado or Docker. `patroller` with
-flags (or none) is still the server; patroller/main.py hands these five words to `main` here.
+flags (or none) is still the server; patroller/main.py hands these words to `main` here.
 Exit statuses: patroller/cli/exits.py.
 """
 from __future__ import annotations
@@ -21,9 +21,10 @@ from patroller.cli.exits import (EX_INTERRUPTED, EX_NOPERM, EX_OK, EX_TEMPFAIL, 
 from patroller.cli.render import (amount, describe, duration, format_status, numbers_of,
                                    release_message)
 from patroller.cli.run import optional_queue, optional_users, run_command
+from patroller.cli.unit import unit_command
 from patroller.client import PatrollerError, RequestRefused, ServerUnreachable
 
-COMMANDS = ("run", "status", "release", "wait", "reserve")
+COMMANDS = ("run", "status", "release", "wait", "reserve", "systemd-unit")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -35,7 +36,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except SystemExit as exit_:  # argparse: --help (0) or a usage error (2)
         return int(exit_.code or 0)
     try:
-        client.parse_server(options.server)
+        client.parse_server(getattr(options, "server", None))
     except ValueError as exc:
         print(f"patroller: {exc}", file=sys.stderr)
         return EX_USAGE
@@ -61,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="patroller", description="Reserve and watch the GPUs of a Patroller host. "
         "`patroller` with flags and no command runs the server (patroller --help).")
-    commands = parser.add_subparsers(dest="command", metavar="{run,status,release,wait,reserve}")
+    commands = parser.add_subparsers(
+        dest="command", metavar="{run,status,release,wait,reserve,systemd-unit}")
     commands.required = True
 
     run = commands.add_parser("run", parents=[common], help="run a command on reserved GPUs",
@@ -120,6 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
                          help="wait in the queue up to this long (default: do not wait)")
     reserve.add_argument("--resource", default="gpu", help="device group (default gpu)")
     reserve.set_defaults(handler=reserve_command)
+    unit = commands.add_parser("systemd-unit", help="print the systemd unit for this install",
+                               description="Print the systemd unit that runs this "
+                               "installation's daemon: patroller systemd-unit > "
+                               "/etc/systemd/system/patroller.service")
+    unit.add_argument("--exec", metavar="PATH", help="the daemon's absolute path (default: "
+                      "this `patroller` command's)")
+    unit.set_defaults(handler=unit_command)
     return parser
 
 def count_arg(text: str) -> int:
