@@ -10,6 +10,7 @@ from collections import Counter
 
 
 from helpers import ROOT
+from patroller.cli import COMMANDS  # every client command, as the command line lists them
 
 
 def read(path):
@@ -278,7 +279,6 @@ def test_a_malformed_or_repeated_heading_is_found():
 
 # -- flags ---------------------------------------------------------------------------------------
 
-COMMANDS = ("run", "status", "release", "wait", "reserve")
 # Flags the documentation names that belong to other programs: never one of Patroller's.
 FOREIGN = {
     "--gpus", "--pid", "--network", "--cap-add", "--restart", "--name", "--label", "--user",
