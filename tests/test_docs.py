@@ -281,8 +281,8 @@ def test_a_malformed_or_repeated_heading_is_found():
 
 # Flags the documentation names that belong to other programs: never one of Patroller's.
 FOREIGN = {
-    "--gpus", "--pid", "--network", "--cap-add", "--restart", "--name", "--label", "--user",
-    "--cgroup-parent",  # docker run
+    "--gpus", "--pid", "--network", "--cap-add", "--restart", "--name", "--label",
+    "--cgroup-parent",  # docker run (its --user is also `patroller history --user`)
     "--query-compute-apps", "--format",  # nvidia-smi
     "--no-deps",  # pip install
     "--scenario",  # python -m patroller.simulator
