@@ -51,6 +51,8 @@ class Handler(tornado.web.RequestHandler):
     """JSON in every answer, errors included. Its one dependency, the Api (the services and
     the HTTP layer's views), arrives through initialize()."""
 
+    identity: Optional[Identity] = None  # the caller, once identified
+
     def initialize(self, api: Api) -> None:
         self.api = api
         self.services = api.services
@@ -72,8 +74,9 @@ class Handler(tornado.web.RequestHandler):
         return merged
 
     async def caller(self, claimed: Optional[str]) -> Identity:
-        """Who is asking."""
-        return await self.services.callers.identify(self.request, claimed)
+        """Who is asking (remembered: a refusal shows them what they may see of names)."""
+        self.identity = await self.services.callers.identify(self.request, claimed)
+        return self.identity
 
     async def viewer(self, claimed: Optional[str]) -> Viewer:
         """Who is asking, for the names they may see (--hide-users): a caller who cannot be
@@ -163,7 +166,8 @@ class Handler(tornado.web.RequestHandler):
             self.api.requests.identity_failures += 1
         if isinstance(exc, PatrollerError):
             self.set_status(STATUS.get(type(exc), 500))
-            body = {"error": exc.message, **exc.data}
+            body = hiding.refusal(exc, viewer_of(self.identity) if self.api.hiding else
+                                  hiding.EVERYTHING)
         elif status_code == 405:
             method = shown(self.request.method or "", SHOWN_METHOD_CHARS)
             body = {"error": f"{method} is not allowed on {shown(self.request.path)}",
