@@ -273,6 +273,27 @@ async def test_limits_count_the_host_account_a_container_runs_as(engine, scenari
 
 
 @async_test
+async def test_an_accounts_refusal_does_not_say_which_devices_others_hold(engine, scenario,
+                                                                          socket_dir):
+    # --hide-users: alice's GPU is a pseudonym's to alice+2, whose account it also counts
+    # under; the refusal says how many the account holds, not which (that would name whose).
+    uid = 1001
+    alice = engine.run("--user", f"{uid}:{uid}", labels={"user.email": "alice@example.org"})
+    alice2 = engine.run("--user", f"{uid}:{uid}", labels={"user.email": "alice+2@example.org"})
+    path = os.path.join(socket_dir, "api.sock")
+    async with gpu_running(scenario, docker_host=engine.url, socket=path, max_per_user=1,
+                           hide_users=True) as h:
+        loop = asyncio.get_running_loop()
+        status, _ = await loop.run_in_executor(None, client_as, alice, uid, f"unix://{path}",
+                                               TRY_RESERVE)
+        assert status == 200
+        status, body = await loop.run_in_executor(None, client_as, alice2, uid,
+                                                  f"unix://{path}", TRY_RESERVE)
+        assert status == 403 and body["held"] == [None] and body["account"] == f"uid:{uid}"
+        assert "holds 1 device(s) (1 under other identities)" in body["error"], body
+
+
+@async_test
 async def test_a_caller_at_a_containers_address_counts_under_the_account_it_runs_as(engine):
     # The test's containers have no network (--network none): the address is looked up as the
     # daemon would, and names this container; its first process is the engine's word.

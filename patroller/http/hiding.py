@@ -6,7 +6,10 @@ caller that cannot be identified, and the scrapers of /metrics (nobody in partic
 user's pseudonym (state/pseudonyms.py) instead, and nothing else that names them: an
 identity's e-mail, account, uid, container, info labels and Slurm job are left out (null, or
 empty), a user's host accounts in /users are pseudonyms with no uid, and their jobs are not
-listed. `unknown` (a process nobody can be found for) names no one and is shown as it is.
+listed; a refusal says that a device is allocated to a Slurm job or a pod, not which one, and
+how many devices other identities hold under the caller's host account, not which
+(errors.Private). `unknown` (a process nobody can be found for) names no one and is shown as it
+is.
 
 The read models build their data as before, names and all (the audit record and the log keep
 them); what each caller sees is derived from that data here, as late as possible. One build of
@@ -20,6 +23,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Set
 
+from patroller.core.errors import PatrollerError
 from patroller.core.identity import Identity
 from patroller.core.leases import is_admin
 from patroller.http.encoding import dumps
@@ -44,6 +48,7 @@ class Viewer:
 
 
 NOBODY = Viewer()
+EVERYTHING = Viewer(everything=True)  # without --hide-users, everyone
 
 
 def viewer_of(identity: Optional[Identity]) -> Viewer:
@@ -162,6 +167,15 @@ def events(data: List[Dict[str, Any]], r: Redaction) -> List[Dict[str, Any]]:
                     seen[listed] = None
         shown.append(seen)
     return shown
+
+
+def refusal(error: PatrollerError, viewer: Viewer) -> Dict[str, Any]:
+    """A refusal's body (errors.PatrollerError): what it says of users the viewer may not see
+    (their Slurm jobs, pods, devices) is said without it, in its message as in its data."""
+    private = error.private
+    if private is not None and not all(viewer.sees(user) for user in private.users):
+        return {"error": private.message, **private.data}
+    return {"error": error.message, **error.data}
 
 
 def snapshot(data: Dict[str, Any], r: Redaction) -> Dict[str, Any]:

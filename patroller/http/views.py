@@ -1,6 +1,7 @@
 """What the API shows: the bodies of /status and /devices, serialized once and served many
 times, and the read models of the lease manager's state (claims, the queue, usage per user,
-holds per device) that /status, /queue, /users, the metrics and the web page serve.
+holds per device) that /status, /queue, /users, the metrics and the web page serve, and the
+devices as the answers of /request, /wait, /renew and /release list them.
 
 /status changes with every sample and every lease event, and its `age`, `expires`, `stale` and
 `processes_stale` move with the clock; it is rebuilt on demand when something changed or when
@@ -15,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from patroller.core.devices import Inventory
+from patroller.core.devices import Device, Inventory
 from patroller.core.jobs import Allocation, Job
 from patroller.core.leases import Hold, LeaseManager
 from patroller.core.leases.limits import counted_uid
@@ -228,6 +229,18 @@ def claims(leases: LeaseManager) -> Dict[str, Dict[str, Any]]:
 def free_counts(leases: LeaseManager) -> Dict[str, int]:
     """How many devices of each group are free now (as a Busy answer says)."""
     return {group: len(devices) for group, devices in leases.free().items()}
+
+
+def device_json(devices: List[Device]) -> List[Dict[str, Any]]:
+    """Devices as /release lists them."""
+    return [{"uuid": d.uuid, "group": d.group, "info": d.info()} for d in devices]
+
+
+def grant_json(devices: List[Device], leases: LeaseManager) -> List[Dict[str, Any]]:
+    """Devices as /request, /wait and /renew list them: with how each is held (`hold`,
+    `expires`, `held_for_pid`)."""
+    return [{"uuid": d.uuid, "group": d.group, "info": d.info(), **leases.hold_of(d.uuid)}
+            for d in devices]
 
 
 def queue_view(leases: LeaseManager) -> List[Dict[str, Any]]:

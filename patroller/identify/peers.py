@@ -112,3 +112,25 @@ def address_of(stream: Any) -> Optional[Tuple[str, int]]:
     if stream is None:
         return None
     return _ADDRESSES.get(stream)
+
+
+POLLRDHUP = getattr(select, "POLLRDHUP", 0x2000)  # Linux's, which Python names where it exists
+
+
+def left(stream: Any) -> bool:
+    """Whether the client of a connection has left: its stream is closed, or the kernel says
+    now that the other end shut its side or the whole connection (POLLRDHUP, POLLHUP,
+    POLLERR), before the stream has read the end of its input.
+
+    A unix-socket caller needs this most: identified as it connected, its request is handled
+    before the loop reads a close that came with it. (A TCP caller's lookup in the socket table
+    refuses one whose socket is closed, but only on a connection's first request.)"""
+    sock = getattr(stream, "socket", None)
+    if stream is None or sock is None or stream.closed():
+        return True
+    try:
+        poller = select.poll()
+        poller.register(sock, POLLRDHUP)  # POLLHUP and POLLERR are always told
+        return bool(poller.poll(0))
+    except (OSError, ValueError):  # closed under us
+        return True
