@@ -90,6 +90,7 @@ def test_at_the_open_file_limit_it_serves_open_connections_quietly_and_recovers(
         # a pause of FIRST_PAUSE at least (doubling), so in `wall` s there are at most
         # 1 + wall / FIRST_PAUSE of them, however slow the host; a spin makes thousands.
         lines, failed, wall = len(server.log.splitlines()), accept_failures(keep), time.monotonic()
+        assert failed >= 1  # the failure logged above, counted
         for _ in range(int(HOLD)):
             assert answered(keep).startswith(b"HTTP/1.1 200")  # the open connection is served
             time.sleep(1)
