@@ -116,7 +116,8 @@ class Daemon:
         lane = FastLane(lane_routes(api), api.requests.count,
                         hand_back_after=config.header_timeout / 2)
         self.server = PeerServer(api.app, lane, config=config,
-                                 read_facts=self.services.identifier.peer_facts)
+                                 read_facts=self.services.identifier.peer_facts,
+                                 requests=api.requests)
         self.server.add_sockets(sockets)
         return [_url(s) for s in sockets]
 

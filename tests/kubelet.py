@@ -8,8 +8,8 @@ from typing import Dict, List, Sequence, Tuple
 
 import grpc
 
+from grpc_server import Abort, Server
 from patroller.core import protowire as pw
-from tests.grpc_server import Abort, Server
 
 LIST = "/v1.PodResourcesLister/List"
 

@@ -144,8 +144,10 @@ async def test_one_docker_call_per_container_and_none_at_steady_state(engine, sc
     async with gpu_running(scenario, docker_host=engine.url) as h:
         scenario.write(processes=on_gpu(*[(pid, n % 4) for n, pid in enumerate(pids)]))
         await until(lambda: all(h.services.leases.state(u) == "claimed" for u in h.uuids()))
-        calls = h.services.directory.calls
-        await asyncio.sleep(1.0)  # ten pmon intervals of the same processes
+        calls, listed = h.services.directory.calls, []
+        h.services.signals.processes_listed.connect(lambda s, record: listed.append(1),
+                                                    weak=False)
+        await until(lambda: len(listed) >= 10)  # ten pmon intervals of the same processes
         assert h.services.directory.calls == calls == 2
 
 

@@ -302,3 +302,27 @@ def test_modules_and_classes_are_of_a_size_one_can_read(module):
         if isinstance(node, ast.ClassDef):
             size = node.end_lineno - node.lineno + 1
             assert size <= MAX_CLASS_LINES, f"{MODULES[module]}: class {node.name} has {size} lines"
+
+
+def test_the_tests_import_their_neighbours_by_module_name():
+    """tests/ is no package: pytest puts the folder itself on sys.path, so a test imports
+    `helpers`, `kubelet`, ... by name. `from tests.x import` collects under `python -m pytest`
+    (the working directory is on sys.path) but not under the plain `pytest` script."""
+    folder = os.path.join(ROOT, "tests")
+    assert not os.path.exists(os.path.join(folder, "__init__.py")), \
+        "tests/__init__.py would put the repository root, not tests/, on sys.path"
+    wrong = []
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".py"):
+            continue
+        tree = ast.parse(open(os.path.join(folder, name), encoding="utf-8").read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                named = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                named = [node.module or ""]
+            else:
+                continue
+            wrong += [f"tests/{name}:{node.lineno} imports {n}" for n in named
+                      if n == "tests" or n.startswith("tests.")]
+    assert not wrong, "import a test helper by its module name: " + "; ".join(wrong)

@@ -11,7 +11,7 @@ from typing import List
 import pytest
 
 from helpers import SIMULATOR, ScenarioFile, async_test, gpu_running, until
-from tests.kubelet import Kubelet, gpu_pod
+from kubelet import Kubelet, gpu_pod
 
 INSTANCES = [{"gpu_instance_id": 1, "compute_instance_id": 0, "memory_mib": 9856},
              {"gpu_instance_id": 2, "compute_instance_id": 0, "memory_mib": 9856}]

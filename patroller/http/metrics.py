@@ -274,7 +274,9 @@ class DaemonCollector:
                 ("caller_descriptors_read", "Descriptors read to find the processes of TCP "
                  "callers", services.callers.descriptors_read),
                 ("identity_failures", "Requests refused because the caller could not be "
-                 "identified", self.requests.identity_failures)):
+                 "identified", self.requests.identity_failures),
+                ("accept_failures", "accept() calls that failed for want of descriptors (each "
+                 "followed by a pause without accepting)", self.requests.accept_failures)):
             yield CounterMetricFamily(f"patroller_{name}", text, value=value)
         book = services.book.metrics() if services.book is not None else {}
         yield CounterMetricFamily("patroller_lease_book_writes", "Writes of the lease book",

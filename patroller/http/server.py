@@ -18,6 +18,7 @@ from tornado.netutil import bind_sockets
 from patroller.config import Config
 from patroller.core.throttle import Throttle
 from patroller.http.accepting import Acceptor
+from patroller.http.access import Requests
 from patroller.http.fastlane import Connection, FastLane
 from patroller.http.framing import Framing, TornadoReports
 from patroller.identify.peers import (Credentials, Peer, attach, attach_address,
@@ -46,7 +47,8 @@ class PeerServer(HTTPServer):
 
     def initialize(self, app: HTTPServerConnectionDelegate,  # type: ignore[override]
                    lane: FastLane, config: Config,
-                   read_facts: Callable[[Credentials], Awaitable[Any]]) -> None:
+                   read_facts: Callable[[Credentials], Awaitable[Any]],
+                   requests: Requests) -> None:
         reports = Throttle(config.framing_reports, config.framing_window)
         # Idle keep-alive connections end after a while (a waiting /wait is not idle); the
         # Guard bounds bodies, in size and in time.
@@ -54,7 +56,7 @@ class PeerServer(HTTPServer):
                            idle_connection_timeout=config.header_timeout,
                            max_body_size=UNLIMITED, body_timeout=None)
         self.read_facts = read_facts
-        self.acceptor = Acceptor(self, config, lane)
+        self.acceptor = Acceptor(self, config, requests, lane)
         self.counts = ConnectionCounts(config.max_connections_per_caller,
                                        Throttle(1, config.repeat_log_every))
         self.tornado_reports = TornadoReports(reports)
