@@ -6,9 +6,11 @@ A map that is not to be trusted is refused at start by a real `python -m patroll
 that stops being trusted while the daemon runs is read no more; a bad file spoils itself alone,
 is told of once, and nothing of what a file says is ever answered beyond the shapes of a job's
 id and facts."""
+import asyncio
 import json
 import logging
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -20,7 +22,10 @@ import urllib.request
 import pytest
 
 from helpers import ROOT, ServerProcess, async_test, running, until
-from patroller.observe.jobmap import read_map
+from patroller.config import Config
+from patroller.observe.jobmap import JobMapWatch, read_map
+from patroller.observe.signals import Signals
+from patroller.observe.testmode import synthetic_inventory
 
 LINE = "4242 uid=1001 user=carol account=physics partition=gpu\n"
 SECRET = "31337 uid=0 user=topsecret account=classified\n"  # shaped as a job line, on purpose
@@ -174,6 +179,24 @@ async def test_a_map_that_stops_being_trusted_is_read_no_more(stranger, shared, 
             assert state(uuids[1]) == "free"
             assert any("read again" in r.getMessage() for r in caplog.records)
 
+            # The directory the map is in is left open to all, not sticky: the user puts a link
+            # of theirs in the map's place, to a directory of root's that lists a job on GPU 1.
+            decoy = tempfile.mkdtemp(prefix="pjmdecoy", dir="/tmp")
+            try:
+                os.chmod(decoy, 0o755)
+                with open(os.path.join(decoy, "1"), "w") as f:
+                    f.write("666 user=mallory\n")
+                os.chmod(shared, 0o777)
+                as_user(stranger, "sh", "-c", f"mv {jobs} {jobs}.old && ln -s {decoy} {jobs}")
+                await until(lambda: any(f"a link another user (uid {stranger.uid}) made" in
+                                        r.getMessage() for r in caplog.records))
+                failures = watch.failures
+                await until(lambda: watch.failures > failures + 5)
+                assert state(uuids[1]) == "free"
+                assert watch.metrics()["state"] == "failing"
+            finally:
+                shutil.rmtree(decoy)
+
 
 def test_a_fifo_in_the_map_spoils_itself_alone_and_sigterm_still_stops_the_daemon(tmp_path):
     # As found: the watch opened the FIFO and waited on it for good: readings stuck, the
@@ -313,3 +336,62 @@ def test_a_huge_file_is_read_no_further_than_the_limit(tmp_path):
     assert after - before <= 65537 + 4096  # the file's first 64 KiB and a byte, and /proc
     assert [job.id for job in found.allocations[0].jobs] == ["4242", "4243"]
     assert found.problems == {"0": "over 65536 bytes: the lines past them are not read"}
+
+
+def forked_as(user, fn):
+    """fn() run in a child of this process that has become `user`, as a daemon that does not
+    run as root; what it returned."""
+    reading, writing = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        try:
+            os.close(reading)
+            os.setgroups([])
+            os.setgid(user.gid)
+            os.setuid(user.uid)
+            answer = pickle.dumps(("returned", fn()))
+        except BaseException as exc:  # noqa: B036 - told to the parent, whatever it is
+            answer = pickle.dumps(("raised", repr(exc)))
+        with os.fdopen(writing, "wb") as f:
+            f.write(answer)
+        os._exit(0)
+    os.close(writing)
+    with os.fdopen(reading, "rb") as f:
+        how, what = pickle.loads(f.read())
+    os.waitpid(pid, 0)
+    assert how == "returned", what
+    return what
+
+
+def test_a_file_that_cannot_be_read_keeps_its_jobs_and_spoils_no_other(stranger, shared):
+    """A daemon that does not run as root reads a map of root's; one of its files becomes
+    unreadable to it: that GPU keeps the jobs last read of it, the others are read on."""
+    jobs = os.path.join(shared, "jobs")
+    os.mkdir(jobs, 0o755)
+    for name, text in (("0", LINE), ("1", "4250 user=bo\n")):
+        with open(os.path.join(jobs, name), "w") as f:
+            f.write(text)
+    os.chown(os.path.join(jobs, "0"), stranger.uid, stranger.gid)  # so that it can chmod it
+
+    def watch():
+        signals, told = Signals(), []
+        signals.job_allocation.connect(
+            lambda sender, record: told.append(
+                (record.uuid[-4:], record.allocation.ids() if record.allocation else None)),
+            weak=False)
+        inventory = synthetic_inventory(2)
+        ours = JobMapWatch(inventory, signals, Config(slurm_job_map=jobs))
+
+        async def readings():
+            await ours.read()
+            os.chmod(os.path.join(jobs, "0"), 0)  # unreadable to its owner, who is not root
+            await ours.read()
+            await ours.read()
+        asyncio.run(readings())
+        return ([(d.uuid[-4:], d.number) for d in inventory], told, ours.metrics()["state"],
+                ours._problems)
+
+    devices, told, state, problems = forked_as(stranger, watch)
+    number = dict(devices)
+    assert sorted((number[uuid], ids) for uuid, ids in told) == [(0, ("4242",)), (1, ("4250",))]
+    assert state == "up" and problems == {"0": "cannot be read: Permission denied"}

@@ -32,6 +32,7 @@ handed out because a read failed.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import pwd
@@ -186,6 +187,10 @@ def read_file(directory: int, name: str, limit: int) -> Tuple[Optional[str], Opt
                      | os.O_CLOEXEC, dir_fd=directory)
     except FileNotFoundError:
         return None, None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a link now
+            return None, kind(stat.S_IFLNK)
+        raise
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
