@@ -10,6 +10,7 @@ import time
 from typing import Any, List, Optional, Sequence
 
 from patroller.config import Config, policy_of
+from patroller.config.trust import Untrusted
 from patroller.core.devices import Inventory, InventoryChange
 from patroller.core.leases import LeaseManager
 from patroller.core.policy import Policy
@@ -24,7 +25,7 @@ from patroller.identify.resolver import ProcessIdentifier
 from patroller.identify.tracker import ProcessTracker
 from patroller.observe.crosscheck import CrossCheck, Unattributed
 from patroller.observe.idle import IdleWatch
-from patroller.observe.jobmap import JobMapWatch
+from patroller.observe.jobmap import JobMapWatch, check_map
 from patroller.observe.inventory import GpuHostError, InventoryWatch, command, devices_of, discover
 from patroller.observe.miguuids import MigUuids
 from patroller.observe.monitor import Monitor
@@ -179,7 +180,13 @@ def _url(sock: socket.socket) -> str:
 
 async def build(config: Config) -> Daemon:
     """The daemon the configuration asks for, built but not started: in GPU host mode, the
-    devices are discovered first (`nvidia-smi -q -x`). Raises StartError if it cannot be."""
+    devices are discovered first (`nvidia-smi -q -x`). Raises StartError if it cannot be, or
+    if the Slurm job map is not to be trusted (observe/jobmap.py)."""
+    if config.slurm_job_map is not None:
+        try:
+            check_map(config.slurm_job_map)
+        except Untrusted as exc:
+            raise StartError(str(exc)) from None
     signals = Signals()
     if config.test:
         inventory = synthetic_inventory(config.test_devices)

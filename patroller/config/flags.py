@@ -76,7 +76,8 @@ _SETTINGS = (
      "container's process running as one is never taken for a host account (default 100000)"),
     ("--slurm-job-map", "PATROLLER_SLURM_JOB_MAP",
      "directory of the Slurm job map (one file per GPU index, listing its jobs; written by "
-     "contrib/slurm's prolog): a GPU listed there is its jobs', never granted (default: none)"),
+     "contrib/slurm's prolog): a GPU listed there is its jobs', never granted; it must be "
+     "root's or the daemon's user's and writable by nobody else (default: none)"),
     ("--kubelet-socket", "PATROLLER_KUBELET_SOCKET",
      "the kubelet's pod-resources socket, asked only while it is there: a GPU it assigns to a "
      "pod is the pod's, never granted; none or empty: not asked (default "
