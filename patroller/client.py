@@ -76,15 +76,11 @@ def reserve(count: int = 1, server: Optional[str] = None, timeout: Optional[floa
     """
     _check_hold(hold)
     params: Dict[str, Any] = {resource: count, "hold": hold}
-    if timeout == 0:
-        path = "/request"
-        http_timeout: Optional[float] = _SLACK
-    else:
-        path = "/wait"
-        if timeout is not None:
-            params["timeout"] = timeout
-        http_timeout = None if timeout is None else float(timeout) + _SLACK
-    code, body = _call(server, "GET", path, params, http_timeout)
+    if timeout not in (0, None):
+        params["timeout"] = timeout
+    http_timeout = None if timeout is None else float(timeout) + _SLACK
+    code, body = _call(server, "GET", "/request" if timeout == 0 else "/wait", params,
+                       http_timeout)
     if code == 200:
         with _reserved_lock:
             _reserved.setdefault(parse_server(server), []).extend(d["uuid"] for d in body)
@@ -105,9 +101,8 @@ def claim(count: int = 1, server: Optional[str] = None, timeout: Optional[float]
     """Reserve devices and point CUDA at them; True on success, False when busy or timed out.
 
     Sets CUDA_VISIBLE_DEVICES to the devices' nvidia-smi numbers and CUDA_DEVICE_ORDER to
-    PCI_BUS_ID, the order those numbers follow. Call it before CUDA is initialised. release()
-    puts both back as they were before the first claim() once nothing claimed is held.
-    """
+    PCI_BUS_ID, the order those numbers follow (call it before CUDA is initialised): as they
+    were before once release() has given back all that was claimed."""
     global _before_claim
     devices = reserve(count, server, timeout, resource, hold)
     if devices is None:
@@ -137,9 +132,7 @@ def release(server: Optional[str] = None, uuid: Optional[str] = None,
     """Give back what this process reserved through this module (claim, reserve, Claim), or
     the device `uuid`; what the server released. The user's other reservations (another job's,
     a hold for a duration) stay: `release_all` gives back those too. The host's root may name
-    another user's device, with a `reason` for the audit record (the answer's `holder`). Once
-    this process holds nothing it reserved here, the CUDA variables are as before claim()."""
-    global _before_claim
+    another user's device, with a `reason` for the audit record (the answer's `holder`)."""
     key = parse_server(server)
     with _reserved_lock:
         uuids = [uuid] if uuid is not None else list(_reserved.get(key, []))
@@ -151,19 +144,26 @@ def release(server: Optional[str] = None, uuid: Optional[str] = None,
         answer["after_exit"] += body["after_exit"]
         if body.get("holder"):  # the host's root released another user's device
             answer["holder"] = body["holder"]
-        with _reserved_lock:
-            if one in _reserved.get(key, []):
-                _reserved[key].remove(one)
-            if _before_claim is not None and not any(_reserved.values()):
-                _put_back(_before_claim)  # nothing claimed is held any more
-                _before_claim = None
+        _forget(key, [one])
     return answer
 
 
 def release_all(server: Optional[str] = None, reason: Optional[str] = None) -> Dict[str, Any]:
     """Give back every reservation of this caller's user, but those held for another process
     that still runs (a job's: `kept`, with why); what the server released and kept."""
-    return _granted(server, "POST", "/release", {"reason": reason} if reason else {}, _SLACK)
+    body = _granted(server, "POST", "/release", {"reason": reason} if reason else {}, _SLACK)
+    _forget(parse_server(server), [d["uuid"] for d in body["released"] + body["after_exit"]])
+    return body
+
+
+def _forget(key: Tuple[str, str, int], uuids: List[str]) -> None:
+    """What this process no longer holds; once it holds nothing, CUDA's are as before claim()."""
+    global _before_claim
+    with _reserved_lock:
+        _reserved[key] = [one for one in _reserved.get(key, []) if one not in uuids]
+        if _before_claim is not None and not any(_reserved.values()):
+            _put_back(_before_claim)
+            _before_claim = None
 
 
 def renew(server: Optional[str] = None, uuid: Optional[str] = None,

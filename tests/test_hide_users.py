@@ -17,7 +17,7 @@ from helpers import (ScenarioFile, ServerProcess, async_test, gpu_running, need_
 from patroller.identify.resolver import host_identity
 from patroller.state.pseudonyms import KEY_FILE, Pseudonyms
 from test_live import Reader
-from tests.kubelet import Kubelet, gpu_pod
+from kubelet import Kubelet, gpu_pod
 from test_trust_callers import HOST, entering, namespaces  # noqa: F401 (a fixture)
 
 PSEUDONYM = re.compile(r"user-[0-9a-f]{12}\Z")
