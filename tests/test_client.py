@@ -222,6 +222,14 @@ def test_release_puts_back_the_variables_claim_set(server, before):
         assert os.environ.get(name) == (before or {}).get(name)
 
 
+def test_release_all_gives_back_what_claim_took_and_its_variables(server):
+    os.environ["CUDA_VISIBLE_DEVICES"] = "7"
+    assert claim(2, server=server.server)
+    assert client.release_all(server.server)["released"]
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "7" and "CUDA_DEVICE_ORDER" not in os.environ
+    assert not client._reserved[client.parse_server(server.server)]
+
+
 @pytest.fixture(scope="module")
 def short_lease():
     process = ServerProcess("--test", "--lease", "0.5").start()

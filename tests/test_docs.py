@@ -59,6 +59,31 @@ def test_the_readme_names_every_package_the_test_setup_installs():
     assert not missing, f"the README does not say tests/setup.sh installs {missing}"
 
 
+PAGE_FILES = ("patroller/http/web/index.html", "patroller/http/web/app.js",
+              "patroller/http/web/style.css")
+
+
+def test_the_screenshot_was_taken_after_the_page_last_changed():
+    """docs/screenshot.png (the README's and web.md's picture) shows the page as it is: no
+    commit since the one that last took it (scripts/screenshot.py) changed the page's files."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                              timeout=60)
+
+    shot = git("log", "-1", "--format=%H", "--", "docs/screenshot.png").stdout.strip()
+    if not shot:
+        import pytest
+
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI must check the screenshot's age: no git history of it here")
+        pytest.skip("no git history here to date the screenshot by")
+    later = git("rev-list", f"{shot}..HEAD", "--", *PAGE_FILES).stdout.split()
+    dirty = git("status", "--porcelain", "--", *PAGE_FILES).stdout.strip()
+    assert not later and not dirty, (
+        f"the page changed after docs/screenshot.png was taken ({len(later)} commit(s)"
+        f"{', and uncommitted changes' if dirty else ''}): run scripts/screenshot.py")
+
+
 def test_console_script_runs():
     script = os.path.join(os.path.dirname(sys.executable), "patroller")
     result = subprocess.run([script, "--version"], capture_output=True, text=True, timeout=30)
