@@ -499,9 +499,10 @@ def test_the_command_line_needs_only_the_client_and_the_standard_library(test_se
     package.mkdir()
     (package / "cli").mkdir()
     # the client side: the package's version, the client, the duration parser, the host lists'
-    # reader, the command line
-    for name in ("__init__.py", "client.py", "durations.py", "hosts.py", *(f"cli/{n}" for n in os.listdir(
-            os.path.join(ROOT, "patroller", "cli")) if n.endswith(".py"))):
+    # reader, the check of other hosts' answers, the command line
+    cli = [f"cli/{n}" for n in os.listdir(os.path.join(ROOT, "patroller", "cli"))
+           if n.endswith(".py")]
+    for name in ("__init__.py", "client.py", "durations.py", "hosts.py", "answers.py", *cli):
         (package / name).write_text(open(os.path.join(ROOT, "patroller", name)).read())
     # -S: no site-packages, so Tornado, the Docker SDK or any other package cannot be imported
     done = subprocess.run([sys.executable, "-S", "-m", "patroller.cli", "status", "--server",
