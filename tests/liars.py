@@ -109,6 +109,18 @@ def with_claim(devices: Dict[str, Any], status: Dict[str, Any], **changes: Any) 
     return {"/devices": json.dumps(devices).encode(), "/status": json.dumps(lied).encode()}
 
 
+def heavy(devices: Dict[str, Any], status: Dict[str, Any], size: int) -> Dict[str, bytes]:
+    """The real answers, the first GPU with as many users as `size` bytes hold, each an empty
+    identity: true to the schema (an identity's fields may be left out), and the dearest answer
+    of that size to decode and check."""
+    base = len(json.dumps(status, separators=(",", ":")))
+    users = [{}] * ((size - base - 64) // 3)
+    answers = with_claim(devices, status, users=users)
+    answers["/status"] = json.dumps(json.loads(answers["/status"]), separators=(",", ":")).encode()
+    assert len(answers["/status"]) <= size
+    return answers
+
+
 def hostile(devices: Dict[str, Any], status: Dict[str, Any],
             max_gpus: int) -> Iterator[tuple[str, Dict[str, Answer], Optional[str]]]:
     """(name, answers, what the fleet view must say of it) for every attack: the words a host's
