@@ -40,7 +40,7 @@ IDENTITY: Dict[str, Kinds] = {  # Identity: Claim.user, and Claim.users' items
 CONTAINER: Dict[str, Kinds] = {"name": ("string", "null")}  # Identity.container
 JOB: Dict[str, Kinds] = {"id": ("string",)}  # Identity.job
 POD: Dict[str, Kinds] = {"namespace": ("string",), "name": ("string",)}  # Identity.pod
-REQUIRED = {"pid"}  # the views cannot do without these (every version has them)
+REQUIRED = {"pid"}  # the views cannot do without these (the schema requires them too)
 STATES = ("free", "reserved", "allocated", "claimed", "shared", "lost")  # Claim.state's enum
 SHOWN = 64  # characters of a host's own text (a uuid, a state) quoted in a message at most
 

@@ -64,6 +64,7 @@ def _ask(host: str, timeout: float) -> HostAnswer:
 
 
 def said(why: str) -> str:
+    """`why` cut to ERROR_SHOWN characters: a host's own words in it are the host's choice."""
     return why if len(why) <= ERROR_SHOWN else why[:ERROR_SHOWN - 1] + "…"
 
 
