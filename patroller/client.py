@@ -54,8 +54,8 @@ class ServerUnreachable(PatrollerError):
 class RequestRefused(PatrollerError):
     """The server refused the request (a bad request, an unknown group, ...)."""
 
-    def __init__(self, status: int, body: Dict[str, Any]) -> None:
-        super().__init__(f"{status}: {body.get('error', body)}")
+    def __init__(self, status: int, body: Any) -> None:
+        super().__init__(f"{status}: {body.get('error', body) if isinstance(body, dict) else body}")
         self.status = status
         self.body = body
 
@@ -355,46 +355,42 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock.connect(self.path)
 
 
-def _connection(scheme: str, host: str, port: int,
-                timeout: Optional[float]) -> http.client.HTTPConnection:
-    if scheme == "unix":
-        return _UnixConnection(host, timeout)
-    kind = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
-    return kind(host, port, timeout=timeout)
-
-
-def get_json(server: Optional[str], path: str, timeout: float = _SLACK) -> Any:
-    """GET `path` (/status, /devices, /users, ...): its decoded JSON. RequestRefused when the
-    server refuses, ServerUnreachable when it does not answer within `timeout` seconds."""
-    return _granted(server, "GET", path, {}, timeout)
+def get_json(server: Optional[str], path: str, timeout: float = _SLACK, limit: int = 0) -> Any:
+    """GET `path` (/status, ...): its JSON. RequestRefused when refused; ServerUnreachable when
+    not answered within `timeout` s, nor JSON of at most `limit` bytes (0: any; no more read)."""
+    return _granted(server, "GET", path, {}, timeout, limit)
 
 
 def _granted(server: Optional[str], method: str, path: str, params: Dict[str, Any],
-             timeout: Optional[float]) -> Any:
+             timeout: Optional[float], limit: int = 0) -> Any:
     """The answer to a call that must succeed; RequestRefused when the server refuses."""
-    code, body = _call(server, method, path, params, timeout)
+    code, body = _call(server, method, path, params, timeout, limit)
     if code != 200:
         raise RequestRefused(code, body)
     return body
 
 
 def _call(server: Optional[str], method: str, path: str, params: Dict[str, Any],
-          timeout: Optional[float]) -> Tuple[int, Any]:
+          timeout: Optional[float], limit: int = 0) -> Tuple[int, Any]:
     scheme, host, port = parse_server(server)
-    connection = _connection(scheme, host, port, timeout)
+    kind = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
+    connection = (_UnixConnection(host, timeout) if scheme == "unix"
+                  else kind(host, port, timeout=timeout))
     target = path + ("?" + urllib.parse.urlencode(params) if params else "")
     try:
         connection.request(method, target, headers={"Accept": "application/json"})
         response = connection.getresponse()
-        raw = response.read()
+        raw = response.read(limit + 1 if limit else None)
     except (OSError, http.client.HTTPException) as exc:
         where = host if scheme == "unix" else f"{host}:{port}"
         raise ServerUnreachable(f"Patroller at {where}: {exc}") from None
     finally:
         connection.close()
+    if limit and len(raw) > limit:
+        raise ServerUnreachable(f"bad answer: {path} is more than {limit} bytes")
     try:
         body = json.loads(raw.decode("utf-8"))
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON; or nested deeper than Python recurses
         raise ServerUnreachable(f"{server or host} did not answer like Patroller "
                                 f"(HTTP {response.status})") from None
     return response.status, body

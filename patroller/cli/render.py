@@ -143,7 +143,8 @@ def memory_cell(used: Any, total: Any) -> str:
         total_mib = int(total.split()[0])
     if used is None and total_mib is None:
         return "-"
-    return f"{'-' if used is None else int(used)}/{'-' if total_mib is None else total_mib} MiB"
+    shown = "-" if used is None else int(used) if isinstance(used, (int, float)) else used
+    return f"{shown}/{'-' if total_mib is None else total_mib} MiB"
 
 def percent(value: Any) -> str:
     return "-" if value is None else f"{value}%"

@@ -84,6 +84,9 @@ class Config:
     fleet: Tuple[str, ...] = ()  # the hosts shown, as given (host:port); none: no fleet view
     fleet_interval: float = 5.0  # seconds from one asking of a host's /status to the next
     fleet_timeout: float = 3.0  # seconds a host may take to answer: then it is not answering
+    # bytes: the largest answer taken from a host, never read past (a /status of 64 GPUs and
+    # 500 processes is about 92 KB); a larger one is a bad answer
+    fleet_max_bytes: int = 1 << 20
 
     # -- internal defaults: the daemon as a whole ----------------------------------------------
     shutdown_grace: float = 2.0  # seconds the whole stop may take: monitors, then connections
@@ -176,5 +179,4 @@ class Config:
     max_pages: int = 200  # web pages open at once (/events)
     max_pages_per_user: int = 20  # of them, one user's: nobody keeps the others' pages out
     max_pages_unidentified: int = 20  # of them, those of callers who cannot be identified
-    fleet_max_body: int = 8 << 20  # bytes: the largest answer taken from a fleet host (a
-    # /status of 64 GPUs and 500 processes is about 92 KB)
+    fleet_max_gpus: int = 256  # GPUs one fleet host may list: more is a bad answer
