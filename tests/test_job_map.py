@@ -27,6 +27,9 @@ from patroller.observe.testmode import synthetic_inventory
     ("4242 sluid=sEKNKTV3WPV500 uid=1001", Job("4242", uid=1001, sluid="sEKNKTV3WPV500")),
     ("4242 colour=blue uid=x", Job("4242")),  # words it does not know, a uid that is none
     ("sEKNKTV3WPV500 1001", Job("sEKNKTV3WPV500", uid=1001)),  # a SLUID as the id
+    # only the word right after the id may be a bare uid: a later number is no one's uid
+    ("4242 account=physics 1001", Job("4242", account="physics")),
+    ("4242 1001 2002", Job("4242", uid=1001)),
     # values of no sane shape are dropped, never echoed: control characters, markup, length
     ("4242 user=ca\x1brol account=<b>x</b> partition=" + "p" * 65 + " uid=12345678901",
      Job("4242")),
@@ -209,3 +212,20 @@ def test_the_watch_matches_indices_to_devices_afresh_after_a_renumbering(tmp_pat
     watch.apply(allocation)
     assert [(r.uuid, r.allocation) for r in told] == [
         (devices[0].uuid, allocation[0]), (devices[0].uuid, None), (devices[1].uuid, allocation[0])]
+
+
+def test_a_lost_gpu_is_allocated_to_no_job(tmp_path):
+    """The map still names a GPU that has left the host (lost): nothing is allocated on it,
+    and once it is back the map's job holds it."""
+    devices = list(synthetic_inventory(2))
+    signals, told = Signals(), []
+    signals.job_allocation.connect(lambda sender, record: told.append(record), weak=False)
+    watch = JobMapWatch(Inventory([devices[0], changed(devices[1], lost=True)]), signals,
+                        Config(slurm_job_map=str(tmp_path)))
+    allocation = {0: Allocation((Job("7"),)), 1: Allocation((Job("8"),))}
+    watch.apply(allocation)
+    assert [(r.uuid, r.allocation) for r in told] == [(devices[0].uuid, allocation[0])]
+    watch.inventory = Inventory(devices)
+    watch.apply(allocation)
+    assert [(r.uuid, r.allocation) for r in told][1:] == [(devices[1].uuid, allocation[1])]
+
