@@ -79,7 +79,8 @@ CORE_ORDER: List[Tuple[str, ...]] = [
     ("patroller.core.pods",),  # Kubernetes pods' allocations
     ("patroller.core.jobs",),  # Slurm jobs' allocations
     ("patroller.core.devices", "patroller.core.identity", "patroller.core.errors",
-     "patroller.core.policy", "patroller.core.throttle", "patroller.core.protowire"),
+     "patroller.core.policy", "patroller.core.throttle", "patroller.core.protowire",
+     "patroller.core.text"),
 ]
 MAX_MODULE_LINES = 400
 MAX_CLASS_LINES = 300

@@ -113,7 +113,7 @@ def test_an_id_that_matches_nothing_is_logged_once(caplog):
     listed = [(Pod("ml", "a"), ("MIG-x", inventory.devices[0].uuid))]
     with caplog.at_level(logging.WARNING):
         for _ in range(3):
-            watch.apply(listed)
+            watch.apply(*allocations(listed, inventory))
     assert sum("MIG-x" in r.getMessage() for r in caplog.records) == 1
     assert [(r.uuid, r.source) for r in told] == [(inventory.devices[0].uuid, "kubernetes")]
 

@@ -128,6 +128,12 @@ class Config:
     # The resources of the kubelet's that are GPUs (shell patterns): the NVIDIA device plugin's
     # GPUs, its MIG devices (mixed strategy), and time-slicing's renamed replicas.
     kubelet_resources: Tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/mig-*", "*.shared")
+    kubelet_ids_logged: int = 10  # device ids matching no GPU logged one by one per reading at
+    # most; the rest are counted in one line
+    # bytes: the largest answer taken from the kubelet or containerd (gRPC's own default); a
+    # larger one is a failed call, never decoded (110 pods of three containers, each with a
+    # GPU, list in about 35 KB; decoding 4 MiB of the costliest junk takes about a second)
+    grpc_max_message: int = 4 << 20
     test_devices: int = 8  # test mode's synthetic devices
     test_interval: float = 1.0  # seconds between test mode's samples
     history_every: float = 5.0  # seconds between the points of a device's utilisation history
@@ -138,6 +144,10 @@ class Config:
     identity_ttl: float = 3600.0  # seconds a process's identity is cached (by pid and start)
     identity_cache: int = 65536  # identities cached at most
     owner_retry: float = 5.0  # seconds between attempts to learn a degraded owner (Docker down)
+    # seconds a new GPU process's owner may take to be learned (an engine that hangs): then its
+    # GPU is held by an owner not known yet (degraded) until it is. Above a Podman service's
+    # usual 0.3-0.8 s, far below the engines' 5 s timeouts
+    owner_wait: float = 1.0
     container_ttl: float = 600.0  # seconds a container's labels are cached
     container_cache: int = 4096  # containers cached at most
     address_ttl: float = 10.0  # seconds the containers' network addresses are cached

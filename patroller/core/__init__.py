@@ -1,5 +1,6 @@
 """The rules, with no I/O: what a device and an identity are, the domain errors, the fair-use
-policy, the lease rules (`core.leases`), and small pure helpers (a log throttle).
+policy, the lease rules (`core.leases`), and small pure helpers (a log throttle, others' text
+made printable for a log line).
 
 Owns: Device and Inventory, Identity and ProcessRef, the errors the API maps to statuses,
 Policy, the lease manager with its holds and queue, the Slurm jobs a device is allocated to
