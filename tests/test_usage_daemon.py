@@ -18,6 +18,7 @@ from helpers import (NOBODY, ScenarioFile, ServerProcess, async_test, find, gpu_
 from patroller.identify.resolver import host_identity
 from patroller.state.usage import schema
 from test_hide_users import PSEUDONYM, ask_as
+from test_openapi import answer_schema, undocumented
 from test_usage_store import fill, interval, tmpfs
 
 FILE = "usage.sqlite3"
@@ -280,18 +281,27 @@ def test_samples_past_the_retention_are_folded_at_start_and_still_reported(tmp_p
 
 @async_test
 async def test_bad_ranges_are_400_naming_the_field_and_no_store_is_404(tmp_path):
-    async with running(state_dir=str(tmp_path / "state")) as h:
+    async with running(state_dir=str(tmp_path / "state"), usage_interval=0.2) as h:
         for path, field in (("/usage?since=soon", "since"), ("/usage?until=2999-01-01", "until"),
                             ("/usage?since=1h&until=2h", "since"), ("/usage?by=team", "by"),
                             ("/usage?since=2026-13-01", "since"), ("/usage?group=x", "group")):
             code, body = await h.call(path)
             assert code == 400 and body["field"] == field and field in body["error"], path
-        code, body = await h.call("/usage?since=30d&by=day")
-        assert code == 200 and body["by"] == "day"
+            assert list(undocumented(body, answer_schema("/usage", "get", 400))) == []
+        await h.ok("/request?gpu=1&user=alice")
+        await until(lambda: h.services.usage.intervals >= 1)
+        for by in ("user", "gpu", "day"):
+            code, body = await h.call(f"/usage?since=30d&by={by}")
+            assert code == 200 and body["by"] == by and body["rows"]
+            assert list(undocumented(body, answer_schema("/usage", "get", 200))) == [], by
+        counters = await h.ok("/metrics.json")
+        assert counters["usage"]["state"] == "writable"
+        assert list(undocumented(counters, answer_schema("/metrics.json", "get", 200))) == []
     for settings in ({}, {"state_dir": str(tmp_path / "other"), "usage": "none"}):
         async with running(**settings) as h:
             code, body = await h.call("/usage")
             assert code == 404 and "--state-dir" in body["error"]
+            assert list(undocumented(body, answer_schema("/usage", "get", 404))) == []
             assert (await h.ok("/metrics.json"))["usage"] is None
 
 

@@ -89,6 +89,21 @@ def test_an_interval_is_one_row_per_gpu_and_its_categories_are_what_reports_read
     assert '"pids":[42]' in row[7] and '"containers":["train"]' in row[7]
 
 
+@pytest.mark.errors_expected  # the interval that cannot be written is logged as an error
+def test_an_interval_is_written_whole_or_not_at_all(tmp_path, caplog):
+    broken = interval()
+    broken[1] = replace(broken[1], state=None)  # the second GPU's row breaks a constraint
+    with store_in(tmp_path) as store:
+        store.put(time.time(), broken)
+        store.put(time.time() + 60, interval())
+        wait(lambda: store.intervals == 1 and store.dropped == 1)
+        assert store.state == "writable" and store.rows == 2
+    db = sqlite3.connect(tmp_path / FILE)
+    assert db.execute("SELECT COUNT(*) FROM samples").fetchone() == (2,)  # the good interval
+    assert db.execute("SELECT SUM(seconds) FROM hourly").fetchone() == (120.0,)
+    assert "could not be written and is dropped" in caplog.text
+
+
 def test_a_new_file_is_made_version_1_and_a_later_step_migrates_it_in_a_transaction(tmp_path):
     db = sqlite3.connect(tmp_path / "u.sqlite3", isolation_level=None)
     assert schema.migrate(db) == 0 and schema.version(db) == 1
