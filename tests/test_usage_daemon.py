@@ -194,13 +194,14 @@ async def test_a_full_disk_degrades_the_store_serving_goes_on_and_it_catches_up(
             await until(lambda: store.failures >= 3)
             os.unlink(filler)
             await until(lambda: store.state == "writable", timeout=30)
-            sampled = h.services.sampler.samples
-            await until(lambda: store.intervals >= sampled)  # nothing lost meanwhile
-            assert store.dropped == 0
             found, _, _ = await scrape(h)
             assert find(found, "patroller_usage_writable") == [1.0]
-            rows = find(found, "patroller_usage_rows_written_total")[0]
-            assert rows == store.rows >= 8 * sampled
+            assert find(found, "patroller_usage_rows_written_total")[0] == store.rows > 0
+        # stopped: every interval sampled, those of the full disk too, is on disk
+        assert store.intervals == h.services.sampler.samples and store.dropped == 0
+        db = sqlite3.connect(state / FILE)
+        assert db.execute("SELECT COUNT(*) FROM samples").fetchone() == (8 * store.intervals,)
+        db.close()
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "cannot write the usage store" in errors[0], errors
     assert "is written again" in caplog.text

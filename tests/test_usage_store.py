@@ -91,16 +91,19 @@ def test_an_interval_is_one_row_per_gpu_and_its_categories_are_what_reports_read
 
 @pytest.mark.errors_expected  # the interval that cannot be written is logged as an error
 def test_an_interval_is_written_whole_or_not_at_all(tmp_path, caplog):
-    broken = interval()
-    broken[1] = replace(broken[1], state=None)  # the second GPU's row breaks a constraint
+    bobs = [replace(s, holder=BOB, present=()) for s in interval()]  # bob is new
+    broken = [bobs[0], replace(bobs[1], state=None)]  # the second GPU's row breaks a rule
+    now = time.time()
     with store_in(tmp_path) as store:
-        store.put(time.time(), broken)
-        store.put(time.time() + 60, interval())
+        store.put(now, broken)
+        store.put(now + 60, bobs)
         wait(lambda: store.intervals == 1 and store.dropped == 1)
         assert store.state == "writable" and store.rows == 2
+        # the good interval alone, bob's too (not under the id the broken one gave him)
+        assert by_category(report(store, now - 3600, now + 60)) == \
+            {("bob", "reserved_unused"): 120.0}
     db = sqlite3.connect(tmp_path / FILE)
-    assert db.execute("SELECT COUNT(*) FROM samples").fetchone() == (2,)  # the good interval
-    assert db.execute("SELECT SUM(seconds) FROM hourly").fetchone() == (120.0,)
+    assert db.execute("SELECT COUNT(*) FROM samples").fetchone() == (2,)
     assert "could not be written and is dropped" in caplog.text
 
 
@@ -269,13 +272,17 @@ def test_a_full_disk_degrades_the_store_and_it_catches_up_when_there_is_room(tmp
             store.put(time.time(), interval())
             wait(lambda: store.intervals == 1)
             filler = fill(where)
-            for n in range(30):  # enough for the write-ahead log to need another block
-                store.put(time.time() + n, interval())
+            now = time.time()
+            for n in range(30):  # enough for the write-ahead log to need another block; bob
+                # is new: the ids of the failed transactions must not be taken for his
+                store.put(now + n, [replace(s, holder=BOB, present=()) for s in interval()])
             wait(lambda: store.state == "failing")
             assert "full" in store.why or "No space" in store.why, store.why
             os.unlink(filler)
             wait(lambda: store.state == "writable" and store.intervals == 31)
             assert store.dropped == 0
+            totals = by_category(report(store, now - 3600, now + 60))
+            assert totals[("bob", "reserved_unused")] == 2 * 30 * 60.0  # two GPUs each
 
 
 def test_a_read_only_filesystem_runs_without_a_store_and_says_so(tmp_path, caplog):

@@ -317,8 +317,8 @@ class DaemonCollector:
                 ("failures", "Writes (or openings) of the usage store that failed", "failures"),
                 ("set_aside", "Usage store files set aside: corrupt, or of a newer schema",
                  "set_aside"),
-                ("dropped_intervals", "Usage intervals dropped: kept in memory past the "
-                 "backlog while the store could not be written", "dropped")):
+                ("dropped_intervals", "Usage intervals dropped: past the backlog kept in "
+                 "memory while the store could not be written, or refused by it", "dropped")):
             yield CounterMetricFamily(f"patroller_usage_{name}", text, value=found.get(key, 0))
         yield GaugeMetricFamily("patroller_usage_pending_intervals", "Usage intervals kept in "
                                 "memory, not yet written", value=found.get("pending", 0))
