@@ -1,8 +1,12 @@
 """The usage categories and reports, as pure rules: each category by hand, the time split between
 the parties on a GPU, the report's order and shares, the /usage query's mistakes, and what a
 caller sees of the keys under --hide-users."""
+from dataclasses import replace as changed
+
 import pytest
 
+from helpers import FakeClock, async_test, lease_manager
+from patroller.core.devices import Inventory
 from patroller.core.errors import BadRequest
 from patroller.core.identity import Identity
 from patroller.core.usage import (CATEGORIES, NOBODY, GpuSample, Party, Present, classify,
@@ -14,6 +18,7 @@ from patroller.observe.signals import Sample
 from patroller.observe.tally import Tally
 from patroller.observe.testmode import synthetic_inventory
 from patroller.state.pseudonyms import Pseudonyms
+from patroller.state.usage.sampler import UsageSampler
 
 ALICE = Party(user="alice", account="alice")
 BOB = Party(user="bob", account="bob")
@@ -218,3 +223,62 @@ def test_an_account_or_job_is_hidden_unless_every_user_under_it_may_be_seen(pseu
     assert jobs[1][0] == "4343"
     gpus = keys_seen("gpu", Viewer("bob"), pseudonyms)([("GPU-1", "alice", "active", 1.0)])
     assert gpus == [("GPU-1", "active", 1.0)]
+
+
+# -- the sampler: a hold as a sample ------------------------------------------------------------
+
+class Collected:
+    """The usage store's side the sampler sees: what it is handed."""
+
+    def __init__(self):
+        self.intervals = []
+
+    def put(self, at, samples):
+        self.intervals.append((at, samples))
+
+
+@async_test
+async def test_each_gpu_is_sampled_as_its_hold_stands_with_the_readings_of_the_interval():
+    clock = FakeClock()
+    devices = synthetic_inventory(5)
+    lost = devices.by_number(4).uuid
+    inventory = Inventory([changed(d, lost=True) if d.uuid == lost else d for d in devices])
+    leases = lease_manager(clock, inventory)
+    leases.devices_changed()
+    uuid = [d.uuid for d in inventory]
+    alice = Identity(user="alice", source="host", account="alice", uid=1001)
+    in_container = Identity(user="alice", source="container", account="root", uid=0,
+                            container=("3f2a9c1b7d4e", "train"))
+    bob = Identity(user="bob", source="host", account="bob", uid=1002)
+    [granted] = leases.request(alice, {"gpu": 1})
+    leases.process_started(granted.uuid, 10, alice)
+    leases.process_started(granted.uuid, 11, alice)
+    leases.process_started(granted.uuid, 12, in_container)
+    leases.process_started(granted.uuid, 13, bob)
+    taken = next(u for u in uuid if u != granted.uuid)
+    leases.process_started(taken, 20, bob)  # bob takes one by computing
+    silent = next(u for u in uuid if u not in (granted.uuid, taken, lost))
+    leases.withhold(silent, "printed nothing for 2 s")
+    tally, store = Tally(inventory, busy_sm=1.0), Collected()
+    sampler = UsageSampler(inventory, leases, tally, store, 60.0, clock=clock, wall=lambda: 5e9)
+    sampler.start()
+    for sm in (0, 30, 60):
+        tally._on_sample(None, Sample(granted.uuid, {"sm": sm, "mem": 5, "fb": 1000}, 0.0))
+    clock.advance(60)
+    sampler.sample()
+    [(at, samples)] = store.intervals
+    found = {s.uuid: s for s in samples}
+    assert at == 5e9 and len(samples) == 5 and all(s.seconds == 60 for s in samples)
+    mine = found[granted.uuid]
+    assert (mine.state, mine.hold, mine.reserved) == ("shared", "lease", True)
+    assert mine.holder == Party(user="alice", account="alice")
+    assert [(p.party.user, p.party.account, p.own, p.pids, p.containers)
+            for p in mine.present] == [("alice", "alice", True, (10, 11), ()),
+                                       ("alice", "root", True, (12,), ("train",)),
+                                       ("bob", "bob", False, (13,), ())]
+    assert (mine.readings, mine.busy, mine.sm_mean, mine.fb_max) == (3, 2, 30.0, 1000.0)
+    assert (found[taken].state, found[taken].reserved) == ("claimed", False)
+    assert found[silent].state == "withheld" and found[lost].state == "lost"
+    assert classify(found[lost]) == [("lost", NOBODY, 60.0)]
+    sampler.stop()  # the interval so far: none has passed on this clock
+    assert len(store.intervals) == 1
