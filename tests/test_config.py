@@ -31,6 +31,23 @@ def test_environment_fallbacks():
                             nvidia_smi="/opt/nvidia-smi", log_level="debug")
 
 
+def test_the_usage_store_settings():
+    defaults = load([], {})
+    assert (defaults.usage, defaults.usage_interval, defaults.usage_days,
+            defaults.usage_busy_sm) == ("sqlite", 60.0, 400, 1.0)
+    config = load(["--usage-interval", "2m", "--usage-days", "30"],
+                  {"PATROLLER_USAGE": "None", "PATROLLER_USAGE_BUSY_SM": "5",
+                   "PATROLLER_USAGE_DAYS": "x"})
+    assert (config.usage, config.usage_interval, config.usage_days,
+            config.usage_busy_sm) == ("none", 120.0, 30, 5.0)
+    for args, named in ((["--usage", "postgres"], "--usage"),
+                        (["--usage-interval", "0.01"], "--usage-interval"),
+                        (["--usage-days", "0"], "--usage-days"),
+                        (["--usage-busy-sm", "101"], "--usage-busy-sm")):
+        with pytest.raises(ConfigError, match=re.escape(named)):
+            load(args, {})
+
+
 def test_socket_and_docker_host(tmp_path):
     config = load(["--socket", str(tmp_path / "api.sock")], {"DOCKER_HOST": "unix:///tmp/d.sock"})
     assert config.socket == str(tmp_path / "api.sock")

@@ -78,6 +78,7 @@ CORE_ORDER: List[Tuple[str, ...]] = [
     ("patroller.core.scheduled",),  # what an allocation answers, whoever made it
     ("patroller.core.pods",),  # Kubernetes pods' allocations
     ("patroller.core.jobs",),  # Slurm jobs' allocations
+    ("patroller.core.usage",),  # GPU-time in categories, and reports of it
     ("patroller.core.devices", "patroller.core.identity", "patroller.core.errors",
      "patroller.core.policy", "patroller.core.throttle", "patroller.core.protowire",
      "patroller.core.text"),

@@ -113,6 +113,16 @@ _SETTINGS = (
     ("--audit-log", "PATROLLER_AUDIT_LOG",
      "also append the audit record to this file as JSON lines; - for standard output "
      "(default: the daemon's log only)"),
+    ("--usage", "PATROLLER_USAGE",
+     "where GPU usage history is kept: sqlite (<state-dir>/usage.sqlite3, the default; none "
+     "without a state directory) or none"),
+    ("--usage-interval", "PATROLLER_USAGE_INTERVAL",
+     "seconds between usage samples, one row per GPU each (default 60; at least 0.1)"),
+    ("--usage-days", "PATROLLER_USAGE_DAYS",
+     "days usage samples are kept; older ones are folded into daily totals (default 400)"),
+    ("--usage-busy-sm", "PATROLLER_USAGE_BUSY_SM",
+     "a statistics reading with at least this % of SM use counts as computing in the usage "
+     "categories; less is idle (default 1)"),
     ("--fleet", "PATROLLER_FLEET",
      "serve /fleet, one live page of these hosts' GPUs (host:port,host:port,...), and "
      "/fleet.json; this daemon asks each host's /status itself (default: no fleet view)"),
@@ -259,6 +269,13 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
                         Config.idle_after),
         idle_release=pick("--idle-release", env_names["--idle-release"], durations.parse, None),
         audit_log=pick("--audit-log", env_names["--audit-log"], values.nonempty, None),
+        usage=pick("--usage", env_names["--usage"], values.usage, Config.usage),
+        usage_interval=pick("--usage-interval", env_names["--usage-interval"],
+                            values.usage_interval, Config.usage_interval),
+        usage_days=pick("--usage-days", env_names["--usage-days"], values.count,
+                        Config.usage_days),
+        usage_busy_sm=pick("--usage-busy-sm", env_names["--usage-busy-sm"], values.percent,
+                           Config.usage_busy_sm),
         fleet=fleet,
         fleet_interval=pick("--fleet-interval", env_names["--fleet-interval"], values.fleet_interval,
                             Config.fleet_interval),

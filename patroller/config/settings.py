@@ -74,6 +74,10 @@ class Config:
     # -- state on disk (flags) ----------------------------------------------------------------
     state_dir: Optional[str] = None  # the lease book's directory; None: keep no book
     audit_log: Optional[str] = None  # also write the audit record here (JSON lines; - stdout)
+    usage: str = "sqlite"  # the usage store (<state-dir>/usage.sqlite3); "none": keep none
+    usage_interval: float = 60.0  # seconds between usage samples: one row per GPU each
+    usage_days: int = 400  # days each sample is kept; then folded into daily totals
+    usage_busy_sm: float = 1.0  # %: a reading with at least this SM use counts as computing
 
     # -- HTTP (flags) -------------------------------------------------------------------------
     body_timeout: float = 10.0  # seconds a request body may take to arrive
@@ -169,6 +173,13 @@ class Config:
     lifeline_poll: float = 0.5  # seconds between checks of a process held for, where pidfds
     # cannot be had
     pseudonyms_remembered: int = 65536  # pseudonyms kept once computed (--hide-users)
+    usage_dir: Optional[str] = None  # the usage store's directory; None: the state directory
+    # (tests put it on a filesystem of its own: full, read-only; the benchmark elsewhere)
+    usage_retry: float = 5.0  # seconds between tries while the usage store cannot be written
+    usage_backlog: int = 1440  # intervals kept in memory meanwhile (a day at one a minute);
+    # older ones are dropped, counted
+    usage_fold_every: float = 3600.0  # seconds between foldings of old samples into daily totals
+    usage_busy_timeout: float = 5.0  # seconds a connection waits for the other's lock (SQLite)
 
     # -- internal defaults: http (the server, the views, the live feed) -----------------------
     max_body: int = 64 * 1024  # bytes: the largest request body taken (a form for /release)

@@ -39,6 +39,30 @@ def nonnegative(text: str) -> float:
     return value
 
 
+def percent(text: str) -> float:
+    value = nonnegative(text)
+    if value > 100:
+        raise ValueError("must be a percentage from 0 to 100")
+    return value
+
+
+USAGE_STORES = ("sqlite", "none")
+
+
+def usage(text: str) -> str:
+    given = text.strip().lower()
+    if given not in USAGE_STORES:
+        raise ValueError(f"must be {' or '.join(USAGE_STORES)}")
+    return given
+
+
+def usage_interval(text: str) -> float:
+    value = durations.parse(text)
+    if value < 0.1:
+        raise ValueError("must be at least 0.1 seconds")
+    return value
+
+
 def existing_file(text: str) -> str:
     path = os.path.abspath(os.path.expanduser(text.strip()))
     if not os.path.isfile(path):

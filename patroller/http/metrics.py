@@ -37,6 +37,8 @@ from patroller.http.views import device_holds, usage, waiting_by_user
 from patroller.services import Services
 
 MIB = 1024 * 1024
+USAGE_STATES = ("off", "starting", "writable", "failing", "read_only", "stopped")
+USAGE_TROUBLE = ("failing", "read_only")
 MHZ = 1_000_000
 GPU_LABELS = ("gpu", "uuid", "model")
 PROCESS_LABELS = ("gpu", "uuid", "pid", "user", "container", "command")
@@ -102,6 +104,7 @@ class DaemonCollector:
         yield from self._processes(holds)
         yield from self._users()
         yield from self._health()
+        yield from self._usage()
 
     def _gpus(self, holds: Dict[str, Dict[str, Any]]) -> Iterator[Metric]:
         services = self.services
@@ -292,6 +295,35 @@ class DaemonCollector:
         for (endpoint, status), count in sorted(self.requests.answers.items()):
             answers.add_metric([endpoint, str(status)], count)
         yield answers
+
+
+    def _usage(self) -> Iterator[Metric]:
+        store = self.services.usage
+        found = store.metrics() if store is not None else {"state": "off"}
+        state = found["state"]
+        yield GaugeMetricFamily("patroller_usage_writable", "1 while the usage store can be "
+                                "written; 0 while writes fail, or with no store because its "
+                                "directory is read-only; 1 with none asked for",
+                                value=0.0 if state in USAGE_TROUBLE else 1.0)
+        states = GaugeMetricFamily("patroller_usage_state", "1 for the usage store's state: off "
+                                   "(none asked for), starting, writable, failing, read_only "
+                                   "(none: its directory is read-only) or stopped",
+                                   labels=["state"])
+        for each in USAGE_STATES:
+            states.add_metric([each], 1.0 if state == each else 0.0)
+        yield states
+        for name, text, key in (
+                ("rows_written", "Usage samples written: one row per GPU per interval", "rows"),
+                ("intervals_written", "Usage intervals written, each in one transaction",
+                 "intervals"),
+                ("failures", "Writes (or openings) of the usage store that failed", "failures"),
+                ("set_aside", "Usage store files set aside: corrupt, or of a newer schema",
+                 "set_aside"),
+                ("dropped_intervals", "Usage intervals dropped: past the backlog kept in "
+                 "memory while the store could not be written, or refused by it", "dropped")):
+            yield CounterMetricFamily(f"patroller_usage_{name}", text, value=found.get(key, 0))
+        yield GaugeMetricFamily("patroller_usage_pending_intervals", "Usage intervals kept in "
+                                "memory, not yet written", value=found.get("pending", 0))
 
 
 class Collected:
