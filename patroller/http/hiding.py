@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Set
 from patroller.core.errors import PatrollerError
 from patroller.core.identity import Identity
 from patroller.core.leases import is_admin
+from patroller.core.pods import pod_id
 from patroller.http.encoding import dumps
 from patroller.http.views import StatusView
 from patroller.state.pseudonyms import Pseudonyms
@@ -182,6 +183,33 @@ def snapshot(data: Dict[str, Any], r: Redaction) -> Dict[str, Any]:
     """The web page's live feed (views.page_snapshot)."""
     return {**data, "status": status(data["status"], r), "queue": queue(data["queue"], r),
             "users": users(data["users"], r), "events": events(data["events"], r)}
+
+
+def fleet(data: Dict[str, Any], r: Redaction) -> Dict[str, Any]:
+    """/fleet.json (fleet.Fleet.data): each host's GPUs as that host showed them to this daemon,
+    which may have seen every name (its own host's root, over loopback); so each holder and
+    user is hidden again, as this daemon's callers may see them (a pseudonym a host gave
+    becomes another: its own key is not this daemon's)."""
+    return {**data, "hosts": [{**host, "gpus": [
+        {**gpu, "user": r.identity(gpu.get("user")),
+         "users": [r.identity(u) for u in gpu.get("users") or []]}
+        for gpu in host.get("gpus") or []]} for host in data.get("hosts", [])]}
+
+
+def metric_labels(identity: Optional[Identity], label: Optional[Callable[[str], str]]
+                  ) -> Dict[str, str]:
+    """The labels /metrics gives a holder or a process's owner: `user`, `container` and `job`
+    and `pod` (a Slurm job's id, a Kubernetes pod's namespace/name). A scraper is nobody in
+    particular: with --hide-users (`label`, Hiding.label) the user is its pseudonym and the
+    others are empty, as they would name the user."""
+    if identity is None:
+        return {"user": "", "container": "", "job": "", "pod": ""}
+    if label is not None:
+        return {"user": label(identity.user), "container": "", "job": "", "pod": ""}
+    container = (identity.container[1] or identity.container[0]) if identity.container else ""
+    return {"user": identity.user, "container": container,
+            "job": dict(identity.job).get("id", "") if identity.job else "",
+            "pod": pod_id(identity) or ""}
 
 
 Render = Callable[[Data, Redaction], Data]

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import importlib.resources
-from typing import Dict, Optional
+from typing import Awaitable, Dict, Optional
 
 import tornado.web
 
 from patroller import __version__
 from patroller.core.errors import BadRequest, Unavailable, Unidentified
 from patroller.core.identity import Identity
-from patroller.http import query
+from patroller.http import hiding, query
 from patroller.http.access import shown
 from patroller.http.handlers import Handler, View
 from patroller.http.hiding import viewer_of
@@ -99,12 +99,13 @@ class FleetHandler(PageView):
 
 class FleetJsonHandler(View):
     """With --fleet, every host's GPUs as this daemon last heard them; it never waits for a
-    host."""
+    host. With --hide-users, the names in it as the caller may see them (hiding.fleet)."""
 
-    def get(self) -> None:
-        if self.api.fleet is None:
+    def get(self) -> Optional[Awaitable[None]]:
+        fleet = self.api.fleet
+        if fleet is None:
             raise no_fleet()
-        self.send(self.api.fleet.data())
+        return self.shown(fleet.data, hiding.fleet)
 
 
 class WebHandler(View):
