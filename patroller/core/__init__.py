@@ -1,7 +1,8 @@
 """The rules, with no I/O: what a device and an identity are, the domain errors, the fair-use
 policy, the lease rules (`core.leases`), and small pure helpers (a log throttle).
 
-Owns: Device and Inventory, Identity and ProcessRef, the errors the API maps to statuses,
+Owns: Device and Inventory, Identity and ProcessRef, Viewer (whom a caller may see named,
+with --hide-users), the errors the API maps to statuses,
 Policy, the lease manager with its holds and queue, the Slurm jobs a device is allocated to
 (`jobs`), and the protobuf wire format (`protowire`).
 May import: the standard library and `patroller.durations`; nothing else of Patroller, no

@@ -9,22 +9,24 @@ empty), a user's host accounts in /users are pseudonyms with no uid, and their j
 listed; a refusal says that a device is allocated to a Slurm job or a pod, not which one, and
 how many devices other identities hold under the caller's host account, not which
 (errors.Private). `unknown` (a process nobody can be found for) names no one and is shown as it
-is.
+is. Who may see which name is `Viewer.sees` (core/identity.py); /fleet.json's holders, which a
+host may have shown this daemon by name, are hidden again as its caller may see them, and the
+labels of /metrics are the pseudonyms alone (`metric_labels`).
 
 The read models build their data as before, names and all (the audit record and the log keep
-them); what each caller sees is derived from that data here, as late as possible. One build of
-the data is serialized once per way of seeing it: with every name (root: the views' own body),
-with pseudonyms only (everyone the data names nothing of: most pollers share it), and once for
-each user it names who asks.
+them); what each caller sees is derived from that data here, as late as possible, by pure
+functions of the data and a `Redaction` (tests/test_hiding_rules.py holds them as one table).
+One build of the data is serialized once per way of seeing it: with every name (root: the
+views' own body), with pseudonyms only (everyone the data names nothing of: most pollers share
+it), and once for each user it names who asks.
 """
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Set
 
 from patroller.core.errors import PatrollerError
-from patroller.core.identity import Identity
+from patroller.core.identity import NAMELESS, Identity, Viewer
 from patroller.core.leases import is_admin
 from patroller.core.pods import pod_id
 from patroller.http.encoding import dumps
@@ -32,22 +34,7 @@ from patroller.http.views import StatusView
 from patroller.state.pseudonyms import Pseudonyms
 
 Data = Any  # a read model's data: JSON's dicts, lists and scalars
-SHOWN = frozenset({"unknown"})  # user strings that name nobody
 EVENT_NAMES = ("user", "by", "holder")  # the fields of an audit event that name users
-
-
-@dataclass(frozen=True)
-class Viewer:
-    """Who asks, as far as names go."""
-
-    user: Optional[str] = None  # the caller's `user`; None: not identified, or a scraper
-    everything: bool = False  # the host's root: every name
-
-    def sees(self, user: Optional[str]) -> bool:
-        """Whether this caller may see `user` named."""
-        return self.everything or user is None or user in SHOWN or user == self.user
-
-
 NOBODY = Viewer()
 EVERYTHING = Viewer(everything=True)  # without --hide-users, everyone
 
@@ -291,4 +278,4 @@ class Hiding:
 
     def label(self, user: str) -> str:
         """A user as the metrics' labels name them: nobody scrapes as anyone."""
-        return user if user in SHOWN else self.pseudonyms.of(user)
+        return user if user in NAMELESS else self.pseudonyms.of(user)
