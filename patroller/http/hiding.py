@@ -22,7 +22,6 @@ it), and once for each user it names who asks.
 """
 from __future__ import annotations
 
-import weakref
 from typing import Any, Callable, Dict, List, Optional, Set
 
 from patroller.core.errors import PatrollerError
@@ -31,6 +30,7 @@ from patroller.core.leases import is_admin
 from patroller.core.pods import pod_id
 from patroller.http.encoding import dumps
 from patroller.http.views import StatusView
+from patroller.identify.connection import Accepted, ConnectionFacts
 from patroller.state.pseudonyms import Pseudonyms
 
 Data = Any  # a read model's data: JSON's dicts, lists and scalars
@@ -240,9 +240,6 @@ class Hiding:
         self.status_view = status_view
         self._status: Optional[Shown] = None  # /status as each viewer sees it ...
         self._status_of: Optional[bytes] = None  # ... for this build of the views' body
-        # Who asked on each open connection, once a handler has identified them: one
-        # connection, one caller (callers.py holds the same of TCP callers).
-        self._viewers: "weakref.WeakKeyDictionary[Any, Viewer]" = weakref.WeakKeyDictionary()
 
     def status_body(self, viewer: Viewer) -> bytes:
         """/status as `viewer` sees it, at most as old as the views' own body."""
@@ -254,16 +251,18 @@ class Hiding:
             self._status_of = body
         return self._status.body(viewer)
 
-    def lane_status(self, connection: Any) -> Optional[bytes]:
+    def lane_status(self, connection: Optional[Accepted]) -> Optional[bytes]:
         """The fast lane's /status: for a connection whose caller is known; None sends the
         request to the handler, which identifies the caller (and remembers them)."""
-        viewer = self._viewers.get(connection) if connection is not None else None
+        viewer = connection.facts.viewer if connection is not None else None
         return self.status_body(viewer) if viewer is not None else None
 
-    def remember(self, connection: Any, viewer: Viewer) -> None:
-        """Who asked on `connection` (a plain request: no user= of test mode)."""
-        if connection is not None:
-            self._viewers[connection] = viewer
+    @staticmethod
+    def remember(known: Optional[ConnectionFacts], viewer: Viewer) -> None:
+        """Who asked on a connection (a plain request: no user= of test mode): one
+        connection, one caller."""
+        if known is not None:
+            known.viewer = viewer
 
     def show(self, render: Render, data: Data, viewer: Viewer) -> Data:
         """Some data as `viewer` sees it."""

@@ -17,6 +17,7 @@ from patroller.http.access import shown
 from patroller.http.handlers import Handler, View
 from patroller.http.hiding import viewer_of
 from patroller.http.live import Page
+from patroller.identify.connection import stream_of
 
 PAGE_POLICY = ("default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
                "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
@@ -131,11 +132,11 @@ class _PageConnection(Page):
         self.handler = handler
 
     def write(self, message: bytes) -> None:
-        connection = getattr(self.handler.request.connection, "stream", None)
-        if connection is None or connection.closed():
+        stream = stream_of(self.handler.request.connection)
+        if stream is None or stream.closed():
             self.close()
             return
-        if connection.writing() and not message.startswith(b"retry:"):
+        if stream.writing() and not message.startswith(b"retry:"):
             return  # the last one has not gone out yet: this one supersedes it, skip it
         self.handler.write(message)
         self.handler.flush()
