@@ -138,7 +138,7 @@ class Case:
     def body(self, endpoint: str, viewer: Viewer) -> Any:
         """What `viewer` is sent: JSON as the server serializes it, the metrics (the same for
         every caller), or a command's output from what the server sends."""
-        if endpoint == "/metrics":
+        if endpoint == "/metrics":  # it asks no one who they are: with the flag, one scrape
             return self.metrics[viewer is not EVERY_NAME]
         if endpoint in COMMANDS:
             return COMMANDS[endpoint](self, viewer)
