@@ -434,3 +434,31 @@ async def test_root_is_told_which_job_and_another_uid_is_not(allocations, scenar
             [[status, theirs]] = await ask_as(NOBODY, h, path)
             assert status == 403 and theirs[key] is None
             assert not any(name in json.dumps(theirs) for name in NAMES), theirs
+
+
+# -- the fleet view: what this daemon heard, hidden again for its callers ------------------------
+
+@async_test
+async def test_the_fleet_view_hides_the_names_a_host_showed_this_daemon(scenario):
+    """A host shows the fleet daemon the names it may see: over loopback it is a local process,
+    the host's root where it runs as root, or the holder's own account. /fleet.json names
+    them to its callers only as they may see them (before: to everyone, as heard)."""
+    async with gpu_running(scenario, lease=300, hide_users=True) as host:
+        [grant] = await host.ok("/request?gpu=1")  # held by this process's account
+        ours = host.services.leases.holder(grant["uuid"]).user
+        async with running(hide_users=True, fleet=(f"127.0.0.1:{host.port}",),
+                           fleet_interval=0.1) as fleet:
+            async def holder(asker):
+                [heard] = (await fleet.ok(f"/fleet.json?user={asker}"))["hosts"]
+                if heard["state"] != "up":
+                    return None
+                return next(gpu["user"] for gpu in heard["gpus"] if gpu["uuid"] == grant["uuid"])
+
+            deadline = asyncio.get_running_loop().time() + 20
+            while await holder("bob") is None:
+                assert asyncio.get_running_loop().time() < deadline, "the host never answered"
+                await asyncio.sleep(0.05)
+            seen = await holder("bob")
+            assert PSEUDONYM.match(seen["user"]) and seen["user"] != ours
+            assert [seen[k] for k in ("email", "account", "uid", "container")] == [None] * 4
+            assert (await holder(ours))["user"] == ours  # their own name, to them

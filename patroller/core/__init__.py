@@ -2,7 +2,8 @@
 policy, the lease rules (`core.leases`), and small pure helpers (a log throttle, others' text
 made printable for a log line).
 
-Owns: Device and Inventory, Identity and ProcessRef, the errors the API maps to statuses,
+Owns: Device and Inventory, Identity and ProcessRef, Viewer (whom a caller may see named,
+with --hide-users), the errors the API maps to statuses,
 Policy, the lease manager with its holds and queue, the Slurm jobs a device is allocated to
 (`jobs`), the protobuf wire format (`protowire`), and the GPU-time categories of the usage
 history with the reports summed from them (`usage`).

@@ -25,6 +25,7 @@ from patroller.http.api import Api
 from patroller.http.encoding import dumps
 from patroller.http.hiding import Viewer, viewer_of
 from patroller.http.views import counters, device_json, grant_json, queue_view, users_view
+from patroller.identify.connection import facts_of, stream_of
 from patroller.identify.peers import left
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ class Handler(tornado.web.RequestHandler):
             identity = None
         viewer = viewer_of(identity)
         if claimed is None and self.api.hiding is not None:
-            self.api.hiding.remember(getattr(self.request.connection, "stream", None), viewer)
+            self.api.hiding.remember(facts_of(self.request.connection), viewer)
         return viewer
 
     def check_duration(self, duration: Optional[float]) -> None:
@@ -112,7 +113,7 @@ class Handler(tornado.web.RequestHandler):
         identified as it connected, is handled before the loop reads a close sent with the
         request. A client that half-closes (sends its request, then shuts its side, as `nc -N`
         does) is taken as gone: Tornado ends the connection at the end of its input."""
-        return left(getattr(self.request.connection, "stream", None))
+        return left(stream_of(self.request.connection))
 
     def unanswerable(self) -> bool:
         """Before a change made for the client: true if it can no longer be told; its
@@ -121,7 +122,7 @@ class Handler(tornado.web.RequestHandler):
         if not self.client_gone():
             return False
         self.set_status(CLIENT_LEFT, "Client Closed Request")
-        stream = getattr(self.request.connection, "stream", None)
+        stream = stream_of(self.request.connection)
         if stream is not None:
             stream.close()
         return True
@@ -130,7 +131,7 @@ class Handler(tornado.web.RequestHandler):
         """Answer with a grant; if the answer could not be written (the client left after it
         was last asked: a unix caller's closed socket refuses the write), give it back."""
         kept = self.kept(caller, devices)
-        stream = getattr(self.request.connection, "stream", None)
+        stream = stream_of(self.request.connection)
         try:
             await self.send(grant_json(kept, self.leases))
             lost = stream is None or (stream.closed() and stream.error is not None)

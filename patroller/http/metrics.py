@@ -14,13 +14,13 @@ only for users who hold, use or wait for a GPU now; requests are counted by endp
 or `other`) and status.
 
 With --hide-users, the scrapers (nobody in particular) see every user label as its pseudonym,
-and no container or job label of a user's (hiding.py).
+and no container, job or pod label of a user's (hiding.metric_labels).
 """
 from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily,
@@ -28,10 +28,8 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, Info
 from prometheus_client.exposition import choose_encoder
 
 from patroller import __version__
-from patroller.core.identity import Identity
-from patroller.core.pods import pod_id
 from patroller.http.access import Requests
-from patroller.http.hiding import Hiding
+from patroller.http.hiding import Hiding, metric_labels
 from patroller.observe.monitor import FAILING, STATES
 from patroller.http.views import device_holds, usage, waiting_by_user
 from patroller.services import Services
@@ -56,33 +54,6 @@ GPU_FIGURES = (
     ("clock_hertz", "Clock frequency, hertz", "pclk", MHZ, ("clock", "sm")),
     ("clock_hertz", "", "mclk", MHZ, ("clock", "memory")),
 )
-
-
-def _name(identity: Optional[Identity], hide: Optional[Callable[[str], str]]) -> str:
-    if identity is None:
-        return ""
-    return hide(identity.user) if hide is not None else identity.user
-
-
-def _job(identity: Optional[Identity], hide: Optional[Callable[[str], str]]) -> str:
-    """The Slurm job id of a holder's process: on the holder-info series alone, as a label on
-    every series would multiply them by the jobs."""
-    if identity is None or not identity.job or hide is not None:
-        return ""
-    return dict(identity.job).get("id", "")
-
-
-def _pod(identity: Optional[Identity], hide: Optional[Callable[[str], str]]) -> str:
-    """The Kubernetes pod of a holder's process (namespace/name), on the holder-info series
-    alone, as a job is."""
-    return "" if hide is not None else pod_id(identity) or ""
-
-
-def _container(identity: Optional[Identity], hide: Optional[Callable[[str], str]]) -> str:
-    if identity is None or identity.container is None or hide is not None:
-        return ""
-    short, name = identity.container
-    return name or short
 
 
 def _number(value: Any) -> Optional[float]:
@@ -142,10 +113,7 @@ class DaemonCollector:
                              1.0 if services.stats.processes_stale(device.uuid) else 0.0)
             hold = holds[device.uuid]
             who = hold["holder"]
-            holder.add_metric(ids, {"state": hold["state"], "user": _name(who, self.hide),
-                                    "container": _container(who, self.hide),
-                                    "job": _job(who, self.hide),
-                                    "pod": _pod(who, self.hide)})
+            holder.add_metric(ids, {"state": hold["state"], **metric_labels(who, self.hide)})
             age.add_metric(ids, hold["age"])
             if hold["expires"] is not None:
                 expiry.add_metric(ids, hold["expires"])
@@ -165,8 +133,9 @@ class DaemonCollector:
                                  labels=PROCESS_LABELS)
         for device in services.inventory:
             for pid, owner, command in holds[device.uuid]["processes"]:
-                labels = [str(device.number), device.uuid, str(pid), _name(owner, self.hide),
-                          _container(owner, self.hide), command or ""]
+                named = metric_labels(owner, self.hide)
+                labels = [str(device.number), device.uuid, str(pid), named["user"],
+                          named["container"], command or ""]
                 figures = services.stats.process_view(device.uuid, pid)
                 fb, sm = _number(figures.get("fb")), _number(figures.get("sm"))
                 if fb is not None:

@@ -21,8 +21,8 @@ from patroller.http.accepting import Acceptor
 from patroller.http.access import Requests
 from patroller.http.fastlane import Connection, FastLane
 from patroller.http.framing import Framing, TornadoReports
-from patroller.identify.peers import (Credentials, Peer, attach, attach_address,
-                                      peer_credentials)
+from patroller.identify.connection import Accepted, ConnectionFacts
+from patroller.identify.peers import Credentials, Peer, peer_credentials
 from patroller.identify.sockets import normalize, socket_owner
 
 log = logging.getLogger(__name__)
@@ -75,8 +75,8 @@ class PeerServer(HTTPServer):
 
     def handle_stream(self, stream: IOStream, address: Any) -> None:
         """Count the connection against its caller's (a caller at its limit is closed at
-        once), attach who is calling (a unix caller's credentials and /proc facts, a TCP
-        caller's address), then serve the connection as HTTP."""
+        once), note who is calling in its facts (a unix caller's credentials and /proc facts, a
+        TCP caller's address), then serve the connection as HTTP."""
         sock = stream.socket
         credentials = None
         if sock is not None and sock.family == socket.AF_UNIX:
@@ -85,11 +85,12 @@ class PeerServer(HTTPServer):
             if credentials is not None and credentials.pidfd is not None:
                 os.close(credentials.pidfd)
             return
+        # (a stream the Acceptor did not make has no facts: what is noted of it is lost)
+        known = stream.facts if isinstance(stream, Accepted) else ConnectionFacts()
         if credentials is not None:
-            facts = asyncio.ensure_future(self.read_facts(credentials))
-            attach(stream, Peer(credentials, facts))
+            known.peer = Peer(credentials, asyncio.ensure_future(self.read_facts(credentials)))
         elif isinstance(address, tuple):
-            attach_address(stream, (address[0], address[1]))
+            known.address = (address[0], address[1])
         super().handle_stream(stream, address)
 
 
