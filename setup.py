@@ -17,9 +17,10 @@ setup(
     long_description_content_type="text/markdown",
     license="GPL-3.0-or-later",
     packages=find_packages(include=["patroller", "patroller.*"]),
-    python_requires=">=3.9",
+    python_requires=">=3.10",  # orjson 3.13 needs 3.10; tests/test_setup.py installs on it
     install_requires=REQUIRES,
-    package_data={"patroller.http": ["openapi.json", "web/*"]},
+    package_data={"patroller.http": ["openapi.json", "web/*"],
+                  "patroller.cli": ["patroller.service"]},
     # schemathesis 4 (the API fuzzer of tests/test_fuzz.py) needs Python 3.11
     # kubernetes: containerd's API and the kubelet's pod-resources are gRPC (grpcio alone: the
     # messages are encoded by patroller itself, so neither protobuf nor generated code is needed)
@@ -33,6 +34,9 @@ setup(
     classifiers=[
         "License :: OSI Approved :: GNU General Public License v3 or later (GPLv3+)",
         "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3 :: Only",
+        "Programming Language :: Python :: 3.10",
+        "Programming Language :: Python :: 3.11",
         "Operating System :: POSIX :: Linux",
         "Environment :: No Input/Output (Daemon)",
     ],

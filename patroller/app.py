@@ -10,6 +10,7 @@ import time
 from typing import Any, List, Optional, Sequence
 
 from patroller.config import Config, policy_of
+from patroller.config.trust import Untrusted
 from patroller.core.devices import Inventory, InventoryChange
 from patroller.core.leases import LeaseManager
 from patroller.core.policy import Policy
@@ -24,7 +25,7 @@ from patroller.identify.resolver import ProcessIdentifier
 from patroller.identify.tracker import ProcessTracker
 from patroller.observe.crosscheck import CrossCheck, Unattributed
 from patroller.observe.idle import IdleWatch
-from patroller.observe.jobmap import JobMapWatch
+from patroller.observe.jobmap import JobMapWatch, check_map
 from patroller.observe.inventory import GpuHostError, InventoryWatch, command, devices_of, discover
 from patroller.observe.miguuids import MigUuids
 from patroller.observe.monitor import Monitor
@@ -33,6 +34,7 @@ from patroller.observe.podresources import PodResourcesWatch
 from patroller.observe.signals import Allocated, Signals, Silence
 from patroller.observe.silence import SilenceWatch
 from patroller.observe.stats import StatsStore
+from patroller.observe.tally import Tally
 from patroller.observe.testmode import SyntheticMonitor, synthetic_inventory
 from patroller.services import Services
 from patroller.state.audit import AuditLog
@@ -41,6 +43,8 @@ from patroller.state.directory import BookError
 from patroller.state.lifetimes import Lifelines
 from patroller.state.pseudonyms import PseudonymError, Pseudonyms
 from patroller.state.timer import ExpiryTimer
+from patroller.state.usage.sampler import UsageSampler
+from patroller.state.usage.store import UsageStore
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +66,8 @@ class Daemon:
 
     def start(self) -> None:
         """Open the audit record's file, the lease book and the pseudonyms' key (last run's
-        reservations come back before anything is served), then start expiring leases,
+        reservations come back before anything is served), then start the usage store's
+        writer and its sampler (with a state directory), expiring leases,
         watching the processes devices are held for, the web page's feed, asking the fleet's
         hosts (with --fleet) and the monitors, on the current loop. Raises StartError if a file
         cannot be opened."""
@@ -88,6 +93,10 @@ class Daemon:
                 raise StartError(str(exc)) from None
         if services.book is not None:
             services.book.attach(services.leases)
+        if services.usage is not None and services.sampler is not None:
+            services.usage.open()  # its writer thread opens the file
+            if services.usage.state != "read_only":
+                services.sampler.start()
         services.timer.start()
         services.lifelines.start()
         self.api.feed.start()
@@ -116,7 +125,8 @@ class Daemon:
         lane = FastLane(lane_routes(api), api.requests.count,
                         hand_back_after=config.header_timeout / 2)
         self.server = PeerServer(api.app, lane, config=config,
-                                 read_facts=self.services.identifier.peer_facts)
+                                 read_facts=self.services.identifier.peer_facts,
+                                 requests=api.requests)
         self.server.add_sockets(sockets)
         return [_url(s) for s in sockets]
 
@@ -134,6 +144,8 @@ class Daemon:
             self.server.stop()
         if self.unix_file is not None:
             remove_unix_socket(self.unix_file)  # only if it is still ours
+        if services.sampler is not None:
+            services.sampler.stop()  # the interval so far is sampled too
         services.leases.close()  # waiters are answered 503
         self.api.feed.stop()  # pages' streams end (browsers reconnect by themselves)
         if self.api.fleet is not None:  # the other hosts are asked no more
@@ -150,6 +162,9 @@ class Daemon:
             except asyncio.TimeoutError:
                 log.warning("some connections did not close in time")
         services.identifier.close()  # the container engines' clients, the Docker Engine's too
+        if services.usage is not None:  # what is queued is written, within a bound
+            await asyncio.get_running_loop().run_in_executor(
+                None, services.usage.close, max(0.1, deadline - time.monotonic()))
         if services.book is not None:
             services.book.close()
         services.audit.close()
@@ -178,7 +193,13 @@ def _url(sock: socket.socket) -> str:
 
 async def build(config: Config) -> Daemon:
     """The daemon the configuration asks for, built but not started: in GPU host mode, the
-    devices are discovered first (`nvidia-smi -q -x`). Raises StartError if it cannot be."""
+    devices are discovered first (`nvidia-smi -q -x`). Raises StartError if it cannot be, or
+    if the Slurm job map is not to be trusted (observe/jobmap.py)."""
+    if config.slurm_job_map is not None:
+        try:
+            check_map(config.slurm_job_map)
+        except Untrusted as exc:
+            raise StartError(str(exc)) from None
     signals = Signals()
     if config.test:
         inventory = synthetic_inventory(config.test_devices)
@@ -237,6 +258,7 @@ def assemble(config: Config, inventory: Inventory, signals: Signals, monitors: S
     leases = LeaseManager(inventory, lease=config.lease, policy=make_policy(config),
                           max_waiters=config.max_waiters,
                           max_waiting_per_user=config.max_waiting_per_user)
+    usage = usage_store(config)
     services = Services(
         config=config, mode="test" if config.test else "gpu", started=time.monotonic(),
         inventory=inventory, signals=signals, monitors=tuple(monitors), leases=leases,
@@ -244,13 +266,16 @@ def assemble(config: Config, inventory: Inventory, signals: Signals, monitors: S
                          config.history_points),
         idle=IdleWatch(leases), identifier=identifier, callers=callers,
         tracker=ProcessTracker(leases, identifier, config.owner_retry,
-                                config.engine_recheck),
+                                config.engine_recheck, config.owner_wait),
         timer=ExpiryTimer(leases), lifelines=Lifelines(leases, config),
         audit=AuditLog(config.audit_log, config.audit_keep, config.repeat_log_every),
         book=LeaseBook(config.state_dir, config) if config.state_dir is not None else None,
         directory=directory,
         pseudonyms=Pseudonyms(config.state_dir, config.pseudonyms_remembered)
-        if config.hide_users else None)
+        if config.hide_users else None,
+        usage=usage, sampler=UsageSampler(inventory, leases, Tally(inventory, config.usage_busy_sm),
+                                          usage, config.usage_interval)
+        if usage is not None else None)
     connect(services)
     return Daemon(services, make_api(services))
 
@@ -263,6 +288,8 @@ def connect(services: Services) -> None:
     services.stats.connect(services.signals)
     services.idle.connect(services.signals)
     services.tracker.connect(services.signals)
+    if services.sampler is not None:
+        services.sampler.tally.connect(services.signals)
     services.leases.on_event(services.audit.record)
     if services.book is not None:  # nothing is handed out that the book cannot keep
         services.leases.gate = services.book.refusal
@@ -281,6 +308,15 @@ def connect(services: Services) -> None:
     def job_allocation(sender: Any, record: Allocated) -> None:
         services.leases.allocate(record.uuid, record.allocation, record.source)
     services.signals.job_allocation.connect(job_allocation, weak=False)
+
+
+def usage_store(config: Config) -> Optional[UsageStore]:
+    """The usage store the configuration asks for: in the state directory (or `usage_dir`),
+    unless --usage none or there is no state directory."""
+    directory = config.usage_dir or config.state_dir
+    if config.usage == "none" or directory is None:
+        return None
+    return UsageStore(directory, config)
 
 
 def make_policy(config: Config) -> Policy:

@@ -23,9 +23,8 @@ import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = ["claim", "reserve", "release", "release_all", "renew", "keep_alive", "status",
-           "devices", "queue", "get_json",
-           "Claim", "KeepAlive", "PatrollerError", "RequestRefused", "ServerUnreachable", "Busy",
-           "HOLDS"]
+           "devices", "queue", "get_json", "Claim", "KeepAlive", "PatrollerError",
+           "RequestRefused", "ServerUnreachable", "Busy", "HOLDS"]
 
 DEFAULT_SERVER = "localhost"  # or the PATROLLER_SERVER environment variable
 HOLDS = ("process", "lease")  # what keeps a reservation: the calling process, or a lease; or
@@ -41,6 +40,7 @@ _SHORTEST_RENEWAL = 0.1  # seconds: keep_alive never asks more often than this
 # bare release() gives back (never another job's reservations of the same user).
 _reserved: Dict[Tuple[str, str, int], List[str]] = {}
 _reserved_lock = threading.Lock()
+_before_claim: Optional[Dict[str, Optional[str]]] = None  # CUDA's variables before claim()
 
 
 class PatrollerError(Exception):
@@ -54,8 +54,8 @@ class ServerUnreachable(PatrollerError):
 class RequestRefused(PatrollerError):
     """The server refused the request (a bad request, an unknown group, ...)."""
 
-    def __init__(self, status: int, body: Dict[str, Any]) -> None:
-        super().__init__(f"{status}: {body.get('error', body)}")
+    def __init__(self, status: int, body: Any) -> None:
+        super().__init__(f"{status}: {body.get('error', body) if isinstance(body, dict) else body}")
         self.status = status
         self.body = body
 
@@ -76,15 +76,11 @@ def reserve(count: int = 1, server: Optional[str] = None, timeout: Optional[floa
     """
     _check_hold(hold)
     params: Dict[str, Any] = {resource: count, "hold": hold}
-    if timeout == 0:
-        path = "/request"
-        http_timeout: Optional[float] = _SLACK
-    else:
-        path = "/wait"
-        if timeout is not None:
-            params["timeout"] = timeout
-        http_timeout = None if timeout is None else float(timeout) + _SLACK
-    code, body = _call(server, "GET", path, params, http_timeout)
+    if timeout not in (0, None):
+        params["timeout"] = timeout
+    http_timeout = None if timeout is None else float(timeout) + _SLACK
+    code, body = _call(server, "GET", "/request" if timeout == 0 else "/wait", params,
+                       http_timeout)
     if code == 200:
         with _reserved_lock:
             _reserved.setdefault(parse_server(server), []).extend(d["uuid"] for d in body)
@@ -105,13 +101,22 @@ def claim(count: int = 1, server: Optional[str] = None, timeout: Optional[float]
     """Reserve devices and point CUDA at them; True on success, False when busy or timed out.
 
     Sets CUDA_VISIBLE_DEVICES to the devices' nvidia-smi numbers and CUDA_DEVICE_ORDER to
-    PCI_BUS_ID, the order those numbers follow. Call it before CUDA is initialised.
-    """
+    PCI_BUS_ID, the order those numbers follow (call it before CUDA is initialised): as they
+    were before once release() has given back all that was claimed."""
+    global _before_claim
     devices = reserve(count, server, timeout, resource, hold)
     if devices is None:
         return False
+    with _reserved_lock:
+        _before_claim = _before_claim or {n: os.environ.get(n) for n in CUDA_VARIABLES}
     export(devices)
     return True
+
+
+def _put_back(saved: Dict[str, Optional[str]]) -> None:
+    """The CUDA variables as they were saved (unset if they were unset)."""
+    for name, value in saved.items():
+        os.environ.pop(name, None) if value is None else os.environ.update({name: value})
 
 
 def export(devices: List[Dict[str, Any]]) -> None:
@@ -134,27 +139,31 @@ def release(server: Optional[str] = None, uuid: Optional[str] = None,
     answer: Dict[str, Any] = {"released": [], "after_exit": []}
     for one in uuids:
         params = {"uuid": one, **({"reason": reason} if reason else {})}
-        code, body = _call(server, "POST", "/release", params, _SLACK)
-        if code != 200:
-            raise RequestRefused(code, body)
+        body = _granted(server, "POST", "/release", params, _SLACK)
         answer["released"] += body["released"]
         answer["after_exit"] += body["after_exit"]
         if body.get("holder"):  # the host's root released another user's device
             answer["holder"] = body["holder"]
-        with _reserved_lock:
-            if one in _reserved.get(key, []):
-                _reserved[key].remove(one)
+        _forget(key, [one])
     return answer
 
 
 def release_all(server: Optional[str] = None, reason: Optional[str] = None) -> Dict[str, Any]:
     """Give back every reservation of this caller's user, but those held for another process
     that still runs (a job's: `kept`, with why); what the server released and kept."""
-    code, body = _call(server, "POST", "/release", {"reason": reason} if reason else {},
-                       _SLACK)
-    if code != 200:
-        raise RequestRefused(code, body)
+    body = _granted(server, "POST", "/release", {"reason": reason} if reason else {}, _SLACK)
+    _forget(parse_server(server), [d["uuid"] for d in body["released"] + body["after_exit"]])
     return body
+
+
+def _forget(key: Tuple[str, str, int], uuids: List[str]) -> None:
+    """What this process no longer holds; once it holds nothing, CUDA's are as before claim()."""
+    global _before_claim
+    with _reserved_lock:
+        _reserved[key] = [one for one in _reserved.get(key, []) if one not in uuids]
+        if _before_claim is not None and not any(_reserved.values()):
+            _put_back(_before_claim)
+            _before_claim = None
 
 
 def renew(server: Optional[str] = None, uuid: Optional[str] = None,
@@ -165,10 +174,7 @@ def renew(server: Optional[str] = None, uuid: Optional[str] = None,
     it was released), 403 when another user holds it, 422 when there is no such device.
     """
     params = {"uuid": uuid} if uuid is not None else {}
-    code, body = _call(server, "POST", "/renew", params, http_timeout)
-    if code != 200:
-        raise RequestRefused(code, body)
-    return body["renewed"]
+    return _granted(server, "POST", "/renew", params, http_timeout)["renewed"]
 
 
 def status(server: Optional[str] = None) -> Dict[str, Any]:
@@ -305,11 +311,7 @@ class Claim:
         if self.keeper is not None:
             self.keeper.stop()
             self.keeper = None
-        for name, value in self._saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        _put_back(self._saved)
         self._saved = {}
         for device in self.devices:
             try:
@@ -347,52 +349,48 @@ class _UnixConnection(http.client.HTTPConnection):
         super().__init__("localhost", timeout=timeout)
         self.path = path
 
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self.path)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
+    def connect(self) -> None:  # a socket that cannot connect is closed with the connection
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.path)
 
 
-def _connection(scheme: str, host: str, port: int,
-                timeout: Optional[float]) -> http.client.HTTPConnection:
-    if scheme == "unix":
-        return _UnixConnection(host, timeout)
-    if scheme == "https":
-        return http.client.HTTPSConnection(host, port, timeout=timeout)
-    return http.client.HTTPConnection(host, port, timeout=timeout)
+def get_json(server: Optional[str], path: str, timeout: float = _SLACK, limit: int = 0) -> Any:
+    """GET `path` (/status, ...): its JSON. RequestRefused when refused; ServerUnreachable when
+    not answered within `timeout` s, nor JSON of at most `limit` bytes (0: any; no more read)."""
+    return _granted(server, "GET", path, {}, timeout, limit)
 
 
-def get_json(server: Optional[str], path: str, timeout: float = _SLACK) -> Any:
-    """GET `path` (/status, /devices, /users, ...): its decoded JSON. RequestRefused when the
-    server refuses, ServerUnreachable when it does not answer within `timeout` seconds."""
-    code, body = _call(server, "GET", path, {}, timeout)
+def _granted(server: Optional[str], method: str, path: str, params: Dict[str, Any],
+             timeout: Optional[float], limit: int = 0) -> Any:
+    """The answer to a call that must succeed; RequestRefused when the server refuses."""
+    code, body = _call(server, method, path, params, timeout, limit)
     if code != 200:
         raise RequestRefused(code, body)
     return body
 
 
 def _call(server: Optional[str], method: str, path: str, params: Dict[str, Any],
-          timeout: Optional[float]) -> Tuple[int, Any]:
+          timeout: Optional[float], limit: int = 0) -> Tuple[int, Any]:
     scheme, host, port = parse_server(server)
-    connection = _connection(scheme, host, port, timeout)
+    kind = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
+    connection = (_UnixConnection(host, timeout) if scheme == "unix"
+                  else kind(host, port, timeout=timeout))
     target = path + ("?" + urllib.parse.urlencode(params) if params else "")
     try:
         connection.request(method, target, headers={"Accept": "application/json"})
         response = connection.getresponse()
-        raw = response.read()
+        raw = response.read(limit + 1 if limit else None)
     except (OSError, http.client.HTTPException) as exc:
         where = host if scheme == "unix" else f"{host}:{port}"
         raise ServerUnreachable(f"Patroller at {where}: {exc}") from None
     finally:
         connection.close()
+    if limit and len(raw) > limit:
+        raise ServerUnreachable(f"bad answer: {path} is more than {limit} bytes")
     try:
         body = json.loads(raw.decode("utf-8"))
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON; or nested deeper than Python recurses
         raise ServerUnreachable(f"{server or host} did not answer like Patroller "
                                 f"(HTTP {response.status})") from None
     return response.status, body

@@ -1,9 +1,10 @@
 """The daemon's services: one object that says what the daemon is made of.
 
 `patroller.app.build` makes it once, with no I/O in any constructor; `Daemon.start` opens what
-needs opening (the audit file, the lease book) and starts what runs (monitors, timers). The HTTP
-layer takes it whole: the handlers, the views and the Prometheus collector read their parts from
-it (through `patroller.http.api.Api`, which adds what only HTTP needs).
+needs opening (the audit file, the lease book, the usage store) and starts what runs (monitors,
+timers, the usage sampler). The HTTP layer takes it whole: the handlers, the views and the
+Prometheus collector read their parts from it (through `patroller.http.api.Api`, which adds what
+only HTTP needs).
 
 Owns: the record of the daemon's parts, typed.
 May import: `patroller.state`, `patroller.identify`, `patroller.observe`, `patroller.config`,
@@ -30,6 +31,8 @@ from patroller.state.book import LeaseBook
 from patroller.state.lifetimes import Lifelines
 from patroller.state.pseudonyms import Pseudonyms
 from patroller.state.timer import ExpiryTimer
+from patroller.state.usage.sampler import UsageSampler
+from patroller.state.usage.store import UsageStore
 
 
 @dataclass(frozen=True)
@@ -54,3 +57,6 @@ class Services:
     book: Optional[LeaseBook]  # None: no --state-dir, reservations do not survive a restart
     directory: Optional[ContainerDirectory]  # the Docker Engine's labels; None in test mode
     pseudonyms: Optional[Pseudonyms] = None  # others' names hidden (--hide-users); else None
+    usage: Optional[UsageStore] = None  # the usage history on disk; None: --usage none, or no
+    # state directory
+    sampler: Optional[UsageSampler] = None  # its samples, every --usage-interval

@@ -7,6 +7,10 @@ import subprocess
 
 import pytest
 
+# As the daemon sets it before it imports gRPC (observe/grpcunix.py): the tests' own gRPC
+# servers (grpc_server.py, kubelet.py) run in the process that also starts the daemon's children.
+os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
+
 from helpers import FakeClock, engines_left_out, lease_manager
 
 

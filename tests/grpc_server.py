@@ -4,8 +4,9 @@ field numbers with core/protowire.py."""
 from __future__ import annotations
 
 import os
+import threading
 from concurrent import futures
-from typing import Callable, Dict
+from typing import Callable, Dict, List, Optional
 
 import grpc
 
@@ -29,8 +30,11 @@ class Server:
         def behavior(name: str) -> Callable:
             def answer(request: bytes, context: grpc.ServicerContext) -> bytes:
                 self.calls[name] = self.calls.get(name, 0) + 1
+                handler = self.methods[name]
                 try:
-                    return self.methods[name](request)
+                    if hasattr(handler, "serve"):  # a Hang (of either import of this module)
+                        return handler.serve(request, context)
+                    return handler(request)
                 except Abort as abort:
                     context.abort(abort.code, abort.details)
             return answer
@@ -60,3 +64,29 @@ class Abort(Exception):
         super().__init__(details)
         self.code = code
         self.details = details
+
+
+class Hang:
+    """A handler that accepts a call and answers nothing (a server that hangs) until `release`
+    is set, then answers with `answer`; it sees the call end if the client ends it first."""
+
+    def __init__(self, answer: Handler = lambda request: b"") -> None:
+        self.answer = answer
+        self.release = threading.Event()
+        self.in_flight = 0  # calls held now
+        self.started = threading.Event()  # a call came
+        # For each call ended unanswered by its client: the seconds its deadline still had
+        # (a client that gave up or closed its channel), about 0 (it ran out), None (none).
+        self.ended: List[Optional[float]] = []
+
+    def serve(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        self.in_flight += 1
+        self.started.set()
+        try:
+            while not self.release.wait(0.01):
+                if not context.is_active():
+                    self.ended.append(context.time_remaining())
+                    return b""
+            return self.answer(request)
+        finally:
+            self.in_flight -= 1

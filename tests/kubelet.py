@@ -4,12 +4,12 @@ encoded with core/protowire.py from the field numbers of the kubelet's public ap
 (k8s.io/kubelet/pkg/apis/podresources/v1), as the simulator stands in for nvidia-smi."""
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import grpc
 
+from grpc_server import Abort, Hang, Server
 from patroller.core import protowire as pw
-from tests.grpc_server import Abort, Server
 
 LIST = "/v1.PodResourcesLister/List"
 
@@ -41,20 +41,30 @@ def gpu_pod(namespace: str, name: str, *ids: str, resource: str = "nvidia.com/gp
 
 class Kubelet:
     """The pod-resources service on `path`: `pods` (encoded PodResources) is what List answers,
-    `broken` makes it answer UNAVAILABLE, `garbage` with bytes that are no message."""
+    `broken` makes it answer UNAVAILABLE, `garbage` with bytes that are no message, `answer`
+    (when not None) with those bytes as they are; `hang` makes List hang (tests/grpc_server.py)
+    until `hang.release` is set."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, hang: Optional[Hang] = None) -> None:
         self.path = path
         self.pods: List[bytes] = []
         self.broken = False
         self.garbage = False
-        self.server = Server(path, {LIST: self._list})
+        self.answer: Optional[bytes] = None
+        self.answered = 0  # answers sent
+        self.hang = hang
+        self.server = Server(path, {LIST: hang if hang is not None else self._list})
+        if hang is not None:
+            hang.answer = self._list
 
     def _list(self, request: bytes) -> bytes:
         if self.broken:
             raise Abort(grpc.StatusCode.UNAVAILABLE, "the kubelet is restarting")
         if self.garbage:
             return b"\x0a\xff"  # field 1, a length past the end
+        self.answered += 1
+        if self.answer is not None:
+            return self.answer
         return b"".join(pw.delimited(1, p) for p in self.pods)
 
     @property

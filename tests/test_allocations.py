@@ -168,6 +168,20 @@ def test_a_process_of_another_uid_is_no_part_of_a_job_whose_uid_the_map_gives(le
     assert leases.holder(device).uid == 1001 and leases.state(device) == "shared"
 
 
+def test_a_jobs_own_process_on_its_gpu_is_not_use_without_asking(leases):
+    """The job asked Slurm: not `unreserved`, not a trespass, and asked; another job of the
+    same user there is both, as its own job did not ask for this GPU."""
+    device = uuid(leases, 5)
+    leases.allocate(device, ALLOCATION)
+    leases.process_started(device, 300, in_job("carol", 1001, "4242"))
+    counted = usage(leases)["carol"]
+    assert (counted["held"], counted["unreserved"], counted["trespassing"]) == (1, 0, 0)
+    assert claims(leases)[device]["asked"] is True
+    leases.process_started(device, 301, in_job("carol", 1001, "5151"))
+    counted = usage(leases)["carol"]
+    assert (counted["unreserved"], counted["trespassing"]) == (1, 1)
+
+
 def test_a_job_named_by_its_sluid_in_the_cgroup_is_the_same_job(leases):
     device = uuid(leases, 6)
     leases.allocate(device, Allocation((Job(id="4242", sluid="sEKNKTV3WPV500", user="carol"),)))

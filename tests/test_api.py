@@ -135,10 +135,12 @@ async def test_wait_is_answered_when_a_process_ends():
             assert claim["processes"] == [sleeper.pid] and claim["user"]["user"] == me
             await h.ok(f"/request?gpu=7&user={me}")
             waiting = asyncio.ensure_future(h.call("/wait?gpu=1&user=carol"))
+            await until(lambda: len(h.services.leases.waiters) == 1)  # queued before the release
             body = await h.ok(f"/release?user={me}&uuid={target}")
             assert [g["uuid"] for g in body["after_exit"]] == [target]
-            await asyncio.sleep(0.1)
-            assert not waiting.done()  # the process still runs there
+            # The release served the queue as it was answered: carol is still in it.
+            assert len(h.services.leases.waiters) == 1 and not waiting.done()
+            assert h.services.leases.state(target) == "claimed"  # the process still runs there
             h.services.signals.process_ended.send(object(), record=record)
             status, body = await asyncio.wait_for(waiting, 5)
             assert status == 200 and body[0]["uuid"] == target

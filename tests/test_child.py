@@ -49,12 +49,18 @@ async def test_lines_are_delivered_and_the_exit_is_logged_and_restarted(caplog):
 async def test_a_missing_command_is_retried_with_backoff_not_in_a_loop(caplog):
     child = RestartingChild("ghost", ["/nonexistent/nvidia-smi", "dmon"], lambda line: None,
                             settings(0.2, 0.2))
+
+    def attempts():
+        return [r.created for r in caplog.records
+                if "cannot start /nonexistent/nvidia-smi" in r.getMessage()]
+
     child.start()
-    await asyncio.sleep(0.5)
+    await until(lambda: len(attempts()) >= 3)
     await child.stop(0.5)
     assert child.starts == 0
-    attempts = caplog.text.count("cannot start /nonexistent/nvidia-smi")
-    assert 2 <= attempts <= 4
+    times = attempts()
+    gaps = [later - earlier for earlier, later in zip(times, times[1:])]
+    assert min(gaps) >= 0.19, gaps  # each retry waited its 0.2 s: a slow host only adds to it
 
 
 @async_test

@@ -494,18 +494,38 @@ def test_run_from_a_container_on_the_unix_socket(engine, scenario, socket_dir):
         assert server.stop() == 0
 
 
-def test_the_command_line_needs_only_the_client_and_the_standard_library(test_server, tmp_path):
-    package = tmp_path / "patroller"
-    package.mkdir()
-    (package / "cli").mkdir()
-    # the client side: the package's version, the client, the duration parser, the host lists'
-    # reader, the command line
-    for name in ("__init__.py", "client.py", "durations.py", "hosts.py", *(f"cli/{n}" for n in os.listdir(
-            os.path.join(ROOT, "patroller", "cli")) if n.endswith(".py"))):
-        (package / name).write_text(open(os.path.join(ROOT, "patroller", name)).read())
-    # -S: no site-packages, so Tornado, the Docker SDK or any other package cannot be imported
-    done = subprocess.run([sys.executable, "-S", "-m", "patroller.cli", "status", "--server",
-                           test_server], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+def client_files():
+    """The files docs/command-line.md says the command line needs (after `<!-- client files -->`)."""
+    with open(os.path.join(ROOT, "docs", "command-line.md"), encoding="utf-8") as f:
+        text = f.read()
+    said = text.split("<!-- client files -->", 1)[1].split("\n\n", 1)[0]
+    files = []
+    for path in re.findall(r"`(patroller/[^`]*)`", said):
+        if path.endswith("/"):
+            files += [os.path.join(path, n) for n in os.listdir(os.path.join(ROOT, path))
+                      if n.endswith(".py")]
+        else:
+            files.append(path)
+    return files
+
+
+def test_the_command_line_needs_only_the_files_the_docs_list(test_server, tmp_path):
+    """Exactly the files docs/command-line.md lists, in a bare virtual environment (no
+    Tornado, no Docker SDK, nothing installed): every client command's --help, and a status."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")],
+                   check=True, timeout=120)
+    python = str(tmp_path / "venv" / "bin" / "python")
+    files = client_files()
+    assert "patroller/client.py" in files and any(f.startswith("patroller/cli/") for f in files)
+    for name in files:
+        os.makedirs(tmp_path / os.path.dirname(name), exist_ok=True)
+        (tmp_path / name).write_text(open(os.path.join(ROOT, name)).read())
+    for command in ("run", "status", "release", "wait", "reserve"):
+        helped = subprocess.run([python, "-m", "patroller.cli", command, "--help"], cwd=tmp_path,
+                                capture_output=True, text=True, timeout=60)
+        assert helped.returncode == 0, (command, helped.stderr)
+    done = subprocess.run([python, "-m", "patroller.cli", "status", "--server", test_server],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert len(table_rows(done.stdout)) == 8
 
@@ -611,6 +631,7 @@ def test_reserve_holds_gpus_for_a_duration(test_server):
     assert all(7100 < c["expires"] <= 7200 for c in held)
     lease = patroller("reserve", "--server", test_server)  # the default: the short lease
     assert lease.stdout == "2\n" and "for the lease: start the job within" in lease.stderr
+    assert "`patroller release 2` gives it back" in lease.stderr  # one GPU: it
     assert patroller("reserve", "-n", "6", "--server", test_server).returncode == 75  # busy
     refused = patroller("reserve", "--hold", "13h", "--server", test_server)
     assert refused.returncode == 77, refused.stderr

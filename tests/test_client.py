@@ -205,6 +205,31 @@ def test_claim_context_manager_puts_the_variables_back(server, before):
         assert os.environ.get(name) == (before or {}).get(name)
 
 
+@pytest.mark.parametrize("before", [
+    None, {"CUDA_VISIBLE_DEVICES": "7", "CUDA_DEVICE_ORDER": "FASTEST_FIRST"}])
+def test_release_puts_back_the_variables_claim_set(server, before):
+    """claim() twice, then release() of one device, then of the rest: the variables are as
+    they were before the first claim() only once nothing claimed is held."""
+    for name, value in (before or {}).items():
+        os.environ[name] = value
+    assert claim(1, server=server.server) and claim(1, server=server.server)
+    second = os.environ["CUDA_VISIBLE_DEVICES"]
+    first = client._reserved[client.parse_server(server.server)][0]
+    release(server.server, first)
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == second  # one claimed device is still held
+    release(server.server)
+    for name in client.CUDA_VARIABLES:
+        assert os.environ.get(name) == (before or {}).get(name)
+
+
+def test_release_all_gives_back_what_claim_took_and_its_variables(server):
+    os.environ["CUDA_VISIBLE_DEVICES"] = "7"
+    assert claim(2, server=server.server)
+    assert client.release_all(server.server)["released"]
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "7" and "CUDA_DEVICE_ORDER" not in os.environ
+    assert not client._reserved[client.parse_server(server.server)]
+
+
 @pytest.fixture(scope="module")
 def short_lease():
     process = ServerProcess("--test", "--lease", "0.5").start()

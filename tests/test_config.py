@@ -31,6 +31,23 @@ def test_environment_fallbacks():
                             nvidia_smi="/opt/nvidia-smi", log_level="debug")
 
 
+def test_the_usage_store_settings():
+    defaults = load([], {})
+    assert (defaults.usage, defaults.usage_interval, defaults.usage_days,
+            defaults.usage_busy_sm) == ("sqlite", 60.0, 400, 1.0)
+    config = load(["--usage-interval", "2m", "--usage-days", "30"],
+                  {"PATROLLER_USAGE": "None", "PATROLLER_USAGE_BUSY_SM": "5",
+                   "PATROLLER_USAGE_DAYS": "x"})
+    assert (config.usage, config.usage_interval, config.usage_days,
+            config.usage_busy_sm) == ("none", 120.0, 30, 5.0)
+    for args, named in ((["--usage", "postgres"], "--usage"),
+                        (["--usage-interval", "0.01"], "--usage-interval"),
+                        (["--usage-days", "0"], "--usage-days"),
+                        (["--usage-busy-sm", "101"], "--usage-busy-sm")):
+        with pytest.raises(ConfigError, match=re.escape(named)):
+            load(args, {})
+
+
 def test_socket_and_docker_host(tmp_path):
     config = load(["--socket", str(tmp_path / "api.sock")], {"DOCKER_HOST": "unix:///tmp/d.sock"})
     assert config.socket == str(tmp_path / "api.sock")
@@ -115,6 +132,10 @@ def test_hide_users_is_a_switch_with_a_checked_variable():
     (["--fleet-interval", "never"], {}, "--fleet-interval"),
     (["--fleet-timeout", "0"], {}, "--fleet-timeout"),
     ([], {"PATROLLER_FLEET_TIMEOUT": "-2"}, "PATROLLER_FLEET_TIMEOUT"),
+    (["--fleet-max-bytes", "lots"], {}, "--fleet-max-bytes"),
+    (["--fleet-max-bytes", "1.5MiB"], {}, "--fleet-max-bytes"),
+    (["--fleet-max-bytes", "100"], {}, "--fleet-max-bytes"),
+    ([], {"PATROLLER_FLEET_MAX_BYTES": "-1"}, "PATROLLER_FLEET_MAX_BYTES"),
 ])
 def test_bad_values_name_the_flag_or_variable(argv, environ, named):
     with pytest.raises(ConfigError) as error:
@@ -135,6 +156,19 @@ def test_the_fleet_from_a_list_or_a_file(tmp_path):
     listing.write_text("# nobody yet\n")
     with pytest.raises(ConfigError, match="^--fleet-file: .* names no host$"):
         load(["--fleet-file", str(listing)], {})
+
+
+def test_the_largest_answer_taken_from_a_fleet_host():
+    assert load([], {}).fleet_max_bytes == 1 << 20
+    assert load(["--fleet-max-bytes", "65536"], {}).fleet_max_bytes == 65536
+    assert load(["--fleet-max-bytes", "512KiB"], {}).fleet_max_bytes == 512 << 10
+    assert load([], {"PATROLLER_FLEET_MAX_BYTES": "4m"}).fleet_max_bytes == 4 << 20
+    assert load(["--fleet-max-bytes", "2MiB"], {"PATROLLER_FLEET_MAX_BYTES": "4m"}) \
+        .fleet_max_bytes == 2 << 20  # the flag wins
+    with pytest.raises(ConfigError) as error:
+        load(["--fleet-max-bytes", "100"], {})
+    assert str(error.value) == ("--fleet-max-bytes: '100' must be at least 1 KiB: a host's "
+                                "answer of one GPU is about that")
 
 
 def test_a_bad_fleet_host_is_named():

@@ -10,6 +10,7 @@ from collections import Counter
 
 
 from helpers import ROOT
+from patroller.cli import COMMANDS  # every client command, as the command line lists them
 
 
 def read(path):
@@ -43,6 +44,44 @@ def test_quick_start_has_two_set_up_commands():
 def test_ci_runs_the_readme_test_command():
     ci = open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8").read().splitlines()
     assert quick_start_commands()[1] in ci
+
+
+def test_the_readme_names_every_package_the_test_setup_installs():
+    """The packages of tests/setup.sh's apt-get install, each named in the README's list."""
+    setup = read("tests/setup.sh")
+    command = setup.split("apt-get -o DPkg::Lock::Timeout=600 install", 1)[1].split(">/dev/null")[0]
+    packages = [w for w in command.replace("\\", " ").split()
+                if not w.startswith(("-", "$")) and w != "\n"]
+    packages += re.findall(r"systemd=\"\"\n\s*command -v systemd-analyze \S+ 2>&1 \|\| (\w+)=", setup)
+    assert {"docker.io", "wrk", "containerd"} <= set(packages), packages
+    said = readme().split("`tests/setup.sh` makes the virtual environment", 1)[1].split("\n\n")[0]
+    missing = [p for p in packages if f"`{p}`" not in said]
+    assert not missing, f"the README does not say tests/setup.sh installs {missing}"
+
+
+PAGE_FILES = ("patroller/http/web/index.html", "patroller/http/web/app.js",
+              "patroller/http/web/style.css")
+
+
+def test_the_screenshot_was_taken_after_the_page_last_changed():
+    """docs/screenshot.png (the README's and web.md's picture) shows the page as it is: no
+    commit since the one that last took it (scripts/screenshot.py) changed the page's files."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                              timeout=60)
+
+    shot = git("log", "-1", "--format=%H", "--", "docs/screenshot.png").stdout.strip()
+    if not shot:
+        import pytest
+
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI must check the screenshot's age: no git history of it here")
+        pytest.skip("no git history here to date the screenshot by")
+    later = git("rev-list", f"{shot}..HEAD", "--", *PAGE_FILES).stdout.split()
+    dirty = git("status", "--porcelain", "--", *PAGE_FILES).stdout.strip()
+    assert not later and not dirty, (
+        f"the page changed after docs/screenshot.png was taken ({len(later)} commit(s)"
+        f"{', and uncommitted changes' if dirty else ''}): run scripts/screenshot.py")
 
 
 def test_console_script_runs():
@@ -265,11 +304,10 @@ def test_a_malformed_or_repeated_heading_is_found():
 
 # -- flags ---------------------------------------------------------------------------------------
 
-COMMANDS = ("run", "status", "release", "wait", "reserve")
 # Flags the documentation names that belong to other programs: never one of Patroller's.
 FOREIGN = {
-    "--gpus", "--pid", "--network", "--cap-add", "--restart", "--name", "--label", "--user",
-    "--cgroup-parent",  # docker run
+    "--gpus", "--pid", "--network", "--cap-add", "--restart", "--name", "--label",
+    "--cgroup-parent",  # docker run (its --user is also `patroller history --user`)
     "--query-compute-apps", "--format",  # nvidia-smi
     "--no-deps",  # pip install
     "--scenario",  # python -m patroller.simulator

@@ -173,8 +173,10 @@ async def test_a_blind_gpus_processes_are_found_by_the_cross_check(tmp_path, sle
         target = h.uuids()[1]
         await until(lambda: sampled(h))
         check = next(m for m in h.services.monitors if m.name == "cross_check")
-        await asyncio.sleep(1.0)  # idle and attributed: no query runs
-        assert check.metrics()["runs"] == 0
+        asked, candidates = [], check.candidates
+        check.candidates = lambda: asked.append(candidates()) or asked[-1]
+        await until(lambda: len(asked) >= 3)  # three ticks, each asking for candidates
+        assert asked[-3:] == [set()] * 3 and check.metrics()["runs"] == 0  # idle: no query
         scenario.write(processes=[{"pid": sleeper.pid, "gpu": 1, "name": "python",
                                    "used_mib": 3000, "sm": 80}])
         await until(lambda: h.services.leases.state(target) == "claimed", timeout=10)

@@ -62,12 +62,16 @@ def daemon(request, tmp_path_factory):
     # --fleet, so that /fleet and /fleet.json answer as documented with a fleet too: one host,
     # port 1 on loopback, where nothing listens (a refused host).
     fleet = ("--fleet", "127.0.0.1:1")
+    # A state directory, so that /usage has a usage store to report from.
+    state = ("--state-dir", str(tmp_path_factory.mktemp("state") / "state"),
+             "--usage-interval", "0.5")
     if request.param == "test":
-        server = ServerProcess("--test", "--lease", LEASE, *fleet)
+        server = ServerProcess("--test", "--lease", LEASE, *fleet, *state)
     else:
         scenario = ScenarioFile(str(tmp_path_factory.mktemp("fuzz") / "scenario.json"),
                                 devices=DEVICES)
-        server = ServerProcess("--lease", LEASE, "--nvidia-smi", scenario.command, *fleet)
+        server = ServerProcess("--lease", LEASE, "--nvidia-smi", scenario.command, *fleet,
+                               *state)
     server.start()
     try:
         yield Daemon(server)

@@ -2,9 +2,9 @@
 import grpc
 import pytest
 
+from grpc_server import Abort, Server
 from patroller.core import protowire as pw
 from patroller.observe.grpcunix import GrpcUnavailable, UnixCaller
-from tests.grpc_server import Abort, Server
 
 ECHO = "/test.Echo/Say"
 

@@ -17,6 +17,7 @@ from helpers import (ScenarioFile, ServerProcess, async_test, gpu_running, need_
 from patroller.identify.resolver import host_identity
 from patroller.state.pseudonyms import KEY_FILE, Pseudonyms
 from test_live import Reader
+from kubelet import Kubelet, gpu_pod
 from test_trust_callers import HOST, entering, namespaces  # noqa: F401 (a fixture)
 
 PSEUDONYM = re.compile(r"user-[0-9a-f]{12}\Z")
@@ -422,3 +423,109 @@ async def test_a_slurm_jobs_id_is_hidden_with_its_user(tmp_path):
         assert allocated[0]["jobs"] == ["4242"]
         assert "4242" not in json.dumps(await h.ok("/status?user=bob"))
         assert "4242" not in json.dumps(await h.ok("/history?user=bob"))
+
+
+# -- refusals: /release of a device a Slurm job or a pod holds ---------------------------------
+
+SLURM = "it is released when the job ends (scancel)"
+KUBERNETES = "it is released when the pod ends (kubectl delete pod)"
+# (what the GPU is allocated to, who asks to release it, the 403's body as they see it). The
+# job's id and the pod's name name their user (squeue, kubectl): they go with the user.
+REFUSALS = [
+    ("job", "carol", "allocated to Slurm job 4242: " + SLURM, {"jobs": ["4242"]}),
+    ("job", "bob", "allocated to a Slurm job: " + SLURM, {"jobs": None}),
+    # one job of two is theirs: the other's id is not (root alone sees both)
+    ("jobs", "dave", "allocated to Slurm jobs: " + SLURM, {"jobs": None}),
+    ("jobs", "carol", "allocated to Slurm jobs: " + SLURM, {"jobs": None}),
+    ("pod", "namespace:ml", "allocated to Kubernetes pod ml/train-0: " + KUBERNETES,
+     {"pods": ["ml/train-0"]}),
+    ("pod", "bob", "allocated to a Kubernetes pod: " + KUBERNETES, {"pods": None}),
+]
+NAMES = ("4242", "4343", "4344", "carol", "dave", "train-0", "ml/")
+
+
+@pytest.fixture
+def allocations(tmp_path):
+    """Settings for a daemon whose GPU 0 is carol's Slurm job 4242, GPU 1 dave's job 4343 and
+    carol's 4344, GPU 2 the pod ml/train-0 (a real kubelet's pod-resources)."""
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "0").write_text("4242 uid=1001 user=carol account=physics partition=gpu\n")
+    (jobs / "1").write_text("4343 uid=1002 user=dave\n4344 uid=1001 user=carol\n")
+    kubelet = Kubelet(str(tmp_path / "kubelet.sock")).start()
+    try:
+        yield kubelet, dict(slurm_job_map=str(jobs), job_map_every=0.05,
+                            kubelet_socket=kubelet.path, kubelet_every=0.05)
+    finally:
+        kubelet.stop()
+
+
+async def allocated(h, kubelet):
+    """The uuids of the GPUs allocated to the job, the jobs and the pod, once they are."""
+    uuids = h.uuids()
+    kubelet.pods = [gpu_pod("ml", "train-0", uuids[2], container="trainer")]
+    await until(lambda: all(h.services.leases.state(u) == "allocated" for u in uuids[:3]))
+    return {"job": uuids[0], "jobs": uuids[1], "pod": uuids[2]}
+
+
+@async_test
+async def test_a_refusal_names_a_job_or_pod_only_to_whom_it_may(allocations):
+    kubelet, settings = allocations
+    async with running(hide_users=True, **settings) as h:
+        uuid = await allocated(h, kubelet)
+        for what, who, message, data in REFUSALS:
+            status, body = await h.call(f"/release?uuid={uuid[what]}&user={who}", "POST", b"")
+            assert (status, body) == (403, {"error": f"device {uuid[what]} is {message}",
+                                            "uuid": uuid[what], **data}), (what, who)
+            if None in data.values():
+                assert not any(name in json.dumps(body) for name in NAMES), body
+    async with running(**settings) as h:  # without the flag, everyone is told everything
+        uuid = await allocated(h, kubelet)
+        status, body = await h.call(f"/release?uuid={uuid['jobs']}&user=bob", "POST", b"")
+        assert status == 403 and body["jobs"] == ["4343", "4344"]
+        assert "Slurm jobs 4343, 4344" in body["error"]
+
+
+@async_test
+async def test_root_is_told_which_job_and_another_uid_is_not(allocations, scenario):
+    need_root("the caller runs as another uid, and root is the host's administrator")
+    kubelet, settings = allocations
+    told = {"job": ("jobs", ["4242"]), "jobs": ("jobs", ["4343", "4344"]),
+            "pod": ("pods", ["ml/train-0"])}
+    async with gpu_running(scenario, hide_users=True, **settings) as h:
+        uuid = await allocated(h, kubelet)
+        for what, (key, ids) in told.items():
+            path = f"/release?uuid={uuid[what]}"
+            status, mine = await h.call(path)  # root, the host's administrator
+            assert status == 403 and mine[key] == ids
+            [[status, theirs]] = await ask_as(NOBODY, h, path)
+            assert status == 403 and theirs[key] is None
+            assert not any(name in json.dumps(theirs) for name in NAMES), theirs
+
+
+# -- the fleet view: what this daemon heard, hidden again for its callers ------------------------
+
+@async_test
+async def test_the_fleet_view_hides_the_names_a_host_showed_this_daemon(scenario):
+    """A host shows the fleet daemon the names it may see: over loopback it is a local process,
+    the host's root where it runs as root, or the holder's own account. /fleet.json names
+    them to its callers only as they may see them (before: to everyone, as heard)."""
+    async with gpu_running(scenario, lease=300, hide_users=True) as host:
+        [grant] = await host.ok("/request?gpu=1")  # held by this process's account
+        ours = host.services.leases.holder(grant["uuid"]).user
+        async with running(hide_users=True, fleet=(f"127.0.0.1:{host.port}",),
+                           fleet_interval=0.1) as fleet:
+            async def holder(asker):
+                [heard] = (await fleet.ok(f"/fleet.json?user={asker}"))["hosts"]
+                if heard["state"] != "up":
+                    return None
+                return next(gpu["user"] for gpu in heard["gpus"] if gpu["uuid"] == grant["uuid"])
+
+            deadline = asyncio.get_running_loop().time() + 20
+            while await holder("bob") is None:
+                assert asyncio.get_running_loop().time() < deadline, "the host never answered"
+                await asyncio.sleep(0.05)
+            seen = await holder("bob")
+            assert PSEUDONYM.match(seen["user"]) and seen["user"] != ours
+            assert [seen[k] for k in ("email", "account", "uid", "container")] == [None] * 4
+            assert (await holder(ours))["user"] == ours  # their own name, to them

@@ -23,6 +23,7 @@ from patroller.core.errors import NotHeld, NotYours, Unsatisfiable
 from patroller.core.identity import ProcessRef, named_user
 from patroller.http.views import claims, queue_view
 from patroller.identify.procfs import is_alive, process_state
+from patroller.state import lifetimes
 from patroller.state.lifetimes import Lifelines, open_pidfd
 from patroller.state.schema import restore, snapshot
 
@@ -33,6 +34,14 @@ SCRIPT = ProcessRef(4242, 777)  # a process, for the rules: they never look at /
 
 def uuid(leases, number):
     return leases.inventory.by_number(number).uuid
+
+
+async def leases_run_out(h, count: int = 3) -> None:
+    """Return once `count` leases, each taken as the last ran out, have run out: the daemon's
+    expiry has passed every deadline that a lease taken before the first would have had."""
+    for _ in range(count):
+        [device] = h.services.leases.request(named_user("clock"), {"gpu": 1})
+        await until(lambda: h.services.leases.state(device.uuid) == "free", timeout=10)
 
 
 # -- the rules --------------------------------------------------------------------------------
@@ -207,7 +216,10 @@ def ref_of(process):
 
 @pytest.mark.parametrize("pidfds", [True, False], ids=["pidfd", "polling"])
 @async_test
-async def test_the_watch_frees_a_device_when_its_process_is_killed(pidfds):
+async def test_the_watch_frees_a_device_when_its_process_is_killed(pidfds, monkeypatch):
+    checks = []  # each look at /proc: what polling does every lifeline_poll s
+    monkeypatch.setattr(lifetimes, "is_alive",
+                        lambda ref, proc="/proc": checks.append(ref) or is_alive(ref, proc))
     leases = lease_manager()
     lifelines = Lifelines(leases, replace(Config(), lifeline_poll=0.05), pidfds=pidfds)
     lifelines.start()
@@ -215,8 +227,14 @@ async def test_the_watch_frees_a_device_when_its_process_is_killed(pidfds):
     try:
         [device] = leases.request(alice, {"gpu": 1}, held_for=ref_of(process))
         await until(lambda: lifelines.metrics()["watched" if pidfds else "polled"] == 1)
-        await asyncio.sleep(0.2)
-        assert leases.state(device.uuid) == "reserved"
+        if pidfds:  # a readable pidfd would be handled within the loop's next two turns
+            for _ in range(3):
+                await asyncio.sleep(0)
+        else:
+            seen = len(checks)
+            await until(lambda: len(checks) >= seen + 3  # three polls found it alive
+                        or leases.state(device.uuid) == "free")
+        assert leases.state(device.uuid) == "reserved" and lifelines.metrics()["ended"] == 0
         process.kill()
         process.wait()
         await until(lambda: leases.state(device.uuid) == "free", timeout=5)
@@ -344,7 +362,7 @@ async def test_a_process_hold_outlives_three_leases_and_ends_with_the_process():
             assert status == 200, granted
             assert [(g["hold"], g["expires"], g["held_for_pid"]) for g in granted] == \
                 [("process", None, holder.pid)] * 2
-            await asyncio.sleep(3 * 0.3 + 0.2)  # three leases, no GPU process anywhere
+            await leases_run_out(h)  # three leases, no GPU process anywhere
             status_body = await h.ok("/status")
             for grant in granted:
                 claim = status_body[grant["uuid"]]["claim"]
@@ -494,7 +512,7 @@ async def test_gpu_host_a_process_hold_over_the_unix_socket_ends_with_its_proces
             assert detail["pid"] == holder.pid and detail["command"] == "python"
             scenario.write(processes=[])
             await until(lambda: h.services.leases.state(grant["uuid"]) == "reserved")
-            await asyncio.sleep(3 * 0.3 + 0.2)
+            await leases_run_out(h)
             assert h.services.leases.state(grant["uuid"]) == "reserved"
             assert claims(h.services.leases)[grant["uuid"]]["held_for_pid"] == holder.pid
         finally:

@@ -144,8 +144,10 @@ async def test_one_docker_call_per_container_and_none_at_steady_state(engine, sc
     async with gpu_running(scenario, docker_host=engine.url) as h:
         scenario.write(processes=on_gpu(*[(pid, n % 4) for n, pid in enumerate(pids)]))
         await until(lambda: all(h.services.leases.state(u) == "claimed" for u in h.uuids()))
-        calls = h.services.directory.calls
-        await asyncio.sleep(1.0)  # ten pmon intervals of the same processes
+        calls, listed = h.services.directory.calls, []
+        h.services.signals.processes_listed.connect(lambda s, record: listed.append(1),
+                                                    weak=False)
+        await until(lambda: len(listed) >= 10)  # ten pmon intervals of the same processes
         assert h.services.directory.calls == calls == 2
 
 
@@ -270,6 +272,27 @@ async def test_limits_count_the_host_account_a_container_runs_as(engine, scenari
         (trespass,) = [e for e in await h.ok("/history") if e["event"] == "trespass"]
         assert trespass["user"] == anonymous and trespass["why"] == "over_limit"
         assert trespass["account"] == f"uid:{uid}" and trespass["pid"] == plain.pid
+
+
+@async_test
+async def test_an_accounts_refusal_does_not_say_which_devices_others_hold(engine, scenario,
+                                                                          socket_dir):
+    # --hide-users: alice's GPU is a pseudonym's to alice+2, whose account it also counts
+    # under; the refusal says how many the account holds, not which (that would name whose).
+    uid = 1001
+    alice = engine.run("--user", f"{uid}:{uid}", labels={"user.email": "alice@example.org"})
+    alice2 = engine.run("--user", f"{uid}:{uid}", labels={"user.email": "alice+2@example.org"})
+    path = os.path.join(socket_dir, "api.sock")
+    async with gpu_running(scenario, docker_host=engine.url, socket=path, max_per_user=1,
+                           hide_users=True) as h:
+        loop = asyncio.get_running_loop()
+        status, _ = await loop.run_in_executor(None, client_as, alice, uid, f"unix://{path}",
+                                               TRY_RESERVE)
+        assert status == 200
+        status, body = await loop.run_in_executor(None, client_as, alice2, uid,
+                                                  f"unix://{path}", TRY_RESERVE)
+        assert status == 403 and body["held"] == [None] and body["account"] == f"uid:{uid}"
+        assert "holds 1 device(s) (1 under other identities)" in body["error"], body
 
 
 @async_test

@@ -15,7 +15,7 @@ from helpers import (ScenarioFile, async_test, engines_in, gpu_running, host_use
 from patroller.config import Config
 from patroller.core.identity import Identity, named_user
 from patroller.identify.containers import ContainerDirectory
-from patroller.identify.resolver import ProcessIdentifier
+from patroller.identify.resolver import ProcessIdentifier, ProcFacts
 from patroller.identify.tracker import ProcessTracker
 from patroller.observe.signals import GpuProcess, Signals
 
@@ -111,15 +111,22 @@ async def test_an_unknown_container_is_named_by_its_id_and_cached(folder, engine
 # -- the tracker: what it tells the leases while an owner is degraded or pending ---------------
 
 class Scripted:
-    """A resolver (the ProcessResolver protocol) that answers from a list, then the last."""
+    """A resolver that answers from a list, then the last: what the tracker asks of the
+    process identifier (facts, then the identity behind them; resolve() does both)."""
 
     def __init__(self, *answers: Identity) -> None:
         self.answers = list(answers)
         self.asked = 0
 
-    async def resolve(self, pid: int) -> Identity:
+    async def facts(self, pid: int) -> ProcFacts:
+        return ProcFacts(pid, 1, None, None)
+
+    async def identify(self, facts: ProcFacts) -> Identity:
         self.asked += 1
         return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+    async def resolve(self, pid: int) -> Identity:
+        return await self.identify(await self.facts(pid))
 
 
 DEGRADED = Identity(user="unknown", source="container", container=("0123456789ab", None),
@@ -133,7 +140,7 @@ async def test_the_tracker_learns_an_unsettled_owner_and_tells_the_leases(unsett
     alice = named_user("alice")
     leases = lease_manager()
     resolver = Scripted(unsettled, unsettled, alice)
-    tracker = ProcessTracker(leases, resolver, retry=0.01, recheck=0.01)
+    tracker = ProcessTracker(leases, resolver, retry=0.01, recheck=0.01, wait=5.0)
     signals = Signals()
     tracker.connect(signals)
     uuid = list(leases.inventory)[0].uuid
@@ -149,7 +156,7 @@ async def test_an_owner_that_turns_degraded_on_a_retry_is_shown_as_it_was():
     the container, not `unknown`, while the tracker keeps asking."""
     leases = lease_manager()
     resolver = Scripted(PENDING, DEGRADED)
-    tracker = ProcessTracker(leases, resolver, retry=0.01, recheck=0.01)
+    tracker = ProcessTracker(leases, resolver, retry=0.01, recheck=0.01, wait=5.0)
     signals = Signals()
     tracker.connect(signals)
     uuid = list(leases.inventory)[0].uuid
@@ -164,7 +171,7 @@ async def test_the_tracker_keeps_a_settled_owner_and_asks_no_more():
     bob = host_user("bob", 1002)
     leases = lease_manager()
     resolver = Scripted(bob, named_user("alice"))
-    tracker = ProcessTracker(leases, resolver, retry=0.01, recheck=0.01)
+    tracker = ProcessTracker(leases, resolver, retry=0.01, recheck=0.01, wait=5.0)
     signals = Signals()
     tracker.connect(signals)
     uuid = list(leases.inventory)[0].uuid

@@ -26,12 +26,23 @@ from patroller.observe.testmode import synthetic_inventory
      Job("4242", uid=1001, user="carol", account="physics", partition="gpu")),
     ("4242 sluid=sEKNKTV3WPV500 uid=1001", Job("4242", uid=1001, sluid="sEKNKTV3WPV500")),
     ("4242 colour=blue uid=x", Job("4242")),  # words it does not know, a uid that is none
+    ("sEKNKTV3WPV500 1001", Job("sEKNKTV3WPV500", uid=1001)),  # a SLUID as the id
+    # only the word right after the id may be a bare uid: a later number is no one's uid
+    ("4242 account=physics 1001", Job("4242", account="physics")),
+    ("4242 1001 2002", Job("4242", uid=1001)),
+    # values of no sane shape are dropped, never echoed: control characters, markup, length
+    ("4242 user=ca\x1brol account=<b>x</b> partition=" + "p" * 65 + " uid=12345678901",
+     Job("4242")),
+    ("4242 user=al\u00efce sluid=s123 account=vision-lab", Job("4242", account="vision-lab")),
 ])
 def test_a_line_names_a_job_with_what_the_prolog_knew(line, job):
     assert parse_line(line) == job
 
 
-@pytest.mark.parametrize("line", ["", "   ", "# a comment", "42/../43", "4242;rm", "x" * 65])
+@pytest.mark.parametrize("line", ["", "   ", "# a comment", "42/../43", "4242;rm", "x" * 65,
+                                  "4242_1", "abc", "1" * 21, "s123", "sekNKTV3WPV500",
+                                  "\uff14\uff12",  # full-width digits are no job id
+                                  "8f3a" * 16 + "\n"])  # a pseudonyms key (hex) is no job id
 def test_a_line_that_names_no_job_is_skipped(line):
     assert parse_line(line) is None
 
@@ -54,13 +65,14 @@ def test_the_directory_is_read_with_users_named_from_uids(tmp_path):
     (tmp_path / "1").write_text("4243 uid=1001 user=carol\n")
     (tmp_path / ".1.tmp").write_text("9999\n")  # a prolog's file being written
     (tmp_path / "7").mkdir()
-    named = read_map(str(tmp_path), 65536, lambda uid: {0: "root"}.get(uid))
-    assert named == {0: Allocation((Job("4242", uid=0, user="root"),)),
-                     1: Allocation((Job("4243", uid=1001, user="carol"),))}
+    found = read_map(str(tmp_path), 65536, lambda uid: {0: "root"}.get(uid))
+    assert found.allocations == {0: Allocation((Job("4242", uid=0, user="root"),)),
+                                 1: Allocation((Job("4243", uid=1001, user="carol"),))}
+    assert found.problems == {"7": "a directory: not read"}
 
 
 def test_a_directory_not_there_holds_no_allocation_and_a_file_there_is_an_error(tmp_path):
-    assert read_map(str(tmp_path / "none"), 65536, lambda uid: None) == {}
+    assert read_map(str(tmp_path / "none"), 65536, lambda uid: None).allocations == {}
     (tmp_path / "file").write_text("")
     with pytest.raises(OSError):
         read_map(str(tmp_path / "file"), 65536, lambda uid: None)
@@ -68,7 +80,11 @@ def test_a_directory_not_there_holds_no_allocation_and_a_file_there_is_an_error(
 
 def test_a_huge_file_is_read_only_so_far(tmp_path):
     (tmp_path / "0").write_text("1\n" + "2" * 100000 + "\n3\n")
-    assert read_map(str(tmp_path), 1024, lambda uid: None) == {0: Allocation((Job("1"),))}
+    (tmp_path / "1").write_text("4\n5" + "\n" * 1100)  # cut after a whole line: 5 is read
+    found = read_map(str(tmp_path), 1024, lambda uid: None)
+    assert found.allocations == {0: Allocation((Job("1"),)), 1: Allocation((Job("4"), Job("5")))}
+    assert found.problems == {"0": "over 1024 bytes: the lines past them are not read",
+                              "1": "over 1024 bytes: the lines past them are not read"}
 
 
 # -- the daemon ------------------------------------------------------------------------------
@@ -196,3 +212,20 @@ def test_the_watch_matches_indices_to_devices_afresh_after_a_renumbering(tmp_pat
     watch.apply(allocation)
     assert [(r.uuid, r.allocation) for r in told] == [
         (devices[0].uuid, allocation[0]), (devices[0].uuid, None), (devices[1].uuid, allocation[0])]
+
+
+def test_a_lost_gpu_is_allocated_to_no_job(tmp_path):
+    """The map still names a GPU that has left the host (lost): nothing is allocated on it,
+    and once it is back the map's job holds it."""
+    devices = list(synthetic_inventory(2))
+    signals, told = Signals(), []
+    signals.job_allocation.connect(lambda sender, record: told.append(record), weak=False)
+    watch = JobMapWatch(Inventory([devices[0], changed(devices[1], lost=True)]), signals,
+                        Config(slurm_job_map=str(tmp_path)))
+    allocation = {0: Allocation((Job("7"),)), 1: Allocation((Job("8"),))}
+    watch.apply(allocation)
+    assert [(r.uuid, r.allocation) for r in told] == [(devices[0].uuid, allocation[0])]
+    watch.inventory = Inventory(devices)
+    watch.apply(allocation)
+    assert [(r.uuid, r.allocation) for r in told][1:] == [(devices[1].uuid, allocation[1])]
+

@@ -39,8 +39,10 @@ LEAVES: Dict[str, Tuple[str, ...]] = {
     "patroller": (),  # __init__: the version
     "patroller.durations": (),  # one duration parser, for the client side and the daemon
     "patroller.hosts": (),  # one reader of host lists, for the client side and the daemon
+    "patroller.answers": (),  # another host's answers checked, for both fleet views
     "patroller.client": ("patroller.durations",),
-    "patroller.cli": ("patroller.client", "patroller.durations", "patroller.hosts"),
+    "patroller.cli": ("patroller.client", "patroller.durations", "patroller.hosts",
+                      "patroller.answers"),
     "patroller.simulator": (),  # the fake nvidia-smi: nothing of the daemon it imitates a GPU for
 }
 # What each unit may import beyond the standard library (and patroller).
@@ -58,6 +60,7 @@ THIRD_PARTY: Dict[str, Set[str]] = {
     "patroller": set(),
     "patroller.durations": set(),
     "patroller.hosts": set(),
+    "patroller.answers": set(),
     "patroller.client": set(),
     "patroller.cli": set(),
     "patroller.simulator": set(),
@@ -75,8 +78,10 @@ CORE_ORDER: List[Tuple[str, ...]] = [
     ("patroller.core.scheduled",),  # what an allocation answers, whoever made it
     ("patroller.core.pods",),  # Kubernetes pods' allocations
     ("patroller.core.jobs",),  # Slurm jobs' allocations
+    ("patroller.core.usage",),  # GPU-time in categories, and reports of it
     ("patroller.core.devices", "patroller.core.identity", "patroller.core.errors",
-     "patroller.core.policy", "patroller.core.throttle", "patroller.core.protowire"),
+     "patroller.core.policy", "patroller.core.throttle", "patroller.core.protowire",
+     "patroller.core.text"),
 ]
 MAX_MODULE_LINES = 400
 MAX_CLASS_LINES = 300
@@ -184,7 +189,8 @@ def test_imports_go_down_the_layers_and_leaves_stay_apart(module):
         if unit in LEAVES:
             assert other in LEAVES[unit], f"{where}: {unit} may import only {LEAVES[unit]}"
         elif other in LEAVES:
-            assert other in ("patroller.durations", "patroller.hosts", "patroller.cli"), \
+            assert other in ("patroller.durations", "patroller.hosts", "patroller.answers",
+                             "patroller.cli"), \
                 f"{where}: the daemon does not import {other}"
             assert other != "patroller.cli" or module == "patroller.main", \
                 f"{where}: only the entry point hands words to the command line"
@@ -302,3 +308,27 @@ def test_modules_and_classes_are_of_a_size_one_can_read(module):
         if isinstance(node, ast.ClassDef):
             size = node.end_lineno - node.lineno + 1
             assert size <= MAX_CLASS_LINES, f"{MODULES[module]}: class {node.name} has {size} lines"
+
+
+def test_the_tests_import_their_neighbours_by_module_name():
+    """tests/ is no package: pytest puts the folder itself on sys.path, so a test imports
+    `helpers`, `kubelet`, ... by name. `from tests.x import` collects under `python -m pytest`
+    (the working directory is on sys.path) but not under the plain `pytest` script."""
+    folder = os.path.join(ROOT, "tests")
+    assert not os.path.exists(os.path.join(folder, "__init__.py")), \
+        "tests/__init__.py would put the repository root, not tests/, on sys.path"
+    wrong = []
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".py"):
+            continue
+        tree = ast.parse(open(os.path.join(folder, name), encoding="utf-8").read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                named = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                named = [node.module or ""]
+            else:
+                continue
+            wrong += [f"tests/{name}:{node.lineno} imports {n}" for n in named
+                      if n == "tests" or n.startswith("tests.")]
+    assert not wrong, "import a test helper by its module name: " + "; ".join(wrong)

@@ -9,6 +9,7 @@ from helpers import lease_manager
 from patroller.config import Config, policy_of
 from patroller.core.errors import OverLimit
 from patroller.core.identity import Identity
+from patroller.http.hiding import NOBODY, Viewer, refusal
 from patroller.http.views import users_view
 
 ALICE_UID, BOB_UID = 1001, 1002
@@ -51,6 +52,33 @@ def test_a_new_identity_on_the_same_account_gets_no_more_than_the_limit(clock):
                 "device(s) (0)") in refused.value.message
         assert "the most one host account may hold is 1" in refused.value.message
     assert [d.number for d in leases.request(bob, {"gpu": 1})] == [1]  # another account
+
+
+def test_the_devices_others_hold_under_the_account_are_not_named_to_who_may_not_see_them(
+        clock):
+    # --hide-users: /status shows alice's device under a pseudonym, with no account; the
+    # refusal must not say that its holder runs as alice+2's account.
+    leases = manager(clock, max_per_user=2)
+    leases.request(alice, {"gpu": 1})  # device 0
+    leases.request(alice2, {"gpu": 1})  # device 1
+    with pytest.raises(OverLimit) as refused:
+        leases.request(alice2, {"gpu": 1})
+    error = refused.value
+    told = {"limit": 2, "requested": {"gpu": 1}, "account": "uid:1001", "uid": ALICE_UID}
+    whole = refusal(error, Viewer(everything=True))
+    assert whole == {"error": error.message, "held": [0, 1], **told}
+    assert "holds 2 device(s) (0, 1) and asks for 1" in error.message
+    for viewer in (Viewer(alice2.user), NOBODY):
+        shown = refusal(error, viewer)
+        assert shown == {"error": shown["error"], "held": [None, 1], **told}
+        assert "holds 2 device(s) (1, and 1 under other identities) and asks" in shown["error"]
+    # Devices of its own identity alone: nothing to hide
+    leases = manager(clock, max_per_user=1)
+    leases.request(alice2, {"gpu": 1})
+    with pytest.raises(OverLimit) as refused:
+        leases.request(alice2, {"gpu": 1})
+    assert refused.value.private is None
+    assert refusal(refused.value, NOBODY)["held"] == [0]
 
 
 def test_root_is_counted_by_identity_alone(clock):

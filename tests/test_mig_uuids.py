@@ -11,7 +11,7 @@ from typing import List
 import pytest
 
 from helpers import SIMULATOR, ScenarioFile, async_test, gpu_running, until
-from tests.kubelet import Kubelet, gpu_pod
+from kubelet import Kubelet, gpu_pod
 
 INSTANCES = [{"gpu_instance_id": 1, "compute_instance_id": 0, "memory_mib": 9856},
              {"gpu_instance_id": 2, "compute_instance_id": 0, "memory_mib": 9856}]
@@ -84,8 +84,11 @@ async def test_a_failing_list_maps_no_mig_device_is_logged_once_and_the_daemon_g
     kubelet.pods = [gpu_pod("ml", "infer-0", migs[0], resource=MIG_RESOURCE)]
     try:
         with caplog.at_level(logging.INFO, logger="patroller"):
+            # A hang is killed at the limit; a failure must be heard whatever the load, so
+            # its limit is long (before: 0.3 s, and a loaded machine turned it into a kill).
+            limit = 0.3 if "hang" in fault else 30.0
             async with gpu_running(scenario, kubelet_socket=kubelet.path, kubelet_every=0.05,
-                                   inventory_every=0.1, mig_list_timeout=0.3) as h:
+                                   inventory_every=0.1, mig_list_timeout=limit) as h:
                 plain, mig = h.uuids()
                 watch = inventory_watch(h)
                 await until(lambda: watch.mig.failures >= 4, timeout=30)  # discovery, then 3

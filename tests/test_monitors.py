@@ -25,6 +25,12 @@ def interval(rows_by_gpu, gpus=3):
     return lines
 
 
+async def past_timers(delay: float) -> None:
+    """Return once every loop timer armed before the call to fire within `delay` s has run:
+    the loop runs its timers in deadline order, and ours is due later, however slow the host."""
+    await asyncio.sleep(2 * delay)
+
+
 def recorder(signals):
     events = []
     signals.process_started.connect(lambda s, record: events.append(("+", record.pid, record.uuid)), weak=False)
@@ -60,10 +66,10 @@ async def test_an_unfinished_interval_reports_nothing_gone():
     monitor = PmonMonitor(inventory, signals, ["nvidia-smi"], {}, Config())
     for line in PMON_HEADER + interval({2: [(500, "train")]}):
         monitor._line(line)
-    await asyncio.sleep(0.1)
+    await past_timers(Config().burst_gap)  # the quiet after the last device ends the interval
     for line in interval({})[:2]:  # the stream stalls before the last device's row
         monitor._line(line)
-    await asyncio.sleep(0.3)
+    await past_timers(Config().burst_gap)  # a quiet now is a stall: it ends nothing
     assert events == [("+", 500, inventory.by_number(2).uuid)]
     monitor._line(interval({})[2])
     await until(lambda: len(events) == 2, timeout=2)
@@ -114,7 +120,7 @@ async def test_each_completed_interval_lists_the_devices_it_covered():
     assert listed == [uuids]
     for line in interval({})[:2]:  # the stream hangs before the last device's row
         monitor._line(line)
-    await asyncio.sleep(0.3)
+    await past_timers(Config().burst_gap)
     assert listed == [uuids]  # an unfinished interval makes no list current
     monitor._restarted()  # killed as hung and started again: it lists again
     for line in PMON_HEADER + interval({}) + interval({})[:1]:
@@ -130,7 +136,7 @@ async def test_unreadable_lines_are_reported_once_a_window_with_their_count(capl
     monitor._line("# gpu   pwr gtemp mtemp    sm   mem   enc   dec  mclk  pclk")
     for n in range(5):
         monitor._line(f"    0 garbage {n}")
-    await asyncio.sleep(0.4)  # the next window
+    await asyncio.sleep(0.4)  # the next window: at least 0.3 s on the throttle's clock
     monitor._line("    1 garbage 5")
     reports = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert reports == ["dmon: 1 unreadable line(s) skipped, the last: '0 garbage 0'",

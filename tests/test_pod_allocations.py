@@ -191,3 +191,21 @@ def test_both_kinds_of_allocation_answer_the_whole_protocol(kind):
         assert callable(theirs), f"{kind.__name__}.{name}"
         assert list(inspect.signature(theirs).parameters) == \
             list(inspect.signature(method).parameters), f"{kind.__name__}.{name}"
+
+
+def test_a_pods_own_process_on_its_gpu_is_not_use_without_asking(leases):
+    """The pod asked Kubernetes for the GPU: its process there is neither unreserved nor a
+    trespass, and the claim says it was asked for; a host process there is both."""
+    from patroller.http.views import claims as claims_of
+
+    device = uuid(leases, 3)
+    pod = Pod("vision", "trainer-0", ("main",))
+    leases.allocate(device, PodAllocation((pod,)))
+    alice = Identity(user="alice", source="pod", pod=pod.fields())
+    leases.process_started(device, 300, alice)
+    counted = usage(leases)["alice"]
+    assert counted["unreserved"] == 0 and counted["trespassing"] == 0 and counted["held"] == 1
+    assert claims_of(leases)[device]["asked"] is True
+    leases.process_started(device, 301, host("root", 0))
+    assert usage(leases)["root"]["unreserved"] == 1 and usage(leases)["root"]["trespassing"] == 1
+    assert usage(leases)["alice"]["unreserved"] == 0

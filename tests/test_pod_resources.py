@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 
 from helpers import ScenarioFile, async_test, find, gpu_running, running, scrape, until
+from kubelet import Kubelet, gpu_pod, pod
 from patroller.config import Config
 from patroller.config.flags import load
 from patroller.core.devices import Inventory, MigInstance
@@ -20,7 +21,6 @@ from patroller.observe.podresources import (PodResourcesWatch, allocations, gpu_
                                             parse_list)
 from patroller.observe.signals import Signals
 from patroller.observe.testmode import synthetic_inventory
-from tests.kubelet import Kubelet, gpu_pod, pod
 
 GPUS = Config().kubelet_resources
 
@@ -113,7 +113,7 @@ def test_an_id_that_matches_nothing_is_logged_once(caplog):
     listed = [(Pod("ml", "a"), ("MIG-x", inventory.devices[0].uuid))]
     with caplog.at_level(logging.WARNING):
         for _ in range(3):
-            watch.apply(listed)
+            watch.apply(*allocations(listed, inventory))
     assert sum("MIG-x" in r.getMessage() for r in caplog.records) == 1
     assert [(r.uuid, r.source) for r in told] == [(inventory.devices[0].uuid, "kubernetes")]
 

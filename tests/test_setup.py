@@ -62,3 +62,58 @@ def test_setup_does_not_wait_for_free_locks(tmp_path):
     lock.write_text("")
     done = waiter([lock]).communicate(timeout=60)
     assert done == (None, "")
+
+
+def oldest_python():
+    """The oldest Python that setup.py claims (python_requires), as an interpreter here."""
+    import glob
+    import re
+    import shutil
+
+    with open(os.path.join(ROOT, "setup.py"), encoding="utf-8") as f:
+        claimed = re.search(r'python_requires=">=(3\.\d+)"', f.read()).group(1)
+    found = [f"/usr/bin/python{claimed}",
+             *sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{claimed}.*/bin/python"))),
+             shutil.which(f"python{claimed}")]  # last: a version manager's shim may name none
+    return claimed, next((p for p in found if p and os.access(p, os.X_OK)), None)
+
+
+def test_it_installs_and_serves_on_the_oldest_python_it_claims(tmp_path):
+    """`pip install .` in a virtual environment of the oldest Python setup.py claims, with its
+    dependencies as the package registry has them; then the daemon serves in test mode and the
+    command line asks it."""
+    import pytest
+
+    claimed, python = oldest_python()
+    if python is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must check the install on Python {claimed}, the oldest claimed")
+        pytest.skip(f"no Python {claimed} here to check the install on")
+    venv = tmp_path / "venv"
+    subprocess.run([python, "-m", "venv", str(venv)], check=True, timeout=120)
+    installed = subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet",
+                                "--disable-pip-version-check", ROOT], capture_output=True,
+                               text=True, timeout=600)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    version = subprocess.run([str(venv / "bin" / "python"), "-c", "import sys; print(sys.version)"],
+                             capture_output=True, text=True, check=True).stdout
+    assert version.startswith(claimed + "."), version
+    server = subprocess.Popen([str(venv / "bin" / "patroller"), "--test", "--port", "0",
+                               "--address", "127.0.0.1"], cwd=tmp_path, stderr=subprocess.PIPE,
+                              text=True, env={**os.environ, "PATROLLER_STATE_DIR": ""})
+    try:
+        line = ""
+        while " on http://" not in line:
+            line = server.stderr.readline()
+            assert line, "the daemon exited at start"
+        url = line.split(" on ", 1)[1].split(",")[0].strip()
+        status = subprocess.run([str(venv / "bin" / "patroller"), "status", "--server",
+                                 url[len("http://"):]], cwd=tmp_path, capture_output=True,
+                                text=True, timeout=60)
+        assert status.returncode == 0 and "A100" in status.stdout, status.stdout + status.stderr
+        unit = subprocess.run([str(venv / "bin" / "patroller"), "systemd-unit"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)  # package data too
+        assert f"ExecStart={venv}/bin/patroller --port" in unit.stdout, unit.stderr
+    finally:
+        server.terminate()
+        server.wait(20)

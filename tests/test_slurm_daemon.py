@@ -50,6 +50,12 @@ async def test_a_jobs_gpu_is_its_own_until_the_epilog_then_grantable_again(slurm
             assert holder["source"] == "slurm" and holder["uid"] == NOBODY
             assert holder["job"]["id"] == job and holder["job"]["account"] == "vision-lab"
             assert (await h.ok("/users"))[holder["user"]]["jobs"] == [job]
+            # It asked Slurm for the GPU: no use without asking, anywhere it is shown.
+            mine = (await h.ok("/users"))[holder["user"]]
+            assert mine["unreserved"] == 0 and mine["trespassing"] == 0, mine
+            assert (await h.ok("/status"))[uuid]["claim"]["asked"] is True
+            metrics = (await h.http.fetch(h.url + "/metrics")).body.decode()
+            assert f'patroller_user_gpus_unreserved{{user="{holder["user"]}"}} 0.0' in metrics
 
             # A host process outside the job on its GPU trespasses, and is told once.
             outsider = subprocess.Popen(["sleep", "300"])
@@ -59,6 +65,7 @@ async def test_a_jobs_gpu_is_its_own_until_the_epilog_then_grantable_again(slurm
             assert [(e["user"], e["pid"], e["why"], e["jobs"]) for e in trespasses] == [
                 ("root", outsider.pid, "outside_job", [job])]
             assert (await h.ok("/users"))["root"]["trespassing"] == 1
+            assert (await h.ok("/users"))["root"]["unreserved"] == 1  # it asked nobody
 
             # scancel: the epilog removes the job's file; with the processes gone the GPU is
             # free, and granted again.

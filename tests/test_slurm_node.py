@@ -229,7 +229,7 @@ def test_a_sluid_is_recorded_and_read_back_as_the_same_job(tmp_path):
     knows a process in that cgroup is the job's."""
     prolog(tmp_path, "4242", "1", SLURM_JOB_UID="1001", SLURM_JOB_SLUID="sEKNKTV3WPV500")
     assert lines(tmp_path) == {"1": ["4242 uid=1001 sluid=sEKNKTV3WPV500"]}
-    found = read_map(str(tmp_path), 65536, lambda uid: None)
+    found = read_map(str(tmp_path), 65536, lambda uid: None).allocations
     assert found[1].jobs[0].names() == ("4242", "sEKNKTV3WPV500")
 
 
@@ -296,6 +296,38 @@ def test_always_exits_0_when_the_map_cannot_be_made(tmp_path):
         readonly.mkdir(mode=0o555)
         status, said = prolog(readonly, "1", "0")
         assert status == 0 and "cannot write" in said
+
+
+@pytest.mark.parametrize("how", ["link", "group", "others", "owner"])
+def test_a_map_others_may_write_to_is_left_alone(tmp_path, how):
+    """As root, the scripts write only into a directory of their own that nobody else may
+    write to: in another's, a link planted where they write would make root write anywhere
+    (and the daemon refuses such a map)."""
+    if how == "owner" and os.geteuid() != 0:
+        pytest.skip("giving a directory away takes root")
+    real = tmp_path / "real"
+    real.mkdir(mode=0o755)
+    (real / "0").write_text("7\n")
+    jobmap = real
+    if how == "link":
+        jobmap = tmp_path / "map"
+        jobmap.symlink_to(real)
+    elif how == "owner":
+        os.chown(real, 4321, 4321)
+    else:
+        os.chmod(real, 0o775 if how == "group" else 0o757)
+    before = lines(real)
+    status, said = prolog(jobmap, "9", "0,1")
+    assert status == 0 and str(jobmap) in said and "nothing recorded" in said
+    assert lines(real) == before
+    status, said = epilog(jobmap, "7", "0")
+    assert status == 0 and "its lines are left" in said
+    assert lines(real) == before
+    if how != "link":  # made right, written again
+        os.chown(real, os.geteuid(), os.getegid())
+        os.chmod(real, 0o755)
+        assert prolog(jobmap, "9", "1") == (0, "") and epilog(jobmap, "7", "0") == (0, "")
+        assert lines(real) == {"1": ["9"]}
 
 
 def test_prologs_at_once_lose_no_line(tmp_path):

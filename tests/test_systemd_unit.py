@@ -35,11 +35,15 @@ def settings():
 
 
 def test_systemd_verifies_the_unit_without_a_warning(tmp_path):
-    # Where this checkout's daemon is, not where pip puts it as root: verify checks the path.
+    # As docs/gpu-host.md says: the installed `patroller` prints the unit with its own path
+    # (this checkout's virtual environment here), which systemd checks exists.
     unit = tmp_path / "patroller.service"
     patroller = os.path.join(os.path.dirname(sys.executable), "patroller")
-    unit.write_text(open(UNIT, encoding="utf-8").read().replace(
-        "/usr/local/bin/patroller", patroller))
+    printed = subprocess.run([patroller, "systemd-unit"], capture_output=True, text=True,
+                             timeout=60, cwd=tmp_path)
+    assert printed.returncode == 0, printed.stderr
+    assert f"ExecStart={patroller} --port" in printed.stdout
+    unit.write_text(printed.stdout)
     done = subprocess.run([analyze(), "verify", str(unit)], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0 and done.stderr == "" and done.stdout == "", done.stderr
@@ -71,3 +75,21 @@ def test_the_units_command_line_is_the_daemons():
     for word in command[1:]:
         if word.startswith("--"):
             assert f"{word} VALUE" in shown, word
+
+
+def test_the_docs_install_the_unit_the_installed_patroller_prints():
+    """docs/gpu-host.md writes the unit with `patroller systemd-unit` of the install it made,
+    and contrib/systemd's unit is the one that command prints (a link to it)."""
+    text = open(os.path.join(ROOT, "docs", "gpu-host.md"), encoding="utf-8").read()
+    assert ("/opt/patroller/bin/patroller systemd-unit > /etc/systemd/system/patroller.service"
+            in text)
+    assert os.path.realpath(UNIT) == os.path.join(ROOT, "patroller", "cli", "patroller.service")
+    done = subprocess.run([sys.executable, "-m", "patroller", "systemd-unit", "--exec",
+                           "/opt/patroller/bin/patroller"], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout == open(UNIT, encoding="utf-8").read().replace(
+        "/usr/local/bin/patroller", "/opt/patroller/bin/patroller")
+    relative = subprocess.run([sys.executable, "-m", "patroller", "systemd-unit", "--exec",
+                               "bin/patroller"], capture_output=True, text=True, timeout=60,
+                              cwd=ROOT)
+    assert relative.returncode == 2 and "absolute path" in relative.stderr

@@ -80,7 +80,7 @@ def test_the_page_shows_every_gpu_with_its_state_and_figures(page, daemon):
     for found in cards:
         assert found["state"] == "free"
         assert "NVIDIA A100-SXM4-80GB" in found["text"] and "FREE" in found["text"].upper()
-        assert "°C" in found["text"] and " W" in found["text"] and "GiB" in found["text"]
+        assert "°C" in found["text"] and "\u00a0W" in found["text"] and "GiB" in found["text"]
     # A utilisation and a memory bar and a sparkline on every card.
     assert page.js("return document.querySelectorAll('.card .bar.util .fill').length") == 8
     assert page.js("return document.querySelectorAll('.card .bar.mem .fill').length") == 8
@@ -294,6 +294,30 @@ def test_an_idle_reservation_and_a_lost_gpu_in_gpu_host_mode(page, tmp_path):
         server.stop()
 
 
+def figures(page):
+    """Each card's figures and the lines they take, once a held GPU draws three-digit watts."""
+    found = page.js("return Array.from(document.querySelectorAll('.card .facts')).map((f) =>"
+                    " [f.textContent, Math.round(f.getBoundingClientRect().height"
+                    " / (1.2 * parseFloat(getComputedStyle(f).fontSize)))])")  # lines
+    return found if any(re.search(r"\d{3}[ \u00a0]W", t) for t, _ in found) else None
+
+
+@pytest.mark.parametrize("width,height", [(1920, 1080), (1366, 768), (390, 844)])
+def test_a_cards_figures_keep_their_line(width, height):
+    """As found at 1,920 px: "GPU 39 °C · memory 44 °C · 133" ended a line and "W" stood on
+    the next. The figures are one line on every card, the sparkline giving way."""
+    server = ServerProcess("--test", "--lease", "300").start()
+    wide = browser(width=width, height=height)
+    try:
+        assert call(server, "/request", gpu=3, user="alice@example.org")[0] == 200
+        wide.open(server.url + "/")
+        facts = wide.until(lambda: figures(wide), "a held GPU's power at three digits", 60)
+        assert all(lines == 1 for _, lines in facts), facts
+    finally:
+        wide.quit()
+        server.stop()
+
+
 USERS = ["alice.longname@example.org", "bob@example.org",
          "carol.researcher@university.example.edu"]
 
@@ -337,6 +361,10 @@ def test_the_users_table_fits_at_every_width_and_a_user_over_the_limit_stands_ou
                     plainColour: getComputedStyle(rows[1].cells[0]).color};""")
         assert fit["fits"] and fit["lastShown"] and fit["oneLine"] and fit["page"], fit
         assert fit["overColour"] != fit["plainColour"], fit
+        # Each card's figures on one line, a three-digit power too (as found at 1,920 px:
+        # "133" ended a line and "W" stood on the next).
+        facts = wide.until(lambda: figures(wide), "a held GPU's power at three digits", 60)
+        assert all(lines == 1 for _, lines in facts), facts
         wide.screenshot(str(tmp_path / f"page-{width}.png"))
     finally:
         wide.quit()

@@ -8,9 +8,10 @@
 # (0.1, ...), so that a line is not left behind when the indices the epilog is told differ from
 # the prolog's. A file left with no line is removed.
 #
-# DIR is $PATROLLER_SLURM_JOB_MAP, or /run/patroller/slurm-job-map. Every change holds flock on
-# DIR itself, is written to a temporary file whose name starts with a dot in DIR, and is moved
-# over the old file (readers skip names that start with a dot).
+# DIR is $PATROLLER_SLURM_JOB_MAP, or /run/patroller/slurm-job-map; nothing is changed in it
+# unless it is a directory of root's, not a link, that only root may write to. Every change
+# holds flock on DIR itself, is written to a temporary file whose name starts with a dot in DIR,
+# and is moved over the old file (readers skip names that start with a dot).
 #
 # It always exits 0: an epilog that fails drains the node. Problems go to stderr (slurmd's log)
 # and to syslog through logger, where there is one.
@@ -27,6 +28,24 @@ say() {
     if command -v logger >/dev/null 2>&1; then
         logger -t patroller-slurm-epilog -p daemon.warning -- "$*" >/dev/null 2>&1
     fi
+    return 0
+}
+
+# Whether the map is a directory of ours (root's, under slurmd), not a link, that only we may
+# write to: in one that another user may write to, they could put a link where we write as
+# root, or lines of their own (and the daemon refuses such a map).
+trusted() {
+    if [ -L "$map_dir" ] || [ ! -d "$map_dir" ] || [ ! -O "$map_dir" ]; then
+        say "job $job: $map_dir is a link, not a directory or not ours (uid $(id -u)): $1"
+        return 1
+    fi
+    mode=$(stat -c %a "$map_dir" 2>/dev/null) || mode=unknown
+    case $mode in
+        unknown | *[2367]? | *[2367])
+            say "job $job: $map_dir may be written by others than its owner (mode $mode): $1"
+            return 1
+            ;;
+    esac
     return 0
 }
 
@@ -112,5 +131,6 @@ for index in "$@"; do
     esac
 done
 [ -d "$map_dir" ] || exit 0  # nothing was ever recorded
+trusted "its lines are left (make it root's: chown root; chmod 755)" || exit 0
 update 9<"$map_dir" || say "job $job: cannot open $map_dir; its lines are left"
 exit 0

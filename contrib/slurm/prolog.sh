@@ -13,7 +13,9 @@
 # job id: the plain format (one job id per line) that other readers of such a map
 # expect. A line for the same job id already in the file is replaced, never duplicated.
 #
-# DIR is $PATROLLER_SLURM_JOB_MAP, or /run/patroller/slurm-job-map; it is made (0755) if missing.
+# DIR is $PATROLLER_SLURM_JOB_MAP, or /run/patroller/slurm-job-map; it is made (root's, 0755) if
+# missing. Nothing is written in it unless it is a directory of root's, not a link, that only
+# root may write to (as the daemon trusts it only then).
 # Every change holds flock on DIR itself, is written to a temporary file whose name starts with
 # a dot in DIR, and is moved over the old file: a reader sees the old file or the new one, never
 # half of one, and skips names that start with a dot.
@@ -41,6 +43,24 @@ say() {
 plain() {
     case $1 in
         *[[:space:][:cntrl:]]*) return 1 ;;
+    esac
+    return 0
+}
+
+# Whether the map is a directory of ours (root's, under slurmd), not a link, that only we may
+# write to: in one that another user may write to, they could put a link where we write as
+# root, or lines of their own (and the daemon refuses such a map).
+trusted() {
+    if [ -L "$map_dir" ] || [ ! -d "$map_dir" ] || [ ! -O "$map_dir" ]; then
+        say "job $job: $map_dir is a link, not a directory or not ours (uid $(id -u)): $1"
+        return 1
+    fi
+    mode=$(stat -c %a "$map_dir" 2>/dev/null) || mode=unknown
+    case $mode in
+        unknown | *[2367]? | *[2367])
+            say "job $job: $map_dir may be written by others than its owner (mode $mode): $1"
+            return 1
+            ;;
     esac
     return 0
 }
@@ -146,5 +166,6 @@ if ! mkdir -p -m 0755 "$map_dir" 2>/dev/null || [ ! -d "$map_dir" ]; then
     say "job $job: cannot make $map_dir; nothing recorded"
     exit 0
 fi
+trusted "nothing recorded (make it root's: chown root; chmod 755)" || exit 0
 update 9<"$map_dir" || say "job $job: cannot open $map_dir; nothing recorded"
 exit 0

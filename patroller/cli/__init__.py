@@ -2,8 +2,8 @@
 
 Owns: parsing the commands, talking to the server through `patroller.client`, rendering what it
 answers, exit statuses. May import: the standard library, `patroller.client`,
-`patroller.durations` and `patroller.hosts`; nothing of the daemon (no Tornado, no Docker
-SDK), so that it runs wherever the client is installed.
+`patroller.durations`, `patroller.hosts` and `patroller.answers`; nothing of the daemon (no
+Tornado, no Docker SDK), so that it runs wherever the client is installed.
 """
 from patroller.cli.commands import COMMANDS, main
 

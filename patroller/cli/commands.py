@@ -1,29 +1,31 @@
-"""The command line people type: `patroller run|status|release|wait|reserve`.
+"""The command line people type: `patroller run|status|release|wait|reserve|systemd-unit`.
 
 Standard library and `patroller.client` only, so that it works wherever the client is installed
 (a container with the socket directory mounted) without Tornado or Docker. `patroller` with
-flags (or none) is still the server; patroller/main.py hands these five words to `main` here.
+flags (or none) is still the server; patroller/main.py hands these words to `main` here.
 Exit statuses: patroller/cli/exits.py.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence, TextIO
+from typing import Any, Dict, List, Optional, Sequence
 
 from patroller import client, durations
 import patroller.cli.fleet as fleet
 from patroller.cli.exits import (EX_INTERRUPTED, EX_NOPERM, EX_OK, EX_TEMPFAIL, EX_UNAVAILABLE,
                                  EX_USAGE, Failure, error_text, refused_code)
+from patroller.cli.records import history_command, queue_command, users_command
 from patroller.cli.render import (amount, describe, duration, format_status, numbers_of,
-                                   release_message)
+                                   release_message, use_colour)
 from patroller.cli.run import optional_queue, optional_users, run_command
+from patroller.cli.unit import unit_command
 from patroller.client import PatrollerError, RequestRefused, ServerUnreachable
 
-COMMANDS = ("run", "status", "release", "wait", "reserve")
+COMMANDS = ("run", "status", "release", "wait", "reserve", "history", "users", "queue",
+            "systemd-unit")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -35,10 +37,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except SystemExit as exit_:  # argparse: --help (0) or a usage error (2)
         return int(exit_.code or 0)
     try:
-        client.parse_server(options.server)
+        client.parse_server(getattr(options, "server", None))
     except ValueError as exc:
         print(f"patroller: {exc}", file=sys.stderr)
         return EX_USAGE
+    if hasattr(options, "colour"):  # on a terminal only, as the user lets it
+        options.colour = options.colour and use_colour(sys.stdout)
     try:
         return options.handler(options)
     except Failure as failure:
@@ -61,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="patroller", description="Reserve and watch the GPUs of a Patroller host. "
         "`patroller` with flags and no command runs the server (patroller --help).")
-    commands = parser.add_subparsers(dest="command", metavar="{run,status,release,wait,reserve}")
+    commands = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
     commands.required = True
 
     run = commands.add_parser("run", parents=[common], help="run a command on reserved GPUs",
@@ -120,6 +124,32 @@ def build_parser() -> argparse.ArgumentParser:
                          help="wait in the queue up to this long (default: do not wait)")
     reserve.add_argument("--resource", default="gpu", help="device group (default gpu)")
     reserve.set_defaults(handler=reserve_command)
+    table = argparse.ArgumentParser(add_help=False, parents=[common])
+    table.add_argument("--json", action="store_true", help="print the server's JSON")
+    table.add_argument("--no-color", "--no-colour", dest="colour", action="store_false",
+                       help="no colours even on a terminal (so does NO_COLOR)")
+    history = commands.add_parser("history", parents=[table], help="the audit record",
+                                  description="The audit record's recent events, oldest first.")
+    history.add_argument("--since", metavar="DURATION|TIME",
+                         help="from this long ago (2h, 7d) or this ISO time on")
+    history.add_argument("--user", help="only the events of this user (as user, holder or by)")
+    history.add_argument("--limit", type=count_arg, default=1000,
+                         help="at most the last N events (default and most 1000)")
+    history.set_defaults(handler=history_command)
+    users = commands.add_parser("users", parents=[table], help="who holds, uses, waits",
+                                description="Per user: GPUs held, held unused, used without "
+                                "asking, idle, waiting, trespassing, the limit.")
+    users.set_defaults(handler=users_command)
+    queue = commands.add_parser("queue", parents=[table], help="the waiting requests",
+                                description="The waiting requests, in arrival order.")
+    queue.set_defaults(handler=queue_command)
+    unit = commands.add_parser("systemd-unit", help="print the systemd unit for this install",
+                               description="Print the systemd unit that runs this "
+                               "installation's daemon: patroller systemd-unit > "
+                               "/etc/systemd/system/patroller.service")
+    unit.add_argument("--exec", metavar="PATH", help="the daemon's absolute path (default: "
+                      "this `patroller` command's)")
+    unit.set_defaults(handler=unit_command)
     return parser
 
 def count_arg(text: str) -> int:
@@ -181,8 +211,9 @@ def reserve_command(options: argparse.Namespace) -> int:
     left = min((g["expires"] for g in granted if g.get("expires") is not None), default=None)
     how = (f"for {duration(left)}, whatever runs on them" if options.hold != "lease" and left
            else f"for the lease: start the job within {duration(left or 0)}")
+    them = "them" if len(granted) > 1 else "it"
     print(f"patroller: {describe(granted)} reserved {how}; `patroller release "
-          f"{' '.join(numbers)}` gives them back", file=sys.stderr)
+          f"{' '.join(numbers)}` gives {them} back", file=sys.stderr)
     print(",".join(numbers))
     return EX_OK
 
@@ -235,7 +266,7 @@ def uuid_of(name: str, inventory: Dict[str, Any]) -> str:
     raise Failure(f"cannot release {name}: no GPU number {name} on this host", EX_NOPERM)
 
 def status_command(options: argparse.Namespace) -> int:
-    colour = options.colour and use_colour(sys.stdout)
+    colour = options.colour
     if options.watch is None:
         print(render_status(options, colour), end="")
         return EX_OK
@@ -288,7 +319,3 @@ def render_status(options: argparse.Namespace, colour: bool) -> str:
     return format_status(claims, client.devices(options.server), optional_queue(options.server),
                          colour, optional_users(options.server))
 
-def use_colour(out: TextIO) -> bool:
-    """Colours on a terminal, unless NO_COLOR is set (https://no-color.org) or TERM=dumb."""
-    return (out.isatty() and not os.environ.get("NO_COLOR")
-            and os.environ.get("TERM", "") != "dumb")

@@ -1,9 +1,11 @@
 """`patroller status --hosts h1:port,h2:port,...`: the GPUs of many hosts in one table.
 
 Every host is asked at once (a thread each), each with its own timeout: a host that does not
-answer in time, or at all, is shown as such and never holds up the rest. `--free N` lists the
-hosts with N free GPUs now, most free first; `--json` gives the same as JSON. The hosts come
-from `--hosts`, else `--hosts-file` (one a line, `#` comments), else PATROLLER_HOSTS.
+answer in time, or at all, is shown as such and never holds up the rest; so is one that answers
+more than HOST_MAX_BYTES (nothing past them is read) or other than Patroller's schema says
+(answers.check): "not answering: bad answer: " and why. `--free N` lists the hosts with N free
+GPUs now, most free first; `--json` gives the same as JSON. The hosts come from `--hosts`, else
+`--hosts-file` (one a line, `#` comments), else PATROLLER_HOSTS.
 """
 from __future__ import annotations
 
@@ -13,9 +15,13 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from patroller import client, hosts
+from patroller.answers import BadAnswer, check
 from patroller.cli.render import HEADERS, device_row, format_table
 
 FLEET_TIMEOUT = 5.0  # seconds a host may take to answer (--host-timeout)
+HOST_MAX_BYTES = 1 << 20  # bytes of a host's answer read at most: the daemon's --fleet-max-bytes
+HOST_MAX_GPUS = 256  # GPUs a host may list: the daemon's Config.fleet_max_gpus
+ERROR_SHOWN = 200  # characters of why a host is not shown, at most (a host's own words in it)
 
 
 @dataclass
@@ -47,11 +53,19 @@ def hosts_from(given: Optional[str], path: Optional[str]) -> List[str]:
 
 def _ask(host: str, timeout: float) -> HostAnswer:
     try:
-        status = client.get_json(host, "/status", timeout)
-        devices = client.get_json(host, "/devices", timeout)
-    except client.PatrollerError as exc:
-        return HostAnswer(host, error=str(exc) or type(exc).__name__)
+        status = client.get_json(host, "/status", timeout, HOST_MAX_BYTES)
+        devices = client.get_json(host, "/devices", timeout, HOST_MAX_BYTES)
+        check(status, devices, HOST_MAX_GPUS)
+    except BadAnswer as exc:
+        return HostAnswer(host, error=said(f"bad answer: {exc}"))
+    except (client.PatrollerError, ValueError) as exc:  # ValueError: not a server's address
+        return HostAnswer(host, error=said(str(exc) or type(exc).__name__))
     return HostAnswer(host, status, devices)
+
+
+def said(why: str) -> str:
+    """`why` cut to ERROR_SHOWN characters: a host's own words in it are the host's choice."""
+    return why if len(why) <= ERROR_SHOWN else why[:ERROR_SHOWN - 1] + "…"
 
 
 def ask_all(hosts: List[str], timeout: float) -> List[HostAnswer]:
@@ -68,14 +82,16 @@ def ask_all(hosts: List[str], timeout: float) -> List[HostAnswer]:
 
 
 def fleet_table(answers: List[HostAnswer], colour: bool = False) -> str:
-    """One table, a row per GPU with its host, a row per host that did not answer, then the
-    totals."""
+    """One table, a row per GPU with its host, a row per host that did not answer; then why
+    each of those did not, in full (the table cuts it), and the totals."""
     rows: List[List[str]] = []
     states: Dict[str, int] = {}
+    notes: List[str] = []
     for answer in answers:
         if answer.status is None or answer.devices is None:
             rows.append([answer.host, "-", "-", "not answering: " + (answer.error or "?")]
                         + ["-"] * (len(HEADERS) - 3))
+            notes.append(f"{answer.host}: not answering: {answer.error or '?'}\n")
             continue
         for uuid, info in answer.devices.items():
             row = device_row(uuid, info, answer.status.get(uuid) or {})
@@ -87,7 +103,7 @@ def fleet_table(answers: List[HostAnswer], colour: bool = False) -> str:
     total = (f"{len(answers)} host{'s' if len(answers) != 1 else ''}"
              + (f", {down} not answering" if down else "")
              + f"; {gpus} GPU{'s' if gpus != 1 else ''}" + (f": {counts}" if counts else ""))
-    return format_table(("HOST",) + HEADERS, rows, colour) + total + "\n"
+    return format_table(("HOST",) + HEADERS, rows, colour) + "".join(notes) + total + "\n"
 
 
 def free_hosts(answers: List[HostAnswer], wanted: int) -> List[Tuple[str, int]]:

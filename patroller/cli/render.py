@@ -1,7 +1,9 @@
-"""The command line's words and tables: pure formatting of what the server answered."""
+"""The command line's words and tables: pure formatting of what the server answered (and
+whether the terminal takes colours)."""
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+import os
+from typing import Any, Dict, Iterable, List, Optional, Sequence, TextIO
 
 CUT = "…"
 WIDEST = {"NAME": 22, "USER": 32, "PROCESSES": 40}  # longer cells are cut
@@ -141,7 +143,8 @@ def memory_cell(used: Any, total: Any) -> str:
         total_mib = int(total.split()[0])
     if used is None and total_mib is None:
         return "-"
-    return f"{'-' if used is None else int(used)}/{'-' if total_mib is None else total_mib} MiB"
+    shown = "-" if used is None else int(used) if isinstance(used, (int, float)) else used
+    return f"{shown}/{'-' if total_mib is None else total_mib} MiB"
 
 def percent(value: Any) -> str:
     return "-" if value is None else f"{value}%"
@@ -243,3 +246,8 @@ def release_message(body: Dict[str, Any], named: Optional[str] = None) -> str:
     if named is not None:
         return f"nothing released: {named} is not reserved by you"
     return "nothing to release: you hold no reservation"
+
+def use_colour(out: TextIO) -> bool:
+    """Colours on a terminal, unless NO_COLOR is set (https://no-color.org) or TERM=dumb."""
+    return (out.isatty() and not os.environ.get("NO_COLOR")
+            and os.environ.get("TERM", "") != "dumb")

@@ -1,8 +1,9 @@
 """Configuration: every setting, built once from the command line with PATROLLER_* environment
 fallbacks, into one immutable Config that is passed down explicitly.
 
-Owns: Config (settings and documented internal defaults), the command line that fills it, and
-the fair-use policy built from it (with the per-user limits file).
+Owns: Config (settings and documented internal defaults), the command line that fills it, the
+fair-use policy built from it (with the per-user limits file), and whether a directory it names
+may be trusted (`trust`: its owner, its mode, the links on its path).
 May import: `patroller.core`, `patroller.durations` and `patroller.hosts`.
 """
 from patroller.config.flags import default_state_dir, load, settings_table

@@ -76,7 +76,8 @@ _SETTINGS = (
      "container's process running as one is never taken for a host account (default 100000)"),
     ("--slurm-job-map", "PATROLLER_SLURM_JOB_MAP",
      "directory of the Slurm job map (one file per GPU index, listing its jobs; written by "
-     "contrib/slurm's prolog): a GPU listed there is its jobs', never granted (default: none)"),
+     "contrib/slurm's prolog): a GPU listed there is its jobs', never granted; it must be "
+     "root's or the daemon's user's and writable by nobody else (default: none)"),
     ("--kubelet-socket", "PATROLLER_KUBELET_SOCKET",
      "the kubelet's pod-resources socket, asked only while it is there: a GPU it assigns to a "
      "pod is the pod's, never granted; none or empty: not asked (default "
@@ -112,6 +113,16 @@ _SETTINGS = (
     ("--audit-log", "PATROLLER_AUDIT_LOG",
      "also append the audit record to this file as JSON lines; - for standard output "
      "(default: the daemon's log only)"),
+    ("--usage", "PATROLLER_USAGE",
+     "where GPU usage history is kept: sqlite (<state-dir>/usage.sqlite3, the default; none "
+     "without a state directory) or none"),
+    ("--usage-interval", "PATROLLER_USAGE_INTERVAL",
+     "seconds between usage samples, one row per GPU each (default 60; at least 0.1)"),
+    ("--usage-days", "PATROLLER_USAGE_DAYS",
+     "days usage samples are kept; older ones are folded into daily totals (default 400)"),
+    ("--usage-busy-sm", "PATROLLER_USAGE_BUSY_SM",
+     "a statistics reading with at least this % of SM use counts as computing in the usage "
+     "categories; less is idle (default 1)"),
     ("--fleet", "PATROLLER_FLEET",
      "serve /fleet, one live page of these hosts' GPUs (host:port,host:port,...), and "
      "/fleet.json; this daemon asks each host's /status itself (default: no fleet view)"),
@@ -122,6 +133,9 @@ _SETTINGS = (
     ("--fleet-timeout", "PATROLLER_FLEET_TIMEOUT",
      "seconds a fleet host may take to answer before it is shown as not answering "
      "(default 3)"),
+    ("--fleet-max-bytes", "PATROLLER_FLEET_MAX_BYTES",
+     "the largest answer taken from a fleet host, in bytes (or KiB, MiB); a larger one is not "
+     "read past that, and the host is shown as failed: bad answer (default 1MiB)"),
 )
 
 
@@ -255,11 +269,20 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
                         Config.idle_after),
         idle_release=pick("--idle-release", env_names["--idle-release"], durations.parse, None),
         audit_log=pick("--audit-log", env_names["--audit-log"], values.nonempty, None),
+        usage=pick("--usage", env_names["--usage"], values.usage, Config.usage),
+        usage_interval=pick("--usage-interval", env_names["--usage-interval"],
+                            values.usage_interval, Config.usage_interval),
+        usage_days=pick("--usage-days", env_names["--usage-days"], values.count,
+                        Config.usage_days),
+        usage_busy_sm=pick("--usage-busy-sm", env_names["--usage-busy-sm"], values.percent,
+                           Config.usage_busy_sm),
         fleet=fleet,
         fleet_interval=pick("--fleet-interval", env_names["--fleet-interval"], values.fleet_interval,
                             Config.fleet_interval),
         fleet_timeout=pick("--fleet-timeout", env_names["--fleet-timeout"], durations.parse,
                            Config.fleet_timeout),
+        fleet_max_bytes=pick("--fleet-max-bytes", env_names["--fleet-max-bytes"], values.size,
+                             Config.fleet_max_bytes),
     )
 
 

@@ -74,6 +74,10 @@ class Config:
     # -- state on disk (flags) ----------------------------------------------------------------
     state_dir: Optional[str] = None  # the lease book's directory; None: keep no book
     audit_log: Optional[str] = None  # also write the audit record here (JSON lines; - stdout)
+    usage: str = "sqlite"  # the usage store (<state-dir>/usage.sqlite3); "none": keep none
+    usage_interval: float = 60.0  # seconds between usage samples: one row per GPU each
+    usage_days: int = 400  # days each sample is kept; then folded into daily totals
+    usage_busy_sm: float = 1.0  # %: a reading with at least this SM use counts as computing
 
     # -- HTTP (flags) -------------------------------------------------------------------------
     body_timeout: float = 10.0  # seconds a request body may take to arrive
@@ -84,6 +88,9 @@ class Config:
     fleet: Tuple[str, ...] = ()  # the hosts shown, as given (host:port); none: no fleet view
     fleet_interval: float = 5.0  # seconds from one asking of a host's /status to the next
     fleet_timeout: float = 3.0  # seconds a host may take to answer: then it is not answering
+    # bytes: the largest answer taken from a host, never read past (a /status of 64 GPUs and
+    # 500 processes is about 92 KB); a larger one is a bad answer
+    fleet_max_bytes: int = 1 << 20
 
     # -- internal defaults: the daemon as a whole ----------------------------------------------
     shutdown_grace: float = 2.0  # seconds the whole stop may take: monitors, then connections
@@ -125,6 +132,12 @@ class Config:
     # The resources of the kubelet's that are GPUs (shell patterns): the NVIDIA device plugin's
     # GPUs, its MIG devices (mixed strategy), and time-slicing's renamed replicas.
     kubelet_resources: Tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/mig-*", "*.shared")
+    kubelet_ids_logged: int = 10  # device ids matching no GPU logged one by one per reading at
+    # most; the rest are counted in one line
+    # bytes: the largest answer taken from the kubelet or containerd (gRPC's own default); a
+    # larger one is a failed call, never decoded (110 pods of three containers, each with a
+    # GPU, list in about 35 KB; decoding 4 MiB of the costliest junk takes about a second)
+    grpc_max_message: int = 4 << 20
     test_devices: int = 8  # test mode's synthetic devices
     test_interval: float = 1.0  # seconds between test mode's samples
     history_every: float = 5.0  # seconds between the points of a device's utilisation history
@@ -135,6 +148,10 @@ class Config:
     identity_ttl: float = 3600.0  # seconds a process's identity is cached (by pid and start)
     identity_cache: int = 65536  # identities cached at most
     owner_retry: float = 5.0  # seconds between attempts to learn a degraded owner (Docker down)
+    # seconds a new GPU process's owner may take to be learned (an engine that hangs): then its
+    # GPU is held by an owner not known yet (degraded) until it is. Above a Podman service's
+    # usual 0.3-0.8 s, far below the engines' 5 s timeouts
+    owner_wait: float = 1.0
     container_ttl: float = 600.0  # seconds a container's labels are cached
     container_cache: int = 4096  # containers cached at most
     address_ttl: float = 10.0  # seconds the containers' network addresses are cached
@@ -156,6 +173,13 @@ class Config:
     lifeline_poll: float = 0.5  # seconds between checks of a process held for, where pidfds
     # cannot be had
     pseudonyms_remembered: int = 65536  # pseudonyms kept once computed (--hide-users)
+    usage_dir: Optional[str] = None  # the usage store's directory; None: the state directory
+    # (tests put it on a filesystem of its own: full, read-only; the benchmark elsewhere)
+    usage_retry: float = 5.0  # seconds between tries while the usage store cannot be written
+    usage_backlog: int = 1440  # intervals kept in memory meanwhile (a day at one a minute);
+    # older ones are dropped, counted
+    usage_fold_every: float = 3600.0  # seconds between foldings of old samples into daily totals
+    usage_busy_timeout: float = 5.0  # seconds a connection waits for the other's lock (SQLite)
 
     # -- internal defaults: http (the server, the views, the live feed) -----------------------
     max_body: int = 64 * 1024  # bytes: the largest request body taken (a form for /release)
@@ -176,5 +200,4 @@ class Config:
     max_pages: int = 200  # web pages open at once (/events)
     max_pages_per_user: int = 20  # of them, one user's: nobody keeps the others' pages out
     max_pages_unidentified: int = 20  # of them, those of callers who cannot be identified
-    fleet_max_body: int = 8 << 20  # bytes: the largest answer taken from a fleet host (a
-    # /status of 64 GPUs and 500 processes is about 92 KB)
+    fleet_max_gpus: int = 256  # GPUs one fleet host may list: more is a bad answer

@@ -11,6 +11,9 @@ from typing import List, Optional, Sequence, Tuple
 from patroller import durations, hosts
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+SIZE = re.compile(r"([0-9]+)\s*((?:[km](?:i?b)?|b)?)", re.IGNORECASE)
+SIZE_UNITS = {"": 1, "b": 1, **{unit: 1 << 10 for unit in ("k", "kb", "kib")},
+              **{unit: 1 << 20 for unit in ("m", "mb", "mib")}}
 
 
 def port(text: str) -> int:
@@ -33,6 +36,30 @@ def nonnegative(text: str) -> float:
         raise ValueError("is not a number") from None
     if not math.isfinite(value) or value < 0:
         raise ValueError("must be zero or more")
+    return value
+
+
+def percent(text: str) -> float:
+    value = nonnegative(text)
+    if value > 100:
+        raise ValueError("must be a percentage from 0 to 100")
+    return value
+
+
+USAGE_STORES = ("sqlite", "none")
+
+
+def usage(text: str) -> str:
+    given = text.strip().lower()
+    if given not in USAGE_STORES:
+        raise ValueError(f"must be {' or '.join(USAGE_STORES)}")
+    return given
+
+
+def usage_interval(text: str) -> float:
+    value = durations.parse(text)
+    if value < 0.1:
+        raise ValueError("must be at least 0.1 seconds")
     return value
 
 
@@ -137,6 +164,17 @@ def fleet_interval(text: str) -> float:
     value = durations.parse(text)
     if value < 0.5:
         raise ValueError("must be at least 0.5 seconds: every host is asked that often")
+    return value
+
+
+def size(text: str) -> int:
+    """Bytes: a whole number, or one with the unit KiB or MiB (K, M: the same)."""
+    found = SIZE.fullmatch(text.strip())
+    if found is None:
+        raise ValueError("is not a number of bytes (1048576, 512KiB, 4MiB)")
+    value = int(found.group(1)) * SIZE_UNITS[found.group(2).lower()]
+    if value < 1024:
+        raise ValueError("must be at least 1 KiB: a host's answer of one GPU is about that")
     return value
 
 

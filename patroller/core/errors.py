@@ -1,7 +1,19 @@
 """Domain errors. Each carries a message and data; the HTTP layer maps classes to statuses."""
 from __future__ import annotations
 
-from typing import Any, Dict
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, Optional, Tuple
+
+
+@dataclass(frozen=True)
+class Private:
+    """What an error says that is other users' (their Slurm jobs, their pods, the devices they
+    hold under the caller's host account): whose it is, and the message and data a caller who
+    may not see one of them (--hide-users) is told instead."""
+
+    users: Tuple[str, ...]
+    message: str
+    data: Dict[str, Any]
 
 
 class PatrollerError(Exception):
@@ -11,6 +23,13 @@ class PatrollerError(Exception):
         super().__init__(message)
         self.message = message
         self.data: Dict[str, Any] = data
+        self.private: Optional[Private] = None  # None: nothing in it is another user's
+
+    def naming(self, users: Iterable[str], message: str, **data: Any) -> "PatrollerError":
+        """This error, noting that some of what it says is `users`': `message` and `data` say
+        it without that."""
+        self.private = Private(tuple(users), message, data)
+        return self
 
 
 class BadRequest(PatrollerError):

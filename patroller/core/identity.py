@@ -100,6 +100,21 @@ class Identity:
 
 
 UNKNOWN = Identity(user="unknown", source="unknown")
+NAMELESS = frozenset({UNKNOWN.user})  # user strings that name nobody: shown as they are
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """Who asks, as far as names go (--hide-users: http/hiding.py): a user's name is shown to
+    that user (the lease rules' same user: by `user`) and to the host's root (`everything`),
+    never to anyone else; a user string that names nobody, to everyone."""
+
+    user: Optional[str] = None  # the caller's `user`; None: not identified, or a scraper
+    everything: bool = False  # the host's root: every name
+
+    def sees(self, user: Optional[str]) -> bool:
+        """Whether this caller may see `user` named."""
+        return self.everything or user is None or user in NAMELESS or user == self.user
 
 
 class ProcessRef(NamedTuple):

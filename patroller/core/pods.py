@@ -23,6 +23,12 @@ from typing import ClassVar, Optional, Tuple
 from patroller.core.identity import Identity
 
 
+# Characters of a pod's namespace, name or container name taken at most (the most Kubernetes
+# allows): the kubelet's and containerd's are read printable and so cut (core/text.py).
+NAME_CHARS = 253
+DESCRIBED = 10  # pods named at most in a log line about one GPU; the rest are counted
+
+
 @dataclass(frozen=True)
 class Pod:
     """One pod, as the kubelet lists it: the containers the GPU is assigned to."""
@@ -88,8 +94,12 @@ class PodAllocation:
         return False
 
     def describe(self) -> str:
-        """The pods in words: `pod ml/train-0`, `pods ml/a, ml/b`."""
+        """The pods in words, for a log line or a message: `pod ml/train-0`, `pods ml/a, ml/b`,
+        `pods ml/a, ..., and 990 more`."""
         ids = self.ids()
-        return ("pod " if len(ids) == 1 else "pods ") + ", ".join(ids)
+        shown = ", ".join(ids[:DESCRIBED])
+        if len(ids) > DESCRIBED:
+            shown += f", and {len(ids) - DESCRIBED} more"
+        return ("pod " if len(ids) == 1 else "pods ") + shown
 
 

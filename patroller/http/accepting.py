@@ -24,6 +24,7 @@ from tornado.iostream import IOStream
 
 from patroller.config import Config
 from patroller.core.throttle import Throttle
+from patroller.http.access import Requests
 from patroller.http.fastlane import Connection, FastLane
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,8 @@ class Server(Protocol):
 class Acceptor:
     """Accepts on listening sockets and pauses them all while accept() fails (EMFILE, ENFILE...)."""
 
-    def __init__(self, server: Server, config: Config, lane: Optional[FastLane] = None) -> None:
+    def __init__(self, server: Server, config: Config, requests: Requests,
+                 lane: Optional[FastLane] = None) -> None:
         self.server = server
         self.lane = lane  # at every connection's door
         self.batch = config.accept_batch
@@ -59,7 +61,7 @@ class Acceptor:
         self.resume: Optional[object] = None  # the timeout that resumes watching, while paused
         self.report = Throttle(1, config.accept_report_every)
         self.reported = False  # a failure was logged and its end not yet
-        self.failures = 0  # accept() calls that failed for lack of resources, in all
+        self.requests = requests  # where the failures are counted, for /metrics
 
     def watch(self, sock: socket.socket) -> None:
         """Accept on a listening socket, from now until `stop`."""
@@ -110,7 +112,7 @@ class Acceptor:
     def _failed(self, exc: OSError) -> None:
         """Stop watching every socket for a while: the same failure would come back at once."""
         assert self.loop is not None
-        self.failures += 1
+        self.requests.accept_failures += 1
         self.pause = min(self.max_pause, self.pause * 2 or self.first_pause)
         admitted, held = self.report.admit()
         if admitted:

@@ -23,13 +23,15 @@ def shown(text: str, limit: int = SHOWN_CHARS) -> str:
 
 
 class Requests:
-    """HTTP answers by endpoint and status, and callers refused because they could not be
-    identified: counted as the answers go out (a dict increment each)."""
+    """HTTP answers by endpoint and status, callers refused because they could not be
+    identified, and accept() calls that failed for want of descriptors: counted as they happen
+    (an increment each)."""
 
     def __init__(self, endpoints: Iterable[str] = ()) -> None:
         self.endpoints = set(endpoints)
         self.answers: "Counter[Tuple[str, int]]" = Counter()
         self.identity_failures = 0
+        self.accept_failures = 0  # EMFILE, ENFILE...: each one followed by a pause (accepting.py)
 
     def count(self, path: str, status: int) -> None:
         if path.startswith("/web/"):

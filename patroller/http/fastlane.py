@@ -24,7 +24,9 @@ import socket
 import time
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
-from tornado.iostream import IOStream, StreamClosedError
+from tornado.iostream import StreamClosedError
+
+from patroller.identify.connection import Accepted
 
 Body = Callable[[Any], Optional[bytes]]  # the connection -> its body, or None: Tornado answers
 HEAD_END = b"\r?\n\r?\n"  # how Tornado's HTTP/1 server reads a request's head
@@ -106,9 +108,10 @@ def _response(body: bytes, close: bool) -> bytes:
             + b"Content-Length: %d\r\n\r\n" % len(body) + body)
 
 
-class Connection(IOStream):
-    """An accepted connection: TCP_NODELAY set once for its whole life, and the fast lane at
-    its door (none for a connection that should not have it).
+class Connection(Accepted):
+    """An accepted connection, with its facts (identify/connection.py): TCP_NODELAY set once
+    for its whole life, and the fast lane at its door (none for a connection that should not
+    have it).
 
     Every answer is written in one piece, so Nagle's algorithm never helps; Tornado would turn
     it on and off around every response (two setsockopt calls each).

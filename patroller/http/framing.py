@@ -36,6 +36,7 @@ from tornado.iostream import IOStream, StreamClosedError
 from patroller.config import Config
 from patroller.core.throttle import Throttle
 from patroller.http.encoding import dumps
+from patroller.identify.connection import stream_of
 
 log = logging.getLogger("patroller.access")
 
@@ -208,7 +209,7 @@ class Guard(httputil.HTTPMessageDelegate):
         """While Tornado reads the body: answer, and let its reading drain the rest (dropped)
         until the body ends, the linger runs out, or enough was dropped; then close."""
         self._stop_timer()
-        stream: Optional[IOStream] = getattr(self.conn, "stream", None)
+        stream = stream_of(self.conn)
         self.framing.report(error, stream)
         self.inner.on_connection_close()  # the application hears no more of this request
         if stream is None or stream.closed():

@@ -10,6 +10,7 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional
 import tornado.web
 from tornado import httputil
 from tornado.ioloop import IOLoop
+from tornado.iostream import StreamClosedError
 
 from patroller import durations
 from patroller.core.devices import Device
@@ -17,17 +18,20 @@ from patroller.core.errors import (BadRequest, Busy, NoCallerProcess, NotHeld, N
                                    PatrollerError, TooManyWaiting, Unavailable, Unidentified,
                                    Unsatisfiable)
 from patroller.core.identity import Identity, ProcessRef
-from patroller.core.leases import LeaseManager, Waiter
+from patroller.core.leases import Waiter
 from patroller.http import hiding, query
 from patroller.http.access import SHOWN_METHOD_CHARS, shown
 from patroller.http.api import Api
 from patroller.http.encoding import dumps
 from patroller.http.hiding import Viewer, viewer_of
-from patroller.http.views import counters, queue_view, users_view
+from patroller.http.views import counters, device_json, grant_json, queue_view, users_view
+from patroller.identify.connection import facts_of, stream_of
+from patroller.identify.peers import left
 
 log = logging.getLogger(__name__)
 
 SHOWN_MESSAGE_CHARS = 300  # of an error message from Tornado
+CLIENT_LEFT = 499  # counted, never sent: the client left before its answer; nothing was done
 
 # Every domain error has one HTTP status, here and nowhere else.
 STATUS = {
@@ -44,21 +48,11 @@ STATUS = {
 }
 
 
-def device_json(devices: List[Device]) -> List[Dict[str, Any]]:
-    """Devices as /release lists them."""
-    return [{"uuid": d.uuid, "group": d.group, "info": d.info()} for d in devices]
-
-
-def grant_json(devices: List[Device], leases: LeaseManager) -> List[Dict[str, Any]]:
-    """Devices as /request, /wait and /renew list them: with how each is held (`hold`,
-    `expires`, `held_for_pid`)."""
-    return [{"uuid": d.uuid, "group": d.group, "info": d.info(), **leases.hold_of(d.uuid)}
-            for d in devices]
-
-
 class Handler(tornado.web.RequestHandler):
     """JSON in every answer, errors included. Its one dependency, the Api (the services and
     the HTTP layer's views), arrives through initialize()."""
+
+    identity: Optional[Identity] = None  # the caller, once identified
 
     def initialize(self, api: Api) -> None:
         self.api = api
@@ -81,8 +75,9 @@ class Handler(tornado.web.RequestHandler):
         return merged
 
     async def caller(self, claimed: Optional[str]) -> Identity:
-        """Who is asking."""
-        return await self.services.callers.identify(self.request, claimed)
+        """Who is asking (remembered: a refusal shows them what they may see of names)."""
+        self.identity = await self.services.callers.identify(self.request, claimed)
+        return self.identity
 
     async def viewer(self, claimed: Optional[str]) -> Viewer:
         """Who is asking, for the names they may see (--hide-users): a caller who cannot be
@@ -94,7 +89,7 @@ class Handler(tornado.web.RequestHandler):
             identity = None
         viewer = viewer_of(identity)
         if claimed is None and self.api.hiding is not None:
-            self.api.hiding.remember(getattr(self.request.connection, "stream", None), viewer)
+            self.api.hiding.remember(facts_of(self.request.connection), viewer)
         return viewer
 
     def check_duration(self, duration: Optional[float]) -> None:
@@ -112,21 +107,41 @@ class Handler(tornado.web.RequestHandler):
         return await self.services.callers.process(self.request)
 
     def client_gone(self) -> bool:
-        """Whether the client's connection has closed: then it can read no answer, and nothing
-        is done for it. A client that half-closes (sends its request, then shuts its side, as
-        `nc -N` does) is taken as gone: Tornado ends the connection at the end of its input.
-        The stream is asked: Tornado calls on_connection_close only for a close seen once the
-        handler runs, not for one seen with the request."""
-        stream = getattr(self.request.connection, "stream", None)
-        return stream is None or stream.closed()
+        """Whether the client has left: then it can read no answer, and nothing is done for it.
+        The kernel is asked (peers.left), not only the stream: Tornado calls
+        on_connection_close only for a close seen once the handler runs, and a unix caller,
+        identified as it connected, is handled before the loop reads a close sent with the
+        request. A client that half-closes (sends its request, then shuts its side, as `nc -N`
+        does) is taken as gone: Tornado ends the connection at the end of its input."""
+        return left(stream_of(self.request.connection))
 
     def unanswerable(self) -> bool:
-        """Before a change made for the client: true (and logged) if it can no longer be told."""
+        """Before a change made for the client: true if it can no longer be told; its
+        connection is then closed with no answer (none would say what was done), which the
+        access log and /metrics count as status 499."""
         if not self.client_gone():
             return False
-        log.debug("%s %s: the client left before the answer; nothing done", self.request.method,
-                 self.request.path)
+        self.set_status(CLIENT_LEFT, "Client Closed Request")
+        stream = stream_of(self.request.connection)
+        if stream is not None:
+            stream.close()
         return True
+
+    async def grant(self, caller: Identity, devices: List[Device]) -> None:
+        """Answer with a grant; if the answer could not be written (the client left after it
+        was last asked: a unix caller's closed socket refuses the write), give it back."""
+        kept = self.kept(caller, devices)
+        stream = stream_of(self.request.connection)
+        try:
+            await self.send(grant_json(kept, self.leases))
+            lost = stream is None or (stream.closed() and stream.error is not None)
+        except StreamClosedError:  # closed before the write
+            lost = True
+        if lost:
+            log.debug("%s %s: the answer could not be written; the grant is given back",
+                      self.request.method, self.request.path)
+            for device in kept:
+                self.leases.release(caller, device.uuid, "the client left before the answer")
 
     def kept(self, caller: Identity, devices: List[Device]) -> List[Device]:
         """The devices just granted, if the lease book could keep the grant; else they are
@@ -140,10 +155,11 @@ class Handler(tornado.web.RequestHandler):
             self.leases.release(caller, device.uuid, "the lease book could not be written")
         raise Unavailable(refusal)
 
-    def send(self, body: Any, status: int = 200) -> None:
-        """Answer with a JSON body (bytes are already JSON)."""
+    def send(self, body: Any, status: int = 200) -> "asyncio.Future[None]":
+        """Answer with a JSON body (bytes are already JSON); done once it is written, or once
+        the connection is closed (the stream's `error` then says why)."""
         self.set_status(status)
-        self.finish(body if isinstance(body, bytes) else dumps(body))
+        return self.finish(body if isinstance(body, bytes) else dumps(body))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
@@ -151,7 +167,8 @@ class Handler(tornado.web.RequestHandler):
             self.api.requests.identity_failures += 1
         if isinstance(exc, PatrollerError):
             self.set_status(STATUS.get(type(exc), 500))
-            body = {"error": exc.message, **exc.data}
+            body = hiding.refusal(exc, viewer_of(self.identity) if self.api.hiding else
+                                  hiding.EVERYTHING)
         elif status_code == 405:
             method = shown(self.request.method or "", SHOWN_METHOD_CHARS)
             body = {"error": f"{method} is not allowed on {shown(self.request.path)}",
@@ -243,8 +260,7 @@ class RequestHandler(Handler):
         self.check_duration(ask.duration)
         if self.unanswerable():
             return
-        granted = self.leases.request(caller, ask.wants, held_for, ask.duration)
-        self.send(grant_json(self.kept(caller, granted), self.leases))
+        await self.grant(caller, self.leases.request(caller, ask.wants, held_for, ask.duration))
 
     post = get  # so that a client need not change state with a GET; the form joins the query
 
@@ -264,8 +280,7 @@ class WaitHandler(Handler):
         caller = await self.caller(ask.user)
         held_for = await self.held_for(ask.hold)
         self.check_duration(ask.duration)
-        if self.client_gone():  # it left while we looked it up: queue nothing for nobody
-            log.debug("a waiting client left before it was queued")
+        if self.unanswerable():  # it left while we looked it up: queue nothing for nobody
             return
         self.outcome = asyncio.get_running_loop().create_future()
         self.waiter = self.leases.wait(caller, ask.wants, self._end_wait, self._fail, held_for,
@@ -280,11 +295,11 @@ class WaitHandler(Handler):
                 IOLoop.current().remove_timeout(timer)
         if devices is None:
             return
-        if self.client_gone():
+        if self.unanswerable():
             for device in devices:  # nobody to tell: give them straight back
                 self.leases.release(caller, device.uuid)
             return
-        self.send(grant_json(self.kept(caller, devices), self.leases))
+        await self.grant(caller, devices)
 
     post = get  # as /request: GET, the seed's contract, or POST
 

@@ -6,44 +6,37 @@ caller that cannot be identified, and the scrapers of /metrics (nobody in partic
 user's pseudonym (state/pseudonyms.py) instead, and nothing else that names them: an
 identity's e-mail, account, uid, container, info labels and Slurm job are left out (null, or
 empty), a user's host accounts in /users are pseudonyms with no uid, and their jobs are not
-listed. `unknown` (a process nobody can be found for) names no one and is shown as it is.
+listed; a refusal says that a device is allocated to a Slurm job or a pod, not which one, and
+how many devices other identities hold under the caller's host account, not which
+(errors.Private). `unknown` (a process nobody can be found for) names no one and is shown as it
+is. Who may see which name is `Viewer.sees` (core/identity.py); /fleet.json's holders, which a
+host may have shown this daemon by name, are hidden again as its caller may see them, and the
+labels of /metrics are the pseudonyms alone (`metric_labels`).
 
 The read models build their data as before, names and all (the audit record and the log keep
-them); what each caller sees is derived from that data here, as late as possible. One build of
-the data is serialized once per way of seeing it: with every name (root: the views' own body),
-with pseudonyms only (everyone the data names nothing of: most pollers share it), and once for
-each user it names who asks.
+them); what each caller sees is derived from that data here, as late as possible, by pure
+functions of the data and a `Redaction` (tests/test_hiding_rules.py holds them as one table).
+One build of the data is serialized once per way of seeing it: with every name (root: the
+views' own body), with pseudonyms only (everyone the data names nothing of: most pollers share
+it), and once for each user it names who asks.
 """
 from __future__ import annotations
 
-import weakref
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Set
 
-from patroller.core.identity import Identity
+from patroller.core.errors import PatrollerError
+from patroller.core.identity import NAMELESS, Identity, Viewer
 from patroller.core.leases import is_admin
+from patroller.core.pods import pod_id
 from patroller.http.encoding import dumps
 from patroller.http.views import StatusView
+from patroller.identify.connection import Accepted, ConnectionFacts
 from patroller.state.pseudonyms import Pseudonyms
 
 Data = Any  # a read model's data: JSON's dicts, lists and scalars
-SHOWN = frozenset({"unknown"})  # user strings that name nobody
 EVENT_NAMES = ("user", "by", "holder")  # the fields of an audit event that name users
-
-
-@dataclass(frozen=True)
-class Viewer:
-    """Who asks, as far as names go."""
-
-    user: Optional[str] = None  # the caller's `user`; None: not identified, or a scraper
-    everything: bool = False  # the host's root: every name
-
-    def sees(self, user: Optional[str]) -> bool:
-        """Whether this caller may see `user` named."""
-        return self.everything or user is None or user in SHOWN or user == self.user
-
-
 NOBODY = Viewer()
+EVERYTHING = Viewer(everything=True)  # without --hide-users, everyone
 
 
 def viewer_of(identity: Optional[Identity]) -> Viewer:
@@ -164,10 +157,46 @@ def events(data: List[Dict[str, Any]], r: Redaction) -> List[Dict[str, Any]]:
     return shown
 
 
+def refusal(error: PatrollerError, viewer: Viewer) -> Dict[str, Any]:
+    """A refusal's body (errors.PatrollerError): what it says of users the viewer may not see
+    (their Slurm jobs, pods, devices) is said without it, in its message as in its data."""
+    private = error.private
+    if private is not None and not all(viewer.sees(user) for user in private.users):
+        return {"error": private.message, **private.data}
+    return {"error": error.message, **error.data}
+
+
 def snapshot(data: Dict[str, Any], r: Redaction) -> Dict[str, Any]:
     """The web page's live feed (views.page_snapshot)."""
     return {**data, "status": status(data["status"], r), "queue": queue(data["queue"], r),
             "users": users(data["users"], r), "events": events(data["events"], r)}
+
+
+def fleet(data: Dict[str, Any], r: Redaction) -> Dict[str, Any]:
+    """/fleet.json (fleet.Fleet.data): each host's GPUs as that host showed them to this daemon,
+    which may have seen every name (its own host's root, over loopback); so each holder and
+    user is hidden again, as this daemon's callers may see them (a pseudonym a host gave
+    becomes another: its own key is not this daemon's)."""
+    return {**data, "hosts": [{**host, "gpus": [
+        {**gpu, "user": r.identity(gpu.get("user")),
+         "users": [r.identity(u) for u in gpu.get("users") or []]}
+        for gpu in host.get("gpus") or []]} for host in data.get("hosts", [])]}
+
+
+def metric_labels(identity: Optional[Identity], label: Optional[Callable[[str], str]]
+                  ) -> Dict[str, str]:
+    """The labels /metrics gives a holder or a process's owner: `user`, `container` and `job`
+    and `pod` (a Slurm job's id, a Kubernetes pod's namespace/name). A scraper is nobody in
+    particular: with --hide-users (`label`, Hiding.label) the user is its pseudonym and the
+    others are empty, as they would name the user."""
+    if identity is None:
+        return {"user": "", "container": "", "job": "", "pod": ""}
+    if label is not None:
+        return {"user": label(identity.user), "container": "", "job": "", "pod": ""}
+    container = (identity.container[1] or identity.container[0]) if identity.container else ""
+    return {"user": identity.user, "container": container,
+            "job": dict(identity.job).get("id", "") if identity.job else "",
+            "pod": pod_id(identity) or ""}
 
 
 Render = Callable[[Data, Redaction], Data]
@@ -211,9 +240,6 @@ class Hiding:
         self.status_view = status_view
         self._status: Optional[Shown] = None  # /status as each viewer sees it ...
         self._status_of: Optional[bytes] = None  # ... for this build of the views' body
-        # Who asked on each open connection, once a handler has identified them: one
-        # connection, one caller (callers.py holds the same of TCP callers).
-        self._viewers: "weakref.WeakKeyDictionary[Any, Viewer]" = weakref.WeakKeyDictionary()
 
     def status_body(self, viewer: Viewer) -> bytes:
         """/status as `viewer` sees it, at most as old as the views' own body."""
@@ -225,16 +251,18 @@ class Hiding:
             self._status_of = body
         return self._status.body(viewer)
 
-    def lane_status(self, connection: Any) -> Optional[bytes]:
+    def lane_status(self, connection: Optional[Accepted]) -> Optional[bytes]:
         """The fast lane's /status: for a connection whose caller is known; None sends the
         request to the handler, which identifies the caller (and remembers them)."""
-        viewer = self._viewers.get(connection) if connection is not None else None
+        viewer = connection.facts.viewer if connection is not None else None
         return self.status_body(viewer) if viewer is not None else None
 
-    def remember(self, connection: Any, viewer: Viewer) -> None:
-        """Who asked on `connection` (a plain request: no user= of test mode)."""
-        if connection is not None:
-            self._viewers[connection] = viewer
+    @staticmethod
+    def remember(known: Optional[ConnectionFacts], viewer: Viewer) -> None:
+        """Who asked on a connection (a plain request: no user= of test mode): one
+        connection, one caller."""
+        if known is not None:
+            known.viewer = viewer
 
     def show(self, render: Render, data: Data, viewer: Viewer) -> Data:
         """Some data as `viewer` sees it."""
@@ -249,4 +277,4 @@ class Hiding:
 
     def label(self, user: str) -> str:
         """A user as the metrics' labels name them: nobody scrapes as anyone."""
-        return user if user in SHOWN else self.pseudonyms.of(user)
+        return user if user in NAMELESS else self.pseudonyms.of(user)

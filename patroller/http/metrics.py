@@ -14,13 +14,13 @@ only for users who hold, use or wait for a GPU now; requests are counted by endp
 or `other`) and status.
 
 With --hide-users, the scrapers (nobody in particular) see every user label as its pseudonym,
-and no container or job label of a user's (hiding.py).
+and no container, job or pod label of a user's (hiding.metric_labels).
 """
 from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily,
@@ -28,15 +28,15 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, Info
 from prometheus_client.exposition import choose_encoder
 
 from patroller import __version__
-from patroller.core.identity import Identity
-from patroller.core.pods import pod_id
 from patroller.http.access import Requests
-from patroller.http.hiding import Hiding
+from patroller.http.hiding import Hiding, metric_labels
 from patroller.observe.monitor import FAILING, STATES
 from patroller.http.views import device_holds, usage, waiting_by_user
 from patroller.services import Services
 
 MIB = 1024 * 1024
+USAGE_STATES = ("off", "starting", "writable", "failing", "read_only", "stopped")
+USAGE_TROUBLE = ("failing", "read_only")
 MHZ = 1_000_000
 GPU_LABELS = ("gpu", "uuid", "model")
 PROCESS_LABELS = ("gpu", "uuid", "pid", "user", "container", "command")
@@ -54,33 +54,6 @@ GPU_FIGURES = (
     ("clock_hertz", "Clock frequency, hertz", "pclk", MHZ, ("clock", "sm")),
     ("clock_hertz", "", "mclk", MHZ, ("clock", "memory")),
 )
-
-
-def _name(identity: Optional[Identity], hide: Optional[Callable[[str], str]]) -> str:
-    if identity is None:
-        return ""
-    return hide(identity.user) if hide is not None else identity.user
-
-
-def _job(identity: Optional[Identity], hide: Optional[Callable[[str], str]]) -> str:
-    """The Slurm job id of a holder's process: on the holder-info series alone, as a label on
-    every series would multiply them by the jobs."""
-    if identity is None or not identity.job or hide is not None:
-        return ""
-    return dict(identity.job).get("id", "")
-
-
-def _pod(identity: Optional[Identity], hide: Optional[Callable[[str], str]]) -> str:
-    """The Kubernetes pod of a holder's process (namespace/name), on the holder-info series
-    alone, as a job is."""
-    return "" if hide is not None else pod_id(identity) or ""
-
-
-def _container(identity: Optional[Identity], hide: Optional[Callable[[str], str]]) -> str:
-    if identity is None or identity.container is None or hide is not None:
-        return ""
-    short, name = identity.container
-    return name or short
 
 
 def _number(value: Any) -> Optional[float]:
@@ -102,6 +75,7 @@ class DaemonCollector:
         yield from self._processes(holds)
         yield from self._users()
         yield from self._health()
+        yield from self._usage()
 
     def _gpus(self, holds: Dict[str, Dict[str, Any]]) -> Iterator[Metric]:
         services = self.services
@@ -139,10 +113,7 @@ class DaemonCollector:
                              1.0 if services.stats.processes_stale(device.uuid) else 0.0)
             hold = holds[device.uuid]
             who = hold["holder"]
-            holder.add_metric(ids, {"state": hold["state"], "user": _name(who, self.hide),
-                                    "container": _container(who, self.hide),
-                                    "job": _job(who, self.hide),
-                                    "pod": _pod(who, self.hide)})
+            holder.add_metric(ids, {"state": hold["state"], **metric_labels(who, self.hide)})
             age.add_metric(ids, hold["age"])
             if hold["expires"] is not None:
                 expiry.add_metric(ids, hold["expires"])
@@ -162,8 +133,9 @@ class DaemonCollector:
                                  labels=PROCESS_LABELS)
         for device in services.inventory:
             for pid, owner, command in holds[device.uuid]["processes"]:
-                labels = [str(device.number), device.uuid, str(pid), _name(owner, self.hide),
-                          _container(owner, self.hide), command or ""]
+                named = metric_labels(owner, self.hide)
+                labels = [str(device.number), device.uuid, str(pid), named["user"],
+                          named["container"], command or ""]
                 figures = services.stats.process_view(device.uuid, pid)
                 fb, sm = _number(figures.get("fb")), _number(figures.get("sm"))
                 if fb is not None:
@@ -274,7 +246,9 @@ class DaemonCollector:
                 ("caller_descriptors_read", "Descriptors read to find the processes of TCP "
                  "callers", services.callers.descriptors_read),
                 ("identity_failures", "Requests refused because the caller could not be "
-                 "identified", self.requests.identity_failures)):
+                 "identified", self.requests.identity_failures),
+                ("accept_failures", "accept() calls that failed for want of descriptors (each "
+                 "followed by a pause without accepting)", self.requests.accept_failures)):
             yield CounterMetricFamily(f"patroller_{name}", text, value=value)
         book = services.book.metrics() if services.book is not None else {}
         yield CounterMetricFamily("patroller_lease_book_writes", "Writes of the lease book",
@@ -290,6 +264,35 @@ class DaemonCollector:
         for (endpoint, status), count in sorted(self.requests.answers.items()):
             answers.add_metric([endpoint, str(status)], count)
         yield answers
+
+
+    def _usage(self) -> Iterator[Metric]:
+        store = self.services.usage
+        found = store.metrics() if store is not None else {"state": "off"}
+        state = found["state"]
+        yield GaugeMetricFamily("patroller_usage_writable", "1 while the usage store can be "
+                                "written; 0 while writes fail, or with no store because its "
+                                "directory is read-only; 1 with none asked for",
+                                value=0.0 if state in USAGE_TROUBLE else 1.0)
+        states = GaugeMetricFamily("patroller_usage_state", "1 for the usage store's state: off "
+                                   "(none asked for), starting, writable, failing, read_only "
+                                   "(none: its directory is read-only) or stopped",
+                                   labels=["state"])
+        for each in USAGE_STATES:
+            states.add_metric([each], 1.0 if state == each else 0.0)
+        yield states
+        for name, text, key in (
+                ("rows_written", "Usage samples written: one row per GPU per interval", "rows"),
+                ("intervals_written", "Usage intervals written, each in one transaction",
+                 "intervals"),
+                ("failures", "Writes (or openings) of the usage store that failed", "failures"),
+                ("set_aside", "Usage store files set aside: corrupt, or of a newer schema",
+                 "set_aside"),
+                ("dropped_intervals", "Usage intervals dropped: past the backlog kept in "
+                 "memory while the store could not be written, or refused by it", "dropped")):
+            yield CounterMetricFamily(f"patroller_usage_{name}", text, value=found.get(key, 0))
+        yield GaugeMetricFamily("patroller_usage_pending_intervals", "Usage intervals kept in "
+                                "memory, not yet written", value=found.get("pending", 0))
 
 
 class Collected:

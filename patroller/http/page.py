@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import importlib.resources
-from typing import Dict, Optional
+from typing import Awaitable, Dict, Optional
 
 import tornado.web
 
 from patroller import __version__
 from patroller.core.errors import BadRequest, Unavailable, Unidentified
 from patroller.core.identity import Identity
-from patroller.http import query
+from patroller.http import hiding, query
 from patroller.http.access import shown
 from patroller.http.handlers import Handler, View
 from patroller.http.hiding import viewer_of
 from patroller.http.live import Page
+from patroller.identify.connection import stream_of
 
 PAGE_POLICY = ("default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
                "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
@@ -33,6 +34,8 @@ ENDPOINTS = {
     "/queue": "the requests waiting, in order",
     "/users": "per user: GPUs held, unused, used without asking, idle; limits",
     "/history[?since=T]": "the recent events of the audit record",
+    "/usage[?since=T][&until=T][&by=K]": "GPU-hours per category (active, idle-held, "
+                                         "reserved-unused, ...) by user, account, job, GPU, day",
     "/events": "the page's live feed (Server-Sent Events)",
     "/web/{name}": "the page's scripts and style (a browser at / gets the page)",
     "/fleet": "with --fleet: one live page of every host's GPUs",
@@ -99,12 +102,13 @@ class FleetHandler(PageView):
 
 class FleetJsonHandler(View):
     """With --fleet, every host's GPUs as this daemon last heard them; it never waits for a
-    host."""
+    host. With --hide-users, the names in it as the caller may see them (hiding.fleet)."""
 
-    def get(self) -> None:
-        if self.api.fleet is None:
+    def get(self) -> Optional[Awaitable[None]]:
+        fleet = self.api.fleet
+        if fleet is None:
             raise no_fleet()
-        self.send(self.api.fleet.data())
+        return self.shown(fleet.data, hiding.fleet)
 
 
 class WebHandler(View):
@@ -130,11 +134,11 @@ class _PageConnection(Page):
         self.handler = handler
 
     def write(self, message: bytes) -> None:
-        connection = getattr(self.handler.request.connection, "stream", None)
-        if connection is None or connection.closed():
+        stream = stream_of(self.handler.request.connection)
+        if stream is None or stream.closed():
             self.close()
             return
-        if connection.writing() and not message.startswith(b"retry:"):
+        if stream.writing() and not message.startswith(b"retry:"):
             return  # the last one has not gone out yet: this one supersedes it, skip it
         self.handler.write(message)
         self.handler.flush()

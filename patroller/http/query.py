@@ -4,11 +4,12 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Dict, Mapping, Optional, Sequence
 
 from patroller import durations
 from patroller.core.errors import BadRequest
+from patroller.core.usage import BY as USAGE_BY
 
 MAX_QUERY = 2048  # bytes of query string
 MAX_GROUPS = 16
@@ -196,3 +197,64 @@ def parse_history(args: Args) -> History:
             raise BadRequest(f"limit= must be a whole number from 1 to {MAX_HISTORY}")
         limit = int(limit_text)
     return History(since=since, limit=limit)
+
+
+USAGE_SINCE = 7 * 86400.0  # the default range: the last week
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}\Z")
+
+
+@dataclass(frozen=True)
+class UsageRange:
+    """A /usage: GPU-time over [since, until) (epoch seconds), grouped by `by`."""
+
+    since: float
+    until: float
+    by: str = "user"
+
+
+def parse_usage(args: Args, now: float) -> UsageRange:
+    """since= and until= (a duration before `now`, 7d, or an ISO date or time; default the last
+    7 days up to now) and by= (user= is `parse_user`'s). A range that is malformed, in the
+    future or reversed is a BadRequest naming its `field`."""
+    for name in args:
+        if name not in ("since", "until", "by", "user"):
+            raise BadRequest(f"/usage takes since=, until= and by= (and user= in test mode), "
+                             f"not {name[:64]}=", field=name[:64])
+    by = _single(args, "by") or "user"
+    if by not in USAGE_BY:
+        raise BadRequest(f"by={by[:32]!r}: must be one of {', '.join(USAGE_BY)}", field="by",
+                         by=list(USAGE_BY))
+    since = _moment(args, "since", now, now - USAGE_SINCE)
+    until = _moment(args, "until", now, now)
+    for name, moment in (("since", since), ("until", until)):
+        if moment > now:
+            raise BadRequest(f"{name}= is in the future: a report covers what has happened",
+                             field=name)
+    if since >= until:
+        raise BadRequest("since= is not before until=: the range is reversed or empty",
+                         field="since")
+    return UsageRange(since=since, until=until, by=by)
+
+
+def _moment(args: Args, name: str, now: float, default: float) -> float:
+    """A time given as a duration before `now` or as an ISO date (midnight UTC) or time."""
+    text = _single(args, name)
+    if text is None:
+        return default
+    try:
+        return now - durations.parse(text, zero=True)
+    except ValueError:
+        pass
+    try:
+        # a "+" typed into a URL arrives as a space
+        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace(" ", "+"))
+    except ValueError:
+        raise BadRequest(f"{name}={text[:40]!r} is neither a duration before now (7d, 12h, 90m) "
+                         "nor an ISO date or time (2026-11-01, 2026-11-01T08:00:00Z)",
+                         field=name) from None
+    if moment.tzinfo is None:
+        if not _DATE.match(text.strip()):
+            raise BadRequest(f"{name}= needs a time zone (2026-11-01T08:00:00Z), or give a "
+                             "date alone (midnight UTC)", field=name)
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.timestamp()

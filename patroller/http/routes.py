@@ -18,6 +18,7 @@ from patroller.http.handlers import (DevicesHandler, HistoryHandler, MetricsHand
                                      StatusHandler, UsersHandler, WaitHandler)
 from patroller.http.fastlane import Body
 from patroller.http.hiding import Hiding
+from patroller.http.usage import UsageHandler
 from patroller.http.live import LiveFeed
 from patroller.http.metrics import Registries
 from patroller.http.page import (EventsHandler, FleetHandler, FleetJsonHandler, IndexHandler,
@@ -88,6 +89,7 @@ def make_app(api: Api) -> tornado.web.Application:
         (r"/queue", QueueHandler),
         (r"/users", UsersHandler),
         (r"/history", HistoryHandler),
+        (r"/usage", UsageHandler),
         (r"/events", EventsHandler),
         (r"/web/([A-Za-z0-9_.-]{1,64})", WebHandler),
         (r"/fleet", FleetHandler),

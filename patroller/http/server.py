@@ -18,10 +18,11 @@ from tornado.netutil import bind_sockets
 from patroller.config import Config
 from patroller.core.throttle import Throttle
 from patroller.http.accepting import Acceptor
+from patroller.http.access import Requests
 from patroller.http.fastlane import Connection, FastLane
 from patroller.http.framing import Framing, TornadoReports
-from patroller.identify.peers import (Credentials, Peer, attach, attach_address,
-                                      peer_credentials)
+from patroller.identify.connection import Accepted, ConnectionFacts
+from patroller.identify.peers import Credentials, Peer, peer_credentials
 from patroller.identify.sockets import normalize, socket_owner
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,8 @@ class PeerServer(HTTPServer):
 
     def initialize(self, app: HTTPServerConnectionDelegate,  # type: ignore[override]
                    lane: FastLane, config: Config,
-                   read_facts: Callable[[Credentials], Awaitable[Any]]) -> None:
+                   read_facts: Callable[[Credentials], Awaitable[Any]],
+                   requests: Requests) -> None:
         reports = Throttle(config.framing_reports, config.framing_window)
         # Idle keep-alive connections end after a while (a waiting /wait is not idle); the
         # Guard bounds bodies, in size and in time.
@@ -54,7 +56,7 @@ class PeerServer(HTTPServer):
                            idle_connection_timeout=config.header_timeout,
                            max_body_size=UNLIMITED, body_timeout=None)
         self.read_facts = read_facts
-        self.acceptor = Acceptor(self, config, lane)
+        self.acceptor = Acceptor(self, config, requests, lane)
         self.counts = ConnectionCounts(config.max_connections_per_caller,
                                        Throttle(1, config.repeat_log_every))
         self.tornado_reports = TornadoReports(reports)
@@ -73,8 +75,8 @@ class PeerServer(HTTPServer):
 
     def handle_stream(self, stream: IOStream, address: Any) -> None:
         """Count the connection against its caller's (a caller at its limit is closed at
-        once), attach who is calling (a unix caller's credentials and /proc facts, a TCP
-        caller's address), then serve the connection as HTTP."""
+        once), note who is calling in its facts (a unix caller's credentials and /proc facts, a
+        TCP caller's address), then serve the connection as HTTP."""
         sock = stream.socket
         credentials = None
         if sock is not None and sock.family == socket.AF_UNIX:
@@ -83,11 +85,12 @@ class PeerServer(HTTPServer):
             if credentials is not None and credentials.pidfd is not None:
                 os.close(credentials.pidfd)
             return
+        # (a stream the Acceptor did not make has no facts: what is noted of it is lost)
+        known = stream.facts if isinstance(stream, Accepted) else ConnectionFacts()
         if credentials is not None:
-            facts = asyncio.ensure_future(self.read_facts(credentials))
-            attach(stream, Peer(credentials, facts))
+            known.peer = Peer(credentials, asyncio.ensure_future(self.read_facts(credentials)))
         elif isinstance(address, tuple):
-            attach_address(stream, (address[0], address[1]))
+            known.address = (address[0], address[1])
         super().handle_stream(stream, address)
 
 

@@ -1,6 +1,7 @@
 """What the API shows: the bodies of /status and /devices, serialized once and served many
 times, and the read models of the lease manager's state (claims, the queue, usage per user,
-holds per device) that /status, /queue, /users, the metrics and the web page serve.
+holds per device) that /status, /queue, /users, the metrics and the web page serve, and the
+devices as the answers of /request, /wait, /renew and /release list them.
 
 /status changes with every sample and every lease event, and its `age`, `expires`, `stale` and
 `processes_stale` move with the clock; it is rebuilt on demand when something changed or when
@@ -15,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from patroller.core.devices import Inventory
+from patroller.core.devices import Device, Inventory
 from patroller.core.jobs import Allocation, Job
 from patroller.core.leases import Hold, LeaseManager
 from patroller.core.leases.limits import counted_uid
@@ -125,6 +126,7 @@ def counters(services: Services, status: StatusView) -> Dict[str, Any]:
         "caller_descriptors_read": services.callers.descriptors_read,
         "monitors": {m.name: m.metrics() for m in services.monitors},
         "lease_book": services.book.metrics() if services.book is not None else None,
+        "usage": services.usage.metrics() if services.usage is not None else None,
         "held_for_processes": services.lifelines.metrics(),
     }
 
@@ -230,6 +232,18 @@ def free_counts(leases: LeaseManager) -> Dict[str, int]:
     return {group: len(devices) for group, devices in leases.free().items()}
 
 
+def device_json(devices: List[Device]) -> List[Dict[str, Any]]:
+    """Devices as /release lists them."""
+    return [{"uuid": d.uuid, "group": d.group, "info": d.info()} for d in devices]
+
+
+def grant_json(devices: List[Device], leases: LeaseManager) -> List[Dict[str, Any]]:
+    """Devices as /request, /wait and /renew list them: with how each is held (`hold`,
+    `expires`, `held_for_pid`)."""
+    return [{"uuid": d.uuid, "group": d.group, "info": d.info(), **leases.hold_of(d.uuid)}
+            for d in devices]
+
+
 def queue_view(leases: LeaseManager) -> List[Dict[str, Any]]:
     """The waiting requests in arrival order, as /queue lists them."""
     now = leases.clock()
@@ -249,7 +263,8 @@ USAGE_KEYS = ("held", "reserved_unused", "unreserved", "over_limit", "trespassin
 def usage(leases: LeaseManager) -> Dict[str, Dict[str, int]]:
     """Per user: devices held (`held`), held with nothing running (`reserved_unused`), used
     without having asked for them (`unreserved`: their processes on a device another user
-    holds, or on one they took by computing on it rather than by a request), and taken by
+    holds, or on one they took by computing on it rather than by a request, or, on a device
+    a scheduler allocated, outside its jobs or pods: those asked the scheduler), and taken by
     computing beyond a limit (`over_limit`: a trespass), and those they trespass on
     (`trespassing`: their process on a device another user holds, or, on a device a Slurm
     job holds, a process not in the job, theirs or not)."""
@@ -268,11 +283,16 @@ def usage(leases: LeaseManager) -> Dict[str, Dict[str, int]]:
                 add(hold.holder.user, "reserved_unused")
             if hold.over_limit:
                 add(hold.holder.user, "over_limit")
-        for user in {owner.user for owner in hold.processes.values()}:
-            if hold.holder is None or user != hold.holder.user or not hold.asked:
-                add(user, "unreserved")
+        outsiders = {o.user for o in hold.processes.values() if not hold.belongs(o)}
+        if hold.allocation is not None:  # its jobs' (or pods') own processes asked Slurm
+            unasked = outsiders
+        else:
+            unasked = {o.user for o in hold.processes.values() if hold.holder is None
+                       or o.user != hold.holder.user or not hold.asked}
+        for user in unasked:
+            add(user, "unreserved")
         if hold.holder is not None:
-            for user in {o.user for o in hold.processes.values() if not hold.belongs(o)}:
+            for user in outsiders:
                 add(user, "trespassing")
     return out
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import weakref
 from collections import OrderedDict
-from typing import Any, Optional, Protocol, Tuple
+from typing import Optional, Protocol, Tuple
 
 from tornado.httputil import HTTPServerRequest
 
@@ -19,7 +18,7 @@ from patroller.identify import procfs
 from patroller.identify.holders import HolderSearch, holds
 from patroller.identify.sockets import (Address, Owner, SocketEntry, closed_reason, find_client,
                                         is_loopback, normalize, owner_of)
-from patroller.identify.peers import address_of, peer_of
+from patroller.identify.connection import ConnectionFacts, facts_of, stream_of
 from patroller.identify.resolver import (ProcessIdentifier, ProcFacts, host_identity, read_facts,
                                          runs_as)
 
@@ -61,16 +60,17 @@ class LocalProcesses:
         self._recent: "OrderedDict[int, None]" = OrderedDict()  # pids that called lately
         self._recent_lock = threading.Lock()  # used from executor threads
 
-    async def of_stream(self, stream: object) -> Optional[ProcFacts]:
-        """Facts of the unix-socket peer, or of the process found earlier for a TCP stream."""
-        peer = peer_of(stream)
-        if peer is not None:
-            facts = await peer.facts
+    async def of_connection(self, known: Optional[ConnectionFacts]) -> Optional[ProcFacts]:
+        """Facts of the unix-socket peer, or of the process found earlier for a TCP caller."""
+        if known is None:
+            return None
+        if known.peer is not None:
+            facts = await known.peer.facts
             if isinstance(facts, str):  # its pid no longer names the process that connected
                 self._report(facts)
                 raise Unidentified(facts)
             return facts
-        return _PROCESSES.get(stream) if stream is not None else None
+        return known.process
 
     def _report(self, reason: str) -> None:
         logged, held = self.reports.admit()
@@ -138,12 +138,12 @@ class TestModeCallers:
 
     async def process(self, request: HTTPServerRequest) -> ProcessRef:
         """The calling process, for a unix-socket or loopback caller."""
-        stream = getattr(request.connection, "stream", None)
-        facts = await self.local.of_stream(stream)
-        if facts is None and peer_of(stream) is None:
+        known = facts_of(request.connection)
+        facts = await self.local.of_connection(known)
+        if facts is None and (known is None or known.peer is None):
             facts = await self._by_address(request)
-            if facts is not None and stream is not None:
-                _PROCESSES[stream] = facts
+            if facts is not None and known is not None:
+                known.process = facts
         if facts is None:
             raise NoCallerProcess("hold=process: the calling process cannot be known for this "
                                   "connection; " + SOCKET_HINT, hold="process")
@@ -195,29 +195,27 @@ class SystemCallers:
         if claimed is not None:
             raise BadRequest("user= is accepted in test mode only: callers are identified "
                              "by the system")
-        stream = getattr(request.connection, "stream", None)
-        if peer_of(stream) is not None:
-            facts = await self.local.of_stream(stream)
+        known = facts_of(request.connection)
+        if known is not None and known.peer is not None:
+            facts = await self.local.of_connection(known)
             assert facts is not None
             return _known(await self.identifier.identify(facts))
-        known = _CALLERS.get(stream) if stream is not None else None  # said before on it
-        if known is not None:
-            return known
+        if known is not None and known.caller is not None:  # said before on it
+            return known.caller
         try:
             identity, facts = await self._by_address(_ends(request))
             identity = _known(identity)
         finally:
             self.lookups += 1  # counted once the outcome is known (tests wait on it)
-        if stream is not None:
-            _CALLERS[stream] = identity  # one TCP connection, one caller
+        if known is not None:
+            known.caller = identity  # one TCP connection, one caller
             if facts is not None:
-                _PROCESSES[stream] = facts
+                known.process = facts
         return identity
 
     async def process(self, request: HTTPServerRequest) -> ProcessRef:
         """The calling process: the unix-socket peer, or the holder of a local TCP socket."""
-        stream = getattr(request.connection, "stream", None)
-        facts = await self.local.of_stream(stream)
+        facts = await self.local.of_connection(facts_of(request.connection))
         if facts is None:
             ends = _ends(request)
             where = f" at {ends[0][0]}" if ends is not None else ""
@@ -279,12 +277,6 @@ class SystemCallers:
         return runs_as(identity, facts.host)
 
 
-# What a TCP connection was found to be, by its stream, for as long as the connection lives:
-# the caller's identity once known, and the facts of its process when it is local and visible.
-_CALLERS: "weakref.WeakKeyDictionary[Any, Identity]" = weakref.WeakKeyDictionary()
-_PROCESSES: "weakref.WeakKeyDictionary[Any, ProcFacts]" = weakref.WeakKeyDictionary()
-
-
 def _known(identity: Identity) -> Identity:
     """Refuse a caller whose user cannot be told: nothing may be reserved for "unknown"."""
     if identity.degraded:
@@ -297,9 +289,10 @@ def _known(identity: Identity) -> Identity:
 
 def _ends(request: HTTPServerRequest) -> Optional[Tuple[Address, Address]]:
     """(client, our end) of the request's TCP connection."""
-    stream = getattr(request.connection, "stream", None)
-    address = address_of(stream)
-    sock = getattr(stream, "socket", None)
+    known = facts_of(request.connection)
+    stream = stream_of(request.connection)
+    address = known.address if known is not None else None
+    sock = stream.socket if stream is not None else None
     if address is None or sock is None:
         return None
     try:

@@ -17,8 +17,10 @@ containerd's api/services/containers/v1/containers.proto gives them:
 
 As with the Docker Engine (containers.py, through lookups.py): one call per container (concurrent lookups share
 it), cached for `container_ttl` seconds; when containerd cannot be reached, or answers what is
-not a container, lookups fail fast with ContainerdUnavailable for `containerd_retry_after`
-seconds, then it is asked again. The calls block and run in this directory's own threads.
+not a container (or more than Config.grpc_max_message bytes), lookups fail fast with
+ContainerdUnavailable for `containerd_retry_after` seconds, then it is asked again. The calls
+block, and they and the decoding of their answers run in this directory's own threads; a
+shutdown ends a call in flight at once.
 """
 from __future__ import annotations
 
@@ -123,8 +125,8 @@ def _annotations(spec: bytes) -> Dict[str, str]:
         return {}
     try:
         found = json.loads(spec).get("annotations")
-    except (ValueError, UnicodeDecodeError, AttributeError):
-        return {}
+    except (ValueError, UnicodeDecodeError, AttributeError, RecursionError):
+        return {}  # RecursionError: nested deeper than the interpreter's stack allows
     if not isinstance(found, dict):
         return {}
     return {k: v for k, v in found.items() if isinstance(k, str) and isinstance(v, str)}
@@ -147,7 +149,7 @@ class ContainerdDirectory:
         self.timeout = config.containerd_timeout
         self.retry_after = config.containerd_retry_after
         self.calls = 0  # gRPC calls made: the tests and the benchmark watch it
-        self._caller = UnixCaller(self.path, self.timeout)
+        self._caller = UnixCaller(self.path, self.timeout, config.grpc_max_message)
         self._lock = threading.Lock()
         # Its own threads: a hung containerd must not hold up the /proc reads.
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="containerd")
@@ -162,7 +164,7 @@ class ContainerdDirectory:
     def shutdown(self) -> None:
         """Stop for good: close the channel, let the threads go."""
         self._caller.close()
-        self._pool.shutdown(wait=False)
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- in the executor ----------------------------------------------------------------------
 
@@ -206,6 +208,8 @@ class ContainerdDirectory:
         except GrpcUnavailable as exc:
             if exc.code == "NOT_FOUND":
                 raise _NotFound() from None
+            if self._caller.closed:  # shut down: nothing went down
+                raise ContainerdUnavailable(str(exc)) from None
             self._went_down(f"containerd at {self.path}: {exc}")
             raise ContainerdUnavailable(self._lookups.reason) from None
 

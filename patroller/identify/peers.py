@@ -3,8 +3,8 @@ caller, the address a TCP caller came from.
 
 The server reads a unix connection's credentials as it accepts it, starts reading the peer's
 /proc facts at once (the caller may exit and its pid be reused before its request is handled),
-and attaches both to the connection's stream here, as it attaches a TCP connection's address;
-the callers layer looks them up by the stream.
+and keeps both as a `Peer` in the connection's facts (connection.py), as it keeps a TCP
+connection's address; the callers layer reads them there.
 """
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import os
 import select
 import socket
 import struct
-import weakref
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
@@ -84,31 +83,23 @@ class Peer:
         self.facts = facts
 
 
-# Keyed by the connection's stream and weakly, so that an entry lives exactly as long as its
-# connection; two daemons in one process never share a stream.
-_PEERS: "weakref.WeakKeyDictionary[Any, Peer]" = weakref.WeakKeyDictionary()
-_ADDRESSES: "weakref.WeakKeyDictionary[Any, Tuple[str, int]]" = weakref.WeakKeyDictionary()
+POLLRDHUP = getattr(select, "POLLRDHUP", 0x2000)  # Linux's, which Python names where it exists
 
 
-def attach(stream: Any, peer: Peer) -> None:
-    """Say who is behind a unix connection's stream (the server does, as it accepts it)."""
-    _PEERS[stream] = peer
+def left(stream: Any) -> bool:
+    """Whether the client of a connection has left: its stream is closed, or the kernel says
+    now that the other end shut its side or the whole connection (POLLRDHUP, POLLHUP,
+    POLLERR), before the stream has read the end of its input.
 
-
-def peer_of(stream: Any) -> Optional[Peer]:
-    """The unix-socket caller behind a request's stream, if it came that way."""
-    if stream is None:
-        return None
-    return _PEERS.get(stream)
-
-
-def attach_address(stream: Any, address: Tuple[str, int]) -> None:
-    """Say where a TCP connection's stream comes from (host, port), as it was accepted."""
-    _ADDRESSES[stream] = address
-
-
-def address_of(stream: Any) -> Optional[Tuple[str, int]]:
-    """The (host, port) a TCP connection came from, if the server said so."""
-    if stream is None:
-        return None
-    return _ADDRESSES.get(stream)
+    A unix-socket caller needs this most: identified as it connected, its request is handled
+    before the loop reads a close that came with it. (A TCP caller's lookup in the socket table
+    refuses one whose socket is closed, but only on a connection's first request.)"""
+    sock = getattr(stream, "socket", None)
+    if stream is None or sock is None or stream.closed():
+        return True
+    try:
+        poller = select.poll()
+        poller.register(sock, POLLRDHUP)  # POLLHUP and POLLERR are always told
+        return bool(poller.poll(0))
+    except (OSError, ValueError):  # closed under us
+        return True

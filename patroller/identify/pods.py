@@ -10,6 +10,10 @@ annotations. An e-mail address gives that address (lower case); a pod user key m
 name, as a Kubernetes label value may be one. With none, the user is `namespace:<namespace>`:
 the pod is its namespace's, and never a default account's.
 
+Labels are text their writer chose: a pod's namespace and name are taken printable (as the
+kubelet's pod-resources are read, observe/podresources.py: the two agree), and what goes into
+the log escaped.
+
 The pod uid in the process's cgroup is the kernel's word; the labels are whoever created the
 container's. When both name a pod and they differ, the labels are not taken: the container is
 named by its id alone (`mismatch` says why, for the log).
@@ -24,6 +28,8 @@ from dataclasses import replace
 from typing import List, Mapping, Optional, Sequence, Tuple
 
 from patroller.core.identity import Identity
+from patroller.core.pods import NAME_CHARS
+from patroller.core.text import printable
 from patroller.identify.cgroups import ContainerRef
 from patroller.identify.containerd import POD_UID, CtrContainer, Found
 from patroller.identify.containers import (ContainerInfo, container_identity, email_in,
@@ -46,8 +52,9 @@ def mismatch(found: Found, ref: ContainerRef) -> Optional[str]:
     """Why the container's labels cannot be taken: they name a pod other than its cgroup's."""
     labelled = found.container.labels.get(POD_UID)
     if is_pods(found.container) and ref.pod is not None and labelled and labelled != ref.pod:
-        return (f"container {found.container.short} is labelled as pod {labelled}, but its "
-                f"cgroup is pod {ref.pod}'s: its labels are not taken")
+        return (f"container {printable(found.container.short)} is labelled as pod "
+                f"{printable(labelled)}, but its cgroup is pod {ref.pod}'s: its labels are not "
+                "taken")
     return None
 
 
@@ -69,11 +76,11 @@ def pod_identity(found: Found, cgroup_uid: Optional[str], pod_keys: Sequence[str
                  user_labels: Sequence[str], info_labels: Sequence[str]) -> Identity:
     """A pod's container: its pod, its name, and its user as the module says."""
     container, labels = found.container, found.container.labels
-    namespace, name = labels[POD_NAMESPACE], labels[POD_NAME]
+    namespace, name = (printable(labels[k], NAME_CHARS) for k in (POD_NAMESPACE, POD_NAME))
     uid = cgroup_uid or labels.get(POD_UID) or None
     sandbox = found.sandbox
-    if sandbox is not None and (sandbox.labels.get(POD_NAMESPACE) != namespace
-                                or sandbox.labels.get(POD_NAME) != name
+    if sandbox is not None and (sandbox.labels.get(POD_NAMESPACE) != labels[POD_NAMESPACE]
+                                or sandbox.labels.get(POD_NAME) != labels[POD_NAME]
                                 or (uid and sandbox.labels.get(POD_UID) != uid)):
         sandbox = None  # another pod's: nothing of it is taken
     sources: List[Mapping[str, str]] = [labels]

@@ -5,30 +5,46 @@ is resolved again, every `retry` seconds (Config.owner_retry), until its owner i
 has gone. So is a container's process whose engine's socket was not there (a pending identity:
 Podman's service stopped, or never started), every `recheck` seconds (Config.engine_recheck):
 named by its container's id meanwhile, it gets its user once the engine is there.
+
+A process whose owner is not learned within `wait` seconds (Config.owner_wait: an engine that
+takes the call and does not answer) is told to the leases then, held by an owner not known yet
+(`unknown`, degraded, with its container and host account), and its owner is told as soon as
+it is learned: its GPU is not left free for the engine's whole timeout.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Dict, Tuple
+from dataclasses import replace
+from typing import Any, Dict, Optional, Tuple
 
 from patroller.core.identity import UNKNOWN, Identity
 from patroller.core.leases import LeaseManager
-from patroller.identify.resolver import ProcessResolver
+from patroller.identify.containers import unlabelled_identity
+from patroller.identify.resolver import ProcessIdentifier, ProcFacts, runs_as
 from patroller.observe.signals import GpuProcess, Signals
 
 log = logging.getLogger(__name__)
 
 
+def awaiting(facts: Optional[ProcFacts]) -> Identity:
+    """Who a process is shown to be while the engine of its container is slow to answer: an
+    owner not known yet (`unknown`, degraded), in its container, as its host account."""
+    if facts is None or facts.container is None:
+        return replace(UNKNOWN, degraded=True)
+    return runs_as(unlabelled_identity(facts.container.id, degraded=True), facts.host)
+
+
 class ProcessTracker:
     """Resolves each new GPU process to an identity (off the loop) and tells the leases."""
 
-    def __init__(self, leases: LeaseManager, resolver: ProcessResolver, retry: float,
-                 recheck: float) -> None:
+    def __init__(self, leases: LeaseManager, resolver: ProcessIdentifier, retry: float,
+                 recheck: float, wait: float) -> None:
         self.leases = leases
         self.resolver = resolver
         self.retry = retry
         self.recheck = recheck
+        self.wait = wait
         self._pending: Dict[Tuple[str, int], "asyncio.Future[None]"] = {}
         self._unsettled: Dict[Tuple[str, int], "asyncio.Future[None]"] = {}
 
@@ -61,23 +77,54 @@ class ProcessTracker:
 
     async def _resolve(self, record: GpuProcess) -> None:
         try:
-            owner: Identity = await self.resolver.resolve(record.pid)
+            facts = await self.resolver.facts(record.pid)
         except asyncio.CancelledError:
             raise
         except Exception:  # a resolver's failure must not lose the process
             log.exception("resolving pid %d failed", record.pid)
-            owner = UNKNOWN
+            facts = None
+        lookup = asyncio.ensure_future(self._identify(record.pid, facts))
+        try:
+            owner: Optional[Identity] = await asyncio.wait_for(asyncio.shield(lookup),
+                                                               self.wait)
+        except asyncio.TimeoutError:  # an engine is slow: the GPU is held meanwhile
+            owner = None
+        except asyncio.CancelledError:  # the process ended first
+            lookup.cancel()
+            raise
         key = (record.uuid, record.pid)
-        if self._pending.pop(key, None) is not None:
-            self.leases.process_started(record.uuid, record.pid, owner, record.command)
-            if owner.degraded or owner.pending:
-                self._unsettled[key] = asyncio.ensure_future(self._learn(record, owner))
+        if self._pending.pop(key, None) is None:
+            lookup.cancel()
+            return
+        shown = owner or awaiting(facts)
+        self.leases.process_started(record.uuid, record.pid, shown, record.command)
+        if owner is None:
+            self._unsettled[key] = asyncio.ensure_future(self._learn(record, shown, lookup))
+        elif owner.degraded or owner.pending:
+            self._unsettled[key] = asyncio.ensure_future(self._learn(record, owner))
 
-    async def _learn(self, record: GpuProcess, owner: Identity) -> None:
-        """Resolve a degraded or pending owner again until it is known; tell the leases of
-        each change."""
+    async def _identify(self, pid: int, facts: Optional[ProcFacts]) -> Identity:
+        if facts is None:
+            return UNKNOWN
+        try:
+            return await self.resolver.identify(facts)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a resolver's failure must not lose the process
+            log.exception("resolving pid %d failed", pid)
+            return UNKNOWN
+
+    async def _learn(self, record: GpuProcess, owner: Identity,
+                     lookup: "Optional[asyncio.Future[Identity]]" = None) -> None:
+        """Resolve a degraded or pending owner again until it is known, after the `lookup` in
+        flight, if any; tell the leases of each change."""
         key = (record.uuid, record.pid)
         try:
+            if lookup is not None:  # the first, slow: what it learns is told, degraded or not
+                learned = await lookup
+                if learned != owner:
+                    self.leases.update_owner(record.uuid, record.pid, learned)
+                owner = learned
             while owner.degraded or owner.pending:
                 await asyncio.sleep(self.retry if owner.degraded else self.recheck)
                 try:

@@ -61,10 +61,11 @@ class AllocationWatch(Monitor):
         return {"state": self._state, "readings": self.readings, "failures": self.failures,
                 "allocated": len(self._told)}
 
-    def failed(self, why: object) -> None:
-        """A reading failed: the allocations known are kept; said once until one succeeds."""
+    def failed(self, why: object, anew: bool = False) -> None:
+        """A reading failed: the allocations known are kept; said once until one succeeds, or
+        again where `anew` (the watch's own reason to fail changed)."""
         self.failures += 1
-        if self._state != FAILING:
+        if self._state != FAILING or anew:
             log.warning("cannot read %s: %s; the allocations known are kept", self.what, why)
         self._state = FAILING
 

@@ -17,12 +17,15 @@ time-slicing's renamed `<resource>.shared`). Device ids map to the host's GPUs:
 (it failed, or it has not been read again since the MIG devices were made), like any id that
 matches no GPU, is logged once and otherwise ignored.
 
-The watch asks every `kubelet_every` seconds, in an executor (never on the event loop), and
-tells of every GPU whose pods changed (`job_allocation`, source "kubernetes"). A socket that is
-not there (no kubelet on this host) costs a stat: nothing is logged and no GPU is allocated.
+The watch asks every `kubelet_every` seconds and decodes the answer in an executor (never on
+the event loop: an answer may be megabytes, and decoding costs time in proportion to its size),
+and tells of every GPU whose pods changed (`job_allocation`, source "kubernetes"). A socket that
+is not there (no kubelet on this host) costs a stat: nothing is logged and no GPU is allocated.
 One that answers no more (the kubelet restarts, and removes its socket meanwhile; an answer that
-is not a well-formed message) keeps the last allocations known, and the watch is failing until
-it reads again: a GPU a pod holds is never handed out because a call failed.
+is not a well-formed message, or larger than Config.grpc_max_message) keeps the last allocations
+known, and the watch is failing until it reads again: a GPU a pod holds is never handed out
+because a call failed. Stopping the watch ends a call in flight at once. Pod names and device
+ids are the kubelet's to choose: they reach the log escaped (core/text.py).
 """
 from __future__ import annotations
 
@@ -31,12 +34,13 @@ import fnmatch
 import logging
 import os
 import re
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from patroller.config import Config
-from patroller.core.devices import Inventory
-from patroller.core.pods import Pod, PodAllocation
+from patroller.core.devices import Device, Inventory
+from patroller.core.pods import NAME_CHARS, Pod, PodAllocation
 from patroller.core.protowire import Message, WireError
+from patroller.core.text import printable
 from patroller.observe.allocwatch import AllocationWatch
 from patroller.observe.grpcunix import GrpcUnavailable, UnixCaller
 from patroller.observe.monitor import IDLE, UP
@@ -54,7 +58,7 @@ CONTAINER_NAME, CONTAINER_DEVICES = 1, 2  # ContainerResources
 DEVICE_RESOURCE, DEVICE_IDS = 1, 2  # ContainerDevices
 
 _OLD_MIG = re.compile(r"^MIG-(GPU-[0-9A-Fa-f-]+)/[0-9]+/[0-9]+$")
-_MINOR = re.compile(r"^nvidia([0-9]+)$")
+_MINOR = re.compile(r"^nvidia([0-9]{1,9})$")  # more digits are no minor (nor an int() to make)
 
 Listed = List[Tuple[Pod, Tuple[str, ...]]]  # each pod with a GPU, and its GPU device ids
 
@@ -76,44 +80,78 @@ def parse_list(data: bytes, patterns: Sequence[str]) -> Listed:
                      if is_gpu(device.text(DEVICE_RESOURCE), patterns)
                      for i in device.texts(DEVICE_IDS)]
             if found:
-                containers.append(container.text(CONTAINER_NAME))
+                containers.append(_name(container.text(CONTAINER_NAME)))
                 ids.update(dict.fromkeys(found))
         if ids:
-            listed.append((Pod(pod.text(POD_NAMESPACE), pod.text(POD_NAME), tuple(containers)),
-                           tuple(ids)))
+            listed.append((Pod(_name(pod.text(POD_NAMESPACE)), _name(pod.text(POD_NAME)),
+                               tuple(containers)), tuple(ids)))
     return listed
 
 
-def gpu_of(device_id: str, inventory: Inventory) -> Optional[str]:
-    """The uuid of the host's GPU a device id names (see above), or None."""
+def _name(text: str) -> str:
+    """A name as the kubelet gave it, printable (a name Kubernetes allows is left as it is)."""
+    return printable(text, NAME_CHARS)
+
+
+Index = Tuple[Dict[str, str], Dict[int, str]]  # GPU and MIG uuids, and minor numbers -> uuid
+
+
+def index(devices: Iterable[Device]) -> Index:
+    """What device ids can name each present GPU: its uuid, its MIG devices', its minor."""
+    uuids: Dict[str, str] = {}
+    minors: Dict[int, str] = {}
+    for device in devices:
+        if device.lost:
+            continue
+        uuids.setdefault(device.uuid, device.uuid)
+        if device.minor_number is not None:
+            minors.setdefault(device.minor_number, device.uuid)
+        for mig in device.mig_instances:
+            if mig.uuid:
+                uuids.setdefault(mig.uuid, device.uuid)
+    return uuids, minors
+
+
+def gpu_of(device_id: str, devices: Iterable[Device],
+           known: Optional[Index] = None) -> Optional[str]:
+    """The uuid of the host's GPU a device id names (see above), or None (`known`: the
+    devices' index, made once for many ids)."""
+    uuids, minors = known if known is not None else index(devices)
     base = device_id.split("::", 1)[0]  # a time-slicing replica: its GPU (or MIG device)
     old = _OLD_MIG.match(base)
     if old:
         base = old.group(1)
     minor = _MINOR.match(base)
-    mig = base.startswith("MIG-")
-    for device in inventory:
-        if device.lost:
-            continue
-        if device.uuid == base or minor and device.minor_number == int(minor.group(1)):
-            return device.uuid
-        if mig and any(m.uuid == base for m in device.mig_instances):
-            return device.uuid
-    return None
+    if minor:
+        return minors.get(int(minor.group(1)))
+    return uuids.get(base)
 
 
-def allocations(listed: Listed, inventory: Inventory) -> Tuple[Dict[str, PodAllocation], Set[str]]:
-    """The pods of each GPU (by uuid), and the device ids that match no GPU."""
-    pods: Dict[str, List[Pod]] = {}
+def allocations(listed: Listed,
+                devices: Iterable[Device]) -> Tuple[Dict[str, PodAllocation], Set[str]]:
+    """The pods of each GPU (by uuid), and the device ids that match no GPU. Linear in the
+    pods and ids (a pod once per GPU through a dict, not a search of a list)."""
+    known = index(devices)
+    pods: Dict[str, Dict[Pod, None]] = {}
     unknown: Set[str] = set()
     for pod, ids in listed:
         for device_id in ids:
-            uuid = gpu_of(device_id, inventory)
+            uuid = gpu_of(device_id, (), known)
             if uuid is None:
                 unknown.add(device_id)
-            elif pod not in pods.setdefault(uuid, []):
-                pods[uuid].append(pod)
+            else:
+                pods.setdefault(uuid, {})[pod] = None
     return {uuid: PodAllocation(tuple(found)) for uuid, found in pods.items()}, unknown
+
+
+Decoded = Tuple[Dict[str, PodAllocation], Set[str]]
+
+
+def decode(answer: Optional[bytes], patterns: Sequence[str],
+           devices: Sequence[Device]) -> Decoded:
+    """Blocking (in the executor): the pods of each GPU the answer lists, and the device ids
+    that match none. WireError if it is no ListPodResourcesResponse."""
+    return allocations([] if answer is None else parse_list(answer, patterns), devices)
 
 
 def ask(caller: UnixCaller) -> Optional[bytes]:
@@ -134,35 +172,45 @@ class PodResourcesWatch(AllocationWatch):
         assert config.kubelet_socket is not None
         super().__init__(inventory, signals, config.kubelet_every,
                          "the kubelet's pod-resources", state=IDLE)
-        self.caller = UnixCaller(config.kubelet_socket, config.kubelet_timeout)
+        self.caller = UnixCaller(config.kubelet_socket, config.kubelet_timeout,
+                                 config.grpc_max_message)
         self.patterns = config.kubelet_resources
+        self.ids_logged = config.kubelet_ids_logged
         self._seen = False  # the socket was there once: its going away is a failure
         self._unknown: Set[str] = set()  # device ids that match no GPU: told once
 
-    def closed(self) -> None:
-        self.caller.close()
+    async def stop(self, grace: float) -> None:
+        self.caller.close()  # a call in flight ends now, not at its timeout
+        await super().stop(grace)
 
-    def apply(self, listed: Listed) -> None:
-        """Tell of every GPU whose pods are not what was last told."""
-        wanted, unknown = allocations(listed, self.inventory)
-        for device_id in sorted(unknown - self._unknown):
+    def apply(self, wanted: Dict[str, PodAllocation], unknown: Set[str]) -> None:
+        """Tell of every GPU whose pods are not what was last told; log the new ids that match
+        no GPU (so many one by one at most, then their count)."""
+        new = sorted(unknown - self._unknown)
+        for device_id in new[:self.ids_logged]:
             log.warning("the kubelet assigns device %s, which is no GPU of this host that "
                         "Patroller can tell: ignored (a MIG device nvidia-smi -L did not list, "
-                        "or another host's?)", device_id)
+                        "or another host's?)", printable(device_id))
+        if len(new) > self.ids_logged:
+            log.warning("the kubelet assigns %d more devices that are no GPU of this host: "
+                        "ignored", len(new) - self.ids_logged)
         self._unknown = unknown  # one that comes back after it went is told again
         self.tell(wanted)
 
     async def read(self) -> None:
         """Ask the kubelet now, and tell of what changed."""
         loop = asyncio.get_running_loop()
+        devices = self.inventory.devices  # as they are now: the inventory may change meanwhile
         try:
             answer = await loop.run_in_executor(None, ask, self.caller)
             if answer is None and self._seen:
                 raise GrpcUnavailable(f"{self.caller.path} is gone")
-            listed = [] if answer is None else parse_list(answer, self.patterns)
+            wanted, unknown = await loop.run_in_executor(None, decode, answer, self.patterns,
+                                                         devices)
         except (GrpcUnavailable, WireError) as exc:
-            self.failed(exc)
+            if not self.caller.closed:  # closed: the watch is stopping, nothing failed
+                self.failed(exc)
             return
         self._seen = self._seen or answer is not None
         self.read_well(UP if answer is not None else IDLE)
-        self.apply(listed)
+        self.apply(wanted, unknown)

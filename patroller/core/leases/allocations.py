@@ -43,7 +43,8 @@ def apply(hold: Hold, allocation: Optional[SchedulerAllocation], device: Optiona
                       **{allocation.key: list(allocation.ids())}, hold=hold.how)
     members = [o for o in hold.processes.values() if allocation.member_of(o) is not None]
     hold.allocation = allocation
-    hold.take(allocation.holder(members[0] if members else None), now, asked=False)
+    # asked: the job (or pod) asked its scheduler for the device, as a grant is asked for
+    hold.take(allocation.holder(members[0] if members else None), now, asked=True)
     if known is None or known.ids() != allocation.ids():
         log.info("%s is allocated to %s %s", hold.uuid, allocation.scheduler,
                  allocation.describe())

@@ -32,6 +32,7 @@ class Count:
     uid: Optional[int]  # the account's uid ("account" only)
     limit: int
     held: List[Device]
+    holders: List[str]  # the user holding each of `held`
 
     def room(self) -> int:
         """How many more devices it allows (negative: that many over)."""
@@ -59,15 +60,16 @@ def counts(who: Identity, policy: Policy, holds: Mapping[str, Hold],
     out: List[Count] = []
     limit = policy.limit_of(who.user)
     if limit is not None:
-        out.append(Count("user", who.user, None, limit,
-                         _held(present, holds, lambda h: h.user == who.user)))
+        held = _held(present, holds, lambda h: h.user == who.user)
+        out.append(Count("user", who.user, None, limit, held, [who.user] * len(held)))
     uid = counted_uid(who, policy)
     if uid is not None:
         name = who.account or f"uid:{uid}"
         limit = policy.limit_of(name)
         if limit is not None:
-            out.append(Count("account", name, uid, limit,
-                             _held(present, holds, lambda h: counted_uid(h, policy) == uid)))
+            held = _held(present, holds, lambda h: counted_uid(h, policy) == uid)
+            out.append(Count("account", name, uid, limit, held,
+                             [_holder(holds, d) for d in held]))
     return out
 
 
@@ -86,3 +88,9 @@ def _held(devices: Iterable[Device], holds: Mapping[str, Hold],
     return [d for d in devices
             if (holder := holds[d.uuid].holder) is not None and whose(holder)
             and holds[d.uuid].allocation is None]
+
+
+def _holder(holds: Mapping[str, Hold], device: Device) -> str:
+    holder = holds[device.uuid].holder
+    assert holder is not None  # _held lists held devices only
+    return holder.user

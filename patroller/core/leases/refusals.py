@@ -2,11 +2,12 @@
 manager raises before anything changes (the API maps each to its status)."""
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, List, Optional, Tuple
 
 from patroller.core.devices import Inventory
 from patroller.core.errors import Busy, NotHeld, NotYours, OverLimit, Unsatisfiable
 from patroller.core.identity import Identity
+from patroller.core.jobs import Allocation
 from patroller.core.leases.holds import Hold, Wants, is_admin
 from patroller.core.leases.limits import Count
 
@@ -24,20 +25,35 @@ def check_exists(inventory: Inventory, wants: Wants) -> None:
 
 
 def over_limit(user: Identity, wants: Wants, count: Count) -> OverLimit:
-    """The error for a request that `count` (the user's, or their account's) does not allow."""
-    asked = sum(wants.values())
-    numbers = ", ".join(str(d.number) for d in count.held)
-    whom = "one user" if count.kind == "user" else "one host account"
+    """The error for a request that `count` (the user's, or their account's) does not allow.
+    The devices others hold under the account are theirs: (--hide-users) a caller who may not
+    see them is told how many, not which (which would say whose runs as that account)."""
     account = {"account": count.name, "uid": count.uid} if count.kind == "account" else {}
-    if count.held:
-        message = (f"{count.describe(user)} holds {len(count.held)} device(s) ({numbers}) and "
-                   f"asks for {asked}: the most {whom} may hold is {count.limit}; release some "
-                   "first (/release?uuid=..., or patroller release NUMBER)")
-    else:  # nothing to release: the request alone is over the limit
-        message = (f"{count.describe(user)} asks for {asked}: the most {whom} may hold is "
-                   f"{count.limit}")
-    return OverLimit(message, limit=count.limit, held=[d.number for d in count.held],
-                     requested=dict(wants), **account)
+    held = [d.number for d in count.held]
+    data = dict(limit=count.limit, held=held, requested=dict(wants), **account)
+    error = OverLimit(_over(user, wants, count, held), **data)
+    others = [holder for holder in count.holders if holder != user.user]
+    if others:
+        mine: List[Optional[int]] = [d.number if holder == user.user else None
+                                     for d, holder in zip(count.held, count.holders)]
+        error.naming(dict.fromkeys(others), _over(user, wants, count, mine),
+                     **{**data, "held": mine})
+    return error
+
+
+def _over(user: Identity, wants: Wants, count: Count, held: List[Optional[int]]) -> str:
+    """Why `count` refuses the request, naming the devices held (None: one held by another)."""
+    asked = sum(wants.values())
+    whom = "one user" if count.kind == "user" else "one host account"
+    if not held:  # nothing to release: the request alone is over the limit
+        return (f"{count.describe(user)} asks for {asked}: the most {whom} may hold is "
+                f"{count.limit}")
+    numbers = ", ".join(str(n) for n in held if n is not None)
+    if None in held:
+        numbers += f"{', and ' if numbers else ''}{held.count(None)} under other identities"
+    return (f"{count.describe(user)} holds {len(held)} device(s) ({numbers}) and "
+            f"asks for {asked}: the most {whom} may hold is {count.limit}; release some "
+            "first (/release?uuid=..., or patroller release NUMBER)")
 
 
 def busy(wants: Wants, free: Dict[str, int]) -> Busy:
@@ -67,10 +83,26 @@ def check_release(user: Identity, hold: Hold) -> bool:
     root releases another user's device (an administrator's release)."""
     allocation = hold.allocation
     if allocation is not None:
+        ids = allocation.ids()
+        what = (f"a {allocation.scheduler} {allocation.word}" if len(ids) == 1 else
+                f"{allocation.scheduler} {allocation.word}s")
         raise NotYours(f"device {hold.uuid} is allocated to {allocation.scheduler} "
                        f"{allocation.describe()}: {allocation.release_hint}", uuid=hold.uuid,
-                       **{allocation.key: list(allocation.ids())})
+                       **{allocation.key: list(ids)}).naming(
+            _owners(hold), f"device {hold.uuid} is allocated to {what}: "
+            f"{allocation.release_hint}", uuid=hold.uuid, **{allocation.key: None})
     other = hold.holder is not None and not hold.holder.same_user(user)
     if other and not is_admin(user):
         raise NotYours(f"device {hold.uuid} is held by another user", uuid=hold.uuid)
     return other
+
+
+def _owners(hold: Hold) -> Tuple[str, ...]:
+    """Whose the jobs (pods) a device is allocated to are, as /status hides them: each job's
+    user where the job map names one, else the holder's (the kubelet names no pod's user)."""
+    allocation = hold.allocation
+    assert allocation is not None
+    holder = hold.holder.user if hold.holder is not None else allocation.describe()
+    if isinstance(allocation, Allocation):
+        return tuple(dict.fromkeys(job.user or holder for job in allocation.jobs))
+    return (holder,)

@@ -218,7 +218,7 @@
       temps[0] !== null ? "GPU " + temps[0] + " °C" : null,
       temps[1] !== null ? "memory " + temps[1] + " °C" : null,
       num(stat && stat.power) !== null ? num(stat.power) + " W" : null,
-    ].filter(Boolean);
+    ].filter(Boolean).map((fact) => fact.replace(/ /g, "\u00a0"));  // a figure never splits
     const badges = [h("span", {class: "state state-" + state}, state)];
     if (idle) badges.push(h("span", {class: "state state-idle"}, "idle " + duration(claim.idle_for)));
     if (claim.asked === false && holder) badges.push(h("span", {class: "note"}, "not asked for"));

@@ -2,7 +2,9 @@
 // asks every host; the browser talks to nobody else) and draws a panel per host, a row per GPU,
 // and each host that does not answer marked, with since when. Read-only.
 // Everything in the answer is untrusted text (user names come from the hosts): the DOM is built
-// with textContent and setAttribute on plain attributes, never from HTML strings.
+// with textContent and setAttribute on plain attributes, never from HTML strings. The daemon
+// checks each host's answer, and the page still draws each host on its own: a host whose data
+// cannot be drawn is marked so, and every other host is drawn as usual.
 "use strict";
 
 (function () {
@@ -149,15 +151,38 @@
         h("tbody", {}, gpus.map(gpuRow))) : null);
   }
 
+  // A panel for a host whose data could not be drawn: its name, and why, as far as known.
+  function unreadable(host, err) {
+    const name = String((host && typeof host === "object" && host.host) || "?");
+    return h("section", {class: "panel host is-down", data: {host: name, state: "unreadable"},
+                         "aria-label": name},
+      h("header", {class: "host-head"}, h("h2", {}, name),
+        h("span", {class: "state state-down"}, "unreadable"),
+        h("span", {class: "host-summary"}, "its data could not be drawn")),
+      h("p", {class: "down-why"}, String(err && err.message || err)));
+  }
+
+  // One host: its panel and the GPUs it counts, or, if its data breaks the drawing, the mark.
+  function drawn(host, now) {
+    try {
+      const gpus = host.gpus || [];
+      if (!Array.isArray(gpus)) throw new TypeError("its GPUs are not a list");
+      return {panel: hostPanel(host, now), gpus: gpus, state: String(host.state)};
+    } catch (err) {
+      console.warn("fleet: a host could not be drawn", err);
+      return {panel: unreadable(host, err), gpus: [], state: "unreadable"};
+    }
+  }
+
   function render(snap) {
-    const hosts = snap.hosts || [];
-    $("hosts").replaceChildren(...hosts.map((host) => hostPanel(host, snap.time)));
+    const given = Array.isArray(snap.hosts) ? snap.hosts : [];
+    const hosts = given.map((host) => drawn(host, snap.time));
+    $("hosts").replaceChildren(...hosts.map((one) => one.panel));
     const byState = {};
-    for (const host of hosts) byState[host.state] = (byState[host.state] || 0) + 1;
+    for (const one of hosts) byState[one.state] = (byState[one.state] || 0) + 1;
     const states = Object.entries(byState).map(([st, n]) => n + " " + st).join(", ");
     $("summary").textContent = hosts.length + " host" + (hosts.length === 1 ? "" : "s") +
-      (states ? ": " + states : "") + "; " +
-      counted(hosts.flatMap((host) => host.gpus || []));
+      (states ? ": " + states : "") + "; " + counted(hosts.flatMap((one) => one.gpus));
     $("updated").textContent = "updated " + timeOfDay(snap.time);
     $("every").textContent = "every " + snap.interval + " s";
     if (!rendered) {

@@ -1,0 +1,121 @@
+"""`patroller history`, `patroller users` and `patroller queue`: the audit record, who holds,
+uses and waits, and the waiting requests, as tables (or, with --json, the server's own JSON).
+
+Formatting is pure (tested on bodies from a live daemon); the commands only ask and print.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import urllib.parse
+from typing import Any, Dict, List, Optional
+
+from patroller import client, durations
+from patroller.cli.exits import EX_OK, EX_USAGE, Failure
+from patroller.cli.render import amount, duration, format_table
+
+# An event's own fields, which the table shows in columns of their own; the rest is DETAIL.
+_SHOWN = ("time", "at", "event", "user", "devices")
+
+
+def since_of(text: Optional[str], now: float) -> Optional[str]:
+    """--since as the server takes it: `2h` (a duration before now) as epoch seconds, an ISO
+    time as it is; None for all."""
+    if text is None:
+        return None
+    try:
+        return f"{now - durations.parse(text):.3f}"
+    except ValueError:
+        pass
+    if "T" in text or "-" in text:
+        return text  # an ISO time: the server checks it, and names it if it is not one
+    raise Failure(f"--since: {text!r} is neither a duration (2h, 90m, 7d) nor an ISO time",
+                  EX_USAGE)
+
+
+def detail(event: Dict[str, Any]) -> str:
+    """What an event says beyond its time, kind, user and GPUs, as `key=value` words."""
+    words = []
+    for key, value in event.items():
+        if key in _SHOWN or value is None or value == [] or value == {}:
+            continue
+        shown = ",".join(map(str, value)) if isinstance(value, list) else value
+        words.append(f"{key}={shown}")
+    return " ".join(words)
+
+
+def history_table(events: List[Dict[str, Any]], user: Optional[str] = None,
+                  colour: bool = False) -> str:
+    """One row per event, oldest first; only those naming `user` (as its user, holder or by)."""
+    rows = []
+    for event in events:
+        if user is not None and user not in (event.get("user"), event.get("holder"),
+                                             event.get("by")):
+            continue
+        gpus = ",".join(str(d.get("number", "?")) for d in event.get("devices") or [])
+        rows.append([str(event.get("time", "?")).replace("+00:00", "Z"), str(event.get("event")),
+                     str(event.get("user") or "-"), gpus or "-", detail(event)])
+    if not rows:
+        return "no events" + (f" of {user}" if user else "") + "\n"
+    return format_table(["TIME", "EVENT", "USER", "GPUS", "DETAIL"], rows, colour)
+
+
+def users_table(users: Dict[str, Dict[str, Any]], colour: bool = False) -> str:
+    """One row per user, most GPUs held first."""
+    rows = []
+    for name, u in sorted(users.items(), key=lambda item: (-item[1].get("held", 0), item[0])):
+        limit = u.get("limit")
+        waiting = u.get("waiting", 0)
+        waits = f"{waiting} ({duration(u.get('waited_max') or 0)})" if waiting else "0"
+        schedulers = [*(f"job {j}" for j in u.get("jobs") or []),
+                      *(f"pod {p}" for p in u.get("pods") or [])]
+        rows.append([name, str(u.get("held", 0)), str(u.get("reserved_unused", 0)),
+                     str(u.get("unreserved", 0)), str(u.get("idle", 0)), waits,
+                     str(u.get("trespassing", 0)), "-" if limit is None else str(limit),
+                     ", ".join(schedulers) or "-"])
+    if not rows:
+        return "nobody holds, uses or waits for a GPU\n"
+    return format_table(["USER", "HELD", "UNUSED", "UNASKED", "IDLE", "WAITING", "TRESPASS",
+                         "LIMIT", "JOBS/PODS"], rows, colour)
+
+
+def queue_table(waiters: List[Dict[str, Any]], colour: bool = False) -> str:
+    """One row per waiting request, in arrival order."""
+    rows = [[str(w.get("position", "?")), str(w.get("user", "?")),
+             ", ".join(amount(n, group) for group, n in (w.get("wants") or {}).items()),
+             duration(w.get("waited") or 0),
+             f"process {w['pid']}" if w.get("pid") else str(w.get("hold") or "lease")]
+            for w in waiters]
+    if not rows:
+        return "nobody is waiting\n"
+    return format_table(["#", "USER", "WANTS", "WAITED", "HOLD"], rows, colour)
+
+
+def history_command(options: argparse.Namespace) -> int:
+    params = {"limit": options.limit}
+    since = since_of(options.since, time.time())
+    if since is not None:
+        params["since"] = since
+    events = client.get_json(options.server, "/history?" + urllib.parse.urlencode(params))
+    if options.json:
+        chosen = [e for e in events if options.user in (None, e.get("user"), e.get("holder"),
+                                                        e.get("by"))]
+        print(json.dumps(chosen, indent=2))
+    else:
+        print(history_table(events, options.user, options.colour), end="")
+    return EX_OK
+
+
+def users_command(options: argparse.Namespace) -> int:
+    users = client.users(options.server)
+    print(json.dumps(users, indent=2) if options.json else users_table(users, options.colour),
+          end="\n" if options.json else "")
+    return EX_OK
+
+
+def queue_command(options: argparse.Namespace) -> int:
+    waiters = client.queue(options.server)
+    print(json.dumps(waiters, indent=2) if options.json else queue_table(waiters, options.colour),
+          end="\n" if options.json else "")
+    return EX_OK

@@ -1,0 +1,176 @@
+"""GPU-time, split into categories anyone can check by hand, and summed into reports. Pure.
+
+A usage sample is one GPU over one sampling interval (`--usage-interval`): who held it and how,
+whose processes ran on it, and how many of the interval's statistics readings (dmon prints one
+a second) found its SM busy, at least `--usage-busy-sm` %. Its seconds are split:
+
+  lost             the GPU was gone from the host, or silent (withheld): nobody could use it;
+  free             nobody held it and nothing ran on it;
+  reserved_unused  held (a reservation, a Slurm job's or a pod's allocation) with no process of
+                   the holder's on it;
+  active           a process of the holder's computed on it, under a reservation;
+  unreserved       a process computed on it without a reservation: its user took it by
+                   computing (or nobody held it);
+  idle_held        a process held it (memory, a context) but did not compute;
+  trespass         another party's process ran on a held GPU (another user's, or on a Slurm
+                   job's or a pod's GPU, a process outside the job or pod).
+
+The parties on a GPU share its time equally: each party with processes there, and the holder
+when none of the processes there is the holder's. A party's share that runs by right (the
+holder's own, or anyone's on a GPU nobody holds) is computing for the fraction of the readings
+that found the SM busy (all of it when no reading says: a device whose driver prints no SM
+figure, such as a MIG one), and idle-held for the rest; an intruder's share is trespass whether
+it computes or not. docs/usage.md works an example through.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+from patroller.core.identity import Identity
+
+CATEGORIES = ("active", "idle_held", "reserved_unused", "trespass", "unreserved", "free", "lost")
+UNUSED = ("free", "lost")  # GPU-time nobody held: left out of a report's order "by use"
+# The states of a usage sample: the hold's states, and withheld (silent, granted to nobody).
+STATES = ("free", "reserved", "claimed", "shared", "allocated", "lost", "withheld")
+# What a report groups GPU-time by.
+BY = ("user", "account", "job", "slurm_account", "namespace", "pod", "gpu", "day")
+
+
+@dataclass(frozen=True)
+class Party:
+    """Whom GPU-time is counted for: a user, with the host account, Slurm job and account, and
+    Kubernetes pod their process ran as or in ("" where it has none)."""
+
+    user: str = ""
+    account: str = ""  # host account
+    job: str = ""  # Slurm job id
+    slurm_account: str = ""
+    namespace: str = ""  # Kubernetes namespace
+    pod: str = ""  # the pod's name, in its namespace
+
+
+NOBODY = Party()
+
+
+def party_of(identity: Identity) -> Party:
+    """The party an identity (a holder, a process's owner) counts as."""
+    job = dict(identity.job or ())
+    pod = dict(identity.pod or ())
+    return Party(user=identity.user, account=identity.account or "", job=job.get("id", ""),
+                 slurm_account=job.get("account", ""), namespace=pod.get("namespace", ""),
+                 pod=pod.get("name", ""))
+
+
+@dataclass(frozen=True)
+class Present:
+    """One party's processes on a GPU."""
+
+    party: Party
+    own: bool  # it runs there by right: the holder's, in the allocation's job or pod, or unheld
+    pids: Tuple[int, ...] = ()
+    containers: Tuple[str, ...] = ()  # the containers' names (or short ids) they run in
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One GPU over one sampling interval: the hold as it stood at the interval's end, and the
+    statistics readings of the whole interval."""
+
+    uuid: str
+    number: int
+    seconds: float  # how long the interval was
+    state: str  # one of STATES
+    hold: Optional[str] = None  # how it was held: lease, process, duration, slurm, kubernetes
+    holder: Optional[Party] = None
+    reserved: bool = False  # held by a grant or an allocation, not taken by computing
+    present: Tuple[Present, ...] = ()
+    readings: int = 0  # statistics readings with an SM figure
+    busy: int = 0  # of them, those with SM at least the threshold
+    sm_mean: Optional[float] = None  # SM utilisation, %
+    sm_max: Optional[float] = None
+    mem_mean: Optional[float] = None  # memory-controller utilisation, %
+    mem_max: Optional[float] = None
+    fb_mean: Optional[float] = None  # memory held, MiB
+    fb_max: Optional[float] = None
+    name: str = ""  # the GPU's model
+
+
+Share = Tuple[str, Party, float]  # (category, party, seconds)
+
+
+def classify(sample: GpuSample) -> List[Share]:
+    """The sample's seconds by category and party (module docstring); they add up to
+    `sample.seconds`, in a fixed order, zero ones left out."""
+    seconds = sample.seconds
+    if sample.state in ("lost", "withheld"):
+        return [("lost", sample.holder or NOBODY, seconds)]
+    if sample.holder is None and not sample.present:
+        return [("free", NOBODY, seconds)]
+    parties: List[Tuple[str, Party]] = []  # ("own" | "intruder" | "holder", party)
+    if sample.holder is not None and not any(p.own for p in sample.present):
+        parties.append(("holder", sample.holder))
+    for present in sample.present:
+        parties.append(("own" if present.own else "intruder", present.party))
+    each = seconds / len(parties)
+    busy = sample.busy / sample.readings if sample.readings else 1.0
+    computing = "active" if sample.reserved else "unreserved"
+    found: Dict[Tuple[str, Party], float] = {}
+    for role, party in parties:
+        if role == "holder":
+            parts = [("reserved_unused", each)]
+        elif role == "intruder":
+            parts = [("trespass", each)]
+        else:
+            parts = [(computing, each * busy), ("idle_held", each * (1.0 - busy))]
+        for category, part in parts:
+            if part > 0:
+                found[(category, party)] = found.get((category, party), 0.0) + part
+    return [(category, party, part) for (category, party), part in found.items()]
+
+
+# -- reports ----------------------------------------------------------------------------------
+
+Total = Tuple[Optional[str], str, float]  # (key, category, seconds)
+HOUR = 3600.0
+
+
+def summarize(totals: Iterable[Total], chronological: bool = False) -> Dict[str, Any]:
+    """A report from GPU-seconds by key and category: per key, GPU-hours per category, in all,
+    and its share of the whole; the whole, with each category's share. Keys in order of use
+    (GPU-hours held or used: all but free and lost; the most first), or by key
+    (`chronological`, for days)."""
+    rows: Dict[Optional[str], Dict[str, float]] = {}
+    whole = dict.fromkeys(CATEGORIES, 0.0)
+    for key, category, seconds in totals:
+        if category not in whole:
+            continue  # a category a later version added: not this report's
+        row = rows.setdefault(key, dict.fromkeys(CATEGORIES, 0.0))
+        row[category] += seconds
+        whole[category] += seconds
+    everything = sum(whole.values())
+
+    def used(row: Dict[str, float]) -> float:
+        return sum(s for c, s in row.items() if c not in UNUSED)
+
+    def order(item: Tuple[Optional[str], Dict[str, float]]) -> Tuple[object, ...]:
+        key, row = item
+        if chronological:
+            return (key is None, key or "")
+        return (-round(used(row), 6), -round(sum(row.values()), 6), key is None, key or "")
+
+    entries = [{"key": key, "hours": _hours(row),
+                "gpu_hours": round(sum(row.values()) / HOUR, 6),
+                "share": _share(sum(row.values()), everything)}
+               for key, row in sorted(rows.items(), key=order)]
+    return {"rows": entries,
+            "total": {"hours": _hours(whole), "gpu_hours": round(everything / HOUR, 6),
+                      "shares": {c: _share(s, everything) for c, s in whole.items()}}}
+
+
+def _hours(row: Dict[str, float]) -> Dict[str, float]:
+    return {category: round(row[category] / HOUR, 6) for category in CATEGORIES}
+
+
+def _share(part: float, whole: float) -> float:
+    return round(part / whole, 4) if whole > 0 else 0.0

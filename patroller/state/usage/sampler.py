@@ -1,0 +1,100 @@
+"""Every `--usage-interval`, a usage sample of every GPU, taken on the event loop and handed to
+the usage store's writer: the hold as it stands (state, how, holder, the processes on it and
+their owners) and the statistics tally of the interval. Taking one costs a walk over the holds
+(some microseconds a GPU); classifying and writing are the writer thread's."""
+from __future__ import annotations
+
+import time
+from typing import Callable, Dict, List, Optional, Tuple
+
+from tornado.ioloop import PeriodicCallback
+
+from patroller.core.devices import Device, Inventory
+from patroller.core.identity import Identity
+from patroller.core.leases import Hold, LeaseManager
+from patroller.core.usage import GpuSample, Party, Present, party_of
+from patroller.observe.tally import Tally
+from patroller.state.usage.store import UsageStore
+
+
+class UsageSampler:
+    """Takes the samples; the first interval runs from `start`, the last ends at `stop`."""
+
+    def __init__(self, inventory: Inventory, leases: LeaseManager, tally: Tally,
+                 store: UsageStore, interval: float,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.inventory = inventory
+        self.leases = leases
+        self.tally = tally
+        self.store = store
+        self.interval = interval
+        self.clock = clock
+        self.wall = wall
+        self.samples = 0  # intervals sampled
+        self._last: Optional[float] = None  # clock() at the last sample (or the start)
+        self._timer: Optional[PeriodicCallback] = None
+
+    def start(self) -> None:
+        """Sample every interval from now, on the current IOLoop."""
+        self._last = self.clock()
+        for device in self.inventory:
+            self.tally.take(device.uuid)  # readings from before the start are no interval's
+        self._timer = PeriodicCallback(self.sample, self.interval * 1000)
+        self._timer.start()
+
+    def stop(self) -> None:
+        """Stop, with a sample of the interval so far (a stop loses none of it)."""
+        if self._timer is None:
+            return
+        self._timer.stop()
+        self._timer = None
+        self.sample()
+
+    def sample(self) -> None:
+        """One sample of every GPU, for the interval since the last one."""
+        now = self.clock()
+        seconds = now - self._last if self._last is not None else 0.0
+        self._last = now
+        if seconds <= 0:
+            return
+        self.samples += 1
+        self.store.put(self.wall(), [self.snapshot(device, seconds) for device in self.inventory])
+
+    def snapshot(self, device: Device, seconds: float) -> GpuSample:
+        """One GPU's sample: its hold now, its statistics over the interval."""
+        hold = self.leases.holds[device.uuid]
+        figures = self.tally.take(device.uuid)
+        state = "withheld" if hold.withheld and not hold.lost else hold.state
+        holder = party_of(hold.holder) if hold.holder is not None else None
+        return GpuSample(
+            uuid=device.uuid, number=device.number, name=device.name or "", seconds=seconds,
+            state=state, hold=hold.how if hold.holder is not None else None, holder=holder,
+            reserved=hold.holder is not None and (hold.asked or hold.allocation is not None),
+            present=present(hold), readings=figures.readings, busy=figures.busy,
+            sm_mean=figures.sm_mean, sm_max=figures.sm_max, mem_mean=figures.mem_mean,
+            mem_max=figures.mem_max, fb_mean=figures.fb_mean, fb_max=figures.fb_max)
+
+
+def present(hold: Hold) -> Tuple[Present, ...]:
+    """The parties with processes on a GPU, in the order their first process came: their pids,
+    their containers, and whether they run there by right (on a GPU nobody holds, all do)."""
+    found: Dict[Party, Tuple[bool, List[int], List[str]]] = {}
+    for pid, owner in hold.processes.items():
+        party = party_of(owner)
+        own = hold.holder is None or hold.belongs(owner)
+        was, pids, containers = found.get(party, (True, [], []))
+        pids.append(pid)
+        name = _container(owner)
+        if name and name not in containers:
+            containers.append(name)
+        found[party] = (was and own, pids, containers)
+    return tuple(Present(party, own, tuple(pids), tuple(containers))
+                 for party, (own, pids, containers) in found.items())
+
+
+def _container(owner: Identity) -> str:
+    if owner.container is None:
+        return ""
+    short, name = owner.container
+    return name or short

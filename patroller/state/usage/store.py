@@ -1,0 +1,314 @@
+"""The usage store on disk, <state-dir>/usage.sqlite3: one writer thread, one reader thread.
+
+The event loop never touches the file. Every `--usage-interval` the sampler hands the store one
+interval's samples (`put`: a queue); the writer thread writes each interval in one transaction,
+in WAL mode with `synchronous=NORMAL`: a committed interval survives the daemon's death (kill -9
+included; a crash of the host may lose the last ones), so a restart loses at most the interval
+in progress. Reports read on a connection of their own, in a thread of their own (`report`):
+WAL lets them read while the writer writes.
+
+What goes wrong, and what the store does:
+  - a write fails (a full disk, a file it cannot open or write): one log line (then one a
+    `repeat_log_every`), state `failing` in /metrics, the intervals kept in memory (up to
+    `usage_backlog`, then the oldest dropped, counted) and tried again every `usage_retry`
+    seconds; the first write that works writes them all and says so. Serving goes on.
+  - the file is not a database, is damaged, or is not a usage store: renamed
+    `usage.sqlite3.corrupt-<time>` (with its -wal and -shm), never deleted, one log line, and a
+    fresh store in its place; a file of a newer schema likewise, as `.newer-<time>`.
+  - its directory is on a read-only filesystem at start: no store, said at start and in
+    /metrics (state `read_only`).
+Old samples are folded into daily totals (tables.py) at start and every `usage_fold_every`.
+"""
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import queue
+import sqlite3
+import threading
+import time
+import urllib.parse
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Deque, Dict, Optional, Sequence, Tuple
+
+from patroller.config import Config
+from patroller.core.errors import Unavailable
+from patroller.core.throttle import Throttle
+from patroller.core.usage import GpuSample
+from patroller.state.usage import queries, schema, tables
+
+log = logging.getLogger(__name__)
+
+FILE = "usage.sqlite3"
+SIDECARS = ("-wal", "-shm")  # WAL's files, which go where the database goes
+STOP = object()
+# States, as /metrics shows them.
+STARTING, WRITABLE, FAILING, READ_ONLY, STOPPED = (
+    "starting", "writable", "failing", "read_only", "stopped")
+STATES = (STARTING, WRITABLE, FAILING, READ_ONLY, STOPPED)
+
+Interval = Tuple[float, Sequence[GpuSample]]  # (its end, epoch seconds; a sample per GPU)
+
+
+def damaged(exc: BaseException) -> bool:
+    """Whether SQLite says the file is not a database, or a damaged one."""
+    name = getattr(exc, "sqlite_errorname", "")  # Python 3.11 and later
+    text = str(exc)
+    return (name in ("SQLITE_CORRUPT", "SQLITE_NOTADB") or "file is not a database" in text
+            or "malformed" in text)
+
+
+class UsageStore:
+    """The usage store in `directory` (the state directory)."""
+
+    def __init__(self, directory: str, config: Config,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.directory = directory
+        self.path = os.path.join(directory, FILE)
+        self.config = config
+        self.wall = wall
+        self.state = STARTING
+        self.why = ""  # what the last failure said
+        self.rows = 0  # sample rows written
+        self.intervals = 0  # intervals written
+        self.failures = 0  # writes (or openings) that failed
+        self.set_aside = 0  # files renamed out of the way
+        self.dropped = 0  # intervals dropped: the backlog was full, or they could not be written
+        self._held = 0  # intervals the writer holds, not yet written
+        self._queue: "queue.Queue[Any]" = queue.Queue()
+        self._thread: Optional[threading.Thread] = None
+        self._opening: Optional[sqlite3.Connection] = None  # the writer's, while it opens
+        self._generation = 0  # how many times the file was replaced: the reader follows
+        self._reports = Throttle(1, config.repeat_log_every)
+        self._reader: Optional[ThreadPoolExecutor] = None
+        self._read_db: Optional[sqlite3.Connection] = None  # the reader thread's alone
+        self._read_generation = -1
+
+    # -- life (on the event loop) --------------------------------------------------------------
+
+    def open(self) -> None:
+        """At start: a store, unless its directory is on a read-only filesystem (said once);
+        the file itself is opened by the writer thread."""
+        try:
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            read_only = bool(os.statvfs(self.directory).f_flag & os.ST_RDONLY)
+        except OSError as exc:
+            read_only = exc.errno == errno.EROFS  # it could not even be made
+        if read_only:
+            self.state = READ_ONLY
+            log.warning("the usage store's directory %s is on a read-only filesystem: running "
+                        "without a usage store (no usage history is kept)", self.directory)
+            return
+        config = self.config
+        log.info("usage store %s: a sample of every GPU every %g s, kept %d days, then daily "
+                 "totals", self.path, config.usage_interval, config.usage_days)
+        self._thread = threading.Thread(target=self._run, name="usage-writer", daemon=True)
+        self._thread.start()
+
+    def put(self, at: float, samples: Sequence[GpuSample]) -> None:
+        """One interval's samples, for the writer (never blocks)."""
+        if self._thread is not None and self.state != STOPPED:
+            self._queue.put((at, tuple(samples)))
+
+    def close(self, timeout: float) -> None:
+        """Blocking: write what is queued, within `timeout` seconds, and close."""
+        if self._thread is not None:
+            self._queue.put(STOP)
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("the usage store did not finish writing within %.1f s", timeout)
+        if self._reader is not None:
+            self._reader.submit(self._close_reader)
+            self._reader.shutdown(wait=False)
+        if self.state != READ_ONLY:
+            self.state = STOPPED
+
+    def metrics(self) -> Dict[str, Any]:
+        """Counters for /metrics."""
+        return {"path": self.path, "state": self.state, "rows": self.rows,
+                "intervals": self.intervals, "failures": self.failures,
+                "set_aside": self.set_aside, "pending": self._held + self._queue.qsize(),
+                "dropped": self.dropped}
+
+    # -- reading (a thread of its own) ---------------------------------------------------------
+
+    async def report(self, since: float, until: float, by: str) -> queries.Totals:
+        """GPU-seconds by `by` over [since, until), read off the event loop. Unavailable if the
+        store cannot be read."""
+        if self._reader is None:
+            self._reader = ThreadPoolExecutor(1, thread_name_prefix="usage-reader")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._reader, self._read, since, until, by)
+
+    def _read(self, since: float, until: float, by: str) -> queries.Totals:
+        try:
+            if self._read_db is None or self._read_generation != self._generation:
+                self._close_reader()
+                if not os.path.exists(self.path):
+                    return queries.Totals()  # nothing written yet
+                self._read_generation = self._generation
+                self._read_db = sqlite3.connect(
+                    f"file:{urllib.parse.quote(self.path)}?mode=ro", uri=True,
+                    timeout=self.config.usage_busy_timeout, check_same_thread=False)
+            if schema.version(self._read_db) != schema.LATEST:
+                return queries.Totals()  # the writer has not made it a store yet
+            return queries.totals(self._read_db, since, until, by)
+        except (sqlite3.Error, OSError, schema.NotAStore) as exc:
+            self._close_reader()
+            raise Unavailable(f"the usage store {self.path} cannot be read now ({exc}); try "
+                              "again shortly") from None
+
+    def _close_reader(self) -> None:
+        if self._read_db is not None:
+            self._read_db.close()
+            self._read_db = None
+
+    # -- writing (the writer thread) -----------------------------------------------------------
+
+    def _run(self) -> None:
+        db: Optional[sqlite3.Connection] = None
+        keys = tables.Keys()
+        backlog: Deque[Interval] = deque()
+        folded: Optional[float] = None  # monotonic time of the last folding
+        stopping = False
+        db, folded = self._write(db, keys, backlog, folded)  # opened (and folded) at start
+        while True:
+            wait = self.config.usage_retry if self.state == FAILING else \
+                self.config.usage_fold_every
+            try:
+                item = self._queue.get(timeout=wait)
+            except queue.Empty:
+                item = None
+            while item is not None:
+                if item is STOP:
+                    stopping = True
+                else:
+                    backlog.append(item)
+                    if len(backlog) > self.config.usage_backlog:
+                        backlog.popleft()
+                        self.dropped += 1
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    item = None
+            db, folded = self._write(db, keys, backlog, folded)
+            self._held = len(backlog)
+            if stopping:
+                break
+        if backlog:
+            log.warning("usage store %s: %d interval(s) could not be written before the stop",
+                        self.path, len(backlog))
+        if db is not None:
+            db.close()
+
+    def _write(self, db: Optional[sqlite3.Connection], keys: tables.Keys,
+               backlog: Deque[Interval],
+               folded: Optional[float]) -> Tuple[Optional[sqlite3.Connection], Optional[float]]:
+        """Open the file if need be, write the backlog, fold if due; a failure is recorded and
+        the backlog kept. (the connection, or None; when it last folded)"""
+        for _ in range(2):  # a second time with a fresh file, after one is set aside
+            try:
+                if db is None:
+                    db = self._connect()
+                    keys.clear()
+                while backlog:
+                    at, samples = backlog[0]
+                    try:
+                        self.rows += tables.write_interval(db, keys, at, samples)
+                    except (sqlite3.IntegrityError, sqlite3.ProgrammingError, ValueError,
+                            TypeError) as exc:  # this interval alone: never written
+                        log.error("usage store: an interval could not be written and is "
+                                  "dropped: %s", exc)
+                        self.dropped += 1
+                    else:
+                        self.intervals += 1
+                    backlog.popleft()
+                if folded is None or time.monotonic() - folded >= self.config.usage_fold_every:
+                    self._fold(db)
+                    folded = time.monotonic()
+                self._recovered()
+                return db, folded
+            except (sqlite3.Error, OSError, schema.NotAStore, schema.Newer) as exc:
+                # Set aside before the connection closes: closing removes the WAL files of
+                # the name it opened, and those of a file set aside go with it.
+                opened, db, self._opening = db or self._opening, None, None
+                if isinstance(exc, schema.Newer):
+                    why, kind = f"was written by a newer Patroller: it {exc}", "newer"
+                elif isinstance(exc, schema.NotAStore) or damaged(exc):
+                    why, kind = f"is not a usable usage store ({exc})", "corrupt"
+                else:
+                    why, kind = "", ""
+                done = bool(kind) and self._set_aside(kind, why)
+                if opened is not None:
+                    opened.close()
+                if not done:
+                    self._failed(exc, len(backlog))
+                    return None, folded
+        return db, folded
+
+    def _connect(self) -> sqlite3.Connection:
+        """The file, in WAL mode, at the latest schema (while it is being opened, the
+        connection is `_opening`, for `_write` to close after a failure)."""
+        db = self._opening = sqlite3.connect(self.path, timeout=self.config.usage_busy_timeout,
+                                             isolation_level=None)
+        if schema.version(db) > schema.LATEST:  # before anything is written to it
+            raise schema.Newer(schema.version(db))
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute("PRAGMA synchronous = NORMAL")
+        found = schema.migrate(db)
+        self._opening = None
+        if found != schema.LATEST:
+            log.info("usage store %s: schema version %d made from %d", self.path,
+                     schema.LATEST, found)
+        return db
+
+    def _fold(self, db: sqlite3.Connection) -> None:
+        before = tables.cutoff(self.wall(), self.config.usage_days)
+        samples, hours = tables.fold(db, before)
+        if samples or hours:
+            day = time.strftime("%Y-%m-%d", time.gmtime(before))
+            log.info("usage store: %d sample(s) and %d hourly total(s) before %s folded into "
+                     "daily totals (--usage-days %d)", samples, hours, day,
+                     self.config.usage_days)
+
+    def _set_aside(self, kind: str, why: str) -> bool:
+        """Rename the file (and its WAL files) `<file>.<kind>-<time>`, saying why; False if it
+        cannot be renamed."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.wall()))
+        aside, n = f"{self.path}.{kind}-{stamp}", 1
+        while os.path.lexists(aside):
+            n += 1
+            aside = f"{self.path}.{kind}-{stamp}-{n}"
+        try:
+            os.rename(self.path, aside)
+            for suffix in SIDECARS:
+                if os.path.lexists(self.path + suffix):
+                    os.rename(self.path + suffix, aside + suffix)
+        except OSError as exc:
+            log.error("usage store %s %s and cannot be set aside: %s", self.path, why,
+                      exc.strerror or exc)
+            return False
+        self.set_aside += 1
+        self._generation += 1
+        log.warning("usage store %s %s; set aside as %s, and a fresh store starts", self.path,
+                    why, os.path.basename(aside))
+        return True
+
+    def _failed(self, exc: BaseException, kept: int) -> None:
+        self.failures += 1
+        self.state = FAILING
+        self.why = str(getattr(exc, "strerror", None) or exc)
+        if self._reports.admit()[0]:
+            log.error("cannot write the usage store %s: %s (%d failure(s) so far); serving goes "
+                      "on, %d interval(s) kept in memory, tried again every %g s", self.path,
+                      self.why, self.failures, kept, self.config.usage_retry)
+
+    def _recovered(self) -> None:
+        if self.state == FAILING:
+            log.warning("usage store %s is written again after %d failure(s); the intervals "
+                        "kept meanwhile are written", self.path, self.failures)
+        self.state = WRITABLE
+        self.why = ""

@@ -1,0 +1,121 @@
+"""Writing the usage store's tables (schema.py says what each holds): one interval's samples in
+one transaction, and the folding of old rows into daily totals. Run by the store's writer
+thread alone, on its connection (autocommit mode: each transaction is explicit)."""
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Dict, Optional, Sequence, Tuple
+
+from patroller.core.usage import GpuSample, Party, classify
+
+HOUR = 3600
+DAY = 86400
+
+
+class Keys:
+    """The ids of GPUs and parties already in the file, so that each is looked up once.
+    Cleared whenever a transaction fails (an id it made may have been rolled back)."""
+
+    def __init__(self) -> None:
+        self.gpus: Dict[str, Tuple[int, int, str]] = {}  # uuid -> (id, number, name)
+        self.parties: Dict[Party, int] = {Party(): 0}
+
+    def clear(self) -> None:
+        self.gpus.clear()
+        self.parties = {Party(): 0}
+
+    def gpu(self, db: sqlite3.Connection, sample: GpuSample) -> int:
+        known = self.gpus.get(sample.uuid)
+        if known is not None and known[1:] == (sample.number, sample.name):
+            return known[0]
+        db.execute("INSERT INTO gpus (uuid, number, name) VALUES (?, ?, ?) ON CONFLICT (uuid) "
+                   "DO UPDATE SET number = excluded.number, name = excluded.name",
+                   (sample.uuid, sample.number, sample.name))
+        [found] = db.execute("SELECT id FROM gpus WHERE uuid = ?", (sample.uuid,)).fetchone()
+        self.gpus[sample.uuid] = (found, sample.number, sample.name)
+        return int(found)
+
+    def party(self, db: sqlite3.Connection, party: Optional[Party]) -> Optional[int]:
+        if party is None:
+            return None
+        known = self.parties.get(party)
+        if known is not None:
+            return known
+        fields = (party.user, party.account, party.job, party.slurm_account, party.namespace,
+                  party.pod)
+        db.execute("INSERT OR IGNORE INTO parties (user, account, job, slurm_account, "
+                   "namespace, pod) VALUES (?, ?, ?, ?, ?, ?)", fields)
+        [found] = db.execute("SELECT id FROM parties WHERE user = ? AND account = ? AND job = ? "
+                             "AND slurm_account = ? AND namespace = ? AND pod = ?",
+                             fields).fetchone()
+        self.parties[party] = int(found)
+        return int(found)
+
+
+def write_interval(db: sqlite3.Connection, keys: Keys, at: float,
+                   samples: Sequence[GpuSample]) -> int:
+    """One interval's samples, ending at `at` (epoch seconds), and their GPU-seconds by hour,
+    category and party, in one transaction: all of them or none. The rows written."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        for sample in samples:
+            gpu = keys.gpu(db, sample)
+            processes = [{"party": keys.party(db, p.party), "own": p.own, "pids": list(p.pids),
+                          "containers": list(p.containers)} for p in sample.present]
+            db.execute(
+                "INSERT INTO samples (at, gpu, seconds, state, hold, holder, reserved, "
+                "processes, readings, busy, sm_mean, sm_max, mem_mean, mem_max, fb_mean, "
+                "fb_max) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (at, gpu, sample.seconds, sample.state, sample.hold,
+                 keys.party(db, sample.holder), int(sample.reserved),
+                 json.dumps(processes, separators=(",", ":")), sample.readings, sample.busy,
+                 sample.sm_mean, sample.sm_max, sample.mem_mean, sample.mem_max,
+                 sample.fb_mean, sample.fb_max))
+            # counted in the hour its interval began
+            hour = int((at - sample.seconds) // HOUR * HOUR)
+            for category, party, seconds in classify(sample):
+                db.execute("INSERT INTO hourly (hour, gpu, category, party, seconds) "
+                           "VALUES (?, ?, ?, ?, ?) ON CONFLICT (hour, gpu, category, party) "
+                           "DO UPDATE SET seconds = seconds + excluded.seconds",
+                           (hour, gpu, category, keys.party(db, party), seconds))
+        db.execute("COMMIT")
+    except BaseException:
+        keys.clear()
+        try:
+            db.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass  # no transaction left to roll back (SQLite ended it itself)
+        raise
+    return len(samples)
+
+
+def cutoff(now: float, days: int) -> int:
+    """Where folding stops: the start (UTC) of the day `days` before `now`; rows before it are
+    folded, so that only whole days become daily totals."""
+    return int((now - days * DAY) // DAY * DAY)
+
+
+def fold(db: sqlite3.Connection, before: int) -> Tuple[int, int]:
+    """Fold the hourly totals before `before` (epoch seconds, a day's start) into daily totals
+    and remove them, with the samples of that time, in one transaction: (samples removed,
+    hourly totals folded)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        hours = db.execute("SELECT COUNT(*) FROM hourly WHERE hour < ?", (before,)).fetchone()[0]
+        if hours:
+            db.execute("INSERT INTO daily (day, gpu, category, party, seconds) "
+                       "SELECT hour - hour % 86400, gpu, category, party, SUM(seconds) "
+                       "FROM hourly WHERE hour < ? GROUP BY 1, 2, 3, 4 "
+                       "ON CONFLICT (day, gpu, category, party) "
+                       "DO UPDATE SET seconds = seconds + excluded.seconds", (before,))
+            db.execute("DELETE FROM hourly WHERE hour < ?", (before,))
+        samples = db.execute("DELETE FROM samples WHERE at < ?", (before,)).rowcount
+        db.execute("COMMIT")
+    except BaseException:
+        try:
+            db.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+        raise
+    return samples, int(hours)

@@ -1,0 +1,293 @@
+"""The usage store against real SQLite files: what it writes and reads back, the migrations,
+files set aside, retention folding, a broken file, a full disk and a read-only filesystem
+(real tmpfs mounts, as root), and the report's use of the indexes."""
+import asyncio
+import errno
+import logging
+import os
+import sqlite3
+import subprocess
+import time
+from contextlib import contextmanager
+from dataclasses import replace
+
+import pytest
+
+from helpers import need_root
+from patroller.config import Config
+from patroller.core.usage import GpuSample, Party, Present
+from patroller.state.usage import queries, schema, tables
+from patroller.state.usage.store import FILE, UsageStore
+
+ALICE = Party(user="alice", account="alice")
+BOB = Party(user="bob", account="bob")
+DAY = 86400
+
+
+def interval(seconds=60.0):
+    """One interval of two GPUs: alice computes on hers half the time, bob's is free."""
+    return [GpuSample(uuid="GPU-a", number=0, seconds=seconds, state="claimed", hold="lease",
+                      holder=ALICE, reserved=True, readings=10, busy=5, sm_mean=48.0,
+                      sm_max=97.0, fb_mean=4000.0, fb_max=4100.0, name="A100",
+                      present=(Present(ALICE, own=True, pids=(42,), containers=("train",)),)),
+            GpuSample(uuid="GPU-b", number=1, seconds=seconds, state="free", name="A100")]
+
+
+def config(**changes):
+    return replace(Config(), usage_retry=0.05, **changes)
+
+
+def wait(predicate, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
+
+
+@contextmanager
+def store_in(directory, wall=time.time, **changes):
+    store = UsageStore(str(directory), config(**changes), wall=wall)
+    store.open()
+    try:
+        yield store
+    finally:
+        store.close(10)
+
+
+def report(store, since, until, by="user"):
+    async def read():
+        return await store.report(since, until, by)
+    return asyncio.run(read())
+
+
+def by_category(totals):
+    found = {}
+    for key, _, category, seconds in totals.rows:
+        found[(key, category)] = round(found.get((key, category), 0.0) + seconds, 6)
+    return found
+
+
+def test_an_interval_is_one_row_per_gpu_and_its_categories_are_what_reports_read(tmp_path):
+    now = time.time()
+    with store_in(tmp_path) as store:
+        for n in range(3):
+            store.put(now - 180 + 60 * n, interval())
+        wait(lambda: store.intervals == 3)
+        assert store.rows == 6 and store.state == "writable"
+        totals = report(store, now - 3600, now)
+        by_gpu = report(store, now - 3600, now, "gpu")
+    assert by_category(totals) == {("alice", "active"): 90.0, ("alice", "idle_held"): 90.0,
+                                   (None, "free"): 180.0}
+    assert {key for key, *_ in by_gpu.rows} == {"GPU-a", "GPU-b"}
+    assert by_gpu.numbers == {"GPU-a": 0, "GPU-b": 1}
+    db = sqlite3.connect(tmp_path / FILE)
+    assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    row = db.execute("SELECT s.state, s.hold, p.user, s.readings, s.busy, s.sm_max, s.fb_mean, "
+                     "s.processes FROM samples s JOIN parties p ON p.id = s.holder "
+                     "ORDER BY s.at LIMIT 1").fetchone()
+    assert row[:7] == ("claimed", "lease", "alice", 10, 5, 97.0, 4000.0)
+    assert '"pids":[42]' in row[7] and '"containers":["train"]' in row[7]
+
+
+@pytest.mark.errors_expected  # the interval that cannot be written is logged as an error
+def test_an_interval_is_written_whole_or_not_at_all(tmp_path, caplog):
+    bobs = [replace(s, holder=BOB, present=()) for s in interval()]  # bob is new
+    broken = [bobs[0], replace(bobs[1], state=None)]  # the second GPU's row breaks a rule
+    now = time.time()
+    with store_in(tmp_path) as store:
+        store.put(now, broken)
+        store.put(now + 60, bobs)
+        wait(lambda: store.intervals == 1 and store.dropped == 1)
+        assert store.state == "writable" and store.rows == 2
+        # the good interval alone, bob's too (not under the id the broken one gave him)
+        assert by_category(report(store, now - 3600, now + 60)) == \
+            {("bob", "reserved_unused"): 120.0}
+    db = sqlite3.connect(tmp_path / FILE)
+    assert db.execute("SELECT COUNT(*) FROM samples").fetchone() == (2,)
+    assert "could not be written and is dropped" in caplog.text
+
+
+def test_a_new_file_is_made_version_1_and_a_later_step_migrates_it_in_a_transaction(tmp_path):
+    db = sqlite3.connect(tmp_path / "u.sqlite3", isolation_level=None)
+    assert schema.migrate(db) == 0 and schema.version(db) == 1
+    db.execute("INSERT INTO gpus (uuid, number) VALUES ('GPU-a', 0)")
+
+    def v2(conn):
+        conn.execute("ALTER TABLE gpus ADD COLUMN serial TEXT")
+
+    def broken(conn):
+        conn.execute("ALTER TABLE gpus ADD COLUMN half TEXT")
+        raise sqlite3.OperationalError("the step fails half-way")
+
+    with pytest.raises(sqlite3.OperationalError):
+        schema.migrate(db, latest=2, steps={**schema.STEPS, 2: broken})
+    assert schema.version(db) == 1  # rolled back, the half-made column too
+    assert "half" not in [c[1] for c in db.execute("PRAGMA table_info(gpus)")]
+    assert schema.migrate(db, latest=2, steps={**schema.STEPS, 2: v2}) == 1
+    assert schema.version(db) == 2
+    assert db.execute("SELECT uuid, serial FROM gpus").fetchall() == [("GPU-a", None)]
+    assert schema.migrate(db, latest=2, steps={**schema.STEPS, 2: v2}) == 2  # nothing to do
+
+
+def test_the_store_migrates_an_older_file_at_start(tmp_path, monkeypatch, caplog):
+    with store_in(tmp_path) as store:
+        store.put(time.time(), interval())
+        wait(lambda: store.intervals == 1)
+    monkeypatch.setattr(schema, "LATEST", 2)
+    monkeypatch.setitem(schema.STEPS, 2, lambda db: db.execute("CREATE TABLE notes (x)"))
+    with caplog.at_level(logging.INFO, logger="patroller.state.usage.store"):
+        with store_in(tmp_path) as store:
+            wait(lambda: store.state == "writable")
+    assert "schema version 2 made from 1" in caplog.text
+    db = sqlite3.connect(tmp_path / FILE)
+    assert db.execute("SELECT version FROM schema_version").fetchall() == [(2,)]
+    assert db.execute("SELECT COUNT(*) FROM samples").fetchone() == (2,)
+
+
+def newer_file(path):
+    db = sqlite3.connect(path, isolation_level=None)
+    schema.migrate(db)
+    db.execute("UPDATE schema_version SET version = 7")
+    db.close()
+
+
+@pytest.mark.parametrize("kind,make", [
+    ("corrupt", lambda path: path.write_bytes(b"not a database at all\n" * 100)),
+    ("corrupt", lambda path: sqlite3.connect(path).execute("CREATE TABLE other (x)")),
+    ("newer", newer_file),
+])
+def test_a_file_it_cannot_use_is_set_aside_with_one_line_and_a_fresh_store_starts(
+        tmp_path, caplog, kind, make):
+    path = tmp_path / FILE
+    make(path)
+    (tmp_path / (FILE + "-wal")).write_bytes(b"a write-ahead log of that file")
+    before = path.read_bytes()
+    with caplog.at_level(logging.INFO, logger="patroller.state.usage.store"):
+        with store_in(tmp_path) as store:
+            store.put(time.time(), interval())
+            wait(lambda: store.intervals == 1)
+            assert store.set_aside == 1 and store.failures == 0
+    aside = sorted(p.name for p in tmp_path.iterdir() if f".{kind}-" in p.name)
+    assert aside[0] + "-wal" in aside  # its WAL went with it (and SQLite's -shm, if made)
+    assert set(aside) <= {aside[0], aside[0] + "-wal", aside[0] + "-shm"}
+    assert (tmp_path / aside[0]).read_bytes() == before  # kept, as it was
+    lines = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(lines) == 1 and f"set aside as {aside[0]}" in lines[0].getMessage()
+    assert ("newer Patroller" in lines[0].getMessage()) == (kind == "newer")
+    assert sqlite3.connect(path).execute("SELECT COUNT(*) FROM samples").fetchone() == (2,)
+
+
+def test_samples_past_the_retention_are_folded_into_daily_totals_not_dropped(tmp_path, caplog):
+    now = time.time()
+    old = now - 500 * DAY
+    with store_in(tmp_path) as store:
+        for n in range(4):  # four intervals, 500 days ago
+            store.put(old + 60 * n, interval())
+        store.put(now, interval())
+        wait(lambda: store.intervals == 5)
+        before = by_category(report(store, old - DAY, now))
+        days = report(store, old - DAY, now, "day")
+    assert before[("alice", "active")] == 150.0
+    with caplog.at_level(logging.INFO, logger="patroller.state.usage.store"):
+        with store_in(tmp_path, usage_days=400) as store:
+            wait(lambda: store.state == "writable")
+            assert by_category(report(store, old - DAY, now)) == before
+            assert report(store, old - DAY, now, "day").rows == days.rows
+            first = report(store, now - 3600, now).first
+    assert "8 sample(s) and" in caplog.text and "folded into daily totals" in caplog.text
+    db = sqlite3.connect(tmp_path / FILE)
+    assert db.execute("SELECT COUNT(*) FROM samples").fetchone() == (2,)
+    assert db.execute("SELECT MIN(at) FROM samples").fetchone()[0] > now - 400 * DAY
+    assert db.execute("SELECT COUNT(*) FROM daily").fetchone()[0] > 0
+    assert first == float(int(old - 60) // DAY * DAY)  # the day of the oldest figures
+
+
+def test_a_report_reads_the_totals_by_their_keys(tmp_path):
+    """A range is one range scan of each table's primary key, whatever it is grouped by."""
+    db = sqlite3.connect(tmp_path / "u.sqlite3", isolation_level=None)
+    db.execute("PRAGMA synchronous = OFF")
+    schema.migrate(db)
+    keys, start = tables.Keys(), time.time() // DAY * DAY - 30 * DAY
+    for n in range(30 * 24):  # an interval of 8 GPUs each hour for 30 days
+        samples = [replace(s, uuid=f"{s.uuid}{m}") for m in range(4) for s in interval()]
+        tables.write_interval(db, keys, start + 3600 * n + 60, samples)
+    since, until = start + 10 * DAY, start + 20 * DAY
+    for by in queries.KEYS:
+        plan = [row[-1] for row in db.execute("EXPLAIN QUERY PLAN " + queries.statement(by),
+                                              queries.bounds(since, until))]
+        assert any("hourly USING PRIMARY KEY (hour>? AND hour<?)" in p for p in plan), plan
+        assert any("daily USING PRIMARY KEY (day>? AND day<?)" in p for p in plan), plan
+    totals = queries.totals(db, since, until, "user")
+    assert round(sum(s for *_, s in totals.rows)) == 10 * 24 * 8 * 60  # ten days of 8 GPUs
+
+
+@pytest.mark.errors_expected  # the failing writes are logged as an error
+def test_a_broken_file_degrades_the_store_and_it_recovers_by_itself(tmp_path, caplog):
+    (tmp_path / FILE).mkdir()  # a directory where the file should be: it cannot be opened
+    with store_in(tmp_path, usage_backlog=3) as store:
+        for n in range(5):
+            store.put(time.time() + n, interval())
+        wait(lambda: store.state == "failing" and store.failures >= 3)
+        wait(lambda: store.dropped == 2)  # five kept in a backlog of three
+        assert store.metrics()["pending"] == 3
+        errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == 1 and "cannot write the usage store" in errors[0].getMessage()
+        (tmp_path / FILE).rmdir()
+        wait(lambda: store.state == "writable")
+        assert store.intervals == 3 and store.metrics()["pending"] == 0
+    assert "is written again" in caplog.text
+
+
+@contextmanager
+def tmpfs(where, size="256k", options=""):
+    """A real tmpfs of `size` mounted at `where` (root only); unmounted after."""
+    need_root("it mounts a filesystem")
+    os.makedirs(where, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700{options}", "tmpfs",
+                    str(where)], check=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=True)
+
+
+def fill(directory):
+    """A file that takes every free block of the filesystem: its path."""
+    path = os.path.join(directory, "filler")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC, exc
+    finally:
+        os.close(fd)
+    return path
+
+
+@pytest.mark.errors_expected
+def test_a_full_disk_degrades_the_store_and_it_catches_up_when_there_is_room(tmp_path):
+    with tmpfs(tmp_path / "small", "1m") as where:
+        with store_in(where) as store:
+            store.put(time.time(), interval())
+            wait(lambda: store.intervals == 1)
+            filler = fill(where)
+            now = time.time()
+            for n in range(30):  # enough for the write-ahead log to need another block; bob
+                # is new: the ids of the failed transactions must not be taken for his
+                store.put(now + n, [replace(s, holder=BOB, present=()) for s in interval()])
+            wait(lambda: store.state == "failing")
+            assert "full" in store.why or "No space" in store.why, store.why
+            os.unlink(filler)
+            wait(lambda: store.state == "writable" and store.intervals == 31)
+            assert store.dropped == 0
+            totals = by_category(report(store, now - 3600, now + 60))
+            assert totals[("bob", "reserved_unused")] == 2 * 30 * 60.0  # two GPUs each
+
+
+def test_a_read_only_filesystem_runs_without_a_store_and_says_so(tmp_path, caplog):
+    with tmpfs(tmp_path / "ro", options=",ro") as where:
+        with store_in(where) as store:
+            assert store.state == "read_only" and store.metrics()["state"] == "read_only"
+            store.put(time.time(), interval())  # taken, and nothing is done with it
+    assert "read-only filesystem: running without a usage store" in caplog.text
