@@ -221,8 +221,9 @@ def _trespasses():
     """(hold's holder, allocated?, pid, owner, device?, count beyond) -> the line and event."""
     dave = in_job("dave", 1002, "4243")
     account = Identity(user="bob+2@example.org", source="host", account="bob", uid=1003)
-    over_user = Count("user", "bob", None, 2, [Device("GPU-0", 0), Device("GPU-1", 1)])
-    over_account = Count("account", "bob", 1003, 1, [Device("GPU-1", 1)])
+    over_user = Count("user", "bob", None, 2, [Device("GPU-0", 0), Device("GPU-1", 1)],
+                      ["bob", "bob"])
+    over_account = Count("account", "bob", 1003, 1, [Device("GPU-1", 1)], ["bob+2@example.org"])
     return [
         (None, False, 7, bob, True, None, "trespassing: bob runs pid 7 on GPU-1, held by nobody",
          {"pid": 7}),
