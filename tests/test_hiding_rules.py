@@ -129,7 +129,8 @@ class Case:
                       for endpoint, data in self.data.items()}
         services = SimpleNamespace(
             leases=leases, inventory=leases.inventory, stats=stats, idle=idle, mode="test",
-            monitors=(), book=None, identifier=SimpleNamespace(docker_calls=0, proc_reads=0),
+            monitors=(), book=None, usage=None,
+            identifier=SimpleNamespace(docker_calls=0, proc_reads=0),
             callers=SimpleNamespace(lookups=0, descriptors_read=0))
         self.metrics = {hidden: scraped(DaemonCollector(
             services, Requests(), Hiding(self.pseudonyms, view) if hidden else None))
