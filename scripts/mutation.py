@@ -34,8 +34,9 @@ from typing import Dict, List, Sequence, Tuple
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs", "development.md")
 MUTANTS = os.path.join(ROOT, "mutants")
-# the packages the score is told by (a module of observe/ and http/ counts in its package)
-PACKAGES = ("core", "identify", "observe", "state", "http")
+# the packages the score is told by: each folder (a module of observe/ and http/ counts in its
+# package, a subpackage on its own line)
+PACKAGES = ("core", "core/leases", "identify", "observe", "state", "state/usage", "http")
 # mutmut's exit codes, by what they mean for the score
 CAUGHT = {1: "killed", 3: "killed", -24: "timeout", 24: "timeout", 36: "timeout",
           152: "timeout", 255: "timeout", -9: "killed by a signal", -11: "killed by a signal",
@@ -106,7 +107,8 @@ def results() -> Dict[str, Tuple[str, object]]:
 
 
 def package_of(path: str) -> str:
-    return path.split(os.sep)[1]
+    """patroller/core/leases/holds.py -> core/leases"""
+    return os.path.dirname(path).split(os.sep, 1)[1]
 
 
 def in_scopes(scopes: Sequence[str], settings: dict) -> List[str]:
@@ -140,13 +142,13 @@ def score(scopes: Sequence[str], settings: dict) -> int:
         else:
             row["missed"] += 1
             missed.append((name, MISSED.get(code, f"exit {code}")))
-    print(f"{'package':<10} {'mutants':>8} {'untested':>9} {'equivalent':>11} {'caught':>7} "
+    print(f"{'package':<12} {'mutants':>8} {'untested':>9} {'equivalent':>11} {'caught':>7} "
           f"{'missed':>7} {'score':>7}")
-    for package in sorted(rows, key=PACKAGES.index):
+    for package in sorted(rows, key=lambda p: (PACKAGES + (p,)).index(p)):
         row = rows[package]
         judged = row["caught"] + row["missed"]
         percent = 100.0 * row["caught"] / judged if judged else 100.0
-        print(f"{package + '/':<10} {row['mutants']:>8} {row['untested']:>9} "
+        print(f"{package + '/':<12} {row['mutants']:>8} {row['untested']:>9} "
               f"{row['equivalent']:>11} {row['caught']:>7} {row['missed']:>7} {percent:>6.1f}%")
     for name, why in missed:
         print(f"  {why}: {name}")

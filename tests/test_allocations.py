@@ -267,3 +267,15 @@ def test_a_trespass_is_one_line_and_one_event(caplog, holder, allocated, pid, ow
     assert [r.getMessage() for r in caplog.records] == [line]
     [event] = events
     assert (event.kind, event.user, event.details) == ("trespass", owner.user, details)
+
+
+def test_one_users_two_jobs_are_two_trespassers_and_one_job_told_once(leases):
+    events = recorded(leases)
+    device = uuid(leases, 1)
+    leases.allocate(device, ALLOCATION)
+    leases.process_started(device, 100, in_job("dave", 1002, "4243"))
+    leases.process_started(device, 101, in_job("dave", 1002, "4244"))  # another job of his
+    leases.process_started(device, 102, in_job("dave", 1002, "4243"))  # the first again
+    leases.process_ended(device, 100)  # 102 is still in job 4243: still trespassing
+    leases.process_started(device, 103, in_job("dave", 1002, "4243"))
+    assert [e.details["pid"] for e in events if e.kind == "trespass"] == [100, 101]

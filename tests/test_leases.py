@@ -571,3 +571,76 @@ def test_a_device_lost_and_back_is_one_line_and_one_event_each(clock, caplog):
         ("lost", "alice", (("GPU-0", 0),)), ("lost", None, (("GPU-1", 1),)),
         ("back", "alice", (("GPU-0", 0),)), ("back", None, (("GPU-1", 1),))]
     assert [leases.state(f"GPU-{n}") for n in range(3)] == ["reserved", "free", "free"]
+
+
+# -- refusals: the message and the data, whole --------------------------------------------------
+
+def test_renewing_what_one_does_not_hold_says_why_with_the_device(leases):
+    from patroller.core.errors import NotHeld
+
+    free, theirs, released = (uuid(leases, n) for n in range(3))
+    leases.request(bob, {"gpu": 1})  # device 0... then handed back below
+    leases.release(bob)
+    leases.request(bob, {"gpu": 1})  # device 0 again
+    leases.request(alice, {"gpu": 2})  # devices 1 and 2
+    leases.process_started(released, 42, alice)
+    leases.release(alice, released)  # releasing: free once her process ends
+    with pytest.raises(NotYours) as refused:
+        leases.renew(alice, free)  # bob's
+    assert (refused.value.message, refused.value.data) == (
+        f"device {free} is held by another user", {"uuid": free})
+    with pytest.raises(NotHeld) as refused:
+        leases.renew(alice, released)
+    assert (refused.value.message, refused.value.data) == (
+        f"device {released} was released: it is free once your processes on it end",
+        {"uuid": released, "state": "claimed"})
+    leases.release(bob)
+    with pytest.raises(NotHeld) as refused:
+        leases.renew(bob, free)
+    assert (refused.value.message, refused.value.data) == (
+        f"device {free} is not held by you: its lease ran out or it was released",
+        {"uuid": free, "state": "free"})
+    assert [d.uuid for d in leases.renew(alice, theirs)] == [theirs]
+
+
+def test_busy_says_how_many_of_each_group_asked_for_are_free():
+    from patroller.core.leases.refusals import busy
+
+    error = busy({"gpu": 3, "mig": 2}, {"gpu": 1})
+    assert error.message == "busy: 3 gpu requested, 1 free; 2 mig requested, 0 free"
+    assert error.data == {"requested": {"gpu": 3, "mig": 2}, "free": {"gpu": 1}}
+
+
+def test_a_waiter_is_in_the_queue_until_served_or_cancelled(leases):
+    leases.request(alice, {"gpu": 8})
+    first = leases.wait(bob, {"gpu": 1}, lambda devices: None)
+    other = leases.wait(carol, {"gpu": 2}, lambda devices: None)
+    assert first in leases.waiters and other in leases.waiters
+    assert leases.cancel(first)
+    assert first not in leases.waiters and other in leases.waiters
+
+
+def test_a_trespasser_with_a_process_left_is_not_told_again(leases):
+    from helpers import recorded
+
+    events = recorded(leases)
+    [held] = leases.request(alice, {"gpu": 1})
+    leases.process_started(held.uuid, 1, bob)
+    leases.process_started(held.uuid, 2, bob)
+    leases.process_ended(held.uuid, 1)  # bob is still on it
+    leases.process_started(held.uuid, 3, bob)
+    assert [e.details["pid"] for e in events if e.kind == "trespass"] == [1]
+    leases.process_ended(held.uuid, 2)
+    leases.process_ended(held.uuid, 3)  # gone: told again when he comes back
+    leases.process_started(held.uuid, 4, bob)
+    assert [e.details["pid"] for e in events if e.kind == "trespass"] == [1, 4]
+    assert list(leases.holds[held.uuid].commands) == [4]  # what ended is forgotten
+
+
+def test_a_released_device_whose_last_process_ends_is_free_from_then(leases, clock):
+    [held] = leases.request(alice, {"gpu": 1})
+    leases.process_started(held.uuid, 42, alice)
+    leases.release(alice)
+    clock.advance(7)
+    leases.process_ended(held.uuid, 42)
+    assert leases.state(held.uuid) == "free" and leases.holds[held.uuid].since == clock()
