@@ -8,9 +8,10 @@ SCOPE is a package or a module of the scope, as a path under patroller/ (`core`,
 in it is tested again; mutmut keeps in mutants/ which tests ran which function, and runs only
 those for a mutant (tests new since the last run are found and added); `--fresh` removes
 mutants/ first; `--missed` tests again only the mutants the last run did not catch (a test
-added can only catch more; mutmut tests a function whose code changed afresh all the same). The tests are the
-engine-free suite: PATROLLER_TESTS_WITHOUT_ENGINES=1, which the fixtures of tests/conftest.py
-honour, and the test files that start an engine are left out by [tool.mutmut].
+added can only catch more; mutmut tests a function whose code changed afresh all the same).
+The tests are the engine-free suite less the end-to-end files: PATROLLER_TESTS_WITHOUT_ENGINES=1,
+which the fixtures of tests/conftest.py honour, and [tool.mutmut] leaves out the test files that
+start an engine and the end-to-end ones.
 
 The score of a package: caught (killed, or a timeout) / (caught + missed), over the mutants
 tested, less the equivalent ones: the table under "Equivalent mutants" in docs/development.md,

@@ -12,7 +12,8 @@ import pytest
 
 from helpers import ROOT, WITHOUT_ENGINES, engines_left_out
 
-_spec = importlib.util.spec_from_file_location("mutation", os.path.join(ROOT, "scripts", "mutation.py"))
+_spec = importlib.util.spec_from_file_location("mutation",
+                                              os.path.join(ROOT, "scripts", "mutation.py"))
 mutation = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(mutation)
 
