@@ -739,6 +739,29 @@ def test_a_lock_held_by_a_daemon_that_wrote_no_pid_names_none(tmp_path):
     first.close()
 
 
+@pytest.mark.parametrize("written", [b"\xff\xfe\n", b"12ab\n", b"9" * 40])
+def test_a_lock_file_that_names_no_pid_names_none(tmp_path, written):
+    first = LeaseBook(str(tmp_path), Config())
+    first.open()
+    with open(tmp_path / "lock", "wb") as f:  # not a pid: garbage, or longer than one
+        f.write(written)
+    with pytest.raises(BookError) as error:
+        LeaseBook(str(tmp_path), Config()).open()
+    owner = f" (pid {'9' * 32})" if written == b"9" * 40 else ""  # its first 32 bytes
+    assert str(error.value) == (f"another patroller{owner} uses the state directory {tmp_path}; "
+                                "stop it, or give this one another --state-dir")
+    first.close()
+
+
+def test_a_new_link_left_at_the_moment_of_a_write_is_replaced(tmp_path, clock, wall):
+    book, leases = opened(tmp_path, clock, wall)
+    os.symlink("leases-99.json", tmp_path / "leases.json.tmp")  # as a daemon killed just then
+    [device] = leases.request(alice, {"gpu": 1})
+    assert list(on_disk(tmp_path)["devices"]) == [device.uuid]
+    assert sorted(os.listdir(tmp_path)) == ["leases-2.json", "leases.json", "lock"]
+    book.close()
+
+
 def test_use_without_asking_is_kept_across_a_restart():
     # As found: after a restart a GPU a user had taken by computing on it counted as asked for,
     # and "used without asking" (/users unreserved) dropped to 0.

@@ -99,6 +99,9 @@ def test_a_key_left_half_written_is_replaced_and_one_readable_by_others_made_pri
     again.open()
     assert again.of("alice") == first.of("alice")
     assert stat.S_IMODE((tmp_path / KEY_FILE).stat().st_mode) == 0o600
+    os.chmod(tmp_path / KEY_FILE, 0o400)  # private already: left as it is
+    Pseudonyms(str(tmp_path), 16).open()
+    assert stat.S_IMODE((tmp_path / KEY_FILE).stat().st_mode) == 0o400
     (tmp_path / KEY_FILE).write_text("not a key\n")
     with caplog.at_level(logging.WARNING, logger="patroller.state.pseudonyms"):
         Pseudonyms(str(tmp_path), 16).open()
