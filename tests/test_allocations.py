@@ -279,3 +279,20 @@ def test_one_users_two_jobs_are_two_trespassers_and_one_job_told_once(leases):
     leases.process_ended(device, 100)  # 102 is still in job 4243: still trespassing
     leases.process_started(device, 103, in_job("dave", 1002, "4243"))
     assert [e.details["pid"] for e in events if e.kind == "trespass"] == [100, 101]
+
+
+def test_a_map_of_bare_job_ids_is_held_by_the_user_its_processes_run_as():
+    bare = Allocation((Job(id="1"), Job(id="2")))
+    assert not bare.named() and Allocation((Job(id="3", uid=1005),)).named()
+    assert Allocation((Job(id="4", user="erin"),)).named()
+    nobody_yet = bare.holder()
+    assert (nobody_yet.user, nobody_yet.account, nobody_yet.uid) == ("job 1", None, None)
+    assert dict(nobody_yet.job) == {"id": "1"} and nobody_yet.source == "slurm"
+    seen = in_job("carol", 1001, "2")
+    holder = bare.holder(seen)  # her process, in the second job, names its user
+    assert (holder.user, holder.account, holder.uid) == ("carol", "carol", 1001)
+    assert dict(holder.job) == {"id": "2"}
+    outside = bare.holder(in_job("dave", 1002, "9"))  # a process of no job of ours
+    assert (outside.user, outside.account, outside.uid) == ("job 1", None, None)
+    by_uid = Allocation((Job(id="3", uid=1005),)).holder()
+    assert (by_uid.user, by_uid.account, by_uid.uid) == ("uid:1005", None, 1005)

@@ -563,7 +563,9 @@ def test_a_device_lost_and_back_is_one_line_and_one_event_each(clock, caplog):
         assert change and not inventory.update([devices[2]])  # nothing new: no change
         leases.devices_changed()
         clock.advance(5)
-        inventory.update(devices)
+        assert inventory.update([devices[2]]).lost == ()  # still lost: nothing new
+        back = inventory.update(devices[:2] + [Device("GPU-2", 2, name="renamed")])
+        assert back.added == ("GPU-0", "GPU-1") and back.updated == ("GPU-2",)
         leases.devices_changed()
     assert [r.getMessage() for r in caplog.records] == [
         "GPU-0 is lost", "GPU-1 is lost", "GPU-0 is back", "GPU-1 is back"]
@@ -644,3 +646,75 @@ def test_a_released_device_whose_last_process_ends_is_free_from_then(leases, clo
     clock.advance(7)
     leases.process_ended(held.uuid, 42)
     assert leases.state(held.uuid) == "free" and leases.holds[held.uuid].since == clock()
+
+
+def test_a_process_claim_and_the_end_of_a_process_hold_are_told_whole(clock, caplog):
+    from helpers import recorded
+    from patroller.core.identity import ProcessRef
+
+    leases = lease_manager(clock)
+    events = recorded(leases)
+    first, second = uuid(leases, 0), uuid(leases, 1)
+    with caplog.at_level(logging.DEBUG, logger="patroller.core.leases"):
+        leases.process_started(first, 42, alice, "python")  # a free device: claimed
+        leases.process_started(first, 42, alice, "python")  # seen again: nothing new
+        leases.request(bob, {"gpu": 1}, held_for=ProcessRef(7, 100))  # device 1, for pid 7
+        leases.process_started(second, 7, bob, "train")
+        leases.process_started(second, 8, bob, "train")  # his other process stays on it
+        assert leases.process_exited(ProcessRef(7, 100))[0].uuid == second
+        leases.process_ended(second, 8)
+        [third] = leases.request(carol, {"gpu": 1}, held_for=ProcessRef(9, 100))
+        assert leases.process_exited(ProcessRef(9, 100)) == [third]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"pid 42 of alice on {first}",
+        f"pid 7 of bob on {second}",
+        f"pid 8 of bob on {second}",
+        f"pid 7 of bob left {second}",
+        f"pid 7 of bob ended; that user's processes still run on {second}",
+        f"pid 8 of bob left {second}",
+        f"pid 9 of carol ended: {third.uuid} is free"]
+    told = [(e.kind, e.user, e.devices, dict(e.details)) for e in events
+            if e.kind in ("claim", "ended")]
+    assert told == [("claim", "alice", ((first, 0),), {"pid": 42, "command": "python"}),
+                    ("ended", "carol", ((third.uuid, third.number),), {"pid": 9})]
+    assert leases.state(third.uuid) == "free" and leases.holds[third.uuid].since == clock()
+    assert leases.holder(second) == bob and leases.holds[second].held_for is None
+
+
+def test_an_administrators_release_is_one_line_and_one_event_with_the_reason(leases, caplog):
+    from helpers import recorded
+    from patroller.core.identity import Identity
+
+    root = Identity(user="root", source="host", account="root", uid=0)
+    events = recorded(leases)
+    first, second = (d.uuid for d in leases.request(alice, {"gpu": 2}))
+    with caplog.at_level(logging.WARNING, logger="patroller.core.leases"):
+        assert leases.release(root, first, reason="maintenance")[0][0].uuid == first
+        assert leases.release(root, second)[0][0].uuid == second
+    assert [r.getMessage() for r in caplog.records] == [
+        f"root released {first}, held by alice: maintenance",
+        f"root released {second}, held by alice: no reason given"]
+    assert [(e.kind, e.user, dict(e.details)) for e in events if e.kind == "admin_release"] == [
+        ("admin_release", "alice", {"by": "root", "reason": "maintenance"}),
+        ("admin_release", "alice", {"by": "root", "reason": "released by the administrator"})]
+
+
+def test_releasing_all_leaves_what_a_process_or_a_job_holds_and_goes_on_past_it(leases, clock):
+    from patroller.core.identity import ProcessRef
+
+    held = leases.request(alice, {"gpu": 1}, held_for=ProcessRef(7, 100))  # device 0
+    plain = leases.request(alice, {"gpu": 1})  # device 1, after it
+    freed, _ = leases.release(alice)
+    assert freed == plain and leases.holder(held[0].uuid) == alice
+
+
+def test_a_waiter_served_at_once_is_held_for_its_duration(leases, clock):
+    granted = []
+    waiter = leases.wait(alice, {"gpu": 1}, granted.append, duration=600.0)
+    assert waiter.granted == granted[0] and waiter not in leases.waiters
+    assert leases.holds[granted[0][0].uuid].until == clock() + 600.0
+    leases.request(bob, {"gpu": 7})
+    later = leases.wait(carol, {"gpu": 1}, granted.append, duration=300.0)
+    assert later.duration == 300.0 and later in leases.waiters
+    leases.release(bob, uuid(leases, 3))
+    assert leases.holds[uuid(leases, 3)].until == clock() + 300.0
