@@ -718,3 +718,28 @@ def test_a_waiter_served_at_once_is_held_for_its_duration(leases, clock):
     assert later.duration == 300.0 and later in leases.waiters
     leases.release(bob, uuid(leases, 3))
     assert leases.holds[uuid(leases, 3)].until == clock() + 300.0
+
+
+def test_releasing_another_users_device_is_refused_naming_it(leases):
+    [theirs] = leases.request(bob, {"gpu": 1})
+    with pytest.raises(NotYours) as refused:
+        leases.release(alice, theirs.uuid)
+    assert (refused.value.message, refused.value.data) == (
+        f"device {theirs.uuid} is held by another user", {"uuid": theirs.uuid})
+
+
+def test_an_account_whose_devices_are_all_others_is_told_how_many_not_which():
+    from patroller.core.identity import Identity
+    from patroller.core.leases.limits import Count
+    from patroller.core.leases.refusals import over_limit
+
+    asker = Identity(user="zoe", source="host", account="lab", uid=1001)
+    count = Count("account", "lab", 1001, 2, [Device("GPU-0", 0), Device("GPU-1", 1)],
+                  ["xavier", "yann"])
+    error = over_limit(asker, {"gpu": 1}, count)
+    assert error.private.users == ("xavier", "yann")
+    assert error.private.message == (
+        "account lab (uid 1001), which zoe runs as, holds 2 device(s) (2 under other "
+        "identities) and asks for 1: the most one host account may hold is 2; release some "
+        "first (/release?uuid=..., or patroller release NUMBER)")
+    assert error.private.data["held"] == [None, None]
