@@ -7,8 +7,9 @@ SCOPE is a package or a module of the scope, as a path under patroller/ (`core`,
 `core/leases`, `observe/jobmap.py`, `http/hiding.py`); none means the whole scope. Every mutant
 in it is tested again; mutmut keeps in mutants/ which tests ran which function, and runs only
 those for a mutant (tests new since the last run are found and added); `--fresh` removes
-mutants/ first; `--missed` tests again only the mutants the last run did not catch (a test
-added can only catch more; mutmut tests a function whose code changed afresh all the same).
+mutants/ first; `--missed` tests again only the mutants the last run tested and did not catch
+(a test added can only catch more; mutmut tests a function whose code changed afresh all the
+same).
 The tests are the engine-free suite less the end-to-end files: PATROLLER_TESTS_WITHOUT_ENGINES=1,
 which the fixtures of tests/conftest.py honour, and [tool.mutmut] leaves out the test files that
 start an engine and the end-to-end ones.
@@ -160,12 +161,13 @@ def score(scopes: Sequence[str], settings: dict) -> int:
 
 
 def missed(scopes: Sequence[str], settings: dict) -> List[str]:
-    """The mutants in `scopes` that the last run did not catch (or did not test), less the
-    equivalent ones."""
+    """The mutants in `scopes` that the last run tested and did not catch, less the equivalent
+    ones (those it did not reach are left to a plain run)."""
     wanted = set(in_scopes(scopes, settings))
     set_aside = equivalents()
     return sorted(name for name, (path, code) in results().items()
-                  if path in wanted and code not in CAUGHT and name not in set_aside)
+                  if path in wanted and code is not None and code not in CAUGHT
+                  and name not in set_aside)
 
 
 def run(args: argparse.Namespace, settings: dict) -> int:

@@ -636,6 +636,7 @@ def test_a_trespasser_with_a_process_left_is_not_told_again(leases):
     leases.process_ended(held.uuid, 3)  # gone: told again when he comes back
     leases.process_started(held.uuid, 4, bob)
     assert [e.details["pid"] for e in events if e.kind == "trespass"] == [1, 4]
+    assert {e.devices for e in events if e.kind == "trespass"} == {((held.uuid, held.number),)}
     assert list(leases.holds[held.uuid].commands) == [4]  # what ended is forgotten
 
 
