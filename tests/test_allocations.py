@@ -296,3 +296,29 @@ def test_a_map_of_bare_job_ids_is_held_by_the_user_its_processes_run_as():
     assert (outside.user, outside.account, outside.uid) == ("job 1", None, None)
     by_uid = Allocation((Job(id="3", uid=1005),)).holder()
     assert (by_uid.user, by_uid.account, by_uid.uid) == ("uid:1005", None, 1005)
+
+
+def test_an_allocation_over_a_hold_and_its_end_are_told_whole(leases, caplog):
+    events = recorded(leases)
+    device = uuid(leases, 2)
+    bare = Allocation((Job(id="4242"),))  # a map of bare ids: its process names the user
+    leases.request(alice, {"gpu": 3})  # devices 0-2: alice's reservation ends on device 2
+    leases.process_started(device, 500, in_job("carol", 1001, "4242"))  # on alice's: trespass
+    leases.process_started(device, 501, host("dave", 1002))  # trespasses on alice's
+    with caplog.at_level(logging.INFO, logger="patroller.core.leases.allocations"):
+        leases.allocate(device, bare)
+        leases.allocate(device, None)
+    assert [r.getMessage() for r in caplog.records
+            if r.name == "patroller.core.leases.allocations"] == [
+        f"Slurm allocated {device} to job 4242: the hold of alice on it ends",
+        f"{device} is allocated to Slurm job 4242",
+        f"{device} is no longer allocated to Slurm job 4242"]
+    told = [(e.kind, e.user, dict(e.details)) for e in events
+            if e.kind in ("preempted", "allocated", "deallocated")]
+    assert told == [("preempted", "alice", {"jobs": ["4242"], "hold": "lease"}),
+                    ("allocated", "carol", {"jobs": ["4242"]}),
+                    ("deallocated", "carol", {"jobs": ["4242"]})]
+    assert all(e.devices == ((device, 2),) for e in events
+               if e.kind in ("preempted", "allocated", "deallocated"))
+    # dave was told of trespassing on alice's; on the job's device he is told again, once
+    assert [e.details["pid"] for e in events if e.kind == "trespass"] == [500, 501, 501]
