@@ -4,6 +4,7 @@ stale one (a stopped engine), a real Docker Engine, a directory another user can
 read-only mount, a port already taken (by a stranger, and by a Patroller), a running daemon's
 lease book, a container's cgroup named as no runtime names it, a systemd unit."""
 import asyncio
+import http.server
 import json
 import os
 import shutil
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import replace
 
 import pytest
@@ -132,19 +134,29 @@ def test_a_missing_or_failing_nvidia_smi_fails_with_what_to_do(tmp_path, engine_
     assert found["nvidia-smi"]["status"] == "degraded"  # found, its driver unknown
 
 
-def test_an_old_driver_and_a_refused_dmon_are_degraded_not_failed(tmp_path, engine_sockets):
+def test_an_old_driver_and_refused_columns_are_degraded_and_a_refused_pmon_fails(
+        tmp_path, engine_sockets):
     old = ScenarioFile(str(tmp_path / "s.json"), era="r384", driver_version="375.26",
                        devices=[{"name": "Tesla P100-PCIE-16GB"}],
-                       faults={"dmon": {"fail": "not_supported"}})
-    code, found, listed = doctor(*isolated(engine_sockets, "--nvidia-smi", old.command))
-    assert code == 0, listed
+                       faults={"pmon": {"fail": "not_supported"}})
+    # a driver that refuses dmon's fullest column groups, as some GPUs do
+    refusing = tmp_path / "nvidia-smi"
+    refusing.write_text(f"#!/bin/sh\ncase \" $* \" in *\" -s pucvmt \"*)\n"
+                        "  echo 'Failed to process command line'; exit 3;;\nesac\n"
+                        f"exec {old.command} \"$@\"\n")
+    refusing.chmod(0o755)
+    code, found, listed = doctor(*isolated(engine_sockets, "--nvidia-smi", str(refusing)))
+    assert code == EX_CONFIG, listed
     assert found["nvidia-smi"]["status"] == "degraded"
     assert "375.26" in found["nvidia-smi"]["detail"]
     assert "older than any driver" in found["nvidia-smi"]["detail"]
     dmon = found["nvidia-smi dmon"]
-    assert dmon["status"] == "degraded" and "no statistics" in dmon["detail"], dmon
-    assert "Not supported on the device" in dmon["detail"]
-    assert found["nvidia-smi pmon"]["status"] == "ok"
+    assert dmon["status"] == "degraded", dmon
+    assert "columns -s pucm (pucvmt refused), a row from every GPU" in dmon["detail"]
+    pmon = found["nvidia-smi pmon"]
+    assert pmon["status"] == "failed" and "no process is attributed" in pmon["detail"], pmon
+    assert "Not supported on the device" in pmon["detail"]
+    assert "refuses the command with every column group" in pmon["fix"]
 
 
 def test_mig_and_a_gpu_pmon_is_blind_to(tmp_path, engine_sockets, sleeper):
@@ -275,6 +287,20 @@ def test_a_port_taken_by_a_stranger_fails_and_one_a_patroller_serves_is_fine(tmp
     assert code == EX_CONFIG and taken["status"] == "failed", taken
     assert f"port {port} on 127.0.0.1 is taken" in taken["detail"]
     assert "--port" in taken["fix"]
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    serving = threading.Thread(target=web.serve_forever, daemon=True)
+    serving.start()
+    try:
+        code, found, _ = doctor(*isolated(engine_sockets, "--test"), "--port",
+                                str(web.server_address[1]))
+    finally:
+        web.shutdown()
+        web.server_close()
+    taken = found["address and port"]
+    assert code == EX_CONFIG and taken["status"] == "failed", taken
+    handler = http.server.SimpleHTTPRequestHandler
+    assert f"is taken: `{handler.server_version} {handler.sys_version}` answers there" in \
+        taken["detail"], taken
     state = tmp_path / "state"
     server = ServerProcess("--test", "--state-dir", str(state)).start()
     try:
