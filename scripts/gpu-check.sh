@@ -1,7 +1,7 @@
 #!/bin/sh
 # The real-GPU check, ready to run on a host with an NVIDIA GPU, as root, with no network:
 #   sh scripts/gpu-check.sh [--out DIR] [python -m bench.gpucheck options]
-# It needs Python 3.9 or later and Patroller's packages. Where ./wheelhouse holds the wheels
+# It needs Python 3.10 or later and Patroller's packages. Where ./wheelhouse holds the wheels
 # (made beforehand, on a machine with a package registry, by scripts/wheelhouse.sh), it makes
 # a virtual environment from them alone (pip --no-index); else it uses the Python that has
 # them already ($PYTHON, default python3). Everything it writes goes to $OUT, --out or

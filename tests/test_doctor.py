@@ -134,6 +134,17 @@ def test_a_missing_or_failing_nvidia_smi_fails_with_what_to_do(tmp_path, engine_
     assert found["nvidia-smi"]["status"] == "degraded"  # found, its driver unknown
 
 
+def test_every_failure_nvidia_smi_is_known_to_print_has_a_fix_of_its_own():
+    from patroller.doctor.gpuchecks import RUN_BY_HAND, fix_for
+    from patroller.simulator.program import FAILURES
+
+    fixes = {name: fix_for(text.format(sp="", pci="00000000:01:00.0"))
+             for name, (text, _) in FAILURES.items()}
+    assert RUN_BY_HAND not in fixes.values(), fixes
+    assert len(set(fixes.values())) == len(fixes), "each failure its own fix"
+    assert fix_for("something never seen") == RUN_BY_HAND
+
+
 def test_an_old_driver_and_refused_columns_are_degraded_and_a_refused_pmon_fails(
         tmp_path, engine_sockets):
     old = ScenarioFile(str(tmp_path / "s.json"), era="r384", driver_version="375.26",

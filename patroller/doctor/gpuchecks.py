@@ -25,6 +25,9 @@ FIXES: Tuple[Tuple[re.Pattern, str], ...] = (
      "the driver sees no GPU: check `lspci | grep -i nvidia` and dmesg"),
     (re.compile(r"GPU is lost|requires reset", re.I),
      "a GPU fell off the bus: reboot the host (dmesg says which, Xid 79)"),
+    (re.compile(r"Unable to determine the device handle", re.I),
+     "the driver cannot reach that GPU: dmesg says why (an Xid); a reset or a reboot may be "
+     "needed"),
     (re.compile(r"Failed to initialize NVML: Unknown Error", re.I),
      "inside a container, the host's systemd took the GPUs' device access away: restart the "
      "container (or give it the devices again)"),
