@@ -336,12 +336,13 @@ def patroller_flags():
     flags = {"patroller": options(help_text("-m", "patroller"))}
     for command in COMMANDS:
         flags[f"patroller {command}"] = options(help_text("-m", "patroller.cli", command))
+    flags["patroller doctor"] = options(help_text("-m", "patroller", "doctor"))
     return flags
 
 
 @functools.lru_cache()
 def bench_flags():
-    return options(help_text("-m", "bench"))
+    return options(help_text("-m", "bench")) | options(help_text("-m", "bench.gpucheck"))
 
 
 def all_flags():

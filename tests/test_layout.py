@@ -26,6 +26,7 @@ LAYERS: List[Tuple[str, ...]] = [
     ("patroller.main",),  # the entry point: the command line's words, or the daemon
     ("patroller.app",),  # the daemon: build the services, start and stop
     ("patroller.http",),  # the server, handlers, read models, live feed, metrics
+    ("patroller.doctor",),  # what the daemon would meet on this host, checked
     ("patroller.services",),  # the one object the handlers and the collector take
     ("patroller.state",),  # the lease book, the audit record, the timer, lifetimes
     ("patroller.identify",),  # who runs a process, who calls the API
@@ -54,6 +55,7 @@ THIRD_PARTY: Dict[str, Set[str]] = {
     "patroller.state": {"tornado"},
     "patroller.services": set(),
     "patroller.http": {"tornado", "prometheus_client", "orjson"},
+    "patroller.doctor": {"tornado"},
     "patroller.main": set(),
     "patroller.app": {"tornado"},
     "patroller.__main__": set(),

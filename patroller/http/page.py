@@ -42,6 +42,7 @@ ENDPOINTS = {
     "/fleet.json": "with --fleet: every host's GPUs, as this daemon last heard them",
     "/metrics": "Prometheus metrics: GPUs, who holds and uses them, the daemon",
     "/metrics.json": "the daemon's own counters, as JSON",
+    "/doctor": "the host's root only: what this daemon meets on its host, checked",
     "/openapi.json": "this API, described for programs (OpenAPI 3.1)",
 }
 

@@ -9,8 +9,10 @@ from typing import Any, Dict, List
 import tornado.web
 
 from patroller.core.throttle import Throttle
+from patroller.doctor import Doctor
 from patroller.http.access import AccessLog, Requests
 from patroller.http.api import Api
+from patroller.http.doctor import DoctorHandler
 from patroller.http.fleet import Fleet
 from patroller.http.handlers import (DevicesHandler, HistoryHandler, MetricsHandler,
                                      MetricsJsonHandler, NotFoundHandler, OpenApiHandler,
@@ -42,7 +44,8 @@ def make_api(services: Services) -> Api:
     api = Api(services=services, status=status, devices=devices, feed=feed,
               registries=Registries(services, requests, hiding), requests=requests,
               web=web_files(), document=openapi_document(),
-              fleet=Fleet(config) if config.fleet else None, hiding=hiding)
+              fleet=Fleet(config) if config.fleet else None, hiding=hiding,
+              doctor=Doctor(config))
     # The views and the feed follow every change; the inventory's too.
     services.leases.on_change(feed.changed)
     services.stats.on_change(feed.changed)
@@ -96,6 +99,7 @@ def make_app(api: Api) -> tornado.web.Application:
         (r"/fleet\.json", FleetJsonHandler),
         (r"/metrics", MetricsHandler),
         (r"/metrics\.json", MetricsJsonHandler),
+        (r"/doctor", DoctorHandler),
         (r"/openapi\.json", OpenApiHandler),
     ]
     api.endpoints = [path.split("(")[0] + "<file>" if "(" in path else path.replace("\\", "")
