@@ -33,6 +33,7 @@ ENDPOINTS = {
     "/queue": "the requests waiting, in order",
     "/users": "per user: GPUs held, unused, used without asking, idle; limits",
     "/history[?since=T]": "the recent events of the audit record",
+    "/whoami": "who the daemon takes the caller for (whom /request would hold devices for)",
     "/events": "the page's live feed (Server-Sent Events)",
     "/web/{name}": "the page's scripts and style (a browser at / gets the page)",
     "/fleet": "with --fleet: one live page of every host's GPUs",
