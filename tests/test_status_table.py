@@ -271,3 +271,31 @@ def test_mine_on_many_hosts_asks_each_who_the_caller_is(testmode):
     finally:
         client.release_all(testmode)
         client.get_json(testmode, "/release?user=alice@example.org")
+
+
+def test_control_characters_from_an_answer_never_reach_the_terminal():
+    """A container's label, a host's error or a model name may hold an escape sequence (one that
+    retitles or rewrites the terminal): every one is drawn as "?", and the columns hold."""
+    scene = scenes()["gpuhost.json"]
+    status = json.loads(json.dumps(scene["status"]))
+    devices = json.loads(json.dumps(scene["devices"]))
+    evil = "\x1b]0;pwned\x07\x1b[2J\x9b31m"
+    entry = next(e for e in status.values() if e["claim"]["process_detail"])
+    entry["claim"]["user"]["email"] = "mallory" + evil
+    entry["claim"]["users"][0]["email"] = "mallory" + evil
+    entry["claim"]["process_detail"][0]["command"] = "python" + evil
+    entry["claim"]["idle_for"] = 60.0
+    for info in devices.values():
+        info["name"] = "NVIDIA A100" + evil
+    queue = [{"position": 1, "user": "eve" + evil, "wants": {"gpu": 1}, "waited": 3}]
+    for width in (None, 80):
+        for colour in (False, True):
+            text = format_status(status, devices, queue, colour, {"eve" + evil: {"waiting": 1}},
+                                 width)
+            plain = ANSI.sub("", text)  # our own colours, and nothing else
+            assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]", plain), repr(plain)
+            assert "mallory?]0;pwned??[2J?31m" in plain.replace("…", "") or width == 80
+    answers = answers_of(scenes()["fleet.json"])
+    answers[1].error = "refused" + evil
+    text = fleet.fleet_table(answers, True, COLUMNS)
+    assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]", ANSI.sub("", text)), repr(text)

@@ -19,6 +19,7 @@ from patroller import answers, client, hosts
 from patroller.answers import BadAnswer, check
 from patroller.cli.exits import EX_TEMPFAIL, Failure
 from patroller.cli.status import is_mine, tables
+from patroller.cli.table import printable
 
 FLEET_TIMEOUT = 5.0  # seconds a host may take to answer (--host-timeout)
 HOST_MAX_BYTES = 1 << 20  # bytes of a host's answer read at most: the daemon's --fleet-max-bytes
@@ -114,7 +115,7 @@ def fleet_table(answers: List[HostAnswer], colour: bool = False, width: Optional
     for answer in answers:
         name = f"\033[1m{answer.host}\033[0m" if colour else answer.host
         if answer.status is None or answer.devices is None:
-            why = f"not answering: {answer.error or '?'}"
+            why = printable(f"not answering: {answer.error or '?'}")  # a host's own words
             groups.append((f"{name}  " + (f"\033[31m{why}\033[0m" if colour else why), []))
             continue
         devices = [(info, answer.status.get(uuid) or {}) for uuid, info in answer.devices.items()]

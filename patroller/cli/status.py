@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from patroller.cli.render import (device_label, duration, queue_line, short_name, user_line,
                                    user_name)
-from patroller.cli.table import Cell, Cut, Drop, Shorten, Step, cut, fit
+from patroller.cli.table import Cell, Cut, Drop, Shorten, Step, cut, fit, printable
 
 HEADERS = ("GPU", "NAME", "STATE", "USER", "UTIL", "MEMORY", "TEMP", "POWER", "TIME")
 RIGHT = ("UTIL", "MEMORY", "TEMP", "POWER")  # numbers: to the right
@@ -89,6 +89,7 @@ def process_lines(found: List[List[Tuple[str, str, str, str]]], indent: int,
         for pid, user, memory, command in device:
             text = (" " * indent + PROCESS_MARK + pid.rjust(pid_w) + "  " + user.ljust(user_w)
                     + "  " + memory.rjust(mem_w) + "  " + command).rstrip()
+            text = printable(text)
             lines.append(cut(text, width) if width is not None else text)
         out.append(lines)
     return out
@@ -113,7 +114,7 @@ def format_status(claims: Dict[str, Any], inventory: Dict[str, Any],
         notes.extend(device_notes(info, entry))
     notes.extend(queue_line(waiter) for waiter in queued or [])
     notes.extend(user_line(name, usage) for name, usage in (users or {}).items())
-    return text + "".join(note + "\n" for note in notes)
+    return text + "".join(printable(note) + "\n" for note in notes)
 
 
 def tables(groups: List[Tuple[str, List[Tuple[Dict[str, Any], Dict[str, Any]]]]],
@@ -143,7 +144,7 @@ def tables(groups: List[Tuple[str, List[Tuple[Dict[str, Any], Dict[str, Any]]]]]
 def model_line(rows: List[Row]) -> List[str]:
     """'4 x A100-SXM4-80GB': the model of every GPU, when the table leaves its column out."""
     names = {str(row.get("NAME")) for row in rows}
-    return [f"{len(rows)} x {names.pop()}"] if len(names) == 1 and rows else []
+    return [printable(f"{len(rows)} x {names.pop()}")] if len(names) == 1 and rows else []
 
 
 def is_mine(entry: Dict[str, Any], user: str) -> bool:

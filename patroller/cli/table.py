@@ -70,6 +70,16 @@ def width_of(out: TextIO) -> Optional[int]:
     return columns or None  # 0: a terminal that does not say (a fresh pty, a serial line)
 
 
+# C0 and C1 control characters and DEL: from another host's answer, an escape sequence could
+# retitle, recolour or rewrite the terminal; each is shown as "?".
+CONTROLS = dict.fromkeys([*range(0x20), *range(0x7f, 0xa0)], "?")
+
+
+def printable(text: str) -> str:
+    """`text` with every control character shown as "?"."""
+    return text.translate(CONTROLS)
+
+
 def cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[:max(width - 1, 0)] + CUT
 
@@ -112,7 +122,7 @@ class Layout:
         out = []
         for n, header in enumerate(self.headers):
             cell = cells.get(header, "")
-            text = cut(text_of(cell, header in self.short), self.widths[header])
+            text = cut(printable(text_of(cell, header in self.short)), self.widths[header])
             pad = " " * (self.widths[header] - len(text))
             code = BOLD if bold else colour_of(cell)
             shown = f"\033[{code}m{text}\033[0m" if colour and code and text else text
@@ -134,7 +144,7 @@ def fit(headers: Sequence[str], rows: Sequence[Dict[str, Union[str, Cell]]],
     wider than `width`."""
     limits = {h: (widest or {}).get(h, WIDEST) for h in headers}
     widths = {h: min(max([len(h)] + [len(text_of(r.get(h, ""))) for r in rows]), limits[h])
-              for h in headers}
+              for h in headers}  # printable() keeps the length: one "?" a character
     layout = Layout(headers, widths, right)
     for step in plan:
         if width is None or layout.total() <= width:
