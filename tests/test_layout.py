@@ -10,6 +10,7 @@ them: at module level, inside functions, under `if TYPE_CHECKING`, and the dynam
 """
 import ast
 import os
+import re
 import sys
 from typing import Dict, List, Optional, Set, Tuple
 
@@ -334,3 +335,23 @@ def test_the_tests_import_their_neighbours_by_module_name():
             wrong += [f"tests/{name}:{node.lineno} imports {n}" for n in named
                       if n == "tests" or n.startswith("tests.")]
     assert not wrong, "import a test helper by its module name: " + "; ".join(wrong)
+
+
+def test_a_duration_is_formatted_in_one_place_per_language():
+    """patroller/durations.py says a duration in Python (daemon and command line alike), and
+    patroller/http/web/common.js on the web pages: a second copy would drift from the first."""
+    arithmetic = re.compile(r"(//|%)\s*(3600|86400)\b")
+    python = [f"{os.path.relpath(path, ROOT)}:{text[:m.start()].count(chr(10)) + 1}"
+              for module, path in MODULES.items()
+              if module not in ("patroller.durations",) and not module.startswith(SIZE_EXEMPT)
+              for text in [open(path, encoding="utf-8").read()]
+              for m in arithmetic.finditer(text)]
+    assert not python, f"a duration formatted outside patroller/durations.py: {python}"
+    web = os.path.join(PACKAGE, "http", "web")
+    defined = {name: len(re.findall(r"\bduration\s*\(seconds\)\s*\{", open(
+        os.path.join(web, name), encoding="utf-8").read()))
+        for name in os.listdir(web) if name.endswith(".js")}
+    assert {name: n for name, n in defined.items() if n} == {"common.js": 1}, defined
+    for page, script in (("index.html", "app.js"), ("fleet.html", "fleet.js")):
+        html = open(os.path.join(web, page), encoding="utf-8").read()
+        assert html.index('src="/web/common.js"') < html.index(f'src="/web/{script}"'), page

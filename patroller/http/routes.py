@@ -27,6 +27,7 @@ from patroller.http.page import (EventsHandler, FleetHandler, FleetJsonHandler, 
                                  WebHandler, web_files)
 from patroller.http.encoding import dumps
 from patroller.http.views import DevicesView, StatusView, page_snapshot
+from patroller.http.whoami import WhoAmIHandler
 from patroller.services import Services
 
 
@@ -93,6 +94,7 @@ def make_app(api: Api) -> tornado.web.Application:
         (r"/users", UsersHandler),
         (r"/history", HistoryHandler),
         (r"/usage", UsageHandler),
+        (r"/whoami", WhoAmIHandler),
         (r"/events", EventsHandler),
         (r"/web/([A-Za-z0-9_.-]{1,64})", WebHandler),
         (r"/fleet", FleetHandler),
