@@ -337,15 +337,27 @@ def test_the_tests_import_their_neighbours_by_module_name():
     assert not wrong, "import a test helper by its module name: " + "; ".join(wrong)
 
 
+def hours_and_days_split(path: str) -> List[int]:
+    """The lines of a module's code (not its strings: SQL may truncate to a day) that divide
+    by an hour or a day (`// 3600`, `% 86400`): the arithmetic of a duration said in words."""
+    import io
+    import tokenize
+
+    tokens = [t for t in tokenize.generate_tokens(io.StringIO(open(path, encoding="utf-8").read())
+                                                  .readline)
+              if t.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE)]
+    return [b.start[0] for a, b in zip(tokens, tokens[1:])
+            if a.type == tokenize.OP and a.string in ("//", "%")
+            and b.type == tokenize.NUMBER and b.string in ("3600", "86400")]
+
+
 def test_a_duration_is_formatted_in_one_place_per_language():
     """patroller/durations.py says a duration in Python (daemon and command line alike), and
     patroller/http/web/common.js on the web pages: a second copy would drift from the first."""
-    arithmetic = re.compile(r"(//|%)\s*(3600|86400)\b")
-    python = [f"{os.path.relpath(path, ROOT)}:{text[:m.start()].count(chr(10)) + 1}"
+    python = [f"{os.path.relpath(path, ROOT)}:{line}"
               for module, path in MODULES.items()
               if module not in ("patroller.durations",) and not module.startswith(SIZE_EXEMPT)
-              for text in [open(path, encoding="utf-8").read()]
-              for m in arithmetic.finditer(text)]
+              for line in hours_and_days_split(path)]
     assert not python, f"a duration formatted outside patroller/durations.py: {python}"
     web = os.path.join(PACKAGE, "http", "web")
     defined = {name: len(re.findall(r"\bduration\s*\(seconds\)\s*\{", open(
