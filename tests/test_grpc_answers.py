@@ -108,12 +108,12 @@ async def test_an_answer_over_the_limit_fails_the_watch_until_answers_are_sane(
             kubelet.answer = junk(size)
             failures = watch.failures
             await until(lambda: watch.failures > failures + 1, timeout=30)
-            assert state() == "allocated" and watch.metrics()["state"] == "failing"
+            assert state() == "allocated" and watch.metrics().state == "failing"
             [said] = [m for m in warnings(caplog) if "cannot read the kubelet" in m]
             assert f"larger than {LIMIT} bytes, the most taken" in said, said
             assert "RESOURCE_EXHAUSTED" in said
             kubelet.answer = None  # sane again: the pod's listing
-            await until(lambda: watch.metrics()["state"] == "up")
+            await until(lambda: watch.metrics().state == "up")
             kubelet.pods = []
             await until(lambda: state() == "free")
     finally:
