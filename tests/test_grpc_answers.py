@@ -22,7 +22,7 @@ import pytest
 from helpers import (ScenarioFile, ServerProcess, async_test, engines_in, gpu_running,
                      process_in_cgroup, running, until)
 from patroller.config import Config
-from patroller.core import protowire as pw
+from patroller.observe import protowire as pw
 from patroller.core.pods import Pod, PodAllocation
 from patroller.http.views import claims
 from patroller.identify import containerd as ctrd

@@ -1,8 +1,8 @@
-"""The protobuf wire format as patroller/core/protowire.py writes and reads it: the encodings
+"""The protobuf wire format as patroller/observe/protowire.py writes and reads it: the encodings
 the Protocol Buffers documentation gives byte for byte, round trips, and malformed input."""
 import pytest
 
-from patroller.core import protowire as pw
+from patroller.observe import protowire as pw
 
 
 def test_the_documented_encodings():
