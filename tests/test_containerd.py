@@ -17,14 +17,14 @@ import pytest
 
 from helpers import ScenarioFile, async_test, engines_in, gpu_running, until
 from patroller.config import Config
-from patroller.observe import protowire as pw
-from patroller.observe.protowire import WireError
 from patroller.http.views import claims
 from patroller.identify import containerd as ctrd
 from patroller.identify.cgroups import ContainerRef
 from patroller.identify.containers import ContainerDirectory
 from patroller.identify.pods import containerd_identity
 from patroller.identify.resolver import ProcessIdentifier
+from patroller.observe import protowire as pw
+from patroller.observe.protowire import WireError
 
 CRI = {"io.cri-containerd.kind": "container"}
 

@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional
 
 from patroller.config import Config
-from patroller.observe import protowire
-from patroller.observe.protowire import WireError
 from patroller.identify.lookups import SharedLookups
 from patroller.observe.grpcunix import GrpcUnavailable, UnixCaller
+from patroller.observe import protowire
+from patroller.observe.protowire import WireError
 
 log = logging.getLogger(__name__)
 
