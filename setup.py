@@ -28,7 +28,7 @@ setup(
     # the .proto files of tests/fixtures/proto (tests/test_protobuf_wire.py)
     extras_require={"kubernetes": ["grpcio>=1.60"],
                     "test": ["pytest>=8.4", "pytest-timeout>=2.4", "selenium>=4.20", "grpcio>=1.60",
-                             "protobuf>=5.26", "grpcio-tools>=1.62",
+                             "protobuf>=5.26", "grpcio-tools>=1.64",
                              "schemathesis>=4,<5; python_version >= '3.11'"]},
     entry_points={"console_scripts": ["patroller = patroller.main:main"]},
     classifiers=[
