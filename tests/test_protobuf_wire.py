@@ -45,8 +45,10 @@ def pb(tmp_path_factory):
     """The generated modules: `pb.kubelet` (package v1), `pb.containerd`."""
     out = tmp_path_factory.mktemp("pb2")
     names = sorted(n for n in os.listdir(PROTOS) if n.endswith(".proto"))
-    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTOS}",
-                    f"--python_out={out}", *names], check=True, capture_output=True, timeout=60)
+    compiled = subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTOS}",
+                               f"--python_out={out}", *names], capture_output=True, text=True,
+                              timeout=60)
+    assert compiled.returncode == 0, compiled.stderr
 
     def load(name):
         spec = importlib.util.spec_from_file_location(name, out / f"{name}.py")
