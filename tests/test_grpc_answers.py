@@ -22,13 +22,13 @@ import pytest
 from helpers import (ScenarioFile, ServerProcess, async_test, engines_in, gpu_running,
                      process_in_cgroup, running, until)
 from patroller.config import Config
-from patroller.core import protowire as pw
 from patroller.core.pods import Pod, PodAllocation
 from patroller.http.views import claims
 from patroller.identify import containerd as ctrd
 from patroller.identify.cgroups import ContainerRef
 from patroller.identify.containers import ContainerDirectory
 from patroller.identify.resolver import ProcessIdentifier
+from patroller.observe import protowire as pw
 from patroller.observe.podresources import allocations, gpu_of
 from patroller.observe.testmode import synthetic_inventory
 from grpc_server import Abort, Hang, Server

@@ -83,8 +83,7 @@ CORE_ORDER: List[Tuple[str, ...]] = [
     ("patroller.core.jobs",),  # Slurm jobs' allocations
     ("patroller.core.usage",),  # GPU-time in categories, and reports of it
     ("patroller.core.devices", "patroller.core.identity", "patroller.core.errors",
-     "patroller.core.policy", "patroller.core.throttle", "patroller.core.protowire",
-     "patroller.core.text"),
+     "patroller.core.policy", "patroller.core.throttle", "patroller.core.text"),
 ]
 MAX_MODULE_LINES = 400
 MAX_CLASS_LINES = 300

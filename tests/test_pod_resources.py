@@ -16,9 +16,9 @@ from patroller.config import Config
 from patroller.config.flags import load
 from patroller.core.devices import Inventory, MigInstance
 from patroller.core.pods import Pod, PodAllocation
-from patroller.core.protowire import WireError, delimited, integer, string
 from patroller.observe.podresources import (PodResourcesWatch, allocations, gpu_of, is_gpu,
                                             parse_list)
+from patroller.observe.protowire import WireError, delimited, integer, string
 from patroller.observe.signals import Signals
 from patroller.observe.testmode import synthetic_inventory
 

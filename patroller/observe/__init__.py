@@ -6,7 +6,7 @@ offers the daemon (its metrics typed, one class per kind of monitor), the parser
 inventory (read at start, and again by its watch, with the MIG devices' uuids of `-L`), the
 compute-apps cross-check, the latest statistics, idle detection, test mode's synthetic devices,
 the watches of the schedulers' allocations (`allocwatch`: Slurm's job map, the kubelet's
-pod-resources), and
-unary gRPC calls on a unix socket (`grpcunix`).
+pod-resources), unary gRPC calls on a unix socket (`grpcunix`), and the protobuf wire format
+of their messages (`protowire`: a codec, as `nvsmi` parses nvidia-smi's text).
 May import: `patroller.core`, `patroller.config`; Tornado, blinker and (optional) grpcio.
 """
