@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 from patroller.config import Config
-from patroller.core.protowire import Message, WireError
+from patroller.observe.protowire import Message, WireError
 from patroller.doctor.results import Result, degraded, ok
 from patroller.observe.grpcunix import INSTALL, GrpcUnavailable, UnixCaller
 from patroller.observe.podresources import ask, parse_list
