@@ -29,7 +29,10 @@ setup(
     extras_require={"kubernetes": ["grpcio>=1.60"],
                     "test": ["pytest>=8.4", "pytest-timeout>=2.4", "selenium>=4.20", "grpcio>=1.60",
                              "protobuf>=5.26", "grpcio-tools>=1.64",
-                             "schemathesis>=4,<5; python_version >= '3.11'"]},
+                             "schemathesis>=4,<5; python_version >= '3.11'"],
+                    # scripts/mutation.sh: mutmut 3 (its [tool.mutmut] in pyproject.toml);
+                    # a development tool, never needed to run or test Patroller
+                    "mutation": ["mutmut>=3.8.1,<3.9"]},
     entry_points={"console_scripts": ["patroller = patroller.main:main"]},
     classifiers=[
         "License :: OSI Approved :: GNU General Public License v3 or later (GPLv3+)",

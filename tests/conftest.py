@@ -1,5 +1,6 @@
 """Shared fixtures: every test fails if the daemon logged an error while it ran; a fake clock
-and a lease manager on it."""
+and a lease manager on it; the container engines and the Slurm cluster, which a mutation run
+(scripts/mutation.sh) leaves out."""
 import logging
 import os
 import subprocess
@@ -10,7 +11,7 @@ import pytest
 # servers (grpc_server.py, kubelet.py) run in the process that also starts the daemon's children.
 os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
 
-from helpers import FakeClock, lease_manager
+from helpers import FakeClock, engines_left_out, lease_manager
 
 
 @pytest.fixture(autouse=True)
@@ -43,10 +44,9 @@ def leases(clock):
 @pytest.fixture(scope="session")
 def engine():
     """A private Docker Engine with the busybox test image. Under CI=true it must start."""
-    import os
-
     from dockerd import Engine, EngineUnavailable
 
+    engines_left_out("a Docker Engine")
     try:
         started = Engine().start()
     except EngineUnavailable as exc:
@@ -61,10 +61,9 @@ def engine():
 def containerd():
     """A private containerd (tests/containerd.py) with the busybox test image in its k8s.io and
     default namespaces. Under CI=true it must start."""
-    import os
-
     from containerd import Containerd, ContainerdUnavailable
 
+    engines_left_out("containerd")
     try:
         started = Containerd().start()
     except ContainerdUnavailable as exc:
@@ -82,6 +81,7 @@ def slurm_node():
     from helpers import need_root
     from slurm import start_node
 
+    engines_left_out("a Slurm cluster")
     need_root("slurmd runs jobs as their users and makes their cgroups")
     node = start_node()
     yield node
@@ -91,7 +91,6 @@ def slurm_node():
 @pytest.fixture
 def engine_sockets():
     """A directory for container engines' sockets, short enough for unix socket paths."""
-    import os
     import secrets
     import shutil
 
@@ -114,11 +113,11 @@ def _podman_or_skip(start, strict=False):
     """Start a Podman service with `start()`; skip where Podman is missing or this is not root,
     but fail under CI=true, which must run the Podman tests. `strict`: any other reason it does
     not start fails the tests, wherever they run."""
-    import os
     import shutil
 
     from podman import PodmanUnavailable, UserNamespacesRefused
 
+    engines_left_out("a Podman service")
     missing = [tool for tool in ("podman", "runc", "conmon", "busybox", "newuidmap", "unshare")
                if shutil.which(tool) is None]
     try:

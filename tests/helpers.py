@@ -278,6 +278,21 @@ def need_root(why: str) -> None:
         pytest.skip(f"needs root: {why}")
 
 
+# scripts/mutation.sh sets it: a mutation run tests each mutant with the engine-free suite only.
+WITHOUT_ENGINES = "PATROLLER_TESTS_WITHOUT_ENGINES"
+
+
+def engines_left_out(what: str) -> None:
+    """Skip a test that needs `what` (a container engine or Slurm) in a mutation run, where
+    PATROLLER_TESTS_WITHOUT_ENGINES=1 leaves them out; under CI=true, which must run every test,
+    that variable fails the test instead."""
+    if os.environ.get(WITHOUT_ENGINES, "") in ("", "0"):
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI must run the tests that need {what}, but {WITHOUT_ENGINES} is set")
+    pytest.skip(f"{what} left out: {WITHOUT_ENGINES} is set (a mutation run, scripts/mutation.sh)")
+
+
 def python_for(uid: int) -> str:
     """A Python that `uid` may run (the test's own may lie under root's home); stdlib only."""
     for candidate in (os.path.realpath(sys.executable), "/usr/bin/python3"):

@@ -1,6 +1,7 @@
 """Slurm allocations in the lease rules: a device the job map lists is its jobs', never granted,
 no lease runs on it, a process outside the jobs trespasses; when the map lets go, the usual
 rules go on. A fake clock and no I/O."""
+import logging
 from dataclasses import replace
 
 import pytest
@@ -9,7 +10,11 @@ from helpers import host_user as host, lease_manager, recorded, uuid_of as uuid
 from patroller.config import Config, policy_of
 from patroller.core.errors import Busy, NotYours
 from patroller.core.identity import Identity, named_user
+from patroller.core.devices import Device
 from patroller.core.jobs import Allocation, Job
+from patroller.core.leases.holds import Hold, Notices
+from patroller.core.leases.limits import Count
+from patroller.core.leases.trespass import trespass
 from patroller.http.views import claims, usage
 
 alice, bob = named_user("alice"), named_user("bob")  # `clock` and `leases`: conftest.py
@@ -208,3 +213,112 @@ def test_the_same_allocation_told_again_changes_nothing(leases):
     leases.allocate(device, Allocation((JOB,)))
     leases.allocate(uuid(leases, 1), None)  # never allocated: nothing to end
     assert [e.kind for e in events] == ["allocated"]
+
+
+# -- telling of a trespass, in one line (core/leases/trespass.py) ------------------------------
+
+def _trespasses():
+    """(hold's holder, allocated?, pid, owner, device?, count beyond) -> the line and event."""
+    dave = in_job("dave", 1002, "4243")
+    account = Identity(user="bob+2@example.org", source="host", account="bob", uid=1003)
+    over_user = Count("user", "bob", None, 2, [Device("GPU-0", 0), Device("GPU-1", 1)],
+                      ["bob", "bob"])
+    over_account = Count("account", "bob", 1003, 1, [Device("GPU-1", 1)], ["bob+2@example.org"])
+    return [
+        (None, False, 7, bob, True, None, "trespassing: bob runs pid 7 on GPU-1, held by nobody",
+         {"pid": 7}),
+        (None, False, 7, bob, False, None, "trespassing: bob runs pid 7 on ?, held by nobody",
+         {"pid": 7}),
+        (alice, False, 8, bob, True, None, "trespassing: bob runs pid 8 on GPU-1, held by alice",
+         {"pid": 8, "holder": "alice"}),
+        (alice, True, 9, bob, True, None,
+         "trespassing: bob runs pid 9 on GPU-1 (in no job), allocated to Slurm job 4242 of alice",
+         {"pid": 9, "holder": "alice", "why": "outside_job", "jobs": ["4242"]}),
+        (alice, True, 10, dave, True, None,
+         "trespassing: dave runs pid 10 on GPU-1 (job 4243), allocated to Slurm job 4242 of alice",
+         {"pid": 10, "holder": "alice", "why": "outside_job", "jobs": ["4242"], "job": "4243"}),
+        (None, True, 11, dave, True, None,
+         "trespassing: dave runs pid 11 on GPU-1 (job 4243), allocated to Slurm job 4242 of ?",
+         {"pid": 11, "why": "outside_job", "jobs": ["4242"], "job": "4243"}),
+        (None, False, 12, bob, True, over_user,
+         "trespassing: bob runs pid 12 on GPU-1, beyond the limit of 2 of bob",
+         {"pid": 12, "why": "over_limit", "limit": 2, "held": [0, 1]}),
+        (None, False, 13, account, True, over_account,
+         "trespassing: bob+2@example.org runs pid 13 on GPU-1, beyond the limit of 1 of account "
+         "bob (uid 1003), which bob+2@example.org runs as",
+         {"pid": 13, "why": "over_limit", "limit": 1, "held": [1], "account": "bob"}),
+    ]
+
+
+@pytest.mark.parametrize("holder, allocated, pid, owner, on_device, beyond, line, details",
+                         _trespasses())
+def test_a_trespass_is_one_line_and_one_event(caplog, holder, allocated, pid, owner, on_device,
+                                              beyond, line, details):
+    notices, events = Notices(), []
+    notices.on_event(events.append)
+    device = Device("GPU-1", 1)
+    hold = None
+    if holder is not None or allocated:
+        hold = Hold(since=0.0, uuid=device.uuid)
+        hold.holder = holder
+        hold.allocation = ALLOCATION if allocated else None
+    with caplog.at_level(logging.WARNING, logger="patroller.core.leases.trespass"):
+        trespass(notices, device if on_device else None, pid, owner, hold=hold, beyond=beyond)
+    assert [r.getMessage() for r in caplog.records] == [line]
+    [event] = events
+    assert (event.kind, event.user, event.details) == ("trespass", owner.user, details)
+
+
+def test_one_users_two_jobs_are_two_trespassers_and_one_job_told_once(leases):
+    events = recorded(leases)
+    device = uuid(leases, 1)
+    leases.allocate(device, ALLOCATION)
+    leases.process_started(device, 100, in_job("dave", 1002, "4243"))
+    leases.process_started(device, 101, in_job("dave", 1002, "4244"))  # another job of his
+    leases.process_started(device, 102, in_job("dave", 1002, "4243"))  # the first again
+    leases.process_ended(device, 100)  # 102 is still in job 4243: still trespassing
+    leases.process_started(device, 103, in_job("dave", 1002, "4243"))
+    assert [e.details["pid"] for e in events if e.kind == "trespass"] == [100, 101]
+
+
+def test_a_map_of_bare_job_ids_is_held_by_the_user_its_processes_run_as():
+    bare = Allocation((Job(id="1"), Job(id="2")))
+    assert not bare.named() and Allocation((Job(id="3", uid=1005),)).named()
+    assert Allocation((Job(id="4", user="erin"),)).named()
+    nobody_yet = bare.holder()
+    assert (nobody_yet.user, nobody_yet.account, nobody_yet.uid) == ("job 1", None, None)
+    assert dict(nobody_yet.job) == {"id": "1"} and nobody_yet.source == "slurm"
+    seen = in_job("carol", 1001, "2")
+    holder = bare.holder(seen)  # her process, in the second job, names its user
+    assert (holder.user, holder.account, holder.uid) == ("carol", "carol", 1001)
+    assert dict(holder.job) == {"id": "2"}
+    outside = bare.holder(in_job("dave", 1002, "9"))  # a process of no job of ours
+    assert (outside.user, outside.account, outside.uid) == ("job 1", None, None)
+    by_uid = Allocation((Job(id="3", uid=1005),)).holder()
+    assert (by_uid.user, by_uid.account, by_uid.uid) == ("uid:1005", None, 1005)
+
+
+def test_an_allocation_over_a_hold_and_its_end_are_told_whole(leases, caplog):
+    events = recorded(leases)
+    device = uuid(leases, 2)
+    bare = Allocation((Job(id="4242"),))  # a map of bare ids: its process names the user
+    leases.request(alice, {"gpu": 3})  # devices 0-2: alice's reservation ends on device 2
+    leases.process_started(device, 500, in_job("carol", 1001, "4242"))  # on alice's: trespass
+    leases.process_started(device, 501, host("dave", 1002))  # trespasses on alice's
+    with caplog.at_level(logging.INFO, logger="patroller.core.leases.allocations"):
+        leases.allocate(device, bare)
+        leases.allocate(device, None)
+    assert [r.getMessage() for r in caplog.records
+            if r.name == "patroller.core.leases.allocations"] == [
+        f"Slurm allocated {device} to job 4242: the hold of alice on it ends",
+        f"{device} is allocated to Slurm job 4242",
+        f"{device} is no longer allocated to Slurm job 4242"]
+    told = [(e.kind, e.user, dict(e.details)) for e in events
+            if e.kind in ("preempted", "allocated", "deallocated")]
+    assert told == [("preempted", "alice", {"jobs": ["4242"], "hold": "lease"}),
+                    ("allocated", "carol", {"jobs": ["4242"]}),
+                    ("deallocated", "carol", {"jobs": ["4242"]})]
+    assert all(e.devices == ((device, 2),) for e in events
+               if e.kind in ("preempted", "allocated", "deallocated"))
+    # dave was told of trespassing on alice's; on the job's device he is told again, once
+    assert [e.details["pid"] for e in events if e.kind == "trespass"] == [500, 501, 501]

@@ -14,10 +14,11 @@ from helpers import FakeClock, lease_manager
 from patroller.state.book import LeaseBook
 from patroller.state.directory import BookError
 from patroller.config import Config, ConfigError, default_state_dir, load
-from patroller.core.identity import Identity, named_user
+from patroller.core.identity import Identity, ProcessRef, named_user
+from patroller.core.leases.holds import EARLY
 from patroller.http.views import claims, free_counts, usage
 from patroller.identify.procfs import boot_id
-from patroller.state.schema import restore, snapshot
+from patroller.state.schema import decode, encode, restore, snapshot
 
 LEASE = Config().lease  # the shared factory's
 alice, bob, carol = named_user("alice"), named_user("bob"), named_user("carol")
@@ -130,6 +131,128 @@ def test_a_device_this_host_no_longer_has_is_dropped_and_logged(caplog):
     assert any("GPU-gone" in r.getMessage() and "alice" in r.getMessage() for r in caplog.records)
 
 
+def test_a_hold_for_a_duration_and_one_for_a_process_are_kept_to_the_millisecond():
+    old = lease_manager(FakeClock(1000.0))
+    u = uuids(old)
+    old.request(alice, {"gpu": 1}, duration=3600.0)
+    old.request(bob, {"gpu": 1}, held_for=ProcessRef(4242, 0))
+    book = snapshot(old, offset=5000.12345)
+    assert book[u[0]] == {"holder": alice.to_json(), "state": "reserved", "releasing": False,
+                          "asked": True, "deadline": None, "until": 9600.123}
+    assert book[u[1]] == {"holder": bob.to_json(), "state": "reserved", "releasing": False,
+                          "asked": True, "deadline": None, "pid": 4242, "start": 0}
+    old.request(carol, {"gpu": 1})
+    deadline = snapshot(old, offset=5000.12345)[u[2]]["deadline"]
+    assert deadline == round(1000.0 + LEASE + 5000.12345, 3)
+    new = lease_manager(FakeClock(0.0))
+    restored = restore(new, json.loads(json.dumps(book)), offset=5000.0, alive=lambda ref: True)
+    assert restored.held == [u[0], u[1]]
+    assert new.holds[u[0]].until == pytest.approx(4600.123)
+    assert new.holds[u[1]].held_for == ProcessRef(4242, 0) and new.holds[u[1]].until is None
+
+
+def test_a_book_is_compact_json_saved_to_the_millisecond():
+    assert encode({}, 1234.56789, "boot-1") == \
+        b'{"version":1,"saved":1234.568,"boot":"boot-1","devices":{}}'
+
+
+@pytest.mark.parametrize("data, message", [
+    (b"[]", "not an object"),
+    (b'{"devices": {}}', "version None, not 1"),
+    (b'{"version": 2, "devices": {}}', "version 2, not 1"),
+])
+def test_a_book_of_another_kind_is_refused_saying_why(data, message):
+    with pytest.raises(ValueError) as refused:
+        decode(data)
+    assert str(refused.value) == message
+
+
+@pytest.mark.parametrize("change, message", [
+    ("alice", "device 'GPU-x' must be an object"),
+    ({"deadline": "soon"}, "device 'GPU-x' has a deadline that is not a time"),
+    ({"until": float("inf")}, "device 'GPU-x' has a end that is not a time"),
+    ({"until": 10 ** 400}, "device 'GPU-x' has a end that is not a time"),
+    ({"releasing": "no"}, "device 'GPU-x' has a releasing flag that is not true or false"),
+    ({"releasing": None}, "device 'GPU-x' has a releasing flag that is not true or false"),
+    ({"asked": 1}, "device 'GPU-x' has an asked flag that is not true or false"),
+    ({"pid": 4242}, "device 'GPU-x' has a process that is not a pid and a start time"),
+    ({"start": 5}, "device 'GPU-x' has a process that is not a pid and a start time"),
+    ({"pid": -1, "start": 5}, "device 'GPU-x' has a process that is not a pid and a start time"),
+    ({"pid": True, "start": 5}, "device 'GPU-x' has a process that is not a pid and a start time"),
+])
+def test_a_malformed_entry_is_refused_naming_its_device(change, message):
+    entry = change if isinstance(change, str) else {"holder": alice.to_json(), **change}
+    with pytest.raises(ValueError) as refused:
+        restore(lease_manager(FakeClock()), {"GPU-x": entry}, offset=0.0)
+    assert str(refused.value) == message
+
+
+def test_devices_that_are_no_object_are_refused():
+    with pytest.raises(ValueError) as refused:
+        restore(lease_manager(FakeClock()), [], offset=0.0)
+    assert str(refused.value) == "devices must be an object"
+
+
+def test_an_entry_that_says_only_its_holder_is_a_reservation_with_a_fresh_lease():
+    new = lease_manager(FakeClock(0.0))
+    u = uuids(new)
+    restored = restore(new, {u[0]: {"holder": alice.to_json()}}, offset=0.0)
+    assert restored.held == [u[0]]
+    hold = new.holds[u[0]]
+    assert hold.releasing is False and hold.asked is True and hold.deadline == LEASE
+    assert hold.held_for is None and hold.until is None
+
+
+def test_a_process_with_pid_and_start_time_zero_is_a_process():
+    new = lease_manager(FakeClock(0.0))
+    u = uuids(new)
+    entry = {"holder": alice.to_json(), "deadline": None, "pid": 0, "start": 0}
+    assert restore(new, {u[0]: entry}, offset=0.0, alive=lambda ref: True).held == [u[0]]
+    assert new.holds[u[0]].held_for == ProcessRef(0, 0)
+
+
+def test_each_entry_is_judged_alone_and_a_device_held_again_is_left_to_its_holder(caplog):
+    clock = FakeClock(100.0)
+    new = lease_manager(clock)
+    u = uuids(new)
+    [taken] = new.request(bob, {"gpu": 1})
+    assert taken.uuid == u[0]
+    book = {u[0]: {"holder": alice.to_json(), "deadline": None},  # bob holds it again
+            u[1]: {"holder": alice.to_json(), "deadline": 100.0 + EARLY},  # ran out (<=)
+            u[2]: {"holder": carol.to_json(), "deadline": None, "until": 100.0 + EARLY},
+            u[3]: {"holder": carol.to_json(), "deadline": None, "until": 100.0 + EARLY / 2},
+            u[4]: {"holder": bob.to_json(), "deadline": 100.0 + EARLY / 2},
+            u[5]: {"holder": carol.to_json(), "deadline": None, "pid": 77, "start": 5},
+            u[6]: {"holder": alice.to_json(), "deadline": 100.0 + 2 * EARLY}}
+    with caplog.at_level(logging.INFO, logger="patroller.state.schema"):
+        restored = restore(new, book, offset=0.0)
+    assert new.holder(u[0]) == bob and new.holds[u[0]].deadline == 100.0 + LEASE
+    assert restored.expired == [u[1], u[2], u[3], u[4]]
+    assert restored.ended == [u[5]]
+    assert restored.held == [u[6]] and new.holder(u[6]) == alice
+    assert [r.getMessage() for r in caplog.records] == [
+        f"lease of alice on {u[1]} ran out while the daemon was down",
+        f"the reservation of carol on {u[2]} ended while the daemon was down",
+        f"the reservation of carol on {u[3]} ended while the daemon was down",
+        f"lease of bob on {u[4]} ran out while the daemon was down",
+        f"pid 77 of carol, which held {u[5]}, ended while the daemon was down"]
+
+
+@pytest.mark.parametrize("gone, shown", [
+    (5, "GPU-gone-0 (alice), GPU-gone-1 (alice), GPU-gone-2 (alice), GPU-gone-3 (alice), "
+        "GPU-gone-4 (alice)"),
+    (6, "GPU-gone-0 (alice), GPU-gone-1 (alice), GPU-gone-2 (alice), GPU-gone-3 (alice), "
+        "GPU-gone-4 (alice), ..."),
+])
+def test_devices_this_host_no_longer_has_are_one_line_naming_the_first_five(caplog, gone, shown):
+    book = {f"GPU-gone-{n}": {"holder": alice.to_json(), "deadline": None} for n in range(gone)}
+    with caplog.at_level(logging.WARNING, logger="patroller.state.schema"):
+        restored = restore(lease_manager(FakeClock()), book, offset=0.0)
+    assert restored.dropped == list(book)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"the lease book holds {gone} device(s) this host no longer has: dropped: {shown}"]
+
+
 @pytest.mark.parametrize("book", [
     [],
     {"X": "alice"},
@@ -158,10 +281,53 @@ def test_an_identity_written_before_pods_reads_back_with_none():
     assert Identity.from_json(data) == alice
 
 
+@pytest.mark.parametrize("change, message", [
+    ({"user": ""}, "an identity needs a user and a source"),
+    ({"user": 3}, "an identity needs a user and a source"),
+    ({"source": None}, "an identity needs a user and a source"),
+    ({"email": 3}, "an identity's email must be a string"),
+    ({"account": ["root"]}, "an identity's account must be a string"),
+    ({"uid": "0"}, "an identity's uid must be an integer"),
+    ({"uid": True}, "an identity's uid must be an integer"),
+    ({"container": "abc"}, "an identity's container must have an id and a name"),
+    ({"container": {"id": "abc", "name": 3}}, "an identity's container must have an id and a name"),
+    ({"info": "team"}, "an identity's info must map strings to strings"),
+    ({"info": {"team": 3}}, "an identity's info must map strings to strings"),
+    ({"info": {3: "vision"}}, "an identity's info must map strings to strings"),
+    ({"degraded": "yes"}, "an identity's degraded must be true or false"),
+    ({"job": "42"}, "an identity's job must map strings to strings, with an id"),
+    ({"job": {"step": "0"}}, "an identity's job must map strings to strings, with an id"),
+    ({"job": {"id": "42", "step": 0}}, "an identity's job must map strings to strings, with an id"),
+    ({"job": {"id": "42", 0: "step"}}, "an identity's job must map strings to strings, with an id"),
+    ({"pod": {"namespace": "ml", "name": "a", "uid": 3}},
+     "an identity's pod must map strings to strings, with a namespace and a name"),
+    ({"pod": {"namespace": "ml", "name": "a", 3: "uid"}},
+     "an identity's pod must map strings to strings, with a namespace and a name"),
+    ({"pod": "ml/a"}, "an identity's pod must map strings to strings, with a namespace and a name"),
+])
+def test_a_malformed_identity_is_refused_saying_what_is_wrong(change, message):
+    with pytest.raises(ValueError) as refused:
+        Identity.from_json({**CONTAINER_USER.to_json(), **change})
+    assert str(refused.value) == message
+
+
+def test_an_identity_that_is_no_object_is_refused():
+    with pytest.raises(ValueError) as refused:
+        Identity.from_json(["alice", "test"])
+    assert str(refused.value) == "an identity must be an object"
+
+
+def test_an_identity_written_with_only_a_user_and_a_source_reads_back_whole():
+    assert Identity.from_json({"user": "erin", "source": "host"}) == Identity(user="erin",
+                                                                              source="host")
+
+
 def test_identities_survive_the_trip_through_json():
     for identity in (alice, CONTAINER_USER, Identity(user="unknown", source="unknown"),
                      Identity(user="x", source="container", container=("abc", None),
                               degraded=True),
+                     Identity(user="frank", source="slurm", account="frank", uid=1001,
+                              job=(("id", "42"), ("step", "0"), ("partition", "gpu"))),
                      Identity(user="namespace:ml", source="pod", container=("abc", "train"),
                               pod=(("namespace", "ml"), ("name", "train-0"), ("uid", "u-1"),
                                    ("container", "train")))):
@@ -246,7 +412,14 @@ def test_a_failing_write_is_logged_now_and_then_and_breaks_nothing(tmp_path, clo
             leases.request(bob, {"gpu": 1})  # the rules alone: the daemon gates them on the book
         assert book.failures == 5 and free_counts(leases) == {"gpu": 2}
         errors = [r for r in caplog.records if r.levelno == logging.ERROR]
-        assert len(errors) == 1 and "cannot write the lease book" in errors[0].getMessage()
+        path = tmp_path / "leases.json"
+        assert [r.getMessage() for r in errors] == [
+            f"cannot write the lease book {path}: Is a directory (1 failed write(s) so far); no "
+            "reservation is handed out until it can be written"]
+        assert book.refusal() == (f"the lease book {path} cannot be written (Is a directory): no "
+                                  "reservation is handed out until it can; try again shortly")
+        assert book.metrics() == {"path": str(path), "writes": 2, "failures": 5,
+                                  "writable": False}
         clock.advance(Config().repeat_log_every)
         leases.request(bob, {"gpu": 1})
         errors = [r for r in caplog.records if r.levelno == logging.ERROR]
@@ -256,7 +429,11 @@ def test_a_failing_write_is_logged_now_and_then_and_breaks_nothing(tmp_path, clo
         os.rmdir(tmp_path / "leases.json.tmp")
         leases.release(bob)
         assert list(on_disk(tmp_path)["devices"]) == [first.uuid]
-        assert any("written again" in r.getMessage() for r in caplog.records)
+        assert caplog.records[-1].getMessage() == (
+            f"lease book {path} is written again (6 write(s) failed); reservations are handed "
+            "out again")
+        assert book.metrics() == {"path": str(path), "writes": 3, "failures": 6,
+                                  "writable": True}
     book.close()
 
 
@@ -352,7 +529,8 @@ def test_a_corrupt_file_is_set_aside_with_one_line(tmp_path, clock, wall, caplog
     assert len(lines) == 1 and lines[0].levelno == logging.WARNING
     message = lines[0].getMessage()
     aside = tmp_path / "leases.json.corrupt-20270115T080000Z"
-    assert str(tmp_path / "leases.json") in message and str(aside) in message
+    assert message.startswith(f"lease book {tmp_path / 'leases.json'} is not a lease book (")
+    assert message.endswith(f"); set aside as {aside}, starting with no reservations")
     assert aside.read_bytes() == content and not aside.is_symlink()
     assert free_counts(leases) == {"gpu": 8}
     assert on_disk(tmp_path)["devices"] == {}  # a fresh book in its place
@@ -364,10 +542,41 @@ def test_an_unreadable_file_is_set_aside(tmp_path, clock, wall, caplog):
     with caplog.at_level(logging.WARNING, logger="patroller.state.book"):
         book, leases = opened(tmp_path, clock, wall)
     [line] = [r.getMessage() for r in caplog.records]
-    assert "cannot be read" in line and "set aside" in line
+    aside = tmp_path / "leases.json.corrupt-20270115T080000Z"
+    assert line == (f"lease book {tmp_path / 'leases.json'} cannot be read (Is a directory); set "
+                    f"aside as {aside}, starting with no reservations")
     assert (tmp_path / "leases.json.corrupt-20270115T080000Z").is_dir()
     assert free_counts(leases) == {"gpu": 8} and on_disk(tmp_path)["devices"] == {}
     book.close()
+
+
+def test_each_corrupt_file_set_aside_in_the_same_second_gets_the_next_number(
+        tmp_path, clock, wall, caplog):
+    stamp = "leases.json.corrupt-20270115T080000Z"
+    for n in range(3):
+        (tmp_path / "leases.json").write_bytes(b"garbage %d" % n)
+        book, leases = opened(tmp_path, clock, wall)
+        book.close()
+    assert (tmp_path / stamp).read_bytes() == b"garbage 0"
+    assert (tmp_path / f"{stamp}-2").read_bytes() == b"garbage 1"
+    assert (tmp_path / f"{stamp}-3").read_bytes() == b"garbage 2"
+
+
+@pytest.mark.errors_expected  # and then no write works either
+@pytest.mark.skipif(os.geteuid() != 0, reason="a directory root cannot write to takes root")
+def test_a_corrupt_file_that_cannot_be_set_aside_is_one_line(tmp_path, clock, wall, caplog):
+    (tmp_path / "leases.json").write_bytes(b"garbage")
+    subprocess.run(["chattr", "+a", str(tmp_path)], check=True)  # nothing renamed, not by root
+    try:
+        with caplog.at_level(logging.WARNING, logger="patroller.state.book"):
+            book, leases = opened(tmp_path, clock, wall)
+        assert [r.getMessage() for r in caplog.records][:1] == [
+            f"lease book {tmp_path / 'leases.json'} is not a lease book (Expecting value: line 1 "
+            "column 1 (char 0)) and cannot be set aside (Operation not permitted); starting "
+            "with no reservations"]
+        book.close()
+    finally:
+        subprocess.run(["chattr", "-a", str(tmp_path)], check=True)
 
 
 def test_the_directory_is_created_private(tmp_path):
@@ -381,8 +590,8 @@ def test_an_unusable_directory_is_one_clear_error(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(BookError) as error:
         LeaseBook(str(tmp_path / "file" / "state"), Config()).open()
-    assert str(tmp_path / "file" / "state") in str(error.value)
-    assert "--state-dir" in str(error.value)
+    assert str(error.value) == (f"cannot use the state directory {tmp_path / 'file' / 'state'}: "
+                                "Not a directory; choose another --state-dir")
 
 
 def test_one_directory_serves_one_daemon(tmp_path):
@@ -390,8 +599,11 @@ def test_one_directory_serves_one_daemon(tmp_path):
     first.open()
     with pytest.raises(BookError) as error:
         LeaseBook(str(tmp_path), Config()).open()
-    assert f"another patroller (pid {os.getpid()}) uses the state directory {tmp_path}" in str(
-        error.value)
+    assert str(error.value) == (f"another patroller (pid {os.getpid()}) uses the state directory "
+                                f"{tmp_path}; stop it, or give this one another --state-dir")
+    with open(tmp_path / "lock", encoding="ascii") as f:
+        assert f.read() == f"{os.getpid()}\n"  # the holder's pid, and nothing after it
+    assert os.stat(tmp_path / "lock").st_mode & 0o7777 == 0o600
     first.close()
     second = LeaseBook(str(tmp_path), Config())
     second.open()  # free again once the first let go
@@ -431,7 +643,9 @@ def test_a_directory_others_may_write_to_is_refused(tmp_path, mode):
     os.chmod(tmp_path, mode)
     with pytest.raises(BookError) as error:
         LeaseBook(str(tmp_path), Config()).open()
-    assert "writable by others" in str(error.value) and f"mode {mode:o}" in str(error.value)
+    assert str(error.value) == (
+        f"the state directory {tmp_path} is writable by others (mode {mode:o}, uid "
+        f"{os.geteuid()}); choose another --state-dir, or make it ours and private (chmod 700)")
     assert os.listdir(tmp_path) == []
 
 
@@ -441,7 +655,9 @@ def test_a_directory_of_another_user_is_refused(tmp_path):
     os.chown(tmp_path, 4321, 4321)
     with pytest.raises(BookError) as error:
         LeaseBook(str(tmp_path), Config()).open()
-    assert "is not ours" in str(error.value) and "uid 4321" in str(error.value)
+    assert str(error.value) == (
+        f"the state directory {tmp_path} is not ours (mode 700, uid 4321); choose another "
+        "--state-dir, or make it ours and private (chmod 700)")
 
 
 def test_a_book_of_many_unknown_devices_costs_one_line_and_a_big_one_is_set_aside(
@@ -483,7 +699,9 @@ def test_a_state_directory_reached_through_another_users_link_is_refused(tmp_pat
         subprocess.run(["ln", "-s", str(roots), str(shared / "state")], check=True, user=65534)
         with pytest.raises(BookError) as error:
             LeaseBook(str(shared / "state"), Config()).open()
-        assert "a link another user (uid 65534) made" in str(error.value)
+        assert str(error.value) == (
+            f"the state directory {shared / 'state'} is reached through {shared / 'state'}, a "
+            "link another user (uid 65534) made; choose another --state-dir")
         assert sorted(os.listdir(roots)) == ["leases-7.json", "leases.json"]  # untouched
         # Under a link, in any part of the path, the same.
         subprocess.run(["ln", "-s", str(roots), str(shared / "deeper")], check=True, user=65534)
@@ -500,11 +718,47 @@ def test_a_state_directory_in_a_directory_others_may_write_to_is_refused(tmp_pat
     os.chmod(parent, 0o777)  # not sticky: anyone may replace what is in it at any time
     with pytest.raises(BookError) as error:
         LeaseBook(str(parent / "state"), Config()).open()
-    assert "which others may write to (mode 777, not sticky)" in str(error.value)
+    assert str(error.value) == (
+        f"the state directory {parent / 'state'} is in {parent}, which others may write to "
+        "(mode 777, not sticky); choose a --state-dir in a directory only its owner writes to")
     assert os.listdir(parent) == []
     os.chmod(parent, 0o1777)  # sticky: what we make there stays ours
     book = LeaseBook(str(parent / "state"), Config())
     book.open()
+    book.close()
+
+
+def test_a_lock_held_by_a_daemon_that_wrote_no_pid_names_none(tmp_path):
+    first = LeaseBook(str(tmp_path), Config())
+    first.open()
+    os.truncate(tmp_path / "lock", 0)
+    with pytest.raises(BookError) as error:
+        LeaseBook(str(tmp_path), Config()).open()
+    assert str(error.value) == (f"another patroller uses the state directory {tmp_path}; stop "
+                                "it, or give this one another --state-dir")
+    first.close()
+
+
+@pytest.mark.parametrize("written", [b"\xff\xfe\n", b"12ab\n", b"9" * 40])
+def test_a_lock_file_that_names_no_pid_names_none(tmp_path, written):
+    first = LeaseBook(str(tmp_path), Config())
+    first.open()
+    with open(tmp_path / "lock", "wb") as f:  # not a pid: garbage, or longer than one
+        f.write(written)
+    with pytest.raises(BookError) as error:
+        LeaseBook(str(tmp_path), Config()).open()
+    owner = f" (pid {'9' * 32})" if written == b"9" * 40 else ""  # its first 32 bytes
+    assert str(error.value) == (f"another patroller{owner} uses the state directory {tmp_path}; "
+                                "stop it, or give this one another --state-dir")
+    first.close()
+
+
+def test_a_new_link_left_at_the_moment_of_a_write_is_replaced(tmp_path, clock, wall):
+    book, leases = opened(tmp_path, clock, wall)
+    os.symlink("leases-99.json", tmp_path / "leases.json.tmp")  # as a daemon killed just then
+    [device] = leases.request(alice, {"gpu": 1})
+    assert list(on_disk(tmp_path)["devices"]) == [device.uuid]
+    assert sorted(os.listdir(tmp_path)) == ["leases-2.json", "leases.json", "lock"]
     book.close()
 
 

@@ -346,6 +346,11 @@ def bench_flags():
     return options(help_text("-m", "bench")) | options(help_text("-m", "bench.gpucheck"))
 
 
+def mutation_flags():
+    """scripts/mutation.sh's (scripts/mutation.py's): the mutation run, docs/development.md."""
+    return options(help_text("scripts/mutation.py"))
+
+
 def all_flags():
     return set().union(*patroller_flags().values())
 
@@ -404,7 +409,7 @@ def test_every_flag_documented_as_patrollers_exists():
 
 def test_every_flag_the_docs_name_belongs_to_someone():
     assert not FOREIGN & all_flags() and not FOREIGN & bench_flags()
-    known = all_flags() | bench_flags() | FOREIGN
+    known = all_flags() | bench_flags() | mutation_flags() | FOREIGN
     unknown = {page: sorted(set(FLAG.findall(text)) - known) for page, text in pages().items()}
     assert unknown == {page: [] for page in pages()}
 

@@ -68,6 +68,76 @@ def test_a_key_file_that_holds_no_key_is_replaced(tmp_path, caplog):
     assert again.of("alice") == made.of("alice")
 
 
+def test_the_key_is_the_hmac_of_the_name_and_a_made_key_is_logged(tmp_path, caplog):
+    import hashlib
+    import hmac
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="patroller.state.pseudonyms"):
+        made = Pseudonyms(str(tmp_path), 16)
+        made.open()
+    path = tmp_path / KEY_FILE
+    assert [r.getMessage() for r in caplog.records] == [f"made the pseudonyms' key {path}"]
+    assert sorted(os.listdir(tmp_path)) == [KEY_FILE]  # no KEY_FILE.new left behind
+    key = bytes.fromhex(path.read_text())
+    for name in ("alice", "caf\u00e9", "bad\udcffbytes"):  # a name from undecodable bytes too
+        digest = hmac.new(key, name.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+        assert made.of(name) == "user-" + digest[:len(made.of(name)) - len("user-")]
+        assert made.of(name) == made.of(name)
+
+
+def test_a_key_left_half_written_is_replaced_and_one_readable_by_others_made_private(
+        tmp_path, caplog):
+    import logging
+
+    (tmp_path / (KEY_FILE + ".new")).write_text("half")  # a start died before the rename
+    first = Pseudonyms(str(tmp_path), 16)
+    first.open()
+    assert sorted(os.listdir(tmp_path)) == [KEY_FILE]
+    os.chmod(tmp_path / KEY_FILE, 0o644)
+    again = Pseudonyms(str(tmp_path), 16)
+    again.open()
+    assert again.of("alice") == first.of("alice")
+    assert stat.S_IMODE((tmp_path / KEY_FILE).stat().st_mode) == 0o600
+    os.chmod(tmp_path / KEY_FILE, 0o400)  # private already: left as it is
+    Pseudonyms(str(tmp_path), 16).open()
+    assert stat.S_IMODE((tmp_path / KEY_FILE).stat().st_mode) == 0o400
+    (tmp_path / KEY_FILE).write_text("not a key\n")
+    with caplog.at_level(logging.WARNING, logger="patroller.state.pseudonyms"):
+        Pseudonyms(str(tmp_path), 16).open()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"the pseudonyms' key {tmp_path / KEY_FILE} holds no key (10 bytes): a new one replaces "
+        "it, and every pseudonym changes"]
+
+
+def test_a_key_that_is_no_file_or_cannot_be_written_is_one_clear_error(tmp_path):
+    from patroller.state.pseudonyms import PseudonymError
+
+    os.mkdir(tmp_path / KEY_FILE)
+    with pytest.raises(PseudonymError) as error:
+        Pseudonyms(str(tmp_path), 16).open()
+    assert str(error.value) == (f"the pseudonyms' key {tmp_path / KEY_FILE} is not a regular "
+                                "file: remove it, and a new key is made")
+    os.rmdir(tmp_path / KEY_FILE)
+    os.symlink("elsewhere", tmp_path / KEY_FILE)  # a link is never followed
+    with pytest.raises(PseudonymError) as error:
+        Pseudonyms(str(tmp_path), 16).open()
+    assert str(error.value) == (f"cannot read the pseudonyms' key {tmp_path / KEY_FILE}: Too "
+                                "many levels of symbolic links")
+    os.unlink(tmp_path / KEY_FILE)
+    os.mkdir(tmp_path / (KEY_FILE + ".new"))  # what the key is written to cannot be removed
+    with pytest.raises(PseudonymError) as error:
+        Pseudonyms(str(tmp_path), 16).open()
+    assert str(error.value) == (f"cannot write the pseudonyms' key {tmp_path / KEY_FILE}: Is a "
+                                "directory")
+
+
+def test_pseudonyms_before_open_are_a_bug_said_plainly():
+    with pytest.raises(RuntimeError) as error:
+        Pseudonyms(None, 16).of("alice")
+    assert str(error.value) == "Pseudonyms.open() was not called"
+
+
 # -- test mode: callers name themselves --------------------------------------------------------
 
 async def holders(h):

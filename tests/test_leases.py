@@ -475,3 +475,272 @@ def test_the_queue_serves_exactly_as_a_scan_of_every_waiter_would(clock):
             grants.clear()
             assert {u: (c["user"] or {}).get("user") for u, c in claims(leases).items()} == holders
             assert len(leases.waiters) == len(queue)
+
+
+# -- an expiry and an idle release, each one line and one event ---------------------------------
+
+def test_each_expiry_says_which_hold_ran_out_at_its_very_deadline(clock, caplog):
+    from helpers import recorded
+
+    leases = lease_manager(clock)
+    events = recorded(leases)
+    lease = Config().lease
+    [leased] = leases.request(alice, {"gpu": 1})  # deadline: now + lease
+    [timed] = leases.request(bob, {"gpu": 1}, duration=lease)  # until: now + lease
+    [kept] = leases.request(carol, {"gpu": 1}, duration=lease)
+    leases.process_started(kept.uuid, 42, carol)  # her process: the device stays hers
+    clock.advance(lease - 0.001)  # each end is EARLY ahead: due now (<=)
+    with caplog.at_level(logging.INFO, logger="patroller.core.leases"):
+        assert leases.expire() == [leased, timed]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"lease of alice on {leased.uuid} expired",
+        f"the reservation of bob on {timed.uuid} ended",
+        f"the reservation of carol on {kept.uuid} ended; their processes hold it"]
+    expiries = [(e.user, e.devices, dict(e.details)) for e in events if e.kind == "expire"]
+    assert expiries == [("alice", ((leased.uuid, leased.number),), {"hold": "lease"}),
+                        ("bob", ((timed.uuid, timed.number),), {"hold": "duration"})]
+    assert leases.holder(kept.uuid) == carol and leases.holds[kept.uuid].until is None
+
+
+def test_a_hold_ends_no_sooner_than_early_before_its_end(clock):
+    leases = lease_manager(clock)
+    lease = Config().lease
+    leases.request(alice, {"gpu": 1})
+    leases.request(bob, {"gpu": 1}, duration=lease)
+    clock.advance(lease - 0.0011)
+    assert leases.expire() == []
+
+
+def test_an_idle_release_is_one_line_and_one_event(clock, caplog):
+    from helpers import recorded
+
+    leases = lease_manager(clock)
+    events = recorded(leases)
+    [idle] = leases.request(alice, {"gpu": 1})
+    with caplog.at_level(logging.WARNING, logger="patroller.core.leases"):
+        assert leases.release_idle(idle.uuid, 612.345) is True
+    assert [r.getMessage() for r in caplog.records] == [
+        f"alice on {idle.uuid} was idle for 612 s with no process: released"]
+    [event] = [e for e in events if e.kind == "idle_release"]
+    assert (event.user, event.devices, dict(event.details)) == (
+        "alice", ((idle.uuid, idle.number),), {"idle": 612.3})
+    assert leases.state(idle.uuid) == "free" and leases.holds[idle.uuid].since == clock()
+
+
+@pytest.mark.parametrize("how", ["free", "process", "lost", "duration", "unknown"])
+def test_what_is_not_an_idle_reservation_is_not_released(clock, how):
+    devices = [Device(f"GPU-{n}", n) for n in range(2)]
+    inventory = Inventory(devices)
+    leases = lease_manager(clock, inventory)
+    uuid = "GPU-0"
+    if how == "process":
+        leases.request(alice, {"gpu": 1})
+        leases.process_started(uuid, 42, alice)
+    elif how == "lost":
+        leases.request(alice, {"gpu": 1})
+        inventory.update([devices[1]])
+        leases.devices_changed()
+    elif how == "duration":
+        leases.request(alice, {"gpu": 1}, duration=600.0)
+    elif how == "unknown":
+        uuid = "GPU-9"
+    held = leases.holder(uuid) if how != "unknown" else None
+    assert leases.release_idle(uuid, 900.0) is False
+    assert how == "unknown" or leases.holder(uuid) == held
+
+
+def test_a_device_lost_and_back_is_one_line_and_one_event_each(clock, caplog):
+    from helpers import recorded
+
+    devices = [Device(f"GPU-{n}", n) for n in range(3)]
+    inventory = Inventory(devices)
+    leases = lease_manager(clock, inventory)
+    events = recorded(leases)
+    leases.request(alice, {"gpu": 1})  # GPU-0
+    with caplog.at_level(logging.WARNING, logger="patroller.core.leases"):
+        change = inventory.update([devices[2]])  # GPU-0 and GPU-1 fall off the bus
+        assert change.lost == ("GPU-0", "GPU-1") and change.renumbered == ()
+        assert change and not inventory.update([devices[2]])  # nothing new: no change
+        leases.devices_changed()
+        clock.advance(5)
+        assert inventory.update([devices[2]]).lost == ()  # still lost: nothing new
+        back = inventory.update(devices[:2] + [Device("GPU-2", 2, name="renamed")])
+        assert back.added == ("GPU-0", "GPU-1") and back.updated == ("GPU-2",)
+        leases.devices_changed()
+    assert [r.getMessage() for r in caplog.records] == [
+        "GPU-0 is lost", "GPU-1 is lost", "GPU-0 is back", "GPU-1 is back"]
+    assert [(e.kind, e.user, e.devices) for e in events if e.kind in ("lost", "back")] == [
+        ("lost", "alice", (("GPU-0", 0),)), ("lost", None, (("GPU-1", 1),)),
+        ("back", "alice", (("GPU-0", 0),)), ("back", None, (("GPU-1", 1),))]
+    assert [leases.state(f"GPU-{n}") for n in range(3)] == ["reserved", "free", "free"]
+
+
+# -- refusals: the message and the data, whole --------------------------------------------------
+
+def test_renewing_what_one_does_not_hold_says_why_with_the_device(leases):
+    from patroller.core.errors import NotHeld
+
+    free, theirs, released = (uuid(leases, n) for n in range(3))
+    leases.request(bob, {"gpu": 1})  # device 0... then handed back below
+    leases.release(bob)
+    leases.request(bob, {"gpu": 1})  # device 0 again
+    leases.request(alice, {"gpu": 2})  # devices 1 and 2
+    leases.process_started(released, 42, alice)
+    leases.release(alice, released)  # releasing: free once her process ends
+    with pytest.raises(NotYours) as refused:
+        leases.renew(alice, free)  # bob's
+    assert (refused.value.message, refused.value.data) == (
+        f"device {free} is held by another user", {"uuid": free})
+    with pytest.raises(NotHeld) as refused:
+        leases.renew(alice, released)
+    assert (refused.value.message, refused.value.data) == (
+        f"device {released} was released: it is free once your processes on it end",
+        {"uuid": released, "state": "claimed"})
+    leases.release(bob)
+    with pytest.raises(NotHeld) as refused:
+        leases.renew(bob, free)
+    assert (refused.value.message, refused.value.data) == (
+        f"device {free} is not held by you: its lease ran out or it was released",
+        {"uuid": free, "state": "free"})
+    assert [d.uuid for d in leases.renew(alice, theirs)] == [theirs]
+
+
+def test_busy_says_how_many_of_each_group_asked_for_are_free():
+    from patroller.core.leases.refusals import busy
+
+    error = busy({"gpu": 3, "mig": 2}, {"gpu": 1})
+    assert error.message == "busy: 3 gpu requested, 1 free; 2 mig requested, 0 free"
+    assert error.data == {"requested": {"gpu": 3, "mig": 2}, "free": {"gpu": 1}}
+
+
+def test_a_waiter_is_in_the_queue_until_served_or_cancelled(leases):
+    leases.request(alice, {"gpu": 8})
+    first = leases.wait(bob, {"gpu": 1}, lambda devices: None)
+    other = leases.wait(carol, {"gpu": 2}, lambda devices: None)
+    assert first in leases.waiters and other in leases.waiters
+    assert leases.cancel(first)
+    assert first not in leases.waiters and other in leases.waiters
+
+
+def test_a_trespasser_with_a_process_left_is_not_told_again(leases):
+    from helpers import recorded
+
+    events = recorded(leases)
+    [held] = leases.request(alice, {"gpu": 1})
+    leases.process_started(held.uuid, 1, bob)
+    leases.process_started(held.uuid, 2, bob)
+    leases.process_ended(held.uuid, 1)  # bob is still on it
+    leases.process_started(held.uuid, 3, bob)
+    assert [e.details["pid"] for e in events if e.kind == "trespass"] == [1]
+    leases.process_ended(held.uuid, 2)
+    leases.process_ended(held.uuid, 3)  # gone: told again when he comes back
+    leases.process_started(held.uuid, 4, bob)
+    assert [e.details["pid"] for e in events if e.kind == "trespass"] == [1, 4]
+    assert {e.devices for e in events if e.kind == "trespass"} == {((held.uuid, held.number),)}
+    assert list(leases.holds[held.uuid].commands) == [4]  # what ended is forgotten
+
+
+def test_a_released_device_whose_last_process_ends_is_free_from_then(leases, clock):
+    [held] = leases.request(alice, {"gpu": 1})
+    leases.process_started(held.uuid, 42, alice)
+    leases.release(alice)
+    clock.advance(7)
+    leases.process_ended(held.uuid, 42)
+    assert leases.state(held.uuid) == "free" and leases.holds[held.uuid].since == clock()
+
+
+def test_a_process_claim_and_the_end_of_a_process_hold_are_told_whole(clock, caplog):
+    from helpers import recorded
+    from patroller.core.identity import ProcessRef
+
+    leases = lease_manager(clock)
+    events = recorded(leases)
+    first, second = uuid(leases, 0), uuid(leases, 1)
+    with caplog.at_level(logging.DEBUG, logger="patroller.core.leases"):
+        leases.process_started(first, 42, alice, "python")  # a free device: claimed
+        leases.process_started(first, 42, alice, "python")  # seen again: nothing new
+        leases.request(bob, {"gpu": 1}, held_for=ProcessRef(7, 100))  # device 1, for pid 7
+        leases.process_started(second, 7, bob, "train")
+        leases.process_started(second, 8, bob, "train")  # his other process stays on it
+        assert leases.process_exited(ProcessRef(7, 100))[0].uuid == second
+        leases.process_ended(second, 8)
+        [third] = leases.request(carol, {"gpu": 1}, held_for=ProcessRef(9, 100))
+        assert leases.process_exited(ProcessRef(9, 100)) == [third]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"pid 42 of alice on {first}",
+        f"pid 7 of bob on {second}",
+        f"pid 8 of bob on {second}",
+        f"pid 7 of bob left {second}",
+        f"pid 7 of bob ended; that user's processes still run on {second}",
+        f"pid 8 of bob left {second}",
+        f"pid 9 of carol ended: {third.uuid} is free"]
+    told = [(e.kind, e.user, e.devices, dict(e.details)) for e in events
+            if e.kind in ("claim", "ended")]
+    assert told == [("claim", "alice", ((first, 0),), {"pid": 42, "command": "python"}),
+                    ("ended", "carol", ((third.uuid, third.number),), {"pid": 9})]
+    assert leases.state(third.uuid) == "free" and leases.holds[third.uuid].since == clock()
+    assert leases.holder(second) == bob and leases.holds[second].held_for is None
+
+
+def test_an_administrators_release_is_one_line_and_one_event_with_the_reason(leases, caplog):
+    from helpers import recorded
+    from patroller.core.identity import Identity
+
+    root = Identity(user="root", source="host", account="root", uid=0)
+    events = recorded(leases)
+    first, second = (d.uuid for d in leases.request(alice, {"gpu": 2}))
+    with caplog.at_level(logging.WARNING, logger="patroller.core.leases"):
+        assert leases.release(root, first, reason="maintenance")[0][0].uuid == first
+        assert leases.release(root, second)[0][0].uuid == second
+    assert [r.getMessage() for r in caplog.records] == [
+        f"root released {first}, held by alice: maintenance",
+        f"root released {second}, held by alice: no reason given"]
+    assert [(e.kind, e.user, dict(e.details)) for e in events if e.kind == "admin_release"] == [
+        ("admin_release", "alice", {"by": "root", "reason": "maintenance"}),
+        ("admin_release", "alice", {"by": "root", "reason": "released by the administrator"})]
+
+
+def test_releasing_all_leaves_what_a_process_or_a_job_holds_and_goes_on_past_it(leases, clock):
+    from patroller.core.identity import ProcessRef
+
+    held = leases.request(alice, {"gpu": 1}, held_for=ProcessRef(7, 100))  # device 0
+    plain = leases.request(alice, {"gpu": 1})  # device 1, after it
+    freed, _ = leases.release(alice)
+    assert freed == plain and leases.holder(held[0].uuid) == alice
+
+
+def test_a_waiter_served_at_once_is_held_for_its_duration(leases, clock):
+    granted = []
+    waiter = leases.wait(alice, {"gpu": 1}, granted.append, duration=600.0)
+    assert waiter.granted == granted[0] and waiter not in leases.waiters
+    assert leases.holds[granted[0][0].uuid].until == clock() + 600.0
+    leases.request(bob, {"gpu": 7})
+    later = leases.wait(carol, {"gpu": 1}, granted.append, duration=300.0)
+    assert later.duration == 300.0 and later in leases.waiters
+    leases.release(bob, uuid(leases, 3))
+    assert leases.holds[uuid(leases, 3)].until == clock() + 300.0
+
+
+def test_releasing_another_users_device_is_refused_naming_it(leases):
+    [theirs] = leases.request(bob, {"gpu": 1})
+    with pytest.raises(NotYours) as refused:
+        leases.release(alice, theirs.uuid)
+    assert (refused.value.message, refused.value.data) == (
+        f"device {theirs.uuid} is held by another user", {"uuid": theirs.uuid})
+
+
+def test_an_account_whose_devices_are_all_others_is_told_how_many_not_which():
+    from patroller.core.identity import Identity
+    from patroller.core.leases.limits import Count
+    from patroller.core.leases.refusals import over_limit
+
+    asker = Identity(user="zoe", source="host", account="lab", uid=1001)
+    count = Count("account", "lab", 1001, 2, [Device("GPU-0", 0), Device("GPU-1", 1)],
+                  ["xavier", "yann"])
+    error = over_limit(asker, {"gpu": 1}, count)
+    assert error.private.users == ("xavier", "yann")
+    assert error.private.message == (
+        "account lab (uid 1001), which zoe runs as, holds 2 device(s) (2 under other "
+        "identities) and asks for 1: the most one host account may hold is 2; release some "
+        "first (/release?uuid=..., or patroller release NUMBER)")
+    assert error.private.data["held"] == [None, None]

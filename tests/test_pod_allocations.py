@@ -209,3 +209,26 @@ def test_a_pods_own_process_on_its_gpu_is_not_use_without_asking(leases):
     leases.process_started(device, 301, host("root", 0))
     assert usage(leases)["root"]["unreserved"] == 1 and usage(leases)["root"]["trespassing"] == 1
     assert usage(leases)["alice"]["unreserved"] == 0
+
+
+def test_a_device_both_schedulers_list_is_said_once_and_slurm_holds_it(caplog):
+    import logging
+
+    from patroller.core.leases.sources import Sources
+
+    sources = Sources()
+    slurm = Allocation((Job(id="4242", uid=1001, user="carol"),))
+    other = PodAllocation((TRAIN, Pod(namespace="ml", name="eval-1")))
+    with caplog.at_level(logging.WARNING, logger="patroller.core.leases.sources"):
+        assert sources.tell("kubernetes", "GPU-1", PODS) is PODS  # alone: no clash
+        assert sources.tell("slurm", "GPU-1", slurm) is slurm
+        assert sources.tell("kubernetes", "GPU-1", other) is slurm  # still the same clash
+        assert sources.tell("slurm", "GPU-1", None) is other
+        assert sources.tell("slurm", "GPU-1", slurm) is slurm  # a clash again: said again
+        assert sources.tell("slurm", "GPU-2", slurm) is slurm  # another device, one source
+    line = "GPU-1 is allocated both to Slurm job 4242 and to Kubernetes {}: Slurm holds it"
+    assert [r.getMessage() for r in caplog.records] == [
+        line.format("pod ml/train-0"), line.format("pods ml/train-0, ml/eval-1")]
+    with pytest.raises(ValueError) as refused:
+        sources.tell("lsf", "GPU-1", None)
+    assert str(refused.value) == "no such allocation source: 'lsf'"

@@ -48,16 +48,38 @@ def test_fields_of_kinds_not_read_here_are_skipped():
 
 
 @pytest.mark.parametrize("data, why", [
-    (b"\x08", "varint runs past"),
-    (b"\x08" + b"\xff" * 11, "longer than ten"),
-    (b"\x12\x05abc", "runs past the end"),
+    (b"\x08", "a varint runs past the end"),
+    (b"\x08" + b"\xff" * 11, "a varint longer than ten bytes"),
+    (b"\x12\x05abc", "field 2 runs past the end"),
     (b"\x00\x01", "field number 0"),
-    (bytes([1 << 3 | 3]), "wire type 3"),
-    (pw.varint(6 << 3 | pw.FIXED64) + bytes(3), "runs past the end"),
+    (bytes([1 << 3 | 3]), "field 1 has wire type 3, which is not read here"),
+    (pw.varint(6 << 3 | pw.FIXED64) + bytes(3), "field 6 runs past the end"),
 ])
 def test_malformed_input_is_a_wire_error(data, why):
-    with pytest.raises(pw.WireError, match=why):
+    with pytest.raises(pw.WireError) as refused:
         pw.Message(data)
+    assert str(refused.value) == why
+
+
+def test_the_edges_of_varints_and_field_numbers():
+    assert pw.varint(0) == b"\x00" and pw.integer(1, 0) == b"\x08\x00"
+    assert pw.Message(b"\x08" + b"\xff" * 9 + b"\x01").integer(1) == 2 ** 64 - 1  # ten bytes
+    top = (1 << 29) - 1
+    assert pw.Message(pw.string(top, "last")).text(top) == "last"
+    for number in (0, top + 1):
+        with pytest.raises(ValueError) as refused:
+            pw.string(number, "x")
+        assert str(refused.value) == f"no such field number: {number}"
+
+
+def test_repeated_strings_and_maps_are_their_fields_back_to_back():
+    assert pw.strings(2, ["a", "b"]) == pw.string(2, "a") + pw.string(2, "b")
+    assert pw.string_map(3, {"k": "v", "x": "y"}) == (
+        pw.delimited(3, pw.string(1, "k") + pw.string(2, "v"))
+        + pw.delimited(3, pw.string(1, "x") + pw.string(2, "y")))
+    message = pw.Message(pw.delimited(4, b"first") + pw.delimited(4, b"second")
+                         + pw.delimited(4, b"third"))
+    assert message.raw(4) == b"third" and message.raw(5) == b"" and message.text(5) == ""
 
 
 def test_a_field_of_the_wrong_type_or_bad_utf8_is_a_wire_error():

@@ -137,6 +137,26 @@ def test_a_report_orders_keys_by_use_and_gives_shares_of_the_whole():
     assert summarize([])["total"]["shares"]["active"] == 0.0
 
 
+def test_a_report_adds_up_each_key_and_breaks_ties_by_time_held_then_by_name():
+    report = summarize([
+        ("zed", "future_category", 50.0),  # a category a later version added: skipped
+        ("bob", "active", 1.0), ("bob", "active", 1.0),  # added up, not replaced
+        ("amy", "active", 2.0), ("amy", "free", 10.0),  # as used as bob; more time in all
+        (None, "active", 2.0), ("cal", "active", 2.0),  # as used as bob, unnamed last
+        ("dan", "free", 0.25)])
+    assert [row["key"] for row in report["rows"]] == ["amy", "bob", "cal", None, "dan"]
+    bob = report["rows"][1]
+    assert bob["hours"]["active"] == bob["gpu_hours"] == 0.000556  # 2 s, to 6 places
+    assert report["total"]["hours"]["active"] == 0.002222
+    assert report["total"]["gpu_hours"] == 0.005069  # 18.25 s
+    assert report["rows"][-1]["share"] == round(0.25 / 18.25, 4)
+    days = summarize([(None, "active", 1.0), ("2026-11-02", "active", 2.0),
+                      ("2026-11-01", "active", 0.5)], chronological=True)
+    assert [row["key"] for row in days["rows"]] == ["2026-11-01", "2026-11-02", None]
+    half = summarize([("amy", "active", 0.5)])  # less than a second in all: a share all the same
+    assert half["rows"][0]["share"] == 1.0 and half["total"]["shares"]["active"] == 1.0
+
+
 def test_the_tally_sums_the_readings_between_two_takes():
     inventory = synthetic_inventory(2)
     tally = Tally(inventory, busy_sm=1.0)
