@@ -24,8 +24,11 @@ setup(
     # schemathesis 4 (the API fuzzer of tests/test_fuzz.py) needs Python 3.11
     # kubernetes: containerd's API and the kubelet's pod-resources are gRPC (grpcio alone: the
     # messages are encoded by patroller itself, so neither protobuf nor generated code is needed)
+    # test: protobuf and grpcio-tools (protoc) check that encoding against the real thing, from
+    # the .proto files of tests/fixtures/proto (tests/test_protobuf_wire.py)
     extras_require={"kubernetes": ["grpcio>=1.60"],
                     "test": ["pytest>=8.4", "pytest-timeout>=2.4", "selenium>=4.20", "grpcio>=1.60",
+                             "protobuf>=5.26", "grpcio-tools>=1.64",
                              "schemathesis>=4,<5; python_version >= '3.11'"],
                     # scripts/mutation.sh: mutmut 3 (its [tool.mutmut] in pyproject.toml);
                     # a development tool, never needed to run or test Patroller

@@ -83,6 +83,17 @@ def check_claim(claim: Dict[str, Any], where: str) -> None:
         fields(process, PROCESS, f"{where}.process_detail[{n}]")
 
 
+def free(info: Dict[str, Any], entry: Dict[str, Any], group: str = "gpu") -> bool:
+    """Whether one could reserve a device there now: of `group`, not lost, free and not
+    withheld, from its /devices `info` and its /status `entry` (as `check` passed them; a claim
+    with no state counts as free, as the views show it). The one rule of every view of another
+    daemon's answers: /fleet.json and /fleet, `patroller status --free`, and the holders that
+    `patroller run --wait` names while it waits."""
+    claim = entry.get("claim") or {}
+    return (info.get("group", "gpu") == group and not info.get("lost")
+            and claim.get("state", "free") == "free" and not claim.get("withheld"))
+
+
 def identity(user: Any, where: str) -> None:
     fields(user, IDENTITY, where)
     for name, table in (("container", CONTAINER), ("job", JOB), ("pod", POD)):

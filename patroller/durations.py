@@ -2,7 +2,9 @@
 
 One parser for every duration Patroller reads: the daemon's flags, the API's `timeout=` and
 `hold=`, and the command line's `--wait`, `--timeout` and `--watch`; and `describe`, which says
-a number of seconds back in those units for messages (`13h`, not 46800 s). Standard library
+a number of seconds back in those units (`13h`, not 46800 s), for the daemon's messages and the
+command line's tables alike: the one place a duration is formatted in Python (the web pages
+have theirs in patroller/http/web/common.js). Standard library
 only: the client side uses it too. Its messages name no flag; the caller says which value it was.
 """
 from __future__ import annotations
@@ -36,15 +38,22 @@ def parse(text: str, *, zero: bool = False) -> float:
     return seconds
 
 
-def describe(seconds: float) -> str:
-    """`seconds` as people read it, largest unit first and zero parts left out: `13h`, `1h30m`,
-    `1m30s`, `7d`, `45s`, `0.5s` (under a minute to a tenth of a second, else whole seconds)."""
-    if round(seconds, 1) < 60:
+def describe(seconds: float, most: int = 4) -> str:
+    """`seconds` as people read it, largest unit first, in at most `most` units, each after the
+    first in two digits, zero ones at the end left out: `13h`, `1h30m`, `2h05m`, `3d04h`, `7d`,
+    `45s`, `0.5s` (under ten seconds to a tenth, else whole seconds). The one formatting of a
+    duration in Python: the daemon's messages (every unit, so nothing is lost) and the command
+    line's tables (two, `most=2`: `3m12s`, `2h05m`) both say it so."""
+    if round(seconds, 1) < 10:
         return f"{round(max(seconds, 0.0), 1):g}s"
     left = int(round(seconds))
     parts = []
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if left >= size:
-            parts.append(f"{left // size}{unit}")
+        if parts or left >= size:
+            parts.append((left // size, unit))
             left %= size
-    return "".join(parts)
+    parts = parts[:most]
+    while len(parts) > 1 and parts[-1][0] == 0:
+        parts.pop()
+    return "".join(f"{n}{unit}" if i == 0 else f"{n:02d}{unit}"
+                   for i, (n, unit) in enumerate(parts))

@@ -1,7 +1,8 @@
 """The entry point: configuration, logging, the daemon, and one ordered shutdown.
 
 `patroller [flags]` runs the daemon; `patroller run|status|release|wait ...` are the command
-line's client commands (cli.py), which need neither Tornado nor the Docker SDK.
+line's client commands (cli.py), which need neither Tornado nor the Docker SDK; `patroller
+doctor [flags]` checks what the daemon would meet here (doctor/).
 """
 from __future__ import annotations
 
@@ -29,9 +30,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in cli.COMMANDS:
         return cli.main(args)
+    if args and args[0] == "doctor":
+        return doctor_main(args[1:])
     if args and args[0] == "serve":  # the daemon by name, for symmetry with the commands
         args = args[1:]
     return daemon_main(args)
+
+
+def doctor_main(argv: Sequence[str]) -> int:
+    """`patroller doctor`: what the daemon these flags describe would meet on this host. 0 when
+    no check failed, 78 (EX_CONFIG) when one did, 2 for a bad flag."""
+    from patroller.cli.exits import EX_CONFIG, EX_OK, EX_USAGE
+    from patroller.doctor.command import FAILING, HEALTHY, main as doctor
+
+    return {HEALTHY: EX_OK, FAILING: EX_CONFIG}.get(doctor(argv), EX_USAGE)
 
 
 def daemon_main(argv: Sequence[str]) -> int:

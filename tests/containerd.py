@@ -17,9 +17,10 @@ import shutil
 import signal
 import subprocess
 import tarfile
-import tempfile
 import time
 from typing import Dict, List, Optional, Tuple
+
+from private import PrivateDaemon, Unavailable, busybox_rootfs
 
 IMAGE = "docker.io/library/patroller-test-busybox:latest"
 NAMESPACES = ("k8s.io", "default")
@@ -40,89 +41,55 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.a
 """
 
 
-class ContainerdUnavailable(Exception):
+class ContainerdUnavailable(Unavailable):
     """No containerd can be started here; the message says why."""
 
 
-class Containerd:
+class Containerd(PrivateDaemon):
     """containerd in a private directory, and the containers the tests ran on it."""
 
+    what, log_name, unavailable = "containerd", "containerd.log", ContainerdUnavailable
+
     def __init__(self) -> None:
-        self.root = tempfile.mkdtemp(prefix="ctrd-", dir="/tmp")
-        self.socket = os.path.join(self.root, "c.sock")
+        super().__init__("ctrd-")
+        self.socket = self.path("c.sock")
         self.address = f"unix://{self.socket}"
-        self.process: Optional[subprocess.Popen] = None
         self.containers: List[Tuple[str, str]] = []  # (namespace, id)
         self.pod_cgroups: List[str] = []  # /kubepods/... directories made for pods
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def start(self, timeout: float = 30) -> "Containerd":
-        for tool in ("containerd", "ctr", "runc", "busybox"):
-            if shutil.which(tool) is None:
-                raise ContainerdUnavailable(f"{tool} is not installed (tests/setup.sh installs "
-                                            "containerd, runc and busybox-static)")
-        if os.geteuid() != 0:
-            raise ContainerdUnavailable("containerd needs root")
-        with open(os.path.join(self.root, "config.toml"), "w", encoding="utf-8") as f:
+    def prepare(self) -> None:
+        self.need(("containerd", "ctr", "runc", "busybox"),
+                  "tests/setup.sh installs containerd, runc and busybox-static")
+        with open(self.path("config.toml"), "w", encoding="utf-8") as f:
             f.write(_CONFIG.format(root=self.root, socket=self.socket))
-        try:
-            self.run_daemon(timeout)
-            self._import_image()
-        except Exception:
-            self.stop()
-            raise
-        return self
 
-    def run_daemon(self, timeout: float = 30) -> None:
+    def run_daemon(self, timeout: Optional[float] = None) -> None:
         """Start containerd (again: its containers and their tasks are still there)."""
-        log = open(os.path.join(self.root, "containerd.log"), "ab")
-        self.process = subprocess.Popen(
-            ["containerd", "--config", os.path.join(self.root, "config.toml")],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-            close_fds=True)
-        log.close()
-        deadline = time.monotonic() + timeout
-        while self.ctr("version", check=False).returncode != 0:
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise ContainerdUnavailable(f"containerd did not start: {self.log()[-2000:]}")
-            time.sleep(0.1)
+        self.spawn(["containerd", "--config", self.path("config.toml")],
+                   lambda: self.ctr("version", check=False).returncode == 0, timeout)
 
     def kill(self) -> None:
         """Kill containerd as a crash would: its socket file stays, nobody answers on it."""
-        assert self.process is not None
-        self.process.kill()
-        self.process.wait()
+        assert self.running()
+        self.halt(signal.SIGKILL)
 
     def terminate(self) -> None:
         """Stop containerd in order (SIGTERM, as systemctl stop does): it removes its socket."""
-        assert self.process is not None
-        self.process.terminate()
-        self.process.wait()
+        assert self.running()
+        self.halt(signal.SIGTERM)
 
     def stop(self) -> None:
         """Remove the containers, stop containerd, delete the directory and the pods' cgroups."""
-        if self.process is not None and self.process.poll() is None:
+        if self.running():
             for namespace, cid in reversed(self.containers):
                 self.remove(namespace, cid)
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        self.halt()
         for path in reversed(self.pod_cgroups):
             remove_cgroup(path)
-        subprocess.run(["umount", "-R", os.path.join(self.root, "state")], capture_output=True)
+        subprocess.run(["umount", "-R", self.path("state")], capture_output=True)
         shutil.rmtree(self.root, ignore_errors=True)
-
-    def log(self) -> str:
-        try:
-            with open(os.path.join(self.root, "containerd.log"), encoding="utf-8",
-                      errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
 
     # -- using it -----------------------------------------------------------------------
 
@@ -177,7 +144,7 @@ class Containerd:
         if (namespace, cid) in self.containers:
             self.containers.remove((namespace, cid))
 
-    def _import_image(self) -> None:
+    def import_image(self) -> None:
         image = oci_image()
         for namespace in NAMESPACES:
             result = self.ctr("image", "import", "--snapshotter", "native", "-",
@@ -189,21 +156,7 @@ class Containerd:
 
 def oci_image() -> bytes:
     """An OCI image layout, as a tarball: busybox and its applets in one layer, PATH=/bin."""
-    busybox = shutil.which("busybox")
-    assert busybox is not None
-    listed = subprocess.run([busybox, "--list"], capture_output=True, text=True).stdout.split()
-    layer_buffer = io.BytesIO()
-    with tarfile.open(fileobj=layer_buffer, mode="w") as tar:
-        for folder in ("bin", "tmp", "proc", "sys", "dev", "etc"):
-            info = tarfile.TarInfo(folder)
-            info.type, info.mode = tarfile.DIRTYPE, 0o755
-            tar.addfile(info)
-        tar.add(busybox, arcname="bin/busybox")
-        for applet in sorted(set(listed) - {"busybox"}):
-            info = tarfile.TarInfo(f"bin/{applet}")
-            info.type, info.linkname = tarfile.SYMTYPE, "busybox"
-            tar.addfile(info)
-    layer = layer_buffer.getvalue()
+    layer = busybox_rootfs()
     config = json.dumps({
         "architecture": "amd64", "os": "linux",
         "config": {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"]},

@@ -1,92 +1,60 @@
 """A private Docker Engine for the identity tests: started, used and stopped by the tests.
 
-Everything lives under one short directory (unix socket paths are limited to 107 bytes). The
-test image is busybox imported from a tarball: no registry is needed. Containers run with
+Everything lives under one short directory (private.py says what the engines share). The test
+image is busybox imported from a tarball: no registry is needed. Containers run with
 `--network none`.
 """
 from __future__ import annotations
 
-import io
 import os
 import shutil
-import signal
 import subprocess
-import tarfile
-import tempfile
 import time
-from typing import Dict, List, Optional, Union
+from typing import List, Optional
+
+from private import LabelledRuns, PrivateDaemon, Unavailable, busybox_rootfs
 
 IMAGE = "patroller-test-busybox"
 
 
-class EngineUnavailable(Exception):
+class EngineUnavailable(Unavailable):
     """No Docker Engine can be started here; the message says why."""
 
 
-class Engine:
+class Engine(PrivateDaemon, LabelledRuns["Container"]):
     """dockerd in a private directory, and the containers the tests ran on it."""
 
+    what, log_name, unavailable = "dockerd", "dockerd.log", EngineUnavailable
+    image = IMAGE
+
     def __init__(self) -> None:
-        self.root = tempfile.mkdtemp(prefix="ptd", dir="/tmp")
-        self.socket = os.path.join(self.root, "docker.sock")
+        super().__init__("ptd")
+        self.socket = self.path("docker.sock")
         self.url = f"unix://{self.socket}"
-        self.process: Optional[subprocess.Popen] = None
         self.containers: List[str] = []
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def start(self, timeout: float = 30) -> "Engine":
-        for tool in ("dockerd", "docker", "busybox"):
-            if shutil.which(tool) is None:
-                raise EngineUnavailable(f"{tool} is not installed (tests/setup.sh installs "
-                                        "docker.io and busybox-static on Debian and Ubuntu)")
-        if os.geteuid() != 0:
-            raise EngineUnavailable("dockerd needs root")
-        log = open(os.path.join(self.root, "dockerd.log"), "wb")
-        self.process = subprocess.Popen(
-            ["dockerd", "--host", self.url, "--data-root", os.path.join(self.root, "data"),
-             "--exec-root", os.path.join(self.root, "exec"),
-             "--pidfile", os.path.join(self.root, "dockerd.pid"),
-             "--iptables=false", "--ip6tables=false", "--ip-masq=false", "--bridge=none",
-             "--storage-driver=overlay2", "--exec-opt", "native.cgroupdriver=cgroupfs"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-            close_fds=True)
-        log.close()
-        deadline = time.monotonic() + timeout
-        while self.docker("version", check=False).returncode != 0:
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                tail = self.log()[-2000:]
-                self.stop()
-                raise EngineUnavailable(f"dockerd did not start: {tail}")
-            time.sleep(0.1)
-        try:
-            self._import_image()
-        except Exception:
-            self.stop()
-            raise
-        return self
+    def prepare(self) -> None:
+        self.need(("dockerd", "docker", "busybox"),
+                  "tests/setup.sh installs docker.io and busybox-static on Debian and Ubuntu")
+
+    def run_daemon(self, timeout: Optional[float] = None) -> None:
+        self.spawn(["dockerd", "--host", self.url, "--data-root", self.path("data"),
+                    "--exec-root", self.path("exec"), "--pidfile", self.path("dockerd.pid"),
+                    "--iptables=false", "--ip6tables=false", "--ip-masq=false",
+                    "--bridge=none", "--storage-driver=overlay2", "--exec-opt",
+                    "native.cgroupdriver=cgroupfs"],
+                   lambda: self.docker("version", check=False).returncode == 0, timeout)
 
     def stop(self) -> None:
         """Remove the containers, stop dockerd, delete the directory."""
-        if self.process is not None and self.process.poll() is None:
-            if self.containers:
-                self.docker("rm", "-f", *self.containers, check=False)
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        subprocess.run(["umount", "-R", os.path.join(self.root, "exec")], capture_output=True)
-        subprocess.run(["umount", "-R", os.path.join(self.root, "data")], capture_output=True)
+        if self.running() and self.containers:
+            self.docker("rm", "-f", *self.containers, check=False)
+        self.halt()
+        subprocess.run(["umount", "-R", self.path("exec")], capture_output=True)
+        subprocess.run(["umount", "-R", self.path("data")], capture_output=True)
         shutil.rmtree(self.root, ignore_errors=True)
-
-    def log(self) -> str:
-        try:
-            with open(os.path.join(self.root, "dockerd.log"), encoding="utf-8", errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
 
     # -- using it -----------------------------------------------------------------------
 
@@ -98,43 +66,18 @@ class Engine:
             raise RuntimeError(f"docker {' '.join(args)}: {result.stderr.strip()}")
         return result
 
-    def run(self, *args: str, labels: Optional[Dict[str, str]] = None,
-            command: Union[str, List[str]] = "sleep 600") -> "Container":
-        """Start a container of the test image, with labels, and no network."""
-        label_args = [arg for key, value in (labels or {}).items()
-                      for arg in ("--label", f"{key}={value}")]
-        argv = command.split() if isinstance(command, str) else command
-        cid = self.docker("run", "-d", "--network", "none", *label_args, *args, IMAGE,
-                          *argv).stdout.strip()
-        self.containers.append(cid)
+    def output(self, *args: str) -> str:
+        return self.docker(*args).stdout.strip()
+
+    def container(self, cid: str) -> "Container":
         return Container(self, cid)
 
-    def _import_image(self) -> None:
+    def import_image(self) -> None:
         result = subprocess.run(
             ["docker", "--host", self.url, "import", "-c", "ENV PATH=/bin", "-c", 'CMD ["/bin/sh"]',
              "-", IMAGE], input=busybox_rootfs(), capture_output=True, timeout=60)
         if result.returncode != 0:
             raise EngineUnavailable(f"cannot import the test image: {result.stderr.decode()}")
-
-
-def busybox_rootfs() -> bytes:
-    """A tarball of a root file system: the host's busybox and a link for each of its applets."""
-    busybox = shutil.which("busybox")
-    assert busybox is not None
-    listed = subprocess.run([busybox, "--list"], capture_output=True, text=True).stdout.split()
-    applets = sorted(set(listed) - {"busybox"})
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for folder in ("bin", "tmp", "proc", "sys", "dev", "etc"):
-            info = tarfile.TarInfo(folder)
-            info.type, info.mode = tarfile.DIRTYPE, 0o755
-            tar.addfile(info)
-        tar.add(busybox, arcname="bin/busybox")
-        for applet in applets:
-            info = tarfile.TarInfo(f"bin/{applet}")
-            info.type, info.linkname = tarfile.SYMTYPE, "busybox"
-            tar.addfile(info)
-    return buffer.getvalue()
 
 
 class Container:

@@ -1,6 +1,6 @@
 """A real gRPC server on a unix socket for the tests, answering encoded messages by method: the
 stand-in for servers that cannot run here (the kubelet), built from their public .proto files'
-field numbers with core/protowire.py."""
+field numbers with observe/protowire.py."""
 from __future__ import annotations
 
 import os

@@ -1,6 +1,6 @@
 """The kubelet's pod-resources service for the tests: a real gRPC server on a unix socket
 (tests/grpc_server.py) answering `/v1.PodResourcesLister/List` with the pods it is given,
-encoded with core/protowire.py from the field numbers of the kubelet's public api.proto
+encoded with observe/protowire.py from the field numbers of the kubelet's public api.proto
 (k8s.io/kubelet/pkg/apis/podresources/v1), as the simulator stands in for nvidia-smi."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import grpc
 
 from grpc_server import Abort, Hang, Server
-from patroller.core import protowire as pw
+from patroller.observe import protowire as pw
 
 LIST = "/v1.PodResourcesLister/List"
 

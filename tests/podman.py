@@ -25,19 +25,18 @@ import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
-from typing import Dict, List, Optional, Union
+from typing import Dict, List, Optional
 
-from dockerd import busybox_rootfs
 from helpers import cgroup_root, unused_uid, user_manager
 from patroller.identify.cgroups import parse_cgroup
+from private import LabelledRuns, PrivateDaemon, Unavailable, busybox_rootfs
 
 IMAGE = "localhost/patroller-test-busybox:latest"
 LIMITS = ("--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")
 
 
-class PodmanUnavailable(Exception):
+class PodmanUnavailable(Unavailable):
     """No Podman service can be started here; the message says why."""
 
 
@@ -92,73 +91,50 @@ class Account:
         subprocess.run(["userdel", self.name], capture_output=True)
 
 
-class Podman:
+class Podman(PrivateDaemon, LabelledRuns["Container"]):
     """A Podman service in a private directory, and the containers the tests ran on it;
     rootless when it runs as `user`."""
 
+    what, log_name, unavailable = "podman system service", "service.log", PodmanUnavailable
+    start_timeout = 60
+    image, options = IMAGE, LIMITS
+
     def __init__(self, user: Optional[Account] = None) -> None:
+        super().__init__("podman-")
         self.user = user
-        self.root = tempfile.mkdtemp(prefix="podman-", dir="/tmp")
         os.chmod(self.root, 0o755)
         if user is None:
-            self.socket = os.path.join(self.root, "podman.sock")
+            self.socket = self.path("podman.sock")
             self.home = self.runtime = self.root
         else:
-            self.runtime = os.path.join(self.root, str(user.uid))  # its XDG_RUNTIME_DIR
+            self.runtime = self.path(str(user.uid))  # its XDG_RUNTIME_DIR
             self.socket = os.path.join(self.runtime, "podman", "podman.sock")
-            self.home = os.path.join(self.root, "home")
+            self.home = self.path("home")
             for folder in (self.runtime, os.path.dirname(self.socket), self.home,
-                           os.path.join(self.root, "store")):
+                           self.path("store")):
                 os.makedirs(folder, mode=0o700, exist_ok=True)
                 os.chown(folder, user.uid, user.gid)
         self.url = f"unix://{self.socket}"
         # --rootless-podman-socket for this service: {uid} is the user's
         self.template = f"unix://{self.root}/{{uid}}/podman/podman.sock"
-        store = os.path.join(self.root, "store")
-        self.options = ["--root", os.path.join(store, "root"), "--runroot",
+        store = self.path("store")
+        self.storage = ["--root", os.path.join(store, "root"), "--runroot",
                         os.path.join(store, "run"), "--tmpdir", os.path.join(store, "tmp"),
                         "--storage-driver", "vfs", "--cgroup-manager", "cgroupfs",
                         "--runtime", "runc", "--events-backend", "file"]
-        self.process: Optional[subprocess.Popen] = None
         self.containers: List[str] = []
         self.cgroups: List[str] = []  # the cgroups `place` made, deepest last
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def start(self, timeout: float = 60) -> "Podman":
-        """Start the service, wait until it answers, import the test image."""
-        try:
-            self.start_service(timeout)
-            self._import_image()
-        except Exception:
-            self.stop()
-            raise
-        return self
-
-    def start_service(self, timeout: float = 60) -> None:
+    def run_daemon(self, timeout: Optional[float] = None) -> None:
         """`podman system service` on this directory's socket (again, after stop_service)."""
-        log = open(os.path.join(self.root, "service.log"), "ab")
-        self.process = subprocess.Popen(
-            ["podman", *self.options, "system", "service", "--time=0", self.url],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-            close_fds=True, cwd="/", env=self._env(), **self._as_user())
-        log.close()
-        deadline = time.monotonic() + timeout
-        while not self.answers():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise PodmanUnavailable(f"podman system service did not start: "
-                                        f"{self.log()[-2000:]}")
-            time.sleep(0.1)
+        self.spawn(["podman", *self.storage, "system", "service", "--time=0", self.url],
+                   self.answers, timeout, cwd="/", env=self._env(), **self._as_user())
 
     def stop_service(self, signum: int = signal.SIGTERM) -> None:
         """Stop the service; its containers run on (conmon watches them)."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signum)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        self.halt(signum)
 
     def stop(self) -> None:
         """Remove the containers, stop the service, delete the directory."""
@@ -196,38 +172,25 @@ class Podman:
         except OSError:
             return False
 
-    def log(self) -> str:
-        try:
-            with open(os.path.join(self.root, "service.log"), encoding="utf-8",
-                      errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
-
     # -- using it -----------------------------------------------------------------------
 
     def podman(self, *args: str, check: bool = True, stdin: Optional[bytes] = None
                ) -> subprocess.CompletedProcess:
         """Run the podman command on this service's storage (as its user)."""
-        result = subprocess.run(["podman", *self.options, *args], input=stdin,
+        result = subprocess.run(["podman", *self.storage, *args], input=stdin,
                                 capture_output=True, timeout=120, cwd="/", env=self._env(),
                                 **self._as_user())
         if check and result.returncode != 0:
             raise RuntimeError(f"podman {' '.join(args)}: {result.stderr.decode().strip()}")
         return result
 
-    def run(self, *args: str, labels: Optional[Dict[str, str]] = None,
-            command: Union[str, List[str]] = "sleep 600") -> "Container":
-        """Start a container of the test image, with labels, and no network."""
-        label_args = [arg for key, value in (labels or {}).items()
-                      for arg in ("--label", f"{key}={value}")]
-        argv = command.split() if isinstance(command, str) else command
-        cid = self.podman("run", "-d", "--network", "none", *LIMITS, *label_args, *args, IMAGE,
-                          *argv).stdout.decode().strip()
-        self.containers.append(cid)
+    def output(self, *args: str) -> str:
+        return self.podman(*args).stdout.decode().strip()
+
+    def container(self, cid: str) -> "Container":
         return Container(self, cid)
 
-    def _import_image(self) -> None:
+    def import_image(self) -> None:
         result = self.podman("import", "-c", "ENV PATH=/bin", "-", IMAGE, stdin=busybox_rootfs(),
                              check=False)
         if result.returncode != 0:

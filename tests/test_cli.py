@@ -16,7 +16,7 @@ import pytest
 
 from helpers import ROOT, ScenarioFile, ServerProcess, alive, need_root
 from patroller import client
-from patroller.cli import render
+from patroller.cli import render, status, table
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ENV = {name: value for name, value in os.environ.items()
@@ -88,11 +88,24 @@ def group_members(pgid):
 
 
 def table_rows(text):
-    """{first cell: the row's cells} of a status table (cells two or more spaces apart)."""
+    """{first cell: the row's cells} of a status table (cells two or more spaces apart), as a
+    pipe gets it: every column."""
     lines = text.splitlines()
-    assert lines[0].split()[:3] == ["GPU", "NAME", "STATE"]
+    assert lines[0].split() == list(status.HEADERS)
     return {re.split(r"\s{2,}", line)[0]: re.split(r"\s{2,}", line)
             for line in lines[1:] if re.match(r"\d+\s", line)}
+
+
+def process_lines(text, number):
+    """The process lines under GPU `number`'s row, each split: pid, user, memory, command."""
+    lines = text.splitlines()
+    row = next(i for i, line in enumerate(lines) if re.match(rf"{number}\s", line))
+    found = []
+    for line in lines[row + 1:]:
+        if not line.lstrip().startswith(status.PROCESS_MARK):
+            break
+        found.append(re.split(r"\s{2,}", line.lstrip()[len(status.PROCESS_MARK):]))
+    return found
 
 
 # --- formatting, on bodies from a live test-mode daemon ------------------------------------
@@ -117,9 +130,9 @@ def test_the_status_table_from_live_bodies(test_server):
     assert call(test_server, "/request?gpu=1&user=bob")[0] == 200
     mine = client.reserve(1, test_server)  # hold=process: bound to this very process
     assert mine[0]["info"]["number"] == 3
-    status, devices = client.status(test_server), client.devices(test_server)
+    claims, devices = client.status(test_server), client.devices(test_server)
 
-    plain = render.format_status(status, devices, [], colour=False)
+    plain = status.format_status(claims, devices, [], colour=False)
     assert "\x1b" not in plain
     rows = table_rows(plain)
     assert sorted(rows) == [str(n) for n in range(8)]
@@ -128,14 +141,13 @@ def test_the_status_table_from_live_bodies(test_server):
     assert rows["2"][2:4] == ["reserved", "bob"]
     assert rows["0"][-1].startswith("expires in ")
     assert rows["3"][2] == "reserved" and rows["3"][-1] == f"while pid {os.getpid()} lives"
-    assert rows["4"][2:5] == ["free", "-", "-"] and rows["4"][-1].startswith("for ")
+    assert rows["4"][2:4] == ["free", "-"] and rows["4"][-1].startswith("for ")
     total = devices[mine[0]["uuid"]]["total_mem"].split()[0]
-    assert rows["3"][6] == f"{status[mine[0]['uuid']]['fb']}/{total} MiB"
-    assert rows["3"][5] == f"{status[mine[0]['uuid']]['sm']}%"
-    assert rows["3"][7] == f"{status[mine[0]['uuid']]['gtemp']}C"
-    assert rows["3"][8] == f"{status[mine[0]['uuid']]['power']}W"
+    held = claims[mine[0]["uuid"]]
+    assert rows["3"][4:8] == [f"{held['sm']}%", f"{held['fb']}/{total} MiB", f"{held['gtemp']}C",
+                              f"{held['power']}W"]
 
-    coloured = render.format_status(status, devices, [], colour=True)
+    coloured = status.format_status(claims, devices, [], colour=True)
     assert "\x1b[33mreserved\x1b[0m" in coloured and "\x1b[32mfree\x1b[0m" in coloured
     assert ANSI.sub("", coloured) == plain  # colours never move a column
 
@@ -147,17 +159,17 @@ def test_waiting_requests_and_the_progress_line_from_live_bodies(test_server):
     waiter.start()
     try:
         queued = eventually(lambda: client.queue(test_server), what="a waiter")
-        status, devices = client.status(test_server), client.devices(test_server)
-        text = render.format_status(status, devices, queued)
+        claims, devices = client.status(test_server), client.devices(test_server)
+        text = status.format_status(claims, devices, queued)
         assert re.search(r"^waiting 1: carol wants 2 GPUs \(for \d+(\.\d)?s\)$", text, re.M), text
         assert render.queue_line({"position": 2, "user": "dan", "wants": {"gpu": 1, "fpga": 2},
                                   "waited": 3}) == "waiting 2: dan wants 1 GPU, 2 fpga (for 3s)"
         # the line `patroller run --wait` shows, for a waiter bound to this pid and another
         mine = [dict(queued[0], pid=os.getpid())]
-        line = render.progress_message(2, "gpu", os.getpid(), mine, status, devices, 75)
+        line = render.progress_message(2, "gpu", os.getpid(), mine, claims, devices, 75)
         assert line == ("patroller: waiting for 2 GPUs (1m15s): 1st of 1 in the queue; held by "
                         "alice@example.org (0,1,2,3,4,5), bob (6); 1 free")
-        line = render.progress_message(2, "gpu", os.getpid(), queued, status, devices, None)
+        line = render.progress_message(2, "gpu", os.getpid(), queued, claims, devices, None)
         assert line.startswith("patroller: waiting for 2 GPUs: 1 in the queue; held by ")
     finally:
         call(test_server, "/release?user=alice@example.org")  # carol is served, the wait ends
@@ -169,15 +181,15 @@ def test_small_formatters():
         ["0s", "0.5s", "8s", "3m12s", "2h05m", "3d04h"]
     assert render.short_name("NVIDIA A100-SXM4-80GB") == "A100-SXM4-80GB"
     assert render.short_name("Tesla P100-PCIE-16GB") == "P100-PCIE-16GB"
-    assert render.memory_cell(295, "81920 MiB") == "295/81920 MiB"
-    assert render.memory_cell(None, "81920 MiB") == "-/81920 MiB"
-    assert render.memory_cell(None, None) == "-"
-    assert render.cut("abcdef", 4) == "abc…" and render.cut("abc", 4) == "abc"
+    assert status.memory_cell(295, status.total_mib("81920 MiB")) == "295/81920 MiB"
+    assert status.memory_cell(None, 81920) == "-/81920 MiB"
+    assert status.memory_cell(None, None) == "-"
+    assert table.cut("abcdef", 4) == "abc…" and table.cut("abc", 4) == "abc"
     assert [render.ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22)] == \
         ["1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd"]
-    table = render.format_table(["A", "B"], [["x" * 50, "y"], ["z", ""]])
-    assert table.splitlines()[1] == "x" * 39 + "…  y"  # cut at 40
-    assert table.splitlines()[2] == "z"  # no trailing blanks
+    drawn = table.format_table(["A", "B"], [["x" * 50, "y"], ["z", ""]])
+    assert drawn.splitlines()[1] == "x" * 39 + "…  y"  # cut at 40
+    assert drawn.splitlines()[2] == "z"  # no trailing blanks
 
 
 # --- release and wait, on a test-mode daemon ---------------------------------------------
@@ -276,14 +288,17 @@ def test_status_shows_a_reserved_a_claimed_and_a_shared_gpu(gpuhost, scenario, s
         assert done.returncode == 0, done.stderr
         assert "\x1b" not in done.stdout
         rows = table_rows(done.stdout)
-        assert rows["0"][2:5] == ["reserved", me, "-"]
+        assert rows["0"][2:4] == ["reserved", me] and not process_lines(done.stdout, 0)
         assert rows["0"][-1] == f"while pid {os.getpid()} lives"
         assert rows["1"][2:4] == ["claimed", me]
-        assert rows["1"][4] in (f"{sleeper.pid} sleep", f"{sleeper.pid} sleep 100MiB")
+        assert process_lines(done.stdout, 1) in ([[str(sleeper.pid), me, "-", "sleep"]],
+                                                 [[str(sleeper.pid), me, "100 MiB", "sleep"]])
         assert rows["1"][-1].startswith("for ")
         assert rows["2"][2:4] == ["shared", f"{me}, nobody"]
-        assert rows["2"][4] in (f"{stranger.pid} sleep", f"{stranger.pid} sleep 100MiB")
-        assert rows["3"][2:5] == ["free", "-", "-"]
+        assert process_lines(done.stdout, 2) in (
+            [[str(stranger.pid), "nobody", "-", "sleep"]],
+            [[str(stranger.pid), "nobody", "100 MiB", "sleep"]])
+        assert rows["3"][2:4] == ["free", "-"]
 
         done = patroller("status", "--json", "--server", server)
         raw = json.loads(done.stdout)
@@ -307,7 +322,7 @@ def test_status_watch_redraws_until_ctrl_c(gpuhost):
         try:
             def tables():
                 out.seek(0)
-                return out.read().count("GPU  NAME") >= 2
+                return out.read().count("GPU  NAME") >= 2  # piped: every column
             eventually(tables, what="two tables")
         finally:
             os.killpg(watching.pid, signal.SIGINT)
@@ -624,7 +639,7 @@ def test_reserve_holds_gpus_for_a_duration(test_server):
     # canhazgpu's habit: `reserve -n 2 --hold 2h`, kept whatever runs on the GPUs.
     done = patroller("reserve", "-n", "2", "--hold", "2h", "--server", test_server)
     assert (done.returncode, done.stdout) == (0, "0,1\n"), done.stderr
-    assert "GPUs 0,1 reserved for 2h00m, whatever runs on them" in done.stderr
+    assert "GPUs 0,1 reserved for 2h, whatever runs on them" in done.stderr
     assert "`patroller release 0 1` gives them back" in done.stderr
     held = [c["claim"] for c in client.status(test_server).values()][:2]
     assert [c["hold"] for c in held] == ["duration", "duration"]

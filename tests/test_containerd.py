@@ -3,7 +3,7 @@ containers run with ctr as containerd's CRI would make a pod's (the kubelet's la
 labelled io.cri-containerd.kind=sandbox, the pod's cgroupfs path), their real processes resolved
 by the ProcessIdentifier and by the daemon. The CRI plugin itself does not run here (it would
 want a kubelet and CNI): the containers are made as it makes them. The messages are also read
-from bytes built here with core/protowire.py, from containerd's .proto field numbers."""
+from bytes built here with observe/protowire.py, from containerd's .proto field numbers."""
 import asyncio
 import json
 import logging
@@ -17,14 +17,14 @@ import pytest
 
 from helpers import ScenarioFile, async_test, engines_in, gpu_running, until
 from patroller.config import Config
-from patroller.core import protowire as pw
-from patroller.core.protowire import WireError
 from patroller.http.views import claims
 from patroller.identify import containerd as ctrd
 from patroller.identify.cgroups import ContainerRef
 from patroller.identify.containers import ContainerDirectory
 from patroller.identify.pods import containerd_identity
 from patroller.identify.resolver import ProcessIdentifier
+from patroller.observe import protowire as pw
+from patroller.observe.protowire import WireError
 
 CRI = {"io.cri-containerd.kind": "container"}
 

@@ -100,8 +100,8 @@ async def test_a_process_on_a_candidate_device_is_announced_with_its_name(tmp_pa
     assert heard.of("process_ended") == []
     # its memory, as pmon's `fb` would give it
     assert heard.of("process_sampled")[0].values == {(MIG, sleepers[0].pid): {"fb": 4096}}
-    assert checker.metrics()["processes"] == 1 and checker.metrics()["announced"] == 1
-    assert checker.metrics()["failures"] == 0
+    assert checker.metrics().processes == 1 and checker.metrics().announced == 1
+    assert checker.metrics().failures == 0
 
 
 @async_test
@@ -118,7 +118,7 @@ async def test_a_process_gone_from_the_listing_is_ended(tmp_path, sleepers):
         await checker.stop(0.5)
     assert heard.of("process_ended") == [
         GpuProcess(MIG, sleepers[0].pid, "C", "python train.py, rank 0")]
-    assert checker.metrics()["processes"] == 1
+    assert checker.metrics().processes == 1
 
 
 @async_test
@@ -158,7 +158,7 @@ async def test_a_failing_query_keeps_what_was_announced_and_recovers(tmp_path, s
         sim.write(faults={"--query-compute-apps": {"fail": "no_driver"}})
         await until(lambda: checker.failures >= 3)
         assert heard.of("process_ended") == []
-        assert checker.metrics()["processes"] == 1
+        assert checker.metrics().processes == 1
         sim.write(faults={}, processes=[])
         await until(lambda: heard.of("process_ended"))
     finally:
@@ -272,6 +272,6 @@ async def test_a_mig_gpu_whose_pmon_rows_carry_no_figures_gets_its_memory(tmp_pa
             await asyncio.sleep(0.1)
         assert await memory() == [(first, 4096)]
         check = [m for m in h.services.monitors if m.name == "cross_check"][0]
-        assert check.metrics()["runs"] >= 1
-        assert check.metrics()["announced"] == 0  # pmon announces them; the query measures
+        assert check.metrics().runs >= 1
+        assert check.metrics().announced == 0  # pmon announces them; the query measures
         assert h.services.leases.holds[MIG].processes.keys() == {first}

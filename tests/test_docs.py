@@ -60,6 +60,7 @@ def test_the_readme_names_every_package_the_test_setup_installs():
 
 
 PAGE_FILES = ("patroller/http/web/index.html", "patroller/http/web/app.js",
+              "patroller/http/web/common.js",
               "patroller/http/web/style.css")
 
 
@@ -336,12 +337,13 @@ def patroller_flags():
     flags = {"patroller": options(help_text("-m", "patroller"))}
     for command in COMMANDS:
         flags[f"patroller {command}"] = options(help_text("-m", "patroller.cli", command))
+    flags["patroller doctor"] = options(help_text("-m", "patroller", "doctor"))
     return flags
 
 
 @functools.lru_cache()
 def bench_flags():
-    return options(help_text("-m", "bench"))
+    return options(help_text("-m", "bench")) | options(help_text("-m", "bench.gpucheck"))
 
 
 def mutation_flags():

@@ -227,6 +227,19 @@ def test_durations_are_read_in_any_unit():
             durations.parse(bad, zero=True)
 
 
+def test_durations_are_said_back_one_way_in_every_unit_or_two():
+    """durations.describe, the one formatting of a duration in Python: every unit for the
+    daemon's messages (nothing lost), two for the command line's tables."""
+    seconds = (0, 0.5, 4.99, 8, 12.4, 59.6, 90, 192, 3600, 3661, 7500, 46800, 273600, 604800, -3)
+    assert [durations.describe(s) for s in seconds] == [
+        "0s", "0.5s", "5s", "8s", "12s", "1m", "1m30s", "3m12s", "1h", "1h01m01s", "2h05m",
+        "13h", "3d04h", "7d", "0s"]
+    assert [durations.describe(s, most=2) for s in (3661, 90061, 14399.4)] == \
+        ["1h01m", "1d01h", "3h59m"]
+    for text in ("30s", "2h", "1d", "45m"):  # said back, a single unit reads as written
+        assert durations.parse(durations.describe(durations.parse(text))) == durations.parse(text)
+
+
 # -- the administrator ---------------------------------------------------------------------------
 
 def test_root_releases_another_users_reservation_with_a_reason(clock):

@@ -35,7 +35,7 @@ async def test_every_figure_is_there_in_every_era(tmp_path, era):
             assert isinstance(entry["fb"], int), (era, entry)  # dmon -s m: memory used
             assert isinstance(entry["power"], (int, float)) and isinstance(entry["sm"], int)
         assert status[h.uuids()[0]]["fb_total"] == 16384
-        columns = h.services.monitors[0].metrics()["columns"]
+        columns = h.services.monitors[0].metrics().columns
         assert columns == "pucvmt"
 
 
@@ -176,7 +176,7 @@ async def test_a_blind_gpus_processes_are_found_by_the_cross_check(tmp_path, sle
         asked, candidates = [], check.candidates
         check.candidates = lambda: asked.append(candidates()) or asked[-1]
         await until(lambda: len(asked) >= 3)  # three ticks, each asking for candidates
-        assert asked[-3:] == [set()] * 3 and check.metrics()["runs"] == 0  # idle: no query
+        assert asked[-3:] == [set()] * 3 and check.metrics().runs == 0  # idle: no query
         scenario.write(processes=[{"pid": sleeper.pid, "gpu": 1, "name": "python",
                                    "used_mib": 3000, "sm": 80}])
         await until(lambda: h.services.leases.state(target) == "claimed", timeout=10)

@@ -3,6 +3,7 @@ never answers; each host is asked at once with its own timeout, and the dead one
 such without holding up the rest."""
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -40,14 +41,20 @@ def test_one_table_for_every_host_and_the_dead_ones_said(fleet):
     done = patroller("status", "--hosts", ",".join(fleet), "--host-timeout", "1")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0].split()[:4] == ["HOST", "GPU", "NAME", "STATE"]
+    assert lines[0].split()[:3] == ["GPU", "NAME", "STATE"]  # piped: every column
+    at = {host: lines.index(next(line for line in lines if line.startswith(host + "  ")))
+          for host in fleet}
+    assert list(at.values()) == sorted(at.values())  # in the order given
     for host in (fleet[0], fleet[2]):
-        assert len([line for line in lines if line.startswith(host + " ")]) == 8
-    for host in (fleet[1], fleet[3]):
-        [line] = [line for line in lines if line.startswith(host + " ")]
-        assert "not answering" in line
+        assert lines[at[host]].startswith(f"{host}  8 GPUs: ")
+        rows = lines[at[host] + 1:at[host] + 9]
+        assert [row.split()[0] for row in rows] == [str(n) for n in range(8)]
+    for host in (fleet[1], fleet[3]):  # a line of its own, saying why in full
+        assert lines[at[host]].startswith(f"{host}  not answering: ")
+        assert not re.match(r"\d+\s\s", lines[at[host] + 1])  # no GPU row under it
     assert lines[-1] == "4 hosts, 2 not answering; 16 GPUs: 9 free, 7 reserved"
-    assert [line for line in lines if line.startswith(fleet[0]) and " alice " in line]
+    assert lines[at[fleet[0]]] == f"{fleet[0]}  8 GPUs: 1 free, 7 reserved"
+    assert [line for line in lines[at[fleet[0]]:at[fleet[1]]] if " alice " in line]
 
 
 def test_free_lists_the_hosts_with_that_many_free_gpus(fleet):
@@ -75,7 +82,8 @@ def test_the_same_as_json_from_a_file_or_the_environment(fleet, tmp_path):
     assert by_env.stdout == f"{fleet[2]}  8 free\n", by_env.stderr
 
 
-def test_free_needs_hosts_and_a_missing_file_is_a_usage_error(fleet, tmp_path):
-    assert patroller("status", "--free", "1", "--server", fleet[0]).returncode == 2
+def test_free_without_hosts_is_this_hosts_and_a_missing_file_is_a_usage_error(fleet, tmp_path):
+    done = patroller("status", "--free", "1", "--server", fleet[0])
+    assert (done.returncode, done.stdout) == (0, f"{fleet[0]}  1 free\n"), done.stderr
     done = patroller("status", "--hosts-file", str(tmp_path / "none"))
     assert done.returncode == 2 and "--hosts-file" in done.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 from typing import Any, Dict, Set
 
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from helpers import ROOT
 from patroller import answers
 from patroller.cli import fleet as cli_fleet
+from patroller.cli import render
 from patroller.config import Config
 from patroller.http.fleet import NotPatroller, cut, read
 
@@ -185,3 +187,47 @@ def test_why_an_answer_was_cut():
         "/status broke off, or is more than 1048576 bytes"
     assert cut("/status", head, 1 << 20) is None  # the head did not end: no answer yet
     assert cut("/status", [], 1 << 20) is None
+
+
+FREE_CASES = [  # (what the host says of one device, free to reserve there now?)
+    ({}, {"state": "free"}, True),
+    ({}, {"state": "reserved"}, False),
+    ({}, {"state": "free", "withheld": "it printed no statistics"}, False),  # silent
+    ({"lost": True}, {"state": "free"}, False),
+    ({"group": "fpga"}, {"state": "free"}, False),  # not a GPU
+    ({}, {}, True),  # an older daemon's claim without a state: free, as the views draw it
+]
+
+
+@pytest.mark.parametrize("info, claim, free", FREE_CASES)
+def test_every_view_of_another_host_counts_free_gpus_by_one_rule(info, claim, free):
+    """/fleet.json (the page's counts), `patroller status --free` and the holders `patroller
+    run --wait` names agree, device by device: they all ask answers.free."""
+    devices = {UUID: {**DEVICES[UUID], **info}}
+    status = {UUID: {**STATUS[UUID], "claim": {**STATUS[UUID]["claim"], "withheld": None,
+                                               "state": "free", **claim}}}
+    if "state" not in claim:
+        del status[UUID]["claim"]["state"]
+    assert answers.free(devices[UUID], status[UUID]) is free
+    [gpu] = read([json.dumps(status).encode(), json.dumps(devices).encode()], 256)
+    assert gpu["free"] is free
+    assert cli_fleet.HostAnswer("gpu1:8080", status, devices).free() == int(free)
+    said = render.holders_summary(status, devices, "gpu")
+    assert said.endswith(f"{int(free)} free"), said
+
+
+def test_the_free_rule_is_written_once():
+    """No module but answers.py compares another host's state with "free" (core/ keeps the
+    daemon's own lease rules, on its own objects): a second copy would drift."""
+    rule = re.compile(r"""(==|!=)\s*["']free["']|["']free["']\s*(==|!=)""")
+    copies = []
+    for folder, _, names in os.walk(os.path.join(ROOT, "patroller")):
+        for name in names:
+            path = os.path.relpath(os.path.join(folder, name), ROOT)
+            if not name.endswith((".py", ".js")) or path.startswith(("patroller/core/",
+                                                                     "patroller/simulator/")):
+                continue
+            text = open(os.path.join(ROOT, path), encoding="utf-8").read()
+            copies += [f"{path}:{text[:m.start()].count(chr(10)) + 1}"
+                       for m in rule.finditer(text) if path != "patroller/answers.py"]
+    assert not copies, f"the free rule again, outside patroller/answers.py: {copies}"

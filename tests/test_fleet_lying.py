@@ -180,12 +180,12 @@ def test_the_command_lines_fleet_view_shows_every_liar_and_the_honest_host(lying
     assert done.returncode == 0 and not done.stderr, done.stderr
     lines = done.stdout.splitlines()
     for name, liar in lying.liars.items():
-        [row] = [line for line in lines if line.startswith(liar.host + " ")]
-        assert "not answering: bad answer: " in row, (name, row)
-        [why] = [line for line in lines if line.startswith(liar.host + ": ")]  # in full
-        assert why.startswith(liar.host + ": not answering: bad answer: ") and \
+        [why] = [line for line in lines if line.startswith(liar.host + " ")]  # its own line
+        assert why.startswith(liar.host + "  not answering: bad answer: ") and \
             lying.said[name] in why, (name, why)
-    assert len([line for line in lines if line.startswith(lying.honest.server + " ")]) == 8
+    honest = lines.index(next(line for line in lines if line.startswith(lying.honest.server)))
+    assert lines[honest] == f"{lying.honest.server}  8 GPUs: 7 free, 1 reserved"
+    assert [line.split()[0] for line in lines[honest + 1:honest + 9]] == list("01234567")
     assert lines[-1] == f"{len(hosts)} hosts, {len(lying.liars)} not answering; 8 GPUs: " \
                         "7 free, 1 reserved", lines[-1]
     as_json = subprocess.run([sys.executable, "-m", "patroller.cli", "status", "--hosts",
@@ -231,9 +231,10 @@ def test_the_page_draws_each_host_on_its_own_whatever_fleet_json_says(lying):
            None]
     snapshot = dict(real, hosts=bad[:2] + [honest] + bad[2:])
     files = {name: open(os.path.join(WEB, name), "rb").read()
-             for name in ("fleet.html", "fleet.js", "fleet.css", "style.css")}
+             for name in ("fleet.html", "common.js", "fleet.js", "fleet.css", "style.css")}
     page_server = liars.LyingServer({
         "/fleet": liars.served(files["fleet.html"], "text/html; charset=utf-8"),
+        "/web/common.js": liars.served(files["common.js"], "text/javascript"),
         "/web/fleet.js": liars.served(files["fleet.js"], "text/javascript"),
         "/web/fleet.css": liars.served(files["fleet.css"], "text/css"),
         "/web/style.css": liars.served(files["style.css"], "text/css"),

@@ -235,6 +235,70 @@ def test_the_page_shows_every_host_and_follows_a_reservation(fleet):
         call(bob, "/release", user="bob@example.org")
 
 
+def compact_rows(page) -> List[Dict[str, Any]]:
+    """Each host's line as the page shows it: compact or not, its summary, its squares, how
+    tall its panel is and how many GPU rows are visible."""
+    return page.js("""
+        return Array.from(document.querySelectorAll('#hosts section.host')).map((s) => ({
+          host: s.dataset.host, compact: s.classList.contains('is-compact'),
+          summary: s.querySelector('.host-summary').textContent,
+          cells: Array.from(s.querySelectorAll('.strip .cell')).map((c) => c.title),
+          free_cells: s.querySelectorAll('.strip .cell.is-free').length,
+          height: s.getBoundingClientRect().height,
+          visible_rows: Array.from(s.querySelectorAll('tr.gpu'))
+            .filter((r) => r.offsetParent !== null).length}));""")
+
+
+def test_a_fleet_of_three_by_eight_is_a_line_per_host_that_opens(fleet, tmp_path):
+    """3 x 8 GPUs scrolled at 1,080 px: more than 16 GPUs start as a line per host (free and
+    held counts, a square per GPU), each host opens and closes by itself, the page-wide button
+    opens them all and the browser remembers that; all without scrolling at 1920 x 1080."""
+    third = ServerProcess("--test", "--lease", "300").start()
+    assert call(third, "/request", gpu=3, user="carol@example.org")[0] == 200
+    daemon = fleet_daemon([s.server for s in fleet.live[:2]] + [third.server])
+    page = browser(width=1920, height=1080)
+    try:
+        page.open(daemon.url + "/fleet")
+        hosts = [s.server for s in fleet.live[:2]] + [third.server]
+        rows = page.until(lambda: (lambda r: r if len(r) == 3 and all(
+            len(h["cells"]) == 8 for h in r) else None)(compact_rows(page)), "three hosts drawn")
+        assert [r["host"] for r in rows] == hosts
+        assert all(r["compact"] and r["visible_rows"] == 0 for r in rows), rows
+        by = {r["host"]: r for r in rows}
+        assert by[fleet.live[0].server]["summary"] == "7 free, 1 held of 8 GPUs"
+        assert by[third.server]["summary"] == "5 free, 3 held of 8 GPUs"
+        assert by[third.server]["free_cells"] == 5
+        assert sum("reserved: carol@example.org" in t for t in by[third.server]["cells"]) == 3
+        assert all(r["height"] < 60 for r in rows), rows  # one line each
+        assert page.js("return document.scrollingElement.scrollHeight <= window.innerHeight")
+        page.screenshot(str(tmp_path / "compact.png"))
+
+        page.js("document.querySelector(`section.host[data-host='${arguments[0]}'] "
+                "button.toggle`).click()", third.server)
+        opened = page.until(lambda: next((r for r in compact_rows(page) if r["host"] ==
+                                          third.server and r["visible_rows"] == 8), None),
+                            "the third host opened")
+        assert not opened["compact"]
+        page.js("return new Promise((done) => { const n = document.body.dataset.snapshots; "
+                "const t = setInterval(() => { if (document.body.dataset.snapshots !== n) "
+                "{ clearInterval(t); done(); } }, 50); })")  # a new answer drawn: still open
+        assert [r["compact"] for r in compact_rows(page)] == [True, True, False]
+        page.screenshot(str(tmp_path / "one-open.png"))
+
+        page.js("document.getElementById('compact').click()")
+        page.until(lambda: all(not r["compact"] and r["visible_rows"] == 8
+                               for r in compact_rows(page)), "every GPU shown")
+        page.open(daemon.url + "/fleet")  # remembered by this browser
+        page.until(lambda: (lambda r: len(r) == 3 and all(
+            not h["compact"] and h["visible_rows"] == 8 for h in r))(compact_rows(page)),
+            "every GPU shown after a reload")
+        assert not [e for e in page.console() if e.get("level") == "SEVERE"]
+    finally:
+        page.quit()
+        daemon.stop()
+        third.stop()
+
+
 def test_many_silent_hosts_hold_up_no_live_one_and_the_daemon_stops_at_once(fleet):
     silent = [silent_host() for _ in range(6)]
     # The live host last: 14 requests at once, more than a client's default ten connections.

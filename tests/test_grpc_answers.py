@@ -22,13 +22,13 @@ import pytest
 from helpers import (ScenarioFile, ServerProcess, async_test, engines_in, gpu_running,
                      process_in_cgroup, running, until)
 from patroller.config import Config
-from patroller.core import protowire as pw
 from patroller.core.pods import Pod, PodAllocation
 from patroller.http.views import claims
 from patroller.identify import containerd as ctrd
 from patroller.identify.cgroups import ContainerRef
 from patroller.identify.containers import ContainerDirectory
 from patroller.identify.resolver import ProcessIdentifier
+from patroller.observe import protowire as pw
 from patroller.observe.podresources import allocations, gpu_of
 from patroller.observe.testmode import synthetic_inventory
 from grpc_server import Abort, Hang, Server
@@ -108,12 +108,12 @@ async def test_an_answer_over_the_limit_fails_the_watch_until_answers_are_sane(
             kubelet.answer = junk(size)
             failures = watch.failures
             await until(lambda: watch.failures > failures + 1, timeout=30)
-            assert state() == "allocated" and watch.metrics()["state"] == "failing"
+            assert state() == "allocated" and watch.metrics().state == "failing"
             [said] = [m for m in warnings(caplog) if "cannot read the kubelet" in m]
             assert f"larger than {LIMIT} bytes, the most taken" in said, said
             assert "RESOURCE_EXHAUSTED" in said
             kubelet.answer = None  # sane again: the pod's listing
-            await until(lambda: watch.metrics()["state"] == "up")
+            await until(lambda: watch.metrics().state == "up")
             kubelet.pods = []
             await until(lambda: state() == "free")
     finally:

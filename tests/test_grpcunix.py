@@ -3,7 +3,7 @@ import grpc
 import pytest
 
 from grpc_server import Abort, Server
-from patroller.core import protowire as pw
+from patroller.observe import protowire as pw
 from patroller.observe.grpcunix import GrpcUnavailable, UnixCaller
 
 ECHO = "/test.Echo/Say"

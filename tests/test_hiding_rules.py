@@ -24,7 +24,7 @@ import pytest
 
 from helpers import FakeClock, lease_manager
 from patroller.cli.records import history_table, queue_table, users_table
-from patroller.cli.render import format_status
+from patroller.cli.status import format_status
 from patroller.config import Config, policy_of
 from patroller.core.identity import Identity
 from patroller.core.jobs import Allocation, Job

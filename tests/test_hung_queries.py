@@ -96,7 +96,7 @@ async def test_a_hung_reading_in_the_watch_is_killed_counted_logged_once_and_it_
         await until(three_failed, timeout=30)
         running = watch.query.child.pid if watch.query.child is not None else None
         assert len(pids) >= 3 and not [p for p in pids if alive(p) and p != running]
-        assert watch.metrics()["hangs"] >= 3 and watch.metrics()["failures"] >= 3
+        assert watch.metrics().hangs >= 3 and watch.metrics().failures >= 3
         failed = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
                   and "reading the GPU inventory again failed" in r.getMessage()]
         assert len(failed) == 1, failed  # once a minute, not once a reading

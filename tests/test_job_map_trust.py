@@ -193,7 +193,7 @@ async def test_a_map_that_stops_being_trusted_is_read_no_more(stranger, shared, 
                 failures = watch.failures
                 await until(lambda: watch.failures > failures + 5)
                 assert state(uuids[1]) == "free"
-                assert watch.metrics()["state"] == "failing"
+                assert watch.metrics().state == "failing"
             finally:
                 shutil.rmtree(decoy)
 
@@ -389,7 +389,7 @@ def test_a_file_that_cannot_be_read_keeps_its_jobs_and_spoils_no_other(stranger,
             await ours.read()
             await ours.read()
         asyncio.run(readings())
-        return ([(d.uuid[-4:], d.number) for d in inventory], told, ours.metrics()["state"],
+        return ([(d.uuid[-4:], d.number) for d in inventory], told, ours.metrics().state,
                 ours._problems)
 
     devices, told, state, problems = forked_as(stranger, watch)

@@ -10,6 +10,7 @@ them: at module level, inside functions, under `if TYPE_CHECKING`, and the dynam
 """
 import ast
 import os
+import re
 import sys
 from typing import Dict, List, Optional, Set, Tuple
 
@@ -26,6 +27,7 @@ LAYERS: List[Tuple[str, ...]] = [
     ("patroller.main",),  # the entry point: the command line's words, or the daemon
     ("patroller.app",),  # the daemon: build the services, start and stop
     ("patroller.http",),  # the server, handlers, read models, live feed, metrics
+    ("patroller.doctor",),  # what the daemon would meet on this host, checked
     ("patroller.services",),  # the one object the handlers and the collector take
     ("patroller.state",),  # the lease book, the audit record, the timer, lifetimes
     ("patroller.identify",),  # who runs a process, who calls the API
@@ -54,6 +56,7 @@ THIRD_PARTY: Dict[str, Set[str]] = {
     "patroller.state": {"tornado"},
     "patroller.services": set(),
     "patroller.http": {"tornado", "prometheus_client", "orjson"},
+    "patroller.doctor": {"tornado"},
     "patroller.main": set(),
     "patroller.app": {"tornado"},
     "patroller.__main__": set(),
@@ -80,8 +83,7 @@ CORE_ORDER: List[Tuple[str, ...]] = [
     ("patroller.core.jobs",),  # Slurm jobs' allocations
     ("patroller.core.usage",),  # GPU-time in categories, and reports of it
     ("patroller.core.devices", "patroller.core.identity", "patroller.core.errors",
-     "patroller.core.policy", "patroller.core.throttle", "patroller.core.protowire",
-     "patroller.core.text"),
+     "patroller.core.policy", "patroller.core.throttle", "patroller.core.text"),
 ]
 MAX_MODULE_LINES = 400
 MAX_CLASS_LINES = 300
@@ -332,3 +334,35 @@ def test_the_tests_import_their_neighbours_by_module_name():
             wrong += [f"tests/{name}:{node.lineno} imports {n}" for n in named
                       if n == "tests" or n.startswith("tests.")]
     assert not wrong, "import a test helper by its module name: " + "; ".join(wrong)
+
+
+def hours_and_days_split(path: str) -> List[int]:
+    """The lines of a module's code (not its strings: SQL may truncate to a day) that divide
+    by an hour or a day (`// 3600`, `% 86400`): the arithmetic of a duration said in words."""
+    import io
+    import tokenize
+
+    tokens = [t for t in tokenize.generate_tokens(io.StringIO(open(path, encoding="utf-8").read())
+                                                  .readline)
+              if t.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE)]
+    return [b.start[0] for a, b in zip(tokens, tokens[1:])
+            if a.type == tokenize.OP and a.string in ("//", "%")
+            and b.type == tokenize.NUMBER and b.string in ("3600", "86400")]
+
+
+def test_a_duration_is_formatted_in_one_place_per_language():
+    """patroller/durations.py says a duration in Python (daemon and command line alike), and
+    patroller/http/web/common.js on the web pages: a second copy would drift from the first."""
+    python = [f"{os.path.relpath(path, ROOT)}:{line}"
+              for module, path in MODULES.items()
+              if module not in ("patroller.durations",) and not module.startswith(SIZE_EXEMPT)
+              for line in hours_and_days_split(path)]
+    assert not python, f"a duration formatted outside patroller/durations.py: {python}"
+    web = os.path.join(PACKAGE, "http", "web")
+    defined = {name: len(re.findall(r"\bduration\s*\(seconds\)\s*\{", open(
+        os.path.join(web, name), encoding="utf-8").read()))
+        for name in os.listdir(web) if name.endswith(".js")}
+    assert {name: n for name, n in defined.items() if n} == {"common.js": 1}, defined
+    for page, script in (("index.html", "app.js"), ("fleet.html", "fleet.js")):
+        html = open(os.path.join(web, page), encoding="utf-8").read()
+        assert html.index('src="/web/common.js"') < html.index(f'src="/web/{script}"'), page

@@ -5,6 +5,9 @@ import os
 from helpers import ScenarioFile, async_test, find, gpu_running, running, scrape, until
 from patroller.core.errors import Unidentified
 from patroller.identify.resolver import host_identity
+from patroller.observe.crosscheck import CrossCheck
+from patroller.observe.inventory import InventoryWatch
+from patroller.observe.silence import SilenceWatch
 
 
 @async_test
@@ -184,7 +187,7 @@ async def test_every_monitor_is_up_or_idle_by_design_in_normal_operation_and_fai
             samples = (await scrape(h))[0]
             return {name: state_of(samples, name) for name in names}, samples
 
-        await until(lambda: all(m.metrics()["state"] != "failing" for m in h.services.monitors))
+        await until(lambda: all(m.metrics().state != "failing" for m in h.services.monitors))
         now, samples = await states()
         cross_check = now.pop("cross_check")  # it queries the MIG GPU every 0.2 s
         assert cross_check in ("idle", "up")
@@ -195,12 +198,44 @@ async def test_every_monitor_is_up_or_idle_by_design_in_normal_operation_and_fai
         scenario.write(faults={"dmon": {"fail": "no_driver"},
                                "--query-compute-apps": {"fail": "no_driver"}})
         checker = [m for m in h.services.monitors if m.name == "cross_check"][0]
-        await until(lambda: h.services.monitors[0].metrics()["state"] == "failing"
-                    and checker.metrics()["state"] == "failing", timeout=20)
+        await until(lambda: h.services.monitors[0].metrics().state == "failing"
+                    and checker.metrics().state == "failing", timeout=20)
         now, samples = await states()
         assert now["dmon"] == "failing" and now["cross_check"] == "failing"
         assert find(samples, "patroller_monitor_up", monitor="dmon") == [0.0]
         # Back to normal: it recovers by itself, and says so.
         scenario.write(faults={})
-        await until(lambda: checker.metrics()["state"] != "failing"
-                    and h.services.monitors[0].metrics()["state"] == "up", timeout=30)
+        await until(lambda: checker.metrics().state != "failing"
+                    and h.services.monitors[0].metrics().state == "up", timeout=30)
+
+
+@async_test
+async def test_a_renamed_monitor_keeps_its_series(tmp_path, monkeypatch):
+    # As found: /metrics read the cross-check's, the inventory's and the silence watch's figures
+    # under the monitors' names; a monitor renamed turned its series into zeros, silently.
+    renamed = {CrossCheck: "compute_apps", InventoryWatch: "devices_read",
+               SilenceWatch: "quiet_gpus"}
+    for kind, name in renamed.items():
+        monkeypatch.setattr(kind, "name", name)
+    scenario = ScenarioFile(str(tmp_path / "scenario.json"),
+                            devices=[{}, {"mig": "Enabled"}, {}, {}])
+    async with gpu_running(scenario, cross_check_every=0.2, inventory_every=3600) as h:
+        by_kind = {type(m): m for m in h.services.monitors}
+        check, watch, quiet = (by_kind[kind] for kind in renamed)
+        assert {m.name for m in h.services.monitors} >= set(renamed.values())
+        await until(lambda: all(not h.services.stats.view(u)["stale"] for u in h.uuids()))
+        scenario.write(devices=[{}, {"mig": "Enabled"}, {"silent": True}, {}])
+        # The silent GPU makes the inventory be read; the MIG GPU, the cross-check query.
+        await until(lambda: quiet.silences == 1 and watch.readings >= 1 and check.runs >= 1)
+        samples, _, _ = await scrape(h)
+        assert find(samples, "patroller_devices_silent") == [1]
+        assert find(samples, "patroller_silences_total") == [1]
+        [readings] = find(samples, "patroller_inventory_readings_total")
+        assert 1 <= readings <= watch.readings
+        [runs] = find(samples, "patroller_cross_check_runs_total")
+        assert 1 <= runs <= check.runs
+        for name in renamed.values():
+            assert find(samples, "patroller_monitor_up", monitor=name) == [1.0]
+        metrics = (await h.ok("/metrics.json"))["monitors"]
+        assert metrics["quiet_gpus"] == {"silent": 1, "silences": 1, "state": "up"}
+        assert metrics["compute_apps"]["runs"] >= 1

@@ -70,7 +70,7 @@ async def test_no_gpu_with_mig_on_runs_no_list(tmp_path):
     async with gpu_running(scenario, inventory_every=0.05) as h:
         watch = inventory_watch(h)
         await until(lambda: watch.readings > 3)
-        assert watch.mig.readings == 0 and watch.metrics()["mig_list_failures"] == 0
+        assert watch.mig.readings == 0 and watch.metrics().mig_list_failures == 0
 
 
 @pytest.mark.parametrize("fault", [{"fail": "nvml_unknown"}, {"hang": True}])
@@ -95,8 +95,8 @@ async def test_a_failing_list_maps_no_mig_device_is_logged_once_and_the_daemon_g
                 devices = await h.ok("/devices")
                 assert [m["uuid"] for m in devices[mig]["mig_instances"]] == [None, None]
                 assert h.services.leases.state(mig) == "free"  # the id maps to no GPU
-                assert watch.metrics()["state"] != "failing"  # the inventory itself is read
-                assert watch.metrics()["mig_list_failures"] == watch.mig.failures
+                assert watch.metrics().state != "failing"  # the inventory itself is read
+                assert watch.metrics().mig_list_failures == watch.mig.failures
                 failed = [r.getMessage() for r in caplog.records if FAILED in r.getMessage()]
                 assert len(failed) == 1, failed
                 assert ("killed" if "hang" in fault else "Unknown Error") in failed[0]

@@ -16,9 +16,9 @@ from patroller.config import Config
 from patroller.config.flags import load
 from patroller.core.devices import Inventory, MigInstance
 from patroller.core.pods import Pod, PodAllocation
-from patroller.core.protowire import WireError, delimited, integer, string
 from patroller.observe.podresources import (PodResourcesWatch, allocations, gpu_of, is_gpu,
                                             parse_list)
+from patroller.observe.protowire import WireError, delimited, integer, string
 from patroller.observe.signals import Signals
 from patroller.observe.testmode import synthetic_inventory
 
@@ -187,16 +187,16 @@ async def test_a_failing_kubelet_keeps_the_pods_gpus_until_it_answers_again(tmp_
                 setattr(kubelet, breaking, True)
                 failures = watch.failures
                 await until(lambda: watch.failures > failures + 2)
-                assert state() == "allocated" and watch.metrics()["state"] == "failing"
+                assert state() == "allocated" and watch.metrics().state == "failing"
                 setattr(kubelet, breaking, False)
-                await until(lambda: watch.metrics()["state"] == "up")
+                await until(lambda: watch.metrics().state == "up")
             kubelet.stop()  # the kubelet restarts: its socket goes, then comes back
             failures = watch.failures
             await until(lambda: watch.failures > failures + 2)
             assert state() == "allocated"
             kubelet = Kubelet(kubelet.path).start()  # and lists no pod on it now
             await until(lambda: state() == "free")
-            assert watch.metrics()["state"] == "up"
+            assert watch.metrics().state == "up"
     finally:
         kubelet.stop()
 
@@ -278,7 +278,7 @@ async def test_the_job_map_and_the_kubelet_never_clear_each_others(tmp_path):
             await until(lambda: watch.readings > readings + 3)
             assert hold().how == "slurm" and hold().state == "allocated"
             kubelet.pods = [gpu_pod("ml", "train-0", uuid)]
-            await until(lambda: watch.metrics()["allocated"] == 1)
+            await until(lambda: watch.metrics().allocated == 1)
             (jobs / "0").unlink()  # the job ends: the pod holds it
             await until(lambda: hold().how == "kubernetes")
             kubelet.pods = []

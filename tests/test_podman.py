@@ -183,7 +183,7 @@ async def test_podman_down_degrades_and_recovers(podman, scenario, engine_socket
             assert owner["container"]["id"] == alice.short and owner["uid"] == 0
             assert len(await h.ok("/devices")) == 4  # the API keeps answering
         finally:
-            podman.start_service()
+            podman.run_daemon()
         await until(lambda: (claims(h.services.leases)[uuid]["user"] or {}).get("user")
                     == "alice@example.org", timeout=15)
         owner = (await h.ok("/status"))[uuid]["claim"]["user"]
@@ -231,6 +231,6 @@ async def test_podman_stopped_in_order_is_learned_once_it_is_back(podman, scenar
             owner = (await h.ok("/status"))[uuid]["claim"]["user"]
             assert owner["container"]["id"] == alice.short
         finally:
-            podman.start_service()
+            podman.run_daemon()
         await until(lambda: (claims(h.services.leases)[uuid]["user"] or {}).get("user")
                     == "alice@example.org", timeout=5)

@@ -1,8 +1,8 @@
-"""The protobuf wire format as patroller/core/protowire.py writes and reads it: the encodings
+"""The protobuf wire format as patroller/observe/protowire.py writes and reads it: the encodings
 the Protocol Buffers documentation gives byte for byte, round trips, and malformed input."""
 import pytest
 
-from patroller.core import protowire as pw
+from patroller.observe import protowire as pw
 
 
 def test_the_documented_encodings():
@@ -24,11 +24,20 @@ def test_a_message_reads_back_what_was_written():
     assert message.texts(2) == ["a", "b"]
     assert message.integer(3) == 2 ** 40
     assert [m.text(1) for m in message.messages(4)] == ["inner", "second"]
-    assert message.message(4).text(1) == "second"  # a scalar read twice: the last
+    assert message.message(4).text(1) == "second"  # two pieces merged: a scalar the last
     assert message.string_map(5) == {"io.kubernetes.pod.name": "p", "é": "ü"}
     assert message.text(9, "none") == "none" and message.integer(9) == 0
     assert not message.has(9) and message.has(1)
     assert message.message(9).texts(1) == []
+
+
+def test_a_nested_message_in_pieces_is_the_pieces_merged():
+    first = pw.string(1, "id") + pw.strings(2, ["a"]) + pw.delimited(3, pw.string(1, "x"))
+    second = pw.strings(2, ["b"]) + pw.delimited(3, pw.string(2, "y")) + pw.integer(4, 7)
+    merged = pw.Message(pw.delimited(5, first) + pw.string(6, "between")
+                        + pw.delimited(5, second)).message(5)
+    assert merged.text(1) == "id" and merged.texts(2) == ["a", "b"] and merged.integer(4) == 7
+    assert (merged.message(3).text(1), merged.message(3).text(2)) == ("x", "y")
 
 
 def test_fields_of_kinds_not_read_here_are_skipped():

@@ -41,10 +41,10 @@ def test_the_watch_says_once_when_a_device_falls_silent_and_when_it_is_back():
         watch.check()
     assert [(r.uuid, r.why is not None) for r in told] == [("GPU-1", True)]  # once
     assert len(pokes) == 1 and "GPU GPU-1 printed no statistics for 3 s" in pokes[0]
-    assert watch.metrics() == {"silent": 1, "silences": 1, "state": "up"}
+    assert watch.metrics().to_json() == {"silent": 1, "silences": 1, "state": "up"}
     sample("GPU-1")  # heard again: said at once
     assert [(r.uuid, r.why) for r in told][-1] == ("GPU-1", None)
-    assert watch.metrics()["silent"] == 0
+    assert watch.metrics().silent == 0
 
 
 def test_a_withheld_device_is_granted_to_nobody_and_serves_the_queue_when_back():

@@ -18,9 +18,11 @@ import patroller.cli.fleet as fleet
 from patroller.cli.exits import (EX_INTERRUPTED, EX_NOPERM, EX_OK, EX_TEMPFAIL, EX_UNAVAILABLE,
                                  EX_USAGE, Failure, error_text, refused_code)
 from patroller.cli.records import history_command, queue_command, users_command
-from patroller.cli.render import (amount, describe, duration, format_status, numbers_of,
-                                   release_message, use_colour)
+from patroller.cli.render import (amount, describe, duration, numbers_of, release_message,
+                                   use_colour)
 from patroller.cli.run import optional_queue, optional_users, run_command
+from patroller.cli.status import format_status
+from patroller.cli.table import width_of
 from patroller.cli.unit import unit_command
 from patroller.client import PatrollerError, RequestRefused, ServerUnreachable
 
@@ -92,7 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--host-timeout", type=seconds_arg, default=fleet.FLEET_TIMEOUT,
                         metavar="SECONDS", help="how long a host may take to answer (default 5)")
     status.add_argument("--free", type=count_arg, metavar="N",
-                        help="with many hosts: list those with N free GPUs now")
+                        help="list the hosts (or this host) with N free GPUs now")
+    status.add_argument("--mine", action="store_true", help="only the GPUs you hold or use, "
+                        "you being whom the server takes you for (GET /whoami)")
     status.set_defaults(handler=status_command)
 
     release = commands.add_parser("release", parents=[common], help="give reserved GPUs back",
@@ -296,26 +300,25 @@ def fleet_of(options: argparse.Namespace) -> List[str]:
 
 
 def render_fleet(options: argparse.Namespace, hosts: List[str], colour: bool) -> str:
-    answers = fleet.ask_all(hosts, options.host_timeout)
+    answers = fleet.ask_all(hosts, options.host_timeout, options.mine)
     if options.json:
         return json.dumps(fleet.fleet_json(answers), separators=(",", ":")) + "\n"
     if options.free is not None:
-        found = fleet.free_hosts(answers, options.free)
-        if not found:
-            raise Failure(f"no host has {amount(options.free, 'gpu')} free now", EX_TEMPFAIL)
-        return "".join(f"{host}  {free} free\n" for host, free in found)
-    return fleet.fleet_table(answers, colour)
+        return fleet.free_lines(answers, options.free)
+    return fleet.fleet_table(answers, colour, width_of(sys.stdout), options.mine)
 
 
 def render_status(options: argparse.Namespace, colour: bool) -> str:
     hosts = fleet_of(options)
     if hosts:
         return render_fleet(options, hosts, colour)
-    if options.free is not None:
-        raise Failure("--free needs --hosts, --hosts-file or PATROLLER_HOSTS", EX_USAGE)
     claims = client.status(options.server)
     if options.json:
         return json.dumps(claims, separators=(",", ":")) + "\n"
+    if options.free is not None:  # this host: its own errors (unreachable: 69) as they are
+        here = fleet.HostAnswer(fleet.server_name(options.server), claims,
+                                client.devices(options.server))
+        return fleet.free_lines([here], options.free)
+    mine = fleet.whoami(options.server) if options.mine else None
     return format_status(claims, client.devices(options.server), optional_queue(options.server),
-                         colour, optional_users(options.server))
-
+                         colour, optional_users(options.server), width_of(sys.stdout), mine)

@@ -3,7 +3,7 @@ carries one.
 
 0 done; 2 bad usage; 69 server unreachable (EX_UNAVAILABLE); 75 busy, or not free in time
 (EX_TEMPFAIL); 77 refused by the server (EX_NOPERM: any other 4xx, the server's error is
-printed); 126 command not executable; 127 command not found; 130 interrupted (Ctrl-C) while
+printed); 78 a check of `patroller doctor` failed (EX_CONFIG); 126 command not executable; 127 command not found; 130 interrupted (Ctrl-C) while
 waiting. Once `run` has started the command, the status is the command's own.
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ EX_USAGE = 2
 EX_UNAVAILABLE = 69
 EX_TEMPFAIL = 75
 EX_NOPERM = 77
+EX_CONFIG = 78
 EX_NOEXEC = 126
 EX_NOTFOUND = 127
 EX_INTERRUPTED = 130

@@ -1,10 +1,11 @@
 """`patroller status --hosts h1:port,h2:port,...`: the GPUs of many hosts in one table.
 
 Every host is asked at once (a thread each), each with its own timeout: a host that does not
-answer in time, or at all, is shown as such and never holds up the rest; so is one that answers
-more than HOST_MAX_BYTES (nothing past them is read) or other than Patroller's schema says
-(answers.check): "not answering: bad answer: " and why. `--free N` lists the hosts with N free
-GPUs now, most free first; `--json` gives the same as JSON. The hosts come from `--hosts`, else
+answer in time, or at all, is a line of its own saying so and why, and never holds up the
+rest; so is one that answers more than HOST_MAX_BYTES (nothing past them is read) or other than
+Patroller's schema says (answers.check): "not answering: bad answer: " and why. `--free N`
+lists the hosts with N free GPUs now (answers.free), most free first; `--json` gives the same as
+JSON; `--mine` asks each host who the caller is there (/whoami) and keeps their GPUs. The hosts come from `--hosts`, else
 `--hosts-file` (one a line, `#` comments), else PATROLLER_HOSTS.
 """
 from __future__ import annotations
@@ -14,9 +15,11 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from patroller import client, hosts
+from patroller import answers, client, hosts
 from patroller.answers import BadAnswer, check
-from patroller.cli.render import HEADERS, device_row, format_table
+from patroller.cli.exits import EX_TEMPFAIL, Failure
+from patroller.cli.status import is_mine, tables
+from patroller.cli.table import printable
 
 FLEET_TIMEOUT = 5.0  # seconds a host may take to answer (--host-timeout)
 HOST_MAX_BYTES = 1 << 20  # bytes of a host's answer read at most: the daemon's --fleet-max-bytes
@@ -32,15 +35,19 @@ class HostAnswer:
     status: Optional[Dict[str, Any]] = None
     devices: Optional[Dict[str, Any]] = None
     error: Optional[str] = None
+    me: Optional[str] = None  # with --mine: the caller's user there, as its /whoami says
 
     def free(self) -> int:
-        """GPUs free now (not withheld), on a host that answered."""
+        """GPUs one could reserve there now (answers.free), on a host that answered."""
         if self.status is None or self.devices is None:
             return 0
         return sum(1 for uuid, info in self.devices.items()
-                   if info.get("group", "gpu") == "gpu" and not info.get("lost")
-                   and ((self.status.get(uuid) or {}).get("claim") or {}).get("state") == "free"
-                   and not ((self.status.get(uuid) or {}).get("claim") or {}).get("withheld"))
+                   if answers.free(info, self.status.get(uuid) or {}))
+
+
+def server_name(server: Optional[str]) -> str:
+    """The one server, as the user named it (--server, PATROLLER_SERVER) or the default."""
+    return server or os.environ.get("PATROLLER_SERVER") or client.DEFAULT_SERVER
 
 
 def hosts_from(given: Optional[str], path: Optional[str]) -> List[str]:
@@ -51,7 +58,7 @@ def hosts_from(given: Optional[str], path: Optional[str]) -> List[str]:
     return hosts.split(os.environ.get("PATROLLER_HOSTS", "") if given is None else given)
 
 
-def _ask(host: str, timeout: float) -> HostAnswer:
+def _ask(host: str, timeout: float, mine: bool = False) -> HostAnswer:
     try:
         status = client.get_json(host, "/status", timeout, HOST_MAX_BYTES)
         devices = client.get_json(host, "/devices", timeout, HOST_MAX_BYTES)
@@ -60,7 +67,22 @@ def _ask(host: str, timeout: float) -> HostAnswer:
         return HostAnswer(host, error=said(f"bad answer: {exc}"))
     except (client.PatrollerError, ValueError) as exc:  # ValueError: not a server's address
         return HostAnswer(host, error=said(str(exc) or type(exc).__name__))
-    return HostAnswer(host, status, devices)
+    if not mine:
+        return HostAnswer(host, status, devices)
+    try:
+        return HostAnswer(host, status, devices, me=whoami(host, timeout))
+    except client.PatrollerError as exc:
+        return HostAnswer(host, error=said(f"cannot tell who you are there: {exc}"))
+
+
+def whoami(server: Optional[str], timeout: float = FLEET_TIMEOUT) -> str:
+    """The caller's user as the server takes it (/whoami): what --mine keeps the GPUs of.
+    RequestRefused when it cannot identify the caller (or is older than /whoami);
+    ServerUnreachable when it answers no user."""
+    me = client.get_json(server, "/whoami", timeout, HOST_MAX_BYTES)
+    if not isinstance(me, dict) or not isinstance(me.get("user"), str):
+        raise client.ServerUnreachable(f"{server_name(server)}: /whoami names no user")
+    return me["user"]
 
 
 def said(why: str) -> str:
@@ -68,48 +90,72 @@ def said(why: str) -> str:
     return why if len(why) <= ERROR_SHOWN else why[:ERROR_SHOWN - 1] + "…"
 
 
-def ask_all(hosts: List[str], timeout: float) -> List[HostAnswer]:
-    """Every host's answer, in the order given, within about `timeout` seconds in all."""
+def ask_all(hosts: List[str], timeout: float, mine: bool = False) -> List[HostAnswer]:
+    """Every host's answer, in the order given, within about `timeout` seconds in all (and
+    with `mine`, who the caller is there)."""
     if not hosts:
         return []
     pool = ThreadPoolExecutor(max_workers=min(32, len(hosts)))
-    futures = [pool.submit(_ask, host, timeout) for host in hosts]
-    wait(futures, timeout=timeout * 2 + 1)  # a request and its second, each bounded
+    futures = [pool.submit(_ask, host, timeout, mine) for host in hosts]
+    wait(futures, timeout=timeout * (3 if mine else 2) + 1)  # each request bounded
     pool.shutdown(wait=False)  # a host stuck past that is left behind, not waited for
     return [f.result() if f.done() else
             HostAnswer(host, error=f"no answer within {timeout:g} s")
             for host, f in zip(hosts, futures)]
 
 
-def fleet_table(answers: List[HostAnswer], colour: bool = False) -> str:
-    """One table, a row per GPU with its host, a row per host that did not answer; then why
-    each of those did not, in full (the table cuts it), and the totals."""
-    rows: List[List[str]] = []
+def fleet_table(answers: List[HostAnswer], colour: bool = False, width: Optional[int] = None,
+                mine: bool = False) -> str:
+    """One table for every host: a heading line per host (its GPUs by state), then a row per
+    GPU and a line per process, fitted to `width` together; a host that did not answer is its
+    heading line alone, saying why in full, which widens no row. Then the totals. `mine`: only
+    the GPUs of the caller as each host names them (`me`)."""
+    groups = []
     states: Dict[str, int] = {}
-    notes: List[str] = []
     for answer in answers:
+        name = f"\033[1m{answer.host}\033[0m" if colour else answer.host
         if answer.status is None or answer.devices is None:
-            rows.append([answer.host, "-", "-", "not answering: " + (answer.error or "?")]
-                        + ["-"] * (len(HEADERS) - 3))
-            notes.append(f"{answer.host}: not answering: {answer.error or '?'}\n")
+            why = printable(f"not answering: {answer.error or '?'}")  # a host's own words
+            groups.append((f"{name}  " + (f"\033[31m{why}\033[0m" if colour else why), []))
             continue
-        for uuid, info in answer.devices.items():
-            row = device_row(uuid, info, answer.status.get(uuid) or {})
-            rows.append([answer.host] + row)
-            states[row[2]] = states.get(row[2], 0) + 1
+        devices = [(info, answer.status.get(uuid) or {}) for uuid, info in answer.devices.items()]
+        counts: Dict[str, int] = {}
+        for _, entry in devices:
+            state = str((entry.get("claim") or {}).get("state", "?"))
+            counts[state] = counts.get(state, 0) + 1
+            states[state] = states.get(state, 0) + 1
+        if mine and answer.me is not None:
+            devices = [(info, entry) for info, entry in devices if is_mine(entry, answer.me)]
+        groups.append((f"{name}  {gpus_said(counts)}", devices))
     down = sum(1 for a in answers if a.status is None)
+    total = (f"{len(answers)} host{'s' if len(answers) != 1 else ''}"
+             + (f", {down} not answering" if down else "") + f"; {gpus_said(states)}")
+    if not any(devices for _, devices in groups):  # no GPU to show: no table head either
+        return "".join(heading + "\n" for heading, _ in groups) + total + "\n"
+    return tables(groups, colour, width) + total + "\n"
+
+
+def gpus_said(states: Dict[str, int]) -> str:
+    """'8 GPUs: 7 free, 1 reserved'."""
     gpus = sum(states.values())
     counts = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
-    total = (f"{len(answers)} host{'s' if len(answers) != 1 else ''}"
-             + (f", {down} not answering" if down else "")
-             + f"; {gpus} GPU{'s' if gpus != 1 else ''}" + (f": {counts}" if counts else ""))
-    return format_table(("HOST",) + HEADERS, rows, colour) + "".join(notes) + total + "\n"
+    return f"{gpus} GPU{'s' if gpus != 1 else ''}" + (f": {counts}" if counts else "")
 
 
 def free_hosts(answers: List[HostAnswer], wanted: int) -> List[Tuple[str, int]]:
     """(host, free GPUs) of the hosts with at least `wanted` free now, most free first."""
     found = [(a.host, a.free()) for a in answers if a.status is not None]
     return sorted([(h, n) for h, n in found if n >= wanted], key=lambda hn: -hn[1])
+
+
+def free_lines(answers: List[HostAnswer], wanted: int) -> str:
+    """'host  N free' for each host with `wanted` GPUs free now, most first; a Failure (status
+    75) when none has."""
+    found = free_hosts(answers, wanted)
+    if not found:
+        raise Failure(f"no host has {wanted} GPU{'s' if wanted != 1 else ''} free now",
+                      EX_TEMPFAIL)
+    return "".join(f"{host}  {free} free\n" for host, free in found)
 
 
 def fleet_json(answers: List[HostAnswer]) -> Dict[str, Any]:

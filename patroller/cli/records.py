@@ -13,7 +13,8 @@ from typing import Any, Dict, List, Optional
 
 from patroller import client, durations
 from patroller.cli.exits import EX_OK, EX_USAGE, Failure
-from patroller.cli.render import amount, duration, format_table
+from patroller.cli.render import amount, duration
+from patroller.cli.table import format_table
 
 # An event's own fields, which the table shows in columns of their own; the rest is DETAIL.
 _SHOWN = ("time", "at", "event", "user", "devices")

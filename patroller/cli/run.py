@@ -18,8 +18,9 @@ from typing import Any, Dict, List, Optional, TextIO
 
 from patroller import client
 from patroller.cli.exits import EX_NOEXEC, EX_NOTFOUND, EX_OK, EX_TEMPFAIL, EX_USAGE, Failure
-from patroller.cli.render import (amount, cut, describe, duration, holders_summary, numbers_of,
+from patroller.cli.render import (amount, describe, duration, holders_summary, numbers_of,
                                   progress_message)
+from patroller.cli.table import cut
 from patroller.client import PatrollerError, RequestRefused
 
 PROGRESS_EVERY = 1.0  # seconds between looks at the queue while waiting

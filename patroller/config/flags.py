@@ -145,7 +145,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Know which user is on which GPU, and hand out free GPUs fairly.",
         epilog="Every flag falls back to the environment variable named in its help. The "
         "commands that talk to a running server: patroller run, status, release, wait and "
-        "reserve (each with --help).",
+        "reserve (each with --help). `patroller doctor` with these flags checks what the daemon "
+        "would meet on this host.",
     )
     for flag, env, text in _SETTINGS:
         shown = f"{text} [{env}]".replace("%", "%%")  # argparse formats help with %

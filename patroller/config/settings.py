@@ -95,6 +95,11 @@ class Config:
     # -- internal defaults: the daemon as a whole ----------------------------------------------
     shutdown_grace: float = 2.0  # seconds the whole stop may take: monitors, then connections
 
+    # -- internal defaults: the doctor (patroller doctor, GET /doctor) -------------------------
+    doctor_slow: float = 10.0  # seconds: an nvidia-smi query that takes longer is reported slow
+    doctor_min_free_mib: int = 64  # MiB free under the state directory, at least: else degraded
+    doctor_timeout: float = 3.0  # seconds a socket the doctor knocks on may take to answer
+
     # -- internal defaults: core (the lease rules) --------------------------------------------
     # Host accounts whose holds count by identity alone, not by account as well: root, as which
     # containers run unless told otherwise, whoever starts them.

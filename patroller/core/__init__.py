@@ -5,8 +5,8 @@ made printable for a log line).
 Owns: Device and Inventory, Identity and ProcessRef, Viewer (whom a caller may see named,
 with --hide-users), the errors the API maps to statuses,
 Policy, the lease manager with its holds and queue, the Slurm jobs a device is allocated to
-(`jobs`), the protobuf wire format (`protowire`), and the GPU-time categories of the usage
-history with the reports summed from them (`usage`).
+(`jobs`), and the GPU-time categories of the usage history with the reports summed from them
+(`usage`).
 May import: the standard library and `patroller.durations`; nothing else of Patroller, no
 third-party package. Everything else builds on this.
 """

@@ -7,6 +7,7 @@ from typing import List, Mapping, Optional
 
 import tornado.web
 
+from patroller.doctor import Doctor
 from patroller.http.access import Requests
 from patroller.http.fleet import Fleet
 from patroller.http.hiding import Hiding
@@ -20,8 +21,8 @@ from patroller.services import Services
 class Api:
     """The services, and the HTTP layer's own parts: the cached bodies of /status and /devices,
     the web page's live feed, the Prometheus registries, the answers counted, the page's files,
-    the API document, the fleet view's hosts (with --fleet), and what each caller may see of
-    names (None: every name, to everyone)."""
+    the API document, the fleet view's hosts (with --fleet), what each caller may see of
+    names (None: every name, to everyone), and the doctor's examinations (GET /doctor)."""
 
     services: Services
     status: StatusView
@@ -35,3 +36,4 @@ class Api:
     endpoints: List[str] = field(default_factory=list)  # every route, for the 404's hint
     app: Optional[tornado.web.Application] = None  # the routes (routes.make_app)
     hiding: Optional[Hiding] = None  # --hide-users
+    doctor: Optional[Doctor] = None  # GET /doctor's examinations, one at a time

@@ -79,13 +79,8 @@ class Host:
                 "since": iso_time(self.since),
                 "last_seen": iso_time(self.last_seen) if self.last_seen is not None else None,
                 "checked": iso_time(self.checked) if self.checked is not None else None,
-                "free": sum(1 for gpu in self.gpus if free(gpu)) if self.state == UP else None,
+                "free": sum(1 for gpu in self.gpus if gpu["free"]) if self.state == UP else None,
                 "gpus": self.gpus}
-
-
-def free(gpu: Dict[str, Any]) -> bool:
-    """A GPU one could reserve there now."""
-    return gpu["group"] == "gpu" and gpu["state"] == "free" and not gpu["withheld"]
 
 
 def read(bodies: Sequence[bytes], max_gpus: int) -> List[Dict[str, Any]]:
@@ -116,6 +111,7 @@ def gpus_of(status: Dict[str, Any], devices: Dict[str, Any]) -> List[Dict[str, A
             "user": claim.get("user"),  # the holder's identity, as /status shows it
             "users": claim.get("users") or [],  # everyone whose processes run there
             "withheld": bool(claim.get("withheld")), "idle_for": claim.get("idle_for"),
+            "free": answers.free(info, entry),  # the rule `patroller status --free` counts by
             "sm": entry.get("sm"), "fb": entry.get("fb"),
             "fb_total": entry.get("fb_total") or info.get("total_mem"),
             "stale": bool(entry.get("stale"))})
@@ -262,6 +258,6 @@ class Fleet:
             "time": iso_time(self.clock()), "interval": self.interval, "timeout": self.timeout,
             "totals": {"hosts": len(self.hosts), "answering": len(answering),
                        "gpus": sum(states.values()),
-                       "free": sum(1 for host in answering for gpu in host.gpus if free(gpu)),
+                       "free": sum(1 for host in answering for gpu in host.gpus if gpu["free"]),
                        "states": dict(sorted(states.items()))},
             "hosts": [host.to_json() for host in self.hosts]}

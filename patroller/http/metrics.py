@@ -30,7 +30,9 @@ from prometheus_client.exposition import choose_encoder
 from patroller import __version__
 from patroller.http.access import Requests
 from patroller.http.hiding import Hiding, metric_labels
-from patroller.observe.monitor import FAILING, STATES
+from patroller.observe.monitor import (FAILING, IDLE, STATES, CrossCheckMetrics,
+                                       InventoryMetrics, MonitorMetrics, SilenceMetrics,
+                                       first)
 from patroller.http.views import device_holds, usage, waiting_by_user
 from patroller.services import Services
 
@@ -207,37 +209,35 @@ class DaemonCollector:
                                     labels=["monitor"])
         skipped = CounterMetricFamily("patroller_monitor_skipped_lines",
                                       "Unreadable lines the monitor skipped", labels=["monitor"])
-        specific: Dict[str, Dict[str, Any]] = {}
+        found: List[MonitorMetrics] = []
         for monitor in services.monitors:
             name = monitor.name
             counters = monitor.metrics()
-            specific[name] = counters
-            state = counters.get("state", FAILING)
-            up.add_metric([name], 0.0 if state == FAILING else 1.0)
+            found.append(counters)
+            up.add_metric([name], 0.0 if counters.state == FAILING else 1.0)
             for each in STATES:
-                states.add_metric([name, each], 1.0 if state == each else 0.0)
-            if "starts" in counters:
-                starts.add_metric([name], counters["starts"])
-            if "hangs" in counters:
-                hangs.add_metric([name], counters["hangs"])
-            if "skipped_lines" in counters:
-                skipped.add_metric([name], counters["skipped_lines"])
+                states.add_metric([name, each], 1.0 if counters.state == each else 0.0)
+            if counters.starts is not None:
+                starts.add_metric([name], counters.starts)
+            if counters.hangs is not None:
+                hangs.add_metric([name], counters.hangs)
+            if counters.skipped_lines is not None:
+                skipped.add_metric([name], counters.skipped_lines)
         yield from (up, states, starts, hangs, skipped)
-        check, inventory = specific.get("cross_check", {}), specific.get("inventory", {})
-        quiet = specific.get("silence", {})
+        # Found by kind, not by name: a monitor renamed keeps its series (zeros where none runs).
+        check = first(found, CrossCheckMetrics) or CrossCheckMetrics(state=IDLE)
+        inventory = first(found, InventoryMetrics) or InventoryMetrics(state=IDLE)
+        quiet = first(found, SilenceMetrics) or SilenceMetrics(state=IDLE)
         yield GaugeMetricFamily("patroller_devices_silent", "GPUs that print no statistics "
-                                "while the others do: granted to nobody",
-                                value=quiet.get("silent", 0))
+                                "while the others do: granted to nobody", value=quiet.silent)
         for name, text, value in (
-                ("cross_check_runs", "Compute-apps queries run", check.get("runs", 0)),
-                ("cross_check_failures", "Compute-apps queries that failed",
-                 check.get("failures", 0)),
+                ("cross_check_runs", "Compute-apps queries run", check.runs),
+                ("cross_check_failures", "Compute-apps queries that failed", check.failures),
                 ("inventory_readings", "Readings of the GPU inventory after the first",
-                 inventory.get("readings", 0)),
+                 inventory.readings),
                 ("inventory_changes", "Readings that found GPUs lost, added or renumbered",
-                 inventory.get("changes", 0)),
-                ("silences", "Times a GPU fell silent while the others printed",
-                 quiet.get("silences", 0)),
+                 inventory.changes),
+                ("silences", "Times a GPU fell silent while the others printed", quiet.silences),
                 ("docker_calls", "Calls to the container engines' Docker API (Docker, Podman, "
                  "users' rootless engines)", services.identifier.docker_calls),
                 ("proc_reads", "/proc entries of processes read", services.identifier.proc_reads),

@@ -36,12 +36,14 @@ ENDPOINTS = {
     "/history[?since=T]": "the recent events of the audit record",
     "/usage[?since=T][&until=T][&by=K]": "GPU-hours per category (active, idle-held, "
                                          "reserved-unused, ...) by user, account, job, GPU, day",
+    "/whoami": "who the daemon takes the caller for (whom /request would hold devices for)",
     "/events": "the page's live feed (Server-Sent Events)",
     "/web/{name}": "the page's scripts and style (a browser at / gets the page)",
     "/fleet": "with --fleet: one live page of every host's GPUs",
     "/fleet.json": "with --fleet: every host's GPUs, as this daemon last heard them",
     "/metrics": "Prometheus metrics: GPUs, who holds and uses them, the daemon",
     "/metrics.json": "the daemon's own counters, as JSON",
+    "/doctor": "the host's root only: what this daemon meets on its host, checked",
     "/openapi.json": "this API, described for programs (OpenAPI 3.1)",
 }
 

@@ -9,8 +9,10 @@ from typing import Any, Dict, List
 import tornado.web
 
 from patroller.core.throttle import Throttle
+from patroller.doctor import Doctor
 from patroller.http.access import AccessLog, Requests
 from patroller.http.api import Api
+from patroller.http.doctor import DoctorHandler
 from patroller.http.fleet import Fleet
 from patroller.http.handlers import (DevicesHandler, HistoryHandler, MetricsHandler,
                                      MetricsJsonHandler, NotFoundHandler, OpenApiHandler,
@@ -25,6 +27,7 @@ from patroller.http.page import (EventsHandler, FleetHandler, FleetJsonHandler, 
                                  WebHandler, web_files)
 from patroller.http.encoding import dumps
 from patroller.http.views import DevicesView, StatusView, page_snapshot
+from patroller.http.whoami import WhoAmIHandler
 from patroller.services import Services
 
 
@@ -42,7 +45,8 @@ def make_api(services: Services) -> Api:
     api = Api(services=services, status=status, devices=devices, feed=feed,
               registries=Registries(services, requests, hiding), requests=requests,
               web=web_files(), document=openapi_document(),
-              fleet=Fleet(config) if config.fleet else None, hiding=hiding)
+              fleet=Fleet(config) if config.fleet else None, hiding=hiding,
+              doctor=Doctor(config))
     # The views and the feed follow every change; the inventory's too.
     services.leases.on_change(feed.changed)
     services.stats.on_change(feed.changed)
@@ -90,12 +94,14 @@ def make_app(api: Api) -> tornado.web.Application:
         (r"/users", UsersHandler),
         (r"/history", HistoryHandler),
         (r"/usage", UsageHandler),
+        (r"/whoami", WhoAmIHandler),
         (r"/events", EventsHandler),
         (r"/web/([A-Za-z0-9_.-]{1,64})", WebHandler),
         (r"/fleet", FleetHandler),
         (r"/fleet\.json", FleetJsonHandler),
         (r"/metrics", MetricsHandler),
         (r"/metrics\.json", MetricsJsonHandler),
+        (r"/doctor", DoctorHandler),
         (r"/openapi\.json", OpenApiHandler),
     ]
     api.endpoints = [path.split("(")[0] + "<file>" if "(" in path else path.replace("\\", "")

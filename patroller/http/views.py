@@ -124,7 +124,7 @@ def counters(services: Services, status: StatusView) -> Dict[str, Any]:
         "docker_calls": services.identifier.docker_calls,
         "caller_lookups": services.callers.lookups,
         "caller_descriptors_read": services.callers.descriptors_read,
-        "monitors": {m.name: m.metrics() for m in services.monitors},
+        "monitors": {m.name: m.metrics().to_json() for m in services.monitors},
         "lease_book": services.book.metrics() if services.book is not None else None,
         "usage": services.usage.metrics() if services.usage is not None else None,
         "held_for_processes": services.lifelines.metrics(),

@@ -7,7 +7,7 @@ then `default`; never `moby`, whose containers are Docker's and asked of the Doc
 container, the pod's sandbox (its pause container, whose labels are the pod's labels) is the
 container of that namespace labelled `io.cri-containerd.kind=sandbox` with the same pod uid:
 `Containers/List` with a filter. The OCI spec that comes with each container gives its
-annotations. Messages are encoded and read by field number (core/protowire.py), as
+annotations. Messages are encoded and read by field number (observe/protowire.py), as
 containerd's api/services/containers/v1/containers.proto gives them:
 
   GetContainerRequest {id = 1}             GetContainerResponse {container = 1}
@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional
 
 from patroller.config import Config
-from patroller.core import protowire
-from patroller.core.protowire import WireError
 from patroller.identify.lookups import SharedLookups
 from patroller.observe.grpcunix import GrpcUnavailable, UnixCaller
+from patroller.observe import protowire
+from patroller.observe.protowire import WireError
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from abc import abstractmethod
 from typing import Any, Dict, Optional
 
 from patroller.core.devices import Inventory
-from patroller.observe.monitor import FAILING, UP, Monitor
+from patroller.observe.monitor import FAILING, UP, AllocationMetrics, Monitor
 from patroller.observe.signals import Allocated, Signals
 
 log = logging.getLogger(__name__)
@@ -57,9 +57,9 @@ class AllocationWatch(Monitor):
             await asyncio.wait([self._task])
         self.closed()
 
-    def metrics(self) -> Dict[str, object]:
-        return {"state": self._state, "readings": self.readings, "failures": self.failures,
-                "allocated": len(self._told)}
+    def metrics(self) -> AllocationMetrics:
+        return AllocationMetrics(state=self._state, readings=self.readings,
+                                 failures=self.failures, allocated=len(self._told))
 
     def failed(self, why: object, anew: bool = False) -> None:
         """A reading failed: the allocations known are kept; said once until one succeeds, or

@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 from patroller.config import Config
 from patroller.core.devices import Inventory
 from patroller.core.throttle import Throttle
-from patroller.observe.monitor import FAILING, IDLE, UP, Monitor
+from patroller.observe.monitor import FAILING, IDLE, UP, CrossCheckMetrics, Monitor
 from patroller.observe.monitors import PmonMonitor
 from patroller.observe.nvsmi.parsers import ComputeApp, parse_compute_apps
 from patroller.observe.signals import GpuProcess, ProcessSamples, Signals
@@ -101,12 +101,12 @@ class CrossCheck(Monitor):
         if self._task is not None:
             await asyncio.wait([self._task])
 
-    def metrics(self) -> Dict[str, object]:
-        return {"runs": self.runs, "failures": self.failures, "hangs": self.query.hangs,
-                "last_duration": self.last_duration, "processes": len(self._announced),
-                "announced": self.announced_total, "skipped_lines": self.skipped,
-                "running": self.query.running,
-                "state": FAILING if self._failing else UP if self.query.running else IDLE}
+    def metrics(self) -> CrossCheckMetrics:
+        return CrossCheckMetrics(
+            state=FAILING if self._failing else UP if self.query.running else IDLE,
+            running=self.query.running, hangs=self.query.hangs, skipped_lines=self.skipped,
+            runs=self.runs, failures=self.failures, last_duration=self.last_duration,
+            processes=len(self._announced), announced=self.announced_total)
 
     async def _tick(self) -> None:
         assert self._wake is not None

@@ -1,4 +1,4 @@
-"""Unary gRPC calls on a unix socket, with messages already encoded (core/protowire.py): what
+"""Unary gRPC calls on a unix socket, with messages already encoded (observe/protowire.py): what
 containerd's API and the kubelet's pod-resources need, and nothing more.
 
 grpcio is optional (the `kubernetes` extra). Without it a caller says so once, when first used,

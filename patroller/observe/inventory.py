@@ -9,13 +9,13 @@ import logging
 import shlex
 import time
 from dataclasses import replace
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, List, Mapping, Optional
 
 from patroller.config import Config
 from patroller.core.devices import Device, Inventory, InventoryChange
 from patroller.core.throttle import Throttle
 from patroller.observe.miguuids import MigUuids
-from patroller.observe.monitor import FAILING, IDLE, UP, Monitor
+from patroller.observe.monitor import FAILING, IDLE, UP, InventoryMetrics, Monitor
 from patroller.observe.nvsmi.discovery import Discovery, DiscoveryError, parse_inventory
 from patroller.observe.signals import Signals
 from patroller.observe.child import status_text
@@ -133,11 +133,12 @@ class InventoryWatch(Monitor):
         if self._task is not None:
             await asyncio.wait([self._task])
 
-    def metrics(self) -> Dict[str, object]:
-        return {"readings": self.readings, "failures": self.failures, "changes": self.changes,
-                "lost": sum(1 for d in self.inventory if d.lost), "hangs": self.query.hangs,
-                "running": self.query.running, "mig_list_failures": self.mig.failures,
-                "state": FAILING if self._failing else UP if self.query.running else IDLE}
+    def metrics(self) -> InventoryMetrics:
+        return InventoryMetrics(
+            state=FAILING if self._failing else UP if self.query.running else IDLE,
+            running=self.query.running, hangs=self.query.hangs, readings=self.readings,
+            failures=self.failures, changes=self.changes,
+            lost=sum(1 for d in self.inventory if d.lost), mig_list_failures=self.mig.failures)
 
     def poke(self, why: str = "") -> None:
         """Read the inventory again soon (at most once per `soonest` seconds)."""

@@ -16,20 +16,22 @@ import logging
 import re
 import time
 from abc import abstractmethod
-from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple, Type, TypeVar
 
 from tornado.ioloop import IOLoop
 
 from patroller.config import Config
 from patroller.core.devices import Inventory
 from patroller.core.throttle import Throttle
-from patroller.observe.monitor import FAILING, UP, Monitor
+from patroller.observe.monitor import (FAILING, UP, DmonMetrics, Monitor, PmonMetrics,
+                                       StreamMetrics)
 from patroller.observe.nvsmi.intervals import IntervalChange, PmonIntervals
 from patroller.observe.nvsmi.parsers import DmonParser, DmonRow, PmonParser, PmonRow
 from patroller.observe.signals import GpuProcess, ProcessList, ProcessSamples, Sample, Signals
 from patroller.observe.supervisor import RestartingChild
 
 log = logging.getLogger(__name__)
+S = TypeVar("S", bound=StreamMetrics)  # the metrics of one kind of stream
 
 DMON_SELECTS = ("pucvmt", "pucm", "")  # column groups asked of dmon, most first; "": the default
 PMON_SELECTS = ("um", "")
@@ -88,10 +90,15 @@ class StreamMonitor(Monitor):
     async def stop(self, grace: float) -> None:
         await self.child.stop(grace)
 
-    def metrics(self) -> Dict[str, object]:
-        counters = self.child.metrics()
-        return {**counters, "skipped_lines": self.parser.skipped,
-                "state": UP if counters["running"] else FAILING}
+    def metrics(self) -> StreamMetrics:
+        return self._metrics(StreamMetrics)
+
+    def _metrics(self, kind: Type[S], **own: Any) -> S:
+        """The stream's figures as a `kind`, with the figures of its own kind (`own`)."""
+        child = self.child
+        return kind(state=UP if child.running else FAILING, running=child.running,
+                    starts=child.starts, hangs=child.hangs, last_exit=child.last_exit,
+                    skipped_lines=self.parser.skipped, **own)
 
     def reconfigure(self) -> None:
         """The inventory changed: run again over the devices it has now."""
@@ -148,8 +155,8 @@ class DmonMonitor(StreamMonitor):
                  env: Mapping[str, str], config: Config) -> None:
         super().__init__(inventory, signals, nvidia_smi, env, config, DmonParser())
 
-    def metrics(self) -> Dict[str, object]:
-        return {**super().metrics(), "columns": self.select or "default"}
+    def metrics(self) -> DmonMetrics:
+        return self._metrics(DmonMetrics, columns=self.select or "default")
 
     def _row(self, row: DmonRow) -> None:
         device = self.inventory.by_number(row.gpu)
@@ -188,8 +195,8 @@ class PmonMonitor(StreamMonitor):
         self._disarm()
         await super().stop(grace)
 
-    def metrics(self) -> Dict[str, object]:
-        return {**super().metrics(), "processes": len(self._announced)}
+    def metrics(self) -> PmonMetrics:
+        return self._metrics(PmonMetrics, processes=len(self._announced))
 
     def reconfigure(self) -> None:
         self._last_number = max((d.number for d in self.inventory.present()), default=0)

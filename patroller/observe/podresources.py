@@ -39,11 +39,11 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 from patroller.config import Config
 from patroller.core.devices import Device, Inventory
 from patroller.core.pods import NAME_CHARS, Pod, PodAllocation
-from patroller.core.protowire import Message, WireError
 from patroller.core.text import printable
 from patroller.observe.allocwatch import AllocationWatch
 from patroller.observe.grpcunix import GrpcUnavailable, UnixCaller
 from patroller.observe.monitor import IDLE, UP
+from patroller.observe.protowire import Message, WireError
 from patroller.observe.signals import Signals
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Set
 
 from patroller.core.devices import Inventory
-from patroller.observe.monitor import UP, Monitor
+from patroller.observe.monitor import UP, Monitor, SilenceMetrics
 from patroller.observe.signals import Sample, Signals, Silence
 
 log = logging.getLogger(__name__)
@@ -70,8 +70,8 @@ class SilenceWatch(Monitor):
         for device in self.inventory:
             self._heard.setdefault(device.uuid, now)
 
-    def metrics(self) -> Dict[str, object]:
-        return {"silent": len(self._silent), "silences": self.silences, "state": UP}
+    def metrics(self) -> SilenceMetrics:
+        return SilenceMetrics(state=UP, silent=len(self._silent), silences=self.silences)
 
     def check(self) -> Set[str]:
         """Look now: tell of devices that fell silent or were heard again; the silent ones."""

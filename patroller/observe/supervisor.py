@@ -14,7 +14,7 @@ import logging
 import signal
 import time
 from dataclasses import dataclass
-from typing import Callable, Deque, Dict, List, Mapping, Optional, Tuple
+from typing import Callable, Deque, List, Mapping, Optional, Tuple
 
 from patroller.config import Config
 from patroller.core.throttle import Throttle
@@ -77,10 +77,10 @@ class RestartingChild:
         self._recent: Deque[str] = collections.deque(maxlen=3)
         self._handler_failures = Throttle(1, config.repeat_log_every)
 
-    def metrics(self) -> Dict[str, object]:
-        """Counters for /metrics."""
-        return {"starts": self.starts, "running": self.child is not None and self.child.running,
-                "hangs": self.hangs, "last_exit": self.last_exit}
+    @property
+    def running(self) -> bool:
+        """Whether its child runs now."""
+        return self.child is not None and self.child.running
 
     def start(self) -> None:
         """Begin supervising on the running loop."""

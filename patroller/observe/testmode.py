@@ -10,7 +10,7 @@ from typing import Callable, Dict, List, Optional
 from tornado.ioloop import PeriodicCallback
 
 from patroller.core.devices import Device, Inventory
-from patroller.observe.monitor import UP, Monitor
+from patroller.observe.monitor import UP, Monitor, SyntheticMetrics
 from patroller.observe.signals import ProcessList, Sample, Signals, Value
 
 _NAMESPACE = uuidlib.UUID("6c1f3e0a-6d2c-4b8e-9a57-0d7f1e3c5b21")
@@ -96,8 +96,8 @@ class SyntheticMonitor(Monitor):
             self._timer.stop()
             self._timer = None
 
-    def metrics(self) -> Dict[str, object]:
-        return {"samples": self.samples, "state": UP}
+    def metrics(self) -> SyntheticMetrics:
+        return SyntheticMetrics(state=UP, samples=self.samples)
 
     def _tick(self) -> None:
         self.sample()

@@ -12,6 +12,8 @@
   let receivedAt = 0;         // performance.now() when the last snapshot came
   let rendered = false;
 
+  const {duration, gib, timeOfDay} = window.Patroller;  // common.js
+
   function $(id) { return document.getElementById(id); }
 
   // h("div", {class: "x", data: {n: 1}}, "text", child, ...): text arguments become text nodes.
@@ -50,20 +52,6 @@
     return typeof value === "number" && isFinite(value) ? value.toFixed(digits || 0) : null;
   }
 
-  // 42 s, 12 min, 3 h 5 min, 2 d 4 h
-  function duration(seconds) {
-    if (typeof seconds !== "number" || !isFinite(seconds)) return "–";
-    const t = Math.max(0, Math.floor(seconds));
-    if (t < 60) return t + " s";
-    if (t < 3600) return Math.floor(t / 60) + " min";
-    if (t < 86400) {
-      const m = Math.floor(t / 60) % 60;
-      return Math.floor(t / 3600) + " h" + (m ? " " + m + " min" : "");
-    }
-    const hours = Math.floor(t / 3600) % 24;
-    return Math.floor(t / 86400) + " d" + (hours ? " " + hours + " h" : "");
-  }
-
   // 0:08, 12:30, 1:59:58
   function clock(seconds) {
     const t = Math.max(0, Math.ceil(seconds));
@@ -71,19 +59,6 @@
     const hours = Math.floor(t / 3600);
     const rest = two(Math.floor(t / 60) % 60) + ":" + two(t % 60);
     return hours ? hours + ":" + rest : String(Math.floor(t / 60)) + ":" + two(t % 60);
-  }
-
-  // Memory in GiB everywhere (cards and process tables alike): one decimal below 10 GiB.
-  function gib(mib) {
-    if (typeof mib !== "number") return "–";
-    const g = mib / 1024;
-    return (g === 0 || g >= 10 ? Math.round(g) : g.toFixed(1)) + " GiB";
-  }
-
-  function timeOfDay(iso) {
-    const when = new Date(iso);
-    if (isNaN(when)) return String(iso || "");
-    return when.toLocaleTimeString([], {hour: "2-digit", minute: "2-digit", second: "2-digit"});
   }
 
   // The name people know a holder by: e-mail, else account, else container, else the user string.

@@ -10,8 +10,16 @@
 (function () {
   const STATES = ["free", "reserved", "allocated", "claimed", "shared", "lost"];
   const TIMEOUT = 10000;      // ms the daemon may take to answer this page
+  const HELD = ["reserved", "allocated", "claimed", "shared"];
+  const COMPACT_FROM = 16;    // more GPUs than this in the fleet: a line per host at first
+  const REMEMBERED = "patroller.fleet.compact";
   let every = 2000;           // ms between two askings: the daemon's interval, 1 to 5 s
   let rendered = false;
+  let last = null;            // the last answer drawn, to draw again when the choice changes
+  let compactAll = false;     // the page-wide choice: a line per host, or every GPU
+  const opened = new Map();   // host -> its GPUs shown (true) or not: its own toggle
+
+  const {duration, gib, timeOfDay} = window.Patroller;  // common.js
 
   function $(id) { return document.getElementById(id); }
 
@@ -31,32 +39,6 @@
       el.append(child instanceof Node ? child : document.createTextNode(String(child)));
     }
     return el;
-  }
-
-  // 42 s, 12 min, 3 h 5 min, 2 d 4 h: as the host's own page says it.
-  function duration(seconds) {
-    if (typeof seconds !== "number" || !isFinite(seconds)) return "–";
-    const t = Math.max(0, Math.floor(seconds));
-    if (t < 60) return t + " s";
-    if (t < 3600) return Math.floor(t / 60) + " min";
-    if (t < 86400) {
-      const m = Math.floor(t / 60) % 60;
-      return Math.floor(t / 3600) + " h" + (m ? " " + m + " min" : "");
-    }
-    const hours = Math.floor(t / 3600) % 24;
-    return Math.floor(t / 86400) + " d" + (hours ? " " + hours + " h" : "");
-  }
-
-  function gib(mib) {
-    if (typeof mib !== "number") return "–";
-    const g = mib / 1024;
-    return (g === 0 || g >= 10 ? Math.round(g) : g.toFixed(1)) + " GiB";
-  }
-
-  function timeOfDay(iso) {
-    const when = new Date(iso);
-    if (isNaN(when)) return String(iso || "");
-    return when.toLocaleTimeString([], {hour: "2-digit", minute: "2-digit", second: "2-digit"});
   }
 
   // Seconds from `iso` to the answer's own time (the daemon's clock: the browser's may differ).
@@ -118,13 +100,37 @@
       (parts.length ? ": " + parts.join(", ") : "");
   }
 
+  // One line for a host's GPUs: a square each, in its state's colour, its number and holder
+  // in its title.
+  function strip(gpus) {
+    return h("span", {class: "strip", "aria-hidden": "true"}, gpus.map((gpu) => {
+      const state = STATES.includes(gpu.state) ? gpu.state : "free";
+      const holder = gpu.user ? ": " + who(gpu.user) : "";
+      return h("span", {class: "cell state-" + state + (gpu.free ? " is-free" : ""),
+                        title: "GPU " + gpu.number + " " + state + holder});
+    }));
+  }
+
+  // '3 free, 5 held of 8 GPUs': free as the daemon counts (answers.py: free, not silent, not
+  // lost), held in any way.
+  function freeHeld(host, gpus) {
+    const held = gpus.filter((gpu) => HELD.includes(gpu.state)).length;
+    const free = typeof host.free === "number" ? host.free : 0;
+    return free + " free, " + held + " held of " + gpus.length + " GPU" +
+      (gpus.length === 1 ? "" : "s");
+  }
+
+  function compactNow(name) {
+    return opened.has(name) ? !opened.get(name) : compactAll;
+  }
+
   function hostPanel(host, now) {
     const up = host.state === "up";
     const kind = up ? "up" : host.state === "asking" ? "asking" : "down";
     const gpus = host.gpus || [];
     let said;
     if (up) {
-      said = counted(gpus);
+      said = freeHeld(host, gpus);
     } else if (kind === "asking") {
       said = "asked, no answer yet";
     } else {
@@ -133,22 +139,64 @@
           "last seen " + timeOfDay(host.last_seen) + " (" + duration(ago(host.last_seen, now)) +
           " ago)" : "not seen since this daemon started");
     }
+    const compact = gpus.length > 0 && compactNow(host.host);
     const link = h("a", {href: host.url + "/"}, host.host);
-    return h("section", {class: "panel host is-" + kind, data: {host: host.host, state: host.state},
-                         "aria-label": host.host},
+    const toggle = gpus.length ? h("button", {type: "button", class: "toggle",
+      "aria-expanded": compact ? "false" : "true", title: compact ? "show its GPUs" :
+        "one line for this host"}, compact ? "show GPUs" : "hide GPUs") : null;
+    const table = gpus.length ? h("table", {class: "fleet-gpus", hidden: compact},
+      h("thead", {}, h("tr", {},
+        h("th", {scope: "col", class: "c-gpu"}, "GPU"),
+        h("th", {scope: "col", class: "c-model"}, "model"),
+        h("th", {scope: "col", class: "c-state"}, "state"),
+        h("th", {scope: "col"}, "user or job"),
+        h("th", {scope: "col", class: "c-sm"}, "SM"),
+        h("th", {scope: "col", class: "c-mem"}, "memory"))),
+      h("tbody", {}, gpus.map(gpuRow))) : null;
+    return h("section", {class: "panel host is-" + kind + (compact ? " is-compact" : ""),
+                         data: {host: host.host, state: host.state}, "aria-label": host.host},
       h("header", {class: "host-head"}, h("h2", {}, link),
         h("span", {class: "state state-" + kind}, host.state),
-        h("span", {class: "host-summary"}, said)),
+        h("span", {class: "host-summary"}, said),
+        gpus.length ? strip(gpus) : null, toggle),
       !up && host.error ? h("p", {class: "down-why"}, host.error) : null,
-      gpus.length ? h("table", {class: "fleet-gpus"},
-        h("thead", {}, h("tr", {},
-          h("th", {scope: "col", class: "c-gpu"}, "GPU"),
-          h("th", {scope: "col", class: "c-model"}, "model"),
-          h("th", {scope: "col", class: "c-state"}, "state"),
-          h("th", {scope: "col"}, "user or job"),
-          h("th", {scope: "col", class: "c-sm"}, "SM"),
-          h("th", {scope: "col", class: "c-mem"}, "memory"))),
-        h("tbody", {}, gpus.map(gpuRow))) : null);
+      table);
+  }
+
+  // A host's own toggle: its GPUs shown or one line, kept over the page-wide choice.
+  function toggled(event) {
+    const button = event.target.closest("button.toggle");
+    const panel = button && button.closest("section.host");
+    if (!panel) return;
+    const compact = !panel.classList.contains("is-compact");
+    opened.set(panel.dataset.host, !compact);
+    panel.classList.toggle("is-compact", compact);
+    panel.querySelector("table.fleet-gpus").hidden = compact;
+    button.setAttribute("aria-expanded", compact ? "false" : "true");
+    button.textContent = compact ? "show GPUs" : "hide GPUs";
+    button.title = compact ? "show its GPUs" : "one line for this host";
+  }
+
+  // The page-wide choice: every host on one line, or every GPU; remembered in this browser.
+  function setCompactAll(compact, remember) {
+    compactAll = compact;
+    opened.clear();
+    const button = $("compact");
+    button.setAttribute("aria-pressed", compact ? "true" : "false");
+    button.textContent = compact ? "show every GPU" : "one line per host";
+    if (remember) {
+      try { localStorage.setItem(REMEMBERED, compact ? "1" : "0"); } catch (err) { /* private */ }
+    }
+    if (last) render(last);
+  }
+
+  function remembered() {
+    try {
+      const value = localStorage.getItem(REMEMBERED);
+      return value === "1" ? true : value === "0" ? false : null;
+    } catch (err) {
+      return null;
+    }
   }
 
   // A panel for a host whose data could not be drawn: its name, and why, as far as known.
@@ -176,6 +224,13 @@
 
   function render(snap) {
     const given = Array.isArray(snap.hosts) ? snap.hosts : [];
+    if (!rendered) {  // the first answer: as this browser chose last, else by the fleet's size
+      const gpus = given.reduce((n, host) => n + (Array.isArray(host && host.gpus) ?
+        host.gpus.length : 0), 0);
+      const chosen = remembered();
+      setCompactAll(chosen !== null ? chosen : gpus > COMPACT_FROM, false);
+    }
+    last = snap;
     const hosts = given.map((host) => drawn(host, snap.time));
     $("hosts").replaceChildren(...hosts.map((one) => one.panel));
     const byState = {};
@@ -217,5 +272,7 @@
   }
 
   $("where").textContent = location.host;
+  $("hosts").addEventListener("click", toggled);
+  $("compact").addEventListener("click", () => setCompactAll(!compactAll, true));
   ask();
 })();

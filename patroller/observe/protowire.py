@@ -3,10 +3,14 @@ containers, the kubelet's pod-resources): messages are written and read by field
 their public .proto files give them, with no generated code and no protobuf package.
 
 A message is read into a `Message`: each field number with the values it had, in order (a
-repeated field has many; a scalar read twice keeps the last, as protobuf does). Varints are
-ints; length-delimited fields are bytes, to be read as a string (`text`) or as a nested message
-(`message`), which only the .proto can tell. Fixed 32- and 64-bit fields are skipped over
-(nothing read here has one). Malformed input raises WireError, never anything else.
+repeated field has many). Read twice, a field is what protobuf makes of it: a scalar (`integer`,
+`text`, `raw`) is the last value; a singular nested message (`message`) is all its pieces
+merged, which is the message their concatenation encodes (in it, again, scalars the last,
+repeated fields all, nested messages merged); a repeated one (`messages`) is each piece.
+Varints are ints; length-delimited fields are bytes, to be read as a string (`text`) or as a
+nested message (`message`, `messages`), which only the .proto can tell. Fixed 32- and 64-bit
+fields are skipped over (nothing read here has one). Malformed input raises WireError, never
+anything else. tests/test_protobuf_wire.py checks all this against the protobuf package.
 """
 from __future__ import annotations
 
@@ -139,8 +143,9 @@ class Message:
         return values[-1] if values else b""  # type: ignore[return-value]
 
     def message(self, number: int) -> "Message":
-        """The nested message (an empty one when the field is absent)."""
-        return Message(self.raw(number))
+        """The nested message: its pieces merged, as protobuf merges a singular embedded
+        message that comes more than once (an empty one when the field is absent)."""
+        return Message(b"".join(self._all(number, bytes)))  # type: ignore[arg-type]
 
     def messages(self, number: int) -> List["Message"]:
         return [Message(value) for value in self._all(number, bytes)]  # type: ignore[arg-type]

@@ -1,0 +1,246 @@
+"""The container engines and the kubelet, knocked on as the resolver and the pod watch would
+reach them: the Docker Engine, each user's rootless Docker, Podman (rootful and each user's),
+containerd, and the kubelet's pod-resources socket. For each: not there, there but not
+answering (stopped, or not ours to connect to), or answering, with its version.
+
+`probe_*` functions connect (blocking: the doctor runs them in the executor); `check_*`
+functions are pure, over what they found."""
+from __future__ import annotations
+
+import errno
+import glob
+import http.client
+import json
+import re
+import socket
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+from patroller.config import Config
+from patroller.observe.protowire import Message, WireError
+from patroller.doctor.results import Result, degraded, ok
+from patroller.observe.grpcunix import INSTALL, GrpcUnavailable, UnixCaller
+from patroller.observe.podresources import ask, parse_list
+
+DOCKER_DEFAULT = "unix:///var/run/docker.sock"  # the Docker SDK's, when no --docker-host
+VERSION = "/containerd.services.version.v1.Version/Version"
+MAX_ANSWER = 1 << 20  # bytes of an engine's /version read at most
+SHOWN = 3
+
+
+@dataclass(frozen=True)
+class Knock:
+    """What one engine's (or the kubelet's) socket said."""
+
+    address: str
+    state: str  # absent, refused, denied, silent (no answer in time), answered, bad (answered
+    # but not as it should), ungrpc (grpcio is not installed)
+    why: str = ""
+    version: str = ""  # "Docker 27.1.1 (API 1.46)", "containerd 1.6.20", "3 pod(s) with GPUs"
+
+
+def _path(address: str) -> Optional[str]:
+    return address[len("unix://"):] if address.startswith("unix://") else \
+        address if address.startswith("/") else None
+
+
+def _connect(path: str, timeout: float, address: Optional[str] = None) -> Optional[Knock]:
+    """None if a unix socket accepts at `path`; else a Knock saying why not (of `address`,
+    as the flag gave it)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        try:
+            sock.connect(path)
+        except OSError as exc:
+            state = {errno.ENOENT: "absent", errno.ENOTDIR: "absent",
+                     errno.ECONNREFUSED: "refused", errno.EACCES: "denied",
+                     errno.EPERM: "denied"}.get(exc.errno or 0, "silent")
+            return Knock(address or f"unix://{path}", state, exc.strerror or str(exc))
+    return None
+
+
+class _UnixHTTP(http.client.HTTPConnection):
+    """HTTP over a unix socket: the Docker Engine's API (Podman serves the same)."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.socket_path)
+
+
+def probe_docker_api(address: str, timeout: float) -> Knock:
+    """GET /version of a Docker-API engine (the Docker Engine, Podman)."""
+    path = _path(address)
+    if path is None:
+        found = re.match(r"(?:tcp|http)://([^/:]+):?(\d+)?", address)
+        if found is None:
+            return Knock(address, "bad", "only unix://, tcp:// and http:// engines are asked")
+        connection: http.client.HTTPConnection = http.client.HTTPConnection(
+            found.group(1), int(found.group(2) or 2375), timeout=timeout)
+    else:
+        refused = _connect(path, timeout, address)
+        if refused is not None:
+            return refused
+        connection = _UnixHTTP(path, timeout)
+    try:
+        connection.request("GET", "/version", headers={"Host": "docker"})
+        response = connection.getresponse()
+        body = response.read(MAX_ANSWER)
+    except (OSError, http.client.HTTPException) as exc:
+        return Knock(address, "silent", str(exc) or type(exc).__name__)
+    finally:
+        connection.close()
+    if response.status != 200:
+        return Knock(address, "bad", f"/version answered {response.status}")
+    try:
+        answer = json.loads(body)
+        names = [c.get("Name", "") for c in answer.get("Components") or []]
+        product = "Podman" if any("Podman" in n for n in names) else "Docker"
+        return Knock(address, "answered", version=f"{product} {answer['Version']} "
+                     f"(API {answer.get('ApiVersion', '?')})")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return Knock(address, "bad", "/version is not a Docker Engine's answer")
+
+
+def probe_containerd(address: str, timeout: float) -> Knock:
+    """containerd's Version over gRPC."""
+    path = _path(address) or address
+    refused = _connect(path, timeout, address)
+    if refused is not None:
+        return refused
+    caller = UnixCaller(path, timeout)
+    try:
+        message = Message(caller.call(VERSION, b""))
+        return Knock(address, "answered", version=f"containerd {message.text(1) or '?'}")
+    except GrpcUnavailable as exc:
+        return Knock(address, "ungrpc" if "not installed" in str(exc) else "bad", str(exc))
+    except WireError as exc:
+        return Knock(address, "bad", f"its Version is not containerd's: {exc}")
+    finally:
+        caller.close()
+
+
+def probe_kubelet(path: str, config: Config) -> Knock:
+    """The kubelet's pod-resources List, as the pod watch calls it."""
+    refused = _connect(path, config.doctor_timeout, path)
+    if refused is not None:
+        return refused
+    caller = UnixCaller(path, config.kubelet_timeout)
+    try:
+        data = ask(caller)
+        if data is None:
+            return Knock(path, "absent")
+        pods = parse_list(data, config.kubelet_resources)
+        return Knock(path, "answered", version=f"{len(pods)} pod(s) with GPUs")
+    except GrpcUnavailable as exc:
+        return Knock(path, "ungrpc" if "not installed" in str(exc) else "bad", str(exc))
+    except WireError as exc:
+        return Knock(path, "bad", f"its List is not the kubelet's: {exc}")
+    finally:
+        caller.close()
+
+
+def users_sockets(template: str) -> List[Tuple[int, str]]:
+    """(uid, address) of every user's socket the template finds there now."""
+    path = _path(template)
+    if path is None:
+        return []
+    pattern = re.compile(re.escape(path).replace(re.escape("{uid}"), r"([0-9]+)") + "$")
+    found = []
+    for match in sorted(glob.glob(path.replace("{uid}", "[0-9]*"))):
+        named = pattern.match(match)
+        if named is not None:
+            found.append((int(named.group(1)), f"unix://{match}"))
+    return found
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    docker: Knock
+    podman: Optional[Knock]  # None: not asked
+    rootless_docker: Optional[List[Tuple[int, Knock]]]  # None: not asked
+    rootless_podman: Optional[List[Tuple[int, Knock]]]
+    containerd: Optional[Knock]
+    kubelet: Optional[Knock]
+
+
+def probe_engines(config: Config) -> EngineFacts:
+    timeout = config.docker_timeout
+
+    def users(template: Optional[str]) -> Optional[List[Tuple[int, Knock]]]:
+        if template is None:
+            return None
+        return [(uid, probe_docker_api(address, timeout))
+                for uid, address in users_sockets(template)]
+    return EngineFacts(
+        probe_docker_api(config.docker_host or DOCKER_DEFAULT, timeout),
+        probe_docker_api(config.podman_socket, timeout) if config.podman_socket else None,
+        users(config.rootless_docker_socket), users(config.rootless_podman_socket),
+        probe_containerd(config.containerd_socket, config.containerd_timeout)
+        if config.containerd_socket else None,
+        probe_kubelet(config.kubelet_socket, config) if config.kubelet_socket else None)
+
+
+# What each state means, and what to do: (status, words, fix).
+MEANING = {
+    "refused": ("degraded", "its socket is there but nobody answers: stopped",
+                "start it (systemctl start {unit}); meanwhile its containers' processes are "
+                "shown by their host account and container id"),
+    "denied": ("degraded", "not ours to connect to",
+               "run Patroller as root (or in the socket's group)"),
+    "silent": ("degraded", "no answer in time", "check the engine: it may be hung"),
+    "bad": ("degraded", "answered, but not as expected", "check what serves on that socket"),
+    "ungrpc": ("degraded", "cannot be asked: grpcio is not installed", INSTALL),
+}
+
+
+def check_engine(name: str, knock: Optional[Knock], unit: str, flag: str) -> Result:
+    if knock is None:
+        return ok(name, f"not asked ({flag} none)")
+    if knock.state == "absent":
+        return ok(name, f"not there ({knock.address}): none runs here")
+    if knock.state == "answered":
+        return ok(name, f"{knock.address}: {knock.version}")
+    status, words, fix = MEANING[knock.state]
+    return degraded(name, f"{knock.address}: {words} ({knock.why})", fix.format(unit=unit))
+
+
+def check_users_engines(name: str, found: Optional[List[Tuple[int, Knock]]], template: str,
+                        flag: str, unit: str) -> Result:
+    if found is None:
+        return ok(name, f"not asked ({flag} none)")
+    if not found:
+        return ok(name, f"none running (none at {_path(template) or template})")
+    answered = [f"uid {uid}: {k.version}" for uid, k in found if k.state == "answered"]
+    wrong = [(uid, k) for uid, k in found if k.state not in ("answered", "absent")]
+    said = f"{len(found)} found" + (f"; {'; '.join(answered[:SHOWN])}" if answered else "")
+    if not wrong:
+        return ok(name, said)
+    uid, knock = wrong[0]
+    status, words, fix = MEANING[knock.state]
+    return degraded(name, f"{said}; {len(wrong)} not answering, uid {uid}'s: {words} "
+                    f"({knock.why})", fix.format(unit=unit))
+
+
+def engine_results(facts: EngineFacts, config: Config) -> Sequence[Result]:
+    kubelet = facts.kubelet
+    if kubelet is not None and kubelet.state == "absent":
+        kubelet_result = ok("kubelet pod-resources", f"not there ({kubelet.address}): no "
+                            "kubelet here; asked whenever it appears")
+    else:
+        kubelet_result = check_engine("kubelet pod-resources", kubelet, "kubelet",
+                                      "--kubelet-socket")
+    return [check_engine("Docker Engine", facts.docker, "docker", "--docker-host"),
+            check_users_engines("rootless Docker", facts.rootless_docker,
+                                config.rootless_docker_socket or "", "--rootless-docker-socket",
+                                "--user docker"),
+            check_engine("Podman", facts.podman, "podman.socket", "--podman-socket"),
+            check_users_engines("rootless Podman", facts.rootless_podman,
+                                config.rootless_podman_socket or "", "--rootless-podman-socket",
+                                "--user podman.socket"),
+            check_engine("containerd", facts.containerd, "containerd", "--containerd-socket"),
+            kubelet_result]

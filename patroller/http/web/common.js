@@ -1,0 +1,35 @@
+// What both of Patroller's pages say alike (index.html's app.js, fleet.html's fleet.js): a
+// duration, memory, a time of day. Loaded before each page's own script, it defines
+// window.Patroller and nothing else. The one duration formatting of the web; Python's is
+// patroller/durations.py (tests/test_layout.py keeps each the only one).
+"use strict";
+
+window.Patroller = Object.freeze({
+  // 42 s, 12 min, 3 h 5 min, 2 d 4 h
+  duration(seconds) {
+    if (typeof seconds !== "number" || !isFinite(seconds)) return "–";
+    const t = Math.max(0, Math.floor(seconds));
+    if (t < 60) return t + " s";
+    if (t < 3600) return Math.floor(t / 60) + " min";
+    if (t < 86400) {
+      const m = Math.floor(t / 60) % 60;
+      return Math.floor(t / 3600) + " h" + (m ? " " + m + " min" : "");
+    }
+    const hours = Math.floor(t / 3600) % 24;
+    return Math.floor(t / 86400) + " d" + (hours ? " " + hours + " h" : "");
+  },
+
+  // Memory in GiB everywhere (cards, process tables, the fleet): one decimal below 10 GiB.
+  gib(mib) {
+    if (typeof mib !== "number") return "–";
+    const g = mib / 1024;
+    return (g === 0 || g >= 10 ? Math.round(g) : g.toFixed(1)) + " GiB";
+  },
+
+  // 14:03:07 in the browser's own way of writing a time of day.
+  timeOfDay(iso) {
+    const when = new Date(iso);
+    if (isNaN(when)) return String(iso || "");
+    return when.toLocaleTimeString([], {hour: "2-digit", minute: "2-digit", second: "2-digit"});
+  },
+});
