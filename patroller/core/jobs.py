@@ -13,7 +13,7 @@ by its SLUID (Slurm 26.05 and later name the cgroup after it).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import ClassVar, Optional, Tuple
 
 from patroller.core.identity import Identity
@@ -96,9 +96,3 @@ class Allocation:
         """The jobs in words: `job 4242`, `jobs 4242, 4243`."""
         ids = self.ids()
         return ("job " if len(ids) == 1 else "jobs ") + ", ".join(ids)
-
-
-def with_user(allocation: Allocation, user: str, uid: Optional[int]) -> Allocation:
-    """The allocation with its first job's user filled in (by the one who reads the map)."""
-    first = replace(allocation.jobs[0], user=user, uid=uid)
-    return Allocation((first,) + allocation.jobs[1:])
