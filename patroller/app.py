@@ -266,7 +266,7 @@ def assemble(config: Config, inventory: Inventory, signals: Signals, monitors: S
                          config.history_points),
         idle=IdleWatch(leases), identifier=identifier, callers=callers,
         tracker=ProcessTracker(leases, identifier, config.owner_retry,
-                                config.engine_recheck, config.owner_wait),
+                                config.engine_recheck),
         timer=ExpiryTimer(leases), lifelines=Lifelines(leases, config),
         audit=AuditLog(config.audit_log, config.audit_keep, config.repeat_log_every),
         book=LeaseBook(config.state_dir, config) if config.state_dir is not None else None,

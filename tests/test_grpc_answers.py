@@ -349,9 +349,10 @@ async def test_a_spec_nested_100000_deep_leaves_the_labels_owner(fake_containerd
 
 @async_test
 async def test_a_hung_containerd_holds_the_gpu_for_an_owner_not_known_yet(engine_sockets):
-    """containerd takes the call and answers nothing (its timeout here 60 s): the GPU is held
-    by `unknown` (degraded) while the call still hangs, not free (before: free for the whole
-    timeout, 5 s by default); once it answers, the owner is the labels'."""
+    """containerd takes the call and answers nothing (its timeout here 60 s): from the moment
+    the process is seen, its GPU is held by `unknown` (degraded, in its container), never free
+    and never granted, and nobody's claim; once containerd answers, the labels' user claims it
+    (before: free for the whole timeout, 5 s by default; then for 1 s)."""
     hang = Hang()
     cid = secrets.token_hex(32)
     hang.answer = lambda request: container(cid, {"user.email": "erin@example.org"})
@@ -361,19 +362,26 @@ async def test_a_hung_containerd_holds_the_gpu_for_an_owner_not_known_yet(engine
         with process_in_cgroup(CONTAINERD_SCOPE.format(os.getpid(), cid)) as pid:
             async with gpu_running(scenario, **engines_in(engine_sockets,
                                                           containerd_timeout=60)) as h:
+                leases, gpu = h.services.leases, h.uuids()[1]
+                seen, claimed = [], []  # the GPU's state at every change while pid is on it
+                leases.on_change(lambda: seen.append(leases.state(gpu))
+                                 if pid in leases.holds[gpu].processes else None)
+                leases.on_event(lambda e: claimed.append(e.user) if e.kind == "claim" else None)
                 scenario.write(processes=[{"pid": pid, "gpu": 1, "name": "python"}])
-                gpu = h.uuids()[1]
-                await until(lambda: h.services.leases.state(gpu) == "claimed", timeout=20)
-                assert hang.in_flight == 1 and not hang.ended  # the call still hangs
+                await until(lambda: hang.in_flight == 1, timeout=20)
+                assert not hang.ended and seen and set(seen) == {"claimed"}
                 owner = (await h.ok("/status"))[gpu]["claim"]["user"]
                 assert owner["user"] == "unknown" and owner["degraded"] is True
+                assert owner["container"]["id"] == cid[:12]  # /proc told that much
                 status, _ = await h.call("/request?gpu=2")
                 assert status == 409  # not handed out meanwhile
+                assert claimed == []  # nobody's claim yet
                 hang.release.set()
-                await until(lambda: (claims(h.services.leases)[gpu]["user"] or {}).get("user")
+                await until(lambda: (claims(leases)[gpu]["user"] or {}).get("user")
                             == "erin@example.org")
                 owner = (await h.ok("/status"))[gpu]["claim"]["user"]
                 assert owner["degraded"] is False and owner["container"]["id"] == cid[:12]
+                assert claimed == ["erin@example.org"] and "free" not in seen
     finally:
         hang.release.set()
         server.stop()

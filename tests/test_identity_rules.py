@@ -13,7 +13,8 @@ from fake_engine import FakeEngine
 from helpers import (ScenarioFile, async_test, engines_in, gpu_running, host_user, lease_manager,
                      process_in_cgroup, until)
 from patroller.config import Config
-from patroller.core.identity import Identity, named_user
+from patroller.core.identity import IDENTIFYING, Identity, named_user
+from patroller.identify.cgroups import ContainerRef
 from patroller.identify.containers import ContainerDirectory
 from patroller.identify.resolver import ProcessIdentifier, ProcFacts
 from patroller.identify.tracker import ProcessTracker
@@ -140,7 +141,7 @@ async def test_the_tracker_learns_an_unsettled_owner_and_tells_the_leases(unsett
     alice = named_user("alice")
     leases = lease_manager()
     resolver = Scripted(unsettled, unsettled, alice)
-    tracker = ProcessTracker(leases, resolver, retry=0.01, recheck=0.01, wait=5.0)
+    tracker = ProcessTracker(leases, resolver, retry=0.01, recheck=0.01)
     signals = Signals()
     tracker.connect(signals)
     uuid = list(leases.inventory)[0].uuid
@@ -150,13 +151,76 @@ async def test_the_tracker_learns_an_unsettled_owner_and_tells_the_leases(unsett
     tracker.close()
 
 
+class Slow(Scripted):
+    """A resolver whose engine takes the call and answers only when told to, in a container
+    /proc names."""
+
+    def __init__(self, *answers: Identity) -> None:
+        super().__init__(*answers)
+        self.answer = asyncio.Event()
+        self.cancelled = False
+
+    async def facts(self, pid: int) -> ProcFacts:
+        return ProcFacts(pid, 1, ContainerRef("docker", "0123456789ab" * 4), None)
+
+    async def identify(self, facts: ProcFacts) -> Identity:
+        try:
+            await self.answer.wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        return await super().identify(facts)
+
+
+@async_test
+async def test_the_tracker_holds_the_gpu_from_the_moment_a_process_is_seen():
+    """Told at once, before anything is asked: the GPU is held by an owner being looked up,
+    then in its container, then by its owner once the engine answers (a claim only then)."""
+    alice, leases, resolver = named_user("alice"), lease_manager(), Slow(named_user("alice"))
+    events = []
+    leases.on_event(lambda e: events.append((e.kind, e.user)))
+    tracker = ProcessTracker(leases, resolver, retry=0.01, recheck=0.01)
+    signals = Signals()
+    tracker.connect(signals)
+    uuid = list(leases.inventory)[0].uuid
+    signals.process_started.send(None, record=GpuProcess(uuid, 4242, "C", "python"))
+    assert leases.state(uuid) == "claimed" and leases.holder(uuid) == IDENTIFYING
+    await until(lambda: leases.holder(uuid).container is not None)
+    assert leases.holder(uuid).identifying and leases.holder(uuid).container[0] == "0123456789ab"
+    assert events == []
+    resolver.answer.set()
+    await until(lambda: leases.holder(uuid) == alice)
+    assert events == [("claim", "alice")] and leases.state(uuid) == "claimed"
+    tracker.close()
+
+
+@async_test
+async def test_a_process_that_ends_while_looked_up_frees_its_gpu_and_the_lookup_stops():
+    leases, resolver = lease_manager(), Slow(named_user("alice"))
+    events = []
+    leases.on_event(lambda e: events.append((e.kind, e.user)))
+    tracker = ProcessTracker(leases, resolver, retry=0.01, recheck=0.01)
+    signals = Signals()
+    tracker.connect(signals)
+    uuid = list(leases.inventory)[0].uuid
+    record = GpuProcess(uuid, 4242, "C", "python")
+    signals.process_started.send(None, record=record)
+    await until(lambda: leases.holder(uuid).container is not None)  # being looked up now
+    signals.process_ended.send(None, record=record)
+    assert leases.state(uuid) == "free" and leases.holder(uuid) is None
+    await until(lambda: resolver.cancelled)
+    resolver.answer.set()
+    assert leases.state(uuid) == "free" and events == [] and leases.next_deadline() is None
+    tracker.close()
+
+
 @async_test
 async def test_an_owner_that_turns_degraded_on_a_retry_is_shown_as_it_was():
     """A pending owner (named by its container) whose engine then fails: the GPU still shows
     the container, not `unknown`, while the tracker keeps asking."""
     leases = lease_manager()
     resolver = Scripted(PENDING, DEGRADED)
-    tracker = ProcessTracker(leases, resolver, retry=0.01, recheck=0.01, wait=5.0)
+    tracker = ProcessTracker(leases, resolver, retry=0.01, recheck=0.01)
     signals = Signals()
     tracker.connect(signals)
     uuid = list(leases.inventory)[0].uuid
@@ -170,8 +234,9 @@ async def test_an_owner_that_turns_degraded_on_a_retry_is_shown_as_it_was():
 async def test_the_tracker_keeps_a_settled_owner_and_asks_no_more():
     bob = host_user("bob", 1002)
     leases = lease_manager()
-    resolver = Scripted(bob, named_user("alice"))
-    tracker = ProcessTracker(leases, resolver, retry=0.01, recheck=0.01, wait=5.0)
+    alice = named_user("alice")
+    resolver = Scripted(bob, alice)
+    tracker = ProcessTracker(leases, resolver, retry=0.01, recheck=0.01)
     signals = Signals()
     tracker.connect(signals)
     uuid = list(leases.inventory)[0].uuid
@@ -179,7 +244,7 @@ async def test_the_tracker_keeps_a_settled_owner_and_asks_no_more():
     await until(lambda: leases.holder(uuid) == bob)
     marker = GpuProcess(list(leases.inventory)[1].uuid, 4243, "C", "python")
     signals.process_started.send(None, record=marker)  # a later process, resolved after
-    await until(lambda: leases.holder(marker.uuid) is not None)
+    await until(lambda: leases.holder(marker.uuid) == alice)
     assert leases.holder(uuid) == bob and resolver.asked == 2
     tracker.close()
 

@@ -153,10 +153,6 @@ class Config:
     identity_ttl: float = 3600.0  # seconds a process's identity is cached (by pid and start)
     identity_cache: int = 65536  # identities cached at most
     owner_retry: float = 5.0  # seconds between attempts to learn a degraded owner (Docker down)
-    # seconds a new GPU process's owner may take to be learned (an engine that hangs): then its
-    # GPU is held by an owner not known yet (degraded) until it is. Above a Podman service's
-    # usual 0.3-0.8 s, far below the engines' 5 s timeouts
-    owner_wait: float = 1.0
     container_ttl: float = 600.0  # seconds a container's labels are cached
     container_cache: int = 4096  # containers cached at most
     address_ttl: float = 10.0  # seconds the containers' network addresses are cached

@@ -32,6 +32,10 @@ class Identity:
     # A container whose engine could not be asked (its socket was not there): named by its id
     # for now, and asked about again later (identify/tracker.py). Not shown, not compared.
     pending: bool = field(default=False, compare=False)
+    # A process seen on a GPU whose owner is still being looked up (identify/tracker.py): it
+    # keeps a free GPU from being granted, and is no one's claim or trespass until its owner
+    # is known. Never written to the lease book; shown as `unknown` (degraded).
+    identifying: bool = False
 
     def same_user(self, other: Optional["Identity"]) -> bool:
         """Whether the two are the same user for the lease rules."""
@@ -100,6 +104,7 @@ class Identity:
 
 
 UNKNOWN = Identity(user="unknown", source="unknown")
+IDENTIFYING = Identity(user="unknown", source="unknown", degraded=True, identifying=True)
 NAMELESS = frozenset({UNKNOWN.user})  # user strings that name nobody: shown as they are
 
 

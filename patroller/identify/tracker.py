@@ -1,15 +1,15 @@
 """Connects the monitors' process signals to the lease manager, through the process resolver.
 
+A process is told to the leases the moment a monitor sees it, as one whose owner is being
+looked up (`IDENTIFYING`: its GPU is held, not free, and nobody's claim yet), then, once /proc
+is read, in its container and as its host account, still being looked up; then with its owner,
+as soon as it is learned, however long an engine takes (core/leases/holds.py).
+
 A process whose owner could not be learned just now (a degraded identity: Docker unreachable)
 is resolved again, every `retry` seconds (Config.owner_retry), until its owner is known or it
 has gone. So is a container's process whose engine's socket was not there (a pending identity:
 Podman's service stopped, or never started), every `recheck` seconds (Config.engine_recheck):
 named by its container's id meanwhile, it gets its user once the engine is there.
-
-A process whose owner is not learned within `wait` seconds (Config.owner_wait: an engine that
-takes the call and does not answer) is told to the leases then, held by an owner not known yet
-(`unknown`, degraded, with its container and host account), and its owner is told as soon as
-it is learned: its GPU is not left free for the engine's whole timeout.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import logging
 from dataclasses import replace
 from typing import Any, Dict, Optional, Tuple
 
-from patroller.core.identity import UNKNOWN, Identity
+from patroller.core.identity import IDENTIFYING, UNKNOWN, Identity
 from patroller.core.leases import LeaseManager
 from patroller.identify.containers import unlabelled_identity
 from patroller.identify.resolver import ProcessIdentifier, ProcFacts, runs_as
@@ -28,23 +28,23 @@ log = logging.getLogger(__name__)
 
 
 def awaiting(facts: Optional[ProcFacts]) -> Identity:
-    """Who a process is shown to be while the engine of its container is slow to answer: an
-    owner not known yet (`unknown`, degraded), in its container, as its host account."""
+    """Who a process is shown to be while its owner is looked up: `unknown` (degraded), in its
+    container, as its host account, as far as /proc told."""
     if facts is None or facts.container is None:
-        return replace(UNKNOWN, degraded=True)
-    return runs_as(unlabelled_identity(facts.container.id, degraded=True), facts.host)
+        return IDENTIFYING
+    shown = runs_as(unlabelled_identity(facts.container.id, degraded=True), facts.host)
+    return replace(shown, identifying=True)
 
 
 class ProcessTracker:
     """Resolves each new GPU process to an identity (off the loop) and tells the leases."""
 
     def __init__(self, leases: LeaseManager, resolver: ProcessIdentifier, retry: float,
-                 recheck: float, wait: float) -> None:
+                 recheck: float) -> None:
         self.leases = leases
         self.resolver = resolver
         self.retry = retry
         self.recheck = recheck
-        self.wait = wait
         self._pending: Dict[Tuple[str, int], "asyncio.Future[None]"] = {}
         self._unsettled: Dict[Tuple[str, int], "asyncio.Future[None]"] = {}
 
@@ -62,20 +62,20 @@ class ProcessTracker:
 
     def _on_started(self, sender: Any, record: GpuProcess) -> None:
         key = (record.uuid, record.pid)
-        if key not in self._pending:
+        if key not in self._pending and key not in self._unsettled:
+            self.leases.process_started(record.uuid, record.pid, IDENTIFYING, record.command)
             self._pending[key] = asyncio.ensure_future(self._resolve(record))
 
     def _on_ended(self, sender: Any, record: GpuProcess) -> None:
-        retry = self._unsettled.pop((record.uuid, record.pid), None)
-        if retry is not None:
-            retry.cancel()
-        task = self._pending.pop((record.uuid, record.pid), None)
-        if task is not None:  # gone before we knew whose it was: the leases never saw it
-            task.cancel()
-        else:
-            self.leases.process_ended(record.uuid, record.pid)
+        key = (record.uuid, record.pid)
+        for tasks in (self._pending, self._unsettled):
+            task = tasks.pop(key, None)
+            if task is not None:
+                task.cancel()
+        self.leases.process_ended(record.uuid, record.pid)
 
     async def _resolve(self, record: GpuProcess) -> None:
+        key = (record.uuid, record.pid)
         try:
             facts = await self.resolver.facts(record.pid)
         except asyncio.CancelledError:
@@ -83,24 +83,13 @@ class ProcessTracker:
         except Exception:  # a resolver's failure must not lose the process
             log.exception("resolving pid %d failed", record.pid)
             facts = None
-        lookup = asyncio.ensure_future(self._identify(record.pid, facts))
-        try:
-            owner: Optional[Identity] = await asyncio.wait_for(asyncio.shield(lookup),
-                                                               self.wait)
-        except asyncio.TimeoutError:  # an engine is slow: the GPU is held meanwhile
-            owner = None
-        except asyncio.CancelledError:  # the process ended first
-            lookup.cancel()
-            raise
-        key = (record.uuid, record.pid)
-        if self._pending.pop(key, None) is None:
-            lookup.cancel()
-            return
-        shown = owner or awaiting(facts)
-        self.leases.process_started(record.uuid, record.pid, shown, record.command)
-        if owner is None:
-            self._unsettled[key] = asyncio.ensure_future(self._learn(record, shown, lookup))
-        elif owner.degraded or owner.pending:
+        shown = awaiting(facts)
+        if shown != IDENTIFYING:
+            self.leases.update_owner(record.uuid, record.pid, shown)
+        owner = await self._identify(record.pid, facts)
+        del self._pending[key]
+        self.leases.update_owner(record.uuid, record.pid, owner)
+        if owner.degraded or owner.pending:
             self._unsettled[key] = asyncio.ensure_future(self._learn(record, owner))
 
     async def _identify(self, pid: int, facts: Optional[ProcFacts]) -> Identity:
@@ -114,17 +103,11 @@ class ProcessTracker:
             log.exception("resolving pid %d failed", pid)
             return UNKNOWN
 
-    async def _learn(self, record: GpuProcess, owner: Identity,
-                     lookup: "Optional[asyncio.Future[Identity]]" = None) -> None:
-        """Resolve a degraded or pending owner again until it is known, after the `lookup` in
-        flight, if any; tell the leases of each change."""
+    async def _learn(self, record: GpuProcess, owner: Identity) -> None:
+        """Resolve a degraded or pending owner again until it is known; tell the leases of each
+        change."""
         key = (record.uuid, record.pid)
         try:
-            if lookup is not None:  # the first, slow: what it learns is told, degraded or not
-                learned = await lookup
-                if learned != owner:
-                    self.leases.update_owner(record.uuid, record.pid, learned)
-                owner = learned
             while owner.degraded or owner.pending:
                 await asyncio.sleep(self.retry if owner.degraded else self.recheck)
                 try:

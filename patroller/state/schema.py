@@ -76,7 +76,8 @@ def snapshot(leases: LeaseManager, offset: float) -> Dict[str, Dict[str, Any]]:
             **({"until": round(hold.until + offset, 3)} if hold.until is not None else {}),
         }
         for uuid, hold in leases.holds.items()
-        if hold.holder is not None and hold.allocation is None  # the job map says those again
+        # the job map says those again; a process being identified is seen again by pmon
+        if hold.holder is not None and hold.allocation is None and not hold.holder.identifying
     }
 
 

@@ -12,6 +12,12 @@ A device is
   lost      gone from the host (fell off the bus, removed): never granted; its holder, if any,
             is still shown, and its reservation ends by the usual rules.
 
+A process whose owner is still being looked up (`Identity.identifying`: an engine slow to
+answer) counts for nothing but this: a device with no holder is held by it (claimed by
+`unknown`), so that it is never shown free, nor granted, while a process runs there. It is no
+one's claim or trespass, it stops no lease and changes no state of a held device, until its
+owner is known (LeaseManager.update_owner); if it ends unknown, the device is as before.
+
 A hold is held one way: for a lease (a deadline while the holder runs nothing there), for a
 process (`held_for`: while that process lives), for a duration (`until`: whatever runs), or
 for a Slurm job or a Kubernetes pod (`allocation`: while the job map, or the kubelet, lists
@@ -67,9 +73,12 @@ class Hold:
             return "lost"
         if self.holder is None:
             return "free"
-        if any(not self.belongs(owner) for owner in self.processes.values()):
+        if self.holder.identifying:
+            return "claimed"
+        known = [owner for owner in self.processes.values() if not owner.identifying]
+        if any(not self.belongs(owner) for owner in known):
             return "shared"
-        if self.processes:
+        if known:
             return "claimed"
         return "allocated" if self.allocation is not None else "reserved"
 
@@ -139,7 +148,9 @@ class Hold:
         """A process of `owner` runs here: the holder's own stops the lease. True for the first
         process here of another user: a trespass, reported once."""
         trespass = False
-        if self.belongs(owner):
+        if owner.identifying:
+            pass  # nobody's yet: it changes nothing until its owner is known
+        elif self.belongs(owner):
             self.deadline = None
             if self.allocation is not None and not self.allocation.named():
                 self.holder = self.allocation.holder(owner)  # the job's user, from its process
@@ -149,6 +160,18 @@ class Hold:
         self.touch(now)
         return trespass
 
+    def rename(self, pid: int, owner: Identity) -> bool:
+        """The owner of a process here became known, or better known: True if it was being
+        looked up and is known now (it arrives as if it had just started)."""
+        old, self.processes[pid] = self.processes[pid], owner
+        if old.identifying and not owner.identifying:
+            return True
+        if self.holder is not None and (self.holder == old if old.identifying else (
+                self.allocation is None and self.holder.same_user(old)
+                and not self.pids_of(old))):
+            self.holder = owner  # the device was held only through this process
+        return False
+
     def forget(self, pid: int, now: float, lease: float) -> None:
         """A process left: a lease of `lease` s starts if it was the holder's last (unless the
         hold is for a process or a duration); a released device's hold ends."""
@@ -156,7 +179,10 @@ class Hold:
         self.commands.pop(pid, None)
         if not any(self.key(o) == self.key(owner) for o in self.processes.values()):
             self.trespassers.discard(self.key(owner))
-        if self.holder is not None and not self.own_pids():
+        if self.holder is not None and self.holder.identifying:
+            # held only by processes not known yet: by the next of them, or by nobody
+            self.holder = next(iter(self.processes.values()), None)
+        elif self.holder is not None and not self.own_pids():
             if self.releasing:
                 self.end(now)
             elif (self.deadline is None and self.held_for is None and self.until is None
@@ -192,9 +218,10 @@ class Hold:
         self.allocation = None
         self.releasing, self.asked, self.over_limit = False, False, False
         self.trespassers.clear()
-        if self.processes:
-            self.holder = next(iter(self.processes.values()))
-            self.trespassers = {o.user for o in self.processes.values()} - {self.holder.user}
+        if self.processes:  # a known owner before one still being looked up
+            self.holder = min(self.processes.values(), key=lambda o: o.identifying)
+            self.trespassers = {o.user for o in self.processes.values()
+                                if not o.identifying} - {self.holder.user}
         self.touch(now)
 
 

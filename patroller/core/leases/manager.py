@@ -33,7 +33,7 @@ from patroller.core.leases.holds import Clock, Hold, Notices, Wants
 from patroller.core.leases.queue import WaitQueue, Waiter
 from patroller.core.leases.sources import Sources
 from patroller.core.leases.state import LeaseState
-from patroller.core.leases.trespass import trespass
+from patroller.core.leases.trespass import arrive, trespass
 from patroller.core.scheduled import SchedulerAllocation
 from patroller.core.policy import Policy
 
@@ -205,26 +205,19 @@ class LeaseManager(LeaseState):
             return
         hold.processes[pid], hold.commands[pid] = owner, command
         log.debug("pid %d of %s on %s", pid, owner.user, uuid)
-        if hold.holder is None:
-            beyond = self.exceeded(owner, 1)
-            hold.holder, hold.over_limit = owner, beyond is not None
-            self._notices.event("claim", owner.user, [self.inventory.get(uuid)], pid=pid,
-                                command=command)
-            if beyond is not None:
-                trespass(self._notices, self.inventory.get(uuid), pid, owner, beyond=beyond)
-        self._place(hold, pid, owner)
+        self._arrive(hold, pid, owner)
         self._notices.changed()
 
     def update_owner(self, uuid: str, pid: int, owner: Identity) -> None:
-        """A process's owner became known (it was degraded, e.g. while Docker was down)."""
+        """A process's owner became known (it was being looked up, or degraded, e.g. while
+        Docker was down), or better known (still being looked up, now in its container)."""
         hold = self._holds.get(uuid)
         if hold is None or pid not in hold.processes:
             return
-        old, hold.processes[pid] = hold.processes[pid], owner
-        if (hold.holder is not None and hold.allocation is None and hold.holder.same_user(old)
-                and not hold.pids_of(old)):
-            hold.holder = owner  # the device was held only through this process
-        self._place(hold, pid, owner)
+        if hold.rename(pid, owner):  # no longer looked up: as if it had just started
+            self._arrive(hold, pid, owner)
+        else:
+            self._place(hold, pid, owner)
         self._serve_and_announce()
 
     def process_ended(self, uuid: str, pid: int) -> None:
@@ -331,6 +324,10 @@ class LeaseManager(LeaseState):
         self._notices.changed()
         for waiter in granted:
             waiter.on_grant(waiter.granted or [])
+
+    def _arrive(self, hold: Hold, pid: int, owner: Identity) -> None:
+        arrive(self._notices, self.inventory.get(hold.uuid), hold, pid, owner,
+               lambda: self.exceeded(owner, 1), self.clock())
 
     def _place(self, hold: Hold, pid: int, owner: Identity) -> None:
         """A process of `owner` is on a held device: it claims it, or trespasses (told once)."""

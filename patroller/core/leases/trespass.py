@@ -1,4 +1,5 @@
-"""Telling of a trespass, once: a process on a device that is not its owner's to use.
+"""Telling of a claim, and of a trespass, once: a process on a device that is not its owner's
+to use.
 
 Three kinds: a process of another user on a held device; one that took a free device beyond
 its owner's limit (limits.py); and, on a device a Slurm job (core/jobs.py) or a Kubernetes
@@ -8,7 +9,7 @@ pod (core/pods.py) holds, a process that is not in the job (or pod), whoever run
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Callable, Optional
 
 from patroller.core.devices import Device
 from patroller.core.identity import Identity
@@ -45,3 +46,21 @@ def trespass(notices: Notices, device: Optional[Device], pid: int, owner: Identi
     notices.event("trespass", owner.user, [device], pid=pid, holder=holder,
                   why=allocation.why, **{allocation.key: list(allocation.ids()),
                                          allocation.member_key: own})
+
+
+def arrive(notices: Notices, device: Optional[Device], hold: Hold, pid: int, owner: Identity,
+           beyond: Callable[[], Optional[Count]], now: float) -> None:
+    """A process is on the device: the first of a known owner claims it (the audit record's
+    `claim`, and a trespass if that takes its owner past a limit: `beyond()`); one being looked
+    up holds it meanwhile, if nobody does (holds.py); each is then placed, and told of if it
+    trespasses."""
+    if owner.identifying:
+        hold.holder = hold.holder or owner
+    elif hold.holder is None or hold.holder.identifying:
+        over = beyond()
+        hold.holder, hold.over_limit = owner, over is not None
+        notices.event("claim", owner.user, [device], pid=pid, command=hold.commands.get(pid))
+        if over is not None:
+            trespass(notices, device, pid, owner, beyond=over)
+    if hold.place(owner, now):
+        trespass(notices, device, pid, owner, hold=hold)
