@@ -142,6 +142,18 @@ async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
         await asyncio.sleep(0.01)
 
 
+def claimed_known(claim: Dict[str, Any]) -> bool:
+    """A device's claim as /status shows it: claimed, by an owner known (not `identifying`)."""
+    return claim["state"] == "claimed" and not (claim["user"] or {}).get("identifying", False)
+
+
+def known_claim(leases: LeaseManager, uuid: str) -> bool:
+    """The device is claimed by an owner known, not by a process still being looked up (whose
+    GPU is claimed by `unknown` for the moment it takes: core/leases/holds.py)."""
+    holder = leases.holder(uuid)
+    return leases.state(uuid) == "claimed" and holder is not None and not holder.identifying
+
+
 class ServerProcess:
     """`python -m patroller` as a child process on an ephemeral loopback port."""
 

@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from helpers import known_claim
 from helpers import async_test, running, until
 from patroller.observe.signals import GpuProcess
 from patroller.identify.procfs import uid as read_uid
@@ -130,7 +131,7 @@ async def test_wait_is_answered_when_a_process_ends():
             target = h.uuids()[0]
             record = GpuProcess(uuid=target, pid=sleeper.pid, type="C", command="sleep")
             h.services.signals.process_started.send(object(), record=record)
-            await until(lambda: h.services.leases.state(target) == "claimed")
+            await until(lambda: known_claim(h.services.leases, target))
             claim = (await h.ok("/status"))[target]["claim"]
             assert claim["processes"] == [sleeper.pid] and claim["user"]["user"] == me
             await h.ok(f"/request?gpu=7&user={me}")
@@ -140,7 +141,7 @@ async def test_wait_is_answered_when_a_process_ends():
             assert [g["uuid"] for g in body["after_exit"]] == [target]
             # The release served the queue as it was answered: carol is still in it.
             assert len(h.services.leases.waiters) == 1 and not waiting.done()
-            assert h.services.leases.state(target) == "claimed"  # the process still runs there
+            assert known_claim(h.services.leases, target)  # the process still runs there
             h.services.signals.process_ended.send(object(), record=record)
             status, body = await asyncio.wait_for(waiting, 5)
             assert status == 200 and body[0]["uuid"] == target

@@ -14,6 +14,7 @@ import urllib.request
 
 import pytest
 
+from helpers import claimed_known
 from helpers import ROOT, ScenarioFile, ServerProcess, alive, need_root
 from patroller import client
 from patroller.cli import render, status, table
@@ -275,7 +276,7 @@ def on_gpu(*pids_and_gpus):
 def test_status_shows_a_reserved_a_claimed_and_a_shared_gpu(gpuhost, scenario, sleeper):
     server = gpuhost.server
     scenario.write(processes=on_gpu((sleeper.pid, 1)))
-    eventually(lambda: claims(server)[uuid_of(server, 1)]["state"] == "claimed", what="claimed")
+    eventually(lambda: claimed_known(claims(server)[uuid_of(server, 1)]), what="claimed")
     granted = client.reserve(2, server)  # held for this process: GPUs 0 and 2
     assert [g["info"]["number"] for g in granted] == [0, 2]
     stranger = subprocess.Popen(["sleep", "120"], preexec_fn=lambda: os.setuid(65534))
@@ -463,7 +464,7 @@ def test_release_of_a_gpu_in_use_says_it_frees_after_the_processes(gpuhost, scen
     server = gpuhost.server
     client.reserve(1, server, hold="lease")
     scenario.write(processes=on_gpu((sleeper.pid, 0)))
-    eventually(lambda: claims(server)[uuid_of(server, 0)]["state"] == "claimed", what="claimed")
+    eventually(lambda: claimed_known(claims(server)[uuid_of(server, 0)]), what="claimed")
     done = patroller("release", "--server", server)
     assert done.stdout == "GPU 0 will be free when your processes on it end\n", done.stderr
 
@@ -586,8 +587,8 @@ def test_status_shows_limits_idle_gpus_and_use_without_asking(scenario, sleeper)
         assert call(host, "/request?gpu=1")[0] == 200  # gpu 0: reserved, nothing on it: idle
         scenario.write(processes=[{"pid": sleeper.pid, "gpu": 2, "type": "C", "name": "sleep",
                                    "used_mib": 8000, "sm": 90}])  # taken by computing on it
-        eventually(lambda: claims(host)[client.devices(host) and
-                                        list(client.devices(host))[2]]["state"] == "claimed")
+        eventually(lambda: claimed_known(claims(host)[client.devices(host) and
+                                                      list(client.devices(host))[2]]))
         eventually(lambda: list(claims(host).values())[0]["idle_for"] is not None)
         done = patroller("status", "--server", host)
         assert done.returncode == 0, done.stderr

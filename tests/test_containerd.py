@@ -15,6 +15,7 @@ from dataclasses import replace
 
 import pytest
 
+from helpers import known_claim
 from helpers import ScenarioFile, async_test, engines_in, gpu_running, until
 from patroller.config import Config
 from patroller.http.views import claims
@@ -207,7 +208,7 @@ async def test_containerd_down_degrades_the_pods_owner_and_it_recovers(container
         async with gpu_running(scenario, **settings) as h:
             scenario.write(processes=[{"pid": pid, "gpu": 1, "name": "python"}])
             gpu = h.uuids()[1]
-            await until(lambda: h.services.leases.state(gpu) == "claimed")
+            await until(lambda: known_claim(h.services.leases, gpu))
             owner = (await h.ok("/status"))[gpu]["claim"]["user"]
             assert owner["degraded"] is True and owner["user"] == "unknown"
             assert owner["container"]["id"] == cid[:12] and owner["pod"] is None
@@ -240,7 +241,7 @@ async def test_containerd_stopped_in_order_is_asked_again_once_it_is_back(contai
         async with gpu_running(scenario, **settings) as h:
             scenario.write(processes=[{"pid": pid, "gpu": 1, "name": "python"}])
             gpu = h.uuids()[1]
-            await until(lambda: h.services.leases.state(gpu) == "claimed")
+            await until(lambda: known_claim(h.services.leases, gpu))
             owner = (await h.ok("/status"))[gpu]["claim"]["user"]
             assert owner["user"] == f"container:{cid[:12]}" and owner["degraded"] is False
             containerd.run_daemon()

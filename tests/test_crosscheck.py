@@ -11,6 +11,7 @@ from typing import Any, Iterator, List, Set, Tuple
 
 import pytest
 
+from helpers import known_claim
 from helpers import ScenarioFile, alive, async_test, children_of, gpu_running, until
 from patroller.config import Config
 from patroller.core.devices import Device, Inventory
@@ -260,7 +261,7 @@ async def test_a_mig_gpu_whose_pmon_rows_carry_no_figures_gets_its_memory(tmp_pa
                        processes=[{"pid": first, "gpu": 0, "name": "python", "used_mib": 4096,
                                    "sm": 80}])
     async with gpu_running(sim, cross_check_every=TICK) as h:
-        await until(lambda: h.services.leases.state(MIG) == "claimed")
+        await until(lambda: known_claim(h.services.leases, MIG))
 
         async def memory():
             detail = (await h.ok("/status"))[MIG]["claim"]["process_detail"]

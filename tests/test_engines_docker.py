@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 
+from helpers import known_claim
 from helpers import (ROOTLESS_UID as OWNER, ScenarioFile, async_test,
                      engines_in, gpu_running, process_in_cgroup, until, user_manager)
 from patroller.config import Config
@@ -131,7 +132,7 @@ async def test_a_rootless_engine_that_does_not_answer_degrades_and_recovers(
         async with gpu_running(scenario, **settings) as h:
             scenario.write(processes=[{"pid": pid, "gpu": 1, "name": "python"}])
             uuid = h.uuids()[1]
-            await until(lambda: h.services.leases.state(uuid) == "claimed")
+            await until(lambda: known_claim(h.services.leases, uuid))
             owner = (await h.ok("/status"))[uuid]["claim"]["user"]
             assert owner["degraded"] is True and owner["user"] == "unknown"
             assert owner["container"]["id"] == alice.short and owner["uid"] == OWNER

@@ -11,6 +11,7 @@ import urllib.request
 
 import pytest
 
+from helpers import known_claim
 from helpers import ROOT, ScenarioFile, ServerProcess, async_test, gpu_running, running, until
 from patroller.main import JournalFormatter, under_journal
 from patroller.identify.resolver import host_identity
@@ -147,7 +148,7 @@ async def test_an_idle_reservation_shows_idle_and_is_released_when_configured(tm
         scenario.write(processes=[{"pid": sleeper.pid, "gpu": 1, "name": "python",
                                    "used_mib": 100, "sm": 0}])
         busy = h.uuids()[1]
-        await until(lambda: h.services.leases.state(busy) == "claimed")
+        await until(lambda: known_claim(h.services.leases, busy))
         await until(lambda: (h.api.status.data()[reserved["uuid"]]["claim"]["idle_for"]
                              or 0) >= 1, timeout=10)
         users = await h.ok("/users")
@@ -156,7 +157,7 @@ async def test_an_idle_reservation_shows_idle_and_is_released_when_configured(tm
         await until(lambda: h.services.leases.state(reserved["uuid"]) == "free", timeout=15)
         events = [e["event"] for e in await h.ok("/history")]
         assert "idle_release" in events
-        assert h.services.leases.state(busy) == "claimed"  # a process is on it: only marked
+        assert known_claim(h.services.leases, busy)  # a process is on it: only marked
         claim = (await h.ok("/status"))[busy]["claim"]
         assert claim["idle_for"] >= 1 and claim["asked"] is False
 

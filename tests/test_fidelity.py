@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from helpers import known_claim
 from helpers import (FakeClock, ScenarioFile, async_test, gpu_running, lease_manager, running,
                      until)
 from patroller.core.devices import Device, Inventory
@@ -131,7 +132,7 @@ async def test_a_gpu_removed_while_running_becomes_lost_and_one_added_appears(tm
         await h.ok("/release")
         # the renumbered device's statistics and processes follow it
         scenario.write(processes=[{"pid": sleeper.pid, "gpu": 1, "name": "python"}])
-        await until(lambda: h.services.leases.state(moved) == "claimed", timeout=10)
+        await until(lambda: known_claim(h.services.leases, moved), timeout=10)
         # a new GPU is plugged in
         new = {"uuid": "GPU-0000000a-5a1e-4e57-8000-00000000000a", "pci": "00000000:20:00.0"}
         scenario.write(devices=[devices[0], devices[2], new], processes=[])
@@ -155,7 +156,7 @@ async def test_a_mig_gpus_processes_are_found_by_the_cross_check(tmp_path, sleep
         assert listed["mig_mode"] == "Enabled" and len(listed["mig_instances"]) == 2
         scenario.write(processes=[{"pid": sleeper.pid, "gpu": 0, "name": "python",
                                    "used_mib": 2048, "gi": 1, "ci": 0}])
-        await until(lambda: h.services.leases.state(target) == "claimed", timeout=10)
+        await until(lambda: known_claim(h.services.leases, target), timeout=10)
         claim = (await h.ok("/status"))[target]["claim"]
         assert claim["processes"] == [sleeper.pid]
         assert claim["user"]["user"] == host_identity(os.getuid()).user  # the process's own
@@ -179,7 +180,7 @@ async def test_a_blind_gpus_processes_are_found_by_the_cross_check(tmp_path, sle
         assert asked[-3:] == [set()] * 3 and check.metrics().runs == 0  # idle: no query
         scenario.write(processes=[{"pid": sleeper.pid, "gpu": 1, "name": "python",
                                    "used_mib": 3000, "sm": 80}])
-        await until(lambda: h.services.leases.state(target) == "claimed", timeout=10)
+        await until(lambda: known_claim(h.services.leases, target), timeout=10)
         [detail] = (await h.ok("/status"))[target]["claim"]["process_detail"]
         assert detail["pid"] == sleeper.pid and detail["fb"] == 3000
         assert detail["user"] == host_identity(os.getuid()).user

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from helpers import known_claim
 from helpers import (ROOT, ScenarioFile, ServerProcess, alive, async_test, children_of,
                      gpu_running, until)
 from patroller.config import Config
@@ -62,7 +63,7 @@ async def test_a_process_appears_on_and_leaves_the_right_device(scenario, sleepe
         await until(lambda: h.services.monitors[1].child.starts == 1)
         scenario.write(processes=[{"pid": sleeper.pid, "gpu": 4, "type": "C", "name": "sleep"}])
         target = by_number({u: u for u in inventory}, inventory, 4)
-        await until(lambda: h.services.leases.state(target) == "claimed")
+        await until(lambda: known_claim(h.services.leases, target))
         status = await h.ok("/status")
         claim = status[target]["claim"]
         assert claim["processes"] == [sleeper.pid]
@@ -83,7 +84,7 @@ async def test_a_loopback_caller_reserves_and_its_process_claims(scenario, sleep
         me = status[grant["uuid"]]["claim"]["user"]
         assert me["source"] == "host" and me["uid"] == os.getuid()
         scenario.write(processes=[{"pid": sleeper.pid, "gpu": grant["info"]["number"]}])
-        await until(lambda: h.services.leases.state(grant["uuid"]) == "claimed")
+        await until(lambda: known_claim(h.services.leases, grant["uuid"]))
         got, body = await h.call("/request?gpu=1&user=mallory")
         assert got == 400 and "test mode only" in body["error"]
 
@@ -95,9 +96,9 @@ async def test_a_process_on_two_devices_and_one_with_a_seven_digit_pid(scenario,
         uuids = {info["number"]: u for u, info in inventory.items()}
         scenario.write(processes=[{"pid": sleeper.pid, "gpu": 0}, {"pid": sleeper.pid, "gpu": 5},
                                   {"pid": 4194303, "gpu": 2, "name": "gone-long-ago"}])
-        await until(lambda: h.services.leases.state(uuids[0]) == "claimed"
-                    and h.services.leases.state(uuids[5]) == "claimed"
-                    and h.services.leases.state(uuids[2]) == "claimed")
+        await until(lambda: known_claim(h.services.leases, uuids[0])
+                    and known_claim(h.services.leases, uuids[5])
+                    and known_claim(h.services.leases, uuids[2]))
         claim = (await h.ok("/status"))[uuids[2]]["claim"]
         assert claim["processes"] == [4194303]
         assert claim["user"]["user"] == "unknown"  # no such pid in /proc
@@ -148,12 +149,12 @@ async def test_a_pmon_restart_does_not_drop_running_processes(scenario, sleeper)
         h.services.signals.process_ended.connect(lambda s, record: ended.append(record), weak=False)
         h.services.signals.processes_listed.connect(
             lambda s, record: listed.append(pmon.child.starts), weak=False)
-        await until(lambda: h.services.leases.state(target) == "claimed")
+        await until(lambda: known_claim(h.services.leases, target))
         await until(lambda: pmon.child.starts >= 2, timeout=10)
         # Two intervals completed by the restarted pmon: a process it dropped would have been
         # reported gone at the first (an interval's ends come before its list).
         await until(lambda: len([n for n in listed if n >= 2]) >= 2, timeout=10)
-        assert ended == [] and h.services.leases.state(target) == "claimed"
+        assert ended == [] and known_claim(h.services.leases, target)
 
 
 def test_sigterm_stops_the_daemon_and_leaves_no_child(scenario):

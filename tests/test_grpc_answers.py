@@ -373,6 +373,7 @@ async def test_a_hung_containerd_holds_the_gpu_for_an_owner_not_known_yet(engine
                 owner = (await h.ok("/status"))[gpu]["claim"]["user"]
                 assert owner["user"] == "unknown" and owner["degraded"] is True
                 assert owner["container"]["id"] == cid[:12]  # /proc told that much
+                assert owner["identifying"] is True
                 status, _ = await h.call("/request?gpu=2")
                 assert status == 409  # not handed out meanwhile
                 assert claimed == []  # nobody's claim yet
@@ -381,6 +382,7 @@ async def test_a_hung_containerd_holds_the_gpu_for_an_owner_not_known_yet(engine
                             == "erin@example.org")
                 owner = (await h.ok("/status"))[gpu]["claim"]["user"]
                 assert owner["degraded"] is False and owner["container"]["id"] == cid[:12]
+                assert "identifying" not in owner
                 assert claimed == ["erin@example.org"] and "free" not in seen
     finally:
         hang.release.set()

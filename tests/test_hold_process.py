@@ -16,6 +16,7 @@ import urllib.request
 import pytest
 from dataclasses import replace
 
+from helpers import known_claim
 from helpers import (ScenarioFile, ServerProcess, async_test, gpu_running, lease_manager,
                      reuse_pid, running, until)
 from patroller.config import Config
@@ -507,7 +508,7 @@ async def test_gpu_host_a_process_hold_over_the_unix_socket_ends_with_its_proces
             number = grant["info"]["number"]
             # its process computes on the GPU: claimed; it leaves the GPU: held again, no lease
             scenario.write(processes=[{"pid": holder.pid, "gpu": number, "name": "python"}])
-            await until(lambda: h.services.leases.state(grant["uuid"]) == "claimed")
+            await until(lambda: known_claim(h.services.leases, grant["uuid"]))
             [detail] = (await h.ok("/status"))[grant["uuid"]]["claim"]["process_detail"]
             assert detail["pid"] == holder.pid and detail["command"] == "python"
             scenario.write(processes=[])

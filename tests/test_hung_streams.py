@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from helpers import known_claim
 from helpers import (ScenarioFile, ServerProcess, alive, async_test, children_of, gpu_running,
                      until)
 from patroller.app import build
@@ -31,7 +32,7 @@ async def test_a_hung_pmon_is_killed_and_restarted_and_the_dead_claim_cleared(sc
         h.services.signals.processes_listed.connect(lambda s, record: listed.append(1), weak=False)
         h.services.signals.process_ended.connect(lambda s, record: ended.append(pmon.starts),
                                                weak=False)
-        await until(lambda: h.services.leases.state(target) == "claimed" and len(listed) >= 3)
+        await until(lambda: known_claim(h.services.leases, target) and len(listed) >= 3)
         # In one write: pmon, past its 12th row (3 intervals of 6), stops printing but stays
         # alive, and the process ends; a fresh pmon prints two intervals, then hangs again.
         scenario.write(processes=[], faults={"pmon": {"stall_after_lines": 12}})
@@ -56,7 +57,7 @@ async def test_processes_are_stale_while_pmon_is_silent_and_fresh_again_after(sc
     scenario.write(processes=[{"pid": sleeper.pid, "gpu": 2}])
     async with gpu_running(scenario, stream_silence=600.0) as h:  # never killed here
         target = h.uuids()[2]
-        await until(lambda: h.services.leases.state(target) == "claimed"
+        await until(lambda: known_claim(h.services.leases, target)
                     and not h.services.stats.processes_stale(target))  # an interval completed
         entry = (await h.ok("/status"))[target]
         assert entry["claim"]["processes_stale"] is False and entry["stale"] is False

@@ -8,6 +8,7 @@ import time
 import pytest
 from dataclasses import replace
 
+from helpers import known_claim
 from helpers import (ScenarioFile, alive, async_test, client_in, gpu_running, on_gpu,
                      reuse_pid, until)
 from patroller.identify.containers import ContainerDirectory
@@ -43,8 +44,8 @@ async def test_a_containers_process_shows_its_labels_email_and_info(engine, scen
     plain = engine.run()
     async with gpu_running(scenario, docker_host=engine.url, user_info_labels=("team",)) as h:
         scenario.write(processes=on_gpu((alice.pid, 1), (plain.pid, 2)))
-        await until(lambda: h.services.leases.state(h.uuids()[1]) == "claimed"
-                    and h.services.leases.state(h.uuids()[2]) == "claimed")
+        await until(lambda: known_claim(h.services.leases, h.uuids()[1])
+                    and known_claim(h.services.leases, h.uuids()[2]))
         status = await h.ok("/status")
         owner = status[h.uuids()[1]]["claim"]["user"]
         assert owner["user"] == "alice@example.org" and owner["email"] == "alice@example.org"
@@ -61,7 +62,7 @@ async def test_a_host_process_shows_its_account(engine, scenario):
     try:
         async with gpu_running(scenario, docker_host=engine.url) as h:
             scenario.write(processes=on_gpu((sleeper.pid, 0)))
-            await until(lambda: h.services.leases.state(h.uuids()[0]) == "claimed")
+            await until(lambda: known_claim(h.services.leases, h.uuids()[0]))
             owner = (await h.ok("/status"))[h.uuids()[0]]["claim"]["user"]
             assert owner["source"] == "host" and owner["uid"] == read_uid(sleeper.pid)
             assert owner["user"] == host_identity(os.getuid()).user
@@ -86,7 +87,7 @@ async def test_a_caller_in_a_container_reserves_over_the_unix_socket(engine, sce
         assert claim["user"]["container"]["id"] == alice.short
         # that user's process then claims it
         scenario.write(processes=on_gpu((alice.pid, granted[0]["info"]["number"])))
-        await until(lambda: h.services.leases.state(uuid) == "claimed")
+        await until(lambda: known_claim(h.services.leases, uuid))
         # another user's process on it makes it shared
         scenario.write(processes=on_gpu((alice.pid, granted[0]["info"]["number"]),
                                         (bob.pid, granted[0]["info"]["number"])))
@@ -143,7 +144,7 @@ async def test_one_docker_call_per_container_and_none_at_steady_state(engine, sc
     assert directory.calls == 2  # the version negotiation and one lookup, shared by all five
     async with gpu_running(scenario, docker_host=engine.url) as h:
         scenario.write(processes=on_gpu(*[(pid, n % 4) for n, pid in enumerate(pids)]))
-        await until(lambda: all(h.services.leases.state(u) == "claimed" for u in h.uuids()))
+        await until(lambda: all(known_claim(h.services.leases, u) for u in h.uuids()))
         calls, listed = h.services.directory.calls, []
         h.services.signals.processes_listed.connect(lambda s, record: listed.append(1),
                                                     weak=False)
@@ -162,7 +163,7 @@ async def test_docker_down_degrades_and_recovers(engine, scenario, socket_dir):
         try:
             scenario.write(processes=on_gpu((alice.pid, 3)))
             target = h.uuids()[3]
-            await until(lambda: h.services.leases.state(target) == "claimed")
+            await until(lambda: known_claim(h.services.leases, target))
             owner = (await h.ok("/status"))[target]["claim"]["user"]
             assert owner["degraded"] is True and owner["user"] == "unknown"
             assert owner["container"]["id"] == alice.short  # the container is still known
@@ -176,7 +177,7 @@ async def test_docker_down_degrades_and_recovers(engine, scenario, socket_dir):
             os.rename(engine.socket + ".away", engine.socket)
         await until(lambda: (claims(h.services.leases)[target]["user"] or {}).get("user")
                     == "alice@example.org", timeout=10)
-        assert h.services.leases.state(target) == "claimed"
+        assert known_claim(h.services.leases, target)
         loop = asyncio.get_running_loop()
         granted = await loop.run_in_executor(None, client_in, alice, f"unix://{path}",
                                              RESERVE_1)
@@ -258,7 +259,7 @@ async def test_limits_count_the_host_account_a_container_runs_as(engine, scenari
         free = [n for n in range(6) if (await h.ok("/status"))[h.uuids()[n]]["claim"]["state"]
                 == "free"]
         scenario.write(processes=on_gpu((plain.pid, free[-1])))
-        await until(lambda: h.services.leases.state(h.uuids()[free[-1]]) == "claimed")
+        await until(lambda: known_claim(h.services.leases, h.uuids()[free[-1]]))
         anonymous = f"container:{plain.short}"
         users = await h.ok("/users")
         assert users[anonymous]["over_limit"] == 1

@@ -265,8 +265,8 @@ async def test_a_degraded_gpu_owner_is_learned_by_the_daemon_once_the_engine_ans
                                **engines_in(folder, docker_retry_after=0.05)) as h:
             uuid = h.uuids()[1]
             scenario.write(processes=[{"pid": pid, "gpu": 1, "name": "python"}])
-            await until(lambda: h.services.leases.holder(uuid) is not None)
-            assert h.services.leases.holder(uuid).degraded
+            await until(lambda: not (h.services.leases.holder(uuid) or IDENTIFYING).identifying)
+            assert h.services.leases.holder(uuid).degraded  # learned: the engine failed
             docker.failing = None
             await until(lambda: h.services.leases.holder(uuid).user == "alice@example.org")
             claim = (await h.ok("/status"))[uuid]["claim"]

@@ -8,6 +8,7 @@ from dataclasses import replace as changed
 
 import pytest
 
+from helpers import known_claim
 from helpers import (NOBODY, ScenarioFile, async_test, gpu_running, running,
                      slurm_job_process, until)
 from patroller.config import Config
@@ -160,7 +161,7 @@ async def test_a_process_outside_the_job_on_its_gpu_trespasses(tmp_path):
                 write(str(jobs / "1"), f"4242 uid={NOBODY}\n")  # ids and uids only
                 await until(lambda: h.services.leases.state(uuid) == "allocated")
                 scenario.write(processes=[{"pid": pid, "gpu": 1, "name": "python"}])
-                await until(lambda: h.services.leases.state(uuid) == "claimed")
+                await until(lambda: known_claim(h.services.leases, uuid))
                 claim = (await h.ok("/status"))[uuid]["claim"]
                 assert claim["user"]["uid"] == NOBODY and claim["user"]["job"]["id"] == "4242"
                 scenario.write(processes=[{"pid": pid, "gpu": 1, "name": "python"},

@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 
 from prometheus import eventually
+from helpers import known_claim
 from helpers import (ScenarioFile, ServerProcess, async_test, client_in, engines_in,
                      gpu_running, on_gpu, until)
 from patroller.config import Config
@@ -56,8 +57,8 @@ async def test_a_podman_containers_process_on_a_gpu_is_its_labels_user(podman, s
 
 
 def settled(h, *numbers):
-    """Whether those GPUs are claimed by owners known (a Podman call slower than
-    Config.owner_wait shows its process's owner as not known yet, meanwhile)."""
+    """Whether those GPUs are claimed by owners known (while a Podman call is answered, a
+    process's owner is shown as not known yet: `unknown`, degraded)."""
     holds = [h.services.leases.holds[h.uuids()[n]] for n in numbers]
     return all(hold.state == "claimed" and not hold.holder.degraded for hold in holds)
 
@@ -177,7 +178,7 @@ async def test_podman_down_degrades_and_recovers(podman, scenario, engine_socket
         try:
             scenario.write(processes=on_gpu((alice.pid, 2)))
             uuid = h.uuids()[2]
-            await until(lambda: h.services.leases.state(uuid) == "claimed")
+            await until(lambda: known_claim(h.services.leases, uuid))
             owner = (await h.ok("/status"))[uuid]["claim"]["user"]
             assert owner["degraded"] is True and owner["user"] == "unknown"
             assert owner["container"]["id"] == alice.short and owner["uid"] == 0
@@ -227,7 +228,7 @@ async def test_podman_stopped_in_order_is_learned_once_it_is_back(podman, scenar
             assert not os.path.exists(podman.socket)  # as `systemctl stop podman.socket` does
             scenario.write(processes=on_gpu((alice.pid, 1)))
             uuid = h.uuids()[1]
-            await until(lambda: h.services.leases.state(uuid) == "claimed")
+            await until(lambda: known_claim(h.services.leases, uuid))
             owner = (await h.ok("/status"))[uuid]["claim"]["user"]
             assert owner["container"]["id"] == alice.short
         finally:

@@ -12,6 +12,7 @@ import urllib.request
 
 import pytest
 
+from helpers import claimed_known
 from helpers import (ROOT, ScenarioFile, ServerProcess, alive, async_test, children_of, running,
                      until)
 
@@ -163,7 +164,7 @@ async def test_gpu_host_mode_a_claim_and_a_reservation_survive_kill_9(scenario, 
     try:
         devices = ok(server, "/devices")
         uuid = {info["number"]: u for u, info in devices.items()}
-        await until(lambda: ok(server, "/status")[uuid[1]]["claim"]["state"] == "claimed")
+        await until(lambda: claimed_known(ok(server, "/status")[uuid[1]]["claim"]))
         [reserved] = [d["uuid"] for d in ok(server, "/request?gpu=1")]  # the caller: our account
         user = ok(server, "/status")[reserved]["claim"]["user"]
         assert user["source"] == "host"
@@ -181,7 +182,7 @@ async def test_gpu_host_mode_a_claim_and_a_reservation_survive_kill_9(scenario, 
         assert 0 < status[uuid[1]]["claim"]["expires"] <= 60
         # when pmon shows the process again, it claims its device again
         scenario.write(processes=[{"pid": sleeper.pid, "gpu": 1}])
-        await until(lambda: ok(server, "/status")[uuid[1]]["claim"]["state"] == "claimed")
+        await until(lambda: claimed_known(ok(server, "/status")[uuid[1]]["claim"]))
         assert ok(server, "/status")[uuid[1]]["claim"]["processes"] == [sleeper.pid]
         free = [u for u, e in ok(server, "/status").items() if e["claim"]["state"] == "free"]
         assert len(free) == 4 and reserved not in free and uuid[1] not in free

@@ -3,6 +3,7 @@ and partition (parser fixtures for every path shape; then a real process in a re
 Slurm's shape, made here as slurmstepd makes it, and the daemon on the simulator)."""
 import pytest
 
+from helpers import known_claim
 from helpers import NOBODY, ScenarioFile, async_test, gpu_running, slurm_job_process, until
 from patroller.config import Config
 from patroller.identify.cgroups import SlurmStep, parse_cgroup, parse_slurm
@@ -71,7 +72,7 @@ async def test_a_computing_jobs_gpu_shows_its_job_and_user(job_process, tmp_path
     async with gpu_running(scenario) as h:
         scenario.write(processes=[{"pid": job_process, "gpu": 1, "name": "python"}])
         uuid = h.uuids()[1]
-        await until(lambda: h.services.leases.state(uuid) == "claimed")
+        await until(lambda: known_claim(h.services.leases, uuid))
         holder = (await h.ok("/status"))[uuid]["claim"]["user"]
         assert holder["source"] == "slurm" and holder["job"]["id"] == "4242"
         assert holder["job"]["step"] == "0" and holder["job"]["account"] == "vision-lab"

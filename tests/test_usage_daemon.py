@@ -13,6 +13,7 @@ import urllib.request
 
 import pytest
 
+from helpers import known_claim
 from helpers import (NOBODY, ScenarioFile, ServerProcess, async_test, find, gpu_running,
                      need_root, running, scrape, until)
 from patroller.identify.resolver import host_identity
@@ -78,7 +79,7 @@ async def test_each_gpu_counts_in_the_category_its_holder_and_processes_make(sce
                                lease=600) as h:
             uuid = {d.number: d.uuid for d in h.services.inventory}
             leases = h.services.leases
-            await until(lambda: [leases.state(uuid[n]) for n in (1, 2)] == ["claimed"] * 2,
+            await until(lambda: all(known_claim(leases, uuid[n]) for n in (1, 2)),
                         timeout=20)
             granted = [d["uuid"] for d in await h.ok("/request?gpu=3")]  # root's
             number = {u: n for n, u in uuid.items()}
@@ -318,7 +319,7 @@ async def test_each_caller_sees_their_own_name_others_pseudonyms_and_root_every_
                                usage_interval=0.3) as h:
             nobody, daemon = host_identity(NOBODY).user, host_identity(DAEMON).user
             store = h.services.usage
-            await until(lambda: all(h.services.leases.state(d.uuid) == "claimed"
+            await until(lambda: all(known_claim(h.services.leases, d.uuid)
                                     for d in h.services.inventory if d.number < 2), timeout=20)
             written = store.intervals
             await until(lambda: store.intervals > written + 1)

@@ -56,6 +56,7 @@ class Identity:
             "degraded": self.degraded,
             "job": dict(self.job) if self.job else None,
             "pod": dict(self.pod) if self.pod else None,
+            **({"identifying": True} if self.identifying else {}),
         }
 
     @classmethod
