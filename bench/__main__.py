@@ -14,21 +14,25 @@ import os
 import re
 import sys
 import time
+import traceback
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import callers, measures
+from . import callers, measures, usage
 from .harness import ROOT, machine, raise_file_limit
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 NAMES = ("throughput", "reactions", "identity", "callers", "scale", "footprint", "parsers",
-         "waiters", "persistence", "scrape", "page")
+         "waiters", "persistence", "scrape", "page", "usage")
 
 
 def log(text: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
 
-def run(quick: bool, only: List[str]) -> Dict[str, Any]:
+def run(quick: bool, only: List[str],
+        save: Callable[[Dict[str, Any]], None] = lambda report: None) -> Dict[str, Any]:
+    """Every step in `only`; `save(report so far)` after each. A step whose dependency is not
+    installed is skipped, and one that fails is recorded as failed, with why: the others go on."""
     ctx = measures.Context(quick, log)
     results: Dict[str, Any] = {}
     steps: List[Tuple[str, Callable[[measures.Context], Any]]] = [
@@ -37,18 +41,45 @@ def run(quick: bool, only: List[str]) -> Dict[str, Any]:
         ("callers", lambda c: callers.first_calls(c.repeats, c.log)), ("scale", measures.scale),
         ("footprint", measures.footprint), ("parsers", measures.parsers),
         ("waiters", measures.waiters), ("persistence", measures.persistence),
-        ("scrape", measures.scrape), ("page", measures.page)]
+        ("scrape", measures.scrape), ("page", measures.page), ("usage", usage.usage)]
+
+    def report() -> Dict[str, Any]:
+        return {"machine": machine(), "mode": "quick" if quick else "full",
+                "docker": ctx.docker, "results": dict(results)}
     try:
         ctx.start()
         for name, step in steps:
-            if name in only:
-                began = time.monotonic()
+            if name not in only:
+                continue
+            began = time.monotonic()
+            try:
                 results[name] = step(ctx)
-                log(f"{name} took {time.monotonic() - began:.0f} s")
+            except ImportError as exc:  # a step's dependency (selenium, ...) is missing
+                results[name] = {"skipped": f"{exc.name or exc} is not installed"}
+            except Exception as exc:  # noqa: BLE001: one step's failure loses no other's rows
+                traceback.print_exc()
+                results[name] = {"failed": f"{type(exc).__name__}: {exc}"}
+            log(f"{name} took {time.monotonic() - began:.0f} s"
+                + "".join(f"; {how}: {results[name][how]}" for how in NOT_RUN
+                          if isinstance(results[name], dict) and how in results[name]))
+            save(report())
     finally:
         ctx.stop()
-    return {"machine": machine(), "mode": "quick" if quick else "full",
-            "docker": ctx.docker, "results": results}
+    return report()
+
+
+NOT_RUN = ("skipped", "failed")
+
+
+def not_run(results: Dict[str, Any]) -> Dict[str, str]:
+    """The steps skipped or failed, with why."""
+    return {name: f"{how}: {value[how]}" for name, value in results.items()
+            for how in NOT_RUN if isinstance(value, dict) and how in value}
+
+
+def measured(results: Dict[str, Any]) -> Dict[str, Any]:
+    """The results of the steps that ran."""
+    return {name: value for name, value in results.items() if name not in not_run(results)}
 
 
 def _get(data: Dict[str, Any], *path: Any) -> Optional[Any]:
@@ -64,7 +95,7 @@ def _get(data: Dict[str, Any], *path: Any) -> Optional[Any]:
 
 def checks(report: Dict[str, Any]) -> List[Dict[str, Any]]:
     """Each target against its measured figure (None where it was not measured)."""
-    r = report["results"]
+    r = measured(report["results"])
     small = _get(r, "throughput", (8, 0), "/status", "requests_per_s")
     without = _get(r, "waiters", "status_without_waiters", "p99_ms")
     big = _get(r, "throughput", (64, 500), "/status", "requests_per_s")
@@ -129,6 +160,15 @@ def checks(report: Dict[str, Any]) -> List[Dict[str, Any]]:
          _get(r, "page", "total_bytes"), "< 102400 (100 KB)", lambda v: v < 102400),
         ("web page first render ms (median), navigation start to the cards, loopback",
          _get(r, "page", "render", "ms", "median"), "< 200", lambda v: v < 200),
+        ("usage report s, 30 days of 8 GPUs, GET /usage (slowest grouping, median)",
+         _slowest(r, 30), "< 0.5", lambda v: v < 0.5),
+        ("usage report s, 365 days of 8 GPUs, GET /usage (slowest grouping, median)",
+         _slowest(r, 365), "< 2", lambda v: v < 2),
+        ("usage sampler and store CPU, 64 GPUs, one-minute interval: fraction of a core",
+         _get(r, "usage", "sampler", "core_fraction"), "< 0.01", lambda v: v < 0.01),
+        ("/status throughput while year-long reports run, as a fraction of without",
+         _get(r, "usage", "status_during_reports", "ratio"), ">= 0.9 (at most 10% lower)",
+         lambda v: v >= 0.9),
     ]
     return [{"what": what, "measured": value, "target": target,
              "met": None if value is None else bool(test(value))}
@@ -136,8 +176,9 @@ def checks(report: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 
 def other_figures(report: Dict[str, Any]) -> List[Tuple[str, Any]]:
-    r = report["results"]
-    figures: List[Tuple[str, Any]] = []
+    r = measured(report["results"])
+    figures: List[Tuple[str, Any]] = [(f"step {name}", why)
+                                      for name, why in not_run(report["results"]).items()]
     for row in r.get("throughput", []):
         for path in ("/status", "/devices", "ceiling"):
             f = row.get(path)
@@ -222,6 +263,39 @@ def other_figures(report: Dict[str, Any]) -> List[Tuple[str, Any]]:
     value = _get(r, "parsers", "pmon_with_intervals_lines_per_s")
     if value is not None:
         figures.append(("pmon parser + interval tracking lines/s", value))
+    if r.get("usage"):
+        figures += _usage_figures(r["usage"])
+    return figures
+
+
+def _slowest(r: Dict[str, Any], days: int) -> Optional[float]:
+    """The slowest grouping's median time of a `days`-day usage report, if measured."""
+    reports = _get(r, "usage", "reports") or {}
+    times = [v["median_s"] for k, v in reports.items() if k.startswith(f"{days}d ")]
+    return max(times) if times else None
+
+
+def _usage_figures(u: Dict[str, Any]) -> List[Tuple[str, Any]]:
+    figures: List[Tuple[str, Any]] = []
+    for fill in u.get("fills", []):
+        figures.append((f"usage store, {fill['days']} days of {fill['gpus']} GPUs at one-minute "
+                        "intervals: MiB, MiB a GPU-year, samples, hourly rows, written in s",
+                        f"{fill['mib']}, {fill['mib_per_gpu_year']}, {fill['samples']}, "
+                        f"{fill['hourly_rows']}, {fill['write_s']}"))
+    for key, value in (u.get("reports") or {}).items():
+        figures.append((f"GET /usage?since={key.replace(' by ', '&by=')} at 8 GPUs s: median, max",
+                        f"{value['median_s']}, {value['max_s']}"))
+    s = u.get("sampler")
+    if s:
+        figures.append((f"usage history at {s['gpus']} GPUs, ms of CPU an interval: on the loop "
+                        "(tally of 60 readings a GPU, the samples), the writer thread",
+                        f"{s['loop_ms_per_interval']}, {s['writer_ms_per_interval']}"))
+    d = u.get("status_during_reports")
+    if d and "alone" in d:
+        figures.append(("/status 8 GPUs alone / while year-long reports run back to back "
+                        f"({d['reports']} reports)",
+                        f"{d['alone']['requests_per_s']}/s p99 {d['alone']['p99_ms']} ms / "
+                        f"{d['during']['requests_per_s']}/s p99 {d['during']['p99_ms']} ms"))
     return figures
 
 
@@ -265,7 +339,7 @@ def update_page(text: str) -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="short runs (under two minutes)")
+    parser.add_argument("--quick", action="store_true", help="short runs (a few minutes)")
     parser.add_argument("--only", default=",".join(NAMES), help="comma-separated: " + ",".join(NAMES))
     parser.add_argument("--out", help="JSON file (default bench/results.json, "
                                       "bench/results-quick.json in quick mode)")
@@ -286,18 +360,27 @@ def main(argv: Optional[List[str]] = None) -> int:
     if unknown:
         parser.error(f"unknown measurement(s): {', '.join(sorted(unknown))}")
     raise_file_limit()
-    report = run(args.quick, only)
-    report["checks"] = checks(report)
     out = args.out or os.path.join(ROOT, "bench", "results-quick.json" if args.quick else "results.json")
-    with open(out, "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=2)
+
+    def save(report: Dict[str, Any]) -> None:  # after every step: a failure later loses nothing
+        report["checks"] = checks(report)
+        temporary = out + ".new"
+        with open(temporary, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=2)
+        os.replace(temporary, out)
+    report = run(args.quick, only, save)
+    save(report)
     text = table(report)
     print(text)
     log(f"wrote {out}")
     if args.docs:
         update_page(text)
         log(f"updated {PAGE}")
-    return 0
+    failed = [name for name, why in not_run(report["results"]).items()
+              if why.startswith("failed")]
+    if failed:
+        log(f"failed: {', '.join(failed)}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ class Context:
         self.containers = Containers()
         self.docker = False
         self.pool: List[int] = []  # 500 processes that stand for GPU jobs
-        self.wrk_seconds = 2 if quick else 10
+        self.wrk_seconds = 5 if quick else 10  # at least 5 s a row: ratios that can be read
         self.repeats = 3 if quick else 20
         self.steady_seconds = 8 if quick else 60
         self.footprint_seconds = 5 if quick else 30

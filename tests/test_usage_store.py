@@ -7,6 +7,7 @@ import logging
 import os
 import sqlite3
 import subprocess
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import replace
@@ -219,6 +220,22 @@ def test_a_report_reads_the_totals_by_their_keys(tmp_path):
         assert any("daily USING PRIMARY KEY (day>? AND day<?)" in p for p in plan), plan
     totals = queries.totals(db, since, until, "user")
     assert round(sum(s for *_, s in totals.rows)) == 10 * 24 * 8 * 60  # ten days of 8 GPUs
+
+
+def test_reports_are_read_in_a_thread_that_yields_the_cpu_to_serving(tmp_path):
+    """The reader thread runs at Config.usage_report_nice (a report is background work);
+    the daemon's other threads keep their priority."""
+    with store_in(tmp_path, usage_report_nice=13) as store:
+        store.put(time.time(), interval())
+        wait(lambda: store.intervals == 1)
+        report(store, time.time() - DAY, time.time())
+        nice = {t.name: os.getpriority(os.PRIO_PROCESS, t.native_id)
+                for t in threading.enumerate() if t.native_id is not None}
+        readers = [value for name, value in nice.items() if name.startswith("usage-reader")]
+        assert readers == [13], nice
+        assert nice["MainThread"] == os.getpriority(os.PRIO_PROCESS, 0)
+        assert all(value != 13 for name, value in nice.items()
+                   if not name.startswith("usage-reader")), nice
 
 
 @pytest.mark.errors_expected  # the failing writes are logged as an error

@@ -181,6 +181,9 @@ class Config:
     # older ones are dropped, counted
     usage_fold_every: float = 3600.0  # seconds between foldings of old samples into daily totals
     usage_busy_timeout: float = 5.0  # seconds a connection waits for the other's lock (SQLite)
+    # the niceness of the thread that reads reports (0-19): a year-long report is background
+    # work, and must not take the CPU that serving /status needs (19: it gets what is left)
+    usage_report_nice: int = 19
 
     # -- internal defaults: http (the server, the views, the live feed) -----------------------
     max_body: int = 64 * 1024  # bytes: the largest request body taken (a form for /release)

@@ -139,7 +139,8 @@ class UsageStore:
         """GPU-seconds by `by` over [since, until), read off the event loop. Unavailable if the
         store cannot be read."""
         if self._reader is None:
-            self._reader = ThreadPoolExecutor(1, thread_name_prefix="usage-reader")
+            self._reader = ThreadPoolExecutor(1, thread_name_prefix="usage-reader",
+                                              initializer=self._lower_priority)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._reader, self._read, since, until, by)
 
@@ -160,6 +161,14 @@ class UsageStore:
             self._close_reader()
             raise Unavailable(f"the usage store {self.path} cannot be read now ({exc}); try "
                               "again shortly") from None
+
+    def _lower_priority(self) -> None:
+        """In the reader thread: yield the CPU to serving (Config.usage_report_nice)."""
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
+                           self.config.usage_report_nice)
+        except OSError as exc:  # not allowed here: reports run at the daemon's priority
+            log.info("the usage reports' thread keeps the daemon's priority: %s", exc)
 
     def _close_reader(self) -> None:
         if self._read_db is not None:
