@@ -6,7 +6,10 @@ from typing import Dict, List, Tuple
 
 import pytest
 
-from helpers import FakeClock, async_test, lease_manager, running
+from tornado.iostream import IOStream
+
+from helpers import FakeClock, async_test, lease_manager, running, until
+from patroller.http.fastlane import Connection
 from patroller.core.identity import named_user
 from patroller.observe.signals import ProcessList, Sample, Signals
 from patroller.observe.stats import StatsStore
@@ -147,6 +150,58 @@ async def test_the_simplest_polls_are_answered_at_the_door_and_the_rest_in_order
         writer.close()
         samples = h.api.requests.answers
         assert samples[("/status", 200)] == 3 and samples[("/devices", 200)] == 1
+
+
+@async_test
+async def test_the_fast_lane_sends_its_answers_straight_to_the_socket(monkeypatch):
+    """With nothing waiting to be written, an answer goes to the socket at once, not through
+    the stream's write (a Future and a write handler each)."""
+    through_stream = []
+
+    def write(self, data):
+        through_stream.append(len(data))
+        return IOStream.write(self, data)
+    monkeypatch.setattr(Connection, "write", write)
+    async with running() as h:
+        reader, writer = await h.raw(b"")
+        for _ in range(10):
+            writer.write(PLAIN)
+            [(line, _, body)] = await answers(reader, 1)
+            assert line == "HTTP/1.1 200 OK" and body == h.api.status.body()
+        assert through_stream == []
+        writer.write(b"GET /queue HTTP/1.1\r\nHost: localhost\r\n\r\n")  # the app's
+        await answers(reader, 1)
+        assert len(through_stream) == 1
+        writer.close()
+
+
+@async_test
+async def test_what_the_socket_does_not_take_goes_through_the_stream_in_order(monkeypatch):
+    """Polls sent while the client reads nothing: once the socket's buffer is full, the rest of
+    an answer, and the answers after it, are written by the stream, each whole and in order,
+    the application's among them."""
+    through_stream = []
+
+    def write(self, data):
+        through_stream.append(len(data))
+        return IOStream.write(self, data)
+    monkeypatch.setattr(Connection, "write", write)
+    async with running() as h:
+        body = h.api.status.body()
+        many = (8 << 20) // len(body)  # far more than a socket's buffers take
+        queue = b"GET /queue HTTP/1.1\r\nHost: localhost\r\n\r\n"
+        reader, writer = await h.raw(b"")
+        writer.transport.pause_reading()  # nothing is read until the stream has had to write
+        writer.write(PLAIN * many + queue + PLAIN)
+        await until(lambda: through_stream, timeout=30)
+        assert through_stream[0] < len(body) + 200  # the rest of an answer the socket cut
+        reader._limit = 1 << 30  # noqa: SLF001: take the answers as they come
+        writer.transport.resume_reading()
+        got = await answers(reader, many + 2)
+        assert [b for _, _, b in got[:many]] == [body] * many
+        assert json.loads(got[many][2]) == [] and got[many + 1][2] == body
+        assert all(line == "HTTP/1.1 200 OK" for line, _, _ in got)
+        writer.close()
 
 
 @async_test

@@ -114,7 +114,8 @@ class Connection(Accepted):
     have it).
 
     Every answer is written in one piece, so Nagle's algorithm never helps; Tornado would turn
-    it on and off around every response (two setsockopt calls each).
+    it on and off around every response (two setsockopt calls each). The fast lane's answers
+    go straight to the socket when the stream has nothing left to write (`_send`).
     """
 
     def __init__(self, sock: socket.socket, lane: Optional[FastLane] = None,
@@ -133,6 +134,20 @@ class Connection(Accepted):
 
     def set_nodelay(self, value: bool) -> None:
         """TCP_NODELAY stays on: see the class."""
+
+    def _send(self, response: bytes) -> None:
+        """Write an answer: straight to the socket when the stream has nothing waiting to be
+        written (nearly always: an answer is some kilobytes, the socket's buffer far more),
+        through the stream for whatever the socket did not take, or when it did not take any.
+        The stream's own write costs a Future and its write handler for every answer."""
+        sent = 0
+        if not self.writing():
+            try:
+                sent = self.socket.send(response)
+            except OSError:  # would block, or the peer is gone: the stream finds out and says
+                sent = 0
+        if sent < len(response):
+            self.write(memoryview(response)[sent:])
 
     def read_until_regex(self, regex: Union[bytes, str], max_bytes: Optional[int] = None
                          ) -> "Any":
@@ -156,7 +171,7 @@ class Connection(Accepted):
                 await self.write(response)
                 self.close()
                 raise StreamClosedError()  # Tornado's reader ends quietly on it
-            self.write(response)
+            self._send(response)
             # Let the other connections have their turn: a client quick to ask again would
             # otherwise be read at once and served again and again (with 32 clients the p99
             # was 45 ms instead of 3).
