@@ -34,7 +34,8 @@ from patroller.http.access import Requests
 from patroller.http.fleet import Fleet, gpus_of
 from patroller.http.hiding import Hiding, Shown, Viewer, viewer_of
 from patroller.http.metrics import DaemonCollector
-from patroller.http.views import DevicesView, StatusView, queue_view, users_view
+from patroller.http.statusview import StatusView
+from patroller.http.views import DevicesView, queue_view, users_view
 from patroller.observe.idle import IdleWatch
 from patroller.observe.signals import ProcessSamples, Signals
 from patroller.observe.stats import StatsStore, iso_time

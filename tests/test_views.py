@@ -14,7 +14,7 @@ from patroller.core.identity import named_user
 from patroller.observe.signals import ProcessList, Sample, Signals
 from patroller.observe.stats import StatsStore
 from patroller.observe.testmode import synthetic_inventory
-from patroller.http.views import StatusView
+from patroller.http.statusview import StatusView
 
 
 @pytest.fixture
@@ -219,3 +219,80 @@ async def test_a_busy_connection_is_not_taken_for_an_idle_one():
             polled += 1
         writer.close()
         assert polled > 20
+
+
+def test_the_clock_alone_rebuilds_no_part(parts):
+    """A body only older is put together again from the parts, with the clock's fields
+    spliced in: none of the devices' parts is serialized again."""
+    clock, inventory, leases, signals, view = parts
+    leases.request(named_user("alice"), {"gpu": 1})
+    uuid = inventory.devices[0].uuid
+    first = json.loads(view.body())
+    built = view.parts_built
+    clock.advance(0.5)
+    later = json.loads(view.body())
+    assert view.parts_built == built and view.builds == 2
+    assert later[uuid]["claim"]["expires"] == pytest.approx(first[uuid]["claim"]["expires"] - 0.5)
+    assert later[uuid]["claim"]["age"] == pytest.approx(first[uuid]["claim"]["age"] + 0.5)
+    for entry in (*first.values(), *later.values()):  # the clock's fields aside
+        entry["claim"].update(expires=None, age=None, ends_at=None)
+    assert later == first
+
+
+def test_only_the_device_that_changed_is_built_again(parts):
+    clock, inventory, leases, signals, view = parts
+    one, other = (d.uuid for d in inventory)
+    view.body()
+    built = view.parts_built
+    leases.request(named_user("alice"), {"gpu": 1})  # the first device's claim
+    assert json.loads(view.body())[one]["claim"]["state"] == "reserved"
+    assert view.parts_built == built + 2  # its claim, and its processes (none)
+    built = view.parts_built
+    signals.sample.send(object(), record=Sample(other, {"sm": 42}, 0.0))
+    assert json.loads(view.body())[other]["sm"] == 42
+    assert view.parts_built == built + 2  # its statistics and its processes' figures
+
+
+def test_the_body_and_the_data_say_the_same(parts):
+    clock, inventory, leases, signals, view = parts
+    leases.request(named_user("alice"), {"gpu": 1})
+    leases.process_started(inventory.devices[1].uuid, 4242, named_user("bob"), "python")
+    signals.sample.send(object(), record=Sample(inventory.devices[1].uuid, {"sm": 7}, 0.0))
+    assert json.loads(view.body()) == view.latest() == view.data()
+    entry = view.latest()[inventory.devices[1].uuid]
+    assert entry["claim"]["process_detail"] == [{"pid": 4242, "user": "bob", "command": "python",
+                                                 "sm": None, "mem": None, "fb": None}]
+    assert entry["sm"] == 7 and entry["claim"]["state"] == "claimed"
+
+
+@async_test
+async def test_new_figures_are_built_off_the_request_path():
+    """In the daemon, a sample's figures are built by a task of their own, soon after it
+    arrives: a /status asked for meanwhile builds no statistics, though it shows a lease
+    change at once; once built, the very next body shows them (the clock alone would take a
+    minute here)."""
+    async with running(status_max_age=60) as h:
+        view, uuid = h.api.status, h.uuids()[0]
+        await until(lambda: json.loads(view.body())[uuid]["updated"] is not None)
+        built = view.parts_built
+        h.services.signals.sample.send(object(), record=Sample(uuid, {"sm": 99}, 1e9))
+        h.services.leases.request(named_user("alice"), {"gpu": 1})
+        shown = json.loads(view.body())[uuid]
+        assert shown["claim"]["state"] == "reserved" and shown["sm"] != 99
+        assert view.parts_built == built + 2  # the claim and its processes: no statistics
+        await until(lambda: view.parts_built >= built + 4)  # the task built them
+        assert json.loads(view.body())[uuid]["sm"] == 99
+
+
+def test_a_holder_that_changes_alone_is_shown(parts):
+    """carol took a device by computing, bob's process came too; carol's ended and her lease
+    ran out: bob holds it, though nothing else of it shows a change."""
+    clock, inventory, leases, signals, view = parts
+    uuid = inventory.devices[0].uuid
+    leases.process_started(uuid, 1, named_user("carol"), "python")
+    leases.process_started(uuid, 2, named_user("bob"), "python")
+    leases.process_ended(uuid, 1)
+    assert json.loads(view.body())[uuid]["claim"]["user"]["user"] == "carol"
+    clock.advance(10)
+    assert leases.expire() == [inventory.devices[0]]
+    assert json.loads(view.body())[uuid]["claim"]["user"]["user"] == "bob"

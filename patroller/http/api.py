@@ -13,7 +13,8 @@ from patroller.http.fleet import Fleet
 from patroller.http.hiding import Hiding
 from patroller.http.live import LiveFeed
 from patroller.http.metrics import Registries
-from patroller.http.views import DevicesView, StatusView
+from patroller.http.statusview import StatusView
+from patroller.http.views import DevicesView
 from patroller.services import Services
 
 

@@ -29,7 +29,7 @@ from patroller.core.identity import NAMELESS, Identity, Viewer
 from patroller.core.leases import is_admin
 from patroller.core.pods import pod_id
 from patroller.http.encoding import dumps
-from patroller.http.views import StatusView
+from patroller.http.statusview import StatusView
 from patroller.identify.connection import Accepted, ConnectionFacts
 from patroller.state.pseudonyms import Pseudonyms
 

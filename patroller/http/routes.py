@@ -26,7 +26,8 @@ from patroller.http.metrics import Registries
 from patroller.http.page import (EventsHandler, FleetHandler, FleetJsonHandler, IndexHandler,
                                  WebHandler, web_files)
 from patroller.http.encoding import dumps
-from patroller.http.views import DevicesView, StatusView, page_snapshot
+from patroller.http.statusview import StatusView
+from patroller.http.views import DevicesView, page_snapshot
 from patroller.http.whoami import WhoAmIHandler
 from patroller.services import Services
 

@@ -1,12 +1,7 @@
-"""What the API shows: the bodies of /status and /devices, serialized once and served many
-times, and the read models of the lease manager's state (claims, the queue, usage per user,
-holds per device) that /status, /queue, /users, the metrics and the web page serve, and the
-devices as the answers of /request, /wait, /renew and /release list them.
-
-/status changes with every sample and every lease event, and its `age`, `expires`, `stale` and
-`processes_stale` move with the clock; it is rebuilt on demand when something changed or when
-it is older than `status_max_age` (Config), so a busy poller costs one serialization per change,
-not one per request.
+"""What the API shows: the body of /devices, serialized once and served many times (that of
+/status is statusview.py's), and the read models of the lease manager's state (claims, the
+queue, usage per user, holds per device) that /status, /queue, /users, the metrics and the web
+page serve, and the devices as the answers of /request, /wait, /renew and /release list them.
 
 The read models read the lease manager (its holds, its queue, the devices set aside for a
 starving waiter); the manager never reads them.
@@ -14,7 +9,7 @@ starving waiter); the manager never reads them.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Protocol, Tuple
 
 from patroller.core.devices import Device, Inventory
 from patroller.core.jobs import Allocation, Job
@@ -23,59 +18,18 @@ from patroller.core.leases.limits import counted_uid
 from patroller.core.pods import Pod, PodAllocation, pod_id
 from patroller.http.encoding import dumps
 from patroller.observe.idle import IdleWatch
-from patroller.observe.stats import StatsStore, iso_time
+from patroller.observe.stats import iso_time
 from patroller.services import Services
 
-class StatusView:
-    """The /status body, cached between changes."""
 
-    def __init__(self, inventory: Inventory, leases: LeaseManager, stats: StatsStore,
-                 idle: Optional[IdleWatch], max_age: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.inventory = inventory
-        self.leases = leases
-        self.stats = stats
-        self.idle = idle
-        self.clock = clock
-        self.max_age = max_age
-        self.builds = 0  # how many times the body was serialized
-        self._body: Optional[bytes] = None
-        self._data: Dict[str, Any] = {}  # what _body says, as data (hiding.py derives from it)
-        self._built = 0.0
-        leases.on_change(self.invalidate)
-        stats.on_change(self.invalidate)
+class StatusBody(Protocol):
+    """What the page and the counters read of /status's view (statusview.StatusView, which
+    builds on the read models here)."""
 
-    def invalidate(self) -> None:
-        """Something changed: build the body again when it is next asked for."""
-        self._body = None
+    builds: int
+    parts_built: int
 
-    def data(self) -> Dict[str, Any]:
-        """/status as data."""
-        shown = claims(self.leases)
-        data = {}
-        wall = time.time()
-        for d in self.inventory:
-            claim = {**shown[d.uuid], "processes_stale": self.stats.processes_stale(d.uuid)}
-            expires = claim["expires"]
-            claim["ends_at"] = iso_time(wall + expires) if expires is not None else None
-            claim["idle_for"] = self.idle.idle_for(d.uuid) if self.idle is not None else None
-            claim["process_detail"] = [{**p, **self.stats.process_view(d.uuid, p["pid"])}
-                                       for p in claim["process_detail"]]
-            data[d.uuid] = {**self.stats.view(d.uuid), "claim": claim}
-        return data
-
-    def body(self) -> bytes:
-        """/status as bytes, at most `max_age` old and never older than the last change."""
-        now = self.clock()
-        if self._body is None or now - self._built >= self.max_age:
-            self._data = self.data()
-            self._body, self._built = dumps(self._data), now
-            self.builds += 1
-        return self._body
-
-    def latest(self) -> Dict[str, Any]:
-        """The data of the body `body()` last returned (never to be changed: it is shared)."""
-        return self._data
+    def data(self) -> Dict[str, Any]: ...
 
 
 class DevicesView:
@@ -97,7 +51,7 @@ class DevicesView:
         return self._body
 
 
-def page_snapshot(services: Services, status: StatusView,
+def page_snapshot(services: Services, status: StatusBody,
                   devices: DevicesView) -> Dict[str, Any]:
     """Everything the web page shows, for its live feed."""
     return {
@@ -113,13 +67,14 @@ def page_snapshot(services: Services, status: StatusView,
     }
 
 
-def counters(services: Services, status: StatusView) -> Dict[str, Any]:
+def counters(services: Services, status: StatusBody) -> Dict[str, Any]:
     """The daemon's own counters (/metrics.json): what it costs, how its parts fare."""
     return {
         "uptime": round(time.monotonic() - services.started, 3),
         "devices": len(services.inventory),
         "waiting": len(services.leases.waiters),
         "status_builds": status.builds,
+        "status_parts_built": status.parts_built,
         "proc_reads": services.identifier.proc_reads,
         "docker_calls": services.identifier.docker_calls,
         "caller_lookups": services.callers.lookups,
@@ -186,14 +141,21 @@ def accounts_of(leases: LeaseManager) -> Dict[str, List[Dict[str, Any]]]:
 def claim_view(hold: Hold, now: float) -> Dict[str, Any]:
     """The claim part of /status for one device (`set_aside_for` is filled in by `claims`)."""
     return {
-        "state": hold.state,
-        "user": hold.holder.to_json() if hold.holder else None,
-        "users": [u.to_json() for u in hold.users()],
-        "processes": list(hold.processes),
+        **claim_static(hold),
         "process_detail": [{"pid": pid, "user": owner.user, "command": hold.commands.get(pid)}
                            for pid, owner in hold.processes.items()],
         "age": round(now - hold.since, 3),
         "expires": hold.expires(now),
+    }
+
+
+def claim_static(hold: Hold) -> Dict[str, Any]:
+    """The claim of one device but its processes' detail and what moves with the clock."""
+    return {
+        "state": hold.state,
+        "user": hold.holder.to_json() if hold.holder else None,
+        "users": [u.to_json() for u in hold.users()],
+        "processes": list(hold.processes),
         "held_for_pid": hold.held_for.pid if hold.held_for is not None else None,
         "hold": hold.how if hold.holder is not None else None,
         "asked": hold.asked,

@@ -50,6 +50,7 @@ class StatsStore:
         self._processes: Dict[Tuple[str, int], Dict[str, Value]] = {}  # (uuid, pid) -> figures
         self._history: Dict[str, "deque[Optional[Value]]"] = {}  # uuid -> SM %, oldest first
         self._history_at: Dict[str, float] = {}
+        self._version: Dict[str, int] = {}  # uuid -> changes of its sample or its processes'
         self._on_change: List[Callable[[], None]] = []
 
     def connect(self, signals: Signals) -> None:
@@ -66,6 +67,7 @@ class StatsStore:
     def _on_sample(self, sender: Any, record: Sample) -> None:
         if self.inventory.get(record.uuid) is not None:
             self._last[record.uuid] = record
+            self._changed(record.uuid)
             now = self._seen[record.uuid] = self.clock()
             last = self._history_at.get(record.uuid)
             if last is None or now - last >= self.history_every:
@@ -91,6 +93,7 @@ class StatsStore:
         # last one: pmon prints `-` for an interval without a sample, and the cross-check knows
         # memory alone.
         for key, values in record.values.items():
+            self._changed(key[0])
             known = self._processes.get(key)
             if known is None:
                 self._processes[key] = dict(values)
@@ -98,7 +101,21 @@ class StatsStore:
                 known.update((k, v) for k, v in values.items() if v is not None)
 
     def _on_process_ended(self, sender: Any, record: GpuProcess) -> None:
-        self._processes.pop((record.uuid, record.pid), None)
+        if self._processes.pop((record.uuid, record.pid), None) is not None:
+            self._changed(record.uuid)
+
+    def _changed(self, uuid: str) -> None:
+        self._version[uuid] = self._version.get(uuid, 0) + 1
+
+    def version(self, uuid: str) -> int:
+        """How many times the device's sample or its processes' figures changed: what
+        /status shows of them is the same while this is (statusview.py)."""
+        return self._version.get(uuid, 0)
+
+    def stale(self, uuid: str) -> bool:
+        """Whether no sample of the device came for `stale_after` seconds (or none ever)."""
+        seen = self._seen.get(uuid)
+        return seen is None or self.clock() - seen > self.stale_after
 
     def process_view(self, uuid: str, pid: int) -> Dict[str, Optional[Value]]:
         """A process's figures on a device: sm and mem in %, fb in MiB; None when not known."""

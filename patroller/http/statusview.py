@@ -1,0 +1,212 @@
+"""The /status body, built a device at a time and served many times.
+
+Each device's entry is kept in parts, each serialized once: its statistics (rebuilt when a
+sample for it arrives), its claim (when its hold changed: a fingerprint of the hold tells) and
+its processes with their figures (when either changed). What moves with the clock alone (`age`,
+`expires`, `ends_at`, `idle_for`, `stale`, `processes_stale`) is spliced in as the body is
+put together, at most every `max_age` seconds (Config.status_max_age): a body that is only
+older costs a join of bytes, never a rebuild.
+
+A lease change is shown at once: the next body checks every hold's fingerprint and rebuilds
+the claims that changed (read your writes: a /status after a /request shows the grant). New
+samples and process figures, which come every second for every device, are built off the
+request path: a task on the event loop rebuilds the devices they changed, one at a time, and
+lets the loop serve between them; until it has, a body shows the figures before them.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from patroller.core.devices import Inventory
+from patroller.core.leases import Hold, LeaseManager
+from patroller.http.encoding import dumps
+from patroller.http.views import claim_static
+from patroller.observe.idle import IdleWatch
+from patroller.observe.stats import StatsStore, iso_time
+
+# Moved by the clock alone, as the claim shows them (the statistics' `stale` is another).
+CLOCK_FIELDS = ("age", "expires", "processes_stale", "ends_at", "idle_for")
+SLICE = 0.002  # seconds the background rebuild runs before it lets the loop serve
+
+
+@dataclass
+class Part:
+    """One device's entry, as data and as the JSON of each of its parts."""
+
+    stats_version: int = -1
+    fingerprint: Any = None
+    stats: Dict[str, Any] = field(default_factory=dict)  # without `stale`
+    claim: Dict[str, Any] = field(default_factory=dict)  # without CLOCK_FIELDS, process_detail
+    detail: List[Dict[str, Any]] = field(default_factory=list)
+    stats_json: bytes = b"{}"
+    claim_json: bytes = b"{}"
+    detail_json: bytes = b"[]"
+
+
+def fingerprint(hold: Hold, aside_for: Optional[str]) -> Tuple[Any, ...]:
+    """Everything of a hold that its claim shows, except what moves with the clock: equal
+    fingerprints, equal claims. Comparing two costs little (the same objects compare by
+    identity)."""
+    return (hold.holder, hold.lost, hold.held_for, hold.until is None, hold.asked,
+            hold.withheld, hold.allocation, tuple(hold.processes.items()),
+            tuple(hold.commands.items()), aside_for)
+
+
+class StatusView:
+    """The /status body (see the module)."""
+
+    def __init__(self, inventory: Inventory, leases: LeaseManager, stats: StatsStore,
+                 idle: Optional[IdleWatch], max_age: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.inventory = inventory
+        self.leases = leases
+        self.stats = stats
+        self.idle = idle
+        self.clock = clock
+        self.max_age = max_age
+        self.builds = 0  # bodies put together
+        self.parts_built = 0  # device parts serialized again
+        self._parts: Dict[str, Part] = {}
+        self._body: Optional[bytes] = None
+        self._data: Dict[str, Any] = {}  # what _body says, as data (hiding.py derives from it)
+        self._built = 0.0
+        self._holds_changed = True  # check the fingerprints before the next body
+        self._refreshing: Optional["asyncio.Task[None]"] = None
+        leases.on_change(self._leases_changed)
+        stats.on_change(self._stats_changed)
+
+    # -- what changed --------------------------------------------------------------------------
+
+    def invalidate(self) -> None:
+        """The inventory changed: every device's parts are built again."""
+        self._parts.clear()
+        self._holds_changed = True
+        self._body = None
+
+    def _leases_changed(self) -> None:
+        self._holds_changed = True
+        self._body = None
+
+    def _stats_changed(self) -> None:
+        """A sample arrived (or a stale process list is fresh again): rebuild what it changed
+        soon, off the request path; without a running loop (in-process tools), at the next
+        body."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            self._body = None
+            return
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.ensure_future(self._refresh_soon())
+
+    async def _refresh_soon(self) -> None:
+        await asyncio.sleep(0)  # the rest of this interval's samples arrive meanwhile
+        began = time.monotonic()
+        for device in list(self.inventory):
+            part = self._parts.get(device.uuid)
+            if part is not None and part.stats_version != self.stats.version(device.uuid):
+                self._build_stats(device.uuid, part)
+                self._build_detail(device.uuid, part)
+                if time.monotonic() - began > SLICE:
+                    await asyncio.sleep(0)
+                    began = time.monotonic()
+        self._body = None  # what changed (a list fresh again, at least) is shown at once
+
+    # -- building ------------------------------------------------------------------------------
+
+    def _update(self) -> None:
+        """Build the parts that are missing, and the claims whose hold changed; and, without a
+        loop to do it in the background, the statistics that changed."""
+        check_holds, self._holds_changed = self._holds_changed, False
+        background = self._refreshing is not None
+        holds, aside = self.leases.holds, None
+        for device in self.inventory:
+            uuid = device.uuid
+            part = self._parts.get(uuid)
+            if part is None:
+                part = self._parts[uuid] = Part()
+                self._build_stats(uuid, part)
+            elif not background and part.stats_version != self.stats.version(uuid):
+                self._build_stats(uuid, part)
+                self._build_detail(uuid, part)  # the processes' figures come with them
+            if check_holds or part.fingerprint is None:
+                if aside is None:
+                    aside = self._set_aside()
+                hold = holds[uuid]
+                found = fingerprint(hold, aside.get(uuid))
+                if found != part.fingerprint:
+                    part.fingerprint = found
+                    claim = claim_static(hold)
+                    claim["set_aside_for"] = aside.get(uuid)
+                    part.claim, part.claim_json = claim, dumps(claim)
+                    self.parts_built += 1
+                    self._build_detail(uuid, part)
+
+    def _set_aside(self) -> Dict[str, Optional[str]]:
+        """Who each free device set aside for a starving waiter is kept for."""
+        waiter, set_aside = self.leases.set_aside()
+        return {uuid: waiter.user.user if waiter is not None else None for uuid in set_aside}
+
+    def _build_stats(self, uuid: str, part: Part) -> None:
+        part.stats_version = self.stats.version(uuid)
+        stats = self.stats.view(uuid)
+        del stats["stale"]
+        part.stats, part.stats_json = stats, dumps(stats)
+        self.parts_built += 1
+
+    def _build_detail(self, uuid: str, part: Part) -> None:
+        hold = self.leases.holds[uuid]
+        view = self.stats.process_view
+        part.detail = [{"pid": pid, "user": owner.user, "command": hold.commands.get(pid),
+                        **view(uuid, pid)} for pid, owner in hold.processes.items()]
+        part.detail_json = dumps(part.detail)
+        self.parts_built += 1
+
+    def _clock_fields(self, uuid: str, now: float, wall: float) -> Dict[str, Any]:
+        hold = self.leases.holds[uuid]
+        expires = hold.expires(now)
+        return {"age": round(now - hold.since, 3), "expires": expires,
+                "processes_stale": self.stats.processes_stale(uuid),
+                "ends_at": iso_time(wall + expires) if expires is not None else None,
+                "idle_for": self.idle.idle_for(uuid) if self.idle is not None else None}
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def body(self) -> bytes:
+        """/status as bytes: every lease change shown, the clock's fields at most `max_age`
+        old, new figures as soon as the background has built them."""
+        now = self.clock()
+        if self._body is None or self._holds_changed or now - self._built >= self.max_age:
+            self._update()
+            self._assemble(self.leases.clock(), time.time())
+            self._built = now
+        assert self._body is not None
+        return self._body
+
+    def _assemble(self, now: float, wall: float) -> None:
+        pieces, data = [], {}
+        for device in self.inventory:
+            uuid, part = device.uuid, self._parts[device.uuid]
+            stale = self.stats.stale(uuid)
+            timed = self._clock_fields(uuid, now, wall)
+            pieces.append(dumps(uuid) + b":" + part.stats_json[:-1] + b',"stale":'
+                          + (b"true" if stale else b"false") + b',"claim":'
+                          + part.claim_json[:-1] + b',"process_detail":' + part.detail_json
+                          + b"," + dumps(timed)[1:] + b"}")
+            data[uuid] = {**part.stats, "stale": stale,
+                          "claim": {**part.claim, "process_detail": part.detail, **timed}}
+        self._body = b"{" + b",".join(pieces) + b"}"
+        self._data = data
+        self.builds += 1
+
+    def data(self) -> Dict[str, Any]:
+        """/status as data, as the body says it now."""
+        self.body()
+        return self._data
+
+    def latest(self) -> Dict[str, Any]:
+        """The data of the body `body()` last returned (never to be changed: it is shared)."""
+        return self._data
