@@ -116,10 +116,10 @@ def days(first: str, last: str) -> List[str]:
     return [(start + timedelta(days=n)).isoformat() for n in range((end - start).days + 1)]
 
 
-def asked(first: str, last: str) -> Dict[str, str]:
+def asked(first: str, last: str, zone: str = ZONE) -> Dict[str, str]:
     """What the page asks /usage for a range of days: since the first, until the day after the
-    last unless that is still to come."""
-    params = {"since": first, "tz": ZONE}
+    last unless that is still to come, in the browser's zone."""
+    params = {"since": first, "tz": zone}
     end = (date.fromisoformat(last) + timedelta(days=1)).isoformat()
     if end <= datetime.now(ZoneInfo(ZONE)).date().isoformat():
         params["until"] = end
@@ -129,7 +129,8 @@ def asked(first: str, last: str) -> Dict[str, str]:
 def check_bars(page: Browser, server: ServerProcess) -> Tuple[str, str]:
     """Both charts' bars against /usage by day and user for the range the page shows."""
     first, last = page_range(page)
-    answer = usage(server, by="day,user", **asked(first, last))
+    zone = page.js("return document.body.dataset.zone")
+    answer = usage(server, by="day,user", **asked(first, last, zone))
     scale, segments, columns = bars(page, "by-user")
     assert columns == days(first, last)
     expected = {(row["key"][0], row["key"][1] or ""): used(row["hours"])
@@ -154,6 +155,7 @@ def check_bars(page: Browser, server: ServerProcess) -> Tuple[str, str]:
 
 def test_the_bars_are_as_tall_as_the_gpu_hours_of_usage_per_day_user_and_category(page, daemon):
     assert opened(page, daemon.url + "/report") == "shown"
+    assert page.js("return document.body.dataset.zone") == ZONE  # the browser's
     first, last = check_bars(page, daemon)
     today = datetime.now(ZoneInfo(ZONE)).date()
     assert (first, last) == ((today - timedelta(days=29)).isoformat(), today.isoformat())
@@ -226,6 +228,12 @@ def test_the_range_control_asks_for_the_days_chosen(page, daemon):
     page.until(lambda: bars(page, "by-user")[2] == days(first, last), "the days chosen drawn")
     page.until(lambda: page.js("return document.body.dataset.state") == "shown", "drawn")
     check_bars(page, daemon)
+    answer = usage(daemon, by="user", **asked(first, last))  # the days chosen, not up to now
+    assert [name for name, _, _ in top(page, "top-unused")] == [
+        row["key"] for row in sorted(answer["rows"], key=lambda r: -r["hours"]["reserved_unused"])
+        if row["hours"]["reserved_unused"] > 0][:10]
+    assert float(top(page, "top-unused")[0][1]) == pytest.approx(
+        max(row["hours"]["reserved_unused"] for row in answer["rows"]), abs=0.5)
     assert urllib.parse.parse_qs(urllib.parse.urlparse(page.driver.current_url).query) == {
         "from": [first], "to": [last]}
     # the address keeps the range: a reload shows it again
@@ -235,8 +243,27 @@ def test_the_range_control_asks_for_the_days_chosen(page, daemon):
     page.js("document.getElementById('from').value = arguments[1];"
             "document.getElementById('to').value = arguments[0];"
             "document.getElementById('show').click()", first, last)
-    assert page.until(lambda: page.js("const p = document.getElementById('problem');"
-                                      "return !p.hidden && p.textContent"), "refused")
+    refused = page.until(lambda: page.js("const p = document.getElementById('problem');"
+                                         "return !p.hidden && p.textContent"), "refused")
+    assert refused.startswith("choose a range")
+
+
+def test_a_host_that_knows_no_zone_by_name_is_asked_with_the_browsers_offset(page, lab_file,
+                                                                            tmp_path):
+    nowhere = tmp_path / "no-zones"
+    nowhere.mkdir()
+    server = ServerProcess("--test", "--state-dir", str(lab_state(lab_file, tmp_path / "state")),
+                           "--usage-interval", "1h", env={"PYTHONTZPATH": str(nowhere)}).start()
+    try:
+        status, _, _ = get(f"{server.url}/usage?tz={ZONE}")
+        if status == 200:
+            pytest.skip("the tzdata package gives this daemon every zone's name")
+        assert opened(page, server.url + "/report") == "shown"
+        offset = datetime.now(ZoneInfo(ZONE)).strftime("%z")
+        assert page.js("return document.body.dataset.zone") == offset[:3] + ":" + offset[3:]
+        check_bars(page, server)
+    finally:
+        server.stop()
 
 
 def test_an_empty_store_says_nothing_is_recorded_yet(page, tmp_path):

@@ -174,6 +174,7 @@
     document.body.dataset.state = empty ? "empty" : "shown";
     summarize(days, from, to);
     $("zone").textContent = "days and hours in " + (days.tz || zone);
+    document.body.dataset.zone = days.tz || zone;
     const columns = [];
     for (let day = from; day <= to; day = addDays(day, 1)) {
       const [y, m, d] = day.split("-").map(Number);
