@@ -4,7 +4,7 @@
 
 A test-mode daemon whose usage store holds 30 days of eight GPUs (tests/usage_history.py's
 lab: hours written straight into the file, as its writer writes them), its page opened in
-headless Chromium (tests/browser.py) at 1400x1500 once the charts are drawn. The browser's time
+headless Chromium (tests/browser.py) at 1400x1700 once the charts are drawn. The browser's time
 zone is UTC, the lab's.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join(ROOT, "docs", "report.png"))
     parser.add_argument("--dark", action="store_true", help="the dark colour scheme")
     parser.add_argument("--width", type=int, default=1400)
-    parser.add_argument("--height", type=int, default=1500)
+    parser.add_argument("--height", type=int, default=1700)
     options = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="patroller-report-") as state:
         write(os.path.join(state, "usage.sqlite3"), lab(time.time(), 30))

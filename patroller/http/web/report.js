@@ -164,7 +164,7 @@
 
   function userLabel(key) { return key === null ? "nobody" : key; }
 
-  function percent(share) { return Math.round(share * 1000) / 10 + " %"; }
+  function percent(share) { return Math.round(share * 1000) / 10 + "\u00a0%"; }
 
   function draw() {
     if (answers === null) return;
