@@ -20,7 +20,7 @@ from browser import Browser, browser
 from helpers import ScenarioFile, ServerProcess, need_root
 from prometheus import get
 from test_hide_users import PSEUDONYM
-from usage_history import lab, write
+from usage_history import gpu_hour, lab, write
 
 USED = ("active", "idle_held", "reserved_unused", "trespass", "unreserved")
 CATEGORIES = (*USED, "free", "lost")
@@ -262,6 +262,27 @@ def test_a_host_that_knows_no_zone_by_name_is_asked_with_the_browsers_offset(pag
         offset = datetime.now(ZoneInfo(ZONE)).strftime("%z")
         assert page.js("return document.body.dataset.zone") == offset[:3] + ":" + offset[3:]
         check_bars(page, server)
+    finally:
+        server.stop()
+
+
+def test_past_eight_users_the_rest_are_one_segment_as_tall_as_their_hours(page, tmp_path):
+    # ten users, user-N computing N hours on the day before yesterday (UTC), each on a GPU
+    day = int(time.time() // 86400 * 86400) - 2 * 86400
+    hours = [(day + (h + 1) * 3600, [gpu_hour(n, "claimed", f"u{n}", True, [(f"u{n}", True)],
+                                               busy=60) for n in range(1, 11) if h < n])
+             for h in range(10)]
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    write(str(state / "usage.sqlite3"), hours)
+    server = store_daemon(state)
+    try:
+        assert opened(page, server.url + "/report", zone="UTC") == "shown"
+        assert legend(page, "by-user") == [f"u{n}" for n in range(10, 2, -1)] + ["2 others"]
+        scale, segments, _ = bars(page, "by-user")
+        drawn = {s["series"]: s["height"] / scale for s in segments}
+        assert drawn.pop("\u0000others") == pytest.approx(1 + 2)  # u1 and u2
+        assert drawn == pytest.approx({f"u{n}": float(n) for n in range(3, 11)})
     finally:
         server.stop()
 
