@@ -35,8 +35,9 @@ ENDPOINTS = {
     "/queue": "the requests waiting, in order",
     "/users": "per user: GPUs held, unused, used without asking, idle; limits",
     "/history[?since=T]": "the recent events of the audit record",
-    "/usage[?since=T][&until=T][&by=K]": "GPU-hours per category (active, idle-held, "
-                                         "reserved-unused, ...) by user, account, job, GPU, day",
+    "/usage[?since=T][&until=T][&by=K[,K]][&tz=Z]": "GPU-hours per category (active, "
+                                                    "idle-held, reserved-unused, ...) by user, "
+                                                    "account, job, GPU, day, weekday, hour",
     "/report": "the usage report's page: GPU-hours per day and user, when, idle and unused",
     "/whoami": "who the daemon takes the caller for (whom /request would hold devices for)",
     "/events": "the page's live feed (Server-Sent Events)",
