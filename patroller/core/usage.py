@@ -35,6 +35,12 @@ UNUSED = ("free", "lost")  # GPU-time nobody held: left out of a report's order 
 STATES = ("free", "reserved", "claimed", "shared", "allocated", "lost", "withheld")
 # What a report groups GPU-time by.
 BY = ("user", "account", "job", "slurm_account", "namespace", "pod", "gpu", "day")
+# ... and, for a report's grouping of its own or under another key, the place of each hour in
+# the week: its weekday and its hour of the day (local time, where a report asks for a zone).
+CYCLES = ("weekday", "hour")
+WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+# Keys kept in time's order in a report, not ordered by use.
+IN_TIME = ("day", "weekday", "hour")
 
 
 @dataclass(frozen=True)
@@ -174,3 +180,51 @@ def _hours(row: Dict[str, float]) -> Dict[str, float]:
 
 def _share(part: float, whole: float) -> float:
     return round(part / whole, 4) if whole > 0 else 0.0
+
+
+Key = Optional[str]
+Grouped = Tuple[Tuple[Key, ...], str, float]  # (a key per grouping, category, seconds)
+
+
+def summarize_grouped(totals: Iterable[Grouped], by: Tuple[str, ...]) -> Dict[str, Any]:
+    """`summarize`, grouped by one key or two (`by`): a row per key (per pair of keys, whose
+    `key` is then a list of the two). Rows in order of the first key, then of the second
+    within it: a key of IN_TIME in time's order, any other by use (the most first), as
+    `summarize` orders them; null keys after the others."""
+    rows: Dict[Tuple[Key, ...], Dict[str, float]] = {}
+    whole = dict.fromkeys(CATEGORIES, 0.0)
+    for key, category, seconds in totals:
+        if category not in whole:
+            continue  # a category a later version added: not this report's
+        row = rows.setdefault(tuple(key), dict.fromkeys(CATEGORIES, 0.0))
+        row[category] += seconds
+        whole[category] += seconds
+    everything = sum(whole.values())
+    # GPU-seconds (used, then all) of every leading part of a key, for the order by use
+    sums: Dict[Tuple[Key, ...], Tuple[float, float]] = {}
+    for key, row in rows.items():
+        used = sum(s for c, s in row.items() if c not in UNUSED)
+        for n in range(1, len(key) + 1):
+            was = sums.get(key[:n], (0.0, 0.0))
+            sums[key[:n]] = (was[0] + used, was[1] + sum(row.values()))
+
+    def order(key: Tuple[Key, ...]) -> Tuple[object, ...]:
+        parts: List[object] = []
+        for n, (name, value) in enumerate(zip(by, key)):
+            if value is None:
+                parts.append((1, 0.0, 0.0, ""))
+            elif name in IN_TIME:
+                place = WEEKDAYS.index(value) if name == "weekday" and value in WEEKDAYS else 0
+                parts.append((0, 0.0, float(place), value))
+            else:
+                used, every = sums[key[:n + 1]]
+                parts.append((0, -round(used, 6), -round(every, 6), value))
+        return tuple(parts)
+
+    entries = [{"key": list(key) if len(by) > 1 else key[0], "hours": _hours(row),
+                "gpu_hours": round(sum(row.values()) / HOUR, 6),
+                "share": _share(sum(row.values()), everything)}
+               for key, row in sorted(rows.items(), key=lambda item: order(item[0]))]
+    return {"rows": entries,
+            "total": {"hours": _hours(whole), "gpu_hours": round(everything / HOUR, 6),
+                      "shares": {c: _share(s, everything) for c, s in whole.items()}}}

@@ -1,6 +1,7 @@
 """The web page's handlers: / (the page for a browser, the endpoints as JSON for a program),
 /web/<file> (its script and style, only what the package ships), /events (its live feed,
-Server-Sent Events), and with --fleet the fleet's page, /fleet, and its data, /fleet.json."""
+Server-Sent Events), the usage report's page, /report, and with --fleet the fleet's page,
+/fleet, and its data, /fleet.json."""
 from __future__ import annotations
 
 import asyncio
@@ -34,8 +35,10 @@ ENDPOINTS = {
     "/queue": "the requests waiting, in order",
     "/users": "per user: GPUs held, unused, used without asking, idle; limits",
     "/history[?since=T]": "the recent events of the audit record",
-    "/usage[?since=T][&until=T][&by=K]": "GPU-hours per category (active, idle-held, "
-                                         "reserved-unused, ...) by user, account, job, GPU, day",
+    "/usage[?since=T][&until=T][&by=K[,K]][&tz=Z]": "GPU-hours per category (active, "
+                                                    "idle-held, reserved-unused, ...) by user, "
+                                                    "account, job, GPU, day, weekday, hour",
+    "/report": "the usage report's page: GPU-hours per day and user, when, idle and unused",
     "/whoami": "who the daemon takes the caller for (whom /request would hold devices for)",
     "/events": "the page's live feed (Server-Sent Events)",
     "/web/{name}": "the page's scripts and style (a browser at / gets the page)",
@@ -84,6 +87,17 @@ class IndexHandler(PageView):
             return
         self.send({"name": "patroller", "version": __version__, "mode": self.services.mode,
                    "devices": len(self.services.inventory), "endpoints": ENDPOINTS})
+
+
+class ReportHandler(PageView):
+    """The usage report's page (/report): it asks /usage for what it draws, and says why when
+    there is no store."""
+
+    def get(self) -> None:
+        page = self.api.web.get("report.html")
+        if page is None:
+            raise tornado.web.HTTPError(404, "the report page is not installed")
+        self.send_page(page)
 
 
 def no_fleet() -> tornado.web.HTTPError:

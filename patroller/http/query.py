@@ -4,12 +4,13 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Dict, Mapping, Optional, Sequence
+import zoneinfo
+from datetime import datetime, timedelta, timezone, tzinfo
+from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 from patroller import durations
 from patroller.core.errors import BadRequest
-from patroller.core.usage import BY as USAGE_BY
+from patroller.core.usage import BY as USAGE_BY, CYCLES
 
 MAX_QUERY = 2048  # bytes of query string
 MAX_GROUPS = 16
@@ -201,31 +202,44 @@ def parse_history(args: Args) -> History:
 
 USAGE_SINCE = 7 * 86400.0  # the default range: the last week
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}\Z")
+USAGE_KEYS = (*USAGE_BY, *CYCLES)  # what by= may name, alone or two of them
+_OFFSET = re.compile(r"([+-])(\d{2}):?(\d{2})?\Z")
 
 
 @dataclass(frozen=True)
 class UsageRange:
-    """A /usage: GPU-time over [since, until) (epoch seconds), grouped by `by`."""
+    """A /usage: GPU-time over [since, until) (epoch seconds), grouped by `by` (one key, or two
+    joined by a comma), the time of day and the days read in `tz`."""
 
     since: float
     until: float
     by: str = "user"
+    tz: str = "UTC"  # as given: UTC, an offset (+02:00) or a zone's name (Europe/Paris)
+    zone: tzinfo = timezone.utc
+
+    @property
+    def keys(self) -> Tuple[str, ...]:
+        return tuple(self.by.split(","))
 
 
 def parse_usage(args: Args, now: float) -> UsageRange:
     """since= and until= (a duration before `now`, 7d, or an ISO date or time; default the last
-    7 days up to now) and by= (user= is `parse_user`'s). A range that is malformed, in the
-    future or reversed is a BadRequest naming its `field`."""
+    7 days up to now), by= (a key, or two: day,user) and tz= (user= is `parse_user`'s). A range
+    that is malformed, in the future or reversed is a BadRequest naming its `field`, as is a
+    by= or tz= that is not one."""
     for name in args:
-        if name not in ("since", "until", "by", "user"):
-            raise BadRequest(f"/usage takes since=, until= and by= (and user= in test mode), "
-                             f"not {name[:64]}=", field=name[:64])
+        if name not in ("since", "until", "by", "tz", "user"):
+            raise BadRequest(f"/usage takes since=, until=, by= and tz= (and user= in test "
+                             f"mode), not {name[:64]}=", field=name[:64])
     by = _single(args, "by") or "user"
-    if by not in USAGE_BY:
-        raise BadRequest(f"by={by[:32]!r}: must be one of {', '.join(USAGE_BY)}", field="by",
-                         by=list(USAGE_BY))
-    since = _moment(args, "since", now, now - USAGE_SINCE)
-    until = _moment(args, "until", now, now)
+    keys = by.split(",")
+    if by not in USAGE_BY and (len(keys) > 2 or len(set(keys)) < len(keys)
+                               or not set(keys) <= set(USAGE_KEYS)):
+        raise BadRequest(f"by={by[:32]!r}: must be one of {', '.join(USAGE_KEYS)}, or two of "
+                         "them joined by a comma (day,user)", field="by", by=list(USAGE_KEYS))
+    tz, zone = _zone(_single(args, "tz"))
+    since = _moment(args, "since", now, now - USAGE_SINCE, zone)
+    until = _moment(args, "until", now, now, zone)
     for name, moment in (("since", since), ("until", until)):
         if moment > now:
             raise BadRequest(f"{name}= is in the future: a report covers what has happened",
@@ -233,11 +247,33 @@ def parse_usage(args: Args, now: float) -> UsageRange:
     if since >= until:
         raise BadRequest("since= is not before until=: the range is reversed or empty",
                          field="since")
-    return UsageRange(since=since, until=until, by=by)
+    return UsageRange(since=since, until=until, by=by, tz=tz, zone=zone)
 
 
-def _moment(args: Args, name: str, now: float, default: float) -> float:
-    """A time given as a duration before `now` or as an ISO date (midnight UTC) or time."""
+def _zone(text: Optional[str]) -> Tuple[str, tzinfo]:
+    """tz=: UTC (the default), an offset from UTC (+02:00, -0530, +09) or the name of a zone
+    the host knows (Europe/Paris); as given, and as a tzinfo."""
+    if text is None or text in ("UTC", "Z"):
+        return "UTC", timezone.utc
+    given = text.strip().replace(" ", "+", 1) if text.startswith(" ") else text.strip()
+    offset = _OFFSET.match(given)
+    if offset is not None:
+        sign, hours, minutes = offset.groups()
+        moved = int(hours) * 60 + int(minutes or 0)
+        if int(minutes or 0) >= 60 or moved > 14 * 60:
+            raise BadRequest(f"tz={given[:16]!r}: an offset from UTC is at most 14:00", field="tz")
+        return given, timezone((-1 if sign == "-" else 1) * timedelta(minutes=moved))
+    try:  # zoneinfo refuses a path (absolute, or with ..): only the zone database is read
+        return given, zoneinfo.ZoneInfo(given)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
+        pass
+    raise BadRequest(f"tz={given[:40]!r} is neither UTC, an offset from UTC (+02:00) nor the name "
+                     "of a time zone this host knows (Europe/Paris)", field="tz")
+
+
+def _moment(args: Args, name: str, now: float, default: float,
+            zone: tzinfo = timezone.utc) -> float:
+    """A time given as a duration before `now` or as an ISO date (midnight in `zone`) or time."""
     text = _single(args, name)
     if text is None:
         return default
@@ -255,6 +291,6 @@ def _moment(args: Args, name: str, now: float, default: float) -> float:
     if moment.tzinfo is None:
         if not _DATE.match(text.strip()):
             raise BadRequest(f"{name}= needs a time zone (2026-11-01T08:00:00Z), or give a "
-                             "date alone (midnight UTC)", field=name)
-        moment = moment.replace(tzinfo=timezone.utc)
+                             "date alone (midnight UTC, or in tz=)", field=name)
+        moment = moment.replace(tzinfo=zone)
     return moment.timestamp()

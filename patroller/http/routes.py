@@ -24,7 +24,7 @@ from patroller.http.usage import UsageHandler
 from patroller.http.live import LiveFeed
 from patroller.http.metrics import Registries
 from patroller.http.page import (EventsHandler, FleetHandler, FleetJsonHandler, IndexHandler,
-                                 WebHandler, web_files)
+                                 ReportHandler, WebHandler, web_files)
 from patroller.http.encoding import dumps
 from patroller.http.statusview import StatusView
 from patroller.http.views import DevicesView, page_snapshot
@@ -95,6 +95,7 @@ def make_app(api: Api) -> tornado.web.Application:
         (r"/users", UsersHandler),
         (r"/history", HistoryHandler),
         (r"/usage", UsageHandler),
+        (r"/report", ReportHandler),
         (r"/whoami", WhoAmIHandler),
         (r"/events", EventsHandler),
         (r"/web/([A-Za-z0-9_.-]{1,64})", WebHandler),

@@ -1,24 +1,27 @@
 """GET /usage: GPU-hours per category over a range, by user, host account, Slurm job or
-account, Kubernetes namespace or pod, GPU or day, from the usage store (state/usage), as the
-caller may see it.
+account, Kubernetes namespace or pod, GPU, day, weekday or hour of the day, or by two of these
+(day,user; weekday,hour), from the usage store (state/usage), as the caller may see it.
 
 The store's reader sums the GPU-seconds off the event loop; what is left here is small (a row
-per key, user and category). With --hide-users a caller sees the users other than themselves
-as their pseudonyms, as everywhere (hiding.py); a host account, Slurm job or account,
-namespace or pod is shown when every user counted under it is one the caller may see, and
-otherwise as a pseudonym of its own (`account` as /users shows it, the others `job-`, `pod-`,
-... and 12 hex digits), so that its GPU-hours are still told apart but name no one. GPUs and
-days name no one.
+per key, user and category). One key of state/usage/queries.py, in UTC, is its report; two
+keys, a weekday or an hour, or a time zone (tz=) are state/usage/groupings.py's.
+
+With --hide-users a caller sees the users other than themselves as their pseudonyms, as
+everywhere (hiding.py); a host account, Slurm job or account, namespace or pod is shown when
+every user counted under it is one the caller may see, and otherwise as a pseudonym of its own (`account` as /users shows it, the others `job-`, `pod-`,
+... and 12 hex digits), so that its GPU-hours are still told apart but name no one. GPUs, days,
+weekdays and hours name no one. Each of two keys is shown as it would be alone.
 """
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List, Optional, Set
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import tornado.web
 
 from patroller.core.errors import Unavailable
-from patroller.core.usage import CATEGORIES, Total, summarize
+from patroller.core.usage import (BY, CATEGORIES, CYCLES, Grouped, Total, summarize,
+                                  summarize_grouped)
 from patroller.http import query
 from patroller.http.handlers import View
 from patroller.http.hiding import Redaction, Viewer
@@ -27,11 +30,11 @@ from patroller.state.pseudonyms import PREFIX, Pseudonyms
 from patroller.state.usage.queries import Row, Totals
 from patroller.state.usage.store import READ_ONLY
 
-NAMELESS = ("gpu", "day")  # groupings whose keys name no one
+NAMELESS = ("gpu", "day", *CYCLES)  # groupings whose keys name no one
 
 
 class UsageHandler(View):
-    """The usage report: ?since=&until=&by= (query.parse_usage)."""
+    """The usage report: ?since=&until=&by=&tz= (query.parse_usage)."""
 
     async def get(self) -> None:
         store = self.services.usage
@@ -47,12 +50,18 @@ class UsageHandler(View):
         viewer: Optional[Viewer] = None
         if self.api.hiding is not None:
             viewer = await self.viewer(query.parse_user(args))
-        totals = await store.report(asked.since, asked.until, asked.by)
         pseudonyms = self.services.pseudonyms
-        rename = (keys_seen(asked.by, viewer, pseudonyms)
-                  if viewer is not None and pseudonyms is not None else None)
-        self.send(report(totals, asked, self.services.config.usage_interval,
-                         self.services.config.usage_busy_sm, rename))
+        config = self.services.config
+        if asked.by in BY and asked.tz == "UTC":  # one key of its own, in UTC
+            totals = await store.report(asked.since, asked.until, asked.by)
+            rename = (keys_seen(asked.by, viewer, pseudonyms)
+                      if viewer is not None and pseudonyms is not None else None)
+            self.send(report(totals, asked, config.usage_interval, config.usage_busy_sm, rename))
+            return
+        totals = await store.grouped(asked.since, asked.until, asked.keys, asked.zone)
+        renamed = (pairs_seen(asked.keys, viewer, pseudonyms)
+                   if viewer is not None and pseudonyms is not None else None)
+        self.send(grouped(totals, asked, config.usage_interval, config.usage_busy_sm, renamed))
 
 
 Rename = Callable[[List[Row]], List[Total]]
@@ -76,6 +85,37 @@ def keys_seen(by: str, viewer: Viewer, pseudonyms: Pseudonyms) -> Rename:
     return rename
 
 
+RenameGrouped = Callable[[List[Any]], List[Grouped]]
+
+
+def pairs_seen(keys: Tuple[str, ...], viewer: Viewer, pseudonyms: Pseudonyms) -> RenameGrouped:
+    """The keys of a grouped report's totals as `viewer` may see them: each as `keys_seen`
+    shows a key of its kind alone (a user by name or pseudonym; an account, job, ... by name
+    when every user counted under it, in the whole range, is one the viewer may see)."""
+    redaction = Redaction(viewer, pseudonyms)
+
+    def rename(rows: List[Any]) -> List[Grouped]:
+        if viewer.everything:
+            return [(key, category, seconds) for key, _, category, seconds in rows]
+        shown: List[Dict[Optional[str], Optional[str]]] = []
+        for n, by in enumerate(keys):
+            values = {key[n] for key, *_ in rows}
+            if by in NAMELESS:
+                shown.append({value: value for value in values})
+            elif by == "user":
+                shown.append({value: redaction.name(value) for value in values})
+            else:
+                users: Dict[Optional[str], Set[Optional[str]]] = {}
+                for key, user, _, _ in rows:
+                    users.setdefault(key[n], set()).add(user)
+                shown.append({value: value if value is None or all(viewer.sees(u) for u in named)
+                              else pseudonym(by, value, pseudonyms)
+                              for value, named in users.items()})
+        return [(tuple(shown[n][value] for n, value in enumerate(key)), category, seconds)
+                for key, _, category, seconds in rows]
+    return rename
+
+
 def pseudonym(by: str, key: str, pseudonyms: Pseudonyms) -> str:
     """A hidden key: a host account as /users hides it, anything else `<by>-<12 hex>`."""
     if by == "account":
@@ -92,7 +132,26 @@ def report(totals: Totals, asked: query.UsageRange, interval: float, busy_sm: fl
     if asked.by == "gpu":
         for row in summary["rows"]:
             row["number"] = totals.numbers.get(row["key"])
+    return {**_head(totals, asked, interval, busy_sm), **summary}
+
+
+def grouped(totals: Totals, asked: query.UsageRange, interval: float, busy_sm: float,
+            rename: Optional[RenameGrouped] = None) -> Dict[str, Any]:
+    """The /usage answer by two keys, or by one in a time zone: as `report`'s, each row's key
+    a list of the two keys (by=day,user: ["2026-11-02", "alice"]), or the one key."""
+    rows = (rename(totals.rows) if rename is not None
+            else [(key, category, seconds) for key, _, category, seconds in totals.rows])
+    summary = summarize_grouped(rows, asked.keys)
+    if "gpu" in asked.keys:
+        where = asked.keys.index("gpu")
+        for row in summary["rows"]:
+            key = row["key"] if len(asked.keys) > 1 else [row["key"]]
+            row["number"] = totals.numbers.get(key[where])
+    return {**_head(totals, asked, interval, busy_sm), **summary}
+
+
+def _head(totals: Totals, asked: query.UsageRange, interval: float,
+          busy_sm: float) -> Dict[str, Any]:
     return {"since": iso_time(asked.since), "until": iso_time(asked.until), "by": asked.by,
-            "first": iso_time(totals.first) if totals.first is not None else None,
-            "interval": interval, "busy_sm": busy_sm, "categories": list(CATEGORIES),
-            **summary}
+            "tz": asked.tz, "first": iso_time(totals.first) if totals.first is not None else None,
+            "interval": interval, "busy_sm": busy_sm, "categories": list(CATEGORIES)}

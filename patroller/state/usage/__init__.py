@@ -2,7 +2,8 @@
 
 Owns: the store's file and its schema with the migrations (schema.py), its one writer thread,
 the set-aside of a file it cannot use, the folding of old rows into daily totals, and its
-reader (store.py), the reports' queries (queries.py), and the sampler that takes a sample of
-every GPU on the event loop and hands it to the writer (sampler.py).
+reader (store.py), the reports' queries (queries.py; by two keys, or in a time zone,
+groupings.py), and the sampler that takes a sample of every GPU on the event loop and hands
+it to the writer (sampler.py).
 May import: `patroller.observe`, `patroller.config`, `patroller.core`; Tornado.
 """

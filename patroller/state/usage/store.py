@@ -32,13 +32,14 @@ import time
 import urllib.parse
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from datetime import tzinfo
 from typing import Any, Callable, Deque, Dict, Optional, Sequence, Tuple
 
 from patroller.config import Config
 from patroller.core.errors import Unavailable
 from patroller.core.throttle import Throttle
 from patroller.core.usage import GpuSample
-from patroller.state.usage import queries, schema, tables
+from patroller.state.usage import groupings, queries, schema, tables
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +145,17 @@ class UsageStore:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._reader, self._read, since, until, by)
 
-    def _read(self, since: float, until: float, by: str) -> queries.Totals:
+    async def grouped(self, since: float, until: float, by: Tuple[str, ...],
+                      zone: tzinfo) -> queries.Totals:
+        """GPU-seconds by one key or two (`by`), their time in `zone`, over [since, until)
+        (groupings.py), read off the event loop as `report` is; each row's key is a tuple."""
+        if self._reader is None:
+            self._reader = ThreadPoolExecutor(1, thread_name_prefix="usage-reader")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._reader, self._read, since, until, by, zone)
+
+    def _read(self, since: float, until: float, by: Any,
+              zone: Optional[tzinfo] = None) -> queries.Totals:
         try:
             if self._read_db is None or self._read_generation != self._generation:
                 self._close_reader()
@@ -156,6 +167,8 @@ class UsageStore:
                     timeout=self.config.usage_busy_timeout, check_same_thread=False)
             if schema.version(self._read_db) != schema.LATEST:
                 return queries.Totals()  # the writer has not made it a store yet
+            if zone is not None:
+                return groupings.totals(self._read_db, since, until, by, zone)
             return queries.totals(self._read_db, since, until, by)
         except (sqlite3.Error, OSError, schema.NotAStore) as exc:
             self._close_reader()
