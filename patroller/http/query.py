@@ -220,6 +220,9 @@ def parse_usage(args: Args, now: float) -> UsageRange:
         if name not in ("since", "until", "by", "user"):
             raise BadRequest(f"/usage takes since=, until= and by= (and user= in test mode), "
                              f"not {name[:64]}=", field=name[:64])
+        if len(args[name]) > 1:
+            raise BadRequest(f"{name}= is given {len(args[name])} times; give it once",
+                             field=name)
     by = _single(args, "by") or "user"
     if by not in USAGE_BY:
         raise BadRequest(f"by={by[:32]!r}: must be one of {', '.join(USAGE_BY)}", field="by",
