@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
 from patroller import answers, client, hosts
 from patroller.answers import BadAnswer, check
@@ -93,15 +93,25 @@ def said(why: str) -> str:
 def ask_all(hosts: List[str], timeout: float, mine: bool = False) -> List[HostAnswer]:
     """Every host's answer, in the order given, within about `timeout` seconds in all (and
     with `mine`, who the caller is there)."""
+    return at_once(hosts, lambda host: _ask(host, timeout, mine),
+                   timeout * (3 if mine else 2) + 1,  # each request bounded
+                   lambda host: HostAnswer(host, error=f"no answer within {timeout:g} s"))
+
+
+Answer = TypeVar("Answer")
+
+
+def at_once(hosts: List[str], ask: Callable[[str], Answer], deadline: float,
+            late: Callable[[str], Answer]) -> List[Answer]:
+    """`ask(host)` for every host at once (a thread each), in the order given; `late(host)` for
+    a host not done within `deadline` seconds in all, which is left behind, not waited for."""
     if not hosts:
         return []
     pool = ThreadPoolExecutor(max_workers=min(32, len(hosts)))
-    futures = [pool.submit(_ask, host, timeout, mine) for host in hosts]
-    wait(futures, timeout=timeout * (3 if mine else 2) + 1)  # each request bounded
-    pool.shutdown(wait=False)  # a host stuck past that is left behind, not waited for
-    return [f.result() if f.done() else
-            HostAnswer(host, error=f"no answer within {timeout:g} s")
-            for host, f in zip(hosts, futures)]
+    futures = [pool.submit(ask, host) for host in hosts]
+    wait(futures, timeout=deadline)
+    pool.shutdown(wait=False)
+    return [f.result() if f.done() else late(host) for host, f in zip(hosts, futures)]
 
 
 def fleet_table(answers: List[HostAnswer], colour: bool = False, width: Optional[int] = None,
