@@ -17,7 +17,7 @@ from dataclasses import replace
 import pytest
 
 from helpers import ROOT, ServerProcess
-from liars import LyingServer
+from liars import LyingServer, trickle
 from patroller.core.usage import Party, Present
 from patroller.state.usage import schema, tables
 from test_fleet import ENV
@@ -178,6 +178,20 @@ def test_many_hosts_are_summed_and_each_one_that_does_not_answer_is_a_line(hosts
                        "/usage.rows[0].hours.'active' is a string, not a number of hours")
     assert tail[4] == "6 hosts asked, 4 not answering"
     assert took < 8, took  # the silent host held nobody up past its second
+
+
+def test_a_host_that_trickles_is_left_behind_at_the_deadline(hosts):
+    slow = LyingServer({"/usage": trickle}).start()
+    try:
+        started = time.monotonic()
+        done = patroller("--hosts", f"{hosts['one'].server},{slow.host}", "--host-timeout", "1")
+        took = time.monotonic() - started
+    finally:
+        slow.shutdown()
+    assert done.returncode == 0, done.stderr
+    assert f"{slow.host}  not answering: no answer within 1 s" in done.stdout
+    assert rows_of(done.stdout)["alice"][0] == "2.00"
+    assert took < 10, took  # one second, and one more for them all; not for ever
 
 
 def test_by_gpu_over_hosts_keeps_each_hosts_gpus_apart_and_json_names_the_hosts(hosts):
