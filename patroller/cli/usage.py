@@ -155,7 +155,7 @@ def table(answer: Dict[str, Any], colour: bool = False, width: Optional[int] = N
     if not answer["rows"]:
         return f"no GPU-time recorded: {title(answer)[len('GPU-hours '):]}\n"
     key = KEYS.get(by, by.upper())
-    categories = [c for c in answer["categories"]]
+    categories = list(answer["categories"])
     names = [COLUMNS.get(c, c.upper()) for c in categories]
     headers = [key, "GPU-HOURS", "SHARE", *names] + (["UUID"] if by == "gpu" else [])
     rows = []
