@@ -85,7 +85,7 @@ class Daemon:
                 raise StartError(str(exc)) from None
         if services.pseudonyms is not None:  # its key lives in the book's directory, made now
             try:
-                services.pseudonyms.open()
+                services.pseudonyms.open(services.book is not None and services.book.read_only)
             except PseudonymError as exc:
                 if services.book is not None:
                     services.book.close()

@@ -10,6 +10,7 @@ import copy
 import http.server
 import json
 import threading
+import time
 from typing import Any, Callable, Dict, Iterator, Optional, Union
 
 Answer = Union[bytes, Callable[["Handler"], None]]  # a body, or a writer of the whole answer
@@ -78,6 +79,20 @@ def endless(handler: Handler) -> None:
             handler.wfile.write(piece)
             handler.server.sent_endless += len(piece)
     except OSError:  # the reader stopped reading and closed
+        pass
+
+
+def trickle(handler: Handler) -> None:
+    """An answer that never ends, a byte at a time, each well within the reader's timeout."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.end_headers()
+    try:
+        while True:
+            handler.wfile.write(b" ")
+            handler.wfile.flush()
+            time.sleep(0.2)
+    except OSError:  # the reader hung up
         pass
 
 

@@ -419,7 +419,7 @@ def test_a_failing_write_is_logged_now_and_then_and_breaks_nothing(tmp_path, clo
         assert book.refusal() == (f"the lease book {path} cannot be written (Is a directory): no "
                                   "reservation is handed out until it can; try again shortly")
         assert book.metrics() == {"path": str(path), "writes": 2, "failures": 5,
-                                  "writable": False}
+                                  "writable": False, "read_only": False}
         clock.advance(Config().repeat_log_every)
         leases.request(bob, {"gpu": 1})
         errors = [r for r in caplog.records if r.levelno == logging.ERROR]
@@ -433,7 +433,7 @@ def test_a_failing_write_is_logged_now_and_then_and_breaks_nothing(tmp_path, clo
             f"lease book {path} is written again (6 write(s) failed); reservations are handed "
             "out again")
         assert book.metrics() == {"path": str(path), "writes": 3, "failures": 6,
-                                  "writable": True}
+                                  "writable": True, "read_only": False}
     book.close()
 
 

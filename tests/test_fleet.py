@@ -12,6 +12,7 @@ import urllib.request
 import pytest
 
 from helpers import ROOT, ServerProcess
+from liars import LyingServer, trickle
 
 ENV = {**os.environ, "PYTHONPATH": ROOT}
 
@@ -87,3 +88,13 @@ def test_free_without_hosts_is_this_hosts_and_a_missing_file_is_a_usage_error(fl
     assert (done.returncode, done.stdout) == (0, f"{fleet[0]}  1 free\n"), done.stderr
     done = patroller("status", "--hosts-file", str(tmp_path / "none"))
     assert done.returncode == 2 and "--hosts-file" in done.stderr
+
+
+def test_a_host_that_trickles_its_answer_is_left_behind_and_the_command_ends(fleet):
+    slow = LyingServer({"/status": trickle}).start()
+    try:
+        done = patroller("status", "--hosts", f"{fleet[0]},{slow.host}", "--host-timeout", "1")
+    finally:
+        slow.shutdown()
+    assert done.returncode == 0, done.stderr  # before: it never ended (a pool's thread, joined)
+    assert f"{slow.host}  not answering: no answer within 1 s" in done.stdout

@@ -286,7 +286,12 @@ async def test_bad_ranges_are_400_naming_the_field_and_no_store_is_404(tmp_path)
     async with running(state_dir=str(tmp_path / "state"), usage_interval=0.2) as h:
         for path, field in (("/usage?since=soon", "since"), ("/usage?until=2999-01-01", "until"),
                             ("/usage?since=1h&until=2h", "since"), ("/usage?by=team", "by"),
-                            ("/usage?since=2026-13-01", "since"), ("/usage?group=x", "group")):
+                            ("/usage?since=2026-13-01", "since"), ("/usage?group=x", "group"),
+                            ("/usage?until=soon", "until"), ("/usage?since=2999-01-01", "since"),
+                            ("/usage?since=-1h", "since"),
+                            ("/usage?until=2026-11-01T08:00", "until"),
+                            ("/usage?since=2026-11-02&until=2026-11-01", "since"),
+                            ("/usage?by=user&by=gpu", "by")):
             code, body = await h.call(path)
             assert code == 400 and body["field"] == field and field in body["error"], path
             assert list(undocumented(body, answer_schema("/usage", "get", 400))) == []

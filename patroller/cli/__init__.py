@@ -1,4 +1,4 @@
-"""The command line: `patroller run|status|release|wait|reserve`.
+"""The command line: `patroller run|status|release|wait|reserve|report|...`.
 
 Owns: parsing the commands, talking to the server through `patroller.client`, rendering what it
 answers, exit statuses. May import: the standard library, `patroller.client`,

@@ -1,4 +1,4 @@
-"""The command line people type: `patroller run|status|release|wait|reserve|systemd-unit`.
+"""The command line people type: `patroller run|status|release|wait|reserve|report|...`.
 
 Standard library and `patroller.client` only, so that it works wherever the client is installed
 (a container with the socket directory mounted) without Tornado or Docker. `patroller` with
@@ -18,6 +18,7 @@ import patroller.cli.fleet as fleet
 from patroller.cli.exits import (EX_INTERRUPTED, EX_NOPERM, EX_OK, EX_TEMPFAIL, EX_UNAVAILABLE,
                                  EX_USAGE, Failure, error_text, refused_code)
 from patroller.cli.records import history_command, queue_command, users_command
+from patroller.cli.report import add_parser as add_report
 from patroller.cli.render import (amount, describe, duration, numbers_of, release_message,
                                    use_colour)
 from patroller.cli.run import optional_queue, optional_users, run_command
@@ -27,7 +28,7 @@ from patroller.cli.unit import unit_command
 from patroller.client import PatrollerError, RequestRefused, ServerUnreachable
 
 COMMANDS = ("run", "status", "release", "wait", "reserve", "history", "users", "queue",
-            "systemd-unit")
+            "report", "systemd-unit")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -147,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     queue = commands.add_parser("queue", parents=[table], help="the waiting requests",
                                 description="The waiting requests, in arrival order.")
     queue.set_defaults(handler=queue_command)
+    add_report(commands, common, seconds_arg)
     unit = commands.add_parser("systemd-unit", help="print the systemd unit for this install",
                                description="Print the systemd unit that runs this "
                                "installation's daemon: patroller systemd-unit > "

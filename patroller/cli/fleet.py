@@ -1,6 +1,6 @@
 """`patroller status --hosts h1:port,h2:port,...`: the GPUs of many hosts in one table.
 
-Every host is asked at once (a thread each), each with its own timeout: a host that does not
+Every host is asked at once (a thread each, up to 32), each with its own timeout: a host that does not
 answer in time, or at all, is a line of its own saying so and why, and never holds up the
 rest; so is one that answers more than HOST_MAX_BYTES (nothing past them is read) or other than
 Patroller's schema says (answers.check): "not answering: bad answer: " and why. `--free N`
@@ -11,9 +11,9 @@ JSON; `--mine` asks each host who the caller is there (/whoami) and keeps their 
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor, wait
+import threading
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
 from patroller import answers, client, hosts
 from patroller.answers import BadAnswer, check
@@ -93,15 +93,51 @@ def said(why: str) -> str:
 def ask_all(hosts: List[str], timeout: float, mine: bool = False) -> List[HostAnswer]:
     """Every host's answer, in the order given, within about `timeout` seconds in all (and
     with `mine`, who the caller is there)."""
+    return at_once(hosts, lambda host: _ask(host, timeout, mine),
+                   timeout * (3 if mine else 2) + 1,  # each request bounded
+                   lambda host: HostAnswer(host, error=f"no answer within {timeout:g} s"))
+
+
+Answer = TypeVar("Answer")
+
+
+def at_once(hosts: List[str], ask: Callable[[str], Answer], deadline: float,
+            late: Callable[[str], Answer]) -> List[Answer]:
+    """`ask(host)` for every host at once (up to 32 threads), in the order given; `late(host)`
+    for a host not done within `deadline` seconds in all. The threads are daemon threads: one
+    stuck on a host that trickles its answer (each read within the timeout) is left behind, and
+    does not hold the command's exit (a pool's threads are joined at exit)."""
     if not hosts:
         return []
-    pool = ThreadPoolExecutor(max_workers=min(32, len(hosts)))
-    futures = [pool.submit(_ask, host, timeout, mine) for host in hosts]
-    wait(futures, timeout=timeout * (3 if mine else 2) + 1)  # each request bounded
-    pool.shutdown(wait=False)  # a host stuck past that is left behind, not waited for
-    return [f.result() if f.done() else
-            HostAnswer(host, error=f"no answer within {timeout:g} s")
-            for host, f in zip(hosts, futures)]
+    found: Dict[int, Any] = {}
+    lock = threading.Lock()
+    finished = threading.Event()
+    pending = iter(range(len(hosts)))
+
+    def work() -> None:
+        while True:
+            with lock:
+                n = next(pending, None)
+            if n is None:
+                return
+            try:
+                answer: Any = ask(hosts[n])
+            except Exception as exc:  # raised in the caller's thread, as it would have been
+                answer = exc
+            with lock:
+                found[n] = answer
+                if len(found) == len(hosts):
+                    finished.set()
+
+    for _ in range(min(32, len(hosts))):
+        threading.Thread(target=work, name="ask-host", daemon=True).start()
+    finished.wait(deadline)
+    with lock:
+        answers = [found[n] if n in found else late(host) for n, host in enumerate(hosts)]
+    for answer in answers:
+        if isinstance(answer, Exception):
+            raise answer
+    return answers
 
 
 def fleet_table(answers: List[HostAnswer], colour: bool = False, width: Optional[int] = None,

@@ -5,6 +5,7 @@ config/trust.py says, writable, with room) and the lease book in it, and the Slu
 are pure, over what they read."""
 from __future__ import annotations
 
+import errno
 import os
 import time
 from dataclasses import dataclass
@@ -70,9 +71,12 @@ def probe_state(directory: Optional[str], proc: str = "/proc") -> StateFacts:
                                                               proc))
 
 
+READ_ONLY = os.strerror(errno.EROFS)  # "Read-only file system": why a probe there failed
+
+
 def _readonly(folder: str) -> Optional[str]:
     try:
-        return "Read-only file system" if os.statvfs(folder).f_flag & os.ST_RDONLY else None
+        return READ_ONLY if os.statvfs(folder).f_flag & os.ST_RDONLY else None
     except OSError:
         return None
 
@@ -143,6 +147,11 @@ def check_state(facts: StateFacts, config: Config) -> Result:
     if facts.unwritable is not None:
         said = f"{where} cannot be made in {facts.made_in}" if not facts.exists else \
             f"{where} is not writable"
+        if facts.unwritable == READ_ONLY:  # the daemon starts, and keeps nothing there
+            return degraded(name, f"{said}: {facts.unwritable}: the daemon reads the lease book "
+                            "at start and writes nothing there: reservations do not survive a "
+                            "restart, and no usage history is kept",
+                            "mount it read-write, or choose another --state-dir")
         return failed(name, f"{said}: {facts.unwritable}",
                       "choose another --state-dir, or make it writable (read-only mount? under "
                       "systemd: StateDirectory=patroller)")

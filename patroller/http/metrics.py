@@ -257,8 +257,13 @@ class DaemonCollector:
                                   "Writes of the lease book that failed",
                                   value=book.get("failures", 0))
         yield GaugeMetricFamily("patroller_lease_book_writable", "1 while the lease book can be "
-                                "written (else no reservation is handed out); 1 with no book",
+                                "written (else no reservation is handed out, but on a read-only "
+                                "filesystem); 1 with no book",
                                 value=1.0 if book.get("writable", True) else 0.0)
+        yield GaugeMetricFamily("patroller_lease_book_read_only", "1 when the state directory is "
+                                "on a read-only filesystem: the book was read at start and is "
+                                "never written, reservations do not survive a restart",
+                                value=1.0 if book.get("read_only") else 0.0)
         answers = CounterMetricFamily("patroller_http_requests", "HTTP requests answered, by "
                                       "endpoint and status", labels=["endpoint", "status"])
         for (endpoint, status), count in sorted(self.requests.answers.items()):

@@ -231,6 +231,9 @@ def parse_usage(args: Args, now: float) -> UsageRange:
         if name not in ("since", "until", "by", "tz", "user"):
             raise BadRequest(f"/usage takes since=, until=, by= and tz= (and user= in test "
                              f"mode), not {name[:64]}=", field=name[:64])
+        if len(args[name]) > 1:
+            raise BadRequest(f"{name}= is given {len(args[name])} times; give it once",
+                             field=name)
     by = _single(args, "by") or "user"
     keys = by.split(",")
     if by not in USAGE_BY and (len(keys) > 2 or len(set(keys)) < len(keys)

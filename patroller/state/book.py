@@ -16,6 +16,12 @@ speaks for. The directory is locked (flock) for the daemon's life: one daemon, o
 for a process keeps its pid and start time, with the boot's id: it is held again at start only
 if that very process still runs. What the file holds, and what a restart makes of each entry,
 is schema.py's.
+
+A state directory on a read-only filesystem is read, never written (`read_only`): the holds in
+the book come back at start as always, and the daemon serves, but what it hands out from then on
+is in no file and does not survive a restart. It says so at start, as an error (once), and in
+/metrics (`patroller_lease_book_read_only`); a grant is not refused for it, as it is while
+writes fail on a writable filesystem (a full disk recovers by itself, a read-only mount does not).
 """
 from __future__ import annotations
 
@@ -62,6 +68,7 @@ class LeaseBook:
         self.failures = 0
         self.leases: Optional[LeaseManager] = None
         self._lock: Optional[int] = None
+        self.read_only = False  # on a read-only filesystem: read at start, never written
         self._written: Optional[Dict[str, Any]] = None  # the snapshot last on disk
         self._offset: Optional[float] = None
         self._boot: Optional[str] = None  # this boot's id, read as the book is opened
@@ -78,14 +85,19 @@ class LeaseBook:
         """Make the directory (private) if missing and lock it (directory.py); BookError if
         either fails, or if someone else could have chosen where it leads."""
         self._boot = boot_id(self.proc)
-        self._lock = lock(self.directory)
+        held = lock(self.directory)
+        self._lock, self.read_only = held.fd, held.read_only
+        if self.read_only:
+            log.error("the state directory %s is on a read-only filesystem: the lease book is "
+                      "read, never written; reservations made from now on do not survive a "
+                      "restart (mount it read-write to keep them)", self.directory)
 
     def attach(self, leases: LeaseManager) -> Optional[Restored]:
         """Load the book into a fresh lease manager, then keep the file up to date with it."""
         self.leases = leases
         self._reports = Throttle(1, self.report_every, clock=leases.clock)
         restored = self.restore()
-        self._tidy()
+        self._tidy()  # on a read-only filesystem, removes nothing (write() writes nothing)
         leases.on_change(self.write)
         self.write()
         return restored
@@ -105,7 +117,8 @@ class LeaseBook:
     def metrics(self) -> Dict[str, Any]:
         """Counters for /metrics."""
         return {"path": self.path, "writes": self.writes, "failures": self.failures,
-                "writable": not self._failing}
+                "writable": not self._failing and not self.read_only,
+                "read_only": self.read_only}
 
     def refusal(self) -> Optional[str]:
         """Why nothing may be handed out now (the book cannot be written: a reservation would
@@ -174,7 +187,7 @@ class LeaseBook:
 
     def write(self) -> None:
         """Write the book if it changed since the last write; a failure is logged, never raised."""
-        if self.leases is None:
+        if self.leases is None or self.read_only:
             return
         held = schema.snapshot(self.leases, self._steady_offset())
         if held == self._written and not self._failing:  # churn that leaves it as it was

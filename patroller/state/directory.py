@@ -4,12 +4,17 @@ locked for the daemon's life (one daemon, one book).
 Whoever else may write there, or could have put a link in its path, could make the daemon
 rename or remove files elsewhere: such a directory is refused, as ssh refuses a key file others
 may write (config/trust.py holds the rules, which the Slurm job map's directory shares).
+
+A directory on a read-only filesystem (a read-only mount or bind mount) passes the same checks
+and is `read_only`: the daemon reads it but writes nothing there, and holds the lock file's lock
+when there is one to open (a flock needs no write access), so a second daemon is still refused.
 """
 from __future__ import annotations
 
 import errno
 import fcntl
 import os
+from dataclasses import dataclass
 from typing import Optional
 
 from patroller.config.trust import Place, Untrusted, check, check_path
@@ -25,15 +30,25 @@ STATE_DIR = Place("the state directory", "--state-dir",
                   "choose another --state-dir, or make it ours and private (chmod 700)")
 
 
-def lock(directory: str) -> int:
-    """Make the directory (mode 0700) if missing and lock it; the lock's descriptor (held for
-    the daemon's life). BookError if either fails, or if someone else could have chosen where
-    it leads or what is in it (config/trust.py)."""
+@dataclass(frozen=True)
+class Held:
+    """A state directory, checked and locked for the daemon's life."""
+
+    fd: Optional[int]  # the lock's descriptor; None: read-only, with no lock file to hold
+    read_only: bool = False  # on a read-only filesystem: read, never written
+
+
+def lock(directory: str) -> Held:
+    """Make the directory (mode 0700) if missing and lock it (held for the daemon's life).
+    BookError if either fails, or if someone else could have chosen where it leads or what is in
+    it (config/trust.py). On a read-only filesystem, the same checks, and nothing is written."""
     try:
         check_path(directory, STATE_DIR)
         try:
             os.makedirs(directory, mode=0o700, exist_ok=True)
         except OSError as exc:
+            if exc.errno == errno.EROFS:  # not there, and cannot be made: nothing in it to read
+                return Held(None, read_only=True)
             raise BookError(f"cannot use the state directory {directory}: "
                             f"{exc.strerror or exc}; choose another --state-dir") from None
         # Again: a link may have been slipped in meanwhile. Then whoever else may write there
@@ -41,10 +56,13 @@ def lock(directory: str) -> int:
         check(directory, STATE_DIR)
     except Untrusted as exc:
         raise BookError(str(exc)) from None
+    read_only = on_read_only(directory)
+    mode = os.O_RDONLY if read_only else os.O_RDWR | os.O_CREAT
     try:
-        fd = os.open(os.path.join(directory, LOCK),
-                     os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        fd = os.open(os.path.join(directory, LOCK), mode | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
+        if read_only and exc.errno == errno.ENOENT:  # no lock file, and none can be made
+            return Held(None, read_only=True)
         raise BookError(f"cannot use the state directory {directory}: "
                         f"{exc.strerror or exc}; choose another --state-dir") from None
     try:
@@ -58,12 +76,23 @@ def lock(directory: str) -> int:
                             "another --state-dir") from None
         raise BookError(f"cannot lock the state directory {directory}: "
                         f"{exc.strerror or exc}") from None
+    if read_only:
+        return Held(fd, read_only=True)
     try:  # the pid only names us to a second daemon: not worth failing for
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
     except OSError:
         pass
-    return fd
+    return Held(fd)
+
+
+def on_read_only(directory: str) -> bool:
+    """Whether the directory is on a filesystem mounted read-only (a read-only bind mount
+    too: statvfs says the mount's flags)."""
+    try:
+        return bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def _pid_in(fd: int) -> Optional[int]:

@@ -8,7 +8,9 @@ The key is 32 random bytes, written once, in hex, to <state-dir>/pseudonyms.key 
 the book's private, locked directory) when a daemon first starts with --hide-users there, and
 read at every start after. A daemon with no state directory makes a key for its run alone:
 its pseudonyms change when it restarts. A key file that holds no key (a write cut short) is
-replaced by a new key, with a warning: the pseudonyms change, nothing else does.
+replaced by a new key, with a warning: the pseudonyms change, nothing else does. A state
+directory on a read-only filesystem with no key in it gets a key for the run alone, likewise
+with a warning.
 """
 from __future__ import annotations
 
@@ -43,16 +45,22 @@ class Pseudonyms:
         self._key: Optional[bytes] = None
         self._known: Dict[str, str] = {}
 
-    def open(self) -> None:
+    def open(self, read_only: bool = False) -> None:
         """Blocking: read the key, or make and write one; a key for this run when there is no
-        state directory. PseudonymError if the file can be neither read nor written."""
+        state directory, or none in one on a read-only filesystem (`read_only`).
+        PseudonymError if the file can be neither read nor written."""
         if self.path is None:
             self._key = os.urandom(KEY_BYTES)
             return
         key = self._read(self.path)
         if key is None:
             key = os.urandom(KEY_BYTES)
-            self._write(self.path, key)
+            if read_only:
+                log.warning("no pseudonyms' key %s, and its directory is read-only: a key for "
+                            "this run alone, so every pseudonym changes at the next start",
+                            self.path)
+            else:
+                self._write(self.path, key)
         self._key = key
 
     def of(self, name: str) -> str:

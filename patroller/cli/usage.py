@@ -1,0 +1,196 @@
+"""`patroller report`'s words: what GET /usage answered, checked, summed over hosts, and drawn as
+a table or written as CSV.
+
+Pure: tested on answers from live daemons; the command (cli/report.py) only asks and prints.
+A host may answer anything: `check` holds an answer to the fields the report reads, with their
+types (openapi.json's /usage), before it is summed or drawn. Sums over many hosts order their
+rows as /usage does (patroller/core/usage.py `summarize`): by use, the GPU-hours held or used
+(all but free and lost), the most first; by day, by day.
+"""
+from __future__ import annotations
+
+import csv
+import io
+from datetime import datetime
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from patroller.answers import BadAnswer, fields, is_kind, kind, quoted
+from patroller.cli.render import duration
+from patroller.cli.table import Cut, Drop, fit
+
+UNUSED = ("free", "lost")  # GPU-time nobody held: not "use" when rows are ordered
+KEYS = {"user": "USER", "account": "ACCOUNT", "job": "JOB", "slurm_account": "SLURM ACCOUNT",
+        "namespace": "NAMESPACE", "pod": "POD", "gpu": "GPU", "day": "DAY"}
+# The categories' columns, in the words of `patroller users` where it has them.
+COLUMNS = {"active": "ACTIVE", "idle_held": "IDLE-HELD", "reserved_unused": "UNUSED",
+           "trespass": "TRESPASS", "unreserved": "UNASKED", "free": "FREE", "lost": "LOST"}
+NONE = "(none)"  # a row whose key is null: GPU-time with no such key (free GPUs have no user)
+ANSWER = {"since": ("string",), "until": ("string",), "by": ("string",),
+          "first": ("string", "null"), "categories": ("array",), "rows": ("array",),
+          "total": ("object",)}
+ROW = {"key": ("string", "null"), "hours": ("object",), "gpu_hours": ("number",),
+       "share": ("number",), "number": ("integer", "null")}
+TOTAL = {"hours": ("object",), "gpu_hours": ("number",), "shares": ("object",)}
+
+
+def check(answer: Any) -> Dict[str, Any]:
+    """`answer`, if it is a /usage answer in every field the report reads; else BadAnswer
+    saying where and what is wrong."""
+    fields(answer, ANSWER, "/usage")
+    for name in ("rows", "categories", "total"):
+        if name not in answer:
+            raise BadAnswer(f"/usage has no {name}")
+    if not all(is_kind(c, "string") for c in answer["categories"]):
+        raise BadAnswer("/usage.categories holds other than strings")
+    for n, row in enumerate(answer["rows"]):
+        fields(row, ROW, f"/usage.rows[{n}]")
+        hours(row.get("hours", {}), f"/usage.rows[{n}].hours")
+    fields(answer["total"], TOTAL, "/usage.total")
+    hours(answer["total"].get("hours", {}), "/usage.total.hours")
+    hours(answer["total"].get("shares", {}), "/usage.total.shares")
+    return answer
+
+
+def hours(found: Dict[str, Any], where: str) -> None:
+    for category, value in found.items():
+        if not is_kind(value, "number") or value < 0:
+            raise BadAnswer(f"{where}.{quoted(category)} is {kind(value)}, not a number of "
+                            "hours")
+
+
+def summed(answers: Sequence[Tuple[str, Dict[str, Any]]]) -> Dict[str, Any]:
+    """One answer from the answers of many hosts, (host, checked answer) in the order asked:
+    each key's hours added up (by gpu, each host's GPUs apart: a row has its `host`), the
+    shares of the sum, ordered as /usage orders."""
+    by = answers[0][1]["by"]
+    categories: List[str] = []
+    rows: Dict[Tuple[Any, ...], Dict[str, Any]] = {}
+    for host, answer in answers:
+        categories += [c for c in answer["categories"] if c not in categories]
+        for row in answer["rows"]:
+            ident = (host, row.get("key")) if by == "gpu" else (row.get("key"),)
+            entry = rows.setdefault(ident, {"key": row.get("key"), "hours": {}})
+            if by == "gpu":
+                entry.update(host=host, number=row.get("number"))
+            for category, value in row.get("hours", {}).items():
+                entry["hours"][category] = entry["hours"].get(category, 0.0) + value
+    whole = {c: sum(r["hours"].get(c, 0.0) for r in rows.values()) for c in categories}
+    everything = sum(whole.values())
+    for entry in rows.values():
+        entry["hours"] = {c: round(entry["hours"].get(c, 0.0), 6) for c in categories}
+        entry["gpu_hours"] = round(sum(entry["hours"].values()), 6)
+        entry["share"] = share(entry["gpu_hours"], everything)
+    return {"since": answers[0][1]["since"], "until": answers[0][1]["until"], "by": by,
+            "categories": categories, "rows": ordered(list(rows.values()), by == "day"),
+            "total": {"hours": {c: round(h, 6) for c, h in whole.items()},
+                      "gpu_hours": round(everything, 6),
+                      "shares": {c: share(h, everything) for c, h in whole.items()}}}
+
+
+def share(part: float, whole: float) -> float:
+    return round(part / whole, 4) if whole > 0 else 0.0
+
+
+def ordered(rows: List[Dict[str, Any]], chronological: bool) -> List[Dict[str, Any]]:
+    """By use, the most first (then by GPU-hours in all, the null key last, by key); by key
+    for days."""
+    def order(row: Dict[str, Any]) -> Tuple[Any, ...]:
+        key = row["key"]
+        if chronological:
+            return (key is None, key or "")
+        used = sum(h for c, h in row["hours"].items() if c not in UNUSED)
+        return (-round(used, 6), -round(row["gpu_hours"], 6), key is None, key or "",
+                row.get("host") or "")
+    return sorted(rows, key=order)
+
+
+def hours_text(value: float) -> str:
+    """GPU-hours as the table says them: 0, <0.01, 0.25, 12.5, 1234."""
+    if value == 0:
+        return "0"
+    if value < 0.01:
+        return "<0.01"
+    return f"{value:.2f}" if value < 10 else f"{value:.1f}" if value < 1000 else f"{value:.0f}"
+
+
+def share_text(value: float) -> str:
+    """A share of the whole as a percentage, as UTIL is: 0%, <1%, 42%."""
+    if value == 0:
+        return "0%"
+    return "<1%" if value * 100 < 0.5 else f"{value * 100:.0f}%"
+
+
+def when(text: str) -> str:
+    """An answer's ISO time to the minute: 2026-11-26T09:00Z."""
+    return text[:16] + "Z" if text.endswith("+00:00") and len(text) >= 16 else text
+
+
+def title(answer: Dict[str, Any]) -> str:
+    """'GPU-hours by user from 2026-11-26T09:00Z to 2026-12-03T09:00Z (7d)', and since when the
+    store has samples, when that is later."""
+    line = f"GPU-hours by {answer['by']} from {when(answer['since'])} to {when(answer['until'])}"
+    try:
+        span = (datetime.fromisoformat(answer["until"])
+                - datetime.fromisoformat(answer["since"])).total_seconds()
+        line += f" ({duration(span)})"
+    except ValueError:
+        pass
+    first = answer.get("first")
+    if first is not None and first > answer["since"]:
+        line += f"; recorded since {when(first)}"
+    return line
+
+
+def key_text(row: Dict[str, Any], by: str) -> str:
+    if by == "gpu" and row.get("number") is not None:
+        return f"{row['host']} {row['number']}" if row.get("host") else str(row["number"])
+    return NONE if row.get("key") is None else str(row["key"])
+
+
+def table(answer: Dict[str, Any], colour: bool = False, width: Optional[int] = None) -> str:
+    """The title, then a row per key: its GPU-hours, its share of the whole and its hours per
+    category; then the total and each category's share. By gpu, the uuid last (left out first
+    on a narrow terminal)."""
+    by = answer["by"]
+    if not answer["rows"]:
+        return f"no GPU-time recorded: {title(answer)[len('GPU-hours '):]}\n"
+    key = KEYS.get(by, by.upper())
+    categories = list(answer["categories"])
+    names = [COLUMNS.get(c, c.upper()) for c in categories]
+    headers = [key, "GPU-HOURS", "SHARE", *names] + (["UUID"] if by == "gpu" else [])
+    rows = []
+    for row in answer["rows"]:
+        cells = {key: key_text(row, by), "GPU-HOURS": hours_text(row["gpu_hours"]),
+                 "SHARE": share_text(row["share"]), "UUID": str(row.get("key") or "-")}
+        cells.update({n: hours_text(row["hours"].get(c, 0.0)) for c, n in zip(categories, names)})
+        rows.append(cells)
+    total = answer["total"]
+    last = {key: "total", "GPU-HOURS": hours_text(total["gpu_hours"]),
+            "SHARE": "100%" if total["gpu_hours"] else "0%"}
+    last.update({n: hours_text(total["hours"].get(c, 0.0)) for c, n in zip(categories, names)})
+    shares = {key: "share"}
+    shares.update({n: share_text(total["shares"].get(c, 0.0)) for c, n in zip(categories, names)})
+    layout = fit(headers, rows + [last, shares], width,
+                 [Drop("UUID"), Cut(key, 24), Cut(key, 12)], right=headers[1:len(names) + 3])
+    lines = [title(answer), layout.header_line(colour)]
+    lines += [layout.line(cells, colour) for cells in rows]
+    lines += [layout.line(last, colour, bold=True), layout.line(shares, colour)]
+    return "".join(line + "\n" for line in lines)
+
+
+def csv_text(answer: Dict[str, Any], hosts: bool = False) -> str:
+    """A header, then one row per key: the key (empty for null), by gpu its number (and with
+    `hosts` its host), the GPU-hours, the share and the hours per category, as answered."""
+    by = answer["by"]
+    categories = answer["categories"]
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    extra = (["host"] if hosts and by == "gpu" else []) + (["number"] if by == "gpu" else [])
+    writer.writerow([by, *extra, "gpu_hours", "share", *categories])
+    for row in answer["rows"]:
+        ours = ([row.get("host", "")] if hosts and by == "gpu" else []) + \
+            ([row.get("number", "")] if by == "gpu" else [])
+        writer.writerow(["" if row.get("key") is None else row["key"], *ours,
+                         row["gpu_hours"], row["share"],
+                         *(row["hours"].get(c, 0.0) for c in categories)])
+    return out.getvalue()
