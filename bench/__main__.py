@@ -17,12 +17,12 @@ import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import callers, measures, usage
+from . import callers, measures, statusbuild, usage
 from .harness import ROOT, machine, raise_file_limit
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 NAMES = ("throughput", "reactions", "identity", "callers", "scale", "footprint", "parsers",
-         "waiters", "persistence", "scrape", "page", "usage")
+         "waiters", "persistence", "scrape", "page", "usage", "status_build")
 
 
 def log(text: str) -> None:
@@ -41,7 +41,8 @@ def run(quick: bool, only: List[str],
         ("callers", lambda c: callers.first_calls(c.repeats, c.log)), ("scale", measures.scale),
         ("footprint", measures.footprint), ("parsers", measures.parsers),
         ("waiters", measures.waiters), ("persistence", measures.persistence),
-        ("scrape", measures.scrape), ("page", measures.page), ("usage", usage.usage)]
+        ("scrape", measures.scrape), ("page", measures.page), ("usage", usage.usage),
+        ("status_build", statusbuild.status_build)]
 
     def report() -> Dict[str, Any]:
         return {"machine": machine(), "mode": "quick" if quick else "full",
@@ -160,6 +161,12 @@ def checks(report: Dict[str, Any]) -> List[Dict[str, Any]]:
          _get(r, "page", "total_bytes"), "< 102400 (100 KB)", lambda v: v < 102400),
         ("web page first render ms (median), navigation start to the cards, loopback",
          _get(r, "page", "render", "ms", "median"), "< 200", lambda v: v < 200),
+        *[(f"/status p99 as a multiple of the ceiling's, {gpus} GPUs + 5000 processes",
+           _get(r, "throughput", (gpus, 5000), "of_ceiling", "p99"), "<= 2", lambda v: v <= 2)
+          for gpus in (8, 64, 256)],
+        ("/status ms on the loop at 5000 processes, the most of any size: a body only older, "
+         "one lease change, a slice of the background rebuild", _on_loop(r), "<= 5",
+         lambda v: v <= 5),
         ("usage report s, 30 days of 8 GPUs, GET /usage (slowest grouping, median)",
          _slowest(r, 30), "< 0.5", lambda v: v < 0.5),
         ("usage report s, 365 days of 8 GPUs, GET /usage (slowest grouping, median)",
@@ -265,7 +272,24 @@ def other_figures(report: Dict[str, Any]) -> List[Tuple[str, Any]]:
         figures.append(("pmon parser + interval tracking lines/s", value))
     if r.get("usage"):
         figures += _usage_figures(r["usage"])
+    figures += _status_build_figures(r.get("status_build") or [])
     return figures
+
+
+def _on_loop(r: Dict[str, Any]) -> Optional[float]:
+    """The longest /status build on the loop after the first, at 5000 processes."""
+    rows = [row for row in r.get("status_build") or [] if row["processes"] == 5000]
+    times = [row[key]["max"] for row in rows
+             for key in ("older_ms", "lease_change_ms", "background_slice_ms") if row[key]]
+    return max(times) if times else None
+
+
+def _status_build_figures(rows: List[Dict[str, Any]]) -> List[Tuple[str, Any]]:
+    return [(f"/status build ms in-process, {row['gpus']} GPUs + {row['processes']} processes "
+             f"({row['bytes']} bytes): first, older body (max), lease change (max), background "
+             "slice (max)", f"{row['first_build_ms']}, {row['older_ms']['max']}, "
+             f"{row['lease_change_ms']['max']}, {(row['background_slice_ms'] or {}).get('max')}")
+            for row in rows]
 
 
 def _slowest(r: Dict[str, Any], days: int) -> Optional[float]:
