@@ -218,3 +218,29 @@ def test_no_host_answering_is_69_and_every_one_without_a_store_77(hosts):
     assert f"{hosts['gone']}  not answering: " in done.stderr
     done = patroller("--hosts", hosts["bare"])
     assert done.returncode == 77 and "404: no usage store here" in done.stderr, done.stderr
+
+
+def test_two_keys_and_a_zone_one_host_and_many(hosts):
+    """--by day,user: a row per day and user, keyed by both, in the daemon's order; over many
+    hosts summed by the pair; --tz goes to the daemon; CSV has a column per key."""
+    one, two = hosts["one"].server, hosts["two"].server
+    done = patroller("--server", one, "--by", "user,day", "--tz", "+02:00", "--json")
+    answer = json.loads(done.stdout)
+    assert done.returncode == 0 and answer["by"] == "user,day" and answer["tz"] == "+02:00"
+    assert {tuple(row["key"][:1]) for row in answer["rows"]} == {("alice",), (None,)}
+    summed = patroller("--hosts", f"{one},{two}", "--by", "user,day")
+    assert summed.returncode == 0, summed.stderr
+    lines = summed.stdout.splitlines()
+    assert lines[1].split()[:3] == ["USER", "/", "DAY"]
+    users = [line.split(" / ")[0] for line in lines[2:] if " / " in line]
+    assert users == sorted(users, key=["alice", "bob", "(none)"].index)  # by use, null last
+    hours = {}  # a user's GPU-hours over their days (midnight may split them in two rows)
+    for line in lines[2:]:
+        if " / " in line:
+            hours[line.split()[0]] = hours.get(line.split()[0], 0.0) + float(line.split()[3])
+    assert hours == {"alice": pytest.approx(2.0), "bob": pytest.approx(1.0),
+                     "(none)": pytest.approx(3.0)}
+    table = list(csv.reader(io.StringIO(patroller("--hosts", f"{one},{two}", "--csv", "--by",
+                                                  "day,user").stdout)))
+    assert table[0][:3] == ["day", "user", "gpu_hours"]
+    assert sum(float(row[2]) for row in table[1:]) == pytest.approx(6.0)

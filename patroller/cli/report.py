@@ -30,7 +30,7 @@ from patroller.client import PatrollerError, RequestRefused
 REPORT_TIMEOUT = 10.0  # seconds a host may take to answer (--host-timeout): a year's report
 # of a big host takes a few
 REPORT_MAX_BYTES = 16 << 20  # bytes of a host's answer read at most: thousands of pods
-OPTIONS = {"since": "--since", "until": "--until", "by": "--by"}  # what the daemon's `field`
+OPTIONS = {"since": "--since", "until": "--until", "by": "--by", "tz": "--tz"}  # what the daemon's `field`
 # names, as the command line says it
 
 
@@ -58,7 +58,10 @@ def add_parser(commands: Any, common: argparse.ArgumentParser,
     report.add_argument("--until", metavar="DURATION|DATE|TIME",
                         help="up to this long ago or this ISO date or time (default now)")
     report.add_argument("--by", default="user", metavar="user|account|job|slurm_account|"
-                        "namespace|pod|gpu|day", help="what to sum by (default user)")
+                        "namespace|pod|gpu|day|weekday|hour",
+                        help="what to sum by (default user), or two of them: day,user")
+    report.add_argument("--tz", metavar="ZONE", help="days, weekdays and hours in this time "
+                        "zone: UTC (the default), +02:00 or Europe/Paris")
     output = report.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print the JSON answer")
     output.add_argument("--csv", action="store_true", help="one line per key, with a header")
@@ -75,7 +78,7 @@ def add_parser(commands: Any, common: argparse.ArgumentParser,
 
 
 def path_of(options: argparse.Namespace) -> str:
-    params = {name: getattr(options, name) for name in ("since", "until", "by")
+    params = {name: getattr(options, name) for name in ("since", "until", "by", "tz")
               if getattr(options, name) is not None}
     return "/usage?" + urllib.parse.urlencode(params)
 

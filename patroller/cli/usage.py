@@ -20,7 +20,10 @@ from patroller.cli.table import Cut, Drop, fit
 
 UNUSED = ("free", "lost")  # GPU-time nobody held: not "use" when rows are ordered
 KEYS = {"user": "USER", "account": "ACCOUNT", "job": "JOB", "slurm_account": "SLURM ACCOUNT",
-        "namespace": "NAMESPACE", "pod": "POD", "gpu": "GPU", "day": "DAY"}
+        "namespace": "NAMESPACE", "pod": "POD", "gpu": "GPU", "day": "DAY",
+        "weekday": "WEEKDAY", "hour": "HOUR"}
+IN_TIME = ("day", "weekday", "hour")  # keys ordered in time's order, as /usage orders them
+WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 # The categories' columns, in the words of `patroller users` where it has them.
 COLUMNS = {"active": "ACTIVE", "idle_held": "IDLE-HELD", "reserved_unused": "UNUSED",
            "trespass": "TRESPASS", "unreserved": "UNASKED", "free": "FREE", "lost": "LOST"}
@@ -28,7 +31,7 @@ NONE = "(none)"  # a row whose key is null: GPU-time with no such key (free GPUs
 ANSWER = {"since": ("string",), "until": ("string",), "by": ("string",),
           "first": ("string", "null"), "categories": ("array",), "rows": ("array",),
           "total": ("object",)}
-ROW = {"key": ("string", "null"), "hours": ("object",), "gpu_hours": ("number",),
+ROW = {"key": ("string", "null", "array"), "hours": ("object",), "gpu_hours": ("number",),
        "share": ("number",), "number": ("integer", "null")}
 TOTAL = {"hours": ("object",), "gpu_hours": ("number",), "shares": ("object",)}
 
@@ -42,8 +45,14 @@ def check(answer: Any) -> Dict[str, Any]:
             raise BadAnswer(f"/usage has no {name}")
     if not all(is_kind(c, "string") for c in answer["categories"]):
         raise BadAnswer("/usage.categories holds other than strings")
+    width = len(answer["by"].split(","))
     for n, row in enumerate(answer["rows"]):
         fields(row, ROW, f"/usage.rows[{n}]")
+        key = row.get("key")
+        if isinstance(key, list) != (width > 1) or isinstance(key, list) and (
+                len(key) != width or not all(is_kind(k, "string") or k is None for k in key)):
+            raise BadAnswer(f"/usage.rows[{n}].key is {kind(key)}, not a key for by="
+                            f"{quoted(answer['by'])}")
         hours(row.get("hours", {}), f"/usage.rows[{n}].hours")
     fields(answer["total"], TOTAL, "/usage.total")
     hours(answer["total"].get("hours", {}), "/usage.total.hours")
@@ -68,7 +77,9 @@ def summed(answers: Sequence[Tuple[str, Dict[str, Any]]]) -> Dict[str, Any]:
     for host, answer in answers:
         categories += [c for c in answer["categories"] if c not in categories]
         for row in answer["rows"]:
-            ident = (host, row.get("key")) if by == "gpu" else (row.get("key"),)
+            key = row.get("key")
+            ident = (host, key) if by == "gpu" else tuple(key) if isinstance(key, list) \
+                else (key,)
             entry = rows.setdefault(ident, {"key": row.get("key"), "hours": {}})
             if by == "gpu":
                 entry.update(host=host, number=row.get("number"))
@@ -81,7 +92,9 @@ def summed(answers: Sequence[Tuple[str, Dict[str, Any]]]) -> Dict[str, Any]:
         entry["gpu_hours"] = round(sum(entry["hours"].values()), 6)
         entry["share"] = share(entry["gpu_hours"], everything)
     return {"since": answers[0][1]["since"], "until": answers[0][1]["until"], "by": by,
-            "categories": categories, "rows": ordered(list(rows.values()), by == "day"),
+            "categories": categories,
+            "rows": (ordered(list(rows.values()), by == "day") if "," not in by
+                     else in_pairs(list(rows.values()), by.split(","))),
             "total": {"hours": {c: round(h, 6) for c, h in whole.items()},
                       "gpu_hours": round(everything, 6),
                       "shares": {c: share(h, everything) for c, h in whole.items()}}}
@@ -101,6 +114,32 @@ def ordered(rows: List[Dict[str, Any]], chronological: bool) -> List[Dict[str, A
         used = sum(h for c, h in row["hours"].items() if c not in UNUSED)
         return (-round(used, 6), -round(row["gpu_hours"], 6), key is None, key or "",
                 row.get("host") or "")
+    return sorted(rows, key=order)
+
+
+def in_pairs(rows: List[Dict[str, Any]], by: List[str]) -> List[Dict[str, Any]]:
+    """Rows keyed by two keys, as /usage orders them: by the first key, then by the second
+    within it; a key of IN_TIME in time's order, any other by use (the most first); null keys
+    last."""
+    sums: Dict[Tuple[Any, ...], Tuple[float, float]] = {}
+    for row in rows:
+        used = sum(h for c, h in row["hours"].items() if c not in UNUSED)
+        for n in range(1, len(by) + 1):
+            was = sums.get(tuple(row["key"][:n]), (0.0, 0.0))
+            sums[tuple(row["key"][:n])] = (was[0] + used, was[1] + row["gpu_hours"])
+
+    def order(row: Dict[str, Any]) -> Tuple[Any, ...]:
+        parts: List[Tuple[Any, ...]] = []
+        for n, (name, value) in enumerate(zip(by, row["key"])):
+            if value is None:
+                parts.append((1, 0.0, 0.0, ""))
+            elif name in IN_TIME:
+                place = WEEKDAYS.index(value) if value in WEEKDAYS else 0
+                parts.append((0, 0.0, float(place), value))
+            else:
+                used, every = sums[tuple(row["key"][:n + 1])]
+                parts.append((0, -round(used, 6), -round(every, 6), value))
+        return tuple(parts)
     return sorted(rows, key=order)
 
 
@@ -144,7 +183,10 @@ def title(answer: Dict[str, Any]) -> str:
 def key_text(row: Dict[str, Any], by: str) -> str:
     if by == "gpu" and row.get("number") is not None:
         return f"{row['host']} {row['number']}" if row.get("host") else str(row["number"])
-    return NONE if row.get("key") is None else str(row["key"])
+    key = row.get("key")
+    if isinstance(key, list):
+        return " / ".join(NONE if k is None else str(k) for k in key)
+    return NONE if key is None else str(key)
 
 
 def table(answer: Dict[str, Any], colour: bool = False, width: Optional[int] = None) -> str:
@@ -154,7 +196,7 @@ def table(answer: Dict[str, Any], colour: bool = False, width: Optional[int] = N
     by = answer["by"]
     if not answer["rows"]:
         return f"no GPU-time recorded: {title(answer)[len('GPU-hours '):]}\n"
-    key = KEYS.get(by, by.upper())
+    key = " / ".join(KEYS.get(name, name.upper()) for name in by.split(","))
     categories = list(answer["categories"])
     names = [COLUMNS.get(c, c.upper()) for c in categories]
     headers = [key, "GPU-HOURS", "SHARE", *names] + (["UUID"] if by == "gpu" else [])
@@ -186,11 +228,13 @@ def csv_text(answer: Dict[str, Any], hosts: bool = False) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     extra = (["host"] if hosts and by == "gpu" else []) + (["number"] if by == "gpu" else [])
-    writer.writerow([by, *extra, "gpu_hours", "share", *categories])
+    writer.writerow([*by.split(","), *extra, "gpu_hours", "share", *categories])
     for row in answer["rows"]:
         ours = ([row.get("host", "")] if hosts and by == "gpu" else []) + \
             ([row.get("number", "")] if by == "gpu" else [])
-        writer.writerow(["" if row.get("key") is None else row["key"], *ours,
+        key = row.get("key")
+        writer.writerow([*("" if k is None else k for k in (key if isinstance(key, list)
+                                                             else [key])), *ours,
                          row["gpu_hours"], row["share"],
                          *(row["hours"].get(c, 0.0) for c in categories)])
     return out.getvalue()
