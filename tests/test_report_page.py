@@ -349,3 +349,18 @@ def test_root_sees_every_name(page, lab_file, tmp_path):
         assert set(legend(page, "by-user")) == LAB_USERS
     finally:
         server.stop()
+
+
+def test_the_live_page_links_to_the_report(page, daemon):
+    """A user finds the report from the live page: its link opens it, drawn."""
+    page.open(daemon.url + "/")
+    page.until(lambda: page.js("return document.body.dataset.connection") == "live",
+               "the live page connected")
+    href = page.js("const a = document.querySelector('a.report-link');"
+                   "return a ? a.getAttribute('href') : null")
+    assert href == "/report"
+    page.js("document.querySelector('a.report-link').click()")
+    page.until(lambda: page.js("return location.pathname") == "/report", "the report opened")
+    assert page.until(lambda: page.js("const s = document.body.dataset.state;"
+                                      "return s === 'loading' ? false : s"),
+                      "the report drawn") == "shown"
