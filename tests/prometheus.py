@@ -112,12 +112,15 @@ def free_port() -> int:
 
 class Prometheus:
     """A Prometheus server of the test's own: a loopback port, storage and configuration in a
-    temporary directory, scraping the given jobs ({job name: ["host:port", ...]})."""
+    temporary directory, scraping the given jobs ({job name: ["host:port", ...]}) and
+    evaluating the given rule files (absolute paths) every `interval`."""
 
-    def __init__(self, jobs: Dict[str, List[str]], interval: str = "1s") -> None:
+    def __init__(self, jobs: Dict[str, List[str]], interval: str = "1s",
+                 rules: Optional[List[str]] = None) -> None:
         self.binary = tool("prometheus")
         self.jobs = jobs
         self.interval = interval
+        self.rules = list(rules or [])
         self.directory = tempfile.TemporaryDirectory(prefix="patroller-prometheus-")
         self.process: Optional[subprocess.Popen] = None
         self.url = ""
@@ -130,6 +133,7 @@ class Prometheus:
                        "evaluation_interval": self.interval},
             "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}]}
                                for job, targets in self.jobs.items()],
+            "rule_files": self.rules,
         }
 
     def start(self, timeout: float = 60) -> "Prometheus":
