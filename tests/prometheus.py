@@ -181,9 +181,10 @@ class Prometheus:
         assert status == 200 and answer["status"] == "success", (path, params, status, answer)
         return answer["data"]
 
-    def query(self, expr: str) -> List[Tuple[Dict[str, str], float]]:
-        """An instant query: (labels, value) of every sample of the vector it returns."""
-        data = self.api("query", query=expr)
+    def query(self, expr: str, at: Optional[float] = None) -> List[Tuple[Dict[str, str], float]]:
+        """An instant query (now, or at `at`, epoch seconds): (labels, value) of every sample of
+        the vector it returns."""
+        data = self.api("query", query=expr, **({} if at is None else {"time": f"{at:.3f}"}))
         assert data["resultType"] == "vector", data
         return [(r["metric"], float(r["value"][1])) for r in data["result"]]
 
