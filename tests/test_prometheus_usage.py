@@ -137,15 +137,13 @@ def test_test_mode_hosts_hours_per_user_and_category_match_their_stores(tmp_path
         assert set(fleet) == {("alice@example.org", "reserved_unused"),
                               ("bob@example.org", "reserved_unused"),
                               (carol, "reserved_unused"), ("", "free")}, fleet
-        for key, value in fleet.items():
-            assert value == pytest.approx(sum(v for k, v in by_key_each(hosts) if k == key))
+        summed: Dict[Key, float] = {}
+        for labels, value in hosts:
+            key = (labels.get("user", ""), labels["category"])
+            summed[key] = summed.get(key, 0.0) + value
+        assert fleet == pytest.approx(summed), (fleet, summed)
     finally:
         prometheus.stop()
-
-
-def by_key_each(samples: List[Tuple[Dict[str, str], float]]) -> Iterator[Tuple[Key, float]]:
-    for labels, value in samples:
-        yield (labels.get("user", ""), labels["category"]), value
 
 
 def test_a_gpu_hosts_every_category_matches_its_store(tmp_path, started):
