@@ -112,12 +112,15 @@ def free_port() -> int:
 
 class Prometheus:
     """A Prometheus server of the test's own: a loopback port, storage and configuration in a
-    temporary directory, scraping the given jobs ({job name: ["host:port", ...]})."""
+    temporary directory, scraping the given jobs ({job name: ["host:port", ...]}) and
+    evaluating the given rule files (absolute paths) every `interval`."""
 
-    def __init__(self, jobs: Dict[str, List[str]], interval: str = "1s") -> None:
+    def __init__(self, jobs: Dict[str, List[str]], interval: str = "1s",
+                 rules: Optional[List[str]] = None) -> None:
         self.binary = tool("prometheus")
         self.jobs = jobs
         self.interval = interval
+        self.rules = list(rules or [])
         self.directory = tempfile.TemporaryDirectory(prefix="patroller-prometheus-")
         self.process: Optional[subprocess.Popen] = None
         self.url = ""
@@ -130,6 +133,7 @@ class Prometheus:
                        "evaluation_interval": self.interval},
             "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}]}
                                for job, targets in self.jobs.items()],
+            "rule_files": self.rules,
         }
 
     def start(self, timeout: float = 60) -> "Prometheus":
@@ -177,9 +181,10 @@ class Prometheus:
         assert status == 200 and answer["status"] == "success", (path, params, status, answer)
         return answer["data"]
 
-    def query(self, expr: str) -> List[Tuple[Dict[str, str], float]]:
-        """An instant query: (labels, value) of every sample of the vector it returns."""
-        data = self.api("query", query=expr)
+    def query(self, expr: str, at: Optional[float] = None) -> List[Tuple[Dict[str, str], float]]:
+        """An instant query (now, or at `at`, epoch seconds): (labels, value) of every sample of
+        the vector it returns."""
+        data = self.api("query", query=expr, **({} if at is None else {"time": f"{at:.3f}"}))
         assert data["resultType"] == "vector", data
         return [(r["metric"], float(r["value"][1])) for r in data["result"]]
 

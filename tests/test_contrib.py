@@ -1,6 +1,6 @@
-"""contrib/: the Grafana dashboard asks only for what a live exposition has, on the hosts chosen
-by its `instance` variable, in PromQL that Prometheus runs; the example scrape configuration
-passes promtool."""
+"""contrib/: the Grafana dashboard asks only for what a live exposition has, or the recording
+rules record, on the hosts chosen by its `instance` variable, in PromQL that Prometheus runs; the
+example scrape configuration and the recording rules pass promtool, their unit tests included."""
 from __future__ import annotations
 
 import json
@@ -19,8 +19,12 @@ from prometheus import (PATROLLER_NAME, Prometheus, eventually, exposition, get,
 
 DASHBOARD = os.path.join(ROOT, "contrib", "grafana", "patroller-dashboard.json")
 SCRAPE_CONFIG = os.path.join(ROOT, "contrib", "prometheus", "prometheus.yml")
-# Metric names a query may use: Patroller's, and prometheus_client's standard process ones.
-METRIC = re.compile(r"\b((?:patroller|process|python)_[a-z0-9_]+)\b(\{[^}]*\})?")
+RULES = os.path.join(ROOT, "contrib", "prometheus", "patroller-rules.yml")
+RULE_TESTS = os.path.join(ROOT, "contrib", "prometheus", "patroller-rules.test.yml")
+# Metric names a query may use: Patroller's, prometheus_client's standard process ones, and
+# the series the recording rules record from Patroller's (level:patroller_...:operations).
+METRIC = re.compile(r"\b((?:[a-z_]+:)?(?:patroller|process|python)_[a-z0-9_]+(?::[a-z0-9_]+)?)"
+                    r"\b(\{[^}]*\})?")
 BY_INSTANCE = 'instance=~"$instance"'
 
 
@@ -53,6 +57,16 @@ def variable_queries() -> List[str]:
     return found
 
 
+def recorded() -> Dict[str, str]:
+    """{recorded name: its PromQL} of every recording rule in contrib/prometheus (each written
+    as `- record: NAME` and, on the next line, `expr: PROMQL`)."""
+    with open(RULES, encoding="utf-8") as f:
+        text = f.read()
+    found = dict(re.findall(r"^\s*- record: (\S+)\n\s*expr: (.+)$", text, re.MULTILINE))
+    assert len(found) == text.count("record:"), text
+    return found
+
+
 def get_json(server: ServerProcess, path: str) -> Any:
     status, _, body = get(server.url + path)
     assert status == 200, (path, status, body)
@@ -62,14 +76,19 @@ def get_json(server: ServerProcess, path: str) -> Any:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     """A test-mode daemon (alice holds two GPUs, carol waits for eight) and a GPU-host one on
-    the simulator (a real `sleep` on a GPU, one GPU reserved): every family has samples."""
+    the simulator (a real `sleep` on a GPU, one GPU reserved), each with a usage store: every
+    family has samples."""
     scenario = ScenarioFile(str(tmp_path_factory.mktemp("sim") / "scenario.json"),
                             devices=[{}, {}, {}])
     sleeper = subprocess.Popen(["sleep", "600"])
-    test_mode = ServerProcess("--test", "--lease", "600").start()
+    usage = ("--usage-interval", "0.5")
+    test_mode = ServerProcess("--test", "--lease", "600", "--state-dir",
+                              str(tmp_path_factory.mktemp("test-state")), *usage).start()
     waiter = None
     try:
-        gpu_host = ServerProcess("--nvidia-smi", scenario.command, "--lease", "300").start()
+        gpu_host = ServerProcess("--nvidia-smi", scenario.command, "--lease", "300",
+                                 "--state-dir", str(tmp_path_factory.mktemp("gpu-state")),
+                                 *usage).start()
         try:
             get_json(test_mode, "/request?gpu=2&user=alice@example.org")
             waiter = threading.Thread(
@@ -86,6 +105,8 @@ def live(tmp_path_factory):
             # the per-process figures arrive with pmon's next complete interval
             eventually(lambda: "patroller_process_gpu_utilization_ratio{" in
                        exposition(gpu_host.url), "per-process figures exposed")
+            eventually(lambda: 'patroller_usage_gpu_seconds_total{category="reserved_unused"'
+                       in exposition(test_mode.url), "alice's reserved_unused GPU-seconds")
             yield test_mode, gpu_host
         finally:
             assert gpu_host.stop() == 0, gpu_host.log
@@ -125,6 +146,11 @@ def test_the_dashboard_has_the_panels_the_fleet_needs():
         "GPU memory per process": "patroller_process_gpu_memory_bytes",
         "Monitors up": "patroller_monitor_up",
         "HTTP requests by status": "patroller_http_requests_total",
+        "GPU-hours per user and category, per day":
+            "instance_user_category:patroller_gpu_hours:increase1h",
+        "GPU-hours per user and category, per hour":
+            "instance_user_category:patroller_gpu_hours:increase1h",
+        "GPU-hours in the last 24 hours": "instance_user_category:patroller_gpu_hours:increase1d",
     }
     for title, fragment in wanted.items():
         assert title in by_title, title
@@ -146,8 +172,15 @@ def test_every_metric_the_dashboard_names_is_exposed(live):
     named = {name for query in exprs() + variable_queries()
              for name, _ in METRIC.findall(query)}
     assert {n for n in named if PATROLLER_NAME.fullmatch(n)}, named
-    missing = sorted(named - exposed)
-    assert not missing, f"the dashboard asks for metrics no daemon exposes: {missing}"
+    # a name with colons is a recording rule's; the rules ask for exposed metrics in turn
+    rules = recorded()
+    asked = {name for expr in rules.values() for name, _ in METRIC.findall(expr)}
+    assert "patroller_usage_gpu_seconds_total" in asked, rules
+    unrecorded = sorted(n for n in named if ":" in n and n not in rules)
+    assert not unrecorded, f"the dashboard asks for series no rule records: {unrecorded}"
+    missing = sorted({n for n in named | asked if ":" not in n} - exposed)
+    assert not missing, f"the dashboard or the rules ask for metrics no daemon exposes: {missing}"
+    assert {n for n in asked if ":" in n} <= set(rules)
 
 
 def test_every_query_runs_in_prometheus(live):
@@ -155,7 +188,7 @@ def test_every_query_runs_in_prometheus(live):
     accepted by a real Prometheus scraping both daemons; the instance variable's query finds
     both hosts."""
     hosts = [server.server for server in live]
-    prometheus = Prometheus({"patroller": hosts}).start()
+    prometheus = Prometheus({"patroller": hosts}, rules=[RULES]).start()
     try:
         eventually(prometheus.targets_up, "both targets up")
         assert sorted(labels["instance"] for labels, _ in
@@ -173,6 +206,17 @@ def test_every_query_runs_in_prometheus(live):
         eventually(lambda: {labels["user"] for labels, _ in prometheus.query(
             f'sum by (user) (patroller_user_gpus_held{{instance=~"{chosen}"}})')}
             >= {"alice@example.org"}, "alice on the GPUs-by-user panel")
+        # and what the hourly GPU-hours panel shows, once the rules have recorded it: alice's
+        # held GPUs, with nothing on them (the daily figures need an hour mark to pass: the
+        # rules' unit tests check those)
+        [expr] = [t["expr"] for p in panels(dashboard()["panels"])
+                  if p["title"] == "GPU-hours per user and category, per hour"
+                  for t in p["targets"]]
+        filled = expr.replace("$instance", chosen)
+        eventually(lambda: [value for labels, value in prometheus.query(filled)
+                            if labels.get("user") == "alice@example.org"
+                            and labels["category"] == "reserved_unused" and value > 0] or None,
+                   "alice's reserved_unused GPU-hours on the hourly panel")
     finally:
         prometheus.stop()
 
@@ -182,3 +226,26 @@ def test_the_example_scrape_configuration_passes_promtool():
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout
+
+
+def test_the_recording_rules_pass_promtool_and_their_unit_tests():
+    """`promtool check rules`, and `promtool test rules` on the series written by hand in
+    contrib/prometheus/patroller-rules.test.yml (GPU-hours worked out in its comments)."""
+    promtool = tool("promtool")
+    done = subprocess.run([promtool, "check", "rules", RULES], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {len(recorded())} rules found" in done.stdout, done.stdout
+    done = subprocess.run([promtool, "test", "rules", RULE_TESTS], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout and "FAILED" not in done.stdout, done.stdout
+
+
+def test_the_example_configuration_loads_the_rules():
+    with open(SCRAPE_CONFIG, encoding="utf-8") as f:
+        config = f.read()
+    assert re.search(r"^rule_files:\n  - patroller-rules\.yml$", config, re.MULTILINE), config
+    done = subprocess.run([tool("promtool"), "check", "config", SCRAPE_CONFIG],
+                          capture_output=True, text=True, timeout=60)
+    assert f"SUCCESS: {len(recorded())} rules found" in done.stdout, done.stdout

@@ -40,7 +40,9 @@ from patroller.observe.idle import IdleWatch
 from patroller.observe.signals import ProcessSamples, Signals
 from patroller.observe.stats import StatsStore, iso_time
 from patroller.state.audit import AuditLog
+from patroller.observe.tally import Tally
 from patroller.state.pseudonyms import Pseudonyms
+from patroller.state.usage.sampler import UsageSampler
 
 NAME, PSEUDONYM, HIDDEN = "name", "pseudonym", "hidden"
 WALL = 1_800_000_000.0  # the audit record's and the fleet's clock
@@ -128,9 +130,13 @@ class Case:
         self.data["/fleet.json"] = fleet.data()
         self.shown = {endpoint: Shown(data, RENDERS[endpoint], self.pseudonyms)
                       for endpoint, data in self.data.items()}
+        # a minute of usage, counted as the sampler counts it (no store: nothing is written)
+        sampler = UsageSampler(leases.inventory, leases, Tally(leases.inventory, 1.0),
+                               SimpleNamespace(put=lambda at, samples: None), 60.0, clock=clock)
+        sampler.count([sampler.snapshot(device, 60.0) for device in leases.inventory])
         services = SimpleNamespace(
             leases=leases, inventory=leases.inventory, stats=stats, idle=idle, mode="test",
-            monitors=(), book=None, usage=None,
+            monitors=(), book=None, usage=None, sampler=sampler,
             identifier=SimpleNamespace(docker_calls=0, proc_reads=0),
             callers=SimpleNamespace(lookups=0, descriptors_read=0))
         self.metrics = {hidden: scraped(DaemonCollector(
@@ -402,6 +408,11 @@ TABLE: List[Rule] = [
          metric("patroller_process_gpu_memory_bytes", "user", pid="200"), *SCRAPED_P),
     Rule("/metrics", "trespasser", "patroller_user_gpus_trespassing user", BOB,
          metric("patroller_user_gpus_trespassing", "user", value=3), *SCRAPED_P),
+    Rule("/metrics", "trespasser", "patroller_usage_gpu_seconds_total user", BOB,
+         metric("patroller_usage_gpu_seconds", "user", category="trespass"), *SCRAPED_P),
+    Rule("/metrics", "over-limit account", "patroller_usage_gpu_seconds_total user", HENRY,
+         metric("patroller_usage_gpu_seconds", "user", category="reserved_unused"),
+         *SCRAPED_P),
     Rule("/metrics", "bare-id job", "patroller_gpu_holder_info job", ERIN,
          metric("patroller_gpu_holder", "job", gpu="1"), *SCRAPED_H),
     Rule("/metrics", "pod", "patroller_gpu_holder_info pod", DORA,

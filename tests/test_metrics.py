@@ -2,6 +2,8 @@
 import asyncio
 import os
 
+import pytest
+
 from helpers import ScenarioFile, async_test, find, gpu_running, running, scrape, until
 from patroller.core.errors import Unidentified
 from patroller.identify.resolver import host_identity
@@ -83,6 +85,28 @@ async def test_requests_are_counted_by_endpoint_and_status_fast_lane_included():
                     status="422") == [1]
         assert find(samples, "patroller_http_requests_total", endpoint="other",
                     status="404") == [1]
+
+
+@async_test
+async def test_gpu_seconds_by_user_and_category_add_up_to_the_gpus_time(tmp_path):
+    """The usage sampler's running totals: every GPU's time in one category, for its holder;
+    without a usage store the family is there with no samples."""
+    async with running(lease=600) as h:  # test mode: no state directory, no store
+        samples, _, text = await scrape(h)
+        assert "# TYPE patroller_usage_gpu_seconds_total counter" in text
+        assert not find(samples, "patroller_usage_gpu_seconds_total")
+    async with running(lease=600, state_dir=str(tmp_path), usage_interval=3600.0) as h:
+        await h.ok("/request?gpu=2&user=alice@example.org")
+        h.services.sampler.sample()  # the interval since the start (the timer's is an hour)
+        samples, _, _ = await scrape(h)
+        seconds = {(dict(labels)["user"], dict(labels)["category"]): value
+                   for (name, labels), value in samples.items()
+                   if name == "patroller_usage_gpu_seconds_total"}
+        assert set(seconds) == {("alice@example.org", "reserved_unused"), ("", "free")}
+        each = seconds[("", "free")] / 6  # the interval: six GPUs free all of it
+        assert each > 0
+        assert seconds[("alice@example.org", "reserved_unused")] == pytest.approx(2 * each)
+        assert sum(seconds.values()) == pytest.approx(8 * each)
 
 
 @async_test

@@ -10,8 +10,9 @@ conventions: the `patroller_` prefix, base units (`_bytes`, `_watts`, `_celsius`
 
 Cardinality: per GPU a fixed number of series; per process series exist only while the process
 is on a GPU (pmon or the cross-check lists it), so they go when it ends; per user series exist
-only for users who hold, use or wait for a GPU now; requests are counted by endpoint (the routes,
-or `other`) and status.
+only for users who hold, use or wait for a GPU now, except the usage store's GPU-seconds by user
+and category, a counter for each user seen since the daemon started (at most one per category);
+requests are counted by endpoint (the routes, or `other`) and status.
 
 With --hide-users, the scrapers (nobody in particular) see every user label as its pseudonym,
 and no container, job or pod label of a user's (hiding.metric_labels).
@@ -298,6 +299,21 @@ class DaemonCollector:
             yield CounterMetricFamily(f"patroller_usage_{name}", text, value=found.get(key, 0))
         yield GaugeMetricFamily("patroller_usage_pending_intervals", "Usage intervals kept in "
                                 "memory, not yet written", value=found.get("pending", 0))
+        yield self._gpu_seconds()
+
+    def _gpu_seconds(self) -> Metric:
+        """GPU-seconds by user and category, as the usage store counts them (the sampler's
+        running totals): what contrib/prometheus's recording rules turn into GPU-hours."""
+        family = CounterMetricFamily(
+            "patroller_usage_gpu_seconds", "GPU-seconds since the daemon started, by user and "
+            "usage category (active, idle_held, reserved_unused, trespass, unreserved, free, "
+            "lost), split as the usage store splits them and added at each --usage-interval; "
+            "user is empty for GPU-time nobody had", labels=["user", "category"])
+        sampler = self.services.sampler
+        label = self.hide or (lambda user: user)
+        for (user, category), seconds in sorted((sampler.seconds if sampler else {}).items()):
+            family.add_metric([label(user) if user else "", category], seconds)
+        return family
 
 
 class Collected:

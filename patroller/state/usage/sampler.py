@@ -1,18 +1,21 @@
 """Every `--usage-interval`, a usage sample of every GPU, taken on the event loop and handed to
 the usage store's writer: the hold as it stands (state, how, holder, the processes on it and
 their owners) and the statistics tally of the interval. Taking one costs a walk over the holds
-(some microseconds a GPU); classifying and writing are the writer thread's."""
+(some microseconds a GPU); writing is the writer thread's. The sampler also keeps the running
+GPU-seconds by user and category that /metrics exposes (`seconds`), split by the same `classify`
+the store's hourly totals are, so that Prometheus's figures and the store's agree: some 260 µs
+an interval at 64 GPUs with two parties each (a two-core virtual machine)."""
 from __future__ import annotations
 
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from tornado.ioloop import PeriodicCallback
 
 from patroller.core.devices import Device, Inventory
 from patroller.core.identity import Identity
 from patroller.core.leases import Hold, LeaseManager
-from patroller.core.usage import GpuSample, Party, Present, party_of
+from patroller.core.usage import GpuSample, Party, Present, classify, party_of
 from patroller.observe.tally import Tally
 from patroller.state.usage.store import UsageStore
 
@@ -32,6 +35,9 @@ class UsageSampler:
         self.clock = clock
         self.wall = wall
         self.samples = 0  # intervals sampled
+        # GPU-seconds since the start by (user, category): "" for GPU-time no user had (free;
+        # lost with no holder). One entry per user and category seen: bounded by the users.
+        self.seconds: Dict[Tuple[str, str], float] = {}
         self._last: Optional[float] = None  # clock() at the last sample (or the start)
         self._timer: Optional[PeriodicCallback] = None
 
@@ -59,7 +65,17 @@ class UsageSampler:
         if seconds <= 0:
             return
         self.samples += 1
-        self.store.put(self.wall(), [self.snapshot(device, seconds) for device in self.inventory])
+        samples = [self.snapshot(device, seconds) for device in self.inventory]
+        self.count(samples)
+        self.store.put(self.wall(), samples)
+
+    def count(self, samples: Sequence[GpuSample]) -> None:
+        """Add an interval's GPU-seconds to the running totals, by user and category."""
+        totals = self.seconds
+        for sample in samples:
+            for category, party, part in classify(sample):
+                key = (party.user, category)
+                totals[key] = totals.get(key, 0.0) + part
 
     def snapshot(self, device: Device, seconds: float) -> GpuSample:
         """One GPU's sample: its hold now, its statistics over the interval."""
