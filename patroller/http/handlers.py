@@ -214,11 +214,13 @@ class View(Handler):
 
 class DevicesHandler(View):
     def get(self) -> None:
+        self.set_header("ETag", self.api.devices.etag)  # and If-None-Match is answered 304
         self.send(self.api.devices.body())
 
 
 class StatusHandler(View):
     def get(self) -> Optional[Awaitable[None]]:
+        self.set_header("X-Devices-ETag", self.api.devices.etag)  # /devices' version now
         hidden = self.api.hiding
         if hidden is None:
             self.send(self.api.status.body())
