@@ -33,8 +33,10 @@ HEAD_END = b"\r?\n\r?\n"  # how Tornado's HTTP/1 server reads a request's head
 REQUEST_LINE = re.compile(rb"GET (/[a-z]+) HTTP/1\.1\r?\n")
 # Plain header lines: a token, a colon, a value of visible characters and blanks.
 HEADER_LINES = re.compile(rb"(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t\x20-\x7e]*\r?\n)*\r?\n")
-# Headers that change how a request is read or answered: such a request goes to Tornado.
-NOT_PLAIN = re.compile(rb"\n(?:content-length|transfer-encoding|expect|upgrade|te):", re.I)
+# Headers that change how a request is read or answered (If-None-Match: Tornado answers 304
+# when the ETag matches): such a request goes to Tornado.
+NOT_PLAIN = re.compile(rb"\n(?:content-length|transfer-encoding|expect|upgrade|te|if-none-match):",
+                       re.I)
 CONNECTION = re.compile(rb"\nconnection:[ \t]*([^\r\n]*)", re.I)
 # HTTP/1.1 asks for one Host: a name or address, and a port; anything else goes to Tornado,
 # which checks it the way it does.
