@@ -2,7 +2,9 @@
 
 Listens on COUNT loopback ports and answers GET /status and /devices on each with the bodies of
 a real test-mode daemon (the files STATUS and DEVICES, with the ETag that daemon gave), over
-HTTP/1.1 keep-alive, as that daemon's fast lane does; `Connection: close` is honoured. Prints
+HTTP/1.1 keep-alive, as that daemon's fast lane does; `Connection: close` is honoured. Every
+other /status answer ends in a blank, so that its bytes change every round as a busy host's
+do and the fleet daemon reads every one (it skips an answer the same as the last). Prints
 the ports, one line, then serves until stdin closes. The benchmark's fleet step tops its real
 daemons up with these where memory does not hold 1,000 daemons (each about 38 MiB).
 """
@@ -30,13 +32,19 @@ async def main(status_file: str, devices_file: str, count: int) -> None:
     bodies = {b"/status": (status, b"X-Devices-ETag: " + tag + b"\r\n"),
               b"/devices": (devices, b"ETag: " + tag + b"\r\n")}
 
+    changed = (status + b" ", b"X-Devices-ETag: " + tag + b"\r\n")
+
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        asked = 0
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 path = head.split(b" ", 2)[1]
                 close = b"connection: close" in head.lower()
                 body, extra = bodies.get(path, (b'{"error":"no such path"}', b""))
+                if path == b"/status":
+                    asked += 1
+                    body, extra = changed if asked % 2 else (body, extra)
                 writer.write(answer(body, extra, close))
                 await writer.drain()
                 if close:
