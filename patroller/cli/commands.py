@@ -304,8 +304,10 @@ def fleet_of(options: argparse.Namespace) -> List[str]:
 
 
 def render_fleet(options: argparse.Namespace, hosts: List[str], colour: bool) -> str:
+    # One table: its deadline counts from the command's start; with --watch, each redraw's.
     answers = fleet.ask_all(hosts, options.host_timeout, options.mine,
-                            fleet.deadline_from(options.deadline))
+                            fleet.deadline_from(options.deadline),
+                            0.0 if options.watch else fleet.age())
     if options.json:
         return json.dumps(fleet.fleet_json(answers), separators=(",", ":")) + "\n"
     if options.free is not None:

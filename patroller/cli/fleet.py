@@ -136,15 +136,26 @@ def deadline_from(given: Optional[float]) -> float:
     return value
 
 
+def age() -> float:
+    """Seconds since this process started (Linux: /proc; elsewhere 0): the deadline counts the
+    interpreter's own start too, which can take a good part of a second on a busy machine."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            started = int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0
+
+
 def ask_all(hosts: List[str], timeout: float, mine: bool = False,
-            deadline: Optional[float] = None) -> List[HostAnswer]:
+            deadline: Optional[float] = None, spent: float = 0.0) -> List[HostAnswer]:
     """Every host's answer, in the order given (and with `mine`, who the caller is there):
     every request sent at once, each bounded by `timeout`, and all that came back by
-    `deadline` seconds from now (None: as long as one request may take, plus a second); a
-    host not answered by then is LATE."""
+    `deadline` seconds from the start, `spent` seconds ago (None: as long as one request may
+    take, plus a second); a host not answered by then is LATE."""
     if not hosts:
         return []
-    wait = timeout + 1 if deadline is None else deadline
+    wait = timeout + 1 if deadline is None else max(0.1, deadline - spent)
     came: "queue.Queue[Tuple[int, str, Any]]" = queue.Queue()
 
     def get(n: int, path: str) -> None:
@@ -167,7 +178,8 @@ def ask_all(hosts: List[str], timeout: float, mine: bool = False,
             break
         got[n][path] = answer
         pending -= 1
-    return [_answer(host, answers, mine, wait) for host, answers in zip(hosts, got)]
+    return [_answer(host, answers, mine, wait if deadline is None else deadline)
+            for host, answers in zip(hosts, got)]
 
 
 def fleet_table(answers: List[HostAnswer], colour: bool = False, width: Optional[int] = None,
