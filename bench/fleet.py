@@ -223,7 +223,7 @@ def status_hosts(root: str, live: List[str], refusing: List[str], silent: List[s
                               capture_output=True, text=True, timeout=120, cwd=root,
                               env={**os.environ, "PYTHONPATH": root})
         took.append(time.monotonic() - began)
-        late = done.stdout.count("no answer yet")
+        late = sum(1 for line in done.stdout.splitlines() if "  no answer yet: " in line)
     return {"hosts": f"{len(live)} live, {len(refusing)} refusing, {len(silent)} silent",
             "median_s": round(statistics.median(took), 2), "max_s": round(max(took), 2),
             "shown_no_answer_yet": late}
