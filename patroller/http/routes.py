@@ -14,10 +14,11 @@ from patroller.http.access import AccessLog, Requests
 from patroller.http.api import Api
 from patroller.http.doctor import DoctorHandler
 from patroller.http.fleet import Fleet
-from patroller.http.handlers import (DevicesHandler, HistoryHandler, MetricsHandler,
-                                     MetricsJsonHandler, NotFoundHandler, OpenApiHandler,
-                                     QueueHandler, ReleaseHandler, RenewHandler, RequestHandler,
-                                     StatusHandler, UsersHandler, WaitHandler)
+from patroller.http.handlers import (HistoryHandler, MetricsHandler, MetricsJsonHandler,
+                                     NotFoundHandler, OpenApiHandler, QueueHandler,
+                                     ReleaseHandler, RenewHandler, RequestHandler, UsersHandler,
+                                     WaitHandler)
+from patroller.http.polled import DevicesHandler, StatusHandler
 from patroller.http.fastlane import Body
 from patroller.http.hiding import Hiding
 from patroller.http.usage import UsageHandler
