@@ -73,12 +73,12 @@ class Host:
     devices: Optional[bytes] = field(default=None, repr=False)
     tag: Optional[str] = field(default=None, repr=False)
     read: Optional[Tuple[bytes, bytes]] = field(default=None, repr=False)
-    shown: bytes = field(default=b"", repr=False)
+    shown: Optional[bytes] = field(default=None, repr=False)  # None: to serialize again
 
     def answered(self, gpus: List[Dict[str, Any]], now: float) -> None:
         if self.state != UP:
             self.since = now
-        self.state, self.error, self.gpus = UP, None, gpus
+        self.state, self.error, self.gpus, self.shown = UP, None, gpus, None
         self.last_seen = self.checked = now
 
     def failed(self, state: str, error: str, asked: float, now: float) -> None:
@@ -86,7 +86,7 @@ class Host:
         (a host down one way, then another, stays down since the first)."""
         if self.state in (UP, ASKING):
             self.since = asked
-        self.state, self.error, self.gpus = state, error, []
+        self.state, self.error, self.gpus, self.shown = state, error, [], None
         self.checked = now
 
     def to_json(self) -> Dict[str, Any]:
@@ -169,8 +169,6 @@ class Fleet:
         self.build_every = config.fleet_build_every
         started = clock()
         self.hosts = [Host(host, hosts.base_url(host), started) for host in config.fleet]
-        for host in self.hosts:
-            host.shown = dumps(host.to_json())
         self.tcp: Optional[TCPClient] = None
         self.reader: Optional[ThreadPoolExecutor] = None  # decodes and checks the answers
         self.tasks: Set["asyncio.Task[None]"] = set()
@@ -258,7 +256,7 @@ class Fleet:
             if host.state != UP:
                 log.info("fleet: %s answers: %d GPUs", host.host, len(host.gpus))
             host.answered(host.gpus, now)
-        host.shown = dumps(host.to_json())
+        host.shown = dumps(host.to_json())  # here, as the askings trickle in: not all at once
         self._changed = True
 
     async def _get(self, host: Host, path: str, deadline: float) -> Reply:
@@ -324,5 +322,8 @@ class Fleet:
                 "totals": {"hosts": len(self.hosts), "answering": answering,
                            "gpus": sum(states.values()), "free": free,
                            "states": dict(sorted(states.items()))}}
+        for host in self.hosts:
+            if host.shown is None:
+                host.shown = dumps(host.to_json())
         return (dumps(head)[:-1] + b',"hosts":['
-                + b",".join(host.shown for host in self.hosts) + b"]}")
+                + b",".join(host.shown or b"" for host in self.hosts) + b"]}")
