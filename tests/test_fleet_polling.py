@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from typing import List, Optional, Tuple
 
@@ -170,6 +171,40 @@ async def test_fleet_json_is_built_once_per_change_not_per_request():
     finally:
         for host in hosts:
             await host.stop()
+
+
+def unconnectable() -> Tuple[socket.socket, List[socket.socket]]:
+    """A listener whose accept queue is full (never accepted): the kernel drops further SYNs,
+    so connecting to it hangs, as to a host switched off."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    filling = []
+    for _ in range(4):
+        sock = socket.socket()
+        sock.setblocking(False)
+        try:
+            sock.connect(listener.getsockname())
+        except BlockingIOError:
+            pass
+        filling.append(sock)
+    return listener, filling
+
+
+@async_test
+async def test_a_host_that_does_not_connect_is_given_up_at_the_connect_timeout():
+    listener, filling = unconnectable()
+    try:
+        host = f"127.0.0.1:{listener.getsockname()[1]}"
+        async with running(fleet=(host,), fleet_interval=0.5, fleet_connect_timeout=0.3,
+                           fleet_timeout=5.0) as h:
+            [shown] = h.api.fleet.hosts
+            await until(lambda: shown.state == "not answering", timeout=4.0)  # < 5 s
+            assert shown.error == "no connection within 0.3s", shown.error
+    finally:
+        listener.close()
+        for sock in filling:
+            sock.close()
 
 
 def test_the_connect_timeout_is_a_flag_apart_from_the_answer_timeout():
