@@ -17,12 +17,12 @@ import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import callers, measures, statusbuild, usage
+from . import callers, fleet, measures, statusbuild, usage
 from .harness import ROOT, machine, raise_file_limit
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 NAMES = ("throughput", "reactions", "identity", "callers", "scale", "footprint", "parsers",
-         "waiters", "persistence", "scrape", "page", "usage", "status_build")
+         "waiters", "persistence", "scrape", "page", "usage", "status_build", "fleet")
 
 
 def log(text: str) -> None:
@@ -42,7 +42,7 @@ def run(quick: bool, only: List[str],
         ("footprint", measures.footprint), ("parsers", measures.parsers),
         ("waiters", measures.waiters), ("persistence", measures.persistence),
         ("scrape", measures.scrape), ("page", measures.page), ("usage", usage.usage),
-        ("status_build", statusbuild.status_build)]
+        ("status_build", statusbuild.status_build), ("fleet", fleet.fleet)]
 
     def report() -> Dict[str, Any]:
         return {"machine": machine(), "mode": "quick" if quick else "full",
@@ -176,6 +176,12 @@ def checks(report: Dict[str, Any]) -> List[Dict[str, Any]]:
         ("/status throughput while year-long reports run, as a fraction of without",
          _get(r, "usage", "status_during_reports", "ratio"), ">= 0.9 (at most 10% lower)",
          lambda v: v >= 0.9),
+        (f"/fleet.json p99 ms, {_get(r, 'fleet', 'hosts') or 1010} hosts",
+         _get(r, "fleet", "fleet_json", "p99_ms"), "< 50", lambda v: v < 50),
+        ("a fleet daemon's own /status p99 as a multiple of a plain daemon's",
+         _get(r, "fleet", "status_p99_ratio"), "<= 1.5 (unaffected)", lambda v: v <= 1.5),
+        ("patroller status --hosts s (max), 100 live + 5 refusing + 5 silent",
+         _get(r, "fleet", "status_hosts", "max_s"), "< 2", lambda v: v < 2),
     ]
     return [{"what": what, "measured": value, "target": target,
              "met": None if value is None else bool(test(value))}
@@ -346,15 +352,16 @@ def table(report: Dict[str, Any]) -> str:
 
 
 PAGE = os.path.join("docs", "performance.md")  # the page whose table --docs rewrites
+FLEET_PAGE = os.path.join("docs", "many-hosts.md")  # and the fleet step's
 
 
-def update_page(text: str) -> None:
-    """Put `text` between the benchmark markers of docs/performance.md."""
-    path = os.path.join(ROOT, PAGE)
+def update_page(text: str, page_path: str = PAGE) -> None:
+    """Put `text` between the benchmark markers of docs/performance.md (or `page_path`)."""
+    path = os.path.join(ROOT, page_path)
     with open(path, encoding="utf-8") as f:
         page = f.read()
     if BEGIN not in page or END not in page:
-        raise SystemExit(f"{PAGE} has no benchmark markers")
+        raise SystemExit(f"{page_path} has no benchmark markers")
     page = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: f"{BEGIN}\n{text}\n{END}",
                   page, flags=re.S)
     with open(path, "w", encoding="utf-8") as f:
@@ -378,6 +385,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(table(saved))
         if args.docs:
             update_page(table(saved))
+            if "fleet_json" in (saved["results"].get("fleet") or {}):
+                update_page(fleet.table(saved), FLEET_PAGE)
         return 0
     only = [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = set(only) - set(NAMES)
@@ -400,6 +409,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.docs:
         update_page(text)
         log(f"updated {PAGE}")
+        if "fleet_json" in (report["results"].get("fleet") or {}):
+            update_page(fleet.table(report), FLEET_PAGE)
+            log(f"updated {FLEET_PAGE}")
     failed = [name for name, why in not_run(report["results"]).items()
               if why.startswith("failed")]
     if failed:

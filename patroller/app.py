@@ -16,7 +16,7 @@ from patroller.core.leases import LeaseManager
 from patroller.core.policy import Policy
 from patroller.http.api import Api
 from patroller.http.fastlane import FastLane
-from patroller.http.routes import lane_routes, make_api
+from patroller.http.routes import lane_headers, lane_routes, make_api
 from patroller.http.server import (PeerServer, SocketFile, SocketPathError, remove_unix_socket,
                                    tcp_sockets, unix_socket)
 from patroller.identify.callers import CallerIdentifier, SystemCallers, TestModeCallers
@@ -123,7 +123,7 @@ class Daemon:
         assert api.app is not None
         config = self.services.config
         lane = FastLane(lane_routes(api), api.requests.count,
-                        hand_back_after=config.header_timeout / 2)
+                        hand_back_after=config.header_timeout / 2, headers=lane_headers(api))
         self.server = PeerServer(api.app, lane, config=config,
                                  read_facts=self.services.identifier.peer_facts,
                                  requests=api.requests)

@@ -53,3 +53,27 @@ def test_only_skipped_steps_exit_zero(steps):
     assert bench.main(["--quick", "--only", "footprint,page", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["results"]["page"] == {
         "skipped": "selenium is not installed"}
+
+
+def test_the_fleet_steps_table_for_docs_many_hosts():
+    from bench import fleet
+    machine = {"date": "2026-12-04", "cpu": "a CPU", "cores": 2, "memory_gib": 24}
+    result = {"hosts": 1010, "test_mode_daemons": 300, "replicas": 700, "refusing": 5,
+              "silent": 5, "fleet_json_bytes": 2118462, "poller_core_fraction": 0.05,
+              "fleet_json": {"p99_ms": 20.5, "requests_per_s": 300},
+              "fleet_json_one_client": {"p99_ms": 9.1, "requests_per_s": 200},
+              "status_poller": {"p99_ms": 12.0}, "status_plain": {"p99_ms": 11.0},
+              "status_p99_ratio": 1.09,
+              "status_hosts": {"hosts": "100 live, 5 refusing, 5 silent", "median_s": 1.7,
+                               "max_s": 1.8}}
+    text = fleet.table({"machine": machine, "mode": "full", "results": {"fleet": result}})
+    assert "| `/fleet.json` p99 (wrk, 4 connections), 1010 hosts | 20.5 ms" in text
+    assert "(1.09x) | unaffected |" in text and "median 1.7 s, max 1.8 s | under 2 s |" in text
+    report = {"machine": machine, "mode": "full", "docker": False,
+              "results": {"fleet": {**result, "scaled_down": "200 test-mode daemons, not 300"}}}
+    assert "; 200 test-mode daemons, not 300." in fleet.table(report)
+    checks = {c["what"]: c for c in bench.checks(report)}
+    assert checks["/fleet.json p99 ms, 1010 hosts"]["met"] is True
+    skipped = {"machine": machine, "mode": "quick",
+               "results": {"fleet": {"skipped": "wrk is not installed"}}}
+    assert "did not run" in fleet.table(skipped)

@@ -1,12 +1,14 @@
 """`patroller status --hosts`: three real daemons, one stopped and one host that accepts and
-never answers; each host is asked at once with its own timeout, and the dead ones are shown as
-such without holding up the rest."""
+never answers; every request goes out at once, each with its own timeout, the table is drawn at
+one overall deadline whatever the hosts do, and the dead ones are shown as such (refused, not
+answering, no answer yet) without holding up the rest."""
 import json
 import os
 import re
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pytest
@@ -50,10 +52,11 @@ def test_one_table_for_every_host_and_the_dead_ones_said(fleet):
         assert lines[at[host]].startswith(f"{host}  8 GPUs: ")
         rows = lines[at[host] + 1:at[host] + 9]
         assert [row.split()[0] for row in rows] == [str(n) for n in range(8)]
+    assert lines[at[fleet[1]]] == f"{fleet[1]}  refused: connection refused"
+    assert lines[at[fleet[3]]].startswith(f"{fleet[3]}  not answering: ")  # its timeout: 1 s
     for host in (fleet[1], fleet[3]):  # a line of its own, saying why in full
-        assert lines[at[host]].startswith(f"{host}  not answering: ")
         assert not re.match(r"\d+\s\s", lines[at[host] + 1])  # no GPU row under it
-    assert lines[-1] == "4 hosts, 2 not answering; 16 GPUs: 9 free, 7 reserved"
+    assert lines[-1] == "4 hosts, 1 refused, 1 not answering; 16 GPUs: 9 free, 7 reserved"
     assert lines[at[fleet[0]]] == f"{fleet[0]}  8 GPUs: 1 free, 7 reserved"
     assert [line for line in lines[at[fleet[0]]:at[fleet[1]]] if " alice " in line]
 
@@ -76,6 +79,7 @@ def test_the_same_as_json_from_a_file_or_the_environment(fleet, tmp_path):
     answer = json.loads(done.stdout)["hosts"]
     assert [h["host"] for h in answer] == fleet
     assert [h["free"] for h in answer] == [1, None, 8, None]
+    assert [h["state"] for h in answer] == ["up", "refused", "up", "not answering"]
     assert answer[1]["error"] and answer[3]["error"] and answer[0]["error"] is None
     assert len(answer[2]["status"]) == len(answer[2]["devices"]) == 8
     by_env = patroller("status", "--free", "8", "--host-timeout", "1",
@@ -91,10 +95,52 @@ def test_free_without_hosts_is_this_hosts_and_a_missing_file_is_a_usage_error(fl
 
 
 def test_a_host_that_trickles_its_answer_is_left_behind_and_the_command_ends(fleet):
-    slow = LyingServer({"/status": trickle}).start()
+    slow = LyingServer({"/status": trickle, "/devices": trickle}).start()
     try:
         done = patroller("status", "--hosts", f"{fleet[0]},{slow.host}", "--host-timeout", "1")
     finally:
         slow.shutdown()
     assert done.returncode == 0, done.stderr  # before: it never ended (a pool's thread, joined)
-    assert f"{slow.host}  not answering: no answer within 1 s" in done.stdout
+    assert f"{slow.host}  no answer yet: none within the 1.5 s deadline" in done.stdout
+
+
+def silent_hosts(count):
+    """Listeners that accept (the kernel's backlog) and never answer."""
+    found = []
+    for _ in range(count):
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        found.append(sock)
+    return found
+
+
+@pytest.mark.parametrize("how", ["flag", "environment"])
+def test_the_table_is_drawn_at_the_deadline_whatever_the_hosts_do(fleet, how):
+    """Five silent hosts that a host timeout would wait on for 30 s: drawn at the deadline
+    (1 s), each "no answer yet", the live and refusing ones as ever."""
+    silent = silent_hosts(5)
+    try:
+        quiet = [f"127.0.0.1:{s.getsockname()[1]}" for s in silent]
+        hosts = ",".join(fleet[:3] + quiet)
+        deadline = ["--deadline", "1"] if how == "flag" else []
+        began = time.monotonic()
+        done = patroller("status", "--hosts", hosts, "--host-timeout", "30", *deadline,
+                         env={} if how == "flag" else {"PATROLLER_HOSTS_DEADLINE": "1"})
+        took = time.monotonic() - began
+    finally:
+        for sock in silent:
+            sock.close()
+    assert done.returncode == 0, done.stderr
+    assert took < 1 + 5, took  # the deadline, and the command's own start (not the 30 s)
+    lines = done.stdout.splitlines()
+    for host in quiet:
+        assert f"{host}  no answer yet: none within the 1 s deadline" in lines, done.stdout
+    assert f"{fleet[0]}  8 GPUs: 1 free, 7 reserved" in lines
+    assert f"{fleet[1]}  refused: connection refused" in lines
+    assert lines[-1] == "8 hosts, 1 refused, 5 no answer yet; 16 GPUs: 9 free, 7 reserved"
+
+
+def test_a_deadline_that_is_not_a_duration_is_a_usage_error(fleet):
+    done = patroller("status", "--hosts", fleet[0], env={"PATROLLER_HOSTS_DEADLINE": "soon"})
+    assert done.returncode == 2 and "PATROLLER_HOSTS_DEADLINE" in done.stderr, done.stderr

@@ -267,7 +267,7 @@ def test_mine_on_many_hosts_asks_each_who_the_caller_is(testmode):
         assert lines[1] == f"{testmode}  8 GPUs: 6 free, 2 reserved"
         rows = [line for line in lines if re.match(r"\d+\s\s", line)]
         assert [row.split()[2:4] for row in rows] == [["reserved", "test-user"]]
-        assert lines[-2].startswith("127.0.0.1:1  not answering: Patroller at 127.0.0.1:1: ")
+        assert lines[-2] == "127.0.0.1:1  refused: connection refused"
     finally:
         client.release_all(testmode)
         client.get_json(testmode, "/release?user=alice@example.org")

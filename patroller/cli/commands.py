@@ -94,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--hosts-file", metavar="FILE", help="the hosts, one a line")
     status.add_argument("--host-timeout", type=seconds_arg, default=fleet.FLEET_TIMEOUT,
                         metavar="SECONDS", help="how long a host may take to answer (default 5)")
+    status.add_argument("--deadline", type=seconds_arg, metavar="SECONDS",
+                        help="with --hosts: draw the table after this long in all, a host not "
+                        "answered by then shown as 'no answer yet' (default "
+                        f"${fleet.DEADLINE_VARIABLE}, else {fleet.DEADLINE:g})")
     status.add_argument("--free", type=count_arg, metavar="N",
                         help="list the hosts (or this host) with N free GPUs now")
     status.add_argument("--mine", action="store_true", help="only the GPUs you hold or use, "
@@ -302,7 +306,10 @@ def fleet_of(options: argparse.Namespace) -> List[str]:
 
 
 def render_fleet(options: argparse.Namespace, hosts: List[str], colour: bool) -> str:
-    answers = fleet.ask_all(hosts, options.host_timeout, options.mine)
+    # One table: its deadline counts from the command's start; with --watch, each redraw's.
+    answers = fleet.ask_all(hosts, options.host_timeout, options.mine,
+                            fleet.deadline_from(options.deadline),
+                            0.0 if options.watch else fleet.age())
     if options.json:
         return json.dumps(fleet.fleet_json(answers), separators=(",", ":")) + "\n"
     if options.free is not None:

@@ -1,27 +1,38 @@
 """`patroller status --hosts h1:port,h2:port,...`: the GPUs of many hosts in one table.
 
-Every host is asked at once (a thread each, up to 32), each with its own timeout: a host that does not
-answer in time, or at all, is a line of its own saying so and why, and never holds up the
-rest; so is one that answers more than HOST_MAX_BYTES (nothing past them is read) or other than
-Patroller's schema says (answers.check): "not answering: bad answer: " and why. `--free N`
-lists the hosts with N free GPUs now (answers.free), most free first; `--json` gives the same as
-JSON; `--mine` asks each host who the caller is there (/whoami) and keeps their GPUs. The hosts come from `--hosts`, else
-`--hosts-file` (one a line, `#` comments), else PATROLLER_HOSTS.
+Every request goes out at once (a thread each: /status and /devices of every host, and /whoami
+with --mine), and the table is drawn at one overall deadline (--deadline, else
+PATROLLER_HOSTS_DEADLINE, else DEADLINE = 1.5 s) whatever the hosts do: a host not answered by
+then is "no answer yet", one that refuses "refused", one that fails or answers nothing within
+--host-timeout "not answering" and why; each is a line of its own and never holds up the rest.
+The threads are daemon threads: one left waiting on a silent host ends with the command. A host
+that answers more than HOST_MAX_BYTES (nothing past them is read) or other than Patroller's
+schema says (answers.check) is "not answering: bad answer: " and why. `--free N` lists the
+hosts with N free GPUs now (answers.free), most free first; `--json` gives the same as JSON;
+`--mine` keeps the caller's GPUs, the caller as each host's /whoami names them. The hosts come
+from `--hosts`, else `--hosts-file` (one a line, `#` comments), else PATROLLER_HOSTS.
 """
 from __future__ import annotations
 
 import os
+import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
-from patroller import answers, client, hosts
+from patroller import answers, client, durations, hosts
 from patroller.answers import BadAnswer, check
-from patroller.cli.exits import EX_TEMPFAIL, Failure
+from patroller.cli.exits import EX_TEMPFAIL, EX_USAGE, Failure
 from patroller.cli.status import is_mine, tables
 from patroller.cli.table import printable
 
 FLEET_TIMEOUT = 5.0  # seconds a host may take to answer (--host-timeout)
+DEADLINE = 1.5  # seconds, in all, before the table is drawn (--deadline)
+DEADLINE_VARIABLE = "PATROLLER_HOSTS_DEADLINE"
+# What a host that is not shown is: it refused the connection; it had not answered at the
+# deadline; anything else (a timeout, a failure, a bad answer).
+REFUSED, LATE, DOWN = "refused", "no answer yet", "not answering"
 HOST_MAX_BYTES = 1 << 20  # bytes of a host's answer read at most: the daemon's --fleet-max-bytes
 HOST_MAX_GPUS = 256  # GPUs a host may list: the daemon's Config.fleet_max_gpus
 ERROR_SHOWN = 200  # characters of why a host is not shown, at most (a host's own words in it)
@@ -36,6 +47,10 @@ class HostAnswer:
     devices: Optional[Dict[str, Any]] = None
     error: Optional[str] = None
     me: Optional[str] = None  # with --mine: the caller's user there, as its /whoami says
+    state: Optional[str] = None  # with an error: REFUSED, LATE or DOWN (None: DOWN)
+
+    def shown_state(self) -> str:
+        return "up" if self.error is None and self.status is not None else self.state or DOWN
 
     def free(self) -> int:
         """GPUs one could reserve there now (answers.free), on a host that answered."""
@@ -58,21 +73,37 @@ def hosts_from(given: Optional[str], path: Optional[str]) -> List[str]:
     return hosts.split(os.environ.get("PATROLLER_HOSTS", "") if given is None else given)
 
 
-def _ask(host: str, timeout: float, mine: bool = False) -> HostAnswer:
+def _answer(host: str, got: Dict[str, Any], mine: bool, deadline: float) -> HostAnswer:
+    """One host's answer from what its requests got by the deadline (a body, or what was
+    raised; a path missing: not answered yet)."""
+    errors = [e for e in got.values() if isinstance(e, BaseException)]
+    if errors:
+        error = errors[0]
+        if isinstance(error.__context__, ConnectionRefusedError):  # client says why in words
+            return HostAnswer(host, error="connection refused", state=REFUSED)
+        if isinstance(error, BadAnswer):
+            return HostAnswer(host, error=said(f"bad answer: {error}"), state=DOWN)
+        if got.get("/whoami") is error:
+            return HostAnswer(host, error=said(f"cannot tell who you are there: {error}"))
+        return HostAnswer(host, error=said(str(error) or type(error).__name__), state=DOWN)
+    if not all(path in got for path in paths(mine)):
+        return HostAnswer(host, error=f"none within the {deadline:g} s deadline", state=LATE)
+    status, devices = got["/status"], got["/devices"]
     try:
-        status = client.get_json(host, "/status", timeout, HOST_MAX_BYTES)
-        devices = client.get_json(host, "/devices", timeout, HOST_MAX_BYTES)
         check(status, devices, HOST_MAX_GPUS)
     except BadAnswer as exc:
-        return HostAnswer(host, error=said(f"bad answer: {exc}"))
-    except (client.PatrollerError, ValueError) as exc:  # ValueError: not a server's address
-        return HostAnswer(host, error=said(str(exc) or type(exc).__name__))
+        return HostAnswer(host, error=said(f"bad answer: {exc}"), state=DOWN)
     if not mine:
         return HostAnswer(host, status, devices)
-    try:
-        return HostAnswer(host, status, devices, me=whoami(host, timeout))
-    except client.PatrollerError as exc:
-        return HostAnswer(host, error=said(f"cannot tell who you are there: {exc}"))
+    me = got["/whoami"]
+    if not isinstance(me, dict) or not isinstance(me.get("user"), str):
+        return HostAnswer(host, error=f"cannot tell who you are there: {host}: /whoami names "
+                          "no user")
+    return HostAnswer(host, status, devices, me=me["user"])
+
+
+def paths(mine: bool) -> Tuple[str, ...]:
+    return ("/status", "/devices", "/whoami") if mine else ("/status", "/devices")
 
 
 def whoami(server: Optional[str], timeout: float = FLEET_TIMEOUT) -> str:
@@ -90,12 +121,65 @@ def said(why: str) -> str:
     return why if len(why) <= ERROR_SHOWN else why[:ERROR_SHOWN - 1] + "…"
 
 
-def ask_all(hosts: List[str], timeout: float, mine: bool = False) -> List[HostAnswer]:
-    """Every host's answer, in the order given, within about `timeout` seconds in all (and
-    with `mine`, who the caller is there)."""
-    return at_once(hosts, lambda host: _ask(host, timeout, mine),
-                   timeout * (3 if mine else 2) + 1,  # each request bounded
-                   lambda host: HostAnswer(host, error=f"no answer within {timeout:g} s"))
+def deadline_from(given: Optional[float]) -> float:
+    """The overall deadline: --deadline, else PATROLLER_HOSTS_DEADLINE, else DEADLINE.
+    Failure (usage) when the variable is not a number of seconds."""
+    if given is not None:
+        return given
+    text = os.environ.get(DEADLINE_VARIABLE)
+    if not text:
+        return DEADLINE
+    try:
+        value = durations.parse(text)
+    except ValueError as exc:
+        raise Failure(f"{DEADLINE_VARIABLE}: {exc}", EX_USAGE) from None
+    return value
+
+
+def age() -> float:
+    """Seconds since this process started (Linux: /proc; elsewhere 0): the deadline counts the
+    interpreter's own start too, which can take a good part of a second on a busy machine."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            started = int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0
+
+
+def ask_all(hosts: List[str], timeout: float, mine: bool = False,
+            deadline: Optional[float] = None, spent: float = 0.0) -> List[HostAnswer]:
+    """Every host's answer, in the order given (and with `mine`, who the caller is there):
+    every request sent at once, each bounded by `timeout`, and all that came back by
+    `deadline` seconds from the start, `spent` seconds ago (None: as long as one request may
+    take, plus a second); a host not answered by then is LATE."""
+    if not hosts:
+        return []
+    wait = timeout + 1 if deadline is None else max(0.1, deadline - spent)
+    came: "queue.Queue[Tuple[int, str, Any]]" = queue.Queue()
+
+    def get(n: int, path: str) -> None:
+        try:
+            came.put((n, path, client.get_json(hosts[n], path, timeout, HOST_MAX_BYTES)))
+        except (client.PatrollerError, ValueError) as exc:  # ValueError: not an address
+            came.put((n, path, exc))
+
+    got: List[Dict[str, Any]] = [{} for _ in hosts]
+    for n in range(len(hosts)):
+        for path in paths(mine):  # daemon threads: one still waiting ends with the command
+            threading.Thread(target=get, args=(n, path), daemon=True,
+                             name=f"asking {hosts[n]}{path}").start()
+    end = time.monotonic() + wait
+    pending = len(hosts) * len(paths(mine))
+    while pending:
+        try:
+            n, path, answer = came.get(timeout=max(0.0, end - time.monotonic()))
+        except queue.Empty:
+            break
+        got[n][path] = answer
+        pending -= 1
+    return [_answer(host, answers, mine, wait if deadline is None else deadline)
+            for host, answers in zip(hosts, got)]
 
 
 Answer = TypeVar("Answer")
@@ -151,7 +235,7 @@ def fleet_table(answers: List[HostAnswer], colour: bool = False, width: Optional
     for answer in answers:
         name = f"\033[1m{answer.host}\033[0m" if colour else answer.host
         if answer.status is None or answer.devices is None:
-            why = printable(f"not answering: {answer.error or '?'}")  # a host's own words
+            why = printable(f"{answer.state or DOWN}: {answer.error or '?'}")  # its own words
             groups.append((f"{name}  " + (f"\033[31m{why}\033[0m" if colour else why), []))
             continue
         devices = [(info, answer.status.get(uuid) or {}) for uuid, info in answer.devices.items()]
@@ -163,9 +247,10 @@ def fleet_table(answers: List[HostAnswer], colour: bool = False, width: Optional
         if mine and answer.me is not None:
             devices = [(info, entry) for info, entry in devices if is_mine(entry, answer.me)]
         groups.append((f"{name}  {gpus_said(counts)}", devices))
-    down = sum(1 for a in answers if a.status is None)
+    down = [a.state or DOWN for a in answers if a.status is None]
     total = (f"{len(answers)} host{'s' if len(answers) != 1 else ''}"
-             + (f", {down} not answering" if down else "") + f"; {gpus_said(states)}")
+             + "".join(f", {down.count(state)} {state}" for state in (REFUSED, LATE, DOWN)
+                       if state in down) + f"; {gpus_said(states)}")
     if not any(devices for _, devices in groups):  # no GPU to show: no table head either
         return "".join(heading + "\n" for heading, _ in groups) + total + "\n"
     return tables(groups, colour, width) + total + "\n"
@@ -196,6 +281,7 @@ def free_lines(answers: List[HostAnswer], wanted: int) -> str:
 
 def fleet_json(answers: List[HostAnswer]) -> Dict[str, Any]:
     """The same as JSON: every host's /status and /devices, or its error, and its free GPUs."""
-    return {"hosts": [{"host": a.host, "free": a.free() if a.status is not None else None,
+    return {"hosts": [{"host": a.host, "state": a.shown_state(),
+                       "free": a.free() if a.status is not None else None,
                        "status": a.status, "devices": a.devices, "error": a.error}
                       for a in answers]}

@@ -133,6 +133,8 @@ _SETTINGS = (
     ("--fleet-timeout", "PATROLLER_FLEET_TIMEOUT",
      "seconds a fleet host may take to answer before it is shown as not answering "
      "(default 3)"),
+    ("--fleet-connect-timeout", "PATROLLER_FLEET_CONNECT_TIMEOUT",
+     "seconds to connect to a fleet host before it is shown as not answering (default 1)"),
     ("--fleet-max-bytes", "PATROLLER_FLEET_MAX_BYTES",
      "the largest answer taken from a fleet host, in bytes (or KiB, MiB); a larger one is not "
      "read past that, and the host is shown as failed: bad answer (default 1MiB)"),
@@ -282,6 +284,9 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
                             Config.fleet_interval),
         fleet_timeout=pick("--fleet-timeout", env_names["--fleet-timeout"], durations.parse,
                            Config.fleet_timeout),
+        fleet_connect_timeout=pick("--fleet-connect-timeout",
+                                   env_names["--fleet-connect-timeout"], durations.parse,
+                                   Config.fleet_connect_timeout),
         fleet_max_bytes=pick("--fleet-max-bytes", env_names["--fleet-max-bytes"], values.size,
                              Config.fleet_max_bytes),
     )

@@ -88,6 +88,7 @@ class Config:
     fleet: Tuple[str, ...] = ()  # the hosts shown, as given (host:port); none: no fleet view
     fleet_interval: float = 5.0  # seconds from one asking of a host's /status to the next
     fleet_timeout: float = 3.0  # seconds a host may take to answer: then it is not answering
+    fleet_connect_timeout: float = 1.0  # seconds to connect to a host: then it is not answering
     # bytes: the largest answer taken from a host, never read past (a /status of 64 GPUs and
     # 500 processes is about 92 KB); a larger one is a bad answer
     fleet_max_bytes: int = 1 << 20
@@ -205,3 +206,4 @@ class Config:
     max_pages_per_user: int = 20  # of them, one user's: nobody keeps the others' pages out
     max_pages_unidentified: int = 20  # of them, those of callers who cannot be identified
     fleet_max_gpus: int = 256  # GPUs one fleet host may list: more is a bad answer
+    fleet_build_every: float = 0.5  # seconds at least between two builds of /fleet.json's body

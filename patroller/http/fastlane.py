@@ -33,8 +33,10 @@ HEAD_END = b"\r?\n\r?\n"  # how Tornado's HTTP/1 server reads a request's head
 REQUEST_LINE = re.compile(rb"GET (/[a-z]+) HTTP/1\.1\r?\n")
 # Plain header lines: a token, a colon, a value of visible characters and blanks.
 HEADER_LINES = re.compile(rb"(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t\x20-\x7e]*\r?\n)*\r?\n")
-# Headers that change how a request is read or answered: such a request goes to Tornado.
-NOT_PLAIN = re.compile(rb"\n(?:content-length|transfer-encoding|expect|upgrade|te):", re.I)
+# Headers that change how a request is read or answered (If-None-Match: Tornado answers 304
+# when the ETag matches): such a request goes to Tornado.
+NOT_PLAIN = re.compile(rb"\n(?:content-length|transfer-encoding|expect|upgrade|te|if-none-match):",
+                       re.I)
 CONNECTION = re.compile(rb"\nconnection:[ \t]*([^\r\n]*)", re.I)
 # HTTP/1.1 asks for one Host: a name or address, and a port; anything else goes to Tornado,
 # which checks it the way it does.
@@ -53,12 +55,15 @@ class FastLane:
     MEMO = 256  # heads remembered: past that, each is read again (pollers are few)
 
     def __init__(self, routes: Dict[str, Body], count: Callable[[str, int], None],
-                 hand_back_after: float) -> None:
+                 hand_back_after: float,
+                 headers: Optional[Dict[str, Callable[[], bytes]]] = None) -> None:
         self.routes = routes
+        self.headers = headers or {}  # by path: the header lines its answer adds, as handlers do
         self.count = count  # told (path, status) of each answer, as the access log counts
         self.hand_back_after = hand_back_after  # seconds a connection is served here in a row
         self._heads: Dict[bytes, Optional[Tuple[str, bool]]] = {}
-        self._answers: Dict[Tuple[str, bool], Tuple[bytes, bytes]] = {}  # -> (body, response)
+        # -> (body, extra header lines, response)
+        self._answers: Dict[Tuple[str, bool], Tuple[bytes, bytes, bytes]] = {}
 
     def answer(self, head: bytes, connection: Any = None) -> Optional[Tuple[bytes, bool]]:
         """(the whole response, whether to close after it) for a head the lane answers on
@@ -75,11 +80,12 @@ class FastLane:
         body = self.routes[path](connection)
         if body is None:
             return None
+        extra = self.headers[path]() if path in self.headers else b""
         known = self._answers.get(taken)
-        if known is None or known[0] is not body:  # the body was built again since
-            known = self._answers[taken] = (body, _response(body, close))
+        if known is None or known[0] is not body or known[1] is not extra:  # built again since
+            known = self._answers[taken] = (body, extra, _response(body, close, extra))
         self.count(path, 200)
-        return known[1], close
+        return known[2], close
 
     def _read(self, head: bytes) -> Optional[Tuple[str, bool]]:
         """(path, whether to close after) for a head the lane takes, else None."""
@@ -101,9 +107,9 @@ class FastLane:
         return path, close
 
 
-def _response(body: bytes, close: bool) -> bytes:
+def _response(body: bytes, close: bool, extra: bytes = b"") -> bytes:
     return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=UTF-8\r\n"
-            b"Cache-Control: no-store\r\nServer: patroller\r\n"
+            b"Cache-Control: no-store\r\nServer: patroller\r\n" + extra
             + (b"Connection: close\r\n" if close else b"")
             + b"Content-Length: %d\r\n\r\n" % len(body) + body)
 

@@ -1,37 +1,44 @@
 """The fleet view (--fleet): every listed host's GPUs as its own daemon says, asked by this
 daemon, for /fleet.json and the /fleet page.
 
-Each host has a loop of its own on the event loop: ask its /status and /devices at once with
-Tornado's AsyncHTTPClient, each request bounded by --fleet-timeout; keep the GPUs it answered,
-or why it did not answer (refused, not answering, failed) and since when; wait out the rest of
---fleet-interval; ask again. A host that never answers costs its own loop one timeout a round
-and never holds up another host's; one that comes back is shown again after its next round.
-The client has a connection for every request that can be in flight (two a host), so no
-request waits in its queue behind a silent host's. /fleet.json serializes what the loops kept:
-it never waits for a host.
+Each host has a loop of its own on the event loop, first run at its own moment of
+--fleet-interval (host i of n at i/n of it: 1,000 hosts are a steady trickle of askings, not a
+burst every round): ask its /status on the connection kept open to it (fleetlink.Link), and its
+/devices only when the /status answer's X-Devices-ETag names another inventory than the one kept
+(a daemon that sends none, an older one, is asked both every round); keep the GPUs it answered,
+or why it did not answer (refused, not answering, failed) and since when; wait for its next
+moment; ask again. --fleet-connect-timeout bounds the connecting, --fleet-timeout the answers
+of one asking. A host that never answers costs its own loop one timeout a round and never holds
+up another host's. /fleet.json is built from each host's part, serialized once when the host
+was asked, at most once every Config.fleet_build_every and only after a change: a request
+copies bytes, and never waits for a host.
 
-A host may answer anything, so what it sends is bounded before it is believed: the client reads
-no more than --fleet-max-bytes of an answer (Tornado's max_body_size stops the reading there),
-and the two answers are decoded and checked against Patroller's own schema (answers.check: the
-fields the views read, their types, at most Config.fleet_max_gpus GPUs) in a thread of their own,
-off the event loop: a host's 1 MiB of 350,000 empty identities takes 230 ms to check. A host
-that fails is "failed", its error "bad answer: " and why; the others are not touched.
+A host may answer anything, so what it sends is bounded before it is believed: no more than
+--fleet-max-bytes of an answer's body is read (Tornado's HTTP/1 reader stops there), and the two
+answers are decoded and checked against Patroller's own schema (answers.check: the fields the
+views read, their types, at most Config.fleet_max_gpus GPUs) in a thread of their own, off the
+event loop, one host at a time as the askings trickle in: a host's 1 MiB of 350,000 empty
+identities takes 230 ms to check. Answers the same as last time are not read again. A host that
+fails is "failed", its error "bad answer: " and why; the others are not touched.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import orjson
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest, HTTPResponse
-from tornado.simple_httpclient import HTTPStreamClosedError, HTTPTimeoutError
+from tornado.iostream import StreamClosedError
+from tornado.tcpclient import TCPClient
 
-from patroller import __version__, answers, durations, hosts
+from patroller import __version__, answers, hosts
 from patroller.config import Config
+from patroller.http.encoding import dumps
+from patroller.http.fleetlink import Cut, Link, Reply, Silent
 from patroller.observe.stats import iso_time
 
 log = logging.getLogger(__name__)
@@ -41,6 +48,7 @@ log = logging.getLogger(__name__)
 # (a name that does not resolve, a connection reset, an answer that is not Patroller's).
 UP, ASKING, REFUSED, SILENT, FAILED = "up", "asking", "refused", "not answering", "failed"
 PATHS = ("/status", "/devices")
+DEVICES_TAG = "X-Devices-ETag"  # on a /status answer: the ETag its host's /devices has now
 
 
 class NotPatroller(Exception):
@@ -59,11 +67,18 @@ class Host:
     last_seen: Optional[float] = None  # wall time of its last answer; None: not since we started
     checked: Optional[float] = None  # wall time its last asking ended
     gpus: List[Dict[str, Any]] = field(default_factory=list)  # while up
+    # How it is asked: its connection, the /devices body kept and its ETag, the bodies last
+    # read (the same again is not read again), and its part of /fleet.json, serialized.
+    link: Optional[Link] = field(default=None, repr=False)
+    devices: Optional[bytes] = field(default=None, repr=False)
+    tag: Optional[str] = field(default=None, repr=False)
+    read: Optional[Tuple[bytes, bytes]] = field(default=None, repr=False)
+    shown: Optional[bytes] = field(default=None, repr=False)  # None: to serialize again
 
     def answered(self, gpus: List[Dict[str, Any]], now: float) -> None:
         if self.state != UP:
             self.since = now
-        self.state, self.error, self.gpus = UP, None, gpus
+        self.state, self.error, self.gpus, self.shown = UP, None, gpus, None
         self.last_seen = self.checked = now
 
     def failed(self, state: str, error: str, asked: float, now: float) -> None:
@@ -71,7 +86,7 @@ class Host:
         (a host down one way, then another, stays down since the first)."""
         if self.state in (UP, ASKING):
             self.since = asked
-        self.state, self.error, self.gpus = state, error, []
+        self.state, self.error, self.gpus, self.shown = state, error, [], None
         self.checked = now
 
     def to_json(self) -> Dict[str, Any]:
@@ -142,25 +157,40 @@ def cut(path: str, head: List[str], limit: int) -> Optional[str]:
 class Fleet:
     """Asks every host of `config.fleet`, each in a loop of its own, and keeps their answers."""
 
-    def __init__(self, config: Config, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, config: Config, clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
+        self.monotonic = monotonic
         self.interval = config.fleet_interval
         self.timeout = config.fleet_timeout
+        self.connect_timeout = config.fleet_connect_timeout
         self.max_bytes = config.fleet_max_bytes
         self.max_gpus = config.fleet_max_gpus
+        self.build_every = config.fleet_build_every
         started = clock()
         self.hosts = [Host(host, hosts.base_url(host), started) for host in config.fleet]
-        self.client: Optional[AsyncHTTPClient] = None
+        self.tcp: Optional[TCPClient] = None
         self.reader: Optional[ThreadPoolExecutor] = None  # decodes and checks the answers
         self.tasks: Set["asyncio.Task[None]"] = set()
+        self.asked: Dict[str, int] = {path: 0 for path in PATHS}  # answers taken, by path
+        self.builds = 0  # /fleet.json bodies built
+        self._body: Optional[bytes] = None
+        self._data: Optional[Dict[str, Any]] = None  # the body as data, once asked for
+        self._built = 0.0
+        self._changed = True  # a host changed since the body was built
 
     def start(self) -> None:
-        """Start asking every host, on the current loop."""
-        # Two requests a host can be in flight: a connection for each, never a queue.
-        self.client = AsyncHTTPClient(force_instance=True, max_clients=2 * len(self.hosts),
-                                      max_body_size=self.max_bytes)
+        """Start asking every host, on the current loop, each at its own moment of the
+        interval: host i of n first at i/n of it, so that the askings are spread evenly."""
+        self.tcp = TCPClient()
         self.reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleet")
-        self.tasks = {asyncio.ensure_future(self._watch(host)) for host in self.hosts}
+        agent = f"patroller/{__version__} (fleet view)"
+        for host in self.hosts:
+            host.link = Link(host.url, self.tcp, self.connect_timeout, self.timeout,
+                             self.max_bytes, agent)
+        count = len(self.hosts)
+        self.tasks = {asyncio.ensure_future(self._watch(host, n * self.interval / count))
+                      for n, host in enumerate(self.hosts)}
 
     async def stop(self, grace: float) -> None:
         """Stop asking: every loop is cancelled, a request in flight with it."""
@@ -169,95 +199,131 @@ class Fleet:
         if self.tasks:
             await asyncio.wait(self.tasks, timeout=grace)
         self.tasks = set()
-        if self.client is not None:
-            self.client.close()
-            self.client = None
+        for host in self.hosts:
+            if host.link is not None:
+                host.link.close()
+                host.link = None
+        if self.tcp is not None:
+            self.tcp.close()
+            self.tcp = None
         if self.reader is not None:  # a check under way ends by itself, within its bound
             self.reader.shutdown(wait=False, cancel_futures=True)
             self.reader = None
 
-    async def _watch(self, host: Host) -> None:
+    async def _watch(self, host: Host, delay: float) -> None:
         loop = asyncio.get_running_loop()
+        due = loop.time() + delay
         while True:
-            began = loop.time()
+            await asyncio.sleep(max(0.0, due - loop.time()))
             try:
                 await self.ask(host)
             except Exception:  # a bug of ours: said, and the host asked again next round
                 log.exception("asking %s failed", host.host)
-            await asyncio.sleep(max(0.0, began + self.interval - loop.time()))
+            due += self.interval
+            late = loop.time() - due
+            if late > 0:  # it took longer than the interval: the next moment of its own
+                due += math.ceil(late / self.interval) * self.interval
 
     async def ask(self, host: Host) -> None:
-        """Ask one host once, and keep what it answered or why it did not."""
-        assert self.client is not None and self.reader is not None
+        """Ask one host once, and keep what it answered or why it did not. /devices is asked
+        only when the host's /status names another version of it than the one kept (or none:
+        an older daemon), and the answers are read again only when they changed."""
+        assert self.reader is not None
         asked = self.clock()
-        bodies = await asyncio.gather(*(self._get(host.url, path) for path in PATHS),
-                                      return_exceptions=True)
-        errors = [b for b in bodies if isinstance(b, BaseException)]
-        gpus: List[Dict[str, Any]] = []
-        if not errors:
-            try:
-                gpus = await asyncio.get_running_loop().run_in_executor(
-                    self.reader, read, bodies, self.max_gpus)
-            except (NotPatroller, answers.BadAnswer) as exc:
-                errors.append(exc)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        error: Optional[BaseException] = None
+        try:
+            status = await self._get(host, "/status", deadline)
+            tag = status.headers.get(DEVICES_TAG)
+            if host.devices is None or tag is None or tag != host.tag:
+                devices = await self._get(host, "/devices", deadline)
+                host.devices, host.tag = devices.body, devices.headers.get("ETag")
+            bodies = (status.body, host.devices)
+            if host.state != UP or bodies != host.read:
+                host.gpus = await loop.run_in_executor(self.reader, read, bodies, self.max_gpus)
+                host.read = bodies
+        except Exception as exc:  # noqa: BLE001: whatever a host does is its state
+            error = exc
         now = self.clock()
-        if errors:
-            state, why = self.trouble(errors[0])
+        if error is not None:
+            state, why = self.trouble(error)
             if host.state != state or host.error != why:
                 log.info("fleet: %s %s: %s", host.host, state, why)
             host.failed(state, why, asked, now)
-            return
-        if host.state != UP:
-            log.info("fleet: %s answers: %d GPUs", host.host, len(gpus))
-        host.answered(gpus, now)
+            host.devices = host.tag = host.read = None  # all asked again, next time
+        else:
+            if host.state != UP:
+                log.info("fleet: %s answers: %d GPUs", host.host, len(host.gpus))
+            host.answered(host.gpus, now)
+        host.shown = dumps(host.to_json())  # here, as the askings trickle in: not all at once
+        self._changed = True
 
-    async def _get(self, url: str, path: str) -> bytes:
-        """The body of a host's answer to `path`, of at most --fleet-max-bytes."""
-        assert self.client is not None
-        head: List[str] = []  # the answer's head, line by line: to say why it was cut
-        request = HTTPRequest(
-            url + path, connect_timeout=self.timeout, request_timeout=self.timeout,
-            follow_redirects=False, headers={"Accept": "application/json"},
-            user_agent=f"patroller/{__version__} (fleet view)", header_callback=head.append,
-            decompress_response=False)  # the bound counts what comes, as cut() says it
+    async def _get(self, host: Host, path: str, deadline: float) -> Reply:
+        """A host's answer to `path`, of at most --fleet-max-bytes, before `deadline`."""
+        assert host.link is not None
         try:
-            response: HTTPResponse = await self.client.fetch(request, raise_error=False)
-        except HTTPStreamClosedError:
-            why = cut(path, head, self.max_bytes)
+            reply = await host.link.get(path, deadline)
+        except Cut as exc:
+            why = cut(path, exc.head, self.max_bytes)
             if why is not None:
                 raise answers.BadAnswer(why + " (--fleet-max-bytes)") from None
             raise
-        if response.code != 200:
-            raise NotPatroller(f"{path} answered HTTP {response.code}")
-        return response.body
+        if reply.code != 200:
+            raise NotPatroller(f"{path} answered HTTP {reply.code}")
+        self.asked[path] += 1
+        return reply
 
     def trouble(self, error: BaseException) -> Tuple[str, str]:
         """(state, why) for what asking a host raised."""
-        if isinstance(error, HTTPTimeoutError):
-            return SILENT, f"no answer within {durations.describe(self.timeout)}"
+        if isinstance(error, Silent):
+            return SILENT, str(error)
         if isinstance(error, ConnectionRefusedError):
             return REFUSED, "connection refused"
         if isinstance(error, answers.BadAnswer):
             return FAILED, f"bad answer: {error}"
         if isinstance(error, NotPatroller):
             return FAILED, f"bad answer: {error}: is it a Patroller daemon?"
+        if isinstance(error, (Cut, StreamClosedError)):
+            return FAILED, "the connection closed before the answer ended"
         if isinstance(error, OSError):
             return FAILED, error.strerror or str(error) or type(error).__name__
-        if isinstance(error, HTTPClientError):
-            return FAILED, error.message or str(error)
         return FAILED, str(error) or type(error).__name__
 
+    def body(self) -> bytes:
+        """/fleet.json: every host as last heard, in the order given, and the totals. Built
+        from each host's own part (serialized once, when the host was last asked), at most
+        once every Config.fleet_build_every, and only when a host changed: a request never
+        costs more than the copy of the bytes."""
+        now = self.monotonic()
+        if self._body is None or (self._changed and now - self._built >= self.build_every):
+            self._body, self._data, self._built, self._changed = self._build(), None, now, False
+            self.builds += 1
+        return self._body
+
     def data(self) -> Dict[str, Any]:
-        """/fleet.json: every host as last heard, in the order given, and the totals."""
+        """The body as data (never to be changed: it is shared until the next build)."""
+        body = self.body()
+        if self._data is None:
+            self._data = orjson.loads(body)
+        return self._data
+
+    def _build(self) -> bytes:
         states: Dict[str, int] = {}
+        answering = free = 0
         for host in self.hosts:
+            if host.state == UP:
+                answering += 1
+                free += sum(1 for gpu in host.gpus if gpu["free"])
             for gpu in host.gpus:
                 states[gpu["state"]] = states.get(gpu["state"], 0) + 1
-        answering = [host for host in self.hosts if host.state == UP]
-        return {
-            "time": iso_time(self.clock()), "interval": self.interval, "timeout": self.timeout,
-            "totals": {"hosts": len(self.hosts), "answering": len(answering),
-                       "gpus": sum(states.values()),
-                       "free": sum(1 for host in answering for gpu in host.gpus if gpu["free"]),
-                       "states": dict(sorted(states.items()))},
-            "hosts": [host.to_json() for host in self.hosts]}
+        head = {"time": iso_time(self.clock()), "interval": self.interval,
+                "timeout": self.timeout,
+                "totals": {"hosts": len(self.hosts), "answering": answering,
+                           "gpus": sum(states.values()), "free": free,
+                           "states": dict(sorted(states.items()))}}
+        for host in self.hosts:
+            if host.shown is None:
+                host.shown = dumps(host.to_json())
+        return (dumps(head)[:-1] + b',"hosts":['
+                + b",".join(host.shown or b"" for host in self.hosts) + b"]}")

@@ -212,20 +212,6 @@ class View(Handler):
         self.send(body(await self.viewer(query.parse_user(self.args()))))
 
 
-class DevicesHandler(View):
-    def get(self) -> None:
-        self.send(self.api.devices.body())
-
-
-class StatusHandler(View):
-    def get(self) -> Optional[Awaitable[None]]:
-        hidden = self.api.hiding
-        if hidden is None:
-            self.send(self.api.status.body())
-            return None
-        return self.shown_to_caller(hidden.status_body)
-
-
 class MetricsJsonHandler(View):
     def get(self) -> None:
         self.send(counters(self.services, self.api.status))

@@ -124,6 +124,9 @@ class FleetJsonHandler(View):
         fleet = self.api.fleet
         if fleet is None:
             raise no_fleet()
+        if self.api.hiding is None:
+            self.send(fleet.body())  # built once for every asker (Fleet.body)
+            return None
         return self.shown(fleet.data, hiding.fleet)
 
 

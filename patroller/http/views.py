@@ -8,6 +8,7 @@ starving waiter); the manager never reads them.
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any, Dict, List, Optional, Protocol, Tuple
 
@@ -33,11 +34,19 @@ class StatusBody(Protocol):
 
 
 class DevicesView:
-    """The /devices body, built again when the inventory changes (`invalidate`)."""
+    """The /devices body, built again when the inventory changes (`invalidate`), and its ETag:
+    a hash of the body, which /devices answers carry as `ETag` and /status answers as
+    `X-Devices-ETag`, so that a fleet daemon asks /devices again only when it changed."""
 
     def __init__(self, inventory: Inventory) -> None:
         self.inventory = inventory
+        self._build()
+
+    def _build(self) -> None:
         self._body = dumps(self.data())
+        self.etag = '"%s"' % hashlib.blake2b(self._body, digest_size=8).hexdigest()
+        self.etag_line = b"ETag: %s\r\n" % self.etag.encode("ascii")  # the fast lane's
+        self.tag_line = b"X-Devices-ETag: %s\r\n" % self.etag.encode("ascii")
 
     def data(self) -> Dict[str, Any]:
         """/devices as data."""
@@ -45,7 +54,7 @@ class DevicesView:
 
     def invalidate(self) -> None:
         """The inventory changed."""
-        self._body = dumps(self.data())
+        self._build()
 
     def body(self) -> bytes:
         return self._body

@@ -1,0 +1,257 @@
+"""The fleet at 1,000 hosts: one daemon with --fleet over real test-mode daemons (300; 30 in
+quick mode; fewer where memory does not hold them, said in the result), topped up to 1,000 with
+replicas (bench/replicas.py: one process answering a real daemon's bodies on many ports), plus
+5 refusing ports and 5 silent listeners. Measures /fleet.json (wrk, 4 connections: pages that
+poll it back to back; and 1), the fleet daemon's own /status against a plain daemon's (wrk, 32
+connections each, in turn three times: the medians), the fleet daemon's CPU while it polls, and
+`patroller status --hosts` over 100 live, 5 refusing and 5 silent hosts.
+
+PBENCH_FLEET_ROOT runs the daemons and the command line from another checkout (the figures
+before a change: the same step over the old code).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List, Optional
+
+from .harness import ROOT, cpu_seconds, have_wrk, listening_port, wrk
+
+DAEMON_MIB = 40  # a test-mode daemon's RSS, about (38 MiB measured)
+RESERVE_MIB = 4096  # left free for everything else on the machine
+INTERVAL = 5.0  # --fleet-interval: the default
+
+
+def available_mib() -> int:
+    with open("/proc/meminfo", encoding="ascii") as f:
+        return next(int(line.split()[1]) // 1024 for line in f if line.startswith("MemAvailable:"))
+
+
+class TestDaemon:
+    """`python -m patroller --test` on an ephemeral loopback port."""
+
+    def __init__(self, root: str, *args: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "patroller", "--test", "--port", "0", "--address",
+             "127.0.0.1", "--log-level", "warning", "--state-dir", "none", *args],
+            cwd=root, env={**os.environ, "PYTHONPATH": root}, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.port = 0
+
+    def wait(self, deadline: float) -> "TestDaemon":
+        while not self.port:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"a test-mode daemon exited: {self.process.returncode}")
+            if time.monotonic() > deadline:
+                raise RuntimeError("a test-mode daemon did not start")
+            self.port = listening_port(self.process.pid)
+            time.sleep(0.05)
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def get(self, path: str) -> bytes:
+        with socket.create_connection(("127.0.0.1", self.port), timeout=30) as s:
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            chunks = []
+            while True:
+                chunk = s.recv(1 << 16)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        return b"".join(chunks).split(b"\r\n\r\n", 1)[1]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+
+    def reap(self) -> None:
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def start_many(root: str, count: int, log: Any) -> List[TestDaemon]:
+    """`count` test-mode daemons, started a batch at a time (the machine has two cores)."""
+    started: List[TestDaemon] = []
+    try:
+        for first in range(0, count, 16):
+            batch = [TestDaemon(root) for _ in range(min(16, count - first))]
+            started += batch
+            for daemon in batch:
+                daemon.wait(time.monotonic() + 120)
+            if first and first % 80 == 0:
+                log(f"fleet: {len(started)} test-mode daemons up")
+    except BaseException:
+        stop_all(started)
+        raise
+    return started
+
+
+def stop_all(daemons: List[TestDaemon]) -> None:
+    for daemon in daemons:
+        daemon.stop()
+    for daemon in daemons:
+        daemon.reap()
+
+
+def fleet(ctx: Any) -> Dict[str, Any]:
+    if not have_wrk():
+        return {"skipped": "wrk is not installed"}
+    root = os.environ.get("PBENCH_FLEET_ROOT", ROOT)
+    hosts_wanted, daemons_wanted = (30, 30) if ctx.quick else (1000, 300)
+    available = available_mib()
+    daemons = min(daemons_wanted, max(0, (available - RESERVE_MIB) // DAEMON_MIB))
+    result: Dict[str, Any] = {"root": "this checkout" if root == ROOT else root,
+                              "memory_available_mib": available}
+    if daemons < daemons_wanted:
+        result["scaled_down"] = (f"{daemons} test-mode daemons, not {daemons_wanted}: "
+                                 f"{available} MiB available, {DAEMON_MIB} MiB each, "
+                                 f"{RESERVE_MIB} MiB kept free")
+    if daemons < 10:
+        return {"skipped": result.get("scaled_down", "no memory")}
+    live: List[TestDaemon] = []
+    others: List[TestDaemon] = []
+    silent: List[socket.socket] = []
+    farm: Optional[subprocess.Popen] = None
+    where = tempfile.mkdtemp(prefix="pbench-fleet")
+    try:
+        began = time.monotonic()
+        live = start_many(root, daemons, ctx.log)
+        result["start_s"] = round(time.monotonic() - began, 1)
+        hosts = [f"127.0.0.1:{d.port}" for d in live]
+        replicas = hosts_wanted - daemons
+        if replicas > 0:
+            for path in ("/status", "/devices"):
+                with open(os.path.join(where, path[1:]), "wb") as f:
+                    f.write(live[0].get(path))
+            farm = subprocess.Popen(
+                [sys.executable, "-m", "bench.replicas", os.path.join(where, "status"),
+                 os.path.join(where, "devices"), str(replicas)], cwd=ROOT,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            assert farm.stdout is not None
+            hosts += [f"127.0.0.1:{port}" for port in farm.stdout.readline().split()]
+        refusing = []
+        for _ in range(5):
+            with socket.socket() as s:  # bound, then closed: nothing listens there
+                s.bind(("127.0.0.1", 0))
+                refusing.append(f"127.0.0.1:{s.getsockname()[1]}")
+        for _ in range(5):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            s.listen(64)
+            silent.append(s)
+        quiet = [f"127.0.0.1:{s.getsockname()[1]}" for s in silent]
+        answering = len(hosts)
+        listing = os.path.join(where, "fleet")
+        with open(listing, "w", encoding="utf-8") as f:
+            f.write("\n".join(hosts + refusing + quiet) + "\n")
+        result.update(hosts=len(hosts) + 10, test_mode_daemons=daemons,
+                      replicas=max(0, replicas), refusing=5, silent=5)
+        ctx.log(f"fleet: {daemons} daemons, {max(0, replicas)} replicas, 5 refusing, 5 silent")
+        poller = TestDaemon(root, "--fleet-file", listing, "--fleet-interval", str(INTERVAL))
+        plain = TestDaemon(root)
+        others = [poller, plain]
+        deadline = time.monotonic() + 120
+        poller.wait(deadline), plain.wait(deadline)
+        began = time.monotonic()
+        while True:
+            totals = json.loads(poller.get("/fleet.json"))["totals"]
+            if totals["answering"] == answering:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the fleet daemon heard {totals['answering']} of "
+                                   f"{answering} hosts")
+            time.sleep(0.5)
+        result["all_up_s"] = round(time.monotonic() - began, 1)
+        time.sleep(INTERVAL)  # a whole round in the steady state
+        result["fleet_json_bytes"] = len(poller.get("/fleet.json"))
+        seconds = ctx.wrk_seconds if ctx.quick else 20
+        cpu = cpu_seconds(poller.process.pid)
+        time.sleep(2 * INTERVAL)
+        result["poller_core_fraction"] = round((cpu_seconds(poller.process.pid) - cpu)
+                                               / (2 * INTERVAL), 3)
+        result["fleet_json"] = wrk(poller.url + "/fleet.json", seconds, connections=4)
+        result["fleet_json_one_client"] = wrk(poller.url + "/fleet.json", seconds / 2,
+                                              connections=1)
+        # The machine is shared: the two daemons in turn, three times (once in quick mode),
+        # each side's median.
+        turns: Dict[str, List[Dict[str, float]]] = {"poller": [], "plain": []}
+        for _ in range(1 if ctx.quick else 3):
+            for name, daemon in (("plain", plain), ("poller", poller)):
+                turns[name].append(wrk(daemon.url + "/status", max(5.0, seconds / 3)))
+        for name, runs in turns.items():
+            result[f"status_{name}"] = {key: statistics.median(run[key] for run in runs)
+                                        for key in runs[0]}
+            result[f"status_{name}"]["p99_ms_each"] = [run["p99_ms"] for run in runs]
+        result["status_p99_ratio"] = round(result["status_poller"]["p99_ms"]
+                                           / max(result["status_plain"]["p99_ms"], 0.01), 2)
+        result["status_hosts"] = status_hosts(root, hosts[:100], refusing, quiet,
+                                              2 if ctx.quick else 5)
+    finally:
+        stop_all(others + live)
+        for s in silent:
+            s.close()
+        if farm is not None:
+            assert farm.stdin is not None
+            farm.stdin.close()
+            farm.wait(10)
+        shutil.rmtree(where, ignore_errors=True)
+    return result
+
+
+def status_hosts(root: str, live: List[str], refusing: List[str], silent: List[str],
+                 runs: int) -> Dict[str, Any]:
+    """Wall time of `patroller status --hosts` over `live`, `refusing` and `silent` hosts."""
+    hosts = ",".join(live + refusing + silent)
+    took = []
+    late = 0
+    for _ in range(runs):
+        began = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "patroller.cli", "status", "--hosts", hosts],
+                              capture_output=True, text=True, timeout=120, cwd=root,
+                              env={**os.environ, "PYTHONPATH": root})
+        took.append(time.monotonic() - began)
+        late = sum(1 for line in done.stdout.splitlines() if "  no answer yet: " in line)
+    return {"hosts": f"{len(live)} live, {len(refusing)} refusing, {len(silent)} silent",
+            "median_s": round(statistics.median(took), 2), "max_s": round(max(took), 2),
+            "shown_no_answer_yet": late}
+
+
+def table(report: Dict[str, Any]) -> str:
+    """The fleet step's figures as docs/many-hosts.md shows them."""
+    r = report["results"].get("fleet") or {}
+    m = report["machine"]
+    if "fleet_json" not in r:
+        return f"The fleet step did not run: {r}"
+    lines = [f"Measured {m['date']} on {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, "
+             f"{report['mode']} mode: {r['hosts']} hosts ({r['test_mode_daemons']} test-mode "
+             f"daemons, {r['replicas']} replicas of one, {r['refusing']} refusing, "
+             f"{r['silent']} silent), --fleet-interval {INTERVAL:g}"
+             + (f"; {r['scaled_down']}" if "scaled_down" in r else "") + ".", "",
+             "| what | measured | goal |", "| --- | --- | --- |",
+             f"| `/fleet.json` p99 (wrk, 4 connections), {r['hosts']} hosts | "
+             f"{r['fleet_json']['p99_ms']} ms ({r['fleet_json']['requests_per_s']}/s, "
+             f"{r['fleet_json_bytes']} bytes) | under 50 ms |",
+             f"| `/fleet.json` p99, one client | {r['fleet_json_one_client']['p99_ms']} ms "
+             f"({r['fleet_json_one_client']['requests_per_s']}/s) | |",
+             f"| the fleet daemon's own `/status` p99 / a plain daemon's (wrk, 32 connections, "
+             f"medians of 3 turns) | {r['status_poller']['p99_ms']} ms / "
+             f"{r['status_plain']['p99_ms']} ms ({r['status_p99_ratio']}x) | unaffected |",
+             f"| the fleet daemon's CPU while it polls | "
+             f"{round(100 * r['poller_core_fraction'], 1)}% of a core | |",
+             f"| `patroller status --hosts`, {r['status_hosts']['hosts']} | median "
+             f"{r['status_hosts']['median_s']} s, max {r['status_hosts']['max_s']} s | "
+             "under 2 s |"]
+    return "\n".join(lines)

@@ -1,0 +1,169 @@
+"""One fleet host's connection, kept open from one asking to the next (--fleet).
+
+Tornado's AsyncHTTPClient opens a connection for every request and closes it after (it asks
+with `Connection: close`): at 1,000 hosts, two connections a host every round. A `Link` keeps
+one connection a host and sends each request on it (HTTP/1.1 keep-alive), with Tornado's own
+HTTP/1 reader (`HTTP1Connection`, client side) reading each answer, bounded to --fleet-max-bytes
+of body. A connection the host closed while it was idle (its own idle timeout) is opened again
+once, at the next request; an answer that ends the connection (HTTP/1.0, `Connection: close`, a
+body that ends when the connection does) is read, and the connection opened again next time.
+
+Two timeouts, as the flags say: --fleet-connect-timeout for the connection (a host switched
+off answers no SYN, and would hold an asking for the whole answer timeout), and --fleet-timeout
+for the answers of one asking, from the first request to the last byte.
+"""
+from __future__ import annotations
+
+import asyncio
+import ssl
+import urllib.parse
+from typing import Dict, List, NamedTuple, Optional
+
+from tornado import httputil
+from tornado.http1connection import HTTP1Connection, HTTP1ConnectionParameters
+from tornado.iostream import IOStream, StreamClosedError
+from tornado.tcpclient import TCPClient
+
+from patroller import durations
+
+HEAD_MAX_BYTES = 64 * 1024  # an answer's head, at most
+
+
+class Silent(Exception):
+    """The host did not connect, or did not answer, in time; the message says which."""
+
+
+class Cut(Exception):
+    """The connection ended before the answer did; `head` is the answer's head as far as it
+    came (its lines, the blank one last when it ended), to say why (fleet.cut)."""
+
+    def __init__(self, head: List[str]) -> None:
+        super().__init__("the connection closed before the answer ended")
+        self.head = head
+
+
+class Reply(NamedTuple):
+    code: int
+    headers: httputil.HTTPHeaders
+    body: bytes
+
+
+class _Reading(httputil.HTTPMessageDelegate):
+    """One answer, as Tornado's reader hands it over."""
+
+    def __init__(self) -> None:
+        self.start: Optional[httputil.ResponseStartLine] = None
+        self.headers = httputil.HTTPHeaders()
+        self.chunks: List[bytes] = []
+        self.done = False
+
+    def headers_received(self, start_line: httputil.RequestStartLine | httputil.ResponseStartLine,
+                         headers: httputil.HTTPHeaders) -> None:
+        assert isinstance(start_line, httputil.ResponseStartLine)
+        self.start, self.headers = start_line, headers
+
+    def data_received(self, chunk: bytes) -> None:
+        self.chunks.append(chunk)
+
+    def finish(self) -> None:
+        self.done = True
+
+    def head(self) -> List[str]:
+        if self.start is None:
+            return []
+        return ([f"{self.start.version} {self.start.code} {self.start.reason}\r\n"]
+                + [f"{name}: {value}\r\n" for name, value in self.headers.get_all()] + ["\r\n"])
+
+    def keeps_open(self) -> bool:
+        """Whether the connection may carry the next request."""
+        assert self.start is not None
+        return (self.start.version == "HTTP/1.1"
+                and self.headers.get("Connection", "").lower() != "close"
+                and ("Content-Length" in self.headers
+                     or "chunked" in self.headers.get("Transfer-Encoding", "").lower()))
+
+
+class Link:
+    """Requests to one host's API on one connection, kept open between them."""
+
+    def __init__(self, url: str, tcp: TCPClient, connect_timeout: float, timeout: float,
+                 max_bytes: int, user_agent: str) -> None:
+        parts = urllib.parse.urlsplit(url)
+        assert parts.hostname is not None and parts.port is not None  # hosts.base_url's
+        self.host, self.port = parts.hostname, parts.port
+        self.tls = parts.scheme == "https"
+        self.netloc = parts.netloc
+        self.tcp = tcp
+        self.connect_timeout = connect_timeout
+        self.timeout = timeout  # what the caller's deadlines allow, for the message
+        self.max_bytes = max_bytes
+        self.user_agent = user_agent
+        self.stream: Optional[IOStream] = None
+        self.opened = 0  # connections opened so far
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
+            self.stream = None
+
+    async def get(self, path: str, deadline: float, headers: Optional[Dict[str, str]] = None
+                  ) -> Reply:
+        """GET `path`, answered before `deadline` (the loop's time); Silent if not."""
+        loop = asyncio.get_running_loop()
+        kept = self.stream is not None and not self.stream.closed()
+        try:
+            try:
+                return await asyncio.wait_for(self._get(path, headers), deadline - loop.time())
+            except StreamClosedError:
+                if not kept:
+                    raise
+            # A kept connection that the host closed while it was idle: once more, on a new one.
+            return await asyncio.wait_for(self._get(path, headers), deadline - loop.time())
+        except asyncio.TimeoutError:
+            self.close()
+            raise Silent(f"no answer within {durations.describe(self.timeout)}") from None
+        except BaseException:
+            self.close()
+            raise
+
+    async def _connect(self) -> IOStream:
+        if self.stream is not None and not self.stream.closed():
+            return self.stream
+        self.stream = None
+        try:
+            tls = ssl.create_default_context() if self.tls else None
+            self.stream = await self.tcp.connect(self.host, self.port, ssl_options=tls,
+                                                 timeout=self.connect_timeout)
+        except asyncio.TimeoutError:
+            raise Silent("no connection within "
+                         f"{durations.describe(self.connect_timeout)}") from None
+        except StreamClosedError as exc:  # how Tornado says that connecting failed, and why
+            if isinstance(exc.real_error, OSError):
+                raise exc.real_error from None
+            raise
+        self.opened += 1
+        return self.stream
+
+    async def _get(self, path: str, headers: Optional[Dict[str, str]]) -> Reply:
+        stream = await self._connect()
+        connection = HTTP1Connection(stream, True, HTTP1ConnectionParameters(
+            max_header_size=HEAD_MAX_BYTES, max_body_size=self.max_bytes, decompress=False))
+        request = httputil.HTTPHeaders({"Host": self.netloc, "Accept": "application/json",
+                                        "User-Agent": self.user_agent, **(headers or {})})
+        reading = _Reading()
+        connection.write_headers(httputil.RequestStartLine("GET", path, "HTTP/1.1"), request)
+        connection.finish()
+        try:
+            await connection.read_response(reading)
+        except StreamClosedError:
+            if reading.start is None:
+                raise  # no answer at all: on a kept connection, the caller asks again
+        if not reading.done:  # the host closed, or the answer broke a bound (the reader closed)
+            self.close()
+            if reading.start is None:
+                raise StreamClosedError()
+            raise Cut(reading.head())
+        if not reading.keeps_open():
+            self.close()
+        assert reading.start is not None
+        return Reply(reading.start.code, reading.headers, b"".join(reading.chunks))
