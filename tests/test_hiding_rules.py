@@ -125,24 +125,31 @@ class Case:
         fleet = Fleet(replace(config, fleet=("gpu1:8080",)), clock=lambda: WALL)
         fleet.hosts[0].answered(gpus_of(orjson.loads(view.body()), self.devices), WALL)
         self.data["/fleet.json"] = fleet.data()
-        self.shown = {endpoint: Shown(data, RENDERS[endpoint], self.pseudonyms)
-                      for endpoint, data in self.data.items()}
-        services = SimpleNamespace(
+        self.services = SimpleNamespace(
             leases=leases, inventory=leases.inventory, stats=stats, idle=idle, mode="test",
             monitors=(), book=None, usage=None,
             identifier=SimpleNamespace(docker_calls=0, proc_reads=0),
             callers=SimpleNamespace(lookups=0, descriptors_read=0))
-        self.metrics = {hidden: scraped(DaemonCollector(
-            services, Requests(), Hiding(self.pseudonyms, view) if hidden else None))
-            for hidden in (False, True)}
+        self.view = view
+        # What each test is sent is made in the test (hiding.py runs in it, not in the module's
+        # set-up: a mutation run counts what a test calls), once per test.
+        self.shown: Dict[str, Shown] = {}
+        self.metrics: Dict[bool, List[Dict[str, Any]]] = {}
 
     def body(self, endpoint: str, viewer: Viewer) -> Any:
         """What `viewer` is sent: JSON as the server serializes it, the metrics (the same for
         every caller), or a command's output from what the server sends."""
         if endpoint == "/metrics":  # it asks no one who they are: with the flag, one scrape
-            return self.metrics[viewer is not EVERY_NAME]
+            hidden = viewer is not EVERY_NAME
+            if hidden not in self.metrics:
+                self.metrics[hidden] = scraped(DaemonCollector(
+                    self.services, Requests(),
+                    Hiding(self.pseudonyms, self.view) if hidden else None))
+            return self.metrics[hidden]
         if endpoint in COMMANDS:
             return COMMANDS[endpoint](self, viewer)
+        if endpoint not in self.shown:
+            self.shown[endpoint] = Shown(self.data[endpoint], RENDERS[endpoint], self.pseudonyms)
         return orjson.loads(self.shown[endpoint].body(viewer))
 
     def named(self, user: str, body: Dict[str, Any]) -> Optional[str]:
@@ -172,7 +179,24 @@ COMMANDS: Dict[str, Callable[[Case, Viewer], str]] = {
     "patroller queue": lambda case, v: queue_table(case.body("/queue", v)),
 }
 
-CASE = Case()
+# The case, built in the test session (by the fixture below), never at import: a mutation run
+# imports the tests once, then runs each mutant's tests in a fork of that process, where a case
+# built at import would hold what the code did with no mutant in it.
+CASE: Case
+
+
+@pytest.fixture(scope="module", autouse=True)
+def case() -> Case:
+    global CASE
+    CASE = Case()
+    return CASE
+
+
+@pytest.fixture(autouse=True)
+def sent_afresh() -> None:
+    """Each test makes what it is sent itself (Case.body)."""
+    CASE.shown.clear()
+    CASE.metrics.clear()
 
 
 # -- reading a field out of an answer -----------------------------------------------------------
