@@ -7,6 +7,7 @@ import logging
 import os
 import sqlite3
 import subprocess
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import replace
@@ -15,6 +16,7 @@ import pytest
 
 from helpers import need_root
 from patroller.config import Config
+from patroller.core.errors import Unavailable
 from patroller.core.usage import GpuSample, Party, Present
 from patroller.state.usage import queries, schema, tables
 from patroller.state.usage.store import FILE, UsageStore
@@ -291,3 +293,144 @@ def test_a_read_only_filesystem_runs_without_a_store_and_says_so(tmp_path, caplo
             assert store.state == "read_only" and store.metrics()["state"] == "read_only"
             store.put(time.time(), interval())  # taken, and nothing is done with it
     assert "read-only filesystem: running without a usage store" in caplog.text
+
+
+# -- edges the mutation run found unchecked (docs/development.md, "Mutation testing") --------------
+
+WALL = 1_800_000_000.0  # 2027-01-15 08:00:00 UTC
+STAMP = "20270115T080000Z"
+NOT_A_DATABASE = b"not a database at all\n" * 100
+
+
+def test_a_file_set_aside_is_named_by_the_time_and_takes_the_first_free_number(tmp_path, caplog):
+    (tmp_path / FILE).write_bytes(NOT_A_DATABASE)
+    for name in (f"{FILE}.corrupt-{STAMP}", f"{FILE}.corrupt-{STAMP}-3"):  # set aside before
+        (tmp_path / name).write_bytes(name.encode())
+    with caplog.at_level(logging.INFO, logger="patroller.state.usage.store"):
+        with store_in(tmp_path, wall=lambda: WALL) as store:
+            store.put(WALL, interval())
+            wait(lambda: store.intervals == 1)
+            assert store.set_aside == 1
+    aside = f"{FILE}.corrupt-{STAMP}-2"
+    assert (tmp_path / aside).read_bytes() == NOT_A_DATABASE
+    for name in (f"{FILE}.corrupt-{STAMP}", f"{FILE}.corrupt-{STAMP}-3"):  # left as they were
+        assert (tmp_path / name).read_bytes() == name.encode()
+    [line] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert line == (f"usage store {tmp_path / FILE} is not a usable usage store (file is not a "
+                    f"database); set aside as {aside}, and a fresh store starts")
+
+
+def test_a_newer_file_says_its_version_and_what_this_patroller_knows(tmp_path):
+    newer_file(tmp_path / "u.sqlite3")
+    db = sqlite3.connect(tmp_path / "u.sqlite3", isolation_level=None)
+    with pytest.raises(schema.Newer) as raised:
+        schema.migrate(db)
+    assert raised.value.version == 7
+    assert str(raised.value) == "holds schema version 7 (this Patroller knows up to 1)"
+
+
+def records(caplog, level, words):
+    return [r.getMessage() for r in caplog.records if r.levelno == level
+            and words in r.getMessage()]
+
+
+@pytest.mark.errors_expected  # the file that cannot be set aside, and the failing store
+def test_a_file_that_cannot_be_set_aside_fails_the_store_until_it_can_be_used(tmp_path, caplog):
+    need_root("it bind-mounts a file over the store's")
+    path, garbage = tmp_path / FILE, tmp_path / "garbage"
+    garbage.write_bytes(NOT_A_DATABASE)
+    path.write_bytes(b"")  # where the garbage is mounted: renaming a mount point fails (EBUSY)
+    subprocess.run(["mount", "--bind", str(garbage), str(path)], check=True)
+    mounted = True
+    try:
+        with store_in(tmp_path) as store:
+            wait(lambda: records(caplog, logging.ERROR, "cannot write the usage store"))
+            assert records(caplog, logging.ERROR, "cannot be set aside")[0] == (
+                f"usage store {path} is not a usable usage store (file is not a database) and "
+                "cannot be set aside: Device or resource busy")
+            assert records(caplog, logging.ERROR, "cannot write the usage store") == [
+                f"cannot write the usage store {path}: file is not a database (1 failure(s) so "
+                "far); serving goes on, 0 interval(s) kept in memory, tried again every 0.05 s"]
+            assert store.state == "failing" and store.why == "file is not a database"
+            store.put(time.time(), interval())
+            subprocess.run(["umount", str(path)], check=True)
+            mounted = False  # the empty file under it is a database: the store uses it
+            wait(lambda: store.state == "writable" and store.intervals == 1)
+            assert store.set_aside == 0 and store.why == ""
+    finally:
+        if mounted:  # lazily: a store that failed the test may hold it open still
+            subprocess.run(["umount", "-l", str(path)], check=True)
+    assert garbage.read_bytes() == NOT_A_DATABASE
+
+
+def replaced_while_running(store, path):
+    """Have the running store set its file aside: another connection makes the file a newer
+    Patroller's, holding the write lock until the store's write has failed; the store opens the
+    file again, finds it newer, sets it aside and starts a fresh one."""
+    before = store.set_aside
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("UPDATE schema_version SET version = 7")
+    store.put(time.time(), interval())
+    wait(lambda: store.state == "failing")  # locked: the write failed, the file is let go
+    other.execute("COMMIT")
+    other.close()
+    wait(lambda: store.set_aside == before + 1 and store.state == "writable")
+
+
+@pytest.mark.errors_expected  # the write that fails while the other connection holds the lock
+def test_reports_follow_the_file_each_time_it_is_set_aside(tmp_path):
+    now = time.time()
+    with store_in(tmp_path, usage_busy_timeout=0.05) as store:
+        store.put(now, interval())
+        wait(lambda: store.intervals == 1)
+        assert by_category(report(store, now - 3600, now + 3600))[("alice", "active")] == 30.0
+        for n in (1, 2):
+            replaced_while_running(store, tmp_path / FILE)
+            wait(lambda: store.intervals == 1 + n)
+            # the fresh file holds the one interval written since, not the one before
+            assert by_category(report(store, now - 3600, now + 3600)) == {
+                ("alice", "active"): 30.0, ("alice", "idle_held"): 30.0, (None, "free"): 60.0}
+        assert store.set_aside == 2
+    assert len([p for p in tmp_path.iterdir() if ".newer-" in p.name and "-wal" not in p.name
+                and "-shm" not in p.name]) == 2
+
+
+def test_a_report_that_cannot_be_read_says_so_and_the_next_one_reads_again(tmp_path):
+    now = time.time()
+    with store_in(tmp_path) as store:
+        store.put(now, interval())
+        wait(lambda: store.intervals == 1)
+        assert by_category(report(store, now - 3600, now + 3600))[("alice", "active")] == 30.0
+        other = sqlite3.connect(tmp_path / FILE, isolation_level=None)
+        other.execute("DROP TABLE schema_version")  # under the reader's open connection
+        with pytest.raises(Unavailable) as raised:
+            report(store, now - 3600, now + 3600)
+        assert raised.value.message == (
+            f"the usage store {tmp_path / FILE} cannot be read now (holds tables (daily, gpus, "
+            "hourly, parties, samples) but no schema version: not a usage store); try again "
+            "shortly")
+        other.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        other.execute("INSERT INTO schema_version VALUES (1)")
+        other.close()
+        assert by_category(report(store, now - 3600, now + 3600))[("alice", "active")] == 30.0
+
+
+def test_reports_are_read_in_one_thread_of_their_own(tmp_path):
+    """One connection for reports, used by one thread: the store's `usage-reader`, never the
+    event loop's executor, and one at a time however many reports are asked at once."""
+    now = time.time()
+
+    async def many(store):
+        return await asyncio.gather(*(store.report(now - 3600, now + 3600, "user")
+                                      for _ in range(8)))
+
+    before = set(threading.enumerate())
+    with store_in(tmp_path) as store:
+        store.put(now, interval())
+        wait(lambda: store.intervals == 1)
+        totals = asyncio.run(many(store))
+        readers = [t.name for t in threading.enumerate()
+                   if t not in before and t.name.startswith("usage-reader")]
+        assert readers == ["usage-reader_0"]
+    assert all(by_category(t)[("alice", "active")] == 30.0 for t in totals)
