@@ -19,7 +19,7 @@ from patroller.config import Config
 from patroller.core.errors import Unavailable
 from patroller.core.usage import GpuSample, Party, Present
 from patroller.state.usage import queries, schema, tables
-from patroller.state.usage.store import FILE, UsageStore
+from patroller.state.usage.store import FILE, UsageStore, damaged
 
 ALICE = Party(user="alice", account="alice")
 BOB = Party(user="bob", account="bob")
@@ -434,3 +434,87 @@ def test_reports_are_read_in_one_thread_of_their_own(tmp_path):
                    if t not in before and t.name.startswith("usage-reader")]
         assert readers == ["usage-reader_0"]
     assert all(by_category(t)[("alice", "active")] == 30.0 for t in totals)
+
+
+def test_a_range_counts_the_whole_hour_and_day_it_begins_in(tmp_path):
+    db = sqlite3.connect(tmp_path / "u.sqlite3", isolation_level=None)
+    schema.migrate(db)
+    keys = tables.Keys()
+    day = WALL // DAY * DAY - 10 * DAY
+    tables.write_interval(db, keys, day + 3600 + 660, interval())  # 10:00 to 11:00 past 1 a.m.
+    tables.write_interval(db, keys, day - DAY + 660, interval())  # the day before, folded:
+    tables.fold(db, int(day))
+    assert queries.bounds(day + 3600 + 1800, WALL) == (day + 3600, WALL, day, WALL)
+    assert queries.bounds(day - DAY + 7200, WALL) == (day - DAY + 7200, WALL, day - DAY, WALL)
+    # from half past one: the hour from one o'clock counts whole; from 2 a.m. the day before:
+    # the day counts whole (only daily totals are left of it)
+    for since in (day + 3600 + 1800, day - DAY + 7200):
+        totals = queries.totals(db, since, WALL, "user")
+        assert by_category(totals)[("alice", "active")] == (30.0 if since > day else 60.0)
+    assert queries.totals(db, day + 7200, WALL, "user").rows == []
+    by_gpu = queries.totals(db, day, WALL, "gpu")
+    assert sorted(by_gpu.rows) == [("GPU-a", "alice", "active", 30.0),
+                                   ("GPU-a", "alice", "idle_held", 30.0),
+                                   ("GPU-b", None, "free", 60.0)]
+    assert by_gpu.first == day - DAY  # the day folded
+
+
+def test_an_empty_store_reports_nothing_and_no_first_time(tmp_path):
+    with store_in(tmp_path) as store:
+        wait(lambda: store.state == "writable")
+        totals = report(store, WALL - DAY, WALL)
+    assert (totals.rows, totals.numbers, totals.first) == ([], {}, None)
+
+
+def error(kind, message, name=None):
+    """An error as SQLite raises it: with its name on Python 3.11 and later (`name`), with its
+    message alone before."""
+    exc = kind(message)
+    if name is not None:
+        exc.sqlite_errorname = name
+    return exc
+
+
+@pytest.mark.parametrize("exc, is_damaged", [
+    (error(sqlite3.DatabaseError, "file is not a database"), True),  # Python 3.10
+    (error(sqlite3.DatabaseError, "database disk image is malformed"), True),
+    (error(sqlite3.DatabaseError, "a damaged file", "SQLITE_CORRUPT"), True),  # 3.11: by name
+    (error(sqlite3.DatabaseError, "not a file of ours", "SQLITE_NOTADB"), True),
+    (error(sqlite3.OperationalError, "database is locked", "SQLITE_BUSY"), False),
+    (error(sqlite3.OperationalError, "disk I/O error"), False),
+])
+def test_a_file_is_damaged_when_sqlite_says_so_by_name_or_by_its_message(exc, is_damaged):
+    assert damaged(exc) is is_damaged
+
+
+def test_the_metrics_count_what_the_store_did_and_what_waits(tmp_path):
+    """A wall clock the test holds back holds the writer in its first write (its folding asks
+    the time): what is put meanwhile waits, and counts as pending."""
+    let_go = threading.Event()
+
+    def wall():
+        let_go.wait(20)
+        return time.time()
+
+    with store_in(tmp_path, wall=wall) as store:
+        for n in range(3):
+            store.put(WALL + 60 * n, interval())
+        assert store.metrics()["pending"] == 3
+        let_go.set()
+        wait(lambda: store.intervals == 3)
+        assert store.metrics() == {
+            "path": str(tmp_path / FILE), "state": "writable", "rows": 6, "intervals": 3,
+            "failures": 0, "set_aside": 0, "pending": 0, "dropped": 0}
+
+
+def test_folding_takes_whole_days_only(tmp_path):
+    db = sqlite3.connect(tmp_path / "u.sqlite3", isolation_level=None)
+    schema.migrate(db)
+    keys = tables.Keys()
+    day = WALL // DAY * DAY - 20 * DAY
+    for hour in (1, 23):  # the first and the last hour of a day
+        tables.write_interval(db, keys, day + hour * 3600 + 660, interval())
+    now = day + 10 * DAY + 12 * 3600  # noon, ten days after
+    assert tables.cutoff(now, 10) == day
+    assert tables.fold(db, tables.cutoff(now, 10)) == (0, 0)  # the day is not over ten days ago
+    assert tables.fold(db, tables.cutoff(now + DAY, 10)) == (4, 6)  # now it is, whole
