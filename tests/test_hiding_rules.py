@@ -34,7 +34,7 @@ from patroller.http.access import Requests
 from patroller.http.fleet import Fleet, gpus_of
 from patroller.http.hiding import Hiding, Shown, Viewer, viewer_of
 from patroller.http.metrics import DaemonCollector
-from patroller.http.views import DevicesView, StatusView, queue_view, users_view
+from patroller.http.views import DevicesView, StatusView, job_view, queue_view, users_view
 from patroller.observe.idle import IdleWatch
 from patroller.observe.signals import ProcessSamples, Signals
 from patroller.observe.stats import StatsStore, iso_time
@@ -530,3 +530,21 @@ def test_nothing_names_a_user_to_whom_it_may_not(asker: Optional[Identity]) -> N
         if asker is not None and user == asker.user:
             continue
         assert leaks(leaves(sent) + labels, (user,) + secrets) == [], user
+
+
+def test_a_job_that_names_its_user_is_theirs_whoever_holds_the_gpu() -> None:
+    """A GPU may run several users' jobs (a shared GPU): a job the map names a user for is that
+    user's, whoever holds the GPU; one it names no user for (a bare id) is the holder's."""
+    franks = job_view(Job(id="77", uid=1010, user="frank", account="lab", partition="a100"))
+    bare = job_view(Job(id="78"))
+
+    def seen(job: Dict[str, Any], viewer: Viewer) -> Dict[str, Any]:
+        return hiding.job_seen(job, ERIN.user, hiding.Redaction(viewer, CASE.pseudonyms))
+
+    assert seen(franks, Viewer("frank")) == franks
+    assert seen(franks, hiding.EVERYTHING) == franks
+    assert seen(franks, Viewer(ERIN.user)) == {**franks, "id": None, "uid": None,
+                                               "account": None,
+                                               "user": CASE.pseudonyms.of("frank")}
+    assert seen(bare, Viewer(ERIN.user)) == bare
+    assert seen(bare, Viewer("frank")) == {**bare, "id": None}
