@@ -32,7 +32,7 @@ from patroller.core.pods import Pod, PodAllocation
 from patroller.http import hiding
 from patroller.http.access import Requests
 from patroller.http.fleet import Fleet, gpus_of
-from patroller.http.hiding import Hiding, Shown, Viewer, viewer_of
+from patroller.http.hiding import NOBODY, Hiding, Shown, Viewer, viewer_of
 from patroller.http.metrics import DaemonCollector
 from patroller.http.views import DevicesView, StatusView, job_view, queue_view, users_view
 from patroller.observe.idle import IdleWatch
@@ -548,3 +548,51 @@ def test_a_job_that_names_its_user_is_theirs_whoever_holds_the_gpu() -> None:
                                                "user": CASE.pseudonyms.of("frank")}
     assert seen(bare, Viewer(ERIN.user)) == bare
     assert seen(bare, Viewer("frank")) == {**bare, "id": None}
+
+
+FRANK = Identity(user="frank", source="slurm", account="frank", uid=1010,
+                 job=(("id", "5151"), ("step", "0")))
+GRACE = Identity(user="grace@example.org", source="pod", email="grace@example.org", uid=1011,
+                 pod=(("namespace", "audio"), ("name", "whisper-0"), ("container", "main")))
+
+
+def test_a_trespassers_own_job_or_pod_and_a_deallocations_jobs_are_named_to_their_own() -> None:
+    """/history: a trespasser's own Slurm job or pod (on another job's or pod's GPU) is theirs,
+    shown to them alone (and root); the jobs a device was allocated to, when it is no more,
+    are the user's whose they were."""
+    clock = FakeClock()
+    leases = lease_manager(clock)
+    audit = AuditLog(None, Config().audit_keep, 60.0, clock=lambda: WALL)
+    leases.on_event(audit.record)
+    uuid = [d.uuid for d in leases.inventory]
+    leases.allocate(uuid[1], Allocation((Job(id="4242"),)))
+    leases.process_started(uuid[1], 300, ERIN, "train")
+    leases.process_started(uuid[1], 700, FRANK, "stray")  # frank's own job, on erin's GPU
+    leases.allocate(uuid[2], PodAllocation((Pod("vision", "trainer-0", ("dora-main",)),)),
+                    "kubernetes")
+    leases.process_started(uuid[2], 400, DORA, "torchrun")
+    leases.process_started(uuid[2], 701, GRACE, "stray")  # grace's own pod, on dora's GPU
+    leases.allocate(uuid[1], None)  # erin's job ends
+    history = audit.since(0.0, 1000)
+
+    def seen(viewer: Viewer) -> Dict[str, Dict[str, Any]]:
+        shown = hiding.events(history, hiding.Redaction(viewer, CASE.pseudonyms))
+        return {"frank": next(e for e in shown if e["event"] == "trespass" and e["pid"] == 700),
+                "grace": next(e for e in shown if e["event"] == "trespass" and e["pid"] == 701),
+                "ended": next(e for e in shown if e["event"] == "deallocated")}
+
+    mine = seen(Viewer("frank"))
+    assert (mine["frank"]["job"], seen(Viewer("grace@example.org"))["grace"]["pod"]) == \
+        ("5151", "audio/whisper-0")
+    for viewer in (Viewer(ERIN.user), Viewer(DORA.user), NOBODY):
+        assert seen(viewer)["frank"]["job"] is None and seen(viewer)["grace"]["pod"] is None
+    assert seen(Viewer(ERIN.user))["ended"]["jobs"] == ["4242"]
+    for viewer in (Viewer("frank"), NOBODY):
+        assert seen(viewer)["ended"]["jobs"] is None
+    root = seen(EVERY_NAME)
+    assert (root["frank"]["job"], root["grace"]["pod"], root["ended"]["jobs"]) == \
+        ("5151", "audio/whisper-0", ["4242"])
+
+
+def test_the_fast_lane_leaves_a_caller_it_does_not_know_to_the_handler() -> None:
+    assert Hiding(CASE.pseudonyms, CASE.view).lane_status(None) is None
