@@ -596,3 +596,36 @@ def test_a_trespassers_own_job_or_pod_and_a_deallocations_jobs_are_named_to_thei
 
 def test_the_fast_lane_leaves_a_caller_it_does_not_know_to_the_handler() -> None:
     assert Hiding(CASE.pseudonyms, CASE.view).lane_status(None) is None
+
+
+def test_a_hidden_identity_keeps_its_pseudonym_its_source_and_whether_it_is_degraded() -> None:
+    redaction = hiding.Redaction(NOBODY, CASE.pseudonyms)
+    data = {**ALICE.to_json(), "degraded": True}
+    assert redaction.identity(data) == {
+        **{key: None for key in data}, "user": CASE.pseudonyms.of(ALICE.user),
+        "source": "container", "info": {}, "degraded": True}
+    # a host of the fleet that says nothing of degraded identities (an older Patroller)
+    assert redaction.identity({"user": "bob", "source": "host"}) == {
+        "user": CASE.pseudonyms.of("bob"), "source": "host", "info": {}, "degraded": False}
+
+
+def test_status_is_serialized_once_per_build_and_way_of_seeing_it() -> None:
+    clock = FakeClock()
+    leases = lease_manager(clock)
+    stats = StatsStore(leases.inventory, 15.0, 5.0, 120, clock=clock)
+    view = StatusView(leases.inventory, leases, stats, IdleWatch(leases), 0.1, clock=clock)
+    shown = Hiding(CASE.pseudonyms, view)
+    bob, alice = viewer_of(BOB), viewer_of(ALICE)
+    before = shown.status_body(bob)
+    assert shown.status_body(bob) is before
+    [granted] = leases.request(ALICE, {"gpu": 1})
+    view.invalidate()  # as the daemon's signals do
+    seen = orjson.loads(shown.status_body(bob))
+    assert seen[granted.uuid]["claim"]["user"]["user"] == CASE.pseudonyms.of(ALICE.user)
+    own = shown.status_body(alice)
+    assert orjson.loads(own)[granted.uuid]["claim"]["user"]["user"] == ALICE.user
+    assert shown.status_body(alice) is own and shown.status_body(hiding.EVERYTHING) is \
+        view.body()
+    body = view.body()
+    assert Shown(view.latest(), hiding.status, CASE.pseudonyms, body).body(
+        hiding.EVERYTHING) is body
