@@ -2,6 +2,7 @@
 watches it: an allocated GPU shows its job and user and is never granted, a process outside
 the job on it trespasses, an allocated GPU with nothing running is idle like a reservation, and
 the GPU is grantable again once the file goes."""
+import logging
 import os
 import subprocess
 from dataclasses import replace as changed
@@ -98,9 +99,12 @@ def write(path, text):
 
 
 @async_test
-async def test_an_allocated_gpu_shows_its_job_and_is_never_granted(tmp_path):
+async def test_an_allocated_gpu_shows_its_job_and_is_never_granted(tmp_path, caplog):
     jobs = tmp_path / "jobs"  # not there at start: the prolog makes it at the first job
+    caplog.set_level(logging.INFO, logger="patroller.observe.jobmap")
     async with running(slurm_job_map=str(jobs), job_map_every=0.05) as h:
+        assert f"the Slurm job map {jobs} is not there yet: no GPU is allocated to a job until " \
+            "the prolog writes it" in [r.getMessage() for r in caplog.records]
         uuid = h.uuids()[2]
         jobs.mkdir()
         write(str(jobs / "2"), "4242 uid=1001 user=carol account=physics partition=gpu\n")
