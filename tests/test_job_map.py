@@ -233,3 +233,15 @@ def test_a_lost_gpu_is_allocated_to_no_job(tmp_path):
     watch.apply(allocation)
     assert [(r.uuid, r.allocation) for r in told][1:] == [(devices[1].uuid, allocation[1])]
 
+
+
+def test_files_not_read_are_told_of_in_the_order_of_their_gpus(tmp_path, caplog):
+    watch = JobMapWatch(synthetic_inventory(2), Signals(), Config(slurm_job_map=str(tmp_path)))
+    watch.report({"10": "a FIFO: not read", "9.1": "a link: not followed",
+                  "9": "a directory: not read"})
+    watch.report({"10": "a FIFO: not read", "2": "a FIFO: not read"})  # one new
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"the Slurm job map {tmp_path}: 3 file(s) ignored or not read whole: 9 (a directory: "
+        "not read), 9.1 (a link: not followed), 10 (a FIFO: not read)",
+        f"the Slurm job map {tmp_path}: 1 file(s) ignored or not read whole: 2 (a FIFO: not "
+        "read)"]
