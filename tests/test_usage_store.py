@@ -518,3 +518,16 @@ def test_folding_takes_whole_days_only(tmp_path):
     assert tables.cutoff(now, 10) == day
     assert tables.fold(db, tables.cutoff(now, 10)) == (0, 0)  # the day is not over ten days ago
     assert tables.fold(db, tables.cutoff(now + DAY, 10)) == (4, 6)  # now it is, whole
+
+
+def test_a_fold_that_fails_changes_nothing_and_ends_its_transaction(tmp_path):
+    db = sqlite3.connect(tmp_path / "u.sqlite3", isolation_level=None)
+    schema.migrate(db)
+    day = WALL // DAY * DAY - 20 * DAY
+    tables.write_interval(db, tables.Keys(), day + 660, interval())
+    db.execute("DROP TABLE daily")  # where the folded hours should go
+    with pytest.raises(sqlite3.OperationalError, match="no such table: daily"):
+        tables.fold(db, int(day + DAY))
+    assert not db.in_transaction
+    assert db.execute("SELECT COUNT(*) FROM hourly").fetchone() == (3,)
+    assert db.execute("SELECT COUNT(*) FROM samples").fetchone() == (2,)
