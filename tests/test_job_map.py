@@ -2,6 +2,7 @@
 watches it: an allocated GPU shows its job and user and is never granted, a process outside
 the job on it trespasses, an allocated GPU with nothing running is idle like a reservation, and
 the GPU is grantable again once the file goes."""
+import asyncio
 import logging
 import os
 import subprocess
@@ -245,3 +246,22 @@ def test_files_not_read_are_told_of_in_the_order_of_their_gpus(tmp_path, caplog)
         "not read), 9.1 (a link: not followed), 10 (a FIFO: not read)",
         f"the Slurm job map {tmp_path}: 1 file(s) ignored or not read whole: 2 (a FIFO: not "
         "read)"]
+
+
+def test_gpus_the_host_does_not_have_are_told_of_once(tmp_path, caplog):
+    watch = JobMapWatch(synthetic_inventory(2), Signals(), Config(slurm_job_map=str(tmp_path)))
+    for _ in range(2):
+        watch.apply({1: Allocation((Job("7"),)), 7: Allocation((Job("8"),))})
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        "the Slurm job map names GPU(s) 7, which this host does not have: ignored (are "
+        "Slurm's GRES indices nvidia-smi's?)"]
+
+
+def test_a_map_that_cannot_be_read_says_why_in_words(tmp_path, caplog):
+    path = tmp_path / "jobs"
+    path.write_text("")  # a file, where the directory should be
+    watch = JobMapWatch(synthetic_inventory(2), Signals(), Config(slurm_job_map=str(path)))
+    asyncio.run(watch.read())
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"cannot read the Slurm job map {path}: Not a directory; the allocations known are "
+        "kept"]
