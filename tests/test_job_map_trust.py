@@ -420,3 +420,18 @@ def test_each_kind_of_entry_not_read_says_what_it_is(tmp_path):
 def test_a_warning_names_five_and_counts_the_rest():
     assert listed(str(n) for n in range(5)) == "0, 1, 2, 3, 4"
     assert listed(str(n) for n in range(7)) == "0, 1, 2, 3, 4, and 2 more"
+
+
+@pytest.mark.parametrize("text, limit, ids, problem", [
+    (b"4242\n4243\n", 10, ["4242", "4243"], None),  # exactly the limit: read whole
+    (b"4242\n4243\n", 9, ["4242"], "over 9 bytes: the lines past them are not read"),
+    (b"4242\n\xff\xfe not utf-8\n4243\n", 1000, ["4242", "4243"], None),
+])
+def test_a_file_is_read_to_its_last_whole_line_within_the_limit(tmp_path, text, limit, ids,
+                                                                problem):
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "0").write_bytes(text)
+    found = read_map(str(jobs), limit, lambda uid: None)
+    assert [job.id for job in found.allocations[0].jobs] == ids
+    assert found.problems == ({"0": problem} if problem else {})
