@@ -285,3 +285,10 @@ async def test_the_job_map_and_the_kubelet_never_clear_each_others(tmp_path):
             await until(lambda: hold().state == "free")
     finally:
         kubelet.stop()
+
+
+def test_a_name_as_long_as_kubernetes_allows_is_kept_whole():
+    long = "n" * 63
+    name = ".".join([long] * 4)[:253]  # a DNS subdomain name at its longest
+    [(found, ids)] = parse_list(listing(gpu_pod(long, name, "GPU-a")), GPUS)
+    assert (found.namespace, found.name, ids) == (long, name, ("GPU-a",))
