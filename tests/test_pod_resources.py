@@ -175,7 +175,7 @@ async def test_a_pods_gpu_is_its_own_while_the_kubelet_lists_it(tmp_path):
 
 
 @async_test
-async def test_a_failing_kubelet_keeps_the_pods_gpus_until_it_answers_again(tmp_path):
+async def test_a_failing_kubelet_keeps_the_pods_gpus_until_it_answers_again(tmp_path, caplog):
     kubelet = Kubelet(str(tmp_path / "kubelet.sock")).start()
     try:
         async with running(kubelet_socket=kubelet.path, kubelet_every=0.05) as h:
@@ -194,6 +194,8 @@ async def test_a_failing_kubelet_keeps_the_pods_gpus_until_it_answers_again(tmp_
             failures = watch.failures
             await until(lambda: watch.failures > failures + 2)
             assert state() == "allocated"
+            assert (f"cannot read the kubelet's pod-resources: {kubelet.path} is gone; the "
+                    "allocations known are kept") in [r.getMessage() for r in caplog.records]
             kubelet = Kubelet(kubelet.path).start()  # and lists no pod on it now
             await until(lambda: state() == "free")
             assert watch.metrics().state == "up"
@@ -292,3 +294,9 @@ def test_a_name_as_long_as_kubernetes_allows_is_kept_whole():
     name = ".".join([long] * 4)[:253]  # a DNS subdomain name at its longest
     [(found, ids)] = parse_list(listing(gpu_pod(long, name, "GPU-a")), GPUS)
     assert (found.namespace, found.name, ids) == (long, name, ("GPU-a",))
+
+
+def test_the_watch_is_idle_until_the_kubelet_answers():
+    watch = PodResourcesWatch(synthetic_inventory(1), Signals(),
+                              Config(kubelet_socket="/nonexistent.sock"))
+    assert watch.metrics().state == "idle"
