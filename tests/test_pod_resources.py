@@ -3,6 +3,7 @@ field numbers, device ids mapped to the host's GPUs, and the daemon asking a rea
 a unix socket (tests/kubelet.py): a pod's GPU is allocated to it and never granted, a host
 process on it trespasses, the GPU is granted again once the kubelet lets go; a socket that is
 not there costs nothing, and a kubelet that fails keeps the pods' GPUs theirs until it is back."""
+import asyncio
 import json
 import logging
 import subprocess
@@ -11,6 +12,7 @@ from dataclasses import replace
 import pytest
 
 from helpers import ScenarioFile, async_test, find, gpu_running, running, scrape, until
+from grpc_server import Hang
 from kubelet import Kubelet, gpu_pod, pod
 from patroller.config import Config
 from patroller.config.flags import load
@@ -300,3 +302,23 @@ def test_the_watch_is_idle_until_the_kubelet_answers():
     watch = PodResourcesWatch(synthetic_inventory(1), Signals(),
                               Config(kubelet_socket="/nonexistent.sock"))
     assert watch.metrics().state == "idle"
+
+
+@async_test
+async def test_the_watch_asks_within_its_timeout_and_refuses_an_answer_over_its_limit(tmp_path):
+    hang = Hang()
+    kubelet = Kubelet(str(tmp_path / "kubelet.sock"), hang=hang).start()
+    inventory = synthetic_inventory(1)
+    try:
+        watch = PodResourcesWatch(inventory, Signals(), Config(
+            kubelet_socket=kubelet.path, kubelet_timeout=0.3, grpc_max_message=4096))
+        await asyncio.wait_for(watch.read(), 20)  # the call runs out after 0.3 s
+        assert watch.metrics().state == "failing" and hang.ended
+        hang.answer = lambda request: listing(
+            *(gpu_pod("ml", f"train-{n}", inventory.devices[0].uuid) for n in range(100)))
+        hang.release.set()
+        await asyncio.wait_for(watch.read(), 20)  # answered, but over 4 KiB
+        assert watch.metrics().state == "failing" and watch.failures == 2
+    finally:
+        hang.release.set()
+        kubelet.stop()
