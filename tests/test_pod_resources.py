@@ -313,7 +313,8 @@ async def test_the_watch_asks_within_its_timeout_and_refuses_an_answer_over_its_
         watch = PodResourcesWatch(inventory, Signals(), Config(
             kubelet_socket=kubelet.path, kubelet_timeout=0.3, grpc_max_message=4096))
         await asyncio.wait_for(watch.read(), 20)  # the call runs out after 0.3 s
-        assert watch.metrics().state == "failing" and hang.ended
+        assert watch.metrics().state == "failing"
+        await until(lambda: hang.ended)  # the kubelet saw the call end
         hang.answer = lambda request: listing(
             *(gpu_pod("ml", f"train-{n}", inventory.devices[0].uuid) for n in range(100)))
         hang.release.set()
