@@ -323,3 +323,17 @@ async def test_the_watch_asks_within_its_timeout_and_refuses_an_answer_over_its_
     finally:
         hang.release.set()
         kubelet.stop()
+
+
+def test_ids_that_match_nothing_are_named_so_many_at_most_then_counted(caplog):
+    inventory = synthetic_inventory(1)
+    watch = PodResourcesWatch(inventory, Signals(), Config(kubelet_socket="/nonexistent.sock",
+                                                           kubelet_ids_logged=2))
+    with caplog.at_level(logging.WARNING):
+        watch.apply({}, {"MIG-a", "MIG-b"})  # two: each named
+        watch.apply({}, {"MIG-a", "MIG-b", "MIG-c", "MIG-d", "MIG-e"})  # three more
+    assert [r.getMessage() for r in caplog.records] == [
+        *(f"the kubelet assigns device {name}, which is no GPU of this host that Patroller can "
+          "tell: ignored (a MIG device nvidia-smi -L did not list, or another host's?)"
+          for name in ("MIG-a", "MIG-b", "MIG-c", "MIG-d")),
+        "the kubelet assigns 1 more devices that are no GPU of this host: ignored"]
