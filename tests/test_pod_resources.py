@@ -337,3 +337,12 @@ def test_ids_that_match_nothing_are_named_so_many_at_most_then_counted(caplog):
           "tell: ignored (a MIG device nvidia-smi -L did not list, or another host's?)"
           for name in ("MIG-a", "MIG-b", "MIG-c", "MIG-d")),
         "the kubelet assigns 1 more devices that are no GPU of this host: ignored"]
+
+
+def test_a_lost_gpu_names_nothing_and_hides_no_other():
+    first, second = synthetic_inventory(2).devices
+    devices = [replace(first, lost=True), second]
+    listed = [(Pod("ml", "a"), (first.uuid,)), (Pod("ml", "b"), (second.uuid, "nvidia1"))]
+    found, unknown = allocations(listed, devices)
+    assert found == {second.uuid: PodAllocation((Pod("ml", "b"),))}
+    assert unknown == {first.uuid}
