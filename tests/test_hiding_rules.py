@@ -629,3 +629,13 @@ def test_status_is_serialized_once_per_build_and_way_of_seeing_it() -> None:
     body = view.body()
     assert Shown(view.latest(), hiding.status, CASE.pseudonyms, body).body(
         hiding.EVERYTHING) is body
+
+
+def test_the_metrics_label_a_container_by_its_name_else_its_id_and_nobody_with_blanks() -> None:
+    labels = hiding.metric_labels
+    assert labels(None, None) == labels(None, CASE.pseudonyms.of) == {
+        "user": "", "container": "", "job": "", "pod": ""}
+    assert labels(ALICE, None)["container"] == "alice-train"
+    assert labels(replace(ALICE, container=("0123456789ab", "")), None)["container"] == \
+        "0123456789ab"
+    assert labels(BOB, None) == {"user": "bob", "container": "", "job": "", "pod": ""}
