@@ -15,7 +15,8 @@ from helpers import (NOBODY, ScenarioFile, async_test, gpu_running, running,
 from patroller.config import Config
 from patroller.core.devices import Inventory
 from patroller.core.jobs import Allocation, Job
-from patroller.observe.jobmap import JobMapWatch, gpu_index, parse_files, parse_line, read_map
+from patroller.observe.jobmap import (JobMapWatch, Reading, gpu_index, named, parse_files,
+                                      parse_line, read_map)
 from patroller.observe.signals import Signals
 from patroller.observe.testmode import synthetic_inventory
 
@@ -265,3 +266,28 @@ def test_a_map_that_cannot_be_read_says_why_in_words(tmp_path, caplog):
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
         f"cannot read the Slurm job map {path}: Not a directory; the allocations known are "
         "kept"]
+
+
+def test_a_job_named_from_its_uid_keeps_what_else_the_map_says():
+    job = Job("4242", 1001, None, "physics", "gpu", "s0123456789ABC")
+    assert named((job,), {}, lambda uid: "carol") == (
+        Job("4242", 1001, "carol", "physics", "gpu", "s0123456789ABC"),)
+
+
+def test_a_map_not_there_reads_as_nothing_and_other_names_are_not_looked_at(tmp_path):
+    assert read_map(str(tmp_path / "none"), 4096, lambda uid: None) == Reading({}, frozenset(), {})
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    os.mkfifo(jobs / "README")  # no GPU's: never looked at, not even to say it is a FIFO
+    (jobs / "0").write_text("4242\n")
+    found = read_map(str(jobs), 4096, lambda uid: None)
+    assert found.problems == {} and list(found.entries) == ["0"]
+
+
+def test_a_file_longer_than_one_read_is_read_whole(tmp_path):
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    ids = [str(100000 + n) for n in range(12000)]  # 84,000 bytes: two reads
+    (jobs / "0").write_text("".join(f"{i}\n" for i in ids))
+    found = read_map(str(jobs), 1 << 20, lambda uid: None)
+    assert [job.id for job in found.allocations[0].jobs] == ids

@@ -100,6 +100,8 @@ def test_each_silence_is_counted_and_said_with_how_long_the_device_was_quiet(cap
     told = []
     signals.device_silent.connect(lambda sender, record: told.append((sender, record)),
                                   weak=False)
+    signals.device_gone.connect(lambda sender, record: told.append((sender, record)),
+                                weak=False)
     watch = SilenceWatch(devices, signals, interval=1.0, quiet=2.0, clock=clock)
     watch.reconfigure()
     signals.sample.connect(watch._on_sample)
@@ -118,3 +120,5 @@ def test_each_silence_is_counted_and_said_with_how_long_the_device_was_quiet(cap
         "it is heard again; reading the inventory"] * 2 + [
         "GPU GPU-2 printed no statistics for 0 s while the others did: granted to nobody until "
         "it is heard again; reading the inventory"]
+    assert [r.getMessage() for r in caplog.records if "again" in r.getMessage()
+            and "granted" not in r.getMessage()] == ["GPU GPU-1 prints statistics again"] * 2
