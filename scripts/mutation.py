@@ -1,6 +1,6 @@
 """The mutation run: mutmut on the scope of pyproject.toml's [tool.mutmut], then the score.
 
-    scripts/mutation.sh [--fresh | --missed] [--jobs N] [SCOPE ...]   (the one command)
+    scripts/mutation.sh [--fresh | --missed | --resume] [--jobs N] [SCOPE ...]  (the one command)
     .venv/bin/python scripts/mutation.py score [SCOPE ...]  (the score of the last run again)
 
 SCOPE is a package or a module of the scope, as a path under patroller/ (`core`, `state`,
@@ -9,7 +9,8 @@ in it is tested again; mutmut keeps in mutants/ which tests ran which function, 
 those for a mutant (tests new since the last run are found and added); `--fresh` removes
 mutants/ first; `--missed` tests again only the mutants the last run tested and did not catch
 (a test added can only catch more; mutmut tests a function whose code changed afresh all the
-same).
+same); `--resume` tests those and the ones the last run did not reach (a run stopped early goes
+on where it stood).
 The tests are the engine-free suite less the end-to-end files: PATROLLER_TESTS_WITHOUT_ENGINES=1,
 which the fixtures of tests/conftest.py honour, and [tool.mutmut] leaves out the test files that
 start an engine and the end-to-end ones.
@@ -170,15 +171,25 @@ def missed(scopes: Sequence[str], settings: dict) -> List[str]:
                   and name not in set_aside)
 
 
+def unfinished(scopes: Sequence[str], settings: dict) -> List[str]:
+    """The mutants in `scopes` that the last run did not reach (stopped early) or did not
+    catch, less the equivalent ones: what --resume tests."""
+    wanted = set(in_scopes(scopes, settings))
+    set_aside = equivalents()
+    return sorted(name for name, (path, code) in results().items()
+                  if path in wanted and code not in CAUGHT and name not in set_aside)
+
+
 def run(args: argparse.Namespace, settings: dict) -> int:
     """mutmut run on the scope, then the score."""
     patterns = patterns_for(args.scope or [""], settings)
     if args.fresh and os.path.isdir(MUTANTS):
         shutil.rmtree(MUTANTS)
-    if args.missed:
+    if args.missed or args.resume:
+        flag = "--missed" if args.missed else "--resume"
         if not os.path.isdir(MUTANTS):
-            raise SystemExit("--missed: no earlier run in mutants/")
-        patterns = missed(args.scope, settings)
+            raise SystemExit(f"{flag}: no earlier run in mutants/")
+        patterns = (missed if args.missed else unfinished)(args.scope, settings)
         if not patterns:
             return score(args.scope, settings)
     env = {**os.environ, "PATROLLER_TESTS_WITHOUT_ENGINES": "1"}
@@ -198,9 +209,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fresh", action="store_true", help="remove mutants/ first")
     parser.add_argument("--missed", action="store_true",
                         help="test again only the mutants the last run did not catch")
+    parser.add_argument("--resume", action="store_true",
+                        help="test the mutants the last run did not reach or did not catch")
     parser.add_argument("--jobs", type=int, default=int(os.environ.get("MUTATION_JOBS", "2")),
                         help="mutants tested at once (default 2, or MUTATION_JOBS)")
     args = parser.parse_intermixed_args(argv)
+    if sum((args.fresh, args.missed, args.resume)) > 1:
+        parser.error("--fresh, --missed and --resume go alone")
     if args.command == "run" and os.environ.get("CI") == "true":
         # the engine-free suite skips tests, which CI must never do (tests/conftest.py)
         raise SystemExit("a mutation run leaves the engines' tests out: not under CI=true")

@@ -32,10 +32,10 @@ from patroller.core.pods import Pod, PodAllocation
 from patroller.http import hiding
 from patroller.http.access import Requests
 from patroller.http.fleet import Fleet, gpus_of
-from patroller.http.hiding import Hiding, Shown, Viewer, viewer_of
+from patroller.http.hiding import NOBODY, Hiding, Shown, Viewer, viewer_of
 from patroller.http.metrics import DaemonCollector
 from patroller.http.statusview import StatusView
-from patroller.http.views import DevicesView, queue_view, users_view
+from patroller.http.views import DevicesView, job_view, queue_view, users_view
 from patroller.observe.idle import IdleWatch
 from patroller.observe.signals import ProcessSamples, Signals
 from patroller.observe.stats import StatsStore, iso_time
@@ -128,28 +128,35 @@ class Case:
         fleet = Fleet(replace(config, fleet=("gpu1:8080",)), clock=lambda: WALL)
         fleet.hosts[0].answered(gpus_of(orjson.loads(view.body()), self.devices), WALL)
         self.data["/fleet.json"] = fleet.data()
-        self.shown = {endpoint: Shown(data, RENDERS[endpoint], self.pseudonyms)
-                      for endpoint, data in self.data.items()}
         # a minute of usage, counted as the sampler counts it (no store: nothing is written)
         sampler = UsageSampler(leases.inventory, leases, Tally(leases.inventory, 1.0),
                                SimpleNamespace(put=lambda at, samples: None), 60.0, clock=clock)
         sampler.count([sampler.snapshot(device, 60.0) for device in leases.inventory])
-        services = SimpleNamespace(
+        self.services = SimpleNamespace(
             leases=leases, inventory=leases.inventory, stats=stats, idle=idle, mode="test",
             monitors=(), book=None, usage=None, sampler=sampler,
             identifier=SimpleNamespace(docker_calls=0, proc_reads=0),
             callers=SimpleNamespace(lookups=0, descriptors_read=0))
-        self.metrics = {hidden: scraped(DaemonCollector(
-            services, Requests(), Hiding(self.pseudonyms, view) if hidden else None))
-            for hidden in (False, True)}
+        self.view = view
+        # What each test is sent is made in the test (hiding.py runs in it, not in the module's
+        # set-up: a mutation run counts what a test calls), once per test.
+        self.shown: Dict[str, Shown] = {}
+        self.metrics: Dict[bool, List[Dict[str, Any]]] = {}
 
     def body(self, endpoint: str, viewer: Viewer) -> Any:
         """What `viewer` is sent: JSON as the server serializes it, the metrics (the same for
         every caller), or a command's output from what the server sends."""
         if endpoint == "/metrics":  # it asks no one who they are: with the flag, one scrape
-            return self.metrics[viewer is not EVERY_NAME]
+            hidden = viewer is not EVERY_NAME
+            if hidden not in self.metrics:
+                self.metrics[hidden] = scraped(DaemonCollector(
+                    self.services, Requests(),
+                    Hiding(self.pseudonyms, self.view) if hidden else None))
+            return self.metrics[hidden]
         if endpoint in COMMANDS:
             return COMMANDS[endpoint](self, viewer)
+        if endpoint not in self.shown:
+            self.shown[endpoint] = Shown(self.data[endpoint], RENDERS[endpoint], self.pseudonyms)
         return orjson.loads(self.shown[endpoint].body(viewer))
 
     def named(self, user: str, body: Dict[str, Any]) -> Optional[str]:
@@ -179,7 +186,24 @@ COMMANDS: Dict[str, Callable[[Case, Viewer], str]] = {
     "patroller queue": lambda case, v: queue_table(case.body("/queue", v)),
 }
 
-CASE = Case()
+# The case, built in the test session (by the fixture below), never at import: a mutation run
+# imports the tests once, then runs each mutant's tests in a fork of that process, where a case
+# built at import would hold what the code did with no mutant in it.
+CASE: Case
+
+
+@pytest.fixture(scope="module", autouse=True)
+def case() -> Case:
+    global CASE
+    CASE = Case()
+    return CASE
+
+
+@pytest.fixture(autouse=True)
+def sent_afresh() -> None:
+    """Each test makes what it is sent itself (Case.body)."""
+    CASE.shown.clear()
+    CASE.metrics.clear()
 
 
 # -- reading a field out of an answer -----------------------------------------------------------
@@ -518,3 +542,112 @@ def test_nothing_names_a_user_to_whom_it_may_not(asker: Optional[Identity]) -> N
         if asker is not None and user == asker.user:
             continue
         assert leaks(leaves(sent) + labels, (user,) + secrets) == [], user
+
+
+def test_a_job_that_names_its_user_is_theirs_whoever_holds_the_gpu() -> None:
+    """A GPU may run several users' jobs (a shared GPU): a job the map names a user for is that
+    user's, whoever holds the GPU; one it names no user for (a bare id) is the holder's."""
+    franks = job_view(Job(id="77", uid=1010, user="frank", account="lab", partition="a100"))
+    bare = job_view(Job(id="78"))
+
+    def seen(job: Dict[str, Any], viewer: Viewer) -> Dict[str, Any]:
+        return hiding.job_seen(job, ERIN.user, hiding.Redaction(viewer, CASE.pseudonyms))
+
+    assert seen(franks, Viewer("frank")) == franks
+    assert seen(franks, hiding.EVERYTHING) == franks
+    assert seen(franks, Viewer(ERIN.user)) == {**franks, "id": None, "uid": None,
+                                               "account": None,
+                                               "user": CASE.pseudonyms.of("frank")}
+    assert seen(bare, Viewer(ERIN.user)) == bare
+    assert seen(bare, Viewer("frank")) == {**bare, "id": None}
+
+
+FRANK = Identity(user="frank", source="slurm", account="frank", uid=1010,
+                 job=(("id", "5151"), ("step", "0")))
+GRACE = Identity(user="grace@example.org", source="pod", email="grace@example.org", uid=1011,
+                 pod=(("namespace", "audio"), ("name", "whisper-0"), ("container", "main")))
+
+
+def test_a_trespassers_own_job_or_pod_and_a_deallocations_jobs_are_named_to_their_own() -> None:
+    """/history: a trespasser's own Slurm job or pod (on another job's or pod's GPU) is theirs,
+    shown to them alone (and root); the jobs a device was allocated to, when it is no more,
+    are the user's whose they were."""
+    clock = FakeClock()
+    leases = lease_manager(clock)
+    audit = AuditLog(None, Config().audit_keep, 60.0, clock=lambda: WALL)
+    leases.on_event(audit.record)
+    uuid = [d.uuid for d in leases.inventory]
+    leases.allocate(uuid[1], Allocation((Job(id="4242"),)))
+    leases.process_started(uuid[1], 300, ERIN, "train")
+    leases.process_started(uuid[1], 700, FRANK, "stray")  # frank's own job, on erin's GPU
+    leases.allocate(uuid[2], PodAllocation((Pod("vision", "trainer-0", ("dora-main",)),)),
+                    "kubernetes")
+    leases.process_started(uuid[2], 400, DORA, "torchrun")
+    leases.process_started(uuid[2], 701, GRACE, "stray")  # grace's own pod, on dora's GPU
+    leases.allocate(uuid[1], None)  # erin's job ends
+    history = audit.since(0.0, 1000)
+
+    def seen(viewer: Viewer) -> Dict[str, Dict[str, Any]]:
+        shown = hiding.events(history, hiding.Redaction(viewer, CASE.pseudonyms))
+        return {"frank": next(e for e in shown if e["event"] == "trespass" and e["pid"] == 700),
+                "grace": next(e for e in shown if e["event"] == "trespass" and e["pid"] == 701),
+                "ended": next(e for e in shown if e["event"] == "deallocated")}
+
+    mine = seen(Viewer("frank"))
+    assert (mine["frank"]["job"], seen(Viewer("grace@example.org"))["grace"]["pod"]) == \
+        ("5151", "audio/whisper-0")
+    for viewer in (Viewer(ERIN.user), Viewer(DORA.user), NOBODY):
+        assert seen(viewer)["frank"]["job"] is None and seen(viewer)["grace"]["pod"] is None
+    assert seen(Viewer(ERIN.user))["ended"]["jobs"] == ["4242"]
+    for viewer in (Viewer("frank"), NOBODY):
+        assert seen(viewer)["ended"]["jobs"] is None
+    root = seen(EVERY_NAME)
+    assert (root["frank"]["job"], root["grace"]["pod"], root["ended"]["jobs"]) == \
+        ("5151", "audio/whisper-0", ["4242"])
+
+
+def test_the_fast_lane_leaves_a_caller_it_does_not_know_to_the_handler() -> None:
+    assert Hiding(CASE.pseudonyms, CASE.view).lane_status(None) is None
+
+
+def test_a_hidden_identity_keeps_its_pseudonym_its_source_and_whether_it_is_degraded() -> None:
+    redaction = hiding.Redaction(NOBODY, CASE.pseudonyms)
+    data = {**ALICE.to_json(), "degraded": True}
+    assert redaction.identity(data) == {
+        **{key: None for key in data}, "user": CASE.pseudonyms.of(ALICE.user),
+        "source": "container", "info": {}, "degraded": True}
+    # a host of the fleet that says nothing of degraded identities (an older Patroller)
+    assert redaction.identity({"user": "bob", "source": "host"}) == {
+        "user": CASE.pseudonyms.of("bob"), "source": "host", "info": {}, "degraded": False}
+
+
+def test_status_is_serialized_once_per_build_and_way_of_seeing_it() -> None:
+    clock = FakeClock()
+    leases = lease_manager(clock)
+    stats = StatsStore(leases.inventory, 15.0, 5.0, 120, clock=clock)
+    view = StatusView(leases.inventory, leases, stats, IdleWatch(leases), 0.1, clock=clock)
+    shown = Hiding(CASE.pseudonyms, view)
+    bob, alice = viewer_of(BOB), viewer_of(ALICE)
+    before = shown.status_body(bob)
+    assert shown.status_body(bob) is before
+    [granted] = leases.request(ALICE, {"gpu": 1})
+    view.invalidate()  # as the daemon's signals do
+    seen = orjson.loads(shown.status_body(bob))
+    assert seen[granted.uuid]["claim"]["user"]["user"] == CASE.pseudonyms.of(ALICE.user)
+    own = shown.status_body(alice)
+    assert orjson.loads(own)[granted.uuid]["claim"]["user"]["user"] == ALICE.user
+    assert shown.status_body(alice) is own and shown.status_body(hiding.EVERYTHING) is \
+        view.body()
+    body = view.body()
+    assert Shown(view.latest(), hiding.status, CASE.pseudonyms, body).body(
+        hiding.EVERYTHING) is body
+
+
+def test_the_metrics_label_a_container_by_its_name_else_its_id_and_nobody_with_blanks() -> None:
+    labels = hiding.metric_labels
+    assert labels(None, None) == labels(None, CASE.pseudonyms.of) == {
+        "user": "", "container": "", "job": "", "pod": ""}
+    assert labels(ALICE, None)["container"] == "alice-train"
+    assert labels(replace(ALICE, container=("0123456789ab", "")), None)["container"] == \
+        "0123456789ab"
+    assert labels(BOB, None) == {"user": "bob", "container": "", "job": "", "pod": ""}

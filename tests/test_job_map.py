@@ -2,6 +2,8 @@
 watches it: an allocated GPU shows its job and user and is never granted, a process outside
 the job on it trespasses, an allocated GPU with nothing running is idle like a reservation, and
 the GPU is grantable again once the file goes."""
+import asyncio
+import logging
 import os
 import subprocess
 from dataclasses import replace as changed
@@ -14,7 +16,8 @@ from helpers import (NOBODY, ScenarioFile, async_test, gpu_running, running,
 from patroller.config import Config
 from patroller.core.devices import Inventory
 from patroller.core.jobs import Allocation, Job
-from patroller.observe.jobmap import JobMapWatch, gpu_index, parse_files, parse_line, read_map
+from patroller.observe.jobmap import (JobMapWatch, Reading, gpu_index, named, parse_files,
+                                      parse_line, read_map)
 from patroller.observe.signals import Signals
 from patroller.observe.testmode import synthetic_inventory
 
@@ -99,9 +102,12 @@ def write(path, text):
 
 
 @async_test
-async def test_an_allocated_gpu_shows_its_job_and_is_never_granted(tmp_path):
+async def test_an_allocated_gpu_shows_its_job_and_is_never_granted(tmp_path, caplog):
     jobs = tmp_path / "jobs"  # not there at start: the prolog makes it at the first job
+    caplog.set_level(logging.INFO, logger="patroller.observe.jobmap")
     async with running(slurm_job_map=str(jobs), job_map_every=0.05) as h:
+        assert f"the Slurm job map {jobs} is not there yet: no GPU is allocated to a job until " \
+            "the prolog writes it" in [r.getMessage() for r in caplog.records]
         uuid = h.uuids()[2]
         jobs.mkdir()
         write(str(jobs / "2"), "4242 uid=1001 user=carol account=physics partition=gpu\n")
@@ -230,3 +236,59 @@ def test_a_lost_gpu_is_allocated_to_no_job(tmp_path):
     watch.apply(allocation)
     assert [(r.uuid, r.allocation) for r in told][1:] == [(devices[1].uuid, allocation[1])]
 
+
+
+def test_files_not_read_are_told_of_in_the_order_of_their_gpus(tmp_path, caplog):
+    watch = JobMapWatch(synthetic_inventory(2), Signals(), Config(slurm_job_map=str(tmp_path)))
+    watch.report({"10": "a FIFO: not read", "9.1": "a link: not followed",
+                  "9": "a directory: not read"})
+    watch.report({"10": "a FIFO: not read", "2": "a FIFO: not read"})  # one new
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"the Slurm job map {tmp_path}: 3 file(s) ignored or not read whole: 9 (a directory: "
+        "not read), 9.1 (a link: not followed), 10 (a FIFO: not read)",
+        f"the Slurm job map {tmp_path}: 1 file(s) ignored or not read whole: 2 (a FIFO: not "
+        "read)"]
+
+
+def test_gpus_the_host_does_not_have_are_told_of_once(tmp_path, caplog):
+    watch = JobMapWatch(synthetic_inventory(2), Signals(), Config(slurm_job_map=str(tmp_path)))
+    for _ in range(2):
+        watch.apply({1: Allocation((Job("7"),)), 7: Allocation((Job("8"),))})
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        "the Slurm job map names GPU(s) 7, which this host does not have: ignored (are "
+        "Slurm's GRES indices nvidia-smi's?)"]
+
+
+def test_a_map_that_cannot_be_read_says_why_in_words(tmp_path, caplog):
+    path = tmp_path / "jobs"
+    path.write_text("")  # a file, where the directory should be
+    watch = JobMapWatch(synthetic_inventory(2), Signals(), Config(slurm_job_map=str(path)))
+    asyncio.run(watch.read())
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"cannot read the Slurm job map {path}: Not a directory; the allocations known are "
+        "kept"]
+
+
+def test_a_job_named_from_its_uid_keeps_what_else_the_map_says():
+    job = Job("4242", 1001, None, "physics", "gpu", "s0123456789ABC")
+    assert named((job,), {}, lambda uid: "carol") == (
+        Job("4242", 1001, "carol", "physics", "gpu", "s0123456789ABC"),)
+
+
+def test_a_map_not_there_reads_as_nothing_and_other_names_are_not_looked_at(tmp_path):
+    assert read_map(str(tmp_path / "none"), 4096, lambda uid: None) == Reading({}, frozenset(), {})
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    os.mkfifo(jobs / "README")  # no GPU's: never looked at, not even to say it is a FIFO
+    (jobs / "0").write_text("4242\n")
+    found = read_map(str(jobs), 4096, lambda uid: None)
+    assert found.problems == {} and list(found.entries) == ["0"]
+
+
+def test_a_file_longer_than_one_read_is_read_whole(tmp_path):
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    ids = [str(100000 + n) for n in range(12000)]  # 84,000 bytes: two reads
+    (jobs / "0").write_text("".join(f"{i}\n" for i in ids))
+    found = read_map(str(jobs), 1 << 20, lambda uid: None)
+    assert [job.id for job in found.allocations[0].jobs] == ids

@@ -13,6 +13,7 @@ import os
 import pickle
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -23,7 +24,7 @@ import pytest
 
 from helpers import ROOT, ServerProcess, async_test, running, until
 from patroller.config import Config
-from patroller.observe.jobmap import JobMapWatch, read_map
+from patroller.observe.jobmap import JobMapWatch, listed, read_map
 from patroller.observe.signals import Signals
 from patroller.observe.testmode import synthetic_inventory
 
@@ -396,3 +397,41 @@ def test_a_file_that_cannot_be_read_keeps_its_jobs_and_spoils_no_other(stranger,
     number = dict(devices)
     assert sorted((number[uuid], ids) for uuid, ids in told) == [(0, ("4242",)), (1, ("4250",))]
     assert state == "up" and problems == {"0": "cannot be read: Permission denied"}
+
+
+def test_each_kind_of_entry_not_read_says_what_it_is(tmp_path):
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    os.mkfifo(jobs / "0")
+    (jobs / "1").mkdir()
+    listening = socket.socket(socket.AF_UNIX)
+    listening.bind(str(jobs / "2"))
+    os.symlink(tmp_path / "elsewhere", jobs / "3")
+    (jobs / "4").write_text(LINE)
+    try:
+        found = read_map(str(jobs), 65536, lambda uid: None)
+    finally:
+        listening.close()
+    assert found.problems == {"0": "a FIFO: not read", "1": "a directory: not read",
+                              "2": "not a regular file: not read", "3": "a link: not followed"}
+    assert list(found.allocations) == [4]
+
+
+def test_a_warning_names_five_and_counts_the_rest():
+    assert listed(str(n) for n in range(5)) == "0, 1, 2, 3, 4"
+    assert listed(str(n) for n in range(7)) == "0, 1, 2, 3, 4, and 2 more"
+
+
+@pytest.mark.parametrize("text, limit, ids, problem", [
+    (b"4242\n4243\n", 10, ["4242", "4243"], None),  # exactly the limit: read whole
+    (b"4242\n4243\n", 9, ["4242"], "over 9 bytes: the lines past them are not read"),
+    (b"4242\n\xff\xfe not utf-8\n4243\n", 1000, ["4242", "4243"], None),
+])
+def test_a_file_is_read_to_its_last_whole_line_within_the_limit(tmp_path, text, limit, ids,
+                                                                problem):
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "0").write_bytes(text)
+    found = read_map(str(jobs), limit, lambda uid: None)
+    assert [job.id for job in found.allocations[0].jobs] == ids
+    assert found.problems == ({"0": problem} if problem else {})

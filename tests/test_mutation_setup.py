@@ -4,6 +4,7 @@ tests that exist, the scope is what the docs say, the equivalent mutants the doc
 belong to it, and the engines are left out only outside CI."""
 import fnmatch
 import importlib.util
+import json
 import os
 import subprocess
 import tomllib
@@ -119,3 +120,20 @@ def test_the_driver_refuses_to_run_under_ci(monkeypatch):
     monkeypatch.setenv("CI", "true")
     with pytest.raises(SystemExit, match="not under CI=true"):
         mutation.main(["run", "core"])
+
+
+def test_missed_and_resume_choose_from_the_last_runs_results(tmp_path, monkeypatch):
+    meta = tmp_path / "patroller" / "http" / "hiding.py.meta"
+    meta.parent.mkdir(parents=True)
+    name = "patroller.http.hiding.x_status__mutmut_"
+    meta.write_text(json.dumps({"exit_code_by_key": {
+        name + "1": 1, name + "2": 0, name + "3": None, name + "4": -24, name + "5": 33}}))
+    monkeypatch.setattr(mutation, "MUTANTS", str(tmp_path))
+    settings = mutation.config()
+    assert mutation.missed(["http/hiding.py"], settings) == [name + "2", name + "5"]
+    assert mutation.unfinished(["http/hiding.py"], settings) == [name + "2", name + "3",
+                                                               name + "5"]
+    assert mutation.unfinished(["core"], settings) == []
+    with pytest.raises(SystemExit) as refused:  # the arguments, before anything runs
+        mutation.main(["run", "--missed", "--resume"])
+    assert refused.value.code == 2

@@ -3,6 +3,7 @@ field numbers, device ids mapped to the host's GPUs, and the daemon asking a rea
 a unix socket (tests/kubelet.py): a pod's GPU is allocated to it and never granted, a host
 process on it trespasses, the GPU is granted again once the kubelet lets go; a socket that is
 not there costs nothing, and a kubelet that fails keeps the pods' GPUs theirs until it is back."""
+import asyncio
 import json
 import logging
 import subprocess
@@ -11,6 +12,7 @@ from dataclasses import replace
 import pytest
 
 from helpers import ScenarioFile, async_test, find, gpu_running, running, scrape, until
+from grpc_server import Hang
 from kubelet import Kubelet, gpu_pod, pod
 from patroller.config import Config
 from patroller.config.flags import load
@@ -175,7 +177,7 @@ async def test_a_pods_gpu_is_its_own_while_the_kubelet_lists_it(tmp_path):
 
 
 @async_test
-async def test_a_failing_kubelet_keeps_the_pods_gpus_until_it_answers_again(tmp_path):
+async def test_a_failing_kubelet_keeps_the_pods_gpus_until_it_answers_again(tmp_path, caplog):
     kubelet = Kubelet(str(tmp_path / "kubelet.sock")).start()
     try:
         async with running(kubelet_socket=kubelet.path, kubelet_every=0.05) as h:
@@ -194,6 +196,8 @@ async def test_a_failing_kubelet_keeps_the_pods_gpus_until_it_answers_again(tmp_
             failures = watch.failures
             await until(lambda: watch.failures > failures + 2)
             assert state() == "allocated"
+            assert (f"cannot read the kubelet's pod-resources: {kubelet.path} is gone; the "
+                    "allocations known are kept") in [r.getMessage() for r in caplog.records]
             kubelet = Kubelet(kubelet.path).start()  # and lists no pod on it now
             await until(lambda: state() == "free")
             assert watch.metrics().state == "up"
@@ -285,3 +289,60 @@ async def test_the_job_map_and_the_kubelet_never_clear_each_others(tmp_path):
             await until(lambda: hold().state == "free")
     finally:
         kubelet.stop()
+
+
+def test_a_name_as_long_as_kubernetes_allows_is_kept_whole():
+    long = "n" * 63
+    name = ".".join([long] * 4)[:253]  # a DNS subdomain name at its longest
+    [(found, ids)] = parse_list(listing(gpu_pod(long, name, "GPU-a")), GPUS)
+    assert (found.namespace, found.name, ids) == (long, name, ("GPU-a",))
+
+
+def test_the_watch_is_idle_until_the_kubelet_answers():
+    watch = PodResourcesWatch(synthetic_inventory(1), Signals(),
+                              Config(kubelet_socket="/nonexistent.sock"))
+    assert watch.metrics().state == "idle"
+
+
+@async_test
+async def test_the_watch_asks_within_its_timeout_and_refuses_an_answer_over_its_limit(tmp_path):
+    hang = Hang()
+    kubelet = Kubelet(str(tmp_path / "kubelet.sock"), hang=hang).start()
+    inventory = synthetic_inventory(1)
+    try:
+        watch = PodResourcesWatch(inventory, Signals(), Config(
+            kubelet_socket=kubelet.path, kubelet_timeout=0.3, grpc_max_message=4096))
+        await asyncio.wait_for(watch.read(), 20)  # the call runs out after 0.3 s
+        assert watch.metrics().state == "failing"
+        await until(lambda: hang.ended)  # the kubelet saw the call end
+        hang.answer = lambda request: listing(
+            *(gpu_pod("ml", f"train-{n}", inventory.devices[0].uuid) for n in range(100)))
+        hang.release.set()
+        await asyncio.wait_for(watch.read(), 20)  # answered, but over 4 KiB
+        assert watch.metrics().state == "failing" and watch.failures == 2
+    finally:
+        hang.release.set()
+        kubelet.stop()
+
+
+def test_ids_that_match_nothing_are_named_so_many_at_most_then_counted(caplog):
+    inventory = synthetic_inventory(1)
+    watch = PodResourcesWatch(inventory, Signals(), Config(kubelet_socket="/nonexistent.sock",
+                                                           kubelet_ids_logged=2))
+    with caplog.at_level(logging.WARNING):
+        watch.apply({}, {"MIG-a", "MIG-b"})  # two: each named
+        watch.apply({}, {"MIG-a", "MIG-b", "MIG-c", "MIG-d", "MIG-e"})  # three more
+    assert [r.getMessage() for r in caplog.records] == [
+        *(f"the kubelet assigns device {name}, which is no GPU of this host that Patroller can "
+          "tell: ignored (a MIG device nvidia-smi -L did not list, or another host's?)"
+          for name in ("MIG-a", "MIG-b", "MIG-c", "MIG-d")),
+        "the kubelet assigns 1 more devices that are no GPU of this host: ignored"]
+
+
+def test_a_lost_gpu_names_nothing_and_hides_no_other():
+    first, second = synthetic_inventory(2).devices
+    devices = [replace(first, lost=True), second]
+    listed = [(Pod("ml", "a"), (first.uuid,)), (Pod("ml", "b"), (second.uuid, "nvidia1"))]
+    found, unknown = allocations(listed, devices)
+    assert found == {second.uuid: PodAllocation((Pod("ml", "b"),))}
+    assert unknown == {first.uuid}

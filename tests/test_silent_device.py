@@ -92,3 +92,33 @@ async def test_a_gpu_that_falls_silent_is_withheld_and_the_inventory_read_at_onc
         scenario.write(devices=[{}, {}, {}, {}])
         await until(lambda: services.leases.holds[silent_uuid].withheld is None)
         assert [g["uuid"] for g in await h.ok("/request?gpu=1")] == [silent_uuid]
+
+
+def test_each_silence_is_counted_and_said_with_how_long_the_device_was_quiet(caplog):
+    devices = Inventory([Device(f"GPU-{n}", n) for n in range(2)])
+    signals, clock = Signals(), FakeClock(100.0)
+    told = []
+    signals.device_silent.connect(lambda sender, record: told.append((sender, record)),
+                                  weak=False)
+    signals.device_gone.connect(lambda sender, record: told.append((sender, record)),
+                                weak=False)
+    watch = SilenceWatch(devices, signals, interval=1.0, quiet=2.0, clock=clock)
+    watch.reconfigure()
+    signals.sample.connect(watch._on_sample)
+    for _ in range(2):  # GPU-1 falls silent, is heard again, and falls silent again
+        for _ in range(3):
+            clock.advance(1.0)
+            signals.sample.send(None, record=Sample("GPU-0", {}, 0.0))
+            watch.check()
+        signals.sample.send(None, record=Sample("GPU-1", {}, 0.0))
+    watch.inventory = Inventory([*devices, Device("GPU-2", 2)])  # not told yet: never heard
+    watch.check()
+    assert watch.silences == 3 and all(sender is watch for sender, _ in told)
+    said = [r.getMessage() for r in caplog.records if "granted to nobody" in r.getMessage()]
+    assert said == [
+        "GPU GPU-1 printed no statistics for 3 s while the others did: granted to nobody until "
+        "it is heard again; reading the inventory"] * 2 + [
+        "GPU GPU-2 printed no statistics for 0 s while the others did: granted to nobody until "
+        "it is heard again; reading the inventory"]
+    assert [r.getMessage() for r in caplog.records if "again" in r.getMessage()
+            and "granted" not in r.getMessage()] == ["GPU GPU-1 prints statistics again"] * 2

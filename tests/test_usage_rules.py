@@ -1,6 +1,8 @@
 """The usage categories and reports, as pure rules: each category by hand, the time split between
 the parties on a GPU, the report's order and shares, the /usage query's mistakes, and what a
 caller sees of the keys under --hide-users."""
+import asyncio
+import time
 from dataclasses import replace as changed
 
 import pytest
@@ -302,3 +304,64 @@ async def test_each_gpu_is_sampled_as_its_hold_stands_with_the_readings_of_the_i
     assert classify(found[lost]) == [("lost", NOBODY, 60.0)]
     sampler.stop()  # the interval so far: none has passed on this clock
     assert len(store.intervals) == 1
+
+
+@async_test
+async def test_the_sampler_counts_each_interval_from_its_start_to_its_stop():
+    clock = FakeClock()
+    devices = synthetic_inventory(2)
+    nameless = devices.by_number(1).uuid
+    inventory = Inventory([changed(d, name=None) if d.uuid == nameless else d for d in devices])
+    leases = lease_manager(clock, inventory)
+    leases.devices_changed()
+    named = devices.by_number(0).uuid
+    tally, store = Tally(inventory, busy_sm=1.0), Collected()
+    sampler = UsageSampler(inventory, leases, tally, store, 60.0, clock=clock, wall=lambda: 5e9)
+    tally._on_sample(None, Sample(named, {"sm": 99, "mem": 99, "fb": 9999}, 0.0))  # before
+    sampler.start()
+    for sm, mem, fb in ((10, 4, 1000), (50, 8, 3000)):
+        tally._on_sample(None, Sample(named, {"sm": sm, "mem": mem, "fb": fb}, 0.0))
+    clock.advance(0.5)  # an interval shorter than a second counts too
+    sampler.sample()
+    clock.advance(60)
+    sampler.sample()
+    clock.advance(10)
+    sampler.stop()  # the interval so far
+    sampler.stop()  # stopped already: nothing more
+    assert sampler.samples == 3
+    assert [[s.seconds for s in samples] for _, samples in store.intervals] == \
+        [[0.5, 0.5], [60, 60], [10, 10]]
+    first = {s.uuid: s for s in store.intervals[0][1]}
+    figures = first[named]  # the readings of the interval alone, not those before the start
+    assert (figures.readings, figures.busy, figures.sm_mean, figures.sm_max, figures.mem_mean,
+            figures.mem_max, figures.fb_mean, figures.fb_max) == \
+        (2, 2, 30.0, 50.0, 6.0, 8.0, 2000.0, 3000.0)
+    assert (figures.name, first[nameless].name) == ("NVIDIA A100-SXM4-80GB", "")
+    assert (first[nameless].state, first[nameless].hold, first[nameless].holder) == \
+        ("free", None, None)
+
+
+@async_test
+async def test_the_sampler_samples_every_interval_on_the_event_loop():
+    inventory = synthetic_inventory(1)
+    leases = lease_manager(FakeClock(), inventory)
+    store = Collected()
+    sampler = UsageSampler(inventory, leases, Tally(inventory, busy_sm=1.0), store, 0.2)
+    sampler.start()
+    deadline = time.monotonic() + 20
+    while len(store.intervals) < 2:
+        assert time.monotonic() < deadline, "no two samples within 20 s"
+        await asyncio.sleep(0.01)
+    sampler.stop()
+    # the timer fires an interval after the start, never sooner (later on a busy machine)
+    assert store.intervals[0][1][0].seconds >= 0.2 * 0.95
+
+
+def test_a_sampler_not_started_samples_nothing_and_stops_quietly():
+    inventory = synthetic_inventory(1)
+    store = Collected()
+    sampler = UsageSampler(inventory, lease_manager(FakeClock(), inventory),
+                           Tally(inventory, busy_sm=1.0), store, 60.0)
+    sampler.sample()  # no interval has begun
+    sampler.stop()
+    assert (sampler.samples, store.intervals) == (0, [])

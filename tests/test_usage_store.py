@@ -16,9 +16,10 @@ import pytest
 
 from helpers import need_root
 from patroller.config import Config
+from patroller.core.errors import Unavailable
 from patroller.core.usage import GpuSample, Party, Present
 from patroller.state.usage import queries, schema, tables
-from patroller.state.usage.store import FILE, UsageStore
+from patroller.state.usage.store import FILE, UsageStore, damaged
 
 ALICE = Party(user="alice", account="alice")
 BOB = Party(user="bob", account="bob")
@@ -308,3 +309,241 @@ def test_a_read_only_filesystem_runs_without_a_store_and_says_so(tmp_path, caplo
             assert store.state == "read_only" and store.metrics()["state"] == "read_only"
             store.put(time.time(), interval())  # taken, and nothing is done with it
     assert "read-only filesystem: running without a usage store" in caplog.text
+
+
+# -- edges the mutation run found unchecked (docs/development.md, "Mutation testing") --------------
+
+WALL = 1_800_000_000.0  # 2027-01-15 08:00:00 UTC
+STAMP = "20270115T080000Z"
+NOT_A_DATABASE = b"not a database at all\n" * 100
+
+
+def test_a_file_set_aside_is_named_by_the_time_and_takes_the_first_free_number(tmp_path, caplog):
+    (tmp_path / FILE).write_bytes(NOT_A_DATABASE)
+    for name in (f"{FILE}.corrupt-{STAMP}", f"{FILE}.corrupt-{STAMP}-3"):  # set aside before
+        (tmp_path / name).write_bytes(name.encode())
+    with caplog.at_level(logging.INFO, logger="patroller.state.usage.store"):
+        with store_in(tmp_path, wall=lambda: WALL) as store:
+            store.put(WALL, interval())
+            wait(lambda: store.intervals == 1)
+            assert store.set_aside == 1
+    aside = f"{FILE}.corrupt-{STAMP}-2"
+    assert (tmp_path / aside).read_bytes() == NOT_A_DATABASE
+    for name in (f"{FILE}.corrupt-{STAMP}", f"{FILE}.corrupt-{STAMP}-3"):  # left as they were
+        assert (tmp_path / name).read_bytes() == name.encode()
+    [line] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert line == (f"usage store {tmp_path / FILE} is not a usable usage store (file is not a "
+                    f"database); set aside as {aside}, and a fresh store starts")
+
+
+def test_a_newer_file_says_its_version_and_what_this_patroller_knows(tmp_path):
+    newer_file(tmp_path / "u.sqlite3")
+    db = sqlite3.connect(tmp_path / "u.sqlite3", isolation_level=None)
+    with pytest.raises(schema.Newer) as raised:
+        schema.migrate(db)
+    assert raised.value.version == 7
+    assert str(raised.value) == "holds schema version 7 (this Patroller knows up to 1)"
+
+
+def records(caplog, level, words):
+    return [r.getMessage() for r in caplog.records if r.levelno == level
+            and words in r.getMessage()]
+
+
+@pytest.mark.errors_expected  # the file that cannot be set aside, and the failing store
+def test_a_file_that_cannot_be_set_aside_fails_the_store_until_it_can_be_used(tmp_path, caplog):
+    need_root("it bind-mounts a file over the store's")
+    path, garbage = tmp_path / FILE, tmp_path / "garbage"
+    garbage.write_bytes(NOT_A_DATABASE)
+    path.write_bytes(b"")  # where the garbage is mounted: renaming a mount point fails (EBUSY)
+    subprocess.run(["mount", "--bind", str(garbage), str(path)], check=True)
+    mounted = True
+    try:
+        with store_in(tmp_path) as store:
+            wait(lambda: records(caplog, logging.ERROR, "cannot write the usage store"))
+            assert records(caplog, logging.ERROR, "cannot be set aside")[0] == (
+                f"usage store {path} is not a usable usage store (file is not a database) and "
+                "cannot be set aside: Device or resource busy")
+            assert records(caplog, logging.ERROR, "cannot write the usage store") == [
+                f"cannot write the usage store {path}: file is not a database (1 failure(s) so "
+                "far); serving goes on, 0 interval(s) kept in memory, tried again every 0.05 s"]
+            assert store.state == "failing" and store.why == "file is not a database"
+            store.put(time.time(), interval())
+            subprocess.run(["umount", str(path)], check=True)
+            mounted = False  # the empty file under it is a database: the store uses it
+            wait(lambda: store.state == "writable" and store.intervals == 1)
+            assert store.set_aside == 0 and store.why == ""
+    finally:
+        if mounted:  # lazily: a store that failed the test may hold it open still
+            subprocess.run(["umount", "-l", str(path)], check=True)
+    assert garbage.read_bytes() == NOT_A_DATABASE
+
+
+def replaced_while_running(store, path):
+    """Have the running store set its file aside: another connection makes the file a newer
+    Patroller's, holding the write lock until the store's write has failed; the store opens the
+    file again, finds it newer, sets it aside and starts a fresh one."""
+    before = store.set_aside
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("UPDATE schema_version SET version = 7")
+    store.put(time.time(), interval())
+    wait(lambda: store.state == "failing")  # locked: the write failed, the file is let go
+    other.execute("COMMIT")
+    other.close()
+    wait(lambda: store.set_aside == before + 1 and store.state == "writable")
+
+
+@pytest.mark.errors_expected  # the write that fails while the other connection holds the lock
+def test_reports_follow_the_file_each_time_it_is_set_aside(tmp_path):
+    now = time.time()
+    with store_in(tmp_path, usage_busy_timeout=0.05) as store:
+        store.put(now, interval())
+        wait(lambda: store.intervals == 1)
+        assert by_category(report(store, now - 3600, now + 3600))[("alice", "active")] == 30.0
+        for n in (1, 2):
+            replaced_while_running(store, tmp_path / FILE)
+            wait(lambda: store.intervals == 1 + n)
+            # the fresh file holds the one interval written since, not the one before
+            assert by_category(report(store, now - 3600, now + 3600)) == {
+                ("alice", "active"): 30.0, ("alice", "idle_held"): 30.0, (None, "free"): 60.0}
+        assert store.set_aside == 2
+    assert len([p for p in tmp_path.iterdir() if ".newer-" in p.name and "-wal" not in p.name
+                and "-shm" not in p.name]) == 2
+
+
+def test_a_report_that_cannot_be_read_says_so_and_the_next_one_reads_again(tmp_path):
+    now = time.time()
+    with store_in(tmp_path) as store:
+        store.put(now, interval())
+        wait(lambda: store.intervals == 1)
+        assert by_category(report(store, now - 3600, now + 3600))[("alice", "active")] == 30.0
+        other = sqlite3.connect(tmp_path / FILE, isolation_level=None)
+        other.execute("DROP TABLE schema_version")  # under the reader's open connection
+        with pytest.raises(Unavailable) as raised:
+            report(store, now - 3600, now + 3600)
+        assert raised.value.message == (
+            f"the usage store {tmp_path / FILE} cannot be read now (holds tables (daily, gpus, "
+            "hourly, parties, samples) but no schema version: not a usage store); try again "
+            "shortly")
+        other.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        other.execute("INSERT INTO schema_version VALUES (1)")
+        other.close()
+        assert by_category(report(store, now - 3600, now + 3600))[("alice", "active")] == 30.0
+
+
+def test_reports_are_read_in_one_thread_of_their_own(tmp_path):
+    """One connection for reports, used by one thread: the store's `usage-reader`, never the
+    event loop's executor, and one at a time however many reports are asked at once."""
+    now = time.time()
+
+    async def many(store):
+        return await asyncio.gather(*(store.report(now - 3600, now + 3600, "user")
+                                      for _ in range(8)))
+
+    before = set(threading.enumerate())
+    with store_in(tmp_path) as store:
+        store.put(now, interval())
+        wait(lambda: store.intervals == 1)
+        totals = asyncio.run(many(store))
+        readers = [t.name for t in threading.enumerate()
+                   if t not in before and t.name.startswith("usage-reader")]
+        assert readers == ["usage-reader_0"]
+    assert all(by_category(t)[("alice", "active")] == 30.0 for t in totals)
+
+
+def test_a_range_counts_the_whole_hour_and_day_it_begins_in(tmp_path):
+    db = sqlite3.connect(tmp_path / "u.sqlite3", isolation_level=None)
+    schema.migrate(db)
+    keys = tables.Keys()
+    day = WALL // DAY * DAY - 10 * DAY
+    tables.write_interval(db, keys, day + 3600 + 660, interval())  # 10:00 to 11:00 past 1 a.m.
+    tables.write_interval(db, keys, day - DAY + 660, interval())  # the day before, folded:
+    tables.fold(db, int(day))
+    assert queries.bounds(day + 3600 + 1800, WALL) == (day + 3600, WALL, day, WALL)
+    assert queries.bounds(day - DAY + 7200, WALL) == (day - DAY + 7200, WALL, day - DAY, WALL)
+    # from half past one: the hour from one o'clock counts whole; from 2 a.m. the day before:
+    # the day counts whole (only daily totals are left of it)
+    for since in (day + 3600 + 1800, day - DAY + 7200):
+        totals = queries.totals(db, since, WALL, "user")
+        assert by_category(totals)[("alice", "active")] == (30.0 if since > day else 60.0)
+    assert queries.totals(db, day + 7200, WALL, "user").rows == []
+    by_gpu = queries.totals(db, day, WALL, "gpu")
+    assert sorted(by_gpu.rows) == [("GPU-a", "alice", "active", 30.0),
+                                   ("GPU-a", "alice", "idle_held", 30.0),
+                                   ("GPU-b", None, "free", 60.0)]
+    assert by_gpu.first == day - DAY  # the day folded
+
+
+def test_an_empty_store_reports_nothing_and_no_first_time(tmp_path):
+    with store_in(tmp_path) as store:
+        wait(lambda: store.state == "writable")
+        totals = report(store, WALL - DAY, WALL)
+    assert (totals.rows, totals.numbers, totals.first) == ([], {}, None)
+
+
+def error(kind, message, name=None):
+    """An error as SQLite raises it: with its name on Python 3.11 and later (`name`), with its
+    message alone before."""
+    exc = kind(message)
+    if name is not None:
+        exc.sqlite_errorname = name
+    return exc
+
+
+@pytest.mark.parametrize("exc, is_damaged", [
+    (error(sqlite3.DatabaseError, "file is not a database"), True),  # Python 3.10
+    (error(sqlite3.DatabaseError, "database disk image is malformed"), True),
+    (error(sqlite3.DatabaseError, "a damaged file", "SQLITE_CORRUPT"), True),  # 3.11: by name
+    (error(sqlite3.DatabaseError, "not a file of ours", "SQLITE_NOTADB"), True),
+    (error(sqlite3.OperationalError, "database is locked", "SQLITE_BUSY"), False),
+    (error(sqlite3.OperationalError, "disk I/O error"), False),
+])
+def test_a_file_is_damaged_when_sqlite_says_so_by_name_or_by_its_message(exc, is_damaged):
+    assert damaged(exc) is is_damaged
+
+
+def test_the_metrics_count_what_the_store_did_and_what_waits(tmp_path):
+    """A wall clock the test holds back holds the writer in its first write (its folding asks
+    the time): what is put meanwhile waits, and counts as pending."""
+    let_go = threading.Event()
+
+    def wall():
+        let_go.wait(20)
+        return time.time()
+
+    with store_in(tmp_path, wall=wall) as store:
+        for n in range(3):
+            store.put(WALL + 60 * n, interval())
+        assert store.metrics()["pending"] == 3
+        let_go.set()
+        wait(lambda: store.intervals == 3)
+        assert store.metrics() == {
+            "path": str(tmp_path / FILE), "state": "writable", "rows": 6, "intervals": 3,
+            "failures": 0, "set_aside": 0, "pending": 0, "dropped": 0}
+
+
+def test_folding_takes_whole_days_only(tmp_path):
+    db = sqlite3.connect(tmp_path / "u.sqlite3", isolation_level=None)
+    schema.migrate(db)
+    keys = tables.Keys()
+    day = WALL // DAY * DAY - 20 * DAY
+    for hour in (1, 23):  # the first and the last hour of a day
+        tables.write_interval(db, keys, day + hour * 3600 + 660, interval())
+    now = day + 10 * DAY + 12 * 3600  # noon, ten days after
+    assert tables.cutoff(now, 10) == day
+    assert tables.fold(db, tables.cutoff(now, 10)) == (0, 0)  # the day is not over ten days ago
+    assert tables.fold(db, tables.cutoff(now + DAY, 10)) == (4, 6)  # now it is, whole
+
+
+def test_a_fold_that_fails_changes_nothing_and_ends_its_transaction(tmp_path):
+    db = sqlite3.connect(tmp_path / "u.sqlite3", isolation_level=None)
+    schema.migrate(db)
+    day = WALL // DAY * DAY - 20 * DAY
+    tables.write_interval(db, tables.Keys(), day + 660, interval())
+    db.execute("DROP TABLE daily")  # where the folded hours should go
+    with pytest.raises(sqlite3.OperationalError, match="no such table: daily"):
+        tables.fold(db, int(day + DAY))
+    assert not db.in_transaction
+    assert db.execute("SELECT COUNT(*) FROM hourly").fetchone() == (3,)
+    assert db.execute("SELECT COUNT(*) FROM samples").fetchone() == (2,)
