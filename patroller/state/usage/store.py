@@ -84,6 +84,7 @@ class UsageStore:
         self._opening: Optional[sqlite3.Connection] = None  # the writer's, while it opens
         self._generation = 0  # how many times the file was replaced: the reader follows
         self._reports = Throttle(1, config.repeat_log_every)
+        self._unmovable = Throttle(1, config.repeat_log_every)  # files it cannot set aside
         self._reader: Optional[ThreadPoolExecutor] = None
         self._read_db: Optional[sqlite3.Connection] = None  # the reader thread's alone
         self._read_generation = -1
@@ -309,9 +310,10 @@ class UsageStore:
             for suffix in SIDECARS:
                 if os.path.lexists(self.path + suffix):
                     os.rename(self.path + suffix, aside + suffix)
-        except OSError as exc:
-            log.error("usage store %s %s and cannot be set aside: %s", self.path, why,
-                      exc.strerror or exc)
+        except OSError as exc:  # said once a repeat_log_every: it is tried at every retry
+            if self._unmovable.admit()[0]:
+                log.error("usage store %s %s and cannot be set aside: %s", self.path, why,
+                          exc.strerror or exc)
             return False
         self.set_aside += 1
         self._generation += 1
