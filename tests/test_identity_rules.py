@@ -111,6 +111,14 @@ async def test_an_unknown_container_is_named_by_its_id_and_cached(folder, engine
 
 # -- the tracker: what it tells the leases while an owner is degraded or pending ---------------
 
+def tracking(leases, resolver):
+    """A tracker between fresh process signals and `leases`: (it, the signals, the first
+    device's uuid)."""
+    tracker, signals = ProcessTracker(leases, resolver, retry=0.01, recheck=0.01), Signals()
+    tracker.connect(signals)
+    return tracker, signals, list(leases.inventory)[0].uuid
+
+
 class Scripted:
     """A resolver that answers from a list, then the last: what the tracker asks of the
     process identifier (facts, then the identity behind them; resolve() does both)."""
@@ -141,10 +149,7 @@ async def test_the_tracker_learns_an_unsettled_owner_and_tells_the_leases(unsett
     alice = named_user("alice")
     leases = lease_manager()
     resolver = Scripted(unsettled, unsettled, alice)
-    tracker = ProcessTracker(leases, resolver, retry=0.01, recheck=0.01)
-    signals = Signals()
-    tracker.connect(signals)
-    uuid = list(leases.inventory)[0].uuid
+    tracker, signals, uuid = tracking(leases, resolver)
     signals.process_started.send(None, record=GpuProcess(uuid, 4242, "C", "python"))
     await until(lambda: leases.holder(uuid) == alice)
     assert resolver.asked == 3 and leases.state(uuid) == "claimed"
@@ -179,10 +184,7 @@ async def test_the_tracker_holds_the_gpu_from_the_moment_a_process_is_seen():
     alice, leases, resolver = named_user("alice"), lease_manager(), Slow(named_user("alice"))
     events = []
     leases.on_event(lambda e: events.append((e.kind, e.user)))
-    tracker = ProcessTracker(leases, resolver, retry=0.01, recheck=0.01)
-    signals = Signals()
-    tracker.connect(signals)
-    uuid = list(leases.inventory)[0].uuid
+    tracker, signals, uuid = tracking(leases, resolver)
     signals.process_started.send(None, record=GpuProcess(uuid, 4242, "C", "python"))
     assert leases.state(uuid) == "claimed" and leases.holder(uuid) == IDENTIFYING
     await until(lambda: leases.holder(uuid).container is not None)
@@ -199,10 +201,7 @@ async def test_a_process_that_ends_while_looked_up_frees_its_gpu_and_the_lookup_
     leases, resolver = lease_manager(), Slow(named_user("alice"))
     events = []
     leases.on_event(lambda e: events.append((e.kind, e.user)))
-    tracker = ProcessTracker(leases, resolver, retry=0.01, recheck=0.01)
-    signals = Signals()
-    tracker.connect(signals)
-    uuid = list(leases.inventory)[0].uuid
+    tracker, signals, uuid = tracking(leases, resolver)
     record = GpuProcess(uuid, 4242, "C", "python")
     signals.process_started.send(None, record=record)
     await until(lambda: leases.holder(uuid).container is not None)  # being looked up now
@@ -220,10 +219,7 @@ async def test_an_owner_that_turns_degraded_on_a_retry_is_shown_as_it_was():
     the container, not `unknown`, while the tracker keeps asking."""
     leases = lease_manager()
     resolver = Scripted(PENDING, DEGRADED)
-    tracker = ProcessTracker(leases, resolver, retry=0.01, recheck=0.01)
-    signals = Signals()
-    tracker.connect(signals)
-    uuid = list(leases.inventory)[0].uuid
+    tracker, signals, uuid = tracking(leases, resolver)
     signals.process_started.send(None, record=GpuProcess(uuid, 4242, "C", "python"))
     await until(lambda: resolver.asked >= 4)  # asked again, and again after the degraded one
     assert leases.holder(uuid) == PENDING and leases.holder(uuid).user.startswith("container:")
@@ -236,10 +232,7 @@ async def test_the_tracker_keeps_a_settled_owner_and_asks_no_more():
     leases = lease_manager()
     alice = named_user("alice")
     resolver = Scripted(bob, alice)
-    tracker = ProcessTracker(leases, resolver, retry=0.01, recheck=0.01)
-    signals = Signals()
-    tracker.connect(signals)
-    uuid = list(leases.inventory)[0].uuid
+    tracker, signals, uuid = tracking(leases, resolver)
     signals.process_started.send(None, record=GpuProcess(uuid, 4242, "C", "python"))
     await until(lambda: leases.holder(uuid) == bob)
     marker = GpuProcess(list(leases.inventory)[1].uuid, 4243, "C", "python")
