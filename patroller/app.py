@@ -14,6 +14,7 @@ from patroller.config.trust import Untrusted
 from patroller.core.devices import Inventory, InventoryChange
 from patroller.core.leases import LeaseManager
 from patroller.core.policy import Policy
+from patroller.heap import Heap
 from patroller.http.api import Api
 from patroller.http.fastlane import FastLane
 from patroller.http.routes import lane_headers, lane_routes, make_api
@@ -63,6 +64,7 @@ class Daemon:
         self.api = api
         self.server: Optional[PeerServer] = None
         self.unix_file: Optional[SocketFile] = None  # what we bound there, removed at stop
+        self.heap = Heap(services.config.gc_refreeze_every)
 
     def start(self) -> None:
         """Open the audit record's file, the lease book and the pseudonyms' key (last run's
@@ -104,6 +106,7 @@ class Daemon:
             self.api.fleet.start()
         for monitor in services.monitors:
             monitor.start()
+        self.heap.start()  # what the daemon made to start is frozen from now on
 
     def listen(self, port: int, address: str = "", unix_path: Optional[str] = None) -> List[str]:
         """Bind and serve; return where, as URLs. Raises OSError if it cannot bind, StartError
@@ -152,6 +155,7 @@ class Daemon:
             await self.api.fleet.stop(grace / 4)
         await asyncio.sleep(0)  # let their answers go out
         services.timer.stop()
+        self.heap.stop()
         services.lifelines.stop()
         services.tracker.close()
         await self._stop_monitors(grace / 2)

@@ -5,6 +5,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import replace
 
 import pytest
@@ -196,3 +197,37 @@ async def test_both_kinds_of_child_have_the_parent_death_signal_and_their_own_gr
     await until(lambda: lines)
     await child.stop(0.5)
     assert lines[0].split() == [str(int(signal.SIGKILL)), "True"]
+
+
+@async_test
+async def test_a_burst_of_lines_lets_the_event_loop_serve_between_slices():
+    """5,000 pmon rows a second come in 64 KiB chunks: the lines of one chunk are handled a
+    slice (Config.loop_slice) at a time, and what else waits on the loop runs in between."""
+    total = 20000
+    handled = 0
+    runs, since_turn = [], [0]  # lines handled between two turns of the loop
+
+    def slow_line(line: str) -> None:  # a line costs some 20 µs, as a pmon row does here
+        nonlocal handled
+        handled += 1
+        since_turn[0] += 1
+        began = time.perf_counter()
+        while time.perf_counter() - began < 20e-6:
+            pass
+
+    def turn() -> None:  # runs every time the loop gets a turn
+        runs.append(since_turn[0])
+        since_turn[0] = 0
+        if handled < total:
+            loop.call_soon(turn)
+
+    loop = asyncio.get_running_loop()
+    script = f"import sys; sys.stdout.write('x\\n' * {total}); sys.stdout.flush()"
+    child = RestartingChild("burst", [sys.executable, "-c", script], slow_line,
+                            settings(30, 30, loop_slice=0.001))
+    loop.call_soon(turn)
+    child.start()
+    await until(lambda: handled == total, timeout=30)
+    await child.stop(0.5)
+    # A 1 ms slice at 20 µs a line is some 50 lines, checked every 32: never hundreds at once.
+    assert max(runs) < 200, f"the loop waited for {max(runs)} lines at once"

@@ -26,6 +26,7 @@ LAYERS: List[Tuple[str, ...]] = [
     ("patroller.__main__",),  # python -m patroller
     ("patroller.main",),  # the entry point: the command line's words, or the daemon
     ("patroller.app",),  # the daemon: build the services, start and stop
+    ("patroller.heap",),  # the cycle collector on the daemon's schedule
     ("patroller.http",),  # the server, handlers, read models, live feed, metrics
     ("patroller.doctor",),  # what the daemon would meet on this host, checked
     ("patroller.services",),  # the one object the handlers and the collector take
@@ -59,6 +60,7 @@ THIRD_PARTY: Dict[str, Set[str]] = {
     "patroller.doctor": {"tornado"},
     "patroller.main": set(),
     "patroller.app": {"tornado"},
+    "patroller.heap": {"tornado"},
     "patroller.__main__": set(),
     "patroller": set(),
     "patroller.durations": set(),

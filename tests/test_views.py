@@ -11,7 +11,7 @@ from tornado.iostream import IOStream
 from helpers import FakeClock, async_test, lease_manager, running, until
 from patroller.http.fastlane import Connection
 from patroller.core.identity import named_user
-from patroller.observe.signals import ProcessList, Sample, Signals
+from patroller.observe.signals import ProcessList, ProcessSamples, Sample, Signals
 from patroller.observe.stats import StatsStore
 from patroller.observe.testmode import synthetic_inventory
 from patroller.http.statusview import StatusView
@@ -296,3 +296,20 @@ def test_a_holder_that_changes_alone_is_shown(parts):
     clock.advance(10)
     assert leases.expire() == [inventory.devices[0]]
     assert json.loads(view.body())[uuid]["claim"]["user"]["user"] == "bob"
+
+
+def test_a_figure_not_known_this_interval_keeps_the_last_one(parts):
+    """pmon prints `-` for an interval without a sample, and the cross-check knows memory
+    alone: a None is no news, and the figure shown stays the last one known."""
+    clock, inventory, leases, signals, view = parts
+    uuid = inventory.present()[0].uuid
+    figures = {"sm": 40, "mem": 12, "fb": 900}
+    signals.process_sampled.send(None, record=ProcessSamples({(uuid, 4242): figures}, 0.0))
+    seen = view.stats.process_view(uuid, 4242)
+    assert (seen["sm"], seen["mem"], seen["fb"]) == (40, 12, 900)
+    before = view.stats.version(uuid)
+    signals.process_sampled.send(None, record=ProcessSamples(
+        {(uuid, 4242): {"sm": None, "mem": 7, "fb": None}}, 1.0))
+    seen = view.stats.process_view(uuid, 4242)
+    assert (seen["sm"], seen["mem"], seen["fb"]) == (40, 7, 900)
+    assert view.stats.version(uuid) == before + 1  # shown again: something changed

@@ -197,6 +197,12 @@ class Config:
     accept_max_pause: float = 1.0  # seconds: the pause doubles after each failure up to this
     accept_report_every: float = 60.0  # seconds between two log lines about failing accepts
     status_max_age: float = 0.1  # seconds the cached /status body may be old (its clocks move)
+    # seconds between the cycle collector's full collections (patroller/heap.py): the daemon's
+    # objects stay frozen in between; 0 leaves the collector as Python sets it
+    gc_refreeze_every: float = 600.0
+    # seconds a long run of work holds the event loop before it lets requests in: a burst of a
+    # child's lines (5,000 pmon rows a second), the background rebuild of /status
+    loop_slice: float = 0.001
     client_errors_logged: int = 20  # 4xx access-log lines per window at most; the rest counted
     client_errors_window: float = 10.0  # seconds
     feed_every: float = 1.0  # seconds at least between two snapshots of the web page's feed

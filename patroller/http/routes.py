@@ -38,7 +38,7 @@ def make_api(services: Services) -> Api:
     Reads the page's files and the API document from the package."""
     config = services.config
     status = StatusView(services.inventory, services.leases, services.stats, services.idle,
-                        config.status_max_age)
+                        config.status_max_age, slice_=config.loop_slice)
     devices = DevicesView(services.inventory)
     hiding = Hiding(services.pseudonyms, status) if services.pseudonyms is not None else None
     feed = LiveFeed(lambda: page_snapshot(services, status, devices), config,

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from patroller.config import Config
 from patroller.core.devices import Inventory
 from patroller.core.leases import Hold, LeaseManager
 from patroller.http.encoding import dumps
@@ -29,7 +30,6 @@ from patroller.observe.stats import StatsStore, iso_time
 
 # Moved by the clock alone, as the claim shows them (the statistics' `stale` is another).
 CLOCK_FIELDS = ("age", "expires", "processes_stale", "ends_at", "idle_for")
-SLICE = 0.002  # seconds the background rebuild runs before it lets the loop serve
 
 
 @dataclass
@@ -60,13 +60,15 @@ class StatusView:
 
     def __init__(self, inventory: Inventory, leases: LeaseManager, stats: StatsStore,
                  idle: Optional[IdleWatch], max_age: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 slice_: float = Config.loop_slice) -> None:
         self.inventory = inventory
         self.leases = leases
         self.stats = stats
         self.idle = idle
         self.clock = clock
         self.max_age = max_age
+        self.slice = slice_  # seconds the background rebuild runs before it lets the loop serve
         self.builds = 0  # bodies put together
         self.parts_built = 0  # device parts serialized again
         self._parts: Dict[str, Part] = {}
@@ -110,7 +112,7 @@ class StatusView:
             if part is not None and part.stats_version != self.stats.version(device.uuid):
                 self._build_stats(device.uuid, part)
                 self._build_detail(device.uuid, part)
-                if time.monotonic() - began > SLICE:
+                if time.monotonic() - began > self.slice:
                     await asyncio.sleep(0)
                     began = time.monotonic()
         self._body = None  # what changed (a list fresh again, at least) is shown at once

@@ -243,19 +243,21 @@ class PmonMonitor(StreamMonitor):
 
     def _interval_completed(self, change: IntervalChange) -> None:
         """After a complete interval: whatever was announced and is not in it has gone."""
-        present = set()
-        for process in change.present:
-            device = self.inventory.by_number(process.gpu)
-            if device is not None:
-                present.add((device.uuid, process.pid))
+        # Thousands of processes an interval on a large host: each step is one pass over them.
+        uuid_of = {d.number: d.uuid for d in self.inventory.present()}
+        present = {(uuid_of[p.gpu], p.pid) for p in change.present if p.gpu in uuid_of}
         for key in [k for k in self._announced if k not in present]:
             self.signals.process_ended.send(self, record=self._announced.pop(key))
         covered = [self.inventory.by_number(gpu) for gpu in sorted(self._covered)]
         self._covered = set()
         now = time.time()
-        measured = {uuid for (uuid, _), row in self._values.items()
-                    if any(value is not None for value in row.values())}
-        self._figureless = {uuid for uuid, _ in self._values} - measured
+        listed, measured = set(), set()
+        for (uuid, _), row in self._values.items():
+            if uuid not in measured:  # one row with a figure is enough
+                listed.add(uuid)
+                if any(value is not None for value in row.values()):
+                    measured.add(uuid)
+        self._figureless = listed - measured
         if self._values:
             values, self._values = self._values, {}
             self.signals.process_sampled.send(self, record=ProcessSamples(values, now))

@@ -92,13 +92,18 @@ class StatsStore:
         # Shown with the next change of /status. A figure not known this time (None) keeps the
         # last one: pmon prints `-` for an interval without a sample, and the cross-check knows
         # memory alone.
+        processes, changed = self._processes, set()
         for key, values in record.values.items():
-            self._changed(key[0])
-            known = self._processes.get(key)
+            changed.add(key[0])
+            known = processes.get(key)
             if known is None:
-                self._processes[key] = dict(values)
+                processes[key] = dict(values)
             else:
-                known.update((k, v) for k, v in values.items() if v is not None)
+                for name, value in values.items():
+                    if value is not None:
+                        known[name] = value
+        for uuid in changed:
+            self._changed(uuid)
 
     def _on_process_ended(self, sender: Any, record: GpuProcess) -> None:
         if self._processes.pop((record.uuid, record.pid), None) is not None:

@@ -62,6 +62,7 @@ class RestartingChild:
         self.silence = config.stream_silence
         self.startup = max(config.stream_startup, config.stream_silence)
         self.max_line = config.max_line
+        self.slice = config.loop_slice
         self.stderr_tail = config.stderr_tail
         self.linger = config.child_linger
         self.child: Optional[Child] = None  # the current run, or the last one
@@ -194,9 +195,13 @@ class RestartingChild:
                 lines = lines[1:]
             if len(pending) > self.max_line:
                 pending, discarding = b"", True
-            for line in lines:
+            began = time.monotonic()
+            for number, line in enumerate(lines, 1):
                 if len(line) <= self.max_line:
                     self._deliver(line)
+                if number % 32 == 0 and time.monotonic() - began > self.slice:
+                    await asyncio.sleep(0)  # a burst of lines lets requests in between
+                    began = time.monotonic()
         if pending and not discarding:
             self._deliver(pending)
 
