@@ -47,11 +47,28 @@ async def test_garbage_among_frozen_objects_is_freed_at_the_next_refreeze():
 
 
 @async_test
+async def test_what_survives_a_full_collection_is_frozen_too():
+    heap = Heap(every=600)
+    try:
+        heap.start()
+        frozen = gc.get_freeze_count()
+        kept = [Node() for _ in range(5000)]  # made after the start: not frozen yet
+        gc.collect()  # as Python's own full collection would
+        await asyncio.sleep(0)  # the freeze comes on the loop
+        assert heap.survivors_frozen == 1
+        assert gc.get_freeze_count() >= frozen + len(kept)
+    finally:
+        heap.stop()
+    assert heap._collected not in gc.callbacks
+
+
+@async_test
 async def test_zero_leaves_the_collector_as_python_sets_it():
     heap = Heap(every=0)
     heap.start()
+    gc.collect()
     await asyncio.sleep(0)
-    assert gc.get_freeze_count() == 0 and heap.refreezes == 0
+    assert gc.get_freeze_count() == 0 and heap.refreezes == 0 and heap.survivors_frozen == 0
     heap.stop()
     assert gc.get_freeze_count() == 0
 

@@ -60,7 +60,7 @@ THIRD_PARTY: Dict[str, Set[str]] = {
     "patroller.doctor": {"tornado"},
     "patroller.main": set(),
     "patroller.app": {"tornado"},
-    "patroller.heap": {"tornado"},
+    "patroller.heap": set(),
     "patroller.__main__": set(),
     "patroller": set(),
     "patroller.durations": set(),
