@@ -293,10 +293,14 @@ def processes_on(status: Dict[str, Any]) -> int:
 
 # -- load -----------------------------------------------------------------------------------
 
-def wrk(url: str, seconds: float, connections: int = 32) -> Dict[str, float]:
-    """Requests per second and latency percentiles from wrk (one thread, N connections)."""
+def wrk(url: str, seconds: float, connections: int = 32,
+        headers: Iterable[str] = ()) -> Dict[str, float]:
+    """Requests per second and latency percentiles from wrk (one thread, N connections), each
+    request with `headers` ("Name: value") added."""
+    extra = [arg for header in headers for arg in ("-H", header)]
     result = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s",
-                             "--latency", url], capture_output=True, text=True, timeout=seconds + 60)
+                             "--latency", *extra, url],
+                            capture_output=True, text=True, timeout=seconds + 60)
     text = result.stdout
     rate = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
     percentiles = {}

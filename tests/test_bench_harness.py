@@ -62,12 +62,16 @@ def test_the_fleet_steps_table_for_docs_many_hosts():
               "silent": 5, "fleet_json_bytes": 2118462, "poller_core_fraction": 0.05,
               "fleet_json": {"p99_ms": 20.5, "requests_per_s": 300},
               "fleet_json_one_client": {"p99_ms": 9.1, "requests_per_s": 200},
+              "fleet_json_plain": {"p99_ms": 70.2, "requests_per_s": 250},
+              "fleet_json_gzip_bytes": 151000,
               "status_poller": {"p99_ms": 12.0}, "status_plain": {"p99_ms": 11.0},
               "status_p99_ratio": 1.09,
               "status_hosts": {"hosts": "100 live, 5 refusing, 5 silent", "median_s": 1.7,
                                "max_s": 1.8}}
     text = fleet.table({"machine": machine, "mode": "full", "results": {"fleet": result}})
-    assert "| `/fleet.json` p99 (wrk, 4 connections), 1010 hosts | 20.5 ms" in text
+    assert ("| `/fleet.json` p99 (wrk, 4 connections, gzip accepted as by the page), 1010 hosts"
+            " | 20.5 ms (300/s, 151000 bytes)") in text
+    assert "4 connections without gzip | 70.2 ms (250/s, 2118462 bytes)" in text
     assert "(1.09x) | unaffected |" in text and "median 1.7 s, max 1.8 s | under 2 s |" in text
     report = {"machine": machine, "mode": "full", "docker": False,
               "results": {"fleet": {**result, "scaled_down": "200 test-mode daemons, not 300"}}}

@@ -213,3 +213,4 @@ class Config:
     max_pages_unidentified: int = 20  # of them, those of callers who cannot be identified
     fleet_max_gpus: int = 256  # GPUs one fleet host may list: more is a bad answer
     fleet_build_every: float = 0.5  # seconds at least between two builds of /fleet.json's body
+    fleet_gzip_level: int = 6  # /fleet.json's gzip (made in a thread once per body), 1 to 9

@@ -37,7 +37,7 @@ from tornado.tcpclient import TCPClient
 
 from patroller import __version__, answers, hosts
 from patroller.config import Config
-from patroller.http.encoding import dumps
+from patroller.http.encoding import Gzipped, dumps
 from patroller.http.fleetlink import Cut, Link, Reply, Silent
 from patroller.observe.stats import iso_time
 
@@ -167,6 +167,7 @@ class Fleet:
         self.max_bytes = config.fleet_max_bytes
         self.max_gpus = config.fleet_max_gpus
         self.build_every = config.fleet_build_every
+        self.gzipped = Gzipped(config.fleet_gzip_level)  # the body, for those who accept gzip
         started = clock()
         self.hosts = [Host(host, hosts.base_url(host), started) for host in config.fleet]
         self.tcp: Optional[TCPClient] = None

@@ -15,6 +15,7 @@ from patroller.core.errors import BadRequest, Unavailable, Unidentified
 from patroller.core.identity import Identity
 from patroller.http import hiding, query
 from patroller.http.access import shown
+from patroller.http.encoding import accepts_gzip
 from patroller.http.handlers import Handler, View
 from patroller.http.hiding import viewer_of
 from patroller.http.live import Page
@@ -125,7 +126,14 @@ class FleetJsonHandler(View):
         if fleet is None:
             raise no_fleet()
         if self.api.hiding is None:
-            self.send(fleet.body())  # built once for every asker (Fleet.body)
+            body = fleet.body()  # built once for every asker (Fleet.body)
+            self.set_header("Vary", "Accept-Encoding")
+            if accepts_gzip(self.request.headers.get("Accept-Encoding", "")):
+                packed = fleet.gzipped.of(body)  # None while it is being made
+                if packed is not None:
+                    self.set_header("Content-Encoding", "gzip")
+                    body = packed
+            self.send(body)
             return None
         return self.shown(fleet.data, hiding.fleet)
 
