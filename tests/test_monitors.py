@@ -159,3 +159,26 @@ async def test_a_blind_device_stays_blind_until_pmon_lists_a_process_on_it():
         pmon._line(line)
     assert unattributed() == set()  # pmon names a process there: it sees this device
     await pmon.stop(0.5)
+
+
+@async_test
+async def test_a_device_whose_listed_processes_all_ended_is_attributed_no_more():
+    inventory = synthetic_inventory(3)
+    pmon = PmonMonitor(inventory, Signals(), ["nvidia-smi"], {}, Config())
+    uuids = [d.uuid for d in inventory]
+    for line in PMON_HEADER + interval({1: [(4242, "python"), (4343, "python")],
+                                        2: [(77, "train")]}):
+        pmon._line(line)
+    assert pmon.attributed() == {uuids[1], uuids[2]}
+    for line in interval({1: [(4343, "python")], 2: [(77, "train")]}):
+        pmon._line(line)
+    await past_timers(Config().burst_gap)  # quiet after the last device: the interval ends
+    assert pmon.attributed() == {uuids[1], uuids[2]}  # one of two ended: still listed there
+    for line in interval({2: [(77, "train")]}):
+        pmon._line(line)
+    await past_timers(Config().burst_gap)
+    assert pmon.attributed() == {uuids[2]}  # the last one on device 1 ended
+    for line in interval({1: [(5000, "again")], 2: [(77, "train")]}):
+        pmon._line(line)
+    assert pmon.attributed() == {uuids[1], uuids[2]}
+    await pmon.stop(0.5)

@@ -138,8 +138,9 @@ class CrossCheck(Monitor):
             log.info("cross-check: `%s` answers again after %d failure(s)", self.shown,
                      self._failing)
             self._failing = 0
-        skipped: List[str] = []
-        apps = parse_compute_apps(answer.output, skipped)
+        skipped: List[str] = []  # thousands of lines on a large host: read off the loop
+        apps = await asyncio.get_running_loop().run_in_executor(
+            None, parse_compute_apps, answer.output, skipped)
         self._count_skips(skipped)
         self._reconcile(apps)
 

@@ -186,6 +186,7 @@ class PmonMonitor(StreamMonitor):
         self._last_number = max((d.number for d in inventory.present()), default=0)
         # By (uuid, pid): a device renumbered when another falls off keeps its processes.
         self._announced: Dict[Tuple[str, int], GpuProcess] = {}
+        self._listed_on: Dict[str, int] = {}  # uuid -> how many of those are on it
         self._covered: Set[int] = set()  # devices with a row in the current interval
         self._values: Dict[Tuple[str, int], Mapping[str, Any]] = {}  # this interval's figures
         self._figureless: Set[str] = set()  # devices whose rows carried no figure, last interval
@@ -204,7 +205,7 @@ class PmonMonitor(StreamMonitor):
 
     def attributed(self) -> Set[str]:
         """The devices pmon lists a process on."""
-        return {uuid for uuid, _ in self._announced}
+        return set(self._listed_on)
 
     def figureless(self) -> Set[str]:
         """The devices pmon lists processes on without a figure for any (`-` in every cell, as
@@ -239,6 +240,7 @@ class PmonMonitor(StreamMonitor):
             return
         record = GpuProcess(uuid=device.uuid, pid=row.pid, type=row.type, command=row.command)
         self._announced[key] = record
+        self._listed_on[device.uuid] = self._listed_on.get(device.uuid, 0) + 1
         self.signals.process_started.send(self, record=record)
 
     def _interval_completed(self, change: IntervalChange) -> None:
@@ -247,6 +249,11 @@ class PmonMonitor(StreamMonitor):
         uuid_of = {d.number: d.uuid for d in self.inventory.present()}
         present = {(uuid_of[p.gpu], p.pid) for p in change.present if p.gpu in uuid_of}
         for key in [k for k in self._announced if k not in present]:
+            left = self._listed_on[key[0]] - 1
+            if left:
+                self._listed_on[key[0]] = left
+            else:
+                del self._listed_on[key[0]]
             self.signals.process_ended.send(self, record=self._announced.pop(key))
         covered = [self.inventory.by_number(gpu) for gpu in sorted(self._covered)]
         self._covered = set()
