@@ -313,3 +313,8 @@ def test_a_figure_not_known_this_interval_keeps_the_last_one(parts):
     seen = view.stats.process_view(uuid, 4242)
     assert (seen["sm"], seen["mem"], seen["fb"]) == (40, 7, 900)
     assert view.stats.version(uuid) == before + 1  # shown again: something changed
+    signals.process_sampled.send(None, record=ProcessSamples(
+        {(uuid, 4242): {"sm": None, "mem": None, "fb": None}}, 2.0))  # `-` in every cell
+    seen = view.stats.process_view(uuid, 4242)
+    assert (seen["sm"], seen["mem"], seen["fb"]) == (40, 7, 900)
+    assert view.stats.version(uuid) == before + 1  # nothing new: the device is not rebuilt

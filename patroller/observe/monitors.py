@@ -27,7 +27,8 @@ from patroller.observe.monitor import (FAILING, UP, DmonMetrics, Monitor, PmonMe
                                        StreamMetrics)
 from patroller.observe.nvsmi.intervals import IntervalChange, PmonIntervals
 from patroller.observe.nvsmi.parsers import DmonParser, DmonRow, PmonParser, PmonRow
-from patroller.observe.signals import GpuProcess, ProcessList, ProcessSamples, Sample, Signals
+from patroller.observe.signals import (NOTHING, GpuProcess, ProcessList, ProcessSamples, Sample,
+                                       Signals)
 from patroller.observe.supervisor import RestartingChild
 
 log = logging.getLogger(__name__)
@@ -262,7 +263,7 @@ class PmonMonitor(StreamMonitor):
         for (uuid, _), row in self._values.items():
             if uuid not in measured:  # one row with a figure is enough
                 listed.add(uuid)
-                if any(value is not None for value in row.values()):
+                if not NOTHING.issuperset(row.values()):
                     measured.add(uuid)
         self._figureless = listed - measured
         if self._values:

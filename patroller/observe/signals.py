@@ -14,6 +14,7 @@ import blinker
 from patroller.core.scheduled import SchedulerAllocation
 
 Value = Union[float, int, str, None]
+NOTHING = frozenset([None])  # the figures of a process in an interval without a sample
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from patroller.core.devices import Inventory
-from patroller.observe.signals import GpuProcess, ProcessList, ProcessSamples, Sample, Signals, Value
+from patroller.observe.signals import (NOTHING, GpuProcess, ProcessList, ProcessSamples, Sample,
+                                       Signals, Value)
 
 # The figures of a device, by their stable names (dmon's columns, `pwr` as power, r384's
 # `temp` as gtemp), in the order /status shows them; `fb_total` comes from the inventory.
@@ -94,14 +95,13 @@ class StatsStore:
         # memory alone.
         processes, changed = self._processes, set()
         for key, values in record.values.items():
-            changed.add(key[0])
             known = processes.get(key)
             if known is None:
                 processes[key] = dict(values)
-            else:
-                for name, value in values.items():
-                    if value is not None:
-                        known[name] = value
+                changed.add(key[0])
+            elif not NOTHING.issuperset(values.values()):  # a figure known this time
+                known.update({name: value for name, value in values.items() if value is not None})
+                changed.add(key[0])
         for uuid in changed:
             self._changed(uuid)
 
