@@ -6,6 +6,7 @@ again. No container engine runs here; tests/test_containerd.py runs the real one
 import asyncio
 import logging
 import os
+import threading
 import time
 from dataclasses import replace
 
@@ -258,22 +259,47 @@ async def test_containerd_down_fails_fast_is_said_once_and_recovers(fake, ids, c
         found_in.shutdown()
 
 
-@pytest.mark.parametrize("answer", [b"\xff\xff", pw.delimited(1, pw.integer(1, 7)), b""])
+@pytest.mark.parametrize("answer, why", [
+    (b"\xff\xff", "a varint runs past the end"),
+    (pw.delimited(1, pw.integer(1, 7)), "field 1 is not of the type its .proto gives"),
+    (b"", "an answer without a container"),
+    (pw.delimited(1, pw.string(3, "example/image:1")), "a container without an id")])
 @async_test
-async def test_an_answer_that_is_no_container_degrades_and_says_what(fake, ids, answer,
+async def test_an_answer_that_is_no_container_degrades_and_says_what(fake, ids, answer, why,
                                                                      caplog):
     fake.answer = answer
     found_in = directory(fake)
     try:
         with pytest.raises(ContainerdUnavailable) as down:
             await found_in.get(ids["plain"])
-        assert str(down.value).startswith(f"containerd at {fake.path} answered something that "
-                                          "is not a container (")
+        assert str(down.value) == (f"containerd at {fake.path} answered something that is not "
+                                   f"a container ({why})")
         assert said(caplog) == [f"cannot read containerd's containers: {down.value}; their "
                                 "identities degrade to the container id until it is back"]
         assert found_in.calls == 1
     finally:
         found_in.shutdown()
+
+
+@async_test
+async def test_annotations_that_are_not_text_are_left_out(fake, ids):
+    labels = fake_labels(fake, ids["sandbox"])
+    fake.add("k8s.io", ids["sandbox"], labels, {"ok": "v", "n": 7, "list": ["x"], "no": None},
+             like="sandbox")
+    found_in = directory(fake)
+    try:
+        assert (await found_in.get(ids["container"])).sandbox.annotations == {"ok": "v"}
+    finally:
+        found_in.shutdown()
+
+
+def test_a_sandbox_filter_is_made_of_a_pod_uid_alone(ids):
+    assert ctrd.sandbox_filter(ids["pod_uid"]) == (
+        f'labels."io.cri-containerd.kind"==sandbox,labels."io.kubernetes.pod.uid"=='
+        f'"{ids["pod_uid"]}"')
+    for bad in ('x",labels.a==b', "", ids["pod_uid"].upper()):
+        with pytest.raises(ValueError, match=f"not a pod uid: {bad!r}"):
+            ctrd.sandbox_filter(bad)
 
 
 @async_test
@@ -328,6 +354,29 @@ async def test_a_shutdown_ends_the_call_in_flight_and_nothing_is_said(fake, ids,
         await until(lambda: fake.hang.ended)
         assert fake.hang.ended[0] > 30  # ended by the shutdown, not by its deadline
         assert said(caplog) == []  # containerd did not go down
+    finally:
+        fake.hang.release.set()
+
+
+@async_test
+async def test_a_hung_containerd_holds_two_threads_and_a_shutdown_drops_what_waits(fake):
+    """The lookups run in two threads of the directory's own (`containerd_N` in a dump),
+    whatever containerd does: five lookups of a hung containerd hold two threads, the three
+    others wait their turn. A shutdown ends the two calls and drops the three, never sent."""
+    fake.hang = Hang()
+    found_in = directory(fake, containerd_timeout=60)
+    before = {t.ident for t in threading.enumerate()}
+    try:
+        lookups = [asyncio.ensure_future(found_in.get(c * 64)) for c in "12345"]
+        await until(lambda: fake.hang.in_flight == 2)
+        assert sorted(t.name for t in threading.enumerate() if t.ident not in before
+                      and t.name.startswith("containerd")) == ["containerd_0", "containerd_1"]
+        found_in.shutdown()
+        ended = await asyncio.wait_for(asyncio.gather(*lookups, return_exceptions=True), 10)
+        assert [type(e) for e in ended] == [ContainerdUnavailable] * 2 + [
+            asyncio.CancelledError] * 3
+        assert all("CANCELLED" in str(e) for e in ended[:2])
+        assert found_in.calls == 2 and len(fake.asked) == 2
     finally:
         fake.hang.release.set()
 

@@ -112,6 +112,16 @@ async def test_a_pods_sandbox_process_is_its_pod(fake, ids, identifier):
 
 
 @async_test
+async def test_an_annotation_that_is_not_text_is_skipped(fake, ids, identifier):
+    """A pod annotation holding a number (the OCI spec is JSON): not taken, the next key is."""
+    labels = pw.Message(fake.containers[("k8s.io", ids["sandbox"])]).string_map(2)
+    fake.add("k8s.io", ids["sandbox"], labels, {"lab.example.org/owner": 7}, like="sandbox")
+    identity = await identifier(pod_user_keys=("lab.example.org/owner", "patroller/user")).of(
+        ids["container"], pod=ids["pod_uid"])
+    assert identity.user == "alice@example.org" and identity.source == "pod"
+
+
+@async_test
 async def test_a_plain_container_follows_the_label_rules(fake, ids, identifier):
     identity = await identifier().of(ids["plain"])
     assert identity.source == "container" and identity.user == "erin@example.org"
