@@ -143,7 +143,6 @@ class ContainerdDirectory:
     """containerd's containers by id, with their pods' sandboxes, cached."""
 
     def __init__(self, config: Config, address: str) -> None:
-        self.address = address
         self.path = address[len("unix://"):] if address.startswith("unix://") else address
         self.namespaces = config.containerd_namespaces
         self.timeout = config.containerd_timeout
@@ -162,9 +161,10 @@ class ContainerdDirectory:
         return await self._lookups.get(container_id)
 
     def shutdown(self) -> None:
-        """Stop for good: close the channel, let the threads go."""
-        self._caller.close()
+        """Stop for good: drop the lookups that wait for a thread, then close the channel
+        (which ends the calls in flight at once), and let the threads go."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._caller.close()
 
     # -- in the executor ----------------------------------------------------------------------
 
