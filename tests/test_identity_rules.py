@@ -4,6 +4,7 @@ and by the tracker that tells the leases. The engine is tests/fake_engine.py, wh
 what the real Docker Engine answered; real processes in real cgroups, a real /proc. (The same
 rules against real engines: test_identity_docker, test_engines_docker, test_containerd.)"""
 import asyncio
+import logging
 import secrets
 from dataclasses import replace
 
@@ -111,10 +112,10 @@ async def test_an_unknown_container_is_named_by_its_id_and_cached(folder, engine
 
 # -- the tracker: what it tells the leases while an owner is degraded or pending ---------------
 
-def tracking(leases, resolver):
+def tracking(leases, resolver, retry=0.01, recheck=0.01):
     """A tracker between fresh process signals and `leases`: (it, the signals, the first
     device's uuid)."""
-    tracker, signals = ProcessTracker(leases, resolver, retry=0.01, recheck=0.01), Signals()
+    tracker, signals = ProcessTracker(leases, resolver, retry=retry, recheck=recheck), Signals()
     tracker.connect(signals)
     return tracker, signals, list(leases.inventory)[0].uuid
 
@@ -132,7 +133,10 @@ class Scripted:
 
     async def identify(self, facts: ProcFacts) -> Identity:
         self.asked += 1
-        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if isinstance(answer, Exception):  # the resolver fails, as a bug in it would
+            raise answer
+        return answer
 
     async def resolve(self, pid: int) -> Identity:
         return await self.identify(await self.facts(pid))
@@ -146,13 +150,35 @@ PENDING = replace(DEGRADED, user="container:0123456789ab", degraded=False, pendi
 @pytest.mark.parametrize("unsettled", [DEGRADED, PENDING], ids=["degraded", "pending"])
 @async_test
 async def test_the_tracker_learns_an_unsettled_owner_and_tells_the_leases(unsettled):
+    """A degraded owner (its engine failed) is asked again every owner_retry seconds, a
+    pending one (its engine's socket not there) every engine_recheck seconds: here the other
+    is an hour."""
     alice = named_user("alice")
     leases = lease_manager()
     resolver = Scripted(unsettled, unsettled, alice)
-    tracker, signals, uuid = tracking(leases, resolver)
+    hour = 3600.0
+    tracker, signals, uuid = tracking(leases, resolver, **(
+        {"recheck": hour} if unsettled.degraded else {"retry": hour}))
     signals.process_started.send(None, record=GpuProcess(uuid, 4242, "C", "python"))
     await until(lambda: leases.holder(uuid) == alice)
     assert resolver.asked == 3 and leases.state(uuid) == "claimed"
+    tracker.close()
+
+
+@pytest.mark.errors_expected
+@async_test
+async def test_a_resolver_that_fails_while_the_tracker_asks_again_is_logged_and_asked_on(caplog):
+    """A lookup that raises while a degraded owner is asked again loses nothing: it is said
+    with the process's pid, and the tracker asks on until the owner is known."""
+    alice, leases = named_user("alice"), lease_manager()
+    resolver = Scripted(DEGRADED, RuntimeError("the engine's client broke"), DEGRADED, alice)
+    tracker, signals, uuid = tracking(leases, resolver)
+    signals.process_started.send(None, record=GpuProcess(uuid, 4242, "C", "python"))
+    await until(lambda: leases.holder(uuid) == alice)
+    failed = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert [r.getMessage() for r in failed] == ["resolving pid 4242 failed"]
+    assert failed[0].exc_info[1].args == ("the engine's client broke",)
+    assert resolver.asked == 4
     tracker.close()
 
 
