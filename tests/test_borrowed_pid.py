@@ -1,18 +1,23 @@
 """A pid names a caller only while it is the process the kernel saw connect: the checks that
 keep a caller's identity from being borrowed by whoever gets its pid next. Real sockets, real
 processes, the real /proc; the daemon-level attack is in test_trust_callers.py."""
+import asyncio
+import logging
 import os
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
-from helpers import need_root, reuse_pid
+from helpers import async_test, need_root, reuse_pid
 from patroller.config import Config
+from patroller.core.errors import Unidentified
 from patroller.identify import procfs
 from patroller.identify.callers import LocalProcesses
-from patroller.identify.peers import Credentials, peer_credentials
+from patroller.identify.connection import ConnectionFacts
+from patroller.identify.peers import Credentials, Peer, peer_credentials
 from patroller.identify.resolver import ProcFacts, read_facts, read_peer_facts
 from patroller.identify.sockets import ESTABLISHED, SocketEntry, find_client
 
@@ -163,3 +168,36 @@ def test_facts_of_a_process_that_does_not_hold_the_socket_name_no_caller():
     assert LocalProcesses(Config())._not_the_holder(entry, facts) == (
         f"pid {os.getpid()} is not the process that made the connection from port 40000: it "
         "no longer holds it")
+
+
+@async_test
+async def test_a_refused_caller_is_said_once_a_while_with_how_many_were_not(caplog):
+    # Each refusal is the caller's 403; the log says the first, then at most one line every
+    # repeat_log_every seconds, with how many it did not say meanwhile.
+    local = LocalProcesses(replace(Config(), repeat_log_every=0.3))
+    sleeper = subprocess.Popen(["sleep", "30"])
+    other = NOBODY if os.geteuid() != NOBODY else 0
+    reason = (f"pid {sleeper.pid} is not the process that connected: it runs as uid "
+              f"{os.getuid()}, the connection was made by uid {other}")
+
+    async def refused():
+        credentials = Credentials(sleeper.pid, other, other, procfs.boot_ticks() + 10**6)
+        facts = asyncio.get_running_loop().run_in_executor(None, read_peer_facts, credentials,
+                                                           "/proc")
+        with pytest.raises(Unidentified) as failed:
+            await local.of_connection(ConnectionFacts(peer=Peer(credentials, facts)))
+        assert failed.value.message == reason
+
+    try:
+        for _ in range(3):
+            await refused()
+        await asyncio.sleep(0.3)  # the next line may be said from now on
+        await refused()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    said = [r.getMessage() for r in caplog.records if r.name == "patroller.identify.callers"]
+    assert said == [f"caller refused: {reason}",
+                    f"caller refused: {reason} (2 more since the last such line)"]
+    assert all(r.levelno == logging.WARNING for r in caplog.records
+               if r.name == "patroller.identify.callers")
