@@ -192,3 +192,16 @@ class FakeEngine:
         self.crash()
         if self.tcp is None and os.path.lexists(self.path):
             os.unlink(self.path)
+
+
+class Engines(list):
+    """The fake engines a test made: at a unix socket path (`engines(path, kind)`), or on
+    loopback TCP (`engines.tcp(kind)`); stopped after it."""
+
+    def __call__(self, path, kind="docker"):
+        self.append(FakeEngine(path, kind))
+        return self[-1]
+
+    def tcp(self, kind="docker"):
+        self.append(FakeEngine.on_tcp(kind))
+        return self[-1]

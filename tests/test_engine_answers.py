@@ -7,37 +7,21 @@ every call is counted, and a caller at a container's address is its labels' user
 against the real engines: test_identity_docker, test_engines_docker, test_podman.)"""
 import asyncio
 import logging
-import os
 import secrets
-import socket
 from dataclasses import replace
 
 import pytest
 
-from fake_engine import FakeEngine
-from helpers import (NOBODY, ROOTLESS_UID as OWNER, async_test, engines_in, process_in_cgroup,
-                     user_manager)
+from fake_engine import Engines
+from helpers import NOBODY, async_test, engines_in, process_in_cgroup
 from patroller.config import Config
 from patroller.core.errors import Unidentified
 from patroller.identify.callers import SystemCallers
-from patroller.identify.containers import ContainerDirectory, DockerUnavailable
+from patroller.identify.containers import ContainerDirectory, DockerUnavailable, in_words
 from patroller.identify.resolver import ProcessIdentifier
 
 ALICE = {"user.email": "Alice <alice@example.org>", "team": "vision"}
 DEGRADES = "; identities degrade to the container id until it is back"
-
-
-class Engines(list):
-    """The fake engines a test made: at a unix socket path (`engines(path, kind)`), or on
-    loopback TCP (`engines.tcp(kind)`); stopped after it."""
-
-    def __call__(self, path, kind="docker"):
-        self.append(FakeEngine(path, kind))
-        return self[-1]
-
-    def tcp(self, kind="docker"):
-        self.append(FakeEngine.on_tcp(kind))
-        return self[-1]
 
 
 @pytest.fixture
@@ -300,91 +284,40 @@ async def test_the_address_table_is_listed_once_a_while_and_shared(engine_socket
         directory.shutdown()
 
 
-# -- which engine is asked, and what it is called ------------------------------------------------
+# -- the words themselves, of errors as the SDK raises them ---------------------------------------
 
-ROUTES = {
-    # (the container's cgroup, the uid it runs as, its engine's socket or None for loopback TCP,
-    #  the engine's captured answers, what Patroller calls the engine)
-    "Docker": ("/system.slice/docker-{id}.scope", NOBODY, "docker.sock", "docker",
-               "the Docker Engine"),
-    "Podman": ("/machine.slice/libpod-{id}.scope", NOBODY, "podman.sock", "podman", "Podman"),
-    "Podman on TCP": ("/libpod_parent/libpod-{id}", NOBODY, None, "podman", "Podman"),
-    "rootless Docker": ("{user}/user.slice/docker-{id}.scope", OWNER, "{uid}/docker.sock",
-                        "docker", f"the rootless Docker Engine of uid {OWNER}"),
-    "rootless Podman": ("{user}/user.slice/libpod-{id}.scope/container", OWNER,
-                        "{uid}/podman/podman.sock", "podman", f"rootless Podman of uid {OWNER}"),
-}
+def looping():
+    """An error whose chain of causes comes back to itself."""
+    outer, inner = RuntimeError("the engine's client broke"), RuntimeError("and again")
+    outer.__cause__, inner.__cause__ = inner, outer
+    return outer
 
 
-@pytest.mark.parametrize("runtime", ROUTES)
-@async_test
-async def test_each_container_is_named_by_its_own_engine_and_its_trouble_said_as_that_engines(
-        runtime, engine_sockets, engines, caplog):
-    """A container's user is what its own engine's labels say (the system's Docker Engine,
-    which knows another container of that id, is never asked about another engine's); its
-    engine's 404 names it by its id for good; its engine's failure degrades it, said in the
-    log with that engine's name and address."""
-    path, uid, sock, kind, engine = ROUTES[runtime]
-    cid, unknown, failing = (secrets.token_hex(32) for _ in range(3))
-    own = (engines(f"{engine_sockets}/{sock.format(uid=OWNER)}", kind) if sock
-           else engines.tcp(kind))
-    for each in (cid, failing):
-        own.add(each, {"user.email": "mallory@example.org"})
-    own.start()
-    settings = {} if sock else {"podman_socket": own.url}
-    if runtime != "Docker":
-        system = engines(f"{engine_sockets}/docker.sock").start()
-        system.add(cid, ALICE)  # the same id: the system's engine must not be the one asked
-    config = config_in(engine_sockets, docker_retry_after=60, **settings)
-    resolver = ProcessIdentifier(config, ContainerDirectory(config))
-    identities = {}
-    try:
-        for each in (cid, unknown, failing):
-            if each == failing:
-                own.failing = "the engine is restarting"
-            with process_in_cgroup(path.format(user=user_manager(OWNER), id=each), uid) as pid:
-                identities[each] = await resolver.resolve(pid)
-    finally:
-        resolver.close()
-    named, nobody, degraded = identities[cid], identities[unknown], identities[failing]
-    assert named.user == "mallory@example.org" and named.uid == uid
-    assert degraded.user == "unknown" and degraded.degraded and degraded.uid == uid
-    assert warnings(caplog) == [f"cannot read container labels: {engine} at {own.url} answered "
-                                f"500: the engine is restarting{DEGRADES}"]
-    assert nobody.user == f"container:{unknown[:12]}"
-    assert not nobody.degraded and not nobody.pending
-    assert runtime == "Docker" or system.requests == 0
+def sdk_errors():
+    """(an error as the Docker SDK and its libraries raise it, raised with no chain, what is
+    said of it after "Podman at unix:///run/podman/podman.sock ")"""
+    import requests.exceptions
+    import urllib3.exceptions
+
+    missing = FileNotFoundError(2, "No such file or directory")
+    return [
+        (requests.exceptions.ReadTimeout("Read timed out. (read timeout=2.5)"),
+         "did not answer within 2.5 s"),
+        (urllib3.exceptions.MaxRetryError(None, "/version", missing),
+         "cannot be reached: no such file or directory"),
+        (requests.exceptions.ConnectionError(urllib3.exceptions.ProtocolError(
+            "Connection aborted.", missing)), "cannot be reached: no such file or directory"),
+        (looping(), "cannot be used: and again"),
+        (RuntimeError("line one\nline two"), "cannot be used: line one"),
+        (RuntimeError("x" * 300), "cannot be used: " + "x" * 200),
+        (RuntimeError(), "cannot be used: RuntimeError"),
+    ]
 
 
-SOCKET_TROUBLE = {
-    "not there": None,  # no such engine here: nothing to say
-    "a file": "it is not a socket",
-    "a link to itself": "too many levels of symbolic links",
-}
-
-
-@pytest.mark.parametrize("what", SOCKET_TROUBLE)
-@async_test
-async def test_an_engine_socket_that_cannot_be_used_is_said_once_and_its_containers_wait(
-        what, engine_sockets, caplog):
-    """Podman's socket path holds no socket: its containers are named by their ids, pending
-    (asked again until the service is there); what is wrong with the path is said once,
-    however many look at once or later, and a path that is not there is no trouble to say."""
-    sock = f"{engine_sockets}/podman.sock"
-    if what == "a file":
-        open(sock, "w").close()
-    elif what == "a link to itself":
-        os.symlink(sock, sock)
-    cid = secrets.token_hex(32)
-    config = config_in(engine_sockets)
-    resolver = ProcessIdentifier(config, ContainerDirectory(config))
-    try:
-        with process_in_cgroup(f"/machine.slice/libpod-{cid}.scope") as pid:
-            shown = await asyncio.gather(*(resolver.resolve(pid) for _ in range(3)))
-            shown.append(await resolver.resolve(pid))
-    finally:
-        resolver.close()
-    assert all(s.user == f"container:{cid[:12]}" and s.pending for s in shown)
-    said = [f"cannot use {sock}: {SOCKET_TROUBLE[what]}; its containers are named by their "
-            "ids"] if SOCKET_TROUBLE[what] else []
-    assert warnings(caplog) == said
+def test_the_sdks_errors_are_said_in_words():
+    """Whatever the chain of the error (a timeout by its name alone, a cause kept only as a
+    `reason`, or in a tuple of arguments, a chain that loops back), one line of words, at most
+    200 characters of a message, never a repr."""
+    for error, said in sdk_errors():
+        assert in_words(error, "unix:///run/podman/podman.sock", 2.5, "Podman") == (
+            f"Podman at unix:///run/podman/podman.sock {said}")
