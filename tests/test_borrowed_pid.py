@@ -4,6 +4,7 @@ processes, the real /proc; the daemon-level attack is in test_trust_callers.py."
 import asyncio
 import logging
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -11,14 +12,14 @@ from dataclasses import replace
 
 import pytest
 
-from helpers import async_test, need_root, reuse_pid
+from helpers import async_test, need_root, process_in_cgroup, reuse_pid
 from patroller.config import Config
 from patroller.core.errors import Unidentified
 from patroller.identify import procfs
 from patroller.identify.callers import LocalProcesses
 from patroller.identify.connection import ConnectionFacts
 from patroller.identify.peers import Credentials, Peer, peer_credentials
-from patroller.identify.resolver import ProcFacts, read_facts, read_peer_facts
+from patroller.identify.resolver import ProcessIdentifier, ProcFacts, read_facts, read_peer_facts
 from patroller.identify.sockets import ESTABLISHED, SocketEntry, find_client
 
 NOBODY = 65534
@@ -201,3 +202,26 @@ async def test_a_refused_caller_is_said_once_a_while_with_how_many_were_not(capl
                     f"caller refused: {reason} (2 more since the last such line)"]
     assert all(r.levelno == logging.WARNING for r in caplog.records
                if r.name == "patroller.identify.callers")
+
+
+@async_test
+async def test_a_callers_facts_are_read_as_the_configuration_says_and_a_gone_caller_is_said(
+        listener):
+    # Read off the loop with the daemon's settings: a container's process running as a uid from
+    # shifted_uids_from up (a user namespace's) counts as no host account; and a caller gone
+    # before its facts are read is said as such. Each is one /proc read, as /metrics counts.
+    need_root("the caller runs as uid 65534 in a container's cgroup")
+    config = replace(Config(), shifted_uids_from=NOBODY)
+    identifier = ProcessIdentifier(config)
+    cid = secrets.token_hex(32)
+    with process_in_cgroup(f"/system.slice/docker-{cid}.scope", NOBODY) as pid:
+        credentials = Credentials(pid, NOBODY, NOBODY, procfs.boot_ticks())
+        facts = await identifier.peer_facts(credentials)
+    assert isinstance(facts, ProcFacts), facts
+    assert facts.container.id == cid and facts.host is None
+    sock, path = listener
+    gone = connect_and_exit(path)
+    said = await identifier.peer_facts(Credentials(gone, os.getuid(), os.getgid(),
+                                                   procfs.boot_ticks()))
+    assert said == f"the calling process (pid {gone}) is gone or cannot be read"
+    assert identifier.proc_reads == 2

@@ -123,6 +123,7 @@ async def test_a_degraded_engine_is_said_once_and_its_recovery_once(engine_socke
             assert docker.requests == 3
             docker.failing = None
             second = await resolver.resolve(pid)
+            assert resolver.proc_reads == 4  # /metrics counts each process's /proc read
         assert infos(caplog, "patroller.identify.containers") == [
             f"the Docker Engine at {where} is reachable again"]
         assert await directory.get(cid) is not None  # and said no more while it answers
@@ -152,7 +153,8 @@ async def test_while_the_engine_is_down_it_is_not_asked_and_lookups_fail_at_once
     config = config_in(engine_sockets, docker_retry_after=60)
     directory = ContainerDirectory(config)
     try:
-        assert (await directory.get(known)).labels == ALICE
+        shared = await asyncio.gather(*(directory.get(known) for _ in range(3)))
+        assert [info.labels for info in shared] == [ALICE] * 3  # one request, shared
         assert await directory.get(unknown) is None  # the engine's 404: nobody knows it
         assert directory.calls == docker.requests == 3  # the version, then one a container
         docker.failing = "the engine is restarting"

@@ -10,6 +10,7 @@ import logging
 import os
 import secrets
 import socket
+import uuid
 from dataclasses import replace
 
 import pytest
@@ -162,3 +163,50 @@ async def test_a_containerd_container_waits_for_containerd_only_where_one_is_con
         (f"container:{cid[:12]}", True, False), ("unknown", False, True),
         (f"container:{cid[:12]}", True, False), (f"container:{cid[:12]}", False, False)]
     assert all(s.uid == NOBODY for s in shown)
+
+
+@async_test
+async def test_a_pods_container_no_engine_knows_while_containerd_is_down_is_degraded(
+        engine_sockets, engines):
+    """A bare id in a Kubernetes pod's cgroup: containerd may know it, and cannot be asked
+    just now; the Docker Engine answers that it does not: not named for good by its id, but
+    degraded, and asked again."""
+    cid = secrets.token_hex(32)
+    engines(f"{engine_sockets}/docker.sock").start()  # it knows no such container
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(f"{engine_sockets}/containerd.sock")
+    stale.close()  # containerd's socket is there; connecting to it is refused
+    config = config_in(engine_sockets, containerd_timeout=2.0)
+    resolver = ProcessIdentifier(config, ContainerDirectory(config))
+    try:
+        with process_in_cgroup(f"/kubepods/burstable/pod{uuid.uuid4()}/{cid}") as pid:
+            shown = await resolver.resolve(pid)
+    finally:
+        resolver.close()
+    assert shown.user == "unknown" and shown.degraded and shown.container == (cid[:12], None)
+
+
+@async_test
+async def test_the_calls_of_an_engine_client_pushed_out_are_still_counted(engine_sockets,
+                                                                          engines):
+    """At most engine_clients clients are kept; /metrics' count of Docker API calls keeps
+    those of a client pushed out."""
+    owners = (OWNER, OWNER + 1)
+    served = []
+    for uid in owners:
+        engine = engines(f"{engine_sockets}/{uid}/docker.sock")
+        served.append(engine)
+    cids = [secrets.token_hex(32) for _ in owners]
+    for engine, cid in zip(served, cids):
+        engine.add(cid, ALICE)
+        engine.start()
+    config = config_in(engine_sockets, engine_clients=1)
+    resolver = ProcessIdentifier(config, ContainerDirectory(config))
+    try:
+        for uid, cid in zip(owners, cids):
+            path = f"{user_manager(uid)}/user.slice/docker-{cid}.scope"
+            with process_in_cgroup(path, uid) as pid:
+                assert (await resolver.resolve(pid)).user == "alice@example.org"
+        assert resolver.docker_calls == sum(e.requests for e in served) == 4
+    finally:
+        resolver.close()
