@@ -15,6 +15,7 @@ import pytest
 from helpers import async_test, need_root, process_in_cgroup, reuse_pid
 from patroller.config import Config
 from patroller.core.errors import Unidentified
+from patroller.core.identity import UNKNOWN
 from patroller.identify import procfs
 from patroller.identify.callers import LocalProcesses
 from patroller.identify.connection import ConnectionFacts
@@ -224,4 +225,5 @@ async def test_a_callers_facts_are_read_as_the_configuration_says_and_a_gone_cal
     said = await identifier.peer_facts(Credentials(gone, os.getuid(), os.getgid(),
                                                    procfs.boot_ticks()))
     assert said == f"the calling process (pid {gone}) is gone or cannot be read"
-    assert identifier.proc_reads == 2
+    assert await identifier.resolve(gone) == UNKNOWN  # a GPU process gone as it was seen
+    assert identifier.proc_reads == 3

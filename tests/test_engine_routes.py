@@ -50,6 +50,7 @@ ROUTES = {
     #  the engine's captured answers, what Patroller calls the engine)
     "Docker": ("/system.slice/docker-{id}.scope", NOBODY, "docker.sock", "docker",
                "the Docker Engine"),
+    "a bare id": ("/containers/{id}", NOBODY, "docker.sock", "docker", "the Docker Engine"),
     "Podman": ("/machine.slice/libpod-{id}.scope", NOBODY, "podman.sock", "podman", "Podman"),
     "Podman on TCP": ("/libpod_parent/libpod-{id}", NOBODY, None, "podman", "Podman"),
     "rootless Docker": ("{user}/user.slice/docker-{id}.scope", OWNER, "{uid}/docker.sock",
@@ -64,9 +65,10 @@ ROUTES = {
 async def test_each_container_is_named_by_its_own_engine_and_its_trouble_said_as_that_engines(
         runtime, engine_sockets, engines, caplog):
     """A container's user is what its own engine's labels say (the system's Docker Engine,
-    which knows another container of that id, is never asked about another engine's); its
-    engine's 404 names it by its id for good; its engine's failure degrades it, said in the
-    log with that engine's name and address."""
+    which knows another container of that id, is never asked about another engine's, nor
+    containerd, here unreachable, about any of these); its engine's 404 names it by its id for
+    good; its engine's failure degrades it, said in the log with that engine's name and
+    address."""
     path, uid, sock, kind, engine = ROUTES[runtime]
     cid, unknown, failing = (secrets.token_hex(32) for _ in range(3))
     own = (engines(f"{engine_sockets}/{sock.format(uid=OWNER)}", kind) if sock
@@ -75,7 +77,10 @@ async def test_each_container_is_named_by_its_own_engine_and_its_trouble_said_as
         own.add(each, {"user.email": "mallory@example.org"})
     own.start()
     settings = {} if sock else {"podman_socket": own.url}
-    if runtime != "Docker":
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(f"{engine_sockets}/containerd.sock")
+    stale.close()  # containerd's socket is there; connecting to it is refused
+    if own.url != f"unix://{engine_sockets}/docker.sock":
         system = engines(f"{engine_sockets}/docker.sock").start()
         system.add(cid, ALICE)  # the same id: the system's engine must not be the one asked
     config = config_in(engine_sockets, docker_retry_after=60, **settings)
@@ -96,7 +101,7 @@ async def test_each_container_is_named_by_its_own_engine_and_its_trouble_said_as
                                 f"500: the engine is restarting{DEGRADES}"]
     assert nobody.user == f"container:{unknown[:12]}"
     assert not nobody.degraded and not nobody.pending
-    assert runtime == "Docker" or system.requests == 0
+    assert own.url == f"unix://{engine_sockets}/docker.sock" or system.requests == 0
 
 
 SOCKET_TROUBLE = {
@@ -191,7 +196,7 @@ async def test_the_calls_of_an_engine_client_pushed_out_are_still_counted(engine
                                                                           engines):
     """At most engine_clients clients are kept; /metrics' count of Docker API calls keeps
     those of a client pushed out."""
-    owners = (OWNER, OWNER + 1)
+    owners = (OWNER, OWNER + 1, OWNER + 2)
     served = []
     for uid in owners:
         engine = engines(f"{engine_sockets}/{uid}/docker.sock")
@@ -207,6 +212,6 @@ async def test_the_calls_of_an_engine_client_pushed_out_are_still_counted(engine
             path = f"{user_manager(uid)}/user.slice/docker-{cid}.scope"
             with process_in_cgroup(path, uid) as pid:
                 assert (await resolver.resolve(pid)).user == "alice@example.org"
-        assert resolver.docker_calls == sum(e.requests for e in served) == 4
+        assert resolver.docker_calls == sum(e.requests for e in served) == 6
     finally:
         resolver.close()
