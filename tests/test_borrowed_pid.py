@@ -1,19 +1,26 @@
 """A pid names a caller only while it is the process the kernel saw connect: the checks that
 keep a caller's identity from being borrowed by whoever gets its pid next. Real sockets, real
 processes, the real /proc; the daemon-level attack is in test_trust_callers.py."""
+import asyncio
+import logging
 import os
+import secrets
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
-from helpers import need_root, reuse_pid
+from helpers import async_test, need_root, process_in_cgroup, reuse_pid
 from patroller.config import Config
+from patroller.core.errors import Unidentified
+from patroller.core.identity import UNKNOWN
 from patroller.identify import procfs
 from patroller.identify.callers import LocalProcesses
-from patroller.identify.peers import Credentials, peer_credentials
-from patroller.identify.resolver import ProcFacts, read_facts, read_peer_facts
+from patroller.identify.connection import ConnectionFacts
+from patroller.identify.peers import Credentials, Peer, peer_credentials
+from patroller.identify.resolver import ProcessIdentifier, ProcFacts, read_facts, read_peer_facts
 from patroller.identify.sockets import ESTABLISHED, SocketEntry, find_client
 
 NOBODY = 65534
@@ -163,3 +170,60 @@ def test_facts_of_a_process_that_does_not_hold_the_socket_name_no_caller():
     assert LocalProcesses(Config())._not_the_holder(entry, facts) == (
         f"pid {os.getpid()} is not the process that made the connection from port 40000: it "
         "no longer holds it")
+
+
+@async_test
+async def test_a_refused_caller_is_said_once_a_while_with_how_many_were_not(caplog):
+    # Each refusal is the caller's 403; the log says the first, then at most one line every
+    # repeat_log_every seconds, with how many it did not say meanwhile.
+    local = LocalProcesses(replace(Config(), repeat_log_every=0.3))
+    sleeper = subprocess.Popen(["sleep", "30"])
+    other = NOBODY if os.geteuid() != NOBODY else 0
+    reason = (f"pid {sleeper.pid} is not the process that connected: it runs as uid "
+              f"{os.getuid()}, the connection was made by uid {other}")
+
+    async def refused():
+        credentials = Credentials(sleeper.pid, other, other, procfs.boot_ticks() + 10**6)
+        facts = asyncio.get_running_loop().run_in_executor(None, read_peer_facts, credentials,
+                                                           "/proc")
+        with pytest.raises(Unidentified) as failed:
+            await local.of_connection(ConnectionFacts(peer=Peer(credentials, facts)))
+        assert failed.value.message == reason
+
+    try:
+        for _ in range(3):
+            await refused()
+        await asyncio.sleep(0.3)  # the next line may be said from now on
+        await refused()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    said = [r.getMessage() for r in caplog.records if r.name == "patroller.identify.callers"]
+    assert said == [f"caller refused: {reason}",
+                    f"caller refused: {reason} (2 more since the last such line)"]
+    assert all(r.levelno == logging.WARNING for r in caplog.records
+               if r.name == "patroller.identify.callers")
+
+
+@async_test
+async def test_a_callers_facts_are_read_as_the_configuration_says_and_a_gone_caller_is_said(
+        listener):
+    # Read off the loop with the daemon's settings: a container's process running as a uid from
+    # shifted_uids_from up (a user namespace's) counts as no host account; and a caller gone
+    # before its facts are read is said as such. Each is one /proc read, as /metrics counts.
+    need_root("the caller runs as uid 65534 in a container's cgroup")
+    config = replace(Config(), shifted_uids_from=NOBODY)
+    identifier = ProcessIdentifier(config)
+    cid = secrets.token_hex(32)
+    with process_in_cgroup(f"/system.slice/docker-{cid}.scope", NOBODY) as pid:
+        credentials = Credentials(pid, NOBODY, NOBODY, procfs.boot_ticks())
+        facts = await identifier.peer_facts(credentials)
+    assert isinstance(facts, ProcFacts), facts
+    assert facts.container.id == cid and facts.host is None
+    sock, path = listener
+    gone = connect_and_exit(path)
+    said = await identifier.peer_facts(Credentials(gone, os.getuid(), os.getgid(),
+                                                   procfs.boot_ticks()))
+    assert said == f"the calling process (pid {gone}) is gone or cannot be read"
+    assert await identifier.resolve(gone) == UNKNOWN  # a GPU process gone as it was seen
+    assert identifier.proc_reads == 3

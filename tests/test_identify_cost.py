@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from helpers import ScenarioFile, ServerProcess, need_root, python_for
-from patroller.identify.holders import HolderSearch, candidates
+from patroller.identify.holders import HolderSearch, Search, candidates
 
 NOBODY = 65534
 PROCESSES, DESCRIPTORS = 100, 1000
@@ -227,3 +227,24 @@ def owned(pid):
         return os.stat(f"/proc/{pid}").st_uid == os.geteuid()
     except FileNotFoundError:
         return True  # gone meanwhile: whatever it was
+
+
+def test_without_a_readable_proc_no_holder_is_named_and_the_reads_add_up(tmp_path):
+    # A /proc (--proc-root) that cannot be listed names nobody and may hide the holder (the
+    # socket's creator then stands, callers.py), at no cost; the descriptors read by each search
+    # add up in `read`, as /metrics.json's `caller_descriptors_read` shows them.
+    blind = HolderSearch(str(tmp_path / "no-proc"), budget=10**6, remembered=16)
+    assert blind.find(1, os.geteuid()) == Search(None, True, 0, False) and blind.read == 0
+    search = HolderSearch("/proc", budget=10**6, remembered=16)
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    client = socket.create_connection(server.getsockname())
+    try:
+        found = [search.find(os.fstat(client.fileno()).st_ino, os.geteuid(), [os.getpid()])
+                 for _ in range(2)]
+    finally:
+        client.close()
+        server.close()
+    assert [f.pid for f in found] == [os.getpid()] * 2
+    assert search.read == found[0].read + found[1].read > 2

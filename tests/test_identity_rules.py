@@ -4,6 +4,7 @@ and by the tracker that tells the leases. The engine is tests/fake_engine.py, wh
 what the real Docker Engine answered; real processes in real cgroups, a real /proc. (The same
 rules against real engines: test_identity_docker, test_engines_docker, test_containerd.)"""
 import asyncio
+import logging
 import secrets
 from dataclasses import replace
 
@@ -13,7 +14,7 @@ from fake_engine import FakeEngine
 from helpers import (ScenarioFile, async_test, engines_in, gpu_running, host_user, lease_manager,
                      process_in_cgroup, until)
 from patroller.config import Config
-from patroller.core.identity import IDENTIFYING, Identity, named_user
+from patroller.core.identity import IDENTIFYING, UNKNOWN, Identity, named_user
 from patroller.identify.cgroups import ContainerRef
 from patroller.identify.containers import ContainerDirectory
 from patroller.identify.resolver import ProcessIdentifier, ProcFacts
@@ -111,10 +112,10 @@ async def test_an_unknown_container_is_named_by_its_id_and_cached(folder, engine
 
 # -- the tracker: what it tells the leases while an owner is degraded or pending ---------------
 
-def tracking(leases, resolver):
+def tracking(leases, resolver, retry=0.01, recheck=0.01):
     """A tracker between fresh process signals and `leases`: (it, the signals, the first
     device's uuid)."""
-    tracker, signals = ProcessTracker(leases, resolver, retry=0.01, recheck=0.01), Signals()
+    tracker, signals = ProcessTracker(leases, resolver, retry=retry, recheck=recheck), Signals()
     tracker.connect(signals)
     return tracker, signals, list(leases.inventory)[0].uuid
 
@@ -132,7 +133,10 @@ class Scripted:
 
     async def identify(self, facts: ProcFacts) -> Identity:
         self.asked += 1
-        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if isinstance(answer, Exception):  # the resolver fails, as a bug in it would
+            raise answer
+        return answer
 
     async def resolve(self, pid: int) -> Identity:
         return await self.identify(await self.facts(pid))
@@ -146,14 +150,39 @@ PENDING = replace(DEGRADED, user="container:0123456789ab", degraded=False, pendi
 @pytest.mark.parametrize("unsettled", [DEGRADED, PENDING], ids=["degraded", "pending"])
 @async_test
 async def test_the_tracker_learns_an_unsettled_owner_and_tells_the_leases(unsettled):
+    """A degraded owner (its engine failed) is asked again every owner_retry seconds, a
+    pending one (its engine's socket not there) every engine_recheck seconds: here the other
+    is an hour."""
     alice = named_user("alice")
     leases = lease_manager()
     resolver = Scripted(unsettled, unsettled, alice)
-    tracker, signals, uuid = tracking(leases, resolver)
+    hour = 3600.0
+    tracker, signals, uuid = tracking(leases, resolver, **(
+        {"recheck": hour} if unsettled.degraded else {"retry": hour}))
     signals.process_started.send(None, record=GpuProcess(uuid, 4242, "C", "python"))
     await until(lambda: leases.holder(uuid) == alice)
     assert resolver.asked == 3 and leases.state(uuid) == "claimed"
     tracker.close()
+
+
+@pytest.mark.errors_expected
+@async_test
+async def test_a_resolver_that_fails_while_the_tracker_asks_again_is_logged_and_asked_on(caplog):
+    """A lookup that raises while a degraded owner is asked again loses nothing: it is said
+    with the process's pid, and the tracker asks on until the owner is known."""
+    alice, leases = named_user("alice"), lease_manager()
+    resolver = Scripted(DEGRADED, RuntimeError("the engine's client broke"), DEGRADED, alice)
+    tracker, signals, uuid = tracking(leases, resolver)
+    signals.process_started.send(None, record=GpuProcess(uuid, 4242, "C", "python"))
+    await until(lambda: leases.holder(uuid) == alice)
+    failed = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert [r.getMessage() for r in failed] == ["resolving pid 4242 failed"]
+    assert failed[0].exc_info[1].args == ("the engine's client broke",)
+    assert resolver.asked == 4
+    tracker.close()
+
+
+BOB = host_user("bob", 1002)  # the host account a container's process runs as
 
 
 class Slow(Scripted):
@@ -166,7 +195,7 @@ class Slow(Scripted):
         self.cancelled = False
 
     async def facts(self, pid: int) -> ProcFacts:
-        return ProcFacts(pid, 1, ContainerRef("docker", "0123456789ab" * 4), None)
+        return ProcFacts(pid, 1, ContainerRef("docker", "0123456789ab" * 4), BOB)
 
     async def identify(self, facts: ProcFacts) -> Identity:
         try:
@@ -189,10 +218,56 @@ async def test_the_tracker_holds_the_gpu_from_the_moment_a_process_is_seen():
     assert leases.state(uuid) == "claimed" and leases.holder(uuid) == IDENTIFYING
     await until(lambda: leases.holder(uuid).container is not None)
     assert leases.holder(uuid).identifying and leases.holder(uuid).container[0] == "0123456789ab"
+    assert leases.holder(uuid).uid == 1002 and leases.holder(uuid).account == "bob"
     assert events == []
     resolver.answer.set()
     await until(lambda: leases.holder(uuid) == alice)
     assert events == [("claim", "alice")] and leases.state(uuid) == "claimed"
+    tracker.close()
+
+
+@async_test
+async def test_a_process_announced_again_while_looked_up_is_looked_up_once():
+    """Both monitors (pmon and the cross-check) may announce one process: one lookup."""
+    leases, resolver = lease_manager(), Slow(named_user("alice"))
+    tracker, signals, uuid = tracking(leases, resolver)
+    for _ in range(2):
+        signals.process_started.send(None, record=GpuProcess(uuid, 4242, "C", "python"))
+    await until(lambda: leases.holder(uuid).container is not None)  # being looked up now
+    signals.process_started.send(None, record=GpuProcess(uuid, 4242, "C", "python"))
+    resolver.answer.set()
+    await until(lambda: leases.holder(uuid) == named_user("alice"))
+    assert resolver.asked == 1
+    tracker.close()
+
+
+class Broken(Scripted):
+    """A resolver that fails (a bug in it) reading /proc for pid 4242, and identifying the
+    others."""
+
+    async def facts(self, pid: int) -> ProcFacts:
+        if pid == 4242:
+            raise RuntimeError("cannot read /proc")
+        return await super().facts(pid)
+
+
+@pytest.mark.errors_expected
+@async_test
+async def test_a_resolver_that_fails_leaves_the_gpu_held_by_unknown_and_says_which_pid(caplog):
+    leases = lease_manager()
+    resolver = Broken(RuntimeError("the engine's client broke"))
+    tracker, signals, uuid = tracking(leases, resolver)
+    other = list(leases.inventory)[1].uuid
+    signals.process_started.send(None, record=GpuProcess(uuid, 4242, "C", "python"))
+    signals.process_started.send(None, record=GpuProcess(other, 4243, "C", "python"))
+    await until(lambda: not leases.holder(uuid).identifying)
+    await until(lambda: not leases.holder(other).identifying)
+    assert leases.holder(uuid) == UNKNOWN and leases.holder(other) == UNKNOWN
+    assert leases.state(uuid) == leases.state(other) == "claimed"
+    failed = sorted((r.getMessage(), r.exc_info[1].args[0]) for r in caplog.records
+                    if r.levelno == logging.ERROR)
+    assert failed == [("resolving pid 4242 failed", "cannot read /proc"),
+                      ("resolving pid 4243 failed", "the engine's client broke")]
     tracker.close()
 
 

@@ -167,7 +167,10 @@ class ContainerDirectory:
         return _info(container)
 
     def _fetch_all(self) -> Sequence[ContainerInfo]:
-        return [_info(c) for c in self._call(lambda client: client.containers.list())]
+        # A container removed between the listing and the look at it is passed over, not an
+        # error (NotFound would reach the caller being identified).
+        return [_info(c) for c in
+                self._call(lambda client: client.containers.list(ignore_removed=True))]
 
     def _call(self, action: Any) -> Any:
         import docker
@@ -214,9 +217,12 @@ def in_words(exc: BaseException, where: str, timeout: float,
 
     The SDK wraps the cause in requests' and urllib3's errors, whose text is a tuple's repr
     ("('Connection aborted.', FileNotFoundError(2, ...))"): the cause is dug out of the chain.
+    Where none says a timeout, a system error or an engine's answer, the innermost that says
+    itself in words alone is said (a connection closed without an answer).
     """
     seen = set()
     chain = [exc]
+    words = exc  # the innermost cause whose text is words, not a repr of other causes
     while chain:
         cause = chain.pop(0)
         if id(cause) in seen:
@@ -230,7 +236,9 @@ def in_words(exc: BaseException, where: str, timeout: float,
         if isinstance(status, int):
             said = getattr(cause, "explanation", None) or ""
             return f"{engine} at {where} answered {status}" + (f": {said}" if said else "")
+        if cause.args and all(isinstance(arg, str) for arg in cause.args):
+            words = cause
         chain.extend(c for c in (cause.__cause__, cause.__context__, getattr(cause, "reason", None),
                                  *cause.args) if isinstance(c, BaseException))
-    text = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+    text = str(words).splitlines()[0][:200] if str(words) else type(words).__name__
     return f"{engine} at {where} cannot be used: {text}"
