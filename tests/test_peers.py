@@ -6,7 +6,7 @@ import time
 import pytest
 
 from patroller.identify.holders import HolderSearch
-from patroller.identify.sockets import (ESTABLISHED, closed_reason, find_client,
+from patroller.identify.sockets import (ESTABLISHED, SocketEntry, closed_reason, find_client,
                                         find_client_in_tables, is_loopback, normalize, owner_of,
                                         parse_net_tcp)
 
@@ -112,3 +112,46 @@ def test_a_client_socket_once_closed_belongs_to_nobody():
         left = find_client(peer, ours)
         assert left.inode == 0 and left.uid == 0 and left == find_client_in_tables(peer, ours)
         assert "closed" in closed_reason(left) and owner_of(left, None, hidden=True).uid is None
+
+
+# The kernel's forms of a connection from 192.168.1.5:40000 to the host's own 192.168.1.1:8080
+# (an address above 127.255.255.255: its first word has the high bit set), in tcp and, as an
+# IPv4-mapped address of a dual-stack socket, in tcp6.
+HIGH = ("192.168.1.5", 40000), ("192.168.1.1", 8080)
+HIGH_TCP = TCP.splitlines()[0] + """
+   0: 0101A8C0:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4242 1 0000000000000000 100 0 0 10 0
+   1: 0501A8C0:9C40 0101A8C0:1F90 01 00000000:00000000 00:00000000 00000000  1000        0 6161 1 0000000000000000 20 4 30 10 -1
+"""
+HIGH_TCP6 = TCP6.splitlines()[0] + """
+   0: 0000000000000000FFFF00000501A8C0:9C40 0000000000000000FFFF00000101A8C0:1F90 01 00000000:00000000 00:00000000 00000000  1002        0 7002 1 0000000000000000 20 4 30 10 -1
+"""
+
+
+def proc_tree(tmp_path, **tables):
+    """A /proc of the test's own with these net/ tables."""
+    (tmp_path / "net").mkdir(parents=True)
+    for name, text in tables.items():
+        (tmp_path / "net" / name).write_bytes(text.encode("latin-1"))
+    return str(tmp_path)
+
+
+def test_a_client_at_a_high_address_is_found_in_either_table(tmp_path):
+    both = proc_tree(tmp_path / "both", tcp=HIGH_TCP, tcp6=HIGH_TCP6)
+    assert find_client_in_tables(*HIGH, both) == SocketEntry(*HIGH, 1000, 6161, ESTABLISHED)
+    assert find_client_in_tables(("::ffff:192.168.1.5", 40000), ("::ffff:192.168.1.1", 8080),
+                                 both).inode == 6161  # the same socket, however it is named
+    # a table that cannot be read is skipped: the dual-stack socket is found in the other
+    only_tcp6 = proc_tree(tmp_path / "tcp6", tcp6=HIGH_TCP6)
+    assert find_client_in_tables(*HIGH, only_tcp6) == SocketEntry(*HIGH, 1002, 7002,
+                                                                  ESTABLISHED)
+
+
+def test_a_line_that_cannot_be_read_names_no_socket_not_even_the_next(tmp_path):
+    # The connection's line with a uid that is no number, then another connection's line; a
+    # byte that is not ASCII elsewhere in the table does not stop the reading.
+    garbled = HIGH_TCP.replace("  1000        0 6161", "  1x00        0 6161") + (
+        "   2: 0100007F:D431 0100007F:1F90 01 00000000:00000000 00:00000000 00000000  1003"
+        "        0 5152 1 0000000000000000 20 4 30 10 -1\n   3: caf\xe9\n")
+    proc = proc_tree(tmp_path, tcp=garbled)
+    assert find_client_in_tables(*HIGH, proc) is None
+    assert find_client_in_tables(("127.0.0.1", 0xD431), ("127.0.0.1", 8080), proc).uid == 1003
