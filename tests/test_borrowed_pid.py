@@ -2,13 +2,15 @@
 keep a caller's identity from being borrowed by whoever gets its pid next. Real sockets, real
 processes, the real /proc; the daemon-level attack is in test_trust_callers.py."""
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
-from helpers import need_root, reuse_pid
+from helpers import need_root, python_for, reuse_pid
 from patroller.config import Config
 from patroller.identify import procfs
 from patroller.identify.callers import LocalProcesses
@@ -163,3 +165,35 @@ def test_facts_of_a_process_that_does_not_hold_the_socket_name_no_caller():
     assert LocalProcesses(Config())._not_the_holder(entry, facts) == (
         f"pid {os.getpid()} is not the process that made the connection from port 40000: it "
         "no longer holds it")
+
+
+def test_a_caller_whose_uid_is_above_2_to_the_31_is_that_uid():
+    # uids run to 2**32 - 2 (user namespaces are often handed ranges up there): the kernel's
+    # record of one is no negative number, and the caller is not refused as another uid.
+    need_root("the caller runs as a uid above 2**31")
+    high = 3_000_000_000
+    where = tempfile.mkdtemp(prefix="psock", dir="/tmp")  # a directory any uid may enter
+    os.chmod(where, 0o755)
+    path = os.path.join(where, "api.sock")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(path)
+    os.chmod(path, 0o777)
+    sock.listen(1)
+    client = subprocess.Popen([python_for(high), "-c", CONNECT_AND_EXIT + "sys.stdin.read()\n",
+                               path], user=high, group=high, extra_groups=[],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(client.stdout.readline())  # connected, and living on
+        conn, _ = sock.accept()
+        with conn:
+            credentials = peer_credentials(conn)
+            assert credentials is not None
+            assert (credentials.pid, credentials.uid, credentials.gid) == (pid, high, high)
+            facts = read_peer_facts(credentials, "/proc")
+            assert isinstance(facts, ProcFacts), facts
+            assert facts.uids[0] == high and facts.host.uid == high
+    finally:
+        client.kill()
+        client.wait()
+        sock.close()
+        shutil.rmtree(where)
