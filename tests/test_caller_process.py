@@ -4,10 +4,14 @@ another network namespace) has no process the daemon can know, so a hold for it 
 (422), and outside test mode it is the container at its address or nobody (403). Real sockets
 in real network namespaces, real processes, the real /proc; the callers are run in the test's
 own process."""
+import asyncio
 import ctypes
+import logging
 import os
 import secrets
 import socket
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -16,12 +20,14 @@ import pytest
 from tornado.http1connection import HTTP1Connection
 from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
 
-from helpers import async_test, engines_in, process_in_cgroup
+from helpers import FakeClock, async_test, engines_in, process_in_cgroup
 from patroller.config import Config
 from patroller.core.errors import NoCallerProcess, Unidentified
 from patroller.identify.callers import SOCKET_HINT, SystemCallers
 from patroller.identify.callers import TestModeCallers as NamedCallers  # not collected as a test
 from patroller.identify.connection import Accepted
+from patroller.identify.peers import Peer, peer_credentials
+from patroller.identify.procfs import process_state
 from patroller.identify.resolver import ProcessIdentifier
 from test_container_callers import ALICE, ByAddress, Engine
 from test_trust_callers import HOST, OTHER, namespaces  # noqa: F401 (a fixture)
@@ -54,6 +60,13 @@ def listening(host):
     return sock
 
 
+def request_on(stream, uri="/request?gpu=1&hold=process"):
+    """A request as Tornado hands it to the daemon, on the connection of `stream`."""
+    return HTTPServerRequest(connection=HTTP1Connection(stream, is_client=False),
+                             start_line=RequestStartLine("GET", uri, "HTTP/1.1"),
+                             headers=HTTPHeaders({"Host": "patroller"}))
+
+
 @asynccontextmanager
 async def request_from_elsewhere(namespaces, uri):  # noqa: F811 (the fixture's value)
     """A request on a TCP connection the daemon accepted on HOST, in the host's network
@@ -66,13 +79,32 @@ async def request_from_elsewhere(namespaces, uri):  # noqa: F811 (the fixture's 
     stream = Accepted(conn)
     stream.facts.address = (address[0], address[1])
     try:
-        yield HTTPServerRequest(connection=HTTP1Connection(stream, is_client=False),
-                                start_line=RequestStartLine("GET", uri, "HTTP/1.1"),
-                                headers=HTTPHeaders({"Host": HOST}))
+        yield request_on(stream, uri)
     finally:
         stream.close()
         client.close()
         listener.close()
+
+
+@asynccontextmanager
+async def loopback(server="127.0.0.1", client_from=None):
+    """(the client socket, a request on the connection the daemon accepted from it over
+    loopback), the client held by this process."""
+    listener = listening(server)
+    client = socket.create_connection(listener.getsockname(), source_address=client_from)
+    conn, address = listener.accept()
+    stream = Accepted(conn)
+    stream.facts.address = (address[0], address[1])
+    try:
+        yield client, request_on(stream)
+    finally:
+        stream.close()
+        client.close()
+        listener.close()
+
+
+def me():
+    return os.getpid(), process_state(os.getpid()).start
 
 
 @pytest.fixture
@@ -144,3 +176,115 @@ async def test_in_test_mode_a_caller_from_elsewhere_is_whom_it_names_but_has_no_
     assert refused.value.message == ("hold=process: the calling process cannot be known for "
                                      "this connection; " + SOCKET_HINT)
     assert refused.value.data == {"hold": "process"}
+
+
+@async_test
+async def test_a_loopback_caller_is_the_process_holding_its_socket_looked_up_once():
+    callers = NamedCallers(Config())
+    for connections in (1, 2):
+        async with loopback() as (_, request):
+            for _ in range(2):  # two requests on one connection: one lookup
+                ref = await callers.process(request)
+                assert (ref.pid, ref.start) == me()
+            assert callers.lookups == connections
+
+
+@async_test
+async def test_a_loopback_caller_that_closed_before_it_was_looked_up_is_refused():
+    callers = NamedCallers(Config())
+    async with loopback() as (client, request):
+        port = client.getsockname()[1]
+        client.close()  # FIN_WAIT from now on: a socket no process can be said to hold
+        with pytest.raises(Unidentified) as refused:
+            await callers.process(request)
+    assert refused.value.message == (
+        f"the connection from port {port} was closed before its caller could be identified: "
+        "keep it open until the answer comes")
+
+
+@async_test
+async def test_a_loopback_caller_is_looked_up_in_the_proc_the_configuration_names(tmp_path):
+    (tmp_path / "net").mkdir()  # a /proc of the test's own, whose tables list no connection
+    callers = NamedCallers(replace(Config(), proc_root=str(tmp_path)))
+    async with loopback() as (_, request):
+        with pytest.raises(NoCallerProcess):
+            await callers.process(request)
+
+
+# -- the unix socket: the kernel's word on who connected ---------------------------------------
+
+CONNECT = "import os, socket, sys\ns = socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\n"
+
+
+@asynccontextmanager
+async def unix_request(tmp_path, identifier, gone=False):
+    """A request on a unix connection, its caller's credentials and /proc facts read as the
+    server reads them when it accepts (http/server.py): from this process, or from a child
+    that connected and has ended (`gone`)."""
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(tmp_path / "api.sock"))
+    listener.listen(8)
+    client = None
+    if gone:
+        subprocess.run([sys.executable, "-c", CONNECT, str(tmp_path / "api.sock")], check=True,
+                       timeout=30)
+    else:
+        client = socket.socket(socket.AF_UNIX)
+        client.connect(str(tmp_path / "api.sock"))
+    conn, _ = listener.accept()
+    stream = Accepted(conn)
+    credentials = peer_credentials(conn)
+    stream.facts.peer = Peer(credentials,
+                             asyncio.ensure_future(identifier.peer_facts(credentials)))
+    try:
+        yield request_on(stream)
+    finally:
+        stream.close()
+        if client is not None:
+            client.close()
+        listener.close()
+
+
+@pytest.mark.parametrize("mode", ["test", "system"])
+@async_test
+async def test_a_unix_caller_is_the_process_that_connected(tmp_path, mode):
+    config = Config()
+    identifier = ProcessIdentifier(config)
+    callers = NamedCallers(config) if mode == "test" else SystemCallers(identifier, None, config)
+    async with unix_request(tmp_path, identifier) as request:
+        ref = await callers.process(request)
+        assert (ref.pid, ref.start) == me()
+        if mode == "system":
+            assert (await callers.identify(request, None)).uid == os.geteuid()
+    assert callers.lookups == 0  # the kernel said it: no socket table was read
+    identifier.close()
+
+
+@pytest.mark.parametrize("mode", ["test", "system"])
+@async_test
+async def test_a_unix_caller_that_has_ended_is_refused_and_said_once_a_while(tmp_path, mode,
+                                                                             caplog):
+    config = Config()
+    identifier = ProcessIdentifier(config)
+    callers = NamedCallers(config) if mode == "test" else SystemCallers(identifier, None, config)
+    clock = callers.local.reports.clock = FakeClock()
+    said = []
+    for turn in range(4):
+        folder = tmp_path / str(turn)
+        folder.mkdir()
+        async with unix_request(folder, identifier, gone=True) as request:
+            pid = request.connection.stream.facts.peer.credentials.pid
+            reason = f"the calling process (pid {pid}) is gone or cannot be read"
+            with pytest.raises(Unidentified) as refused:
+                if mode == "test":
+                    await callers.process(request)
+                else:
+                    await callers.identify(request, None)
+            assert refused.value.message == reason
+            said.append(reason)
+        if turn == 2:
+            clock.advance(config.repeat_log_every)
+    refusals = [r.getMessage() for r in caplog.records if r.name == "patroller.identify.callers"]
+    assert refusals == [f"caller refused: {said[0]}",  # the first; the next two held back
+                        f"caller refused: {said[3]} (2 more since the last such line)"]
+    identifier.close()
