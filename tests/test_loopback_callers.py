@@ -6,6 +6,7 @@ test's own process. (The daemon on such callers: test_trust_callers, test_borrow
 import asyncio
 import os
 import secrets
+import socket
 import subprocess
 from dataclasses import replace
 
@@ -164,3 +165,59 @@ async def test_a_request_on_no_connection_of_the_servers_has_no_caller(system_ca
                 await callers.process(request)
         stream.close()
     assert system_callers.lookups == 1 and callers.lookups == 0
+
+
+@async_test
+async def test_a_holder_not_found_within_the_search_budget_is_no_one_not_the_sockets_creator():
+    # The search for the holder reads at most holder_search_budget descriptors: a caller not
+    # found within them is refused, never taken for the uid that made the socket.
+    config = replace(Config(), holder_search_budget=1)
+    callers = SystemCallers(ProcessIdentifier(config), None, config)
+    async with loopback() as (client, request):
+        port = client.getsockname()[1]
+        with pytest.raises(Unidentified) as refused:
+            await callers.identify(request, None)
+    assert refused.value.message == (
+        f"the processes of uid {os.geteuid()} hold too many descriptors to find the one holding "
+        f"the connection from port {port}: try again from a process with fewer, or over the "
+        "unix socket")
+    assert callers.descriptors_read == 1
+
+
+TCP_HEADER = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid"
+              "  timeout inode\n")
+
+
+def kernel_form(address):
+    """An IPv4 address and port as /proc/net/tcp prints them."""
+    host, port = address
+    return f"{bytes(reversed(socket.inet_aton(host))).hex().upper()}:{port:04X}"
+
+
+@pytest.mark.parametrize("mode", ["test", "system"])
+@async_test
+async def test_every_reading_of_a_callers_process_is_of_the_proc_the_configuration_names(
+        tmp_path, mode):
+    # A /proc of the test's own, in which process 4242 of uid 0 holds the client socket of a
+    # real loopback connection: the connection is found there, not in the kernel's own tables,
+    # and so is its holder, its facts, and that it still holds it.
+    proc = tmp_path / "proc"
+    (proc / "net").mkdir(parents=True)
+    (proc / "4242" / "fd").mkdir(parents=True)
+    os.symlink("socket:[777777]", proc / "4242" / "fd" / "5")
+    (proc / "4242" / "stat").write_text("4242 (train (gpu)) S" + " 1" * 18 + " 31337 0\n")
+    (proc / "4242" / "status").write_text("Name:\ttrain\nUid:\t0\t0\t0\t0\n")
+    (proc / "4242" / "cgroup").write_text("0::/user.slice\n")
+    config = replace(Config(), proc_root=str(proc))
+    identifier = ProcessIdentifier(config)
+    callers = NamedCallers(config) if mode == "test" else SystemCallers(identifier, None, config)
+    async with loopback() as (client, request):
+        ends = kernel_form(client.getsockname()), kernel_form(client.getpeername())
+        (proc / "net" / "tcp").write_text(
+            TCP_HEADER + f"   0: {ends[0]} {ends[1]} 01 00000000:00000000 00:00000000 00000000"
+            "     0        0 777777 1 0000000000000000 20 4 30 10 -1\n")
+        if mode == "system":
+            assert await callers.identify(request, None) == host_identity(0)
+        ref = await callers.process(request)
+    assert (ref.pid, ref.start) == (4242, 31337)
+    identifier.close()
