@@ -1,14 +1,18 @@
 """The owner of a local TCP connection, from sock_diag, /proc/net/tcp{,6} and /proc/<pid>/fd."""
 import os
 import socket
+import subprocess
 import time
 
 import pytest
 
+from helpers import need_root, python_for
 from patroller.identify.holders import HolderSearch
 from patroller.identify.sockets import (ESTABLISHED, SocketEntry, closed_reason, find_client,
                                         find_client_in_tables, is_loopback, normalize, owner_of,
-                                        parse_net_tcp)
+                                        parse_net_tcp, socket_owner)
+
+NOBODY = 65534
 
 
 def find_holder(inode, uid):
@@ -155,3 +159,61 @@ def test_a_line_that_cannot_be_read_names_no_socket_not_even_the_next(tmp_path):
     proc = proc_tree(tmp_path, tcp=garbled)
     assert find_client_in_tables(*HIGH, proc) is None
     assert find_client_in_tables(("127.0.0.1", 0xD431), ("127.0.0.1", 8080), proc).uid == 1003
+
+
+CLIENT = """
+import socket, sys
+family, host, port = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+sock = socket.socket(family)
+sock.connect((host, port))
+print(sock.getsockname()[1], flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.parametrize("listen,connect", [
+    ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET, "127.0.0.1")),
+    ((socket.AF_INET6, "::1"), (socket.AF_INET6, "::1")),
+    ((socket.AF_INET6, "::"), (socket.AF_INET, "127.0.0.1")),  # dual stack: ::ffff:127.0.0.1
+], ids=["ipv4", "ipv6", "mapped"])
+def test_the_kernel_names_the_uid_that_made_a_local_client_socket(listen, connect):
+    # What the server asks as it accepts a connection (to count it against its caller's), and
+    # then to find its caller: sock_diag's exact lookup, never the tables.
+    need_root("the client runs as uid 65534")
+    try:
+        server = socket.socket(listen[0])
+        if listen[0] == socket.AF_INET6:
+            server.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        server.bind((listen[1], 0))
+    except OSError:
+        pytest.skip(f"no {listen[1]} on this machine")
+    with server:
+        server.listen()
+        client = subprocess.Popen(
+            [python_for(NOBODY), "-c", CLIENT, str(int(connect[0])), connect[1],
+             str(server.getsockname()[1])], user=NOBODY, group=NOBODY, extra_groups=[],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            port = int(client.stdout.readline())
+            accepted, peer = server.accept()
+            with accepted:
+                ours = accepted.getsockname()[:2]
+                assert peer[1] == port
+                assert socket_owner(peer[:2], ours) == NOBODY
+                entry = find_client(peer[:2], ours)
+                assert (entry.uid, entry.state) == (NOBODY, ESTABLISHED)
+                assert entry.local == (normalize(peer[0]), port)
+                assert entry.remote == (normalize(ours[0]), ours[1])
+                inodes = {os.stat(f"/proc/{client.pid}/fd/{fd}").st_ino
+                          for fd in os.listdir(f"/proc/{client.pid}/fd")}
+                assert entry.inode in inodes
+                assert socket_owner((peer[0], 1), ours) is None  # no such connection
+        finally:
+            client.kill()
+            client.wait()
+
+
+def test_a_malformed_line_is_skipped_and_the_lines_after_it_read():
+    lines = TCP.splitlines()
+    garbled = "\n".join([lines[0], lines[3], lines[1], "   3: 0100007F:ZZZZ", lines[2]])
+    assert [entry.inode for entry in parse_net_tcp(garbled)] == [4242, 5151]
