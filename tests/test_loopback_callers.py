@@ -8,6 +8,7 @@ import os
 import secrets
 import socket
 import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -221,3 +222,34 @@ async def test_every_reading_of_a_callers_process_is_of_the_proc_the_configurati
         ref = await callers.process(request)
     assert (ref.pid, ref.start) == (4242, 31337)
     identifier.close()
+
+
+MANY = 300
+HOLD_MANY = ("import os, sys\n"
+             f"held = [os.open('/dev/null', os.O_RDONLY) for _ in range({MANY})]\n"
+             "print(flush=True)\n"
+             "sys.stdin.read()\n")
+
+
+@async_test
+async def test_a_process_that_called_lately_is_looked_at_first():
+    # The holder of a client socket is searched for among its uid's processes, newest first:
+    # a process that called lately (recent_callers of them) is looked at before, so that its
+    # next connection is found without reading a newer process's hundreds of descriptors.
+    config = replace(Config(), recent_callers=1)
+    callers = SystemCallers(ProcessIdentifier(config), None, config)
+    newer = subprocess.Popen([sys.executable, "-c", HOLD_MANY], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        newer.stdout.readline()  # its descriptors are open
+        read = []
+        for _ in range(2):
+            before = callers.descriptors_read
+            async with loopback() as (_, request):
+                await callers.identify(request, None)
+                assert (await callers.process(request)).pid == os.getpid()
+            read.append(callers.descriptors_read - before)
+    finally:
+        newer.kill()
+        newer.wait()
+    assert read[0] > MANY > read[1], read  # the first time, the newer process was read
