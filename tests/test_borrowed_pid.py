@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -197,3 +198,29 @@ def test_a_caller_whose_uid_is_above_2_to_the_31_is_that_uid():
         client.wait()
         sock.close()
         shutil.rmtree(where)
+
+
+def test_a_refusal_names_the_real_uid_of_a_process_whose_effective_uid_differs():
+    # A process of uid 65534 running with root's effective uid (as a setuid program does):
+    # what it runs as is its real uid, in the words of both refusals.
+    need_root("the process's real uid is set apart from its effective uid")
+    process = subprocess.Popen(["setpriv", "--ruid=65534", "--", "sleep", "30"])
+    try:
+        deadline = time.monotonic() + 10
+        while procfs.uids(process.pid)[:1] != (NOBODY,):  # setpriv has run
+            assert time.monotonic() < deadline, "the real uid was never set"
+            time.sleep(0.01)
+        assert procfs.uids(process.pid) == (NOBODY, 0, 0, 0)
+        other = 4321
+        refused = read_peer_facts(Credentials(process.pid, other, other, procfs.boot_ticks()),
+                                  "/proc")
+        assert refused == (f"pid {process.pid} is not the process that connected: it runs as "
+                           f"uid {NOBODY}, the connection was made by uid {other}")
+        facts = read_facts(process.pid)
+        entry = SocketEntry(("127.0.0.1", 40000), ("127.0.0.1", 8080), other, 1, ESTABLISHED)
+        assert LocalProcesses(Config())._not_the_holder(entry, facts) == (
+            f"pid {process.pid} is not the process that made the connection from port 40000: it "
+            f"runs as uid {NOBODY}, the socket is uid {other}'s")
+    finally:
+        process.kill()
+        process.wait()

@@ -5,9 +5,11 @@ import subprocess
 import time
 
 import pytest
+from tornado.iostream import IOStream
 
-from helpers import need_root, python_for
+from helpers import async_test, need_root, python_for
 from patroller.identify.holders import HolderSearch
+from patroller.identify.peers import left
 from patroller.identify.sockets import (ESTABLISHED, SocketEntry, closed_reason, find_client,
                                         find_client_in_tables, is_loopback, normalize, owner_of,
                                         parse_net_tcp, socket_owner)
@@ -217,3 +219,20 @@ def test_a_malformed_line_is_skipped_and_the_lines_after_it_read():
     lines = TCP.splitlines()
     garbled = "\n".join([lines[0], lines[3], lines[1], "   3: 0100007F:ZZZZ", lines[2]])
     assert [entry.inode for entry in parse_net_tcp(garbled)] == [4242, 5151]
+
+
+@async_test
+async def test_a_client_has_left_once_its_end_is_shut_or_its_stream_gone():
+    ours, theirs = socket.socketpair()
+    stream = IOStream(ours)
+    assert not left(stream)  # connected, nothing said
+    theirs.shutdown(socket.SHUT_WR)  # the client shut its side: the kernel says so at once
+    assert left(stream)
+    theirs.close()
+    stream.close()
+    assert left(stream) and left(None)  # a stream closed, or none at all
+    ours, theirs = socket.socketpair()
+    stream = IOStream(ours)
+    ours.close()  # closed under the stream, which has not seen it
+    assert left(stream)
+    theirs.close()
