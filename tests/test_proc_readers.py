@@ -9,10 +9,11 @@ import time
 
 import pytest
 
-from helpers import need_root
+from helpers import async_test, need_root, process_in_cgroup
+from patroller.config import Config
 from patroller.core.identity import ProcessRef
 from patroller.identify import procfs
-from patroller.identify.resolver import SLURM_ENV
+from patroller.identify.resolver import SLURM_ENV, ProcessIdentifier, host_identity
 
 NOBODY = 65534
 
@@ -92,7 +93,8 @@ def test_a_process_may_name_itself_anything():
             raw = f.read()
         assert b"(tr\xffin) (x)" in raw
         start = int(raw.rsplit(b")", 1)[1].split()[19])
-        assert procfs.stat(process.pid) == procfs.Stat("S", start)
+        found = procfs.stat(process.pid)
+        assert found.start == start and found.state in ("R", "S")  # running, or reading
         assert procfs.is_alive(ProcessRef(process.pid, start))
         assert procfs.uids(process.pid) == (os.getuid(),) * 4
     finally:
@@ -129,3 +131,15 @@ def test_the_owner_of_a_user_namespace_is_any_uid_the_kernel_has():
     finally:
         process.kill()
         process.wait()
+
+
+@async_test
+async def test_a_process_in_a_cgroup_whose_name_is_not_ascii_is_still_its_users():
+    # A user may name the cgroups of a subtree delegated to them as they like: the bytes of a
+    # name neither stop the reading nor cost the process its account.
+    with process_in_cgroup(f"/caf\u00e9-pt{os.getpid()}/job", NOBODY) as pid:
+        assert f"/caf\ufffd\ufffd-pt{os.getpid()}/job" in procfs.cgroup(pid)
+        identifier = ProcessIdentifier(Config())
+        identity = await identifier.resolve(pid)
+        identifier.close()
+    assert identity == host_identity(NOBODY)
