@@ -6,7 +6,6 @@ in real network namespaces, real processes, the real /proc; the callers are run 
 own process."""
 import asyncio
 import ctypes
-import logging
 import os
 import secrets
 import socket

@@ -69,7 +69,8 @@ def test_a_processes_uid_is_its_real_uid(tmp_path):
     # /proc/<pid>/status: real, effective, saved and file-system uids; a setuid program runs
     # with an effective uid that is not its user's.
     (tmp_path / "4242").mkdir()
-    (tmp_path / "4242" / "status").write_text("Name:\tsu\nUid:\t1000\t0\t0\t0\nGid:\t1000\t0\t0\t0\n")
+    (tmp_path / "4242" / "status").write_text(
+        "Name:\tsu\nUid:\t1000\t0\t0\t0\nGid:\t1000\t0\t0\t0\n")
     assert procfs.uid(4242, str(tmp_path)) == 1000
     assert procfs.uids(4242, str(tmp_path)) == (1000, 0, 0, 0)
     assert procfs.uid(4343, str(tmp_path)) is None  # no such process
