@@ -5,14 +5,17 @@ import asyncio
 import logging
 import os
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from dataclasses import replace
 
 import pytest
 
-from helpers import async_test, need_root, process_in_cgroup, reuse_pid
+from helpers import async_test, need_root, process_in_cgroup, python_for, reuse_pid
 from patroller.config import Config
 from patroller.core.errors import Unidentified
 from patroller.core.identity import UNKNOWN
@@ -28,8 +31,6 @@ CONNECT_AND_EXIT = ("import os, socket, sys\n"
                     "s = socket.socket(socket.AF_UNIX)\n"
                     "s.connect(sys.argv[1])\n"
                     "print(os.getpid(), flush=True)\n")
-
-
 
 
 def kernel_has_peer_pidfd():
@@ -227,3 +228,60 @@ async def test_a_callers_facts_are_read_as_the_configuration_says_and_a_gone_cal
     assert said == f"the calling process (pid {gone}) is gone or cannot be read"
     assert await identifier.resolve(gone) == UNKNOWN  # a GPU process gone as it was seen
     assert identifier.proc_reads == 3
+
+def test_a_caller_whose_uid_is_above_2_to_the_31_is_that_uid():
+    # uids run to 2**32 - 2 (user namespaces are often handed ranges up there): the kernel's
+    # record of one is no negative number, and the caller is not refused as another uid.
+    need_root("the caller runs as a uid above 2**31")
+    high = 3_000_000_000
+    where = tempfile.mkdtemp(prefix="psock", dir="/tmp")  # a directory any uid may enter
+    os.chmod(where, 0o755)
+    path = os.path.join(where, "api.sock")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(path)
+    os.chmod(path, 0o777)
+    sock.listen(1)
+    client = subprocess.Popen([python_for(high), "-c", CONNECT_AND_EXIT + "sys.stdin.read()\n",
+                               path], user=high, group=high, extra_groups=[],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(client.stdout.readline())  # connected, and living on
+        conn, _ = sock.accept()
+        with conn:
+            credentials = peer_credentials(conn)
+            assert credentials is not None
+            assert (credentials.pid, credentials.uid, credentials.gid) == (pid, high, high)
+            facts = read_peer_facts(credentials, "/proc")
+            assert isinstance(facts, ProcFacts), facts
+            assert facts.uids[0] == high and facts.host.uid == high
+    finally:
+        client.kill()
+        client.wait()
+        sock.close()
+        shutil.rmtree(where)
+
+
+def test_a_refusal_names_the_real_uid_of_a_process_whose_effective_uid_differs():
+    # A process of uid 65534 running with root's effective uid (as a setuid program does):
+    # what it runs as is its real uid, in the words of both refusals.
+    need_root("the process's real uid is set apart from its effective uid")
+    process = subprocess.Popen(["setpriv", "--ruid=65534", "--", "sleep", "30"])
+    try:
+        deadline = time.monotonic() + 10
+        while procfs.uids(process.pid)[:1] != (NOBODY,):  # setpriv has run
+            assert time.monotonic() < deadline, "the real uid was never set"
+            time.sleep(0.01)
+        assert procfs.uids(process.pid) == (NOBODY, 0, 0, 0)
+        other = 4321
+        refused = read_peer_facts(Credentials(process.pid, other, other, procfs.boot_ticks()),
+                                  "/proc")
+        assert refused == (f"pid {process.pid} is not the process that connected: it runs as "
+                           f"uid {NOBODY}, the connection was made by uid {other}")
+        facts = read_facts(process.pid)
+        entry = SocketEntry(("127.0.0.1", 40000), ("127.0.0.1", 8080), other, 1, ESTABLISHED)
+        assert LocalProcesses(Config())._not_the_holder(entry, facts) == (
+            f"pid {process.pid} is not the process that made the connection from port 40000: it "
+            f"runs as uid {NOBODY}, the socket is uid {other}'s")
+    finally:
+        process.kill()
+        process.wait()

@@ -20,6 +20,7 @@ from patroller.identify import procfs
 
 
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5 and later
+UCRED = "iII"  # struct ucred: a pid_t, then a uid_t and a gid_t, which are unsigned
 
 
 @dataclass(frozen=True)
@@ -38,10 +39,10 @@ def peer_credentials(sock: socket.socket) -> Optional[Credentials]:
     """The peer of a connected unix socket, as the kernel recorded it at connect(). The pidfd
     it may come with is the caller's to close (`not_the_caller` does)."""
     try:
-        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize(UCRED))
     except (OSError, AttributeError):
         return None
-    pid, uid, gid = struct.unpack("3i", raw)
+    pid, uid, gid = struct.unpack(UCRED, raw)
     if pid <= 0:
         return None
     try:
