@@ -195,13 +195,9 @@ def kernel_form(address):
     return f"{bytes(reversed(socket.inet_aton(host))).hex().upper()}:{port:04X}"
 
 
-@pytest.mark.parametrize("mode", ["test", "system"])
-@async_test
-async def test_every_reading_of_a_callers_process_is_of_the_proc_the_configuration_names(
-        tmp_path, mode):
-    # A /proc of the test's own, in which process 4242 of uid 0 holds the client socket of a
-    # real loopback connection: the connection is found there, not in the kernel's own tables,
-    # and so is its holder, its facts, and that it still holds it.
+def written_proc(tmp_path, client):
+    """A /proc of the test's own in which process 4242 of uid 0 holds the client socket (inode
+    777777) of a real loopback connection, listed in its net/tcp."""
     proc = tmp_path / "proc"
     (proc / "net").mkdir(parents=True)
     (proc / "4242" / "fd").mkdir(parents=True)
@@ -209,19 +205,46 @@ async def test_every_reading_of_a_callers_process_is_of_the_proc_the_configurati
     (proc / "4242" / "stat").write_text("4242 (train (gpu)) S" + " 1" * 18 + " 31337 0\n")
     (proc / "4242" / "status").write_text("Name:\ttrain\nUid:\t0\t0\t0\t0\n")
     (proc / "4242" / "cgroup").write_text("0::/user.slice\n")
-    config = replace(Config(), proc_root=str(proc))
-    identifier = ProcessIdentifier(config)
-    callers = NamedCallers(config) if mode == "test" else SystemCallers(identifier, None, config)
+    ends = kernel_form(client.getsockname()), kernel_form(client.getpeername())
+    (proc / "net" / "tcp").write_text(
+        TCP_HEADER + f"   0: {ends[0]} {ends[1]} 01 00000000:00000000 00:00000000 00000000"
+        "     0        0 777777 1 0000000000000000 20 4 30 10 -1\n")
+    return proc
+
+
+@pytest.mark.parametrize("mode", ["test", "system"])
+@async_test
+async def test_every_reading_of_a_callers_process_is_of_the_proc_the_configuration_names(
+        tmp_path, mode):
+    # The connection is found in that /proc, not in the kernel's own tables, and so is its
+    # holder, its facts, and that it still holds it.
     async with loopback() as (client, request):
-        ends = kernel_form(client.getsockname()), kernel_form(client.getpeername())
-        (proc / "net" / "tcp").write_text(
-            TCP_HEADER + f"   0: {ends[0]} {ends[1]} 01 00000000:00000000 00:00000000 00000000"
-            "     0        0 777777 1 0000000000000000 20 4 30 10 -1\n")
+        config = replace(Config(), proc_root=str(written_proc(tmp_path, client)))
+        identifier = ProcessIdentifier(config)
+        callers = (NamedCallers(config) if mode == "test"
+                   else SystemCallers(identifier, None, config))
         if mode == "system":
             assert await callers.identify(request, None) == host_identity(0)
         ref = await callers.process(request)
     assert (ref.pid, ref.start) == (4242, 31337)
     identifier.close()
+
+
+@async_test
+async def test_a_holder_that_ends_as_it_is_found_is_no_one(tmp_path):
+    # Found holding the socket, gone before its facts could be read (its stat is no more):
+    # refused, not guessed from the socket's creator.
+    async with loopback() as (client, request):
+        proc = written_proc(tmp_path, client)
+        port = client.getsockname()[1]
+        (proc / "4242" / "stat").unlink()
+        config = replace(Config(), proc_root=str(proc))
+        callers = SystemCallers(ProcessIdentifier(config), None, config)
+        with pytest.raises(Unidentified) as refused:
+            await callers.identify(request, None)
+    assert refused.value.message == (
+        f"the process holding the connection from port {port} (pid 4242) "
+        "ended before it could be identified")
 
 
 MANY = 300

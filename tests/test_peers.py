@@ -120,16 +120,17 @@ def test_a_client_socket_once_closed_belongs_to_nobody():
         assert "closed" in closed_reason(left) and owner_of(left, None, hidden=True).uid is None
 
 
-# The kernel's forms of a connection from 192.168.1.5:40000 to the host's own 192.168.1.1:8080
-# (an address above 127.255.255.255: its first word has the high bit set), in tcp and, as an
-# IPv4-mapped address of a dual-stack socket, in tcp6.
-HIGH = ("192.168.1.5", 40000), ("192.168.1.1", 8080)
+# The kernel's forms of a connection from 192.168.1.205:40000 to the host's own 192.168.1.1:8080
+# (the client's first and last bytes have the high bit set, so that the word the kernel prints
+# has it in either byte order), in tcp and, as IPv4-mapped addresses of a dual-stack socket,
+# in tcp6.
+HIGH = ("192.168.1.205", 40000), ("192.168.1.1", 8080)
 HIGH_TCP = TCP.splitlines()[0] + """
    0: 0101A8C0:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4242 1 0000000000000000 100 0 0 10 0
-   1: 0501A8C0:9C40 0101A8C0:1F90 01 00000000:00000000 00:00000000 00000000  1000        0 6161 1 0000000000000000 20 4 30 10 -1
+   1: CD01A8C0:9C40 0101A8C0:1F90 01 00000000:00000000 00:00000000 00000000  1000        0 6161 1 0000000000000000 20 4 30 10 -1
 """
 HIGH_TCP6 = TCP6.splitlines()[0] + """
-   0: 0000000000000000FFFF00000501A8C0:9C40 0000000000000000FFFF00000101A8C0:1F90 01 00000000:00000000 00:00000000 00000000  1002        0 7002 1 0000000000000000 20 4 30 10 -1
+   0: 0000000000000000FFFF0000CD01A8C0:9C40 0000000000000000FFFF00000101A8C0:1F90 01 00000000:00000000 00:00000000 00000000  1002        0 7002 1 0000000000000000 20 4 30 10 -1
 """
 
 
@@ -144,7 +145,7 @@ def proc_tree(tmp_path, **tables):
 def test_a_client_at_a_high_address_is_found_in_either_table(tmp_path):
     both = proc_tree(tmp_path / "both", tcp=HIGH_TCP, tcp6=HIGH_TCP6)
     assert find_client_in_tables(*HIGH, both) == SocketEntry(*HIGH, 1000, 6161, ESTABLISHED)
-    assert find_client_in_tables(("::ffff:192.168.1.5", 40000), ("::ffff:192.168.1.1", 8080),
+    assert find_client_in_tables(("::ffff:192.168.1.205", 40000), ("::ffff:192.168.1.1", 8080),
                                  both).inode == 6161  # the same socket, however it is named
     # a table that cannot be read is skipped: the dual-stack socket is found in the other
     only_tcp6 = proc_tree(tmp_path / "tcp6", tcp6=HIGH_TCP6)
