@@ -233,6 +233,7 @@ async def test_a_caller_at_a_containers_address_is_its_labels_user_as_its_accoun
                                     "container on this host, from the host itself, or over the "
                                     "unix socket")
     assert docker.requests == 5  # the version, the list, one for each container: once
+    assert callers.identifier.proc_reads == 4  # the running ones' pid; none of the stopped one
 
 
 @async_test
@@ -295,6 +296,13 @@ def looping():
     return outer
 
 
+def wrapping(cause):
+    """An error in words, caused by one whose text is no words (a repr of its arguments)."""
+    error = RuntimeError("the engine's client broke")
+    error.__cause__ = cause
+    return error
+
+
 def sdk_errors():
     """(an error as the Docker SDK and its libraries raise it, raised with no chain, what is
     said of it after "Podman at unix:///run/podman/podman.sock ")"""
@@ -310,6 +318,7 @@ def sdk_errors():
         (requests.exceptions.ConnectionError(urllib3.exceptions.ProtocolError(
             "Connection aborted.", missing)), "cannot be reached: no such file or directory"),
         (looping(), "cannot be used: and again"),
+        (wrapping(KeyError(("engine", 1))), "cannot be used: the engine's client broke"),
         (RuntimeError("line one\nline two"), "cannot be used: line one"),
         (RuntimeError("x" * 300), "cannot be used: " + "x" * 200),
         (RuntimeError(), "cannot be used: RuntimeError"),

@@ -99,7 +99,8 @@ async def test_each_container_is_named_by_its_own_engine_and_its_trouble_said_as
     assert degraded.user == "unknown" and degraded.degraded and degraded.uid == uid
     assert warnings(caplog) == [f"cannot read container labels: {engine} at {own.url} answered "
                                 f"500: the engine is restarting{DEGRADES}"]
-    assert nobody.user == f"container:{unknown[:12]}"
+    assert nobody.user == f"container:{unknown[:12]}" and nobody.email is None
+    assert named.source == nobody.source == degraded.source == "container"
     assert not nobody.degraded and not nobody.pending
     assert own.url == f"unix://{engine_sockets}/docker.sock" or system.requests == 0
 
