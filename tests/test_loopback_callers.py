@@ -22,7 +22,7 @@ from patroller.identify.callers import SOCKET_HINT, SystemCallers
 from patroller.identify.callers import TestModeCallers as NamedCallers  # not collected as a test
 from patroller.identify.containers import ContainerDirectory
 from patroller.identify.resolver import ProcessIdentifier, host_identity
-from test_caller_process import loopback, me, request_on
+from test_caller_process import Accepted, listening, loopback, me, request_on
 from test_container_callers import ALICE, Engine
 
 
@@ -254,6 +254,13 @@ HOLD_MANY = ("import os, sys\n"
              "sys.stdin.read()\n")
 
 
+CONNECT_EACH_LINE = ("import socket, sys\n"
+                     "held = []\n"
+                     "for _ in sys.stdin:\n"
+                     "    held.append(socket.create_connection(('127.0.0.1', int(sys.argv[1]))))\n"
+                     "    print(flush=True)\n")
+
+
 @async_test
 async def test_a_process_that_called_lately_is_looked_at_first():
     # The holder of a client socket is searched for among its uid's processes, newest first:
@@ -261,18 +268,38 @@ async def test_a_process_that_called_lately_is_looked_at_first():
     # next connection is found without reading a newer process's hundreds of descriptors.
     config = replace(Config(), recent_callers=1)
     callers = SystemCallers(ProcessIdentifier(config), None, config)
-    newer = subprocess.Popen([sys.executable, "-c", HOLD_MANY], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
+    listener = listening("127.0.0.1")
+    port = str(listener.getsockname()[1])
+    children = []
     try:
-        newer.stdout.readline()  # its descriptors are open
+        while True:  # the caller, then a newer process (by pid: again if the pids wrapped round)
+            caller = subprocess.Popen([sys.executable, "-c", CONNECT_EACH_LINE, port],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            newer = subprocess.Popen([sys.executable, "-c", HOLD_MANY], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+            children += [caller, newer]
+            newer.stdout.readline()  # its descriptors are open
+            if newer.pid > caller.pid:
+                break
         read = []
         for _ in range(2):
-            before = callers.descriptors_read
-            async with loopback() as (_, request):
+            caller.stdin.write("\n")
+            caller.stdin.flush()
+            caller.stdout.readline()  # connected
+            conn, address = listener.accept()
+            stream = Accepted(conn)
+            stream.facts.address = (address[0], address[1])
+            try:
+                before = callers.descriptors_read
+                request = request_on(stream)
                 await callers.identify(request, None)
-                assert (await callers.process(request)).pid == os.getpid()
-            read.append(callers.descriptors_read - before)
+                assert (await callers.process(request)).pid == caller.pid
+                read.append(callers.descriptors_read - before)
+            finally:
+                stream.close()
     finally:
-        newer.kill()
-        newer.wait()
+        listener.close()
+        for child in children:
+            child.kill()
+            child.wait()
     assert read[0] > MANY > read[1], read  # the first time, the newer process was read
