@@ -237,3 +237,25 @@ async def test_a_client_has_left_once_its_end_is_shut_or_its_stream_gone():
     ours.close()  # closed under the stream, which has not seen it
     assert left(stream)
     theirs.close()
+
+
+def test_the_kernel_names_a_client_sockets_uid_above_2_to_the_31():
+    # uids run to 2**32 - 2: the socket of a client of uid 3,000,000,000 is that uid's.
+    need_root("the client runs as a uid above 2**31")
+    high = 3_000_000_000
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        client = subprocess.Popen(
+            [python_for(high), "-c", CLIENT, str(int(socket.AF_INET)), "127.0.0.1",
+             str(server.getsockname()[1])], user=high, group=high, extra_groups=[],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            client.stdout.readline()
+            accepted, peer = server.accept()
+            with accepted:
+                assert socket_owner(peer, accepted.getsockname()) == high
+                assert find_client(peer, accepted.getsockname()).uid == high
+        finally:
+            client.kill()
+            client.wait()
