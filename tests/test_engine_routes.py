@@ -6,7 +6,6 @@ its containers named by their ids, pending, until it is. Run where no engine can
 are tests/fake_engine.py, answering what the real ones answered; real processes in real
 cgroups. (The same against real engines: test_engines_docker, test_podman, test_containerd.)"""
 import asyncio
-import logging
 import os
 import secrets
 import socket
@@ -15,32 +14,11 @@ from dataclasses import replace
 
 import pytest
 
-from fake_engine import Engines
-from helpers import (NOBODY, ROOTLESS_UID as OWNER, async_test, engines_in, process_in_cgroup,
-                     user_manager)
-from patroller.config import Config
+from helpers import NOBODY, ROOTLESS_UID as OWNER, async_test, process_in_cgroup, user_manager
+from test_engine_answers import (ALICE, DEGRADES, config_in,  # noqa: F401 (engines: a fixture)
+                                 engines, warnings)
 from patroller.identify.containers import ContainerDirectory
 from patroller.identify.resolver import ProcessIdentifier
-
-ALICE = {"user.email": "Alice <alice@example.org>", "team": "vision"}
-DEGRADES = "; identities degrade to the container id until it is back"
-
-
-@pytest.fixture
-def engines():
-    made = Engines()
-    yield made
-    for engine in made:
-        engine.stop()
-
-
-def config_in(folder, **more):
-    """Every engine's socket in `folder`, none there until a test starts one; quick rechecks."""
-    return replace(Config(), **engines_in(folder, engine_socket_ttl=0.0, **more))
-
-
-def warnings(caplog):
-    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
 
 
 # -- which engine is asked, and what it is called ------------------------------------------------
