@@ -267,7 +267,7 @@ def assemble(config: Config, inventory: Inventory, signals: Signals, monitors: S
         config=config, mode="test" if config.test else "gpu", started=time.monotonic(),
         inventory=inventory, signals=signals, monitors=tuple(monitors), leases=leases,
         stats=StatsStore(inventory, config.stale_intervals * interval, config.history_every,
-                         config.history_points),
+                         config.history_points, backlog=config.figures_backlog),
         idle=IdleWatch(leases), identifier=identifier, callers=callers,
         tracker=ProcessTracker(leases, identifier, config.owner_retry,
                                 config.engine_recheck),

@@ -100,7 +100,7 @@ async def test_a_process_on_a_candidate_device_is_announced_with_its_name(tmp_pa
     assert heard.of("process_started") == [mine]
     assert heard.of("process_ended") == []
     # its memory, as pmon's `fb` would give it
-    assert heard.of("process_sampled")[0].values == {(MIG, sleepers[0].pid): {"fb": 4096}}
+    assert heard.of("process_sampled")[0].values == {MIG: {sleepers[0].pid: {"fb": 4096}}}
     assert checker.metrics().processes == 1 and checker.metrics().announced == 1
     assert checker.metrics().failures == 0
 

@@ -109,7 +109,7 @@ class Case:
         stats = StatsStore(leases.inventory, 15.0, 5.0, 120, clock=clock)
         stats.connect(signals)
         signals.process_sampled.send(None, record=ProcessSamples(
-            {(uuid[0], pid): {"fb": 100, "sm": 5} for pid in (100, 200)}, WALL))
+            {uuid[0]: {pid: {"fb": 100, "sm": 5} for pid in (100, 200)}}, WALL))
         self.pseudonyms = Pseudonyms(None, 1000)
         self.pseudonyms.open()
         self.devices = DevicesView(leases.inventory).data()

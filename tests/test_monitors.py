@@ -182,3 +182,44 @@ async def test_a_device_whose_listed_processes_all_ended_is_attributed_no_more()
         pmon._line(line)
     assert pmon.attributed() == {uuids[1], uuids[2]}
     await pmon.stop(0.5)
+
+
+@async_test
+async def test_a_process_that_ends_as_another_starts_on_its_device_is_reported_gone():
+    """An interval's end compares each device's count of processes listed with those announced
+    there: one gone and one new in the same interval leave the count as it was, and still end."""
+    inventory = synthetic_inventory(3)
+    signals = Signals()
+    events = recorder(signals)
+    sampled = []
+    signals.process_sampled.connect(lambda s, record: sampled.append(record.values), weak=False)
+    figured = []
+    signals.process_sampled.connect(lambda s, record: figured.append(record.figured), weak=False)
+    monitor = PmonMonitor(inventory, signals, ["nvidia-smi"], {}, Config())
+    uuids = [d.uuid for d in inventory]
+    for line in PMON_HEADER + interval({1: [(10, "a"), (11, "b")], 2: [(12, "c")]}):
+        monitor._line(line)
+    await until(lambda: sampled, timeout=2)
+    figures = {"sm": 12, "mem": 3, "enc": None, "dec": None, "jpg": None, "ofa": None}
+    assert sampled == [{uuids[1]: {10: figures, 11: figures}, uuids[2]: {12: figures}}]
+    rows = interval({1: [(10, "a"), (13, "d")], 2: [(12, "c")]})
+    rows[-1] = rows[-1].replace(" 12      3 ", "  -      - ")  # `-` in every cell on device 2
+    for line in rows:
+        monitor._line(line)
+    await until(lambda: len(sampled) == 2, timeout=2)
+    assert events == [("+", 10, uuids[1]), ("+", 11, uuids[1]), ("+", 12, uuids[2]),
+                      ("+", 13, uuids[1]), ("-", 11, uuids[1])]
+    dashes = dict.fromkeys(figures)
+    assert sampled[1] == {uuids[1]: {10: figures, 13: figures}, uuids[2]: {12: dashes}}
+    assert figured == [{uuids[1], uuids[2]}, {uuids[1]}]  # counted as the rows came
+    assert monitor.figureless() == {uuids[2]}
+    assert monitor.metrics().processes == 3
+    # a restart drops the rows of an unfinished interval, and what they said of the figures
+    for line in interval({1: [(10, "a"), (13, "d")], 2: [(12, "c")]}):
+        monitor._line(line)  # device 2 has figures again, but the interval is not complete
+    monitor._restarted()
+    for line in PMON_HEADER + rows:
+        monitor._line(line)
+    await until(lambda: len(sampled) == 3, timeout=2)
+    assert figured[2] == {uuids[1]} and monitor.figureless() == {uuids[2]}
+    await monitor.stop(0.5)

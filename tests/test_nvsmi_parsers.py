@@ -300,6 +300,11 @@ def pids(processes: Sequence[PmonProcess]) -> List[Tuple[int, int]]:
     return [(p.gpu, p.pid) for p in processes]
 
 
+def outcome(change: IntervalChange) -> Tuple[Tuple[PmonProcess, ...], ...]:
+    """(appeared, disappeared, present)."""
+    return change.appeared, change.disappeared, change.present
+
+
 def summary(changes: Sequence[Tuple[Union[int, str], IntervalChange]]) -> list:
     return [(at, pids(c.appeared), pids(c.disappeared)) for at, c in changes]
 
@@ -316,13 +321,11 @@ def test_intervals_on_a_four_gpu_host() -> None:
     assert [at for at, _c in changes] == [5, 10, "end"]  # where the gpu index goes down
     first, second, third = (c for _at, c in changes)
     # the first interval after start reports every process; the same pid on two devices is two
-    assert first == IntervalChange(appeared=(XORG, SGLANG0, SGLANG1, PY3), disappeared=(),
-                                   present=(XORG, SGLANG0, SGLANG1, PY3))
+    assert outcome(first) == ((XORG, SGLANG0, SGLANG1, PY3), (),
+                              (XORG, SGLANG0, SGLANG1, PY3))
     # `-` statistics for 48213 in interval 2: still present; 1426541 absent: gone
-    assert second == IntervalChange(appeared=(BLENDER,), disappeared=(PY3,),
-                                    present=(XORG, SGLANG0, SGLANG1, BLENDER))
-    assert third == IntervalChange(appeared=(), disappeared=(SGLANG0,),
-                                   present=(XORG, SGLANG1, BLENDER))
+    assert outcome(second) == ((BLENDER,), (PY3,), (XORG, SGLANG0, SGLANG1, BLENDER))
+    assert outcome(third) == ((), (SGLANG0,), (XORG, SGLANG1, BLENDER))
 
 
 def test_intervals_on_a_one_gpu_host() -> None:
@@ -396,8 +399,12 @@ def test_unmonitored_gpu_rows_are_tracked_and_idle_rows_are_not_processes() -> N
 
 
 def test_interval_change_is_false_when_nothing_changed() -> None:
-    assert not IntervalChange((), (), (XORG,))
-    assert IntervalChange((XORG,), (), (XORG,))
+    xorg, blender = {(0, 1923): XORG}, {(2, 55001): BLENDER}
+    assert not IntervalChange(xorg, dict(xorg))
+    assert IntervalChange({}, xorg)  # one came
+    assert IntervalChange(xorg, {})  # one went
+    assert IntervalChange(xorg, blender)  # as many, but others
+    assert outcome(IntervalChange(xorg, blender)) == ((BLENDER,), (XORG,), (BLENDER,))
 
 
 # ---- --query-compute-apps --------------------------------------------------------------------

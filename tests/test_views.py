@@ -304,17 +304,17 @@ def test_a_figure_not_known_this_interval_keeps_the_last_one(parts):
     clock, inventory, leases, signals, view = parts
     uuid = inventory.present()[0].uuid
     figures = {"sm": 40, "mem": 12, "fb": 900}
-    signals.process_sampled.send(None, record=ProcessSamples({(uuid, 4242): figures}, 0.0))
+    signals.process_sampled.send(None, record=ProcessSamples({uuid: {4242: figures}}, 0.0))
     seen = view.stats.process_view(uuid, 4242)
     assert (seen["sm"], seen["mem"], seen["fb"]) == (40, 12, 900)
     before = view.stats.version(uuid)
     signals.process_sampled.send(None, record=ProcessSamples(
-        {(uuid, 4242): {"sm": None, "mem": 7, "fb": None}}, 1.0))
+        {uuid: {4242: {"sm": None, "mem": 7, "fb": None}}}, 1.0))
     seen = view.stats.process_view(uuid, 4242)
     assert (seen["sm"], seen["mem"], seen["fb"]) == (40, 7, 900)
     assert view.stats.version(uuid) == before + 1  # shown again: something changed
     signals.process_sampled.send(None, record=ProcessSamples(
-        {(uuid, 4242): {"sm": None, "mem": None, "fb": None}}, 2.0))  # `-` in every cell
+        {uuid: {4242: {"sm": None, "mem": None, "fb": None}}}, 2.0))  # `-` in every cell
     seen = view.stats.process_view(uuid, 4242)
     assert (seen["sm"], seen["mem"], seen["fb"]) == (40, 7, 900)
     assert view.stats.version(uuid) == before + 1  # nothing new: the device is not rebuilt

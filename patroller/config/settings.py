@@ -148,6 +148,9 @@ class Config:
     test_interval: float = 1.0  # seconds between test mode's samples
     history_every: float = 5.0  # seconds between the points of a device's utilisation history
     history_points: int = 120  # points of it kept: ten minutes
+    # pmon intervals of a device's process figures kept unmerged at most: they are merged when
+    # read (observe/figures.py), so that an interval's end on a large host stays short
+    figures_backlog: int = 4
 
     # -- internal defaults: identify (/proc, containers, callers) -----------------------------
     proc_root: str = "/proc"  # where every reader of /proc looks (tests give a tree of their own)

@@ -40,7 +40,7 @@ from patroller.core.throttle import Throttle
 from patroller.observe.monitor import FAILING, IDLE, UP, CrossCheckMetrics, Monitor
 from patroller.observe.monitors import PmonMonitor
 from patroller.observe.nvsmi.parsers import ComputeApp, parse_compute_apps
-from patroller.observe.signals import GpuProcess, ProcessSamples, Signals
+from patroller.observe.signals import GpuProcess, ProcessSamples, Signals, Value
 from patroller.observe.supervisor import OneShotChild, problem
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,14 @@ log = logging.getLogger(__name__)
 QUERY = ("--query-compute-apps=gpu_uuid,pid,used_memory,process_name",
          "--format=csv,noheader,nounits")
 Key = Tuple[str, int]  # (device uuid, pid)
+
+
+def by_device(apps: List[ComputeApp]) -> Dict[str, Dict[int, ComputeApp]]:
+    """The processes listed, by device uuid, then pid (the last line of a pid counts)."""
+    grouped: Dict[str, Dict[int, ComputeApp]] = {}
+    for app in apps:
+        grouped.setdefault(app.uuid, {})[app.pid] = app
+    return grouped
 
 
 class CrossCheck(Monitor):
@@ -140,18 +148,20 @@ class CrossCheck(Monitor):
             self._failing = 0
         skipped: List[str] = []  # thousands of lines on a large host: read off the loop
         apps = await asyncio.get_running_loop().run_in_executor(
-            None, parse_compute_apps, answer.output, skipped)
+            None, lambda: by_device(parse_compute_apps(answer.output, skipped)))
         self._count_skips(skipped)
         self._reconcile(apps)
 
-    def _reconcile(self, apps: List[ComputeApp]) -> None:
-        """Announce new processes on candidates; end announced ones no longer listed."""
+    def _reconcile(self, apps: Mapping[str, Mapping[int, ComputeApp]]) -> None:
+        """Announce new processes on candidates; end announced ones no longer listed. `apps`:
+        what the query listed, by device; only the devices watched are looked through."""
         wanted = self.candidates()
         listed: Dict[Key, ComputeApp] = {}
-        for app in apps:
-            key = (app.uuid, app.pid)
-            if key in self._announced or (app.uuid in wanted and self.inventory.get(app.uuid)):
-                listed[key] = app
+        for uuid in wanted | {uuid for uuid, _ in self._announced}:
+            watched = uuid in wanted and self.inventory.get(uuid) is not None
+            for pid, app in apps.get(uuid, {}).items():
+                if watched or (uuid, pid) in self._announced:
+                    listed[(uuid, pid)] = app
         for key in [k for k in self._announced if k not in listed]:
             self.signals.process_ended.send(self, record=self._announced.pop(key))
         for key, app in listed.items():
@@ -162,10 +172,13 @@ class CrossCheck(Monitor):
                 self.signals.process_started.send(self, record=record)
         # The used memory, under pmon's name for it (MiB), of the processes it announces and of
         # those pmon lists without figures.
-        unmeasured = self.unmeasured()
-        values = {key: {"fb": app.used_mib} for key, app in listed.items()}
-        values.update({(app.uuid, app.pid): {"fb": app.used_mib} for app in apps
-                       if app.uuid in unmeasured and self.inventory.get(app.uuid)})
+        values: Dict[str, Dict[int, Dict[str, Value]]] = {}
+        for (uuid, pid), app in listed.items():
+            values.setdefault(uuid, {})[pid] = {"fb": app.used_mib}
+        for uuid in self.unmeasured():
+            if uuid in apps and self.inventory.get(uuid) is not None:
+                values.setdefault(uuid, {}).update(
+                    (pid, {"fb": app.used_mib}) for pid, app in apps[uuid].items())
         if values:
             self.signals.process_sampled.send(self, record=ProcessSamples(values, time.time()))
 

@@ -185,11 +185,12 @@ class PmonMonitor(StreamMonitor):
         self.intervals = PmonIntervals()
         self.burst_gap = config.burst_gap
         self._last_number = max((d.number for d in inventory.present()), default=0)
-        # By (uuid, pid): a device renumbered when another falls off keeps its processes.
-        self._announced: Dict[Tuple[str, int], GpuProcess] = {}
-        self._listed_on: Dict[str, int] = {}  # uuid -> how many of those are on it
+        # By uuid, then pid: a device renumbered when another falls off keeps its processes.
+        self._announced: Dict[str, Dict[int, GpuProcess]] = {}
         self._covered: Set[int] = set()  # devices with a row in the current interval
-        self._values: Dict[Tuple[str, int], Mapping[str, Any]] = {}  # this interval's figures
+        # This interval's figures, by uuid, then pid: of announced processes only
+        self._values: Dict[str, Dict[int, Mapping[str, Any]]] = {}
+        self._figured: Set[str] = set()  # the devices with a figure in this interval's rows
         self._figureless: Set[str] = set()  # devices whose rows carried no figure, last interval
         self._timer: Optional[object] = None
 
@@ -198,7 +199,8 @@ class PmonMonitor(StreamMonitor):
         await super().stop(grace)
 
     def metrics(self) -> PmonMetrics:
-        return self._metrics(PmonMetrics, processes=len(self._announced))
+        return self._metrics(PmonMetrics,
+                             processes=sum(len(on) for on in self._announced.values()))
 
     def reconfigure(self) -> None:
         self._last_number = max((d.number for d in self.inventory.present()), default=0)
@@ -206,7 +208,7 @@ class PmonMonitor(StreamMonitor):
 
     def attributed(self) -> Set[str]:
         """The devices pmon lists a process on."""
-        return set(self._listed_on)
+        return set(self._announced)
 
     def figureless(self) -> Set[str]:
         """The devices pmon lists processes on without a figure for any (`-` in every cell, as
@@ -219,6 +221,7 @@ class PmonMonitor(StreamMonitor):
         self.intervals.reset()
         self._covered.clear()
         self._values.clear()
+        self._figured.clear()
 
     def _row(self, row: PmonRow) -> None:
         change = self.intervals.feed(row)
@@ -235,40 +238,42 @@ class PmonMonitor(StreamMonitor):
         device = self.inventory.by_number(row.gpu)
         if device is None:
             return
-        key = (device.uuid, row.pid)
-        self._values[key] = row.values
-        if key in self._announced:
+        uuid = device.uuid
+        values = self._values.get(uuid)
+        if values is None:
+            values = self._values[uuid] = {}
+        values[row.pid] = row.values
+        if uuid not in self._figured and not NOTHING.issuperset(row.values.values()):
+            self._figured.add(uuid)
+        on = self._announced.get(uuid)
+        if on is None:
+            on = self._announced[uuid] = {}
+        elif row.pid in on:
             return
-        record = GpuProcess(uuid=device.uuid, pid=row.pid, type=row.type, command=row.command)
-        self._announced[key] = record
-        self._listed_on[device.uuid] = self._listed_on.get(device.uuid, 0) + 1
+        record = GpuProcess(uuid=uuid, pid=row.pid, type=row.type, command=row.command)
+        on[row.pid] = record
         self.signals.process_started.send(self, record=record)
 
     def _interval_completed(self, change: IntervalChange) -> None:
-        """After a complete interval: whatever was announced and is not in it has gone."""
-        # Thousands of processes an interval on a large host: each step is one pass over them.
-        uuid_of = {d.number: d.uuid for d in self.inventory.present()}
-        present = {(uuid_of[p.gpu], p.pid) for p in change.present if p.gpu in uuid_of}
-        for key in [k for k in self._announced if k not in present]:
-            left = self._listed_on[key[0]] - 1
-            if left:
-                self._listed_on[key[0]] = left
-            else:
-                del self._listed_on[key[0]]
-            self.signals.process_ended.send(self, record=self._announced.pop(key))
+        """After a complete interval: whatever was announced and is not in it has gone.
+
+        Thousands of processes an interval on a large host, and this runs on the event loop:
+        it costs a few set operations per device (the rows were counted as they came), and
+        a pass over a device's processes only when one of them has gone."""
+        values, self._values = self._values, {}
+        figured, self._figured = self._figured, set()
+        for uuid in [u for u, on in self._announced.items() if len(on) != len(values.get(u, ()))]:
+            on, listed = self._announced[uuid], values.get(uuid, {})  # listed: some of on
+            for pid in [p for p in on if p not in listed]:
+                self.signals.process_ended.send(self, record=on.pop(pid))
+            if not on:
+                del self._announced[uuid]
         covered = [self.inventory.by_number(gpu) for gpu in sorted(self._covered)]
         self._covered = set()
         now = time.time()
-        listed, measured = set(), set()
-        for (uuid, _), row in self._values.items():
-            if uuid not in measured:  # one row with a figure is enough
-                listed.add(uuid)
-                if not NOTHING.issuperset(row.values()):
-                    measured.add(uuid)
-        self._figureless = listed - measured
-        if self._values:
-            values, self._values = self._values, {}
-            self.signals.process_sampled.send(self, record=ProcessSamples(values, now))
+        self._figureless = values.keys() - figured
+        if values:
+            self.signals.process_sampled.send(self, record=ProcessSamples(values, now, figured))
         uuids = tuple(d.uuid for d in covered if d is not None)
         if uuids:
             self.signals.processes_listed.send(self, record=ProcessList(uuids, now))

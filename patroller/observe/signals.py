@@ -7,7 +7,7 @@ must return quickly.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional, Tuple, Union
+from typing import AbstractSet, Mapping, Optional, Tuple, Union
 
 import blinker
 
@@ -46,11 +46,15 @@ class ProcessList:
 
 @dataclass(frozen=True)
 class ProcessSamples:
-    """Figures of processes in one sampling interval: pmon's sm, mem, fb, ... per process, or
-    the used memory the compute-apps cross-check lists."""
+    """Figures of processes in one sampling interval, by device: pmon's sm, mem, fb, ... per
+    process, or the used memory the compute-apps cross-check lists. The receiver keeps the
+    mappings: the sender makes new ones for the next interval."""
 
-    values: Mapping[Tuple[str, int], Mapping[str, Value]]  # (uuid, pid) -> stable names
+    values: Mapping[str, Mapping[int, Mapping[str, Value]]]  # uuid -> pid -> stable names
     time: float  # wall clock, seconds since the epoch
+    # the devices whose processes have a figure in it (not `-` in every cell), where the sender
+    # counted them as the rows came; None: not counted
+    figured: Optional[AbstractSet[str]] = None
 
 
 @dataclass(frozen=True)

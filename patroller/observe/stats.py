@@ -10,11 +10,11 @@ from __future__ import annotations
 import time
 from collections import deque
 from datetime import datetime, timezone
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from patroller.core.devices import Inventory
-from patroller.observe.signals import (NOTHING, GpuProcess, ProcessList, ProcessSamples, Sample,
-                                       Signals, Value)
+from patroller.observe.figures import ProcessFigures
+from patroller.observe.signals import GpuProcess, ProcessList, ProcessSamples, Sample, Signals, Value
 
 # The figures of a device, by their stable names (dmon's columns, `pwr` as power, r384's
 # `temp` as gtemp), in the order /status shows them; `fb_total` comes from the inventory.
@@ -39,7 +39,8 @@ class StatsStore:
     """
 
     def __init__(self, inventory: Inventory, stale_after: float, history_every: float,
-                 history_points: int, clock: Callable[[], float] = time.monotonic) -> None:
+                 history_points: int, clock: Callable[[], float] = time.monotonic,
+                 backlog: int = 4) -> None:
         self.inventory = inventory
         self.stale_after = stale_after
         self.history_every = history_every
@@ -48,7 +49,7 @@ class StatsStore:
         self._last: Dict[str, Sample] = {}
         self._seen: Dict[str, float] = {}  # uuid -> clock() when the last sample arrived
         self._listed: Dict[str, float] = {}  # uuid -> clock() when its processes were listed
-        self._processes: Dict[Tuple[str, int], Dict[str, Value]] = {}  # (uuid, pid) -> figures
+        self.figures = ProcessFigures(backlog)  # of the processes, merged when read
         self._history: Dict[str, "deque[Optional[Value]]"] = {}  # uuid -> SM %, oldest first
         self._history_at: Dict[str, float] = {}
         self._version: Dict[str, int] = {}  # uuid -> changes of its sample or its processes'
@@ -91,22 +92,14 @@ class StatsStore:
 
     def _on_process_sampled(self, sender: Any, record: ProcessSamples) -> None:
         # Shown with the next change of /status. A figure not known this time (None) keeps the
-        # last one: pmon prints `-` for an interval without a sample, and the cross-check knows
-        # memory alone.
-        processes, changed = self._processes, set()
-        for key, values in record.values.items():
-            known = processes.get(key)
-            if known is None:
-                processes[key] = dict(values)
-                changed.add(key[0])
-            elif not NOTHING.issuperset(values.values()):  # a figure known this time
-                known.update({name: value for name, value in values.items() if value is not None})
-                changed.add(key[0])
-        for uuid in changed:
-            self._changed(uuid)
+        # last one (figures.py).
+        figured = record.figured
+        for uuid, interval in record.values.items():
+            if self.figures.add(uuid, interval, None if figured is None else uuid in figured):
+                self._changed(uuid)
 
     def _on_process_ended(self, sender: Any, record: GpuProcess) -> None:
-        if self._processes.pop((record.uuid, record.pid), None) is not None:
+        if self.figures.end(record.uuid, record.pid):
             self._changed(record.uuid)
 
     def _changed(self, uuid: str) -> None:
@@ -124,7 +117,7 @@ class StatsStore:
 
     def process_view(self, uuid: str, pid: int) -> Dict[str, Optional[Value]]:
         """A process's figures on a device: sm and mem in %, fb in MiB; None when not known."""
-        values = self._processes.get((uuid, pid), _EMPTY)
+        values = self.figures.get(uuid, pid)
         return {name: values.get(name) for name in PROCESS_FIELDS}
 
     def history(self) -> Dict[str, List[Optional[Value]]]:

@@ -3,8 +3,7 @@ Pure, like the parser: the reader feeds rows and says when the stream has been q
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, NamedTuple, Optional, Set, Tuple
+from typing import Dict, Mapping, NamedTuple, Optional, Set, Tuple
 
 from patroller.observe.nvsmi.parsers import PmonRow, ProcessKey
 
@@ -18,16 +17,36 @@ class PmonProcess(NamedTuple):
     command: Optional[str] = None
 
 
-@dataclass(frozen=True)
 class IntervalChange:
-    """The outcome of one completed pmon interval, compared with the previous one."""
+    """The outcome of one completed pmon interval, compared with the previous one. Worked out
+    when asked: a large host lists thousands of processes an interval, and the reader that ends
+    intervals on the event loop asks none of it (it counts the rows as they come)."""
 
-    appeared: Tuple[PmonProcess, ...]
-    disappeared: Tuple[PmonProcess, ...]
-    present: Tuple[PmonProcess, ...]  # every process of the completed interval
+    __slots__ = ("_before", "_after")
+
+    def __init__(self, before: Mapping[ProcessKey, PmonProcess],
+                 after: Mapping[ProcessKey, PmonProcess]) -> None:
+        self._before, self._after = before, after  # neither is changed after
+
+    @property
+    def appeared(self) -> Tuple[PmonProcess, ...]:
+        return tuple(self._after[key] for key in sorted(self._after.keys() - self._before.keys()))
+
+    @property
+    def disappeared(self) -> Tuple[PmonProcess, ...]:
+        return tuple(self._before[key] for key in sorted(self._before.keys() - self._after.keys()))
+
+    @property
+    def present(self) -> Tuple[PmonProcess, ...]:
+        """Every process of the completed interval, by gpu and pid."""
+        return tuple(self._after[key] for key in sorted(self._after))
 
     def __bool__(self) -> bool:
-        return bool(self.appeared or self.disappeared)
+        return self._before.keys() != self._after.keys()
+
+    def __repr__(self) -> str:
+        return (f"IntervalChange(appeared={self.appeared!r}, disappeared={self.disappeared!r}, "
+                f"present={self.present!r})")
 
 
 class PmonIntervals:
@@ -64,13 +83,8 @@ class PmonIntervals:
         """Complete the current interval now; None when no row arrived since the last end."""
         if not self._open:
             return None
-        before, after = self._known, self._current
-        change = IntervalChange(
-            appeared=tuple(after[key] for key in sorted(after.keys() - before.keys())),
-            disappeared=tuple(before[key] for key in sorted(before.keys() - after.keys())),
-            present=tuple(after[key] for key in sorted(after)),
-        )
-        self._known = dict(after)
+        change = IntervalChange(self._known, self._current)
+        self._known = self._current  # reset() starts a new one
         self.reset()
         return change
 
