@@ -231,3 +231,38 @@ async def test_a_burst_of_lines_lets_the_event_loop_serve_between_slices():
     await child.stop(0.5)
     # A 1 ms slice at 20 µs a line is some 50 lines, checked every 32: never hundreds at once.
     assert max(runs) < 200, f"the loop waited for {max(runs)} lines at once"
+
+
+@async_test
+async def test_the_slice_goes_on_across_chunks_of_a_burst():
+    """A chunk the reader has buffered already is read without a turn of the loop, and a
+    chunk may hold fewer than 32 lines (here: max_line 2 KiB, lines of 100 bytes; a pipe's
+    64 KiB arrive at once): the clock is read every 32 lines of the burst, not of each chunk.
+    At 50 µs a line, 32 lines are past the 1 ms slice every time."""
+    total = 1500
+    handled = 0
+    runs, since_turn = [], [0]
+
+    def slow_line(line: str) -> None:
+        nonlocal handled
+        handled += 1
+        since_turn[0] += 1
+        began = time.perf_counter()
+        while time.perf_counter() - began < 50e-6:
+            pass
+
+    def turn() -> None:
+        runs.append(since_turn[0])
+        since_turn[0] = 0
+        if handled < total:
+            loop.call_soon(turn)
+
+    loop = asyncio.get_running_loop()
+    script = f"import sys; sys.stdout.write(('x' * 99 + '\\n') * {total}); sys.stdout.flush()"
+    child = RestartingChild("small chunks", [sys.executable, "-c", script], slow_line,
+                            settings(30, 30, loop_slice=0.001, max_line=2048))
+    loop.call_soon(turn)
+    child.start()
+    await until(lambda: handled == total, timeout=30)
+    await child.stop(0.5)
+    assert max(runs) <= 32, f"the loop waited for {max(runs)} lines at once"

@@ -183,6 +183,10 @@ class RestartingChild:
     async def _read_lines(self, stdout: asyncio.StreamReader) -> None:
         pending = b""
         discarding = False  # inside a line that grew too long: drop it up to its end
+        # This turn on the loop: its start, and the lines since the clock was last read. Both
+        # go on from chunk to chunk: a read of what the reader has buffered already returns at
+        # once, without letting anything else run.
+        began, unchecked = time.monotonic(), 0
         while True:
             chunk = await stdout.read(self.max_line)
             if not chunk:
@@ -195,13 +199,15 @@ class RestartingChild:
                 lines = lines[1:]
             if len(pending) > self.max_line:
                 pending, discarding = b"", True
-            began = time.monotonic()
-            for number, line in enumerate(lines, 1):
+            for line in lines:
                 if len(line) <= self.max_line:
                     self._deliver(line)
-                if number % 32 == 0 and time.monotonic() - began > self.slice:
-                    await asyncio.sleep(0)  # a burst of lines lets requests in between
-                    began = time.monotonic()
+                unchecked += 1
+                if unchecked == 32:
+                    unchecked = 0
+                    if time.monotonic() - began > self.slice:
+                        await asyncio.sleep(0)  # a burst of lines lets requests in between
+                        began = time.monotonic()
         if pending and not discarding:
             self._deliver(pending)
 
