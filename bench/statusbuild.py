@@ -68,8 +68,10 @@ def one_size(gpus: int, processes: int, repeats: int) -> Dict[str, Any]:
         for device in devices:
             signals.sample.send(None, record=Sample(device.uuid, {"sm": 50, "mem": 20,
                                                                   "fb": 30_000}, 0.0))
-        figures = {(devices[n % gpus].uuid, 100_000 + n): {"sm": n % 100, "mem": 5, "fb": 900}
-                   for n in range(processes)}
+        figures: Dict[str, Dict[int, Dict[str, int]]] = {}
+        for n in range(processes):
+            figures.setdefault(devices[n % gpus].uuid, {})[100_000 + n] = {
+                "sm": n % 100, "mem": 5, "fb": 900}
         signals.process_sampled.send(None, record=ProcessSamples(figures, 0.0))
 
     began = time.thread_time()

@@ -265,6 +265,14 @@ def test_the_body_and_the_data_say_the_same(parts):
     assert entry["sm"] == 7 and entry["claim"]["state"] == "claimed"
 
 
+def test_a_host_with_no_device_has_an_empty_status():
+    """Every device fell off the bus (or none was found): /status is still a JSON object."""
+    clock, inventory = FakeClock(), synthetic_inventory(0)
+    stats = StatsStore(inventory, stale_after=3, history_every=5, history_points=120, clock=clock)
+    view = StatusView(inventory, lease_manager(clock, inventory), stats, None, 0.1, clock=clock)
+    assert view.body() == b"{}" and view.data() == {}
+
+
 @async_test
 async def test_new_figures_are_built_off_the_request_path():
     """In the daemon, a sample's figures are built by a task of their own, soon after it

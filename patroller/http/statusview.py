@@ -30,6 +30,7 @@ from patroller.observe.stats import StatsStore, iso_time
 
 # Moved by the clock alone, as the claim shows them (the statistics' `stale` is another).
 CLOCK_FIELDS = ("age", "expires", "processes_stale", "ends_at", "idle_for")
+STALE_THEN_CLAIM = {True: b',"stale":true,"claim":', False: b',"stale":false,"claim":'}
 
 
 @dataclass
@@ -73,7 +74,9 @@ class StatusView:
         self.parts_built = 0  # device parts serialized again
         self._parts: Dict[str, Part] = {}
         self._body: Optional[bytes] = None
-        self._data: Dict[str, Any] = {}  # what _body says, as data (hiding.py derives from it)
+        # What _body says, as data (hiding.py derives from it): made from _shown when asked
+        self._data: Optional[Dict[str, Any]] = {}
+        self._shown: List[Tuple[Any, ...]] = []
         self._built = 0.0
         self._holds_changed = True  # check the fingerprints before the next body
         self._refreshing: Optional["asyncio.Task[None]"] = None
@@ -189,26 +192,33 @@ class StatusView:
         return self._body
 
     def _assemble(self, now: float, wall: float) -> None:
-        pieces, data = [], {}
+        # The pieces are joined once: a device's processes (kilobytes at 5,000) are copied once.
+        pieces: List[bytes] = []
+        shown: List[Tuple[str, Dict[str, Any], bool, Dict[str, Any], List[Dict[str, Any]],
+                          Dict[str, Any]]] = []
         for device in self.inventory:
             uuid, part = device.uuid, self._parts[device.uuid]
             stale = self.stats.stale(uuid)
             timed = self._clock_fields(uuid, now, wall)
-            pieces.append(dumps(uuid) + b":" + part.stats_json[:-1] + b',"stale":'
-                          + (b"true" if stale else b"false") + b',"claim":'
-                          + part.claim_json[:-1] + b',"process_detail":' + part.detail_json
-                          + b"," + dumps(timed)[1:] + b"}")
-            data[uuid] = {**part.stats, "stale": stale,
-                          "claim": {**part.claim, "process_detail": part.detail, **timed}}
-        self._body = b"{" + b",".join(pieces) + b"}"
-        self._data = data
+            pieces += (b"," if pieces else b"{", dumps(uuid), b":", part.stats_json[:-1],
+                       STALE_THEN_CLAIM[stale], part.claim_json[:-1], b',"process_detail":',
+                       part.detail_json, b",", dumps(timed)[1:], b"}")
+            shown.append((uuid, part.stats, stale, part.claim, part.detail, timed))
+        pieces.append(b"}" if pieces else b"{}")
+        self._body = b"".join(pieces)
+        self._shown, self._data = shown, None
         self.builds += 1
 
     def data(self) -> Dict[str, Any]:
         """/status as data, as the body says it now."""
         self.body()
-        return self._data
+        return self.latest()
 
     def latest(self) -> Dict[str, Any]:
-        """The data of the body `body()` last returned (never to be changed: it is shared)."""
+        """The data of the body `body()` last returned (never to be changed: it is shared).
+        Made when first asked: most bodies are only sent."""
+        if self._data is None:
+            self._data = {uuid: {**stats, "stale": stale,
+                                 "claim": {**claim, "process_detail": detail, **timed}}
+                          for uuid, stats, stale, claim, detail, timed in self._shown}
         return self._data
