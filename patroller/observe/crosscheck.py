@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Set, Tuple
 
 from patroller.config import Config
 from patroller.core.devices import Inventory
@@ -50,12 +50,22 @@ QUERY = ("--query-compute-apps=gpu_uuid,pid,used_memory,process_name",
 Key = Tuple[str, int]  # (device uuid, pid)
 
 
-def by_device(apps: List[ComputeApp]) -> Dict[str, Dict[int, ComputeApp]]:
-    """The processes listed, by device uuid, then pid (the last line of a pid counts)."""
+class Listing(NamedTuple):
+    """What one query listed, by device uuid, then pid (the last line of a pid counts): the
+    processes, and their used memory as pmon's `fb` (MiB). Made off the loop."""
+
+    apps: Dict[str, Dict[int, ComputeApp]]
+    memory: Dict[str, Dict[int, Dict[str, Value]]]
+
+
+def listing(apps: List[ComputeApp]) -> Listing:
+    """`apps` by device."""
     grouped: Dict[str, Dict[int, ComputeApp]] = {}
+    memory: Dict[str, Dict[int, Dict[str, Value]]] = {}
     for app in apps:
         grouped.setdefault(app.uuid, {})[app.pid] = app
-    return grouped
+        memory.setdefault(app.uuid, {})[app.pid] = {"fb": app.used_mib}
+    return Listing(grouped, memory)
 
 
 class CrossCheck(Monitor):
@@ -148,14 +158,14 @@ class CrossCheck(Monitor):
             self._failing = 0
         skipped: List[str] = []  # thousands of lines on a large host: read off the loop
         apps = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: by_device(parse_compute_apps(answer.output, skipped)))
+            None, lambda: listing(parse_compute_apps(answer.output, skipped)))
         self._count_skips(skipped)
         self._reconcile(apps)
 
-    def _reconcile(self, apps: Mapping[str, Mapping[int, ComputeApp]]) -> None:
-        """Announce new processes on candidates; end announced ones no longer listed. `apps`:
-        what the query listed, by device; only the devices watched are looked through."""
-        wanted = self.candidates()
+    def _reconcile(self, listed_now: Listing) -> None:
+        """Announce new processes on candidates; end announced ones no longer listed. Only the
+        devices watched are looked through."""
+        apps, wanted = listed_now.apps, self.candidates()
         listed: Dict[Key, ComputeApp] = {}
         for uuid in wanted | {uuid for uuid, _ in self._announced}:
             watched = uuid in wanted and self.inventory.get(uuid) is not None
@@ -176,9 +186,9 @@ class CrossCheck(Monitor):
         for (uuid, pid), app in listed.items():
             values.setdefault(uuid, {})[pid] = {"fb": app.used_mib}
         for uuid in self.unmeasured():
-            if uuid in apps and self.inventory.get(uuid) is not None:
-                values.setdefault(uuid, {}).update(
-                    (pid, {"fb": app.used_mib}) for pid, app in apps[uuid].items())
+            memory = listed_now.memory.get(uuid)
+            if memory is not None and self.inventory.get(uuid) is not None:
+                values.setdefault(uuid, {}).update(memory)
         if values:
             self.signals.process_sampled.send(self, record=ProcessSamples(values, time.time()))
 
