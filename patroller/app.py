@@ -135,14 +135,16 @@ class Daemon:
 
     async def stop(self, grace: float) -> None:
         """Stop accepting, answer waiters, stop asking the fleet's hosts, stop monitors, close
-        connections: within `grace` s.
+        connections, end the requests still handled: within `grace` s.
 
         The monitors get half of it, all stopped together; each child has half of that to
-        answer SIGTERM before its group is killed, so no child outlives the stop. Connections
-        get the rest.
+        answer SIGTERM before its group is killed, so no child outlives the stop. Connections,
+        then the requests that outlived theirs, get the rest: one still running then is
+        cancelled and answered 503 (499 if its client left).
         """
         services = self.services
         deadline = time.monotonic() + grace
+        self.api.inflight.stopping = True
         if self.server is not None:
             self.server.stop()
         if self.unix_file is not None:
@@ -165,6 +167,12 @@ class Daemon:
                                        max(0.0, deadline - time.monotonic()))
             except asyncio.TimeoutError:
                 log.warning("some connections did not close in time")
+        # A request outlives its connection when its client half-closed: answered before
+        # the engines' clients, the book and the audit record it may use are closed.
+        late = await self.api.inflight.drain(deadline - time.monotonic())
+        if late:
+            log.warning("%d requests were cut short by the stop (503, 499 if the client left)",
+                        late)
         services.identifier.close()  # the container engines' clients, the Docker Engine's too
         if services.usage is not None:  # what is queued is written, within a bound
             await asyncio.get_running_loop().run_in_executor(

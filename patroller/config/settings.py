@@ -94,7 +94,7 @@ class Config:
     fleet_max_bytes: int = 1 << 20
 
     # -- internal defaults: the daemon as a whole ----------------------------------------------
-    shutdown_grace: float = 2.0  # seconds the whole stop may take: monitors, then connections
+    shutdown_grace: float = 2.0  # seconds the whole stop may take: monitors, connections, requests
 
     # -- internal defaults: the doctor (patroller doctor, GET /doctor) -------------------------
     doctor_slow: float = 10.0  # seconds: an nvidia-smi query that takes longer is reported slow

@@ -11,6 +11,7 @@ from patroller.doctor import Doctor
 from patroller.http.access import Requests
 from patroller.http.fleet import Fleet
 from patroller.http.hiding import Hiding
+from patroller.http.inflight import InFlight
 from patroller.http.live import LiveFeed
 from patroller.http.metrics import Registries
 from patroller.http.statusview import StatusView
@@ -23,7 +24,8 @@ class Api:
     """The services, and the HTTP layer's own parts: the cached bodies of /status and /devices,
     the web page's live feed, the Prometheus registries, the answers counted, the page's files,
     the API document, the fleet view's hosts (with --fleet), what each caller may see of
-    names (None: every name, to everyone), and the doctor's examinations (GET /doctor)."""
+    names (None: every name, to everyone), the doctor's examinations (GET /doctor), and the
+    requests being handled (which a stop waits for)."""
 
     services: Services
     status: StatusView
@@ -38,3 +40,4 @@ class Api:
     app: Optional[tornado.web.Application] = None  # the routes (routes.make_app)
     hiding: Optional[Hiding] = None  # --hide-users
     doctor: Optional[Doctor] = None  # GET /doctor's examinations, one at a time
+    inflight: InFlight = field(default_factory=InFlight)  # the requests not yet answered

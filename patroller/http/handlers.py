@@ -24,6 +24,7 @@ from patroller.http.access import SHOWN_METHOD_CHARS, shown
 from patroller.http.api import Api
 from patroller.http.encoding import dumps
 from patroller.http.hiding import Viewer, viewer_of
+from patroller.http.inflight import STOPPING
 from patroller.http.views import counters, device_json, grant_json, queue_view, users_view
 from patroller.identify.connection import facts_of, stream_of
 from patroller.identify.peers import left
@@ -65,6 +66,7 @@ class Handler(tornado.web.RequestHandler):
         self.set_header("Server", "patroller")  # not Tornado's name and version
 
     def prepare(self) -> None:
+        self.api.inflight.add()  # a stop waits for the answer
         query.check_length(self.request.query)
 
     def args(self) -> Dict[str, List[bytes]]:
@@ -163,6 +165,10 @@ class Handler(tornado.web.RequestHandler):
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
+        if exc is None and status_code == 500:  # Tornado's answer to a handler cancelled
+            if self.unanswerable():
+                return
+            exc = Unavailable(STOPPING) if self.api.inflight.stopping else None
         if isinstance(exc, Unidentified):
             self.api.requests.identity_failures += 1
         if isinstance(exc, PatrollerError):
@@ -183,9 +189,15 @@ class Handler(tornado.web.RequestHandler):
         self.finish(dumps(body))
 
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
-        if isinstance(value, (PatrollerError, tornado.web.HTTPError)):
-            return  # an answer to the client, not a fault of ours
-        super().log_exception(typ, value, tb)
+        if not isinstance(value, (PatrollerError, tornado.web.HTTPError)):
+            super().log_exception(typ, value, tb)
+            return
+        status = (value.status_code if isinstance(value, tornado.web.HTTPError) else
+                  STATUS.get(type(value), 500))
+        if status < 500 or status == 503:
+            return  # an answer to the client (503: stopping, or a part down), not our fault
+        log.error("%s %s answered %d", self.request.method, shown(self.request.path), status,
+                  exc_info=(typ, value, tb))
 
     def allowed(self) -> List[str]:
         """The methods this handler answers."""
