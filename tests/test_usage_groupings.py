@@ -172,6 +172,38 @@ def test_two_keys_are_ordered_first_by_the_first_then_within_it():
                                                  ["bob", "Sun"]]
 
 
+def test_the_order_by_use_and_its_ties():
+    """By use: a first key by the GPU-time used under all its second keys; a tie (up to float
+    noise) by all GPU-time, free included; then by the key. Null keys last, at any place."""
+    keys = lambda found: [r["key"] for r in found["rows"]]  # noqa: E731
+    rows = [(("ann", "d1"), "active", 40.0), (("ann", "d2"), "active", 40.0),
+            (("bob", "d1"), "active", 70.0), ((None, "d1"), "active", 500.0),
+            (("ann", None), "idle_held", 1.0)]
+    # ann used 81 s in all, bob 70: ann first, though bob's one day is the longest
+    assert keys(summarize_grouped(rows, ("user", "day"))) == [
+        ["ann", "d1"], ["ann", "d2"], ["ann", None], ["bob", "d1"], [None, "d1"]]
+    # a use equal up to float noise is a tie: all GPU-time decides, then the key
+    tie = [(("bob",), "active", 1.0), (("bob",), "free", 4.0),
+           (("ann",), "active", 1.0000001), (("cat",), "active", 1.0), (("dan",), "lost", 9.0)]
+    found = summarize_grouped(tie, ("user",))
+    assert keys(found) == ["bob", "ann", "cat", "dan"]
+    assert found["rows"][1]["gpu_hours"] == round(1.0000001 / 3600, 6) == 0.000278
+    # a category this version does not know is left out, and the rows after it still count
+    later = [(("ann",), "warp", 5.0), (("ann",), "active", 3600.0), (("bob",), "active", 7.0)]
+    found = summarize_grouped(later, ("user",))
+    assert keys(found) == ["ann", "bob"] and found["total"]["gpu_hours"] == round(3607 / 3600, 6)
+    # weekdays in the week's order whatever their use; other keys in time's order by their text
+    week = [(("Sun",), "active", 9.0), (("Mon",), "active", 1.0), ((None,), "active", 99.0)]
+    assert keys(summarize_grouped(week, ("weekday",))) == ["Mon", "Sun", None]
+    days = [(("2026-11-02",), "active", 1.0), (("2026-11-01",), "active", 9.0),
+            (("Zed",), "active", 5.0), (("Fri",), "active", 5.0)]  # only a weekday's are
+    assert keys(summarize_grouped(days, ("day",))) == ["2026-11-01", "2026-11-02", "Fri", "Zed"]
+    hours = [(("Tue", "10"), "active", 1.0), (("Mon", "11"), "active", 1.0),
+             (("Mon", "09"), "active", 1.0)]
+    assert keys(summarize_grouped(hours, ("weekday", "hour"))) == [
+        ["Mon", "09"], ["Mon", "11"], ["Tue", "10"]]
+
+
 def daily_rows(path) -> int:
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
