@@ -204,6 +204,26 @@ def test_the_order_by_use_and_its_ties():
         ["Mon", "09"], ["Mon", "11"], ["Tue", "10"]]
 
 
+def test_use_and_all_gpu_time_are_compared_to_the_microsecond():
+    keys = lambda found: [r["key"] for r in found["rows"]]  # noqa: E731
+    # used: 1.4 s against 1.2 (no tie, whatever the rest)
+    assert keys(summarize_grouped([(("ann",), "active", 1.2), (("ann",), "free", 9.0),
+                                   (("bob",), "active", 1.4)], ("user",))) == ["bob", "ann"]
+    # the same use: all GPU-time, 4.4 s against 4.2, then a difference under a microsecond
+    # is a tie, and the key decides
+    same = [(("ann",), "active", 1.0), (("ann",), "free", 3.2), (("bob",), "active", 1.0),
+            (("bob",), "free", 3.4), (("cat",), "active", 1.0), (("cat",), "free", 3.2000001)]
+    assert keys(summarize_grouped(same, ("user",))) == ["bob", "ann", "cat"]
+    # a first key's use counts its rows' use only, not the free time of the rows before
+    free_first = [(("ann", "d1"), "active", 10.0), (("ann", "d1"), "free", 100.0),
+                  (("ann", "d2"), "active", 10.0), (("bob", "d1"), "active", 50.0)]
+    assert keys(summarize_grouped(free_first, ("user", "day"))) == [
+        ["bob", "d1"], ["ann", "d1"], ["ann", "d2"]]
+    # a value that is no weekday, under weekday: before the week, by its text
+    assert keys(summarize_grouped([(("Mon",), "active", 1.0), (("Aaa",), "active", 1.0)],
+                                  ("weekday",))) == ["Aaa", "Mon"]
+
+
 def daily_rows(path) -> int:
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
