@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from typing import List
 
 import pytest
 
@@ -199,20 +200,18 @@ async def test_both_kinds_of_child_have_the_parent_death_signal_and_their_own_gr
     assert lines[0].split() == [str(int(signal.SIGKILL)), "True"]
 
 
-@async_test
-async def test_a_burst_of_lines_lets_the_event_loop_serve_between_slices():
-    """5,000 pmon rows a second come in 64 KiB chunks: the lines of one chunk are handled a
-    slice (Config.loop_slice) at a time, and what else waits on the loop runs in between."""
-    total = 20000
+async def lines_between_turns(line: str, total: int, cost: float, **changes) -> List[int]:
+    """A child prints `total` times `line`; each costs the handler `cost` seconds (busy): how
+    many lines were handled between two turns of the event loop, turn after turn."""
     handled = 0
-    runs, since_turn = [], [0]  # lines handled between two turns of the loop
+    runs, since_turn = [], [0]
 
-    def slow_line(line: str) -> None:  # a line costs some 20 µs, as a pmon row does here
+    def slow_line(_: str) -> None:
         nonlocal handled
         handled += 1
         since_turn[0] += 1
         began = time.perf_counter()
-        while time.perf_counter() - began < 20e-6:
+        while time.perf_counter() - began < cost:
             pass
 
     def turn() -> None:  # runs every time the loop gets a turn
@@ -222,13 +221,21 @@ async def test_a_burst_of_lines_lets_the_event_loop_serve_between_slices():
             loop.call_soon(turn)
 
     loop = asyncio.get_running_loop()
-    script = f"import sys; sys.stdout.write('x\\n' * {total}); sys.stdout.flush()"
+    script = f"import sys; sys.stdout.write({line + chr(10)!r} * {total}); sys.stdout.flush()"
     child = RestartingChild("burst", [sys.executable, "-c", script], slow_line,
-                            settings(30, 30, loop_slice=0.001))
+                            settings(30, 30, loop_slice=0.001, **changes))
     loop.call_soon(turn)
     child.start()
     await until(lambda: handled == total, timeout=30)
     await child.stop(0.5)
+    return runs
+
+
+@async_test
+async def test_a_burst_of_lines_lets_the_event_loop_serve_between_slices():
+    """5,000 pmon rows a second come in 64 KiB chunks: the lines of one chunk are handled a
+    slice (Config.loop_slice) at a time, and what else waits on the loop runs in between."""
+    runs = await lines_between_turns("x", 20000, 20e-6)  # some 20 µs, as a pmon row here
     # A 1 ms slice at 20 µs a line is some 50 lines, checked every 32: never hundreds at once.
     assert max(runs) < 200, f"the loop waited for {max(runs)} lines at once"
 
@@ -239,30 +246,5 @@ async def test_the_slice_goes_on_across_chunks_of_a_burst():
     chunk may hold fewer than 32 lines (here: max_line 2 KiB, lines of 100 bytes; a pipe's
     64 KiB arrive at once): the clock is read every 32 lines of the burst, not of each chunk.
     At 50 µs a line, 32 lines are past the 1 ms slice every time."""
-    total = 1500
-    handled = 0
-    runs, since_turn = [], [0]
-
-    def slow_line(line: str) -> None:
-        nonlocal handled
-        handled += 1
-        since_turn[0] += 1
-        began = time.perf_counter()
-        while time.perf_counter() - began < 50e-6:
-            pass
-
-    def turn() -> None:
-        runs.append(since_turn[0])
-        since_turn[0] = 0
-        if handled < total:
-            loop.call_soon(turn)
-
-    loop = asyncio.get_running_loop()
-    script = f"import sys; sys.stdout.write(('x' * 99 + '\\n') * {total}); sys.stdout.flush()"
-    child = RestartingChild("small chunks", [sys.executable, "-c", script], slow_line,
-                            settings(30, 30, loop_slice=0.001, max_line=2048))
-    loop.call_soon(turn)
-    child.start()
-    await until(lambda: handled == total, timeout=30)
-    await child.stop(0.5)
+    runs = await lines_between_turns("x" * 99, 1500, 50e-6, max_line=2048)
     assert max(runs) <= 32, f"the loop waited for {max(runs)} lines at once"

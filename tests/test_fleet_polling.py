@@ -9,7 +9,8 @@ import asyncio
 import json
 import socket
 import time
-from typing import List, Optional, Tuple
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, List, Optional, Tuple
 
 from helpers import async_test, running, until
 from patroller.config import Config, load
@@ -152,25 +153,34 @@ async def test_a_real_daemon_names_its_inventorys_version_and_is_asked_devices_o
             assert fleet.hosts[0].state == "up" and len(fleet.hosts[0].gpus) == 8
 
 
-@async_test
-async def test_fleet_json_is_built_once_per_change_not_per_request():
+@asynccontextmanager
+async def polling_recorders(count: int, rounds: int) -> AsyncIterator[Tuple[Any, List[Any]]]:
+    """A daemon with --fleet over `count` recording hosts that answer as a real test-mode
+    daemon does, once each has been asked /status `rounds` times: (its harness, the hosts)."""
     async with running() as real:
         status, devices = await bodies(real)
-    hosts = [await Recorder(status, devices, '"v1"').start() for _ in range(3)]
+    hosts = [await Recorder(status, devices, '"v1"').start() for _ in range(count)]
     try:
         async with running(fleet=tuple(h.host for h in hosts), fleet_interval=0.5) as h:
-            fleet = h.api.fleet
-            await until(lambda: all(host.asked("/status") >= 2 for host in hosts), timeout=15)
-            began, built = time.monotonic(), fleet.builds
-            for _ in range(100):
-                await h.http.fetch(h.url + "/fleet.json")
-            took = time.monotonic() - began
-            # At most one build per Config.fleet_build_every, whatever the requests.
-            assert fleet.builds - built <= took / Config.fleet_build_every + 1, \
-                (fleet.builds - built, took)
+            await until(lambda: all(host.asked("/status") >= rounds for host in hosts),
+                        timeout=15)
+            yield h, hosts
     finally:
         for host in hosts:
             await host.stop()
+
+
+@async_test
+async def test_fleet_json_is_built_once_per_change_not_per_request():
+    async with polling_recorders(3, 2) as (h, _):
+        fleet = h.api.fleet
+        began, built = time.monotonic(), fleet.builds
+        for _ in range(100):
+            await h.http.fetch(h.url + "/fleet.json")
+        took = time.monotonic() - began
+        # At most one build per Config.fleet_build_every, whatever the requests.
+        assert fleet.builds - built <= took / Config.fleet_build_every + 1, \
+            (fleet.builds - built, took)
 
 
 def unconnectable() -> Tuple[socket.socket, List[socket.socket]]:

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from helpers import async_test, running, until
+from helpers import async_test, until
 from patroller.http.encoding import Gzipped, accepts_gzip
-from test_fleet_polling import Recorder, bodies
+from test_fleet_polling import polling_recorders
 
 
 @pytest.mark.parametrize("header, takes", [
@@ -41,41 +41,31 @@ async def test_a_body_is_compressed_once_in_a_thread_and_never_waited_for():
 
 @async_test
 async def test_fleet_json_is_gzipped_for_a_client_that_accepts_it():
-    async with running() as real:
-        status, devices = await bodies(real)
-    hosts = [await Recorder(status, devices, '"v1"').start() for _ in range(3)]
-    try:
-        async with running(fleet=tuple(h.host for h in hosts), fleet_interval=0.5) as h:
-            fleet = h.api.fleet
-            await until(lambda: all(host.asked("/status") >= 1 for host in hosts), timeout=15)
+    async with polling_recorders(3, 1) as (h, hosts):
+        async def fetch(**headers):
+            return await h.http.fetch(h.url + "/fleet.json", headers=headers,
+                                      decompress_response=False)
 
-            async def fetch(**headers):
-                return await h.http.fetch(h.url + "/fleet.json", headers=headers,
-                                          decompress_response=False)
+        answers = []
 
-            answers = []
+        async def gzipped() -> bool:
+            answers.append(await fetch(**{"Accept-Encoding": "gzip, deflate, br"}))
+            return answers[-1].headers.get("Content-Encoding") == "gzip"
 
-            async def gzipped() -> bool:
-                answers.append(await fetch(**{"Accept-Encoding": "gzip, deflate, br"}))
-                return answers[-1].headers.get("Content-Encoding") == "gzip"
-
-            for _ in range(200):
-                if await gzipped():
-                    break
-                await asyncio.sleep(0.01)
-            answer = answers[-1]
-            assert answer.headers.get("Content-Encoding") == "gzip", "never gzipped"
-            assert answer.headers["Vary"] == "Accept-Encoding"
-            shown = json.loads(gzip.decompress(answer.body))
-            assert [host["host"] for host in shown["hosts"]] == [host.host for host in hosts]
-            assert all(a.headers.get("Content-Encoding") in (None, "gzip") for a in answers)
-            plain = await fetch()  # no Accept-Encoding: the body as it is
-            assert "Content-Encoding" not in plain.headers
-            assert plain.headers["Vary"] == "Accept-Encoding"
-            assert json.loads(plain.body)["totals"]["hosts"] == 3
-            refused = await fetch(**{"Accept-Encoding": "gzip;q=0, identity"})
-            assert "Content-Encoding" not in refused.headers
-            assert len(refused.body) > len(answer.body)
-    finally:
-        for host in hosts:
-            await host.stop()
+        for _ in range(200):
+            if await gzipped():
+                break
+            await asyncio.sleep(0.01)
+        answer = answers[-1]
+        assert answer.headers.get("Content-Encoding") == "gzip", "never gzipped"
+        assert answer.headers["Vary"] == "Accept-Encoding"
+        shown = json.loads(gzip.decompress(answer.body))
+        assert [host["host"] for host in shown["hosts"]] == [host.host for host in hosts]
+        assert all(a.headers.get("Content-Encoding") in (None, "gzip") for a in answers)
+        plain = await fetch()  # no Accept-Encoding: the body as it is
+        assert "Content-Encoding" not in plain.headers
+        assert plain.headers["Vary"] == "Accept-Encoding"
+        assert json.loads(plain.body)["totals"]["hosts"] == 3
+        refused = await fetch(**{"Accept-Encoding": "gzip;q=0, identity"})
+        assert "Content-Encoding" not in refused.headers
+        assert len(refused.body) > len(answer.body)

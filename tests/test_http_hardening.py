@@ -523,14 +523,9 @@ async def test_a_request_whose_client_half_closes_is_answered_or_not_carried_out
                 h.services.leases.release(h.services.leases.holder(held[0]))
 
 
-@async_test
-async def test_a_stop_answers_the_request_whose_client_half_closed_while_its_caller_is_looked_up(
-        tmp_path, monkeypatch):
-    # The race behind the test above's rare 500, held open: the client's connection is ended
-    # at the end of its input while its caller is still looked up in /proc (off the loop). A
-    # stop that waited for the connections alone returned with that request still handled, and
-    # the end of the loop cancelled it: Tornado's 500. Held past the stop's grace, the request
-    # is now cut short by the stop itself and counted 499 (its client left), before it returns.
+def held_lookups(monkeypatch):
+    """The unix callers' /proc lookups (off the loop) wait until `release` is set; `entered` is
+    set when one has begun."""
     entered, release = threading.Event(), threading.Event()
     read_peer_facts = resolver.read_peer_facts
 
@@ -540,6 +535,18 @@ async def test_a_stop_answers_the_request_whose_client_half_closed_while_its_cal
         return read_peer_facts(*args)
 
     monkeypatch.setattr(resolver, "read_peer_facts", held)
+    return entered, release
+
+
+@async_test
+async def test_a_stop_answers_the_request_whose_client_half_closed_while_its_caller_is_looked_up(
+        tmp_path, monkeypatch):
+    # The race behind the test above's rare 500, held open: the client's connection is ended
+    # at the end of its input while its caller is still looked up in /proc (off the loop). A
+    # stop that waited for the connections alone returned with that request still handled, and
+    # the end of the loop cancelled it: Tornado's 500. Held past the stop's grace, the request
+    # is now cut short by the stop itself and counted 499 (its client left), before it returns.
+    entered, release = held_lookups(monkeypatch)
     scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=[{}, {}])
     path = str(tmp_path / "api.sock")
     try:
@@ -560,21 +567,12 @@ async def test_a_stop_answers_the_request_whose_client_half_closed_while_its_cal
     assert all(h.services.leases.holder(d) is None for d in h.uuids())
 
 
-
 @async_test
 async def test_a_request_the_stop_cuts_short_is_answered_503_not_500(tmp_path, monkeypatch):
     # No grace at all: the stop closes no connection in time, and cancels the request still
     # handled (its caller's lookup held); its client, still connected, reads that the server
     # is shutting down, not Tornado's 500 for a cancelled handler.
-    entered, release = threading.Event(), threading.Event()
-    read_peer_facts = resolver.read_peer_facts
-
-    def held(*args):
-        entered.set()
-        release.wait(30)
-        return read_peer_facts(*args)
-
-    monkeypatch.setattr(resolver, "read_peer_facts", held)
+    entered, release = held_lookups(monkeypatch)
     scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=[{}, {}])
     path = str(tmp_path / "api.sock")
     try:
