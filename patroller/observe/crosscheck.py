@@ -183,8 +183,8 @@ class CrossCheck(Monitor):
         # The used memory, under pmon's name for it (MiB), of the processes it announces and of
         # those pmon lists without figures.
         values: Dict[str, Dict[int, Dict[str, Value]]] = {}
-        for (uuid, pid), app in listed.items():
-            values.setdefault(uuid, {})[pid] = {"fb": app.used_mib}
+        for uuid, pid in listed:
+            values.setdefault(uuid, {})[pid] = listed_now.memory[uuid][pid]
         for uuid in self.unmeasured():
             memory = listed_now.memory.get(uuid)
             if memory is not None and self.inventory.get(uuid) is not None:
