@@ -84,7 +84,8 @@ def test_a_path_through_a_file_is_refused_saying_why(private):
 def test_a_lock_file_that_cannot_be_opened_says_why(private):
     state = private / "state"
     state.mkdir(mode=0o700)
-    os.symlink("/nonexistent", state / LOCK)  # never followed
+    # never followed; if it were, into a directory that does not exist: nothing is made
+    os.symlink(private / "missing" / "lock", state / LOCK)
     with pytest.raises(BookError) as caught:
         lock(str(state))
     assert str(caught.value) == (f"cannot use the state directory {state}: "
@@ -94,7 +95,7 @@ def test_a_lock_file_that_cannot_be_opened_says_why(private):
 def test_on_a_read_only_filesystem_a_lock_file_that_cannot_be_opened_is_refused(private):
     state = private / "state"
     state.mkdir(mode=0o700)
-    os.symlink("/nonexistent", state / LOCK)
+    os.symlink(private / "missing" / "lock", state / LOCK)
     with read_only(state, private / "ro") as where:
         with pytest.raises(BookError) as caught:
             lock(where)
