@@ -24,7 +24,7 @@ from patroller.http.access import SHOWN_METHOD_CHARS, shown
 from patroller.http.api import Api
 from patroller.http.encoding import dumps
 from patroller.http.hiding import Viewer, viewer_of
-from patroller.http.inflight import STOPPING
+from patroller.http.inflight import answered_on_stop
 from patroller.http.views import counters, device_json, grant_json, queue_view, users_view
 from patroller.identify.connection import facts_of, stream_of
 from patroller.identify.peers import left
@@ -55,8 +55,16 @@ class Handler(tornado.web.RequestHandler):
 
     identity: Optional[Identity] = None  # the caller, once identified
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in map(str.lower, cls.SUPPORTED_METHODS):  # each answers a stop cutting it short
+            method = cls.__dict__.get(name)
+            if asyncio.iscoroutinefunction(method):
+                setattr(cls, name, answered_on_stop(method))
+
     def initialize(self, api: Api) -> None:
         self.api = api
+        self.inflight = api.inflight
         self.services = api.services
         self.leases = api.services.leases
 
@@ -66,7 +74,7 @@ class Handler(tornado.web.RequestHandler):
         self.set_header("Server", "patroller")  # not Tornado's name and version
 
     def prepare(self) -> None:
-        self.api.inflight.add()  # a stop waits for the answer
+        self.inflight.add()  # a stop waits for the answer
         query.check_length(self.request.query)
 
     def args(self) -> Dict[str, List[bytes]]:
@@ -165,10 +173,6 @@ class Handler(tornado.web.RequestHandler):
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
-        if exc is None and status_code == 500:  # Tornado's answer to a handler cancelled
-            if self.unanswerable():
-                return
-            exc = Unavailable(STOPPING) if self.api.inflight.stopping else None
         if isinstance(exc, Unidentified):
             self.api.requests.identity_failures += 1
         if isinstance(exc, PatrollerError):

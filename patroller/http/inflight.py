@@ -5,14 +5,20 @@ Tornado's server knows its connections, not its requests. A client that half-clo
 request, then shuts its side, as `nc -N` does) has its connection ended at the end of its input
 while its request is still handled (its caller looked up in /proc off the loop): a stop that
 waited for the connections alone returned with that request still running, and the end of the
-loop then cancelled it, which Tornado answers 500.
+loop then cancelled it. What a cancelled handler gets depends on the Tornado release (6.5
+answers nothing and logs the cancellation as an error; 6.6 answers 500), so the handler's own
+methods answer it (`answered_on_stop`): the cancellation never reaches Tornado.
 """
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Set
+import functools
+from typing import Any, Awaitable, Callable, Optional, Protocol, Set, TypeVar
+
+from patroller.core.errors import Unavailable
 
 STOPPING = "the server is shutting down"  # a request cut short by the stop is answered 503
+T = TypeVar("T")
 
 
 class InFlight:
@@ -42,3 +48,33 @@ class InFlight:
         if late:
             await asyncio.wait(late)
         return len(late)
+
+
+class Stoppable(Protocol):
+    """A handler the stop may cut short: its in-flight set, and whether its client can still
+    be answered (false: its connection is closed, counted 499)."""
+
+    inflight: InFlight
+
+    def unanswerable(self) -> bool: ...
+
+
+def answered_on_stop(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[Optional[T]]]:
+    """A handler's method whose cancellation by the stop is answered, the same on every Tornado
+    release: 503 (Unavailable, raised to the handler's error path), or nothing if its client
+    has left. Any other cancellation (one of what it awaits) goes on as it came."""
+
+    @functools.wraps(method)
+    async def answered(handler: Stoppable, *args: Any, **kwargs: Any) -> Optional[T]:
+        try:
+            return await method(handler, *args, **kwargs)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not handler.inflight.stopping or task is None or not task.cancelling():
+                raise
+            task.uncancel()  # the stop's cancel is answered here, and ends with the request
+            if handler.unanswerable():
+                return None
+            raise Unavailable(STOPPING) from None
+
+    return answered
