@@ -2,7 +2,7 @@
 
 Each device's entry is kept in parts, each serialized once: its statistics (rebuilt when a
 sample for it arrives), its claim (when its hold changed: a fingerprint of the hold tells) and
-its processes with their figures (when either changed). What moves with the clock alone (`age`,
+its processes with their figures (when either changed; a sample alone leaves them be). What moves with the clock alone (`age`,
 `expires`, `ends_at`, `idle_for`, `stale`, `processes_stale`) is spliced in as the body is
 put together, at most every `max_age` seconds (Config.status_max_age): a body that is only
 older costs a join of bytes, never a rebuild.
@@ -37,7 +37,8 @@ STALE_THEN_CLAIM = {True: b',"stale":true,"claim":', False: b',"stale":false,"cl
 class Part:
     """One device's entry, as data and as the JSON of each of its parts."""
 
-    stats_version: int = -1
+    stats_version: int = -1  # StatsStore.sample_version when its statistics were built
+    figures_version: int = -1  # StatsStore.figures_version when its processes were
     fingerprint: Any = None
     stats: Dict[str, Any] = field(default_factory=dict)  # without `stale`
     claim: Dict[str, Any] = field(default_factory=dict)  # without CLOCK_FIELDS, process_detail
@@ -112,9 +113,7 @@ class StatusView:
         began = time.monotonic()
         for device in list(self.inventory):
             part = self._parts.get(device.uuid)
-            if part is not None and part.stats_version != self.stats.version(device.uuid):
-                self._build_stats(device.uuid, part)
-                self._build_detail(device.uuid, part)
+            if part is not None and self._build_changed(device.uuid, part):
                 if time.monotonic() - began > self.slice:
                     await asyncio.sleep(0)
                     began = time.monotonic()
@@ -134,9 +133,8 @@ class StatusView:
             if part is None:
                 part = self._parts[uuid] = Part()
                 self._build_stats(uuid, part)
-            elif not background and part.stats_version != self.stats.version(uuid):
-                self._build_stats(uuid, part)
-                self._build_detail(uuid, part)  # the processes' figures come with them
+            elif not background:
+                self._build_changed(uuid, part)
             if check_holds or part.fingerprint is None:
                 if aside is None:
                     aside = self._set_aside()
@@ -155,14 +153,27 @@ class StatusView:
         waiter, set_aside = self.leases.set_aside()
         return {uuid: waiter.user.user if waiter is not None else None for uuid in set_aside}
 
+    def _build_changed(self, uuid: str, part: Part) -> bool:
+        """Build again the statistics of a device with a new sample, and its processes if their
+        figures changed; whether anything was built."""
+        built = False
+        if part.stats_version != self.stats.sample_version(uuid):
+            self._build_stats(uuid, part)
+            built = True
+        if part.figures_version != self.stats.figures_version(uuid):
+            self._build_detail(uuid, part)
+            built = True
+        return built
+
     def _build_stats(self, uuid: str, part: Part) -> None:
-        part.stats_version = self.stats.version(uuid)
+        part.stats_version = self.stats.sample_version(uuid)
         stats = self.stats.view(uuid)
         del stats["stale"]
         part.stats, part.stats_json = stats, dumps(stats)
         self.parts_built += 1
 
     def _build_detail(self, uuid: str, part: Part) -> None:
+        part.figures_version = self.stats.figures_version(uuid)
         hold = self.leases.holds[uuid]
         view = self.stats.process_view
         part.detail = [{"pid": pid, "user": owner.user, "command": hold.commands.get(pid),

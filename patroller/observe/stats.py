@@ -52,7 +52,8 @@ class StatsStore:
         self.figures = ProcessFigures(backlog)  # of the processes, merged when read
         self._history: Dict[str, "deque[Optional[Value]]"] = {}  # uuid -> SM %, oldest first
         self._history_at: Dict[str, float] = {}
-        self._version: Dict[str, int] = {}  # uuid -> changes of its sample or its processes'
+        self._sampled: Dict[str, int] = {}  # uuid -> samples of it kept
+        self._figured: Dict[str, int] = {}  # uuid -> changes of its processes' figures
         self._on_change: List[Callable[[], None]] = []
 
     def connect(self, signals: Signals) -> None:
@@ -69,7 +70,7 @@ class StatsStore:
     def _on_sample(self, sender: Any, record: Sample) -> None:
         if self.inventory.get(record.uuid) is not None:
             self._last[record.uuid] = record
-            self._changed(record.uuid)
+            self._sampled[record.uuid] = self._sampled.get(record.uuid, 0) + 1
             now = self._seen[record.uuid] = self.clock()
             last = self._history_at.get(record.uuid)
             if last is None or now - last >= self.history_every:
@@ -96,19 +97,25 @@ class StatsStore:
         figured = record.figured
         for uuid, interval in record.values.items():
             if self.figures.add(uuid, interval, None if figured is None else uuid in figured):
-                self._changed(uuid)
+                self._figures_changed(uuid)
 
     def _on_process_ended(self, sender: Any, record: GpuProcess) -> None:
         if self.figures.end(record.uuid, record.pid):
-            self._changed(record.uuid)
+            self._figures_changed(record.uuid)
 
-    def _changed(self, uuid: str) -> None:
-        self._version[uuid] = self._version.get(uuid, 0) + 1
+    def _figures_changed(self, uuid: str) -> None:
+        self._figured[uuid] = self._figured.get(uuid, 0) + 1
 
-    def version(self, uuid: str) -> int:
-        """How many times the device's sample or its processes' figures changed: what
-        /status shows of them is the same while this is (statusview.py)."""
-        return self._version.get(uuid, 0)
+    def sample_version(self, uuid: str) -> int:
+        """How many samples of the device came: what /status shows of its statistics is the
+        same while this is (statusview.py)."""
+        return self._sampled.get(uuid, 0)
+
+    def figures_version(self, uuid: str) -> int:
+        """How many times its processes' figures changed: what /status shows of them is the
+        same while this is. A sample every second leaves it alone, so a device's process list
+        (thousands of entries at most) is not built again for its statistics' sake."""
+        return self._figured.get(uuid, 0)
 
     def stale(self, uuid: str) -> bool:
         """Whether no sample of the device came for `stale_after` seconds (or none ever)."""
