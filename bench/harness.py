@@ -244,6 +244,24 @@ class Daemon:
             time.sleep(every)
         raise RuntimeError("condition not reached: " + self.log())
 
+    def streams(self) -> List[List[str]]:
+        """The command lines of the simulator's dmon and pmon the daemon runs (its children)."""
+        assert self.process is not None
+        found = []
+        for entry in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+                if parent != self.process.pid:
+                    continue
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    argv = [arg.decode() for arg in f.read().split(b"\0")[:-1]]
+            except (OSError, ValueError, IndexError):
+                continue  # not a process, or one that ended meanwhile
+            if "patroller.simulator" in argv and {"dmon", "pmon"} & set(argv):
+                found.append(argv)
+        return sorted(found)
+
     def cpu_seconds(self) -> float:
         """The daemon's CPU time so far (user + system), not its children's."""
         assert self.process is not None
@@ -252,6 +270,40 @@ class Daemon:
     def rss_mib(self) -> float:
         assert self.process is not None
         return rss_mib(self.process.pid)
+
+
+class Streams:
+    """The simulator's dmon and pmon as a daemon ran them, printing into /dev/null: the load the
+    GPU's own tools put on a host whatever reads them (here the simulator stands for
+    nvidia-smi, on the same 2 cores as the server and wrk). Made from a running daemon; its
+    scenario is copied, so that it runs on after the daemon stops."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.argvs = daemon.streams()
+        self.scenario = dict(daemon.scenario)
+        self.processes: List[subprocess.Popen] = []
+        self.dir = ""
+
+    def __enter__(self) -> "Streams":
+        self.dir = tempfile.mkdtemp(prefix="pstreams")
+        path = os.path.join(self.dir, "scenario.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({**self.scenario, "trace": os.path.join(self.dir, "pmon.trace")}, f)
+        env = {**os.environ, "PYTHONPATH": ROOT}
+        for argv in self.argvs:
+            at = argv.index("--scenario") + 1
+            self.processes.append(subprocess.Popen(
+                [*argv[:at], path, *argv[at + 1:]], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for process in self.processes:
+            process.terminate()
+        for process in self.processes:
+            process.wait(10)
+        self.processes = []
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def listening_port(pid: int) -> int:

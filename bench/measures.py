@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .harness import ROOT, Containers, Daemon, Sleepers, have_wrk, processes_on, wrk
+from .harness import ROOT, Containers, Daemon, Sleepers, Streams, have_wrk, processes_on, wrk
 
 LEASE = 3.0  # seconds, for the reaction runs: longer than a sampling interval, so that the
 # process-exit measurement cannot be answered by an expiring lease instead
@@ -70,7 +70,8 @@ def throughput(ctx: Context) -> List[Dict[str, Any]]:
     """/status and /devices under 32 connections, for 8 and 64 GPUs with 0 and 500 processes
     (quick mode), or 8, 64 and 256 GPUs with 0, 500 and 5,000 (the 4,500 beyond the pool
     are host processes); and the same /status bytes from the ceiling (a bare asyncio server)
-    under the same load."""
+    under the same load: alone, and beside the simulator's dmon and pmon as the daemon ran
+    them (the GPU's tools load a host whatever reads them; here they share its 2 cores)."""
     if not have_wrk():
         raise ImportError("wrk is not installed (apt-get install wrk)", name="wrk")
     results = []
@@ -88,15 +89,21 @@ def throughput(ctx: Context) -> List[Dict[str, Any]]:
             row: Dict[str, Any] = {"gpus": gpus, "processes": count, "status_bytes": len(body)}
             for path in ("/status", "/devices"):
                 row[path] = wrk(daemon.url + path, ctx.wrk_seconds)
+            streams = Streams(daemon)
         finally:
             daemon.stop()
         with Ceiling(body) as ceiling:  # the same bytes and load, with nothing else running
             row["ceiling"] = wrk(ceiling.url, ctx.wrk_seconds)
+            with streams:  # and beside the GPU's tools, as the daemon ran them
+                row["ceiling_beside_streams"] = wrk(ceiling.url, ctx.wrk_seconds)
         row["of_ceiling"] = _of_ceiling(row["/status"], row["ceiling"])
+        row["of_ceiling_beside_streams"] = _of_ceiling(row["/status"],
+                                                       row["ceiling_beside_streams"])
         results.append(row)
         ctx.log(f"throughput {gpus} GPUs {count} processes: /status "
                 f"{row['/status']['requests_per_s']}/s p99 {row['/status']['p99_ms']} ms; "
-                f"ceiling {row['ceiling']['requests_per_s']}/s p99 {row['ceiling']['p99_ms']} ms")
+                f"ceiling {row['ceiling']['requests_per_s']}/s p99 {row['ceiling']['p99_ms']} ms, "
+                f"beside the streams p99 {row['ceiling_beside_streams']['p99_ms']} ms")
     return results
 
 

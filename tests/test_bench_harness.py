@@ -3,6 +3,7 @@ that fails is recorded as failed (and the run exits 1), and the results are writ
 every step, so that what ran before a failure is kept. The steps here are stand-ins; the real
 ones run in CI (`python -m bench --quick`)."""
 import json
+import os
 
 import pytest
 
@@ -81,3 +82,28 @@ def test_the_fleet_steps_table_for_docs_many_hosts():
     skipped = {"machine": machine, "mode": "quick",
                "results": {"fleet": {"skipped": "wrk is not installed"}}}
     assert "did not run" in fleet.table(skipped)
+
+
+def test_the_streams_beside_the_ceiling_are_the_daemons_dmon_and_pmon_run_on_after_it():
+    # The ceiling is measured again beside the GPU's tools as the daemon ran them: the same
+    # command lines (one dmon, one pmon) on a copy of its scenario, running after it stopped,
+    # and gone once the measurement ends.
+    from bench.harness import Daemon, Streams
+    daemon = Daemon(2).start()
+    try:
+        daemon.wait_for(lambda status: all(d["updated"] for d in status.values()), timeout=30)
+        ran = daemon.streams()
+        streams = Streams(daemon)
+    finally:
+        daemon.stop()
+    assert sorted(argv[argv.index("--scenario") + 2] for argv in ran) == ["dmon", "pmon"]
+    with streams:
+        running = list(streams.processes)
+        assert [p.poll() for p in running] == [None, None]
+        for process, argv in zip(running, ran):
+            with open(f"/proc/{process.pid}/cmdline", "rb") as f:
+                now = [arg.decode() for arg in f.read().split(b"\0")[:-1]]
+            at = argv.index("--scenario") + 1
+            assert now[:at] + now[at + 1:] == argv[:at] + argv[at + 1:]
+            assert now[at].startswith(streams.dir) and os.path.isfile(now[at])
+    assert all(p.poll() is not None for p in running) and not os.path.exists(streams.dir)
