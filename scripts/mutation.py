@@ -1,6 +1,6 @@
 """The mutation run: mutmut on the scope of pyproject.toml's [tool.mutmut], then the score.
 
-    scripts/mutation.sh [--fresh | --missed | --resume] [--jobs N] [SCOPE ...]  (the one command)
+    scripts/mutation.sh [--fresh | --missed | --resume | --sample N] [--jobs N] [SCOPE ...]
     .venv/bin/python scripts/mutation.py score [SCOPE ...]  (the score of the last run again)
 
 SCOPE is a package or a module of the scope, as a path under patroller/ (`core`, `state`,
@@ -10,7 +10,10 @@ those for a mutant (tests new since the last run are found and added); `--fresh`
 mutants/ first; `--missed` tests again only the mutants the last run tested and did not catch
 (a test added can only catch more; mutmut tests a function whose code changed afresh all the
 same); `--resume` tests those and the ones the last run did not reach (a run stopped early goes
-on where it stood).
+on where it stood); `--sample N [--seed S]` tests N of the mutants the last run did not reach,
+drawn at random, and the score then estimates, from them, how many of the rest would be caught
+(the mutants mutmut reaches last are those that many tests run, tens of seconds each: a whole
+run takes hours here, and a run stopped early has tested only the quickest).
 The tests are the engine-free suite less the end-to-end files: PATROLLER_TESTS_WITHOUT_ENGINES=1,
 which the fixtures of tests/conftest.py honour, and [tool.mutmut] leaves out the test files that
 start an engine and the end-to-end ones.
@@ -26,7 +29,9 @@ import argparse
 import fnmatch
 import glob
 import json
+import math
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -37,6 +42,7 @@ from typing import Dict, List, Sequence, Tuple
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs", "development.md")
 MUTANTS = os.path.join(ROOT, "mutants")
+SAMPLE = "sample.json"  # in MUTANTS: the mutants --sample drew, and the untested they came from
 # the packages the score is told by: each folder (a module of observe/ and http/ counts in its
 # package, a subpackage on its own line)
 PACKAGES = ("core", "core/leases", "identify", "observe", "state", "state/usage", "http")
@@ -158,7 +164,70 @@ def score(scopes: Sequence[str], settings: dict) -> int:
     stale = sorted(set(set_aside) - set(results()))
     for name in stale:
         print(f"  listed as equivalent, but no such mutant: {name}")
+    drawn = read_sample()
+    if drawn is not None:
+        for line in estimate(drawn, wanted, set_aside):
+            print(line)
     return 0
+
+
+def read_sample() -> Dict[str, object] | None:
+    """What the last --sample drew (None: no sample since the last --fresh)."""
+    try:
+        with open(os.path.join(MUTANTS, SAMPLE), encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+
+
+def wilson(caught: int, judged: int, z: float = 1.96) -> Tuple[float, float]:
+    """The 95% interval of a fraction caught out of `judged` drawn at random (Wilson's)."""
+    if not judged:
+        return 0.0, 1.0
+    p = caught / judged
+    centre = (p + z * z / (2 * judged)) / (1 + z * z / judged)
+    half = z * math.sqrt(p * (1 - p) / judged + z * z / (4 * judged * judged)) / (1 + z * z / judged)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def estimate(drawn: Dict[str, object], wanted: set, set_aside: Dict[str, str]) -> List[str]:
+    """The sample's lines of the score: what it caught, and the whole scope's score with the
+    mutants not reached counted as the sample says (each drawn one stands for untested/drawn)."""
+    names = set(drawn["names"])  # type: ignore[arg-type]
+    found = {name: (path, code) for name, (path, code) in results().items() if path in wanted}
+    sampled = [found[name][1] for name in names if name in found and name not in set_aside]
+    caught = sum(code in CAUGHT for code in sampled if code is not None)
+    judged = sum(code is not None for code in sampled)
+    if not judged:
+        return [f"  sample (seed {drawn['seed']}): none of its {len(names)} mutants tested yet"]
+    known_caught = known_judged = 0
+    for name, (path, code) in found.items():
+        if name in names or name in set_aside or code is None:
+            continue
+        known_judged += 1
+        known_caught += code in CAUGHT
+    untested = int(drawn["untested"])  # type: ignore[arg-type]
+    low, high = wilson(caught, judged)
+    share = untested / len(names)  # how many untested mutants each drawn one stands for
+    whole = (known_caught + share * caught) / (known_judged + share * judged)
+    return [f"  sample (seed {drawn['seed']}): {len(names)} of {untested} mutants not reached, "
+            f"{judged} tested: {caught} caught, {100.0 * caught / judged:.1f}% (95% interval "
+            f"{100 * low:.1f}-{100 * high:.1f}%)",
+            f"  the whole scope, its untested mutants counted as the sample says: "
+            f"{100.0 * whole:.1f}%"]
+
+
+def draw(scopes: Sequence[str], settings: dict, size: int, seed: int) -> List[str]:
+    """`size` mutants drawn at random (seeded) from those in `scopes` the last run did not
+    reach, less the equivalent ones; written to mutants/sample.json for the score."""
+    wanted = set(in_scopes(scopes, settings))
+    set_aside = equivalents()
+    untested = sorted(name for name, (path, code) in results().items()
+                      if path in wanted and code is None and name not in set_aside)
+    names = sorted(random.Random(seed).sample(untested, min(size, len(untested))))
+    with open(os.path.join(MUTANTS, SAMPLE), "w", encoding="utf-8") as f:
+        json.dump({"seed": seed, "untested": len(untested), "names": names}, f, indent=1)
+    return names
 
 
 def missed(scopes: Sequence[str], settings: dict) -> List[str]:
@@ -185,11 +254,16 @@ def run(args: argparse.Namespace, settings: dict) -> int:
     patterns = patterns_for(args.scope or [""], settings)
     if args.fresh and os.path.isdir(MUTANTS):
         shutil.rmtree(MUTANTS)
-    if args.missed or args.resume:
-        flag = "--missed" if args.missed else "--resume"
+    if args.missed or args.resume or args.sample:
+        flag = "--missed" if args.missed else "--resume" if args.resume else "--sample"
         if not os.path.isdir(MUTANTS):
             raise SystemExit(f"{flag}: no earlier run in mutants/")
-        patterns = (missed if args.missed else unfinished)(args.scope, settings)
+        if args.sample:
+            patterns = draw(args.scope, settings, args.sample, args.seed)
+        else:
+            if args.resume and os.path.exists(os.path.join(MUTANTS, SAMPLE)):
+                os.remove(os.path.join(MUTANTS, SAMPLE))  # what it stood for is tested now
+            patterns = (missed if args.missed else unfinished)(args.scope, settings)
         if not patterns:
             return score(args.scope, settings)
     env = {**os.environ, "PATROLLER_TESTS_WITHOUT_ENGINES": "1"}
@@ -211,11 +285,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="test again only the mutants the last run did not catch")
     parser.add_argument("--resume", action="store_true",
                         help="test the mutants the last run did not reach or did not catch")
+    parser.add_argument("--sample", type=int, default=0, metavar="N",
+                        help="test N mutants drawn from those the last run did not reach")
+    parser.add_argument("--seed", type=int, default=1, help="of the --sample draw (default 1)")
     parser.add_argument("--jobs", type=int, default=int(os.environ.get("MUTATION_JOBS", "2")),
                         help="mutants tested at once (default 2, or MUTATION_JOBS)")
     args = parser.parse_intermixed_args(argv)
-    if sum((args.fresh, args.missed, args.resume)) > 1:
-        parser.error("--fresh, --missed and --resume go alone")
+    if sum((args.fresh, args.missed, args.resume, bool(args.sample))) > 1:
+        parser.error("--fresh, --missed, --resume and --sample go alone")
     if args.command == "run" and os.environ.get("CI") == "true":
         # the engine-free suite skips tests, which CI must never do (tests/conftest.py)
         raise SystemExit("a mutation run leaves the engines' tests out: not under CI=true")

@@ -137,3 +137,32 @@ def test_missed_and_resume_choose_from_the_last_runs_results(tmp_path, monkeypat
     with pytest.raises(SystemExit) as refused:  # the arguments, before anything runs
         mutation.main(["run", "--missed", "--resume"])
     assert refused.value.code == 2
+
+
+def test_a_sample_draws_from_the_mutants_not_reached_and_estimates_the_rest(tmp_path,
+                                                                            monkeypatch, capsys):
+    # 40 mutants: 10 tested (8 caught, 2 missed), 30 not reached; a sample of 10 of those is
+    # drawn (seeded: the same draw again), and once tested (9 caught, 1 missed) the score
+    # counts each of them for 3 of the 30: (8 + 3 * 9) / (10 + 3 * 10) = 87.5%.
+    meta = tmp_path / "patroller" / "http" / "hiding.py.meta"
+    meta.parent.mkdir(parents=True)
+    name = "patroller.http.hiding.x_status__mutmut_"
+    codes = {name + str(n): (1 if n < 8 else 0 if n < 10 else None) for n in range(40)}
+    meta.write_text(json.dumps({"exit_code_by_key": codes}))
+    monkeypatch.setattr(mutation, "MUTANTS", str(tmp_path))
+    settings = mutation.config()
+    other = mutation.draw(["http/hiding.py"], settings, 10, seed=8)
+    drawn = mutation.draw(["http/hiding.py"], settings, 10, seed=7)
+    assert len(drawn) == 10 and all(codes[n] is None for n in drawn) and drawn != other
+    assert mutation.draw(["http/hiding.py"], settings, 10, seed=7) == drawn
+    saved = json.loads((tmp_path / mutation.SAMPLE).read_text())
+    assert (saved["untested"], saved["names"]) == (30, drawn)
+    for n, sampled in enumerate(drawn):
+        codes[sampled] = 0 if n == 0 else 1
+    meta.write_text(json.dumps({"exit_code_by_key": codes}))
+    mutation.score(["http/hiding.py"], settings)
+    out = capsys.readouterr().out
+    assert "10 of 30 mutants not reached, 10 tested: 9 caught, 90.0%" in out
+    assert "counted as the sample says: 87.5%" in out
+    low, high = mutation.wilson(9, 10)
+    assert 0.59 < low < 0.6 and 0.98 < high < 0.99  # Wilson's interval for 9 of 10
