@@ -159,6 +159,21 @@ def test_a_report_adds_up_each_key_and_breaks_ties_by_time_held_then_by_name():
     assert half["rows"][0]["share"] == 1.0 and half["total"]["shares"]["active"] == 1.0
 
 
+def test_a_report_compares_use_and_all_gpu_time_to_the_microsecond():
+    keys = lambda report: [row["key"] for row in report["rows"]]  # noqa: E731
+    # used: 1.4 s against 1.2, whatever the rest (not a tie at whole seconds)
+    assert keys(summarize([("ann", "active", 1.2), ("ann", "free", 9.0),
+                           ("bob", "active", 1.4)])) == ["bob", "ann"]
+    # a use that differs under a microsecond is a tie: all GPU-time decides
+    assert keys(summarize([("ann", "active", 1.0000001), ("bob", "active", 1.0),
+                           ("bob", "free", 4.0)])) == ["bob", "ann"]
+    # the same use: all GPU-time, 4.4 s against 4.2 (not a tie at whole seconds); under a
+    # microsecond apart, a tie, and the key decides, whichever came first
+    assert keys(summarize([("bob", "active", 1.0), ("bob", "free", 3.4),
+                           ("cat", "active", 1.0), ("cat", "free", 3.2000001),
+                           ("ann", "active", 1.0), ("ann", "free", 3.2)])) == ["bob", "ann", "cat"]
+
+
 def test_the_tally_sums_the_readings_between_two_takes():
     inventory = synthetic_inventory(2)
     tally = Tally(inventory, busy_sm=1.0)
