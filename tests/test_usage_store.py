@@ -11,6 +11,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import replace
+from datetime import timezone
 
 import pytest
 
@@ -237,6 +238,33 @@ def test_reports_are_read_in_a_thread_that_yields_the_cpu_to_serving(tmp_path):
         assert nice["MainThread"] == os.getpriority(os.PRIO_PROCESS, 0)
         assert all(value != 13 for name, value in nice.items()
                    if not name.startswith("usage-reader")), nice
+
+
+def test_a_report_by_two_keys_asked_first_is_read_in_the_same_thread_at_the_same_priority(
+        tmp_path):
+    """The first report may be a grouped one (`by=day,user`, `tz=`): the reader it makes is
+    the one thread every report is read in, at Config.usage_report_nice."""
+    now = time.time()
+
+    async def both(store):
+        grouped = await asyncio.gather(*(store.grouped(now - 3600, now + 3600, ("user", "gpu"),
+                                                       timezone.utc) for _ in range(8)))
+        return grouped, await store.report(now - 3600, now + 3600, "user")
+
+    before = set(threading.enumerate())
+    with store_in(tmp_path, usage_report_nice=13) as store:
+        store.put(now, interval())
+        wait(lambda: store.intervals == 1)
+        grouped, plain = asyncio.run(both(store))
+        readers = {t.name: os.getpriority(os.PRIO_PROCESS, t.native_id)
+                   for t in threading.enumerate()
+                   if t not in before and t.name.startswith("usage-reader")}
+        assert readers == {"usage-reader_0": 13}
+    for totals in grouped:
+        assert {(keys, category): seconds for keys, _, category, seconds in totals.rows} == {
+            ((None, "GPU-b"), "free"): 60.0, (("alice", "GPU-a"), "active"): 30.0,
+            (("alice", "GPU-a"), "idle_held"): 30.0}
+    assert by_category(plain)[("alice", "active")] == 30.0
 
 
 @pytest.mark.errors_expected  # the failing writes are logged as an error
