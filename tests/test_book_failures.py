@@ -130,6 +130,13 @@ def test_a_write_cut_short_by_a_full_disk_leaves_the_last_book_whole_and_nothing
         leases.release(alice)
         assert book.refusal() is None and len(on_disk(where)["devices"]) == 3
         book.close()
+        # a start on a full disk: its first write fails, what a killed daemon left goes
+        os.symlink(os.readlink(where / "leases.json"), where / "leases.json.tmp")
+        fill(where)
+        book, leases = opened(where, clock, wall)
+        assert book.failures == 1 and not os.path.lexists(where / "leases.json.tmp")
+        assert len(on_disk(where)["devices"]) == 3
+        book.close()
 
 
 @pytest.mark.errors_expected  # the first write fails
