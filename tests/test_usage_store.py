@@ -248,20 +248,23 @@ def test_a_report_by_two_keys_asked_first_is_read_in_the_same_thread_at_the_same
     the one thread every report is read in, at Config.usage_report_nice."""
     now = time.time()
 
+    def started():  # the threads started since, and their niceness
+        return {t.name: os.getpriority(os.PRIO_PROCESS, t.native_id)
+                for t in threading.enumerate() if t not in before}
+
     async def both(store):
         grouped = await asyncio.gather(*(store.grouped(now - 3600, now + 3600, ("user", "gpu"),
                                                        timezone.utc) for _ in range(8)))
-        return grouped, await store.report(now - 3600, now + 3600, "user")
+        threads = started()  # the loop's own executor, if it had read, would be running still
+        return grouped, threads, await store.report(now - 3600, now + 3600, "user")
 
-    before = set(threading.enumerate())
     with store_in(tmp_path, usage_report_nice=13) as store:
         store.put(now, interval())
         wait(lambda: store.intervals == 1)
-        grouped, plain = asyncio.run(both(store))
-        readers = {t.name: os.getpriority(os.PRIO_PROCESS, t.native_id)
-                   for t in threading.enumerate()
-                   if t not in before and t.name.startswith("usage-reader")}
-        assert readers == {"usage-reader_0": 13}
+        before = set(threading.enumerate())
+        grouped, threads, plain = asyncio.run(both(store))
+        assert threads == {"usage-reader_0": 13}
+        assert {n: v for n, v in started().items() if n.startswith("usage")} == threads
     for totals in grouped:
         assert {(keys, category): seconds for keys, _, category, seconds in totals.rows} == {
             ((None, "GPU-b"), "free"): 60.0, (("alice", "GPU-a"), "active"): 30.0,
