@@ -402,6 +402,19 @@ def test_a_step_of_the_wall_clock_is_followed(tmp_path, clock, wall):
     book.close()
 
 
+def test_the_wall_clock_is_followed_only_past_a_second(tmp_path, clock, wall):
+    book, leases = opened(tmp_path, clock, wall)
+    [device] = leases.request(alice, {"gpu": 1})
+    written = wall() + LEASE
+    wall.advance(1.0)  # exactly STEADY: the offset stays, the deadline too
+    leases.request(bob, {"gpu": 1})
+    assert on_disk(tmp_path)["devices"][device.uuid]["deadline"] == written
+    wall.advance(0.5)  # 1.5 s in all: followed
+    leases.request(carol, {"gpu": 1})
+    assert on_disk(tmp_path)["devices"][device.uuid]["deadline"] == written + 1.5
+    book.close()
+
+
 @pytest.mark.errors_expected
 def test_a_failing_write_is_logged_now_and_then_and_breaks_nothing(tmp_path, clock, wall, caplog):
     book, leases = opened(tmp_path, clock, wall)

@@ -1,11 +1,13 @@
 """The lease book's file when things go wrong: writes that fail and are tried again on the
 event loop, a write cut short by a full disk (a real tmpfs), a name already taken, a start whose
-first write fails, a book that could not be opened, the close, the limit on a book's size, and
-what a start says it made of each device (real files; test_book.py has the rest)."""
+first write fails, a book that could not be opened, the close, the limit on a book's size, a
+read-only directory, what a start says it made of each device and the /proc it looks in (real
+files; test_book.py has the rest)."""
 import json
 import logging
 import os
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -68,6 +70,8 @@ async def test_the_close_writes_what_a_failing_write_left_out_and_then_nothing(
     blocked(tmp_path)
     [bobs] = leases.request(bob, {"gpu": 1})
     assert book.refusal() is not None and bobs.uuid not in on_disk(tmp_path)["devices"]
+    assert sorted(os.listdir(tmp_path)) == sorted(  # the new file, never linked, is removed
+        [os.readlink(tmp_path / "leases.json"), "leases.json", "leases.json.tmp", "lock"])
     blocked(tmp_path, False)
     with caplog.at_level(logging.WARNING, logger="patroller.state.book"):
         book.close()
@@ -125,6 +129,13 @@ def test_a_write_cut_short_by_a_full_disk_leaves_the_last_book_whole_and_nothing
         os.unlink(filler)
         leases.release(alice)
         assert book.refusal() is None and len(on_disk(where)["devices"]) == 3
+        book.close()
+        # a start on a full disk: its first write fails, what a killed daemon left goes
+        os.symlink(os.readlink(where / "leases.json"), where / "leases.json.tmp")
+        fill(where)
+        book, leases = opened(where, clock, wall)
+        assert book.failures == 1 and not os.path.lexists(where / "leases.json.tmp")
+        assert len(on_disk(where)["devices"]) == 3
         book.close()
 
 
@@ -208,9 +219,49 @@ def test_a_read_only_state_directory_is_said_once_at_open(tmp_path, clock, wall,
             book = LeaseBook(str(view), Config(), wall=wall)
             book.open()
         assert book.read_only and book.metrics()["read_only"]
+        leases = lease_manager(clock)
+        book.attach(leases)
+        leases.request(alice, {"gpu": 1})  # held, in no file: not a failing write
+        assert book.failures == 0 and book.refusal() is None and book.writes == 0
+        assert on_disk(view)["devices"] == {}
         assert [(r.levelno, r.getMessage()) for r in caplog.records
                 if r.name == "patroller.state.book"] == [(
             logging.ERROR, f"the state directory {view} is on a read-only filesystem: the lease "
             "book is read, never written; reservations made from now on do not survive a "
             "restart (mount it read-write to keep them)")]
         book.close()
+
+
+def test_a_reason_is_cut_to_200_characters(tmp_path, clock, wall, caplog):
+    (tmp_path / "leases.json").write_text(json.dumps({"version": "v" * 300, "devices": {}}))
+    with caplog.at_level(logging.WARNING, logger="patroller.state.book"):
+        book, _ = opened(tmp_path, clock, wall)
+    reason = ("version '" + "v" * 300)[:200]
+    assert caplog.records[0].getMessage() == (
+        f"lease book {tmp_path / 'leases.json'} is not a lease book ({reason}); set aside as "
+        f"{tmp_path / 'leases.json.corrupt-20270115T080000Z'}, starting with no reservations")
+    book.close()
+
+
+def test_a_process_is_looked_for_in_the_proc_the_configuration_names(tmp_path, clock, wall):
+    """A /proc of the test's own, where a pid that no process has here runs: its hold is given
+    back; the host's /proc would say it ended."""
+    pid = next(n for n in range(4_000_000, 4_100_000) if not os.path.exists(f"/proc/{n}"))
+    proc = tmp_path / "proc"
+    (proc / str(pid)).mkdir(parents=True)
+    own = Path("/proc/self/stat").read_text()  # this process, running, under another pid
+    (proc / str(pid) / "stat").write_text(own)
+    start = int(own.rsplit(")", 1)[1].split()[19])
+    (proc / "sys" / "kernel" / "random").mkdir(parents=True)
+    (proc / "sys" / "kernel" / "random" / "boot_id").write_text("a-boot-of-its-own\n")
+    u = uuids(lease_manager(clock))
+    (tmp_path / "state").mkdir(mode=0o700)
+    (tmp_path / "state" / "leases.json").write_text(json.dumps(
+        {"version": 1, "saved": W, "boot": "a-boot-of-its-own", "devices": {
+            u[0]: {"holder": carol.to_json(), "deadline": None, "pid": pid, "start": start}}}))
+    leases = lease_manager(clock)
+    book = LeaseBook(str(tmp_path / "state"), replace(Config(), proc_root=str(proc)), wall=wall)
+    book.open()
+    restored = book.attach(leases)
+    assert restored.held == [u[0]] and not restored.ended and leases.holder(u[0]) == carol
+    book.close()

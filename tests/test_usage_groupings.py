@@ -6,6 +6,7 @@ summer time, daily totals (no hour), the one-key answers as before, bad by= and 
 simulator)."""
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import time
 from dataclasses import replace
@@ -20,6 +21,7 @@ from patroller.identify.resolver import host_identity
 from patroller.state.usage.groupings import spans
 from test_hide_users import PSEUDONYM, ask_as
 from test_openapi import answer_schema, undocumented
+from test_usage_store import store_in, wait
 from usage_history import HOUR, DAY, gpu_hour, write
 
 FILE = "usage.sqlite3"
@@ -155,6 +157,63 @@ def test_a_range_is_cut_where_the_offset_changes_and_nowhere_else():
     assert spans(change - 40 * DAY, change, zone) == [(None, None, before)]
     assert spans(change + 1, change + 30 * DAY, zone) == [(None, None, after)]
     assert spans(0, 400 * DAY, UTC) == [(None, None, 0)]
+
+
+def test_a_change_from_utc_itself_or_on_the_half_hour_is_cut_at_the_hour_it_falls_in():
+    """Europe/London's winter offset is UTC's own (0); St. John's changes at 05:30 UTC: its
+    hours count with the offset they begin in, so the cut is at the next whole hour; a range
+    that begins within an hour is cut at the hours all the same."""
+    london, spring = ZoneInfo("Europe/London"), 1743296400  # 2025-03-30 01:00 UTC
+    assert spans(spring - 40 * DAY + 1800, spring + 40 * DAY, london) == [
+        (None, spring, 0), (spring, None, 3600)]
+    st_johns, change = ZoneInfo("America/St_Johns"), 1741498200  # 2025-03-09 05:30 UTC
+    assert spans(change // DAY * DAY - 10 * DAY, change + 10 * DAY, st_johns) == [
+        (None, change + 1800, -12600), (change + 1800, None, -9000)]
+
+
+def alice_hours(path, ends):
+    """An hour of alice's computing on GPU 0 ending at each of `ends`, written into the file."""
+    write(str(path), [(end, [gpu_hour(0, "claimed", "alice", True, [("alice", True)],
+                                      busy=60)]) for end in ends])
+
+
+def grouped(store, since, until, zone=UTC, by=("user",)):
+    return asyncio.run(store.grouped(since, until, by, zone))
+
+
+def active(totals):
+    return {keys: round(seconds / HOUR, 6) for keys, _, category, seconds in totals.rows
+            if category == "active"}
+
+
+def test_a_range_counts_the_hour_it_begins_in_and_none_before_and_says_the_first(state):
+    day = midnight(5)
+    alice_hours(state / FILE, [day + n * HOUR for n in (10, 11, 12)])
+    with store_in(state) as store:
+        wait(lambda: store.state == "writable")
+        hours = sorted(h for (h,) in sqlite3.connect(state / FILE).execute(
+            "SELECT hour FROM hourly"))
+        assert len(hours) == 3
+        # from within the second hour: it counts, the first does not
+        found = grouped(store, hours[1] + 1800, hours[2] + HOUR)
+        assert active(found) == {("alice",): 2.0}
+        assert found.first == float(hours[0])  # the first hour kept, whatever the range
+
+
+def test_daily_totals_count_from_the_day_the_range_begins_in_once_across_a_change(state):
+    zone = ZoneInfo("Europe/London")
+    change = latest_change(zone, time.time() - 40 * DAY)
+    day = change // DAY * DAY  # the change's UTC day
+    alice_hours(state / FILE, [day + n * DAY + 12 * HOUR for n in (-2, -1, 1)])
+    with store_in(state, usage_days=30) as store:  # folded into daily totals at start
+        wait(lambda: store.state == "writable")
+        db = sqlite3.connect(state / FILE)
+        assert db.execute("SELECT COUNT(*) FROM hourly").fetchone() == (0,)
+        since = day - DAY + 6 * HOUR  # within the second day: it counts, the first does not
+        assert len(spans(since, day + 3 * DAY, zone)) == 2
+        found = grouped(store, since, day + 3 * DAY, zone)
+        assert active(found) == {("alice",): 2.0}
+        assert found.first == float(day - 2 * DAY)
 
 
 def test_two_keys_are_ordered_first_by_the_first_then_within_it():

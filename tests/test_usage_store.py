@@ -2,15 +2,18 @@
 files set aside, retention folding, a broken file, a full disk and a read-only filesystem
 (real tmpfs mounts, as root), and the report's use of the indexes."""
 import asyncio
+import ctypes
 import errno
 import logging
 import os
+import resource
 import sqlite3
 import subprocess
 import threading
 import time
 from contextlib import contextmanager
 from dataclasses import replace
+from datetime import timezone
 
 import pytest
 
@@ -239,6 +242,86 @@ def test_reports_are_read_in_a_thread_that_yields_the_cpu_to_serving(tmp_path):
                    if not name.startswith("usage-reader")), nice
 
 
+def test_a_report_by_two_keys_asked_first_is_read_in_the_same_thread_at_the_same_priority(
+        tmp_path):
+    """The first report may be a grouped one (`by=day,user`, `tz=`): the reader it makes is
+    the one thread every report is read in, at Config.usage_report_nice."""
+    now = time.time()
+
+    def started():  # the threads started since, and their niceness
+        return {t.name: os.getpriority(os.PRIO_PROCESS, t.native_id)
+                for t in threading.enumerate() if t not in before}
+
+    async def both(store):
+        grouped = await asyncio.gather(*(store.grouped(now - 3600, now + 3600, ("user", "gpu"),
+                                                       timezone.utc) for _ in range(8)))
+        threads = started()  # the loop's own executor, if it had read, would be running still
+        return grouped, threads, await store.report(now - 3600, now + 3600, "user")
+
+    with store_in(tmp_path, usage_report_nice=13) as store:
+        store.put(now, interval())
+        wait(lambda: store.intervals == 1)
+        before = set(threading.enumerate())
+        grouped, threads, plain = asyncio.run(both(store))
+        assert threads == {"usage-reader_0": 13}
+        assert {n: v for n, v in started().items() if n.startswith("usage")} == threads
+    for totals in grouped:
+        assert {(keys, category): seconds for keys, _, category, seconds in totals.rows} == {
+            ((None, "GPU-b"), "free"): 60.0, (("alice", "GPU-a"), "active"): 30.0,
+            (("alice", "GPU-a"), "idle_held"): 30.0}
+    assert by_category(plain)[("alice", "active")] == 30.0
+
+
+CAP_SYS_NICE = 23
+
+
+def without_cap_sys_nice():
+    """Drop CAP_SYS_NICE from the calling thread alone (capabilities are a thread's own, and
+    the threads it starts inherit them): it may raise its niceness, never lower it again."""
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                    ("inheritable", ctypes.c_uint32)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    header, data = Header(0x20080522, 0), (Data * 2)()  # _LINUX_CAPABILITY_VERSION_3
+    assert libc.capget(ctypes.byref(header), data) == 0, os.strerror(ctypes.get_errno())
+    data[0].effective &= ~(1 << CAP_SYS_NICE)
+    assert libc.capset(ctypes.byref(header), data) == 0, os.strerror(ctypes.get_errno())
+
+
+def test_a_reader_that_may_not_lower_its_niceness_says_so_and_reads(tmp_path, caplog):
+    """A daemon at niceness 19 without CAP_SYS_NICE (nor RLIMIT_NICE room) cannot take the
+    reports' 13: the reader keeps the daemon's, says so once, and reads."""
+    now, found = time.time(), {}
+    soft, hard = resource.getrlimit(resource.RLIMIT_NICE)
+
+    def daemon(store):
+        without_cap_sys_nice()
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        found["totals"] = report(store, now - 3600, now + 3600)
+        found["nice"] = {t.name: os.getpriority(os.PRIO_PROCESS, t.native_id)
+                         for t in threading.enumerate() if t.name.startswith("usage-reader")}
+
+    resource.setrlimit(resource.RLIMIT_NICE, (0, hard))
+    try:
+        with store_in(tmp_path, usage_report_nice=13) as store:
+            store.put(now, interval())
+            wait(lambda: store.intervals == 1)
+            with caplog.at_level(logging.INFO, logger="patroller.state.usage.store"):
+                thread = threading.Thread(target=daemon, args=(store,))
+                thread.start()
+                thread.join(30)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NICE, (soft, hard))
+    assert found["nice"] == {"usage-reader_0": 19}
+    assert by_category(found["totals"])[("alice", "active")] == 30.0
+    assert records(caplog, logging.INFO, "priority") == [
+        "the usage reports' thread keeps the daemon's priority: [Errno 13] Permission denied"]
+
+
 @pytest.mark.errors_expected  # the failing writes are logged as an error
 def test_a_broken_file_degrades_the_store_and_it_recovers_by_itself(tmp_path, caplog):
     (tmp_path / FILE).mkdir()  # a directory where the file should be: it cannot be opened
@@ -308,6 +391,7 @@ def test_a_read_only_filesystem_runs_without_a_store_and_says_so(tmp_path, caplo
         with store_in(where) as store:
             assert store.state == "read_only" and store.metrics()["state"] == "read_only"
             store.put(time.time(), interval())  # taken, and nothing is done with it
+            assert store.metrics()["pending"] == 0  # nor kept
     assert "read-only filesystem: running without a usage store" in caplog.text
 
 

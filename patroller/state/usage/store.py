@@ -140,20 +140,23 @@ class UsageStore:
     async def report(self, since: float, until: float, by: str) -> queries.Totals:
         """GPU-seconds by `by` over [since, until), read off the event loop. Unavailable if the
         store cannot be read."""
-        if self._reader is None:
-            self._reader = ThreadPoolExecutor(1, thread_name_prefix="usage-reader",
-                                              initializer=self._lower_priority)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._reader, self._read, since, until, by)
+        return await loop.run_in_executor(self._reading(), self._read, since, until, by)
 
     async def grouped(self, since: float, until: float, by: Tuple[str, ...],
                       zone: tzinfo) -> queries.Totals:
         """GPU-seconds by one key or two (`by`), their time in `zone`, over [since, until)
         (groupings.py), read off the event loop as `report` is; each row's key is a tuple."""
-        if self._reader is None:
-            self._reader = ThreadPoolExecutor(1, thread_name_prefix="usage-reader")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._reader, self._read, since, until, by, zone)
+        return await loop.run_in_executor(self._reading(), self._read, since, until, by, zone)
+
+    def _reading(self) -> ThreadPoolExecutor:
+        """The reports' one thread, made by the first report of either kind, at
+        Config.usage_report_nice."""
+        if self._reader is None:
+            self._reader = ThreadPoolExecutor(1, thread_name_prefix="usage-reader",
+                                              initializer=self._lower_priority)
+        return self._reader
 
     def _read(self, since: float, until: float, by: Any,
               zone: Optional[tzinfo] = None) -> queries.Totals:
