@@ -136,7 +136,8 @@ def score(scopes: Sequence[str], settings: dict) -> int:
     set_aside = equivalents()
     rows: Dict[str, Dict[str, int]] = {}
     missed: List[Tuple[str, str]] = []
-    for name, (path, code) in sorted(results().items()):
+    found = results()
+    for name, (path, code) in sorted(found.items()):
         if path not in wanted:
             continue
         row = rows.setdefault(package_of(path), dict.fromkeys(
@@ -161,12 +162,13 @@ def score(scopes: Sequence[str], settings: dict) -> int:
               f"{row['equivalent']:>11} {row['caught']:>7} {row['missed']:>7} {percent:>6.1f}%")
     for name, why in missed:
         print(f"  {why}: {name}")
-    stale = sorted(set(set_aside) - set(results()))
+    stale = sorted(set(set_aside) - set(found))
     for name in stale:
         print(f"  listed as equivalent, but no such mutant: {name}")
     drawn = read_sample()
     if drawn is not None:
-        for line in estimate(drawn, wanted, set_aside):
+        for line in estimate(drawn, {name: result for name, result in found.items()
+                                     if result[0] in wanted}, set_aside):
             print(line)
     return 0
 
@@ -190,11 +192,12 @@ def wilson(caught: int, judged: int, z: float = 1.96) -> Tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def estimate(drawn: Dict[str, object], wanted: set, set_aside: Dict[str, str]) -> List[str]:
-    """The sample's lines of the score: what it caught, and the whole scope's score with the
-    mutants not reached counted as the sample says (each drawn one stands for untested/drawn)."""
+def estimate(drawn: Dict[str, object], found: Dict[str, Tuple[str, object]],
+             set_aside: Dict[str, str]) -> List[str]:
+    """The sample's lines of the score, from the results in scope (`found`): what it caught,
+    and the whole scope's score with the mutants not reached counted as the sample says (each
+    drawn one stands for untested/drawn)."""
     names = set(drawn["names"])  # type: ignore[arg-type]
-    found = {name: (path, code) for name, (path, code) in results().items() if path in wanted}
     sampled = [found[name][1] for name in names if name in found and name not in set_aside]
     caught = sum(code in CAUGHT for code in sampled if code is not None)
     judged = sum(code is not None for code in sampled)

@@ -81,11 +81,17 @@ def test_a_path_through_a_file_is_refused_saying_why(private):
                                  f"{os.strerror(errno.ENOTDIR)}; choose another --state-dir")
 
 
-def test_a_lock_file_that_cannot_be_opened_says_why(private):
+def dangling_lock(private):
+    """A state directory whose lock file is a link into a directory that does not exist (never
+    followed; if it were, nothing would be made)."""
     state = private / "state"
     state.mkdir(mode=0o700)
-    # never followed; if it were, into a directory that does not exist: nothing is made
     os.symlink(private / "missing" / "lock", state / LOCK)
+    return state
+
+
+def test_a_lock_file_that_cannot_be_opened_says_why(private):
+    state = dangling_lock(private)
     with pytest.raises(BookError) as caught:
         lock(str(state))
     assert str(caught.value) == (f"cannot use the state directory {state}: "
@@ -93,9 +99,7 @@ def test_a_lock_file_that_cannot_be_opened_says_why(private):
 
 
 def test_on_a_read_only_filesystem_a_lock_file_that_cannot_be_opened_is_refused(private):
-    state = private / "state"
-    state.mkdir(mode=0o700)
-    os.symlink(private / "missing" / "lock", state / LOCK)
+    state = dangling_lock(private)
     with read_only(state, private / "ro") as where:
         with pytest.raises(BookError) as caught:
             lock(where)
