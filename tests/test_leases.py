@@ -10,6 +10,7 @@ from patroller.config import Config
 from patroller.core.devices import Device, Inventory
 from patroller.core.errors import Busy, NotYours, TooManyWaiting, Unavailable, Unsatisfiable
 from patroller.core.identity import UNKNOWN, named_user
+from patroller.core.leases.holds import Hold
 from patroller.http.views import claims
 
 LEASE = Config().lease  # the lease of the shared `leases` fixture (conftest.py)
@@ -744,3 +745,17 @@ def test_an_account_whose_devices_are_all_others_is_told_how_many_not_which():
         "identities) and asks for 1: the most one host account may hold is 2; release some "
         "first (/release?uuid=..., or patroller release NUMBER)")
     assert error.private.data["held"] == [None, None]
+
+
+@pytest.mark.parametrize("lost", [False, True])
+@pytest.mark.parametrize("holder", [None, "alice"])
+@pytest.mark.parametrize("running", [(), ("alice",), ("bob",)])
+def test_free_is_the_free_state_read_without_the_processes(lost, holder, running):
+    """The free devices are found by `Hold.free`, which never walks the processes (thousands
+    on a busy host): it says what `state` says."""
+    hold = Hold(since=0.0, uuid="GPU-1", lost=lost,
+                holder=named_user(holder) if holder else None)
+    for pid, user in enumerate(running, 100):
+        hold.add(pid, named_user(user), "python")
+    assert hold.free == (hold.state == "free")
+    assert hold.process_version == len(running)

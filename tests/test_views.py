@@ -10,7 +10,7 @@ from tornado.iostream import IOStream
 
 from helpers import FakeClock, async_test, lease_manager, running, until
 from patroller.http.fastlane import Connection
-from patroller.core.identity import named_user
+from patroller.core.identity import IDENTIFYING, named_user
 from patroller.observe.signals import ProcessList, ProcessSamples, Sample, Signals
 from patroller.observe.stats import StatsStore
 from patroller.observe.testmode import synthetic_inventory
@@ -246,7 +246,7 @@ def test_only_the_device_that_changed_is_built_again(parts):
     built = view.parts_built
     leases.request(named_user("alice"), {"gpu": 1})  # the first device's claim
     assert json.loads(view.body())[one]["claim"]["state"] == "reserved"
-    assert view.parts_built == built + 2  # its claim, and its processes (none)
+    assert view.parts_built == built + 1  # its claim: its processes (none) are the same
     built = view.parts_built
     signals.sample.send(object(), record=Sample(other, {"sm": 42}, 0.0))
     assert json.loads(view.body())[other]["sm"] == 42
@@ -258,6 +258,31 @@ def test_only_the_device_that_changed_is_built_again(parts):
     clock.advance(0.1)  # shown with the next body (no sample came to hasten it)
     assert json.loads(view.body())[other]["claim"]["process_detail"][0]["sm"] == 30
     assert view.parts_built == built + 1  # its processes: no new sample of its statistics
+
+
+def test_a_process_starting_renamed_and_ending_is_shown_at_once(parts):
+    """Each change of a device's processes rebuilds its claim and its process list, and
+    nothing else: its start, its owner becoming known, its end."""
+    clock, inventory, leases, signals, view = parts
+    uuid = inventory.devices[0].uuid
+    view.body()
+
+    def shown_after(change) -> Tuple[Dict, int]:
+        built = view.parts_built
+        change()
+        claim = json.loads(view.body())[uuid]["claim"]
+        return claim, view.parts_built - built
+
+    claim, rebuilt = shown_after(lambda: leases.process_started(uuid, 7, IDENTIFYING, "python"))
+    assert claim["processes"] == [7] and rebuilt == 2
+    assert claim["process_detail"][0]["user"] == "unknown"
+    claim, rebuilt = shown_after(lambda: leases.update_owner(uuid, 7, named_user("dora")))
+    assert claim["process_detail"][0]["user"] == "dora" and rebuilt == 2
+    assert claim["user"]["user"] == "dora"
+    claim, rebuilt = shown_after(lambda: leases.update_owner(uuid, 7, named_user("dora@lab")))
+    assert claim["process_detail"][0]["user"] == "dora@lab" and rebuilt == 2
+    claim, rebuilt = shown_after(lambda: leases.process_ended(uuid, 7))
+    assert claim["processes"] == [] and claim["process_detail"] == [] and rebuilt == 2
 
 
 def test_the_body_and_the_data_say_the_same(parts):
@@ -294,8 +319,8 @@ async def test_new_figures_are_built_off_the_request_path():
         h.services.leases.request(named_user("alice"), {"gpu": 1})
         shown = json.loads(view.body())[uuid]
         assert shown["claim"]["state"] == "reserved" and shown["sm"] != 99
-        assert view.parts_built == built + 2  # the claim and its processes: no statistics
-        await until(lambda: view.parts_built >= built + 3)  # the task built them
+        assert view.parts_built == built + 1  # the claim: no statistics, the same processes
+        await until(lambda: view.parts_built >= built + 2)  # the task built them
         assert json.loads(view.body())[uuid]["sm"] == 99
 
 

@@ -2,7 +2,8 @@
 
 Each device's entry is kept in parts, each serialized once: its statistics (rebuilt when a
 sample for it arrives), its claim (when its hold changed: a fingerprint of the hold tells) and
-its processes with their figures (when either changed; a sample alone leaves them be). What moves with the clock alone (`age`,
+its processes with their figures (when either changed: the hold's `process_version` and the
+store's `figures_version` tell; a sample or a new holder alone leaves them be). What moves with the clock alone (`age`,
 `expires`, `ends_at`, `idle_for`, `stale`, `processes_stale`) is spliced in as the body is
 put together, at most every `max_age` seconds (Config.status_max_age): a body that is only
 older costs a join of bytes, never a rebuild.
@@ -39,6 +40,7 @@ class Part:
 
     stats_version: int = -1  # StatsStore.sample_version when its statistics were built
     figures_version: int = -1  # StatsStore.figures_version when its processes were
+    process_version: int = -1  # Hold.process_version when its processes were
     fingerprint: Any = None
     stats: Dict[str, Any] = field(default_factory=dict)  # without `stale`
     claim: Dict[str, Any] = field(default_factory=dict)  # without CLOCK_FIELDS, process_detail
@@ -51,10 +53,9 @@ class Part:
 def fingerprint(hold: Hold, aside_for: Optional[str]) -> Tuple[Any, ...]:
     """Everything of a hold that its claim shows, except what moves with the clock: equal
     fingerprints, equal claims. Comparing two costs little (the same objects compare by
-    identity)."""
+    identity; the processes by their version, not their thousands)."""
     return (hold.holder, hold.lost, hold.held_for, hold.until is None, hold.asked,
-            hold.withheld, hold.allocation, tuple(hold.processes.items()),
-            tuple(hold.commands.items()), aside_for)
+            hold.withheld, hold.allocation, hold.process_version, aside_for)
 
 
 class StatusView:
@@ -146,7 +147,8 @@ class StatusView:
                     claim["set_aside_for"] = aside.get(uuid)
                     part.claim, part.claim_json = claim, dumps(claim)
                     self.parts_built += 1
-                    self._build_detail(uuid, part)
+                    if part.process_version != hold.process_version:
+                        self._build_detail(uuid, part)
 
     def _set_aside(self) -> Dict[str, Optional[str]]:
         """Who each free device set aside for a starving waiter is kept for."""
@@ -175,6 +177,7 @@ class StatusView:
     def _build_detail(self, uuid: str, part: Part) -> None:
         part.figures_version = self.stats.figures_version(uuid)
         hold = self.leases.holds[uuid]
+        part.process_version = hold.process_version
         view = self.stats.process_view
         part.detail = [{"pid": pid, "user": owner.user, "command": hold.commands.get(pid),
                         **view(uuid, pid)} for pid, owner in hold.processes.items()]

@@ -65,6 +65,14 @@ class Hold:
     commands: Dict[int, Optional[str]] = field(default_factory=dict)  # pid -> name nvidia-smi printed
     trespassers: Set[str] = field(default_factory=set)  # users already logged
     shown: Tuple[str, Optional[str]] = ("free", None)  # (state, holder) when `since` was set
+    # Changes of `processes` and `commands` (made only by add, rename and forget): a view
+    # shows the process list again when it moves, without comparing the lists.
+    process_version: int = 0
+
+    @property
+    def free(self) -> bool:
+        """Whether the state is free, without looking at the processes."""
+        return not self.lost and self.holder is None
 
     @property
     def state(self) -> str:
@@ -160,10 +168,17 @@ class Hold:
         self.touch(now)
         return trespass
 
+    def add(self, pid: int, owner: Identity, command: Optional[str]) -> None:
+        """A process of `owner` (named `command`, when known) started here: its arrival is
+        `place`'s."""
+        self.processes[pid], self.commands[pid] = owner, command
+        self.process_version += 1
+
     def rename(self, pid: int, owner: Identity) -> bool:
         """The owner of a process here became known, or better known: True if it was being
         looked up and is known now (it arrives as if it had just started)."""
         old, self.processes[pid] = self.processes[pid], owner
+        self.process_version += 1
         if old.identifying and not owner.identifying:
             return True
         if self.holder is not None and (self.holder == old if old.identifying else (
@@ -177,6 +192,7 @@ class Hold:
         hold is for a process or a duration); a released device's hold ends."""
         owner = self.processes.pop(pid)
         self.commands.pop(pid, None)
+        self.process_version += 1
         if not any(self.key(o) == self.key(owner) for o in self.processes.values()):
             self.trespassers.discard(self.key(owner))
         if self.holder is not None and self.holder.identifying:

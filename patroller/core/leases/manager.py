@@ -203,7 +203,7 @@ class LeaseManager(LeaseState):
         hold = self._holds.get(uuid)
         if hold is None or pid in hold.processes:
             return
-        hold.processes[pid], hold.commands[pid] = owner, command
+        hold.add(pid, owner, command)
         log.debug("pid %d of %s on %s", pid, owner.user, uuid)
         self._arrive(hold, pid, owner)
         self._notices.changed()

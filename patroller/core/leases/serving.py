@@ -20,7 +20,7 @@ def free_devices(inventory: Inventory, holds: Mapping[str, Hold]) -> Free:
     free: Free = {group: [] for group in inventory.groups}
     for device in inventory:
         hold = holds[device.uuid]
-        if not device.lost and hold.state == "free" and hold.withheld is None:
+        if not device.lost and hold.free and hold.withheld is None:
             free[device.group].append(device)
     return free
 
