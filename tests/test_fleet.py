@@ -8,8 +8,10 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from types import SimpleNamespace
 
 import pytest
 
@@ -144,3 +146,64 @@ def test_the_table_is_drawn_at_the_deadline_whatever_the_hosts_do(fleet, how):
 def test_a_deadline_that_is_not_a_duration_is_a_usage_error(fleet):
     done = patroller("status", "--hosts", fleet[0], env={"PATROLLER_HOSTS_DEADLINE": "soon"})
     assert done.returncode == 2 and "PATROLLER_HOSTS_DEADLINE" in done.stderr, done.stderr
+
+
+class SlowStarts:
+    """fleet's `time` and `threading`, with a clock that a thread's start moves on by a second:
+    a machine so busy that starting the requests takes longer than the deadline."""
+
+    def __init__(self):
+        self.now = 1000.0
+        clock = self
+
+        class Thread(threading.Thread):
+            def start(self):
+                clock.now += 1.0
+                super().start()
+
+        self.time = SimpleNamespace(monotonic=lambda: self.now)
+        self.threading = SimpleNamespace(Thread=Thread, Event=threading.Event, Lock=threading.Lock)
+
+
+def answering_late(after):
+    """A host that answers every request `after` seconds late (with `{}`, not Patroller's)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+
+    def answer(conn):
+        time.sleep(after)
+        with conn:
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 2\r\nConnection: close\r\n\r\n{}")
+
+    def serve():
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=answer, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return sock
+
+
+def test_the_deadline_counts_the_time_the_requests_took_to_start(monkeypatch):
+    """The table's deadline counts from the command's start: the seconds spent starting a
+    thread per request (hundreds of hosts, a loaded machine) are part of it, not added after
+    it. Here they pass it, so a host that answers a moment later is no answer yet."""
+    from patroller.cli import fleet as hosts_table
+    slow = SlowStarts()
+    monkeypatch.setattr(hosts_table, "time", slow.time)
+    monkeypatch.setattr(hosts_table, "threading", slow.threading)
+    late = answering_late(0.5)
+    try:
+        host = f"127.0.0.1:{late.getsockname()[1]}"
+        [answer] = hosts_table.ask_all([host], timeout=30, deadline=1.5)
+        assert (answer.state, answer.error) == (hosts_table.LATE, "none within the 1.5 s deadline")
+        found = hosts_table.at_once([host, host], lambda h: (time.sleep(0.5), "answered")[1],
+                                    deadline=1.5, late=lambda h: "late")
+        assert found == ["late", "late"]
+    finally:
+        late.close()

@@ -165,11 +165,11 @@ def ask_all(hosts: List[str], timeout: float, mine: bool = False,
             came.put((n, path, exc))
 
     got: List[Dict[str, Any]] = [{} for _ in hosts]
+    end = time.monotonic() + wait  # starting hundreds of threads takes a good part of it
     for n in range(len(hosts)):
         for path in paths(mine):  # daemon threads: one still waiting ends with the command
             threading.Thread(target=get, args=(n, path), daemon=True,
                              name=f"asking {hosts[n]}{path}").start()
-    end = time.monotonic() + wait
     pending = len(hosts) * len(paths(mine))
     while pending:
         try:
@@ -213,9 +213,10 @@ def at_once(hosts: List[str], ask: Callable[[str], Answer], deadline: float,
                 if len(found) == len(hosts):
                     finished.set()
 
+    end = time.monotonic() + deadline
     for _ in range(min(32, len(hosts))):
         threading.Thread(target=work, name="ask-host", daemon=True).start()
-    finished.wait(deadline)
+    finished.wait(max(0.0, end - time.monotonic()))
     with lock:
         answers = [found[n] if n in found else late(host) for n, host in enumerate(hosts)]
     for answer in answers:
