@@ -2,6 +2,8 @@
 import asyncio
 import json
 import time
+from dataclasses import replace
+from types import SimpleNamespace
 from typing import Dict, List, Tuple
 
 import pytest
@@ -9,6 +11,7 @@ import pytest
 from tornado.iostream import IOStream
 
 from helpers import FakeClock, async_test, lease_manager, running, until
+from patroller.http import routes
 from patroller.http.fastlane import Connection
 from patroller.core.identity import IDENTIFYING, named_user
 from patroller.observe.signals import ProcessList, ProcessSamples, Sample, Signals
@@ -283,6 +286,26 @@ def test_a_process_starting_renamed_and_ending_is_shown_at_once(parts):
     assert claim["process_detail"][0]["user"] == "dora@lab" and rebuilt == 2
     claim, rebuilt = shown_after(lambda: leases.process_ended(uuid, 7))
     assert claim["processes"] == [] and claim["process_detail"] == [] and rebuilt == 2
+
+
+def test_an_inventory_change_rebuilds_the_devices_it_names_alone():
+    """The daemon's inventory signal rebuilds the parts of the devices the change names (one
+    now smaller, one fallen off the bus), and keeps the third's."""
+    clock, inventory = FakeClock(), synthetic_inventory(3)
+    leases = lease_manager(clock, inventory)
+    stats = StatsStore(inventory, stale_after=3, history_every=5, history_points=120, clock=clock)
+    view = StatusView(inventory, leases, stats, None, 0.1, clock=clock)
+    receive = routes._inventory_changed(SimpleNamespace(
+        devices=SimpleNamespace(invalidate=lambda: None), status=view))
+    smaller, gone, kept = inventory.devices
+    assert json.loads(view.body())[smaller.uuid]["fb_total"] == 81920
+    built = view.parts_built
+    change = inventory.update([replace(smaller, total_mem="40960 MiB"), kept])
+    leases.devices_changed()
+    receive(None, record=change)
+    shown = json.loads(view.body())
+    assert shown[smaller.uuid]["fb_total"] == 40960 and shown[gone.uuid]["claim"]["state"] == "lost"
+    assert view.parts_built == built + 6  # statistics, claim and processes of two devices
 
 
 def test_the_body_and_the_data_say_the_same(parts):

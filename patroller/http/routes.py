@@ -60,7 +60,7 @@ def make_api(services: Services) -> Api:
 def _inventory_changed(api: Api) -> Any:
     def receive(sender: Any, record: Any) -> None:
         api.devices.invalidate()
-        api.status.invalidate()
+        api.status.invalidate(record.added + record.lost + record.renumbered + record.updated)
     return receive
 
 
