@@ -246,6 +246,37 @@ async def test_the_watch_frees_a_device_when_its_process_is_killed(pidfds, monke
         process.wait()
 
 
+@pytest.mark.parametrize("pidfds", [True, False], ids=["pidfd", "polling"])
+@async_test
+async def test_one_watched_process_after_another_each_end_is_seen(pidfds):
+    """A pidfd is closed and taken off the loop when its process ends: the next one, opened on
+    the same descriptor number, is watched afresh (left on the loop, the old registration would
+    stand for the new descriptor, which the loop would then never watch). Polled, the poller
+    stops once nothing is left to poll, and the next process starts another."""
+    leases = lease_manager()
+    lifelines = Lifelines(leases, replace(Config(), lifeline_poll=0.05), pidfds=pidfds)
+    lifelines.start()
+    numbers = []
+    try:
+        for _ in range(3):
+            process = sleeping()
+            try:
+                [device] = leases.request(alice, {"gpu": 1}, held_for=ref_of(process))
+                await until(lambda: lifelines.metrics()["watched" if pidfds else "polled"] == 1)
+                numbers.append(lifelines._fds.get(ref_of(process)))  # noqa: SLF001
+                process.kill()
+                process.wait()
+                await until(lambda: leases.state(device.uuid) == "free", timeout=5)
+                await until(lambda: lifelines._poller is None)  # noqa: SLF001: none left
+            finally:
+                process.kill()
+                process.wait()
+        assert lifelines.metrics() == {"watched": 0, "polled": 0, "ended": 3}
+        assert len(set(numbers)) == 1  # the same descriptor number each time (None: polled)
+    finally:
+        lifelines.stop()
+
+
 @async_test
 async def test_a_zombie_has_ended():
     leases = lease_manager()
