@@ -132,6 +132,24 @@ def test_a_key_that_is_no_file_or_cannot_be_written_is_one_clear_error(tmp_path)
                                 "directory")
 
 
+def test_a_key_open_to_others_on_a_read_only_filesystem_is_refused_saying_why(tmp_path):
+    """A key others may read is made private as it is read; where it cannot be (a read-only
+    filesystem), the daemon refuses it with the filesystem's word, rather than use a key that
+    lets others turn pseudonyms back into names."""
+    from patroller.state.pseudonyms import PseudonymError
+    from test_state_lock import read_only
+
+    made = tmp_path / "made"
+    made.mkdir(mode=0o700)
+    Pseudonyms(str(made), 16).open()
+    os.chmod(made / KEY_FILE, 0o644)
+    with read_only(made, tmp_path / "ro") as where:
+        with pytest.raises(PseudonymError) as error:
+            Pseudonyms(where, 16).open(read_only=True)
+    assert str(error.value) == (f"cannot read the pseudonyms' key {where}/{KEY_FILE}: Read-only "
+                                "file system")
+
+
 def test_pseudonyms_before_open_are_a_bug_said_plainly():
     with pytest.raises(RuntimeError) as error:
         Pseudonyms(None, 16).of("alice")
