@@ -189,6 +189,12 @@ def test_a_job_named_by_its_sluid_in_the_cgroup_is_the_same_job(leases):
     assert leases.state(device) == "claimed"
 
 
+def test_a_job_is_called_by_its_id_and_its_sluid_where_it_has_one():
+    assert Job(id="4242").names() == ("4242",)
+    assert Job(id="4242", sluid="").names() == ("4242",)
+    assert Job(id="4242", sluid="sEKNKTV3WPV500").names() == ("4242", "sEKNKTV3WPV500")
+
+
 def test_a_device_shared_by_two_jobs_is_both_jobs(leases):
     device = uuid(leases, 1)
     leases.allocate(device, Allocation((JOB, Job(id="4243", user="dave"))))
