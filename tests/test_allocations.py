@@ -230,6 +230,7 @@ def _trespasses():
     over_user = Count("user", "bob", None, 2, [Device("GPU-0", 0), Device("GPU-1", 1)],
                       ["bob", "bob"])
     over_account = Count("account", "bob", 1003, 1, [Device("GPU-1", 1)], ["bob+2@example.org"])
+    over_max = Count("user", "MAX", None, 1, [Device("GPU-0", 0)], ["MAX"])
     return [
         (None, False, 7, bob, True, None, "trespassing: bob runs pid 7 on GPU-1, held by nobody",
          {"pid": 7}),
@@ -253,6 +254,9 @@ def _trespasses():
          "trespassing: bob+2@example.org runs pid 13 on GPU-1, beyond the limit of 1 of account "
          "bob (uid 1003), which bob+2@example.org runs as",
          {"pid": 13, "why": "over_limit", "limit": 1, "held": [1], "account": "bob"}),
+        (None, False, 14, named_user("MAX"), True, over_max,  # the name's end is kept whole
+         "trespassing: MAX runs pid 14 on GPU-1, beyond the limit of 1 of MAX",
+         {"pid": 14, "why": "over_limit", "limit": 1, "held": [0]}),
     ]
 
 
@@ -273,6 +277,18 @@ def test_a_trespass_is_one_line_and_one_event(caplog, holder, allocated, pid, ow
     assert [r.getMessage() for r in caplog.records] == [line]
     [event] = events
     assert (event.kind, event.user, event.details) == ("trespass", owner.user, details)
+
+
+def test_a_trespasser_better_known_later_is_told_of_with_the_device_and_its_holder(leases):
+    """bob's process on alice's GPU is a trespass; then its owner is known better (carol, as
+    her container's labels say): carol is told of as well, on that GPU, held by alice."""
+    events = recorded(leases)
+    [device] = leases.request(alice, {"gpu": 1})
+    leases.process_started(device.uuid, 5, bob)
+    leases.update_owner(device.uuid, 5, named_user("carol"))
+    told = [(e.user, e.devices, dict(e.details)) for e in events if e.kind == "trespass"]
+    assert told == [("bob", ((device.uuid, device.number),), {"pid": 5, "holder": "alice"}),
+                    ("carol", ((device.uuid, device.number),), {"pid": 5, "holder": "alice"})]
 
 
 def test_one_users_two_jobs_are_two_trespassers_and_one_job_told_once(leases):
