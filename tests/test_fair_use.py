@@ -336,6 +336,22 @@ def test_every_change_of_hands_is_recorded(clock, tmp_path):
     assert [e["event"] for e in log.since(0, 1)] == ["expire"]
 
 
+def test_the_record_to_standard_output_is_a_json_line_an_event_left_open(clock, capsys):
+    """`--audit-log -`: each event a JSON line on standard output, which closing leaves open."""
+    leases = manager(clock)
+    log = AuditLog("-", 5, 60.0, clock=lambda: 1000.0)
+    log.open()
+    leases.on_event(log.record)
+    [first] = leases.request(alice, {"gpu": 1})
+    log.close()
+    [line] = capsys.readouterr().out.splitlines()
+    entry = json.loads(line)
+    assert (entry["event"], entry["user"], entry["devices"]) == (
+        "grant", "alice", [{"uuid": first.uuid, "number": first.number}])
+    print("still open")
+    assert capsys.readouterr().out == "still open\n"
+
+
 def test_a_full_disk_loses_the_file_lines_not_the_record(clock, caplog):
     leases = manager(clock)
     log = AuditLog("/dev/full", 5, 60.0)  # every write fails: no space left on the device

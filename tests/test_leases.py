@@ -759,3 +759,13 @@ def test_free_is_the_free_state_read_without_the_processes(lost, holder, running
         hold.add(pid, named_user(user), "python")
     assert hold.free == (hold.state == "free")
     assert hold.process_version == len(running)
+
+
+def test_the_age_restarts_when_the_holder_changes_though_the_state_does_not():
+    hold = Hold(since=0.0, uuid="GPU-1")
+    hold.take(named_user("alice"), now=1.0, deadline=100.0)
+    assert (hold.state, hold.since) == ("reserved", 1.0)
+    hold.take(named_user("alice"), now=2.0, deadline=100.0)
+    assert hold.since == 1.0  # the same state, the same holder: the same age
+    hold.take(named_user("bob"), now=5.0, deadline=100.0)
+    assert (hold.state, hold.since) == ("reserved", 5.0)
