@@ -3,6 +3,7 @@ see names. The key on disk; then real daemons, in test mode (callers name themse
 user=) and on the simulator with callers of real uids, identified by the kernel."""
 import asyncio
 import json
+import logging
 import os
 import re
 import stat
@@ -148,6 +149,21 @@ def test_a_key_open_to_others_on_a_read_only_filesystem_is_refused_saying_why(tm
             Pseudonyms(where, 16).open(read_only=True)
     assert str(error.value) == (f"cannot read the pseudonyms' key {where}/{KEY_FILE}: Read-only "
                                 "file system")
+
+
+def test_no_key_on_a_read_only_filesystem_is_a_key_for_this_run_said(tmp_path, caplog):
+    from test_state_lock import read_only
+
+    empty = tmp_path / "empty"
+    empty.mkdir(mode=0o700)
+    with read_only(empty, tmp_path / "ro") as where:
+        with caplog.at_level(logging.WARNING, logger="patroller.state.pseudonyms"):
+            pseudonyms = Pseudonyms(where, 16)
+            pseudonyms.open(read_only=True)
+    assert pseudonyms.of("alice").startswith("user-") and not os.listdir(empty)
+    assert caplog.messages == [
+        f"no pseudonyms' key {where}/{KEY_FILE}, and its directory is read-only: a key for this "
+        "run alone, so every pseudonym changes at the next start"]
 
 
 def test_pseudonyms_before_open_are_a_bug_said_plainly():

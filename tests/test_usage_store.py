@@ -392,7 +392,8 @@ def test_a_read_only_filesystem_runs_without_a_store_and_says_so(tmp_path, caplo
             assert store.state == "read_only" and store.metrics()["state"] == "read_only"
             store.put(time.time(), interval())  # taken, and nothing is done with it
             assert store.metrics()["pending"] == 0  # nor kept
-    assert "read-only filesystem: running without a usage store" in caplog.text
+            said = f"the usage store's directory {store.directory} is on a read-only filesystem"
+    assert said + ": running without a usage store (no usage history is kept)" in caplog.messages
 
 
 # -- edges the mutation run found unchecked (docs/development.md, "Mutation testing") --------------
