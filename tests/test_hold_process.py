@@ -15,6 +15,7 @@ import urllib.request
 
 import pytest
 from dataclasses import replace
+from pathlib import Path
 
 from helpers import known_claim
 from helpers import (ScenarioFile, ServerProcess, async_test, gpu_running, lease_manager,
@@ -275,6 +276,32 @@ async def test_one_watched_process_after_another_each_end_is_seen(pidfds):
         assert len(set(numbers)) == 1  # the same descriptor number each time (None: polled)
     finally:
         lifelines.stop()
+
+
+@async_test
+async def test_polling_looks_in_the_proc_root_it_is_given(tmp_path):
+    """Polled, a process is looked for under `Config.proc_root` (the host's /proc, mounted
+    into Patroller's container), not under this process's own /proc."""
+    process = sleeping()
+    try:
+        fake = tmp_path / str(process.pid)
+        fake.mkdir()
+        (fake / "stat").write_bytes((Path("/proc") / str(process.pid) / "stat").read_bytes())
+        leases = lease_manager()
+        lifelines = Lifelines(leases, replace(Config(), lifeline_poll=0.05,
+                                              proc_root=str(tmp_path)), pidfds=False)
+        lifelines.start()
+        try:
+            [device] = leases.request(alice, {"gpu": 1}, held_for=ref_of(process))
+            await until(lambda: lifelines.metrics()["polled"] == 1)
+            (fake / "stat").unlink()  # gone from the root it watches, though it runs here
+            await until(lambda: leases.state(device.uuid) == "free", timeout=5)
+            assert process.poll() is None
+        finally:
+            lifelines.stop()
+    finally:
+        process.kill()
+        process.wait()
 
 
 @async_test
