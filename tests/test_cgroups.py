@@ -263,3 +263,13 @@ def test_network_addresses_from_inspect_data():
     info = _info(_Inspected(attrs))
     assert info.addresses == ("10.20.0.7", "172.17.0.5", "fd00::7")
     assert info.name == "web" and info.labels == {"email": "c@example.org"}
+
+
+@pytest.mark.parametrize("pid, kept", [(4242, 4242), (1, 1), (0, None), (-1, None),
+                                        ("4242", None), (None, None)])
+def test_a_containers_main_pid_is_kept_when_it_is_a_process(pid, kept):
+    """`State.Pid` is 0 for a stopped container; any positive number is its main process, as
+    the engine names it (the lowest, 1, included); anything else is none."""
+    attrs = {"Id": ID, "Name": "/web", "Config": {"Labels": {}}, "State": {"Pid": pid}}
+    assert _info(_Inspected(attrs)).pid == kept
+
