@@ -5,7 +5,7 @@ import os
 import pytest
 
 from patroller.identify import procfs
-from patroller.identify.cgroups import ContainerRef, parse_cgroup, read_container
+from patroller.identify.cgroups import ContainerRef, parse_cgroup
 from patroller.identify.containers import ContainerInfo, _info, container_identity, email_in
 
 ID = "c81412db6243dd1de3fe8782f83b4160a8c8545022b9922208a095d173f6944d"
@@ -199,10 +199,10 @@ def test_readers_use_an_injectable_proc_root(tmp_path):
     (tmp_path / "4242" / "cgroup").write_text(f"0::/system.slice/docker-{ID}.scope\n")
     (tmp_path / "4242" / "stat").write_text(
         "4242 (python (a) b) S 1 4242 4242 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 987654 1000 10\n")
-    assert read_container(4242, str(tmp_path)).id == ID
+    assert parse_cgroup(procfs.cgroup(4242, str(tmp_path))).id == ID
     assert procfs.stat(4242, str(tmp_path)).start == 987654
     with pytest.raises(OSError):
-        read_container(1, str(tmp_path))
+        procfs.cgroup(1, str(tmp_path))
 
 
 def test_the_real_proc_of_this_process():

@@ -46,8 +46,6 @@ import re
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-from patroller.identify import procfs
-
 _ID = r"[0-9a-f]{64}"
 # A path component that is a container: a runtime prefix and a 64-hex id (systemd scopes), or
 # the bare id (cgroupfs: under /docker, a --cgroup-parent, /kubepods/.../pod<uid>, ...).
@@ -198,8 +196,3 @@ def parse_cgroup(text: str) -> Optional[ContainerRef]:
         if found is not None:
             return found
     return None
-
-
-def read_container(pid: int, proc: str = "/proc") -> Optional[ContainerRef]:
-    """The container of a live pid; None for a host process. Raises OSError if it is gone."""
-    return parse_cgroup(procfs.cgroup(pid, proc))
