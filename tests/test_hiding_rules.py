@@ -630,8 +630,7 @@ def test_status_is_serialized_once_per_build_and_way_of_seeing_it() -> None:
     bob, alice = viewer_of(BOB), viewer_of(ALICE)
     before = shown.status_body(bob)
     assert shown.status_body(bob) is before
-    [granted] = leases.request(ALICE, {"gpu": 1})
-    view.invalidate()  # as the daemon's signals do
+    [granted] = leases.request(ALICE, {"gpu": 1})  # shown by the next body, as in the daemon
     seen = orjson.loads(shown.status_body(bob))
     assert seen[granted.uuid]["claim"]["user"]["user"] == CASE.pseudonyms.of(ALICE.user)
     own = shown.status_body(alice)

@@ -3,10 +3,10 @@
 Each device's entry is kept in parts, each serialized once: its statistics (rebuilt when a
 sample for it arrives), its claim (when its hold changed: a fingerprint of the hold tells) and
 its processes with their figures (when either changed: the hold's `process_version` and the
-store's `figures_version` tell; a sample or a new holder alone leaves them be). What moves with the clock alone (`age`,
-`expires`, `ends_at`, `idle_for`, `stale`, `processes_stale`) is spliced in as the body is
-put together, at most every `max_age` seconds (Config.status_max_age): a body that is only
-older costs a join of bytes, never a rebuild.
+store's `figures_version` tell; a sample or a new holder alone leaves them be). What moves
+with the clock alone (`age`, `expires`, `ends_at`, `idle_for`, `stale`, `processes_stale`)
+is spliced in as the body is put together, at most every `max_age` seconds
+(Config.status_max_age): a body that is only older costs a join of bytes, never a rebuild.
 
 A lease change is shown at once: the next body checks every hold's fingerprint and rebuilds
 the claims that changed (read your writes: a /status after a /request shows the grant). New
@@ -87,15 +87,12 @@ class StatusView:
 
     # -- what changed --------------------------------------------------------------------------
 
-    def invalidate(self, uuids: Optional[Iterable[str]] = None) -> None:
+    def invalidate(self, uuids: Iterable[str]) -> None:
         """The inventory changed: the parts of the devices `uuids` (added, lost, renumbered or
-        updated; None: every device) are built again, the others kept (a GPU falling off the
-        bus at 256 GPUs and 5,000 processes rebuilds one part, not 256 of them on the loop)."""
-        if uuids is None:
-            self._parts.clear()
-        else:
-            for uuid in uuids:
-                self._parts.pop(uuid, None)
+        updated) are built again, the others kept (a GPU falling off the bus at 256 GPUs and
+        5,000 processes rebuilds one device's parts, not 256 devices' on the loop)."""
+        for uuid in uuids:
+            self._parts.pop(uuid, None)
         self._holds_changed = True
         self._body = None
 
