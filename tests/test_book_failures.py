@@ -86,6 +86,19 @@ async def test_the_close_writes_what_a_failing_write_left_out_and_then_nothing(
     again.close()
 
 
+@pytest.mark.errors_expected  # the last write fails
+@async_test
+async def test_a_close_whose_last_write_fails_leaves_no_try_behind(tmp_path, clock, wall):
+    book, leases = book_in(tmp_path, clock, wall, book_retry=3600.0)
+    leases.request(alice, {"gpu": 1})
+    blocked(tmp_path)
+    leases.request(bob, {"gpu": 1})  # fails: a try is set for later
+    assert book._retry is not None  # noqa: SLF001
+    book.close()  # its write fails again: nothing is left to try after the close
+    assert book.failures == 2 and book._retry is None  # noqa: SLF001
+    blocked(tmp_path, False)
+
+
 def test_a_book_that_could_not_be_opened_refuses_nothing_and_its_close_frees_nothing(tmp_path):
     first = LeaseBook(str(tmp_path), Config())
     first.open()

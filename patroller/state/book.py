@@ -103,13 +103,14 @@ class LeaseBook:
         return restored
 
     def close(self) -> None:
-        """Stop writing and unlock the directory (the lock file stays: removing it would race)."""
-        if self._retry is not None:
-            self._retry.cancel()
-            self._retry = None
+        """Write one last time, stop writing and unlock the directory (the lock file stays:
+        removing it would race). A last write that fails leaves no try behind."""
         if self.leases is not None:
             self.write()
         self.leases = None
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
         if self._lock is not None:
             os.close(self._lock)
             self._lock = None
