@@ -1,6 +1,7 @@
 """Reports grouped by one key or two (`by=day,user`, `by=weekday,hour`), in a time zone: the
 GPU-seconds of each pair of keys, user and category, from the hourly totals (and the daily
-ones, before --usage-days), summed by SQLite. Run by the store's reader, on its own connection.
+ones, before --usage-days), summed by SQLite. Run by the store's reader, on its own connection,
+in one read transaction.
 
 The place of an hour in time (its day, weekday, hour of the day) is read in the zone asked for.
 The totals are kept per UTC hour, and a zone's offset changes at most a few times a year, so
@@ -8,7 +9,9 @@ the range is cut where it changes (`spans`: one piece, or two or three) and each
 summed with its own offset: SQLite does the summing, whatever the zone. An hour counts in the
 local hour it begins in (in a zone half an hour off UTC, 08:30-09:30 counts as 08). A daily
 total (before --usage-days) keeps its UTC day and that day's weekday, and has no hour of the
-day: its key there is null.
+day: its key there is null. Where no key needs the hour and the days are UTC days (in UTC, or
+grouped by no time at all), the days a piece covers whole are read as daily totals, as the
+one-key reports are (queries.ranges).
 """
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ from datetime import datetime, tzinfo
 from typing import Dict, List, Optional, Tuple
 
 from patroller.core.usage import WEEKDAYS
-from patroller.state.usage.queries import DAY, HOUR, KEYS, Totals
+from patroller.state.usage.queries import (DAY, HOUR, KEYS, Totals, kept_from, known, ranges,
+                                            reading)
 
 # The keys that say where an hour lies in time, as SQL over the totals (t), whose `local` is
 # the start of the hour (of the day, for a daily total) moved by the zone's offset.
@@ -63,42 +67,52 @@ def statement(by: Tuple[str, ...]) -> str:
     """The SQL of one piece of a report by `by`; its parameters are `parameters`'."""
     keys = ", ".join(TIMES[key] if key in TIMES else KEYS[key] for key in by)
     groups = ", ".join(str(n) for n in range(1, len(by) + 3))
+    first = ("SELECT hour AS start, hour + ? AS local, 0 AS daily, gpu, category, party, "
+             "seconds FROM hourly WHERE hour >= ? AND hour < ?")
+    hours = "SELECT hour, hour + ?, 0, gpu, category, party, seconds FROM hourly " \
+        "WHERE hour >= ? AND hour < ?"
+    days = "SELECT day, day, 1, gpu, category, party, seconds FROM daily WHERE day >= ? AND day < ?"
     return (f"SELECT {keys}, p.user, t.category, SUM(t.seconds) FROM ("
-            "SELECT hour AS start, hour + ? AS local, 0 AS daily, gpu, category, party, seconds "
-            "FROM hourly WHERE hour >= ? AND hour < ? "
-            "UNION ALL SELECT day, day, 1, gpu, category, party, seconds FROM daily "
-            "WHERE day >= ? AND day < ?) AS t "
+            f"{first} UNION ALL {hours} UNION ALL {days} UNION ALL {days}) AS t "
             "JOIN parties AS p ON p.id = t.party JOIN gpus AS g ON g.id = t.gpu "
             f"GROUP BY {groups}")
 
 
-def parameters(since: float, until: float, span: Span) -> Tuple[float, ...]:
+def whole_days(by: Tuple[str, ...], moved: int) -> bool:
+    """Whether a piece may read the days it covers whole as daily totals: where no key needs
+    the hour, and the days it groups by are UTC days (or it groups by no time at all)."""
+    return "hour" not in by and (moved == 0 or not set(by) & set(TIMES))
+
+
+def parameters(since: float, until: float, span: Span, kept: Optional[int],
+               by: Tuple[str, ...]) -> Tuple[float, ...]:
     """A piece's bounds: the hours, then the days, that begin in it and in [since rounded
-    down, until)."""
+    down, until) (queries.ranges: the days before `kept` have only daily totals)."""
     began, before, moved = span
     end = until if before is None else min(until, before)
     hours = int(since // HOUR * HOUR) if began is None else began
     days = int(since // DAY * DAY) if began is None else began
-    return moved, hours, end, days, end
+    found = ranges(hours, days, end, kept, whole_days(by, moved))
+    return (moved, *found.hours[0], moved, *found.hours[1], *found.days[0], *found.days[1])
 
 
 def totals(db: sqlite3.Connection, since: float, until: float, by: Tuple[str, ...],
            zone: tzinfo) -> Totals:
-    """GPU-seconds by the keys `by`, user and category over [since, until) (epoch seconds);
-    each row's key is a tuple of the keys."""
+    """GPU-seconds by the keys `by`, user and category over [since, until) (epoch seconds),
+    read in one transaction; each row's key is a tuple of the keys."""
     found: Dict[Tuple[object, ...], float] = {}
     sql = statement(by)
-    for span in spans(since, until, zone):
-        for *keys, user, category, seconds in db.execute(sql, parameters(since, until, span)):
-            shown = tuple(_key(name, value) for name, value in zip(by, keys))
-            row = (shown, user or None, category)
-            found[row] = found.get(row, 0.0) + float(seconds)
-    numbers = {uuid: number for uuid, number in db.execute("SELECT uuid, number FROM gpus")}
-    starts = db.execute("SELECT MIN(day) FROM daily").fetchone()[0], \
-        db.execute("SELECT MIN(hour) FROM hourly").fetchone()[0]
-    known = [start for start in starts if start is not None]
+    with reading(db):
+        kept = kept_from(db)
+        for span in spans(since, until, zone):
+            for *keys, user, category, seconds in db.execute(
+                    sql, parameters(since, until, span, kept, by)):
+                shown = tuple(_key(name, value) for name, value in zip(by, keys))
+                row = (shown, user or None, category)
+                found[row] = found.get(row, 0.0) + float(seconds)
+        numbers, first = known(db)
     rows = [(keys, user, category, seconds) for (keys, user, category), seconds in found.items()]
-    return Totals(rows, numbers, float(min(known)) if known else None)  # type: ignore[arg-type]
+    return Totals(rows, numbers, first)  # type: ignore[arg-type]
 
 
 def _key(name: str, value: object) -> Optional[str]:

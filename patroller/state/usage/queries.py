@@ -1,17 +1,19 @@
-"""The reports' queries: GPU-seconds by a key, user and category over a range, from the hourly
-totals and, before --usage-days, the daily ones. Run by the store's reader, on its own
-connection.
+"""The reports' queries: GPU-seconds by a key, user and category over a range, from the daily
+and hourly totals. Run by the store's reader, on its own connection, in one read transaction.
 
-A range counts whole hours (whole days, where only daily totals are left): those that begin at
-or after `since` rounded down to its hour (day), and before `until`. The totals are keyed by
-hour and day (their primary keys), so a range is one index range scan of each: a 30-day report
-at 8 GPUs reads about 720 hours x 8 GPUs x a few categories, some 20,000 rows.
+A range counts whole hours (whole days, where only daily totals are left: before --usage-days):
+those that begin at or after `since` rounded down to its hour (day), and before `until`. Every
+day has a daily total, and the days of the last --usage-days have hourly ones too (schema.py),
+so a range reads its whole days from `daily` and only the hours at its two ends from `hourly`
+(`ranges`): a 365-day report at 8 GPUs reads some 10,000 daily rows and at most 46 hours' worth,
+not 200,000 hourly rows. Each piece is one range scan of its table's primary key.
 """
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 from patroller.core.usage import BY
 
@@ -44,29 +46,85 @@ class Totals:
     first: Optional[float] = None
 
 
+Span = Tuple[float, float]  # [from, before): epoch seconds; empty where from >= before
+
+
+@dataclass(frozen=True)
+class Ranges:
+    """Where a range is read: days of `daily` and hours of `hourly`, two spans of each."""
+
+    days: Tuple[Span, Span]
+    hours: Tuple[Span, Span]
+
+
+def kept_from(db: sqlite3.Connection) -> Optional[int]:
+    """The start of the first day that has hourly totals (days before it have only daily
+    ones), or None where none has."""
+    first = db.execute("SELECT MIN(hour) FROM hourly").fetchone()[0]
+    return None if first is None else int(first) // DAY * DAY
+
+
+def ranges(hours_from: int, days_from: int, until: float, kept: Optional[int],
+           whole_days: bool = True) -> Ranges:
+    """Where [from, until) is read: the days before `kept` (only daily totals are left of them)
+    from `days_from`; from `kept` on, the hours from `hours_from` that begin before `until`,
+    of which those of the days they cover whole are read as daily totals (unless not
+    `whole_days`). `kept` None: no day has hourly totals."""
+    if kept is None:
+        return Ranges(((days_from, until), (until, until)), ((until, until), (until, until)))
+    early = (days_from, min(until, kept))
+    start = max(hours_from, kept)
+    first_whole = -(-start // DAY) * DAY  # the first day that begins in the range
+    last_hour_end = -(-until // HOUR) * HOUR  # the end of the last hour that begins before until
+    after_whole = int(last_hour_end // DAY * DAY)
+    if whole_days and first_whole < after_whole:
+        return Ranges((early, (first_whole, after_whole)),
+                      ((start, first_whole), (after_whole, until)))
+    return Ranges((early, (until, until)), ((start, until), (until, until)))
+
+
 def statement(by: str) -> str:
     """The SQL of a report by `by`; its parameters are `bounds`'."""
+    days = "SELECT day AS start, gpu, category, party, seconds FROM daily " \
+        "WHERE day >= ? AND day < ?"
+    hours = "SELECT hour, gpu, category, party, seconds FROM hourly WHERE hour >= ? AND hour < ?"
     return (f"SELECT {KEYS[by]}, p.user, t.category, SUM(t.seconds) FROM ("
-            "SELECT hour AS start, gpu, category, party, seconds FROM hourly "
-            "WHERE hour >= ? AND hour < ? "
-            "UNION ALL SELECT day, gpu, category, party, seconds FROM daily "
-            "WHERE day >= ? AND day < ?) AS t "
+            f"{days} UNION ALL {days.replace(' AS start', '')} UNION ALL {hours} "
+            f"UNION ALL {hours}) AS t "
             "JOIN parties AS p ON p.id = t.party JOIN gpus AS g ON g.id = t.gpu "
             "GROUP BY 1, 2, 3")
 
 
-def bounds(since: float, until: float) -> Tuple[int, float, int, float]:
-    """The hours, then the days, that begin at or after `since` rounded down, before `until`."""
-    return int(since // HOUR * HOUR), until, int(since // DAY * DAY), until
+def bounds(found: Ranges) -> Tuple[float, ...]:
+    """The parameters of `statement`: the spans of days, then those of hours."""
+    return tuple(edge for span in found.days + found.hours for edge in span)
 
 
 def totals(db: sqlite3.Connection, since: float, until: float, by: str) -> Totals:
-    """GPU-seconds by `by`, user and category over [since, until) (epoch seconds)."""
-    rows = [(found or None, user or None, category, float(seconds))
-            for found, user, category, seconds in db.execute(statement(by),
-                                                              bounds(since, until))]
+    """GPU-seconds by `by`, user and category over [since, until) (epoch seconds), read in
+    one transaction: what the writer writes meanwhile is seen whole or not at all."""
+    with reading(db):
+        found = ranges(int(since // HOUR * HOUR), int(since // DAY * DAY), until, kept_from(db))
+        rows = [(key or None, user or None, category, float(seconds))
+                for key, user, category, seconds in db.execute(statement(by), bounds(found))]
+        return Totals(rows, *known(db))
+
+
+def known(db: sqlite3.Connection) -> Tuple[Dict[str, int], Optional[float]]:
+    """Each GPU's last index by its uuid, and the earliest time with figures (None: none)."""
     numbers = {uuid: number for uuid, number in db.execute("SELECT uuid, number FROM gpus")}
-    starts = db.execute("SELECT MIN(day) FROM daily").fetchone()[0], \
-        db.execute("SELECT MIN(hour) FROM hourly").fetchone()[0]
-    known = [start for start in starts if start is not None]
-    return Totals(rows, numbers, float(min(known)) if known else None)
+    day = db.execute("SELECT MIN(day) FROM daily").fetchone()[0]
+    hour = db.execute("SELECT MIN(hour) FROM hourly").fetchone()[0]
+    if hour is not None and (day is None or day >= hour // DAY * DAY):
+        return numbers, float(hour)  # nothing folded: the hour of the first figures
+    return numbers, None if day is None else float(day)
+
+
+@contextlib.contextmanager
+def reading(db: sqlite3.Connection) -> Iterator[None]:
+    """One read transaction on `db` (a snapshot, in WAL mode), ended however the block ends."""
+    db.execute("BEGIN")
+    try:
+        yield
+    finally:
+        db.execute("COMMIT")

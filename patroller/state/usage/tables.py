@@ -1,6 +1,7 @@
 """Writing the usage store's tables (schema.py says what each holds): one interval's samples in
-one transaction, and the folding of old rows into daily totals. Run by the store's writer
-thread alone, on its connection (autocommit mode: each transaction is explicit)."""
+one transaction, with its hourly and daily totals, and the removal of old samples and hourly
+totals, whose time stays in the daily ones. Run by the store's writer thread alone, on its
+connection (autocommit mode: each transaction is explicit)."""
 from __future__ import annotations
 
 import json
@@ -11,6 +12,12 @@ from patroller.core.usage import GpuSample, Party, classify
 
 HOUR = 3600
 DAY = 86400
+ADD_HOURLY = ("INSERT INTO hourly (hour, gpu, category, party, seconds) VALUES (?, ?, ?, ?, ?) "
+              "ON CONFLICT (hour, gpu, category, party) "
+              "DO UPDATE SET seconds = seconds + excluded.seconds")
+ADD_DAILY = ("INSERT INTO daily (day, gpu, category, party, seconds) VALUES (?, ?, ?, ?, ?) "
+             "ON CONFLICT (day, gpu, category, party) "
+             "DO UPDATE SET seconds = seconds + excluded.seconds")
 
 
 class Keys:
@@ -75,10 +82,9 @@ def write_interval(db: sqlite3.Connection, keys: Keys, at: float,
             # counted in the hour its interval began
             hour = int((at - sample.seconds) // HOUR * HOUR)
             for category, party, seconds in classify(sample):
-                db.execute("INSERT INTO hourly (hour, gpu, category, party, seconds) "
-                           "VALUES (?, ?, ?, ?, ?) ON CONFLICT (hour, gpu, category, party) "
-                           "DO UPDATE SET seconds = seconds + excluded.seconds",
-                           (hour, gpu, category, keys.party(db, party), seconds))
+                row = (hour, gpu, category, keys.party(db, party), seconds)
+                db.execute(ADD_HOURLY, row)
+                db.execute(ADD_DAILY, (hour - hour % DAY, *row[1:]))
         db.execute("COMMIT")
     except BaseException:
         keys.clear()
@@ -97,19 +103,12 @@ def cutoff(now: float, days: int) -> int:
 
 
 def fold(db: sqlite3.Connection, before: int) -> Tuple[int, int]:
-    """Fold the hourly totals before `before` (epoch seconds, a day's start) into daily totals
-    and remove them, with the samples of that time, in one transaction: (samples removed,
-    hourly totals folded)."""
+    """Remove the hourly totals and the samples before `before` (epoch seconds, a day's
+    start), in one transaction: their GPU-seconds stay in the daily totals, written with them.
+    (samples removed, hourly totals removed)"""
     db.execute("BEGIN IMMEDIATE")
     try:
-        hours = db.execute("SELECT COUNT(*) FROM hourly WHERE hour < ?", (before,)).fetchone()[0]
-        if hours:
-            db.execute("INSERT INTO daily (day, gpu, category, party, seconds) "
-                       "SELECT hour - hour % 86400, gpu, category, party, SUM(seconds) "
-                       "FROM hourly WHERE hour < ? GROUP BY 1, 2, 3, 4 "
-                       "ON CONFLICT (day, gpu, category, party) "
-                       "DO UPDATE SET seconds = seconds + excluded.seconds", (before,))
-            db.execute("DELETE FROM hourly WHERE hour < ?", (before,))
+        hours = db.execute("DELETE FROM hourly WHERE hour < ?", (before,)).rowcount
         samples = db.execute("DELETE FROM samples WHERE at < ?", (before,)).rowcount
         db.execute("COMMIT")
     except BaseException:
