@@ -185,25 +185,28 @@ def test_a_version_1_file_is_migrated_with_every_day_in_the_daily_totals(tmp_pat
         ("alice", "active"): 3600.0 + 1800.0 + 30 * 600.0, (None, "free"): 3000.0}
 
 
-def test_a_report_is_read_in_one_transaction_however_the_writer_moves_on(tmp_path):
+@pytest.mark.parametrize("module,read", [
+    (queries, lambda db, since, until: queries.totals(db, since, until, "user")),
+    (groupings, lambda db, since, until: groupings.totals(db, since, until, ("user", "job"),
+                                                          timezone.utc))])
+def test_a_report_is_read_in_one_transaction_however_the_writer_moves_on(
+        tmp_path, monkeypatch, module, read):
     """The first day with hourly totals and the rows are read from one snapshot: a fold that
     commits between the two cannot make a day count nowhere."""
     path = tmp_path / "u.sqlite3"
     db = fresh(path)
     db.execute("PRAGMA journal_mode = WAL")
     history(db)
+    tables.write_interval(db, tables.Keys(), START + 5 * HOUR + 60, interval())  # an end hour
     reader = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     since, until = START + 3 * HOUR, START + 20 * DAY + 5 * HOUR  # hours at both ends
-    expected = rounded(queries.totals(reader, since, until, "user"))
-    original = queries.kept_from
+    expected = rounded(read(reader, since, until))
+    kept_from = queries.kept_from
 
     def fold_meanwhile(conn):
-        kept = original(conn)
+        kept = kept_from(conn)
         tables.fold(db, START + 6 * DAY)  # the writer, between the reader's two reads
         return kept
-    queries.kept_from = fold_meanwhile
-    try:
-        assert rounded(queries.totals(reader, since, until, "user")) == expected
-    finally:
-        queries.kept_from = original
+    monkeypatch.setattr(module, "kept_from", fold_meanwhile)
+    assert rounded(read(reader, since, until)) == expected
     assert not reader.in_transaction
