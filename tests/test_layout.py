@@ -54,7 +54,7 @@ THIRD_PARTY: Dict[str, Set[str]] = {
     "patroller.config": set(),
     "patroller.observe": {"tornado", "blinker", "grpc"},
     "patroller.identify": {"tornado", "docker", "cachetools"},
-    "patroller.state": {"tornado"},
+    "patroller.state": {"tornado", "cachetools"},
     "patroller.services": set(),
     "patroller.http": {"tornado", "prometheus_client", "orjson"},
     "patroller.doctor": {"tornado"},

@@ -314,7 +314,7 @@ def test_a_reader_that_may_not_lower_its_niceness_says_so_and_reads(tmp_path, ca
         with store_in(tmp_path, usage_report_nice=13) as store:
             store.put(now, interval())
             wait(lambda: store.intervals == 1)
-            with caplog.at_level(logging.INFO, logger="patroller.state.usage.store"):
+            with caplog.at_level(logging.INFO, logger="patroller.state.usage.reader"):
                 thread = threading.Thread(target=daemon, args=(store,))
                 thread.start()
                 thread.join(30)
@@ -610,7 +610,7 @@ def test_the_metrics_count_what_the_store_did_and_what_waits(tmp_path):
         wait(lambda: store.intervals == 3)
         assert store.metrics() == {
             "path": str(tmp_path / FILE), "state": "writable", "rows": 6, "intervals": 3,
-            "failures": 0, "set_aside": 0, "pending": 0, "dropped": 0}
+            "failures": 0, "set_aside": 0, "pending": 0, "dropped": 0, "answered_again": 0}
 
 
 def test_folding_takes_whole_days_only(tmp_path):

@@ -188,6 +188,9 @@ class Config:
     # the niceness of the thread that reads reports (0-19): a year-long report is background
     # work, and must not take the CPU that serving /status needs (19: it gets what is left)
     usage_report_nice: int = 19
+    # rows of reports kept to answer the same report again while nothing was written (a page
+    # reloaded, a dashboard, several people): some 100 bytes a row
+    usage_report_cache_rows: int = 100_000
 
     # -- internal defaults: http (the server, the views, the live feed) -----------------------
     max_body: int = 64 * 1024  # bytes: the largest request body taken (a form for /release)

@@ -6,5 +6,5 @@ the expiry timer, the lifelines (pidfds) of processes that hold devices, the pse
 --hide-users and their key, and the usage store (state/usage: its SQLite file, schema, writer
 thread, reader and sampler).
 May import: `patroller.identify`, `patroller.observe`, `patroller.config`, `patroller.core`;
-Tornado.
+Tornado, cachetools.
 """

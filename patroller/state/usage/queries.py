@@ -83,6 +83,13 @@ def ranges(hours_from: int, days_from: int, until: float, kept: Optional[int],
     return Ranges((early, (until, until)), ((start, until), (until, until)))
 
 
+def answer_key(since: float, until: float, by: object, zone: object) -> Tuple[object, ...]:
+    """What a report's answer depends on besides the file: the hour `since` is in (and so its
+    day), the end of the hour `until` is in (a range counts whole hours and days that begin
+    before it), the grouping and the zone. Two ranges with the same key read the same rows."""
+    return int(since // HOUR), int(-(-until // HOUR)), by, zone
+
+
 def statement(by: str) -> str:
     """The SQL of a report by `by`; its parameters are `bounds`'."""
     days = "SELECT day AS start, gpu, category, party, seconds FROM daily " \

@@ -4,7 +4,7 @@ The event loop never touches the file. Every `--usage-interval` the sampler hand
 interval's samples (`put`: a queue); the writer thread writes each interval in one transaction,
 in WAL mode with `synchronous=NORMAL`: a committed interval survives the daemon's death (kill -9
 included; a crash of the host may lose the last ones), so a restart loses at most the interval
-in progress. Reports read on a connection of their own, in a thread of their own (`report`):
+in progress. Reports read on a connection of their own, in a thread of their own (reader.py):
 WAL lets them read while the writer writes.
 
 What goes wrong, and what the store does:
@@ -21,7 +21,6 @@ Old samples are folded into daily totals (tables.py) at start and every `usage_f
 """
 from __future__ import annotations
 
-import asyncio
 import errno
 import logging
 import os
@@ -29,17 +28,15 @@ import queue
 import sqlite3
 import threading
 import time
-import urllib.parse
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from datetime import tzinfo
 from typing import Any, Callable, Deque, Dict, Optional, Sequence, Tuple
 
 from patroller.config import Config
-from patroller.core.errors import Unavailable
 from patroller.core.throttle import Throttle
 from patroller.core.usage import GpuSample
-from patroller.state.usage import groupings, queries, schema, tables
+from patroller.state.usage import queries, schema, tables
+from patroller.state.usage.reader import Reader
 
 log = logging.getLogger(__name__)
 
@@ -82,12 +79,9 @@ class UsageStore:
         self._queue: "queue.Queue[Any]" = queue.Queue()
         self._thread: Optional[threading.Thread] = None
         self._opening: Optional[sqlite3.Connection] = None  # the writer's, while it opens
-        self._generation = 0  # how many times the file was replaced: the reader follows
         self._reports = Throttle(1, config.repeat_log_every)
         self._unmovable = Throttle(1, config.repeat_log_every)  # files it cannot set aside
-        self._reader: Optional[ThreadPoolExecutor] = None
-        self._read_db: Optional[sqlite3.Connection] = None  # the reader thread's alone
-        self._read_generation = -1
+        self.reader = Reader(self.path, config)
 
     # -- life (on the event loop) --------------------------------------------------------------
 
@@ -122,9 +116,7 @@ class UsageStore:
             self._thread.join(timeout)
             if self._thread.is_alive():
                 log.warning("the usage store did not finish writing within %.1f s", timeout)
-        if self._reader is not None:
-            self._reader.submit(self._close_reader)
-            self._reader.shutdown(wait=False)
+        self.reader.close()
         if self.state != READ_ONLY:
             self.state = STOPPED
 
@@ -133,64 +125,20 @@ class UsageStore:
         return {"path": self.path, "state": self.state, "rows": self.rows,
                 "intervals": self.intervals, "failures": self.failures,
                 "set_aside": self.set_aside, "pending": self._held + self._queue.qsize(),
-                "dropped": self.dropped}
+                "dropped": self.dropped, "answered_again": self.reader.answered_again}
 
-    # -- reading (a thread of its own) ---------------------------------------------------------
+    # -- reading (reader.py: a thread of its own) ---------------------------------------------
 
     async def report(self, since: float, until: float, by: str) -> queries.Totals:
         """GPU-seconds by `by` over [since, until), read off the event loop. Unavailable if the
         store cannot be read."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._reading(), self._read, since, until, by)
+        return await self.reader.read(since, until, by, None)
 
     async def grouped(self, since: float, until: float, by: Tuple[str, ...],
                       zone: tzinfo) -> queries.Totals:
         """GPU-seconds by one key or two (`by`), their time in `zone`, over [since, until)
         (groupings.py), read off the event loop as `report` is; each row's key is a tuple."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._reading(), self._read, since, until, by, zone)
-
-    def _reading(self) -> ThreadPoolExecutor:
-        """The reports' one thread, made by the first report of either kind, at
-        Config.usage_report_nice."""
-        if self._reader is None:
-            self._reader = ThreadPoolExecutor(1, thread_name_prefix="usage-reader",
-                                              initializer=self._lower_priority)
-        return self._reader
-
-    def _read(self, since: float, until: float, by: Any,
-              zone: Optional[tzinfo] = None) -> queries.Totals:
-        try:
-            if self._read_db is None or self._read_generation != self._generation:
-                self._close_reader()
-                if not os.path.exists(self.path):
-                    return queries.Totals()  # nothing written yet
-                self._read_generation = self._generation
-                self._read_db = sqlite3.connect(
-                    f"file:{urllib.parse.quote(self.path)}?mode=ro", uri=True,
-                    timeout=self.config.usage_busy_timeout, check_same_thread=False)
-            if schema.version(self._read_db) != schema.LATEST:
-                return queries.Totals()  # the writer has not made it a store yet
-            if zone is not None:
-                return groupings.totals(self._read_db, since, until, by, zone)
-            return queries.totals(self._read_db, since, until, by)
-        except (sqlite3.Error, OSError, schema.NotAStore) as exc:
-            self._close_reader()
-            raise Unavailable(f"the usage store {self.path} cannot be read now ({exc}); try "
-                              "again shortly") from None
-
-    def _lower_priority(self) -> None:
-        """In the reader thread: yield the CPU to serving (Config.usage_report_nice)."""
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
-                           self.config.usage_report_nice)
-        except OSError as exc:  # not allowed here: reports run at the daemon's priority
-            log.info("the usage reports' thread keeps the daemon's priority: %s", exc)
-
-    def _close_reader(self) -> None:
-        if self._read_db is not None:
-            self._read_db.close()
-            self._read_db = None
+        return await self.reader.read(since, until, by, zone)
 
     # -- writing (the writer thread) -----------------------------------------------------------
 
@@ -319,7 +267,7 @@ class UsageStore:
                           exc.strerror or exc)
             return False
         self.set_aside += 1
-        self._generation += 1
+        self.reader.file_replaced()
         log.warning("usage store %s %s; set aside as %s, and a fresh store starts", self.path,
                     why, os.path.basename(aside))
         return True
