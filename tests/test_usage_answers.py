@@ -9,6 +9,7 @@ import random
 import sqlite3
 import time
 from dataclasses import replace
+from datetime import timedelta, timezone
 
 from patroller.config import Config
 from patroller.state.usage import queries, schema, tables
@@ -50,6 +51,17 @@ def test_a_commit_by_any_other_connection_forgets_the_answers(tmp_path):
         assert by_category(report(store, NOW - 2 * HOUR, NOW))[("alice", "active")] == \
             2 * by_category(first)[("alice", "active")]
         assert store.metrics()["answered_again"] == 0
+
+
+def test_a_report_in_another_zone_is_read_for_that_zone(tmp_path):
+    with store_in(tmp_path) as store:
+        store.put(NOW - 60, interval())
+        wait(lambda: store.intervals == 1)
+        in_utc = asyncio.run(store.grouped(NOW - 2 * HOUR, NOW, ("day", "user"), timezone.utc))
+        east = asyncio.run(store.grouped(NOW - 2 * HOUR, NOW, ("day", "user"),
+                                         timezone(timedelta(hours=14))))
+        assert east is not in_utc and store.metrics()["answered_again"] == 0
+        assert {key for key, *_ in east.rows} != {key for key, *_ in in_utc.rows}
 
 
 def read(reader, since, until, by="user", zone=None):
@@ -130,7 +142,9 @@ def test_ranges_of_the_same_answer_key_read_the_same_rows(tmp_path):
         assert queries.answer_key(same_since, same_until, by, None) == key
         assert rounded(queries.totals(db, same_since, same_until, by)) == \
             rounded(queries.totals(db, since, until, by)), (since, until, by)
-    assert queries.answer_key(START, START + 1, "user", None) != \
+    # until: the hour that ends at it or after it; since: the hour it is in
+    assert queries.answer_key(START, START + 1, "user", None) == \
+        queries.answer_key(START, START + HOUR, "user", None) != \
         queries.answer_key(START, START + HOUR + 1, "user", None)
     assert queries.answer_key(START - 1, START + HOUR, "user", None) != \
         queries.answer_key(START, START + HOUR, "user", None)

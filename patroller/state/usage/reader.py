@@ -117,8 +117,7 @@ class Reader:
             log.info("the usage reports' thread keeps the daemon's priority: %s", exc)
 
     def _close(self) -> None:
-        self._answers.clear()
-        self._answered = None
+        self._answers.clear()  # a fresh connection's data_version may equal this one's
         if self._db is not None:
             self._db.close()
             self._db = None
