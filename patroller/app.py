@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import socket
+import sys
 import time
 from typing import Any, List, Optional, Sequence
 
@@ -65,6 +66,7 @@ class Daemon:
         self.server: Optional[PeerServer] = None
         self.unix_file: Optional[SocketFile] = None  # what we bound there, removed at stop
         self.heap = Heap(services.config.gc_refreeze_every)
+        self._switch_interval: Optional[float] = None  # Python's, while the daemon's is set
 
     def start(self) -> None:
         """Open the audit record's file, the lease book and the pseudonyms' key (last run's
@@ -107,6 +109,8 @@ class Daemon:
         for monitor in services.monitors:
             monitor.start()
         self.heap.start()  # what the daemon made to start is frozen from now on
+        self._switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(services.config.gil_switch_interval)
 
     def listen(self, port: int, address: str = "", unix_path: Optional[str] = None) -> List[str]:
         """Bind and serve; return where, as URLs. Raises OSError if it cannot bind, StartError
@@ -158,6 +162,9 @@ class Daemon:
         await asyncio.sleep(0)  # let their answers go out
         services.timer.stop()
         self.heap.stop()
+        if self._switch_interval is not None:
+            sys.setswitchinterval(self._switch_interval)
+            self._switch_interval = None
         services.lifelines.stop()
         services.tracker.close()
         await self._stop_monitors(grace / 2)

@@ -1,9 +1,13 @@
 """The cycle collector on the daemon's schedule (patroller/heap.py): what the daemon holds is
 frozen after it starts, so the collector's full passes do not walk it; it is thawed, collected
-and frozen again every Config.gc_refreeze_every seconds, so garbage among it is still freed."""
+and frozen again every Config.gc_refreeze_every seconds, so garbage among it is still freed.
+And the interpreter's switch interval the daemon sets while it runs."""
 import asyncio
 import gc
+import sys
 import weakref
+
+import pytest
 
 from helpers import async_test, running
 from patroller.heap import Heap
@@ -79,3 +83,14 @@ async def test_the_daemon_freezes_what_it_made_to_start_and_thaws_it_when_it_sto
         assert h.daemon.heap.refreezes == 1
         assert gc.get_freeze_count() > 1000
     assert gc.get_freeze_count() == 0
+
+
+@async_test
+async def test_the_daemon_hands_the_interpreter_back_to_the_loop_sooner_and_restores_it():
+    """A thread writing /metrics' text or reading a report holds the interpreter at most
+    Config.gil_switch_interval before the event loop gets it back; after the stop, Python's
+    own interval again."""
+    before = sys.getswitchinterval()
+    async with running(gil_switch_interval=0.0007):
+        assert sys.getswitchinterval() == pytest.approx(0.0007)
+    assert sys.getswitchinterval() == before
