@@ -57,9 +57,9 @@ def test_a_report_in_another_zone_is_read_for_that_zone(tmp_path):
     with store_in(tmp_path) as store:
         store.put(NOW - 60, interval())
         wait(lambda: store.intervals == 1)
-        in_utc = asyncio.run(store.grouped(NOW - 2 * HOUR, NOW, ("day", "user"), timezone.utc))
-        east = asyncio.run(store.grouped(NOW - 2 * HOUR, NOW, ("day", "user"),
-                                         timezone(timedelta(hours=14))))
+        in_utc = asyncio.run(store.grouped(NOW - 2 * HOUR, NOW, ("hour", "user"), timezone.utc))
+        east = asyncio.run(store.grouped(NOW - 2 * HOUR, NOW, ("hour", "user"),
+                                         timezone(timedelta(hours=5))))  # 5 hours later there
         assert east is not in_utc and store.metrics()["answered_again"] == 0
         assert {key for key, *_ in east.rows} != {key for key, *_ in in_utc.rows}
 
@@ -122,6 +122,22 @@ def test_the_answers_kept_hold_at_most_the_rows_configured(tmp_path):
         assert read(small, NOW - HOUR, NOW) is not read(small, NOW - HOUR, NOW)
     finally:
         small.close()
+    exact = Reader(str(path), replace(Config(), usage_report_cache_rows=4))
+    try:  # one that fills it exactly is (3 rows and one for the answer)
+        assert read(exact, NOW - HOUR, NOW) is read(exact, NOW - HOUR, NOW)
+    finally:
+        exact.close()
+
+
+def test_the_close_lets_go_of_the_file_in_the_reader_thread(tmp_path):
+    path = tmp_path / FILE
+    db = fresh(path)
+    tables.write_interval(db, tables.Keys(), NOW - 60, interval())
+    reader = Reader(str(path), Config())
+    read(reader, NOW - HOUR, NOW)
+    assert reader._db is not None  # noqa: SLF001
+    reader.close()
+    wait(lambda: reader._db is None)  # noqa: SLF001  # closed by the reader's own thread
 
 
 def test_ranges_of_the_same_answer_key_read_the_same_rows(tmp_path):
