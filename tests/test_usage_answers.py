@@ -8,6 +8,7 @@ import os
 import random
 import sqlite3
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import timedelta, timezone
 
@@ -87,26 +88,34 @@ def test_a_file_replaced_is_read_afresh_not_answered_from_the_one_before(tmp_pat
         reader.close()
 
 
-def test_a_read_that_fails_forgets_the_answers(tmp_path):
+def one_interval(tmp_path):
+    """A store file with one interval written straight into it: its path."""
     path = tmp_path / FILE
-    db = fresh(path)
-    tables.write_interval(db, tables.Keys(), NOW - 60, interval())
-    reader = Reader(str(path), Config())
+    tables.write_interval(fresh(path), tables.Keys(), NOW - 60, interval())
+    return path
+
+
+@contextmanager
+def reader_on(path, **settings):
+    """A Reader of the file at `path`, on Config changed by `settings`, closed afterwards."""
+    reader = Reader(str(path), replace(Config(), **settings))
     try:
-        first = read(reader, NOW - HOUR, NOW)
-        reader._close()  # noqa: SLF001  # as a failed read does, on the reader's connection
-        assert read(reader, NOW - HOUR, NOW) is not first
-        assert reader.answered_again == 0
+        yield reader
     finally:
         reader.close()
 
 
+def test_a_read_that_fails_forgets_the_answers(tmp_path):
+    with reader_on(one_interval(tmp_path)) as reader:
+        first = read(reader, NOW - HOUR, NOW)
+        reader._close()  # noqa: SLF001  # as a failed read does, on the reader's connection
+        assert read(reader, NOW - HOUR, NOW) is not first
+        assert reader.answered_again == 0
+
+
 def test_the_answers_kept_hold_at_most_the_rows_configured(tmp_path):
-    path = tmp_path / FILE
-    db = fresh(path)
-    tables.write_interval(db, tables.Keys(), NOW - 60, interval())  # reports of 3 or 4 rows
-    reader = Reader(str(path), replace(Config(), usage_report_cache_rows=10))
-    try:
+    path = one_interval(tmp_path)  # reports of 3 rows
+    with reader_on(path, usage_report_cache_rows=10) as reader:
         by_user = read(reader, NOW - HOUR, NOW)  # 3 rows (and one for the answer)
         by_gpu = read(reader, NOW - HOUR, NOW, "gpu")  # 3 rows: 8 of 10 in all
         assert len(by_user.rows) == 3 and len(by_gpu.rows) == 3
@@ -115,25 +124,16 @@ def test_the_answers_kept_hold_at_most_the_rows_configured(tmp_path):
         assert read(reader, NOW - HOUR, NOW) is by_user
         assert read(reader, NOW - HOUR, NOW, "gpu") is not by_gpu
         assert reader.answered_again == 2
-    finally:
-        reader.close()
-    small = Reader(str(path), replace(Config(), usage_report_cache_rows=3))
-    try:  # an answer as large as all the room is not kept
+    with reader_on(path, usage_report_cache_rows=3) as small:
+        # an answer as large as all the room is not kept
         assert read(small, NOW - HOUR, NOW) is not read(small, NOW - HOUR, NOW)
-    finally:
-        small.close()
-    exact = Reader(str(path), replace(Config(), usage_report_cache_rows=4))
-    try:  # one that fills it exactly is (3 rows and one for the answer)
+    with reader_on(path, usage_report_cache_rows=4) as exact:
+        # one that fills it exactly is (3 rows and one for the answer)
         assert read(exact, NOW - HOUR, NOW) is read(exact, NOW - HOUR, NOW)
-    finally:
-        exact.close()
 
 
 def test_the_close_lets_go_of_the_file_in_the_reader_thread(tmp_path):
-    path = tmp_path / FILE
-    db = fresh(path)
-    tables.write_interval(db, tables.Keys(), NOW - 60, interval())
-    reader = Reader(str(path), Config())
+    reader = Reader(str(one_interval(tmp_path)), Config())
     read(reader, NOW - HOUR, NOW)
     assert reader._db is not None  # noqa: SLF001
     reader.close()

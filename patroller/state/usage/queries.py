@@ -5,7 +5,7 @@ A range counts whole hours (whole days, where only daily totals are left: before
 those that begin at or after `since` rounded down to its hour (day), and before `until`. Every
 day has a daily total, and the days of the last --usage-days have hourly ones too (schema.py),
 so a range reads its whole days from `daily` and only the hours at its two ends from `hourly`
-(`ranges`): a 365-day report at 8 GPUs reads some 10,000 daily rows and at most 46 hours' worth,
+(`ranges`): a 365-day report at 8 GPUs reads some 42,000 daily rows and at most 46 hours' worth,
 not 200,000 hourly rows. Each piece is one range scan of its table's primary key.
 """
 from __future__ import annotations
