@@ -7,6 +7,8 @@ from typing import List, Mapping, Optional
 
 import tornado.web
 
+from patroller.config import Config
+from patroller.core.throttle import Throttle
 from patroller.doctor import Doctor
 from patroller.http.access import Requests
 from patroller.http.fleet import Fleet
@@ -24,8 +26,8 @@ class Api:
     """The services, and the HTTP layer's own parts: the cached bodies of /status and /devices,
     the web page's live feed, the Prometheus registries, the answers counted, the page's files,
     the API document, the fleet view's hosts (with --fleet), what each caller may see of
-    names (None: every name, to everyone), the doctor's examinations (GET /doctor), and the
-    requests being handled (which a stop waits for)."""
+    names (None: every name, to everyone), the doctor's examinations (GET /doctor), the
+    requests being handled (which a stop waits for), and how often a traceback is logged."""
 
     services: Services
     status: StatusView
@@ -41,3 +43,5 @@ class Api:
     hiding: Optional[Hiding] = None  # --hide-users
     doctor: Optional[Doctor] = None  # GET /doctor's examinations, one at a time
     inflight: InFlight = field(default_factory=InFlight)  # the requests not yet answered
+    # the requests that failed (500) whose traceback is logged: one a repeat_log_every
+    tracebacks: Throttle = field(default_factory=lambda: Throttle(1, Config.repeat_log_every))

@@ -193,15 +193,20 @@ class Handler(tornado.web.RequestHandler):
         self.finish(dumps(body))
 
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
-        if not isinstance(value, (PatrollerError, tornado.web.HTTPError)):
-            super().log_exception(typ, value, tb)
-            return
-        status = (value.status_code if isinstance(value, tornado.web.HTTPError) else
-                  STATUS.get(type(value), 500))
-        if status < 500 or status == 503:
-            return  # an answer to the client (503: stopping, or a part down), not our fault
-        log.error("%s %s answered %d", self.request.method, shown(self.request.path), status,
-                  exc_info=(typ, value, tb))
+        if isinstance(value, (PatrollerError, tornado.web.HTTPError)):
+            status = (value.status_code if isinstance(value, tornado.web.HTTPError) else
+                      STATUS.get(type(value), 500))
+            if status < 500 or status == 503:
+                return  # an answer to the client (503: stopping, or a part down), not our fault
+        else:
+            status = 500
+        # One traceback a `repeat_log_every` at most: a request that fails each time it is
+        # sent must not let a caller fill the log (200 of them made 4,500 lines in 8 s).
+        admitted, untold = self.api.tracebacks.admit()
+        if admitted:
+            also = f" ({untold} more failed meanwhile, not logged)" if untold else ""
+            log.error("%s %s answered %d%s", self.request.method, shown(self.request.path),
+                      status, also, exc_info=(typ, value, tb))
 
     def allowed(self) -> List[str]:
         """The methods this handler answers."""

@@ -281,9 +281,11 @@ def _moment(args: Args, name: str, now: float, default: float,
     if text is None:
         return default
     try:
-        return now - durations.parse(text, zero=True)
+        before = durations.parse(text, zero=True)
     except ValueError:
         pass
+    else:
+        return _in_calendar(name, text, now - before, zone)
     try:
         # a "+" typed into a URL arrives as a space
         moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace(" ", "+"))
@@ -296,4 +298,16 @@ def _moment(args: Args, name: str, now: float, default: float,
             raise BadRequest(f"{name}= needs a time zone (2026-11-01T08:00:00Z), or give a "
                              "date alone (midnight UTC, or in tz=)", field=name)
         moment = moment.replace(tzinfo=zone)
-    return moment.timestamp()
+    return _in_calendar(name, text, moment.timestamp(), zone)
+
+
+def _in_calendar(name: str, text: str, moment: float, zone: tzinfo) -> float:
+    """`moment`, if it has a date in UTC and in `zone` (the answer and the grouping write it
+    so): 1000000d before now, or the first hours of the year 1 west of UTC, have none."""
+    try:
+        datetime.fromtimestamp(moment, timezone.utc)
+        datetime.fromtimestamp(moment, zone)
+    except (ValueError, OverflowError, OSError):
+        raise BadRequest(f"{name}={text[:40]!r} is past the calendar (before the year 1 or "
+                         "after 9999): give a range within it", field=name) from None
+    return moment

@@ -48,7 +48,7 @@ def make_api(services: Services) -> Api:
               registries=Registries(services, requests, hiding), requests=requests,
               web=web_files(), document=openapi_document(),
               fleet=Fleet(config) if config.fleet else None, hiding=hiding,
-              doctor=Doctor(config))
+              doctor=Doctor(config), tracebacks=Throttle(1, config.repeat_log_every))
     # The views and the feed follow every change; the inventory's too.
     services.leases.on_change(feed.changed)
     services.stats.on_change(feed.changed)
