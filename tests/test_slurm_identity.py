@@ -1,6 +1,7 @@
 """A Slurm job's processes: the job and step its cgroup names, its user, and the job's account
-and partition (parser fixtures for every path shape; then a real process in a real cgroup of
-Slurm's shape, made here as slurmstepd makes it, and the daemon on the simulator)."""
+and partition from the job map alone, never from the process's environment, which its user
+writes (parser fixtures for every path shape; then a real process in a real cgroup of Slurm's
+shape, made here as slurmstepd makes it, and the daemon on the simulator)."""
 import pytest
 
 from helpers import known_claim
@@ -52,18 +53,19 @@ def test_other_processes_are_in_no_job(text):
 
 @pytest.fixture
 def job_process():
-    """`sleep` as uid 65534, with a job's environment, in a job step's cgroup."""
-    with slurm_job_process("4242", account="vision-lab", partition="gpu") as pid:
+    """`sleep` as uid 65534 in a job step's cgroup, whose environment says an account and a
+    partition (as its user may set them: SLURM_JOB_ACCOUNT=physics)."""
+    with slurm_job_process("4242", account="physics", partition="debug") as pid:
         yield pid
 
 
 @async_test
-async def test_a_job_process_is_its_user_with_its_job_step_account_and_partition(job_process):
+async def test_a_job_process_is_its_user_with_its_job_and_step_never_its_environments_account(
+        job_process):
     identity = await ProcessIdentifier(Config()).resolve(job_process)
     assert identity.source == "slurm" and identity.uid == NOBODY
     assert identity.user == identity.account and identity.user not in ("unknown", "")
-    assert dict(identity.job) == {"id": "4242", "step": "0", "account": "vision-lab",
-                                  "partition": "gpu"}
+    assert dict(identity.job) == {"id": "4242", "step": "0"}  # no account, no partition
 
 
 @async_test
@@ -75,7 +77,7 @@ async def test_a_computing_jobs_gpu_shows_its_job_and_user(job_process, tmp_path
         await until(lambda: known_claim(h.services.leases, uuid))
         holder = (await h.ok("/status"))[uuid]["claim"]["user"]
         assert holder["source"] == "slurm" and holder["job"]["id"] == "4242"
-        assert holder["job"]["step"] == "0" and holder["job"]["account"] == "vision-lab"
+        assert holder["job"] == {"id": "4242", "step": "0"}  # its environment names nothing
         users = await h.ok("/users")
         assert users[holder["user"]]["jobs"] == ["4242"]
         metrics = (await h.http.fetch(h.url + "/metrics")).body.decode()
@@ -85,3 +87,40 @@ async def test_a_computing_jobs_gpu_shows_its_job_and_user(job_process, tmp_path
         # Only there: no other series of the GPU carries the job.
         assert all('job="4242"' not in m for m in metrics.splitlines()
                    if not m.startswith("patroller_gpu_holder_info{"))
+
+
+@async_test
+async def test_a_job_is_billed_to_the_job_maps_account_not_the_one_its_environment_says(
+        job_process, tmp_path):
+    """The attack: inside her job a user sets SLURM_JOB_ACCOUNT=physics to bill her GPU-time to
+    an account of her choosing (under --hide-users, to learn which names others used). The job
+    map, which root's prolog writes, says vision-lab: her GPU-time is billed there; a job the map
+    does not list, whatever its environment says, to no account at all."""
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "1").write_text(f"4242 uid={NOBODY} account=vision-lab partition=gpu\n")
+    scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=[{}, {}, {}])
+    with slurm_job_process("4343", account="physics") as unlisted:
+        async with gpu_running(scenario, slurm_job_map=str(jobs), job_map_every=0.05,
+                               state_dir=str(tmp_path / "state"), usage_interval=0.2) as h:
+            uuid = h.uuids()
+            await until(lambda: h.services.leases.state(uuid[1]) == "allocated")
+            scenario.write(processes=[{"pid": job_process, "gpu": 1, "sm": 90},
+                                      {"pid": unlisted, "gpu": 2, "sm": 90}])
+            await until(lambda: h.services.leases.state(uuid[1]) == "claimed"
+                        and known_claim(h.services.leases, uuid[2]))
+            store = h.services.usage
+            settled = store.intervals
+            await until(lambda: store.intervals > settled + 2)
+            rows = {row["key"]: row["hours"]
+                    for row in (await h.ok("/usage?by=slurm_account&since=1h"))["rows"]}
+            assert "physics" not in rows and "debug" not in rows, rows
+            assert rows["vision-lab"]["active"] > 0
+            assert set(rows) <= {"vision-lab", None, ""}, rows
+            by_job = {row["key"]: row["hours"]
+                      for row in (await h.ok("/usage?by=job&since=1h"))["rows"]}
+            assert by_job["4343"]["unreserved"] > 0  # counted, for its job, to no account
+            status = await h.ok("/status")
+            assert status[uuid[1]]["claim"]["user"]["job"] == {
+                "id": "4242", "account": "vision-lab", "partition": "gpu"}  # the map's
+            assert status[uuid[2]]["claim"]["user"]["job"] == {"id": "4343", "step": "0"}

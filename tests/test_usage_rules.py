@@ -11,6 +11,7 @@ from helpers import FakeClock, async_test, lease_manager
 from patroller.core.devices import Inventory
 from patroller.core.errors import BadRequest
 from patroller.core.identity import Identity
+from patroller.core.jobs import Job, billed_to
 from patroller.core.usage import (CATEGORIES, NOBODY, GpuSample, Party, Present, classify,
                                   party_of, summarize)
 from patroller.http import query
@@ -115,11 +116,26 @@ def test_the_shares_add_up_to_the_interval(sample):
 
 def test_a_party_is_the_user_with_the_account_job_and_pod_of_the_process():
     slurm = Identity(user="carol", source="slurm", account="carol", uid=1003,
-                     job=(("id", "4242"), ("account", "physics"), ("partition", "gpu")))
-    assert party_of(slurm) == JOB
+                     job=(("id", "4242"), ("step", "0")))
+    assert party_of(slurm, "physics") == JOB
     pod = Identity(user="dave@example.org", source="pod", pod=(("namespace", "ml"),
                                                                ("name", "train-0")))
     assert party_of(pod) == Party(user="dave@example.org", namespace="ml", pod="train-0")
+
+
+def test_a_job_is_billed_to_the_job_maps_account_never_to_the_identitys_own():
+    # An identity that carries an account of its own (as an old lease book's may, read from
+    # the process's environment) is billed to the map's, or to none where the map lists no
+    # such job, or lists it for another uid.
+    said = Identity(user="carol", source="slurm", account="carol", uid=1003,
+                    job=(("id", "4242"), ("step", "0"), ("account", "physics")))
+    mapped = Job(id="4242", uid=1003, user="carol", account="vision-lab", partition="gpu")
+    assert party_of(said) == changed(JOB, slurm_account="")
+    assert billed_to(said, [mapped]) == "vision-lab"
+    assert billed_to(said, [Job(id="77", account="physics")]) == ""
+    assert billed_to(said, [changed(mapped, uid=1004)]) == ""
+    assert billed_to(said, [changed(mapped, account=None)]) == ""
+    assert billed_to(said, ()) == ""
 
 
 def test_a_report_orders_keys_by_use_and_gives_shares_of_the_whole():

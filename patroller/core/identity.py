@@ -23,8 +23,10 @@ class Identity:
     container: Optional[Tuple[str, Optional[str]]] = None  # (short id, name)
     info: Tuple[Tuple[str, str], ...] = field(default=())  # extra labels, in configured order
     degraded: bool = False  # the user could not be learned just now (Docker unreachable)
-    # A Slurm job's process: ("id", ...), ("step", ...), and ("account", ...), ("partition",
-    # ...) where known; None for any other process.
+    # A Slurm job's process: ("id", ...), ("step", ...) as its cgroup names them; a job's
+    # holder, as the job map lists it: ("id", ...), and ("account", ...), ("partition", ...)
+    # where the map gives them (never the process's environment: its user's to write). None
+    # for any other process.
     job: Optional[Tuple[Tuple[str, str], ...]] = None
     # A Kubernetes pod's process: ("namespace", ...), ("name", ...), and ("uid", ...),
     # ("container", ...) where known; None for any other process.

@@ -14,7 +14,7 @@ by its SLUID (Slurm 26.05 and later name the cgroup after it).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Optional, Tuple
+from typing import ClassVar, Iterable, Optional, Tuple
 
 from patroller.core.identity import Identity
 
@@ -64,16 +64,8 @@ class Allocation:
         return tuple(job.id for job in self.jobs)
 
     def member_of(self, owner: Optional[Identity]) -> Optional[Job]:
-        """The job of ours that `owner`'s process is in, or None (not in a job, or another).
-        Where the map gives the job's uid, the process must run as it: slurmd runs a job's
-        processes as its user, so a process of another uid is no part of the job."""
-        if owner is None or not owner.job:
-            return None
-        name = dict(owner.job).get("id")
-        job = next((job for job in self.jobs if name in job.names()), None)
-        if job is not None and job.uid is not None and owner.uid != job.uid:
-            return None
-        return job
+        """The job of ours that `owner`'s process is in, or None (not in a job, or another)."""
+        return member(owner, self.jobs)
 
     def holder(self, seen: Optional[Identity] = None) -> Identity:
         """Who holds the device: the first job, as its user. `seen`: a process of one of the
@@ -96,3 +88,33 @@ class Allocation:
         """The jobs in words: `job 4242`, `jobs 4242, 4243`."""
         ids = self.ids()
         return ("job " if len(ids) == 1 else "jobs ") + ", ".join(ids)
+
+
+def member(owner: Optional[Identity], jobs: Iterable[Job]) -> Optional[Job]:
+    """The one of `jobs` that `owner`'s process is in, or None (not in a job, or another).
+    Where the map gives the job's uid, the process must run as it: slurmd runs a job's
+    processes as its user, so a process of another uid is no part of the job."""
+    if owner is None or not owner.job:
+        return None
+    name = dict(owner.job).get("id")
+    job = next((job for job in jobs if name in job.names()), None)
+    if job is not None and job.uid is not None and owner.uid != job.uid:
+        return None
+    return job
+
+
+def listed(allocations: Iterable[object]) -> Tuple[Job, ...]:
+    """Every job that the job map lists now, once each, from the allocations of every device
+    (a Kubernetes pod's allocation lists none)."""
+    found = {job.id: job for allocation in allocations if isinstance(allocation, Allocation)
+             for job in allocation.jobs}
+    return tuple(found.values())
+
+
+def billed_to(owner: Optional[Identity], jobs: Iterable[Job]) -> str:
+    """The Slurm account that `owner`'s GPU-time is billed to: the one the job map gives its
+    job, which root's prolog wrote; "" when the map lists no such job or gives it no account.
+    Never one the process says of itself (SLURM_JOB_ACCOUNT in its environment is its user's
+    to write): a user would bill her GPU-time to any account she likes."""
+    job = member(owner, jobs)
+    return job.account or "" if job is not None else ""

@@ -59,12 +59,14 @@ class Party:
 NOBODY = Party()
 
 
-def party_of(identity: Identity) -> Party:
-    """The party an identity (a holder, a process's owner) counts as."""
+def party_of(identity: Identity, slurm_account: str = "") -> Party:
+    """The party an identity (a holder, a process's owner) counts as, billed to
+    `slurm_account`: the job map's account of its job (core/jobs.py `billed_to`), never one
+    the identity carries, which may have come from what its user wrote."""
     job = dict(identity.job or ())
     pod = dict(identity.pod or ())
     return Party(user=identity.user, account=identity.account or "", job=job.get("id", ""),
-                 slurm_account=job.get("account", ""), namespace=pod.get("namespace", ""),
+                 slurm_account=slurm_account, namespace=pod.get("namespace", ""),
                  pod=pod.get("name", ""))
 
 

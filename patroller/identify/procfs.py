@@ -11,7 +11,7 @@ import fcntl
 import os
 import struct
 import time
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 from patroller.core.identity import ProcessRef
 
@@ -97,20 +97,6 @@ def userns_owner(pid: int, proc: str = "/proc") -> Optional[int]:
         return None
     finally:
         os.close(fd)
-
-
-def environ(pid: int, names: Tuple[str, ...], proc: str = "/proc") -> Dict[str, str]:
-    """Those of `names` set in a process's environment (as it started): readable by root or
-    its own uid. Raises OSError when it cannot be read or the process is gone."""
-    with open(os.path.join(proc, str(pid), "environ"), "rb") as f:
-        raw = f.read(1 << 20)
-    found: Dict[str, str] = {}
-    for entry in raw.split(b"\0"):
-        name, _, value = entry.partition(b"=")
-        text = name.decode("ascii", "replace")
-        if text in names:
-            found[text] = value.decode("utf-8", "replace")
-    return found
 
 
 def descriptors(pid: int, proc: str = "/proc") -> List[str]:

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import pwd
 from dataclasses import dataclass, replace
-from typing import Mapping, Optional, Protocol, Tuple, Union
+from typing import Optional, Protocol, Tuple, Union
 
 from cachetools import TTLCache
 
@@ -47,17 +47,12 @@ def host_identity(uid: int) -> Identity:
     return Identity(user=name, source="host", account=name, uid=uid)
 
 
-SLURM_ENV = ("SLURM_JOB_ACCOUNT", "SLURM_JOB_PARTITION")
-
-
-def job_identity(host: Identity, step: SlurmStep, env: Mapping[str, str]) -> Identity:
-    """A Slurm job's process: its host account (the job's user), with the job, its step, and
-    the job's account and partition where its environment says them."""
-    job = [("id", step.job), ("step", step.step)]
-    job += [(key, env[name]) for key, name in (("account", "SLURM_JOB_ACCOUNT"),
-                                               ("partition", "SLURM_JOB_PARTITION"))
-            if env.get(name)]
-    return replace(host, source="slurm", job=tuple(job))
+def job_identity(host: Identity, step: SlurmStep) -> Identity:
+    """A Slurm job's process: its host account (the job's user), with the job and its step as
+    its cgroup names them. Never the job's account or partition: the process's environment
+    (SLURM_JOB_ACCOUNT) is its user's to write, so they come from the job map alone, which root's
+    prolog writes (core/jobs.py `billed_to`)."""
+    return replace(host, source="slurm", job=(("id", step.job), ("step", step.step)))
 
 
 def runs_as(identity: Identity, host: Optional[Identity]) -> Identity:
@@ -115,7 +110,6 @@ class ProcFacts:
     host: Optional[Identity]  # the host account it counts as (account_of); None: shifted
     uids: Tuple[int, ...] = ()  # its real, effective, saved and file-system uids
     job: Optional[SlurmStep] = None  # the Slurm job step its cgroup names
-    job_env: Tuple[Tuple[str, str], ...] = ()  # SLURM_JOB_ACCOUNT/PARTITION, where readable
     misplaced: Optional[str] = None  # why its cgroup's container or job was not believed
 
 
@@ -136,14 +130,8 @@ def read_facts(pid: int, proc: str = "/proc",
     trouble = misplaced(container, job, uids[0], owner)
     if trouble is not None:  # nobody's container, no job: the process's own account
         container = job = None
-    env: Tuple[Tuple[str, str], ...] = ()
-    if job is not None:
-        try:  # as root, or as the job's own uid
-            env = tuple(sorted(procfs.environ(pid, SLURM_ENV, proc).items()))
-        except OSError:
-            pass
     return ProcFacts(pid, start, container, account_of(container, uids[0], shifted_from, owner),
-                     uids, job, env, trouble)
+                     uids, job, trouble)
 
 
 def read_peer_facts(credentials: Credentials, proc: str,
@@ -203,7 +191,7 @@ class ProcessIdentifier:
             log.warning("pid %d counts as its own account: %s", facts.pid, facts.misplaced)
         container = facts.container
         if container is None and facts.job is not None and facts.host is not None:
-            identity = job_identity(facts.host, facts.job, dict(facts.job_env))
+            identity = job_identity(facts.host, facts.job)
         elif container is None:
             identity = facts.host or UNKNOWN
         elif container.runtime == "lxd":

@@ -14,6 +14,7 @@ from tornado.ioloop import PeriodicCallback
 
 from patroller.core.devices import Device, Inventory
 from patroller.core.identity import Identity
+from patroller.core.jobs import Job, billed_to, listed
 from patroller.core.leases import Hold, LeaseManager
 from patroller.core.usage import GpuSample, Party, Present, classify, party_of
 from patroller.observe.tally import Tally
@@ -65,7 +66,9 @@ class UsageSampler:
         if seconds <= 0:
             return
         self.samples += 1
-        samples = [self.snapshot(device, seconds) for device in self.inventory]
+        # The jobs the map lists now: each party in a job is billed to its account there.
+        jobs = listed(hold.allocation for hold in self.leases.holds.values())
+        samples = [self.snapshot(device, seconds, jobs) for device in self.inventory]
         self.count(samples)
         self.store.put(self.wall(), samples)
 
@@ -77,27 +80,33 @@ class UsageSampler:
                 key = (party.user, category)
                 totals[key] = totals.get(key, 0.0) + part
 
-    def snapshot(self, device: Device, seconds: float) -> GpuSample:
-        """One GPU's sample: its hold now, its statistics over the interval."""
+    def snapshot(self, device: Device, seconds: float, jobs: Sequence[Job] = ()) -> GpuSample:
+        """One GPU's sample: its hold now, its statistics over the interval; `jobs`: those the
+        job map lists, whose accounts the parties in them are billed to."""
         hold = self.leases.holds[device.uuid]
         figures = self.tally.take(device.uuid)
         state = "withheld" if hold.withheld and not hold.lost else hold.state
-        holder = party_of(hold.holder) if hold.holder is not None else None
+        holder = billed_party(hold.holder, jobs) if hold.holder is not None else None
         return GpuSample(
             uuid=device.uuid, number=device.number, name=device.name or "", seconds=seconds,
             state=state, hold=hold.how if hold.holder is not None else None, holder=holder,
             reserved=hold.holder is not None and (hold.asked or hold.allocation is not None),
-            present=present(hold), readings=figures.readings, busy=figures.busy,
+            present=present(hold, jobs), readings=figures.readings, busy=figures.busy,
             sm_mean=figures.sm_mean, sm_max=figures.sm_max, mem_mean=figures.mem_mean,
             mem_max=figures.mem_max, fb_mean=figures.fb_mean, fb_max=figures.fb_max)
 
 
-def present(hold: Hold) -> Tuple[Present, ...]:
+def billed_party(owner: Identity, jobs: Sequence[Job]) -> Party:
+    """The party `owner` counts as, billed to the account the job map gives its job."""
+    return party_of(owner, billed_to(owner, jobs))
+
+
+def present(hold: Hold, jobs: Sequence[Job] = ()) -> Tuple[Present, ...]:
     """The parties with processes on a GPU, in the order their first process came: their pids,
     their containers, and whether they run there by right (on a GPU nobody holds, all do)."""
     found: Dict[Party, Tuple[bool, List[int], List[str]]] = {}
     for pid, owner in hold.processes.items():
-        party = party_of(owner)
+        party = billed_party(owner, jobs)
         own = hold.holder is None or hold.belongs(owner)
         was, pids, containers = found.get(party, (True, [], []))
         pids.append(pid)
