@@ -39,6 +39,7 @@ from patroller import __version__, answers, hosts
 from patroller.config import Config
 from patroller.http.encoding import Gzipped, dumps
 from patroller.http.fleetlink import Cut, Link, Reply, Silent
+from patroller.http.hiding import FLEET_AGENT
 from patroller.observe.stats import iso_time
 
 log = logging.getLogger(__name__)
@@ -185,7 +186,7 @@ class Fleet:
         interval: host i of n first at i/n of it, so that the askings are spread evenly."""
         self.tcp = TCPClient()
         self.reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleet")
-        agent = f"patroller/{__version__} (fleet view)"
+        agent = f"patroller/{__version__} {FLEET_AGENT}"  # a host hides its users from it
         for host in self.hosts:
             host.link = Link(host.url, self.tcp, self.connect_timeout, self.timeout,
                              self.max_bytes, agent)

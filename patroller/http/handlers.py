@@ -97,7 +97,7 @@ class Handler(tornado.web.RequestHandler):
             identity: Optional[Identity] = await self.caller(claimed)
         except Unidentified:
             identity = None
-        viewer = viewer_of(identity)
+        viewer = hiding.NOBODY if hiding.fleet_poll(self.request.headers) else viewer_of(identity)
         if claimed is None and self.api.hiding is not None:
             self.api.hiding.remember(facts_of(self.request.connection), viewer)
         return viewer

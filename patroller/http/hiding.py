@@ -9,9 +9,11 @@ empty), a user's host accounts in /users are pseudonyms with no uid, and their j
 listed; a refusal says that a device is allocated to a Slurm job or a pod, not which one, and
 how many devices other identities hold under the caller's host account, not which
 (errors.Private). `unknown` (a process nobody can be found for) names no one and is shown as it
-is. Who may see which name is `Viewer.sees` (core/identity.py); /fleet.json's holders, which a
-host may have shown this daemon by name, are hidden again as its caller may see them, and the
-labels of /metrics are the pseudonyms alone (`metric_labels`).
+is. Who may see which name is `Viewer.sees` (core/identity.py). Another daemon's fleet view
+polling this one (`fleet_poll`) sees what nobody in particular sees, even as root: it shows all
+its own callers what it hears. /fleet.json's holders, which a host (an older one) may have shown
+this daemon by name, are hidden again as its caller may see them, and the labels of /metrics
+are the pseudonyms alone (`metric_labels`).
 
 The read models build their data as before, names and all (the audit record and the log keep
 them); what each caller sees is derived from that data here, as late as possible, by pure
@@ -22,7 +24,7 @@ it), and once for each user it names who asks.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Set
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set
 
 from patroller.core.errors import PatrollerError
 from patroller.core.identity import NAMELESS, Identity, Viewer
@@ -37,6 +39,8 @@ Data = Any  # a read model's data: JSON's dicts, lists and scalars
 EVENT_NAMES = ("user", "by", "holder")  # the fields of an audit event that name users
 NOBODY = Viewer()
 EVERYTHING = Viewer(everything=True)  # without --hide-users, everyone
+# In the User-Agent of every poll of a fleet view (fleet.py), as every version of it has sent.
+FLEET_AGENT = "(fleet view)"
 
 
 def viewer_of(identity: Optional[Identity]) -> Viewer:
@@ -44,6 +48,14 @@ def viewer_of(identity: Optional[Identity]) -> Viewer:
     if identity is None:
         return NOBODY
     return Viewer(identity.user, is_admin(identity))
+
+
+def fleet_poll(headers: Mapping[str, str]) -> bool:
+    """Whether another daemon's fleet view asks. It shows what it hears to all of its own
+    callers, whom this host does not know (and without --hide-users, by name): it hears what
+    nobody in particular may see here, even where it runs as this host's root. Anyone may send
+    this agent, and so see less, never more."""
+    return FLEET_AGENT in headers.get("User-Agent", "")
 
 
 class Redaction:
