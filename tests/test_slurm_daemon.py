@@ -120,3 +120,38 @@ async def test_two_jobs_on_two_gpus_each_hold_their_own(slurm_node, tmp_path):
         finally:
             slurm_node.cancel(first)
             slurm_node.cancel(second)
+
+
+# Inside her job a user sets the variable Slurm set, and runs her work under it.
+CHOSEN = "#!/bin/sh\nexport SLURM_JOB_ACCOUNT=physics SLURM_JOB_PARTITION=debug\nexec sleep 300\n"
+
+
+@async_test
+async def test_a_job_that_names_another_account_is_billed_to_its_own(slurm_node, tmp_path):
+    """The attack on a real node: the job is submitted to account vision-lab, and its process
+    runs with SLURM_JOB_ACCOUNT=physics in its environment. The prolog's job map says
+    vision-lab, and /usage bills the job's GPU-time there: physics appears nowhere."""
+    scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=DEVICES)
+    async with gpu_running(scenario, slurm_job_map=slurm_node.job_map, job_map_every=0.1,
+                           state_dir=str(tmp_path / "state"), usage_interval=0.2) as h:
+        job = slurm_node.sbatch(CHOSEN, gpus=1, account="vision-lab")
+        try:
+            slurm_node.wait_state(job, "RUNNING")
+            (gpu,) = slurm_node.job_gpus(job)
+            uuid = h.services.inventory.by_number(gpu).uuid
+            (pid,) = slurm_node.wait_pids(job, count=1)
+            with open(f"/proc/{pid}/environ", "rb") as f:  # the attack is in place
+                assert b"SLURM_JOB_ACCOUNT=physics\0" in f.read()
+            scenario.write(processes=[{"pid": pid, "gpu": gpu, "name": "python", "sm": 90}])
+            await until(lambda: h.services.leases.state(uuid) == "claimed", timeout=20)
+            store = h.services.usage
+            settled = store.intervals
+            await until(lambda: store.intervals > settled + 2, timeout=20)
+            rows = {row["key"]: row["hours"]
+                    for row in (await h.ok("/usage?by=slurm_account&since=1h"))["rows"]}
+            assert "physics" not in rows and rows["vision-lab"]["active"] > 0, rows
+            holder = (await h.ok("/status"))[uuid]["claim"]["user"]
+            assert holder["job"]["account"] == "vision-lab", holder
+            assert holder["job"].get("partition") != "debug"
+        finally:
+            slurm_node.cancel(job)
