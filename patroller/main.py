@@ -60,6 +60,9 @@ def daemon_main(argv: Sequence[str]) -> int:
         "%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=config.log_level.upper(), handlers=[handler])
     raise_file_limit()
+    # Whatever the daemon or a library it uses makes is its own user's alone (each file it
+    # writes also asks for 0600 itself: state/private.py); the socket is opened up on purpose.
+    os.umask(0o077)
     from patroller.app import StartError
 
     try:

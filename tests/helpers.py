@@ -6,6 +6,7 @@ import asyncio
 import functools
 import json
 import os
+import pickle
 import pwd
 import re
 import signal
@@ -479,3 +480,28 @@ def client_in(container, server, code):
                             timeout=60)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
+
+
+def forked_as(user: Any, fn: Callable[[], Any]) -> Any:
+    """fn() run in a child of this process that has become `user`, as a daemon that does not
+    run as root; what it returned."""
+    reading, writing = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        try:
+            os.close(reading)
+            os.setgroups([])
+            os.setgid(user.gid)
+            os.setuid(user.uid)
+            answer = pickle.dumps(("returned", fn()))
+        except BaseException as exc:  # noqa: B036 - told to the parent, whatever it is
+            answer = pickle.dumps(("raised", repr(exc)))
+        with os.fdopen(writing, "wb") as f:
+            f.write(answer)
+        os._exit(0)
+    os.close(writing)
+    with os.fdopen(reading, "rb") as f:
+        how, what = pickle.loads(f.read())
+    os.waitpid(pid, 0)
+    assert how == "returned", what
+    return what

@@ -10,7 +10,6 @@ import asyncio
 import json
 import logging
 import os
-import pickle
 import shutil
 import signal
 import socket
@@ -22,7 +21,7 @@ import urllib.request
 
 import pytest
 
-from helpers import ROOT, ServerProcess, async_test, running, until
+from helpers import ROOT, ServerProcess, async_test, forked_as, running, until
 from patroller.config import Config
 from patroller.observe.jobmap import JobMapWatch, listed, read_map
 from patroller.observe.signals import Signals
@@ -338,31 +337,6 @@ def test_a_huge_file_is_read_no_further_than_the_limit(tmp_path):
     assert after - before <= 65537 + 4096  # the file's first 64 KiB and a byte, and /proc
     assert [job.id for job in found.allocations[0].jobs] == ["4242", "4243"]
     assert found.problems == {"0": "over 65536 bytes: the lines past them are not read"}
-
-
-def forked_as(user, fn):
-    """fn() run in a child of this process that has become `user`, as a daemon that does not
-    run as root; what it returned."""
-    reading, writing = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        try:
-            os.close(reading)
-            os.setgroups([])
-            os.setgid(user.gid)
-            os.setuid(user.uid)
-            answer = pickle.dumps(("returned", fn()))
-        except BaseException as exc:  # noqa: B036 - told to the parent, whatever it is
-            answer = pickle.dumps(("raised", repr(exc)))
-        with os.fdopen(writing, "wb") as f:
-            f.write(answer)
-        os._exit(0)
-    os.close(writing)
-    with os.fdopen(reading, "rb") as f:
-        how, what = pickle.loads(f.read())
-    os.waitpid(pid, 0)
-    assert how == "returned", what
-    return what
 
 
 def test_a_file_that_cannot_be_read_keeps_its_jobs_and_spoils_no_other(stranger, shared):

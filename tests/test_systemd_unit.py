@@ -93,3 +93,13 @@ def test_the_docs_install_the_unit_the_installed_patroller_prints():
                                "bin/patroller"], capture_output=True, text=True, timeout=60,
                               cwd=ROOT)
     assert relative.returncode == 2 and "absolute path" in relative.stderr
+
+
+def test_the_unit_keeps_what_the_daemon_writes_to_root():
+    # systemd makes StateDirectory= and LogsDirectory= 0755 unless told a mode, and hands the
+    # service a umask of 0022: the usage history and the audit record would be every user's.
+    unit = settings()
+    assert unit["StateDirectoryMode"] == "0700"
+    assert int(unit["LogsDirectoryMode"], 8) & 0o007 == 0  # 0750 or tighter
+    assert unit["UMask"] == "0077"
+    assert unit["RuntimeDirectoryMode"] == "0755"  # the socket's: every local user may call

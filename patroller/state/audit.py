@@ -8,13 +8,15 @@ and GPU lost or back is one line:
      "devices": [{"uuid": "GPU-...", "number": 2}], "hold": "process", "pid": 4242}
 
 The lines go to the daemon's log (logger `patroller.audit`, so to the journal under systemd),
-and, with --audit-log, also to a file (appended, one line per event; `-` is standard output).
+and, with --audit-log, also to a file (appended, one line per event; `-` is standard output),
+which is private (0600) as every file the daemon writes.
 The last `keep` events stay in memory for /history.
 """
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from collections import deque
@@ -23,6 +25,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, TextIO
 from patroller.core.leases import Event
 from patroller.core.throttle import Throttle
 from patroller.observe.stats import iso_time
+from patroller.state import private
 
 log = logging.getLogger("patroller.audit")
 
@@ -44,11 +47,13 @@ class AuditLog:
         self._reports = Throttle(1, report_every)
 
     def open(self) -> None:
-        """Open the file (append); OSError if it cannot be."""
+        """Open the file (append), made 0600, or made 0600 if it is ours and others may read
+        it (it names every user and job); OSError if it cannot be."""
         if self.path == "-":
             self._file = sys.stdout
         elif self.path:
-            self._file = open(self.path, "a", encoding="utf-8", buffering=1)
+            fd = private.create(self.path, os.O_WRONLY | os.O_APPEND)
+            self._file = os.fdopen(fd, "a", encoding="utf-8", buffering=1)
 
     def close(self) -> None:
         """Close the file; what it could not write (a full disk) is counted, not raised."""

@@ -5,6 +5,10 @@ Whoever else may write there, or could have put a link in its path, could make t
 rename or remove files elsewhere: such a directory is refused, as ssh refuses a key file others
 may write (config/trust.py holds the rules, which the Slurm job map's directory shares).
 
+The directory is made private at start (0700, and each file of ours in it 0600: private.py)
+whatever mode it came with: systemd's StateDirectory= makes it 0755 unless told otherwise, and
+an older version left its usage store 0644. `Held.tightened` says what was closed to others.
+
 A directory on a read-only filesystem (a read-only mount or bind mount) passes the same checks
 and is `read_only`: the daemon reads it but writes nothing there, and holds the lock file's lock
 when there is one to open (a flock needs no write access), so a second daemon is still refused.
@@ -14,10 +18,11 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from patroller.config.trust import Place, Untrusted, check, check_path
+from patroller.state.private import Tightened, open_to_others, tighten_directory
 
 LOCK = "lock"  # holds the flock, and the pid of the daemon that holds it
 
@@ -36,12 +41,15 @@ class Held:
 
     fd: Optional[int]  # the lock's descriptor; None: read-only, with no lock file to hold
     read_only: bool = False  # on a read-only filesystem: read, never written
+    tightened: Tightened = field(default_factory=Tightened)  # what was open to others, and closed to them now
+    open_mode: Optional[int] = None  # read-only, and others may enter: its mode (not fixable)
 
 
 def lock(directory: str) -> Held:
-    """Make the directory (mode 0700) if missing and lock it (held for the daemon's life).
-    BookError if either fails, or if someone else could have chosen where it leads or what is in
-    it (config/trust.py). On a read-only filesystem, the same checks, and nothing is written."""
+    """Make the directory (mode 0700) if missing, or private if others may enter it or read a
+    file of ours in it, and lock it (held for the daemon's life). BookError if any of this
+    fails, or if someone else could have chosen where it leads or what is in it
+    (config/trust.py). On a read-only filesystem, the same checks, and nothing is written."""
     try:
         check_path(directory, STATE_DIR)
         try:
@@ -57,6 +65,12 @@ def lock(directory: str) -> Held:
     except Untrusted as exc:
         raise BookError(str(exc)) from None
     read_only = on_read_only(directory)
+    tightened, open_mode = Tightened(), None
+    if read_only:
+        mode_now = os.stat(directory).st_mode & 0o7777
+        open_mode = mode_now if open_to_others(mode_now) else None
+    else:
+        tightened = make_private(directory)
     mode = os.O_RDONLY if read_only else os.O_RDWR | os.O_CREAT
     try:
         fd = os.open(os.path.join(directory, LOCK), mode | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
@@ -77,13 +91,28 @@ def lock(directory: str) -> Held:
         raise BookError(f"cannot lock the state directory {directory}: "
                         f"{exc.strerror or exc}") from None
     if read_only:
-        return Held(fd, read_only=True)
+        return Held(fd, read_only=True, open_mode=open_mode)
     try:  # the pid only names us to a second daemon: not worth failing for
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
     except OSError:
         pass
-    return Held(fd)
+    return Held(fd, tightened=tightened)
+
+
+def make_private(directory: str) -> Tightened:
+    """The directory 0700 and each file of ours in it 0600, through a descriptor of the
+    directory itself (no link followed); BookError if it cannot be."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            return tighten_directory(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise BookError(f"cannot make the state directory {directory} private: "
+                        f"{exc.strerror or exc}; make it ours and private (chmod 700), or "
+                        "choose another --state-dir") from None
 
 
 def on_read_only(directory: str) -> bool:

@@ -35,6 +35,7 @@ from typing import Any, Callable, Deque, Dict, Optional, Sequence, Tuple
 from patroller.config import Config
 from patroller.core.throttle import Throttle
 from patroller.core.usage import GpuSample
+from patroller.state import private
 from patroller.state.usage import queries, schema, tables
 from patroller.state.usage.reader import Reader
 
@@ -225,7 +226,12 @@ class UsageStore:
 
     def _connect(self) -> sqlite3.Connection:
         """The file, in WAL mode, at the latest schema (while it is being opened, the
-        connection is `_opening`, for `_write` to close after a failure)."""
+        connection is `_opening`, for `_write` to close after a failure). The file is made
+        0600 first (SQLite makes it with the umask's mode, and its -wal and -shm with the
+        file's), and made 0600 if an older version left it open to others."""
+        private.touch(self.path)
+        for suffix in SIDECARS:
+            private.tighten(self.path + suffix)
         db = self._opening = sqlite3.connect(self.path, timeout=self.config.usage_busy_timeout,
                                              isolation_level=None)
         if schema.version(db) > schema.LATEST:  # before anything is written to it
