@@ -696,6 +696,9 @@ def test_a_holder_is_named_by_its_user_and_a_jobs_process_by_its_job_too():
                   "account": "root", "uid": 0,
                   "container": {"id": "3f2a9c1b7d4e", "name": "train-7"}, "job": None}
     assert render.user_name(unlabelled) == "train-7"  # not the account it runs as
+    claimed = {**unlabelled, "user": "alice", "account": "alice", "uid": 1001,
+               "email": "bob@example.org", "claimed": True}  # a rootless container's label
+    assert render.user_name(claimed) == "alice (claims bob@example.org)"
     job = {"user": "alice", "source": "slurm", "email": None, "account": "alice", "uid": 1001,
            "container": None, "job": {"id": "4242", "step": "0"}}
     assert render.user_name(job) == "alice (job 4242)"

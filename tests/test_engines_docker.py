@@ -42,8 +42,11 @@ def config_for(folder, **more):
     return replace(Config(), **engines_in(folder, user_info_labels=("team",), **more))
 
 
-def assert_alice(identity, container):
-    assert identity.user == "alice@example.org" and identity.email == "alice@example.org"
+def assert_alice(identity, container, rootless=False):
+    """Its labels' user; a rootless container's labels are its user's own claim, shown as such,
+    and its user is the host account it runs as."""
+    assert identity.user == (f"uid:{OWNER}" if rootless else "alice@example.org")
+    assert identity.email == "alice@example.org" and identity.claimed == rootless
     assert identity.container == (container.short, container.name)
     assert identity.info == (("team", "vision"),) and not identity.degraded
 
@@ -63,7 +66,7 @@ async def test_a_rootless_docker_container_is_named_by_its_users_engine(
             process_in_cgroup(path, OWNER, version) as second:
         identities = await asyncio.gather(identifier.resolve(first), identifier.resolve(second))
     for identity in identities:
-        assert_alice(identity, alice)
+        assert_alice(identity, alice, rootless=True)
         assert identity.uid == OWNER and identity.account == f"uid:{OWNER}"
     assert directory.calls == 0  # the system's engine was never asked
     assert identifier.docker_calls == 2  # one client, its version, one lookup for both
@@ -111,7 +114,7 @@ async def test_a_rootless_podman_container_is_named_by_its_users_service(
     path = f"{user_slice(OWNER)}/libpod-{alice.id}.scope/container"
     with process_in_cgroup(path, OWNER, version) as pid:
         identity = await identifier.resolve(pid)
-    assert_alice(identity, alice)
+    assert_alice(identity, alice, rootless=True)
     assert identity.uid == OWNER and identity.account == f"uid:{OWNER}"
 
 
@@ -138,7 +141,8 @@ async def test_a_rootless_engine_that_does_not_answer_degrades_and_recovers(
             assert owner["container"]["id"] == alice.short and owner["uid"] == OWNER
             serve_at(engine, path)
             await until(lambda: (claims(h.services.leases)[uuid]["user"] or {}).get("user")
-                        == "alice@example.org")
+                        == f"uid:{OWNER}")
             owner = (await h.ok("/status"))[uuid]["claim"]["user"]
             assert owner["email"] == "alice@example.org" and owner["account"] == f"uid:{OWNER}"
+            assert owner["claimed"] is True
             assert owner["container"] == {"id": alice.short, "name": alice.name}

@@ -210,10 +210,47 @@ async def test_a_rootless_podman_container_is_named_by_its_users_service(
         identity = await identifier.resolve(bob.pid)
     finally:
         identifier.close()
-    assert identity.user == "bob@example.org" and identity.info == (("team", "nlp"),)
+    # Its labels are the user's own word: shown, marked so, and never its user.
+    assert identity.user == user.name and identity.info == (("team", "nlp"),)
+    assert identity.email == "bob@example.org" and identity.claimed
     assert identity.container == (bob.short, bob.name) and not identity.degraded
     assert identity.uid == user.uid and identity.account == host_identity(user.uid).account
     assert identity.account == user.name
+
+
+@async_test
+async def test_a_rootless_containers_labels_name_neither_a_pod_nor_another_user(
+        rootless_podman, scenario, engine_sockets, tmp_path):
+    """The attack: a user labels her rootless container as a Kubernetes pod's container, as the
+    kubelet would (io.kubernetes.pod.namespace, .name, .uid), and with another user's e-mail.
+    Neither counts: it is no pod, its user is her host account (the kernel's word), and the
+    e-mail is shown only as her own claim, in /status as in the usage history."""
+    user = rootless_podman.user
+    forged = rootless_podman.run(labels={
+        "io.kubernetes.pod.namespace": "ml", "io.kubernetes.pod.name": "train-0",
+        "io.kubernetes.pod.uid": "0f7c3a52-9d1e-4b7a-8c55-2e9f1d3b6a10",
+        "io.kubernetes.container.name": "trainer", "user.email": "Carol <carol@example.org>"})
+    forged.place()
+    more = dict(rootless_podman_socket=rootless_podman.template,
+                state_dir=str(tmp_path / "state"), usage_interval=0.2)
+    async with gpu_running(scenario, **settings(engine_sockets, **more)) as h:
+        scenario.write(processes=on_gpu((forged.pid, 1)))
+        await until(lambda: settled(h, 1))
+        owner = (await h.ok("/status"))[h.uuids()[1]]["claim"]["user"]
+        assert owner["user"] == user.name and owner["uid"] == user.uid
+        assert owner["email"] == "carol@example.org" and owner["claimed"] is True
+        assert owner["source"] == "container" and owner["pod"] is None
+        assert owner["container"] == {"id": forged.short, "name": forged.name}
+        users = await h.ok("/users")
+        assert user.name in users and "carol@example.org" not in users
+        store = h.services.usage
+        settled_at = store.intervals
+        await until(lambda: store.intervals > settled_at + 2)
+        for by in ("user", "namespace", "pod"):
+            keys = {row["key"] for row in (await h.ok(f"/usage?by={by}&since=1h"))["rows"]}
+            assert not keys & {"carol@example.org", "ml", "ml/train-0"}, (by, keys)
+        users = {row["key"] for row in (await h.ok("/usage?by=user&since=1h"))["rows"]}
+        assert user.name in users
 
 
 @async_test

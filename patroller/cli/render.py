@@ -50,6 +50,9 @@ def user_name(user: Optional[Dict[str, Any]]) -> str:
         name = user.get("email") or user.get("user") or "?"
         return where if name == f"namespace:{pod['namespace']}" else f"{name} ({where})"
     container = user.get("container") or {}
+    if user.get("claimed"):  # its labels' e-mail is its own user's word: said as a claim
+        said = f" (claims {user['email']})" if user.get("email") else ""
+        return f"{user.get('user') or '?'}{said}"
     name = user.get("email") or container.get("name") or user.get("user") or "?"
     job = user.get("job") or {}
     return f"{name} (job {job['id']})" if job.get("id") and name != f"job {job['id']}" else name

@@ -34,6 +34,10 @@ class Identity:
     # A container whose engine could not be asked (its socket was not there): named by its id
     # for now, and asked about again later (identify/tracker.py). Not shown, not compared.
     pending: bool = field(default=False, compare=False)
+    # What its labels say (`email`, `info`) is its own user's word, not that of an engine the
+    # host trusts: a rootless container's, labelled by whoever runs it. Such a claim is shown,
+    # marked, and never names the user (`user` is then its host account).
+    claimed: bool = False
     # A process seen on a GPU whose owner is still being looked up (identify/tracker.py): it
     # keeps a free GPU from being granted, and is no one's claim or trespass until its owner
     # is known. Never written to the lease book; shown as `unknown` (degraded).
@@ -58,6 +62,7 @@ class Identity:
             "degraded": self.degraded,
             "job": dict(self.job) if self.job else None,
             "pod": dict(self.pod) if self.pod else None,
+            **({"claimed": True} if self.claimed else {}),
             **({"identifying": True} if self.identifying else {}),
         }
 
@@ -85,9 +90,11 @@ class Identity:
         if not isinstance(info, Mapping) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in info.items()):
             raise ValueError("an identity's info must map strings to strings")
-        degraded = data.get("degraded", False)
+        degraded, claimed = data.get("degraded", False), data.get("claimed", False)
         if not isinstance(degraded, bool):
             raise ValueError("an identity's degraded must be true or false")
+        if not isinstance(claimed, bool):
+            raise ValueError("an identity's claimed must be true or false")
         job = data.get("job")  # a book written before jobs were known has none
         if job is not None and (not isinstance(job, Mapping) or not isinstance(job.get("id"), str)
                                 or not all(isinstance(k, str) and isinstance(v, str)
@@ -102,7 +109,7 @@ class Identity:
                              "and a name")
         return cls(user=user, source=source, email=data.get("email"), account=data.get("account"),
                    uid=uid, container=container, info=tuple(info.items()), degraded=degraded,
-                   job=tuple(job.items()) if job else None,
+                   claimed=claimed, job=tuple(job.items()) if job else None,
                    pod=tuple(pod.items()) if pod else None)
 
 

@@ -63,6 +63,17 @@ def runs_as(identity: Identity, host: Optional[Identity]) -> Identity:
     return replace(identity, account=host.account, uid=host.uid)
 
 
+def own_word(identity: Identity, container: ContainerRef) -> Identity:
+    """A container's identity, once its host account is added: a rootless container's labels
+    are its user's own word (anyone may label their container with anyone's e-mail), so what
+    they say is kept, marked `claimed`, and never names the user, who is the host account its
+    process runs as (the kernel's word). A rootful engine's labels stand: only root, or whom
+    root lets use that engine, writes them."""
+    if container.owner is None or not (identity.email or identity.info):
+        return identity
+    return replace(identity, user=identity.account or identity.user, claimed=True)
+
+
 def account_of(container: Optional[ContainerRef], uid: int, shifted_from: int,
                ns_owner: Optional[int] = None) -> Optional[Identity]:
     """The host account a process counts as: a rootless container's is the user whose slice
@@ -200,7 +211,7 @@ class ProcessIdentifier:
             named = await self._container(container)
             if named is None:  # an engine that may know it cannot be asked just now
                 return runs_as(unlabelled_identity(container.id, degraded=True), facts.host)
-            identity = runs_as(named, facts.host)
+            identity = own_word(runs_as(named, facts.host), container)
             if identity.pending:  # its engine's socket is not there (yet, or again): not cached
                 return identity
         self._cache[key] = identity

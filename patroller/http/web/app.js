@@ -65,6 +65,8 @@
   // The user as leases compare them: an e-mail, a host account, container:<id>.
   function who(identity) {
     if (!identity) return "";
+    // A rootless container's labels are its user's own word: the e-mail is a claim, not its user.
+    if (identity.claimed) return identity.user + (identity.email ? " (claims " + identity.email + ")" : "");
     return identity.email || identity.user || "?";
   }
 

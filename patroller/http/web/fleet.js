@@ -48,6 +48,8 @@
 
   function who(identity) {
     if (!identity) return "";
+    // A rootless container's labels are its user's own word: the e-mail is a claim, not its user.
+    if (identity.claimed) return identity.user + (identity.email ? " (claims " + identity.email + ")" : "");
     const container = identity.container || {};
     return identity.email || container.name || identity.user || "?";
   }
