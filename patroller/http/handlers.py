@@ -25,7 +25,7 @@ from patroller.http.api import Api
 from patroller.http.encoding import dumps
 from patroller.http.hiding import Viewer, viewer_of
 from patroller.http.inflight import answered_on_stop
-from patroller.http.views import counters, device_json, grant_json, queue_view, users_view
+from patroller.http.views import device_json, grant_json, queue_view, users_view
 from patroller.identify.connection import facts_of, stream_of
 from patroller.identify.peers import left
 
@@ -231,32 +231,6 @@ class View(Handler):
 
     async def shown_to_caller(self, body: Callable[[Viewer], Any]) -> None:
         self.send(body(await self.viewer(query.parse_user(self.args()))))
-
-
-class MetricsJsonHandler(View):
-    def get(self) -> None:
-        self.send(counters(self.services, self.api.status))
-
-
-class MetricsHandler(View):
-    """The Prometheus exposition (OpenMetrics when the scraper asks for it), built at scrape
-    time from the daemon's state."""
-
-    async def get(self) -> None:
-        accept = self.request.headers.get("Accept")
-        body, content_type = await self.api.registries.exposition(accept)
-        self.set_header("Content-Type", content_type)
-        self.finish(body)
-
-    async def head(self) -> None:
-        await self.get()
-
-
-class OpenApiHandler(View):
-    """The API described for machines (OpenAPI 3.1)."""
-
-    def get(self) -> None:
-        self.send(self.api.document)
 
 
 class RequestHandler(Handler):

@@ -14,8 +14,8 @@ from patroller.http.access import AccessLog, Requests
 from patroller.http.api import Api
 from patroller.http.doctor import DoctorHandler
 from patroller.http.fleet import Fleet
-from patroller.http.handlers import (HistoryHandler, MetricsHandler, MetricsJsonHandler,
-                                     NotFoundHandler, OpenApiHandler, QueueHandler,
+from patroller.http.exposition import MetricsHandler, MetricsJsonHandler, OpenApiHandler
+from patroller.http.handlers import (HistoryHandler, NotFoundHandler, QueueHandler,
                                      ReleaseHandler, RenewHandler, RequestHandler, UsersHandler,
                                      WaitHandler)
 from patroller.http.polled import DevicesHandler, StatusHandler
