@@ -650,3 +650,26 @@ def test_the_metrics_label_a_container_by_its_name_else_its_id_and_nobody_with_b
     assert labels(replace(ALICE, container=("0123456789ab", "")), None)["container"] == \
         "0123456789ab"
     assert labels(BOB, None) == {"user": "bob", "container": "", "job": "", "pod": ""}
+
+
+def test_a_preemptions_jobs_are_shown_to_root_alone_not_to_the_user_it_preempted() -> None:
+    """/history: a `preempted` event names the user whose hold a scheduler ended, and the jobs
+    (pods) it allocated the device to; whose those are, the event does not say, so no one but
+    root sees them, not even the user it preempted."""
+    clock = FakeClock()
+    leases = lease_manager(clock)
+    audit = AuditLog(None, Config().audit_keep, 60.0, clock=lambda: WALL)
+    leases.on_event(audit.record)
+    [granted] = leases.request(FRANK, {"gpu": 1})
+    leases.allocate(granted.uuid, Allocation((Job(id="4343"),)))
+    history = audit.since(0.0, 1000)
+
+    def preempted(viewer: Viewer) -> Dict[str, Any]:
+        shown = hiding.events(history, hiding.Redaction(viewer, CASE.pseudonyms))
+        return next(e for e in shown if e["event"] == "preempted")
+
+    assert preempted(EVERY_NAME)["jobs"] == ["4343"]
+    assert preempted(EVERY_NAME)["user"] == "frank"
+    for viewer in (Viewer("frank"), Viewer(ERIN.user), NOBODY):
+        assert preempted(viewer)["jobs"] is None, viewer
+    assert preempted(Viewer("frank"))["user"] == "frank"
