@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -281,6 +282,14 @@ def test_an_identity_written_before_pods_reads_back_with_none():
     assert Identity.from_json(data) == alice
 
 
+def test_a_claimed_identity_reads_back_claimed_and_one_written_before_claims_unclaimed():
+    # A rootless container's: its labels' e-mail its user's own claim, its user the account.
+    claimed = replace(CONTAINER_USER, user="dana", account="dana", uid=1001, claimed=True)
+    assert claimed.to_json()["claimed"] is True and "claimed" not in CONTAINER_USER.to_json()
+    assert Identity.from_json(json.loads(json.dumps(claimed.to_json()))) == claimed
+    assert not Identity.from_json(CONTAINER_USER.to_json()).claimed
+
+
 @pytest.mark.parametrize("change, message", [
     ({"user": ""}, "an identity needs a user and a source"),
     ({"user": 3}, "an identity needs a user and a source"),
@@ -295,6 +304,7 @@ def test_an_identity_written_before_pods_reads_back_with_none():
     ({"info": {"team": 3}}, "an identity's info must map strings to strings"),
     ({"info": {3: "vision"}}, "an identity's info must map strings to strings"),
     ({"degraded": "yes"}, "an identity's degraded must be true or false"),
+    ({"claimed": "yes"}, "an identity's claimed must be true or false"),
     ({"job": "42"}, "an identity's job must map strings to strings, with an id"),
     ({"job": {"step": "0"}}, "an identity's job must map strings to strings, with an id"),
     ({"job": {"id": "42", "step": 0}}, "an identity's job must map strings to strings, with an id"),
