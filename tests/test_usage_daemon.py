@@ -181,7 +181,8 @@ def test_a_stop_writes_the_interval_in_progress(tmp_path):
 async def test_a_full_disk_degrades_the_store_serving_goes_on_and_it_catches_up(tmp_path,
                                                                               caplog):
     with tmpfs(tmp_path / "state", "1m") as state:
-        async with running(state_dir=str(state), usage_interval=0.1, usage_retry=0.1) as h:
+        async with running(state_dir=str(state), usage_interval=0.1, usage_retry=0.1,
+                           usage_reserve=0) as h:  # no room kept: the disk fills
             store = h.services.usage
             await until(lambda: store.intervals >= 2)
             filler = fill(state)

@@ -373,7 +373,7 @@ def fill(directory):
 @pytest.mark.errors_expected
 def test_a_full_disk_degrades_the_store_and_it_catches_up_when_there_is_room(tmp_path):
     with tmpfs(tmp_path / "small", "1m") as where:
-        with store_in(where) as store:
+        with store_in(where, usage_reserve=0) as store:  # no room kept: the disk fills
             store.put(time.time(), interval())
             wait(lambda: store.intervals == 1)
             filler = fill(where)
@@ -608,9 +608,12 @@ def test_the_metrics_count_what_the_store_did_and_what_waits(tmp_path):
         assert store.metrics()["pending"] == 3
         let_go.set()
         wait(lambda: store.intervals == 3)
-        assert store.metrics() == {
+        found, disk = store.metrics(), os.statvfs(tmp_path)
+        assert 0 < found.pop("free") <= disk.f_blocks * disk.f_frsize
+        assert found == {
             "path": str(tmp_path / FILE), "state": "writable", "rows": 6, "intervals": 3,
-            "failures": 0, "set_aside": 0, "pending": 0, "dropped": 0, "answered_again": 0}
+            "failures": 0, "set_aside": 0, "pending": 0, "dropped": 0, "answered_again": 0,
+            "saving_room": False, "parties_overflow": 0}
 
 
 def test_folding_takes_whole_days_only(tmp_path):

@@ -192,6 +192,13 @@ class Config:
     # the niceness of the thread that reads reports (0-19): a year-long report is background
     # work, and must not take the CPU that serving /status needs (19: it gets what is left)
     usage_report_nice: int = 19
+    # bytes the usage store leaves free on its filesystem (it writes only while they are), so
+    # that the lease book (1 MiB at most, written beside the old one) and the audit record
+    # always have room (the doctor's own floor for the state directory is the same 64 MiB)
+    usage_reserve: int = 64 << 20
+    usage_new_parties: int = 128  # parties made per interval at most; more are counted under
+    # their host account alone (and counted: parties_overflow)
+    usage_parties_remembered: int = 1024  # the writer's map of party ids (LRU): ~6 KB each at most
     # rows of reports kept to answer the same report again while nothing was written (a page
     # reloaded, a dashboard, several people): some 100 bytes a row
     usage_report_cache_rows: int = 100_000

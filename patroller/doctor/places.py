@@ -159,6 +159,12 @@ def check_state(facts: StateFacts, config: Config) -> Result:
         f"{where} is not there yet: it is made (private) at start, in {facts.made_in}"
     if facts.free_mib is not None:
         said += f", {facts.free_mib} MiB free"
+        reserve = config.usage_reserve // MIB
+        if config.usage == "sqlite" and config.usage_dir is None and facts.free_mib < reserve:
+            return degraded(name, f"{said}: under the {reserve} MiB the usage store leaves "
+                            "for the lease book: the usage store does not write (its history "
+                            "waits in memory, a day at most, then is dropped)",
+                            "free some room: the usage history resumes by itself")
         if facts.free_mib < config.doctor_min_free_mib:
             return degraded(name, f"{said}: under {config.doctor_min_free_mib} MiB",
                             "free some room: a lease book that cannot be written stops every "

@@ -299,6 +299,18 @@ class DaemonCollector:
             yield CounterMetricFamily(f"patroller_usage_{name}", text, value=found.get(key, 0))
         yield GaugeMetricFamily("patroller_usage_pending_intervals", "Usage intervals kept in "
                                 "memory, not yet written", value=found.get("pending", 0))
+        yield GaugeMetricFamily("patroller_usage_saving_room", "1 while the usage store does "
+                                "not write: the room left on its filesystem (usage_reserve) is "
+                                "kept for the lease book", value=float(bool(found.get(
+                                    "saving_room"))))
+        if found.get("free") is not None:
+            yield GaugeMetricFamily("patroller_usage_free_bytes", "Bytes free on the usage "
+                                    "store's filesystem at its last write",
+                                    value=found["free"])
+        yield CounterMetricFamily("patroller_usage_parties_overflow", "Parties over the bound "
+                                  "of new ones per interval (usage_new_parties), counted under "
+                                  "their host account alone",
+                                  value=found.get("parties_overflow", 0))
         yield self._gpu_seconds()
 
     def _gpu_seconds(self) -> Metric:

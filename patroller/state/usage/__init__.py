@@ -2,6 +2,7 @@
 
 Owns: the store's file and its schema with the migrations (schema.py), its one writer thread,
 the set-aside of a file it cannot use, the removal of old samples and hourly totals (store.py),
+the names it keeps, cut and bounded (keys.py), the room it leaves for the lease book (room.py),
 its reader thread and the answers it keeps (reader.py), the reports' queries (queries.py; by
 two keys, or in a time zone, groupings.py), and the sampler that takes a sample of every GPU on
 the event loop and hands it to the writer (sampler.py).

@@ -17,6 +17,13 @@ What goes wrong, and what the store does:
     fresh store in its place; a file of a newer schema likewise, as `.newer-<time>`.
   - its directory is on a read-only filesystem at start: no store, said at start and in
     /metrics (state `read_only`).
+  - another connection holds the file's lock (a reader holding it, SQLITE_BUSY): each write
+    waits `usage_busy_timeout` at most, then fails as above: the writer is never stuck, the
+    backlog is kept, and once full its oldest intervals are dropped, counted and logged (one
+    line a `repeat_log_every`).
+  - its filesystem has fewer than `usage_reserve` bytes free: nothing is written, as when a
+    write fails, so that the lease book can still be written (room.py); /metrics says so
+    (`saving_room`). Names are cut and new parties bounded per interval (keys.py).
 Old samples are folded into daily totals (tables.py) at start and every `usage_fold_every`.
 """
 from __future__ import annotations
@@ -36,7 +43,8 @@ from patroller.config import Config
 from patroller.core.throttle import Throttle
 from patroller.core.usage import GpuSample
 from patroller.state import private
-from patroller.state.usage import queries, schema, tables
+from patroller.state.usage import queries, room, schema, tables
+from patroller.state.usage.keys import Keys, cut_sample
 from patroller.state.usage.reader import Reader
 
 log = logging.getLogger(__name__)
@@ -77,6 +85,10 @@ class UsageStore:
         self.set_aside = 0  # files renamed out of the way
         self.dropped = 0  # intervals dropped: the backlog was full, or they could not be written
         self._held = 0  # intervals the writer holds, not yet written
+        self.free: Optional[int] = None  # bytes free on its filesystem, at the last write
+        self.saving_room = False  # not written: the room left is the lease book's (room.py)
+        self._keys = Keys(config.usage_parties_remembered, config.usage_new_parties)
+        self._drops = Throttle(1, config.repeat_log_every)  # intervals dropped, said
         self._queue: "queue.Queue[Any]" = queue.Queue()
         self._thread: Optional[threading.Thread] = None
         self._opening: Optional[sqlite3.Connection] = None  # the writer's, while it opens
@@ -106,9 +118,10 @@ class UsageStore:
         self._thread.start()
 
     def put(self, at: float, samples: Sequence[GpuSample]) -> None:
-        """One interval's samples, for the writer (never blocks)."""
+        """One interval's samples, for the writer (never blocks), their names cut (keys.py):
+        what waits in memory while the store cannot be written is bounded too."""
         if self._thread is not None and self.state != STOPPED:
-            self._queue.put((at, tuple(samples)))
+            self._queue.put((at, tuple(cut_sample(sample) for sample in samples)))
 
     def close(self, timeout: float) -> None:
         """Blocking: write what is queued, within `timeout` seconds, and close."""
@@ -126,7 +139,9 @@ class UsageStore:
         return {"path": self.path, "state": self.state, "rows": self.rows,
                 "intervals": self.intervals, "failures": self.failures,
                 "set_aside": self.set_aside, "pending": self._held + self._queue.qsize(),
-                "dropped": self.dropped, "answered_again": self.reader.answered_again}
+                "dropped": self.dropped, "answered_again": self.reader.answered_again,
+                "free": self.free, "saving_room": self.saving_room,
+                "parties_overflow": self._keys.overflow}
 
     # -- reading (reader.py: a thread of its own) ---------------------------------------------
 
@@ -145,7 +160,7 @@ class UsageStore:
 
     def _run(self) -> None:
         db: Optional[sqlite3.Connection] = None
-        keys = tables.Keys()
+        keys = self._keys
         backlog: Deque[Interval] = deque()
         folded: Optional[float] = None  # monotonic time of the last folding
         stopping = False
@@ -164,7 +179,7 @@ class UsageStore:
                     backlog.append(item)
                     if len(backlog) > self.config.usage_backlog:
                         backlog.popleft()
-                        self.dropped += 1
+                        self._dropped()
                 try:
                     item = self._queue.get_nowait()
                 except queue.Empty:
@@ -179,13 +194,14 @@ class UsageStore:
         if db is not None:
             db.close()
 
-    def _write(self, db: Optional[sqlite3.Connection], keys: tables.Keys,
+    def _write(self, db: Optional[sqlite3.Connection], keys: Keys,
                backlog: Deque[Interval],
                folded: Optional[float]) -> Tuple[Optional[sqlite3.Connection], Optional[float]]:
         """Open the file if need be, write the backlog, fold if due; a failure is recorded and
         the backlog kept. (the connection, or None; when it last folded)"""
         for _ in range(2):  # a second time with a fresh file, after one is set aside
             try:
+                self._room()
                 if db is None:
                     db = self._connect()
                     keys.clear()
@@ -277,6 +293,26 @@ class UsageStore:
         log.warning("usage store %s %s; set aside as %s, and a fresh store starts", self.path,
                     why, os.path.basename(aside))
         return True
+
+    def _room(self) -> None:
+        """Before each write: room.Low (an OSError: a failed write) while the room left on
+        the filesystem is the lease book's."""
+        try:
+            self.free = room.ensure(self.directory, self.config.usage_reserve)
+        except room.Low as exc:
+            self.free, self.saving_room = exc.free, True
+            raise
+        self.saving_room = False
+
+    def _dropped(self) -> None:
+        """The backlog is full (the store has not been written for that long): its oldest
+        interval goes, counted, and said once a repeat_log_every."""
+        self.dropped += 1
+        if self._drops.admit()[0]:
+            log.warning("usage store %s: %d interval(s) wait in memory, the most kept "
+                        "(usage_backlog): the oldest is dropped (%d dropped so far): %s",
+                        self.path, self.config.usage_backlog, self.dropped,
+                        self.why or "the store cannot be written")
 
     def _failed(self, exc: BaseException, kept: int) -> None:
         self.failures += 1

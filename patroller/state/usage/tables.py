@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Sequence, Tuple
 
-from patroller.core.usage import GpuSample, Party, classify
+from patroller.core.usage import GpuSample, classify
+from patroller.state.usage.keys import Keys
 
 HOUR = 3600
 DAY = 86400
@@ -20,50 +21,11 @@ ADD_DAILY = ("INSERT INTO daily (day, gpu, category, party, seconds) VALUES (?, 
              "DO UPDATE SET seconds = seconds + excluded.seconds")
 
 
-class Keys:
-    """The ids of GPUs and parties already in the file, so that each is looked up once.
-    Cleared whenever a transaction fails (an id it made may have been rolled back)."""
-
-    def __init__(self) -> None:
-        self.gpus: Dict[str, Tuple[int, int, str]] = {}  # uuid -> (id, number, name)
-        self.parties: Dict[Party, int] = {Party(): 0}
-
-    def clear(self) -> None:
-        self.gpus.clear()
-        self.parties = {Party(): 0}
-
-    def gpu(self, db: sqlite3.Connection, sample: GpuSample) -> int:
-        known = self.gpus.get(sample.uuid)
-        if known is not None and known[1:] == (sample.number, sample.name):
-            return known[0]
-        db.execute("INSERT INTO gpus (uuid, number, name) VALUES (?, ?, ?) ON CONFLICT (uuid) "
-                   "DO UPDATE SET number = excluded.number, name = excluded.name",
-                   (sample.uuid, sample.number, sample.name))
-        [found] = db.execute("SELECT id FROM gpus WHERE uuid = ?", (sample.uuid,)).fetchone()
-        self.gpus[sample.uuid] = (found, sample.number, sample.name)
-        return int(found)
-
-    def party(self, db: sqlite3.Connection, party: Optional[Party]) -> Optional[int]:
-        if party is None:
-            return None
-        known = self.parties.get(party)
-        if known is not None:
-            return known
-        fields = (party.user, party.account, party.job, party.slurm_account, party.namespace,
-                  party.pod)
-        db.execute("INSERT OR IGNORE INTO parties (user, account, job, slurm_account, "
-                   "namespace, pod) VALUES (?, ?, ?, ?, ?, ?)", fields)
-        [found] = db.execute("SELECT id FROM parties WHERE user = ? AND account = ? AND job = ? "
-                             "AND slurm_account = ? AND namespace = ? AND pod = ?",
-                             fields).fetchone()
-        self.parties[party] = int(found)
-        return int(found)
-
-
 def write_interval(db: sqlite3.Connection, keys: Keys, at: float,
                    samples: Sequence[GpuSample]) -> int:
     """One interval's samples, ending at `at` (epoch seconds), and their GPU-seconds by hour,
     category and party, in one transaction: all of them or none. The rows written."""
+    keys.interval()
     db.execute("BEGIN IMMEDIATE")
     try:
         for sample in samples:
