@@ -569,3 +569,30 @@ async def test_the_fleet_view_hides_the_names_a_host_showed_this_daemon(scenario
             assert [seen[k] for k in ("email", "account", "uid", "container")] == [None] * 4
             # the holder too: the host showed the fleet daemon no name to give back
             assert PSEUDONYM.match((await holder(ours))["user"])
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o620, 0o610, 0o660], ids=oct)
+def test_a_key_its_group_or_others_may_touch_is_made_private_and_kept(tmp_path, mode):
+    """The group counts as others: a key its group may read lets them turn pseudonyms back
+    into names, as much as one every user may read."""
+    first = Pseudonyms(str(tmp_path), 16)
+    first.open()
+    os.chmod(tmp_path / KEY_FILE, mode)
+    again = Pseudonyms(str(tmp_path), 16)
+    again.open()
+    assert stat.S_IMODE((tmp_path / KEY_FILE).stat().st_mode) == 0o600, oct(mode)
+    assert again.of("alice") == first.of("alice")  # the same key, kept
+
+
+def test_a_key_its_group_may_read_on_a_read_only_filesystem_is_refused(tmp_path):
+    from patroller.state.pseudonyms import PseudonymError
+    from test_state_lock import read_only
+
+    made = tmp_path / "made"
+    made.mkdir(mode=0o700)
+    Pseudonyms(str(made), 16).open()
+    os.chmod(made / KEY_FILE, 0o640)
+    with read_only(made, tmp_path / "ro") as where:
+        with pytest.raises(PseudonymError) as error:
+            Pseudonyms(where, 16).open(read_only=True)
+    assert "Read-only file system" in str(error.value)
