@@ -409,3 +409,68 @@ def test_a_file_is_read_to_its_last_whole_line_within_the_limit(tmp_path, text, 
     found = read_map(str(jobs), limit, lambda uid: None)
     assert [job.id for job in found.allocations[0].jobs] == ids
     assert found.problems == ({"0": problem} if problem else {})
+
+
+# -- between the check and the use ----------------------------------------------------------
+
+@pytest.mark.parametrize("change", ["mode", "owner"])
+def test_a_map_that_stops_being_trusted_while_it_is_read_gives_nothing(tmp_path, change):
+    """The directory is checked before it is read and again after: one that others could write
+    to meanwhile (made 777, or given to another user, while its files are read) gives nothing
+    of what was read. The change is made from inside the reading, deterministically: naming a
+    job's user from its uid (`user_of`) is called between the two checks."""
+    from patroller.config.trust import Untrusted
+
+    if change == "owner" and os.geteuid() != 0:
+        pytest.skip("giving a directory away takes root")
+    jobs = tmp_path / "jobs"
+    jobs.mkdir(mode=0o755)
+    (jobs / "0").write_text("4242 uid=1001\n")  # a uid alone: its user is looked up
+    looked_up = []
+
+    def user_of(uid):
+        looked_up.append(uid)
+        if change == "mode":
+            os.chmod(jobs, 0o777)
+        else:
+            os.chown(jobs, 65533, 65533)
+        return "carol"
+
+    with pytest.raises(Untrusted) as error:
+        read_map(str(jobs), 65536, user_of)
+    assert looked_up == [1001], "the change came between the checks"
+    said = "writable by others (mode 777" if change == "mode" else "not root's or ours"
+    assert said in str(error.value), error.value
+    os.chmod(jobs, 0o755)
+    if change == "owner":
+        os.chown(jobs, 0, 0)
+    assert read_map(str(jobs), 65536, lambda uid: "carol").allocations[0].jobs[0].user == \
+        "carol"  # trusted again: read again
+
+
+def test_a_file_swapped_for_a_fifo_after_its_look_is_not_read(tmp_path, monkeypatch):
+    """An entry is looked at (a regular file), then opened: what was opened is looked at again,
+    and a FIFO put there between the two is not read. The swap is made as the look returns."""
+    import types
+
+    from patroller.observe import jobmap
+
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "0").write_text(LINE)
+    swapped = []
+
+    def look_then_swap(name, *args, **kwargs):
+        found = os.stat(name, *args, **kwargs)
+        if name == "0" and not swapped:
+            os.unlink(jobs / "0")
+            os.mkfifo(jobs / "0")
+            swapped.append(name)
+        return found
+
+    seen_as = {name: getattr(os, name) for name in dir(os) if not name.startswith("__")}
+    monkeypatch.setattr(jobmap, "os", types.SimpleNamespace(**{**seen_as,
+                                                               "stat": look_then_swap}))
+    found = read_map(str(jobs), 65536, lambda uid: None)
+    assert swapped == ["0"]
+    assert found.problems == {"0": "a FIFO: not read"} and found.allocations == {}
