@@ -341,6 +341,7 @@ def test_a_lease_book_that_cannot_be_read_is_degraded(tmp_path, engine_sockets):
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     (state / "leases.json").write_text("{not json")
+    os.chmod(state / "leases.json", 0o600)  # as the daemon writes it: private files are ok
     code, found, _ = doctor(*isolated(engine_sockets, "--test", "--state-dir", str(state)))
     book = found["lease book"]
     assert code == 0 and book["status"] == "degraded", book

@@ -104,6 +104,9 @@ class Config:
     doctor_slow: float = 10.0  # seconds: an nvidia-smi query that takes longer is reported slow
     doctor_min_free_mib: int = 64  # MiB free under the state directory, at least: else degraded
     doctor_timeout: float = 3.0  # seconds a socket the doctor knocks on may take to answer
+    # seconds the whole examination may take: a probe still out then (an engine answering a
+    # byte at a time, a hung file system) is said degraded, with what it waited for
+    doctor_deadline: float = 30.0
 
     # -- internal defaults: core (the lease rules) --------------------------------------------
     # Host accounts whose holds count by identity alone, not by account as well: root, as which

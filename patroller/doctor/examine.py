@@ -1,13 +1,16 @@
 """One examination: every probe run (nvidia-smi's children on the event loop through the
-supervisor, the blocking ones in the executor, all at once), then every check over what they
-found, in the order the daemon meets them at start. `Doctor` runs one examination at a time for
+supervisor, the blocking ones each in a thread of its own, all at once), then every check over
+what they found, in the order the daemon meets them at start. The whole examination ends within
+`Config.doctor_deadline`: a probe still out then is given up on, and its checks are degraded
+with what it waited for. `Doctor` runs one examination at a time for
 `GET /doctor`: callers who ask while one runs share its results."""
 from __future__ import annotations
 
 import asyncio
 import os
 import shutil
-from typing import Any, Callable, List, Mapping, Optional, Sequence
+import threading
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from patroller.config import Config
 from patroller.doctor.gpu import probe, timed
@@ -17,34 +20,109 @@ from patroller.doctor.host import (UNIT, UNIT_DIRS, UnitFacts, check_cgroups, ch
 from patroller.doctor.listening import check_port, check_socket, probe_port, probe_socket
 from patroller.doctor.places import (check_book, check_job_map, check_state, probe_job_map,
                                      probe_state)
-from patroller.doctor.results import Result
-from patroller.doctor.runtimes import engine_results, probe_engines
+from patroller.doctor.privacy import check_privacy, probe_privacy
+from patroller.doctor.results import Result, degraded, seconds
+from patroller.doctor.runtimes import EngineProbes, engine_results
 
 SYSTEMD_RUNNING = "/run/systemd/system"  # there when systemd is the init system (sd_booted)
 
 
 async def examine(config: Config, environ: Optional[Mapping[str, str]] = None,
                   unit_dirs: Sequence[str] = UNIT_DIRS) -> List[Result]:
-    """Every check, for the daemon `config` describes."""
+    """Every check, for the daemon `config` describes, within `config.doctor_deadline`: a
+    probe still out then is left behind, and its checks are degraded with what it waited for."""
     loop = asyncio.get_running_loop()
+    bound = config.doctor_deadline
 
     def blocking(probe: Callable[..., Any], *args: Any) -> "asyncio.Future[Any]":
-        return loop.run_in_executor(None, probe, *args)
+        return _in_thread(loop, probe, *args)
 
-    nvidia = None if config.test else asyncio.ensure_future(probe(config, environ))
-    proc, engines, state, job_map, port, sock, unit = await asyncio.gather(
-        blocking(probe_proc, config.proc_root), blocking(probe_engines, config),
-        blocking(probe_state, config.state_dir, config.proc_root),
-        blocking(probe_job_map, config.slurm_job_map, config.job_map_file_limit),
-        blocking(probe_port, config.port, config.address, config.doctor_timeout),
-        blocking(probe_socket, config.socket, config.doctor_timeout),
-        blocking(probe_unit, unit_dirs))
-    unit = await _activity(unit, config)
-    facts = await nvidia if nvidia is not None else None
-    return [*gpu_results(facts, config), check_proc(proc), check_cgroups(proc),
-            *engine_results(engines, config), check_job_map(job_map),
-            check_state(state, config), check_book(state), check_port(port),
-            check_socket(sock), check_unit(unit)]
+    async def unit_probe() -> UnitFacts:
+        return await _activity(await blocking(probe_unit, unit_dirs), config)
+
+    engines = EngineProbes(config)
+    out: Dict[str, Tuple["asyncio.Future[Any]", str]] = {  # probe: (its run, what it waits for)
+        "proc": (blocking(probe_proc, config.proc_root), f"{config.proc_root}'s processes"),
+        "state": (blocking(probe_state, config.state_dir, config.proc_root),
+                  f"the state directory {config.state_dir}"),
+        "job map": (blocking(probe_job_map, config.slurm_job_map, config.job_map_file_limit),
+                    f"the job map {config.slurm_job_map}"),
+        "port": (blocking(probe_port, config.port, config.address, config.doctor_timeout),
+                 f"port {config.port}: to bind it, or what holds it to answer"),
+        "socket": (blocking(probe_socket, config.socket, config.doctor_timeout),
+                   f"the socket path {config.socket}"),
+        "unit": (asyncio.ensure_future(unit_probe()), "the systemd unit's files and systemctl"),
+        "privacy": (blocking(probe_privacy, config.state_dir, config.audit_log),
+                    "the modes of the state directory's files and the audit record"),
+    }
+    if not config.test:
+        out["gpu"] = (asyncio.ensure_future(probe(config, environ)),
+                      f"{config.nvidia_smi}: -q -x, then one sample of dmon and pmon, and "
+                      "--query-compute-apps")
+    knocks = [blocking(knock) for knock in engines.probes()]
+    runs = [*knocks, *(run for run, _ in out.values())]
+    _, pending = await asyncio.wait(runs, timeout=bound)
+    for run in pending:
+        run.cancel()  # a thread is left to end by itself, unwaited for
+    children = [run for run in pending if isinstance(run, asyncio.Task)]
+    if children:  # nvidia-smi's children are killed as their task ends: let it end
+        await asyncio.wait(children, timeout=config.shutdown_grace)
+    for knock in knocks:
+        if knock not in pending:
+            knock.result()  # a probe's own error is raised, as it always was
+
+    def facts(name: str) -> Any:
+        run = out[name][0]
+        return None if run in pending else run.result()
+
+    def late(name: str, *checks: str) -> Optional[List[Result]]:
+        """The checks of a probe still out at the bound, degraded; None when it answered."""
+        if name not in out or out[name][0] not in pending:
+            return None
+        said = f"no answer within the doctor's {seconds(bound)}: waited for {out[name][1]}"
+        return [degraded(check, said, "find what is slow there: the daemon would wait on it "
+                         "too") for check in checks]
+    nvidia = None if config.test else facts("gpu")
+    proc, state = facts("proc"), facts("state")
+    return [*(late("gpu", "nvidia-smi") or gpu_results(nvidia, config)),
+            *(late("proc", "/proc", "cgroups") or [check_proc(proc), check_cgroups(proc)]),
+            *engine_results(engines.facts(), config),
+            *(late("job map", "Slurm job map") or [check_job_map(facts("job map"))]),
+            *(late("state", "state directory", "lease book")
+              or [check_state(state, config), check_book(state)]),
+            *(late("privacy", "private files") or [check_privacy(facts("privacy"))]),
+            *(late("port", "address and port") or [check_port(facts("port"))]),
+            *(late("socket", "unix socket") or [check_socket(facts("socket"))]),
+            *(late("unit", "systemd unit") or [check_unit(facts("unit"))])]
+
+
+def _in_thread(loop: asyncio.AbstractEventLoop, probe: Callable[..., Any],
+               *args: Any) -> "asyncio.Future[Any]":
+    """`probe(*args)` in a daemon thread of its own, its outcome on the loop. Not the
+    executor: asyncio.run's end and the interpreter's exit both wait for the executor's
+    threads, so one hung probe would hold the doctor past its bound."""
+    future: "asyncio.Future[Any]" = loop.create_future()
+
+    def settle(value: Any, error: Optional[BaseException]) -> None:
+        if future.done():
+            return  # given up on at the bound
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
+
+    def run() -> None:
+        try:
+            value, error = probe(*args), None
+        except BaseException as exc:  # handed to whoever awaits it, as the executor would
+            value, error = None, exc
+        try:
+            loop.call_soon_threadsafe(settle, value, error)
+        except RuntimeError:
+            pass  # the loop is closed: the doctor finished without it
+    threading.Thread(target=run, name=f"doctor-{getattr(probe, '__name__', 'probe')}",
+                     daemon=True).start()
+    return future
 
 
 async def _activity(unit: UnitFacts, config: Config) -> UnitFacts:

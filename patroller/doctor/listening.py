@@ -15,6 +15,7 @@ from typing import Optional, Tuple
 
 from tornado.netutil import bind_sockets
 
+from patroller.doctor.deadline import bounded, deadline
 from patroller.doctor.results import Result, degraded, failed, ok
 
 HEAD_LIMIT = 4096  # bytes of an answer's head read to learn who answers
@@ -44,8 +45,10 @@ def _who_answers(address: str, port: int, timeout: float) -> Optional[str]:
     """The Server header of what answers an HTTP request there ("" if it answers without one,
     None if it does not answer HTTP in time)."""
     host = address if address and address not in ("0.0.0.0", "::") else "127.0.0.1"
+    until = deadline(timeout)  # for the whole head: whatever holds the port may be anyone's
     try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
+        with bounded(socket.create_connection((host, port), timeout=timeout), until,
+                     timeout) as sock:
             sock.sendall(b"GET /openapi.json HTTP/1.0\r\nHost: doctor\r\n\r\n")
             head = b""
             while b"\r\n\r\n" not in head and len(head) < HEAD_LIMIT:

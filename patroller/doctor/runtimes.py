@@ -8,17 +8,19 @@ functions are pure, over what they found."""
 from __future__ import annotations
 
 import errno
+import functools
 import glob
 import http.client
 import json
 import re
 import socket
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from patroller.config import Config
 from patroller.observe.protowire import Message, WireError
-from patroller.doctor.results import Result, degraded, ok
+from patroller.doctor.deadline import bounded, deadline, left
+from patroller.doctor.results import Result, degraded, ok, seconds
 from patroller.observe.grpcunix import INSTALL, GrpcUnavailable, UnixCaller
 from patroller.observe.podresources import ask, parse_list
 
@@ -33,8 +35,9 @@ class Knock:
     """What one engine's (or the kubelet's) socket said."""
 
     address: str
-    state: str  # absent, refused, denied, silent (no answer in time), answered, bad (answered
-    # but not as it should), ungrpc (grpcio is not installed)
+    state: str  # absent, refused, denied, silent (no whole answer in time), answered, bad
+    # (answered but not as it should), ungrpc (grpcio is not installed), overdue (still asked
+    # when the doctor's bound came), unasked (the bound came before it was asked)
     why: str = ""
     version: str = ""  # "Docker 27.1.1 (API 1.46)", "containerd 1.6.20", "3 pod(s) with GPUs"
 
@@ -59,33 +62,43 @@ def _connect(path: str, timeout: float, address: Optional[str] = None) -> Option
     return None
 
 
-class _UnixHTTP(http.client.HTTPConnection):
-    """HTTP over a unix socket: the Docker Engine's API (Podman serves the same)."""
+class _BoundedHTTP(http.client.HTTPConnection):
+    """HTTP to an engine (over a unix socket when `path` is given: the Docker Engine's API,
+    which Podman serves too) whose whole exchange ends `timeout` seconds after it was made: a
+    timeout on each read would let an engine that answers a byte at a time hold it for ever."""
 
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
+    def __init__(self, host: str, port: Optional[int], path: Optional[str],
+                 timeout: float) -> None:
+        self.until = deadline(timeout)
+        super().__init__(host, port, timeout=timeout)
         self.socket_path = path
+        self.seconds = timeout
 
     def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self.socket_path)
+        self.timeout = left(self.until)
+        if self.socket_path is None:
+            super().connect()
+        else:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(self.timeout)
+            self.sock.connect(self.socket_path)
+        self.sock = bounded(self.sock, self.until, self.seconds)
 
 
 def probe_docker_api(address: str, timeout: float) -> Knock:
-    """GET /version of a Docker-API engine (the Docker Engine, Podman)."""
+    """GET /version of a Docker-API engine (the Docker Engine, Podman), all of it within
+    `timeout` seconds."""
     path = _path(address)
     if path is None:
         found = re.match(r"(?:tcp|http)://([^/:]+):?(\d+)?", address)
         if found is None:
             return Knock(address, "bad", "only unix://, tcp:// and http:// engines are asked")
-        connection: http.client.HTTPConnection = http.client.HTTPConnection(
-            found.group(1), int(found.group(2) or 2375), timeout=timeout)
+        connection = _BoundedHTTP(found.group(1), int(found.group(2) or 2375), None, timeout)
     else:
         refused = _connect(path, timeout, address)
         if refused is not None:
             return refused
-        connection = _UnixHTTP(path, timeout)
+        connection = _BoundedHTTP("localhost", None, path, timeout)
     try:
         connection.request("GET", "/version", headers={"Host": "docker"})
         response = connection.getresponse()
@@ -166,23 +179,74 @@ class EngineFacts:
     rootless_podman: Optional[List[Tuple[int, Knock]]]
     containerd: Optional[Knock]
     kubelet: Optional[Knock]
+    unlisted: Tuple[str, ...] = ()  # "docker", "podman": users' sockets still being listed
 
 
-def probe_engines(config: Config) -> EngineFacts:
-    timeout = config.docker_timeout
+class EngineProbes:
+    """The engines knocked on side by side, one blocking probe each (one slow engine holds up
+    no other), and what they found by any moment: when the doctor's bound comes, one still
+    waiting is said `overdue`, with the socket it waited for, and one not yet asked `unasked`."""
 
-    def users(template: Optional[str]) -> Optional[List[Tuple[int, Knock]]]:
-        if template is None:
-            return None
-        return [(uid, probe_docker_api(address, timeout))
-                for uid, address in users_sockets(template)]
-    return EngineFacts(
-        probe_docker_api(config.docker_host or DOCKER_DEFAULT, timeout),
-        probe_docker_api(config.podman_socket, timeout) if config.podman_socket else None,
-        users(config.rootless_docker_socket), users(config.rootless_podman_socket),
-        probe_containerd(config.containerd_socket, config.containerd_timeout)
-        if config.containerd_socket else None,
-        probe_kubelet(config.kubelet_socket, config) if config.kubelet_socket else None)
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self._asked: Dict[str, str] = {}  # engine -> its address, for those asked at all
+        self._knocks: Dict[str, Knock] = {}  # engine -> what it said, once it said it
+        self._templates: Dict[str, str] = {}  # "docker"/"podman" -> the users' socket template
+        self._users: Dict[str, List[Tuple[int, str, Optional[Knock]]]] = {}  # once listed
+        self._asking: Dict[str, str] = {}  # "docker"/"podman" -> the user's socket asked now
+
+    def probes(self) -> List[Callable[[], None]]:
+        """The blocking calls to make, each in a thread of its own."""
+        config, timeout = self.config, self.config.docker_timeout
+        made: List[Callable[[], None]] = []
+
+        def one(engine: str, address: Optional[str], knock: Callable[[str], Knock]) -> None:
+            if address:
+                self._asked[engine] = address
+                made.append(lambda: self._knocks.__setitem__(engine, knock(address)))
+        one("docker", config.docker_host or DOCKER_DEFAULT, lambda a: probe_docker_api(a, timeout))
+        one("podman", config.podman_socket, lambda a: probe_docker_api(a, timeout))
+        one("containerd", config.containerd_socket,
+            lambda a: probe_containerd(a, config.containerd_timeout))
+        one("kubelet", config.kubelet_socket, lambda a: probe_kubelet(a, config))
+        for runtime, template in (("docker", config.rootless_docker_socket),
+                                  ("podman", config.rootless_podman_socket)):
+            if template is not None:
+                self._templates[runtime] = template
+                made.append(functools.partial(self._each_user, runtime))
+        return made
+
+    def _each_user(self, runtime: str) -> None:
+        listed: List[Tuple[int, str, Optional[Knock]]] = [
+            (uid, address, None) for uid, address in users_sockets(self._templates[runtime])]
+        self._users[runtime] = listed
+        for index, (uid, address, _) in enumerate(listed):
+            self._asking[runtime] = address
+            listed[index] = (uid, address, probe_docker_api(address, self.config.docker_timeout))
+
+    def facts(self) -> EngineFacts:
+        """What was found so far; what is still out, as overdue or unasked."""
+        bound = seconds(self.config.doctor_deadline)
+        waited = f"waited {bound} for its answer"
+
+        def engine(name: str) -> Optional[Knock]:
+            if name not in self._asked:
+                return None
+            return self._knocks.get(name) or Knock(self._asked[name], "overdue", waited)
+
+        def users(runtime: str) -> Optional[List[Tuple[int, Knock]]]:
+            if runtime not in self._templates:
+                return None
+            asking = self._asking.get(runtime)
+            return [(uid, knock or (Knock(address, "overdue", waited) if address == asking else
+                                    Knock(address, "unasked", f"the doctor's {bound} went on "
+                                          "those asked before it")))
+                    for uid, address, knock in list(self._users.get(runtime, []))]
+        docker = engine("docker")  # always asked: --docker-host, or the SDK's default
+        return EngineFacts(docker or Knock(DOCKER_DEFAULT, "unasked"), engine("podman"),
+                           users("docker"), users("podman"), engine("containerd"),
+                           engine("kubelet"), tuple(r for r in self._templates
+                                                    if r not in self._users))
 
 
 # What each state means, and what to do: (status, words, fix).
@@ -193,6 +257,9 @@ MEANING = {
     "denied": ("degraded", "not ours to connect to",
                "run Patroller as root (or in the socket's group)"),
     "silent": ("degraded", "no answer in time", "check the engine: it may be hung"),
+    "overdue": ("degraded", "no answer within the doctor's bound",
+                "check the engine: it may be hung, or answer a little at a time"),
+    "unasked": ("degraded", "not asked", "check the engines asked before it: they were slow"),
     "bad": ("degraded", "answered, but not as expected", "check what serves on that socket"),
     "ungrpc": ("degraded", "cannot be asked: grpcio is not installed", INSTALL),
 }
@@ -210,9 +277,13 @@ def check_engine(name: str, knock: Optional[Knock], unit: str, flag: str) -> Res
 
 
 def check_users_engines(name: str, found: Optional[List[Tuple[int, Knock]]], template: str,
-                        flag: str, unit: str) -> Result:
+                        flag: str, unit: str, unlisted: bool = False) -> Result:
     if found is None:
         return ok(name, f"not asked ({flag} none)")
+    if unlisted:
+        return degraded(name, f"its users' sockets ({_path(template) or template}) were still "
+                        "being listed when the doctor's bound came",
+                        "check the file system they are on: it may be hung")
     if not found:
         return ok(name, f"none running (none at {_path(template) or template})")
     answered = [f"uid {uid}: {k.version}" for uid, k in found if k.state == "answered"]
@@ -222,8 +293,8 @@ def check_users_engines(name: str, found: Optional[List[Tuple[int, Knock]]], tem
         return ok(name, said)
     uid, knock = wrong[0]
     status, words, fix = MEANING[knock.state]
-    return degraded(name, f"{said}; {len(wrong)} not answering, uid {uid}'s: {words} "
-                    f"({knock.why})", fix.format(unit=unit))
+    return degraded(name, f"{said}; {len(wrong)} not answering, uid {uid}'s at "
+                    f"{knock.address}: {words} ({knock.why})", fix.format(unit=unit))
 
 
 def engine_results(facts: EngineFacts, config: Config) -> Sequence[Result]:
@@ -237,10 +308,10 @@ def engine_results(facts: EngineFacts, config: Config) -> Sequence[Result]:
     return [check_engine("Docker Engine", facts.docker, "docker", "--docker-host"),
             check_users_engines("rootless Docker", facts.rootless_docker,
                                 config.rootless_docker_socket or "", "--rootless-docker-socket",
-                                "--user docker"),
+                                "--user docker", "docker" in facts.unlisted),
             check_engine("Podman", facts.podman, "podman.socket", "--podman-socket"),
             check_users_engines("rootless Podman", facts.rootless_podman,
                                 config.rootless_podman_socket or "", "--rootless-podman-socket",
-                                "--user podman.socket"),
+                                "--user podman.socket", "podman" in facts.unlisted),
             check_engine("containerd", facts.containerd, "containerd", "--containerd-socket"),
             kubelet_result]

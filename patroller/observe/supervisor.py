@@ -301,6 +301,9 @@ class OneShotChild:
             output, code = await finishing
         except asyncio.CancelledError:
             child.signal(signal.SIGKILL)  # never left behind
+            # and its exit collected before the caller goes on: a loop that closes meanwhile
+            # (the doctor giving up at its bound) would leave its pipes open
+            await asyncio.shield(finishing)
             raise
         finally:
             self.child = None
