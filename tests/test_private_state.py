@@ -7,6 +7,7 @@ under the umask 0 a careless service manager could hand it; then a throwaway use
 tries what the review did: open the store read-only with SQLite, take a lock on its -shm (which
 stalled every write of the history), and grep the audit record for a name."""
 import json
+import logging
 import os
 import shutil
 import signal
@@ -260,3 +261,22 @@ def test_the_doctor_fails_what_others_may_read_and_says_how_to_close_it(tmp_path
                             "to other users"
     assert check_privacy(probe_privacy(str(tmp_path / "not-yet"), "-")).status == "ok"
     assert check_privacy(probe_privacy(None, None)).status == "ok"
+
+
+def test_in_a_private_directory_open_files_are_closed_without_a_word(tmp_path, caplog):
+    """A file of ours open to others in a directory nobody else may enter was never exposed:
+    it is made 0600 all the same, and nothing is said (a warning is for a directory that was
+    open)."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    (state / FILE).write_text("")
+    os.chmod(state / FILE, 0o644)
+    from patroller.state.book import LeaseBook
+    book = LeaseBook(str(state), Config())
+    with caplog.at_level(logging.INFO, logger="patroller"):
+        book.open()
+    try:
+        assert mode(state / FILE) == 0o600
+        assert not [r for r in caplog.records if "private" in r.getMessage()]
+    finally:
+        book.close()

@@ -102,7 +102,7 @@ def test_a_reservation_that_ran_out_while_the_daemon_was_down_comes_back_free(st
 
 
 def test_a_corrupt_book_is_set_aside_and_the_daemon_starts_empty(state):
-    os.makedirs(state)
+    os.makedirs(state, mode=0o700)  # as the daemon makes it (one open to others is warned of)
     with open(os.path.join(state, "leases.json"), "w", encoding="utf-8") as f:
         f.write('{"version": 1, "devices": {"GPU-')
     server = ServerProcess("--test", "--state-dir", state).start()

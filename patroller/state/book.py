@@ -88,7 +88,7 @@ class LeaseBook:
         self._boot = boot_id(self.proc)
         held = lock(self.directory)
         self._lock, self.read_only = held.fd, held.read_only
-        if held.tightened:
+        if held.tightened.directory_mode is not None:  # in a private one, files were safe
             log.warning("the state directory was open to other users, and is private now: %s "
                         "(under systemd: StateDirectoryMode=0700 and UMask=0077, as `patroller "
                         "systemd-unit` prints)", held.tightened.words(self.directory))
