@@ -43,9 +43,10 @@ LEAVES: Dict[str, Tuple[str, ...]] = {
     "patroller.durations": (),  # one duration parser, for the client side and the daemon
     "patroller.hosts": (),  # one reader of host lists, for the client side and the daemon
     "patroller.answers": (),  # another host's answers checked, for both fleet views
+    "patroller.safetext": (),  # text others chose, written out safely, for every command
     "patroller.client": ("patroller.durations",),
     "patroller.cli": ("patroller.client", "patroller.durations", "patroller.hosts",
-                      "patroller.answers"),
+                      "patroller.answers", "patroller.safetext"),
     "patroller.simulator": (),  # the fake nvidia-smi: nothing of the daemon it imitates a GPU for
 }
 # What each unit may import beyond the standard library (and patroller).
@@ -66,6 +67,7 @@ THIRD_PARTY: Dict[str, Set[str]] = {
     "patroller.durations": set(),
     "patroller.hosts": set(),
     "patroller.answers": set(),
+    "patroller.safetext": set(),
     "patroller.client": set(),
     "patroller.cli": set(),
     "patroller.simulator": set(),
@@ -194,7 +196,7 @@ def test_imports_go_down_the_layers_and_leaves_stay_apart(module):
             assert other in LEAVES[unit], f"{where}: {unit} may import only {LEAVES[unit]}"
         elif other in LEAVES:
             assert other in ("patroller.durations", "patroller.hosts", "patroller.answers",
-                             "patroller.cli"), \
+                             "patroller.safetext", "patroller.cli"), \
                 f"{where}: the daemon does not import {other}"
             assert other != "patroller.cli" or module == "patroller.main", \
                 f"{where}: only the entry point hands words to the command line"

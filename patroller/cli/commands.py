@@ -8,7 +8,6 @@ Exit statuses: patroller/cli/exits.py.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
@@ -26,6 +25,7 @@ from patroller.cli.status import format_status
 from patroller.cli.table import width_of
 from patroller.cli.unit import unit_command
 from patroller.client import PatrollerError, RequestRefused, ServerUnreachable
+from patroller.safetext import json_text, printable
 
 COMMANDS = ("run", "status", "release", "wait", "reserve", "history", "users", "queue",
             "report", "systemd-unit")
@@ -42,17 +42,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         client.parse_server(getattr(options, "server", None))
     except ValueError as exc:
-        print(f"patroller: {exc}", file=sys.stderr)
+        print(f"patroller: {printable(str(exc))}", file=sys.stderr)
         return EX_USAGE
     if hasattr(options, "colour"):  # on a terminal only, as the user lets it
         options.colour = options.colour and use_colour(sys.stdout)
     try:
         return options.handler(options)
-    except Failure as failure:
-        print(f"patroller: {failure}", file=sys.stderr)
+    except Failure as failure:  # its words may be a daemon's (an error, a holder's name)
+        print(f"patroller: {printable(str(failure))}", file=sys.stderr)
         return failure.code
     except ServerUnreachable as exc:
-        print(f"patroller: cannot reach the server: {exc}", file=sys.stderr)
+        print(f"patroller: cannot reach the server: {printable(str(exc))}", file=sys.stderr)
         return EX_UNAVAILABLE
     except RequestRefused as refused:
         print(f"patroller: the server refused: {error_text(refused)}", file=sys.stderr)
@@ -222,9 +222,9 @@ def reserve_command(options: argparse.Namespace) -> int:
     how = (f"for {duration(left)}, whatever runs on them" if options.hold != "lease" and left
            else f"for the lease: start the job within {duration(left or 0)}")
     them = "them" if len(granted) > 1 else "it"
-    print(f"patroller: {describe(granted)} reserved {how}; `patroller release "
-          f"{' '.join(numbers)}` gives {them} back", file=sys.stderr)
-    print(",".join(numbers))
+    print(printable(f"patroller: {describe(granted)} reserved {how}; `patroller release "
+                    f"{' '.join(numbers)}` gives {them} back"), file=sys.stderr)
+    print(printable(",".join(numbers)))
     return EX_OK
 
 
@@ -239,9 +239,9 @@ def wait_command(options: argparse.Namespace) -> int:
     leases = [g["expires"] for g in granted if g.get("expires") is not None]
     lease = (f"start the job within {duration(min(leases))}, or the reservation lapses"
              if leases else "start the job soon, or the reservation lapses")
-    print(f"patroller: {describe(granted)} reserved; {lease} (it then lasts while your "
-          "processes run on them)", file=sys.stderr)
-    print(",".join(numbers))
+    print(printable(f"patroller: {describe(granted)} reserved; {lease} (it then lasts while "
+                    "your processes run on them)"), file=sys.stderr)
+    print(printable(",".join(numbers)))
     return EX_OK
 
 def release_command(options: argparse.Namespace) -> int:
@@ -259,10 +259,11 @@ def release_command(options: argparse.Namespace) -> int:
             label = f"GPU {name}" if name.isdigit() else name
             print(release_message(client.release(options.server, uuid, options.reason), label))
         except RequestRefused as refused:
-            print(f"patroller: cannot release {name}: {error_text(refused)}", file=sys.stderr)
+            print(f"patroller: cannot release {printable(name)}: {error_text(refused)}",
+                  file=sys.stderr)
             failed = True
         except Failure as failure:
-            print(f"patroller: {failure}", file=sys.stderr)
+            print(f"patroller: {printable(str(failure))}", file=sys.stderr)
             failed = True
     return EX_NOPERM if failed else EX_OK
 
@@ -286,7 +287,7 @@ def status_command(options: argparse.Namespace) -> int:
             try:
                 text = render_status(options, colour)
             except PatrollerError as exc:
-                text = f"patroller: {exc}\n"
+                text = f"patroller: {printable(str(exc))}\n"
             if terminal:
                 sys.stdout.write("\033[H\033[J" + text)
             else:
@@ -311,7 +312,7 @@ def render_fleet(options: argparse.Namespace, hosts: List[str], colour: bool) ->
                             fleet.deadline_from(options.deadline),
                             0.0 if options.watch else fleet.age())
     if options.json:
-        return json.dumps(fleet.fleet_json(answers), separators=(",", ":")) + "\n"
+        return json_text(fleet.fleet_json(answers)) + "\n"
     if options.free is not None:
         return fleet.free_lines(answers, options.free)
     return fleet.fleet_table(answers, colour, width_of(sys.stdout), options.mine)
@@ -323,7 +324,7 @@ def render_status(options: argparse.Namespace, colour: bool) -> str:
         return render_fleet(options, hosts, colour)
     claims = client.status(options.server)
     if options.json:
-        return json.dumps(claims, separators=(",", ":")) + "\n"
+        return json_text(claims) + "\n"
     if options.free is not None:  # this host: its own errors (unreachable: 69) as they are
         here = fleet.HostAnswer(fleet.server_name(options.server), claims,
                                 client.devices(options.server))

@@ -9,6 +9,7 @@ waiting. Once `run` has started the command, the status is the command's own.
 from __future__ import annotations
 
 from patroller.client import RequestRefused
+from patroller.safetext import printable
 
 EX_OK = 0
 EX_USAGE = 2
@@ -29,8 +30,9 @@ class Failure(Exception):
         self.code = code
 
 def error_text(refused: RequestRefused) -> str:
-    return str(refused.body.get("error", refused.body)) if isinstance(refused.body, dict) \
-        else str(refused.body)
+    """A refusal's words, printable: they are the daemon's, and may quote what others chose."""
+    return printable(str(refused.body.get("error", refused.body))
+                     if isinstance(refused.body, dict) else str(refused.body))
 
 def refused_code(refused: RequestRefused) -> int:
     """77 for a refusal (4xx), 69 for a server that cannot serve (5xx)."""

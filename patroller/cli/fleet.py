@@ -25,7 +25,7 @@ from patroller import answers, client, durations, hosts
 from patroller.answers import BadAnswer, check
 from patroller.cli.exits import EX_TEMPFAIL, EX_USAGE, Failure
 from patroller.cli.status import is_mine, tables
-from patroller.cli.table import printable
+from patroller.safetext import printable
 
 FLEET_TIMEOUT = 5.0  # seconds a host may take to answer (--host-timeout)
 DEADLINE = 1.5  # seconds, in all, before the table is drawn (--deadline)
@@ -234,7 +234,8 @@ def fleet_table(answers: List[HostAnswer], colour: bool = False, width: Optional
     groups = []
     states: Dict[str, int] = {}
     for answer in answers:
-        name = f"\033[1m{answer.host}\033[0m" if colour else answer.host
+        host = printable(answer.host)  # as a hosts file says it; its colour after
+        name = f"\033[1m{host}\033[0m" if colour else host
         if answer.status is None or answer.devices is None:
             why = printable(f"{answer.state or DOWN}: {answer.error or '?'}")  # its own words
             groups.append((f"{name}  " + (f"\033[31m{why}\033[0m" if colour else why), []))

@@ -6,7 +6,6 @@ Formatting is pure (tested on bodies from a live daemon); the commands only ask 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 import urllib.parse
 from typing import Any, Dict, List, Optional
@@ -15,6 +14,7 @@ from patroller import client, durations
 from patroller.cli.exits import EX_OK, EX_USAGE, Failure
 from patroller.cli.render import amount, duration
 from patroller.cli.table import format_table
+from patroller.safetext import json_text
 
 # An event's own fields, which the table shows in columns of their own; the rest is DETAIL.
 _SHOWN = ("time", "at", "event", "user", "devices")
@@ -102,7 +102,7 @@ def history_command(options: argparse.Namespace) -> int:
     if options.json:
         chosen = [e for e in events if options.user in (None, e.get("user"), e.get("holder"),
                                                         e.get("by"))]
-        print(json.dumps(chosen, indent=2))
+        print(json_text(chosen, indent=2))
     else:
         print(history_table(events, options.user, options.colour), end="")
     return EX_OK
@@ -110,13 +110,13 @@ def history_command(options: argparse.Namespace) -> int:
 
 def users_command(options: argparse.Namespace) -> int:
     users = client.users(options.server)
-    print(json.dumps(users, indent=2) if options.json else users_table(users, options.colour),
+    print(json_text(users, indent=2) if options.json else users_table(users, options.colour),
           end="\n" if options.json else "")
     return EX_OK
 
 
 def queue_command(options: argparse.Namespace) -> int:
     waiters = client.queue(options.server)
-    print(json.dumps(waiters, indent=2) if options.json else queue_table(waiters, options.colour),
+    print(json_text(waiters, indent=2) if options.json else queue_table(waiters, options.colour),
           end="\n" if options.json else "")
     return EX_OK

@@ -6,6 +6,7 @@ import os
 from typing import Any, Dict, Iterable, List, Optional, TextIO
 
 from patroller import answers, durations
+from patroller.safetext import printable
 
 def user_line(name: str, usage: Dict[str, Any]) -> str:
     """'user alice@example.org: 2 held (limit 4), 1 unused, 1 idle, 1 used without asking'."""
@@ -49,10 +50,10 @@ def user_name(user: Optional[Dict[str, Any]]) -> str:
         where = f"pod {pod['namespace']}/{pod['name']}"
         name = user.get("email") or user.get("user") or "?"
         return where if name == f"namespace:{pod['namespace']}" else f"{name} ({where})"
-    container = user.get("container") or {}
     if user.get("claimed"):  # its labels' e-mail is its own user's word: said as a claim
         said = f" (claims {user['email']})" if user.get("email") else ""
         return f"{user.get('user') or '?'}{said}"
+    container = user.get("container") or {}
     name = user.get("email") or container.get("name") or user.get("user") or "?"
     job = user.get("job") or {}
     return f"{name} (job {job['id']})" if job.get("id") and name != f"job {job['id']}" else name
@@ -137,10 +138,10 @@ def release_message(body: Dict[str, Any], named: Optional[str] = None) -> str:
         number = (device.get("info") or {}).get("number", "?")
         lines.append(f"kept {describe([device])}: held while pid {device.get('held_for_pid')} "
                      f"runs (patroller release {number} releases it)")
-    if lines:
-        return "\n".join(lines)
+    if lines:  # each printable: a holder's name is the daemon's to say, and others chose it
+        return "\n".join(printable(line) for line in lines)
     if named is not None:
-        return f"nothing released: {named} is not reserved by you"
+        return printable(f"nothing released: {named} is not reserved by you")
     return "nothing to release: you hold no reservation"
 
 def use_colour(out: TextIO) -> bool:

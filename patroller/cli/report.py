@@ -13,7 +13,6 @@ the range (400): status 2, as with one.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import urllib.parse
 from dataclasses import dataclass
@@ -24,8 +23,9 @@ from patroller.answers import BadAnswer
 import patroller.cli.fleet as fleet
 import patroller.cli.usage as usage
 from patroller.cli.exits import EX_NOPERM, EX_OK, EX_UNAVAILABLE, EX_USAGE, Failure
-from patroller.cli.table import printable, width_of
+from patroller.cli.table import width_of
 from patroller.client import PatrollerError, RequestRefused
+from patroller.safetext import json_text, printable
 
 REPORT_TIMEOUT = 10.0  # seconds a host may take to answer (--host-timeout): a year's report
 # of a big host takes a few
@@ -114,7 +114,7 @@ def report_command(options: argparse.Namespace) -> int:
 def show(options: argparse.Namespace, answer: Dict[str, Any], whole: Dict[str, Any]) -> None:
     """Print the report: `whole` as JSON, else `answer` as CSV or a table."""
     if options.json:
-        print(json.dumps(whole, indent=2))
+        print(json_text(whole, indent=2))
     elif options.csv:
         print(usage.csv_text(answer, hosts="hosts" in whole), end="")
     else:

@@ -22,6 +22,7 @@ from patroller.cli.render import (amount, describe, duration, holders_summary, n
                                   progress_message)
 from patroller.cli.table import cut
 from patroller.client import PatrollerError, RequestRefused
+from patroller.safetext import printable
 
 PROGRESS_EVERY = 1.0  # seconds between looks at the queue while waiting
 QUEUE_GRACE = 3.0  # seconds the progress line waits for the request to show in /queue
@@ -42,8 +43,8 @@ def run_command(options: argparse.Namespace) -> int:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(numbers)
         os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     if not options.quiet:
-        print(f"patroller: {describe(granted)} reserved while pid {os.getpid()} runs: "
-              f"{shlex.join(command)}", file=sys.stderr)
+        print(printable(f"patroller: {describe(granted)} reserved while pid {os.getpid()} runs: "
+                        f"{shlex.join(command)}"), file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     try:
@@ -145,6 +146,7 @@ class Progress:
 
     def _show(self, key: str, line: str) -> None:
         now = time.monotonic()
+        line = printable(line)  # holders' names, as the daemon says them
         if self.terminal:
             width = shutil.get_terminal_size().columns
             self.out.write("\r\033[K" + cut(line, max(width - 1, 20)))

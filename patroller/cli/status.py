@@ -108,7 +108,8 @@ def format_status(claims: Dict[str, Any], inventory: Dict[str, Any],
         queued = [w for w in queued or [] if w.get("user") == mine]
         users = {name: usage for name, usage in (users or {}).items() if name == mine}
     text = tables([("", devices)], colour, width) if devices else (
-        f"no GPU here is held or used by {mine}\n" if mine is not None else "no GPU here\n")
+        f"no GPU here is held or used by {printable(mine)}\n" if mine is not None
+        else "no GPU here\n")
     notes = []
     for info, entry in devices:
         notes.extend(device_notes(info, entry))

@@ -13,6 +13,10 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List, NamedTuple, Optional, Sequence, Set, TextIO, Union
 
+# Every cell's text is printable (patroller/safetext.py): from another host's answer, an escape
+# sequence could retitle, recolour or rewrite the terminal.
+from patroller.safetext import printable
+
 CUT = "…"
 GAP = "  "  # between two columns
 WIDEST = 40  # characters of a cell at most, whatever the width: a longer one is cut
@@ -68,16 +72,6 @@ def width_of(out: TextIO) -> Optional[int]:
     except (OSError, ValueError):  # not a real file (a test's StringIO), or closed
         return None
     return columns or None  # 0: a terminal that does not say (a fresh pty, a serial line)
-
-
-# C0 and C1 control characters and DEL: from another host's answer, an escape sequence could
-# retitle, recolour or rewrite the terminal; each is shown as "?".
-CONTROLS = dict.fromkeys([*range(0x20), *range(0x7f, 0xa0)], "?")
-
-
-def printable(text: str) -> str:
-    """`text` with every control character shown as "?"."""
-    return text.translate(CONTROLS)
 
 
 def cut(text: str, width: int) -> str:

@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from patroller.answers import BadAnswer, fields, is_kind, kind, quoted
 from patroller.cli.render import duration
 from patroller.cli.table import Cut, Drop, fit
+from patroller.safetext import CSV_QUOTING, csv_cell, printable
 
 UNUSED = ("free", "lost")  # GPU-time nobody held: not "use" when rows are ordered
 KEYS = {"user": "USER", "account": "ACCOUNT", "job": "JOB", "slurm_account": "SLURM ACCOUNT",
@@ -195,7 +196,7 @@ def table(answer: Dict[str, Any], colour: bool = False, width: Optional[int] = N
     on a narrow terminal)."""
     by = answer["by"]
     if not answer["rows"]:
-        return f"no GPU-time recorded: {title(answer)[len('GPU-hours '):]}\n"
+        return f"no GPU-time recorded: {printable(title(answer)[len('GPU-hours '):])}\n"
     key = " / ".join(KEYS.get(name, name.upper()) for name in by.split(","))
     categories = list(answer["categories"])
     names = [COLUMNS.get(c, c.upper()) for c in categories]
@@ -214,7 +215,7 @@ def table(answer: Dict[str, Any], colour: bool = False, width: Optional[int] = N
     shares.update({n: share_text(total["shares"].get(c, 0.0)) for c, n in zip(categories, names)})
     layout = fit(headers, rows + [last, shares], width,
                  [Drop("UUID"), Cut(key, 24), Cut(key, 12)], right=headers[1:len(names) + 3])
-    lines = [title(answer), layout.header_line(colour)]
+    lines = [printable(title(answer)), layout.header_line(colour)]  # a host's words in it
     lines += [layout.line(cells, colour) for cells in rows]
     lines += [layout.line(last, colour, bold=True), layout.line(shares, colour)]
     return "".join(line + "\n" for line in lines)
@@ -222,19 +223,22 @@ def table(answer: Dict[str, Any], colour: bool = False, width: Optional[int] = N
 
 def csv_text(answer: Dict[str, Any], hosts: bool = False) -> str:
     """A header, then one row per key: the key (empty for null), by gpu its number (and with
-    `hosts` its host), the GPU-hours, the share and the hours per category, as answered."""
+    `hosts` its host), the GPU-hours, the share and the hours per category, as answered. Every
+    cell goes through safetext.csv_cell: a key is a user's, an account's or a job's name, which
+    its owner chose, and must not run in a spreadsheet nor drive a terminal."""
     by = answer["by"]
     categories = answer["categories"]
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
+    writer = csv.writer(out, lineterminator="\n", quoting=CSV_QUOTING)
     extra = (["host"] if hosts and by == "gpu" else []) + (["number"] if by == "gpu" else [])
-    writer.writerow([*by.split(","), *extra, "gpu_hours", "share", *categories])
+    rows = [[*by.split(","), *extra, "gpu_hours", "share", *categories]]
     for row in answer["rows"]:
         ours = ([row.get("host", "")] if hosts and by == "gpu" else []) + \
             ([row.get("number", "")] if by == "gpu" else [])
         key = row.get("key")
-        writer.writerow([*("" if k is None else k for k in (key if isinstance(key, list)
-                                                             else [key])), *ours,
-                         row["gpu_hours"], row["share"],
-                         *(row["hours"].get(c, 0.0) for c in categories)])
+        rows.append([*("" if k is None else k for k in (key if isinstance(key, list)
+                                                       else [key])), *ours,
+                     row["gpu_hours"], row["share"],
+                     *(row["hours"].get(c, 0.0) for c in categories)])
+    writer.writerows([csv_cell(cell) for cell in cells] for cells in rows)
     return out.getvalue()

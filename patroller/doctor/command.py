@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 from typing import Sequence, TextIO
 
 from patroller.config import ConfigError, load
 from patroller.doctor.examine import examine
 from patroller.doctor.results import any_failed, lines
+from patroller.safetext import json_text, printable
 
 HEALTHY, FAILING, USAGE = "healthy", "failing", "usage"  # the outcomes
 
@@ -38,12 +38,11 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout) -> str:
     try:
         config = load(rest)
     except ConfigError as exc:
-        print(f"patroller doctor: error: {exc}", file=sys.stderr)
+        print(f"patroller doctor: error: {printable(str(exc))}", file=sys.stderr)
         return USAGE
     results = asyncio.run(examine(config))
     if options.json:
-        json.dump([r.json() for r in results], out, indent=1)
-        out.write("\n")
+        out.write(json_text([r.json() for r in results], indent=1) + "\n")
     else:
         out.write("\n".join(lines(results)) + "\n")
     return FAILING if any_failed(results) else HEALTHY

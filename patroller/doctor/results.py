@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Sequence
 
+from patroller.safetext import printable
+
 OK, DEGRADED, FAILED = "ok", "degraded", "failed"
 STATUSES = (OK, DEGRADED, FAILED)  # in order of gravity
 
@@ -50,8 +52,10 @@ def any_failed(results: Iterable[Result]) -> bool:
 
 
 def lines(results: Sequence[Result]) -> List[str]:
-    """One line a result (`degraded  Docker Engine: ...; fix: ...`), then a count of each."""
-    shown = [f"{r.status:<8}  {r.check}: {r.detail}" + (f"; fix: {r.fix}" if r.fix else "")
+    """One line a result (`degraded  Docker Engine: ...; fix: ...`), then a count of each. Each
+    printable: a detail may quote what a user's engine socket, the job map or a file said."""
+    shown = [printable(f"{r.status:<8}  {r.check}: {r.detail}" + (f"; fix: {r.fix}" if r.fix
+                                                                   else ""))
              for r in results]
     counts = {status: sum(r.status == status for r in results) for status in STATUSES}
     return shown + [", ".join(f"{counts[s]} {s}" for s in STATUSES)]
