@@ -53,6 +53,8 @@ class FakeEngine:
         self.failing: Optional[str] = None  # the message of a 500, while it fails
         self.answering: Optional[Tuple[int, str]] = None  # (status, plain text), while set
         self.hanging = False  # requests taken and never answered (until `stop`)
+        # seconds between the bytes of an answer that never ends (until `stop`); 0: off
+        self.dribbling = 0.0
         self.dropping = False  # connections closed without an answer
         self.requests = 0
         self.tcp: Optional[Tuple[str, int]] = None
@@ -91,6 +93,17 @@ class FakeEngine:
                     self.close_connection = True
                     return
                 if engine.dropping:
+                    self.close_connection = True
+                    return
+                if engine.dribbling:  # each read answered in time, the whole never
+                    for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 100000:
+                        if engine._stopped.wait(engine.dribbling):
+                            break
+                        try:
+                            self.wfile.write(bytes([byte]))
+                            self.wfile.flush()
+                        except OSError:
+                            break
                     self.close_connection = True
                     return
                 status, body = engine.answer(self.path)

@@ -168,6 +168,9 @@ class Config:
     container_cache: int = 4096  # containers cached at most
     address_ttl: float = 10.0  # seconds the containers' network addresses are cached
     docker_timeout: float = 5.0  # seconds a call to the Docker Engine may take
+    # seconds a lookup may take in all (each read of it is within docker_timeout): an engine
+    # that answers a byte at a time, each in time, is down after it, not waited for
+    docker_deadline: float = 10.0
     docker_retry_after: float = 5.0  # seconds an unreachable engine is not asked again
     containerd_timeout: float = 5.0  # seconds a call to containerd may take
     containerd_retry_after: float = 5.0  # seconds an unreachable containerd is not asked again

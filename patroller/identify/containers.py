@@ -114,9 +114,10 @@ class ContainerDirectory:
         self._lock = threading.Lock()
         # Its own threads: a hung engine must not hold up the /proc reads of the default pool.
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="docker")
+        self.deadline = config.docker_deadline
         self._lookups: SharedLookups[ContainerInfo] = SharedLookups(
             self._pool, self._fetch, config.container_cache, config.container_ttl,
-            DockerUnavailable)
+            DockerUnavailable, config.docker_deadline, self._overdue)
 
     async def get(self, container_id: str) -> Optional[ContainerInfo]:
         """The container, or None if the engine does not know it. Raises DockerUnavailable."""
@@ -140,15 +141,22 @@ class ContainerDirectory:
         self._pool.shutdown(wait=False)
 
     def close(self) -> None:
-        """Close the connection to the engine."""
-        with self._lock:
+        """Close the connection to the engine. Never waits for the client being made (its
+        first call holds the lock): an engine answering a byte at a time would hold the
+        caller, the event loop itself at a stop (the client is let go with the directory)."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
             if self._client is not None:
                 self._client.close()
                 self._client = None
+        finally:
+            self._lock.release()
 
     async def _load_addresses(self) -> Dict[str, ContainerInfo]:
         loop = asyncio.get_running_loop()
-        infos = await loop.run_in_executor(self._pool, self._fetch_all)
+        infos = await self._lookups.within_deadline(
+            loop.run_in_executor(self._pool, self._fetch_all))
         table = {address: info for info in infos for address in info.addresses}
         self._by_address["all"] = table
         for info in infos:
@@ -194,6 +202,15 @@ class ContainerDirectory:
             log.info("%s at %s is reachable again", self.engine,
                      self.base_url or "unix:///var/run/docker.sock")
         return result
+
+    def _overdue(self) -> str:
+        """A lookup took the whole deadline: the engine is down for a while (said once)."""
+        reason = f"{self.engine} at {self.base_url or 'unix:///var/run/docker.sock'} gave no " \
+                 f"whole answer within {self.deadline:g} s"
+        if self._lookups.went_down(reason, self.retry_after):
+            log.warning("cannot read container labels: %s; identities degrade to the "
+                        "container id until it is back", reason)
+        return reason
 
     def _went_down(self, exc: Exception) -> None:
         reason = in_words(exc, self.base_url or "unix:///var/run/docker.sock", self.timeout,

@@ -2,7 +2,11 @@
 a container is fetched once, in the directory's own threads (concurrent lookups of one share
 the fetch), and cached for a while; when the engine cannot be reached, lookups fail fast for a
 few seconds, then it is asked again, so that nothing waits on a dead engine and it recovers by
-itself. What a fetch is, and what the engine's trouble is called, is each directory's own.
+itself. A fetch has a deadline for the whole of it, where the directory gives one: a client's
+timeout bounds each read, and an engine that answers a byte at a time answers every read in
+time; past the deadline the lookup fails as if the engine were down (its thread is left to end
+when the engine lets it). What a fetch is, and what the engine's trouble is called, is each
+directory's own.
 """
 from __future__ import annotations
 
@@ -20,9 +24,13 @@ class SharedLookups(Generic[T]):
     """Values by key, fetched by `fetch` (blocking, run in `pool`), shared and cached."""
 
     def __init__(self, pool: Executor, fetch: Callable[[str], Optional[T]], size: int,
-                 ttl: float, unavailable: Callable[[str], Exception]) -> None:
+                 ttl: float, unavailable: Callable[[str], Exception],
+                 deadline: Optional[float] = None,
+                 overdue: Optional[Callable[[], str]] = None) -> None:
         self.pool = pool
         self.fetch = fetch
+        self.deadline = deadline  # seconds a fetch may take in all; None: its client's own
+        self.overdue = overdue  # marks the engine down past the deadline; says why, in words
         self.cache: TTLCache = TTLCache(maxsize=size, ttl=ttl)  # key -> value (None: not known)
         self.unavailable = unavailable  # the exception a lookup raises while the engine is down
         self._inflight: Dict[str, "asyncio.Future[Optional[T]]"] = {}
@@ -62,6 +70,19 @@ class SharedLookups(Generic[T]):
 
     async def _load(self, key: str) -> Optional[T]:
         loop = asyncio.get_running_loop()
-        value: Any = await loop.run_in_executor(self.pool, self.fetch, key)
+        value: Any = await self.within_deadline(loop.run_in_executor(self.pool, self.fetch, key))
         self.cache[key] = value
         return value
+
+    async def within_deadline(self, fetching: "asyncio.Future[Any]") -> Any:
+        """What a fetch in the pool gives, or `unavailable` once it has taken the deadline."""
+        if self.deadline is None:
+            return await fetching
+        try:
+            return await asyncio.wait_for(asyncio.shield(fetching), self.deadline)
+        except asyncio.TimeoutError:
+            # its outcome, when the engine lets it end, is nobody's: taken, not warned of
+            fetching.add_done_callback(lambda done: done.cancelled() or done.exception())
+            reason = self.overdue() if self.overdue is not None else \
+                f"no whole answer within {self.deadline:g} s"
+            raise self.unavailable(reason) from None
