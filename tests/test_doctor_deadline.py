@@ -148,3 +148,56 @@ async def test_a_hung_nvidia_smi_is_cut_at_the_bound_and_leaves_no_child(tmp_pat
     assert found["nvidia-smi"].detail.startswith("no answer within the doctor's 2.00 s: waited "
                                                  f"for {hung.command}: -q -x")
     assert [pid for pid in children_of(os.getpid()) if hung.path in command_of(pid)] == []
+
+
+def test_what_the_bound_cut_short_is_said_check_by_check():
+    """Pure: an engine still asked at the bound, users' engines not reached, and users' sockets
+    still being listed (a hung file system), each as the doctor says it."""
+    from patroller.doctor.runtimes import EngineFacts, Knock, engine_results
+
+    config = replace(Config(), **engines_in("/run/e"))
+    waited = Knock("unix:///run/e/docker.sock", "overdue", "waited 30 s for its answer")
+    facts = EngineFacts(waited, None, [(1000, Knock("unix:///run/e/1000/docker.sock", "unasked",
+                                                     "the doctor's 30 s went on those asked "
+                                                     "before it"))],
+                        [], None, None, unlisted=("podman",))
+    found = {r.check: r for r in engine_results(facts, config)}
+    assert found["Docker Engine"].detail == "unix:///run/e/docker.sock: no answer within the " \
+                                            "doctor's bound (waited 30 s for its answer)"
+    assert found["rootless Docker"].detail == (
+        "1 found; 1 not answering, uid 1000's at unix:///run/e/1000/docker.sock: not asked (the "
+        "doctor's 30 s went on those asked before it)")
+    assert "asked before it" in found["rootless Docker"].fix
+    assert found["rootless Podman"].detail == "its users' sockets (/run/e/{uid}/podman/podman.sock) " \
+                                              "were still being listed when the doctor's bound came"
+    assert all(found[c].status == "degraded" for c in
+               ("Docker Engine", "rootless Docker", "rootless Podman"))
+
+
+@pytest.mark.timeout(30)
+def test_a_bounded_socket_ends_the_whole_exchange_not_each_read():
+    from patroller.doctor.deadline import Overdue, bounded, deadline
+
+    ours, theirs = socket.socketpair()
+    stop = threading.Event()
+
+    def dribble():
+        while not stop.wait(0.05):
+            theirs.sendall(b"a")
+    thread = threading.Thread(target=dribble, daemon=True)
+    thread.start()
+    sock = bounded(ours, deadline(0.5), 0.5)
+    got = b""
+    began = time.monotonic()
+    try:
+        with pytest.raises(Overdue) as overdue:
+            while True:
+                got += sock.recv(1)  # each read comes at once: only the deadline ends this
+        assert time.monotonic() - began < 5
+        assert str(overdue.value) == f"no whole answer within 0.5 s ({len(got)} byte(s) came)"
+        assert isinstance(overdue.value, TimeoutError) and got
+    finally:
+        stop.set()
+        thread.join()
+        sock.close()
+        theirs.close()
