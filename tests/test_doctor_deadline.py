@@ -201,3 +201,41 @@ def test_a_bounded_socket_ends_the_whole_exchange_not_each_read():
         thread.join()
         sock.close()
         theirs.close()
+
+
+# tornado's bind_sockets drops the socket it could not bind (EADDRINUSE) unclosed
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.timeout(60)
+@async_test
+async def test_a_port_held_by_a_server_answering_a_byte_at_a_time_is_said_taken(engine_sockets):
+    """Whoever holds the port may be any user: the head of its answer must come whole within
+    doctor_timeout, or it is something that does not answer as Patroller does."""
+    held = socket.create_server(("127.0.0.1", 0))
+    port = held.getsockname()[1]
+    stop = threading.Event()
+
+    def serve():
+        held.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = held.accept()
+            except OSError:
+                continue
+            with conn:
+                for byte in b"HTTP/1.0 200 OK\r\nServer: patroller" + b" " * 4096:
+                    if stop.wait(0.1):
+                        break
+                    conn.sendall(bytes([byte]))
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    config = replace(Config(port=port, address="127.0.0.1", test=True), doctor_timeout=0.5,
+                     doctor_deadline=20.0, **engines_in(engine_sockets))
+    try:
+        results = {r.check: r for r in await asyncio.wait_for(examine(config), 40)}
+    finally:
+        stop.set()
+        thread.join()
+        held.close()
+    taken = results["address and port"]
+    assert taken.status == "failed", taken
+    assert "does not answer as Patroller does holds it" in taken.detail, taken
