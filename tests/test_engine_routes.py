@@ -18,7 +18,7 @@ from helpers import NOBODY, ROOTLESS_UID as OWNER, async_test, process_in_cgroup
 from test_engine_answers import (ALICE, DEGRADES, config_in,  # noqa: F401 (engines: a fixture)
                                  engines, warnings)
 from patroller.identify.containers import ContainerDirectory
-from patroller.identify.resolver import ProcessIdentifier
+from patroller.identify.resolver import ProcessIdentifier, host_identity
 
 
 # -- which engine is asked, and what it is called ------------------------------------------------
@@ -73,7 +73,12 @@ async def test_each_container_is_named_by_its_own_engine_and_its_trouble_said_as
     finally:
         resolver.close()
     named, nobody, degraded = identities[cid], identities[unknown], identities[failing]
-    assert named.user == "mallory@example.org" and named.uid == uid
+    if runtime.startswith("rootless"):  # a user's own labels: a claim, her account the user
+        assert named.user == host_identity(uid).user and named.claimed
+        assert named.email == "mallory@example.org"
+    else:
+        assert named.user == "mallory@example.org" and not named.claimed
+    assert named.uid == uid
     assert degraded.user == "unknown" and degraded.degraded and degraded.uid == uid
     assert warnings(caplog) == [f"cannot read container labels: {engine} at {own.url} answered "
                                 f"500: the engine is restarting{DEGRADES}"]
@@ -190,7 +195,8 @@ async def test_the_calls_of_an_engine_client_pushed_out_are_still_counted(engine
         for uid, cid in zip(owners, cids):
             path = f"{user_manager(uid)}/user.slice/docker-{cid}.scope"
             with process_in_cgroup(path, uid) as pid:
-                assert (await resolver.resolve(pid)).user == "alice@example.org"
+                found = await resolver.resolve(pid)  # the labels were asked: a claim
+                assert found.email == "alice@example.org" and found.claimed
         assert resolver.docker_calls == sum(e.requests for e in served) == 6
     finally:
         resolver.close()
