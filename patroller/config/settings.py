@@ -195,9 +195,6 @@ class Config:
     # older ones are dropped, counted
     usage_fold_every: float = 3600.0  # seconds between foldings of old samples into daily totals
     usage_busy_timeout: float = 5.0  # seconds a connection waits for the other's lock (SQLite)
-    # the niceness of the thread that reads reports (0-19): a year-long report is background
-    # work, and must not take the CPU that serving /status needs (19: it gets what is left)
-    usage_report_nice: int = 19
     # bytes the usage store leaves free on its filesystem (it writes only while they are), so
     # that the lease book (1 MiB at most, written beside the old one) and the audit record
     # always have room (the doctor's own floor for the state directory is the same 64 MiB)
@@ -205,9 +202,21 @@ class Config:
     usage_new_parties: int = 128  # parties made per interval at most; more are counted under
     # their host account alone (and counted: parties_overflow)
     usage_parties_remembered: int = 1024  # the writer's map of party ids (LRU): ~6 KB each at most
+    # the niceness of the thread that reads reports (0-19): a year-long report is background
+    # work, and must not take the CPU that serving /status needs (19: it gets what is left)
+    usage_report_nice: int = 19
     # rows of reports kept to answer the same report again while nothing was written (a page
     # reloaded, a dashboard, several people): some 100 bytes a row
     usage_report_cache_rows: int = 100_000
+    usage_reports_at_once: int = 2  # reports answered at once; the next is a 429 (Retry-After)
+    usage_report_retry_after: int = 1  # seconds that 429 tells the client to wait
+    # rows a report may hold (key, user and category): more is a 400 that says to narrow the
+    # range or the grouping, found while it is read (some 120 bytes of answer a row)
+    usage_report_max_rows: int = 50_000
+    usage_reader_cache_kib: int = 2048  # the reader's SQLite page cache (SQLite's default)
+    # seconds without a report after which the reader's connection and the answers it keeps
+    # are let go, and the heap trimmed: most of the memory reports took comes back
+    usage_reader_idle: float = 10.0
 
     # -- internal defaults: http (the server, the views, the live feed) -----------------------
     max_body: int = 64 * 1024  # bytes: the largest request body taken (a form for /release)

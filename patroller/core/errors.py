@@ -60,6 +60,11 @@ class TooManyWaiting(PatrollerError):
     """The caller already has as many requests waiting as one user may (HTTP 429)."""
 
 
+class TooManyReports(PatrollerError):
+    """As many usage reports as may run at once are running; try again after `retry_after`
+    seconds (HTTP 429, with Retry-After)."""
+
+
 class NoCallerProcess(PatrollerError):
     """A hold for the caller's process, asked by a caller whose process cannot be known
     (HTTP 422)."""

@@ -15,8 +15,8 @@ from tornado.iostream import StreamClosedError
 from patroller import durations
 from patroller.core.devices import Device
 from patroller.core.errors import (BadRequest, Busy, NoCallerProcess, NotHeld, NotYours, OverLimit,
-                                   PatrollerError, TooManyWaiting, Unavailable, Unidentified,
-                                   Unsatisfiable)
+                                   PatrollerError, TooManyReports, TooManyWaiting, Unavailable,
+                                   Unidentified, Unsatisfiable)
 from patroller.core.identity import Identity, ProcessRef
 from patroller.core.leases import Waiter
 from patroller.http import hiding, query
@@ -45,6 +45,7 @@ STATUS = {
     Unsatisfiable: 422,
     NoCallerProcess: 422,
     TooManyWaiting: 429,
+    TooManyReports: 429,
     Unavailable: 503,
 }
 
@@ -177,6 +178,8 @@ class Handler(tornado.web.RequestHandler):
             self.api.requests.identity_failures += 1
         if isinstance(exc, PatrollerError):
             self.set_status(STATUS.get(type(exc), 500))
+            if "retry_after" in exc.data:  # when to ask again (a 429 of the usage reports)
+                self.set_header("Retry-After", str(exc.data["retry_after"]))
             body = hiding.refusal(exc, viewer_of(self.identity) if self.api.hiding else
                                   hiding.EVERYTHING)
         elif status_code == 405:

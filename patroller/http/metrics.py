@@ -307,6 +307,13 @@ class DaemonCollector:
             yield GaugeMetricFamily("patroller_usage_free_bytes", "Bytes free on the usage "
                                     "store's filesystem at its last write",
                                     value=found["free"])
+        refused = CounterMetricFamily("patroller_usage_reports_refused", "Usage reports "
+                                      "refused: busy (as many as may run at once were running: "
+                                      "429) or too_large (more rows than a report may hold: "
+                                      "400)", labels=["reason"])
+        for reason in ("busy", "too_large"):
+            refused.add_metric([reason], found.get(f"reports_{reason}", 0))
+        yield refused
         yield CounterMetricFamily("patroller_usage_parties_overflow", "Parties over the bound "
                                   "of new ones per interval (usage_new_parties), counted under "
                                   "their host account alone",

@@ -52,16 +52,22 @@ class UsageHandler(View):
             viewer = await self.viewer(query.parse_user(args))
         pseudonyms = self.services.pseudonyms
         config = self.services.config
-        if asked.by in BY and asked.tz == "UTC":  # one key of its own, in UTC
-            totals = await store.report(asked.since, asked.until, asked.by)
-            rename = (keys_seen(asked.by, viewer, pseudonyms)
-                      if viewer is not None and pseudonyms is not None else None)
-            self.send(report(totals, asked, config.usage_interval, config.usage_busy_sm, rename))
-            return
-        totals = await store.grouped(asked.since, asked.until, asked.keys, asked.zone)
-        renamed = (pairs_seen(asked.keys, viewer, pseudonyms)
-                   if viewer is not None and pseudonyms is not None else None)
-        self.send(grouped(totals, asked, config.usage_interval, config.usage_busy_sm, renamed))
+        # A turn of the few reports answered at once (reader.py), held until the answer is
+        # written: 8 clients asking for 20 MB answers at once took the daemon from 67 to
+        # 146 MB and /status's median from 38 to 78 ms.
+        with store.reader.slot():
+            if asked.by in BY and asked.tz == "UTC":  # one key of its own, in UTC
+                totals = await store.report(asked.since, asked.until, asked.by)
+                rename = (keys_seen(asked.by, viewer, pseudonyms)
+                          if viewer is not None and pseudonyms is not None else None)
+                body = report(totals, asked, config.usage_interval, config.usage_busy_sm, rename)
+            else:
+                totals = await store.grouped(asked.since, asked.until, asked.keys, asked.zone)
+                renamed = (pairs_seen(asked.keys, viewer, pseudonyms)
+                           if viewer is not None and pseudonyms is not None else None)
+                body = grouped(totals, asked, config.usage_interval, config.usage_busy_sm,
+                               renamed)
+            await self.send(body)
 
 
 Rename = Callable[[List[Row]], List[Total]]

@@ -20,8 +20,8 @@ from datetime import datetime, tzinfo
 from typing import Dict, List, Optional, Tuple
 
 from patroller.core.usage import WEEKDAYS
-from patroller.state.usage.queries import (DAY, HOUR, KEYS, Totals, kept_from, known, ranges,
-                                            reading)
+from patroller.state.usage.queries import (DAY, HOUR, KEYS, Totals, TooLarge, kept_from, known,
+                                            ranges, reading)
 
 # The keys that say where an hour lies in time, as SQL over the totals (t), whose `local` is
 # the start of the hour (of the day, for a daily total) moved by the zone's offset.
@@ -97,9 +97,10 @@ def parameters(since: float, until: float, span: Span, kept: Optional[int],
 
 
 def totals(db: sqlite3.Connection, since: float, until: float, by: Tuple[str, ...],
-           zone: tzinfo) -> Totals:
+           zone: tzinfo, limit: Optional[int] = None) -> Totals:
     """GPU-seconds by the keys `by`, user and category over [since, until) (epoch seconds),
-    read in one transaction; each row's key is a tuple of the keys."""
+    read in one transaction; each row's key is a tuple of the keys. TooLarge past `limit`
+    rows."""
     found: Dict[Tuple[object, ...], float] = {}
     sql = statement(by)
     with reading(db):
@@ -109,6 +110,8 @@ def totals(db: sqlite3.Connection, since: float, until: float, by: Tuple[str, ..
                     sql, parameters(since, until, span, kept, by)):
                 shown = tuple(_key(name, value) for name, value in zip(by, keys))
                 row = (shown, user or None, category)
+                if limit is not None and row not in found and len(found) >= limit:
+                    raise TooLarge(limit)
                 found[row] = found.get(row, 0.0) + float(seconds)
         numbers, first = known(db)
     rows = [(keys, user, category, seconds) for (keys, user, category), seconds in found.items()]

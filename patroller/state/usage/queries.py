@@ -35,6 +35,15 @@ assert set(KEYS) == set(BY)
 Row = Tuple[Optional[str], Optional[str], str, float]  # (key, user, category, seconds)
 
 
+class TooLarge(Exception):
+    """A report of more rows than it may hold (Config.usage_report_max_rows): found while it
+    is read, so that such a report never takes the memory it would have taken."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"more than {limit} rows")
+        self.limit = limit
+
+
 @dataclass(frozen=True)
 class Totals:
     """What a report is made of: GPU-seconds by key, user and category (None: no such key or
@@ -107,13 +116,18 @@ def bounds(found: Ranges) -> Tuple[float, ...]:
     return tuple(edge for span in found.days + found.hours for edge in span)
 
 
-def totals(db: sqlite3.Connection, since: float, until: float, by: str) -> Totals:
+def totals(db: sqlite3.Connection, since: float, until: float, by: str,
+           limit: Optional[int] = None) -> Totals:
     """GPU-seconds by `by`, user and category over [since, until) (epoch seconds), read in
-    one transaction: what the writer writes meanwhile is seen whole or not at all."""
+    one transaction: what the writer writes meanwhile is seen whole or not at all. TooLarge
+    past `limit` rows."""
     with reading(db):
         found = ranges(int(since // HOUR * HOUR), int(since // DAY * DAY), until, kept_from(db))
-        rows = [(key or None, user or None, category, float(seconds))
-                for key, user, category, seconds in db.execute(statement(by), bounds(found))]
+        rows: List[Row] = []
+        for key, user, category, seconds in db.execute(statement(by), bounds(found)):
+            if limit is not None and len(rows) >= limit:
+                raise TooLarge(limit)
+            rows.append((key or None, user or None, category, float(seconds)))
         return Totals(rows, *known(db))
 
 

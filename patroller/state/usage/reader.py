@@ -10,23 +10,36 @@ The same report asked again before anything is committed (a page reloaded, a das
 several people looking) is answered from memory: SQLite's `PRAGMA data_version` tells when
 another connection committed, and every answer is forgotten then. The answers kept hold at most
 Config.usage_report_cache_rows rows in all, the least recently asked going first.
+
+What reports may take, bounded: Config.usage_reports_at_once run at once (`slot`, held by the
+handler until its answer is written; the next is a TooManyReports, 429 with Retry-After), none
+holds more than Config.usage_report_max_rows rows (a BadRequest, found while reading), the
+connection's page cache is Config.usage_reader_cache_kib, and once no report has come for
+Config.usage_reader_idle seconds the connection and the answers kept are let go and the heap
+trimmed, so that most of the daemon's memory comes back (docs/performance.md has the figures).
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import functools
 import logging
+import marshal
 import os
 import sqlite3
 import threading
+import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from datetime import tzinfo
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 from cachetools import LRUCache
 
 from patroller.config import Config
-from patroller.core.errors import Unavailable
+from patroller.core.errors import BadRequest, TooManyReports, Unavailable
 from patroller.state.usage import groupings, queries, schema
 
 log = logging.getLogger(__name__)
@@ -43,22 +56,56 @@ class Reader:
         self._thread: Optional[ThreadPoolExecutor] = None
         self._db: Optional[sqlite3.Connection] = None  # the reader thread's alone
         self._db_generation = -1
-        self._answers: "LRUCache[Tuple[object, ...], queries.Totals]" = LRUCache(
-            config.usage_report_cache_rows, getsizeof=lambda totals: len(totals.rows) + 1)
+        # each answer as (its rows, the bytes of its Totals), counted by its rows
+        self._answers: "LRUCache[Tuple[object, ...], Tuple[int, bytes]]" = LRUCache(
+            config.usage_report_cache_rows, getsizeof=lambda kept: kept[0] + 1)
         self._answered: Optional[int] = None  # the data_version they were read at
+        self.running = 0  # reports between `slot` and their answer written (the loop's count)
+        self.refused: Dict[str, int] = {"busy": 0, "too_large": 0}
+        self.let_go = 0  # times the idle connection and answers were let go
+        self._last = 0.0  # monotonic time the last report ended
+        self._idle: Optional[asyncio.TimerHandle] = None
+
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[None]:
+        """A report's turn, on the event loop, held until its answer is written:
+        TooManyReports while Config.usage_reports_at_once hold one."""
+        limit = self.config.usage_reports_at_once
+        if self.running >= limit:
+            self.refused["busy"] += 1
+            retry = self.config.usage_report_retry_after
+            raise TooManyReports(f"{self.running} usage report(s) are being answered, the most "
+                                 f"at once; ask again in {retry} s", running=self.running,
+                                 limit=limit, retry_after=retry)
+        self.running += 1
+        try:
+            yield
+        finally:
+            self.running -= 1
+            self._last = time.monotonic()
+            self._wait_idle()
 
     async def read(self, since: float, until: float, by: Any,
                    zone: Optional[tzinfo]) -> queries.Totals:
         """A report by `by` (a key: queries.py; keys in `zone`: groupings.py) over
         [since, until), read off the event loop. Unavailable if the store cannot be read."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._reading(), self._read, since, until, by, zone)
+        try:
+            return await loop.run_in_executor(self._reading(), self._read, since, until, by, zone)
+        except queries.TooLarge as exc:
+            self.refused["too_large"] += 1
+            raise BadRequest(f"the report would hold more than {exc.limit} rows, the most one "
+                             "may: narrow the range (since=, until=) or the grouping (by=: one "
+                             "key rather than two, day rather than hour)",
+                             max_rows=exc.limit) from None
 
     def file_replaced(self) -> None:
         """The writer set the file aside and starts a fresh one: the next report opens it."""
         self._generation += 1
 
     def close(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
         if self._thread is not None:
             self._thread.submit(self._close)
             self._thread.shutdown(wait=False)
@@ -80,6 +127,7 @@ class Reader:
                 self._db = sqlite3.connect(
                     f"file:{urllib.parse.quote(self.path)}?mode=ro", uri=True,
                     timeout=self.config.usage_busy_timeout, check_same_thread=False)
+                self._db.execute(f"PRAGMA cache_size = -{int(self.config.usage_reader_cache_kib)}")
             if schema.version(self._db) != schema.LATEST:
                 return queries.Totals()  # the writer has not made it a store yet
             return self._answer(self._db, since, until, by, zone)
@@ -96,16 +144,21 @@ class Reader:
             self._answers.clear()
             self._answered = version
         key = queries.answer_key(since, until, by, zone)
-        found = self._answers.get(key)
-        if found is not None:
+        kept = self._answers.get(key)
+        if kept is not None:
             self.answered_again += 1
-            return found
+            return queries.Totals(*marshal.loads(kept[1]))
+        limit = self.config.usage_report_max_rows
         if zone is not None:
-            found = groupings.totals(db, since, until, by, zone)
+            found = groupings.totals(db, since, until, by, zone, limit)
         else:
-            found = queries.totals(db, since, until, by)
+            found = queries.totals(db, since, until, by, limit)
         if len(found.rows) < self._answers.maxsize:  # one larger than all of them is not kept
-            self._answers[key] = found
+            # kept as one block of bytes, not as the rows' thousands of small objects: held
+            # for long among the reports' short-lived ones, those pinned the allocator's arenas
+            # (a year of 8 GPUs' reports left 20 MiB more after they were let go)
+            self._answers[key] = (len(found.rows), marshal.dumps(
+                (found.rows, found.numbers, found.first)))
         return found
 
     def _lower_priority(self) -> None:
@@ -116,8 +169,46 @@ class Reader:
         except OSError as exc:  # not allowed here: reports run at the daemon's priority
             log.info("the usage reports' thread keeps the daemon's priority: %s", exc)
 
+    def _wait_idle(self, delay: Optional[float] = None) -> None:
+        """On the loop: let the connection go once no report came for usage_reader_idle s."""
+        if self._idle is None and self._thread is not None:
+            loop = asyncio.get_running_loop()
+            wait = self.config.usage_reader_idle if delay is None else delay
+            self._idle = loop.call_later(wait, self._idle_check)
+
+    def _idle_check(self) -> None:
+        self._idle = None
+        left = self.config.usage_reader_idle - (time.monotonic() - self._last)
+        if self.running or left > 0:  # a report came meanwhile: wait from its end
+            self._wait_idle(max(left, 0.05))
+        elif self._thread is not None:
+            self._thread.submit(self._let_go)
+
+    def _let_go(self) -> None:
+        """In the reader thread, idle: the connection (its page cache), the answers kept, and
+        the C heap's free pages given back (glibc keeps them otherwise: without the trim, a
+        burst of year-long reports left some 12 MiB more; docs/performance.md)."""
+        if self._db is None and not self._answers:
+            return
+        self._close()
+        self.let_go += 1
+        trim = _trim()
+        if trim is not None:
+            trim(0)
+
     def _close(self) -> None:
         self._answers.clear()  # a fresh connection's data_version may equal this one's
         if self._db is not None:
             self._db.close()
             self._db = None
+
+
+@functools.lru_cache(maxsize=1)
+def _trim() -> Optional[Any]:
+    """glibc's malloc_trim (None elsewhere: musl, or no C library found), found once."""
+    name = ctypes.util.find_library("c")
+    try:
+        return getattr(ctypes.CDLL(name), "malloc_trim") if name else None
+    except (OSError, AttributeError):
+        return None
+

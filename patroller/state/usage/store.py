@@ -141,7 +141,10 @@ class UsageStore:
                 "set_aside": self.set_aside, "pending": self._held + self._queue.qsize(),
                 "dropped": self.dropped, "answered_again": self.reader.answered_again,
                 "free": self.free, "saving_room": self.saving_room,
-                "parties_overflow": self._keys.overflow}
+                "parties_overflow": self._keys.overflow,
+                "reports_running": self.reader.running,
+                "reports_busy": self.reader.refused["busy"],
+                "reports_too_large": self.reader.refused["too_large"]}
 
     # -- reading (reader.py: a thread of its own) ---------------------------------------------
 

@@ -1,0 +1,86 @@
+"""What reports may take of a daemon, bounded: at most usage_reports_at_once answered at once
+(the next a 429 with Retry-After), none larger than usage_report_max_rows rows (a 400 that says
+to narrow the range or the grouping), and the reader's connection and answers let go once
+reports stop coming. (How much memory comes back is measured, not asserted: docs/performance.md.)"""
+import asyncio
+import json
+import threading
+import time
+
+from tornado.httpclient import HTTPRequest
+
+from helpers import async_test, find, running, scrape, until
+from test_openapi import answer_schema, undocumented
+from usage_history import lab, write
+
+FILE = "usage.sqlite3"
+
+
+def history(state, days=3):
+    """`days` of a lab's hours in the store's file, before the daemon starts."""
+    state.mkdir(mode=0o700)
+    write(str(state / FILE), lab(time.time(), days))
+
+
+@async_test
+async def test_reports_beyond_the_few_at_once_are_a_429_with_retry_after(tmp_path):
+    history(tmp_path / "state")
+    async with running(state_dir=str(tmp_path / "state"), usage_reports_at_once=1,
+                       usage_report_retry_after=3) as h:
+        reader = h.services.usage.reader
+        held = threading.Event()
+        reader._reading().submit(held.wait, 20)  # the reader thread is busy: a report waits
+        first = asyncio.ensure_future(h.call("/usage?since=3d&by=user"))
+        await until(lambda: reader.running == 1)
+        response = await h.http.fetch(HTTPRequest(h.url + "/usage?since=2d&by=day"),
+                                      raise_error=False)
+        body = json.loads(response.body)
+        assert response.code == 429, (response.code, body)
+        assert response.headers["Retry-After"] == "3"
+        assert body["limit"] == 1 and body["running"] == 1 and body["retry_after"] == 3
+        assert list(undocumented(body, answer_schema("/usage", "get", 429))) == []
+        held.set()
+        code, answer = await first
+        assert code == 200 and answer["rows"]
+        assert reader.running == 0
+        assert (await h.call("/usage?since=2d&by=day"))[0] == 200  # its turn now
+        counters = await h.ok("/metrics.json")
+        assert counters["usage"]["reports_busy"] == 1
+        assert counters["usage"]["reports_running"] == 0
+        found, _, _ = await scrape(h)
+        assert find(found, "patroller_usage_reports_refused_total", reason="busy") == [1.0]
+
+
+@async_test
+async def test_a_report_of_more_rows_than_it_may_hold_is_refused_saying_how_to_narrow_it(
+        tmp_path):
+    history(tmp_path / "state")
+    async with running(state_dir=str(tmp_path / "state"), usage_report_max_rows=25) as h:
+        for path in ("/usage?since=3d&by=day,user", "/usage?since=3d&by=hour",
+                     "/usage?since=3d&by=day&tz=Europe/Paris"):
+            code, body = await h.call(path)
+            assert code == 400, (path, code, body)
+            assert "narrow the range" in body["error"] and "grouping" in body["error"]
+            assert body["max_rows"] == 25
+            assert list(undocumented(body, answer_schema("/usage", "get", 400))) == []
+        code, body = await h.call("/usage?since=3d&by=user")  # a narrower one is answered
+        assert code == 200 and body["rows"]
+        counters = await h.ok("/metrics.json")
+        assert counters["usage"]["reports_too_large"] == 3
+        found, _, _ = await scrape(h)
+        assert find(found, "patroller_usage_reports_refused_total", reason="too_large") == [3.0]
+
+
+@async_test
+async def test_the_reader_lets_its_connection_and_answers_go_once_reports_stop(tmp_path):
+    history(tmp_path / "state")
+    async with running(state_dir=str(tmp_path / "state"), usage_reader_idle=0.3) as h:
+        reader = h.services.usage.reader
+        for by in ("user", "day", "job"):
+            assert (await h.call(f"/usage?since=3d&by={by}"))[0] == 200
+        assert reader._db is not None and len(reader._answers) == 3
+        await until(lambda: reader.let_go == 1)
+        assert reader._db is None and len(reader._answers) == 0
+        assert (await h.call("/usage?since=3d&by=user"))[0] == 200  # opened again
+        assert reader._db is not None
+        await until(lambda: reader.let_go == 2)
