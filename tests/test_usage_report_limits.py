@@ -1,5 +1,5 @@
-"""What reports may take of a daemon, bounded: at most usage_reports_at_once answered at once
-(the next a 429 with Retry-After), none larger than usage_report_max_rows rows (a 400 that says
+"""What reports may take of a daemon, bounded: at most usage_reports_at_once answered at once,
+usage_reports_waiting waiting for a turn (the next a 429 with Retry-After), none larger than usage_report_max_rows rows (a 400 that says
 to narrow the range or the grouping), and the reader's connection and answers let go once
 reports stop coming. (How much memory comes back is measured, not asserted: docs/performance.md.)"""
 import asyncio
@@ -23,27 +23,32 @@ def history(state, days=3):
 
 
 @async_test
-async def test_reports_beyond_the_few_at_once_are_a_429_with_retry_after(tmp_path):
+async def test_reports_beyond_the_few_at_once_wait_and_past_those_waiting_are_a_429(tmp_path):
     history(tmp_path / "state")
     async with running(state_dir=str(tmp_path / "state"), usage_reports_at_once=1,
-                       usage_report_retry_after=3) as h:
+                       usage_reports_waiting=1, usage_report_retry_after=3) as h:
         reader = h.services.usage.reader
         held = threading.Event()
         reader._reading().submit(held.wait, 20)  # noqa: SLF001  # busy: a report waits
         first = asyncio.ensure_future(h.call("/usage?since=3d&by=user"))
         await until(lambda: reader.running == 1)
+        second = asyncio.ensure_future(h.call("/usage?since=3d&by=day"))
+        await until(lambda: reader.waiting == 1)  # its turn comes after the first's
         response = await h.http.fetch(HTTPRequest(h.url + "/usage?since=2d&by=day"),
                                       raise_error=False)
         body = json.loads(response.body)
         assert response.code == 429, (response.code, body)
         assert response.headers["Retry-After"] == "3"
-        assert body["limit"] == 1 and body["running"] == 1 and body["retry_after"] == 3
+        assert (body["limit"], body["running"], body["waiting"], body["retry_after"]) == \
+            (1, 1, 1, 3)
         assert list(undocumented(body, answer_schema("/usage", "get", 429))) == []
+        assert not second.done()
         held.set()
-        code, answer = await first
-        assert code == 200 and answer["rows"]
-        assert reader.running == 0
-        assert (await h.call("/usage?since=2d&by=day"))[0] == 200  # its turn now
+        for asked in (first, second):
+            code, answer = await asked
+            assert code == 200 and answer["rows"]
+        assert reader.running == 0 and reader.waiting == 0
+        assert (await h.call("/usage?since=2d&by=day"))[0] == 200  # room again
         counters = await h.ok("/metrics.json")
         assert counters["usage"]["reports_busy"] == 1
         assert counters["usage"]["reports_running"] == 0

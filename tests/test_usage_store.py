@@ -614,7 +614,7 @@ def test_the_metrics_count_what_the_store_did_and_what_waits(tmp_path):
             "path": str(tmp_path / FILE), "state": "writable", "rows": 6, "intervals": 3,
             "failures": 0, "set_aside": 0, "pending": 0, "dropped": 0, "answered_again": 0,
             "saving_room": False, "parties_overflow": 0, "reports_running": 0,
-            "reports_busy": 0, "reports_too_large": 0}
+            "reports_waiting": 0, "reports_busy": 0, "reports_too_large": 0}
 
 
 def test_folding_takes_whole_days_only(tmp_path):

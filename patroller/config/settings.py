@@ -208,7 +208,8 @@ class Config:
     # rows of reports kept to answer the same report again while nothing was written (a page
     # reloaded, a dashboard, several people): some 100 bytes a row
     usage_report_cache_rows: int = 100_000
-    usage_reports_at_once: int = 2  # reports answered at once; the next is a 429 (Retry-After)
+    usage_reports_at_once: int = 2  # reports answered at once; the others wait for a turn
+    usage_reports_waiting: int = 8  # reports that wait at most; the next is a 429 (Retry-After)
     usage_report_retry_after: int = 1  # seconds that 429 tells the client to wait
     # rows a report may hold (key, user and category): more is a 400 that says to narrow the
     # range or the grouping, found while it is read (70 to 90 bytes of answer a row measured:

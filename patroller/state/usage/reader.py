@@ -12,7 +12,8 @@ another connection committed, and every answer is forgotten then. The answers ke
 Config.usage_report_cache_rows rows in all, the least recently asked going first.
 
 What reports may take, bounded: Config.usage_reports_at_once run at once (`slot`, held by the
-handler until its answer is written; the next is a TooManyReports, 429 with Retry-After), none
+handler until its answer is written), Config.usage_reports_waiting wait for a turn, and the
+next is a TooManyReports (429 with Retry-After); none
 holds more than Config.usage_report_max_rows rows (a BadRequest, found while reading), the
 connection's page cache is Config.usage_reader_cache_kib, and once no report has come for
 Config.usage_reader_idle seconds the connection and the answers kept are let go and the heap
@@ -34,7 +35,7 @@ import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from datetime import tzinfo
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, AsyncIterator, Dict, Optional, Tuple
 
 from cachetools import LRUCache
 
@@ -61,27 +62,40 @@ class Reader:
             config.usage_report_cache_rows, getsizeof=lambda kept: kept[0] + 1)
         self._answered: Optional[int] = None  # the data_version they were read at
         self.running = 0  # reports between `slot` and their answer written (the loop's count)
+        self.waiting = 0  # reports waiting for a turn
+        self._turns: Optional[asyncio.Semaphore] = None
         self.refused: Dict[str, int] = {"busy": 0, "too_large": 0}
         self.let_go = 0  # times the idle connection and answers were let go
         self._last = 0.0  # monotonic time the last report ended
         self._idle: Optional[asyncio.TimerHandle] = None
 
-    @contextlib.contextmanager
-    def slot(self) -> Iterator[None]:
-        """A report's turn, on the event loop, held until its answer is written:
-        TooManyReports while Config.usage_reports_at_once hold one."""
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """A report's turn, on the event loop, held until its answer is written: while
+        Config.usage_reports_at_once hold one, it waits (holding nothing yet: the report page
+        asks three at once), behind at most Config.usage_reports_waiting others; past them,
+        TooManyReports."""
         limit = self.config.usage_reports_at_once
-        if self.running >= limit:
+        if self.running >= limit and self.waiting >= self.config.usage_reports_waiting:
             self.refused["busy"] += 1
             retry = self.config.usage_report_retry_after
-            raise TooManyReports(f"{self.running} usage report(s) are being answered, the most "
-                                 f"at once; ask again in {retry} s", running=self.running,
-                                 limit=limit, retry_after=retry)
+            raise TooManyReports(f"{self.running} usage report(s) are being answered and "
+                                 f"{self.waiting} wait, the most there may be; ask again in "
+                                 f"{retry} s", running=self.running, limit=limit,
+                                 waiting=self.waiting, retry_after=retry)
+        if self._turns is None:  # made on the loop that uses it
+            self._turns = asyncio.Semaphore(limit)
+        self.waiting += 1
+        try:
+            await self._turns.acquire()
+        finally:
+            self.waiting -= 1
         self.running += 1
         try:
             yield
         finally:
             self.running -= 1
+            self._turns.release()
             self._last = time.monotonic()
             self._wait_idle()
 

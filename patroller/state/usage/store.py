@@ -143,6 +143,7 @@ class UsageStore:
                 "free": self.free, "saving_room": self.saving_room,
                 "parties_overflow": self._keys.overflow,
                 "reports_running": self.reader.running,
+                "reports_waiting": self.reader.waiting,
                 "reports_busy": self.reader.refused["busy"],
                 "reports_too_large": self.reader.refused["too_large"]}
 
