@@ -17,8 +17,9 @@ COPY requirements.txt ./
 RUN pip install --no-cache-dir -r requirements.txt
 COPY setup.py pyproject.toml README.md LICENSE ./
 COPY patroller ./patroller
-# with the kubernetes extra (grpcio): containerd's API and the kubelet's pod-resources
-RUN pip install --no-cache-dir '.[kubernetes]' && rm -rf /root/.cache
+# with the kubernetes extra (grpcio): containerd's API and the kubelet's pod-resources; and
+# the notify extra (Apprise): notifications by e-mail, Slack, ntfy, webhooks (--notify)
+RUN pip install --no-cache-dir '.[kubernetes,notify]' && rm -rf /root/.cache
 
 EXPOSE 80
 STOPSIGNAL SIGTERM

@@ -25,6 +25,8 @@ from patroller.identify.callers import CallerIdentifier, SystemCallers, TestMode
 from patroller.identify.containers import ContainerDirectory
 from patroller.identify.resolver import ProcessIdentifier
 from patroller.identify.tracker import ProcessTracker
+from patroller.notify import Notifier
+from patroller.notify.notifier import NotifyError
 from patroller.observe.crosscheck import CrossCheck, Unattributed
 from patroller.observe.idle import IdleWatch
 from patroller.observe.jobmap import JobMapWatch, check_map
@@ -91,6 +93,14 @@ class Daemon:
             try:
                 services.pseudonyms.open(services.book is not None and services.book.read_only)
             except PseudonymError as exc:
+                if services.book is not None:
+                    services.book.close()
+                services.audit.close()
+                raise StartError(str(exc)) from None
+        if services.notifier is not None:  # before any event: a grant restored is told of
+            try:
+                services.notifier.start()
+            except NotifyError as exc:
                 if services.book is not None:
                     services.book.close()
                 services.audit.close()
@@ -184,6 +194,9 @@ class Daemon:
         if services.usage is not None:  # what is queued is written, within a bound
             await asyncio.get_running_loop().run_in_executor(
                 None, services.usage.close, max(0.1, deadline - time.monotonic()))
+        if services.notifier is not None:  # what is being sent meanwhile is given a moment
+            await asyncio.get_running_loop().run_in_executor(
+                None, services.notifier.stop, max(0.1, deadline - time.monotonic()))
         if services.book is not None:
             services.book.close()
         services.audit.close()
@@ -278,6 +291,7 @@ def assemble(config: Config, inventory: Inventory, signals: Signals, monitors: S
                           max_waiters=config.max_waiters,
                           max_waiting_per_user=config.max_waiting_per_user)
     usage = usage_store(config)
+    audit = AuditLog(config.audit_log, config.audit_keep, config.repeat_log_every)
     services = Services(
         config=config, mode="test" if config.test else "gpu", started=time.monotonic(),
         inventory=inventory, signals=signals, monitors=tuple(monitors), leases=leases,
@@ -287,14 +301,15 @@ def assemble(config: Config, inventory: Inventory, signals: Signals, monitors: S
         tracker=ProcessTracker(leases, identifier, config.owner_retry,
                                 config.engine_recheck),
         timer=ExpiryTimer(leases), lifelines=Lifelines(leases, config),
-        audit=AuditLog(config.audit_log, config.audit_keep, config.repeat_log_every),
+        audit=audit,
         book=LeaseBook(config.state_dir, config) if config.state_dir is not None else None,
         directory=directory,
         pseudonyms=Pseudonyms(config.state_dir, config.pseudonyms_remembered)
         if config.hide_users else None,
         usage=usage, sampler=UsageSampler(inventory, leases, Tally(inventory, config.usage_busy_sm),
                                           usage, config.usage_interval)
-        if usage is not None else None)
+        if usage is not None else None,
+        notifier=Notifier(config, socket.gethostname(), audit) if config.notify else None)
     connect(services)
     return Daemon(services, make_api(services))
 
@@ -310,6 +325,8 @@ def connect(services: Services) -> None:
     if services.sampler is not None:
         services.sampler.tally.connect(services.signals)
     services.leases.on_event(services.audit.record)
+    if services.notifier is not None:
+        services.leases.on_event(services.notifier.on_event)
     if services.book is not None:  # nothing is handed out that the book cannot keep
         services.leases.gate = services.book.refusal
 

@@ -7,7 +7,7 @@ Prometheus collector read their parts from it (through `patroller.http.api.Api`,
 only HTTP needs).
 
 Owns: the record of the daemon's parts, typed.
-May import: `patroller.state`, `patroller.identify`, `patroller.observe`, `patroller.config`,
+May import: `patroller.notify`, `patroller.state`, `patroller.identify`, `patroller.observe`, `patroller.config`,
 `patroller.core`.
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ from patroller.config import Config
 from patroller.core.devices import Inventory
 from patroller.core.leases import LeaseManager
 from patroller.identify.callers import CallerIdentifier
+from patroller.notify import Notifier
 from patroller.identify.containers import ContainerDirectory
 from patroller.identify.resolver import ProcessIdentifier
 from patroller.identify.tracker import ProcessTracker
@@ -60,3 +61,4 @@ class Services:
     usage: Optional[UsageStore] = None  # the usage history on disk; None: --usage none, or no
     # state directory
     sampler: Optional[UsageSampler] = None  # its samples, every --usage-interval
+    notifier: Optional[Notifier] = None  # tells the admin's destinations (--notify); None: none

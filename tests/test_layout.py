@@ -30,6 +30,7 @@ LAYERS: List[Tuple[str, ...]] = [
     ("patroller.http",),  # the server, handlers, read models, live feed, metrics
     ("patroller.doctor",),  # what the daemon would meet on this host, checked
     ("patroller.services",),  # the one object the handlers and the collector take
+    ("patroller.notify",),  # telling people: notices, episodes, delivery through Apprise
     ("patroller.state",),  # the lease book, the audit record, the timer, lifetimes
     ("patroller.identify",),  # who runs a process, who calls the API
     ("patroller.observe",),  # nvidia-smi children, parsers, monitors, statistics
@@ -57,6 +58,7 @@ THIRD_PARTY: Dict[str, Set[str]] = {
     "patroller.identify": {"tornado", "docker", "cachetools"},
     "patroller.state": {"tornado", "cachetools"},
     "patroller.services": set(),
+    "patroller.notify": {"tornado", "cachetools", "apprise"},
     "patroller.http": {"tornado", "prometheus_client", "orjson"},
     "patroller.doctor": {"tornado"},
     "patroller.main": set(),

@@ -14,7 +14,8 @@ from patroller.config.settings import (DEFAULT_POD_USER_KEYS, DEFAULT_USER_LABEL
 T = TypeVar("T")
 
 SWITCHES = ("--test", "--hide-users")  # flags that take no value
-REPEATED = ("--pod-user-key",)  # flags that may be given more than once
+REPEATED = ("--pod-user-key", "--notify")  # flags that may be given more than once
+SECRET = ("--notify",)  # flags whose values hold passwords or tokens: never repeated back
 
 
 # (flag, environment variable, help) for every setting, in the order of --help.
@@ -123,6 +124,17 @@ _SETTINGS = (
     ("--usage-busy-sm", "PATROLLER_USAGE_BUSY_SM",
      "a statistics reading with at least this % of SM use counts as computing in the usage "
      "categories; less is idle (default 1)"),
+    ("--notify", "PATROLLER_NOTIFY",
+     "tell the admin of trespasses, granted waits and GPUs lost, at this Apprise URL "
+     "(mailtos://..., json://..., slack://..., ntfy://...; once per destination; "
+     "PATROLLER_NOTIFY: URLs separated by spaces); needs the notify extra "
+     "(pip install 'patroller[notify]') (default: nobody is told)"),
+    ("--notify-events", "PATROLLER_NOTIFY_EVENTS",
+     "the kinds the admin is told of, comma-separated: trespass, granted, lost "
+     "(default all)"),
+    ("--notify-repeat", "PATROLLER_NOTIFY_REPEAT",
+     "how long before something still going on (a trespass, a GPU still lost) is told "
+     "again (default 6h)"),
     ("--fleet", "PATROLLER_FLEET",
      "serve /fleet, one live page of these hosts' GPUs (host:port,host:port,...), and "
      "/fleet.json; this daemon asks each host's /status itself (default: no fleet view)"),
@@ -198,6 +210,8 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
             return convert(given)
         except ValueError as exc:
             said = ",".join(given) if isinstance(given, list) else given
+            if flag in SECRET:  # a URL with a password in it: the error says which, not what
+                raise ConfigError(f"{source}: {exc}") from None
             raise ConfigError(f"{source}: {said!r} {exc}") from None
 
     env_names = {flag: env for flag, env, _ in _SETTINGS}
@@ -279,6 +293,11 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
                         Config.usage_days),
         usage_busy_sm=pick("--usage-busy-sm", env_names["--usage-busy-sm"], values.percent,
                            Config.usage_busy_sm),
+        notify=pick("--notify", env_names["--notify"], values.notify_urls, Config.notify),
+        notify_events=pick("--notify-events", env_names["--notify-events"],
+                           values.notify_kinds, Config.notify_events),
+        notify_repeat=pick("--notify-repeat", env_names["--notify-repeat"], durations.parse,
+                           Config.notify_repeat),
         fleet=fleet,
         fleet_interval=pick("--fleet-interval", env_names["--fleet-interval"], values.fleet_interval,
                             Config.fleet_interval),

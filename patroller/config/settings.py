@@ -11,6 +11,9 @@ from typing import Optional, Tuple
 DEFAULT_USER_LABELS = ("user.email", "email", "maintainer")
 KUBELET_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"  # the kubelet's own default
 DEFAULT_POD_USER_KEYS = ("patroller/user",)
+# What notifications tell of (notify/messages.py words each): a process on a GPU another holds,
+# a wait granted, a GPU gone and back.
+NOTIFY_KINDS = ("trespass", "granted", "lost")
 
 
 class ConfigError(Exception):
@@ -79,6 +82,11 @@ class Config:
     usage_days: int = 400  # days each sample is kept; then folded into daily totals
     usage_busy_sm: float = 1.0  # %: a reading with at least this SM use counts as computing
 
+    # -- notifications (flags; notify/) --------------------------------------------------------
+    notify: Tuple[str, ...] = ()  # the admin's destinations, as Apprise URLs (secrets in them)
+    notify_events: Tuple[str, ...] = NOTIFY_KINDS  # the kinds the admin is told of
+    notify_repeat: float = 6 * 3600.0  # seconds before an episode still going on is told again
+
     # -- HTTP (flags) -------------------------------------------------------------------------
     body_timeout: float = 10.0  # seconds a request body may take to arrive
     header_timeout: float = 30.0  # seconds a request's head may take, or a connection sit idle
@@ -99,6 +107,15 @@ class Config:
     # keeps the interpreter before the event loop gets it back (sys.setswitchinterval; Python's
     # own is 0.005: a request waited up to 5 ms behind a scrape)
     gil_switch_interval: float = 0.0005
+
+    # -- internal defaults: notifications (notify/) --------------------------------------------
+    notify_queue: int = 100  # notices waiting for one destination at most; more are dropped
+    notify_timeout: float = 10.0  # seconds one sending may take to connect, and to be answered
+    notify_tries: int = 3  # sendings of one notice to one destination at most
+    notify_retry_first: float = 5.0  # seconds before the second try; doubled for each next
+    notify_rate: int = 10  # notices sent to one destination per notify_rate_window at most;
+    notify_rate_window: float = 600.0  # the rest are held back and summed up in the next one
+    notify_episodes: int = 10000  # episodes remembered (so that each is told once) at most
 
     # -- internal defaults: the doctor (patroller doctor, GET /doctor) -------------------------
     doctor_slow: float = 10.0  # seconds: an nvidia-smi query that takes longer is reported slow

@@ -9,8 +9,10 @@ import re
 from typing import List, Optional, Sequence, Tuple
 
 from patroller import durations, hosts
+from patroller.config.settings import NOTIFY_KINDS
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*", re.IGNORECASE)  # a URL's scheme (RFC 3986)
 SIZE = re.compile(r"([0-9]+)\s*((?:[km](?:i?b)?|b)?)", re.IGNORECASE)
 SIZE_UNITS = {"": 1, "b": 1, **{unit: 1 << 10 for unit in ("k", "kb", "kib")},
               **{unit: 1 << 20 for unit in ("m", "mb", "mib")}}
@@ -258,4 +260,29 @@ def keys(given: Sequence[str]) -> Tuple[str, ...]:
     found = tuple(key for text in given for key in labels(text))
     if not found:
         raise ValueError("must name at least one key")
+    return found
+
+
+def notify_urls(given: Sequence[str]) -> Tuple[str, ...]:
+    """Apprise URLs, from a flag given once or more (the variable: separated by spaces). Only
+    their shape is checked here; Apprise says at start whether it knows each. A message never
+    repeats one: they hold passwords and tokens."""
+    found = tuple(url for text in given for url in text.split())
+    if not found:
+        raise ValueError("names no URL")
+    for n, url in enumerate(found, 1):
+        scheme, sep, rest = url.partition("://")
+        if not sep or not scheme or not rest or not _SCHEME.fullmatch(scheme):
+            raise ValueError(f"URL {n} is not a URL of the form scheme://... (mailtos://, "
+                             "json://, slack://, ntfy://, ...; Apprise's list of services)")
+    return found
+
+
+def notify_kinds(text: str) -> Tuple[str, ...]:
+    """Kinds of notice, comma-separated: each one of NOTIFY_KINDS."""
+    found = tuple(dict.fromkeys(kind.strip().lower() for kind in text.split(",")
+                                if kind.strip()))
+    unknown = [kind for kind in found if kind not in NOTIFY_KINDS]
+    if unknown or not found:
+        raise ValueError(f"must name kinds among {', '.join(NOTIFY_KINDS)}")
     return found

@@ -91,6 +91,8 @@ def counters(services: Services, status: StatusBody) -> Dict[str, Any]:
         "monitors": {m.name: m.metrics().to_json() for m in services.monitors},
         "lease_book": services.book.metrics() if services.book is not None else None,
         "usage": services.usage.metrics() if services.usage is not None else None,
+        "notifications": services.notifier.metrics() if services.notifier is not None
+        else None,
         "held_for_processes": services.lifelines.metrics(),
     }
 

@@ -1,0 +1,68 @@
+"""Never twice, never in the way: each episode is told once, and again only after
+`notify_repeat` while it lasts; each destination gets at most `notify_rate` notices per
+window, and those held back are summed up in the next one it gets. Pure: the clock is given."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+from typing import Callable, Dict, Hashable, Optional, Tuple
+
+from cachetools import LRUCache
+
+from patroller.core.throttle import Throttle
+from patroller.durations import describe
+from patroller.notify.messages import Notice
+
+
+class Episodes:
+    """Which episodes were told, and when. At most `most` are remembered (the oldest told are
+    forgotten first: told again if they come back)."""
+
+    def __init__(self, repeat: float, most: int, clock: Callable[[], float]) -> None:
+        self.repeat = repeat
+        self.clock = clock
+        self._told: LRUCache = LRUCache(maxsize=most)
+
+    def admit(self, key: Tuple[str, ...]) -> bool:
+        """Whether the episode `key` is to be told now (and if so, it counts as told)."""
+        now = self.clock()
+        last: Optional[float] = self._told.get(key)
+        if last is not None and now - last < self.repeat:
+            return False
+        self._told[key] = now
+        return True
+
+    def end(self, key: Tuple[str, ...]) -> bool:
+        """The episode is over (a GPU back): told again if it begins again. Whether it was told."""
+        return self._told.pop(key, None) is not None
+
+
+class Rates:
+    """Each destination's rate: `limit` notices per `window` seconds."""
+
+    def __init__(self, limit: int, window: float, clock: Callable[[], float]) -> None:
+        self.limit = limit
+        self.window = window
+        self.clock = clock
+        self._throttles: Dict[Hashable, Throttle] = {}
+        self._held: Dict[Hashable, Counter] = {}
+
+    def admit(self, destination: Hashable, notice: Notice) -> Optional[Notice]:
+        """The notice to send to `destination` now (with a line on what was held back before
+        it), or None: held back, counted."""
+        throttle = self._throttles.get(destination)
+        if throttle is None:
+            throttle = self._throttles[destination] = Throttle(self.limit, self.window,
+                                                                self.clock)
+        passed, _ = throttle.admit()
+        held = self._held.setdefault(destination, Counter())
+        if not passed:
+            held[notice.kind] += 1
+            return None
+        if not held:
+            return notice
+        said = ", ".join(f"{count} {kind}" for kind, count in sorted(held.items()))
+        held.clear()
+        return replace(notice, body=f"{notice.body}\n\nHeld back before this one, to send no "
+                       f"more than {self.limit} notices in {describe(self.window)}: "
+                       f"{said}. `patroller status` and the audit record have them all.")

@@ -1,0 +1,110 @@
+"""Each notice's words, from an event of the lease rules (core/leases: the audit record's
+events). Pure: no I/O, no clock but the event's time given.
+
+A notice says what happened, on which GPU of which host, who and since when, and what to do,
+in a few plain lines; text others chose (a user's label, a process's command) is made
+printable first (core/text.py), so no control character reaches a message. Its key names its
+episode: a trespass by one user on one GPU held by another is one episode, told once, however
+many of her processes arrive (episodes.py)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence, Tuple
+
+from patroller.core.leases import Event
+from patroller.durations import describe
+from patroller.core.text import printable
+
+NAME = 80  # characters of a user's name in a notice at most
+
+
+@dataclass(frozen=True)
+class Notice:
+    """One thing to tell: its kind (config NOTIFY_KINDS), its episode, its words."""
+
+    kind: str
+    key: Tuple[str, ...]  # the episode it belongs to
+    user: Optional[str]  # whom it is about (the trespasser, the waiter, the GPU's holder)
+    devices: Tuple[Tuple[str, int], ...]  # (uuid, number) of the GPUs it is about
+    title: str
+    body: str
+    ends: Tuple[str, ...] = ()  # the key of an episode this notice ends (a GPU back)
+
+
+def notices_of(event: Event, host: str, at: float) -> Sequence[Notice]:
+    """What `event` tells, if anything (most events tell nobody: a grant asked and given at
+    once, a release, a claim by its holder)."""
+    gpus = _gpus(event.devices)
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(at))
+    who = _name(event.user)
+    details = event.details
+    if event.kind == "trespass" and event.devices:
+        return [_trespass(event, host, gpus, when, who, details)]
+    if event.kind == "grant" and details.get("waited"):
+        uuids = tuple(uuid for uuid, _ in event.devices)
+        waited = describe(float(details["waited"]), most=2)
+        return [Notice("granted", ("granted", *uuids, f"{at:.3f}"), event.user, event.devices,
+                       f"{host}: {gpus} granted to {who} after {waited}",
+                       f"{who} waited {waited} and now holds {gpus} of {host} (since {when}). "
+                       f"{_hold_words(details)}")]
+    if event.kind in ("lost", "back") and event.devices:
+        uuid = event.devices[0][0]
+        holder = f", held by {who}," if event.user else ""
+        if event.kind == "lost":
+            return [Notice("lost", ("lost", uuid), event.user, event.devices,
+                           f"{host}: {gpus} is lost",
+                           f"{gpus} of {host}{holder} is gone from nvidia-smi's list or has "
+                           f"stopped reporting, since {when}. Nobody is granted it until it is "
+                           "back; its holder keeps it. Look at the kernel log (Xid errors) and "
+                           "`nvidia-smi` on the host; a reset or a reboot may be needed.")]
+        return [Notice("lost", ("back", uuid, f"{at:.3f}"), event.user, event.devices,
+                       f"{host}: {gpus} is back", f"{gpus} of {host}{holder} is reported "
+                       f"again since {when}, and is granted as before.", ends=("lost", uuid))]
+    return []
+
+
+def _trespass(event: Event, host: str, gpus: str, when: str, who: str,
+              details: Mapping[str, Any]) -> Notice:
+    pid = details.get("pid")
+    holder = details.get("holder")
+    uuid = event.devices[0][0]
+    runs = f"{who} runs process {pid} on {gpus} of {host} (since {when})"
+    if details.get("why") == "over_limit":
+        held = ", ".join(str(n) for n in details.get("held", ()))
+        account = details.get("account")
+        limit = f"the limit of {details.get('limit')} GPU(s)" + \
+            (f" of the account {_name(str(account))}" if account else "")
+        body = f"{runs}, beyond {limit}" + (f" (holding GPU {held})" if held else "") + \
+            f". Ask {who} to end a run, or to release a GPU: `patroller status` shows which."
+        key = ("trespass", uuid, event.user or "", "over_limit")
+    else:
+        allocation = next((f"{scheduler} {', '.join(str(i) for i in details[field])}"
+                           for scheduler, field in (("Slurm job", "jobs"), ("pod", "pods"))
+                           if details.get(field)), None)
+        whose = f"allocated to {allocation}" + (f" of {_name(str(holder))}" if holder else "") \
+            if allocation else f"held by {_name(str(holder))}" if holder else "held by nobody"
+        body = f"{runs}, which is {whose}. Ask {who} to move the run to a free GPU " \
+            "(`patroller status` shows which) and to reserve it first (`patroller run`)."
+        key = ("trespass", uuid, event.user or "", str(holder or ""))
+    return Notice("trespass", key, event.user, event.devices,
+                  f"{host}: trespass on {gpus} by {who}", body)
+
+
+def _gpus(devices: Sequence[Tuple[str, int]]) -> str:
+    numbers = [str(number) for _, number in devices]
+    return ("GPU " if len(numbers) == 1 else "GPUs ") + ", ".join(numbers)
+
+
+def _name(user: Optional[str]) -> str:
+    return printable(user, NAME) if user else "an unknown user"
+
+
+def _hold_words(details: Mapping[str, Any]) -> str:
+    hold = details.get("hold")
+    if hold == "duration":
+        return f"The hold lasts {describe(float(details.get('seconds', 0)), most=2)}."
+    if hold == "process":
+        return f"It is held while process {details.get('pid')} runs."
+    return "Start the run now: the reservation is held for a short lease until its process " \
+        "shows up on the GPU."

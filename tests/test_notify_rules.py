@@ -1,0 +1,246 @@
+"""Notifications' pure parts: each notice's words from the lease rules' events, episodes told
+once and again after the repeat, each destination's rate with what it held back, the flags'
+values (a URL never repeated in an error), and the destinations' queues and tries with senders
+of the test's own (Apprise's own senders meet real receivers in test_notify_daemon.py)."""
+import threading
+import time
+from dataclasses import replace
+
+import pytest
+
+from helpers import FakeClock, async_test, until
+from patroller.config import Config, ConfigError, load
+from patroller.core.leases import Event
+from patroller.notify.delivery import Delivery, Outcome
+from patroller.notify.episodes import Episodes, Rates
+from patroller.notify.messages import Notice, notices_of
+from patroller.notify.notifier import Notifier
+from patroller.state.audit import AuditLog
+
+AT = 1796287933.0  # 2026-12-03 08:52:13 UTC
+GPU0 = (("GPU-0", 0),)
+
+
+def one(event):
+    [notice] = notices_of(event, "gpu1", AT)
+    return notice
+
+
+def test_a_trespass_on_a_held_gpu_names_both_and_what_to_do():
+    notice = one(Event("trespass", "carol", GPU0, {"pid": 4242, "holder": "alice"}))
+    assert notice.kind == "trespass" and notice.user == "carol" and notice.devices == GPU0
+    assert notice.title == "gpu1: trespass on GPU 0 by carol"
+    assert notice.body == (
+        "carol runs process 4242 on GPU 0 of gpu1 (since 2026-12-03 08:52 UTC), which is held "
+        "by alice. Ask carol to move the run to a free GPU (`patroller status` shows which) and "
+        "to reserve it first (`patroller run`).")
+    assert notice.key == ("trespass", "GPU-0", "carol", "alice")
+    free = one(Event("trespass", "carol", GPU0, {"pid": 4242}))
+    assert "which is held by nobody." in free.body and free.key[-1] == ""
+
+
+def test_a_trespass_on_a_jobs_or_pods_gpu_and_beyond_a_limit():
+    job = one(Event("trespass", "carol", GPU0, {"pid": 1, "holder": "alice",
+                                                 "jobs": ["4242", "4243"], "job": None}))
+    assert "which is allocated to Slurm job 4242, 4243 of alice." in job.body
+    pod = one(Event("trespass", "carol", GPU0, {"pid": 1, "pods": ["team-a/train-0"]}))
+    assert "which is allocated to pod team-a/train-0." in pod.body
+    over = one(Event("trespass", "carol", (("GPU-3", 3),), {
+        "pid": 5151, "why": "over_limit", "limit": 2, "held": [0, 1]}))
+    assert over.body == (
+        "carol runs process 5151 on GPU 3 of gpu1 (since 2026-12-03 08:52 UTC), beyond the "
+        "limit of 2 GPU(s) (holding GPU 0, 1). Ask carol to end a run, or to release a GPU: "
+        "`patroller status` shows which.")
+    assert over.key == ("trespass", "GPU-3", "carol", "over_limit")
+    account = one(Event("trespass", "carol", GPU0, {"pid": 1, "why": "over_limit",
+                                                     "limit": 4, "held": [], "account": "bob"}))
+    assert "beyond the limit of 4 GPU(s) of the account bob. Ask" in account.body
+
+
+def test_control_characters_chosen_by_users_never_reach_a_notice():
+    label = "mallory\x1b]0;owned\x07\n\rroot"
+    notice = one(Event("trespass", label, GPU0, {"pid": 1, "holder": "al\x1b[2Jice"}))
+    for text in (notice.title, notice.body):
+        assert text.isprintable(), text
+    assert "mallory\\x1b]0;owned\\x07\\n\\rroot" in notice.title
+    assert "held by al\\x1b[2Jice." in notice.body
+    long = one(Event("trespass", "x" * 500, GPU0, {"pid": 1}))
+    assert "x" * 80 + "..." in long.title and "x" * 81 not in long.title
+
+
+def test_a_grant_tells_only_when_it_was_waited_for():
+    assert notices_of(Event("grant", "alice", GPU0, {"hold": "lease"}), "gpu1", AT) == []
+    assert notices_of(Event("grant", "alice", GPU0, {"hold": "lease", "waited": 0.0}),
+                      "gpu1", AT) == []
+    notice = one(Event("grant", "alice", (("GPU-1", 1), ("GPU-2", 2)),
+                       {"hold": "duration", "seconds": 7200, "waited": 725.2}))
+    assert notice.title == "gpu1: GPUs 1, 2 granted to alice after 12m05s"
+    assert notice.body == ("alice waited 12m05s and now holds GPUs 1, 2 of gpu1 (since "
+                           "2026-12-03 08:52 UTC). The hold lasts 2h.")
+    held = one(Event("grant", "alice", GPU0, {"hold": "process", "pid": 77, "waited": 3}))
+    assert held.body.endswith("It is held while process 77 runs.")
+    later = notices_of(Event("grant", "alice", GPU0, {"waited": 3}), "gpu1", AT + 1)[0]
+    assert later.key != held.key  # each grant is an episode of its own: keyed by its time
+
+
+def test_a_gpu_lost_and_back_is_one_episode_the_second_notice_ends():
+    lost = one(Event("lost", "alice", GPU0))
+    assert lost.title == "gpu1: GPU 0 is lost" and lost.key == ("lost", "GPU-0")
+    assert lost.body.startswith("GPU 0 of gpu1, held by alice, is gone from nvidia-smi's list")
+    back = one(Event("back", None, GPU0))
+    assert back.kind == "lost" and back.ends == ("lost", "GPU-0")
+    assert back.body == "GPU 0 of gpu1 is reported again since 2026-12-03 08:52 UTC, and is " \
+                        "granted as before."
+    for quiet in ("release", "expire", "claim", "ended", "allocated", "grant"):
+        assert notices_of(Event(quiet, "alice", GPU0), "gpu1", AT) == []
+    assert notices_of(Event("trespass", "carol", (), {"pid": 1}), "gpu1", AT) == []
+
+
+def test_an_episode_is_told_once_again_after_the_repeat_and_when_it_ended():
+    clock = FakeClock()
+    episodes = Episodes(repeat=3600, most=3, clock=clock)
+    key = ("trespass", "GPU-0", "carol", "alice")
+    assert episodes.admit(key) and not episodes.admit(key)
+    clock.advance(3599)
+    assert not episodes.admit(key)
+    clock.advance(1)
+    assert episodes.admit(key) and not episodes.admit(key)
+    assert episodes.end(key) and not episodes.end(key)
+    assert episodes.admit(key)
+    for n in range(3):  # the room is bounded: the oldest told is forgotten
+        assert episodes.admit(("lost", f"GPU-{n}"))
+    assert episodes.admit(key)
+
+
+def test_a_destinations_rate_holds_back_and_says_so_in_the_next():
+    clock = FakeClock()
+    rates = Rates(limit=2, window=600, clock=clock)
+    notice = Notice("lost", ("lost", "GPU-0"), None, GPU0, "t", "body")
+    assert rates.admit(1, notice) == notice and rates.admit(1, notice) == notice
+    assert rates.admit(1, notice) is None
+    assert rates.admit(1, replace(notice, kind="trespass")) is None
+    assert rates.admit(2, notice) == notice  # another destination has its own
+    clock.advance(600)
+    summed = rates.admit(1, notice)
+    assert summed.body == "body\n\nHeld back before this one, to send no more than 2 notices " \
+                          "in 10m: 1 lost, 1 trespass. `patroller status` and the audit " \
+                          "record have them all."
+    assert rates.admit(1, notice) == notice  # told once
+
+
+def test_the_flags_never_repeat_a_url():
+    config = load(["--test", "--notify", "json://a/b", "--notify", "mailto://u:pw@h?to=x",
+                   "--notify-events", "Trespass, lost,trespass", "--notify-repeat", "2h"],
+                  environ={})
+    assert config.notify == ("json://a/b", "mailto://u:pw@h?to=x")
+    assert config.notify_events == ("trespass", "lost") and config.notify_repeat == 7200
+    assert load(["--test"], environ={"PATROLLER_NOTIFY": "json://a/b  ntfy://n/t"}).notify == \
+        ("json://a/b", "ntfy://n/t")
+    assert load(["--test"], environ={}).notify_events == ("trespass", "granted", "lost")
+    with pytest.raises(ConfigError) as caught:
+        load(["--test", "--notify", "json://a/b", "--notify", "hunter2-password"], environ={})
+    assert str(caught.value).startswith("--notify: URL 2 is not a URL of the form scheme://")
+    assert "hunter2" not in str(caught.value)
+    with pytest.raises(ConfigError, match="PATROLLER_NOTIFY: URL 1") as caught:
+        load(["--test"], environ={"PATROLLER_NOTIFY": "://pw@x"})
+    assert "pw@x" not in str(caught.value)
+    with pytest.raises(ConfigError, match="must name kinds among trespass, granted, lost"):
+        load(["--test", "--notify-events", "trespass,everything"], environ={})
+
+
+def delivered(senders, **settings):
+    """A Delivery over `senders`; the outcomes it tells, as they come."""
+    config = replace(Config(), notify_retry_first=0.01, **settings)
+    outcomes = []
+    done = threading.Condition()
+
+    def told(outcome: Outcome) -> None:
+        with done:
+            outcomes.append(outcome)
+            done.notify_all()
+    delivery = Delivery(senders, [f"d{n}" for n in range(len(senders))], config, told)
+    return delivery, outcomes, done
+
+
+def test_each_destination_is_tried_again_and_one_that_hangs_keeps_no_other_waiting():
+    hang = threading.Event()
+    calls = {"flaky": 0}
+
+    def flaky(title, body):
+        calls["flaky"] += 1
+        if calls["flaky"] == 1:
+            raise OSError("refused")  # a plugin's exception is a failed try
+        return True
+
+    delivery, outcomes, done = delivered([lambda t, b: hang.wait(30), flaky,
+                                          lambda t, b: False], notify_tries=3)
+    delivery.start()
+    notice = Notice("lost", ("lost", "GPU-0"), None, GPU0, "t", "b")
+    delivery.put(notice, [1, 2, 3])
+    with done:
+        assert done.wait_for(lambda: len(outcomes) == 2, timeout=10), outcomes
+    assert sorted((o.destination, o.result, o.tries) for o in outcomes) == [
+        (2, "sent", 2), (3, "failed", 3)]
+    counts = delivery.counts.snapshot()["lost"]
+    assert counts == {"sent": 1, "failed": 1, "retried": 3, "dropped": 0}
+    assert delivery.destinations[0].pending() == 0  # the hung one holds its notice, alone
+    hang.set()
+    with done:
+        assert done.wait_for(lambda: len(outcomes) == 3, timeout=10)
+    assert delivery.stop(5) == 0
+
+
+def test_a_full_queue_drops_and_counts_and_the_stop_is_bounded():
+    hang, sending = threading.Event(), threading.Event()
+
+    def hung(title, body):
+        sending.set()
+        return hang.wait(30)
+    delivery, outcomes, _ = delivered([hung], notify_queue=2)
+    delivery.start()
+    notices = [Notice("trespass", ("t", str(n)), None, GPU0, "t", "b") for n in range(5)]
+    delivery.put(notices[0], [1])
+    assert sending.wait(10)  # the thread took the first, and hangs on it
+    for notice in notices[1:]:  # two wait in the queue, two find it full
+        delivery.put(notice, [1])
+    assert [(o.notice, o.result) for o in outcomes] == [(notices[3], "dropped"),
+                                                       (notices[4], "dropped")]
+    assert delivery.counts.snapshot()["trespass"]["dropped"] == 2
+    assert delivery.destinations[0].pending() == 2
+    started = time.monotonic()
+    assert delivery.stop(0.2) == 1  # the hung thread is left to end with the daemon
+    assert time.monotonic() - started < 5
+    hang.set()
+
+
+@async_test
+async def test_the_notifier_tells_the_kinds_asked_for_once_each_and_records_each_outcome():
+    sent = []
+    audit = AuditLog(None, 100, 60)
+    config = replace(Config(), notify=("json://one/x", "json://two/x"),
+                     notify_events=("trespass", "lost"), notify_retry_first=0.01)
+    notifier = Notifier(config, "gpu1", audit, clock=lambda: AT,
+                        senders=[lambda t, b: sent.append((1, t)) or True,
+                                 lambda t, b: sent.append((2, t)) or False])
+    notifier.start()
+    try:
+        trespass = Event("trespass", "carol", GPU0, {"pid": 1, "holder": "alice"})
+        notifier.on_event(trespass)
+        notifier.on_event(replace(trespass, details={"pid": 2, "holder": "alice"}))
+        notifier.on_event(Event("grant", "alice", GPU0, {"waited": 5.0}))  # not asked for
+        notifier.on_event(Event("back", None, GPU0))  # ends no episode anyone was told of
+        await until(lambda: len([e for e in audit.recent if e["event"] == "notify"]) == 2)
+        assert sorted(sent) == [(1, "gpu1: trespass on GPU 0 by carol"),
+                                (2, "gpu1: trespass on GPU 0 by carol")] + \
+            [(2, "gpu1: trespass on GPU 0 by carol")] * (config.notify_tries - 1)
+        records = sorted((e["destination"], e["result"], e["kind"], e["recipient"], e["user"])
+                         for e in audit.recent if e["event"] == "notify")
+        assert records == [(1, "sent", "trespass", "admin", "carol"),
+                           (2, "failed", "trespass", "admin", "carol")]
+        metrics = notifier.metrics()
+        assert metrics["repeats"] == 1 and metrics["state"] == "on"
+        assert metrics["by_kind"] == {"trespass": {"sent": 1, "failed": 1,
+                                                   "retried": config.notify_tries - 1,
+                                                   "dropped": 0}}
+    finally:
+        notifier.stop(5)
