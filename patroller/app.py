@@ -309,7 +309,7 @@ def assemble(config: Config, inventory: Inventory, signals: Signals, monitors: S
         usage=usage, sampler=UsageSampler(inventory, leases, Tally(inventory, config.usage_busy_sm),
                                           usage, config.usage_interval)
         if usage is not None else None,
-        notifier=Notifier(config, socket.gethostname(), audit) if config.notify else None)
+        notifier=Notifier(config, socket.gethostname(), audit, config.state_dir))
     connect(services)
     return Daemon(services, make_api(services))
 

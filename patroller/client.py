@@ -355,10 +355,11 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock.connect(self.path)
 
 
-def get_json(server: Optional[str], path: str, timeout: float = _SLACK, limit: int = 0) -> Any:
-    """GET `path` (/status, ...): its JSON. RequestRefused when refused; ServerUnreachable when
-    not answered within `timeout` s, nor JSON of at most `limit` bytes (0: any; no more read)."""
-    return _granted(server, "GET", path, {}, timeout, limit)
+def get_json(server: Optional[str], path: str, timeout: float = _SLACK, limit: int = 0,
+             post: Optional[Dict[str, Any]] = None) -> Any:
+    """GET `path` (/status, ...), or POST `post` to it: its JSON. RequestRefused when refused;
+    ServerUnreachable when not answered within `timeout` s, nor JSON of `limit` bytes at most."""
+    return _granted(server, "GET" if post is None else "POST", path, post or {}, timeout, limit)
 
 
 def _granted(server: Optional[str], method: str, path: str, params: Dict[str, Any],
@@ -376,9 +377,11 @@ def _call(server: Optional[str], method: str, path: str, params: Dict[str, Any],
     kind = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
     connection = (_UnixConnection(host, timeout) if scheme == "unix"
                   else kind(host, port, timeout=timeout))
-    target = path + ("?" + urllib.parse.urlencode(params) if params else "")
+    form = urllib.parse.urlencode(params) if method == "POST" else None  # a POST's: its body
+    target = path + ("?" + urllib.parse.urlencode(params) if params and form is None else "")
+    headers = {"Accept": "application/json", "Content-Type": "application/x-www-form-urlencoded"}
     try:
-        connection.request(method, target, headers={"Accept": "application/json"})
+        connection.request(method, target, body=form, headers=headers)
         response = connection.getresponse()
         raw = response.read(limit + 1 if limit else None)
     except (OSError, http.client.HTTPException) as exc:

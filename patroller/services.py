@@ -61,4 +61,4 @@ class Services:
     usage: Optional[UsageStore] = None  # the usage history on disk; None: --usage none, or no
     # state directory
     sampler: Optional[UsageSampler] = None  # its samples, every --usage-interval
-    notifier: Optional[Notifier] = None  # tells the admin's destinations (--notify); None: none
+    notifier: Optional[Notifier] = None  # tells the admin (--notify) and the users concerned

@@ -70,6 +70,7 @@ class Hooks:
     def __init__(self) -> None:
         self.bodies: List[Dict[str, Any]] = []
         self.authorizations: List[str] = []
+        self.paths: List[str] = []
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -77,6 +78,7 @@ class Hooks:
                 size = int(self.headers.get("Content-Length") or 0)
                 receiver.bodies.append(json.loads(self.rfile.read(size)))
                 receiver.authorizations.append(self.headers.get("Authorization") or "")
+                receiver.paths.append(self.path)
                 self.send_response(200)
                 self.send_header("Content-Length", "0")
                 self.end_headers()

@@ -85,8 +85,8 @@ async def test_each_kind_reaches_email_and_webhook_once_and_a_hung_destination_h
         body = told(got, f"{HOST}: trespass on GPU 0 by nobody")
         assert re.fullmatch(
             f"nobody runs process {stranger.pid} on GPU 0 of {re.escape(HOST)} \\(since "
-            f"{WHEN}\\), which is held by root. Ask nobody to move the run to a free GPU "
-            r"\(`patroller status` shows which\) and to reserve it first \(`patroller run`\).",
+            f"{WHEN}\\), which is held by root. The run is to move to a free GPU "
+            r"\(`patroller status` shows which\), reserved first \(`patroller run`\).",
             body), body
         body = told(got, f"{HOST}: GPU 2 is lost")
         assert re.fullmatch(

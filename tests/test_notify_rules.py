@@ -2,6 +2,9 @@
 once and again after the repeat, each destination's rate with what it held back, the flags'
 values (a URL never repeated in an error), and the destinations' queues and tries with senders
 of the test's own (Apprise's own senders meet real receivers in test_notify_daemon.py)."""
+import logging
+import os
+import stat
 import threading
 import time
 from dataclasses import replace
@@ -12,6 +15,7 @@ from helpers import FakeClock, async_test, until
 from patroller.config import Config, ConfigError, load
 from patroller.core.leases import Event
 from patroller.notify.delivery import Delivery, Outcome
+from patroller.notify.destinations import DestinationError, UserDestinations
 from patroller.notify.episodes import Episodes, Rates
 from patroller.notify.messages import Notice, notices_of
 from patroller.notify.notifier import Notifier
@@ -32,8 +36,8 @@ def test_a_trespass_on_a_held_gpu_names_both_and_what_to_do():
     assert notice.title == "gpu1: trespass on GPU 0 by carol"
     assert notice.body == (
         "carol runs process 4242 on GPU 0 of gpu1 (since 2026-12-03 08:52 UTC), which is held "
-        "by alice. Ask carol to move the run to a free GPU (`patroller status` shows which) and "
-        "to reserve it first (`patroller run`).")
+        "by alice. The run is to move to a free GPU (`patroller status` shows which), reserved "
+        "first (`patroller run`).")
     assert notice.key == ("trespass", "GPU-0", "carol", "alice")
     free = one(Event("trespass", "carol", GPU0, {"pid": 4242}))
     assert "which is held by nobody." in free.body and free.key[-1] == ""
@@ -49,12 +53,12 @@ def test_a_trespass_on_a_jobs_or_pods_gpu_and_beyond_a_limit():
         "pid": 5151, "why": "over_limit", "limit": 2, "held": [0, 1]}))
     assert over.body == (
         "carol runs process 5151 on GPU 3 of gpu1 (since 2026-12-03 08:52 UTC), beyond the "
-        "limit of 2 GPU(s) (holding GPU 0, 1). Ask carol to end a run, or to release a GPU: "
+        "limit of 2 GPU(s) (holding GPU 0, 1). One run is to end, or a GPU to be released: "
         "`patroller status` shows which.")
     assert over.key == ("trespass", "GPU-3", "carol", "over_limit")
     account = one(Event("trespass", "carol", GPU0, {"pid": 1, "why": "over_limit",
                                                      "limit": 4, "held": [], "account": "bob"}))
-    assert "beyond the limit of 4 GPU(s) of the account bob. Ask" in account.body
+    assert "beyond the limit of 4 GPU(s) of the account bob. One run" in account.body
 
 
 def test_control_characters_chosen_by_users_never_reach_a_notice():
@@ -244,3 +248,54 @@ async def test_the_notifier_tells_the_kinds_asked_for_once_each_and_records_each
                                                    "dropped": 0}}
     finally:
         notifier.stop(5)
+
+
+def test_a_users_destinations_are_kept_private_bounded_and_a_bad_file_set_aside(tmp_path,
+                                                                                caplog):
+    before = os.umask(0)  # whatever the umask: the file is 0600
+    try:
+        users = UserDestinations(str(tmp_path), most=2, longest=40)
+        users.open()
+        assert users.add("alice", "json://a/1") == 1 and users.add("alice", "json://a/2") == 2
+        with pytest.raises(DestinationError, match="you have 2 destinations, the most"):
+            users.add("alice", "json://a/3")
+        with pytest.raises(DestinationError, match="you have it already, as number 2"):
+            users.add("alice", "json://a/2")
+        with pytest.raises(DestinationError, match="longer than 40 characters"):
+            users.add("bob", "json://" + "x" * 40)
+        assert users.mute("bob", "granted", True) == ("granted",)
+        assert stat.S_IMODE(os.stat(tmp_path / "notify.json").st_mode) == 0o600
+    finally:
+        os.umask(before)
+    again = UserDestinations(str(tmp_path), most=2, longest=40)
+    again.open()
+    assert again.of("alice").urls == ("json://a/1", "json://a/2")
+    assert again.of("bob").muted == ("granted",) and again.of("bob").urls == ()
+    assert again.remove("alice", 1) == "json://a/1"
+    with pytest.raises(DestinationError, match="no destination 2 \\(you have 1"):
+        again.remove("alice", 2)
+    assert again.mute("bob", "granted", False) == ()
+    assert "bob" not in again.users()  # nothing left of his: no entry
+    (tmp_path / "notify.json").write_text("{not json")
+    with caplog.at_level(logging.WARNING):
+        broken = UserDestinations(str(tmp_path), most=2, longest=40)
+        broken.open()
+    assert broken.users() == () and not (tmp_path / "notify.json").exists()
+    assert [n for n in os.listdir(tmp_path) if n.startswith("notify.json.corrupt-")]
+    assert "every user starts with none" in caplog.text
+
+
+def test_the_default_names_each_user_as_one_part_of_its_url():
+    config = replace(Config(), notify_user_default="mailtos://smtp.lab?to={user}@lab.example")
+    notifier = Notifier(config, "gpu1", None)
+    assert notifier.urls_for("alice", "trespass") == ("mailtos://smtp.lab?to=alice@lab.example",)
+    assert notifier.urls_for("eve&to=boss", "trespass") == \
+        ("mailtos://smtp.lab?to=eve%26to%3Dboss@lab.example",)
+    by_email = Notifier(replace(Config(), notify_user_default="mailtos://smtp.lab?to={email}"),
+                        "gpu1", None)
+    assert by_email.urls_for("bob@lab.example", "lost") == ("mailtos://smtp.lab?to=bob@lab.example",)
+    assert by_email.urls_for("bob", "lost") == ()  # no e-mail in his name: not told
+    notifier.users.add("alice", "ntfys://n/alice")
+    assert notifier.urls_for("alice", "lost") == ("ntfys://n/alice",)  # her own, not the default
+    notifier.users.mute("alice", "lost", True)
+    assert notifier.urls_for("alice", "lost") == () and notifier.urls_for("alice", "trespass")

@@ -17,6 +17,7 @@ import patroller.cli.fleet as fleet
 from patroller.cli.exits import (EX_INTERRUPTED, EX_NOPERM, EX_OK, EX_TEMPFAIL, EX_UNAVAILABLE,
                                  EX_USAGE, Failure, error_text, refused_code)
 from patroller.cli.records import history_command, queue_command, users_command
+from patroller.cli.notify import add_parser as add_notify
 from patroller.cli.report import add_parser as add_report
 from patroller.cli.render import (amount, describe, duration, numbers_of, release_message,
                                    use_colour)
@@ -28,7 +29,7 @@ from patroller.client import PatrollerError, RequestRefused, ServerUnreachable
 from patroller.safetext import json_text, printable
 
 COMMANDS = ("run", "status", "release", "wait", "reserve", "history", "users", "queue",
-            "report", "systemd-unit")
+            "report", "notify", "systemd-unit")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -153,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="The waiting requests, in arrival order.")
     queue.set_defaults(handler=queue_command)
     add_report(commands, common, seconds_arg)
+    add_notify(commands, common)
     unit = commands.add_parser("systemd-unit", help="print the systemd unit for this install",
                                description="Print the systemd unit that runs this "
                                "installation's daemon: patroller systemd-unit > "

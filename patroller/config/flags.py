@@ -15,7 +15,7 @@ T = TypeVar("T")
 
 SWITCHES = ("--test", "--hide-users")  # flags that take no value
 REPEATED = ("--pod-user-key", "--notify")  # flags that may be given more than once
-SECRET = ("--notify",)  # flags whose values hold passwords or tokens: never repeated back
+SECRET = ("--notify", "--notify-user-default")  # flags whose values hold passwords or tokens: never repeated back
 
 
 # (flag, environment variable, help) for every setting, in the order of --help.
@@ -135,6 +135,10 @@ _SETTINGS = (
     ("--notify-repeat", "PATROLLER_NOTIFY_REPEAT",
      "how long before something still going on (a trespass, a GPU still lost) is told "
      "again (default 6h)"),
+    ("--notify-user-default", "PATROLLER_NOTIFY_USER_DEFAULT",
+     "the destination of a user who set none (patroller notify add), an Apprise URL with "
+     "{user} in it, or {email} for users named by an e-mail address: "
+     "'mailtos://smtp.lab.example?to={user}@lab.example' (default: such a user is not told)"),
     ("--fleet", "PATROLLER_FLEET",
      "serve /fleet, one live page of these hosts' GPUs (host:port,host:port,...), and "
      "/fleet.json; this daemon asks each host's /status itself (default: no fleet view)"),
@@ -298,6 +302,9 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
                            values.notify_kinds, Config.notify_events),
         notify_repeat=pick("--notify-repeat", env_names["--notify-repeat"], durations.parse,
                            Config.notify_repeat),
+        notify_user_default=pick("--notify-user-default",
+                                 env_names["--notify-user-default"], values.notify_template,
+                                 Config.notify_user_default),
         fleet=fleet,
         fleet_interval=pick("--fleet-interval", env_names["--fleet-interval"], values.fleet_interval,
                             Config.fleet_interval),

@@ -86,6 +86,9 @@ class Config:
     notify: Tuple[str, ...] = ()  # the admin's destinations, as Apprise URLs (secrets in them)
     notify_events: Tuple[str, ...] = NOTIFY_KINDS  # the kinds the admin is told of
     notify_repeat: float = 6 * 3600.0  # seconds before an episode still going on is told again
+    # a user's destination when she has set none: an Apprise URL with {user} (and {email}, for
+    # a user whose name is an e-mail address) in it; None: a user with none is not told
+    notify_user_default: Optional[str] = None
 
     # -- HTTP (flags) -------------------------------------------------------------------------
     body_timeout: float = 10.0  # seconds a request body may take to arrive
@@ -116,6 +119,15 @@ class Config:
     notify_rate: int = 10  # notices sent to one destination per notify_rate_window at most;
     notify_rate_window: float = 600.0  # the rest are held back and summed up in the next one
     notify_episodes: int = 10000  # episodes remembered (so that each is told once) at most
+    notify_user_most: int = 5  # destinations one user may set
+    notify_url_longest: int = 2048  # characters of a user's URL at most
+    # the services a user may name (Apprise's schemes): those that send a message elsewhere;
+    # never one that writes on this host (syslog://, dbus://, a local program), which runs as
+    # the daemon's user
+    notify_user_schemes: Tuple[str, ...] = (
+        "mailto", "mailtos", "json", "jsons", "form", "forms", "ntfy", "ntfys", "slack",
+        "matrix", "matrixs", "mmost", "mmosts", "msteams", "discord", "tgram", "gotify",
+        "gotifys", "pushover", "rocket", "rockets", "zulip", "signal", "signals", "ifttt")
 
     # -- internal defaults: the doctor (patroller doctor, GET /doctor) -------------------------
     doctor_slow: float = 10.0  # seconds: an nvidia-smi query that takes longer is reported slow

@@ -286,3 +286,14 @@ def notify_kinds(text: str) -> Tuple[str, ...]:
     if unknown or not found:
         raise ValueError(f"must name kinds among {', '.join(NOTIFY_KINDS)}")
     return found
+
+
+def notify_template(text: str) -> str:
+    """A user's destination by default: one Apprise URL with {user} or {email} in it, and no
+    other {...}."""
+    url = text.strip()
+    notify_urls([url])
+    fields = re.findall(r"\{([^{}]*)\}", url)
+    if not fields or any(name not in ("user", "email") for name in fields):
+        raise ValueError("must hold {user} or {email}, and no other {...}")
+    return url

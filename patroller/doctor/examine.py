@@ -20,6 +20,7 @@ from patroller.doctor.host import (UNIT, UNIT_DIRS, UnitFacts, check_cgroups, ch
 from patroller.doctor.listening import check_port, check_socket, probe_port, probe_socket
 from patroller.doctor.places import (check_book, check_job_map, check_state, probe_job_map,
                                      probe_state)
+from patroller.doctor.notifications import check_notifications, probe_notifications
 from patroller.doctor.privacy import check_privacy, probe_privacy
 from patroller.doctor.results import Result, degraded, seconds
 from patroller.doctor.runtimes import EngineProbes, engine_results
@@ -54,6 +55,7 @@ async def examine(config: Config, environ: Optional[Mapping[str, str]] = None,
         "unit": (asyncio.ensure_future(unit_probe()), "the systemd unit's files and systemctl"),
         "privacy": (blocking(probe_privacy, config.state_dir, config.audit_log),
                     "the modes of the state directory's files and the audit record"),
+        "notify": (blocking(probe_notifications, config), "Apprise, to load its services"),
     }
     if not config.test:
         out["gpu"] = (asyncio.ensure_future(probe(config, environ)),
@@ -93,7 +95,9 @@ async def examine(config: Config, environ: Optional[Mapping[str, str]] = None,
             *(late("privacy", "private files") or [check_privacy(facts("privacy"))]),
             *(late("port", "address and port") or [check_port(facts("port"))]),
             *(late("socket", "unix socket") or [check_socket(facts("socket"))]),
-            *(late("unit", "systemd unit") or [check_unit(facts("unit"))])]
+            *(late("unit", "systemd unit") or [check_unit(facts("unit"))]),
+            *(late("notify", "notifications")
+              or [check_notifications(facts("notify"), config)])]
 
 
 def _in_thread(loop: asyncio.AbstractEventLoop, probe: Callable[..., Any],

@@ -36,7 +36,8 @@ from patroller.identify.connection import Accepted, ConnectionFacts
 from patroller.state.pseudonyms import Pseudonyms
 
 Data = Any  # a read model's data: JSON's dicts, lists and scalars
-EVENT_NAMES = ("user", "by", "holder")  # the fields of an audit event that name users
+EVENT_NAMES = ("user", "by", "holder", "recipient")  # the fields of an audit event that name
+# users ("recipient": a notification's, when it is a user's; "admin" is no user's name)
 NOBODY = Viewer()
 EVERYTHING = Viewer(everything=True)  # without --hide-users, everyone
 # In the User-Agent of every poll of a fleet view (fleet.py), as every version of it has sent.

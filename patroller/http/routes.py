@@ -24,6 +24,7 @@ from patroller.http.hiding import Hiding
 from patroller.http.usage import UsageHandler
 from patroller.http.live import LiveFeed
 from patroller.http.metrics import Registries
+from patroller.http.notifyapi import CHANGES, NotifyHandler
 from patroller.http.page import (EventsHandler, FleetHandler, FleetJsonHandler, IndexHandler,
                                  ReportHandler, WebHandler, web_files)
 from patroller.http.encoding import dumps
@@ -105,6 +106,8 @@ def make_app(api: Api) -> tornado.web.Application:
         (r"/usage", UsageHandler),
         (r"/report", ReportHandler),
         (r"/whoami", WhoAmIHandler),
+        (r"/notify", NotifyHandler),
+        *((f"/notify/{action}", handler) for action, handler in CHANGES.items()),
         (r"/events", EventsHandler),
         (r"/web/([A-Za-z0-9_.-]{1,64})", WebHandler),
         (r"/fleet", FleetHandler),

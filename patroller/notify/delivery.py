@@ -46,9 +46,20 @@ class Outcome:
     """What became of one notice at one destination."""
 
     notice: Notice
-    destination: int  # its number, from 1
+    recipient: str  # "admin", or the user whose destination it is
+    destination: int  # its number among the recipient's, from 1
     result: str  # sent, failed (every try), dropped (its queue was full)
     tries: int
+    key: str = ""  # the destination itself (a user's: its URL, never shown)
+
+
+@dataclass(frozen=True)
+class Item:
+    """A notice queued for one destination, for one recipient."""
+
+    notice: Notice
+    recipient: str
+    number: int
 
 
 Sender = Callable[[str, str], bool]  # (title, body) -> whether the destination took it
@@ -57,24 +68,35 @@ Sender = Callable[[str, str], bool]  # (title, body) -> whether the destination 
 def apprise_senders(urls: Sequence[str], timeout: float) -> List[Any]:
     """One Apprise plugin for each URL, with `timeout` to connect and to be answered. NoApprise
     without the extra, BadDestination for a URL it does not take. Blocking (Apprise loads its
-    plugins the first time, about 0.3 s): called once at start."""
-    try:
-        import apprise
-    except ImportError:
-        raise NoApprise(f"Apprise is not installed: {EXTRA}") from None
-    logging.getLogger("apprise").setLevel(logging.CRITICAL)  # it would log a bad URL whole
+    plugins the first time, about 0.3 s): called at start, and in the router's thread."""
     found = []
     for n, url in enumerate(urls, 1):
-        plugin = apprise.Apprise.instantiate(url)
+        plugin = apprise_plugin(url, timeout)
         if plugin is None:
             scheme = url.partition("://")[0]
             raise BadDestination(f"--notify: URL {n} ({scheme}://...) is not one Apprise "
                                  "knows, or is missing a part its service needs (Apprise's "
                                  "list of services says what each URL holds)")
-        plugin.socket_connect_timeout = timeout
-        plugin.socket_read_timeout = timeout
         found.append(plugin)
     return found
+
+
+def apprise_plugin(url: str, timeout: float) -> Optional[Any]:
+    """Apprise's plugin for `url`, or None if it takes no such URL; NoApprise without it."""
+    try:
+        import apprise
+    except ImportError:
+        raise NoApprise(f"Apprise is not installed: {EXTRA}") from None
+    logging.getLogger("apprise").setLevel(logging.CRITICAL)  # it would log a bad URL whole
+    plugin = apprise.Apprise.instantiate(url)
+    if plugin is not None:
+        plugin.socket_connect_timeout = timeout
+        plugin.socket_read_timeout = timeout
+    return plugin
+
+
+def sender_of(plugin: Any) -> Sender:
+    return lambda title, body: bool(plugin.notify(body=body, title=title))
 
 
 def shown(plugin: Any) -> str:
@@ -86,27 +108,29 @@ class Destination:
     """One destination's queue and thread."""
 
     def __init__(self, number: int, send: Sender, name: str, config: Config,
-                 told: Callable[[Outcome], None], counts: "Counts") -> None:
+                 told: Callable[[Outcome], None], counts: "Counts", key: str = "") -> None:
         self.number = number
+        self.key = key
         self.name = name
         self.send = send
         self.config = config
         self.told = told
         self.counts = counts
-        self._queue: "queue.Queue[Optional[Notice]]" = queue.Queue(config.notify_queue)
+        self._queue: "queue.Queue[Optional[Item]]" = queue.Queue(config.notify_queue)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"notify-{number}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def put(self, notice: Notice) -> None:
+    def put(self, notice: Notice, recipient: str = "admin", number: int = 0) -> None:
         """Queue a notice (never blocks); dropped and counted when the queue is full."""
+        item = Item(notice, recipient, number or self.number)
         try:
-            self._queue.put_nowait(notice)
+            self._queue.put_nowait(item)
         except queue.Full:
             self.counts.add(notice.kind, DROPPED)
-            self.told(Outcome(notice, self.number, DROPPED, 0))
+            self.told(Outcome(notice, recipient, item.number, DROPPED, 0, self.key))
 
     def pending(self) -> int:
         return self._queue.qsize()
@@ -125,12 +149,13 @@ class Destination:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
-            notice = self._queue.get()
-            if notice is None:
+            item = self._queue.get()
+            if item is None:
                 return
-            self._deliver(notice)
+            self._deliver(item)
 
-    def _deliver(self, notice: Notice) -> None:
+    def _deliver(self, item: Item) -> None:
+        notice = item.notice
         delay = self.config.notify_retry_first
         for tries in range(1, self.config.notify_tries + 1):
             try:
@@ -140,14 +165,14 @@ class Destination:
                 taken = False
             if taken:
                 self.counts.add(notice.kind, SENT)
-                self.told(Outcome(notice, self.number, SENT, tries))
+                self.told(Outcome(notice, item.recipient, item.number, SENT, tries, self.key))
                 return
             if tries == self.config.notify_tries or self._stopping.wait(delay):
                 break
             self.counts.add(notice.kind, RETRIED)
             delay *= 2
         self.counts.add(notice.kind, FAILED)
-        self.told(Outcome(notice, self.number, FAILED, tries))
+        self.told(Outcome(notice, item.recipient, item.number, FAILED, tries, self.key))
 
 
 class Counts:
@@ -196,3 +221,81 @@ class Delivery:
         deadline = time.monotonic() + timeout
         return sum(not d.join(max(0.0, deadline - time.monotonic()))
                    for d in self.destinations)
+
+
+class Router:
+    """The users' destinations: each made from its URL in the router's own thread (Apprise's
+    work never runs on the event loop), one Destination (thread and queue) each, kept while
+    its URL is in use. A URL Apprise no longer takes (an older one, after an upgrade) fails
+    its notices, counted."""
+
+    def __init__(self, config: Config, told: Callable[[Outcome], None], counts: Counts,
+                 plugin_of: Callable[[str], Optional[Sender]]) -> None:
+        self.config = config
+        self.told = told
+        self.counts = counts
+        self.plugin_of = plugin_of  # the sender for a URL, or None (blocking)
+        self._jobs: "queue.Queue[Any]" = queue.Queue(config.notify_queue * 10)
+        self._destinations: Dict[str, Destination] = {}
+        self._thread = threading.Thread(target=self._run, name="notify-router", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def put(self, notice: Notice, recipient: str, urls: Sequence[str]) -> None:
+        """Queue `notice` for `recipient`'s destinations (never blocks: dropped when full)."""
+        try:
+            self._jobs.put_nowait(("send", notice, recipient, tuple(urls)))
+        except queue.Full:
+            for number in range(1, len(urls) + 1):
+                self.counts.add(notice.kind, DROPPED)
+                self.told(Outcome(notice, recipient, number, DROPPED, 0, urls[number - 1]))
+
+    def forget(self, url: str) -> None:
+        """A URL nobody uses now: its thread ends."""
+        self._jobs.put(("forget", url))
+
+    def pending(self) -> int:
+        return self._jobs.qsize() + sum(d.pending() for d in list(self._destinations.values()))
+
+    def stop(self, timeout: float) -> int:
+        """Blocking: end the router and every destination within `timeout` s; how many hang."""
+        self._jobs.put(None)
+        deadline = time.monotonic() + timeout
+        self._thread.join(timeout)
+        destinations = list(self._destinations.values())
+        for destination in destinations:
+            destination.stop()
+        return sum(not d.join(max(0.0, deadline - time.monotonic())) for d in destinations)
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            if job[0] == "forget":
+                gone = self._destinations.pop(job[1], None)
+                if gone is not None:
+                    gone.stop()
+                continue
+            _, notice, recipient, urls = job
+            for number, url in enumerate(urls, 1):
+                destination = self._destinations.get(url) or self._make(url, recipient)
+                if destination is None:
+                    self.counts.add(notice.kind, FAILED)
+                    self.told(Outcome(notice, recipient, number, FAILED, 0, url))
+                else:
+                    destination.put(notice, recipient, number)
+
+    def _make(self, url: str, recipient: str) -> Optional[Destination]:
+        try:
+            send = self.plugin_of(url)
+        except Exception:  # NoApprise, or a plugin that cannot be made: its notices fail
+            log.debug("a destination of %s cannot be made", recipient, exc_info=True)
+            send = None
+        if send is None:
+            return None
+        made = Destination(0, send, recipient, self.config, self.told, self.counts, key=url)
+        made.start()
+        self._destinations[url] = made
+        return made

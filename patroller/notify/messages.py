@@ -3,7 +3,10 @@ events). Pure: no I/O, no clock but the event's time given.
 
 A notice says what happened, on which GPU of which host, who and since when, and what to do,
 in a few plain lines; text others chose (a user's label, a process's command) is made
-printable first (core/text.py), so no control character reaches a message. Its key names its
+printable first (core/text.py), so no control character reaches a message. Its words depend on
+whom it is for (`Reader`): the admin reads every name; with --hide-users a user reads her own
+name and "another user" for anyone else, as the API shows her, and a Slurm job's or pod's ids
+and an account only where they are hers. Its key names its
 episode: a trespass by one user on one GPU held by another is one episode, told once, however
 many of her processes arrive (episodes.py)."""
 from __future__ import annotations
@@ -30,24 +33,48 @@ class Notice:
     title: str
     body: str
     ends: Tuple[str, ...] = ()  # the key of an episode this notice ends (a GPU back)
+    concerns: Tuple[str, ...] = ()  # the users it is told to: trespasser and holder, waiter
 
 
-def notices_of(event: Event, host: str, at: float) -> Sequence[Notice]:
+@dataclass(frozen=True)
+class Reader:
+    """Whom a notice's words are for: everyone's names (`user` None: the admin, or anyone
+    when names are not hidden), or one user's view under --hide-users."""
+
+    user: Optional[str] = None
+
+    def name(self, who: Optional[str]) -> str:
+        if not who:
+            return "an unknown user"
+        if self.user is not None and who != self.user:
+            return "another user"
+        return printable(who, NAME)
+
+    def sees(self, who: Optional[str]) -> bool:
+        """Whether facts that are `who`'s own (a job's ids, an account) are shown."""
+        return self.user is None or who == self.user
+
+
+EVERYONE = Reader()
+
+
+def notices_of(event: Event, host: str, at: float,
+               reader: Reader = EVERYONE) -> Sequence[Notice]:
     """What `event` tells, if anything (most events tell nobody: a grant asked and given at
-    once, a release, a claim by its holder)."""
+    once, a release, a claim by its holder), in `reader`'s words."""
     gpus = _gpus(event.devices)
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(at))
-    who = _name(event.user)
+    who = reader.name(event.user)
     details = event.details
     if event.kind == "trespass" and event.devices:
-        return [_trespass(event, host, gpus, when, who, details)]
+        return [_trespass(event, host, gpus, when, reader, details)]
     if event.kind == "grant" and details.get("waited"):
         uuids = tuple(uuid for uuid, _ in event.devices)
         waited = describe(float(details["waited"]), most=2)
         return [Notice("granted", ("granted", *uuids, f"{at:.3f}"), event.user, event.devices,
                        f"{host}: {gpus} granted to {who} after {waited}",
                        f"{who} waited {waited} and now holds {gpus} of {host} (since {when}). "
-                       f"{_hold_words(details)}")]
+                       f"{_hold_words(details)}", concerns=_users(event.user))]
     if event.kind in ("lost", "back") and event.devices:
         uuid = event.devices[0][0]
         holder = f", held by {who}," if event.user else ""
@@ -57,47 +84,52 @@ def notices_of(event: Event, host: str, at: float) -> Sequence[Notice]:
                            f"{gpus} of {host}{holder} is gone from nvidia-smi's list or has "
                            f"stopped reporting, since {when}. Nobody is granted it until it is "
                            "back; its holder keeps it. Look at the kernel log (Xid errors) and "
-                           "`nvidia-smi` on the host; a reset or a reboot may be needed.")]
+                           "`nvidia-smi` on the host; a reset or a reboot may be needed.",
+                           concerns=_users(event.user))]
         return [Notice("lost", ("back", uuid, f"{at:.3f}"), event.user, event.devices,
                        f"{host}: {gpus} is back", f"{gpus} of {host}{holder} is reported "
-                       f"again since {when}, and is granted as before.", ends=("lost", uuid))]
+                       f"again since {when}, and is granted as before.", ends=("lost", uuid),
+                       concerns=_users(event.user))]
     return []
 
 
-def _trespass(event: Event, host: str, gpus: str, when: str, who: str,
+def _trespass(event: Event, host: str, gpus: str, when: str, reader: Reader,
               details: Mapping[str, Any]) -> Notice:
     pid = details.get("pid")
     holder = details.get("holder")
     uuid = event.devices[0][0]
+    who = reader.name(event.user)
     runs = f"{who} runs process {pid} on {gpus} of {host} (since {when})"
     if details.get("why") == "over_limit":
         held = ", ".join(str(n) for n in details.get("held", ()))
-        account = details.get("account")
+        account = details.get("account") if reader.sees(event.user) else None
         limit = f"the limit of {details.get('limit')} GPU(s)" + \
-            (f" of the account {_name(str(account))}" if account else "")
+            (f" of the account {printable(str(account), NAME)}" if account else "")
         body = f"{runs}, beyond {limit}" + (f" (holding GPU {held})" if held else "") + \
-            f". Ask {who} to end a run, or to release a GPU: `patroller status` shows which."
+            ". One run is to end, or a GPU to be released: `patroller status` shows which."
         key = ("trespass", uuid, event.user or "", "over_limit")
     else:
         allocation = next((f"{scheduler} {', '.join(str(i) for i in details[field])}"
+                           if reader.sees(holder) else f"a {scheduler}"
                            for scheduler, field in (("Slurm job", "jobs"), ("pod", "pods"))
                            if details.get(field)), None)
-        whose = f"allocated to {allocation}" + (f" of {_name(str(holder))}" if holder else "") \
-            if allocation else f"held by {_name(str(holder))}" if holder else "held by nobody"
-        body = f"{runs}, which is {whose}. Ask {who} to move the run to a free GPU " \
-            "(`patroller status` shows which) and to reserve it first (`patroller run`)."
+        whose = f"allocated to {allocation}" + (f" of {reader.name(holder)}" if holder else "") \
+            if allocation else f"held by {reader.name(holder)}" if holder else "held by nobody"
+        body = f"{runs}, which is {whose}. The run is to move to a free GPU (`patroller status` " \
+            "shows which), reserved first (`patroller run`)."
         key = ("trespass", uuid, event.user or "", str(holder or ""))
     return Notice("trespass", key, event.user, event.devices,
-                  f"{host}: trespass on {gpus} by {who}", body)
+                  f"{host}: trespass on {gpus} by {who}", body,
+                  concerns=_users(event.user, holder))
+
+
+def _users(*names: Optional[str]) -> Tuple[str, ...]:
+    return tuple(dict.fromkeys(str(name) for name in names if name))
 
 
 def _gpus(devices: Sequence[Tuple[str, int]]) -> str:
     numbers = [str(number) for _, number in devices]
     return ("GPU " if len(numbers) == 1 else "GPUs ") + ", ".join(numbers)
-
-
-def _name(user: Optional[str]) -> str:
-    return printable(user, NAME) if user else "an unknown user"
 
 
 def _hold_words(details: Mapping[str, Any]) -> str:
