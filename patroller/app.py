@@ -309,7 +309,7 @@ def assemble(config: Config, inventory: Inventory, signals: Signals, monitors: S
         usage=usage, sampler=UsageSampler(inventory, leases, Tally(inventory, config.usage_busy_sm),
                                           usage, config.usage_interval)
         if usage is not None else None,
-        notifier=Notifier(config, socket.gethostname(), audit, config.state_dir))
+        notifier=Notifier(config, socket.gethostname(), audit, config.state_dir, leases))
     connect(services)
     return Daemon(services, make_api(services))
 
@@ -327,6 +327,7 @@ def connect(services: Services) -> None:
     services.leases.on_event(services.audit.record)
     if services.notifier is not None:
         services.leases.on_event(services.notifier.on_event)
+        services.notifier.quiet_for = services.idle.quiet_for
     if services.book is not None:  # nothing is handed out that the book cannot keep
         services.leases.gate = services.book.refusal
 

@@ -48,7 +48,8 @@ async def test_each_kind_reaches_email_and_webhook_once_and_a_hung_destination_h
     with Smtp() as smtp, Hooks() as hooks, Silent() as silent:
         settings = dict(inventory_every=0.5, notify=(smtp.url(), hooks.url(SECRET), silent.url()),
                         audit_log=str(audit), notify_timeout=1.0, notify_tries=2,
-                        notify_retry_first=0.2)
+                        notify_retry_first=0.2, notify_escalate=0,
+                        notify_events=("trespass", "granted", "lost"))
         try:
             async with gpu_running(scenario, **settings) as h:
                 await h.ok("/request?gpu=3&hold=1h")
@@ -71,8 +72,12 @@ async def test_each_kind_reaches_email_and_webhook_once_and_a_hung_destination_h
                 assert status == 200, granted
                 await until(lambda: len(hooks.bodies) == 3 and len(smtp.messages) == 3,
                             timeout=30)
-                await until(lambda: h.services.notifier.metrics()["by_kind"].get(
-                    "granted", {}).get("failed") == 1, timeout=30)
+                # each receiver has a notice before its sender hears the answer: wait on both
+                await until(lambda: all(h.services.notifier.metrics()["by_kind"].get(
+                    kind, {}).get(result) == count for kind in ("trespass", "lost", "granted")
+                    for result, count in (("sent", 2), ("failed", 1))), timeout=30)
+                await until(lambda: len([e for e in h.services.audit.recent
+                                         if e["event"] == "notify"]) == 9)
                 metrics = h.services.notifier.metrics()
                 served = await h.ok("/metrics.json")
                 log_status = json.dumps(await h.ok("/status"))
@@ -129,7 +134,7 @@ async def test_an_episode_is_told_once_then_again_after_the_repeat(tmp_path):
     scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=listed)
     with Hooks() as hooks:
         async with gpu_running(scenario, inventory_every=0.3, notify=(hooks.url(),),
-                               notify_events=("trespass", "lost")) as h:
+                               notify_events=("trespass", "lost"), notify_escalate=0) as h:
             await h.ok("/request?gpu=2&hold=1h")
             for _ in range(2):
                 stranger = subprocess.Popen(["sleep", "120"], user=NOBODY)
@@ -200,3 +205,53 @@ def test_a_url_that_cannot_be_used_stops_the_start_naming_it_by_number_alone(url
               and not x.startswith("  ")]
     assert line.startswith(("patroller: " + said, "patroller: error: " + said)), line
     assert SECRET not in process.stdout + process.stderr
+
+
+@async_test
+async def test_the_watch_tells_of_idle_and_ending_holds_unreserved_use_and_escalates(tmp_path):
+    """What no single event says: a hold that computes nothing, a hold about to end, a GPU
+    taken without asking, and a trespass still going on after --notify-escalate, which alone
+    reaches the admin; the users reach the host's default for them ({user} in its path)."""
+    listed = devices(2)
+    scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=listed)
+    stranger = subprocess.Popen(["sleep", "120"], user=NOBODY)
+    with Hooks() as admin, Hooks() as users:
+        settings = dict(notify=(admin.url(),), notify_check_every=0.2, notify_before=60,
+                        notify_idle_after=0.5, notify_escalate=1.0,
+                        notify_user_default=f"json://127.0.0.1:{users.port}/" + "{user}")
+        try:
+            async with gpu_running(scenario, **settings) as h:
+                await h.ok("/request?gpu=1&hold=30s")  # GPU 0, idle, ending within a minute
+                await until(lambda: {"idle", "expiring"} <= kinds(admin), timeout=30)
+                scenario.write(processes=[  # GPU 1 taken unasked; GPU 0 trespassed on
+                    {"pid": stranger.pid, "gpu": 1, "name": "python", "sm": 50},
+                    {"pid": stranger.pid, "gpu": 0, "name": "python", "sm": 50}])
+                await until(lambda: "unreserved" in kinds(admin), timeout=30)
+                await until(lambda: "trespass" in kinds(admin), timeout=30)
+                told_users = {(b["title"].split(": ", 1)[1], path)
+                              for b, path in zip(users.bodies, users.paths)}
+        finally:
+            stranger.kill()
+    titles = [b["title"].split(": ", 1)[1] for b in admin.bodies]
+    assert "GPU 0 held idle by root for " in " ".join(titles)
+    assert any(t.startswith("the hold of GPU 0 by root ends at ") for t in titles), titles
+    assert "GPU 1 used by nobody without a reservation" in titles
+    [escalated] = [b for b in admin.bodies if "trespass" in b["title"]]
+    assert escalated["title"].endswith("trespass on GPU 0 by nobody, for 1s")
+    assert escalated["message"].endswith("It has gone on for 1s; the users concerned were "
+                                         "told when it began.")
+    assert ("trespass on GPU 0 by nobody", "/nobody") in told_users
+    assert ("trespass on GPU 0 by nobody", "/root") in told_users
+    assert ("GPU 1 used by nobody without a reservation", "/nobody") in told_users
+    assert any(path == "/root" and t.startswith("the hold of GPU 0 by root ends at ")
+               for t, path in told_users)
+
+
+def kinds(hooks):
+    found = set()
+    for body in hooks.bodies:
+        title = body["title"]
+        found |= {kind for kind, word in (("idle", " held idle by "), ("expiring", "the hold of"),
+                                          ("unreserved", "without a reservation"),
+                                          ("trespass", "trespass on")) if word in title}
+    return found

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from helpers import FakeClock, async_test, until
+from helpers import FakeClock, async_test, host_user, lease_manager, until
 from patroller.config import Config, ConfigError, load
 from patroller.core.leases import Event
 from patroller.notify.delivery import Delivery, Outcome
@@ -19,6 +19,7 @@ from patroller.notify.destinations import DestinationError, UserDestinations
 from patroller.notify.episodes import Episodes, Rates
 from patroller.notify.messages import Notice, notices_of
 from patroller.notify.notifier import Notifier
+from patroller.notify.watch import due, escalations, still_trespassing
 from patroller.state.audit import AuditLog
 
 AT = 1796287933.0  # 2026-12-03 08:52:13 UTC
@@ -95,7 +96,7 @@ def test_a_gpu_lost_and_back_is_one_episode_the_second_notice_ends():
     assert back.kind == "lost" and back.ends == ("lost", "GPU-0")
     assert back.body == "GPU 0 of gpu1 is reported again since 2026-12-03 08:52 UTC, and is " \
                         "granted as before."
-    for quiet in ("release", "expire", "claim", "ended", "allocated", "grant"):
+    for quiet in ("release", "expire", "ended", "allocated", "grant"):
         assert notices_of(Event(quiet, "alice", GPU0), "gpu1", AT) == []
     assert notices_of(Event("trespass", "carol", (), {"pid": 1}), "gpu1", AT) == []
 
@@ -140,7 +141,8 @@ def test_the_flags_never_repeat_a_url():
     assert config.notify_events == ("trespass", "lost") and config.notify_repeat == 7200
     assert load(["--test"], environ={"PATROLLER_NOTIFY": "json://a/b  ntfy://n/t"}).notify == \
         ("json://a/b", "ntfy://n/t")
-    assert load(["--test"], environ={}).notify_events == ("trespass", "granted", "lost")
+    assert load(["--test"], environ={}).notify_events == ("trespass", "unreserved", "idle",
+                                                          "expiring", "granted", "lost")
     with pytest.raises(ConfigError) as caught:
         load(["--test", "--notify", "json://a/b", "--notify", "hunter2-password"], environ={})
     assert str(caught.value).startswith("--notify: URL 2 is not a URL of the form scheme://")
@@ -148,7 +150,7 @@ def test_the_flags_never_repeat_a_url():
     with pytest.raises(ConfigError, match="PATROLLER_NOTIFY: URL 1") as caught:
         load(["--test"], environ={"PATROLLER_NOTIFY": "://pw@x"})
     assert "pw@x" not in str(caught.value)
-    with pytest.raises(ConfigError, match="must name kinds among trespass, granted, lost"):
+    with pytest.raises(ConfigError, match="must name kinds among trespass, unreserved, idle"):
         load(["--test", "--notify-events", "trespass,everything"], environ={})
 
 
@@ -222,7 +224,8 @@ async def test_the_notifier_tells_the_kinds_asked_for_once_each_and_records_each
     sent = []
     audit = AuditLog(None, 100, 60)
     config = replace(Config(), notify=("json://one/x", "json://two/x"),
-                     notify_events=("trespass", "lost"), notify_retry_first=0.01)
+                     notify_events=("trespass", "lost"), notify_retry_first=0.01,
+                     notify_escalate=0)
     notifier = Notifier(config, "gpu1", audit, clock=lambda: AT,
                         senders=[lambda t, b: sent.append((1, t)) or True,
                                  lambda t, b: sent.append((2, t)) or False])
@@ -288,14 +291,110 @@ def test_a_users_destinations_are_kept_private_bounded_and_a_bad_file_set_aside(
 def test_the_default_names_each_user_as_one_part_of_its_url():
     config = replace(Config(), notify_user_default="mailtos://smtp.lab?to={user}@lab.example")
     notifier = Notifier(config, "gpu1", None)
-    assert notifier.urls_for("alice", "trespass") == ("mailtos://smtp.lab?to=alice@lab.example",)
-    assert notifier.urls_for("eve&to=boss", "trespass") == \
+    assert notifier.people.urls_for("alice", "trespass") == ("mailtos://smtp.lab?to=alice@lab.example",)
+    assert notifier.people.urls_for("eve&to=boss", "trespass") == \
         ("mailtos://smtp.lab?to=eve%26to%3Dboss@lab.example",)
     by_email = Notifier(replace(Config(), notify_user_default="mailtos://smtp.lab?to={email}"),
                         "gpu1", None)
-    assert by_email.urls_for("bob@lab.example", "lost") == ("mailtos://smtp.lab?to=bob@lab.example",)
-    assert by_email.urls_for("bob", "lost") == ()  # no e-mail in his name: not told
-    notifier.users.add("alice", "ntfys://n/alice")
-    assert notifier.urls_for("alice", "lost") == ("ntfys://n/alice",)  # her own, not the default
-    notifier.users.mute("alice", "lost", True)
-    assert notifier.urls_for("alice", "lost") == () and notifier.urls_for("alice", "trespass")
+    assert by_email.people.urls_for("bob@lab.example", "lost") == ("mailtos://smtp.lab?to=bob@lab.example",)
+    assert by_email.people.urls_for("bob", "lost") == ()  # no e-mail in his name: not told
+    notifier.people.users.add("alice", "ntfys://n/alice")
+    assert notifier.people.urls_for("alice", "lost") == ("ntfys://n/alice",)  # her own, not the default
+    notifier.people.users.mute("alice", "lost", True)
+    assert notifier.people.urls_for("alice", "lost") == () and notifier.people.urls_for("alice", "trespass")
+
+
+def test_the_watch_finds_idle_holds_and_holds_about_to_end():
+    clock = FakeClock()
+    leases = lease_manager(clock)
+    alice = host_user("alice", 1000)
+    [first] = leases.request(alice, {"gpu": 1}, duration=3600)
+    [second] = leases.request(alice, {"gpu": 1})
+    numbers = {d.uuid: d.number for d in leases.inventory}
+    config = replace(Config(), notify_idle_after=7200, notify_before=900, idle_release=10800)
+    quiet = {first.uuid: 7200.0, second.uuid: 7199.0}
+
+    def found(at):
+        return [(e.kind, e.devices[0][1], e.details) for e in due(
+            leases.holds, numbers, leases.state, quiet.get, config, wall=AT, clock=at)]
+    now = found(clock())
+    assert now == [("idle", first.number, {"idle": 7200.0, "since": AT - 7200,
+                                           "released_at": AT + 3600})]
+    later = found(clock() + 2700)  # 15 minutes before its end
+    assert [k for k, _, _ in later] == ["idle", "expiring"]
+    assert later[1][2] == {"ends": AT + 900, "left": 900.0, "until": clock() + 3600}
+    assert [k for k, _, _ in found(clock() + 3600)] == ["idle"]  # ended: nothing to warn of
+    leases.process_started(first.uuid, 4242, alice)  # a process holds it: --idle-release spares it
+    assert found(clock())[0][2]["released_at"] is None
+    notice = one(Event("idle", "alice", ((first.uuid, 3),), later[0][2]))
+    assert notice.title == "gpu1: GPU 3 held idle by alice for 2h"
+    assert notice.body == ("GPU 3 of gpu1, which alice holds, has computed nothing since 06:52 "
+                           "UTC (2h). If it is not needed, release it (`patroller release 3`) "
+                           "so that others may have it. It is released at 09:52 UTC all the "
+                           "same (the host's --idle-release).")
+    ending = one(Event("expiring", "alice", ((first.uuid, 3),), later[1][2]))
+    assert ending.title == "gpu1: the hold of GPU 3 by alice ends at 09:07 UTC"
+    assert ending.body == ("The hold of GPU 3 of gpu1 that alice asked for ends at 09:07 UTC, "
+                           "in 15m. Save what runs there: the GPU is then free for others "
+                           "(`patroller reserve --hold ...` asks again).")
+
+
+def test_a_gpu_taken_unasked_and_a_trespass_escalated_to_the_admin():
+    taken = one(Event("claim", "carol", GPU0, {"pid": 42, "command": "python"}))
+    assert taken.kind == "unreserved" and taken.concerns == ("carol",)
+    assert taken.title == "gpu1: GPU 0 used by carol without a reservation"
+    assert taken.body.startswith("carol runs process 42 on GPU 0 of gpu1 (since 2026-12-03 "
+                                 "08:52 UTC) without having reserved it: it is held for carol")
+    escalated = one(Event("escalated", "carol", GPU0, {"pid": 4242, "holder": "alice",
+                                                        "lasting": 1800}))
+    assert escalated.kind == "trespass" and escalated.concerns == ()  # the admin's alone
+    assert escalated.title == "gpu1: trespass on GPU 0 by carol, for 30m"
+    assert escalated.body.endswith("which is held by alice. The run is to move to a free GPU "
+                                   "(`patroller status` shows which), reserved first (`patroller"
+                                   " run`). It has gone on for 30m; the users concerned were told"
+                                   " when it began.")
+    assert escalated.key != one(Event("trespass", "carol", GPU0, {"pid": 1, "holder": "alice"})).key
+
+
+def test_a_trespass_reaches_the_admin_only_if_it_still_goes_on():
+    clock = FakeClock()
+    leases = lease_manager(clock)
+    alice, carol = host_user("alice", 1000), host_user("carol", 1001)
+    [held] = leases.request(alice, {"gpu": 1})
+    leases.process_started(held.uuid, 4242, carol)
+    assert still_trespassing(leases.holds, held.uuid, "carol", "alice")
+    assert not still_trespassing(leases.holds, held.uuid, "bob", "alice")
+    assert not still_trespassing(leases.holds, held.uuid, "carol", "bob")  # held by another now
+    leases.process_ended(held.uuid, 4242)
+    assert not still_trespassing(leases.holds, held.uuid, "carol", "alice")
+    ripe, later = escalations([(10.0, "a"), (20.0, "b")], 15.0)
+    assert ripe == ["a"] and later == [(20.0, "b")]
+
+
+@async_test
+async def test_the_admin_hears_of_a_trespass_only_if_it_outlasts_the_escalation():
+    clock = FakeClock(AT)
+    leases = lease_manager(clock)
+    told = []
+    config = replace(Config(), notify=("json://admin/x",), notify_escalate=600,
+                     notify_retry_first=0.01)
+    notifier = Notifier(config, "gpu1", None, leases=leases, clock=clock,
+                        senders=[lambda title, body: told.append(title) or True])
+    leases.on_event(notifier.on_event)
+    notifier.start()
+    try:
+        alice, carol, dave = (host_user(n, u) for n, u in (("alice", 1000), ("carol", 1001),
+                                                            ("dave", 1002)))
+        [first] = leases.request(alice, {"gpu": 1})
+        [second] = leases.request(alice, {"gpu": 1})
+        leases.process_started(first.uuid, 4242, carol)  # she stays
+        leases.process_started(second.uuid, 4343, dave)  # he leaves before the admin is told
+        notifier.check()
+        assert told == []  # the users concerned are told at once; the admin not yet
+        leases.process_ended(second.uuid, 4343)
+        clock.advance(600)
+        notifier.check()
+        await until(lambda: told)
+        assert told == [f"gpu1: trespass on GPU {first.number} by carol, for 10m"]
+    finally:
+        notifier.stop(5)

@@ -125,13 +125,21 @@ _SETTINGS = (
      "a statistics reading with at least this % of SM use counts as computing in the usage "
      "categories; less is idle (default 1)"),
     ("--notify", "PATROLLER_NOTIFY",
-     "tell the admin of trespasses, granted waits and GPUs lost, at this Apprise URL "
+     "tell the admin of trespasses, GPUs used unasked, idle and ending holds, granted waits "
+     "and GPUs lost, at this Apprise URL "
      "(mailtos://..., json://..., slack://..., ntfy://...; once per destination; "
      "PATROLLER_NOTIFY: URLs separated by spaces); needs the notify extra "
      "(pip install 'patroller[notify]') (default: nobody is told)"),
     ("--notify-events", "PATROLLER_NOTIFY_EVENTS",
-     "the kinds the admin is told of, comma-separated: trespass, granted, lost "
-     "(default all)"),
+     "the kinds the admin is told of, comma-separated: trespass, unreserved, idle, expiring, "
+     "granted, lost (default all)"),
+    ("--notify-escalate", "PATROLLER_NOTIFY_ESCALATE",
+     "how long a trespass goes on before the admin is told (the users concerned are told at "
+     "once); 0: at once (default 30m)"),
+    ("--notify-idle-after", "PATROLLER_NOTIFY_IDLE_AFTER",
+     "how long a hold computes nothing before its holder is told (default 2h)"),
+    ("--notify-before", "PATROLLER_NOTIFY_BEFORE",
+     "how long before a hold for a duration ends its holder is told (default 15m)"),
     ("--notify-repeat", "PATROLLER_NOTIFY_REPEAT",
      "how long before something still going on (a trespass, a GPU still lost) is told "
      "again (default 6h)"),
@@ -302,6 +310,12 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
                            values.notify_kinds, Config.notify_events),
         notify_repeat=pick("--notify-repeat", env_names["--notify-repeat"], durations.parse,
                            Config.notify_repeat),
+        notify_escalate=pick("--notify-escalate", env_names["--notify-escalate"],
+                             values.zero_or_duration, Config.notify_escalate),
+        notify_idle_after=pick("--notify-idle-after", env_names["--notify-idle-after"],
+                               durations.parse, Config.notify_idle_after),
+        notify_before=pick("--notify-before", env_names["--notify-before"], durations.parse,
+                           Config.notify_before),
         notify_user_default=pick("--notify-user-default",
                                  env_names["--notify-user-default"], values.notify_template,
                                  Config.notify_user_default),

@@ -12,8 +12,8 @@ DEFAULT_USER_LABELS = ("user.email", "email", "maintainer")
 KUBELET_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"  # the kubelet's own default
 DEFAULT_POD_USER_KEYS = ("patroller/user",)
 # What notifications tell of (notify/messages.py words each): a process on a GPU another holds,
-# a wait granted, a GPU gone and back.
-NOTIFY_KINDS = ("trespass", "granted", "lost")
+# a GPU used without asking, a hold idle or ending, a wait granted, a GPU gone and back.
+NOTIFY_KINDS = ("trespass", "unreserved", "idle", "expiring", "granted", "lost")
 
 
 class ConfigError(Exception):
@@ -86,6 +86,9 @@ class Config:
     notify: Tuple[str, ...] = ()  # the admin's destinations, as Apprise URLs (secrets in them)
     notify_events: Tuple[str, ...] = NOTIFY_KINDS  # the kinds the admin is told of
     notify_repeat: float = 6 * 3600.0  # seconds before an episode still going on is told again
+    notify_escalate: float = 1800.0  # seconds a trespass lasts before the admin is told; 0: at once
+    notify_idle_after: float = 2 * 3600.0  # seconds a hold computes nothing before its holder is told
+    notify_before: float = 900.0  # seconds before a hold for a duration ends that its holder is told
     # a user's destination when she has set none: an Apprise URL with {user} (and {email}, for
     # a user whose name is an e-mail address) in it; None: a user with none is not told
     notify_user_default: Optional[str] = None
@@ -119,6 +122,8 @@ class Config:
     notify_rate: int = 10  # notices sent to one destination per notify_rate_window at most;
     notify_rate_window: float = 600.0  # the rest are held back and summed up in the next one
     notify_episodes: int = 10000  # episodes remembered (so that each is told once) at most
+    notify_check_every: float = 30.0  # seconds between looks for idle and ending holds
+    notify_unreserved_repeat: float = 3600.0  # a GPU used without asking: told once an hour
     notify_user_most: int = 5  # destinations one user may set
     notify_url_longest: int = 2048  # characters of a user's URL at most
     # the services a user may name (Apprise's schemes): those that send a message elsewhere;

@@ -297,3 +297,8 @@ def notify_template(text: str) -> str:
     if not fields or any(name not in ("user", "email") for name in fields):
         raise ValueError("must hold {user} or {email}, and no other {...}")
     return url
+
+
+def zero_or_duration(text: str) -> float:
+    """A duration, or 0."""
+    return durations.parse(text, zero=True)

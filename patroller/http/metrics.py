@@ -326,7 +326,7 @@ class DaemonCollector:
         notifier = self.services.notifier
         found = notifier.metrics() if notifier is not None else {}
         family = CounterMetricFamily("patroller_notifications", "Notices to the admin's "
-                                     "destinations (--notify) by kind (trespass, granted, lost) "
+                                     "and the users' destinations by kind (trespass, idle, ...) "
                                      "and result: sent, failed (every try), retried (a try that "
                                      "failed and was tried again), dropped (a full queue)",
                                      labels=["kind", "result"])

@@ -5,14 +5,15 @@ caller is identified as every caller is (the kernel, the container engines), and
 reaches her own: no argument names another user. A caller who cannot be identified gets 403."""
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from patroller.config.settings import NOTIFY_KINDS
 from patroller.core.errors import BadRequest, Unavailable
 from patroller.http import query
 from patroller.http.handlers import Handler, View
 from patroller.notify.destinations import DestinationError
-from patroller.notify.notifier import TEST, Notifier
+from patroller.notify.notifier import Notifier
+from patroller.notify.people import TEST, People
 
 Args = Dict[str, List[bytes]]
 TAKES = {"add": ("url",), "remove": ("n",), "mute": ("kind",), "unmute": ("kind",),
@@ -67,11 +68,11 @@ class NotifyChangeHandler(Handler):
         self.send({**answer, **listing})
 
 
-def _notifier(handler: Handler) -> Notifier:
-    notifier = handler.services.notifier
+def _notifier(handler: Handler) -> People:
+    notifier: Optional[Notifier] = handler.services.notifier
     if notifier is None:
         raise Unavailable("notifications are not part of this daemon")
-    return notifier
+    return notifier.people
 
 
 def _only(args: Args, names: tuple, endpoint: str) -> None:

@@ -44,7 +44,7 @@ ENDPOINTS = {
     "/notify": "your own notification destinations, their secrets starred",
     "/notify/add": "POST url=...: add a destination of yours (an Apprise URL)",
     "/notify/remove": "POST n=N: remove your destination N",
-    "/notify/mute": "POST kind=K: stop telling you of a kind (trespass, granted, lost, test)",
+    "/notify/mute": "POST kind=K: stop telling you of a kind (trespass, idle, ...)",
     "/notify/unmute": "POST kind=K: tell you of that kind again",
     "/notify/test": "POST: send yourself a test notice",
     "/events": "the page's live feed (Server-Sent Events)",

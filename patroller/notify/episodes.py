@@ -23,11 +23,12 @@ class Episodes:
         self.clock = clock
         self._told: LRUCache = LRUCache(maxsize=most)
 
-    def admit(self, key: Tuple[str, ...]) -> bool:
-        """Whether the episode `key` is to be told now (and if so, it counts as told)."""
+    def admit(self, key: Tuple[str, ...], repeat: Optional[float] = None) -> bool:
+        """Whether the episode `key` is to be told now (and if so, it counts as told): not
+        if it was within `repeat` seconds (default: the repeat of every episode)."""
         now = self.clock()
         last: Optional[float] = self._told.get(key)
-        if last is not None and now - last < self.repeat:
+        if last is not None and now - last < (self.repeat if repeat is None else repeat):
             return False
         self._told[key] = now
         return True

@@ -12,7 +12,7 @@ many of her processes arrive (episodes.py)."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
 from patroller.core.leases import Event
@@ -75,6 +75,32 @@ def notices_of(event: Event, host: str, at: float,
                        f"{host}: {gpus} granted to {who} after {waited}",
                        f"{who} waited {waited} and now holds {gpus} of {host} (since {when}). "
                        f"{_hold_words(details)}", concerns=_users(event.user))]
+    if event.kind == "claim" and event.devices and event.user:
+        return [Notice("unreserved", ("unreserved", event.devices[0][0], event.user), event.user,
+                       event.devices, f"{host}: {gpus} used by {who} without a reservation",
+                       f"{who} runs process {details.get('pid')} on {gpus} of {host} (since "
+                       f"{when}) without having reserved it: it is held for {who} while it runs, "
+                       "and nobody was asked. Reserve first (`patroller run -n 1 -- ...`), so "
+                       "that the queue stays fair and nobody's run lands on it.",
+                       concerns=_users(event.user))]
+    if event.kind == "idle" and event.devices:
+        return [_idle(event, host, gpus, who, details)]
+    if event.kind == "expiring" and event.devices:
+        ends = _clock(float(details["ends"]))
+        return [Notice("expiring", ("expiring", event.devices[0][0], event.user or "",
+                                    f"{details.get('until')}"), event.user, event.devices,
+                       f"{host}: the hold of {gpus} by {who} ends at {ends}",
+                       f"The hold of {gpus} of {host} that {who} asked for ends at {ends}, in "
+                       f"{describe(float(details['left']), most=2)}. Save what runs there: the "
+                       "GPU is then free for others (`patroller reserve --hold ...` asks again).",
+                       concerns=_users(event.user))]
+    if event.kind == "escalated" and event.devices:
+        [told] = _trespass(replace(event, kind="trespass"), host, gpus, when, reader, details),
+        lasting = describe(float(details["lasting"]), most=2)
+        return [replace(told, key=("escalated", *told.key[1:]), concerns=(),
+                        title=f"{told.title}, for {lasting}",
+                        body=f"{told.body} It has gone on for {lasting}; the users concerned "
+                        "were told when it began.")]
     if event.kind in ("lost", "back") and event.devices:
         uuid = event.devices[0][0]
         holder = f", held by {who}," if event.user else ""
@@ -121,6 +147,25 @@ def _trespass(event: Event, host: str, gpus: str, when: str, reader: Reader,
     return Notice("trespass", key, event.user, event.devices,
                   f"{host}: trespass on {gpus} by {who}", body,
                   concerns=_users(event.user, holder))
+
+
+def _idle(event: Event, host: str, gpus: str, who: str, details: Mapping[str, Any]) -> Notice:
+    numbers = " ".join(str(number) for _, number in event.devices)
+    idle = describe(float(details["idle"]), most=2)
+    body = f"{gpus} of {host}, which {who} holds, has computed nothing since " \
+        f"{_clock(float(details['since']))} ({idle}). If it is not needed, release it " \
+        f"(`patroller release {numbers}`) so that others may have it."
+    if details.get("released_at"):
+        body += f" It is released at {_clock(float(details['released_at']))} all the same " \
+            "(the host's --idle-release)."
+    return Notice("idle", ("idle", event.devices[0][0], event.user or ""), event.user,
+                  event.devices,
+                  f"{host}: {gpus} held idle by {who} for {idle}", body,
+                  concerns=_users(event.user))
+
+
+def _clock(at: float) -> str:
+    return time.strftime("%H:%M UTC", time.gmtime(at))
 
 
 def _users(*names: Optional[str]) -> Tuple[str, ...]:

@@ -64,12 +64,17 @@ class IdleWatch:
 
     def idle_for(self, uuid: str) -> Optional[float]:
         """Seconds the held device has been idle, once that is at least `idle_after`."""
+        idle = self.quiet_for(uuid)
+        return round(idle, 3) if idle is not None and idle >= self.leases.policy.idle_after \
+            else None
+
+    def quiet_for(self, uuid: str) -> Optional[float]:
+        """Seconds the held device has been idle under its holder now, however few."""
         known = self._since.get(uuid)
         holder = self.leases.holder(uuid)
         if known is None or holder is None or known[0] != holder.user:
             return None
-        idle = self.clock() - known[1]
-        return round(idle, 3) if idle >= self.leases.policy.idle_after else None
+        return self.clock() - known[1]
 
 
 def _number(value: Any) -> Optional[float]:
