@@ -328,6 +328,7 @@ def connect(services: Services) -> None:
     if services.notifier is not None:
         services.leases.on_event(services.notifier.on_event)
         services.notifier.quiet_for = services.idle.quiet_for
+        services.notifier.troubles = services.troubles
     if services.book is not None:  # nothing is handed out that the book cannot keep
         services.leases.gate = services.book.refusal
 

@@ -13,7 +13,7 @@ May import: `patroller.notify`, `patroller.state`, `patroller.identify`, `patrol
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 from patroller.config import Config
 from patroller.core.devices import Inventory
@@ -24,7 +24,7 @@ from patroller.identify.containers import ContainerDirectory
 from patroller.identify.resolver import ProcessIdentifier
 from patroller.identify.tracker import ProcessTracker
 from patroller.observe.idle import IdleWatch
-from patroller.observe.monitor import Monitor
+from patroller.observe.monitor import FAILING, Monitor
 from patroller.observe.signals import Signals
 from patroller.observe.stats import StatsStore
 from patroller.state.audit import AuditLog
@@ -62,3 +62,24 @@ class Services:
     # state directory
     sampler: Optional[UsageSampler] = None  # its samples, every --usage-interval
     notifier: Optional[Notifier] = None  # tells the admin (--notify) and the users concerned
+
+    def troubles(self) -> List[Tuple[str, str, str]]:
+        """The daemon's own trouble now, for the admin's `daemon` notices: (a key, what is
+        wrong, what to do), one for each part that fails."""
+        found = []
+        book = self.book
+        if book is not None and book.refusal() is not None:
+            found.append(("lease-book", f"the lease book {book.path} cannot be written: no GPU "
+                          "is granted until it can", "Free room under the state directory, or "
+                          "look at the daemon's log for why (journalctl -u patroller)."))
+        usage = self.usage
+        if usage is not None and usage.state == "failing":
+            found.append(("usage-store", f"the usage store cannot be written ({usage.why}): "
+                          "intervals wait in memory, and the oldest are lost once it is full",
+                          "Free room under the state directory, or look at the daemon's log."))
+        for monitor in self.monitors:
+            if monitor.metrics().state == FAILING:
+                found.append((f"monitor-{monitor.name}", f"{monitor.name} is failing: what it "
+                              "watches is not seen", "Run `patroller doctor` on the host, and "
+                              "look at the daemon's log for how its command ends."))
+        return found

@@ -255,3 +255,20 @@ def kinds(hooks):
                                           ("unreserved", "without a reservation"),
                                           ("trespass", "trespass on")) if word in title}
     return found
+
+
+@async_test
+async def test_a_failing_nvidia_smi_reaches_the_admin_as_the_daemons_trouble(tmp_path):
+    scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=devices(1),
+                            faults={"pmon": {"fail": "gpu_lost"}})
+    with Hooks() as admin:
+        async with gpu_running(scenario, notify=(admin.url(),), notify_check_every=0.2,
+                               notify_trouble_after=0.5) as h:
+            await until(lambda: admin.bodies, timeout=30)
+            troubles = h.services.troubles()
+    assert ("monitor-pmon", "pmon is failing: what it watches is not seen") in \
+        [(key, what) for key, what, _ in troubles]
+    [told] = admin.bodies
+    assert told["title"] == f"{HOST}: pmon is failing: what it watches is not seen"
+    assert told["message"].endswith("Run `patroller doctor` on the host, and look at the "
+                                    "daemon's log for how its command ends.")

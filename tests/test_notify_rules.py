@@ -142,7 +142,8 @@ def test_the_flags_never_repeat_a_url():
     assert load(["--test"], environ={"PATROLLER_NOTIFY": "json://a/b  ntfy://n/t"}).notify == \
         ("json://a/b", "ntfy://n/t")
     assert load(["--test"], environ={}).notify_events == ("trespass", "unreserved", "idle",
-                                                          "expiring", "granted", "lost")
+                                                          "expiring", "granted", "lost",
+                                                          "daemon")
     with pytest.raises(ConfigError) as caught:
         load(["--test", "--notify", "json://a/b", "--notify", "hunter2-password"], environ={})
     assert str(caught.value).startswith("--notify: URL 2 is not a URL of the form scheme://")
@@ -396,5 +397,40 @@ async def test_the_admin_hears_of_a_trespass_only_if_it_outlasts_the_escalation(
         notifier.check()
         await until(lambda: told)
         assert told == [f"gpu1: trespass on GPU {first.number} by carol, for 10m"]
+    finally:
+        notifier.stop(5)
+
+
+@async_test
+async def test_the_daemons_own_trouble_reaches_the_admin_once_it_lasts_and_again_if_it_returns():
+    clock = FakeClock(AT)
+    told = []
+    config = replace(Config(), notify=("json://admin/x",), notify_retry_first=0.01)
+    notifier = Notifier(config, "gpu1", None, leases=lease_manager(clock), clock=clock,
+                        senders=[lambda title, body: told.append((title, body)) or True])
+    trouble = [("usage-store", "the usage store cannot be written (No space left on device)",
+                "Free room.")]
+    notifier.troubles = lambda: trouble
+    notifier.start()
+    try:
+        notifier.check()
+        clock.advance(config.notify_trouble_after - 1)
+        notifier.check()
+        assert told == []  # a blip is no trouble to tell
+        clock.advance(1)
+        notifier.check()
+        notifier.check()
+        await until(lambda: told)
+        assert told == [("gpu1: the usage store cannot be written (No space left on device)",
+                         "Patroller on gpu1: the usage store cannot be written (No space left on "
+                         "device), since 2026-12-03 08:52 UTC. Free room.")]
+        trouble.clear()
+        notifier.check()  # over: its episode ends
+        trouble.append(("monitor-pmon", "nvidia-smi pmon is failing", "Run patroller doctor."))
+        notifier.check()
+        clock.advance(config.notify_trouble_after)
+        notifier.check()
+        await until(lambda: len(told) == 2)
+        assert told[1][0] == "gpu1: nvidia-smi pmon is failing"
     finally:
         notifier.stop(5)

@@ -12,8 +12,9 @@ DEFAULT_USER_LABELS = ("user.email", "email", "maintainer")
 KUBELET_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"  # the kubelet's own default
 DEFAULT_POD_USER_KEYS = ("patroller/user",)
 # What notifications tell of (notify/messages.py words each): a process on a GPU another holds,
-# a GPU used without asking, a hold idle or ending, a wait granted, a GPU gone and back.
-NOTIFY_KINDS = ("trespass", "unreserved", "idle", "expiring", "granted", "lost")
+# a GPU used without asking, a hold idle or ending, a wait granted, a GPU gone and back, and
+# the daemon's own trouble (to the admin).
+NOTIFY_KINDS = ("trespass", "unreserved", "idle", "expiring", "granted", "lost", "daemon")
 
 
 class ConfigError(Exception):
@@ -124,6 +125,7 @@ class Config:
     notify_episodes: int = 10000  # episodes remembered (so that each is told once) at most
     notify_check_every: float = 30.0  # seconds between looks for idle and ending holds
     notify_unreserved_repeat: float = 3600.0  # a GPU used without asking: told once an hour
+    notify_trouble_after: float = 60.0  # seconds the daemon's own trouble lasts before it is told
     notify_user_most: int = 5  # destinations one user may set
     notify_url_longest: int = 2048  # characters of a user's URL at most
     # the services a user may name (Apprise's schemes): those that send a message elsewhere;

@@ -101,6 +101,11 @@ def notices_of(event: Event, host: str, at: float,
                         title=f"{told.title}, for {lasting}",
                         body=f"{told.body} It has gone on for {lasting}; the users concerned "
                         "were told when it began.")]
+    if event.kind == "daemon":
+        since = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(float(details["since"])))
+        return [Notice("daemon", ("daemon", str(details["trouble"])), None, (),
+                       f"{host}: {details['what']}", f"Patroller on {host}: {details['what']}, "
+                       f"since {since}. {details['fix']}")]
     if event.kind in ("lost", "back") and event.devices:
         uuid = event.devices[0][0]
         holder = f", held by {who}," if event.user else ""

@@ -58,6 +58,9 @@ class Notifier:
         self.audit = audit
         self.leases = leases  # what the watch looks at (None: no watch)
         self.quiet_for = quiet_for  # seconds a held GPU has computed nothing (observe/idle.py)
+        # the daemon's own trouble now: (key, what, what to do) each (services.troubles)
+        self.troubles: Callable[[], Sequence[Tuple[str, str, str]]] = lambda: ()
+        self._trouble_since: Dict[str, float] = {}
         self.clock = clock
         self.state = OFF
         self.repeats = 0  # notices not sent: their episode was told within --notify-repeat
@@ -160,12 +163,27 @@ class Notifier:
         for event in due(holds, numbers, leases.state, self.quiet_for, self.config,
                          self.clock(), leases.clock()):
             self.on_event(event)
+        self._check_troubles()
         ripe, self._escalating = escalations(self._escalating, self.clock())
         for event in ripe:
             if still_trespassing(holds, event.devices[0][0], event.user,
                                  event.details.get("holder")):
                 self.on_event(Event("escalated", event.user, event.devices, {
                     **event.details, "lasting": self.config.notify_escalate}))
+
+    def _check_troubles(self) -> None:
+        """The daemon's trouble that has lasted `notify_trouble_after`, to the admin; trouble
+        gone ends its episode, so that it is told again if it comes back."""
+        now = self.clock()
+        current = {key: (what, fix) for key, what, fix in self.troubles()}
+        for key in [k for k in self._trouble_since if k not in current]:
+            del self._trouble_since[key]
+            self._episodes.end(("daemon", key))
+        for key, (what, fix) in current.items():
+            since = self._trouble_since.setdefault(key, now)
+            if now - since >= self.config.notify_trouble_after:
+                self.on_event(Event("daemon", None, (), {"trouble": key, "what": what,
+                                                         "fix": fix, "since": since}))
 
     def _to_user(self, notice: Notice, user: str, urls: Sequence[str]) -> None:
         self._send(("user", user), notice, lambda sent: self._route(sent, user, urls))
