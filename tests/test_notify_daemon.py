@@ -109,7 +109,7 @@ async def test_each_kind_reaches_email_and_webhook_once_and_a_hung_destination_h
                             body), body
     # Each kind: sent to both receivers, failed at the silent one after its two tries.
     for kind in ("trespass", "lost", "granted"):
-        assert metrics["by_kind"][kind] == {"sent": 2, "failed": 1, "retried": 1,
+        assert metrics["by_kind"][kind] == {"queued": 3, "sent": 2, "failed": 1, "retried": 1,
                                             "dropped": 0}, metrics
     assert metrics["repeats"] >= 0 and metrics["state"] == "on"
     assert served["notifications"]["destinations"] == 3

@@ -189,7 +189,7 @@ def test_each_destination_is_tried_again_and_one_that_hangs_keeps_no_other_waiti
     assert sorted((o.destination, o.result, o.tries) for o in outcomes) == [
         (2, "sent", 2), (3, "failed", 3)]
     counts = delivery.counts.snapshot()["lost"]
-    assert counts == {"sent": 1, "failed": 1, "retried": 3, "dropped": 0}
+    assert counts == {"queued": 3, "sent": 1, "failed": 1, "retried": 3, "dropped": 0}
     assert delivery.destinations[0].pending() == 0  # the hung one holds its notice, alone
     hang.set()
     with done:
@@ -247,7 +247,7 @@ async def test_the_notifier_tells_the_kinds_asked_for_once_each_and_records_each
                            (2, "failed", "trespass", "admin", "carol")]
         metrics = notifier.metrics()
         assert metrics["repeats"] == 1 and metrics["state"] == "on"
-        assert metrics["by_kind"] == {"trespass": {"sent": 1, "failed": 1,
+        assert metrics["by_kind"] == {"trespass": {"queued": 2, "sent": 1, "failed": 1,
                                                    "retried": config.notify_tries - 1,
                                                    "dropped": 0}}
     finally:
@@ -413,10 +413,11 @@ async def test_the_daemons_own_trouble_reaches_the_admin_once_it_lasts_and_again
     notifier.troubles = lambda: trouble
     notifier.start()
     try:
+        queued = lambda: notifier.metrics()["by_kind"].get("daemon", {}).get("queued", 0)  # noqa
         notifier.check()
         clock.advance(config.notify_trouble_after - 1)
         notifier.check()
-        assert told == []  # a blip is no trouble to tell
+        assert queued() == 0  # a blip is no trouble to tell
         clock.advance(1)
         notifier.check()
         notifier.check()
@@ -424,13 +425,15 @@ async def test_the_daemons_own_trouble_reaches_the_admin_once_it_lasts_and_again
         assert told == [("gpu1: the usage store cannot be written (No space left on device)",
                          "Patroller on gpu1: the usage store cannot be written (No space left on "
                          "device), since 2026-12-03 08:52 UTC. Free room.")]
+        assert queued() == 1  # told once while it lasts
+        again = list(trouble)
         trouble.clear()
         notifier.check()  # over: its episode ends
-        trouble.append(("monitor-pmon", "nvidia-smi pmon is failing", "Run patroller doctor."))
+        trouble.extend(again)  # and back: told again once it lasts
         notifier.check()
         clock.advance(config.notify_trouble_after)
         notifier.check()
         await until(lambda: len(told) == 2)
-        assert told[1][0] == "gpu1: nvidia-smi pmon is failing"
+        assert told[1][0] == told[0][0] and queued() == 2
     finally:
         notifier.stop(5)

@@ -322,13 +322,15 @@ class DaemonCollector:
         yield self._gpu_seconds()
 
     def _notifications(self) -> Iterator[Metric]:
-        """Notices by kind and result (sent, failed, retried, dropped), and those queued."""
+        """Notices by kind and result (queued, sent, failed, retried, dropped), and those
+        waiting now."""
         notifier = self.services.notifier
         found = notifier.metrics() if notifier is not None else {}
         family = CounterMetricFamily("patroller_notifications", "Notices to the admin's "
                                      "and the users' destinations by kind (trespass, idle, ...) "
-                                     "and result: sent, failed (every try), retried (a try that "
-                                     "failed and was tried again), dropped (a full queue)",
+                                     "and result: queued, sent, failed (every try), retried (a "
+                                     "try that failed and was tried again), dropped (a full "
+                                     "queue)",
                                      labels=["kind", "result"])
         for kind, results in sorted(found.get("by_kind", {}).items()):
             for result, count in results.items():

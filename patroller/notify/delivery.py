@@ -28,8 +28,8 @@ from patroller.notify.messages import Notice
 
 log = logging.getLogger(__name__)
 
-SENT, FAILED, RETRIED, DROPPED = "sent", "failed", "retried", "dropped"
-RESULTS = (SENT, FAILED, RETRIED, DROPPED)
+QUEUED, SENT, FAILED, RETRIED, DROPPED = "queued", "sent", "failed", "retried", "dropped"
+RESULTS = (QUEUED, SENT, FAILED, RETRIED, DROPPED)
 EXTRA = "pip install 'patroller[notify]'"  # how to have Apprise
 
 
@@ -128,6 +128,7 @@ class Destination:
         item = Item(notice, recipient, number or self.number)
         try:
             self._queue.put_nowait(item)
+            self.counts.add(notice.kind, QUEUED)
         except queue.Full:
             self.counts.add(notice.kind, DROPPED)
             self.told(Outcome(notice, recipient, item.number, DROPPED, 0, self.key))
