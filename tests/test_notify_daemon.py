@@ -18,7 +18,8 @@ from dataclasses import replace
 
 import pytest
 
-from helpers import NOBODY, ROOT, ScenarioFile, ServerProcess, async_test, gpu_running, until
+from helpers import (NOBODY, ROOT, ScenarioFile, ServerProcess, async_test, find, gpu_running,
+                     scrape, until)
 from receivers import Hooks, Silent, Smtp, wait_for
 
 SECRET = "s3cr3t-t0ken"
@@ -80,6 +81,7 @@ async def test_each_kind_reaches_email_and_webhook_once_and_a_hung_destination_h
                                          if e["event"] == "notify"]) == 9)
                 metrics = h.services.notifier.metrics()
                 served = await h.ok("/metrics.json")
+                scraped, _, text = await scrape(h)
                 log_status = json.dumps(await h.ok("/status"))
         finally:
             stranger.kill()
@@ -113,6 +115,10 @@ async def test_each_kind_reaches_email_and_webhook_once_and_a_hung_destination_h
                                             "dropped": 0}, metrics
     assert metrics["repeats"] >= 0 and metrics["state"] == "on"
     assert served["notifications"]["destinations"] == 3
+    for kind in ("trespass", "lost", "granted"):
+        assert find(scraped, "patroller_notifications_total", kind=kind, result="sent") == [2.0]
+        assert find(scraped, "patroller_notifications_total", kind=kind, result="failed") == [1.0]
+    assert SECRET not in text
     # The webhook's password went to the webhook alone.
     assert hooks.authorizations[0] == \
         "Basic " + base64.b64encode(f"patroller:{SECRET}".encode()).decode()

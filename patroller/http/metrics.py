@@ -31,6 +31,7 @@ from prometheus_client.exposition import choose_encoder
 from patroller import __version__
 from patroller.http.access import Requests
 from patroller.http.hiding import Hiding, metric_labels
+from patroller.http.notifymetrics import notification_families
 from patroller.observe.monitor import (FAILING, IDLE, STATES, CrossCheckMetrics,
                                        InventoryMetrics, MonitorMetrics, SilenceMetrics,
                                        first)
@@ -79,7 +80,7 @@ class DaemonCollector:
         yield from self._users()
         yield from self._health()
         yield from self._usage()
-        yield from self._notifications()
+        yield from notification_families(self.services.notifier)
 
     def _gpus(self, holds: Dict[str, Dict[str, Any]]) -> Iterator[Metric]:
         services = self.services
@@ -320,24 +321,6 @@ class DaemonCollector:
                                   "their host account alone",
                                   value=found.get("parties_overflow", 0))
         yield self._gpu_seconds()
-
-    def _notifications(self) -> Iterator[Metric]:
-        """Notices by kind and result (queued, sent, failed, retried, dropped), and those
-        waiting now."""
-        notifier = self.services.notifier
-        found = notifier.metrics() if notifier is not None else {}
-        family = CounterMetricFamily("patroller_notifications", "Notices to the admin's "
-                                     "and the users' destinations by kind (trespass, idle, ...) "
-                                     "and result: queued, sent, failed (every try), retried (a "
-                                     "try that failed and was tried again), dropped (a full "
-                                     "queue)",
-                                     labels=["kind", "result"])
-        for kind, results in sorted(found.get("by_kind", {}).items()):
-            for result, count in results.items():
-                family.add_metric([kind, result], count)
-        yield family
-        yield GaugeMetricFamily("patroller_notifications_pending", "Notices queued for the "
-                                "destinations, not yet sent", value=found.get("pending", 0))
 
     def _gpu_seconds(self) -> Metric:
         """GPU-seconds by user and category, as the usage store counts them (the sampler's
