@@ -27,6 +27,7 @@ from patroller.cli.records import history_table, queue_table, users_table
 from patroller.cli.status import format_status
 from patroller.config import Config, policy_of
 from patroller.core.identity import Identity
+from patroller.core.leases import Event
 from patroller.core.jobs import Allocation, Job
 from patroller.core.pods import Pod, PodAllocation
 from patroller.http import hiding
@@ -134,7 +135,7 @@ class Case:
         sampler.count([sampler.snapshot(device, 60.0) for device in leases.inventory])
         self.services = SimpleNamespace(
             leases=leases, inventory=leases.inventory, stats=stats, idle=idle, mode="test",
-            monitors=(), book=None, usage=None, sampler=sampler,
+            monitors=(), book=None, usage=None, sampler=sampler, notifier=None,
             identifier=SimpleNamespace(docker_calls=0, proc_reads=0),
             callers=SimpleNamespace(lookups=0, descriptors_read=0))
         self.view = view
@@ -673,3 +674,21 @@ def test_a_preemptions_jobs_are_shown_to_root_alone_not_to_the_user_it_preempted
     for viewer in (Viewer("frank"), Viewer(ERIN.user), NOBODY):
         assert preempted(viewer)["jobs"] is None, viewer
     assert preempted(Viewer("frank"))["user"] == "frank"
+
+
+def test_a_notifications_recipient_is_a_name_hidden_as_every_name() -> None:
+    """/history: a notice's line names the user it was told to (its `recipient`): another
+    caller reads her pseudonym, she and root her name; the admin is "admin" to root."""
+    audit = AuditLog(None, Config().audit_keep, 60.0, clock=lambda: WALL)
+    audit.record(Event("notify", "carol", (("GPU-1", 1),), {
+        "kind": "trespass", "recipient": "alice@example.org", "destination": 1,
+        "result": "sent", "tries": 1}))
+    [line] = audit.since(0.0, 10)
+
+    def recipient(viewer: Viewer) -> Any:
+        return hiding.events([line], hiding.Redaction(viewer, CASE.pseudonyms))[0]["recipient"]
+
+    assert recipient(Viewer("alice@example.org")) == "alice@example.org"
+    assert recipient(hiding.EVERYTHING) == "alice@example.org"
+    assert recipient(Viewer("bob")) == CASE.pseudonyms.of("alice@example.org") != \
+        "alice@example.org"

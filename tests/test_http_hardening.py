@@ -602,7 +602,7 @@ async def test_an_unexpected_5xx_from_an_error_the_daemon_raises_is_logged_with_
     def request(*args, **kwargs):
         raise raised[-1]
 
-    async with running() as h:
+    async with running(repeat_log_every=1e-6) as h:  # each traceback, not one a minute
         monkeypatch.setattr(h.services.leases, "request", request)
         for error, status in [(PatrollerError("no status for this one"), 500),
                               (tornado.web.HTTPError(502, "upstream broke"), 502),

@@ -377,6 +377,7 @@ class HistoryHandler(View):
 
 
 class NotFoundHandler(Handler):
-    def prepare(self) -> None:
-        raise tornado.web.HTTPError(404, f"no such endpoint: {shown(self.request.path)}; "
-                                         f"try {', '.join(self.api.endpoints)}")
+    def prepare(self) -> None:  # its own words, whole: the path in them is cut already
+        self.set_status(404)
+        self.finish(dumps({"error": f"no such endpoint: {shown(self.request.path)}; try "
+                                    f"{', '.join(self.api.endpoints)}"}))
