@@ -21,6 +21,9 @@ COPY patroller ./patroller
 # the notify extra (Apprise): notifications by e-mail, Slack, ntfy, webhooks (--notify)
 RUN pip install --no-cache-dir '.[kubernetes,notify]' && rm -rf /root/.cache
 
+# The C allocator for Python's objects: a usage report's memory comes back once it ends
+# (docs/performance.md; the systemd unit sets the same)
+ENV PYTHONMALLOC=malloc
 EXPOSE 80
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["patroller"]
