@@ -283,12 +283,12 @@ def test_use_and_all_gpu_time_are_compared_to_the_microsecond():
                                   ("weekday",))) == ["Aaa", "Mon"]
 
 
-def daily_rows(path) -> int:
+def daily_rows(path, table="daily") -> int:
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        return db.execute("SELECT COUNT(*) FROM daily").fetchone()[0]
+        return db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
     except sqlite3.OperationalError:  # not made yet
-        return 0
+        return -1
     finally:
         db.close()
 
@@ -298,7 +298,10 @@ async def test_daily_totals_keep_their_utc_day_and_have_no_hour(state):
     day = midnight(60)
     write(str(state / FILE), three_hours(day))
     async with running(state_dir=str(state), usage_interval=3600, usage_days=30) as h:
-        await until(lambda: daily_rows(state / FILE) > 0)  # folded by the writer at start
+        # folded by the writer at start: the daily totals were written with each interval,
+        # so the fold is done once the hourly ones (60 days old) are gone
+        await until(lambda: daily_rows(state / FILE) > 0
+                    and daily_rows(state / FILE, "hourly") == 0)
         query = f"since={utc_date(day)}&until={utc_date(day + 3 * DAY)}"
         heat = await h.ok(f"/usage?{query}&by=weekday,hour&tz=Asia/Tokyo")
         weekday = datetime.fromtimestamp(day, UTC).strftime("%a")
