@@ -11,7 +11,7 @@ import pytest
 # servers (grpc_server.py, kubelet.py) run in the process that also starts the daemon's children.
 os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
 
-from helpers import FakeClock, engines_left_out, lease_manager
+from helpers import FakeClock, engines_left_out, lease_manager, need_root
 
 
 @pytest.fixture(autouse=True)
@@ -174,3 +174,16 @@ def rootless_podman():
     yield service
     service.stop()
     made[0].remove()
+
+
+@pytest.fixture
+def stranger():
+    """A throwaway user (useradd), removed after: another local user, for the attacks."""
+    need_root("making a throwaway user takes root")
+    from podman import Account
+
+    account = Account()
+    try:
+        yield account
+    finally:
+        account.remove()

@@ -32,20 +32,6 @@ SECRET = "31337 uid=0 user=topsecret account=classified\n"  # shaped as a job li
 
 
 @pytest.fixture
-def stranger():
-    """A throwaway user (useradd), removed after."""
-    if os.geteuid() != 0:
-        pytest.skip("making a throwaway user and giving directories away takes root")
-    from podman import Account
-
-    account = Account()
-    try:
-        yield account
-    finally:
-        account.remove()
-
-
-@pytest.fixture
 def shared():
     """A directory of root's, mode 1777 as /tmp is, that every user reaches."""
     path = tempfile.mkdtemp(prefix="pjm", dir="/tmp")

@@ -10,17 +10,15 @@ import base64
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
-from dataclasses import replace
 
 import pytest
 
 from helpers import (NOBODY, ROOT, ScenarioFile, ServerProcess, async_test, find, gpu_running,
                      scrape, until)
-from receivers import Hooks, Silent, Smtp, wait_for
+from receivers import Hooks, Silent, Smtp
 
 SECRET = "s3cr3t-t0ken"
 WHEN = r"\d{4}-\d\d-\d\d \d\d:\d\d UTC"

@@ -183,7 +183,8 @@ def test_each_destination_is_tried_again_and_one_that_hangs_keeps_no_other_waiti
                                           lambda t, b: False], notify_tries=3)
     delivery.start()
     notice = Notice("lost", ("lost", "GPU-0"), None, GPU0, "t", "b")
-    delivery.put(notice, [1, 2, 3])
+    for destination in delivery.destinations:  # as the notifier puts, one by one
+        destination.put(notice)
     with done:
         assert done.wait_for(lambda: len(outcomes) == 2, timeout=10), outcomes
     assert sorted((o.destination, o.result, o.tries) for o in outcomes) == [
@@ -206,10 +207,10 @@ def test_a_full_queue_drops_and_counts_and_the_stop_is_bounded():
     delivery, outcomes, _ = delivered([hung], notify_queue=2)
     delivery.start()
     notices = [Notice("trespass", ("t", str(n)), None, GPU0, "t", "b") for n in range(5)]
-    delivery.put(notices[0], [1])
+    delivery.destinations[0].put(notices[0])
     assert sending.wait(10)  # the thread took the first, and hangs on it
     for notice in notices[1:]:  # two wait in the queue, two find it full
-        delivery.put(notice, [1])
+        delivery.destinations[0].put(notice)
     assert [(o.notice, o.result) for o in outcomes] == [(notices[3], "dropped"),
                                                        (notices[4], "dropped")]
     assert delivery.counts.snapshot()["trespass"]["dropped"] == 2

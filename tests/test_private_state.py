@@ -19,26 +19,13 @@ import urllib.request
 
 import pytest
 
-from helpers import ServerProcess, forked_as, need_root
+from helpers import ServerProcess, forked_as
 from patroller.config import Config
 from patroller.doctor.privacy import check_privacy, probe_privacy
 from patroller.state.audit import AuditLog
 from patroller.state.directory import lock
 from patroller.state.private import Tightened, create, tighten, tighten_directory, touch
 from patroller.state.usage.store import FILE, UsageStore
-
-
-@pytest.fixture
-def stranger():
-    """A throwaway user (useradd), removed after."""
-    need_root("making a throwaway user takes root")
-    from podman import Account
-
-    account = Account()
-    try:
-        yield account
-    finally:
-        account.remove()
 
 
 @pytest.fixture

@@ -209,11 +209,6 @@ class Delivery:
         for destination in self.destinations:
             destination.start()
 
-    def put(self, notice: Notice, numbers: Sequence[int]) -> None:
-        """Queue `notice` for the destinations numbered so."""
-        for number in numbers:
-            self.destinations[number - 1].put(notice)
-
     def stop(self, timeout: float) -> int:
         """Blocking: stop every thread, waiting `timeout` seconds for all together; how many
         are still sending (a hung destination: its thread is a daemon's, it ends with us)."""

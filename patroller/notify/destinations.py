@@ -44,12 +44,10 @@ class Own:
 class UserDestinations:
     """Every user's own destinations; `directory` None: in memory only."""
 
-    def __init__(self, directory: Optional[str], most: int, longest: int,
-                 wall: "object" = time.time) -> None:
+    def __init__(self, directory: Optional[str], most: int, longest: int) -> None:
         self.directory = directory
         self.most = most  # destinations one user may have
         self.longest = longest  # characters of one URL at most
-        self.wall = wall
         self.writes = 0
         self.failures = 0
         self._users: Dict[str, Own] = {}
