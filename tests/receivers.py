@@ -65,12 +65,16 @@ class Smtp:
 
 
 class Hooks:
-    """An HTTP server keeping every JSON body posted to it, and the Authorization header."""
+    """An HTTP server keeping every JSON body posted to it, and the Authorization header.
+    While `gate` is clear, a body is kept as it arrives and its answer waits for the gate
+    (a destination that has a notice but has not said so yet)."""
 
     def __init__(self) -> None:
         self.bodies: List[Dict[str, Any]] = []
         self.authorizations: List[str] = []
         self.paths: List[str] = []
+        self.gate = threading.Event()
+        self.gate.set()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -79,6 +83,7 @@ class Hooks:
                 receiver.bodies.append(json.loads(self.rfile.read(size)))
                 receiver.authorizations.append(self.headers.get("Authorization") or "")
                 receiver.paths.append(self.path)
+                receiver.gate.wait(60)
                 self.send_response(200)
                 self.send_header("Content-Length", "0")
                 self.end_headers()

@@ -123,6 +123,8 @@ class Config:
     notify_rate: int = 10  # notices sent to one destination per notify_rate_window at most;
     notify_rate_window: float = 600.0  # the rest are held back and summed up in the next one
     notify_episodes: int = 10000  # episodes remembered (so that each is told once) at most
+    notify_outbox_lines: int = 10000  # lines the outbox journal grows to before it is rewritten
+    notify_outbox_wait: float = 2.0  # seconds a try waits for its start to be on disk at most
     notify_check_every: float = 30.0  # seconds between looks for idle and ending holds
     notify_unreserved_repeat: float = 3600.0  # a GPU used without asking: told once an hour
     notify_trouble_after: float = 60.0  # seconds the daemon's own trouble lasts before it is told

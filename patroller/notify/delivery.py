@@ -7,6 +7,9 @@ A destination is an Apprise URL (the optional `notify` extra). Each notice is tr
 `notify_timeout` seconds to connect and as long to be answered. A notice that finds its
 destination's queue full is dropped and counted. What became of each notice (sent, failed,
 dropped) is handed to `told`, from the destination's thread: the caller hands it to its loop.
+Each notice queued, each try begun and each notice done is written to the outbox (outbox.py),
+so that a restart sends what was pending, once; a notice still queued when the daemon stops
+stays there for the next start.
 
 URLs hold passwords and tokens: they are never logged. A destination is named by its number
 (1, 2, ... in the order given) and, where words are needed, by Apprise's privacy form of its
@@ -25,6 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from patroller.config import Config
 from patroller.notify.messages import Notice
+from patroller.notify.outbox import Outbox, tag_of
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +64,7 @@ class Item:
     notice: Notice
     recipient: str
     number: int
+    ident: str = ""  # its id in the outbox ("": not kept)
 
 
 Sender = Callable[[str, str], bool]  # (title, body) -> whether the destination took it
@@ -108,9 +113,12 @@ class Destination:
     """One destination's queue and thread."""
 
     def __init__(self, number: int, send: Sender, name: str, config: Config,
-                 told: Callable[[Outcome], None], counts: "Counts", key: str = "") -> None:
+                 told: Callable[[Outcome], None], counts: "Counts", key: str = "",
+                 outbox: Optional[Outbox] = None, tag: str = "") -> None:
         self.number = number
         self.key = key
+        self.tag = tag  # its name in the outbox (tag_of its URL)
+        self.outbox = outbox or Outbox(None, config)
         self.name = name
         self.send = send
         self.config = config
@@ -123,13 +131,19 @@ class Destination:
     def start(self) -> None:
         self._thread.start()
 
-    def put(self, notice: Notice, recipient: str = "admin", number: int = 0) -> None:
-        """Queue a notice (never blocks); dropped and counted when the queue is full."""
-        item = Item(notice, recipient, number or self.number)
+    def put(self, notice: Notice, recipient: str = "admin", number: int = 0,
+            ident: Optional[str] = None) -> None:
+        """Queue a notice (never blocks); dropped and counted when the queue is full. `ident`:
+        its id in the outbox, where it is already (None: it is written there now)."""
+        number = number or self.number
+        if ident is None:
+            ident = self.outbox.queued(notice, recipient, self.tag, number)
+        item = Item(notice, recipient, number, ident)
         try:
             self._queue.put_nowait(item)
             self.counts.add(notice.kind, QUEUED)
         except queue.Full:
+            self.outbox.done(ident, DROPPED)
             self.counts.add(notice.kind, DROPPED)
             self.told(Outcome(notice, recipient, item.number, DROPPED, 0, self.key))
 
@@ -159,19 +173,25 @@ class Destination:
         notice = item.notice
         delay = self.config.notify_retry_first
         for tries in range(1, self.config.notify_tries + 1):
+            self.outbox.trying(item.ident)
             try:
                 taken = bool(self.send(notice.title, notice.body))
             except Exception:  # a plugin's bug is one failed try, never the thread's end
                 log.debug("notify destination %d raised", self.number, exc_info=True)
                 taken = False
             if taken:
+                self.outbox.done(item.ident, SENT)
                 self.counts.add(notice.kind, SENT)
                 self.told(Outcome(notice, item.recipient, item.number, SENT, tries, self.key))
                 return
-            if tries == self.config.notify_tries or self._stopping.wait(delay):
+            if tries == self.config.notify_tries:
                 break
+            self.outbox.failed_try(item.ident)
+            if self._stopping.wait(delay):
+                return  # the daemon stops: tried again at the next start
             self.counts.add(notice.kind, RETRIED)
             delay *= 2
+        self.outbox.done(item.ident, FAILED)
         self.counts.add(notice.kind, FAILED)
         self.told(Outcome(notice, item.recipient, item.number, FAILED, tries, self.key))
 
@@ -200,10 +220,13 @@ class Delivery:
     """Every destination's queue and thread."""
 
     def __init__(self, senders: Sequence[Sender], names: Sequence[str], config: Config,
-                 told: Callable[[Outcome], None]) -> None:
+                 told: Callable[[Outcome], None], tags: Sequence[str] = (),
+                 outbox: Optional[Outbox] = None) -> None:
         self.counts = Counts()
-        self.destinations = [Destination(n, send, name, config, told, self.counts)
-                             for n, (send, name) in enumerate(zip(senders, names), 1)]
+        tags = list(tags) or [f"destination-{n}" for n in range(1, len(senders) + 1)]
+        self.destinations = [Destination(n, send, name, config, told, self.counts, tag=tag,
+                                         outbox=outbox)
+                             for n, (send, name, tag) in enumerate(zip(senders, names, tags), 1)]
 
     def start(self) -> None:
         for destination in self.destinations:
@@ -226,8 +249,10 @@ class Router:
     its notices, counted."""
 
     def __init__(self, config: Config, told: Callable[[Outcome], None], counts: Counts,
-                 plugin_of: Callable[[str], Optional[Sender]]) -> None:
+                 plugin_of: Callable[[str], Optional[Sender]],
+                 outbox: Optional[Outbox] = None) -> None:
         self.config = config
+        self.outbox = outbox or Outbox(None, config)
         self.told = told
         self.counts = counts
         self.plugin_of = plugin_of  # the sender for a URL, or None (blocking)
@@ -238,14 +263,21 @@ class Router:
     def start(self) -> None:
         self._thread.start()
 
-    def put(self, notice: Notice, recipient: str, urls: Sequence[str]) -> None:
-        """Queue `notice` for `recipient`'s destinations (never blocks: dropped when full)."""
+    def put(self, notice: Notice, recipient: str, urls: Sequence[str],
+            numbers: Sequence[int] = (), idents: Sequence[str] = ()) -> None:
+        """Queue `notice` for `recipient`'s destinations (never blocks: dropped when full):
+        `urls`, numbered from 1 unless `numbers` says; `idents`: their ids in the outbox
+        where they are already (a restart's), else they are written there now."""
+        numbers = tuple(numbers) or tuple(range(1, len(urls) + 1))
+        idents = tuple(idents) or tuple(self.outbox.queued(notice, recipient, tag_of(url), n)
+                                        for url, n in zip(urls, numbers))
         try:
-            self._jobs.put_nowait(("send", notice, recipient, tuple(urls)))
+            self._jobs.put_nowait(("send", notice, recipient, tuple(zip(urls, numbers, idents))))
         except queue.Full:
-            for number in range(1, len(urls) + 1):
+            for url, number, ident in zip(urls, numbers, idents):
+                self.outbox.done(ident, DROPPED)
                 self.counts.add(notice.kind, DROPPED)
-                self.told(Outcome(notice, recipient, number, DROPPED, 0, urls[number - 1]))
+                self.told(Outcome(notice, recipient, number, DROPPED, 0, url))
 
     def forget(self, url: str) -> None:
         """A URL nobody uses now: its thread ends."""
@@ -274,14 +306,15 @@ class Router:
                 if gone is not None:
                     gone.stop()
                 continue
-            _, notice, recipient, urls = job
-            for number, url in enumerate(urls, 1):
+            _, notice, recipient, targets = job
+            for url, number, ident in targets:
                 destination = self._destinations.get(url) or self._make(url, recipient)
                 if destination is None:
+                    self.outbox.done(ident, FAILED)
                     self.counts.add(notice.kind, FAILED)
                     self.told(Outcome(notice, recipient, number, FAILED, 0, url))
                 else:
-                    destination.put(notice, recipient, number)
+                    destination.put(notice, recipient, number, ident)
 
     def _make(self, url: str, recipient: str) -> Optional[Destination]:
         try:
@@ -291,7 +324,8 @@ class Router:
             send = None
         if send is None:
             return None
-        made = Destination(0, send, recipient, self.config, self.told, self.counts, key=url)
+        made = Destination(0, send, recipient, self.config, self.told, self.counts, key=url,
+                           outbox=self.outbox, tag=tag_of(url))
         made.start()
         self._destinations[url] = made
         return made

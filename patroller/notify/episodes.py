@@ -33,6 +33,15 @@ class Episodes:
         self._told[key] = now
         return True
 
+    def restore(self, key: Tuple[str, ...], age: float) -> None:
+        """An episode told `age` seconds ago (before a restart: outbox.py)."""
+        self._told[key] = self.clock() - max(0.0, age)
+
+    def age(self, key: Tuple[str, ...]) -> Optional[float]:
+        """Seconds since the episode `key` was last told; None if it was not (or is forgotten)."""
+        last: Optional[float] = self._told.get(key)
+        return None if last is None else self.clock() - last
+
     def end(self, key: Tuple[str, ...]) -> bool:
         """The episode is over (a GPU back): told again if it begins again. Whether it was told."""
         return self._told.pop(key, None) is not None

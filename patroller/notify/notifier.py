@@ -7,13 +7,18 @@ Who is told: the admin's destinations (--notify) of the kinds --notify-events na
 name; and each user the notice concerns (a trespass: the trespasser and the holder; a wait
 granted: the waiter; a GPU lost or back: its holder) at her own destinations
 (destinations.py), or at --notify-user-default's, unless she muted that kind. With
---hide-users a user's notice names nobody else (messages.Reader), as the API would not."""
+--hide-users a user's notice names nobody else (messages.Reader), as the API would not.
+
+What is queued and each episode told are kept in the outbox (outbox.py): after a restart a
+notice still pending is sent, once, and an episode told before is not told again within
+--notify-repeat (a trespass still going on still reaches the admin after --notify-escalate,
+counted from when it was first told)."""
 from __future__ import annotations
 
 import importlib.util
 import logging
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from tornado.ioloop import IOLoop, PeriodicCallback
 
@@ -25,6 +30,7 @@ from patroller.notify.delivery import (BadDestination, Delivery, NoApprise, Outc
                                        shown)
 from patroller.notify.episodes import Episodes, Rates
 from patroller.notify.messages import Notice, Reader, notices_of
+from patroller.notify.outbox import Outbox, Pending, tag_of
 from patroller.notify.people import NO_APPRISE, ON, People
 from patroller.notify.watch import due, escalations, still_trespassing
 from patroller.state.audit import AuditLog
@@ -73,6 +79,8 @@ class Notifier:
         self._episodes = Episodes(config.notify_repeat, config.notify_episodes, time.monotonic)
         self._rates = Rates(config.notify_rate, config.notify_rate_window, time.monotonic)
         self._escalating: List[Tuple[float, Event]] = []  # (when, trespass) for the admin
+        self._escalation_keys: Set[Tuple[str, ...]] = set()  # the trespasses' in _escalating
+        self.outbox = Outbox(directory, config)
         self._checks: Optional[PeriodicCallback] = None
         self._failing = Throttle(1, config.repeat_log_every)
         self._loop: Optional[IOLoop] = None
@@ -104,11 +112,16 @@ class Notifier:
                 raise NotifyError(str(exc)) from None
             senders = [sender_of(plugin) for plugin in plugins]
             names = [shown(plugin) for plugin in plugins]
-        self._delivery = Delivery(senders, names, self.config, self._told)
+        restored = self.outbox.open(self.clock())
+        for key, at in restored.episodes.items():
+            self._episodes.restore(key, self.clock() - at)
+        tags = [tag_of(url) for url in urls] if self._senders is None else ()
+        self._delivery = Delivery(senders, names, self.config, self._told, tags, self.outbox)
         self._delivery.start()
         self._router = Router(self.config, self._told, self._delivery.counts,
-                              self.people.plugin_of)
+                              self.people.plugin_of, self.outbox)
         self._router.start()
+        self._send_again(restored.pending, restored.interrupted)
         self.state = ON
         self.people.available = True
         if self.leases is not None:
@@ -127,12 +140,18 @@ class Notifier:
         for index, notice in enumerate(notices_of(event, self.host, now)):
             if notice.ends and not self._episodes.end(notice.ends):
                 continue  # the end of an episode nobody was told of
+            if notice.ends:
+                self.outbox.ended(notice.ends)
+            told_before = self._episodes.age(notice.key)
             if not self._episodes.admit(notice.key, self.config.notify_unreserved_repeat
                                         if notice.kind == "unreserved" else None):
                 self.repeats += 1
+                if event.kind == "trespass":  # told before a restart, perhaps: still escalated
+                    self._escalate(event, notice.key, now - (told_before or 0.0))
                 continue
+            self.outbox.told(notice.key, now)
             if event.kind == "trespass" and self.config.notify_escalate > 0:
-                self._escalating.append((now + self.config.notify_escalate, event))
+                self._escalate(event, notice.key, now)
             elif notice.kind in self.config.notify_events:
                 for destination in self._delivery.destinations:
                     self._send(destination.number, notice,
@@ -166,10 +185,54 @@ class Notifier:
         self._check_troubles()
         ripe, self._escalating = escalations(self._escalating, self.clock())
         for event in ripe:
+            self._escalation_keys.discard(_trespass_key(event))
             if still_trespassing(holds, event.devices[0][0], event.user,
                                  event.details.get("holder")):
                 self.on_event(Event("escalated", event.user, event.devices, {
                     **event.details, "lasting": self.config.notify_escalate}))
+
+    def _escalate(self, event: Event, key: Tuple[str, ...], since: float) -> None:
+        """The trespass `event` (episode `key`, told at `since`) to the admin once it has lasted
+        --notify-escalate, unless that is already to come."""
+        if self.config.notify_escalate <= 0 or key in self._escalation_keys:
+            return
+        self._escalation_keys.add(key)
+        self._escalating.append((since + self.config.notify_escalate, event))
+
+    def _send_again(self, pending: Sequence[Pending], interrupted: Sequence[Pending]) -> None:
+        """What the outbox held at start: each notice queued again at its destination if its
+        recipient still has it (and has not muted its kind); a notice whose try was cut short
+        by the end of the daemon is not tried again (its destination may have it)."""
+        assert self._delivery is not None and self._router is not None
+        admin = {d.tag: d for d in self._delivery.destinations}
+        for item in pending:
+            notice = item.notice
+            if item.recipient == ADMIN:
+                destination = admin.get(item.tag)
+                if destination is not None:
+                    destination.put(notice, ADMIN, destination.number, item.ident)
+                    continue
+            else:
+                urls = self.people.urls_for(item.recipient, notice.kind)
+                found = [(n, url) for n, url in enumerate(urls, 1) if tag_of(url) == item.tag]
+                if found:
+                    [(number, url)] = found[:1]
+                    self._router.put(notice, item.recipient, [url], [number], [item.ident])
+                    continue
+            self.outbox.done(item.ident, "gone")
+            self._note(item, "gone")
+        for item in interrupted:
+            self._note(item, "interrupted")
+        if pending or interrupted:
+            log.info("notifications: %d notice(s) pending before the restart queued again, %d "
+                     "cut short while being sent not sent again", len(pending),
+                     len(interrupted))
+
+    def _note(self, item: Pending, result: str) -> None:
+        if self.audit is not None:
+            self.audit.record(Event("notify", item.notice.user, item.notice.devices, {
+                "kind": item.notice.kind, "recipient": item.recipient,
+                "destination": item.number, "result": result, "tries": 0}))
 
     def _check_troubles(self) -> None:
         """The daemon's trouble that has lasted `notify_trouble_after`, to the admin; trouble
@@ -218,9 +281,11 @@ class Notifier:
         if self._checks is not None:
             self._checks.stop()
             self._checks = None
+        self.outbox.stop(max(0.0, deadline - time.monotonic()))
         if hung:
             log.warning("notifications: %d destination(s) still sending at stop; what they "
-                        "had queued is not sent", hung)
+                        "had queued is %s", hung, "sent at the next start" if self.outbox.on
+                        else "not sent")
 
     def metrics(self) -> Dict[str, Any]:
         """For /metrics: the state, and the notices by kind and result."""
@@ -255,6 +320,11 @@ class Notifier:
                 "kind": notice.kind, "recipient": outcome.recipient,
                 "destination": outcome.destination, "result": outcome.result,
                 "tries": outcome.tries}))
+
+
+def _trespass_key(event: Event) -> Tuple[str, ...]:
+    [notice] = notices_of(event, "", 0.0)[:1]
+    return notice.key
 
 
 def _apprise_there() -> List[Any]:
