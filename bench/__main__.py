@@ -17,12 +17,13 @@ import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import callers, fleet, measures, statusbuild, usage
+from . import callers, fleet, measures, notify, statusbuild, usage
 from .harness import ROOT, machine, raise_file_limit
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 NAMES = ("throughput", "reactions", "identity", "callers", "scale", "footprint", "parsers",
-         "waiters", "persistence", "scrape", "page", "usage", "status_build", "fleet")
+         "waiters", "persistence", "scrape", "page", "usage", "status_build", "fleet",
+         "notify")
 
 
 def log(text: str) -> None:
@@ -42,7 +43,8 @@ def run(quick: bool, only: List[str],
         ("footprint", measures.footprint), ("parsers", measures.parsers),
         ("waiters", measures.waiters), ("persistence", measures.persistence),
         ("scrape", measures.scrape), ("page", measures.page), ("usage", usage.usage),
-        ("status_build", statusbuild.status_build), ("fleet", fleet.fleet)]
+        ("status_build", statusbuild.status_build), ("fleet", fleet.fleet),
+        ("notify", notify.notify)]
 
     def report() -> Dict[str, Any]:
         return {"machine": machine(), "mode": "quick" if quick else "full",
@@ -186,6 +188,14 @@ def checks(report: Dict[str, Any]) -> List[Dict[str, Any]]:
          _get(r, "fleet", "status_p99_ratio"), "<= 1.5 (unaffected)", lambda v: v <= 1.5),
         ("patroller status --hosts s (max), 100 live + 5 refusing + 5 silent",
          _get(r, "fleet", "status_hosts", "max_s"), "< 2", lambda v: v < 2),
+        ("/status p99 with 1,000 notification events/s through a destination that answers in "
+         "5 s, as a multiple of without", _get(r, "notify", "storm", "p99_ratio"), "<= 1.1",
+         lambda v: v <= 1.1),
+        ("daemon RSS growth MiB while the storm is measured, its 10,000 episodes remembered",
+         _get(r, "notify", "storm", "rss_growth_mib"), "< 2 (bounded)", lambda v: v < 2),
+        ("notification watch ms on the loop (max), 256 GPUs all held + 5000 processes, once "
+         "every 30 s", _get(r, "notify", "watch", "next_ms", "max"), "< 50",
+         lambda v: v < 50),
     ]
     return [{"what": what, "measured": value, "target": target,
              "met": None if value is None else bool(test(value))}
@@ -285,6 +295,26 @@ def other_figures(report: Dict[str, Any]) -> List[Tuple[str, Any]]:
     if r.get("usage"):
         figures += _usage_figures(r["usage"])
     figures += _status_build_figures(r.get("status_build") or [])
+    figures += _notify_figures(r.get("notify") or {})
+    return figures
+
+
+def _notify_figures(n: Dict[str, Any]) -> List[Tuple[str, Any]]:
+    figures: List[Tuple[str, Any]] = []
+    watch, storm = n.get("watch"), n.get("storm")
+    if watch:
+        figures.append((f"notification watch ms, {watch['gpus']} GPUs + {watch['processes']} "
+                        "processes: first look (every hold due), next looks (median, max)",
+                        f"{watch['first_ms']}, {watch['next_ms']['median']}, "
+                        f"{watch['next_ms']['max']}"))
+    if storm and "p99_ms" in storm:
+        figures.append(("/status under wrk without / with the notification storm: p99 ms, req/s",
+                        f"{storm['p99_ms']['without']} / {storm['p99_ms']['with']}, "
+                        f"{storm['requests_per_s']['without']} / "
+                        f"{storm['requests_per_s']['with']}"))
+        figures.append(("notification storm: events/s handed over, RSS growth MiB without / "
+                        "with", f"{storm['events_per_s']}, {storm['rss_growth_mib_without']} / "
+                        f"{storm['rss_growth_mib']}"))
     return figures
 
 

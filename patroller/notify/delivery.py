@@ -136,14 +136,14 @@ class Destination:
         """Queue a notice (never blocks); dropped and counted when the queue is full. `ident`:
         its id in the outbox, where it is already (None: it is written there now)."""
         number = number or self.number
-        if ident is None:
+        if ident is None and not self._queue.full():  # one thread puts: it stays so
             ident = self.outbox.queued(notice, recipient, self.tag, number)
-        item = Item(notice, recipient, number, ident)
+        item = Item(notice, recipient, number, ident or "")
         try:
             self._queue.put_nowait(item)
             self.counts.add(notice.kind, QUEUED)
         except queue.Full:
-            self.outbox.done(ident, DROPPED)
+            self.outbox.done(item.ident, DROPPED)
             self.counts.add(notice.kind, DROPPED)
             self.told(Outcome(notice, recipient, item.number, DROPPED, 0, self.key))
 

@@ -83,6 +83,7 @@ class Notifier:
         self.outbox = Outbox(directory, config)
         self._checks: Optional[PeriodicCallback] = None
         self._failing = Throttle(1, config.repeat_log_every)
+        self._unsent = Throttle(1, config.repeat_log_every)
         self._loop: Optional[IOLoop] = None
 
     def _apprise_sender(self, url: str) -> Optional[Sender]:
@@ -311,10 +312,14 @@ class Notifier:
             self.people.last[(outcome.recipient, outcome.key)] = (outcome.result,
                                                                   round(time.time(), 3))
         if outcome.result != "sent":
-            log.warning("notifications: a %s notice %s at %s's destination %d", notice.kind,
-                        "was dropped: its queue was full" if outcome.result == "dropped" else
-                        f"could not be sent in {outcome.tries} tries", outcome.recipient,
-                        outcome.destination)
+            logged, unlogged = self._unsent.admit()  # a storm is one line a repeat_log_every
+            if logged:
+                log.warning("notifications: a %s notice %s at %s's destination %d%s",
+                            notice.kind, "was dropped: its queue was full"
+                            if outcome.result == "dropped" else
+                            f"could not be sent in {outcome.tries} tries", outcome.recipient,
+                            outcome.destination, f" ({unlogged} more not sent since the last "
+                            "such line; /metrics counts them all)" if unlogged else "")
         if self.audit is not None:
             self.audit.record(Event("notify", notice.user, notice.devices, {
                 "kind": notice.kind, "recipient": outcome.recipient,
