@@ -438,3 +438,26 @@ async def test_the_daemons_own_trouble_reaches_the_admin_once_it_lasts_and_again
         assert told[1][0] == told[0][0] and queued() == 2
     finally:
         notifier.stop(5)
+
+
+@async_test
+async def test_a_storm_of_notices_not_sent_is_one_warning_and_every_one_is_counted(caplog):
+    hang = threading.Event()
+    config = replace(Config(), notify=("json://admin/x",), notify_queue=2, notify_escalate=0,
+                     notify_rate=10 ** 6, repeat_log_every=3600)
+    notifier = Notifier(config, "gpu1", AuditLog(None, 100, 60),
+                        senders=[lambda title, body: hang.wait(30)])
+    notifier.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="patroller.notify.notifier"):
+            for n in range(12):  # one being sent, two queued, nine dropped
+                notifier.on_event(Event("trespass", f"user{n}", GPU0, {"pid": n,
+                                                                        "holder": "alice"}))
+            await until(lambda: notifier.metrics()["by_kind"]["trespass"]["dropped"] >= 9)
+            await until(lambda: len([e for e in notifier.audit.recent
+                                     if e.get("result") == "dropped"]) >= 9)
+        lines = [r.getMessage() for r in caplog.records if "notice" in r.getMessage()]
+        assert len(lines) == 1 and "was dropped: its queue was full" in lines[0], lines
+    finally:
+        hang.set()
+        notifier.stop(5)
