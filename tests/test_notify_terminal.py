@@ -239,20 +239,22 @@ async def test_the_kinds_written_the_mutes_and_the_terminals_own_rate(tmp_path, 
 
 def test_terminals_are_found_as_write_finds_them(tmp_path):
     """Hers, a character device, group-writable; each once; none for a name that is not a
-    local account."""
+    local account; never a plain file or a symbolic link, even one to her terminal."""
     mine, closed, twice = Pty(), Pty(mode=0o600), Pty()
     try:
-        plain_file = tmp_path / "file"
-        plain_file.write_text("")
-        os.chmod(plain_file, 0o620)
         data = b"".join([login("root", closed.line), login("root", mine.line),
                          login("root", mine.line), login("nosuchuser-x", twice.line),
-                         login("root", os.path.relpath(plain_file, "/dev")),
                          login("root", "pts/999999")])
         assert terminals_of("root", data, 8) == (0, [mine.path])
         assert terminals_of("nosuchuser-x", data, 8) == (-1, [])
         os.chmod(closed.path, 0o620)
         assert terminals_of("root", data, 1) == (0, [closed.path])
+        # In a /dev of the test's own: a plain file and a link, each as a terminal would be.
+        (tmp_path / "file").write_text("")
+        os.chmod(tmp_path / "file", 0o620)
+        os.symlink(mine.path, tmp_path / "link")
+        data = login("root", "file") + login("root", "link")
+        assert terminals_of("root", data, 8, dev=str(tmp_path)) == (0, [])
     finally:
         for made in (mine, closed, twice):
             made.close()
