@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import socket
-import stat
 import struct
 import subprocess
 import sys
@@ -124,6 +123,10 @@ def test_a_message_is_a_header_then_the_notice_wrapped_and_bounded():
     small = message(long, "gpu1", 0, replace(config, notify_terminal_lines=100,
                                              notify_terminal_bytes=300))
     assert len(small) <= 300 and small.endswith(b"...\r\n")
+    for most in range(100, 400):  # wherever it is cut, no CR alone (it would overwrite a line)
+        data = message(long, "gpu1", 0, replace(config, notify_terminal_lines=100,
+                                                notify_terminal_bytes=most))
+        assert len(data) <= most and not re.search(rb"\r(?!\n)", data), most
 
 
 # -- a notifier of its own, on this user's real terminal -----------------------------------

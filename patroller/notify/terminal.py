@@ -38,8 +38,9 @@ DEV = "/dev"
 
 # An escape sequence: CSI (ESC [ or the one-byte CSI), OSC, DCS, SOS, PM and APC strings up to
 # their terminator (BEL or ST), or ESC and one more character.
-_ESCAPES = re.compile(r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"
-                      r"|(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x1b\x9c\n]*(?:\x07|\x1b\\|\x9c)?"
+_ESCAPES = re.compile(r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"  # CSI
+                      r"|(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])"  # a string's start,
+                      r"[^\x07\x1b\x9c\n]*(?:\x07|\x1b\\|\x9c)?"  # up to its end
                       r"|\x1b.?", re.DOTALL)
 
 
@@ -67,7 +68,7 @@ def message(notice: Notice, host: str, at: float, config: Config) -> bytes:
     text = "\r\n".join(["", *lines, footer, ""])
     data = text.encode("utf-8")
     if len(data) > config.notify_terminal_bytes:
-        cut = data[:config.notify_terminal_bytes - 7].decode("utf-8", "ignore")
+        cut = data[:config.notify_terminal_bytes - 7].decode("utf-8", "ignore").rstrip("\r")
         data = (cut + "...\r\n").encode("utf-8")
     return data
 
@@ -147,6 +148,7 @@ class Terminals(Destination):
                  dev: str = DEV) -> None:
         super().__init__(0, lambda title, body: False, TERMINAL, config, told, counts,
                          key=TERMINAL)
+        self._thread.name = "notify-terminal"
         self.host = host
         self.clock = clock
         self.dev = dev
