@@ -163,7 +163,8 @@ class Notifier:
                     self._send(destination.number, notice,
                                lambda sent, d=destination: d.put(sent))
             for user in notice.concerns:
-                urls = self.people.urls_for(user, notice.kind) if self._router else ()
+                urls = self.people.urls_for(user, notice.kind) if self._router is not None \
+                    else ()
                 terminal = self.people.on_terminal(user, notice.kind)
                 if not urls and not terminal:
                     continue
