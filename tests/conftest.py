@@ -187,3 +187,39 @@ def stranger():
         yield account
     finally:
         account.remove()
+
+
+@pytest.fixture
+def users():
+    """Two throwaway users (useradd), removed after."""
+    need_root("making throwaway users takes root")
+    from podman import Account
+
+    made = []
+    try:
+        made.append(Account())
+        made.append(Account())
+        yield made
+    finally:
+        for account in made:
+            account.remove()
+
+
+@pytest.fixture
+def reachable():
+    """A folder every user may enter: the client's files, and room for the daemon's socket."""
+    import shutil
+    import tempfile
+
+    from helpers import ROOT
+    from test_cli import client_files
+
+    path = tempfile.mkdtemp(prefix="pnotify", dir="/tmp")
+    os.chmod(path, 0o755)
+    for name in client_files():
+        os.makedirs(os.path.join(path, os.path.dirname(name)), exist_ok=True)
+        shutil.copy(os.path.join(ROOT, name), os.path.join(path, name))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path)

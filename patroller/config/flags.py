@@ -13,7 +13,7 @@ from patroller.config.settings import (DEFAULT_POD_USER_KEYS, DEFAULT_USER_LABEL
 
 T = TypeVar("T")
 
-SWITCHES = ("--test", "--hide-users")  # flags that take no value
+SWITCHES = ("--test", "--hide-users", "--notify-terminal")  # flags that take no value
 REPEATED = ("--pod-user-key", "--notify")  # flags that may be given more than once
 SECRET = ("--notify", "--notify-user-default")  # flags whose values hold passwords or tokens: never repeated back
 
@@ -147,6 +147,11 @@ _SETTINGS = (
      "the destination of a user who set none (patroller notify add), an Apprise URL with "
      "{user} in it, or {email} for users named by an e-mail address: "
      "'mailtos://smtp.lab.example?to={user}@lab.example' (default: such a user is not told)"),
+    ("--notify-terminal", "PATROLLER_NOTIFY_TERMINAL",
+     "also write a trespass or an ending hold on the terminals where the users concerned are "
+     "logged in, as `write` does (plain text, rate-limited; works without Apprise); a user "
+     "turns it off with `patroller notify mute terminal` "
+     "(PATROLLER_NOTIFY_TERMINAL: 1/true/yes or 0/false/no) (default off)"),
     ("--fleet", "PATROLLER_FLEET",
      "serve /fleet, one live page of these hosts' GPUs (host:port,host:port,...), and "
      "/fleet.json; this daemon asks each host's /status itself (default: no fleet view)"),
@@ -319,6 +324,9 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         notify_user_default=pick("--notify-user-default",
                                  env_names["--notify-user-default"], values.notify_template,
                                  Config.notify_user_default),
+        notify_terminal=bool(args.notify_terminal) or pick(
+            "--notify-terminal", env_names["--notify-terminal"], values.switch,
+            Config.notify_terminal),
         fleet=fleet,
         fleet_interval=pick("--fleet-interval", env_names["--fleet-interval"], values.fleet_interval,
                             Config.fleet_interval),

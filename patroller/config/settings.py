@@ -93,6 +93,9 @@ class Config:
     # a user's destination when she has set none: an Apprise URL with {user} (and {email}, for
     # a user whose name is an e-mail address) in it; None: a user with none is not told
     notify_user_default: Optional[str] = None
+    # also write trespasses and ending holds on the users' own logged-in terminals (notify/
+    # terminal.py), as `write` does; a user turns it off with `patroller notify mute terminal`
+    notify_terminal: bool = False
 
     # -- HTTP (flags) -------------------------------------------------------------------------
     body_timeout: float = 10.0  # seconds a request body may take to arrive
@@ -133,6 +136,18 @@ class Config:
     # the services a user may name (Apprise's schemes): those that send a message elsewhere;
     # never one that writes on this host (syslog://, dbus://, a local program), which runs as
     # the daemon's user
+    # the users' terminals (--notify-terminal): the login records read (glibc's utmp), and
+    # at most this many of its bytes (a record is 384); the terminals one user is written on at
+    # most; the notices one user's terminals get per window (the rest held back, counted, and
+    # summed up in the next one); and one message's shape: characters a line, lines, bytes
+    notify_utmp: str = "/var/run/utmp"
+    notify_utmp_bytes: int = 1 << 20
+    notify_terminal_most: int = 8
+    notify_terminal_rate: int = 3
+    notify_terminal_rate_window: float = 600.0
+    notify_terminal_width: int = 78
+    notify_terminal_lines: int = 16
+    notify_terminal_bytes: int = 2048
     notify_user_schemes: Tuple[str, ...] = (
         "mailto", "mailtos", "json", "jsons", "form", "forms", "ntfy", "ntfys", "slack",
         "matrix", "matrixs", "mmost", "mmosts", "msteams", "discord", "tgram", "gotify",

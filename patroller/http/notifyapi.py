@@ -14,6 +14,7 @@ from patroller.http.handlers import Handler, View
 from patroller.notify.destinations import DestinationError
 from patroller.notify.notifier import Notifier
 from patroller.notify.people import TEST, People
+from patroller.notify.terminal import TERMINAL
 
 Args = Dict[str, List[bytes]]
 TAKES = {"add": ("url",), "remove": ("n",), "mute": ("kind",), "unmute": ("kind",),
@@ -56,7 +57,7 @@ class NotifyChangeHandler(Handler):
                 answer = {"removed": True}
             elif action in ("mute", "unmute"):
                 kind = _one(args, "kind").strip().lower()
-                kinds = (*NOTIFY_KINDS, TEST)
+                kinds = (*NOTIFY_KINDS, TEST, TERMINAL)
                 if kind not in kinds:
                     raise BadRequest(f"kind: {kind[:40]!r} is none of {', '.join(kinds)}")
                 answer = {"muted": list(notifier.mute(caller.user, kind, action == "mute"))}

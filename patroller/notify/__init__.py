@@ -4,9 +4,11 @@ the admin's destinations (e-mail, Slack, ntfy, a JSON webhook, ...).
 
 Owns: the notices' words (messages.py), which episode is told and when again, and the rate
 each destination is sent at (episodes.py), the delivery queues, tries and counts (delivery.py),
-and the follower of the lease rules' events that joins them (notifier.py).
+the users' own terminals (--notify-terminal: terminal.py, and the login records, utmp.py), and
+the follower of the lease rules' events that joins them (notifier.py).
 May import: `patroller.state`, `patroller.config`, `patroller.core`; cachetools, and Apprise
-(the optional `notify` extra: without it nothing is sent and the doctor says so).
+(the optional `notify` extra: without it nothing is sent but on terminals, and the doctor says
+so).
 """
 from patroller.notify.notifier import Notifier
 

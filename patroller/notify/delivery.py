@@ -24,7 +24,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from patroller.config import Config
 from patroller.notify.messages import Notice
@@ -51,7 +51,7 @@ class Outcome:
 
     notice: Notice
     recipient: str  # "admin", or the user whose destination it is
-    destination: int  # its number among the recipient's, from 1
+    destination: Union[int, str]  # its number among the recipient's, from 1; or "terminal"
     result: str  # sent, failed (every try), dropped (its queue was full)
     tries: int
     key: str = ""  # the destination itself (a user's: its URL, never shown)
