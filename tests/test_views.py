@@ -12,7 +12,7 @@ from tornado.iostream import IOStream
 
 from helpers import FakeClock, async_test, lease_manager, running, until
 from patroller.http import routes
-from patroller.http.fastlane import Connection
+from patroller.http.fastlane import Connection, FastLane
 from patroller.core.identity import IDENTIFYING, named_user
 from patroller.observe.signals import ProcessList, ProcessSamples, Sample, Signals
 from patroller.observe.stats import StatsStore
@@ -381,3 +381,27 @@ def test_a_figure_not_known_this_interval_keeps_the_last_one(parts):
     seen = view.stats.process_view(uuid, 4242)
     assert (seen["sm"], seen["mem"], seen["fb"]) == (40, 7, 900)
     assert view.stats.figures_version(uuid) == before + 1  # nothing new: the device is not rebuilt
+
+
+@pytest.mark.parametrize("head, taken", [
+    (b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n", True),
+    (b"GET /status HTTP/1.1\r\nHost: x:8080\r\nConnection: keep-alive\r\n\r\n", True),
+    (b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", True),
+    # Tornado answers two Host lines with a 400: the lane must not answer 200
+    (b"GET /status HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", False),
+    (b"GET /status HTTP/1.1\r\n\r\n", False),  # no Host at all
+    # HTTP/1.0 is answered by Tornado, which closes it (the lane speaks 1.1 keep-alive)
+    (b"GET /status HTTP/1.0\r\nHost: x\r\n\r\n", False),
+    (b"GET /status HTTP/1.0\r\n\r\n", False),
+    # a Connection the lane does not know (an upgrade, a list) goes to Tornado
+    (b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\n\r\n", False),
+    (b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, upgrade\r\n\r\n", False),
+    (b"GET /status HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n\r\n", False),
+])
+def test_the_fast_lane_takes_only_the_heads_tornado_would_answer_the_same_way(head, taken):
+    lane = FastLane({"/status": lambda connection: b"{}"}, lambda path, status: None, 60.0)
+    answered = lane.answer(head)
+    assert (answered is not None) == taken, head
+    if answered is not None:
+        assert answered[0].startswith(b"HTTP/1.1 200 OK\r\n") and answered[0].endswith(b"{}")
+        assert answered[1] == (b"close" in head)
