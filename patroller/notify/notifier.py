@@ -7,7 +7,11 @@ Who is told: the admin's destinations (--notify) of the kinds --notify-events na
 name; and each user the notice concerns (a trespass: the trespasser and the holder; a wait
 granted: the waiter; a GPU lost or back: its holder) at her own destinations
 (destinations.py), or at --notify-user-default's, unless she muted that kind. With
---hide-users a user's notice names nobody else (messages.Reader), as the API would not."""
+--hide-users a user's notice names nobody else (messages.Reader), as the API would not.
+
+With --notify-digest, each week's digest (weekly.py, digest.py): each user's own week to her,
+the lab's table to the admin (if --notify-events names `digest`), once per week each, and not
+held back by a destination's rate (one a week is no flood)."""
 from __future__ import annotations
 
 import importlib.util
@@ -23,11 +27,14 @@ from patroller.core.throttle import Throttle
 from patroller.notify.delivery import (BadDestination, Delivery, NoApprise, Outcome, Router,
                                        Sender, apprise_plugin, apprise_senders, sender_of,
                                        shown)
+from patroller.notify.digest import KIND as DIGEST, WEEK
 from patroller.notify.episodes import Episodes, Rates
 from patroller.notify.messages import Notice, Reader, notices_of
 from patroller.notify.people import NO_APPRISE, ON, People
 from patroller.notify.watch import due, escalations, still_trespassing
+from patroller.notify.weekly import Digests
 from patroller.state.audit import AuditLog
+from patroller.state.usage.store import UsageStore
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +68,8 @@ class Notifier:
         # the daemon's own trouble now: (key, what, what to do) each (services.troubles)
         self.troubles: Callable[[], Sequence[Tuple[str, str, str]]] = lambda: ()
         self._trouble_since: Dict[str, float] = {}
+        self.usage: Optional[UsageStore] = None  # the weekly digest's figures (app.connect)
+        self.digests: Optional[Digests] = None  # with --notify-digest, once started
         self.clock = clock
         self.state = OFF
         self.repeats = 0  # notices not sent: their episode was told within --notify-repeat
@@ -114,6 +123,10 @@ class Notifier:
         if self.leases is not None:
             self._checks = PeriodicCallback(self.check, self.config.notify_check_every * 1000)
             self._checks.start()
+        if self.config.notify_digest is not None:
+            self.digests = Digests(self.config, self.host, self.usage, lambda: self.clock(),
+                                   self._tell_digest)
+            self.digests.start()
         if names:
             log.info("notifications: %d destination(s) of the admin (%s), told of %s",
                      len(names), "; ".join(names), ", ".join(self.config.notify_events))
@@ -185,6 +198,22 @@ class Notifier:
                 self.on_event(Event("daemon", None, (), {"trouble": key, "what": what,
                                                          "fix": fix, "since": since}))
 
+    def _tell_digest(self, notice: Notice) -> None:
+        """A digest to its recipient (the admin: user None), once: its key names its week."""
+        if self._delivery is None:
+            return
+        if not self._episodes.admit(notice.key, WEEK):
+            self.repeats += 1
+            return
+        if notice.user is None:
+            if DIGEST in self.config.notify_events:
+                for destination in self._delivery.destinations:
+                    destination.put(notice)
+            return
+        urls = self.people.urls_for(notice.user, DIGEST)
+        if urls:
+            self._route(notice, notice.user, urls)
+
     def _to_user(self, notice: Notice, user: str, urls: Sequence[str]) -> None:
         self._send(("user", user), notice, lambda sent: self._route(sent, user, urls))
 
@@ -218,6 +247,8 @@ class Notifier:
         if self._checks is not None:
             self._checks.stop()
             self._checks = None
+        if self.digests is not None:
+            self.digests.stop()
         if hung:
             log.warning("notifications: %d destination(s) still sending at stop; what they "
                         "had queued is not sent", hung)
@@ -231,6 +262,7 @@ class Notifier:
                 "pending": (sum(d.pending() for d in delivery.destinations) if delivery else 0)
                 + (router.pending() if router else 0),
                 "repeats": self.repeats, "held": self.held,
+                "digest_next": self.digests.due if self.digests else None,
                 "by_kind": delivery.counts.snapshot() if delivery else {}}
 
     # -- from the destinations' threads -----------------------------------------------------
