@@ -21,7 +21,11 @@ from receivers import Hooks, Smtp
 from test_usage_store import fill, tmpfs
 from usage_history import HOUR, gpu_hour, write
 
+from patroller.config import Config
 from patroller.notify.digest import WEEK, next_due, since_for
+from patroller.notify.notifier import Notifier
+from patroller.state.audit import AuditLog
+from patroller.state.usage.store import UsageStore
 
 HOST = socket.gethostname()
 UTC = timezone.utc
@@ -209,3 +213,46 @@ async def test_a_store_failing_to_write_gives_no_digest(tmp_path, caplog):
             os.unlink(os.path.join(state, "filler"))
     assert "no weekly digest this time: the usage store is failing" in caplog.text
     assert admins.bodies == []
+
+
+@async_test
+async def test_the_admin_gets_the_table_only_with_the_flag_and_the_kind(tmp_path):
+    """A notifier of the test's own senders over a real usage store: `digest` among
+    --notify-events (as by default) turns nothing on without --notify-digest, and the admin
+    who leaves it out of --notify-events gets none while the users get theirs."""
+    now = time.time()
+    state = str(tmp_path / "state")
+    store_with_history(state, now)
+    store = UsageStore(state, Config())
+    store.open()
+    try:
+        await until(lambda: store.state == "writable")
+        for events, digest_at, admin in ((Config.notify_events, None, 0),
+                                         (("trespass",), soon(now), 0),
+                                         (Config.notify_events, soon(now), 1)):
+            told = []
+            audit = AuditLog(None, 100, 60)
+            config = replace(Config(), notify=("json://admin/x",), notify_events=events,
+                             notify_digest=digest_at,
+                             notify_user_default="json://users/{user}")
+            notifier = Notifier(config, "gpu1", audit,
+                                senders=[lambda title, body: told.append(title) or True],
+                                plugin_of=lambda url: lambda title, body: True)
+            notifier.usage = store
+            notifier.start()
+            try:
+                if digest_at is None:
+                    assert "digest" in config.notify_events and notifier.digests is None
+                    continue
+                assert await notifier.digests.send(notifier.digests.due) == 4
+                # the admin's table (or not), and each user's at the default for users
+                await until(lambda: len(audit.recent) == admin + 3)  # noqa: B023
+                assert sorted(e["recipient"] for e in audit.recent) == \
+                    ["admin"] * admin + ["alice", "bob", "carol"]
+                assert all(e["kind"] == "digest" and e["result"] == "sent"
+                           for e in audit.recent)
+                assert told == ["gpu1: the week on the GPUs, 3 user(s), 144.00 GPU-hours"] * admin
+            finally:
+                notifier.stop(5)
+    finally:
+        store.close(5)
