@@ -2,7 +2,7 @@
 changes to and from summer time, a clock exactly at the due time), the flag's value, whose week
 it tells and its words, checked word for word once (the admin's table and a user's own); a
 name's control characters made printable and its length bounded."""
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 import pytest
 

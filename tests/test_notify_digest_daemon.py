@@ -4,9 +4,10 @@ digest is made due by moving the notifier's wall clock past its time (its timer 
 0.05 s here), and real receivers get it through Apprise: the admin's table at an SMTP server
 and at a JSON webhook, alice's own week by e-mail at the host's default for users, bob's at
 his own webhook, carol's nowhere (she muted digests), dave's not at all (half a minute of GPU
-in the week). Each is told once: the same week read again is not sent. Without a usage store,
-with one that cannot be read, or with one failing to write, there is no digest, said in the
-log, and the daemon serves on."""
+in the week). Each is told once: the same week read again is not sent. Without a usage store
+(or one on a read-only filesystem), with one that cannot be read, or with one failing to write,
+there is no digest, said in the log, and the daemon serves on. And a notifier of the test's own
+senders shows who gets what by --notify-events."""
 import logging
 import os
 import socket
@@ -256,3 +257,18 @@ async def test_the_admin_gets_the_table_only_with_the_flag_and_the_kind(tmp_path
                 notifier.stop(5)
     finally:
         store.close(5)
+
+
+@async_test
+async def test_a_store_on_a_read_only_filesystem_gives_no_digest_said_once(tmp_path, caplog):
+    with tmpfs(tmp_path / "ro", options=",ro") as where, caplog.at_level(logging.INFO):
+        async with running(state_dir=str(tmp_path / "state"), usage_dir=str(where),
+                           notify=("json://127.0.0.1:9/never",),
+                           notify_digest=(0, 9, 0, "UTC")) as h:
+            digests = h.services.notifier.digests
+            await until(lambda: digests.due is None)
+            assert h.services.usage.state == "read_only"
+            assert (await h.ok("/metrics.json"))["notifications"]["digest_next"] is None
+    said = [r.getMessage() for r in caplog.records if "no weekly digest" in r.getMessage()]
+    assert said == ["notifications: no weekly digest (--notify-digest): there is no usage store "
+                    "to read (--usage none, no state directory, or a read-only one)"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from tornado.ioloop import IOLoop
 
@@ -42,16 +42,16 @@ class Digests:
         self.tell = tell  # a notice to its recipient: the admin (user None) or its user
         self.due: Optional[float] = None  # the next digest's time; None: none will come
         self.weeks = 0  # digests read and told
-        self._timer: Optional[object] = None
+        self._timer: Optional[Any] = None  # IOLoop.call_later's handle
         self._loop: Optional[IOLoop] = None
         self._sending: Optional["asyncio.Future[int]"] = None
 
     def start(self) -> None:
-        """Arm the timer, unless there is no usage store to read (said once)."""
-        usage = self.usage
-        if usage is None or usage.state == "read_only":
-            log.warning("notifications: no weekly digest (--notify-digest): there is no usage "
-                        "store to read (--usage none, no state directory, or a read-only one)")
+        """Arm the timer, unless there is no usage store to read (said once). Its first look
+        comes once the daemon's start is over: whether the store's filesystem is read-only is
+        known only once the store is opened, after the notifier starts."""
+        if self.usage is None:
+            self._none()
             return
         self._loop = IOLoop.current()
         self.due = next_due(self.clock(), self.when, self.zone)
@@ -59,7 +59,12 @@ class Digests:
         log.info("notifications: the weekly digest %s %02d:%02d %s, next at %s UTC",
                  ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")[weekday], hour, minute,
                  zone, time.strftime("%Y-%m-%d %H:%M", time.gmtime(self.due)))
-        self._arm()
+        self._timer = self._loop.call_later(0, self._wake)
+
+    def _none(self) -> None:
+        self.due = None
+        log.warning("notifications: no weekly digest (--notify-digest): there is no usage "
+                    "store to read (--usage none, no state directory, or a read-only one)")
 
     def stop(self) -> None:
         """No more digests; callable from any thread (the notifier stops in one of its own):
@@ -83,6 +88,9 @@ class Digests:
     def _wake(self) -> None:
         self._timer = None
         if self.due is None:
+            return
+        if self.usage is not None and self.usage.state == "read_only":
+            self._none()
             return
         now = self.clock()
         if now >= self.due:
