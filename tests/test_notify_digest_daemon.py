@@ -25,6 +25,7 @@ from usage_history import HOUR, gpu_hour, write
 from patroller.config import Config
 from patroller.notify.digest import WEEK, next_due, since_for
 from patroller.notify.notifier import Notifier
+from patroller.notify.weekly import Digests
 from patroller.state.audit import AuditLog
 from patroller.state.usage.store import UsageStore
 
@@ -272,3 +273,34 @@ async def test_a_store_on_a_read_only_filesystem_gives_no_digest_said_once(tmp_p
     said = [r.getMessage() for r in caplog.records if "no weekly digest" in r.getMessage()]
     assert said == ["notifications: no weekly digest (--notify-digest): there is no usage store "
                     "to read (--usage none, no state directory, or a read-only one)"]
+
+
+@pytest.mark.errors_expected  # the bug planted here is logged as an error
+@async_test
+async def test_a_bug_of_the_digests_own_is_logged_and_the_timer_goes_on(tmp_path, caplog):
+    now = time.time()
+    state = str(tmp_path / "state")
+    store_with_history(state, now)
+    store = UsageStore(state, Config())
+    store.open()
+    told = []
+
+    def tell(notice):
+        told.append(notice.title)
+        raise RuntimeError("a planted bug")
+    when = soon(now)
+    ahead = [0.0]  # how far the digest's clock is moved
+    digests = Digests(replace(Config(), notify_digest=when, notify_digest_recheck=0.05),
+                      "gpu1", store, lambda: time.time() + ahead[0], tell)
+    try:
+        await until(lambda: store.state == "writable")
+        digests.start()
+        due = digests.due
+        ahead[0] = due + 1 - time.time()
+        await until(lambda: "the weekly digest failed" in caplog.text, timeout=30)
+        assert told == ["gpu1: the week on the GPUs, 3 user(s), 144.00 GPU-hours"]
+        assert digests.due == due + WEEK  # the next week's is armed
+        assert "RuntimeError: a planted bug" in caplog.text
+    finally:
+        digests.stop()
+        store.close(5)

@@ -124,6 +124,8 @@ class Notifier:
             self._checks = PeriodicCallback(self.check, self.config.notify_check_every * 1000)
             self._checks.start()
         if self.config.notify_digest is not None:
+            # the notifier's clock read at each look, not kept: the tests move it past the
+            # time a digest is due
             self.digests = Digests(self.config, self.host, self.usage, lambda: self.clock(),
                                    self._tell_digest)
             self.digests.start()

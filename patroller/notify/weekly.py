@@ -96,7 +96,13 @@ class Digests:
         if now >= self.due:
             due, self.due = self.due, next_due(now, self.when, self.zone)
             self._sending = asyncio.ensure_future(self.send(due))
+            self._sending.add_done_callback(self._sent)
         self._arm()
+
+    def _sent(self, done: "asyncio.Future[int]") -> None:
+        """A bug of the digest's own is logged, never left in an unread future."""
+        if not done.cancelled() and done.exception() is not None:
+            log.error("notifications: the weekly digest failed", exc_info=done.exception())
 
     async def send(self, due: float) -> int:
         """The week before `due` read (off the loop) and told; how many notices were handed
