@@ -329,6 +329,7 @@ def connect(services: Services) -> None:
         services.leases.on_event(services.notifier.on_event)
         services.notifier.quiet_for = services.idle.quiet_for
         services.notifier.troubles = services.troubles
+        services.notifier.usage = services.usage
     if services.book is not None:  # nothing is handed out that the book cannot keep
         services.leases.gate = services.book.refusal
 

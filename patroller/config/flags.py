@@ -132,7 +132,7 @@ _SETTINGS = (
      "(pip install 'patroller[notify]') (default: nobody is told)"),
     ("--notify-events", "PATROLLER_NOTIFY_EVENTS",
      "the kinds the admin is told of, comma-separated: trespass, unreserved, idle, expiring, "
-     "granted, lost, daemon (default all)"),
+     "granted, lost, daemon, digest (only with --notify-digest) (default all)"),
     ("--notify-escalate", "PATROLLER_NOTIFY_ESCALATE",
      "how long a trespass goes on before the admin is told (the users concerned are told at "
      "once); 0: at once (default 30m)"),
@@ -152,6 +152,10 @@ _SETTINGS = (
      "logged in, as `write` does (plain text, rate-limited; works without Apprise); a user "
      "turns it off with `patroller notify mute terminal` "
      "(PATROLLER_NOTIFY_TERMINAL: 1/true/yes or 0/false/no) (default off)"),
+    ("--notify-digest", "PATROLLER_NOTIFY_DIGEST",
+     "send each week's digest of GPU use at this weekday and time, in UTC or the zone that "
+     "follows ('mon 09:00', 'fri 17:30 Europe/Paris'): each user her own hours, the admin the "
+     "lab's table; needs the usage store (default: off)"),
     ("--fleet", "PATROLLER_FLEET",
      "serve /fleet, one live page of these hosts' GPUs (host:port,host:port,...), and "
      "/fleet.json; this daemon asks each host's /status itself (default: no fleet view)"),
@@ -327,6 +331,8 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         notify_terminal=bool(args.notify_terminal) or pick(
             "--notify-terminal", env_names["--notify-terminal"], values.switch,
             Config.notify_terminal),
+        notify_digest=pick("--notify-digest", env_names["--notify-digest"], values.weekly,
+                           Config.notify_digest),
         fleet=fleet,
         fleet_interval=pick("--fleet-interval", env_names["--fleet-interval"], values.fleet_interval,
                             Config.fleet_interval),

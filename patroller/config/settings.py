@@ -13,8 +13,13 @@ KUBELET_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"  # the kubelet's 
 DEFAULT_POD_USER_KEYS = ("patroller/user",)
 # What notifications tell of (notify/messages.py words each): a process on a GPU another holds,
 # a GPU used without asking, a hold idle or ending, a wait granted, a GPU gone and back, and
-# the daemon's own trouble (to the admin).
-NOTIFY_KINDS = ("trespass", "unreserved", "idle", "expiring", "granted", "lost", "daemon")
+# the daemon's own trouble (to the admin), and the weekly digest of usage (only with
+# --notify-digest: naming it among the kinds turns nothing on).
+NOTIFY_KINDS = ("trespass", "unreserved", "idle", "expiring", "granted", "lost", "daemon",
+                "digest")
+# When the weekly digest is due: (weekday, Monday 0; hour; minute; the zone, as given: UTC, an
+# offset from UTC or a zone's name), config/values.py's `weekly` reads it from the flag.
+Weekly = Tuple[int, int, int, str]
 
 
 class ConfigError(Exception):
@@ -96,6 +101,7 @@ class Config:
     # also write trespasses and ending holds on the users' own logged-in terminals (notify/
     # terminal.py), as `write` does; a user turns it off with `patroller notify mute terminal`
     notify_terminal: bool = False
+    notify_digest: Optional[Weekly] = None  # when each week's digest is sent; None: never
 
     # -- HTTP (flags) -------------------------------------------------------------------------
     body_timeout: float = 10.0  # seconds a request body may take to arrive
@@ -133,6 +139,10 @@ class Config:
     notify_trouble_after: float = 60.0  # seconds the daemon's own trouble lasts before it is told
     notify_user_most: int = 5  # destinations one user may set
     notify_url_longest: int = 2048  # characters of a user's URL at most
+    notify_digest_recheck: float = 300.0  # seconds the digest's timer sleeps at most before it
+    # looks at the wall clock again (one set meanwhile, a host that slept)
+    notify_digest_lines: int = 30  # users in the admin's digest at most; the rest in one line
+    notify_digest_least: float = 60.0  # GPU-seconds in a week from which a user gets a digest
     # the services a user may name (Apprise's schemes): those that send a message elsewhere;
     # never one that writes on this host (syslog://, dbus://, a local program), which runs as
     # the daemon's user

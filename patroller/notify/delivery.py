@@ -101,7 +101,10 @@ def apprise_plugin(url: str, timeout: float) -> Optional[Any]:
 
 
 def sender_of(plugin: Any) -> Sender:
-    return lambda title, body: bool(plugin.notify(body=body, title=title))
+    """A plugin's sender of plain text: said to be text, so that a service of HTML (e-mail)
+    keeps its lines and reads no markup in names others chose, and one of Markdown shows
+    them as they are."""
+    return lambda title, body: bool(plugin.notify(body=body, title=title, body_format="text"))
 
 
 def shown(plugin: Any) -> str:

@@ -12,13 +12,17 @@ granted: the waiter; a GPU lost or back: its holder) at her own destinations
 What is queued and each episode told are kept in the outbox (outbox.py): after a restart a
 notice still pending is sent, once, and an episode told before is not told again within
 --notify-repeat (a trespass still going on still reaches the admin after --notify-escalate,
-counted from when it was first told)."""
+counted from when it was first told).
+
+With --notify-digest, each week's digest (weekly.py, digest.py): each user's own week to her,
+the lab's table to the admin (if --notify-events names `digest`), once per week each, and not
+held back by a destination's rate (one a week is no flood)."""
 from __future__ import annotations
 
 import importlib.util
 import logging
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from tornado.ioloop import IOLoop, PeriodicCallback
 
@@ -28,14 +32,17 @@ from patroller.core.throttle import Throttle
 from patroller.notify.delivery import (BadDestination, Delivery, NoApprise, Outcome, Router,
                                        Sender, apprise_plugin, apprise_senders, sender_of,
                                        shown)
+from patroller.notify.digest import KIND as DIGEST, WEEK
 from patroller.notify.episodes import Episodes, Rates
 from patroller.notify.messages import Notice, Reader, notices_of
 from patroller.notify.outbox import Outbox, tag_of
 from patroller.notify.resume import resume
 from patroller.notify.people import NO_APPRISE, ON, People
 from patroller.notify.terminal import TERMINAL, Terminals
-from patroller.notify.watch import due, escalations, still_trespassing
+from patroller.notify.watch import Escalations, Troubles, due, still_trespassing
+from patroller.notify.weekly import Digests
 from patroller.state.audit import AuditLog
+from patroller.state.usage.store import UsageStore
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +76,9 @@ class Notifier:
         self.quiet_for = quiet_for  # seconds a held GPU has computed nothing (observe/idle.py)
         # the daemon's own trouble now: (key, what, what to do) each (services.troubles)
         self.troubles: Callable[[], Sequence[Tuple[str, str, str]]] = lambda: ()
-        self._trouble_since: Dict[str, float] = {}
+        self._troubles = Troubles(config.notify_trouble_after)
+        self.usage: Optional[UsageStore] = None  # the weekly digest's figures (app.connect)
+        self.digests: Optional[Digests] = None  # with --notify-digest, once started
         self.clock = clock
         self.state = OFF
         self.repeats = 0  # notices not sent: their episode was told within --notify-repeat
@@ -85,8 +94,7 @@ class Notifier:
         self._terminal_rates = Rates(config.notify_terminal_rate,
                                      config.notify_terminal_rate_window, monotonic)
         self._terminals: Optional[Terminals] = None  # the users' terminals (--notify-terminal)
-        self._escalating: List[Tuple[float, Event]] = []  # (when, trespass) for the admin
-        self._escalation_keys: Set[Tuple[str, ...]] = set()  # the trespasses' in _escalating
+        self._escalations = Escalations(config.notify_escalate)  # trespasses, for the admin
         self.outbox = Outbox(directory, config)
         self._checks: Optional[PeriodicCallback] = None
         self._failing = Throttle(1, config.repeat_log_every)
@@ -137,6 +145,12 @@ class Notifier:
         if self.leases is not None:
             self._checks = PeriodicCallback(self.check, self.config.notify_check_every * 1000)
             self._checks.start()
+        if self.config.notify_digest is not None:
+            # the notifier's clock read at each look, not kept: the tests move it past the
+            # time a digest is due
+            self.digests = Digests(self.config, self.host, self.usage, lambda: self.clock(),
+                                   self._tell_digest)
+            self.digests.start()
         if names:
             log.info("notifications: %d destination(s) of the admin (%s), told of %s",
                      len(names), "; ".join(names), ", ".join(self.config.notify_events))
@@ -175,11 +189,11 @@ class Notifier:
                                         if notice.kind == "unreserved" else None):
                 self.repeats += 1
                 if event.kind == "trespass":  # told before a restart, perhaps: still escalated
-                    self._escalate(event, notice.key, now - (told_before or 0.0))
+                    self._escalations.add(event, notice.key, now - (told_before or 0.0))
                 continue
             self.outbox.told(notice.key, now)
             if event.kind == "trespass" and self.config.notify_escalate > 0:
-                self._escalate(event, notice.key, now)
+                self._escalations.add(event, notice.key, now)
             elif notice.kind in self.config.notify_events:
                 for destination in self._delivery.destinations:
                     self._send(destination.number, notice,
@@ -215,36 +229,32 @@ class Notifier:
         for event in due(holds, numbers, leases.state, self.quiet_for, self.config,
                          self.clock(), leases.clock()):
             self.on_event(event)
-        self._check_troubles()
-        ripe, self._escalating = escalations(self._escalating, self.clock())
-        for event in ripe:
-            self._escalation_keys.discard(_trespass_key(event))
+        gone, troubles = self._troubles.look(self.troubles(), self.clock())
+        for key in gone:  # its episode ends: told again if it comes back
+            self._episodes.end(("daemon", key))
+        for event in troubles:
+            self.on_event(event)
+        for event in self._escalations.ripe(self.clock()):
             if still_trespassing(holds, event.devices[0][0], event.user,
                                  event.details.get("holder")):
                 self.on_event(Event("escalated", event.user, event.devices, {
                     **event.details, "lasting": self.config.notify_escalate}))
 
-    def _escalate(self, event: Event, key: Tuple[str, ...], since: float) -> None:
-        """The trespass `event` (episode `key`, told at `since`) to the admin once it has lasted
-        --notify-escalate, unless that is already to come."""
-        if self.config.notify_escalate <= 0 or key in self._escalation_keys:
+    def _tell_digest(self, notice: Notice) -> None:
+        """A digest to its recipient (the admin: user None), once: its key names its week."""
+        if self._delivery is None:
             return
-        self._escalation_keys.add(key)
-        self._escalating.append((since + self.config.notify_escalate, event))
-
-    def _check_troubles(self) -> None:
-        """The daemon's trouble that has lasted `notify_trouble_after`, to the admin; trouble
-        gone ends its episode, so that it is told again if it comes back."""
-        now = self.clock()
-        current = {key: (what, fix) for key, what, fix in self.troubles()}
-        for key in [k for k in self._trouble_since if k not in current]:
-            del self._trouble_since[key]
-            self._episodes.end(("daemon", key))
-        for key, (what, fix) in current.items():
-            since = self._trouble_since.setdefault(key, now)
-            if now - since >= self.config.notify_trouble_after:
-                self.on_event(Event("daemon", None, (), {"trouble": key, "what": what,
-                                                         "fix": fix, "since": since}))
+        if not self._episodes.admit(notice.key, WEEK):
+            self.repeats += 1
+            return
+        if notice.user is None:
+            if DIGEST in self.config.notify_events:
+                for destination in self._delivery.destinations:
+                    destination.put(notice)
+            return
+        urls = self.people.urls_for(notice.user, DIGEST)
+        if urls:
+            self._route(notice, notice.user, urls)
 
     def _to_user(self, notice: Notice, user: str, urls: Sequence[str]) -> None:
         self._send(("user", user), notice, lambda sent: self._route(sent, user, urls))
@@ -291,6 +301,8 @@ class Notifier:
             self._checks.stop()
             self._checks = None
         self.outbox.stop(max(0.0, deadline - time.monotonic()))
+        if self.digests is not None:
+            self.digests.stop()
         if hung:
             log.warning("notifications: %d destination(s) still sending at stop; what they "
                         "had queued is %s", hung, "sent at the next start" if self.outbox.on
@@ -306,6 +318,7 @@ class Notifier:
                 "pending": (sum(d.pending() for d in delivery.destinations) if delivery else 0)
                 + (router.pending() if router else 0) + (terminals.pending() if terminals else 0),
                 "repeats": self.repeats, "held": self.held,
+                "digest_next": self.digests.due if self.digests else None,
                 "by_kind": delivery.counts.snapshot() if delivery else {}}
 
     # -- from the destinations' threads -----------------------------------------------------
@@ -335,11 +348,6 @@ class Notifier:
                 "kind": notice.kind, "recipient": outcome.recipient,
                 "destination": outcome.destination, "result": outcome.result,
                 "tries": outcome.tries}))
-
-
-def _trespass_key(event: Event) -> Tuple[str, ...]:
-    [notice] = notices_of(event, "", 0.0)[:1]
-    return notice.key
 
 
 def _apprise_there() -> List[Any]:
