@@ -297,9 +297,12 @@ class Notifier:
             self._terminals.stop()
             hung += not self._terminals.join(max(0.0, deadline - time.monotonic()))
             self._terminals = None
-        if self._checks is not None:
-            self._checks.stop()
-            self._checks = None
+        checks, self._checks = self._checks, None
+        if checks is not None:  # a PeriodicCallback is stopped on its loop (stop is called
+            if self._loop is not None:  # from a thread of the executor's)
+                self._loop.add_callback(checks.stop)
+            else:
+                checks.stop()
         self.outbox.stop(max(0.0, deadline - time.monotonic()))
         if self.digests is not None:
             self.digests.stop()
