@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -100,6 +101,7 @@ class Notifier:
         self._failing = Throttle(1, config.repeat_log_every)
         self._unsent = Throttle(1, config.repeat_log_every)
         self._loop: Optional[IOLoop] = None
+        self._loop_thread: Optional[int] = None  # the loop's thread: _told from it records at once
 
     def _apprise_sender(self, url: str) -> Optional[Sender]:
         plugin = apprise_plugin(url, self.config.notify_timeout)
@@ -110,6 +112,7 @@ class Notifier:
         NotifyError for an admin's URL that cannot be used; without Apprise, one warning when
         destinations were given, and nothing is sent but on the users' terminals."""
         self._loop = IOLoop.current()
+        self._loop_thread = threading.get_ident()
         self.people.users.open()
         terminal = self.config.notify_terminal
         try:
@@ -327,9 +330,12 @@ class Notifier:
     # -- from the destinations' threads -----------------------------------------------------
 
     def _told(self, outcome: Outcome) -> None:
-        loop = self._loop
-        if loop is not None:
-            loop.add_callback(self._record, outcome)
+        """What became of a notice: recorded on the loop (a notice dropped at a full queue is
+        told on the loop itself, at once: a storm's drops do not wake it thousands of times)."""
+        if threading.get_ident() == self._loop_thread:
+            self._record(outcome)
+        elif self._loop is not None:
+            self._loop.add_callback(self._record, outcome)
 
     def _record(self, outcome: Outcome) -> None:
         notice = outcome.notice
