@@ -18,7 +18,8 @@ from tornado.ioloop import IOLoop
 
 from patroller.config import Config
 from patroller.http.encoding import dumps
-from patroller.http.hiding import NOBODY, Shown, Viewer
+from patroller.core.identity import Viewer
+from patroller.http.hiding import NOBODY, Shown
 
 
 class Page(Protocol):

@@ -5,7 +5,7 @@ caller is identified as every caller is (the kernel, the container engines), and
 reaches her own: no argument names another user. A caller who cannot be identified gets 403."""
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from patroller.config.settings import NOTIFY_KINDS
 from patroller.core.errors import BadRequest, Unavailable
@@ -76,7 +76,7 @@ def _notifier(handler: Handler) -> People:
     return notifier.people
 
 
-def _only(args: Args, names: tuple, endpoint: str) -> None:
+def _only(args: Args, names: Tuple[str, ...], endpoint: str) -> None:
     for name in args:
         if name not in (*names, "user"):
             takes = " and ".join(f"{n}=" for n in names) or "nothing"

@@ -24,7 +24,8 @@ from patroller.core.usage import (BY, CATEGORIES, CYCLES, Grouped, Total, summar
                                   summarize_grouped)
 from patroller.http import query
 from patroller.http.handlers import View
-from patroller.http.hiding import Redaction, Viewer
+from patroller.core.identity import Viewer
+from patroller.http.hiding import Redaction
 from patroller.observe.stats import iso_time
 from patroller.state.pseudonyms import PREFIX, Pseudonyms
 from patroller.state.usage.queries import Row, Totals

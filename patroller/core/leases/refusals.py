@@ -2,7 +2,7 @@
 manager raises before anything changes (the API maps each to its status)."""
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from patroller.core.devices import Inventory
 from patroller.core.errors import Busy, NotHeld, NotYours, OverLimit, Unsatisfiable
@@ -41,7 +41,7 @@ def over_limit(user: Identity, wants: Wants, count: Count) -> OverLimit:
     return error
 
 
-def _over(user: Identity, wants: Wants, count: Count, held: List[Optional[int]]) -> str:
+def _over(user: Identity, wants: Wants, count: Count, held: Sequence[Optional[int]]) -> str:
     """Why `count` refuses the request, naming the devices held (None: one held by another)."""
     asked = sum(wants.values())
     whom = "one user" if count.kind == "user" else "one host account"
