@@ -191,6 +191,25 @@ def test_patroller_config_names_each_settings_origin(tmp_path):
     assert "prot.toml" not in bad.stderr and ":1: unknown key 'prot'" in bad.stderr
 
 
+def test_the_docs_sample_of_patroller_config_is_a_real_run(tmp_path):
+    text = open(os.path.join(ROOT, "docs", "configuration.md"), encoding="utf-8").read()
+    toml = re.search(r"A TOML file whose keys.*?```toml\n(.*?)```", text, re.S).group(1)
+    sample = re.search(r"```text\n\$ (PATROLLER_LOG_LEVEL=debug) patroller config (--lease 30)\n"
+                       r"(.*?)```", text, re.S)
+    path = written(tmp_path, toml)
+    variable, flag = sample.group(1).split("="), sample.group(2).split()
+    done = patroller_config(*flag, env={variable[0]: variable[1], "PATROLLER_CONFIG": path})
+    assert done.returncode == 0, done.stderr
+
+    def normal(line):
+        return re.sub(r"\s{2,}", "  ", line.replace(path, "/etc/patroller/patroller.toml"))
+    ran = [normal(line) for line in done.stdout.splitlines()]
+    shown = [normal(line) for line in sample.group(3).splitlines() if line != "..."]
+    assert len(shown) > 10
+    assert [line for line in shown if line in ran] == shown
+    assert sorted(shown, key=ran.index) == shown  # in the order it prints them
+
+
 def configfile_keys():
     from patroller.config.flags import file_keys
     return file_keys()
@@ -271,3 +290,20 @@ def test_sighup_rereads_the_file_on_a_running_daemon(tmp_path):
         assert ask(server, "/request?gpu=1&user=alice") == 200  # 3 GPUs still allowed
     finally:
         assert server.stop() == 0
+
+
+def test_the_doctor_reads_the_same_file(tmp_path):
+    def doctor(path):
+        return subprocess.run([sys.executable, "-m", "patroller", "doctor", "--json"],
+                              env={**os.environ, "PYTHONPATH": ROOT, "PATROLLER_CONFIG": path},
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+    good = written(tmp_path, 'nvidia-smi = "/nonexistent/nvidia-smi-of-the-file"\n'
+                             'state-dir = "none"\nkubelet-socket = "none"\n')
+    done = doctor(good)
+    checks = {check["check"]: check for check in json.loads(done.stdout)}
+    assert any("/nonexistent/nvidia-smi-of-the-file" in check["detail"]
+               for check in checks.values()), done.stdout
+    bad = written(tmp_path, "port = 1\nhide-users = 'yes'\n", "bad.toml")
+    done = doctor(bad)
+    assert done.returncode != 0
+    assert f"{bad}:2: hide-users: expected true or false, not a string" in done.stdout + done.stderr

@@ -82,9 +82,9 @@ def settings(config: Config, origins: Dict[str, str]) -> List[Dict[str, Any]]:
 
 def value_of(config: Config, key: str, origins: Dict[str, str]) -> Any:
     """The setting's value in the Config, as JSON has it (a tuple as a list)."""
-    if key in ("fleet", "fleet-file") and ("--" + key) not in origins and (
-            "--fleet" in origins or "--fleet-file" in origins):
-        return None  # the hosts were named the other way
+    if key == "fleet-file" and "--fleet-file" not in origins or key == "fleet" and (
+            "--fleet-file" in origins):
+        return None  # the hosts were named the other way, or not at all
     value = getattr(config, ATTRIBUTES.get(key, key.replace("-", "_")))
     return list(value) if isinstance(value, tuple) else value
 
