@@ -19,8 +19,11 @@ from patroller.cli.exits import EX_UNAVAILABLE, Failure
 
 if sys.version_info >= (3, 11):
     import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+else:  # pragma: no cover - Python 3.10, where a client installed --no-deps may lack tomli
+    try:
+        import tomli as tomllib
+    except ImportError:
+        tomllib = None
 
 SOCKET = "/run/patroller/api.sock"  # the unit's --socket; PATROLLER_SOCKET names another
 CONFIG_FILE = "/etc/patroller/patroller.toml"  # the daemon's default --config
@@ -72,6 +75,8 @@ def from_file(environ: Mapping[str, str]) -> List[Place]:
     if path is not None and path.strip().lower() in ("", "none"):
         return []
     path = os.path.abspath(os.path.expanduser(path.strip())) if path else CONFIG_FILE
+    if tomllib is None:
+        return [Place("", f"{path} (not read: Python 3.10 reads TOML with tomli, not installed)")]
     try:
         with open(path, "rb") as f:
             data = tomllib.loads(f.read(MAX_BYTES).decode("utf-8"))
