@@ -198,7 +198,7 @@ async def reload(services: "Services", running: Dict[str, "Config"], reread: Rer
     config, restart = live.applied(running["config"], read)
     if restart:
         log.warning("SIGHUP: %s changed in %s: restart to apply", ", ".join(restart),
-                    path or "the settings")
+                    path or "the settings read again (no configuration file now)")
     try:
         services.leases.policy = await loop.run_in_executor(None, make_policy, config)
     except StartError as exc:
