@@ -72,8 +72,8 @@ def named(given: Optional[str], environ: Mapping[str, str], keys: Mapping[str, s
     return found[0], read(found[0], keys)
 
 
-def read(path: str, kinds: Mapping[str, str]) -> Dict[str, Setting]:
-    """Blocking: the settings of the file at `path`, by key. `kinds` maps each known key (a long
+def read(path: str, keys: Mapping[str, str]) -> Dict[str, Setting]:
+    """Blocking: the settings of the file at `path`, by key. `keys` maps each known key (a long
     flag's name without its dashes) to SWITCH, REPEATED, LIST or VALUE. ConfigError names the
     file (and the line, and the key) when the file cannot be read, is not TOML, names a key
     that is no flag's, or gives a key a value of the wrong type."""
@@ -88,15 +88,15 @@ def read(path: str, kinds: Mapping[str, str]) -> Dict[str, Setting]:
     settings = {}
     for key, value in data.items():
         where = f"{path}:{lines[key]}" if key in lines else path
-        if key not in kinds:
-            raise ConfigError(f"{where}: {unknown(key, kinds)}")
-        settings[key] = Setting(_given(where, key, value, kinds[key]), path, lines.get(key, 0))
+        if key not in keys:
+            raise ConfigError(f"{where}: {unknown(key, keys)}")
+        settings[key] = Setting(_given(where, key, value, keys[key]), path, lines.get(key, 0))
     return settings
 
 
-def unknown(key: str, kinds: Mapping[str, str]) -> str:
+def unknown(key: str, keys: Mapping[str, str]) -> str:
     """The refusal of a key that is no flag's, with the closest name when one is close."""
-    close = difflib.get_close_matches(key.replace("_", "-").lower(), list(kinds), n=1)
+    close = difflib.get_close_matches(key.replace("_", "-").lower(), list(keys), n=1)
     hint = (f"did you mean {close[0]!r}?" if close
             else "the keys are the long flags' names (patroller --help)")
     return f"unknown key {printable(key)!r}; {hint}"
