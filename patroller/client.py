@@ -27,6 +27,7 @@ __all__ = ["claim", "reserve", "release", "release_all", "renew", "keep_alive", 
            "RequestRefused", "ServerUnreachable", "Busy", "HOLDS"]
 
 DEFAULT_SERVER = "localhost"  # or the PATROLLER_SERVER environment variable
+DEFAULT_PORT = 8080  # the daemon's: a server named without a port (an http:// URL's is 80)
 HOLDS = ("process", "lease")  # what keeps a reservation: the calling process, or a lease; or
 # a duration ("2h", "90m", "3600"): held that long whatever runs (the server's --max-hold at most)
 _DURATION = re.compile(r"\s*\d+(\.\d+)?\s*[smhd]?\s*", re.IGNORECASE)
@@ -322,21 +323,20 @@ class Claim:
 
 
 def parse_server(server: Optional[str]) -> Tuple[str, str, int]:
-    """(scheme, host, port) from 'host', 'host:port', 'http://host[:port]' or 'https://...';
-    ('unix', path, 0) from 'unix:///path/to/socket'."""
+    """(scheme, host, port) from 'host' (port DEFAULT_PORT), 'host:port', 'http://host[:port]'
+    or 'https://...'; ('unix', path, 0) from 'unix:///path/to/socket'."""
     text = (server or os.environ.get("PATROLLER_SERVER") or DEFAULT_SERVER).strip()
     if text.startswith("unix://"):
         path = text[len("unix://"):]
         if not path.startswith("/"):
             raise ValueError(f"a unix socket address needs an absolute path: {server!r}")
         return "unix", path, 0
-    if "://" not in text:
-        text = "http://" + text
-    parts = urllib.parse.urlsplit(text)
+    bare = "://" not in text  # a name, not a URL: the daemon's port by default
+    parts = urllib.parse.urlsplit("http://" + text if bare else text)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"not a Patroller server address: {server!r}")
     try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        port = parts.port or (DEFAULT_PORT if bare else 443 if parts.scheme == "https" else 80)
     except ValueError:
         raise ValueError(f"bad port in server address {server!r}") from None
     return parts.scheme, parts.hostname, port

@@ -10,6 +10,13 @@ import pytest
 # As the daemon sets it before it imports gRPC (observe/grpcunix.py): the tests' own gRPC
 # servers (grpc_server.py, kubelet.py) run in the process that also starts the daemon's children.
 os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
+# The host's own configuration file (/etc/patroller/patroller.toml on a lab host) is never the
+# tests': the daemons, doctors and command lines they start read none unless a test names one,
+# and neither does load() called with an environment of its own.
+os.environ["PATROLLER_CONFIG"] = "none"
+import patroller.config.file  # noqa: E402
+
+patroller.config.file.DEFAULT_PATH = os.path.join(os.path.dirname(__file__), "no-such-file.toml")
 
 from helpers import FakeClock, engines_left_out, lease_manager, need_root
 

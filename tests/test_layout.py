@@ -53,7 +53,7 @@ LEAVES: Dict[str, Tuple[str, ...]] = {
 # What each unit may import beyond the standard library (and patroller).
 THIRD_PARTY: Dict[str, Set[str]] = {
     "patroller.core": set(),
-    "patroller.config": set(),
+    "patroller.config": {"tomli"},  # Python 3.10's tomllib
     "patroller.observe": {"tornado", "blinker", "grpc"},
     "patroller.identify": {"tornado", "docker", "cachetools"},
     "patroller.state": {"tornado", "cachetools"},
@@ -71,7 +71,7 @@ THIRD_PARTY: Dict[str, Set[str]] = {
     "patroller.answers": set(),
     "patroller.safetext": set(),
     "patroller.client": set(),
-    "patroller.cli": set(),
+    "patroller.cli": {"tomli"},  # Python 3.10's tomllib
     "patroller.simulator": set(),
 }
 # Inside patroller.core, top to bottom: a module imports only modules of lower ranks (never one

@@ -42,7 +42,7 @@ def test_systemd_verifies_the_unit_without_a_warning(tmp_path):
     printed = subprocess.run([patroller, "systemd-unit"], capture_output=True, text=True,
                              timeout=60, cwd=tmp_path)
     assert printed.returncode == 0, printed.stderr
-    assert f"ExecStart={patroller} --port" in printed.stdout
+    assert f"ExecStart={patroller} --socket" in printed.stdout
     unit.write_text(printed.stdout)
     done = subprocess.run([analyze(), "verify", str(unit)], capture_output=True, text=True,
                           timeout=60)

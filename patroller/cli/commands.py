@@ -8,12 +8,14 @@ Exit statuses: patroller/cli/exits.py.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from patroller import client, durations
 import patroller.cli.fleet as fleet
+from patroller.cli.finding import find
 from patroller.cli.exits import (EX_INTERRUPTED, EX_NOPERM, EX_OK, EX_TEMPFAIL, EX_UNAVAILABLE,
                                  EX_USAGE, Failure, error_text, refused_code)
 from patroller.cli.records import history_command, queue_command, users_command
@@ -48,6 +50,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if hasattr(options, "colour"):  # on a terminal only, as the user lets it
         options.colour = options.colour and use_colour(sys.stdout)
     try:
+        if wants_server(options):  # none named: the daemon's socket, PATROLLER_SERVER, ...
+            options.server = find(os.environ)
         return options.handler(options)
     except Failure as failure:  # its words may be a daemon's (an error, a holder's name)
         print(f"patroller: {printable(str(failure))}", file=sys.stderr)
@@ -62,10 +66,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("patroller: interrupted", file=sys.stderr)
         return EX_INTERRUPTED
 
+def wants_server(options: argparse.Namespace) -> bool:
+    """Whether the command asks one server and none was named (--hosts asks others)."""
+    return (hasattr(options, "server") and options.server is None
+            and not (getattr(options, "hosts", None) or getattr(options, "hosts_file", None)
+                     or ("hosts" in options and os.environ.get("PATROLLER_HOSTS", "").strip())))
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--server", help="host[:port], http://host:port or unix:///path "
-                        "(default: $PATROLLER_SERVER, else localhost)")
+    common.add_argument("--server", help="host[:port] (port 8080 by default), http://host:port "
+                        "or unix:///path (default: the first that answers of the daemon's "
+                        "socket /run/patroller/api.sock, $PATROLLER_SERVER, the socket or port "
+                        "in /etc/patroller/patroller.toml, localhost:8080)")
     parser = argparse.ArgumentParser(
         prog="patroller", description="Reserve and watch the GPUs of a Patroller host. "
         "`patroller` with flags and no command runs the server (patroller --help).")

@@ -32,7 +32,7 @@ class Config:
 
     # -- where it serves, and how it runs (flags) --------------------------------------------
     test: bool = False  # synthetic devices: no GPU, no Docker, no nvidia-smi
-    port: int = 80
+    port: int = 8080  # the unit, the docs and the command line all say 8080
     address: str = ""  # all interfaces
     socket: Optional[str] = None  # also serve on this unix socket
     log_level: str = "info"
