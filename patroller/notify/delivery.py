@@ -24,7 +24,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from patroller.config import Config
 from patroller.notify.messages import Notice
@@ -204,7 +204,7 @@ class Counts:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counts: Counter = Counter()
+        self._counts: "Counter[Tuple[str, str]]" = Counter()
 
     def add(self, kind: str, result: str) -> None:
         with self._lock:

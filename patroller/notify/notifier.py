@@ -199,8 +199,7 @@ class Notifier:
                 self._escalations.add(event, notice.key, now)
             elif notice.kind in self.config.notify_events:
                 for destination in self._delivery.destinations:
-                    self._send(destination.number, notice,
-                               lambda sent, d=destination: d.put(sent))
+                    self._send(destination.number, notice, destination.put)
             for user in notice.concerns:
                 urls = self.people.urls_for(user, notice.kind) if self._router is not None \
                     else ()

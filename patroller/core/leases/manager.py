@@ -100,7 +100,8 @@ class LeaseManager(LeaseState):
         if uuid is not None:
             admin = refusals.check_release(user, self._hold(uuid))  # root, another's device
             devices = [d for d in devices if d.uuid == uuid]
-        now_free, after_exit = [], []
+        now_free: List[Device] = []
+        after_exit: List[Device] = []
         for device in devices:
             hold = self._holds[device.uuid]
             owner = hold.holder

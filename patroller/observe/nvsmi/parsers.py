@@ -305,7 +305,7 @@ def _compute_app(line: str) -> Optional[ComputeApp]:
     if not _APP_UUID.fullmatch(uuid) or pid is None:
         return None
     found = _APP_MIB.fullmatch(memory)
-    name = cells[3].strip() if len(cells) == 4 else ""
+    name: Optional[str] = cells[3].strip() if len(cells) == 4 else ""
     if not name or name in ("N/A", "-") or (name.startswith("[") and name.endswith("]")):
         name = None  # `[N/A]`, `[Not Found]`, `[Insufficient Permissions]`
     return ComputeApp(uuid, pid, int(found.group(1)) if found else None, name)
