@@ -258,8 +258,9 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
 
     env_names = {flag: env for flag, env, _ in _SETTINGS}
     test = pick("--test", env_names["--test"], bool, False)  # the variable: any text is true
-    fleet = pick("--fleet", env_names["--fleet"], values.fleet, ())
-    from_file = pick("--fleet-file", env_names["--fleet-file"], values.fleet_file, ())
+    none: Tuple[str, ...] = ()
+    fleet = pick("--fleet", env_names["--fleet"], values.fleet, none)
+    from_file = pick("--fleet-file", env_names["--fleet-file"], values.fleet_file, none)
     if fleet and from_file:
         raise ConfigError("--fleet-file: given with --fleet too (or PATROLLER_FLEET_FILE with "
                           "PATROLLER_FLEET); name the fleet's hosts one way")

@@ -5,7 +5,7 @@ caller is identified as every caller is (the kernel, the container engines), and
 reaches her own: no argument names another user. A caller who cannot be identified gets 403."""
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from patroller.config.settings import NOTIFY_KINDS
 from patroller.core.errors import BadRequest, Unavailable
@@ -49,6 +49,7 @@ class NotifyChangeHandler(Handler):
         if self.unanswerable():
             return
         try:
+            answer: Dict[str, Any]
             if action == "add":
                 number = await notifier.add(caller.user, _one(args, "url"))
                 answer = {"added": number}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from types import MappingProxyType
-from typing import (Dict, Generic, List, Mapping, NamedTuple, Optional, Sequence, Tuple,
+from typing import (Any, Dict, Generic, List, Mapping, NamedTuple, Optional, Sequence, Tuple,
                     TypeVar, Union)
 
 Value = Union[int, float, str, None]
@@ -65,7 +65,7 @@ def parse_value(token: str) -> Value:
     return token
 
 
-class _Cells(dict):  # type: ignore[type-arg]
+class _Cells(Dict[str, Any]):
     """parse_value with a memory: the same few hundred cell texts recur on every line."""
 
     LIMIT = 8192
