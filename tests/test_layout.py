@@ -88,6 +88,7 @@ CORE_ORDER: List[Tuple[str, ...]] = [
     ("patroller.core.pods",),  # Kubernetes pods' allocations
     ("patroller.core.jobs",),  # Slurm jobs' allocations
     ("patroller.core.usage",),  # GPU-time in categories, and reports of it
+    ("patroller.core.topology",),  # how the GPUs are linked; the best-connected set
     ("patroller.core.devices", "patroller.core.identity", "patroller.core.errors",
      "patroller.core.policy", "patroller.core.throttle", "patroller.core.text"),
 ]
