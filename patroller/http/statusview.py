@@ -25,7 +25,7 @@ from patroller.config import Config
 from patroller.core.devices import Inventory
 from patroller.core.leases import Hold, LeaseManager
 from patroller.http.encoding import dumps
-from patroller.http.views import claim_static
+from patroller.http.views import claim_static, topology_view
 from patroller.observe.idle import IdleWatch
 from patroller.observe.stats import StatsStore, iso_time
 
@@ -174,6 +174,7 @@ class StatusView:
         part.stats_version = self.stats.sample_version(uuid)
         stats = self.stats.view(uuid)
         del stats["stale"]
+        stats["topology"] = topology_view(self.leases, self.inventory, uuid)
         part.stats, part.stats_json = stats, dumps(stats)
         self.parts_built += 1
 

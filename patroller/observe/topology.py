@@ -127,10 +127,10 @@ class TopologyWatch(Monitor):
             return topology
         if not topology:
             self.failures += 1
-            if self.topology or self.readings == 1 or self.topology.why != topology.why:
-                log.warning("how the GPUs are linked is not known (%s): they are granted "
-                            "lowest numbers first, and a request for a link is refused",
-                            topology.why)
+            if self.topology or self.readings == 1:  # told once (patroller doctor says it too)
+                (log.warning if self.topology else log.info)(
+                    "how the GPUs are linked is not known (%s): they are granted lowest "
+                    "numbers first, and a request for a link is refused", topology.why)
         elif not self.topology:
             log.info("GPU topology read: %d GPU(s)", len(topology.links))
         self.topology = topology
