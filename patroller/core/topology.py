@@ -136,8 +136,9 @@ class Topology:
 
     def score(self, devices: Sequence[Device]) -> Tuple[int, ...]:
         """The set's links from weakest to strongest, negated: lower is better connected."""
-        return tuple(sorted(-self._strength[a.uuid].get(b.uuid, 0)
-                            for a, b in itertools.combinations(devices, 2)))
+        links = sorted(self._strength[a.uuid].get(b.uuid, 0)
+                       for a, b in itertools.combinations(devices, 2))
+        return tuple(-s for s in links)
 
 
 def usable(topology: Topology, devices: Sequence[Device]) -> bool:
@@ -180,7 +181,7 @@ def _search(topology: Topology, pool: Sequence[Device], count: int, prefer: Pref
     the greedy search."""
     if math.comb(len(pool), count) <= exact:
         sets = (list(s) for s in itertools.combinations(pool, count))
-        fitting = [s for s in sets if floor == 0 or -topology.score(s)[0] >= floor]
+        fitting = [s for s in sets if floor == 0 or count < 2 or -topology.score(s)[0] >= floor]
         return min(fitting, key=lambda s: _key(topology, s, prefer)) if fitting else None
     grown = [_grow(topology, pool, seed, count, prefer, floor) for seed in _seeds(topology, pool)]
     sets = [s for s in grown if s is not None]
