@@ -10,7 +10,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from helpers import FakeClock, host_user, lease_manager
+from helpers import (FakeClock, ScenarioFile, async_test, gpu_running, host_user, lease_manager,
+                     until)
 from patroller.core.devices import Device, Inventory
 from patroller.core.errors import Busy, Unsatisfiable
 from patroller.core.topology import Topology, best, strength, usable
@@ -243,3 +244,68 @@ def test_the_devices_set_aside_for_a_starving_waiter_are_those_it_would_get():
     # were all four free, its NVLink pair would be held for it, not the lowest numbers
     waiter, aside = leases.set_aside({"gpu": leases.inventory.present()})
     assert aside == {"GPU-0", "GPU-2"}
+
+
+# -- the daemon, on the simulator ---------------------------------------------------------------
+
+@pytest.fixture
+def pairs(tmp_path):
+    return ScenarioFile(str(tmp_path / "scenario.json"), devices=[{}, {}, {}, {}],
+                        topology="nvlink-pairs")
+
+
+@async_test
+async def test_the_daemon_grants_the_nvlink_pair_and_shows_the_links(pairs):
+    async with gpu_running(pairs) as h:
+        await until(lambda: bool(h.services.leases.topology))
+        status, grant = await h.call("/request?gpu=2")
+        assert status == 200 and [g["info"]["number"] for g in grant] == [0, 2]
+        shown = (await h.ok("/status"))[grant[0]["uuid"]]["topology"]
+        assert shown == {"numa": "0", "cpus": "0-15", "links": {"1": "PHB", "2": "NV4", "3": "SYS"},
+                         "nvlink": [2]}
+        assert (await h.ok("/devices"))[grant[1]["uuid"]]["topology"]["nvlink"] == [0]
+        status, busy = await h.call("/request?gpu=2&link=numa")
+        assert status == 409 and busy["link"] == "numa", busy
+        status, never = await h.call("/request?gpu=3&link=nvlink")
+        assert status == 422 and "no 3 gpu of this host" in never["error"], never
+        status, bad = await h.call("/request?gpu=2&link=nvswitch")
+        assert status == 400 and bad["links"] == ["nvlink", "numa"], bad
+        status, grant = await h.call("/wait?gpu=2&link=nvlink&timeout=5")
+        assert status == 200 and [g["info"]["number"] for g in grant] == [1, 3]
+
+
+@async_test
+async def test_without_topo_the_daemon_grants_the_lowest_numbers_and_refuses_a_link(tmp_path):
+    scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=[{}, {}, {}, {}])
+    async with gpu_running(scenario) as h:
+        await until(lambda: h.services.leases.topology.why is not None)  # read, and failed
+        status, grant = await h.call("/request?gpu=2")
+        assert status == 200 and [g["info"]["number"] for g in grant] == [0, 1]
+        status, refused = await h.call("/request?gpu=1&link=numa")
+        assert status == 422 and "`" in refused["error"] and "topo -m` failed" in refused["error"]
+        assert (await h.ok("/status"))[grant[0]["uuid"]]["topology"] is None
+
+
+@pytest.mark.parametrize("scenario, status, said", [
+    ({"topology": "nvlink-pairs"}, "ok", "NVLink between 0, 2; 1, 3; NUMA node 0: 0, 1; "
+     "NUMA node 1: 2, 3: the best-connected free GPUs are granted"),
+    ({"topology": "pcie-pairs", "topo_format": "r440"}, "ok", "no NVLink; cpus 0-15: 0, 1"),
+    ({}, "degraded", "Option topo is not recognized"),
+    ({"topology": "nvlink-all", "faults": {"topo": {"hang": True}}}, "degraded",
+     "no answer in 1 s: killed"),
+    ({"topology": "nvlink-all", "devices": [{}, {}, {"mig": "Enabled"}, {}]}, "degraded",
+     "MIG is on for GPU 2: the lowest free numbers are granted"),
+])
+def test_the_doctor_says_how_the_gpus_are_linked_or_why_not(tmp_path, scenario, status, said):
+    import asyncio
+    from dataclasses import replace
+
+    from patroller.config import Config
+    from patroller.doctor.gpu import probe
+    from patroller.doctor.gpuchecks import topology
+
+    file = ScenarioFile(str(tmp_path / "s.json"), **{"devices": [{}, {}, {}, {}], **scenario})
+    config = replace(Config(), nvidia_smi=file.command, topology_timeout=1.0)
+    result = topology(asyncio.run(probe(config)))
+    assert (result.status, result.check) == (status, "GPU topology") and said in result.detail, \
+        result
