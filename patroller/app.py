@@ -15,7 +15,7 @@ from patroller.config.trust import Untrusted
 from patroller.core.devices import Inventory, InventoryChange
 from patroller.core.leases import LeaseManager
 from patroller.core.policy import Policy
-from patroller.core.topology import Topology
+from patroller.core.topology import Search, Topology
 from patroller.heap import Heap
 from patroller.http.api import Api
 from patroller.http.fastlane import FastLane
@@ -293,7 +293,7 @@ def assemble(config: Config, inventory: Inventory, signals: Signals, monitors: S
     leases = LeaseManager(inventory, lease=config.lease, policy=make_policy(config),
                           max_waiters=config.max_waiters,
                           max_waiting_per_user=config.max_waiting_per_user)
-    leases.exact = config.topology_exact
+    leases.search = Search(config.topology_exact, config.topology_seeds, config.topology_near)
     usage = usage_store(config)
     audit = AuditLog(config.audit_log, config.audit_keep, config.repeat_log_every)
     services = Services(

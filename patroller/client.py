@@ -73,14 +73,10 @@ def reserve(count: int = 1, server: Optional[str] = None, timeout: Optional[floa
     timeout=None waits for as long as it takes. hold="process" keeps the devices for as long
     as the calling process lives; hold="lease" keeps them for the server's short lease, until
     the user's process shows up on them (see `keep_alive` to hold a lease longer); a duration
-    (hold="2h") keeps them that long, whatever runs on them. link="nvlink" insists on devices
-    linked to each other by NVLink, link="numa" on devices in one NUMA node (RequestRefused,
-    422, if the host has no such set); without it the server gives the best-connected set.
-    """
+    (hold="2h") keeps them that long, whatever runs on them. link="nvlink" or "numa" insists on
+    GPUs linked by NVLink, or in one NUMA node; without it, the best-connected are given."""
     _check_hold(hold)
-    params: Dict[str, Any] = {resource: count, "hold": hold}
-    if link is not None:
-        params["link"] = link
+    params: Dict[str, Any] = {resource: count, "hold": hold, **({"link": link} if link else {})}
     if timeout not in (0, None):
         params["timeout"] = timeout
     http_timeout = None if timeout is None else float(timeout) + _SLACK

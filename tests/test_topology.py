@@ -14,7 +14,7 @@ from helpers import (FakeClock, ScenarioFile, async_test, gpu_running, host_user
                      until)
 from patroller.core.devices import Device, Inventory
 from patroller.core.errors import Busy, Unsatisfiable
-from patroller.core.topology import Topology, best, strength, usable
+from patroller.core.topology import Search, Topology, best, strength, usable
 from patroller.observe.nvsmi.topo import TopoError, parse_topology
 from patroller.observe.topology import bind
 
@@ -41,9 +41,9 @@ def never(device: Device) -> Tuple[int, float]:
 
 
 def choose(name: str, free: Sequence[int], count: int, link: Optional[str] = None,
-           exact: int = 500) -> Optional[List[int]]:
+           search: Search = Search()) -> Optional[List[int]]:
     found, topology = from_capture(name)
-    return numbers(best(topology, [found[i] for i in free], count, never, link, exact))
+    return numbers(best(topology, [found[i] for i in free], count, never, link, search))
 
 
 # -- the parser on each real capture -------------------------------------------------------
@@ -173,7 +173,7 @@ def test_beyond_the_exact_bound_the_greedy_search_finds_the_structure():
         found, topology = from_capture("nccl-tests-8x-rtx4090-topo-pix.txt")
         free = sorted(rng.sample(found, 6), key=lambda d: d.number)
         exact = best(topology, free, 3, never)
-        greedy = best(topology, free, 3, never, exact=0)
+        greedy = best(topology, free, 3, never, search=Search(exact=0))
         assert exact is not None and greedy is not None
         assert topology.score(greedy) == topology.score(exact)
 

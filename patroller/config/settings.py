@@ -178,6 +178,9 @@ class Config:
     # change of the inventory) may take: then it is killed, and the links are not known
     topology_exact: int = 500  # the most sets of free devices weighed one by one when choosing
     # the best-connected (core/topology.py; each costs some microseconds): beyond, a greedy search
+    topology_seeds: int = 8  # from at most this many devices (one of each kind, the most
+    # promising first), each grown among its `topology_near` strongest-linked free peers
+    topology_near: int = 8
     job_map_every: float = 1.0  # seconds between readings of the Slurm job map directory
     job_map_file_limit: int = 64 * 1024  # bytes read at most of one job map file
     kubelet_every: float = 2.0  # seconds between calls of the kubelet's pod-resources List

@@ -10,9 +10,10 @@ The rule (docs/fair-use.md, "Which GPUs you get"): of the free sets of the size 
 one whose links, weakest first, are strongest wins (the weakest link decides; then fewer links
 that weak; then the next weakest, and so on). Ties go to the set with more devices the user
 held last, then to the set whose most recent release is oldest (to spread the wear), then to
-the lowest numbers. Every set is weighed when there are at most `exact` of them; beyond, a
-greedy search from every kind of device (grown by its strongest weakest link) weighs a few
-sets only, and may miss the best (documented as such).
+the lowest numbers. Every set is weighed when there are at most `Search.exact` of them;
+beyond, a greedy search from a few devices (one of each kind, the most promising first), grown
+among each one's strongest-linked free peers by the strongest weakest link, weighs a few sets
+only, and may miss the best (docs/fair-use.md says so).
 
 Pure: no I/O.
 """
@@ -59,12 +60,18 @@ class Topology:
         self.cpus = dict(cpus)  # uuid -> its CPU affinity ("0-23,48-71")
         self.why = why  # why it is unknown, when it is
         self._kinds: Dict[str, int] = {}  # uuid -> a number shared by devices linked alike
+        self._order: Dict[str, List[Tuple[int, str]]] = {}  # uuid -> peers, strongest first
+        # Whether every two devices of the matrix have a link (as `topo -m` gives): then a
+        # device's row says it is covered, without looking at every pair (2,016 at 64 GPUs).
+        self._whole = all(len(row) == len(self.links) - 1 for row in self.links.values())
 
     def __bool__(self) -> bool:
         return bool(self.links)
 
     def covers(self, uuids: Sequence[str]) -> bool:
         """Whether every two of these devices have a link known."""
+        if self._whole:
+            return all(u in self.links for u in uuids)
         return all(b in self.links.get(a, {}) for a, b in itertools.combinations(uuids, 2))
 
     def link(self, a: str, b: str) -> Optional[str]:
@@ -97,6 +104,15 @@ class Topology:
                         todo.append(peer)
             groups.append(sorted(group, key=uuids.index))
         return groups
+
+    def order(self, uuid: str) -> List[Tuple[int, str]]:
+        """The device's peers with the strength of the link to each, strongest first."""
+        found = self._order.get(uuid)
+        if found is None:
+            found = self._order[uuid] = sorted(
+                ((s, peer) for peer, s in self._strength.get(uuid, {}).items()),
+                key=lambda sp: -sp[0])
+        return found
 
     def kind(self, uuid: str) -> int:
         """Devices of one kind are linked alike to every other (twins): a search from one of
@@ -148,8 +164,17 @@ def usable(topology: Topology, devices: Sequence[Device]) -> bool:
         topology.covers([d.uuid for d in devices])
 
 
+class Search:
+    """How hard to look: every set while there are at most `exact`; beyond, the greedy search
+    from at most `seeds` devices, each grown among its `near` strongest-linked free peers (and
+    those linked as strongly as the last of them). Config's topology_* values."""
+
+    def __init__(self, exact: int = 500, seeds: int = 8, near: int = 8) -> None:
+        self.exact, self.seeds, self.near = exact, seeds, near
+
+
 def best(topology: Topology, free: Sequence[Device], count: int, prefer: Prefer,
-         link: Optional[str] = None, exact: int = 500) -> Optional[List[Device]]:
+         link: Optional[str] = None, search: Search = Search()) -> Optional[List[Device]]:
     """The best-connected `count` of `free` (in device order) by the rule above, meeting
     `link`; None if no such set is free. Needs `usable(topology, free)`."""
     if count <= 0:
@@ -161,55 +186,100 @@ def best(topology: Topology, free: Sequence[Device], count: int, prefer: Prefer,
             nodes.setdefault(topology.node(device.uuid), []).append(device)
         pools = [pool for node, pool in nodes.items() if node is not None]
     floor = NVLINK + 1 if link == "nvlink" else 0
+    prefs = {d.uuid: prefer(d) for d in free}
     found = [chosen for pool in pools if len(pool) >= count
-             for chosen in [_search(topology, pool, count, prefer, floor, exact)] if chosen]
+             for chosen in [_search(topology, pool, count, prefs, floor, search)] if chosen]
     if not found:
         return None
-    return sorted(min(found, key=lambda s: _key(topology, s, prefer)), key=lambda d: d.number)
+    return sorted(min(found, key=lambda s: _key(topology, s, prefs)), key=lambda d: d.number)
 
 
-def _key(topology: Topology, devices: Sequence[Device], prefer: Prefer) -> Tuple[object, ...]:
+def _key(topology: Topology, devices: Sequence[Device],
+         prefs: Mapping[str, Tuple[int, float]]) -> Tuple[object, ...]:
     """How a set ranks, lower first: its links, then the tie-breaks."""
-    prefs = [prefer(d) for d in devices]
-    return (topology.score(devices), sum(p[0] for p in prefs), max(p[1] for p in prefs),
+    mine = [prefs[d.uuid] for d in devices]
+    return (topology.score(devices), sum(p[0] for p in mine), max(p[1] for p in mine),
             sorted(d.number for d in devices))
 
 
-def _search(topology: Topology, pool: Sequence[Device], count: int, prefer: Prefer,
-            floor: int, exact: int) -> Optional[List[Device]]:
+def _search(topology: Topology, pool: Sequence[Device], count: int,
+            prefs: Mapping[str, Tuple[int, float]], floor: int,
+            search: Search) -> Optional[List[Device]]:
     """The best set of `pool` with no link below `floor`: every set when they are few, else
     the greedy search."""
-    if math.comb(len(pool), count) <= exact:
-        sets = (list(s) for s in itertools.combinations(pool, count))
-        fitting = [s for s in sets if floor == 0 or count < 2 or -topology.score(s)[0] >= floor]
-        return min(fitting, key=lambda s: _key(topology, s, prefer)) if fitting else None
-    grown = [_grow(topology, pool, seed, count, prefer, floor) for seed in _seeds(topology, pool)]
+    if math.comb(len(pool), count) <= search.exact:
+        rows = topology._strength
+        scored = []
+        for chosen in itertools.combinations(pool, count):
+            links = sorted(rows[a.uuid][b.uuid] for a, b in itertools.combinations(chosen, 2))
+            if floor and count > 1 and links[0] < floor:
+                continue
+            scored.append((tuple(-s for s in links), chosen))
+        if not scored:
+            return None
+        top = min(score for score, _ in scored)
+        return list(min((c for score, c in scored if score == top),
+                        key=lambda c: _key(topology, c, prefs)))
+    by_uuid = {d.uuid: d for d in pool}
+    grown = [_grow(topology, seed, near, count, prefs, floor)
+             for seed, near in _seeds(topology, by_uuid, count, prefs, search)]
     sets = [s for s in grown if s is not None]
-    return min(sets, key=lambda s: _key(topology, s, prefer)) if sets else None
+    return min(sets, key=lambda s: _key(topology, s, prefs)) if sets else None
 
 
-def _seeds(topology: Topology, pool: Sequence[Device]) -> List[Device]:
-    """One device of each kind in the pool, the preferred first: where the searches start."""
-    kinds: Dict[int, Device] = {}
-    for device in pool:
-        kinds.setdefault(topology.kind(device.uuid), device)
-    return list(kinds.values())
+def _seeds(topology: Topology, pool: Mapping[str, Device], count: int,
+           prefs: Mapping[str, Tuple[int, float]],
+           search: Search) -> List[Tuple[Device, List[Device]]]:
+    """Where the greedy searches start, each with the free peers it grows among: one device
+    of each kind (twins search alike), those whose `count - 1`-th strongest free link is
+    strongest first (no set holding a device is linked better than that), at most `seeds`."""
+    kinds: Dict[int, Tuple[Tuple[object, ...], Device]] = {}
+    for uuid, device in pool.items():
+        kind = topology.kind(uuid)
+        if kind in kinds:
+            continue
+        bound, seen = 0, 0
+        for strength_, peer in topology.order(uuid):
+            if peer in pool:
+                seen += 1
+                if seen == count - 1:
+                    bound = strength_
+                    break
+        kinds[kind] = ((-bound, prefs[uuid][0], -prefs[uuid][1], device.number), device)
+    ranked = sorted(kinds.values(), key=lambda k: k[0])[:search.seeds]
+    return [(device, _near(topology, device.uuid, pool, max(search.near, count - 1)))
+            for _, device in ranked]
 
 
-def _grow(topology: Topology, pool: Sequence[Device], seed: Device, count: int,
-          prefer: Prefer, floor: int) -> Optional[List[Device]]:
-    """From `seed`, add the device whose weakest link to those chosen is strongest (then
-    whose links sum highest, then the preferred) until `count`; None below `floor`."""
+def _near(topology: Topology, uuid: str, pool: Mapping[str, Device], most: int) -> List[Device]:
+    """The device's `most` strongest-linked free peers, and those linked as strongly as the
+    last of them (up to twice as many: ties are told apart by the preference)."""
+    near: List[Device] = []
+    last = None
+    for strength_, peer in topology.order(uuid):
+        if peer not in pool:
+            continue
+        if len(near) >= most and (strength_ != last or len(near) >= 2 * most):
+            break
+        near.append(pool[peer])
+        last = strength_
+    return near
+
+
+def _grow(topology: Topology, seed: Device, near: List[Device], count: int,
+          prefs: Mapping[str, Tuple[int, float]], floor: int) -> Optional[List[Device]]:
+    """From `seed`, add the peer whose weakest link to those chosen is strongest (then whose
+    links sum highest, then the preferred) until `count`; None below `floor`."""
     chosen = [seed]
-    rest = [d for d in pool if d is not seed]
+    rest = list(near)
     row = topology._strength[seed.uuid]
     weakest = [row.get(d.uuid, 0) for d in rest]
     total = list(weakest)
-    rank = [prefer(d) for d in rest]
+    rank = [(-prefs[d.uuid][0], -prefs[d.uuid][1]) for d in rest]
     while len(chosen) < count:
         if not rest:
             return None
-        at = max(range(len(rest)), key=lambda i: (weakest[i], total[i], -rank[i][0], -rank[i][1]))
+        at = max(range(len(rest)), key=lambda i: (weakest[i], total[i], rank[i]))
         if weakest[at] < floor:
             return None
         added = rest.pop(at)

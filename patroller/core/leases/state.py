@@ -18,7 +18,7 @@ from patroller.core.leases.limits import Count
 from patroller.core.leases.queue import WaitQueue, Waiter
 from patroller.core.leases.serving import Choose, Free, lowest
 from patroller.core.policy import Policy
-from patroller.core.topology import Topology, best, usable
+from patroller.core.topology import Search, Topology, best, usable
 
 
 class LeaseState:
@@ -33,7 +33,7 @@ class LeaseState:
         self.policy = policy  # replaced whole when the administrator reloads it
         self.waiters = waiters
         self.topology = Topology()  # replaced whole when `topo -m` is read again
-        self.exact = 500  # the most sets of devices weighed one by one (core/topology.py)
+        self.search = Search()  # how hard the choice looks (core/topology.py; Config's)
         now = clock()
         self._holds = {d.uuid: Hold(since=now, uuid=d.uuid) for d in inventory}
 
@@ -95,7 +95,7 @@ class LeaseState:
         topology (core/topology.py), meeting `link`; the lowest numbers where the topology is
         not known for them (no `topo -m`, MIG), where `link` is then never met."""
         name = user.user if user is not None else None
-        holds, topology, exact = self._holds, self.topology, self.exact
+        holds, topology, search = self._holds, self.topology, self.search
 
         def prefer(device: Device) -> Tuple[int, float]:
             hold = holds.get(device.uuid)
@@ -107,7 +107,7 @@ class LeaseState:
         def choose(free: List[Device], count: int) -> Optional[List[Device]]:
             if not usable(topology, free):
                 return lowest(free, count) if link is None else None
-            return best(topology, free, count, prefer, link, exact)
+            return best(topology, free, count, prefer, link, search)
         return choose
 
     def hold_of(self, uuid: str) -> Dict[str, Any]:
