@@ -164,7 +164,11 @@ def test_the_chosen_set_is_never_worse_connected_than_another_free_set(case):
         assert chosen is None
         return
     assert chosen is not None and topology.fits(chosen, link) and set(chosen) <= set(free)
-    assert topology.score(chosen) == min(topology.score(s) for s in fitting)
+
+    def weakest_first(s: Sequence[Device]) -> List[int]:  # the rule, written out again here
+        return sorted(strength(words[(a.number, b.number)])
+                      for a, b in itertools.combinations(s, 2))
+    assert weakest_first(chosen) == max(weakest_first(s) for s in fitting)
 
 
 def test_beyond_the_exact_bound_the_greedy_search_finds_the_structure():
@@ -176,6 +180,19 @@ def test_beyond_the_exact_bound_the_greedy_search_finds_the_structure():
         greedy = best(topology, free, 3, never, search=Search(exact=0))
         assert exact is not None and greedy is not None
         assert topology.score(greedy) == topology.score(exact)
+        assert sorted(strength(topology.link(a.uuid, b.uuid) or "")
+                      for a, b in itertools.combinations(greedy, 2))[0] == strength("PIX")
+
+
+def test_the_greedy_search_grows_by_the_strongest_weakest_link():
+    # From GPU 0 (the most promising start): 1 and 2 are NVLinked to it; once 1 is in, 2 would
+    # bring a SYS link (a sum of 105) and 3 two PHB links (6): 3 it is, as the rule says.
+    words = {(0, 1): "NV4", (0, 2): "NV4", (0, 3): "PHB", (1, 2): "SYS", (1, 3): "PHB",
+             (2, 3): "SYS"}
+    topology = Topology({(f"GPU-{a}", f"GPU-{b}"): w for (a, b), w in words.items()})
+    found = devices(4)
+    assert numbers(best(topology, found, 3, never, search=Search(exact=0, seeds=1))) == [0, 1, 3]
+    assert numbers(best(topology, found, 3, never)) == [0, 1, 3]
 
 
 # -- in the lease rules -------------------------------------------------------------------------
@@ -275,6 +292,16 @@ async def test_the_daemon_grants_the_nvlink_pair_and_shows_the_links(pairs):
 
 
 @async_test
+async def test_the_links_are_read_again_when_the_inventory_changes(pairs):
+    async with gpu_running(pairs, inventory_every=0.2) as h:
+        await until(lambda: bool(h.services.leases.topology))
+        pairs.write(devices=[{}, {}, {}], topology="pcie")  # GPU 3 is gone; PCIe only
+        await until(lambda: len(h.services.leases.topology.links) == 3, timeout=20)
+        uuid = next(d.uuid for d in h.services.inventory if d.number == 0)
+        assert (await h.ok("/status"))[uuid]["topology"]["links"] == {"1": "PHB", "2": "PHB"}
+
+
+@async_test
 async def test_without_topo_the_daemon_grants_the_lowest_numbers_and_refuses_a_link(tmp_path):
     scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=[{}, {}, {}, {}])
     async with gpu_running(scenario) as h:
@@ -309,3 +336,35 @@ def test_the_doctor_says_how_the_gpus_are_linked_or_why_not(tmp_path, scenario, 
     result = topology(asyncio.run(probe(config)))
     assert (result.status, result.check) == (status, "GPU topology") and said in result.detail, \
         result
+
+
+def test_a_waiter_that_insists_on_a_link_holds_back_no_later_one_that_fits():
+    clock = FakeClock()
+    leases = pairs_host(clock)
+    for user in (BOB, CAROL, host_user("dave", 1004)):
+        leases.request(user, {"gpu": 1})  # 0, 1, 2: 3 is free
+    granted: Dict[str, List[int]] = {}
+    leases.wait(ALICE, {"gpu": 2}, lambda ds: granted.setdefault("alice", numbers(ds)),
+                link="nvlink")
+    clock.advance(1)
+    leases.wait(CAROL, {"gpu": 2}, lambda ds: granted.setdefault("carol", numbers(ds)))
+    leases.release(BOB)  # 0 joins 3: two GPUs free, not linked by NVLink (SYS)
+    assert granted == {"carol": [0, 3]}
+
+
+def test_ties_in_the_lease_rules_go_to_the_users_last_gpu_then_the_oldest_release():
+    clock = FakeClock()
+    leases = lease_manager(clock, Inventory(devices(4)))
+    leases.topology = Topology({(f"GPU-{a}", f"GPU-{b}"): "NODE"
+                                for a, b in itertools.combinations(range(4), 2)},
+                               {f"GPU-{i}": "0" for i in range(4)})
+    for user, number in ((BOB, 2), (CAROL, 3), (ALICE, 1)):
+        leases.request(user, {"gpu": 1})  # 0, then 1, then 2: lowest first, none released yet
+    leases.release(ALICE)  # 2, freed at 1000
+    clock.advance(5)
+    leases.release(CAROL)  # 1, freed at 1005
+    clock.advance(5)
+    leases.release(BOB)  # 0, freed at 1010
+    assert numbers(leases.request(CAROL, {"gpu": 1})) == [1]  # the one she held last
+    assert numbers(leases.request(ALICE, {"gpu": 1})) == [2]  # hers too
+    assert numbers(leases.request(CAROL, {"gpu": 1})) == [3]  # never held: before 0 (1010)

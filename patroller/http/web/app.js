@@ -196,7 +196,8 @@
       temps[0] !== null ? "GPU " + temps[0] + " °C" : null,
       temps[1] !== null ? "memory " + temps[1] + " °C" : null,
       num(stat && stat.power) !== null ? num(stat.power) + " W" : null,
-      topo && topo.nvlink.length ? "NVLink to " + topo.nvlink.join(",") : null,
+      topo && topo.nvlink.length ? "NVLink to " + (topo.nvlink.length ===
+        Object.keys(topo.links).length ? "all" : topo.nvlink.join(",")) : null,
       topo && topo.numa !== null ? "NUMA " + topo.numa : null,
     ].filter(Boolean).map((fact) => fact.replace(/ /g, "\u00a0"));  // a figure never splits
     const badges = [h("span", {class: "state state-" + state}, state)];
