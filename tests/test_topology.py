@@ -192,7 +192,8 @@ def test_the_greedy_search_grows_by_the_strongest_weakest_link():
     topology = Topology({(f"GPU-{a}", f"GPU-{b}"): w for (a, b), w in words.items()})
     found = devices(4)
     assert numbers(best(topology, found, 3, never, search=Search(exact=0, seeds=1))) == [0, 1, 3]
-    assert numbers(best(topology, found, 3, never)) == [0, 1, 3]
+    # From every start (from 2 the search ends at 0, 1, 2): the best of the sets grown wins.
+    assert numbers(best(topology, found, 3, never, search=Search(exact=0))) == [0, 1, 3]
 
 
 # -- in the lease rules -------------------------------------------------------------------------
@@ -332,7 +333,9 @@ def test_the_doctor_says_how_the_gpus_are_linked_or_why_not(tmp_path, scenario, 
     from patroller.doctor.gpuchecks import topology
 
     file = ScenarioFile(str(tmp_path / "s.json"), **{"devices": [{}, {}, {}, {}], **scenario})
-    config = replace(Config(), nvidia_smi=file.command, topology_timeout=1.0)
+    hangs = bool(scenario.get("faults"))  # only then may the command be cut short
+    config = replace(Config(), nvidia_smi=file.command,
+                     topology_timeout=1.0 if hangs else Config.topology_timeout)
     result = topology(asyncio.run(probe(config)))
     assert (result.status, result.check) == (status, "GPU topology") and said in result.detail, \
         result
