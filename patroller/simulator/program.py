@@ -34,6 +34,8 @@ Scenario (every key optional; ``null`` statistics print as ``-``)::
      "processes": [{"pid": 1426541, "gpu": 0, "type": "C", "name": "python",
                     "used_mib": 4096, "sm": 95, "mem": 40, "gi": 1, "ci": 0}],
      "faults": {"garbage_every": 5, "pmon": {"fail": "gpu_lost"}},
+     "topology": "nvlink-pairs",   # what `topo -m` prints (simulator/topo.py: a named shape,
+                                   # or a matrix; "numa" and "topo_format" there); absent: fails
      "legacy_mig_uuids": false,    # true: -L names MIG devices as R450-R465 drivers did
      "live_pids_only": false,      # true: leave out processes whose pid has exited
      "trace": "/tmp/pmon.trace"}   # pmon appends "<epoch time> <pid> <gpu>" when it first
