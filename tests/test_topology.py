@@ -302,10 +302,12 @@ async def test_the_daemon_grants_the_nvlink_pair_and_shows_the_links(pairs):
 async def test_the_links_are_read_again_when_the_inventory_changes(pairs):
     async with gpu_running(pairs, inventory_every=0.2) as h:
         await until(lambda: bool(h.services.leases.topology))
+        uuid = next(d.uuid for d in h.services.inventory if d.number == 0)
+        assert (await h.ok("/status"))[uuid]["topology"]["nvlink"] == [2]
         pairs.write(devices=[{}, {}, {}], topology="pcie")  # GPU 3 is gone; PCIe only
         await until(lambda: len(h.services.leases.topology.links) == 3, timeout=20)
-        uuid = next(d.uuid for d in h.services.inventory if d.number == 0)
         assert (await h.ok("/status"))[uuid]["topology"]["links"] == {"1": "PHB", "2": "PHB"}
+        assert (await h.ok("/devices"))[uuid]["topology"]["nvlink"] == []
 
 
 @async_test
