@@ -244,7 +244,7 @@ def test_topo_parser_reads_real_capture(name: str) -> None:
                 assert matrix.links[(int(a[3:]), int(b[3:]))] == word
         assert matrix.cpus[int(a[3:])] == cells[len(names)]
         numa = cells[len(names) + 1] if "NUMA" in header else None
-        assert matrix.numa[int(a[3:])] == numa
+        assert matrix.numa[int(a[3:])] == (None if numa == "N/A" else numa)
     assert len(matrix.links) == len(rows) * (len(rows) - 1)
 
 
