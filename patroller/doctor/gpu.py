@@ -2,8 +2,8 @@
 supervisor (observe/supervisor.py: its own process group, the parent-death signal, killed at
 its timeout), each timed, with what it printed. `-q -x` first; then, over the GPUs it lists,
 one sample of `dmon` and of `pmon` (`-c 1`, with the column groups the monitors ask for, fewer
-where refused, as they do), `--query-compute-apps` and, where a GPU has MIG on, `-L`, and `topo -m`, together.
-The checks over these facts are gpuchecks.py's."""
+where refused, as they do), `--query-compute-apps`, `topo -m` and, where a GPU has MIG on,
+`-L`, together. The checks over these facts are gpuchecks.py's."""
 from __future__ import annotations
 
 import asyncio

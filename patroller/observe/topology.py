@@ -107,8 +107,9 @@ class TopologyWatch(Monitor):
     def metrics(self) -> TopologyMetrics:
         # Not known is no failure of the watch: old drivers have no `topo` (said by `known`).
         return TopologyMetrics(
-            state=UP if self.query.running else IDLE, running=self.query.running, hangs=self.query.hangs, readings=self.readings,
-            failures=self.failures, known=bool(self.topology))
+            state=UP if self.query.running else IDLE, running=self.query.running,
+            hangs=self.query.hangs, readings=self.readings, failures=self.failures,
+            known=bool(self.topology))
 
     async def _run(self) -> None:
         assert self._wake is not None

@@ -69,7 +69,7 @@ class LeaseState:
         refusals.check_exists(self.inventory, wants)
         if link is None:
             return
-        present = [d for d in self.inventory.present()]
+        present = self.inventory.present()
         for group, count in wants.items():
             devices = [d for d in present if d.group == group]
             why = refusals.topology_unknown(self.topology, devices, link)
