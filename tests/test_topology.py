@@ -421,3 +421,18 @@ def test_the_command_line_asks_for_a_link(tmp_path):
         assert wrong.returncode == 2 and "--link" in wrong.stderr, wrong
     finally:
         server.stop()
+
+
+def test_the_queue_says_which_link_a_waiter_insists_on():
+    from patroller.cli.records import queue_table
+    from patroller.cli.render import queue_line
+    from patroller.http.views import queue_view
+
+    leases = pairs_host(FakeClock())
+    leases.request(BOB, {"gpu": 4})
+    leases.wait(ALICE, {"gpu": 2}, lambda ds: None, link="nvlink")
+    leases.wait(CAROL, {"gpu": 1}, lambda ds: None)
+    shown = queue_view(leases)
+    assert [(w["user"], w["link"]) for w in shown] == [("alice", "nvlink"), ("carol", None)]
+    assert "2 GPUs (nvlink)" in queue_table(shown) and "1 GPU " in queue_table(shown)
+    assert queue_line(shown[0]).startswith("waiting 1: alice wants 2 GPUs linked by nvlink (")

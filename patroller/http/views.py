@@ -247,6 +247,7 @@ def queue_view(leases: LeaseManager) -> List[Dict[str, Any]]:
         "waited": round(now - w.since, 3),
         "hold": "process" if w.held_for is not None else "lease",
         "pid": w.held_for.pid if w.held_for is not None else None,
+        "link": w.link,
     } for n, w in enumerate(leases.waiters.in_order(), 1)]
 
 
