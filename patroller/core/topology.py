@@ -105,6 +105,13 @@ class Topology:
             groups.append(sorted(group, key=uuids.index))
         return groups
 
+    def prepare(self) -> None:
+        """Work out now what the choice would otherwise work out at its first call (the kinds,
+        each device's peers in order): the reader does it off the event loop."""
+        for uuid in self.links:
+            self.kind(uuid)
+            self.order(uuid)
+
     def order(self, uuid: str) -> List[Tuple[int, str]]:
         """The device's peers with the strength of the link to each, strongest first."""
         found = self._order.get(uuid)

@@ -55,16 +55,26 @@ def topology_query(argv: List[str], env: Optional[Mapping[str, str]],
 
 
 async def read_topology(query: OneShotChild, inventory: Inventory) -> Topology:
-    """One reading, bound to the inventory; an empty Topology that says why if it failed."""
+    """One reading, bound to the inventory; an empty Topology that says why if it failed.
+    Read, bound and prepared in a thread: at 256 GPUs that is some 0.4 s, never the loop's."""
     answer = await query.run()
     if answer.stopped:
         return Topology(why="stopped")
+    shown = " ".join(query.argv)
     if answer.error is not None or answer.timed_out or answer.status:
-        return Topology(why=f"`{' '.join(query.argv)}` failed, {problem(answer, query)}")
+        return Topology(why=f"`{shown}` failed, {problem(answer, query)}")
+    return await asyncio.get_running_loop().run_in_executor(
+        None, made, answer.output, inventory, shown)
+
+
+def made(output: str, inventory: Inventory, shown: str) -> Topology:
+    """The Topology `topo -m` printed, bound to the inventory and ready to choose with."""
     try:
-        return bind(parse_topology(answer.output), inventory)
+        topology = bind(parse_topology(output), inventory)
     except TopoError as exc:
-        return Topology(why=f"`{' '.join(query.argv)}` printed no matrix to read: {exc}")
+        return Topology(why=f"`{shown}` printed no matrix to read: {exc}")
+    topology.prepare()
+    return topology
 
 
 class TopologyWatch(Monitor):
