@@ -66,17 +66,18 @@ class Busy(PatrollerError):
 
 
 def reserve(count: int = 1, server: Optional[str] = None, timeout: Optional[float] = 0,
-            resource: str = "gpu", hold: str = "process") -> Optional[List[Dict[str, Any]]]:
+            resource: str = "gpu", hold: str = "process",
+            link: Optional[str] = None) -> Optional[List[Dict[str, Any]]]:
     """Reserve `count` devices of group `resource`; the granted devices, or None when busy.
 
     timeout=0 asks once (/request); a positive timeout waits that many seconds (/wait);
     timeout=None waits for as long as it takes. hold="process" keeps the devices for as long
     as the calling process lives; hold="lease" keeps them for the server's short lease, until
     the user's process shows up on them (see `keep_alive` to hold a lease longer); a duration
-    (hold="2h") keeps them that long, whatever runs on them.
-    """
+    (hold="2h") keeps them that long, whatever runs on them. link="nvlink" or "numa" insists on
+    GPUs linked by NVLink, or in one NUMA node; without it, the best-connected are given."""
     _check_hold(hold)
-    params: Dict[str, Any] = {resource: count, "hold": hold}
+    params: Dict[str, Any] = {resource: count, "hold": hold, **({"link": link} if link else {})}
     if timeout not in (0, None):
         params["timeout"] = timeout
     http_timeout = None if timeout is None else float(timeout) + _SLACK
@@ -98,14 +99,14 @@ def _check_hold(hold: str) -> None:
 
 
 def claim(count: int = 1, server: Optional[str] = None, timeout: Optional[float] = 0,
-          resource: str = "gpu", hold: str = "process") -> bool:
+          resource: str = "gpu", hold: str = "process", link: Optional[str] = None) -> bool:
     """Reserve devices and point CUDA at them; True on success, False when busy or timed out.
 
     Sets CUDA_VISIBLE_DEVICES to the devices' nvidia-smi numbers and CUDA_DEVICE_ORDER to
     PCI_BUS_ID, the order those numbers follow (call it before CUDA is initialised): as they
     were before once release() has given back all that was claimed."""
     global _before_claim
-    devices = reserve(count, server, timeout, resource, hold)
+    devices = reserve(count, server, timeout, resource, hold, link)
     if devices is None:
         return False
     with _reserved_lock:

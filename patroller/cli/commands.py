@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--wait", type=wait_arg, default=False, metavar="SECONDS|forever",
                      help="wait in the queue up to this long (default: do not wait)")
     run.add_argument("--resource", default="gpu", help="device group (default gpu)")
+    run.add_argument("--link", choices=("nvlink", "numa"),
+                     help="insist on GPUs linked by NVLink to each other, or all in one NUMA "
+                     "node (default: the best-connected free GPUs, whatever they are)")
     run.add_argument("-q", "--quiet", action="store_true", help="no message before the command")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- command [args...]")
     run.set_defaults(handler=run_command)
@@ -133,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     wait.add_argument("--timeout", type=seconds_arg, metavar="SECONDS",
                       help="give up after this long (default: wait for ever)")
     wait.add_argument("--resource", default="gpu", help="device group (default gpu)")
+    wait.add_argument("--link", choices=("nvlink", "numa"),
+                      help="insist on GPUs linked by NVLink to each other, or all in one NUMA "
+                      "node (default: the best-connected free GPUs, whatever they are)")
     wait.set_defaults(handler=wait_command)
 
     reserve = commands.add_parser("reserve", parents=[common], help="hold GPUs for a while",
@@ -146,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     reserve.add_argument("--wait", type=wait_arg, default=0.0, metavar="SECONDS|forever",
                          help="wait in the queue up to this long (default: do not wait)")
     reserve.add_argument("--resource", default="gpu", help="device group (default gpu)")
+    reserve.add_argument("--link", choices=("nvlink", "numa"),
+                         help="insist on GPUs linked by NVLink to each other, or all in one NUMA "
+                         "node (default: the best-connected free GPUs, whatever they are)")
     reserve.set_defaults(handler=reserve_command)
     table = argparse.ArgumentParser(add_help=False, parents=[common])
     table.add_argument("--json", action="store_true", help="print the server's JSON")
@@ -228,7 +237,7 @@ def hold_arg(text: str) -> str:
 def reserve_command(options: argparse.Namespace) -> int:
     """Reserve for a duration (or the lease) and print the numbers on stdout."""
     granted = client.reserve(options.count, options.server, options.wait, options.resource,
-                             options.hold)
+                             options.hold, options.link)
     if granted is None:
         within = "now" if options.wait == 0 else f"within {duration(options.wait or 0)}"
         raise Failure(f"{amount(options.count, options.resource)} not free {within}", EX_TEMPFAIL)
@@ -246,7 +255,7 @@ def reserve_command(options: argparse.Namespace) -> int:
 def wait_command(options: argparse.Namespace) -> int:
     """Reserve for the usual lease (hold=lease) and print the numbers on stdout."""
     granted = client.reserve(options.count, options.server, options.timeout, options.resource,
-                             "lease")
+                             "lease", options.link)
     if granted is None:
         within = "now" if options.timeout == 0 else f"within {duration(options.timeout or 0)}"
         raise Failure(f"{amount(options.count, options.resource)} not free {within}", EX_TEMPFAIL)

@@ -84,7 +84,8 @@ def users_table(users: Dict[str, Dict[str, Any]], colour: bool = False) -> str:
 def queue_table(waiters: List[Dict[str, Any]], colour: bool = False) -> str:
     """One row per waiting request, in arrival order."""
     rows = [[str(w.get("position", "?")), str(w.get("user", "?")),
-             ", ".join(amount(n, group) for group, n in (w.get("wants") or {}).items()),
+             ", ".join(amount(n, group) for group, n in (w.get("wants") or {}).items())
+             + (f" ({w['link']})" if w.get("link") else ""),
              duration(w.get("waited") or 0),
              f"process {w['pid']}" if w.get("pid") else str(w.get("hold") or "lease")]
             for w in waiters]

@@ -27,6 +27,7 @@ def amount(count: int, group: str) -> str:
 def queue_line(waiter: Dict[str, Any]) -> str:
     """'waiting 1: carol wants 2 GPUs (for 12s)'; other groups by their name ('1 fpga')."""
     wants = ", ".join(amount(n, group) for group, n in (waiter.get("wants") or {}).items())
+    wants += f" linked by {waiter['link']}" if waiter.get("link") else ""
     bound = f", while pid {waiter['pid']} lives" if waiter.get("pid") else ""
     return (f"waiting {waiter.get('position', '?')}: {waiter.get('user', '?')} wants {wants} "
             f"(for {duration(waiter.get('waited') or 0)}{bound})")

@@ -201,6 +201,13 @@ class Config:
     cross_check_timeout: float = 30.0  # seconds a compute-apps query may take: then it is killed
     mig_list_timeout: float = 30.0  # seconds `nvidia-smi -L` (the MIG devices' uuids, read with
     # the inventory while a GPU has MIG on) may take: then it is killed, and they stay unknown
+    topology_timeout: float = 30.0  # seconds `nvidia-smi topo -m` (read at start and after each
+    # change of the inventory) may take: then it is killed, and the links are not known
+    topology_exact: int = 500  # the most sets of free devices weighed one by one when choosing
+    # the best-connected (core/topology.py; each costs some microseconds): beyond, a greedy search
+    topology_seeds: int = 8  # from at most this many devices (one of each kind, the most
+    # promising first), each grown among its `topology_near` strongest-linked free peers
+    topology_near: int = 8
     job_map_every: float = 1.0  # seconds between readings of the Slurm job map directory
     job_map_file_limit: int = 64 * 1024  # bytes read at most of one job map file
     kubelet_every: float = 2.0  # seconds between calls of the kubelet's pod-resources List

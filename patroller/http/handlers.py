@@ -245,7 +245,8 @@ class RequestHandler(Handler):
         self.check_duration(ask.duration)
         if self.unanswerable():
             return
-        await self.grant(caller, self.leases.request(caller, ask.wants, held_for, ask.duration))
+        await self.grant(caller, self.leases.request(caller, ask.wants, held_for, ask.duration,
+                                                          ask.link))
 
     post = get  # so that a client need not change state with a GET; the form joins the query
 
@@ -269,7 +270,7 @@ class WaitHandler(Handler):
             return
         self.outcome = asyncio.get_running_loop().create_future()
         self.waiter = self.leases.wait(caller, ask.wants, self._end_wait, self._fail, held_for,
-                                       ask.duration)
+                                       ask.duration, ask.link)
         timer = None
         if ask.timeout is not None and not self.outcome.done():
             timer = IOLoop.current().call_later(ask.timeout, self._timed_out, ask.wants)

@@ -10,6 +10,7 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 from patroller import durations
 from patroller.config.values import time_zone
 from patroller.core.errors import BadRequest
+from patroller.core.topology import LINKS
 from patroller.core.usage import BY as USAGE_BY, CYCLES
 
 MAX_QUERY = 2048  # bytes of query string
@@ -33,6 +34,7 @@ class Ask:
     timeout: Optional[float] = None  # /wait only; None waits for ever
     hold: str = "lease"  # or "process": held while the calling process lives; or "duration"
     duration: Optional[float] = None  # seconds, for hold=<duration> (hold=2h)
+    link: Optional[str] = None  # "nvlink" or "numa": how the devices must be linked
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,10 @@ def parse_ask(args: Args, *, wait: bool) -> Ask:
     if timeout_text is not None and not wait:
         raise BadRequest("timeout= belongs to /wait; /request answers at once")
     hold = _single(args, "hold")
+    link = _single(args, "link")
+    if link is not None and link not in LINKS:
+        raise BadRequest(f"link={link[:16]!r}: must be nvlink (every two of the devices linked "
+                         "by NVLink) or numa (all in one NUMA node)", links=list(LINKS))
     duration = None
     if hold is not None and hold not in HOLDS:
         try:
@@ -68,7 +74,7 @@ def parse_ask(args: Args, *, wait: bool) -> Ask:
         hold = "duration"
     wants: Dict[str, int] = {}
     for name, values in args.items():
-        if name in ("user", "timeout", "hold"):
+        if name in ("user", "timeout", "hold", "link"):
             continue
         if not _GROUP.match(name):
             raise BadRequest(f"{name[:64]!r} is not a device group name")
@@ -82,7 +88,7 @@ def parse_ask(args: Args, *, wait: bool) -> Ask:
     if sum(wants.values()) == 0:
         raise BadRequest("nothing requested: every count is zero", requested=wants)
     return Ask(wants=wants, user=_user(user), timeout=_timeout(timeout_text),
-               hold=hold or "lease", duration=duration)
+               hold=hold or "lease", duration=duration, link=link)
 
 
 def parse_release(args: Args, endpoint: str = "/release") -> Release:

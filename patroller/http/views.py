@@ -33,13 +33,29 @@ class StatusBody(Protocol):
     def data(self) -> Dict[str, Any]: ...
 
 
+def topology_view(leases: LeaseManager, inventory: Inventory,
+                  uuid: str) -> Optional[Dict[str, Any]]:
+    """How a device is linked to the others, as `topo -m` says (None: not known): its NUMA node
+    and CPU affinity, the link to each other device by number, its NVLink peers' numbers."""
+    topology, device = leases.topology, inventory.get(uuid)
+    if not topology or device is None or uuid not in topology.links:
+        return None
+    numbers = {d.uuid: d.number for d in inventory.present()}
+    links = {str(numbers[peer]): word for peer, word in topology.links[uuid].items()
+             if peer in numbers}
+    return {"numa": topology.numa.get(uuid), "cpus": topology.cpus.get(uuid),
+            "links": dict(sorted(links.items(), key=lambda kv: int(kv[0]))),
+            "nvlink": sorted(int(n) for n, word in links.items() if word.startswith("NV"))}
+
+
 class DevicesView:
     """The /devices body, built again when the inventory changes (`invalidate`), and its ETag:
     a hash of the body, which /devices answers carry as `ETag` and /status answers as
     `X-Devices-ETag`, so that a fleet daemon asks /devices again only when it changed."""
 
-    def __init__(self, inventory: Inventory) -> None:
+    def __init__(self, inventory: Inventory, leases: Optional[LeaseManager] = None) -> None:
         self.inventory = inventory
+        self.leases = leases  # for the topology, where known
         self._build()
 
     def _build(self) -> None:
@@ -50,7 +66,11 @@ class DevicesView:
 
     def data(self) -> Dict[str, Any]:
         """/devices as data."""
-        return {d.uuid: d.info() for d in self.inventory}
+        if self.leases is None:
+            return {d.uuid: d.info() for d in self.inventory}
+        leases = self.leases
+        return {d.uuid: {**d.info(), "topology": topology_view(leases, self.inventory, d.uuid)}
+                for d in self.inventory}
 
     def invalidate(self) -> None:
         """The inventory changed."""
@@ -227,6 +247,7 @@ def queue_view(leases: LeaseManager) -> List[Dict[str, Any]]:
         "waited": round(now - w.since, 3),
         "hold": "process" if w.held_for is not None else "lease",
         "pid": w.held_for.pid if w.held_for is not None else None,
+        "link": w.link,
     } for n, w in enumerate(leases.waiters.in_order(), 1)]
 
 
