@@ -131,8 +131,9 @@ def release_message(body: Dict[str, Any], named: Optional[str] = None) -> str:
     if released:
         whose = f", {body['holder']}'s reservation" if body.get("holder") else ""
         lines.append(f"released {describe(released)}{whose}")
-    if after:
-        lines.append(f"{describe(after)} will be free when your processes on "
+    if after:  # the holder's processes: another user's, when the host's root released it
+        whose = f"{body['holder']}'s" if body.get("holder") else "your"
+        lines.append(f"{describe(after)} will be free when {whose} processes on "
                      f"{'it' if len(after) == 1 else 'them'} end")
     for device in body.get("kept") or []:
         number = (device.get("info") or {}).get("number", "?")
