@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from datetime import datetime, timedelta
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -159,12 +160,18 @@ def in_pairs(rows: List[Dict[str, Any]], by: List[str]) -> List[Dict[str, Any]]:
 
 
 def hours_text(value: float) -> str:
-    """GPU-hours as the table says them: 0, <0.01, 0.25, 12.5, 1234."""
-    if value == 0:
+    """GPU-hours as the table says them: 0, <0.01, 0.25, 12.5, 1234. The report page says
+    them by the same rule (http/web/charts.js `hours`): a tie rounds up, as JavaScript's
+    toFixed rounds the exact value of the number (0.125 is 0.13 on both)."""
+    if not value > 0:
         return "0"
     if value < 0.01:
         return "<0.01"
-    return f"{value:.2f}" if value < 10 else f"{value:.1f}" if value < 1000 else f"{value:.0f}"
+    places = 2 if value < 10 else 1 if value < 1000 else 0
+    try:
+        return str(Decimal(value).quantize(Decimal(1).scaleb(-places), ROUND_HALF_UP))
+    except InvalidOperation:  # past 28 digits (a host that lies), or infinite
+        return f"{value:.0f}"
 
 
 def share_text(value: float) -> str:
