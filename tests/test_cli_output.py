@@ -170,14 +170,14 @@ async def test_a_process_outside_a_jobs_gpu_is_shown_trespassing_not_as_the_job(
     jobs = tmp_path / "jobs"
     jobs.mkdir()
     (jobs / "1").write_text(f"4242 uid={NOBODY} account=vision-lab partition=gpu\n")
-    scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=[{}, {}])
+    simulated = ScenarioFile(str(tmp_path / "scenario.json"), devices=[{}, {}])
     outsider = subprocess.Popen(["sleep", "300"], user=NOBODY, group=NOBODY, extra_groups=[])
     try:
         with slurm_job_process("4242") as member:
-            async with gpu_running(scenario, slurm_job_map=str(jobs), job_map_every=0.05) as h:
+            async with gpu_running(simulated, slurm_job_map=str(jobs), job_map_every=0.05) as h:
                 uuid = h.uuids()[1]
                 await until(lambda: h.services.leases.state(uuid) == "allocated")
-                scenario.write(processes=[{"pid": member, "gpu": 1, "name": "python"},
+                simulated.write(processes=[{"pid": member, "gpu": 1, "name": "python"},
                                           {"pid": outsider.pid, "gpu": 1, "name": "miner"}])
                 hold = h.services.leases.holds[uuid]
                 await until(lambda: len(hold.processes) == 2 and hold.holder is not None
