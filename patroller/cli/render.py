@@ -9,12 +9,14 @@ from patroller import answers, durations
 from patroller.safetext import printable
 
 def user_line(name: str, usage: Dict[str, Any]) -> str:
-    """'user alice@example.org: 2 held (limit 4), 1 unused, 1 idle, 1 used without asking'."""
+    """'user alice@example.org: 2 held (limit 4), 1 unused, 1 idle, 1 used without asking';
+    '1 trespassing': GPUs another holds where their processes run (/users)."""
     limit = usage.get("limit")
     parts = [f"{usage.get('held', 0)} held" + (f" (limit {limit})" if limit is not None else "")]
     for key, words in (("reserved_unused", "unused"), ("idle", "idle"),
                        ("unreserved", "used without asking"),
-                       ("over_limit", "taken beyond the limit"), ("waiting", "waiting")):
+                       ("over_limit", "taken beyond the limit"),
+                       ("trespassing", "trespassing"), ("waiting", "waiting")):
         if usage.get(key):
             parts.append(f"{usage[key]} {words}")
     return f"user {name}: " + ", ".join(parts)
