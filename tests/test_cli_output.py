@@ -64,8 +64,9 @@ def busy(tmp_path_factory):
 
 
 def waited(text):
-    """The text with its durations (carol's wait: 2.7s, then 2.9s) said alike."""
-    return re.sub(r"\b\d+(\.\d)?s\b", "Ns", text)
+    """The text's words, its durations (carol's wait: 59s, then 1m00s) said alike."""
+    return [re.sub(r"\b[\d.]+[dhms](\d+[dhms])*\b", "T", line).split()
+            for line in text.splitlines()]
 
 
 def widest(text):
