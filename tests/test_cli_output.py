@@ -20,7 +20,7 @@ from patroller import client
 from patroller.cli import status as status_table
 from patroller.cli.commands import offsets_joined
 from patroller.cli.records import history_table, queue_table, users_table
-from patroller.cli.usage import table as report_table, title
+from patroller.cli.usage import summed, table as report_table, title
 from patroller.core.usage import Party
 from test_cli import ENV, call, claims, eventually, gpuhost, on_gpu, scenario, uuid_of  # noqa: F401
 from test_report import stored
@@ -99,6 +99,12 @@ def test_by_gpu_and_user_shows_each_gpus_number_and_its_user(busy):
     keys = [line.split()[:2] for line in lines[header + 1:] if re.match(r"\d+\s", line)]
     assert keys == [["0", LONG], ["1", "(none)"]], done.stdout  # not the uuids GPU-a, GPU-b
     assert "GPU-a" not in done.stdout
+    answer = client.get_json(busy, "/usage?by=gpu,user")  # over two hosts: each one's GPUs
+    both = summed([("gpu1:8080", answer), ("gpu2:8080", answer)])
+    text = report_table(both)
+    assert [line.split()[:3] for line in text.splitlines() if line.startswith("gpu")] == [
+        ["gpu1:8080", "0", LONG], ["gpu2:8080", "0", LONG], ["gpu1:8080", "1", "(none)"],
+        ["gpu2:8080", "1", "(none)"]], text
 
 
 def test_a_narrow_terminal_gives_way_in_the_tables_order(busy):
