@@ -63,7 +63,8 @@ class Shorten:
 @dataclass(frozen=True)
 class Rest:
     """A plan's step: cut the column to the width the other columns leave it (at least its
-    header's): the last column, whose words run on (an event's detail)."""
+    header's): words that run on (an event's detail), or names, last, cut only as far as the
+    width needs (a Cut to a fixed width would cut a name that fits)."""
 
     header: str
 
