@@ -82,7 +82,7 @@ async def test_each_process_shows_its_memory_and_sm(tmp_path, sleeper):
         shown = (await h.ok("/status"))[uuid]
         [process] = shown["claim"]["process_detail"]
         assert process == {"pid": sleeper.pid, "user": process["user"], "command": "python",
-                           "sm": 95, "mem": 40, "fb": 4096}
+                           "trespass": False, "sm": 95, "mem": 40, "fb": 4096}
         assert shown["claim"]["processes"] == [sleeper.pid]  # the old field, as it was
         # the device's memory follows its processes
         await until(lambda: (h.services.stats.view(uuid)["fb"] or 0) >= 4096)

@@ -316,8 +316,26 @@ def test_the_body_and_the_data_say_the_same(parts):
     assert json.loads(view.body()) == view.latest() == view.data()
     entry = view.latest()[inventory.devices[1].uuid]
     assert entry["claim"]["process_detail"] == [{"pid": 4242, "user": "bob", "command": "python",
-                                                 "sm": None, "mem": None, "fb": None}]
+                                                 "trespass": False, "sm": None, "mem": None,
+                                                 "fb": None}]
     assert entry["sm"] == 7 and entry["claim"]["state"] == "claimed"
+
+
+def test_a_process_that_trespasses_is_marked_and_unmarked_as_its_holder_changes(parts):
+    """bob's process on alice's GPU trespasses; when alice lets it go, bob's process holds it
+    and no longer does: the same processes, shown again because the holder changed."""
+    clock, inventory, leases, signals, view = parts
+    uuid = inventory.devices[0].uuid
+    leases.request(named_user("alice"), {"gpu": 1})
+    leases.process_started(uuid, 4242, named_user("bob"), "python")
+    leases.process_started(uuid, 4343, IDENTIFYING, None)  # nobody's yet
+    detail = json.loads(view.body())[uuid]["claim"]["process_detail"]
+    assert [(p["pid"], p["trespass"]) for p in detail] == [(4242, True), (4343, False)]
+    leases.release(named_user("alice"), uuid)
+    shown = json.loads(view.body())[uuid]["claim"]
+    assert shown["user"]["user"] == "bob"
+    assert [(p["pid"], p["trespass"]) for p in shown["process_detail"]] == [(4242, False),
+                                                                           (4343, False)]
 
 
 def test_a_host_with_no_device_has_an_empty_status():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
@@ -16,8 +17,8 @@ from typing import Any, Dict, List, Optional, Sequence
 from patroller import client, durations
 import patroller.cli.fleet as fleet
 from patroller.cli.finding import find
-from patroller.cli.exits import (EX_INTERRUPTED, EX_NOPERM, EX_OK, EX_TEMPFAIL, EX_UNAVAILABLE,
-                                 EX_USAGE, Failure, error_text, refused_code)
+from patroller.cli.exits import (EX_INTERRUPTED, EX_NOPERM, EX_OK, EX_PIPE, EX_TEMPFAIL,
+                                 EX_UNAVAILABLE, EX_USAGE, Failure, error_text, refused_code)
 from patroller.cli.records import history_command, queue_command, users_command
 from patroller.cli.notify import add_parser as add_notify
 from patroller.cli.report import add_parser as add_report
@@ -36,7 +37,7 @@ COMMANDS = ("run", "status", "release", "wait", "reserve", "history", "users", "
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run one subcommand; its exit status."""
-    args = list(sys.argv[1:] if argv is None else argv)
+    args = offsets_joined(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
     try:
         options = parser.parse_args(args)
@@ -52,7 +53,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if wants_server(options):  # none named: the daemon's socket, PATROLLER_SERVER, ...
             options.server = find(os.environ)
-        return options.handler(options)
+        code = options.handler(options)
+        sys.stdout.flush()  # here, where a reader gone is caught, not at the interpreter's exit
+        return code
+    except BrokenPipeError:
+        return reader_gone()
     except Failure as failure:  # its words may be a daemon's (an error, a holder's name)
         print(f"patroller: {printable(str(failure))}", file=sys.stderr)
         return failure.code
@@ -66,11 +71,46 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("patroller: interrupted", file=sys.stderr)
         return EX_INTERRUPTED
 
+
 def wants_server(options: argparse.Namespace) -> bool:
     """Whether the command asks one server and none was named (--hosts asks others)."""
     return (hasattr(options, "server") and options.server is None
             and not (getattr(options, "hosts", None) or getattr(options, "hosts_file", None)
                      or ("hosts" in options and os.environ.get("PATROLLER_HOSTS", "").strip())))
+
+
+# A time zone's offset, such as -10:00 or +0530: argparse takes one that begins with "-" for an
+# option ("expected one argument"), so `--tz -10:00` is handed to it as `--tz=-10:00`.
+OFFSET = re.compile(r"[+-]\d{1,2}(:?\d{2})?")
+TAKES_OFFSET = ("--tz",)
+
+
+def offsets_joined(args: List[str]) -> List[str]:
+    """`args` with each option of TAKES_OFFSET followed by an offset (`--tz -10:00`) written
+    as one word (`--tz=-10:00`); what follows `--` is left as it is (a command of `run`)."""
+    out: List[str] = []
+    n = 0
+    while n < len(args):
+        word = args[n]
+        if word == "--":
+            return out + args[n:]
+        if word in TAKES_OFFSET and n + 1 < len(args) and OFFSET.fullmatch(args[n + 1]):
+            out.append(f"{word}={args[n + 1]}")
+            n += 2
+            continue
+        out.append(word)
+        n += 1
+    return out
+
+
+def reader_gone() -> int:
+    """The reader of stdout left (`patroller report --json | head -c 600`): end quietly, as
+    a Unix tool that SIGPIPE ends does (the shell says 141), with nothing more written to the
+    pipe, not even at the interpreter's exit, where Python would print the error again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EX_PIPE
 
 
 def build_parser() -> argparse.ArgumentParser:

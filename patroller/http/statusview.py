@@ -25,7 +25,7 @@ from patroller.config import Config
 from patroller.core.devices import Inventory
 from patroller.core.leases import Hold, LeaseManager
 from patroller.http.encoding import dumps
-from patroller.http.views import claim_static, topology_view
+from patroller.http.views import claim_static, topology_view, trespasses
 from patroller.observe.idle import IdleWatch
 from patroller.observe.stats import StatsStore, iso_time
 
@@ -154,7 +154,9 @@ class StatusView:
                     claim["set_aside_for"] = aside.get(uuid)
                     part.claim, part.claim_json = claim, dumps(claim)
                     self.parts_built += 1
-                    if part.process_version != hold.process_version:
+                    if part.process_version != hold.process_version or any(
+                            trespasses(hold, owner) != shown.get("trespass")  # a new holder's
+                            for owner, shown in zip(hold.processes.values(), part.detail)):
                         self._build_detail(uuid, part)
 
     def _set_aside(self) -> Dict[str, Optional[str]]:
@@ -190,7 +192,8 @@ class StatusView:
         part.process_version = hold.process_version
         view = self.stats.process_view
         part.detail = [{"pid": pid, "user": owner.user, "command": hold.commands.get(pid),
-                        **view(uuid, pid)} for pid, owner in hold.processes.items()]
+                        "trespass": trespasses(hold, owner), **view(uuid, pid)}
+                       for pid, owner in hold.processes.items()]
         part.detail_json = dumps(part.detail)
         self.parts_built += 1
 

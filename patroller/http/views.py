@@ -13,6 +13,7 @@ import time
 from typing import Any, Dict, List, Optional, Protocol, Tuple
 
 from patroller.core.devices import Device, Inventory
+from patroller.core.identity import Identity
 from patroller.core.jobs import Allocation, Job
 from patroller.core.leases import Hold, LeaseManager
 from patroller.core.leases.limits import counted_uid
@@ -173,11 +174,20 @@ def claim_view(hold: Hold, now: float) -> Dict[str, Any]:
     """The claim part of /status for one device (`set_aside_for` is filled in by `claims`)."""
     return {
         **claim_static(hold),
-        "process_detail": [{"pid": pid, "user": owner.user, "command": hold.commands.get(pid)}
+        "process_detail": [{"pid": pid, "user": owner.user, "command": hold.commands.get(pid),
+                            "trespass": trespasses(hold, owner)}
                            for pid, owner in hold.processes.items()],
         "age": round(now - hold.since, 3),
         "expires": hold.expires(now),
     }
+
+
+def trespasses(hold: Hold, owner: Identity) -> bool:
+    """Whether a process of `owner` trespasses on the device, as /users and the audit record
+    say: the device is held and the process is not the holder's (on a device a Slurm job or a
+    pod holds, not in it, whoever's it is); a process whose owner is still being found is
+    nobody's yet."""
+    return hold.holder is not None and not owner.identifying and not hold.belongs(owner)
 
 
 def claim_static(hold: Hold) -> Dict[str, Any]:
