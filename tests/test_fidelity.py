@@ -32,7 +32,7 @@ async def test_every_figure_is_there_in_every_era(tmp_path, era):
         status = await h.ok("/status")
         for uuid, entry in status.items():
             assert list(entry)[:len(FIELDS)] == list(FIELDS), era
-            assert set(entry) == {*FIELDS, "updated", "stale", "claim"}, era
+            assert set(entry) == {*FIELDS, "updated", "topology", "stale", "claim"}, era
             assert isinstance(entry["fb"], int), (era, entry)  # dmon -s m: memory used
             assert isinstance(entry["power"], (int, float)) and isinstance(entry["sm"], int)
         assert status[h.uuids()[0]]["fb_total"] == 16384
