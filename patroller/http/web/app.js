@@ -12,40 +12,14 @@
   let receivedAt = 0;         // performance.now() when the last snapshot came
   let rendered = false;
 
-  const {duration, gib, timeOfDay} = window.Patroller;  // common.js
+  const {duration, gib, h, setAttrs, timeOfDay} = window.Patroller;  // common.js
 
   function $(id) { return document.getElementById(id); }
-
-  // h("div", {class: "x", data: {n: 1}}, "text", child, ...): text arguments become text nodes.
-  function h(tag, attrs, ...children) {
-    const el = document.createElement(tag);
-    setAttrs(el, attrs);
-    append(el, children);
-    return el;
-  }
 
   function s(tag, attrs) {
     const el = document.createElementNS(SVG, tag);
     setAttrs(el, attrs);
     return el;
-  }
-
-  function setAttrs(el, attrs) {
-    for (const [key, value] of Object.entries(attrs || {})) {
-      if (value === null || value === undefined || value === false) continue;
-      if (key === "data") {
-        for (const [k, v] of Object.entries(value)) el.dataset[k] = String(v);
-      } else {
-        el.setAttribute(key, String(value));
-      }
-    }
-  }
-
-  function append(el, children) {
-    for (const child of children.flat()) {
-      if (child === null || child === undefined || child === false) continue;
-      el.append(child instanceof Node ? child : document.createTextNode(String(child)));
-    }
   }
 
   function num(value, digits) {

@@ -1,10 +1,36 @@
-// What both of Patroller's pages say alike (index.html's app.js, fleet.html's fleet.js): a
-// duration, memory, a time of day. Loaded before each page's own script, it defines
-// window.Patroller and nothing else. The one duration formatting of the web; Python's is
+// What Patroller's pages share (index.html's app.js, fleet.html's fleet.js, report.html's
+// report.js): the one element builder, a duration, memory, a time of day. Loaded before each
+// page's own script, it defines window.Patroller and nothing else. The one duration formatting of the web; Python's is
 // patroller/durations.py (tests/test_layout.py keeps each the only one).
 "use strict";
 
 window.Patroller = Object.freeze({
+  // h("div", {class: "x", data: {n: 1}}, "text", child, ...): an element, its attributes (null,
+  // undefined and false ones left out; `data` as data-* attributes) and its children (arrays
+  // flattened; text arguments become text nodes, never HTML; null, undefined and false left
+  // out). Everything from the daemon is untrusted text: this is how every page builds its DOM.
+  h(tag, attrs, ...children) {
+    const el = document.createElement(tag);
+    window.Patroller.setAttrs(el, attrs);
+    for (const child of children.flat()) {
+      if (child === null || child === undefined || child === false) continue;
+      el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return el;
+  },
+
+  // Attributes as h sets them (also on SVG elements).
+  setAttrs(el, attrs) {
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (value === null || value === undefined || value === false) continue;
+      if (key === "data") {
+        for (const [k, v] of Object.entries(value)) el.dataset[k] = String(v);
+      } else {
+        el.setAttribute(key, String(value));
+      }
+    }
+  },
+
   // 42 s, 12 min, 3 h 5 min, 2 d 4 h
   duration(seconds) {
     if (typeof seconds !== "number" || !isFinite(seconds)) return "–";

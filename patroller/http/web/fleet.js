@@ -19,27 +19,9 @@
   let compactAll = false;     // the page-wide choice: a line per host, or every GPU
   const opened = new Map();   // host -> its GPUs shown (true) or not: its own toggle
 
-  const {duration, gib, timeOfDay} = window.Patroller;  // common.js
+  const {duration, gib, h, timeOfDay} = window.Patroller;  // common.js
 
   function $(id) { return document.getElementById(id); }
-
-  // h("div", {class: "x", data: {n: 1}}, "text", child, ...): text arguments become text nodes.
-  function h(tag, attrs, ...children) {
-    const el = document.createElement(tag);
-    for (const [key, value] of Object.entries(attrs || {})) {
-      if (value === null || value === undefined || value === false) continue;
-      if (key === "data") {
-        for (const [k, v] of Object.entries(value)) el.dataset[k] = String(v);
-      } else {
-        el.setAttribute(key, String(value));
-      }
-    }
-    for (const child of children.flat()) {
-      if (child === null || child === undefined || child === false) continue;
-      el.append(child instanceof Node ? child : document.createTextNode(String(child)));
-    }
-    return el;
-  }
 
   // Seconds from `iso` to the answer's own time (the daemon's clock: the browser's may differ).
   function ago(iso, now) {

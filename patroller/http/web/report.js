@@ -25,25 +25,9 @@
   let answers = null;  // {days, heat, users}: the last answers of /usage
   let asked = 0;       // loads started: an older one's answers are dropped
 
-  function $(id) { return document.getElementById(id); }
+  const {h} = window.Patroller;  // common.js
 
-  function h(tag, attrs, ...children) {
-    const node = document.createElement(tag);
-    for (const [key, value] of Object.entries(attrs || {})) {
-      if (value === null || value === undefined) continue;
-      if (key === "data") {
-        for (const [k, v] of Object.entries(value)) node.dataset[k] = String(v);
-      } else {
-        node.setAttribute(key, String(value));
-      }
-    }
-    for (const child of children) {
-      if (child !== null && child !== undefined) {
-        node.append(child instanceof Node ? child : document.createTextNode(String(child)));
-      }
-    }
-    return node;
-  }
+  function $(id) { return document.getElementById(id); }
 
   // -- dates, in the browser's own time zone -----------------------------------------------------
 
