@@ -80,7 +80,8 @@ CORE_ORDER: List[Tuple[str, ...]] = [
     ("patroller.core", "patroller.core.leases"),  # the packages: they re-export
     ("patroller.core.leases.manager",),  # the commands
     ("patroller.core.leases.state", "patroller.core.leases.allocations"),  # queries; schedulers'
-    ("patroller.core.leases.refusals", "patroller.core.leases.trespass"),  # why not; telling
+    ("patroller.core.leases.refusals", "patroller.core.leases.trespass",  # why not; telling;
+     "patroller.core.leases.withholding"),  # granted to nobody
     ("patroller.core.leases.serving", "patroller.core.leases.limits"),  # who gets what; limits
     ("patroller.core.leases.queue", "patroller.core.leases.sources"),  # waiters; two schedulers
     ("patroller.core.leases.holds",),  # a device's hold, its states, events
@@ -89,7 +90,8 @@ CORE_ORDER: List[Tuple[str, ...]] = [
     ("patroller.core.jobs",),  # Slurm jobs' allocations
     ("patroller.core.usage",),  # GPU-time in categories, and reports of it
     ("patroller.core.devices", "patroller.core.identity", "patroller.core.errors",
-     "patroller.core.policy", "patroller.core.throttle", "patroller.core.text"),
+     "patroller.core.policy", "patroller.core.throttle", "patroller.core.text",
+     "patroller.core.health"),
 ]
 MAX_MODULE_LINES = 400
 MAX_CLASS_LINES = 300

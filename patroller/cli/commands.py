@@ -19,8 +19,8 @@ from patroller.cli.exits import (EX_INTERRUPTED, EX_NOPERM, EX_OK, EX_TEMPFAIL, 
 from patroller.cli.records import history_command, queue_command, users_command
 from patroller.cli.notify import add_parser as add_notify
 from patroller.cli.report import add_parser as add_report
-from patroller.cli.render import (amount, describe, duration, numbers_of, release_message,
-                                   use_colour)
+from patroller.cli.render import (amount, describe, duration, healthy_message, numbers_of,
+                                  release_message, use_colour)
 from patroller.cli.run import optional_queue, optional_users, run_command
 from patroller.cli.status import format_status
 from patroller.cli.table import width_of
@@ -110,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     release.add_argument("devices", nargs="*", metavar="UUID|NUMBER")
     release.add_argument("--reason", help="why, for the audit record; the host's root may "
                          "release another user's device, named, with a reason")
+    release.add_argument("--healthy", action="store_true", help="the host's root: the named "
+                         "GPUs are healthy again (after a reset); their holders keep them")
     release.set_defaults(handler=release_command)
 
     wait = commands.add_parser("wait", parents=[common], help="wait for GPUs, print numbers",
@@ -249,6 +251,9 @@ def wait_command(options: argparse.Namespace) -> int:
 def release_command(options: argparse.Namespace) -> int:
     """Release everything (but what a running job's process holds), or the devices named by
     uuid or number."""
+    if not options.devices and options.healthy:
+        raise Failure("release --healthy names the GPUs: patroller release --healthy NUMBER",
+                      EX_USAGE)
     if not options.devices:
         body = client.release_all(options.server, options.reason)
         print(release_message(body))
@@ -259,6 +264,11 @@ def release_command(options: argparse.Namespace) -> int:
         try:
             uuid = uuid_of(name, inventory)
             label = f"GPU {name}" if name.isdigit() else name
+            if options.healthy:
+                body = client.get_json(options.server, "/release",
+                                       post={"uuid": uuid, "healthy": "1"})
+                print(healthy_message(body, label))
+                continue
             print(release_message(client.release(options.server, uuid, options.reason), label))
         except RequestRefused as refused:
             print(f"patroller: cannot release {printable(name)}: {error_text(refused)}",

@@ -132,7 +132,7 @@ _SETTINGS = (
      "(pip install 'patroller[notify]') (default: nobody is told)"),
     ("--notify-events", "PATROLLER_NOTIFY_EVENTS",
      "the kinds the admin is told of, comma-separated: trespass, unreserved, idle, expiring, "
-     "granted, lost, daemon (default all)"),
+     "granted, lost, unhealthy, daemon (default all)"),
     ("--notify-escalate", "PATROLLER_NOTIFY_ESCALATE",
      "how long a trespass goes on before the admin is told (the users concerned are told at "
      "once); 0: at once (default 30m)"),

@@ -14,7 +14,8 @@ DEFAULT_POD_USER_KEYS = ("patroller/user",)
 # What notifications tell of (notify/messages.py words each): a process on a GPU another holds,
 # a GPU used without asking, a hold idle or ending, a wait granted, a GPU gone and back, and
 # the daemon's own trouble (to the admin).
-NOTIFY_KINDS = ("trespass", "unreserved", "idle", "expiring", "granted", "lost", "daemon")
+NOTIFY_KINDS = ("trespass", "unreserved", "idle", "expiring", "granted", "lost", "unhealthy",
+                "daemon")
 
 
 class ConfigError(Exception):
@@ -194,6 +195,16 @@ class Config:
     # pmon intervals of a device's process figures kept unmerged at most: they are merged when
     # read (observe/figures.py), so that an interval's end on a large host stays short
     figures_backlog: int = 4
+    # The GPUs' health (core/health.py): the kernel log followed for Xid lines (None: not
+    # followed; tests give a file or a FIFO), the Xids logged this many seconds before the
+    # daemon started that still count (from /dev/kmsg's ring), the seconds between looks at a
+    # log that has nothing new, between tries to open one that cannot be, and the processes'
+    # faults (Xids of an application) shown per GPU at most.
+    kernel_log: Optional[str] = "/dev/kmsg"
+    xid_recall: float = 3600.0
+    kernel_log_poll: float = 0.5
+    kernel_log_retry: float = 60.0
+    health_faults_kept: int = 8
 
     # -- internal defaults: identify (/proc, containers, callers) -----------------------------
     proc_root: str = "/proc"  # where every reader of /proc looks (tests give a tree of their own)

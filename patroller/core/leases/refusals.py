@@ -56,11 +56,16 @@ def _over(user: Identity, wants: Wants, count: Count, held: List[Optional[int]])
             "first (/release?uuid=..., or patroller release NUMBER)")
 
 
-def busy(wants: Wants, free: Dict[str, int]) -> Busy:
-    """The error for a request that cannot be granted now, with how many of each group are free."""
+def busy(wants: Wants, free: Dict[str, int],
+         withheld: Optional[Dict[int, Optional[str]]] = None) -> Busy:
+    """The error for a request that cannot be granted now, with how many of each group are
+    free, and why each device granted to nobody is (by number)."""
     parts = [f"{count} {group} requested, {free.get(group, 0)} free"
              for group, count in wants.items()]
-    return Busy("busy: " + "; ".join(parts), requested=dict(wants), free=free)
+    said = "".join(f"; GPU {number} is granted to nobody: {why}"
+                   for number, why in sorted((withheld or {}).items()))
+    return Busy("busy: " + "; ".join(parts) + said, requested=dict(wants), free=free,
+                **({"withheld": {str(n): w for n, w in withheld.items()}} if withheld else {}))
 
 
 def check_renew(user: Identity, hold: Hold) -> None:
@@ -106,3 +111,9 @@ def _owners(hold: Hold) -> Tuple[str, ...]:
     if isinstance(allocation, Allocation):
         return tuple(dict.fromkeys(job.user or holder for job in allocation.jobs))
     return (holder,)
+
+
+def check_admin(user: Identity, uuid: str, what: str) -> None:
+    """Raise NotYours unless `user` is the host's root, who alone may `what`."""
+    if not is_admin(user):
+        raise NotYours(f"only the host's root may {what}", uuid=uuid)

@@ -72,8 +72,12 @@ class LeaseState:
             raise refusals.over_limit(user, wants, count)
 
     def busy(self, wants: Wants) -> Busy:
-        """The error for a request that cannot be granted now: says how many are free."""
-        return refusals.busy(wants, {group: len(free) for group, free in self.free().items()})
+        """The error for a request that cannot be granted now: says how many are free, and why
+        those of its groups granted to nobody are."""
+        withheld = {d.number: self._holds[d.uuid].withheld for d in self.inventory.present()
+                    if d.group in wants and self._holds[d.uuid].withheld}
+        return refusals.busy(wants, {group: len(free) for group, free in self.free().items()},
+                             withheld)
 
     def hold_of(self, uuid: str) -> Dict[str, Any]:
         """How a device is held, as a grant shows it: its hold, seconds left, the process."""
@@ -98,6 +102,11 @@ class LeaseState:
         """The starving waiter, and the free devices set aside for it."""
         return serving.set_aside(self.waiters, self.free() if free is None else free,
                                  self.clock(), self.policy.starvation_bound)
+
+    def check_admin(self, user: Identity, uuid: str, what: str) -> None:
+        """Raise Unsatisfiable if there is no such device, NotYours unless `user` is root."""
+        self._hold(uuid)
+        refusals.check_admin(user, uuid, what)
 
     def _hold(self, uuid: str) -> Hold:
         hold = self._holds.get(uuid)
