@@ -98,6 +98,7 @@ class KernelLog(Monitor):
             if found is not None and found.uptime is not None and \
                     now - found.uptime <= self.recall:
                 self._send(found)
+            self.lines += 1
         pending = rest[0]
         while not self._halt.is_set():
             chunk = self._read(fd)
@@ -120,7 +121,6 @@ class KernelLog(Monitor):
                 break
             data += chunk
         *lines, rest[0] = data.split(b"\n")
-        self.lines += len(lines)
         return [line.decode("utf-8", "replace") for line in lines]
 
     def _read(self, fd: int) -> Optional[bytes]:
@@ -139,10 +139,10 @@ class KernelLog(Monitor):
             return None
 
     def _line(self, line: str) -> None:
-        self.lines += 1
         found = parse_xid(line)
         if found is not None:
             self._send(found)
+        self.lines += 1  # after the send: a reader that sees it counted sees the Xid sent
 
     def _send(self, found: XidLine) -> None:
         loop = self._loop
