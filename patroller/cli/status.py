@@ -177,9 +177,10 @@ def device_notes(info: Dict[str, Any], entry: Dict[str, Any]) -> List[str]:
     health = claim.get("health") or {}
     notes.extend(f"{label}: degraded: {p.get('words')}: {p.get('action')}"
                  for p in health.get("problems") or [] if not p.get("grave"))
-    notes.extend(f"{label}: Xid {f.get('xid')} of pid {f.get('pid')}: {f.get('words')}"
-                 if f.get("pid") is not None else f"{label}: {f.get('words')}"
-                 for f in health.get("faults") or [])
+    for fault in health.get("faults") or []:
+        pid, words = fault.get("pid"), fault.get("words")
+        notes.append(f"{label}: pid {pid}: {words} (a fault of its process)" if pid is not None
+                     else f"{label}: {words}")
     return notes
 
 

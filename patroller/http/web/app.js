@@ -172,7 +172,7 @@
     const lines = (health.problems || []).filter((p) => !p.grave)
       .map((p) => "degraded: " + p.words + ": " + p.action)
       .concat((health.faults || []).map((f) =>
-        (f.pid !== null && f.pid !== undefined ? "Xid " + f.xid + " of pid " + f.pid + ": " : "") + f.words));
+        f.pid !== null && f.pid !== undefined ? "pid " + f.pid + ": " + f.words + " (a fault of its process)" : f.words));
     return lines.length ? lines.map((line) => h("p", {class: "warn health"}, line)) : null;
   }
 
