@@ -113,6 +113,8 @@ class Daemon:
             services.usage.open()  # its writer thread opens the file
             if services.usage.state != "read_only":
                 services.sampler.start()
+        if services.health is not None:  # a GPU unhealthy from the start: told, its holder
+            services.health.start()     # (the book's) named
         services.timer.start()
         services.lifelines.start()
         self.api.feed.start()
@@ -271,8 +273,8 @@ async def build(config: Config) -> Daemon:
         monitors.append(KernelLog(signals, config))
     daemon = assemble(config, inventory, signals, monitors, identifier,
                       SystemCallers(identifier, directory, config), directory)
-    if daemon.services.health is not None:
-        daemon.services.health.read(found.health)  # what discovery read: unhealthy from start
+    if daemon.services.health is not None:  # what discovery read, taken at start
+        daemon.services.health.first = found.health
     return daemon
 
 

@@ -112,6 +112,21 @@ async def test_a_gpu_with_a_row_remap_pending_is_withheld_until_the_remap_is_don
         assert events == [("unhealthy", nobody), ("healthy", None)]
 
 
+@async_test
+async def test_a_gpu_unhealthy_at_start_is_withheld_from_the_first_answer_and_recorded(tmp_path):
+    scenario = ScenarioFile(str(tmp_path / "scenario.json"), era="r384",
+                            devices=[{}, {"health": {"retire_pending": True}}])
+    async with gpu_running(scenario, inventory_every=3600, kernel_log=None) as h:
+        uuid = h.uuids()[1]
+        claim = (await h.ok("/status"))[uuid]["claim"]  # discovery's reading: no other yet
+        assert claim["withheld"] == "page retirement pending: reset the GPU (`nvidia-smi -r " \
+            "-i 1`) when nothing runs on it (or reboot the host)"
+        [event] = [e for e in await h.ok("/history") if e["event"] == "unhealthy"]
+        assert event["devices"] == [{"uuid": uuid, "number": 1}]
+        assert event["problems"] == ["retire_pending"]
+        assert [m.name for m in h.services.monitors if m.name == "kernel_log"] == []
+
+
 def kmsg(xid: int, pci: str, rest: str) -> str:
     return f"3,100,{int(time.monotonic() * 1e6)},-;NVRM: Xid (PCI:{pci}): {xid}, {rest}\n"
 

@@ -28,6 +28,7 @@ class HealthWatch:
         self.book = HealthBook(config.health_faults_kept)
         self.clock = clock
         self.on_change: Callable[[str, Health], None] = lambda uuid, health: None
+        self.first: Mapping[str, Reading] = {}  # discovery's reading, taken at start()
         self.xids = 0  # Xid lines that named a GPU of the host
         self.unmatched = 0  # Xid lines that named none
         self._unmatched_logged = Throttle(1, config.repeat_log_every)
@@ -36,6 +37,12 @@ class HealthWatch:
         signals.health_read.connect(self._on_read)
         signals.xid.connect(self._on_xid)
         signals.inventory_changed.connect(self._on_inventory)
+
+    def start(self) -> None:
+        """Take discovery's reading (the daemon starts: the audit record and the notifier
+        hear what it finds)."""
+        first, self.first = self.first, {}
+        self.read(first)
 
     def _on_read(self, sender: Any, record: Mapping[str, Reading]) -> None:
         self.read(record)
