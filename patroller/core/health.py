@@ -16,7 +16,7 @@ a reading shows now until a reading no longer shows them.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, Mapping, Optional, Set, Tuple
 
 HEALTHY, DEGRADED, UNHEALTHY = "healthy", "degraded", "unhealthy"
@@ -270,5 +270,5 @@ class HealthBook:
         health = Health(problems + tuple(gpu.xids.values()), tuple(gpu.faults))
         if health == gpu.health:
             return None
-        gpu.health = replace(health)
+        gpu.health = health
         return health

@@ -18,7 +18,7 @@ Each driver era names these sections its own way (docs/gpu-host.md has the table
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
-from typing import Optional
+from typing import Optional, Tuple
 
 from patroller.core.health import SLOWDOWNS, Reading
 
@@ -54,7 +54,7 @@ def _ecc(gpu: ET.Element) -> Optional[int]:
     return _sum(*counts)
 
 
-def _slowdowns(gpu: ET.Element) -> tuple:
+def _slowdowns(gpu: ET.Element) -> Tuple[str, ...]:
     for section in ("clocks_event_reasons", "clocks_throttle_reasons"):
         node = gpu.find(section)
         if node is None:
