@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from helpers import async_test, until
-from patroller.config import Config
+from patroller.config import Config, load
 from patroller.observe.kernlog import KernelLog
 from patroller.observe.signals import Signals
 from patroller.observe.xid import XidLine, parse_xid, pci_key
@@ -126,3 +126,12 @@ async def test_the_real_kernel_log_is_read_without_blocking_and_stops_at_once():
     started = time.monotonic()
     await log.stop(5.0)
     assert time.monotonic() - started < 2.0 and not log._thread.is_alive()
+
+
+def test_the_kernel_log_is_a_flag_and_none_follows_none(tmp_path):
+    assert load([], environ={}).kernel_log == "/dev/kmsg"
+    assert load(["--test"], environ={}).kernel_log is None
+    assert load(["--kernel-log", "none"], environ={}).kernel_log is None
+    assert load([], environ={"PATROLLER_KERNEL_LOG": ""}).kernel_log is None
+    os.chdir(tmp_path)
+    assert load(["--kernel-log", "kmsg"], environ={}).kernel_log == str(tmp_path / "kmsg")

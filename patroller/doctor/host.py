@@ -245,5 +245,6 @@ def check_kernel_log(path: Optional[str], trouble: Optional[str]) -> Result:
     if trouble is not None:
         return degraded(name, f"{path} cannot be read ({trouble}): Xid errors are not seen, "
                         "the GPUs' health comes from nvidia-smi -q -x alone",
-                        "run the daemon as root, which may read /dev/kmsg")
+                        "run the daemon as root, which may read /dev/kmsg (in a container: "
+                        "--device /dev/kmsg); or --kernel-log none")
     return ok(name, f"{path} is readable: Xid errors are followed")
