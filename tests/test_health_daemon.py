@@ -13,6 +13,7 @@ import time
 import pytest
 
 from helpers import NOBODY, ROOT, ScenarioFile, async_test, gpu_running, python_for, until
+from receivers import Hooks
 from patroller.core.devices import Device, Inventory, InventoryChange
 from patroller.core.health import Reading
 from patroller.config import Config
@@ -125,6 +126,34 @@ async def test_a_gpu_unhealthy_at_start_is_withheld_from_the_first_answer_and_re
         assert event["devices"] == [{"uuid": uuid, "number": 1}]
         assert event["problems"] == ["retire_pending"]
         assert [m.name for m in h.services.monitors if m.name == "kernel_log"] == []
+
+
+@async_test
+async def test_the_admin_is_told_once_an_episode_through_a_real_webhook(tmp_path):
+    scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=[{}, {}])
+    sick = [{}, {"health": {"reset_required": True}}]
+    with Hooks() as hooks:
+        async with gpu_running(scenario, inventory_every=0.2, notify=(hooks.url(),),
+                               notify_events=("unhealthy",)) as h:
+            leases, uuid = h.services.leases, h.uuids()[1]
+            scenario.write(devices=sick)
+            await until(lambda: len(hooks.bodies) == 1, timeout=30)
+            # Another problem while unhealthy: the same episode, not told again.
+            scenario.write(devices=[{}, {"health": {"reset_required": True,
+                                                    "remap_pending": True}}])
+            await until(lambda: "remap_pending" in leases.holds[uuid].health.codes)
+            scenario.write(devices=[{}, {}])  # reset: healthy again, the episode ends
+            await until(lambda: len(hooks.bodies) == 2, timeout=30)
+            scenario.write(devices=sick)  # a new episode: told again
+            await until(lambda: len(hooks.bodies) == 3, timeout=30)
+    titles = [body["title"] for body in hooks.bodies]
+    host = titles[0].split(":")[0]
+    assert titles == [f"{host}: GPU 1 is unhealthy", f"{host}: GPU 1 is healthy again",
+                      f"{host}: GPU 1 is unhealthy"]
+    assert hooks.bodies[0]["message"].startswith(
+        f"GPU 1 of {host} is unhealthy since ")
+    assert "the driver says it needs a reset: reset the GPU (`nvidia-smi -r -i 1`) when " \
+        "nothing runs on it. Nobody is granted it" in hooks.bodies[0]["message"]
 
 
 def kmsg(xid: int, pci: str, rest: str) -> str:
