@@ -355,8 +355,8 @@ def connect(services: Services) -> None:
     health = services.health
     if health is not None:  # an unhealthy device is withheld, and its health shown
         health.connect(services.signals)
-        health.on_change = lambda uuid, now: services.leases.withhold(uuid, now.reason,
-                                                                      "health", now)
+        health.on_change = lambda uuid, now, by: services.leases.withhold(
+            uuid, now.reason, "health", now, by)
 
     def job_allocation(sender: Any, record: Allocated) -> None:
         services.leases.allocate(record.uuid, record.allocation, record.source)

@@ -192,6 +192,8 @@ async def test_an_xid_withholds_its_gpu_until_root_says_it_is_healthy(tmp_path):
         assert said.returncode == 0, said.stderr
         assert said.stdout == "GPU 1 is marked healthy: it is granted again\n"
         assert leases.holds[uuids[1]].withheld is None
+        [back] = [e for e in await h.ok("/history") if e["event"] == "healthy"]
+        assert back["by"] == host_identity(0).user and back["was"].startswith("Xid 79")
         assert uuids[1] in [g["uuid"] for g in await h.ok("/request?gpu=3")]
         metrics = (await h.http.fetch(h.url + "/metrics")).body.decode()
         assert "patroller_xids_total 2.0" in metrics
@@ -203,7 +205,7 @@ def test_a_gpu_that_left_the_host_and_came_back_was_reset_its_xids_end():
     devices = Inventory([Device("GPU-a", 0, pci_address="00000000:3B:00.0")])
     signals, told = Signals(), []
     watch = HealthWatch(devices, Config(), clock=lambda: 1.0)
-    watch.on_change = lambda uuid, health: told.append((uuid, health.state))
+    watch.on_change = lambda uuid, health, by: told.append((uuid, health.state))
     watch.connect(signals)
     signals.health_read.send(None, record={"GPU-a": Reading(remap_pending=False)})
     signals.xid.send(None, record=XidLine("0000:3b:00", 94, None, None, "contained"))

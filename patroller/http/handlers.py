@@ -336,8 +336,7 @@ class ReleaseHandler(Handler):
         excused (core/health.py); it is granted again unless something else withholds it."""
         self.leases.check_admin(caller, uuid, "say a GPU is healthy")
         watch = self.services.health
-        health = watch.declare_healthy(uuid) if watch is not None else None
-        log.warning("%s says GPU %s is healthy", caller.user, uuid)
+        health = watch.declare_healthy(uuid, caller.user) if watch is not None else None
         return {"healthy": uuid, "health": health.to_json() if health else None,
                 "withheld": self.leases.holds[uuid].withheld}
 

@@ -27,7 +27,9 @@ class HealthWatch:
         self.inventory = inventory
         self.book = HealthBook(config.health_faults_kept)
         self.clock = clock
-        self.on_change: Callable[[str, Health], None] = lambda uuid, health: None
+        # (uuid, its health, who said so: the host's root, or None when the GPU did)
+        self.on_change: Callable[[str, Health, Optional[str]], None] = \
+            lambda uuid, health, by: None
         self.first: Mapping[str, Reading] = {}  # discovery's reading, taken at start()
         self.xids = 0  # Xid lines that named a GPU of the host
         self.unmatched = 0  # Xid lines that named none
@@ -89,14 +91,14 @@ class HealthWatch:
         self._tell(device.uuid, self.book.xid(device.uuid, device.number, line.xid, line.pid,
                                               name, detail, self.clock()))
 
-    def declare_healthy(self, uuid: str) -> Health:
-        """The host's root says the GPU is fine (`patroller release --healthy`)."""
-        self._tell(uuid, self.book.declare_healthy(uuid))
+    def declare_healthy(self, uuid: str, by: str) -> Health:
+        """The host's root (`by`) says the GPU is fine (`patroller release --healthy`)."""
+        self._tell(uuid, self.book.declare_healthy(uuid), by)
         return self.book.get(uuid)
 
     def _by_pci(self) -> Dict[Optional[str], Device]:
         return {pci_key(d.pci_address): d for d in self.inventory.present() if d.pci_address}
 
-    def _tell(self, uuid: str, health: Optional[Health]) -> None:
+    def _tell(self, uuid: str, health: Optional[Health], by: Optional[str] = None) -> None:
         if health is not None:
-            self.on_change(uuid, health)
+            self.on_change(uuid, health, by)

@@ -165,12 +165,12 @@ class LeaseManager(LeaseState):
     # -- what the monitors see, and time ------------------------------------------------------
 
     def withhold(self, uuid: str, why: Optional[str], cause: str = "silent",
-                 health: Optional[Health] = None) -> None:
+                 health: Optional[Health] = None, by: Optional[str] = None) -> None:
         """Grant the device to nobody while `why` holds for `cause` (silent; health, with the
-        device's `health`); None: that cause is gone. Whoever holds it keeps it."""
+        device's `health`, `by` root if root said so); None: that cause is gone."""
         hold = self._holds.get(uuid)
-        if hold is not None and withholding.apply(hold, why, cause, health,
-                                                  self.inventory.get(uuid), self._notices):
+        if hold is not None and withholding.apply(hold, why, cause, health, self.inventory.get(
+                uuid), self._notices, by):
             self._serve_and_announce()
 
     def allocate(self, uuid: str, allocation: Optional[SchedulerAllocation],

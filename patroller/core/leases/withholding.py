@@ -14,9 +14,10 @@ log = logging.getLogger(__name__)
 
 
 def apply(hold: Hold, why: Optional[str], cause: str, health: Optional[Health],
-          device: Optional[Device], notices: Notices) -> bool:
+          device: Optional[Device], notices: Notices, by: Optional[str] = None) -> bool:
     """Withhold the device for `cause` while `why` (None: no longer for it), and take its
-    `health` if given; whether anything shown changed."""
+    `health` if given (`by`: the host's root, who said it is healthy: the record says so);
+    whether anything shown changed. Whoever holds it keeps it."""
     changed = False
     if health is not None and health != hold.health:
         was = hold.health.reason
@@ -30,8 +31,9 @@ def apply(hold: Hold, why: Optional[str], cause: str, health: Optional[Health],
                 notices.event("unhealthy", holder, [device], reason=health.reason,
                               problems=[p.code for p in health.problems if p.grave])
             else:
-                log.warning("GPU %s is healthy again (was: %s)", hold.uuid, was)
-                notices.event("healthy", holder, [device], was=was)
+                log.warning("GPU %s is healthy again (was: %s)%s", hold.uuid, was,
+                            f", as {by} said" if by else "")
+                notices.event("healthy", holder, [device], was=was, by=by)
     reasons = hold.withholds
     if reasons.get(cause) != why:
         if why is None:
