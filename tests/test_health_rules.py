@@ -27,8 +27,9 @@ def reading_of(path: Path) -> Reading:
     return reading
 
 
-@pytest.mark.parametrize("path", sorted((FIXTURES / "real").glob("*.xml")), ids=lambda p: p.name)
-def test_every_real_capture_is_of_a_healthy_gpu(path):
+@pytest.mark.parametrize("path", sorted((FIXTURES / "real").glob("*.xml")) +
+                         sorted(FIXTURES.glob("*.xml")), ids=lambda p: p.name)
+def test_every_capture_and_written_fixture_is_of_a_healthy_gpu(path):
     for reading in parse_inventory(path.read_text()).health.values():
         assert problems_of(reading, 0, reading.ecc_uncorrectable) == ()
 
