@@ -75,6 +75,17 @@ def test_the_counts_of_each_era_are_read():
     assert reading_of(health / "rtx-3060-r570-gpu-lost.xml").broken == "GPU is lost"
 
 
+def test_a_page_pending_either_way_an_era_says_it_is_pending():
+    def pending(blacklist, retirement):
+        return health_reading(ET.fromstring(
+            f"<gpu><retired_pages><pending_blacklist>{blacklist}</pending_blacklist>"
+            f"<pending_retirement>{retirement}</pending_retirement></retired_pages></gpu>"
+        )).retire_pending
+    assert pending("Yes", "No") is True and pending("No", "Yes") is True
+    assert pending("No", "No") is False and pending("N/A", "N/A") is None
+    assert pending("N/A", "No") is False
+
+
 def test_a_process_named_like_a_fault_does_not_make_its_gpu_unhealthy():
     gpu = ET.fromstring("<gpu><processes><process_info><pid>7</pid><process_name>GPU is lost"
                         "</process_name></process_info></processes>"

@@ -76,14 +76,6 @@ class Reading:
     recovery_action: Optional[str] = None  # <gpu_recovery_action> other than None
     broken: Optional[str] = None  # "GPU is lost", "GPU requires reset" printed for a value
 
-    def info(self) -> Dict[str, Any]:
-        return {"remap_pending": self.remap_pending, "remap_failure": self.remap_failure,
-                "remapped_uncorrectable": self.remapped_uncorrectable,
-                "retire_pending": self.retire_pending, "retired_pages": self.retired_pages,
-                "ecc_uncorrectable": self.ecc_uncorrectable, "slowdowns": list(self.slowdowns),
-                "reset_required": self.reset_required, "recovery_action": self.recovery_action,
-                "broken": self.broken}
-
 
 @dataclass(frozen=True)
 class Problem:
