@@ -183,7 +183,12 @@ async def test_an_xid_withholds_its_gpu_until_root_says_it_is_healthy(tmp_path):
         claim = (await h.ok("/status"))[uuids[2]]["claim"]
         assert claim["withheld"] is None and claim["health"]["state"] == "healthy"
         assert [(f["xid"], f["pid"]) for f in claim["health"]["faults"]] == [(13, 4242)]
-        # nobody may not say it is healthy; root may.
+        # Bad words are a 400; nobody may not say it is healthy; root may.
+        for target, error in (("/release?healthy=1", "healthy= names one device: uuid="),
+                              (f"/release?uuid={uuids[1]}&healthy=yes",
+                               "healthy= is 1 (or true) or 0 (or false)")):
+            status, refused = await h.call(target, method="POST", body=b"")
+            assert (status, refused["error"]) == (400, error)
         status, refused = await as_nobody(h.port, f"/release?uuid={uuids[1]}&healthy=1")
         assert status == 403 and refused["error"] == "only the host's root may say a GPU is " \
             "healthy", refused
