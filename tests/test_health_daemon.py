@@ -182,7 +182,8 @@ async def test_an_xid_withholds_its_gpu_until_root_says_it_is_healthy(tmp_path):
         await until(lambda: leases.holds[uuids[2]].health.faults)
         claim = (await h.ok("/status"))[uuids[2]]["claim"]
         assert claim["withheld"] is None and claim["health"]["state"] == "healthy"
-        assert [(f["xid"], f["pid"]) for f in claim["health"]["faults"]] == [(13, 4242)]
+        assert [(f["xid"], f["kind"], f["pid"]) for f in claim["health"]["faults"]] == [
+            (13, "application", 4242)]
         # Bad words are a 400; nobody may not say it is healthy; root may.
         for target, error in (("/release?healthy=1", "healthy= names one device: uuid="),
                               (f"/release?uuid={uuids[1]}&healthy=yes",

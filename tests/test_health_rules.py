@@ -11,6 +11,7 @@ import pytest
 from helpers import FakeClock, lease_manager
 from patroller.core.health import (APPLICATION, DEGRADED, FINE, HEALTHY, RESET, UNHEALTHY,
                                    HealthBook, Reading, problems_of, xid_kind)
+from patroller.cli.status import device_notes
 from patroller.core.errors import Busy
 from patroller.core.identity import named_user
 from patroller.core.leases import Event
@@ -160,10 +161,11 @@ def test_an_applications_xid_is_told_against_its_process_not_the_gpu():
     health = book.xid("GPU-a", 0, 13, pid=4242, name="python3", at=5.0)
     assert health.state == HEALTHY and health.reason is None
     assert [f.to_json() for f in health.faults] == [
-        {"xid": 13, "words": "Xid 13: graphics engine exception", "pid": 4242, "at": 5.0}]
+        {"xid": 13, "kind": "application", "words": "Xid 13: graphics engine exception",
+         "pid": 4242, "at": 5.0}]
     book.xid("GPU-a", 0, 109, pid=None)  # not in the catalogue: shown, not held against it
     health = book.xid("GPU-a", 0, 31, pid=4243)
-    assert [f.xid for f in health.faults] == [109, 31]  # the latest `faults_kept`
+    assert [(f.xid, f.kind) for f in health.faults] == [(109, "unknown"), (31, "application")]
 
 
 def test_root_excuses_what_a_reading_shows_until_it_is_gone_and_back():
@@ -235,3 +237,16 @@ def test_the_unhealthy_notice_says_why_and_what_to_do_once_an_episode():
     assert "`patroller release --healthy 3`" in told.body and "\n" not in told.body
     [back] = notices_of(Event("healthy", None, gpu, {"was": "x"}), "gpu1", 1_700_000_060.0)
     assert back.ends == ("unhealthy", "GPU-a") and back.title == "gpu1: GPU 3 is healthy again"
+
+
+def test_patroller_status_says_why_a_gpu_is_withheld_and_whose_fault_an_xid_is():
+    book = HealthBook()
+    book.read("GPU-a", 2, Reading(slowdowns=("hw_slowdown",)))
+    book.xid("GPU-a", 2, 13, pid=77)
+    health = book.xid("GPU-a", 2, 109)
+    claim = {"withheld": "it printed no statistics", "health": health.to_json()}
+    assert device_notes({"number": 2, "group": "gpu"}, {"claim": claim}) == [
+        "GPU 2: granted to nobody: it printed no statistics",
+        "GPU 2: degraded: clocks slowed (hw_slowdown): check its cooling and power",
+        "GPU 2: pid 77: Xid 13: graphics engine exception (a fault of its process)",
+        "GPU 2: Xid 109 (an Xid Patroller does not place)"]

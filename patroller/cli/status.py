@@ -179,8 +179,10 @@ def device_notes(info: Dict[str, Any], entry: Dict[str, Any]) -> List[str]:
                  for p in health.get("problems") or [] if not p.get("grave"))
     for fault in health.get("faults") or []:
         pid, words = fault.get("pid"), fault.get("words")
-        notes.append(f"{label}: pid {pid}: {words} (a fault of its process)" if pid is not None
-                     else f"{label}: {words}")
+        whose = "a fault of its process" if fault.get("kind") == "application" else \
+            "an Xid Patroller does not place"
+        notes.append(f"{label}: " + (f"pid {pid}: " if pid is not None else "") +
+                     f"{words} ({whose})")
     return notes
 
 

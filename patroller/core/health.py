@@ -102,9 +102,15 @@ class Fault:
     name: Optional[str]
     at: float  # wall clock
 
+    @property
+    def kind(self) -> str:
+        """APPLICATION (its process's own fault), or `unknown` (not in the catalogue)."""
+        return xid_kind(self.xid) or "unknown"
+
     def to_json(self) -> Dict[str, Any]:
         """Its name is left out: the process named it, and --hide-users may hide its command."""
-        return {"xid": self.xid, "words": self.words, "pid": self.pid, "at": self.at}
+        return {"xid": self.xid, "kind": self.kind, "words": self.words, "pid": self.pid,
+                "at": self.at}
 
 
 @dataclass(frozen=True)

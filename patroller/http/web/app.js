@@ -172,7 +172,8 @@
     const lines = (health.problems || []).filter((p) => !p.grave)
       .map((p) => "degraded: " + p.words + ": " + p.action)
       .concat((health.faults || []).map((f) =>
-        f.pid !== null && f.pid !== undefined ? "pid " + f.pid + ": " + f.words + " (a fault of its process)" : f.words));
+        (f.pid !== null && f.pid !== undefined ? "pid " + f.pid + ": " : "") + f.words +
+          (f.kind === "application" ? " (a fault of its process)" : " (an Xid Patroller does not place)")));
     return lines.length ? lines.map((line) => h("p", {class: "warn health"}, line)) : null;
   }
 
