@@ -39,6 +39,8 @@ from patroller.observe.monitors import DmonMonitor, PmonMonitor
 from patroller.observe.podresources import PodResourcesWatch
 from patroller.observe.signals import Allocated, Signals, Silence
 from patroller.observe.silence import SilenceWatch
+from patroller.observe.health import HealthWatch
+from patroller.observe.kernlog import KernelLog
 from patroller.observe.stats import StatsStore
 from patroller.observe.tally import Tally
 from patroller.observe.testmode import SyntheticMonitor, synthetic_inventory
@@ -113,6 +115,8 @@ class Daemon:
             services.usage.open()  # its writer thread opens the file
             if services.usage.state != "read_only":
                 services.sampler.start()
+        if services.health is not None:  # a GPU unhealthy from the start: told, its holder
+            services.health.start()     # (the book's) named
         services.timer.start()
         services.lifelines.start()
         self.api.feed.start()
@@ -268,8 +272,12 @@ async def build(config: Config) -> Daemon:
                 SilenceWatch(inventory, signals, config.sample_interval,
                              config.silent_intervals * config.sample_interval)]
     monitors += schedulers(inventory, signals, config)
+    if config.kernel_log is not None:
+        monitors.append(KernelLog(signals, config))
     daemon = assemble(config, inventory, signals, monitors, identifier,
                       SystemCallers(identifier, directory, config), directory)
+    if daemon.services.health is not None:  # what discovery read, taken at start
+        daemon.services.health.first = found.health
     return daemon
 
 
@@ -313,7 +321,8 @@ def assemble(config: Config, inventory: Inventory, signals: Signals, monitors: S
         usage=usage, sampler=UsageSampler(inventory, leases, Tally(inventory, config.usage_busy_sm),
                                           usage, config.usage_interval)
         if usage is not None else None,
-        notifier=Notifier(config, socket.gethostname(), audit, config.state_dir, leases))
+        notifier=Notifier(config, socket.gethostname(), audit, config.state_dir, leases),
+        health=HealthWatch(inventory, config))
     connect(services)
     return Daemon(services, make_api(services))
 
@@ -321,9 +330,9 @@ def assemble(config: Config, inventory: Inventory, signals: Signals, monitors: S
 def connect(services: Services) -> None:
     """Who hears whom: the monitors' signals reach the statistics, the idle watch and (through
     the tracker) the leases; every lease event reaches the audit record; a change of the host's
-    devices reaches the leases and the streams; a device that falls silent is withheld; a
-    device the Slurm job map or the kubelet allocates is its jobs' or pods'; the links `topo -m`
-    says choose among free devices."""
+    devices reaches the leases and the streams; a device that falls silent, or is unhealthy,
+    is withheld; a device the Slurm job map or the kubelet allocates is its jobs' or pods'; the
+    links `topo -m` says choose among free devices."""
     services.stats.connect(services.signals)
     services.idle.connect(services.signals)
     services.tracker.connect(services.signals)
@@ -353,6 +362,12 @@ def connect(services: Services) -> None:
     def device_silent(sender: Any, record: Silence) -> None:
         services.leases.withhold(record.uuid, record.why)
     services.signals.device_silent.connect(device_silent, weak=False)
+
+    health = services.health
+    if health is not None:  # an unhealthy device is withheld, and its health shown
+        health.connect(services.signals)
+        health.on_change = lambda uuid, now, by: services.leases.withhold(
+            uuid, now.reason, "health", now, by)
 
     def job_allocation(sender: Any, record: Allocated) -> None:
         services.leases.allocate(record.uuid, record.allocation, record.source)

@@ -23,6 +23,7 @@ from patroller.notify import Notifier
 from patroller.identify.containers import ContainerDirectory
 from patroller.identify.resolver import ProcessIdentifier
 from patroller.identify.tracker import ProcessTracker
+from patroller.observe.health import HealthWatch
 from patroller.observe.idle import IdleWatch
 from patroller.observe.monitor import FAILING, Monitor
 from patroller.observe.signals import Signals
@@ -62,6 +63,7 @@ class Services:
     # state directory
     sampler: Optional[UsageSampler] = None  # its samples, every --usage-interval
     notifier: Optional[Notifier] = None  # tells the admin (--notify) and the users concerned
+    health: Optional[HealthWatch] = None  # each GPU's health: -q -x's readings, the Xids
 
     def troubles(self) -> List[Tuple[str, str, str]]:
         """The daemon's own trouble now, for the admin's `daemon` notices: (a key, what is

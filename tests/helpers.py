@@ -236,7 +236,9 @@ class ScenarioFile:
 
 
 def gpu_running(scenario: ScenarioFile, **settings: Any) -> Any:
-    """A GPU-host-mode daemon on the simulator (async context manager)."""
+    """A GPU-host-mode daemon on the simulator (async context manager). It follows no kernel
+    log unless given one (`kernel_log=`, Config's default): the host's own /dev/kmsg may hold
+    Xids of a real GPU at a PCI address the simulator's share."""
     return serving(replace(Config(port=0, address="127.0.0.1", nvidia_smi=scenario.command),
                            **settings))
 

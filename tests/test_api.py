@@ -17,7 +17,7 @@ INFO_KEYS = {"name", "brand", "arch", "number", "pci_address", "total_mem", "gro
 STAT_KEYS = {"power", "gtemp", "mtemp", "sm", "mem", "enc", "dec", "mclk", "pclk"}
 CLAIM_KEYS = {"state", "user", "users", "processes", "process_detail", "age", "expires",
               "held_for_pid", "hold", "asked", "withheld", "set_aside_for", "ends_at", "idle_for",
-              "processes_stale", "jobs", "pods"}
+              "processes_stale", "jobs", "pods", "health"}
 
 
 @async_test

@@ -18,7 +18,7 @@ from helpers import (NOBODY, ROOT, ScenarioFile, ServerProcess, async_test, gpu_
                      need_root, slurm_job_process, until)
 from patroller import client
 from patroller.cli import status as status_table
-from patroller.cli.commands import offsets_joined
+from patroller.cli.arguments import offsets_joined
 from patroller.cli.records import history_table, queue_table, users_table
 from patroller.cli.usage import summed, table as report_table, title
 from patroller.core.usage import Party

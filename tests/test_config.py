@@ -15,7 +15,8 @@ from patroller.config import Config, ConfigError, default_state_dir, load, setti
 
 def test_defaults():
     assert load([], {}) == Config(state_dir=default_state_dir(False, {}, os.getuid()),
-                                  kubelet_socket="/var/lib/kubelet/pod-resources/kubelet.sock")
+                                  kubelet_socket="/var/lib/kubelet/pod-resources/kubelet.sock",
+                                  kernel_log="/dev/kmsg")
     assert Config().port == 8080 and Config().lease == 10
     assert Config().user_labels == ("user.email", "email", "maintainer")
 

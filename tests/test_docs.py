@@ -308,7 +308,7 @@ def test_a_malformed_or_repeated_heading_is_found():
 # Flags the documentation names that belong to other programs: never one of Patroller's.
 FOREIGN = {
     "--gpus", "--pid", "--network", "--cap-add", "--restart", "--name", "--label",
-    "--cgroup-parent",  # docker run (its --user is also `patroller history --user`)
+    "--cgroup-parent", "--device",  # docker run (its --user is also `patroller history --user`)
     "--query-compute-apps", "--format",  # nvidia-smi
     "--no-deps",  # pip install
     "--scenario",  # python -m patroller.simulator

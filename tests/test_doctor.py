@@ -86,7 +86,7 @@ def test_a_simulated_gpu_host_passes_every_check_and_exits_0(scenario, engine_so
                                            "--state-dir", str(tmp_path / "state")))
     assert code == 0, listed
     assert [r["check"] for r in listed][:6] == list(GPU_CHECKS)
-    for name in GPU_CHECKS:
+    for name in GPU_CHECKS + ("GPU 0 health", "GPU 1 health"):
         assert found[name]["status"] == "ok", found[name]
     assert "driver 550.54.15 (R550 branch" in found["nvidia-smi"]["detail"]
     assert "2 GPU(s): 0 NVIDIA A100-SXM4-80GB, 1 NVIDIA H100 80GB HBM3" in \
@@ -184,6 +184,38 @@ def test_mig_and_a_gpu_pmon_is_blind_to(tmp_path, engine_sockets, sleeper):
     assert "-L names 1 MIG device(s)" in found["MIG"]["detail"]
     pmon = found["nvidia-smi pmon"]
     assert pmon["status"] == "degraded" and "GPU 1 has compute processes" in pmon["detail"]
+
+
+def test_each_gpus_health_is_reported_with_what_to_do(tmp_path, engine_sockets):
+    sick = ScenarioFile(str(tmp_path / "s.json"), devices=[
+        {"health": {"slowdowns": ["hw_power_brake_slowdown"]}},
+        {"health": {"remap_pending": True, "ecc_uncorrectable": 2}}, {}])
+    code, found, listed = doctor(*isolated(engine_sockets, "--nvidia-smi", sick.command))
+    assert code == 0, listed  # the daemon works on: it withholds the GPU
+    assert found["GPU 0 health"] == {
+        "check": "GPU 0 health", "status": "degraded",
+        "detail": "clocks slowed (hw_power_brake_slowdown)",
+        "fix": "check its cooling and power"}
+    sick_one = found["GPU 1 health"]
+    assert sick_one["status"] == "degraded"
+    assert sick_one["detail"] == "row remap pending; 2 uncorrectable ECC error(s) since the " \
+        "last reset: the daemon grants it to nobody"
+    assert sick_one["fix"].startswith("reset the GPU (`nvidia-smi -r -i 1`) when nothing runs")
+    assert found["GPU 2 health"]["status"] == "ok"
+    assert found["kernel log"]["status"] == ("ok" if os.access("/dev/kmsg", os.R_OK)
+                                             else "degraded")
+
+
+def test_a_kernel_log_that_cannot_be_read_is_degraded(tmp_path):
+    from patroller.doctor.host import check_kernel_log, probe_kernel_log
+    missing = str(tmp_path / "kmsg")
+    result = check_kernel_log(missing, probe_kernel_log(missing))
+    assert (result.status, result.detail) == (
+        "degraded", f"{missing} cannot be read (No such file or directory): Xid errors are "
+        "not seen, the GPUs' health comes from nvidia-smi -q -x alone")
+    (tmp_path / "kmsg").write_text("")
+    assert check_kernel_log(missing, probe_kernel_log(missing)).status == "ok"
+    assert check_kernel_log(None, probe_kernel_log(None)).detail.startswith("not followed")
 
 
 @async_test

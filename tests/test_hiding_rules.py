@@ -136,7 +136,7 @@ class Case:
         sampler.count([sampler.snapshot(device, 60.0) for device in leases.inventory])
         self.services = SimpleNamespace(
             leases=leases, inventory=leases.inventory, stats=stats, idle=idle, mode="test",
-            monitors=(), book=None, usage=None, sampler=sampler, notifier=None,
+            monitors=(), book=None, usage=None, sampler=sampler, notifier=None, health=None,
             identifier=SimpleNamespace(docker_calls=0, proc_reads=0),
             callers=SimpleNamespace(lookups=0, descriptors_read=0))
         self.view = view

@@ -80,7 +80,8 @@ CORE_ORDER: List[Tuple[str, ...]] = [
     ("patroller.core", "patroller.core.leases"),  # the packages: they re-export
     ("patroller.core.leases.manager",),  # the commands
     ("patroller.core.leases.state", "patroller.core.leases.allocations"),  # queries; schedulers'
-    ("patroller.core.leases.refusals", "patroller.core.leases.trespass"),  # why not; telling
+    ("patroller.core.leases.refusals", "patroller.core.leases.trespass",  # why not; telling;
+     "patroller.core.leases.withholding"),  # granted to nobody
     ("patroller.core.leases.serving", "patroller.core.leases.limits"),  # who gets what; limits
     ("patroller.core.leases.queue", "patroller.core.leases.sources"),  # waiters; two schedulers
     ("patroller.core.leases.holds",),  # a device's hold, its states, events
@@ -90,7 +91,8 @@ CORE_ORDER: List[Tuple[str, ...]] = [
     ("patroller.core.usage",),  # GPU-time in categories, and reports of it
     ("patroller.core.topology",),  # how the GPUs are linked; the best-connected set
     ("patroller.core.devices", "patroller.core.identity", "patroller.core.errors",
-     "patroller.core.policy", "patroller.core.throttle", "patroller.core.text"),
+     "patroller.core.policy", "patroller.core.throttle", "patroller.core.text",
+     "patroller.core.health"),
 ]
 MAX_MODULE_LINES = 400
 MAX_CLASS_LINES = 300
@@ -99,7 +101,11 @@ MAX_CLASS_LINES = 300
 # exited, an allocation, expiry, give_back...), each keeping the same invariants over the same
 # holds and queue; its state and queries are LeaseState's (state.py) and its choices
 # serving.py's, and what is left would only scatter one object's invariants if split further.
-CLASS_LINES = {"patroller.core.leases.manager.LeaseManager": 360}
+# Config is every setting, one field and its comment a line or two each: "every tuning value
+# lives in Config" makes it as long as there are values, and one place to find them all is
+# the point.
+CLASS_LINES = {"patroller.core.leases.manager.LeaseManager": 360,
+               "patroller.config.settings.Config": 400}
 # The simulator may be larger: it is a program of its own, imitating every era of nvidia-smi.
 SIZE_EXEMPT = ("patroller.simulator",)
 

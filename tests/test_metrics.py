@@ -203,9 +203,12 @@ async def test_every_monitor_is_up_or_idle_by_design_in_normal_operation_and_fai
     # child runs only while it queries), so a plain alert fired all the time, and the
     # inventory watch had no series at all.
     scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=[{}, {"mig": "Enabled"}])
-    async with gpu_running(scenario, cross_check_every=0.2) as h:
+    (tmp_path / "kmsg").write_text("")  # the kernel log: a file of its own, readable
+    async with gpu_running(scenario, cross_check_every=0.2,
+                           kernel_log=str(tmp_path / "kmsg")) as h:
         names = {m.name for m in h.services.monitors}
-        assert names == {"dmon", "pmon", "cross_check", "inventory", "silence", "topology"}
+        assert names == {"dmon", "pmon", "cross_check", "inventory", "silence", "topology",
+                         "kernel_log"}
 
         async def states():
             samples = (await scrape(h))[0]
@@ -216,7 +219,8 @@ async def test_every_monitor_is_up_or_idle_by_design_in_normal_operation_and_fai
         cross_check = now.pop("cross_check")  # it queries the MIG GPU every 0.2 s
         assert cross_check in ("idle", "up")
         assert now.pop("topology") in ("idle", "up")  # read at start, and after a change
-        assert now == {"dmon": "up", "pmon": "up", "inventory": "idle", "silence": "up"}
+        assert now == {"dmon": "up", "pmon": "up", "inventory": "idle", "silence": "up",
+                       "kernel_log": "up"}
         assert all(find(samples, "patroller_monitor_up", monitor=name) == [1.0]
                    for name in names)
         # The drivers fail: dmon exits and waits to restart, a query fails.

@@ -8,6 +8,7 @@ from dataclasses import replace as changed
 import pytest
 
 from helpers import FakeClock, async_test, lease_manager
+from patroller.core.health import HealthBook, Reading
 from patroller.core.devices import Inventory
 from patroller.core.errors import BadRequest
 from patroller.core.identity import Identity
@@ -312,6 +313,9 @@ async def test_each_gpu_is_sampled_as_its_hold_stands_with_the_readings_of_the_i
     leases.process_started(taken, 20, bob)  # bob takes one by computing
     silent = next(u for u in uuid if u not in (granted.uuid, taken, lost))
     leases.withhold(silent, "printed nothing for 2 s")
+    sick = next(u for u in uuid if u not in (granted.uuid, taken, lost, silent))
+    health = HealthBook().read(sick, 4, Reading(remap_pending=True))
+    leases.withhold(sick, health.reason, "health", health)
     tally, store = Tally(inventory, busy_sm=1.0), Collected()
     sampler = UsageSampler(inventory, leases, tally, store, 60.0, clock=clock, wall=lambda: 5e9)
     sampler.start()
@@ -333,6 +337,8 @@ async def test_each_gpu_is_sampled_as_its_hold_stands_with_the_readings_of_the_i
     assert (found[taken].state, found[taken].reserved) == ("claimed", False)
     assert found[silent].state == "withheld" and found[lost].state == "lost"
     assert classify(found[lost]) == [("lost", NOBODY, 60.0)]
+    assert found[sick].state == "unhealthy"  # the reason kept: its health, not a silence
+    assert classify(found[sick]) == [("lost", NOBODY, 60.0)]
     sampler.stop()  # the interval so far: none has passed on this clock
     assert len(store.intervals) == 1
 

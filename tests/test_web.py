@@ -308,6 +308,27 @@ def test_an_idle_reservation_and_a_lost_gpu_in_gpu_host_mode(page, tmp_path):
         server.stop()
 
 
+def test_an_unhealthy_gpu_says_why_and_what_to_do_and_a_degraded_one_says_so(page, tmp_path):
+    scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=H100)
+    server = ServerProcess("--nvidia-smi", scenario.command, "--inventory-every", "0.5").start()
+    try:
+        opened(page, server)
+        scenario.write(devices=[H100[0], dict(H100[1], health={"remap_pending": True}),
+                                dict(H100[2], health={"slowdowns": ["hw_thermal_slowdown"]}),
+                                H100[3]])
+        sick = card_where(page, 1, "granted to nobody", lambda c: "granted to nobody:" in
+                          c["text"], timeout=20)
+        assert "row remap pending: reset the GPU (`nvidia-smi -r -i 1`) when nothing runs on " \
+            "it" in sick["text"], sick
+        slowed = card_where(page, 2, "degraded", lambda c: "degraded:" in c["text"])
+        assert "clocks slowed (hw_thermal_slowdown): check its cooling and power" in \
+            slowed["text"] and "granted to nobody" not in slowed["text"], slowed
+        assert "granted to nobody" not in page.card(0)["text"]
+        still_the_same_page(page)
+    finally:
+        server.stop()
+
+
 def figures(page):
     """Each card's figures and the lines they take, once a held GPU draws three-digit watts."""
     found = page.js("return Array.from(document.querySelectorAll('.card .facts')).map((f) =>"

@@ -9,21 +9,22 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
-from patroller import client, durations
+from patroller import client
 import patroller.cli.fleet as fleet
 from patroller.cli.finding import find
+from patroller.cli.arguments import (count_arg, hold_arg, offsets_joined, seconds_arg,
+                                     wait_arg, watch_arg)
 from patroller.cli.exits import (EX_INTERRUPTED, EX_NOPERM, EX_OK, EX_PIPE, EX_TEMPFAIL,
                                  EX_UNAVAILABLE, EX_USAGE, Failure, error_text, refused_code)
 from patroller.cli.records import history_command, queue_command, users_command
 from patroller.cli.notify import add_parser as add_notify
 from patroller.cli.report import add_parser as add_report
-from patroller.cli.render import (amount, describe, duration, numbers_of, release_message,
-                                   use_colour)
+from patroller.cli.render import (amount, describe, duration, healthy_message, numbers_of,
+                                  release_message, use_colour)
 from patroller.cli.run import optional_queue, optional_users, run_command
 from patroller.cli.status import format_status
 from patroller.cli.table import width_of
@@ -77,30 +78,6 @@ def wants_server(options: argparse.Namespace) -> bool:
     return (hasattr(options, "server") and options.server is None
             and not (getattr(options, "hosts", None) or getattr(options, "hosts_file", None)
                      or ("hosts" in options and os.environ.get("PATROLLER_HOSTS", "").strip())))
-
-
-# A time zone's offset, such as -10:00 or +0530: argparse takes one that begins with "-" for an
-# option ("expected one argument"), so `--tz -10:00` is handed to it as `--tz=-10:00`.
-OFFSET = re.compile(r"[+-]\d{1,2}(:?\d{2})?")
-TAKES_OFFSET = ("--tz",)
-
-
-def offsets_joined(args: List[str]) -> List[str]:
-    """`args` with each option of TAKES_OFFSET followed by an offset (`--tz -10:00`) written
-    as one word (`--tz=-10:00`); what follows `--` is left as it is (a command of `run`)."""
-    out: List[str] = []
-    n = 0
-    while n < len(args):
-        word = args[n]
-        if word == "--":
-            return out + args[n:]
-        if word in TAKES_OFFSET and n + 1 < len(args) and OFFSET.fullmatch(args[n + 1]):
-            out.append(f"{word}={args[n + 1]}")
-            n += 2
-            continue
-        out.append(word)
-        n += 1
-    return out
 
 
 def reader_gone() -> int:
@@ -166,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     release.add_argument("devices", nargs="*", metavar="UUID|NUMBER")
     release.add_argument("--reason", help="why, for the audit record; the host's root may "
                          "release another user's device, named, with a reason")
+    release.add_argument("--healthy", action="store_true", help="the host's root: the named "
+                         "GPUs are healthy again (after a reset); their holders keep them")
     release.set_defaults(handler=release_command)
 
     wait = commands.add_parser("wait", parents=[common], help="wait for GPUs, print numbers",
@@ -226,53 +205,6 @@ def build_parser() -> argparse.ArgumentParser:
     unit.set_defaults(handler=unit_command)
     return parser
 
-def count_arg(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"at least 1, not {value}")
-    return value
-
-def seconds_arg(text: str) -> float:
-    """A duration (90, 90s, 2m, 1h); zero is allowed."""
-    try:
-        return durations.parse(text, zero=True)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r} {exc}") from None
-
-
-WATCH_SOONEST = 0.5  # seconds between redraws at the least: /status changes at most every 0.1 s
-
-
-def watch_arg(text: str) -> float:
-    """A redraw interval: a duration of at least WATCH_SOONEST."""
-    value = seconds_arg(text)
-    if value < WATCH_SOONEST:
-        raise argparse.ArgumentTypeError(f"{text!r} is too often: at least {WATCH_SOONEST} s")
-    return value
-
-
-def wait_arg(text: str) -> Optional[float]:
-    """A duration, or None for 'forever'."""
-    if text.strip().lower() in ("forever", "inf", "infinity"):
-        return None
-    return seconds_arg(text)
-
-
-def hold_arg(text: str) -> str:
-    """lease, or a duration; a command line has no process to hold devices for."""
-    if text.strip().lower() == "lease":
-        return "lease"
-    if text.strip().lower() == "process":
-        raise argparse.ArgumentTypeError("a reservation made here has no process to last for: "
-                                         "use patroller run, which holds them while it runs")
-    seconds_arg(text)
-    if durations.parse(text) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive duration")
-    return text.strip()
-
 
 def reserve_command(options: argparse.Namespace) -> int:
     """Reserve for a duration (or the lease) and print the numbers on stdout."""
@@ -311,6 +243,9 @@ def wait_command(options: argparse.Namespace) -> int:
 def release_command(options: argparse.Namespace) -> int:
     """Release everything (but what a running job's process holds), or the devices named by
     uuid or number."""
+    if not options.devices and options.healthy:
+        raise Failure("release --healthy names the GPUs: patroller release --healthy NUMBER",
+                      EX_USAGE)
     if not options.devices:
         body = client.release_all(options.server, options.reason)
         print(release_message(body))
@@ -321,6 +256,11 @@ def release_command(options: argparse.Namespace) -> int:
         try:
             uuid = uuid_of(name, inventory)
             label = f"GPU {name}" if name.isdigit() else name
+            if options.healthy:
+                body = client.get_json(options.server, "/release",
+                                       post={"uuid": uuid, "healthy": "1"})
+                print(healthy_message(body, label))
+                continue
             print(release_message(client.release(options.server, uuid, options.reason), label))
         except RequestRefused as refused:
             print(f"patroller: cannot release {printable(name)}: {error_text(refused)}",

@@ -14,8 +14,8 @@ from patroller.cli.exits import EX_OK
 from patroller.cli.table import format_table
 from patroller.safetext import printable
 
-KINDS = ("trespass", "unreserved", "idle", "expiring", "granted", "lost", "daemon", "digest",
-         "test", "terminal")  # terminal: every notice written on your terminals
+KINDS = ("trespass", "unreserved", "idle", "expiring", "granted", "lost", "unhealthy", "daemon",
+         "digest", "test", "terminal")  # terminal: every notice written on your terminals
 
 
 def add_parser(commands: Any, common: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -148,6 +148,13 @@ def release_message(body: Dict[str, Any], named: Optional[str] = None) -> str:
         return printable(f"nothing released: {named} is not reserved by you")
     return "nothing to release: you hold no reservation"
 
+def healthy_message(body: Dict[str, Any], named: str) -> str:
+    """What /release?healthy=1 answered, in words."""
+    withheld = body.get("withheld")
+    if withheld:
+        return printable(f"{named} is marked healthy, but is still granted to nobody: {withheld}")
+    return printable(f"{named} is marked healthy: it is granted again")
+
 def use_colour(out: TextIO) -> bool:
     """Colours on a terminal, unless NO_COLOR is set (https://no-color.org) or TERM=dumb."""
     return (out.isatty() and not os.environ.get("NO_COLOR")

@@ -183,7 +183,8 @@ def is_mine(entry: Dict[str, Any], user: str) -> bool:
 
 
 def device_notes(info: Dict[str, Any], entry: Dict[str, Any]) -> List[str]:
-    """What the table cannot say of a device: stale figures, idleness, a starving waiter."""
+    """What the table cannot say of a device: stale figures, idleness, a starving waiter, why
+    it is granted to nobody (silent, unhealthy), slowed clocks, the faults of its processes."""
     label = device_label(info)
     claim = entry.get("claim") or {}
     notes = []
@@ -198,6 +199,17 @@ def device_notes(info: Dict[str, Any], entry: Dict[str, Any]) -> List[str]:
     if claim.get("set_aside_for"):
         notes.append(f"{label}: free, set aside for {claim['set_aside_for']}, whose request "
                      "has waited past the starvation bound")
+    if claim.get("withheld"):
+        notes.append(f"{label}: granted to nobody: {claim['withheld']}")
+    health = claim.get("health") or {}
+    notes.extend(f"{label}: degraded: {p.get('words')}: {p.get('action')}"
+                 for p in health.get("problems") or [] if not p.get("grave"))
+    for fault in health.get("faults") or []:
+        pid, words = fault.get("pid"), fault.get("words")
+        whose = "a fault of its process" if fault.get("kind") == "application" else \
+            "an Xid Patroller does not place"
+        notes.append(f"{label}: " + (f"pid {pid}: " if pid is not None else "") +
+                     f"{words} ({whose})")
     return notes
 
 

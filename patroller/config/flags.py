@@ -10,7 +10,7 @@ from patroller import __version__, durations
 import patroller.config.file as configfile
 import patroller.config.values as values
 from patroller.config.settings import (DEFAULT_POD_USER_KEYS, DEFAULT_USER_LABELS,
-                                       KUBELET_SOCKET, Config, ConfigError)
+                                       KERNEL_LOG, KUBELET_SOCKET, Config, ConfigError)
 
 T = TypeVar("T")
 
@@ -88,6 +88,10 @@ _SETTINGS = (
      "the kubelet's pod-resources socket, asked only while it is there: a GPU it assigns to a "
      "pod is the pod's, never granted; none or empty: not asked (default "
      "/var/lib/kubelet/pod-resources/kubelet.sock; none in test mode)"),
+    ("--kernel-log", "PATROLLER_KERNEL_LOG",
+     "the kernel log followed for Xid lines, a GPU's faults (reading /dev/kmsg takes root); "
+     "none or empty: not followed, the GPUs' health comes from nvidia-smi -q -x alone "
+     "(default /dev/kmsg; none in test mode)"),
     ("--log-level", "PATROLLER_LOG_LEVEL", "debug, info, warning or error (default info)"),
     ("--body-timeout", "PATROLLER_BODY_TIMEOUT",
      "seconds a request body may take to arrive before the request is refused (default 10)"),
@@ -137,7 +141,7 @@ _SETTINGS = (
      "(pip install 'patroller[notify]') (default: nobody is told)"),
     ("--notify-events", "PATROLLER_NOTIFY_EVENTS",
      "the kinds the admin is told of, comma-separated: trespass, unreserved, idle, expiring, "
-     "granted, lost, daemon, digest (only with --notify-digest) (default all)"),
+     "granted, lost, unhealthy, daemon, digest (only with --notify-digest) (default all)"),
     ("--notify-escalate", "PATROLLER_NOTIFY_ESCALATE",
      "how long a trespass goes on before the admin is told (the users concerned are told at "
      "once); 0: at once (default 30m)"),
@@ -308,6 +312,8 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         slurm_job_map=pick("--slurm-job-map", env_names["--slurm-job-map"], values.directory, None),
         kubelet_socket=pick("--kubelet-socket", env_names["--kubelet-socket"],
                             values.optional_socket, None if test else KUBELET_SOCKET),
+        kernel_log=pick("--kernel-log", env_names["--kernel-log"], values.optional_path,
+                        None if test else KERNEL_LOG),
         log_level=pick("--log-level", env_names["--log-level"], values.log_level, Config.log_level),
         body_timeout=pick("--body-timeout", env_names["--body-timeout"], durations.parse,
                           Config.body_timeout),

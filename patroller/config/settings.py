@@ -10,13 +10,15 @@ from typing import Optional, Tuple
 
 DEFAULT_USER_LABELS = ("user.email", "email", "maintainer")
 KUBELET_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"  # the kubelet's own default
+KERNEL_LOG = "/dev/kmsg"  # --kernel-log's default on a GPU host
 DEFAULT_POD_USER_KEYS = ("patroller/user",)
 # What notifications tell of (notify/messages.py words each): a process on a GPU another holds,
 # a GPU used without asking, a hold idle or ending, a wait granted, a GPU gone and back, and
-# the daemon's own trouble (to the admin), and the weekly digest of usage (only with
-# --notify-digest: naming it among the kinds turns nothing on).
-NOTIFY_KINDS = ("trespass", "unreserved", "idle", "expiring", "granted", "lost", "daemon",
-                "digest")
+# the daemon's own trouble (to the admin), a GPU unhealthy (to the admin and its holder), and
+# the weekly digest of usage (only with --notify-digest: naming it among the kinds turns
+# nothing on).
+NOTIFY_KINDS = ("trespass", "unreserved", "idle", "expiring", "granted", "lost", "unhealthy",
+                "daemon", "digest")
 # When the weekly digest is due: (weekday, Monday 0; hour; minute; the zone, as given: UTC, an
 # offset from UTC or a zone's name), config/values.py's `weekly` reads it from the flag.
 Weekly = Tuple[int, int, int, str]
@@ -78,6 +80,9 @@ class Config:
     # The kubelet's pod-resources socket; None: not asked (the flag's default is KUBELET_SOCKET
     # outside test mode, asked only while it is there).
     kubelet_socket: Optional[str] = None
+    # the kernel log followed for Xid lines (a GPU's faults; KERNEL_LOG from the command
+    # line); None: not followed (test mode, --kernel-log none)
+    kernel_log: Optional[str] = None
     hide_users: bool = False  # others' names shown as pseudonyms (http/hiding.py)
 
     # -- state on disk (flags) ----------------------------------------------------------------
@@ -228,6 +233,14 @@ class Config:
     # pmon intervals of a device's process figures kept unmerged at most: they are merged when
     # read (observe/figures.py), so that an interval's end on a large host stays short
     figures_backlog: int = 4
+    # The GPUs' health (core/health.py): the Xids logged this many seconds before the daemon
+    # started that still count (from /dev/kmsg's ring, --kernel-log), the seconds between
+    # looks at a log that has nothing new, between tries to open one that cannot be, and the
+    # processes' faults (Xids of an application) shown per GPU at most.
+    xid_recall: float = 3600.0
+    kernel_log_poll: float = 0.5
+    kernel_log_retry: float = 60.0
+    health_faults_kept: int = 8
 
     # -- internal defaults: identify (/proc, containers, callers) -----------------------------
     proc_root: str = "/proc"  # where every reader of /proc looks (tests give a tree of their own)

@@ -131,6 +131,14 @@ def optional_socket(text: str) -> Optional[str]:
     return path
 
 
+def optional_path(text: str) -> Optional[str]:
+    """A file another program writes, which need not be readable yet (the kernel log);
+    `none` or empty: None."""
+    if text.strip().lower() in ("", "none"):
+        return None
+    return os.path.abspath(os.path.expanduser(text.strip()))
+
+
 def directory(text: str) -> Optional[str]:
     """A directory, which need not be there yet (the lease book's is made at start; the Slurm
     job map's by the prolog at the first job); `none` or empty: None."""

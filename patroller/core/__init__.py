@@ -6,7 +6,7 @@ Owns: Device and Inventory, Identity and ProcessRef, Viewer (whom a caller may s
 with --hide-users), the errors the API maps to statuses,
 Policy, the lease manager with its holds and queue, the Slurm jobs a device is allocated to
 (`jobs`), and the GPU-time categories of the usage history with the reports summed from them
-(`usage`).
+(`usage`), and a GPU's health with the Xid catalogue (`health`).
 May import: the standard library and `patroller.durations`; nothing else of Patroller, no
 third-party package. Everything else builds on this.
 """

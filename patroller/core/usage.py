@@ -4,7 +4,8 @@ A usage sample is one GPU over one sampling interval (`--usage-interval`): who h
 whose processes ran on it, and how many of the interval's statistics readings (dmon prints one
 a second) found its SM busy, at least `--usage-busy-sm` %. Its seconds are split:
 
-  lost             the GPU was gone from the host, or silent (withheld): nobody could use it;
+  lost             the GPU was gone from the host, silent or unhealthy (withheld): nobody
+                   could use it (the sample's state says which);
   free             nobody held it and nothing ran on it;
   reserved_unused  held (a reservation, a Slurm job's or a pod's allocation) with no process of
                    the holder's on it;
@@ -31,8 +32,9 @@ from patroller.core.identity import Identity
 
 CATEGORIES = ("active", "idle_held", "reserved_unused", "trespass", "unreserved", "free", "lost")
 UNUSED = ("free", "lost")  # GPU-time nobody held: left out of a report's order "by use"
-# The states of a usage sample: the hold's states, and withheld (silent, granted to nobody).
-STATES = ("free", "reserved", "claimed", "shared", "allocated", "lost", "withheld")
+# The states of a usage sample: the hold's states, withheld (silent, granted to nobody) and
+# unhealthy (granted to nobody for its health: core/health.py).
+STATES = ("free", "reserved", "claimed", "shared", "allocated", "lost", "withheld", "unhealthy")
 # What a report groups GPU-time by.
 BY = ("user", "account", "job", "slurm_account", "namespace", "pod", "gpu", "day")
 # ... and, for a report's grouping of its own or under another key, the place of each hour in
@@ -111,7 +113,7 @@ def classify(sample: GpuSample) -> List[Share]:
     """The sample's seconds by category and party (module docstring); they add up to
     `sample.seconds`, in a fixed order, zero ones left out."""
     seconds = sample.seconds
-    if sample.state in ("lost", "withheld"):
+    if sample.state in ("lost", "withheld", "unhealthy"):
         return [("lost", sample.holder or NOBODY, seconds)]
     if sample.holder is None and not sample.present:
         return [("free", NOBODY, seconds)]

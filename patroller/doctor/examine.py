@@ -15,8 +15,9 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from patroller.config import Config
 from patroller.doctor.gpu import probe, timed
 from patroller.doctor.gpuchecks import gpu_results
-from patroller.doctor.host import (UNIT, UNIT_DIRS, UnitFacts, check_cgroups, check_proc,
-                                   check_unit, probe_proc, probe_unit)
+from patroller.doctor.host import (UNIT, UNIT_DIRS, UnitFacts, check_cgroups,
+                                   check_kernel_log, check_proc, check_unit, probe_kernel_log,
+                                   probe_proc, probe_unit)
 from patroller.doctor.listening import check_port, check_socket, probe_port, probe_socket
 from patroller.doctor.places import (check_book, check_job_map, check_state, probe_job_map,
                                      probe_state)
@@ -58,6 +59,8 @@ async def examine(config: Config, environ: Optional[Mapping[str, str]] = None,
         "notify": (blocking(probe_notifications, config), "Apprise, to load its services"),
     }
     if not config.test:
+        out["kernel log"] = (blocking(probe_kernel_log, config.kernel_log),
+                             f"the kernel log {config.kernel_log}")
         out["gpu"] = (asyncio.ensure_future(probe(config, environ)),
                       f"{config.nvidia_smi}: -q -x, then one sample of dmon and pmon, and "
                       "--query-compute-apps")
@@ -87,6 +90,8 @@ async def examine(config: Config, environ: Optional[Mapping[str, str]] = None,
     nvidia = None if config.test else facts("gpu")
     proc, state = facts("proc"), facts("state")
     return [*(late("gpu", "nvidia-smi") or gpu_results(nvidia, config)),
+            *([] if config.test else late("kernel log", "kernel log")
+              or [check_kernel_log(config.kernel_log, facts("kernel log"))]),
             *(late("proc", "/proc", "cgroups") or [check_proc(proc), check_cgroups(proc)]),
             *engine_results(engines.facts(), config),
             *(late("job map", "Slurm job map") or [check_job_map(facts("job map"))]),

@@ -8,6 +8,7 @@ from typing import List, Optional, Tuple
 from patroller.config import Config
 from patroller.core.devices import Inventory
 from patroller.doctor.gpu import GpuFacts, Ran, Stream
+from patroller.core.health import problems_of
 from patroller.doctor.results import Result, degraded, failed, ok, seconds
 from patroller.observe.nvsmi.listing import parse_list_gpus
 from patroller.observe.nvsmi.parsers import parse_compute_apps
@@ -66,7 +67,7 @@ def gpu_results(facts: Optional[GpuFacts], config: Config) -> List[Result]:
         return found
     return found + [stream("nvidia-smi dmon", facts.dmon, facts, config),
                     stream("nvidia-smi pmon", facts.pmon, facts, config),
-                    apps(facts, config), mig(facts), topology(facts)]
+                    apps(facts, config), mig(facts), topology(facts)] + health(facts)
 
 
 def driver(facts: GpuFacts) -> Result:
@@ -241,3 +242,28 @@ def topology(facts: GpuFacts) -> Result:
                         f"{', '.join(map(str, mig_on))}: {FALLBACK}",
                         "MIG instances are granted by number; turn MIG off to use the links")
     return ok("GPU topology", f"{said}: the best-connected free GPUs are granted")
+
+
+def health(facts: GpuFacts) -> List[Result]:
+    """Each GPU's health as -q -x shows it now (core/health.py): degraded where the daemon
+    grants it to nobody (the daemon works on: the GPU wants a reset or a repair), where its
+    clocks are slowed, or where its memory has had uncorrectable errors since the last reset
+    (one reading: no rise to see, the daemon watches for one)."""
+    found = facts.discovery
+    assert found is not None
+    results = []
+    for device in facts.devices:
+        name = f"GPU {device.number} health"
+        reading = found.health.get(device.uuid)
+        problems = problems_of(reading, device.number, 0) if reading is not None else ()
+        if not problems:
+            results.append(ok(name, "healthy, as nvidia-smi -q -x shows it (the kernel log's "
+                              "Xids are the daemon's to see)"))
+            continue
+        said = [f"{reading.ecc_uncorrectable} uncorrectable ECC error(s) since the last reset"
+                if p.code == "ecc_rising" and reading else p.words for p in problems]
+        withheld = any(p.grave and p.code != "ecc_rising" for p in problems)
+        results.append(degraded(name, "; ".join(said) + (": the daemon grants it to nobody"
+                                                         if withheld else ""),
+                                "; ".join(p.action for p in problems)))
+    return results

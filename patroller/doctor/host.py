@@ -223,3 +223,28 @@ def check_unit(facts: UnitFacts) -> Result:
     if facts.active in (None, "active", "activating", "reloading", "inactive"):
         return ok(name, said + (f": {facts.active}" if facts.active else ""))
     return degraded(name, f"{said}: {facts.active}", "journalctl -u patroller says why")
+
+
+def probe_kernel_log(path: Optional[str]) -> Optional[str]:
+    """Why the kernel log (Config.kernel_log) cannot be opened for reading; None if it can
+    (or none is followed)."""
+    if path is None:
+        return None
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
+def check_kernel_log(path: Optional[str], trouble: Optional[str]) -> Result:
+    """The kernel log the daemon follows for Xid lines (a GPU's faults: observe/kernlog.py)."""
+    name = "kernel log"
+    if path is None:
+        return ok(name, "not followed: the GPUs' health comes from nvidia-smi -q -x alone")
+    if trouble is not None:
+        return degraded(name, f"{path} cannot be read ({trouble}): Xid errors are not seen, "
+                        "the GPUs' health comes from nvidia-smi -q -x alone",
+                        "run the daemon as root, which may read /dev/kmsg (in a container: "
+                        "--device /dev/kmsg); or --kernel-log none")
+    return ok(name, f"{path} is readable: Xid errors are followed")

@@ -317,6 +317,9 @@ class ReleaseHandler(Handler):
         process = await self.calling_process() if ask.uuid is None else None
         if self.unanswerable():
             return
+        if ask.healthy and ask.uuid is not None:
+            self.send(self.healthy(caller, ask.uuid))
+            return
         holder = self.leases.holder(ask.uuid) if ask.uuid is not None else None
         now, later = self.leases.release(caller, ask.uuid, ask.reason, process)
         kept = [] if ask.uuid is not None else [
@@ -329,6 +332,15 @@ class ReleaseHandler(Handler):
                    # whose reservation it was, when the host's root released another user's
                    "holder": self.named(holder.user, caller) if holder and
                    not holder.same_user(caller) and (now or later) else None})
+
+    def healthy(self, caller: Identity, uuid: str) -> Dict[str, Any]:
+        """The host's root says the device is healthy: its Xids end, what -q -x shows now is
+        excused (core/health.py); it is granted again unless something else withholds it."""
+        self.leases.check_admin(caller, uuid, "say a GPU is healthy")
+        watch = self.services.health
+        health = watch.declare_healthy(uuid, caller.user) if watch is not None else None
+        return {"healthy": uuid, "health": health.to_json() if health else None,
+                "withheld": self.leases.holds[uuid].withheld}
 
     def named(self, user: str, caller: Identity) -> Optional[str]:
         """`user` as the caller may see them (--hide-users)."""

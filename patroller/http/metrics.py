@@ -30,6 +30,7 @@ from prometheus_client.exposition import choose_encoder
 
 from patroller import __version__
 from patroller.http.access import Requests
+from patroller.http.healthmetrics import health_families
 from patroller.http.hiding import Hiding, metric_labels
 from patroller.http.notifymetrics import notification_families
 from patroller.observe.monitor import (FAILING, IDLE, STATES, CrossCheckMetrics,
@@ -79,6 +80,7 @@ class DaemonCollector:
         yield from self._processes(holds)
         yield from self._users()
         yield from self._health()
+        yield from health_families(self.services)
         yield from self._usage()
         yield from notification_families(self.services.notifier)
 

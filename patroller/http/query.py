@@ -44,6 +44,7 @@ class Release:
     uuid: Optional[str] = None
     user: Optional[str] = None
     reason: Optional[str] = None  # /release: recorded in the audit record
+    healthy: bool = False  # /release?healthy=1: the host's root says the GPU is healthy
 
 
 def check_length(query: str) -> None:
@@ -93,10 +94,10 @@ def parse_ask(args: Args, *, wait: bool) -> Ask:
 
 def parse_release(args: Args, endpoint: str = "/release") -> Release:
     """The optional uuid (and, for /release, reason) of a /release or a /renew."""
-    names = ("uuid", "user", "reason") if endpoint == "/release" else ("uuid", "user")
+    names = ("uuid", "user", "reason", "healthy") if endpoint == "/release" else ("uuid", "user")
     for name in args:
         if name not in names:
-            takes = "uuid= and reason=" if endpoint == "/release" else "uuid="
+            takes = "uuid=, reason= and healthy=" if endpoint == "/release" else "uuid="
             raise BadRequest(f"{endpoint} takes {takes} (and user= in test mode), not "
                              f"{name[:64]}=")
     uuid = _single(args, "uuid")
@@ -105,7 +106,13 @@ def parse_release(args: Args, endpoint: str = "/release") -> Release:
     reason = _single(args, "reason")
     if reason is not None and (len(reason) > 500 or not reason.isprintable()):
         raise BadRequest("reason= must be at most 500 printable characters")
-    return Release(uuid=uuid, user=_user(_single(args, "user")), reason=reason)
+    healthy = _single(args, "healthy")
+    if healthy not in (None, "0", "1", "true", "false"):
+        raise BadRequest("healthy= is 1 (or true) or 0 (or false)")
+    if healthy in ("1", "true") and uuid is None:
+        raise BadRequest("healthy= names one device: uuid=")
+    return Release(uuid=uuid, user=_user(_single(args, "user")), reason=reason,
+                   healthy=healthy in ("1", "true"))
 
 
 def parse_user(args: Args) -> Optional[str]:

@@ -55,7 +55,7 @@ def fingerprint(hold: Hold, aside_for: Optional[str]) -> Tuple[Any, ...]:
     fingerprints, equal claims. Comparing two costs little (the same objects compare by
     identity; the processes by their version, not their thousands)."""
     return (hold.holder, hold.lost, hold.held_for, hold.until is None, hold.asked,
-            hold.withheld, hold.allocation, hold.process_version, aside_for)
+            hold.withheld, hold.health, hold.allocation, hold.process_version, aside_for)
 
 
 class StatusView:

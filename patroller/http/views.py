@@ -201,6 +201,7 @@ def claim_static(hold: Hold) -> Dict[str, Any]:
         "hold": hold.how if hold.holder is not None else None,
         "asked": hold.asked,
         "withheld": hold.withheld,
+        "health": hold.health.to_json(),
         "jobs": ([job_view(job) for job in hold.allocation.jobs]
                  if isinstance(hold.allocation, Allocation) else None),
         "pods": ([pod_view(pod) for pod in hold.allocation.pods]

@@ -122,7 +122,30 @@ def notices_of(event: Event, host: str, at: float,
                        f"{host}: {gpus} is back", f"{gpus} of {host}{holder} is reported "
                        f"again since {when}, and is granted as before.", ends=("lost", uuid),
                        concerns=_users(event.user))]
+    if event.kind in ("unhealthy", "healthy") and event.devices:
+        return [_health(event, host, gpus, who, when, at)]
     return []
+
+
+def _health(event: Event, host: str, gpus: str, who: str, when: str, at: float) -> Notice:
+    """A GPU unhealthy (granted to nobody until it is healthy again), or healthy again: the
+    admin and its holder are told, once an episode."""
+    uuid = event.devices[0][0]
+    holder = f", held by {who}," if event.user else ""
+    if event.kind == "unhealthy":
+        reason = printable(str(event.details.get("reason") or "a fault"), 600)
+        return Notice("unhealthy", ("unhealthy", uuid), event.user, event.devices,
+                      f"{host}: {gpus} is unhealthy",
+                      f"{gpus} of {host}{holder} is unhealthy since {when}: {reason}. Nobody "
+                      "is granted it until it is healthy again; its holder keeps it (save "
+                      "what runs there and release it). Patroller sees it healthy again when "
+                      "nvidia-smi no longer shows the fault, or after a reset; the host's root "
+                      f"may say so (`patroller release --healthy {event.devices[0][1]}`).",
+                      concerns=_users(event.user))
+    return Notice("unhealthy", ("healthy", uuid, f"{at:.3f}"), event.user, event.devices,
+                  f"{host}: {gpus} is healthy again",
+                  f"{gpus} of {host}{holder} is healthy again since {when}, and is granted as "
+                  "before.", ends=("unhealthy", uuid), concerns=_users(event.user))
 
 
 def _trespass(event: Event, host: str, gpus: str, when: str, reader: Reader,

@@ -1,7 +1,8 @@
 """The host's GPUs from `nvidia-smi -q -x`: read once at start (discovery), then again now and
 then by the inventory watch (GPUs fall off the bus, or are added), always under a timeout: a
 hung query is killed like a hung stream. While a GPU has MIG on, each reading also runs
-`nvidia-smi -L` for its MIG devices' uuids (miguuids.py), which never fails the reading."""
+`nvidia-smi -L` for its MIG devices' uuids (miguuids.py), which never fails the reading. Each
+reading also says what it shows of every GPU's health (`health_read`)."""
 from __future__ import annotations
 
 import asyncio
@@ -174,8 +175,10 @@ class InventoryWatch(Monitor):
         """One reading, applied to the inventory; what changed."""
         self._last = time.monotonic()
         self.readings += 1
+        reading: Optional[Discovery] = None
         try:
-            found = await self.mig.attach(devices_of(await read_inventory(self.query)))
+            reading = await read_inventory(self.query)
+            found = await self.mig.attach(devices_of(reading))
         except GpuHostError as exc:
             if self._stopping:
                 return InventoryChange()  # stopped mid-reading: not a failure
@@ -199,4 +202,6 @@ class InventoryWatch(Monitor):
                 log.warning("GPU %s (number %s) is on the host now", uuid,
                             device.number if device else "?")
             self.signals.inventory_changed.send(self, record=change)
+        if reading is not None:
+            self.signals.health_read.send(self, record=reading.health)
         return change

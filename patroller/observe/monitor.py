@@ -101,6 +101,15 @@ class AllocationMetrics(MonitorMetrics):
 
 
 @dataclass(frozen=True, kw_only=True)
+class KernelLogMetrics(MonitorMetrics):
+    """The kernel log's follower: lines read, Xid lines found, opens and reads that failed."""
+
+    lines: int = 0
+    xids: int = 0
+    failures: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
 class SyntheticMetrics(MonitorMetrics):
     """Test mode's synthetic monitor: the samples it made up."""
 

@@ -87,6 +87,8 @@ class Signals:
       device_gone.send(monitor, record="what nvidia-smi said")
       device_silent.send(watch, record=Silence(uuid, why or None))
       inventory_changed.send(watch, record=InventoryChange(...))
+      health_read.send(watch, record={uuid: Reading(...)})  # core/health.py
+      xid.send(kernel_log, record=XidLine(...))  # observe/xid.py
     """
 
     def __init__(self) -> None:
@@ -109,3 +111,6 @@ class Signals:
             "inventory-changed", doc="devices were added, lost, renumbered or changed")
         self.topology_read = namespace.signal(
             "topology-read", doc="`topo -m` was read: how the GPUs are linked (a Topology)")
+        self.health_read = namespace.signal(
+            "health-read", doc="a reading of -q -x: what it says of each device's health")
+        self.xid = namespace.signal("xid", doc="the kernel logged an Xid line")

@@ -29,6 +29,11 @@ Scenario (every key optional; ``null`` statistics print as ``-``)::
                                          # as 590-series drivers do) with `-` in every figure
                   "silent": false,       # true: dmon and pmon print no row for it, the others
                                          # go on, and no stream says it is lost
+                  "health": {"remap_pending": false, "remap_failure": false,
+                             "retire_pending": false, "retired_pages": 0,
+                             "ecc_uncorrectable": 0, "slowdowns": ["hw_thermal_slowdown"],
+                             "reset_required": false, "recovery_action": null,
+                             "broken": null},   # -q -x's health sections (see below)
                   "stats": {"pwr": 61, "gtemp": 34, "mtemp": null, "sm": 97, "mem": 40,
                             "enc": 0, "dec": 0, "mclk": 1593, "pclk": 1410, "fb": 4096}}],
      "processes": [{"pid": 1426541, "gpu": 0, "type": "C", "name": "python",
@@ -72,6 +77,17 @@ MIG-<uuid>)`` as R470 and later drivers do, or with ``"legacy_mig_uuids": true``
 1g.10gb Device 0: (UUID: MIG-GPU-<gpu uuid>/<gi>/<ci>)`` as R450 to R465 did. An instance's
 ``uuid`` defaults to a version-5 uuid of its GPU's uuid and instance ids (the same at every
 call); its ``profile`` to ``<g>g.<gb>gb``, g the sevenths of the GPU's memory it has.
+
+Health (``-q -x`` only; re-read at each call, so a test raises and clears a condition by
+rewriting the file): every era prints ``<ecc_errors><volatile>`` (r384 as ``single_bit`` and
+``double_bit`` with ``total``, later as ``sram_``/``dram_`` counts: ``ecc_uncorrectable`` is the
+uncorrectable one), ``<retired_pages>`` (``retire_pending``: ``pending_retirement``, and from
+r470 ``pending_blacklist``, Yes; ``retired_pages``: the double-bit ``retired_count``), the
+clocks' reasons (``clocks_throttle_reasons`` before r550, ``clocks_event_reasons`` in r550;
+each of ``slowdowns`` Active); r470 on ``<remapped_rows>`` (``remap_pending``,
+``remap_failure``); r550 ``<gpu_reset_status>`` (``reset_required``); ``recovery_action`` a
+``<gpu_recovery_action>`` as R570 on prints it (only when set); ``broken`` a text (``GPU is
+lost``) printed for the GPU's temperature.
 
 Devices that change: ``-q -x`` reads the scenario at each call. dmon/pmon choose their devices
 once at start (``-i`` by index, uuid or PCI id; without it all, or the first four) and follow
@@ -480,12 +496,64 @@ def _xml_gpu(scn: Scenario, dev: Dict[str, Any]) -> List[str]:
         ("fb_memory_usage", memory),
         ("utilization", [("gpu_util", _na(stats["sm"], "{} %")),
                          ("memory_util", _na(stats["mem"], "{} %"))]),
-        ("temperature", [("gpu_temp", _na(stats["gtemp"], "{} C"))]),
+        ("temperature", [("gpu_temp", (dev.get("health") or {}).get("broken")
+                          or _na(stats["gtemp"], "{} C"))]),
         ("gpu_power_readings" if era.newest else "power_readings",
          [("power_draw", _na(stats["pwr"], "{:.2f} W"))]),
+        *_xml_health(scn, dev),
         ("processes", [_xml_process(scn, dev, p) for p in _procs(scn, dev["index"])]),
     ]
     return [f'\t<gpu id="{escape(dev["pci"])}">'] + _xml(2, items) + ["\t</gpu>"]
+
+
+# The clocks' event reasons each era prints, in its order (r384 printed the first four).
+CLOCK_REASONS = ("gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown",
+                 "hw_thermal_slowdown", "hw_power_brake_slowdown", "sync_boost",
+                 "sw_thermal_slowdown", "display_clocks_setting")
+
+
+def _yes(value: Any) -> str:
+    return "Yes" if value else "No"
+
+
+def _xml_health(scn: Scenario, dev: Dict[str, Any]) -> List[Tuple[str, Any]]:
+    """The sections of a <gpu> that say its health, in the era's shape, as its `health` sets
+    them: ECC errors (volatile uncorrectable), retired pages, remapped rows (r470 on), the
+    clocks' reasons (`clocks_event_reasons` in r550, `clocks_throttle_reasons` before), the
+    reset status (r550) and the recovery action (only when set: R570 on)."""
+    era, health = _era(scn), dev.get("health") or {}
+    ecc = int(health.get("ecc_uncorrectable", 0))
+    if era.modern:
+        volatile: List[Tuple[str, Any]] = [
+            ("sram_correctable", 0), ("sram_uncorrectable", 0), ("dram_correctable", 0),
+            ("dram_uncorrectable", ecc)]
+    else:
+        volatile = [("single_bit", [("device_memory", 0), ("total", 0)]),
+                    ("double_bit", [("device_memory", ecc), ("total", ecc)])]
+    retired = int(health.get("retired_pages", 0))
+    pages = [("multiple_single_bit_retirement", [("retired_count", 0)]),
+             ("double_bit_retirement", [("retired_count", retired)]),
+             ("pending_blacklist", _yes(health.get("retire_pending")) if era.modern else None),
+             ("pending_retirement", _yes(health.get("retire_pending")))]
+    remapped = [("remapped_row_corr", 0), ("remapped_row_unc", int(bool(health.get(
+                "remap_pending") or health.get("remap_failure")))),
+                ("remapped_row_pending", _yes(health.get("remap_pending"))),
+                ("remapped_row_failure", _yes(health.get("remap_failure")))]
+    slowed = set(health.get("slowdowns") or ())
+    section = "clocks_event_reason" if era.newest else "clocks_throttle_reason"
+    reasons = [(f"{section}_{name}", "Active" if name in slowed else "Not Active")
+               for name in (CLOCK_REASONS if era.modern else CLOCK_REASONS[:4] + tuple(
+                   n for n in CLOCK_REASONS[4:] if n in slowed))]
+    return [
+        ("gpu_reset_status", [("reset_required", _yes(health.get("reset_required"))),
+                              ("drain_and_reset_recommended", "N/A")]) if era.newest
+        else ("gpu_reset_status", None),
+        ("gpu_recovery_action", health.get("recovery_action")),
+        ("ecc_errors", [("volatile", volatile)]),
+        ("retired_pages", pages),
+        ("remapped_rows", remapped if era.modern else None),
+        (f"{section}s", reasons),
+    ]
 
 
 def query_xml(scn: Scenario, ids: Optional[str]) -> str:

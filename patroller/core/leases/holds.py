@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from patroller.core.devices import Device
+from patroller.core.health import FINE, Health
 from patroller.core.identity import Identity, ProcessRef
 from patroller.core.scheduled import SchedulerAllocation
 
@@ -58,7 +59,9 @@ class Hold:
     held_for: Optional[ProcessRef] = None  # held while this process lives (hold=process)
     until: Optional[float] = None  # held until then whatever runs (hold=<duration>)
     lost: bool = False  # the device is gone from the host
-    withheld: Optional[str] = None  # why it is granted to nobody now (it fell silent)
+    withheld: Optional[str] = None  # why it is granted to nobody now: `withholds`, joined
+    withholds: Dict[str, str] = field(default_factory=dict)  # cause (silent, health) -> why
+    health: Health = FINE  # what nvidia-smi and the kernel say of the device (core/health.py)
     asked: bool = False  # the holder asked for it (a grant), rather than took it by computing
     over_limit: bool = False  # the holder took it by computing, beyond a limit (a trespass)
     allocation: Optional[SchedulerAllocation] = None  # the Slurm jobs or pods it is allocated to

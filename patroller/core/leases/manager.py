@@ -25,10 +25,12 @@ from typing import Any, Callable, List, Optional, Set, Tuple
 
 from patroller.core.devices import Device, Inventory
 from patroller.core.errors import Unavailable
+from patroller.core.health import Health
 from patroller.core.identity import Identity, ProcessRef
 import patroller.core.leases.allocations as allocations
 import patroller.core.leases.refusals as refusals
 import patroller.core.leases.serving as serving
+import patroller.core.leases.withholding as withholding
 from patroller.core.leases.holds import Clock, Hold, Notices, Wants
 from patroller.core.leases.queue import WaitQueue, Waiter
 from patroller.core.leases.sources import Sources
@@ -171,14 +173,14 @@ class LeaseManager(LeaseState):
 
     # -- what the monitors see, and time ------------------------------------------------------
 
-    def withhold(self, uuid: str, why: Optional[str]) -> None:
-        """Grant the device to nobody while `why` holds (it fell silent); None: grantable again.
-        Whoever holds it keeps it."""
+    def withhold(self, uuid: str, why: Optional[str], cause: str = "silent",
+                 health: Optional[Health] = None, by: Optional[str] = None) -> None:
+        """Grant the device to nobody while `why` holds for `cause` (silent; health, with the
+        device's `health`, `by` root if root said so); None: that cause is gone."""
         hold = self._holds.get(uuid)
-        if hold is None or hold.withheld == why:
-            return
-        hold.withheld = why
-        self._serve_and_announce()
+        if hold is not None and withholding.apply(hold, why, cause, health, self.inventory.get(
+                uuid), self._notices, by):
+            self._serve_and_announce()
 
     def allocate(self, uuid: str, allocation: Optional[SchedulerAllocation],
                  source: str = "slurm") -> None:

@@ -2,7 +2,7 @@
 manager raises before anything changes (the API maps each to its status)."""
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from patroller.core.devices import Device, Inventory
 from patroller.core.errors import Busy, NotHeld, NotYours, OverLimit, Unsatisfiable
@@ -78,14 +78,21 @@ def never_linked(group: str, count: int, link: str) -> Unsatisfiable:
                          "ask without link, or for fewer", requested={group: count}, link=link)
 
 
-def busy(wants: Wants, free: Dict[str, int], link: Optional[str] = None) -> Busy:
-    """The error for a request that cannot be granted now, with how many of each group are free."""
+def busy(wants: Wants, free: Dict[str, int], link: Optional[str] = None,
+         withheld: Optional[Dict[int, Optional[str]]] = None) -> Busy:
+    """The error for a request that cannot be granted now, with how many of each group are
+    free, why each device granted to nobody is (by number), and the link asked for if none."""
     parts = [f"{count} {group} requested, {free.get(group, 0)} free"
              for group, count in wants.items()]
+    said = "".join(f"; GPU {number} is granted to nobody: {why}"
+                   for number, why in sorted((withheld or {}).items()))
+    extra: Dict[str, Any] = {"withheld": {str(n): w for n, w in withheld.items()}} \
+        if withheld else {}
     if link is None:
-        return Busy("busy: " + "; ".join(parts), requested=dict(wants), free=free)
-    return Busy("busy: " + "; ".join(parts) + f", but none {LINKED[link]} (link={link})",
-                requested=dict(wants), free=free, link=link)
+        return Busy("busy: " + "; ".join(parts) + said, requested=dict(wants), free=free,
+                    **extra)
+    return Busy("busy: " + "; ".join(parts) + f", but none {LINKED[link]} (link={link})"
+                + said, requested=dict(wants), free=free, link=link, **extra)
 
 
 def check_renew(user: Identity, hold: Hold) -> None:
@@ -131,3 +138,9 @@ def _owners(hold: Hold) -> Tuple[str, ...]:
     if isinstance(allocation, Allocation):
         return tuple(dict.fromkeys(job.user or holder for job in allocation.jobs))
     return (holder,)
+
+
+def check_admin(user: Identity, uuid: str, what: str) -> None:
+    """Raise NotYours unless `user` is the host's root, who alone may `what`."""
+    if not is_admin(user):
+        raise NotYours(f"only the host's root may {what}", uuid=uuid)

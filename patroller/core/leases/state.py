@@ -86,9 +86,12 @@ class LeaseState:
             raise refusals.over_limit(user, wants, count)
 
     def busy(self, wants: Wants, link: Optional[str] = None) -> Busy:
-        """The error for a request that cannot be granted now: says how many are free."""
+        """The error for a request that cannot be granted now: says how many are free, why
+        those of its groups granted to nobody are, and the link asked for."""
+        withheld = {d.number: self._holds[d.uuid].withheld for d in self.inventory.present()
+                    if d.group in wants and self._holds[d.uuid].withheld}
         return refusals.busy(wants, {group: len(free) for group, free in self.free().items()},
-                             link)
+                             link, withheld)
 
     def chooser(self, user: Optional[Identity], link: Optional[str] = None) -> Choose:
         """How to choose among free devices for `user`: the best-connected set by the
@@ -137,6 +140,11 @@ class LeaseState:
     def choose_for(self, waiter: Waiter) -> Choose:
         """How to choose a waiter's devices: as for a request of its user, its link."""
         return self.chooser(waiter.user, waiter.link)
+
+    def check_admin(self, user: Identity, uuid: str, what: str) -> None:
+        """Raise Unsatisfiable if there is no such device, NotYours unless `user` is root."""
+        self._hold(uuid)
+        refusals.check_admin(user, uuid, what)
 
     def _hold(self, uuid: str) -> Hold:
         hold = self._holds.get(uuid)

@@ -140,6 +140,17 @@
     return null;
   }
 
+  // A GPU's slowed clocks and its processes' faults (Xids): a line each.
+  function healthNotes(health) {
+    if (!health) return null;
+    const lines = (health.problems || []).filter((p) => !p.grave)
+      .map((p) => "degraded: " + p.words + ": " + p.action)
+      .concat((health.faults || []).map((f) =>
+        (f.pid !== null && f.pid !== undefined ? "pid " + f.pid + ": " : "") + f.words +
+          (f.kind === "application" ? " (a fault of its process)" : " (an Xid Patroller does not place)")));
+    return lines.length ? lines.map((line) => h("p", {class: "warn health"}, line)) : null;
+  }
+
   function processTable(claim) {
     const rows = (claim.process_detail || []).map((p) => h("tr", {data: {pid: p.pid}},
       h("td", {class: "pid"}, String(p.pid)),
@@ -193,7 +204,7 @@
         h("span", {class: "age"}, state + " for ", ticking(claim.age || 0, "up", "duration")),
         holdText(claim),
         claim.set_aside_for ? h("span", {class: "aside"}, "set aside for " + claim.set_aside_for) : null,
-        claim.withheld ? h("span", {class: "aside"}, "silent: granted to nobody") : null),
+        claim.withheld ? h("span", {class: "aside"}, "granted to nobody") : null),
       bar("util", "SM", typeof sm === "number" ? sm / 100 : null,
         typeof sm === "number" ? sm + " %" : "–"),
       bar("mem", "memory", typeof fb === "number" && total ? fb / total : null,
@@ -203,6 +214,8 @@
         sparkline(history || [], interval)),
       stat && stat.stale ? h("p", {class: "warn"}, "statistics are stale") : null,
       claim.processes_stale ? h("p", {class: "warn"}, "the process list is stale") : null,
+      claim.withheld ? h("p", {class: "warn withheld"}, "granted to nobody: " + claim.withheld) : null,
+      healthNotes(claim.health),
       processTable(claim));
     return el;
   }

@@ -61,7 +61,7 @@
       h("td", {class: "model"}, String(gpu.name || "?").replace(/^NVIDIA /, "")),
       h("td", {class: "cell-state"}, h("span", {class: "state state-" + state}, state),
         idle ? [" ", h("span", {class: "state state-idle"}, "idle " + duration(gpu.idle_for))] : null,
-        gpu.withheld ? [" ", h("span", {class: "note"}, "silent")] : null),
+        gpu.withheld ? [" ", h("span", {class: "note"}, "withheld")] : null),
       h("td", {class: "cell-user"},
         holder ? h("span", {class: "holder"}, who(holder)) :
           h("span", {class: "holder none"}, state === "lost" ? "gone from the host" : "free"),

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from patroller.core.devices import Device, MigInstance
+from patroller.core.health import Reading
+from patroller.observe.nvsmi.health import health_reading
 
 
 class DiscoveryError(ValueError):
@@ -45,6 +47,8 @@ class Discovery:
     mig: Dict[str, List[MigInstance]] = field(default_factory=dict)
     # By device uuid, every device: total framebuffer in MiB; None when not printed as a number.
     memory_mib: Dict[str, Optional[int]] = field(default_factory=dict)
+    # By device uuid, every device: what it says of its health (nvsmi/health.py).
+    health: Dict[str, Reading] = field(default_factory=dict)
 
 
 # Texts that stand where a value should be: none of them is a value.
@@ -191,6 +195,7 @@ def parse_inventory(xml_text: str) -> Discovery:
     processes: Dict[str, Optional[List[ProcessInfo]]] = {}
     mig: Dict[str, List[MigInstance]] = {}
     memory_mib: Dict[str, Optional[int]] = {}
+    health: Dict[str, Reading] = {}
     for number, gpu in enumerate(root.findall("gpu")):
         device, problem = _device(gpu, number)
         if device is not None and device.uuid in processes:
@@ -203,6 +208,7 @@ def parse_inventory(xml_text: str) -> Discovery:
         mig[device.uuid] = _mig_devices(gpu)
         # The direct child: a MIG device's own <fb_memory_usage> is its share, not the GPU's.
         memory_mib[device.uuid] = _mib(_text(gpu, "fb_memory_usage/total"))
+        health[device.uuid] = health_reading(gpu)
     if not devices:
         warnings.append("nvidia-smi -q -x lists no reservable GPU")
     return Discovery(
@@ -213,4 +219,5 @@ def parse_inventory(xml_text: str) -> Discovery:
         cuda_version=_text(root, "cuda_version"),
         mig=mig,
         memory_mib=memory_mib,
+        health=health,
     )

@@ -85,7 +85,8 @@ class UsageSampler:
         job map lists, whose accounts the parties in them are billed to."""
         hold = self.leases.holds[device.uuid]
         figures = self.tally.take(device.uuid)
-        state = "withheld" if hold.withheld and not hold.lost else hold.state
+        state = hold.state if hold.lost or not hold.withheld else \
+            "unhealthy" if "health" in hold.withholds else "withheld"
         holder = billed_party(hold.holder, jobs) if hold.holder is not None else None
         return GpuSample(
             uuid=device.uuid, number=device.number, name=device.name or "", seconds=seconds,
