@@ -352,7 +352,12 @@ def usage_store(config: Config) -> Optional[UsageStore]:
     """The usage store the configuration asks for: in the state directory (or `usage_dir`),
     unless --usage none or there is no state directory."""
     directory = config.usage_dir or config.state_dir
-    if config.usage == "none" or directory is None:
+    if config.usage == "none":
+        return None
+    if directory is None:  # as found: --usage sqlite with no state directory kept nothing, silently
+        log.warning("no usage history is kept: --usage %s needs a state directory, and there "
+                    "is none (%s); give --state-dir DIR to keep one, or --usage none",
+                    config.usage, "test mode's default" if config.test else "--state-dir none")
         return None
     return UsageStore(directory, config)
 

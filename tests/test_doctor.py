@@ -453,3 +453,18 @@ async def test_in_test_mode_nobody_may_ask_get_doctor():
             status, body = await h.call(path)
             assert status == 403 and body["needs"] == "root", body
         assert h.api.doctor.examinations == 0
+
+
+def test_a_usage_store_with_nowhere_to_live_is_degraded(engine_sockets, tmp_path):
+    # As found: --usage sqlite without --state-dir kept nothing, and nobody said so.
+    _, found, _ = doctor(*isolated(engine_sockets, "--test", "--usage", "sqlite"))
+    usage = found["usage history"]
+    assert usage["status"] == "degraded", usage
+    assert "no usage history is kept" in usage["detail"] and "--state-dir" in usage["fix"]
+    _, found, _ = doctor(*isolated(engine_sockets, "--test", "--usage", "none"))
+    assert found["usage history"]["status"] == "ok"
+    state = tmp_path / "state"
+    _, found, _ = doctor(*isolated(engine_sockets, "--test", "--state-dir", str(state)))
+    assert found["usage history"] == {
+        "check": "usage history", "status": "ok", "fix": "",
+        "detail": f"{state}/usage.sqlite3: a sample of every GPU every 60 s, kept 400 days"}

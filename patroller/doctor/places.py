@@ -18,6 +18,7 @@ from patroller.observe.jobmap import JOB_MAP, read_map
 from patroller.state import schema
 from patroller.state.book import FILE, MAX_SIZE
 from patroller.state.directory import LOCK, STATE_DIR
+from patroller.state.usage.store import FILE as USAGE_FILE
 
 MIB = 1 << 20
 NO_BOOK = "--state-dir none"
@@ -170,6 +171,22 @@ def check_state(facts: StateFacts, config: Config) -> Result:
                             "free some room: a lease book that cannot be written stops every "
                             "grant")
     return ok(name, said)
+
+
+def check_usage(config: Config) -> Result:
+    """The usage store: where it is kept, or why it is not (the daemon warns of it at start)."""
+    name = "usage history"
+    directory = config.usage_dir or config.state_dir
+    if config.usage == "none":
+        return ok(name, "off (--usage none): none is kept; `patroller report` has nothing here")
+    if directory is None:
+        return degraded(name, f"--usage {config.usage}, but there is no state directory "
+                        f"({'test mode' if config.test else NO_BOOK}): no usage history is "
+                        "kept, and `patroller report` and GET /usage have nothing to report",
+                        "give --state-dir DIR (the lease book and the usage store), or "
+                        "--usage none to keep none")
+    return ok(name, f"{os.path.join(directory, USAGE_FILE)}: a sample of every GPU every "
+              f"{config.usage_interval:g} s, kept {config.usage_days} days")
 
 
 def check_book(facts: StateFacts) -> Result:
