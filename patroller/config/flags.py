@@ -336,3 +336,9 @@ def settings_table() -> List[Tuple[str, str, str]]:
     """(flag, variable, meaning) for every setting: docs/configuration.md's table is checked
     against it."""
     return list(_SETTINGS)
+
+
+def daemon_parser() -> argparse.ArgumentParser:
+    """The daemon's command line, as `patroller --help` shows it: the doctor, which takes the
+    same flags, shows them in its own help."""
+    return _parser()

@@ -51,9 +51,8 @@ def probe_state(directory: Optional[str], proc: str = "/proc") -> StateFacts:
         folder = os.path.dirname(os.path.abspath(directory))
         while not os.path.isdir(folder) and folder != os.sep:
             folder = os.path.dirname(folder)
-        why = None if os.access(folder, os.W_OK | os.X_OK) else _readonly(folder) or \
-            f"{folder} is not writable by uid {os.geteuid()}"
-        return StateFacts(directory, made_in=folder, unwritable=why, free_mib=_free(folder))
+        return StateFacts(directory, made_in=folder, unwritable=_cannot_make(folder),
+                          free_mib=_free(folder))
     probe = os.path.join(directory, f".doctor-{os.getpid()}-{time.monotonic_ns()}")
     unwritable = None
     try:
@@ -73,6 +72,25 @@ def probe_state(directory: Optional[str], proc: str = "/proc") -> StateFacts:
 
 
 READ_ONLY = os.strerror(errno.EROFS)  # "Read-only file system": why a probe there failed
+
+
+def _cannot_make(folder: str) -> Optional[str]:
+    """Why a directory cannot be made in `folder`, found as the daemon would find it: by
+    making one (empty, private, removed at once). Permissions alone do not say it: root may
+    write anywhere by them, and /proc or a full inode table still refuse (as found: the doctor
+    called --state-dir /proc/nope degraded, where the daemon refuses it)."""
+    probe = os.path.join(folder, f".doctor-{os.getpid()}-{time.monotonic_ns()}")
+    try:
+        os.mkdir(probe, 0o700)
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            return f"{folder} is not writable by uid {os.geteuid()}"
+        return exc.strerror or str(exc)
+    try:
+        os.rmdir(probe)
+    except OSError:
+        pass
+    return None
 
 
 def _readonly(folder: str) -> Optional[str]:
