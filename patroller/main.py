@@ -2,7 +2,8 @@
 
 `patroller [flags]` runs the daemon; `patroller run|status|release|wait ...` are the command
 line's client commands (cli.py), which need neither Tornado nor the Docker SDK; `patroller
-doctor [flags]` checks what the daemon would meet here (doctor/).
+doctor [flags]` checks what the daemon would meet here (doctor/); `patroller --help`,
+`completion` and `manpage` are made from the whole command line (manual.py).
 """
 from __future__ import annotations
 
@@ -32,6 +33,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return cli.main(args)
     if args and args[0] == "doctor":
         return doctor_main(args[1:])
+    if args and args[0] in ("completion", "manpage"):
+        from patroller import manual  # the whole command line: the daemon's flags too
+
+        return manual.main(args)
+    if any(word in ("-h", "--help") for word in args):  # the daemon's flags and every command
+        from patroller.manual import full_help
+
+        sys.stdout.write(full_help())
+        return 0
     if args and args[0] == "serve":  # the daemon by name, for symmetry with the commands
         args = args[1:]
     return daemon_main(args)

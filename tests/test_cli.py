@@ -649,7 +649,8 @@ def test_every_commands_help_is_printed(args):
     assert done.returncode == 0 and done.stderr == "", done.stderr
     assert done.stdout.startswith("usage: patroller" if args != ["--version"] else "patroller ")
     if args[-1] == "--help" and args[0] in ("--help", "serve"):
-        assert "at most this % of SM" in done.stdout and "patroller run, status" in done.stdout
+        assert "at most this % of SM" in done.stdout and "\ncommands:\n" in done.stdout
+        assert "    history " in done.stdout  # every command (tests/test_manual.py)
 
 
 def test_reserve_holds_gpus_for_a_duration(test_server):

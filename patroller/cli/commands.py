@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from patroller import client, durations
 import patroller.cli.fleet as fleet
@@ -62,15 +62,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("patroller: interrupted", file=sys.stderr)
         return EX_INTERRUPTED
 
-def build_parser() -> argparse.ArgumentParser:
+Other = Tuple[str, str, argparse.ArgumentParser]  # a daemon-side command: name, help, parser
+
+
+def build_parser(parser: Optional[argparse.ArgumentParser] = None,
+                 others: Sequence[Other] = ()) -> argparse.ArgumentParser:
+    """The client commands' parser; or, given `parser` (the daemon's flags) and the daemon-side
+    commands, the whole command line in one parser, for --help, completion and the man page
+    (patroller/manual.py)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--server", help="host[:port], http://host:port or unix:///path "
                         "(default: $PATROLLER_SERVER, else localhost)")
-    parser = argparse.ArgumentParser(
-        prog="patroller", description="Reserve and watch the GPUs of a Patroller host. "
-        "`patroller` with flags and no command runs the server (patroller --help).")
-    commands = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
-    commands.required = True
+    whole = parser is not None
+    if parser is None:
+        parser = argparse.ArgumentParser(
+            prog="patroller", description="Reserve and watch the GPUs of a Patroller host. "
+            "`patroller` with flags and no command runs the server (patroller --help).")
+    names = COMMANDS + tuple(name for name, _, _ in others)
+    commands = parser.add_subparsers(dest="command", title="commands" if whole else None,
+                                     metavar="COMMAND" if whole else "{" + ",".join(names) + "}")
+    commands.required = not whole  # the whole command line: none runs the daemon
 
     run = commands.add_parser("run", parents=[common], help="run a command on reserved GPUs",
                               description="Reserve GPUs for as long as the command runs, "
@@ -162,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     unit.add_argument("--exec", metavar="PATH", help="the daemon's absolute path (default: "
                       "this `patroller` command's)")
     unit.set_defaults(handler=unit_command)
+    for name, said, other in others:
+        commands.add_parser(name, parents=[other], add_help=False, help=said,
+                            description=other.description, epilog=other.epilog)
     return parser
 
 def count_arg(text: str) -> int:
