@@ -16,7 +16,6 @@ from typing import Optional, Sequence
 from patroller import __version__
 from patroller.cli.commands import build_parser
 from patroller.config.flags import daemon_parser
-from patroller.doctor.command import parser as doctor_parser
 
 SHELLS = ("bash", "zsh", "fish")
 COMMANDS = ("completion", "manpage")  # the commands this module runs
@@ -51,6 +50,18 @@ def manpage_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"Install it (as root), then read it with man patroller:\n"
         f"  patroller manpage > {MAN_PAGE}")
+
+
+def doctor_parser() -> argparse.ArgumentParser:
+    """The doctor's parser; where only the client is installed (no Tornado: `pip install
+    --no-deps`), a stand-in that says so, so that --help still names every command."""
+    try:
+        from patroller.doctor.command import parser
+    except ImportError as exc:
+        return argparse.ArgumentParser(
+            prog="patroller doctor", description="Check what the daemon would meet on this "
+            f"host. Not here: it needs the daemon's packages ({exc.name or exc} is missing).")
+    return parser()
 
 
 def whole_parser() -> argparse.ArgumentParser:

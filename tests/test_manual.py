@@ -126,3 +126,14 @@ def test_the_help_of_completion_and_manpage_say_where_each_goes():
     assert patroller("completion", "tcsh").returncode == 2
     assert "patroller manpage > /usr/local/share/man/man1/patroller.1" in \
         " ".join(patroller("manpage", "--help").stdout.split())
+
+
+def test_help_names_every_command_where_only_the_client_is_installed():
+    # `pip install --no-deps` in a training image: no Tornado; `patroller --help` worked there
+    # before it named every command, and still does (the doctor said to be missing here).
+    done = subprocess.run([sys.executable, "-c", "import sys; sys.modules['tornado'] = None\n"
+                           "from patroller.main import main; sys.exit(main(['--help']))"],
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    listed = done.stdout.split("\ncommands:\n", 1)[1]
+    assert re.findall(r"^    (\S+)\s{2,}\S", listed, re.MULTILINE) == list(EVERY_COMMAND)
