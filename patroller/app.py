@@ -23,7 +23,7 @@ from patroller.http.server import (PeerServer, SocketFile, SocketPathError, remo
                                    tcp_sockets, unix_socket)
 from patroller.identify.callers import CallerIdentifier, SystemCallers, TestModeCallers
 from patroller.identify.containers import ContainerDirectory
-from patroller.identify.resolver import ProcessIdentifier
+from patroller.identify.resolver import ProcessIdentifier, TestModeIdentifier
 from patroller.identify.tracker import ProcessTracker
 from patroller.notify import Notifier
 from patroller.notify.notifier import NotifyError
@@ -39,7 +39,8 @@ from patroller.observe.signals import Allocated, Signals, Silence
 from patroller.observe.silence import SilenceWatch
 from patroller.observe.stats import StatsStore
 from patroller.observe.tally import Tally
-from patroller.observe.testmode import SyntheticMonitor, synthetic_inventory
+from patroller.observe.testmode import MODELS, SyntheticMonitor, synthetic_inventory
+from patroller.observe.testprocesses import SyntheticProcesses, asking_holder
 from patroller.services import Services
 from patroller.state.audit import AuditLog
 from patroller.state.book import LeaseBook
@@ -235,13 +236,20 @@ async def build(config: Config) -> Daemon:
     signals = Signals()
     if config.test:
         inventory = synthetic_inventory(config.test_devices)
-        # Its statistics follow the leases (a held device looks busy), which assemble() makes.
+        # Its statistics follow the leases (a held device looks busy), which assemble() makes;
+        # with --test-processes, its processes follow the holders, and the statistics them.
+        processes = SyntheticProcesses(
+            inventory, lambda uuid: asking_holder(daemon.services.leases.holds[uuid]),
+            config.test_process_cycle, config.test_process_after,
+            MODELS["NVIDIA A100-SXM4-80GB"].busy_fb) if config.test_processes else None
         synthetic = SyntheticMonitor(inventory, signals, config.test_interval,
                                      held=lambda uuid: daemon.services.leases.state(uuid)
-                                     not in ("free", "lost"))
+                                     not in ("free", "lost"), processes=processes)
+        identifier = ProcessIdentifier(config) if processes is None else \
+            TestModeIdentifier(config, processes.owner)
         daemon = assemble(config, inventory, signals, [synthetic] + schedulers(inventory, signals,
                                                                             config),
-                          ProcessIdentifier(config), TestModeCallers(config))
+                          identifier, TestModeCallers(config))
         return daemon
     argv = command(config.nvidia_smi)
     try:

@@ -13,7 +13,7 @@ from patroller.config.settings import (DEFAULT_POD_USER_KEYS, DEFAULT_USER_LABEL
 
 T = TypeVar("T")
 
-SWITCHES = ("--test", "--hide-users")  # flags that take no value
+SWITCHES = ("--test", "--hide-users", "--test-processes")  # flags that take no value
 REPEATED = ("--pod-user-key", "--notify")  # flags that may be given more than once
 SECRET = ("--notify", "--notify-user-default")  # flags whose values hold passwords or tokens: never repeated back
 
@@ -21,6 +21,10 @@ SECRET = ("--notify", "--notify-user-default")  # flags whose values hold passwo
 # (flag, environment variable, help) for every setting, in the order of --help.
 _SETTINGS = (
     ("--test", "PATROLLER_TEST", "synthetic devices: no GPU, no Docker, no nvidia-smi"),
+    ("--test-processes", "PATROLLER_TEST_PROCESSES",
+     "with --test: synthetic processes that come, compute, idle and go on the GPUs, the holder's "
+     "on each held one and a stranger's on the last, so that every usage category shows within "
+     "minutes (default: none, a held GPU only looks busy)"),
     ("--port", "PATROLLER_PORT", "TCP port to listen on (default 80)"),
     ("--address", "PATROLLER_ADDRESS", "address to bind (default: all interfaces)"),
     ("--lease", "PATROLLER_LEASE", "seconds an unclaimed reservation is held (default 10)"),
@@ -234,8 +238,14 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         raise ConfigError("--fleet-file: given with --fleet too (or PATROLLER_FLEET_FILE with "
                           "PATROLLER_FLEET); name the fleet's hosts one way")
     fleet = fleet or from_file
+    test_processes = bool(args.test_processes) or pick(
+        "--test-processes", env_names["--test-processes"], values.switch, False)
+    if test_processes and not test:
+        raise ConfigError("--test-processes: only with --test: a GPU host's processes are its "
+                          "own")
     return Config(
         test=test,
+        test_processes=test_processes,
         port=pick("--port", env_names["--port"], values.port, Config.port),
         address=pick("--address", env_names["--address"], str.strip, Config.address),
         lease=pick("--lease", env_names["--lease"], durations.parse, Config.lease),
