@@ -8,8 +8,8 @@
 #     -v /run/patroller:/run/patroller \
 #     -v /var/lib/patroller:/var/lib/patroller \
 #     patroller --socket /run/patroller/api.sock
-# Never `-p 80:80` there: through Docker's port mapping every caller is the bridge gateway, and
-# nobody can be identified. Try it without a GPU:  docker run --rm -p 8080:80 patroller --test
+# Never `-p 8080:8080` there: through Docker's port mapping every caller is the bridge gateway, and
+# nobody can be identified. Try it without a GPU:  docker run --rm -p 8080:8080 patroller --test
 FROM python:3.11-slim
 
 WORKDIR /opt/patroller
@@ -24,6 +24,6 @@ RUN pip install --no-cache-dir '.[kubernetes,notify]' && rm -rf /root/.cache
 # The C allocator for Python's objects: a usage report's memory comes back once it ends
 # (docs/performance.md; the systemd unit sets the same)
 ENV PYTHONMALLOC=malloc
-EXPOSE 80
+EXPOSE 8080
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["patroller"]

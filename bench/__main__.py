@@ -17,13 +17,13 @@ import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import callers, fleet, measures, notify, statusbuild, usage
+from . import callers, fleet, measures, notify, statusbuild, topology, usage
 from .harness import ROOT, machine, raise_file_limit
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 NAMES = ("throughput", "reactions", "identity", "callers", "scale", "footprint", "parsers",
          "waiters", "persistence", "scrape", "page", "usage", "status_build", "fleet",
-         "notify")
+         "notify", "topology")
 
 
 def log(text: str) -> None:
@@ -44,7 +44,7 @@ def run(quick: bool, only: List[str],
         ("waiters", measures.waiters), ("persistence", measures.persistence),
         ("scrape", measures.scrape), ("page", measures.page), ("usage", usage.usage),
         ("status_build", statusbuild.status_build), ("fleet", fleet.fleet),
-        ("notify", notify.notify)]
+        ("notify", notify.notify), ("topology", topology.topology)]
 
     def report() -> Dict[str, Any]:
         return {"machine": machine(), "mode": "quick" if quick else "full",
@@ -196,10 +196,22 @@ def checks(report: Dict[str, Any]) -> List[Dict[str, Any]]:
         ("notification watch ms on the loop (max), 256 GPUs all held + 5000 processes, once "
          "every 30 s", _get(r, "notify", "watch", "next_ms", "max"), "< 50",
          lambda v: v < 50),
+        *[(f"choosing the best-connected {count} of {gpus} free GPUs ms (median), the slowest "
+           "shape", _slowest_choice(r, gpus), "< 1", lambda v: v < 1)
+          for gpus, count in ((16, 8), (64, 4))],
+        ("grants/s with the topology, in-process (request 2 of 8 and release; without it: "
+         "see below)", _get(r, "topology", "grants_per_s", "with"),
+         ">= 5000 (more than the API answers)", lambda v: v >= 5000),
     ]
     return [{"what": what, "measured": value, "target": target,
              "met": None if value is None else bool(test(value))}
             for what, value, target, test in rows]
+
+
+def _slowest_choice(r: Dict[str, Any], gpus: int) -> Optional[float]:
+    """The slowest shape's median time to choose among all `gpus` free (bench/topology.py)."""
+    rows = [row for row in _get(r, "topology", "choices") or [] if row["gpus"] == gpus]
+    return max((row["all_free_ms"]["median"] for row in rows), default=None)
 
 
 def other_figures(report: Dict[str, Any]) -> List[Tuple[str, Any]]:
@@ -296,6 +308,16 @@ def other_figures(report: Dict[str, Any]) -> List[Tuple[str, Any]]:
         figures += _usage_figures(r["usage"])
     figures += _status_build_figures(r.get("status_build") or [])
     figures += _notify_figures(r.get("notify") or {})
+    for row in _get(r, "topology", "choices") or []:
+        figures.append((f"choosing {row['count']} of {row['gpus']} GPUs ({row['shape']}) ms: "
+                        "all free, half free",
+                        f"median {row['all_free_ms']['median']}, max {row['all_free_ms']['max']}; "
+                        f"median {row['half_free_ms']['median']}, "
+                        f"max {row['half_free_ms']['max']}"))
+    rate = _get(r, "topology", "grants_per_s")
+    if rate:
+        figures.append(("grants/s, request 2 of 8 and release: with the topology, without",
+                        f"{rate['with']}, {rate['without']}"))
     return figures
 
 

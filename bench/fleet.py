@@ -40,8 +40,8 @@ class TestDaemon:
 
     def __init__(self, root: str, *args: str) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "patroller", "--test", "--port", "0", "--address",
-             "127.0.0.1", "--log-level", "warning", "--state-dir", "none", *args],
+            [sys.executable, "-m", "patroller", "--test", "--config", "none", "--port", "0",
+             "--address", "127.0.0.1", "--log-level", "warning", "--state-dir", "none", *args],
             cwd=root, env={**os.environ, "PYTHONPATH": root}, stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.port = 0

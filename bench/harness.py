@@ -169,7 +169,9 @@ class Daemon:
     def start(self) -> "Daemon":
         simulator = f"{sys.executable} -m patroller.simulator --scenario {self.scenario_path}"
         # One process stands for many users here (10,000 waiters): no per-caller connection cap.
-        args = [sys.executable, "-m", "patroller", "--port", "0", "--address", "127.0.0.1",
+        # --config none: never the host's own /etc/patroller/patroller.toml
+        args = [sys.executable, "-m", "patroller", "--config", "none", "--port", "0",
+                "--address", "127.0.0.1",
                 "--max-connections-per-caller", "1000000",
                 "--lease", str(self.lease), "--state-dir", self.state_dir or "none",
                 "--nvidia-smi", simulator, "--log-level",

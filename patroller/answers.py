@@ -33,7 +33,8 @@ CLAIM: Dict[str, Kinds] = {  # Claim
     "processes_stale": ("boolean",), "withheld": ("string", "null"),
     "set_aside_for": ("string", "null"), "idle_for": ("number", "null")}
 PROCESS: Dict[str, Kinds] = {  # Claim.process_detail's items
-    "pid": ("integer",), "command": ("string", "null"), "fb": ("number", "null")}
+    "pid": ("integer",), "command": ("string", "null"), "fb": ("number", "null"),
+    "trespass": ("boolean",)}
 IDENTITY: Dict[str, Kinds] = {  # Identity: Claim.user, and Claim.users' items
     "user": ("string",), "email": ("string", "null"), "container": ("object", "null"),
     "job": ("object", "null"), "pod": ("object", "null")}

@@ -15,6 +15,7 @@ from patroller.config.trust import Untrusted
 from patroller.core.devices import Inventory, InventoryChange
 from patroller.core.leases import LeaseManager
 from patroller.core.policy import Policy
+from patroller.core.topology import Search, Topology
 from patroller.heap import Heap
 from patroller.http.api import Api
 from patroller.http.fastlane import FastLane
@@ -32,6 +33,7 @@ from patroller.observe.idle import IdleWatch
 from patroller.observe.jobmap import JobMapWatch, check_map
 from patroller.observe.inventory import GpuHostError, InventoryWatch, command, devices_of, discover
 from patroller.observe.miguuids import MigUuids
+from patroller.observe.topology import TopologyWatch
 from patroller.observe.monitor import Monitor
 from patroller.observe.monitors import DmonMonitor, PmonMonitor
 from patroller.observe.podresources import PodResourcesWatch
@@ -270,6 +272,7 @@ async def build(config: Config) -> Daemon:
                 CrossCheck(inventory, signals, argv, os.environ, unattributed, config,
                            unmeasured=pmon.figureless),
                 InventoryWatch(inventory, signals, argv, None, config, mig),
+                TopologyWatch(inventory, signals, argv, None, config),
                 SilenceWatch(inventory, signals, config.sample_interval,
                              config.silent_intervals * config.sample_interval)]
     monitors += schedulers(inventory, signals, config)
@@ -298,6 +301,7 @@ def assemble(config: Config, inventory: Inventory, signals: Signals, monitors: S
     leases = LeaseManager(inventory, lease=config.lease, policy=make_policy(config),
                           max_waiters=config.max_waiters,
                           max_waiting_per_user=config.max_waiting_per_user)
+    leases.search = Search(config.topology_exact, config.topology_seeds, config.topology_near)
     usage = usage_store(config)
     audit = AuditLog(config.audit_log, config.audit_keep, config.repeat_log_every)
     services = Services(
@@ -326,7 +330,8 @@ def connect(services: Services) -> None:
     """Who hears whom: the monitors' signals reach the statistics, the idle watch and (through
     the tracker) the leases; every lease event reaches the audit record; a change of the host's
     devices reaches the leases and the streams; a device that falls silent is withheld; a
-    device the Slurm job map or the kubelet allocates is its jobs' or pods'."""
+    device the Slurm job map or the kubelet allocates is its jobs' or pods'; the links `topo -m`
+    says choose among free devices."""
     services.stats.connect(services.signals)
     services.idle.connect(services.signals)
     services.tracker.connect(services.signals)
@@ -337,6 +342,7 @@ def connect(services: Services) -> None:
         services.leases.on_event(services.notifier.on_event)
         services.notifier.quiet_for = services.idle.quiet_for
         services.notifier.troubles = services.troubles
+        services.notifier.usage = services.usage
     if services.book is not None:  # nothing is handed out that the book cannot keep
         services.leases.gate = services.book.refusal
 
@@ -346,6 +352,11 @@ def connect(services: Services) -> None:
             for monitor in services.monitors:
                 monitor.reconfigure()
     services.signals.inventory_changed.connect(devices_changed, weak=False)
+
+    def topology_read(sender: Any, record: Topology) -> None:
+        services.leases.topology = record  # which free devices go to whom, from now on
+        services.leases.serve()
+    services.signals.topology_read.connect(topology_read, weak=False)
 
     def device_silent(sender: Any, record: Silence) -> None:
         services.leases.withhold(record.uuid, record.why)

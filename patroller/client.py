@@ -27,6 +27,7 @@ __all__ = ["claim", "reserve", "release", "release_all", "renew", "keep_alive", 
            "RequestRefused", "ServerUnreachable", "Busy", "HOLDS"]
 
 DEFAULT_SERVER = "localhost"  # or the PATROLLER_SERVER environment variable
+DEFAULT_PORT = 8080  # the daemon's: a server named without a port (an http:// URL's is 80)
 HOLDS = ("process", "lease")  # what keeps a reservation: the calling process, or a lease; or
 # a duration ("2h", "90m", "3600"): held that long whatever runs (the server's --max-hold at most)
 _DURATION = re.compile(r"\s*\d+(\.\d+)?\s*[smhd]?\s*", re.IGNORECASE)
@@ -65,17 +66,18 @@ class Busy(PatrollerError):
 
 
 def reserve(count: int = 1, server: Optional[str] = None, timeout: Optional[float] = 0,
-            resource: str = "gpu", hold: str = "process") -> Optional[List[Dict[str, Any]]]:
+            resource: str = "gpu", hold: str = "process",
+            link: Optional[str] = None) -> Optional[List[Dict[str, Any]]]:
     """Reserve `count` devices of group `resource`; the granted devices, or None when busy.
 
     timeout=0 asks once (/request); a positive timeout waits that many seconds (/wait);
     timeout=None waits for as long as it takes. hold="process" keeps the devices for as long
     as the calling process lives; hold="lease" keeps them for the server's short lease, until
     the user's process shows up on them (see `keep_alive` to hold a lease longer); a duration
-    (hold="2h") keeps them that long, whatever runs on them.
-    """
+    (hold="2h") keeps them that long, whatever runs on them. link="nvlink" or "numa" insists on
+    GPUs linked by NVLink, or in one NUMA node; without it, the best-connected are given."""
     _check_hold(hold)
-    params: Dict[str, Any] = {resource: count, "hold": hold}
+    params: Dict[str, Any] = {resource: count, "hold": hold, **({"link": link} if link else {})}
     if timeout not in (0, None):
         params["timeout"] = timeout
     http_timeout = None if timeout is None else float(timeout) + _SLACK
@@ -97,14 +99,14 @@ def _check_hold(hold: str) -> None:
 
 
 def claim(count: int = 1, server: Optional[str] = None, timeout: Optional[float] = 0,
-          resource: str = "gpu", hold: str = "process") -> bool:
+          resource: str = "gpu", hold: str = "process", link: Optional[str] = None) -> bool:
     """Reserve devices and point CUDA at them; True on success, False when busy or timed out.
 
     Sets CUDA_VISIBLE_DEVICES to the devices' nvidia-smi numbers and CUDA_DEVICE_ORDER to
     PCI_BUS_ID, the order those numbers follow (call it before CUDA is initialised): as they
     were before once release() has given back all that was claimed."""
     global _before_claim
-    devices = reserve(count, server, timeout, resource, hold)
+    devices = reserve(count, server, timeout, resource, hold, link)
     if devices is None:
         return False
     with _reserved_lock:
@@ -322,21 +324,20 @@ class Claim:
 
 
 def parse_server(server: Optional[str]) -> Tuple[str, str, int]:
-    """(scheme, host, port) from 'host', 'host:port', 'http://host[:port]' or 'https://...';
-    ('unix', path, 0) from 'unix:///path/to/socket'."""
+    """(scheme, host, port) from 'host' (port DEFAULT_PORT), 'host:port', 'http://host[:port]'
+    or 'https://...'; ('unix', path, 0) from 'unix:///path/to/socket'."""
     text = (server or os.environ.get("PATROLLER_SERVER") or DEFAULT_SERVER).strip()
     if text.startswith("unix://"):
         path = text[len("unix://"):]
         if not path.startswith("/"):
             raise ValueError(f"a unix socket address needs an absolute path: {server!r}")
         return "unix", path, 0
-    if "://" not in text:
-        text = "http://" + text
-    parts = urllib.parse.urlsplit(text)
+    bare = "://" not in text  # a name, not a URL: the daemon's port by default
+    parts = urllib.parse.urlsplit("http://" + text if bare else text)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"not a Patroller server address: {server!r}")
     try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        port = parts.port or (DEFAULT_PORT if bare else 443 if parts.scheme == "https" else 80)
     except ValueError:
         raise ValueError(f"bad port in server address {server!r}") from None
     return parts.scheme, parts.hostname, port

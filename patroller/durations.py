@@ -10,6 +10,7 @@ only: the client side uses it too. Its messages name no flag; the caller says wh
 from __future__ import annotations
 
 import math
+from typing import List, Tuple
 
 UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 EXAMPLES = "90, 90s, 30m, 2h"
@@ -47,7 +48,7 @@ def describe(seconds: float, most: int = 4) -> str:
     if round(seconds, 1) < 10:
         return f"{round(max(seconds, 0.0), 1):g}s"
     left = int(round(seconds))
-    parts = []
+    parts: List[Tuple[int, str]] = []
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
         if parts or left >= size:
             parts.append((left // size, unit))

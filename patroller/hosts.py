@@ -9,6 +9,8 @@ from __future__ import annotations
 import urllib.parse
 from typing import List
 
+DEFAULT_PORT = 8080  # the daemon's (patroller/config/settings.py), and the client's
+
 
 def split(text: str) -> List[str]:
     """The hosts `text` names, separated by commas or white space: each once, in the order
@@ -25,9 +27,10 @@ def read(path: str) -> List[str]:
 
 
 def base_url(host: str) -> str:
-    """The URL a host's API is under: `http://gpu1:8080` for `gpu1:8080`; `http://` and
-    `https://` addresses as given; port 80 (443) when none is given. ValueError when `host` is
-    not the address of a host: its message says why, without naming it (the caller does)."""
+    """The URL a host's API is under: `http://gpu1:8080` for `gpu1:8080` or `gpu1` (the
+    daemon's default port, DEFAULT_PORT); `http://` and `https://` addresses as given, port 80
+    (443) when none is given. ValueError when `host` is not the address of a host: its message
+    says why, without naming it (the caller does)."""
     text = host if "://" in host else "http://" + host
     parts = urllib.parse.urlsplit(text)
     if parts.scheme not in ("http", "https"):
@@ -42,4 +45,5 @@ def base_url(host: str) -> str:
     if port == 0 or (port is None and parts.netloc.endswith(":")):
         raise ValueError("has a port that is not a number from 1 to 65535")
     name = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    return f"{parts.scheme}://{name}:{port or (443 if parts.scheme == 'https' else 80)}"
+    default = DEFAULT_PORT if "://" not in host else 443 if parts.scheme == "https" else 80
+    return f"{parts.scheme}://{name}:{port or default}"

@@ -2,8 +2,9 @@
 
 `patroller [flags]` runs the daemon; `patroller run|status|release|wait ...` are the command
 line's client commands (cli.py), which need neither Tornado nor the Docker SDK; `patroller
-doctor [flags]` checks what the daemon would meet here (doctor/); `patroller --help`,
-`completion` and `manpage` are made from the whole command line (manual.py).
+doctor [flags]` checks what the daemon would meet here (doctor/); `patroller config [flags]`
+shows each setting and where it came from (config/shown.py); `patroller --help`, `completion`
+and `manpage` are made from the whole command line (manual.py).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import resource
 import signal
 import sys
 from collections import Counter
-from typing import TYPE_CHECKING, Optional, Sequence, Set
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Sequence, Set, Tuple
 
 from patroller import __version__
 from patroller import cli
@@ -33,6 +34,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return cli.main(args)
     if args and args[0] == "doctor":
         return doctor_main(args[1:])
+    if args and args[0] == "config":
+        from patroller.config.shown import main as show_config
+
+        return show_config(args[1:])
     if args and args[0] in ("completion", "manpage"):
         from patroller import manual  # the whole command line: the daemon's flags too
 
@@ -75,8 +80,12 @@ def daemon_main(argv: Sequence[str]) -> int:
     os.umask(0o077)
     from patroller.app import StartError
 
+    def reread() -> Tuple["Config", Optional[str]]:  # SIGHUP: the same flags, the file again
+        origins: Dict[str, str] = {}
+        return load(argv, origins=origins), origins.get("--config")
+
     try:
-        return asyncio.run(serve(config))
+        return asyncio.run(serve(config, reread))
     except StartError as exc:
         print(f"patroller: {exc}", file=sys.stderr)
         return 1
@@ -96,10 +105,14 @@ def raise_file_limit() -> None:
     log.info("descriptors: the limit is raised from %d to %d", soft, hard)
 
 
-async def serve(config: "Config") -> int:
+Reread = Callable[[], Tuple["Config", Optional[str]]]  # the settings again, and the file's path
+
+
+async def serve(config: "Config", reread: Optional[Reread] = None) -> int:
     """Build, start, listen, run until a stop signal, then stop in order. A stop signal that
     comes while the daemon is being built (discovery may take seconds, or hang) ends it at once:
-    the nvidia-smi it waits for is killed."""
+    the nvidia-smi it waits for is killed. SIGHUP calls `reread` (by default: the same
+    settings) and applies what may change live."""
     from patroller.app import StartError, build
 
     stopping = asyncio.Event()
@@ -129,12 +142,14 @@ async def serve(config: "Config") -> int:
         raise StartError(f"cannot listen on {where}: {exc.strerror or exc}; "
                          "choose another --port, --address or --socket") from None
     services = daemon.services
-    # SIGHUP is the reload signal (systemctl reload): the per-user limits file is read again,
-    # and one line says what the daemon holds; never the default action, which would kill it.
+    # SIGHUP is the reload signal (systemctl reload): the configuration file and the per-user
+    # limits file are read again, and one line says what the daemon holds; never the default
+    # action, which would kill it.
     reloads: Set["asyncio.Future[None]"] = set()  # held until done
+    running = {"config": config}  # what the last reload applied
 
     def hangup() -> None:
-        task = asyncio.ensure_future(reload(services, config))
+        task = asyncio.ensure_future(reload(services, running, reread or (lambda: (config, None))))
         reloads.add(task)
         task.add_done_callback(reloads.discard)
     loop.add_signal_handler(signal.SIGHUP, hangup)
@@ -176,18 +191,31 @@ class JournalFormatter(logging.Formatter):
         return "\n".join(f"<{priority}>{line}" for line in text.splitlines())
 
 
-async def reload(services: "Services", config: "Config") -> None:
-    """SIGHUP: the policy again, from the configuration and the limits file (read in the
-    executor, never on the loop); a file that cannot be used keeps the policy as it was (one
-    warning)."""
+async def reload(services: "Services", running: Dict[str, "Config"], reread: Reread) -> None:
+    """SIGHUP: the settings again (the configuration file read in the executor, never on the
+    loop), then the policy from them and the limits file. What may change live does (the policy,
+    the log level); a setting changed that takes a restart is named in one warning; a file that
+    cannot be used keeps everything as it was (one warning)."""
     from patroller.app import StartError, make_policy
+    from patroller.config import ConfigError, live
 
     loop = asyncio.get_running_loop()
+    try:
+        read, path = await loop.run_in_executor(None, reread)
+    except ConfigError as exc:
+        log.warning("SIGHUP: %s; the settings stay as they were; %s", exc, summary(services))
+        return
+    config, restart = live.applied(running["config"], read)
+    if restart:
+        log.warning("SIGHUP: %s changed in %s: restart to apply", ", ".join(restart),
+                    path or "the settings read again (no configuration file now)")
     try:
         services.leases.policy = await loop.run_in_executor(None, make_policy, config)
     except StartError as exc:
         log.warning("SIGHUP: %s; the limits stay as they were; %s", exc, summary(services))
         return
+    running["config"] = config
+    logging.getLogger().setLevel(config.log_level.upper())
     limits = services.leases.policy.limits
     log.info("SIGHUP: limits read again (%d per-user limit(s)%s); %s", len(limits),
              f" from {config.limits_file}" if config.limits_file else "", summary(services))

@@ -64,6 +64,16 @@ def doctor_parser() -> argparse.ArgumentParser:
     return parser()
 
 
+def config_parser() -> argparse.ArgumentParser:
+    """`patroller config`'s options and the daemon's flags it takes."""
+    from patroller.config.shown import parser
+
+    own = parser()
+    return argparse.ArgumentParser(prog=own.prog, parents=[daemon_parser(), own],
+                                   conflict_handler="resolve", description=own.description,
+                                   epilog=own.epilog)
+
+
 def whole_parser() -> argparse.ArgumentParser:
     """The daemon's flags and every command, the daemon-side ones (doctor, completion,
     manpage) included, each with its own flags."""
@@ -71,6 +81,8 @@ def whole_parser() -> argparse.ArgumentParser:
     top.description, top.epilog = DESCRIPTION, EPILOG
     return build_parser(top, [
         ("doctor", "check what the daemon would meet on this host", doctor_parser()),
+        ("config", "every setting the daemon would run with, and where it came from",
+         config_parser()),
         ("completion", "print the shell completion (bash, zsh, fish)", completion_parser()),
         ("manpage", "print the manual page patroller(1)", manpage_parser()),
     ])

@@ -2,15 +2,15 @@
 
     sudo .venv/bin/python scripts/screenshot.py [--out docs/screenshot.png] [--settle 240]
 
-Eight simulated H100s and a private Docker Engine (tests/dockerd.py: root, docker.io and
-busybox-static, as tests/setup.sh installs them) whose labelled containers are the users: real
-`sleep` processes in those containers stand for their training jobs on the GPUs, and requests
-come from host processes moved into a container's cgroups, so the daemon identifies each user
-as it would on a real host. The scene: reservations claimed by their owner's processes, a GPU
-shared with another user's process, a reservation for a duration going idle, one held for a
-process, a lease counting down, a request waiting for four GPUs, and free GPUs. The page is
-opened in headless Chromium (tests/browser.py) at 1400x1000 once the first snapshot is drawn
-and the scene has settled.
+Eight simulated H100s (NVLink between all of them) and a private Docker Engine
+(tests/dockerd.py: root, docker.io and busybox-static, as tests/setup.sh installs them) whose
+labelled containers are the users: real `sleep` processes in those containers stand for their
+training jobs on the GPUs, and requests come from host processes moved into a container's
+cgroups, so the daemon identifies each user as it would on a real host. The scene: reservations
+claimed by their owner's processes, a GPU shared with another user's process, a reservation for
+a duration going idle, one held for a process, a lease counting down, a request waiting for
+four GPUs, and free GPUs. The page is opened in headless Chromium (tests/browser.py) at
+1400x1000 once the first snapshot is drawn and the scene has settled.
 """
 from __future__ import annotations
 
@@ -102,7 +102,8 @@ def main() -> None:
                 "carol": [containers["carol"].pid], "dave": [containers["dave"].pid],
                 "erin": [containers["erin"].pid]}
         scenario = ScenarioFile(os.path.join(directory.name, "scenario.json"), interval=1,
-                                devices=[dict(H100, minor=n) for n in range(8)], processes=[])
+                                devices=[dict(H100, minor=n) for n in range(8)], processes=[],
+                                topology="nvlink-all")
         server = ServerProcess("--nvidia-smi", scenario.command, "--docker-host", engine.url,
                                "--user-info-labels", "team", "--lease", str(args.settle + 600),
                                "--idle-after", "20").start()

@@ -10,6 +10,13 @@ import pytest
 # As the daemon sets it before it imports gRPC (observe/grpcunix.py): the tests' own gRPC
 # servers (grpc_server.py, kubelet.py) run in the process that also starts the daemon's children.
 os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
+# The host's own configuration file (/etc/patroller/patroller.toml on a lab host) is never the
+# tests': the daemons, doctors and command lines they start read none unless a test names one,
+# and neither does load() called with an environment of its own.
+os.environ["PATROLLER_CONFIG"] = "none"
+import patroller.config.file  # noqa: E402
+
+patroller.config.file.DEFAULT_PATH = os.path.join(os.path.dirname(__file__), "no-such-file.toml")
 
 from helpers import FakeClock, engines_left_out, lease_manager, need_root
 
@@ -187,3 +194,39 @@ def stranger():
         yield account
     finally:
         account.remove()
+
+
+@pytest.fixture
+def users():
+    """Two throwaway users (useradd), removed after."""
+    need_root("making throwaway users takes root")
+    from podman import Account
+
+    made = []
+    try:
+        made.append(Account())
+        made.append(Account())
+        yield made
+    finally:
+        for account in made:
+            account.remove()
+
+
+@pytest.fixture
+def reachable():
+    """A folder every user may enter: the client's files, and room for the daemon's socket."""
+    import shutil
+    import tempfile
+
+    from helpers import ROOT
+    from test_cli import client_files
+
+    path = tempfile.mkdtemp(prefix="pnotify", dir="/tmp")
+    os.chmod(path, 0o755)
+    for name in client_files():
+        os.makedirs(os.path.join(path, os.path.dirname(name)), exist_ok=True)
+        shutil.copy(os.path.join(ROOT, name), os.path.join(path, name))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path)

@@ -206,8 +206,11 @@ def test_small_formatters():
     assert [render.ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22)] == \
         ["1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd"]
     drawn = table.format_table(["A", "B"], [["x" * 50, "y"], ["z", ""]])
-    assert drawn.splitlines()[1] == "x" * 39 + "…  y"  # cut at 40
+    assert drawn.splitlines()[1] == "x" * 50 + "  y"  # piped: nothing is cut
     assert drawn.splitlines()[2] == "z"  # no trailing blanks
+    narrow = table.format_table(["A", "B"], [["x" * 50, "y"]], width=20,
+                                plan=[table.Rest("A")])
+    assert narrow.splitlines()[1] == "x" * 16 + "…  y"  # cut to what B leaves it
 
 
 # --- release and wait, on a test-mode daemon ---------------------------------------------
@@ -313,9 +316,9 @@ def test_status_shows_a_reserved_a_claimed_and_a_shared_gpu(gpuhost, scenario, s
                                                  [[str(sleeper.pid), me, "100 MiB", "sleep"]])
         assert rows["1"][-1].startswith("for ")
         assert rows["2"][2:4] == ["shared", f"{me}, nobody"]
-        assert process_lines(done.stdout, 2) in (
-            [[str(stranger.pid), "nobody", "-", "sleep"]],
-            [[str(stranger.pid), "nobody", "100 MiB", "sleep"]])
+        assert process_lines(done.stdout, 2) in (  # on root's GPU: trespassing
+            [[str(stranger.pid), "nobody (trespassing)", "-", "sleep"]],
+            [[str(stranger.pid), "nobody (trespassing)", "100 MiB", "sleep"]])
         assert rows["3"][2:4] == ["free", "-"]
 
         done = patroller("status", "--json", "--server", server)

@@ -98,7 +98,9 @@ def test_server_addresses_in_every_form(server, monkeypatch):
         assert claim(1, server=form) is True
     monkeypatch.setenv("PATROLLER_SERVER", server.server)
     assert claim(1) is True
-    assert client.parse_server("gpuhost") == ("http", "gpuhost", 80)
+    assert client.parse_server("gpuhost") == ("http", "gpuhost", 8080)  # the daemon's port
+    assert client.parse_server("http://gpuhost") == ("http", "gpuhost", 80)  # a URL's
+    assert client.parse_server("https://gpuhost") == ("https", "gpuhost", 443)
     assert client.parse_server("[::1]:8080") == ("http", "::1", 8080)
     with pytest.raises(ValueError):
         client.parse_server("ftp://gpuhost")

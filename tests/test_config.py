@@ -16,7 +16,7 @@ from patroller.config import Config, ConfigError, default_state_dir, load, setti
 def test_defaults():
     assert load([], {}) == Config(state_dir=default_state_dir(False, {}, os.getuid()),
                                   kubelet_socket="/var/lib/kubelet/pod-resources/kubelet.sock")
-    assert Config().port == 80 and Config().lease == 10
+    assert Config().port == 8080 and Config().lease == 10
     assert Config().user_labels == ("user.email", "email", "maintainer")
 
 

@@ -371,6 +371,7 @@ def patroller_flags():
     for command in COMMANDS:
         flags[f"patroller {command}"] = options(help_text("-m", "patroller.cli", command))
     flags["patroller doctor"] = options(help_text("-m", "patroller", "doctor"))
+    flags["patroller config"] = options(help_text("-m", "patroller", "config"))
     return flags
 
 

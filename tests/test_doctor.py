@@ -454,6 +454,19 @@ async def test_in_test_mode_nobody_may_ask_get_doctor():
         assert h.api.doctor.examinations == 0
 
 
+def test_the_room_left_counts_what_a_user_may_write_not_the_blocks_kept_for_root():
+    from patroller.doctor.places import _free
+    mib = 1 << 20
+    # 4 KiB fragments; 1,000 MiB free of which only 10 MiB are not kept for root
+    kept_for_root = os.statvfs_result((4096, 4096, 1 << 20, 1000 * mib // 4096,
+                                       10 * mib // 4096, 1000, 900, 900, 0, 255))
+    assert _free("/var/lib/patroller", lambda folder: kept_for_root) == 10
+
+    def gone(folder):
+        raise FileNotFoundError(folder)
+    assert _free("/nope", gone) is None
+
+
 def test_a_usage_store_with_nowhere_to_live_is_degraded(engine_sockets, tmp_path):
     # As found: --usage sqlite without --state-dir kept nothing, and nobody said so.
     _, found, _ = doctor(*isolated(engine_sockets, "--test", "--usage", "sqlite"))

@@ -11,6 +11,7 @@ from patroller.config import Config
 from patroller.core.devices import Device, Inventory
 from patroller.state.audit import AuditLog
 from patroller.core.errors import Busy, NotYours, OverLimit
+from patroller.core.leases.queue import WaitQueue, Waiter
 from patroller.observe.idle import IdleWatch
 from patroller.core.identity import Identity, ProcessRef, named_user
 from patroller import durations
@@ -365,3 +366,19 @@ def test_a_full_disk_loses_the_file_lines_not_the_record(clock, caplog):
     assert log.failures == 4
     warnings = [r.getMessage() for r in caplog.records if r.name == "patroller.state.audit"]
     assert len(warnings) == 1 and "No space left on device (1 failures)" in warnings[0]
+
+
+def test_the_starving_waiter_is_the_longest_waiting_of_every_shape_whatever_came_first():
+    """The shapes are kept in the order each first had a waiter: the one whose first waiter
+    was served keeps its place with a later waiter at its head, and must not be taken for
+    the longest waiting (a larger request would be overtaken for ever)."""
+    queue = WaitQueue(100, 100)
+    first_one, pair, later_one = (Waiter(Identity(user=u, source="host"), wants, lambda d: None)
+                                  for u, wants in (("alice", {"gpu": 1}), ("bob", {"gpu": 2}),
+                                                   ("carol", {"gpu": 1})))
+    queue.add(first_one, 0.0)
+    queue.add(pair, 1.0)
+    queue.add(later_one, 2.0)
+    queue.remove(first_one)  # granted
+    assert queue.starving(now=100.0, bound=30.0) is pair
+    assert queue.starving(now=30.9, bound=30.0) is None  # bob waited 29.9 s

@@ -32,7 +32,7 @@ async def test_every_figure_is_there_in_every_era(tmp_path, era):
         status = await h.ok("/status")
         for uuid, entry in status.items():
             assert list(entry)[:len(FIELDS)] == list(FIELDS), era
-            assert set(entry) == {*FIELDS, "updated", "stale", "claim"}, era
+            assert set(entry) == {*FIELDS, "updated", "topology", "stale", "claim"}, era
             assert isinstance(entry["fb"], int), (era, entry)  # dmon -s m: memory used
             assert isinstance(entry["power"], (int, float)) and isinstance(entry["sm"], int)
         assert status[h.uuids()[0]]["fb_total"] == 16384
@@ -82,7 +82,7 @@ async def test_each_process_shows_its_memory_and_sm(tmp_path, sleeper):
         shown = (await h.ok("/status"))[uuid]
         [process] = shown["claim"]["process_detail"]
         assert process == {"pid": sleeper.pid, "user": process["user"], "command": "python",
-                           "sm": 95, "mem": 40, "fb": 4096}
+                           "trespass": False, "sm": 95, "mem": 40, "fb": 4096}
         assert shown["claim"]["processes"] == [sleeper.pid]  # the old field, as it was
         # the device's memory follows its processes
         await until(lambda: (h.services.stats.view(uuid)["fb"] or 0) >= 4096)

@@ -6,6 +6,7 @@ and requests), and a real daemon."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 import json
 import socket
 import time
@@ -224,3 +225,40 @@ def test_the_connect_timeout_is_a_flag_apart_from_the_answer_timeout():
     config = load(["--test", "--fleet", "gpu1:8080"],
                   {"PATROLLER_FLEET_CONNECT_TIMEOUT": "2"})
     assert config.fleet_connect_timeout == 2.0 and Config.fleet_connect_timeout == 1.0
+
+
+def test_a_host_down_one_way_then_another_stays_down_since_the_first():
+    from patroller.http.fleet import Host
+    host = Host("gpu1:8080", "http://gpu1:8080", since=0.0)
+    host.answered([], now=10.0)
+    assert (host.state, host.since) == ("up", 10.0)
+    host.failed("refused", "connection refused", asked=20.0, now=20.5)
+    assert host.since == 20.0
+    host.failed("not_answering", "no answer in 1 s", asked=30.0, now=31.0)
+    assert (host.state, host.since) == ("not_answering", 20.0)
+    host.answered([], now=40.0)
+    assert host.since == 40.0
+
+
+@async_test
+async def test_a_round_that_runs_late_is_not_followed_by_every_round_it_missed_at_once():
+    """An asking that takes 3.5 intervals is followed by the next at the interval's next
+    moment, not by the three it missed, back to back."""
+    from patroller.http.fleet import Fleet
+    fleet = Fleet(replace(Config(), fleet=("127.0.0.1:9",), fleet_interval=0.4))
+    loop = asyncio.get_running_loop()
+    times: List[float] = []
+
+    async def ask(host):
+        times.append(loop.time())
+        if len(times) == 1:
+            await asyncio.sleep(1.4)
+    fleet.ask = ask  # what the watch calls each round: here, no host at all
+    task = asyncio.ensure_future(fleet._watch(fleet.hosts[0], 0.0))  # noqa: SLF001
+    try:
+        await until(lambda: len(times) >= 3, timeout=10)
+    finally:
+        task.cancel()
+    # the next moments of the interval after 1.4 s are 1.6 and 2.0 s: 0.4 s apart; the
+    # missed rounds, asked at once, would be none apart
+    assert times[2] - times[1] > 0.2, times

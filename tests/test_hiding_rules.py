@@ -33,7 +33,8 @@ from patroller.core.pods import Pod, PodAllocation
 from patroller.http import hiding
 from patroller.http.access import Requests
 from patroller.http.fleet import Fleet, gpus_of
-from patroller.http.hiding import NOBODY, Hiding, Shown, Viewer, viewer_of
+from patroller.core.identity import Viewer
+from patroller.http.hiding import NOBODY, Hiding, Shown, viewer_of
 from patroller.http.metrics import DaemonCollector
 from patroller.http.statusview import StatusView
 from patroller.http.views import DevicesView, job_view, queue_view, users_view

@@ -179,3 +179,17 @@ def test_a_waiter_whose_account_grew_to_its_limit_waits_on(clock):
     leases.release(alice)  # device 0 back: the account holds 1, the waiter is served
     assert len(granted) == 1 and [d.number for d in granted[0]] == [0, 4]
     assert leases.holder(number(leases, 0)) == alice2
+
+
+def test_a_limit_set_by_the_accounts_name_applies_to_every_identity_on_it(clock):
+    """A limits file names a host account by its name (`alice = 1`): every identity that runs
+    as that account is counted under it, the container's labels whatever they say."""
+    named = [container(user, ALICE_UID, short, account="alice")
+             for user, short in (("alice@example.org", "a11ce0000001"),
+                                 ("alice+2@example.org", "a11ce0000002"))]
+    leases = manager(clock, limits={"alice": 1})
+    leases.request(named[0], {"gpu": 1})
+    with pytest.raises(OverLimit) as refused:
+        leases.request(named[1], {"gpu": 1})
+    assert refused.value.data["account"] == "alice" and refused.value.data["limit"] == 1
+    assert [d.number for d in leases.request(bob, {"gpu": 2})] == [1, 2]  # not alice's

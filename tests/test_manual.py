@@ -16,7 +16,7 @@ from patroller.config import settings_table
 shtab = pytest.importorskip("shtab", reason="shtab (a requirement) writes the completion")
 DEPENDENCIES = os.path.dirname(os.path.dirname(os.path.abspath(shtab.__file__)))
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, DEPENDENCIES])}
-EVERY_COMMAND = (*COMMANDS, "doctor", "completion", "manpage")
+EVERY_COMMAND = (*COMMANDS, "doctor", "config", "completion", "manpage")
 
 
 def patroller(*args):

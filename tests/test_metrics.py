@@ -205,7 +205,7 @@ async def test_every_monitor_is_up_or_idle_by_design_in_normal_operation_and_fai
     scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=[{}, {"mig": "Enabled"}])
     async with gpu_running(scenario, cross_check_every=0.2) as h:
         names = {m.name for m in h.services.monitors}
-        assert names == {"dmon", "pmon", "cross_check", "inventory", "silence"}
+        assert names == {"dmon", "pmon", "cross_check", "inventory", "silence", "topology"}
 
         async def states():
             samples = (await scrape(h))[0]
@@ -215,6 +215,7 @@ async def test_every_monitor_is_up_or_idle_by_design_in_normal_operation_and_fai
         now, samples = await states()
         cross_check = now.pop("cross_check")  # it queries the MIG GPU every 0.2 s
         assert cross_check in ("idle", "up")
+        assert now.pop("topology") in ("idle", "up")  # read at start, and after a change
         assert now == {"dmon": "up", "pmon": "up", "inventory": "idle", "silence": "up"}
         assert all(find(samples, "patroller_monitor_up", monitor=name) == [1.0]
                    for name in names)

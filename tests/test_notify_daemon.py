@@ -89,7 +89,8 @@ async def test_each_kind_reaches_email_and_webhook_once_and_a_hung_destination_h
     for got in (webhook, mail):
         body = told(got, f"{HOST}: trespass on GPU 0 by nobody")
         assert re.fullmatch(
-            f"nobody runs process {stranger.pid} on GPU 0 of {re.escape(HOST)} \\(since "
+            f"nobody runs process {stranger.pid} \\(python\\) on GPU 0 of {re.escape(HOST)} "
+            f"\\(since "
             f"{WHEN}\\), which is held by root. The run is to move to a free GPU "
             r"\(`patroller status` shows which\), reserved first \(`patroller run`\).",
             body), body

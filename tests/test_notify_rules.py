@@ -143,7 +143,7 @@ def test_the_flags_never_repeat_a_url():
         ("json://a/b", "ntfy://n/t")
     assert load(["--test"], environ={}).notify_events == ("trespass", "unreserved", "idle",
                                                           "expiring", "granted", "lost",
-                                                          "daemon")
+                                                          "daemon", "digest")
     with pytest.raises(ConfigError) as caught:
         load(["--test", "--notify", "json://a/b", "--notify", "hunter2-password"], environ={})
     assert str(caught.value).startswith("--notify: URL 2 is not a URL of the form scheme://")

@@ -5,51 +5,18 @@ holder each in the words --hide-users lets her read, the host's default reaches 
 none, and what users set survives a restart in a file of root's alone."""
 import json
 import os
-import shutil
 import stat
 import subprocess
-import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
 
 import pytest
 
-from helpers import ROOT, ScenarioFile, ServerProcess, need_root, python_for
+from helpers import ScenarioFile, ServerProcess, python_for
 from receivers import Hooks, wait_for
-from test_cli import client_files
 
 SECRET = "b0b-s3cret"
-
-
-@pytest.fixture
-def users():
-    """Two throwaway users (useradd), removed after."""
-    need_root("making throwaway users takes root")
-    from podman import Account
-
-    made = []
-    try:
-        made.append(Account())
-        made.append(Account())
-        yield made
-    finally:
-        for account in made:
-            account.remove()
-
-
-@pytest.fixture
-def reachable():
-    """A folder every user may enter: the client's files and the daemon's socket."""
-    path = tempfile.mkdtemp(prefix="pnotify", dir="/tmp")
-    os.chmod(path, 0o755)
-    for name in client_files():
-        os.makedirs(os.path.join(path, os.path.dirname(name)), exist_ok=True)
-        shutil.copy(os.path.join(ROOT, name), os.path.join(path, name))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path)
 
 
 def as_user(user, where, *words, ok=True):

@@ -15,6 +15,7 @@ import pytest
 
 from patroller.observe.nvsmi.discovery import ProcessInfo, parse_inventory
 from patroller.observe.nvsmi.parsers import DmonParser, DmonRow, PmonParser, PmonRow
+from patroller.observe.nvsmi.topo import parse_topology
 
 REAL = Path(__file__).parent / "fixtures" / "nvsmi" / "real"
 SOURCES = REAL / "SOURCES.md"
@@ -22,6 +23,7 @@ CAPTURES = sorted(p.name for p in REAL.iterdir() if p.name != SOURCES.name)
 XML = [name for name in CAPTURES if name.endswith(".xml")]
 DMON = [name for name in CAPTURES if name.endswith(".txt") and "dmon" in name]
 PMON = [name for name in CAPTURES if name.endswith(".txt") and "pmon" in name]
+TOPO = [name for name in CAPTURES if name.endswith(".txt") and "topo" in name]
 
 # Captures that end in a row cut short when the GPUs stopped answering (see SOURCES.md).
 CUT_LAST_ROW = {"pubsum-k80-dmon-pucet-crash-a.txt", "pubsum-k80-dmon-pucet-crash-b.txt"}
@@ -221,12 +223,37 @@ def test_pmon_parser_reads_real_capture(name: str) -> None:
     assert parser.last_skipped == (reading.damaged[-1] if reading.damaged else None)
 
 
+# ---- topo -m ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", TOPO)
+def test_topo_parser_reads_real_capture(name: str) -> None:
+    """Plainly: the rows that start with a GPU's name and hold an X; each row's cells are the
+    words after the name, as many as the header names devices (NICs too)."""
+    text = (REAL / name).read_text(encoding="utf-8")
+    matrix = parse_topology(text)
+    rows = {line.split()[0]: line.split()[1:] for line in text.splitlines()
+            if line.split()[:1] and re.fullmatch(r"GPU\d+", line.split()[0])
+            and "X" in line.split()}
+    header = next(line.split() for line in text.splitlines() if line.split()[:1] == ["GPU0"]
+                  and line.split()[1:2] != ["X"])
+    names = [w for w in header if re.fullmatch(r"GPU\d+|NIC\d+|mlx5_\d+", w)]
+    assert [f"GPU{g}" for g in matrix.gpus] == list(rows)
+    for a, cells in rows.items():
+        for b, word in zip(names, cells):
+            if b.startswith("GPU") and b != a:
+                assert matrix.links[(int(a[3:]), int(b[3:]))] == word
+        assert matrix.cpus[int(a[3:])] == cells[len(names)]
+        numa = cells[len(names) + 1] if "NUMA" in header else None
+        assert matrix.numa[int(a[3:])] == (None if numa == "N/A" else numa)
+    assert len(matrix.links) == len(rows) * (len(rows) - 1)
+
+
 # ---- the collection itself ----------------------------------------------------------------------
 
 def test_every_capture_is_of_a_known_kind() -> None:
     """Each file is tested by one of the tests above, and each kind has captures."""
-    assert sorted(XML + DMON + PMON) == CAPTURES
-    assert XML and DMON and PMON
+    assert sorted(XML + DMON + PMON + TOPO) == CAPTURES
+    assert XML and DMON and PMON and TOPO
 
 
 def test_sources_name_every_capture() -> None:

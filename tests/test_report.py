@@ -6,6 +6,7 @@ are each a line of their own."""
 import csv
 import io
 import json
+import re
 import socket
 import sqlite3
 import subprocess
@@ -86,6 +87,8 @@ def rows_of(stdout):
     """The table's rows by their first cell: the cells after it."""
     lines = stdout.splitlines()
     assert lines[0].startswith("GPU-hours by "), stdout
+    if lines[1].startswith("nothing recorded before "):
+        del lines[1]
     assert [h for h in lines[1].split() if h not in ("UUID", "USER", "GPU")] == HEADER, stdout
     found = {}
     for line in lines[2:]:
@@ -100,8 +103,10 @@ def test_the_table_shows_gpu_hours_per_category_and_shares_sorted_by_use(hosts):
     done = patroller("--server", hosts["one"].server)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0].startswith("GPU-hours by user from ") and "(7d); recorded since" in lines[0]
-    assert lines[1].split() == ["USER", *HEADER]
+    assert lines[0].startswith("GPU-hours by user in the whole hours from ")
+    assert lines[0].endswith("(7d01h)")  # 7 days from within an hour: to that hour's end
+    assert lines[1].startswith("nothing recorded before ")  # the store's two hours
+    assert lines[2].split() == ["USER", *HEADER]
     rows = rows_of(done.stdout)
     assert list(rows) == ["alice", "(none)", "total", "share"]  # by use, the total last
     assert rows["alice"] == ["2.00", "50%", "1.00", "1.00", "0", "0", "0", "0", "0"]
@@ -231,13 +236,13 @@ def test_two_keys_and_a_zone_one_host_and_many(hosts):
     summed = patroller("--hosts", f"{one},{two}", "--by", "user,day")
     assert summed.returncode == 0, summed.stderr
     lines = summed.stdout.splitlines()
-    assert lines[1].split()[:3] == ["USER", "/", "DAY"]
-    users = [line.split(" / ")[0] for line in lines[2:] if " / " in line]
+    assert lines[2].split()[:3] == ["USER", "DAY", "GPU-HOURS"]  # a column per key
+    keyed = [line.split() for line in lines[3:] if re.match(r"\S+\s+\d{4}-\d\d-\d\d\s", line)]
+    users = [cells[0] for cells in keyed]
     assert users == sorted(users, key=["alice", "bob", "(none)"].index)  # by use, null last
     hours = {}  # a user's GPU-hours over their days (midnight may split them in two rows)
-    for line in lines[2:]:
-        if " / " in line:
-            hours[line.split()[0]] = hours.get(line.split()[0], 0.0) + float(line.split()[3])
+    for cells in keyed:
+        hours[cells[0]] = hours.get(cells[0], 0.0) + float(cells[2])
     assert hours == {"alice": pytest.approx(2.0), "bob": pytest.approx(1.0),
                      "(none)": pytest.approx(3.0)}
     table = list(csv.reader(io.StringIO(patroller("--hosts", f"{one},{two}", "--csv", "--by",

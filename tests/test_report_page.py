@@ -18,6 +18,7 @@ import pytest
 
 from browser import Browser, browser
 from helpers import ScenarioFile, ServerProcess, need_root
+from patroller.cli.usage import hours_text
 from prometheus import get
 from test_hide_users import PSEUDONYM
 from usage_history import gpu_hour, lab, write
@@ -204,11 +205,22 @@ def test_the_lists_are_the_users_most_idle_held_and_reserved_unused(page, daemon
         shown = top(page, table)
         assert [name for name, _, _ in shown] == [r["key"] for r in rows], table
         for (_, hours, share), row in zip(shown, rows):
-            assert float(hours) == pytest.approx(row["hours"][category], rel=0.01, abs=0.01)
+            assert hours == hours_text(row["hours"][category])  # as `patroller report` says
             part = 100 * row["hours"][category] / used(row["hours"])
             assert float(share.split()[0]) == pytest.approx(part, abs=0.05)
     assert top(page, "top-unused")[0][0] == "bob"  # his weekends
     assert top(page, "top-idle")[0][0] == "alice"  # her nights
+
+
+HOURS = (0, 0.004, 0.00999, 0.01, 0.125, 0.25, 1 / 3, 2.5, 9.995, 9.999, 12.5, 999.95, 1234.5,
+         99999.5, 1e7)  # ties, edges and a little: 0.004 is "<0.01" beside its share, never "0"
+
+
+def test_gpu_hours_are_said_by_the_command_lines_rule(page, daemon):
+    assert opened(page, daemon.url + "/report") == "shown"
+    said = page.js(f"return {list(HOURS)}.map(window.PatrollerCharts.hours)")
+    assert said == [hours_text(value) for value in HOURS]
+    assert said[1] == "<0.01" and said[4] == "0.13"
 
 
 def test_the_range_control_asks_for_the_days_chosen(page, daemon):

@@ -113,7 +113,7 @@ def test_it_installs_and_serves_on_the_oldest_python_it_claims(tmp_path):
         assert status.returncode == 0 and "A100" in status.stdout, status.stdout + status.stderr
         unit = subprocess.run([str(venv / "bin" / "patroller"), "systemd-unit"], cwd=tmp_path,
                               capture_output=True, text=True, timeout=60)  # package data too
-        assert f"ExecStart={venv}/bin/patroller --port" in unit.stdout, unit.stderr
+        assert f"ExecStart={venv}/bin/patroller --socket" in unit.stdout, unit.stderr
     finally:
         server.terminate()
         server.wait(20)

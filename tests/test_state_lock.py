@@ -8,7 +8,7 @@ from contextlib import contextmanager
 import pytest
 
 from helpers import need_root
-from patroller.state.directory import LOCK, BookError, Held, lock
+from patroller.state.directory import LOCK, BookError, LockedDirectory, lock
 
 
 @contextmanager
@@ -52,7 +52,7 @@ def test_on_a_read_only_filesystem_a_lock_file_there_is_held_and_not_written(pri
     with read_only(state, private / "ro") as where:
         held = lock(where)
         try:
-            assert held == Held(held.fd, read_only=True) and held.fd is not None
+            assert held == LockedDirectory(held.fd, read_only=True) and held.fd is not None
             with open(os.path.join(where, LOCK)) as f:
                 assert f.read() == "12345\n"  # nothing written
         finally:
@@ -63,14 +63,14 @@ def test_on_a_read_only_filesystem_without_a_lock_file_nothing_is_held(private):
     state = private / "state"
     state.mkdir(mode=0o700)
     with read_only(state, private / "ro") as where:
-        assert lock(where) == Held(None, read_only=True)
+        assert lock(where) == LockedDirectory(None, read_only=True)
 
 
 def test_a_state_directory_that_cannot_be_made_on_a_read_only_filesystem_is_empty(private):
     empty = private / "empty"
     empty.mkdir(mode=0o700)
     with read_only(empty, private / "ro") as where:
-        assert lock(os.path.join(where, "state")) == Held(None, read_only=True)
+        assert lock(os.path.join(where, "state")) == LockedDirectory(None, read_only=True)
 
 
 def test_a_path_through_a_file_is_refused_saying_why(private):

@@ -42,7 +42,7 @@ def test_systemd_verifies_the_unit_without_a_warning(tmp_path):
     printed = subprocess.run([patroller, "systemd-unit"], capture_output=True, text=True,
                              timeout=60, cwd=tmp_path)
     assert printed.returncode == 0, printed.stderr
-    assert f"ExecStart={patroller} --port" in printed.stdout
+    assert f"ExecStart={patroller} --socket" in printed.stdout
     unit.write_text(printed.stdout)
     done = subprocess.run([analyze(), "verify", str(unit)], capture_output=True, text=True,
                           timeout=60)
@@ -99,7 +99,7 @@ def test_the_docs_install_the_unit_the_installed_patroller_prints():
     assert "/opt/patroller/bin/patroller, where" not in comments
     assert "ExecStart= names the patroller command whose `patroller systemd-unit` printed" \
         in comments
-    assert "ExecStart=/opt/patroller/bin/patroller --port" in done.stdout
+    assert "\nExecStart=/opt/patroller/bin/patroller --" in done.stdout
     relative = subprocess.run([sys.executable, "-m", "patroller", "systemd-unit", "--exec",
                                "bin/patroller"], capture_output=True, text=True, timeout=60,
                               cwd=ROOT)

@@ -12,7 +12,7 @@ from tornado.iostream import IOStream
 
 from helpers import FakeClock, async_test, lease_manager, running, until
 from patroller.http import routes
-from patroller.http.fastlane import Connection
+from patroller.http.fastlane import Connection, FastLane
 from patroller.core.identity import IDENTIFYING, named_user
 from patroller.observe.signals import ProcessList, ProcessSamples, Sample, Signals
 from patroller.observe.stats import StatsStore
@@ -316,8 +316,26 @@ def test_the_body_and_the_data_say_the_same(parts):
     assert json.loads(view.body()) == view.latest() == view.data()
     entry = view.latest()[inventory.devices[1].uuid]
     assert entry["claim"]["process_detail"] == [{"pid": 4242, "user": "bob", "command": "python",
-                                                 "sm": None, "mem": None, "fb": None}]
+                                                 "trespass": False, "sm": None, "mem": None,
+                                                 "fb": None}]
     assert entry["sm"] == 7 and entry["claim"]["state"] == "claimed"
+
+
+def test_a_process_that_trespasses_is_marked_and_unmarked_as_its_holder_changes(parts):
+    """bob's process on alice's GPU trespasses; when alice lets it go, bob's process holds it
+    and no longer does: the same processes, shown again because the holder changed."""
+    clock, inventory, leases, signals, view = parts
+    uuid = inventory.devices[0].uuid
+    leases.request(named_user("alice"), {"gpu": 1})
+    leases.process_started(uuid, 4242, named_user("bob"), "python")
+    leases.process_started(uuid, 4343, IDENTIFYING, None)  # nobody's yet
+    detail = json.loads(view.body())[uuid]["claim"]["process_detail"]
+    assert [(p["pid"], p["trespass"]) for p in detail] == [(4242, True), (4343, False)]
+    leases.release(named_user("alice"), uuid)
+    shown = json.loads(view.body())[uuid]["claim"]
+    assert shown["user"]["user"] == "bob"
+    assert [(p["pid"], p["trespass"]) for p in shown["process_detail"]] == [(4242, False),
+                                                                           (4343, False)]
 
 
 def test_a_host_with_no_device_has_an_empty_status():
@@ -381,3 +399,27 @@ def test_a_figure_not_known_this_interval_keeps_the_last_one(parts):
     seen = view.stats.process_view(uuid, 4242)
     assert (seen["sm"], seen["mem"], seen["fb"]) == (40, 7, 900)
     assert view.stats.figures_version(uuid) == before + 1  # nothing new: the device is not rebuilt
+
+
+@pytest.mark.parametrize("head, taken", [
+    (b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n", True),
+    (b"GET /status HTTP/1.1\r\nHost: x:8080\r\nConnection: keep-alive\r\n\r\n", True),
+    (b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", True),
+    # Tornado answers two Host lines with a 400: the lane must not answer 200
+    (b"GET /status HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", False),
+    (b"GET /status HTTP/1.1\r\n\r\n", False),  # no Host at all
+    # HTTP/1.0 is answered by Tornado, which closes it (the lane speaks 1.1 keep-alive)
+    (b"GET /status HTTP/1.0\r\nHost: x\r\n\r\n", False),
+    (b"GET /status HTTP/1.0\r\n\r\n", False),
+    # a Connection the lane does not know (an upgrade, a list) goes to Tornado
+    (b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\n\r\n", False),
+    (b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, upgrade\r\n\r\n", False),
+    (b"GET /status HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n\r\n", False),
+])
+def test_the_fast_lane_takes_only_the_heads_tornado_would_answer_the_same_way(head, taken):
+    lane = FastLane({"/status": lambda connection: b"{}"}, lambda path, status: None, 60.0)
+    answered = lane.answer(head)
+    assert (answered is not None) == taken, head
+    if answered is not None:
+        assert answered[0].startswith(b"HTTP/1.1 200 OK\r\n") and answered[0].endswith(b"{}")
+        assert answered[1] == (b"close" in head)

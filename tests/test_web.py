@@ -223,6 +223,20 @@ def test_a_process_shows_its_command_and_memory_in_gpu_host_mode(page, scenario)
         sleeper.wait()
 
 
+def test_each_card_names_its_nvlink_peers_and_numa_node(page, tmp_path):
+    scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=H100,
+                            topology="nvlink-pairs")
+    server = ServerProcess("--nvidia-smi", scenario.command).start()
+    try:
+        opened(page, server)
+        found = card_where(page, 2, "its NVLink peer and node",
+                           lambda c: "NVLink\u00a0to\u00a00" in c["text"], timeout=20)
+        assert "NUMA\u00a01" in found["text"], found["text"]
+        assert "NVLink\u00a0to\u00a03" in page.card(1)["text"]
+    finally:
+        server.stop()
+
+
 def test_a_stopped_daemon_shows_the_lost_connection_and_the_page_recovers(page):
     port = free_port()
     server = ServerProcess("--test", "--port", str(port)).start()

@@ -8,14 +8,18 @@ Exit statuses: patroller/cli/exits.py.
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from patroller import client, durations
+from patroller import client
 import patroller.cli.fleet as fleet
-from patroller.cli.exits import (EX_INTERRUPTED, EX_NOPERM, EX_OK, EX_TEMPFAIL, EX_UNAVAILABLE,
-                                 EX_USAGE, Failure, error_text, refused_code)
+from patroller.cli.finding import find
+from patroller.cli.arguments import count_arg, hold_arg, seconds_arg, wait_arg, watch_arg
+from patroller.cli.exits import (EX_INTERRUPTED, EX_NOPERM, EX_OK, EX_PIPE, EX_TEMPFAIL,
+                                 EX_UNAVAILABLE, EX_USAGE, Failure, error_text, refused_code)
 from patroller.cli.records import history_command, queue_command, users_command
 from patroller.cli.notify import add_parser as add_notify
 from patroller.cli.report import add_parser as add_report
@@ -34,7 +38,7 @@ COMMANDS = ("run", "status", "release", "wait", "reserve", "history", "users", "
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run one subcommand; its exit status."""
-    args = list(sys.argv[1:] if argv is None else argv)
+    args = offsets_joined(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
     try:
         options = parser.parse_args(args)
@@ -48,7 +52,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if hasattr(options, "colour"):  # on a terminal only, as the user lets it
         options.colour = options.colour and use_colour(sys.stdout)
     try:
-        return options.handler(options)
+        if wants_server(options):  # none named: the daemon's socket, PATROLLER_SERVER, ...
+            options.server = find(os.environ)
+        code = options.handler(options)
+        sys.stdout.flush()  # here, where a reader gone is caught, not at the interpreter's exit
+        return code
+    except BrokenPipeError:
+        return reader_gone()
     except Failure as failure:  # its words may be a daemon's (an error, a holder's name)
         print(f"patroller: {printable(str(failure))}", file=sys.stderr)
         return failure.code
@@ -62,6 +72,48 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("patroller: interrupted", file=sys.stderr)
         return EX_INTERRUPTED
 
+
+def wants_server(options: argparse.Namespace) -> bool:
+    """Whether the command asks one server and none was named (--hosts asks others)."""
+    return (hasattr(options, "server") and options.server is None
+            and not (getattr(options, "hosts", None) or getattr(options, "hosts_file", None)
+                     or ("hosts" in options and os.environ.get("PATROLLER_HOSTS", "").strip())))
+
+
+# A time zone's offset, such as -10:00 or +0530: argparse takes one that begins with "-" for an
+# option ("expected one argument"), so `--tz -10:00` is handed to it as `--tz=-10:00`.
+OFFSET = re.compile(r"[+-]\d{1,2}(:?\d{2})?")
+TAKES_OFFSET = ("--tz",)
+
+
+def offsets_joined(args: List[str]) -> List[str]:
+    """`args` with each option of TAKES_OFFSET followed by an offset (`--tz -10:00`) written
+    as one word (`--tz=-10:00`); what follows `--` is left as it is (a command of `run`)."""
+    out: List[str] = []
+    n = 0
+    while n < len(args):
+        word = args[n]
+        if word == "--":
+            return out + args[n:]
+        if word in TAKES_OFFSET and n + 1 < len(args) and OFFSET.fullmatch(args[n + 1]):
+            out.append(f"{word}={args[n + 1]}")
+            n += 2
+            continue
+        out.append(word)
+        n += 1
+    return out
+
+
+def reader_gone() -> int:
+    """The reader of stdout left (`patroller report --json | head -c 600`): end quietly, as
+    a Unix tool that SIGPIPE ends does (the shell says 141), with nothing more written to the
+    pipe, not even at the interpreter's exit, where Python would print the error again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EX_PIPE
+
+
 Other = Tuple[str, str, argparse.ArgumentParser]  # a daemon-side command: name, help, parser
 
 
@@ -71,8 +123,10 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None,
     commands, the whole command line in one parser, for --help, completion and the man page
     (patroller/manual.py)."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--server", help="host[:port], http://host:port or unix:///path "
-                        "(default: $PATROLLER_SERVER, else localhost)")
+    common.add_argument("--server", help="host[:port] (port 8080 by default), http://host:port "
+                        "or unix:///path (default: the first that answers of the daemon's "
+                        "socket /run/patroller/api.sock, $PATROLLER_SERVER, the socket or port "
+                        "in /etc/patroller/patroller.toml, localhost:8080)")
     whole = parser is not None
     if parser is None:
         parser = argparse.ArgumentParser(
@@ -90,6 +144,9 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None,
     run.add_argument("--wait", type=wait_arg, default=False, metavar="SECONDS|forever",
                      help="wait in the queue up to this long (default: do not wait)")
     run.add_argument("--resource", default="gpu", help="device group (default gpu)")
+    run.add_argument("--link", choices=("nvlink", "numa"),
+                     help="insist on GPUs linked by NVLink to each other, or all in one NUMA "
+                     "node (default: the best-connected free GPUs, whatever they are)")
     run.add_argument("-q", "--quiet", action="store_true", help="no message before the command")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- command [args...]")
     run.set_defaults(handler=run_command)
@@ -131,6 +188,9 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None,
     wait.add_argument("--timeout", type=seconds_arg, metavar="SECONDS",
                       help="give up after this long (default: wait for ever)")
     wait.add_argument("--resource", default="gpu", help="device group (default gpu)")
+    wait.add_argument("--link", choices=("nvlink", "numa"),
+                      help="insist on GPUs linked by NVLink to each other, or all in one NUMA "
+                      "node (default: the best-connected free GPUs, whatever they are)")
     wait.set_defaults(handler=wait_command)
 
     reserve = commands.add_parser("reserve", parents=[common], help="hold GPUs for a while",
@@ -144,6 +204,9 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None,
     reserve.add_argument("--wait", type=wait_arg, default=0.0, metavar="SECONDS|forever",
                          help="wait in the queue up to this long (default: do not wait)")
     reserve.add_argument("--resource", default="gpu", help="device group (default gpu)")
+    reserve.add_argument("--link", choices=("nvlink", "numa"),
+                         help="insist on GPUs linked by NVLink to each other, or all in one NUMA "
+                         "node (default: the best-connected free GPUs, whatever they are)")
     reserve.set_defaults(handler=reserve_command)
     table = argparse.ArgumentParser(add_help=False, parents=[common])
     table.add_argument("--json", action="store_true", help="print the server's JSON")
@@ -178,58 +241,10 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None,
                             description=other.description, epilog=other.epilog)
     return parser
 
-def count_arg(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"at least 1, not {value}")
-    return value
-
-def seconds_arg(text: str) -> float:
-    """A duration (90, 90s, 2m, 1h); zero is allowed."""
-    try:
-        return durations.parse(text, zero=True)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r} {exc}") from None
-
-
-WATCH_SOONEST = 0.5  # seconds between redraws at the least: /status changes at most every 0.1 s
-
-
-def watch_arg(text: str) -> float:
-    """A redraw interval: a duration of at least WATCH_SOONEST."""
-    value = seconds_arg(text)
-    if value < WATCH_SOONEST:
-        raise argparse.ArgumentTypeError(f"{text!r} is too often: at least {WATCH_SOONEST} s")
-    return value
-
-
-def wait_arg(text: str) -> Optional[float]:
-    """A duration, or None for 'forever'."""
-    if text.strip().lower() in ("forever", "inf", "infinity"):
-        return None
-    return seconds_arg(text)
-
-
-def hold_arg(text: str) -> str:
-    """lease, or a duration; a command line has no process to hold devices for."""
-    if text.strip().lower() == "lease":
-        return "lease"
-    if text.strip().lower() == "process":
-        raise argparse.ArgumentTypeError("a reservation made here has no process to last for: "
-                                         "use patroller run, which holds them while it runs")
-    seconds_arg(text)
-    if durations.parse(text) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive duration")
-    return text.strip()
-
-
 def reserve_command(options: argparse.Namespace) -> int:
     """Reserve for a duration (or the lease) and print the numbers on stdout."""
     granted = client.reserve(options.count, options.server, options.wait, options.resource,
-                             options.hold)
+                             options.hold, options.link)
     if granted is None:
         within = "now" if options.wait == 0 else f"within {duration(options.wait or 0)}"
         raise Failure(f"{amount(options.count, options.resource)} not free {within}", EX_TEMPFAIL)
@@ -247,7 +262,7 @@ def reserve_command(options: argparse.Namespace) -> int:
 def wait_command(options: argparse.Namespace) -> int:
     """Reserve for the usual lease (hold=lease) and print the numbers on stdout."""
     granted = client.reserve(options.count, options.server, options.timeout, options.resource,
-                             "lease")
+                             "lease", options.link)
     if granted is None:
         within = "now" if options.timeout == 0 else f"within {duration(options.timeout or 0)}"
         raise Failure(f"{amount(options.count, options.resource)} not free {within}", EX_TEMPFAIL)

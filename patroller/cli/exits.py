@@ -4,7 +4,8 @@ carries one.
 0 done; 2 bad usage; 69 server unreachable (EX_UNAVAILABLE); 75 busy, or not free in time
 (EX_TEMPFAIL); 77 refused by the server (EX_NOPERM: any other 4xx, the server's error is
 printed); 78 a check of `patroller doctor` failed (EX_CONFIG); 126 command not executable; 127 command not found; 130 interrupted (Ctrl-C) while
-waiting. Once `run` has started the command, the status is the command's own.
+waiting; 141 the reader of the output left (a pipe closed early: `| head`), as SIGPIPE ends a
+Unix tool. Once `run` has started the command, the status is the command's own.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ EX_CONFIG = 78
 EX_NOEXEC = 126
 EX_NOTFOUND = 127
 EX_INTERRUPTED = 130
+EX_PIPE = 141  # 128 + SIGPIPE: what the shell says of a tool that SIGPIPE ended
 
 
 class Failure(Exception):

@@ -14,7 +14,8 @@ from patroller.cli.exits import EX_OK
 from patroller.cli.table import format_table
 from patroller.safetext import printable
 
-KINDS = ("trespass", "unreserved", "idle", "expiring", "granted", "lost", "daemon", "test")
+KINDS = ("trespass", "unreserved", "idle", "expiring", "granted", "lost", "daemon", "digest",
+         "test", "terminal")  # terminal: every notice written on your terminals
 
 
 def add_parser(commands: Any, common: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -80,4 +81,9 @@ def listing(body: Dict[str, Any]) -> str:
         lines.append("no destination: patroller notify add URL")
     if body.get("muted"):
         lines.append("muted: " + ", ".join(printable(str(k)) for k in body["muted"]))
+    terminal = body.get("terminal")
+    if isinstance(terminal, dict):  # the host writes trespasses and ending holds on terminals
+        last = f" (last: {printable(str(terminal['last']))})" if terminal.get("last") else ""
+        lines.append("terminal: on" + last if terminal.get("on") else
+                     "terminal: off (muted: patroller notify unmute terminal)")
     return "\n".join(lines) + "\n"

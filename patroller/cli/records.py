@@ -6,6 +6,8 @@ Formatting is pure (tested on bodies from a live daemon); the commands only ask 
 from __future__ import annotations
 
 import argparse
+import re
+import sys
 import time
 import urllib.parse
 from typing import Any, Dict, List, Optional
@@ -13,11 +15,26 @@ from typing import Any, Dict, List, Optional
 from patroller import client, durations
 from patroller.cli.exits import EX_OK, EX_USAGE, Failure
 from patroller.cli.render import amount, duration
-from patroller.cli.table import format_table
+from patroller.cli.table import Cell, Cut, Rest, Shorten, format_table, width_of
 from patroller.safetext import json_text
 
 # An event's own fields, which the table shows in columns of their own; the rest is DETAIL.
 _SHOWN = ("time", "at", "event", "user", "devices")
+# What gives way, in order, when a table is wider than the terminal (table.py): the times and
+# headers in short words, names past 24 characters, the words that run on, and last the users'
+# names, cut to what the other columns leave them (a name that fits is never cut).
+NAMES_CUT = (Cut("USER", 24), Rest("USER"))
+HISTORY_PLAN = (Shorten("TIME"), Cut("USER", 24), Rest("DETAIL"), Rest("USER"))
+USERS_PLAN = (Shorten("TRESPASS", "TRESP"), Shorten("UNASKED", "UNASK"), Rest("JOBS/PODS"),
+              *NAMES_CUT)
+QUEUE_PLAN = (Rest("HOLD"), *NAMES_CUT)
+ISO = re.compile(r"\d{4}-(\d\d-\d\d)T(\d\d:\d\d:\d\d)")
+
+
+def time_cell(text: str) -> Cell:
+    """An event's time, '2026-12-04T05:20:15.397Z'; shorter, '12-04 05:20:15'."""
+    found = ISO.match(text)
+    return Cell(text, short=f"{found.group(1)} {found.group(2)}" if found else None)
 
 
 def since_of(text: Optional[str], now: float) -> Optional[str]:
@@ -61,23 +78,27 @@ def _is_number(value: Any) -> bool:
 
 
 def history_table(events: List[Dict[str, Any]], user: Optional[str] = None,
-                  colour: bool = False) -> str:
-    """One row per event, oldest first; only those naming `user` (as its user, holder or by)."""
+                  colour: bool = False, width: Optional[int] = None) -> str:
+    """One row per event, oldest first; only those naming `user` (as its user, holder or by);
+    fitted to `width`."""
     rows = []
     for event in events:
         if user is not None and user not in (event.get("user"), event.get("holder"),
                                              event.get("by")):
             continue
         gpus = ",".join(str(d.get("number", "?")) for d in event.get("devices") or [])
-        rows.append([str(event.get("time", "?")).replace("+00:00", "Z"), str(event.get("event")),
+        rows.append([time_cell(str(event.get("time", "?")).replace("+00:00", "Z")),
+                     str(event.get("event")),
                      str(event.get("user") or "-"), gpus or "-", detail(event)])
     if not rows:
         return "no events" + (f" of {user}" if user else "") + "\n"
-    return format_table(["TIME", "EVENT", "USER", "GPUS", "DETAIL"], rows, colour)
+    return format_table(["TIME", "EVENT", "USER", "GPUS", "DETAIL"], rows, colour, width,
+                        HISTORY_PLAN)
 
 
-def users_table(users: Dict[str, Dict[str, Any]], colour: bool = False) -> str:
-    """One row per user, most GPUs held first."""
+def users_table(users: Dict[str, Dict[str, Any]], colour: bool = False,
+                width: Optional[int] = None) -> str:
+    """One row per user, most GPUs held first; fitted to `width`."""
     rows = []
     for name, u in sorted(users.items(), key=lambda item: (-item[1].get("held", 0), item[0])):
         limit = u.get("limit")
@@ -92,19 +113,22 @@ def users_table(users: Dict[str, Dict[str, Any]], colour: bool = False) -> str:
     if not rows:
         return "nobody holds, uses or waits for a GPU\n"
     return format_table(["USER", "HELD", "UNUSED", "UNASKED", "IDLE", "WAITING", "TRESPASS",
-                         "LIMIT", "JOBS/PODS"], rows, colour)
+                         "LIMIT", "JOBS/PODS"], rows, colour, width, USERS_PLAN)
 
 
-def queue_table(waiters: List[Dict[str, Any]], colour: bool = False) -> str:
-    """One row per waiting request, in arrival order."""
+def queue_table(waiters: List[Dict[str, Any]], colour: bool = False,
+                width: Optional[int] = None) -> str:
+    """One row per waiting request, in arrival order; fitted to `width`."""
     rows = [[str(w.get("position", "?")), str(w.get("user", "?")),
-             ", ".join(amount(n, group) for group, n in (w.get("wants") or {}).items()),
+             ", ".join(amount(n, group) for group, n in (w.get("wants") or {}).items())
+             + (f" ({w['link']})" if w.get("link") else ""),
              duration(w.get("waited") or 0),
              f"process {w['pid']}" if w.get("pid") else str(w.get("hold") or "lease")]
             for w in waiters]
     if not rows:
         return "nobody is waiting\n"
-    return format_table(["#", "USER", "WANTS", "WAITED", "HOLD"], rows, colour)
+    return format_table(["#", "USER", "WANTS", "WAITED", "HOLD"], rows, colour, width,
+                        QUEUE_PLAN)
 
 
 def history_command(options: argparse.Namespace) -> int:
@@ -118,19 +142,22 @@ def history_command(options: argparse.Namespace) -> int:
                                                         e.get("by"))]
         print(json_text(chosen, indent=2))
     else:
-        print(history_table(events, options.user, options.colour), end="")
+        print(history_table(events, options.user, options.colour, width_of(sys.stdout)),
+              end="")
     return EX_OK
 
 
 def users_command(options: argparse.Namespace) -> int:
     users = client.users(options.server)
-    print(json_text(users, indent=2) if options.json else users_table(users, options.colour),
+    print(json_text(users, indent=2) if options.json
+          else users_table(users, options.colour, width_of(sys.stdout)),
           end="\n" if options.json else "")
     return EX_OK
 
 
 def queue_command(options: argparse.Namespace) -> int:
     waiters = client.queue(options.server)
-    print(json_text(waiters, indent=2) if options.json else queue_table(waiters, options.colour),
+    print(json_text(waiters, indent=2) if options.json
+          else queue_table(waiters, options.colour, width_of(sys.stdout)),
           end="\n" if options.json else "")
     return EX_OK

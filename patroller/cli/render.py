@@ -9,12 +9,14 @@ from patroller import answers, durations
 from patroller.safetext import printable
 
 def user_line(name: str, usage: Dict[str, Any]) -> str:
-    """'user alice@example.org: 2 held (limit 4), 1 unused, 1 idle, 1 used without asking'."""
+    """'user alice@example.org: 2 held (limit 4), 1 unused, 1 idle, 1 used without asking';
+    '1 trespassing': GPUs another holds where their processes run (/users)."""
     limit = usage.get("limit")
     parts = [f"{usage.get('held', 0)} held" + (f" (limit {limit})" if limit is not None else "")]
     for key, words in (("reserved_unused", "unused"), ("idle", "idle"),
                        ("unreserved", "used without asking"),
-                       ("over_limit", "taken beyond the limit"), ("waiting", "waiting")):
+                       ("over_limit", "taken beyond the limit"),
+                       ("trespassing", "trespassing"), ("waiting", "waiting")):
         if usage.get(key):
             parts.append(f"{usage[key]} {words}")
     return f"user {name}: " + ", ".join(parts)
@@ -27,6 +29,7 @@ def amount(count: int, group: str) -> str:
 def queue_line(waiter: Dict[str, Any]) -> str:
     """'waiting 1: carol wants 2 GPUs (for 12s)'; other groups by their name ('1 fpga')."""
     wants = ", ".join(amount(n, group) for group, n in (waiter.get("wants") or {}).items())
+    wants += f" linked by {waiter['link']}" if waiter.get("link") else ""
     bound = f", while pid {waiter['pid']} lives" if waiter.get("pid") else ""
     return (f"waiting {waiter.get('position', '?')}: {waiter.get('user', '?')} wants {wants} "
             f"(for {duration(waiter.get('waited') or 0)}{bound})")
@@ -131,8 +134,9 @@ def release_message(body: Dict[str, Any], named: Optional[str] = None) -> str:
     if released:
         whose = f", {body['holder']}'s reservation" if body.get("holder") else ""
         lines.append(f"released {describe(released)}{whose}")
-    if after:
-        lines.append(f"{describe(after)} will be free when your processes on "
+    if after:  # the holder's processes: another user's, when the host's root released it
+        whose = f"{body['holder']}'s" if body.get("holder") else "your"
+        lines.append(f"{describe(after)} will be free when {whose} processes on "
                      f"{'it' if len(after) == 1 else 'them'} end")
     for device in body.get("kept") or []:
         number = (device.get("info") or {}).get("number", "?")

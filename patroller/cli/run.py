@@ -76,7 +76,8 @@ def check_command(name: str) -> None:
 
 def reserve_for_run(options: argparse.Namespace) -> List[Dict[str, Any]]:
     if options.wait is False:  # no --wait: ask once
-        granted = client.reserve(options.count, options.server, 0, options.resource, "process")
+        granted = client.reserve(options.count, options.server, 0, options.resource, "process",
+                                 options.link)
         if granted is None:
             raise Failure(busy_message(options.server, options.count, options.resource)
                           + "; add --wait SECONDS or --wait forever to queue", EX_TEMPFAIL)
@@ -85,7 +86,7 @@ def reserve_for_run(options: argparse.Namespace) -> List[Dict[str, Any]]:
     progress.start()
     try:
         granted = client.reserve(options.count, options.server, options.wait, options.resource,
-                                 "process")
+                                 "process", options.link)
     finally:
         progress.stop()
     if granted is None:

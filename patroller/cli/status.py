@@ -66,15 +66,41 @@ def device_row(info: Dict[str, Any], entry: Dict[str, Any]) -> Row:
 
 
 def processes(claim: Dict[str, Any]) -> List[Tuple[str, str, str, str]]:
-    """(pid, user, memory, command) of each process on the device, as /status orders them."""
+    """(pid, user, memory, command) of each process on the device, as /status orders them; a
+    trespasser's user `nobody (trespassing)`, never the holder's name (on a Slurm job's GPU a
+    process outside the job may be its user's: not `nobody (job 4242)`)."""
     names = {u.get("user"): user_name(u) for u in claim.get("users") or []
              if isinstance(u, dict)}
     detail = claim.get("process_detail")
     if not detail:
         return [(str(pid), "", "", "") for pid in claim.get("processes") or []]
-    return [(str(p["pid"]), names.get(p.get("user"), p.get("user") or "-"),
-             mib(p.get("fb")), p.get("command") or "-")
+    return [(str(p["pid"]), process_user(p, names, claim.get("user")), mib(p.get("fb")),
+             p.get("command") or "-")
             for p in detail]
+
+
+def process_user(process: Dict[str, Any], names: Dict[Any, str],
+                 holder: Optional[Dict[str, Any]]) -> str:
+    """Whose a process is, in the table's words: the name its user goes by on the device, or,
+    for a trespasser, its user and `(trespassing)`."""
+    user = process.get("user") or "-"
+    if not process.get("trespass"):
+        return names.get(user, user)
+    holders = user == (holder or {}).get("user")  # the holder's name says the holder's job
+    return f"{user if holders else names.get(user, user)} (trespassing)"
+
+
+def trespass_notes(label: str, claim: Dict[str, Any]) -> List[str]:
+    """'GPU 2: process 5678 of nobody runs outside job 4242: trespassing' (or `on a GPU alice
+    holds`): a line per trespassing process."""
+    jobs = [str(j.get("id")) for j in claim.get("jobs") or [] if isinstance(j, dict)]
+    pods = [f"{p.get('namespace')}/{p.get('name')}" for p in claim.get("pods") or []
+            if isinstance(p, dict)]
+    where = (f"outside job {', '.join(jobs)}" if jobs else
+             f"outside pod {', '.join(pods)}" if pods else
+             f"on a GPU {user_name(claim.get('user'))} holds")
+    return [f"{label}: process {p.get('pid')} of {p.get('user') or '?'} runs {where}: "
+            "trespassing" for p in claim.get("process_detail") or [] if p.get("trespass")]
 
 
 def process_lines(found: List[List[Tuple[str, str, str, str]]], indent: int,
@@ -168,6 +194,7 @@ def device_notes(info: Dict[str, Any], entry: Dict[str, Any]) -> List[str]:
     if claim.get("idle_for") is not None:
         notes.append(f"{label}: idle for {duration(claim['idle_for'])} "
                      f"(held by {user_name(claim.get('user') or {})})")
+    notes.extend(trespass_notes(label, claim))
     if claim.get("set_aside_for"):
         notes.append(f"{label}: free, set aside for {claim['set_aside_for']}, whose request "
                      "has waited past the starvation bound")

@@ -1,7 +1,8 @@
 """Tables that fit the terminal: columns as wide as their content, two spaces apart, numbers
 to the right; a table wider than the terminal follows its plan, step by step, until it fits:
-say a column's cells in their short words, cut them to a narrower width (`…` ends a cut cell),
-or leave the column out.
+say a column's cells (and its header) in their short words, cut them to a narrower width (`…`
+ends a cut cell), cut them to what the others leave, or leave the column out. A table that
+fits, or goes to a pipe, cuts nothing but where its caller caps a column.
 
 Pure: the width is given (None: as wide as the content); `width_of` says what it is for an
 output stream. Colours are ANSI codes around a cell's text, after its padding is counted, so
@@ -10,6 +11,7 @@ that they never move a column.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from typing import Dict, List, NamedTuple, Optional, Sequence, Set, TextIO, Union
 
@@ -19,7 +21,6 @@ from patroller.safetext import printable
 
 CUT = "…"
 GAP = "  "  # between two columns
-WIDEST = 40  # characters of a cell at most, whatever the width: a longer one is cut
 BOLD = "1"
 
 
@@ -52,12 +53,23 @@ class Drop:
 
 @dataclass(frozen=True)
 class Shorten:
-    """A plan's step: the column's cells in their short words."""
+    """A plan's step: the column's cells in their short words, and its header in `title`
+    when given (`IDLE` for `IDLE-HELD`)."""
+
+    header: str
+    title: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Rest:
+    """A plan's step: cut the column to the width the other columns leave it (at least its
+    header's): words that run on (an event's detail), or names, last, cut only as far as the
+    width needs (a Cut to a fixed width would cut a name that fits)."""
 
     header: str
 
 
-Step = Union[Cut, Drop, Shorten]
+Step = Union[Cut, Drop, Shorten, Rest]
 
 
 def width_of(out: TextIO) -> Optional[int]:
@@ -97,6 +109,10 @@ class Layout:
         self.widths = widths
         self.right = set(right)
         self.short: Set[str] = set()  # the columns said in their short words
+        self.titles: Dict[str, str] = {}  # a header said in its short words
+
+    def title(self, header: str) -> str:
+        return self.titles.get(header, header)
 
     def total(self) -> int:
         return sum(self.widths[h] for h in self.headers) + len(GAP) * (len(self.headers) - 1)
@@ -127,17 +143,18 @@ class Layout:
         return GAP.join(out).rstrip()
 
     def header_line(self, colour: bool = False) -> str:
-        return self.line({h: h for h in self.headers}, colour, bold=True)
+        return self.line({h: self.title(h) for h in self.headers}, colour, bold=True)
 
 
 def fit(headers: Sequence[str], rows: Sequence[Dict[str, Union[str, Cell]]],
         width: Optional[int], plan: Sequence[Step] = (), right: Sequence[str] = (),
         widest: Optional[Dict[str, int]] = None) -> Layout:
     """The layout of `rows` (cells by header) under `headers`: each column as wide as its
-    widest cell (at most `widest`'s, else WIDEST), then `plan`'s steps in order while it is
-    wider than `width`."""
-    limits = {h: (widest or {}).get(h, WIDEST) for h in headers}
-    widths = {h: min(max([len(h)] + [len(text_of(r.get(h, ""))) for r in rows]), limits[h])
+    widest cell (at most `widest`'s, for a column it names), then `plan`'s steps in order
+    while it is wider than `width`."""
+    limits = widest or {}
+    widths = {h: min(max([len(h)] + [len(text_of(r.get(h, ""))) for r in rows]),
+                     limits.get(h, sys.maxsize))
               for h in headers}  # printable() keeps the length: one "?" a character
     layout = Layout(headers, widths, right)
     for step in plan:
@@ -149,10 +166,18 @@ def fit(headers: Sequence[str], rows: Sequence[Dict[str, Union[str, Cell]]],
             layout.headers.remove(step.header)
         elif isinstance(step, Shorten):
             layout.short.add(step.header)
+            if step.title is not None:
+                layout.titles[step.header] = step.title
             widths[step.header] = min(widths[step.header], max(
-                [len(step.header)] + [len(text_of(r.get(step.header, ""), True)) for r in rows]))
+                [len(layout.title(step.header))]
+                + [len(text_of(r.get(step.header, ""), True)) for r in rows]))
+        elif isinstance(step, Rest):
+            left = width - (layout.total() - widths[step.header])
+            widths[step.header] = min(widths[step.header],
+                                      max(left, len(layout.title(step.header))))
         else:
-            widths[step.header] = min(widths[step.header], max(step.width, len(step.header)))
+            widths[step.header] = min(widths[step.header],
+                                      max(step.width, len(layout.title(step.header))))
     return layout
 
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import csv
 import io
-from datetime import datetime
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from datetime import datetime, timedelta
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from patroller.answers import BadAnswer, fields, is_kind, kind, quoted
 from patroller.cli.render import duration
-from patroller.cli.table import Cut, Drop, fit
+from patroller.cli.table import Cut, Drop, Rest, Shorten, Step, fit
 from patroller.safetext import CSV_QUOTING, csv_cell, printable
 
 UNUSED = ("free", "lost")  # GPU-time nobody held: not "use" when rows are ordered
@@ -81,8 +82,10 @@ def summed(answers: Sequence[Tuple[str, Dict[str, Any]]]) -> Dict[str, Any]:
             key = row.get("key")
             ident = (host, key) if by == "gpu" else tuple(key) if isinstance(key, list) \
                 else (key,)
+            if by != "gpu" and "gpu" in by.split(","):
+                ident = (host, *ident)  # a GPU is a host's: by its number, after the host
             entry = rows.setdefault(ident, {"key": row.get("key"), "hours": {}})
-            if by == "gpu":
+            if "gpu" in by.split(","):
                 entry.update(host=host, number=row.get("number"))
             for category, value in row.get("hours", {}).items():
                 entry["hours"][category] = entry["hours"].get(category, 0.0) + value
@@ -93,12 +96,24 @@ def summed(answers: Sequence[Tuple[str, Dict[str, Any]]]) -> Dict[str, Any]:
         entry["gpu_hours"] = round(sum(entry["hours"].values()), 6)
         entry["share"] = share(entry["gpu_hours"], everything)
     return {"since": answers[0][1]["since"], "until": answers[0][1]["until"], "by": by,
+            "first": earliest(answer.get("first") for _, answer in answers),
             "categories": categories,
             "rows": (ordered(list(rows.values()), by == "day") if "," not in by
                      else in_pairs(list(rows.values()), by.split(","))),
             "total": {"hours": {c: round(h, 6) for c, h in whole.items()},
                       "gpu_hours": round(everything, 6),
                       "shares": {c: share(h, everything) for c, h in whole.items()}}}
+
+
+def earliest(times: Iterable[Any]) -> Optional[str]:
+    """The earliest of the hosts' first figures (ISO times; null for a host with none)."""
+    found = []
+    for text in times:
+        try:
+            found.append((datetime.fromisoformat(text), text))
+        except (TypeError, ValueError):
+            continue
+    return min(found)[1] if found else None
 
 
 def share(part: float, whole: float) -> float:
@@ -145,12 +160,18 @@ def in_pairs(rows: List[Dict[str, Any]], by: List[str]) -> List[Dict[str, Any]]:
 
 
 def hours_text(value: float) -> str:
-    """GPU-hours as the table says them: 0, <0.01, 0.25, 12.5, 1234."""
-    if value == 0:
+    """GPU-hours as the table says them: 0, <0.01, 0.25, 12.5, 1234. The report page says
+    them by the same rule (http/web/charts.js `hours`): a tie rounds up, as JavaScript's
+    toFixed rounds the exact value of the number (0.125 is 0.13 on both)."""
+    if not value > 0:
         return "0"
     if value < 0.01:
         return "<0.01"
-    return f"{value:.2f}" if value < 10 else f"{value:.1f}" if value < 1000 else f"{value:.0f}"
+    places = 2 if value < 10 else 1 if value < 1000 else 0
+    try:
+        return str(Decimal(value).quantize(Decimal(1).scaleb(-places), ROUND_HALF_UP))
+    except InvalidOperation:  # past 28 digits (a host that lies), or infinite
+        return f"{value:.0f}"
 
 
 def share_text(value: float) -> str:
@@ -165,59 +186,116 @@ def when(text: str) -> str:
     return text[:16] + "Z" if text.endswith("+00:00") and len(text) >= 16 else text
 
 
-def title(answer: Dict[str, Any]) -> str:
-    """'GPU-hours by user from 2026-11-26T09:00Z to 2026-12-03T09:00Z (7d)', and since when the
-    store has samples, when that is later."""
-    line = f"GPU-hours by {answer['by']} from {when(answer['since'])} to {when(answer['until'])}"
+def counted(answer: Dict[str, Any]) -> Optional[Tuple[datetime, datetime]]:
+    """The whole hours a report counts (patroller/state/usage/queries.py): from the hour
+    `since` is in to the end of the hour `until` is in; None for times that are not ISO."""
     try:
-        span = (datetime.fromisoformat(answer["until"])
-                - datetime.fromisoformat(answer["since"])).total_seconds()
-        line += f" ({duration(span)})"
-    except ValueError:
-        pass
-    first = answer.get("first")
-    if first is not None and first > answer["since"]:
-        line += f"; recorded since {when(first)}"
-    return line
+        since = datetime.fromisoformat(answer["since"])
+        until = datetime.fromisoformat(answer["until"])
+    except (TypeError, ValueError):
+        return None
+    start = since.replace(minute=0, second=0, microsecond=0)
+    end = until.replace(minute=0, second=0, microsecond=0)
+    return start, end if end == until else end + timedelta(hours=1)
 
 
-def key_text(row: Dict[str, Any], by: str) -> str:
-    if by == "gpu" and row.get("number") is not None:
-        return f"{row['host']} {row['number']}" if row.get("host") else str(row["number"])
+def minute(moment: datetime) -> str:
+    return when(moment.isoformat())
+
+
+def title(answer: Dict[str, Any], width: Optional[int] = None) -> List[str]:
+    """What the report counts: 'GPU-hours by user in the whole hours from 2026-11-26T09:00Z to
+    2026-12-03T10:00Z (7d01h)' (in two lines, before 'from', where one is wider than
+    `width`), and 'nothing recorded before 2026-12-02T04:00Z' when the store's first figures
+    (the hour of its first sample) come later than that."""
+    hours = counted(answer)
+    if hours is None:
+        return [f"GPU-hours by {answer['by']} from {answer['since']} to {answer['until']}"]
+    lines = [f"GPU-hours by {answer['by']} in the whole hours",
+             f"from {minute(hours[0])} to {minute(hours[1])} "
+             f"({duration((hours[1] - hours[0]).total_seconds())})"]
+    if width is None or len(" ".join(lines)) <= width:
+        lines = [" ".join(lines)]
+    try:
+        first = datetime.fromisoformat(answer.get("first"))  # type: ignore[arg-type]
+    except (TypeError, ValueError):  # none yet (null)
+        return lines
+    if first > hours[0]:
+        lines.append(f"nothing recorded before {minute(first)}")
+    return lines
+
+
+def key_cells(row: Dict[str, Any], names: List[str], headers: List[str]) -> Dict[str, str]:
+    """The row's key, a cell per key: a GPU by its number (after its host's name, over many
+    hosts), as nvidia-smi numbers it; `(none)` for no such key."""
     key = row.get("key")
-    if isinstance(key, list):
-        return " / ".join(NONE if k is None else str(k) for k in key)
-    return NONE if key is None else str(key)
+    keys = key if isinstance(key, list) else [key]
+    cells = {}
+    for name, header, value in zip(names, headers, keys):
+        if name == "gpu" and row.get("number") is not None:
+            number = str(row["number"])
+            cells[header] = f"{row['host']} {number}" if row.get("host") else number
+        else:
+            cells[header] = NONE if value is None else str(value)
+    return cells
+
+
+# Short words of the headers, said when the table is too wide for the terminal.
+SHORT = {"GPU-HOURS": "HOURS", "IDLE-HELD": "IDLE", "TRESPASS": "TRESP", "UNASKED": "UNASK"}
+
+
+def plan(keys: List[str], names: List[str], zeros: List[str]) -> List[Step]:
+    """What gives way, in order, to a narrow terminal: the GPUs' uuids; two long headers'
+    words; the categories with no GPU-time in any row (a line under the table names them);
+    keys past 24 characters (not times); two more headers; and last the names, cut to what
+    the other columns leave them (a name that fits is never cut)."""
+    cut = [header for header, name in zip(keys, names) if name not in IN_TIME]
+    dropped = [n for n in ("LOST", "TRESPASS", "UNASKED", "FREE", "UNUSED", "IDLE-HELD",
+                           "ACTIVE") if n in zeros]
+    return [Drop("UUID"), Shorten("GPU-HOURS", SHORT["GPU-HOURS"]),
+            Shorten("IDLE-HELD", SHORT["IDLE-HELD"]), *(Drop(n) for n in dropped),
+            *(Cut(k, 24) for k in cut),
+            Shorten("TRESPASS", SHORT["TRESPASS"]), Shorten("UNASKED", SHORT["UNASKED"]),
+            *(Rest(k) for k, name in zip(keys, names) if k in cut and name != "gpu")]
 
 
 def table(answer: Dict[str, Any], colour: bool = False, width: Optional[int] = None) -> str:
-    """The title, then a row per key: its GPU-hours, its share of the whole and its hours per
-    category; then the total and each category's share. By gpu, the uuid last (left out first
-    on a narrow terminal)."""
+    """What is counted, then a row per key (a column per key: by two, two): its GPU-hours,
+    its share of the whole and its hours per category; then the total and each category's
+    share; fitted to `width` (`plan`). By gpu, the uuid last."""
     by = answer["by"]
     if not answer["rows"]:
-        return f"no GPU-time recorded: {printable(title(answer)[len('GPU-hours '):])}\n"
-    key = " / ".join(KEYS.get(name, name.upper()) for name in by.split(","))
+        said = " ".join(title(answer)[:2])
+        return f"no GPU-time recorded: {printable(said[len('GPU-hours '):])}\n"
+    names = by.split(",")
+    keys = [KEYS.get(name, name.upper()) for name in names]
     categories = list(answer["categories"])
-    names = [COLUMNS.get(c, c.upper()) for c in categories]
-    headers = [key, "GPU-HOURS", "SHARE", *names] + (["UUID"] if by == "gpu" else [])
+    columns = [COLUMNS.get(c, c.upper()) for c in categories]
+    headers = [*keys, "GPU-HOURS", "SHARE", *columns] + (["UUID"] if by == "gpu" else [])
     rows = []
     for row in answer["rows"]:
-        cells = {key: key_text(row, by), "GPU-HOURS": hours_text(row["gpu_hours"]),
+        cells = {**key_cells(row, names, keys), "GPU-HOURS": hours_text(row["gpu_hours"]),
                  "SHARE": share_text(row["share"]), "UUID": str(row.get("key") or "-")}
-        cells.update({n: hours_text(row["hours"].get(c, 0.0)) for c, n in zip(categories, names)})
+        cells.update({n: hours_text(row["hours"].get(c, 0.0))
+                      for c, n in zip(categories, columns)})
         rows.append(cells)
     total = answer["total"]
-    last = {key: "total", "GPU-HOURS": hours_text(total["gpu_hours"]),
+    last = {keys[0]: "total", "GPU-HOURS": hours_text(total["gpu_hours"]),
             "SHARE": "100%" if total["gpu_hours"] else "0%"}
-    last.update({n: hours_text(total["hours"].get(c, 0.0)) for c, n in zip(categories, names)})
-    shares = {key: "share"}
-    shares.update({n: share_text(total["shares"].get(c, 0.0)) for c, n in zip(categories, names)})
-    layout = fit(headers, rows + [last, shares], width,
-                 [Drop("UUID"), Cut(key, 24), Cut(key, 12)], right=headers[1:len(names) + 3])
-    lines = [printable(title(answer)), layout.header_line(colour)]  # a host's words in it
+    last.update({n: hours_text(total["hours"].get(c, 0.0)) for c, n in zip(categories, columns)})
+    shares = {keys[0]: "share"}
+    shares.update({n: share_text(total["shares"].get(c, 0.0))
+                   for c, n in zip(categories, columns)})
+    zeros = [n for c, n in zip(categories, columns) if not total["hours"].get(c, 0.0)]
+    layout = fit(headers, rows + [last, shares], width, plan(keys, names, zeros),
+                 right=headers[len(keys):len(keys) + len(columns) + 2])
+    lines = [printable(line) for line in title(answer, width)]  # a host's words in it
+    lines += [layout.header_line(colour)]
     lines += [layout.line(cells, colour) for cells in rows]
     lines += [layout.line(last, colour, bold=True), layout.line(shares, colour)]
+    left_out = [n for n in columns if n not in layout.headers]
+    if left_out:
+        lines.append(f"no GPU-time in {', '.join(left_out)}")
     return "".join(line + "\n" for line in lines)
 
 

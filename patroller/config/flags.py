@@ -4,28 +4,33 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 from patroller import __version__, durations
+import patroller.config.file as configfile
 import patroller.config.values as values
 from patroller.config.settings import (DEFAULT_POD_USER_KEYS, DEFAULT_USER_LABELS,
                                        KUBELET_SOCKET, Config, ConfigError)
 
 T = TypeVar("T")
 
-SWITCHES = ("--test", "--hide-users", "--test-processes")  # flags that take no value
+SWITCHES = ("--test", "--hide-users", "--notify-terminal", "--test-processes")  # flags that take no value
 REPEATED = ("--pod-user-key", "--notify")  # flags that may be given more than once
 SECRET = ("--notify", "--notify-user-default")  # flags whose values hold passwords or tokens: never repeated back
 
 
 # (flag, environment variable, help) for every setting, in the order of --help.
 _SETTINGS = (
+    ("--config", "PATROLLER_CONFIG",
+     "a TOML file of settings, its keys the long flags' names (port = 8080); a flag or a "
+     "variable wins over it; none: no file (default /etc/patroller/patroller.toml when it "
+     "exists)"),
     ("--test", "PATROLLER_TEST", "synthetic devices: no GPU, no Docker, no nvidia-smi"),
     ("--test-processes", "PATROLLER_TEST_PROCESSES",
      "with --test: synthetic processes that come, compute, idle and go on the GPUs, the holder's "
      "on each held one and a stranger's on the last, so that every usage category shows within "
      "minutes (default: none, a held GPU only looks busy)"),
-    ("--port", "PATROLLER_PORT", "TCP port to listen on (default 80)"),
+    ("--port", "PATROLLER_PORT", "TCP port to listen on (default 8080)"),
     ("--address", "PATROLLER_ADDRESS", "address to bind (default: all interfaces)"),
     ("--lease", "PATROLLER_LEASE", "seconds an unclaimed reservation is held (default 10)"),
     ("--max-waiting-per-user", "PATROLLER_MAX_WAITING_PER_USER",
@@ -136,7 +141,7 @@ _SETTINGS = (
      "(pip install 'patroller[notify]') (default: nobody is told)"),
     ("--notify-events", "PATROLLER_NOTIFY_EVENTS",
      "the kinds the admin is told of, comma-separated: trespass, unreserved, idle, expiring, "
-     "granted, lost, daemon (default all)"),
+     "granted, lost, daemon, digest (only with --notify-digest) (default all)"),
     ("--notify-escalate", "PATROLLER_NOTIFY_ESCALATE",
      "how long a trespass goes on before the admin is told (the users concerned are told at "
      "once); 0: at once (default 30m)"),
@@ -151,6 +156,15 @@ _SETTINGS = (
      "the destination of a user who set none (patroller notify add), an Apprise URL with "
      "{user} in it, or {email} for users named by an e-mail address: "
      "'mailtos://smtp.lab.example?to={user}@lab.example' (default: such a user is not told)"),
+    ("--notify-terminal", "PATROLLER_NOTIFY_TERMINAL",
+     "also write a trespass or an ending hold on the terminals where the users concerned are "
+     "logged in, as `write` does (plain text, rate-limited; works without Apprise); a user "
+     "turns it off with `patroller notify mute terminal` "
+     "(PATROLLER_NOTIFY_TERMINAL: 1/true/yes or 0/false/no) (default off)"),
+    ("--notify-digest", "PATROLLER_NOTIFY_DIGEST",
+     "send each week's digest of GPU use at this weekday and time, in UTC or the zone that "
+     "follows ('mon 09:00', 'fri 17:30 Europe/Paris'): each user her own hours, the admin the "
+     "lab's table; needs the usage store (default: off)"),
     ("--fleet", "PATROLLER_FLEET",
      "serve /fleet, one live page of these hosts' GPUs (host:port,host:port,...), and "
      "/fleet.json; this daemon asks each host's /status itself (default: no fleet view)"),
@@ -173,10 +187,11 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="patroller",
         description="Know which user is on which GPU, and hand out free GPUs fairly.",
-        epilog="Every flag falls back to the environment variable named in its help. The "
-        "commands that talk to a running server: patroller run, status, release, wait and "
-        "reserve (each with --help). `patroller doctor` with these flags checks what the daemon "
-        "would meet on this host.",
+        epilog="Every flag falls back to the environment variable named in its help, then to "
+        "the configuration file (--config). The commands that talk to a running server: "
+        "patroller run, status, release, wait and reserve (each with --help). `patroller "
+        "doctor` with these flags checks what the daemon would meet on this host; `patroller "
+        "config` with them shows each setting's value and where it came from.",
     )
     for flag, env, text in _SETTINGS:
         shown = f"{text} [{env}]".replace("%", "%%")  # argparse formats help with %
@@ -203,25 +218,40 @@ def default_state_dir(test: bool, environ: Mapping[str, str], uid: int) -> Optio
     return os.path.join(base, "patroller")
 
 
-def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None) -> Config:
-    """Build the Config from argv (default sys.argv[1:]) and environ (default os.environ).
+def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None,
+         origins: Optional[Dict[str, str]] = None) -> Config:
+    """Build the Config from argv (default sys.argv[1:]), environ (default os.environ) and the
+    configuration file they name (or the default one, if it exists), in that order of
+    precedence. `origins`, when given, is filled with where each setting given came from, by
+    flag: the flag, the variable, or the file and line (a setting not in it: its default).
 
-    Raises ConfigError naming the flag or variable whose value is unusable. argparse itself
-    exits with status 2 on an unknown flag.
+    Raises ConfigError naming the flag, variable or file line whose value is unusable. argparse
+    itself exits with status 2 on an unknown flag.
     """
     environ = os.environ if environ is None else environ
     args = _parser().parse_args(argv)
+    path, settings = configfile.named(args.config, environ, file_keys())
+    origins = {} if origins is None else origins
+    if path is not None:
+        origins["--config"] = path
 
     def pick(flag: str, env: str, convert: Callable[[str], T], default: T) -> T:
-        attr = flag[2:].replace("-", "_")
-        given: Any = getattr(args, attr)
-        source = flag
+        key = flag[2:]
+        given: Any = getattr(args, key.replace("-", "_"))
+        source = where = flag
         if given is None:
             given, source = environ.get(env), env
+            where = source
             if given is not None and flag in REPEATED:
                 given = [given]
+        if given is None and key in settings:  # the file's, under both
+            given, where = settings[key].value, settings[key].where
+            source = f"{where}: {key}"
         if given is None:
             return default
+        origins[flag] = where
+        if isinstance(given, bool):  # a switch's, given on the command line or in the file
+            return given  # type: ignore[return-value]
         try:
             return convert(given)
         except ValueError as exc:
@@ -231,15 +261,16 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
             raise ConfigError(f"{source}: {said!r} {exc}") from None
 
     env_names = {flag: env for flag, env, _ in _SETTINGS}
-    test = bool(args.test) or bool(environ.get("PATROLLER_TEST"))
-    fleet = pick("--fleet", env_names["--fleet"], values.fleet, ())
-    from_file = pick("--fleet-file", env_names["--fleet-file"], values.fleet_file, ())
+    test = pick("--test", env_names["--test"], bool, False)  # the variable: any text is true
+    none: Tuple[str, ...] = ()
+    fleet = pick("--fleet", env_names["--fleet"], values.fleet, none)
+    from_file = pick("--fleet-file", env_names["--fleet-file"], values.fleet_file, none)
     if fleet and from_file:
         raise ConfigError("--fleet-file: given with --fleet too (or PATROLLER_FLEET_FILE with "
                           "PATROLLER_FLEET); name the fleet's hosts one way")
     fleet = fleet or from_file
-    test_processes = bool(args.test_processes) or pick(
-        "--test-processes", env_names["--test-processes"], values.switch, False)
+    test_processes = pick("--test-processes", env_names["--test-processes"], values.switch,
+                          False)
     if test_processes and not test:
         raise ConfigError("--test-processes: only with --test: a GPU host's processes are its "
                           "own")
@@ -264,8 +295,8 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         socket=pick("--socket", env_names["--socket"], values.socket_path, None),
         state_dir=pick("--state-dir", env_names["--state-dir"], values.directory,
                        default_state_dir(test, environ, os.getuid())),
-        hide_users=bool(args.hide_users) or pick("--hide-users", env_names["--hide-users"],
-                                                 values.switch, Config.hide_users),
+        hide_users=pick("--hide-users", env_names["--hide-users"], values.switch,
+                        Config.hide_users),
         docker_host=pick("--docker-host", env_names["--docker-host"], values.docker_host, None),
         podman_socket=pick("--podman-socket", env_names["--podman-socket"], values.engine_socket,
                            Config.podman_socket),
@@ -329,6 +360,11 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         notify_user_default=pick("--notify-user-default",
                                  env_names["--notify-user-default"], values.notify_template,
                                  Config.notify_user_default),
+        notify_terminal=bool(args.notify_terminal) or pick(
+            "--notify-terminal", env_names["--notify-terminal"], values.switch,
+            Config.notify_terminal),
+        notify_digest=pick("--notify-digest", env_names["--notify-digest"], values.weekly,
+                           Config.notify_digest),
         fleet=fleet,
         fleet_interval=pick("--fleet-interval", env_names["--fleet-interval"], values.fleet_interval,
                             Config.fleet_interval),
@@ -340,6 +376,11 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         fleet_max_bytes=pick("--fleet-max-bytes", env_names["--fleet-max-bytes"], values.size,
                              Config.fleet_max_bytes),
     )
+
+
+def file_keys() -> Dict[str, str]:
+    """Every key of the configuration file (a long flag's name), and the kind of value it takes."""
+    return configfile.kinds([flag for flag, _, _ in _SETTINGS], SWITCHES, REPEATED)
 
 
 def settings_table() -> List[Tuple[str, str, str]]:

@@ -13,8 +13,13 @@ KUBELET_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"  # the kubelet's 
 DEFAULT_POD_USER_KEYS = ("patroller/user",)
 # What notifications tell of (notify/messages.py words each): a process on a GPU another holds,
 # a GPU used without asking, a hold idle or ending, a wait granted, a GPU gone and back, and
-# the daemon's own trouble (to the admin).
-NOTIFY_KINDS = ("trespass", "unreserved", "idle", "expiring", "granted", "lost", "daemon")
+# the daemon's own trouble (to the admin), and the weekly digest of usage (only with
+# --notify-digest: naming it among the kinds turns nothing on).
+NOTIFY_KINDS = ("trespass", "unreserved", "idle", "expiring", "granted", "lost", "daemon",
+                "digest")
+# When the weekly digest is due: (weekday, Monday 0; hour; minute; the zone, as given: UTC, an
+# offset from UTC or a zone's name), config/values.py's `weekly` reads it from the flag.
+Weekly = Tuple[int, int, int, str]
 
 
 class ConfigError(Exception):
@@ -28,7 +33,7 @@ class Config:
     # -- where it serves, and how it runs (flags) --------------------------------------------
     test: bool = False  # synthetic devices: no GPU, no Docker, no nvidia-smi
     test_processes: bool = False  # with test: synthetic processes that compute and idle
-    port: int = 80
+    port: int = 8080  # the unit, the docs and the command line all say 8080
     address: str = ""  # all interfaces
     socket: Optional[str] = None  # also serve on this unix socket
     log_level: str = "info"
@@ -94,6 +99,10 @@ class Config:
     # a user's destination when she has set none: an Apprise URL with {user} (and {email}, for
     # a user whose name is an e-mail address) in it; None: a user with none is not told
     notify_user_default: Optional[str] = None
+    # also write trespasses and ending holds on the users' own logged-in terminals (notify/
+    # terminal.py), as `write` does; a user turns it off with `patroller notify mute terminal`
+    notify_terminal: bool = False
+    notify_digest: Optional[Weekly] = None  # when each week's digest is sent; None: never
 
     # -- HTTP (flags) -------------------------------------------------------------------------
     body_timeout: float = 10.0  # seconds a request body may take to arrive
@@ -131,9 +140,25 @@ class Config:
     notify_trouble_after: float = 60.0  # seconds the daemon's own trouble lasts before it is told
     notify_user_most: int = 5  # destinations one user may set
     notify_url_longest: int = 2048  # characters of a user's URL at most
+    notify_digest_recheck: float = 300.0  # seconds the digest's timer sleeps at most before it
+    # looks at the wall clock again (one set meanwhile, a host that slept)
+    notify_digest_lines: int = 30  # users in the admin's digest at most; the rest in one line
+    notify_digest_least: float = 60.0  # GPU-seconds in a week from which a user gets a digest
     # the services a user may name (Apprise's schemes): those that send a message elsewhere;
     # never one that writes on this host (syslog://, dbus://, a local program), which runs as
     # the daemon's user
+    # the users' terminals (--notify-terminal): the login records read (glibc's utmp), and
+    # at most this many of its bytes (a record is 384); the terminals one user is written on at
+    # most; the notices one user's terminals get per window (the rest held back, counted, and
+    # summed up in the next one); and one message's shape: characters a line, lines, bytes
+    notify_utmp: str = "/var/run/utmp"
+    notify_utmp_bytes: int = 1 << 20
+    notify_terminal_most: int = 8
+    notify_terminal_rate: int = 3
+    notify_terminal_rate_window: float = 600.0
+    notify_terminal_width: int = 78
+    notify_terminal_lines: int = 16
+    notify_terminal_bytes: int = 2048
     notify_user_schemes: Tuple[str, ...] = (
         "mailto", "mailtos", "json", "jsons", "form", "forms", "ntfy", "ntfys", "slack",
         "matrix", "matrixs", "mmost", "mmosts", "msteams", "discord", "tgram", "gotify",
@@ -177,6 +202,13 @@ class Config:
     cross_check_timeout: float = 30.0  # seconds a compute-apps query may take: then it is killed
     mig_list_timeout: float = 30.0  # seconds `nvidia-smi -L` (the MIG devices' uuids, read with
     # the inventory while a GPU has MIG on) may take: then it is killed, and they stay unknown
+    topology_timeout: float = 30.0  # seconds `nvidia-smi topo -m` (read at start and after each
+    # change of the inventory) may take: then it is killed, and the links are not known
+    topology_exact: int = 500  # the most sets of free devices weighed one by one when choosing
+    # the best-connected (core/topology.py; each costs some microseconds): beyond, a greedy search
+    topology_seeds: int = 8  # from at most this many devices (one of each kind, the most
+    # promising first), each grown among its `topology_near` strongest-linked free peers
+    topology_near: int = 8
     job_map_every: float = 1.0  # seconds between readings of the Slurm job map directory
     job_map_file_limit: int = 64 * 1024  # bytes read at most of one job map file
     kubelet_every: float = 2.0  # seconds between calls of the kubelet's pod-resources List

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import stat
 from dataclasses import dataclass
-from typing import Optional
+from typing import FrozenSet, Optional
 
 
 class Untrusted(Exception):
@@ -33,7 +33,7 @@ class Place:
     fix: str  # how to make it right: "make it ours and private (chmod 700)"
     root_may_own: bool = False  # root may own it as well as the daemon's own user
 
-    def owners(self) -> frozenset:
+    def owners(self) -> FrozenSet[int]:
         """The uids that may own the directory."""
         return frozenset({os.geteuid()} | ({0} if self.root_may_own else set()))
 

@@ -6,14 +6,19 @@ from __future__ import annotations
 import math
 import os
 import re
+import zoneinfo
+from datetime import timedelta, timezone, tzinfo
 from typing import List, Optional, Sequence, Tuple
 
 from patroller import durations, hosts
-from patroller.config.settings import NOTIFY_KINDS
+from patroller.config.settings import NOTIFY_KINDS, Weekly
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 _SCHEME = re.compile(r"[a-z][a-z0-9+.-]*", re.IGNORECASE)  # a URL's scheme (RFC 3986)
 SIZE = re.compile(r"([0-9]+)\s*((?:[km](?:i?b)?|b)?)", re.IGNORECASE)
+_OFFSET = re.compile(r"([+-])(\d{2}):?(\d{2})?\Z")  # +02:00, -0530, +09
+_CLOCK = re.compile(r"(\d{1,2}):(\d{2})\Z")
+WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 SIZE_UNITS = {"": 1, "b": 1, **{unit: 1 << 10 for unit in ("k", "kb", "kib")},
               **{unit: 1 << 20 for unit in ("m", "mb", "mib")}}
 
@@ -302,3 +307,46 @@ def notify_template(text: str) -> str:
 def zero_or_duration(text: str) -> float:
     """A duration, or 0."""
     return durations.parse(text, zero=True)
+
+
+def time_zone(text: str) -> tzinfo:
+    """A time zone as the usage reports take one (tz=): UTC, an offset from UTC (+02:00, -0530,
+    +09) or the name of a zone the host knows (Europe/Paris)."""
+    given = text.strip()
+    if given in ("UTC", "Z"):
+        return timezone.utc
+    offset = _OFFSET.match(given)
+    if offset is not None:
+        sign, hours, minutes = offset.groups()
+        moved = int(hours) * 60 + int(minutes or 0)
+        if int(minutes or 0) >= 60 or moved > 14 * 60:
+            raise ValueError("is an offset from UTC beyond 14:00")
+        return timezone((-1 if sign == "-" else 1) * timedelta(minutes=moved))
+    try:  # zoneinfo refuses a path (absolute, or with ..): only the zone database is read
+        return zoneinfo.ZoneInfo(given)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
+        pass
+    raise ValueError("is neither UTC, an offset from UTC (+02:00) nor the name of a time zone "
+                     "this host knows (Europe/Paris)")
+
+
+def weekly(text: str) -> Optional[Weekly]:
+    """A time of the week: a weekday and a time of day, in UTC or in the zone that follows
+    (`mon 09:00`, `friday 17:30 Europe/Paris`, `mon 9:00 +02:00`); `off`: never."""
+    words = text.split()
+    if len(words) == 1 and words[0].lower() in ("off", "none"):
+        return None
+    if len(words) not in (2, 3):
+        raise ValueError("is not a weekday and a time, and a zone if not UTC: 'mon 09:00', "
+                         "'fri 17:30 Europe/Paris' (or off)")
+    day = words[0].lower()
+    days = [n for n, name in enumerate(WEEKDAYS) if len(day) >= 3 and name.startswith(day)]
+    clock = _CLOCK.match(words[1])
+    if len(days) != 1 or clock is None:
+        raise ValueError("is not a weekday (mon, tue, ... or monday, ...) and a time (09:00)")
+    hour, minute = int(clock.group(1)), int(clock.group(2))
+    if hour > 23 or minute > 59:
+        raise ValueError("has no such time of day: from 00:00 to 23:59")
+    zone = words[2] if len(words) == 3 else "UTC"
+    time_zone(zone)
+    return days[0], hour, minute, zone

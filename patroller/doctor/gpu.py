@@ -2,8 +2,8 @@
 supervisor (observe/supervisor.py: its own process group, the parent-death signal, killed at
 its timeout), each timed, with what it printed. `-q -x` first; then, over the GPUs it lists,
 one sample of `dmon` and of `pmon` (`-c 1`, with the column groups the monitors ask for, fewer
-where refused, as they do), `--query-compute-apps` and, where a GPU has MIG on, `-L`, together.
-The checks over these facts are gpuchecks.py's."""
+where refused, as they do), `--query-compute-apps`, `topo -m` and, where a GPU has MIG on,
+`-L`, together. The checks over these facts are gpuchecks.py's."""
 from __future__ import annotations
 
 import asyncio
@@ -87,6 +87,7 @@ class GpuFacts:
     pmon: Optional[Stream] = None
     apps: Optional[Ran] = None  # --query-compute-apps
     listing: Optional[Ran] = None  # -L, only when a GPU has MIG on
+    topology: Optional[Ran] = None  # topo -m
     devices: Tuple[Device, ...] = field(default=())
 
 
@@ -145,13 +146,14 @@ async def probe(config: Config, environ: Optional[Mapping[str, str]] = None) -> 
         return base
     env = stream_env(environ)
     mig = any(d.mig for d in devices)
-    dmon, pmon, apps, listing = await asyncio.gather(
+    dmon, pmon, apps, listing, topology = await asyncio.gather(
         sample(argv, "dmon", DMON_SELECTS, devices, env, config),
         sample(argv, "pmon", PMON_SELECTS, devices, env, config),
         timed([*argv, *QUERY], env, config.cross_check_timeout, config),
-        timed([*argv, "-L"], None, config.mig_list_timeout, config) if mig else _none())
+        timed([*argv, "-L"], None, config.mig_list_timeout, config) if mig else _none(),
+        timed([*argv, "topo", "-m"], None, config.topology_timeout, config))
     return GpuFacts(argv, found, inventory, discovery, dtd=base.dtd, dmon=dmon, pmon=pmon,
-                    apps=apps, listing=listing, devices=devices)
+                    apps=apps, listing=listing, topology=topology, devices=devices)
 
 
 async def _none() -> None:

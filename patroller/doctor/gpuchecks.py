@@ -6,10 +6,13 @@ import re
 from typing import List, Optional, Tuple
 
 from patroller.config import Config
+from patroller.core.devices import Inventory
 from patroller.doctor.gpu import GpuFacts, Ran, Stream
 from patroller.doctor.results import Result, degraded, failed, ok, seconds
 from patroller.observe.nvsmi.listing import parse_list_gpus
 from patroller.observe.nvsmi.parsers import parse_compute_apps
+from patroller.observe.nvsmi.topo import TopoError, parse_topology
+from patroller.observe.topology import bind
 
 OLDEST_DRIVER = 384  # the oldest driver branch whose output Patroller's parsers were checked on
 INSTALL = ("install the NVIDIA driver's utilities (the nvidia-utils package of the driver's "
@@ -63,7 +66,7 @@ def gpu_results(facts: Optional[GpuFacts], config: Config) -> List[Result]:
         return found
     return found + [stream("nvidia-smi dmon", facts.dmon, facts, config),
                     stream("nvidia-smi pmon", facts.pmon, facts, config),
-                    apps(facts, config), mig(facts)]
+                    apps(facts, config), mig(facts), topology(facts)]
 
 
 def driver(facts: GpuFacts) -> Result:
@@ -201,3 +204,40 @@ def mig(facts: GpuFacts) -> Result:
     listing = parse_list_gpus(ran.answer.output)
     named = sum(len(v) for v in listing.mig.values())
     return ok("MIG", f"{said}; -L names {named} MIG device(s)")
+
+
+FALLBACK = ("the lowest free numbers are granted, and a request with link= (nvlink, numa) is "
+            "refused")
+
+
+def topology(facts: GpuFacts) -> Result:
+    """How the GPUs are linked (`topo -m`): the best-connected free set is granted; without it
+    (an old driver, a failing command, MIG) the lowest numbers, as said."""
+    ran = facts.topology
+    if ran is None or not ran.worked:
+        shown = ran.trouble() if ran is not None else "was not run"
+        return degraded("GPU topology", f"`nvidia-smi topo -m` {shown}: {FALLBACK}",
+                        fix_for(ran.text if ran else ""))
+    try:
+        known = bind(parse_topology(ran.answer.output), Inventory(list(facts.devices)))
+    except TopoError as exc:
+        return degraded("GPU topology", f"`nvidia-smi topo -m` printed no matrix Patroller can "
+                        f"read ({exc}): {FALLBACK}", RUN_BY_HAND)
+    if not known:
+        return degraded("GPU topology", f"{known.why}: {FALLBACK}", RUN_BY_HAND)
+    numbers = {d.uuid: d.number for d in facts.devices}
+    groups = [g for g in known.groups(list(numbers)) if len(g) > 1]
+    nodes: dict = {}
+    for uuid, number in numbers.items():
+        nodes.setdefault(known.node(uuid), []).append(number)
+    said = (f"{len(numbers)} GPU(s); NVLink between " + "; ".join(
+        ", ".join(str(numbers[u]) for u in g) for g in groups) if groups else
+        f"{len(numbers)} GPU(s), no NVLink") + "; " + "; ".join(
+        f"{'NUMA node ' + node if node and not node.startswith('cpus') else node or 'no node'}: "
+        + ", ".join(map(str, ns)) for node, ns in nodes.items())
+    mig_on = [d.number for d in facts.devices if d.mig]
+    if mig_on:
+        return degraded("GPU topology", f"{said}; MIG is on for GPU "
+                        f"{', '.join(map(str, mig_on))}: {FALLBACK}",
+                        "MIG instances are granted by number; turn MIG off to use the links")
+    return ok("GPU topology", f"{said}: the best-connected free GPUs are granted")

@@ -6,13 +6,14 @@ it in the executor); `check_notifications` is pure. URLs hold passwords and toke
 destination is named by its number and Apprise's privacy form (`json://user:****@host/...`)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 
 from patroller.config import Config
-from patroller.doctor.results import Result, degraded, failed, ok
+from patroller.doctor.results import FAILED, Result, degraded, failed, ok
 from patroller.notify.delivery import (EXTRA, BadDestination, NoApprise, apprise_senders,
                                        shown)
+from patroller.notify.terminal import utmp_problem
 
 NAME = "notifications"
 
@@ -23,20 +24,37 @@ class NotifyFacts:
     apprise: bool = True  # Apprise is installed
     shown: Tuple[str, ...] = ()  # each destination without its secrets
     bad: Optional[str] = None  # why a URL cannot be used
+    utmp: Optional[str] = None  # --notify-terminal: why the login records cannot be read
 
 
 def probe_notifications(config: Config) -> NotifyFacts:
     urls = config.notify
+    utmp = utmp_problem(config) if config.notify_terminal else None
     try:
         plugins = apprise_senders(urls, config.notify_timeout)
     except NoApprise:
-        return NotifyFacts(len(urls), apprise=False)
+        return NotifyFacts(len(urls), apprise=False, utmp=utmp)
     except BadDestination as exc:
-        return NotifyFacts(len(urls), bad=str(exc))
-    return NotifyFacts(len(urls), shown=tuple(shown(plugin) for plugin in plugins))
+        return NotifyFacts(len(urls), bad=str(exc), utmp=utmp)
+    return NotifyFacts(len(urls), shown=tuple(shown(plugin) for plugin in plugins), utmp=utmp)
 
 
 def check_notifications(facts: NotifyFacts, config: Config) -> Result:
+    """What the flags' notifications would do, the users' terminals said last."""
+    found = _check(facts, config)
+    if not config.notify_terminal or found.status == FAILED:
+        return found
+    if facts.utmp is None:
+        return replace(found, detail=f"{found.detail}; terminals: on (trespasses and ending "
+                       "holds also written where the users concerned are logged in, as "
+                       f"{config.notify_utmp} says)")
+    fix = f"logins are recorded in {config.notify_utmp} where users log in on this host " \
+        "(sshd, login); without it no terminal is found"
+    return degraded(NAME, f"{found.detail}; terminals: on, but {facts.utmp}: no user's "
+                    "terminal is found", f"{found.fix}; {fix}" if found.fix else fix)
+
+
+def _check(facts: NotifyFacts, config: Config) -> Result:
     if facts.bad is not None:
         return failed(NAME, f"{facts.bad}: the daemon would not start",
                       "correct the URL, or leave it out")

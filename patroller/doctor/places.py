@@ -9,7 +9,7 @@ import errno
 import os
 import time
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 from patroller.config import Config
 from patroller.config.trust import Untrusted, check
@@ -100,9 +100,11 @@ def _readonly(folder: str) -> Optional[str]:
         return None
 
 
-def _free(folder: str) -> Optional[int]:
+def _free(folder: str, statvfs: Callable[[str], os.statvfs_result] = os.statvfs) -> Optional[int]:
+    """MiB the daemon may still write under `folder`: the blocks available to a user that is
+    not root (those reserved for root are not the daemon's to count on), or None."""
     try:
-        found = os.statvfs(folder)
+        found = statvfs(folder)
     except OSError:
         return None
     return found.f_bavail * found.f_frsize // MIB

@@ -42,11 +42,6 @@ def failed(check: str, detail: str, fix: str) -> Result:
     return Result(check, FAILED, detail, fix)
 
 
-def worst(results: Iterable[Result]) -> str:
-    """The gravest status among the results (ok when there are none)."""
-    return max((r.status for r in results), key=STATUSES.index, default=OK)
-
-
 def any_failed(results: Iterable[Result]) -> bool:
     return any(r.status == FAILED for r in results)
 

@@ -22,7 +22,7 @@ import asyncio
 import re
 import socket
 import time
-from typing import Any, Callable, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from tornado.iostream import StreamClosedError
 
@@ -155,13 +155,12 @@ class Connection(Accepted):
         if sent < len(response):
             self.write(memoryview(response)[sent:])
 
-    def read_until_regex(self, regex: Union[bytes, str], max_bytes: Optional[int] = None
-                         ) -> "Any":
+    def read_until_regex(self, regex: bytes, max_bytes: Optional[int] = None) -> "Any":
         if self.lane is None or regex != HEAD_END:
             return super().read_until_regex(regex, max_bytes)
         return self._next_head(regex, max_bytes)
 
-    async def _next_head(self, regex: Union[bytes, str], max_bytes: Optional[int]) -> bytes:
+    async def _next_head(self, regex: bytes, max_bytes: Optional[int]) -> bytes:
         """The next head that is not answered here."""
         assert self.lane is not None
         began = time.monotonic()

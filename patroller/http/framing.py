@@ -24,6 +24,7 @@ send a reset, which can destroy the answer before the client reads it.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import logging
 import re
 import socket
@@ -100,7 +101,7 @@ def framing_error(headers: httputil.HTTPHeaders, max_body: int) -> Optional[Fram
 def answer(status: int, message: str, head: bool = False) -> bytes:
     """A complete JSON error response that closes the connection (without its body for HEAD)."""
     body = dumps({"error": message})
-    return (f"HTTP/1.1 {status} {httputil.responses.get(status, 'Error')}\r\n"
+    return (f"HTTP/1.1 {status} {http.client.responses.get(status, 'Error')}\r\n"
             "Content-Type: application/json; charset=UTF-8\r\n"
             f"Content-Length: {len(body)}\r\nConnection: close\r\nServer: patroller\r\n"
             "\r\n").encode() + (b"" if head else body)

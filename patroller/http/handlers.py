@@ -4,11 +4,11 @@ routes are in routes.py; the web page's handlers in page.py."""
 from __future__ import annotations
 
 import asyncio
+import http.client
 import logging
 from typing import Any, Awaitable, Callable, Dict, List, Optional
 
 import tornado.web
-from tornado import httputil
 from tornado.ioloop import IOLoop
 from tornado.iostream import StreamClosedError
 
@@ -23,7 +23,8 @@ from patroller.http import hiding, query
 from patroller.http.access import SHOWN_METHOD_CHARS, shown
 from patroller.http.api import Api
 from patroller.http.encoding import dumps
-from patroller.http.hiding import Viewer, viewer_of
+from patroller.core.identity import Viewer
+from patroller.http.hiding import viewer_of
 from patroller.http.inflight import answered_on_stop
 from patroller.http.views import device_json, grant_json, queue_view, users_view
 from patroller.identify.connection import facts_of, stream_of
@@ -189,7 +190,7 @@ class Handler(tornado.web.RequestHandler):
             self.set_header("Allow", ", ".join(self.allowed()))
         elif isinstance(exc, tornado.web.HTTPError) and status_code < 500:
             # Tornado's messages may quote the request (a 60 kB Content-Encoding): cut them
-            reason = exc.reason or httputil.responses.get(status_code, "Unknown")
+            reason = exc.reason or http.client.responses.get(status_code, "Unknown")
             body = {"error": shown(exc.log_message or reason, SHOWN_MESSAGE_CHARS)}
         else:
             body = {"error": "internal error: the daemon's log has the details"}
@@ -244,7 +245,8 @@ class RequestHandler(Handler):
         self.check_duration(ask.duration)
         if self.unanswerable():
             return
-        await self.grant(caller, self.leases.request(caller, ask.wants, held_for, ask.duration))
+        await self.grant(caller, self.leases.request(caller, ask.wants, held_for, ask.duration,
+                                                          ask.link))
 
     post = get  # so that a client need not change state with a GET; the form joins the query
 
@@ -268,7 +270,7 @@ class WaitHandler(Handler):
             return
         self.outcome = asyncio.get_running_loop().create_future()
         self.waiter = self.leases.wait(caller, ask.wants, self._end_wait, self._fail, held_for,
-                                       ask.duration)
+                                       ask.duration, ask.link)
         timer = None
         if ask.timeout is not None and not self.outcome.done():
             timer = IOLoop.current().call_later(ask.timeout, self._timed_out, ask.wants)

@@ -87,63 +87,64 @@ class Redaction:
 
 # -- each read model, as a viewer sees it (the data given is never changed) --------------------
 
-def status(data: Dict[str, Any], r: Redaction) -> Dict[str, Any]:
+def status(data: Dict[str, Any], seen_by: Redaction) -> Dict[str, Any]:
     """/status (StatusView.data)."""
-    return {uuid: {**entry, "claim": claim(entry["claim"], r)} for uuid, entry in data.items()}
+    return {uuid: {**entry, "claim": claim(entry["claim"], seen_by)}
+            for uuid, entry in data.items()}
 
 
-def claim(data: Dict[str, Any], r: Redaction) -> Dict[str, Any]:
+def claim(data: Dict[str, Any], seen_by: Redaction) -> Dict[str, Any]:
     holder = (data.get("user") or {}).get("user")
-    return {**data, "user": r.identity(data.get("user")),
-            "users": [r.identity(u) for u in data.get("users", [])],
-            "process_detail": [{**p, "user": r.name(p.get("user"))}
+    return {**data, "user": seen_by.identity(data.get("user")),
+            "users": [seen_by.identity(u) for u in data.get("users", [])],
+            "process_detail": [{**p, "user": seen_by.name(p.get("user"))}
                                for p in data.get("process_detail", [])],
-            "set_aside_for": r.name(data.get("set_aside_for")),
+            "set_aside_for": seen_by.name(data.get("set_aside_for")),
             "jobs": (None if data.get("jobs") is None else
-                     [job_seen(job, holder, r) for job in data["jobs"]]),
+                     [job_seen(job, holder, seen_by) for job in data["jobs"]]),
             "pods": (None if data.get("pods") is None else
-                     [pod_seen(pod, holder, r) for pod in data["pods"]])}
+                     [pod_seen(pod, holder, seen_by) for pod in data["pods"]])}
 
 
-def job_seen(job: Dict[str, Any], holder: Optional[str], r: Redaction) -> Dict[str, Any]:
+def job_seen(job: Dict[str, Any], holder: Optional[str], seen_by: Redaction) -> Dict[str, Any]:
     """A Slurm job a device is allocated to (views.job_view): its user, or the holder's when
     the job map does not name one, decides; hidden, its id goes too (squeue names its user)."""
     user = job.get("user") or holder
-    if r.viewer.sees(user):
+    if seen_by.viewer.sees(user):
         return job
-    return {**job, "id": None, "user": r.name(job.get("user")), "uid": None, "account": None}
+    return {**job, "id": None, "user": seen_by.name(job.get("user")), "uid": None, "account": None}
 
 
-def pod_seen(pod: Dict[str, Any], holder: Optional[str], r: Redaction) -> Dict[str, Any]:
+def pod_seen(pod: Dict[str, Any], holder: Optional[str], seen_by: Redaction) -> Dict[str, Any]:
     """A Kubernetes pod a device is assigned to (views.pod_view): the holder's (the kubelet
     names no user); hidden, its namespace, name and containers go (they name their team)."""
-    if r.viewer.sees(holder):
+    if seen_by.viewer.sees(holder):
         return pod
     return {**pod, "namespace": None, "name": None, "containers": []}
 
 
-def queue(data: List[Dict[str, Any]], r: Redaction) -> List[Dict[str, Any]]:
+def queue(data: List[Dict[str, Any]], seen_by: Redaction) -> List[Dict[str, Any]]:
     """/queue (views.queue_view)."""
-    return [{**waiter, "user": r.name(waiter.get("user"))} for waiter in data]
+    return [{**waiter, "user": seen_by.name(waiter.get("user"))} for waiter in data]
 
 
-def users(data: Dict[str, Any], r: Redaction) -> Dict[str, Any]:
+def users(data: Dict[str, Any], seen_by: Redaction) -> Dict[str, Any]:
     """/users (views.users_view): another user's accounts are their pseudonyms, with no uid,
     and their Slurm jobs and Kubernetes pods are not listed (a job's id names its user to
     squeue, a pod's name to kubectl)."""
     shown: Dict[str, Any] = {}
     for user, entry in data.items():
-        if r.viewer.sees(user):
+        if seen_by.viewer.sees(user):
             shown[user] = entry
             continue
-        shown[str(r.name(user))] = {
+        shown[str(seen_by.name(user))] = {
             **entry, "jobs": [], "pods": [],
-            "accounts": [{**a, "account": r.pseudonyms.of(a["account"]), "uid": None}
+            "accounts": [{**a, "account": seen_by.pseudonyms.of(a["account"]), "uid": None}
                          for a in entry.get("accounts", [])]}
     return shown
 
 
-def events(data: List[Dict[str, Any]], r: Redaction) -> List[Dict[str, Any]]:
+def events(data: List[Dict[str, Any]], seen_by: Redaction) -> List[Dict[str, Any]]:
     """/history (the audit record's events): the users they name, and the account of an
     over-limit trespass, which is its user's."""
     shown = []
@@ -151,20 +152,21 @@ def events(data: List[Dict[str, Any]], r: Redaction) -> List[Dict[str, Any]]:
         seen = dict(event)
         for key in EVENT_NAMES:
             if event.get(key) is not None:
-                seen[key] = r.name(event[key])
-        if event.get("account") is not None and not r.viewer.sees(event.get("user")):
-            seen["account"] = r.pseudonyms.of(event["account"])
+                seen[key] = seen_by.name(event[key])
+        if event.get("account") is not None and not seen_by.viewer.sees(event.get("user")):
+            seen["account"] = seen_by.pseudonyms.of(event["account"])
         # Slurm job ids name their users to squeue (and pods their team): a trespasser's own
         # job (pod) is theirs; the jobs (pods) a device is allocated to are the holder's
         # (trespass) or the event's user's (allocated, deallocated); whose a preempting
         # allocation is, the event does not say.
         for own, listed in (("job", "jobs"), ("pod", "pods")):
-            if event.get(own) is not None and not r.viewer.sees(event.get("user")):
+            if event.get(own) is not None and not seen_by.viewer.sees(event.get("user")):
                 seen[own] = None
             if event.get(listed) is not None:
                 owner = {"trespass": event.get("holder"), "allocated": event.get("user"),
-                         "deallocated": event.get("user")}.get(event.get("event"))
-                if not (r.viewer.everything or owner is not None and r.viewer.sees(owner)):
+                         "deallocated": event.get("user")}.get(str(event.get("event")))
+                viewer = seen_by.viewer
+                if not (viewer.everything or owner is not None and viewer.sees(owner)):
                     seen[listed] = None
         shown.append(seen)
     return shown
@@ -179,20 +181,21 @@ def refusal(error: PatrollerError, viewer: Viewer) -> Dict[str, Any]:
     return {"error": error.message, **error.data}
 
 
-def snapshot(data: Dict[str, Any], r: Redaction) -> Dict[str, Any]:
+def snapshot(data: Dict[str, Any], seen_by: Redaction) -> Dict[str, Any]:
     """The web page's live feed (views.page_snapshot)."""
-    return {**data, "status": status(data["status"], r), "queue": queue(data["queue"], r),
-            "users": users(data["users"], r), "events": events(data["events"], r)}
+    return {**data, "status": status(data["status"], seen_by),
+            "queue": queue(data["queue"], seen_by), "users": users(data["users"], seen_by),
+            "events": events(data["events"], seen_by)}
 
 
-def fleet(data: Dict[str, Any], r: Redaction) -> Dict[str, Any]:
+def fleet(data: Dict[str, Any], seen_by: Redaction) -> Dict[str, Any]:
     """/fleet.json (fleet.Fleet.data): each host's GPUs as that host showed them to this daemon,
     which may have seen every name (its own host's root, over loopback); so each holder and
     user is hidden again, as this daemon's callers may see them (a pseudonym a host gave
     becomes another: its own key is not this daemon's)."""
     return {**data, "hosts": [{**host, "gpus": [
-        {**gpu, "user": r.identity(gpu.get("user")),
-         "users": [r.identity(u) for u in gpu.get("users") or []]}
+        {**gpu, "user": seen_by.identity(gpu.get("user")),
+         "users": [seen_by.identity(u) for u in gpu.get("users") or []]}
         for gpu in host.get("gpus") or []]} for host in data.get("hosts", [])]}
 
 
@@ -226,7 +229,7 @@ class Shown:
         self._everything = everything  # the data with every name, when already serialized
         anonymous = Redaction(NOBODY, pseudonyms)
         self._anonymous = dumps(render(data, anonymous))
-        self.named = anonymous.hidden  # every name in the data
+        self.names = anonymous.hidden  # every name in the data (a pass for nobody hides all)
         self._own: Dict[str, bytes] = {}  # user -> the data as that user sees it
 
     def body(self, viewer: Viewer) -> bytes:
@@ -234,7 +237,7 @@ class Shown:
             if self._everything is None:
                 self._everything = dumps(self.data)
             return self._everything
-        if viewer.user not in self.named:  # nothing of theirs in it
+        if viewer.user not in self.names:  # nothing of theirs in it
             return self._anonymous
         own = self._own.get(viewer.user)
         if own is None:

@@ -69,10 +69,14 @@ def answered_on_stop(method: Callable[..., Awaitable[T]]) -> Callable[..., Await
         try:
             return await method(handler, *args, **kwargs)
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if not handler.inflight.stopping or task is None or not task.cancelling():
+            task: Any = asyncio.current_task()
+            # Python 3.10 has neither Task.cancelling nor uncancel: there the stop's cancel is
+            # taken for the one this request got
+            if not handler.inflight.stopping or task is None or (
+                    hasattr(task, "cancelling") and not task.cancelling()):
                 raise
-            task.uncancel()  # the stop's cancel is answered here, and ends with the request
+            if hasattr(task, "uncancel"):
+                task.uncancel()  # the stop's cancel is answered here, and ends with the request
             if handler.unanswerable():
                 return None
             raise Unavailable(STOPPING) from None

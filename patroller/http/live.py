@@ -12,23 +12,22 @@ page.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, Optional, Set
+from typing import Any, Callable, Dict, Optional, Protocol, Set
 
 from tornado.ioloop import IOLoop
 
 from patroller.config import Config
 from patroller.http.encoding import dumps
-from patroller.http.hiding import NOBODY, Shown, Viewer
+from patroller.core.identity import Viewer
+from patroller.http.hiding import NOBODY, Shown
 
 
-class Page:
+class Page(Protocol):
     """One open page: writes the feed's messages to its connection."""
 
-    def write(self, message: bytes) -> None:
-        raise NotImplementedError
+    def write(self, message: bytes) -> None: ...
 
-    def close(self) -> None:
-        raise NotImplementedError
+    def close(self) -> None: ...
 
 
 class LiveFeed:

@@ -276,7 +276,7 @@ class DaemonCollector:
 
     def _usage(self) -> Iterator[Metric]:
         store = self.services.usage
-        found = store.metrics() if store is not None else {"state": "off"}
+        found: Dict[str, Any] = store.metrics() if store is not None else {"state": "off"}
         state = found["state"]
         yield GaugeMetricFamily("patroller_usage_writable", "1 while the usage store can be "
                                 "written; 0 while writes fail, or with no store because its "

@@ -5,7 +5,7 @@ caller is identified as every caller is (the kernel, the container engines), and
 reaches her own: no argument names another user. A caller who cannot be identified gets 403."""
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from patroller.config.settings import NOTIFY_KINDS
 from patroller.core.errors import BadRequest, Unavailable
@@ -14,6 +14,7 @@ from patroller.http.handlers import Handler, View
 from patroller.notify.destinations import DestinationError
 from patroller.notify.notifier import Notifier
 from patroller.notify.people import TEST, People
+from patroller.notify.terminal import TERMINAL
 
 Args = Dict[str, List[bytes]]
 TAKES = {"add": ("url",), "remove": ("n",), "mute": ("kind",), "unmute": ("kind",),
@@ -48,6 +49,7 @@ class NotifyChangeHandler(Handler):
         if self.unanswerable():
             return
         try:
+            answer: Dict[str, Any]
             if action == "add":
                 number = await notifier.add(caller.user, _one(args, "url"))
                 answer = {"added": number}
@@ -56,7 +58,7 @@ class NotifyChangeHandler(Handler):
                 answer = {"removed": True}
             elif action in ("mute", "unmute"):
                 kind = _one(args, "kind").strip().lower()
-                kinds = (*NOTIFY_KINDS, TEST)
+                kinds = (*NOTIFY_KINDS, TEST, TERMINAL)
                 if kind not in kinds:
                     raise BadRequest(f"kind: {kind[:40]!r} is none of {', '.join(kinds)}")
                 answer = {"muted": list(notifier.mute(caller.user, kind, action == "mute"))}
@@ -75,7 +77,7 @@ def _notifier(handler: Handler) -> People:
     return notifier.people
 
 
-def _only(args: Args, names: tuple, endpoint: str) -> None:
+def _only(args: Args, names: Tuple[str, ...], endpoint: str) -> None:
     for name in args:
         if name not in (*names, "user"):
             takes = " and ".join(f"{n}=" for n in names) or "nothing"

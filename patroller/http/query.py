@@ -4,12 +4,13 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-import zoneinfo
-from datetime import datetime, timedelta, timezone, tzinfo
+from datetime import datetime, timezone, tzinfo
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 from patroller import durations
+from patroller.config.values import time_zone
 from patroller.core.errors import BadRequest
+from patroller.core.topology import LINKS
 from patroller.core.usage import BY as USAGE_BY, CYCLES
 
 MAX_QUERY = 2048  # bytes of query string
@@ -33,6 +34,7 @@ class Ask:
     timeout: Optional[float] = None  # /wait only; None waits for ever
     hold: str = "lease"  # or "process": held while the calling process lives; or "duration"
     duration: Optional[float] = None  # seconds, for hold=<duration> (hold=2h)
+    link: Optional[str] = None  # "nvlink" or "numa": how the devices must be linked
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,10 @@ def parse_ask(args: Args, *, wait: bool) -> Ask:
     if timeout_text is not None and not wait:
         raise BadRequest("timeout= belongs to /wait; /request answers at once")
     hold = _single(args, "hold")
+    link = _single(args, "link")
+    if link is not None and link not in LINKS:
+        raise BadRequest(f"link={link[:16]!r}: must be nvlink (every two of the devices linked "
+                         "by NVLink) or numa (all in one NUMA node)", links=list(LINKS))
     duration = None
     if hold is not None and hold not in HOLDS:
         try:
@@ -68,7 +74,7 @@ def parse_ask(args: Args, *, wait: bool) -> Ask:
         hold = "duration"
     wants: Dict[str, int] = {}
     for name, values in args.items():
-        if name in ("user", "timeout", "hold"):
+        if name in ("user", "timeout", "hold", "link"):
             continue
         if not _GROUP.match(name):
             raise BadRequest(f"{name[:64]!r} is not a device group name")
@@ -82,7 +88,7 @@ def parse_ask(args: Args, *, wait: bool) -> Ask:
     if sum(wants.values()) == 0:
         raise BadRequest("nothing requested: every count is zero", requested=wants)
     return Ask(wants=wants, user=_user(user), timeout=_timeout(timeout_text),
-               hold=hold or "lease", duration=duration)
+               hold=hold or "lease", duration=duration, link=link)
 
 
 def parse_release(args: Args, endpoint: str = "/release") -> Release:
@@ -203,7 +209,6 @@ def parse_history(args: Args) -> History:
 USAGE_SINCE = 7 * 86400.0  # the default range: the last week
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}\Z")
 USAGE_KEYS = (*USAGE_BY, *CYCLES)  # what by= may name, alone or two of them
-_OFFSET = re.compile(r"([+-])(\d{2}):?(\d{2})?\Z")
 
 
 @dataclass(frozen=True)
@@ -255,23 +260,15 @@ def parse_usage(args: Args, now: float) -> UsageRange:
 
 def _zone(text: Optional[str]) -> Tuple[str, tzinfo]:
     """tz=: UTC (the default), an offset from UTC (+02:00, -0530, +09) or the name of a zone
-    the host knows (Europe/Paris); as given, and as a tzinfo."""
+    the host knows (Europe/Paris; config/values.py's `time_zone`, the one rule); as given, and
+    as a tzinfo."""
     if text is None or text in ("UTC", "Z"):
         return "UTC", timezone.utc
     given = text.strip().replace(" ", "+", 1) if text.startswith(" ") else text.strip()
-    offset = _OFFSET.match(given)
-    if offset is not None:
-        sign, hours, minutes = offset.groups()
-        moved = int(hours) * 60 + int(minutes or 0)
-        if int(minutes or 0) >= 60 or moved > 14 * 60:
-            raise BadRequest(f"tz={given[:16]!r}: an offset from UTC is at most 14:00", field="tz")
-        return given, timezone((-1 if sign == "-" else 1) * timedelta(minutes=moved))
-    try:  # zoneinfo refuses a path (absolute, or with ..): only the zone database is read
-        return given, zoneinfo.ZoneInfo(given)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
-        pass
-    raise BadRequest(f"tz={given[:40]!r} is neither UTC, an offset from UTC (+02:00) nor the name "
-                     "of a time zone this host knows (Europe/Paris)", field="tz")
+    try:
+        return given, time_zone(given)
+    except ValueError as exc:
+        raise BadRequest(f"tz={given[:40]!r} {exc}", field="tz") from None
 
 
 def _moment(args: Args, name: str, now: float, default: float,

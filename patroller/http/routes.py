@@ -40,7 +40,7 @@ def make_api(services: Services) -> Api:
     config = services.config
     status = StatusView(services.inventory, services.leases, services.stats, services.idle,
                         config.status_max_age, slice_=config.loop_slice)
-    devices = DevicesView(services.inventory)
+    devices = DevicesView(services.inventory, services.leases)
     hiding = Hiding(services.pseudonyms, status) if services.pseudonyms is not None else None
     feed = LiveFeed(lambda: page_snapshot(services, status, devices), config,
                     views=hiding.feed if hiding is not None else None)
@@ -54,6 +54,7 @@ def make_api(services: Services) -> Api:
     services.leases.on_change(feed.changed)
     services.stats.on_change(feed.changed)
     services.signals.inventory_changed.connect(_inventory_changed(api), weak=False)
+    services.signals.topology_read.connect(_topology_read(api), weak=False)
     api.app = make_app(api)
     return api
 
@@ -62,6 +63,13 @@ def _inventory_changed(api: Api) -> Any:
     def receive(sender: Any, record: Any) -> None:
         api.devices.invalidate()
         api.status.invalidate(record.added + record.lost + record.renumbered + record.updated)
+    return receive
+
+
+def _topology_read(api: Api) -> Any:
+    def receive(sender: Any, record: Any) -> None:
+        api.devices.invalidate()
+        api.status.invalidate([d.uuid for d in api.services.inventory])
     return receive
 
 

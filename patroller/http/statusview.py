@@ -25,7 +25,7 @@ from patroller.config import Config
 from patroller.core.devices import Inventory
 from patroller.core.leases import Hold, LeaseManager
 from patroller.http.encoding import dumps
-from patroller.http.views import claim_static
+from patroller.http.views import claim_static, topology_view, trespasses
 from patroller.observe.idle import IdleWatch
 from patroller.observe.stats import StatsStore, iso_time
 
@@ -82,6 +82,9 @@ class StatusView:
         self._built = 0.0
         self._holds_changed = True  # check the fingerprints before the next body
         self._refreshing: Optional["asyncio.Task[None]"] = None
+        # Each device's topology as shown, made once per reading of `topo -m` (or change of the
+        # inventory: both invalidate), not at every sample: 255 links a device at 256 GPUs.
+        self._topology: Dict[str, Optional[Dict[str, Any]]] = {}
         leases.on_change(self._leases_changed)
         stats.on_change(self._stats_changed)
 
@@ -93,6 +96,7 @@ class StatusView:
         5,000 processes rebuilds one device's parts, not 256 devices' on the loop)."""
         for uuid in uuids:
             self._parts.pop(uuid, None)
+        self._topology.clear()
         self._holds_changed = True
         self._body = None
 
@@ -150,7 +154,9 @@ class StatusView:
                     claim["set_aside_for"] = aside.get(uuid)
                     part.claim, part.claim_json = claim, dumps(claim)
                     self.parts_built += 1
-                    if part.process_version != hold.process_version:
+                    if part.process_version != hold.process_version or any(
+                            trespasses(hold, owner) != shown.get("trespass")  # a new holder's
+                            for owner, shown in zip(hold.processes.values(), part.detail)):
                         self._build_detail(uuid, part)
 
     def _set_aside(self) -> Dict[str, Optional[str]]:
@@ -174,6 +180,9 @@ class StatusView:
         part.stats_version = self.stats.sample_version(uuid)
         stats = self.stats.view(uuid)
         del stats["stale"]
+        if uuid not in self._topology:
+            self._topology[uuid] = topology_view(self.leases, self.inventory, uuid)
+        stats["topology"] = self._topology[uuid]
         part.stats, part.stats_json = stats, dumps(stats)
         self.parts_built += 1
 
@@ -183,7 +192,8 @@ class StatusView:
         part.process_version = hold.process_version
         view = self.stats.process_view
         part.detail = [{"pid": pid, "user": owner.user, "command": hold.commands.get(pid),
-                        **view(uuid, pid)} for pid, owner in hold.processes.items()]
+                        "trespass": trespasses(hold, owner), **view(uuid, pid)}
+                       for pid, owner in hold.processes.items()]
         part.detail_json = dumps(part.detail)
         self.parts_built += 1
 

@@ -24,7 +24,8 @@ from patroller.core.usage import (BY, CATEGORIES, CYCLES, Grouped, Total, summar
                                   summarize_grouped)
 from patroller.http import query
 from patroller.http.handlers import View
-from patroller.http.hiding import Redaction, Viewer
+from patroller.core.identity import Viewer
+from patroller.http.hiding import Redaction
 from patroller.observe.stats import iso_time
 from patroller.state.pseudonyms import PREFIX, Pseudonyms
 from patroller.state.usage.queries import Row, Totals
@@ -145,8 +146,9 @@ def grouped(totals: Totals, asked: query.UsageRange, interval: float, busy_sm: f
             rename: Optional[RenameGrouped] = None) -> Dict[str, Any]:
     """The /usage answer by two keys, or by one in a time zone: as `report`'s, each row's key
     a list of the two keys (by=day,user: ["2026-11-02", "alice"]), or the one key."""
-    rows = (rename(totals.rows) if rename is not None
-            else [(key, category, seconds) for key, _, category, seconds in totals.rows])
+    # a grouped report's keys are tuples (groupings.py), though Totals types a row's key as one
+    rows: List[Any] = (rename(totals.rows) if rename is not None else
+                       [(key, category, seconds) for key, _, category, seconds in totals.rows])
     summary = summarize_grouped(rows, asked.keys)
     if "gpu" in asked.keys:
         where = asked.keys.index("gpu")

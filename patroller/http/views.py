@@ -13,6 +13,7 @@ import time
 from typing import Any, Dict, List, Optional, Protocol, Tuple
 
 from patroller.core.devices import Device, Inventory
+from patroller.core.identity import Identity
 from patroller.core.jobs import Allocation, Job
 from patroller.core.leases import Hold, LeaseManager
 from patroller.core.leases.limits import counted_uid
@@ -33,13 +34,29 @@ class StatusBody(Protocol):
     def data(self) -> Dict[str, Any]: ...
 
 
+def topology_view(leases: LeaseManager, inventory: Inventory,
+                  uuid: str) -> Optional[Dict[str, Any]]:
+    """How a device is linked to the others, as `topo -m` says (None: not known): its NUMA node
+    and CPU affinity, the link to each other device by number, its NVLink peers' numbers."""
+    topology, device = leases.topology, inventory.get(uuid)
+    if not topology or device is None or uuid not in topology.links:
+        return None
+    numbers = {d.uuid: d.number for d in inventory.present()}
+    links = {str(numbers[peer]): word for peer, word in topology.links[uuid].items()
+             if peer in numbers}
+    return {"numa": topology.numa.get(uuid), "cpus": topology.cpus.get(uuid),
+            "links": dict(sorted(links.items(), key=lambda kv: int(kv[0]))),
+            "nvlink": sorted(int(n) for n, word in links.items() if word.startswith("NV"))}
+
+
 class DevicesView:
     """The /devices body, built again when the inventory changes (`invalidate`), and its ETag:
     a hash of the body, which /devices answers carry as `ETag` and /status answers as
     `X-Devices-ETag`, so that a fleet daemon asks /devices again only when it changed."""
 
-    def __init__(self, inventory: Inventory) -> None:
+    def __init__(self, inventory: Inventory, leases: Optional[LeaseManager] = None) -> None:
         self.inventory = inventory
+        self.leases = leases  # for the topology, where known
         self._build()
 
     def _build(self) -> None:
@@ -50,7 +67,11 @@ class DevicesView:
 
     def data(self) -> Dict[str, Any]:
         """/devices as data."""
-        return {d.uuid: d.info() for d in self.inventory}
+        if self.leases is None:
+            return {d.uuid: d.info() for d in self.inventory}
+        leases = self.leases
+        return {d.uuid: {**d.info(), "topology": topology_view(leases, self.inventory, d.uuid)}
+                for d in self.inventory}
 
     def invalidate(self) -> None:
         """The inventory changed."""
@@ -153,11 +174,20 @@ def claim_view(hold: Hold, now: float) -> Dict[str, Any]:
     """The claim part of /status for one device (`set_aside_for` is filled in by `claims`)."""
     return {
         **claim_static(hold),
-        "process_detail": [{"pid": pid, "user": owner.user, "command": hold.commands.get(pid)}
+        "process_detail": [{"pid": pid, "user": owner.user, "command": hold.commands.get(pid),
+                            "trespass": trespasses(hold, owner)}
                            for pid, owner in hold.processes.items()],
         "age": round(now - hold.since, 3),
         "expires": hold.expires(now),
     }
+
+
+def trespasses(hold: Hold, owner: Identity) -> bool:
+    """Whether a process of `owner` trespasses on the device, as /users and the audit record
+    say: the device is held and the process is not the holder's (on a device a Slurm job or a
+    pod holds, not in it, whoever's it is); a process whose owner is still being found is
+    nobody's yet."""
+    return hold.holder is not None and not owner.identifying and not hold.belongs(owner)
 
 
 def claim_static(hold: Hold) -> Dict[str, Any]:
@@ -227,6 +257,7 @@ def queue_view(leases: LeaseManager) -> List[Dict[str, Any]]:
         "waited": round(now - w.since, 3),
         "hold": "process" if w.held_for is not None else "lease",
         "pid": w.held_for.pid if w.held_for is not None else None,
+        "link": w.link,
     } for n, w in enumerate(leases.waiters.in_order(), 1)]
 
 

@@ -5,7 +5,7 @@ import asyncio
 import logging
 import threading
 from collections import OrderedDict
-from typing import Optional, Protocol, Tuple
+from typing import Optional, Protocol, Tuple, Union
 
 from tornado.httputil import HTTPServerRequest
 
@@ -65,7 +65,7 @@ class LocalProcesses:
         if known is None:
             return None
         if known.peer is not None:
-            facts = await known.peer.facts
+            facts: Union[ProcFacts, str] = await known.peer.facts
             if isinstance(facts, str):  # its pid no longer names the process that connected
                 self._report(facts)
                 raise Unidentified(facts)

@@ -107,7 +107,7 @@ class ContainerDirectory:
         self.timeout = config.docker_timeout
         self.retry_after = config.docker_retry_after
         self.calls = 0  # Docker API calls made: the benchmark watches it
-        self._by_address: TTLCache = TTLCache(maxsize=1, ttl=config.address_ttl)
+        self._by_address: "TTLCache[str, Any]" = TTLCache(maxsize=1, ttl=config.address_ttl)
         self._addresses: "Optional[asyncio.Future[Dict[str, ContainerInfo]]]" = None
         self._client: Any = None
         self.closed = False  # shut down for good

@@ -80,7 +80,7 @@ def route(ref: ContainerRef, config: Config) -> Optional[Route]:
     return Route("the Docker Engine", None)
 
 
-class _Clients(LRUCache):
+class _Clients(LRUCache):  # type: ignore[type-arg]  # cachetools: generic only in its stubs
     """The engines' directories by address; one pushed out is shut down."""
 
     def __init__(self, maxsize: int, retired: Callable[[ContainerDirectory], None]) -> None:
@@ -100,7 +100,8 @@ class Engines:
         self.config = config
         self.docker = docker  # the Docker Engine: always there, degrading when it is down
         self._clients = _Clients(config.engine_clients, self._retire)
-        self._sockets: TTLCache = TTLCache(maxsize=4096, ttl=config.engine_socket_ttl)
+        self._sockets: "TTLCache[str, bool]" = TTLCache(
+            maxsize=4096, ttl=config.engine_socket_ttl)
         self._looking: Dict[str, "asyncio.Future[Tuple[bool, str]]"] = {}
         self._reported: Set[str] = set()  # sockets whose trouble was logged once
         self._retired_calls = 0
@@ -112,8 +113,9 @@ class Engines:
     @property
     def calls(self) -> int:
         """Docker API calls made to every engine."""
-        return (self.docker.calls + self._retired_calls
-                + sum(d.calls for d in list(self._clients.values())))
+        found: int = (self.docker.calls + self._retired_calls
+                      + sum(d.calls for d in list(self._clients.values())))
+        return found
 
     async def directory(self, ref: ContainerRef) -> Optional[ContainerDirectory]:
         """The directory of the engine that may name this container; None when there is none

@@ -31,7 +31,7 @@ class SharedLookups(Generic[T]):
         self.fetch = fetch
         self.deadline = deadline  # seconds a fetch may take in all; None: its client's own
         self.overdue = overdue  # marks the engine down past the deadline; says why, in words
-        self.cache: TTLCache = TTLCache(maxsize=size, ttl=ttl)  # key -> value (None: not known)
+        self.cache: "TTLCache[str, Optional[T]]" = TTLCache(maxsize=size, ttl=ttl)  # key -> value (None: not known)
         self.unavailable = unavailable  # the exception a lookup raises while the engine is down
         self._inflight: Dict[str, "asyncio.Future[Optional[T]]"] = {}
         self._down_until = 0.0
@@ -70,7 +70,8 @@ class SharedLookups(Generic[T]):
 
     async def _load(self, key: str) -> Optional[T]:
         loop = asyncio.get_running_loop()
-        value: Any = await self.within_deadline(loop.run_in_executor(self.pool, self.fetch, key))
+        value: Optional[T] = await self.within_deadline(
+            loop.run_in_executor(self.pool, self.fetch, key))
         self.cache[key] = value
         return value
 

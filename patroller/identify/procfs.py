@@ -92,7 +92,8 @@ def userns_owner(pid: int, proc: str = "/proc") -> Optional[int]:
     except OSError:
         return None
     try:
-        return struct.unpack("I", fcntl.ioctl(fd, NS_GET_OWNER_UID, bytes(4)))[0]
+        uid: int = struct.unpack("I", fcntl.ioctl(fd, NS_GET_OWNER_UID, bytes(4)))[0]
+        return uid
     except OSError:
         return None
     finally:

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import pwd
 from dataclasses import dataclass, replace
-from typing import Callable, Optional, Protocol, Tuple, Union
+from typing import Any, Callable, Optional, Protocol, Tuple, Union
 
 from cachetools import TTLCache
 
@@ -169,8 +169,10 @@ class ProcessIdentifier:
         self.proc = config.proc_root
         self.shifted_from = config.shifted_uids_from
         self.proc_reads = 0  # processes whose /proc entry was read: the benchmark watches it
-        self._cache: TTLCache = TTLCache(maxsize=config.identity_cache, ttl=config.identity_ttl)
-        self._warned: TTLCache = TTLCache(maxsize=config.identity_cache, ttl=config.identity_ttl)
+        self._cache: "TTLCache[Tuple[int, int], Identity]" = TTLCache(
+            maxsize=config.identity_cache, ttl=config.identity_ttl)
+        self._warned: "TTLCache[Any, bool]" = TTLCache(maxsize=config.identity_cache,
+                                                        ttl=config.identity_ttl)
 
     async def facts(self, pid: int) -> Optional[ProcFacts]:
         """/proc facts of a pid, read off the loop."""

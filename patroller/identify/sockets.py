@@ -150,8 +150,12 @@ def _diag_candidates(peer: Address, server: Address) -> Iterator[Tuple[int, Addr
     both_v4 = "." in client_host and "." in server_host
     if both_v4:
         yield socket.AF_INET, (client_host, peer[1]), (server_host, server[1])
-    mapped = (lambda h: "::ffff:" + h if "." in h else h)
-    yield socket.AF_INET6, (mapped(client_host), peer[1]), (mapped(server_host), server[1])
+    yield socket.AF_INET6, (_mapped(client_host), peer[1]), (_mapped(server_host), server[1])
+
+
+def _mapped(host: str) -> str:
+    """An IPv4 address as an IPv6 socket names it."""
+    return "::ffff:" + host if "." in host else host
 
 
 def _diag(family: int, client: Address, server: Address) -> Optional[SocketEntry]:

@@ -24,7 +24,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from patroller.config import Config
 from patroller.notify.messages import Notice
@@ -51,7 +51,7 @@ class Outcome:
 
     notice: Notice
     recipient: str  # "admin", or the user whose destination it is
-    destination: int  # its number among the recipient's, from 1
+    destination: Union[int, str]  # its number among the recipient's, from 1; or "terminal"
     result: str  # sent, failed (every try), dropped (its queue was full)
     tries: int
     key: str = ""  # the destination itself (a user's: its URL, never shown)
@@ -101,7 +101,10 @@ def apprise_plugin(url: str, timeout: float) -> Optional[Any]:
 
 
 def sender_of(plugin: Any) -> Sender:
-    return lambda title, body: bool(plugin.notify(body=body, title=title))
+    """A plugin's sender of plain text: said to be text, so that a service of HTML (e-mail)
+    keeps its lines and reads no markup in names others chose, and one of Markdown shows
+    them as they are."""
+    return lambda title, body: bool(plugin.notify(body=body, title=title, body_format="text"))
 
 
 def shown(plugin: Any) -> str:
@@ -201,7 +204,7 @@ class Counts:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counts: Counter = Counter()
+        self._counts: "Counter[Tuple[str, str]]" = Counter()
 
     def add(self, kind: str, result: str) -> None:
         with self._lock:

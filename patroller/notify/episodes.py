@@ -21,7 +21,7 @@ class Episodes:
     def __init__(self, repeat: float, most: int, clock: Callable[[], float]) -> None:
         self.repeat = repeat
         self.clock = clock
-        self._told: LRUCache = LRUCache(maxsize=most)
+        self._told: "LRUCache[Tuple[str, ...], float]" = LRUCache(maxsize=most)
 
     def admit(self, key: Tuple[str, ...], repeat: Optional[float] = None) -> bool:
         """Whether the episode `key` is to be told now (and if so, it counts as told): not
@@ -55,7 +55,7 @@ class Rates:
         self.window = window
         self.clock = clock
         self._throttles: Dict[Hashable, Throttle] = {}
-        self._held: Dict[Hashable, Counter] = {}
+        self._held: "Dict[Hashable, Counter[str]]" = {}
 
     def admit(self, destination: Hashable, notice: Notice) -> Optional[Notice]:
         """The notice to send to `destination` now (with a line on what was held back before

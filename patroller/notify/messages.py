@@ -20,6 +20,7 @@ from patroller.durations import describe
 from patroller.core.text import printable
 
 NAME = 80  # characters of a user's name in a notice at most
+COMMAND = 60  # characters of a process's name in a notice at most
 
 
 @dataclass(frozen=True)
@@ -127,10 +128,12 @@ def notices_of(event: Event, host: str, at: float,
 def _trespass(event: Event, host: str, gpus: str, when: str, reader: Reader,
               details: Mapping[str, Any]) -> Notice:
     pid = details.get("pid")
+    command = details.get("command")  # the process's name, as nvidia-smi shows it
     holder = details.get("holder")
     uuid = event.devices[0][0]
     who = reader.name(event.user)
-    runs = f"{who} runs process {pid} on {gpus} of {host} (since {when})"
+    named = f" ({printable(str(command), COMMAND)})" if command else ""
+    runs = f"{who} runs process {pid}{named} on {gpus} of {host} (since {when})"
     if details.get("why") == "over_limit":
         held = ", ".join(str(n) for n in details.get("held", ()))
         account = details.get("account") if reader.sees(event.user) else None

@@ -12,13 +12,18 @@ granted: the waiter; a GPU lost or back: its holder) at her own destinations
 What is queued and each episode told are kept in the outbox (outbox.py): after a restart a
 notice still pending is sent, once, and an episode told before is not told again within
 --notify-repeat (a trespass still going on still reaches the admin after --notify-escalate,
-counted from when it was first told)."""
+counted from when it was first told).
+
+With --notify-digest, each week's digest (weekly.py, digest.py): each user's own week to her,
+the lab's table to the admin (if --notify-events names `digest`), once per week each, and not
+held back by a destination's rate (one a week is no flood)."""
 from __future__ import annotations
 
 import importlib.util
 import logging
+import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from tornado.ioloop import IOLoop, PeriodicCallback
 
@@ -28,12 +33,17 @@ from patroller.core.throttle import Throttle
 from patroller.notify.delivery import (BadDestination, Delivery, NoApprise, Outcome, Router,
                                        Sender, apprise_plugin, apprise_senders, sender_of,
                                        shown)
+from patroller.notify.digest import KIND as DIGEST, WEEK
 from patroller.notify.episodes import Episodes, Rates
 from patroller.notify.messages import Notice, Reader, notices_of
-from patroller.notify.outbox import Outbox, Pending, tag_of
+from patroller.notify.outbox import Outbox, tag_of
+from patroller.notify.resume import resume
 from patroller.notify.people import NO_APPRISE, ON, People
-from patroller.notify.watch import due, escalations, still_trespassing
+from patroller.notify.terminal import TERMINAL, Terminals
+from patroller.notify.watch import Escalations, Troubles, due, still_trespassing
+from patroller.notify.weekly import Digests
 from patroller.state.audit import AuditLog
+from patroller.state.usage.store import UsageStore
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +68,8 @@ class Notifier:
                  quiet_for: Callable[[str], Optional[float]] = lambda uuid: None,
                  clock: Callable[[], float] = time.time,
                  senders: Optional[Sequence[Sender]] = None,
-                 plugin_of: Optional[PluginOf] = None) -> None:
+                 plugin_of: Optional[PluginOf] = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.host = host
         self.audit = audit
@@ -66,7 +77,9 @@ class Notifier:
         self.quiet_for = quiet_for  # seconds a held GPU has computed nothing (observe/idle.py)
         # the daemon's own trouble now: (key, what, what to do) each (services.troubles)
         self.troubles: Callable[[], Sequence[Tuple[str, str, str]]] = lambda: ()
-        self._trouble_since: Dict[str, float] = {}
+        self._troubles = Troubles(config.notify_trouble_after)
+        self.usage: Optional[UsageStore] = None  # the weekly digest's figures (app.connect)
+        self.digests: Optional[Digests] = None  # with --notify-digest, once started
         self.clock = clock
         self.state = OFF
         self.repeats = 0  # notices not sent: their episode was told within --notify-repeat
@@ -76,15 +89,19 @@ class Notifier:
                              self._to_user, self._forget, clock)
         self._delivery: Optional[Delivery] = None
         self._router: Optional[Router] = None
-        self._episodes = Episodes(config.notify_repeat, config.notify_episodes, time.monotonic)
-        self._rates = Rates(config.notify_rate, config.notify_rate_window, time.monotonic)
-        self._escalating: List[Tuple[float, Event]] = []  # (when, trespass) for the admin
-        self._escalation_keys: Set[Tuple[str, ...]] = set()  # the trespasses' in _escalating
+        # episodes and rates count in `monotonic` seconds
+        self._episodes = Episodes(config.notify_repeat, config.notify_episodes, monotonic)
+        self._rates = Rates(config.notify_rate, config.notify_rate_window, monotonic)
+        self._terminal_rates = Rates(config.notify_terminal_rate,
+                                     config.notify_terminal_rate_window, monotonic)
+        self._terminals: Optional[Terminals] = None  # the users' terminals (--notify-terminal)
+        self._escalations = Escalations(config.notify_escalate)  # trespasses, for the admin
         self.outbox = Outbox(directory, config)
         self._checks: Optional[PeriodicCallback] = None
         self._failing = Throttle(1, config.repeat_log_every)
         self._unsent = Throttle(1, config.repeat_log_every)
         self._loop: Optional[IOLoop] = None
+        self._loop_thread: Optional[int] = None  # the loop's thread: _told from it records at once
 
     def _apprise_sender(self, url: str) -> Optional[Sender]:
         plugin = apprise_plugin(url, self.config.notify_timeout)
@@ -93,44 +110,71 @@ class Notifier:
     def start(self) -> None:
         """Read the users' destinations and ready the admin's, the threads and the watch.
         NotifyError for an admin's URL that cannot be used; without Apprise, one warning when
-        destinations were given, and nothing is sent."""
+        destinations were given, and nothing is sent but on the users' terminals."""
         self._loop = IOLoop.current()
+        self._loop_thread = threading.get_ident()
         self.people.users.open()
-        urls = self.config.notify
-        if self._senders is not None:
-            senders = list(self._senders)
-            names = [f"destination {n}" for n in range(1, len(senders) + 1)]
-        else:
-            try:  # without URLs of the admin's, Apprise is loaded when a user's is first used
-                plugins = apprise_senders(urls, self.config.notify_timeout) if urls else \
-                    _apprise_there()
-            except NoApprise as exc:
-                self.state = NO_APPRISE
-                if urls or self.config.notify_user_default or self.people.users.users():
-                    log.warning("notifications are off: %s", exc)
+        terminal = self.config.notify_terminal
+        try:
+            senders, names = self._admins()
+        except NoApprise as exc:
+            self.state = NO_APPRISE
+            if self.config.notify or self.config.notify_user_default or \
+                    self.people.users.users():
+                log.warning("notifications %s: %s", "are off but on the users' terminals"
+                            if terminal else "are off", exc)
+            if not terminal:
                 return
-            except BadDestination as exc:
-                raise NotifyError(str(exc)) from None
-            senders = [sender_of(plugin) for plugin in plugins]
-            names = [shown(plugin) for plugin in plugins]
+            senders, names = [], []
         restored = self.outbox.open(self.clock())
         for key, at in restored.episodes.items():
             self._episodes.restore(key, self.clock() - at)
-        tags = [tag_of(url) for url in urls] if self._senders is None else ()
+        tags = [tag_of(url) for url in self.config.notify] if self._senders is None else ()
         self._delivery = Delivery(senders, names, self.config, self._told, tags, self.outbox)
         self._delivery.start()
-        self._router = Router(self.config, self._told, self._delivery.counts,
-                              self.people.plugin_of, self.outbox)
-        self._router.start()
-        self._send_again(restored.pending, restored.interrupted)
-        self.state = ON
-        self.people.available = True
+        if self.state != NO_APPRISE:
+            self._router = Router(self.config, self._told, self._delivery.counts,
+                                  self.people.plugin_of, self.outbox)
+            self._router.start()
+            resume(restored, self._delivery.destinations, self._router, self.people.urls_for,
+                   self.outbox, self.audit)
+            self.state = ON
+            self.people.available = True
+        if terminal:
+            self._terminals = Terminals(self.config, self.host, self._told,
+                                        self._delivery.counts)
+            self._terminals.start()
+            self.people.terminal = True
         if self.leases is not None:
             self._checks = PeriodicCallback(self.check, self.config.notify_check_every * 1000)
             self._checks.start()
+        if self.config.notify_digest is not None:
+            # the notifier's clock read at each look, not kept: the tests move it past the
+            # time a digest is due
+            self.digests = Digests(self.config, self.host, self.usage, lambda: self.clock(),
+                                   self._tell_digest)
+            self.digests.start()
         if names:
             log.info("notifications: %d destination(s) of the admin (%s), told of %s",
                      len(names), "; ".join(names), ", ".join(self.config.notify_events))
+        if terminal:
+            log.info("notifications: trespasses and ending holds are also written on the "
+                     "terminals of the users concerned (login records: %s)",
+                     self.config.notify_utmp)
+
+    def _admins(self) -> Tuple[List[Sender], List[str]]:
+        """The admin's senders and their names. NoApprise without Apprise; NotifyError for a
+        URL it does not take."""
+        if self._senders is not None:
+            senders = list(self._senders)
+            return senders, [f"destination {n}" for n in range(1, len(senders) + 1)]
+        urls = self.config.notify
+        try:  # without URLs of the admin's, Apprise is loaded when a user's is first used
+            plugins = apprise_senders(urls, self.config.notify_timeout) if urls else \
+                _apprise_there()
+        except BadDestination as exc:
+            raise NotifyError(str(exc)) from None
+        return [sender_of(plugin) for plugin in plugins], [shown(plugin) for plugin in plugins]
 
     # -- the lease rules' events, and the watch's (on the loop: quick, never blocks) ----------
 
@@ -148,22 +192,26 @@ class Notifier:
                                         if notice.kind == "unreserved" else None):
                 self.repeats += 1
                 if event.kind == "trespass":  # told before a restart, perhaps: still escalated
-                    self._escalate(event, notice.key, now - (told_before or 0.0))
+                    self._escalations.add(event, notice.key, now - (told_before or 0.0))
                 continue
             self.outbox.told(notice.key, now)
             if event.kind == "trespass" and self.config.notify_escalate > 0:
-                self._escalate(event, notice.key, now)
+                self._escalations.add(event, notice.key, now)
             elif notice.kind in self.config.notify_events:
                 for destination in self._delivery.destinations:
-                    self._send(destination.number, notice,
-                               lambda sent, d=destination: d.put(sent))
+                    self._send(destination.number, notice, destination.put)
             for user in notice.concerns:
-                urls = self.people.urls_for(user, notice.kind)
-                if not urls:
+                urls = self.people.urls_for(user, notice.kind) if self._router is not None \
+                    else ()
+                terminal = self.people.on_terminal(user, notice.kind)
+                if not urls and not terminal:
                     continue
                 words = notice if not self.config.hide_users else \
                     notices_of(event, self.host, now, Reader(user))[index]
-                self._to_user(words, user, urls)
+                if urls:
+                    self._to_user(words, user, urls)
+                if terminal:
+                    self._to_terminal(words, user)
 
     def check(self) -> None:
         """The watch: holds idle or ending, and trespasses to escalate to the admin (a bug of
@@ -183,77 +231,45 @@ class Notifier:
         for event in due(holds, numbers, leases.state, self.quiet_for, self.config,
                          self.clock(), leases.clock()):
             self.on_event(event)
-        self._check_troubles()
-        ripe, self._escalating = escalations(self._escalating, self.clock())
-        for event in ripe:
-            self._escalation_keys.discard(_trespass_key(event))
+        gone, troubles = self._troubles.look(self.troubles(), self.clock())
+        for key in gone:  # its episode ends: told again if it comes back
+            self._episodes.end(("daemon", key))
+        for event in troubles:
+            self.on_event(event)
+        for event in self._escalations.ripe(self.clock()):
             if still_trespassing(holds, event.devices[0][0], event.user,
                                  event.details.get("holder")):
                 self.on_event(Event("escalated", event.user, event.devices, {
                     **event.details, "lasting": self.config.notify_escalate}))
 
-    def _escalate(self, event: Event, key: Tuple[str, ...], since: float) -> None:
-        """The trespass `event` (episode `key`, told at `since`) to the admin once it has lasted
-        --notify-escalate, unless that is already to come."""
-        if self.config.notify_escalate <= 0 or key in self._escalation_keys:
+    def _tell_digest(self, notice: Notice) -> None:
+        """A digest to its recipient (the admin: user None), once: its key names its week."""
+        if self._delivery is None:
             return
-        self._escalation_keys.add(key)
-        self._escalating.append((since + self.config.notify_escalate, event))
-
-    def _send_again(self, pending: Sequence[Pending], interrupted: Sequence[Pending]) -> None:
-        """What the outbox held at start: each notice queued again at its destination if its
-        recipient still has it (and has not muted its kind); a notice whose try was cut short
-        by the end of the daemon is not tried again (its destination may have it)."""
-        assert self._delivery is not None and self._router is not None
-        admin = {d.tag: d for d in self._delivery.destinations}
-        for item in pending:
-            notice = item.notice
-            if item.recipient == ADMIN:
-                destination = admin.get(item.tag)
-                if destination is not None:
-                    destination.put(notice, ADMIN, destination.number, item.ident)
-                    continue
-            else:
-                urls = self.people.urls_for(item.recipient, notice.kind)
-                found = [(n, url) for n, url in enumerate(urls, 1) if tag_of(url) == item.tag]
-                if found:
-                    [(number, url)] = found[:1]
-                    self._router.put(notice, item.recipient, [url], [number], [item.ident])
-                    continue
-            self.outbox.done(item.ident, "gone")
-            self._note(item, "gone")
-        for item in interrupted:
-            self._note(item, "interrupted")
-        if pending or interrupted:
-            log.info("notifications: %d notice(s) pending before the restart queued again, %d "
-                     "cut short while being sent not sent again", len(pending),
-                     len(interrupted))
-
-    def _note(self, item: Pending, result: str) -> None:
-        if self.audit is not None:
-            self.audit.record(Event("notify", item.notice.user, item.notice.devices, {
-                "kind": item.notice.kind, "recipient": item.recipient,
-                "destination": item.number, "result": result, "tries": 0}))
-
-    def _check_troubles(self) -> None:
-        """The daemon's trouble that has lasted `notify_trouble_after`, to the admin; trouble
-        gone ends its episode, so that it is told again if it comes back."""
-        now = self.clock()
-        current = {key: (what, fix) for key, what, fix in self.troubles()}
-        for key in [k for k in self._trouble_since if k not in current]:
-            del self._trouble_since[key]
-            self._episodes.end(("daemon", key))
-        for key, (what, fix) in current.items():
-            since = self._trouble_since.setdefault(key, now)
-            if now - since >= self.config.notify_trouble_after:
-                self.on_event(Event("daemon", None, (), {"trouble": key, "what": what,
-                                                         "fix": fix, "since": since}))
+        if not self._episodes.admit(notice.key, WEEK):
+            self.repeats += 1
+            return
+        if notice.user is None:
+            if DIGEST in self.config.notify_events:
+                for destination in self._delivery.destinations:
+                    destination.put(notice)
+            return
+        urls = self.people.urls_for(notice.user, DIGEST)
+        if urls:
+            self._route(notice, notice.user, urls)
 
     def _to_user(self, notice: Notice, user: str, urls: Sequence[str]) -> None:
         self._send(("user", user), notice, lambda sent: self._route(sent, user, urls))
 
-    def _send(self, rate_key: Any, notice: Notice, put: Callable[[Notice], None]) -> None:
-        sent = self._rates.admit(rate_key, notice)
+    def _to_terminal(self, notice: Notice, user: str) -> None:
+        terminals = self._terminals
+        if terminals is not None:  # at its own rate, apart from her other destinations'
+            self._send(user, notice, lambda sent: terminals.put(sent, user),
+                       self._terminal_rates)
+
+    def _send(self, rate_key: Any, notice: Notice, put: Callable[[Notice], None],
+              rates: Optional[Rates] = None) -> None:
+        sent = (rates or self._rates).admit(rate_key, notice)
         if sent is None:
             self.held += 1
         else:
@@ -279,10 +295,19 @@ class Notifier:
         if self._router is not None:
             hung += self._router.stop(max(0.0, deadline - time.monotonic()))
             self._router = None
-        if self._checks is not None:
-            self._checks.stop()
-            self._checks = None
+        if self._terminals is not None:
+            self._terminals.stop()
+            hung += not self._terminals.join(max(0.0, deadline - time.monotonic()))
+            self._terminals = None
+        checks, self._checks = self._checks, None
+        if checks is not None:  # a PeriodicCallback is stopped on its loop (stop is called
+            if self._loop is not None:  # from a thread of the executor's)
+                self._loop.add_callback(checks.stop)
+            else:
+                checks.stop()
         self.outbox.stop(max(0.0, deadline - time.monotonic()))
+        if self.digests is not None:
+            self.digests.stop()
         if hung:
             log.warning("notifications: %d destination(s) still sending at stop; what they "
                         "had queued is %s", hung, "sent at the next start" if self.outbox.on
@@ -290,31 +315,37 @@ class Notifier:
 
     def metrics(self) -> Dict[str, Any]:
         """For /metrics: the state, and the notices by kind and result."""
-        delivery, router = self._delivery, self._router
+        delivery, router, terminals = self._delivery, self._router, self._terminals
         return {"state": self.state,
                 "destinations": len(delivery.destinations) if delivery else 0,
                 "users": len(self.people.users.users()),
+                "terminal": "on" if terminals else "off",
                 "pending": (sum(d.pending() for d in delivery.destinations) if delivery else 0)
-                + (router.pending() if router else 0),
+                + (router.pending() if router else 0) + (terminals.pending() if terminals else 0),
                 "repeats": self.repeats, "held": self.held,
+                "digest_next": self.digests.due if self.digests else None,
                 "by_kind": delivery.counts.snapshot() if delivery else {}}
 
     # -- from the destinations' threads -----------------------------------------------------
 
     def _told(self, outcome: Outcome) -> None:
-        loop = self._loop
-        if loop is not None:
-            loop.add_callback(self._record, outcome)
+        """What became of a notice: recorded on the loop (a notice dropped at a full queue is
+        told on the loop itself, at once: a storm's drops do not wake it thousands of times)."""
+        if threading.get_ident() == self._loop_thread:
+            self._record(outcome)
+        elif self._loop is not None:
+            self._loop.add_callback(self._record, outcome)
 
     def _record(self, outcome: Outcome) -> None:
         notice = outcome.notice
         if outcome.recipient != ADMIN:
             self.people.last[(outcome.recipient, outcome.key)] = (outcome.result,
                                                                   round(time.time(), 3))
-        if outcome.result != "sent":
+        if outcome.result != "sent" and (outcome.destination != TERMINAL or
+                                         outcome.result == "dropped"):
             logged, unlogged = self._unsent.admit()  # a storm is one line a repeat_log_every
             if logged:
-                log.warning("notifications: a %s notice %s at %s's destination %d%s",
+                log.warning("notifications: a %s notice %s at %s's destination %s%s",
                             notice.kind, "was dropped: its queue was full"
                             if outcome.result == "dropped" else
                             f"could not be sent in {outcome.tries} tries", outcome.recipient,
@@ -325,11 +356,6 @@ class Notifier:
                 "kind": notice.kind, "recipient": outcome.recipient,
                 "destination": outcome.destination, "result": outcome.result,
                 "tries": outcome.tries}))
-
-
-def _trespass_key(event: Event) -> Tuple[str, ...]:
-    [notice] = notices_of(event, "", 0.0)[:1]
-    return notice.key
 
 
 def _apprise_there() -> List[Any]:

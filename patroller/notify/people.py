@@ -13,6 +13,7 @@ from patroller.config import Config
 from patroller.notify.delivery import NoApprise, Sender, apprise_plugin, shown
 from patroller.notify.destinations import DestinationError, UserDestinations
 from patroller.notify.messages import Notice
+from patroller.notify.terminal import KINDS as ON_TERMINAL, TERMINAL
 
 ON, NO_APPRISE = "on", "no_apprise"
 TEST = "test"  # the kind of a user's own test notice
@@ -32,6 +33,7 @@ class People:
         self.forget = forget  # a URL nobody uses now
         self.clock = clock
         self.available = False  # Apprise is there: set by the notifier at start
+        self.terminal = False  # --notify-terminal: set by the notifier at start
         self.users = UserDestinations(directory, config.notify_user_most,
                                       config.notify_url_longest)
         self.last: Dict[Tuple[str, str], Tuple[str, float]] = {}  # (user, url): result, when
@@ -49,6 +51,14 @@ class People:
             return ()
         quoted = urllib.parse.quote(user, safe="@")  # a name is one part of the URL, never more
         return (template.replace("{user}", quoted).replace("{email}", quoted),)
+
+    def on_terminal(self, user: str, kind: str) -> bool:
+        """Whether a notice of `kind` is written on `user`'s terminals: the host writes on
+        terminals, that kind is one written there, and she muted neither it nor `terminal`."""
+        if not self.terminal or kind not in ON_TERMINAL:
+            return False
+        muted = self.users.of(user).muted
+        return kind not in muted and TERMINAL not in muted
 
     async def add(self, user: str, url: str) -> int:
         """Add a destination for `user` (checked with Apprise off the loop); its number."""
@@ -76,7 +86,8 @@ class People:
 
     async def listing(self, user: str) -> Dict[str, Any]:
         """`user`'s destinations as she may see them (each in Apprise's privacy form, its
-        secrets starred) with the last result at each, her muted kinds, and the default."""
+        secrets starred) with the last result at each, her muted kinds, the default, and her
+        terminals when the host writes on them."""
         own = self.users.of(user)
         shown_urls = await asyncio.get_running_loop().run_in_executor(
             None, self._privately, own.urls) if self.available else \
@@ -87,8 +98,12 @@ class People:
             listed.append({"n": number, "url": words, "last": result, "at": at})
         default = not own.urls and bool(self.urls_for(user, "trespass") or
                                         self.config.notify_user_default)
-        return {"user": user, "destinations": listed, "muted": list(own.muted),
-                "default": default, "state": ON if self.available else NO_APPRISE}
+        found = {"user": user, "destinations": listed, "muted": list(own.muted),
+                 "default": default, "state": ON if self.available else NO_APPRISE}
+        if self.terminal:  # the host writes on terminals: whether on hers, and how it went
+            result, at = self.last.get((user, TERMINAL), (None, None))
+            found["terminal"] = {"on": TERMINAL not in own.muted, "last": result, "at": at}
+        return found
 
     def _privately(self, urls: Sequence[str]) -> List[str]:
         found = []

@@ -6,7 +6,7 @@ admin is told). Each is handed to the notifier as an Event of its own kind (`idl
 the clocks are given."""
 from __future__ import annotations
 
-from typing import Callable, Iterable, List, Mapping, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from patroller.config import Config
 from patroller.core.leases import Event, Hold
@@ -59,3 +59,47 @@ def escalations(pending: Iterable[Tuple[float, Event]], now: float
     listed = list(pending)
     return ([event for when, event in listed if when <= now],
             [(when, event) for when, event in listed if when > now])
+
+
+class Escalations:
+    """The trespasses to tell the admin of once they have lasted `after` seconds (0: none are
+    held back), each episode (its notice's key) waiting once."""
+
+    def __init__(self, after: float) -> None:
+        self.after = after
+        self._waiting: List[Tuple[float, Event, Tuple[str, ...]]] = []  # (when, trespass, key)
+
+    def add(self, event: Event, key: Tuple[str, ...], since: float) -> None:
+        """The trespass `event`, of the episode `key` told at `since`, unless it waits already."""
+        if self.after > 0 and all(key != waiting for _, _, waiting in self._waiting):
+            self._waiting.append((since + self.after, event, key))
+
+    def ripe(self, now: float) -> List[Event]:
+        """Those whose time has come (no longer waiting)."""
+        ripe = [event for when, event, _ in self._waiting if when <= now]
+        self._waiting = [waiting for waiting in self._waiting if waiting[0] > now]
+        return ripe
+
+
+class Troubles:
+    """The daemon's own trouble (services.troubles: (key, what, what to do) each), told once it
+    has lasted `after` seconds."""
+
+    def __init__(self, after: float) -> None:
+        self.after = after
+        self._since: Dict[str, float] = {}
+
+    def look(self, current: Sequence[Tuple[str, str, str]], now: float
+             ) -> Tuple[List[str], List[Event]]:
+        """(the keys of the trouble gone since the last look, the `daemon` events to tell)."""
+        found = {key: (what, fix) for key, what, fix in current}
+        gone = [key for key in self._since if key not in found]
+        for key in gone:
+            del self._since[key]
+        events = []
+        for key, (what, fix) in found.items():
+            since = self._since.setdefault(key, now)
+            if now - since >= self.after:
+                events.append(Event("daemon", None, (), {"trouble": key, "what": what,
+                                                         "fix": fix, "since": since}))
+        return gone, events

@@ -92,8 +92,9 @@ class UnixCaller:
             channel = self._channel
         stub = channel.unary_unary(method)  # no (de)serializers: bytes in, bytes out
         try:
-            return stub(request, timeout=self.timeout,
-                        metadata=self.metadata + tuple(metadata) or None)
+            reply: bytes = stub(request, timeout=self.timeout,
+                                metadata=self.metadata + tuple(metadata) or None)
+            return reply
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             details = printable(str(exc.details() if hasattr(exc, "details") else exc))

@@ -44,9 +44,9 @@ class IdleWatch:
         if state not in ("reserved", "allocated", "claimed", "shared"):
             self._since.pop(uuid, None)
             return
-        sm, used = values.get("sm"), values.get("fb")
-        quiet = (_number(sm) is not None and _number(sm) <= policy.idle_sm
-                 and _number(used) is not None and _number(used) < policy.idle_memory_mib)
+        sm, used = _number(values.get("sm")), _number(values.get("fb"))
+        quiet = (sm is not None and sm <= policy.idle_sm
+                 and used is not None and used < policy.idle_memory_mib)
         if not quiet:
             self._since.pop(uuid, None)
             return

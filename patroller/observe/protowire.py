@@ -136,7 +136,7 @@ class Message:
         return _decode(values[-1]) if values else default
 
     def texts(self, number: int) -> List[str]:
-        return [_decode(value) for value in self._all(number, bytes)]  # type: ignore[arg-type]
+        return [_decode(value) for value in self._all(number, bytes)]
 
     def raw(self, number: int) -> bytes:
         values = self._all(number, bytes)

@@ -107,3 +107,5 @@ class Signals:
             doc="the Slurm job map or the kubelet changed what a device is allocated to")
         self.inventory_changed = namespace.signal(
             "inventory-changed", doc="devices were added, lost, renumbered or changed")
+        self.topology_read = namespace.signal(
+            "topology-read", doc="`topo -m` was read: how the GPUs are linked (a Topology)")

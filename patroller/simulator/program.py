@@ -2,7 +2,8 @@
 
 Run as ``python -m patroller.simulator [--scenario FILE] <nvidia-smi arguments>``; the
 scenario may instead be named by ``PATROLLER_SIM_SCENARIO`` (none: one idle r550 GPU). Answers
-``-q -x`` (``-i`` too), ``-L`` (``--list-gpus``), ``dmon`` and ``pmon`` (``-i -c -d -s -o``)
+``-q -x`` (``-i`` too), ``-L`` (``--list-gpus``), ``dmon`` and ``pmon`` (``-i -c -d -s -o``),
+``topo -m`` (from the ``topology`` key, see topo.py: absent, it fails as an old driver does)
 and ``--query-compute-apps=<fields> --format=csv[,noheader][,nounits]`` (fields ``gpu_uuid pid
 used_memory process_name gpu_bus_id gpu_name``; a name is printed as it is, commas and all,
 unquoted like the real tool); anything else fails as nvidia-smi does. dmon/pmon re-read the
@@ -33,6 +34,8 @@ Scenario (every key optional; ``null`` statistics print as ``-``)::
      "processes": [{"pid": 1426541, "gpu": 0, "type": "C", "name": "python",
                     "used_mib": 4096, "sm": 95, "mem": 40, "gi": 1, "ci": 0}],
      "faults": {"garbage_every": 5, "pmon": {"fail": "gpu_lost"}},
+     "topology": "nvlink-pairs",   # what `topo -m` prints (simulator/topo.py: a named shape,
+                                   # or a matrix; "numa" and "topo_format" there); absent: fails
      "legacy_mig_uuids": false,    # true: -L names MIG devices as R450-R465 drivers did
      "live_pids_only": false,      # true: leave out processes whose pid has exited
      "trace": "/tmp/pmon.trace"}   # pmon appends "<epoch time> <pid> <gpu>" when it first
@@ -114,8 +117,10 @@ from datetime import datetime
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 from xml.sax.saxutils import escape
 
+from patroller.simulator.topo import topo_matrix
+
 Scenario = Dict[str, Any]
-COMMANDS = ("-q", "-L", "dmon", "pmon", "--query-compute-apps")
+COMMANDS = ("-q", "-L", "dmon", "pmon", "--query-compute-apps", "topo")
 # The namespace of the MIG uuids the simulator makes up (uuid5 of GPU uuid and instance ids).
 MIG_NAMESPACE = uuids.UUID("6d1c0e4a-3b8f-5e2a-9c71-4f0b2d8e6a13")
 
@@ -813,6 +818,21 @@ def one_shot(args: List[str], scn: Scenario) -> int:
     raise _bad_args()
 
 
+def topo(args: List[str], scn: Scenario) -> int:
+    """`topo -m` (`--matrix`): the scenario's topology (simulator/topo.py)."""
+    if args not in (["-m"], ["--matrix"]):
+        raise _bad_args()
+    _hang_if_asked(_start(scn, "topo"))
+    try:
+        text = topo_matrix(scn, len(_devices(scn)))
+    except ValueError as exc:
+        raise _Exit(f"simulator: {exc}", 2) from None
+    if text is None:
+        raise _Exit("ERROR: Option topo is not recognized. Please run 'nvidia-smi -h'.", 2)
+    sys.stdout.write(text)
+    return 0
+
+
 def _take_scenario(args: List[str]) -> Tuple[Optional[str], List[str]]:
     """Split our own --scenario FILE off nvidia-smi's arguments."""
     for i, arg in enumerate(args):
@@ -836,6 +856,8 @@ def _run(args: List[str]) -> int:
         sys.stderr.write(f"simulator: cannot use scenario {path}: {exc}\n")
         return 2
     try:
+        if args[:1] == ["topo"]:
+            return topo(args[1:], source.scenario)
         if args and args[0] in ("dmon", "pmon"):
             all_env = os.environ.get("NVSMI_SHOW_ALL_DEVICES", "") not in ("", "0")
             return monitor(args[0], args[1:], source, all_env)

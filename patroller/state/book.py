@@ -86,21 +86,21 @@ class LeaseBook:
         (directory.py); BookError if any fails, or if someone else could have chosen where it
         leads."""
         self._boot = boot_id(self.proc)
-        held = lock(self.directory)
-        self._lock, self.read_only = held.fd, held.read_only
-        if held.tightened.directory_mode is not None:  # in a private one, files were safe
+        locked = lock(self.directory)
+        self._lock, self.read_only = locked.fd, locked.read_only
+        if locked.tightened.directory_mode is not None:  # in a private one, files were safe
             log.warning("the state directory was open to other users, and is private now: %s "
                         "(under systemd: StateDirectoryMode=0700 and UMask=0077, as `patroller "
-                        "systemd-unit` prints)", held.tightened.words(self.directory))
+                        "systemd-unit` prints)", locked.tightened.words(self.directory))
         if self.read_only:
             log.error("the state directory %s is on a read-only filesystem: the lease book is "
                       "read, never written; reservations made from now on do not survive a "
                       "restart (mount it read-write to keep them)", self.directory)
-        if held.open_mode is not None:
+        if locked.open_mode is not None:
             log.error("the state directory %s (mode %o) is open to other users and on a "
                       "read-only filesystem, so it cannot be made private: they may read the "
                       "usage history and the lease book there (chmod 700 it where it is "
-                      "writable)", self.directory, held.open_mode)
+                      "writable)", self.directory, locked.open_mode)
 
     def attach(self, leases: LeaseManager) -> Optional[Restored]:
         """Load the book into a fresh lease manager, then keep the file up to date with it."""

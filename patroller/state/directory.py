@@ -7,7 +7,7 @@ may write (config/trust.py holds the rules, which the Slurm job map's directory 
 
 The directory is made private at start (0700, and each file of ours in it 0600: private.py)
 whatever mode it came with: systemd's StateDirectory= makes it 0755 unless told otherwise, and
-an older version left its usage store 0644. `Held.tightened` says what was closed to others.
+an older version left its usage store 0644. `LockedDirectory.tightened` says what was closed to others.
 
 A directory on a read-only filesystem (a read-only mount or bind mount) passes the same checks
 and is `read_only`: the daemon reads it but writes nothing there, and holds the lock file's lock
@@ -36,7 +36,7 @@ STATE_DIR = Place("the state directory", "--state-dir",
 
 
 @dataclass(frozen=True)
-class Held:
+class LockedDirectory:
     """A state directory, checked and locked for the daemon's life."""
 
     fd: Optional[int]  # the lock's descriptor; None: read-only, with no lock file to hold
@@ -45,7 +45,7 @@ class Held:
     open_mode: Optional[int] = None  # read-only, and others may enter: its mode (not fixable)
 
 
-def lock(directory: str) -> Held:
+def lock(directory: str) -> LockedDirectory:
     """Make the directory (mode 0700) if missing, or private if others may enter it or read a
     file of ours in it, and lock it (held for the daemon's life). BookError if any of this
     fails, or if someone else could have chosen where it leads or what is in it
@@ -56,7 +56,7 @@ def lock(directory: str) -> Held:
             os.makedirs(directory, mode=0o700, exist_ok=True)
         except OSError as exc:
             if exc.errno == errno.EROFS:  # not there, and cannot be made: nothing in it to read
-                return Held(None, read_only=True)
+                return LockedDirectory(None, read_only=True)
             raise BookError(f"cannot use the state directory {directory}: "
                             f"{exc.strerror or exc}; choose another --state-dir") from None
         # Again: a link may have been slipped in meanwhile. Then whoever else may write there
@@ -76,7 +76,7 @@ def lock(directory: str) -> Held:
         fd = os.open(os.path.join(directory, LOCK), mode | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
         if read_only and exc.errno == errno.ENOENT:  # no lock file, and none can be made
-            return Held(None, read_only=True)
+            return LockedDirectory(None, read_only=True)
         raise BookError(f"cannot use the state directory {directory}: "
                         f"{exc.strerror or exc}; choose another --state-dir") from None
     try:
@@ -91,13 +91,13 @@ def lock(directory: str) -> Held:
         raise BookError(f"cannot lock the state directory {directory}: "
                         f"{exc.strerror or exc}") from None
     if read_only:
-        return Held(fd, read_only=True, open_mode=open_mode)
+        return LockedDirectory(fd, read_only=True, open_mode=open_mode)
     try:  # the pid only names us to a second daemon: not worth failing for
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
     except OSError:
         pass
-    return Held(fd, tightened=tightened)
+    return LockedDirectory(fd, tightened=tightened)
 
 
 def make_private(directory: str) -> Tightened:

@@ -31,7 +31,7 @@ def open_pidfd(ref: ProcessRef, proc: str = "/proc") -> Optional[int]:
     if pidfd_open is None:
         raise OSError(errno.ENOSYS, "os.pidfd_open is not available")
     try:
-        fd = pidfd_open(ref.pid)
+        fd: int = pidfd_open(ref.pid)
     except ProcessLookupError:
         return None
     if is_alive(ref, proc):

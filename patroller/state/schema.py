@@ -24,7 +24,7 @@ import json
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, TypeGuard
 
 from patroller.core.identity import Identity, ProcessRef
 from patroller.core.leases import LeaseManager
@@ -154,7 +154,7 @@ def _time(uuid: Any, name: str, value: Any) -> Optional[float]:
             raise TypeError
     except (TypeError, OverflowError):
         raise ValueError(f"device {uuid!r} has a {name} that is not a time") from None
-    return value
+    return float(value)
 
 
 def _book_entry(uuid: Any, value: Any) -> Tuple[Identity, Optional[float], bool,
@@ -174,7 +174,13 @@ def _book_entry(uuid: Any, value: Any) -> Tuple[Identity, Optional[float], bool,
     pid, start = value.get("pid"), value.get("start")
     held_for = None
     if pid is not None or start is not None:
-        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (pid, start)):
+        if not (_count(pid) and _count(start)):
             raise ValueError(f"device {uuid!r} has a process that is not a pid and a start time")
         held_for = ProcessRef(pid, start)
-    return Identity.from_json(value.get("holder")), deadline, releasing, held_for, until, asked
+    holder: Any = value.get("holder")  # from_json says what is wrong with it
+    return Identity.from_json(holder), deadline, releasing, held_for, until, asked
+
+
+def _count(value: Any) -> TypeGuard[int]:
+    """Whether `value` is a whole number, 0 or more (not a boolean)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -37,7 +37,8 @@ log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 Wants = Mapping[str, int]  # group -> count
-Shape = Tuple[Tuple[str, int], ...]  # wants in a fixed order: waiters of one shape queue together
+# wants in a fixed order, and the link insisted on: waiters of one shape queue together
+Shape = Tuple[Tuple[Tuple[str, int], ...], Optional[str]]
 
 # A timer may fire a hair before its deadline, and a float sum may land a hair short of it:
 # an end within this many seconds from now is taken as reached. Not a tuning value: the
@@ -68,6 +69,9 @@ class Hold:
     # Changes of `processes` and `commands` (made only by add, rename and forget): a view
     # shows the process list again when it moves, without comparing the lists.
     process_version: int = 0
+    # Who held it last, and when it was freed: the tie-breaks of the topology's choice.
+    last_user: Optional[str] = None
+    freed: Optional[float] = None
 
     @property
     def free(self) -> bool:
@@ -230,6 +234,8 @@ class Hold:
     def end(self, now: float) -> None:
         """End the holder's hold, however held: the processes still on the device pass it to
         the owner of the oldest."""
+        if self.holder is not None and not self.holder.identifying:
+            self.last_user, self.freed = self.holder.user, now
         self.holder, self.deadline, self.until, self.held_for = None, None, None, None
         self.allocation = None
         self.releasing, self.asked, self.over_limit = False, False, False

@@ -41,7 +41,13 @@ log = logging.getLogger(__name__)
 
 
 class LeaseManager(LeaseState):
-    """Reservations, claims and waiters for an inventory of devices: the commands."""
+    """Reservations, claims and waiters for an inventory of devices: the commands.
+
+    One command object: each public method is one command of the lease rules, and all keep the
+    same invariants over the same holds and queue (every change announced, waiters served by
+    the change itself). The state and its queries are LeaseState's (state.py), which devices go
+    to whom serving.py's, fair use's limits.py's and refusals' refusals.py's; its size is let
+    past the usual cap for it alone (tests/test_layout.py says why)."""
 
     def __init__(self, inventory: Inventory, *, lease: float, policy: Policy, max_waiters: int,
                  max_waiting_per_user: int, clock: Clock = time.monotonic) -> None:
@@ -58,25 +64,27 @@ class LeaseManager(LeaseState):
     # -- asking for devices -------------------------------------------------------------
 
     def request(self, user: Identity, wants: Wants, held_for: Optional[ProcessRef] = None,
-                duration: Optional[float] = None) -> List[Device]:
-        """Reserve now, all or nothing (Busy): a lease, `duration` s, or while `held_for` lives."""
-        self._admit(user, wants)
-        picked = self._pick(wants)
+                duration: Optional[float] = None, link: Optional[str] = None) -> List[Device]:
+        """Reserve now, all or nothing (Busy): a lease, `duration` s, or while `held_for` lives;
+        linked as `link` insists ("nvlink", "numa"), else the best-connected set."""
+        self._admit(user, wants, link)
+        picked = self._pick(wants, user, link)
         if picked is None:
-            raise self.busy(wants)
+            raise self.busy(wants, link)
         self._grant(user, picked, held_for, duration)
         self._notices.changed()
         return picked
 
     def wait(self, user: Identity, wants: Wants, on_grant: Callable[[List[Device]], None],
              on_abort: Optional[Callable[[Exception], None]] = None,
-             held_for: Optional[ProcessRef] = None, duration: Optional[float] = None) -> Waiter:
+             held_for: Optional[ProcessRef] = None, duration: Optional[float] = None,
+             link: Optional[str] = None) -> Waiter:
         """Queue a request: `on_grant(devices)` once reserved (maybe now), `on_abort` at close."""
-        self._admit(user, wants)
-        waiter = Waiter(user, wants, on_grant, on_abort, held_for, duration)
+        self._admit(user, wants, link)
+        waiter = Waiter(user, wants, on_grant, on_abort, held_for, duration, link)
         # Every change that frees a device serves the queue, so no queued waiter fits what is
         # free now: only the newcomer can, and trying it alone keeps the arrival order.
-        picked = self._pick(waiter.wants)
+        picked = self._pick(waiter.wants, user, link)
         if picked is None:
             self.waiters.add(waiter, self.clock())
             return waiter
@@ -100,7 +108,8 @@ class LeaseManager(LeaseState):
         if uuid is not None:
             admin = refusals.check_release(user, self._hold(uuid))  # root, another's device
             devices = [d for d in devices if d.uuid == uuid]
-        now_free, after_exit = [], []
+        now_free: List[Device] = []
+        after_exit: List[Device] = []
         for device in devices:
             hold = self._holds[device.uuid]
             owner = hold.holder
@@ -276,9 +285,9 @@ class LeaseManager(LeaseState):
 
     # -- inside -----------------------------------------------------------------------------
 
-    def _admit(self, user: Identity, wants: Wants) -> None:
+    def _admit(self, user: Identity, wants: Wants, link: Optional[str] = None) -> None:
         self._check_open()
-        self.check(wants)
+        self.check(wants, link)
         self.check_limit(user, wants)
         closed = self.gate()
         if closed is not None:
@@ -308,7 +317,8 @@ class LeaseManager(LeaseState):
         passed: Set[Waiter] = set()
         free = self.free() if len(self.waiters) and self.gate() is None else {}
         while any(free.values()):
-            chosen = serving.choose(self.waiters, free, *self.set_aside(free), passed)
+            chosen = serving.choose(self.waiters, free, *self.set_aside(free), passed,
+                                    self.choose_for)
             if chosen is None:
                 break
             waiter, devices = chosen

@@ -22,10 +22,12 @@ class Waiter:
 
     def __init__(self, user: Identity, wants: Wants, on_grant: Callable[[List[Device]], None],
                  on_abort: Optional[Callable[[Exception], None]] = None,
-                 held_for: Optional[ProcessRef] = None, duration: Optional[float] = None) -> None:
+                 held_for: Optional[ProcessRef] = None, duration: Optional[float] = None,
+                 link: Optional[str] = None) -> None:
         self.user = user
         self.wants = dict(wants)
-        self.shape: Shape = tuple(sorted(self.wants.items()))
+        self.link = link  # how the devices must be linked ("nvlink", "numa"), or None
+        self.shape: Shape = (tuple(sorted(self.wants.items())), link)
         self.on_grant = on_grant
         self.on_abort = on_abort
         self.held_for = held_for  # the grant is held for this process

@@ -2,14 +2,15 @@
 manager raises before anything changes (the API maps each to its status)."""
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from patroller.core.devices import Inventory
+from patroller.core.devices import Device, Inventory
 from patroller.core.errors import Busy, NotHeld, NotYours, OverLimit, Unsatisfiable
 from patroller.core.identity import Identity
 from patroller.core.jobs import Allocation
 from patroller.core.leases.holds import Hold, Wants, is_admin
 from patroller.core.leases.limits import Count
+from patroller.core.topology import Topology, usable
 
 
 def check_exists(inventory: Inventory, wants: Wants) -> None:
@@ -41,7 +42,7 @@ def over_limit(user: Identity, wants: Wants, count: Count) -> OverLimit:
     return error
 
 
-def _over(user: Identity, wants: Wants, count: Count, held: List[Optional[int]]) -> str:
+def _over(user: Identity, wants: Wants, count: Count, held: Sequence[Optional[int]]) -> str:
     """Why `count` refuses the request, naming the devices held (None: one held by another)."""
     asked = sum(wants.values())
     whom = "one user" if count.kind == "user" else "one host account"
@@ -56,11 +57,35 @@ def _over(user: Identity, wants: Wants, count: Count, held: List[Optional[int]])
             "first (/release?uuid=..., or patroller release NUMBER)")
 
 
-def busy(wants: Wants, free: Dict[str, int]) -> Busy:
+LINKED = {"nvlink": "all linked to each other by NVLink",
+          "numa": "all in one NUMA node (one CPU affinity)"}
+
+
+def topology_unknown(topology: Topology, devices: List[Device],
+                     link: str) -> Optional[Unsatisfiable]:
+    """The error for `link` on devices whose links are not known, or None."""
+    if usable(topology, devices):
+        return None
+    why = ("some are in MIG mode" if any(d.mig for d in devices) else
+           topology.why or "`nvidia-smi topo -m` was not read")
+    return Unsatisfiable(f"link={link} asks for devices {LINKED[link]}, but how this host's "
+                         f"devices are linked is not known ({why})", link=link)
+
+
+def never_linked(group: str, count: int, link: str) -> Unsatisfiable:
+    """The error for `link` that no set of `count` devices of this host meets, free or not."""
+    return Unsatisfiable(f"no {count} {group} of this host are {LINKED[link]} (link={link}); "
+                         "ask without link, or for fewer", requested={group: count}, link=link)
+
+
+def busy(wants: Wants, free: Dict[str, int], link: Optional[str] = None) -> Busy:
     """The error for a request that cannot be granted now, with how many of each group are free."""
     parts = [f"{count} {group} requested, {free.get(group, 0)} free"
              for group, count in wants.items()]
-    return Busy("busy: " + "; ".join(parts), requested=dict(wants), free=free)
+    if link is None:
+        return Busy("busy: " + "; ".join(parts), requested=dict(wants), free=free)
+    return Busy("busy: " + "; ".join(parts) + f", but none {LINKED[link]} (link={link})",
+                requested=dict(wants), free=free, link=link)
 
 
 def check_renew(user: Identity, hold: Hold) -> None:

@@ -1,17 +1,27 @@
 """Which free devices go to whom: the free devices by group, those set aside for a starving
 waiter, a pick for a request, and the next waiter to serve with its devices.
 
-Pure choices over the holds and the queue: the lease manager reserves what they choose.
+Pure choices over the holds and the queue: the lease manager reserves what they choose. The
+queue, the limits and the starvation bound decide whether and when a request is served; a
+`Choose` (the topology's best-connected set, core/topology.py, or the lowest numbers) decides
+which of the free devices it gets, the same way for a request, a waiter and a set-aside.
 """
 from __future__ import annotations
 
-from typing import AbstractSet, Dict, Iterable, List, Mapping, Optional, Set, Tuple
+from typing import AbstractSet, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from patroller.core.devices import Device, Inventory
 from patroller.core.leases.holds import Hold, Wants
 from patroller.core.leases.queue import WaitQueue, Waiter
 
 Free = Dict[str, List[Device]]  # group -> its free devices, in device order
+# Which `count` of these free devices (in device order) to give, or None if none will do.
+Choose = Callable[[List[Device], int], Optional[List[Device]]]
+
+
+def lowest(usable: List[Device], count: int) -> Optional[List[Device]]:
+    """The lowest numbers: the choice where the topology is not known."""
+    return usable[:count] if len(usable) >= count else None
 
 
 def free_devices(inventory: Inventory, holds: Mapping[str, Hold]) -> Free:
@@ -25,36 +35,54 @@ def free_devices(inventory: Inventory, holds: Mapping[str, Hold]) -> Free:
     return free
 
 
-def set_aside(waiters: WaitQueue, free: Free, now: float,
-              bound: float) -> Tuple[Optional[Waiter], Set[str]]:
-    """The starving waiter, and the free devices held for it (as many of each group it wants
-    as are free, lowest numbers first)."""
+def set_aside(waiters: WaitQueue, free: Free, now: float, bound: float,
+              chooser: Callable[[Waiter], Choose] = lambda w: lowest,
+              ) -> Tuple[Optional[Waiter], Set[str]]:
+    """The starving waiter, and the free devices held for it: of each group it wants, the set
+    it would be given, or while too few (or none linked as it insists) are free, the largest
+    such set there is (the lowest numbers without a topology)."""
     waiter = waiters.starving(now, bound)
     if waiter is None:
         return None, set()
-    return waiter, {d.uuid for group, n in waiter.shape for d in free.get(group, [])[:n]}
+    choose_for, aside = chooser(waiter), set()
+    for group, n in waiter.wants.items():
+        usable = free.get(group, [])
+        for count in range(min(n, len(usable)), 0, -1):
+            chosen = choose_for(usable, count)
+            if chosen is not None:
+                aside.update(d.uuid for d in chosen)
+                break
+    return waiter, aside
 
 
-def pick(wants: Wants, free: Free, aside: AbstractSet[str] = frozenset()) -> Optional[List[Device]]:
-    """Free devices for every group, but those set aside, by number; None if a group falls short."""
+def pick(wants: Wants, free: Free, aside: AbstractSet[str] = frozenset(),
+         choose: Choose = lowest) -> Optional[List[Device]]:
+    """Free devices for every group, but those set aside, as `choose` says; None if a group
+    falls short. In device (PCI bus) order."""
     picked = []
     for group, count in wants.items():
         usable = [d for d in free.get(group, []) if d.uuid not in aside]
-        if len(usable) < count:
+        chosen = choose(usable, count) if len(usable) >= count else None
+        if chosen is None:
             return None
-        picked.extend(usable[:count])
+        picked.extend(chosen)
     return sorted(picked, key=lambda d: d.number)
 
 
 def choose(waiters: WaitQueue, free: Free, starving: Optional[Waiter], aside: AbstractSet[str],
-           passed: Iterable[Waiter] = ()) -> Optional[Tuple[Waiter, List[Device]]]:
+           passed: Iterable[Waiter] = (), chooser: Callable[[Waiter], Choose] = lambda w: lowest,
+           ) -> Optional[Tuple[Waiter, List[Device]]]:
     """The next waiter to serve and its devices: the earliest that fits what is free (only the
     starving one may have what is set aside for it), leaving out those `passed` over. One that
     wants more than is free does not hold back a later one that fits."""
-    def fits(waiter: Waiter) -> Optional[List[Device]]:
-        return pick(waiter.wants, free, frozenset() if waiter is starving else aside)
+    found: Dict[Waiter, Optional[List[Device]]] = {}
 
-    waiter = waiters.first(lambda w: fits(w) is not None, passed)
+    def fits(waiter: Waiter) -> bool:
+        found[waiter] = pick(waiter.wants, free, frozenset() if waiter is starving else aside,
+                             chooser(waiter))
+        return found[waiter] is not None
+
+    waiter = waiters.first(fits, passed)
     if waiter is None:
         return None
-    return waiter, fits(waiter) or []
+    return waiter, found[waiter] or []

@@ -16,8 +16,9 @@ from patroller.core.errors import Busy, Unsatisfiable
 from patroller.core.leases.holds import Clock, Hold, Wants
 from patroller.core.leases.limits import Count
 from patroller.core.leases.queue import WaitQueue, Waiter
-from patroller.core.leases.serving import Free
+from patroller.core.leases.serving import Choose, Free, lowest
 from patroller.core.policy import Policy
+from patroller.core.topology import Search, Topology, best, usable
 
 
 class LeaseState:
@@ -31,6 +32,8 @@ class LeaseState:
         self.clock = clock
         self.policy = policy  # replaced whole when the administrator reloads it
         self.waiters = waiters
+        self.topology = Topology()  # replaced whole when `topo -m` is read again
+        self.search = Search()  # how hard the choice looks (core/topology.py; Config's)
         now = clock()
         self._holds = {d.uuid: Hold(since=now, uuid=d.uuid) for d in inventory}
 
@@ -60,9 +63,20 @@ class LeaseState:
 
     # -- checks before a command: they raise, and change nothing ----------------------------
 
-    def check(self, wants: Wants) -> None:
-        """Raise Unsatisfiable if the request could never be granted on this host."""
+    def check(self, wants: Wants, link: Optional[str] = None) -> None:
+        """Raise Unsatisfiable if the request could never be granted on this host: too many
+        devices, or none linked as `link` insists, even were all of them free."""
         refusals.check_exists(self.inventory, wants)
+        if link is None:
+            return
+        present = self.inventory.present()
+        for group, count in wants.items():
+            devices = [d for d in present if d.group == group]
+            why = refusals.topology_unknown(self.topology, devices, link)
+            if why is None and self.chooser(None, link)(devices, count) is None:
+                why = refusals.never_linked(group, count, link)
+            if why is not None:
+                raise why
 
     def check_limit(self, user: Identity, wants: Wants) -> None:
         """Raise OverLimit if granting `wants` would take the user, or the host account they
@@ -71,9 +85,30 @@ class LeaseState:
         if count is not None:
             raise refusals.over_limit(user, wants, count)
 
-    def busy(self, wants: Wants) -> Busy:
+    def busy(self, wants: Wants, link: Optional[str] = None) -> Busy:
         """The error for a request that cannot be granted now: says how many are free."""
-        return refusals.busy(wants, {group: len(free) for group, free in self.free().items()})
+        return refusals.busy(wants, {group: len(free) for group, free in self.free().items()},
+                             link)
+
+    def chooser(self, user: Optional[Identity], link: Optional[str] = None) -> Choose:
+        """How to choose among free devices for `user`: the best-connected set by the
+        topology (core/topology.py), meeting `link`; the lowest numbers where the topology is
+        not known for them (no `topo -m`, MIG), where `link` is then never met."""
+        name = user.user if user is not None else None
+        holds, topology, search = self._holds, self.topology, self.search
+
+        def prefer(device: Device) -> Tuple[int, float]:
+            hold = holds.get(device.uuid)
+            if hold is None:
+                return 1, float("-inf")
+            freed = hold.freed if hold.freed is not None else float("-inf")
+            return (0 if name is not None and hold.last_user == name else 1), freed
+
+        def choose(free: List[Device], count: int) -> Optional[List[Device]]:
+            if not usable(topology, free):
+                return lowest(free, count) if link is None else None
+            return best(topology, free, count, prefer, link, search)
+        return choose
 
     def hold_of(self, uuid: str) -> Dict[str, Any]:
         """How a device is held, as a grant shows it: its hold, seconds left, the process."""
@@ -97,7 +132,11 @@ class LeaseState:
     def set_aside(self, free: Optional[Free] = None) -> Tuple[Optional[Waiter], Set[str]]:
         """The starving waiter, and the free devices set aside for it."""
         return serving.set_aside(self.waiters, self.free() if free is None else free,
-                                 self.clock(), self.policy.starvation_bound)
+                                 self.clock(), self.policy.starvation_bound, self.choose_for)
+
+    def choose_for(self, waiter: Waiter) -> Choose:
+        """How to choose a waiter's devices: as for a request of its user, its link."""
+        return self.chooser(waiter.user, waiter.link)
 
     def _hold(self, uuid: str) -> Hold:
         hold = self._holds.get(uuid)
@@ -105,7 +144,8 @@ class LeaseState:
             raise Unsatisfiable(f"there is no device {uuid!r}", uuid=uuid)
         return hold
 
-    def _pick(self, wants: Wants) -> Optional[List[Device]]:
+    def _pick(self, wants: Wants, user: Optional[Identity] = None,
+              link: Optional[str] = None) -> Optional[List[Device]]:
         """Free devices for a request: none of those set aside for a starving waiter."""
         free = self.free()
-        return serving.pick(wants, free, self.set_aside(free)[1])
+        return serving.pick(wants, free, self.set_aside(free)[1], self.chooser(user, link))

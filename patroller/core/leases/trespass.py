@@ -23,13 +23,14 @@ def trespass(notices: Notices, device: Optional[Device], pid: int, owner: Identi
              hold: Optional[Hold] = None, beyond: Optional[Count] = None) -> None:
     """Log and record a trespass: a process on a device another user (or job) holds
     (`hold`), or one that took a free device beyond its owner's limit (`beyond`, the count it
-    went past)."""
+    went past). The process's command, when known, goes with it (a notice names it)."""
     where = device.uuid if device is not None else "?"
+    command = hold.commands.get(pid) if hold is not None else None
     if beyond is not None:
         log.warning("trespassing: %s runs pid %d on %s, beyond the limit of %d of %s",
                     owner.user, pid, where, beyond.limit, beyond.describe(owner).rstrip(","))
-        notices.event("trespass", owner.user, [device], pid=pid, why="over_limit",
-                      limit=beyond.limit, held=[d.number for d in beyond.held],
+        notices.event("trespass", owner.user, [device], pid=pid, command=command,
+                      why="over_limit", limit=beyond.limit, held=[d.number for d in beyond.held],
                       account=beyond.name if beyond.kind == "account" else None)
         return
     holder = hold.holder.user if hold is not None and hold.holder else None
@@ -37,13 +38,14 @@ def trespass(notices: Notices, device: Optional[Device], pid: int, owner: Identi
     if allocation is None:
         log.warning("trespassing: %s runs pid %d on %s, held by %s", owner.user, pid, where,
                     holder or "nobody")
-        notices.event("trespass", owner.user, [device], pid=pid, holder=holder)
+        notices.event("trespass", owner.user, [device], pid=pid, command=command,
+                      holder=holder)
         return
     own, word = allocation.own(owner), allocation.word
     log.warning("trespassing: %s runs pid %d on %s (%s), allocated to %s %s of %s",
                 owner.user, pid, where, f"{word} {own}" if own else f"in no {word}",
                 allocation.scheduler, allocation.describe(), holder or "?")
-    notices.event("trespass", owner.user, [device], pid=pid, holder=holder,
+    notices.event("trespass", owner.user, [device], pid=pid, command=command, holder=holder,
                   why=allocation.why, **{allocation.key: list(allocation.ids()),
                                          allocation.member_key: own})
 
@@ -61,6 +63,6 @@ def arrive(notices: Notices, device: Optional[Device], hold: Hold, pid: int, own
         hold.holder, hold.over_limit = owner, over is not None
         notices.event("claim", owner.user, [device], pid=pid, command=hold.commands.get(pid))
         if over is not None:
-            trespass(notices, device, pid, owner, beyond=over)
+            trespass(notices, device, pid, owner, hold=hold, beyond=over)
     if hold.place(owner, now):
         trespass(notices, device, pid, owner, hold=hold)

@@ -191,10 +191,14 @@
     const fb = stat ? stat.fb : null;
     const total = stat && typeof stat.fb_total === "number" ? stat.fb_total : null;
     const temps = [num(stat && stat.gtemp), num(stat && stat.mtemp)];
+    const topo = (stat && stat.topology) || device.topology;  // null: links not known
     const facts = [
       temps[0] !== null ? "GPU " + temps[0] + " °C" : null,
       temps[1] !== null ? "memory " + temps[1] + " °C" : null,
       num(stat && stat.power) !== null ? num(stat.power) + " W" : null,
+      topo && topo.nvlink.length ? "NVLink to " + (topo.nvlink.length ===
+        Object.keys(topo.links).length ? "all" : topo.nvlink.join(",")) : null,
+      topo && topo.numa !== null ? "NUMA " + topo.numa : null,
     ].filter(Boolean).map((fact) => fact.replace(/ /g, "\u00a0"));  // a figure never splits
     const badges = [h("span", {class: "state state-" + state}, state)];
     if (idle) badges.push(h("span", {class: "state state-idle"}, "idle " + duration(claim.idle_for)));

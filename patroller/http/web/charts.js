@@ -31,10 +31,19 @@ window.PatrollerCharts = (function () {
     return 10 * power;
   }
 
-  function number(value) {
+  // An axis's tick: as few digits as it needs (0, 2.5, 10, 250).
+  function tick(value) {
     if (value >= 100) return String(Math.round(value));
     if (value >= 10) return value.toFixed(1).replace(/\.0$/, "");
     return value.toFixed(2).replace(/\.?0+$/, "") || "0";
+  }
+
+  // GPU-hours as `patroller report` says them (patroller/cli/usage.py hours_text), one rule
+  // for both: 0, <0.01 for a little (never 0 beside a share), 0.25, 12.5, 1234.
+  function hours(value) {
+    if (!(value > 0)) return "0";
+    if (value < 0.01) return "<0.01";
+    return value < 10 ? value.toFixed(2) : value < 1000 ? value.toFixed(1) : value.toFixed(0);
   }
 
   // Stacked bars: a column per label, a segment per series, bottom up in the series' order.
@@ -66,7 +75,7 @@ window.PatrollerCharts = (function () {
       const value = topValue * n / 4, y = top + plotH - value * scale;
       grid.append(el("line", {x1: left, x2: width - right, y1: y, y2: y}));
       grid.append(el("text", {x: left - 6, y: y + 4, "text-anchor": "end", class: "tick"},
-                     number(value)));
+                     tick(value)));
     }
     grid.append(el("text", {x: 4, y: top + 4, class: "unit", transform: `rotate(90 4 ${top + 4})`},
                    opts.unit || ""));
@@ -87,7 +96,7 @@ window.PatrollerCharts = (function () {
                                  height: h, data: {column: stack.column.key,
                                                    series: part.series.key, value: part.value}});
         rect.append(el("title", {}, `${stack.column.label}: ${part.series.label}, ` +
-                                    `${number(part.value)} ${opts.unit || ""}`));
+                                    `${hours(part.value)} ${opts.unit || ""}`));
         group.append(rect);
       }
       bars.append(group);
@@ -134,7 +143,7 @@ window.PatrollerCharts = (function () {
                                  x: left + c * (cellW + gap), y, width: cellW, height: cellH,
                                  rx: 2, data: {row: row.key, column: column.key, value}});
         if (value > 0) cell.setAttribute("fill-opacity", (0.12 + 0.88 * value / most).toFixed(3));
-        cell.append(el("title", {}, `${row.label} ${column.label}: ${number(value)} ` +
+        cell.append(el("title", {}, `${row.label} ${column.label}: ${hours(value)} ` +
                                     (opts.unit || "")));
         svg.append(cell);
       });
@@ -142,5 +151,5 @@ window.PatrollerCharts = (function () {
     return svg;
   }
 
-  return Object.freeze({stackedBars, heatmap, number});
+  return Object.freeze({stackedBars, heatmap, hours});
 })();

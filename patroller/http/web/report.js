@@ -6,7 +6,7 @@
 "use strict";
 
 (function () {
-  const {stackedBars, heatmap, number} = window.PatrollerCharts;  // charts.js
+  const {stackedBars, heatmap, hours: gpuHours} = window.PatrollerCharts;  // charts.js
   const CATEGORIES = ["active", "idle_held", "reserved_unused", "trespass", "unreserved",
                       "free", "lost"];
   const USED = CATEGORIES.slice(0, 5);  // GPU-time held or used: all but free and lost
@@ -199,7 +199,7 @@
     }
     const shares = USED.filter((c) => total.shares[c] > 0)
       .map((c) => `${percent(total.shares[c])} ${NAMES[c]}`);
-    $("summary").textContent = `${span}: ${number(total.gpu_hours)} GPU-hours` +
+    $("summary").textContent = `${span}: ${gpuHours(total.gpu_hours)} GPU-hours` +
       (shares.length ? ", " + shares.join(", ") : ", none held or used");
   }
 
@@ -277,7 +277,7 @@
     $("heat-note").textContent = `(GPU-hours held or used, summed over the range, by weekday ` +
                                  `and hour in ${heat.tz || zone})`;
     $("heat-unplaced").hidden = unplaced <= 0;
-    $("heat-unplaced").textContent = `${number(unplaced)} GPU-hours from before --usage-days ` +
+    $("heat-unplaced").textContent = `${gpuHours(unplaced)} GPU-hours from before --usage-days ` +
                                      "are kept as daily totals, with no hour of the day";
   }
 
@@ -290,7 +290,7 @@
       const held = used(row.hours);
       return h("tr", {data: {user: row.key === null ? "" : row.key, hours: row.hours[category]}},
         h("td", {title: userLabel(row.key)}, userLabel(row.key)),
-        h("td", {}, number(row.hours[category])),
+        h("td", {}, gpuHours(row.hours[category])),
         h("td", {}, held > 0 ? percent(row.hours[category] / held) : "–"));
     }));
     $(id).hidden = rows.length === 0;

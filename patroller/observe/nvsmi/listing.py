@@ -29,7 +29,9 @@ _DAMAGE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]|\^C")
 class ListedMig(NamedTuple):
     """A MIG device as `nvidia-smi -L` lists it under its GPU."""
 
-    index: int  # `Device  N`: the MIG device's index within its GPU, as -q -x numbers it
+    # `Device  N`: the MIG device's index within its GPU, as -q -x numbers it (it hides
+    # tuple.index, which nothing calls on it)
+    index: int  # type: ignore[assignment]
     uuid: str  # `MIG-<uuid>`, or `MIG-GPU-<gpu uuid>/<gi>/<ci>` from drivers before R470
     profile: Optional[str]  # `1g.10gb`, `1g.10gb+me`, `1c.3g.20gb`, ...
     gpu_instance_id: Optional[int] = None  # only where the uuid carries them (the old form)

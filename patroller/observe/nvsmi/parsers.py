@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from types import MappingProxyType
-from typing import (Dict, Generic, List, Mapping, NamedTuple, Optional, Sequence, Tuple,
+from typing import (Any, Dict, Generic, List, Mapping, NamedTuple, Optional, Sequence, Tuple,
                     TypeVar, Union)
 
 Value = Union[int, float, str, None]
@@ -65,7 +65,7 @@ def parse_value(token: str) -> Value:
     return token
 
 
-class _Cells(dict):  # type: ignore[type-arg]
+class _Cells(Dict[str, Any]):
     """parse_value with a memory: the same few hundred cell texts recur on every line."""
 
     LIMIT = 8192
@@ -305,7 +305,7 @@ def _compute_app(line: str) -> Optional[ComputeApp]:
     if not _APP_UUID.fullmatch(uuid) or pid is None:
         return None
     found = _APP_MIB.fullmatch(memory)
-    name = cells[3].strip() if len(cells) == 4 else ""
+    name: Optional[str] = cells[3].strip() if len(cells) == 4 else ""
     if not name or name in ("N/A", "-") or (name.startswith("[") and name.endswith("]")):
         name = None  # `[N/A]`, `[Not Found]`, `[Insufficient Permissions]`
     return ComputeApp(uuid, pid, int(found.group(1)) if found else None, name)
