@@ -133,8 +133,10 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None,
             prog="patroller", description="Reserve and watch the GPUs of a Patroller host. "
             "`patroller` with flags and no command runs the server (patroller --help).")
     names = COMMANDS + tuple(name for name, _, _ in others)
-    commands = parser.add_subparsers(dest="command", title="commands" if whole else None,
-                                     metavar="COMMAND" if whole else "{" + ",".join(names) + "}")
+    if whole:
+        commands = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
+    else:
+        commands = parser.add_subparsers(dest="command", metavar="{" + ",".join(names) + "}")
     commands.required = not whole  # the whole command line: none runs the daemon
 
     run = commands.add_parser("run", parents=[common], help="run a command on reserved GPUs",

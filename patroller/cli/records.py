@@ -57,14 +57,13 @@ def detail(event: Dict[str, Any]) -> str:
     a duration as that duration (`hold=1h`, not `hold=duration seconds=3600.0`), and any other
     count of seconds as a duration too."""
     words = []
-    seconds = event.get("seconds")
-    timed = event.get("hold") == "duration" and _is_number(seconds)
+    timed = event.get("hold") == "duration" and _is_number(event.get("seconds"))
     for key, value in event.items():
         if key in _SHOWN or value is None or value == [] or value == {}:
             continue
         if timed and key in ("hold", "seconds"):
             if key == "hold":
-                words.append(f"hold={durations.describe(seconds)}")
+                words.append(f"hold={durations.describe(float(event['seconds']))}")
             continue
         if _is_number(value) and (key == "seconds" or key.endswith("_seconds")):
             value = durations.describe(value)

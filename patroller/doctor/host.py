@@ -64,7 +64,8 @@ def probe_proc(proc: str = "/proc") -> ProcFacts:
     no_cgroup: List[int] = []
     no_userns: List[int] = []
     runtimes: Counter[str] = collections.Counter()
-    jobs, unknown, unknown_count, systemd = 0, [], 0, False
+    unknown: List[str] = []
+    jobs, unknown_count, systemd = 0, 0, False
     for pid in pids:
         try:
             text = procfs.cgroup(pid, proc)
