@@ -24,7 +24,7 @@ from patroller.http.server import (PeerServer, SocketFile, SocketPathError, remo
                                    tcp_sockets, unix_socket)
 from patroller.identify.callers import CallerIdentifier, SystemCallers, TestModeCallers
 from patroller.identify.containers import ContainerDirectory
-from patroller.identify.resolver import ProcessIdentifier
+from patroller.identify.resolver import ProcessIdentifier, TestModeIdentifier
 from patroller.identify.tracker import ProcessTracker
 from patroller.notify import Notifier
 from patroller.notify.notifier import NotifyError
@@ -43,7 +43,8 @@ from patroller.observe.health import HealthWatch
 from patroller.observe.kernlog import KernelLog
 from patroller.observe.stats import StatsStore
 from patroller.observe.tally import Tally
-from patroller.observe.testmode import SyntheticMonitor, synthetic_inventory
+from patroller.observe.testmode import MODELS, SyntheticMonitor, synthetic_inventory
+from patroller.observe.testprocesses import SyntheticProcesses, asking_holder
 from patroller.services import Services
 from patroller.state.audit import AuditLog
 from patroller.state.book import LeaseBook
@@ -241,13 +242,20 @@ async def build(config: Config) -> Daemon:
     signals = Signals()
     if config.test:
         inventory = synthetic_inventory(config.test_devices)
-        # Its statistics follow the leases (a held device looks busy), which assemble() makes.
+        # Its statistics follow the leases (a held device looks busy), which assemble() makes;
+        # with --test-processes, its processes follow the holders, and the statistics them.
+        processes = SyntheticProcesses(
+            inventory, lambda uuid: asking_holder(daemon.services.leases.holds[uuid]),
+            config.test_process_cycle, config.test_process_after,
+            MODELS["NVIDIA A100-SXM4-80GB"].busy_fb) if config.test_processes else None
         synthetic = SyntheticMonitor(inventory, signals, config.test_interval,
                                      held=lambda uuid: daemon.services.leases.state(uuid)
-                                     not in ("free", "lost"))
+                                     not in ("free", "lost"), processes=processes)
+        identifier = ProcessIdentifier(config) if processes is None else \
+            TestModeIdentifier(config, processes.owner)
         daemon = assemble(config, inventory, signals, [synthetic] + schedulers(inventory, signals,
                                                                             config),
-                          ProcessIdentifier(config), TestModeCallers(config))
+                          identifier, TestModeCallers(config))
         return daemon
     argv = command(config.nvidia_smi)
     try:
@@ -378,7 +386,12 @@ def usage_store(config: Config) -> Optional[UsageStore]:
     """The usage store the configuration asks for: in the state directory (or `usage_dir`),
     unless --usage none or there is no state directory."""
     directory = config.usage_dir or config.state_dir
-    if config.usage == "none" or directory is None:
+    if config.usage == "none":
+        return None
+    if directory is None:  # as found: --usage sqlite with no state directory kept nothing, silently
+        log.warning("no usage history is kept: --usage %s needs a state directory, and there "
+                    "is none (%s); give --state-dir DIR to keep one, or --usage none",
+                    config.usage, "test mode's default" if config.test else "--state-dir none")
         return None
     return UsageStore(directory, config)
 

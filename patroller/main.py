@@ -3,7 +3,8 @@
 `patroller [flags]` runs the daemon; `patroller run|status|release|wait ...` are the command
 line's client commands (cli.py), which need neither Tornado nor the Docker SDK; `patroller
 doctor [flags]` checks what the daemon would meet here (doctor/); `patroller config [flags]`
-shows each setting and where it came from (config/shown.py).
+shows each setting and where it came from (config/shown.py); `patroller --help`, `completion`
+and `manpage` are made from the whole command line (manual.py).
 """
 from __future__ import annotations
 
@@ -37,6 +38,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from patroller.config.shown import main as show_config
 
         return show_config(args[1:])
+    if args and args[0] in ("completion", "manpage"):
+        from patroller import manual  # the whole command line: the daemon's flags too
+
+        return manual.main(args)
+    if any(word in ("-h", "--help") for word in args):  # the daemon's flags and every command
+        from patroller.manual import full_help
+
+        sys.stdout.write(full_help())
+        return 0
     if args and args[0] == "serve":  # the daemon by name, for symmetry with the commands
         args = args[1:]
     return daemon_main(args)

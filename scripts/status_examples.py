@@ -3,7 +3,7 @@ live daemons, into tests/fixtures/status/, and print each example as the command
 in 80 columns: paste them into the docs. tests/test_status_table.py draws each fixture again
 and checks that the docs say exactly that.
 
-    sudo .venv/bin/python scripts/status_examples.py
+    sudo .venv/bin/python scripts/status_examples.py [gpuhost] [testmode] [fleet]
 
 Root: a process of `nobody` shares a GPU. Three scenes:
 - gpuhost.json: a daemon on the simulator (4 A100s): GPU 0 reserved for a lease, GPU 1 claimed
@@ -12,8 +12,10 @@ Root: a process of `nobody` shares a GPU. Three scenes:
 - testmode.json: a test-mode daemon a few seconds after alice and bob reserved every GPU, carol
   and test-user (this command line, in test mode) waiting; with /whoami, for `--mine`;
 - fleet.json: `--hosts` over two test-mode daemons (the first two GPUs of one, the first of the
-  other, with alice's reservation), a stopped one (its real error) and one whose /status has
-  `users` as a string (answers.check's real message); the addresses are renamed gpu1:8080...
+  other, with alice's reservation), a stopped one (its real error and state) and one whose
+  /status has `users` as a string (answers.check's real message); the addresses are renamed
+  gpu1:8080... tests/test_status_table.py checks that a stopped host and a lying one answer
+  so today.
 """
 from __future__ import annotations
 
@@ -139,7 +141,7 @@ def fleet_scene() -> None:
         hosts = []
         for answer in fleet.ask_all([up[0].server, stopped.server, up[1].server], 10):
             host = {"host": names[answer.host], "status": answer.status,
-                    "devices": answer.devices,
+                    "devices": answer.devices, "state": answer.shown_state(),
                     "error": answer.error and answer.error.replace(answer.host, names[answer.host])}
             keep = 2 if answer.host == up[0].server else 1  # a short example
             if answer.devices is not None:
@@ -153,7 +155,7 @@ def fleet_scene() -> None:
             answers.check(lying, hosts[2]["devices"], fleet.HOST_MAX_GPUS)
         except answers.BadAnswer as exc:
             hosts.append({"host": "gpu4:8080", "status": None, "devices": None,
-                          "error": fleet.said(f"bad answer: {exc}")})
+                          "state": fleet.DOWN, "error": fleet.said(f"bad answer: {exc}")})
         save("fleet.json", {"command": "patroller status --hosts "
                             "gpu1:8080,gpu2:8080,gpu3:8080,gpu4:8080", "hosts": hosts})
     finally:
@@ -161,13 +163,17 @@ def fleet_scene() -> None:
             server.stop()
 
 
+SCENES = {"gpuhost": gpuhost, "testmode": testmode, "fleet": fleet_scene}
+
+
 def main() -> None:
+    """Take the scenes named on the command line (gpuhost, testmode, fleet; default: all),
+    then print every example."""
     sys.path.insert(0, os.path.join(ROOT, "tests"))
     from test_status_table import drawn, scenes
 
-    gpuhost()
-    testmode()
-    fleet_scene()
+    for name in sys.argv[1:] or list(SCENES):
+        SCENES[name]()
     for name, scene in scenes().items():
         for command, text in drawn(scene):
             print(f"--- {name}\n$ {command}\n{text}", end="")

@@ -55,7 +55,8 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
         --no-install-recommends \
         docker.io busybox-static wrk prometheus chromium chromium-driver \
-        slurmctld slurmd slurm-client munge podman runc uidmap containerd $systemd >/dev/null
+        slurmctld slurmd slurm-client munge podman runc uidmap containerd zsh fish \
+        $systemd >/dev/null
     # Should a service have started anyway (an init system that ignores policy-rc.d), stop it:
     # the tests start their own Prometheus on a port of their choosing, and their own munged,
     # slurmctld and slurmd; those three only where this run installed them (a host that is

@@ -32,12 +32,29 @@ def patroller(*args, timeout=60, **kwargs):
                           capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
+def interruptible() -> None:
+    """In the child, before it runs: Ctrl-C's default, whatever pytest was started with (a
+    background `nohup pytest &` ignores SIGINT, and its children would inherit that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(*args, **kwargs):
-    """`python -m patroller.cli ARGS` started in a process group of its own, as a shell would."""
+    """`python -m patroller.cli ARGS` started in a process group of its own, as a shell would,
+    with SIGINT's default disposition, as a terminal's foreground job has it."""
     kwargs.setdefault("stdout", subprocess.PIPE)
     kwargs.setdefault("stderr", subprocess.PIPE)
     return subprocess.Popen([sys.executable, "-m", "patroller.cli", *args], env=ENV, cwd=ROOT,
-                            text=True, start_new_session=True, **kwargs)
+                            text=True, start_new_session=True, preexec_fn=interruptible,
+                            **kwargs)
+
+
+def kill_group(started: subprocess.Popen) -> None:
+    """Whatever the test started and left running, ended: the process group the child leads."""
+    try:
+        os.killpg(started.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    started.wait()
 
 
 def call(server, path):
@@ -328,9 +345,10 @@ def test_status_watch_redraws_until_ctrl_c(gpuhost):
                 out.seek(0)
                 return out.read().count("GPU  NAME") >= 2  # piped: every column
             eventually(tables, what="two tables")
-        finally:
             os.killpg(watching.pid, signal.SIGINT)
             assert watching.wait(20) == 0
+        finally:
+            kill_group(watching)
 
 
 @pytest.mark.parametrize("every", ["0", "0.1", "0s"])
@@ -364,8 +382,7 @@ def test_run_holds_the_gpus_for_the_commands_pid_and_ctrl_c_ends_it(gpuhost):
         os.killpg(running.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
         assert running.wait(20) == -signal.SIGINT  # the command's own answer to it
     finally:
-        if running.poll() is None:
-            running.kill()
+        kill_group(running)
     assert group_members(running.pid) == []
     eventually(lambda: all_free(server), what="the GPUs freed after Ctrl-C")
 
@@ -453,8 +470,7 @@ def test_ctrl_c_while_waiting_exits_130_and_leaves_nothing(gpuhost):
         os.killpg(waiting.pid, signal.SIGINT)
         _, err = waiting.communicate(timeout=20)
     finally:
-        if waiting.poll() is None:
-            waiting.kill()
+        kill_group(waiting)
     assert waiting.returncode == 130
     assert err.splitlines()[-1] == "patroller: interrupted"
     assert group_members(waiting.pid) == [] and not alive(waiting.pid)
@@ -636,7 +652,8 @@ def test_every_commands_help_is_printed(args):
     assert done.returncode == 0 and done.stderr == "", done.stderr
     assert done.stdout.startswith("usage: patroller" if args != ["--version"] else "patroller ")
     if args[-1] == "--help" and args[0] in ("--help", "serve"):
-        assert "at most this % of SM" in done.stdout and "patroller run, status" in done.stdout
+        assert "at most this % of SM" in done.stdout and "\ncommands:\n" in done.stdout
+        assert "    history " in done.stdout  # every command (tests/test_manual.py)
 
 
 def test_reserve_holds_gpus_for_a_duration(test_server):

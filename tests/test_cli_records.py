@@ -36,7 +36,7 @@ def test_history_shows_each_event_and_filters_by_user(server):
     assert [(r[1], r[2], r[3]) for r in table[1:]] == [
         ("grant", "alice@example.org", "0,1"), ("grant", "bob", "2"),
         ("release", "alice@example.org", "0"), ("release", "alice@example.org", "1")]
-    assert "hold=duration" in table[2][4]
+    assert table[2][4].split()[0] == "hold=2h" and "seconds" not in table[2][4]  # not 7200.0
     mine = patroller("history", "--user", "bob", "--since", "1h", "--server", server)
     assert [r[1:3] for r in rows(mine.stdout)[1:]] == [["grant", "bob"]]
     raw = patroller("history", "--json", "--user", "bob", "--server", server)
@@ -89,3 +89,12 @@ def test_the_formatting_is_pure_and_says_when_there_is_nothing():
     assert detail(event) == "pid=42 jobs=4242 holder=alice"
     assert since_of(None, 1000.0) is None and since_of("90s", 1000.0) == "910.000"
     assert since_of("2026-12-01T00:00:00Z", 1000.0) == "2026-12-01T00:00:00Z"
+
+
+def test_a_hold_for_a_duration_is_written_as_one():
+    # As found: `hold=duration seconds=3600.0`.
+    assert detail({"event": "grant", "hold": "duration", "seconds": 3600.0, "pid": 7}) == \
+        "hold=1h pid=7"
+    assert detail({"event": "grant", "hold": "duration", "seconds": 5400}) == "hold=1h30m"
+    assert detail({"event": "grant", "hold": "lease"}) == "hold=lease"
+    assert detail({"event": "x", "idle_seconds": 90.0, "count": 3}) == "idle_seconds=1m30s count=3"

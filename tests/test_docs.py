@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections import Counter
 
 
@@ -39,6 +40,38 @@ def test_quick_start_has_two_set_up_commands():
     assert "pytest" in commands[1] and "tests/setup.sh" in commands[1]
     setup = open(os.path.join(ROOT, "tests", "setup.sh"), encoding="utf-8").read()
     assert "-e '.[test]'" in setup and "docker.io busybox-static" in setup
+
+
+def test_the_quick_starts_daemon_keeps_a_usage_store_that_report_reads(tmp_path):
+    """The quick start's daemon, as written (its `~` a home of the test's own, its port one the
+    kernel picks): it keeps a usage store, so `patroller report` answers there. As found: test
+    mode kept none, and `patroller report` said "no usage store here"."""
+    line = quick_start_commands()[0]
+    daemon = line.split(" && ")[-1]
+    assert daemon.startswith(".venv/bin/patroller --test ") and " --state-dir ~/" in daemon
+    words = daemon.replace(".venv/bin/patroller", "exec \"$PYTHON\" -m patroller", 1)
+    words = words.replace("--port 8080", "--port 0 --address 127.0.0.1")
+    env = {**os.environ, "HOME": str(tmp_path), "PYTHON": sys.executable, "PYTHONPATH": ROOT}
+    env.pop("PATROLLER_STATE_DIR", None)
+    log = tmp_path / "daemon.log"
+    with open(log, "w") as out:
+        started = subprocess.Popen(["sh", "-c", words], env=env, cwd=ROOT, stdout=out,
+                                   stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while not re.search(r" on http://127\.0\.0\.1:(\d+)", log.read_text()):
+            assert started.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        port = re.search(r" on http://127\.0\.0\.1:(\d+)", log.read_text()).group(1)
+        assert "no usage history is kept" not in log.read_text()
+        done = subprocess.run([sys.executable, "-m", "patroller", "report", "--since", "1h",
+                               "--server", f"127.0.0.1:{port}"], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert os.path.exists(tmp_path / ".local" / "state" / "patroller-test" / "usage.sqlite3")
+    finally:
+        started.terminate()
+        started.wait(30)
 
 
 def test_ci_runs_the_readme_test_command():

@@ -387,13 +387,12 @@ def test_what_is_at_the_socket_path_decides(tmp_path, engine_sockets):
     code, found, _ = doctor(*isolated(engine_sockets, "--test", "--socket", str(tmp_path / "file")))
     assert code == EX_CONFIG
     assert found["unix socket"]["detail"].endswith("is a file, not a socket")
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    gone = subprocess.run([sys.executable, "-m", "patroller", "doctor", "--test", "--socket",
-                           str(tmp_path / "gone" / "api.sock")], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
-    assert gone.returncode == 2, gone  # a flag the daemon would refuse: bad usage
-    assert gone.stderr.startswith("patroller doctor: error: --socket: ")
-    assert "is in a directory that does not exist" in gone.stderr
+    # a value the daemon would refuse: a failed check of its own, the rest examined without it
+    code, found, _ = doctor(*isolated(engine_sockets, "--test", "--socket",
+                                      str(tmp_path / "gone" / "api.sock")))
+    assert code == EX_CONFIG and found["--socket"]["status"] == "failed"
+    assert "is in a directory that does not exist" in found["--socket"]["detail"]
+    assert found["unix socket"]["status"] == "ok"  # none, as without the flag
     closed = f"{engine_sockets}/closed"  # in a folder others may pass through (not tmp_path's)
     os.mkdir(closed, 0o700)
     code, found, _ = doctor(*isolated(engine_sockets, "--test", "--socket",
@@ -498,3 +497,119 @@ def test_the_room_left_counts_what_a_user_may_write_not_the_blocks_kept_for_root
     def gone(folder):
         raise FileNotFoundError(folder)
     assert _free("/nope", gone) is None
+
+
+def test_a_usage_store_with_nowhere_to_live_is_degraded(engine_sockets, tmp_path):
+    # As found: --usage sqlite without --state-dir kept nothing, and nobody said so.
+    _, found, _ = doctor(*isolated(engine_sockets, "--test", "--usage", "sqlite"))
+    usage = found["usage history"]
+    assert usage["status"] == "degraded", usage
+    assert "no usage history is kept" in usage["detail"] and "--state-dir" in usage["fix"]
+    _, found, _ = doctor(*isolated(engine_sockets, "--test", "--usage", "none"))
+    assert found["usage history"]["status"] == "ok"
+    state = tmp_path / "state"
+    _, found, _ = doctor(*isolated(engine_sockets, "--test", "--state-dir", str(state)))
+    assert found["usage history"] == {
+        "check": "usage history", "status": "ok", "fix": "",
+        "detail": f"{state}/usage.sqlite3: a sample of every GPU every 60 s, kept 400 days"}
+
+
+def proc_tree(root, cap_eff="000001ffffffffff", nspid="4242", label=None, scope=None):
+    """A /proc with what tells apart why other processes are closed: our status, our security
+    label, Yama's scope, and pid 1 named."""
+    (root / "self" / "attr").mkdir(parents=True)
+    (root / "self" / "status").write_text(f"Name:\tpatroller\nCapEff:\t{cap_eff}\n"
+                                          f"NSpid:\t{nspid}\n")
+    if label is not None:
+        (root / "self" / "attr" / "current").write_text(label + "\n")
+    if scope is not None:
+        (root / "sys" / "kernel" / "yama").mkdir(parents=True)
+        (root / "sys" / "kernel" / "yama" / "ptrace_scope").write_text(f"{scope}\n")
+    (root / "1").mkdir()
+    (root / "1" / "comm").write_text("init\n")
+    return str(root)
+
+
+@pytest.mark.parametrize("tree,fix", [
+    ({"cap_eff": "000001fffff7ffff"}, "give Patroller CAP_SYS_PTRACE (it is root without it"),
+    ({"scope": 3}, "kernel.yama.ptrace_scope is 3"),
+    ({"nspid": "4242\t17"}, "run Patroller in the host's PID namespace"),
+    ({"label": "/usr/bin/patroller (enforce)"},
+     "the security module confines Patroller (/usr/bin/patroller (enforce))"),
+    ({"scope": 1, "label": "unconfined"}, "none to give: Patroller is root with CAP_SYS_PTRACE"),
+], ids=["no CAP_SYS_PTRACE", "Yama 3", "a PID namespace", "AppArmor", "none to tell"])
+def test_proc_advice_names_the_cause_it_can_tell_apart(tmp_path, tree, fix):
+    # As found: root with CAP_SYS_PTRACE, refused pid 1 (a VM's init), was told to get
+    # CAP_SYS_PTRACE.
+    from patroller.doctor.host import ProcFacts, _named, _why_refused, check_proc
+
+    proc = proc_tree(tmp_path, **tree)
+    facts = ProcFacts(0, None, 10, (), (1,), None, {}, 0, (), 0, "v2", True,
+                      *_why_refused(proc), (_named(1, proc),))
+    result = check_proc(facts)
+    assert result.status == "degraded" and result.fix.startswith(fix), result
+    assert ("CAP_SYS_PTRACE" in result.fix) == (fix.startswith(("give", "none"))), result
+    if fix.startswith("none"):
+        assert "(pid 1 (init))" in result.fix
+    as_user = check_proc(replace(facts, euid=65534))
+    assert as_user.fix == "run Patroller as root"
+
+
+def test_a_value_the_daemon_would_refuse_is_a_failed_check_and_json_is_always_json(
+        engine_sockets, tmp_path):
+    # As found: --state-dir naming a regular file exited 2 with an argument error, no JSON.
+    plain = tmp_path / "plain"
+    plain.write_text("")
+    code, found, listed = doctor(*isolated(engine_sockets, "--test", "--state-dir", str(plain),
+                                           "--lease", "soon"))
+    assert code == EX_CONFIG
+    state = found["--state-dir"]
+    assert state["status"] == "failed" and state["detail"].startswith(
+        f"'{plain}' is not a directory: the daemon would refuse to start"), state
+    assert "directory" in state["fix"]
+    lease = found["--lease"]
+    assert lease["status"] == "failed" and "--lease" in lease["fix"], lease
+    assert {"nvidia-smi", "/proc", "address and port", "usage history"} <= set(found)  # the rest
+    env = {**os.environ, "PYTHONPATH": ROOT, "PATROLLER_STATE_DIR": "", "PATROLLER_LEASE": "zz"}
+    done = subprocess.run([sys.executable, "-m", "patroller", "doctor", "--json",
+                           *isolated(engine_sockets, "--test")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == EX_CONFIG, done.stderr
+    (variable,) = [r for r in json.loads(done.stdout) if r["check"] == "PATROLLER_LEASE"]
+    assert variable["status"] == "failed" and "unset it" in variable["fix"]
+    for flags in (["--no-such-flag"], ["--port"]):  # not to be read at all: still JSON
+        done = subprocess.run([sys.executable, "-m", "patroller", "doctor", "--json", *flags],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2
+        (line,) = json.loads(done.stdout)
+        assert line["check"] == "command line" and line["status"] == "failed", line
+
+
+def test_a_state_directory_the_daemon_refuses_the_doctor_fails_for_the_same_reason(
+        engine_sockets):
+    # As found: --state-dir /proc/nope was "degraded ... free some room"; the daemon refuses it.
+    code, found, _ = doctor(*isolated(engine_sockets, "--test", "--state-dir", "/proc/nope"))
+    state = found["state directory"]
+    assert code == EX_CONFIG and state["status"] == "failed", state
+    daemon = subprocess.run([sys.executable, "-m", "patroller", "--test", "--port", "0",
+                             "--address", "127.0.0.1", "--state-dir", "/proc/nope"], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True,
+                            text=True, timeout=120)
+    assert daemon.returncode == 1
+    why = daemon.stderr.split("cannot use the state directory /proc/nope: ")[1].split(";")[0]
+    assert state["detail"] == f"/proc/nope cannot be made in /proc: {why}", (state, daemon.stderr)
+    assert "choose another --state-dir" in state["fix"]
+    assert not os.path.exists("/proc/nope")
+
+
+def test_the_doctors_help_shows_every_flag_of_the_daemon_it_takes():
+    # As found: `patroller doctor --help` showed only [-h] [--json].
+    from patroller.config import settings_table
+
+    done = subprocess.run([sys.executable, "-m", "patroller", "doctor", "--help"], cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0
+    for flag, variable, _ in settings_table():
+        assert flag in done.stdout and variable in done.stdout.replace("\n", " "), flag
+    assert "--json" in done.stdout

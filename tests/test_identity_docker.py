@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from helpers import known_claim
 from helpers import (ScenarioFile, alive, async_test, client_in, gpu_running, on_gpu,
-                     reuse_pid, until)
+                     reuse_pid, unused_uid, until)
 from patroller.identify.containers import ContainerDirectory
 from patroller.identify.procfs import uid as read_uid
 from patroller.identify.callers import SystemCallers
@@ -227,11 +227,12 @@ async def test_limits_count_the_host_account_a_container_runs_as(engine, scenari
     # As found: with --max-per-user 1, a container labelled alice+2@example.org, or none, run
     # as alice's uid, got a GPU beside alice's, and a process of one took another by computing.
     scenario.write(devices=[{} for _ in range(6)])
-    uid = 1001
+    uid = unused_uid(1001)  # an account here (alice, on a lab host) would be named instead
+    bob_uid = unused_uid(uid + 1)
     alice = engine.run("--user", f"{uid}:{uid}", labels={"user.email": "alice@example.org"})
     alice2 = engine.run("--user", f"{uid}:{uid}", labels={"user.email": "alice+2@example.org"})
     plain = engine.run("--user", f"{uid}:{uid}")
-    bob = engine.run("--user", "1002:1002", labels={"user.email": "bob@example.org"})
+    bob = engine.run("--user", f"{bob_uid}:{bob_uid}", labels={"user.email": "bob@example.org"})
     carol = engine.run(labels={"user.email": "carol@example.org"})  # as root, the default
     dave = engine.run(labels={"user.email": "dave@example.org"})
     path = os.path.join(socket_dir, "api.sock")
@@ -251,7 +252,7 @@ async def test_limits_count_the_host_account_a_container_runs_as(engine, scenari
             assert status == 403, body
             assert body["account"] == f"uid:{uid}" and body["uid"] == uid and body["limit"] == 1
             assert "the most one host account may hold is 1" in body["error"]
-        assert (await reserve(bob, 1002))[0] == 200  # another account
+        assert (await reserve(bob, bob_uid))[0] == 200  # another account
         assert (await reserve(carol, 0))[0] == 200  # root: counted by its labels alone
         assert (await reserve(dave, 0))[0] == 200
         # A process of the unlabelled container computes on the last free GPU: it holds it, a
@@ -280,7 +281,7 @@ async def test_an_accounts_refusal_does_not_say_which_devices_others_hold(engine
                                                                           socket_dir):
     # --hide-users: alice's GPU is a pseudonym's to alice+2, whose account it also counts
     # under; the refusal says how many the account holds, not which (that would name whose).
-    uid = 1001
+    uid = unused_uid(1001)
     alice = engine.run("--user", f"{uid}:{uid}", labels={"user.email": "alice@example.org"})
     alice2 = engine.run("--user", f"{uid}:{uid}", labels={"user.email": "alice+2@example.org"})
     path = os.path.join(socket_dir, "api.sock")

@@ -38,7 +38,8 @@ def scenes() -> Dict[str, Dict[str, Any]]:
 
 
 def answers_of(scene: Dict[str, Any]) -> List[fleet.HostAnswer]:
-    return [fleet.HostAnswer(h["host"], h["status"], h["devices"], h["error"])
+    return [fleet.HostAnswer(h["host"], h["status"], h["devices"], h["error"],
+                             state=None if h["error"] is None else h["state"])
             for h in scene["hosts"]]
 
 
@@ -170,7 +171,7 @@ def test_a_dead_host_is_a_line_of_its_own_and_widens_no_row():
     scene = scenes()["fleet.json"]
     answers = answers_of(scene)
     long = "x" * 190
-    answers[1].error = f"Patroller at gpu2:8080: {long}"
+    answers[1].error, answers[1].state = f"Patroller at gpu2:8080: {long}", fleet.DOWN
     text = fleet.fleet_table(answers, False, COLUMNS)
     lines = text.splitlines()
     assert f"gpu2:8080  not answering: Patroller at gpu2:8080: {long}" in lines  # in full
@@ -300,3 +301,24 @@ def test_control_characters_from_an_answer_never_reach_the_terminal():
     answers[1].error = "refused" + evil
     text = fleet.fleet_table(answers, True, COLUMNS)
     assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]", ANSI.sub("", text)), repr(text)
+
+
+def test_the_fleet_examples_dead_hosts_are_what_real_ones_answer_today():
+    """The --hosts example's refused and lying hosts, asked again: a daemon stopped now, and
+    answers.check on the live host's own /status made to lie as the fixture's does. As found:
+    the docs said `not answering: ... [Errno 111] Connection refused` and '2 not answering',
+    where the command line says `refused: connection refused` and '1 refused'."""
+    scene = scenes()["fleet.json"]
+    by_name = {h["host"]: h for h in scene["hosts"]}
+    stopped = ServerProcess("--test").start()
+    stopped.stop()
+    (real,) = fleet.ask_all([stopped.server], 10)
+    refused = by_name["gpu2:8080"]
+    assert (refused["state"], refused["error"]) == (
+        real.shown_state(), real.error.replace(stopped.server, "gpu2:8080"))
+    lying = json.loads(json.dumps(by_name["gpu3:8080"]["status"]))
+    next(iter(lying.values()))["claim"]["users"] = "alice"
+    with pytest.raises(answers.BadAnswer) as bad:
+        answers.check(lying, by_name["gpu3:8080"]["devices"], fleet.HOST_MAX_GPUS)
+    liar = by_name["gpu4:8080"]
+    assert (liar["state"], liar["error"]) == (fleet.DOWN, fleet.said(f"bad answer: {bad.value}"))

@@ -87,8 +87,19 @@ def test_the_docs_install_the_unit_the_installed_patroller_prints():
     done = subprocess.run([sys.executable, "-m", "patroller", "systemd-unit", "--exec",
                            "/opt/patroller/bin/patroller"], capture_output=True, text=True,
                           timeout=60, cwd=ROOT)
-    assert done.returncode == 0 and done.stdout == open(UNIT, encoding="utf-8").read().replace(
-        "/usr/local/bin/patroller", "/opt/patroller/bin/patroller")
+    shipped = open(UNIT, encoding="utf-8").read().splitlines(keepends=True)
+    assert done.returncode == 0 and done.stdout == "".join(
+        line.replace("/usr/local/bin/patroller", "/opt/patroller/bin/patroller")
+        if line.startswith("ExecStart=") else line for line in shipped)
+    # As found: the comment said "...bin/patroller, where a system-wide `pip install` puts it"
+    # of the venv's path too. Every comment that names a path says something true of it.
+    comments = "".join(line for line in done.stdout.splitlines(keepends=True)
+                       if line.startswith("#")).replace("\n# ", " ")
+    assert "/usr/local/bin/patroller, where a system-wide `pip install`" in comments
+    assert "/opt/patroller/bin/patroller, where" not in comments
+    assert "ExecStart= names the patroller command whose `patroller systemd-unit` printed" \
+        in comments
+    assert "\nExecStart=/opt/patroller/bin/patroller --" in done.stdout
     relative = subprocess.run([sys.executable, "-m", "patroller", "systemd-unit", "--exec",
                                "bin/patroller"], capture_output=True, text=True, timeout=60,
                               cwd=ROOT)

@@ -345,3 +345,28 @@ async def test_each_caller_sees_their_own_name_others_pseudonyms_and_root_every_
         for process in (theirs, others):
             process.kill()
             process.wait()
+
+
+NOT_KEPT = "no usage history is kept: --usage sqlite needs a state directory"
+
+
+@pytest.mark.parametrize("flags,warned", [
+    (("--usage", "sqlite", "--state-dir", "none"), "(--state-dir none)"),
+    (("--test", "--usage", "sqlite"), "(test mode's default)"),
+    (("--test", "--usage", "none"), None),  # said so: nothing to warn of
+    (("--test",), "(test mode's default)"),  # sqlite is the default
+], ids=["no state directory", "test mode", "usage none", "the default"])
+def test_a_usage_store_with_nowhere_to_live_is_a_warning_at_start(flags, warned, tmp_path):
+    # As found: --usage sqlite without --state-dir kept nothing and said nothing.
+    if "--test" not in flags:
+        flags += ("--nvidia-smi", ScenarioFile(str(tmp_path / "s.json"), devices=[{}]).command)
+    server = ServerProcess(*flags).start()
+    try:
+        lines = [line for line in server.log.splitlines() if NOT_KEPT in line]
+    finally:
+        server.stop()
+    if warned is None:
+        assert lines == [], server.log
+    else:
+        assert len(lines) == 1 and " WARNING " in lines[0] and warned in lines[0], server.log
+        assert "give --state-dir DIR to keep one, or --usage none" in lines[0]

@@ -202,7 +202,8 @@ def test_the_tally_sums_the_readings_between_two_takes():
     assert (figures.readings, figures.busy) == (3, 2)  # the `-` reading has no SM figure
     assert (figures.sm_mean, figures.sm_max) == (17.0, 50.0)
     assert (figures.fb_mean, figures.fb_max, figures.mem_max) == (200.0, 300.0, 10.0)
-    assert tally.take(uuid).readings == 0  # a fresh start
+    fresh = tally.take(uuid)  # a fresh start: nothing read since, the last reading carried
+    assert (fresh.readings, fresh.busy, fresh.sm_mean) == (1, 1, None)
 
 
 # -- the query ----------------------------------------------------------------------------------
@@ -402,3 +403,35 @@ def test_a_sampler_not_started_samples_nothing_and_stops_quietly():
     sampler.sample()  # no interval has begun
     sampler.stop()
     assert (sampler.samples, store.intervals) == (0, [])
+
+
+def test_an_interval_with_the_stream_down_carries_the_last_reading():
+    # As found: after dmon restarted, 2 intervals had no SM reading on any GPU and were counted
+    # as computing, by the rule meant for MIG devices that print no SM figure.
+    inventory = synthetic_inventory(3)
+    idle, busy, mig = (inventory.by_number(n).uuid for n in range(3))
+    tally = Tally(inventory, busy_sm=1.0)
+    for sm in (50, 0):  # the last reading idle
+        tally._on_sample(None, Sample(idle, {"sm": sm, "fb": 100}, 0.0))
+    for sm in (0, 80):  # the last reading busy
+        tally._on_sample(None, Sample(busy, {"sm": sm, "fb": 100}, 0.0))
+    tally._on_sample(None, Sample(mig, {"sm": None, "fb": 100}, 0.0))  # `-`: no SM figure
+    first = {u: tally.take(u) for u in (idle, busy, mig)}
+    assert [(first[u].readings, first[u].busy) for u in (idle, busy, mig)] == \
+        [(2, 1), (2, 1), (0, 0)]
+    # the stream down for a whole interval: no sample at all
+    down = {u: tally.take(u) for u in (idle, busy, mig)}
+    assert [(down[u].readings, down[u].busy) for u in (idle, busy, mig)] == \
+        [(1, 0), (1, 1), (0, 0)]
+    assert down[idle].sm_mean is None  # nothing was read: no figure is made up
+    holder = Party(user="alice")
+    mine = Present(holder, True, (10,))
+    shown = {u: shares(gpu(uuid=u, state="claimed", hold="lease", holder=holder, reserved=True,
+                           present=(mine,), readings=down[u].readings, busy=down[u].busy))
+             for u in (idle, busy, mig)}
+    assert shown[idle] == {("idle_held", "alice"): 60.0}  # as its last reading: not computing
+    assert shown[busy] == {("active", "alice"): 60.0}
+    assert shown[mig] == {("active", "alice"): 60.0}  # MIG: no SM figure ever, computing
+    tally._on_sample(None, Sample(idle, {"sm": 90}, 0.0))  # back: its own readings again
+    back = tally.take(idle)
+    assert (back.readings, back.busy, back.sm_mean) == (1, 1, 90.0)

@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from patroller import client
 import patroller.cli.fleet as fleet
@@ -90,17 +90,30 @@ def reader_gone() -> int:
     return EX_PIPE
 
 
-def build_parser() -> argparse.ArgumentParser:
+Other = Tuple[str, str, argparse.ArgumentParser]  # a daemon-side command: name, help, parser
+
+
+def build_parser(parser: Optional[argparse.ArgumentParser] = None,
+                 others: Sequence[Other] = ()) -> argparse.ArgumentParser:
+    """The client commands' parser; or, given `parser` (the daemon's flags) and the daemon-side
+    commands, the whole command line in one parser, for --help, completion and the man page
+    (patroller/manual.py)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--server", help="host[:port] (port 8080 by default), http://host:port "
                         "or unix:///path (default: the first that answers of the daemon's "
                         "socket /run/patroller/api.sock, $PATROLLER_SERVER, the socket or port "
                         "in /etc/patroller/patroller.toml, localhost:8080)")
-    parser = argparse.ArgumentParser(
-        prog="patroller", description="Reserve and watch the GPUs of a Patroller host. "
-        "`patroller` with flags and no command runs the server (patroller --help).")
-    commands = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
-    commands.required = True
+    whole = parser is not None
+    if parser is None:
+        parser = argparse.ArgumentParser(
+            prog="patroller", description="Reserve and watch the GPUs of a Patroller host. "
+            "`patroller` with flags and no command runs the server (patroller --help).")
+    names = COMMANDS + tuple(name for name, _, _ in others)
+    if whole:
+        commands = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
+    else:
+        commands = parser.add_subparsers(dest="command", metavar="{" + ",".join(names) + "}")
+    commands.required = not whole  # the whole command line: none runs the daemon
 
     run = commands.add_parser("run", parents=[common], help="run a command on reserved GPUs",
                               description="Reserve GPUs for as long as the command runs, "
@@ -203,6 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     unit.add_argument("--exec", metavar="PATH", help="the daemon's absolute path (default: "
                       "this `patroller` command's)")
     unit.set_defaults(handler=unit_command)
+    for name, said, other in others:
+        commands.add_parser(name, parents=[other], add_help=False, help=said,
+                            description=other.description, epilog=other.epilog)
     return parser
 
 

@@ -53,14 +53,27 @@ def since_of(text: Optional[str], now: float) -> Optional[str]:
 
 
 def detail(event: Dict[str, Any]) -> str:
-    """What an event says beyond its time, kind, user and GPUs, as `key=value` words."""
+    """What an event says beyond its time, kind, user and GPUs, as `key=value` words; a hold for
+    a duration as that duration (`hold=1h`, not `hold=duration seconds=3600.0`), and any other
+    count of seconds as a duration too."""
     words = []
+    timed = event.get("hold") == "duration" and _is_number(event.get("seconds"))
     for key, value in event.items():
         if key in _SHOWN or value is None or value == [] or value == {}:
             continue
+        if timed and key in ("hold", "seconds"):
+            if key == "hold":
+                words.append(f"hold={durations.describe(float(event['seconds']))}")
+            continue
+        if _is_number(value) and (key == "seconds" or key.endswith("_seconds")):
+            value = durations.describe(value)
         shown = ",".join(map(str, value)) if isinstance(value, list) else value
         words.append(f"{key}={shown}")
     return " ".join(words)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def history_table(events: List[Dict[str, Any]], user: Optional[str] = None,

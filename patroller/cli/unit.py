@@ -2,7 +2,7 @@
 
 The unit (patroller.service, beside this file, and contrib/systemd/patroller.service, a link to
 it) names the daemon as /usr/local/bin/patroller; this prints it with the path of the
-`patroller` that runs the command instead (a virtual environment under /opt, pipx, ...), since
+`patroller` that runs the command in ExecStart= instead (a virtual environment under /opt, pipx, ...), since
 systemd needs the absolute path of what it starts.
 """
 from __future__ import annotations
@@ -32,9 +32,12 @@ def installed_patroller() -> Optional[str]:
 
 
 def unit_text(executable: str) -> str:
-    """The unit, starting `executable`."""
+    """The unit, starting `executable`: its ExecStart= lines name it, and the comments stay as
+    they are (they say what the source's copy names, which stays true)."""
     with open(TEMPLATE, encoding="utf-8") as f:
-        return f.read().replace(NAMED, executable)
+        lines = f.read().splitlines(keepends=True)
+    return "".join(line.replace(NAMED, executable) if line.startswith("ExecStart=") else line
+                   for line in lines)
 
 
 def unit_command(options: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ from patroller.config.settings import (DEFAULT_POD_USER_KEYS, DEFAULT_USER_LABEL
 
 T = TypeVar("T")
 
-SWITCHES = ("--test", "--hide-users", "--notify-terminal")  # flags that take no value
+SWITCHES = ("--test", "--hide-users", "--notify-terminal", "--test-processes")  # flags that take no value
 REPEATED = ("--pod-user-key", "--notify")  # flags that may be given more than once
 SECRET = ("--notify", "--notify-user-default")  # flags whose values hold passwords or tokens: never repeated back
 
@@ -26,6 +26,10 @@ _SETTINGS = (
      "variable wins over it; none: no file (default /etc/patroller/patroller.toml when it "
      "exists)"),
     ("--test", "PATROLLER_TEST", "synthetic devices: no GPU, no Docker, no nvidia-smi"),
+    ("--test-processes", "PATROLLER_TEST_PROCESSES",
+     "with --test: synthetic processes that come, compute, idle and go on the GPUs, the holder's "
+     "on each held one and a stranger's on the last, so that every usage category shows within "
+     "minutes (default: none, a held GPU only looks busy)"),
     ("--port", "PATROLLER_PORT", "TCP port to listen on (default 8080)"),
     ("--address", "PATROLLER_ADDRESS", "address to bind (default: all interfaces)"),
     ("--lease", "PATROLLER_LEASE", "seconds an unclaimed reservation is held (default 10)"),
@@ -269,8 +273,14 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         raise ConfigError("--fleet-file: given with --fleet too (or PATROLLER_FLEET_FILE with "
                           "PATROLLER_FLEET); name the fleet's hosts one way")
     fleet = fleet or from_file
+    test_processes = pick("--test-processes", env_names["--test-processes"], values.switch,
+                          False)
+    if test_processes and not test:
+        raise ConfigError("--test-processes: only with --test: a GPU host's processes are its "
+                          "own")
     return Config(
         test=test,
+        test_processes=test_processes,
         port=pick("--port", env_names["--port"], values.port, Config.port),
         address=pick("--address", env_names["--address"], str.strip, Config.address),
         lease=pick("--lease", env_names["--lease"], durations.parse, Config.lease),
@@ -383,3 +393,9 @@ def settings_table() -> List[Tuple[str, str, str]]:
     """(flag, variable, meaning) for every setting: docs/configuration.md's table is checked
     against it."""
     return list(_SETTINGS)
+
+
+def daemon_parser() -> argparse.ArgumentParser:
+    """The daemon's command line, as `patroller --help` shows it: the doctor, which takes the
+    same flags, shows them in its own help."""
+    return _parser()

@@ -34,6 +34,7 @@ class Config:
 
     # -- where it serves, and how it runs (flags) --------------------------------------------
     test: bool = False  # synthetic devices: no GPU, no Docker, no nvidia-smi
+    test_processes: bool = False  # with test: synthetic processes that compute and idle
     port: int = 8080  # the unit, the docs and the command line all say 8080
     address: str = ""  # all interfaces
     socket: Optional[str] = None  # also serve on this unix socket
@@ -228,6 +229,10 @@ class Config:
     grpc_max_message: int = 4 << 20
     test_devices: int = 8  # test mode's synthetic devices
     test_interval: float = 1.0  # seconds between test mode's samples
+    # --test-processes: the synthetic processes' script (observe/testprocesses.py): seconds of
+    # one cycle (computing two thirds of it, idle the rest), and from a hold to its process
+    test_process_cycle: float = 90.0
+    test_process_after: float = 5.0
     history_every: float = 5.0  # seconds between the points of a device's utilisation history
     history_points: int = 120  # points of it kept: ten minutes
     # pmon intervals of a device's process figures kept unmerged at most: they are merged when

@@ -20,7 +20,8 @@ The parties on a GPU share its time equally: each party with processes there, an
 when none of the processes there is the holder's. A party's share that runs by right (the
 holder's own, or anyone's on a GPU nobody holds) is computing for the fraction of the readings
 that found the SM busy (all of it when no reading says: a device whose driver prints no SM
-figure, such as a MIG one), and idle-held for the rest; an intruder's share is trespass whether
+figure, such as a MIG one; observe/tally.py carries a GPU's last reading into an interval its
+stream was down), and idle-held for the rest; an intruder's share is trespass whether
 it computes or not. docs/usage.md works an example through.
 """
 from __future__ import annotations

@@ -19,8 +19,8 @@ from patroller.doctor.host import (UNIT, UNIT_DIRS, UnitFacts, check_cgroups,
                                    check_kernel_log, check_proc, check_unit, probe_kernel_log,
                                    probe_proc, probe_unit)
 from patroller.doctor.listening import check_port, check_socket, probe_port, probe_socket
-from patroller.doctor.places import (check_book, check_job_map, check_state, probe_job_map,
-                                     probe_state)
+from patroller.doctor.places import (check_book, check_job_map, check_state, check_usage,
+                                     probe_job_map, probe_state)
 from patroller.doctor.notifications import check_notifications, probe_notifications
 from patroller.doctor.privacy import check_privacy, probe_privacy
 from patroller.doctor.results import Result, degraded, seconds
@@ -97,6 +97,7 @@ async def examine(config: Config, environ: Optional[Mapping[str, str]] = None,
             *(late("job map", "Slurm job map") or [check_job_map(facts("job map"))]),
             *(late("state", "state directory", "lease book")
               or [check_state(state, config), check_book(state)]),
+            check_usage(config),
             *(late("privacy", "private files") or [check_privacy(facts("privacy"))]),
             *(late("port", "address and port") or [check_port(facts("port"))]),
             *(late("socket", "unix socket") or [check_socket(facts("socket"))]),

@@ -44,6 +44,12 @@ class ProcFacts:
     unknown_count: int = 0
     hierarchy: str = "unknown"  # v1, v2 or hybrid
     systemd: bool = False  # the cgroups are systemd's (slices and scopes)
+    # Why a root doctor may still be refused another process's namespaces, where it can be told:
+    ptrace: Optional[bool] = None  # CAP_SYS_PTRACE is in our effective set; None: not known
+    ptrace_scope: Optional[int] = None  # Yama's kernel.yama.ptrace_scope; None: no Yama
+    nested_pids: bool = False  # we are in a PID namespace of our own (a container's)
+    confined: Optional[str] = None  # the security module's label confining us (not unconfined)
+    named: Tuple[str, ...] = ()  # a few of the unreadable processes, as `pid (comm)`
 
 
 def probe_proc(proc: str = "/proc") -> ProcFacts:
@@ -58,7 +64,8 @@ def probe_proc(proc: str = "/proc") -> ProcFacts:
     no_cgroup: List[int] = []
     no_userns: List[int] = []
     runtimes: Counter[str] = collections.Counter()
-    jobs, unknown, unknown_count, systemd = 0, [], 0, False
+    unknown: List[str] = []
+    jobs, unknown_count, systemd = 0, 0, False
     for pid in pids:
         try:
             text = procfs.cgroup(pid, proc)
@@ -88,8 +95,49 @@ def probe_proc(proc: str = "/proc") -> ProcFacts:
                 unknown_count += 1
                 if len(unknown) < SHOWN and odd[0] not in unknown:
                     unknown.append(odd[0])
+    refused = sorted(set(no_cgroup) | set(no_userns))
     return ProcFacts(euid, hidepid, seen, tuple(no_cgroup), tuple(no_userns), None,
-                     dict(runtimes), jobs, tuple(unknown), unknown_count, hierarchy, systemd)
+                     dict(runtimes), jobs, tuple(unknown), unknown_count, hierarchy, systemd,
+                     *_why_refused(proc), tuple(_named(pid, proc) for pid in refused[:SHOWN]))
+
+
+CAP_SYS_PTRACE = 19  # capability(7)'s bit
+
+
+def _why_refused(proc: str) -> Tuple[Optional[bool], Optional[int], bool, Optional[str]]:
+    """(CAP_SYS_PTRACE ours, Yama's ptrace_scope, a PID namespace of our own, the security
+    module's label confining us): what tells apart why another process's /proc is closed."""
+    ptrace, nested = None, False
+    try:
+        with open(os.path.join(proc, "self", "status"), encoding="ascii",
+                  errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key == "CapEff":
+                    ptrace = bool(int(value.strip(), 16) >> CAP_SYS_PTRACE & 1)
+                elif key == "NSpid":
+                    nested = len(value.split()) > 1
+    except (OSError, ValueError):
+        pass
+    scope = _first_line(os.path.join(proc, "sys", "kernel", "yama", "ptrace_scope"))
+    label = _first_line(os.path.join(proc, "self", "attr", "current"))
+    confined = None if label in (None, "", "unconfined") or label.startswith("unconfined ") \
+        else label.rstrip("\x00")
+    return ptrace, int(scope) if scope and scope.isdigit() else None, nested, confined
+
+
+def _first_line(path: str) -> Optional[str]:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.readline().strip()
+    except OSError:
+        return None
+
+
+def _named(pid: int, proc: str) -> str:
+    """`pid (comm)`, or the pid alone where its name cannot be read either."""
+    comm = _first_line(os.path.join(proc, str(pid), "comm"))
+    return f"pid {pid} ({comm})" if comm else f"pid {pid}"
 
 
 def _gone(exc: OSError) -> bool:
@@ -141,9 +189,32 @@ def check_proc(facts: ProcFacts) -> Result:
                           f"{userns} user namespaces (pid {_few(facts.userns_unreadable)})"
                           if userns else "") if part) + \
         " cannot be read: a process in a container there is taken for its host account"
-    return degraded(name, said, "run Patroller as root" if not root else
-                    "give Patroller CAP_SYS_PTRACE and the host's /proc (a security module "
-                    "or a container refuses root here)")
+    return degraded(name, said, refused_fix(facts))
+
+
+def refused_fix(facts: ProcFacts) -> str:
+    """What to do about processes whose /proc entries are closed to Patroller: the cause that
+    can be told apart, not a capability it already has."""
+    if facts.euid != 0:
+        return "run Patroller as root"
+    if facts.ptrace is False:
+        return ("give Patroller CAP_SYS_PTRACE (it is root without it: a unit's "
+                "CapabilityBoundingSet= or a container's --cap-add SYS_PTRACE)")
+    if facts.ptrace_scope == 3:
+        return ("kernel.yama.ptrace_scope is 3, which closes every process's namespaces even "
+                "to root: set it to 2 or less at boot (it cannot be lowered until a reboot)")
+    if facts.nested_pids:
+        return ("run Patroller in the host's PID namespace with the host's /proc (a "
+                "container's --pid=host): it is in a PID namespace of its own")
+    if facts.confined is not None:
+        return (f"the security module confines Patroller ({facts.confined}): let it read "
+                "other processes (AppArmor: `ptrace (read)`; SELinux: the domain's "
+                "sys_ptrace)")
+    shown = f" ({', '.join(facts.named)})" if facts.named else ""
+    return (f"none to give: Patroller is root with CAP_SYS_PTRACE, in the host's PID namespace "
+            f"and unconfined, and the kernel still closes these{shown}: processes no reader "
+            "may inspect (a sandbox's or VM's own init); only a GPU process among them goes "
+            "unnamed")
 
 
 def check_cgroups(facts: ProcFacts) -> Result:

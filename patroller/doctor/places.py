@@ -18,6 +18,7 @@ from patroller.observe.jobmap import JOB_MAP, read_map
 from patroller.state import schema
 from patroller.state.book import FILE, MAX_SIZE
 from patroller.state.directory import LOCK, STATE_DIR
+from patroller.state.usage.store import FILE as USAGE_FILE
 
 MIB = 1 << 20
 NO_BOOK = "--state-dir none"
@@ -50,9 +51,8 @@ def probe_state(directory: Optional[str], proc: str = "/proc") -> StateFacts:
         folder = os.path.dirname(os.path.abspath(directory))
         while not os.path.isdir(folder) and folder != os.sep:
             folder = os.path.dirname(folder)
-        why = None if os.access(folder, os.W_OK | os.X_OK) else _readonly(folder) or \
-            f"{folder} is not writable by uid {os.geteuid()}"
-        return StateFacts(directory, made_in=folder, unwritable=why, free_mib=_free(folder))
+        return StateFacts(directory, made_in=folder, unwritable=_cannot_make(folder),
+                          free_mib=_free(folder))
     probe = os.path.join(directory, f".doctor-{os.getpid()}-{time.monotonic_ns()}")
     unwritable = None
     try:
@@ -72,6 +72,25 @@ def probe_state(directory: Optional[str], proc: str = "/proc") -> StateFacts:
 
 
 READ_ONLY = os.strerror(errno.EROFS)  # "Read-only file system": why a probe there failed
+
+
+def _cannot_make(folder: str) -> Optional[str]:
+    """Why a directory cannot be made in `folder`, found as the daemon would find it: by
+    making one (empty, private, removed at once). Permissions alone do not say it: root may
+    write anywhere by them, and /proc or a full inode table still refuse (as found: the doctor
+    called --state-dir /proc/nope degraded, where the daemon refuses it)."""
+    probe = os.path.join(folder, f".doctor-{os.getpid()}-{time.monotonic_ns()}")
+    try:
+        os.mkdir(probe, 0o700)
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            return f"{folder} is not writable by uid {os.geteuid()}"
+        return exc.strerror or str(exc)
+    try:
+        os.rmdir(probe)
+    except OSError:
+        pass
+    return None
 
 
 def _readonly(folder: str) -> Optional[str]:
@@ -172,6 +191,22 @@ def check_state(facts: StateFacts, config: Config) -> Result:
                             "free some room: a lease book that cannot be written stops every "
                             "grant")
     return ok(name, said)
+
+
+def check_usage(config: Config) -> Result:
+    """The usage store: where it is kept, or why it is not (the daemon warns of it at start)."""
+    name = "usage history"
+    directory = config.usage_dir or config.state_dir
+    if config.usage == "none":
+        return ok(name, "off (--usage none): none is kept; `patroller report` has nothing here")
+    if directory is None:
+        return degraded(name, f"--usage {config.usage}, but there is no state directory "
+                        f"({'test mode' if config.test else NO_BOOK}): no usage history is "
+                        "kept, and `patroller report` and GET /usage have nothing to report",
+                        "give --state-dir DIR (the lease book and the usage store), or "
+                        "--usage none to keep none")
+    return ok(name, f"{os.path.join(directory, USAGE_FILE)}: a sample of every GPU every "
+              f"{config.usage_interval:g} s, kept {config.usage_days} days")
 
 
 def check_book(facts: StateFacts) -> Result:

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import pwd
 from dataclasses import dataclass, replace
-from typing import Any, Optional, Protocol, Tuple, Union
+from typing import Any, Callable, Optional, Protocol, Tuple, Union
 
 from cachetools import TTLCache
 
@@ -268,3 +268,18 @@ class ProcessIdentifier:
         """Close the engines' clients."""
         if self.engines is not None:
             self.engines.shutdown()
+
+
+class TestModeIdentifier(ProcessIdentifier):
+    """Test mode's: the synthetic processes (`--test-processes`) named by whose they are; any
+    other pid through /proc, as ever."""
+
+    def __init__(self, config: Config, synthetic: Callable[[int], Optional[Identity]]) -> None:
+        super().__init__(config)
+        self.synthetic = synthetic  # whose a synthetic pid is (None: not one)
+
+    async def facts(self, pid: int) -> Optional[ProcFacts]:
+        owner = self.synthetic(pid)
+        if owner is None:
+            return await super().facts(pid)
+        return ProcFacts(pid, 0, None, owner)

@@ -3,10 +3,15 @@ its SM busy, and the mean and the highest SM use, memory-controller use and memo
 
 The usage store (state/usage) takes each device's tally once per `--usage-interval`; the
 statistics store keeps only the last reading, and a mean over the interval needs them all.
+
+An interval with no SM reading from a device that has given one before (its dmon stream was
+down the whole interval: restarting, or the GPU removed and back) carries that last reading,
+as one reading, busy or not as it was. Only a device that never gave an SM figure (MIG, whose
+driver prints none) keeps no reading, which core/usage.py counts as computing throughout.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Dict, Optional
 
 from patroller.core.devices import Inventory
@@ -63,6 +68,7 @@ class Tally:
         self.inventory = inventory
         self.busy_sm = busy_sm  # % of SM use from which a reading counts as computing
         self._sums: Dict[str, _Sums] = {}
+        self._last_busy: Dict[str, bool] = {}  # whether each device's last SM reading was busy
 
     def connect(self, signals: Signals) -> None:
         """Listen to the daemon's samples."""
@@ -74,11 +80,17 @@ class Tally:
         values = {name: number for name in FIGURES
                   for number in [_number(record.values.get(name))] if number is not None}
         self._sums.setdefault(record.uuid, _Sums()).add(values, self.busy_sm)
+        if "sm" in values:
+            self._last_busy[record.uuid] = values["sm"] >= self.busy_sm
 
     def take(self, uuid: str) -> Figures:
-        """The device's figures since the last take (or the start), and a fresh start."""
+        """The device's figures since the last take (or the start), and a fresh start; with no
+        SM reading since, the last one carried (the module's docstring)."""
         sums = self._sums.pop(uuid, None)
-        return sums.figures() if sums is not None else Figures()
+        figures = sums.figures() if sums is not None else Figures()
+        if figures.readings == 0 and uuid in self._last_busy:
+            return replace(figures, readings=1, busy=int(self._last_busy[uuid]))
+        return figures
 
 
 def _number(value: Value) -> Optional[float]:

@@ -5,13 +5,15 @@ import random
 import time
 import uuid as uuidlib
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from tornado.ioloop import PeriodicCallback
 
 from patroller.core.devices import Device, Inventory
 from patroller.observe.monitor import UP, Monitor, SyntheticMetrics
-from patroller.observe.signals import ProcessList, Sample, Signals, Value
+from patroller.observe.signals import (GpuProcess, ProcessList, ProcessSamples, Sample,
+                                       Signals, Value)
+from patroller.observe.testprocesses import Running, SyntheticProcesses
 
 _NAMESPACE = uuidlib.UUID("6c1f3e0a-6d2c-4b8e-9a57-0d7f1e3c5b21")
 # An 8-GPU HGX board: PCI buses as such hosts show them, in index (bus) order.
@@ -63,7 +65,8 @@ class SyntheticMonitor(Monitor):
     processes), each within its model's limits, moving toward its level a fifth of the way per
     sample with a little noise, so a device that changes hands settles within seconds.
 
-    Test mode has no GPU processes, so each interval also says every device's (empty) process
+    Test mode has no GPU processes unless `--test-processes` (testprocesses.py: then the
+    statistics follow them, not the holds), so each interval also says every device's process
     list is current: ownership there is never stale.
     """
 
@@ -71,11 +74,17 @@ class SyntheticMonitor(Monitor):
 
     def __init__(self, inventory: Inventory, signals: Signals, interval: float,
                  seed: Optional[int] = None,
-                 held: Callable[[str], bool] = lambda uuid: False) -> None:
+                 held: Callable[[str], bool] = lambda uuid: False,
+                 processes: Optional[SyntheticProcesses] = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.inventory = inventory
         self.signals = signals
         self.interval = interval
         self.held = held  # whether the device is held now (the lease manager's word)
+        # --test-processes: the synthetic processes, whose computing the statistics follow
+        self.processes = processes
+        self.clock = clock
+        self._running: Dict[str, Dict[int, Running]] = {}  # uuid -> pid -> what ran last tick
         self._random = random.Random(seed)
         self._state: Dict[str, Dict[str, float]] = {
             d.uuid: {"power": _model(d).idle_power, "gtemp": 31.0, "sm": 0.0, "fb": 0.0}
@@ -105,11 +114,18 @@ class SyntheticMonitor(Monitor):
     def sample(self) -> List[Sample]:
         """Emit one sample per device."""
         now = time.time()
+        running = self._processes(now)
         samples = []
         for device in self.inventory:
             state = self._state.setdefault(device.uuid, {"power": _model(device).idle_power,
                                                          "gtemp": 31.0, "sm": 0.0, "fb": 0.0})
-            values = self._wander(state, _model(device), self.held(device.uuid))
+            if running is None:  # no processes: a held device looks busy
+                busy = self.held(device.uuid)
+                values = self._wander(state, _model(device), busy, None)
+            else:
+                here = running.get(device.uuid, ())
+                values = self._wander(state, _model(device), any(r.computing for r in here),
+                                      sum(r.fb for r in here))
             record = Sample(uuid=device.uuid, values=values, time=now)
             self.signals.sample.send(self, record=record)
             samples.append(record)
@@ -118,13 +134,39 @@ class SyntheticMonitor(Monitor):
         self.signals.processes_listed.send(self, record=listed)
         return samples
 
-    def _wander(self, state: Dict[str, float], model: Model, busy: bool) -> Dict[str, Value]:
+    def _processes(self, now: float) -> Optional[Dict[str, Tuple[Running, ...]]]:
+        """With --test-processes: each device's synthetic processes now, the ones that started
+        and ended since the last tick told, and their figures; None without."""
+        if self.processes is None:
+            return None
+        running = self.processes.at(self.clock())
+        figures: Dict[str, Dict[int, Dict[str, Value]]] = {}
+        for device in self.inventory:
+            before = self._running.get(device.uuid, {})
+            now_here = {r.pid: r for r in running.get(device.uuid, ())}
+            for pid in before.keys() - now_here.keys():
+                self.signals.process_ended.send(self, record=GpuProcess(device.uuid, pid, "C",
+                                                                        "python"))
+            for pid in sorted(now_here.keys() - before.keys()):
+                self.signals.process_started.send(self, record=GpuProcess(device.uuid, pid, "C",
+                                                                          "python"))
+            self._running[device.uuid] = now_here
+            if now_here:
+                figures[device.uuid] = {pid: {"fb": round(r.fb), "sm": None}
+                                        for pid, r in now_here.items()}
+        self.signals.process_sampled.send(self, record=ProcessSamples(figures, now))
+        return running
+
+    def _wander(self, state: Dict[str, float], model: Model, busy: bool,
+                held_fb: Optional[float]) -> Dict[str, Value]:
         noise = self._random.uniform
         sm_to, fb_to = (model.busy_sm, model.busy_fb) if busy else (0.0, 0.0)
+        if held_fb is not None:  # the processes' own memory, computing or not
+            fb_to = held_fb
         state["sm"] = _clamp(state["sm"] + (sm_to - state["sm"]) * PULL
                              + (noise(-4, 4) if busy else noise(-0.3, 0.3)), 0, 100)
         state["fb"] = _clamp(state["fb"] + (fb_to - state["fb"]) * PULL
-                             + (noise(-300, 300) if busy else 0), 0, model.memory_mib)
+                             + (noise(-300, 300) if fb_to else 0), 0, model.memory_mib)
         power_to = model.idle_power + (model.max_power - model.idle_power) * state["sm"] / 100
         state["power"] = _clamp(state["power"] + (power_to - state["power"]) * PULL
                                 + noise(-2, 2), model.idle_power * 0.9, model.max_power)
