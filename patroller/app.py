@@ -53,7 +53,7 @@ from patroller.state.lifetimes import Lifelines
 from patroller.state.pseudonyms import PseudonymError, Pseudonyms
 from patroller.state.timer import ExpiryTimer
 from patroller.state.usage.sampler import UsageSampler
-from patroller.state.usage.store import UsageStore
+from patroller.state.usage.store import store_for
 
 log = logging.getLogger(__name__)
 
@@ -310,7 +310,7 @@ def assemble(config: Config, inventory: Inventory, signals: Signals, monitors: S
                           max_waiters=config.max_waiters,
                           max_waiting_per_user=config.max_waiting_per_user)
     leases.search = Search(config.topology_exact, config.topology_seeds, config.topology_near)
-    usage = usage_store(config)
+    usage = store_for(config)
     audit = AuditLog(config.audit_log, config.audit_keep, config.repeat_log_every)
     services = Services(
         config=config, mode="test" if config.test else "gpu", started=time.monotonic(),
@@ -380,20 +380,6 @@ def connect(services: Services) -> None:
     def job_allocation(sender: Any, record: Allocated) -> None:
         services.leases.allocate(record.uuid, record.allocation, record.source)
     services.signals.job_allocation.connect(job_allocation, weak=False)
-
-
-def usage_store(config: Config) -> Optional[UsageStore]:
-    """The usage store the configuration asks for: in the state directory (or `usage_dir`),
-    unless --usage none or there is no state directory."""
-    directory = config.usage_dir or config.state_dir
-    if config.usage == "none":
-        return None
-    if directory is None:  # as found: --usage sqlite with no state directory kept nothing, silently
-        log.warning("no usage history is kept: --usage %s needs a state directory, and there "
-                    "is none (%s); give --state-dir DIR to keep one, or --usage none",
-                    config.usage, "test mode's default" if config.test else "--state-dir none")
-        return None
-    return UsageStore(directory, config)
 
 
 def make_policy(config: Config) -> Policy:

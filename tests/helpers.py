@@ -259,6 +259,21 @@ def children_of(pid: int) -> List[int]:
     return found
 
 
+def streams_of(pid: int) -> List[int]:
+    """The children of `pid` that are nvidia-smi's dmon or pmon streams (the daemon also runs
+    one-shot queries now and then: -q -x, topo -m)."""
+    found = []
+    for child in children_of(pid):
+        try:
+            with open(f"/proc/{child}/cmdline", "rb") as f:
+                words = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"dmon" in words or b"pmon" in words:
+            found.append(child)
+    return found
+
+
 def alive(pid: int) -> bool:
     """Whether a process exists and is not a zombie."""
     try:

@@ -13,7 +13,7 @@ from patroller.identify.resolver import host_identity
 
 INFO_KEYS = {"name", "brand", "arch", "number", "pci_address", "total_mem", "group", "lost",
              "mig_instances",
-             "minor_number", "mig_mode"}
+             "minor_number", "mig_mode", "topology"}
 STAT_KEYS = {"power", "gtemp", "mtemp", "sm", "mem", "enc", "dec", "mclk", "pclk"}
 CLAIM_KEYS = {"state", "user", "users", "processes", "process_detail", "age", "expires",
               "held_for_pid", "hold", "asked", "withheld", "set_aside_for", "ends_at", "idle_for",

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from helpers import known_claim
-from helpers import (ROOT, ScenarioFile, ServerProcess, alive, async_test, children_of,
+from helpers import (ROOT, ScenarioFile, ServerProcess, alive, async_test, streams_of,
                      gpu_running, until)
 from patroller.config import Config
 from patroller.identify.procfs import uid as read_uid
@@ -160,9 +160,9 @@ async def test_a_pmon_restart_does_not_drop_running_processes(scenario, sleeper)
 def test_sigterm_stops_the_daemon_and_leaves_no_child(scenario):
     server = ServerProcess("--nvidia-smi", scenario.command).start()
     deadline = time.monotonic() + 10
-    while len(children_of(server.process.pid)) < 2 and time.monotonic() < deadline:
+    while len(streams_of(server.process.pid)) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
-    children = children_of(server.process.pid)
+    children = streams_of(server.process.pid)
     assert len(children) == 2, server.log
     started = time.monotonic()
     assert server.stop(signal.SIGTERM) == 0

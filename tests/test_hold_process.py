@@ -141,7 +141,8 @@ def test_a_waiter_for_a_process_is_granted_a_process_hold(leases):
     granted = []
     waiter = leases.wait(alice, {"gpu": 2}, granted.append, held_for=SCRIPT)
     assert queue_view(leases) == [{"position": 1, "user": "alice", "wants": {"gpu": 2},
-                               "waited": 0.0, "hold": "process", "pid": SCRIPT.pid}]
+                               "waited": 0.0, "hold": "process", "pid": SCRIPT.pid,
+                               "link": None}]
     leases.release(bob, taken[0].uuid)
     leases.release(bob, taken[1].uuid)
     assert granted == [taken[:2]] and waiter.granted == taken[:2]

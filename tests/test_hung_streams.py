@@ -8,7 +8,7 @@ import time
 import pytest
 
 from helpers import known_claim
-from helpers import (ScenarioFile, ServerProcess, alive, async_test, children_of, gpu_running,
+from helpers import (ScenarioFile, ServerProcess, alive, async_test, gpu_running, streams_of,
                      until)
 from patroller.app import build
 from patroller.config import Config, ConfigError, load
@@ -89,9 +89,9 @@ def test_kill_9_of_the_daemon_leaves_no_nvidia_smi_running(scenario):
     scenario.write(faults={"stall_after_lines": 0})
     server = ServerProcess("--nvidia-smi", scenario.command).start()
     deadline = time.monotonic() + 10
-    while len(children_of(server.process.pid)) < 2 and time.monotonic() < deadline:
+    while len(streams_of(server.process.pid)) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
-    children = children_of(server.process.pid)
+    children = streams_of(server.process.pid)
     try:
         assert len(children) == 2, server.log
         server.stop(signal.SIGKILL)

@@ -85,7 +85,9 @@ def test_the_daemon_asks_the_service_its_podman_socket_flag_names(podman, scenar
         assert owner["container"] == {"id": alice.short, "name": alice.name}
     finally:
         assert server.stop() == 0
-    assert "Traceback" not in server.log and "ERROR" not in server.log
+    # no error logged (the simulator's nvidia-smi, an old driver's, says "ERROR: Option topo is
+    # not recognized", which the daemon quotes in a warning: no error of the daemon's)
+    assert "Traceback" not in server.log and " ERROR " not in server.log
 
 
 @async_test

@@ -350,13 +350,16 @@ async def test_each_caller_sees_their_own_name_others_pseudonyms_and_root_every_
 NOT_KEPT = "no usage history is kept: --usage sqlite needs a state directory"
 
 
-@pytest.mark.parametrize("flags,warned", [
-    (("--usage", "sqlite", "--state-dir", "none"), "(--state-dir none)"),
-    (("--test", "--usage", "sqlite"), "(test mode's default)"),
-    (("--test", "--usage", "none"), None),  # said so: nothing to warn of
-    (("--test",), "(test mode's default)"),  # sqlite is the default
-], ids=["no state directory", "test mode", "usage none", "the default"])
-def test_a_usage_store_with_nowhere_to_live_is_a_warning_at_start(flags, warned, tmp_path):
+@pytest.mark.parametrize("flags,warned,level", [
+    (("--usage", "sqlite", "--state-dir", "none"), "(--state-dir none)", " WARNING "),
+    # test mode's default is no state directory (test daemons run many at once): a debug line
+    (("--test", "--usage", "sqlite", "--log-level", "debug"), "(test mode's default)",
+     " DEBUG "),
+    (("--test", "--usage", "sqlite"), None, None),  # nothing at the default level
+    (("--test", "--usage", "none"), None, None),  # said so: nothing to warn of
+], ids=["no state directory", "test mode, debug", "test mode", "usage none"])
+def test_a_usage_store_with_nowhere_to_live_is_a_warning_at_start(flags, warned, level,
+                                                                   tmp_path):
     # As found: --usage sqlite without --state-dir kept nothing and said nothing.
     if "--test" not in flags:
         flags += ("--nvidia-smi", ScenarioFile(str(tmp_path / "s.json"), devices=[{}]).command)
@@ -368,5 +371,5 @@ def test_a_usage_store_with_nowhere_to_live_is_a_warning_at_start(flags, warned,
     if warned is None:
         assert lines == [], server.log
     else:
-        assert len(lines) == 1 and " WARNING " in lines[0] and warned in lines[0], server.log
+        assert len(lines) == 1 and level in lines[0] and warned in lines[0], server.log
         assert "give --state-dir DIR to keep one, or --usage none" in lines[0]

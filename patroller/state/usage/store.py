@@ -333,3 +333,20 @@ class UsageStore:
                         "kept meanwhile are written", self.path, self.failures)
         self.state = WRITABLE
         self.why = ""
+
+
+def store_for(config: Config) -> Optional[UsageStore]:
+    """The usage store the configuration asks for: in the state directory (or `usage_dir`),
+    unless --usage none or there is no state directory."""
+    directory = config.usage_dir or config.state_dir
+    if config.usage == "none":
+        return None
+    if directory is None:  # as found: --usage sqlite with no state directory kept nothing, silently
+        # a warning on a GPU host; in test mode, whose default is no state directory (test
+        # daemons run many at once, and the quick start gives one), a debug line
+        (log.debug if config.test else log.warning)(
+            "no usage history is kept: --usage %s needs a state directory, and there is none "
+            "(%s); give --state-dir DIR to keep one, or --usage none", config.usage,
+            "test mode's default" if config.test else "--state-dir none")
+        return None
+    return UsageStore(directory, config)
