@@ -27,12 +27,13 @@ setup(
     # test: protobuf and grpcio-tools (protoc) check that encoding against the real thing, from
     # the .proto files of tests/fixtures/proto (tests/test_protobuf_wire.py)
     # notify: notifications (e-mail, Slack, ntfy, webhooks, ...) are sent through Apprise;
-    # the tests receive them with a real SMTP server (aiosmtpd) and HTTP receivers
+    # the tests receive them with a real SMTP server (aiosmtpd) and HTTP receivers; the type
+    # checker (mypy, .ci/run; its settings in pyproject.toml) comes with the tests
     extras_require={"kubernetes": ["grpcio>=1.60"],
                     "notify": ["apprise>=1.9"],
                     "test": ["pytest>=8.4", "pytest-timeout>=2.4", "selenium>=4.20", "grpcio>=1.60",
                              "protobuf>=5.26", "grpcio-tools>=1.64", "apprise>=1.9",
-                             "aiosmtpd>=1.4",
+                             "aiosmtpd>=1.4", "mypy>=1.10",
                              "schemathesis>=4,<5; python_version >= '3.11'"],
                     # scripts/mutation.sh: mutmut 3 (its [tool.mutmut] in pyproject.toml);
                     # a development tool, never needed to run or test Patroller

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import csv
 import json
-from typing import Any, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 # C0 and C1 control characters and DEL: each is shown as "?".
 CONTROLS = dict.fromkeys([*range(0x20), *range(0x7f, 0xa0)], "?")
 # How a cell that a spreadsheet would take for a formula begins (OWASP, "CSV Injection").
 FORMULA = ("=", "+", "-", "@", "\t", "\r")
-CSV_QUOTING = csv.QUOTE_NONNUMERIC  # every text cell in double quotes; figures bare
+CSV_QUOTING: "Literal[2]" = csv.QUOTE_NONNUMERIC  # every text cell in double quotes; figures bare
 
 
 def printable(text: str) -> str:

@@ -231,7 +231,7 @@ def fleet_table(answers: List[HostAnswer], colour: bool = False, width: Optional
     GPU and a line per process, fitted to `width` together; a host that did not answer is its
     heading line alone, saying why in full, which widens no row. Then the totals. `mine`: only
     the GPUs of the caller as each host names them (`me`)."""
-    groups = []
+    groups: List[Any] = []
     states: Dict[str, int] = {}
     for answer in answers:
         host = printable(answer.host)  # as a hosts file says it; its colour after

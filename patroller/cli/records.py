@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional
 from patroller import client, durations
 from patroller.cli.exits import EX_OK, EX_USAGE, Failure
 from patroller.cli.render import amount, duration
-from patroller.cli.table import Cell, Cut, Rest, Shorten, format_table, width_of
+from patroller.cli.table import Cell, Cells, Cut, Rest, Shorten, format_table, width_of
 from patroller.safetext import json_text
 
 # An event's own fields, which the table shows in columns of their own; the rest is DETAIL.
@@ -80,7 +80,7 @@ def history_table(events: List[Dict[str, Any]], user: Optional[str] = None,
                   colour: bool = False, width: Optional[int] = None) -> str:
     """One row per event, oldest first; only those naming `user` (as its user, holder or by);
     fitted to `width`."""
-    rows = []
+    rows: List[Cells] = []
     for event in events:
         if user is not None and user not in (event.get("user"), event.get("holder"),
                                              event.get("by")):
@@ -98,7 +98,7 @@ def history_table(events: List[Dict[str, Any]], user: Optional[str] = None,
 def users_table(users: Dict[str, Dict[str, Any]], colour: bool = False,
                 width: Optional[int] = None) -> str:
     """One row per user, most GPUs held first; fitted to `width`."""
-    rows = []
+    rows: List[Cells] = []
     for name, u in sorted(users.items(), key=lambda item: (-item[1].get("held", 0), item[0])):
         limit = u.get("limit")
         waiting = u.get("waiting", 0)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
-from typing import Dict, List, NamedTuple, Optional, Sequence, Set, TextIO, Union
+from typing import Dict, Mapping, NamedTuple, Optional, Sequence, Set, TextIO, Union
 
 # Every cell's text is printable (patroller/safetext.py): from another host's answer, an escape
 # sequence could retitle, recolour or rewrite the terminal.
@@ -126,7 +126,7 @@ class Layout:
             at += self.widths[shown] + len(GAP)
         raise KeyError(header)
 
-    def line(self, cells: Dict[str, Union[str, Cell]], colour: bool = False,
+    def line(self, cells: Mapping[str, Union[str, Cell]], colour: bool = False,
              bold: bool = False) -> str:
         """One row: each shown column's cell, cut, padded, coloured; no trailing blanks."""
         out = []
@@ -146,7 +146,7 @@ class Layout:
         return self.line({h: self.title(h) for h in self.headers}, colour, bold=True)
 
 
-def fit(headers: Sequence[str], rows: Sequence[Dict[str, Union[str, Cell]]],
+def fit(headers: Sequence[str], rows: Sequence[Mapping[str, Union[str, Cell]]],
         width: Optional[int], plan: Sequence[Step] = (), right: Sequence[str] = (),
         widest: Optional[Dict[str, int]] = None) -> Layout:
     """The layout of `rows` (cells by header) under `headers`: each column as wide as its
@@ -181,7 +181,7 @@ def fit(headers: Sequence[str], rows: Sequence[Dict[str, Union[str, Cell]]],
     return layout
 
 
-def format_table(headers: Sequence[str], rows: List[Cells], colour: bool = False,
+def format_table(headers: Sequence[str], rows: Sequence[Cells], colour: bool = False,
                  width: Optional[int] = None, plan: Sequence[Step] = (),
                  right: Sequence[str] = ()) -> str:
     """Rows of cells in the order of `headers`, under a bold header line, fitted to `width`."""

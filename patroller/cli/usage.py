@@ -35,7 +35,8 @@ ANSWER = {"since": ("string",), "until": ("string",), "by": ("string",),
           "total": ("object",)}
 ROW = {"key": ("string", "null", "array"), "hours": ("object",), "gpu_hours": ("number",),
        "share": ("number",), "number": ("integer", "null")}
-TOTAL = {"hours": ("object",), "gpu_hours": ("number",), "shares": ("object",)}
+TOTAL: Dict[str, Tuple[str, ...]] = {"hours": ("object",), "gpu_hours": ("number",),
+                                     "shares": ("object",)}
 
 
 def check(answer: Any) -> Dict[str, Any]:
@@ -217,6 +218,7 @@ def title(answer: Dict[str, Any], width: Optional[int] = None) -> List[str]:
     if width is None or len(" ".join(lines)) <= width:
         lines = [" ".join(lines)]
     try:
+        # null before the store has any figure: the TypeError below
         first = datetime.fromisoformat(answer.get("first"))  # type: ignore[arg-type]
     except (TypeError, ValueError):  # none yet (null)
         return lines

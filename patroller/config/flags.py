@@ -83,7 +83,7 @@ def load(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
             return default
         origins[flag] = where
         if isinstance(given, bool):  # a switch's, given on the command line or in the file
-            return given  # type: ignore[return-value]
+            return given  # type: ignore[return-value]  # a switch's T is bool: pick is generic
         try:
             return convert(given)
         except ValueError as exc:

@@ -10,7 +10,8 @@ import sys
 import textwrap
 from typing import Any, Dict, List, Optional, Sequence, TextIO
 
-from patroller.config.flags import SECRET, file_keys, load, settings_table
+from patroller.config.flags import file_keys, load, settings_table
+from patroller.config.options import SECRET
 from patroller.config.settings import Config, ConfigError
 from patroller.core.text import printable
 

@@ -198,7 +198,8 @@ def best(topology: Topology, free: Sequence[Device], count: int, prefer: Prefer,
              for chosen in [_search(topology, pool, count, prefs, floor, search)] if chosen]
     if not found:
         return None
-    return sorted(min(found, key=lambda s: _key(topology, s, prefs)), key=lambda d: d.number)
+    return sorted(min(found, key=lambda s: _key(topology, list(s), prefs)),
+                  key=lambda d: d.number)
 
 
 def _key(topology: Topology, devices: Sequence[Device],
@@ -226,7 +227,7 @@ def _search(topology: Topology, pool: Sequence[Device], count: int,
             return None
         top = min(score for score, _ in scored)
         return list(min((c for score, c in scored if score == top),
-                        key=lambda c: _key(topology, c, prefs)))
+                        key=lambda c: _key(topology, list(c), prefs)))
     by_uuid = {d.uuid: d for d in pool}
     grown = [_grow(topology, seed, near, count, prefs, floor)
              for seed, near in _seeds(topology, by_uuid, count, prefs, search)]

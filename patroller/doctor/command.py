@@ -15,7 +15,8 @@ import sys
 from typing import Dict, List, Mapping, NoReturn, Optional, Sequence, TextIO, Tuple
 
 from patroller.config import Config, ConfigError, load
-from patroller.config.flags import SWITCHES, daemon_parser
+from patroller.config.flags import daemon_parser
+from patroller.config.options import SWITCHES
 from patroller.doctor.examine import examine
 from patroller.doctor.results import Result, any_failed, failed, lines
 from patroller.safetext import json_text, printable

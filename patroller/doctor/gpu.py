@@ -55,7 +55,7 @@ class Ran:
             return f"no answer in {self.timeout:g} s: killed"
         if answer.stopped:
             return "stopped before it answered"
-        status = f"signal {-answer.status}" if (answer.status or 0) < 0 else \
+        status = f"signal {-(answer.status or 0)}" if (answer.status or 0) < 0 else \
             f"status {answer.status}"
         return f"failed with {status}: {answer.account()}"
 

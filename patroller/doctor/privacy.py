@@ -73,8 +73,9 @@ def check_privacy(facts: PrivacyFacts) -> Result:
     if facts.state_dir is None and facts.audit_log is None:
         return ok(name, "no state directory and no audit record file: nothing kept on disk")
     if facts.open_dirs or facts.open_files:
-        said = [f"{path} is mode {mode:o}" for path, mode in facts.open_dirs + facts.open_files]
-        shown = "; ".join(said[:4]) + (f" and {len(said) - 4} more" if len(said) > 4 else "")
+        opened = [f"{path} is mode {mode:o}" for path, mode in facts.open_dirs + facts.open_files]
+        shown = "; ".join(opened[:4]) + (f" and {len(opened) - 4} more" if len(opened) > 4
+                                         else "")
         fix = [f"chmod 700 {path}" for path, _ in facts.open_dirs]
         if facts.open_files:
             fix.append("chmod 600 " + " ".join(path for path, _ in facts.open_files[:4])

@@ -201,6 +201,7 @@ class Guard(httputil.HTTPMessageDelegate):
     def _refuse_now(self, error: FramingError) -> Awaitable[None]:
         """Before the body: take the stream from Tornado (nothing more of it is read as HTTP),
         answer, drain for a moment, close; Tornado awaits all of it."""
+        # HTTP1Connection has detach; the HTTPConnection interface it is typed as does not
         stream = self.conn.detach()  # type: ignore[attr-defined]
         self.framing.report(error, stream)
         return _answer_and_linger(stream, answer(error.status, error.message, self.head),

@@ -45,6 +45,7 @@ class PeerServer(HTTPServer):
     errors get JSON answers where Tornado lets us answer), then goes to the application.
     """
 
+    # TCPServer.initialize takes none of these: HTTPServer's own, with the lane and config
     def initialize(self, app: HTTPServerConnectionDelegate,  # type: ignore[override]
                    lane: FastLane, config: Config,
                    read_facts: Callable[[Credentials], Awaitable[Any]],

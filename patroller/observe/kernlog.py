@@ -109,8 +109,8 @@ class KernelLog(Monitor):
                 continue
             pending += chunk
             *lines, pending = pending.split(b"\n")
-            for line in lines:
-                self._line(line.decode("utf-8", "replace"))
+            for raw in lines:
+                self._line(raw.decode("utf-8", "replace"))
 
     def _drain(self, fd: int, rest: List[bytes]) -> List[str]:
         """The lines in the log now (the last, unended, left in `rest`)."""

@@ -140,15 +140,17 @@ class Message:
 
     def raw(self, number: int) -> bytes:
         values = self._all(number, bytes)
+        # _all(number, bytes) keeps the length-delimited values alone: bytes, whatever Value says
         return values[-1] if values else b""  # type: ignore[return-value]
 
     def message(self, number: int) -> "Message":
         """The nested message: its pieces merged, as protobuf merges a singular embedded
         message that comes more than once (an empty one when the field is absent)."""
-        return Message(b"".join(self._all(number, bytes)))  # type: ignore[arg-type]
+        return Message(b"".join(self._all(number, bytes)))  # type: ignore[arg-type]  # bytes
 
     def messages(self, number: int) -> List["Message"]:
-        return [Message(value) for value in self._all(number, bytes)]  # type: ignore[arg-type]
+        return [Message(value)  # type: ignore[arg-type]  # bytes alone, as in raw()
+                for value in self._all(number, bytes)]
 
     def string_map(self, number: int) -> Dict[str, str]:
         """A map<string, string> field."""
@@ -160,6 +162,6 @@ class Message:
 
 def _decode(value: Value) -> str:
     try:
-        return value.decode("utf-8")  # type: ignore[union-attr]
+        return value.decode("utf-8")  # type: ignore[union-attr]  # called on bytes alone
     except UnicodeDecodeError as exc:
         raise WireError(f"a string that is not UTF-8: {exc}") from None

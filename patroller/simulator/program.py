@@ -264,7 +264,7 @@ class Source:
                 self.scenario = _check(json.load(f))
 
     def _stat(self) -> Any:
-        st = os.stat(self.path)  # type: ignore[arg-type]
+        st = os.stat(self.path)  # type: ignore[arg-type]  # refresh asks only with a path
         return (st.st_mtime_ns, st.st_size, st.st_ino)
 
     def refresh(self) -> Scenario:
@@ -272,6 +272,7 @@ class Source:
         try:
             stamp = self._stat() if self.path else None
             if stamp != self._stamp:
+                # a stamp of None (no path) equals the first one: never opened without a path
                 with open(self.path, encoding="utf-8") as f:  # type: ignore[arg-type]
                     self.scenario = _check(json.load(f))
                 self._stamp = stamp

@@ -44,7 +44,8 @@ def set_aside(waiters: WaitQueue, free: Free, now: float, bound: float,
     waiter = waiters.starving(now, bound)
     if waiter is None:
         return None, set()
-    choose_for, aside = chooser(waiter), set()
+    choose_for = chooser(waiter)
+    aside: Set[str] = set()
     for group, n in waiter.wants.items():
         usable = free.get(group, [])
         for count in range(min(n, len(usable)), 0, -1):

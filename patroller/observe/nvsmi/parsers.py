@@ -235,6 +235,7 @@ class PmonParser(_StreamParser[PmonRow]):
         if tokens is None:
             return None
         at = self._at
+        # a header without gpu or pid columns sets _at to None and no row is read after it
         gpu, pid_text = _index(tokens[at["gpu"]]), tokens[at["pid"]]  # type: ignore[index]
         pid = None if pid_text == "-" else _index(pid_text)
         if gpu is None or (pid is None and pid_text != "-"):

@@ -115,6 +115,7 @@ def totals(db: sqlite3.Connection, since: float, until: float, by: Tuple[str, ..
                 found[row] = found.get(row, 0.0) + float(seconds)
         numbers, first = known(db)
     rows = [(keys, user, category, seconds) for (keys, user, category), seconds in found.items()]
+    # a grouped row's key is a tuple of keys, where Totals types the one key of a plain report
     return Totals(rows, numbers, first)  # type: ignore[arg-type]
 
 
