@@ -313,9 +313,25 @@ def estimate(record: Dict[str, object], set_aside: Dict[str, str]) -> List[str]:
                      f"{f' ({aside} set aside since as equivalent)' if aside else ''}: caught "
                      f"{caught} of {len(judged)}: {100.0 * caught / len(judged):.1f}%, 95% "
                      f"interval {100 * low:.1f}-{100 * high:.1f}% (Wilson)")
+    by_package: Dict[str, List[int]] = {}
+    for name in names[:first]:
+        if name not in set_aside:
+            counts = by_package.setdefault(package_named(name), [0, 0])
+            counts[0] += drawn[name] in CAUGHT
+            counts[1] += 1
+    if by_package:
+        lines.append("  of which, by package: " + ", ".join(
+            f"{package} {caught} of {judged}" for package, (caught, judged)
+            in sorted(by_package.items(), key=lambda item: -item[1][1])))
     lines += [f"  sampled, {MISSED.get(drawn[name], f'exit {drawn[name]}')}: {name}"
               for name in sorted(tested) if drawn[name] not in CAUGHT and name not in set_aside]
     return lines
+
+
+def package_named(mutant: str) -> str:
+    """patroller.core.leases.queue.xǁWaiterǁ__init____mutmut_7 -> core/leases/"""
+    parts = mutant.split(".")[1:-2]
+    return "/".join(parts) + "/" if parts else "patroller/"
 
 
 def missed(scopes: Sequence[str], settings: dict) -> List[str]:
@@ -356,6 +372,10 @@ def run(args: argparse.Namespace, settings: dict) -> int:
         if not patterns:
             return score(args.scope, settings)
     env = {**os.environ, "PATROLLER_TESTS_WITHOUT_ENGINES": "1"}
+    # the mutated modules are megabytes (config/flags.py's `load` alone has a thousand mutants,
+    # 8 MB): compiled once and cached, not again in every daemon or CLI a test starts, where
+    # on a busy machine it took longer than the tests wait for a daemon to start
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     mutmut = os.path.join(os.path.dirname(sys.executable), "mutmut")
     try:
         done = subprocess.run([mutmut, "run", "--max-children", str(args.jobs), *patterns],

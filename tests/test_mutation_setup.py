@@ -196,6 +196,8 @@ def test_a_sample_draws_uniformly_from_the_whole_scope_and_goes_on_where_it_stop
     (tmp_path / "sample.json").unlink()
     assert mutation.draw(http, settings, 20, seed=7)["names"] == names[:20]
     assert mutation.draw(http, settings, 60, seed=7)["names"] == names
+    (tmp_path / "sample.json").unlink()  # a draw of 5 on its own, as Python draws few: a set
+    assert mutation.draw(http, settings, 5, seed=7)["names"] == names[:5]
     (tmp_path / "sample.json").unlink()
     assert mutation.draw(http, settings, 60, seed=8)["names"] != names
     (tmp_path / "sample.json").unlink()
@@ -230,12 +232,16 @@ def test_a_sample_draws_uniformly_from_the_whole_scope_and_goes_on_where_it_stop
     assert f"the first {first} of the draw, all tested: caught {caught} of {first}: " in out
     low, high = mutation.wilson(caught, first)
     assert f"95% interval {100 * low:.1f}-{100 * high:.1f}% (Wilson)" in out
+    assert f"of which, by package: http/ {caught} of {first}" in out
     assert f"sampled, survived: {untested[0]}" in out
     assert f"sampled, survived: {untested[12]}" in out  # every survivor is listed
     kept = json.loads((tmp_path / "sample.json").read_text())["results"]
     assert sum(v is not None for v in kept.values()) == tested
+    # mutants/ made afresh (every result gone from it): the record keeps the draw's results
+    hiding.write_text(json.dumps({"exit_code_by_key": dict.fromkeys(hiding_codes)}))
+    fleet.write_text(json.dumps({"exit_code_by_key": dict.fromkeys(fleet_codes)}))
     again = mutation.draw(http, settings, 60, seed=7)
-    assert again["results"] == kept and again["names"] == names  # the draw and its results
+    assert again["results"] == kept and again["names"] == names
     low, high = mutation.wilson(9, 10)
     assert 0.59 < low < 0.6 and 0.98 < high < 0.99  # Wilson's interval for 9 of 10
     assert mutation.wilson(990, 1000)[0] > 0.98
