@@ -313,14 +313,22 @@ def estimate(record: Dict[str, object], set_aside: Dict[str, str]) -> List[str]:
                      f"{f' ({aside} set aside since as equivalent)' if aside else ''}: caught "
                      f"{caught} of {len(judged)}: {100.0 * caught / len(judged):.1f}%, 95% "
                      f"interval {100 * low:.1f}-{100 * high:.1f}% (Wilson)")
+    if first < len(names):  # a floor that needs no first part: every untested one missed
+        counted = [name for name in names if name not in set_aside]
+        floor = sum(drawn[name] in CAUGHT for name in counted)
+        low, high = wilson(floor, len(counted))
+        lines.append(f"  all {len(counted)} of the draw, the {len(names) - len(tested)} untested "
+                     f"counted as missed (a floor): caught {floor}: "
+                     f"{100.0 * floor / len(counted):.1f}%, 95% interval "
+                     f"{100 * low:.1f}-{100 * high:.1f}% (Wilson)")
     by_package: Dict[str, List[int]] = {}
-    for name in names[:first]:
+    for name in tested:
         if name not in set_aside:
             counts = by_package.setdefault(package_named(name), [0, 0])
             counts[0] += drawn[name] in CAUGHT
             counts[1] += 1
     if by_package:
-        lines.append("  of which, by package: " + ", ".join(
+        lines.append("  every one tested, by package: " + ", ".join(
             f"{package} {caught} of {judged}" for package, (caught, judged)
             in sorted(by_package.items(), key=lambda item: -item[1][1])))
     lines += [f"  sampled, {MISSED.get(drawn[name], f'exit {drawn[name]}')}: {name}"

@@ -232,7 +232,11 @@ def test_a_sample_draws_uniformly_from_the_whole_scope_and_goes_on_where_it_stop
     assert f"the first {first} of the draw, all tested: caught {caught} of {first}: " in out
     low, high = mutation.wilson(caught, first)
     assert f"95% interval {100 * low:.1f}-{100 * high:.1f}% (Wilson)" in out
-    assert f"of which, by package: http/ {caught} of {first}" in out
+    floor = sum(codes(n)[n] == 1 for n in names)  # the 2 untested counted as missed
+    low, high = mutation.wilson(floor, 60)
+    assert (f"all 60 of the draw, the 2 untested counted as missed (a floor): caught {floor}: "
+            f"{100 * floor / 60:.1f}%, 95% interval {100 * low:.1f}-{100 * high:.1f}%") in out
+    assert f"every one tested, by package: http/ {floor} of {tested}" in out
     assert f"sampled, survived: {untested[0]}" in out
     assert f"sampled, survived: {untested[12]}" in out  # every survivor is listed
     kept = json.loads((tmp_path / "sample.json").read_text())["results"]
