@@ -218,14 +218,14 @@ def write_sample(record: Dict[str, object], path: str | None = None) -> None:
         f.write("\n")
 
 
-def population(scopes: Sequence[str], settings: dict,
-               found: Dict[str, Tuple[str, object]]) -> List[str]:
+def population(scopes: Sequence[str], settings: dict, found: Dict[str, Tuple[str, object]],
+               aside: Sequence[str]) -> List[str]:
     """Every mutant of `scopes` (all of the scope when none), whatever the runs did with it,
-    less the equivalent ones: what a sample is drawn from."""
+    less the equivalent ones `aside`: what a sample is drawn from."""
     wanted = set(in_scopes(scopes, settings))
-    set_aside = equivalents()
+    left_out = set(aside)
     return sorted(name for name, (path, code) in found.items()
-                  if path in wanted and name not in set_aside)
+                  if path in wanted and name not in left_out)
 
 
 def fingerprint(names: Sequence[str]) -> str:
@@ -239,15 +239,25 @@ def draw(scopes: Sequence[str], settings: dict, size: int, seed: int) -> Dict[st
     itself a uniform sample (a sample run stopped early is judged by the part of the draw it
     tested from the start; a larger size extends the same draw). The record of an earlier draw
     with the same seed, scope and mutants is kept with its results, and extended when `size`
-    is larger; any other is replaced. Written to SAMPLE, with the results mutants/ holds of
+    is larger (a mutant set aside as equivalent since changes neither); any other is replaced. Written to SAMPLE, with the results mutants/ holds of
     the drawn mutants."""
     found = results()
-    drawn_from = population(scopes, settings, found)
     record = read_sample()
+    # the equivalent ones left out of the draw are those listed when it was made: one set
+    # aside since keeps the draw (the estimate leaves it out), and a stopped run goes on
+    aside = sorted(set(equivalents()) & set(found))
+    if record is not None and "aside" in record:
+        aside = record["aside"]  # type: ignore[assignment]
+    drawn_from = population(scopes, settings, found, aside)
     wanted = {"seed": seed, "scope": sorted(scopes), "population": len(drawn_from),
               "fingerprint": fingerprint(drawn_from)}
     if record is None or any(record.get(key) != value for key, value in wanted.items()):
+        aside = sorted(set(equivalents()) & set(found))
+        drawn_from = population(scopes, settings, found, aside)
+        wanted = {"seed": seed, "scope": sorted(scopes), "population": len(drawn_from),
+                  "fingerprint": fingerprint(drawn_from)}
         record = {**wanted, "commit": git_head(), "names": [], "results": {}}
+    record = {**record, "aside": aside}
     names: List[str] = record["names"]  # type: ignore[assignment]
     if len(names) < size:
         order = random.Random(seed).sample(drawn_from, len(drawn_from))

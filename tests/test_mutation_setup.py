@@ -246,6 +246,12 @@ def test_a_sample_draws_uniformly_from_the_whole_scope_and_goes_on_where_it_stop
     fleet.write_text(json.dumps({"exit_code_by_key": dict.fromkeys(fleet_codes)}))
     again = mutation.draw(http, settings, 60, seed=7)
     assert again["results"] == kept and again["names"] == names
+    # a drawn mutant set aside as equivalent since: the same draw, that one left out of the
+    # estimate
+    monkeypatch.setattr(mutation, "equivalents", lambda path=None: {names[0]: "the same"})
+    assert mutation.draw(http, settings, 60, seed=7)["names"] == names
+    mutation.score(http, settings)
+    assert "(1 set aside since as equivalent)" in capsys.readouterr().out
     low, high = mutation.wilson(9, 10)
     assert 0.59 < low < 0.6 and 0.98 < high < 0.99  # Wilson's interval for 9 of 10
     assert mutation.wilson(990, 1000)[0] > 0.98
