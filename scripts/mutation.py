@@ -1,7 +1,7 @@
 """The mutation run: mutmut on the scope of pyproject.toml's [tool.mutmut], then the score.
 
-    scripts/mutation.sh [--fresh | --missed | --resume | --sample N] [--jobs N] [SCOPE ...]
-    .venv/bin/python scripts/mutation.py score [SCOPE ...]  (the score of the last run again)
+    scripts/mutation.sh [--fresh | --missed | --resume | --sample N [--seed S]] [--jobs N] [SCOPE ...]
+    .venv/bin/python scripts/mutation.py score [--modules] [SCOPE ...]  (the last runs' score)
 
 SCOPE is a package or a module of the scope, as a path under patroller/ (`core`, `state`,
 `core/leases`, `observe/jobmap.py`, `http/hiding.py`); none means the whole scope. Every mutant
@@ -10,10 +10,14 @@ those for a mutant (tests new since the last run are found and added); `--fresh`
 mutants/ first; `--missed` tests again only the mutants the last run tested and did not catch
 (a test added can only catch more; mutmut tests a function whose code changed afresh all the
 same); `--resume` tests those and the ones the last run did not reach (a run stopped early goes
-on where it stood); `--sample N [--seed S]` tests N of the mutants the last run did not reach,
-drawn at random, and the score then estimates, from them, how many of the rest would be caught
-(the mutants mutmut reaches last are those that many tests run, tens of seconds each: a whole
-run takes hours here, and a run stopped early has tested only the quickest).
+on where it stood). `--sample N [--seed S]` draws N mutants uniformly at random from every
+mutant of SCOPE (less the equivalent ones), whatever the runs before did with them, and tests
+those of them not yet tested; the draw and each drawn mutant's result are kept in
+scripts/mutation-sample.json, in git: the same command again goes on with those left, and the
+score estimates the whole SCOPE's by the drawn mutants tested, with its 95% interval (Wilson's).
+A whole run takes hours here (the mutants mutmut reaches last are those that many tests run,
+tens of seconds each), and a run stopped early has tested only the quickest: only the sample's
+figure speaks for the whole scope.
 The tests are the engine-free suite less the end-to-end files: PATROLLER_TESTS_WITHOUT_ENGINES=1,
 which the fixtures of tests/conftest.py honour, and [tool.mutmut] leaves out the test files that
 start an engine and the end-to-end ones.
@@ -21,13 +25,16 @@ start an engine and the end-to-end ones.
 The score of a package: caught (killed, or a timeout) / (caught + missed), over the mutants
 tested, less the equivalent ones: the table under "Equivalent mutants" in docs/development.md,
 each with why no test can tell it from the code. A mutant no test of the suite runs is missed;
-one the run did not reach (stopped early) is untested, and counted apart.
+one the run did not reach (stopped early) is untested, and counted apart: every score is
+printed beside the counts of the mutants tested and untested, by package (or module) and for
+the whole of SCOPE.
 """
 from __future__ import annotations
 
 import argparse
 import fnmatch
 import glob
+import hashlib
 import json
 import math
 import os
@@ -42,15 +49,20 @@ from typing import Dict, List, Sequence, Tuple
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs", "development.md")
 MUTANTS = os.path.join(ROOT, "mutants")
-SAMPLE = "sample.json"  # in MUTANTS: the mutants --sample drew, and the untested they came from
+# the sample's record (--sample): its seed, what it was drawn from, and each drawn mutant's result
+# once tested; kept in git, so that a sample run stopped early goes on from it
+SAMPLE = os.path.join(ROOT, "scripts", "mutation-sample.json")
 # the packages the score is told by: each folder (a module of observe/ and http/ counts in its
 # package, a subpackage on its own line)
-PACKAGES = ("core", "core/leases", "identify", "observe", "state", "state/usage", "http")
+PACKAGES = ("", "config", "core", "core/leases", "identify", "observe", "state", "state/usage",
+            "http", "doctor")
 # mutmut's exit codes, by what they mean for the score
 CAUGHT = {1: "killed", 3: "killed", -24: "timeout", 24: "timeout", 36: "timeout",
           152: "timeout", 255: "timeout", -9: "killed by a signal", -11: "killed by a signal",
           37: "killed"}
 MISSED = {0: "survived", 5: "no tests", 33: "no tests", 35: "suspicious"}
+# not tested: not reached yet (None), or stopped by the user (2)
+UNTESTED = {None, 2}
 
 
 def config() -> dict:
@@ -116,8 +128,9 @@ def results() -> Dict[str, Tuple[str, object]]:
 
 
 def package_of(path: str) -> str:
-    """patroller/core/leases/holds.py -> core/leases"""
-    return os.path.dirname(path).split(os.sep, 1)[1]
+    """patroller/core/leases/holds.py -> core/leases; patroller/answers.py -> "" (the package's
+    own modules)"""
+    return os.path.dirname(path).partition(os.sep)[2]
 
 
 def in_scopes(scopes: Sequence[str], settings: dict) -> List[str]:
@@ -129,57 +142,150 @@ def in_scopes(scopes: Sequence[str], settings: dict) -> List[str]:
     return [f for f in files if any(f == p or f.startswith(p + os.sep) for p in prefixes)]
 
 
-def score(scopes: Sequence[str], settings: dict) -> int:
-    """Print the score of each package and the mutants not caught; 0 when every mutant in
-    `scopes` was tested."""
+def score(scopes: Sequence[str], settings: dict, by_module: bool = False) -> int:
+    """Print, for each package (each module with `by_module`) and for the whole of `scopes`,
+    the mutants tested and not, and the score of those tested; then the mutants not caught, and
+    the sample's estimate of the whole scope."""
     wanted = set(in_scopes(scopes, settings))
     set_aside = equivalents()
     rows: Dict[str, Dict[str, int]] = {}
     missed: List[Tuple[str, str]] = []
     found = results()
+    columns = ("mutants", "tested", "untested", "equivalent", "caught", "missed")
+    total = dict.fromkeys(columns, 0)
     for name, (path, code) in sorted(found.items()):
         if path not in wanted:
             continue
-        row = rows.setdefault(package_of(path), dict.fromkeys(
-            ("mutants", "untested", "equivalent", "caught", "missed"), 0))
-        row["mutants"] += 1
-        if code is None:
-            row["untested"] += 1
-        elif name in set_aside:
-            row["equivalent"] += 1
-        elif code in CAUGHT:
-            row["caught"] += 1
-        else:
-            row["missed"] += 1
+        key = os.path.relpath(path, "patroller") if by_module else package_of(path)
+        row = rows.setdefault(key, dict.fromkeys(columns, 0))
+        for counts in (row, total):
+            counts["mutants"] += 1
+            if name in set_aside:
+                counts["equivalent"] += 1
+            elif code in UNTESTED:
+                counts["untested"] += 1
+            else:
+                counts["tested"] += 1
+                counts["caught" if code in CAUGHT else "missed"] += 1
+        if code not in UNTESTED and code not in CAUGHT and name not in set_aside:
             missed.append((name, MISSED.get(code, f"exit {code}")))
-    print(f"{'package':<12} {'mutants':>8} {'untested':>9} {'equivalent':>11} {'caught':>7} "
-          f"{'missed':>7} {'score':>7}")
-    for package in sorted(rows, key=lambda p: (PACKAGES + (p,)).index(p)):
-        row = rows[package]
-        judged = row["caught"] + row["missed"]
-        percent = 100.0 * row["caught"] / judged if judged else 100.0
-        print(f"{package + '/':<12} {row['mutants']:>8} {row['untested']:>9} "
-              f"{row['equivalent']:>11} {row['caught']:>7} {row['missed']:>7} {percent:>6.1f}%")
+    width = max([len(shown(key, by_module)) for key in rows] + [12])
+    print(f"{'package' if not by_module else 'module':<{width}} {'mutants':>8} {'tested':>7} "
+          f"{'untested':>9} {'equivalent':>11} {'caught':>7} {'missed':>7}  score of the tested")
+    order = (lambda key: key) if by_module else (lambda key: ((PACKAGES + (key,)).index(key), key))
+    for key in sorted(rows, key=order):
+        print(line(shown(key, by_module), rows[key], width))
+    print(line("all of it", total, width))
     for name, why in missed:
         print(f"  {why}: {name}")
-    stale = sorted(set(set_aside) - set(found))
-    for name in stale:
+    for name in sorted(set(set_aside) - set(found)):
         print(f"  listed as equivalent, but no such mutant: {name}")
-    drawn = read_sample()
-    if drawn is not None:
-        for line in estimate(drawn, {name: result for name, result in found.items()
-                                     if result[0] in wanted}, set_aside):
-            print(line)
+    record = read_sample()
+    if record is not None:
+        record = merge_sample(record, found)
+        for text in estimate(record, set_aside):
+            print(text)
     return 0
 
 
-def read_sample() -> Dict[str, object] | None:
-    """What the last --sample drew (None: no sample since the last --fresh)."""
+def shown(key: str, by_module: bool) -> str:
+    """A row's name: `core/leases/`, `patroller/` (the package's own modules), `config/flags.py`"""
+    return key if by_module else (key or "patroller") + "/"
+
+
+def line(name: str, row: Dict[str, int], width: int) -> str:
+    """One row of the score: the counts, and the score of the mutants tested, never without
+    the count of those that were not."""
+    judged = row["caught"] + row["missed"]
+    percent = f"{100.0 * row['caught'] / judged:.1f}%" if judged else "-"
+    return (f"{name:<{width}} {row['mutants']:>8} {row['tested']:>7} {row['untested']:>9} "
+            f"{row['equivalent']:>11} {row['caught']:>7} {row['missed']:>7}  {percent:>6} "
+            f"({row['untested']} untested)")
+
+
+def read_sample(path: str | None = None) -> Dict[str, object] | None:
+    """The sample's record (None: no sample drawn)."""
     try:
-        with open(os.path.join(MUTANTS, SAMPLE), encoding="utf-8") as f:
+        with open(path or SAMPLE, encoding="utf-8") as f:
             return json.load(f)
     except FileNotFoundError:
         return None
+
+
+def write_sample(record: Dict[str, object], path: str | None = None) -> None:
+    with open(path or SAMPLE, "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
+def population(scopes: Sequence[str], settings: dict, found: Dict[str, Tuple[str, object]],
+               aside: Sequence[str]) -> List[str]:
+    """Every mutant of `scopes` (all of the scope when none), whatever the runs did with it,
+    less the equivalent ones `aside`: what a sample is drawn from."""
+    wanted = set(in_scopes(scopes, settings))
+    left_out = set(aside)
+    return sorted(name for name, (path, code) in found.items()
+                  if path in wanted and name not in left_out)
+
+
+def fingerprint(names: Sequence[str]) -> str:
+    """Which mutants a sample was drawn from: a draw holds while they are the same."""
+    return hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()[:16]
+
+
+def draw(scopes: Sequence[str], settings: dict, size: int, seed: int) -> Dict[str, object]:
+    """The first `size` of a seeded random order of every mutant of `scopes` (less the
+    equivalent ones): drawn uniformly, without replacement, and any first part of the draw is
+    itself a uniform sample (a sample run stopped early is judged by the part of the draw it
+    tested from the start; a larger size extends the same draw). The record of an earlier draw
+    with the same seed, scope and mutants is kept with its results, and extended when `size`
+    is larger (a mutant set aside as equivalent since changes neither); any other is replaced. Written to SAMPLE, with the results mutants/ holds of
+    the drawn mutants."""
+    found = results()
+    record = read_sample()
+    # the equivalent ones left out of the draw are those listed when it was made: one set
+    # aside since keeps the draw (the estimate leaves it out), and a stopped run goes on
+    aside = sorted(set(equivalents()) & set(found))
+    if record is not None and "aside" in record:
+        aside = record["aside"]  # type: ignore[assignment]
+    drawn_from = population(scopes, settings, found, aside)
+    wanted = {"seed": seed, "scope": sorted(scopes), "population": len(drawn_from),
+              "fingerprint": fingerprint(drawn_from)}
+    if record is None or any(record.get(key) != value for key, value in wanted.items()):
+        aside = sorted(set(equivalents()) & set(found))
+        drawn_from = population(scopes, settings, found, aside)
+        wanted = {"seed": seed, "scope": sorted(scopes), "population": len(drawn_from),
+                  "fingerprint": fingerprint(drawn_from)}
+        record = {**wanted, "commit": git_head(), "names": [], "results": {}}
+    record = {**record, "aside": aside}
+    names: List[str] = record["names"]  # type: ignore[assignment]
+    if len(names) < size:
+        order = random.Random(seed).sample(drawn_from, len(drawn_from))
+        names = order[:size]
+        assert names[:len(record["names"])] == record["names"]  # type: ignore[arg-type]
+        kept: Dict[str, object] = record["results"]  # type: ignore[assignment]
+        record = {**record, "names": names,
+                  "results": {name: kept.get(name) for name in names}}
+    write_sample(record)
+    return merge_sample(record, found)
+
+
+def merge_sample(record: Dict[str, object], found: Dict[str, Tuple[str, object]]) -> Dict[str, object]:
+    """The sample's record with the results mutants/ holds for its mutants not yet tested
+    (a mutant stopped by the user, exit 2, is not tested); written back when it changed."""
+    drawn: Dict[str, object] = record["results"]  # type: ignore[assignment]
+    new = {name: found[name][1] for name, code in drawn.items()
+           if code in UNTESTED and name in found and found[name][1] not in UNTESTED}
+    if new:
+        record = {**record, "results": {**drawn, **new}}
+        write_sample(record)
+    return record
+
+
+def git_head() -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=False,
+                          capture_output=True, text=True)
+    return done.stdout.strip() or "?"
 
 
 def wilson(caught: int, judged: int, z: float = 1.96) -> Tuple[float, float]:
@@ -192,45 +298,58 @@ def wilson(caught: int, judged: int, z: float = 1.96) -> Tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def estimate(drawn: Dict[str, object], found: Dict[str, Tuple[str, object]],
-             set_aside: Dict[str, str]) -> List[str]:
-    """The sample's lines of the score, from the results in scope (`found`): what it caught,
-    and the whole scope's score with the mutants not reached counted as the sample says (each
-    drawn one stands for untested/drawn)."""
-    names = set(drawn["names"])  # type: ignore[arg-type]
-    sampled = [found[name][1] for name in names if name in found and name not in set_aside]
-    caught = sum(code in CAUGHT for code in sampled if code is not None)
-    judged = sum(code is not None for code in sampled)
-    if not judged:
-        return [f"  sample (seed {drawn['seed']}): none of its {len(names)} mutants tested yet"]
-    known_caught = known_judged = 0
-    for name, (path, code) in found.items():
-        if name in names or name in set_aside or code is None:
-            continue
-        known_judged += 1
-        known_caught += code in CAUGHT
-    untested = int(drawn["untested"])  # type: ignore[arg-type]
-    low, high = wilson(caught, judged)
-    share = untested / len(names)  # how many untested mutants each drawn one stands for
-    whole = (known_caught + share * caught) / (known_judged + share * judged)
-    return [f"  sample (seed {drawn['seed']}): {len(names)} of {untested} mutants not reached, "
-            f"{judged} tested: {caught} caught, {100.0 * caught / judged:.1f}% (95% interval "
-            f"{100 * low:.1f}-{100 * high:.1f}%)",
-            f"  the whole scope, its untested mutants counted as the sample says: "
-            f"{100.0 * whole:.1f}%"]
+def estimate(record: Dict[str, object], set_aside: Dict[str, str]) -> List[str]:
+    """The sample's lines of the score: how many of the drawn mutants are tested; the whole
+    scope's score estimated by the longest first part of the draw that is all tested (a run
+    tests the quickest mutants first: the tested ones of a run stopped early are no uniform
+    sample, the first part of the draw is), with its 95% interval; then the sampled mutants
+    not caught."""
+    names: List[str] = record["names"]  # type: ignore[assignment]
+    drawn: Dict[str, object] = record["results"]  # type: ignore[assignment]
+    tested = [name for name in names if drawn[name] not in UNTESTED]
+    lines = [f"sample (seed {record['seed']}, drawn at {record['commit']}): {len(names)} of the "
+             f"{record['population']} mutants of {', '.join(record['scope']) or 'the scope'} "
+             f"(less the equivalent ones), drawn uniformly: {len(tested)} tested, "
+             f"{len(names) - len(tested)} untested"]
+    first = 0
+    while first < len(names) and drawn[names[first]] not in UNTESTED:
+        first += 1
+    judged = [drawn[name] for name in names[:first] if name not in set_aside]
+    caught = sum(code in CAUGHT for code in judged)
+    if judged:
+        low, high = wilson(caught, len(judged))
+        aside = first - len(judged)
+        lines.append(f"  the first {first} of the draw, all tested"
+                     f"{f' ({aside} set aside since as equivalent)' if aside else ''}: caught "
+                     f"{caught} of {len(judged)}: {100.0 * caught / len(judged):.1f}%, 95% "
+                     f"interval {100 * low:.1f}-{100 * high:.1f}% (Wilson)")
+    if first < len(names):  # a floor that needs no first part: every untested one missed
+        counted = [name for name in names if name not in set_aside]
+        floor = sum(drawn[name] in CAUGHT for name in counted)
+        low, high = wilson(floor, len(counted))
+        lines.append(f"  all {len(counted)} of the draw, the {len(names) - len(tested)} untested "
+                     f"counted as missed (a floor): caught {floor}: "
+                     f"{100.0 * floor / len(counted):.1f}%, 95% interval "
+                     f"{100 * low:.1f}-{100 * high:.1f}% (Wilson)")
+    by_package: Dict[str, List[int]] = {}
+    for name in tested:
+        if name not in set_aside:
+            counts = by_package.setdefault(package_named(name), [0, 0])
+            counts[0] += drawn[name] in CAUGHT
+            counts[1] += 1
+    if by_package:
+        lines.append("  every one tested, by package: " + ", ".join(
+            f"{package} {caught} of {judged}" for package, (caught, judged)
+            in sorted(by_package.items(), key=lambda item: -item[1][1])))
+    lines += [f"  sampled, {MISSED.get(drawn[name], f'exit {drawn[name]}')}: {name}"
+              for name in sorted(tested) if drawn[name] not in CAUGHT and name not in set_aside]
+    return lines
 
 
-def draw(scopes: Sequence[str], settings: dict, size: int, seed: int) -> List[str]:
-    """`size` mutants drawn at random (seeded) from those in `scopes` the last run did not
-    reach, less the equivalent ones; written to mutants/sample.json for the score."""
-    wanted = set(in_scopes(scopes, settings))
-    set_aside = equivalents()
-    untested = sorted(name for name, (path, code) in results().items()
-                      if path in wanted and code is None and name not in set_aside)
-    names = sorted(random.Random(seed).sample(untested, min(size, len(untested))))
-    with open(os.path.join(MUTANTS, SAMPLE), "w", encoding="utf-8") as f:
-        json.dump({"seed": seed, "untested": len(untested), "names": names}, f, indent=1)
-    return names
+def package_named(mutant: str) -> str:
+    """patroller.core.leases.queue.xǁWaiterǁ__init____mutmut_7 -> core/leases/"""
+    parts = mutant.split(".")[1:-2]
+    return "/".join(parts) + "/" if parts else "patroller/"
 
 
 def missed(scopes: Sequence[str], settings: dict) -> List[str]:
@@ -259,22 +378,32 @@ def run(args: argparse.Namespace, settings: dict) -> int:
         shutil.rmtree(MUTANTS)
     if args.missed or args.resume or args.sample:
         flag = "--missed" if args.missed else "--resume" if args.resume else "--sample"
-        if not os.path.isdir(MUTANTS):
-            raise SystemExit(f"{flag}: no earlier run in mutants/")
+        if not results():
+            raise SystemExit(f"{flag}: no earlier run in mutants/ (a plain run makes the "
+                             f"mutants: scripts/mutation.sh --fresh doctor/results.py)")
         if args.sample:
-            patterns = draw(args.scope, settings, args.sample, args.seed)
+            record = draw(args.scope, settings, args.sample, args.seed)
+            patterns = [name for name in record["names"][:args.sample]  # type: ignore[index]
+                        if record["results"][name] in UNTESTED]  # type: ignore[index]
         else:
-            if args.resume and os.path.exists(os.path.join(MUTANTS, SAMPLE)):
-                os.remove(os.path.join(MUTANTS, SAMPLE))  # what it stood for is tested now
             patterns = (missed if args.missed else unfinished)(args.scope, settings)
         if not patterns:
             return score(args.scope, settings)
     env = {**os.environ, "PATROLLER_TESTS_WITHOUT_ENGINES": "1"}
+    # the mutated modules are megabytes (config/flags.py's `load` alone has a thousand mutants,
+    # 8 MB): compiled once and cached, not again in every daemon or CLI a test starts, where
+    # on a busy machine it took longer than the tests wait for a daemon to start
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     mutmut = os.path.join(os.path.dirname(sys.executable), "mutmut")
-    done = subprocess.run([mutmut, "run", "--max-children", str(args.jobs), *patterns],
-                          cwd=ROOT, env=env, check=False)
+    try:
+        done = subprocess.run([mutmut, "run", "--max-children", str(args.jobs), *patterns],
+                              cwd=ROOT, env=env, check=False)
+    except KeyboardInterrupt:  # mutmut has it too, and saves what it tested
+        print("stopped: scripts/mutation.py score records what was tested", file=sys.stderr)
+        return 130
     if done.returncode != 0:
         print(f"mutmut run failed ({done.returncode})", file=sys.stderr)
+        score(args.scope, settings)  # a sample keeps what its run tested before the failure
         return done.returncode
     return score(args.scope, settings)
 
@@ -289,8 +418,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true",
                         help="test the mutants the last run did not reach or did not catch")
     parser.add_argument("--sample", type=int, default=0, metavar="N",
-                        help="test N mutants drawn from those the last run did not reach")
+                        help="test a sample of N mutants drawn uniformly from all of the scope "
+                             "(those of a stopped run with the same seed left)")
     parser.add_argument("--seed", type=int, default=1, help="of the --sample draw (default 1)")
+    parser.add_argument("--modules", action="store_true",
+                        help="score: a line for each module, not each package")
     parser.add_argument("--jobs", type=int, default=int(os.environ.get("MUTATION_JOBS", "2")),
                         help="mutants tested at once (default 2, or MUTATION_JOBS)")
     args = parser.parse_intermixed_args(argv)
@@ -302,7 +434,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = config()
     patterns_for(args.scope or [""], settings)  # a scope outside it is refused before anything
     if args.command == "score":
-        return score(args.scope, settings)
+        return score(args.scope, settings, args.modules)
     return run(args, settings)
 
 

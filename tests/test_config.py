@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import time
+from datetime import timedelta
 
 import pytest
 
@@ -137,11 +138,44 @@ def test_hide_users_is_a_switch_with_a_checked_variable():
     (["--fleet-max-bytes", "1.5MiB"], {}, "--fleet-max-bytes"),
     (["--fleet-max-bytes", "100"], {}, "--fleet-max-bytes"),
     ([], {"PATROLLER_FLEET_MAX_BYTES": "-1"}, "PATROLLER_FLEET_MAX_BYTES"),
+    (["--idle-sm", "-1"], {}, "--idle-sm"),  # finite, below zero
+    ([], {"PATROLLER_IDLE_MEMORY": "inf"}, "PATROLLER_IDLE_MEMORY"),  # above zero, not finite
 ])
 def test_bad_values_name_the_flag_or_variable(argv, environ, named):
     with pytest.raises(ConfigError) as error:
         load(argv, environ)
     assert str(error.value).startswith(named + ":")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--port", "http"], "'http' is not a port number (0-65535)"),
+    (["--user-labels", "a b,c"], "'a b,c' holds a label with white space"),
+    (["--usage", "csv"], "'csv' must be sqlite or none"),
+    (["--stream-silence", "1"], "'1' must be at least 3 seconds: nvidia-smi prints once a second"),
+    (["--notify-digest", "someday"], "'someday' is not a weekday and a time, and a zone if not "
+                                     "UTC: 'mon 09:00', 'fri 17:30 Europe/Paris' (or off)"),
+    (["--socket", "/tmp/" + "x" * 103], f"'/tmp/{'x' * 103}' is longer than a unix socket path "
+                                        "may be (107 bytes)"),
+])
+def test_a_bad_value_is_told_word_for_word(argv, message):
+    with pytest.raises(ConfigError) as error:
+        load(argv, {})
+    assert str(error.value) == f"{argv[0]}: {message}"
+
+
+def test_the_edges_of_a_value_are_taken():
+    assert load(["--socket", "/tmp/" + "x" * 102], {}).socket == "/tmp/" + "x" * 102  # 107 bytes
+    # a URL whose query holds another URL: its scheme is what comes before the first ://
+    assert load(["--notify", "json://h/x?next=http://y"], {}).notify == (
+        "json://h/x?next=http://y",)
+    from patroller.config import values
+    assert values.time_zone("+09").utcoffset(None) == timedelta(hours=9)
+    assert values.time_zone("-0530").utcoffset(None) == -timedelta(hours=5, minutes=30)
+
+
+def test_the_stream_silence_and_inventory_period_are_read_from_their_variables():
+    found = load([], {"PATROLLER_STREAM_SILENCE": "7", "PATROLLER_INVENTORY_EVERY": "90"})
+    assert (found.stream_silence, found.inventory_every) == (7.0, 90.0)
 
 
 def test_the_fleet_from_a_list_or_a_file(tmp_path):

@@ -369,6 +369,43 @@ def test_a_port_taken_by_a_stranger_fails_and_one_a_patroller_serves_is_fine(tmp
     assert f"patroller pid {server.process.pid} holds its directory" in book["detail"]
 
 
+def test_an_engine_not_asked_names_the_flag_that_would_ask_it():
+    """Pure: each engine left unasked says which flag asks it, as the docs spell it."""
+    from patroller.doctor.runtimes import EngineFacts, Knock, engine_results
+
+    facts = EngineFacts(Knock("unix:///run/docker.sock", "absent", ""), None, None, None, None,
+                        None)
+    found = {r.check: r for r in engine_results(facts, Config())}
+    for check, flag in (("rootless Docker", "--rootless-docker-socket"),
+                        ("Podman", "--podman-socket"),
+                        ("rootless Podman", "--rootless-podman-socket"),
+                        ("containerd", "--containerd-socket"),
+                        ("kubelet pod-resources", "--kubelet-socket")):
+        assert found[check].status == "ok" and found[check].detail == f"not asked ({flag} none)"
+
+
+def test_without_grpcio_the_kubelet_and_containerd_say_so(tmp_path, monkeypatch):
+    """In process: grpcio made unimportable (None in sys.modules: what Python's import says for
+    a package not installed); something listens at both sockets."""
+    from patroller.doctor.runtimes import probe_containerd, probe_kubelet
+
+    monkeypatch.setitem(sys.modules, "grpc", None)
+    listeners = []
+    for name in ("kubelet.sock", "containerd.sock"):
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(str(tmp_path / name))
+        listener.listen()
+        listeners.append(listener)
+    try:
+        knocks = [probe_kubelet(str(tmp_path / "kubelet.sock"), Config()),
+                  probe_containerd(f"unix://{tmp_path}/containerd.sock", 5)]
+    finally:
+        for listener in listeners:
+            listener.close()
+    for knock in knocks:
+        assert knock.state == "ungrpc" and "grpcio is not installed" in knock.why, knock
+
+
 def test_a_lease_book_that_cannot_be_read_is_degraded(tmp_path, engine_sockets):
     state = tmp_path / "state"
     state.mkdir(mode=0o700)

@@ -71,6 +71,8 @@ def test_what_patroller_answers_passes_and_so_does_an_older_daemons_answer():
     (status_with(user=dict(IDENTITY, user=7)), "claim.user.user is an integer, not a string"),
     (status_with(users=[dict(IDENTITY, container="x")]),
      "claim.users[0].container is a string, not an object or null"),
+    (status_with(user=dict(IDENTITY, container={"name": 4242})),
+     "claim.user.container.name is an integer, not a string or null"),
     (status_with(user=dict(IDENTITY, job={"id": 4242})), "claim.user.job.id is an integer"),
     (status_with(user=dict(IDENTITY, pod={"name": None})), "claim.user.pod.name is null"),
     (status_with(processes=[1, "2"]), "claim.processes[1] is a string, not an integer"),

@@ -262,3 +262,23 @@ async def test_a_round_that_runs_late_is_not_followed_by_every_round_it_missed_a
     # the next moments of the interval after 1.4 s are 1.6 and 2.0 s: 0.4 s apart; the
     # missed rounds, asked at once, would be none apart
     assert times[2] - times[1] > 0.2, times
+
+
+def test_the_totals_a_rebuild_only_on_change_and_what_each_failure_is_called():
+    """Pure: /fleet.json's totals over hosts up, down and not yet asked; a body not built
+    again while nothing changed, however long; the words for what asking a host raised."""
+    from patroller.http.fleet import FAILED, REFUSED, Fleet
+    now = [100.0]
+    fleet = Fleet(replace(Config(), fleet=("gpu1:8080", "gpu2:8080", "gpu3:8080")),
+                  monotonic=lambda: now[0])
+    fleet.hosts[0].answered([{"free": True, "state": "free"},
+                             {"free": False, "state": "reserved"}], now=1.0)
+    fleet.hosts[1].failed(REFUSED, "connection refused", asked=1.0, now=1.5)
+    assert fleet.data()["totals"] == {"hosts": 3, "answering": 1, "gpus": 2, "free": 1,
+                                      "states": {"free": 1, "reserved": 1}}
+    now[0] += 3600
+    fleet.body()
+    assert fleet.builds == 1
+    assert fleet.trouble(ConnectionRefusedError()) == (REFUSED, "connection refused")
+    assert fleet.trouble(RuntimeError("it broke")) == (FAILED, "it broke")
+    assert fleet.trouble(RuntimeError()) == (FAILED, "RuntimeError")
