@@ -32,18 +32,19 @@ class Clock:
         return self.now
 
 
-def _ms(took: List[float]) -> Dict[str, float]:
-    return {"median": round(statistics.median(took) * 1000, 2),
-            "max": round(max(took) * 1000, 2)}
+def _ms(took: List[float], digits: int = 2) -> Dict[str, float]:
+    return {"median": round(statistics.median(took) * 1000, digits),
+            "max": round(max(took) * 1000, digits)}
 
 
-def _timed(action: Callable[[], Any], repeats: int) -> Dict[str, float]:
+def timed(action: Callable[[], Any], repeats: int, digits: int = 2) -> Dict[str, float]:
+    """The thread's CPU time `action` takes, in ms: median and max of `repeats` runs."""
     took = []
     for _ in range(repeats):
         began = time.thread_time()
         action()
         took.append(time.thread_time() - began)
-    return _ms(took)
+    return _ms(took, digits)
 
 
 def one_size(gpus: int, processes: int, repeats: int) -> Dict[str, Any]:
@@ -94,8 +95,8 @@ def one_size(gpus: int, processes: int, repeats: int) -> Dict[str, Any]:
         second_of_samples()
         slices.extend(_stepped(view))
     return {"gpus": gpus, "processes": processes, "bytes": len(view.body()),
-            "first_build_ms": round(first * 1000, 2), "older_ms": _timed(older, repeats),
-            "lease_change_ms": _timed(lease_change, repeats),
+            "first_build_ms": round(first * 1000, 2), "older_ms": timed(older, repeats),
+            "lease_change_ms": timed(lease_change, repeats),
             "background_slice_ms": _ms(slices) if slices else None,
             "parts_built": view.parts_built}
 

@@ -8,9 +8,8 @@ time, so that a shared machine's other work does not count.
 from __future__ import annotations
 
 import random
-import statistics
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Dict
 
 from patroller.config import Config, policy_of
 from patroller.core.identity import Identity
@@ -18,6 +17,8 @@ from patroller.core.leases import LeaseManager
 from patroller.core.topology import Search, Topology
 from patroller.observe.testmode import synthetic_inventory
 from patroller.simulator.topo import shape
+
+from .statusbuild import timed
 
 CASES = [(16, 8, "pcie-pairs"), (16, 8, "nvlink-pairs"), (64, 4, "pcie-pairs"),
          (64, 4, "nvlink-pairs"), (64, 4, "two-numa")]
@@ -38,20 +39,6 @@ def manager(gpus: int, name: str, known: bool = True) -> LeaseManager:
     return leases
 
 
-def _ms(took: List[float]) -> Dict[str, float]:
-    return {"median": round(statistics.median(took) * 1000, 3),
-            "max": round(max(took) * 1000, 3)}
-
-
-def _timed(action: Callable[[], Any], repeats: int) -> Dict[str, float]:
-    took = []
-    for _ in range(repeats):
-        began = time.thread_time()
-        action()
-        took.append(time.thread_time() - began)
-    return _ms(took)
-
-
 def choice(gpus: int, count: int, name: str, repeats: int) -> Dict[str, Any]:
     """The choice among all free GPUs, and among a random half of them."""
     leases = manager(gpus, name)
@@ -63,8 +50,8 @@ def choice(gpus: int, count: int, name: str, repeats: int) -> Dict[str, Any]:
     halves = [sorted(rng.sample(every, gpus // 2), key=lambda d: d.number) for _ in range(repeats)]
     left = iter(halves)
     return {"gpus": gpus, "count": count, "shape": name,
-            "all_free_ms": _timed(lambda: choose(every, count), repeats),
-            "half_free_ms": _timed(lambda: choose(next(left), count), repeats)}
+            "all_free_ms": timed(lambda: choose(every, count), repeats, 3),
+            "half_free_ms": timed(lambda: choose(next(left), count), repeats, 3)}
 
 
 def grants(known: bool, repeats: int) -> float:

@@ -139,20 +139,8 @@ class UserDestinations:
         body = {"version": VERSION, "users": {
             user: {"urls": list(own.urls), "muted": list(own.muted), **own.extra}
             for user, own in sorted(self._users.items())}}
-        fresh = f"{path}.tmp-{os.getpid()}"
-        fd = private.create(fresh, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(body, f, separators=(",", ":"), sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(fresh, path)
-        except OSError:
-            try:
-                os.unlink(fresh)
-            except OSError:
-                pass
-            raise
+        private.replace(path, json.dumps(body, separators=(",", ":"),
+                                         sort_keys=True).encode("utf-8"))
         self.writes += 1
 
 

@@ -240,20 +240,8 @@ class Outbox:
                             "n": pending.number, "notice": pending.notice})
             if pending.trying:
                 records.append({"s": pending.ident})
-        fresh = f"{self.path}.tmp-{os.getpid()}"
-        fd = private.create(fresh, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8", errors="surrogatepass") as f:
-                f.write("".join(_line(r) for r in records))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(fresh, self.path)
-        except OSError:
-            try:
-                os.unlink(fresh)
-            except OSError:
-                pass
-            raise
+        private.replace(self.path, "".join(_line(r) for r in records).encode(
+            "utf-8", "surrogatepass"))
         self._fd = private.create(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
         self._written = len(records)
         self.rewrites += 1

@@ -44,6 +44,26 @@ def touch(path: str) -> None:
     os.close(create(path, os.O_RDONLY | os.O_NOFOLLOW))
 
 
+def replace(path: str, data: bytes) -> None:
+    """Write `data` as the whole file at `path`, private, at once: a temporary file beside it
+    (0600), synced, then renamed over it; a reader sees the old file or the new, never a part.
+    OSError if it cannot be written (the temporary file is removed)."""
+    fresh = f"{path}.tmp-{os.getpid()}"
+    fd = create(fresh, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(fresh, path)
+    except OSError:
+        try:
+            os.unlink(fresh)
+        except OSError:
+            pass
+        raise
+
+
 def tighten(path: str) -> bool:
     """Make a regular file of ours at `path` 0600 if it is open to others; True if it was.
     A link, anything but a regular file, a file of another user, or one that is gone is left
