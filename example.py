@@ -4,6 +4,7 @@ Try it against a test-mode server:
     patroller --test --port 8080 &
     python example.py --server localhost:8080
 """
+
 import argparse
 import os
 

@@ -1,13 +1,19 @@
 """Packaging for Patroller."""
+
 import re
 from pathlib import Path
 
 from setuptools import find_packages, setup
 
 HERE = Path(__file__).parent
-VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "patroller" / "__init__.py").read_text()).group(1)
-REQUIRES = [line.strip() for line in (HERE / "requirements.txt").read_text().splitlines()
-            if line.strip() and not line.startswith("#")]
+VERSION = re.search(
+    r'__version__ = "([^"]+)"', (HERE / "patroller" / "__init__.py").read_text()
+).group(1)
+REQUIRES = [
+    line.strip()
+    for line in (HERE / "requirements.txt").read_text().splitlines()
+    if line.strip() and not line.startswith("#")
+]
 
 setup(
     name="patroller",
@@ -19,8 +25,10 @@ setup(
     packages=find_packages(include=["patroller", "patroller.*"]),
     python_requires=">=3.10",  # orjson 3.13 needs 3.10; tests/test_setup.py installs on it
     install_requires=REQUIRES,
-    package_data={"patroller.http": ["openapi.json", "web/*"],
-                  "patroller.cli": ["patroller.service"]},
+    package_data={
+        "patroller.http": ["openapi.json", "web/*"],
+        "patroller.cli": ["patroller.service"],
+    },
     # schemathesis 4 (the API fuzzer of tests/test_fuzz.py) needs Python 3.11
     # kubernetes: containerd's API and the kubelet's pod-resources are gRPC (grpcio alone: the
     # messages are encoded by patroller itself, so neither protobuf nor generated code is needed)
@@ -29,15 +37,25 @@ setup(
     # notify: notifications (e-mail, Slack, ntfy, webhooks, ...) are sent through Apprise;
     # the tests receive them with a real SMTP server (aiosmtpd) and HTTP receivers; the type
     # checker (mypy, .ci/run; its settings in pyproject.toml) comes with the tests
-    extras_require={"kubernetes": ["grpcio>=1.60"],
-                    "notify": ["apprise>=1.9"],
-                    "test": ["pytest>=8.4", "pytest-timeout>=2.4", "selenium>=4.20", "grpcio>=1.60",
-                             "protobuf>=5.26", "grpcio-tools>=1.64", "apprise>=1.9",
-                             "aiosmtpd>=1.4", "mypy>=1.10",
-                             "schemathesis>=4,<5; python_version >= '3.11'"],
-                    # scripts/mutation.sh: mutmut 3 (its [tool.mutmut] in pyproject.toml);
-                    # a development tool, never needed to run or test Patroller
-                    "mutation": ["mutmut>=3.8.1,<3.9"]},
+    extras_require={
+        "kubernetes": ["grpcio>=1.60"],
+        "notify": ["apprise>=1.9"],
+        "test": [
+            "pytest>=8.4",
+            "pytest-timeout>=2.4",
+            "selenium>=4.20",
+            "grpcio>=1.60",
+            "protobuf>=5.26",
+            "grpcio-tools>=1.64",
+            "apprise>=1.9",
+            "aiosmtpd>=1.4",
+            "mypy>=1.10",
+            "schemathesis>=4,<5; python_version >= '3.11'",
+        ],
+        # scripts/mutation.sh: mutmut 3 (its [tool.mutmut] in pyproject.toml);
+        # a development tool, never needed to run or test Patroller
+        "mutation": ["mutmut>=3.8.1,<3.9"],
+    },
     entry_points={"console_scripts": ["patroller = patroller.main:main"]},
     classifiers=[
         "License :: OSI Approved :: GNU General Public License v3 or later (GPLv3+)",

@@ -2,12 +2,14 @@
 100 processes of 1,000 descriptors each, and fresh client processes (each a first call, on a
 new connection) time /request from connect to answer: alone, eight at once, and of the same
 uid as the parked ones. Needs root (the descriptors are parked by another uid)."""
+
 from __future__ import annotations
 
 import os
 import statistics
 import subprocess
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
+from collections.abc import Callable
 
 from .harness import Daemon
 
@@ -51,11 +53,20 @@ print(answer.status, took * 1000)
 """
 
 
-def _clients(port: int, uid: int, count: int) -> List[float]:
+def _clients(port: int, uid: int, count: int) -> list[float]:
     """Milliseconds each of `count` fresh clients of `uid`, let go together, took."""
-    started = [subprocess.Popen([CLIENT_PYTHON, "-c", CLIENT, str(port)], user=uid, group=uid,
-                                extra_groups=[], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                text=True) for _ in range(count)]
+    started = [
+        subprocess.Popen(
+            [CLIENT_PYTHON, "-c", CLIENT, str(port)],
+            user=uid,
+            group=uid,
+            extra_groups=[],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(count)
+    ]
     for client in started:
         client.stdin.write("go\n")
         client.stdin.flush()
@@ -69,29 +80,36 @@ def _clients(port: int, uid: int, count: int) -> List[float]:
     return took
 
 
-def _firsts(port: int, uid: int, repeats: int) -> Dict[str, float]:
+def _firsts(port: int, uid: int, repeats: int) -> dict[str, float]:
     samples = [_clients(port, uid, 1)[0] for _ in range(repeats)]
     return {"median_ms": round(statistics.median(samples), 1), "max_ms": round(max(samples), 1)}
 
 
-def _at_once(port: int, uid: int, rounds: int) -> Dict[str, float]:
+def _at_once(port: int, uid: int, rounds: int) -> dict[str, float]:
     samples = [ms for _ in range(rounds) for ms in _clients(port, uid, 8)]
     return {"median_ms": round(statistics.median(samples), 1), "max_ms": round(max(samples), 1)}
 
 
-def first_calls(repeats: int, log: Callable[[str], None]) -> Dict[str, Any]:
+def first_calls(repeats: int, log: Callable[[str], None]) -> dict[str, Any]:
     """First calls' times with no descriptors parked, then with 100,000 parked by uid 65534."""
     if os.geteuid() != 0:
         return {"skipped": "needs root: the descriptors are parked by uid 65534"}
     daemon = Daemon(8, interval=1.0).start()
-    parker: Optional[subprocess.Popen] = None
+    parker: subprocess.Popen | None = None
     try:
-        result: Dict[str, Any] = {"parked_descriptors": PROCESSES * DESCRIPTORS,
-                                  "alone": _firsts(daemon.port, 0, repeats)}
-        parker = subprocess.Popen([CLIENT_PYTHON, "-c", PARKER, str(PROCESSES),
-                                   str(DESCRIPTORS)], user=NOBODY, group=NOBODY,
-                                  extra_groups=[], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True)
+        result: dict[str, Any] = {
+            "parked_descriptors": PROCESSES * DESCRIPTORS,
+            "alone": _firsts(daemon.port, 0, repeats),
+        }
+        parker = subprocess.Popen(
+            [CLIENT_PYTHON, "-c", PARKER, str(PROCESSES), str(DESCRIPTORS)],
+            user=NOBODY,
+            group=NOBODY,
+            extra_groups=[],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         if int(parker.stdout.readline()) != PROCESSES:
             raise RuntimeError("the parked processes did not start")
         result["another_uid"] = _firsts(daemon.port, 0, repeats)

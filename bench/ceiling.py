@@ -6,13 +6,16 @@ headers Patroller sends. No routing, no parsing beyond finding the end of each r
 no framework: what Python and asyncio cost to answer over HTTP/1.1 keep-alive on this machine.
 Patroller's throughput and p99 are reported as ratios of this server's (bench/measures.py).
 """
+
 from __future__ import annotations
 
 import asyncio
 import sys
 
-HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=UTF-8\r\n"
-        b"Cache-Control: no-store\r\nServer: patroller\r\nContent-Length: %d\r\n\r\n")
+HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=UTF-8\r\n"
+    b"Cache-Control: no-store\r\nServer: patroller\r\nContent-Length: %d\r\n\r\n"
+)
 
 
 class Answer(asyncio.Protocol):
@@ -31,7 +34,7 @@ class Answer(asyncio.Protocol):
         self.pending += data
         heads = self.pending.count(b"\r\n\r\n")
         if heads:
-            self.pending = self.pending[self.pending.rfind(b"\r\n\r\n") + 4:]
+            self.pending = self.pending[self.pending.rfind(b"\r\n\r\n") + 4 :]
             self.transport.write(self.response * heads)
 
 

@@ -9,6 +9,7 @@ connections each, in turn three times: the medians), the fleet daemon's CPU whil
 PBENCH_FLEET_ROOT runs the daemons and the command line from another checkout (the figures
 before a change: the same step over the old code).
 """
+
 from __future__ import annotations
 
 import json
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from .harness import ROOT, cpu_seconds, have_wrk, listening_port, wrk
 
@@ -40,13 +41,32 @@ class TestDaemon:
 
     def __init__(self, root: str, *args: str) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "patroller", "--test", "--config", "none", "--port", "0",
-             "--address", "127.0.0.1", "--log-level", "warning", "--state-dir", "none", *args],
-            cwd=root, env={**os.environ, "PYTHONPATH": root}, stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                sys.executable,
+                "-m",
+                "patroller",
+                "--test",
+                "--config",
+                "none",
+                "--port",
+                "0",
+                "--address",
+                "127.0.0.1",
+                "--log-level",
+                "warning",
+                "--state-dir",
+                "none",
+                *args,
+            ],
+            cwd=root,
+            env={**os.environ, "PYTHONPATH": root},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         self.port = 0
 
-    def wait(self, deadline: float) -> "TestDaemon":
+    def wait(self, deadline: float) -> TestDaemon:
         while not self.port:
             if self.process.poll() is not None:
                 raise RuntimeError(f"a test-mode daemon exited: {self.process.returncode}")
@@ -63,8 +83,9 @@ class TestDaemon:
     def get(self, path: str, *headers: str) -> bytes:
         with socket.create_connection(("127.0.0.1", self.port), timeout=30) as s:
             extra = "".join(f"{header}\r\n" for header in headers)
-            s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{extra}\r\n"
-                      .encode())
+            s.sendall(
+                f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{extra}\r\n".encode()
+            )
             chunks = []
             while True:
                 chunk = s.recv(1 << 16)
@@ -85,9 +106,9 @@ class TestDaemon:
             self.process.wait()
 
 
-def start_many(root: str, count: int, log: Any) -> List[TestDaemon]:
+def start_many(root: str, count: int, log: Any) -> list[TestDaemon]:
     """`count` test-mode daemons, started a batch at a time (the machine has two cores)."""
-    started: List[TestDaemon] = []
+    started: list[TestDaemon] = []
     try:
         for first in range(0, count, 16):
             batch = [TestDaemon(root) for _ in range(min(16, count - first))]
@@ -102,32 +123,36 @@ def start_many(root: str, count: int, log: Any) -> List[TestDaemon]:
     return started
 
 
-def stop_all(daemons: List[TestDaemon]) -> None:
+def stop_all(daemons: list[TestDaemon]) -> None:
     for daemon in daemons:
         daemon.stop()
     for daemon in daemons:
         daemon.reap()
 
 
-def fleet(ctx: Any) -> Dict[str, Any]:
+def fleet(ctx: Any) -> dict[str, Any]:
     if not have_wrk():
         return {"skipped": "wrk is not installed"}
     root = os.environ.get("PBENCH_FLEET_ROOT", ROOT)
     hosts_wanted, daemons_wanted = (30, 30) if ctx.quick else (1000, 300)
     available = available_mib()
     daemons = min(daemons_wanted, max(0, (available - RESERVE_MIB) // DAEMON_MIB))
-    result: Dict[str, Any] = {"root": "this checkout" if root == ROOT else root,
-                              "memory_available_mib": available}
+    result: dict[str, Any] = {
+        "root": "this checkout" if root == ROOT else root,
+        "memory_available_mib": available,
+    }
     if daemons < daemons_wanted:
-        result["scaled_down"] = (f"{daemons} test-mode daemons, not {daemons_wanted}: "
-                                 f"{available} MiB available, {DAEMON_MIB} MiB each, "
-                                 f"{RESERVE_MIB} MiB kept free")
+        result["scaled_down"] = (
+            f"{daemons} test-mode daemons, not {daemons_wanted}: "
+            f"{available} MiB available, {DAEMON_MIB} MiB each, "
+            f"{RESERVE_MIB} MiB kept free"
+        )
     if daemons < 10:
         return {"skipped": result.get("scaled_down", "no memory")}
-    live: List[TestDaemon] = []
-    others: List[TestDaemon] = []
-    silent: List[socket.socket] = []
-    farm: Optional[subprocess.Popen] = None
+    live: list[TestDaemon] = []
+    others: list[TestDaemon] = []
+    silent: list[socket.socket] = []
+    farm: subprocess.Popen | None = None
     where = tempfile.mkdtemp(prefix="pbench-fleet")
     try:
         began = time.monotonic()
@@ -140,9 +165,19 @@ def fleet(ctx: Any) -> Dict[str, Any]:
                 with open(os.path.join(where, path[1:]), "wb") as f:
                     f.write(live[0].get(path))
             farm = subprocess.Popen(
-                [sys.executable, "-m", "bench.replicas", os.path.join(where, "status"),
-                 os.path.join(where, "devices"), str(replicas)], cwd=ROOT,
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.replicas",
+                    os.path.join(where, "status"),
+                    os.path.join(where, "devices"),
+                    str(replicas),
+                ],
+                cwd=ROOT,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             assert farm.stdout is not None
             hosts += [f"127.0.0.1:{port}" for port in farm.stdout.readline().split()]
         refusing = []
@@ -160,8 +195,13 @@ def fleet(ctx: Any) -> Dict[str, Any]:
         listing = os.path.join(where, "fleet")
         with open(listing, "w", encoding="utf-8") as f:
             f.write("\n".join(hosts + refusing + quiet) + "\n")
-        result.update(hosts=len(hosts) + 10, test_mode_daemons=daemons,
-                      replicas=max(0, replicas), refusing=5, silent=5)
+        result.update(
+            hosts=len(hosts) + 10,
+            test_mode_daemons=daemons,
+            replicas=max(0, replicas),
+            refusing=5,
+            silent=5,
+        )
         ctx.log(f"fleet: {daemons} daemons, {max(0, replicas)} replicas, 5 refusing, 5 silent")
         poller = TestDaemon(root, "--fleet-file", listing, "--fleet-interval", str(INTERVAL))
         plain = TestDaemon(root)
@@ -174,8 +214,9 @@ def fleet(ctx: Any) -> Dict[str, Any]:
             if totals["answering"] == answering:
                 break
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the fleet daemon heard {totals['answering']} of "
-                                   f"{answering} hosts")
+                raise RuntimeError(
+                    f"the fleet daemon heard {totals['answering']} of {answering} hosts"
+                )
             time.sleep(0.5)
         result["all_up_s"] = round(time.monotonic() - began, 1)
         time.sleep(INTERVAL)  # a whole round in the steady state
@@ -183,13 +224,16 @@ def fleet(ctx: Any) -> Dict[str, Any]:
         seconds = ctx.wrk_seconds if ctx.quick else 20
         cpu = cpu_seconds(poller.process.pid)
         time.sleep(2 * INTERVAL)
-        result["poller_core_fraction"] = round((cpu_seconds(poller.process.pid) - cpu)
-                                               / (2 * INTERVAL), 3)
+        result["poller_core_fraction"] = round(
+            (cpu_seconds(poller.process.pid) - cpu) / (2 * INTERVAL), 3
+        )
         # As the fleet page asks (a browser accepts gzip); then as a client that does not.
-        result["fleet_json"] = wrk(poller.url + "/fleet.json", seconds, connections=4,
-                                   headers=[GZIP])
-        result["fleet_json_one_client"] = wrk(poller.url + "/fleet.json", seconds / 2,
-                                              connections=1, headers=[GZIP])
+        result["fleet_json"] = wrk(
+            poller.url + "/fleet.json", seconds, connections=4, headers=[GZIP]
+        )
+        result["fleet_json_one_client"] = wrk(
+            poller.url + "/fleet.json", seconds / 2, connections=1, headers=[GZIP]
+        )
         result["fleet_json_plain"] = wrk(poller.url + "/fleet.json", seconds / 2, connections=4)
         # A body new this round is sent plain until its gzip is made (in a thread, never
         # waited for): ask again until the answer is gzip (its magic number).
@@ -201,18 +245,21 @@ def fleet(ctx: Any) -> Dict[str, Any]:
         result["fleet_json_gzip_bytes"] = len(gzipped)
         # The machine is shared: the two daemons in turn, three times (once in quick mode),
         # each side's median.
-        turns: Dict[str, List[Dict[str, float]]] = {"poller": [], "plain": []}
+        turns: dict[str, list[dict[str, float]]] = {"poller": [], "plain": []}
         for _ in range(1 if ctx.quick else 3):
             for name, daemon in (("plain", plain), ("poller", poller)):
                 turns[name].append(wrk(daemon.url + "/status", max(5.0, seconds / 3)))
         for name, runs in turns.items():
-            result[f"status_{name}"] = {key: statistics.median(run[key] for run in runs)
-                                        for key in runs[0]}
+            result[f"status_{name}"] = {
+                key: statistics.median(run[key] for run in runs) for key in runs[0]
+            }
             result[f"status_{name}"]["p99_ms_each"] = [run["p99_ms"] for run in runs]
-        result["status_p99_ratio"] = round(result["status_poller"]["p99_ms"]
-                                           / max(result["status_plain"]["p99_ms"], 0.01), 2)
-        result["status_hosts"] = status_hosts(root, hosts[:100], refusing, quiet,
-                                              2 if ctx.quick else 5)
+        result["status_p99_ratio"] = round(
+            result["status_poller"]["p99_ms"] / max(result["status_plain"]["p99_ms"], 0.01), 2
+        )
+        result["status_hosts"] = status_hosts(
+            root, hosts[:100], refusing, quiet, 2 if ctx.quick else 5
+        )
     finally:
         stop_all(others + live)
         for s in silent:
@@ -225,51 +272,71 @@ def fleet(ctx: Any) -> Dict[str, Any]:
     return result
 
 
-def status_hosts(root: str, live: List[str], refusing: List[str], silent: List[str],
-                 runs: int) -> Dict[str, Any]:
+def status_hosts(
+    root: str, live: list[str], refusing: list[str], silent: list[str], runs: int
+) -> dict[str, Any]:
     """Wall time of `patroller status --hosts` over `live`, `refusing` and `silent` hosts."""
     hosts = ",".join(live + refusing + silent)
     took = []
     late = 0
     for _ in range(runs):
         began = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "patroller.cli", "status", "--hosts", hosts],
-                              capture_output=True, text=True, timeout=120, cwd=root,
-                              env={**os.environ, "PYTHONPATH": root})
+        done = subprocess.run(
+            [sys.executable, "-m", "patroller.cli", "status", "--hosts", hosts],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=root,
+            env={**os.environ, "PYTHONPATH": root},
+        )
         took.append(time.monotonic() - began)
         late = sum(1 for line in done.stdout.splitlines() if "  no answer yet: " in line)
-    return {"hosts": f"{len(live)} live, {len(refusing)} refusing, {len(silent)} silent",
-            "median_s": round(statistics.median(took), 2), "max_s": round(max(took), 2),
-            "shown_no_answer_yet": late}
+    return {
+        "hosts": f"{len(live)} live, {len(refusing)} refusing, {len(silent)} silent",
+        "median_s": round(statistics.median(took), 2),
+        "max_s": round(max(took), 2),
+        "shown_no_answer_yet": late,
+    }
 
 
-def table(report: Dict[str, Any]) -> str:
+def table(report: dict[str, Any]) -> str:
     """The fleet step's figures as docs/many-hosts.md shows them."""
     r = report["results"].get("fleet") or {}
     m = report["machine"]
     if "fleet_json" not in r:
         return f"The fleet step did not run: {r}"
-    lines = [f"Measured {m['date']} on {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, "
-             f"{report['mode']} mode: {r['hosts']} hosts ({r['test_mode_daemons']} test-mode "
-             f"daemons, {r['replicas']} replicas of one, {r['refusing']} refusing, "
-             f"{r['silent']} silent), --fleet-interval {INTERVAL:g}"
-             + (f"; {r['scaled_down']}" if "scaled_down" in r else "") + ".", "",
-             "| what | measured | goal |", "| --- | --- | --- |",
-             f"| `/fleet.json` p99 (wrk, 4 connections, gzip accepted as by the page), "
-             f"{r['hosts']} hosts | "
-             f"{r['fleet_json']['p99_ms']} ms ({r['fleet_json']['requests_per_s']}/s, "
-             f"{r.get('fleet_json_gzip_bytes', '?')} bytes) | under 50 ms |",
-             f"| `/fleet.json` p99, one client | {r['fleet_json_one_client']['p99_ms']} ms "
-             f"({r['fleet_json_one_client']['requests_per_s']}/s) | |",
-             *([f"| `/fleet.json` p99, 4 connections without gzip | "
+    lines = [
+        f"Measured {m['date']} on {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, "
+        f"{report['mode']} mode: {r['hosts']} hosts ({r['test_mode_daemons']} test-mode "
+        f"daemons, {r['replicas']} replicas of one, {r['refusing']} refusing, "
+        f"{r['silent']} silent), --fleet-interval {INTERVAL:g}"
+        + (f"; {r['scaled_down']}" if "scaled_down" in r else "")
+        + ".",
+        "",
+        "| what | measured | goal |",
+        "| --- | --- | --- |",
+        f"| `/fleet.json` p99 (wrk, 4 connections, gzip accepted as by the page), "
+        f"{r['hosts']} hosts | "
+        f"{r['fleet_json']['p99_ms']} ms ({r['fleet_json']['requests_per_s']}/s, "
+        f"{r.get('fleet_json_gzip_bytes', '?')} bytes) | under 50 ms |",
+        f"| `/fleet.json` p99, one client | {r['fleet_json_one_client']['p99_ms']} ms "
+        f"({r['fleet_json_one_client']['requests_per_s']}/s) | |",
+        *(
+            [
+                f"| `/fleet.json` p99, 4 connections without gzip | "
                 f"{r['fleet_json_plain']['p99_ms']} ms ({r['fleet_json_plain']['requests_per_s']}"
-                f"/s, {r['fleet_json_bytes']} bytes) | |"] if "fleet_json_plain" in r else []),
-             f"| the fleet daemon's own `/status` p99 / a plain daemon's (wrk, 32 connections, "
-             f"medians of 3 turns) | {r['status_poller']['p99_ms']} ms / "
-             f"{r['status_plain']['p99_ms']} ms ({r['status_p99_ratio']}x) | unaffected |",
-             f"| the fleet daemon's CPU while it polls | "
-             f"{round(100 * r['poller_core_fraction'], 1)}% of a core | |",
-             f"| `patroller status --hosts`, {r['status_hosts']['hosts']} | median "
-             f"{r['status_hosts']['median_s']} s, max {r['status_hosts']['max_s']} s | "
-             "under 2 s |"]
+                f"/s, {r['fleet_json_bytes']} bytes) | |"
+            ]
+            if "fleet_json_plain" in r
+            else []
+        ),
+        f"| the fleet daemon's own `/status` p99 / a plain daemon's (wrk, 32 connections, "
+        f"medians of 3 turns) | {r['status_poller']['p99_ms']} ms / "
+        f"{r['status_plain']['p99_ms']} ms ({r['status_p99_ratio']}x) | unaffected |",
+        f"| the fleet daemon's CPU while it polls | "
+        f"{round(100 * r['poller_core_fraction'], 1)}% of a core | |",
+        f"| `patroller status --hosts`, {r['status_hosts']['hosts']} | median "
+        f"{r['status_hosts']['median_s']} s, max {r['status_hosts']['max_s']} s | "
+        "under 2 s |",
+    ]
     return "\n".join(lines)

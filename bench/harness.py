@@ -1,4 +1,5 @@
 """The benchmark's machinery: a daemon on the simulator, real processes, wrk, /proc readings."""
+
 from __future__ import annotations
 
 import http.client
@@ -13,7 +14,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any
+from collections.abc import Iterable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))  # the private Docker Engine of the tests
@@ -29,31 +31,39 @@ def raise_file_limit() -> int:
     return wanted
 
 
-def machine() -> Dict[str, Any]:
+def machine() -> dict[str, Any]:
     """What the figures were measured on."""
     model = "unknown"
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f
-                          if line.startswith("model name")), model)
+            model = next(
+                (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
+                model,
+            )
     except OSError:
         pass
     with open("/proc/meminfo", encoding="ascii") as f:
         memory = int(f.readline().split()[1]) // 1024 // 1024
-    return {"cpu": model, "cores": os.cpu_count(), "memory_gib": memory,
-            "python": platform.python_version(), "kernel": platform.release(),
-            "date": time.strftime("%Y-%m-%d")}
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "memory_gib": memory,
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
 
 
 # -- processes ------------------------------------------------------------------------------
+
 
 class Sleepers:
     """Real host processes that stand for GPU jobs."""
 
     def __init__(self) -> None:
-        self.processes: Dict[int, subprocess.Popen] = {}
+        self.processes: dict[int, subprocess.Popen] = {}
 
-    def start(self, count: int) -> List[int]:
+    def start(self, count: int) -> list[int]:
         started = [subprocess.Popen(["sleep", "86400"]) for _ in range(count)]
         for process in started:
             self.processes[process.pid] = process
@@ -90,14 +100,15 @@ class Containers:
         return True
 
     @property
-    def url(self) -> Optional[str]:
+    def url(self) -> str | None:
         return self.engine.url if self.engine else None
 
-    def run(self, email: str, processes: int) -> Tuple[Any, List[int]]:
+    def run(self, email: str, processes: int) -> tuple[Any, list[int]]:
         """A container labelled with `email` running `processes` sleeps; (container, their pids)."""
         script = f"for i in $(seq {processes}); do sleep 86400 & done; wait"
-        container = self.engine.run(labels={"user.email": email, "team": "bench"},
-                                    command=["sh", "-c", script])
+        container = self.engine.run(
+            labels={"user.email": email, "team": "bench"}, command=["sh", "-c", script]
+        )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             pids = [p for p in cgroup_pids(container.pid) if p != container.pid]
@@ -111,41 +122,55 @@ class Containers:
             self.engine.stop()
 
 
-def cgroup_pids(pid: int) -> List[int]:
+def cgroup_pids(pid: int) -> list[int]:
     """The pids in the memory (or v2) cgroup of a process."""
     with open(f"/proc/{pid}/cgroup", encoding="ascii") as f:
         for line in f:
             number, controllers, path = line.rstrip("\n").split(":", 2)
             if controllers in ("memory", ""):
                 base = "/sys/fs/cgroup/memory" if controllers else "/sys/fs/cgroup/unified"
-                with open(os.path.join(base, path.lstrip("/"), "cgroup.procs"), encoding="ascii") as procs:
+                with open(
+                    os.path.join(base, path.lstrip("/"), "cgroup.procs"), encoding="ascii"
+                ) as procs:
                     return [int(x) for x in procs.read().split()]
     return []
 
 
 # -- the daemon -----------------------------------------------------------------------------
 
+
 class Daemon:
     """`python -m patroller` in GPU host mode on the simulator, with its scenario."""
 
-    def __init__(self, gpus: int, interval: float = 1.0, lease: float = 10.0,
-                 docker_host: Optional[str] = None, state_dir: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        gpus: int,
+        interval: float = 1.0,
+        lease: float = 10.0,
+        docker_host: str | None = None,
+        state_dir: str | None = None,
+    ) -> None:
         self.dir = tempfile.mkdtemp(prefix="pbench")
         self.scenario_path = os.path.join(self.dir, "scenario.json")
         self.trace = os.path.join(self.dir, "pmon.trace")
-        self.scenario: Dict[str, Any] = {
-            "era": "r550", "interval": interval, "live_pids_only": True, "trace": self.trace,
-            "devices": [{"minor": n} for n in range(gpus)], "processes": []}
+        self.scenario: dict[str, Any] = {
+            "era": "r550",
+            "interval": interval,
+            "live_pids_only": True,
+            "trace": self.trace,
+            "devices": [{"minor": n} for n in range(gpus)],
+            "processes": [],
+        }
         self.write()
         self.lease = lease
         self.docker_host = docker_host
         self.state_dir = state_dir  # None: no lease book (the default would be the machine's)
         self._next_gpu = 0
-        self.process: Optional[subprocess.Popen] = None
+        self.process: subprocess.Popen | None = None
         self.port = 0
         self._log = open(os.path.join(self.dir, "daemon.log"), "w+")
 
-    def write(self, processes: Optional[List[Dict[str, Any]]] = None) -> None:
+    def write(self, processes: list[dict[str, Any]] | None = None) -> None:
         """Rewrite the scenario (atomically): the simulator picks it up at its next interval."""
         if processes is not None:
             self.scenario["processes"] = processes
@@ -166,23 +191,44 @@ class Daemon:
             processes.append({"pid": pid, "gpu": placed[pid], "type": "C", "name": "python"})
         self.write(processes)
 
-    def start(self) -> "Daemon":
+    def start(self) -> Daemon:
         simulator = f"{sys.executable} -m patroller.simulator --scenario {self.scenario_path}"
         # One process stands for many users here (10,000 waiters): no per-caller connection cap.
         # --config none: never the host's own /etc/patroller/patroller.toml
-        args = [sys.executable, "-m", "patroller", "--config", "none", "--port", "0",
-                "--address", "127.0.0.1",
-                "--max-connections-per-caller", "1000000",
-                "--lease", str(self.lease), "--state-dir", self.state_dir or "none",
-                "--nvidia-smi", simulator, "--log-level",
-                os.environ.get("PBENCH_LOG_LEVEL", "warning")]
+        args = [
+            sys.executable,
+            "-m",
+            "patroller",
+            "--config",
+            "none",
+            "--port",
+            "0",
+            "--address",
+            "127.0.0.1",
+            "--max-connections-per-caller",
+            "1000000",
+            "--lease",
+            str(self.lease),
+            "--state-dir",
+            self.state_dir or "none",
+            "--nvidia-smi",
+            simulator,
+            "--log-level",
+            os.environ.get("PBENCH_LOG_LEVEL", "warning"),
+        ]
         env = {**os.environ, "PYTHONPATH": ROOT}
         if self.docker_host:
             env["DOCKER_HOST"] = self.docker_host
         else:
             env["DOCKER_HOST"] = f"unix://{self.dir}/no-docker.sock"  # none: host accounts only
-        self.process = subprocess.Popen(args, env=env, cwd=ROOT, stdin=subprocess.DEVNULL,
-                                        stdout=self._log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            args,
+            env=env,
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
         # The log level hides the "serving" line: find the port from the listening socket.
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -214,7 +260,7 @@ class Daemon:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def get(self, path: str, timeout: float = 30) -> Tuple[int, Any]:
+    def get(self, path: str, timeout: float = 30) -> tuple[int, Any]:
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
             connection.request("GET", path)
@@ -246,7 +292,7 @@ class Daemon:
             time.sleep(every)
         raise RuntimeError("condition not reached: " + self.log())
 
-    def streams(self) -> List[List[str]]:
+    def streams(self) -> list[list[str]]:
         """The command lines of the simulator's dmon and pmon the daemon runs (its children)."""
         assert self.process is not None
         found = []
@@ -283,10 +329,10 @@ class Streams:
     def __init__(self, daemon: Daemon) -> None:
         self.argvs = daemon.streams()
         self.scenario = dict(daemon.scenario)
-        self.processes: List[subprocess.Popen] = []
+        self.processes: list[subprocess.Popen] = []
         self.dir = ""
 
-    def __enter__(self) -> "Streams":
+    def __enter__(self) -> Streams:
         self.dir = tempfile.mkdtemp(prefix="pstreams")
         path = os.path.join(self.dir, "scenario.json")
         with open(path, "w", encoding="utf-8") as f:
@@ -294,9 +340,16 @@ class Streams:
         env = {**os.environ, "PYTHONPATH": ROOT}
         for argv in self.argvs:
             at = argv.index("--scenario") + 1
-            self.processes.append(subprocess.Popen(
-                [*argv[:at], path, *argv[at + 1:]], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            self.processes.append(
+                subprocess.Popen(
+                    [*argv[:at], path, *argv[at + 1 :]],
+                    cwd=ROOT,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -311,8 +364,11 @@ class Streams:
 def listening_port(pid: int) -> int:
     """The TCP port a process listens on, from its sockets and /proc/net/tcp."""
     try:
-        inodes = {os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1] for fd in os.listdir(f"/proc/{pid}/fd")
-                  if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:[")}
+        inodes = {
+            os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1]
+            for fd in os.listdir(f"/proc/{pid}/fd")
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:[")
+        }
     except OSError:
         return 0
     with open("/proc/net/tcp", encoding="ascii") as f:
@@ -337,24 +393,41 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
-def processes_on(status: Dict[str, Any]) -> int:
+def processes_on(status: dict[str, Any]) -> int:
     """The processes on the GPUs whose owners are known: one still being looked up shows as
     `unknown` for the moment it takes, and the benchmark's processes all have owners (a
     measurement waits for them, not for their lookups to be under way)."""
-    return sum(1 for entry in status.values() for process in entry["claim"]["process_detail"]
-               if process["user"] != "unknown")
+    return sum(
+        1
+        for entry in status.values()
+        for process in entry["claim"]["process_detail"]
+        if process["user"] != "unknown"
+    )
 
 
 # -- load -----------------------------------------------------------------------------------
 
-def wrk(url: str, seconds: float, connections: int = 32,
-        headers: Iterable[str] = ()) -> Dict[str, float]:
+
+def wrk(
+    url: str, seconds: float, connections: int = 32, headers: Iterable[str] = ()
+) -> dict[str, float]:
     """Requests per second and latency percentiles from wrk (one thread, N connections), each
     request with `headers` ("Name: value") added."""
     extra = [arg for header in headers for arg in ("-H", header)]
-    result = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s",
-                             "--latency", *extra, url],
-                            capture_output=True, text=True, timeout=seconds + 60)
+    result = subprocess.run(
+        [
+            "wrk",
+            "-t1",
+            f"-c{connections}",
+            f"-d{max(1, round(seconds))}s",
+            "--latency",
+            *extra,
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 60,
+    )
     text = result.stdout
     rate = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
     percentiles = {}
@@ -362,8 +435,11 @@ def wrk(url: str, seconds: float, connections: int = 32,
         scale = {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
         percentiles[f"p{name}_ms"] = round(float(value) * scale, 2)
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
-    return {"requests_per_s": round(rate), **percentiles,
-            "errors": int(errors.group(1)) if errors else 0}
+    return {
+        "requests_per_s": round(rate),
+        **percentiles,
+        "errors": int(errors.group(1)) if errors else 0,
+    }
 
 
 def have_wrk() -> bool:

@@ -1,4 +1,5 @@
 """The measurements. Each returns plain data; `__main__` prints, saves and compares it."""
+
 from __future__ import annotations
 
 import asyncio
@@ -11,7 +12,8 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any
+from collections.abc import Callable
 
 from .harness import ROOT, Containers, Daemon, Sleepers, Streams, have_wrk, processes_on, wrk
 
@@ -28,7 +30,7 @@ class Context:
         self.sleepers = Sleepers()
         self.containers = Containers()
         self.docker = False
-        self.pool: List[int] = []  # 500 processes that stand for GPU jobs
+        self.pool: list[int] = []  # 500 processes that stand for GPU jobs
         self.wrk_seconds = 5 if quick else 10  # at least 5 s a row: ratios that can be read
         self.repeats = 3 if quick else 20
         self.steady_seconds = 8 if quick else 60
@@ -48,7 +50,7 @@ class Context:
             self.log(f"{processes} host processes (no Docker Engine: {self.containers.reason})")
 
     @property
-    def docker_host(self) -> Optional[str]:
+    def docker_host(self) -> str | None:
         return self.containers.url if self.docker else None
 
     def stop(self) -> None:
@@ -66,7 +68,7 @@ THROUGHPUT_QUICK = ((8, 0), (8, 500), (64, 0), (64, 500))
 THROUGHPUT_FULL = tuple((gpus, count) for gpus in (8, 64, 256) for count in (0, 500, 5000))
 
 
-def throughput(ctx: Context) -> List[Dict[str, Any]]:
+def throughput(ctx: Context) -> list[dict[str, Any]]:
     """/status and /devices under 32 connections, for 8 and 64 GPUs with 0 and 500 processes
     (quick mode), or 8, 64 and 256 GPUs with 0, 500 and 5,000 (the 4,500 beyond the pool
     are host processes); and the same /status bytes from the ceiling (a bare asyncio server)
@@ -86,7 +88,7 @@ def throughput(ctx: Context) -> List[Dict[str, Any]]:
                 daemon.place(ctx.pool[:count])
                 daemon.wait_for(lambda s: processes_on(s) == count, timeout=120)
             body = daemon.raw("/status")
-            row: Dict[str, Any] = {"gpus": gpus, "processes": count, "status_bytes": len(body)}
+            row: dict[str, Any] = {"gpus": gpus, "processes": count, "status_bytes": len(body)}
             for path in ("/status", "/devices"):
                 row[path] = wrk(daemon.url + path, ctx.wrk_seconds)
             streams = Streams(daemon)
@@ -97,21 +99,26 @@ def throughput(ctx: Context) -> List[Dict[str, Any]]:
             with streams:  # and beside the GPU's tools, as the daemon ran them
                 row["ceiling_beside_streams"] = wrk(ceiling.url, ctx.wrk_seconds)
         row["of_ceiling"] = _of_ceiling(row["/status"], row["ceiling"])
-        row["of_ceiling_beside_streams"] = _of_ceiling(row["/status"],
-                                                       row["ceiling_beside_streams"])
+        row["of_ceiling_beside_streams"] = _of_ceiling(
+            row["/status"], row["ceiling_beside_streams"]
+        )
         results.append(row)
-        ctx.log(f"throughput {gpus} GPUs {count} processes: /status "
-                f"{row['/status']['requests_per_s']}/s p99 {row['/status']['p99_ms']} ms; "
-                f"ceiling {row['ceiling']['requests_per_s']}/s p99 {row['ceiling']['p99_ms']} ms, "
-                f"beside the streams p99 {row['ceiling_beside_streams']['p99_ms']} ms")
+        ctx.log(
+            f"throughput {gpus} GPUs {count} processes: /status "
+            f"{row['/status']['requests_per_s']}/s p99 {row['/status']['p99_ms']} ms; "
+            f"ceiling {row['ceiling']['requests_per_s']}/s p99 {row['ceiling']['p99_ms']} ms, "
+            f"beside the streams p99 {row['ceiling_beside_streams']['p99_ms']} ms"
+        )
     return results
 
 
-def _of_ceiling(ours: Dict[str, Any], ceiling: Dict[str, Any]) -> Dict[str, Optional[float]]:
+def _of_ceiling(ours: dict[str, Any], ceiling: dict[str, Any]) -> dict[str, float | None]:
     """Patroller's throughput as a fraction of the ceiling's, and its p99 as a multiple."""
     rate, p99 = ceiling.get("requests_per_s"), ceiling.get("p99_ms")
-    return {"throughput": round(ours["requests_per_s"] / rate, 3) if rate else None,
-            "p99": round(ours["p99_ms"] / p99, 2) if p99 else None}
+    return {
+        "throughput": round(ours["requests_per_s"] / rate, 3) if rate else None,
+        "p99": round(ours["p99_ms"] / p99, 2) if p99 else None,
+    }
 
 
 class Ceiling:
@@ -119,15 +126,19 @@ class Ceiling:
 
     def __init__(self, body: bytes) -> None:
         self.body = body
-        self.process: Optional[subprocess.Popen] = None
+        self.process: subprocess.Popen | None = None
         self.url = ""
 
-    def __enter__(self) -> "Ceiling":
+    def __enter__(self) -> Ceiling:
         self.file = tempfile.NamedTemporaryFile(prefix="pceiling", suffix=".json")
         self.file.write(self.body)
         self.file.flush()
-        self.process = subprocess.Popen([sys.executable, "-m", "bench.ceiling", self.file.name],
-                                        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "bench.ceiling", self.file.name],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert self.process.stdout is not None
         self.url = f"http://127.0.0.1:{int(self.process.stdout.readline())}/status"
         return self
@@ -140,6 +151,7 @@ class Ceiling:
 
 
 # 2. reaction times ---------------------------------------------------------------------------
+
 
 class Waiter(threading.Thread):
     """A /wait client in a thread: when was it answered, and with what."""
@@ -154,7 +166,7 @@ class Waiter(threading.Thread):
         self.result = self.daemon_.get("/wait?" + self.query, timeout=60)
         self.answered = time.time()
 
-    def begin(self) -> "Waiter":
+    def begin(self) -> Waiter:
         before = self.daemon_.ok("/metrics.json")["waiting"]
         self.start()
         deadline = time.monotonic() + 10
@@ -172,9 +184,19 @@ def _all_free(daemon: Daemon, timeout: float = 10) -> None:
         if all(e["claim"]["state"] == "free" for e in status.values()):
             return
         if time.monotonic() > deadline:
-            raise RuntimeError("devices not free: " + str(
-                [(e["claim"]["state"], e["claim"]["processes"], (e["claim"]["user"] or {}).get("user"))
-                 for e in status.values()]))
+            raise RuntimeError(
+                "devices not free: "
+                + str(
+                    [
+                        (
+                            e["claim"]["state"],
+                            e["claim"]["processes"],
+                            (e["claim"]["user"] or {}).get("user"),
+                        )
+                        for e in status.values()
+                    ]
+                )
+            )
         time.sleep(0.01)
 
 
@@ -193,7 +215,7 @@ def _trace_time(daemon: Daemon, pid: int) -> float:
     raise RuntimeError("pid not traced")
 
 
-def reactions(ctx: Context) -> Dict[str, Any]:
+def reactions(ctx: Context) -> dict[str, Any]:
     """pmon line -> /status; release, expiry and process exit -> a waiting /wait answered."""
     daemon = Daemon(8, interval=1.0, lease=LEASE, docker_host=ctx.docker_host).start()
     uuids = list(daemon.ok("/devices"))
@@ -203,8 +225,9 @@ def reactions(ctx: Context) -> Dict[str, Any]:
             gpu = n % 8
             [pid] = ctx.sleepers.start(1)
             daemon.write([{"pid": pid, "gpu": gpu}])
-            visible = daemon.wait_for(lambda s: pid in s[uuids[gpu]]["claim"]["processes"],
-                                      every=0.002)
+            visible = daemon.wait_for(
+                lambda s: pid in s[uuids[gpu]]["claim"]["processes"], every=0.002
+            )
             seen.append(visible - _trace_time(daemon, pid))
             # the process exits while another user's request waits for its device
             daemon.ok("/request?gpu=7")
@@ -236,12 +259,19 @@ def reactions(ctx: Context) -> Dict[str, Any]:
     finally:
         daemon.stop()
     result = {
-        "interval_s": 1.0, "lease_s": LEASE, "samples": ctx.repeats,
+        "interval_s": 1.0,
+        "lease_s": LEASE,
+        "samples": ctx.repeats,
         "pmon_to_status_ms": {"median": ms(statistics.median(seen)), "max": ms(max(seen))},
-        "release_to_wait_ms": {"median": ms(statistics.median(released)), "max": ms(max(released))},
+        "release_to_wait_ms": {
+            "median": ms(statistics.median(released)),
+            "max": ms(max(released)),
+        },
         "expiry_to_wait_ms": {"median": ms(statistics.median(expired)), "max": ms(max(expired))},
-        "expiry_error_ms": {"median": ms(statistics.median(expiry_error)),
-                            "max": ms(max(expiry_error, key=abs))},
+        "expiry_error_ms": {
+            "median": ms(statistics.median(expiry_error)),
+            "max": ms(max(expiry_error, key=abs)),
+        },
         "exit_to_wait_ms": {"median": ms(statistics.median(exited)), "max": ms(max(exited))},
     }
     ctx.log(f"reactions: {result}")
@@ -250,10 +280,11 @@ def reactions(ctx: Context) -> Dict[str, Any]:
 
 # 3. identity cost ----------------------------------------------------------------------------
 
-def identity_cost(ctx: Context) -> Dict[str, Any]:
+
+def identity_cost(ctx: Context) -> dict[str, Any]:
     """Docker calls and /proc reads per minute at steady state; a new container's first lookup."""
     daemon = Daemon(8, interval=1.0, docker_host=ctx.docker_host).start()
-    result: Dict[str, Any] = {"processes": len(ctx.pool), "docker": ctx.docker}
+    result: dict[str, Any] = {"processes": len(ctx.pool), "docker": ctx.docker}
     try:
         daemon.place(ctx.pool)
         daemon.wait_for(lambda s: processes_on(s) == len(ctx.pool), timeout=120)
@@ -261,8 +292,12 @@ def identity_cost(ctx: Context) -> Dict[str, Any]:
         before, start = daemon.ok("/metrics.json"), time.monotonic()
         time.sleep(ctx.steady_seconds)
         after, minutes = daemon.ok("/metrics.json"), (time.monotonic() - start) / 60
-        result["docker_calls_per_min"] = round((after["docker_calls"] - before["docker_calls"]) / minutes, 1)
-        result["proc_reads_per_min"] = round((after["proc_reads"] - before["proc_reads"]) / minutes, 1)
+        result["docker_calls_per_min"] = round(
+            (after["docker_calls"] - before["docker_calls"]) / minutes, 1
+        )
+        result["proc_reads_per_min"] = round(
+            (after["proc_reads"] - before["proc_reads"]) / minutes, 1
+        )
         result["docker_calls_to_resolve_all"] = before["docker_calls"]
         if ctx.docker:
             result.update(_new_container(ctx, daemon))
@@ -272,7 +307,7 @@ def identity_cost(ctx: Context) -> Dict[str, Any]:
     return result
 
 
-def _new_container(ctx: Context, daemon: Daemon) -> Dict[str, Any]:
+def _new_container(ctx: Context, daemon: Daemon) -> dict[str, Any]:
     from dataclasses import replace
 
     from patroller.config import Config
@@ -284,12 +319,19 @@ def _new_container(ctx: Context, daemon: Daemon) -> Dict[str, Any]:
     daemon.place(ctx.pool + pids)
     daemon.wait_for(lambda s: processes_on(s) == len(ctx.pool) + 10, timeout=60, every=0.002)
     first = _trace_time(daemon, pids[0])
-    visible = daemon.wait_for(lambda s: any(
-        (e["claim"]["users"] and any(u["user"] == "newcomer@example.org" for u in e["claim"]["users"]))
-        for e in s.values()), every=0.002)
+    visible = daemon.wait_for(
+        lambda s: any(
+            (
+                e["claim"]["users"]
+                and any(u["user"] == "newcomer@example.org" for u in e["claim"]["users"])
+            )
+            for e in s.values()
+        ),
+        every=0.002,
+    )
     new_calls = daemon.ok("/metrics.json")["docker_calls"] - calls
 
-    async def resolve_times() -> Dict[str, float]:
+    async def resolve_times() -> dict[str, float]:
         config = replace(Config(), docker_host=ctx.containers.url)
         identifier = ProcessIdentifier(config, ContainerDirectory(config))
         warm, _ = ctx.containers.run("warm@example.org", 1)
@@ -300,21 +342,32 @@ def _new_container(ctx: Context, daemon: Daemon) -> Dict[str, Any]:
         cold = time.perf_counter() - began
         began = time.perf_counter()
         await identifier.resolve(fresh_pids[0])
-        return {"first_resolution_ms": ms(cold), "cached_resolution_ms": ms(time.perf_counter() - began)}
+        return {
+            "first_resolution_ms": ms(cold),
+            "cached_resolution_ms": ms(time.perf_counter() - began),
+        }
 
-    return {"new_container_docker_calls": new_calls,
-            "new_container_visible_ms": ms(visible - first), **asyncio.run(resolve_times())}
+    return {
+        "new_container_docker_calls": new_calls,
+        "new_container_visible_ms": ms(visible - first),
+        **asyncio.run(resolve_times()),
+    }
 
 
 # 4. scale -----------------------------------------------------------------------------------
 
-async def _hold_waiters(port: int, count: int) -> List[asyncio.Task]:
+
+async def _hold_waiters(port: int, count: int) -> list[asyncio.Task]:
     async def one() -> float:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET /wait?gpu=1 HTTP/1.1\r\nHost: bench\r\n\r\n")
         await writer.drain()
         head = await reader.readuntil(b"\r\n\r\n")
-        length = int([l for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")][0].split(b":")[1])
+        length = int(
+            [l for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")][0].split(
+                b":"
+            )[1]
+        )
         body = await reader.readexactly(length)
         answered = time.monotonic()
         uuid = body.split(b'"uuid":"')[1].split(b'"')[0].decode()
@@ -323,14 +376,17 @@ async def _hold_waiters(port: int, count: int) -> List[asyncio.Task]:
         await reader.readuntil(b"\r\n\r\n")
         writer.close()
         return answered
+
     return [asyncio.ensure_future(one()) for _ in range(count)]
 
 
-def scale(ctx: Context, count: int = 1000) -> Dict[str, Any]:
+def scale(ctx: Context, count: int = 1000) -> dict[str, Any]:
     """1,000 waiters held, /status p99 and memory meanwhile, then all served."""
-    daemon = _started(Daemon(8, interval=1.0, lease=600, docker_host=ctx.docker_host),
-                      PATROLLER_MAX_WAITING_PER_USER=str(count))  # all are the bench's user
-    result: Dict[str, Any] = {"waiters": count}
+    daemon = _started(
+        Daemon(8, interval=1.0, lease=600, docker_host=ctx.docker_host),
+        PATROLLER_MAX_WAITING_PER_USER=str(count),
+    )  # all are the bench's user
+    result: dict[str, Any] = {"waiters": count}
     try:
         daemon.ok("/request?gpu=8")
         time.sleep(1)
@@ -340,14 +396,17 @@ def scale(ctx: Context, count: int = 1000) -> Dict[str, Any]:
             tasks = await _hold_waiters(daemon.port, count)
             loop = asyncio.get_running_loop()
             deadline = time.monotonic() + 120
-            while (await loop.run_in_executor(None, daemon.ok, "/metrics.json"))["waiting"] < count:
+            while (await loop.run_in_executor(None, daemon.ok, "/metrics.json"))[
+                "waiting"
+            ] < count:
                 if time.monotonic() > deadline:
                     raise RuntimeError("the waiters were not all held")
                 await asyncio.sleep(0.2)
             result["rss_added_mib"] = round(daemon.rss_mib() - rss_before, 1)
             if have_wrk():
                 result["status_while_waiting"] = await loop.run_in_executor(
-                    None, wrk, daemon.url + "/status", ctx.wrk_seconds)
+                    None, wrk, daemon.url + "/status", ctx.wrk_seconds
+                )
             began = time.monotonic()
             await loop.run_in_executor(None, daemon.ok, "/release")
             answered = await asyncio.gather(*tasks)
@@ -363,9 +422,10 @@ def scale(ctx: Context, count: int = 1000) -> Dict[str, Any]:
 
 # 5. footprint -------------------------------------------------------------------------------
 
-def footprint(ctx: Context) -> Dict[str, Any]:
+
+def footprint(ctx: Context) -> dict[str, Any]:
     """CPU share of one core and RSS: idle with 16 GPUs, and while 500 processes churn."""
-    result: Dict[str, Any] = {}
+    result: dict[str, Any] = {}
     daemon = Daemon(16, interval=1.0, docker_host=ctx.docker_host).start()
     try:
         time.sleep(2)
@@ -404,7 +464,7 @@ def footprint(ctx: Context) -> Dict[str, Any]:
     return result
 
 
-def _adopt(ctx: Context, pids: List[int]) -> None:
+def _adopt(ctx: Context, pids: list[int]) -> None:
     from dockerd import Container
 
     first = ctx.containers.engine.containers[0]
@@ -413,7 +473,7 @@ def _adopt(ctx: Context, pids: List[int]) -> None:
         Container.adopt_pid(main, pid)
 
 
-def _cpu_and_rss(daemon: Daemon, seconds: float) -> Dict[str, float]:
+def _cpu_and_rss(daemon: Daemon, seconds: float) -> dict[str, float]:
     cpu, began = daemon.cpu_seconds(), time.monotonic()
     time.sleep(seconds)
     share = (daemon.cpu_seconds() - cpu) / (time.monotonic() - began)
@@ -422,21 +482,32 @@ def _cpu_and_rss(daemon: Daemon, seconds: float) -> Dict[str, float]:
 
 # 6. parsers ---------------------------------------------------------------------------------
 
-def parsers(ctx: Context) -> Dict[str, Any]:
+
+def parsers(ctx: Context) -> dict[str, Any]:
     """Lines per second through the pure dmon and pmon parsers (and the pmon interval tracker)."""
     from patroller.observe.nvsmi.intervals import PmonIntervals
     from patroller.observe.nvsmi.parsers import DmonParser, PmonParser
 
-    dmon = ["# gpu    pwr  gtemp  mtemp     sm    mem    enc    dec    jpg    ofa   mclk   pclk ",
-            "# Idx      W      C      C      %      %      %      %      %      %    MHz    MHz "]
-    dmon += [f"{g:>5}    {300 + g:>3}     {40 + g % 9:>2}     {50 + g % 7:>2}     {g % 100:>2}"
-             f"     {g % 50:>2}      0      0      0      0   2619   1980 " for g in range(64)]
-    pmon = ["# gpu         pid   type     sm    mem    enc    dec    jpg    ofa    command ",
-            "# Idx           #    C/G      %      %      %      %      %      %    name "]
-    pmon += [f"{p % 64:>5}    {100000 + p:>7}     C     {p % 100:>2}     {p % 40:>2}      -      -"
-             f"      -      -    python         " for p in sorted(range(500), key=lambda p: p % 64)]
+    dmon = [
+        "# gpu    pwr  gtemp  mtemp     sm    mem    enc    dec    jpg    ofa   mclk   pclk ",
+        "# Idx      W      C      C      %      %      %      %      %      %    MHz    MHz ",
+    ]
+    dmon += [
+        f"{g:>5}    {300 + g:>3}     {40 + g % 9:>2}     {50 + g % 7:>2}     {g % 100:>2}"
+        f"     {g % 50:>2}      0      0      0      0   2619   1980 "
+        for g in range(64)
+    ]
+    pmon = [
+        "# gpu         pid   type     sm    mem    enc    dec    jpg    ofa    command ",
+        "# Idx           #    C/G      %      %      %      %      %      %    name ",
+    ]
+    pmon += [
+        f"{p % 64:>5}    {100000 + p:>7}     C     {p % 100:>2}     {p % 40:>2}      -      -"
+        f"      -      -    python         "
+        for p in sorted(range(500), key=lambda p: p % 64)
+    ]
 
-    def rate(lines: List[str], feed: Callable[[str], Any]) -> int:
+    def rate(lines: list[str], feed: Callable[[str], Any]) -> int:
         body = lines[2:]
         repeats = max(1, ctx.parser_lines // len(body))
         for line in lines[:2]:
@@ -454,17 +525,19 @@ def parsers(ctx: Context) -> Dict[str, Any]:
         if row is not None:
             tracker.feed(row)
 
-    result = {"dmon_lines_per_s": rate(dmon, DmonParser().feed),
-              "pmon_lines_per_s": rate(pmon, PmonParser().feed),
-              "pmon_with_intervals_lines_per_s": rate(pmon, pmon_and_intervals)}
+    result = {
+        "dmon_lines_per_s": rate(dmon, DmonParser().feed),
+        "pmon_lines_per_s": rate(pmon, PmonParser().feed),
+        "pmon_with_intervals_lines_per_s": rate(pmon, pmon_and_intervals),
+    }
     ctx.log(f"parsers: {result}")
     return result
 
 
-
 # 7. waiters ---------------------------------------------------------------------------------
 
-def waiters(ctx: Context) -> Dict[str, Any]:
+
+def waiters(ctx: Context) -> dict[str, Any]:
     """10,000 waiters from 100 users (1,000 from 10 in quick mode).
 
     What a registration, a change and a cancel cost the lease manager; then a live test-mode
@@ -472,30 +545,40 @@ def waiters(ctx: Context) -> Dict[str, Any]:
     and the queue emptied when they all leave.
     """
     users, per_user = (10, 100) if ctx.quick else (100, 100)
-    result: Dict[str, Any] = {"waiters": users * per_user, "users": users,
-                              **_lease_manager_costs(users, per_user)}
+    result: dict[str, Any] = {
+        "waiters": users * per_user,
+        "users": users,
+        **_lease_manager_costs(users, per_user),
+    }
     result.update(_live_waiters(ctx, users, per_user))
     ctx.log(f"waiters: {result}")
     return result
 
 
-def _spread(samples: List[float]) -> Dict[str, float]:
+def _spread(samples: list[float]) -> dict[str, float]:
     """Median, p99 and max in milliseconds, to the microsecond."""
     ordered = sorted(samples)
-    return {"median": round(statistics.median(ordered) * 1000, 3),
-            "p99": round(ordered[int(len(ordered) * 0.99)] * 1000, 3),
-            "max": round(ordered[-1] * 1000, 3)}
+    return {
+        "median": round(statistics.median(ordered) * 1000, 3),
+        "p99": round(ordered[int(len(ordered) * 0.99)] * 1000, 3),
+        "max": round(ordered[-1] * 1000, 3),
+    }
 
 
-def _lease_manager_costs(users: int, per_user: int) -> Dict[str, Any]:
+def _lease_manager_costs(users: int, per_user: int) -> dict[str, Any]:
     """The lease manager alone, on the 8 test-mode devices all held: each call timed."""
     from patroller.core.identity import named_user
     from patroller.core.leases import LeaseManager
     from patroller.config import Config, policy_of
     from patroller.observe.testmode import synthetic_inventory
 
-    leases = LeaseManager(synthetic_inventory(8), lease=600.0, policy=policy_of(Config()),
-                          max_waiters=users * per_user, max_waiting_per_user=per_user)
+    leases = LeaseManager(
+        synthetic_inventory(8),
+        lease=600.0,
+        policy=policy_of(Config()),
+        max_waiters=users * per_user,
+        max_waiting_per_user=per_user,
+    )
     leases.request(named_user("holder"), {"gpu": 8})
     names = [named_user(f"user{n}") for n in range(users)]
     registered, queued = [], []
@@ -503,7 +586,7 @@ def _lease_manager_costs(users: int, per_user: int) -> Dict[str, Any]:
         began = time.perf_counter()
         queued.append(leases.wait(names[n % users], {"gpu": n % 4 + 1}, lambda d: None))
         registered.append(time.perf_counter() - began)
-    served: List[float] = []
+    served: list[float] = []
     uuids = [d.uuid for d in leases.inventory]
     for n in range(200):  # a device freed: the first waiter that fits takes it
         holder = leases.holder(uuids[n % 8])
@@ -516,8 +599,11 @@ def _lease_manager_costs(users: int, per_user: int) -> Dict[str, Any]:
         began = time.perf_counter()
         leases.cancel(waiter)
         cancelled.append(time.perf_counter() - began)
-    return {"register_ms": _spread(registered), "release_serving_ms": _spread(served),
-            "cancel_ms": _spread(cancelled)}
+    return {
+        "register_ms": _spread(registered),
+        "release_serving_ms": _spread(served),
+        "cancel_ms": _spread(cancelled),
+    }
 
 
 def _started(daemon: Daemon, **settings: str) -> Daemon:
@@ -534,12 +620,13 @@ def _started(daemon: Daemon, **settings: str) -> Daemon:
                 os.environ[name] = value
 
 
-def _live_waiters(ctx: Context, users: int, per_user: int) -> Dict[str, Any]:
+def _live_waiters(ctx: Context, users: int, per_user: int) -> dict[str, Any]:
     count = users * per_user
     # Test mode: callers name themselves with user=, so one client can be a hundred users.
-    daemon = _started(Daemon(8, lease=600), PATROLLER_TEST="1",
-                      PATROLLER_MAX_WAITING_PER_USER=str(per_user))
-    result: Dict[str, Any] = {}
+    daemon = _started(
+        Daemon(8, lease=600), PATROLLER_TEST="1", PATROLLER_MAX_WAITING_PER_USER=str(per_user)
+    )
+    result: dict[str, Any] = {}
     try:
         daemon.ok("/request?gpu=8&user=holder")
         if have_wrk():
@@ -557,20 +644,29 @@ def _live_waiters(ctx: Context, users: int, per_user: int) -> Dict[str, Any]:
             opened = [first]
             batch = 100  # connections opened at once: within the listen backlog (128)
             for start in range(1, count, batch):
-                opened += await asyncio.gather(*(
-                    _open_wait(daemon.port, f"user{n % users}")
-                    for n in range(start, min(start + batch, count))))
+                opened += await asyncio.gather(
+                    *(
+                        _open_wait(daemon.port, f"user{n % users}")
+                        for n in range(start, min(start + batch, count))
+                    )
+                )
             while await waiting() < count:
                 if time.monotonic() - began > 120:
                     raise RuntimeError(f"{await waiting()} of {count} waiters queued")
                 await asyncio.sleep(0.05)
-            result["register_wall_ms_each"] = round((time.monotonic() - began) * 1000 / (count - 1), 3)
+            result["register_wall_ms_each"] = round(
+                (time.monotonic() - began) * 1000 / (count - 1), 3
+            )
             loop = asyncio.get_running_loop()
             status, body = await loop.run_in_executor(None, daemon.get, "/wait?gpu=1&user=user0")
-            result["over_the_cap"] = {"status": status, **{k: body.get(k) for k in ("limit", "waiting")}}
+            result["over_the_cap"] = {
+                "status": status,
+                **{k: body.get(k) for k in ("limit", "waiting")},
+            }
             if have_wrk():
                 result["status_while_waiting"] = await loop.run_in_executor(
-                    None, wrk, daemon.url + "/status", ctx.wrk_seconds)
+                    None, wrk, daemon.url + "/status", ctx.wrk_seconds
+                )
             uuid = next(iter(await loop.run_in_executor(None, daemon.ok, "/devices")))
             began = time.monotonic()
             await loop.run_in_executor(None, daemon.ok, f"/release?user=holder&uuid={uuid}")
@@ -611,23 +707,31 @@ async def _open_wait(port: int, user: str) -> Any:
 
 # 8. persistence ------------------------------------------------------------------------------
 
-def persistence(ctx: Context) -> Dict[str, Any]:
+
+def persistence(ctx: Context) -> dict[str, Any]:
     """What keeping the lease book on disk costs: each write alone, and /request + /release
     round trips through a live daemon with and without --state-dir."""
     parent = tempfile.mkdtemp(prefix="pbench-book", dir="/var/tmp")  # on disk, as /var/lib
     try:
-        result: Dict[str, Any] = {"filesystem": _filesystem(parent),
-                                  **_book_write_costs(os.path.join(parent, "alone"), ctx)}
-        runs: Dict[str, Dict[str, Any]] = {}
+        result: dict[str, Any] = {
+            "filesystem": _filesystem(parent),
+            **_book_write_costs(os.path.join(parent, "alone"), ctx),
+        }
+        runs: dict[str, dict[str, Any]] = {}
         for _ in range(2):  # alternated, the better of two each: the machine is shared
-            for name, state in (("without_book", None),
-                                ("with_book", os.path.join(parent, "live"))):
+            for name, state in (
+                ("without_book", None),
+                ("with_book", os.path.join(parent, "live")),
+            ):
                 row = _round_trips(state, ctx.wrk_seconds)
                 if name not in runs or row["round_trips_per_s"] > runs[name]["round_trips_per_s"]:
                     runs[name] = row
         result.update(runs)
-        result["request_p50_added_ms"] = round(runs["with_book"]["request_ms"]["median"]
-                                               - runs["without_book"]["request_ms"]["median"], 3)
+        result["request_p50_added_ms"] = round(
+            runs["with_book"]["request_ms"]["median"]
+            - runs["without_book"]["request_ms"]["median"],
+            3,
+        )
     finally:
         shutil.rmtree(parent, ignore_errors=True)
     ctx.log(f"persistence: {result}")
@@ -645,7 +749,7 @@ def _filesystem(path: str) -> str:
     return kind
 
 
-def _book_write_costs(directory: str, ctx: Context) -> Dict[str, Any]:
+def _book_write_costs(directory: str, ctx: Context) -> dict[str, Any]:
     """The lease manager's request/release with and without a book, 8 devices; and one write,
     with and without fsync (why the book does without it)."""
     from patroller.config import Config, policy_of
@@ -655,10 +759,16 @@ def _book_write_costs(directory: str, ctx: Context) -> Dict[str, Any]:
     from patroller.observe.testmode import synthetic_inventory
 
     count = 2000 if ctx.quick else 20000
-    someone = Identity(user="dana@example.org", source="container", email="dana@example.org",
-                       uid=1000, container=("0123456789ab", "train"), info=(("team", "vision"),))
+    someone = Identity(
+        user="dana@example.org",
+        source="container",
+        email="dana@example.org",
+        uid=1000,
+        container=("0123456789ab", "train"),
+        info=(("team", "vision"),),
+    )
 
-    def timed(leases: LeaseManager) -> List[float]:
+    def timed(leases: LeaseManager) -> list[float]:
         leases.request(someone, {"gpu": 7})  # the book holds 7 or 8 devices
         alice = named_user("alice@example.org")
         samples = []
@@ -671,9 +781,13 @@ def _book_write_costs(directory: str, ctx: Context) -> Dict[str, Any]:
 
     def manager() -> LeaseManager:
         config = Config()
-        return LeaseManager(synthetic_inventory(8), lease=600.0, policy=policy_of(Config()),
-                            max_waiters=config.max_waiters,
-                            max_waiting_per_user=config.max_waiting_per_user)
+        return LeaseManager(
+            synthetic_inventory(8),
+            lease=600.0,
+            policy=policy_of(Config()),
+            max_waiters=config.max_waiters,
+            max_waiting_per_user=config.max_waiting_per_user,
+        )
 
     bare = timed(manager())
     book = bookmodule.LeaseBook(directory, Config())
@@ -692,11 +806,13 @@ def _book_write_costs(directory: str, ctx: Context) -> Dict[str, Any]:
     writer = bookmodule.LeaseBook(os.path.join(directory, "raw"), Config())
     os.makedirs(writer.directory)
     path = os.path.join(directory, "raw.json")
-    linked: List[float] = []
-    renamed: List[float] = []
-    synced: List[float] = []
-    ways: List[Tuple[List[float], Callable[[], None]]] = [
-        (linked, lambda: writer._publish(body)), (renamed, lambda: _rename_over(path, body))]
+    linked: list[float] = []
+    renamed: list[float] = []
+    synced: list[float] = []
+    ways: list[tuple[list[float], Callable[[], None]]] = [
+        (linked, lambda: writer._publish(body)),
+        (renamed, lambda: _rename_over(path, body)),
+    ]
     for samples, write in ways:  # each way in a row, as a daemon writes: the disk's queue counts
         for _ in range(min(count, 3000)):
             began = time.perf_counter()
@@ -706,10 +822,13 @@ def _book_write_costs(directory: str, ctx: Context) -> Dict[str, Any]:
         began = time.perf_counter()
         _rename_over(path, body, sync=True)
         synced.append(time.perf_counter() - began)
-    return {"book_bytes": size,
-            "request_release_ms": {"without_book": _spread(bare), "with_book": _spread(booked)},
-            "write_ms": _spread(linked), "rename_over_ms": _spread(renamed),
-            "rename_over_fsync_ms": _spread(synced)}
+    return {
+        "book_bytes": size,
+        "request_release_ms": {"without_book": _spread(bare), "with_book": _spread(booked)},
+        "write_ms": _spread(linked),
+        "rename_over_ms": _spread(renamed),
+        "rename_over_fsync_ms": _spread(synced),
+    }
 
 
 def _rename_over(path: str, body: bytes, sync: bool = False) -> None:
@@ -731,13 +850,13 @@ def _rename_over(path: str, body: bytes, sync: bool = False) -> None:
             os.close(fd)
 
 
-def _round_trips(state_dir: Optional[str], seconds: float) -> Dict[str, Any]:
+def _round_trips(state_dir: str | None, seconds: float) -> dict[str, Any]:
     """/request?gpu=1 then /release on one keep-alive connection, for `seconds`, GPU host mode."""
     daemon = Daemon(8, lease=600, state_dir=state_dir).start()
     try:
         daemon.ok("/request?gpu=7")  # the book holds 7 or 8 devices, as above
         connection = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=30)
-        requests: List[float] = []
+        requests: list[float] = []
         trips = 0
         began = time.monotonic()
         while time.monotonic() - began < seconds:
@@ -756,21 +875,36 @@ def _round_trips(state_dir: Optional[str], seconds: float) -> Dict[str, Any]:
         book = daemon.ok("/metrics.json").get("lease_book")
     finally:
         daemon.stop()
-    return {"round_trips_per_s": round(trips / elapsed), "request_ms": _spread(requests),
-            "book_writes": book["writes"] if book else 0}
+    return {
+        "round_trips_per_s": round(trips / elapsed),
+        "request_ms": _spread(requests),
+        "book_writes": book["writes"] if book else 0,
+    }
 
 
 # 9. Prometheus scrapes ----------------------------------------------------------------------
 
-def scrape(ctx: Context) -> Dict[str, Any]:
+
+def scrape(ctx: Context) -> dict[str, Any]:
     """/metrics at 64 GPUs and 500 processes: time per scrape and its size; then /status p99
     under load while Prometheus (Debian's, when installed) scrapes the daemon every second."""
     daemon = Daemon(64, docker_host=ctx.docker_host).start()
-    result: Dict[str, Any] = {"gpus": 64, "processes": len(ctx.pool[:500])}
+    result: dict[str, Any] = {"gpus": 64, "processes": len(ctx.pool[:500])}
     try:
         pids = ctx.pool[:500]
-        daemon.write([{"pid": pid, "gpu": n % 64, "type": "C", "name": "python",
-                       "used_mib": 1024 + n, "sm": n % 100} for n, pid in enumerate(pids)])
+        daemon.write(
+            [
+                {
+                    "pid": pid,
+                    "gpu": n % 64,
+                    "type": "C",
+                    "name": "python",
+                    "used_mib": 1024 + n,
+                    "sm": n % 100,
+                }
+                for n, pid in enumerate(pids)
+            ]
+        )
         daemon.wait_for(lambda s: processes_on(s) == len(pids), timeout=120)
         times = []
         size = 0
@@ -781,8 +915,9 @@ def scrape(ctx: Context) -> Dict[str, Any]:
             size = len(body)
         result["scrape_ms"] = _spread(times)
         result["scrape_bytes"] = size
-        result["series"] = sum(1 for line in body.decode().splitlines()
-                               if line and not line.startswith("#"))
+        result["series"] = sum(
+            1 for line in body.decode().splitlines() if line and not line.startswith("#")
+        )
         if have_wrk():
             result["status_alone"] = wrk(daemon.url + "/status", ctx.wrk_seconds)
             with _Scraper(daemon) as scraper:
@@ -803,37 +938,51 @@ class _Scraper:
         self.kind = "prometheus" if shutil.which("prometheus") else "thread"
         self.dir = tempfile.mkdtemp(prefix="pbench-prom")
         self.process: Any = None
-        self.thread: Optional[threading.Thread] = None
+        self.thread: threading.Thread | None = None
         self.stopping = threading.Event()
 
-    def __enter__(self) -> "_Scraper":
+    def __enter__(self) -> _Scraper:
         if self.kind == "prometheus":
             import subprocess
+
             config = os.path.join(self.dir, "prometheus.yml")
             with open(config, "w", encoding="utf-8") as f:
-                f.write("global: {scrape_interval: 1s, scrape_timeout: 1s}\n"
-                        "scrape_configs:\n- job_name: patroller\n  static_configs:\n"
-                        f"  - targets: ['127.0.0.1:{self.daemon.port}']\n")
+                f.write(
+                    "global: {scrape_interval: 1s, scrape_timeout: 1s}\n"
+                    "scrape_configs:\n- job_name: patroller\n  static_configs:\n"
+                    f"  - targets: ['127.0.0.1:{self.daemon.port}']\n"
+                )
             self.process = subprocess.Popen(
-                ["prometheus", f"--config.file={config}",
-                 f"--storage.tsdb.path={self.dir}/data", "--web.listen-address=127.0.0.1:0"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                [
+                    "prometheus",
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={self.dir}/data",
+                    "--web.listen-address=127.0.0.1:0",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             deadline = time.monotonic() + 30  # until it has scraped a few times
             before = self._scrapes()
             while self._scrapes() < before + 3 and time.monotonic() < deadline:
                 time.sleep(0.2)
         else:
+
             def run() -> None:
                 while not self.stopping.wait(1.0):
                     self.daemon.raw("/metrics")
+
             self.thread = threading.Thread(target=run, daemon=True)
             self.thread.start()
         return self
 
     def _scrapes(self) -> int:
         text = self.daemon.raw("/metrics").decode()
-        found = [line for line in text.splitlines()
-                 if line.startswith('patroller_http_requests_total{endpoint="/metrics",status="200"}')]
+        found = [
+            line
+            for line in text.splitlines()
+            if line.startswith('patroller_http_requests_total{endpoint="/metrics",status="200"}')
+        ]
         return int(float(found[0].split()[-1])) if found else 0
 
     def __exit__(self, *exc: Any) -> None:
@@ -851,22 +1000,38 @@ class _Scraper:
 BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
 
 
-def page(ctx: Context) -> Dict[str, Any]:
+def page(ctx: Context) -> dict[str, Any]:
     """The web page at 8 GPUs with processes on them: the bytes a browser receives for /,
     /web/app.js, /web/style.css and the first /events snapshot (headers included, as sent on
     loopback), and the time from navigation start to the first GPU cards drawn, in headless
     Chromium (tests/browser.py) when it is installed."""
     daemon = Daemon(8, docker_host=ctx.docker_host).start()
-    result: Dict[str, Any] = {"gpus": 8}
+    result: dict[str, Any] = {"gpus": 8}
     try:
         pids = ctx.pool[:16]
-        daemon.write([{"pid": pid, "gpu": n % 8, "type": "C", "name": "python",
-                       "used_mib": 4096 + n, "sm": 50 + n} for n, pid in enumerate(pids)])
+        daemon.write(
+            [
+                {
+                    "pid": pid,
+                    "gpu": n % 8,
+                    "type": "C",
+                    "name": "python",
+                    "used_mib": 4096 + n,
+                    "sm": 50 + n,
+                }
+                for n, pid in enumerate(pids)
+            ]
+        )
         daemon.wait_for(lambda s: processes_on(s) == len(pids), timeout=120)
         result["processes"] = len(pids)
-        sizes = {path: _transferred(daemon.port, path, accept)
-                 for path, accept in (("/", BROWSER_ACCEPT), ("/web/app.js", "*/*"),
-                                      ("/web/style.css", "text/css,*/*;q=0.1"))}
+        sizes = {
+            path: _transferred(daemon.port, path, accept)
+            for path, accept in (
+                ("/", BROWSER_ACCEPT),
+                ("/web/app.js", "*/*"),
+                ("/web/style.css", "text/css,*/*;q=0.1"),
+            )
+        }
         sizes["/events (first snapshot)"] = _first_event(daemon.port)
         result["bytes"] = sizes
         result["total_bytes"] = sum(sizes.values())
@@ -880,9 +1045,12 @@ def page(ctx: Context) -> Dict[str, Any]:
 def _exchange(port: int, path: str, accept: str, until: Callable[[bytes], bool]) -> bytes:
     """What the daemon sends for one GET as a browser asks it, up to until(received)."""
     import socket
+
     with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-        s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAccept: {accept}\r\n"
-                  "Accept-Encoding: gzip, deflate, br\r\nConnection: close\r\n\r\n".encode())
+        s.sendall(
+            f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAccept: {accept}\r\n"
+            "Accept-Encoding: gzip, deflate, br\r\nConnection: close\r\n\r\n".encode()
+        )
         received = b""
         while not until(received):
             chunk = s.recv(65536)
@@ -901,9 +1069,11 @@ def _transferred(port: int, path: str, accept: str) -> int:
 
 def _first_event(port: int) -> int:
     """Headers, the retry line and the first snapshot event of /events."""
+
     def whole(got: bytes) -> bool:
         at = got.find(b"event: snapshot")
         return at >= 0 and got.find(b"\n\n", at) >= 0
+
     answer = _exchange(port, "/events", "text/event-stream", whole)
     if not whole(answer):
         raise RuntimeError(f"/events: no snapshot: {answer[:300]!r}")
@@ -911,10 +1081,11 @@ def _first_event(port: int) -> int:
     return answer.find(b"\n\n", at) + 2
 
 
-def _first_render(url: str, loads: int) -> Dict[str, Any]:
+def _first_render(url: str, loads: int) -> dict[str, Any]:
     """Navigation start to the first cards drawn (the page's own performance.now() when it
     set data-rendered), over `loads` loads after a first one that warms the browser."""
     import sys
+
     tests = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
     sys.path.insert(0, tests)
     try:
@@ -926,11 +1097,14 @@ def _first_render(url: str, loads: int) -> Dict[str, Any]:
     except BrowserUnavailable as exc:
         return {"measured": False, "why": str(exc)}
     try:
-        times: List[float] = []
+        times: list[float] = []
         for n in range(loads + 1):
             chromium.open(url + "/")
-            chromium.until(lambda: chromium.js("return document.body.dataset.rendered"),
-                           "the first render", timeout=30)
+            chromium.until(
+                lambda: chromium.js("return document.body.dataset.rendered"),
+                "the first render",
+                timeout=30,
+            )
             drawn = float(chromium.js("return document.body.dataset.firstRender"))
             cards = chromium.js("return document.querySelectorAll('#gpus .card').length")
             if cards != 8:
@@ -941,9 +1115,14 @@ def _first_render(url: str, loads: int) -> Dict[str, Any]:
                 times.append(drawn / 1000)
         browser_bytes = chromium.js(
             "return performance.getEntriesByType('navigation').concat("
-            "performance.getEntriesByType('resource')).reduce((n, e) => n + e.transferSize, 0)")
-        return {"measured": True, "cold_ms": round(first, 1), "ms": _spread(times),
-                "browser_counted_bytes": browser_bytes,
-                "browser": chromium.driver.capabilities.get("browserVersion")}
+            "performance.getEntriesByType('resource')).reduce((n, e) => n + e.transferSize, 0)"
+        )
+        return {
+            "measured": True,
+            "cold_ms": round(first, 1),
+            "ms": _spread(times),
+            "browser_counted_bytes": browser_bytes,
+            "browser": chromium.driver.capabilities.get("browserVersion"),
+        }
     finally:
         chromium.quit()

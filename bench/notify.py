@@ -16,6 +16,7 @@ escalate (`Notifier.check`, on the loop every 30 s) over 256 GPUs, every one hel
 duration ending soon, all computing nothing for hours) and 5,000 processes: the CPU time of one
 look, the first (which finds every hold due) and the next ones (each episode told already).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,7 +32,7 @@ import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from .harness import ROOT, have_wrk, listening_port, rss_mib, wrk
 
@@ -68,14 +69,14 @@ class SlowHook:
         self._server.server_close()
 
 
-def storm(ctx: Any) -> Dict[str, Any]:
+def storm(ctx: Any) -> dict[str, Any]:
     """/status p99 and throughput without and with 1,000 events a second; memory after."""
     if not have_wrk():
         return {"skipped": "wrk is not installed"}
     hook = SlowHook()
     rounds = 2 if ctx.quick else 3
     seconds = ctx.wrk_seconds
-    found: Dict[str, List[Dict[str, Any]]] = {"without": [], "with": []}
+    found: dict[str, list[dict[str, Any]]] = {"without": [], "with": []}
     try:
         for _ in range(rounds):
             for mode, events in (("without", 0), ("with", 1000)):
@@ -83,45 +84,69 @@ def storm(ctx: Any) -> Dict[str, Any]:
     finally:
         hook.close()
 
-    def median(rows: List[Dict[str, Any]], *path: str) -> Optional[float]:
+    def median(rows: list[dict[str, Any]], *path: str) -> float | None:
         values = [_dig(row, path) for row in rows]
         values = [v for v in values if v is not None]
         return round(statistics.median(values), 3) if values else None
+
     without = median(found["without"], "status", "p99_ms")
     during = median(found["with"], "status", "p99_ms")
     ctx.log(f"notify storm: /status p99 {without} ms without, {during} ms with 1,000 events/s")
-    return {"rounds": rounds, "seconds": seconds, "answer_after_s": ANSWER_AFTER,
-            "runs": found,
-            "p99_ms": {"without": without, "with": during},
-            "p99_ratio": round(during / without, 3) if without and during else None,
-            "requests_per_s": {"without": median(found["without"], "status", "requests_per_s"),
-                               "with": median(found["with"], "status", "requests_per_s")},
-            "events_per_s": median(found["with"], "events_per_s"),
-            "rss_growth_mib": _growth(found["with"]),
-            "rss_growth_mib_without": _growth(found["without"])}
+    return {
+        "rounds": rounds,
+        "seconds": seconds,
+        "answer_after_s": ANSWER_AFTER,
+        "runs": found,
+        "p99_ms": {"without": without, "with": during},
+        "p99_ratio": round(during / without, 3) if without and during else None,
+        "requests_per_s": {
+            "without": median(found["without"], "status", "requests_per_s"),
+            "with": median(found["with"], "status", "requests_per_s"),
+        },
+        "events_per_s": median(found["with"], "events_per_s"),
+        "rss_growth_mib": _growth(found["with"]),
+        "rss_growth_mib_without": _growth(found["without"]),
+    }
 
 
-def _growth(rows: List[Dict[str, Any]]) -> Optional[float]:
+def _growth(rows: list[dict[str, Any]]) -> float | None:
     """The most the daemon's RSS grew during one measured run."""
-    return round(max((row["rss_after_mib"] - row["rss_before_mib"] for row in rows),
-                     default=0.0), 2) if rows else None
+    return (
+        round(max((row["rss_after_mib"] - row["rss_before_mib"] for row in rows), default=0.0), 2)
+        if rows
+        else None
+    )
 
 
-def _dig(row: Dict[str, Any], path: Any) -> Optional[float]:
+def _dig(row: dict[str, Any], path: Any) -> float | None:
     value: Any = row
     for key in path:
         value = value.get(key) if isinstance(value, dict) else None
     return value if isinstance(value, (int, float)) else None
 
 
-def _one_run(url: str, events: int, seconds: float) -> Dict[str, Any]:
+def _one_run(url: str, events: int, seconds: float) -> dict[str, Any]:
     directory = tempfile.mkdtemp(prefix="pbench-notify")
     os.chmod(directory, 0o700)
-    process = subprocess.Popen([sys.executable, "-m", "bench.notify", "serve", "--url", url,
-                                "--events", str(events), "--state-dir", directory],
-                               cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
-                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=open(os.path.join(directory, "log"), "w"))
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bench.notify",
+            "serve",
+            "--url",
+            url,
+            "--events",
+            str(events),
+            "--state-dir",
+            directory,
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=open(os.path.join(directory, "log"), "w"),
+    )
     try:
         deadline = time.monotonic() + 30
         port = 0
@@ -142,12 +167,18 @@ def _one_run(url: str, events: int, seconds: float) -> Dict[str, Any]:
         took = time.monotonic() - began
         after = rss_mib(process.pid)
         ended = _notifications(base)
-        told = sum(ended["by_kind"].get("trespass", {}).get(r, 0) for r in ("queued", "dropped")) \
-            - sum(counted["by_kind"].get("trespass", {}).get(r, 0) for r in ("queued", "dropped"))
-        return {"events": events, "status": status, "rss_before_mib": before,
-                "rss_after_mib": after, "events_per_s": round(told / took) if events else 0,
-                "pending": ended["pending"],
-                "dropped": ended["by_kind"].get("trespass", {}).get("dropped", 0)}
+        told = sum(
+            ended["by_kind"].get("trespass", {}).get(r, 0) for r in ("queued", "dropped")
+        ) - sum(counted["by_kind"].get("trespass", {}).get(r, 0) for r in ("queued", "dropped"))
+        return {
+            "events": events,
+            "status": status,
+            "rss_before_mib": before,
+            "rss_after_mib": after,
+            "events_per_s": round(told / took) if events else 0,
+            "pending": ended["pending"],
+            "dropped": ended["by_kind"].get("trespass", {}).get("dropped", 0),
+        }
     finally:
         process.send_signal(signal.SIGTERM)
         try:
@@ -158,8 +189,9 @@ def _one_run(url: str, events: int, seconds: float) -> Dict[str, Any]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _notifications(base: str) -> Dict[str, Any]:
+def _notifications(base: str) -> dict[str, Any]:
     import urllib.request
+
     with urllib.request.urlopen(base + "/metrics.json", timeout=30) as response:
         return json.loads(response.read())["notifications"]
 
@@ -171,6 +203,7 @@ def _log(directory: str) -> str:
 
 # -- the daemon of the storm (python -m bench.notify serve) -----------------------------------
 
+
 async def _serve(url: str, events: int, state_dir: str) -> None:
     from dataclasses import replace
 
@@ -180,9 +213,16 @@ async def _serve(url: str, events: int, state_dir: str) -> None:
     from patroller.config import Config
     from patroller.core.leases import Event
 
-    config = replace(Config(test=True, port=0, address="127.0.0.1"), notify=(url,),
-                     notify_events=("trespass",), notify_escalate=0, notify_rate=10 ** 9,
-                     state_dir=state_dir, usage="none", max_connections_per_caller=1_000_000)
+    config = replace(
+        Config(test=True, port=0, address="127.0.0.1"),
+        notify=(url,),
+        notify_events=("trespass",),
+        notify_escalate=0,
+        notify_rate=10**9,
+        state_dir=state_dir,
+        usage="none",
+        max_connections_per_caller=1_000_000,
+    )
     daemon = await build(config)
     daemon.start()
     daemon.listen(0, "127.0.0.1", None)
@@ -201,8 +241,15 @@ async def _serve(url: str, events: int, state_dir: str) -> None:
             due[1] -= 1
             count[0] += 1
             uuid, number = devices[count[0] % len(devices)]
-            notifier.on_event(Event("trespass", f"user{count[0]}", ((uuid, number),),
-                                    {"pid": 100_000 + count[0], "holder": "alice"}))
+            notifier.on_event(
+                Event(
+                    "trespass",
+                    f"user{count[0]}",
+                    ((uuid, number),),
+                    {"pid": 100_000 + count[0], "holder": "alice"},
+                )
+            )
+
     if events:
         PeriodicCallback(storm, every * 1000).start()
     stop = asyncio.Event()
@@ -212,12 +259,12 @@ async def _serve(url: str, events: int, state_dir: str) -> None:
     await daemon.stop(config.shutdown_grace)
 
 
-def watch_cost(ctx: Any, gpus: int = 256, processes: int = 5000) -> Dict[str, Any]:
+def watch_cost(ctx: Any, gpus: int = 256, processes: int = 5000) -> dict[str, Any]:
     """The CPU time of the notifier's watch over every hold, first and after."""
     return asyncio.run(_watch_cost(gpus, processes, 3 if ctx.quick else 20))
 
 
-async def _watch_cost(gpus: int, processes: int, repeats: int) -> Dict[str, Any]:
+async def _watch_cost(gpus: int, processes: int, repeats: int) -> dict[str, Any]:
     from dataclasses import replace
 
     from patroller.config import Config, policy_of
@@ -230,23 +277,40 @@ async def _watch_cost(gpus: int, processes: int, repeats: int) -> Dict[str, Any]
     clock = lambda: now[0]  # noqa: E731
     config = replace(Config(), notify=("json://127.0.0.1:9/x",))
     inventory = synthetic_inventory(gpus)
-    leases = LeaseManager(inventory, lease=config.lease, policy=policy_of(config),
-                          max_waiters=config.max_waiters,
-                          max_waiting_per_user=config.max_waiting_per_user, clock=clock)
+    leases = LeaseManager(
+        inventory,
+        lease=config.lease,
+        policy=policy_of(config),
+        max_waiters=config.max_waiters,
+        max_waiting_per_user=config.max_waiting_per_user,
+        clock=clock,
+    )
     devices = list(inventory)
     for n, device in enumerate(devices):
-        who = Identity(user=f"user{n % 40}", source="host", account=f"user{n % 40}",
-                       uid=2000 + n % 40)
+        who = Identity(
+            user=f"user{n % 40}", source="host", account=f"user{n % 40}", uid=2000 + n % 40
+        )
         leases.request(who, {"gpu": 1}, duration=600.0 if n % 2 else None)
     for n in range(processes):
         device = devices[n % gpus]
-        owner = Identity(user=f"user{n % gpus % 40}", source="host",
-                         account=f"user{n % gpus % 40}", uid=2000 + n % gpus % 40)
+        owner = Identity(
+            user=f"user{n % gpus % 40}",
+            source="host",
+            account=f"user{n % gpus % 40}",
+            uid=2000 + n % gpus % 40,
+        )
         leases.process_started(device.uuid, 100_000 + n, owner, "python")
-    told: List[str] = []
-    notifier = Notifier(config, "bench", None, None, leases=leases,
-                        quiet_for=lambda uuid: 5 * 3600.0, clock=clock,
-                        senders=[lambda title, body: told.append(title) or True])
+    told: list[str] = []
+    notifier = Notifier(
+        config,
+        "bench",
+        None,
+        None,
+        leases=leases,
+        quiet_for=lambda uuid: 5 * 3600.0,
+        clock=clock,
+        senders=[lambda title, body: told.append(title) or True],
+    )
     notifier.start()
     try:
         began = time.thread_time()
@@ -261,19 +325,28 @@ async def _watch_cost(gpus: int, processes: int, repeats: int) -> Dict[str, Any]
         notices = notifier.metrics()
     finally:
         notifier.stop(5)
-    return {"gpus": gpus, "processes": processes, "first_ms": round(first * 1000, 2),
-            "next_ms": {"median": round(statistics.median(took) * 1000, 3),
-                        "max": round(max(took) * 1000, 3)},
-            "notices_first": sum(k.get("queued", 0) + k.get("dropped", 0)
-                                 for k in notices["by_kind"].values()),
-            "repeats": notices["repeats"]}
+    return {
+        "gpus": gpus,
+        "processes": processes,
+        "first_ms": round(first * 1000, 2),
+        "next_ms": {
+            "median": round(statistics.median(took) * 1000, 3),
+            "max": round(max(took) * 1000, 3),
+        },
+        "notices_first": sum(
+            k.get("queued", 0) + k.get("dropped", 0) for k in notices["by_kind"].values()
+        ),
+        "repeats": notices["repeats"],
+    }
 
 
-def notify(ctx: Any) -> Dict[str, Any]:
+def notify(ctx: Any) -> dict[str, Any]:
     """The step: the watch's cost, then the storm."""
-    found: Dict[str, Any] = {"watch": watch_cost(ctx)}
-    ctx.log(f"notify watch at 256 GPUs + 5000 processes: first {found['watch']['first_ms']} "
-            f"ms, next {found['watch']['next_ms']['max']} ms (max)")
+    found: dict[str, Any] = {"watch": watch_cost(ctx)}
+    ctx.log(
+        f"notify watch at 256 GPUs + 5000 processes: first {found['watch']['first_ms']} "
+        f"ms, next {found['watch']['next_ms']['max']} ms (max)"
+    )
     found["storm"] = storm(ctx)
     return found
 

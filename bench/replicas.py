@@ -8,19 +8,23 @@ do and the fleet daemon reads every one (it skips an answer the same as the last
 the ports, one line, then serves until stdin closes. The benchmark's fleet step tops its real
 daemons up with these where memory does not hold 1,000 daemons (each about 38 MiB).
 """
+
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import sys
-from typing import List
 
 
 def answer(body: bytes, extra: bytes, close: bool) -> bytes:
-    return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=UTF-8\r\n"
-            b"Cache-Control: no-store\r\nServer: patroller\r\n" + extra
-            + (b"Connection: close\r\n" if close else b"")
-            + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    return (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=UTF-8\r\n"
+        b"Cache-Control: no-store\r\nServer: patroller\r\n"
+        + extra
+        + (b"Connection: close\r\n" if close else b"")
+        + b"Content-Length: %d\r\n\r\n" % len(body)
+        + body
+    )
 
 
 async def main(status_file: str, devices_file: str, count: int) -> None:
@@ -29,8 +33,10 @@ async def main(status_file: str, devices_file: str, count: int) -> None:
     with open(devices_file, "rb") as f:
         devices = f.read()
     tag = b'"%s"' % hashlib.blake2b(devices, digest_size=8).hexdigest().encode()
-    bodies = {b"/status": (status, b"X-Devices-ETag: " + tag + b"\r\n"),
-              b"/devices": (devices, b"ETag: " + tag + b"\r\n")}
+    bodies = {
+        b"/status": (status, b"X-Devices-ETag: " + tag + b"\r\n"),
+        b"/devices": (devices, b"ETag: " + tag + b"\r\n"),
+    }
 
     changed = (status + b" ", b"X-Devices-ETag: " + tag + b"\r\n")
 
@@ -54,9 +60,8 @@ async def main(status_file: str, devices_file: str, count: int) -> None:
         finally:
             writer.close()
 
-    servers = [await asyncio.start_server(serve, "127.0.0.1", 0, backlog=64)
-               for _ in range(count)]
-    ports: List[int] = [s.sockets[0].getsockname()[1] for s in servers]
+    servers = [await asyncio.start_server(serve, "127.0.0.1", 0, backlog=64) for _ in range(count)]
+    ports: list[int] = [s.sockets[0].getsockname()[1] for s in servers]
     print(" ".join(map(str, ports)), flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
 

@@ -9,6 +9,7 @@ meanwhile.
 Without --store, a store of `--days` days of 8 GPUs is written first (bench/usage.py's fill: a
 year takes some 8 minutes on two cores).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,7 +19,7 @@ import statistics
 import tempfile
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from .harness import Daemon
 from .usage import fill
@@ -26,7 +27,7 @@ from .usage import fill
 GROUPINGS = ["user", "day", "job", "gpu", "day,user", "hour", "weekday,hour", "account"]
 
 
-def measure(daemon: Daemon, days: int, clients: int, seconds: float) -> Dict[str, Any]:
+def measure(daemon: Daemon, days: int, clients: int, seconds: float) -> dict[str, Any]:
     """RSS (MiB) idle, at its highest while `clients` ask `days`-day reports for `seconds`,
     and after; each client asks the next grouping, an hour shorter each time (none answered
     from memory), and waits 0.2 s after a 429."""
@@ -35,8 +36,8 @@ def measure(daemon: Daemon, days: int, clients: int, seconds: float) -> Dict[str
     time.sleep(3)
     idle = daemon.rss_mib()
     stop = threading.Event()
-    codes: Dict[int, int] = {}
-    sizes: List[int] = []
+    codes: dict[int, int] = {}
+    sizes: list[int] = []
 
     def client(n: int) -> None:
         k = 0
@@ -49,6 +50,7 @@ def measure(daemon: Daemon, days: int, clients: int, seconds: float) -> Dict[str
             elif status == 429:
                 time.sleep(0.2)
             k += 1
+
     threads = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(clients)]
     for thread in threads:
         thread.start()
@@ -63,19 +65,25 @@ def measure(daemon: Daemon, days: int, clients: int, seconds: float) -> Dict[str
     stop.set()
     for thread in threads:
         thread.join(120)
-    after: Dict[str, float] = {}
+    after: dict[str, float] = {}
     began = time.monotonic()
     for mark in (1, 15, 30):
         time.sleep(max(0.0, began + mark - time.monotonic()))
         after[f"{mark}s"] = round(daemon.rss_mib(), 1)
-    return {"idle_mib": round(idle, 1), "peak_mib": round(peak, 1), "after_mib": after,
-            "codes": {str(k): v for k, v in sorted(codes.items())},
-            "largest_answer_mb": round(max(sizes) / 1e6, 2) if sizes else None,
-            "status_ms": {"median": round(statistics.median(latency), 1),
-                          "max": round(max(latency), 1)}}
+    return {
+        "idle_mib": round(idle, 1),
+        "peak_mib": round(peak, 1),
+        "after_mib": after,
+        "codes": {str(k): v for k, v in sorted(codes.items())},
+        "largest_answer_mb": round(max(sizes) / 1e6, 2) if sizes else None,
+        "status_ms": {
+            "median": round(statistics.median(latency), 1),
+            "max": round(max(latency), 1),
+        },
+    }
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.reportmemory")
     parser.add_argument("--store", help="a directory holding usage.sqlite3 (else one is made)")
     parser.add_argument("--days", type=int, default=365)

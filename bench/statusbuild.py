@@ -6,18 +6,19 @@ slice of the background rebuild after a second of new samples for every device a
 time of the thread (what the loop spends), so that a shared machine's other work does not
 count.
 """
+
 from __future__ import annotations
 
-import asyncio
 import statistics
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any
+from collections.abc import Callable
 
 from patroller.config import Config, policy_of
 from patroller.core.identity import Identity
 from patroller.core.leases import LeaseManager
 from patroller.http.statusview import StatusView
-from patroller.observe.signals import GpuProcess, ProcessSamples, Sample, Signals
+from patroller.observe.signals import ProcessSamples, Sample, Signals
 from patroller.observe.stats import StatsStore
 from patroller.observe.testmode import synthetic_inventory
 
@@ -32,12 +33,14 @@ class Clock:
         return self.now
 
 
-def _ms(took: List[float], digits: int = 2) -> Dict[str, float]:
-    return {"median": round(statistics.median(took) * 1000, digits),
-            "max": round(max(took) * 1000, digits)}
+def _ms(took: list[float], digits: int = 2) -> dict[str, float]:
+    return {
+        "median": round(statistics.median(took) * 1000, digits),
+        "max": round(max(took) * 1000, digits),
+    }
 
 
-def timed(action: Callable[[], Any], repeats: int, digits: int = 2) -> Dict[str, float]:
+def timed(action: Callable[[], Any], repeats: int, digits: int = 2) -> dict[str, float]:
     """The thread's CPU time `action` takes, in ms: median and max of `repeats` runs."""
     took = []
     for _ in range(repeats):
@@ -47,32 +50,42 @@ def timed(action: Callable[[], Any], repeats: int, digits: int = 2) -> Dict[str,
     return _ms(took, digits)
 
 
-def one_size(gpus: int, processes: int, repeats: int) -> Dict[str, Any]:
+def one_size(gpus: int, processes: int, repeats: int) -> dict[str, Any]:
     config, clock = Config(), Clock()
     inventory = synthetic_inventory(gpus)
-    leases = LeaseManager(inventory, lease=config.lease, policy=policy_of(config),
-                          max_waiters=config.max_waiters,
-                          max_waiting_per_user=config.max_waiting_per_user, clock=clock)
+    leases = LeaseManager(
+        inventory,
+        lease=config.lease,
+        policy=policy_of(config),
+        max_waiters=config.max_waiters,
+        max_waiting_per_user=config.max_waiting_per_user,
+        clock=clock,
+    )
     stats = StatsStore(inventory, 3.0, config.history_every, config.history_points, clock=clock)
     signals = Signals()
     stats.connect(signals)
     devices = list(inventory)
     for n in range(processes):
         device, who = devices[n % gpus], n % gpus % 40  # one user a GPU
-        owner = Identity(user=f"user{who}@lab.example", source="host", account=f"user{who}",
-                         uid=2000 + who)
+        owner = Identity(
+            user=f"user{who}@lab.example", source="host", account=f"user{who}", uid=2000 + who
+        )
         leases.process_started(device.uuid, 100_000 + n, owner, "python")
     view = StatusView(inventory, leases, stats, None, config.status_max_age, clock=clock)
 
     def second_of_samples() -> None:
         clock.now += 1.0
         for device in devices:
-            signals.sample.send(None, record=Sample(device.uuid, {"sm": 50, "mem": 20,
-                                                                  "fb": 30_000}, 0.0))
-        figures: Dict[str, Dict[int, Dict[str, int]]] = {}
+            signals.sample.send(
+                None, record=Sample(device.uuid, {"sm": 50, "mem": 20, "fb": 30_000}, 0.0)
+            )
+        figures: dict[str, dict[int, dict[str, int]]] = {}
         for n in range(processes):
             figures.setdefault(devices[n % gpus].uuid, {})[100_000 + n] = {
-                "sm": n % 100, "mem": 5, "fb": 900}
+                "sm": n % 100,
+                "mem": 5,
+                "fb": 900,
+            }
         signals.process_sampled.send(None, record=ProcessSamples(figures, 0.0))
 
     began = time.thread_time()
@@ -90,18 +103,23 @@ def one_size(gpus: int, processes: int, repeats: int) -> Dict[str, Any]:
         view.body()
         leases.process_ended(devices[0].uuid, 99)
 
-    slices: List[float] = []
+    slices: list[float] = []
     for _ in range(repeats):
         second_of_samples()
         slices.extend(_stepped(view))
-    return {"gpus": gpus, "processes": processes, "bytes": len(view.body()),
-            "first_build_ms": round(first * 1000, 2), "older_ms": timed(older, repeats),
-            "lease_change_ms": timed(lease_change, repeats),
-            "background_slice_ms": _ms(slices) if slices else None,
-            "parts_built": view.parts_built}
+    return {
+        "gpus": gpus,
+        "processes": processes,
+        "bytes": len(view.body()),
+        "first_build_ms": round(first * 1000, 2),
+        "older_ms": timed(older, repeats),
+        "lease_change_ms": timed(lease_change, repeats),
+        "background_slice_ms": _ms(slices) if slices else None,
+        "parts_built": view.parts_built,
+    }
 
 
-def _stepped(view: StatusView) -> List[float]:
+def _stepped(view: StatusView) -> list[float]:
     """Run the background rebuild by hand, one step (a slice on the loop) at a time."""
     task = view._refresh_soon()  # noqa: SLF001: the task the daemon runs, stepped here
     took = []
@@ -115,14 +133,16 @@ def _stepped(view: StatusView) -> List[float]:
     return took[1:]  # the first step only yields
 
 
-def status_build(ctx: Any) -> List[Dict[str, Any]]:
+def status_build(ctx: Any) -> list[dict[str, Any]]:
     """The step: every size, in this process."""
     rows = []
     for gpus, processes in SIZES:
         row = one_size(gpus, processes, 3 if ctx.quick else 10)
-        ctx.log(f"status build {gpus} GPUs {processes} processes: first "
-                f"{row['first_build_ms']} ms, older {row['older_ms']['max']} ms, lease change "
-                f"{row['lease_change_ms']['max']} ms, background slice "
-                f"{(row['background_slice_ms'] or {}).get('max')} ms")
+        ctx.log(
+            f"status build {gpus} GPUs {processes} processes: first "
+            f"{row['first_build_ms']} ms, older {row['older_ms']['max']} ms, lease change "
+            f"{row['lease_change_ms']['max']} ms, background slice "
+            f"{(row['background_slice_ms'] or {}).get('max')} ms"
+        )
         rows.append(row)
     return rows

@@ -5,11 +5,12 @@ greedy search) and of 64 (4 asked for: 635,376 sets), through the lease manager'
 for 2 and its release) on 8 GPUs with the topology and without. Times are the thread's CPU
 time, so that a shared machine's other work does not count.
 """
+
 from __future__ import annotations
 
 import random
 import time
-from typing import Any, Dict
+from typing import Any
 
 from patroller.config import Config, policy_of
 from patroller.core.identity import Identity
@@ -20,26 +21,36 @@ from patroller.simulator.topo import shape
 
 from .statusbuild import timed
 
-CASES = [(16, 8, "pcie-pairs"), (16, 8, "nvlink-pairs"), (64, 4, "pcie-pairs"),
-         (64, 4, "nvlink-pairs"), (64, 4, "two-numa")]
+CASES = [
+    (16, 8, "pcie-pairs"),
+    (16, 8, "nvlink-pairs"),
+    (64, 4, "pcie-pairs"),
+    (64, 4, "nvlink-pairs"),
+    (64, 4, "two-numa"),
+]
 
 
 def manager(gpus: int, name: str, known: bool = True) -> LeaseManager:
     config = Config()
     inventory = synthetic_inventory(gpus)
-    leases = LeaseManager(inventory, lease=config.lease, policy=policy_of(config),
-                          max_waiters=config.max_waiters,
-                          max_waiting_per_user=config.max_waiting_per_user)
+    leases = LeaseManager(
+        inventory,
+        lease=config.lease,
+        policy=policy_of(config),
+        max_waiters=config.max_waiters,
+        max_waiting_per_user=config.max_waiting_per_user,
+    )
     leases.search = Search(config.topology_exact, config.topology_seeds, config.topology_near)
     if known:
         matrix, uuids = shape(name, gpus), [d.uuid for d in inventory]
         leases.topology = Topology(
             {(uuids[a], uuids[b]): matrix[a][b] for a in range(gpus) for b in range(a + 1, gpus)},
-            {u: "0" if i < gpus // 2 else "1" for i, u in enumerate(uuids)})
+            {u: "0" if i < gpus // 2 else "1" for i, u in enumerate(uuids)},
+        )
     return leases
 
 
-def choice(gpus: int, count: int, name: str, repeats: int) -> Dict[str, Any]:
+def choice(gpus: int, count: int, name: str, repeats: int) -> dict[str, Any]:
     """The choice among all free GPUs, and among a random half of them."""
     leases = manager(gpus, name)
     user = Identity(user="bench", source="host", account="bench", uid=1000)
@@ -49,9 +60,13 @@ def choice(gpus: int, count: int, name: str, repeats: int) -> Dict[str, Any]:
     rng = random.Random(1)
     halves = [sorted(rng.sample(every, gpus // 2), key=lambda d: d.number) for _ in range(repeats)]
     left = iter(halves)
-    return {"gpus": gpus, "count": count, "shape": name,
-            "all_free_ms": timed(lambda: choose(every, count), repeats, 3),
-            "half_free_ms": timed(lambda: choose(next(left), count), repeats, 3)}
+    return {
+        "gpus": gpus,
+        "count": count,
+        "shape": name,
+        "all_free_ms": timed(lambda: choose(every, count), repeats, 3),
+        "half_free_ms": timed(lambda: choose(next(left), count), repeats, 3),
+    }
 
 
 def grants(known: bool, repeats: int) -> float:
@@ -65,8 +80,13 @@ def grants(known: bool, repeats: int) -> float:
     return round(repeats / (time.thread_time() - began))
 
 
-def topology(ctx: Any) -> Dict[str, Any]:
+def topology(ctx: Any) -> dict[str, Any]:
     repeats = 20 if ctx.quick else 200
     rows = [choice(gpus, count, name, repeats) for gpus, count, name in CASES]
-    return {"choices": rows, "grants_per_s": {"with": grants(True, repeats * 10),
-                                               "without": grants(False, repeats * 10)}}
+    return {
+        "choices": rows,
+        "grants_per_s": {
+            "with": grants(True, repeats * 10),
+            "without": grants(False, repeats * 10),
+        },
+    }

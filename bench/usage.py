@@ -6,6 +6,7 @@ The year is a made-up lab, the same every run (a seeded random): 20 users, each 
 four-hour blocks free (20 %), reserved and unused (10 %), claimed and computing part of the
 time (55 %), shared with a trespasser (5 %), or a Slurm job's, a new job each block (10 %).
 """
+
 from __future__ import annotations
 
 import os
@@ -16,7 +17,8 @@ import statistics
 import tempfile
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any
+from collections.abc import Callable
 
 from patroller.config import Config, policy_of
 from patroller.core.identity import Identity
@@ -43,29 +45,55 @@ def block(rnd: random.Random, gpu: int, start: int) -> Callable[[random.Random],
     if roll < 0.20:
         return lambda r: GpuSample(state="free", **common)
     if roll < 0.30:
-        return lambda r: GpuSample(state="reserved", hold="lease", holder=user, reserved=True,
-                                   **common)
+        return lambda r: GpuSample(
+            state="reserved", hold="lease", holder=user, reserved=True, **common
+        )
     if roll < 0.40:
-        job = Party(user=user.user, account=user.account, job=str(start // BLOCK * 64 + gpu),
-                    slurm_account="lab")
+        job = Party(
+            user=user.user,
+            account=user.account,
+            job=str(start // BLOCK * 64 + gpu),
+            slurm_account="lab",
+        )
         return lambda r: _computing(r, "claimed", "slurm", job, True, (job,), common)
     if roll < 0.45:
         return lambda r: _computing(r, "shared", "lease", user, True, (user, other), common)
     return lambda r: _computing(r, "claimed", "lease", user, rnd.random() < 0.7, (user,), common)
 
 
-def _computing(r: random.Random, state: str, hold: str, holder: Party, reserved: bool,
-               parties: Tuple[Party, ...], common: Dict[str, Any]) -> GpuSample:
+def _computing(
+    r: random.Random,
+    state: str,
+    hold: str,
+    holder: Party,
+    reserved: bool,
+    parties: tuple[Party, ...],
+    common: dict[str, Any],
+) -> GpuSample:
     busy = r.choice((0, 12, 45, 60, 60))
-    present = tuple(Present(p, p == holder, (10_000 + n,), (f"{p.account}-job",))
-                    for n, p in enumerate(parties))
-    return GpuSample(state=state, hold=hold, holder=holder, reserved=reserved, present=present,
-                     readings=60, busy=busy, sm_mean=busy * 1.4, sm_max=min(100, busy * 2),
-                     mem_mean=busy * 0.5, mem_max=busy, fb_mean=30_000.0, fb_max=31_000.0,
-                     **common)
+    present = tuple(
+        Present(p, p == holder, (10_000 + n,), (f"{p.account}-job",))
+        for n, p in enumerate(parties)
+    )
+    return GpuSample(
+        state=state,
+        hold=hold,
+        holder=holder,
+        reserved=reserved,
+        present=present,
+        readings=60,
+        busy=busy,
+        sm_mean=busy * 1.4,
+        sm_max=min(100, busy * 2),
+        mem_mean=busy * 0.5,
+        mem_max=busy,
+        fb_mean=30_000.0,
+        fb_max=31_000.0,
+        **common,
+    )
 
 
-def fill(directory: str, gpus: int, days: int, end: int) -> Dict[str, Any]:
+def fill(directory: str, gpus: int, days: int, end: int) -> dict[str, Any]:
     """Write `days` of one-minute intervals for `gpus` GPUs, ending at `end`, into a fresh
     store in `directory`, as the store's writer writes them (tables.write_interval)."""
     path = os.path.join(directory, FILE)
@@ -75,7 +103,7 @@ def fill(directory: str, gpus: int, days: int, end: int) -> Dict[str, Any]:
     schema.migrate(db)
     keys, rnd = tables.Keys(), random.Random(gpus * 1000 + days)
     start = end - days * DAY
-    makers: List[Callable[[random.Random], GpuSample]] = []
+    makers: list[Callable[[random.Random], GpuSample]] = []
     began = time.monotonic()
     for at in range(start + MINUTE, end + 1, MINUTE):
         if (at - MINUTE - start) % BLOCK == 0:
@@ -86,22 +114,30 @@ def fill(directory: str, gpus: int, days: int, end: int) -> Dict[str, Any]:
     hourly = db.execute("SELECT COUNT(*) FROM hourly").fetchone()[0]
     daily = db.execute("SELECT COUNT(*) FROM daily").fetchone()[0]
     db.close()
-    size = sum(os.path.getsize(path + tail) for tail in ("", "-wal", "-shm")
-               if os.path.exists(path + tail))
+    size = sum(
+        os.path.getsize(path + tail)
+        for tail in ("", "-wal", "-shm")
+        if os.path.exists(path + tail)
+    )
     gpu_years = gpus * days / 365
-    return {"gpus": gpus, "days": days, "samples": rows, "hourly_rows": hourly,
-            "daily_rows": daily,
-            "write_s": round(time.monotonic() - began, 1),
-            "intervals_per_s": round(days * DAY / MINUTE / (time.monotonic() - began)),
-            "mib": round(size / 2**20, 1),
-            "mib_per_gpu_year": round(size / 2**20 / gpu_years, 1)}
+    return {
+        "gpus": gpus,
+        "days": days,
+        "samples": rows,
+        "hourly_rows": hourly,
+        "daily_rows": daily,
+        "write_s": round(time.monotonic() - began, 1),
+        "intervals_per_s": round(days * DAY / MINUTE / (time.monotonic() - began)),
+        "mib": round(size / 2**20, 1),
+        "mib_per_gpu_year": round(size / 2**20 / gpu_years, 1),
+    }
 
 
-def timed_reports(daemon: Daemon, spans: List[int], repeats: int) -> Dict[str, Any]:
+def timed_reports(daemon: Daemon, spans: list[int], repeats: int) -> dict[str, Any]:
     """Seconds a `GET /usage` takes, per range and grouping: the median and the slowest of
     `repeats` reads (each range an hour shorter than the one before: the daemon answers the
     same report asked again from memory, which `again_s` times)."""
-    found: Dict[str, Any] = {}
+    found: dict[str, Any] = {}
     for days in spans:
         for by in ("user", "day", "gpu", "job"):
             took = []
@@ -111,20 +147,23 @@ def timed_reports(daemon: Daemon, spans: List[int], repeats: int) -> Dict[str, A
                 took.append(time.monotonic() - began)
             began = time.monotonic()
             daemon.ok(f"/usage?since={days * 24 - repeats + 1}h&by={by}")
-            found[f"{days}d by {by}"] = {"median_s": round(statistics.median(took), 3),
-                                         "max_s": round(max(took), 3),
-                                         "again_s": round(time.monotonic() - began, 3)}
+            found[f"{days}d by {by}"] = {
+                "median_s": round(statistics.median(took), 3),
+                "max_s": round(max(took), 3),
+                "again_s": round(time.monotonic() - began, 3),
+            }
     return found
 
 
-def status_during_reports(daemon: Daemon, seconds: float, days: int,
-                          rounds: int = 3) -> Dict[str, Any]:
+def status_during_reports(
+    daemon: Daemon, seconds: float, days: int, rounds: int = 3
+) -> dict[str, Any]:
     """/status under wrk alone, then while one client asks for `days`-day reports back to
     back, `rounds` times in turn (a shared machine's load changes); the median throughput
     while reports run as a fraction of the median alone. Each report's range differs from the
     last by an hour, so that each is read, not answered from memory."""
-    alone: List[Dict[str, float]] = []
-    during: List[Dict[str, float]] = []
+    alone: list[dict[str, float]] = []
+    during: list[dict[str, float]] = []
     reports = 0
     for _ in range(rounds):
         alone.append(wrk(daemon.url + "/status", seconds))
@@ -134,6 +173,7 @@ def status_during_reports(daemon: Daemon, seconds: float, days: int,
             while not stop.is_set():
                 daemon.ok(f"/usage?since={days * 24 - done[0] % 720}h&by=user")
                 done[0] += 1
+
         thread = threading.Thread(target=reporting, daemon=True)
         thread.start()
         try:
@@ -143,28 +183,45 @@ def status_during_reports(daemon: Daemon, seconds: float, days: int,
             thread.join(60)
         reports += done[0]
 
-    def median(rows: List[Dict[str, float]]) -> Dict[str, float]:
-        return {key: statistics.median(row[key] for row in rows)
-                for key in ("requests_per_s", "p99_ms")}
+    def median(rows: list[dict[str, float]]) -> dict[str, float]:
+        return {
+            key: statistics.median(row[key] for row in rows)
+            for key in ("requests_per_s", "p99_ms")
+        }
+
     typical, busy = median(alone), median(during)
     rate = typical["requests_per_s"]
-    return {"alone": typical, "during": busy, "reports": reports, "rounds": rounds,
-            "ratio": round(busy["requests_per_s"] / rate, 3) if rate else None}
+    return {
+        "alone": typical,
+        "during": busy,
+        "reports": reports,
+        "rounds": rounds,
+        "ratio": round(busy["requests_per_s"] / rate, 3) if rate else None,
+    }
 
 
-def sampler_cost(gpus: int, intervals: int) -> Dict[str, Any]:
+def sampler_cost(gpus: int, intervals: int) -> dict[str, Any]:
     """CPU time of the usage history at `gpus` GPUs, each with a holder and two processes, per
     one-minute interval: tallying 60 dmon readings a GPU and taking the samples (the event
     loop's part), and writing them (the store's writer thread); all of it as a fraction of one
     core at the default one-minute interval."""
     config = Config()
     inventory = synthetic_inventory(gpus)
-    leases = LeaseManager(inventory, lease=config.lease, policy=policy_of(config),
-                          max_waiters=config.max_waiters,
-                          max_waiting_per_user=config.max_waiting_per_user, clock=time.monotonic)
+    leases = LeaseManager(
+        inventory,
+        lease=config.lease,
+        policy=policy_of(config),
+        max_waiters=config.max_waiters,
+        max_waiting_per_user=config.max_waiting_per_user,
+        clock=time.monotonic,
+    )
     for n, device in enumerate(inventory):
-        owner = Identity(user=f"user{n % 20}@lab.example", source="host",
-                         account=f"user{n % 20}", uid=2000 + n % 20)
+        owner = Identity(
+            user=f"user{n % 20}@lab.example",
+            source="host",
+            account=f"user{n % 20}",
+            uid=2000 + n % 20,
+        )
         leases.request(owner, {device.group: 1})
         for pid in (100_000 + 2 * n, 100_001 + 2 * n):
             leases.process_started(device.uuid, pid, owner, "python")
@@ -175,8 +232,11 @@ def sampler_cost(gpus: int, intervals: int) -> Dict[str, Any]:
     store.open()
     sampler = UsageSampler(inventory, leases, tally, store, float(MINUTE))
     sampler._last = time.monotonic() - MINUTE  # as if started a minute ago  # noqa: SLF001
-    readings = [Sample(d.uuid, {"sm": 40 + r % 50, "mem": 20, "fb": 30_000}, 0.0)
-                for r in range(MINUTE) for d in inventory]
+    readings = [
+        Sample(d.uuid, {"sm": 40 + r % 50, "mem": 20, "fb": 30_000}, 0.0)
+        for r in range(MINUTE)
+        for d in inventory
+    ]
     try:
         loop, total = 0.0, time.process_time()  # every thread's: the writer's too
         for _ in range(intervals):
@@ -192,24 +252,29 @@ def sampler_cost(gpus: int, intervals: int) -> Dict[str, Any]:
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     per_interval = (loop + writer) / intervals
-    return {"gpus": gpus, "intervals": intervals,
-            "loop_ms_per_interval": round(loop / intervals * 1000, 2),
-            "writer_ms_per_interval": round(writer / intervals * 1000, 2),
-            "core_fraction": round(per_interval / MINUTE, 5)}
+    return {
+        "gpus": gpus,
+        "intervals": intervals,
+        "loop_ms_per_interval": round(loop / intervals * 1000, 2),
+        "writer_ms_per_interval": round(writer / intervals * 1000, 2),
+        "core_fraction": round(per_interval / MINUTE, 5),
+    }
 
 
-def usage(ctx: Any) -> Dict[str, Any]:
+def usage(ctx: Any) -> dict[str, Any]:
     """The usage step of the benchmark."""
     days, big_days = (30, 3) if ctx.quick else (365, 365)
     end = int(time.time()) // MINUTE * MINUTE
-    results: Dict[str, Any] = {"fills": []}
+    results: dict[str, Any] = {"fills": []}
     for gpus, span in ((8, days), (64, big_days)):
         directory = tempfile.mkdtemp(prefix="pbench-usage")
         try:
             row = fill(directory, gpus, span, end)
             results["fills"].append(row)
-            ctx.log(f"usage: {span} days of {gpus} GPUs written in {row['write_s']} s, "
-                    f"{row['mib']} MiB ({row['mib_per_gpu_year']} MiB a GPU-year)")
+            ctx.log(
+                f"usage: {span} days of {gpus} GPUs written in {row['write_s']} s, "
+                f"{row['mib']} MiB ({row['mib_per_gpu_year']} MiB a GPU-year)"
+            )
             if gpus != 8:
                 continue
             daemon = Daemon(8, state_dir=directory).start()
@@ -219,9 +284,12 @@ def usage(ctx: Any) -> Dict[str, Any]:
                 ctx.log(f"usage: reports {results['reports']}")
                 if have_wrk():
                     results["status_during_reports"] = status_during_reports(
-                        daemon, ctx.wrk_seconds, span)
-                    ctx.log(f"usage: /status during reports at "
-                            f"{results['status_during_reports']['ratio']} of alone")
+                        daemon, ctx.wrk_seconds, span
+                    )
+                    ctx.log(
+                        f"usage: /status during reports at "
+                        f"{results['status_during_reports']['ratio']} of alone"
+                    )
                 else:
                     results["status_during_reports"] = {"skipped": "wrk is not installed"}
             finally:

@@ -1,4 +1,5 @@
 """`python -m patroller` starts the daemon."""
+
 from patroller.main import main
 
 raise SystemExit(main())

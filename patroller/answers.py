@@ -10,37 +10,62 @@ schema gives it. tests/test_fleet_answers.py checks these tables against openapi
 Pure and standard library only: the client side uses it too. The cost is bounded by the size of
 the answer, which the caller bounds (the daemon's --fleet-max-bytes).
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Tuple
+from typing import Any
 
-Kinds = Tuple[str, ...]  # JSON types, as the schema names them
+Kinds = tuple[str, ...]  # JSON types, as the schema names them
 
 # What the fleet views read of each object, and its JSON types (openapi.json's component, or
 # the part of one, in the comment).
-DEVICE: Dict[str, Kinds] = {  # DeviceInfo: one GPU of /devices
-    "number": ("integer",), "group": ("string",), "name": ("string", "null"),
-    "total_mem": ("string", "null"), "lost": ("boolean",)}
-STATISTICS: Dict[str, Kinds] = {  # DeviceStatus: one GPU of /status
-    "sm": ("number", "string", "null"), "fb": ("number", "string", "null"),
-    "fb_total": ("number", "string", "null"), "gtemp": ("number", "string", "null"),
-    "power": ("number", "string", "null"), "stale": ("boolean",), "claim": ("object",)}
-CLAIM: Dict[str, Kinds] = {  # Claim
-    "state": ("string",), "user": ("object", "null"), "users": ("array",),
-    "processes": ("array",), "process_detail": ("array",), "age": ("number",),
-    "expires": ("number", "null"), "held_for_pid": ("integer", "null"),
-    "processes_stale": ("boolean",), "withheld": ("string", "null"),
-    "set_aside_for": ("string", "null"), "idle_for": ("number", "null")}
-PROCESS: Dict[str, Kinds] = {  # Claim.process_detail's items
-    "pid": ("integer",), "command": ("string", "null"), "fb": ("number", "null"),
-    "trespass": ("boolean",)}
-IDENTITY: Dict[str, Kinds] = {  # Identity: Claim.user, and Claim.users' items
-    "user": ("string",), "email": ("string", "null"), "container": ("object", "null"),
-    "job": ("object", "null"), "pod": ("object", "null")}
-CONTAINER: Dict[str, Kinds] = {"name": ("string", "null")}  # Identity.container
-JOB: Dict[str, Kinds] = {"id": ("string",)}  # Identity.job
-POD: Dict[str, Kinds] = {"namespace": ("string",), "name": ("string",)}  # Identity.pod
+DEVICE: dict[str, Kinds] = {  # DeviceInfo: one GPU of /devices
+    "number": ("integer",),
+    "group": ("string",),
+    "name": ("string", "null"),
+    "total_mem": ("string", "null"),
+    "lost": ("boolean",),
+}
+STATISTICS: dict[str, Kinds] = {  # DeviceStatus: one GPU of /status
+    "sm": ("number", "string", "null"),
+    "fb": ("number", "string", "null"),
+    "fb_total": ("number", "string", "null"),
+    "gtemp": ("number", "string", "null"),
+    "power": ("number", "string", "null"),
+    "stale": ("boolean",),
+    "claim": ("object",),
+}
+CLAIM: dict[str, Kinds] = {  # Claim
+    "state": ("string",),
+    "user": ("object", "null"),
+    "users": ("array",),
+    "processes": ("array",),
+    "process_detail": ("array",),
+    "age": ("number",),
+    "expires": ("number", "null"),
+    "held_for_pid": ("integer", "null"),
+    "processes_stale": ("boolean",),
+    "withheld": ("string", "null"),
+    "set_aside_for": ("string", "null"),
+    "idle_for": ("number", "null"),
+}
+PROCESS: dict[str, Kinds] = {  # Claim.process_detail's items
+    "pid": ("integer",),
+    "command": ("string", "null"),
+    "fb": ("number", "null"),
+    "trespass": ("boolean",),
+}
+IDENTITY: dict[str, Kinds] = {  # Identity: Claim.user, and Claim.users' items
+    "user": ("string",),
+    "email": ("string", "null"),
+    "container": ("object", "null"),
+    "job": ("object", "null"),
+    "pod": ("object", "null"),
+}
+CONTAINER: dict[str, Kinds] = {"name": ("string", "null")}  # Identity.container
+JOB: dict[str, Kinds] = {"id": ("string",)}  # Identity.job
+POD: dict[str, Kinds] = {"namespace": ("string",), "name": ("string",)}  # Identity.pod
 REQUIRED = {"pid"}  # the views cannot do without these (the schema requires them too)
 STATES = ("free", "reserved", "allocated", "claimed", "shared", "lost")  # Claim.state's enum
 SHOWN = 64  # characters of a host's own text (a uuid, a state) quoted in a message at most
@@ -68,11 +93,12 @@ def check(status: Any, devices: Any, max_gpus: int) -> None:
             check_claim(entry["claim"], where + ": claim")
 
 
-def check_claim(claim: Dict[str, Any], where: str) -> None:
+def check_claim(claim: dict[str, Any], where: str) -> None:
     fields(claim, CLAIM, where)
     if "state" in claim and claim["state"] not in STATES:
-        raise BadAnswer(f"{where}.state is {quoted(claim['state'])}, not one of "
-                        + ", ".join(STATES))
+        raise BadAnswer(
+            f"{where}.state is {quoted(claim['state'])}, not one of " + ", ".join(STATES)
+        )
     if claim.get("user") is not None:
         identity(claim["user"], where + ".user")
     for n, user in enumerate(claim.get("users", ())):
@@ -84,15 +110,19 @@ def check_claim(claim: Dict[str, Any], where: str) -> None:
         fields(process, PROCESS, f"{where}.process_detail[{n}]")
 
 
-def free(info: Dict[str, Any], entry: Dict[str, Any], group: str = "gpu") -> bool:
+def free(info: dict[str, Any], entry: dict[str, Any], group: str = "gpu") -> bool:
     """Whether one could reserve a device there now: of `group`, not lost, free and not
     withheld, from its /devices `info` and its /status `entry` (as `check` passed them; a claim
     with no state counts as free, as the views show it). The one rule of every view of another
     daemon's answers: /fleet.json and /fleet, `patroller status --free`, and the holders that
     `patroller run --wait` names while it waits."""
     claim = entry.get("claim") or {}
-    return (info.get("group", "gpu") == group and not info.get("lost")
-            and claim.get("state", "free") == "free" and not claim.get("withheld"))
+    return (
+        info.get("group", "gpu") == group
+        and not info.get("lost")
+        and claim.get("state", "free") == "free"
+        and not claim.get("withheld")
+    )
 
 
 def identity(user: Any, where: str) -> None:
@@ -102,7 +132,7 @@ def identity(user: Any, where: str) -> None:
             fields(user[name], table, f"{where}.{name}")
 
 
-def fields(value: Any, table: Dict[str, Kinds], where: str) -> None:
+def fields(value: Any, table: dict[str, Kinds], where: str) -> None:
     """`value` is an object whose fields in `table` have its types (the required ones there)."""
     if not isinstance(value, dict):
         raise BadAnswer(f"{where} is {kind(value)}, not an object")
@@ -112,8 +142,10 @@ def fields(value: Any, table: Dict[str, Kinds], where: str) -> None:
                 raise BadAnswer(f"{where} has no {name}")
             continue
         if not any(is_kind(value[name], k) for k in kinds):
-            raise BadAnswer(f"{where}.{name} is {kind(value[name])}, not "
-                            + " or ".join(article(k) for k in kinds))
+            raise BadAnswer(
+                f"{where}.{name} is {kind(value[name])}, not "
+                + " or ".join(article(k) for k in kinds)
+            )
 
 
 def is_kind(value: Any, name: str) -> bool:
@@ -126,8 +158,11 @@ def is_kind(value: Any, name: str) -> bool:
     if name == "integer":
         return isinstance(value, int) and not isinstance(value, bool)
     if name == "number":
-        return (isinstance(value, (int, float)) and not isinstance(value, bool)
-                and math.isfinite(value))
+        return (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+        )
     return isinstance(value, {"string": str, "object": dict, "array": list}[name])
 
 
@@ -146,4 +181,4 @@ def article(name: str) -> str:
 def quoted(text: Any) -> str:
     """A host's text as a message quotes it: short, whatever the host sent."""
     shown = repr(text)
-    return shown if len(shown) <= SHOWN else shown[:SHOWN - 1] + "…"
+    return shown if len(shown) <= SHOWN else shown[: SHOWN - 1] + "…"

@@ -1,5 +1,6 @@
 """One Patroller daemon: `build` makes its services and the API over them; `Daemon` starts them
 in order and stops them in order, and does nothing else."""
+
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +9,8 @@ import os
 import socket
 import sys
 import time
-from typing import Any, List, Optional, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from patroller.config import Config, policy_of
 from patroller.config.trust import Untrusted
@@ -20,8 +22,14 @@ from patroller.heap import Heap
 from patroller.http.api import Api
 from patroller.http.fastlane import FastLane
 from patroller.http.routes import lane_headers, lane_routes, make_api
-from patroller.http.server import (PeerServer, SocketFile, SocketPathError, remove_unix_socket,
-                                   tcp_sockets, unix_socket)
+from patroller.http.server import (
+    PeerServer,
+    SocketFile,
+    SocketPathError,
+    remove_unix_socket,
+    tcp_sockets,
+    unix_socket,
+)
 from patroller.identify.callers import CallerIdentifier, SystemCallers, TestModeCallers
 from patroller.identify.containers import ContainerDirectory
 from patroller.identify.resolver import ProcessIdentifier, TestModeIdentifier
@@ -58,7 +66,6 @@ from patroller.state.usage.store import store_for
 log = logging.getLogger(__name__)
 
 
-
 class StartError(Exception):
     """The daemon cannot start; the message says why, in one line."""
 
@@ -70,10 +77,10 @@ class Daemon:
     def __init__(self, services: Services, api: Api) -> None:
         self.services = services
         self.api = api
-        self.server: Optional[PeerServer] = None
-        self.unix_file: Optional[SocketFile] = None  # what we bound there, removed at stop
+        self.server: PeerServer | None = None
+        self.unix_file: SocketFile | None = None  # what we bound there, removed at stop
         self.heap = Heap(services.config.gc_refreeze_every)
-        self._switch_interval: Optional[float] = None  # Python's, while the daemon's is set
+        self._switch_interval: float | None = None  # Python's, while the daemon's is set
 
     def start(self) -> None:
         """Open the audit record's file, the lease book and the pseudonyms' key (last run's
@@ -86,8 +93,9 @@ class Daemon:
         try:
             services.audit.open()
         except OSError as exc:
-            raise StartError(f"cannot open the audit log {services.config.audit_log}: "
-                             f"{exc.strerror or exc}") from None
+            raise StartError(
+                f"cannot open the audit log {services.config.audit_log}: {exc.strerror or exc}"
+            ) from None
         if services.book is not None:
             try:
                 services.book.open()
@@ -117,7 +125,7 @@ class Daemon:
             if services.usage.state != "read_only":
                 services.sampler.start()
         if services.health is not None:  # a GPU unhealthy from the start: told, its holder
-            services.health.start()     # (the book's) named
+            services.health.start()  # (the book's) named
         services.timer.start()
         services.lifelines.start()
         self.api.feed.start()
@@ -129,7 +137,7 @@ class Daemon:
         self._switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(services.config.gil_switch_interval)
 
-    def listen(self, port: int, address: str = "", unix_path: Optional[str] = None) -> List[str]:
+    def listen(self, port: int, address: str = "", unix_path: str | None = None) -> list[str]:
         """Bind and serve; return where, as URLs. Raises OSError if it cannot bind, StartError
         if another daemon serves on `unix_path` or that path is not a socket."""
         sockets = tcp_sockets(port, address)
@@ -146,11 +154,19 @@ class Daemon:
         api = self.api
         assert api.app is not None
         config = self.services.config
-        lane = FastLane(lane_routes(api), api.requests.count,
-                        hand_back_after=config.header_timeout / 2, headers=lane_headers(api))
-        self.server = PeerServer(api.app, lane, config=config,
-                                 read_facts=self.services.identifier.peer_facts,
-                                 requests=api.requests)
+        lane = FastLane(
+            lane_routes(api),
+            api.requests.count,
+            hand_back_after=config.header_timeout / 2,
+            headers=lane_headers(api),
+        )
+        self.server = PeerServer(
+            api.app,
+            lane,
+            config=config,
+            read_facts=self.services.identifier.peer_facts,
+            requests=api.requests,
+        )
         self.server.add_sockets(sockets)
         return [_url(s) for s in sockets]
 
@@ -187,23 +203,27 @@ class Daemon:
         await self._stop_monitors(grace / 2)
         if self.server is not None:
             try:
-                await asyncio.wait_for(self.server.close_all_connections(),
-                                       max(0.0, deadline - time.monotonic()))
+                await asyncio.wait_for(
+                    self.server.close_all_connections(), max(0.0, deadline - time.monotonic())
+                )
             except asyncio.TimeoutError:
                 log.warning("some connections did not close in time")
         # A request outlives its connection when its client half-closed: answered before
         # the engines' clients, the book and the audit record it may use are closed.
         late = await self.api.inflight.drain(deadline - time.monotonic())
         if late:
-            log.warning("%d requests were cut short by the stop (503, 499 if the client left)",
-                        late)
+            log.warning(
+                "%d requests were cut short by the stop (503, 499 if the client left)", late
+            )
         services.identifier.close()  # the container engines' clients, the Docker Engine's too
         if services.usage is not None:  # what is queued is written, within a bound
             await asyncio.get_running_loop().run_in_executor(
-                None, services.usage.close, max(0.1, deadline - time.monotonic()))
+                None, services.usage.close, max(0.1, deadline - time.monotonic())
+            )
         if services.notifier is not None:  # what is being sent meanwhile is given a moment
             await asyncio.get_running_loop().run_in_executor(
-                None, services.notifier.stop, max(0.1, deadline - time.monotonic()))
+                None, services.notifier.stop, max(0.1, deadline - time.monotonic())
+            )
         if services.book is not None:
             services.book.close()
         services.audit.close()
@@ -244,18 +264,37 @@ async def build(config: Config) -> Daemon:
         inventory = synthetic_inventory(config.test_devices)
         # Its statistics follow the leases (a held device looks busy), which assemble() makes;
         # with --test-processes, its processes follow the holders, and the statistics them.
-        processes = SyntheticProcesses(
-            inventory, lambda uuid: asking_holder(daemon.services.leases.holds[uuid]),
-            config.test_process_cycle, config.test_process_after,
-            MODELS["NVIDIA A100-SXM4-80GB"].busy_fb) if config.test_processes else None
-        synthetic = SyntheticMonitor(inventory, signals, config.test_interval,
-                                     held=lambda uuid: daemon.services.leases.state(uuid)
-                                     not in ("free", "lost"), processes=processes)
-        identifier = ProcessIdentifier(config) if processes is None else \
-            TestModeIdentifier(config, processes.owner)
-        daemon = assemble(config, inventory, signals, [synthetic] + schedulers(inventory, signals,
-                                                                            config),
-                          identifier, TestModeCallers(config))
+        processes = (
+            SyntheticProcesses(
+                inventory,
+                lambda uuid: asking_holder(daemon.services.leases.holds[uuid]),
+                config.test_process_cycle,
+                config.test_process_after,
+                MODELS["NVIDIA A100-SXM4-80GB"].busy_fb,
+            )
+            if config.test_processes
+            else None
+        )
+        synthetic = SyntheticMonitor(
+            inventory,
+            signals,
+            config.test_interval,
+            held=lambda uuid: daemon.services.leases.state(uuid) not in ("free", "lost"),
+            processes=processes,
+        )
+        identifier = (
+            ProcessIdentifier(config)
+            if processes is None
+            else TestModeIdentifier(config, processes.owner)
+        )
+        daemon = assemble(
+            config,
+            inventory,
+            signals,
+            [synthetic] + schedulers(inventory, signals, config),
+            identifier,
+            TestModeCallers(config),
+        )
         return daemon
     argv = command(config.nvidia_smi)
     try:
@@ -264,35 +303,55 @@ async def build(config: Config) -> Daemon:
         raise StartError(str(exc)) from None
     mig = MigUuids(argv, None, config)  # the MIG devices' uuids (nvidia-smi -L), if any
     inventory = Inventory(await mig.attach(devices_of(found)))
-    log.info("nvidia-smi: driver %s, %d GPU(s): %s", found.driver_version or "unknown",
-             len(inventory), ", ".join(f"{d.number}={d.name}" for d in inventory))
+    log.info(
+        "nvidia-smi: driver %s, %d GPU(s): %s",
+        found.driver_version or "unknown",
+        len(inventory),
+        ", ".join(f"{d.number}={d.name}" for d in inventory),
+    )
     directory = ContainerDirectory(config)
     identifier = ProcessIdentifier(config, directory)
     pmon = PmonMonitor(inventory, signals, argv, os.environ, config)
     # The cross-check reads the statistics, which the daemon assembled below holds.
-    unattributed = Unattributed(inventory, lambda uuid: daemon.services.stats.view(uuid), pmon,
-                                config.busy_mib)
-    monitors = [DmonMonitor(inventory, signals, argv, os.environ, config), pmon,
-                CrossCheck(inventory, signals, argv, os.environ, unattributed, config,
-                           unmeasured=pmon.figureless),
-                InventoryWatch(inventory, signals, argv, None, config, mig),
-                TopologyWatch(inventory, signals, argv, None, config),
-                SilenceWatch(inventory, signals, config.sample_interval,
-                             config.silent_intervals * config.sample_interval)]
+    unattributed = Unattributed(
+        inventory, lambda uuid: daemon.services.stats.view(uuid), pmon, config.busy_mib
+    )
+    monitors = [
+        DmonMonitor(inventory, signals, argv, os.environ, config),
+        pmon,
+        CrossCheck(
+            inventory, signals, argv, os.environ, unattributed, config, unmeasured=pmon.figureless
+        ),
+        InventoryWatch(inventory, signals, argv, None, config, mig),
+        TopologyWatch(inventory, signals, argv, None, config),
+        SilenceWatch(
+            inventory,
+            signals,
+            config.sample_interval,
+            config.silent_intervals * config.sample_interval,
+        ),
+    ]
     monitors += schedulers(inventory, signals, config)
     if config.kernel_log is not None:
         monitors.append(KernelLog(signals, config))
-    daemon = assemble(config, inventory, signals, monitors, identifier,
-                      SystemCallers(identifier, directory, config), directory)
+    daemon = assemble(
+        config,
+        inventory,
+        signals,
+        monitors,
+        identifier,
+        SystemCallers(identifier, directory, config),
+        directory,
+    )
     if daemon.services.health is not None:  # what discovery read, taken at start
         daemon.services.health.first = found.health
     return daemon
 
 
-def schedulers(inventory: Inventory, signals: Signals, config: Config) -> List[Monitor]:
+def schedulers(inventory: Inventory, signals: Signals, config: Config) -> list[Monitor]:
     """The watches of the schedulers' allocations the configuration asks for: Slurm's job map
     (--slurm-job-map) and the kubelet's pod-resources (--kubelet-socket), or none."""
-    watches: List[Monitor] = []
+    watches: list[Monitor] = []
     if config.slurm_job_map is not None:
         watches.append(JobMapWatch(inventory, signals, config))
     if config.kubelet_socket is not None:
@@ -300,37 +359,64 @@ def schedulers(inventory: Inventory, signals: Signals, config: Config) -> List[M
     return watches
 
 
-def assemble(config: Config, inventory: Inventory, signals: Signals, monitors: Sequence[Monitor],
-             identifier: ProcessIdentifier, callers: CallerIdentifier,
-             directory: Optional[ContainerDirectory] = None) -> Daemon:
+def assemble(
+    config: Config,
+    inventory: Inventory,
+    signals: Signals,
+    monitors: Sequence[Monitor],
+    identifier: ProcessIdentifier,
+    callers: CallerIdentifier,
+    directory: ContainerDirectory | None = None,
+) -> Daemon:
     """The daemon around these devices, monitors and identities: its services, connected, and
     the API over them. No I/O: `Daemon.start` opens the files."""
     interval = config.test_interval if config.test else config.sample_interval
-    leases = LeaseManager(inventory, lease=config.lease, policy=make_policy(config),
-                          max_waiters=config.max_waiters,
-                          max_waiting_per_user=config.max_waiting_per_user)
+    leases = LeaseManager(
+        inventory,
+        lease=config.lease,
+        policy=make_policy(config),
+        max_waiters=config.max_waiters,
+        max_waiting_per_user=config.max_waiting_per_user,
+    )
     leases.search = Search(config.topology_exact, config.topology_seeds, config.topology_near)
     usage = store_for(config)
     audit = AuditLog(config.audit_log, config.audit_keep, config.repeat_log_every)
     services = Services(
-        config=config, mode="test" if config.test else "gpu", started=time.monotonic(),
-        inventory=inventory, signals=signals, monitors=tuple(monitors), leases=leases,
-        stats=StatsStore(inventory, config.stale_intervals * interval, config.history_every,
-                         config.history_points, backlog=config.figures_backlog),
-        idle=IdleWatch(leases), identifier=identifier, callers=callers,
-        tracker=ProcessTracker(leases, identifier, config.owner_retry,
-                                config.engine_recheck),
-        timer=ExpiryTimer(leases), lifelines=Lifelines(leases, config),
+        config=config,
+        mode="test" if config.test else "gpu",
+        started=time.monotonic(),
+        inventory=inventory,
+        signals=signals,
+        monitors=tuple(monitors),
+        leases=leases,
+        stats=StatsStore(
+            inventory,
+            config.stale_intervals * interval,
+            config.history_every,
+            config.history_points,
+            backlog=config.figures_backlog,
+        ),
+        idle=IdleWatch(leases),
+        identifier=identifier,
+        callers=callers,
+        tracker=ProcessTracker(leases, identifier, config.owner_retry, config.engine_recheck),
+        timer=ExpiryTimer(leases),
+        lifelines=Lifelines(leases, config),
         audit=audit,
         book=LeaseBook(config.state_dir, config) if config.state_dir is not None else None,
         directory=directory,
         pseudonyms=Pseudonyms(config.state_dir, config.pseudonyms_remembered)
-        if config.hide_users else None,
-        usage=usage, sampler=UsageSampler(inventory, leases, Tally(inventory, config.usage_busy_sm),
-                                          usage, config.usage_interval)
-        if usage is not None else None,
+        if config.hide_users
+        else None,
+        usage=usage,
+        sampler=UsageSampler(
+            inventory, leases, Tally(inventory, config.usage_busy_sm), usage, config.usage_interval
+        )
+        if usage is not None
+        else None,
         notifier=Notifier(config, socket.gethostname(), audit, config.state_dir, leases),
-        health=HealthWatch(inventory, config))
+        health=HealthWatch(inventory, config),
+    )
     connect(services)
     return Daemon(services, make_api(services))
 
@@ -360,25 +446,30 @@ def connect(services: Services) -> None:
         if record.added or record.lost or record.renumbered:
             for monitor in services.monitors:
                 monitor.reconfigure()
+
     services.signals.inventory_changed.connect(devices_changed, weak=False)
 
     def topology_read(sender: Any, record: Topology) -> None:
         services.leases.topology = record  # which free devices go to whom, from now on
         services.leases.serve()
+
     services.signals.topology_read.connect(topology_read, weak=False)
 
     def device_silent(sender: Any, record: Silence) -> None:
         services.leases.withhold(record.uuid, record.why)
+
     services.signals.device_silent.connect(device_silent, weak=False)
 
     health = services.health
     if health is not None:  # an unhealthy device is withheld, and its health shown
         health.connect(services.signals)
         health.on_change = lambda uuid, now, by: services.leases.withhold(
-            uuid, now.reason, "health", now, by)
+            uuid, now.reason, "health", now, by
+        )
 
     def job_allocation(sender: Any, record: Allocated) -> None:
         services.leases.allocate(record.uuid, record.allocation, record.source)
+
     services.signals.job_allocation.connect(job_allocation, weak=False)
 
 

@@ -10,6 +10,7 @@ Standard library only: copy this one file into a container and `from client impo
     with Claim(1, server="gpuhost:8080") as devices:   # released when the block ends
         ...
 """
+
 from __future__ import annotations
 
 import http.client
@@ -20,11 +21,27 @@ import socket
 import threading
 import urllib.parse
 import warnings
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
-__all__ = ["claim", "reserve", "release", "release_all", "renew", "keep_alive", "status",
-           "devices", "queue", "get_json", "Claim", "KeepAlive", "PatrollerError",
-           "RequestRefused", "ServerUnreachable", "Busy", "HOLDS"]
+__all__ = [
+    "claim",
+    "reserve",
+    "release",
+    "release_all",
+    "renew",
+    "keep_alive",
+    "status",
+    "devices",
+    "queue",
+    "get_json",
+    "Claim",
+    "KeepAlive",
+    "PatrollerError",
+    "RequestRefused",
+    "ServerUnreachable",
+    "Busy",
+    "HOLDS",
+]
 
 DEFAULT_SERVER = "localhost"  # or the PATROLLER_SERVER environment variable
 DEFAULT_PORT = 8080  # the daemon's: a server named without a port (an http:// URL's is 80)
@@ -39,9 +56,9 @@ _SHORTEST_RENEWAL = 0.1  # seconds: keep_alive never asks more often than this
 
 # What this process reserved through this module and has not released, by server: what a
 # bare release() gives back (never another job's reservations of the same user).
-_reserved: Dict[Tuple[str, str, int], List[str]] = {}
+_reserved: dict[tuple[str, str, int], list[str]] = {}
 _reserved_lock = threading.Lock()
-_before_claim: Optional[Dict[str, Optional[str]]] = None  # CUDA's variables before claim()
+_before_claim: dict[str, str | None] | None = None  # CUDA's variables before claim()
 
 
 class PatrollerError(Exception):
@@ -56,7 +73,9 @@ class RequestRefused(PatrollerError):
     """The server refused the request (a bad request, an unknown group, ...)."""
 
     def __init__(self, status: int, body: Any) -> None:
-        super().__init__(f"{status}: {body.get('error', body) if isinstance(body, dict) else body}")
+        super().__init__(
+            f"{status}: {body.get('error', body) if isinstance(body, dict) else body}"
+        )
         self.status = status
         self.body = body
 
@@ -65,9 +84,14 @@ class Busy(PatrollerError):
     """The devices were not free (in time). Raised by `Claim`; `claim()` returns False."""
 
 
-def reserve(count: int = 1, server: Optional[str] = None, timeout: Optional[float] = 0,
-            resource: str = "gpu", hold: str = "process",
-            link: Optional[str] = None) -> Optional[List[Dict[str, Any]]]:
+def reserve(
+    count: int = 1,
+    server: str | None = None,
+    timeout: float | None = 0,
+    resource: str = "gpu",
+    hold: str = "process",
+    link: str | None = None,
+) -> list[dict[str, Any]] | None:
     """Reserve `count` devices of group `resource`; the granted devices, or None when busy.
 
     timeout=0 asks once (/request); a positive timeout waits that many seconds (/wait);
@@ -77,12 +101,13 @@ def reserve(count: int = 1, server: Optional[str] = None, timeout: Optional[floa
     (hold="2h") keeps them that long, whatever runs on them. link="nvlink" or "numa" insists on
     GPUs linked by NVLink, or in one NUMA node; without it, the best-connected are given."""
     _check_hold(hold)
-    params: Dict[str, Any] = {resource: count, "hold": hold, **({"link": link} if link else {})}
+    params: dict[str, Any] = {resource: count, "hold": hold, **({"link": link} if link else {})}
     if timeout not in (0, None):
         params["timeout"] = timeout
     http_timeout = None if timeout is None else float(timeout) + _SLACK
-    code, body = _call(server, "GET", "/request" if timeout == 0 else "/wait", params,
-                       http_timeout)
+    code, body = _call(
+        server, "GET", "/request" if timeout == 0 else "/wait", params, http_timeout
+    )
     if code == 200:
         with _reserved_lock:
             _reserved.setdefault(parse_server(server), []).extend(d["uuid"] for d in body)
@@ -98,8 +123,14 @@ def _check_hold(hold: str) -> None:
         raise ValueError(f"hold must be process, lease or a duration such as 2h, not {hold!r}")
 
 
-def claim(count: int = 1, server: Optional[str] = None, timeout: Optional[float] = 0,
-          resource: str = "gpu", hold: str = "process", link: Optional[str] = None) -> bool:
+def claim(
+    count: int = 1,
+    server: str | None = None,
+    timeout: float | None = 0,
+    resource: str = "gpu",
+    hold: str = "process",
+    link: str | None = None,
+) -> bool:
     """Reserve devices and point CUDA at them; True on success, False when busy or timed out.
 
     Sets CUDA_VISIBLE_DEVICES to the devices' nvidia-smi numbers and CUDA_DEVICE_ORDER to
@@ -115,13 +146,13 @@ def claim(count: int = 1, server: Optional[str] = None, timeout: Optional[float]
     return True
 
 
-def _put_back(saved: Dict[str, Optional[str]]) -> None:
+def _put_back(saved: dict[str, str | None]) -> None:
     """The CUDA variables as they were saved (unset if they were unset)."""
     for name, value in saved.items():
         os.environ.pop(name, None) if value is None else os.environ.update({name: value})
 
 
-def export(devices: List[Dict[str, Any]]) -> None:
+def export(devices: list[dict[str, Any]]) -> None:
     """Set the CUDA environment variables for granted GPUs."""
     numbers = [str(d["info"]["number"]) for d in devices if d.get("group") == "gpu"]
     if numbers:
@@ -129,8 +160,9 @@ def export(devices: List[Dict[str, Any]]) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(numbers)
 
 
-def release(server: Optional[str] = None, uuid: Optional[str] = None,
-            reason: Optional[str] = None) -> Dict[str, Any]:
+def release(
+    server: str | None = None, uuid: str | None = None, reason: str | None = None
+) -> dict[str, Any]:
     """Give back what this process reserved through this module (claim, reserve, Claim), or
     the device `uuid`; what the server released. The user's other reservations (another job's,
     a hold for a duration) stay: `release_all` gives back those too. The host's root may name
@@ -138,7 +170,7 @@ def release(server: Optional[str] = None, uuid: Optional[str] = None,
     key = parse_server(server)
     with _reserved_lock:
         uuids = [uuid] if uuid is not None else list(_reserved.get(key, []))
-    answer: Dict[str, Any] = {"released": [], "after_exit": []}
+    answer: dict[str, Any] = {"released": [], "after_exit": []}
     for one in uuids:
         params = {"uuid": one, **({"reason": reason} if reason else {})}
         body = _granted(server, "POST", "/release", params, _SLACK)
@@ -150,7 +182,7 @@ def release(server: Optional[str] = None, uuid: Optional[str] = None,
     return answer
 
 
-def release_all(server: Optional[str] = None, reason: Optional[str] = None) -> Dict[str, Any]:
+def release_all(server: str | None = None, reason: str | None = None) -> dict[str, Any]:
     """Give back every reservation of this caller's user, but those held for another process
     that still runs (a job's: `kept`, with why); what the server released and kept."""
     body = _granted(server, "POST", "/release", {"reason": reason} if reason else {}, _SLACK)
@@ -158,7 +190,7 @@ def release_all(server: Optional[str] = None, reason: Optional[str] = None) -> D
     return body
 
 
-def _forget(key: Tuple[str, str, int], uuids: List[str]) -> None:
+def _forget(key: tuple[str, str, int], uuids: list[str]) -> None:
     """What this process no longer holds; once it holds nothing, CUDA's are as before claim()."""
     global _before_claim
     with _reserved_lock:
@@ -168,8 +200,9 @@ def _forget(key: Tuple[str, str, int], uuids: List[str]) -> None:
             _before_claim = None
 
 
-def renew(server: Optional[str] = None, uuid: Optional[str] = None,
-          http_timeout: float = _SLACK) -> List[Dict[str, Any]]:
+def renew(
+    server: str | None = None, uuid: str | None = None, http_timeout: float = _SLACK
+) -> list[dict[str, Any]]:
     """Restart the lease of this caller's lease-held devices (all, or one); the renewed grants.
 
     Raises RequestRefused: 409 when the device is no longer the caller's (the lease ran out or
@@ -179,22 +212,22 @@ def renew(server: Optional[str] = None, uuid: Optional[str] = None,
     return _granted(server, "POST", "/renew", params, http_timeout)["renewed"]
 
 
-def status(server: Optional[str] = None) -> Dict[str, Any]:
+def status(server: str | None = None) -> dict[str, Any]:
     """GET /status: every device's statistics and claim, by uuid."""
     return get_json(server, "/status")
 
 
-def devices(server: Optional[str] = None) -> Dict[str, Any]:
+def devices(server: str | None = None) -> dict[str, Any]:
     """GET /devices: the inventory, by uuid, in device order."""
     return get_json(server, "/devices")
 
 
-def queue(server: Optional[str] = None) -> List[Dict[str, Any]]:
+def queue(server: str | None = None) -> list[dict[str, Any]]:
     """GET /queue: the waiting requests in arrival order."""
     return get_json(server, "/queue")
 
 
-def users(server: Optional[str] = None) -> Dict[str, Any]:
+def users(server: str | None = None) -> dict[str, Any]:
     """GET /users: per user, GPUs held, unused, used without asking, idle; the limit."""
     return get_json(server, "/users")
 
@@ -208,22 +241,21 @@ class KeepAlive:
     The thread never raises into the caller and never keeps the interpreter alive.
     """
 
-    def __init__(self, uuids: List[str], server: Optional[str], every: float) -> None:
+    def __init__(self, uuids: list[str], server: str | None, every: float) -> None:
         self.uuids = list(uuids)
         self.server = server
         self.every = every
-        self.lost: Dict[str, str] = {}
-        self.error: Optional[PatrollerError] = None
+        self.lost: dict[str, str] = {}
+        self.error: PatrollerError | None = None
         self.renewals = 0  # successful /renew answers, all devices together
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="patroller-keep-alive",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name="patroller-keep-alive", daemon=True)
 
-    def start(self) -> "KeepAlive":
+    def start(self) -> KeepAlive:
         self._thread.start()
         return self
 
-    def stop(self, timeout: Optional[float] = None) -> None:
+    def stop(self, timeout: float | None = None) -> None:
         """Stop renewing and wait for the thread (at most one renewal in flight)."""
         self._stopping.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
@@ -233,7 +265,7 @@ class KeepAlive:
     def running(self) -> bool:
         return self._thread.is_alive()
 
-    def __enter__(self) -> "KeepAlive":
+    def __enter__(self) -> KeepAlive:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -266,8 +298,9 @@ class KeepAlive:
                     self.error = None
 
 
-def keep_alive(granted: List[Dict[str, Any]], server: Optional[str] = None,
-               every: Optional[float] = None) -> KeepAlive:
+def keep_alive(
+    granted: list[dict[str, Any]], server: str | None = None, every: float | None = None
+) -> KeepAlive:
     """Renew the leases of `granted` (what reserve returned) every `every` seconds, from a
     daemon thread, until `.stop()`; started. By default `every` is a third of the shortest
     `expires` among the grants (the server's 10 s lease if none says), never under 0.1 s."""
@@ -287,21 +320,28 @@ class Claim:
     thread keeps the lease alive while the block runs.
     """
 
-    def __init__(self, count: int = 1, server: Optional[str] = None,
-                 timeout: Optional[float] = 0, resource: str = "gpu",
-                 hold: str = "process") -> None:
+    def __init__(
+        self,
+        count: int = 1,
+        server: str | None = None,
+        timeout: float | None = 0,
+        resource: str = "gpu",
+        hold: str = "process",
+    ) -> None:
         _check_hold(hold)
         self.count, self.server, self.timeout, self.resource = count, server, timeout, resource
         self.hold = hold
-        self.devices: List[Dict[str, Any]] = []
-        self.keeper: Optional[KeepAlive] = None
-        self._saved: Dict[str, Optional[str]] = {}
+        self.devices: list[dict[str, Any]] = []
+        self.keeper: KeepAlive | None = None
+        self._saved: dict[str, str | None] = {}
 
-    def __enter__(self) -> List[Dict[str, Any]]:
+    def __enter__(self) -> list[dict[str, Any]]:
         devices = reserve(self.count, self.server, self.timeout, self.resource, self.hold)
         if devices is None:
-            raise Busy(f"{self.count} {self.resource} not free"
-                       + (f" within {self.timeout} s" if self.timeout else ""))
+            raise Busy(
+                f"{self.count} {self.resource} not free"
+                + (f" within {self.timeout} s" if self.timeout else "")
+            )
         self.devices = devices
         if self.hold == "lease":
             self.keeper = keep_alive(devices, self.server)
@@ -323,12 +363,12 @@ class Claim:
         self.devices = []
 
 
-def parse_server(server: Optional[str]) -> Tuple[str, str, int]:
+def parse_server(server: str | None) -> tuple[str, str, int]:
     """(scheme, host, port) from 'host' (port DEFAULT_PORT), 'host:port', 'http://host[:port]'
     or 'https://...'; ('unix', path, 0) from 'unix:///path/to/socket'."""
     text = (server or os.environ.get("PATROLLER_SERVER") or DEFAULT_SERVER).strip()
     if text.startswith("unix://"):
-        path = text[len("unix://"):]
+        path = text[len("unix://") :]
         if not path.startswith("/"):
             raise ValueError(f"a unix socket address needs an absolute path: {server!r}")
         return "unix", path, 0
@@ -346,7 +386,7 @@ def parse_server(server: Optional[str]) -> Tuple[str, str, int]:
 class _UnixConnection(http.client.HTTPConnection):
     """HTTP over a unix socket: the server identifies the caller from the kernel's word."""
 
-    def __init__(self, path: str, timeout: Optional[float]) -> None:
+    def __init__(self, path: str, timeout: float | None) -> None:
         super().__init__("localhost", timeout=timeout)
         self.path = path
 
@@ -356,15 +396,26 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock.connect(self.path)
 
 
-def get_json(server: Optional[str], path: str, timeout: float = _SLACK, limit: int = 0,
-             post: Optional[Dict[str, Any]] = None) -> Any:
+def get_json(
+    server: str | None,
+    path: str,
+    timeout: float = _SLACK,
+    limit: int = 0,
+    post: dict[str, Any] | None = None,
+) -> Any:
     """GET `path` (/status, ...), or POST `post` to it: its JSON. RequestRefused when refused;
     ServerUnreachable when not answered within `timeout` s, nor JSON of `limit` bytes at most."""
     return _granted(server, "GET" if post is None else "POST", path, post or {}, timeout, limit)
 
 
-def _granted(server: Optional[str], method: str, path: str, params: Dict[str, Any],
-             timeout: Optional[float], limit: int = 0) -> Any:
+def _granted(
+    server: str | None,
+    method: str,
+    path: str,
+    params: dict[str, Any],
+    timeout: float | None,
+    limit: int = 0,
+) -> Any:
     """The answer to a call that must succeed; RequestRefused when the server refuses."""
     code, body = _call(server, method, path, params, timeout, limit)
     if code != 200:
@@ -372,12 +423,19 @@ def _granted(server: Optional[str], method: str, path: str, params: Dict[str, An
     return body
 
 
-def _call(server: Optional[str], method: str, path: str, params: Dict[str, Any],
-          timeout: Optional[float], limit: int = 0) -> Tuple[int, Any]:
+def _call(
+    server: str | None,
+    method: str,
+    path: str,
+    params: dict[str, Any],
+    timeout: float | None,
+    limit: int = 0,
+) -> tuple[int, Any]:
     scheme, host, port = parse_server(server)
     kind = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
-    connection = (_UnixConnection(host, timeout) if scheme == "unix"
-                  else kind(host, port, timeout=timeout))
+    connection = (
+        _UnixConnection(host, timeout) if scheme == "unix" else kind(host, port, timeout=timeout)
+    )
     form = urllib.parse.urlencode(params) if method == "POST" else None  # a POST's: its body
     target = path + ("?" + urllib.parse.urlencode(params) if params and form is None else "")
     headers = {"Accept": "application/json", "Content-Type": "application/x-www-form-urlencoded"}
@@ -395,6 +453,7 @@ def _call(server: Optional[str], method: str, path: str, params: Dict[str, Any],
     try:
         body = json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError):  # not JSON; or nested deeper than Python recurses
-        raise ServerUnreachable(f"{server or host} did not answer like Patroller "
-                                f"(HTTP {response.status})") from None
+        raise ServerUnreachable(
+            f"{server or host} did not answer like Patroller (HTTP {response.status})"
+        ) from None
     return response.status, body

@@ -7,10 +7,10 @@ command line's tables alike: the one place a duration is formatted in Python (th
 have theirs in patroller/http/web/common.js). Standard library
 only: the client side uses it too. Its messages name no flag; the caller says which value it was.
 """
+
 from __future__ import annotations
 
 import math
-from typing import List, Tuple
 
 UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 EXAMPLES = "90, 90s, 30m, 2h"
@@ -24,14 +24,13 @@ def parse(text: str, *, zero: bool = False) -> float:
     """
     given = text.strip().lower()
     unit = given[-1:] if given[-1:] in UNITS else ""
-    number = given[:len(given) - len(unit)].strip()
+    number = given[: len(given) - len(unit)].strip()
     try:
         if not number.isascii() or "_" in number:
             raise ValueError
         seconds = float(number) * UNITS[unit]
     except ValueError:
-        raise ValueError(f"is not a number of seconds or a duration such as {EXAMPLES}") \
-            from None
+        raise ValueError(f"is not a number of seconds or a duration such as {EXAMPLES}") from None
     if not math.isfinite(seconds) or seconds < 0:
         raise ValueError("must be zero or more seconds" if zero else "must be a positive duration")
     if seconds == 0 and not zero:
@@ -48,7 +47,7 @@ def describe(seconds: float, most: int = 4) -> str:
     if round(seconds, 1) < 10:
         return f"{round(max(seconds, 0.0), 1):g}s"
     left = int(round(seconds))
-    parts: List[Tuple[int, str]] = []
+    parts: list[tuple[int, str]] = []
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
         if parts or left >= size:
             parts.append((left // size, unit))
@@ -56,5 +55,6 @@ def describe(seconds: float, most: int = 4) -> str:
     parts = parts[:most]
     while len(parts) > 1 and parts[-1][0] == 0:
         parts.pop()
-    return "".join(f"{n}{unit}" if i == 0 else f"{n:02d}{unit}"
-                   for i, (n, unit) in enumerate(parts))
+    return "".join(
+        f"{n}{unit}" if i == 0 else f"{n:02d}{unit}" for i, (n, unit) in enumerate(parts)
+    )

@@ -12,13 +12,14 @@ itself: that one walked only what was made since the last, and what survived it 
 too. Every `Config.gc_refreeze_every` seconds everything is thawed, collected once (garbage
 among the frozen objects is freed then) and frozen again.
 """
+
 from __future__ import annotations
 
 import asyncio
 import gc
 import logging
 import time
-from typing import Any, Dict, Optional
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +32,9 @@ class Heap:
         self.every = every
         self.refreezes = 0  # thawed, collected and frozen again
         self.survivors_frozen = 0  # times the survivors of Python's own full collection were
-        self.last_pause: Optional[float] = None  # seconds the last refreeze took
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._timer: Optional[asyncio.TimerHandle] = None
+        self.last_pause: float | None = None  # seconds the last refreeze took
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
         self._freezing = False  # a freeze of survivors is on its way to the loop
 
     def start(self) -> None:
@@ -62,11 +63,14 @@ class Heap:
         gc.freeze()
         self.last_pause = time.perf_counter() - began
         self.refreezes += 1
-        log.debug("heap: %d objects frozen after a full collection of %.1f ms",
-                  gc.get_freeze_count(), self.last_pause * 1000)
+        log.debug(
+            "heap: %d objects frozen after a full collection of %.1f ms",
+            gc.get_freeze_count(),
+            self.last_pause * 1000,
+        )
         self._timer = self._loop.call_later(self.every, self.refreeze)
 
-    def _collected(self, phase: str, info: Dict[str, Any]) -> None:
+    def _collected(self, phase: str, info: dict[str, Any]) -> None:
         """After a full collection (in whichever thread made it), freeze its survivors on the
         loop: the next one walks only what is made after."""
         if phase == "stop" and info["generation"] == 2 and not self._freezing:

@@ -4,22 +4,22 @@ space), or a file with one or more a line and `#` comments.
 One reader for every such list: the command line's `--hosts` and `--hosts-file`, and the
 daemon's `--fleet` and `--fleet-file`. Standard library only: the client side uses it too.
 """
+
 from __future__ import annotations
 
 import urllib.parse
-from typing import List
 
 DEFAULT_PORT = 8080  # the daemon's (patroller/config/settings.py), and the client's
 
 
-def split(text: str) -> List[str]:
+def split(text: str) -> list[str]:
     """The hosts `text` names, separated by commas or white space: each once, in the order
     given."""
     words = [w.strip() for part in text.split(",") for w in part.split()]
     return list(dict.fromkeys(w for w in words if w))
 
 
-def read(path: str) -> List[str]:
+def read(path: str) -> list[str]:
     """The hosts a file names (what follows a `#` on a line is a comment). OSError if it cannot
     be read."""
     with open(path, encoding="utf-8") as f:
@@ -35,8 +35,13 @@ def base_url(host: str) -> str:
     parts = urllib.parse.urlsplit(text)
     if parts.scheme not in ("http", "https"):
         raise ValueError("is not host:port, nor an http:// or https:// address")
-    if not parts.hostname or parts.path not in ("", "/") or parts.query or parts.fragment \
-            or parts.username is not None:
+    if (
+        not parts.hostname
+        or parts.path not in ("", "/")
+        or parts.query
+        or parts.fragment
+        or parts.username is not None
+    ):
         raise ValueError("is not host:port")
     try:
         port = parts.port

@@ -6,6 +6,7 @@ doctor [flags]` checks what the daemon would meet here (doctor/); `patroller con
 shows each setting and where it came from (config/shown.py); `patroller --help`, `completion`
 and `manpage` are made from the whole command line (manual.py).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -15,7 +16,8 @@ import resource
 import signal
 import sys
 from collections import Counter
-from typing import TYPE_CHECKING, Callable, Dict, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 from patroller import __version__
 from patroller import cli
@@ -26,7 +28,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("patroller")
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+
+def main(argv: Sequence[str] | None = None) -> int:
     """A client command (`patroller run ...`), or the daemon: run until SIGINT or SIGTERM
     (SIGHUP logs the state). The daemon's exit: 0 stopped, 1 failed, 2 bad config."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -71,8 +74,11 @@ def daemon_main(argv: Sequence[str]) -> int:
         print(f"patroller: error: {exc}", file=sys.stderr)
         return 2
     handler = logging.StreamHandler()
-    handler.setFormatter(JournalFormatter() if under_journal() else logging.Formatter(
-        "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(
+        JournalFormatter()
+        if under_journal()
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
     logging.basicConfig(level=config.log_level.upper(), handlers=[handler])
     raise_file_limit()
     # Whatever the daemon or a library it uses makes is its own user's alone (each file it
@@ -80,8 +86,8 @@ def daemon_main(argv: Sequence[str]) -> int:
     os.umask(0o077)
     from patroller.app import StartError
 
-    def reread() -> Tuple["Config", Optional[str]]:  # SIGHUP: the same flags, the file again
-        origins: Dict[str, str] = {}
+    def reread() -> tuple[Config, str | None]:  # SIGHUP: the same flags, the file again
+        origins: dict[str, str] = {}
         return load(argv, origins=origins), origins.get("--config")
 
     try:
@@ -105,10 +111,10 @@ def raise_file_limit() -> None:
     log.info("descriptors: the limit is raised from %d to %d", soft, hard)
 
 
-Reread = Callable[[], Tuple["Config", Optional[str]]]  # the settings again, and the file's path
+Reread = Callable[[], tuple["Config", str | None]]  # the settings again, and the file's path
 
 
-async def serve(config: "Config", reread: Optional[Reread] = None) -> int:
+async def serve(config: Config, reread: Reread | None = None) -> int:
     """Build, start, listen, run until a stop signal, then stop in order. A stop signal that
     comes while the daemon is being built (discovery may take seconds, or hang) ends it at once:
     the nvidia-smi it waits for is killed. SIGHUP calls `reread` (by default: the same
@@ -139,23 +145,31 @@ async def serve(config: "Config", reread: Optional[Reread] = None) -> int:
         where = f"{config.address or 'all interfaces'} port {config.port}"
         if config.socket and exc.filename is None and "port" not in str(exc):
             where += f" or {config.socket}"
-        raise StartError(f"cannot listen on {where}: {exc.strerror or exc}; "
-                         "choose another --port, --address or --socket") from None
+        raise StartError(
+            f"cannot listen on {where}: {exc.strerror or exc}; "
+            "choose another --port, --address or --socket"
+        ) from None
     services = daemon.services
     # SIGHUP is the reload signal (systemctl reload): the configuration file and the per-user
     # limits file are read again, and one line says what the daemon holds; never the default
     # action, which would kill it.
-    reloads: Set["asyncio.Future[None]"] = set()  # held until done
+    reloads: set[asyncio.Future[None]] = set()  # held until done
     running = {"config": config}  # what the last reload applied
 
     def hangup() -> None:
         task = asyncio.ensure_future(reload(services, running, reread or (lambda: (config, None))))
         reloads.add(task)
         task.add_done_callback(reloads.discard)
+
     loop.add_signal_handler(signal.SIGHUP, hangup)
     mode = "test mode, synthetic devices" if config.test else "GPU host mode"
-    log.info("patroller %s serving %d devices (%s) on %s", __version__, len(services.inventory),
-             mode, ", ".join(urls))
+    log.info(
+        "patroller %s serving %d devices (%s) on %s",
+        __version__,
+        len(services.inventory),
+        mode,
+        ", ".join(urls),
+    )
     await stopping.wait()
     log.info("stopping")
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -180,8 +194,13 @@ class JournalFormatter(logging.Formatter):
     """Lines for the journal: its own time stamps, and the level as a syslog priority prefix
     (`<4>` for a warning), which journald reads; `journalctl -p warning` then filters."""
 
-    PRIORITIES = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3,
-                  logging.CRITICAL: 2}
+    PRIORITIES = {
+        logging.DEBUG: 7,
+        logging.INFO: 6,
+        logging.WARNING: 4,
+        logging.ERROR: 3,
+        logging.CRITICAL: 2,
+    }
 
     def format(self, record: logging.LogRecord) -> str:
         priority = self.PRIORITIES.get(record.levelno, 6)
@@ -191,7 +210,7 @@ class JournalFormatter(logging.Formatter):
         return "\n".join(f"<{priority}>{line}" for line in text.splitlines())
 
 
-async def reload(services: "Services", running: Dict[str, "Config"], reread: Reread) -> None:
+async def reload(services: Services, running: dict[str, Config], reread: Reread) -> None:
     """SIGHUP: the settings again (the configuration file read in the executor, never on the
     loop), then the policy from them and the limits file. What may change live does (the policy,
     the log level); a setting changed that takes a restart is named in one warning; a file that
@@ -207,8 +226,11 @@ async def reload(services: "Services", running: Dict[str, "Config"], reread: Rer
         return
     config, restart = live.applied(running["config"], read)
     if restart:
-        log.warning("SIGHUP: %s changed in %s: restart to apply", ", ".join(restart),
-                    path or "the settings read again (no configuration file now)")
+        log.warning(
+            "SIGHUP: %s changed in %s: restart to apply",
+            ", ".join(restart),
+            path or "the settings read again (no configuration file now)",
+        )
     try:
         services.leases.policy = await loop.run_in_executor(None, make_policy, config)
     except StartError as exc:
@@ -217,15 +239,23 @@ async def reload(services: "Services", running: Dict[str, "Config"], reread: Rer
     running["config"] = config
     logging.getLogger().setLevel(config.log_level.upper())
     limits = services.leases.policy.limits
-    log.info("SIGHUP: limits read again (%d per-user limit(s)%s); %s", len(limits),
-             f" from {config.limits_file}" if config.limits_file else "", summary(services))
+    log.info(
+        "SIGHUP: limits read again (%d per-user limit(s)%s); %s",
+        len(limits),
+        f" from {config.limits_file}" if config.limits_file else "",
+        summary(services),
+    )
 
 
-def summary(services: "Services") -> str:
+def summary(services: Services) -> str:
     """One line on what the daemon holds: devices by state, and requests waiting."""
     states = Counter(services.leases.state(device.uuid) for device in services.inventory)
-    held = ", ".join(f"{states[state]} {state}"
-                     for state in ("reserved", "allocated", "claimed", "shared", "free")
-                     if state != "allocated" or states[state])
-    return (f"{len(services.inventory)} devices: {held}; "
-            f"{len(services.leases.waiters)} requests waiting, still serving")
+    held = ", ".join(
+        f"{states[state]} {state}"
+        for state in ("reserved", "allocated", "claimed", "shared", "free")
+        if state != "allocated" or states[state]
+    )
+    return (
+        f"{len(services.inventory)} devices: {held}; "
+        f"{len(services.leases.waiters)} requests waiting, still serving"
+    )

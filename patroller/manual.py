@@ -7,11 +7,12 @@ keep their own parser; here they are put together, so that what is completed and
 is what each command takes, and nothing is written twice. shtab and argparse-manpage are
 imported only by the command that needs them.
 """
+
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from patroller import __version__
 from patroller.cli.commands import build_parser
@@ -19,12 +20,16 @@ from patroller.config.flags import daemon_parser
 
 SHELLS = ("bash", "zsh", "fish")
 COMMANDS = ("completion", "manpage")  # the commands this module runs
-DESCRIPTION = ("Know which user is on which GPU of a shared NVIDIA host, and hand out free "
-               "GPUs fairly. With flags and no command, `patroller` runs the daemon; each "
-               "command has its own --help.")
-EPILOG = ("Every flag of the daemon falls back to the environment variable named in its help. "
-          "Shell completion: patroller completion bash|zsh|fish; the manual page: patroller "
-          "manpage (docs/command-line.md says where each goes).")
+DESCRIPTION = (
+    "Know which user is on which GPU of a shared NVIDIA host, and hand out free "
+    "GPUs fairly. With flags and no command, `patroller` runs the daemon; each "
+    "command has its own --help."
+)
+EPILOG = (
+    "Every flag of the daemon falls back to the environment variable named in its help. "
+    "Shell completion: patroller completion bash|zsh|fish; the manual page: patroller "
+    "manpage (docs/command-line.md says where each goes)."
+)
 # Where each shell looks for a command's completion, system-wide (docs/command-line.md).
 INSTALL = {
     "bash": "/usr/share/bash-completion/completions/patroller",
@@ -36,20 +41,24 @@ MAN_PAGE = "/usr/local/share/man/man1/patroller.1"
 
 def completion_parser() -> argparse.ArgumentParser:
     made = argparse.ArgumentParser(
-        prog="patroller completion", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="patroller completion",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Print the completion of every command and flag of patroller for a shell.",
-        epilog="Install it where the shell looks (as root; a new shell then completes):\n" +
-        "\n".join(f"  patroller completion {shell} > {path}" for shell, path in INSTALL.items()))
+        epilog="Install it where the shell looks (as root; a new shell then completes):\n"
+        + "\n".join(f"  patroller completion {shell} > {path}" for shell, path in INSTALL.items()),
+    )
     made.add_argument("shell", choices=SHELLS, help="the shell: " + ", ".join(SHELLS))
     return made
 
 
 def manpage_parser() -> argparse.ArgumentParser:
     return argparse.ArgumentParser(
-        prog="patroller manpage", description="Print the manual page patroller(1), in roff.",
+        prog="patroller manpage",
+        description="Print the manual page patroller(1), in roff.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"Install it (as root), then read it with man patroller:\n"
-        f"  patroller manpage > {MAN_PAGE}")
+        f"  patroller manpage > {MAN_PAGE}",
+    )
 
 
 def doctor_parser() -> argparse.ArgumentParser:
@@ -59,8 +68,10 @@ def doctor_parser() -> argparse.ArgumentParser:
         from patroller.doctor.command import parser
     except ImportError as exc:
         return argparse.ArgumentParser(
-            prog="patroller doctor", description="Check what the daemon would meet on this "
-            f"host. Not here: it needs the daemon's packages ({exc.name or exc} is missing).")
+            prog="patroller doctor",
+            description="Check what the daemon would meet on this "
+            f"host. Not here: it needs the daemon's packages ({exc.name or exc} is missing).",
+        )
     return parser()
 
 
@@ -69,9 +80,13 @@ def config_parser() -> argparse.ArgumentParser:
     from patroller.config.shown import parser
 
     own = parser()
-    return argparse.ArgumentParser(prog=own.prog, parents=[daemon_parser(), own],
-                                   conflict_handler="resolve", description=own.description,
-                                   epilog=own.epilog)
+    return argparse.ArgumentParser(
+        prog=own.prog,
+        parents=[daemon_parser(), own],
+        conflict_handler="resolve",
+        description=own.description,
+        epilog=own.epilog,
+    )
 
 
 def whole_parser() -> argparse.ArgumentParser:
@@ -79,13 +94,19 @@ def whole_parser() -> argparse.ArgumentParser:
     manpage) included, each with its own flags."""
     top = daemon_parser()
     top.description, top.epilog = DESCRIPTION, EPILOG
-    return build_parser(top, [
-        ("doctor", "check what the daemon would meet on this host", doctor_parser()),
-        ("config", "every setting the daemon would run with, and where it came from",
-         config_parser()),
-        ("completion", "print the shell completion (bash, zsh, fish)", completion_parser()),
-        ("manpage", "print the manual page patroller(1)", manpage_parser()),
-    ])
+    return build_parser(
+        top,
+        [
+            ("doctor", "check what the daemon would meet on this host", doctor_parser()),
+            (
+                "config",
+                "every setting the daemon would run with, and where it came from",
+                config_parser(),
+            ),
+            ("completion", "print the shell completion (bash, zsh, fish)", completion_parser()),
+            ("manpage", "print the manual page patroller(1)", manpage_parser()),
+        ],
+    )
 
 
 def full_help() -> str:
@@ -120,13 +141,16 @@ def main(argv: Sequence[str]) -> int:
         options = made.parse_args(rest)
     except SystemExit as exit_:  # --help (0) or a usage error (2)
         return int(exit_.code or 0)
-    shell: Optional[str] = getattr(options, "shell", None)
+    shell: str | None = getattr(options, "shell", None)
     try:
         text = completion(shell) if shell is not None else manpage()
     except ImportError as exc:
-        print(f"patroller {name}: {exc.name or exc} is not installed: pip install "
-              f"{'shtab' if shell else 'argparse-manpage'} (both come with patroller's "
-              "own requirements)", file=sys.stderr)
+        print(
+            f"patroller {name}: {exc.name or exc} is not installed: pip install "
+            f"{'shtab' if shell else 'argparse-manpage'} (both come with patroller's "
+            "own requirements)",
+            file=sys.stderr,
+        )
         return 69
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
     return 0

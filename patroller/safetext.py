@@ -22,17 +22,18 @@ Standard library only: the command line imports it where only the client is inst
 daemon's log has a rule of its own (core/text.py): it escapes such characters as Python does, so
 that whoever reads the log sees which bytes came.
 """
+
 from __future__ import annotations
 
 import csv
 import json
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal
 
 # C0 and C1 control characters and DEL: each is shown as "?".
-CONTROLS = dict.fromkeys([*range(0x20), *range(0x7f, 0xa0)], "?")
+CONTROLS = dict.fromkeys([*range(0x20), *range(0x7F, 0xA0)], "?")
 # How a cell that a spreadsheet would take for a formula begins (OWASP, "CSV Injection").
 FORMULA = ("=", "+", "-", "@", "\t", "\r")
-CSV_QUOTING: "Literal[2]" = csv.QUOTE_NONNUMERIC  # every text cell in double quotes; figures bare
+CSV_QUOTING: Literal[2] = csv.QUOTE_NONNUMERIC  # every text cell in double quotes; figures bare
 
 
 def printable(text: str) -> str:
@@ -40,7 +41,7 @@ def printable(text: str) -> str:
     return text.translate(CONTROLS)
 
 
-def csv_cell(value: Any) -> Union[str, int, float, None]:
+def csv_cell(value: Any) -> str | int | float | None:
     """A cell of a CSV a command writes: a figure as it is; text printable, with a single quote
     before it when it begins as a formula does."""
     if value is None or isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -49,7 +50,7 @@ def csv_cell(value: Any) -> Union[str, int, float, None]:
     return ("'" if text.startswith(FORMULA) else "") + printable(text)
 
 
-def json_text(data: Any, indent: Optional[int] = None) -> str:
+def json_text(data: Any, indent: int | None = None) -> str:
     """`data` as JSON, exact, with no control character raw: ensure_ascii escapes C0, DEL and
     C1 alike (and the rest of Unicode, which a JSON reader takes back the same)."""
     separators = (",", ":") if indent is None else None

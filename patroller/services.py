@@ -10,10 +10,10 @@ Owns: the record of the daemon's parts, typed.
 May import: `patroller.notify`, `patroller.state`, `patroller.identify`, `patroller.observe`, `patroller.config`,
 `patroller.core`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
 
 from patroller.config import Config
 from patroller.core.devices import Inventory
@@ -46,7 +46,7 @@ class Services:
     started: float  # monotonic time the daemon was built: its uptime counts from here
     inventory: Inventory
     signals: Signals  # what the monitors emit, and the others connect to
-    monitors: Tuple[Monitor, ...]
+    monitors: tuple[Monitor, ...]
     leases: LeaseManager
     stats: StatsStore
     idle: IdleWatch
@@ -56,32 +56,48 @@ class Services:
     timer: ExpiryTimer  # leases expire on time
     lifelines: Lifelines  # devices held for a process are freed when it ends
     audit: AuditLog
-    book: Optional[LeaseBook]  # None: no --state-dir, reservations do not survive a restart
-    directory: Optional[ContainerDirectory]  # the Docker Engine's labels; None in test mode
-    pseudonyms: Optional[Pseudonyms] = None  # others' names hidden (--hide-users); else None
-    usage: Optional[UsageStore] = None  # the usage history on disk; None: --usage none, or no
+    book: LeaseBook | None  # None: no --state-dir, reservations do not survive a restart
+    directory: ContainerDirectory | None  # the Docker Engine's labels; None in test mode
+    pseudonyms: Pseudonyms | None = None  # others' names hidden (--hide-users); else None
+    usage: UsageStore | None = None  # the usage history on disk; None: --usage none, or no
     # state directory
-    sampler: Optional[UsageSampler] = None  # its samples, every --usage-interval
-    notifier: Optional[Notifier] = None  # tells the admin (--notify) and the users concerned
-    health: Optional[HealthWatch] = None  # each GPU's health: -q -x's readings, the Xids
+    sampler: UsageSampler | None = None  # its samples, every --usage-interval
+    notifier: Notifier | None = None  # tells the admin (--notify) and the users concerned
+    health: HealthWatch | None = None  # each GPU's health: -q -x's readings, the Xids
 
-    def troubles(self) -> List[Tuple[str, str, str]]:
+    def troubles(self) -> list[tuple[str, str, str]]:
         """The daemon's own trouble now, for the admin's `daemon` notices: (a key, what is
         wrong, what to do), one for each part that fails."""
         found = []
         book = self.book
         if book is not None and book.refusal() is not None:
-            found.append(("lease-book", f"the lease book {book.path} cannot be written: no GPU "
-                          "is granted until it can", "Free room under the state directory, or "
-                          "look at the daemon's log for why (journalctl -u patroller)."))
+            found.append(
+                (
+                    "lease-book",
+                    f"the lease book {book.path} cannot be written: no GPU "
+                    "is granted until it can",
+                    "Free room under the state directory, or "
+                    "look at the daemon's log for why (journalctl -u patroller).",
+                )
+            )
         usage = self.usage
         if usage is not None and usage.state == "failing":
-            found.append(("usage-store", f"the usage store cannot be written ({usage.why}): "
-                          "intervals wait in memory, and the oldest are lost once it is full",
-                          "Free room under the state directory, or look at the daemon's log."))
+            found.append(
+                (
+                    "usage-store",
+                    f"the usage store cannot be written ({usage.why}): "
+                    "intervals wait in memory, and the oldest are lost once it is full",
+                    "Free room under the state directory, or look at the daemon's log.",
+                )
+            )
         for monitor in self.monitors:
             if monitor.metrics().state == FAILING:
-                found.append((f"monitor-{monitor.name}", f"{monitor.name} is failing: what it "
-                              "watches is not seen", "Run `patroller doctor` on the host, and "
-                              "look at the daemon's log for how its command ends."))
+                found.append(
+                    (
+                        f"monitor-{monitor.name}",
+                        f"{monitor.name} is failing: what it watches is not seen",
+                        "Run `patroller doctor` on the host, and "
+                        "look at the daemon's log for how its command ends.",
+                    )
+                )
         return found

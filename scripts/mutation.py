@@ -29,6 +29,7 @@ one the run did not reach (stopped early) is untested, and counted apart: every 
 printed beside the counts of the mutants tested and untested, by package (or module) and for
 the whole of SCOPE.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,7 +45,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
-from typing import Dict, List, Sequence, Tuple
+from collections.abc import Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs", "development.md")
@@ -54,12 +55,31 @@ MUTANTS = os.path.join(ROOT, "mutants")
 SAMPLE = os.path.join(ROOT, "scripts", "mutation-sample.json")
 # the packages the score is told by: each folder (a module of observe/ and http/ counts in its
 # package, a subpackage on its own line)
-PACKAGES = ("", "config", "core", "core/leases", "identify", "observe", "state", "state/usage",
-            "http", "doctor")
+PACKAGES = (
+    "",
+    "config",
+    "core",
+    "core/leases",
+    "identify",
+    "observe",
+    "state",
+    "state/usage",
+    "http",
+    "doctor",
+)
 # mutmut's exit codes, by what they mean for the score
-CAUGHT = {1: "killed", 3: "killed", -24: "timeout", 24: "timeout", 36: "timeout",
-          152: "timeout", 255: "timeout", -9: "killed by a signal", -11: "killed by a signal",
-          37: "killed"}
+CAUGHT = {
+    1: "killed",
+    3: "killed",
+    -24: "timeout",
+    24: "timeout",
+    36: "timeout",
+    152: "timeout",
+    255: "timeout",
+    -9: "killed by a signal",
+    -11: "killed by a signal",
+    37: "killed",
+}
 MISSED = {0: "survived", 5: "no tests", 33: "no tests", 35: "suspicious"}
 # not tested: not reached yet (None), or stopped by the user (2)
 UNTESTED = {None, 2}
@@ -71,25 +91,29 @@ def config() -> dict:
         return tomllib.load(f)["tool"]["mutmut"]
 
 
-def scope_files(settings: dict) -> List[str]:
+def scope_files(settings: dict) -> list[str]:
     """The files of the scope (paths from the root), each matched by one of only_mutate."""
     found = []
     for pattern in settings["only_mutate"]:
-        matched = sorted(path for path in glob.glob(os.path.join(ROOT, "patroller", "**", "*.py"),
-                                                    recursive=True)
-                         if fnmatch.fnmatch(os.path.relpath(path, ROOT), pattern))
+        matched = sorted(
+            path
+            for path in glob.glob(os.path.join(ROOT, "patroller", "**", "*.py"), recursive=True)
+            if fnmatch.fnmatch(os.path.relpath(path, ROOT), pattern)
+        )
         if not matched:
-            raise SystemExit(f"pyproject.toml [tool.mutmut] only_mutate: {pattern} matches no file")
+            raise SystemExit(
+                f"pyproject.toml [tool.mutmut] only_mutate: {pattern} matches no file"
+            )
         found += [os.path.relpath(path, ROOT) for path in matched]
     return found
 
 
 def module_of(path: str) -> str:
     """patroller/core/leases/holds.py -> patroller.core.leases.holds"""
-    return path[:-len(".py")].replace(os.sep, ".").removesuffix(".__init__")
+    return path[: -len(".py")].replace(os.sep, ".").removesuffix(".__init__")
 
 
-def patterns_for(scopes: Sequence[str], settings: dict) -> List[str]:
+def patterns_for(scopes: Sequence[str], settings: dict) -> list[str]:
     """mutmut's mutant-name patterns for `scopes` (paths under patroller/), refusing one that
     is not in the scope."""
     files = scope_files(settings)
@@ -98,13 +122,15 @@ def patterns_for(scopes: Sequence[str], settings: dict) -> List[str]:
         path = os.path.normpath(os.path.join("patroller", scope))
         inside = [f for f in files if f == path or f.startswith(path + os.sep)]
         if not inside:
-            raise SystemExit(f"{scope}: not in the mutation scope (pyproject.toml [tool.mutmut] "
-                             f"only_mutate: {', '.join(settings['only_mutate'])})")
+            raise SystemExit(
+                f"{scope}: not in the mutation scope (pyproject.toml [tool.mutmut] "
+                f"only_mutate: {', '.join(settings['only_mutate'])})"
+            )
         patterns += [module_of(f) + ".*" for f in inside if not f.endswith("__init__.py")]
     return patterns
 
 
-def equivalents(path: str = DOCS) -> Dict[str, str]:
+def equivalents(path: str = DOCS) -> dict[str, str]:
     """The equivalent mutants docs/development.md sets aside: name -> why."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
@@ -115,13 +141,13 @@ def equivalents(path: str = DOCS) -> Dict[str, str]:
     return dict(re.findall(r"^\| `([^`]+__mutmut_\d+)` \| (.+?) \|$", body, re.M))
 
 
-def results() -> Dict[str, Tuple[str, object]]:
+def results() -> dict[str, tuple[str, object]]:
     """Every mutant of the last run: name -> (its file, mutmut's exit code for it)."""
     found = {}
     for meta in glob.glob(os.path.join(MUTANTS, "patroller", "**", "*.py.meta"), recursive=True):
         with open(meta, encoding="utf-8") as f:
             data = json.load(f)
-        source = os.path.relpath(meta, MUTANTS)[:-len(".meta")]
+        source = os.path.relpath(meta, MUTANTS)[: -len(".meta")]
         for name, code in data["exit_code_by_key"].items():
             found[name] = (source, code)
     return found
@@ -133,7 +159,7 @@ def package_of(path: str) -> str:
     return os.path.dirname(path).partition(os.sep)[2]
 
 
-def in_scopes(scopes: Sequence[str], settings: dict) -> List[str]:
+def in_scopes(scopes: Sequence[str], settings: dict) -> list[str]:
     """The files of the scope under `scopes` (paths under patroller/; none: all of them)."""
     files = scope_files(settings)
     if not scopes:
@@ -148,8 +174,8 @@ def score(scopes: Sequence[str], settings: dict, by_module: bool = False) -> int
     the sample's estimate of the whole scope."""
     wanted = set(in_scopes(scopes, settings))
     set_aside = equivalents()
-    rows: Dict[str, Dict[str, int]] = {}
-    missed: List[Tuple[str, str]] = []
+    rows: dict[str, dict[str, int]] = {}
+    missed: list[tuple[str, str]] = []
     found = results()
     columns = ("mutants", "tested", "untested", "equivalent", "caught", "missed")
     total = dict.fromkeys(columns, 0)
@@ -170,8 +196,10 @@ def score(scopes: Sequence[str], settings: dict, by_module: bool = False) -> int
         if code not in UNTESTED and code not in CAUGHT and name not in set_aside:
             missed.append((name, MISSED.get(code, f"exit {code}")))
     width = max([len(shown(key, by_module)) for key in rows] + [12])
-    print(f"{'package' if not by_module else 'module':<{width}} {'mutants':>8} {'tested':>7} "
-          f"{'untested':>9} {'equivalent':>11} {'caught':>7} {'missed':>7}  score of the tested")
+    print(
+        f"{'package' if not by_module else 'module':<{width}} {'mutants':>8} {'tested':>7} "
+        f"{'untested':>9} {'equivalent':>11} {'caught':>7} {'missed':>7}  score of the tested"
+    )
     order = (lambda key: key) if by_module else (lambda key: ((PACKAGES + (key,)).index(key), key))
     for key in sorted(rows, key=order):
         print(line(shown(key, by_module), rows[key], width))
@@ -193,17 +221,19 @@ def shown(key: str, by_module: bool) -> str:
     return key if by_module else (key or "patroller") + "/"
 
 
-def line(name: str, row: Dict[str, int], width: int) -> str:
+def line(name: str, row: dict[str, int], width: int) -> str:
     """One row of the score: the counts, and the score of the mutants tested, never without
     the count of those that were not."""
     judged = row["caught"] + row["missed"]
     percent = f"{100.0 * row['caught'] / judged:.1f}%" if judged else "-"
-    return (f"{name:<{width}} {row['mutants']:>8} {row['tested']:>7} {row['untested']:>9} "
-            f"{row['equivalent']:>11} {row['caught']:>7} {row['missed']:>7}  {percent:>6} "
-            f"({row['untested']} untested)")
+    return (
+        f"{name:<{width}} {row['mutants']:>8} {row['tested']:>7} {row['untested']:>9} "
+        f"{row['equivalent']:>11} {row['caught']:>7} {row['missed']:>7}  {percent:>6} "
+        f"({row['untested']} untested)"
+    )
 
 
-def read_sample(path: str | None = None) -> Dict[str, object] | None:
+def read_sample(path: str | None = None) -> dict[str, object] | None:
     """The sample's record (None: no sample drawn)."""
     try:
         with open(path or SAMPLE, encoding="utf-8") as f:
@@ -212,20 +242,25 @@ def read_sample(path: str | None = None) -> Dict[str, object] | None:
         return None
 
 
-def write_sample(record: Dict[str, object], path: str | None = None) -> None:
+def write_sample(record: dict[str, object], path: str | None = None) -> None:
     with open(path or SAMPLE, "w", encoding="utf-8") as f:
         json.dump(record, f, indent=1, sort_keys=True)
         f.write("\n")
 
 
-def population(scopes: Sequence[str], settings: dict, found: Dict[str, Tuple[str, object]],
-               aside: Sequence[str]) -> List[str]:
+def population(
+    scopes: Sequence[str],
+    settings: dict,
+    found: dict[str, tuple[str, object]],
+    aside: Sequence[str],
+) -> list[str]:
     """Every mutant of `scopes` (all of the scope when none), whatever the runs did with it,
     less the equivalent ones `aside`: what a sample is drawn from."""
     wanted = set(in_scopes(scopes, settings))
     left_out = set(aside)
-    return sorted(name for name, (path, code) in found.items()
-                  if path in wanted and name not in left_out)
+    return sorted(
+        name for name, (path, code) in found.items() if path in wanted and name not in left_out
+    )
 
 
 def fingerprint(names: Sequence[str]) -> str:
@@ -233,7 +268,7 @@ def fingerprint(names: Sequence[str]) -> str:
     return hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()[:16]
 
 
-def draw(scopes: Sequence[str], settings: dict, size: int, seed: int) -> Dict[str, object]:
+def draw(scopes: Sequence[str], settings: dict, size: int, seed: int) -> dict[str, object]:
     """The first `size` of a seeded random order of every mutant of `scopes` (less the
     equivalent ones): drawn uniformly, without replacement, and any first part of the draw is
     itself a uniform sample (a sample run stopped early is judged by the part of the draw it
@@ -249,33 +284,45 @@ def draw(scopes: Sequence[str], settings: dict, size: int, seed: int) -> Dict[st
     if record is not None and "aside" in record:
         aside = record["aside"]  # type: ignore[assignment]
     drawn_from = population(scopes, settings, found, aside)
-    wanted = {"seed": seed, "scope": sorted(scopes), "population": len(drawn_from),
-              "fingerprint": fingerprint(drawn_from)}
+    wanted = {
+        "seed": seed,
+        "scope": sorted(scopes),
+        "population": len(drawn_from),
+        "fingerprint": fingerprint(drawn_from),
+    }
     if record is None or any(record.get(key) != value for key, value in wanted.items()):
         aside = sorted(set(equivalents()) & set(found))
         drawn_from = population(scopes, settings, found, aside)
-        wanted = {"seed": seed, "scope": sorted(scopes), "population": len(drawn_from),
-                  "fingerprint": fingerprint(drawn_from)}
+        wanted = {
+            "seed": seed,
+            "scope": sorted(scopes),
+            "population": len(drawn_from),
+            "fingerprint": fingerprint(drawn_from),
+        }
         record = {**wanted, "commit": git_head(), "names": [], "results": {}}
     record = {**record, "aside": aside}
-    names: List[str] = record["names"]  # type: ignore[assignment]
+    names: list[str] = record["names"]  # type: ignore[assignment]
     if len(names) < size:
         order = random.Random(seed).sample(drawn_from, len(drawn_from))
         names = order[:size]
-        assert names[:len(record["names"])] == record["names"]  # type: ignore[arg-type]
-        kept: Dict[str, object] = record["results"]  # type: ignore[assignment]
-        record = {**record, "names": names,
-                  "results": {name: kept.get(name) for name in names}}
+        assert names[: len(record["names"])] == record["names"]  # type: ignore[arg-type]
+        kept: dict[str, object] = record["results"]  # type: ignore[assignment]
+        record = {**record, "names": names, "results": {name: kept.get(name) for name in names}}
     write_sample(record)
     return merge_sample(record, found)
 
 
-def merge_sample(record: Dict[str, object], found: Dict[str, Tuple[str, object]]) -> Dict[str, object]:
+def merge_sample(
+    record: dict[str, object], found: dict[str, tuple[str, object]]
+) -> dict[str, object]:
     """The sample's record with the results mutants/ holds for its mutants not yet tested
     (a mutant stopped by the user, exit 2, is not tested); written back when it changed."""
-    drawn: Dict[str, object] = record["results"]  # type: ignore[assignment]
-    new = {name: found[name][1] for name, code in drawn.items()
-           if code in UNTESTED and name in found and found[name][1] not in UNTESTED}
+    drawn: dict[str, object] = record["results"]  # type: ignore[assignment]
+    new = {
+        name: found[name][1]
+        for name, code in drawn.items()
+        if code in UNTESTED and name in found and found[name][1] not in UNTESTED
+    }
     if new:
         record = {**record, "results": {**drawn, **new}}
         write_sample(record)
@@ -283,34 +330,43 @@ def merge_sample(record: Dict[str, object], found: Dict[str, Tuple[str, object]]
 
 
 def git_head() -> str:
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=False,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"],
+        cwd=ROOT,
+        check=False,
+        capture_output=True,
+        text=True,
+    )
     return done.stdout.strip() or "?"
 
 
-def wilson(caught: int, judged: int, z: float = 1.96) -> Tuple[float, float]:
+def wilson(caught: int, judged: int, z: float = 1.96) -> tuple[float, float]:
     """The 95% interval of a fraction caught out of `judged` drawn at random (Wilson's)."""
     if not judged:
         return 0.0, 1.0
     p = caught / judged
     centre = (p + z * z / (2 * judged)) / (1 + z * z / judged)
-    half = z * math.sqrt(p * (1 - p) / judged + z * z / (4 * judged * judged)) / (1 + z * z / judged)
+    half = (
+        z * math.sqrt(p * (1 - p) / judged + z * z / (4 * judged * judged)) / (1 + z * z / judged)
+    )
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def estimate(record: Dict[str, object], set_aside: Dict[str, str]) -> List[str]:
+def estimate(record: dict[str, object], set_aside: dict[str, str]) -> list[str]:
     """The sample's lines of the score: how many of the drawn mutants are tested; the whole
     scope's score estimated by the longest first part of the draw that is all tested (a run
     tests the quickest mutants first: the tested ones of a run stopped early are no uniform
     sample, the first part of the draw is), with its 95% interval; then the sampled mutants
     not caught."""
-    names: List[str] = record["names"]  # type: ignore[assignment]
-    drawn: Dict[str, object] = record["results"]  # type: ignore[assignment]
+    names: list[str] = record["names"]  # type: ignore[assignment]
+    drawn: dict[str, object] = record["results"]  # type: ignore[assignment]
     tested = [name for name in names if drawn[name] not in UNTESTED]
-    lines = [f"sample (seed {record['seed']}, drawn at {record['commit']}): {len(names)} of the "
-             f"{record['population']} mutants of {', '.join(record['scope']) or 'the scope'} "
-             f"(less the equivalent ones), drawn uniformly: {len(tested)} tested, "
-             f"{len(names) - len(tested)} untested"]
+    lines = [
+        f"sample (seed {record['seed']}, drawn at {record['commit']}): {len(names)} of the "
+        f"{record['population']} mutants of {', '.join(record['scope']) or 'the scope'} "
+        f"(less the equivalent ones), drawn uniformly: {len(tested)} tested, "
+        f"{len(names) - len(tested)} untested"
+    ]
     first = 0
     while first < len(names) and drawn[names[first]] not in UNTESTED:
         first += 1
@@ -319,30 +375,43 @@ def estimate(record: Dict[str, object], set_aside: Dict[str, str]) -> List[str]:
     if judged:
         low, high = wilson(caught, len(judged))
         aside = first - len(judged)
-        lines.append(f"  the first {first} of the draw, all tested"
-                     f"{f' ({aside} set aside since as equivalent)' if aside else ''}: caught "
-                     f"{caught} of {len(judged)}: {100.0 * caught / len(judged):.1f}%, 95% "
-                     f"interval {100 * low:.1f}-{100 * high:.1f}% (Wilson)")
+        lines.append(
+            f"  the first {first} of the draw, all tested"
+            f"{f' ({aside} set aside since as equivalent)' if aside else ''}: caught "
+            f"{caught} of {len(judged)}: {100.0 * caught / len(judged):.1f}%, 95% "
+            f"interval {100 * low:.1f}-{100 * high:.1f}% (Wilson)"
+        )
     if first < len(names):  # a floor that needs no first part: every untested one missed
         counted = [name for name in names if name not in set_aside]
         floor = sum(drawn[name] in CAUGHT for name in counted)
         low, high = wilson(floor, len(counted))
-        lines.append(f"  all {len(counted)} of the draw, the {len(names) - len(tested)} untested "
-                     f"counted as missed (a floor): caught {floor}: "
-                     f"{100.0 * floor / len(counted):.1f}%, 95% interval "
-                     f"{100 * low:.1f}-{100 * high:.1f}% (Wilson)")
-    by_package: Dict[str, List[int]] = {}
+        lines.append(
+            f"  all {len(counted)} of the draw, the {len(names) - len(tested)} untested "
+            f"counted as missed (a floor): caught {floor}: "
+            f"{100.0 * floor / len(counted):.1f}%, 95% interval "
+            f"{100 * low:.1f}-{100 * high:.1f}% (Wilson)"
+        )
+    by_package: dict[str, list[int]] = {}
     for name in tested:
         if name not in set_aside:
             counts = by_package.setdefault(package_named(name), [0, 0])
             counts[0] += drawn[name] in CAUGHT
             counts[1] += 1
     if by_package:
-        lines.append("  every one tested, by package: " + ", ".join(
-            f"{package} {caught} of {judged}" for package, (caught, judged)
-            in sorted(by_package.items(), key=lambda item: -item[1][1])))
-    lines += [f"  sampled, {MISSED.get(drawn[name], f'exit {drawn[name]}')}: {name}"
-              for name in sorted(tested) if drawn[name] not in CAUGHT and name not in set_aside]
+        lines.append(
+            "  every one tested, by package: "
+            + ", ".join(
+                f"{package} {caught} of {judged}"
+                for package, (caught, judged) in sorted(
+                    by_package.items(), key=lambda item: -item[1][1]
+                )
+            )
+        )
+    lines += [
+        f"  sampled, {MISSED.get(drawn[name], f'exit {drawn[name]}')}: {name}"
+        for name in sorted(tested)
+        if drawn[name] not in CAUGHT and name not in set_aside
+    ]
     return lines
 
 
@@ -352,23 +421,28 @@ def package_named(mutant: str) -> str:
     return "/".join(parts) + "/" if parts else "patroller/"
 
 
-def missed(scopes: Sequence[str], settings: dict) -> List[str]:
+def missed(scopes: Sequence[str], settings: dict) -> list[str]:
     """The mutants in `scopes` that the last run tested and did not catch, less the equivalent
     ones (those it did not reach are left to a plain run)."""
     wanted = set(in_scopes(scopes, settings))
     set_aside = equivalents()
-    return sorted(name for name, (path, code) in results().items()
-                  if path in wanted and code is not None and code not in CAUGHT
-                  and name not in set_aside)
+    return sorted(
+        name
+        for name, (path, code) in results().items()
+        if path in wanted and code is not None and code not in CAUGHT and name not in set_aside
+    )
 
 
-def unfinished(scopes: Sequence[str], settings: dict) -> List[str]:
+def unfinished(scopes: Sequence[str], settings: dict) -> list[str]:
     """The mutants in `scopes` that the last run did not reach (stopped early) or did not
     catch, less the equivalent ones: what --resume tests."""
     wanted = set(in_scopes(scopes, settings))
     set_aside = equivalents()
-    return sorted(name for name, (path, code) in results().items()
-                  if path in wanted and code not in CAUGHT and name not in set_aside)
+    return sorted(
+        name
+        for name, (path, code) in results().items()
+        if path in wanted and code not in CAUGHT and name not in set_aside
+    )
 
 
 def run(args: argparse.Namespace, settings: dict) -> int:
@@ -379,12 +453,17 @@ def run(args: argparse.Namespace, settings: dict) -> int:
     if args.missed or args.resume or args.sample:
         flag = "--missed" if args.missed else "--resume" if args.resume else "--sample"
         if not results():
-            raise SystemExit(f"{flag}: no earlier run in mutants/ (a plain run makes the "
-                             f"mutants: scripts/mutation.sh --fresh doctor/results.py)")
+            raise SystemExit(
+                f"{flag}: no earlier run in mutants/ (a plain run makes the "
+                f"mutants: scripts/mutation.sh --fresh doctor/results.py)"
+            )
         if args.sample:
             record = draw(args.scope, settings, args.sample, args.seed)
-            patterns = [name for name in record["names"][:args.sample]  # type: ignore[index]
-                        if record["results"][name] in UNTESTED]  # type: ignore[index]
+            patterns = [
+                name
+                for name in record["names"][: args.sample]  # type: ignore[index]
+                if record["results"][name] in UNTESTED
+            ]  # type: ignore[index]
         else:
             patterns = (missed if args.missed else unfinished)(args.scope, settings)
         if not patterns:
@@ -396,8 +475,12 @@ def run(args: argparse.Namespace, settings: dict) -> int:
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     mutmut = os.path.join(os.path.dirname(sys.executable), "mutmut")
     try:
-        done = subprocess.run([mutmut, "run", "--max-children", str(args.jobs), *patterns],
-                              cwd=ROOT, env=env, check=False)
+        done = subprocess.run(
+            [mutmut, "run", "--max-children", str(args.jobs), *patterns],
+            cwd=ROOT,
+            env=env,
+            check=False,
+        )
     except KeyboardInterrupt:  # mutmut has it too, and saves what it tested
         print("stopped: scripts/mutation.py score records what was tested", file=sys.stderr)
         return 130
@@ -413,18 +496,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("command", choices=("run", "score"))
     parser.add_argument("scope", nargs="*", help="packages or modules under patroller/")
     parser.add_argument("--fresh", action="store_true", help="remove mutants/ first")
-    parser.add_argument("--missed", action="store_true",
-                        help="test again only the mutants the last run did not catch")
-    parser.add_argument("--resume", action="store_true",
-                        help="test the mutants the last run did not reach or did not catch")
-    parser.add_argument("--sample", type=int, default=0, metavar="N",
-                        help="test a sample of N mutants drawn uniformly from all of the scope "
-                             "(those of a stopped run with the same seed left)")
+    parser.add_argument(
+        "--missed",
+        action="store_true",
+        help="test again only the mutants the last run did not catch",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="test the mutants the last run did not reach or did not catch",
+    )
+    parser.add_argument(
+        "--sample",
+        type=int,
+        default=0,
+        metavar="N",
+        help="test a sample of N mutants drawn uniformly from all of the scope "
+        "(those of a stopped run with the same seed left)",
+    )
     parser.add_argument("--seed", type=int, default=1, help="of the --sample draw (default 1)")
-    parser.add_argument("--modules", action="store_true",
-                        help="score: a line for each module, not each package")
-    parser.add_argument("--jobs", type=int, default=int(os.environ.get("MUTATION_JOBS", "2")),
-                        help="mutants tested at once (default 2, or MUTATION_JOBS)")
+    parser.add_argument(
+        "--modules", action="store_true", help="score: a line for each module, not each package"
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=int(os.environ.get("MUTATION_JOBS", "2")),
+        help="mutants tested at once (default 2, or MUTATION_JOBS)",
+    )
     args = parser.parse_intermixed_args(argv)
     if sum((args.fresh, args.missed, args.resume, bool(args.sample))) > 1:
         parser.error("--fresh, --missed, --resume and --sample go alone")

@@ -7,6 +7,7 @@ lab: hours written straight into the file, as its writer writes them), its page 
 headless Chromium (tests/browser.py) at 1400x1700 once the charts are drawn. The browser's time
 zone is UTC, the lab's.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,11 @@ def main() -> None:
             if options.dark:
                 browser.color_scheme("dark")
             browser.open(server.url + "/report")
-            browser.until(lambda: browser.js("return document.body.dataset.state === 'shown'"),
-                          "the report drawn", timeout=30)
+            browser.until(
+                lambda: browser.js("return document.body.dataset.state === 'shown'"),
+                "the report drawn",
+                timeout=30,
+            )
             browser.screenshot(options.out)
         finally:
             browser.quit()

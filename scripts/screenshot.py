@@ -12,6 +12,7 @@ a duration going idle, one held for a process, a lease counting down, a request 
 four GPUs, and free GPUs. The page is opened in headless Chromium (tests/browser.py) at
 1400x1000 once the first snapshot is drawn and the scene has settled.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(ROOT, "tests")
@@ -52,7 +53,8 @@ def client(container: Container, url: str, path: str, stay: bool = False) -> sub
         "from dockerd import Container\n"
         f"Container.adopt_pid({container.pid}, os.getpid())\n"
         f"print(urllib.request.urlopen({url + path!r}, timeout=600).read().decode(), flush=True)\n"
-        + ("time.sleep(3600)\n" if stay else ""))
+        + ("time.sleep(3600)\n" if stay else "")
+    )
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
 
 
@@ -64,20 +66,50 @@ def asked(container: Container, url: str, path: str) -> str:
     return out
 
 
-def scene(jobs: Dict[str, List[int]], step: int) -> List[Dict[str, Any]]:
+def scene(jobs: dict[str, list[int]], step: int) -> list[dict[str, Any]]:
     """The processes on the GPUs, their load wandering a little at each step."""
     wobble = random.Random(step)
     return [
-        {"pid": jobs["alice"][0], "gpu": 0, "name": "python", "used_mib": 61440,
-         "sm": 88 + wobble.randint(0, 10), "mem": 41},
-        {"pid": jobs["alice"][1], "gpu": 1, "name": "python", "used_mib": 60928,
-         "sm": 84 + wobble.randint(0, 12), "mem": 39},
-        {"pid": jobs["carol"][0], "gpu": 3, "name": "torchrun", "used_mib": 40960,
-         "sm": 55 + wobble.randint(0, 20), "mem": 30},
-        {"pid": jobs["dave"][0], "gpu": 3, "name": "jupyter-kernel", "used_mib": 12288,
-         "sm": 10 + wobble.randint(0, 15), "mem": 6},
-        {"pid": jobs["erin"][0], "gpu": 4, "name": "vllm", "used_mib": 71680,
-         "sm": 30 + wobble.randint(0, 40) * (step % 3 != 0), "mem": 22},
+        {
+            "pid": jobs["alice"][0],
+            "gpu": 0,
+            "name": "python",
+            "used_mib": 61440,
+            "sm": 88 + wobble.randint(0, 10),
+            "mem": 41,
+        },
+        {
+            "pid": jobs["alice"][1],
+            "gpu": 1,
+            "name": "python",
+            "used_mib": 60928,
+            "sm": 84 + wobble.randint(0, 12),
+            "mem": 39,
+        },
+        {
+            "pid": jobs["carol"][0],
+            "gpu": 3,
+            "name": "torchrun",
+            "used_mib": 40960,
+            "sm": 55 + wobble.randint(0, 20),
+            "mem": 30,
+        },
+        {
+            "pid": jobs["dave"][0],
+            "gpu": 3,
+            "name": "jupyter-kernel",
+            "used_mib": 12288,
+            "sm": 10 + wobble.randint(0, 15),
+            "mem": 6,
+        },
+        {
+            "pid": jobs["erin"][0],
+            "gpu": 4,
+            "name": "vllm",
+            "used_mib": 71680,
+            "sm": 30 + wobble.randint(0, 40) * (step % 3 != 0),
+            "mem": 22,
+        },
     ]
 
 
@@ -87,26 +119,46 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=1400)
     parser.add_argument("--height", type=int, default=1000)
     parser.add_argument("--dark", action="store_true", help="as a system in dark mode sees it")
-    parser.add_argument("--settle", type=float, default=240,
-                        help="seconds of load before the picture (points on the sparklines)")
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=240,
+        help="seconds of load before the picture (points on the sparklines)",
+    )
     args = parser.parse_args()
 
     engine = Engine().start()
     directory = tempfile.TemporaryDirectory(prefix="patroller-screenshot-")
     server = None
-    helpers: List[subprocess.Popen] = []
+    helpers: list[subprocess.Popen] = []
     page = None
     try:
         containers = {name: engine.run(labels=labels) for name, labels in USERS.items()}
-        jobs = {"alice": [containers["alice"].pid, containers["alice"].exec_pid()],
-                "carol": [containers["carol"].pid], "dave": [containers["dave"].pid],
-                "erin": [containers["erin"].pid]}
-        scenario = ScenarioFile(os.path.join(directory.name, "scenario.json"), interval=1,
-                                devices=[dict(H100, minor=n) for n in range(8)], processes=[],
-                                topology="nvlink-all")
-        server = ServerProcess("--nvidia-smi", scenario.command, "--docker-host", engine.url,
-                               "--user-info-labels", "team", "--lease", str(args.settle + 600),
-                               "--idle-after", "20").start()
+        jobs = {
+            "alice": [containers["alice"].pid, containers["alice"].exec_pid()],
+            "carol": [containers["carol"].pid],
+            "dave": [containers["dave"].pid],
+            "erin": [containers["erin"].pid],
+        }
+        scenario = ScenarioFile(
+            os.path.join(directory.name, "scenario.json"),
+            interval=1,
+            devices=[dict(H100, minor=n) for n in range(8)],
+            processes=[],
+            topology="nvlink-all",
+        )
+        server = ServerProcess(
+            "--nvidia-smi",
+            scenario.command,
+            "--docker-host",
+            engine.url,
+            "--user-info-labels",
+            "team",
+            "--lease",
+            str(args.settle + 600),
+            "--idle-after",
+            "20",
+        ).start()
         url = server.url
         # alice asked for two GPUs and trains on them; carol for one, which dave's notebook
         # shares without asking; bob holds one for 8 h and does nothing with it; erin's GPU is
@@ -126,15 +178,21 @@ def main() -> None:
         page = Browser(width=args.width, height=args.height)
         page.color_scheme("dark" if args.dark else "light")
         page.open(url + "/")
-        page.until(lambda: page.js("return document.body.dataset.rendered === '1'"),
-                   "the first snapshot drawn", timeout=30)
+        page.until(
+            lambda: page.js("return document.body.dataset.rendered === '1'"),
+            "the first snapshot drawn",
+            timeout=30,
+        )
         deadline = time.monotonic() + args.settle
         while time.monotonic() < deadline:
             time.sleep(5)
             step += 1
             scenario.write(processes=scene(jobs, step))
-        page.until(lambda: page.js("return document.querySelectorAll('#queue li').length") == 1,
-                   "grace in the queue", timeout=30)
+        page.until(
+            lambda: page.js("return document.querySelectorAll('#queue li').length") == 1,
+            "grace in the queue",
+            timeout=30,
+        )
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         page.screenshot(args.out)
         print(f"{args.out}: {os.path.getsize(args.out)} bytes")

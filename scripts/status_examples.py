@@ -17,6 +17,7 @@ Root: a process of `nobody` shares a GPU. Three scenes:
   gpu1:8080... tests/test_status_table.py checks that a stopped host and a lying one answer
   so today.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,7 +29,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Callable, Dict, List
+from typing import Any
+from collections.abc import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
@@ -57,12 +59,16 @@ def until(what: str, test: Callable[[], bool], timeout: float = 60) -> None:
         time.sleep(0.1)
 
 
-def bodies(server: str) -> Dict[str, Any]:
-    return {"status": get(server, "/status"), "devices": get(server, "/devices"),
-            "queue": get(server, "/queue"), "users": get(server, "/users")}
+def bodies(server: str) -> dict[str, Any]:
+    return {
+        "status": get(server, "/status"),
+        "devices": get(server, "/devices"),
+        "queue": get(server, "/queue"),
+        "users": get(server, "/users"),
+    }
 
 
-def save(name: str, scene: Dict[str, Any]) -> None:
+def save(name: str, scene: dict[str, Any]) -> None:
     os.makedirs(FIXTURES, exist_ok=True)
     with open(os.path.join(FIXTURES, name), "w", encoding="utf-8") as f:
         json.dump(scene, f, indent=1)
@@ -79,19 +85,42 @@ def gpuhost() -> None:
         try:
             server = daemon.server
             claim = lambda n: get(server, "/status")[uuid(server, n)]["claim"]  # noqa: E731
-            scenario.write(processes=[{"pid": mine.pid, "gpu": 1, "name": "python",
-                                       "used_mib": 30000, "sm": 93}])
+            scenario.write(
+                processes=[
+                    {"pid": mine.pid, "gpu": 1, "name": "python", "used_mib": 30000, "sm": 93}
+                ]
+            )
             until("GPU 1 claimed", lambda: claim(1)["state"] == "claimed")
             assert [d["info"]["number"] for d in get(server, "/request?gpu=2")] == [0, 2]
-            scenario.write(processes=[
-                {"pid": mine.pid, "gpu": 1, "name": "python", "used_mib": 30000, "sm": 93},
-                {"pid": theirs.pid, "gpu": 2, "name": "python3", "used_mib": 2048, "sm": 12}])
+            scenario.write(
+                processes=[
+                    {"pid": mine.pid, "gpu": 1, "name": "python", "used_mib": 30000, "sm": 93},
+                    {"pid": theirs.pid, "gpu": 2, "name": "python3", "used_mib": 2048, "sm": 12},
+                ]
+            )
             until("GPU 2 shared", lambda: claim(2)["state"] == "shared")
-            run = subprocess.Popen([sys.executable, "-m", "patroller.cli", "run", "-q",
-                                    "--server", server, "--", "sleep", "30"], env=ENV)
+            run = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "patroller.cli",
+                    "run",
+                    "-q",
+                    "--server",
+                    server,
+                    "--",
+                    "sleep",
+                    "30",
+                ],
+                env=ENV,
+            )
             until("GPU 3 held for the run", lambda: claim(3)["held_for_pid"] == run.pid)
-            until("every figure sampled", lambda: all(
-                p.get("fb") is not None for n in (1, 2) for p in claim(n)["process_detail"]))
+            until(
+                "every figure sampled",
+                lambda: all(
+                    p.get("fb") is not None for n in (1, 2) for p in claim(n)["process_detail"]
+                ),
+            )
             time.sleep(5)  # the lease counts down a little, the claim ages
             save("gpuhost.json", {"command": "patroller status", **bodies(server)})
         finally:
@@ -108,7 +137,7 @@ def uuid(server: str, number: int) -> str:
 
 def testmode() -> None:
     daemon = ServerProcess("--test", "--lease", "10").start()
-    waiters: List[threading.Thread] = []
+    waiters: list[threading.Thread] = []
     try:
         server = daemon.server
         get(server, "/request?gpu=2&user=alice@example.org")
@@ -121,8 +150,10 @@ def testmode() -> None:
             time.sleep(0.5)
         until("two waiting", lambda: len(get(server, "/queue")) == 2)
         time.sleep(2)
-        save("testmode.json", {"command": "patroller status", "whoami": get(server, "/whoami"),
-                               **bodies(server)})
+        save(
+            "testmode.json",
+            {"command": "patroller status", "whoami": get(server, "/whoami"), **bodies(server)},
+        )
     finally:
         daemon.stop()
         for waiter in waiters:
@@ -136,13 +167,21 @@ def fleet_scene() -> None:
     try:
         get(up[0].server, "/request?gpu=1&user=alice@example.org")
         time.sleep(3)
-        names = {up[0].server: "gpu1:8080", stopped.server: "gpu2:8080",
-                 up[1].server: "gpu3:8080", "liar": "gpu4:8080"}
+        names = {
+            up[0].server: "gpu1:8080",
+            stopped.server: "gpu2:8080",
+            up[1].server: "gpu3:8080",
+            "liar": "gpu4:8080",
+        }
         hosts = []
         for answer in fleet.ask_all([up[0].server, stopped.server, up[1].server], 10):
-            host = {"host": names[answer.host], "status": answer.status,
-                    "devices": answer.devices, "state": answer.shown_state(),
-                    "error": answer.error and answer.error.replace(answer.host, names[answer.host])}
+            host = {
+                "host": names[answer.host],
+                "status": answer.status,
+                "devices": answer.devices,
+                "state": answer.shown_state(),
+                "error": answer.error and answer.error.replace(answer.host, names[answer.host]),
+            }
             keep = 2 if answer.host == up[0].server else 1  # a short example
             if answer.devices is not None:
                 host["devices"] = dict(list(answer.devices.items())[:keep])
@@ -154,10 +193,22 @@ def fleet_scene() -> None:
         try:
             answers.check(lying, hosts[2]["devices"], fleet.HOST_MAX_GPUS)
         except answers.BadAnswer as exc:
-            hosts.append({"host": "gpu4:8080", "status": None, "devices": None,
-                          "state": fleet.DOWN, "error": fleet.said(f"bad answer: {exc}")})
-        save("fleet.json", {"command": "patroller status --hosts "
-                            "gpu1:8080,gpu2:8080,gpu3:8080,gpu4:8080", "hosts": hosts})
+            hosts.append(
+                {
+                    "host": "gpu4:8080",
+                    "status": None,
+                    "devices": None,
+                    "state": fleet.DOWN,
+                    "error": fleet.said(f"bad answer: {exc}"),
+                }
+            )
+        save(
+            "fleet.json",
+            {
+                "command": "patroller status --hosts gpu1:8080,gpu2:8080,gpu3:8080,gpu4:8080",
+                "hosts": hosts,
+            },
+        )
     finally:
         for server in up:
             server.stop()

@@ -6,27 +6,31 @@ elsewhere the test is skipped with the reason (tests/setup.sh installs them as r
 or Ubuntu). Nothing is downloaded: Selenium is pointed at /usr/bin/chromedriver, whose version
 is the browser's own.
 """
+
 from __future__ import annotations
 
 import os
 import shutil
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
+from typing import Any, TypeVar
+from collections.abc import Callable
 
 T = TypeVar("T")
 
 BROWSERS = ("chromium", "chromium-browser")
 DRIVERS = ("chromedriver",)
-HINT = ("tests/setup.sh installs Debian's chromium and chromium-driver, and the test extra "
-        "installs selenium")
+HINT = (
+    "tests/setup.sh installs Debian's chromium and chromium-driver, and the test extra "
+    "installs selenium"
+)
 
 
 class BrowserUnavailable(Exception):
     """No headless browser can be started here, and why."""
 
 
-def _which(names: Tuple[str, ...], extra: Tuple[str, ...] = ()) -> Optional[str]:
+def _which(names: tuple[str, ...], extra: tuple[str, ...] = ()) -> str | None:
     for name in names:
         found = shutil.which(name)
         if found:
@@ -37,7 +41,7 @@ def _which(names: Tuple[str, ...], extra: Tuple[str, ...] = ()) -> Optional[str]
     return None
 
 
-def find() -> Tuple[str, str]:
+def find() -> tuple[str, str]:
     """(browser, driver) paths; BrowserUnavailable when either or Selenium is missing."""
     try:
         import selenium  # noqa: F401
@@ -64,18 +68,28 @@ class Browser:
         self.profile = tempfile.TemporaryDirectory(prefix="patroller-chromium-")
         options = webdriver.ChromeOptions()
         options.binary_location = binary
-        for argument in ("--headless=new", "--no-sandbox", "--disable-gpu",
-                         "--disable-dev-shm-usage", "--no-first-run",
-                         "--disable-background-networking", "--disable-extensions",
-                         "--disable-component-update", "--disable-sync",
-                         "--hide-scrollbars", "--force-device-scale-factor=1",
-                         f"--window-size={width},{height}",
-                         f"--user-data-dir={self.profile.name}"):
+        for argument in (
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-extensions",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+            "--force-device-scale-factor=1",
+            f"--window-size={width},{height}",
+            f"--user-data-dir={self.profile.name}",
+        ):
             options.add_argument(argument)
         # The browser's console (CSP violations, script errors) for the tests to read.
         options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
         try:
-            self.driver = webdriver.Chrome(options=options, service=Service(executable_path=driver))
+            self.driver = webdriver.Chrome(
+                options=options, service=Service(executable_path=driver)
+            )
         except Exception as exc:  # the driver did not start: say why, as a missing tool
             self.profile.cleanup()
             raise BrowserUnavailable(f"headless chromium did not start: {exc}") from None
@@ -89,7 +103,7 @@ class Browser:
         """The value of a JavaScript function body (`return ...`) run in the page."""
         return self.driver.execute_script(script, *args)
 
-    def until(self, probe: Callable[[], Optional[T]], what: str, timeout: float = 10) -> T:
+    def until(self, probe: Callable[[], T | None], what: str, timeout: float = 10) -> T:
         """Poll probe() until it returns something other than None or False; fail after
         `timeout` seconds with `what` and the last value seen."""
         deadline = time.monotonic() + timeout
@@ -101,7 +115,7 @@ class Browser:
             time.sleep(0.05)
         raise AssertionError(f"{what}: not seen within {timeout}s; last: {last!r}")
 
-    def cards(self) -> List[Dict[str, Any]]:
+    def cards(self) -> list[dict[str, Any]]:
         """Every GPU card as the page shows it: number, state, holder, text, processes."""
         return self.js("""
             return Array.from(document.querySelectorAll('#gpus .card')).map((c) => ({
@@ -117,7 +131,7 @@ class Browser:
                 user: r.querySelector('.puser').textContent})),
             }));""")
 
-    def card(self, number: int) -> Optional[Dict[str, Any]]:
+    def card(self, number: int) -> dict[str, Any] | None:
         return next((c for c in self.cards() if c["number"] == number), None)
 
     def connection(self) -> str:
@@ -125,10 +139,12 @@ class Browser:
         return self.js("return document.body.dataset.connection")
 
     def banner_shown(self) -> bool:
-        return self.js("const b = document.getElementById('banner');"
-                       "return !b.hidden && b.offsetParent !== null ? b.textContent : false")
+        return self.js(
+            "const b = document.getElementById('banner');"
+            "return !b.hidden && b.offsetParent !== null ? b.textContent : false"
+        )
 
-    def console(self) -> List[Dict[str, Any]]:
+    def console(self) -> list[dict[str, Any]]:
         """The browser console's entries since the last call."""
         try:
             return self.driver.get_log("browser")
@@ -137,8 +153,10 @@ class Browser:
 
     def color_scheme(self, scheme: str) -> None:
         """What prefers-color-scheme says from now on: "light" or "dark"."""
-        self.driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {
-            "features": [{"name": "prefers-color-scheme", "value": scheme}]})
+        self.driver.execute_cdp_cmd(
+            "Emulation.setEmulatedMedia",
+            {"features": [{"name": "prefers-color-scheme", "value": scheme}]},
+        )
 
     def screenshot(self, path: str) -> None:
         self.driver.save_screenshot(path)

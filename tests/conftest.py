@@ -1,6 +1,7 @@
 """Shared fixtures: every test fails if the daemon logged an error while it ran; a fake clock
 and a lease manager on it; the container engines and the Slurm cluster, which a mutation run
 (scripts/mutation.sh) leaves out."""
+
 import logging
 import os
 import subprocess
@@ -27,13 +28,18 @@ def no_errors_logged(caplog, request):
     yield
     if request.node.get_closest_marker("errors_expected"):
         return
-    errors = [r for r in caplog.get_records("call") + caplog.get_records("teardown")
-              if r.levelno >= logging.ERROR]
+    errors = [
+        r
+        for r in caplog.get_records("call") + caplog.get_records("teardown")
+        if r.levelno >= logging.ERROR
+    ]
     assert not errors, "errors logged: " + "; ".join(r.getMessage() for r in errors)
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "errors_expected: the test provokes logged errors on purpose")
+    config.addinivalue_line(
+        "markers", "errors_expected: the test provokes logged errors on purpose"
+    )
 
 
 @pytest.fixture
@@ -125,12 +131,17 @@ def _podman_or_skip(start, strict=False):
     from podman import PodmanUnavailable, UserNamespacesRefused
 
     engines_left_out("a Podman service")
-    missing = [tool for tool in ("podman", "runc", "conmon", "busybox", "newuidmap", "unshare")
-               if shutil.which(tool) is None]
+    missing = [
+        tool
+        for tool in ("podman", "runc", "conmon", "busybox", "newuidmap", "unshare")
+        if shutil.which(tool) is None
+    ]
     try:
         if missing:
-            raise PodmanUnavailable(f"{', '.join(missing)} not installed (tests/setup.sh installs "
-                                    "podman, runc, uidmap and busybox-static)")
+            raise PodmanUnavailable(
+                f"{', '.join(missing)} not installed (tests/setup.sh installs "
+                "podman, runc, uidmap and busybox-static)"
+            )
         if os.geteuid() != 0:
             raise PodmanUnavailable("the tests' Podman services need root")
     except PodmanUnavailable as exc:

@@ -7,6 +7,7 @@ The test image is busybox, an OCI image tarball built here and imported with ctr
 Containers run with runc in a private network namespace, in the cgroup the test names (as the
 kubelet would have containerd's CRI place them: /kubepods/<qos>/pod<uid>/<id>).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -18,7 +19,6 @@ import signal
 import subprocess
 import tarfile
 import time
-from typing import Dict, List, Optional, Tuple
 
 from private import PrivateDaemon, Unavailable, busybox_rootfs
 
@@ -54,21 +54,26 @@ class Containerd(PrivateDaemon):
         super().__init__("ctrd-")
         self.socket = self.path("c.sock")
         self.address = f"unix://{self.socket}"
-        self.containers: List[Tuple[str, str]] = []  # (namespace, id)
-        self.pod_cgroups: List[str] = []  # /kubepods/... directories made for pods
+        self.containers: list[tuple[str, str]] = []  # (namespace, id)
+        self.pod_cgroups: list[str] = []  # /kubepods/... directories made for pods
 
     # -- lifecycle ------------------------------------------------------------------------
 
     def prepare(self) -> None:
-        self.need(("containerd", "ctr", "runc", "busybox"),
-                  "tests/setup.sh installs containerd, runc and busybox-static")
+        self.need(
+            ("containerd", "ctr", "runc", "busybox"),
+            "tests/setup.sh installs containerd, runc and busybox-static",
+        )
         with open(self.path("config.toml"), "w", encoding="utf-8") as f:
             f.write(_CONFIG.format(root=self.root, socket=self.socket))
 
-    def run_daemon(self, timeout: Optional[float] = None) -> None:
+    def run_daemon(self, timeout: float | None = None) -> None:
         """Start containerd (again: its containers and their tasks are still there)."""
-        self.spawn(["containerd", "--config", self.path("config.toml")],
-                   lambda: self.ctr("version", check=False).returncode == 0, timeout)
+        self.spawn(
+            ["containerd", "--config", self.path("config.toml")],
+            lambda: self.ctr("version", check=False).returncode == 0,
+            timeout,
+        )
 
     def kill(self) -> None:
         """Kill containerd as a crash would: its socket file stays, nobody answers on it."""
@@ -93,18 +98,28 @@ class Containerd(PrivateDaemon):
 
     # -- using it -----------------------------------------------------------------------
 
-    def ctr(self, *args: str, namespace: str = "k8s.io", check: bool = True,
-            stdin: Optional[bytes] = None) -> subprocess.CompletedProcess:
+    def ctr(
+        self, *args: str, namespace: str = "k8s.io", check: bool = True, stdin: bytes | None = None
+    ) -> subprocess.CompletedProcess:
         """Run ctr against this containerd."""
-        result = subprocess.run(["ctr", "--address", self.socket, "--namespace", namespace,
-                                 *args], input=stdin, capture_output=True, timeout=60)
+        result = subprocess.run(
+            ["ctr", "--address", self.socket, "--namespace", namespace, *args],
+            input=stdin,
+            capture_output=True,
+            timeout=60,
+        )
         if check and result.returncode != 0:
             raise RuntimeError(f"ctr {' '.join(args)}: {result.stderr.decode().strip()}")
         return result
 
-    def run(self, cid: str, labels: Optional[Dict[str, str]] = None,
-            annotations: Optional[Dict[str, str]] = None, cgroup: Optional[str] = None,
-            namespace: str = "k8s.io") -> int:
+    def run(
+        self,
+        cid: str,
+        labels: dict[str, str] | None = None,
+        annotations: dict[str, str] | None = None,
+        cgroup: str | None = None,
+        namespace: str = "k8s.io",
+    ) -> int:
         """Start `sleep 600` in a new container `cid`, with labels and OCI annotations, in the
         cgroup `cgroup` (a pod's: its parents are removed at stop); its host pid."""
         args = [f"--label={k}={v}" for k, v in (labels or {}).items()]
@@ -115,8 +130,18 @@ class Containerd(PrivateDaemon):
             if parent not in self.pod_cgroups:
                 self.pod_cgroups.append(parent)
         self.containers.append((namespace, cid))
-        self.ctr("run", "--detach", "--snapshotter", "native", *args, IMAGE, cid, "sleep",
-                 "600", namespace=namespace)
+        self.ctr(
+            "run",
+            "--detach",
+            "--snapshotter",
+            "native",
+            *args,
+            IMAGE,
+            cid,
+            "sleep",
+            "600",
+            namespace=namespace,
+        )
         return self.pid(cid, namespace)
 
     def pid(self, cid: str, namespace: str = "k8s.io") -> int:
@@ -133,11 +158,12 @@ class Containerd(PrivateDaemon):
         self.ctr("task", "kill", "--signal", "SIGKILL", cid, namespace=namespace, check=False)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            if self.ctr("task", "delete", cid, namespace=namespace,
-                        check=False).returncode == 0:
+            if self.ctr("task", "delete", cid, namespace=namespace, check=False).returncode == 0:
                 break
-            if b"not found" in self.ctr("task", "ps", cid, namespace=namespace,
-                                        check=False).stderr:
+            if (
+                b"not found"
+                in self.ctr("task", "ps", cid, namespace=namespace, check=False).stderr
+            ):
                 break
             time.sleep(0.05)
         self.ctr("container", "delete", cid, namespace=namespace, check=False)
@@ -147,34 +173,73 @@ class Containerd(PrivateDaemon):
     def import_image(self) -> None:
         image = oci_image()
         for namespace in NAMESPACES:
-            result = self.ctr("image", "import", "--snapshotter", "native", "-",
-                              namespace=namespace, stdin=image, check=False)
+            result = self.ctr(
+                "image",
+                "import",
+                "--snapshotter",
+                "native",
+                "-",
+                namespace=namespace,
+                stdin=image,
+                check=False,
+            )
             if result.returncode != 0:
-                raise ContainerdUnavailable("cannot import the test image: "
-                                            f"{result.stderr.decode().strip()}")
+                raise ContainerdUnavailable(
+                    f"cannot import the test image: {result.stderr.decode().strip()}"
+                )
 
 
 def oci_image() -> bytes:
     """An OCI image layout, as a tarball: busybox and its applets in one layer, PATH=/bin."""
     layer = busybox_rootfs()
-    config = json.dumps({
-        "architecture": "amd64", "os": "linux",
-        "config": {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"]},
-        "rootfs": {"type": "layers", "diff_ids": [_digest(layer)]}}).encode()
-    manifest = json.dumps({
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                   "digest": _digest(config), "size": len(config)},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
-                    "digest": _digest(layer), "size": len(layer)}]}).encode()
-    index = json.dumps({"schemaVersion": 2, "manifests": [{
-        "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": _digest(manifest),
-        "size": len(manifest), "annotations": {"io.containerd.image.name": IMAGE,
-                                               "org.opencontainers.image.ref.name": "latest"}}]})
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"]},
+            "rootfs": {"type": "layers", "diff_ids": [_digest(layer)]},
+        }
+    ).encode()
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": _digest(config),
+                "size": len(config),
+            },
+            "layers": [
+                {
+                    "mediaType": "application/vnd.oci.image.layer.v1.tar",
+                    "digest": _digest(layer),
+                    "size": len(layer),
+                }
+            ],
+        }
+    ).encode()
+    index = json.dumps(
+        {
+            "schemaVersion": 2,
+            "manifests": [
+                {
+                    "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                    "digest": _digest(manifest),
+                    "size": len(manifest),
+                    "annotations": {
+                        "io.containerd.image.name": IMAGE,
+                        "org.opencontainers.image.ref.name": "latest",
+                    },
+                }
+            ],
+        }
+    )
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w") as tar:
         files = [("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'), ("index.json", index.encode())]
-        files += [(f"blobs/sha256/{_digest(blob)[7:]}", blob) for blob in (layer, config, manifest)]
+        files += [
+            (f"blobs/sha256/{_digest(blob)[7:]}", blob) for blob in (layer, config, manifest)
+        ]
         for name, data in files:
             info = tarfile.TarInfo(name)
             info.size = len(data)
@@ -189,8 +254,9 @@ def _digest(data: bytes) -> str:
 def remove_cgroup(path: str) -> None:
     """Remove a cgroup directory (and its parents up to the top, where empty) from every
     hierarchy; those in use stay."""
-    for base in ["/sys/fs/cgroup"] + [os.path.join("/sys/fs/cgroup", m)
-                                      for m in os.listdir("/sys/fs/cgroup")]:
+    for base in ["/sys/fs/cgroup"] + [
+        os.path.join("/sys/fs/cgroup", m) for m in os.listdir("/sys/fs/cgroup")
+    ]:
         parts = [p for p in path.split("/") if p]
         for depth in range(len(parts), 0, -1):
             try:

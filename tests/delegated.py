@@ -2,10 +2,10 @@
 (`Delegate=yes`): the manager's directory and its `cgroup.procs` belong to the user, who may make
 any cgroup under it and move their own processes there. Needs root (it makes and removes the
 directories, and moves the user's first process in, as systemd starts it there)."""
+
 import os
 import subprocess
 import time
-from typing import List, Optional
 
 from helpers import cgroup_root, user_manager
 
@@ -24,25 +24,36 @@ class Delegated:
         self.uid, self.gid, self.root = uid, gid, root
         self.base = user_manager(uid)
         parts = [p for p in self.base.split("/") if p]
-        self._made = [os.path.join(root, *parts[:depth]) for depth in range(1, len(parts) + 1)
-                      if not os.path.isdir(os.path.join(root, *parts[:depth]))]
+        self._made = [
+            os.path.join(root, *parts[:depth])
+            for depth in range(1, len(parts) + 1)
+            if not os.path.isdir(os.path.join(root, *parts[:depth]))
+        ]
         self.directory = os.path.join(root, *parts)
         os.makedirs(self.directory, exist_ok=True)
         for name in ("", "cgroup.procs", "cgroup.threads", "cgroup.subtree_control", "tasks"):
             path = os.path.join(self.directory, name)
             if os.path.exists(path):
                 os.chown(path, uid, gid)
-        self._processes: List[subprocess.Popen] = []
+        self._processes: list[subprocess.Popen] = []
 
-    def run(self, inside: str, *command: str, env: Optional[dict] = None,
-            stdout: Optional[int] = None) -> subprocess.Popen:
+    def run(
+        self, inside: str, *command: str, env: dict | None = None, stdout: int | None = None
+    ) -> subprocess.Popen:
         """`command`, run by the user in the cgroup `inside` (a path below their manager,
         which they make themselves); returns once the process is there."""
         where = os.path.join(self.directory, inside.strip("/"))
         process = subprocess.Popen(
-            ["sh", "-c", MOVE_IN, where, *command], user=self.uid, group=self.gid,
-            extra_groups=[], cwd="/", stdin=subprocess.PIPE, stdout=stdout,
-            stderr=subprocess.PIPE, env={"PATH": "/usr/bin:/bin", **(env or {})})
+            ["sh", "-c", MOVE_IN, where, *command],
+            user=self.uid,
+            group=self.gid,
+            extra_groups=[],
+            cwd="/",
+            stdin=subprocess.PIPE,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            env={"PATH": "/usr/bin:/bin", **(env or {})},
+        )
         self._processes.append(process)
         with open(os.path.join(self.directory, "cgroup.procs"), "w") as f:
             f.write(str(process.pid))  # as systemd starts a user's processes under the manager
@@ -88,4 +99,3 @@ def _rmdir(path: str) -> None:
             if time.monotonic() > deadline:
                 return
             time.sleep(0.02)
-

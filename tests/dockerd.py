@@ -4,13 +4,13 @@ Everything lives under one short directory (private.py says what the engines sha
 image is busybox imported from a tarball: no registry is needed. Containers run with
 `--network none`.
 """
+
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
 import time
-from typing import List, Optional
 
 from private import LabelledRuns, PrivateDaemon, Unavailable, busybox_rootfs
 
@@ -31,21 +31,39 @@ class Engine(PrivateDaemon, LabelledRuns["Container"]):
         super().__init__("ptd")
         self.socket = self.path("docker.sock")
         self.url = f"unix://{self.socket}"
-        self.containers: List[str] = []
+        self.containers: list[str] = []
 
     # -- lifecycle ------------------------------------------------------------------------
 
     def prepare(self) -> None:
-        self.need(("dockerd", "docker", "busybox"),
-                  "tests/setup.sh installs docker.io and busybox-static on Debian and Ubuntu")
+        self.need(
+            ("dockerd", "docker", "busybox"),
+            "tests/setup.sh installs docker.io and busybox-static on Debian and Ubuntu",
+        )
 
-    def run_daemon(self, timeout: Optional[float] = None) -> None:
-        self.spawn(["dockerd", "--host", self.url, "--data-root", self.path("data"),
-                    "--exec-root", self.path("exec"), "--pidfile", self.path("dockerd.pid"),
-                    "--iptables=false", "--ip6tables=false", "--ip-masq=false",
-                    "--bridge=none", "--storage-driver=overlay2", "--exec-opt",
-                    "native.cgroupdriver=cgroupfs"],
-                   lambda: self.docker("version", check=False).returncode == 0, timeout)
+    def run_daemon(self, timeout: float | None = None) -> None:
+        self.spawn(
+            [
+                "dockerd",
+                "--host",
+                self.url,
+                "--data-root",
+                self.path("data"),
+                "--exec-root",
+                self.path("exec"),
+                "--pidfile",
+                self.path("dockerd.pid"),
+                "--iptables=false",
+                "--ip6tables=false",
+                "--ip-masq=false",
+                "--bridge=none",
+                "--storage-driver=overlay2",
+                "--exec-opt",
+                "native.cgroupdriver=cgroupfs",
+            ],
+            lambda: self.docker("version", check=False).returncode == 0,
+            timeout,
+        )
 
     def stop(self) -> None:
         """Remove the containers, stop dockerd, delete the directory."""
@@ -60,8 +78,9 @@ class Engine(PrivateDaemon, LabelledRuns["Container"]):
 
     def docker(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         """Run the docker CLI against this engine."""
-        result = subprocess.run(["docker", "--host", self.url, *args], capture_output=True,
-                                text=True, timeout=60)
+        result = subprocess.run(
+            ["docker", "--host", self.url, *args], capture_output=True, text=True, timeout=60
+        )
         if check and result.returncode != 0:
             raise RuntimeError(f"docker {' '.join(args)}: {result.stderr.strip()}")
         return result
@@ -69,13 +88,27 @@ class Engine(PrivateDaemon, LabelledRuns["Container"]):
     def output(self, *args: str) -> str:
         return self.docker(*args).stdout.strip()
 
-    def container(self, cid: str) -> "Container":
+    def container(self, cid: str) -> Container:
         return Container(self, cid)
 
     def import_image(self) -> None:
         result = subprocess.run(
-            ["docker", "--host", self.url, "import", "-c", "ENV PATH=/bin", "-c", 'CMD ["/bin/sh"]',
-             "-", IMAGE], input=busybox_rootfs(), capture_output=True, timeout=60)
+            [
+                "docker",
+                "--host",
+                self.url,
+                "import",
+                "-c",
+                "ENV PATH=/bin",
+                "-c",
+                'CMD ["/bin/sh"]',
+                "-",
+                IMAGE,
+            ],
+            input=busybox_rootfs(),
+            capture_output=True,
+            timeout=60,
+        )
         if result.returncode != 0:
             raise EngineUnavailable(f"cannot import the test image: {result.stderr.decode()}")
 
@@ -125,7 +158,7 @@ class Container:
         self.engine.docker("rm", "-f", self.id, check=False)
 
 
-def _mount_of(controllers: str) -> Optional[str]:
+def _mount_of(controllers: str) -> str | None:
     if controllers == "":
         path = "/sys/fs/cgroup/unified"
         return path if os.path.isdir(path) else "/sys/fs/cgroup"
@@ -142,7 +175,7 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def _pids_in_cgroup_of(pid: int) -> List[int]:
+def _pids_in_cgroup_of(pid: int) -> list[int]:
     with open(f"/proc/{pid}/cgroup", encoding="ascii") as f:
         line = next(l for l in f if ":memory:" in l or l.startswith("0::"))
     number, controllers, path = line.rstrip("\n").split(":", 2)

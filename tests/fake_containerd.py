@@ -15,6 +15,7 @@ and to crash (its socket file stays, nobody answers on it) and come back.
 
 The real containerd stays in tests/test_containerd.py; this one checks what Patroller does with
 its answers."""
+
 from __future__ import annotations
 
 import base64
@@ -22,7 +23,7 @@ import json
 import os
 import re
 import socket
-from typing import Dict, List, Mapping, Optional, Tuple
+from collections.abc import Mapping
 
 import grpc
 
@@ -31,8 +32,10 @@ from patroller.identify import containerd as ctrd
 from patroller.observe import protowire as pw
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "containerd", "answers.json")
-_CLAUSE = re.compile(r'^labels\.(?:"((?:[^"\\]|\\.)*)"|([\w./-]+))==(?:"((?:[^"\\]|\\.)*)"|'
-                     r'([^",]*))$')
+_CLAUSE = re.compile(
+    r'^labels\.(?:"((?:[^"\\]|\\.)*)"|([\w./-]+))==(?:"((?:[^"\\]|\\.)*)"|'
+    r'([^",]*))$'
+)
 
 
 def recorded() -> dict:
@@ -41,8 +44,11 @@ def recorded() -> dict:
         fixture = json.load(f)
     calls = {}
     for call in fixture["calls"]:
-        call = dict(call, request=base64.b64decode(call["request"]),
-                    answer=base64.b64decode(call["answer"]))
+        call = dict(
+            call,
+            request=base64.b64decode(call["request"]),
+            answer=base64.b64decode(call["answer"]),
+        )
         calls[call["name"]] = call
     return {"ids": fixture["ids"], "calls": calls}
 
@@ -52,33 +58,49 @@ def captured_container(name: str) -> bytes:
     return pw.Message(recorded()["calls"][name]["answer"]).raw(1)
 
 
-def encode(fields: List[Tuple[int, object]]) -> bytes:
+def encode(fields: list[tuple[int, object]]) -> bytes:
     """A message of these (number, value) fields, as protowire.fields reads them."""
-    return b"".join(pw.integer(n, v) if isinstance(v, int) else pw.delimited(n, v)
-                    for n, v in fields)  # type: ignore[arg-type]
+    return b"".join(
+        pw.integer(n, v) if isinstance(v, int) else pw.delimited(n, v) for n, v in fields
+    )  # type: ignore[arg-type]
 
 
-def made_like(template: bytes, cid: str, labels: Mapping[str, str],
-              annotations: Optional[Mapping[str, str]] = None) -> bytes:
+def made_like(
+    template: bytes,
+    cid: str,
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str] | None = None,
+) -> bytes:
     """The captured Container `template` as containerd would give another container: its id
     (and snapshot key, which ctr names after it), labels and OCI annotations these."""
     old = pw.Message(template)
     old_id = old.text(1)
     kept = {k: v for k, v in old.string_map(2).items() if k.startswith("io.containerd.")}
-    out: List[Tuple[int, object]] = []
+    out: list[tuple[int, object]] = []
     for number, value in pw.fields(template):
         if number == 1:
             out.append((1, cid.encode()))
         elif number == 2:
             if not any(n == 2 for n, _ in out):
-                out += [(2, encode([(1, k.encode()), (2, v.encode())]))
-                        for k, v in {**kept, **labels}.items()]
+                out += [
+                    (2, encode([(1, k.encode()), (2, v.encode())]))
+                    for k, v in {**kept, **labels}.items()
+                ]
         elif number == 5:
             spec_any = pw.Message(value)  # type: ignore[arg-type]
             spec = json.loads(spec_any.raw(2).decode().replace(old_id, cid))
             spec["annotations"] = dict(annotations or {})
-            out.append((5, encode([(1, spec_any.raw(1)),
-                                   (2, json.dumps(spec, separators=(",", ":")).encode())])))
+            out.append(
+                (
+                    5,
+                    encode(
+                        [
+                            (1, spec_any.raw(1)),
+                            (2, json.dumps(spec, separators=(",", ":")).encode()),
+                        ]
+                    ),
+                )
+            )
         elif number == 7 and value == old_id.encode():
             out.append((7, cid.encode()))
         else:
@@ -86,7 +108,7 @@ def made_like(template: bytes, cid: str, labels: Mapping[str, str],
     return encode(out)
 
 
-def matches(labels: Mapping[str, str], filters: List[str]) -> bool:
+def matches(labels: Mapping[str, str], filters: list[str]) -> bool:
     """Whether containerd's filters (any of them; each clause of one) select these labels.
     Raises ValueError for a filter it does not read."""
     if not filters:
@@ -111,19 +133,25 @@ class FakeContainerd:
     def __init__(self, path: str) -> None:
         self.path = path
         self.answers = recorded()
-        self.containers: Dict[Tuple[str, str], bytes] = {}  # (namespace, id) -> Container
-        self.failing: Dict[str, Tuple[grpc.StatusCode, str]] = {}  # method -> its status
-        self.answer: Optional[bytes] = None  # answered instead, when set
-        self.hang: Optional[Hang] = None  # holds every call, when set
+        self.containers: dict[tuple[str, str], bytes] = {}  # (namespace, id) -> Container
+        self.failing: dict[str, tuple[grpc.StatusCode, str]] = {}  # method -> its status
+        self.answer: bytes | None = None  # answered instead, when set
+        self.hang: Hang | None = None  # holds every call, when set
         self.filtering = True  # False: List answers every container of the namespace
-        self.asked: List[Tuple[str, Optional[str], bytes]] = []  # (method, namespace, request)
-        self._server: Optional[Server] = None
-        self._dead: Optional[socket.socket] = None
+        self.asked: list[tuple[str, str | None, bytes]] = []  # (method, namespace, request)
+        self._server: Server | None = None
+        self._dead: socket.socket | None = None
 
     # -- what it holds ---------------------------------------------------------------------
 
-    def add(self, namespace: str, cid: str, labels: Mapping[str, str],
-            annotations: Optional[Mapping[str, str]] = None, like: str = "container") -> bytes:
+    def add(
+        self,
+        namespace: str,
+        cid: str,
+        labels: Mapping[str, str],
+        annotations: Mapping[str, str] | None = None,
+        like: str = "container",
+    ) -> bytes:
         """A container made as the captured `like` ("plain", "sandbox", "container")."""
         message = made_like(captured_container(like), cid, labels, annotations)
         self.containers[(namespace, cid)] = message
@@ -138,20 +166,25 @@ class FakeContainerd:
 
     # -- its answers -----------------------------------------------------------------------
 
-    def get(self, request: bytes, namespace: Optional[str]) -> bytes:
+    def get(self, request: bytes, namespace: str | None) -> bytes:
         cid = pw.Message(request).text(1)
         message = self.containers.get((namespace, cid))  # type: ignore[arg-type]
         if message is None:
-            raise Abort(grpc.StatusCode.NOT_FOUND,
-                        f'container "{cid}" in namespace "{namespace}": not found')
+            raise Abort(
+                grpc.StatusCode.NOT_FOUND,
+                f'container "{cid}" in namespace "{namespace}": not found',
+            )
         return pw.delimited(1, message)
 
-    def list(self, request: bytes, namespace: Optional[str]) -> bytes:
+    def list(self, request: bytes, namespace: str | None) -> bytes:
         try:
             filters = pw.Message(request).texts(1)
-            chosen = [message for (ns, _), message in self.containers.items()
-                      if ns == namespace and (not self.filtering or matches(
-                          pw.Message(message).string_map(2), filters))]
+            chosen = [
+                message
+                for (ns, _), message in self.containers.items()
+                if ns == namespace
+                and (not self.filtering or matches(pw.Message(message).string_map(2), filters))
+            ]
         except ValueError as exc:
             raise Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         return b"".join(pw.delimited(1, message) for message in chosen)
@@ -170,24 +203,29 @@ class FakeContainerd:
                 if fake.answer is not None:
                     return fake.answer
                 if namespace is None:  # as containerd words it
-                    raise Abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                "namespace is required: failed precondition")
+                    raise Abort(
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        "namespace is required: failed precondition",
+                    )
                 return (fake.get if method == ctrd.GET else fake.list)(request, namespace)
+
         return Handler()
 
     # -- up and down -----------------------------------------------------------------------
 
-    def fail(self, code: grpc.StatusCode, details: str,
-             methods: Tuple[str, ...] = (ctrd.GET, ctrd.LIST)) -> None:
+    def fail(
+        self, code: grpc.StatusCode, details: str, methods: tuple[str, ...] = (ctrd.GET, ctrd.LIST)
+    ) -> None:
         """Fail the calls of these methods with this status (until `failing` is cleared)."""
         self.failing.update({method: (code, details) for method in methods})
 
-    def start(self) -> "FakeContainerd":
+    def start(self) -> FakeContainerd:
         if self._dead is not None:
             self._dead.close()
             self._dead = None
-        self._server = Server(self.path, {ctrd.GET: self._method(ctrd.GET),
-                                          ctrd.LIST: self._method(ctrd.LIST)}).start()
+        self._server = Server(
+            self.path, {ctrd.GET: self._method(ctrd.GET), ctrd.LIST: self._method(ctrd.LIST)}
+        ).start()
         return self
 
     def crash(self) -> None:

@@ -13,13 +13,14 @@ endpoint (the captured engines ran their containers with no network, so the valu
 test's own). The real engines stay in the tests that need them (test_identity_docker,
 test_engines_docker, test_podman, test_containerd); this one checks what Patroller does with
 their answers."""
+
 import copy
 import json
 import os
 import socketserver
 import threading
 from http.server import BaseHTTPRequestHandler
-from typing import Dict, Optional, Sequence, Set, Tuple
+from collections.abc import Sequence
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "docker")
 FIXTURE = os.path.join(FIXTURES, "engine.json")
@@ -27,8 +28,10 @@ FIXTURE = os.path.join(FIXTURES, "engine.json")
 
 def recorded(kind: str = "docker") -> dict:
     """The captured answers of the Docker Engine ("docker") or of Podman's service ("podman")."""
-    with open(os.path.join(FIXTURES, "engine.json" if kind == "docker" else "podman.json"),
-              encoding="utf-8") as f:
+    with open(
+        os.path.join(FIXTURES, "engine.json" if kind == "docker" else "podman.json"),
+        encoding="utf-8",
+    ) as f:
         return json.load(f)
 
 
@@ -48,17 +51,17 @@ class FakeEngine:
         self.path = path
         self.kind = kind
         self.answers = recorded(kind)
-        self.containers: Dict[str, dict] = {}  # id -> labels, addresses, pid
-        self.vanishing: Set[str] = set()  # listed, but removed before they are asked about
-        self.failing: Optional[str] = None  # the message of a 500, while it fails
-        self.answering: Optional[Tuple[int, str]] = None  # (status, plain text), while set
+        self.containers: dict[str, dict] = {}  # id -> labels, addresses, pid
+        self.vanishing: set[str] = set()  # listed, but removed before they are asked about
+        self.failing: str | None = None  # the message of a 500, while it fails
+        self.answering: tuple[int, str] | None = None  # (status, plain text), while set
         self.hanging = False  # requests taken and never answered (until `stop`)
         # seconds between the bytes of an answer that never ends (until `stop`); 0: off
         self.dribbling = 0.0
         self.dropping = False  # connections closed without an answer
         self.requests = 0
-        self.tcp: Optional[Tuple[str, int]] = None
-        self._server: Optional[socketserver.BaseServer] = None
+        self.tcp: tuple[str, int] | None = None
+        self._server: socketserver.BaseServer | None = None
         self._stopped = threading.Event()
 
     @classmethod
@@ -74,8 +77,13 @@ class FakeEngine:
             return f"tcp://{self.tcp[0]}:{self.tcp[1]}"
         return f"unix://{self.path}"
 
-    def add(self, cid: str, labels: Dict[str, str], addresses: Sequence[str] = (),
-            pid: Optional[int] = None) -> None:
+    def add(
+        self,
+        cid: str,
+        labels: dict[str, str],
+        addresses: Sequence[str] = (),
+        pid: int | None = None,
+    ) -> None:
         """A container: its labels, its addresses on container networks (IPv4 or IPv6), and its
         first process's host pid (None: it has stopped)."""
         self.containers[cid] = {"labels": labels, "addresses": tuple(addresses), "pid": pid}
@@ -109,8 +117,9 @@ class FakeEngine:
                 status, body = engine.answer(self.path)
                 data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
                 self.send_response(status)
-                self.send_header("Content-Type", "text/plain" if isinstance(body, str)
-                                 else "application/json")
+                self.send_header(
+                    "Content-Type", "text/plain" if isinstance(body, str) else "application/json"
+                )
                 self.send_header("Content-Length", str(len(data)))
                 for name, value in engine.answers.get("headers", {}).items():
                     self.send_header(name, value)
@@ -153,8 +162,10 @@ class FakeEngine:
         if parts == ["containers", "json"]:
             return 200, [self._summary(cid) for cid in self.containers]
         if len(parts) == 3 and parts[0] == "containers" and parts[2] == "json":
-            cid = next((c for c in self.containers if c.startswith(parts[1])
-                        and c not in self.vanishing), None)
+            cid = next(
+                (c for c in self.containers if c.startswith(parts[1]) and c not in self.vanishing),
+                None,
+            )
             if cid is None:
                 return 404, self._not_found(parts[1])
             return 200, self._inspect(cid)
@@ -174,13 +185,15 @@ class FakeEngine:
         else:
             body["State"]["Pid"] = known["pid"]
         body["NetworkSettings"]["Networks"] = {
-            f"net{n}": self._endpoint(address) for n, address in enumerate(known["addresses"])}
+            f"net{n}": self._endpoint(address) for n, address in enumerate(known["addresses"])
+        }
         return body
 
     @staticmethod
     def _endpoint(address: str) -> dict:
-        endpoint = copy.deepcopy(recorded("docker")["container"]["NetworkSettings"]["Networks"]
-                                 ["none"])
+        endpoint = copy.deepcopy(
+            recorded("docker")["container"]["NetworkSettings"]["Networks"]["none"]
+        )
         endpoint["GlobalIPv6Address" if ":" in address else "IPAddress"] = address
         return endpoint
 

@@ -1,12 +1,13 @@
 """A real gRPC server on a unix socket for the tests, answering encoded messages by method: the
 stand-in for servers that cannot run here (the kubelet), built from their public .proto files'
 field numbers with observe/protowire.py."""
+
 from __future__ import annotations
 
 import os
 import threading
 from concurrent import futures
-from typing import Callable, Dict, List, Optional
+from collections.abc import Callable
 
 import grpc
 
@@ -17,13 +18,13 @@ class Server:
     """Serves `methods` ({"/pkg.Service/Method": handler}) on a unix socket at `path`; a handler
     that raises grpc's RpcError-like `Abort` answers with that status."""
 
-    def __init__(self, path: str, methods: Dict[str, Handler]) -> None:
+    def __init__(self, path: str, methods: dict[str, Handler]) -> None:
         self.path = path
         self.methods = methods
-        self.calls: Dict[str, int] = {}
+        self.calls: dict[str, int] = {}
         self._server = None
 
-    def start(self) -> "Server":
+    def start(self) -> Server:
         if os.path.exists(self.path):
             os.unlink(self.path)
 
@@ -37,6 +38,7 @@ class Server:
                     return handler(request)
                 except Abort as abort:
                     context.abort(abort.code, abort.details)
+
             return answer
 
         class Generic(grpc.GenericRpcHandler):
@@ -77,7 +79,7 @@ class Hang:
         self.started = threading.Event()  # a call came
         # For each call ended unanswered by its client: the seconds its deadline still had
         # (a client that gave up or closed its channel), about 0 (it ran out), None (none).
-        self.ended: List[Optional[float]] = []
+        self.ended: list[float | None] = []
 
     def serve(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         self.in_flight += 1

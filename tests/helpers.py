@@ -1,5 +1,6 @@
 """Small real components shared by the tests: a fake clock, a lease manager as the daemon builds
 one, a daemon on a loopback port."""
+
 from __future__ import annotations
 
 import asyncio
@@ -16,7 +17,8 @@ import tempfile
 import time
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
-from typing import Any, AsyncIterator, Callable, Coroutine, Dict, Iterator, List, Optional, Tuple
+from typing import Any
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -46,28 +48,37 @@ class FakeClock:
         self.now += seconds
 
 
-def lease_manager(clock: Optional[Callable[[], float]] = None,
-                  inventory: Optional[Inventory] = None, **overrides: Any) -> LeaseManager:
+def lease_manager(
+    clock: Callable[[], float] | None = None, inventory: Inventory | None = None, **overrides: Any
+) -> LeaseManager:
     """A lease manager as the daemon builds one, from Config()'s defaults and policy, on the
     synthetic inventory (or `inventory`) and `clock` (the monotonic clock if None). `overrides`
     replace any of lease, policy, max_waiters and max_waiting_per_user."""
     config = Config()
-    settings: Dict[str, Any] = dict(lease=config.lease, policy=policy_of(config),
-                                    max_waiters=config.max_waiters,
-                                    max_waiting_per_user=config.max_waiting_per_user)
+    settings: dict[str, Any] = dict(
+        lease=config.lease,
+        policy=policy_of(config),
+        max_waiters=config.max_waiters,
+        max_waiting_per_user=config.max_waiting_per_user,
+    )
     unknown = set(overrides) - set(settings)
     if unknown:
         raise TypeError(f"lease_manager() takes no {sorted(unknown)}")
     settings.update(overrides)
-    return LeaseManager(synthetic_inventory(config.test_devices) if inventory is None else inventory,
-                        clock=time.monotonic if clock is None else clock, **settings)
+    return LeaseManager(
+        synthetic_inventory(config.test_devices) if inventory is None else inventory,
+        clock=time.monotonic if clock is None else clock,
+        **settings,
+    )
 
 
 def async_test(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
     """Run an async test function in a fresh event loop."""
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> None:
         asyncio.run(fn(*args, **kwargs))
+
     return wrapper
 
 
@@ -82,11 +93,17 @@ class Harness:
         self.port = int(url.rsplit(":", 1)[1])
         self.http = AsyncHTTPClient(force_instance=True)
 
-    async def call(self, path: str, method: str = "GET", body: Optional[bytes] = None,
-                   timeout: float = 20) -> Tuple[int, Any]:
+    async def call(
+        self, path: str, method: str = "GET", body: bytes | None = None, timeout: float = 20
+    ) -> tuple[int, Any]:
         """(status, decoded JSON body) of one request."""
-        request = HTTPRequest(self.url + path, method=method, body=body,
-                              request_timeout=timeout, allow_nonstandard_methods=True)
+        request = HTTPRequest(
+            self.url + path,
+            method=method,
+            body=body,
+            request_timeout=timeout,
+            allow_nonstandard_methods=True,
+        )
         response = await self.http.fetch(request, raise_error=False)
         return response.code, json.loads(response.body)
 
@@ -96,14 +113,14 @@ class Harness:
         assert status == 200, (path, status, body)
         return body
 
-    async def raw(self, data: bytes) -> Tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def raw(self, data: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """A plain TCP connection that has sent `data`."""
         reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
         writer.write(data)
         await writer.drain()
         return reader, writer
 
-    def uuids(self) -> List[str]:
+    def uuids(self) -> list[str]:
         return [d.uuid for d in self.services.inventory]
 
 
@@ -143,7 +160,7 @@ async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
         await asyncio.sleep(0.01)
 
 
-def claimed_known(claim: Dict[str, Any]) -> bool:
+def claimed_known(claim: dict[str, Any]) -> bool:
     """A device's claim as /status shows it: claimed, by an owner known (not `identifying`)."""
     return claim["state"] == "claimed" and not (claim["user"] or {}).get("identifying", False)
 
@@ -158,23 +175,32 @@ def known_claim(leases: LeaseManager, uuid: str) -> bool:
 class ServerProcess:
     """`python -m patroller` as a child process on an ephemeral loopback port."""
 
-    def __init__(self, *args: str, env: Optional[Dict[str, str]] = None,
-                 preexec_fn: Optional[Callable[[], None]] = None) -> None:
+    def __init__(
+        self,
+        *args: str,
+        env: dict[str, str] | None = None,
+        preexec_fn: Callable[[], None] | None = None,
+    ) -> None:
         self.args = ["--port", "0", "--address", "127.0.0.1", *args]
         # No lease book unless the test names a --state-dir: in GPU host mode the default is
         # the machine's own directory.
         self.env = {**os.environ, "PYTHONPATH": ROOT, "PATROLLER_STATE_DIR": "", **(env or {})}
         self.preexec_fn = preexec_fn  # run in the child before it starts (resource limits)
-        self.process: Optional[subprocess.Popen] = None
+        self.process: subprocess.Popen | None = None
         self.url = ""
         self._log = tempfile.TemporaryFile(mode="w+")  # a file: a full pipe would stall it
 
-    def start(self, timeout: float = 20) -> "ServerProcess":
+    def start(self, timeout: float = 20) -> ServerProcess:
         """Start, and wait until it says where it listens."""
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "patroller", *self.args], env=self.env, cwd=ROOT,
-            stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
-            preexec_fn=self.preexec_fn)
+            [sys.executable, "-m", "patroller", *self.args],
+            env=self.env,
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=self._log,
+            preexec_fn=self.preexec_fn,
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             found = re.search(r" on (http://[^\s,]+)", self.log)
@@ -196,7 +222,7 @@ class ServerProcess:
     @property
     def server(self) -> str:
         """host:port, as the client takes it."""
-        return self.url[len("http://"):]
+        return self.url[len("http://") :]
 
     def stop(self, signum: int = signal.SIGTERM, timeout: float = 10) -> int:
         """Signal the server and wait for it; its exit status."""
@@ -219,7 +245,7 @@ class ScenarioFile:
 
     def __init__(self, path: str, **scenario: Any) -> None:
         self.path = path
-        self.scenario: Dict[str, Any] = {"era": "r550", "interval": 0.1, **scenario}
+        self.scenario: dict[str, Any] = {"era": "r550", "interval": 0.1, **scenario}
         self.write()
 
     def write(self, **changes: Any) -> None:
@@ -239,11 +265,12 @@ def gpu_running(scenario: ScenarioFile, **settings: Any) -> Any:
     """A GPU-host-mode daemon on the simulator (async context manager). It follows no kernel
     log unless given one (`kernel_log=`, Config's default): the host's own /dev/kmsg may hold
     Xids of a real GPU at a PCI address the simulator's share."""
-    return serving(replace(Config(port=0, address="127.0.0.1", nvidia_smi=scenario.command),
-                           **settings))
+    return serving(
+        replace(Config(port=0, address="127.0.0.1", nvidia_smi=scenario.command), **settings)
+    )
 
 
-def children_of(pid: int) -> List[int]:
+def children_of(pid: int) -> list[int]:
     """Live processes whose parent is `pid`, from /proc."""
     found = []
     for name in os.listdir("/proc"):
@@ -259,7 +286,7 @@ def children_of(pid: int) -> List[int]:
     return found
 
 
-def streams_of(pid: int) -> List[int]:
+def streams_of(pid: int) -> list[int]:
     """The children of `pid` that are nvidia-smi's dmon or pmon streams (the daemon also runs
     one-shot queries now and then: -q -x, topo -m)."""
     found = []
@@ -283,7 +310,7 @@ def alive(pid: int) -> bool:
         return False
 
 
-def reuse_pid(pid: int) -> Optional[subprocess.Popen]:
+def reuse_pid(pid: int) -> subprocess.Popen | None:
     """A new host process (sleep) with a pid that just ended, through
     /proc/sys/kernel/ns_last_pid; None where the kernel does not let us choose."""
     for _ in range(50):
@@ -327,8 +354,15 @@ def python_for(uid: int) -> str:
     """A Python that `uid` may run (the test's own may lie under root's home); stdlib only."""
     for candidate in (os.path.realpath(sys.executable), "/usr/bin/python3"):
         try:
-            subprocess.run([candidate, "-c", ""], user=uid, group=uid, extra_groups=[],
-                           capture_output=True, check=True, timeout=30)
+            subprocess.run(
+                [candidate, "-c", ""],
+                user=uid,
+                group=uid,
+                extra_groups=[],
+                capture_output=True,
+                check=True,
+                timeout=30,
+            )
         except (OSError, subprocess.SubprocessError):
             continue
         return candidate
@@ -357,17 +391,20 @@ def user_manager(uid: int) -> str:
     return f"/user.slice/user-{uid}.slice/user@{uid}.service"
 
 
-def engines_in(folder: str, **more: Any) -> Dict[str, Any]:
+def engines_in(folder: str, **more: Any) -> dict[str, Any]:
     """Config settings with every container engine's socket in `folder` (none there unless a
     test puts it there), the Docker Engine's too, and `more`."""
-    return {"docker_host": f"unix://{folder}/docker.sock",
-            "podman_socket": f"unix://{folder}/podman.sock",
-            "rootless_docker_socket": f"unix://{folder}/{{uid}}/docker.sock",
-            "rootless_podman_socket": f"unix://{folder}/{{uid}}/podman/podman.sock",
-            "containerd_socket": f"unix://{folder}/containerd.sock", **more}
+    return {
+        "docker_host": f"unix://{folder}/docker.sock",
+        "podman_socket": f"unix://{folder}/podman.sock",
+        "rootless_docker_socket": f"unix://{folder}/{{uid}}/docker.sock",
+        "rootless_podman_socket": f"unix://{folder}/{{uid}}/podman/podman.sock",
+        "containerd_socket": f"unix://{folder}/containerd.sock",
+        **more,
+    }
 
 
-def cgroup_root(version: int) -> Optional[str]:
+def cgroup_root(version: int) -> str | None:
     """Where a test may make cgroups of one hierarchy: v1's freezer (a process moved there
     runs on as before), or v2's (unified, on a hybrid host); None if the host has none."""
     if version == 1:
@@ -380,8 +417,9 @@ def cgroup_root(version: int) -> Optional[str]:
 
 
 @contextmanager
-def process_in_cgroup(path: str, uid: int = NOBODY, version: int = 1,
-                      env: Optional[Dict[str, str]] = None) -> Iterator[int]:
+def process_in_cgroup(
+    path: str, uid: int = NOBODY, version: int = 1, env: dict[str, str] | None = None
+) -> Iterator[int]:
     """`sleep` as `uid`, moved into the cgroup `path` (as a runtime would make it) of one
     hierarchy, v1 or v2: its pid. The directories made for it are removed after; those there
     before are left. Needs root."""
@@ -390,8 +428,11 @@ def process_in_cgroup(path: str, uid: int = NOBODY, version: int = 1,
     if root is None:
         pytest.skip(f"this host mounts no cgroup v{version} hierarchy to make cgroups in")
     parts = [p for p in path.split("/") if p]
-    made = [depth for depth in range(1, len(parts) + 1)
-            if not os.path.isdir(os.path.join(root, *parts[:depth]))]
+    made = [
+        depth
+        for depth in range(1, len(parts) + 1)
+        if not os.path.isdir(os.path.join(root, *parts[:depth]))
+    ]
     where = os.path.join(root, *parts)
     for _ in range(20):  # another test may remove a shared parent (user.slice) meanwhile
         try:
@@ -399,8 +440,13 @@ def process_in_cgroup(path: str, uid: int = NOBODY, version: int = 1,
             break
         except FileNotFoundError:
             time.sleep(0.01)
-    sleeper = subprocess.Popen(["sleep", "120"], user=uid, group=uid, extra_groups=[],
-                               env={**(env or {}), "PATH": "/usr/bin:/bin"})
+    sleeper = subprocess.Popen(
+        ["sleep", "120"],
+        user=uid,
+        group=uid,
+        extra_groups=[],
+        env={**(env or {}), "PATH": "/usr/bin:/bin"},
+    )
     try:
         with open(os.path.join(where, "cgroup.procs"), "w") as f:
             f.write(str(sleeper.pid))
@@ -416,8 +462,9 @@ def process_in_cgroup(path: str, uid: int = NOBODY, version: int = 1,
 
 
 @contextmanager
-def slurm_job_process(job: str, step: str = "0", uid: int = NOBODY,
-                      **job_env: str) -> Iterator[int]:
+def slurm_job_process(
+    job: str, step: str = "0", uid: int = NOBODY, **job_env: str
+) -> Iterator[int]:
     """`sleep` as `uid`, moved into the cgroup of a job's step as slurmstepd makes it (a v1
     hierarchy, freezer, where the host has one; else v2), with SLURM_JOB_<KEY> variables from
     `job_env` (account=..., partition=...): its pid. Needs root."""
@@ -433,6 +480,7 @@ def slurm_job_process(job: str, step: str = "0", uid: int = NOBODY,
 
 
 # -- the lease rules' tests of allocations (Slurm's, the kubelet's) -----------------------------
+
 
 def host_user(user: str, uid: int) -> Identity:
     """A host account's process."""
@@ -453,6 +501,7 @@ def uuid_of(leases, number: int) -> str:
 
 # -- /metrics ---------------------------------------------------------------------------------
 
+
 async def scrape(h, accept=None):
     """One scrape of /metrics, parsed with prometheus_client: {(sample name,
     frozenset(labels)): value}, its content type, and its text."""
@@ -468,8 +517,7 @@ async def scrape(h, accept=None):
 
 def find(samples, name, **labels):
     """Values of the samples of `name` whose labels include `labels`."""
-    return [v for (n, ls), v in samples.items()
-            if n == name and set(labels.items()) <= set(ls)]
+    return [v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= set(ls)]
 
 
 # -- containers' processes (the Docker Engine's, Podman's) ----------------------------------
@@ -493,8 +541,9 @@ def client_in(container, server, code):
         f"server = {server!r}\n"
         f"{code}\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 

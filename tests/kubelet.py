@@ -2,9 +2,10 @@
 (tests/grpc_server.py) answering `/v1.PodResourcesLister/List` with the pods it is given,
 encoded with observe/protowire.py from the field numbers of the kubelet's public api.proto
 (k8s.io/kubelet/pkg/apis/podresources/v1), as the simulator stands in for nvidia-smi."""
+
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import grpc
 
@@ -13,8 +14,8 @@ from patroller.observe import protowire as pw
 
 LIST = "/v1.PodResourcesLister/List"
 
-Devices = Sequence[Tuple[str, Sequence[str]]]  # (resource name, device ids)
-Containers = Sequence[Tuple[str, Devices]]  # (container name, its devices)
+Devices = Sequence[tuple[str, Sequence[str]]]  # (resource name, device ids)
+Containers = Sequence[tuple[str, Devices]]  # (container name, its devices)
 
 
 def pod(namespace: str, name: str, containers: Containers) -> bytes:
@@ -26,15 +27,17 @@ def pod(namespace: str, name: str, containers: Containers) -> bytes:
         body = pw.string(1, container)
         for resource, ids in devices:
             topology = pw.delimited(1, pw.integer(1, 0))  # TopologyInfo{nodes: [NUMANode{ID 0}]}
-            body += pw.delimited(2, pw.string(1, resource) + pw.strings(2, ids)
-                                 + pw.delimited(3, topology))
+            body += pw.delimited(
+                2, pw.string(1, resource) + pw.strings(2, ids) + pw.delimited(3, topology)
+            )
         body += pw.delimited(3, pw.varint(2) + pw.varint(3))  # cpu_ids [2, 3], packed
         encoded.append(pw.delimited(3, body))
     return pw.string(1, name) + pw.string(2, namespace) + b"".join(encoded)
 
 
-def gpu_pod(namespace: str, name: str, *ids: str, resource: str = "nvidia.com/gpu",
-            container: str = "main") -> bytes:
+def gpu_pod(
+    namespace: str, name: str, *ids: str, resource: str = "nvidia.com/gpu", container: str = "main"
+) -> bytes:
     """A pod with one container given these devices of one resource."""
     return pod(namespace, name, [(container, [(resource, ids)])])
 
@@ -45,12 +48,12 @@ class Kubelet:
     (when not None) with those bytes as they are; `hang` makes List hang (tests/grpc_server.py)
     until `hang.release` is set."""
 
-    def __init__(self, path: str, hang: Optional[Hang] = None) -> None:
+    def __init__(self, path: str, hang: Hang | None = None) -> None:
         self.path = path
-        self.pods: List[bytes] = []
+        self.pods: list[bytes] = []
         self.broken = False
         self.garbage = False
-        self.answer: Optional[bytes] = None
+        self.answer: bytes | None = None
         self.answered = 0  # answers sent
         self.hang = hang
         self.server = Server(path, {LIST: hang if hang is not None else self._list})
@@ -68,10 +71,10 @@ class Kubelet:
         return b"".join(pw.delimited(1, p) for p in self.pods)
 
     @property
-    def calls(self) -> Dict[str, int]:
+    def calls(self) -> dict[str, int]:
         return self.server.calls
 
-    def start(self) -> "Kubelet":
+    def start(self) -> Kubelet:
         self.server.start()
         return self
 

@@ -4,6 +4,7 @@ host can make on the fleet view (tests/test_fleet_lying.py).
 
 `hostile()` builds each attack from a real daemon's own answers with one thing changed, so the
 rest of each answer is what Patroller says."""
+
 from __future__ import annotations
 
 import copy
@@ -11,13 +12,14 @@ import http.server
 import json
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, Optional, Union
+from typing import Any, Union
+from collections.abc import Callable, Iterator
 
 Answer = Union[bytes, Callable[["Handler"], None]]  # a body, or a writer of the whole answer
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
-    server: "LyingServer"
+    server: LyingServer
     protocol_version = "HTTP/1.0"  # the connection ends with the answer: a body may too
 
     def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
@@ -47,10 +49,10 @@ class LyingServer(http.server.ThreadingHTTPServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass  # a reader that hangs up mid-answer is what the attacks expect
 
-    def __init__(self, answers: Dict[str, Answer]) -> None:
+    def __init__(self, answers: dict[str, Answer]) -> None:
         super().__init__(("127.0.0.1", 0), Handler)
         self.answers = answers
-        self.asked: Dict[str, int] = {}
+        self.asked: dict[str, int] = {}
         self.sent_endless = 0  # bytes an endless answer got out before its reader hung up
         self.thread = threading.Thread(target=self.serve_forever, name="lying host", daemon=True)
 
@@ -58,7 +60,7 @@ class LyingServer(http.server.ThreadingHTTPServer):
     def host(self) -> str:
         return f"127.0.0.1:{self.server_address[1]}"
 
-    def start(self) -> "LyingServer":
+    def start(self) -> LyingServer:
         self.thread.start()
         return self
 
@@ -106,7 +108,7 @@ def huge(entries: int = 600_000) -> bytes:
     return b"{" + b",".join(b'"%07d":{}' % i for i in range(entries)) + b"}"
 
 
-def many_gpus(devices: Dict[str, Any], status: Dict[str, Any], count: int) -> Dict[str, bytes]:
+def many_gpus(devices: dict[str, Any], status: dict[str, Any], count: int) -> dict[str, bytes]:
     """/devices and /status of `count` GPUs, each a copy of the real first one."""
     uuid = next(iter(devices))
     fake_devices, fake_status = {}, {}
@@ -114,17 +116,22 @@ def many_gpus(devices: Dict[str, Any], status: Dict[str, Any], count: int) -> Di
         name = f"GPU-{number:08d}-0000-0000-0000-000000000000"
         fake_devices[name] = dict(devices[uuid], number=number)
         fake_status[name] = copy.deepcopy(status[uuid])
-    return {"/devices": json.dumps(fake_devices).encode(), "/status": json.dumps(fake_status).encode()}
+    return {
+        "/devices": json.dumps(fake_devices).encode(),
+        "/status": json.dumps(fake_status).encode(),
+    }
 
 
-def with_claim(devices: Dict[str, Any], status: Dict[str, Any], **changes: Any) -> Dict[str, bytes]:
+def with_claim(
+    devices: dict[str, Any], status: dict[str, Any], **changes: Any
+) -> dict[str, bytes]:
     """The real answers, the first GPU's claim changed."""
     lied = copy.deepcopy(status)
     lied[next(iter(lied))]["claim"].update(changes)
     return {"/devices": json.dumps(devices).encode(), "/status": json.dumps(lied).encode()}
 
 
-def heavy(devices: Dict[str, Any], status: Dict[str, Any], size: int) -> Dict[str, bytes]:
+def heavy(devices: dict[str, Any], status: dict[str, Any], size: int) -> dict[str, bytes]:
     """The real answers, the first GPU with as many users as `size` bytes hold, each an empty
     identity: true to the schema (an identity's fields may be left out), and the dearest answer
     of that size to decode and check."""
@@ -136,8 +143,9 @@ def heavy(devices: Dict[str, Any], status: Dict[str, Any], size: int) -> Dict[st
     return answers
 
 
-def hostile(devices: Dict[str, Any], status: Dict[str, Any],
-            max_gpus: int) -> Iterator[tuple[str, Dict[str, Answer], Optional[str]]]:
+def hostile(
+    devices: dict[str, Any], status: dict[str, Any], max_gpus: int
+) -> Iterator[tuple[str, dict[str, Answer], str | None]]:
     """(name, answers, what the fleet view must say of it) for every attack: the words a host's
     `error` must hold."""
     real_status = json.dumps(status).encode()

@@ -17,6 +17,7 @@ the test puts the container's process into the cgroup Podman would have made for
 /user.slice/user-<uid>.slice/user@<uid>.service/user.slice/libpod-<id>.scope/container
 (`Container.place`); the container, its process, its uid and the service are Podman's own.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,7 +27,6 @@ import signal
 import socket
 import subprocess
 import time
-from typing import Dict, List, Optional
 
 from helpers import cgroup_root, unused_uid, user_manager
 from patroller.identify.cgroups import parse_cgroup
@@ -51,29 +51,55 @@ class Account:
         self.uid = unused_uid(50000 + os.getpid() % 10000)
         self.name = f"podman-t{self.uid}"
         made = subprocess.run(
-            ["useradd", "--uid", str(self.uid), "--user-group", "--no-create-home",
-             "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin", self.name],
-            capture_output=True, text=True)
+            [
+                "useradd",
+                "--uid",
+                str(self.uid),
+                "--user-group",
+                "--no-create-home",
+                "--home-dir",
+                "/nonexistent",
+                "--shell",
+                "/usr/sbin/nologin",
+                self.name,
+            ],
+            capture_output=True,
+            text=True,
+        )
         if made.returncode != 0:
             raise PodmanUnavailable(f"useradd {self.name}: {made.stderr.strip()}")
         self.gid = pwd.getpwnam(self.name).pw_gid
         try:
-            for table, flag in (("/etc/subuid", "--add-subuids"), ("/etc/subgid", "--add-subgids")):
+            for table, flag in (
+                ("/etc/subuid", "--add-subuids"),
+                ("/etc/subgid", "--add-subgids"),
+            ):
                 if not _ranges_of(table, self.name):  # useradd did not give it one
                     first = max([100000] + [start + count for _, start, count in _ranges(table)])
-                    subprocess.run(["usermod", flag, f"{first}-{first + 65535}", self.name],
-                                   capture_output=True, check=True)
+                    subprocess.run(
+                        ["usermod", flag, f"{first}-{first + 65535}", self.name],
+                        capture_output=True,
+                        check=True,
+                    )
         except (OSError, subprocess.CalledProcessError) as exc:
             self.remove()
             raise PodmanUnavailable(f"cannot give {self.name} subordinate ids: {exc}") from None
 
     def check_user_namespaces(self) -> None:
         """Raise UserNamespacesRefused if the kernel refuses this user a user namespace."""
-        tried = subprocess.run(["unshare", "--user", "true"], user=self.uid, group=self.gid,
-                               extra_groups=[], capture_output=True, text=True, cwd="/")
+        tried = subprocess.run(
+            ["unshare", "--user", "true"],
+            user=self.uid,
+            group=self.gid,
+            extra_groups=[],
+            capture_output=True,
+            text=True,
+            cwd="/",
+        )
         if tried.returncode != 0:
             raise UserNamespacesRefused(
-                f"`unshare --user true` as uid {self.uid} failed: {tried.stderr.strip()}")
+                f"`unshare --user true` as uid {self.uid} failed: {tried.stderr.strip()}"
+            )
 
     def kill_processes(self) -> None:
         """Every process of this user (the rootless service's pause process among them)."""
@@ -99,7 +125,7 @@ class Podman(PrivateDaemon, LabelledRuns["Container"]):
     start_timeout = 60
     image, options = IMAGE, LIMITS
 
-    def __init__(self, user: Optional[Account] = None) -> None:
+    def __init__(self, user: Account | None = None) -> None:
         super().__init__("podman-")
         self.user = user
         os.chmod(self.root, 0o755)
@@ -110,27 +136,49 @@ class Podman(PrivateDaemon, LabelledRuns["Container"]):
             self.runtime = self.path(str(user.uid))  # its XDG_RUNTIME_DIR
             self.socket = os.path.join(self.runtime, "podman", "podman.sock")
             self.home = self.path("home")
-            for folder in (self.runtime, os.path.dirname(self.socket), self.home,
-                           self.path("store")):
+            for folder in (
+                self.runtime,
+                os.path.dirname(self.socket),
+                self.home,
+                self.path("store"),
+            ):
                 os.makedirs(folder, mode=0o700, exist_ok=True)
                 os.chown(folder, user.uid, user.gid)
         self.url = f"unix://{self.socket}"
         # --rootless-podman-socket for this service: {uid} is the user's
         self.template = f"unix://{self.root}/{{uid}}/podman/podman.sock"
         store = self.path("store")
-        self.storage = ["--root", os.path.join(store, "root"), "--runroot",
-                        os.path.join(store, "run"), "--tmpdir", os.path.join(store, "tmp"),
-                        "--storage-driver", "vfs", "--cgroup-manager", "cgroupfs",
-                        "--runtime", "runc", "--events-backend", "file"]
-        self.containers: List[str] = []
-        self.cgroups: List[str] = []  # the cgroups `place` made, deepest last
+        self.storage = [
+            "--root",
+            os.path.join(store, "root"),
+            "--runroot",
+            os.path.join(store, "run"),
+            "--tmpdir",
+            os.path.join(store, "tmp"),
+            "--storage-driver",
+            "vfs",
+            "--cgroup-manager",
+            "cgroupfs",
+            "--runtime",
+            "runc",
+            "--events-backend",
+            "file",
+        ]
+        self.containers: list[str] = []
+        self.cgroups: list[str] = []  # the cgroups `place` made, deepest last
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def run_daemon(self, timeout: Optional[float] = None) -> None:
+    def run_daemon(self, timeout: float | None = None) -> None:
         """`podman system service` on this directory's socket (again, after stop_service)."""
-        self.spawn(["podman", *self.storage, "system", "service", "--time=0", self.url],
-                   self.answers, timeout, cwd="/", env=self._env(), **self._as_user())
+        self.spawn(
+            ["podman", *self.storage, "system", "service", "--time=0", self.url],
+            self.answers,
+            timeout,
+            cwd="/",
+            env=self._env(),
+            **self._as_user(),
+        )
 
     def stop_service(self, signum: int = signal.SIGTERM) -> None:
         """Stop the service; its containers run on (conmon watches them)."""
@@ -155,8 +203,11 @@ class Podman(PrivateDaemon, LabelledRuns["Container"]):
                 pass
         for path in reversed(self.cgroups):
             _remove_cgroup(path)
-        mounts = [line.split()[1] for line in open("/proc/self/mounts", encoding="utf-8")
-                  if line.split()[1].startswith(self.root + "/")]
+        mounts = [
+            line.split()[1]
+            for line in open("/proc/self/mounts", encoding="utf-8")
+            if line.split()[1].startswith(self.root + "/")
+        ]
         for mount in reversed(mounts):
             subprocess.run(["umount", "-l", mount], capture_output=True)
         shutil.rmtree(self.root, ignore_errors=True)
@@ -174,12 +225,19 @@ class Podman(PrivateDaemon, LabelledRuns["Container"]):
 
     # -- using it -----------------------------------------------------------------------
 
-    def podman(self, *args: str, check: bool = True, stdin: Optional[bytes] = None
-               ) -> subprocess.CompletedProcess:
+    def podman(
+        self, *args: str, check: bool = True, stdin: bytes | None = None
+    ) -> subprocess.CompletedProcess:
         """Run the podman command on this service's storage (as its user)."""
-        result = subprocess.run(["podman", *self.storage, *args], input=stdin,
-                                capture_output=True, timeout=120, cwd="/", env=self._env(),
-                                **self._as_user())
+        result = subprocess.run(
+            ["podman", *self.storage, *args],
+            input=stdin,
+            capture_output=True,
+            timeout=120,
+            cwd="/",
+            env=self._env(),
+            **self._as_user(),
+        )
         if check and result.returncode != 0:
             raise RuntimeError(f"podman {' '.join(args)}: {result.stderr.decode().strip()}")
         return result
@@ -187,20 +245,24 @@ class Podman(PrivateDaemon, LabelledRuns["Container"]):
     def output(self, *args: str) -> str:
         return self.podman(*args).stdout.decode().strip()
 
-    def container(self, cid: str) -> "Container":
+    def container(self, cid: str) -> Container:
         return Container(self, cid)
 
     def import_image(self) -> None:
-        result = self.podman("import", "-c", "ENV PATH=/bin", "-", IMAGE, stdin=busybox_rootfs(),
-                             check=False)
+        result = self.podman(
+            "import", "-c", "ENV PATH=/bin", "-", IMAGE, stdin=busybox_rootfs(), check=False
+        )
         if result.returncode != 0:
             raise PodmanUnavailable(f"cannot import the test image: {result.stderr.decode()}")
 
-    def _env(self) -> Dict[str, str]:
-        return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": self.home,
-                "XDG_RUNTIME_DIR": self.runtime}
+    def _env(self) -> dict[str, str]:
+        return {
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": self.home,
+            "XDG_RUNTIME_DIR": self.runtime,
+        }
 
-    def _as_user(self) -> Dict[str, object]:
+    def _as_user(self) -> dict[str, object]:
         if self.user is None:
             return {}
         return {"user": self.user.uid, "group": self.user.gid, "extra_groups": []}
@@ -213,8 +275,11 @@ class Container:
         self.podman = podman
         self.id = cid
         self.short = cid[:12]
-        name, pid = podman.podman("inspect", "--format", "{{.Name}} {{.State.Pid}}",
-                                  cid).stdout.decode().split()
+        name, pid = (
+            podman.podman("inspect", "--format", "{{.Name}} {{.State.Pid}}", cid)
+            .stdout.decode()
+            .split()
+        )
         self.name, self.pid = name, int(pid)
 
     def place(self) -> None:
@@ -259,21 +324,24 @@ def _remove_cgroup(path: str) -> None:
             time.sleep(0.05)
 
 
-def _ranges(table: str) -> List[tuple]:
+def _ranges(table: str) -> list[tuple]:
     try:
         with open(table, encoding="utf-8") as f:
             rows = [line.strip().split(":") for line in f if line.count(":") == 2]
     except FileNotFoundError:
         return []
-    return [(name, int(start), int(count)) for name, start, count in rows
-            if start.isdigit() and count.isdigit()]
+    return [
+        (name, int(start), int(count))
+        for name, start, count in rows
+        if start.isdigit() and count.isdigit()
+    ]
 
 
-def _ranges_of(table: str, name: str) -> List[tuple]:
+def _ranges_of(table: str, name: str) -> list[tuple]:
     return [row for row in _ranges(table) if row[0] == name]
 
 
-def _pids_using(root: str) -> List[int]:
+def _pids_using(root: str) -> list[int]:
     """Processes whose command line names the private directory `root`: Podman's own."""
     found = []
     needle = root.encode() + b"/"
@@ -288,7 +356,7 @@ def _pids_using(root: str) -> List[int]:
     return found
 
 
-def _pids_of(uid: int) -> List[int]:
+def _pids_of(uid: int) -> list[int]:
     found = []
     for name in os.listdir("/proc"):
         if name.isdigit():

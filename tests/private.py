@@ -8,6 +8,7 @@ start fails; and is stopped with SIGTERM, then killed if it lingers. The Docker 
 Podman also share how a test starts a container: the test image, with labels, and no network
 (`LabelledRuns`).
 """
+
 from __future__ import annotations
 
 import io
@@ -19,8 +20,8 @@ import tarfile
 import tempfile
 import time
 from abc import ABC, abstractmethod
-from typing import (Any, Callable, ClassVar, Dict, Generic, List, Optional, Tuple, Type, TypeVar,
-                    Union)
+from typing import Any, ClassVar, Generic, TypeVar
+from collections.abc import Callable
 
 
 class Unavailable(Exception):
@@ -36,14 +37,14 @@ class PrivateDaemon(ABC):
 
     what: ClassVar[str]
     log_name: ClassVar[str]
-    unavailable: ClassVar[Type[Unavailable]]
+    unavailable: ClassVar[type[Unavailable]]
     start_timeout: ClassVar[float] = 30
 
     def __init__(self, prefix: str) -> None:
         self.root = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
-        self.process: Optional[subprocess.Popen] = None
+        self.process: subprocess.Popen | None = None
 
-    def start(self: D, timeout: Optional[float] = None) -> D:
+    def start(self: D, timeout: float | None = None) -> D:
         """Check what it needs, start it, wait until it answers, import the test image; when
         any of it fails, stop (its directory removed) and raise."""
         try:
@@ -60,7 +61,7 @@ class PrivateDaemon(ABC):
         default."""
 
     @abstractmethod
-    def run_daemon(self, timeout: Optional[float] = None) -> None:
+    def run_daemon(self, timeout: float | None = None) -> None:
         """Start the daemon (`spawn`), and return once it answers."""
 
     @abstractmethod
@@ -75,7 +76,7 @@ class PrivateDaemon(ABC):
         """A path in the private directory."""
         return os.path.join(self.root, *parts)
 
-    def need(self, tools: Tuple[str, ...], hint: str) -> None:
+    def need(self, tools: tuple[str, ...], hint: str) -> None:
         """Raise `unavailable` unless every tool is installed (`hint`: what installs them) and
         this runs as root."""
         for tool in tools:
@@ -84,15 +85,22 @@ class PrivateDaemon(ABC):
         if os.geteuid() != 0:
             raise self.unavailable(f"{self.what} needs root")
 
-    def spawn(self, argv: List[str], answers: Callable[[], bool], timeout: Optional[float],
-              **popen: Any) -> None:
+    def spawn(
+        self, argv: list[str], answers: Callable[[], bool], timeout: float | None, **popen: Any
+    ) -> None:
         """Start `argv` in a session of its own, its output appended to the log; return once
         `answers()`; raise `unavailable`, with the log's tail, if it exits or `timeout` s
         (`start_timeout` if None) pass first."""
         with open(self.path(self.log_name), "ab") as log:
-            self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
-                                            stderr=log, start_new_session=True, close_fds=True,
-                                            **popen)
+            self.process = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                close_fds=True,
+                **popen,
+            )
         deadline = time.monotonic() + (self.start_timeout if timeout is None else timeout)
         while not answers():
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -150,17 +158,23 @@ class LabelledRuns(ABC, Generic[C]):
     `image`, with labels, and no network, kept in `containers` to be removed at stop."""
 
     image: ClassVar[str]
-    options: ClassVar[Tuple[str, ...]] = ()  # of every `run`
-    containers: List[str]
+    options: ClassVar[tuple[str, ...]] = ()  # of every `run`
+    containers: list[str]
 
-    def run(self, *args: str, labels: Optional[Dict[str, str]] = None,
-            command: Union[str, List[str]] = "sleep 600") -> C:
+    def run(
+        self,
+        *args: str,
+        labels: dict[str, str] | None = None,
+        command: str | list[str] = "sleep 600",
+    ) -> C:
         """Start a container of the test image, with labels, and no network."""
-        label_args = [arg for key, value in (labels or {}).items()
-                      for arg in ("--label", f"{key}={value}")]
+        label_args = [
+            arg for key, value in (labels or {}).items() for arg in ("--label", f"{key}={value}")
+        ]
         argv = command.split() if isinstance(command, str) else command
-        cid = self.output("run", "-d", "--network", "none", *self.options, *label_args, *args,
-                          self.image, *argv)
+        cid = self.output(
+            "run", "-d", "--network", "none", *self.options, *label_args, *args, self.image, *argv
+        )
         self.containers.append(cid)
         return self.container(cid)
 

@@ -3,6 +3,7 @@
 `tool(name)` finds a binary: under CI=true a missing one fails the test, elsewhere the test is
 skipped with the reason (tests/setup.sh installs them as root on Debian or Ubuntu).
 """
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple, TypeVar
+from typing import Any, TypeVar
+from collections.abc import Callable
 
 import pytest
 
@@ -40,7 +42,7 @@ def tool(name: str) -> str:
     raise AssertionError("unreachable")
 
 
-def eventually(probe: Callable[[], Optional[T]], what: str, timeout: float = 60) -> T:
+def eventually(probe: Callable[[], T | None], what: str, timeout: float = 60) -> T:
     """Poll probe() until it returns something other than None (or False); fail after
     `timeout` seconds with `what` and the last value seen."""
     deadline = time.monotonic() + timeout
@@ -60,7 +62,7 @@ def eventually(probe: Callable[[], Optional[T]], what: str, timeout: float = 60)
 def settles(probe: Callable[[], T], expected: T, what: str, timeout: float = 60) -> None:
     """Poll probe() until it returns `expected`; fail after `timeout` seconds with the last
     value seen."""
-    last: List[Any] = [None]
+    last: list[Any] = [None]
 
     def equal() -> bool:
         last[0] = probe()
@@ -70,10 +72,11 @@ def settles(probe: Callable[[], T], expected: T, what: str, timeout: float = 60)
         eventually(equal, what, timeout)
     except AssertionError:
         raise AssertionError(
-            f"{what}: wanted {expected!r} for {timeout}s, last {last[0]!r}") from None
+            f"{what}: wanted {expected!r} for {timeout}s, last {last[0]!r}"
+        ) from None
 
 
-def get(url: str, accept: Optional[str] = None, timeout: float = 20) -> Tuple[int, str, bytes]:
+def get(url: str, accept: str | None = None, timeout: float = 20) -> tuple[int, str, bytes]:
     """(status, Content-Type, body) of a GET."""
     request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
     try:
@@ -91,16 +94,19 @@ def exposition(url: str) -> str:
     return body.decode("utf-8")
 
 
-def sample_names(text: str) -> Set[str]:
+def sample_names(text: str) -> set[str]:
     """The metric names of every sample line of a text exposition (a counter's as exposed:
     `_total`, and `_created` where there is one; a histogram's `_bucket`, `_sum`, `_count`)."""
     return {found.group(1) for found in map(SAMPLE.match, text.splitlines()) if found}
 
 
-def family_names(text: str) -> Set[str]:
+def family_names(text: str) -> set[str]:
     """The names in `# HELP` and `# TYPE` lines (families, even those with no sample now)."""
-    return {line.split()[2] for line in text.splitlines()
-            if line.startswith(("# HELP ", "# TYPE ")) and len(line.split()) > 2}
+    return {
+        line.split()[2]
+        for line in text.splitlines()
+        if line.startswith(("# HELP ", "# TYPE ")) and len(line.split()) > 2
+    }
 
 
 def free_port() -> int:
@@ -115,28 +121,34 @@ class Prometheus:
     temporary directory, scraping the given jobs ({job name: ["host:port", ...]}) and
     evaluating the given rule files (absolute paths) every `interval`."""
 
-    def __init__(self, jobs: Dict[str, List[str]], interval: str = "1s",
-                 rules: Optional[List[str]] = None) -> None:
+    def __init__(
+        self, jobs: dict[str, list[str]], interval: str = "1s", rules: list[str] | None = None
+    ) -> None:
         self.binary = tool("prometheus")
         self.jobs = jobs
         self.interval = interval
         self.rules = list(rules or [])
         self.directory = tempfile.TemporaryDirectory(prefix="patroller-prometheus-")
-        self.process: Optional[subprocess.Popen] = None
+        self.process: subprocess.Popen | None = None
         self.url = ""
         self._log = tempfile.TemporaryFile(mode="w+")
 
-    def config(self) -> Dict[str, Any]:
+    def config(self) -> dict[str, Any]:
         """prometheus.yml (JSON is YAML)."""
         return {
-            "global": {"scrape_interval": self.interval, "scrape_timeout": self.interval,
-                       "evaluation_interval": self.interval},
-            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}]}
-                               for job, targets in self.jobs.items()],
+            "global": {
+                "scrape_interval": self.interval,
+                "scrape_timeout": self.interval,
+                "evaluation_interval": self.interval,
+            },
+            "scrape_configs": [
+                {"job_name": job, "static_configs": [{"targets": targets}]}
+                for job, targets in self.jobs.items()
+            ],
             "rule_files": self.rules,
         }
 
-    def start(self, timeout: float = 60) -> "Prometheus":
+    def start(self, timeout: float = 60) -> Prometheus:
         """Start it and wait until /-/ready answers 200 (another port if the first was
         taken in the meantime)."""
         path = os.path.join(self.directory.name, "prometheus.yml")
@@ -148,11 +160,18 @@ class Prometheus:
             self._log.seek(0)
             self._log.truncate()
             self.process = subprocess.Popen(
-                [self.binary, f"--config.file={path}",
-                 f"--storage.tsdb.path={os.path.join(self.directory.name, 'data')}",
-                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
-                cwd=self.directory.name)
+                [
+                    self.binary,
+                    f"--config.file={path}",
+                    f"--storage.tsdb.path={os.path.join(self.directory.name, 'data')}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    "--log.level=warn",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=self._log,
+                cwd=self.directory.name,
+            )
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline and self.process.poll() is None:
                 try:
@@ -181,14 +200,14 @@ class Prometheus:
         assert status == 200 and answer["status"] == "success", (path, params, status, answer)
         return answer["data"]
 
-    def query(self, expr: str, at: Optional[float] = None) -> List[Tuple[Dict[str, str], float]]:
+    def query(self, expr: str, at: float | None = None) -> list[tuple[dict[str, str], float]]:
         """An instant query (now, or at `at`, epoch seconds): (labels, value) of every sample of
         the vector it returns."""
         data = self.api("query", query=expr, **({} if at is None else {"time": f"{at:.3f}"}))
         assert data["resultType"] == "vector", data
         return [(r["metric"], float(r["value"][1])) for r in data["result"]]
 
-    def targets_up(self) -> Optional[Dict[str, str]]:
+    def targets_up(self) -> dict[str, str] | None:
         """{scrape URL: health} when every configured target is up after a scrape, else None."""
         active = self.api("targets", state="active")["activeTargets"]
         health = {t["scrapeUrl"]: t["health"] for t in active}
@@ -209,8 +228,13 @@ class Prometheus:
         self.directory.cleanup()
 
 
-def promtool_check_metrics(text: str) -> Tuple[int, str]:
+def promtool_check_metrics(text: str) -> tuple[int, str]:
     """(exit status, everything it printed) of `promtool check metrics` on an exposition."""
-    done = subprocess.run([tool("promtool"), "check", "metrics"], input=text,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [tool("promtool"), "check", "metrics"],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return done.returncode, done.stdout + done.stderr

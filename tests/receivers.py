@@ -1,6 +1,7 @@
 """Real receivers of notifications, on loopback: an SMTP server (aiosmtpd) that keeps each
 message, an HTTP server that keeps each JSON body posted to it (Apprise's json://), and a
 destination that accepts connections and never answers. Each is a context manager."""
+
 from __future__ import annotations
 
 import email
@@ -10,7 +11,8 @@ import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Dict, List
+from typing import Any
+from collections.abc import Callable
 
 
 def free_port() -> int:
@@ -32,7 +34,7 @@ class Smtp:
     def __init__(self) -> None:
         from aiosmtpd.controller import Controller
 
-        self.messages: List[Any] = []
+        self.messages: list[Any] = []
         self.port = free_port()
         receiver = self
 
@@ -47,16 +49,21 @@ class Smtp:
     def url(self, to: str = "admin@lab.example") -> str:
         return f"mailto://127.0.0.1:{self.port}?from=patroller@lab.example&to={to}"
 
-    def texts(self) -> List[Dict[str, str]]:
+    def texts(self) -> list[dict[str, str]]:
         """Each message's subject, recipients and plain text."""
         found = []
         for _, to, message in list(self.messages):
             part = message.get_body(preferencelist=("plain",))
-            found.append({"subject": str(message["Subject"]), "to": ",".join(to),
-                          "text": part.get_content().strip() if part else ""})
+            found.append(
+                {
+                    "subject": str(message["Subject"]),
+                    "to": ",".join(to),
+                    "text": part.get_content().strip() if part else "",
+                }
+            )
         return found
 
-    def __enter__(self) -> "Smtp":
+    def __enter__(self) -> Smtp:
         self._controller.start()
         return self
 
@@ -70,9 +77,9 @@ class Hooks:
     (a destination that has a notice but has not said so yet)."""
 
     def __init__(self) -> None:
-        self.bodies: List[Dict[str, Any]] = []
-        self.authorizations: List[str] = []
-        self.paths: List[str] = []
+        self.bodies: list[dict[str, Any]] = []
+        self.authorizations: list[str] = []
+        self.paths: list[str] = []
         self.gate = threading.Event()
         self.gate.set()
         receiver = self
@@ -99,7 +106,7 @@ class Hooks:
         who = f"patroller:{secret}@" if secret else ""
         return f"json://{who}127.0.0.1:{self.port}/hook"
 
-    def __enter__(self) -> "Hooks":
+    def __enter__(self) -> Hooks:
         self._thread.start()
         return self
 
@@ -119,7 +126,7 @@ class Silent:
         self.port = self._sock.getsockname()[1]
         self.accepted = 0
         self.open = 0
-        self._held: List[socket.socket] = []
+        self._held: list[socket.socket] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -131,14 +138,14 @@ class Silent:
         while not self._stop.is_set():
             try:
                 conn, _ = self._sock.accept()
-            except socket.timeout:
+            except TimeoutError:
                 self.open = sum(_alive(c) for c in self._held)
                 continue
             self.accepted += 1
             self._held.append(conn)
             self.open = sum(_alive(c) for c in self._held)
 
-    def __enter__(self) -> "Silent":
+    def __enter__(self) -> Silent:
         self._thread.start()
         return self
 

@@ -33,6 +33,7 @@ The choices this host (cgroup v1, no systemd) needs, and why:
   (FirstJobId) so that two clusters do not name the same job directory, and at the end only
   this cluster's job directories are removed.
 """
+
 from __future__ import annotations
 
 import os
@@ -46,7 +47,7 @@ import stat
 import subprocess
 import tempfile
 import time
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from collections.abc import Sequence
 
 import pytest
 
@@ -57,12 +58,30 @@ EPILOG = os.path.join(ROOT, "contrib", "slurm", "epilog.sh")
 NOBODY = 65534
 GPU_MAJOR = 195  # the NVIDIA driver's character devices
 CGROUP = "/sys/fs/cgroup"
-TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "scancel", "squeue",
-         "sinfo")
+TOOLS = (
+    "munged",
+    "slurmctld",
+    "slurmd",
+    "sbatch",
+    "srun",
+    "scontrol",
+    "scancel",
+    "squeue",
+    "sinfo",
+)
 # Job states after which nothing of the job runs and its epilog has finished (scontrol shows
 # COMPLETING while an epilog still runs).
-FINISHED = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
-            "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
+FINISHED = {
+    "COMPLETED",
+    "CANCELLED",
+    "FAILED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "OUT_OF_MEMORY",
+}
 # Node state words that mean it has been taken out of service.
 OUT_OF_SERVICE = ("DRAIN", "DOWN", "FAIL", "INVAL", "NOT_RESPONDING")
 
@@ -112,25 +131,29 @@ class SlurmNode:
         self.env = {**os.environ, "SLURM_CONF": self.conf}
         for name in ("SLURM_JOB_ID", "SLURM_JOBID"):  # a test run inside a Slurm job
             self.env.pop(name, None)
-        self.processes: Dict[str, subprocess.Popen] = {}
-        self.jobs: Set[str] = set()  # every job this cluster ran, for the cleanup
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.jobs: set[str] = set()  # every job this cluster ran, for the cleanup
         self.startup = 0.0  # seconds from start() to an idle node
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def start(self, timeout: float = 60) -> "SlurmNode":
+    def start(self, timeout: float = 60) -> SlurmNode:
         """Write the configuration, start the daemons and wait until the node is idle."""
         began = time.monotonic()
         try:
             for tool in TOOLS:
                 if shutil.which(tool) is None:
-                    raise SlurmUnavailable(f"{tool} is not installed (tests/setup.sh installs "
-                                           "slurmctld, slurmd, slurm-client and munge)")
+                    raise SlurmUnavailable(
+                        f"{tool} is not installed (tests/setup.sh installs "
+                        "slurmctld, slurmd, slurm-client and munge)"
+                    )
             if os.geteuid() != 0:
                 raise SlurmUnavailable("slurmd and the job cgroups need root")
             if not os.path.isdir(os.path.join(CGROUP, "freezer")):
-                raise SlurmUnavailable(f"no cgroup v1 freezer hierarchy at {CGROUP}/freezer: "
-                                       "this cluster is configured for cgroup v1")
+                raise SlurmUnavailable(
+                    f"no cgroup v1 freezer hierarchy at {CGROUP}/freezer: "
+                    "this cluster is configured for cgroup v1"
+                )
             self._write()
             self._start_munged(deadline=began + timeout)
             for attempt in range(3):
@@ -166,8 +189,9 @@ class SlurmNode:
             if running:
                 self._quietly(["scancel", *running])
                 deadline = time.monotonic() + 20
-                while (time.monotonic() < deadline and
-                       any(self.state(job) not in FINISHED | {""} for job in running)):
+                while time.monotonic() < deadline and any(
+                    self.state(job) not in FINISHED | {""} for job in running
+                ):
                     time.sleep(0.1)
         for name in ("slurmd", "slurmctld", "munged"):
             self._end(name)
@@ -175,7 +199,7 @@ class SlurmNode:
         self._remove_cgroups()
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def __enter__(self) -> "SlurmNode":
+    def __enter__(self) -> SlurmNode:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -184,11 +208,18 @@ class SlurmNode:
     def log(self) -> str:
         """The end of every daemon's log, and what the prolog and epilog said."""
         parts = []
-        for name in ("munged.log", "slurmctld.log", "slurmd.log", "slurmctld.out", "slurmd.out",
-                     "munged.out", "prolog.err", "epilog.err"):
+        for name in (
+            "munged.log",
+            "slurmctld.log",
+            "slurmd.log",
+            "slurmctld.out",
+            "slurmd.out",
+            "munged.out",
+            "prolog.err",
+            "epilog.err",
+        ):
             try:
-                with open(os.path.join(self.logs, name), encoding="utf-8",
-                          errors="replace") as f:
+                with open(os.path.join(self.logs, name), encoding="utf-8", errors="replace") as f:
                     text = f.read()
             except OSError:
                 continue
@@ -197,16 +228,35 @@ class SlurmNode:
 
     # -- the client commands ------------------------------------------------------------
 
-    def command(self, argv: Sequence[str], user: Optional[int] = None, check: bool = True,
-                timeout: float = 60, input: Optional[str] = None) -> subprocess.CompletedProcess:
+    def command(
+        self,
+        argv: Sequence[str],
+        user: int | None = None,
+        check: bool = True,
+        timeout: float = 60,
+        input: str | None = None,
+    ) -> subprocess.CompletedProcess:
         """Run a Slurm client command against this cluster, as `user` (a uid) or root."""
-        as_user = {} if user is None else dict(user=user, group=pwd.getpwuid(user).pw_gid,
-                                                extra_groups=[])
-        result = subprocess.run(list(argv), env=self.env, capture_output=True, text=True,
-                                timeout=timeout, input=input, cwd=self.work, **as_user)
+        as_user = (
+            {}
+            if user is None
+            else dict(user=user, group=pwd.getpwuid(user).pw_gid, extra_groups=[])
+        )
+        result = subprocess.run(
+            list(argv),
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            input=input,
+            cwd=self.work,
+            **as_user,
+        )
         if check and result.returncode != 0:
-            raise AssertionError(f"{' '.join(argv)} exited {result.returncode}: "
-                                 f"{result.stdout}{result.stderr}\n{self.log()}")
+            raise AssertionError(
+                f"{' '.join(argv)} exited {result.returncode}: "
+                f"{result.stdout}{result.stderr}\n{self.log()}"
+            )
         return result
 
     def _quietly(self, argv: Sequence[str]) -> None:
@@ -216,8 +266,9 @@ class SlurmNode:
         except (OSError, subprocess.SubprocessError):
             pass
 
-    def _job_options(self, gpus: int, name: Optional[str], account: Optional[str],
-                     extra: Sequence[str]) -> List[str]:
+    def _job_options(
+        self, gpus: int, name: str | None, account: str | None, extra: Sequence[str]
+    ) -> list[str]:
         options = ["-N", "1", "-n", "1", f"--partition={self.partition}"]
         if gpus:
             options.append(f"--gres=gpu:{gpus}")
@@ -227,48 +278,89 @@ class SlurmNode:
             options.append(f"--account={account}")
         return options + list(extra)
 
-    def sbatch(self, script: str, user: Optional[int] = None, gpus: int = 0,
-               name: Optional[str] = None, account: Optional[str] = None,
-               extra: Sequence[str] = ()) -> str:
+    def sbatch(
+        self,
+        script: str,
+        user: int | None = None,
+        gpus: int = 0,
+        name: str | None = None,
+        account: str | None = None,
+        extra: Sequence[str] = (),
+    ) -> str:
         """Submit a batch script (its text; it should start with #!) as `user` (the
         cluster's job user by default) asking for `gpus` GPUs; the job id."""
         user = self.uid if user is None else user
-        argv = ["sbatch", "--parsable", f"--chdir={self.work}",
-                f"--output={self.work}/slurm-%j.out",
-                *self._job_options(gpus, name, account, extra)]
+        argv = [
+            "sbatch",
+            "--parsable",
+            f"--chdir={self.work}",
+            f"--output={self.work}/slurm-%j.out",
+            *self._job_options(gpus, name, account, extra),
+        ]
         job = self.command(argv, user=user, input=script).stdout.strip().split(";")[0]
         assert re.fullmatch(r"[0-9]+", job), job
         self.jobs.add(job)
         return job
 
-    def srun(self, command: Sequence[str], user: Optional[int] = None, gpus: int = 0,
-             name: Optional[str] = None, account: Optional[str] = None,
-             extra: Sequence[str] = (), timeout: float = 60) -> subprocess.CompletedProcess:
+    def srun(
+        self,
+        command: Sequence[str],
+        user: int | None = None,
+        gpus: int = 0,
+        name: str | None = None,
+        account: str | None = None,
+        extra: Sequence[str] = (),
+        timeout: float = 60,
+    ) -> subprocess.CompletedProcess:
         """Run `command` as a job step with srun (a job of its own) as `user`, and wait."""
         user = self.uid if user is None else user
-        argv = ["srun", f"--chdir={self.work}", *self._job_options(gpus, name, account, extra),
-                *command]
+        argv = [
+            "srun",
+            f"--chdir={self.work}",
+            *self._job_options(gpus, name, account, extra),
+            *command,
+        ]
         return self.command(argv, user=user, check=False, timeout=timeout)
 
-    def srun_background(self, command: Sequence[str], user: Optional[int] = None,
-                        gpus: int = 0, name: Optional[str] = None,
-                        account: Optional[str] = None,
-                        extra: Sequence[str] = ()) -> Tuple[subprocess.Popen, str]:
+    def srun_background(
+        self,
+        command: Sequence[str],
+        user: int | None = None,
+        gpus: int = 0,
+        name: str | None = None,
+        account: str | None = None,
+        extra: Sequence[str] = (),
+    ) -> tuple[subprocess.Popen, str]:
         """Start `command` under srun as `user` without waiting; the srun process (its output
         in pipes: communicate() after the job ends) and the job's id, once slurmctld has the
         job (it may still be pending)."""
         user = self.uid if user is None else user
         name = name or f"srun{random.randrange(10**9)}"
-        argv = ["srun", f"--chdir={self.work}", *self._job_options(gpus, name, account, extra),
-                *command]
-        process = subprocess.Popen(argv, env=self.env, cwd=self.work, user=user,
-                                   group=pwd.getpwuid(user).pw_gid, extra_groups=[],
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True)
+        argv = [
+            "srun",
+            f"--chdir={self.work}",
+            *self._job_options(gpus, name, account, extra),
+            *command,
+        ]
+        process = subprocess.Popen(
+            argv,
+            env=self.env,
+            cwd=self.work,
+            user=user,
+            group=pwd.getpwuid(user).pw_gid,
+            extra_groups=[],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
-            job = self._until(lambda: self.job_named(name), f"no job named {name}",
-                              deadline=time.monotonic() + 60,
-                              died=lambda: process.poll() is not None)
+            job = self._until(
+                lambda: self.job_named(name),
+                f"no job named {name}",
+                deadline=time.monotonic() + 60,
+                died=lambda: process.poll() is not None,
+            )
         except AssertionError as exc:
             if process.poll() is None:
                 process.kill()
@@ -277,7 +369,7 @@ class SlurmNode:
         self.jobs.add(job)
         return process, job
 
-    def job_named(self, name: str) -> Optional[str]:
+    def job_named(self, name: str) -> str | None:
         """The id of the job called `name`, if there is one."""
         listed = self.command(["squeue", "-h", "-n", name, "-o", "%i"], check=False)
         ids = listed.stdout.split()
@@ -300,16 +392,21 @@ class SlurmNode:
     def wait_state(self, job: str, *states: str, timeout: float = 60) -> str:
         """Wait until the job is in one of `states`; that state. Fails at once when the job
         finished in another."""
-        def reached() -> Optional[str]:
+
+        def reached() -> str | None:
             now = self.state(job)
             if now in states:
                 return now
             if now in FINISHED | {""}:
-                raise AssertionError(f"job {job} is {now or 'gone'}, not {states}:\n"
-                                     f"{self.show_job(job)}\n{self.log()}")
+                raise AssertionError(
+                    f"job {job} is {now or 'gone'}, not {states}:\n"
+                    f"{self.show_job(job)}\n{self.log()}"
+                )
             return None
-        return self._until(reached, f"job {job} did not reach {states}",
-                           deadline=time.monotonic() + timeout)
+
+        return self._until(
+            reached, f"job {job} did not reach {states}", deadline=time.monotonic() + timeout
+        )
 
     def wait_finished(self, job: str, timeout: float = 60) -> str:
         """Wait until the job finished and its epilog ran; its final state."""
@@ -322,7 +419,7 @@ class SlurmNode:
             raise AssertionError(f"scancel {job}: {done.stderr}\n{self.log()}")
         return self.wait_finished(job, timeout) if wait else self.state(job)
 
-    def job_pids(self, job: str) -> List[int]:
+    def job_pids(self, job: str) -> list[int]:
         """The pids of the job's processes on the node, from `scontrol listpids` (the
         proctrack cgroups of its steps); slurmstepd is not among them."""
         listed = self.command(["scontrol", "listpids", job], check=False)
@@ -333,20 +430,23 @@ class SlurmNode:
                 pids.append(int(fields[0]))
         return sorted(set(pids))
 
-    def wait_pids(self, job: str, count: int = 1, timeout: float = 30) -> List[int]:
+    def wait_pids(self, job: str, count: int = 1, timeout: float = 30) -> list[int]:
         """Wait until the job has at least `count` processes; their pids. (A job is RUNNING
         from its allocation; its processes start once the prolog has run.)"""
-        return self._until(lambda: (lambda pids: pids if len(pids) >= count else None)(
-            self.job_pids(job)), f"job {job} has no {count} processes",
-            deadline=time.monotonic() + timeout)
+        return self._until(
+            lambda: (lambda pids: pids if len(pids) >= count else None)(self.job_pids(job)),
+            f"job {job} has no {count} processes",
+            deadline=time.monotonic() + timeout,
+        )
 
-    def job_gpus(self, job: str) -> List[int]:
+    def job_gpus(self, job: str) -> list[int]:
         """The GRES indices of the job's GPUs, from `scontrol -d show job`."""
-        found = re.search(r"\bGRES=gpu(?::[^(\s]*)?\(IDX:([0-9,\-]+)\)",
-                          self.show_job(job, detail=True))
+        found = re.search(
+            r"\bGRES=gpu(?::[^(\s]*)?\(IDX:([0-9,\-]+)\)", self.show_job(job, detail=True)
+        )
         return expand(found.group(1)) if found else []
 
-    def cgroup_bases(self) -> List[str]:
+    def cgroup_bases(self) -> list[str]:
         """Where slurmd makes its cgroups in every v1 controller: slurm_<node> (Debian builds
         Slurm for several slurmd per host, which adds the node name) or slurm."""
         found = []
@@ -357,7 +457,7 @@ class SlurmNode:
                     found.append(base)
         return found
 
-    def job_cgroups(self, job: str) -> List[str]:
+    def job_cgroups(self, job: str) -> list[str]:
         """The job's cgroup directories (.../uid_<uid>/job_<id>) in every v1 controller."""
         found = []
         for base in self.cgroup_bases():
@@ -387,9 +487,9 @@ class SlurmNode:
         state = self.node_state()
         return bool(state) and not any(word in state for word in OUT_OF_SERVICE)
 
-    def job_map_files(self) -> Dict[str, List[str]]:
+    def job_map_files(self) -> dict[str, list[str]]:
         """{file name: its lines} of the job map (names starting with a dot left out)."""
-        found: Dict[str, List[str]] = {}
+        found: dict[str, list[str]] = {}
         if not os.path.isdir(self.job_map):
             return found
         for name in sorted(os.listdir(self.job_map)):
@@ -399,12 +499,16 @@ class SlurmNode:
                 found[name] = f.read().splitlines()
         return found
 
-    def job_map_of(self, job: str) -> Dict[str, str]:
+    def job_map_of(self, job: str) -> dict[str, str]:
         """{file name: the job's line} for every file of the job map that names the job."""
-        return {name: line for name, lines in self.job_map_files().items() for line in lines
-                if line.split()[:1] == [job]}
+        return {
+            name: line
+            for name, lines in self.job_map_files().items()
+            for line in lines
+            if line.split()[:1] == [job]
+        }
 
-    def script_runs(self, which: str) -> List[Tuple[int, str]]:
+    def script_runs(self, which: str) -> list[tuple[int, str]]:
         """(uid, job id) of every run of the prolog or the epilog (`which`), as the wrappers
         recorded them before they ran the script."""
         try:
@@ -417,13 +521,14 @@ class SlurmNode:
         """What the prolog or epilog (`which`) wrote on stderr, every run of it (the scripts
         say only problems)."""
         try:
-            with open(os.path.join(self.logs, f"{which}.err"), encoding="utf-8",
-                      errors="replace") as f:
+            with open(
+                os.path.join(self.logs, f"{which}.err"), encoding="utf-8", errors="replace"
+            ) as f:
                 return f.read()
         except OSError:
             return ""
 
-    def script_env(self, which: str, job: str) -> Dict[str, str]:
+    def script_env(self, which: str, job: str) -> dict[str, str]:
         """The environment slurmd gave the prolog or epilog (`which`) of a job."""
         path = os.path.join(self.logs, f"{which}.{job}.env")
         with open(path, "rb") as f:
@@ -433,8 +538,13 @@ class SlurmNode:
     # -- the parts --------------------------------------------------------------------------
 
     def _write(self) -> None:
-        for folder in (self.etc, self.logs, os.path.join(self.root, "dev"),
-                       os.path.join(self.root, "state"), os.path.join(self.root, "spool")):
+        for folder in (
+            self.etc,
+            self.logs,
+            os.path.join(self.root, "dev"),
+            os.path.join(self.root, "state"),
+            os.path.join(self.root, "spool"),
+        ):
             os.makedirs(folder, mode=0o755)
         os.makedirs(self.work)
         os.chown(self.work, self.uid, self.gid)
@@ -444,23 +554,39 @@ class SlurmNode:
         # As contrib/slurm/slurm.conf.example has them: every script of prolog.d and epilog.d.
         for name, script in (("prolog", PROLOG), ("epilog", EPILOG)):
             os.makedirs(os.path.join(self.etc, f"{name}.d"), mode=0o755)
-            self._write_file(os.path.join(self.etc, f"{name}.d", "patroller.sh"),
-                             self._wrapper(name, script), 0o755)
+            self._write_file(
+                os.path.join(self.etc, f"{name}.d", "patroller.sh"),
+                self._wrapper(name, script),
+                0o755,
+            )
         last = self.gpus - 1
-        self._write_file(os.path.join(self.etc, "gres.conf"), "\n".join([
-            "AutoDetect=off",
-            f"Name=gpu File={self.root}/dev/nvidia[0-{last}]" if last else
-            f"Name=gpu File={self.devices[0]}",
-            ""]))
-        self._write_file(os.path.join(self.etc, "cgroup.conf"), "\n".join([
-            "CgroupPlugin=cgroup/v1",
-            f"CgroupMountpoint={CGROUP}",
-            "CgroupAutomount=no",
-            "ConstrainCores=no",
-            "ConstrainRAMSpace=no",
-            "ConstrainSwapSpace=no",
-            "ConstrainDevices=yes",
-            ""]))
+        self._write_file(
+            os.path.join(self.etc, "gres.conf"),
+            "\n".join(
+                [
+                    "AutoDetect=off",
+                    f"Name=gpu File={self.root}/dev/nvidia[0-{last}]"
+                    if last
+                    else f"Name=gpu File={self.devices[0]}",
+                    "",
+                ]
+            ),
+        )
+        self._write_file(
+            os.path.join(self.etc, "cgroup.conf"),
+            "\n".join(
+                [
+                    "CgroupPlugin=cgroup/v1",
+                    f"CgroupMountpoint={CGROUP}",
+                    "CgroupAutomount=no",
+                    "ConstrainCores=no",
+                    "ConstrainRAMSpace=no",
+                    "ConstrainSwapSpace=no",
+                    "ConstrainDevices=yes",
+                    "",
+                ]
+            ),
+        )
         self._write_file(os.path.join(self.etc, "plugstack.conf"), "")
 
     def _write_conf(self) -> None:
@@ -469,67 +595,76 @@ class SlurmNode:
         while slurmd_port == slurmctld_port:
             slurmd_port = free_port()
         root = self.root
-        self._write_file(self.conf, "\n".join([
-            "# A one-node cluster of Patroller's tests (tests/slurm.py).",
-            f"ClusterName={self.cluster}",
-            f"SlurmctldHost={self.node}(127.0.0.1)",
-            f"SlurmctldPort={slurmctld_port}",
-            f"SlurmdPort={slurmd_port}",
-            "SlurmUser=root",
-            "SlurmdUser=root",
-            "AuthType=auth/munge",
-            "CredType=cred/munge",
-            f"AuthInfo=socket={self.munge_socket}",
-            f"StateSaveLocation={root}/state",
-            f"SlurmdSpoolDir={root}/spool",
-            f"SlurmctldPidFile={root}/slurmctld.pid",
-            f"SlurmdPidFile={root}/slurmd.pid",
-            f"SlurmctldLogFile={self.logs}/slurmctld.log",
-            f"SlurmdLogFile={self.logs}/slurmd.log",
-            "SlurmctldDebug=info",
-            "SlurmdDebug=info",
-            f"PlugStackConfig={self.etc}/plugstack.conf",
-            "ProctrackType=proctrack/cgroup",
-            "TaskPlugin=task/cgroup",
-            "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_Core",
-            "GresTypes=gpu",
-            "PrologFlags=Alloc",
-            f"Prolog={self.etc}/prolog.d/*",
-            f"Epilog={self.etc}/epilog.d/*",
-            "SchedulerType=sched/builtin",
-            "ReturnToService=2",
-            "MpiDefault=none",
-            "SwitchType=switch/none",
-            "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none",
-            "JobCompType=jobcomp/none",
-            f"FirstJobId={self.first_job_id}",
-            "MinJobAge=600",
-            "KillWait=2",
-            "InactiveLimit=0",
-            "SlurmdParameters=config_overrides",
-            f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs=8 Boards=1 SocketsPerBoard=1 "
-            f"CoresPerSocket=8 ThreadsPerCore=1 RealMemory=1024 Gres=gpu:{self.gpus} "
-            "State=UNKNOWN",
-            f"PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE "
-            "State=UP",
-            ""]))
+        self._write_file(
+            self.conf,
+            "\n".join(
+                [
+                    "# A one-node cluster of Patroller's tests (tests/slurm.py).",
+                    f"ClusterName={self.cluster}",
+                    f"SlurmctldHost={self.node}(127.0.0.1)",
+                    f"SlurmctldPort={slurmctld_port}",
+                    f"SlurmdPort={slurmd_port}",
+                    "SlurmUser=root",
+                    "SlurmdUser=root",
+                    "AuthType=auth/munge",
+                    "CredType=cred/munge",
+                    f"AuthInfo=socket={self.munge_socket}",
+                    f"StateSaveLocation={root}/state",
+                    f"SlurmdSpoolDir={root}/spool",
+                    f"SlurmctldPidFile={root}/slurmctld.pid",
+                    f"SlurmdPidFile={root}/slurmd.pid",
+                    f"SlurmctldLogFile={self.logs}/slurmctld.log",
+                    f"SlurmdLogFile={self.logs}/slurmd.log",
+                    "SlurmctldDebug=info",
+                    "SlurmdDebug=info",
+                    f"PlugStackConfig={self.etc}/plugstack.conf",
+                    "ProctrackType=proctrack/cgroup",
+                    "TaskPlugin=task/cgroup",
+                    "SelectType=select/cons_tres",
+                    "SelectTypeParameters=CR_Core",
+                    "GresTypes=gpu",
+                    "PrologFlags=Alloc",
+                    f"Prolog={self.etc}/prolog.d/*",
+                    f"Epilog={self.etc}/epilog.d/*",
+                    "SchedulerType=sched/builtin",
+                    "ReturnToService=2",
+                    "MpiDefault=none",
+                    "SwitchType=switch/none",
+                    "JobAcctGatherType=jobacct_gather/none",
+                    "AccountingStorageType=accounting_storage/none",
+                    "JobCompType=jobcomp/none",
+                    f"FirstJobId={self.first_job_id}",
+                    "MinJobAge=600",
+                    "KillWait=2",
+                    "InactiveLimit=0",
+                    "SlurmdParameters=config_overrides",
+                    f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs=8 Boards=1 SocketsPerBoard=1 "
+                    f"CoresPerSocket=8 ThreadsPerCore=1 RealMemory=1024 Gres=gpu:{self.gpus} "
+                    "State=UNKNOWN",
+                    f"PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE "
+                    "State=UP",
+                    "",
+                ]
+            ),
+        )
 
     def _wrapper(self, which: str, script: str) -> str:
         """A prolog or epilog that records who ran it and with what environment, then runs the
         project's script with the cluster's job map."""
         ids_only = "PATROLLER_SLURM_MAP_IDS_ONLY=1\nexport PATROLLER_SLURM_MAP_IDS_ONLY\n"
-        return "\n".join([
-            "#!/bin/sh",
-            f"# The {which} of a test cluster (tests/slurm.py).",
-            f'echo "$(id -u) $SLURM_JOB_ID" >>{self.logs}/{which}.ran',
-            f"cat /proc/$$/environ >{self.logs}/{which}.\"$SLURM_JOB_ID\".env",
-            f"PATROLLER_SLURM_JOB_MAP={self.job_map}",
-            "export PATROLLER_SLURM_JOB_MAP",
-            ids_only if self.ids_only else "unset PATROLLER_SLURM_MAP_IDS_ONLY",
-            f"exec {script} 2>>{self.logs}/{which}.err",
-            ""])
+        return "\n".join(
+            [
+                "#!/bin/sh",
+                f"# The {which} of a test cluster (tests/slurm.py).",
+                f'echo "$(id -u) $SLURM_JOB_ID" >>{self.logs}/{which}.ran',
+                f'cat /proc/$$/environ >{self.logs}/{which}."$SLURM_JOB_ID".env',
+                f"PATROLLER_SLURM_JOB_MAP={self.job_map}",
+                "export PATROLLER_SLURM_JOB_MAP",
+                ids_only if self.ids_only else "unset PATROLLER_SLURM_MAP_IDS_ONLY",
+                f"exec {script} 2>>{self.logs}/{which}.err",
+                "",
+            ]
+        )
 
     @staticmethod
     def _write_file(path: str, text: str, mode: int = 0o644) -> None:
@@ -540,7 +675,7 @@ class SlurmNode:
     def _start_munged(self, deadline: float) -> None:
         """munged as the munge user (as root where there is none) with a key of its own."""
         try:
-            munge_user: Optional[pwd.struct_passwd] = pwd.getpwnam("munge")
+            munge_user: pwd.struct_passwd | None = pwd.getpwnam("munge")
         except KeyError:
             munge_user = None
         os.makedirs(self.munge, mode=0o755)
@@ -553,19 +688,41 @@ class SlurmNode:
             os.chown(self.munge, munge_user.pw_uid, munge_user.pw_gid)
             os.chown(key, munge_user.pw_uid, munge_user.pw_gid)
             as_user = dict(user=munge_user.pw_uid, group=munge_user.pw_gid, extra_groups=[])
-        self._spawn("munged", [
-            "munged", "--foreground", f"--socket={self.munge_socket}", f"--key-file={key}",
-            f"--pid-file={self.munge}/munged.pid", f"--log-file={self.logs}/munged.log",
-            f"--seed-file={self.munge}/munged.seed", "--num-threads=2",
-            *([] if munge_user is not None else ["--force"])], **as_user)
-        self._until(lambda: os.path.exists(self.munge_socket), "munged made no socket",
-                    deadline=deadline, died=lambda: self.processes["munged"].poll() is not None)
+        self._spawn(
+            "munged",
+            [
+                "munged",
+                "--foreground",
+                f"--socket={self.munge_socket}",
+                f"--key-file={key}",
+                f"--pid-file={self.munge}/munged.pid",
+                f"--log-file={self.logs}/munged.log",
+                f"--seed-file={self.munge}/munged.seed",
+                "--num-threads=2",
+                *([] if munge_user is not None else ["--force"]),
+            ],
+            **as_user,
+        )
+        self._until(
+            lambda: os.path.exists(self.munge_socket),
+            "munged made no socket",
+            deadline=deadline,
+            died=lambda: self.processes["munged"].poll() is not None,
+        )
 
-    def _spawn(self, name: str, argv: List[str], **as_user: object) -> None:
+    def _spawn(self, name: str, argv: list[str], **as_user: object) -> None:
         with open(os.path.join(self.logs, f"{name}.out"), "wb") as out:
             self.processes[name] = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=self.env,
-                cwd=self.root, start_new_session=True, close_fds=True, **as_user)  # type: ignore
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                env=self.env,
+                cwd=self.root,
+                start_new_session=True,
+                close_fds=True,
+                **as_user,
+            )  # type: ignore
 
     def _idle(self) -> bool:
         """Whether the node is idle; fails as soon as a daemon says it could not take its port
@@ -605,10 +762,15 @@ class SlurmNode:
                 raise AssertionError(f"Slurm test cluster: {what}{why}:\n{self.log()}")
             time.sleep(0.05)
 
-    def _listed_jobs(self) -> Set[str]:
+    def _listed_jobs(self) -> set[str]:
         try:
-            listed = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%i"], env=self.env,
-                                    capture_output=True, text=True, timeout=30)
+            listed = subprocess.run(
+                ["squeue", "-h", "-t", "all", "-o", "%i"],
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
         except (OSError, subprocess.SubprocessError):
             return set()
         return set(listed.stdout.split()) if listed.returncode == 0 else set()
@@ -639,8 +801,9 @@ class SlurmNode:
         for job in self.jobs:
             for where in self.job_cgroups(job):
                 for _ in range(50):
-                    for folder, _subdirs, _files in sorted(os.walk(where), reverse=True,
-                                                           key=lambda entry: len(entry[0])):
+                    for folder, _subdirs, _files in sorted(
+                        os.walk(where), reverse=True, key=lambda entry: len(entry[0])
+                    ):
                         try:
                             os.rmdir(folder)
                         except OSError:
@@ -654,9 +817,9 @@ class SlurmNode:
                     pass
 
 
-def expand(indices: str) -> List[int]:
+def expand(indices: str) -> list[int]:
     """'0-1,3' -> [0, 1, 3]."""
-    found: List[int] = []
+    found: list[int] = []
     for part in indices.split(","):
         if "-" in part:
             first, last = part.split("-")
@@ -680,7 +843,7 @@ def _kill(pid: int) -> None:
         pass
 
 
-def _pids_under(folder: str) -> List[int]:
+def _pids_under(folder: str) -> list[int]:
     pids = []
     for where, _subdirs, files in os.walk(folder):
         if "cgroup.procs" in files:

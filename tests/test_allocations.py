@@ -1,6 +1,7 @@
 """Slurm allocations in the lease rules: a device the job map lists is its jobs', never granted,
 no lease runs on it, a process outside the jobs trespasses; when the map lets go, the usual
 rules go on. A fake clock and no I/O."""
+
 import logging
 from dataclasses import replace
 
@@ -25,8 +26,9 @@ ALLOCATION = Allocation((JOB,))
 
 def in_job(user: str, uid: int, job: str, step: str = "0") -> Identity:
     """A process of a job, as identify/resolver.py makes its identity."""
-    return Identity(user=user, source="slurm", account=user, uid=uid,
-                    job=(("id", job), ("step", step)))
+    return Identity(
+        user=user, source="slurm", account=user, uid=uid, job=(("id", job), ("step", step))
+    )
 
 
 def test_an_allocated_device_is_its_jobs_and_never_granted(leases):
@@ -43,8 +45,9 @@ def test_an_allocated_device_is_its_jobs_and_never_granted(leases):
     assert leases.cancel(waiter)  # it waited: nothing was free for it
     claim = claims(leases)[uuid(leases, 6)]
     assert claim["hold"] == "slurm" and claim["expires"] is None
-    assert claim["jobs"] == [{"id": "4242", "user": "carol", "uid": 1001, "account": "physics",
-                              "partition": "gpu"}]
+    assert claim["jobs"] == [
+        {"id": "4242", "user": "carol", "uid": 1001, "account": "physics", "partition": "gpu"}
+    ]
 
 
 def test_no_lease_runs_on_an_allocated_device(leases, clock):
@@ -86,9 +89,15 @@ def test_the_jobs_processes_claim_it_and_others_trespass_once(leases):
     assert leases.state(device) == "shared"
     trespasses = [e for e in events if e.kind == "trespass"]
     assert [(e.user, e.details["pid"], e.details.get("job")) for e in trespasses] == [
-        ("carol", 101, None), ("dave", 103, "4243")]
-    assert all(e.details["why"] == "outside_job" and e.details["jobs"] == ["4242"]
-               and e.details["holder"] == "carol" for e in trespasses)
+        ("carol", 101, None),
+        ("dave", 103, "4243"),
+    ]
+    assert all(
+        e.details["why"] == "outside_job"
+        and e.details["jobs"] == ["4242"]
+        and e.details["holder"] == "carol"
+        for e in trespasses
+    )
     counted = usage(leases)
     assert counted["carol"]["trespassing"] == 1 and counted["dave"]["trespassing"] == 1
     assert leases.holder(device).user == "carol"
@@ -126,8 +135,11 @@ def test_a_reservation_ends_when_slurm_allocates_the_device(leases):
     leases.allocate(device, ALLOCATION)
     assert leases.holder(device).user == "carol"
     preempted = [e for e in events if e.kind == "preempted"]
-    assert preempted and preempted[0].user == "alice" and preempted[0].details == {
-        "jobs": ["4242"], "hold": "lease"}
+    assert (
+        preempted
+        and preempted[0].user == "alice"
+        and preempted[0].details == {"jobs": ["4242"], "hold": "lease"}
+    )
     assert leases.held_by("alice") == []
 
 
@@ -223,47 +235,117 @@ def test_the_same_allocation_told_again_changes_nothing(leases):
 
 # -- telling of a trespass, in one line (core/leases/trespass.py) ------------------------------
 
+
 def _trespasses():
     """(hold's holder, allocated?, pid, owner, device?, count beyond) -> the line and event."""
     dave = in_job("dave", 1002, "4243")
     account = Identity(user="bob+2@example.org", source="host", account="bob", uid=1003)
-    over_user = Count("user", "bob", None, 2, [Device("GPU-0", 0), Device("GPU-1", 1)],
-                      ["bob", "bob"])
+    over_user = Count(
+        "user", "bob", None, 2, [Device("GPU-0", 0), Device("GPU-1", 1)], ["bob", "bob"]
+    )
     over_account = Count("account", "bob", 1003, 1, [Device("GPU-1", 1)], ["bob+2@example.org"])
     over_max = Count("user", "MAX", None, 1, [Device("GPU-0", 0)], ["MAX"])
     return [
-        (None, False, 7, bob, True, None, "trespassing: bob runs pid 7 on GPU-1, held by nobody",
-         {"pid": 7}),
-        (None, False, 7, bob, False, None, "trespassing: bob runs pid 7 on ?, held by nobody",
-         {"pid": 7}),
-        (alice, False, 8, bob, True, None, "trespassing: bob runs pid 8 on GPU-1, held by alice",
-         {"pid": 8, "holder": "alice"}),
-        (alice, True, 9, bob, True, None,
-         "trespassing: bob runs pid 9 on GPU-1 (in no job), allocated to Slurm job 4242 of alice",
-         {"pid": 9, "holder": "alice", "why": "outside_job", "jobs": ["4242"]}),
-        (alice, True, 10, dave, True, None,
-         "trespassing: dave runs pid 10 on GPU-1 (job 4243), allocated to Slurm job 4242 of alice",
-         {"pid": 10, "holder": "alice", "why": "outside_job", "jobs": ["4242"], "job": "4243"}),
-        (None, True, 11, dave, True, None,
-         "trespassing: dave runs pid 11 on GPU-1 (job 4243), allocated to Slurm job 4242 of ?",
-         {"pid": 11, "why": "outside_job", "jobs": ["4242"], "job": "4243"}),
-        (None, False, 12, bob, True, over_user,
-         "trespassing: bob runs pid 12 on GPU-1, beyond the limit of 2 of bob",
-         {"pid": 12, "why": "over_limit", "limit": 2, "held": [0, 1]}),
-        (None, False, 13, account, True, over_account,
-         "trespassing: bob+2@example.org runs pid 13 on GPU-1, beyond the limit of 1 of account "
-         "bob (uid 1003), which bob+2@example.org runs as",
-         {"pid": 13, "why": "over_limit", "limit": 1, "held": [1], "account": "bob"}),
-        (None, False, 14, named_user("MAX"), True, over_max,  # the name's end is kept whole
-         "trespassing: MAX runs pid 14 on GPU-1, beyond the limit of 1 of MAX",
-         {"pid": 14, "why": "over_limit", "limit": 1, "held": [0]}),
+        (
+            None,
+            False,
+            7,
+            bob,
+            True,
+            None,
+            "trespassing: bob runs pid 7 on GPU-1, held by nobody",
+            {"pid": 7},
+        ),
+        (
+            None,
+            False,
+            7,
+            bob,
+            False,
+            None,
+            "trespassing: bob runs pid 7 on ?, held by nobody",
+            {"pid": 7},
+        ),
+        (
+            alice,
+            False,
+            8,
+            bob,
+            True,
+            None,
+            "trespassing: bob runs pid 8 on GPU-1, held by alice",
+            {"pid": 8, "holder": "alice"},
+        ),
+        (
+            alice,
+            True,
+            9,
+            bob,
+            True,
+            None,
+            "trespassing: bob runs pid 9 on GPU-1 (in no job), allocated to Slurm job 4242 of alice",
+            {"pid": 9, "holder": "alice", "why": "outside_job", "jobs": ["4242"]},
+        ),
+        (
+            alice,
+            True,
+            10,
+            dave,
+            True,
+            None,
+            "trespassing: dave runs pid 10 on GPU-1 (job 4243), allocated to Slurm job 4242 of alice",
+            {"pid": 10, "holder": "alice", "why": "outside_job", "jobs": ["4242"], "job": "4243"},
+        ),
+        (
+            None,
+            True,
+            11,
+            dave,
+            True,
+            None,
+            "trespassing: dave runs pid 11 on GPU-1 (job 4243), allocated to Slurm job 4242 of ?",
+            {"pid": 11, "why": "outside_job", "jobs": ["4242"], "job": "4243"},
+        ),
+        (
+            None,
+            False,
+            12,
+            bob,
+            True,
+            over_user,
+            "trespassing: bob runs pid 12 on GPU-1, beyond the limit of 2 of bob",
+            {"pid": 12, "why": "over_limit", "limit": 2, "held": [0, 1]},
+        ),
+        (
+            None,
+            False,
+            13,
+            account,
+            True,
+            over_account,
+            "trespassing: bob+2@example.org runs pid 13 on GPU-1, beyond the limit of 1 of account "
+            "bob (uid 1003), which bob+2@example.org runs as",
+            {"pid": 13, "why": "over_limit", "limit": 1, "held": [1], "account": "bob"},
+        ),
+        (
+            None,
+            False,
+            14,
+            named_user("MAX"),
+            True,
+            over_max,  # the name's end is kept whole
+            "trespassing: MAX runs pid 14 on GPU-1, beyond the limit of 1 of MAX",
+            {"pid": 14, "why": "over_limit", "limit": 1, "held": [0]},
+        ),
     ]
 
 
-@pytest.mark.parametrize("holder, allocated, pid, owner, on_device, beyond, line, details",
-                         _trespasses())
-def test_a_trespass_is_one_line_and_one_event(caplog, holder, allocated, pid, owner, on_device,
-                                              beyond, line, details):
+@pytest.mark.parametrize(
+    "holder, allocated, pid, owner, on_device, beyond, line, details", _trespasses()
+)
+def test_a_trespass_is_one_line_and_one_event(
+    caplog, holder, allocated, pid, owner, on_device, beyond, line, details
+):
     notices, events = Notices(), []
     notices.on_event(events.append)
     device = Device("GPU-1", 1)
@@ -287,8 +369,10 @@ def test_a_trespasser_better_known_later_is_told_of_with_the_device_and_its_hold
     leases.process_started(device.uuid, 5, bob)
     leases.update_owner(device.uuid, 5, named_user("carol"))
     told = [(e.user, e.devices, dict(e.details)) for e in events if e.kind == "trespass"]
-    assert told == [("bob", ((device.uuid, device.number),), {"pid": 5, "holder": "alice"}),
-                    ("carol", ((device.uuid, device.number),), {"pid": 5, "holder": "alice"})]
+    assert told == [
+        ("bob", ((device.uuid, device.number),), {"pid": 5, "holder": "alice"}),
+        ("carol", ((device.uuid, device.number),), {"pid": 5, "holder": "alice"}),
+    ]
 
 
 def test_one_users_two_jobs_are_two_trespassers_and_one_job_told_once(leases):
@@ -330,17 +414,27 @@ def test_an_allocation_over_a_hold_and_its_end_are_told_whole(leases, caplog):
     with caplog.at_level(logging.INFO, logger="patroller.core.leases.allocations"):
         leases.allocate(device, bare)
         leases.allocate(device, None)
-    assert [r.getMessage() for r in caplog.records
-            if r.name == "patroller.core.leases.allocations"] == [
+    assert [
+        r.getMessage() for r in caplog.records if r.name == "patroller.core.leases.allocations"
+    ] == [
         f"Slurm allocated {device} to job 4242: the hold of alice on it ends",
         f"{device} is allocated to Slurm job 4242",
-        f"{device} is no longer allocated to Slurm job 4242"]
-    told = [(e.kind, e.user, dict(e.details)) for e in events
-            if e.kind in ("preempted", "allocated", "deallocated")]
-    assert told == [("preempted", "alice", {"jobs": ["4242"], "hold": "lease"}),
-                    ("allocated", "carol", {"jobs": ["4242"]}),
-                    ("deallocated", "carol", {"jobs": ["4242"]})]
-    assert all(e.devices == ((device, 2),) for e in events
-               if e.kind in ("preempted", "allocated", "deallocated"))
+        f"{device} is no longer allocated to Slurm job 4242",
+    ]
+    told = [
+        (e.kind, e.user, dict(e.details))
+        for e in events
+        if e.kind in ("preempted", "allocated", "deallocated")
+    ]
+    assert told == [
+        ("preempted", "alice", {"jobs": ["4242"], "hold": "lease"}),
+        ("allocated", "carol", {"jobs": ["4242"]}),
+        ("deallocated", "carol", {"jobs": ["4242"]}),
+    ]
+    assert all(
+        e.devices == ((device, 2),)
+        for e in events
+        if e.kind in ("preempted", "allocated", "deallocated")
+    )
     # dave was told of trespassing on alice's; on the job's device he is told again, once
     assert [e.details["pid"] for e in events if e.kind == "trespass"] == [500, 501, 501]

@@ -2,6 +2,7 @@
 that fails is recorded as failed (and the run exits 1), and the results are written after
 every step, so that what ran before a failure is kept. The steps here are stand-ins; the real
 ones run in CI (`python -m bench --quick`)."""
+
 import json
 import os
 import time
@@ -18,8 +19,9 @@ def steps(monkeypatch, tmp_path):
     out = tmp_path / "results.json"
     seen_by_page = {}
     monkeypatch.setattr(measures.Context, "start", lambda self, processes=500: None)
-    monkeypatch.setattr(measures, "footprint", lambda ctx: {"idle": {"cpu_percent": 0.5,
-                                                                     "rss_mib": 40}})
+    monkeypatch.setattr(
+        measures, "footprint", lambda ctx: {"idle": {"cpu_percent": 0.5, "rss_mib": 40}}
+    )
 
     def parsers(ctx):
         raise RuntimeError("the simulator is gone")
@@ -27,6 +29,7 @@ def steps(monkeypatch, tmp_path):
     def page(ctx):
         seen_by_page.update(json.loads(out.read_text())["results"])  # saved before this step
         raise ImportError("No module named 'selenium'", name="selenium")
+
     monkeypatch.setattr(measures, "parsers", parsers)
     monkeypatch.setattr(measures, "page", page)
     return out, seen_by_page
@@ -54,34 +57,52 @@ def test_only_skipped_steps_exit_zero(steps):
     out, _ = steps
     assert bench.main(["--quick", "--only", "footprint,page", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["results"]["page"] == {
-        "skipped": "selenium is not installed"}
+        "skipped": "selenium is not installed"
+    }
 
 
 def test_the_fleet_steps_table_for_docs_many_hosts():
     from bench import fleet
+
     machine = {"date": "2026-12-04", "cpu": "a CPU", "cores": 2, "memory_gib": 24}
-    result = {"hosts": 1010, "test_mode_daemons": 300, "replicas": 700, "refusing": 5,
-              "silent": 5, "fleet_json_bytes": 2118462, "poller_core_fraction": 0.05,
-              "fleet_json": {"p99_ms": 20.5, "requests_per_s": 300},
-              "fleet_json_one_client": {"p99_ms": 9.1, "requests_per_s": 200},
-              "fleet_json_plain": {"p99_ms": 70.2, "requests_per_s": 250},
-              "fleet_json_gzip_bytes": 151000,
-              "status_poller": {"p99_ms": 12.0}, "status_plain": {"p99_ms": 11.0},
-              "status_p99_ratio": 1.09,
-              "status_hosts": {"hosts": "100 live, 5 refusing, 5 silent", "median_s": 1.7,
-                               "max_s": 1.8}}
+    result = {
+        "hosts": 1010,
+        "test_mode_daemons": 300,
+        "replicas": 700,
+        "refusing": 5,
+        "silent": 5,
+        "fleet_json_bytes": 2118462,
+        "poller_core_fraction": 0.05,
+        "fleet_json": {"p99_ms": 20.5, "requests_per_s": 300},
+        "fleet_json_one_client": {"p99_ms": 9.1, "requests_per_s": 200},
+        "fleet_json_plain": {"p99_ms": 70.2, "requests_per_s": 250},
+        "fleet_json_gzip_bytes": 151000,
+        "status_poller": {"p99_ms": 12.0},
+        "status_plain": {"p99_ms": 11.0},
+        "status_p99_ratio": 1.09,
+        "status_hosts": {"hosts": "100 live, 5 refusing, 5 silent", "median_s": 1.7, "max_s": 1.8},
+    }
     text = fleet.table({"machine": machine, "mode": "full", "results": {"fleet": result}})
-    assert ("| `/fleet.json` p99 (wrk, 4 connections, gzip accepted as by the page), 1010 hosts"
-            " | 20.5 ms (300/s, 151000 bytes)") in text
+    assert (
+        "| `/fleet.json` p99 (wrk, 4 connections, gzip accepted as by the page), 1010 hosts"
+        " | 20.5 ms (300/s, 151000 bytes)"
+    ) in text
     assert "4 connections without gzip | 70.2 ms (250/s, 2118462 bytes)" in text
     assert "(1.09x) | unaffected |" in text and "median 1.7 s, max 1.8 s | under 2 s |" in text
-    report = {"machine": machine, "mode": "full", "docker": False,
-              "results": {"fleet": {**result, "scaled_down": "200 test-mode daemons, not 300"}}}
+    report = {
+        "machine": machine,
+        "mode": "full",
+        "docker": False,
+        "results": {"fleet": {**result, "scaled_down": "200 test-mode daemons, not 300"}},
+    }
     assert "; 200 test-mode daemons, not 300." in fleet.table(report)
     checks = {c["what"]: c for c in bench.checks(report)}
     assert checks["/fleet.json p99 ms, 1010 hosts"]["met"] is True
-    skipped = {"machine": machine, "mode": "quick",
-               "results": {"fleet": {"skipped": "wrk is not installed"}}}
+    skipped = {
+        "machine": machine,
+        "mode": "quick",
+        "results": {"fleet": {"skipped": "wrk is not installed"}},
+    }
     assert "did not run" in fleet.table(skipped)
 
 
@@ -90,6 +111,7 @@ def test_the_streams_beside_the_ceiling_are_the_daemons_dmon_and_pmon_run_on_aft
     # command lines (one dmon, one pmon) on a copy of its scenario, running after it stopped,
     # and gone once the measurement ends.
     from bench.harness import Daemon, Streams
+
     daemon = Daemon(2).start()
     try:
         daemon.wait_for(lambda status: all(d["updated"] for d in status.values()), timeout=30)
@@ -104,7 +126,7 @@ def test_the_streams_beside_the_ceiling_are_the_daemons_dmon_and_pmon_run_on_aft
         for process, argv in zip(running, ran):
             now = _command_line(process.pid)
             at = argv.index("--scenario") + 1
-            assert now[:at] + now[at + 1:] == argv[:at] + argv[at + 1:]
+            assert now[:at] + now[at + 1 :] == argv[:at] + argv[at + 1 :]
             assert now[at].startswith(streams.dir) and os.path.isfile(now[at])
     assert all(p.poll() is not None for p in running) and not os.path.exists(streams.dir)
 

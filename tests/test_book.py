@@ -1,5 +1,6 @@
 """The lease book: its schema's snapshot and restore with fake clocks, and the file on disk
 (atomic, locked, set aside when corrupt)."""
+
 import json
 import logging
 import os
@@ -23,9 +24,15 @@ from patroller.state.schema import decode, encode, restore, snapshot
 
 LEASE = Config().lease  # the shared factory's
 alice, bob, carol = named_user("alice"), named_user("bob"), named_user("carol")
-CONTAINER_USER = Identity(user="dana@example.org", source="container", email="dana@example.org",
-                          account="root", uid=0, container=("0123456789ab", "train"),
-                          info=(("team", "vision"), ("project", "x")))
+CONTAINER_USER = Identity(
+    user="dana@example.org",
+    source="container",
+    email="dana@example.org",
+    account="root",
+    uid=0,
+    container=("0123456789ab", "train"),
+    info=(("team", "vision"), ("project", "x")),
+)
 
 
 def uuids(leases):
@@ -38,6 +45,7 @@ def claim(leases, uuid):
 
 # -- snapshot and restore, no I/O ---------------------------------------------------------------
 
+
 def test_the_snapshot_holds_every_held_device_with_its_deadline_on_the_wall_clock():
     clock = FakeClock(1000.0)
     leases = lease_manager(clock)
@@ -46,10 +54,20 @@ def test_the_snapshot_holds_every_held_device_with_its_deadline_on_the_wall_cloc
     leases.process_started(u[1], 7, CONTAINER_USER)
     snap = snapshot(leases, offset=5000.0)
     assert list(snap) == [u[0], u[1]]  # free devices are not in the book
-    assert snap[u[0]] == {"holder": alice.to_json(), "state": "reserved", "releasing": False,
-                          "asked": True, "deadline": 6010.0}
-    assert snap[u[1]] == {"holder": CONTAINER_USER.to_json(), "state": "claimed",
-                          "releasing": False, "asked": False, "deadline": None}
+    assert snap[u[0]] == {
+        "holder": alice.to_json(),
+        "state": "reserved",
+        "releasing": False,
+        "asked": True,
+        "deadline": 6010.0,
+    }
+    assert snap[u[1]] == {
+        "holder": CONTAINER_USER.to_json(),
+        "state": "claimed",
+        "releasing": False,
+        "asked": False,
+        "deadline": None,
+    }
 
 
 def test_a_restart_gives_each_holder_back_its_device_and_the_remaining_time():
@@ -96,8 +114,10 @@ def test_a_reservation_that_ran_out_during_the_downtime_comes_back_free(caplog):
     assert restored.expired == [u[0], u[1]] and restored.held == []
     assert free_counts(new) == {"gpu": 8} and new.next_deadline() is None
     lines = [r.getMessage() for r in caplog.records if "ran out" in r.getMessage()]
-    assert lines == [f"lease of alice on {u[0]} ran out while the daemon was down",
-                     f"lease of bob on {u[1]} ran out while the daemon was down"]
+    assert lines == [
+        f"lease of alice on {u[0]} ran out while the daemon was down",
+        f"lease of bob on {u[1]} ran out while the daemon was down",
+    ]
 
 
 def test_a_restored_reservation_expires_at_its_deadline():
@@ -138,10 +158,23 @@ def test_a_hold_for_a_duration_and_one_for_a_process_are_kept_to_the_millisecond
     old.request(alice, {"gpu": 1}, duration=3600.0)
     old.request(bob, {"gpu": 1}, held_for=ProcessRef(4242, 0))
     book = snapshot(old, offset=5000.12345)
-    assert book[u[0]] == {"holder": alice.to_json(), "state": "reserved", "releasing": False,
-                          "asked": True, "deadline": None, "until": 9600.123}
-    assert book[u[1]] == {"holder": bob.to_json(), "state": "reserved", "releasing": False,
-                          "asked": True, "deadline": None, "pid": 4242, "start": 0}
+    assert book[u[0]] == {
+        "holder": alice.to_json(),
+        "state": "reserved",
+        "releasing": False,
+        "asked": True,
+        "deadline": None,
+        "until": 9600.123,
+    }
+    assert book[u[1]] == {
+        "holder": bob.to_json(),
+        "state": "reserved",
+        "releasing": False,
+        "asked": True,
+        "deadline": None,
+        "pid": 4242,
+        "start": 0,
+    }
     old.request(carol, {"gpu": 1})
     deadline = snapshot(old, offset=5000.12345)[u[2]]["deadline"]
     assert deadline == round(1000.0 + LEASE + 5000.12345, 3)
@@ -153,34 +186,48 @@ def test_a_hold_for_a_duration_and_one_for_a_process_are_kept_to_the_millisecond
 
 
 def test_a_book_is_compact_json_saved_to_the_millisecond():
-    assert encode({}, 1234.56789, "boot-1") == \
-        b'{"version":1,"saved":1234.568,"boot":"boot-1","devices":{}}'
+    assert (
+        encode({}, 1234.56789, "boot-1")
+        == b'{"version":1,"saved":1234.568,"boot":"boot-1","devices":{}}'
+    )
 
 
-@pytest.mark.parametrize("data, message", [
-    (b"[]", "not an object"),
-    (b'{"devices": {}}', "version None, not 1"),
-    (b'{"version": 2, "devices": {}}', "version 2, not 1"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (b"[]", "not an object"),
+        (b'{"devices": {}}', "version None, not 1"),
+        (b'{"version": 2, "devices": {}}', "version 2, not 1"),
+    ],
+)
 def test_a_book_of_another_kind_is_refused_saying_why(data, message):
     with pytest.raises(ValueError) as refused:
         decode(data)
     assert str(refused.value) == message
 
 
-@pytest.mark.parametrize("change, message", [
-    ("alice", "device 'GPU-x' must be an object"),
-    ({"deadline": "soon"}, "device 'GPU-x' has a deadline that is not a time"),
-    ({"until": float("inf")}, "device 'GPU-x' has a end that is not a time"),
-    ({"until": 10 ** 400}, "device 'GPU-x' has a end that is not a time"),
-    ({"releasing": "no"}, "device 'GPU-x' has a releasing flag that is not true or false"),
-    ({"releasing": None}, "device 'GPU-x' has a releasing flag that is not true or false"),
-    ({"asked": 1}, "device 'GPU-x' has an asked flag that is not true or false"),
-    ({"pid": 4242}, "device 'GPU-x' has a process that is not a pid and a start time"),
-    ({"start": 5}, "device 'GPU-x' has a process that is not a pid and a start time"),
-    ({"pid": -1, "start": 5}, "device 'GPU-x' has a process that is not a pid and a start time"),
-    ({"pid": True, "start": 5}, "device 'GPU-x' has a process that is not a pid and a start time"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ("alice", "device 'GPU-x' must be an object"),
+        ({"deadline": "soon"}, "device 'GPU-x' has a deadline that is not a time"),
+        ({"until": float("inf")}, "device 'GPU-x' has a end that is not a time"),
+        ({"until": 10**400}, "device 'GPU-x' has a end that is not a time"),
+        ({"releasing": "no"}, "device 'GPU-x' has a releasing flag that is not true or false"),
+        ({"releasing": None}, "device 'GPU-x' has a releasing flag that is not true or false"),
+        ({"asked": 1}, "device 'GPU-x' has an asked flag that is not true or false"),
+        ({"pid": 4242}, "device 'GPU-x' has a process that is not a pid and a start time"),
+        ({"start": 5}, "device 'GPU-x' has a process that is not a pid and a start time"),
+        (
+            {"pid": -1, "start": 5},
+            "device 'GPU-x' has a process that is not a pid and a start time",
+        ),
+        (
+            {"pid": True, "start": 5},
+            "device 'GPU-x' has a process that is not a pid and a start time",
+        ),
+    ],
+)
 def test_a_malformed_entry_is_refused_naming_its_device(change, message):
     entry = change if isinstance(change, str) else {"holder": alice.to_json(), **change}
     with pytest.raises(ValueError) as refused:
@@ -218,13 +265,15 @@ def test_each_entry_is_judged_alone_and_a_device_held_again_is_left_to_its_holde
     u = uuids(new)
     [taken] = new.request(bob, {"gpu": 1})
     assert taken.uuid == u[0]
-    book = {u[0]: {"holder": alice.to_json(), "deadline": None},  # bob holds it again
-            u[1]: {"holder": alice.to_json(), "deadline": 100.0 + EARLY},  # ran out (<=)
-            u[2]: {"holder": carol.to_json(), "deadline": None, "until": 100.0 + EARLY},
-            u[3]: {"holder": carol.to_json(), "deadline": None, "until": 100.0 + EARLY / 2},
-            u[4]: {"holder": bob.to_json(), "deadline": 100.0 + EARLY / 2},
-            u[5]: {"holder": carol.to_json(), "deadline": None, "pid": 77, "start": 5},
-            u[6]: {"holder": alice.to_json(), "deadline": 100.0 + 2 * EARLY}}
+    book = {
+        u[0]: {"holder": alice.to_json(), "deadline": None},  # bob holds it again
+        u[1]: {"holder": alice.to_json(), "deadline": 100.0 + EARLY},  # ran out (<=)
+        u[2]: {"holder": carol.to_json(), "deadline": None, "until": 100.0 + EARLY},
+        u[3]: {"holder": carol.to_json(), "deadline": None, "until": 100.0 + EARLY / 2},
+        u[4]: {"holder": bob.to_json(), "deadline": 100.0 + EARLY / 2},
+        u[5]: {"holder": carol.to_json(), "deadline": None, "pid": 77, "start": 5},
+        u[6]: {"holder": alice.to_json(), "deadline": 100.0 + 2 * EARLY},
+    }
     with caplog.at_level(logging.INFO, logger="patroller.state.schema"):
         restored = restore(new, book, offset=0.0)
     assert new.holder(u[0]) == bob and new.holds[u[0]].deadline == 100.0 + LEASE
@@ -236,38 +285,59 @@ def test_each_entry_is_judged_alone_and_a_device_held_again_is_left_to_its_holde
         f"the reservation of carol on {u[2]} ended while the daemon was down",
         f"the reservation of carol on {u[3]} ended while the daemon was down",
         f"lease of bob on {u[4]} ran out while the daemon was down",
-        f"pid 77 of carol, which held {u[5]}, ended while the daemon was down"]
+        f"pid 77 of carol, which held {u[5]}, ended while the daemon was down",
+    ]
 
 
-@pytest.mark.parametrize("gone, shown", [
-    (5, "GPU-gone-0 (alice), GPU-gone-1 (alice), GPU-gone-2 (alice), GPU-gone-3 (alice), "
-        "GPU-gone-4 (alice)"),
-    (6, "GPU-gone-0 (alice), GPU-gone-1 (alice), GPU-gone-2 (alice), GPU-gone-3 (alice), "
-        "GPU-gone-4 (alice), ..."),
-])
+@pytest.mark.parametrize(
+    "gone, shown",
+    [
+        (
+            5,
+            "GPU-gone-0 (alice), GPU-gone-1 (alice), GPU-gone-2 (alice), GPU-gone-3 (alice), "
+            "GPU-gone-4 (alice)",
+        ),
+        (
+            6,
+            "GPU-gone-0 (alice), GPU-gone-1 (alice), GPU-gone-2 (alice), GPU-gone-3 (alice), "
+            "GPU-gone-4 (alice), ...",
+        ),
+    ],
+)
 def test_devices_this_host_no_longer_has_are_one_line_naming_the_first_five(caplog, gone, shown):
     book = {f"GPU-gone-{n}": {"holder": alice.to_json(), "deadline": None} for n in range(gone)}
     with caplog.at_level(logging.WARNING, logger="patroller.state.schema"):
         restored = restore(lease_manager(FakeClock()), book, offset=0.0)
     assert restored.dropped == list(book)
     assert [r.getMessage() for r in caplog.records] == [
-        f"the lease book holds {gone} device(s) this host no longer has: dropped: {shown}"]
+        f"the lease book holds {gone} device(s) this host no longer has: dropped: {shown}"
+    ]
 
 
-@pytest.mark.parametrize("book", [
-    [],
-    {"X": "alice"},
-    {"X": {"holder": {"user": "alice"}, "deadline": None}},  # no source
-    {"X": {"holder": alice.to_json(), "deadline": "soon"}},
-    {"X": {"holder": alice.to_json(), "deadline": True}},
-    {"X": {"holder": alice.to_json(), "deadline": 10 ** 400}},
-    {"X": {"holder": alice.to_json(), "deadline": float("nan")}},
-    {"X": {"holder": alice.to_json(), "deadline": None, "releasing": "yes"}},
-    {"X": {"holder": {**alice.to_json(), "uid": "0"}, "deadline": None}},
-    {"X": {"holder": {**alice.to_json(), "container": {"name": "x"}}, "deadline": None}},
-    {"X": {"holder": {**alice.to_json(), "pod": {"name": "x"}}, "deadline": None}},  # no namespace
-    {"X": {"holder": {**alice.to_json(), "pod": {"namespace": "a", "name": 3}}, "deadline": None}},
-])
+@pytest.mark.parametrize(
+    "book",
+    [
+        [],
+        {"X": "alice"},
+        {"X": {"holder": {"user": "alice"}, "deadline": None}},  # no source
+        {"X": {"holder": alice.to_json(), "deadline": "soon"}},
+        {"X": {"holder": alice.to_json(), "deadline": True}},
+        {"X": {"holder": alice.to_json(), "deadline": 10**400}},
+        {"X": {"holder": alice.to_json(), "deadline": float("nan")}},
+        {"X": {"holder": alice.to_json(), "deadline": None, "releasing": "yes"}},
+        {"X": {"holder": {**alice.to_json(), "uid": "0"}, "deadline": None}},
+        {"X": {"holder": {**alice.to_json(), "container": {"name": "x"}}, "deadline": None}},
+        {
+            "X": {"holder": {**alice.to_json(), "pod": {"name": "x"}}, "deadline": None}
+        },  # no namespace
+        {
+            "X": {
+                "holder": {**alice.to_json(), "pod": {"namespace": "a", "name": 3}},
+                "deadline": None,
+            }
+        },
+    ],
+)
 def test_a_malformed_book_changes_nothing(book):
     leases = lease_manager(FakeClock())
     good = {leases.inventory.by_number(0).uuid: {"holder": bob.to_json(), "deadline": None}}
@@ -290,31 +360,50 @@ def test_a_claimed_identity_reads_back_claimed_and_one_written_before_claims_unc
     assert not Identity.from_json(CONTAINER_USER.to_json()).claimed
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"user": ""}, "an identity needs a user and a source"),
-    ({"user": 3}, "an identity needs a user and a source"),
-    ({"source": None}, "an identity needs a user and a source"),
-    ({"email": 3}, "an identity's email must be a string"),
-    ({"account": ["root"]}, "an identity's account must be a string"),
-    ({"uid": "0"}, "an identity's uid must be an integer"),
-    ({"uid": True}, "an identity's uid must be an integer"),
-    ({"container": "abc"}, "an identity's container must have an id and a name"),
-    ({"container": {"id": "abc", "name": 3}}, "an identity's container must have an id and a name"),
-    ({"info": "team"}, "an identity's info must map strings to strings"),
-    ({"info": {"team": 3}}, "an identity's info must map strings to strings"),
-    ({"info": {3: "vision"}}, "an identity's info must map strings to strings"),
-    ({"degraded": "yes"}, "an identity's degraded must be true or false"),
-    ({"claimed": "yes"}, "an identity's claimed must be true or false"),
-    ({"job": "42"}, "an identity's job must map strings to strings, with an id"),
-    ({"job": {"step": "0"}}, "an identity's job must map strings to strings, with an id"),
-    ({"job": {"id": "42", "step": 0}}, "an identity's job must map strings to strings, with an id"),
-    ({"job": {"id": "42", 0: "step"}}, "an identity's job must map strings to strings, with an id"),
-    ({"pod": {"namespace": "ml", "name": "a", "uid": 3}},
-     "an identity's pod must map strings to strings, with a namespace and a name"),
-    ({"pod": {"namespace": "ml", "name": "a", 3: "uid"}},
-     "an identity's pod must map strings to strings, with a namespace and a name"),
-    ({"pod": "ml/a"}, "an identity's pod must map strings to strings, with a namespace and a name"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"user": ""}, "an identity needs a user and a source"),
+        ({"user": 3}, "an identity needs a user and a source"),
+        ({"source": None}, "an identity needs a user and a source"),
+        ({"email": 3}, "an identity's email must be a string"),
+        ({"account": ["root"]}, "an identity's account must be a string"),
+        ({"uid": "0"}, "an identity's uid must be an integer"),
+        ({"uid": True}, "an identity's uid must be an integer"),
+        ({"container": "abc"}, "an identity's container must have an id and a name"),
+        (
+            {"container": {"id": "abc", "name": 3}},
+            "an identity's container must have an id and a name",
+        ),
+        ({"info": "team"}, "an identity's info must map strings to strings"),
+        ({"info": {"team": 3}}, "an identity's info must map strings to strings"),
+        ({"info": {3: "vision"}}, "an identity's info must map strings to strings"),
+        ({"degraded": "yes"}, "an identity's degraded must be true or false"),
+        ({"claimed": "yes"}, "an identity's claimed must be true or false"),
+        ({"job": "42"}, "an identity's job must map strings to strings, with an id"),
+        ({"job": {"step": "0"}}, "an identity's job must map strings to strings, with an id"),
+        (
+            {"job": {"id": "42", "step": 0}},
+            "an identity's job must map strings to strings, with an id",
+        ),
+        (
+            {"job": {"id": "42", 0: "step"}},
+            "an identity's job must map strings to strings, with an id",
+        ),
+        (
+            {"pod": {"namespace": "ml", "name": "a", "uid": 3}},
+            "an identity's pod must map strings to strings, with a namespace and a name",
+        ),
+        (
+            {"pod": {"namespace": "ml", "name": "a", 3: "uid"}},
+            "an identity's pod must map strings to strings, with a namespace and a name",
+        ),
+        (
+            {"pod": "ml/a"},
+            "an identity's pod must map strings to strings, with a namespace and a name",
+        ),
+    ],
+)
 def test_a_malformed_identity_is_refused_saying_what_is_wrong(change, message):
     with pytest.raises(ValueError) as refused:
         Identity.from_json({**CONTAINER_USER.to_json(), **change})
@@ -328,23 +417,36 @@ def test_an_identity_that_is_no_object_is_refused():
 
 
 def test_an_identity_written_with_only_a_user_and_a_source_reads_back_whole():
-    assert Identity.from_json({"user": "erin", "source": "host"}) == Identity(user="erin",
-                                                                              source="host")
+    assert Identity.from_json({"user": "erin", "source": "host"}) == Identity(
+        user="erin", source="host"
+    )
 
 
 def test_identities_survive_the_trip_through_json():
-    for identity in (alice, CONTAINER_USER, Identity(user="unknown", source="unknown"),
-                     Identity(user="x", source="container", container=("abc", None),
-                              degraded=True),
-                     Identity(user="frank", source="slurm", account="frank", uid=1001,
-                              job=(("id", "42"), ("step", "0"), ("partition", "gpu"))),
-                     Identity(user="namespace:ml", source="pod", container=("abc", "train"),
-                              pod=(("namespace", "ml"), ("name", "train-0"), ("uid", "u-1"),
-                                   ("container", "train")))):
+    for identity in (
+        alice,
+        CONTAINER_USER,
+        Identity(user="unknown", source="unknown"),
+        Identity(user="x", source="container", container=("abc", None), degraded=True),
+        Identity(
+            user="frank",
+            source="slurm",
+            account="frank",
+            uid=1001,
+            job=(("id", "42"), ("step", "0"), ("partition", "gpu")),
+        ),
+        Identity(
+            user="namespace:ml",
+            source="pod",
+            container=("abc", "train"),
+            pod=(("namespace", "ml"), ("name", "train-0"), ("uid", "u-1"), ("container", "train")),
+        ),
+    ):
         assert Identity.from_json(json.loads(json.dumps(identity.to_json()))) == identity
 
 
 # -- the file -----------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def wall():
@@ -369,9 +471,15 @@ def test_every_change_is_on_disk_before_the_call_returns(tmp_path, clock, wall):
     assert on_disk(tmp_path) == {"version": 1, "saved": wall(), "boot": boot_id(), "devices": {}}
     [device] = leases.request(alice, {"gpu": 1})
     held = on_disk(tmp_path)["devices"]
-    assert held == {device.uuid: {"holder": alice.to_json(), "state": "reserved",
-                                  "releasing": False, "asked": True,
-                                  "deadline": wall() + LEASE}}
+    assert held == {
+        device.uuid: {
+            "holder": alice.to_json(),
+            "state": "reserved",
+            "releasing": False,
+            "asked": True,
+            "deadline": wall() + LEASE,
+        }
+    }
     leases.release(alice)
     assert on_disk(tmp_path)["devices"] == {}
     # one file, named by the link; no temporary, no earlier version left behind
@@ -398,7 +506,8 @@ def test_changes_that_leave_the_book_as_it_was_are_not_written(tmp_path, clock, 
     assert book.writes == writes + 1
     # drift under a second is not followed (the offset stays put): off by that drift at most
     assert on_disk(tmp_path)["devices"][device.uuid]["deadline"] == pytest.approx(
-        wall() + LEASE, abs=0.05)
+        wall() + LEASE, abs=0.05
+    )
     book.close()
 
 
@@ -438,11 +547,19 @@ def test_a_failing_write_is_logged_now_and_then_and_breaks_nothing(tmp_path, clo
         path = tmp_path / "leases.json"
         assert [r.getMessage() for r in errors] == [
             f"cannot write the lease book {path}: Is a directory (1 failed write(s) so far); no "
-            "reservation is handed out until it can be written"]
-        assert book.refusal() == (f"the lease book {path} cannot be written (Is a directory): no "
-                                  "reservation is handed out until it can; try again shortly")
-        assert book.metrics() == {"path": str(path), "writes": 2, "failures": 5,
-                                  "writable": False, "read_only": False}
+            "reservation is handed out until it can be written"
+        ]
+        assert book.refusal() == (
+            f"the lease book {path} cannot be written (Is a directory): no "
+            "reservation is handed out until it can; try again shortly"
+        )
+        assert book.metrics() == {
+            "path": str(path),
+            "writes": 2,
+            "failures": 5,
+            "writable": False,
+            "read_only": False,
+        }
         clock.advance(Config().repeat_log_every)
         leases.request(bob, {"gpu": 1})
         errors = [r for r in caplog.records if r.levelno == logging.ERROR]
@@ -454,15 +571,22 @@ def test_a_failing_write_is_logged_now_and_then_and_breaks_nothing(tmp_path, clo
         assert list(on_disk(tmp_path)["devices"]) == [first.uuid]
         assert caplog.records[-1].getMessage() == (
             f"lease book {path} is written again (6 write(s) failed); reservations are handed "
-            "out again")
-        assert book.metrics() == {"path": str(path), "writes": 3, "failures": 6,
-                                  "writable": True, "read_only": False}
+            "out again"
+        )
+        assert book.metrics() == {
+            "path": str(path),
+            "writes": 3,
+            "failures": 6,
+            "writable": True,
+            "read_only": False,
+        }
     book.close()
 
 
 @pytest.mark.errors_expected
 def test_a_failing_book_whose_change_was_undone_opens_the_gate_at_the_next_write(
-        tmp_path, clock, wall):
+    tmp_path, clock, wall
+):
     """A write fails; the change is undone meanwhile (what is held is what was last written):
     the next write still tries, and once it works the gate opens."""
     book, leases = opened(tmp_path, clock, wall)
@@ -536,14 +660,17 @@ def test_a_link_to_a_missing_file_is_set_aside(tmp_path, clock, wall, caplog):
     book.close()
 
 
-@pytest.mark.parametrize("content", [
-    b"{\"version\": 1, \"devices\": {\"GPU-1\": ",  # cut short
-    b"\xff\xfe not even text",
-    b"[1, 2, 3]",
-    b"{\"version\": 99, \"devices\": {}}",
-    b"{\"version\": 1, \"devices\": {\"GPU-1\": {\"holder\": {\"user\": 3}}}}",
-    b"[" * 100000 + b"]" * 100000,
-])
+@pytest.mark.parametrize(
+    "content",
+    [
+        b'{"version": 1, "devices": {"GPU-1": ',  # cut short
+        b"\xff\xfe not even text",
+        b"[1, 2, 3]",
+        b'{"version": 99, "devices": {}}',
+        b'{"version": 1, "devices": {"GPU-1": {"holder": {"user": 3}}}}',
+        b"[" * 100000 + b"]" * 100000,
+    ],
+)
 def test_a_corrupt_file_is_set_aside_with_one_line(tmp_path, clock, wall, caplog, content):
     (tmp_path / "leases.json").write_bytes(content)
     with caplog.at_level(logging.INFO, logger="patroller"):
@@ -566,15 +693,18 @@ def test_an_unreadable_file_is_set_aside(tmp_path, clock, wall, caplog):
         book, leases = opened(tmp_path, clock, wall)
     [line] = [r.getMessage() for r in caplog.records]
     aside = tmp_path / "leases.json.corrupt-20270115T080000Z"
-    assert line == (f"lease book {tmp_path / 'leases.json'} cannot be read (Is a directory); set "
-                    f"aside as {aside}, starting with no reservations")
+    assert line == (
+        f"lease book {tmp_path / 'leases.json'} cannot be read (Is a directory); set "
+        f"aside as {aside}, starting with no reservations"
+    )
     assert (tmp_path / "leases.json.corrupt-20270115T080000Z").is_dir()
     assert free_counts(leases) == {"gpu": 8} and on_disk(tmp_path)["devices"] == {}
     book.close()
 
 
 def test_each_corrupt_file_set_aside_in_the_same_second_gets_the_next_number(
-        tmp_path, clock, wall, caplog):
+    tmp_path, clock, wall, caplog
+):
     stamp = "leases.json.corrupt-20270115T080000Z"
     for n in range(3):
         (tmp_path / "leases.json").write_bytes(b"garbage %d" % n)
@@ -596,7 +726,8 @@ def test_a_corrupt_file_that_cannot_be_set_aside_is_one_line(tmp_path, clock, wa
         assert [r.getMessage() for r in caplog.records][:1] == [
             f"lease book {tmp_path / 'leases.json'} is not a lease book (Expecting value: line 1 "
             "column 1 (char 0)) and cannot be set aside (Operation not permitted); starting "
-            "with no reservations"]
+            "with no reservations"
+        ]
         book.close()
     finally:
         subprocess.run(["chattr", "-a", str(tmp_path)], check=True)
@@ -613,8 +744,10 @@ def test_an_unusable_directory_is_one_clear_error(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(BookError) as error:
         LeaseBook(str(tmp_path / "file" / "state"), Config()).open()
-    assert str(error.value) == (f"cannot use the state directory {tmp_path / 'file' / 'state'}: "
-                                "Not a directory; choose another --state-dir")
+    assert str(error.value) == (
+        f"cannot use the state directory {tmp_path / 'file' / 'state'}: "
+        "Not a directory; choose another --state-dir"
+    )
 
 
 def test_one_directory_serves_one_daemon(tmp_path):
@@ -622,8 +755,10 @@ def test_one_directory_serves_one_daemon(tmp_path):
     first.open()
     with pytest.raises(BookError) as error:
         LeaseBook(str(tmp_path), Config()).open()
-    assert str(error.value) == (f"another patroller (pid {os.getpid()}) uses the state directory "
-                                f"{tmp_path}; stop it, or give this one another --state-dir")
+    assert str(error.value) == (
+        f"another patroller (pid {os.getpid()}) uses the state directory "
+        f"{tmp_path}; stop it, or give this one another --state-dir"
+    )
     with open(tmp_path / "lock", encoding="ascii") as f:
         assert f.read() == f"{os.getpid()}\n"  # the holder's pid, and nothing after it
     assert os.stat(tmp_path / "lock").st_mode & 0o7777 == 0o600
@@ -634,6 +769,7 @@ def test_one_directory_serves_one_daemon(tmp_path):
 
 
 # -- the setting -------------------------------------------------------------------------------
+
 
 def test_state_dir_flag_environment_and_off(tmp_path):
     assert load(["--state-dir", str(tmp_path)], {}).state_dir == str(tmp_path)
@@ -646,11 +782,17 @@ def test_state_dir_flag_environment_and_off(tmp_path):
 
 def test_state_dir_defaults():
     assert default_state_dir(False, {}, 0) == "/var/lib/patroller"
-    assert default_state_dir(False, {"HOME": "/home/al"}, 1000) == "/home/al/.local/state/patroller"
-    assert default_state_dir(False, {"HOME": "/home/al", "XDG_STATE_HOME": "/s"}, 1000) == \
-        "/s/patroller"
-    assert default_state_dir(False, {"HOME": "/home/al", "XDG_STATE_HOME": "rel"}, 1000) == \
-        "/home/al/.local/state/patroller"
+    assert (
+        default_state_dir(False, {"HOME": "/home/al"}, 1000) == "/home/al/.local/state/patroller"
+    )
+    assert (
+        default_state_dir(False, {"HOME": "/home/al", "XDG_STATE_HOME": "/s"}, 1000)
+        == "/s/patroller"
+    )
+    assert (
+        default_state_dir(False, {"HOME": "/home/al", "XDG_STATE_HOME": "rel"}, 1000)
+        == "/home/al/.local/state/patroller"
+    )
     assert default_state_dir(True, {}, 0) is None
 
 
@@ -668,7 +810,8 @@ def test_a_directory_others_may_write_to_is_refused(tmp_path, mode):
         LeaseBook(str(tmp_path), Config()).open()
     assert str(error.value) == (
         f"the state directory {tmp_path} is writable by others (mode {mode:o}, uid "
-        f"{os.geteuid()}); choose another --state-dir, or make it ours and private (chmod 700)")
+        f"{os.geteuid()}); choose another --state-dir, or make it ours and private (chmod 700)"
+    )
     assert os.listdir(tmp_path) == []
 
 
@@ -680,14 +823,20 @@ def test_a_directory_of_another_user_is_refused(tmp_path):
         LeaseBook(str(tmp_path), Config()).open()
     assert str(error.value) == (
         f"the state directory {tmp_path} is not ours (mode 700, uid 4321); choose another "
-        "--state-dir, or make it ours and private (chmod 700)")
+        "--state-dir, or make it ours and private (chmod 700)"
+    )
 
 
 def test_a_book_of_many_unknown_devices_costs_one_line_and_a_big_one_is_set_aside(
-        tmp_path, clock, wall, caplog):
+    tmp_path, clock, wall, caplog
+):
     entry = {"holder": alice.to_json(), "releasing": False, "deadline": None}
-    book = {"version": 1, "saved": wall(), "boot": boot_id(),
-            "devices": {f"GPU-gone-{n}": entry for n in range(2000)}}
+    book = {
+        "version": 1,
+        "saved": wall(),
+        "boot": boot_id(),
+        "devices": {f"GPU-gone-{n}": entry for n in range(2000)},
+    }
     (tmp_path / "leases.json").write_text(json.dumps(book))
     with caplog.at_level(logging.INFO, logger="patroller"):
         first, leases = opened(tmp_path, clock, wall)
@@ -724,7 +873,8 @@ def test_a_state_directory_reached_through_another_users_link_is_refused(tmp_pat
             LeaseBook(str(shared / "state"), Config()).open()
         assert str(error.value) == (
             f"the state directory {shared / 'state'} is reached through {shared / 'state'}, a "
-            "link another user (uid 65534) made; choose another --state-dir")
+            "link another user (uid 65534) made; choose another --state-dir"
+        )
         assert sorted(os.listdir(roots)) == ["leases-7.json", "leases.json"]  # untouched
         # Under a link, in any part of the path, the same.
         subprocess.run(["ln", "-s", str(roots), str(shared / "deeper")], check=True, user=65534)
@@ -743,7 +893,8 @@ def test_a_state_directory_in_a_directory_others_may_write_to_is_refused(tmp_pat
         LeaseBook(str(parent / "state"), Config()).open()
     assert str(error.value) == (
         f"the state directory {parent / 'state'} is in {parent}, which others may write to "
-        "(mode 777, not sticky); choose a --state-dir in a directory only its owner writes to")
+        "(mode 777, not sticky); choose a --state-dir in a directory only its owner writes to"
+    )
     assert os.listdir(parent) == []
     os.chmod(parent, 0o1777)  # sticky: what we make there stays ours
     book = LeaseBook(str(parent / "state"), Config())
@@ -757,8 +908,10 @@ def test_a_lock_held_by_a_daemon_that_wrote_no_pid_names_none(tmp_path):
     os.truncate(tmp_path / "lock", 0)
     with pytest.raises(BookError) as error:
         LeaseBook(str(tmp_path), Config()).open()
-    assert str(error.value) == (f"another patroller uses the state directory {tmp_path}; stop "
-                                "it, or give this one another --state-dir")
+    assert str(error.value) == (
+        f"another patroller uses the state directory {tmp_path}; stop "
+        "it, or give this one another --state-dir"
+    )
     first.close()
 
 
@@ -771,8 +924,10 @@ def test_a_lock_file_that_names_no_pid_names_none(tmp_path, written):
     with pytest.raises(BookError) as error:
         LeaseBook(str(tmp_path), Config()).open()
     owner = f" (pid {'9' * 32})" if written == b"9" * 40 else ""  # its first 32 bytes
-    assert str(error.value) == (f"another patroller{owner} uses the state directory {tmp_path}; "
-                                "stop it, or give this one another --state-dir")
+    assert str(error.value) == (
+        f"another patroller{owner} uses the state directory {tmp_path}; "
+        "stop it, or give this one another --state-dir"
+    )
     first.close()
 
 
@@ -806,4 +961,3 @@ def test_use_without_asking_is_kept_across_a_restart():
     assert older.holds[u[1]].asked
     with pytest.raises(ValueError):
         restore(lease_manager(FakeClock(2000.0)), {u[1]: {**book[u[1]], "asked": "no"}}, 0.0)
-

@@ -3,6 +3,7 @@ event loop, a write cut short by a full disk (a real tmpfs), a name already take
 first write fails, a book that could not be opened, the close, the limit on a book's size, a
 read-only directory, what a start says it made of each device and the /proc it looks in (real
 files; test_book.py has the rest)."""
+
 import json
 import logging
 import os
@@ -64,14 +65,16 @@ async def test_a_failing_write_is_tried_again_on_the_loop_until_it_works(tmp_pat
 @pytest.mark.errors_expected  # the failing write
 @async_test
 async def test_the_close_writes_what_a_failing_write_left_out_and_then_nothing(
-        tmp_path, clock, wall, caplog):
+    tmp_path, clock, wall, caplog
+):
     book, leases = book_in(tmp_path, clock, wall, book_retry=3600.0)  # no try before the close
     leases.request(alice, {"gpu": 1})
     blocked(tmp_path)
     [bobs] = leases.request(bob, {"gpu": 1})
     assert book.refusal() is not None and bobs.uuid not in on_disk(tmp_path)["devices"]
     assert sorted(os.listdir(tmp_path)) == sorted(  # the new file, never linked, is removed
-        [os.readlink(tmp_path / "leases.json"), "leases.json", "leases.json.tmp", "lock"])
+        [os.readlink(tmp_path / "leases.json"), "leases.json", "leases.json.tmp", "lock"]
+    )
     blocked(tmp_path, False)
     with caplog.at_level(logging.WARNING, logger="patroller.state.book"):
         book.close()
@@ -106,8 +109,13 @@ def test_a_book_that_could_not_be_opened_refuses_nothing_and_its_close_frees_not
     with pytest.raises(BookError):
         second.open()  # the first holds the directory
     assert second.refusal() is None
-    assert second.metrics() == {"path": str(tmp_path / "leases.json"), "writes": 0,
-                                "failures": 0, "writable": True, "read_only": False}
+    assert second.metrics() == {
+        "path": str(tmp_path / "leases.json"),
+        "writes": 0,
+        "failures": 0,
+        "writable": True,
+        "read_only": False,
+    }
     second.close()
     with pytest.raises(BookError):  # the first's lock is still held
         LeaseBook(str(tmp_path), Config()).open()
@@ -127,7 +135,8 @@ def test_a_name_already_taken_is_skipped_and_left_as_it_is(tmp_path, clock, wall
 
 @pytest.mark.errors_expected  # the write cut short
 def test_a_write_cut_short_by_a_full_disk_leaves_the_last_book_whole_and_nothing_else(
-        tmp_path, clock, wall):
+    tmp_path, clock, wall
+):
     with tmpfs(tmp_path / "small", "256k") as where:
         book, leases = opened(where, clock, wall)
         [first] = leases.request(alice, {"gpu": 1})
@@ -138,7 +147,8 @@ def test_a_write_cut_short_by_a_full_disk_leaves_the_last_book_whole_and_nothing
         assert book.failures == 1 and book.refusal() is not None
         assert list(on_disk(where)["devices"]) == [first.uuid]  # the last book, whole
         assert sorted(os.listdir(where)) == sorted(
-            ["filler", os.readlink(where / "leases.json"), "leases.json", "lock"])
+            ["filler", os.readlink(where / "leases.json"), "leases.json", "lock"]
+        )
         os.unlink(filler)
         leases.release(alice)
         assert book.refusal() is None and len(on_disk(where)["devices"]) == 3
@@ -168,7 +178,7 @@ def test_a_start_whose_first_write_fails_keeps_the_book_it_read(tmp_path, clock,
     book.close()
 
 
-@pytest.mark.parametrize("book", [None, b"{\"version\": 1, \"devices\": {}}"])
+@pytest.mark.parametrize("book", [None, b'{"version": 1, "devices": {}}'])
 def test_a_start_with_no_link_tidies_what_a_killed_daemon_left(tmp_path, clock, wall, book):
     if book is not None:  # a plain file, as an older Patroller wrote
         (tmp_path / "leases.json").write_bytes(book)
@@ -182,20 +192,23 @@ def test_a_start_with_no_link_tidies_what_a_killed_daemon_left(tmp_path, clock, 
 def test_the_start_says_what_came_of_each_device_in_the_book(tmp_path, clock, wall, caplog):
     u = uuids(lease_manager(clock))
     process = {"holder": carol.to_json(), "deadline": None, "pid": os.getpid()}
-    devices = {u[0]: {"holder": alice.to_json(), "deadline": W + 300},
-               u[1]: {"holder": bob.to_json(), "deadline": W - 10},  # ran out meanwhile
-               u[2]: {"holder": bob.to_json(), "deadline": W - 1},
-               # this process's pid, another start time: another process, which has ended
-               **{u[n]: {**process, "start": n} for n in (3, 4, 5)},
-               **{f"GPU-gone-{n}": {"holder": alice.to_json(), "deadline": None}
-                  for n in range(4)}}
-    (tmp_path / "leases.json").write_text(json.dumps(
-        {"version": 1, "saved": W - 60, "boot": boot_id(), "devices": devices}))
+    devices = {
+        u[0]: {"holder": alice.to_json(), "deadline": W + 300},
+        u[1]: {"holder": bob.to_json(), "deadline": W - 10},  # ran out meanwhile
+        u[2]: {"holder": bob.to_json(), "deadline": W - 1},
+        # this process's pid, another start time: another process, which has ended
+        **{u[n]: {**process, "start": n} for n in (3, 4, 5)},
+        **{f"GPU-gone-{n}": {"holder": alice.to_json(), "deadline": None} for n in range(4)},
+    }
+    (tmp_path / "leases.json").write_text(
+        json.dumps({"version": 1, "saved": W - 60, "boot": boot_id(), "devices": devices})
+    )
     with caplog.at_level(logging.INFO, logger="patroller.state.book"):
         book, leases = opened(tmp_path, clock, wall)
     assert [r.getMessage() for r in caplog.records if r.name == "patroller.state.book"] == [
         f"lease book {tmp_path / 'leases.json'}: 1 device(s) held again, 2 expired during the "
-        "downtime, 3 whose process ended, 4 no longer on this host"]
+        "downtime, 3 whose process ended, 4 no longer on this host"
+    ]
     assert list(on_disk(tmp_path)["devices"]) == [u[0]]
     book.close()
 
@@ -203,8 +216,14 @@ def test_the_start_says_what_came_of_each_device_in_the_book(tmp_path, clock, wa
 def book_of_size(size):
     """A book holding one device for alice, padded with leading spaces to `size` bytes."""
     device = uuids(lease_manager())[0]
-    body = json.dumps({"version": 1, "saved": W, "boot": boot_id(), "devices": {
-        device: {"holder": alice.to_json(), "deadline": None}}}).encode()
+    body = json.dumps(
+        {
+            "version": 1,
+            "saved": W,
+            "boot": boot_id(),
+            "devices": {device: {"holder": alice.to_json(), "deadline": None}},
+        }
+    ).encode()
     return device, b" " * (size - len(body)) + body
 
 
@@ -237,11 +256,16 @@ def test_a_read_only_state_directory_is_said_once_at_open(tmp_path, clock, wall,
         leases.request(alice, {"gpu": 1})  # held, in no file: not a failing write
         assert book.failures == 0 and book.refusal() is None and book.writes == 0
         assert on_disk(view)["devices"] == {}
-        assert [(r.levelno, r.getMessage()) for r in caplog.records
-                if r.name == "patroller.state.book"] == [(
-            logging.ERROR, f"the state directory {view} is on a read-only filesystem: the lease "
-            "book is read, never written; reservations made from now on do not survive a "
-            "restart (mount it read-write to keep them)")]
+        assert [
+            (r.levelno, r.getMessage()) for r in caplog.records if r.name == "patroller.state.book"
+        ] == [
+            (
+                logging.ERROR,
+                f"the state directory {view} is on a read-only filesystem: the lease "
+                "book is read, never written; reservations made from now on do not survive a "
+                "restart (mount it read-write to keep them)",
+            )
+        ]
         book.close()
 
 
@@ -252,7 +276,8 @@ def test_a_reason_is_cut_to_200_characters(tmp_path, clock, wall, caplog):
     reason = ("version '" + "v" * 300)[:200]
     assert caplog.records[0].getMessage() == (
         f"lease book {tmp_path / 'leases.json'} is not a lease book ({reason}); set aside as "
-        f"{tmp_path / 'leases.json.corrupt-20270115T080000Z'}, starting with no reservations")
+        f"{tmp_path / 'leases.json.corrupt-20270115T080000Z'}, starting with no reservations"
+    )
     book.close()
 
 
@@ -269,9 +294,18 @@ def test_a_process_is_looked_for_in_the_proc_the_configuration_names(tmp_path, c
     (proc / "sys" / "kernel" / "random" / "boot_id").write_text("a-boot-of-its-own\n")
     u = uuids(lease_manager(clock))
     (tmp_path / "state").mkdir(mode=0o700)
-    (tmp_path / "state" / "leases.json").write_text(json.dumps(
-        {"version": 1, "saved": W, "boot": "a-boot-of-its-own", "devices": {
-            u[0]: {"holder": carol.to_json(), "deadline": None, "pid": pid, "start": start}}}))
+    (tmp_path / "state" / "leases.json").write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "saved": W,
+                "boot": "a-boot-of-its-own",
+                "devices": {
+                    u[0]: {"holder": carol.to_json(), "deadline": None, "pid": pid, "start": start}
+                },
+            }
+        )
+    )
     leases = lease_manager(clock)
     book = LeaseBook(str(tmp_path / "state"), replace(Config(), proc_root=str(proc)), wall=wall)
     book.open()

@@ -14,6 +14,7 @@ then the book closed at wall 1_780_000_003. Its `boot` is the boot id of the mac
 it: the process entry is restored here through the `alive` hook, as LeaseBook does on the same
 boot.
 """
+
 import json
 import os
 import subprocess
@@ -33,9 +34,15 @@ LEASE = 10.0  # the lease the book was written under, and restored under here
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "book", "leases-v1.json")
 SAVED = 1_780_000_003.0  # the wall clock when the book was written
 CAROLS = ProcessRef(4242, 123456)
-DANA = Identity(user="dana@example.org", source="container", email="dana@example.org",
-                account="root", uid=0, container=("0123456789ab", "train"),
-                info=(("team", "vision"), ("project", "x")))
+DANA = Identity(
+    user="dana@example.org",
+    source="container",
+    email="dana@example.org",
+    account="root",
+    uid=0,
+    container=("0123456789ab", "train"),
+    info=(("team", "vision"), ("project", "x")),
+)
 
 
 def version_1():
@@ -53,16 +60,33 @@ def test_a_book_of_version_1_restores_as_it_did_when_it_was_written():
     assert restored.held == u[:5]
     assert restored.expired == restored.dropped == restored.ended == []
     shown = claims(leases)
-    held = {uuid: (shown[uuid]["user"], shown[uuid]["state"], shown[uuid]["hold"],
-                   shown[uuid]["expires"], shown[uuid]["held_for_pid"]) for uuid in u}
-    assert held == {
-        u[0]: (named_user("alice").to_json(), "reserved", "lease", 8.0, None),  # 13 - 3 - 2
-        u[1]: (named_user("bob").to_json(), "reserved", "lease", LEASE, None),  # a fresh lease
-        u[2]: (named_user("carol").to_json(), "reserved", "process", None, 4242),
-        u[3]: (named_user("erin").to_json(), "reserved", "duration", 7195.0, None),
-        u[4]: (DANA.to_json(), "reserved", "lease", LEASE, None),  # a fresh lease: it ran there
-        **{uuid: (None, "free", None, None, None) for uuid in u[5:]},
+    held = {
+        uuid: (
+            shown[uuid]["user"],
+            shown[uuid]["state"],
+            shown[uuid]["hold"],
+            shown[uuid]["expires"],
+            shown[uuid]["held_for_pid"],
+        )
+        for uuid in u
     }
+    assert (
+        held
+        == {
+            u[0]: (named_user("alice").to_json(), "reserved", "lease", 8.0, None),  # 13 - 3 - 2
+            u[1]: (named_user("bob").to_json(), "reserved", "lease", LEASE, None),  # a fresh lease
+            u[2]: (named_user("carol").to_json(), "reserved", "process", None, 4242),
+            u[3]: (named_user("erin").to_json(), "reserved", "duration", 7195.0, None),
+            u[4]: (
+                DANA.to_json(),
+                "reserved",
+                "lease",
+                LEASE,
+                None,
+            ),  # a fresh lease: it ran there
+            **{uuid: (None, "free", None, None, None) for uuid in u[5:]},
+        }
+    )
     assert shown[u[4]]["user"]["info"] == {"team": "vision", "project": "x"}
     assert all(shown[uuid]["asked"] for uuid in u[:5])
     assert leases.processes_held_for() == {CAROLS}
@@ -92,8 +116,9 @@ def live():
     process.wait()
 
 
-@pytest.mark.parametrize("boot, held", [(None, True), ("another boot", False)],
-                         ids=["this-boot", "another-boot"])
+@pytest.mark.parametrize(
+    "boot, held", [(None, True), ("another boot", False)], ids=["this-boot", "another-boot"]
+)
 def test_a_process_entry_of_another_boot_is_dropped_not_held(tmp_path, live, boot, held):
     clock, wall = FakeClock(1000.0), FakeClock(1_800_000_000.0)
     leases = lease_manager(clock, lease=LEASE)

@@ -1,6 +1,7 @@
 """A pid names a caller only while it is the process the kernel saw connect: the checks that
 keep a caller's identity from being borrowed by whoever gets its pid next. Real sockets, real
 processes, the real /proc; the daemon-level attack is in test_trust_callers.py."""
+
 import asyncio
 import logging
 import os
@@ -27,10 +28,12 @@ from patroller.identify.resolver import ProcessIdentifier, ProcFacts, read_facts
 from patroller.identify.sockets import ESTABLISHED, SocketEntry, find_client
 
 NOBODY = 65534
-CONNECT_AND_EXIT = ("import os, socket, sys\n"
-                    "s = socket.socket(socket.AF_UNIX)\n"
-                    "s.connect(sys.argv[1])\n"
-                    "print(os.getpid(), flush=True)\n")
+CONNECT_AND_EXIT = (
+    "import os, socket, sys\n"
+    "s = socket.socket(socket.AF_UNIX)\n"
+    "s.connect(sys.argv[1])\n"
+    "print(os.getpid(), flush=True)\n"
+)
 
 
 def kernel_has_peer_pidfd():
@@ -49,8 +52,13 @@ def listener(tmp_path):
 
 def connect_and_exit(path):
     """The pid of a process that connected to `path` and has ended (and been reaped)."""
-    child = subprocess.run([sys.executable, "-c", CONNECT_AND_EXIT, path], check=True,
-                           capture_output=True, text=True, timeout=30)
+    child = subprocess.run(
+        [sys.executable, "-c", CONNECT_AND_EXIT, path],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     return int(child.stdout)
 
 
@@ -104,8 +112,10 @@ def test_a_pid_taken_by_another_uid_is_not_the_caller():
         other = NOBODY if os.geteuid() != NOBODY else 0
         credentials = Credentials(sleeper.pid, other, other, procfs.boot_ticks() + 10**6)
         refused = read_peer_facts(credentials, "/proc")
-        assert refused == (f"pid {sleeper.pid} is not the process that connected: it runs as "
-                           f"uid {os.getuid()}, the connection was made by uid {other}")
+        assert refused == (
+            f"pid {sleeper.pid} is not the process that connected: it runs as "
+            f"uid {os.getuid()}, the connection was made by uid {other}"
+        )
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -119,8 +129,10 @@ def test_without_a_pidfd_a_process_started_after_the_connection_is_not_the_calle
     try:
         uid = os.geteuid()
         later = read_peer_facts(Credentials(sleeper.pid, uid, uid, accepted), "/proc")
-        assert later == (f"pid {sleeper.pid} is not the process that connected: it started "
-                         "after the connection was made")
+        assert later == (
+            f"pid {sleeper.pid} is not the process that connected: it started "
+            "after the connection was made"
+        )
         before = read_peer_facts(Credentials(sleeper.pid, uid, uid, procfs.boot_ticks()), "/proc")
         assert isinstance(before, ProcFacts) and before.pid == sleeper.pid
     finally:
@@ -137,8 +149,9 @@ def test_a_loopback_socket_held_by_another_uid_than_its_creator_names_no_caller(
     server.listen(1)
     client = socket.create_connection(server.getsockname())
     conn, _ = server.accept()
-    holder = subprocess.Popen(["sleep", "30"], pass_fds=[client.fileno()], user=NOBODY,
-                              group=NOBODY, extra_groups=[])
+    holder = subprocess.Popen(
+        ["sleep", "30"], pass_fds=[client.fileno()], user=NOBODY, group=NOBODY, extra_groups=[]
+    )
     ends = client.getsockname(), server.getsockname()
     client.close()
     try:
@@ -147,15 +160,18 @@ def test_a_loopback_socket_held_by_another_uid_than_its_creator_names_no_caller(
         local = LocalProcesses(Config())
         owner, facts = local.owner(entry)
         assert facts is None and owner.pid is None
-        assert owner.reason == (f"no process of uid 0 holds the connection from port "
-                                f"{ends[0][1]} any more: it was closed before its caller could "
-                                "be identified, or handed to another user's process")
+        assert owner.reason == (
+            f"no process of uid 0 holds the connection from port "
+            f"{ends[0][1]} any more: it was closed before its caller could "
+            "be identified, or handed to another user's process"
+        )
         # Had the search found it (its uid changed as it was searched), its uid still refuses it.
         facts = read_facts(holder.pid)
         assert facts is not None and facts.uids[0] == NOBODY
         assert local._not_the_holder(entry, facts) == (
             f"pid {holder.pid} is not the process that made the connection from port "
-            f"{ends[0][1]}: it runs as uid {NOBODY}, the socket is uid 0's")
+            f"{ends[0][1]}: it runs as uid {NOBODY}, the socket is uid 0's"
+        )
     finally:
         holder.kill()
         holder.wait()
@@ -170,7 +186,8 @@ def test_facts_of_a_process_that_does_not_hold_the_socket_name_no_caller():
     entry = SocketEntry(("127.0.0.1", 40000), ("127.0.0.1", 8080), os.geteuid(), 1, ESTABLISHED)
     assert LocalProcesses(Config())._not_the_holder(entry, facts) == (
         f"pid {os.getpid()} is not the process that made the connection from port 40000: it "
-        "no longer holds it")
+        "no longer holds it"
+    )
 
 
 @async_test
@@ -180,13 +197,16 @@ async def test_a_refused_caller_is_said_once_a_while_with_how_many_were_not(capl
     local = LocalProcesses(replace(Config(), repeat_log_every=0.3))
     sleeper = subprocess.Popen(["sleep", "30"])
     other = NOBODY if os.geteuid() != NOBODY else 0
-    reason = (f"pid {sleeper.pid} is not the process that connected: it runs as uid "
-              f"{os.getuid()}, the connection was made by uid {other}")
+    reason = (
+        f"pid {sleeper.pid} is not the process that connected: it runs as uid "
+        f"{os.getuid()}, the connection was made by uid {other}"
+    )
 
     async def refused():
         credentials = Credentials(sleeper.pid, other, other, procfs.boot_ticks() + 10**6)
-        facts = asyncio.get_running_loop().run_in_executor(None, read_peer_facts, credentials,
-                                                           "/proc")
+        facts = asyncio.get_running_loop().run_in_executor(
+            None, read_peer_facts, credentials, "/proc"
+        )
         with pytest.raises(Unidentified) as failed:
             await local.of_connection(ConnectionFacts(peer=Peer(credentials, facts)))
         assert failed.value.message == reason
@@ -200,15 +220,21 @@ async def test_a_refused_caller_is_said_once_a_while_with_how_many_were_not(capl
         sleeper.kill()
         sleeper.wait()
     said = [r.getMessage() for r in caplog.records if r.name == "patroller.identify.callers"]
-    assert said == [f"caller refused: {reason}",
-                    f"caller refused: {reason} (2 more since the last such line)"]
-    assert all(r.levelno == logging.WARNING for r in caplog.records
-               if r.name == "patroller.identify.callers")
+    assert said == [
+        f"caller refused: {reason}",
+        f"caller refused: {reason} (2 more since the last such line)",
+    ]
+    assert all(
+        r.levelno == logging.WARNING
+        for r in caplog.records
+        if r.name == "patroller.identify.callers"
+    )
 
 
 @async_test
 async def test_a_callers_facts_are_read_as_the_configuration_says_and_a_gone_caller_is_said(
-        listener):
+    listener,
+):
     # Read off the loop with the daemon's settings: a container's process running as a uid from
     # shifted_uids_from up (a user namespace's) counts as no host account; and a caller gone
     # before its facts are read is said as such. Each is one /proc read, as /metrics counts.
@@ -223,11 +249,13 @@ async def test_a_callers_facts_are_read_as_the_configuration_says_and_a_gone_cal
     assert facts.container.id == cid and facts.host is None
     sock, path = listener
     gone = connect_and_exit(path)
-    said = await identifier.peer_facts(Credentials(gone, os.getuid(), os.getgid(),
-                                                   procfs.boot_ticks()))
+    said = await identifier.peer_facts(
+        Credentials(gone, os.getuid(), os.getgid(), procfs.boot_ticks())
+    )
     assert said == f"the calling process (pid {gone}) is gone or cannot be read"
     assert await identifier.resolve(gone) == UNKNOWN  # a GPU process gone as it was seen
     assert identifier.proc_reads == 3
+
 
 def test_a_caller_whose_uid_is_above_2_to_the_31_is_that_uid():
     # uids run to 2**32 - 2 (user namespaces are often handed ranges up there): the kernel's
@@ -241,9 +269,15 @@ def test_a_caller_whose_uid_is_above_2_to_the_31_is_that_uid():
     sock.bind(path)
     os.chmod(path, 0o777)
     sock.listen(1)
-    client = subprocess.Popen([python_for(high), "-c", CONNECT_AND_EXIT + "sys.stdin.read()\n",
-                               path], user=high, group=high, extra_groups=[],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    client = subprocess.Popen(
+        [python_for(high), "-c", CONNECT_AND_EXIT + "sys.stdin.read()\n", path],
+        user=high,
+        group=high,
+        extra_groups=[],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         pid = int(client.stdout.readline())  # connected, and living on
         conn, _ = sock.accept()
@@ -273,15 +307,19 @@ def test_a_refusal_names_the_real_uid_of_a_process_whose_effective_uid_differs()
             time.sleep(0.01)
         assert procfs.uids(process.pid) == (NOBODY, 0, 0, 0)
         other = 4321
-        refused = read_peer_facts(Credentials(process.pid, other, other, procfs.boot_ticks()),
-                                  "/proc")
-        assert refused == (f"pid {process.pid} is not the process that connected: it runs as "
-                           f"uid {NOBODY}, the connection was made by uid {other}")
+        refused = read_peer_facts(
+            Credentials(process.pid, other, other, procfs.boot_ticks()), "/proc"
+        )
+        assert refused == (
+            f"pid {process.pid} is not the process that connected: it runs as "
+            f"uid {NOBODY}, the connection was made by uid {other}"
+        )
         facts = read_facts(process.pid)
         entry = SocketEntry(("127.0.0.1", 40000), ("127.0.0.1", 8080), other, 1, ESTABLISHED)
         assert LocalProcesses(Config())._not_the_holder(entry, facts) == (
             f"pid {process.pid} is not the process that made the connection from port 40000: it "
-            f"runs as uid {NOBODY}, the socket is uid {other}'s")
+            f"runs as uid {NOBODY}, the socket is uid {other}'s"
+        )
     finally:
         process.kill()
         process.wait()

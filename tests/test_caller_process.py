@@ -4,6 +4,7 @@ another network namespace) has no process the daemon can know, so a hold for it 
 (422), and outside test mode it is the container at its address or nobody (403). Real sockets
 in real network namespaces, real processes, the real /proc; the callers are run in the test's
 own process."""
+
 import asyncio
 import ctypes
 import os
@@ -38,6 +39,7 @@ CLONE_NEWNET = 0x40000000
 def in_network(namespace, make):
     """What `make()` returns, made in a thread that joined the named network namespace: a
     socket made there belongs to it for good (the test's other threads stay where they are)."""
+
     def run():
         libc = ctypes.CDLL(None, use_errno=True)
         fd = os.open(f"/run/netns/{namespace}", os.O_RDONLY)
@@ -61,9 +63,11 @@ def listening(host):
 
 def request_on(stream, uri="/request?gpu=1&hold=process"):
     """A request as Tornado hands it to the daemon, on the connection of `stream`."""
-    return HTTPServerRequest(connection=HTTP1Connection(stream, is_client=False),
-                             start_line=RequestStartLine("GET", uri, "HTTP/1.1"),
-                             headers=HTTPHeaders({"Host": "patroller"}))
+    return HTTPServerRequest(
+        connection=HTTP1Connection(stream, is_client=False),
+        start_line=RequestStartLine("GET", uri, "HTTP/1.1"),
+        headers=HTTPHeaders({"Host": "patroller"}),
+    )
 
 
 @asynccontextmanager
@@ -127,14 +131,18 @@ def system_callers(tmp_path):
 
 @async_test
 async def test_a_caller_from_elsewhere_is_the_container_at_its_address_once_per_connection(
-        namespaces, system_callers):  # noqa: F811
+    namespaces, system_callers
+):  # noqa: F811
     callers, directory, cid, engine = system_callers
     with process_in_cgroup(f"/system.slice/docker-{cid}.scope", NOBODY) as pid:
         engine.pids[cid] = pid
         async with request_from_elsewhere(namespaces, "/request?gpu=1") as request:
             caller = await callers.identify(request, None)
-            assert (caller.user, caller.source, caller.uid) == ("alice@example.org",
-                                                                "container", NOBODY)
+            assert (caller.user, caller.source, caller.uid) == (
+                "alice@example.org",
+                "container",
+                NOBODY,
+            )
             assert callers.lookups == 1 and directory.asked == [OTHER]
             # its next request on the same connection: the same caller, not looked up again
             assert await callers.identify(request, None) == caller
@@ -144,13 +152,15 @@ async def test_a_caller_from_elsewhere_is_the_container_at_its_address_once_per_
                 await callers.process(request)
     assert refused.value.message == (
         f"hold=process: the daemon cannot know the calling process of a caller at {OTHER}; "
-        + SOCKET_HINT)
+        + SOCKET_HINT
+    )
     assert refused.value.data == {"hold": "process"}
 
 
 @async_test
 async def test_a_caller_from_elsewhere_at_no_containers_address_is_refused_each_time(
-        namespaces, system_callers):  # noqa: F811
+    namespaces, system_callers
+):  # noqa: F811
     callers, directory, _, _ = system_callers
     directory.addresses.clear()
     async with request_from_elsewhere(namespaces, "/request?gpu=1") as request:
@@ -164,7 +174,8 @@ async def test_a_caller_from_elsewhere_at_no_containers_address_is_refused_each_
 
 @async_test
 async def test_in_test_mode_a_caller_from_elsewhere_is_whom_it_names_but_has_no_process(
-        namespaces):  # noqa: F811
+    namespaces,
+):  # noqa: F811
     callers = NamedCallers(Config())
     async with request_from_elsewhere(namespaces, "/request?gpu=1&hold=process") as request:
         assert (await callers.identify(request, "alice")).user == "alice"
@@ -172,8 +183,9 @@ async def test_in_test_mode_a_caller_from_elsewhere_is_whom_it_names_but_has_no_
         with pytest.raises(NoCallerProcess) as refused:
             await callers.process(request)
         assert callers.lookups == 1  # the kernel was asked, and knows no such client
-    assert refused.value.message == ("hold=process: the calling process cannot be known for "
-                                     "this connection; " + SOCKET_HINT)
+    assert refused.value.message == (
+        "hold=process: the calling process cannot be known for this connection; " + SOCKET_HINT
+    )
     assert refused.value.data == {"hold": "process"}
 
 
@@ -198,7 +210,8 @@ async def test_a_loopback_caller_that_closed_before_it_was_looked_up_is_refused(
             await callers.process(request)
     assert refused.value.message == (
         f"the connection from port {port} was closed before its caller could be identified: "
-        "keep it open until the answer comes")
+        "keep it open until the answer comes"
+    )
 
 
 @async_test
@@ -225,16 +238,18 @@ async def unix_request(tmp_path, identifier, gone=False):
     listener.listen(8)
     client = None
     if gone:
-        subprocess.run([sys.executable, "-c", CONNECT, str(tmp_path / "api.sock")], check=True,
-                       timeout=30)
+        subprocess.run(
+            [sys.executable, "-c", CONNECT, str(tmp_path / "api.sock")], check=True, timeout=30
+        )
     else:
         client = socket.socket(socket.AF_UNIX)
         client.connect(str(tmp_path / "api.sock"))
     conn, _ = listener.accept()
     stream = Accepted(conn)
     credentials = peer_credentials(conn)
-    stream.facts.peer = Peer(credentials,
-                             asyncio.ensure_future(identifier.peer_facts(credentials)))
+    stream.facts.peer = Peer(
+        credentials, asyncio.ensure_future(identifier.peer_facts(credentials))
+    )
     try:
         yield request_on(stream)
     finally:
@@ -261,8 +276,9 @@ async def test_a_unix_caller_is_the_process_that_connected(tmp_path, mode):
 
 @pytest.mark.parametrize("mode", ["test", "system"])
 @async_test
-async def test_a_unix_caller_that_has_ended_is_refused_and_said_once_a_while(tmp_path, mode,
-                                                                             caplog):
+async def test_a_unix_caller_that_has_ended_is_refused_and_said_once_a_while(
+    tmp_path, mode, caplog
+):
     config = Config()
     identifier = ProcessIdentifier(config)
     callers = NamedCallers(config) if mode == "test" else SystemCallers(identifier, None, config)
@@ -284,6 +300,8 @@ async def test_a_unix_caller_that_has_ended_is_refused_and_said_once_a_while(tmp
         if turn == 2:
             clock.advance(config.repeat_log_every)
     refusals = [r.getMessage() for r in caplog.records if r.name == "patroller.identify.callers"]
-    assert refusals == [f"caller refused: {said[0]}",  # the first; the next two held back
-                        f"caller refused: {said[3]} (2 more since the last such line)"]
+    assert refusals == [
+        f"caller refused: {said[0]}",  # the first; the next two held back
+        f"caller refused: {said[3]} (2 more since the last such line)",
+    ]
     identifier.close()

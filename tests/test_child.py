@@ -1,4 +1,5 @@
 """The supervised child process: lines, exit, restart with backoff, stop without leftovers."""
+
 import asyncio
 import logging
 import re
@@ -7,7 +8,6 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
-from typing import List
 
 import pytest
 
@@ -33,8 +33,12 @@ def test_backoff_grows_to_the_limit_and_resets_after_a_healthy_run():
 @async_test
 async def test_lines_are_delivered_and_the_exit_is_logged_and_restarted(caplog):
     lines = []
-    child = RestartingChild("demo", ["sh", "-c", "echo one; printf 'two\\nthree'; echo oops >&2; exit 3"],
-                            lines.append, settings(0.05, 0.05))
+    child = RestartingChild(
+        "demo",
+        ["sh", "-c", "echo one; printf 'two\\nthree'; echo oops >&2; exit 3"],
+        lines.append,
+        settings(0.05, 0.05),
+    )
     with caplog.at_level(logging.INFO, logger="patroller.observe.supervisor"):
         child.start()
         await until(lambda: child.starts >= 2)
@@ -49,12 +53,16 @@ async def test_lines_are_delivered_and_the_exit_is_logged_and_restarted(caplog):
 @pytest.mark.errors_expected
 @async_test
 async def test_a_missing_command_is_retried_with_backoff_not_in_a_loop(caplog):
-    child = RestartingChild("ghost", ["/nonexistent/nvidia-smi", "dmon"], lambda line: None,
-                            settings(0.2, 0.2))
+    child = RestartingChild(
+        "ghost", ["/nonexistent/nvidia-smi", "dmon"], lambda line: None, settings(0.2, 0.2)
+    )
 
     def attempts():
-        return [r.created for r in caplog.records
-                if "cannot start /nonexistent/nvidia-smi" in r.getMessage()]
+        return [
+            r.created
+            for r in caplog.records
+            if "cannot start /nonexistent/nvidia-smi" in r.getMessage()
+        ]
 
     child.start()
     await until(lambda: len(attempts()) >= 3)
@@ -69,8 +77,9 @@ async def test_a_missing_command_is_retried_with_backoff_not_in_a_loop(caplog):
 async def test_stop_terminates_the_whole_group_and_leaves_no_zombie():
     pids = []
     script = "sleep 100 & echo $!; trap '' TERM; while :; do sleep 0.05; done"
-    child = RestartingChild("stubborn", ["sh", "-c", script], lambda line: pids.append(int(line)),
-                            settings())
+    child = RestartingChild(
+        "stubborn", ["sh", "-c", script], lambda line: pids.append(int(line)), settings()
+    )
     child.start()
     await until(lambda: pids)
     shell = child.child.pid
@@ -83,8 +92,12 @@ async def test_stop_terminates_the_whole_group_and_leaves_no_zombie():
 @async_test
 async def test_an_overlong_line_is_dropped_not_buffered():
     lines = []
-    child = RestartingChild("long", ["sh", "-c", "head -c 200000 /dev/zero | tr '\\0' x; echo; echo ok; sleep 5"],
-                            lines.append, settings())
+    child = RestartingChild(
+        "long",
+        ["sh", "-c", "head -c 200000 /dev/zero | tr '\\0' x; echo; echo ok; sleep 5"],
+        lines.append,
+        settings(),
+    )
     child.start()
     await until(lambda: "ok" in lines)
     await child.stop(0.5)
@@ -102,8 +115,9 @@ async def test_a_line_handler_failure_loses_one_line_not_the_stream(caplog):
         if line == "bad":
             raise ValueError("bug")
 
-    child = RestartingChild("fragile", ["sh", "-c", "echo bad; echo good; sleep 5"], handler,
-                            settings(0.05, 0.05))
+    child = RestartingChild(
+        "fragile", ["sh", "-c", "echo bad; echo good; sleep 5"], handler, settings(0.05, 0.05)
+    )
     child.start()
     await until(lambda: "good" in seen)
     await child.stop(0.5)
@@ -121,15 +135,16 @@ async def test_a_handler_failing_on_every_line_is_logged_once_a_window(caplog):
         raise ValueError("bug")
 
     script = "for n in 1 2 3 4 5; do echo bad; done; sleep 0.5; echo worse; sleep 5"
-    child = RestartingChild("buggy", ["sh", "-c", script], handler,
-                            settings(repeat_log_every=0.3))
+    child = RestartingChild("buggy", ["sh", "-c", script], handler, settings(repeat_log_every=0.3))
     child.start()
     await until(lambda: "worse" in seen)
     await child.stop(0.5)
     failed = [r.getMessage() for r in caplog.records if "handling a line failed" in r.getMessage()]
     # The first of a window, then the first of the next, which counts the four held back.
-    assert failed == ["buggy: handling a line failed: 'bad'",
-                      "buggy: handling a line failed (4 more since the last report): 'worse'"]
+    assert failed == [
+        "buggy: handling a line failed: 'bad'",
+        "buggy: handling a line failed (4 more since the last report): 'worse'",
+    ]
 
 
 @async_test
@@ -137,9 +152,12 @@ async def test_a_child_that_falls_silent_is_killed_once_and_restarted(caplog):
     pids = []
     # Slow to speak (within `startup`), then alive, silent and deaf to SIGTERM.
     script = "sleep 0.6; echo $$; echo tick; trap '' TERM; sleep 100"
-    child = RestartingChild("mute", ["sh", "-c", script],
-                            lambda line: line.isdigit() and pids.append(int(line)),
-                            settings(0.05, 0.05, stream_silence=0.3, stream_startup=30))
+    child = RestartingChild(
+        "mute",
+        ["sh", "-c", script],
+        lambda line: line.isdigit() and pids.append(int(line)),
+        settings(0.05, 0.05, stream_silence=0.3, stream_startup=30),
+    )
     child.start()
     await until(lambda: child.starts >= 2)
     await child.stop(0.5)
@@ -154,8 +172,12 @@ async def test_a_child_that_falls_silent_is_killed_once_and_restarted(caplog):
 
 @async_test
 async def test_a_child_that_prints_nothing_at_all_is_hung_after_the_startup_allowance(caplog):
-    child = RestartingChild("dumb", ["sleep", "100"], lambda line: None,
-                            settings(5, 5, stream_silence=0.1, stream_startup=0.6))
+    child = RestartingChild(
+        "dumb",
+        ["sleep", "100"],
+        lambda line: None,
+        settings(5, 5, stream_silence=0.1, stream_startup=0.6),
+    )
     child.start()
     await until(lambda: child.hangs == 1)
     await child.stop(0.5)
@@ -166,8 +188,12 @@ async def test_a_child_that_prints_nothing_at_all_is_hung_after_the_startup_allo
 @async_test
 async def test_a_steady_child_is_never_taken_as_hung():
     lines = []
-    child = RestartingChild("steady", ["sh", "-c", "while :; do echo x; sleep 0.05; done"],
-                            lines.append, settings(stream_silence=1.0))
+    child = RestartingChild(
+        "steady",
+        ["sh", "-c", "while :; do echo x; sleep 0.05; done"],
+        lines.append,
+        settings(stream_silence=1.0),
+    )
     child.start()
     await until(lambda: len(lines) >= 60)  # three seconds: three times `silence`
     await child.stop(0.5)
@@ -175,17 +201,28 @@ async def test_a_steady_child_is_never_taken_as_hung():
 
 
 def test_the_parent_death_signal_is_armed_in_the_child_and_survives_exec():
-    ask = ("import ctypes; s = ctypes.c_int(); "
-           "ctypes.CDLL(None).prctl(2, ctypes.byref(s), 0, 0, 0); print(s.value)")  # GET
-    out = subprocess.run([sys.executable, "-c", ask], check=True, capture_output=True,
-                         text=True, preexec_fn=parent_death_kill()).stdout
+    ask = (
+        "import ctypes; s = ctypes.c_int(); "
+        "ctypes.CDLL(None).prctl(2, ctypes.byref(s), 0, 0, 0); print(s.value)"
+    )  # GET
+    out = subprocess.run(
+        [sys.executable, "-c", ask],
+        check=True,
+        capture_output=True,
+        text=True,
+        preexec_fn=parent_death_kill(),
+    ).stdout
     assert int(out) == signal.SIGKILL
 
 
 # Prints the parent-death signal armed in it, and whether it leads a process group of its own.
-ASK_CHILD = [sys.executable, "-c", "import ctypes, os; s = ctypes.c_int(); "
-             "ctypes.CDLL(None).prctl(2, ctypes.byref(s), 0, 0, 0); "
-             "print(s.value, os.getpgid(0) == os.getpid())"]
+ASK_CHILD = [
+    sys.executable,
+    "-c",
+    "import ctypes, os; s = ctypes.c_int(); "
+    "ctypes.CDLL(None).prctl(2, ctypes.byref(s), 0, 0, 0); "
+    "print(s.value, os.getpgid(0) == os.getpid())",
+]
 
 
 @async_test
@@ -200,7 +237,7 @@ async def test_both_kinds_of_child_have_the_parent_death_signal_and_their_own_gr
     assert lines[0].split() == [str(int(signal.SIGKILL)), "True"]
 
 
-async def lines_between_turns(line: str, total: int, cost: float, **changes) -> List[int]:
+async def lines_between_turns(line: str, total: int, cost: float, **changes) -> list[int]:
     """A child prints `total` times `line`; each costs the handler `cost` seconds (busy): how
     many lines were handled between two turns of the event loop, turn after turn."""
     handled = 0
@@ -222,8 +259,12 @@ async def lines_between_turns(line: str, total: int, cost: float, **changes) -> 
 
     loop = asyncio.get_running_loop()
     script = f"import sys; sys.stdout.write({line + chr(10)!r} * {total}); sys.stdout.flush()"
-    child = RestartingChild("burst", [sys.executable, "-c", script], slow_line,
-                            settings(30, 30, loop_slice=0.001, **changes))
+    child = RestartingChild(
+        "burst",
+        [sys.executable, "-c", script],
+        slow_line,
+        settings(30, 30, loop_slice=0.001, **changes),
+    )
     loop.call_soon(turn)
     child.start()
     await until(lambda: handled == total, timeout=30)

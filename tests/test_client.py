@@ -1,4 +1,5 @@
 """The client helper against a real server process."""
+
 import json
 import os
 import subprocess
@@ -10,8 +11,16 @@ import pytest
 
 from helpers import ROOT, ServerProcess
 from patroller import client
-from patroller.client import (Busy, Claim, RequestRefused, ServerUnreachable, claim, release, renew,
-                              reserve)
+from patroller.client import (
+    Busy,
+    Claim,
+    RequestRefused,
+    ServerUnreachable,
+    claim,
+    release,
+    renew,
+    reserve,
+)
 
 
 @pytest.fixture(scope="module")
@@ -63,21 +72,24 @@ def test_release_returns_what_it_released(server):
     body = release(server.server, uuid=devices[1]["uuid"])
     assert [d["uuid"] for d in body["released"]] == [devices[1]["uuid"]]
     body = release(server.server)
-    assert sorted(d["uuid"] for d in body["released"]) == sorted([devices[0]["uuid"], devices[2]["uuid"]])
+    assert sorted(d["uuid"] for d in body["released"]) == sorted(
+        [devices[0]["uuid"], devices[2]["uuid"]]
+    )
 
 
 def test_claim_context_manager_releases_on_exit(server):
     with Claim(2, server=server.server) as devices:
-        assert os.environ["CUDA_VISIBLE_DEVICES"] == ",".join(str(d["info"]["number"]) for d in devices)
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == ",".join(
+            str(d["info"]["number"]) for d in devices
+        )
         assert reserve(7, server=server.server) is None  # only 6 left
     assert len(reserve(8, server=server.server)) == 8
 
 
 def test_claim_context_manager_raises_busy(server):
     reserve(8, server=server.server)
-    with pytest.raises(Busy):
-        with Claim(1, server=server.server, timeout=0.2):
-            pass
+    with pytest.raises(Busy), Claim(1, server=server.server, timeout=0.2):
+        pass
 
 
 def test_bad_requests_raise_a_clear_error(server):
@@ -112,7 +124,11 @@ def test_unreachable_server_raises():
 
 
 def test_unix_socket_server_addresses():
-    assert client.parse_server("unix:///run/patroller/api.sock") == ("unix", "/run/patroller/api.sock", 0)
+    assert client.parse_server("unix:///run/patroller/api.sock") == (
+        "unix",
+        "/run/patroller/api.sock",
+        0,
+    )
     with pytest.raises(ValueError):
         client.parse_server("unix://relative.sock")
 
@@ -137,10 +153,16 @@ def test_the_client_is_one_file_on_the_standard_library(tmp_path):
     import shutil
     import subprocess
     import sys
+
     shutil.copy(client.__file__, tmp_path / "client.py")
     # -S: no site-packages, so anything beyond the standard library fails to import
-    result = subprocess.run([sys.executable, "-S", "-c", "import client; print(client.claim)"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", "import client; print(client.claim)"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -158,23 +180,33 @@ def test_the_default_hold_is_the_calling_process(server):
 
 
 def test_a_process_hold_ends_with_the_script_that_claimed(server):
-    script = ("import sys\nfrom patroller.client import claim\n"
-              f"assert claim(1, server={server.server!r})\n"
-              "print('claimed', flush=True)\nsys.stdin.read()\n")
-    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONPATH": ROOT})
+    script = (
+        "import sys\nfrom patroller.client import claim\n"
+        f"assert claim(1, server={server.server!r})\n"
+        "print('claimed', flush=True)\nsys.stdin.read()\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
     try:
         assert child.stdout.readline() == "claimed\n"
-        held = [c["claim"] for c in client.status(server.server).values()
-                if c["claim"]["held_for_pid"] == child.pid]
+        held = [
+            c["claim"]
+            for c in client.status(server.server).values()
+            if c["claim"]["held_for_pid"] == child.pid
+        ]
         assert len(held) == 1 and held[0]["state"] == "reserved"
     finally:
         child.stdin.close()  # the script ends
         child.wait(30)
     deadline = time.monotonic() + 10
-    while any(c["claim"]["held_for_pid"] == child.pid
-              for c in client.status(server.server).values()):
+    while any(
+        c["claim"]["held_for_pid"] == child.pid for c in client.status(server.server).values()
+    ):
         assert time.monotonic() < deadline, "the reservation outlived its process"
         time.sleep(0.05)
 
@@ -194,8 +226,9 @@ def test_hold_must_be_process_or_lease(server):
         Claim(1, server=server.server, hold="")
 
 
-@pytest.mark.parametrize("before", [
-    None, {"CUDA_VISIBLE_DEVICES": "7", "CUDA_DEVICE_ORDER": "FASTEST_FIRST"}])
+@pytest.mark.parametrize(
+    "before", [None, {"CUDA_VISIBLE_DEVICES": "7", "CUDA_DEVICE_ORDER": "FASTEST_FIRST"}]
+)
 def test_claim_context_manager_puts_the_variables_back(server, before):
     for name, value in (before or {}).items():
         os.environ[name] = value
@@ -207,8 +240,9 @@ def test_claim_context_manager_puts_the_variables_back(server, before):
         assert os.environ.get(name) == (before or {}).get(name)
 
 
-@pytest.mark.parametrize("before", [
-    None, {"CUDA_VISIBLE_DEVICES": "7", "CUDA_DEVICE_ORDER": "FASTEST_FIRST"}])
+@pytest.mark.parametrize(
+    "before", [None, {"CUDA_VISIBLE_DEVICES": "7", "CUDA_DEVICE_ORDER": "FASTEST_FIRST"}]
+)
 def test_release_puts_back_the_variables_claim_set(server, before):
     """claim() twice, then release() of one device, then of the rest: the variables are as
     they were before the first claim() only once nothing claimed is held."""
@@ -312,25 +346,51 @@ def test_release_gives_back_what_this_script_claimed_and_no_other_job_of_the_use
     # As found: a script's release() ("give back early") gave back everything the user held:
     # a 4-hour hold, and the GPU of a live `patroller run` job, which then showed free while
     # the job ran.
-    job = subprocess.Popen([sys.executable, "-m", "patroller.cli", "run", "-q", "--server",
-                            server.server, "--", "sleep", "120"],
-                           env={**os.environ, "PYTHONPATH": ROOT})
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "patroller.cli",
+            "run",
+            "-q",
+            "--server",
+            server.server,
+            "--",
+            "sleep",
+            "120",
+        ],
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
     try:
         deadline = time.monotonic() + 30
-        while not [u for u, c in client.status(server.server).items()
-                   if c["claim"]["held_for_pid"] == job.pid]:
+        while not [
+            u
+            for u, c in client.status(server.server).items()
+            if c["claim"]["held_for_pid"] == job.pid
+        ]:
             assert time.monotonic() < deadline, "the job's GPU was not reserved"
             time.sleep(0.05)
-        [running] = [u for u, c in client.status(server.server).items()
-                     if c["claim"]["held_for_pid"] == job.pid]
-        code, [notebook] = client._call(server.server, "GET", "/request", {"gpu": 1,
-                                                                           "hold": "4h"}, 30)
+        [running] = [
+            u
+            for u, c in client.status(server.server).items()
+            if c["claim"]["held_for_pid"] == job.pid
+        ]
+        code, [notebook] = client._call(
+            server.server, "GET", "/request", {"gpu": 1, "hold": "4h"}, 30
+        )
         assert code == 200 and notebook["hold"] == "duration"
-        script = ("import json\nfrom patroller.client import claim, release\n"
-                  f"assert claim(1, server={server.server!r})\n"
-                  f"print(json.dumps(release(server={server.server!r})))\n")
-        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                              env={**os.environ, "PYTHONPATH": ROOT}, timeout=60)
+        script = (
+            "import json\nfrom patroller.client import claim, release\n"
+            f"assert claim(1, server={server.server!r})\n"
+            f"print(json.dumps(release(server={server.server!r})))\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": ROOT},
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr
         released = json.loads(done.stdout)["released"]
         assert len(released) == 1 and released[0]["uuid"] not in (running, notebook["uuid"])
@@ -338,9 +398,13 @@ def test_release_gives_back_what_this_script_claimed_and_no_other_job_of_the_use
         assert claim_of(server, notebook["uuid"])["state"] == "reserved"
         # `patroller release` with no device: every reservation but the running job's, which
         # it names.
-        bare = subprocess.run([sys.executable, "-m", "patroller.cli", "release", "--server",
-                               server.server], capture_output=True, text=True, timeout=60,
-                              env={**os.environ, "PYTHONPATH": ROOT})
+        bare = subprocess.run(
+            [sys.executable, "-m", "patroller.cli", "release", "--server", server.server],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": ROOT},
+        )
         assert bare.returncode == 0, bare.stderr
         number = client.devices(server.server)[running]["number"]
         assert f"kept GPU {number}: held while pid {job.pid} runs" in bare.stdout, bare.stdout
@@ -349,4 +413,3 @@ def test_release_gives_back_what_this_script_claimed_and_no_other_job_of_the_use
     finally:
         job.kill()
         job.wait()
-

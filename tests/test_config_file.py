@@ -1,6 +1,7 @@
 """The configuration file: precedence, refusals that name the file, the line and the key,
 secrets never repeated, `patroller config`'s origins, the example in docs/gpu-host.md, and
 SIGHUP on a running daemon."""
+
 import dataclasses
 import json
 import os
@@ -36,8 +37,11 @@ def refusal(path, environ=None, argv=()):
 def test_each_source_wins_over_the_one_below(tmp_path):
     path = written(tmp_path, "port = 9002\nlease = 7\nhide-users = true\nmax-hold = '2h'\n")
     origins = {}
-    config = load(["--config", path, "--port", "9000"], {"PATROLLER_PORT": "9001",
-                                                         "PATROLLER_LEASE": "3"}, origins)
+    config = load(
+        ["--config", path, "--port", "9000"],
+        {"PATROLLER_PORT": "9001", "PATROLLER_LEASE": "3"},
+        origins,
+    )
     assert config.port == 9000 and origins["--port"] == "--port"  # flag over all
     assert config.lease == 3 and origins["--lease"] == "PATROLLER_LEASE"  # environment over file
     assert config.max_hold == 7200 and origins["--max-hold"] == f"{path}:4"  # file over default
@@ -54,9 +58,12 @@ def test_each_source_wins_over_the_one_below(tmp_path):
 
 
 def test_the_file_takes_lists_switches_and_repeated_keys(tmp_path):
-    path = written(tmp_path, 'user-labels = ["owner", "email"]\ncontainerd-namespaces = "a,b"\n'
-                             'pod-user-key = ["x/user", "y/user"]\nnotify = "json://h/p"\n'
-                             "test = true\nidle-sm = 2.5\n")
+    path = written(
+        tmp_path,
+        'user-labels = ["owner", "email"]\ncontainerd-namespaces = "a,b"\n'
+        'pod-user-key = ["x/user", "y/user"]\nnotify = "json://h/p"\n'
+        "test = true\nidle-sm = 2.5\n",
+    )
     config = load(["--config", path], {})
     assert config.user_labels == ("owner", "email")
     assert config.containerd_namespaces == ("a", "b")
@@ -73,20 +80,25 @@ def test_an_unknown_key_is_named_with_its_line_and_the_closest_name(tmp_path):
     path = written(tmp_path, "port = 1\nconfig = '/etc/x.toml'\n")  # no file names another
     assert refusal(path).startswith(f"{path}:2: unknown key 'config'")
     path = written(tmp_path, "zzzz = 1\n")
-    assert refusal(path) == (f"{path}:1: unknown key 'zzzz'; the keys are the long flags' "
-                             "names (patroller --help)")
+    assert refusal(path) == (
+        f"{path}:1: unknown key 'zzzz'; the keys are the long flags' names (patroller --help)"
+    )
 
 
 def test_a_wrong_type_is_named_with_its_line_and_what_was_expected(tmp_path):
-    cases = [("port = 1\n[lease]\nx = 1\n", ":2: lease: expected a string or a number, not a table"),
-             ("lease.seconds = 3\n", ":1: lease: expected a string or a number, not a table"),
-             ("port = [8080]\n", ":1: port: expected a string or a number, not a list"),
-             ("hide-users = 'yes'\n", ":1: hide-users: expected true or false, not a string"),
-             ("\nport = true\n", ":2: port: expected a string or a number, not true or false"),
-             ("user-labels = [1, 2]\n", ":1: user-labels: expected a string or a list of "
-              "strings, not a list of other than strings"),
-             ("lease = 1979-05-27\n", ":1: lease: expected a string or a number, not a date or "
-              "time")]
+    cases = [
+        ("port = 1\n[lease]\nx = 1\n", ":2: lease: expected a string or a number, not a table"),
+        ("lease.seconds = 3\n", ":1: lease: expected a string or a number, not a table"),
+        ("port = [8080]\n", ":1: port: expected a string or a number, not a list"),
+        ("hide-users = 'yes'\n", ":1: hide-users: expected true or false, not a string"),
+        ("\nport = true\n", ":2: port: expected a string or a number, not true or false"),
+        (
+            "user-labels = [1, 2]\n",
+            ":1: user-labels: expected a string or a list of "
+            "strings, not a list of other than strings",
+        ),
+        ("lease = 1979-05-27\n", ":1: lease: expected a string or a number, not a date or time"),
+    ]
     for text, said in cases:
         path = written(tmp_path, text)
         assert refusal(path) == path + said, text
@@ -98,7 +110,9 @@ def test_a_bad_value_is_refused_as_the_flag_refuses_it_with_the_line(tmp_path):
     path = written(tmp_path, "\n\nport = 99999\n")
     assert refusal(path) == f"{path}:3: port: '99999' is not a port number (0-65535)"
     path = written(tmp_path, "log-level = 'loud'\n")
-    assert refusal(path) == f"{path}:1: log-level: 'loud' must be one of debug, info, warning, error"
+    assert (
+        refusal(path) == f"{path}:1: log-level: 'loud' must be one of debug, info, warning, error"
+    )
 
 
 def test_a_syntax_error_names_the_file_and_its_line(tmp_path):
@@ -114,8 +128,9 @@ def test_a_syntax_error_names_the_file_and_its_line(tmp_path):
 
 def test_a_file_that_cannot_be_read_is_named(tmp_path):
     missing = str(tmp_path / "nope.toml")
-    assert refusal(missing) == (f"{missing}: cannot read the configuration file: No such file "
-                                "or directory")
+    assert refusal(missing) == (
+        f"{missing}: cannot read the configuration file: No such file or directory"
+    )
     assert refusal(str(tmp_path)).endswith("the configuration file is not a regular file")
     fifo = tmp_path / "fifo.toml"
     os.mkfifo(fifo)  # nobody writes to it: reading it to the end would wait for ever
@@ -124,9 +139,12 @@ def test_a_file_that_cannot_be_read_is_named(tmp_path):
 
 def test_a_secret_is_never_repeated_back(tmp_path):
     url = f"mailtos://patroller:{PASSWORD}@smtp.example"
-    for text in (f'notify = ["{url}", "no url {PASSWORD}"]\n',
-                 f'notify-user-default = "{url}"\n',  # no {{user}} in it
-                 f'notify = [["{url}"]]\n', f'notify = {{ url = "{url}" }}\n'):
+    for text in (
+        f'notify = ["{url}", "no url {PASSWORD}"]\n',
+        f'notify-user-default = "{url}"\n',  # no {{user}} in it
+        f'notify = [["{url}"]]\n',
+        f'notify = {{ url = "{url}" }}\n',
+    ):
         path = written(tmp_path, text)
         said = refusal(path)
         assert PASSWORD not in said and said.startswith(f"{path}:1: notify"), said
@@ -155,9 +173,14 @@ def test_the_default_path_is_read_only_when_it_exists(tmp_path, monkeypatch):
 
 
 def patroller_config(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "patroller", "config", *args],
-                          env={**os.environ, "PYTHONPATH": ROOT, **(env or {})}, cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "patroller", "config", *args],
+        env={**os.environ, "PYTHONPATH": ROOT, **(env or {})},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_patroller_config_names_each_settings_origin(tmp_path):
@@ -180,12 +203,24 @@ def test_patroller_config_names_each_settings_origin(tmp_path):
     assert answer["file"] == path
     rows = {row["key"]: row for row in answer["settings"]}
     assert rows["port"] == {"key": "port", "value": 9002, "origin": "file", "where": f"{path}:2"}
-    assert rows["lease"] == {"key": "lease", "value": 3.0, "origin": "environment",
-                             "where": "PATROLLER_LEASE"}
-    assert rows["idle-after"] == {"key": "idle-after", "value": 60.0, "origin": "flag",
-                                  "where": "--idle-after"}
-    assert rows["user-labels"] == {"key": "user-labels", "origin": "default", "where": None,
-                                   "value": ["user.email", "email", "maintainer"]}
+    assert rows["lease"] == {
+        "key": "lease",
+        "value": 3.0,
+        "origin": "environment",
+        "where": "PATROLLER_LEASE",
+    }
+    assert rows["idle-after"] == {
+        "key": "idle-after",
+        "value": 60.0,
+        "origin": "flag",
+        "where": "--idle-after",
+    }
+    assert rows["user-labels"] == {
+        "key": "user-labels",
+        "origin": "default",
+        "where": None,
+        "value": ["user.email", "email", "maintainer"],
+    }
     bad = patroller_config("--json", env={"PATROLLER_CONFIG": written(tmp_path, "prot = 1\n")})
     assert bad.returncode == 2 and bad.stdout == ""
     assert "prot.toml" not in bad.stderr and ":1: unknown key 'prot'" in bad.stderr
@@ -194,8 +229,12 @@ def test_patroller_config_names_each_settings_origin(tmp_path):
 def test_the_docs_sample_of_patroller_config_is_a_real_run(tmp_path):
     text = open(os.path.join(ROOT, "docs", "configuration.md"), encoding="utf-8").read()
     toml = re.search(r"A TOML file whose keys.*?```toml\n(.*?)```", text, re.S).group(1)
-    sample = re.search(r"```text\n\$ (PATROLLER_LOG_LEVEL=debug) patroller config (--lease 30)\n"
-                       r"(.*?)```", text, re.S)
+    sample = re.search(
+        r"```text\n\$ (PATROLLER_LOG_LEVEL=debug) patroller config (--lease 30)\n"
+        r"(.*?)```",
+        text,
+        re.S,
+    )
     path = written(tmp_path, toml)
     variable, flag = sample.group(1).split("="), sample.group(2).split()
     done = patroller_config(*flag, env={variable[0]: variable[1], "PATROLLER_CONFIG": path})
@@ -203,6 +242,7 @@ def test_the_docs_sample_of_patroller_config_is_a_real_run(tmp_path):
 
     def normal(line):
         return re.sub(r"\s{2,}", "  ", line.replace(path, "/etc/patroller/patroller.toml"))
+
     ran = [normal(line) for line in done.stdout.splitlines()]
     shown = [normal(line) for line in sample.group(3).splitlines() if line != "..."]
     assert len(shown) > 10
@@ -212,19 +252,22 @@ def test_the_docs_sample_of_patroller_config_is_a_real_run(tmp_path):
 
 def configfile_keys():
     from patroller.config.flags import file_keys
+
     return file_keys()
 
 
 def test_every_key_has_a_value_to_show():
     from patroller.config.shown import value_of
+
     for key in configfile_keys():
         value_of(Config(), key, {})  # an AttributeError names a key with no Config field
 
 
 def example_in_the_docs():
     text = open(os.path.join(ROOT, "docs", "gpu-host.md"), encoding="utf-8").read()
-    found = re.search(r"<!-- generated by `patroller config --example`.*?-->\n```toml\n(.*?)```",
-                      text, re.S)
+    found = re.search(
+        r"<!-- generated by `patroller config --example`.*?-->\n```toml\n(.*?)```", text, re.S
+    )
     assert found, "docs/gpu-host.md has no generated example"
     return found.group(1)
 
@@ -232,8 +275,9 @@ def example_in_the_docs():
 def test_the_docs_example_is_the_one_patroller_config_prints_and_names_every_key(tmp_path):
     done = patroller_config("--example")
     assert done.returncode == 0
-    assert example_in_the_docs() == done.stdout, \
+    assert example_in_the_docs() == done.stdout, (
         "docs/gpu-host.md's example is stale: paste `patroller config --example` there"
+    )
     keys = re.findall(r"^# ([a-z0-9-]+) =", done.stdout, re.M)
     assert keys == list(configfile_keys())
     # Each key shown with a value, its `#` taken off, is the default itself.
@@ -245,8 +289,7 @@ def test_the_docs_example_is_the_one_patroller_config_prints_and_names_every_key
 
 def test_a_reload_applies_the_live_settings_and_names_the_others():
     running = Config(port=8080, lease=10, max_per_user=1, shutdown_grace=0.5)
-    read = Config(port=9000, lease=20, max_per_user=4, log_level="debug",
-                  pod_user_keys=("x",))
+    read = Config(port=9000, lease=20, max_per_user=4, log_level="debug", pod_user_keys=("x",))
     now, restart = live.applied(running, read)
     assert now.max_per_user == 4 and now.log_level == "debug"  # live
     assert now.port == 8080 and now.lease == 10 and now.shutdown_grace == 0.5  # as they were
@@ -282,7 +325,8 @@ def test_sighup_rereads_the_file_on_a_running_daemon(tmp_path):
         assert ask(server, "/request?gpu=2&user=alice") == 200  # live: changed
         changed = [line for line in server.log.splitlines() if "restart to apply" in line]
         assert len(changed) == 1 and changed[0].endswith(
-            f"SIGHUP: lease, header-timeout changed in {path}: restart to apply"), server.log
+            f"SIGHUP: lease, header-timeout changed in {path}: restart to apply"
+        ), server.log
         path.write_text("max-per-user = 1\nlease = 'x'\n")  # unusable: all stays
         server.process.send_signal(signal.SIGHUP)
         wait_for(lambda: "the settings stay as they were" in server.log, server)
@@ -294,16 +338,28 @@ def test_sighup_rereads_the_file_on_a_running_daemon(tmp_path):
 
 def test_the_doctor_reads_the_same_file(tmp_path):
     def doctor(path):
-        return subprocess.run([sys.executable, "-m", "patroller", "doctor", "--json"],
-                              env={**os.environ, "PYTHONPATH": ROOT, "PATROLLER_CONFIG": path},
-                              cwd=ROOT, capture_output=True, text=True, timeout=120)
-    good = written(tmp_path, 'nvidia-smi = "/nonexistent/nvidia-smi-of-the-file"\n'
-                             'state-dir = "none"\nkubelet-socket = "none"\n')
+        return subprocess.run(
+            [sys.executable, "-m", "patroller", "doctor", "--json"],
+            env={**os.environ, "PYTHONPATH": ROOT, "PATROLLER_CONFIG": path},
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    good = written(
+        tmp_path,
+        'nvidia-smi = "/nonexistent/nvidia-smi-of-the-file"\n'
+        'state-dir = "none"\nkubelet-socket = "none"\n',
+    )
     done = doctor(good)
     checks = {check["check"]: check for check in json.loads(done.stdout)}
-    assert any("/nonexistent/nvidia-smi-of-the-file" in check["detail"]
-               for check in checks.values()), done.stdout
+    assert any(
+        "/nonexistent/nvidia-smi-of-the-file" in check["detail"] for check in checks.values()
+    ), done.stdout
     bad = written(tmp_path, "port = 1\nhide-users = 'yes'\n", "bad.toml")
     done = doctor(bad)
     assert done.returncode != 0
-    assert f"{bad}:2: hide-users: expected true or false, not a string" in done.stdout + done.stderr
+    assert (
+        f"{bad}:2: hide-users: expected true or false, not a string" in done.stdout + done.stderr
+    )

@@ -3,6 +3,7 @@ named by its labels, and counted under the host account its first process runs a
 (403) when no container has that address or none can be asked. The engine is
 tests/fake_engine.py, answering as the real Docker Engine did; real processes in real cgroups,
 a real /proc. (The same against a real engine: test_identity_docker.)"""
+
 import secrets
 from contextlib import contextmanager
 import subprocess
@@ -74,18 +75,21 @@ def callers(tmp_path, docker):
 
 
 @async_test
-async def test_a_container_caller_is_its_labels_user_under_the_account_it_runs_as(callers,
-                                                                                 docker):
+async def test_a_container_caller_is_its_labels_user_under_the_account_it_runs_as(callers, docker):
     callers, directory, cid = callers
     with process_in_cgroup(f"/system.slice/docker-{cid}.scope", NOBODY) as pid:
         docker.pids[cid] = pid
         caller = await callers._remote(f"::ffff:{AT}")  # as a dual-stack socket gives it
     nobody = host_identity(NOBODY)
     assert directory.asked == [AT]  # the container network's own form of the address
-    assert (caller.user, caller.email, caller.source) == ("alice@example.org",
-                                                          "alice@example.org", "container")
+    assert (caller.user, caller.email, caller.source) == (
+        "alice@example.org",
+        "alice@example.org",
+        "container",
+    )
     assert caller.container == (cid[:12], "train-" + cid[:4]) and caller.info == (
-        ("team", "vision"),)
+        ("team", "vision"),
+    )
     assert (caller.account, caller.uid) == (nobody.account, NOBODY)  # the kernel's word
 
 
@@ -94,8 +98,9 @@ def first_process(where):
     """The pid the engine names as a container's first process: in another container's cgroup
     (it restarted since the engine was asked), in none, or gone (ended and reaped)."""
     if where == "another container":
-        with process_in_cgroup(f"/system.slice/docker-{secrets.token_hex(32)}.scope",
-                               NOBODY) as pid:
+        with process_in_cgroup(
+            f"/system.slice/docker-{secrets.token_hex(32)}.scope", NOBODY
+        ) as pid:
             yield pid
         return
     process = subprocess.Popen(["sleep", "60"], user=NOBODY, group=NOBODY, extra_groups=[])
@@ -111,15 +116,18 @@ def first_process(where):
 
 @pytest.mark.parametrize("where", ["another container", "no container", "gone"])
 @async_test
-async def test_a_first_process_that_is_not_the_containers_gives_no_account(callers, docker,
-                                                                          where):
+async def test_a_first_process_that_is_not_the_containers_gives_no_account(callers, docker, where):
     callers, _, cid = callers
     with first_process(where) as pid:
         docker.pids[cid] = pid
         caller = await callers._remote(AT)
     # the labels stand; no account is guessed
     assert (caller.user, caller.source, caller.account, caller.uid) == (
-        "alice@example.org", "container", None, None)
+        "alice@example.org",
+        "container",
+        None,
+        None,
+    )
 
 
 @async_test
@@ -138,7 +146,8 @@ async def test_an_address_no_container_has_is_refused(callers):
         await callers._remote("192.0.2.9")
     assert refused.value.message == (
         "no container has the address 192.0.2.9: call from a container on this host, from the "
-        "host itself, or over the unix socket")
+        "host itself, or over the unix socket"
+    )
     assert directory.asked == ["192.0.2.9"]
 
 

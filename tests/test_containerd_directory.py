@@ -3,6 +3,7 @@ its socket that answers as a real containerd did (tests/fake_containerd.py, its 
 in tests/fixtures/containerd/answers.json): where it looks for a container and in which order,
 a pod's sandbox, what it caches, and containerd down, answering garbage, hanging, and back
 again. No container engine runs here; tests/test_containerd.py runs the real one."""
+
 import asyncio
 import logging
 import os
@@ -47,8 +48,11 @@ def asked(fake):
 
 
 def said(caplog, level=logging.WARNING):
-    return [r.getMessage() for r in caplog.records if r.levelno == level
-            and r.name == "patroller.identify.containerd"]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == level and r.name == "patroller.identify.containerd"
+    ]
 
 
 def test_the_fake_answers_as_the_captured_containerd_did(fake):
@@ -60,8 +64,9 @@ def test_the_fake_answers_as_the_captured_containerd_did(fake):
             namespace = call["namespace"]
             metadata = ((ctrd.NAMESPACE_HEADER, namespace),) if namespace else None
             try:
-                answer = channel.unary_unary(call["method"])(call["request"], timeout=10,
-                                                             metadata=metadata)
+                answer = channel.unary_unary(call["method"])(
+                    call["request"], timeout=10, metadata=metadata
+                )
                 code, details = "OK", ""
             except grpc.RpcError as exc:
                 answer, code, details = b"", exc.code().name, exc.details()
@@ -149,8 +154,9 @@ async def test_a_pods_container_whose_sandbox_is_gone_has_none(fake, ids):
 
 
 @async_test
-async def test_a_list_refused_as_not_found_leaves_the_container_without_its_sandbox(fake, ids,
-                                                                                    caplog):
+async def test_a_list_refused_as_not_found_leaves_the_container_without_its_sandbox(
+    fake, ids, caplog
+):
     fake.fail(grpc.StatusCode.NOT_FOUND, "namespace gone: not found", (ctrd.LIST,))
     found_in = directory(fake)
     try:
@@ -171,8 +177,7 @@ async def test_only_the_pods_own_sandbox_is_taken_from_a_listing(fake, ids):
     del fake.containers[("k8s.io", ids["sandbox"])]
     other = "0d1e2f30-4a5b-4c6d-8e7f-901a2b3c4d5e"
     fake.add("k8s.io", "a" * 64, {**pod, "io.kubernetes.pod.uid": other}, like="sandbox")
-    fake.add("k8s.io", "b" * 64, {**pod, "io.cri-containerd.kind": "container"},
-             like="sandbox")
+    fake.add("k8s.io", "b" * 64, {**pod, "io.cri-containerd.kind": "container"}, like="sandbox")
     found_in = directory(fake)
     try:
         found = await found_in.get(ids["container"])
@@ -227,15 +232,18 @@ async def test_containerd_down_fails_fast_is_said_once_and_recovers(fake, ids, c
         with caplog.at_level(logging.INFO):
             with pytest.raises(ContainerdUnavailable) as down:
                 await found_in.get(ids["plain"])
-            assert str(down.value).startswith(f"containerd at {fake.path}: {ctrd.GET} on "
-                                              f"{fake.path}: UNAVAILABLE: ")
+            assert str(down.value).startswith(
+                f"containerd at {fake.path}: {ctrd.GET} on {fake.path}: UNAVAILABLE: "
+            )
             calls = found_in.calls
             assert calls == 1  # the first namespace: no other is asked once it is down
             with pytest.raises(ContainerdUnavailable) as again:
                 await found_in.get(ids["container"])
             assert str(again.value) == str(down.value) and found_in.calls == calls
-            assert said(caplog) == [f"cannot read containerd's containers: {down.value}; their "
-                                    "identities degrade to the container id until it is back"]
+            assert said(caplog) == [
+                f"cannot read containerd's containers: {down.value}; their "
+                "identities degrade to the container id until it is back"
+            ]
             fake.start()
             began = time.monotonic()
             found = None
@@ -246,11 +254,11 @@ async def test_containerd_down_fails_fast_is_said_once_and_recovers(fake, ids, c
                     assert time.monotonic() - began < 10
                     await asyncio.sleep(0.02)
             assert found.namespace == "default" and len(said(caplog)) == 1
-            assert said(caplog, logging.INFO) == [
-                f"containerd at {fake.path} is reachable again"]
+            assert said(caplog, logging.INFO) == [f"containerd at {fake.path} is reachable again"]
             await found_in.get(ids["container"])
             assert said(caplog, logging.INFO) == [  # said when it was back, not at every call
-                f"containerd at {fake.path} is reachable again"]
+                f"containerd at {fake.path} is reachable again"
+            ]
             fake.crash()
             with pytest.raises(ContainerdUnavailable):
                 await found_in.get(ids["sandbox"])
@@ -259,23 +267,31 @@ async def test_containerd_down_fails_fast_is_said_once_and_recovers(fake, ids, c
         found_in.shutdown()
 
 
-@pytest.mark.parametrize("answer, why", [
-    (b"\xff\xff", "a varint runs past the end"),
-    (pw.delimited(1, pw.integer(1, 7)), "field 1 is not of the type its .proto gives"),
-    (b"", "an answer without a container"),
-    (pw.delimited(1, pw.string(3, "example/image:1")), "a container without an id")])
+@pytest.mark.parametrize(
+    "answer, why",
+    [
+        (b"\xff\xff", "a varint runs past the end"),
+        (pw.delimited(1, pw.integer(1, 7)), "field 1 is not of the type its .proto gives"),
+        (b"", "an answer without a container"),
+        (pw.delimited(1, pw.string(3, "example/image:1")), "a container without an id"),
+    ],
+)
 @async_test
-async def test_an_answer_that_is_no_container_degrades_and_says_what(fake, ids, answer, why,
-                                                                     caplog):
+async def test_an_answer_that_is_no_container_degrades_and_says_what(
+    fake, ids, answer, why, caplog
+):
     fake.answer = answer
     found_in = directory(fake)
     try:
         with pytest.raises(ContainerdUnavailable) as down:
             await found_in.get(ids["plain"])
-        assert str(down.value) == (f"containerd at {fake.path} answered something that is not "
-                                   f"a container ({why})")
-        assert said(caplog) == [f"cannot read containerd's containers: {down.value}; their "
-                                "identities degrade to the container id until it is back"]
+        assert str(down.value) == (
+            f"containerd at {fake.path} answered something that is not a container ({why})"
+        )
+        assert said(caplog) == [
+            f"cannot read containerd's containers: {down.value}; their "
+            "identities degrade to the container id until it is back"
+        ]
         assert found_in.calls == 1
     finally:
         found_in.shutdown()
@@ -284,8 +300,13 @@ async def test_an_answer_that_is_no_container_degrades_and_says_what(fake, ids, 
 @async_test
 async def test_annotations_that_are_not_text_are_left_out(fake, ids):
     labels = fake_labels(fake, ids["sandbox"])
-    fake.add("k8s.io", ids["sandbox"], labels, {"ok": "v", "n": 7, "list": ["x"], "no": None},
-             like="sandbox")
+    fake.add(
+        "k8s.io",
+        ids["sandbox"],
+        labels,
+        {"ok": "v", "n": 7, "list": ["x"], "no": None},
+        like="sandbox",
+    )
     found_in = directory(fake)
     try:
         assert (await found_in.get(ids["container"])).sandbox.annotations == {"ok": "v"}
@@ -296,7 +317,8 @@ async def test_annotations_that_are_not_text_are_left_out(fake, ids):
 def test_a_sandbox_filter_is_made_of_a_pod_uid_alone(ids):
     assert ctrd.sandbox_filter(ids["pod_uid"]) == (
         f'labels."io.cri-containerd.kind"==sandbox,labels."io.kubernetes.pod.uid"=='
-        f'"{ids["pod_uid"]}"')
+        f'"{ids["pod_uid"]}"'
+    )
     for bad in ('x",labels.a==b', "", ids["pod_uid"].upper()):
         with pytest.raises(ValueError, match=f"not a pod uid: {bad!r}"):
             ctrd.sandbox_filter(bad)
@@ -309,8 +331,10 @@ async def test_an_error_is_said_with_its_status_and_words(fake, ids, caplog):
     try:
         with pytest.raises(ContainerdUnavailable) as down:
             await found_in.get(ids["plain"])
-        assert str(down.value) == f"containerd at {fake.path}: {ctrd.GET} on {fake.path}: " \
-                                  "INTERNAL: boom"
+        assert (
+            str(down.value) == f"containerd at {fake.path}: {ctrd.GET} on {fake.path}: "
+            "INTERNAL: boom"
+        )
         assert len(said(caplog)) == 1
     finally:
         found_in.shutdown()
@@ -369,12 +393,16 @@ async def test_a_hung_containerd_holds_two_threads_and_a_shutdown_drops_what_wai
     try:
         lookups = [asyncio.ensure_future(found_in.get(c * 64)) for c in "12345"]
         await until(lambda: fake.hang.in_flight == 2)
-        assert sorted(t.name for t in threading.enumerate() if t.ident not in before
-                      and t.name.startswith("containerd")) == ["containerd_0", "containerd_1"]
+        assert sorted(
+            t.name
+            for t in threading.enumerate()
+            if t.ident not in before and t.name.startswith("containerd")
+        ) == ["containerd_0", "containerd_1"]
         found_in.shutdown()
         ended = await asyncio.wait_for(asyncio.gather(*lookups, return_exceptions=True), 10)
         assert [type(e) for e in ended] == [ContainerdUnavailable] * 2 + [
-            asyncio.CancelledError] * 3
+            asyncio.CancelledError
+        ] * 3
         assert all("CANCELLED" in str(e) for e in ended[:2])
         assert found_in.calls == 2 and len(fake.asked) == 2
     finally:

@@ -1,6 +1,7 @@
 """contrib/: the Grafana dashboard asks only for what a live exposition has, or the recording
 rules record, on the hosts chosen by its `instance` variable, in PromQL that Prometheus runs; the
 example scrape configuration and the recording rules pass promtool, their unit tests included."""
+
 from __future__ import annotations
 
 import json
@@ -9,13 +10,13 @@ import re
 import subprocess
 import threading
 import urllib.parse
-from typing import Any, Dict, Iterator, List
+from typing import Any
+from collections.abc import Iterator
 
 import pytest
 
 from helpers import ROOT, ScenarioFile, ServerProcess
-from prometheus import (PATROLLER_NAME, Prometheus, eventually, exposition, get, sample_names,
-                        tool)
+from prometheus import PATROLLER_NAME, Prometheus, eventually, exposition, get, sample_names, tool
 
 DASHBOARD = os.path.join(ROOT, "contrib", "grafana", "patroller-dashboard.json")
 SCRAPE_CONFIG = os.path.join(ROOT, "contrib", "prometheus", "prometheus.yml")
@@ -23,32 +24,37 @@ RULES = os.path.join(ROOT, "contrib", "prometheus", "patroller-rules.yml")
 RULE_TESTS = os.path.join(ROOT, "contrib", "prometheus", "patroller-rules.test.yml")
 # Metric names a query may use: Patroller's, prometheus_client's standard process ones, and
 # the series the recording rules record from Patroller's (level:patroller_...:operations).
-METRIC = re.compile(r"\b((?:[a-z_]+:)?(?:patroller|process|python)_[a-z0-9_]+(?::[a-z0-9_]+)?)"
-                    r"\b(\{[^}]*\})?")
+METRIC = re.compile(
+    r"\b((?:[a-z_]+:)?(?:patroller|process|python)_[a-z0-9_]+(?::[a-z0-9_]+)?)"
+    r"\b(\{[^}]*\})?"
+)
 BY_INSTANCE = 'instance=~"$instance"'
 
 
-def dashboard() -> Dict[str, Any]:
+def dashboard() -> dict[str, Any]:
     with open(DASHBOARD, encoding="utf-8") as f:
         return json.load(f)
 
 
-def panels(within: List[Dict[str, Any]]) -> Iterator[Dict[str, Any]]:
+def panels(within: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
     """Every panel, those inside collapsed rows included."""
     for panel in within:
         yield panel
         yield from panels(panel.get("panels", []))
 
 
-def exprs() -> List[str]:
+def exprs() -> list[str]:
     """The PromQL of every panel target."""
-    found = [target["expr"] for panel in panels(dashboard()["panels"])
-             for target in panel.get("targets", [])]
+    found = [
+        target["expr"]
+        for panel in panels(dashboard()["panels"])
+        for target in panel.get("targets", [])
+    ]
     assert found
     return found
 
 
-def variable_queries() -> List[str]:
+def variable_queries() -> list[str]:
     found = []
     for variable in dashboard()["templating"]["list"]:
         if variable["type"] == "query":
@@ -57,7 +63,7 @@ def variable_queries() -> List[str]:
     return found
 
 
-def recorded() -> Dict[str, str]:
+def recorded() -> dict[str, str]:
     """{recorded name: its PromQL} of every recording rule in contrib/prometheus (each written
     as `- record: NAME` and, on the next line, `expr: PROMQL`)."""
     with open(RULES, encoding="utf-8") as f:
@@ -78,35 +84,72 @@ def live(tmp_path_factory):
     """A test-mode daemon (alice holds two GPUs, carol waits for eight) and a GPU-host one on
     the simulator (a real `sleep` on a GPU, one GPU reserved), each with a usage store: every
     family has samples."""
-    scenario = ScenarioFile(str(tmp_path_factory.mktemp("sim") / "scenario.json"),
-                            devices=[{}, {}, {}])
+    scenario = ScenarioFile(
+        str(tmp_path_factory.mktemp("sim") / "scenario.json"), devices=[{}, {}, {}]
+    )
     sleeper = subprocess.Popen(["sleep", "600"])
     usage = ("--usage-interval", "0.5")
-    test_mode = ServerProcess("--test", "--lease", "600", "--state-dir",
-                              str(tmp_path_factory.mktemp("test-state")), *usage).start()
+    test_mode = ServerProcess(
+        "--test",
+        "--lease",
+        "600",
+        "--state-dir",
+        str(tmp_path_factory.mktemp("test-state")),
+        *usage,
+    ).start()
     waiter = None
     try:
-        gpu_host = ServerProcess("--nvidia-smi", scenario.command, "--lease", "300",
-                                 "--state-dir", str(tmp_path_factory.mktemp("gpu-state")),
-                                 *usage).start()
+        gpu_host = ServerProcess(
+            "--nvidia-smi",
+            scenario.command,
+            "--lease",
+            "300",
+            "--state-dir",
+            str(tmp_path_factory.mktemp("gpu-state")),
+            *usage,
+        ).start()
         try:
             get_json(test_mode, "/request?gpu=2&user=alice@example.org")
             waiter = threading.Thread(
-                target=get, args=(test_mode.url + "/wait?gpu=8&timeout=300&user=carol",),
-                kwargs={"timeout": 400}, daemon=True)
+                target=get,
+                args=(test_mode.url + "/wait?gpu=8&timeout=300&user=carol",),
+                kwargs={"timeout": 400},
+                daemon=True,
+            )
             waiter.start()
             eventually(lambda: get_json(test_mode, "/queue"), "carol waiting")
-            scenario.write(processes=[{"pid": sleeper.pid, "gpu": 1, "type": "C",
-                                       "name": "sleep", "used_mib": 256, "sm": 40}])
-            eventually(lambda: any(e["claim"]["processes"] == [sleeper.pid]
-                                   for e in get_json(gpu_host, "/status").values()),
-                       "sleep seen on a GPU")
+            scenario.write(
+                processes=[
+                    {
+                        "pid": sleeper.pid,
+                        "gpu": 1,
+                        "type": "C",
+                        "name": "sleep",
+                        "used_mib": 256,
+                        "sm": 40,
+                    }
+                ]
+            )
+            eventually(
+                lambda: any(
+                    e["claim"]["processes"] == [sleeper.pid]
+                    for e in get_json(gpu_host, "/status").values()
+                ),
+                "sleep seen on a GPU",
+            )
             get_json(gpu_host, "/request?gpu=1")
             # the per-process figures arrive with pmon's next complete interval
-            eventually(lambda: "patroller_process_gpu_utilization_ratio{" in
-                       exposition(gpu_host.url), "per-process figures exposed")
-            eventually(lambda: 'patroller_usage_gpu_seconds_total{category="reserved_unused"'
-                       in exposition(test_mode.url), "alice's reserved_unused GPU-seconds")
+            eventually(
+                lambda: "patroller_process_gpu_utilization_ratio{" in exposition(gpu_host.url),
+                "per-process figures exposed",
+            )
+            eventually(
+                lambda: (
+                    'patroller_usage_gpu_seconds_total{category="reserved_unused"'
+                    in exposition(test_mode.url)
+                ),
+                "alice's reserved_unused GPU-seconds",
+            )
             yield test_mode, gpu_host
         finally:
             assert gpu_host.stop() == 0, gpu_host.log
@@ -146,10 +189,8 @@ def test_the_dashboard_has_the_panels_the_fleet_needs():
         "GPU memory per process": "patroller_process_gpu_memory_bytes",
         "Monitors up": "patroller_monitor_up",
         "HTTP requests by status": "patroller_http_requests_total",
-        "GPU-hours per user and category, per day":
-            "instance_user_category:patroller_gpu_hours:increase1h",
-        "GPU-hours per user and category, per hour":
-            "instance_user_category:patroller_gpu_hours:increase1h",
+        "GPU-hours per user and category, per day": "instance_user_category:patroller_gpu_hours:increase1h",
+        "GPU-hours per user and category, per hour": "instance_user_category:patroller_gpu_hours:increase1h",
         "GPU-hours in the last 24 hours": "instance_user_category:patroller_gpu_hours:increase1d",
     }
     for title, fragment in wanted.items():
@@ -169,8 +210,7 @@ def test_every_metric_the_dashboard_names_is_exposed(live):
     exposed = set()
     for server in live:
         exposed |= sample_names(exposition(server.url))
-    named = {name for query in exprs() + variable_queries()
-             for name, _ in METRIC.findall(query)}
+    named = {name for query in exprs() + variable_queries() for name, _ in METRIC.findall(query)}
     assert {n for n in named if PATROLLER_NAME.fullmatch(n)}, named
     # a name with colons is a recording rule's; the rules ask for exposed metrics in turn
     rules = recorded()
@@ -191,39 +231,65 @@ def test_every_query_runs_in_prometheus(live):
     prometheus = Prometheus({"patroller": hosts}, rules=[RULES]).start()
     try:
         eventually(prometheus.targets_up, "both targets up")
-        assert sorted(labels["instance"] for labels, _ in
-                      prometheus.query("patroller_build_info")) == sorted(hosts)
+        assert sorted(
+            labels["instance"] for labels, _ in prometheus.query("patroller_build_info")
+        ) == sorted(hosts)
         # Grafana's value of a multi-valued variable: a regex alternation, escaped for PromQL
         chosen = "|".join(re.escape(host) for host in hosts).replace("\\", "\\\\")
         for expr in exprs():
-            filled = (expr.replace("$instance", chosen)
-                      .replace("$__rate_interval", "1m"))
-            status, _, body = get(f"{prometheus.url}/api/v1/query?"
-                                  + urllib.parse.urlencode({"query": filled}))
+            filled = expr.replace("$instance", chosen).replace("$__rate_interval", "1m")
+            status, _, body = get(
+                f"{prometheus.url}/api/v1/query?" + urllib.parse.urlencode({"query": filled})
+            )
             answer = json.loads(body)
             assert status == 200 and answer["status"] == "success", (expr, answer)
         # what the GPUs-by-user panel shows, once scraped
-        eventually(lambda: {labels["user"] for labels, _ in prometheus.query(
-            f'sum by (user) (patroller_user_gpus_held{{instance=~"{chosen}"}})')}
-            >= {"alice@example.org"}, "alice on the GPUs-by-user panel")
+        eventually(
+            lambda: (
+                {
+                    labels["user"]
+                    for labels, _ in prometheus.query(
+                        f'sum by (user) (patroller_user_gpus_held{{instance=~"{chosen}"}})'
+                    )
+                }
+                >= {"alice@example.org"}
+            ),
+            "alice on the GPUs-by-user panel",
+        )
         # and what the hourly GPU-hours panel shows, once the rules have recorded it: alice's
         # held GPUs, with nothing on them (the daily figures need an hour mark to pass: the
         # rules' unit tests check those)
-        [expr] = [t["expr"] for p in panels(dashboard()["panels"])
-                  if p["title"] == "GPU-hours per user and category, per hour"
-                  for t in p["targets"]]
+        [expr] = [
+            t["expr"]
+            for p in panels(dashboard()["panels"])
+            if p["title"] == "GPU-hours per user and category, per hour"
+            for t in p["targets"]
+        ]
         filled = expr.replace("$instance", chosen)
-        eventually(lambda: [value for labels, value in prometheus.query(filled)
-                            if labels.get("user") == "alice@example.org"
-                            and labels["category"] == "reserved_unused" and value > 0] or None,
-                   "alice's reserved_unused GPU-hours on the hourly panel")
+        eventually(
+            lambda: (
+                [
+                    value
+                    for labels, value in prometheus.query(filled)
+                    if labels.get("user") == "alice@example.org"
+                    and labels["category"] == "reserved_unused"
+                    and value > 0
+                ]
+                or None
+            ),
+            "alice's reserved_unused GPU-hours on the hourly panel",
+        )
     finally:
         prometheus.stop()
 
 
 def test_the_example_scrape_configuration_passes_promtool():
-    done = subprocess.run([tool("promtool"), "check", "config", SCRAPE_CONFIG],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [tool("promtool"), "check", "config", SCRAPE_CONFIG],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout
 
@@ -232,12 +298,14 @@ def test_the_recording_rules_pass_promtool_and_their_unit_tests():
     """`promtool check rules`, and `promtool test rules` on the series written by hand in
     contrib/prometheus/patroller-rules.test.yml (GPU-hours worked out in its comments)."""
     promtool = tool("promtool")
-    done = subprocess.run([promtool, "check", "rules", RULES], capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [promtool, "check", "rules", RULES], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"SUCCESS: {len(recorded())} rules found" in done.stdout, done.stdout
-    done = subprocess.run([promtool, "test", "rules", RULE_TESTS], capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [promtool, "test", "rules", RULE_TESTS], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout and "FAILED" not in done.stdout, done.stdout
 
@@ -246,6 +314,10 @@ def test_the_example_configuration_loads_the_rules():
     with open(SCRAPE_CONFIG, encoding="utf-8") as f:
         config = f.read()
     assert re.search(r"^rule_files:\n  - patroller-rules\.yml$", config, re.MULTILINE), config
-    done = subprocess.run([tool("promtool"), "check", "config", SCRAPE_CONFIG],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [tool("promtool"), "check", "config", SCRAPE_CONFIG],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert f"SUCCESS: {len(recorded())} rules found" in done.stdout, done.stdout

@@ -1,4 +1,5 @@
 """The compute-apps cross-check against the real simulator as nvidia-smi, with real processes."""
+
 from __future__ import annotations
 
 import asyncio
@@ -7,7 +8,8 @@ import shlex
 import subprocess
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterator, List, Set, Tuple
+from typing import Any
+from collections.abc import Iterator
 
 import pytest
 
@@ -28,16 +30,17 @@ class Heard:
     """What a daemon would hear: every signal the cross-check sends, in order."""
 
     def __init__(self, signals: Signals) -> None:
-        self.events: List[Tuple[str, Any]] = []
+        self.events: list[tuple[str, Any]] = []
         for name in ("process_started", "process_ended", "process_sampled"):
             getattr(signals, name).connect(self._receiver(name), weak=False)
 
     def _receiver(self, name: str) -> Any:
         def receive(sender: object, record: Any) -> None:
             self.events.append((name, record))
+
         return receive
 
-    def of(self, name: str) -> List[Any]:
+    def of(self, name: str) -> list[Any]:
         return [record for kind, record in self.events if kind == name]
 
 
@@ -45,16 +48,16 @@ class Candidates:
     """The daemon's candidate set, changed by the test; counts how often it is asked."""
 
     def __init__(self, *uuids: str) -> None:
-        self.uuids: Set[str] = set(uuids)
+        self.uuids: set[str] = set(uuids)
         self.asked = 0
 
-    def __call__(self) -> Set[str]:
+    def __call__(self) -> set[str]:
         self.asked += 1
         return set(self.uuids)
 
 
 @pytest.fixture
-def sleepers() -> Iterator[List[subprocess.Popen]]:
+def sleepers() -> Iterator[list[subprocess.Popen]]:
     """Two real processes whose pids the scenario lists as computing."""
     processes = [subprocess.Popen(["sleep", "120"]) for _ in range(2)]
     yield processes
@@ -63,22 +66,26 @@ def sleepers() -> Iterator[List[subprocess.Popen]]:
         process.wait()
 
 
-def scenario(tmp_path: Path, sleepers: List[subprocess.Popen], **extra: Any) -> ScenarioFile:
+def scenario(tmp_path: Path, sleepers: list[subprocess.Popen], **extra: Any) -> ScenarioFile:
     first, second = (p.pid for p in sleepers)
-    return ScenarioFile(str(tmp_path / "scenario.json"),
-                        devices=[{"uuid": MIG, "mig": "Enabled"}, {"uuid": PLAIN}],
-                        processes=[
-                            {"pid": first, "gpu": 0, "name": "python train.py, rank 0",
-                             "used_mib": 4096},
-                            {"pid": second, "gpu": 1, "name": "python", "used_mib": 100},
-                        ], **extra)
+    return ScenarioFile(
+        str(tmp_path / "scenario.json"),
+        devices=[{"uuid": MIG, "mig": "Enabled"}, {"uuid": PLAIN}],
+        processes=[
+            {"pid": first, "gpu": 0, "name": "python train.py, rank 0", "used_mib": 4096},
+            {"pid": second, "gpu": 1, "name": "python", "used_mib": 100},
+        ],
+        **extra,
+    )
 
 
-def cross_check(command: str, candidates: Candidates, signals: Signals,
-                **settings: Any) -> CrossCheck:
+def cross_check(
+    command: str, candidates: Candidates, signals: Signals, **settings: Any
+) -> CrossCheck:
     config = replace(Config(), **{"cross_check_every": TICK, **settings})
-    checker = CrossCheck(INVENTORY, signals, shlex.split(command), dict(os.environ), candidates,
-                         config)
+    checker = CrossCheck(
+        INVENTORY, signals, shlex.split(command), dict(os.environ), candidates, config
+    )
     checker.start()
     return checker
 
@@ -118,7 +125,8 @@ async def test_a_process_gone_from_the_listing_is_ended(tmp_path, sleepers):
     finally:
         await checker.stop(0.5)
     assert heard.of("process_ended") == [
-        GpuProcess(MIG, sleepers[0].pid, "C", "python train.py, rank 0")]
+        GpuProcess(MIG, sleepers[0].pid, "C", "python train.py, rank 0")
+    ]
     assert checker.metrics().processes == 1
 
 
@@ -165,8 +173,11 @@ async def test_a_failing_query_keeps_what_was_announced_and_recovers(tmp_path, s
     finally:
         await checker.stop(0.5)
     assert [r.pid for r in heard.of("process_ended")] == [sleepers[0].pid]
-    failed = [r.getMessage() for r in caplog.records
-              if r.name == "patroller.observe.crosscheck" and "failed" in r.getMessage()]
+    failed = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "patroller.observe.crosscheck" and "failed" in r.getMessage()
+    ]
     assert len(failed) == 1, failed  # once a minute, not once a run
     assert "couldn't communicate with the NVIDIA driver" in failed[0]
     assert "status 9" in failed[0] and "keeping the 1 process" in failed[0]
@@ -183,7 +194,7 @@ async def test_a_missing_nvidia_smi_is_a_failure_not_a_crash(tmp_path):
     assert checker.runs == checker.failures
 
 
-def hanging(tmp_path: Path, ignore_term: bool = False) -> Tuple[str, Path]:
+def hanging(tmp_path: Path, ignore_term: bool = False) -> tuple[str, Path]:
     """A command that hangs like a stuck nvidia-smi and writes its pid to a file."""
     pids = tmp_path / "pids"
     trap = "trap '' TERM; " if ignore_term else ""
@@ -191,7 +202,7 @@ def hanging(tmp_path: Path, ignore_term: bool = False) -> Tuple[str, Path]:
     return f"sh -c {shlex.quote(script)} {shlex.quote(str(pids))}", pids
 
 
-def started_pids(pids: Path) -> List[int]:
+def started_pids(pids: Path) -> list[int]:
     return [int(line) for line in pids.read_text().split()] if pids.exists() else []
 
 
@@ -226,8 +237,10 @@ async def test_stop_leaves_no_child_running(tmp_path):
 async def test_never_two_queries_at_once(tmp_path):
     log = tmp_path / "log"
     # Each run takes longer than the interval; one that starts while another runs says so.
-    script = 'if [ -e "$0.busy" ]; then echo overlap >> "$0"; fi; touch "$0.busy"; ' \
-             'sleep 0.5; rm "$0.busy"; echo done >> "$0"'
+    script = (
+        'if [ -e "$0.busy" ]; then echo overlap >> "$0"; fi; touch "$0.busy"; '
+        'sleep 0.5; rm "$0.busy"; echo done >> "$0"'
+    )
     command = f"sh -c {shlex.quote(script)} {shlex.quote(str(log))}"
     checker = cross_check(command, Candidates(MIG), Signals(), cross_check_every=0.05)
     try:
@@ -255,11 +268,11 @@ async def test_a_mig_gpu_whose_pmon_rows_carry_no_figures_gets_its_memory(tmp_pa
     # every process with `-` in every figure, so the device was no candidate and in 13.5 s the
     # cross-check ran 0 times: the processes' memory stayed unknown.
     first = sleepers[0].pid
-    sim = ScenarioFile(str(tmp_path / "scenario.json"),
-                       devices=[{"uuid": MIG, "mig": "Enabled", "pmon_no_figures": True},
-                                {"uuid": PLAIN}],
-                       processes=[{"pid": first, "gpu": 0, "name": "python", "used_mib": 4096,
-                                   "sm": 80}])
+    sim = ScenarioFile(
+        str(tmp_path / "scenario.json"),
+        devices=[{"uuid": MIG, "mig": "Enabled", "pmon_no_figures": True}, {"uuid": PLAIN}],
+        processes=[{"pid": first, "gpu": 0, "name": "python", "used_mib": 4096, "sm": 80}],
+    )
     async with gpu_running(sim, cross_check_every=TICK) as h:
         await until(lambda: known_claim(h.services.leases, MIG))
 

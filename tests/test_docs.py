@@ -1,5 +1,6 @@
 """The promises of the README and docs/ that can be checked mechanically: the quick start, the
 links and anchors between the pages, the headings, and every flag documented as it exists."""
+
 import functools
 import glob
 import os
@@ -24,8 +25,9 @@ def readme():
 
 def pages():
     """Every page of the documentation, by its path from the root: the README and docs/*.md."""
-    paths = ["README.md"] + sorted(os.path.relpath(p, ROOT)
-                                   for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))
+    paths = ["README.md"] + sorted(
+        os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md"))
+    )
     return {path: read(path) for path in paths}
 
 
@@ -49,14 +51,15 @@ def test_the_quick_starts_daemon_keeps_a_usage_store_that_report_reads(tmp_path)
     line = quick_start_commands()[0]
     daemon = line.split(" && ")[-1]
     assert daemon.startswith(".venv/bin/patroller --test ") and " --state-dir ~/" in daemon
-    words = daemon.replace(".venv/bin/patroller", "exec \"$PYTHON\" -m patroller", 1)
+    words = daemon.replace(".venv/bin/patroller", 'exec "$PYTHON" -m patroller', 1)
     words = words.replace("--port 8080", "--port 0 --address 127.0.0.1")
     env = {**os.environ, "HOME": str(tmp_path), "PYTHON": sys.executable, "PYTHONPATH": ROOT}
     env.pop("PATROLLER_STATE_DIR", None)
     log = tmp_path / "daemon.log"
     with open(log, "w") as out:
-        started = subprocess.Popen(["sh", "-c", words], env=env, cwd=ROOT, stdout=out,
-                                   stderr=subprocess.STDOUT)
+        started = subprocess.Popen(
+            ["sh", "-c", words], env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         deadline = time.monotonic() + 60
         while not re.search(r" on http://127\.0\.0\.1:(\d+)", log.read_text()):
@@ -64,9 +67,23 @@ def test_the_quick_starts_daemon_keeps_a_usage_store_that_report_reads(tmp_path)
             time.sleep(0.05)
         port = re.search(r" on http://127\.0\.0\.1:(\d+)", log.read_text()).group(1)
         assert "no usage history is kept" not in log.read_text()
-        done = subprocess.run([sys.executable, "-m", "patroller", "report", "--since", "1h",
-                               "--server", f"127.0.0.1:{port}"], env=env, cwd=ROOT,
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "patroller",
+                "report",
+                "--since",
+                "1h",
+                "--server",
+                f"127.0.0.1:{port}",
+            ],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr
         assert os.path.exists(tmp_path / ".local" / "state" / "patroller-test" / "usage.sqlite3")
     finally:
@@ -82,27 +99,35 @@ def test_ci_runs_the_readme_test_command():
 def test_the_readme_names_every_package_the_test_setup_installs():
     """The packages of tests/setup.sh's apt-get install, each named in the README's list."""
     setup = read("tests/setup.sh")
-    command = setup.split("apt-get -o DPkg::Lock::Timeout=600 install", 1)[1].split(">/dev/null")[0]
-    packages = [w for w in command.replace("\\", " ").split()
-                if not w.startswith(("-", "$")) and w != "\n"]
-    packages += re.findall(r"systemd=\"\"\n\s*command -v systemd-analyze \S+ 2>&1 \|\| (\w+)=", setup)
+    command = setup.split("apt-get -o DPkg::Lock::Timeout=600 install", 1)[1].split(">/dev/null")[
+        0
+    ]
+    packages = [
+        w for w in command.replace("\\", " ").split() if not w.startswith(("-", "$")) and w != "\n"
+    ]
+    packages += re.findall(
+        r"systemd=\"\"\n\s*command -v systemd-analyze \S+ 2>&1 \|\| (\w+)=", setup
+    )
     assert {"docker.io", "wrk", "containerd"} <= set(packages), packages
     said = readme().split("`tests/setup.sh` makes the virtual environment", 1)[1].split("\n\n")[0]
     missing = [p for p in packages if f"`{p}`" not in said]
     assert not missing, f"the README does not say tests/setup.sh installs {missing}"
 
 
-PAGE_FILES = ("patroller/http/web/index.html", "patroller/http/web/app.js",
-              "patroller/http/web/common.js",
-              "patroller/http/web/style.css")
+PAGE_FILES = (
+    "patroller/http/web/index.html",
+    "patroller/http/web/app.js",
+    "patroller/http/web/common.js",
+    "patroller/http/web/style.css",
+)
 
 
 def test_the_screenshot_was_taken_after_the_page_last_changed():
     """docs/screenshot.png (the README's and web.md's picture) shows the page as it is: no
     commit since the one that last took it (scripts/screenshot.py) changed the page's files."""
+
     def git(*args):
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
-                              timeout=60)
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
 
     shot = git("log", "-1", "--format=%H", "--", "docs/screenshot.png").stdout.strip()
     if not shot:
@@ -115,7 +140,8 @@ def test_the_screenshot_was_taken_after_the_page_last_changed():
     dirty = git("status", "--porcelain", "--", *PAGE_FILES).stdout.strip()
     assert not later and not dirty, (
         f"the page changed after docs/screenshot.png was taken ({len(later)} commit(s)"
-        f"{', and uncommitted changes' if dirty else ''}): run scripts/screenshot.py")
+        f"{', and uncommitted changes' if dirty else ''}): run scripts/screenshot.py"
+    )
 
 
 def test_console_script_runs():
@@ -141,8 +167,10 @@ def test_dockerfile_copies_files_that_exist_and_runs_the_console_script():
 
 def docker_run(text, prefix=""):
     """The GPU host `docker run` command in `text`, as one normalised line."""
-    lines = [line[len(prefix):].strip() if line.startswith(prefix) else None
-             for line in text.splitlines()]
+    lines = [
+        line[len(prefix) :].strip() if line.startswith(prefix) else None
+        for line in text.splitlines()
+    ]
     start = next(i for i, line in enumerate(lines) if line and line.startswith("docker run -d"))
     command = []
     for line in lines[start:]:
@@ -161,6 +189,7 @@ def test_the_dockerfile_recommends_the_docs_docker_run():
 def ignored(patterns, path):
     """Whether .dockerignore `patterns` keep `path` out of the build context (last match wins)."""
     import fnmatch
+
     out = False
     for pattern in patterns:
         negate = pattern.startswith("!")
@@ -177,16 +206,25 @@ def ignored(patterns, path):
 
 
 def test_the_build_context_is_what_the_dockerfile_copies():
-    patterns = [line.strip() for line in
-                open(os.path.join(ROOT, ".dockerignore"), encoding="utf-8").read().splitlines()
-                if line.strip() and not line.startswith("#")]
+    patterns = [
+        line.strip()
+        for line in open(os.path.join(ROOT, ".dockerignore"), encoding="utf-8").read().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     lines = open(os.path.join(ROOT, "Dockerfile"), encoding="utf-8").read().splitlines()
     for line in lines:
         if line.startswith("COPY "):
             for source in line.split()[1:-1]:
                 assert not ignored(patterns, source.rstrip("/")), source
-    for path in (".venv", ".git", "tests", "bench/results.json", "patroller.egg-info",
-                 "patroller/__pycache__", "patroller/nvsmi/__pycache__/child.cpython-311.pyc"):
+    for path in (
+        ".venv",
+        ".git",
+        "tests",
+        "bench/results.json",
+        "patroller.egg-info",
+        "patroller/__pycache__",
+        "patroller/nvsmi/__pycache__/child.cpython-311.pyc",
+    ):
         assert ignored(patterns, path), path
     assert not ignored(patterns, "patroller/openapi.json")
 
@@ -211,8 +249,10 @@ def prose(text):
 
 def headings(text):
     """(level, text) of every heading outside code blocks."""
-    return [(len(m.group(1)), m.group(2).strip())
-            for m in re.finditer(r"^(#{1,6})[ \t]+(.*)$", prose(text), re.M)]
+    return [
+        (len(m.group(1)), m.group(2).strip())
+        for m in re.finditer(r"^(#{1,6})[ \t]+(.*)$", prose(text), re.M)
+    ]
 
 
 def anchor(heading):
@@ -237,8 +277,10 @@ def anchors(text):
 def links(text):
     """(line number, target) of every Markdown link and image outside code."""
     shown = CODE_SPAN.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), prose(text))
-    return [(shown.count("\n", 0, m.start()) + 1, m.group(1))
-            for m in re.finditer(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)", shown)]
+    return [
+        (shown.count("\n", 0, m.start()) + 1, m.group(1))
+        for m in re.finditer(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)", shown)
+    ]
 
 
 def broken_links(documents):
@@ -268,24 +310,31 @@ def test_every_relative_link_and_anchor_resolves():
 
 
 def test_a_broken_link_or_anchor_is_found():
-    documents = {"docs/a.md": "# A\n\n## The `GET /x`: one\n\n[ok](#the-get-x-one) [ok](b.md#b)"
-                              " [ok](../README.md#quick-start) `[not a link](#nowhere)`\n\n"
-                              "```\n[in code](#nowhere)\n```\n[bad](#nowhere) [bad](c.md)\n"
-                              "[bad](b.md#b-1) [bad](../README.md#quick-star)\n",
-                 "docs/b.md": "# B\n"}
+    documents = {
+        "docs/a.md": "# A\n\n## The `GET /x`: one\n\n[ok](#the-get-x-one) [ok](b.md#b)"
+        " [ok](../README.md#quick-start) `[not a link](#nowhere)`\n\n"
+        "```\n[in code](#nowhere)\n```\n[bad](#nowhere) [bad](c.md)\n"
+        "[bad](b.md#b-1) [bad](../README.md#quick-star)\n",
+        "docs/b.md": "# B\n",
+    }
     assert broken_links(documents) == [
         "docs/a.md:10: #nowhere (no such heading in docs/a.md)",
         "docs/a.md:10: c.md (no such file)",
         "docs/a.md:11: b.md#b-1 (no such heading in docs/b.md)",
-        "docs/a.md:11: ../README.md#quick-star (no such heading in README.md)"]
+        "docs/a.md:11: ../README.md#quick-star (no such heading in README.md)",
+    ]
 
 
 def test_anchors_follow_githubs_rules():
-    assert anchor("`hold=process`: held for as long as the calling process lives") == \
-        "holdprocess-held-for-as-long-as-the-calling-process-lives"
+    assert (
+        anchor("`hold=process`: held for as long as the calling process lives")
+        == "holdprocess-held-for-as-long-as-the-calling-process-lives"
+    )
     assert anchor("Users in containers: the socket") == "users-in-containers-the-socket"
-    assert anchor("`GET /history[?since=T][&limit=N]`: the audit record") == \
-        "get-historysincetlimitn-the-audit-record"
+    assert (
+        anchor("`GET /history[?since=T][&limit=N]`: the audit record")
+        == "get-historysincetlimitn-the-audit-record"
+    )
     assert anchors("# A\n## x\n## x\n```\n## x\n```\n## x\n") == {"a", "x", "x-1", "x-2"}
 
 
@@ -322,8 +371,9 @@ def malformed(text):
 
 
 def test_no_heading_is_malformed_or_repeated():
-    assert {page: malformed(text) for page, text in pages().items()} == \
-        {page: [] for page in pages()}
+    assert {page: malformed(text) for page, text in pages().items()} == {
+        page: [] for page in pages()
+    }
 
 
 def test_a_malformed_or_repeated_heading_is_found():
@@ -340,31 +390,50 @@ def test_a_malformed_or_repeated_heading_is_found():
 
 # Flags the documentation names that belong to other programs: never one of Patroller's.
 FOREIGN = {
-    "--gpus", "--pid", "--network", "--cap-add", "--restart", "--name", "--label",
-    "--cgroup-parent", "--device",  # docker run (its --user is also `patroller history --user`)
-    "--query-compute-apps", "--format",  # nvidia-smi
+    "--gpus",
+    "--pid",
+    "--network",
+    "--cap-add",
+    "--restart",
+    "--name",
+    "--label",
+    "--cgroup-parent",
+    "--device",  # docker run (its --user is also `patroller history --user`)
+    "--query-compute-apps",
+    "--format",  # nvidia-smi
     "--no-deps",  # pip install
     "--scenario",  # python -m patroller.simulator
-    "--now", "--full",  # systemctl enable --now, systemctl edit --full
+    "--now",
+    "--full",  # systemctl enable --now, systemctl edit --full
     "--hpc-job-mapping-dir",  # dcgm-exporter
 }
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 
 
 def help_text(*args):
-    done = subprocess.run([sys.executable, *args, "--help"], capture_output=True, text=True,
-                          cwd=ROOT, timeout=60, env={**os.environ, "COLUMNS": "100"})
+    done = subprocess.run(
+        [sys.executable, *args, "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "100"},
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
 
 def options(text):
     """The long flags an argparse --help lists as options (not those named in descriptions)."""
-    return {flag for line in text.splitlines() if re.match(r"  -", line)
-            for flag in FLAG.findall(re.split(r"\s{2,}", line.strip(), maxsplit=1)[0])}
+    return {
+        flag
+        for line in text.splitlines()
+        if re.match(r"  -", line)
+        for flag in FLAG.findall(re.split(r"\s{2,}", line.strip(), maxsplit=1)[0])
+    }
 
 
-@functools.lru_cache()
+@functools.lru_cache
 def patroller_flags():
     """Every long flag of the daemon and of each client command, by where --help lists it."""
     flags = {"patroller": options(help_text("-m", "patroller"))}
@@ -375,7 +444,7 @@ def patroller_flags():
     return flags
 
 
-@functools.lru_cache()
+@functools.lru_cache
 def bench_flags():
     return options(help_text("-m", "bench")) | options(help_text("-m", "bench.gpucheck"))
 
@@ -395,9 +464,10 @@ def test_every_flag_in_help_is_documented():
     assert {"--server", "--wait", "--quiet", "--count"} <= flags["patroller run"]
     assert "--no-colour" in flags["patroller status"] and "--hold" in flags["patroller reserve"]
     text = "\n".join(pages().values())
-    missing = {where: sorted(flag for flag in names
-                             if not re.search(rf"(?<![\w-]){flag}(?![\w-])", text))
-               for where, names in flags.items()}
+    missing = {
+        where: sorted(flag for flag in names if not re.search(rf"(?<![\w-]){flag}(?![\w-])", text))
+        for where, names in flags.items()
+    }
     assert missing == {where: [] for where in flags}
 
 
@@ -412,8 +482,9 @@ def commands_of(text):
         for line in re.sub(r"\\\n\s*", " ", chunk).split("\n"):
             line = re.sub(r"\s#\s.*", "", line)  # a comment
             for part in re.split(r"&&|\|\||\s\|\s|;", line):
-                m = re.match(r"\s*(?:[$#]\s+)?(?:\w+=\S*\s+)*(?:\S*/)?patroller(?:\s+(.*))?$",
-                             part)
+                m = re.match(
+                    r"\s*(?:[$#]\s+)?(?:\w+=\S*\s+)*(?:\S*/)?patroller(?:\s+(.*))?$", part
+                )
                 if m:
                     found.append((m.group(1) or "").split(" -- ")[0])
     return found
@@ -449,11 +520,20 @@ def test_every_flag_the_docs_name_belongs_to_someone():
 
 
 def test_a_flag_that_does_not_exist_is_found():
-    text = ("| flag |\n| --- |\n| `--no-such-flag` | x |\n\n## `patroller run --bogus`\n\n"
-            "```sh\n$ patroller status \\\n    --watchh 2\n.venv/bin/patroller --tset -- cmd --x\n```\n"
-            "`PATROLLER_SERVER=x patroller wait --nope`, `docker run --gpus all`\n"
-            "`patroller --nvidia-smi 'sim --scenario s' --watch 2 # --ok`, `patroller --a|b`\n")
+    text = (
+        "| flag |\n| --- |\n| `--no-such-flag` | x |\n\n## `patroller run --bogus`\n\n"
+        "```sh\n$ patroller status \\\n    --watchh 2\n.venv/bin/patroller --tset -- cmd --x\n```\n"
+        "`PATROLLER_SERVER=x patroller wait --nope`, `docker run --gpus all`\n"
+        "`patroller --nvidia-smi 'sim --scenario s' --watch 2 # --ok`, `patroller --a|b`\n"
+    )
     documented = flags_documented_as_patrollers({"docs/configuration.md": text})
     assert sorted({flag for _, flag in documented}) == [
-        "--a", "--bogus", "--no-such-flag", "--nope", "--nvidia-smi", "--tset", "--watch",
-        "--watchh"]
+        "--a",
+        "--bogus",
+        "--no-such-flag",
+        "--nope",
+        "--nvidia-smi",
+        "--tset",
+        "--watch",
+        "--watchh",
+    ]

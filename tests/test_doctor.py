@@ -3,6 +3,7 @@ nvidia-smi (healthy, failing, hung, old, MIG, blind), engines' sockets in an emp
 stale one (a stopped engine), a real Docker Engine, a directory another user cannot read, a
 read-only mount, a port already taken (by a stranger, and by a Patroller), a running daemon's
 lease book, a container's cgroup named as no runtime names it, a systemd unit."""
+
 import asyncio
 import http.server
 import json
@@ -17,9 +18,19 @@ from dataclasses import replace
 
 import pytest
 
-from helpers import (NOBODY, ROOT, ScenarioFile, ServerProcess, async_test,
-                     children_of, engines_in, gpu_running, need_root, process_in_cgroup,
-                     python_for)
+from helpers import (
+    NOBODY,
+    ROOT,
+    ScenarioFile,
+    ServerProcess,
+    async_test,
+    children_of,
+    engines_in,
+    gpu_running,
+    need_root,
+    process_in_cgroup,
+    python_for,
+)
 from patroller.config import Config
 from patroller.doctor import examine
 from patroller.doctor.host import check_cgroups, check_unit, probe_proc, probe_unit
@@ -46,8 +57,14 @@ def doctor(*flags, user=None, timeout=120):
     as `user` (default: ours)."""
     env = {**os.environ, "PYTHONPATH": ROOT, "PATROLLER_STATE_DIR": ""}
     start = ["-m", "patroller"] if user is None else ["-c", AS_USER, str(user)]
-    done = subprocess.run([sys.executable, *start, "doctor", "--json", *flags], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(
+        [sys.executable, *start, "doctor", "--json", *flags],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert done.returncode in (0, EX_CONFIG), done.stderr
     listed = json.loads(done.stdout)
     for result in listed:
@@ -70,33 +87,56 @@ def isolated(folder, *more):
 @pytest.fixture
 def scenario(tmp_path, sleeper):
     """Two GPUs, a process of ours holding 4 GiB on the first."""
-    return ScenarioFile(str(tmp_path / "scenario.json"),
-                        devices=[{"name": "NVIDIA A100-SXM4-80GB"},
-                                 {"name": "NVIDIA H100 80GB HBM3"}],
-                        processes=[{"pid": sleeper.pid, "gpu": 0, "type": "C", "name": "python",
-                                    "used_mib": 4096, "sm": 40}])
+    return ScenarioFile(
+        str(tmp_path / "scenario.json"),
+        devices=[{"name": "NVIDIA A100-SXM4-80GB"}, {"name": "NVIDIA H100 80GB HBM3"}],
+        processes=[
+            {
+                "pid": sleeper.pid,
+                "gpu": 0,
+                "type": "C",
+                "name": "python",
+                "used_mib": 4096,
+                "sm": 40,
+            }
+        ],
+    )
 
 
-GPU_CHECKS = ("nvidia-smi", "nvidia-smi -q -x", "nvidia-smi dmon", "nvidia-smi pmon",
-              "nvidia-smi --query-compute-apps", "MIG")
+GPU_CHECKS = (
+    "nvidia-smi",
+    "nvidia-smi -q -x",
+    "nvidia-smi dmon",
+    "nvidia-smi pmon",
+    "nvidia-smi --query-compute-apps",
+    "MIG",
+)
 
 
 def test_a_simulated_gpu_host_passes_every_check_and_exits_0(scenario, engine_sockets, tmp_path):
-    code, found, listed = doctor(*isolated(engine_sockets, "--nvidia-smi", scenario.command,
-                                           "--state-dir", str(tmp_path / "state")))
+    code, found, listed = doctor(
+        *isolated(
+            engine_sockets,
+            "--nvidia-smi",
+            scenario.command,
+            "--state-dir",
+            str(tmp_path / "state"),
+        )
+    )
     assert code == 0, listed
     assert [r["check"] for r in listed][:6] == list(GPU_CHECKS)
     for name in GPU_CHECKS + ("GPU 0 health", "GPU 1 health"):
         assert found[name]["status"] == "ok", found[name]
     assert "driver 550.54.15 (R550 branch" in found["nvidia-smi"]["detail"]
-    assert "2 GPU(s): 0 NVIDIA A100-SXM4-80GB, 1 NVIDIA H100 80GB HBM3" in \
-        found["nvidia-smi -q -x"]["detail"]
+    assert (
+        "2 GPU(s): 0 NVIDIA A100-SXM4-80GB, 1 NVIDIA H100 80GB HBM3"
+        in found["nvidia-smi -q -x"]["detail"]
+    )
     assert "1 process row(s), a row from every GPU" in found["nvidia-smi pmon"]["detail"]
     assert "1 compute process(es)" in found["nvidia-smi --query-compute-apps"]["detail"]
     for engine in ("Docker Engine", "Podman", "containerd", "kubelet pod-resources"):
         assert found[engine]["status"] == "ok" and "not there" in found[engine]["detail"]
-    assert "is not there yet: it is made (private) at start" in \
-        found["state directory"]["detail"]
+    assert "is not there yet: it is made (private) at start" in found["state directory"]["detail"]
     assert not os.path.exists(tmp_path / "state"), "the doctor makes nothing"
     assert found["address and port"]["detail"].startswith("port 0")
 
@@ -104,8 +144,14 @@ def test_a_simulated_gpu_host_passes_every_check_and_exits_0(scenario, engine_so
 def test_the_human_output_is_one_line_a_check_and_a_count(scenario, engine_sockets):
     env = {**os.environ, "PYTHONPATH": ROOT, "PATROLLER_STATE_DIR": ""}
     flags = isolated(engine_sockets, "--nvidia-smi", scenario.command)
-    done = subprocess.run([sys.executable, "-m", "patroller", "doctor", *flags], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "patroller", "doctor", *flags],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     _, _, listed = doctor(*flags)  # the same checks, in the same order (times differ)
     shown = done.stdout.splitlines()
     assert len(shown) == len(listed) + 1, done.stdout
@@ -114,8 +160,9 @@ def test_the_human_output_is_one_line_a_check_and_a_count(scenario, engine_socke
         assert line.split(None, 1)[1].startswith(f"{result['check']}: "), line
         assert ("; fix: " in line) == (result["status"] != "ok")
     counts = {s: sum(r["status"] == s for r in listed) for s in ("ok", "degraded", "failed")}
-    assert shown[-1] == f"{counts['ok']} ok, {counts['degraded']} degraded, " \
-                        f"{counts['failed']} failed"
+    assert (
+        shown[-1] == f"{counts['ok']} ok, {counts['degraded']} degraded, {counts['failed']} failed"
+    )
 
 
 def test_a_missing_or_failing_nvidia_smi_fails_with_what_to_do(tmp_path, engine_sockets):
@@ -138,23 +185,32 @@ def test_every_failure_nvidia_smi_is_known_to_print_has_a_fix_of_its_own():
     from patroller.doctor.gpuchecks import RUN_BY_HAND, fix_for
     from patroller.simulator.program import FAILURES
 
-    fixes = {name: fix_for(text.format(sp="", pci="00000000:01:00.0"))
-             for name, (text, _) in FAILURES.items()}
+    fixes = {
+        name: fix_for(text.format(sp="", pci="00000000:01:00.0"))
+        for name, (text, _) in FAILURES.items()
+    }
     assert RUN_BY_HAND not in fixes.values(), fixes
     assert len(set(fixes.values())) == len(fixes), "each failure its own fix"
     assert fix_for("something never seen") == RUN_BY_HAND
 
 
 def test_an_old_driver_and_refused_columns_are_degraded_and_a_refused_pmon_fails(
-        tmp_path, engine_sockets):
-    old = ScenarioFile(str(tmp_path / "s.json"), era="r384", driver_version="375.26",
-                       devices=[{"name": "Tesla P100-PCIE-16GB"}],
-                       faults={"pmon": {"fail": "not_supported"}})
+    tmp_path, engine_sockets
+):
+    old = ScenarioFile(
+        str(tmp_path / "s.json"),
+        era="r384",
+        driver_version="375.26",
+        devices=[{"name": "Tesla P100-PCIE-16GB"}],
+        faults={"pmon": {"fail": "not_supported"}},
+    )
     # a driver that refuses dmon's fullest column groups, as some GPUs do
     refusing = tmp_path / "nvidia-smi"
-    refusing.write_text(f"#!/bin/sh\ncase \" $* \" in *\" -s pucvmt \"*)\n"
-                        "  echo 'Failed to process command line'; exit 3;;\nesac\n"
-                        f"exec {old.command} \"$@\"\n")
+    refusing.write_text(
+        f'#!/bin/sh\ncase " $* " in *" -s pucvmt "*)\n'
+        "  echo 'Failed to process command line'; exit 3;;\nesac\n"
+        f'exec {old.command} "$@"\n'
+    )
     refusing.chmod(0o755)
     code, found, listed = doctor(*isolated(engine_sockets, "--nvidia-smi", str(refusing)))
     assert code == EX_CONFIG, listed
@@ -171,12 +227,22 @@ def test_an_old_driver_and_refused_columns_are_degraded_and_a_refused_pmon_fails
 
 
 def test_mig_and_a_gpu_pmon_is_blind_to(tmp_path, engine_sockets, sleeper):
-    mig = ScenarioFile(str(tmp_path / "s.json"), devices=[
-        {"name": "NVIDIA A100-SXM4-80GB", "mig": "Enabled",
-         "mig_devices": [{"gpu_instance_id": 1, "compute_instance_id": 0, "memory_mib": 9856}]},
-        {"name": "NVIDIA A100-SXM4-80GB", "pmon_blind": True}],
-        processes=[{"pid": sleeper.pid, "gpu": 1, "type": "C", "name": "python",
-                    "used_mib": 2048}])
+    mig = ScenarioFile(
+        str(tmp_path / "s.json"),
+        devices=[
+            {
+                "name": "NVIDIA A100-SXM4-80GB",
+                "mig": "Enabled",
+                "mig_devices": [
+                    {"gpu_instance_id": 1, "compute_instance_id": 0, "memory_mib": 9856}
+                ],
+            },
+            {"name": "NVIDIA A100-SXM4-80GB", "pmon_blind": True},
+        ],
+        processes=[
+            {"pid": sleeper.pid, "gpu": 1, "type": "C", "name": "python", "used_mib": 2048}
+        ],
+    )
     code, found, listed = doctor(*isolated(engine_sockets, "--nvidia-smi", mig.command))
     assert code == 0, listed
     assert found["MIG"]["status"] == "ok"
@@ -187,32 +253,45 @@ def test_mig_and_a_gpu_pmon_is_blind_to(tmp_path, engine_sockets, sleeper):
 
 
 def test_each_gpus_health_is_reported_with_what_to_do(tmp_path, engine_sockets):
-    sick = ScenarioFile(str(tmp_path / "s.json"), devices=[
-        {"health": {"slowdowns": ["hw_power_brake_slowdown"]}},
-        {"health": {"remap_pending": True, "ecc_uncorrectable": 2}}, {}])
+    sick = ScenarioFile(
+        str(tmp_path / "s.json"),
+        devices=[
+            {"health": {"slowdowns": ["hw_power_brake_slowdown"]}},
+            {"health": {"remap_pending": True, "ecc_uncorrectable": 2}},
+            {},
+        ],
+    )
     code, found, listed = doctor(*isolated(engine_sockets, "--nvidia-smi", sick.command))
     assert code == 0, listed  # the daemon works on: it withholds the GPU
     assert found["GPU 0 health"] == {
-        "check": "GPU 0 health", "status": "degraded",
+        "check": "GPU 0 health",
+        "status": "degraded",
         "detail": "clocks slowed (hw_power_brake_slowdown)",
-        "fix": "check its cooling and power"}
+        "fix": "check its cooling and power",
+    }
     sick_one = found["GPU 1 health"]
     assert sick_one["status"] == "degraded"
-    assert sick_one["detail"] == "row remap pending; 2 uncorrectable ECC error(s) since the " \
+    assert (
+        sick_one["detail"] == "row remap pending; 2 uncorrectable ECC error(s) since the "
         "last reset: the daemon grants it to nobody"
+    )
     assert sick_one["fix"].startswith("reset the GPU (`nvidia-smi -r -i 1`) when nothing runs")
     assert found["GPU 2 health"]["status"] == "ok"
-    assert found["kernel log"]["status"] == ("ok" if os.access("/dev/kmsg", os.R_OK)
-                                             else "degraded")
+    assert found["kernel log"]["status"] == (
+        "ok" if os.access("/dev/kmsg", os.R_OK) else "degraded"
+    )
 
 
 def test_a_kernel_log_that_cannot_be_read_is_degraded(tmp_path):
     from patroller.doctor.host import check_kernel_log, probe_kernel_log
+
     missing = str(tmp_path / "kmsg")
     result = check_kernel_log(missing, probe_kernel_log(missing))
     assert (result.status, result.detail) == (
-        "degraded", f"{missing} cannot be read (No such file or directory): Xid errors are "
-        "not seen, the GPUs' health comes from nvidia-smi -q -x alone")
+        "degraded",
+        f"{missing} cannot be read (No such file or directory): Xid errors are "
+        "not seen, the GPUs' health comes from nvidia-smi -q -x alone",
+    )
     (tmp_path / "kmsg").write_text("")
     assert check_kernel_log(missing, probe_kernel_log(missing)).status == "ok"
     assert check_kernel_log(None, probe_kernel_log(None)).detail.startswith("not followed")
@@ -221,8 +300,11 @@ def test_a_kernel_log_that_cannot_be_read_is_degraded(tmp_path):
 @async_test
 async def test_a_hung_query_is_killed_at_its_timeout_and_leaves_no_child(tmp_path):
     hung = ScenarioFile(str(tmp_path / "s.json"), faults={"-q": {"hang": True}})
-    config = replace(Config(port=0, address="127.0.0.1", nvidia_smi=hung.command),
-                     discovery_timeout=1.0, **engines_in(str(tmp_path)))
+    config = replace(
+        Config(port=0, address="127.0.0.1", nvidia_smi=hung.command),
+        discovery_timeout=1.0,
+        **engines_in(str(tmp_path)),
+    )
     results = {r.check: r for r in await examine(config)}
     query = results["nvidia-smi -q -x"]
     assert query.status == "failed" and "no answer in 1 s: killed" in query.detail, query
@@ -273,8 +355,10 @@ def test_a_running_docker_engine_is_named_with_its_version(engine, engine_socket
         version = client.version()
     finally:
         client.close()
-    assert docker["detail"] == f"{engine.url}: Docker {version['Version']} " \
-                               f"(API {version['ApiVersion']})"
+    assert (
+        docker["detail"] == f"{engine.url}: Docker {version['Version']} "
+        f"(API {version['ApiVersion']})"
+    )
 
 
 def test_as_another_user_what_it_cannot_read_fails_and_says_why(tmp_path, engine_sockets):
@@ -282,9 +366,17 @@ def test_as_another_user_what_it_cannot_read_fails_and_says_why(tmp_path, engine
     closed = tempfile.mkdtemp(prefix="doctor-closed-", dir="/tmp")  # root's, mode 700
     try:
         os.makedirs(f"{closed}/jobs")
-        code, found, listed = doctor(*isolated(engine_sockets, "--test", "--state-dir",
-                                               f"{closed}/state", "--slurm-job-map",
-                                               f"{closed}/jobs"), user=NOBODY)
+        code, found, listed = doctor(
+            *isolated(
+                engine_sockets,
+                "--test",
+                "--state-dir",
+                f"{closed}/state",
+                "--slurm-job-map",
+                f"{closed}/jobs",
+            ),
+            user=NOBODY,
+        )
     finally:
         shutil.rmtree(closed)
     assert code == EX_CONFIG, listed
@@ -315,22 +407,27 @@ def read_only(tmp_path):
 
 def test_a_read_only_state_directory_is_degraded(read_only, engine_sockets):
     # the daemon starts there, without keeping anything (test_read_only_state.py)
-    code, found, _ = doctor(*isolated(engine_sockets, "--test", "--state-dir",
-                                      str(read_only / "state")))
+    code, found, _ = doctor(
+        *isolated(engine_sockets, "--test", "--state-dir", str(read_only / "state"))
+    )
     state = found["state directory"]
     assert state["status"] == "degraded", state
-    assert state["detail"].startswith(f"{read_only}/state is not writable: Read-only file "
-                                      "system: the daemon reads the lease book at start")
+    assert state["detail"].startswith(
+        f"{read_only}/state is not writable: Read-only file "
+        "system: the daemon reads the lease book at start"
+    )
     assert "do not survive a restart" in state["detail"] and "read-write" in state["fix"]
-    code, found, _ = doctor(*isolated(engine_sockets, "--test", "--state-dir",
-                                      str(read_only / "new")))
+    code, found, _ = doctor(
+        *isolated(engine_sockets, "--test", "--state-dir", str(read_only / "new"))
+    )
     state = found["state directory"]
     assert state["status"] == "degraded", state
     assert "cannot be made in" in state["detail"] and "Read-only" in state["detail"]
 
 
-def test_a_port_taken_by_a_stranger_fails_and_one_a_patroller_serves_is_fine(tmp_path,
-                                                                            engine_sockets):
+def test_a_port_taken_by_a_stranger_fails_and_one_a_patroller_serves_is_fine(
+    tmp_path, engine_sockets
+):
     with socket.socket() as stranger:
         stranger.bind(("127.0.0.1", 0))
         stranger.listen()
@@ -344,22 +441,26 @@ def test_a_port_taken_by_a_stranger_fails_and_one_a_patroller_serves_is_fine(tmp
     serving = threading.Thread(target=web.serve_forever, daemon=True)
     serving.start()
     try:
-        code, found, _ = doctor(*isolated(engine_sockets, "--test"), "--port",
-                                str(web.server_address[1]))
+        code, found, _ = doctor(
+            *isolated(engine_sockets, "--test"), "--port", str(web.server_address[1])
+        )
     finally:
         web.shutdown()
         web.server_close()
     taken = found["address and port"]
     assert code == EX_CONFIG and taken["status"] == "failed", taken
     handler = http.server.SimpleHTTPRequestHandler
-    assert f"is taken: `{handler.server_version} {handler.sys_version}` answers there" in \
-        taken["detail"], taken
+    assert (
+        f"is taken: `{handler.server_version} {handler.sys_version}` answers there"
+        in taken["detail"]
+    ), taken
     state = tmp_path / "state"
     server = ServerProcess("--test", "--state-dir", str(state)).start()
     try:
         port = server.url.rsplit(":", 1)[1]
-        code, found, listed = doctor(*isolated(engine_sockets, "--test", "--state-dir",
-                                               str(state)), "--port", port)
+        code, found, listed = doctor(
+            *isolated(engine_sockets, "--test", "--state-dir", str(state)), "--port", port
+        )
     finally:
         server.stop()
     assert code == 0, listed
@@ -373,14 +474,17 @@ def test_an_engine_not_asked_names_the_flag_that_would_ask_it():
     """Pure: each engine left unasked says which flag asks it, as the docs spell it."""
     from patroller.doctor.runtimes import EngineFacts, Knock, engine_results
 
-    facts = EngineFacts(Knock("unix:///run/docker.sock", "absent", ""), None, None, None, None,
-                        None)
+    facts = EngineFacts(
+        Knock("unix:///run/docker.sock", "absent", ""), None, None, None, None, None
+    )
     found = {r.check: r for r in engine_results(facts, Config())}
-    for check, flag in (("rootless Docker", "--rootless-docker-socket"),
-                        ("Podman", "--podman-socket"),
-                        ("rootless Podman", "--rootless-podman-socket"),
-                        ("containerd", "--containerd-socket"),
-                        ("kubelet pod-resources", "--kubelet-socket")):
+    for check, flag in (
+        ("rootless Docker", "--rootless-docker-socket"),
+        ("Podman", "--podman-socket"),
+        ("rootless Podman", "--rootless-podman-socket"),
+        ("containerd", "--containerd-socket"),
+        ("kubelet pod-resources", "--kubelet-socket"),
+    ):
         assert found[check].status == "ok" and found[check].detail == f"not asked ({flag} none)"
 
 
@@ -397,8 +501,10 @@ def test_without_grpcio_the_kubelet_and_containerd_say_so(tmp_path, monkeypatch)
         listener.listen()
         listeners.append(listener)
     try:
-        knocks = [probe_kubelet(str(tmp_path / "kubelet.sock"), Config()),
-                  probe_containerd(f"unix://{tmp_path}/containerd.sock", 5)]
+        knocks = [
+            probe_kubelet(str(tmp_path / "kubelet.sock"), Config()),
+            probe_containerd(f"unix://{tmp_path}/containerd.sock", 5),
+        ]
     finally:
         for listener in listeners:
             listener.close()
@@ -421,19 +527,21 @@ def test_a_lease_book_that_cannot_be_read_is_degraded(tmp_path, engine_sockets):
 
 def test_what_is_at_the_socket_path_decides(tmp_path, engine_sockets):
     (tmp_path / "file").write_text("")
-    code, found, _ = doctor(*isolated(engine_sockets, "--test", "--socket", str(tmp_path / "file")))
+    code, found, _ = doctor(
+        *isolated(engine_sockets, "--test", "--socket", str(tmp_path / "file"))
+    )
     assert code == EX_CONFIG
     assert found["unix socket"]["detail"].endswith("is a file, not a socket")
     # a value the daemon would refuse: a failed check of its own, the rest examined without it
-    code, found, _ = doctor(*isolated(engine_sockets, "--test", "--socket",
-                                      str(tmp_path / "gone" / "api.sock")))
+    code, found, _ = doctor(
+        *isolated(engine_sockets, "--test", "--socket", str(tmp_path / "gone" / "api.sock"))
+    )
     assert code == EX_CONFIG and found["--socket"]["status"] == "failed"
     assert "is in a directory that does not exist" in found["--socket"]["detail"]
     assert found["unix socket"]["status"] == "ok"  # none, as without the flag
     closed = f"{engine_sockets}/closed"  # in a folder others may pass through (not tmp_path's)
     os.mkdir(closed, 0o700)
-    code, found, _ = doctor(*isolated(engine_sockets, "--test", "--socket",
-                                      f"{closed}/api.sock"))
+    code, found, _ = doctor(*isolated(engine_sockets, "--test", "--socket", f"{closed}/api.sock"))
     shut = found["unix socket"]
     assert code == 0 and shut["status"] == "degraded", shut
     assert f"{closed} (mode 700) lets no other user through" in shut["detail"]
@@ -478,22 +586,36 @@ print(json.dumps(answers))
 
 def ask_over_socket(path, *paths, uid):
     """[status, body] of each request, as `uid`, over the unix socket at `path`."""
-    done = subprocess.run([python_for(uid), "-c", ASK, path, *paths], user=uid, group=uid,
-                          extra_groups=[], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [python_for(uid), "-c", ASK, path, *paths],
+        user=uid,
+        group=uid,
+        extra_groups=[],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
 
 @async_test
-async def test_get_doctor_answers_the_hosts_root_and_refuses_everyone_else(scenario, tmp_path,
-                                                                          engine_sockets):
+async def test_get_doctor_answers_the_hosts_root_and_refuses_everyone_else(
+    scenario, tmp_path, engine_sockets
+):
     need_root("the callers are root and nobody, as the kernel says")
     path = f"{engine_sockets}/api.sock"
-    async with gpu_running(scenario, socket=path, state_dir=str(tmp_path / "state"),
-                           kubelet_socket=None, **engines_in(engine_sockets)) as h:
+    async with gpu_running(
+        scenario,
+        socket=path,
+        state_dir=str(tmp_path / "state"),
+        kubelet_socket=None,
+        **engines_in(engine_sockets),
+    ) as h:
         loop = asyncio.get_running_loop()
         refused = await loop.run_in_executor(
-            None, lambda: ask_over_socket(path, "/doctor", "/doctor?user=root", uid=NOBODY))
+            None, lambda: ask_over_socket(path, "/doctor", "/doctor?user=root", uid=NOBODY)
+        )
         for status, body in refused:
             assert status == 403, body
             assert "the host's root only" in body["error"] and body["needs"] == "root"
@@ -525,14 +647,17 @@ async def test_in_test_mode_nobody_may_ask_get_doctor():
 
 def test_the_room_left_counts_what_a_user_may_write_not_the_blocks_kept_for_root():
     from patroller.doctor.places import _free
+
     mib = 1 << 20
     # 4 KiB fragments; 1,000 MiB free of which only 10 MiB are not kept for root
-    kept_for_root = os.statvfs_result((4096, 4096, 1 << 20, 1000 * mib // 4096,
-                                       10 * mib // 4096, 1000, 900, 900, 0, 255))
+    kept_for_root = os.statvfs_result(
+        (4096, 4096, 1 << 20, 1000 * mib // 4096, 10 * mib // 4096, 1000, 900, 900, 0, 255)
+    )
     assert _free("/var/lib/patroller", lambda folder: kept_for_root) == 10
 
     def gone(folder):
         raise FileNotFoundError(folder)
+
     assert _free("/nope", gone) is None
 
 
@@ -547,16 +672,20 @@ def test_a_usage_store_with_nowhere_to_live_is_degraded(engine_sockets, tmp_path
     state = tmp_path / "state"
     _, found, _ = doctor(*isolated(engine_sockets, "--test", "--state-dir", str(state)))
     assert found["usage history"] == {
-        "check": "usage history", "status": "ok", "fix": "",
-        "detail": f"{state}/usage.sqlite3: a sample of every GPU every 60 s, kept 400 days"}
+        "check": "usage history",
+        "status": "ok",
+        "fix": "",
+        "detail": f"{state}/usage.sqlite3: a sample of every GPU every 60 s, kept 400 days",
+    }
 
 
 def proc_tree(root, cap_eff="000001ffffffffff", nspid="4242", label=None, scope=None):
     """A /proc with what tells apart why other processes are closed: our status, our security
     label, Yama's scope, and pid 1 named."""
     (root / "self" / "attr").mkdir(parents=True)
-    (root / "self" / "status").write_text(f"Name:\tpatroller\nCapEff:\t{cap_eff}\n"
-                                          f"NSpid:\t{nspid}\n")
+    (root / "self" / "status").write_text(
+        f"Name:\tpatroller\nCapEff:\t{cap_eff}\nNSpid:\t{nspid}\n"
+    )
     if label is not None:
         (root / "self" / "attr" / "current").write_text(label + "\n")
     if scope is not None:
@@ -567,22 +696,45 @@ def proc_tree(root, cap_eff="000001ffffffffff", nspid="4242", label=None, scope=
     return str(root)
 
 
-@pytest.mark.parametrize("tree,fix", [
-    ({"cap_eff": "000001fffff7ffff"}, "give Patroller CAP_SYS_PTRACE (it is root without it"),
-    ({"scope": 3}, "kernel.yama.ptrace_scope is 3"),
-    ({"nspid": "4242\t17"}, "run Patroller in the host's PID namespace"),
-    ({"label": "/usr/bin/patroller (enforce)"},
-     "the security module confines Patroller (/usr/bin/patroller (enforce))"),
-    ({"scope": 1, "label": "unconfined"}, "none to give: Patroller is root with CAP_SYS_PTRACE"),
-], ids=["no CAP_SYS_PTRACE", "Yama 3", "a PID namespace", "AppArmor", "none to tell"])
+@pytest.mark.parametrize(
+    "tree,fix",
+    [
+        ({"cap_eff": "000001fffff7ffff"}, "give Patroller CAP_SYS_PTRACE (it is root without it"),
+        ({"scope": 3}, "kernel.yama.ptrace_scope is 3"),
+        ({"nspid": "4242\t17"}, "run Patroller in the host's PID namespace"),
+        (
+            {"label": "/usr/bin/patroller (enforce)"},
+            "the security module confines Patroller (/usr/bin/patroller (enforce))",
+        ),
+        (
+            {"scope": 1, "label": "unconfined"},
+            "none to give: Patroller is root with CAP_SYS_PTRACE",
+        ),
+    ],
+    ids=["no CAP_SYS_PTRACE", "Yama 3", "a PID namespace", "AppArmor", "none to tell"],
+)
 def test_proc_advice_names_the_cause_it_can_tell_apart(tmp_path, tree, fix):
     # As found: root with CAP_SYS_PTRACE, refused pid 1 (a VM's init), was told to get
     # CAP_SYS_PTRACE.
     from patroller.doctor.host import ProcFacts, _named, _why_refused, check_proc
 
     proc = proc_tree(tmp_path, **tree)
-    facts = ProcFacts(0, None, 10, (), (1,), None, {}, 0, (), 0, "v2", True,
-                      *_why_refused(proc), (_named(1, proc),))
+    facts = ProcFacts(
+        0,
+        None,
+        10,
+        (),
+        (1,),
+        None,
+        {},
+        0,
+        (),
+        0,
+        "v2",
+        True,
+        *_why_refused(proc),
+        (_named(1, proc),),
+    )
     result = check_proc(facts)
     assert result.status == "degraded" and result.fix.startswith(fix), result
     assert ("CAP_SYS_PTRACE" in result.fix) == (fix.startswith(("give", "none"))), result
@@ -593,45 +745,80 @@ def test_proc_advice_names_the_cause_it_can_tell_apart(tmp_path, tree, fix):
 
 
 def test_a_value_the_daemon_would_refuse_is_a_failed_check_and_json_is_always_json(
-        engine_sockets, tmp_path):
+    engine_sockets, tmp_path
+):
     # As found: --state-dir naming a regular file exited 2 with an argument error, no JSON.
     plain = tmp_path / "plain"
     plain.write_text("")
-    code, found, listed = doctor(*isolated(engine_sockets, "--test", "--state-dir", str(plain),
-                                           "--lease", "soon"))
+    code, found, listed = doctor(
+        *isolated(engine_sockets, "--test", "--state-dir", str(plain), "--lease", "soon")
+    )
     assert code == EX_CONFIG
     state = found["--state-dir"]
     assert state["status"] == "failed" and state["detail"].startswith(
-        f"'{plain}' is not a directory: the daemon would refuse to start"), state
+        f"'{plain}' is not a directory: the daemon would refuse to start"
+    ), state
     assert "directory" in state["fix"]
     lease = found["--lease"]
     assert lease["status"] == "failed" and "--lease" in lease["fix"], lease
     assert {"nvidia-smi", "/proc", "address and port", "usage history"} <= set(found)  # the rest
     env = {**os.environ, "PYTHONPATH": ROOT, "PATROLLER_STATE_DIR": "", "PATROLLER_LEASE": "zz"}
-    done = subprocess.run([sys.executable, "-m", "patroller", "doctor", "--json",
-                           *isolated(engine_sockets, "--test")], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "patroller",
+            "doctor",
+            "--json",
+            *isolated(engine_sockets, "--test"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == EX_CONFIG, done.stderr
     (variable,) = [r for r in json.loads(done.stdout) if r["check"] == "PATROLLER_LEASE"]
     assert variable["status"] == "failed" and "unset it" in variable["fix"]
     for flags in (["--no-such-flag"], ["--port"]):  # not to be read at all: still JSON
-        done = subprocess.run([sys.executable, "-m", "patroller", "doctor", "--json", *flags],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-m", "patroller", "doctor", "--json", *flags],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 2
         (line,) = json.loads(done.stdout)
         assert line["check"] == "command line" and line["status"] == "failed", line
 
 
-def test_a_state_directory_the_daemon_refuses_the_doctor_fails_for_the_same_reason(
-        engine_sockets):
+def test_a_state_directory_the_daemon_refuses_the_doctor_fails_for_the_same_reason(engine_sockets):
     # As found: --state-dir /proc/nope was "degraded ... free some room"; the daemon refuses it.
     code, found, _ = doctor(*isolated(engine_sockets, "--test", "--state-dir", "/proc/nope"))
     state = found["state directory"]
     assert code == EX_CONFIG and state["status"] == "failed", state
-    daemon = subprocess.run([sys.executable, "-m", "patroller", "--test", "--port", "0",
-                             "--address", "127.0.0.1", "--state-dir", "/proc/nope"], cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True,
-                            text=True, timeout=120)
+    daemon = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "patroller",
+            "--test",
+            "--port",
+            "0",
+            "--address",
+            "127.0.0.1",
+            "--state-dir",
+            "/proc/nope",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert daemon.returncode == 1
     why = daemon.stderr.split("cannot use the state directory /proc/nope: ")[1].split(";")[0]
     assert state["detail"] == f"/proc/nope cannot be made in /proc: {why}", (state, daemon.stderr)
@@ -643,9 +830,14 @@ def test_the_doctors_help_shows_every_flag_of_the_daemon_it_takes():
     # As found: `patroller doctor --help` showed only [-h] [--json].
     from patroller.config import settings_table
 
-    done = subprocess.run([sys.executable, "-m", "patroller", "doctor", "--help"], cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "patroller", "doctor", "--help"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0
     for flag, variable, _ in settings_table():
         assert flag in done.stdout and variable in done.stdout.replace("\n", " "), flag

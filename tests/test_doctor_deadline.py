@@ -2,6 +2,7 @@
 one byte every 2 s (each read well inside a socket's timeout, the whole answer never), a hung
 nvidia-smi, a probe that never returns. Each is a real thing (a unix socket server, the
 simulator hanging, a thread held on an event); what it waited for is said, degraded."""
+
 import asyncio
 import os
 import socket
@@ -73,8 +74,7 @@ def slow_engine(engine_sockets):
 
 
 @pytest.mark.timeout(120)
-def test_a_rootless_engine_answering_a_byte_at_a_time_is_given_up_on(slow_engine,
-                                                                     engine_sockets):
+def test_a_rootless_engine_answering_a_byte_at_a_time_is_given_up_on(slow_engine, engine_sockets):
     # Without a deadline on the whole answer this never ends: each byte comes within the
     # socket's timeout. The subprocess's timeout makes that a failure, not a hang.
     code, found, listed = doctor(*isolated(engine_sockets, "--test"), timeout=60)
@@ -90,10 +90,15 @@ def test_a_rootless_engine_answering_a_byte_at_a_time_is_given_up_on(slow_engine
 @pytest.mark.timeout(60)
 @async_test
 async def test_the_whole_examination_ends_at_its_bound_saying_what_it_waited_for(
-        slow_engine, engine_sockets):
+    slow_engine, engine_sockets
+):
     # Each answer may take all its 600 s; the examination as a whole may take 2.
-    config = replace(Config(port=0, address="127.0.0.1", test=True),
-                     doctor_deadline=2.0, docker_timeout=600.0, **engines_in(engine_sockets))
+    config = replace(
+        Config(port=0, address="127.0.0.1", test=True),
+        doctor_deadline=2.0,
+        docker_timeout=600.0,
+        **engines_in(engine_sockets),
+    )
     os.makedirs(f"{engine_sockets}/1001")
     second = Dribbler(f"{engine_sockets}/1001/docker.sock")  # asked after uid 1000's
     try:
@@ -106,7 +111,8 @@ async def test_the_whole_examination_ends_at_its_bound_saying_what_it_waited_for
     assert rootless.status == "degraded", rootless
     assert rootless.detail == (
         f"2 found; 2 not answering, uid 1000's at unix://{slow_engine.path}: no answer within "
-        "the doctor's bound (waited 2.00 s for its answer)")
+        "the doctor's bound (waited 2.00 s for its answer)"
+    )
     assert "answer a little at a time" in rootless.fix
     assert results["Docker Engine"].status == "ok"  # a slow engine holds up no other
     assert [r.check for r in results.values() if "doctor's" in r.detail] == ["rootless Docker"]
@@ -114,24 +120,30 @@ async def test_the_whole_examination_ends_at_its_bound_saying_what_it_waited_for
 
 @pytest.mark.timeout(60)
 @async_test
-async def test_a_probe_that_never_returns_is_degraded_and_its_checks_named(engine_sockets,
-                                                                          monkeypatch):
+async def test_a_probe_that_never_returns_is_degraded_and_its_checks_named(
+    engine_sockets, monkeypatch
+):
     held = threading.Event()
 
     def hung_proc(root: str) -> None:
         held.wait(30)  # a /proc on a hung file system
 
     monkeypatch.setattr(sys.modules["patroller.doctor.examine"], "probe_proc", hung_proc)
-    config = replace(Config(port=0, address="127.0.0.1", test=True, proc_root="/proc"),
-                     doctor_deadline=1.0, **engines_in(engine_sockets))
+    config = replace(
+        Config(port=0, address="127.0.0.1", test=True, proc_root="/proc"),
+        doctor_deadline=1.0,
+        **engines_in(engine_sockets),
+    )
     try:
         results = {r.check: r for r in await asyncio.wait_for(examine(config), 20)}
     finally:
         held.set()
     for check in ("/proc", "cgroups"):
         assert results[check].status == "degraded", results[check]
-        assert results[check].detail == "no answer within the doctor's 1.00 s: waited for " \
-                                        "/proc's processes"
+        assert (
+            results[check].detail == "no answer within the doctor's 1.00 s: waited for "
+            "/proc's processes"
+        )
     assert results["address and port"].status == "ok"
 
 
@@ -139,14 +151,18 @@ async def test_a_probe_that_never_returns_is_degraded_and_its_checks_named(engin
 @async_test
 async def test_a_hung_nvidia_smi_is_cut_at_the_bound_and_leaves_no_child(tmp_path, engine_sockets):
     hung = ScenarioFile(str(tmp_path / "s.json"), faults={"-q": {"hang": True}})
-    config = replace(Config(port=0, address="127.0.0.1", nvidia_smi=hung.command),
-                     discovery_timeout=600.0, doctor_deadline=2.0,
-                     **engines_in(engine_sockets))
+    config = replace(
+        Config(port=0, address="127.0.0.1", nvidia_smi=hung.command),
+        discovery_timeout=600.0,
+        doctor_deadline=2.0,
+        **engines_in(engine_sockets),
+    )
     results = await asyncio.wait_for(examine(config), 30)
     found = {r.check: r for r in results}
     assert found["nvidia-smi"].status == "degraded", found["nvidia-smi"]
-    assert found["nvidia-smi"].detail.startswith("no answer within the doctor's 2.00 s: waited "
-                                                 f"for {hung.command}: -q -x")
+    assert found["nvidia-smi"].detail.startswith(
+        f"no answer within the doctor's 2.00 s: waited for {hung.command}: -q -x"
+    )
     assert [pid for pid in children_of(os.getpid()) if hung.path in command_of(pid)] == []
 
 
@@ -157,21 +173,42 @@ def test_what_the_bound_cut_short_is_said_check_by_check():
 
     config = replace(Config(), **engines_in("/run/e"))
     waited = Knock("unix:///run/e/docker.sock", "overdue", "waited 30 s for its answer")
-    facts = EngineFacts(waited, None, [(1000, Knock("unix:///run/e/1000/docker.sock", "unasked",
-                                                     "the doctor's 30 s went on those asked "
-                                                     "before it"))],
-                        [], None, None, unlisted=("podman",))
+    facts = EngineFacts(
+        waited,
+        None,
+        [
+            (
+                1000,
+                Knock(
+                    "unix:///run/e/1000/docker.sock",
+                    "unasked",
+                    "the doctor's 30 s went on those asked before it",
+                ),
+            )
+        ],
+        [],
+        None,
+        None,
+        unlisted=("podman",),
+    )
     found = {r.check: r for r in engine_results(facts, config)}
-    assert found["Docker Engine"].detail == "unix:///run/e/docker.sock: no answer within the " \
-                                            "doctor's bound (waited 30 s for its answer)"
+    assert (
+        found["Docker Engine"].detail == "unix:///run/e/docker.sock: no answer within the "
+        "doctor's bound (waited 30 s for its answer)"
+    )
     assert found["rootless Docker"].detail == (
         "1 found; 1 not answering, uid 1000's at unix:///run/e/1000/docker.sock: not asked (the "
-        "doctor's 30 s went on those asked before it)")
+        "doctor's 30 s went on those asked before it)"
+    )
     assert "asked before it" in found["rootless Docker"].fix
-    assert found["rootless Podman"].detail == "its users' sockets (/run/e/{uid}/podman/podman.sock) " \
-                                              "were still being listed when the doctor's bound came"
-    assert all(found[c].status == "degraded" for c in
-               ("Docker Engine", "rootless Docker", "rootless Podman"))
+    assert (
+        found["rootless Podman"].detail == "its users' sockets (/run/e/{uid}/podman/podman.sock) "
+        "were still being listed when the doctor's bound came"
+    )
+    assert all(
+        found[c].status == "degraded"
+        for c in ("Docker Engine", "rootless Docker", "rootless Podman")
+    )
 
 
 @pytest.mark.timeout(30)
@@ -184,6 +221,7 @@ def test_a_bounded_socket_ends_the_whole_exchange_not_each_read():
     def dribble():
         while not stop.wait(0.05):
             theirs.sendall(b"a")
+
     thread = threading.Thread(target=dribble, daemon=True)
     thread.start()
     sock = bounded(ours, deadline(0.5), 0.5)
@@ -226,10 +264,15 @@ async def test_a_port_held_by_a_server_answering_a_byte_at_a_time_is_said_taken(
                     if stop.wait(0.1):
                         break
                     conn.sendall(bytes([byte]))
+
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    config = replace(Config(port=port, address="127.0.0.1", test=True), doctor_timeout=0.5,
-                     doctor_deadline=20.0, **engines_in(engine_sockets))
+    config = replace(
+        Config(port=port, address="127.0.0.1", test=True),
+        doctor_timeout=0.5,
+        doctor_deadline=20.0,
+        **engines_in(engine_sockets),
+    )
     try:
         results = {r.check: r for r in await asyncio.wait_for(examine(config), 40)}
     finally:

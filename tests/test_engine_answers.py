@@ -5,6 +5,7 @@ way an engine fails is said in words (the log line an administrator reads, the r
 reads), a degraded engine is said once and its recovery once, it is not asked while it is down,
 every call is counted, and a caller at a container's address is its labels' user. (The same
 against the real engines: test_identity_docker, test_engines_docker, test_podman.)"""
+
 import asyncio
 import logging
 import secrets
@@ -42,8 +43,7 @@ def warnings(caplog):
 
 
 def infos(caplog, name):
-    return [r.getMessage() for r in caplog.records
-            if r.levelno == logging.INFO and r.name == name]
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.INFO and r.name == name]
 
 
 # -- each way an engine fails, in words ----------------------------------------------------------
@@ -86,8 +86,9 @@ async def test_each_way_the_engine_fails_is_said_in_words(how, engine_sockets, e
     repr."""
     docker = engines(f"{engine_sockets}/docker.sock").start()
     fail(docker, how)
-    config = config_in(engine_sockets, docker_timeout=0.3, docker_deadline=0.6,
-                       docker_retry_after=60)
+    config = config_in(
+        engine_sockets, docker_timeout=0.3, docker_deadline=0.6, docker_retry_after=60
+    )
     directory = ContainerDirectory(config)
     reason = f"the Docker Engine at unix://{engine_sockets}/docker.sock {FAILURES[how]}"
     try:
@@ -124,8 +125,9 @@ async def let_go_of_the_held_call(engine):
 
 
 @async_test
-async def test_a_degraded_engine_is_said_once_and_its_recovery_once(engine_sockets, engines,
-                                                                     caplog):
+async def test_a_degraded_engine_is_said_once_and_its_recovery_once(
+    engine_sockets, engines, caplog
+):
     """While the engine fails, its containers' processes are `unknown` (degraded), said once
     however often they are asked; once it answers, their labels' user, and that it is back is
     said once; a second outage is said again."""
@@ -150,7 +152,8 @@ async def test_a_degraded_engine_is_said_once_and_its_recovery_once(engine_socke
             second = await resolver.resolve(pid)
             assert resolver.proc_reads == 4  # /metrics counts each process's /proc read
         assert infos(caplog, "patroller.identify.containers") == [
-            f"the Docker Engine at {where} is reachable again"]
+            f"the Docker Engine at {where} is reachable again"
+        ]
         assert await directory.get(cid) is not None  # and said no more while it answers
         docker.failing = "out of memory"
         with pytest.raises(DockerUnavailable):
@@ -163,12 +166,14 @@ async def test_a_degraded_engine_is_said_once_and_its_recovery_once(engine_socke
         f"cannot read container labels: the Docker Engine at {where} answered 500: the engine "
         f"is restarting{DEGRADES}",
         f"cannot read container labels: the Docker Engine at {where} answered 500: out of "
-        f"memory{DEGRADES}"]
+        f"memory{DEGRADES}",
+    ]
 
 
 @async_test
 async def test_while_the_engine_is_down_it_is_not_asked_and_lookups_fail_at_once(
-        engine_sockets, engines):
+    engine_sockets, engines
+):
     """For docker_retry_after seconds after it failed, a lookup (by id or by address) fails
     with the same reason without a request; every call made is counted, as /metrics shows."""
     known, unknown = secrets.token_hex(32), secrets.token_hex(32)
@@ -200,7 +205,8 @@ async def test_while_the_engine_is_down_it_is_not_asked_and_lookups_fail_at_once
 
 @async_test
 async def test_after_an_outage_the_engine_is_asked_again_with_a_new_connection(
-        engine_sockets, engines):
+    engine_sockets, engines
+):
     """An engine that closed a connection: the next lookup connects afresh (the version asked
     again), and each request it makes is counted."""
     cid = secrets.token_hex(32)
@@ -224,9 +230,11 @@ async def test_after_an_outage_the_engine_is_asked_again_with_a_new_connection(
 
 # -- a caller at a container's address ---------------------------------------------------------
 
+
 @async_test
 async def test_a_caller_at_a_containers_address_is_its_labels_user_as_its_account(
-        engine_sockets, engines):
+    engine_sockets, engines
+):
     """The container with the caller's address (IPv4 or IPv6, on any of its networks) names
     the user; the account is that of its first process, when the engine's pid is still a
     process of that container; a stopped container has none."""
@@ -254,16 +262,19 @@ async def test_a_caller_at_a_containers_address_is_its_labels_user_as_its_accoun
         directory.shutdown()
     assert bob.user == "bob@example.org" and bob.uid is None and bob.account is None
     assert carol.user == "carol@example.org" and carol.uid is None
-    assert nobody.value.message == ("no container has the address 10.0.0.5: call from a "
-                                    "container on this host, from the host itself, or over the "
-                                    "unix socket")
+    assert nobody.value.message == (
+        "no container has the address 10.0.0.5: call from a "
+        "container on this host, from the host itself, or over the "
+        "unix socket"
+    )
     assert docker.requests == 5  # the version, the list, one for each container: once
     assert callers.identifier.proc_reads == 4  # the running ones' pid; none of the stopped one
 
 
 @async_test
 async def test_a_container_removed_while_the_engine_lists_them_is_passed_over(
-        engine_sockets, engines):
+    engine_sockets, engines
+):
     """`docker rm` between the listing and the look at one of its containers: the engine
     answers 404 for it; the others' addresses still name their users."""
     kept, removed = secrets.token_hex(32), secrets.token_hex(32)
@@ -314,6 +325,7 @@ async def test_the_address_table_is_listed_once_a_while_and_shared(engine_socket
 
 # -- the words themselves, of errors as the SDK raises them ---------------------------------------
 
+
 def looping():
     """An error whose chain of causes comes back to itself."""
     outer, inner = RuntimeError("the engine's client broke"), RuntimeError("and again")
@@ -336,12 +348,20 @@ def sdk_errors():
 
     missing = FileNotFoundError(2, "No such file or directory")
     return [
-        (requests.exceptions.ReadTimeout("Read timed out. (read timeout=2.5)"),
-         "did not answer within 2.5 s"),
-        (urllib3.exceptions.MaxRetryError(None, "/version", missing),
-         "cannot be reached: no such file or directory"),
-        (requests.exceptions.ConnectionError(urllib3.exceptions.ProtocolError(
-            "Connection aborted.", missing)), "cannot be reached: no such file or directory"),
+        (
+            requests.exceptions.ReadTimeout("Read timed out. (read timeout=2.5)"),
+            "did not answer within 2.5 s",
+        ),
+        (
+            urllib3.exceptions.MaxRetryError(None, "/version", missing),
+            "cannot be reached: no such file or directory",
+        ),
+        (
+            requests.exceptions.ConnectionError(
+                urllib3.exceptions.ProtocolError("Connection aborted.", missing)
+            ),
+            "cannot be reached: no such file or directory",
+        ),
         (looping(), "cannot be used: and again"),
         (wrapping(KeyError(("engine", 1))), "cannot be used: the engine's client broke"),
         (RuntimeError("line one\nline two"), "cannot be used: line one"),
@@ -356,4 +376,5 @@ def test_the_sdks_errors_are_said_in_words():
     200 characters of a message, never a repr."""
     for error, said in sdk_errors():
         assert in_words(error, "unix:///run/podman/podman.sock", 2.5, "Podman") == (
-            f"Podman at unix:///run/podman/podman.sock {said}")
+            f"Podman at unix:///run/podman/podman.sock {said}"
+        )

@@ -5,6 +5,7 @@ knows a container of the same id; an engine whose socket is not there (or is no 
 its containers named by their ids, pending, until it is. Run where no engine can: the engines
 are tests/fake_engine.py, answering what the real ones answered; real processes in real
 cgroups. (The same against real engines: test_engines_docker, test_podman, test_containerd.)"""
+
 import asyncio
 import os
 import secrets
@@ -15,8 +16,13 @@ from dataclasses import replace
 import pytest
 
 from helpers import NOBODY, ROOTLESS_UID as OWNER, async_test, process_in_cgroup, user_manager
-from test_engine_answers import (ALICE, DEGRADES, config_in,  # noqa: F401 (engines: a fixture)
-                                 engines, warnings)
+from test_engine_answers import (
+    ALICE,
+    DEGRADES,
+    config_in,  # noqa: F401 (engines: a fixture)
+    engines,
+    warnings,
+)
 from patroller.identify.containers import ContainerDirectory
 from patroller.identify.resolver import ProcessIdentifier, host_identity
 
@@ -26,22 +32,38 @@ from patroller.identify.resolver import ProcessIdentifier, host_identity
 ROUTES = {
     # (the container's cgroup, the uid it runs as, its engine's socket or None for loopback TCP,
     #  the engine's captured answers, what Patroller calls the engine)
-    "Docker": ("/system.slice/docker-{id}.scope", NOBODY, "docker.sock", "docker",
-               "the Docker Engine"),
+    "Docker": (
+        "/system.slice/docker-{id}.scope",
+        NOBODY,
+        "docker.sock",
+        "docker",
+        "the Docker Engine",
+    ),
     "a bare id": ("/containers/{id}", NOBODY, "docker.sock", "docker", "the Docker Engine"),
     "Podman": ("/machine.slice/libpod-{id}.scope", NOBODY, "podman.sock", "podman", "Podman"),
     "Podman on TCP": ("/libpod_parent/libpod-{id}", NOBODY, None, "podman", "Podman"),
-    "rootless Docker": ("{user}/user.slice/docker-{id}.scope", OWNER, "{uid}/docker.sock",
-                        "docker", f"the rootless Docker Engine of uid {OWNER}"),
-    "rootless Podman": ("{user}/user.slice/libpod-{id}.scope/container", OWNER,
-                        "{uid}/podman/podman.sock", "podman", f"rootless Podman of uid {OWNER}"),
+    "rootless Docker": (
+        "{user}/user.slice/docker-{id}.scope",
+        OWNER,
+        "{uid}/docker.sock",
+        "docker",
+        f"the rootless Docker Engine of uid {OWNER}",
+    ),
+    "rootless Podman": (
+        "{user}/user.slice/libpod-{id}.scope/container",
+        OWNER,
+        "{uid}/podman/podman.sock",
+        "podman",
+        f"rootless Podman of uid {OWNER}",
+    ),
 }
 
 
 @pytest.mark.parametrize("runtime", ROUTES)
 @async_test
 async def test_each_container_is_named_by_its_own_engine_and_its_trouble_said_as_that_engines(
-        runtime, engine_sockets, engines, caplog):
+    runtime, engine_sockets, engines, caplog
+):
     """A container's user is what its own engine's labels say (the system's Docker Engine,
     which knows another container of that id, is never asked about another engine's, nor
     containerd, here unreachable, about any of these); its engine's 404 names it by its id for
@@ -49,8 +71,9 @@ async def test_each_container_is_named_by_its_own_engine_and_its_trouble_said_as
     address."""
     path, uid, sock, kind, engine = ROUTES[runtime]
     cid, unknown, failing = (secrets.token_hex(32) for _ in range(3))
-    own = (engines(f"{engine_sockets}/{sock.format(uid=OWNER)}", kind) if sock
-           else engines.tcp(kind))
+    own = (
+        engines(f"{engine_sockets}/{sock.format(uid=OWNER)}", kind) if sock else engines.tcp(kind)
+    )
     for each in (cid, failing):
         own.add(each, {"user.email": "mallory@example.org"})
     own.start()
@@ -80,8 +103,10 @@ async def test_each_container_is_named_by_its_own_engine_and_its_trouble_said_as
         assert named.user == "mallory@example.org" and not named.claimed
     assert named.uid == uid
     assert degraded.user == "unknown" and degraded.degraded and degraded.uid == uid
-    assert warnings(caplog) == [f"cannot read container labels: {engine} at {own.url} answered "
-                                f"500: the engine is restarting{DEGRADES}"]
+    assert warnings(caplog) == [
+        f"cannot read container labels: {engine} at {own.url} answered "
+        f"500: the engine is restarting{DEGRADES}"
+    ]
     assert nobody.user == f"container:{unknown[:12]}" and nobody.email is None
     assert named.source == nobody.source == degraded.source == "container"
     assert not nobody.degraded and not nobody.pending
@@ -98,7 +123,8 @@ SOCKET_TROUBLE = {
 @pytest.mark.parametrize("what", SOCKET_TROUBLE)
 @async_test
 async def test_an_engine_socket_that_cannot_be_used_is_said_once_and_its_containers_wait(
-        what, engine_sockets, caplog):
+    what, engine_sockets, caplog
+):
     """Podman's socket path holds no socket: its containers are named by their ids, pending
     (asked again until the service is there); what is wrong with the path is said once,
     however many look at once or later, and a path that is not there is no trouble to say."""
@@ -117,14 +143,18 @@ async def test_an_engine_socket_that_cannot_be_used_is_said_once_and_its_contain
     finally:
         resolver.close()
     assert all(s.user == f"container:{cid[:12]}" and s.pending for s in shown)
-    said = [f"cannot use {sock}: {SOCKET_TROUBLE[what]}; its containers are named by their "
-            "ids"] if SOCKET_TROUBLE[what] else []
+    said = (
+        [f"cannot use {sock}: {SOCKET_TROUBLE[what]}; its containers are named by their ids"]
+        if SOCKET_TROUBLE[what]
+        else []
+    )
     assert warnings(caplog) == said
 
 
 @async_test
 async def test_a_containerd_container_waits_for_containerd_only_where_one_is_configured(
-        engine_sockets):
+    engine_sockets,
+):
     """containerd configured and its socket not there: its containers are named by their ids,
     pending (asked again until it is there); there but not answering, degraded; gone again,
     pending again. None configured: named by their ids for good."""
@@ -135,8 +165,9 @@ async def test_a_containerd_container_waits_for_containerd_only_where_one_is_con
     resolvers = [ProcessIdentifier(c, ContainerDirectory(c)) for c in (configured, unconfigured)]
     shown = []
     try:
-        with process_in_cgroup(f"/system.slice/containerd.service/cri-containerd-{cid}.scope"
-                               ) as pid:
+        with process_in_cgroup(
+            f"/system.slice/containerd.service/cri-containerd-{cid}.scope"
+        ) as pid:
             shown.append(await resolvers[0].resolve(pid))
             stale = socket.socket(socket.AF_UNIX)
             stale.bind(sock)
@@ -149,14 +180,18 @@ async def test_a_containerd_container_waits_for_containerd_only_where_one_is_con
         for resolver in resolvers:
             resolver.close()
     assert [(s.user, s.pending, s.degraded) for s in shown] == [
-        (f"container:{cid[:12]}", True, False), ("unknown", False, True),
-        (f"container:{cid[:12]}", True, False), (f"container:{cid[:12]}", False, False)]
+        (f"container:{cid[:12]}", True, False),
+        ("unknown", False, True),
+        (f"container:{cid[:12]}", True, False),
+        (f"container:{cid[:12]}", False, False),
+    ]
     assert all(s.uid == NOBODY for s in shown)
 
 
 @async_test
 async def test_a_pods_container_no_engine_knows_while_containerd_is_down_is_degraded(
-        engine_sockets, engines):
+    engine_sockets, engines
+):
     """A bare id in a Kubernetes pod's cgroup: containerd may know it, and cannot be asked
     just now; the Docker Engine answers that it does not: not named for good by its id, but
     degraded, and asked again."""
@@ -176,8 +211,7 @@ async def test_a_pods_container_no_engine_knows_while_containerd_is_down_is_degr
 
 
 @async_test
-async def test_the_calls_of_an_engine_client_pushed_out_are_still_counted(engine_sockets,
-                                                                          engines):
+async def test_the_calls_of_an_engine_client_pushed_out_are_still_counted(engine_sockets, engines):
     """At most engine_clients clients are kept; /metrics' count of Docker API calls keeps
     those of a client pushed out."""
     owners = (OWNER, OWNER + 1, OWNER + 2)

@@ -3,6 +3,7 @@ the tests' private dockerd, its socket placed where Podman's service or a user's
 listens (a link at that path), a labelled container on it, and a real process moved into a
 cgroup of the runtime's shape naming that container. Podman itself is not run here: its service
 speaks the same API, through the same client."""
+
 import asyncio
 import os
 import socket
@@ -11,8 +12,16 @@ from dataclasses import replace
 import pytest
 
 from helpers import known_claim
-from helpers import (ROOTLESS_UID as OWNER, ScenarioFile, async_test,
-                     engines_in, gpu_running, process_in_cgroup, until, user_manager)
+from helpers import (
+    ROOTLESS_UID as OWNER,
+    ScenarioFile,
+    async_test,
+    engines_in,
+    gpu_running,
+    process_in_cgroup,
+    until,
+    user_manager,
+)
 from patroller.config import Config
 from patroller.http.views import claims
 from patroller.identify.containers import ContainerDirectory
@@ -54,7 +63,8 @@ def assert_alice(identity, container, rootless=False):
 @pytest.mark.parametrize("version", [1, 2])
 @async_test
 async def test_a_rootless_docker_container_is_named_by_its_users_engine(
-        engine, alice, engine_sockets, version):
+    engine, alice, engine_sockets, version
+):
     """(Its processes that run as shifted uids of the user's namespace are the user's too:
     tests/test_delegated_cgroups.py, with a real user and namespace.)"""
     serve_at(engine, f"{engine_sockets}/{OWNER}/docker.sock")
@@ -62,8 +72,10 @@ async def test_a_rootless_docker_container_is_named_by_its_users_engine(
     directory = ContainerDirectory(config)  # the system's Docker Engine: not there
     identifier = ProcessIdentifier(config, directory)
     path = f"{user_slice(OWNER)}/docker-{alice.id}.scope"
-    with process_in_cgroup(path, OWNER, version) as first, \
-            process_in_cgroup(path, OWNER, version) as second:
+    with (
+        process_in_cgroup(path, OWNER, version) as first,
+        process_in_cgroup(path, OWNER, version) as second,
+    ):
         identities = await asyncio.gather(identifier.resolve(first), identifier.resolve(second))
     for identity in identities:
         assert_alice(identity, alice, rootless=True)
@@ -74,7 +86,8 @@ async def test_a_rootless_docker_container_is_named_by_its_users_engine(
 
 @async_test
 async def test_a_container_in_a_users_slice_is_never_asked_of_the_systems_engine(
-        engine, alice, engine_sockets):
+    engine, alice, engine_sockets
+):
     """Anyone may name a cgroup in their own slice after someone else's container: the system's
     engine knows alice's container, but a process in another user's slice is not alice."""
     config = config_for(engine_sockets, docker_host=engine.url)
@@ -89,11 +102,13 @@ async def test_a_container_in_a_users_slice_is_never_asked_of_the_systems_engine
 
 
 @pytest.mark.parametrize("version", [1, 2])
-@pytest.mark.parametrize("shape", ["/machine.slice/libpod-{id}.scope/container",
-                                   "/libpod_parent/libpod-{id}"])
+@pytest.mark.parametrize(
+    "shape", ["/machine.slice/libpod-{id}.scope/container", "/libpod_parent/libpod-{id}"]
+)
 @async_test
 async def test_a_podman_container_is_named_by_the_podman_service(
-        engine, alice, engine_sockets, shape, version):
+    engine, alice, engine_sockets, shape, version
+):
     serve_at(engine, f"{engine_sockets}/podman.sock")
     config = config_for(engine_sockets)
     directory = ContainerDirectory(config)
@@ -107,7 +122,8 @@ async def test_a_podman_container_is_named_by_the_podman_service(
 @pytest.mark.parametrize("version", [1, 2])
 @async_test
 async def test_a_rootless_podman_container_is_named_by_its_users_service(
-        engine, alice, engine_sockets, version):
+    engine, alice, engine_sockets, version
+):
     serve_at(engine, f"{engine_sockets}/{OWNER}/podman/podman.sock")
     config = config_for(engine_sockets)
     identifier = ProcessIdentifier(config, ContainerDirectory(config))
@@ -120,7 +136,8 @@ async def test_a_rootless_podman_container_is_named_by_its_users_service(
 
 @async_test
 async def test_a_rootless_engine_that_does_not_answer_degrades_and_recovers(
-        engine, alice, engine_sockets):
+    engine, alice, engine_sockets
+):
     """The daemon: the user's engine has a socket nobody answers on (it died): the GPU's owner
     is degraded, its container known; once the engine answers there, the owner is learned."""
     path = f"{engine_sockets}/{OWNER}/docker.sock"
@@ -129,8 +146,9 @@ async def test_a_rootless_engine_that_does_not_answer_degrades_and_recovers(
     stale.bind(path)
     stale.close()  # the file stays; connections to it are refused
     scenario = ScenarioFile(os.path.join(engine_sockets, "scenario.json"), devices=[{}, {}])
-    settings = engines_in(engine_sockets, user_info_labels=("team",), docker_retry_after=0.2,
-                          owner_retry=0.2)
+    settings = engines_in(
+        engine_sockets, user_info_labels=("team",), docker_retry_after=0.2, owner_retry=0.2
+    )
     with process_in_cgroup(f"{user_slice(OWNER)}/docker-{alice.id}.scope", OWNER) as pid:
         async with gpu_running(scenario, **settings) as h:
             scenario.write(processes=[{"pid": pid, "gpu": 1, "name": "python"}])
@@ -140,8 +158,11 @@ async def test_a_rootless_engine_that_does_not_answer_degrades_and_recovers(
             assert owner["degraded"] is True and owner["user"] == "unknown"
             assert owner["container"]["id"] == alice.short and owner["uid"] == OWNER
             serve_at(engine, path)
-            await until(lambda: (claims(h.services.leases)[uuid]["user"] or {}).get("user")
-                        == f"uid:{OWNER}")
+            await until(
+                lambda: (
+                    (claims(h.services.leases)[uuid]["user"] or {}).get("user") == f"uid:{OWNER}"
+                )
+            )
             owner = (await h.ok("/status"))[uuid]["claim"]["user"]
             assert owner["email"] == "alice@example.org" and owner["account"] == f"uid:{OWNER}"
             assert owner["claimed"] is True

@@ -1,5 +1,6 @@
 """Fair use on the fake clock: per-user limits, the starvation bound, reservations for a
 duration, the administrator's release, idle detection, and the audit record."""
+
 import json
 from dataclasses import replace
 import logging
@@ -36,16 +37,20 @@ def recorded(leases):
 
 # -- limits -----------------------------------------------------------------------------------
 
+
 def test_a_user_cannot_hold_more_than_the_limit_every_way_counted(clock):
     leases = manager(clock, max_per_user=3)
     leases.request(alice, {"gpu": 2})
-    leases.process_started(leases.inventory.by_number(5).uuid, 4242, alice)  # took one by computing
+    leases.process_started(
+        leases.inventory.by_number(5).uuid, 4242, alice
+    )  # took one by computing
     with pytest.raises(OverLimit) as refused:
         leases.request(alice, {"gpu": 1})
     assert refused.value.data == {"limit": 3, "held": [0, 1, 5], "requested": {"gpu": 1}}
     assert refused.value.message == (
         "alice holds 3 device(s) (0, 1, 5) and asks for 1: the most one user may hold is 3; "
-        "release some first (/release?uuid=..., or patroller release NUMBER)")
+        "release some first (/release?uuid=..., or patroller release NUMBER)"
+    )
     leases.request(bob, {"gpu": 3})  # the limit is per user
     leases.release(alice, leases.inventory.by_number(0).uuid)
     assert [d.number for d in leases.request(alice, {"gpu": 1})] == [0]
@@ -99,6 +104,7 @@ def test_a_waiter_over_the_limit_is_refused_and_one_that_grew_over_it_waits_on(c
 
 # -- the starvation bound ----------------------------------------------------------------------
 
+
 def run_stream(clock, leases, seconds):
     """Eight GPUs held by small jobs whose leases run out in turn; every second a new small
     job asks to wait for one GPU. A 4-GPU request waits among them. When was it served?"""
@@ -140,10 +146,18 @@ def test_without_the_bound_the_big_request_starves(clock):
 def test_a_starving_waiter_is_set_aside_exactly_what_it_wants_of_each_group(clock):
     """It wants one GPU and two FPGAs; two GPUs and one FPGA are free: one GPU (not two) is
     held for it, and the other is anyone's."""
-    inventory = Inventory([Device("G0", 0), Device("G1", 1), Device("G2", 2),
-                           Device("F0", 3, group="fpga"), Device("F1", 4, group="fpga")])
-    leases = lease_manager(clock, inventory,
-                           policy=replace(policy_of(Config()), starvation_bound=30.0))
+    inventory = Inventory(
+        [
+            Device("G0", 0),
+            Device("G1", 1),
+            Device("G2", 2),
+            Device("F0", 3, group="fpga"),
+            Device("F1", 4, group="fpga"),
+        ]
+    )
+    leases = lease_manager(
+        clock, inventory, policy=replace(policy_of(Config()), starvation_bound=30.0)
+    )
     leases.request(bob, {"gpu": 3, "fpga": 2})
     waiter = leases.wait(alice, {"gpu": 1, "fpga": 2}, lambda d: None)
     clock.advance(30.0)
@@ -155,8 +169,11 @@ def test_a_starving_waiter_is_set_aside_exactly_what_it_wants_of_each_group(cloc
     assert granted.uuid == "G1"
 
 
-@pytest.mark.parametrize("waited, starving", [(30.0, True), (30.0 - 1e-6, False)],
-                         ids=["exactly-the-bound", "a-hair-under"])
+@pytest.mark.parametrize(
+    "waited, starving",
+    [(30.0, True), (30.0 - 1e-6, False)],
+    ids=["exactly-the-bound", "a-hair-under"],
+)
 def test_a_request_that_has_waited_exactly_the_bound_is_starving(clock, waited, starving):
     leases = manager(clock, starvation_bound=30.0)
     held = leases.request(bob, {"gpu": 8})
@@ -186,11 +203,15 @@ def test_devices_set_aside_are_not_free_for_a_request_and_say_for_whom(clock):
 
 # -- durations ----------------------------------------------------------------------------------
 
+
 def test_a_reservation_for_a_duration_outlives_its_processes_and_ends_on_time(clock):
     leases = manager(clock)
     [device] = leases.request(alice, {"gpu": 1}, duration=7200)
-    assert leases.hold_of(device.uuid) == {"hold": "duration", "expires": 7200.0,
-                                           "held_for_pid": None}
+    assert leases.hold_of(device.uuid) == {
+        "hold": "duration",
+        "expires": 7200.0,
+        "held_for_pid": None,
+    }
     clock.advance(3 * LEASE)
     leases.expire()
     leases.process_started(device.uuid, 4242, alice)
@@ -217,8 +238,15 @@ def test_at_its_end_a_duration_gives_way_to_the_usual_rules_and_release_ends_it_
 
 
 def test_durations_are_read_in_any_unit():
-    assert [durations.parse(t) for t in ("90", "90s", "15m", "2h", "1.5d", " 2H ", "1e3")] == \
-        [90, 90, 900, 7200, 129600, 7200, 1000]
+    assert [durations.parse(t) for t in ("90", "90s", "15m", "2h", "1.5d", " 2H ", "1e3")] == [
+        90,
+        90,
+        900,
+        7200,
+        129600,
+        7200,
+        1000,
+    ]
     for bad in ("", "2x", "-1h", "0", "h", "inf", "nan", "1_000", "\u0661\u0662", "2 hours"):
         with pytest.raises(ValueError):
             durations.parse(bad)
@@ -233,15 +261,33 @@ def test_durations_are_said_back_one_way_in_every_unit_or_two():
     daemon's messages (nothing lost), two for the command line's tables."""
     seconds = (0, 0.5, 4.99, 8, 12.4, 59.6, 90, 192, 3600, 3661, 7500, 46800, 273600, 604800, -3)
     assert [durations.describe(s) for s in seconds] == [
-        "0s", "0.5s", "5s", "8s", "12s", "1m", "1m30s", "3m12s", "1h", "1h01m01s", "2h05m",
-        "13h", "3d04h", "7d", "0s"]
-    assert [durations.describe(s, most=2) for s in (3661, 90061, 14399.4)] == \
-        ["1h01m", "1d01h", "3h59m"]
+        "0s",
+        "0.5s",
+        "5s",
+        "8s",
+        "12s",
+        "1m",
+        "1m30s",
+        "3m12s",
+        "1h",
+        "1h01m01s",
+        "2h05m",
+        "13h",
+        "3d04h",
+        "7d",
+        "0s",
+    ]
+    assert [durations.describe(s, most=2) for s in (3661, 90061, 14399.4)] == [
+        "1h01m",
+        "1d01h",
+        "3h59m",
+    ]
     for text in ("30s", "2h", "1d", "45m"):  # said back, a single unit reads as written
         assert durations.parse(durations.describe(durations.parse(text))) == durations.parse(text)
 
 
 # -- the administrator ---------------------------------------------------------------------------
+
 
 def test_root_releases_another_users_reservation_with_a_reason(clock):
     leases = manager(clock)
@@ -256,6 +302,7 @@ def test_root_releases_another_users_reservation_with_a_reason(clock):
 
 
 # -- idle ---------------------------------------------------------------------------------------
+
 
 def test_a_held_device_unused_is_idle_after_the_period_and_work_resets_it(clock):
     leases = manager(clock, idle_after=60)
@@ -310,6 +357,7 @@ def test_an_idle_reservation_without_processes_is_released_when_asked(clock):
 
 # -- the record ----------------------------------------------------------------------------------
 
+
 def test_every_change_of_hands_is_recorded(clock, tmp_path):
     leases = manager(clock)
     log = AuditLog(str(tmp_path / "audit.jsonl"), 5, 60.0, clock=lambda: 1000.0 + clock.now)
@@ -327,8 +375,13 @@ def test_every_change_of_hands_is_recorded(clock, tmp_path):
     log.close()
     lines = [json.loads(line) for line in open(tmp_path / "audit.jsonl", encoding="utf-8")]
     assert [(e["event"], e["user"]) for e in lines] == [
-        ("grant", "alice"), ("trespass", "bob"), ("claim", "carol"), ("release", "alice"),
-        ("grant", "bob"), ("expire", "bob")]
+        ("grant", "alice"),
+        ("trespass", "bob"),
+        ("claim", "carol"),
+        ("release", "alice"),
+        ("grant", "bob"),
+        ("expire", "bob"),
+    ]
     assert lines[0]["devices"] == [{"uuid": first.uuid, "number": first.number}]
     assert lines[0]["hold"] == "lease" and lines[1]["holder"] == "alice"
     assert lines[1]["pid"] == 11 and lines[0]["time"].endswith("+00:00")
@@ -348,7 +401,10 @@ def test_the_record_to_standard_output_is_a_json_line_an_event_left_open(clock, 
     [line] = capsys.readouterr().out.splitlines()
     entry = json.loads(line)
     assert (entry["event"], entry["user"], entry["devices"]) == (
-        "grant", "alice", [{"uuid": first.uuid, "number": first.number}])
+        "grant",
+        "alice",
+        [{"uuid": first.uuid, "number": first.number}],
+    )
     print("still open")
     assert capsys.readouterr().out == "still open\n"
 
@@ -373,9 +429,10 @@ def test_the_starving_waiter_is_the_longest_waiting_of_every_shape_whatever_came
     was served keeps its place with a later waiter at its head, and must not be taken for
     the longest waiting (a larger request would be overtaken for ever)."""
     queue = WaitQueue(100, 100)
-    first_one, pair, later_one = (Waiter(Identity(user=u, source="host"), wants, lambda d: None)
-                                  for u, wants in (("alice", {"gpu": 1}), ("bob", {"gpu": 2}),
-                                                   ("carol", {"gpu": 1})))
+    first_one, pair, later_one = (
+        Waiter(Identity(user=u, source="host"), wants, lambda d: None)
+        for u, wants in (("alice", {"gpu": 1}), ("bob", {"gpu": 2}), ("carol", {"gpu": 1}))
+    )
     queue.add(first_one, 0.0)
     queue.add(pair, 1.0)
     queue.add(later_one, 2.0)

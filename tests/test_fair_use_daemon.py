@@ -1,5 +1,6 @@
 """Fair use on live daemons: the 4xx answers, /users, /history, the audit file, SIGHUP, the
 administrator's release, idle GPUs and the journal's format."""
+
 import asyncio
 import json
 import os
@@ -42,6 +43,7 @@ async def test_a_reservation_for_two_hours_shows_its_end():
         ends = claim["ends_at"]
         assert ends.endswith("+00:00")
         from datetime import datetime
+
         assert 7190 < datetime.fromisoformat(ends).timestamp() - time.time() <= 7200
         status, body = await h.call("/request?gpu=1&hold=5h&user=alice")
         assert status == 400 and body["max_hold"] == 4 * 3600
@@ -58,16 +60,23 @@ async def test_the_audit_record_goes_to_its_file_and_to_history(tmp_path):
         [grant] = await h.ok("/request?gpu=1&user=alice")
         await h.ok("/release?user=alice&reason=done%20early")
         history = await h.ok(f"/history?since={began - 1}")
-        assert [(e["event"], e["user"]) for e in history] == [("grant", "alice"),
-                                                               ("release", "alice")]
+        assert [(e["event"], e["user"]) for e in history] == [
+            ("grant", "alice"),
+            ("release", "alice"),
+        ]
         assert history[1]["reason"] == "done early"
         assert history[0]["devices"] == [{"uuid": grant["uuid"], "number": 0}]
         assert await h.ok(f"/history?since={time.time() + 60}") == []
         iso = history[1]["time"]
         assert [e["event"] for e in await h.ok(f"/history?since={iso}")] == ["release"]
         assert [e["event"] for e in await h.ok("/history?limit=1")] == ["release"]
-        for bad in ("since=yesterday", "since=2026-12-03T08:00:00", "limit=0", "limit=x",
-                    "until=1"):
+        for bad in (
+            "since=yesterday",
+            "since=2026-12-03T08:00:00",
+            "limit=0",
+            "limit=x",
+            "until=1",
+        ):
             status, body = await h.call(f"/history?{bad}")
             assert status == 400, bad
     lines = [json.loads(line) for line in path.read_text().splitlines()]
@@ -79,12 +88,14 @@ def test_sighup_reads_the_limits_file_again(tmp_path):
     limits.write_text(json.dumps({"alice": 1}))
     server = ServerProcess("--test", "--limits-file", str(limits)).start()
     try:
+
         def ask(path):
             try:
                 with urllib.request.urlopen(server.url + path, timeout=10) as answer:
                     return answer.status
             except urllib.error.HTTPError as error:
                 return error.code
+
         assert ask("/request?gpu=2&user=alice") == 403
         assert ask("/request?gpu=2&user=bob") == 200  # no default limit
         limits.write_text("{broken")
@@ -119,13 +130,23 @@ async def test_root_releases_another_users_reservation_and_the_record_says_why(t
     if os.getuid() != 0:
         pytest.skip("the administrator is the host's root: run as root")
     from test_trust_callers import python_for
+
     scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=[{}, {}])
     async with gpu_running(scenario, lease=300) as h:
         python = python_for(NOBODY)
         loop = asyncio.get_running_loop()  # the daemon runs on this loop: never block it
-        result = await loop.run_in_executor(None, lambda: subprocess.run(
-            [python, "-c", ASK, str(h.port), "/request?gpu=1"], capture_output=True, text=True,
-            timeout=60, user=NOBODY, group=NOBODY, extra_groups=[]))
+        result = await loop.run_in_executor(
+            None,
+            lambda: subprocess.run(
+                [python, "-c", ASK, str(h.port), "/request?gpu=1"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                user=NOBODY,
+                group=NOBODY,
+                extra_groups=[],
+            ),
+        )
         assert result.returncode == 0, result.stderr
         status, [grant] = json.loads(result.stdout)
         assert status == 200
@@ -139,18 +160,20 @@ async def test_root_releases_another_users_reservation_and_the_record_says_why(t
 
 
 @async_test
-async def test_an_idle_reservation_shows_idle_and_is_released_when_configured(tmp_path,
-                                                                               sleeper):
+async def test_an_idle_reservation_shows_idle_and_is_released_when_configured(tmp_path, sleeper):
     scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=[{}, {}, {}])
     async with gpu_running(scenario, lease=300, idle_after=1.0, idle_release=3.0) as h:
         [reserved] = await h.ok("/request?gpu=1")
         # gpu 1: someone computes on it unasked, with little memory and no SM: idle too
-        scenario.write(processes=[{"pid": sleeper.pid, "gpu": 1, "name": "python",
-                                   "used_mib": 100, "sm": 0}])
+        scenario.write(
+            processes=[{"pid": sleeper.pid, "gpu": 1, "name": "python", "used_mib": 100, "sm": 0}]
+        )
         busy = h.uuids()[1]
         await until(lambda: known_claim(h.services.leases, busy))
-        await until(lambda: (h.api.status.data()[reserved["uuid"]]["claim"]["idle_for"]
-                             or 0) >= 1, timeout=10)
+        await until(
+            lambda: (h.api.status.data()[reserved["uuid"]]["claim"]["idle_for"] or 0) >= 1,
+            timeout=10,
+        )
         users = await h.ok("/users")
         me = host_identity(os.getuid()).user
         assert users[me]["unreserved"] == 1 and users[me]["reserved_unused"] == 1
@@ -164,6 +187,7 @@ async def test_an_idle_reservation_shows_idle_and_is_released_when_configured(tm
 
 def test_log_lines_for_the_journal_carry_their_priority(tmp_path):
     import logging
+
     record = logging.LogRecord("patroller.leases", logging.WARNING, "", 0, "lost GPU", (), None)
     assert JournalFormatter().format(record) == "<4>patroller.leases: lost GPU"
     os.environ.pop("JOURNAL_STREAM", None)
@@ -172,10 +196,16 @@ def test_log_lines_for_the_journal_carry_their_priority(tmp_path):
     log = tmp_path / "journal"
     with open(log, "w") as stream:
         info = os.fstat(stream.fileno())
-        env = {**os.environ, "JOURNAL_STREAM": f"{info.st_dev}:{info.st_ino}",
-               "PATROLLER_STATE_DIR": ""}
-        process = subprocess.Popen([sys.executable, "-m", "patroller", "--test", "--port", "0",
-                                    "--address", "127.0.0.1"], stderr=stream, env=env)
+        env = {
+            **os.environ,
+            "JOURNAL_STREAM": f"{info.st_dev}:{info.st_ino}",
+            "PATROLLER_STATE_DIR": "",
+        }
+        process = subprocess.Popen(
+            [sys.executable, "-m", "patroller", "--test", "--port", "0", "--address", "127.0.0.1"],
+            stderr=stream,
+            env=env,
+        )
         try:
             deadline = time.monotonic() + 20
             while "serving" not in log.read_text():
@@ -191,12 +221,19 @@ def test_log_lines_for_the_journal_carry_their_priority(tmp_path):
 def test_a_limits_file_nested_too_deeply_stops_the_start_with_one_line(tmp_path):
     limits = tmp_path / "limits.json"
     limits.write_text("[" * 100000)
-    done = subprocess.run([sys.executable, "-m", "patroller", "--test", "--port", "0",
-                           "--limits-file", str(limits)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": ROOT})
+    done = subprocess.run(
+        [sys.executable, "-m", "patroller", "--test", "--port", "0", "--limits-file", str(limits)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
     assert done.returncode == 1
-    assert done.stderr.splitlines() == [f"patroller: --limits-file: {limits} is nested too "
-                                        "deeply: it holds one object of user: limit"]
+    assert done.stderr.splitlines() == [
+        f"patroller: --limits-file: {limits} is nested too "
+        "deeply: it holds one object of user: limit"
+    ]
 
 
 def test_sighup_with_a_fifo_for_limits_file_keeps_serving(tmp_path):

@@ -5,6 +5,7 @@ connections until it cannot accept more. Found on the first version: accept() fa
 in a loop, 100% CPU and 358 MB of log a minute. Idle is counted, not timed: the failed accept()
 calls (patroller_accept_failures_total) in a window, each of which must be followed by a pause.
 """
+
 import json
 import os
 import re
@@ -13,7 +14,6 @@ import select
 import socket
 import subprocess
 import time
-from typing import List, Tuple
 
 from helpers import ServerProcess
 from patroller.config import Config
@@ -29,8 +29,9 @@ def limited() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (LIMIT, LIMIT))
 
 
-def exchange(sock: socket.socket, request: bytes = REQUEST,
-             timeout: float = 5.0) -> Tuple[bytes, bytes]:
+def exchange(
+    sock: socket.socket, request: bytes = REQUEST, timeout: float = 5.0
+) -> tuple[bytes, bytes]:
     """The head and the body of the answer to one request on a keep-alive connection."""
     sock.settimeout(timeout)
     sock.sendall(request)
@@ -72,7 +73,7 @@ def wait_for(predicate, timeout: float = 15.0) -> None:
 
 def test_at_the_open_file_limit_it_serves_open_connections_quietly_and_recovers():
     server = ServerProcess("--test", preexec_fn=limited).start()
-    flood: List[socket.socket] = []
+    flood: list[socket.socket] = []
     try:
         keep = connect(server)
         assert answered(keep).startswith(b"HTTP/1.1 200")
@@ -96,10 +97,13 @@ def test_at_the_open_file_limit_it_serves_open_connections_quietly_and_recovers(
             time.sleep(1)
         failed, wall = accept_failures(keep) - failed, time.monotonic() - wall
         grew = len(server.log.splitlines()) - lines
-        print(f"at the limit for {wall:.1f} s: {failed:.0f} failed accept() calls, "
-              f"{grew} log lines")
-        assert failed <= 1 + wall / FIRST_PAUSE, f"{failed:.0f} failed accept() calls in " \
+        print(
+            f"at the limit for {wall:.1f} s: {failed:.0f} failed accept() calls, {grew} log lines"
+        )
+        assert failed <= 1 + wall / FIRST_PAUSE, (
+            f"{failed:.0f} failed accept() calls in "
             f"{wall:.1f} s: accept() is retried without a pause"
+        )
         assert grew <= 3, server.log[-3000:]  # one line a minute at most, not one per retry
 
         for sock in flood:
@@ -170,26 +174,46 @@ def test_slow_heads_from_one_uid_keep_nobody_else_out():
     # uid, each sending a partial head, refused every other caller for 5 minutes.
     if os.getuid() != 0:
         import pytest
+
         pytest.skip("the slow client runs as uid 65534: run as root")
     from test_trust_callers import python_for
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < 2048:
         import pytest
+
         pytest.skip(f"the hard descriptor limit ({hard}) leaves no room above 1,024")
 
     def service_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
 
     per_caller = 300
-    server = ServerProcess("--test", "--max-connections-per-caller", str(per_caller),
-                           "--header-timeout", "600",  # no head ends: only the limit closes
-                           preexec_fn=service_limit).start()
+    server = ServerProcess(
+        "--test",
+        "--max-connections-per-caller",
+        str(per_caller),
+        "--header-timeout",
+        "600",  # no head ends: only the limit closes
+        preexec_fn=service_limit,
+    ).start()
     slow = None
     try:
-        slow = subprocess.Popen([python_for(65534), "-c", SLOW, server.server.rsplit(":", 1)[1],
-                                 "1100", str(per_caller)], user=65534, group=65534, extra_groups=[],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        slow = subprocess.Popen(
+            [
+                python_for(65534),
+                "-c",
+                SLOW,
+                server.server.rsplit(":", 1)[1],
+                "1100",
+                str(per_caller),
+            ],
+            user=65534,
+            group=65534,
+            extra_groups=[],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         opened, queued, still = json.loads(slow.stdout.readline())
         assert opened == 1100 and queued == 0
         assert still <= per_caller  # the rest were closed as they came

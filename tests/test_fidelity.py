@@ -1,13 +1,12 @@
 """Fidelity in GPU host mode, on the simulator: every figure in every era, per-process figures,
 GPUs lost and added while the daemon runs, and processes pmon cannot attribute (MIG, blind)."""
-import asyncio
+
 import os
 
 import pytest
 
 from helpers import known_claim
-from helpers import (FakeClock, ScenarioFile, async_test, gpu_running, lease_manager, running,
-                     until)
+from helpers import FakeClock, ScenarioFile, async_test, gpu_running, lease_manager, running, until
 from patroller.core.devices import Device, Inventory
 from patroller.core.errors import Busy, Unsatisfiable
 from patroller.core.identity import named_user
@@ -25,13 +24,14 @@ def sampled(h):
 @pytest.mark.parametrize("era", ERAS)
 @async_test
 async def test_every_figure_is_there_in_every_era(tmp_path, era):
-    scenario = ScenarioFile(str(tmp_path / "scenario.json"), era=era,
-                            devices=[{"memory_mib": 16384}, {}])
+    scenario = ScenarioFile(
+        str(tmp_path / "scenario.json"), era=era, devices=[{"memory_mib": 16384}, {}]
+    )
     async with gpu_running(scenario) as h:
         await until(lambda: sampled(h))
         status = await h.ok("/status")
         for uuid, entry in status.items():
-            assert list(entry)[:len(FIELDS)] == list(FIELDS), era
+            assert list(entry)[: len(FIELDS)] == list(FIELDS), era
             assert set(entry) == {*FIELDS, "updated", "topology", "stale", "claim"}, era
             assert isinstance(entry["fb"], int), (era, entry)  # dmon -s m: memory used
             assert isinstance(entry["power"], (int, float)) and isinstance(entry["sm"], int)
@@ -71,24 +71,43 @@ async def test_a_figure_the_driver_does_not_print_is_null(tmp_path):
 async def test_each_process_shows_its_memory_and_sm(tmp_path, sleeper):
     scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=[{}, {}])
     async with gpu_running(scenario) as h:
-        scenario.write(processes=[{"pid": sleeper.pid, "gpu": 1, "name": "python",
-                                   "used_mib": 4096, "sm": 95, "mem": 40}])
+        scenario.write(
+            processes=[
+                {
+                    "pid": sleeper.pid,
+                    "gpu": 1,
+                    "name": "python",
+                    "used_mib": 4096,
+                    "sm": 95,
+                    "mem": 40,
+                }
+            ]
+        )
         uuid = h.uuids()[1]
 
         def detail():
             found = h.api.status.data()[uuid]["claim"]["process_detail"]
             return found[0] if found and found[0]["fb"] is not None else None
+
         await until(lambda: detail() is not None)
         shown = (await h.ok("/status"))[uuid]
         [process] = shown["claim"]["process_detail"]
-        assert process == {"pid": sleeper.pid, "user": process["user"], "command": "python",
-                           "trespass": False, "sm": 95, "mem": 40, "fb": 4096}
+        assert process == {
+            "pid": sleeper.pid,
+            "user": process["user"],
+            "command": "python",
+            "trespass": False,
+            "sm": 95,
+            "mem": 40,
+            "fb": 4096,
+        }
         assert shown["claim"]["processes"] == [sleeper.pid]  # the old field, as it was
         # the device's memory follows its processes
         await until(lambda: (h.services.stats.view(uuid)["fb"] or 0) >= 4096)
 
 
 # -- GPUs that change --------------------------------------------------------------------------
+
 
 def test_a_lost_device_is_never_granted_and_a_new_one_is():
     clock = FakeClock()
@@ -113,8 +132,13 @@ def test_a_lost_device_is_never_granted_and_a_new_one_is():
 
 @async_test
 async def test_a_gpu_removed_while_running_becomes_lost_and_one_added_appears(tmp_path, sleeper):
-    devices = [{"uuid": f"GPU-{n}000000-5a1e-4e57-8000-00000000000{n}",
-                "pci": f"00000000:{n + 1:02X}:00.0"} for n in range(3)]
+    devices = [
+        {
+            "uuid": f"GPU-{n}000000-5a1e-4e57-8000-00000000000{n}",
+            "pci": f"00000000:{n + 1:02X}:00.0",
+        }
+        for n in range(3)
+    ]
     scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=devices)
     async with gpu_running(scenario, inventory_every=0.5) as h:
         await until(lambda: sampled(h))
@@ -144,18 +168,34 @@ async def test_a_gpu_removed_while_running_becomes_lost_and_one_added_appears(tm
 
 # -- processes pmon cannot attribute -------------------------------------------------------------
 
+
 @async_test
 async def test_a_mig_gpus_processes_are_found_by_the_cross_check(tmp_path, sleeper):
-    mig = {"name": "NVIDIA H100 80GB HBM3", "mig": "Enabled",
-           "mig_devices": [{"gpu_instance_id": 1, "compute_instance_id": 0, "memory_mib": 9856},
-                           {"gpu_instance_id": 2, "compute_instance_id": 0, "memory_mib": 9856}]}
+    mig = {
+        "name": "NVIDIA H100 80GB HBM3",
+        "mig": "Enabled",
+        "mig_devices": [
+            {"gpu_instance_id": 1, "compute_instance_id": 0, "memory_mib": 9856},
+            {"gpu_instance_id": 2, "compute_instance_id": 0, "memory_mib": 9856},
+        ],
+    }
     scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=[mig, {}])
     async with gpu_running(scenario, cross_check_every=0.3) as h:
         target = h.uuids()[0]
         listed = (await h.ok("/devices"))[target]
         assert listed["mig_mode"] == "Enabled" and len(listed["mig_instances"]) == 2
-        scenario.write(processes=[{"pid": sleeper.pid, "gpu": 0, "name": "python",
-                                   "used_mib": 2048, "gi": 1, "ci": 0}])
+        scenario.write(
+            processes=[
+                {
+                    "pid": sleeper.pid,
+                    "gpu": 0,
+                    "name": "python",
+                    "used_mib": 2048,
+                    "gi": 1,
+                    "ci": 0,
+                }
+            ]
+        )
         await until(lambda: known_claim(h.services.leases, target), timeout=10)
         claim = (await h.ok("/status"))[target]["claim"]
         assert claim["processes"] == [sleeper.pid]
@@ -168,8 +208,7 @@ async def test_a_mig_gpus_processes_are_found_by_the_cross_check(tmp_path, sleep
 
 @async_test
 async def test_a_blind_gpus_processes_are_found_by_the_cross_check(tmp_path, sleeper):
-    scenario = ScenarioFile(str(tmp_path / "scenario.json"),
-                            devices=[{}, {"pmon_blind": True}])
+    scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=[{}, {"pmon_blind": True}])
     async with gpu_running(scenario, cross_check_every=0.3) as h:
         target = h.uuids()[1]
         await until(lambda: sampled(h))
@@ -178,8 +217,11 @@ async def test_a_blind_gpus_processes_are_found_by_the_cross_check(tmp_path, sle
         check.candidates = lambda: asked.append(candidates()) or asked[-1]
         await until(lambda: len(asked) >= 3)  # three ticks, each asking for candidates
         assert asked[-3:] == [set()] * 3 and check.metrics().runs == 0  # idle: no query
-        scenario.write(processes=[{"pid": sleeper.pid, "gpu": 1, "name": "python",
-                                   "used_mib": 3000, "sm": 80}])
+        scenario.write(
+            processes=[
+                {"pid": sleeper.pid, "gpu": 1, "name": "python", "used_mib": 3000, "sm": 80}
+            ]
+        )
         await until(lambda: known_claim(h.services.leases, target), timeout=10)
         [detail] = (await h.ok("/status"))[target]["claim"]["process_detail"]
         assert detail["pid"] == sleeper.pid and detail["fb"] == 3000

@@ -1,4 +1,5 @@
 """The processes' figures (observe/figures.py): merged when read, in the order they came."""
+
 from patroller.observe.figures import ProcessFigures, has_figure
 
 GPU, OTHER = "GPU-a", "GPU-b"

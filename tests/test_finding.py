@@ -2,6 +2,7 @@
 PATROLLER_SERVER, then the configuration file's socket and port, then port 8080; one message
 naming each place tried when none answers. Against a real daemon on a unix socket in a
 temporary directory and on a loopback port; a refused port is one bound and never listened on."""
+
 import os
 import re
 import socket
@@ -78,8 +79,9 @@ def test_then_the_default_port(daemon, nowhere, monkeypatch):
     assert finding.find(os.environ) == f"localhost:{client.DEFAULT_PORT}"
 
 
-def test_when_none_answers_one_message_names_each_place_tried(nowhere, monkeypatch, refused,
-                                                             capsys):
+def test_when_none_answers_one_message_names_each_place_tried(
+    nowhere, monkeypatch, refused, capsys
+):
     monkeypatch.setenv("PATROLLER_SERVER", f"127.0.0.1:{refused}")
     assert cli_main(["status"]) == 69
     said = capsys.readouterr().err
@@ -89,7 +91,8 @@ def test_when_none_answers_one_message_names_each_place_tried(nowhere, monkeypat
         f"connection refused); {nowhere}/no.toml (no such file or directory); "
         f"localhost:{refused} (the default port: connection refused). Name it with --server "
         "HOST:PORT (or unix:///path/to/socket) or PATROLLER_SERVER, or give the daemon's port "
-        f"or socket in {nowhere}/no.toml\n")
+        f"or socket in {nowhere}/no.toml\n"
+    )
     monkeypatch.delenv("PATROLLER_SERVER")
     (nowhere / "no.toml").write_text("lease = 3\n")
     assert cli_main(["users"]) == 69
@@ -115,8 +118,14 @@ def test_many_hosts_need_no_server_of_its_own(daemon, nowhere, capsys):
 def test_patroller_socket_names_the_socket_for_the_command_line(daemon, tmp_path):
     env = {name: value for name, value in os.environ.items() if name != "PATROLLER_SERVER"}
     env.update(PYTHONPATH=ROOT, PATROLLER_SOCKET=daemon.socket, PATROLLER_CONFIG="none")
-    done = subprocess.run([sys.executable, "-m", "patroller", "status"], env=env,
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "patroller", "status"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0 and "A100" in done.stdout, done.stderr
 
 
@@ -129,5 +138,6 @@ def test_one_default_port_everywhere():
     assert "--port" not in unit.split("ExecStart=")[1].split("\n")[0]  # the default: 8080
     assert finding.SOCKET in unit and finding.CONFIG_FILE in unit
     import patroller.config.file as configfile  # its DEFAULT_PATH as written (conftest moves it)
+
     source = open(configfile.__file__, encoding="utf-8").read()
     assert f'\nDEFAULT_PATH = "{finding.CONFIG_FILE}"' in source

@@ -2,6 +2,7 @@
 never answers; every request goes out at once, each with its own timeout, the table is drawn at
 one overall deadline whatever the hosts do, and the dead ones are shown as such (refused, not
 answering, no answer yet) without holding up the rest."""
+
 import json
 import os
 import re
@@ -26,8 +27,14 @@ TIMED = ("--host-timeout", "3", "--deadline", "60")
 
 
 def patroller(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "patroller.cli", *args], capture_output=True,
-                          text=True, timeout=120, cwd=ROOT, env={**ENV, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "patroller.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**ENV, **(env or {})},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +58,14 @@ def test_one_table_for_every_host_and_the_dead_ones_said(fleet):
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].split()[:3] == ["GPU", "NAME", "STATE"]  # piped: every column
-    at = {host: lines.index(next(line for line in lines if line.startswith(host + "  ")))
-          for host in fleet}
+    at = {
+        host: lines.index(next(line for line in lines if line.startswith(host + "  ")))
+        for host in fleet
+    }
     assert list(at.values()) == sorted(at.values())  # in the order given
     for host in (fleet[0], fleet[2]):
         assert lines[at[host]].startswith(f"{host}  8 GPUs: ")
-        rows = lines[at[host] + 1:at[host] + 9]
+        rows = lines[at[host] + 1 : at[host] + 9]
         assert [row.split()[0] for row in rows] == [str(n) for n in range(8)]
     assert lines[at[fleet[1]]] == f"{fleet[1]}  refused: connection refused"
     assert lines[at[fleet[3]]].startswith(f"{fleet[3]}  not answering: ")  # its timeout
@@ -64,7 +73,7 @@ def test_one_table_for_every_host_and_the_dead_ones_said(fleet):
         assert not re.match(r"\d+\s\s", lines[at[host] + 1])  # no GPU row under it
     assert lines[-1] == "4 hosts, 1 refused, 1 not answering; 16 GPUs: 9 free, 7 reserved"
     assert lines[at[fleet[0]]] == f"{fleet[0]}  8 GPUs: 1 free, 7 reserved"
-    assert [line for line in lines[at[fleet[0]]:at[fleet[1]]] if " alice " in line]
+    assert [line for line in lines[at[fleet[0]] : at[fleet[1]]] if " alice " in line]
 
 
 def test_free_lists_the_hosts_with_that_many_free_gpus(fleet):
@@ -88,8 +97,7 @@ def test_the_same_as_json_from_a_file_or_the_environment(fleet, tmp_path):
     assert [h["state"] for h in answer] == ["up", "refused", "up", "not answering"]
     assert answer[1]["error"] and answer[3]["error"] and answer[0]["error"] is None
     assert len(answer[2]["status"]) == len(answer[2]["devices"]) == 8
-    by_env = patroller("status", "--free", "8", *TIMED,
-                       env={"PATROLLER_HOSTS": " ".join(fleet)})
+    by_env = patroller("status", "--free", "8", *TIMED, env={"PATROLLER_HOSTS": " ".join(fleet)})
     assert by_env.stdout == f"{fleet[2]}  8 free\n", by_env.stderr
 
 
@@ -132,8 +140,15 @@ def test_the_table_is_drawn_at_the_deadline_whatever_the_hosts_do(fleet, how):
         hosts = ",".join(fleet[:3] + quiet)
         deadline = ["--deadline", "4"] if how == "flag" else []
         began = time.monotonic()
-        done = patroller("status", "--hosts", hosts, "--host-timeout", "120", *deadline,
-                         env={} if how == "flag" else {"PATROLLER_HOSTS_DEADLINE": "4"})
+        done = patroller(
+            "status",
+            "--hosts",
+            hosts,
+            "--host-timeout",
+            "120",
+            *deadline,
+            env={} if how == "flag" else {"PATROLLER_HOSTS_DEADLINE": "4"},
+        )
         took = time.monotonic() - began
     finally:
         for sock in silent:
@@ -179,8 +194,10 @@ def answering_late(after):
     def answer(conn):
         time.sleep(after)
         with conn:
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: 2\r\nConnection: close\r\n\r\n{}")
+            conn.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 2\r\nConnection: close\r\n\r\n{}"
+            )
 
     def serve():
         while True:
@@ -199,6 +216,7 @@ def test_the_deadline_counts_the_time_the_requests_took_to_start(monkeypatch):
     thread per request (hundreds of hosts, a loaded machine) are part of it, not added after
     it. Here they pass it, so a host that answers a moment later is no answer yet."""
     from patroller.cli import fleet as hosts_table
+
     slow = SlowStarts()
     monkeypatch.setattr(hosts_table, "time", slow.time)
     monkeypatch.setattr(hosts_table, "threading", slow.threading)
@@ -207,8 +225,12 @@ def test_the_deadline_counts_the_time_the_requests_took_to_start(monkeypatch):
         host = f"127.0.0.1:{late.getsockname()[1]}"
         [answer] = hosts_table.ask_all([host], timeout=30, deadline=1.5)
         assert (answer.state, answer.error) == (hosts_table.LATE, "none within the 1.5 s deadline")
-        found = hosts_table.at_once([host, host], lambda h: (time.sleep(0.5), "answered")[1],
-                                    deadline=1.5, late=lambda h: "late")
+        found = hosts_table.at_once(
+            [host, host],
+            lambda h: (time.sleep(0.5), "answered")[1],
+            deadline=1.5,
+            late=lambda h: "late",
+        )
         assert found == ["late", "late"]
     finally:
         late.close()

@@ -4,6 +4,7 @@
 holder only by the pseudonym the host shows everyone, on the first asking (Tornado) and on the
 next ones (the fast lane, on the connection kept open); root asking the host itself still reads
 every name."""
+
 import asyncio
 import json
 
@@ -42,8 +43,9 @@ async def test_a_fleet_daemon_that_shows_names_hears_only_the_hidden_view(scenar
             for asked in (1, 4):  # the first asking, then later ones on the kept connection
                 body, gpu = await heard(fleet, uuid, asked)
                 assert gpu["user"]["user"] == pseudonym, gpu
-                assert [gpu["user"][k] for k in ("email", "account", "uid", "container")] \
-                    == [None] * 4, gpu
+                assert [gpu["user"][k] for k in ("email", "account", "uid", "container")] == [
+                    None
+                ] * 4, gpu
                 assert [u["user"] for u in gpu["users"]] in ([], [pseudonym]), gpu
                 assert f'"{holder}"' not in json.dumps(body), body
         assert (await host.ok("/status"))[uuid]["claim"]["user"]["user"] == holder  # as ever

@@ -6,18 +6,19 @@ than a host may have. The fleet daemon stays small and quick, its /fleet.json an
 is shown "failed: bad answer" with why, the honest host as ever, on /fleet.json, on the page in
 Chromium and in `patroller status --hosts`. And the page draws each host on its own, even from
 a /fleet.json that no daemon would send."""
+
 from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List
+from typing import Any
+from collections.abc import Callable
 
 import pytest
 
@@ -31,7 +32,7 @@ INTERVAL = 0.5  # --fleet-interval
 WEB = os.path.join(ROOT, "patroller", "http", "web")
 
 
-def answer(server: ServerProcess, path: str) -> Dict[str, Any]:
+def answer(server: ServerProcess, path: str) -> dict[str, Any]:
     with urllib.request.urlopen(server.url + path, timeout=30) as response:
         return json.loads(response.read())
 
@@ -45,16 +46,16 @@ def memory_mib(pid: int, field: str) -> int:
 @dataclass
 class Lying:
     honest: ServerProcess  # a real daemon, answering as Patroller does
-    liars: Dict[str, liars.LyingServer]  # by attack
-    said: Dict[str, str]  # by attack: what the fleet view must say of that liar
+    liars: dict[str, liars.LyingServer]  # by attack
+    said: dict[str, str]  # by attack: what the fleet view must say of that liar
     daemon: ServerProcess  # the fleet daemon: every liar, then the honest host
-    answer: Dict[str, Any]  # its /fleet.json once every liar was asked twice
+    answer: dict[str, Any]  # its /fleet.json once every liar was asked twice
 
 
 @pytest.fixture(scope="module")
 def lying():
     honest = ServerProcess("--test", "--lease", "300").start()
-    started: List[liars.LyingServer] = []
+    started: list[liars.LyingServer] = []
     daemon = None
     try:
         assert answer(honest, "/request?gpu=1&user=alice@example.org")
@@ -64,9 +65,15 @@ def lying():
             started.append(liars.LyingServer(answers).start())
             said[name] = words
         by_attack = dict(zip(said, started))
-        daemon = ServerProcess("--test", "--fleet", ",".join(
-            [liar.host for liar in started] + [honest.server]),
-            "--fleet-interval", str(INTERVAL), "--fleet-timeout", "5").start()
+        daemon = ServerProcess(
+            "--test",
+            "--fleet",
+            ",".join([liar.host for liar in started] + [honest.server]),
+            "--fleet-interval",
+            str(INTERVAL),
+            "--fleet-timeout",
+            "5",
+        ).start()
         deadline = time.monotonic() + 30
         while not all(liar.asked.get("/devices", 0) >= 2 for liar in started):
             assert time.monotonic() < deadline, {n: s.asked for n, s in by_attack.items()}
@@ -85,23 +92,34 @@ def test_every_liar_is_shown_failed_with_why_and_the_honest_host_as_ever(lying):
     for name, liar in lying.liars.items():
         shown = hosts[liar.host]
         assert shown["state"] == "failed" and shown["gpus"] == [], (name, shown)
-        assert shown["error"].startswith("bad answer: ") and lying.said[name] in shown["error"], \
-            (name, shown["error"])
+        assert shown["error"].startswith("bad answer: ") and lying.said[name] in shown["error"], (
+            name,
+            shown["error"],
+        )
     honest = hosts[lying.honest.server]
     assert honest["state"] == "up" and [g["number"] for g in honest["gpus"]] == list(range(8))
     assert honest["free"] == 7 and honest["error"] is None
-    assert lying.answer["totals"] == {"hosts": len(lying.liars) + 1, "answering": 1, "gpus": 8,
-                                      "free": 7, "states": {"free": 7, "reserved": 1}}
+    assert lying.answer["totals"] == {
+        "hosts": len(lying.liars) + 1,
+        "answering": 1,
+        "gpus": 8,
+        "free": 7,
+        "states": {"free": 7, "reserved": 1},
+    }
     assert "Traceback" not in lying.daemon.log, lying.daemon.log
 
 
 def test_nothing_past_the_bound_is_read_and_the_daemon_stays_small_and_quick(lying):
     hosts = by_host(lying.answer)
-    assert hosts[lying.liars["huge"].host]["error"] == \
-        "bad answer: /devices is 7800001 bytes, more than 1048576 (--fleet-max-bytes)"
+    assert (
+        hosts[lying.liars["huge"].host]["error"]
+        == "bad answer: /devices is 7800001 bytes, more than 1048576 (--fleet-max-bytes)"
+    )
     # An answer that never ends would be read until --fleet-timeout (5 s), and said so.
-    assert hosts[lying.liars["endless"].host]["error"] == \
-        "bad answer: /devices is more than 1048576 bytes (--fleet-max-bytes)"
+    assert (
+        hosts[lying.liars["endless"].host]["error"]
+        == "bad answer: /devices is more than 1048576 bytes (--fleet-max-bytes)"
+    )
     pid = lying.daemon.process.pid
     huge = lying.liars["huge"]
     asked = huge.asked["/devices"]
@@ -111,9 +129,9 @@ def test_nothing_past_the_bound_is_read_and_the_daemon_stays_small_and_quick(lyi
     assert sum(t > 0.1 for t in took) < len(took) / 4, sorted(took)
 
 
-def askings(daemon: ServerProcess, done: Callable[[], bool]) -> List[float]:
+def askings(daemon: ServerProcess, done: Callable[[], bool]) -> list[float]:
     """Seconds each /status took, asked every 20 ms from threads of their own until done()."""
-    took: List[float] = []
+    took: list[float] = []
 
     def ask() -> None:
         began = time.monotonic()
@@ -136,8 +154,9 @@ def test_a_true_but_dear_answer_is_checked_off_the_event_loop(lying):
     as ever."""
     devices, status = answer(lying.honest, "/devices"), answer(lying.honest, "/status")
     dear = liars.LyingServer(liars.heavy(devices, status, Config.fleet_max_bytes)).start()
-    daemon = ServerProcess("--test", "--fleet", dear.host, "--fleet-interval",
-                           str(INTERVAL)).start()
+    daemon = ServerProcess(
+        "--test", "--fleet", dear.host, "--fleet-interval", str(INTERVAL)
+    ).start()
     try:
         deadline = time.monotonic() + 20
         while dear.asked.get("/status", 0) < 2:
@@ -159,8 +178,14 @@ def test_a_true_but_dear_answer_is_checked_off_the_event_loop(lying):
 
 def test_the_bound_is_the_flags_or_its_variables(lying):
     # /status of the honest host's eight GPUs is about 4.6 KB: over a bound of 4 KiB.
-    daemon = ServerProcess("--test", "--fleet", lying.honest.server, "--fleet-interval",
-                           str(INTERVAL), env={"PATROLLER_FLEET_MAX_BYTES": "4KiB"}).start()
+    daemon = ServerProcess(
+        "--test",
+        "--fleet",
+        lying.honest.server,
+        "--fleet-interval",
+        str(INTERVAL),
+        env={"PATROLLER_FLEET_MAX_BYTES": "4KiB"},
+    ).start()
     try:
         deadline = time.monotonic() + 20
         while by_host(fleet_json(daemon)[1])[lying.honest.server]["state"] != "failed":
@@ -174,43 +199,81 @@ def test_the_bound_is_the_flags_or_its_variables(lying):
 
 def test_the_command_lines_fleet_view_shows_every_liar_and_the_honest_host(lying):
     hosts = [liar.host for liar in lying.liars.values()] + [lying.honest.server]
-    done = subprocess.run([sys.executable, "-m", "patroller.cli", "status", "--hosts",
-                           ",".join(hosts), "--host-timeout", "5"], capture_output=True,
-                          text=True, timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "patroller.cli",
+            "status",
+            "--hosts",
+            ",".join(hosts),
+            "--host-timeout",
+            "5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
     assert done.returncode == 0 and not done.stderr, done.stderr
     lines = done.stdout.splitlines()
     for name, liar in lying.liars.items():
         [why] = [line for line in lines if line.startswith(liar.host + " ")]  # its own line
-        assert why.startswith(liar.host + "  not answering: bad answer: ") and \
-            lying.said[name] in why, (name, why)
+        assert (
+            why.startswith(liar.host + "  not answering: bad answer: ") and lying.said[name] in why
+        ), (name, why)
     honest = lines.index(next(line for line in lines if line.startswith(lying.honest.server)))
     assert lines[honest] == f"{lying.honest.server}  8 GPUs: 7 free, 1 reserved"
-    assert [line.split()[0] for line in lines[honest + 1:honest + 9]] == list("01234567")
-    assert lines[-1] == f"{len(hosts)} hosts, {len(lying.liars)} not answering; 8 GPUs: " \
-                        "7 free, 1 reserved", lines[-1]
-    as_json = subprocess.run([sys.executable, "-m", "patroller.cli", "status", "--hosts",
-                              ",".join(hosts), "--host-timeout", "5", "--json"],
-                             capture_output=True, text=True, timeout=120, cwd=ROOT,
-                             env={**os.environ, "PYTHONPATH": ROOT})
+    assert [line.split()[0] for line in lines[honest + 1 : honest + 9]] == list("01234567")
+    assert (
+        lines[-1] == f"{len(hosts)} hosts, {len(lying.liars)} not answering; 8 GPUs: "
+        "7 free, 1 reserved"
+    ), lines[-1]
+    as_json = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "patroller.cli",
+            "status",
+            "--hosts",
+            ",".join(hosts),
+            "--host-timeout",
+            "5",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
     shown = {host["host"]: host for host in json.loads(as_json.stdout)["hosts"]}
     assert shown[lying.honest.server]["free"] == 7
-    assert all(shown[liar.host]["error"].startswith("bad answer: ")
-               for liar in lying.liars.values())
+    assert all(
+        shown[liar.host]["error"].startswith("bad answer: ") for liar in lying.liars.values()
+    )
 
 
 def test_the_page_shows_the_honest_host_and_each_liar_marked(lying):
     page = browser()
     try:
         page.open(lying.daemon.url + "/fleet")
-        honest = panel_where(page, lying.honest.server, "its GPUs",
-                             lambda p: p["state"] == "up" and len(p["rows"]) == 8)
+        honest = panel_where(
+            page,
+            lying.honest.server,
+            "its GPUs",
+            lambda p: p["state"] == "up" and len(p["rows"]) == 8,
+        )
         assert [r for r in honest["rows"] if r["user"] == "alice@example.org"]
         panels = {p["host"]: p for p in host_panels(page)}
         for name, liar in lying.liars.items():
             shown = panels[liar.host]
             assert shown["state"] == "failed" and not shown["rows"], (name, shown)
-            assert "bad answer: " in shown["text"] and lying.said[name] in shown["text"], \
-                (name, shown["text"])
+            assert "bad answer: " in shown["text"] and lying.said[name] in shown["text"], (
+                name,
+                shown["text"],
+            )
         assert page.js("return document.body.dataset.connection") == "live"
         errors = [e for e in page.console() if e.get("level") == "SEVERE"]
         assert not errors, errors
@@ -225,28 +288,41 @@ def test_the_page_draws_each_host_on_its_own_whatever_fleet_json_says(lying):
     real = lying.answer
     honest = by_host(real)[lying.honest.server]
     gpu = honest["gpus"][0]
-    bad = [dict(honest, host="users-string", gpus=[dict(gpu, users="alice@example.org")]),
-           dict(honest, host="gpus-null", gpus=[None]),
-           dict(honest, host="gpus-text", gpus="eight"),
-           None]
+    bad = [
+        dict(honest, host="users-string", gpus=[dict(gpu, users="alice@example.org")]),
+        dict(honest, host="gpus-null", gpus=[None]),
+        dict(honest, host="gpus-text", gpus="eight"),
+        None,
+    ]
     snapshot = dict(real, hosts=bad[:2] + [honest] + bad[2:])
-    files = {name: open(os.path.join(WEB, name), "rb").read()
-             for name in ("fleet.html", "common.js", "fleet.js", "fleet.css", "style.css")}
-    page_server = liars.LyingServer({
-        "/fleet": liars.served(files["fleet.html"], "text/html; charset=utf-8"),
-        "/web/common.js": liars.served(files["common.js"], "text/javascript"),
-        "/web/fleet.js": liars.served(files["fleet.js"], "text/javascript"),
-        "/web/fleet.css": liars.served(files["fleet.css"], "text/css"),
-        "/web/style.css": liars.served(files["style.css"], "text/css"),
-        "/fleet.json": json.dumps(snapshot).encode()}).start()
+    files = {
+        name: open(os.path.join(WEB, name), "rb").read()
+        for name in ("fleet.html", "common.js", "fleet.js", "fleet.css", "style.css")
+    }
+    page_server = liars.LyingServer(
+        {
+            "/fleet": liars.served(files["fleet.html"], "text/html; charset=utf-8"),
+            "/web/common.js": liars.served(files["common.js"], "text/javascript"),
+            "/web/fleet.js": liars.served(files["fleet.js"], "text/javascript"),
+            "/web/fleet.css": liars.served(files["fleet.css"], "text/css"),
+            "/web/style.css": liars.served(files["style.css"], "text/css"),
+            "/fleet.json": json.dumps(snapshot).encode(),
+        }
+    ).start()
     page = browser()
     try:
         page.open(f"http://{page_server.host}/fleet")
-        page.until(lambda: page.js("return document.body.dataset.rendered === '1'"),
-                   "the answer drawn")
+        page.until(
+            lambda: page.js("return document.body.dataset.rendered === '1'"), "the answer drawn"
+        )
         panels = host_panels(page)
-        assert [p["host"] for p in panels] == ["users-string", "gpus-null", honest["host"],
-                                               "gpus-text", "?"]
+        assert [p["host"] for p in panels] == [
+            "users-string",
+            "gpus-null",
+            honest["host"],
+            "gpus-text",
+            "?",
+        ]
         shown = {p["host"]: p for p in panels}
         assert shown[honest["host"]]["state"] == "up"
         assert len(shown[honest["host"]]["rows"]) == 8
@@ -254,8 +330,12 @@ def test_the_page_draws_each_host_on_its_own_whatever_fleet_json_says(lying):
             assert shown[name]["state"] == "unreadable" and not shown[name]["rows"], shown[name]
             assert "its data could not be drawn" in shown[name]["text"], shown[name]
         summary = page.js("return document.getElementById('summary').textContent")
-        assert summary.startswith("5 hosts: ") and "1 up" in summary and "4 unreadable" in \
-            summary and "8 GPUs" in summary, summary
+        assert (
+            summary.startswith("5 hosts: ")
+            and "1 up" in summary
+            and "4 unreadable" in summary
+            and "8 GPUs" in summary
+        ), summary
         assert page.js("return document.body.dataset.connection") == "live"
     finally:
         page.quit()

@@ -3,6 +3,7 @@ accepts and never answers for their GPUs, and serves them on /fleet.json and the
 Every host is asked at once, each with its own timeout: the silent one holds up neither the
 others nor the page, the dead ones are marked with since when, and a host that comes back is
 shown again by itself."""
+
 from __future__ import annotations
 
 import asyncio
@@ -13,7 +14,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,7 @@ INTERVAL = 0.5  # --fleet-interval
 BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
 
 
-def fleet_json(server: ServerProcess) -> Tuple[float, Dict[str, Any]]:
+def fleet_json(server: ServerProcess) -> tuple[float, dict[str, Any]]:
     """(seconds it took, the answer) of GET /fleet.json."""
     began = time.monotonic()
     status, kind, body = get(server.url + "/fleet.json", timeout=30)
@@ -34,11 +35,11 @@ def fleet_json(server: ServerProcess) -> Tuple[float, Dict[str, Any]]:
     return time.monotonic() - began, json.loads(body)
 
 
-def by_host(answer: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+def by_host(answer: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {host["host"]: host for host in answer["hosts"]}
 
 
-def call(server: ServerProcess, path: str, **params: Any) -> Tuple[int, Any]:
+def call(server: ServerProcess, path: str, **params: Any) -> tuple[int, Any]:
     status, _, body = get(f"{server.url}{path}?{urllib.parse.urlencode(params)}")
     return status, json.loads(body)
 
@@ -55,20 +56,27 @@ def address(sock: socket.socket) -> str:
     return f"127.0.0.1:{sock.getsockname()[1]}"
 
 
-def fleet_daemon(hosts: List[str]) -> ServerProcess:
-    return ServerProcess("--test", "--fleet", ",".join(hosts), "--fleet-interval", str(INTERVAL),
-                         "--fleet-timeout", str(TIMEOUT)).start()
+def fleet_daemon(hosts: list[str]) -> ServerProcess:
+    return ServerProcess(
+        "--test",
+        "--fleet",
+        ",".join(hosts),
+        "--fleet-interval",
+        str(INTERVAL),
+        "--fleet-timeout",
+        str(TIMEOUT),
+    ).start()
 
 
 @dataclass
 class Fleet:
-    live: List[ServerProcess]
+    live: list[ServerProcess]
     stopped: ServerProcess  # stopped before the fleet daemon started: its port refuses
     silent: socket.socket
-    hosts: List[str]  # as the fleet daemon was given them
+    hosts: list[str]  # as the fleet daemon was given them
     daemon: ServerProcess  # the fleet daemon
     started: float  # monotonic time the fleet daemon was listening
-    first: Dict[str, Any]  # its first answer with both live hosts up
+    first: dict[str, Any]  # its first answer with both live hosts up
     first_after: float  # seconds after `started`
 
 
@@ -91,8 +99,9 @@ def fleet():
                 break
             assert time.monotonic() - started < 30, first
             time.sleep(0.05)
-        yield Fleet(live, stopped, silent, hosts, daemon, started, first,
-                    time.monotonic() - started)
+        yield Fleet(
+            live, stopped, silent, hosts, daemon, started, first, time.monotonic() - started
+        )
     finally:
         daemon.stop()
         for server in live:
@@ -100,7 +109,7 @@ def fleet():
         silent.close()
 
 
-def until_json(fleet: Fleet, what: str, test, timeout: float = 20) -> Dict[str, Any]:
+def until_json(fleet: Fleet, what: str, test, timeout: float = 20) -> dict[str, Any]:
     """The first /fleet.json answer for which test(answer) holds; each must come at once."""
     deadline = time.monotonic() + timeout
     while True:
@@ -121,8 +130,12 @@ def test_the_live_hosts_are_shown_before_the_silent_one_times_out(fleet):
 
 
 def test_fleet_json_lists_every_gpu_and_marks_the_dead_hosts(fleet):
-    answer = until_json(fleet, "the silent host marked", lambda a: by_host(a)[
-        fleet.hosts[0]]["state"] == "not answering", timeout=TIMEOUT + 10)
+    answer = until_json(
+        fleet,
+        "the silent host marked",
+        lambda a: by_host(a)[fleet.hosts[0]]["state"] == "not answering",
+        timeout=TIMEOUT + 10,
+    )
     hosts = by_host(answer)
     assert [h["host"] for h in answer["hosts"]] == fleet.hosts
     silent, stopped = hosts[fleet.hosts[0]], hosts[fleet.stopped.server]
@@ -139,8 +152,13 @@ def test_fleet_json_lists_every_gpu_and_marks_the_dead_hosts(fleet):
     [held] = [g for g in alice["gpus"] if g["state"] != "free"]
     assert held["state"] == "reserved" and held["user"]["user"] == "alice@example.org", held
     assert (alice["free"], bob["free"]) == (7, 8)
-    assert answer["totals"] == {"hosts": 4, "answering": 2, "gpus": 16, "free": 15,
-                                "states": {"free": 15, "reserved": 1}}
+    assert answer["totals"] == {
+        "hosts": 4,
+        "answering": 2,
+        "gpus": 16,
+        "free": 15,
+        "states": {"free": 15, "reserved": 1},
+    }
     assert (answer["interval"], answer["timeout"]) == (INTERVAL, TIMEOUT)
 
 
@@ -166,12 +184,13 @@ def test_a_host_that_comes_back_is_shown_again_by_itself(fleet):
         assert len(by_host(back)[host]["gpus"]) == 8 and by_host(back)[host]["free"] == 8
     finally:
         again.stop()
-    gone = until_json(fleet, "the host gone again",
-                      lambda a: by_host(a)[host]["state"] == "refused")
+    gone = until_json(
+        fleet, "the host gone again", lambda a: by_host(a)[host]["state"] == "refused"
+    )
     assert by_host(gone)[host]["last_seen"] is not None  # now it was seen, and says when
 
 
-def host_panels(page) -> List[Dict[str, Any]]:
+def host_panels(page) -> list[dict[str, Any]]:
     return page.js("""
         return Array.from(document.querySelectorAll('#hosts section.host')).map((s) => ({
           host: s.dataset.host, state: s.dataset.state, text: s.innerText,
@@ -180,10 +199,11 @@ def host_panels(page) -> List[Dict[str, Any]]:
             text: r.innerText}))}));""")
 
 
-def panel_where(page, host: str, what: str, test, timeout: float = 15) -> Dict[str, Any]:
+def panel_where(page, host: str, what: str, test, timeout: float = 15) -> dict[str, Any]:
     def probe():
         found = next((p for p in host_panels(page) if p["host"] == host), None)
         return found if found is not None and test(found) else None
+
     return page.until(probe, f"{host}: {what}", timeout)
 
 
@@ -192,15 +212,24 @@ def test_the_page_shows_every_host_and_follows_a_reservation(fleet):
     bob = fleet.live[1]
     try:
         page.open(fleet.daemon.url + "/fleet")
-        page.until(lambda: page.js("return document.body.dataset.rendered === '1'"),
-                   "the first answer drawn")
-        panel_where(page, fleet.hosts[0], "marked not answering",
-                    lambda p: p["state"] == "not answering", timeout=TIMEOUT + 10)
+        page.until(
+            lambda: page.js("return document.body.dataset.rendered === '1'"),
+            "the first answer drawn",
+        )
+        panel_where(
+            page,
+            fleet.hosts[0],
+            "marked not answering",
+            lambda p: p["state"] == "not answering",
+            timeout=TIMEOUT + 10,
+        )
         panels = {p["host"]: p for p in host_panels(page)}
         assert list(panels) == fleet.hosts
         for server in fleet.live[:2]:
             shown = panels[server.server]
-            assert shown["state"] == "up" and [r["number"] for r in shown["rows"]] == list(range(8))
+            assert shown["state"] == "up" and [r["number"] for r in shown["rows"]] == list(
+                range(8)
+            )
             assert all("A100" in r["text"] and "GiB" in r["text"] for r in shown["rows"])
         [held] = [r for r in panels[fleet.live[0].server]["rows"] if r["state"] != "free"]
         assert held["state"] == "reserved" and held["user"] == "alice@example.org"
@@ -217,25 +246,41 @@ def test_the_page_shows_every_host_and_follows_a_reservation(fleet):
         status, grant = call(bob, "/request", gpu=1, user="bob@example.org")
         assert status == 200, grant
         number = grant[0]["info"]["number"]
-        panel_where(page, bob.server, "bob's reservation", lambda p: any(
-            r["number"] == number and r["state"] == "reserved" and r["user"] == "bob@example.org"
-            for r in p["rows"]))
+        panel_where(
+            page,
+            bob.server,
+            "bob's reservation",
+            lambda p: any(
+                r["number"] == number
+                and r["state"] == "reserved"
+                and r["user"] == "bob@example.org"
+                for r in p["rows"]
+            ),
+        )
         call(bob, "/release", user="bob@example.org")
-        panel_where(page, bob.server, "all free again",
-                    lambda p: all(r["state"] == "free" for r in p["rows"]))
+        panel_where(
+            page,
+            bob.server,
+            "all free again",
+            lambda p: all(r["state"] == "free" for r in p["rows"]),
+        )
         assert page.js("return window.notReloaded === true"), "the page reloaded"
         errors = [e for e in page.console() if e.get("level") == "SEVERE"]
         assert not errors, errors
         # On a phone's width: a block per GPU, nothing to scroll sideways.
         page.driver.set_window_size(390, 844)
-        page.until(lambda: page.js("return document.scrollingElement.scrollWidth <= "
-                                   "window.innerWidth + 1"), "no sideways scrolling on a phone")
+        page.until(
+            lambda: page.js(
+                "return document.scrollingElement.scrollWidth <= window.innerWidth + 1"
+            ),
+            "no sideways scrolling on a phone",
+        )
     finally:
         page.quit()
         call(bob, "/release", user="bob@example.org")
 
 
-def compact_rows(page) -> List[Dict[str, Any]]:
+def compact_rows(page) -> list[dict[str, Any]]:
     """Each host's line as the page shows it: compact or not, its summary, its squares, how
     tall its panel is and how many GPU rows are visible."""
     return page.js("""
@@ -260,8 +305,12 @@ def test_a_fleet_of_three_by_eight_is_a_line_per_host_that_opens(fleet, tmp_path
     try:
         page.open(daemon.url + "/fleet")
         hosts = [s.server for s in fleet.live[:2]] + [third.server]
-        rows = page.until(lambda: (lambda r: r if len(r) == 3 and all(
-            len(h["cells"]) == 8 for h in r) else None)(compact_rows(page)), "three hosts drawn")
+        rows = page.until(
+            lambda: (
+                lambda r: r if len(r) == 3 and all(len(h["cells"]) == 8 for h in r) else None
+            )(compact_rows(page)),
+            "three hosts drawn",
+        )
         assert [r["host"] for r in rows] == hosts
         assert all(r["compact"] and r["visible_rows"] == 0 for r in rows), rows
         by = {r["host"]: r for r in rows}
@@ -273,25 +322,45 @@ def test_a_fleet_of_three_by_eight_is_a_line_per_host_that_opens(fleet, tmp_path
         assert page.js("return document.scrollingElement.scrollHeight <= window.innerHeight")
         page.screenshot(str(tmp_path / "compact.png"))
 
-        page.js("document.querySelector(`section.host[data-host='${arguments[0]}'] "
-                "button.toggle`).click()", third.server)
-        opened = page.until(lambda: next((r for r in compact_rows(page) if r["host"] ==
-                                          third.server and r["visible_rows"] == 8), None),
-                            "the third host opened")
+        page.js(
+            "document.querySelector(`section.host[data-host='${arguments[0]}'] "
+            "button.toggle`).click()",
+            third.server,
+        )
+        opened = page.until(
+            lambda: next(
+                (
+                    r
+                    for r in compact_rows(page)
+                    if r["host"] == third.server and r["visible_rows"] == 8
+                ),
+                None,
+            ),
+            "the third host opened",
+        )
         assert not opened["compact"]
-        page.js("return new Promise((done) => { const n = document.body.dataset.snapshots; "
-                "const t = setInterval(() => { if (document.body.dataset.snapshots !== n) "
-                "{ clearInterval(t); done(); } }, 50); })")  # a new answer drawn: still open
+        page.js(
+            "return new Promise((done) => { const n = document.body.dataset.snapshots; "
+            "const t = setInterval(() => { if (document.body.dataset.snapshots !== n) "
+            "{ clearInterval(t); done(); } }, 50); })"
+        )  # a new answer drawn: still open
         assert [r["compact"] for r in compact_rows(page)] == [True, True, False]
         page.screenshot(str(tmp_path / "one-open.png"))
 
         page.js("document.getElementById('compact').click()")
-        page.until(lambda: all(not r["compact"] and r["visible_rows"] == 8
-                               for r in compact_rows(page)), "every GPU shown")
+        page.until(
+            lambda: all(not r["compact"] and r["visible_rows"] == 8 for r in compact_rows(page)),
+            "every GPU shown",
+        )
         page.open(daemon.url + "/fleet")  # remembered by this browser
-        page.until(lambda: (lambda r: len(r) == 3 and all(
-            not h["compact"] and h["visible_rows"] == 8 for h in r))(compact_rows(page)),
-            "every GPU shown after a reload")
+        page.until(
+            lambda: (
+                lambda r: (
+                    len(r) == 3 and all(not h["compact"] and h["visible_rows"] == 8 for h in r)
+                )
+            )(compact_rows(page)),
+            "every GPU shown after a reload",
+        )
         assert not [e for e in page.console() if e.get("level") == "SEVERE"]
     finally:
         page.quit()
@@ -325,8 +394,9 @@ async def test_without_fleet_the_fleet_pages_say_how_to_have_them():
             status, body = await h.call(path)
             assert status == 404 and "--fleet" in body["error"], (path, body)
         # A browser gets the same JSON, and other methods are not allowed, as everywhere.
-        response = await h.http.fetch(h.url + "/fleet", headers={"Accept": BROWSER_ACCEPT},
-                                      raise_error=False)
+        response = await h.http.fetch(
+            h.url + "/fleet", headers={"Accept": BROWSER_ACCEPT}, raise_error=False
+        )
         assert response.code == 404 and "--fleet" in json.loads(response.body)["error"]
         assert (await h.call("/fleet.json", "POST", b""))[0] == 405
         assert "/fleet.json" in (await h.ok("/"))["endpoints"]
@@ -343,8 +413,9 @@ async def test_the_hosts_are_asked_no_more_once_the_daemon_stopped():
     host = await asyncio.start_server(count, "127.0.0.1", 0)
     port = host.sockets[0].getsockname()[1]
     try:
-        async with running(fleet=(f"127.0.0.1:{port}",), fleet_interval=0.5,
-                           fleet_timeout=1.0) as h:
+        async with running(
+            fleet=(f"127.0.0.1:{port}",), fleet_interval=0.5, fleet_timeout=1.0
+        ) as h:
             while len(connections) < 4:
                 await asyncio.sleep(0.05)
             answer = await h.ok("/fleet.json")

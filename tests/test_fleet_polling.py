@@ -3,6 +3,7 @@ on one connection kept open, /devices again only when the host's /status names a
 of it, and /fleet.json built once per change rather than per request. The hosts are recording
 listeners on loopback that answer a real daemon's /status and /devices (and count connections
 and requests), and a real daemon."""
+
 from __future__ import annotations
 
 import asyncio
@@ -11,7 +12,8 @@ import json
 import socket
 import time
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, List, Optional, Tuple
+from typing import Any
+from collections.abc import AsyncIterator
 
 from helpers import async_test, running, until
 from patroller.config import Config, load
@@ -21,13 +23,13 @@ class Recorder:
     """A fleet host on a loopback port: answers GET /status and /devices with the bodies it is
     given, over HTTP/1.1 keep-alive, and records each connection and request."""
 
-    def __init__(self, status: bytes, devices: bytes, tag: Optional[str]) -> None:
+    def __init__(self, status: bytes, devices: bytes, tag: str | None) -> None:
         self.status, self.devices, self.tag = status, devices, tag
         self.connections = 0
-        self.requests: List[Tuple[float, str]] = []  # (monotonic time, path)
-        self.server: Optional[asyncio.AbstractServer] = None
+        self.requests: list[tuple[float, str]] = []  # (monotonic time, path)
+        self.server: asyncio.AbstractServer | None = None
 
-    async def start(self) -> "Recorder":
+    async def start(self) -> Recorder:
         self.server = await asyncio.start_server(self.serve, "127.0.0.1", 0)
         return self
 
@@ -49,10 +51,16 @@ class Recorder:
                 body = self.status if path == "/status" else self.devices
                 extra = ""
                 if self.tag is not None:
-                    extra = (f"X-Devices-ETag: {self.tag}\r\n" if path == "/status"
-                             else f"ETag: {self.tag}\r\n")
-                writer.write(f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n{extra}"
-                             f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+                    extra = (
+                        f"X-Devices-ETag: {self.tag}\r\n"
+                        if path == "/status"
+                        else f"ETag: {self.tag}\r\n"
+                    )
+                writer.write(
+                    f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n{extra}"
+                    f"Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -65,7 +73,7 @@ class Recorder:
             await self.server.wait_closed()
 
 
-async def bodies(h) -> Tuple[bytes, bytes]:
+async def bodies(h) -> tuple[bytes, bytes]:
     """A real daemon's /status and /devices."""
     status = (await h.http.fetch(h.url + "/status")).body
     devices = (await h.http.fetch(h.url + "/devices")).body
@@ -124,6 +132,7 @@ async def test_devices_is_asked_again_only_when_its_etag_changes():
                 answer = json.loads((await h.http.fetch(h.url + "/fleet.json")).body)
                 gpus = answer["hosts"][0]["gpus"]
                 return next(g["name"] for g in gpus if g["uuid"] == first)
+
             deadline = time.monotonic() + 15
             while await shown_name() != "NVIDIA H100 80GB HBM3":
                 assert time.monotonic() < deadline
@@ -144,8 +153,9 @@ async def test_a_real_daemon_names_its_inventorys_version_and_is_asked_devices_o
         status = await real.http.fetch(real.url + "/status")
         tag = fast.headers["ETag"]
         assert tag == slow.headers["ETag"] == status.headers["X-Devices-ETag"], tag
-        again = await real.http.fetch(real.url + "/devices", headers={"If-None-Match": tag},
-                                      raise_error=False)
+        again = await real.http.fetch(
+            real.url + "/devices", headers={"If-None-Match": tag}, raise_error=False
+        )
         assert again.code == 304
         async with running(fleet=(real.url.split("//")[1],), fleet_interval=0.5) as h:
             fleet = h.api.fleet
@@ -155,7 +165,7 @@ async def test_a_real_daemon_names_its_inventorys_version_and_is_asked_devices_o
 
 
 @asynccontextmanager
-async def polling_recorders(count: int, rounds: int) -> AsyncIterator[Tuple[Any, List[Any]]]:
+async def polling_recorders(count: int, rounds: int) -> AsyncIterator[tuple[Any, list[Any]]]:
     """A daemon with --fleet over `count` recording hosts that answer as a real test-mode
     daemon does, once each has been asked /status `rounds` times: (its harness, the hosts)."""
     async with running() as real:
@@ -163,8 +173,7 @@ async def polling_recorders(count: int, rounds: int) -> AsyncIterator[Tuple[Any,
     hosts = [await Recorder(status, devices, '"v1"').start() for _ in range(count)]
     try:
         async with running(fleet=tuple(h.host for h in hosts), fleet_interval=0.5) as h:
-            await until(lambda: all(host.asked("/status") >= rounds for host in hosts),
-                        timeout=15)
+            await until(lambda: all(host.asked("/status") >= rounds for host in hosts), timeout=15)
             yield h, hosts
     finally:
         for host in hosts:
@@ -180,11 +189,13 @@ async def test_fleet_json_is_built_once_per_change_not_per_request():
             await h.http.fetch(h.url + "/fleet.json")
         took = time.monotonic() - began
         # At most one build per Config.fleet_build_every, whatever the requests.
-        assert fleet.builds - built <= took / Config.fleet_build_every + 1, \
-            (fleet.builds - built, took)
+        assert fleet.builds - built <= took / Config.fleet_build_every + 1, (
+            fleet.builds - built,
+            took,
+        )
 
 
-def unconnectable() -> Tuple[socket.socket, List[socket.socket]]:
+def unconnectable() -> tuple[socket.socket, list[socket.socket]]:
     """A listener whose accept queue is full (never accepted): the kernel drops further SYNs,
     so connecting to it hangs, as to a host switched off."""
     listener = socket.socket()
@@ -207,8 +218,9 @@ async def test_a_host_that_does_not_connect_is_given_up_at_the_connect_timeout()
     listener, filling = unconnectable()
     try:
         host = f"127.0.0.1:{listener.getsockname()[1]}"
-        async with running(fleet=(host,), fleet_interval=0.5, fleet_connect_timeout=0.3,
-                           fleet_timeout=5.0) as h:
+        async with running(
+            fleet=(host,), fleet_interval=0.5, fleet_connect_timeout=0.3, fleet_timeout=5.0
+        ) as h:
             [shown] = h.api.fleet.hosts
             await until(lambda: shown.state == "not answering", timeout=4.0)  # < 5 s
             assert shown.error == "no connection within 0.3s", shown.error
@@ -219,16 +231,26 @@ async def test_a_host_that_does_not_connect_is_given_up_at_the_connect_timeout()
 
 
 def test_the_connect_timeout_is_a_flag_apart_from_the_answer_timeout():
-    config = load(["--test", "--fleet", "gpu1:8080", "--fleet-connect-timeout", "0.25",
-                   "--fleet-timeout", "2"], {})
+    config = load(
+        [
+            "--test",
+            "--fleet",
+            "gpu1:8080",
+            "--fleet-connect-timeout",
+            "0.25",
+            "--fleet-timeout",
+            "2",
+        ],
+        {},
+    )
     assert (config.fleet_connect_timeout, config.fleet_timeout) == (0.25, 2.0)
-    config = load(["--test", "--fleet", "gpu1:8080"],
-                  {"PATROLLER_FLEET_CONNECT_TIMEOUT": "2"})
+    config = load(["--test", "--fleet", "gpu1:8080"], {"PATROLLER_FLEET_CONNECT_TIMEOUT": "2"})
     assert config.fleet_connect_timeout == 2.0 and Config.fleet_connect_timeout == 1.0
 
 
 def test_a_host_down_one_way_then_another_stays_down_since_the_first():
     from patroller.http.fleet import Host
+
     host = Host("gpu1:8080", "http://gpu1:8080", since=0.0)
     host.answered([], now=10.0)
     assert (host.state, host.since) == ("up", 10.0)
@@ -245,14 +267,16 @@ async def test_a_round_that_runs_late_is_not_followed_by_every_round_it_missed_a
     """An asking that takes 3.5 intervals is followed by the next at the interval's next
     moment, not by the three it missed, back to back."""
     from patroller.http.fleet import Fleet
+
     fleet = Fleet(replace(Config(), fleet=("127.0.0.1:9",), fleet_interval=0.4))
     loop = asyncio.get_running_loop()
-    times: List[float] = []
+    times: list[float] = []
 
     async def ask(host):
         times.append(loop.time())
         if len(times) == 1:
             await asyncio.sleep(1.4)
+
     fleet.ask = ask  # what the watch calls each round: here, no host at all
     task = asyncio.ensure_future(fleet._watch(fleet.hosts[0], 0.0))  # noqa: SLF001
     try:
@@ -268,14 +292,22 @@ def test_the_totals_a_rebuild_only_on_change_and_what_each_failure_is_called():
     """Pure: /fleet.json's totals over hosts up, down and not yet asked; a body not built
     again while nothing changed, however long; the words for what asking a host raised."""
     from patroller.http.fleet import FAILED, REFUSED, Fleet
+
     now = [100.0]
-    fleet = Fleet(replace(Config(), fleet=("gpu1:8080", "gpu2:8080", "gpu3:8080")),
-                  monotonic=lambda: now[0])
-    fleet.hosts[0].answered([{"free": True, "state": "free"},
-                             {"free": False, "state": "reserved"}], now=1.0)
+    fleet = Fleet(
+        replace(Config(), fleet=("gpu1:8080", "gpu2:8080", "gpu3:8080")), monotonic=lambda: now[0]
+    )
+    fleet.hosts[0].answered(
+        [{"free": True, "state": "free"}, {"free": False, "state": "reserved"}], now=1.0
+    )
     fleet.hosts[1].failed(REFUSED, "connection refused", asked=1.0, now=1.5)
-    assert fleet.data()["totals"] == {"hosts": 3, "answering": 1, "gpus": 2, "free": 1,
-                                      "states": {"free": 1, "reserved": 1}}
+    assert fleet.data()["totals"] == {
+        "hosts": 3,
+        "answering": 1,
+        "gpus": 2,
+        "free": 1,
+        "states": {"free": 1, "reserved": 1},
+    }
     now[0] += 3600
     fleet.body()
     assert fleet.builds == 1

@@ -3,6 +3,7 @@ none may die before it execs. As found: `-q -x` died of signal 6 in a loaded tes
 poller, restarted in the forked child by its fork support, aborting on the descriptors the child
 closes before exec (7 of 200 such children with grpcio 1.85). A fresh interpreter each time, so
 that gRPC is imported as the daemon imports it."""
+
 import subprocess
 import sys
 
@@ -37,7 +38,12 @@ channel.close()
 
 
 def test_children_started_while_grpc_runs_all_reach_exec(tmp_path):
-    done = subprocess.run([sys.executable, "-c", SPAWN, str(tmp_path / "nobody.sock"), "400"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", SPAWN, str(tmp_path / "nobody.sock"), "400"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("0 "), done.stdout

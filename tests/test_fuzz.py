@@ -5,11 +5,12 @@ no 5xx, a documented status, the documented content type and body schema, and a 
 whenever there is a body. Afterwards every device must be free once the short leases expire.
 The run is derandomized, so a failure repeats.
 """
+
 import json
 import time
 import urllib.request
 from collections import Counter
-from typing import Dict, Iterator, Tuple
+from collections.abc import Iterator
 
 import pytest
 
@@ -19,9 +20,11 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402 (schemathesis 
 from hypothesis.strategies import SearchStrategy  # noqa: E402
 from schemathesis import APIOperation, Case, GenerationMode  # noqa: E402
 from schemathesis.checks import not_a_server_error  # noqa: E402
-from schemathesis.specs.openapi.checks import (content_type_conformance,  # noqa: E402
-                                               response_schema_conformance,
-                                               status_code_conformance)
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,  # noqa: E402
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from helpers import ScenarioFile, ServerProcess  # noqa: E402
 
@@ -48,7 +51,7 @@ class Daemon:
         with urllib.request.urlopen(self.url + path, timeout=TIMEOUT) as response:
             return json.loads(response.read())
 
-    def states(self) -> Dict[str, str]:
+    def states(self) -> dict[str, str]:
         """Each device's claim state."""
         return {uuid: entry["claim"]["state"] for uuid, entry in self.get("/status").items()}
 
@@ -67,15 +70,19 @@ def daemon(request, tmp_path_factory):
     # port 1 on loopback, where nothing listens (a refused host).
     fleet = ("--fleet", "127.0.0.1:1")
     # A state directory, so that /usage has a usage store to report from.
-    state = ("--state-dir", str(tmp_path_factory.mktemp("state") / "state"),
-             "--usage-interval", "0.5")
+    state = (
+        "--state-dir",
+        str(tmp_path_factory.mktemp("state") / "state"),
+        "--usage-interval",
+        "0.5",
+    )
     if request.param == "test":
         server = ServerProcess("--test", "--lease", LEASE, *fleet, *state)
     else:
-        scenario = ScenarioFile(str(tmp_path_factory.mktemp("fuzz") / "scenario.json"),
-                                devices=DEVICES)
-        server = ServerProcess("--lease", LEASE, "--nvidia-smi", scenario.command, *fleet,
-                               *state)
+        scenario = ScenarioFile(
+            str(tmp_path_factory.mktemp("fuzz") / "scenario.json"), devices=DEVICES
+        )
+        server = ServerProcess("--lease", LEASE, "--nvidia-smi", scenario.command, *fleet, *state)
     server.start()
     try:
         yield Daemon(server, request.param)
@@ -85,8 +92,12 @@ def daemon(request, tmp_path_factory):
     assert not errors, "the daemon logged errors:\n" + server.log
 
 
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
-          response_schema_conformance]
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+]
 
 
 def answers_as_documented(case: Case, daemon: Daemon) -> None:
@@ -98,8 +109,10 @@ def answers_as_documented(case: Case, daemon: Daemon) -> None:
     # Not JSON, and documented so (validate_response checked the type): Prometheus's text, the
     # page and its files. Everything else, errors included, is JSON.
     other = response.status_code == 200 and (
-        case.path == "/metrics" or case.path.startswith("/web/")
-        or content_type.startswith("text/html"))
+        case.path == "/metrics"
+        or case.path.startswith("/web/")
+        or content_type.startswith("text/html")
+    )
     if not other:
         assert content_type.startswith("application/json"), content_type  # HEAD included
     if case.method.upper() == "HEAD":
@@ -114,7 +127,7 @@ def answers_as_documented(case: Case, daemon: Daemon) -> None:
         daemon.granted += 1
 
 
-def strategies(operation: APIOperation) -> Iterator[Tuple[str, SearchStrategy]]:
+def strategies(operation: APIOperation) -> Iterator[tuple[str, SearchStrategy]]:
     """The document's own examples, then valid input, then invalid input where there is any."""
     for strategy in operation.get_strategies_from_examples():
         yield "example", strategy
@@ -147,15 +160,24 @@ def test_every_answer_matches_the_document(daemon):
         for kind, strategy in strategies(operation):
             if kind == "example":
                 daemon.wait_until_free()  # the examples ask for devices that exist: they get them
+
             @given(case=strategy)
-            @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-                      suppress_health_check=list(HealthCheck))
+            @settings(
+                max_examples=EXAMPLES,
+                deadline=None,
+                derandomize=True,
+                database=None,
+                suppress_health_check=list(HealthCheck),
+            )
             def fuzz(case: Case) -> None:
                 answers_as_documented(case, daemon)
 
             try:
                 fuzz()
-            except (Exception, BaseExceptionGroup) as exc:  # every operation is tried, all reported
+            except (
+                Exception,
+                BaseExceptionGroup,
+            ) as exc:  # every operation is tried, all reported
                 failures.append(f"{operation.label} ({kind} input): {exc}")
     assert not failures, "\n\n".join(failures)
     succeeded = {label for (label, status) in daemon.answers if status == 200}

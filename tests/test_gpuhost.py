@@ -1,4 +1,5 @@
 """GPU host mode against the simulator as a real child process, with real processes in /proc."""
+
 import asyncio
 import logging
 import os
@@ -10,8 +11,16 @@ import time
 import pytest
 
 from helpers import known_claim
-from helpers import (ROOT, ScenarioFile, ServerProcess, alive, async_test, streams_of,
-                     gpu_running, until)
+from helpers import (
+    ROOT,
+    ScenarioFile,
+    ServerProcess,
+    alive,
+    async_test,
+    streams_of,
+    gpu_running,
+    until,
+)
 from patroller.config import Config
 from patroller.identify.procfs import uid as read_uid
 from patroller.identify.resolver import host_identity
@@ -36,7 +45,8 @@ async def test_discovery_numbers_devices_by_index_not_minor(scenario):
         assert [d["number"] for d in devices.values()] == [0, 1, 2, 3, 4, 5]
         assert [d["minor_number"] for d in devices.values()] == [1, 2, 3, 0, 5, 4]
         assert [d["pci_address"] for d in devices.values()] == [
-            f"00000000:{n:02X}:00.0" for n in range(1, 7)]
+            f"00000000:{n:02X}:00.0" for n in range(1, 7)
+        ]
         assert (await h.ok("/"))["mode"] == "gpu"
 
 
@@ -94,11 +104,20 @@ async def test_a_process_on_two_devices_and_one_with_a_seven_digit_pid(scenario,
     async with gpu_running(scenario) as h:
         inventory = await h.ok("/devices")
         uuids = {info["number"]: u for u, info in inventory.items()}
-        scenario.write(processes=[{"pid": sleeper.pid, "gpu": 0}, {"pid": sleeper.pid, "gpu": 5},
-                                  {"pid": 4194303, "gpu": 2, "name": "gone-long-ago"}])
-        await until(lambda: known_claim(h.services.leases, uuids[0])
-                    and known_claim(h.services.leases, uuids[5])
-                    and known_claim(h.services.leases, uuids[2]))
+        scenario.write(
+            processes=[
+                {"pid": sleeper.pid, "gpu": 0},
+                {"pid": sleeper.pid, "gpu": 5},
+                {"pid": 4194303, "gpu": 2, "name": "gone-long-ago"},
+            ]
+        )
+        await until(
+            lambda: (
+                known_claim(h.services.leases, uuids[0])
+                and known_claim(h.services.leases, uuids[5])
+                and known_claim(h.services.leases, uuids[2])
+            )
+        )
         claim = (await h.ok("/status"))[uuids[2]]["claim"]
         assert claim["processes"] == [4194303]
         assert claim["user"]["user"] == "unknown"  # no such pid in /proc
@@ -127,28 +146,36 @@ async def test_a_dying_child_is_restarted_without_spinning(scenario, caplog):
         dmon = h.services.monitors[0].child
         # A reader spinning on the closed pipe would never see the exit: no restart at all.
         await until(lambda: dmon.starts >= 3, timeout=10)  # restarted after ~1 s, then ~2 s
-        started = [r.created for r in caplog.records
-                   if r.getMessage().startswith("dmon: started pid")]
+        started = [
+            r.created for r in caplog.records if r.getMessage().startswith("dmon: started pid")
+        ]
         gaps = [later - earlier for earlier, later in zip(started, started[1:])]
         # Each restart waited its delay, doubling (a slow host only makes the gaps longer).
         assert gaps[0] >= 0.99 * first and gaps[1] >= 0.99 * 2 * first, gaps
         assert "exited with status 15" in caplog.text and "GPU is lost" in caplog.text
-        assert (await h.ok("/status"))  # still serving
+        assert await h.ok("/status")  # still serving
         scenario.write(faults={})
-        await until(lambda: all(h.services.stats.view(u)["updated"] for u in h.uuids()), timeout=10)
+        await until(
+            lambda: all(h.services.stats.view(u)["updated"] for u in h.uuids()), timeout=10
+        )
 
 
 @async_test
 async def test_a_pmon_restart_does_not_drop_running_processes(scenario, sleeper):
-    scenario.write(processes=[{"pid": sleeper.pid, "gpu": 1}],
-                   faults={"pmon": {"exit_after_lines": 14, "exit_status": 1}})
+    scenario.write(
+        processes=[{"pid": sleeper.pid, "gpu": 1}],
+        faults={"pmon": {"exit_after_lines": 14, "exit_status": 1}},
+    )
     async with gpu_running(scenario) as h:
         pmon = h.services.monitors[1]
         target = [u for u in h.uuids()][1]
         ended, listed = [], []
-        h.services.signals.process_ended.connect(lambda s, record: ended.append(record), weak=False)
+        h.services.signals.process_ended.connect(
+            lambda s, record: ended.append(record), weak=False
+        )
         h.services.signals.processes_listed.connect(
-            lambda s, record: listed.append(pmon.child.starts), weak=False)
+            lambda s, record: listed.append(pmon.child.starts), weak=False
+        )
         await until(lambda: known_claim(h.services.leases, target))
         await until(lambda: pmon.child.starts >= 2, timeout=10)
         # Two intervals completed by the restarted pmon: a process it dropped would have been
@@ -172,16 +199,24 @@ def test_sigterm_stops_the_daemon_and_leaves_no_child(scenario):
 
 
 def run_daemon(*args):
-    return subprocess.run([sys.executable, "-m", "patroller", "--port", "0", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": ROOT})
+    return subprocess.run(
+        [sys.executable, "-m", "patroller", "--port", "0", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
 
 
-@pytest.mark.parametrize("fault,words", [
-    ("mismatch", "Driver/library version mismatch"),
-    ("no_driver", "couldn't communicate with the NVIDIA driver"),
-    ("no_devices", "No devices were found"),
-])
+@pytest.mark.parametrize(
+    "fault,words",
+    [
+        ("mismatch", "Driver/library version mismatch"),
+        ("no_driver", "couldn't communicate with the NVIDIA driver"),
+        ("no_devices", "No devices were found"),
+    ],
+)
 def test_nvidia_smi_failing_at_start_is_one_line_and_status_1(scenario, fault, words):
     scenario.write(faults={"-q": {"fail": fault}})
     result = run_daemon("--nvidia-smi", scenario.command)
@@ -193,14 +228,19 @@ def test_nvidia_smi_failing_at_start_is_one_line_and_status_1(scenario, fault, w
 def test_missing_nvidia_smi_is_one_line_and_status_1():
     result = run_daemon("--nvidia-smi", "/nonexistent/nvidia-smi")
     assert result.returncode == 1
-    assert result.stderr.strip() == ("patroller: cannot list the GPUs: /nonexistent/nvidia-smi "
-                                     "was not found; run with --test to try Patroller without a GPU")
+    assert result.stderr.strip() == (
+        "patroller: cannot list the GPUs: /nonexistent/nvidia-smi "
+        "was not found; run with --test to try Patroller without a GPU"
+    )
 
 
-@pytest.mark.parametrize("devices,words", [
-    ([], "No devices were found"),
-    ([{"uuid": "N/A"}], "lists no GPU with a uuid"),
-])
+@pytest.mark.parametrize(
+    "devices,words",
+    [
+        ([], "No devices were found"),
+        ([{"uuid": "N/A"}], "lists no GPU with a uuid"),
+    ],
+)
 def test_a_host_without_usable_gpus_is_refused(scenario, devices, words):
     scenario.write(devices=devices)
     result = run_daemon("--nvidia-smi", scenario.command)

@@ -6,6 +6,7 @@ labels and error details (escaped in the log), an OCI spec nested 100,000 deep (
 any other), and a server that hangs (the pod's GPU held by an owner not known yet, never free;
 SIGTERM ends the call in flight at once). The daemon runs in this process where the test reads
 its state, and as `python -m patroller` where a stop or the event loop's thread is measured."""
+
 import json
 import logging
 import os
@@ -14,13 +15,20 @@ import signal
 import time
 import urllib.request
 from dataclasses import dataclass, replace
-from typing import Dict
 
 import grpc
 import pytest
 
-from helpers import (ScenarioFile, ServerProcess, async_test, engines_in, gpu_running,
-                     process_in_cgroup, running, until)
+from helpers import (
+    ScenarioFile,
+    ServerProcess,
+    async_test,
+    engines_in,
+    gpu_running,
+    process_in_cgroup,
+    running,
+    until,
+)
 from patroller.config import Config
 from patroller.core.pods import Pod, PodAllocation
 from patroller.http.views import claims
@@ -89,14 +97,17 @@ def test_a_log_line_names_ten_pods_of_a_gpu_at_most():
 def test_a_minor_number_of_thousands_of_digits_matches_nothing():
     inventory = synthetic_inventory(2)
     assert gpu_of("nvidia" + "9" * 5000, inventory) is None  # int() refuses so many digits
-    assert gpu_of(f"nvidia{inventory.devices[1].minor_number}", inventory) == \
-        inventory.devices[1].uuid
+    assert (
+        gpu_of(f"nvidia{inventory.devices[1].minor_number}", inventory)
+        == inventory.devices[1].uuid
+    )
 
 
 @pytest.mark.parametrize("size", [int(7.6 * MIB), 57 * MIB])
 @async_test
 async def test_an_answer_over_the_limit_fails_the_watch_until_answers_are_sane(
-        tmp_path, size, caplog):
+    tmp_path, size, caplog
+):
     """Before: 7.6 MB stalled the daemon 5.9 s, 57 MB 43 s. Now gRPC refuses it unread."""
     kubelet = Kubelet(str(tmp_path / "kubelet.sock")).start()
     try:
@@ -120,7 +131,7 @@ async def test_an_answer_over_the_limit_fails_the_watch_until_answers_are_sane(
         kubelet.stop()
 
 
-def thread_cpu(pid: int) -> Dict[int, int]:
+def thread_cpu(pid: int) -> dict[int, int]:
     """Nanoseconds each thread of a process has run on a CPU (/proc's schedstat)."""
     found = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
@@ -169,12 +180,15 @@ def test_junk_under_the_limit_is_decoded_off_the_event_loop(tmp_path):
                 break
             assert time.monotonic() < deadline, (
                 f"the decoding ran on the event loop's thread: {spent[main] / 1e9:.2f} s on it, "
-                f"{off_loop / 1e9:.2f} s on the others")
-        print(f"decoding {LIMIT - 64} bytes every 2 s, {kubelet.answered - answered} answers: "
-              f"{len(latencies)} /status, slowest {max(latencies) * 1000:.0f} ms, median "
-              f"{sorted(latencies)[len(latencies) // 2] * 1000:.1f} ms; {during} answered while "
-              f"another thread ran; loop thread {spent[main] / 1e9:.2f} s, others "
-              f"{off_loop / 1e9:.2f} s")
+                f"{off_loop / 1e9:.2f} s on the others"
+            )
+        print(
+            f"decoding {LIMIT - 64} bytes every 2 s, {kubelet.answered - answered} answers: "
+            f"{len(latencies)} /status, slowest {max(latencies) * 1000:.0f} ms, median "
+            f"{sorted(latencies)[len(latencies) // 2] * 1000:.1f} ms; {during} answered while "
+            f"another thread ran; loop thread {spent[main] / 1e9:.2f} s, others "
+            f"{off_loop / 1e9:.2f} s"
+        )
         assert during >= 1
     finally:
         server.stop(signal.SIGKILL)
@@ -192,12 +206,20 @@ async def test_newlines_in_device_ids_and_pod_names_stay_in_their_log_line(tmp_p
             async with running(kubelet_socket=kubelet.path, kubelet_every=0.05) as h:
                 uuid = h.uuids()[0]
                 strays = [f"GPU-z-{i}" for i in range(25)]  # after the forged one
-                kubelet.pods = [pod("ml\nFORGED", "train\x1b[2J", [
-                    ("main\r", [("nvidia.com/gpu", [uuid, forged, *strays])])])]
+                kubelet.pods = [
+                    pod(
+                        "ml\nFORGED",
+                        "train\x1b[2J",
+                        [("main\r", [("nvidia.com/gpu", [uuid, forged, *strays])])],
+                    )
+                ]
                 await until(lambda: h.services.leases.state(uuid) == "allocated")
                 [claimed] = (await h.ok("/status"))[uuid]["claim"]["pods"]
-                assert claimed == {"namespace": "ml\\nFORGED", "name": "train\\x1b[2J",
-                                   "containers": ["main\\r"]}
+                assert claimed == {
+                    "namespace": "ml\\nFORGED",
+                    "name": "train\\x1b[2J",
+                    "containers": ["main\\r"],
+                }
         said = [r.getMessage() for r in caplog.records]
         assert not [m for m in said if "\n" in m or "\r" in m or "\x1b" in m], said
         ids = [m for m in said if "the kubelet assigns" in m]
@@ -241,8 +263,11 @@ def container(cid, labels, spec=None):
     """A GetContainerResponse: Container {id 1, labels 2, image 3, spec 5 (an Any)}."""
     body = pw.string(1, cid) + pw.string_map(2, labels) + pw.string(3, "example/image:1")
     if spec is not None:
-        body += pw.delimited(5, pw.string(1, "types.containerd.io/opencontainers/runtime-spec/"
-                                             "1/Spec") + pw.delimited(2, spec))
+        body += pw.delimited(
+            5,
+            pw.string(1, "types.containerd.io/opencontainers/runtime-spec/1/Spec")
+            + pw.delimited(2, spec),
+        )
     return pw.delimited(1, body)
 
 
@@ -257,6 +282,7 @@ def test_a_spec_nested_100000_deep_costs_only_its_annotations():
 @pytest.fixture
 def fake_containerd(engine_sockets):
     """A gRPC server at containerd's socket answering Get with `.get` (a handler)."""
+
     class Fake:
         get = staticmethod(lambda request: b"")
 
@@ -281,19 +307,28 @@ class AsContainer:
     async def identify(self, cid):
         self.asked += 1  # another start time each time: not the identity cached for the last
         facts = await self.identifier.facts(os.getpid())
-        facts = replace(facts, start=facts.start + self.asked,
-                        container=ContainerRef("containerd", cid, pod=SANDBOX_UID))
+        facts = replace(
+            facts,
+            start=facts.start + self.asked,
+            container=ContainerRef("containerd", cid, pod=SANDBOX_UID),
+        )
         return await self.identifier.identify(facts)
 
 
 @async_test
 async def test_newlines_in_labels_and_error_details_stay_in_their_log_line(
-        fake_containerd, engine_sockets, caplog):
+    fake_containerd, engine_sockets, caplog
+):
     me = AsContainer(replace(Config(), **engines_in(engine_sockets, containerd_retry_after=0)))
     cid = secrets.token_hex(32)
-    fake_containerd.get = lambda request: container(cid, {
-        "io.kubernetes.pod.namespace": "ml", "io.kubernetes.pod.name": "p",
-        "io.kubernetes.pod.uid": "other\nFORGED line"})
+    fake_containerd.get = lambda request: container(
+        cid,
+        {
+            "io.kubernetes.pod.namespace": "ml",
+            "io.kubernetes.pod.name": "p",
+            "io.kubernetes.pod.uid": "other\nFORGED line",
+        },
+    )
     identity = await me.identify(cid)
     assert identity.user == f"container:{cid[:12]}"  # labelled as another pod: not taken
 
@@ -311,11 +346,13 @@ async def test_newlines_in_labels_and_error_details_stay_in_their_log_line(
 
 @async_test
 async def test_an_answer_over_the_limit_degrades_until_answers_are_sane(
-        fake_containerd, engine_sockets, caplog):
+    fake_containerd, engine_sockets, caplog
+):
     me = AsContainer(replace(Config(), **engines_in(engine_sockets, containerd_retry_after=0)))
     cid = secrets.token_hex(32)
-    fake_containerd.get = lambda request: container(cid, {"user.email": "erin@example.org"},
-                                                    b" " * LIMIT)
+    fake_containerd.get = lambda request: container(
+        cid, {"user.email": "erin@example.org"}, b" " * LIMIT
+    )
     identity = await me.identify(cid)
     assert identity.degraded and identity.user == "unknown"
     [said] = warnings(caplog)
@@ -329,20 +366,22 @@ CONTAINERD_SCOPE = "/system.slice/ptg{}/cri-containerd-{}.scope"  # no other eng
 
 
 @async_test
-async def test_a_spec_nested_100000_deep_leaves_the_labels_owner(fake_containerd,
-                                                                  engine_sockets):
+async def test_a_spec_nested_100000_deep_leaves_the_labels_owner(fake_containerd, engine_sockets):
     """Before: a RecursionError reached the tracker, and the process stayed `unknown` for good
     (an error logged, never asked again)."""
     cid = secrets.token_hex(32)
-    fake_containerd.get = lambda request: container(cid, {"user.email": "erin@example.org"},
-                                                    DEEP)
+    fake_containerd.get = lambda request: container(cid, {"user.email": "erin@example.org"}, DEEP)
     scenario = ScenarioFile(os.path.join(engine_sockets, "scenario.json"), devices=[{}, {}])
     with process_in_cgroup(CONTAINERD_SCOPE.format(os.getpid(), cid)) as pid:
         async with gpu_running(scenario, **engines_in(engine_sockets)) as h:
             scenario.write(processes=[{"pid": pid, "gpu": 1, "name": "python"}])
             gpu = h.uuids()[1]
-            await until(lambda: (claims(h.services.leases)[gpu]["user"] or {}).get("user")
-                        == "erin@example.org")
+            await until(
+                lambda: (
+                    (claims(h.services.leases)[gpu]["user"] or {}).get("user")
+                    == "erin@example.org"
+                )
+            )
             owner = (await h.ok("/status"))[gpu]["claim"]["user"]
             assert owner["degraded"] is False and owner["container"]["id"] == cid[:12]
 
@@ -360,12 +399,18 @@ async def test_a_hung_containerd_holds_the_gpu_for_an_owner_not_known_yet(engine
     scenario = ScenarioFile(os.path.join(engine_sockets, "scenario.json"), devices=[{}, {}])
     try:
         with process_in_cgroup(CONTAINERD_SCOPE.format(os.getpid(), cid)) as pid:
-            async with gpu_running(scenario, **engines_in(engine_sockets,
-                                                          containerd_timeout=60)) as h:
+            async with gpu_running(
+                scenario, **engines_in(engine_sockets, containerd_timeout=60)
+            ) as h:
                 leases, gpu = h.services.leases, h.uuids()[1]
                 seen, claimed = [], []  # the GPU's state at every change while pid is on it
-                leases.on_change(lambda: seen.append(leases.state(gpu))
-                                 if pid in leases.holds[gpu].processes else None)
+                leases.on_change(
+                    lambda: (
+                        seen.append(leases.state(gpu))
+                        if pid in leases.holds[gpu].processes
+                        else None
+                    )
+                )
                 leases.on_event(lambda e: claimed.append(e.user) if e.kind == "claim" else None)
                 scenario.write(processes=[{"pid": pid, "gpu": 1, "name": "python"}])
                 await until(lambda: hang.in_flight == 1, timeout=20)
@@ -378,8 +423,9 @@ async def test_a_hung_containerd_holds_the_gpu_for_an_owner_not_known_yet(engine
                 assert status == 409  # not handed out meanwhile
                 assert claimed == []  # nobody's claim yet
                 hang.release.set()
-                await until(lambda: (claims(leases)[gpu]["user"] or {}).get("user")
-                            == "erin@example.org")
+                await until(
+                    lambda: (claims(leases)[gpu]["user"] or {}).get("user") == "erin@example.org"
+                )
                 owner = (await h.ok("/status"))[gpu]["claim"]["user"]
                 assert owner["degraded"] is False and owner["container"]["id"] == cid[:12]
                 assert "identifying" not in owner
@@ -401,9 +447,15 @@ def test_sigterm_ends_containerds_call_in_flight(engine_sockets):
         with process_in_cgroup(CONTAINERD_SCOPE.format(os.getpid(), cid)) as pid:
             scenario.write(processes=[{"pid": pid, "gpu": 1, "name": "python"}])
             daemon = ServerProcess(
-                "--nvidia-smi", scenario.command, "--podman-socket", "none",
-                "--containerd-socket", f"unix://{engine_sockets}/containerd.sock",
-                "--docker-host", f"unix://{engine_sockets}/docker.sock").start()
+                "--nvidia-smi",
+                scenario.command,
+                "--podman-socket",
+                "none",
+                "--containerd-socket",
+                f"unix://{engine_sockets}/containerd.sock",
+                "--docker-host",
+                f"unix://{engine_sockets}/docker.sock",
+            ).start()
             assert hang.started.wait(30), daemon.log
             began = time.monotonic()
             assert daemon.stop(signal.SIGTERM, timeout=30) == 0, daemon.log

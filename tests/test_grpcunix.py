@@ -1,4 +1,5 @@
 """observe/grpcunix.py against a real gRPC server on a unix socket (tests/grpc_server.py)."""
+
 import grpc
 import pytest
 

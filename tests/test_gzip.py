@@ -1,6 +1,7 @@
 """/fleet.json gzipped for those who accept it (http/encoding.py): 2 MB at a thousand hosts,
 a tenth of that compressed. The gzip is made once per body, in a thread; an answer never waits
 for it (the body goes as it is meanwhile)."""
+
 import asyncio
 import gzip
 import json
@@ -12,13 +13,27 @@ from patroller.http.encoding import Gzipped, accepts_gzip
 from test_fleet_polling import polling_recorders
 
 
-@pytest.mark.parametrize("header, takes", [
-    ("gzip", True), ("GZIP", True), ("x-gzip", True), ("br, gzip;q=0.5", True),
-    ("gzip, deflate, br", True), ("*", True), ("deflate, *;q=0.1", True),
-    ("", False), ("identity", False), ("deflate, br", False), ("gzip;q=0", False),
-    ("gzip;q=0.0", False), ("*;q=0", False), ("gzip;q=0, *", False), ("gzip;q=x", False),
-    (" gzip ; q=1 ", True),
-])
+@pytest.mark.parametrize(
+    "header, takes",
+    [
+        ("gzip", True),
+        ("GZIP", True),
+        ("x-gzip", True),
+        ("br, gzip;q=0.5", True),
+        ("gzip, deflate, br", True),
+        ("*", True),
+        ("deflate, *;q=0.1", True),
+        ("", False),
+        ("identity", False),
+        ("deflate, br", False),
+        ("gzip;q=0", False),
+        ("gzip;q=0.0", False),
+        ("*;q=0", False),
+        ("gzip;q=0, *", False),
+        ("gzip;q=x", False),
+        (" gzip ; q=1 ", True),
+    ],
+)
 def test_which_accept_encoding_takes_gzip(header, takes):
     assert accepts_gzip(header) is takes
 
@@ -26,7 +41,9 @@ def test_which_accept_encoding_takes_gzip(header, takes):
 @async_test
 async def test_a_body_is_compressed_once_in_a_thread_and_never_waited_for():
     packer = Gzipped(level=6)
-    first = json.dumps({"hosts": [{"name": f"gpu{n}", "free": n % 3} for n in range(5000)]}).encode()
+    first = json.dumps(
+        {"hosts": [{"name": f"gpu{n}", "free": n % 3} for n in range(5000)]}
+    ).encode()
     assert packer.of(first) is None  # being made: the asker sends the body as it is
     await until(lambda: packer.of(first) is not None, timeout=10)
     packed = packer.of(first)
@@ -42,9 +59,11 @@ async def test_a_body_is_compressed_once_in_a_thread_and_never_waited_for():
 @async_test
 async def test_fleet_json_is_gzipped_for_a_client_that_accepts_it():
     async with polling_recorders(3, 1) as (h, hosts):
+
         async def fetch(**headers):
-            return await h.http.fetch(h.url + "/fleet.json", headers=headers,
-                                      decompress_response=False)
+            return await h.http.fetch(
+                h.url + "/fleet.json", headers=headers, decompress_response=False
+            )
 
         answers = []
 

@@ -2,6 +2,7 @@
 frozen after it starts, so the collector's full passes do not walk it; it is thawed, collected
 and frozen again every Config.gc_refreeze_every seconds, so garbage among it is still freed.
 And the interpreter's switch interval the daemon sets while it runs."""
+
 import asyncio
 import gc
 import sys

@@ -1,6 +1,7 @@
 """--hide-users: other callers see a holder as a stable pseudonym; the holder and the host's root
 see names. The key on disk; then real daemons, in test mode (callers name themselves with
 user=) and on the simulator with callers of real uids, identified by the kernel."""
+
 import asyncio
 import json
 import logging
@@ -11,10 +12,17 @@ import subprocess
 import urllib.request
 
 import pytest
-from tornado.httpclient import HTTPRequest
 
-from helpers import (ScenarioFile, ServerProcess, async_test, gpu_running, need_root,
-                     python_for, running, until)
+from helpers import (
+    ScenarioFile,
+    ServerProcess,
+    async_test,
+    gpu_running,
+    need_root,
+    python_for,
+    running,
+    until,
+)
 from patroller.identify.resolver import host_identity
 from patroller.state.pseudonyms import KEY_FILE, Pseudonyms
 from test_live import Reader
@@ -27,12 +35,16 @@ NOBODY, DAEMON = 65534, 1  # two host accounts other than root
 
 def hidden(identity, pseudonym):
     """Whether `identity` (as /status shows it) is `pseudonym` and says nothing else of whom."""
-    return (identity["user"] == pseudonym and PSEUDONYM.match(pseudonym) and
-            [identity[k] for k in ("email", "account", "uid", "container", "job")] ==
-            [None] * 5 and identity["info"] == {})
+    return (
+        identity["user"] == pseudonym
+        and PSEUDONYM.match(pseudonym)
+        and [identity[k] for k in ("email", "account", "uid", "container", "job")] == [None] * 5
+        and identity["info"] == {}
+    )
 
 
 # -- the key ------------------------------------------------------------------------------------
+
 
 def test_the_key_is_made_once_private_and_read_at_the_next_start(tmp_path):
     first = Pseudonyms(str(tmp_path), 16)
@@ -83,12 +95,13 @@ def test_the_key_is_the_hmac_of_the_name_and_a_made_key_is_logged(tmp_path, capl
     key = bytes.fromhex(path.read_text())
     for name in ("alice", "caf\u00e9", "bad\udcffbytes"):  # a name from undecodable bytes too
         digest = hmac.new(key, name.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
-        assert made.of(name) == "user-" + digest[:len(made.of(name)) - len("user-")]
+        assert made.of(name) == "user-" + digest[: len(made.of(name)) - len("user-")]
         assert made.of(name) == made.of(name)
 
 
 def test_a_key_left_half_written_is_replaced_and_one_readable_by_others_made_private(
-        tmp_path, caplog):
+    tmp_path, caplog
+):
     import logging
 
     (tmp_path / (KEY_FILE + ".new")).write_text("half")  # a start died before the rename
@@ -108,7 +121,8 @@ def test_a_key_left_half_written_is_replaced_and_one_readable_by_others_made_pri
         Pseudonyms(str(tmp_path), 16).open()
     assert [r.getMessage() for r in caplog.records] == [
         f"the pseudonyms' key {tmp_path / KEY_FILE} holds no key (10 bytes): a new one replaces "
-        "it, and every pseudonym changes"]
+        "it, and every pseudonym changes"
+    ]
 
 
 def test_a_key_that_is_no_file_or_cannot_be_written_is_one_clear_error(tmp_path):
@@ -117,20 +131,24 @@ def test_a_key_that_is_no_file_or_cannot_be_written_is_one_clear_error(tmp_path)
     os.mkdir(tmp_path / KEY_FILE)
     with pytest.raises(PseudonymError) as error:
         Pseudonyms(str(tmp_path), 16).open()
-    assert str(error.value) == (f"the pseudonyms' key {tmp_path / KEY_FILE} is not a regular "
-                                "file: remove it, and a new key is made")
+    assert str(error.value) == (
+        f"the pseudonyms' key {tmp_path / KEY_FILE} is not a regular "
+        "file: remove it, and a new key is made"
+    )
     os.rmdir(tmp_path / KEY_FILE)
     os.symlink("elsewhere", tmp_path / KEY_FILE)  # a link is never followed
     with pytest.raises(PseudonymError) as error:
         Pseudonyms(str(tmp_path), 16).open()
-    assert str(error.value) == (f"cannot read the pseudonyms' key {tmp_path / KEY_FILE}: Too "
-                                "many levels of symbolic links")
+    assert str(error.value) == (
+        f"cannot read the pseudonyms' key {tmp_path / KEY_FILE}: Too many levels of symbolic links"
+    )
     os.unlink(tmp_path / KEY_FILE)
     os.mkdir(tmp_path / (KEY_FILE + ".new"))  # what the key is written to cannot be removed
     with pytest.raises(PseudonymError) as error:
         Pseudonyms(str(tmp_path), 16).open()
-    assert str(error.value) == (f"cannot write the pseudonyms' key {tmp_path / KEY_FILE}: Is a "
-                                "directory")
+    assert str(error.value) == (
+        f"cannot write the pseudonyms' key {tmp_path / KEY_FILE}: Is a directory"
+    )
 
 
 def test_a_key_open_to_others_on_a_read_only_filesystem_is_refused_saying_why(tmp_path):
@@ -144,11 +162,11 @@ def test_a_key_open_to_others_on_a_read_only_filesystem_is_refused_saying_why(tm
     made.mkdir(mode=0o700)
     Pseudonyms(str(made), 16).open()
     os.chmod(made / KEY_FILE, 0o644)
-    with read_only(made, tmp_path / "ro") as where:
-        with pytest.raises(PseudonymError) as error:
-            Pseudonyms(where, 16).open(read_only=True)
-    assert str(error.value) == (f"cannot read the pseudonyms' key {where}/{KEY_FILE}: Read-only "
-                                "file system")
+    with read_only(made, tmp_path / "ro") as where, pytest.raises(PseudonymError) as error:
+        Pseudonyms(where, 16).open(read_only=True)
+    assert str(error.value) == (
+        f"cannot read the pseudonyms' key {where}/{KEY_FILE}: Read-only file system"
+    )
 
 
 def test_no_key_on_a_read_only_filesystem_is_a_key_for_this_run_said(tmp_path, caplog):
@@ -163,7 +181,8 @@ def test_no_key_on_a_read_only_filesystem_is_a_key_for_this_run_said(tmp_path, c
     assert pseudonyms.of("alice").startswith("user-") and not os.listdir(empty)
     assert caplog.messages == [
         f"no pseudonyms' key {where}/{KEY_FILE}, and its directory is read-only: a key for this "
-        "run alone, so every pseudonym changes at the next start"]
+        "run alone, so every pseudonym changes at the next start"
+    ]
 
 
 def test_pseudonyms_before_open_are_a_bug_said_plainly():
@@ -173,6 +192,7 @@ def test_pseudonyms_before_open_are_a_bug_said_plainly():
 
 
 # -- test mode: callers name themselves --------------------------------------------------------
+
 
 async def holders(h):
     """alice and bob hold a device each; carol waits for every device (`served` lets them go
@@ -186,6 +206,7 @@ async def holders(h):
         await h.ok("/release?user=alice@example.org")
         await h.ok("/release?user=bob")
         return (await waiting)[0] == 200
+
     return a["uuid"], b["uuid"], served
 
 
@@ -250,8 +271,10 @@ async def test_without_the_flag_everyone_sees_every_name():
 @async_test
 async def test_each_page_of_the_live_stream_shows_its_own_callers_names():
     async with running(hide_users=True, lease=60) as h:
-        pages = {who: Reader(h, f"/events?user={who}" if who else "/events")
-                 for who in ("alice@example.org", "bob", None)}
+        pages = {
+            who: Reader(h, f"/events?user={who}" if who else "/events")
+            for who in ("alice@example.org", "bob", None)
+        }
         await until(lambda: all(page.snapshots for page in pages.values()))
         [grant] = await h.ok("/request?gpu=1&user=alice@example.org")
         uuid = grant["uuid"]
@@ -260,6 +283,7 @@ async def test_each_page_of_the_live_stream_shows_its_own_callers_names():
             snapshots = pages[who].snapshots
             claim = snapshots[-1]["status"][uuid]["claim"]
             return claim["user"]["user"] if claim["user"] else None
+
         await until(lambda: all(holder(who) for who in pages), timeout=5)
         assert holder("alice@example.org") == "alice@example.org"
         alice = holder("bob")
@@ -279,8 +303,9 @@ def get(url, path):
 
 def test_a_pseudonym_is_the_same_after_a_restart_on_the_same_state_directory(tmp_path):
     def start(directory):
-        return ServerProcess("--test", "--hide-users", "--lease", "300",
-                             env={"PATROLLER_STATE_DIR": directory}).start()
+        return ServerProcess(
+            "--test", "--hide-users", "--lease", "300", env={"PATROLLER_STATE_DIR": directory}
+        ).start()
 
     def seen_by_bob(server, uuid):
         return get(server.url, "/status?user=bob")[uuid]["claim"]["user"]["user"]
@@ -344,13 +369,18 @@ class Answers(list):
 def ask(url, *paths, uid=None, namespace=None):
     """[status, body] of each path, asked on one connection as `uid` (default: ours), from the
     network namespace `namespace` (default: ours)."""
-    host, port = url[len("http://"):].rsplit(":", 1)
+    host, port = url[len("http://") :].rsplit(":", 1)
     if namespace is not None:
         who = dict(preexec_fn=entering(namespace, uid))  # it joins it, then becomes uid
     else:
         who = {} if uid is None else dict(user=uid, group=uid, extra_groups=[])
-    done = subprocess.run([python_for(uid if uid is not None else os.getuid()), "-c", ASK, host,
-                           port, *paths], capture_output=True, text=True, timeout=60, **who)
+    done = subprocess.run(
+        [python_for(uid if uid is not None else os.getuid()), "-c", ASK, host, port, *paths],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        **who,
+    )
     assert done.returncode == 0, done.stderr
     told = json.loads(done.stdout)
     return Answers(told["answers"], told["lane"])
@@ -415,17 +445,28 @@ async def test_each_user_sees_their_own_name_others_a_pseudonym_root_every_name(
 
 def test_a_caller_who_cannot_be_identified_sees_no_name(namespaces, scenario, tmp_path):
     # root, calling from another network namespace: not identified, so not root either
-    server = ServerProcess("--nvidia-smi", scenario.command, "--address", HOST, "--hide-users",
-                           "--docker-host", f"unix://{tmp_path}/docker.sock", "--lease", "300",
-                           env={"PATROLLER_STATE_DIR": str(tmp_path / "state")},
-                           preexec_fn=entering(namespaces[0])).start()
+    server = ServerProcess(
+        "--nvidia-smi",
+        scenario.command,
+        "--address",
+        HOST,
+        "--hide-users",
+        "--docker-host",
+        f"unix://{tmp_path}/docker.sock",
+        "--lease",
+        "300",
+        env={"PATROLLER_STATE_DIR": str(tmp_path / "state")},
+        preexec_fn=entering(namespaces[0]),
+    ).start()
     try:
         nobody = host_identity(NOBODY).user
-        [[code, [grant]], [_, status]] = ask(server.url, "/request?gpu=1", "/status", uid=NOBODY,
-                                             namespace=namespaces[0])
+        [[code, [grant]], [_, status]] = ask(
+            server.url, "/request?gpu=1", "/status", uid=NOBODY, namespace=namespaces[0]
+        )
         assert code == 200 and status[grant["uuid"]]["claim"]["user"]["user"] == nobody
-        answers = ask(server.url, "/status", "/status", "/users", "/events",
-                      namespace=namespaces[1])
+        answers = ask(
+            server.url, "/status", "/status", "/users", "/events", namespace=namespaces[1]
+        )
         [[_, status], [_, again], [_, users], [_, page]] = answers
         assert answers.lane == [1]  # known to be unidentified: the fast lane's pseudonyms
         pseudonym = status[grant["uuid"]]["claim"]["user"]["user"]
@@ -450,8 +491,9 @@ async def test_a_slurm_jobs_id_is_hidden_with_its_user(tmp_path):
         theirs = (await h.ok("/status?user=bob"))[uuid]["claim"]
         carol = theirs["user"]["user"]
         assert hidden(theirs["user"], carol) and theirs["state"] == "allocated"
-        assert theirs["jobs"] == [{"id": None, "user": carol, "uid": None, "account": None,
-                                   "partition": "gpu"}]
+        assert theirs["jobs"] == [
+            {"id": None, "user": carol, "uid": None, "account": None, "partition": "gpu"}
+        ]
         allocated = [e for e in await h.ok("/history?user=bob") if e["event"] == "allocated"]
         assert allocated[0]["user"] == carol and allocated[0]["jobs"] is None
         mine = (await h.ok("/status?user=carol"))[uuid]["claim"]
@@ -474,8 +516,12 @@ REFUSALS = [
     # one job of two is theirs: the other's id is not (root alone sees both)
     ("jobs", "dave", "allocated to Slurm jobs: " + SLURM, {"jobs": None}),
     ("jobs", "carol", "allocated to Slurm jobs: " + SLURM, {"jobs": None}),
-    ("pod", "namespace:ml", "allocated to Kubernetes pod ml/train-0: " + KUBERNETES,
-     {"pods": ["ml/train-0"]}),
+    (
+        "pod",
+        "namespace:ml",
+        "allocated to Kubernetes pod ml/train-0: " + KUBERNETES,
+        {"pods": ["ml/train-0"]},
+    ),
     ("pod", "bob", "allocated to a Kubernetes pod: " + KUBERNETES, {"pods": None}),
 ]
 NAMES = ("4242", "4343", "4344", "carol", "dave", "train-0", "ml/")
@@ -491,8 +537,15 @@ def allocations(tmp_path):
     (jobs / "1").write_text("4343 uid=1002 user=dave\n4344 uid=1001 user=carol\n")
     kubelet = Kubelet(str(tmp_path / "kubelet.sock")).start()
     try:
-        yield kubelet, dict(slurm_job_map=str(jobs), job_map_every=0.05,
-                            kubelet_socket=kubelet.path, kubelet_every=0.05)
+        yield (
+            kubelet,
+            dict(
+                slurm_job_map=str(jobs),
+                job_map_every=0.05,
+                kubelet_socket=kubelet.path,
+                kubelet_every=0.05,
+            ),
+        )
     finally:
         kubelet.stop()
 
@@ -512,8 +565,10 @@ async def test_a_refusal_names_a_job_or_pod_only_to_whom_it_may(allocations):
         uuid = await allocated(h, kubelet)
         for what, who, message, data in REFUSALS:
             status, body = await h.call(f"/release?uuid={uuid[what]}&user={who}", "POST", b"")
-            assert (status, body) == (403, {"error": f"device {uuid[what]} is {message}",
-                                            "uuid": uuid[what], **data}), (what, who)
+            assert (status, body) == (
+                403,
+                {"error": f"device {uuid[what]} is {message}", "uuid": uuid[what], **data},
+            ), (what, who)
             if None in data.values():
                 assert not any(name in json.dumps(body) for name in NAMES), body
     async with running(**settings) as h:  # without the flag, everyone is told everything
@@ -527,8 +582,11 @@ async def test_a_refusal_names_a_job_or_pod_only_to_whom_it_may(allocations):
 async def test_root_is_told_which_job_and_another_uid_is_not(allocations, scenario):
     need_root("the caller runs as another uid, and root is the host's administrator")
     kubelet, settings = allocations
-    told = {"job": ("jobs", ["4242"]), "jobs": ("jobs", ["4343", "4344"]),
-            "pod": ("pods", ["ml/train-0"])}
+    told = {
+        "job": ("jobs", ["4242"]),
+        "jobs": ("jobs", ["4343", "4344"]),
+        "pod": ("pods", ["ml/train-0"]),
+    }
     async with gpu_running(scenario, hide_users=True, **settings) as h:
         uuid = await allocated(h, kubelet)
         for what, (key, ids) in told.items():
@@ -542,6 +600,7 @@ async def test_root_is_told_which_job_and_another_uid_is_not(allocations, scenar
 
 # -- the fleet view: what this daemon heard, hidden again for its callers ------------------------
 
+
 @async_test
 async def test_the_fleet_view_hides_the_names_a_host_showed_this_daemon(scenario):
     """Over loopback the fleet daemon is a local process, the host's root where it runs as
@@ -552,8 +611,10 @@ async def test_the_fleet_view_hides_the_names_a_host_showed_this_daemon(scenario
     async with gpu_running(scenario, lease=300, hide_users=True) as host:
         [grant] = await host.ok("/request?gpu=1")  # held by this process's account
         ours = host.services.leases.holder(grant["uuid"]).user
-        async with running(hide_users=True, fleet=(f"127.0.0.1:{host.port}",),
-                           fleet_interval=0.1) as fleet:
+        async with running(
+            hide_users=True, fleet=(f"127.0.0.1:{host.port}",), fleet_interval=0.1
+        ) as fleet:
+
             async def holder(asker):
                 [heard] = (await fleet.ok(f"/fleet.json?user={asker}"))["hosts"]
                 if heard["state"] != "up":
@@ -592,7 +653,6 @@ def test_a_key_its_group_may_read_on_a_read_only_filesystem_is_refused(tmp_path)
     made.mkdir(mode=0o700)
     Pseudonyms(str(made), 16).open()
     os.chmod(made / KEY_FILE, 0o640)
-    with read_only(made, tmp_path / "ro") as where:
-        with pytest.raises(PseudonymError) as error:
-            Pseudonyms(where, 16).open(read_only=True)
+    with read_only(made, tmp_path / "ro") as where, pytest.raises(PseudonymError) as error:
+        Pseudonyms(where, 16).open(read_only=True)
     assert "Read-only file system" in str(error.value)

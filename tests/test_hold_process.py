@@ -3,6 +3,7 @@
 The lease rules on a fake clock; the watch on real processes (pidfd and polling); then daemons
 on loopback, in test mode and in GPU host mode on the simulator, with real client processes.
 """
+
 import asyncio
 import json
 import os
@@ -18,8 +19,16 @@ from dataclasses import replace
 from pathlib import Path
 
 from helpers import known_claim
-from helpers import (ScenarioFile, ServerProcess, async_test, gpu_running, lease_manager,
-                     reuse_pid, running, until)
+from helpers import (
+    ScenarioFile,
+    ServerProcess,
+    async_test,
+    gpu_running,
+    lease_manager,
+    reuse_pid,
+    running,
+    until,
+)
 from patroller.config import Config
 from patroller.core.errors import NotHeld, NotYours, Unsatisfiable
 from patroller.core.identity import ProcessRef, named_user
@@ -48,10 +57,14 @@ async def leases_run_out(h, count: int = 3) -> None:
 
 # -- the rules --------------------------------------------------------------------------------
 
+
 def test_a_process_hold_runs_no_lease_while_the_process_lives(leases, clock):
     [device] = leases.request(alice, {"gpu": 1}, held_for=SCRIPT)
-    assert leases.hold_of(device.uuid) == {"hold": "process", "expires": None,
-                                           "held_for_pid": SCRIPT.pid}
+    assert leases.hold_of(device.uuid) == {
+        "hold": "process",
+        "expires": None,
+        "held_for_pid": SCRIPT.pid,
+    }
     assert leases.next_deadline() is None
     clock.advance(100 * LEASE)
     assert leases.expire() == [] and leases.state(device.uuid) == "reserved"
@@ -140,9 +153,17 @@ def test_a_waiter_for_a_process_is_granted_a_process_hold(leases):
     taken = leases.request(bob, {"gpu": 8})
     granted = []
     waiter = leases.wait(alice, {"gpu": 2}, granted.append, held_for=SCRIPT)
-    assert queue_view(leases) == [{"position": 1, "user": "alice", "wants": {"gpu": 2},
-                               "waited": 0.0, "hold": "process", "pid": SCRIPT.pid,
-                               "link": None}]
+    assert queue_view(leases) == [
+        {
+            "position": 1,
+            "user": "alice",
+            "wants": {"gpu": 2},
+            "waited": 0.0,
+            "hold": "process",
+            "pid": SCRIPT.pid,
+            "link": None,
+        }
+    ]
     leases.release(bob, taken[0].uuid)
     leases.release(bob, taken[1].uuid)
     assert granted == [taken[:2]] and waiter.granted == taken[:2]
@@ -156,9 +177,12 @@ def test_the_queue_lists_waiters_in_arrival_order_with_their_wait(leases, clock)
     clock.advance(5)
     leases.wait(bob, {"gpu": 1}, lambda d: None, held_for=SCRIPT)
     queue = queue_view(leases)
-    assert [(w["position"], w["user"], w["wants"], w["waited"], w["hold"], w["pid"])
-            for w in queue] == [(1, "alice", {"gpu": 3}, 5.0, "lease", None),
-                                (2, "bob", {"gpu": 1}, 0.0, "process", SCRIPT.pid)]
+    assert [
+        (w["position"], w["user"], w["wants"], w["waited"], w["hold"], w["pid"]) for w in queue
+    ] == [
+        (1, "alice", {"gpu": 3}, 5.0, "lease", None),
+        (2, "bob", {"gpu": 1}, 0.0, "process", SCRIPT.pid),
+    ]
 
 
 def test_renew_restarts_the_lease_of_the_callers_reservations(leases, clock):
@@ -200,14 +224,18 @@ def test_a_process_hold_survives_the_book_only_while_its_process_lives(leases, c
     fresh = lease_manager(clock)
     restored = restore(fresh, book, 0.0, alive=lambda ref: ref == SCRIPT)
     assert restored.held == [held.uuid] and restored.ended == [other.uuid]
-    assert fresh.hold_of(held.uuid) == {"hold": "process", "expires": None,
-                                        "held_for_pid": SCRIPT.pid}
+    assert fresh.hold_of(held.uuid) == {
+        "hold": "process",
+        "expires": None,
+        "held_for_pid": SCRIPT.pid,
+    }
     assert fresh.processes_held_for() == {SCRIPT}
     with pytest.raises(ValueError):
         restore(fresh, {held.uuid: {**book[held.uuid], "start": "soon"}}, 0.0)
 
 
 # -- the watch on real processes --------------------------------------------------------------
+
 
 def sleeping():
     return subprocess.Popen(["sleep", "120"])
@@ -221,8 +249,9 @@ def ref_of(process):
 @async_test
 async def test_the_watch_frees_a_device_when_its_process_is_killed(pidfds, monkeypatch):
     checks = []  # each look at /proc: what polling does every lifeline_poll s
-    monkeypatch.setattr(lifetimes, "is_alive",
-                        lambda ref, proc="/proc": checks.append(ref) or is_alive(ref, proc))
+    monkeypatch.setattr(
+        lifetimes, "is_alive", lambda ref, proc="/proc": checks.append(ref) or is_alive(ref, proc)
+    )
     leases = lease_manager()
     lifelines = Lifelines(leases, replace(Config(), lifeline_poll=0.05), pidfds=pidfds)
     lifelines.start()
@@ -235,8 +264,12 @@ async def test_the_watch_frees_a_device_when_its_process_is_killed(pidfds, monke
                 await asyncio.sleep(0)
         else:
             seen = len(checks)
-            await until(lambda: len(checks) >= seen + 3  # three polls found it alive
-                        or leases.state(device.uuid) == "free")
+            await until(
+                lambda: (
+                    len(checks) >= seen + 3  # three polls found it alive
+                    or leases.state(device.uuid) == "free"
+                )
+            )
         assert leases.state(device.uuid) == "reserved" and lifelines.metrics()["ended"] == 0
         process.kill()
         process.wait()
@@ -289,8 +322,9 @@ async def test_polling_looks_in_the_proc_root_it_is_given(tmp_path):
         fake.mkdir()
         (fake / "stat").write_bytes((Path("/proc") / str(process.pid) / "stat").read_bytes())
         leases = lease_manager()
-        lifelines = Lifelines(leases, replace(Config(), lifeline_poll=0.05,
-                                              proc_root=str(tmp_path)), pidfds=False)
+        lifelines = Lifelines(
+            leases, replace(Config(), lifeline_poll=0.05, proc_root=str(tmp_path)), pidfds=False
+        )
         lifelines.start()
         try:
             [device] = leases.request(alice, {"gpu": 1}, held_for=ref_of(process))
@@ -352,7 +386,8 @@ async def test_a_reused_pid_does_not_inherit_the_hold():
     newcomer = reuse_pid(ref.pid)
     if newcomer is None:
         (pytest.fail if os.environ.get("CI") == "true" else pytest.skip)(
-            "the kernel did not hand out the same pid again (ns_last_pid not writable)")
+            "the kernel did not hand out the same pid again (ns_last_pid not writable)"
+        )
     try:
         assert process_state(ref.pid) is not None  # the pid lives, as another process
         leases = lease_manager()
@@ -394,8 +429,9 @@ class Holder:
     """A real client process that asks `path` once and then sleeps until killed."""
 
     def __init__(self, where, path):
-        self.process = subprocess.Popen([sys.executable, "-c", HOLDER, where, path],
-                                        stdout=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, where, path], stdout=subprocess.PIPE, text=True
+        )
         self.pid = self.process.pid
 
     async def answer(self):
@@ -410,7 +446,7 @@ class Holder:
 
 
 def where(harness):
-    return harness.url[len("http://"):]
+    return harness.url[len("http://") :]
 
 
 @async_test
@@ -420,8 +456,9 @@ async def test_a_process_hold_outlives_three_leases_and_ends_with_the_process():
         try:
             status, granted = await holder.answer()
             assert status == 200, granted
-            assert [(g["hold"], g["expires"], g["held_for_pid"]) for g in granted] == \
-                [("process", None, holder.pid)] * 2
+            assert [(g["hold"], g["expires"], g["held_for_pid"]) for g in granted] == [
+                ("process", None, holder.pid)
+            ] * 2
             await leases_run_out(h)  # three leases, no GPU process anywhere
             status_body = await h.ok("/status")
             for grant in granted:
@@ -430,8 +467,9 @@ async def test_a_process_hold_outlives_three_leases_and_ends_with_the_process():
                 assert claim["user"]["user"] == "alice@example.org"
         finally:
             holder.kill()
-        await until(lambda: all(h.services.leases.state(g["uuid"]) == "free" for g in granted),
-                    timeout=5)
+        await until(
+            lambda: all(h.services.leases.state(g["uuid"]) == "free" for g in granted), timeout=5
+        )
         assert h.services.lifelines.metrics()["ended"] == 1
 
 
@@ -513,8 +551,12 @@ async def test_a_unix_caller_that_exits_before_its_request_is_still_who_connecte
         ours, theirs = socket.socketpair()
         with ours, theirs:
             read = h.services.identifier.proc_reads
-            child = subprocess.Popen([sys.executable, "-c", CONNECTOR, path, str(theirs.fileno())],
-                                     pass_fds=[theirs.fileno()], stdin=subprocess.PIPE, text=True)
+            child = subprocess.Popen(
+                [sys.executable, "-c", CONNECTOR, path, str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.PIPE,
+                text=True,
+            )
             try:
                 await until(lambda: h.services.identifier.proc_reads > read)  # before any request
                 child.stdin.write("go\n")
@@ -527,8 +569,10 @@ async def test_a_unix_caller_that_exits_before_its_request_is_still_who_connecte
         assert not os.path.exists(f"/proc/{child.pid}")  # gone before its request is sent
         with socket.socket(fileno=fd) as connection:
             connection.settimeout(10)
-            connection.sendall(b"GET /request?gpu=1&hold=process&user=alice HTTP/1.1\r\n"
-                               b"Host: x\r\nConnection: close\r\n\r\n")
+            connection.sendall(
+                b"GET /request?gpu=1&hold=process&user=alice HTTP/1.1\r\n"
+                b"Host: x\r\nConnection: close\r\n\r\n"
+            )
             answer = b""
             while True:
                 chunk = await loop.run_in_executor(None, connection.recv, 65536)
@@ -557,8 +601,9 @@ def socket_path():
 
 
 @async_test
-async def test_gpu_host_a_process_hold_over_the_unix_socket_ends_with_its_process(scenario,
-                                                                                 socket_path):
+async def test_gpu_host_a_process_hold_over_the_unix_socket_ends_with_its_process(
+    scenario, socket_path
+):
     async with gpu_running(scenario, socket=socket_path, lease=0.3) as h:
         holder = Holder(socket_path, "/request?gpu=1&hold=process")
         try:
@@ -606,8 +651,11 @@ def test_a_process_hold_is_held_again_after_a_restart_only_while_the_process_liv
         server = ServerProcess("--test", "--state-dir", state).start()
         assert "1 device(s) held again" in server.log and "1 whose process ended" in server.log
         status = get_status(server)
-        held = {c["claim"]["user"]["user"]: c["claim"]["held_for_pid"]
-                for c in status.values() if c["claim"]["user"]}
+        held = {
+            c["claim"]["user"]["user"]: c["claim"]["held_for_pid"]
+            for c in status.values()
+            if c["claim"]["user"]
+        }
         assert held == {"alice": holders[0].pid}
         holders[0].kill()  # and the restarted daemon watches it
         asyncio.run(until_free(server))
@@ -624,5 +672,6 @@ def get_status(server):
 
 
 async def until_free(server):
-    await until(lambda: all(c["claim"]["state"] == "free" for c in get_status(server).values()),
-                timeout=5)
+    await until(
+        lambda: all(c["claim"]["state"] == "free" for c in get_status(server).values()), timeout=5
+    )

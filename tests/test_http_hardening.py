@@ -5,6 +5,7 @@ framing tests pin which refusals the daemon answers in JSON (patroller/http/fram
 which Tornado answers itself, before the daemon sees the request: a Tornado release that
 changes one of them fails here.
 """
+
 import asyncio
 import json
 import logging
@@ -15,13 +16,11 @@ import tempfile
 import threading
 import time
 import urllib.request
-from typing import Dict, List, Tuple
 
 import pytest
 import tornado.web
 
-from helpers import (FakeClock, ScenarioFile, ServerProcess, async_test, gpu_running, running,
-                     until)
+from helpers import FakeClock, ScenarioFile, ServerProcess, async_test, gpu_running, running, until
 from patroller.config import Config
 from patroller.core.errors import PatrollerError, Unavailable
 from patroller.core.throttle import Throttle
@@ -29,10 +28,10 @@ from patroller.http.fastlane import Connection
 from patroller.identify import resolver
 from patroller.identify.sockets import SocketEntry, find_client_in_tables
 
-Head = Tuple[str, Dict[str, str]]
+Head = tuple[str, dict[str, str]]
 
 
-async def read_answer(reader: asyncio.StreamReader, head_only: bool = False) -> Tuple[Head, bytes]:
+async def read_answer(reader: asyncio.StreamReader, head_only: bool = False) -> tuple[Head, bytes]:
     """One HTTP answer: (status line, headers), and the body its Content-Length announces."""
     raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
     lines = raw.decode("latin-1").split("\r\n")
@@ -46,7 +45,7 @@ async def read_answer(reader: asyncio.StreamReader, head_only: bool = False) -> 
     return (lines[0], headers), body
 
 
-async def refused(h, data: bytes) -> Tuple[Head, dict]:
+async def refused(h, data: bytes) -> tuple[Head, dict]:
     """Send `data` on a fresh connection: the answer, which must be JSON and end the connection."""
     reader, writer = await h.raw(data)
     try:
@@ -62,62 +61,118 @@ async def refused(h, data: bytes) -> Tuple[Head, dict]:
 ZERO = SocketEntry(("", 0), ("", 0), 0, 0, 0)  # no socket
 BIG = 70 * 1024  # over Tornado's 64 KiB header limit
 JSON_FRAMING = [  # refused by the daemon, in JSON
-    ("content length", b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n", 400,
-     "Content-Length"),
-    ("unequal content lengths",
-     b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: 1, 2\r\n\r\nab", 400, "Content-Length"),
-    ("repeated content length lines",
-     b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
-     400, "Content-Length"),
-    ("content length not in ASCII digits",
-     b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: \xb2\r\n\r\n", 400, "Content-Length"),
-    ("content length of 5,000 digits",
-     b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n", 413,
-     "over 10^14 bytes"),
-    ("body over the limit",
-     b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n" + b"a" * 100000, 413,
-     "at most 65536"),
-    ("body over the limit on the fast lane",
-     b"GET /status HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n" + b"a" * 100000, 413,
-     "at most 65536"),
-    ("chunked body over the limit",
-     b"POST /release HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-     + (b"8000\r\n" + b"a" * 0x8000 + b"\r\n") * 3 + b"0\r\n\r\n", 413, "longer than 65536"),
-    ("one chunk announcing 2^248 bytes",
-     b"POST /release HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-     + b"f" * 62 + b"\r\n" + b"a" * 100000, 413, "longer than 65536"),
-    ("both content length and chunked",
-     b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked"
-     b"\r\n\r\nabc", 400, "both Transfer-Encoding and Content-Length"),
-    ("transfer encoding other than chunked",
-     b"POST /release HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 400,
-     "Transfer-Encoding 'gzip' is not taken"),
+    (
+        "content length",
+        b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+        400,
+        "Content-Length",
+    ),
+    (
+        "unequal content lengths",
+        b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: 1, 2\r\n\r\nab",
+        400,
+        "Content-Length",
+    ),
+    (
+        "repeated content length lines",
+        b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+        400,
+        "Content-Length",
+    ),
+    (
+        "content length not in ASCII digits",
+        b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: \xb2\r\n\r\n",
+        400,
+        "Content-Length",
+    ),
+    (
+        "content length of 5,000 digits",
+        b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n",
+        413,
+        "over 10^14 bytes",
+    ),
+    (
+        "body over the limit",
+        b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n" + b"a" * 100000,
+        413,
+        "at most 65536",
+    ),
+    (
+        "body over the limit on the fast lane",
+        b"GET /status HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n" + b"a" * 100000,
+        413,
+        "at most 65536",
+    ),
+    (
+        "chunked body over the limit",
+        b"POST /release HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + (b"8000\r\n" + b"a" * 0x8000 + b"\r\n") * 3
+        + b"0\r\n\r\n",
+        413,
+        "longer than 65536",
+    ),
+    (
+        "one chunk announcing 2^248 bytes",
+        b"POST /release HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"f" * 62
+        + b"\r\n"
+        + b"a" * 100000,
+        413,
+        "longer than 65536",
+    ),
+    (
+        "both content length and chunked",
+        b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked"
+        b"\r\n\r\nabc",
+        400,
+        "both Transfer-Encoding and Content-Length",
+    ),
+    (
+        "transfer encoding other than chunked",
+        b"POST /release HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n",
+        400,
+        "Transfer-Encoding 'gzip' is not taken",
+    ),
     ("no Host header", b"GET /queue HTTP/1.1\r\n\r\n", 400, "Missing Host header"),
-    ("two Host headers", b"GET /queue HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400,
-     "Multiple host headers"),
+    (
+        "two Host headers",
+        b"GET /queue HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+        400,
+        "Multiple host headers",
+    ),
 ]
 PLAIN_FRAMING = [  # parsed by Tornado before the daemon sees a request: its bare 400
     ("request line", b"\x00\xff\r\n\r\n"),
     ("HTTP version", b"GET /status HTTP/2.0\r\nHost: x\r\n\r\n"),
     ("HTTP/2 preface", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"),
     ("header line", b"GET /status HTTP/1.1\r\nHost x\r\n\r\n"),
-    ("bad chunk size",
-     b"POST /release HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"),
+    (
+        "bad chunk size",
+        b"POST /release HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    ),
 ]
 UNANSWERED = [  # over Tornado's limits on what it reads before the daemon sees it: closed
     ("URL over 64 KiB", b"GET /status?" + b"a" * BIG + b" HTTP/1.1\r\nHost: x\r\n\r\n"),
-    ("header block over 64 KiB", b"GET /status HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * BIG
-     + b"\r\n\r\n"),
-    ("header block of 1 MiB", b"GET /status HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * (1 << 20)
-     + b"\r\n\r\n"),
-    ("chunk-size line over 64 bytes",
-     b"POST /release HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + b"0" * 100
-     + b"1\r\n"),
+    (
+        "header block over 64 KiB",
+        b"GET /status HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * BIG + b"\r\n\r\n",
+    ),
+    (
+        "header block of 1 MiB",
+        b"GET /status HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * (1 << 20) + b"\r\n\r\n",
+    ),
+    (
+        "chunk-size line over 64 bytes",
+        b"POST /release HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"0" * 100
+        + b"1\r\n",
+    ),
 ]
 
 
-@pytest.mark.parametrize("data,status,words", [f[1:] for f in JSON_FRAMING],
-                         ids=[f[0] for f in JSON_FRAMING])
+@pytest.mark.parametrize(
+    "data,status,words", [f[1:] for f in JSON_FRAMING], ids=[f[0] for f in JSON_FRAMING]
+)
 @async_test
 async def test_framing_errors_get_a_json_answer_then_the_connection_closes(data, status, words):
     async with running() as h:
@@ -156,10 +211,18 @@ async def test_what_is_over_tornados_read_limits_closes_the_connection_unanswere
 
 
 LINGERED = [  # refused with more of the body still coming than the daemon had read
-    ("by its content length", b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n"
-     + b"a" * 100000, "at most 65536 are taken"),
-    ("as its chunks arrive", b"POST /release HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-     + (b"8000\r\n" + b"a" * 0x8000 + b"\r\n") * 8 + b"0\r\n\r\n", "longer than 65536 bytes"),
+    (
+        "by its content length",
+        b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n" + b"a" * 100000,
+        "at most 65536 are taken",
+    ),
+    (
+        "as its chunks arrive",
+        b"POST /release HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + (b"8000\r\n" + b"a" * 0x8000 + b"\r\n") * 8
+        + b"0\r\n\r\n",
+        "longer than 65536 bytes",
+    ),
 ]
 
 
@@ -193,8 +256,9 @@ async def test_a_refused_connection_ends_with_a_clean_close_not_a_reset(request_
 @async_test
 async def test_a_refused_head_request_gets_the_headers_without_the_body():
     async with running() as h:
-        reader, writer = await h.raw(b"HEAD /status HTTP/1.1\r\nHost: x\r\n"
-                                     b"Content-Length: 100000\r\n\r\n")
+        reader, writer = await h.raw(
+            b"HEAD /status HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n"
+        )
         (line, headers), _ = await read_answer(reader, head_only=True)
         assert line.startswith("HTTP/1.1 413 ") and int(headers["content-length"]) > 0
         assert await asyncio.wait_for(reader.read(), 10) == b""  # no body, then the end
@@ -213,8 +277,10 @@ async def test_the_body_limit_and_the_log_bound_are_the_configured_ones():
             status, body = await h.call("/release", method="POST", body=b"uuid=" + b"a" * 95)
             assert status == 422 and "no device" in body["error"]  # 100 bytes are taken
             for size in (101, 102, 103):
-                request = (b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
-                           % size + b"a" * size)
+                request = (
+                    b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % size
+                    + b"a" * size
+                )
                 (line, _), body = await refused(h, request)
                 assert line.startswith("HTTP/1.1 413 ")
                 assert body["error"] == f"the request body is {size} bytes; at most 100 are taken"
@@ -266,14 +332,16 @@ def test_an_accepted_tcp_connection_keeps_tcp_nodelay_on():
                     assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
                 finally:
                     stream.close()
+
             asyncio.run(check())
 
 
 @async_test
 async def test_a_body_that_trickles_in_is_refused_after_the_body_timeout():
     async with running(body_timeout=1.0) as h:
-        reader, writer = await h.raw(b"POST /release HTTP/1.1\r\nHost: x\r\n"
-                                     b"Content-Length: 1000\r\n\r\n")
+        reader, writer = await h.raw(
+            b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
+        )
         answer = asyncio.ensure_future(read_answer(reader))
         sent = 0
         while not answer.done() and sent < 100:  # one byte each 0.1 s: 10 s to reach 100 of 1000
@@ -288,14 +356,17 @@ async def test_a_body_that_trickles_in_is_refused_after_the_body_timeout():
         assert len(h.services.leases.waiters) == 0
 
 
-@pytest.mark.parametrize("path", ["/status", "/devices", "/", "/metrics", "/metrics.json",
-                                  "/status?x=1"])
+@pytest.mark.parametrize(
+    "path", ["/status", "/devices", "/", "/metrics", "/metrics.json", "/status?x=1"]
+)
 @async_test
 async def test_head_is_answered_like_get_without_the_body(path):
     async with running() as h:
-        reader, writer = await h.raw(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n"
-                                     f"HEAD {path} HTTP/1.1\r\nHost: x\r\n\r\n"
-                                     "GET /devices HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        reader, writer = await h.raw(
+            f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n"
+            f"HEAD {path} HTTP/1.1\r\nHost: x\r\n\r\n"
+            "GET /devices HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+        )
         (got, got_headers), got_body = await read_answer(reader)
         (head, head_headers), nothing = await read_answer(reader, head_only=True)
         # had HEAD sent a body, it would be read here in place of the next answer's status line
@@ -334,14 +405,25 @@ async def test_request_and_wait_take_post_with_a_form_body():
 @async_test
 async def test_every_answer_says_server_patroller_and_no_framework_version():
     async with running() as h:
-        for path, method in (("/status", "GET"), ("/devices", "HEAD"), ("/", "GET"),
-                             ("/request?gpu=1", "GET"), ("/nowhere", "GET"), ("/status", "PUT")):
-            response = await h.http.fetch(h.url + path, method=method, raise_error=False,
-                                          allow_nonstandard_methods=True,
-                                          body=b"" if method == "PUT" else None)
+        for path, method in (
+            ("/status", "GET"),
+            ("/devices", "HEAD"),
+            ("/", "GET"),
+            ("/request?gpu=1", "GET"),
+            ("/nowhere", "GET"),
+            ("/status", "PUT"),
+        ):
+            response = await h.http.fetch(
+                h.url + path,
+                method=method,
+                raise_error=False,
+                allow_nonstandard_methods=True,
+                body=b"" if method == "PUT" else None,
+            )
             assert response.headers["Server"] == "patroller", (path, method)
-        (_, headers), _ = await refused(h, b"POST /release HTTP/1.1\r\nHost: x\r\n"
-                                             b"Content-Length: -5\r\n\r\n")
+        (_, headers), _ = await refused(
+            h, b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n"
+        )
         assert headers["server"] == "patroller"
 
 
@@ -356,9 +438,11 @@ async def test_a_405_shows_the_method_cut_and_printable():
 @async_test
 async def test_a_bad_form_body_is_a_400_that_does_not_echo_it_whole():
     async with running() as h:
-        reader, writer = await h.raw(b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
-                                     b"Content-Type: application/x-www-form-urlencoded\r\n"
-                                     b"Content-Encoding: " + b"z" * 60000 + b"\r\n\r\nuuid=")
+        reader, writer = await h.raw(
+            b"POST /release HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+            b"Content-Type: application/x-www-form-urlencoded\r\n"
+            b"Content-Encoding: " + b"z" * 60000 + b"\r\n\r\nuuid="
+        )
         (line, _), body = await read_answer(reader)
         writer.close()
         assert line.startswith("HTTP/1.1 400 ")
@@ -386,7 +470,7 @@ class Volume(logging.Handler):
         super().__init__(logging.DEBUG)
         self.lines = 0
         self.bytes = 0
-        self.messages: List[str] = []
+        self.messages: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines += 1
@@ -404,8 +488,9 @@ async def test_a_thousand_bad_requests_with_60_kB_queries_make_a_small_log():
     try:
         # One window for the whole run, however long a busy machine makes it: the bound is
         # then on the lines, not on the lines per second the run happened to take.
-        async with running(framing_window=3600.0, client_errors_window=3600.0,
-                           repeat_log_every=3600.0) as h:
+        async with running(
+            framing_window=3600.0, client_errors_window=3600.0, repeat_log_every=3600.0
+        ) as h:
             request = b"GET /request?gpu=1&pad=" + b"x" * 60000 + b" HTTP/1.1\r\nHost: x\r\n\r\n"
             reader, writer = await h.raw(b"")
             started = time.monotonic()
@@ -418,8 +503,10 @@ async def test_a_thousand_bad_requests_with_60_kB_queries_make_a_small_log():
     finally:
         logger.removeHandler(volume)
         logger.setLevel(level)
-    print(f"1000 bad requests of 60 kB in {took:.1f} s: {volume.lines} log lines, "
-          f"{volume.bytes} bytes of log")
+    print(
+        f"1000 bad requests of 60 kB in {took:.1f} s: {volume.lines} log lines, "
+        f"{volume.bytes} bytes of log"
+    )
     assert volume.lines <= 25 and volume.bytes < 5000
 
 
@@ -446,8 +533,13 @@ async def test_tornados_own_lines_about_bad_requests_are_bounded_and_cut():
 def test_the_throttle_lets_a_few_through_per_window_and_counts_the_rest():
     clock = FakeClock()
     throttle = Throttle(2, 10.0, clock)
-    assert [throttle.admit() for _ in range(5)] == [(True, 0), (True, 0), (False, 0), (False, 0),
-                                                    (False, 0)]
+    assert [throttle.admit() for _ in range(5)] == [
+        (True, 0),
+        (True, 0),
+        (False, 0),
+        (False, 0),
+        (False, 0),
+    ]
     clock.advance(9.9)
     assert throttle.admit() == (False, 0)
     clock.advance(0.1)
@@ -469,8 +561,10 @@ def test_sighup_logs_the_state_and_keeps_serving_then_sigterm_stops_cleanly():
             while "SIGHUP" not in server.log:
                 assert time.monotonic() < deadline, server.log
                 time.sleep(0.05)
-            assert ("8 devices: 2 reserved, 0 claimed, 0 shared, 6 free; 0 requests waiting"
-                    in server.log)
+            assert (
+                "8 devices: 2 reserved, 0 claimed, 0 shared, 6 free; 0 requests waiting"
+                in server.log
+            )
             with urllib.request.urlopen(server.url + "/status", timeout=10) as response:
                 assert response.status == 200
             client = socket.socket(socket.AF_UNIX)
@@ -490,20 +584,30 @@ async def test_a_body_exactly_at_the_size_limit_is_taken_and_one_byte_more_is_no
         for size, status in ((limit, 200), (limit + 1, 413)):
             form = b"a" * size  # not a form: the body is taken, not read as arguments
             if chunked:
-                framing = b"Transfer-Encoding: chunked\r\n\r\n" + b"".join(
-                    b"%x\r\n%s\r\n" % (len(piece), piece)
-                    for piece in (form[i:i + 20000] for i in range(0, size, 20000))) + b"0\r\n\r\n"
+                framing = (
+                    b"Transfer-Encoding: chunked\r\n\r\n"
+                    + b"".join(
+                        b"%x\r\n%s\r\n" % (len(piece), piece)
+                        for piece in (form[i : i + 20000] for i in range(0, size, 20000))
+                    )
+                    + b"0\r\n\r\n"
+                )
             else:
                 framing = b"Content-Length: %d\r\n\r\n" % size + form
-            reader, writer = await h.raw(b"POST /release?user=alice HTTP/1.1\r\nHost: x\r\n"
-                                         b"Content-Type: application/octet-stream\r\n"
-                                         + framing)
+            reader, writer = await h.raw(
+                b"POST /release?user=alice HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Type: application/octet-stream\r\n" + framing
+            )
             (line, _), body = await read_answer(reader)
             writer.close()
             assert line.startswith(f"HTTP/1.1 {status} "), (size, line, body)
             if status == 200:
-                assert json.loads(body) == {"released": [], "after_exit": [], "kept": [],
-                                            "holder": None}
+                assert json.loads(body) == {
+                    "released": [],
+                    "after_exit": [],
+                    "kept": [],
+                    "holder": None,
+                }
 
 
 @async_test
@@ -543,7 +647,8 @@ def held_lookups(monkeypatch):
 
 @async_test
 async def test_a_stop_answers_the_request_whose_client_half_closed_while_its_caller_is_looked_up(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     # The race behind the test above's rare 500, held open: the client's connection is ended
     # at the end of its input while its caller is still looked up in /proc (off the loop). A
     # stop that waited for the connections alone returned with that request still handled, and
@@ -596,20 +701,23 @@ async def test_a_request_the_stop_cuts_short_is_answered_503_not_500(tmp_path, m
 @pytest.mark.errors_expected
 @async_test
 async def test_an_unexpected_5xx_from_an_error_the_daemon_raises_is_logged_with_its_traceback(
-        monkeypatch, caplog):
+    monkeypatch, caplog
+):
     # A domain error with no status of its own, or an HTTP error of 5xx other than 503, is a
     # fault of ours: logged with where it came from, not only as the access log's status. An
     # expected 503 (a part down, or the stop) adds no traceback.
-    raised: List[Exception] = []
+    raised: list[Exception] = []
 
     def request(*args, **kwargs):
         raise raised[-1]
 
     async with running(repeat_log_every=1e-6) as h:  # each traceback, not one a minute
         monkeypatch.setattr(h.services.leases, "request", request)
-        for error, status in [(PatrollerError("no status for this one"), 500),
-                              (tornado.web.HTTPError(502, "upstream broke"), 502),
-                              (Unavailable("a part is down"), 503)]:
+        for error, status in [
+            (PatrollerError("no status for this one"), 500),
+            (tornado.web.HTTPError(502, "upstream broke"), 502),
+            (Unavailable("a part is down"), 503),
+        ]:
             raised.append(error)
             caplog.clear()
             assert (await h.call("/request?gpu=1"))[0] == status

@@ -1,6 +1,7 @@
 """A hung `nvidia-smi -q -x` or `--query-compute-apps` is killed like a hung stream: after its
 timeout in the inventory watch and at discovery, within the stop's grace on SIGTERM, and by the
 kernel when the daemon is killed. The simulator's `hang` fault is the hung nvidia-smi."""
+
 import asyncio
 import logging
 import os
@@ -10,21 +11,21 @@ import sys
 import tempfile
 import time
 from dataclasses import replace
-from typing import List
 
 import pytest
 
-from helpers import (ROOT, ScenarioFile, ServerProcess, alive, async_test, children_of,
-                     until)
+from helpers import ROOT, ScenarioFile, ServerProcess, alive, async_test, children_of, until
 from patroller.config import Config
 from patroller.core.devices import Inventory
 from patroller.observe.signals import Signals
-from patroller.observe.inventory import (GpuHostError, InventoryWatch, command, devices_of,
-                                         discover)
+from patroller.observe.inventory import GpuHostError, InventoryWatch, command, devices_of, discover
 
 SIX = [{"minor": n} for n in range(6)]
-MIG = {"name": "NVIDIA H100 80GB HBM3", "mig": "Enabled",
-       "mig_devices": [{"gpu_instance_id": 1, "compute_instance_id": 0, "memory_mib": 9856}]}
+MIG = {
+    "name": "NVIDIA H100 80GB HBM3",
+    "mig": "Enabled",
+    "mig_devices": [{"gpu_instance_id": 1, "compute_instance_id": 0, "memory_mib": 9856}],
+}
 HANG = {"hang": True, "ignore_sigterm": True}  # only SIGKILL ends it
 BOUND = 10  # seconds: a bound for exits that take well under 2 s (the bug took 118 s)
 
@@ -34,7 +35,7 @@ def scenario(tmp_path):
     return ScenarioFile(str(tmp_path / "scenario.json"), devices=SIX)
 
 
-def cmdline(pid: int) -> List[str]:
+def cmdline(pid: int) -> list[str]:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return f.read().decode(errors="replace").split("\0")
@@ -42,12 +43,12 @@ def cmdline(pid: int) -> List[str]:
         return []
 
 
-def children_running(parent: int, word: str) -> List[int]:
+def children_running(parent: int, word: str) -> list[int]:
     """The parent's live children (from /proc) whose command line has `word` in it."""
     return [pid for pid in children_of(parent) if word in cmdline(pid)]
 
 
-def wait_for_child(parent: int, word: str) -> List[int]:
+def wait_for_child(parent: int, word: str) -> list[int]:
     deadline = time.monotonic() + BOUND
     while not children_running(parent, word):
         assert time.monotonic() < deadline, f"no `{word}` child of {parent}"
@@ -55,7 +56,7 @@ def wait_for_child(parent: int, word: str) -> List[int]:
     return children_running(parent, word)
 
 
-def gone(pids: List[int]) -> bool:
+def gone(pids: list[int]) -> bool:
     """Whether every one of `pids` has ended, waiting for the kernel at most BOUND s."""
     deadline = time.monotonic() + BOUND
     while any(map(alive, pids)) and time.monotonic() < deadline:
@@ -75,7 +76,8 @@ async def test_discovery_that_hangs_is_killed_after_its_timeout(scenario):
 
 @async_test
 async def test_a_hung_reading_in_the_watch_is_killed_counted_logged_once_and_it_goes_on(
-        scenario, caplog):
+    scenario, caplog
+):
     argv = command(scenario.command)
     config = replace(Config(), inventory_every=0.1, discovery_timeout=0.5)
     inventory = Inventory(devices_of(await discover(argv, None, Config())))
@@ -97,8 +99,12 @@ async def test_a_hung_reading_in_the_watch_is_killed_counted_logged_once_and_it_
         running = watch.query.child.pid if watch.query.child is not None else None
         assert len(pids) >= 3 and not [p for p in pids if alive(p) and p != running]
         assert watch.metrics().hangs >= 3 and watch.metrics().failures >= 3
-        failed = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
-                  and "reading the GPU inventory again failed" in r.getMessage()]
+        failed = [
+            r.getMessage()
+            for r in caplog.records
+            if r.levelno == logging.WARNING
+            and "reading the GPU inventory again failed" in r.getMessage()
+        ]
         assert len(failed) == 1, failed  # once a minute, not once a reading
         assert "did not answer in 0.5 s: killed" in failed[0] and "keeping it" in failed[0]
         assert changes == [] and not any(d.lost for d in inventory)
@@ -114,16 +120,31 @@ def start_daemon(scenario: ScenarioFile, *args: str) -> "subprocess.Popen[bytes]
     """`python -m patroller` on the simulator, not waiting for it to listen (it may not)."""
     log = tempfile.TemporaryFile()
     return subprocess.Popen(
-        [sys.executable, "-m", "patroller", "--port", "0", "--address", "127.0.0.1",
-         "--nvidia-smi", scenario.command, *args], cwd=ROOT, stdin=subprocess.DEVNULL,
-        stdout=log, stderr=log, env={**os.environ, "PYTHONPATH": ROOT, "PATROLLER_STATE_DIR": ""})
+        [
+            sys.executable,
+            "-m",
+            "patroller",
+            "--port",
+            "0",
+            "--address",
+            "127.0.0.1",
+            "--nvidia-smi",
+            scenario.command,
+            *args,
+        ],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        env={**os.environ, "PYTHONPATH": ROOT, "PATROLLER_STATE_DIR": ""},
+    )
 
 
 @pytest.mark.parametrize("hang", [{"hang": True}, HANG])
 def test_sigterm_ends_a_daemon_whose_discovery_hangs(scenario, hang):
     scenario.write(faults={"-q": hang})
     daemon = start_daemon(scenario)
-    hung: List[int] = []
+    hung: list[int] = []
     try:
         hung = wait_for_child(daemon.pid, "-q")
         daemon.send_signal(signal.SIGTERM)
@@ -138,7 +159,7 @@ def test_sigterm_ends_a_daemon_whose_discovery_hangs(scenario, hang):
 
 def test_sigterm_ends_a_daemon_whose_reading_of_the_inventory_hangs(scenario):
     server = ServerProcess("--nvidia-smi", scenario.command, "--inventory-every", "0.3").start()
-    hung: List[int] = []
+    hung: list[int] = []
     try:
         scenario.write(faults={"-q": HANG})
         hung = wait_for_child(server.process.pid, "-q")
@@ -152,15 +173,21 @@ def test_sigterm_ends_a_daemon_whose_reading_of_the_inventory_hangs(scenario):
             os.kill(pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("kind,devices,args", [
-    ("-q", SIX, ["--inventory-every", "0.3"]),
-    ("--query-compute-apps=gpu_uuid,pid,used_memory,process_name", [MIG, {}],
-     ["--cross-check-every", "0.3"]),  # the MIG device is one the cross-check watches
-])
+@pytest.mark.parametrize(
+    "kind,devices,args",
+    [
+        ("-q", SIX, ["--inventory-every", "0.3"]),
+        (
+            "--query-compute-apps=gpu_uuid,pid,used_memory,process_name",
+            [MIG, {}],
+            ["--cross-check-every", "0.3"],
+        ),  # the MIG device is one the cross-check watches
+    ],
+)
 def test_kill_9_of_the_daemon_leaves_no_hung_query_running(scenario, kind, devices, args):
     scenario.write(devices=devices)
     server = ServerProcess("--nvidia-smi", scenario.command, *args).start()
-    hung: List[int] = []
+    hung: list[int] = []
     try:
         scenario.write(faults={kind.split("=")[0]: HANG})
         hung = wait_for_child(server.process.pid, kind)

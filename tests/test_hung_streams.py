@@ -1,4 +1,5 @@
 """A hung nvidia-smi, stale ownership, and children that must not outlive the daemon."""
+
 import logging
 import re
 import signal
@@ -8,8 +9,7 @@ import time
 import pytest
 
 from helpers import known_claim
-from helpers import (ScenarioFile, ServerProcess, alive, async_test, gpu_running, streams_of,
-                     until)
+from helpers import ScenarioFile, ServerProcess, alive, async_test, gpu_running, streams_of, until
 from patroller.app import build
 from patroller.config import Config, ConfigError, load
 
@@ -22,16 +22,18 @@ def scenario(tmp_path):
 
 
 @async_test
-async def test_a_hung_pmon_is_killed_and_restarted_and_the_dead_claim_cleared(scenario, sleeper,
-                                                                            caplog):
+async def test_a_hung_pmon_is_killed_and_restarted_and_the_dead_claim_cleared(
+    scenario, sleeper, caplog
+):
     scenario.write(processes=[{"pid": sleeper.pid, "gpu": 1}])
     async with gpu_running(scenario, stream_silence=1.0) as h:
         pmon = h.services.monitors[1].child
         target = h.uuids()[1]
         listed, ended = [], []
         h.services.signals.processes_listed.connect(lambda s, record: listed.append(1), weak=False)
-        h.services.signals.process_ended.connect(lambda s, record: ended.append(pmon.starts),
-                                               weak=False)
+        h.services.signals.process_ended.connect(
+            lambda s, record: ended.append(pmon.starts), weak=False
+        )
         await until(lambda: known_claim(h.services.leases, target) and len(listed) >= 3)
         # In one write: pmon, past its 12th row (3 intervals of 6), stops printing but stays
         # alive, and the process ends; a fresh pmon prints two intervals, then hangs again.
@@ -43,13 +45,22 @@ async def test_a_hung_pmon_is_killed_and_restarted_and_the_dead_claim_cleared(sc
         assert ended == [2]  # learnt from the restarted pmon, not from the hung one
         claim = (await h.ok("/status"))[target]["claim"]
         assert claim["processes"] == [] and claim["processes_stale"] is False
-        hung = [r.getMessage() for r in caplog.records
-                if r.levelno == logging.WARNING and "hung" in r.getMessage()]
-        said = re.fullmatch(r"pmon: printed nothing more for ([0-9.]+) s: hung, killing it",
-                            hung[0])
+        hung = [
+            r.getMessage()
+            for r in caplog.records
+            if r.levelno == logging.WARNING and "hung" in r.getMessage()
+        ]
+        said = re.fullmatch(
+            r"pmon: printed nothing more for ([0-9.]+) s: hung, killing it", hung[0]
+        )
         assert said and float(said.group(1)) >= 1.0
-        assert not [r for r in caplog.records if r.name.endswith("supervisor")
-                    and "dmon" in r.getMessage() and "hung" in r.getMessage()]  # dmon ran on
+        assert not [
+            r
+            for r in caplog.records
+            if r.name.endswith("supervisor")
+            and "dmon" in r.getMessage()
+            and "hung" in r.getMessage()
+        ]  # dmon ran on
 
 
 @async_test
@@ -57,8 +68,12 @@ async def test_processes_are_stale_while_pmon_is_silent_and_fresh_again_after(sc
     scenario.write(processes=[{"pid": sleeper.pid, "gpu": 2}])
     async with gpu_running(scenario, stream_silence=600.0) as h:  # never killed here
         target = h.uuids()[2]
-        await until(lambda: known_claim(h.services.leases, target)
-                    and not h.services.stats.processes_stale(target))  # an interval completed
+        await until(
+            lambda: (
+                known_claim(h.services.leases, target)
+                and not h.services.stats.processes_stale(target)
+            )
+        )  # an interval completed
         entry = (await h.ok("/status"))[target]
         assert entry["claim"]["processes_stale"] is False and entry["stale"] is False
         scenario.write(faults={"pmon": {"stall_after_lines": 0}})

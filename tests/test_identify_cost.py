@@ -3,6 +3,7 @@ descriptors (as found: 100 processes of 1,000 descriptors each, by uid 65534, ma
 user's first /request take 0.6 s, and 8 at once 7-10 s). The cost is counted in descriptors
 read (/metrics.json `caller_descriptors_read`); its time is the benchmark's (`identity`).
 Real daemon, real processes of other uids, real /proc."""
+
 import json
 import os
 import socket
@@ -68,10 +69,6 @@ sys.stdin.read()
 """
 
 
-
-
-
-
 def get(url, path):
     with urllib.request.urlopen(url + path, timeout=20) as answer:
         return json.loads(answer.read())
@@ -82,9 +79,14 @@ class Parked:
 
     def __init__(self):
         self.parker = subprocess.Popen(
-            [python_for(NOBODY), "-c", PARKER, str(PROCESSES), str(DESCRIPTORS)], user=NOBODY,
-            group=NOBODY, extra_groups=[], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            text=True)
+            [python_for(NOBODY), "-c", PARKER, str(PROCESSES), str(DESCRIPTORS)],
+            user=NOBODY,
+            group=NOBODY,
+            extra_groups=[],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.pids = [int(pid) for pid in self.parker.stdout.readline().split()]
         assert len(self.pids) == PROCESSES
         assert all(len(os.listdir(f"/proc/{pid}/fd")) >= DESCRIPTORS for pid in self.pids)
@@ -97,8 +99,13 @@ class Parked:
 @pytest.fixture
 def server(tmp_path):
     scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=[{}, {}, {}, {}])
-    server = ServerProcess("--nvidia-smi", scenario.command, "--lease", "300",
-                           env={"PATROLLER_STATE_DIR": str(tmp_path / "state")}).start()
+    server = ServerProcess(
+        "--nvidia-smi",
+        scenario.command,
+        "--lease",
+        "300",
+        env={"PATROLLER_STATE_DIR": str(tmp_path / "state")},
+    ).start()
     yield server
     assert server.stop() == 0
 
@@ -109,8 +116,14 @@ class Client:
     def __init__(self, server, uid, extra):
         self.server = server
         self.process = subprocess.Popen(
-            [python_for(uid), "-c", CLIENT, server.url, str(extra)], user=uid, group=uid,
-            extra_groups=[], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            [python_for(uid), "-c", CLIENT, server.url, str(extra)],
+            user=uid,
+            group=uid,
+            extra_groups=[],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.pid = int(self.process.stdout.readline())
 
     def first_call(self):
@@ -165,11 +178,13 @@ def test_the_search_stops_at_its_budget_and_names_nobody():
     held = [os.open("/dev/null", os.O_RDONLY) for _ in range(50)]  # newer than the socket
     inode = os.fstat(client.fileno()).st_ino
     try:
-        whole = HolderSearch("/proc", budget=10**6, remembered=16).find(inode, os.geteuid(),
-                                                                         [os.getpid()])
+        whole = HolderSearch("/proc", budget=10**6, remembered=16).find(
+            inode, os.geteuid(), [os.getpid()]
+        )
         assert whole.pid == os.getpid() and not whole.exhausted and whole.read > 50
-        cut = HolderSearch("/proc", budget=20, remembered=16).find(inode, os.geteuid(),
-                                                                   [os.getpid()])
+        cut = HolderSearch("/proc", budget=20, remembered=16).find(
+            inode, os.geteuid(), [os.getpid()]
+        )
         assert cut.pid is None and cut.exhausted and cut.read == 20
     finally:
         for fd in held:
@@ -186,12 +201,19 @@ def test_sockets_seen_in_a_search_are_found_at_once_later():
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(8)
-    children = [subprocess.Popen([sys.executable, "-c", CALLERS, str(DESCRIPTORS * 2),
-                                  str(server.getsockname()[1])], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", CALLERS, str(DESCRIPTORS * 2), str(server.getsockname()[1])],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     try:
-        inodes = {child.pid: [int(i) for i in child.stdout.readline().split()]
-                  for child in children}
+        inodes = {
+            child.pid: [int(i) for i in child.stdout.readline().split()] for child in children
+        }
         # Room for every socket of this uid on the machine (other root processes hold
         # thousands where other work runs), so that none of the children's is forgotten.
         search = HolderSearch("/proc", budget=10**6, remembered=10**6)
@@ -213,13 +235,17 @@ def test_candidates_are_the_uids_processes_newest_first():
     first = [1, os.getpid()]  # pid 1 is root's: first only when we are root
     mine = candidates(os.geteuid(), "/proc", first)
     ours = [pid for pid in first if os.stat(f"/proc/{pid}").st_uid == os.geteuid()]
-    assert mine[:len(ours)] == ours
-    rest = mine[len(ours):]
+    assert mine[: len(ours)] == ours
+    rest = mine[len(ours) :]
     assert rest == sorted(rest, reverse=True) and os.getpid() not in rest
-    assert all(os.stat(f"/proc/{pid}").st_uid == os.geteuid() for pid in rest
-               if os.path.exists(f"/proc/{pid}"))
-    assert not set(mine) & set(pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
-                               if not owned(pid))
+    assert all(
+        os.stat(f"/proc/{pid}").st_uid == os.geteuid()
+        for pid in rest
+        if os.path.exists(f"/proc/{pid}")
+    )
+    assert not set(mine) & set(
+        pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if not owned(pid)
+    )
 
 
 def owned(pid):
@@ -241,8 +267,10 @@ def test_without_a_readable_proc_no_holder_is_named_and_the_reads_add_up(tmp_pat
     server.listen(1)
     client = socket.create_connection(server.getsockname())
     try:
-        found = [search.find(os.fstat(client.fileno()).st_ino, os.geteuid(), [os.getpid()])
-                 for _ in range(2)]
+        found = [
+            search.find(os.fstat(client.fileno()).st_ino, os.geteuid(), [os.getpid()])
+            for _ in range(2)
+        ]
     finally:
         client.close()
         server.close()

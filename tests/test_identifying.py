@@ -3,6 +3,7 @@ rules: it keeps a free GPU from being free or granted, and is nobody's claim or 
 its owner is known (core/leases/holds.py). A fake clock and no I/O; the tracker that tells the
 leases, and a daemon with a containerd that hangs, are tested in test_identity_rules.py and
 test_grpc_answers.py."""
+
 from dataclasses import replace
 
 import pytest
@@ -17,8 +18,9 @@ from patroller.state.schema import snapshot
 
 alice, bob, carol = named_user("alice"), named_user("bob"), named_user("carol")
 # what the tracker shows once /proc has told the container and the host account
-IN_CONTAINER = replace(IDENTIFYING, source="container", container=("0123456789ab", None),
-                       account="alice", uid=1001)
+IN_CONTAINER = replace(
+    IDENTIFYING, source="container", container=("0123456789ab", None), account="alice", uid=1001
+)
 
 
 @pytest.fixture
@@ -110,8 +112,7 @@ def test_a_claim_beyond_a_limit_is_told_once_the_owner_is_known(clock):
     assert events[1:] == [("claim", "alice", None), ("trespass", "alice", "over_limit")]
 
 
-def test_when_the_holder_lets_go_a_known_process_takes_it_before_one_being_looked_up(
-        leases, told):
+def test_when_the_holder_lets_go_a_known_process_takes_it_before_one_being_looked_up(leases, told):
     [device] = leases.request(alice, {"gpu": 1})
     leases.process_started(device.uuid, 5, IDENTIFYING)
     leases.process_started(device.uuid, 6, bob)
@@ -129,8 +130,13 @@ def test_on_a_jobs_gpu_it_is_no_trespass_until_known(leases, told):
     leases.allocate(gpu, Allocation((job,)))
     leases.process_started(gpu, 5, IDENTIFYING)
     assert leases.state(gpu) == "allocated" and ("trespass", "unknown") not in told
-    member = Identity(user="carol", source="slurm", account="carol", uid=1001,
-                      job=(("id", "4242"), ("step", "0")))
+    member = Identity(
+        user="carol",
+        source="slurm",
+        account="carol",
+        uid=1001,
+        job=(("id", "4242"), ("step", "0")),
+    )
     leases.update_owner(gpu, 5, member)
     assert leases.state(gpu) == "claimed" and not any(k == "trespass" for k, _ in told)
 

@@ -1,4 +1,5 @@
 """Identity against a real Docker Engine and real processes: labels, peers, pid reuse, outages."""
+
 import asyncio
 import os
 import signal
@@ -9,8 +10,17 @@ import pytest
 from dataclasses import replace
 
 from helpers import known_claim
-from helpers import (ScenarioFile, alive, async_test, client_in, gpu_running, on_gpu,
-                     reuse_pid, unused_uid, until)
+from helpers import (
+    ScenarioFile,
+    alive,
+    async_test,
+    client_in,
+    gpu_running,
+    on_gpu,
+    reuse_pid,
+    unused_uid,
+    until,
+)
 from patroller.identify.containers import ContainerDirectory
 from patroller.identify.procfs import uid as read_uid
 from patroller.identify.callers import SystemCallers
@@ -44,8 +54,12 @@ async def test_a_containers_process_shows_its_labels_email_and_info(engine, scen
     plain = engine.run()
     async with gpu_running(scenario, docker_host=engine.url, user_info_labels=("team",)) as h:
         scenario.write(processes=on_gpu((alice.pid, 1), (plain.pid, 2)))
-        await until(lambda: known_claim(h.services.leases, h.uuids()[1])
-                    and known_claim(h.services.leases, h.uuids()[2]))
+        await until(
+            lambda: (
+                known_claim(h.services.leases, h.uuids()[1])
+                and known_claim(h.services.leases, h.uuids()[2])
+            )
+        )
         status = await h.ok("/status")
         owner = status[h.uuids()[1]]["claim"]["user"]
         assert owner["user"] == "alice@example.org" and owner["email"] == "alice@example.org"
@@ -73,14 +87,12 @@ async def test_a_host_process_shows_its_account(engine, scenario):
 
 @async_test
 async def test_a_caller_in_a_container_reserves_over_the_unix_socket(engine, scenario, socket_dir):
-    alice = engine.run(labels={"user.email": "alice@example.org"},
-                       command="sleep 600")
+    alice = engine.run(labels={"user.email": "alice@example.org"}, command="sleep 600")
     bob = engine.run(labels={"email": "bob@example.org"})
     path = os.path.join(socket_dir, "api.sock")
     async with gpu_running(scenario, docker_host=engine.url, socket=path) as h:
         loop = asyncio.get_running_loop()
-        granted = await loop.run_in_executor(None, client_in, alice, f"unix://{path}",
-                                             RESERVE_1)
+        granted = await loop.run_in_executor(None, client_in, alice, f"unix://{path}", RESERVE_1)
         uuid = granted[0]["uuid"]
         claim = (await h.ok("/status"))[uuid]["claim"]
         assert claim["state"] == "reserved" and claim["user"]["user"] == "alice@example.org"
@@ -89,15 +101,26 @@ async def test_a_caller_in_a_container_reserves_over_the_unix_socket(engine, sce
         scenario.write(processes=on_gpu((alice.pid, granted[0]["info"]["number"])))
         await until(lambda: known_claim(h.services.leases, uuid))
         # another user's process on it makes it shared
-        scenario.write(processes=on_gpu((alice.pid, granted[0]["info"]["number"]),
-                                        (bob.pid, granted[0]["info"]["number"])))
+        scenario.write(
+            processes=on_gpu(
+                (alice.pid, granted[0]["info"]["number"]), (bob.pid, granted[0]["info"]["number"])
+            )
+        )
         await until(lambda: h.services.leases.state(uuid) == "shared")
         users = [u["user"] for u in (await h.ok("/status"))[uuid]["claim"]["users"]]
         assert users == ["alice@example.org", "bob@example.org"]
         # and bob cannot release alice's device
-        refused = await loop.run_in_executor(None, client_in, bob, f"unix://{path}", (
-            "try:\n    client.release(server, uuid=%r)\n    print(json.dumps('released'))\n"
-            "except client.RequestRefused as e:\n    print(json.dumps(e.status))") % uuid)
+        refused = await loop.run_in_executor(
+            None,
+            client_in,
+            bob,
+            f"unix://{path}",
+            (
+                "try:\n    client.release(server, uuid=%r)\n    print(json.dumps('released'))\n"
+                "except client.RequestRefused as e:\n    print(json.dumps(e.status))"
+            )
+            % uuid,
+        )
         assert refused == 403
 
 
@@ -106,10 +129,11 @@ async def test_a_loopback_tcp_caller_in_a_container_is_that_container(engine, sc
     alice = engine.run(labels={"user.email": "alice@example.org"})
     async with gpu_running(scenario, docker_host=engine.url) as h:
         loop = asyncio.get_running_loop()
-        granted = await loop.run_in_executor(None, client_in, alice, h.url,
-                                             RESERVE_2)
+        granted = await loop.run_in_executor(None, client_in, alice, h.url, RESERVE_2)
         claims = await h.ok("/status")
-        assert {claims[g["uuid"]]["claim"]["user"]["user"] for g in granted} == {"alice@example.org"}
+        assert {claims[g["uuid"]]["claim"]["user"]["user"] for g in granted} == {
+            "alice@example.org"
+        }
 
 
 @async_test
@@ -146,8 +170,7 @@ async def test_one_docker_call_per_container_and_none_at_steady_state(engine, sc
         scenario.write(processes=on_gpu(*[(pid, n % 4) for n, pid in enumerate(pids)]))
         await until(lambda: all(known_claim(h.services.leases, u) for u in h.uuids()))
         calls, listed = h.services.directory.calls, []
-        h.services.signals.processes_listed.connect(lambda s, record: listed.append(1),
-                                                    weak=False)
+        h.services.signals.processes_listed.connect(lambda s, record: listed.append(1), weak=False)
         await until(lambda: len(listed) >= 10)  # ten pmon intervals of the same processes
         assert h.services.directory.calls == calls == 2
 
@@ -168,19 +191,30 @@ async def test_docker_down_degrades_and_recovers(engine, scenario, socket_dir):
             assert owner["degraded"] is True and owner["user"] == "unknown"
             assert owner["container"]["id"] == alice.short  # the container is still known
             loop = asyncio.get_running_loop()
-            refused = await loop.run_in_executor(None, client_in, alice, f"unix://{path}", (
-                "try:\n    client.reserve(1, server=server, hold='lease')\n    print(json.dumps(0))\n"
-                "except client.RequestRefused as e:\n    print(json.dumps([e.status, e.body['error']]))"))
+            refused = await loop.run_in_executor(
+                None,
+                client_in,
+                alice,
+                f"unix://{path}",
+                (
+                    "try:\n    client.reserve(1, server=server, hold='lease')\n    print(json.dumps(0))\n"
+                    "except client.RequestRefused as e:\n    print(json.dumps([e.status, e.body['error']]))"
+                ),
+            )
             assert refused[0] == 403 and "unreachable" in refused[1]
             assert len(await h.ok("/devices")) == 4  # the API keeps answering
         finally:
             os.rename(engine.socket + ".away", engine.socket)
-        await until(lambda: (claims(h.services.leases)[target]["user"] or {}).get("user")
-                    == "alice@example.org", timeout=10)
+        await until(
+            lambda: (
+                (claims(h.services.leases)[target]["user"] or {}).get("user")
+                == "alice@example.org"
+            ),
+            timeout=10,
+        )
         assert known_claim(h.services.leases, target)
         loop = asyncio.get_running_loop()
-        granted = await loop.run_in_executor(None, client_in, alice, f"unix://{path}",
-                                             RESERVE_1)
+        granted = await loop.run_in_executor(None, client_in, alice, f"unix://{path}", RESERVE_1)
         assert granted and granted[0]["uuid"] != target
 
 
@@ -204,22 +238,29 @@ async def test_a_hung_docker_engine_degrades_without_stalling_the_api(engine, sc
             assert owner["degraded"] is True and owner["container"]["id"] == alice.short
         finally:
             os.kill(engine.process.pid, signal.SIGCONT)
-        await until(lambda: (claims(h.services.leases)[target]["user"] or {}).get("user")
-                    == "alice@example.org", timeout=15)
+        await until(
+            lambda: (
+                (claims(h.services.leases)[target]["user"] or {}).get("user")
+                == "alice@example.org"
+            ),
+            timeout=15,
+        )
 
 
 def client_as(container, uid, server, code):
     """Like client_in, but the process then runs as `uid`, as one started with
     `docker exec --user` would."""
-    return client_in(container, server, f"os.setgroups([]); os.setgid({uid}); os.setuid({uid})\n"
-                                        + code)
+    return client_in(
+        container, server, f"os.setgroups([]); os.setgid({uid}); os.setuid({uid})\n" + code
+    )
 
 
 TRY_RESERVE = (
     "try:\n"
     "    print(json.dumps([200, client.reserve(1, server=server, hold='lease')]))\n"
     "except client.RequestRefused as e:\n"
-    "    print(json.dumps([e.status, e.body]))\n")
+    "    print(json.dumps([e.status, e.body]))\n"
+)
 
 
 @async_test
@@ -240,8 +281,9 @@ async def test_limits_count_the_host_account_a_container_runs_as(engine, scenari
         loop = asyncio.get_running_loop()
 
         async def reserve(container, as_uid):
-            return await loop.run_in_executor(None, client_as, container, as_uid,
-                                              f"unix://{path}", TRY_RESERVE)
+            return await loop.run_in_executor(
+                None, client_as, container, as_uid, f"unix://{path}", TRY_RESERVE
+            )
 
         status, granted = await reserve(alice, uid)
         assert status == 200
@@ -257,16 +299,25 @@ async def test_limits_count_the_host_account_a_container_runs_as(engine, scenari
         assert (await reserve(dave, 0))[0] == 200
         # A process of the unlabelled container computes on the last free GPU: it holds it, a
         # trespass beyond the account's limit, in /users, the metrics and the audit record.
-        free = [n for n in range(6) if (await h.ok("/status"))[h.uuids()[n]]["claim"]["state"]
-                == "free"]
+        free = [
+            n
+            for n in range(6)
+            if (await h.ok("/status"))[h.uuids()[n]]["claim"]["state"] == "free"
+        ]
         scenario.write(processes=on_gpu((plain.pid, free[-1])))
         await until(lambda: known_claim(h.services.leases, h.uuids()[free[-1]]))
         anonymous = f"container:{plain.short}"
         users = await h.ok("/users")
         assert users[anonymous]["over_limit"] == 1
         assert users[anonymous]["accounts"] == [
-            {"account": f"uid:{uid}", "uid": uid, "held": 2, "devices": sorted(
-                [granted[0]["info"]["number"], free[-1]]), "limit": 1}]
+            {
+                "account": f"uid:{uid}",
+                "uid": uid,
+                "held": 2,
+                "devices": sorted([granted[0]["info"]["number"], free[-1]]),
+                "limit": 1,
+            }
+        ]
         assert users["alice@example.org"]["over_limit"] == 0
         metrics = (await h.http.fetch(h.url + "/metrics")).body.decode()
         assert f'patroller_user_gpus_over_limit{{user="{anonymous}"}} 1.0' in metrics
@@ -277,22 +328,26 @@ async def test_limits_count_the_host_account_a_container_runs_as(engine, scenari
 
 
 @async_test
-async def test_an_accounts_refusal_does_not_say_which_devices_others_hold(engine, scenario,
-                                                                          socket_dir):
+async def test_an_accounts_refusal_does_not_say_which_devices_others_hold(
+    engine, scenario, socket_dir
+):
     # --hide-users: alice's GPU is a pseudonym's to alice+2, whose account it also counts
     # under; the refusal says how many the account holds, not which (that would name whose).
     uid = unused_uid(1001)
     alice = engine.run("--user", f"{uid}:{uid}", labels={"user.email": "alice@example.org"})
     alice2 = engine.run("--user", f"{uid}:{uid}", labels={"user.email": "alice+2@example.org"})
     path = os.path.join(socket_dir, "api.sock")
-    async with gpu_running(scenario, docker_host=engine.url, socket=path, max_per_user=1,
-                           hide_users=True) as h:
+    async with gpu_running(
+        scenario, docker_host=engine.url, socket=path, max_per_user=1, hide_users=True
+    ) as h:
         loop = asyncio.get_running_loop()
-        status, _ = await loop.run_in_executor(None, client_as, alice, uid, f"unix://{path}",
-                                               TRY_RESERVE)
+        status, _ = await loop.run_in_executor(
+            None, client_as, alice, uid, f"unix://{path}", TRY_RESERVE
+        )
         assert status == 200
-        status, body = await loop.run_in_executor(None, client_as, alice2, uid,
-                                                  f"unix://{path}", TRY_RESERVE)
+        status, body = await loop.run_in_executor(
+            None, client_as, alice2, uid, f"unix://{path}", TRY_RESERVE
+        )
         assert status == 403 and body["held"] == [None] and body["account"] == f"uid:{uid}"
         assert "holds 1 device(s) (1 under other identities)" in body["error"], body
 

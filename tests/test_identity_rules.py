@@ -3,6 +3,7 @@ identities are never cached, and are learned again until the engine names them, 
 and by the tracker that tells the leases. The engine is tests/fake_engine.py, which answers with
 what the real Docker Engine answered; real processes in real cgroups, a real /proc. (The same
 rules against real engines: test_identity_docker, test_engines_docker, test_containerd.)"""
+
 import asyncio
 import logging
 import secrets
@@ -11,8 +12,16 @@ from dataclasses import replace
 import pytest
 
 from fake_engine import FakeEngine
-from helpers import (ScenarioFile, async_test, engines_in, gpu_running, host_user, lease_manager,
-                     process_in_cgroup, until)
+from helpers import (
+    ScenarioFile,
+    async_test,
+    engines_in,
+    gpu_running,
+    host_user,
+    lease_manager,
+    process_in_cgroup,
+    until,
+)
 from patroller.config import Config
 from patroller.core.identity import IDENTIFYING, UNKNOWN, Identity, named_user
 from patroller.identify.cgroups import ContainerRef
@@ -31,8 +40,9 @@ def folder(tmp_path):
 
 def config_in(folder, **more):
     """Every engine's socket in `folder`, none there until a test starts one; quick rechecks."""
-    return replace(Config(), **engines_in(folder, engine_socket_ttl=0.0, docker_retry_after=0.05,
-                                          **more))
+    return replace(
+        Config(), **engines_in(folder, engine_socket_ttl=0.0, docker_retry_after=0.05, **more)
+    )
 
 
 @pytest.fixture
@@ -45,7 +55,8 @@ def engines():
 
 @async_test
 async def test_a_pending_identity_is_not_cached_and_is_named_once_its_engine_is_there(
-        folder, engines):
+    folder, engines
+):
     """A Podman container's process while Podman's socket is not there: named by its id,
     pending; asked again, once the service is there, it is its labels' user."""
     cid = secrets.token_hex(32)
@@ -66,7 +77,8 @@ async def test_a_pending_identity_is_not_cached_and_is_named_once_its_engine_is_
 
 @async_test
 async def test_a_degraded_identity_is_not_cached_and_is_named_once_the_engine_answers(
-        folder, engines):
+    folder, engines
+):
     """The Docker Engine answers 500: the container's process is degraded (its container known,
     its user not);
     once the engine answers again (after its fail-fast pause), it is its labels' user."""
@@ -112,6 +124,7 @@ async def test_an_unknown_container_is_named_by_its_id_and_cached(folder, engine
 
 # -- the tracker: what it tells the leases while an owner is degraded or pending ---------------
 
+
 def tracking(leases, resolver, retry=0.01, recheck=0.01):
     """A tracker between fresh process signals and `leases`: (it, the signals, the first
     device's uuid)."""
@@ -142,8 +155,9 @@ class Scripted:
         return await self.identify(await self.facts(pid))
 
 
-DEGRADED = Identity(user="unknown", source="container", container=("0123456789ab", None),
-                    degraded=True)  # as containers.unlabelled_identity makes them
+DEGRADED = Identity(
+    user="unknown", source="container", container=("0123456789ab", None), degraded=True
+)  # as containers.unlabelled_identity makes them
 PENDING = replace(DEGRADED, user="container:0123456789ab", degraded=False, pending=True)
 
 
@@ -157,8 +171,9 @@ async def test_the_tracker_learns_an_unsettled_owner_and_tells_the_leases(unsett
     leases = lease_manager()
     resolver = Scripted(unsettled, unsettled, alice)
     hour = 3600.0
-    tracker, signals, uuid = tracking(leases, resolver, **(
-        {"recheck": hour} if unsettled.degraded else {"retry": hour}))
+    tracker, signals, uuid = tracking(
+        leases, resolver, **({"recheck": hour} if unsettled.degraded else {"retry": hour})
+    )
     signals.process_started.send(None, record=GpuProcess(uuid, 4242, "C", "python"))
     await until(lambda: leases.holder(uuid) == alice)
     assert resolver.asked == 3 and leases.state(uuid) == "claimed"
@@ -265,10 +280,15 @@ async def test_a_resolver_that_fails_leaves_the_gpu_held_by_unknown_and_says_whi
     await until(lambda: not leases.holder(other).identifying)
     assert leases.holder(uuid) == UNKNOWN and leases.holder(other) == UNKNOWN
     assert leases.state(uuid) == leases.state(other) == "claimed"
-    failed = sorted((r.getMessage(), r.exc_info[1].args[0]) for r in caplog.records
-                    if r.levelno == logging.ERROR)
-    assert failed == [("resolving pid 4242 failed", "cannot read /proc"),
-                      ("resolving pid 4243 failed", "the engine's client broke")]
+    failed = sorted(
+        (r.getMessage(), r.exc_info[1].args[0])
+        for r in caplog.records
+        if r.levelno == logging.ERROR
+    )
+    assert failed == [
+        ("resolving pid 4242 failed", "cannot read /proc"),
+        ("resolving pid 4243 failed", "the engine's client broke"),
+    ]
     tracker.close()
 
 
@@ -320,7 +340,8 @@ async def test_the_tracker_keeps_a_settled_owner_and_asks_no_more():
 
 @async_test
 async def test_a_degraded_gpu_owner_is_learned_by_the_daemon_once_the_engine_answers(
-        folder, engines, tmp_path):
+    folder, engines, tmp_path
+):
     """End to end: the simulator shows a container's process on a GPU while the engine fails;
     the GPU is held by the container (degraded); once the engine answers, by alice."""
     cid = secrets.token_hex(32)
@@ -330,8 +351,9 @@ async def test_a_degraded_gpu_owner_is_learned_by_the_daemon_once_the_engine_ans
     docker.start()
     scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=[{}, {}])
     with process_in_cgroup(f"/system.slice/docker-{cid}.scope") as pid:
-        async with gpu_running(scenario, owner_retry=0.05,
-                               **engines_in(folder, docker_retry_after=0.05)) as h:
+        async with gpu_running(
+            scenario, owner_retry=0.05, **engines_in(folder, docker_retry_after=0.05)
+        ) as h:
             uuid = h.uuids()[1]
             scenario.write(processes=[{"pid": pid, "gpu": 1, "name": "python"}])
             await until(lambda: not (h.services.leases.holder(uuid) or IDENTIFYING).identifying)

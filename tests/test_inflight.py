@@ -1,5 +1,6 @@
 """The requests in flight and the stop that cuts them short (http/inflight.py), without a server:
 which cancellation a handler answers, and which it lets through."""
+
 import asyncio
 
 import pytest
@@ -16,7 +17,7 @@ class Handler:
         self.inflight = InFlight()
         self.client_left = client_left
         self.closed = False
-        self.inner: "asyncio.Future[None]" = asyncio.get_running_loop().create_future()
+        self.inner: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.entered = asyncio.Event()
 
     def unanswerable(self) -> bool:

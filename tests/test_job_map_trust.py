@@ -6,6 +6,7 @@ A map that is not to be trusted is refused at start by a real `python -m patroll
 that stops being trusted while the daemon runs is read no more; a bad file spoils itself alone,
 is told of once, and nothing of what a file says is ever answered beyond the shapes of a job's
 id and facts."""
+
 import asyncio
 import json
 import logging
@@ -44,17 +45,39 @@ def shared():
 
 def as_user(user, *command):
     """`command` run by the throwaway user."""
-    subprocess.run(command, user=user.uid, group=user.gid, extra_groups=[], cwd="/", check=True,
-                   capture_output=True)
+    subprocess.run(
+        command,
+        user=user.uid,
+        group=user.gid,
+        extra_groups=[],
+        cwd="/",
+        check=True,
+        capture_output=True,
+    )
 
 
 def refused(map_dir):
     """Start a real daemon on `map_dir`; what it said as it exited (it must, with status 1)."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "patroller", "--test", "--port", "0", "--address", "127.0.0.1",
-         "--slurm-job-map", str(map_dir)], cwd=ROOT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "patroller",
+            "--test",
+            "--port",
+            "0",
+            "--address",
+            "127.0.0.1",
+            "--slurm-job-map",
+            str(map_dir),
+        ],
+        cwd=ROOT,
+        text=True,
         env={**os.environ, "PYTHONPATH": ROOT, "PATROLLER_STATE_DIR": ""},
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         out, err = process.communicate(timeout=20)
     except subprocess.TimeoutExpired:
@@ -73,6 +96,7 @@ def get(url, path):
 
 
 # -- at start --------------------------------------------------------------------------------
+
 
 def test_a_map_others_may_write_to_is_refused_at_start(tmp_path):
     jobs = tmp_path / "jobs"
@@ -96,8 +120,7 @@ def test_a_map_others_may_write_to_is_refused_at_start(tmp_path):
         assert server.stop() == 0
 
 
-def test_a_map_of_another_user_or_reached_through_their_link_is_refused_at_start(
-        stranger, shared):
+def test_a_map_of_another_user_or_reached_through_their_link_is_refused_at_start(stranger, shared):
     # The user makes the map where the prolog would, and lists a job of theirs on GPU 0.
     theirs = os.path.join(shared, "jobs")
     as_user(stranger, "mkdir", "-m", "755", theirs)
@@ -119,6 +142,7 @@ def test_a_map_of_another_user_or_reached_through_their_link_is_refused_at_start
 
 
 # -- while running ---------------------------------------------------------------------------
+
 
 @async_test
 async def test_a_map_that_stops_being_trusted_is_read_no_more(stranger, shared, caplog):
@@ -152,8 +176,9 @@ async def test_a_map_that_stops_being_trusted_is_read_no_more(stranger, shared, 
             failures = watch.failures
             await until(lambda: watch.failures > failures + 5)
             said = [r.getMessage() for r in caplog.records if "not trusted" in r.getMessage()]
-            assert len(said) == 2 and f"not root's or ours (mode 755, uid {stranger.uid})" in \
-                said[1]
+            assert (
+                len(said) == 2 and f"not root's or ours (mode 755, uid {stranger.uid})" in said[1]
+            )
             assert state(uuids[0]) == "allocated" and state(uuids[1]) == "free"
 
             # Made right again (and the user's file taken away): read again; the job ended
@@ -174,8 +199,12 @@ async def test_a_map_that_stops_being_trusted_is_read_no_more(stranger, shared, 
                     f.write("666 user=mallory\n")
                 os.chmod(shared, 0o777)
                 as_user(stranger, "sh", "-c", f"mv {jobs} {jobs}.old && ln -s {decoy} {jobs}")
-                await until(lambda: any(f"a link another user (uid {stranger.uid}) made" in
-                                        r.getMessage() for r in caplog.records))
+                await until(
+                    lambda: any(
+                        f"a link another user (uid {stranger.uid}) made" in r.getMessage()
+                        for r in caplog.records
+                    )
+                )
                 failures = watch.failures
                 await until(lambda: watch.failures > failures + 5)
                 assert state(uuids[1]) == "free"
@@ -204,8 +233,9 @@ def test_a_fifo_in_the_map_spoils_itself_alone_and_sigterm_still_stops_the_daemo
         assert [status[numbers[n]]["claim"]["state"] for n in (0, 2)] == ["free", "free"]
         first = get(server.url, "/metrics.json")["monitors"]["slurm_job_map"]["readings"]
         deadline = time.monotonic() + 15
-        while get(server.url, "/metrics.json")["monitors"]["slurm_job_map"]["readings"] < \
-                first + 2:  # read again and again, not stuck
+        while (
+            get(server.url, "/metrics.json")["monitors"]["slurm_job_map"]["readings"] < first + 2
+        ):  # read again and again, not stuck
             assert time.monotonic() < deadline, server.log
             time.sleep(0.1)
     finally:
@@ -214,8 +244,11 @@ def test_a_fifo_in_the_map_spoils_itself_alone_and_sigterm_still_stops_the_daemo
         took = time.monotonic() - began
     assert took < 3, f"SIGTERM took {took:.1f} s"
     warned = [line for line in server.log.splitlines() if "not read whole" in line]
-    assert len(warned) == 1 and "0 (a FIFO: not read)" in warned[0] and \
-        "2 (a link: not followed)" in warned[0]
+    assert (
+        len(warned) == 1
+        and "0 (a FIFO: not read)" in warned[0]
+        and "2 (a link: not followed)" in warned[0]
+    )
 
 
 @async_test
@@ -233,8 +266,9 @@ async def test_links_to_a_secret_and_a_link_loop_are_ignored_and_never_answered(
     os.symlink(secret, jobs / "1")
     os.symlink(jobs / "2", jobs / "2")  # a loop
     (jobs / "3").write_text(LINE)
-    async with running(slurm_job_map=str(jobs), job_map_every=0.05, hide_users=True,
-                       state_dir=str(state_dir)) as h:
+    async with running(
+        slurm_job_map=str(jobs), job_map_every=0.05, hide_users=True, state_dir=str(state_dir)
+    ) as h:
         # The key's very text, in a file of the map's own (as root could copy it there): a
         # line of no job.
         shutil.copy(key, jobs / "4")
@@ -243,16 +277,28 @@ async def test_links_to_a_secret_and_a_link_loop_are_ignored_and_never_answered(
         readings = watch.readings
         await until(lambda: h.services.leases.state(uuids[3]) == "allocated")
         await until(lambda: watch.readings > readings + 3)  # the copy read too
-        assert [h.services.leases.state(u) for u in uuids[:5]] == \
-            ["free", "free", "free", "allocated", "free"]
+        assert [h.services.leases.state(u) for u in uuids[:5]] == [
+            "free",
+            "free",
+            "free",
+            "allocated",
+            "free",
+        ]
         answers = []
-        for path in ("/status", "/status?user=root", "/users?user=root", "/history",
-                     "/metrics.json", "/devices"):
+        for path in (
+            "/status",
+            "/status?user=root",
+            "/users?user=root",
+            "/history",
+            "/metrics.json",
+            "/devices",
+        ):
             answers.append(json.dumps(await h.ok(path)))
         answers.append((await h.http.fetch(h.url + "/metrics")).body.decode())
         for uuid in uuids[:5]:
-            answers.append(json.dumps(await h.call(f"/release?uuid={uuid}&user=mallory",
-                                                   "POST", b"")))
+            answers.append(
+                json.dumps(await h.call(f"/release?uuid={uuid}&user=mallory", "POST", b""))
+            )
         told = "\n".join(answers)
         the_key = key.read_text().strip()
         assert the_key not in told and the_key[:12] not in told
@@ -285,10 +331,13 @@ async def test_thousands_of_bad_files_cost_a_line_or_two(tmp_path, caplog):
             lines = [r.getMessage() for r in caplog.records if r.name.endswith("jobmap")]
             assert len(lines) == 2, lines
             assert sum(len(line) for line in lines) < 1000
-            assert "3000 file(s) ignored or not read whole: 1 (a link: not followed)" in \
-                lines[0] + lines[1]
-            assert "GPU(s) 3001, 3002, 3003, 3004, 3005, and 1995 more, which" in \
-                lines[0] + lines[1]
+            assert (
+                "3000 file(s) ignored or not read whole: 1 (a link: not followed)"
+                in lines[0] + lines[1]
+            )
+            assert (
+                "GPU(s) 3001, 3002, 3003, 3004, 3005, and 1995 more, which" in lines[0] + lines[1]
+            )
             # One more goes bad: one more line, naming it alone. One is mended, and breaks
             # again: told again.
             os.remove(jobs / "3")
@@ -306,7 +355,8 @@ async def test_thousands_of_bad_files_cost_a_line_or_two(tmp_path, caplog):
             lines = [r.getMessage() for r in caplog.records if r.name.endswith("jobmap")]
             assert [line.split(": ", 1)[1] for line in lines[2:]] == [
                 "1 file(s) ignored or not read whole: 3 (a FIFO: not read)",
-                "1 file(s) ignored or not read whole: 5 (a link: not followed)"], lines
+                "1 file(s) ignored or not read whole: 5 (a link: not followed)",
+            ], lines
 
 
 def test_a_huge_file_is_read_no_further_than_the_limit(tmp_path):
@@ -339,8 +389,10 @@ def test_a_file_that_cannot_be_read_keeps_its_jobs_and_spoils_no_other(stranger,
         signals, told = Signals(), []
         signals.job_allocation.connect(
             lambda sender, record: told.append(
-                (record.uuid[-4:], record.allocation.ids() if record.allocation else None)),
-            weak=False)
+                (record.uuid[-4:], record.allocation.ids() if record.allocation else None)
+            ),
+            weak=False,
+        )
         inventory = synthetic_inventory(2)
         ours = JobMapWatch(inventory, signals, Config(slurm_job_map=jobs))
 
@@ -349,9 +401,14 @@ def test_a_file_that_cannot_be_read_keeps_its_jobs_and_spoils_no_other(stranger,
             os.chmod(os.path.join(jobs, "0"), 0)  # unreadable to its owner, who is not root
             await ours.read()
             await ours.read()
+
         asyncio.run(readings())
-        return ([(d.uuid[-4:], d.number) for d in inventory], told, ours.metrics().state,
-                ours._problems)
+        return (
+            [(d.uuid[-4:], d.number) for d in inventory],
+            told,
+            ours.metrics().state,
+            ours._problems,
+        )
 
     devices, told, state, problems = forked_as(stranger, watch)
     number = dict(devices)
@@ -372,8 +429,12 @@ def test_each_kind_of_entry_not_read_says_what_it_is(tmp_path):
         found = read_map(str(jobs), 65536, lambda uid: None)
     finally:
         listening.close()
-    assert found.problems == {"0": "a FIFO: not read", "1": "a directory: not read",
-                              "2": "not a regular file: not read", "3": "a link: not followed"}
+    assert found.problems == {
+        "0": "a FIFO: not read",
+        "1": "a directory: not read",
+        "2": "not a regular file: not read",
+        "3": "a link: not followed",
+    }
     assert list(found.allocations) == [4]
 
 
@@ -382,13 +443,17 @@ def test_a_warning_names_five_and_counts_the_rest():
     assert listed(str(n) for n in range(7)) == "0, 1, 2, 3, 4, and 2 more"
 
 
-@pytest.mark.parametrize("text, limit, ids, problem", [
-    (b"4242\n4243\n", 10, ["4242", "4243"], None),  # exactly the limit: read whole
-    (b"4242\n4243\n", 9, ["4242"], "over 9 bytes: the lines past them are not read"),
-    (b"4242\n\xff\xfe not utf-8\n4243\n", 1000, ["4242", "4243"], None),
-])
-def test_a_file_is_read_to_its_last_whole_line_within_the_limit(tmp_path, text, limit, ids,
-                                                                problem):
+@pytest.mark.parametrize(
+    "text, limit, ids, problem",
+    [
+        (b"4242\n4243\n", 10, ["4242", "4243"], None),  # exactly the limit: read whole
+        (b"4242\n4243\n", 9, ["4242"], "over 9 bytes: the lines past them are not read"),
+        (b"4242\n\xff\xfe not utf-8\n4243\n", 1000, ["4242", "4243"], None),
+    ],
+)
+def test_a_file_is_read_to_its_last_whole_line_within_the_limit(
+    tmp_path, text, limit, ids, problem
+):
     jobs = tmp_path / "jobs"
     jobs.mkdir()
     (jobs / "0").write_bytes(text)
@@ -398,6 +463,7 @@ def test_a_file_is_read_to_its_last_whole_line_within_the_limit(tmp_path, text, 
 
 
 # -- between the check and the use ----------------------------------------------------------
+
 
 @pytest.mark.parametrize("change", ["mode", "owner"])
 def test_a_map_that_stops_being_trusted_while_it_is_read_gives_nothing(tmp_path, change):
@@ -430,8 +496,9 @@ def test_a_map_that_stops_being_trusted_while_it_is_read_gives_nothing(tmp_path,
     os.chmod(jobs, 0o755)
     if change == "owner":
         os.chown(jobs, 0, 0)
-    assert read_map(str(jobs), 65536, lambda uid: "carol").allocations[0].jobs[0].user == \
-        "carol"  # trusted again: read again
+    assert (
+        read_map(str(jobs), 65536, lambda uid: "carol").allocations[0].jobs[0].user == "carol"
+    )  # trusted again: read again
 
 
 def test_a_file_swapped_for_a_fifo_after_its_look_is_not_read(tmp_path, monkeypatch):
@@ -455,8 +522,7 @@ def test_a_file_swapped_for_a_fifo_after_its_look_is_not_read(tmp_path, monkeypa
         return found
 
     seen_as = {name: getattr(os, name) for name in dir(os) if not name.startswith("__")}
-    monkeypatch.setattr(jobmap, "os", types.SimpleNamespace(**{**seen_as,
-                                                               "stat": look_then_swap}))
+    monkeypatch.setattr(jobmap, "os", types.SimpleNamespace(**{**seen_as, "stat": look_then_swap}))
     found = read_map(str(jobs), 65536, lambda uid: None)
     assert swapped == ["0"]
     assert found.problems == {"0": "a FIFO: not read"} and found.allocations == {}

@@ -1,6 +1,7 @@
 """The kernel's Xid lines: parsed from lines people published (tests/fixtures/kmsg), and
 followed live by the kernel log's thread in a real file and a real FIFO, as /dev/kmsg would be
 (the records already there count only when they are recent)."""
+
 import asyncio
 import os
 import time
@@ -37,10 +38,13 @@ def test_the_published_xid_lines_are_read():
 
 
 def test_a_kmsg_record_says_when_and_a_sub_code_is_read_past():
-    found = parse_xid("4,1234,93297027938,-;NVRM: Xid (PCI:0000:3B:00.0): 149.38, pid=77, "
-                      "name=python3, NETIR_LINK_EVT Fatal")
-    assert found == XidLine("0000:3b:00", 149, 77, "python3", "NETIR_LINK_EVT Fatal",
-                            uptime=93297.027938)
+    found = parse_xid(
+        "4,1234,93297027938,-;NVRM: Xid (PCI:0000:3B:00.0): 149.38, pid=77, "
+        "name=python3, NETIR_LINK_EVT Fatal"
+    )
+    assert found == XidLine(
+        "0000:3b:00", 149, 77, "python3", "NETIR_LINK_EVT Fatal", uptime=93297.027938
+    )
 
 
 def test_pci_addresses_of_both_sides_meet():
@@ -51,15 +55,18 @@ def test_pci_addresses_of_both_sides_meet():
 
 
 def kmsg(xid: int, uptime: float, pci: str = "0000:01:00") -> str:
-    return f"3,{int(uptime)},{int(uptime * 1e6)},-;NVRM: Xid (PCI:{pci}): {xid}, pid=9, " \
+    return (
+        f"3,{int(uptime)},{int(uptime * 1e6)},-;NVRM: Xid (PCI:{pci}): {xid}, pid=9, "
         "name=python, text\n"
+    )
 
 
 def follow(path: str, **settings) -> tuple:
     signals, seen = Signals(), []
     signals.xid.connect(lambda sender, record: seen.append(record), weak=False)
-    config = replace(Config(), kernel_log=path, kernel_log_poll=0.05, kernel_log_retry=0.1,
-                     **settings)
+    config = replace(
+        Config(), kernel_log=path, kernel_log_poll=0.05, kernel_log_retry=0.1, **settings
+    )
     return KernelLog(signals, config), seen
 
 
@@ -85,8 +92,11 @@ async def test_a_file_is_followed_from_now_with_the_recent_xids_of_before(tmp_pa
             assert log.xids == 1
             f.write(kmsg(63, now)[20:] + LINES[3] + "\n")
         await until(lambda: len(seen) == 3)
-        assert [(x.xid, x.pci) for x in seen] == [(48, "0000:01:00"), (63, "0000:01:00"),
-                                                   (79, "0000:44:00")]
+        assert [(x.xid, x.pci) for x in seen] == [
+            (48, "0000:01:00"),
+            (63, "0000:01:00"),
+            (79, "0000:44:00"),
+        ]
         assert log.metrics().to_json() == {"state": "up", "lines": 6, "xids": 3, "failures": 0}
     finally:
         await log.stop(2.0)

@@ -8,11 +8,11 @@ them: at module level, inside functions, under `if TYPE_CHECKING`, and the dynam
 (`importlib.import_module("x")`, `__import__("x")`), whose name must then be written out. Inside
 `patroller.core`, CORE_ORDER says which module may import which, as docs/development.md does.
 """
+
 import ast
 import os
 import re
 import sys
-from typing import Dict, List, Optional, Set, Tuple
 
 import pytest
 
@@ -22,7 +22,7 @@ PACKAGE = os.path.join(ROOT, "patroller")
 
 # Top to bottom: a unit may import itself and the units below it, never one above. Each entry
 # is a package (and everything in it) or a module.
-LAYERS: List[Tuple[str, ...]] = [
+LAYERS: list[tuple[str, ...]] = [
     ("patroller.__main__",),  # python -m patroller
     ("patroller.main",),  # the entry point: the command line's words, or the daemon
     ("patroller.manual",),  # the whole command line in one parser: help, completion, man page
@@ -40,19 +40,24 @@ LAYERS: List[Tuple[str, ...]] = [
 ]
 # Units outside the daemon's layers: what each may import of patroller. The client side
 # imports nothing of the daemon, so that it runs where only the client is installed.
-LEAVES: Dict[str, Tuple[str, ...]] = {
+LEAVES: dict[str, tuple[str, ...]] = {
     "patroller": (),  # __init__: the version
     "patroller.durations": (),  # one duration parser, for the client side and the daemon
     "patroller.hosts": (),  # one reader of host lists, for the client side and the daemon
     "patroller.answers": (),  # another host's answers checked, for both fleet views
     "patroller.safetext": (),  # text others chose, written out safely, for every command
     "patroller.client": ("patroller.durations",),
-    "patroller.cli": ("patroller.client", "patroller.durations", "patroller.hosts",
-                      "patroller.answers", "patroller.safetext"),
+    "patroller.cli": (
+        "patroller.client",
+        "patroller.durations",
+        "patroller.hosts",
+        "patroller.answers",
+        "patroller.safetext",
+    ),
     "patroller.simulator": (),  # the fake nvidia-smi: nothing of the daemon it imitates a GPU for
 }
 # What each unit may import beyond the standard library (and patroller).
-THIRD_PARTY: Dict[str, Set[str]] = {
+THIRD_PARTY: dict[str, set[str]] = {
     "patroller.core": set(),
     "patroller.config": {"tomli"},  # Python 3.10's tomllib
     "patroller.observe": {"tornado", "blinker", "grpc"},
@@ -78,12 +83,15 @@ THIRD_PARTY: Dict[str, Set[str]] = {
 }
 # Inside patroller.core, top to bottom: a module imports only modules of lower ranks (never one
 # of its own rank, nor one above). docs/development.md states the same order.
-CORE_ORDER: List[Tuple[str, ...]] = [
+CORE_ORDER: list[tuple[str, ...]] = [
     ("patroller.core", "patroller.core.leases"),  # the packages: they re-export
     ("patroller.core.leases.manager",),  # the commands
     ("patroller.core.leases.state", "patroller.core.leases.allocations"),  # queries; schedulers'
-    ("patroller.core.leases.refusals", "patroller.core.leases.trespass",  # why not; telling;
-     "patroller.core.leases.withholding"),  # granted to nobody
+    (
+        "patroller.core.leases.refusals",
+        "patroller.core.leases.trespass",  # why not; telling;
+        "patroller.core.leases.withholding",
+    ),  # granted to nobody
     ("patroller.core.leases.serving", "patroller.core.leases.limits"),  # who gets what; limits
     ("patroller.core.leases.queue", "patroller.core.leases.sources"),  # waiters; two schedulers
     ("patroller.core.leases.holds",),  # a device's hold, its states, events
@@ -92,9 +100,15 @@ CORE_ORDER: List[Tuple[str, ...]] = [
     ("patroller.core.jobs",),  # Slurm jobs' allocations
     ("patroller.core.usage",),  # GPU-time in categories, and reports of it
     ("patroller.core.topology",),  # how the GPUs are linked; the best-connected set
-    ("patroller.core.devices", "patroller.core.identity", "patroller.core.errors",
-     "patroller.core.policy", "patroller.core.throttle", "patroller.core.text",
-     "patroller.core.health"),
+    (
+        "patroller.core.devices",
+        "patroller.core.identity",
+        "patroller.core.errors",
+        "patroller.core.policy",
+        "patroller.core.throttle",
+        "patroller.core.text",
+        "patroller.core.health",
+    ),
 ]
 MAX_MODULE_LINES = 400
 MAX_CLASS_LINES = 300
@@ -106,13 +120,15 @@ MAX_CLASS_LINES = 300
 # Config is every setting, one field and its comment a line or two each: "every tuning value
 # lives in Config" makes it as long as there are values, and one place to find them all is
 # the point.
-CLASS_LINES = {"patroller.core.leases.manager.LeaseManager": 360,
-               "patroller.config.settings.Config": 400}
+CLASS_LINES = {
+    "patroller.core.leases.manager.LeaseManager": 360,
+    "patroller.config.settings.Config": 400,
+}
 # The simulator may be larger: it is a program of its own, imitating every era of nvidia-smi.
 SIZE_EXEMPT = ("patroller.simulator",)
 
 
-def modules() -> Dict[str, str]:
+def modules() -> dict[str, str]:
     """Every module of the package: dotted name -> path."""
     found = {}
     for folder, _, files in os.walk(PACKAGE):
@@ -133,7 +149,7 @@ def is_package(module: str) -> bool:
     return MODULES[module].endswith("__init__.py")
 
 
-def imports(module: str) -> List[Tuple[str, int]]:
+def imports(module: str) -> list[tuple[str, int]]:
     """(imported module, line) for every import in the module, relative ones resolved."""
     tree = ast.parse(open(MODULES[module], encoding="utf-8").read())
     here = module if is_package(module) else module.rpartition(".")[0]
@@ -143,7 +159,7 @@ def imports(module: str) -> List[Tuple[str, int]]:
             found.extend((alias.name, node.lineno) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                base = here.split(".")[:len(here.split(".")) - node.level + 1]
+                base = here.split(".")[: len(here.split(".")) - node.level + 1]
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
@@ -153,9 +169,10 @@ def imports(module: str) -> List[Tuple[str, int]]:
                     found.append((f"{target}.{alias.name}", node.lineno))
         elif isinstance(node, ast.Call) and _dynamic(node.func):
             name = node.args[0] if node.args else None
-            assert isinstance(name, ast.Constant) and isinstance(name.value, str), \
-                f"{MODULES[module]}:{node.lineno}: a dynamic import of a computed name cannot " \
+            assert isinstance(name, ast.Constant) and isinstance(name.value, str), (
+                f"{MODULES[module]}:{node.lineno}: a dynamic import of a computed name cannot "
                 "be checked; write the module's name out"
+            )
             found.append((name.value, node.lineno))
     return found
 
@@ -167,7 +184,7 @@ def _dynamic(func: ast.expr) -> bool:
     return isinstance(func, ast.Attribute) and func.attr == "import_module"
 
 
-def unit_of(module: str) -> Optional[str]:
+def unit_of(module: str) -> str | None:
     """The layer entry or leaf that a patroller module belongs to."""
     units = [u for layer in LAYERS for u in layer] + list(LEAVES)
     best = None
@@ -178,14 +195,14 @@ def unit_of(module: str) -> Optional[str]:
     return best
 
 
-def layer_of(unit: str) -> Optional[int]:
+def layer_of(unit: str) -> int | None:
     for depth, layer in enumerate(LAYERS):
         if unit in layer:
             return depth
     return None
 
 
-def internal(name: str) -> Optional[str]:
+def internal(name: str) -> str | None:
     """The patroller module an import names (a name inside a module counts as the module)."""
     while name and name not in MODULES:
         name = name.rpartition(".")[0]
@@ -212,12 +229,17 @@ def test_imports_go_down_the_layers_and_leaves_stay_apart(module):
         if unit in LEAVES:
             assert other in LEAVES[unit], f"{where}: {unit} may import only {LEAVES[unit]}"
         elif other in LEAVES:
-            assert other in ("patroller.durations", "patroller.hosts", "patroller.answers",
-                             "patroller.safetext", "patroller.cli"), \
-                f"{where}: the daemon does not import {other}"
+            assert other in (
+                "patroller.durations",
+                "patroller.hosts",
+                "patroller.answers",
+                "patroller.safetext",
+                "patroller.cli",
+            ), f"{where}: the daemon does not import {other}"
             # the entry point hands words to the command line; the manual reads its parser
-            assert other != "patroller.cli" or module in ("patroller.main", "patroller.manual"), \
+            assert other != "patroller.cli" or module in ("patroller.main", "patroller.manual"), (
                 f"{where}: only the entry point hands words to the command line"
+            )
         else:
             assert layer_of(other) > depth, f"{where}: {other} is not below {unit}"
 
@@ -236,19 +258,22 @@ def test_inside_core_imports_go_down_its_order(module):
         target = internal(name) if name.startswith("patroller.core") else None
         if target is None or target == module:
             continue
-        assert core_rank(target) > rank, \
+        assert core_rank(target) > rank, (
             f"{MODULES[module]}:{line} imports {target}, which is not below it in CORE_ORDER"
+        )
 
 
 def test_the_checks_see_every_kind_of_import(tmp_path, monkeypatch):
     """A module that imports upwards in a function, dynamically, or by a computed name is
     seen (the checks above are only as good as what imports() finds)."""
     source = tmp_path / "probe.py"
-    source.write_text("import importlib\n"
-                      "def f():\n"
-                      "    from patroller.core.leases import limits\n"
-                      "    importlib.import_module('patroller.http.views')\n"
-                      "    __import__('docker')\n")
+    source.write_text(
+        "import importlib\n"
+        "def f():\n"
+        "    from patroller.core.leases import limits\n"
+        "    importlib.import_module('patroller.http.views')\n"
+        "    __import__('docker')\n"
+    )
     monkeypatch.setitem(MODULES, "patroller.core.errors", str(source))
     names = [name for name, _ in imports("patroller.core.errors")]
     assert {"patroller.core.leases.limits", "patroller.http.views", "docker"} <= set(names)
@@ -265,25 +290,35 @@ def test_third_party_imports_are_the_ones_the_unit_may_use(module):
         top = name.split(".")[0]
         if top == "patroller" or top in sys.stdlib_module_names or top == "__future__":
             continue
-        assert top in allowed, f"{MODULES[module]}:{line} imports {name}; {unit_of(module)} " \
-                               f"may use {sorted(allowed) or 'the standard library only'}"
+        assert top in allowed, (
+            f"{MODULES[module]}:{line} imports {name}; {unit_of(module)} "
+            f"may use {sorted(allowed) or 'the standard library only'}"
+        )
 
 
 def test_no_import_cycle():
-    graph = {m: {t for n, _ in imports(m) if n.startswith("patroller")
-                 for t in [internal(n)] if t is not None and t != m} for m in MODULES}
+    graph = {
+        m: {
+            t
+            for n, _ in imports(m)
+            if n.startswith("patroller")
+            for t in [internal(n)]
+            if t is not None and t != m
+        }
+        for m in MODULES
+    }
     # A package's __init__ that only re-exports its modules is not a cycle with them.
     cycles = strongly_connected(graph)
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(sorted(c)) for c in cycles)
 
 
-def strongly_connected(graph: Dict[str, Set[str]]) -> List[Set[str]]:
+def strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
     """Tarjan's algorithm: the components of more than one module."""
-    index: Dict[str, int] = {}
-    low: Dict[str, int] = {}
-    stack: List[str] = []
-    on_stack: Set[str] = set()
-    found: List[Set[str]] = []
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[set[str]] = []
     counter = [0]
 
     def visit(node: str) -> None:
@@ -319,8 +354,9 @@ def test_each_package_says_what_it_owns_and_what_it_may_import():
         if not is_package(module) or module == "patroller":
             continue
         doc = ast.get_docstring(ast.parse(open(MODULES[module], encoding="utf-8").read())) or ""
-        assert "Owns:" in doc and "May import:" in doc, \
+        assert "Owns:" in doc and "May import:" in doc, (
             f"{MODULES[module]}: the docstring says what the package owns and may import"
+        )
 
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if not m.startswith(SIZE_EXEMPT)))
@@ -340,8 +376,9 @@ def test_the_tests_import_their_neighbours_by_module_name():
     `helpers`, `kubelet`, ... by name. `from tests.x import` collects under `python -m pytest`
     (the working directory is on sys.path) but not under the plain `pytest` script."""
     folder = os.path.join(ROOT, "tests")
-    assert not os.path.exists(os.path.join(folder, "__init__.py")), \
+    assert not os.path.exists(os.path.join(folder, "__init__.py")), (
         "tests/__init__.py would put the repository root, not tests/, on sys.path"
+    )
     wrong = []
     for name in sorted(os.listdir(folder)):
         if not name.endswith(".py"):
@@ -354,37 +391,58 @@ def test_the_tests_import_their_neighbours_by_module_name():
                 named = [node.module or ""]
             else:
                 continue
-            wrong += [f"tests/{name}:{node.lineno} imports {n}" for n in named
-                      if n == "tests" or n.startswith("tests.")]
+            wrong += [
+                f"tests/{name}:{node.lineno} imports {n}"
+                for n in named
+                if n == "tests" or n.startswith("tests.")
+            ]
     assert not wrong, "import a test helper by its module name: " + "; ".join(wrong)
 
 
-def hours_and_days_split(path: str) -> List[int]:
+def hours_and_days_split(path: str) -> list[int]:
     """The lines of a module's code (not its strings: SQL may truncate to a day) that divide
     by an hour or a day (`// 3600`, `% 86400`): the arithmetic of a duration said in words."""
     import io
     import tokenize
 
-    tokens = [t for t in tokenize.generate_tokens(io.StringIO(open(path, encoding="utf-8").read())
-                                                  .readline)
-              if t.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE)]
-    return [b.start[0] for a, b in zip(tokens, tokens[1:])
-            if a.type == tokenize.OP and a.string in ("//", "%")
-            and b.type == tokenize.NUMBER and b.string in ("3600", "86400")]
+    tokens = [
+        t
+        for t in tokenize.generate_tokens(
+            io.StringIO(open(path, encoding="utf-8").read()).readline
+        )
+        if t.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE)
+    ]
+    return [
+        b.start[0]
+        for a, b in zip(tokens, tokens[1:])
+        if a.type == tokenize.OP
+        and a.string in ("//", "%")
+        and b.type == tokenize.NUMBER
+        and b.string in ("3600", "86400")
+    ]
 
 
 def test_a_duration_is_formatted_in_one_place_per_language():
     """patroller/durations.py says a duration in Python (daemon and command line alike), and
     patroller/http/web/common.js on the web pages: a second copy would drift from the first."""
-    python = [f"{os.path.relpath(path, ROOT)}:{line}"
-              for module, path in MODULES.items()
-              if module not in ("patroller.durations",) and not module.startswith(SIZE_EXEMPT)
-              for line in hours_and_days_split(path)]
+    python = [
+        f"{os.path.relpath(path, ROOT)}:{line}"
+        for module, path in MODULES.items()
+        if module not in ("patroller.durations",) and not module.startswith(SIZE_EXEMPT)
+        for line in hours_and_days_split(path)
+    ]
     assert not python, f"a duration formatted outside patroller/durations.py: {python}"
     web = os.path.join(PACKAGE, "http", "web")
-    defined = {name: len(re.findall(r"\bduration\s*\(seconds\)\s*\{", open(
-        os.path.join(web, name), encoding="utf-8").read()))
-        for name in os.listdir(web) if name.endswith(".js")}
+    defined = {
+        name: len(
+            re.findall(
+                r"\bduration\s*\(seconds\)\s*\{",
+                open(os.path.join(web, name), encoding="utf-8").read(),
+            )
+        )
+        for name in os.listdir(web)
+        if name.endswith(".js")
+    }
     assert {name: n for name, n in defined.items() if n} == {"common.js": 1}, defined
     for page, script in (("index.html", "app.js"), ("fleet.html", "fleet.js")):
         html = open(os.path.join(web, page), encoding="utf-8").read()

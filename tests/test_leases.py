@@ -1,7 +1,8 @@
 """The lease rules, with a fake clock and no I/O."""
+
 import logging
 import random
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import pytest
 
@@ -340,6 +341,7 @@ def test_a_degraded_owner_on_a_reservation_turns_shared_into_claimed(leases, cap
 
 # -- waiters: per-user cap and the queue's order ------------------------------------------------
 
+
 def test_one_user_may_have_only_so_many_waiting(clock):
     leases = lease_manager(clock, max_waiting_per_user=2)
     leases.request(alice, {"gpu": 8})
@@ -355,8 +357,11 @@ def test_one_user_may_have_only_so_many_waiting(clock):
     leases.wait(bob, {"gpu": 1}, lambda d: None)  # a cancelled one frees a place
     leases.release(alice, uuid(leases, 0))  # carol's
     leases.release(alice, uuid(leases, 1))  # bob's {"gpu": 1}: a granted one frees a place too
-    assert (len(leases.waiters), leases.waiters.count_of("bob"),
-            leases.waiters.count_of("carol")) == (1, 1, 0)
+    assert (
+        len(leases.waiters),
+        leases.waiters.count_of("bob"),
+        leases.waiters.count_of("carol"),
+    ) == (1, 1, 0)
 
 
 def test_a_user_at_the_cap_is_still_granted_what_is_free_now(clock):
@@ -379,14 +384,28 @@ def test_a_newcomer_that_fits_what_is_free_is_granted_past_one_that_does_not(lea
 
 
 def test_arrival_order_holds_across_groups_and_sizes(clock):
-    inventory = Inventory([Device("G0", 0), Device("G1", 1), Device("G2", 2),
-                           Device("F0", 3, group="fpga"), Device("F1", 4, group="fpga")])
+    inventory = Inventory(
+        [
+            Device("G0", 0),
+            Device("G1", 1),
+            Device("G2", 2),
+            Device("F0", 3, group="fpga"),
+            Device("F1", 4, group="fpga"),
+        ]
+    )
     leases = lease_manager(clock, inventory)
     leases.request(alice, {"gpu": 3, "fpga": 2})
     got = []
-    for name, wants in (("w0", {"gpu": 1, "fpga": 1}), ("w1", {"gpu": 2}), ("w2", {"fpga": 1}),
-                        ("w3", {"gpu": 1}), ("w4", {"fpga": 1})):
-        leases.wait(named_user(name), wants, lambda d, name=name: got.append((name, [x.uuid for x in d])))
+    for name, wants in (
+        ("w0", {"gpu": 1, "fpga": 1}),
+        ("w1", {"gpu": 2}),
+        ("w2", {"fpga": 1}),
+        ("w3", {"gpu": 1}),
+        ("w4", {"fpga": 1}),
+    ):
+        leases.wait(
+            named_user(name), wants, lambda d, name=name: got.append((name, [x.uuid for x in d]))
+        )
     leases.release(alice, "F1")  # w0 needs a gpu too: w2 is the first that fits
     leases.release(alice, "G2")  # w0 still needs an fpga; w1 two gpus: w3
     assert got == [("w2", ["F1"]), ("w3", ["G2"])]
@@ -401,8 +420,9 @@ def test_close_aborts_every_waiter_in_arrival_order(leases):
     leases.request(alice, {"gpu": 8})
     aborted = []
     for n, count in enumerate((2, 1, 3, 1)):
-        leases.wait(named_user(f"w{n}"), {"gpu": count}, lambda d: None,
-                    lambda e, n=n: aborted.append(n))
+        leases.wait(
+            named_user(f"w{n}"), {"gpu": count}, lambda d: None, lambda e, n=n: aborted.append(n)
+        )
     leases.close()
     assert aborted == [0, 1, 2, 3] and len(leases.waiters) == 0
 
@@ -410,18 +430,26 @@ def test_close_aborts_every_waiter_in_arrival_order(leases):
 def test_the_queue_serves_exactly_as_a_scan_of_every_waiter_would(clock):
     """Random requests, waits, cancels and releases, against the rule written the plain way."""
     uuids = ["G0", "G1", "G2", "G3", "F0", "F1"]
-    inventory = Inventory([Device(u, n, group="fpga" if u[0] == "F" else "gpu")
-                           for n, u in enumerate(uuids)])
-    shapes = [{"gpu": 1}, {"gpu": 2}, {"gpu": 3}, {"fpga": 1}, {"fpga": 2}, {"gpu": 1, "fpga": 1},
-              {"gpu": 2, "fpga": 1}]
+    inventory = Inventory(
+        [Device(u, n, group="fpga" if u[0] == "F" else "gpu") for n, u in enumerate(uuids)]
+    )
+    shapes = [
+        {"gpu": 1},
+        {"gpu": 2},
+        {"gpu": 3},
+        {"fpga": 1},
+        {"fpga": 2},
+        {"gpu": 1, "fpga": 1},
+        {"gpu": 2, "fpga": 1},
+    ]
     for seed in range(30):
         rng = random.Random(seed)
         leases = lease_manager(clock, inventory, max_waiting_per_user=1000)
-        holders: Dict[str, Optional[str]] = {u: None for u in uuids}
-        queue: List[Tuple[Any, str, Dict[str, int]]] = []  # the model: (waiter, user, wants)
-        grants: List[Tuple[str, List[str]]] = []
+        holders: dict[str, str | None] = {u: None for u in uuids}
+        queue: list[tuple[Any, str, dict[str, int]]] = []  # the model: (waiter, user, wants)
+        grants: list[tuple[str, list[str]]] = []
 
-        def fit(wants: Dict[str, int]) -> Optional[List[str]]:
+        def fit(wants: dict[str, int]) -> list[str] | None:
             picked = []
             for group, count in wants.items():
                 free = [u for u in uuids if holders[u] is None and inventory.get(u).group == group]
@@ -430,7 +458,7 @@ def test_the_queue_serves_exactly_as_a_scan_of_every_waiter_would(clock):
                 picked += free[:count]
             return sorted(picked, key=uuids.index)
 
-        def scan() -> List[Tuple[str, List[str]]]:
+        def scan() -> list[tuple[str, list[str]]]:
             served = []
             for entry in list(queue):
                 picked = fit(entry[2])
@@ -445,8 +473,11 @@ def test_the_queue_serves_exactly_as_a_scan_of_every_waiter_would(clock):
             user = f"u{rng.randrange(6)}"
             if action < 0.45:
                 wants = rng.choice(shapes)
-                waiter = leases.wait(named_user(user), wants,
-                                     lambda d, user=user: grants.append((user, [x.uuid for x in d])))
+                waiter = leases.wait(
+                    named_user(user),
+                    wants,
+                    lambda d, user=user: grants.append((user, [x.uuid for x in d])),
+                )
                 queue.append((waiter, user, wants))
                 expected = scan()
             elif action < 0.6 and queue:
@@ -480,6 +511,7 @@ def test_the_queue_serves_exactly_as_a_scan_of_every_waiter_would(clock):
 
 # -- an expiry and an idle release, each one line and one event ---------------------------------
 
+
 def test_each_expiry_says_which_hold_ran_out_at_its_very_deadline(clock, caplog):
     from helpers import recorded
 
@@ -496,10 +528,13 @@ def test_each_expiry_says_which_hold_ran_out_at_its_very_deadline(clock, caplog)
     assert [r.getMessage() for r in caplog.records] == [
         f"lease of alice on {leased.uuid} expired",
         f"the reservation of bob on {timed.uuid} ended",
-        f"the reservation of carol on {kept.uuid} ended; their processes hold it"]
+        f"the reservation of carol on {kept.uuid} ended; their processes hold it",
+    ]
     expiries = [(e.user, e.devices, dict(e.details)) for e in events if e.kind == "expire"]
-    assert expiries == [("alice", ((leased.uuid, leased.number),), {"hold": "lease"}),
-                        ("bob", ((timed.uuid, timed.number),), {"hold": "duration"})]
+    assert expiries == [
+        ("alice", ((leased.uuid, leased.number),), {"hold": "lease"}),
+        ("bob", ((timed.uuid, timed.number),), {"hold": "duration"}),
+    ]
     assert leases.holder(kept.uuid) == carol and leases.holds[kept.uuid].until is None
 
 
@@ -521,10 +556,14 @@ def test_an_idle_release_is_one_line_and_one_event(clock, caplog):
     with caplog.at_level(logging.WARNING, logger="patroller.core.leases"):
         assert leases.release_idle(idle.uuid, 612.345) is True
     assert [r.getMessage() for r in caplog.records] == [
-        f"alice on {idle.uuid} was idle for 612 s with no process: released"]
+        f"alice on {idle.uuid} was idle for 612 s with no process: released"
+    ]
     [event] = [e for e in events if e.kind == "idle_release"]
     assert (event.user, event.devices, dict(event.details)) == (
-        "alice", ((idle.uuid, idle.number),), {"idle": 612.3})
+        "alice",
+        ((idle.uuid, idle.number),),
+        {"idle": 612.3},
+    )
     assert leases.state(idle.uuid) == "free" and leases.holds[idle.uuid].since == clock()
 
 
@@ -569,14 +608,22 @@ def test_a_device_lost_and_back_is_one_line_and_one_event_each(clock, caplog):
         assert back.added == ("GPU-0", "GPU-1") and back.updated == ("GPU-2",)
         leases.devices_changed()
     assert [r.getMessage() for r in caplog.records] == [
-        "GPU-0 is lost", "GPU-1 is lost", "GPU-0 is back", "GPU-1 is back"]
+        "GPU-0 is lost",
+        "GPU-1 is lost",
+        "GPU-0 is back",
+        "GPU-1 is back",
+    ]
     assert [(e.kind, e.user, e.devices) for e in events if e.kind in ("lost", "back")] == [
-        ("lost", "alice", (("GPU-0", 0),)), ("lost", None, (("GPU-1", 1),)),
-        ("back", "alice", (("GPU-0", 0),)), ("back", None, (("GPU-1", 1),))]
+        ("lost", "alice", (("GPU-0", 0),)),
+        ("lost", None, (("GPU-1", 1),)),
+        ("back", "alice", (("GPU-0", 0),)),
+        ("back", None, (("GPU-1", 1),)),
+    ]
     assert [leases.state(f"GPU-{n}") for n in range(3)] == ["reserved", "free", "free"]
 
 
 # -- refusals: the message and the data, whole --------------------------------------------------
+
 
 def test_renewing_what_one_does_not_hold_says_why_with_the_device(leases):
     from patroller.core.errors import NotHeld
@@ -591,18 +638,22 @@ def test_renewing_what_one_does_not_hold_says_why_with_the_device(leases):
     with pytest.raises(NotYours) as refused:
         leases.renew(alice, free)  # bob's
     assert (refused.value.message, refused.value.data) == (
-        f"device {free} is held by another user", {"uuid": free})
+        f"device {free} is held by another user",
+        {"uuid": free},
+    )
     with pytest.raises(NotHeld) as refused:
         leases.renew(alice, released)
     assert (refused.value.message, refused.value.data) == (
         f"device {released} was released: it is free once your processes on it end",
-        {"uuid": released, "state": "claimed"})
+        {"uuid": released, "state": "claimed"},
+    )
     leases.release(bob)
     with pytest.raises(NotHeld) as refused:
         leases.renew(bob, free)
     assert (refused.value.message, refused.value.data) == (
         f"device {free} is not held by you: its lease ran out or it was released",
-        {"uuid": free, "state": "free"})
+        {"uuid": free, "state": "free"},
+    )
     assert [d.uuid for d in leases.renew(alice, theirs)] == [theirs]
 
 
@@ -674,11 +725,17 @@ def test_a_process_claim_and_the_end_of_a_process_hold_are_told_whole(clock, cap
         f"pid 7 of bob left {second}",
         f"pid 7 of bob ended; that user's processes still run on {second}",
         f"pid 8 of bob left {second}",
-        f"pid 9 of carol ended: {third.uuid} is free"]
-    told = [(e.kind, e.user, e.devices, dict(e.details)) for e in events
-            if e.kind in ("claim", "ended")]
-    assert told == [("claim", "alice", ((first, 0),), {"pid": 42, "command": "python"}),
-                    ("ended", "carol", ((third.uuid, third.number),), {"pid": 9})]
+        f"pid 9 of carol ended: {third.uuid} is free",
+    ]
+    told = [
+        (e.kind, e.user, e.devices, dict(e.details))
+        for e in events
+        if e.kind in ("claim", "ended")
+    ]
+    assert told == [
+        ("claim", "alice", ((first, 0),), {"pid": 42, "command": "python"}),
+        ("ended", "carol", ((third.uuid, third.number),), {"pid": 9}),
+    ]
     assert leases.state(third.uuid) == "free" and leases.holds[third.uuid].since == clock()
     assert leases.holder(second) == bob and leases.holds[second].held_for is None
 
@@ -695,10 +752,12 @@ def test_an_administrators_release_is_one_line_and_one_event_with_the_reason(lea
         assert leases.release(root, second)[0][0].uuid == second
     assert [r.getMessage() for r in caplog.records] == [
         f"root released {first}, held by alice: maintenance",
-        f"root released {second}, held by alice: no reason given"]
+        f"root released {second}, held by alice: no reason given",
+    ]
     assert [(e.kind, e.user, dict(e.details)) for e in events if e.kind == "admin_release"] == [
         ("admin_release", "alice", {"by": "root", "reason": "maintenance"}),
-        ("admin_release", "alice", {"by": "root", "reason": "released by the administrator"})]
+        ("admin_release", "alice", {"by": "root", "reason": "released by the administrator"}),
+    ]
 
 
 def test_releasing_all_leaves_what_a_process_or_a_job_holds_and_goes_on_past_it(leases, clock):
@@ -727,7 +786,9 @@ def test_releasing_another_users_device_is_refused_naming_it(leases):
     with pytest.raises(NotYours) as refused:
         leases.release(alice, theirs.uuid)
     assert (refused.value.message, refused.value.data) == (
-        f"device {theirs.uuid} is held by another user", {"uuid": theirs.uuid})
+        f"device {theirs.uuid} is held by another user",
+        {"uuid": theirs.uuid},
+    )
 
 
 def test_an_account_whose_devices_are_all_others_is_told_how_many_not_which():
@@ -736,14 +797,16 @@ def test_an_account_whose_devices_are_all_others_is_told_how_many_not_which():
     from patroller.core.leases.refusals import over_limit
 
     asker = Identity(user="zoe", source="host", account="lab", uid=1001)
-    count = Count("account", "lab", 1001, 2, [Device("GPU-0", 0), Device("GPU-1", 1)],
-                  ["xavier", "yann"])
+    count = Count(
+        "account", "lab", 1001, 2, [Device("GPU-0", 0), Device("GPU-1", 1)], ["xavier", "yann"]
+    )
     error = over_limit(asker, {"gpu": 1}, count)
     assert error.private.users == ("xavier", "yann")
     assert error.private.message == (
         "account lab (uid 1001), which zoe runs as, holds 2 device(s) (2 under other "
         "identities) and asks for 1: the most one host account may hold is 2; release some "
-        "first (/release?uuid=..., or patroller release NUMBER)")
+        "first (/release?uuid=..., or patroller release NUMBER)"
+    )
     assert error.private.data["held"] == [None, None]
 
 
@@ -753,8 +816,7 @@ def test_an_account_whose_devices_are_all_others_is_told_how_many_not_which():
 def test_free_is_the_free_state_read_without_the_processes(lost, holder, running):
     """The free devices are found by `Hold.free`, which never walks the processes (thousands
     on a busy host): it says what `state` says."""
-    hold = Hold(since=0.0, uuid="GPU-1", lost=lost,
-                holder=named_user(holder) if holder else None)
+    hold = Hold(since=0.0, uuid="GPU-1", lost=lost, holder=named_user(holder) if holder else None)
     for pid, user in enumerate(running, 100):
         hold.add(pid, named_user(user), "python")
     assert hold.free == (hold.state == "free")

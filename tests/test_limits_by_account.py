@@ -1,6 +1,7 @@
 """Fair use counted by host account as well as by identity (issue: a container labelled
 alice+2@example.org, or none, escaped alice's limit). The lease rules on the fake clock here;
 the daemon with real containers of real uids in tests/test_identity_docker.py."""
+
 from dataclasses import replace
 
 import pytest
@@ -18,9 +19,14 @@ ALICE_UID, BOB_UID = 1001, 1002
 def container(user, uid, short="c0ffee000001", account=None):
     """A container's identity as the resolver makes it: its labels' user, and the host account
     its process runs as."""
-    return Identity(user=user, source="container", email=user if "@" in user else None,
-                    container=(short, None), uid=uid,
-                    account=account or ("root" if uid == 0 else f"uid:{uid}"))
+    return Identity(
+        user=user,
+        source="container",
+        email=user if "@" in user else None,
+        container=(short, None),
+        uid=uid,
+        account=account or ("root" if uid == 0 else f"uid:{uid}"),
+    )
 
 
 alice = container("alice@example.org", ALICE_UID, "a11ce0000001")
@@ -46,16 +52,22 @@ def test_a_new_identity_on_the_same_account_gets_no_more_than_the_limit(clock):
     for other in (alice2, anonymous, alice_host):
         with pytest.raises(OverLimit) as refused:
             leases.request(other, {"gpu": 1})
-        assert refused.value.data == {"limit": 1, "held": [0], "requested": {"gpu": 1},
-                                      "account": "uid:1001", "uid": ALICE_UID}
-        assert (f"account uid:1001 (uid {ALICE_UID}), which {other.user} runs as, holds 1 "
-                "device(s) (0)") in refused.value.message
+        assert refused.value.data == {
+            "limit": 1,
+            "held": [0],
+            "requested": {"gpu": 1},
+            "account": "uid:1001",
+            "uid": ALICE_UID,
+        }
+        assert (
+            f"account uid:1001 (uid {ALICE_UID}), which {other.user} runs as, holds 1 "
+            "device(s) (0)"
+        ) in refused.value.message
         assert "the most one host account may hold is 1" in refused.value.message
     assert [d.number for d in leases.request(bob, {"gpu": 1})] == [1]  # another account
 
 
-def test_the_devices_others_hold_under_the_account_are_not_named_to_who_may_not_see_them(
-        clock):
+def test_the_devices_others_hold_under_the_account_are_not_named_to_who_may_not_see_them(clock):
     # --hide-users: /status shows alice's device under a pseudonym, with no account; the
     # refusal must not say that its holder runs as alice+2's account.
     leases = manager(clock, max_per_user=2)
@@ -126,12 +138,18 @@ def test_a_claim_beyond_the_accounts_limit_is_a_trespass_in_users_and_the_record
     assert leases.holder(number(leases, 5)) == anonymous  # it is held: the process runs there
     trespass = [e for e in events if e.kind == "trespass"]
     assert len(trespass) == 1 and trespass[0].user == anonymous.user
-    assert trespass[0].details == {"pid": 4242, "why": "over_limit", "limit": 1, "held": [0],
-                                   "account": "uid:1001"}
+    assert trespass[0].details == {
+        "pid": 4242,
+        "why": "over_limit",
+        "limit": 1,
+        "held": [0],
+        "account": "uid:1001",
+    }
     users = users_view(leases, None)
     assert users[anonymous.user]["over_limit"] == 1 and users[alice.user]["over_limit"] == 0
     assert users[anonymous.user]["accounts"] == [
-        {"account": "uid:1001", "uid": ALICE_UID, "held": 2, "devices": [0, 5], "limit": 1}]
+        {"account": "uid:1001", "uid": ALICE_UID, "held": 2, "devices": [0, 5], "limit": 1}
+    ]
     # Within the limit, a claim is no trespass; and the flag goes with the hold.
     leases.process_started(number(leases, 6), 4343, bob)
     assert [e.kind for e in events].count("trespass") == 1
@@ -184,9 +202,13 @@ def test_a_waiter_whose_account_grew_to_its_limit_waits_on(clock):
 def test_a_limit_set_by_the_accounts_name_applies_to_every_identity_on_it(clock):
     """A limits file names a host account by its name (`alice = 1`): every identity that runs
     as that account is counted under it, the container's labels whatever they say."""
-    named = [container(user, ALICE_UID, short, account="alice")
-             for user, short in (("alice@example.org", "a11ce0000001"),
-                                 ("alice+2@example.org", "a11ce0000002"))]
+    named = [
+        container(user, ALICE_UID, short, account="alice")
+        for user, short in (
+            ("alice@example.org", "a11ce0000001"),
+            ("alice+2@example.org", "a11ce0000002"),
+        )
+    ]
     leases = manager(clock, limits={"alice": 1})
     leases.request(named[0], {"gpu": 1})
     with pytest.raises(OverLimit) as refused:

@@ -1,4 +1,5 @@
 """The web page's live feed (/events) on live daemons, and the feed's coalescing on its own."""
+
 import asyncio
 from dataclasses import replace
 import json
@@ -21,16 +22,22 @@ class Reader:
         self.comments = 0
         self.retry = None
         self._pending = b""
-        request = HTTPRequest(h.url + path, streaming_callback=self._chunk,
-                              request_timeout=3600, headers={"Accept": "text/event-stream"})
+        request = HTTPRequest(
+            h.url + path,
+            streaming_callback=self._chunk,
+            request_timeout=3600,
+            headers={"Accept": "text/event-stream"},
+        )
         self.response = asyncio.ensure_future(h.http.fetch(request, raise_error=False))
 
     def _chunk(self, data: bytes) -> None:
         self._pending += data
         *messages, self._pending = self._pending.split(b"\n\n")
         for message in messages:
-            fields = dict(line.split(b": ", 1) if b": " in line else (line, b"")
-                          for line in message.split(b"\n"))
+            fields = dict(
+                line.split(b": ", 1) if b": " in line else (line, b"")
+                for line in message.split(b"\n")
+            )
             if message.startswith(b": "):
                 self.comments += 1
             elif b"retry" in fields:
@@ -46,8 +53,17 @@ async def test_a_page_gets_a_snapshot_at_once_and_after_each_change():
         await until(lambda: reader.snapshots)
         assert reader.retry == 1000
         first = reader.snapshots[0]
-        assert set(first) == {"time", "mode", "status", "devices", "queue", "users", "events",
-                              "history", "interval"}
+        assert set(first) == {
+            "time",
+            "mode",
+            "status",
+            "devices",
+            "queue",
+            "users",
+            "events",
+            "history",
+            "interval",
+        }
         assert first["mode"] == "test" and list(first["status"]) == h.uuids()
         assert first["devices"][h.uuids()[0]]["number"] == 0
         [grant] = await h.ok("/request?gpu=1&user=alice@example.org")
@@ -56,13 +72,16 @@ async def test_a_page_gets_a_snapshot_at_once_and_after_each_change():
             last = reader.snapshots[-1]
             claim = last["status"][grant["uuid"]]["claim"]
             return claim["user"] and claim["user"]["user"] == "alice@example.org"
+
         await until(shows_alice, timeout=3)
         last = reader.snapshots[-1]
         assert last["users"]["alice@example.org"]["held"] == 1
         assert last["events"][-1]["event"] == "grant"
         await h.ok("/release?user=alice@example.org")
-        await until(lambda: reader.snapshots[-1]["status"][grant["uuid"]]["claim"]["state"]
-                    == "free", timeout=3)
+        await until(
+            lambda: reader.snapshots[-1]["status"][grant["uuid"]]["claim"]["state"] == "free",
+            timeout=3,
+        )
 
 
 @async_test
@@ -155,13 +174,23 @@ async def test_one_user_cannot_take_every_page_slot(tmp_path):
     if os.getuid() != 0:
         pytest.skip("the other user runs as uid 65534: run as root")
     from test_trust_callers import python_for
+
     # As found: one uid held every /events slot, and every other page got 503.
     scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=[{}, {}])
     async with gpu_running(scenario, max_pages=6, max_pages_per_user=3) as h:
         loop = asyncio.get_running_loop()
-        hog = await loop.run_in_executor(None, lambda: subprocess.Popen(
-            [python_for(65534), "-c", HOG, str(h.port), "6"], user=65534, group=65534,
-            extra_groups=[], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+        hog = await loop.run_in_executor(
+            None,
+            lambda: subprocess.Popen(
+                [python_for(65534), "-c", HOG, str(h.port), "6"],
+                user=65534,
+                group=65534,
+                extra_groups=[],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            ),
+        )
         try:
             line = await loop.run_in_executor(None, hog.stdout.readline)
             # three pages each at most (answered in whatever order they were identified)

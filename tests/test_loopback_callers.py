@@ -3,6 +3,7 @@ socket, as the kernel's socket table and /proc say, or refused (403) when that c
 for sure, never a default account. Real loopback connections, real processes (one in a
 container's cgroup, its engine tests/fake_engine.py), the real /proc; the callers are run in the
 test's own process. (The daemon on such callers: test_trust_callers, test_borrowed_pid.)"""
+
 import asyncio
 import os
 import secrets
@@ -36,8 +37,7 @@ def system_callers():
 
 
 @async_test
-async def test_a_loopback_caller_is_the_account_of_the_process_holding_its_socket(
-        system_callers):
+async def test_a_loopback_caller_is_the_account_of_the_process_holding_its_socket(system_callers):
     async with loopback() as (_, request):
         assert await system_callers.identify(request, None) == host_identity(os.geteuid())
         ref = await system_callers.process(request)
@@ -50,8 +50,9 @@ async def test_outside_test_mode_a_caller_cannot_name_itself(system_callers):
     async with loopback() as (_, request):
         with pytest.raises(BadRequest) as refused:
             await system_callers.identify(request, "alice")
-    assert refused.value.message == ("user= is accepted in test mode only: callers are "
-                                     "identified by the system")
+    assert refused.value.message == (
+        "user= is accepted in test mode only: callers are identified by the system"
+    )
     assert system_callers.lookups == 0
 
 
@@ -61,12 +62,14 @@ async def test_a_connection_closed_before_its_caller_is_known_has_no_caller(syst
         request.connection.stream.close()
         with pytest.raises(Unidentified) as refused:
             await system_callers.identify(request, None)
-        assert refused.value.message == ("the connection was closed before its caller could be "
-                                         "identified")
+        assert refused.value.message == (
+            "the connection was closed before its caller could be identified"
+        )
         with pytest.raises(NoCallerProcess) as no_process:
             await system_callers.process(request)
-        assert no_process.value.message == ("hold=process: the daemon cannot know the calling "
-                                            "process of a caller; " + SOCKET_HINT)
+        assert no_process.value.message == (
+            "hold=process: the daemon cannot know the calling process of a caller; " + SOCKET_HINT
+        )
 
 
 @async_test
@@ -78,12 +81,14 @@ async def test_a_loopback_caller_that_closed_before_it_was_looked_up_is_refused(
             await system_callers.identify(request, None)
     assert refused.value.message == (
         f"the connection from port {port} was closed before its caller could be identified: "
-        "keep it open until the answer comes")
+        "keep it open until the answer comes"
+    )
 
 
 @async_test
 async def test_a_loopback_caller_missing_from_the_socket_table_is_not_looked_for_elsewhere(
-        tmp_path):
+    tmp_path,
+):
     # The socket table of the /proc the configuration names lists no such client: over
     # loopback (here from another loopback address than the daemon's), it is none of the
     # containers', whose addresses are their networks'.
@@ -96,7 +101,8 @@ async def test_a_loopback_caller_missing_from_the_socket_table_is_not_looked_for
             await callers.identify(request, None)
     assert refused.value.message == (
         f"the connection from port {port} is no longer in the kernel's socket table: it was "
-        "closed before its caller could be identified")
+        "closed before its caller could be identified"
+    )
     assert callers.lookups == 1
 
 
@@ -107,8 +113,9 @@ async def test_a_container_caller_whose_engine_cannot_answer_is_refused_until_it
     engine.add(cid, ALICE)
     engine.failing = "the engine is restarting"
     engine.start()
-    config = replace(Config(), **engines_in(str(tmp_path), engine_socket_ttl=0.0,
-                                            docker_retry_after=0.05))
+    config = replace(
+        Config(), **engines_in(str(tmp_path), engine_socket_ttl=0.0, docker_retry_after=0.05)
+    )
     directory = ContainerDirectory(config)
     identifier = ProcessIdentifier(config, directory)
     callers = SystemCallers(identifier, directory, config)
@@ -126,7 +133,8 @@ async def test_a_container_caller_whose_engine_cannot_answer_is_refused_until_it
                     await callers.identify(request, None)
                 assert refused.value.message == (
                     "your container's labels cannot be read just now (its container engine is "
-                    "unreachable): try again shortly")
+                    "unreachable): try again shortly"
+                )
                 engine.failing = None
                 deadline = asyncio.get_running_loop().time() + 10
                 while True:  # asked again on the same connection, once the engine answers
@@ -156,9 +164,15 @@ async def test_a_request_on_no_connection_of_the_servers_has_no_caller(system_ca
     # a request on anything else is nobody's, in either mode.
     async with loopback() as (_, accepted):
         stream = IOStream(accepted.connection.stream.socket.dup())
-        request = request_on(stream) if on != "no connection" else HTTPServerRequest(
-            connection=None, start_line=RequestStartLine("GET", "/request", "HTTP/1.1"),
-            headers=HTTPHeaders({"Host": "patroller"}))
+        request = (
+            request_on(stream)
+            if on != "no connection"
+            else HTTPServerRequest(
+                connection=None,
+                start_line=RequestStartLine("GET", "/request", "HTTP/1.1"),
+                headers=HTTPHeaders({"Host": "patroller"}),
+            )
+        )
         with pytest.raises(Unidentified):
             await system_callers.identify(request, None)
         for callers in (system_callers, NamedCallers(Config())):
@@ -181,12 +195,15 @@ async def test_a_holder_not_found_within_the_search_budget_is_no_one_not_the_soc
     assert refused.value.message == (
         f"the processes of uid {os.geteuid()} hold too many descriptors to find the one holding "
         f"the connection from port {port}: try again from a process with fewer, or over the "
-        "unix socket")
+        "unix socket"
+    )
     assert callers.descriptors_read == 1
 
 
-TCP_HEADER = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid"
-              "  timeout inode\n")
+TCP_HEADER = (
+    "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid"
+    "  timeout inode\n"
+)
 
 
 def kernel_form(address):
@@ -208,21 +225,24 @@ def written_proc(tmp_path, client):
     ends = kernel_form(client.getsockname()), kernel_form(client.getpeername())
     (proc / "net" / "tcp").write_text(
         TCP_HEADER + f"   0: {ends[0]} {ends[1]} 01 00000000:00000000 00:00000000 00000000"
-        "     0        0 777777 1 0000000000000000 20 4 30 10 -1\n")
+        "     0        0 777777 1 0000000000000000 20 4 30 10 -1\n"
+    )
     return proc
 
 
 @pytest.mark.parametrize("mode", ["test", "system"])
 @async_test
 async def test_every_reading_of_a_callers_process_is_of_the_proc_the_configuration_names(
-        tmp_path, mode):
+    tmp_path, mode
+):
     # The connection is found in that /proc, not in the kernel's own tables, and so is its
     # holder, its facts, and that it still holds it.
     async with loopback() as (client, request):
         config = replace(Config(), proc_root=str(written_proc(tmp_path, client)))
         identifier = ProcessIdentifier(config)
-        callers = (NamedCallers(config) if mode == "test"
-                   else SystemCallers(identifier, None, config))
+        callers = (
+            NamedCallers(config) if mode == "test" else SystemCallers(identifier, None, config)
+        )
         if mode == "system":
             assert await callers.identify(request, None) == host_identity(0)
         ref = await callers.process(request)
@@ -244,21 +264,26 @@ async def test_a_holder_that_ends_as_it_is_found_is_no_one(tmp_path):
             await callers.identify(request, None)
     assert refused.value.message == (
         f"the process holding the connection from port {port} (pid 4242) "
-        "ended before it could be identified")
+        "ended before it could be identified"
+    )
 
 
 MANY = 300
-HOLD_MANY = ("import os, sys\n"
-             f"held = [os.open('/dev/null', os.O_RDONLY) for _ in range({MANY})]\n"
-             "print(flush=True)\n"
-             "sys.stdin.read()\n")
+HOLD_MANY = (
+    "import os, sys\n"
+    f"held = [os.open('/dev/null', os.O_RDONLY) for _ in range({MANY})]\n"
+    "print(flush=True)\n"
+    "sys.stdin.read()\n"
+)
 
 
-CONNECT_EACH_LINE = ("import socket, sys\n"
-                     "held = []\n"
-                     "for _ in sys.stdin:\n"
-                     "    held.append(socket.create_connection(('127.0.0.1', int(sys.argv[1]))))\n"
-                     "    print(flush=True)\n")
+CONNECT_EACH_LINE = (
+    "import socket, sys\n"
+    "held = []\n"
+    "for _ in sys.stdin:\n"
+    "    held.append(socket.create_connection(('127.0.0.1', int(sys.argv[1]))))\n"
+    "    print(flush=True)\n"
+)
 
 
 @async_test
@@ -273,10 +298,18 @@ async def test_a_process_that_called_lately_is_looked_at_first():
     children = []
     try:
         while True:  # the caller, then a newer process (by pid: again if the pids wrapped round)
-            caller = subprocess.Popen([sys.executable, "-c", CONNECT_EACH_LINE, port],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-            newer = subprocess.Popen([sys.executable, "-c", HOLD_MANY], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
+            caller = subprocess.Popen(
+                [sys.executable, "-c", CONNECT_EACH_LINE, port],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            newer = subprocess.Popen(
+                [sys.executable, "-c", HOLD_MANY],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             children += [caller, newer]
             newer.stdout.readline()  # its descriptors are open
             if newer.pid > caller.pid:

@@ -3,27 +3,34 @@ pod-resources server (tests/kubelet.py): `nvidia-smi -L` is read at discovery an
 inventory while a GPU has MIG on, the uuids show in /devices, and a pod given a `MIG-<uuid>`
 device holds the GPU it is on; a `-L` that fails or hangs maps no MIG device, is logged once,
 and the daemon goes on, mapping them once `-L` answers again."""
+
 import logging
 import re
 import subprocess
-from typing import List
 
 import pytest
 
 from helpers import SIMULATOR, ScenarioFile, async_test, gpu_running, until
 from kubelet import Kubelet, gpu_pod
 
-INSTANCES = [{"gpu_instance_id": 1, "compute_instance_id": 0, "memory_mib": 9856},
-             {"gpu_instance_id": 2, "compute_instance_id": 0, "memory_mib": 9856}]
+INSTANCES = [
+    {"gpu_instance_id": 1, "compute_instance_id": 0, "memory_mib": 9856},
+    {"gpu_instance_id": 2, "compute_instance_id": 0, "memory_mib": 9856},
+]
 HOST = [{}, {"mig": "Enabled", "mig_devices": INSTANCES}]  # GPU 1 has MIG on
 MIG_RESOURCE = "nvidia.com/mig-1g.10gb"
 FAILED = "cannot list the MIG devices' uuids"
 
 
-def listed(scenario: ScenarioFile) -> List[str]:
+def listed(scenario: ScenarioFile) -> list[str]:
     """The MIG uuids the simulator's own -L prints, read here without the daemon."""
-    out = subprocess.run(SIMULATOR.split() + ["--scenario", scenario.path, "-L"],
-                         capture_output=True, text=True, timeout=10, check=True)
+    out = subprocess.run(
+        SIMULATOR.split() + ["--scenario", scenario.path, "-L"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=True,
+    )
     return re.findall(r"\(UUID: (MIG-[^)]+)\)", out.stdout)
 
 
@@ -34,14 +41,14 @@ def inventory_watch(h):
 @pytest.mark.parametrize("legacy", [False, True])
 @async_test
 async def test_a_pod_given_a_mig_device_holds_the_gpu_it_is_on(tmp_path, legacy):
-    scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=HOST,
-                            legacy_mig_uuids=legacy)
+    scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=HOST, legacy_mig_uuids=legacy)
     migs = listed(scenario)
     assert len(migs) == 2 and all(m.startswith("MIG-GPU-" if legacy else "MIG-") for m in migs)
     kubelet = Kubelet(str(tmp_path / "kubelet.sock")).start()
     try:
-        async with gpu_running(scenario, kubelet_socket=kubelet.path, kubelet_every=0.05,
-                               inventory_every=0.1) as h:
+        async with gpu_running(
+            scenario, kubelet_socket=kubelet.path, kubelet_every=0.05, inventory_every=0.1
+        ) as h:
             plain, mig = h.uuids()
             devices = await h.ok("/devices")
             assert [m["uuid"] for m in devices[mig]["mig_instances"]] == migs
@@ -64,9 +71,11 @@ async def test_a_pod_given_a_mig_device_holds_the_gpu_it_is_on(tmp_path, legacy)
 
 @async_test
 async def test_no_gpu_with_mig_on_runs_no_list(tmp_path):
-    scenario = ScenarioFile(str(tmp_path / "scenario.json"),
-                            devices=[{}, {"mig": "Enabled"}],  # MIG on, no instance made
-                            faults={"-L": {"fail": "nvml_unknown"}})
+    scenario = ScenarioFile(
+        str(tmp_path / "scenario.json"),
+        devices=[{}, {"mig": "Enabled"}],  # MIG on, no instance made
+        faults={"-L": {"fail": "nvml_unknown"}},
+    )
     async with gpu_running(scenario, inventory_every=0.05) as h:
         watch = inventory_watch(h)
         await until(lambda: watch.readings > 3)
@@ -76,7 +85,8 @@ async def test_no_gpu_with_mig_on_runs_no_list(tmp_path):
 @pytest.mark.parametrize("fault", [{"fail": "nvml_unknown"}, {"hang": True}])
 @async_test
 async def test_a_failing_list_maps_no_mig_device_is_logged_once_and_the_daemon_goes_on(
-        tmp_path, caplog, fault):
+    tmp_path, caplog, fault
+):
     scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=HOST)
     migs = listed(scenario)
     scenario.write(faults={"-L": fault})
@@ -87,8 +97,13 @@ async def test_a_failing_list_maps_no_mig_device_is_logged_once_and_the_daemon_g
             # A hang is killed at the limit; a failure must be heard whatever the load, so
             # its limit is long (before: 0.3 s, and a loaded machine turned it into a kill).
             limit = 0.3 if "hang" in fault else 30.0
-            async with gpu_running(scenario, kubelet_socket=kubelet.path, kubelet_every=0.05,
-                                   inventory_every=0.1, mig_list_timeout=limit) as h:
+            async with gpu_running(
+                scenario,
+                kubelet_socket=kubelet.path,
+                kubelet_every=0.05,
+                inventory_every=0.1,
+                mig_list_timeout=limit,
+            ) as h:
                 plain, mig = h.uuids()
                 watch = inventory_watch(h)
                 await until(lambda: watch.mig.failures >= 4, timeout=30)  # discovery, then 3
@@ -121,8 +136,9 @@ async def test_a_list_that_fails_later_keeps_the_uuids_it_gave(tmp_path, caplog)
     kubelet.pods = [gpu_pod("ml", "infer-0", migs[1], resource=MIG_RESOURCE)]
     try:
         with caplog.at_level(logging.WARNING, logger="patroller"):
-            async with gpu_running(scenario, kubelet_socket=kubelet.path, kubelet_every=0.05,
-                                   inventory_every=0.1) as h:
+            async with gpu_running(
+                scenario, kubelet_socket=kubelet.path, kubelet_every=0.05, inventory_every=0.1
+            ) as h:
                 mig = h.uuids()[1]
                 await until(lambda: h.services.leases.state(mig) == "allocated", timeout=20)
                 scenario.write(faults={"-L": {"fail": "gpu_lost"}})

@@ -1,4 +1,5 @@
 """The pmon and dmon monitors' handling of lines, with the real event loop and no child."""
+
 import asyncio
 import logging
 from dataclasses import replace
@@ -10,8 +11,10 @@ from patroller.observe.monitors import DmonMonitor, PmonMonitor
 from patroller.observe.signals import Signals
 from patroller.observe.testmode import synthetic_inventory
 
-PMON_HEADER = ["# gpu         pid   type     sm    mem    enc    dec    jpg    ofa    command ",
-               "# Idx           #      C/G      %      %      %      %      %      %    name "]
+PMON_HEADER = [
+    "# gpu         pid   type     sm    mem    enc    dec    jpg    ofa    command ",
+    "# Idx           #      C/G      %      %      %      %      %      %    name ",
+]
 
 
 def interval(rows_by_gpu, gpus=3):
@@ -19,9 +22,13 @@ def interval(rows_by_gpu, gpus=3):
     for gpu in range(gpus):
         rows = rows_by_gpu.get(gpu)
         if not rows:
-            lines.append(f"    {gpu}          -     -      -      -      -      -      -      -    -              ")
+            lines.append(
+                f"    {gpu}          -     -      -      -      -      -      -      -    -              "
+            )
         for pid, name in rows or []:
-            lines.append(f"    {gpu}    {pid:>7}     C     12      3      -      -      -      -    {name:<15}")
+            lines.append(
+                f"    {gpu}    {pid:>7}     C     12      3      -      -      -      -    {name:<15}"
+            )
     return lines
 
 
@@ -33,8 +40,12 @@ async def past_timers(delay: float) -> None:
 
 def recorder(signals):
     events = []
-    signals.process_started.connect(lambda s, record: events.append(("+", record.pid, record.uuid)), weak=False)
-    signals.process_ended.connect(lambda s, record: events.append(("-", record.pid, record.uuid)), weak=False)
+    signals.process_started.connect(
+        lambda s, record: events.append(("+", record.pid, record.uuid)), weak=False
+    )
+    signals.process_ended.connect(
+        lambda s, record: events.append(("-", record.pid, record.uuid)), weak=False
+    )
     return events
 
 
@@ -83,11 +94,13 @@ def test_dmon_rows_become_samples_for_the_device_with_that_index():
     samples = []
     signals.sample.connect(lambda s, record: samples.append(record), weak=False)
     monitor = DmonMonitor(inventory, signals, ["nvidia-smi"], {}, Config())
-    for line in ["# gpu   pwr gtemp mtemp    sm   mem   enc   dec  mclk  pclk",
-                 "# Idx     W     C     C     %     %     %     %   MHz   MHz",
-                 "    1    71    40     -    88    40     0     0  1593  1410",
-                 "    7    71    40     -    88    40     0     0  1593  1410",  # no such device
-                 "    0 garbage"]:
+    for line in [
+        "# gpu   pwr gtemp mtemp    sm   mem   enc   dec  mclk  pclk",
+        "# Idx     W     C     C     %     %     %     %   MHz   MHz",
+        "    1    71    40     -    88    40     0     0  1593  1410",
+        "    7    71    40     -    88    40     0     0  1593  1410",  # no such device
+        "    0 garbage",
+    ]:
         monitor._line(line)
     assert len(samples) == 1
     assert samples[0].uuid == inventory.by_number(1).uuid
@@ -97,10 +110,18 @@ def test_dmon_rows_become_samples_for_the_device_with_that_index():
 
 def test_the_streams_watch_every_device():
     inventory = synthetic_inventory(8)
-    monitor = PmonMonitor(inventory, Signals(), ["nvidia-smi", "--extra"], {"PATH": "/bin"},
-                          Config())
-    assert monitor.child.argv == ["nvidia-smi", "--extra", "pmon", "-s", "um",
-                                  "-i", "0,1,2,3,4,5,6,7"]
+    monitor = PmonMonitor(
+        inventory, Signals(), ["nvidia-smi", "--extra"], {"PATH": "/bin"}, Config()
+    )
+    assert monitor.child.argv == [
+        "nvidia-smi",
+        "--extra",
+        "pmon",
+        "-s",
+        "um",
+        "-i",
+        "0,1,2,3,4,5,6,7",
+    ]
     assert monitor.child.env["NVSMI_SHOW_ALL_DEVICES"] == "1"
     dmon = DmonMonitor(inventory, Signals(), ["nvidia-smi"], {"PATH": "/bin"}, Config())
     assert dmon.child.argv == ["nvidia-smi", "dmon", "-s", "pucvmt", "-i", "0,1,2,3,4,5,6,7"]
@@ -131,16 +152,23 @@ async def test_each_completed_interval_lists_the_devices_it_covered():
 
 @async_test
 async def test_unreadable_lines_are_reported_once_a_window_with_their_count(caplog):
-    monitor = DmonMonitor(synthetic_inventory(2), Signals(), ["nvidia-smi"], {},
-                          replace(Config(), repeat_log_every=0.3))
+    monitor = DmonMonitor(
+        synthetic_inventory(2),
+        Signals(),
+        ["nvidia-smi"],
+        {},
+        replace(Config(), repeat_log_every=0.3),
+    )
     monitor._line("# gpu   pwr gtemp mtemp    sm   mem   enc   dec  mclk  pclk")
     for n in range(5):
         monitor._line(f"    0 garbage {n}")
     await asyncio.sleep(0.4)  # the next window: at least 0.3 s on the throttle's clock
     monitor._line("    1 garbage 5")
     reports = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert reports == ["dmon: 1 unreadable line(s) skipped, the last: '0 garbage 0'",
-                       "dmon: 5 unreadable line(s) skipped, the last: '1 garbage 5'"]
+    assert reports == [
+        "dmon: 1 unreadable line(s) skipped, the last: '0 garbage 0'",
+        "dmon: 5 unreadable line(s) skipped, the last: '1 garbage 5'",
+    ]
 
 
 @async_test
@@ -166,8 +194,9 @@ async def test_a_device_whose_listed_processes_all_ended_is_attributed_no_more()
     inventory = synthetic_inventory(3)
     pmon = PmonMonitor(inventory, Signals(), ["nvidia-smi"], {}, Config())
     uuids = [d.uuid for d in inventory]
-    for line in PMON_HEADER + interval({1: [(4242, "python"), (4343, "python")],
-                                        2: [(77, "train")]}):
+    for line in PMON_HEADER + interval(
+        {1: [(4242, "python"), (4343, "python")], 2: [(77, "train")]}
+    ):
         pmon._line(line)
     assert pmon.attributed() == {uuids[1], uuids[2]}
     for line in interval({1: [(4343, "python")], 2: [(77, "train")]}):
@@ -207,8 +236,13 @@ async def test_a_process_that_ends_as_another_starts_on_its_device_is_reported_g
     for line in rows:
         monitor._line(line)
     await until(lambda: len(sampled) == 2, timeout=2)
-    assert events == [("+", 10, uuids[1]), ("+", 11, uuids[1]), ("+", 12, uuids[2]),
-                      ("+", 13, uuids[1]), ("-", 11, uuids[1])]
+    assert events == [
+        ("+", 10, uuids[1]),
+        ("+", 11, uuids[1]),
+        ("+", 12, uuids[2]),
+        ("+", 13, uuids[1]),
+        ("-", 11, uuids[1]),
+    ]
     dashes = dict.fromkeys(figures)
     assert sampled[1] == {uuids[1]: {10: figures, 13: figures}, uuids[2]: {12: dashes}}
     assert figured == [{uuids[1], uuids[2]}, {uuids[1]}]  # counted as the rows came

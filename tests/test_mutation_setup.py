@@ -2,6 +2,7 @@
 "Mutation testing"): scripts/mutation.sh parses, pyproject.toml's [tool.mutmut] names files and
 tests that exist, the scope is what the docs say, the equivalent mutants the docs set aside
 belong to it, and the engines are left out only outside CI."""
+
 import fnmatch
 import importlib.util
 import json
@@ -13,15 +14,21 @@ import pytest
 
 from helpers import ROOT, WITHOUT_ENGINES, engines_left_out
 
-_spec = importlib.util.spec_from_file_location("mutation",
-                                              os.path.join(ROOT, "scripts", "mutation.py"))
+_spec = importlib.util.spec_from_file_location(
+    "mutation", os.path.join(ROOT, "scripts", "mutation.py")
+)
 mutation = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(mutation)
 
 # tests that start a container engine or Slurm: never in a mutation run
-ENGINE_TESTS = {"tests/test_identity_docker.py", "tests/test_engines_docker.py",
-                "tests/test_podman.py", "tests/test_containerd.py",
-                "tests/test_slurm_daemon.py", "tests/test_slurm_node.py"}
+ENGINE_TESTS = {
+    "tests/test_identity_docker.py",
+    "tests/test_engines_docker.py",
+    "tests/test_podman.py",
+    "tests/test_containerd.py",
+    "tests/test_slurm_daemon.py",
+    "tests/test_slurm_node.py",
+}
 
 
 def test_the_one_command_parses_and_runs_the_driver():
@@ -42,15 +49,33 @@ def test_the_scope_is_the_one_the_docs_name_and_every_file_of_it_exists():
     settings = mutation.config()
     assert settings["source_paths"] == ["patroller/"]
     assert settings["only_mutate"] == [
-        "patroller/core/*", "patroller/identify/*", "patroller/observe/jobmap.py",
-        "patroller/observe/podresources.py", "patroller/observe/silence.py",
-        "patroller/state/*", "patroller/http/hiding.py", "patroller/http/fastlane.py",
-        "patroller/http/fleet.py", "patroller/http/fleetlink.py", "patroller/doctor/*",
-        "patroller/answers.py", "patroller/config/*"]
+        "patroller/core/*",
+        "patroller/identify/*",
+        "patroller/observe/jobmap.py",
+        "patroller/observe/podresources.py",
+        "patroller/observe/silence.py",
+        "patroller/state/*",
+        "patroller/http/hiding.py",
+        "patroller/http/fastlane.py",
+        "patroller/http/fleet.py",
+        "patroller/http/fleetlink.py",
+        "patroller/doctor/*",
+        "patroller/answers.py",
+        "patroller/config/*",
+    ]
     files = mutation.scope_files(settings)  # refuses a pattern that matches nothing
-    for path in ("core/leases/manager.py", "http/hiding.py", "http/fastlane.py", "http/fleet.py",
-                 "http/fleetlink.py", "doctor/places.py", "doctor/results.py", "answers.py",
-                 "config/settings.py", "config/flags.py"):
+    for path in (
+        "core/leases/manager.py",
+        "http/hiding.py",
+        "http/fastlane.py",
+        "http/fleet.py",
+        "http/fleetlink.py",
+        "doctor/places.py",
+        "doctor/results.py",
+        "answers.py",
+        "config/settings.py",
+        "config/flags.py",
+    ):
         assert f"patroller/{path}" in files, path
     # every module of doctor/ and config/, and of http/ only the four named
     for package in ("doctor", "config"):
@@ -58,14 +83,18 @@ def test_the_scope_is_the_one_the_docs_name_and_every_file_of_it_exists():
             if module.endswith(".py"):
                 assert f"patroller/{package}/{module}" in files
     assert {f for f in files if f.startswith("patroller/http/")} == {
-        "patroller/http/hiding.py", "patroller/http/fastlane.py", "patroller/http/fleet.py",
-        "patroller/http/fleetlink.py"}
+        "patroller/http/hiding.py",
+        "patroller/http/fastlane.py",
+        "patroller/http/fleet.py",
+        "patroller/http/fleetlink.py",
+    }
     docs = open(mutation.DOCS, encoding="utf-8").read()
     for pattern in settings["only_mutate"]:
         assert f"`{pattern.removeprefix('patroller/').removesuffix('*')}`" in docs, pattern
     # the test files of the new scope's concerns stay in the mutation suite
-    ignored = {arg.removeprefix("--ignore=")
-               for arg in settings["pytest_add_cli_args_test_selection"][1:]}
+    ignored = {
+        arg.removeprefix("--ignore=") for arg in settings["pytest_add_cli_args_test_selection"][1:]
+    }
     for kept in ("test_doctor_deadline", "test_fleet", "test_fleet_polling", "test_config"):
         assert f"tests/{kept}.py" not in ignored, kept
 
@@ -82,8 +111,17 @@ def test_what_mutmut_copies_and_the_tests_it_selects_exist():
         assert os.path.isfile(os.path.join(ROOT, path)), path
     assert ENGINE_TESTS | {"tests/test_layout.py"} <= ignored
     # the lease rules', the identity's, the book's and the hiding's own tests stay in
-    for kept in ("test_leases", "test_allocations", "test_cgroups", "test_runtimes", "test_book",
-                 "test_hide_users", "test_job_map", "test_pod_resources", "test_api"):
+    for kept in (
+        "test_leases",
+        "test_allocations",
+        "test_cgroups",
+        "test_runtimes",
+        "test_book",
+        "test_hide_users",
+        "test_job_map",
+        "test_pod_resources",
+        "test_api",
+    ):
         assert f"tests/{kept}.py" not in ignored
 
 
@@ -116,8 +154,13 @@ def test_equivalent_mutants_in_the_docs_are_mutants_of_the_scope_with_a_reason()
 def test_pyproject_has_no_mutmut_setting_it_does_not_know():
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         settings = tomllib.load(f)["tool"]["mutmut"]
-    known = {"source_paths", "only_mutate", "also_copy", "pytest_add_cli_args_test_selection",
-             "pytest_add_cli_args"}
+    known = {
+        "source_paths",
+        "only_mutate",
+        "also_copy",
+        "pytest_add_cli_args_test_selection",
+        "pytest_add_cli_args",
+    }
     assert set(settings) == known
     assert fnmatch.fnmatch("patroller/core/leases/holds.py", settings["only_mutate"][0])
 
@@ -145,13 +188,27 @@ def test_missed_and_resume_choose_from_the_last_runs_results(tmp_path, monkeypat
     meta = tmp_path / "patroller" / "http" / "hiding.py.meta"
     meta.parent.mkdir(parents=True)
     name = "patroller.http.hiding.x_status__mutmut_"
-    meta.write_text(json.dumps({"exit_code_by_key": {
-        name + "1": 1, name + "2": 0, name + "3": None, name + "4": -24, name + "5": 33}}))
+    meta.write_text(
+        json.dumps(
+            {
+                "exit_code_by_key": {
+                    name + "1": 1,
+                    name + "2": 0,
+                    name + "3": None,
+                    name + "4": -24,
+                    name + "5": 33,
+                }
+            }
+        )
+    )
     monkeypatch.setattr(mutation, "MUTANTS", str(tmp_path))
     settings = mutation.config()
     assert mutation.missed(["http/hiding.py"], settings) == [name + "2", name + "5"]
-    assert mutation.unfinished(["http/hiding.py"], settings) == [name + "2", name + "3",
-                                                               name + "5"]
+    assert mutation.unfinished(["http/hiding.py"], settings) == [
+        name + "2",
+        name + "3",
+        name + "5",
+    ]
     assert mutation.unfinished(["core"], settings) == []
     with pytest.raises(SystemExit) as refused:  # the arguments, before anything runs
         mutation.main(["run", "--missed", "--resume"])
@@ -159,7 +216,8 @@ def test_missed_and_resume_choose_from_the_last_runs_results(tmp_path, monkeypat
 
 
 def test_a_sample_draws_uniformly_from_the_whole_scope_and_goes_on_where_it_stopped(
-        tmp_path, monkeypatch, capsys):
+    tmp_path, monkeypatch, capsys
+):
     # 200 mutants in two files of the scope and one outside the asked scope; the earlier runs
     # tested some (all of hiding.py's first 50, caught), left the rest. The draw takes from all
     # of the asked scope alike, whatever was tested: a draw from the untested alone would
@@ -176,8 +234,9 @@ def test_a_sample_draws_uniformly_from_the_whole_scope_and_goes_on_where_it_stop
     fleet_codes = {f + str(n): None for n in range(100)}
     hiding.write_text(json.dumps({"exit_code_by_key": hiding_codes}))
     fleet.write_text(json.dumps({"exit_code_by_key": fleet_codes}))
-    places.write_text(json.dumps({"exit_code_by_key": {
-        "patroller.doctor.places.x_free__mutmut_1": None}}))
+    places.write_text(
+        json.dumps({"exit_code_by_key": {"patroller.doctor.places.x_free__mutmut_1": None}})
+    )
     monkeypatch.setattr(mutation, "MUTANTS", str(mutants))
     monkeypatch.setattr(mutation, "SAMPLE", str(tmp_path / "sample.json"))
     settings = mutation.config()
@@ -211,7 +270,8 @@ def test_a_sample_draws_uniformly_from_the_whole_scope_and_goes_on_where_it_stop
         return hiding_codes if n.startswith(h) else fleet_codes
 
     assert [n for n in names if first["results"][n] is None] == [
-        n for n in names if codes(n)[n] is None]
+        n for n in names if codes(n)[n] is None
+    ]
     # tested from the start of the draw up to the first untested one; then one stopped by the
     # user (exit 2), and quick ones tested beyond it: those are left out of the estimate
     untested = [n for n in names if codes(n)[n] is None]
@@ -234,8 +294,10 @@ def test_a_sample_draws_uniformly_from_the_whole_scope_and_goes_on_where_it_stop
     assert f"95% interval {100 * low:.1f}-{100 * high:.1f}% (Wilson)" in out
     floor = sum(codes(n)[n] == 1 for n in names)  # the 2 untested counted as missed
     low, high = mutation.wilson(floor, 60)
-    assert (f"all 60 of the draw, the 2 untested counted as missed (a floor): caught {floor}: "
-            f"{100 * floor / 60:.1f}%, 95% interval {100 * low:.1f}-{100 * high:.1f}%") in out
+    assert (
+        f"all 60 of the draw, the 2 untested counted as missed (a floor): caught {floor}: "
+        f"{100 * floor / 60:.1f}%, 95% interval {100 * low:.1f}-{100 * high:.1f}%"
+    ) in out
     assert f"every one tested, by package: http/ {floor} of {tested}" in out
     assert f"sampled, survived: {untested[0]}" in out
     assert f"sampled, survived: {untested[12]}" in out  # every survivor is listed
@@ -257,17 +319,30 @@ def test_a_sample_draws_uniformly_from_the_whole_scope_and_goes_on_where_it_stop
     assert mutation.wilson(990, 1000)[0] > 0.98
 
 
-def test_every_score_is_printed_beside_the_counts_tested_and_untested(tmp_path, monkeypatch,
-                                                                     capsys):
+def test_every_score_is_printed_beside_the_counts_tested_and_untested(
+    tmp_path, monkeypatch, capsys
+):
     meta = tmp_path / "patroller" / "answers.py.meta"
     meta.parent.mkdir(parents=True)
     other = tmp_path / "patroller" / "config" / "values.py.meta"
     other.parent.mkdir(parents=True)
     name = "patroller.answers.x_free__mutmut_"
-    meta.write_text(json.dumps({"exit_code_by_key": {
-        name + "1": 1, name + "2": 0, name + "3": None, name + "4": None, name + "5": 2}}))
-    other.write_text(json.dumps({"exit_code_by_key": {
-        "patroller.config.values.x_seconds__mutmut_1": 1}}))
+    meta.write_text(
+        json.dumps(
+            {
+                "exit_code_by_key": {
+                    name + "1": 1,
+                    name + "2": 0,
+                    name + "3": None,
+                    name + "4": None,
+                    name + "5": 2,
+                }
+            }
+        )
+    )
+    other.write_text(
+        json.dumps({"exit_code_by_key": {"patroller.config.values.x_seconds__mutmut_1": 1}})
+    )
     monkeypatch.setattr(mutation, "MUTANTS", str(tmp_path))
     monkeypatch.setattr(mutation, "SAMPLE", str(tmp_path / "none.json"))
     mutation.score(["answers.py", "config"], mutation.config())

@@ -4,6 +4,7 @@ cut short while being sent is not sent again, and nothing is sent twice.
 The journal on its own (written by its thread, read back by a fresh one, as a restart does),
 then a real daemon on the simulator killed with SIGKILL while a webhook holds its first notice
 and two more wait behind it, and started again."""
+
 import json
 import os
 import signal
@@ -15,8 +16,16 @@ from dataclasses import replace
 
 import pytest
 
-from helpers import (NOBODY, FakeClock, ScenarioFile, ServerProcess, async_test, host_user,
-                     lease_manager, until)
+from helpers import (
+    NOBODY,
+    FakeClock,
+    ScenarioFile,
+    ServerProcess,
+    async_test,
+    host_user,
+    lease_manager,
+    until,
+)
 from patroller.config import Config
 from patroller.state.audit import AuditLog
 from patroller.notify import Notifier
@@ -26,8 +35,15 @@ from receivers import Hooks, wait_for
 
 
 def notice(n, kind="trespass"):
-    return Notice(kind, (kind, f"GPU-{n}", "bob", "alice"), "bob", ((f"GPU-{n}", n),),
-                  f"title {n}", f"body {n}\nwith a second line ✓", concerns=("bob", "alice"))
+    return Notice(
+        kind,
+        (kind, f"GPU-{n}", "bob", "alice"),
+        "bob",
+        ((f"GPU-{n}", n),),
+        f"title {n}",
+        f"body {n}\nwith a second line ✓",
+        concerns=("bob", "alice"),
+    )
 
 
 def written(outbox):
@@ -45,8 +61,9 @@ def reopened(directory, config=Config()):
 def test_what_is_pending_and_told_comes_back_and_what_is_done_does_not(tmp_path):
     outbox = Outbox(str(tmp_path), Config())
     assert outbox.open(time.time()).pending == []
-    sent, waiting, cut, retried = (outbox.queued(notice(n), "admin", tag_of("json://x"), 1)
-                                   for n in range(4))
+    sent, waiting, cut, retried = (
+        outbox.queued(notice(n), "admin", tag_of("json://x"), 1) for n in range(4)
+    )
     outbox.trying(sent)
     outbox.done(sent, "sent")
     outbox.trying(cut)  # the daemon dies during this try
@@ -59,8 +76,11 @@ def test_what_is_pending_and_told_comes_back_and_what_is_done_does_not(tmp_path)
     restored = reopened(str(tmp_path))  # no stop: as after a kill -9
     assert [p.ident for p in restored.pending] == [waiting, retried]
     assert restored.pending[0].notice == notice(1)  # every field, tuples and all
-    assert (restored.pending[0].recipient, restored.pending[0].tag,
-            restored.pending[0].number) == ("admin", tag_of("json://x"), 1)
+    assert (
+        restored.pending[0].recipient,
+        restored.pending[0].tag,
+        restored.pending[0].number,
+    ) == ("admin", tag_of("json://x"), 1)
     assert [p.ident for p in restored.interrupted] == [cut]
     assert list(restored.episodes) == [("trespass", "GPU-1", "bob", "alice")]
     assert restored.unreadable == 0
@@ -105,8 +125,11 @@ def test_episodes_older_than_the_repeat_are_forgotten_and_their_number_is_bounde
         outbox.told(("idle", str(n)), time.time())
     written(outbox)
     outbox.stop(5)
-    assert list(reopened(str(tmp_path), config).episodes) == [("idle", "2"), ("idle", "3"),
-                                                              ("idle", "4")]
+    assert list(reopened(str(tmp_path), config).episodes) == [
+        ("idle", "2"),
+        ("idle", "3"),
+        ("idle", "4"),
+    ]
 
 
 def test_the_journal_is_rewritten_when_it_grows(tmp_path):
@@ -158,23 +181,45 @@ def metrics(server):
 
 @pytest.mark.timeout(180)
 def test_kill_9_mid_queue_then_restart_loses_nothing_and_sends_nothing_twice(tmp_path):
-    devices = [{"uuid": f"GPU-{n}000000-5a1e-4e57-8000-00000000000{n}",
-                "pci": f"00000000:{n + 1:02X}:00.0"} for n in range(3)]
+    devices = [
+        {
+            "uuid": f"GPU-{n}000000-5a1e-4e57-8000-00000000000{n}",
+            "pci": f"00000000:{n + 1:02X}:00.0",
+        }
+        for n in range(3)
+    ]
     scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=devices)
     state = str(tmp_path / "state")
     strangers = [subprocess.Popen(["sleep", "300"], user=NOBODY) for _ in range(3)]
     with Hooks() as hooks:
-        args = ("--nvidia-smi", scenario.command, "--state-dir", state, "--inventory-every",
-                "0.5", "--notify", hooks.url(), "--notify-events", "trespass",
-                "--notify-escalate", "0", "--audit-log", str(tmp_path / "audit.jsonl"))
+        args = (
+            "--nvidia-smi",
+            scenario.command,
+            "--state-dir",
+            state,
+            "--inventory-every",
+            "0.5",
+            "--notify",
+            hooks.url(),
+            "--notify-events",
+            "trespass",
+            "--notify-escalate",
+            "0",
+            "--audit-log",
+            str(tmp_path / "audit.jsonl"),
+        )
         hooks.gate.clear()  # the first notice is taken and never answered
         server = ServerProcess(*args).start()
         try:
             ok(server, "/request?gpu=3&hold=1h")
-            scenario.write(processes=[{"pid": p.pid, "gpu": n, "name": "python"}
-                                      for n, p in enumerate(strangers)])
-            wait_for(lambda: len(hooks.bodies) == 1 and metrics(server)["pending"] == 2,
-                       timeout=60)
+            scenario.write(
+                processes=[
+                    {"pid": p.pid, "gpu": n, "name": "python"} for n, p in enumerate(strangers)
+                ]
+            )
+            wait_for(
+                lambda: len(hooks.bodies) == 1 and metrics(server)["pending"] == 2, timeout=60
+            )
         finally:
             server.stop(signal.SIGKILL)
         hooks.gate.set()
@@ -190,8 +235,9 @@ def test_kill_9_mid_queue_then_restart_loses_nothing_and_sends_nothing_twice(tmp
             for p in strangers:
                 p.kill()
     titles = sorted(b["title"] for b in hooks.bodies)
-    assert titles == sorted(f"{h}: trespass on GPU {n} by nobody"
-                            for n in range(3) for h in [titles[0].split(":")[0]]), titles
+    assert titles == sorted(
+        f"{h}: trespass on GPU {n} by nobody" for n in range(3) for h in [titles[0].split(":")[0]]
+    ), titles
     records = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     results = sorted(r["result"] for r in records if r["event"] == "notify")
     assert results == ["interrupted", "sent", "sent"], results
@@ -202,7 +248,8 @@ def test_kill_9_mid_queue_then_restart_loses_nothing_and_sends_nothing_twice(tmp
 
 @async_test
 async def test_a_users_pending_notice_goes_to_her_destination_after_a_restart_if_she_has_it(
-        tmp_path):
+    tmp_path,
+):
     """A notice pending for a user's destination is sent there after a restart; one for a
     destination she has removed since, or a kind she muted, is not, and its audit line says
     `gone`."""
@@ -214,8 +261,14 @@ async def test_a_users_pending_notice_goes_to_her_destination_after_a_restart_if
     written(before)  # and the daemon dies
     got = []
     audit = AuditLog(None, 100, 60)
-    notifier = Notifier(Config(), "gpu1", audit, str(tmp_path), senders=[],
-                        plugin_of=lambda url: (lambda t, b: got.append((url, t)) or True))
+    notifier = Notifier(
+        Config(),
+        "gpu1",
+        audit,
+        str(tmp_path),
+        senders=[],
+        plugin_of=lambda url: lambda t, b: got.append((url, t)) or True,
+    )
     notifier.people.users.add("bob", kept)
     notifier.people.users.mute("bob", "granted", True)
     notifier.start()
@@ -223,7 +276,10 @@ async def test_a_users_pending_notice_goes_to_her_destination_after_a_restart_if
         await until(lambda: len([e for e in audit.recent if e["event"] == "notify"]) == 3)
         assert got == [(kept, "title 1")]
         assert sorted((e["result"], e["kind"], e["recipient"]) for e in audit.recent) == [
-            ("gone", "granted", "bob"), ("gone", "trespass", "bob"), ("sent", "trespass", "bob")]
+            ("gone", "granted", "bob"),
+            ("gone", "trespass", "bob"),
+            ("sent", "trespass", "bob"),
+        ]
         assert notifier.outbox.flush(10)
     finally:
         notifier.stop(5)
@@ -233,7 +289,8 @@ async def test_a_users_pending_notice_goes_to_her_destination_after_a_restart_if
 
 @async_test
 async def test_a_trespass_told_before_a_restart_still_reaches_the_admin_when_it_has_lasted(
-        tmp_path):
+    tmp_path,
+):
     """The users were told before the restart; the trespass, seen again after it, is not told
     to them again, and reaches the admin --notify-escalate after it was first told."""
     at = 1796287933.0
@@ -246,10 +303,18 @@ async def test_a_trespass_told_before_a_restart_still_reaches_the_admin_when_it_
     before.told(("trespass", held.uuid, "carol", "alice"), at - 500)
     written(before)
     told = []
-    config = replace(Config(), notify=("json://admin/x",), notify_escalate=600,
-                     notify_retry_first=0.01)
-    notifier = Notifier(config, "gpu1", None, str(tmp_path), leases=leases, clock=clock,
-                        senders=[lambda title, body: told.append(title) or True])
+    config = replace(
+        Config(), notify=("json://admin/x",), notify_escalate=600, notify_retry_first=0.01
+    )
+    notifier = Notifier(
+        config,
+        "gpu1",
+        None,
+        str(tmp_path),
+        leases=leases,
+        clock=clock,
+        senders=[lambda title, body: told.append(title) or True],
+    )
     leases.on_event(notifier.on_event)
     notifier.start()
     try:

@@ -2,6 +2,7 @@
 once and again after the repeat, each destination's rate with what it held back, the flags'
 values (a URL never repeated in an error), and the destinations' queues and tries with senders
 of the test's own (Apprise's own senders meet real receivers in test_notify_daemon.py)."""
+
 import logging
 import os
 import stat
@@ -38,27 +39,47 @@ def test_a_trespass_on_a_held_gpu_names_both_and_what_to_do():
     assert notice.body == (
         "carol runs process 4242 on GPU 0 of gpu1 (since 2026-12-03 08:52 UTC), which is held "
         "by alice. The run is to move to a free GPU (`patroller status` shows which), reserved "
-        "first (`patroller run`).")
+        "first (`patroller run`)."
+    )
     assert notice.key == ("trespass", "GPU-0", "carol", "alice")
     free = one(Event("trespass", "carol", GPU0, {"pid": 4242}))
     assert "which is held by nobody." in free.body and free.key[-1] == ""
 
 
 def test_a_trespass_on_a_jobs_or_pods_gpu_and_beyond_a_limit():
-    job = one(Event("trespass", "carol", GPU0, {"pid": 1, "holder": "alice",
-                                                 "jobs": ["4242", "4243"], "job": None}))
+    job = one(
+        Event(
+            "trespass",
+            "carol",
+            GPU0,
+            {"pid": 1, "holder": "alice", "jobs": ["4242", "4243"], "job": None},
+        )
+    )
     assert "which is allocated to Slurm job 4242, 4243 of alice." in job.body
     pod = one(Event("trespass", "carol", GPU0, {"pid": 1, "pods": ["team-a/train-0"]}))
     assert "which is allocated to pod team-a/train-0." in pod.body
-    over = one(Event("trespass", "carol", (("GPU-3", 3),), {
-        "pid": 5151, "why": "over_limit", "limit": 2, "held": [0, 1]}))
+    over = one(
+        Event(
+            "trespass",
+            "carol",
+            (("GPU-3", 3),),
+            {"pid": 5151, "why": "over_limit", "limit": 2, "held": [0, 1]},
+        )
+    )
     assert over.body == (
         "carol runs process 5151 on GPU 3 of gpu1 (since 2026-12-03 08:52 UTC), beyond the "
         "limit of 2 GPU(s) (holding GPU 0, 1). One run is to end, or a GPU to be released: "
-        "`patroller status` shows which.")
+        "`patroller status` shows which."
+    )
     assert over.key == ("trespass", "GPU-3", "carol", "over_limit")
-    account = one(Event("trespass", "carol", GPU0, {"pid": 1, "why": "over_limit",
-                                                     "limit": 4, "held": [], "account": "bob"}))
+    account = one(
+        Event(
+            "trespass",
+            "carol",
+            GPU0,
+            {"pid": 1, "why": "over_limit", "limit": 4, "held": [], "account": "bob"},
+        )
+    )
     assert "beyond the limit of 4 GPU(s) of the account bob. One run" in account.body
 
 
@@ -75,13 +96,23 @@ def test_control_characters_chosen_by_users_never_reach_a_notice():
 
 def test_a_grant_tells_only_when_it_was_waited_for():
     assert notices_of(Event("grant", "alice", GPU0, {"hold": "lease"}), "gpu1", AT) == []
-    assert notices_of(Event("grant", "alice", GPU0, {"hold": "lease", "waited": 0.0}),
-                      "gpu1", AT) == []
-    notice = one(Event("grant", "alice", (("GPU-1", 1), ("GPU-2", 2)),
-                       {"hold": "duration", "seconds": 7200, "waited": 725.2}))
+    assert (
+        notices_of(Event("grant", "alice", GPU0, {"hold": "lease", "waited": 0.0}), "gpu1", AT)
+        == []
+    )
+    notice = one(
+        Event(
+            "grant",
+            "alice",
+            (("GPU-1", 1), ("GPU-2", 2)),
+            {"hold": "duration", "seconds": 7200, "waited": 725.2},
+        )
+    )
     assert notice.title == "gpu1: GPUs 1, 2 granted to alice after 12m05s"
-    assert notice.body == ("alice waited 12m05s and now holds GPUs 1, 2 of gpu1 (since "
-                           "2026-12-03 08:52 UTC). The hold lasts 2h.")
+    assert notice.body == (
+        "alice waited 12m05s and now holds GPUs 1, 2 of gpu1 (since "
+        "2026-12-03 08:52 UTC). The hold lasts 2h."
+    )
     held = one(Event("grant", "alice", GPU0, {"hold": "process", "pid": 77, "waited": 3}))
     assert held.body.endswith("It is held while process 77 runs.")
     later = notices_of(Event("grant", "alice", GPU0, {"waited": 3}), "gpu1", AT + 1)[0]
@@ -94,8 +125,10 @@ def test_a_gpu_lost_and_back_is_one_episode_the_second_notice_ends():
     assert lost.body.startswith("GPU 0 of gpu1, held by alice, is gone from nvidia-smi's list")
     back = one(Event("back", None, GPU0))
     assert back.kind == "lost" and back.ends == ("lost", "GPU-0")
-    assert back.body == "GPU 0 of gpu1 is reported again since 2026-12-03 08:52 UTC, and is " \
-                        "granted as before."
+    assert (
+        back.body == "GPU 0 of gpu1 is reported again since 2026-12-03 08:52 UTC, and is "
+        "granted as before."
+    )
     for quiet in ("release", "expire", "ended", "allocated", "grant"):
         assert notices_of(Event(quiet, "alice", GPU0), "gpu1", AT) == []
     assert notices_of(Event("trespass", "carol", (), {"pid": 1}), "gpu1", AT) == []
@@ -127,23 +160,46 @@ def test_a_destinations_rate_holds_back_and_says_so_in_the_next():
     assert rates.admit(2, notice) == notice  # another destination has its own
     clock.advance(600)
     summed = rates.admit(1, notice)
-    assert summed.body == "body\n\nHeld back before this one, to send no more than 2 notices " \
-                          "in 10m: 1 lost, 1 trespass. `patroller status` and the audit " \
-                          "record have them all."
+    assert (
+        summed.body == "body\n\nHeld back before this one, to send no more than 2 notices "
+        "in 10m: 1 lost, 1 trespass. `patroller status` and the audit "
+        "record have them all."
+    )
     assert rates.admit(1, notice) == notice  # told once
 
 
 def test_the_flags_never_repeat_a_url():
-    config = load(["--test", "--notify", "json://a/b", "--notify", "mailto://u:pw@h?to=x",
-                   "--notify-events", "Trespass, lost,trespass", "--notify-repeat", "2h"],
-                  environ={})
+    config = load(
+        [
+            "--test",
+            "--notify",
+            "json://a/b",
+            "--notify",
+            "mailto://u:pw@h?to=x",
+            "--notify-events",
+            "Trespass, lost,trespass",
+            "--notify-repeat",
+            "2h",
+        ],
+        environ={},
+    )
     assert config.notify == ("json://a/b", "mailto://u:pw@h?to=x")
     assert config.notify_events == ("trespass", "lost") and config.notify_repeat == 7200
-    assert load(["--test"], environ={"PATROLLER_NOTIFY": "json://a/b  ntfy://n/t"}).notify == \
-        ("json://a/b", "ntfy://n/t")
-    assert load(["--test"], environ={}).notify_events == ("trespass", "unreserved", "idle",
-                                                          "expiring", "granted", "lost",
-                                                          "unhealthy", "daemon", "digest")
+    assert load(["--test"], environ={"PATROLLER_NOTIFY": "json://a/b  ntfy://n/t"}).notify == (
+        "json://a/b",
+        "ntfy://n/t",
+    )
+    assert load(["--test"], environ={}).notify_events == (
+        "trespass",
+        "unreserved",
+        "idle",
+        "expiring",
+        "granted",
+        "lost",
+        "unhealthy",
+        "daemon",
+        "digest",
+    )
     with pytest.raises(ConfigError) as caught:
         load(["--test", "--notify", "json://a/b", "--notify", "hunter2-password"], environ={})
     assert str(caught.value).startswith("--notify: URL 2 is not a URL of the form scheme://")
@@ -165,6 +221,7 @@ def delivered(senders, **settings):
         with done:
             outcomes.append(outcome)
             done.notify_all()
+
     delivery = Delivery(senders, [f"d{n}" for n in range(len(senders))], config, told)
     return delivery, outcomes, done
 
@@ -179,8 +236,9 @@ def test_each_destination_is_tried_again_and_one_that_hangs_keeps_no_other_waiti
             raise OSError("refused")  # a plugin's exception is a failed try
         return True
 
-    delivery, outcomes, done = delivered([lambda t, b: hang.wait(30), flaky,
-                                          lambda t, b: False], notify_tries=3)
+    delivery, outcomes, done = delivered(
+        [lambda t, b: hang.wait(30), flaky, lambda t, b: False], notify_tries=3
+    )
     delivery.start()
     notice = Notice("lost", ("lost", "GPU-0"), None, GPU0, "t", "b")
     for destination in delivery.destinations:  # as the notifier puts, one by one
@@ -188,7 +246,9 @@ def test_each_destination_is_tried_again_and_one_that_hangs_keeps_no_other_waiti
     with done:
         assert done.wait_for(lambda: len(outcomes) == 2, timeout=10), outcomes
     assert sorted((o.destination, o.result, o.tries) for o in outcomes) == [
-        (2, "sent", 2), (3, "failed", 3)]
+        (2, "sent", 2),
+        (3, "failed", 3),
+    ]
     counts = delivery.counts.snapshot()["lost"]
     assert counts == {"queued": 3, "sent": 1, "failed": 1, "retried": 3, "dropped": 0}
     assert delivery.destinations[0].pending() == 0  # the hung one holds its notice, alone
@@ -204,6 +264,7 @@ def test_a_full_queue_drops_and_counts_and_the_stop_is_bounded():
     def hung(title, body):
         sending.set()
         return hang.wait(30)
+
     delivery, outcomes, _ = delivered([hung], notify_queue=2)
     delivery.start()
     notices = [Notice("trespass", ("t", str(n)), None, GPU0, "t", "b") for n in range(5)]
@@ -211,8 +272,10 @@ def test_a_full_queue_drops_and_counts_and_the_stop_is_bounded():
     assert sending.wait(10)  # the thread took the first, and hangs on it
     for notice in notices[1:]:  # two wait in the queue, two find it full
         delivery.destinations[0].put(notice)
-    assert [(o.notice, o.result) for o in outcomes] == [(notices[3], "dropped"),
-                                                       (notices[4], "dropped")]
+    assert [(o.notice, o.result) for o in outcomes] == [
+        (notices[3], "dropped"),
+        (notices[4], "dropped"),
+    ]
     assert delivery.counts.snapshot()["trespass"]["dropped"] == 2
     assert delivery.destinations[0].pending() == 2
     started = time.monotonic()
@@ -225,12 +288,23 @@ def test_a_full_queue_drops_and_counts_and_the_stop_is_bounded():
 async def test_the_notifier_tells_the_kinds_asked_for_once_each_and_records_each_outcome():
     sent = []
     audit = AuditLog(None, 100, 60)
-    config = replace(Config(), notify=("json://one/x", "json://two/x"),
-                     notify_events=("trespass", "lost"), notify_retry_first=0.01,
-                     notify_escalate=0)
-    notifier = Notifier(config, "gpu1", audit, clock=lambda: AT,
-                        senders=[lambda t, b: sent.append((1, t)) or True,
-                                 lambda t, b: sent.append((2, t)) or False])
+    config = replace(
+        Config(),
+        notify=("json://one/x", "json://two/x"),
+        notify_events=("trespass", "lost"),
+        notify_retry_first=0.01,
+        notify_escalate=0,
+    )
+    notifier = Notifier(
+        config,
+        "gpu1",
+        audit,
+        clock=lambda: AT,
+        senders=[
+            lambda t, b: sent.append((1, t)) or True,
+            lambda t, b: sent.append((2, t)) or False,
+        ],
+    )
     notifier.start()
     try:
         trespass = Event("trespass", "carol", GPU0, {"pid": 1, "holder": "alice"})
@@ -239,24 +313,35 @@ async def test_the_notifier_tells_the_kinds_asked_for_once_each_and_records_each
         notifier.on_event(Event("grant", "alice", GPU0, {"waited": 5.0}))  # not asked for
         notifier.on_event(Event("back", None, GPU0))  # ends no episode anyone was told of
         await until(lambda: len([e for e in audit.recent if e["event"] == "notify"]) == 2)
-        assert sorted(sent) == [(1, "gpu1: trespass on GPU 0 by carol"),
-                                (2, "gpu1: trespass on GPU 0 by carol")] + \
-            [(2, "gpu1: trespass on GPU 0 by carol")] * (config.notify_tries - 1)
-        records = sorted((e["destination"], e["result"], e["kind"], e["recipient"], e["user"])
-                         for e in audit.recent if e["event"] == "notify")
-        assert records == [(1, "sent", "trespass", "admin", "carol"),
-                           (2, "failed", "trespass", "admin", "carol")]
+        assert sorted(sent) == [
+            (1, "gpu1: trespass on GPU 0 by carol"),
+            (2, "gpu1: trespass on GPU 0 by carol"),
+        ] + [(2, "gpu1: trespass on GPU 0 by carol")] * (config.notify_tries - 1)
+        records = sorted(
+            (e["destination"], e["result"], e["kind"], e["recipient"], e["user"])
+            for e in audit.recent
+            if e["event"] == "notify"
+        )
+        assert records == [
+            (1, "sent", "trespass", "admin", "carol"),
+            (2, "failed", "trespass", "admin", "carol"),
+        ]
         metrics = notifier.metrics()
         assert metrics["repeats"] == 1 and metrics["state"] == "on"
-        assert metrics["by_kind"] == {"trespass": {"queued": 2, "sent": 1, "failed": 1,
-                                                   "retried": config.notify_tries - 1,
-                                                   "dropped": 0}}
+        assert metrics["by_kind"] == {
+            "trespass": {
+                "queued": 2,
+                "sent": 1,
+                "failed": 1,
+                "retried": config.notify_tries - 1,
+                "dropped": 0,
+            }
+        }
     finally:
         notifier.stop(5)
 
 
-def test_a_users_destinations_are_kept_private_bounded_and_a_bad_file_set_aside(tmp_path,
-                                                                                caplog):
+def test_a_users_destinations_are_kept_private_bounded_and_a_bad_file_set_aside(tmp_path, caplog):
     before = os.umask(0)  # whatever the umask: the file is 0600
     try:
         users = UserDestinations(str(tmp_path), most=2, longest=40)
@@ -293,17 +378,27 @@ def test_a_users_destinations_are_kept_private_bounded_and_a_bad_file_set_aside(
 def test_the_default_names_each_user_as_one_part_of_its_url():
     config = replace(Config(), notify_user_default="mailtos://smtp.lab?to={user}@lab.example")
     notifier = Notifier(config, "gpu1", None)
-    assert notifier.people.urls_for("alice", "trespass") == ("mailtos://smtp.lab?to=alice@lab.example",)
-    assert notifier.people.urls_for("eve&to=boss", "trespass") == \
-        ("mailtos://smtp.lab?to=eve%26to%3Dboss@lab.example",)
-    by_email = Notifier(replace(Config(), notify_user_default="mailtos://smtp.lab?to={email}"),
-                        "gpu1", None)
-    assert by_email.people.urls_for("bob@lab.example", "lost") == ("mailtos://smtp.lab?to=bob@lab.example",)
+    assert notifier.people.urls_for("alice", "trespass") == (
+        "mailtos://smtp.lab?to=alice@lab.example",
+    )
+    assert notifier.people.urls_for("eve&to=boss", "trespass") == (
+        "mailtos://smtp.lab?to=eve%26to%3Dboss@lab.example",
+    )
+    by_email = Notifier(
+        replace(Config(), notify_user_default="mailtos://smtp.lab?to={email}"), "gpu1", None
+    )
+    assert by_email.people.urls_for("bob@lab.example", "lost") == (
+        "mailtos://smtp.lab?to=bob@lab.example",
+    )
     assert by_email.people.urls_for("bob", "lost") == ()  # no e-mail in his name: not told
     notifier.people.users.add("alice", "ntfys://n/alice")
-    assert notifier.people.urls_for("alice", "lost") == ("ntfys://n/alice",)  # her own, not the default
+    assert notifier.people.urls_for("alice", "lost") == (
+        "ntfys://n/alice",
+    )  # her own, not the default
     notifier.people.users.mute("alice", "lost", True)
-    assert notifier.people.urls_for("alice", "lost") == () and notifier.people.urls_for("alice", "trespass")
+    assert notifier.people.urls_for("alice", "lost") == () and notifier.people.urls_for(
+        "alice", "trespass"
+    )
 
 
 def test_the_watch_finds_idle_holds_and_holds_about_to_end():
@@ -317,11 +412,15 @@ def test_the_watch_finds_idle_holds_and_holds_about_to_end():
     quiet = {first.uuid: 7200.0, second.uuid: 7199.0}
 
     def found(at):
-        return [(e.kind, e.devices[0][1], e.details) for e in due(
-            leases.holds, numbers, leases.state, quiet.get, config, wall=AT, clock=at)]
+        return [
+            (e.kind, e.devices[0][1], e.details)
+            for e in due(leases.holds, numbers, leases.state, quiet.get, config, wall=AT, clock=at)
+        ]
+
     now = found(clock())
-    assert now == [("idle", first.number, {"idle": 7200.0, "since": AT - 7200,
-                                           "released_at": AT + 3600})]
+    assert now == [
+        ("idle", first.number, {"idle": 7200.0, "since": AT - 7200, "released_at": AT + 3600})
+    ]
     later = found(clock() + 2700)  # 15 minutes before its end
     assert [k for k, _, _ in later] == ["idle", "expiring"]
     assert later[1][2] == {"ends": AT + 900, "left": 900.0, "until": clock() + 3600}
@@ -330,32 +429,43 @@ def test_the_watch_finds_idle_holds_and_holds_about_to_end():
     assert found(clock())[0][2]["released_at"] is None
     notice = one(Event("idle", "alice", ((first.uuid, 3),), later[0][2]))
     assert notice.title == "gpu1: GPU 3 held idle by alice for 2h"
-    assert notice.body == ("GPU 3 of gpu1, which alice holds, has computed nothing since 06:52 "
-                           "UTC (2h). If it is not needed, release it (`patroller release 3`) "
-                           "so that others may have it. It is released at 09:52 UTC all the "
-                           "same (the host's --idle-release).")
+    assert notice.body == (
+        "GPU 3 of gpu1, which alice holds, has computed nothing since 06:52 "
+        "UTC (2h). If it is not needed, release it (`patroller release 3`) "
+        "so that others may have it. It is released at 09:52 UTC all the "
+        "same (the host's --idle-release)."
+    )
     ending = one(Event("expiring", "alice", ((first.uuid, 3),), later[1][2]))
     assert ending.title == "gpu1: the hold of GPU 3 by alice ends at 09:07 UTC"
-    assert ending.body == ("The hold of GPU 3 of gpu1 that alice asked for ends at 09:07 UTC, "
-                           "in 15m. Save what runs there: the GPU is then free for others "
-                           "(`patroller reserve --hold ...` asks again).")
+    assert ending.body == (
+        "The hold of GPU 3 of gpu1 that alice asked for ends at 09:07 UTC, "
+        "in 15m. Save what runs there: the GPU is then free for others "
+        "(`patroller reserve --hold ...` asks again)."
+    )
 
 
 def test_a_gpu_taken_unasked_and_a_trespass_escalated_to_the_admin():
     taken = one(Event("claim", "carol", GPU0, {"pid": 42, "command": "python"}))
     assert taken.kind == "unreserved" and taken.concerns == ("carol",)
     assert taken.title == "gpu1: GPU 0 used by carol without a reservation"
-    assert taken.body.startswith("carol runs process 42 on GPU 0 of gpu1 (since 2026-12-03 "
-                                 "08:52 UTC) without having reserved it: it is held for carol")
-    escalated = one(Event("escalated", "carol", GPU0, {"pid": 4242, "holder": "alice",
-                                                        "lasting": 1800}))
+    assert taken.body.startswith(
+        "carol runs process 42 on GPU 0 of gpu1 (since 2026-12-03 "
+        "08:52 UTC) without having reserved it: it is held for carol"
+    )
+    escalated = one(
+        Event("escalated", "carol", GPU0, {"pid": 4242, "holder": "alice", "lasting": 1800})
+    )
     assert escalated.kind == "trespass" and escalated.concerns == ()  # the admin's alone
     assert escalated.title == "gpu1: trespass on GPU 0 by carol, for 30m"
-    assert escalated.body.endswith("which is held by alice. The run is to move to a free GPU "
-                                   "(`patroller status` shows which), reserved first (`patroller"
-                                   " run`). It has gone on for 30m; the users concerned were told"
-                                   " when it began.")
-    assert escalated.key != one(Event("trespass", "carol", GPU0, {"pid": 1, "holder": "alice"})).key
+    assert escalated.body.endswith(
+        "which is held by alice. The run is to move to a free GPU "
+        "(`patroller status` shows which), reserved first (`patroller"
+        " run`). It has gone on for 30m; the users concerned were told"
+        " when it began."
+    )
+    assert (
+        escalated.key != one(Event("trespass", "carol", GPU0, {"pid": 1, "holder": "alice"})).key
+    )
 
 
 def test_a_trespass_reaches_the_admin_only_if_it_still_goes_on():
@@ -378,15 +488,23 @@ async def test_the_admin_hears_of_a_trespass_only_if_it_outlasts_the_escalation(
     clock = FakeClock(AT)
     leases = lease_manager(clock)
     told = []
-    config = replace(Config(), notify=("json://admin/x",), notify_escalate=600,
-                     notify_retry_first=0.01)
-    notifier = Notifier(config, "gpu1", None, leases=leases, clock=clock,
-                        senders=[lambda title, body: told.append(title) or True])
+    config = replace(
+        Config(), notify=("json://admin/x",), notify_escalate=600, notify_retry_first=0.01
+    )
+    notifier = Notifier(
+        config,
+        "gpu1",
+        None,
+        leases=leases,
+        clock=clock,
+        senders=[lambda title, body: told.append(title) or True],
+    )
     leases.on_event(notifier.on_event)
     notifier.start()
     try:
-        alice, carol, dave = (host_user(n, u) for n, u in (("alice", 1000), ("carol", 1001),
-                                                            ("dave", 1002)))
+        alice, carol, dave = (
+            host_user(n, u) for n, u in (("alice", 1000), ("carol", 1001), ("dave", 1002))
+        )
         [first] = leases.request(alice, {"gpu": 1})
         [second] = leases.request(alice, {"gpu": 1})
         leases.process_started(first.uuid, 4242, carol)  # she stays
@@ -407,10 +525,21 @@ async def test_the_daemons_own_trouble_reaches_the_admin_once_it_lasts_and_again
     clock = FakeClock(AT)
     told = []
     config = replace(Config(), notify=("json://admin/x",), notify_retry_first=0.01)
-    notifier = Notifier(config, "gpu1", None, leases=lease_manager(clock), clock=clock,
-                        senders=[lambda title, body: told.append((title, body)) or True])
-    trouble = [("usage-store", "the usage store cannot be written (No space left on device)",
-                "Free room.")]
+    notifier = Notifier(
+        config,
+        "gpu1",
+        None,
+        leases=lease_manager(clock),
+        clock=clock,
+        senders=[lambda title, body: told.append((title, body)) or True],
+    )
+    trouble = [
+        (
+            "usage-store",
+            "the usage store cannot be written (No space left on device)",
+            "Free room.",
+        )
+    ]
     notifier.troubles = lambda: trouble
     notifier.start()
     try:
@@ -423,9 +552,13 @@ async def test_the_daemons_own_trouble_reaches_the_admin_once_it_lasts_and_again
         notifier.check()
         notifier.check()
         await until(lambda: told)
-        assert told == [("gpu1: the usage store cannot be written (No space left on device)",
-                         "Patroller on gpu1: the usage store cannot be written (No space left on "
-                         "device), since 2026-12-03 08:52 UTC. Free room.")]
+        assert told == [
+            (
+                "gpu1: the usage store cannot be written (No space left on device)",
+                "Patroller on gpu1: the usage store cannot be written (No space left on "
+                "device), since 2026-12-03 08:52 UTC. Free room.",
+            )
+        ]
         assert queued() == 1  # told once while it lasts
         again = list(trouble)
         trouble.clear()
@@ -443,19 +576,30 @@ async def test_the_daemons_own_trouble_reaches_the_admin_once_it_lasts_and_again
 @async_test
 async def test_a_storm_of_notices_not_sent_is_one_warning_and_every_one_is_counted(caplog):
     hang = threading.Event()
-    config = replace(Config(), notify=("json://admin/x",), notify_queue=2, notify_escalate=0,
-                     notify_rate=10 ** 6, repeat_log_every=3600)
-    notifier = Notifier(config, "gpu1", AuditLog(None, 100, 60),
-                        senders=[lambda title, body: hang.wait(30)])
+    config = replace(
+        Config(),
+        notify=("json://admin/x",),
+        notify_queue=2,
+        notify_escalate=0,
+        notify_rate=10**6,
+        repeat_log_every=3600,
+    )
+    notifier = Notifier(
+        config, "gpu1", AuditLog(None, 100, 60), senders=[lambda title, body: hang.wait(30)]
+    )
     notifier.start()
     try:
         with caplog.at_level(logging.WARNING, logger="patroller.notify.notifier"):
             for n in range(12):  # one being sent, two queued, nine dropped
-                notifier.on_event(Event("trespass", f"user{n}", GPU0, {"pid": n,
-                                                                        "holder": "alice"}))
+                notifier.on_event(
+                    Event("trespass", f"user{n}", GPU0, {"pid": n, "holder": "alice"})
+                )
             await until(lambda: notifier.metrics()["by_kind"]["trespass"]["dropped"] >= 9)
-            await until(lambda: len([e for e in notifier.audit.recent
-                                     if e.get("result") == "dropped"]) >= 9)
+            await until(
+                lambda: (
+                    len([e for e in notifier.audit.recent if e.get("result") == "dropped"]) >= 9
+                )
+            )
         lines = [r.getMessage() for r in caplog.records if "notice" in r.getMessage()]
         assert len(lines) == 1 and "was dropped: its queue was full" in lines[0], lines
     finally:

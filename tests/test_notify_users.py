@@ -3,6 +3,7 @@ over the daemon's unix socket, where the kernel says who calls: each reaches and
 own alone, the URLs' secrets are never shown back, a trespass reaches the trespasser and the
 holder each in the words --hide-users lets her read, the host's default reaches a user with
 none, and what users set survives a restart in a file of root's alone."""
+
 import json
 import os
 import stat
@@ -21,10 +22,24 @@ SECRET = "b0b-s3cret"
 
 def as_user(user, where, *words, ok=True):
     """`patroller <words>` run by `user` against the daemon's socket: (status, out, err)."""
-    done = subprocess.run([python_for(user.uid), "-m", "patroller.cli", *words, "--server",
-                           f"unix://{where}/api.sock"], cwd=where, user=user.uid,
-                          group=user.gid, extra_groups=[], capture_output=True, text=True,
-                          timeout=60, env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1"})
+    done = subprocess.run(
+        [
+            python_for(user.uid),
+            "-m",
+            "patroller.cli",
+            *words,
+            "--server",
+            f"unix://{where}/api.sock",
+        ],
+        cwd=where,
+        user=user.uid,
+        group=user.gid,
+        extra_groups=[],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1"},
+    )
     if ok:
         assert done.returncode == 0, (words, done.stdout, done.stderr)
     return done.returncode, done.stdout, done.stderr
@@ -35,12 +50,20 @@ def listed(user, where):
 
 
 def test_users_set_their_own_and_a_trespass_reaches_both_in_their_own_words(
-        users, reachable, tmp_path):
+    users, reachable, tmp_path
+):
     alice, bob = users
     state = tmp_path / "state"
     scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=[{}, {}])
-    args = ("--nvidia-smi", scenario.command, "--socket", f"{reachable}/api.sock",
-            "--state-dir", str(state), "--hide-users")
+    args = (
+        "--nvidia-smi",
+        scenario.command,
+        "--socket",
+        f"{reachable}/api.sock",
+        "--state-dir",
+        str(state),
+        "--hide-users",
+    )
     with Hooks() as hers, Hooks() as his:
         server = ServerProcess(*args).start()
         sleeper = None
@@ -65,8 +88,9 @@ def test_users_set_their_own_and_a_trespass_reaches_both_in_their_own_words(
             assert code != 0 and "syslog://... is not a service users may name here" in err
             # Alice holds GPU 0; bob's process runs on it.
             as_user(alice, reachable, "reserve", "-n", "1", "--hold", "1h")
-            sleeper = subprocess.Popen(["sleep", "120"], user=bob.uid, group=bob.gid,
-                                       extra_groups=[])
+            sleeper = subprocess.Popen(
+                ["sleep", "120"], user=bob.uid, group=bob.gid, extra_groups=[]
+            )
             scenario.write(processes=[{"pid": sleeper.pid, "gpu": 0, "name": "python"}])
             wait_for(lambda: hers.bodies and his.bodies, what="both told of the trespass")
             as_user(bob, reachable, "notify", "test")
@@ -105,17 +129,21 @@ def test_the_hosts_default_reaches_a_user_with_none_and_she_may_mute_a_kind(tmp_
         template = f"json://127.0.0.1:{hooks.port}/" + "{user}"
         server = ServerProcess("--test", "--notify-user-default", template).start()
         try:
+
             def post(path, form=None):
                 request = urllib.request.Request(
-                    server.url + path, data=urllib.parse.urlencode(form or {}).encode())
+                    server.url + path, data=urllib.parse.urlencode(form or {}).encode()
+                )
                 with urllib.request.urlopen(request, timeout=20) as answer:
                     return json.loads(answer.read())
 
             assert post("/notify/test?user=carol")["sent_to"] == 1
             with pytest.raises(urllib.error.HTTPError) as refused:  # a query may be logged
                 post("/notify/add?user=carol&url=json%3A%2F%2Fh%2Fp", {})
-            assert refused.value.code == 400 and "never in the query" in \
-                json.loads(refused.value.read())["error"]
+            assert (
+                refused.value.code == 400
+                and "never in the query" in json.loads(refused.value.read())["error"]
+            )
             wait_for(lambda: len(hooks.bodies) == 1)
             assert post("/notify/mute?user=carol", {"kind": "test"})["muted"] == ["test"]
             with pytest.raises(urllib.error.HTTPError) as refused:

@@ -1,10 +1,12 @@
 """The dmon and pmon line parsers and the pmon interval tracker, on written fixtures."""
+
 from __future__ import annotations
 
 import logging
 import random
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Union
+from collections.abc import Sequence
 
 import pytest
 
@@ -23,26 +25,38 @@ FIXTURES = Path(__file__).parent / "fixtures" / "nvsmi"
 Cell = Union[int, float, str, None]
 
 
-def lines(name: str) -> List[str]:
+def lines(name: str) -> list[str]:
     """A fixture's lines as a reader gets them: newlines and `\\r` kept."""
     with open(FIXTURES / name, encoding="utf-8", errors="replace", newline="") as f:
         return f.readlines()
 
 
-def feed_all(parser: Union[DmonParser, PmonParser], text_lines: Sequence[str]) -> list:
+def feed_all(parser: DmonParser | PmonParser, text_lines: Sequence[str]) -> list:
     """Every row the parser returns for these lines."""
     return [row for row in map(parser.feed, text_lines) if row is not None]
 
 
-def dmon(gpu: int, keys: Sequence[str], cells: Sequence[Cell],
-         date: Optional[str] = None, time: Optional[str] = None) -> DmonRow:
+def dmon(
+    gpu: int,
+    keys: Sequence[str],
+    cells: Sequence[Cell],
+    date: str | None = None,
+    time: str | None = None,
+) -> DmonRow:
     assert len(keys) == len(cells)
     return DmonRow(gpu, dict(zip(keys, cells)), date, time)
 
 
-def pmon(gpu: int, pid: Optional[int], kind: Optional[str], command: Optional[str],
-         keys: Sequence[str], cells: Sequence[Cell],
-         date: Optional[str] = None, time: Optional[str] = None) -> PmonRow:
+def pmon(
+    gpu: int,
+    pid: int | None,
+    kind: str | None,
+    command: str | None,
+    keys: Sequence[str],
+    cells: Sequence[Cell],
+    date: str | None = None,
+    time: str | None = None,
+) -> PmonRow:
     assert len(keys) == len(cells)
     return PmonRow(gpu, pid, kind, command, dict(zip(keys, cells)), date, time)
 
@@ -88,10 +102,12 @@ DMON_CASES = {
         dmon(1, FIVE, (35, 33, _, 0, 0, 0, 0, 405, 300), None, "19:12:31"),
     ],
     "dmon_full_pucvmet.txt": [
-        dmon(0, FULL, (88, 41, 49, 35, 12, 0, 0, 0, 0, 1593, 1410,
-                       0, 0, 30215, 4, 0, 0, 0, 0, 124, 37)),
-        dmon(1, FULL, (62, 37, _, 0, 0, 0, 0, 0, 0, 9501, 210,
-                       0, 0, 1, 2, 0, _, _, 0, 0, 0)),
+        dmon(
+            0,
+            FULL,
+            (88, 41, 49, 35, 12, 0, 0, 0, 0, 1593, 1410, 0, 0, 30215, 4, 0, 0, 0, 0, 124, 37),
+        ),
+        dmon(1, FULL, (62, 37, _, 0, 0, 0, 0, 0, 0, 9501, 210, 0, 0, 1, 2, 0, _, _, 0, 0, 0)),
     ],
 }
 
@@ -125,26 +141,34 @@ def test_dmon_stream_quirks_skipped_and_counted(caplog: pytest.LogCaptureFixture
 
 def test_dmon_relearns_a_different_header_mid_stream() -> None:
     parser = DmonParser()
-    rows = feed_all(parser, [
-        "# gpu   pwr  temp    sm   mem   enc   dec  mclk  pclk\n",
-        "# Idx     W     C     %     %     %     %   MHz   MHz\n",
-        "    0    43    48     0     0     0     0  3505   556\n",
-        "# gpu     fb   bar1   ccpm \n",
-        "# Idx     MB     MB     MB \n",
-        "    0  40391      5      0 \n",
-        "    0    43    48     0     0     0     0  3505   556\n",  # old shape: no longer readable
-    ])
-    assert rows == [dmon(0, OLD, (43, 48, 0, 0, 0, 0, 3505, 556)),
-                    dmon(0, ("fb", "bar1", "ccpm"), (40391, 5, 0))]
+    rows = feed_all(
+        parser,
+        [
+            "# gpu   pwr  temp    sm   mem   enc   dec  mclk  pclk\n",
+            "# Idx     W     C     %     %     %     %   MHz   MHz\n",
+            "    0    43    48     0     0     0     0  3505   556\n",
+            "# gpu     fb   bar1   ccpm \n",
+            "# Idx     MB     MB     MB \n",
+            "    0  40391      5      0 \n",
+            "    0    43    48     0     0     0     0  3505   556\n",  # old shape: no longer readable
+        ],
+    )
+    assert rows == [
+        dmon(0, OLD, (43, 48, 0, 0, 0, 0, 3505, 556)),
+        dmon(0, ("fb", "bar1", "ccpm"), (40391, 5, 0)),
+    ]
     assert parser.skipped == 1
 
 
 def test_dmon_unknown_columns_floats_and_text_kept() -> None:
     parser = DmonParser()
-    rows = feed_all(parser, [
-        "# gpu    pwr  nvlrx  state\n",
-        "    3  61.25   1024   busy\n",
-    ])
+    rows = feed_all(
+        parser,
+        [
+            "# gpu    pwr  nvlrx  state\n",
+            "    3  61.25   1024   busy\n",
+        ],
+    )
     assert rows == [DmonRow(3, {"power": 61.25, "nvlrx": 1024, "state": "busy"})]
     assert isinstance(rows[0].values["nvlrx"], int)
 
@@ -180,10 +204,21 @@ def test_dmon_reset_forgets_the_header() -> None:
     assert parser.feed("    1    30\n") == DmonRow(1, {"power": 30})
 
 
-@pytest.mark.parametrize("token, value", [
-    ("-", None), ("0", 0), ("1426541", 1426541), ("-3", -3), ("61.25", 61.25), (".5", 0.5),
-    ("N/A", "N/A"), ("1_000", "1_000"), ("nan", "nan"), ("3.2.1", "3.2.1"),
-])
+@pytest.mark.parametrize(
+    "token, value",
+    [
+        ("-", None),
+        ("0", 0),
+        ("1426541", 1426541),
+        ("-3", -3),
+        ("61.25", 61.25),
+        (".5", 0.5),
+        ("N/A", "N/A"),
+        ("1_000", "1_000"),
+        ("nan", "nan"),
+        ("3.2.1", "3.2.1"),
+    ],
+)
 def test_parse_value(token: str, value: Cell) -> None:
     parsed = parse_value(token)
     assert parsed == value and type(parsed) is type(value)
@@ -239,23 +274,29 @@ def test_pmon_fixture_rows(name: str) -> None:
 def test_pmon_padded_command_with_spaces_in_newest_format() -> None:
     parser = PmonParser()
     parser.feed(lines("pmon_newest.txt")[0])
-    row = parser.feed("    0        4242      G      0      0      -      -      -      -     12"
-                      "      0    Web Content     \r\n")
+    row = parser.feed(
+        "    0        4242      G      0      0      -      -      -      -     12"
+        "      0    Web Content     \r\n"
+    )
     assert row == pmon(0, 4242, "G", "Web Content", PM_NEW, (0, 0, _, _, _, _, 12, 0))
 
 
 def test_pmon_garbage_is_skipped_and_counted() -> None:
     parser = PmonParser()
     header = lines("pmon_standard.txt")[:2]
-    rows = feed_all(parser, header + [
-        "    0      48213     C    88\n",  # cut short, no command
-        "    0      4821x     C    88    37     -     -   python\n",  # pid not a number
-        "    0      48213     C    88    37     -     -   pyth^C\n",  # all columns there
-        "    0      48213     C    88    3^C\n",
-        "\n",
-        *header,  # repeated mid-stream
-        "    1      50110     C     -     -     -     -   python\n",
-    ])
+    rows = feed_all(
+        parser,
+        header
+        + [
+            "    0      48213     C    88\n",  # cut short, no command
+            "    0      4821x     C    88    37     -     -   python\n",  # pid not a number
+            "    0      48213     C    88    37     -     -   pyth^C\n",  # all columns there
+            "    0      48213     C    88    3^C\n",
+            "\n",
+            *header,  # repeated mid-stream
+            "    1      50110     C     -     -     -     -   python\n",
+        ],
+    )
     assert rows == [pmon(1, 50110, "C", "python", PM, (_, _, _, _))]
     assert (parser.skipped, parser.headers) == (4, 2)
     assert parser.last_skipped == "0      48213     C    88    3^C"
@@ -278,10 +319,11 @@ def test_pmon_without_trailing_command_column_needs_exact_count() -> None:
 
 # The tracker.
 
-def track(rows: Sequence[PmonRow]) -> List[Tuple[Union[int, str], IntervalChange]]:
+
+def track(rows: Sequence[PmonRow]) -> list[tuple[int | str, IntervalChange]]:
     """Feed rows to a fresh tracker, then end the last interval: (row index or 'end', change)."""
     tracker = PmonIntervals()
-    changes: List[Tuple[Union[int, str], IntervalChange]] = []
+    changes: list[tuple[int | str, IntervalChange]] = []
     for index, row in enumerate(rows):
         change = tracker.feed(row)
         if change is not None:
@@ -292,20 +334,20 @@ def track(rows: Sequence[PmonRow]) -> List[Tuple[Union[int, str], IntervalChange
     return changes
 
 
-def fixture_rows(name: str) -> List[PmonRow]:
+def fixture_rows(name: str) -> list[PmonRow]:
     return feed_all(PmonParser(), lines(name))
 
 
-def pids(processes: Sequence[PmonProcess]) -> List[Tuple[int, int]]:
+def pids(processes: Sequence[PmonProcess]) -> list[tuple[int, int]]:
     return [(p.gpu, p.pid) for p in processes]
 
 
-def outcome(change: IntervalChange) -> Tuple[Tuple[PmonProcess, ...], ...]:
+def outcome(change: IntervalChange) -> tuple[tuple[PmonProcess, ...], ...]:
     """(appeared, disappeared, present)."""
     return change.appeared, change.disappeared, change.present
 
 
-def summary(changes: Sequence[Tuple[Union[int, str], IntervalChange]]) -> list:
+def summary(changes: Sequence[tuple[int | str, IntervalChange]]) -> list:
     return [(at, pids(c.appeared), pids(c.disappeared)) for at, c in changes]
 
 
@@ -321,8 +363,7 @@ def test_intervals_on_a_four_gpu_host() -> None:
     assert [at for at, _c in changes] == [5, 10, "end"]  # where the gpu index goes down
     first, second, third = (c for _at, c in changes)
     # the first interval after start reports every process; the same pid on two devices is two
-    assert outcome(first) == ((XORG, SGLANG0, SGLANG1, PY3), (),
-                              (XORG, SGLANG0, SGLANG1, PY3))
+    assert outcome(first) == ((XORG, SGLANG0, SGLANG1, PY3), (), (XORG, SGLANG0, SGLANG1, PY3))
     # `-` statistics for 48213 in interval 2: still present; 1426541 absent: gone
     assert outcome(second) == ((BLENDER,), (PY3,), (XORG, SGLANG0, SGLANG1, BLENDER))
     assert outcome(third) == ((), (SGLANG0,), (XORG, SGLANG1, BLENDER))
@@ -349,8 +390,10 @@ def test_intervals_split_on_time_column() -> None:
     ]
 
 
-def row(gpu: int, pid: Optional[int], command: Optional[str] = "python") -> PmonRow:
-    return PmonRow(gpu, pid, None if pid is None else "C", command if pid is not None else None, {})
+def row(gpu: int, pid: int | None, command: str | None = "python") -> PmonRow:
+    return PmonRow(
+        gpu, pid, None if pid is None else "C", command if pid is not None else None, {}
+    )
 
 
 def test_explicit_end_interval_separates_a_quiet_one_gpu_stream() -> None:
@@ -414,11 +457,13 @@ H100 = "GPU-4f3c2b1a-0e9d-8c7b-6a59-483726150f1e"
 
 
 def test_compute_apps_lines() -> None:
-    text = (f"{A100}, 77120, 4096, python\n"
-            f"{A100}, 1426541, 18650, /opt/conda/bin/python3\n"
-            f"{H100}, 91234, 20200, python3 train.py, stage 2,  final\n"  # commas in the name
-            f"{H100}, 91802, 9500, /usr/bin/my worker\r\n")
-    skipped: List[str] = []
+    text = (
+        f"{A100}, 77120, 4096, python\n"
+        f"{A100}, 1426541, 18650, /opt/conda/bin/python3\n"
+        f"{H100}, 91234, 20200, python3 train.py, stage 2,  final\n"  # commas in the name
+        f"{H100}, 91802, 9500, /usr/bin/my worker\r\n"
+    )
+    skipped: list[str] = []
     assert parse_compute_apps(text, skipped) == [
         ComputeApp(A100, 77120, 4096, "python"),
         ComputeApp(A100, 1426541, 18650, "/opt/conda/bin/python3"),
@@ -428,38 +473,59 @@ def test_compute_apps_lines() -> None:
     assert skipped == []
 
 
-@pytest.mark.parametrize("memory, mib", [
-    ("[N/A]", None), ("N/A", None), ("[Insufficient Permissions]", None),
-    ("[Not Supported]", None), ("4096 MiB", 4096), ("0", 0), ("-", None),
-])
-def test_compute_apps_used_memory(memory: str, mib: Optional[int]) -> None:
+@pytest.mark.parametrize(
+    "memory, mib",
+    [
+        ("[N/A]", None),
+        ("N/A", None),
+        ("[Insufficient Permissions]", None),
+        ("[Not Supported]", None),
+        ("4096 MiB", 4096),
+        ("0", 0),
+        ("-", None),
+    ],
+)
+def test_compute_apps_used_memory(memory: str, mib: int | None) -> None:
     assert parse_compute_apps(f"{A100}, 5150, {memory}, python\n") == [
-        ComputeApp(A100, 5150, mib, "python")]
+        ComputeApp(A100, 5150, mib, "python")
+    ]
 
 
-@pytest.mark.parametrize("line, name", [
-    (f"{A100}, 5150, 10, ", None), (f"{A100}, 5150, 10,", None), (f"{A100}, 5150, 10", None),
-    (f"{A100}, 5150, 10, [Not Found]", None), (f"{A100}, 5150, 10, [N/A]", None),
-    (f"{A100}, 5150, 10, sglang::scheduler_TP0", "sglang::scheduler_TP0"),
-])
-def test_compute_apps_missing_names(line: str, name: Optional[str]) -> None:
+@pytest.mark.parametrize(
+    "line, name",
+    [
+        (f"{A100}, 5150, 10, ", None),
+        (f"{A100}, 5150, 10,", None),
+        (f"{A100}, 5150, 10", None),
+        (f"{A100}, 5150, 10, [Not Found]", None),
+        (f"{A100}, 5150, 10, [N/A]", None),
+        (f"{A100}, 5150, 10, sglang::scheduler_TP0", "sglang::scheduler_TP0"),
+    ],
+)
+def test_compute_apps_missing_names(line: str, name: str | None) -> None:
     assert parse_compute_apps(line + "\n") == [ComputeApp(A100, 5150, 10, name)]
 
 
 def test_compute_apps_blank_lines_ignored_and_unreadable_lines_skipped() -> None:
-    text = "\n".join([
-        "", "   ",
-        "gpu_uuid, pid, used_gpu_memory [MiB], process_name",  # a header: noheader was lost
-        "No running processes found",
-        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
-        f"{A100}, -, 10, python",  # no pid
-        f"{A100}, 12x, 10, python",
-        "N/A, 5150, 10, python",  # no uuid
-        f"{A100}, 5150, 10, pyt\x00hon",  # damaged
-        f"{A100}",
-        f"{A100}, 7, 10, python",
-    ]) + "\n"
-    skipped: List[str] = []
+    text = (
+        "\n".join(
+            [
+                "",
+                "   ",
+                "gpu_uuid, pid, used_gpu_memory [MiB], process_name",  # a header: noheader was lost
+                "No running processes found",
+                "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
+                f"{A100}, -, 10, python",  # no pid
+                f"{A100}, 12x, 10, python",
+                "N/A, 5150, 10, python",  # no uuid
+                f"{A100}, 5150, 10, pyt\x00hon",  # damaged
+                f"{A100}",
+                f"{A100}, 7, 10, python",
+            ]
+        )
+        + "\n"
+    )
+    skipped: list[str] = []
     assert parse_compute_apps(text, skipped) == [ComputeApp(A100, 7, 10, "python")]
     assert len(skipped) == 8 and skipped[0].startswith("gpu_uuid")
     assert parse_compute_apps(text) == parse_compute_apps(text, skipped)  # counting is optional
@@ -467,17 +533,36 @@ def test_compute_apps_blank_lines_ignored_and_unreadable_lines_skipped() -> None
 
 @pytest.mark.parametrize("text", ["", "\n", "\n\n  \n"])
 def test_compute_apps_nothing_listed(text: str) -> None:
-    skipped: List[str] = []
+    skipped: list[str] = []
     assert parse_compute_apps(text, skipped) == [] and skipped == []
 
 
 def test_compute_apps_never_raises_on_random_text() -> None:
     rng = random.Random(10)
-    pieces = [A100, "GPU-", ", ", ",", " ", "1234", "[N/A]", "N/A", "MiB", "python", "\x00",
-              "\r", "\n", "\t", "é", "-", "[", "]", "0"]
+    pieces = [
+        A100,
+        "GPU-",
+        ", ",
+        ",",
+        " ",
+        "1234",
+        "[N/A]",
+        "N/A",
+        "MiB",
+        "python",
+        "\x00",
+        "\r",
+        "\n",
+        "\t",
+        "é",
+        "-",
+        "[",
+        "]",
+        "0",
+    ]
     for _ in range(2000):
         text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
-        skipped: List[str] = []
+        skipped: list[str] = []
         for app in parse_compute_apps(text, skipped):
             assert app.uuid.startswith("GPU-") and app.pid >= 0
             assert app.used_mib is None or app.used_mib >= 0
@@ -486,13 +571,28 @@ def test_compute_apps_never_raises_on_random_text() -> None:
 
 # -- the columns Patroller asks for, in every era (fixtures printed by the simulator) -----------
 
+
 @pytest.mark.parametrize("era", ["r384", "r470", "r550"])
 def test_dmon_pucvmt_gives_every_group_in_every_era(era: str) -> None:
     rows = [r for r in feed_all(DmonParser(), lines(f"{era}-dmon-pucvmt.txt")) if r is not None]
     assert rows and {r.gpu for r in rows} == {0, 1}
     for row in rows:
-        for name in ("power", "gtemp", "sm", "mem", "enc", "dec", "mclk", "pclk", "pviol",
-                     "tviol", "fb", "bar1", "rxpci", "txpci"):
+        for name in (
+            "power",
+            "gtemp",
+            "sm",
+            "mem",
+            "enc",
+            "dec",
+            "mclk",
+            "pclk",
+            "pviol",
+            "tviol",
+            "fb",
+            "bar1",
+            "rxpci",
+            "txpci",
+        ):
             assert name in row.values, (era, name)
         assert isinstance(row.values["fb"], int)
     busy = rows[0].values
@@ -515,15 +615,25 @@ def test_pmon_row_with_more_cells_than_its_header_is_skipped_not_misread() -> No
     parser = PmonParser()
     parser.feed("# gpu        pid  type    sm   mem   enc   dec   command\n")
     parser.feed("# Idx          #   C/G     %     %     %     %   name\n")
-    assert parser.feed("    0     447153     C  7669     -     -     -     -   python3.9\n") is None
-    assert parser.feed("    0     447153     C     -     -     -     -  7669   python3.9\n") is None
+    assert (
+        parser.feed("    0     447153     C  7669     -     -     -     -   python3.9\n") is None
+    )
+    assert (
+        parser.feed("    0     447153     C     -     -     -     -  7669   python3.9\n") is None
+    )
     assert parser.skipped == 2
     # What fits is read, names with spaces and a leading dash included.
-    assert parser.feed("    0     447153     C    97    40     -     -   python3.9\n") == \
-        PmonRow(0, 447153, "C", "python3.9", {"sm": 97, "mem": 40, "enc": None, "dec": None})
-    assert parser.feed("    0     447154     C   100     0     0     0   python train.py\n") \
-        .command == "python train.py"
-    assert parser.feed("    0     447155     G     0     0     0     0   -bash\n").command == "-bash"
-    assert parser.feed("    0          -     -     -     -     -     -   -\n") == \
-        PmonRow(0, None, None, None, {"sm": None, "mem": None, "enc": None, "dec": None})
+    assert parser.feed("    0     447153     C    97    40     -     -   python3.9\n") == PmonRow(
+        0, 447153, "C", "python3.9", {"sm": 97, "mem": 40, "enc": None, "dec": None}
+    )
+    assert (
+        parser.feed("    0     447154     C   100     0     0     0   python train.py\n").command
+        == "python train.py"
+    )
+    assert (
+        parser.feed("    0     447155     G     0     0     0     0   -bash\n").command == "-bash"
+    )
+    assert parser.feed("    0          -     -     -     -     -     -   -\n") == PmonRow(
+        0, None, None, None, {"sm": None, "mem": None, "enc": None, "dec": None}
+    )
     assert parser.skipped == 2

@@ -4,11 +4,13 @@ Paths against the routes, operations against the methods each handler implements
 error statuses against the API's table, and every field a live answer carries against the
 fields the document names. tests/test_fuzz.py checks the shapes by fuzzing.
 """
+
 import json
 import pkgutil
 import re
 import socket
-from typing import Any, Dict, Iterator, Set
+from typing import Any
+from collections.abc import Iterator
 
 import pytest
 import tornado.web
@@ -18,18 +20,19 @@ from helpers import ROOT, async_test, running, until
 from patroller import __version__
 from patroller.http import handlers as api
 
-DOCUMENT: Dict[str, Any] = json.loads(pkgutil.get_data("patroller.http", "openapi.json") or b"")
+DOCUMENT: dict[str, Any] = json.loads(pkgutil.get_data("patroller.http", "openapi.json") or b"")
 METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
 FAST_LANE = ("/status", "/devices")  # also answered at the connection's door (fastlane.py)
 
 
-def documented(path: str) -> Set[str]:
+def documented(path: str) -> set[str]:
     """The methods the document gives `path`."""
-    return {method.upper() for method in DOCUMENT["paths"].get(path, {})
-            if method.upper() in METHODS}
+    return {
+        method.upper() for method in DOCUMENT["paths"].get(path, {}) if method.upper() in METHODS
+    }
 
 
-def routes(app: tornado.web.Application) -> Dict[str, type]:
+def routes(app: tornado.web.Application) -> dict[str, type]:
     """make_app's routes: path -> handler class."""
     found = {}
     for rule in app.wildcard_router.rules:
@@ -42,14 +45,17 @@ def routes(app: tornado.web.Application) -> Dict[str, type]:
     return found
 
 
-def implemented(handler: type) -> Set[str]:
+def implemented(handler: type) -> set[str]:
     """The methods a handler class defines (the base class answers the others 405)."""
     base = tornado.web.RequestHandler
-    return {m for m in handler.SUPPORTED_METHODS
-            if getattr(handler, m.lower()) is not getattr(base, m.lower())}
+    return {
+        m
+        for m in handler.SUPPORTED_METHODS
+        if getattr(handler, m.lower()) is not getattr(base, m.lower())
+    }
 
 
-def resolve(schema: Dict[str, Any]) -> Dict[str, Any]:
+def resolve(schema: dict[str, Any]) -> dict[str, Any]:
     """A schema or response with its $ref followed."""
     while "$ref" in schema:
         node: Any = DOCUMENT
@@ -59,7 +65,7 @@ def resolve(schema: Dict[str, Any]) -> Dict[str, Any]:
     return schema
 
 
-def undocumented(value: Any, schema: Dict[str, Any], where: str = "") -> Iterator[str]:
+def undocumented(value: Any, schema: dict[str, Any], where: str = "") -> Iterator[str]:
     """Fields of `value` that `schema` does not name. An object schema with properties and no
     additionalProperties names all its fields; additionalProperties true leaves them open."""
     schema = resolve(schema)
@@ -69,7 +75,7 @@ def undocumented(value: Any, schema: Dict[str, Any], where: str = "") -> Iterato
         for option in fitting[:1]:
             yield from undocumented(value, option, where)
         return
-    properties: Dict[str, Any] = dict(schema.get("properties", {}))
+    properties: dict[str, Any] = dict(schema.get("properties", {}))
     for part in schema.get("allOf", []):
         properties.update(resolve(part).get("properties", {}))
     extra = schema.get("additionalProperties", not properties)
@@ -86,7 +92,7 @@ def undocumented(value: Any, schema: Dict[str, Any], where: str = "") -> Iterato
             yield from undocumented(item, schema["items"], f"{where}[{n}]")
 
 
-def answer_schema(path: str, method: str, status: int) -> Dict[str, Any]:
+def answer_schema(path: str, method: str, status: int) -> dict[str, Any]:
     """The documented body of one answer."""
     responses = DOCUMENT["paths"].get(path, {}).get(method.lower(), {}).get("responses", {})
     assert str(status) in responses, f"{method.upper()} {path} does not document {status}"
@@ -126,10 +132,12 @@ async def test_every_path_answers_exactly_the_documented_methods():
             answered, allow = set(), set()
             for method in METHODS:
                 # gpu=0 is refused at once (400) where it is a request, so nothing waits
-                request = HTTPRequest(f"{h.url}{path.replace('{name}', 'x.js')}?gpu=0",
-                                      method=method,
-                                      body=b"" if method in ("POST", "PUT", "PATCH") else None,
-                                      allow_nonstandard_methods=True)
+                request = HTTPRequest(
+                    f"{h.url}{path.replace('{name}', 'x.js')}?gpu=0",
+                    method=method,
+                    body=b"" if method in ("POST", "PUT", "PATCH") else None,
+                    allow_nonstandard_methods=True,
+                )
                 response = await h.http.fetch(request, raise_error=False)
                 if response.code == 405:
                     allow = {m.strip() for m in response.headers["Allow"].split(",")}
@@ -143,8 +151,12 @@ async def test_every_path_answers_exactly_the_documented_methods():
 
 
 def test_every_error_the_api_maps_is_documented():
-    statuses = {code for ops in DOCUMENT["paths"].values() for op in ops.values()
-                for code in op["responses"]}
+    statuses = {
+        code
+        for ops in DOCUMENT["paths"].values()
+        for op in ops.values()
+        for code in op["responses"]
+    }
     for error, status in api.STATUS.items():
         assert str(status) in statuses, f"{error.__name__} ({status}) is in no operation"
     with open(f"{ROOT}/patroller/http/framing.py", encoding="utf-8") as f:
@@ -173,8 +185,9 @@ def test_the_fields_the_docs_document_are_required():
     assert set(claim_fields) <= set(schemas["Claim"]["required"])
     assert {"updated", "stale", "claim"} <= set(schemas["DeviceStatus"]["required"])
     metrics = page.split("## `GET /metrics`", 1)[1].split("\n## ", 1)[0]
-    example = json.loads(re.search(r"\$ curl -s \S+/metrics\.json\n(.*?)\n```", metrics,
-                                   re.S).group(1))
+    example = json.loads(
+        re.search(r"\$ curl -s \S+/metrics\.json\n(.*?)\n```", metrics, re.S).group(1)
+    )
     assert set(example) <= set(schemas["Metrics"]["required"])
 
 
@@ -182,14 +195,19 @@ def test_the_fields_the_docs_document_are_required():
 async def test_every_field_of_a_live_answer_is_named_in_the_document():
     async with running(lease=30) as h:
         uuid = h.uuids()[0]
-        answers = [("/", "get", 200), ("/devices", "get", 200), ("/metrics.json", "get", 200),
-                   ("/request?gpu=1&user=alice@example.org", "get", 200),
-                   ("/wait?gpu=1&timeout=5&user=bob@example.org", "post", 200),
-                   ("/status", "get", 200),
-                   ("/request?gpu=8", "get", 409), ("/request?gpu=9", "get", 422),
-                   ("/request?gpu=x", "get", 400),
-                   (f"/release?uuid={uuid}&user=bob@example.org", "get", 403),
-                   ("/release?user=alice@example.org", "post", 200)]
+        answers = [
+            ("/", "get", 200),
+            ("/devices", "get", 200),
+            ("/metrics.json", "get", 200),
+            ("/request?gpu=1&user=alice@example.org", "get", 200),
+            ("/wait?gpu=1&timeout=5&user=bob@example.org", "post", 200),
+            ("/status", "get", 200),
+            ("/request?gpu=8", "get", 409),
+            ("/request?gpu=9", "get", 422),
+            ("/request?gpu=x", "get", 400),
+            (f"/release?uuid={uuid}&user=bob@example.org", "get", 403),
+            ("/release?user=alice@example.org", "post", 200),
+        ]
         for target, method, status in answers:
             path, _, query = target.partition("?")
             if method == "post":
@@ -210,7 +228,7 @@ async def test_every_field_of_the_fleet_view_is_named_in_the_document():
         refused = gone.getsockname()[1]
     async with running(lease=30) as host:
         await host.ok("/request?gpu=1&user=alice@example.org")
-        hosts = (host.url[len("http://"):], f"127.0.0.1:{refused}")
+        hosts = (host.url[len("http://") :], f"127.0.0.1:{refused}")
         async with running(fleet=hosts, fleet_interval=0.5, fleet_timeout=2.0) as h:
             fleet = h.api.fleet
             await until(lambda: all(entry.state != "asking" for entry in fleet.hosts))

@@ -7,6 +7,7 @@ quoted and neutralised, nothing of the escapes reaches the output raw, every fig
 number, and `--json` gives the exact strings. Then every command against a daemon that answers
 such text in every string of every answer (a host in `--hosts` may answer anything): no control
 character reaches stdout or stderr, and each `--json` is exactly what was answered."""
+
 import copy
 import csv
 import io
@@ -35,9 +36,14 @@ RAW = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")  # every control character bu
 
 
 def patroller(*args):
-    return subprocess.run([sys.executable, "-m", "patroller.cli", *args], capture_output=True,
-                          text=True, timeout=120, cwd=ROOT,
-                          env={**ENV, "PATROLLER_HOSTS": "", "NO_COLOR": "1"})
+    return subprocess.run(
+        [sys.executable, "-m", "patroller.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**ENV, "PATROLLER_HOSTS": "", "NO_COLOR": "1"},
+    )
 
 
 def clean(done):
@@ -51,18 +57,32 @@ def clean(done):
 
 # -- the rule --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("value, cell", [
-    (FORMULA, "'" + FORMULA), ("+1", "'+1"), ("-1", "'-1"), ("@SUM(A1)", "'@SUM(A1)"),
-    ("\t=1+1", "'?=1+1"), ("\r=1+1", "'?=1+1"), ("alice", "alice"), ("", ""),
-    ("a=b", "a=b"), (MALLORY, "mallory?]0;pwned??[2J?31m??root 100%?"),
-    (-1.5, -1.5), (-3, -3), (0, 0), (None, None),  # figures stay numbers, negative ones too
-])
+
+@pytest.mark.parametrize(
+    "value, cell",
+    [
+        (FORMULA, "'" + FORMULA),
+        ("+1", "'+1"),
+        ("-1", "'-1"),
+        ("@SUM(A1)", "'@SUM(A1)"),
+        ("\t=1+1", "'?=1+1"),
+        ("\r=1+1", "'?=1+1"),
+        ("alice", "alice"),
+        ("", ""),
+        ("a=b", "a=b"),
+        (MALLORY, "mallory?]0;pwned??[2J?31m??root 100%?"),
+        (-1.5, -1.5),
+        (-3, -3),
+        (0, 0),
+        (None, None),  # figures stay numbers, negative ones too
+    ],
+)
 def test_a_csv_cell_is_printable_and_never_a_formula(value, cell):
     assert csv_cell(value) == cell and type(csv_cell(value)) is type(cell)
 
 
 def test_json_is_exact_with_no_control_character_raw():
-    data = {MALLORY: ["".join(map(chr, range(0xa0))), FORMULA], "n": -1}
+    data = {MALLORY: ["".join(map(chr, range(0xA0))), FORMULA], "n": -1}
     text = json_text(data, indent=2)
     assert json.loads(text) == data and json.loads(json_text(data)) == data
     assert not RAW.search(text), repr(text)
@@ -70,14 +90,23 @@ def test_json_is_exact_with_no_control_character_raw():
 
 
 def test_report_csv_quotes_every_text_cell_and_keeps_figures_numbers():
-    answer = {"by": "user,slurm_account", "categories": ["active"],
-              "rows": [{"key": ["-1", "a;=1+1"], "hours": {"active": 2.0}, "gpu_hours": 2.0,
-                        "share": 1.0}]}
+    answer = {
+        "by": "user,slurm_account",
+        "categories": ["active"],
+        "rows": [
+            {"key": ["-1", "a;=1+1"], "hours": {"active": 2.0}, "gpu_hours": 2.0, "share": 1.0}
+        ],
+    }
     text = csv_text(answer)
     # every text cell quoted: one that splits on ";" (or any separator) stays whole
     assert text.splitlines()[1] == '"\'-1","a;=1+1",2.0,1.0,2.0'
     assert list(csv.reader(io.StringIO(text), quoting=CSV_QUOTING))[1] == [
-        "'-1", "a;=1+1", 2.0, 1.0, 2.0]  # figures unquoted: read back as numbers
+        "'-1",
+        "a;=1+1",
+        2.0,
+        1.0,
+        2.0,
+    ]  # figures unquoted: read back as numbers
 
 
 def test_the_progress_line_of_a_waiting_run_is_printable():
@@ -92,6 +121,7 @@ def test_the_doctor_prints_what_a_check_quotes_printable():
 
 
 # -- report --csv against a real daemon whose history holds the attack ------------------------
+
 
 @pytest.fixture(scope="module")
 def history(tmp_path_factory):
@@ -137,8 +167,10 @@ def poisoned(data, key=None):
     if isinstance(data, list):
         return [poisoned(item, key) for item in data]
     if isinstance(data, dict):
-        return {(k if k in FIELDS or key in KEEP else k + EVIL): poisoned(v, k)
-                for k, v in data.items()}
+        return {
+            (k if k in FIELDS or key in KEEP else k + EVIL): poisoned(v, k)
+            for k, v in data.items()
+        }
     return data
 
 
@@ -156,30 +188,63 @@ def liar():
     for body in (*status.values(), *devices.values(), *users.values()):
         FIELDS.update(fields_of(body))
     uuid = next(iter(devices))
-    grant = {"uuid": uuid, "group": "gpu", "info": {**devices[uuid], "number": "0"},
-             "expires": 300.0}
+    grant = {
+        "uuid": uuid,
+        "group": "gpu",
+        "info": {**devices[uuid], "number": "0"},
+        "expires": 300.0,
+    }
     queue = [{"position": 1, "user": "eve", "wants": {"gpu": 1}, "waited": 3.0, "hold": "lease"}]
-    history = [{"time": "2026-12-04T05:50:49+00:00", "event": "grant", "user": "eve",
-                "devices": [{"uuid": uuid, "number": 0}], "hold": "lease", "reason": "why"}]
-    usage = {"since": "2026-12-01T00:00:00+00:00", "until": "2026-12-02T00:00:00+00:00",
-             "first": None, "by": "user", "categories": ["active"],
-             "rows": [{"key": "eve", "hours": {"active": 1.0}, "gpu_hours": 1.0, "share": 1.0}],
-             "total": {"hours": {"active": 1.0}, "gpu_hours": 1.0, "shares": {"active": 1.0}}}
+    history = [
+        {
+            "time": "2026-12-04T05:50:49+00:00",
+            "event": "grant",
+            "user": "eve",
+            "devices": [{"uuid": uuid, "number": 0}],
+            "hold": "lease",
+            "reason": "why",
+        }
+    ]
+    usage = {
+        "since": "2026-12-01T00:00:00+00:00",
+        "until": "2026-12-02T00:00:00+00:00",
+        "first": None,
+        "by": "user",
+        "categories": ["active"],
+        "rows": [{"key": "eve", "hours": {"active": 1.0}, "gpu_hours": 1.0, "share": 1.0}],
+        "total": {"hours": {"active": 1.0}, "gpu_hours": 1.0, "shares": {"active": 1.0}},
+    }
     released = {"released": [grant], "holder": "eve", "after_exit": [], "kept": []}
     for body in (grant, queue, history, usage, released):
         FIELDS.update(fields_of(body))
-    told = {"/status": status, "/devices": devices, "/users": users, "/queue": queue,
-            "/history": history, "/usage": usage, "/whoami": {"user": "zed"},
-            "/request": [grant], "/wait": [grant], "/release": released}
+    told = {
+        "/status": status,
+        "/devices": devices,
+        "/users": users,
+        "/queue": queue,
+        "/history": history,
+        "/usage": usage,
+        "/whoami": {"user": "zed"},
+        "/request": [grant],
+        "/wait": [grant],
+        "/release": released,
+    }
     told = {path: poisoned(body) for path, body in told.items()}
     server = LyingServer({path: json.dumps(body).encode() for path, body in told.items()})
     server.RequestHandlerClass = Answering
     refusing = LyingServer({"/status": lambda h: refuse(h, {"error": "no" + EVIL})})
-    busy = LyingServer({"/request": lambda h: refuse(h, {"error": "busy"}, 409),
-                        **{path: json.dumps(told[path]).encode() for path in ("/status",
-                                                                              "/devices")}})
-    yield {"server": server.start().host, "told": told, "refusing": refusing.start().host,
-           "busy": busy.start().host}
+    busy = LyingServer(
+        {
+            "/request": lambda h: refuse(h, {"error": "busy"}, 409),
+            **{path: json.dumps(told[path]).encode() for path in ("/status", "/devices")},
+        }
+    )
+    yield {
+        "server": server.start().host,
+        "told": told,
+        "refusing": refusing.start().host,
+        "busy": busy.start().host,
+    }
     for liar_ in (server, refusing, busy):
         liar_.stop()
 
@@ -206,11 +271,24 @@ def refuse(handler, body, status=403):
     handler.wfile.write(data)
 
 
-@pytest.mark.parametrize("args", [
-    ("status",), ("status", "--mine"), ("status", "--free", "1"), ("users",), ("queue",),
-    ("history",), ("release",), ("release", "0"), ("reserve",), ("wait", "--timeout", "5"),
-    ("run", "--", "true"), ("report",), ("report", "--csv"),
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("status",),
+        ("status", "--mine"),
+        ("status", "--free", "1"),
+        ("users",),
+        ("queue",),
+        ("history",),
+        ("release",),
+        ("release", "0"),
+        ("reserve",),
+        ("wait", "--timeout", "5"),
+        ("run", "--", "true"),
+        ("report",),
+        ("report", "--csv"),
+    ],
+)
 def test_no_command_lets_a_control_character_through(liar, args):
     done = patroller(args[0], "--server", liar["server"], *args[1:])  # before run's "--"
     assert clean(done) and "Traceback" not in done.stderr, (done.stdout, done.stderr)
@@ -220,22 +298,29 @@ def test_no_command_lets_a_control_character_through(liar, args):
 def test_many_hosts_and_a_refusal_let_none_through(liar, tmp_path):
     listed = tmp_path / "hosts"  # a hosts file someone else keeps, and a line of it
     listed.write_text(f"{liar['server']}\n{liar['server']}{EVIL}\n{liar['refusing']}\n")
-    for args in (("status", "--hosts", f"{liar['server']},{liar['refusing']}"),
-                 ("status", "--hosts-file", str(listed)),
-                 ("status", "--hosts-file", str(listed), "--free", "1"),
-                 ("report", "--hosts", f"{liar['server']},{liar['refusing']}"),
-                 ("run", "--server", liar["busy"], "--", "true"),  # who holds them, said
-                 ("status", "--server", liar["refusing"])):
+    for args in (
+        ("status", "--hosts", f"{liar['server']},{liar['refusing']}"),
+        ("status", "--hosts-file", str(listed)),
+        ("status", "--hosts-file", str(listed), "--free", "1"),
+        ("report", "--hosts", f"{liar['server']},{liar['refusing']}"),
+        ("run", "--server", liar["busy"], "--", "true"),  # who holds them, said
+        ("status", "--server", liar["refusing"]),
+    ):
         done = patroller(*args)
         assert clean(done) and "Traceback" not in done.stderr, (args, done.stdout, done.stderr)
     assert "the server refused: no?]0;pwned" in done.stderr, done.stderr
 
 
-@pytest.mark.parametrize("args, path", [
-    (("status", "--json"), "/status"), (("users", "--json"), "/users"),
-    (("queue", "--json"), "/queue"), (("history", "--json"), "/history"),
-    (("report", "--json"), "/usage"),
-])
+@pytest.mark.parametrize(
+    "args, path",
+    [
+        (("status", "--json"), "/status"),
+        (("users", "--json"), "/users"),
+        (("queue", "--json"), "/queue"),
+        (("history", "--json"), "/history"),
+        (("report", "--json"), "/usage"),
+    ],
+)
 def test_json_is_exactly_what_was_answered(liar, args, path):
     done = patroller(*args, "--server", liar["server"])
     assert done.returncode == 0 and clean(done), done.stderr

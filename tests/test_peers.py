@@ -1,4 +1,5 @@
 """The owner of a local TCP connection, from sock_diag, /proc/net/tcp{,6} and /proc/<pid>/fd."""
+
 import os
 import socket
 import subprocess
@@ -10,9 +11,18 @@ from tornado.iostream import IOStream
 from helpers import async_test, need_root, python_for
 from patroller.identify.holders import HolderSearch
 from patroller.identify.peers import left
-from patroller.identify.sockets import (ESTABLISHED, SocketEntry, closed_reason, find_client,
-                                        find_client_in_tables, is_loopback, normalize, owner_of,
-                                        parse_net_tcp, socket_owner)
+from patroller.identify.sockets import (
+    ESTABLISHED,
+    SocketEntry,
+    closed_reason,
+    find_client,
+    find_client_in_tables,
+    is_loopback,
+    normalize,
+    owner_of,
+    parse_net_tcp,
+    socket_owner,
+)
 
 NOBODY = 65534
 
@@ -20,6 +30,7 @@ NOBODY = 65534
 def find_holder(inode, uid):
     search = HolderSearch("/proc", budget=10**6, remembered=1024).find(inode, uid)
     return search.pid, search.hidden
+
 
 TCP = """\
   sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
@@ -58,7 +69,12 @@ def test_find_client_in_a_written_proc_tree(tmp_path):
     (tmp_path / "net" / "tcp6").write_text(TCP6)
     entry = find_client(("::ffff:127.0.0.1", 0xD431), ("127.0.0.1", 8080), proc=str(tmp_path))
     assert entry is not None and entry.uid == 1000
-    assert find_client(("::ffff:127.0.0.1", 50000), ("::ffff:127.0.0.1", 8080), proc=str(tmp_path)).uid == 1001
+    assert (
+        find_client(
+            ("::ffff:127.0.0.1", 50000), ("::ffff:127.0.0.1", 8080), proc=str(tmp_path)
+        ).uid
+        == 1001
+    )
     assert find_client(("127.0.0.1", 1), ("127.0.0.1", 8080), proc=str(tmp_path)) is None
 
 
@@ -125,13 +141,19 @@ def test_a_client_socket_once_closed_belongs_to_nobody():
 # has it in either byte order), in tcp and, as IPv4-mapped addresses of a dual-stack socket,
 # in tcp6.
 HIGH = ("192.168.1.205", 40000), ("192.168.1.1", 8080)
-HIGH_TCP = TCP.splitlines()[0] + """
+HIGH_TCP = (
+    TCP.splitlines()[0]
+    + """
    0: 0101A8C0:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4242 1 0000000000000000 100 0 0 10 0
    1: CD01A8C0:9C40 0101A8C0:1F90 01 00000000:00000000 00:00000000 00000000  1000        0 6161 1 0000000000000000 20 4 30 10 -1
 """
-HIGH_TCP6 = TCP6.splitlines()[0] + """
+)
+HIGH_TCP6 = (
+    TCP6.splitlines()[0]
+    + """
    0: 0000000000000000FFFF0000CD01A8C0:9C40 0000000000000000FFFF00000101A8C0:1F90 01 00000000:00000000 00:00000000 00000000  1002        0 7002 1 0000000000000000 20 4 30 10 -1
 """
+)
 
 
 def proc_tree(tmp_path, **tables):
@@ -145,12 +167,15 @@ def proc_tree(tmp_path, **tables):
 def test_a_client_at_a_high_address_is_found_in_either_table(tmp_path):
     both = proc_tree(tmp_path / "both", tcp=HIGH_TCP, tcp6=HIGH_TCP6)
     assert find_client_in_tables(*HIGH, both) == SocketEntry(*HIGH, 1000, 6161, ESTABLISHED)
-    assert find_client_in_tables(("::ffff:192.168.1.205", 40000), ("::ffff:192.168.1.1", 8080),
-                                 both).inode == 6161  # the same socket, however it is named
+    assert (
+        find_client_in_tables(
+            ("::ffff:192.168.1.205", 40000), ("::ffff:192.168.1.1", 8080), both
+        ).inode
+        == 6161
+    )  # the same socket, however it is named
     # a table that cannot be read is skipped: the dual-stack socket is found in the other
     only_tcp6 = proc_tree(tmp_path / "tcp6", tcp6=HIGH_TCP6)
-    assert find_client_in_tables(*HIGH, only_tcp6) == SocketEntry(*HIGH, 1002, 7002,
-                                                                  ESTABLISHED)
+    assert find_client_in_tables(*HIGH, only_tcp6) == SocketEntry(*HIGH, 1002, 7002, ESTABLISHED)
 
 
 def test_a_line_that_cannot_be_read_names_no_socket_not_even_the_next(tmp_path):
@@ -158,7 +183,8 @@ def test_a_line_that_cannot_be_read_names_no_socket_not_even_the_next(tmp_path):
     # byte that is not ASCII elsewhere in the table does not stop the reading.
     garbled = HIGH_TCP.replace("  1000        0 6161", "  1x00        0 6161") + (
         "   2: 0100007F:D431 0100007F:1F90 01 00000000:00000000 00:00000000 00000000  1003"
-        "        0 5152 1 0000000000000000 20 4 30 10 -1\n   3: caf\xe9\n")
+        "        0 5152 1 0000000000000000 20 4 30 10 -1\n   3: caf\xe9\n"
+    )
     proc = proc_tree(tmp_path, tcp=garbled)
     assert find_client_in_tables(*HIGH, proc) is None
     assert find_client_in_tables(("127.0.0.1", 0xD431), ("127.0.0.1", 8080), proc).uid == 1003
@@ -174,11 +200,15 @@ sys.stdin.read()
 """
 
 
-@pytest.mark.parametrize("listen,connect", [
-    ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET, "127.0.0.1")),
-    ((socket.AF_INET6, "::1"), (socket.AF_INET6, "::1")),
-    ((socket.AF_INET6, "::"), (socket.AF_INET, "127.0.0.1")),  # dual stack: ::ffff:127.0.0.1
-], ids=["ipv4", "ipv6", "mapped"])
+@pytest.mark.parametrize(
+    "listen,connect",
+    [
+        ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET, "127.0.0.1")),
+        ((socket.AF_INET6, "::1"), (socket.AF_INET6, "::1")),
+        ((socket.AF_INET6, "::"), (socket.AF_INET, "127.0.0.1")),  # dual stack: ::ffff:127.0.0.1
+    ],
+    ids=["ipv4", "ipv6", "mapped"],
+)
 def test_the_kernel_names_the_uid_that_made_a_local_client_socket(listen, connect):
     # What the server asks as it accepts a connection (to count it against its caller's), and
     # then to find its caller: sock_diag's exact lookup, never the tables.
@@ -193,9 +223,21 @@ def test_the_kernel_names_the_uid_that_made_a_local_client_socket(listen, connec
     with server:
         server.listen()
         client = subprocess.Popen(
-            [python_for(NOBODY), "-c", CLIENT, str(int(connect[0])), connect[1],
-             str(server.getsockname()[1])], user=NOBODY, group=NOBODY, extra_groups=[],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            [
+                python_for(NOBODY),
+                "-c",
+                CLIENT,
+                str(int(connect[0])),
+                connect[1],
+                str(server.getsockname()[1]),
+            ],
+            user=NOBODY,
+            group=NOBODY,
+            extra_groups=[],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             port = int(client.stdout.readline())
             accepted, peer = server.accept()
@@ -207,8 +249,10 @@ def test_the_kernel_names_the_uid_that_made_a_local_client_socket(listen, connec
                 assert (entry.uid, entry.state) == (NOBODY, ESTABLISHED)
                 assert entry.local == (normalize(peer[0]), port)
                 assert entry.remote == (normalize(ours[0]), ours[1])
-                inodes = {os.stat(f"/proc/{client.pid}/fd/{fd}").st_ino
-                          for fd in os.listdir(f"/proc/{client.pid}/fd")}
+                inodes = {
+                    os.stat(f"/proc/{client.pid}/fd/{fd}").st_ino
+                    for fd in os.listdir(f"/proc/{client.pid}/fd")
+                }
                 assert entry.inode in inodes
                 assert socket_owner((peer[0], 1), ours) is None  # no such connection
         finally:
@@ -247,9 +291,21 @@ def test_the_kernel_names_a_client_sockets_uid_above_2_to_the_31():
         server.bind(("127.0.0.1", 0))
         server.listen()
         client = subprocess.Popen(
-            [python_for(high), "-c", CLIENT, str(int(socket.AF_INET)), "127.0.0.1",
-             str(server.getsockname()[1])], user=high, group=high, extra_groups=[],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            [
+                python_for(high),
+                "-c",
+                CLIENT,
+                str(int(socket.AF_INET)),
+                "127.0.0.1",
+                str(server.getsockname()[1]),
+            ],
+            user=high,
+            group=high,
+            extra_groups=[],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             client.stdout.readline()
             accepted, peer = server.accept()

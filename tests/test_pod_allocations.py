@@ -2,6 +2,7 @@
 granted, never released by Patroller; a process outside the pod trespasses; when the kubelet
 lets go, the usual rules go on. The Slurm job map and the kubelet are kept apart. A fake clock
 and no I/O (the leases fixture: conftest.py)."""
+
 import pytest
 
 from helpers import host_user as host, recorded, uuid_of as uuid
@@ -21,8 +22,11 @@ JOBS = Allocation((Job(id="4242", uid=1001, user="carol"),))
 
 def in_pod(user: str, namespace: str, name: str, container: str = "trainer") -> Identity:
     """A pod's process, as the container runtime's labels make its identity."""
-    return Identity(user=user, source="pod", pod=(("namespace", namespace), ("name", name),
-                                                  ("uid", "0f1e"), ("container", container)))
+    return Identity(
+        user=user,
+        source="pod",
+        pod=(("namespace", namespace), ("name", name), ("uid", "0f1e"), ("container", container)),
+    )
 
 
 def test_a_pods_gpu_is_its_own_and_never_granted(leases):
@@ -33,14 +37,18 @@ def test_a_pods_gpu_is_its_own_and_never_granted(leases):
     assert leases.state(device) == "allocated"
     holder = leases.holder(device)
     assert (holder.user, holder.source, dict(holder.pod)) == (
-        "namespace:ml", "pod", {"namespace": "ml", "name": "train-0"})
+        "namespace:ml",
+        "pod",
+        {"namespace": "ml", "name": "train-0"},
+    )
     with pytest.raises(Busy):
         leases.request(bob, {"gpu": 1})
     claim = claims(leases)[device]
     assert claim["hold"] == "kubernetes" and claim["expires"] is None and claim["jobs"] is None
     assert claim["pods"] == [{"namespace": "ml", "name": "train-0", "containers": ["trainer"]}]
     assert [(e.kind, e.user, e.details) for e in events if e.kind == "allocated"] == [
-        ("allocated", "namespace:ml", {"pods": ["ml/train-0"]})]
+        ("allocated", "namespace:ml", {"pods": ["ml/train-0"]})
+    ]
 
 
 def test_no_lease_runs_and_the_pods_process_becomes_the_holder(leases, clock):
@@ -70,10 +78,17 @@ def test_other_pods_and_host_processes_trespass_once(leases):
     assert leases.state(device) == "shared"
     trespasses = [e for e in events if e.kind == "trespass"]
     assert [(e.user, e.details["pid"], e.details.get("pod")) for e in trespasses] == [
-        ("dave", 101, "ml/other-1"), ("carol", 103, None), ("carol", 104, "prod/train-0")]
-    assert all(e.details["why"] == "outside_pod" and e.details["pods"] == ["ml/train-0"]
-               and e.details["holder"] == "carol" and "jobs" not in e.details
-               for e in trespasses)
+        ("dave", 101, "ml/other-1"),
+        ("carol", 103, None),
+        ("carol", 104, "prod/train-0"),
+    ]
+    assert all(
+        e.details["why"] == "outside_pod"
+        and e.details["pods"] == ["ml/train-0"]
+        and e.details["holder"] == "carol"
+        and "jobs" not in e.details
+        for e in trespasses
+    )
     assert usage(leases)["dave"]["trespassing"] == 1
     assert leases.holder(device).user == "carol"
 
@@ -83,8 +98,10 @@ def test_a_reservation_ends_when_the_kubelet_assigns_the_gpu(leases):
     device = leases.request(alice, {"gpu": 1})[0].uuid
     leases.allocate(device, PODS, "kubernetes")
     [preempted] = [e for e in events if e.kind == "preempted"]
-    assert preempted.user == "alice" and preempted.details == {"pods": ["ml/train-0"],
-                                                               "hold": "lease"}
+    assert preempted.user == "alice" and preempted.details == {
+        "pods": ["ml/train-0"],
+        "hold": "lease",
+    }
     assert leases.held_by("alice") == []
 
 
@@ -137,9 +154,12 @@ def test_a_gpu_both_list_is_slurms_then_the_pods(leases):
     leases.allocate(device, None)  # the job ends: the pod holds it, nobody was preempted
     assert leases.holds[device].allocation == PODS and leases.state(device) == "claimed"
     assert [(e.kind, e.details) for e in events if e.kind != "trespass"] == [
-        ("allocated", {"pods": ["ml/train-0"]}), ("deallocated", {"pods": ["ml/train-0"]}),
-        ("allocated", {"jobs": ["4242"]}), ("deallocated", {"jobs": ["4242"]}),
-        ("allocated", {"pods": ["ml/train-0"]})]
+        ("allocated", {"pods": ["ml/train-0"]}),
+        ("deallocated", {"pods": ["ml/train-0"]}),
+        ("allocated", {"jobs": ["4242"]}),
+        ("deallocated", {"jobs": ["4242"]}),
+        ("allocated", {"pods": ["ml/train-0"]}),
+    ]
     leases.allocate(device, None, "kubernetes")
     assert leases.holds[device].allocation is None and leases.holder(device).user == "dave"
 
@@ -161,13 +181,16 @@ def test_the_same_pods_told_again_change_nothing(leases):
     assert [e.kind for e in events] == ["allocated"]
 
 
-@pytest.mark.parametrize("pod,named", [
-    ((("namespace", "vision"), ("name", "trainer-0")), "vision/trainer-0"),
-    ((("namespace", "vision"),), None),  # half a name is no pod
-    ((("name", "trainer-0"),), None),
-    ((), None),
-    (None, None),
-])
+@pytest.mark.parametrize(
+    "pod,named",
+    [
+        ((("namespace", "vision"), ("name", "trainer-0")), "vision/trainer-0"),
+        ((("namespace", "vision"),), None),  # half a name is no pod
+        ((("name", "trainer-0"),), None),
+        ((), None),
+        (None, None),
+    ],
+)
 def test_a_pod_is_named_only_by_its_namespace_and_name_both(pod, named):
     owner = Identity(user="alice", source="container", pod=pod)
     assert pod_id(owner) == named
@@ -189,8 +212,9 @@ def test_both_kinds_of_allocation_answer_the_whole_protocol(kind):
             continue
         theirs = getattr(kind, name, None)
         assert callable(theirs), f"{kind.__name__}.{name}"
-        assert list(inspect.signature(theirs).parameters) == \
-            list(inspect.signature(method).parameters), f"{kind.__name__}.{name}"
+        assert list(inspect.signature(theirs).parameters) == list(
+            inspect.signature(method).parameters
+        ), f"{kind.__name__}.{name}"
 
 
 def test_a_pods_own_process_on_its_gpu_is_not_use_without_asking(leases):
@@ -228,7 +252,9 @@ def test_a_device_both_schedulers_list_is_said_once_and_slurm_holds_it(caplog):
         assert sources.tell("slurm", "GPU-2", slurm) is slurm  # another device, one source
     line = "GPU-1 is allocated both to Slurm job 4242 and to Kubernetes {}: Slurm holds it"
     assert [r.getMessage() for r in caplog.records] == [
-        line.format("pod ml/train-0"), line.format("pods ml/train-0, ml/eval-1")]
+        line.format("pod ml/train-0"),
+        line.format("pods ml/train-0, ml/eval-1"),
+    ]
     with pytest.raises(ValueError) as refused:
         sources.tell("lsf", "GPU-1", None)
     assert str(refused.value) == "no such allocation source: 'lsf'"

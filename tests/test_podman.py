@@ -1,6 +1,7 @@
 """Identity against a real Podman: the tests' own rootful Podman service (tests/podman.py), and a
 throwaway user's rootless one, their labelled containers, and the containers' real processes on
 the simulator's GPUs."""
+
 import asyncio
 import json
 import logging
@@ -13,8 +14,16 @@ import pytest
 
 from prometheus import eventually
 from helpers import known_claim
-from helpers import (ScenarioFile, ServerProcess, async_test, client_in, engines_in,
-                     gpu_running, on_gpu, until)
+from helpers import (
+    ScenarioFile,
+    ServerProcess,
+    async_test,
+    client_in,
+    engines_in,
+    gpu_running,
+    on_gpu,
+    until,
+)
 from patroller.config import Config
 from patroller.http.views import claims
 from patroller.identify.containers import ContainerDirectory
@@ -37,8 +46,9 @@ def identifier_for(folder, **more):
 
 
 @async_test
-async def test_a_podman_containers_process_on_a_gpu_is_its_labels_user(podman, scenario,
-                                                                       engine_sockets):
+async def test_a_podman_containers_process_on_a_gpu_is_its_labels_user(
+    podman, scenario, engine_sockets
+):
     alice = podman.run(labels={"user.email": "Alice <alice@example.org>", "team": "vision"})
     plain = podman.run()
     async with gpu_running(scenario, **settings(engine_sockets, podman_socket=podman.url)) as h:
@@ -67,18 +77,30 @@ def owners(server):
     """The holders known of the GPUs of a daemon started as a process, from its /status."""
     with urllib.request.urlopen(server.url + "/status", timeout=10) as response:
         devices = json.loads(response.read())
-    return [d["claim"]["user"] for d in devices.values()
-            if d["claim"]["user"] and not d["claim"]["user"]["degraded"]]
+    return [
+        d["claim"]["user"]
+        for d in devices.values()
+        if d["claim"]["user"] and not d["claim"]["user"]["degraded"]
+    ]
 
 
-def test_the_daemon_asks_the_service_its_podman_socket_flag_names(podman, scenario,
-                                                                  engine_sockets):
+def test_the_daemon_asks_the_service_its_podman_socket_flag_names(
+    podman, scenario, engine_sockets
+):
     alice = podman.run(labels={"email": "alice@example.org"})
     scenario.write(processes=on_gpu((alice.pid, 3)))
-    server = ServerProcess("--nvidia-smi", scenario.command,
-                           "--docker-host", f"unix://{engine_sockets}/docker.sock",
-                           "--podman-socket", podman.url, "--rootless-podman-socket", "none",
-                           "--rootless-docker-socket", "none").start()
+    server = ServerProcess(
+        "--nvidia-smi",
+        scenario.command,
+        "--docker-host",
+        f"unix://{engine_sockets}/docker.sock",
+        "--podman-socket",
+        podman.url,
+        "--rootless-podman-socket",
+        "none",
+        "--rootless-docker-socket",
+        "none",
+    ).start()
     try:
         (owner,) = eventually(lambda: owners(server) or None, what="the GPU's owner", timeout=20)
         assert owner["user"] == "alice@example.org", server.log
@@ -91,12 +113,14 @@ def test_the_daemon_asks_the_service_its_podman_socket_flag_names(podman, scenar
 
 
 @async_test
-async def test_a_docker_container_is_still_asked_of_the_docker_engine(podman, engine, scenario,
-                                                                      engine_sockets):
+async def test_a_docker_container_is_still_asked_of_the_docker_engine(
+    podman, engine, scenario, engine_sockets
+):
     alice = podman.run(labels={"user.email": "alice@example.org"})
     bob = engine.run(labels={"user.email": "bob@example.org"})
-    async with gpu_running(scenario, **settings(engine_sockets, podman_socket=podman.url,
-                                                docker_host=engine.url)) as h:
+    async with gpu_running(
+        scenario, **settings(engine_sockets, podman_socket=podman.url, docker_host=engine.url)
+    ) as h:
         scenario.write(processes=on_gpu((alice.pid, 0), (bob.pid, 1)))
         await until(lambda: settled(h, 0, 1))
         status = await h.ok("/status")
@@ -108,13 +132,26 @@ async def test_a_docker_container_is_still_asked_of_the_docker_engine(podman, en
 
 
 LABELLED = [
-    ({"user.email": "Alice <alice@example.org>", "email": "x@example.org",
-      "maintainer": "y@example.org"}, "alice@example.org", "alice@example.org"),
-    ({"email": "Bob@Example.org", "maintainer": "y@example.org"}, "bob@example.org",
-     "Bob@Example.org"),
+    (
+        {
+            "user.email": "Alice <alice@example.org>",
+            "email": "x@example.org",
+            "maintainer": "y@example.org",
+        },
+        "alice@example.org",
+        "alice@example.org",
+    ),
+    (
+        {"email": "Bob@Example.org", "maintainer": "y@example.org"},
+        "bob@example.org",
+        "Bob@Example.org",
+    ),
     ({"maintainer": "Carol <carol@example.org>"}, "carol@example.org", "carol@example.org"),
-    ({"user.email": "not an address", "maintainer": "dave@example.org"}, "dave@example.org",
-     "dave@example.org"),
+    (
+        {"user.email": "not an address", "maintainer": "dave@example.org"},
+        "dave@example.org",
+        "dave@example.org",
+    ),
     ({"team": "vision"}, None, None),
 ]
 
@@ -139,7 +176,8 @@ async def test_the_label_rules_are_dockers(runtime, request, engine_sockets):
 
 @async_test
 async def test_with_no_podman_socket_its_container_is_its_id_and_nothing_is_said(
-        podman, engine_sockets, caplog):
+    podman, engine_sockets, caplog
+):
     alice = podman.run(labels={"user.email": "alice@example.org"})
     identifier = identifier_for(engine_sockets)  # Podman's socket is not there
     caplog.set_level(logging.DEBUG, logger="patroller")
@@ -147,23 +185,31 @@ async def test_with_no_podman_socket_its_container_is_its_id_and_nothing_is_said
         identity = await identifier.resolve(alice.pid)
     finally:
         identifier.close()
-    assert identity.user == f"container:{alice.short}" and identity.container == (alice.short,
-                                                                                  None)
+    assert identity.user == f"container:{alice.short}" and identity.container == (
+        alice.short,
+        None,
+    )
     assert identity.uid == 0 and not identity.degraded
     assert identifier.docker_calls == 0  # no engine was asked, none waited for
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 @async_test
-async def test_a_caller_in_a_podman_container_reserves_as_its_user(podman, scenario,
-                                                                   engine_sockets):
+async def test_a_caller_in_a_podman_container_reserves_as_its_user(
+    podman, scenario, engine_sockets
+):
     alice = podman.run(labels={"user.email": "alice@example.org"})
     path = os.path.join(engine_sockets, "api.sock")
-    async with gpu_running(scenario, socket=path,
-                           **settings(engine_sockets, podman_socket=podman.url)) as h:
+    async with gpu_running(
+        scenario, socket=path, **settings(engine_sockets, podman_socket=podman.url)
+    ) as h:
         granted = await asyncio.get_running_loop().run_in_executor(
-            None, client_in, alice, f"unix://{path}",
-            "print(json.dumps(client.reserve(1, server=server, hold='lease')))")
+            None,
+            client_in,
+            alice,
+            f"unix://{path}",
+            "print(json.dumps(client.reserve(1, server=server, hold='lease')))",
+        )
         claim = (await h.ok("/status"))[granted[0]["uuid"]]["claim"]
         assert claim["state"] == "reserved" and claim["user"]["user"] == "alice@example.org"
         assert claim["user"]["container"] == {"id": alice.short, "name": alice.name}
@@ -187,8 +233,12 @@ async def test_podman_down_degrades_and_recovers(podman, scenario, engine_socket
             assert len(await h.ok("/devices")) == 4  # the API keeps answering
         finally:
             podman.run_daemon()
-        await until(lambda: (claims(h.services.leases)[uuid]["user"] or {}).get("user")
-                    == "alice@example.org", timeout=15)
+        await until(
+            lambda: (
+                (claims(h.services.leases)[uuid]["user"] or {}).get("user") == "alice@example.org"
+            ),
+            timeout=15,
+        )
         owner = (await h.ok("/status"))[uuid]["claim"]["user"]
         assert owner["container"] == {"id": alice.short, "name": alice.name}
 
@@ -196,18 +246,22 @@ async def test_podman_down_degrades_and_recovers(podman, scenario, engine_socket
 @pytest.mark.parametrize("shifted", [False, True])
 @async_test
 async def test_a_rootless_podman_container_is_named_by_its_users_service(
-        rootless_podman, podman, engine_sockets, shifted):
+    rootless_podman, podman, engine_sockets, shifted
+):
     """Its process runs as the user (the container's root) or as one of the user's subordinate
     uids: either way it counts as the user, and its labels come from the user's own service."""
     user = rootless_podman.user
-    bob = rootless_podman.run(*(["--user", "1000:1000"] if shifted else []),
-                              labels={"user.email": "Bob <bob@example.org>", "team": "nlp"})
+    bob = rootless_podman.run(
+        *(["--user", "1000:1000"] if shifted else []),
+        labels={"user.email": "Bob <bob@example.org>", "team": "nlp"},
+    )
     bob.place()
     with open(f"/proc/{bob.pid}/status", encoding="ascii") as f:
         real_uid = int(next(l for l in f if l.startswith("Uid:")).split()[1])
     assert (real_uid != user.uid) == shifted
-    identifier = identifier_for(engine_sockets, podman_socket=podman.url,
-                                rootless_podman_socket=rootless_podman.template)
+    identifier = identifier_for(
+        engine_sockets, podman_socket=podman.url, rootless_podman_socket=rootless_podman.template
+    )
     try:
         identity = await identifier.resolve(bob.pid)
     finally:
@@ -222,19 +276,28 @@ async def test_a_rootless_podman_container_is_named_by_its_users_service(
 
 @async_test
 async def test_a_rootless_containers_labels_name_neither_a_pod_nor_another_user(
-        rootless_podman, scenario, engine_sockets, tmp_path):
+    rootless_podman, scenario, engine_sockets, tmp_path
+):
     """The attack: a user labels her rootless container as a Kubernetes pod's container, as the
     kubelet would (io.kubernetes.pod.namespace, .name, .uid), and with another user's e-mail.
     Neither counts: it is no pod, its user is her host account (the kernel's word), and the
     e-mail is shown only as her own claim, in /status as in the usage history."""
     user = rootless_podman.user
-    forged = rootless_podman.run(labels={
-        "io.kubernetes.pod.namespace": "ml", "io.kubernetes.pod.name": "train-0",
-        "io.kubernetes.pod.uid": "0f7c3a52-9d1e-4b7a-8c55-2e9f1d3b6a10",
-        "io.kubernetes.container.name": "trainer", "user.email": "Carol <carol@example.org>"})
+    forged = rootless_podman.run(
+        labels={
+            "io.kubernetes.pod.namespace": "ml",
+            "io.kubernetes.pod.name": "train-0",
+            "io.kubernetes.pod.uid": "0f7c3a52-9d1e-4b7a-8c55-2e9f1d3b6a10",
+            "io.kubernetes.container.name": "trainer",
+            "user.email": "Carol <carol@example.org>",
+        }
+    )
     forged.place()
-    more = dict(rootless_podman_socket=rootless_podman.template,
-                state_dir=str(tmp_path / "state"), usage_interval=0.2)
+    more = dict(
+        rootless_podman_socket=rootless_podman.template,
+        state_dir=str(tmp_path / "state"),
+        usage_interval=0.2,
+    )
     async with gpu_running(scenario, **settings(engine_sockets, **more)) as h:
         scenario.write(processes=on_gpu((forged.pid, 1)))
         await until(lambda: settled(h, 1))
@@ -256,11 +319,17 @@ async def test_a_rootless_containers_labels_name_neither_a_pod_nor_another_user(
 
 
 @async_test
-async def test_podman_stopped_in_order_is_learned_once_it_is_back(podman, scenario,
-                                                                  engine_sockets):
+async def test_podman_stopped_in_order_is_learned_once_it_is_back(
+    podman, scenario, engine_sockets
+):
     alice = podman.run(labels={"user.email": "alice@example.org"})
-    more = dict(podman_socket=podman.url, docker_retry_after=0.2, owner_retry=0.2,
-                engine_socket_ttl=0.2, engine_recheck=0.2)
+    more = dict(
+        podman_socket=podman.url,
+        docker_retry_after=0.2,
+        owner_retry=0.2,
+        engine_socket_ttl=0.2,
+        engine_recheck=0.2,
+    )
     async with gpu_running(scenario, **settings(engine_sockets, **more)) as h:
         podman.stop_service(signal.SIGTERM)
         try:
@@ -272,5 +341,9 @@ async def test_podman_stopped_in_order_is_learned_once_it_is_back(podman, scenar
             assert owner["container"]["id"] == alice.short
         finally:
             podman.run_daemon()
-        await until(lambda: (claims(h.services.leases)[uuid]["user"] or {}).get("user")
-                    == "alice@example.org", timeout=5)
+        await until(
+            lambda: (
+                (claims(h.services.leases)[uuid]["user"] or {}).get("user") == "alice@example.org"
+            ),
+            timeout=5,
+        )

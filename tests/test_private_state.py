@@ -6,6 +6,7 @@ every user reaches, a daemon with --hide-users, a usage store and an audit recor
 under the umask 0 a careless service manager could hand it; then a throwaway user (useradd)
 tries what the review did: open the store read-only with SQLite, take a lock on its -shm (which
 stalled every write of the history), and grep the audit record for a name."""
+
 import json
 import logging
 import os
@@ -61,12 +62,16 @@ def mode(path):
 
 def files_in(directory):
     """The regular files in `directory` (the lease book's name is a link to its latest)."""
-    return [os.path.join(directory, name) for name in os.listdir(directory)
-            if not os.path.islink(os.path.join(directory, name))]
+    return [
+        os.path.join(directory, name)
+        for name in os.listdir(directory)
+        if not os.path.islink(os.path.join(directory, name))
+    ]
 
 
 def what_a_stranger_gets(stranger, state, audit):
     """What the review's three attacks give, as the throwaway user: each a word."""
+
     def attacks():
         found = {}
         try:
@@ -90,16 +95,26 @@ def what_a_stranger_gets(stranger, state, audit):
             except OSError as exc:
                 found[name] = f"refused: {exc.strerror}"
         return found
+
     return forked_as(stranger, attacks)
 
 
 def test_another_user_can_read_nothing_of_the_history_the_audit_or_the_book(
-        stranger, reachable, umask_zero):
+    stranger, reachable, umask_zero
+):
     state = os.path.join(reachable, "state")
     os.mkdir(state, 0o755)
     audit = os.path.join(reachable, "audit.jsonl")  # in a folder others may enter: its own mode
-    server = ServerProcess("--test", "--hide-users", "--state-dir", state, "--audit-log", audit,
-                           "--usage-interval", "0.2").start()
+    server = ServerProcess(
+        "--test",
+        "--hide-users",
+        "--state-dir",
+        state,
+        "--audit-log",
+        audit,
+        "--usage-interval",
+        "0.2",
+    ).start()
     try:
         get(server, "/request?gpu=1&user=alice")
         deadline = time.monotonic() + 30
@@ -129,7 +144,8 @@ def test_another_user_can_read_nothing_of_the_history_the_audit_or_the_book(
 
 
 def test_a_state_directory_an_older_version_left_open_is_made_private_at_start(
-        reachable, umask_zero):
+    reachable, umask_zero
+):
     """Its store (and the WAL's files) 0644, the directory 0755: all closed at start, the
     warning names what was open and the unit's settings that keep it so."""
     state = os.path.join(reachable, "state")
@@ -233,8 +249,7 @@ def test_the_doctor_fails_what_others_may_read_and_says_how_to_close_it(tmp_path
     os.chmod(audit, 0o640)
     result = check_privacy(probe_privacy(str(state), str(audit)))
     assert result.status == "failed", result
-    assert f"{state} is mode 755; {state}/{FILE} is mode 644; {audit} is mode 640" in \
-        result.detail
+    assert f"{state} is mode 755; {state}/{FILE} is mode 644; {audit} is mode 640" in result.detail
     assert "pseudonyms.key" not in result.detail
     assert result.fix.startswith(f"chmod 700 {state}; chmod 600 {state}/{FILE} {audit}")
     assert "StateDirectoryMode=0700" in result.fix and "UMask=0077" in result.fix
@@ -244,8 +259,10 @@ def test_the_doctor_fails_what_others_may_read_and_says_how_to_close_it(tmp_path
     os.chmod(audit, 0o600)
     result = check_privacy(probe_privacy(str(state), str(audit)))
     assert result.status == "ok", result
-    assert result.detail == "the state directory and the audit record: 3 file(s), none open " \
-                            "to other users"
+    assert (
+        result.detail == "the state directory and the audit record: 3 file(s), none open "
+        "to other users"
+    )
     assert check_privacy(probe_privacy(str(tmp_path / "not-yet"), "-")).status == "ok"
     assert check_privacy(probe_privacy(None, None)).status == "ok"
 
@@ -259,6 +276,7 @@ def test_in_a_private_directory_open_files_are_closed_without_a_word(tmp_path, c
     (state / FILE).write_text("")
     os.chmod(state / FILE, 0o644)
     from patroller.state.book import LeaseBook
+
     book = LeaseBook(str(state), Config())
     with caplog.at_level(logging.INFO, logger="patroller"):
         book.open()

@@ -1,6 +1,7 @@
 """The readers of a process's /proc entry (identify/procfs.py) on what a process may put there:
 a uid that changed, a name of its choosing. Real child processes and the real /proc; a written
 tree where the kernel's own cannot show the case."""
+
 import os
 import subprocess
 import sys
@@ -20,24 +21,28 @@ def test_a_processes_uid_is_its_real_uid(tmp_path):
     # with an effective uid that is not its user's.
     (tmp_path / "4242").mkdir()
     (tmp_path / "4242" / "status").write_text(
-        "Name:\tsu\nUid:\t1000\t0\t0\t0\nGid:\t1000\t0\t0\t0\n")
+        "Name:\tsu\nUid:\t1000\t0\t0\t0\nGid:\t1000\t0\t0\t0\n"
+    )
     assert procfs.uid(4242, str(tmp_path)) == 1000
     assert procfs.uids(4242, str(tmp_path)) == (1000, 0, 0, 0)
     assert procfs.uid(4343, str(tmp_path)) is None  # no such process
 
 
-NAMED = ("import ctypes, sys\n"
-         "ctypes.CDLL(None).prctl(15, b'tr\\xffin) (x', 0, 0, 0)  # PR_SET_NAME\n"
-         "print(flush=True)\n"
-         "sys.stdin.read()\n")
+NAMED = (
+    "import ctypes, sys\n"
+    "ctypes.CDLL(None).prctl(15, b'tr\\xffin) (x', 0, 0, 0)  # PR_SET_NAME\n"
+    "print(flush=True)\n"
+    "sys.stdin.read()\n"
+)
 
 
 def test_a_process_may_name_itself_anything():
     # The command name in stat and status is the process's own choice, bytes and parentheses
     # alike: what is read around it (its state, start time and uids) is read all the same,
     # and the process is alive.
-    process = subprocess.Popen([sys.executable, "-c", NAMED], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE)
+    process = subprocess.Popen(
+        [sys.executable, "-c", NAMED], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
     try:
         process.stdout.readline()  # named
         with open(f"/proc/{process.pid}/stat", "rb") as f:
@@ -70,8 +75,14 @@ def test_the_owner_of_a_user_namespace_is_any_uid_the_kernel_has():
     # uids run to 2**32 - 2: one above 2**31 is no negative number.
     need_root("the namespace is made by a uid above 2**31")
     high = 3_000_000_000
-    process = subprocess.Popen(["unshare", "--user", "sleep", "60"], user=high, group=high,
-                               extra_groups=[], cwd="/", stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        ["unshare", "--user", "sleep", "60"],
+        user=high,
+        group=high,
+        extra_groups=[],
+        cwd="/",
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 10
         while procfs.userns_owner(process.pid) is None:

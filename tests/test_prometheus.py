@@ -1,6 +1,7 @@
 """/metrics scraped by a real Prometheus server: two daemons (test mode with GPUs reserved by two
 users, and GPU host mode on the simulator with real processes), one Prometheus scraping both
 every second, and its HTTP API asked what a dashboard would ask."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,16 @@ import subprocess
 import pytest
 
 from helpers import ScenarioFile, ServerProcess
-from prometheus import (OPENMETRICS, Prometheus, eventually, exposition, get,
-                        promtool_check_metrics, settles, tool)
+from prometheus import (
+    OPENMETRICS,
+    Prometheus,
+    eventually,
+    exposition,
+    get,
+    promtool_check_metrics,
+    settles,
+    tool,
+)
 
 ALICE = "alice@example.org"
 BOB = "bob@example.org"
@@ -33,8 +42,9 @@ def fleet(tools, tmp_path_factory):
     """Daemon A (test mode: alice holds 2 GPUs, bob 1), daemon B (GPU host mode on the
     simulator: a real `sleep` on GPU 1, one GPU reserved by this process), and Prometheus
     scraping both every second."""
-    scenario = ScenarioFile(str(tmp_path_factory.mktemp("sim") / "scenario.json"),
-                            devices=[{}, {}, {}, {}])
+    scenario = ScenarioFile(
+        str(tmp_path_factory.mktemp("sim") / "scenario.json"), devices=[{}, {}, {}, {}]
+    )
     sleeper = subprocess.Popen(["sleep", "600"])
     started = []
     prometheus = None
@@ -45,10 +55,17 @@ def fleet(tools, tmp_path_factory):
         assert len(ok(a, f"/request?gpu=1&user={BOB}")) == 1
         b = ServerProcess("--nvidia-smi", scenario.command, "--lease", "300").start()
         started.append(b)
-        scenario.write(processes=[{"pid": sleeper.pid, "gpu": 1, "type": "C",
-                                   "name": "sleep", "used_mib": 512}])
-        eventually(lambda: [e for e in ok(b, "/status").values()
-                            if e["claim"]["processes"] == [sleeper.pid]], "sleep seen on GPU 1")
+        scenario.write(
+            processes=[
+                {"pid": sleeper.pid, "gpu": 1, "type": "C", "name": "sleep", "used_mib": 512}
+            ]
+        )
+        eventually(
+            lambda: [
+                e for e in ok(b, "/status").values() if e["claim"]["processes"] == [sleeper.pid]
+            ],
+            "sleep seen on GPU 1",
+        )
         assert len(ok(b, "/request?gpu=1")) == 1  # this process (root here) reserves one
         prometheus = Prometheus({"patroller-test": [a.server], "patroller-gpuhost": [b.server]})
         prometheus.start()
@@ -82,16 +99,24 @@ def test_gpus_per_user_summed_across_both_hosts(fleet):
     expected = {ALICE: 2, BOB: 1, me: 2}
 
     expr = "sum by (user) (patroller_user_gpus_held)"
-    settles(lambda: {labels["user"]: value for labels, value in prometheus.query(expr)},
-            expected, expr)
+    settles(
+        lambda: {labels["user"]: value for labels, value in prometheus.query(expr)}, expected, expr
+    )
     # each user is counted on the host where they hold: alice and bob on A, this account on B
-    by_host = {(labels["user"], labels["job"]): value
-               for labels, value in prometheus.query("patroller_user_gpus_held")}
-    assert by_host == {(ALICE, "patroller-test"): 2, (BOB, "patroller-test"): 1,
-                       (me, "patroller-gpuhost"): 2}, by_host
+    by_host = {
+        (labels["user"], labels["job"]): value
+        for labels, value in prometheus.query("patroller_user_gpus_held")
+    }
+    assert by_host == {
+        (ALICE, "patroller-test"): 2,
+        (BOB, "patroller-test"): 1,
+        (me, "patroller-gpuhost"): 2,
+    }, by_host
     # on B, the `sleep` runs on a GPU nobody reserved
-    unreserved = {labels["user"]: value
-                  for labels, value in prometheus.query("patroller_user_gpus_unreserved > 0")}
+    unreserved = {
+        labels["user"]: value
+        for labels, value in prometheus.query("patroller_user_gpus_unreserved > 0")
+    }
     assert unreserved == {me: 1}, unreserved
 
 
@@ -103,10 +128,11 @@ def test_a_process_memory_series_appears_and_goes_with_the_process(fleet):
     try:
         assert prometheus.query(expr) == []
         # on the GPU the first `sleep` holds already: who holds what does not change
-        scenario.write(processes=kept + [{"pid": second.pid, "gpu": 1, "type": "C",
-                                          "name": "sleep", "used_mib": 1024}])
-        [(labels, value)] = eventually(lambda: prometheus.query(expr) or None,
-                                       f"{expr} scraped")
+        scenario.write(
+            processes=kept
+            + [{"pid": second.pid, "gpu": 1, "type": "C", "name": "sleep", "used_mib": 1024}]
+        )
+        [(labels, value)] = eventually(lambda: prometheus.query(expr) or None, f"{expr} scraped")
         assert value == 1024 * MIB == 1073741824
         assert labels["gpu"] == "1" and labels["command"] == "sleep"
         assert labels["job"] == "patroller-gpuhost"

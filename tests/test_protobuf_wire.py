@@ -10,6 +10,7 @@ package, both ways, on the messages of the kubelet's and containerd's public .pr
 
 Repeated fields, nested messages, maps, unknown fields (a newer peer's), empty messages, and a
 message that comes in pieces, which protobuf merges."""
+
 import importlib.util
 import json
 import os
@@ -18,8 +19,13 @@ import sys
 import uuid
 
 import pytest
-from google.protobuf import (any_pb2, descriptor_pb2, descriptor_pool, message_factory,
-                            unknown_fields)
+from google.protobuf import (
+    any_pb2,
+    descriptor_pb2,
+    descriptor_pool,
+    message_factory,
+    unknown_fields,
+)
 
 from helpers import ROOT
 from kubelet import LIST as KUBELET_LIST, Kubelet, gpu_pod, pod
@@ -45,9 +51,12 @@ def pb(tmp_path_factory):
     """The generated modules: `pb.kubelet` (package v1), `pb.containerd`."""
     out = tmp_path_factory.mktemp("pb2")
     names = sorted(n for n in os.listdir(PROTOS) if n.endswith(".proto"))
-    compiled = subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTOS}",
-                               f"--python_out={out}", *names], capture_output=True, text=True,
-                              timeout=60)
+    compiled = subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTOS}", f"--python_out={out}", *names],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert compiled.returncode == 0, compiled.stderr
 
     def load(name):
@@ -59,6 +68,7 @@ def pb(tmp_path_factory):
     class Modules:
         kubelet = load("podresources_v1_pb2")
         containerd = load("containerd_containers_v1_pb2")
+
     return Modules
 
 
@@ -79,7 +89,8 @@ def newer(module, message, *added):
             field.type_name = type_name
     pool.Add(proto)
     return lambda name: message_factory.GetMessageClass(
-        pool.FindMessageTypeByName(f"{proto.package}.{name}"))
+        pool.FindMessageTypeByName(f"{proto.package}.{name}")
+    )
 
 
 F = descriptor_pb2.FieldDescriptorProto
@@ -107,31 +118,80 @@ def unknown(message):
 def test_a_list_built_by_protobuf_reads_to_each_pods_gpus(pb):
     k = pb.kubelet
     numa = k.TopologyInfo(nodes=[k.NUMANode(ID=0), k.NUMANode(ID=1)])
-    answer = k.ListPodResourcesResponse(pod_resources=[
-        k.PodResources(name="train-0", namespace="ml", containers=[
-            k.ContainerResources(
-                name="trainer", cpu_ids=[2, 3, 2 ** 40],
-                devices=[k.ContainerDevices(resource_name="nvidia.com/gpu",
-                                            device_ids=["GPU-a", "GPU-b::1"], topology=numa),
-                         k.ContainerDevices(resource_name="example.com/nic",
-                                            device_ids=["nic0"])],
-                memory=[k.ContainerMemory(memory_type="hugepages-1Gi", size=2 ** 33,
-                                          topology=numa)],
-                dynamic_resources=[k.DynamicResource(
-                    claim_name="c", claim_namespace="ml", claim_resources=[k.ClaimResource(
-                        cdi_devices=[k.CDIDevice(name="nvidia.com/gpu=0")],
-                        driver_name="gpu.nvidia.com", pool_name="p", device_name="gpu-0",
-                        share_id="s")])]),
-            k.ContainerResources(name="sidecar"),
-            k.ContainerResources(name="logger", devices=[k.ContainerDevices(
-                resource_name="nvidia.com/mig-1g.10gb", device_ids=["MIG-c", "GPU-a"])])]),
-        k.PodResources(name="web", namespace="default", containers=[
-            k.ContainerResources(name="nginx", cpu_ids=[1])]),
-        k.PodResources(),
-        k.PodResources(name="é-ü", namespace="ns", containers=[k.ContainerResources(
-            name="c", devices=[k.ContainerDevices(resource_name="nvidia.com/gpu.shared",
-                                                  device_ids=["nvidia1"])])]),
-    ]).SerializeToString()
+    answer = k.ListPodResourcesResponse(
+        pod_resources=[
+            k.PodResources(
+                name="train-0",
+                namespace="ml",
+                containers=[
+                    k.ContainerResources(
+                        name="trainer",
+                        cpu_ids=[2, 3, 2**40],
+                        devices=[
+                            k.ContainerDevices(
+                                resource_name="nvidia.com/gpu",
+                                device_ids=["GPU-a", "GPU-b::1"],
+                                topology=numa,
+                            ),
+                            k.ContainerDevices(
+                                resource_name="example.com/nic", device_ids=["nic0"]
+                            ),
+                        ],
+                        memory=[
+                            k.ContainerMemory(
+                                memory_type="hugepages-1Gi", size=2**33, topology=numa
+                            )
+                        ],
+                        dynamic_resources=[
+                            k.DynamicResource(
+                                claim_name="c",
+                                claim_namespace="ml",
+                                claim_resources=[
+                                    k.ClaimResource(
+                                        cdi_devices=[k.CDIDevice(name="nvidia.com/gpu=0")],
+                                        driver_name="gpu.nvidia.com",
+                                        pool_name="p",
+                                        device_name="gpu-0",
+                                        share_id="s",
+                                    )
+                                ],
+                            )
+                        ],
+                    ),
+                    k.ContainerResources(name="sidecar"),
+                    k.ContainerResources(
+                        name="logger",
+                        devices=[
+                            k.ContainerDevices(
+                                resource_name="nvidia.com/mig-1g.10gb",
+                                device_ids=["MIG-c", "GPU-a"],
+                            )
+                        ],
+                    ),
+                ],
+            ),
+            k.PodResources(
+                name="web",
+                namespace="default",
+                containers=[k.ContainerResources(name="nginx", cpu_ids=[1])],
+            ),
+            k.PodResources(),
+            k.PodResources(
+                name="é-ü",
+                namespace="ns",
+                containers=[
+                    k.ContainerResources(
+                        name="c",
+                        devices=[
+                            k.ContainerDevices(
+                                resource_name="nvidia.com/gpu.shared", device_ids=["nvidia1"]
+                            )
+                        ],
+                    )
+                ],
+            ),
+        ]
+    ).SerializeToString()
     assert podresources.parse_list(answer, GPUS) == [
         (Pod("ml", "train-0", ("trainer", "logger")), ("GPU-a", "GPU-b::1", "MIG-c")),
         (Pod("ns", "é-ü", ("c",)), ("nvidia1",)),
@@ -142,14 +202,39 @@ def test_the_pods_of_each_host_gpu_from_a_protobuf_answer(pb):
     k = pb.kubelet
     inventory = synthetic_inventory(3)
     first, second, third = (d.uuid for d in inventory)
-    answer = k.ListPodResourcesResponse(pod_resources=[
-        k.PodResources(name="a", namespace="ml", containers=[k.ContainerResources(
-            name="main", devices=[k.ContainerDevices(resource_name="nvidia.com/gpu",
-                                                     device_ids=[first, f"{second}::2"])])]),
-        k.PodResources(name="b", namespace="ml", containers=[k.ContainerResources(
-            name="main", devices=[k.ContainerDevices(resource_name="nvidia.com/gpu",
-                                                     device_ids=[f"{second}::3", "GPU-x"])])]),
-    ]).SerializeToString()
+    answer = k.ListPodResourcesResponse(
+        pod_resources=[
+            k.PodResources(
+                name="a",
+                namespace="ml",
+                containers=[
+                    k.ContainerResources(
+                        name="main",
+                        devices=[
+                            k.ContainerDevices(
+                                resource_name="nvidia.com/gpu", device_ids=[first, f"{second}::2"]
+                            )
+                        ],
+                    )
+                ],
+            ),
+            k.PodResources(
+                name="b",
+                namespace="ml",
+                containers=[
+                    k.ContainerResources(
+                        name="main",
+                        devices=[
+                            k.ContainerDevices(
+                                resource_name="nvidia.com/gpu",
+                                device_ids=[f"{second}::3", "GPU-x"],
+                            )
+                        ],
+                    )
+                ],
+            ),
+        ]
+    ).SerializeToString()
     wanted, unknown = podresources.decode(answer, GPUS, inventory.devices)
     a, b = Pod("ml", "a", ("main",)), Pod("ml", "b", ("main",))
     assert wanted == {first: PodAllocation((a,)), second: PodAllocation((a, b))}
@@ -158,16 +243,36 @@ def test_the_pods_of_each_host_gpu_from_a_protobuf_answer(pb):
 
 def test_a_newer_kubelets_fields_are_skipped(pb):
     # The kubelet's main branch adds PodResources.cpu_ids = 4 and memory = 5.
-    cls = newer(pb.kubelet, "PodResources",
-                ("cpu_ids", 4, F.LABEL_REPEATED, F.TYPE_INT64, ""),
-                ("memory", 5, F.LABEL_REPEATED, F.TYPE_MESSAGE, ".v1.ContainerMemory"),
-                ("future_fixed", 6, F.LABEL_OPTIONAL, F.TYPE_FIXED64, ""),
-                ("future_float", 7, F.LABEL_OPTIONAL, F.TYPE_FLOAT, ""))
-    answer = cls("ListPodResourcesResponse")(pod_resources=[cls("PodResources")(
-        name="p", namespace="ns", cpu_ids=[0, 1], future_fixed=2 ** 63, future_float=1.5,
-        memory=[cls("ContainerMemory")(memory_type="memory", size=1 << 30)],
-        containers=[cls("ContainerResources")(name="c", devices=[cls("ContainerDevices")(
-            resource_name="nvidia.com/gpu", device_ids=["GPU-a"])])])]).SerializeToString()
+    cls = newer(
+        pb.kubelet,
+        "PodResources",
+        ("cpu_ids", 4, F.LABEL_REPEATED, F.TYPE_INT64, ""),
+        ("memory", 5, F.LABEL_REPEATED, F.TYPE_MESSAGE, ".v1.ContainerMemory"),
+        ("future_fixed", 6, F.LABEL_OPTIONAL, F.TYPE_FIXED64, ""),
+        ("future_float", 7, F.LABEL_OPTIONAL, F.TYPE_FLOAT, ""),
+    )
+    answer = cls("ListPodResourcesResponse")(
+        pod_resources=[
+            cls("PodResources")(
+                name="p",
+                namespace="ns",
+                cpu_ids=[0, 1],
+                future_fixed=2**63,
+                future_float=1.5,
+                memory=[cls("ContainerMemory")(memory_type="memory", size=1 << 30)],
+                containers=[
+                    cls("ContainerResources")(
+                        name="c",
+                        devices=[
+                            cls("ContainerDevices")(
+                                resource_name="nvidia.com/gpu", device_ids=["GPU-a"]
+                            )
+                        ],
+                    )
+                ],
+            )
+        ]
+    ).SerializeToString()
     older = pb.kubelet.ListPodResourcesResponse.FromString(answer)  # as protobuf sees them
     assert older.pod_resources[0].name == "p" and sorted(unknown(older)) == [4, 5, 6, 7]
     assert podresources.parse_list(answer, GPUS) == [(Pod("ns", "p", ("c",)), ("GPU-a",))]
@@ -177,22 +282,43 @@ def test_a_list_in_two_pieces_is_both_pieces(pb):
     k = pb.kubelet
 
     def one(name, device):
-        return k.ListPodResourcesResponse(pod_resources=[k.PodResources(
-            name=name, namespace="ml", containers=[k.ContainerResources(
-                name="c", devices=[k.ContainerDevices(resource_name="nvidia.com/gpu",
-                                                      device_ids=[device])])])])
+        return k.ListPodResourcesResponse(
+            pod_resources=[
+                k.PodResources(
+                    name=name,
+                    namespace="ml",
+                    containers=[
+                        k.ContainerResources(
+                            name="c",
+                            devices=[
+                                k.ContainerDevices(
+                                    resource_name="nvidia.com/gpu", device_ids=[device]
+                                )
+                            ],
+                        )
+                    ],
+                )
+            ]
+        )
+
     data = one("a", "GPU-a").SerializeToString() + one("b", "GPU-b").SerializeToString()
     merged = k.ListPodResourcesResponse.FromString(data)
     assert [p.name for p in merged.pod_resources] == ["a", "b"]
-    assert podresources.parse_list(data, GPUS) == [(Pod("ml", "a", ("c",)), ("GPU-a",)),
-                                                   (Pod("ml", "b", ("c",)), ("GPU-b",))]
+    assert podresources.parse_list(data, GPUS) == [
+        (Pod("ml", "a", ("c",)), ("GPU-a",)),
+        (Pod("ml", "b", ("c",)), ("GPU-b",)),
+    ]
 
 
 def test_empty_messages(pb):
     k = pb.kubelet
     assert podresources.parse_list(k.ListPodResourcesResponse().SerializeToString(), GPUS) == []
-    empty = k.ListPodResourcesResponse(pod_resources=[
-        k.PodResources(), k.PodResources(name="p", containers=[k.ContainerResources()])])
+    empty = k.ListPodResourcesResponse(
+        pod_resources=[
+            k.PodResources(),
+            k.PodResources(name="p", containers=[k.ContainerResources()]),
+        ]
+    )
     assert podresources.parse_list(empty.SerializeToString(), GPUS) == []
     assert podresources.decode(None, GPUS, ()) == ({}, set())
 
@@ -211,10 +337,17 @@ def test_the_tests_kubelet_answers_what_protobuf_reads(pb, tmp_path):
     kubelet = Kubelet(str(tmp_path / "kubelet.sock")).start()
     caller = UnixCaller(kubelet.path, 10.0, Config.grpc_max_message)
     try:
-        kubelet.pods = [gpu_pod("ml", "train-0", "GPU-a", "GPU-b::1", container="trainer"),
-                        pod("ns", "two", [("x", [("nvidia.com/mig-1g.10gb", ["MIG-c"]),
-                                                 ("example.com/nic", ["nic0"])]),
-                                          ("y", [])])]
+        kubelet.pods = [
+            gpu_pod("ml", "train-0", "GPU-a", "GPU-b::1", container="trainer"),
+            pod(
+                "ns",
+                "two",
+                [
+                    ("x", [("nvidia.com/mig-1g.10gb", ["MIG-c"]), ("example.com/nic", ["nic0"])]),
+                    ("y", []),
+                ],
+            ),
+        ]
         answer = podresources.ask(caller)
     finally:
         caller.close()
@@ -222,20 +355,25 @@ def test_the_tests_kubelet_answers_what_protobuf_reads(pb, tmp_path):
     parsed = k.ListPodResourcesResponse.FromString(answer)
     first, second = parsed.pod_resources
     assert (first.name, first.namespace, [c.name for c in first.containers]) == (
-        "train-0", "ml", ["trainer"])
+        "train-0",
+        "ml",
+        ["trainer"],
+    )
     trainer = first.containers[0]
     assert [(d.resource_name, list(d.device_ids)) for d in trainer.devices] == [
-        ("nvidia.com/gpu", ["GPU-a", "GPU-b::1"])]
+        ("nvidia.com/gpu", ["GPU-a", "GPU-b::1"])
+    ]
     assert [n.ID for n in trainer.devices[0].topology.nodes] == [0]
     assert list(trainer.cpu_ids) == [2, 3]  # packed, as protobuf writes a repeated int64
     assert (second.name, second.namespace) == ("two", "ns")
-    assert [(c.name, [(d.resource_name, list(d.device_ids)) for d in c.devices])
-            for c in second.containers] == [
-        ("x", [("nvidia.com/mig-1g.10gb", ["MIG-c"]), ("example.com/nic", ["nic0"])]),
-        ("y", [])]
+    assert [
+        (c.name, [(d.resource_name, list(d.device_ids)) for d in c.devices])
+        for c in second.containers
+    ] == [("x", [("nvidia.com/mig-1g.10gb", ["MIG-c"]), ("example.com/nic", ["nic0"])]), ("y", [])]
     assert podresources.parse_list(answer, GPUS) == [
         (Pod("ml", "train-0", ("trainer",)), ("GPU-a", "GPU-b::1")),
-        (Pod("ns", "two", ("x",)), ("MIG-c",))]
+        (Pod("ns", "two", ("x",)), ("MIG-c",)),
+    ]
     assert unknown(parsed) == []  # every field of it is one the .proto has
 
 
@@ -244,8 +382,11 @@ def test_the_tests_kubelet_answers_what_protobuf_reads(pb, tmp_path):
 
 def spec_any(annotations=None, raw=None):
     """An OCI spec as containerd keeps it in a Container: JSON in a google.protobuf.Any."""
-    value = raw if raw is not None else json.dumps(
-        {"ociVersion": "1.2.0", "annotations": annotations or {}}).encode()
+    value = (
+        raw
+        if raw is not None
+        else json.dumps({"ociVersion": "1.2.0", "annotations": annotations or {}}).encode()
+    )
     return any_pb2.Any(type_url=SPEC_URL, value=value)
 
 
@@ -254,53 +395,95 @@ def a_container(pb, cid, labels, annotations=None):
     c = pb.containerd
     options = any_pb2.Any(type_url="x/runc.Options", value=b"\x08\x01")
     return c.Container(
-        id=cid, labels=labels, image="docker.io/library/python:3.12",
+        id=cid,
+        labels=labels,
+        image="docker.io/library/python:3.12",
         runtime=c.Container.Runtime(name="io.containerd.runc.v2", options=options),
-        spec=spec_any(annotations), snapshotter="overlayfs", snapshot_key=cid,
-        created_at={"seconds": 1_700_000_000, "nanos": 5}, updated_at={"seconds": 1_700_000_001},
-        extensions={"ext": any_pb2.Any(type_url="x/y", value=b"\x0a\x01z")}, sandbox="s" * 64)
+        spec=spec_any(annotations),
+        snapshotter="overlayfs",
+        snapshot_key=cid,
+        created_at={"seconds": 1_700_000_000, "nanos": 5},
+        updated_at={"seconds": 1_700_000_001},
+        extensions={"ext": any_pb2.Any(type_url="x/y", value=b"\x0a\x01z")},
+        sandbox="s" * 64,
+    )
 
 
-POD = {"io.kubernetes.pod.namespace": "ml", "io.kubernetes.pod.name": "train-0",
-       "io.kubernetes.pod.uid": UID, "io.kubernetes.container.name": "trainer",
-       "io.cri-containerd.kind": "container"}
-SANDBOX = {"io.kubernetes.pod.namespace": "ml", "io.kubernetes.pod.name": "train-0",
-           "io.kubernetes.pod.uid": UID, "io.cri-containerd.kind": "sandbox",
-           "patroller/user": "alice"}
+POD = {
+    "io.kubernetes.pod.namespace": "ml",
+    "io.kubernetes.pod.name": "train-0",
+    "io.kubernetes.pod.uid": UID,
+    "io.kubernetes.container.name": "trainer",
+    "io.cri-containerd.kind": "container",
+}
+SANDBOX = {
+    "io.kubernetes.pod.namespace": "ml",
+    "io.kubernetes.pod.name": "train-0",
+    "io.kubernetes.pod.uid": UID,
+    "io.cri-containerd.kind": "sandbox",
+    "patroller/user": "alice",
+}
 
 
 def test_a_container_built_by_protobuf_reads_to_its_labels_and_annotations(pb):
     c = pb.containerd
-    got = c.GetContainerResponse(container=a_container(
-        pb, "c" * 64, {**POD, "é": "ü"}, {"io.kubernetes.cri.sandbox-id": "s" * 64}))
+    got = c.GetContainerResponse(
+        container=a_container(
+            pb, "c" * 64, {**POD, "é": "ü"}, {"io.kubernetes.cri.sandbox-id": "s" * 64}
+        )
+    )
     found = ctrd.read_get(got.SerializeToString())
-    assert found == ctrd.CtrContainer("c" * 64, {**POD, "é": "ü"},
-                                      {"io.kubernetes.cri.sandbox-id": "s" * 64},
-                                      "docker.io/library/python:3.12")
-    listed = c.ListContainersResponse(containers=[
-        a_container(pb, "s" * 64, SANDBOX, {"user.email": "Alice@Example.org"}),
-        c.Container(id="b" * 64)]).SerializeToString()
+    assert found == ctrd.CtrContainer(
+        "c" * 64,
+        {**POD, "é": "ü"},
+        {"io.kubernetes.cri.sandbox-id": "s" * 64},
+        "docker.io/library/python:3.12",
+    )
+    listed = c.ListContainersResponse(
+        containers=[
+            a_container(pb, "s" * 64, SANDBOX, {"user.email": "Alice@Example.org"}),
+            c.Container(id="b" * 64),
+        ]
+    ).SerializeToString()
     sandbox, bare = ctrd.read_list(listed)
     assert (sandbox.id, sandbox.labels, sandbox.annotations) == (
-        "s" * 64, SANDBOX, {"user.email": "Alice@Example.org"})
+        "s" * 64,
+        SANDBOX,
+        {"user.email": "Alice@Example.org"},
+    )
     assert (bare.id, bare.labels, bare.annotations, bare.image) == ("b" * 64, {}, {}, "")
     # The identity the resolver makes of them: the pod's, its user from the sandbox's label.
-    identity = containerd_identity(ctrd.Found("k8s.io", found, sandbox),
-                                   ContainerRef("containerd", "c" * 64, pod=UID),
-                                   ("patroller/user",), Config.user_labels, ())
+    identity = containerd_identity(
+        ctrd.Found("k8s.io", found, sandbox),
+        ContainerRef("containerd", "c" * 64, pod=UID),
+        ("patroller/user",),
+        Config.user_labels,
+        (),
+    )
     assert identity.user == "alice" and identity.source == "pod"
-    assert dict(identity.pod) == {"namespace": "ml", "name": "train-0", "uid": UID,
-                                  "container": "trainer"}
+    assert dict(identity.pod) == {
+        "namespace": "ml",
+        "name": "train-0",
+        "uid": UID,
+        "container": "trainer",
+    }
 
 
 def test_a_newer_containerds_fields_are_skipped(pb):
-    cls = newer(pb.containerd, "Container",
-                ("future", 12, F.LABEL_OPTIONAL, F.TYPE_MESSAGE, ".google.protobuf.Any"),
-                ("future_fixed", 13, F.LABEL_OPTIONAL, F.TYPE_FIXED32, ""),
-                ("future_ids", 14, F.LABEL_REPEATED, F.TYPE_UINT64, ""))
-    container = cls("Container")(id="c" * 64, labels={"a": "1"}, future_fixed=7,
-                                 future_ids=[1, 2 ** 64 - 1],
-                                 future={"type_url": "x", "value": b"y"})
+    cls = newer(
+        pb.containerd,
+        "Container",
+        ("future", 12, F.LABEL_OPTIONAL, F.TYPE_MESSAGE, ".google.protobuf.Any"),
+        ("future_fixed", 13, F.LABEL_OPTIONAL, F.TYPE_FIXED32, ""),
+        ("future_ids", 14, F.LABEL_REPEATED, F.TYPE_UINT64, ""),
+    )
+    container = cls("Container")(
+        id="c" * 64,
+        labels={"a": "1"},
+        future_fixed=7,
+        future_ids=[1, 2**64 - 1],
+        future={"type_url": "x", "value": b"y"},
+    )
     data = cls("GetContainerResponse")(container=container).SerializeToString()
     assert ctrd.read_get(data) == ctrd.CtrContainer("c" * 64, {"a": "1"})
 
@@ -317,8 +500,9 @@ def test_empty_containerd_messages(pb):
     with pytest.raises(WireError, match="without an id"):
         ctrd.read_get(data)
     bare = c.Container(id="c" * 64, spec=any_pb2.Any())  # an empty spec: no annotations
-    assert ctrd.read_get(c.GetContainerResponse(container=bare).SerializeToString()) == \
-        ctrd.CtrContainer("c" * 64, {})
+    assert ctrd.read_get(
+        c.GetContainerResponse(container=bare).SerializeToString()
+    ) == ctrd.CtrContainer("c" * 64, {})
 
 
 # -- a message in pieces: protobuf merges a singular embedded message --------------------------
@@ -328,29 +512,46 @@ def test_a_container_in_two_pieces_is_merged_as_protobuf_merges_it(pb):
     c = pb.containerd
     # The first piece has the id, some labels and the spec's value; the second more labels
     # (one of them again, with another value), the image and the spec's type URL only.
-    first = c.GetContainerResponse(container=c.Container(
-        id="c" * 64, labels={"a": "1", "same": "old"},
-        spec=any_pb2.Any(value=json.dumps({"annotations": {"x": "y"}}).encode())))
-    second = c.GetContainerResponse(container=c.Container(
-        labels={"b": "2", "same": "new"}, image="example/image:2",
-        spec=any_pb2.Any(type_url=SPEC_URL)))
+    first = c.GetContainerResponse(
+        container=c.Container(
+            id="c" * 64,
+            labels={"a": "1", "same": "old"},
+            spec=any_pb2.Any(value=json.dumps({"annotations": {"x": "y"}}).encode()),
+        )
+    )
+    second = c.GetContainerResponse(
+        container=c.Container(
+            labels={"b": "2", "same": "new"},
+            image="example/image:2",
+            spec=any_pb2.Any(type_url=SPEC_URL),
+        )
+    )
     data = first.SerializeToString() + second.SerializeToString()
     merged = c.GetContainerResponse.FromString(data).container
     assert (merged.id, dict(merged.labels), merged.image, merged.spec.type_url) == (
-        "c" * 64, {"a": "1", "b": "2", "same": "new"}, "example/image:2", SPEC_URL)
+        "c" * 64,
+        {"a": "1", "b": "2", "same": "new"},
+        "example/image:2",
+        SPEC_URL,
+    )
     assert json.loads(merged.spec.value) == {"annotations": {"x": "y"}}
     assert ctrd.read_get(data) == ctrd.CtrContainer(
-        "c" * 64, {"a": "1", "b": "2", "same": "new"}, {"x": "y"}, "example/image:2")
+        "c" * 64, {"a": "1", "b": "2", "same": "new"}, {"x": "y"}, "example/image:2"
+    )
 
 
 def test_a_scalar_given_twice_is_the_last_and_a_spec_given_twice_is_merged(pb):
     c = pb.containerd
-    one = c.Container(id="a" * 64, image="one",
-                      spec=spec_any(raw=json.dumps({"annotations": {"k": "1"}}).encode()))
+    one = c.Container(
+        id="a" * 64,
+        image="one",
+        spec=spec_any(raw=json.dumps({"annotations": {"k": "1"}}).encode()),
+    )
     two = c.Container(id="b" * 64, image="two", spec=any_pb2.Any(type_url=SPEC_URL))
     three = c.Container(spec=any_pb2.Any(value=json.dumps({"annotations": {"k": "3"}}).encode()))
-    data = b"".join(c.GetContainerResponse(container=m).SerializeToString()
-                    for m in (one, two, three))
+    data = b"".join(
+        c.GetContainerResponse(container=m).SerializeToString() for m in (one, two, three)
+    )
     merged = c.GetContainerResponse.FromString(data).container
     assert (merged.id, merged.image) == ("b" * 64, "two")
     assert ctrd.read_get(data) == ctrd.CtrContainer("b" * 64, {}, {"k": "3"}, "two")
@@ -358,10 +559,14 @@ def test_a_scalar_given_twice_is_the_last_and_a_spec_given_twice_is_merged(pb):
 
 def test_containers_listed_in_two_pieces_are_all_there(pb):
     c = pb.containerd
-    data = (c.ListContainersResponse(containers=[c.Container(id="a" * 64)]).SerializeToString()
-            + c.ListContainersResponse(containers=[c.Container(id="b" * 64)]).SerializeToString())
+    data = (
+        c.ListContainersResponse(containers=[c.Container(id="a" * 64)]).SerializeToString()
+        + c.ListContainersResponse(containers=[c.Container(id="b" * 64)]).SerializeToString()
+    )
     assert [x.id for x in c.ListContainersResponse.FromString(data).containers] == [
-        "a" * 64, "b" * 64]
+        "a" * 64,
+        "b" * 64,
+    ]
     assert [x.id for x in ctrd.read_list(data)] == ["a" * 64, "b" * 64]
 
 
@@ -377,7 +582,8 @@ def test_patrollers_requests_are_what_containerds_proto_says(pb):
     assert c.GetContainerRequest.FromString(ctrd.get_request("c" * 64)).id == "c" * 64
     uid = str(uuid.uuid4())
     request = c.ListContainersRequest.FromString(
-        ctrd.list_request([ctrd.sandbox_filter(uid), "labels.a==b"]))
+        ctrd.list_request([ctrd.sandbox_filter(uid), "labels.a==b"])
+    )
     assert list(request.filters) == [ctrd.sandbox_filter(uid), "labels.a==b"]
     assert ctrd.list_request([]) == c.ListContainersRequest().SerializeToString() == b""
     assert ctrd.get_request("x") == c.GetContainerRequest(id="x").SerializeToString()
@@ -389,7 +595,10 @@ def test_the_tests_containers_are_what_containerds_proto_says(pb):
     data = container_message("c" * 64, {"a": "1", "é": "ü"}, spec)
     container = c.Container.FromString(data)
     assert (container.id, dict(container.labels), container.image) == (
-        "c" * 64, {"a": "1", "é": "ü"}, "example/image:1")
+        "c" * 64,
+        {"a": "1", "é": "ü"},
+        "example/image:1",
+    )
     assert container.runtime.name == "io.containerd.runc.v2"
     assert (container.spec.type_url, json.loads(container.spec.value)) == (SPEC_URL, spec)
     assert (container.created_at.seconds, container.created_at.nanos) == (1_700_000_000, 5)

@@ -2,6 +2,7 @@
 starts there, gives back the holds in its lease book, serves and hands out GPUs, writes nothing,
 and says so at start and in /metrics; the usage store is off (/usage: 503); a second daemon is
 still refused, and so is a directory others may write to (config/trust.py)."""
+
 import json
 import os
 import subprocess
@@ -41,8 +42,11 @@ def get(server, path):
 def gauges(server):
     """The /metrics samples, by name and labels."""
     _, text = get(server, "/metrics")
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def snapshot(directory):
@@ -50,8 +54,7 @@ def snapshot(directory):
     found = {}
     for name in sorted(os.listdir(directory)):
         path = os.path.join(directory, name)
-        found[name] = (os.readlink(path) if os.path.islink(path)
-                       else open(path, "rb").read())
+        found[name] = os.readlink(path) if os.path.islink(path) else open(path, "rb").read()
     return found
 
 
@@ -70,8 +73,11 @@ def booked(tmp_path):
 
 def held(server):
     _, status = get(server, "/status")
-    return {uuid: (entry["claim"].get("user") or {}).get("user")
-            for uuid, entry in status.items() if entry["claim"]["state"] != "free"}
+    return {
+        uuid: (entry["claim"].get("user") or {}).get("user")
+        for uuid, entry in status.items()
+        if entry["claim"]["state"] != "free"
+    }
 
 
 def test_a_read_only_state_directory_is_read_served_and_never_written(booked, tmp_path):
@@ -88,7 +94,9 @@ def test_a_read_only_state_directory_is_read_served_and_never_written(booked, tm
             assert found[("patroller_lease_book_writable", ())] == 0.0
             assert found[("patroller_usage_state", (("state", "read_only"),))] == 1.0
             code, body = get(server, "/metrics.json")
-            assert body["lease_book"]["read_only"] is True and body["usage"]["state"] == "read_only"
+            assert (
+                body["lease_book"]["read_only"] is True and body["usage"]["state"] == "read_only"
+            )
             code, body = get(server, "/usage")
             assert code == 503 and "read-only filesystem" in body["error"]
             second = ServerProcess("--test", "--state-dir", str(where))
@@ -98,8 +106,10 @@ def test_a_read_only_state_directory_is_read_served_and_never_written(booked, tm
             assert server.stop() == 0
         assert snapshot(where) == before  # nothing written, renamed or removed
     errors = [line for line in server.log.splitlines() if " ERROR " in line]
-    assert len(errors) == 1 and "read-only filesystem: the lease book is read, never written" \
-        in errors[0], server.log
+    assert (
+        len(errors) == 1
+        and "read-only filesystem: the lease book is read, never written" in errors[0]
+    ), server.log
     assert "running without a usage store" in server.log
     assert "2 device(s) held again" in server.log and "Traceback" not in server.log
     after = ServerProcess("--test", "--state-dir", str(state), "--lease", "600").start()
@@ -112,8 +122,9 @@ def test_a_read_only_state_directory_is_read_served_and_never_written(booked, tm
 def test_a_missing_state_directory_under_a_read_only_mount_runs_without_one(tmp_path):
     (tmp_path / "empty").mkdir(mode=0o700)
     with read_only_view(tmp_path / "empty", tmp_path / "ro") as where:
-        server = ServerProcess("--test", "--state-dir", str(where / "state"),
-                               "--hide-users").start()
+        server = ServerProcess(
+            "--test", "--state-dir", str(where / "state"), "--hide-users"
+        ).start()
         try:
             code, _ = get(server, "/request?gpu=1&user=alice")
             assert code == 200
@@ -132,5 +143,4 @@ def test_a_read_only_directory_others_may_write_to_is_still_refused(tmp_path):
         server = ServerProcess("--test", "--state-dir", str(where))
         with pytest.raises(AssertionError, match="server exited at start"):
             server.start()
-    assert f"the state directory {where} is writable by others (mode 777" in server.log, \
-        server.log
+    assert f"the state directory {where} is writable by others (mode 777" in server.log, server.log

@@ -4,12 +4,14 @@ Each capture is checked against a plain reading of the same file written here, s
 no expected values per file: a capture dropped into tests/fixtures/nvsmi/real/ and named in
 SOURCES.md is tested as it is.
 """
+
 from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import NamedTuple, Union
+from collections.abc import Sequence
 
 import pytest
 
@@ -33,7 +35,8 @@ Cell = Union[int, float, str, None]
 
 # ---- the plain reading of -q -x ----------------------------------------------------------------
 
-def text_of(node: Optional[ET.Element]) -> Optional[str]:
+
+def text_of(node: ET.Element | None) -> str | None:
     """An element's stripped text; None when it is absent or says no value.
 
     The parser maps every placeholder nvidia-smi prints (`N/A`, `[Not Supported]`, ...) to
@@ -46,29 +49,32 @@ def text_of(node: Optional[ET.Element]) -> Optional[str]:
     return None if text in ("", "N/A") else text
 
 
-def number(text: Optional[str]) -> Optional[int]:
+def number(text: str | None) -> int | None:
     return int(text) if text is not None and text.isdigit() else None
 
 
-def mib(text: Optional[str]) -> Optional[int]:
+def mib(text: str | None) -> int | None:
     """`24576 MiB` as 24576."""
     found = re.fullmatch(r"(\d+) MiB", text or "")
     return int(found.group(1)) if found else None
 
 
-def processes(gpu: ET.Element) -> Optional[List[ProcessInfo]]:
+def processes(gpu: ET.Element) -> list[ProcessInfo] | None:
     """The <process_info> entries directly under a <gpu>; None without a <processes> element."""
     node = gpu.find("processes")
     if node is None:
         return None
-    return [ProcessInfo(
-        pid=int(entry.findtext("pid", "").strip()),
-        type=text_of(entry.find("type")),
-        name=text_of(entry.find("process_name")),
-        used_memory=text_of(entry.find("used_memory")),
-        gpu_instance_id=number(text_of(entry.find("gpu_instance_id"))),
-        compute_instance_id=number(text_of(entry.find("compute_instance_id"))),
-    ) for entry in node.findall("process_info")]
+    return [
+        ProcessInfo(
+            pid=int(entry.findtext("pid", "").strip()),
+            type=text_of(entry.find("type")),
+            name=text_of(entry.find("process_name")),
+            used_memory=text_of(entry.find("used_memory")),
+            gpu_instance_id=number(text_of(entry.find("gpu_instance_id"))),
+            compute_instance_id=number(text_of(entry.find("compute_instance_id"))),
+        )
+        for entry in node.findall("process_info")
+    ]
 
 
 @pytest.mark.parametrize("name", XML)
@@ -96,41 +102,50 @@ def test_discovery_reads_real_capture(name: str) -> None:
         assert device.total_mem == total
         assert found.memory_mib[uuid] == mib(total)
         assert device.mig_mode == text_of(gpu.find("mig_mode/current_mig"))
-        assert [(m.index, m.gpu_instance_id, m.compute_instance_id, m.memory_mib)
-                for m in found.mig[uuid]] == [
-            (number(text_of(entry.find("index"))),
-             number(text_of(entry.find("gpu_instance_id"))),
-             number(text_of(entry.find("compute_instance_id"))),
-             mib(text_of(entry.find("fb_memory_usage/total"))))
-            for entry in gpu.findall("mig_devices/mig_device")]
+        assert [
+            (m.index, m.gpu_instance_id, m.compute_instance_id, m.memory_mib)
+            for m in found.mig[uuid]
+        ] == [
+            (
+                number(text_of(entry.find("index"))),
+                number(text_of(entry.find("gpu_instance_id"))),
+                number(text_of(entry.find("compute_instance_id"))),
+                mib(text_of(entry.find("fb_memory_usage/total"))),
+            )
+            for entry in gpu.findall("mig_devices/mig_device")
+        ]
         assert found.processes[uuid] == processes(gpu)
 
 
 def test_real_captures_include_mig() -> None:
     """At least one capture has MIG enabled and lists MIG devices."""
-    assert any(gpu.findtext("mig_mode/current_mig", "").strip() == "Enabled"
-               and gpu.findall("mig_devices/mig_device")
-               for name in XML for gpu in ET.parse(REAL / name).getroot().findall("gpu"))
+    assert any(
+        gpu.findtext("mig_mode/current_mig", "").strip() == "Enabled"
+        and gpu.findall("mig_devices/mig_device")
+        for name in XML
+        for gpu in ET.parse(REAL / name).getroot().findall("gpu")
+    )
 
 
 # ---- the plain reading of dmon and pmon ---------------------------------------------------------
+
 
 class Reading(NamedTuple):
     """What a plain reading finds in a dmon or pmon capture."""
 
     headers: int  # header lines, repeats included (units lines are not headers)
-    rows: List[Tuple[Tuple[str, ...], List[str]]]  # (header, cells) of each readable data line
-    damaged: List[str]  # data lines whose cells do not match their header, stripped
+    rows: list[tuple[tuple[str, ...], list[str]]]  # (header, cells) of each readable data line
+    damaged: list[str]  # data lines whose cells do not match their header, stripped
 
 
-def lines(name: str) -> List[str]:
+def lines(name: str) -> list[str]:
     """A capture's lines as a reader gets them: newlines kept."""
     with open(REAL / name, encoding="utf-8", newline="") as f:
         return f.readlines()
 
 
 def read_plainly(text_lines: Sequence[str]) -> Reading:
-    header: Tuple[str, ...] = ()
+    header: tuple[str, ...] = ()
     headers, rows, damaged = 0, [], []
     for line in text_lines:
         text = line.strip()
@@ -183,9 +198,16 @@ def test_dmon_parser_reads_real_capture(name: str) -> None:
     expected = []
     for header, cells in reading.rows:
         # The parser renames a few columns (`pwr` is `power`): compare values in column order.
-        expected.append((int(cells[header.index("gpu")]),
-                         [cell(text) for column, text in zip(header, cells)
-                          if column not in ("gpu", "date", "time")]))
+        expected.append(
+            (
+                int(cells[header.index("gpu")]),
+                [
+                    cell(text)
+                    for column, text in zip(header, cells)
+                    if column not in ("gpu", "date", "time")
+                ],
+            )
+        )
     assert all(isinstance(row, DmonRow) for row in rows)
     assert [(row.gpu, list(row.values.values())) for row in rows] == expected
     assert parser.headers == reading.headers
@@ -206,17 +228,22 @@ def test_pmon_parser_reads_real_capture(name: str) -> None:
     for header, cells in reading.rows:
         at = dict(zip(header, cells))
         pid = cell(at["pid"])
-        expected.append(PmonRow(
-            gpu=int(at["gpu"]),
-            pid=pid,
-            # an idle device's row is all `-`
-            type=None if pid is None else cell(at.get("type", "-")),
-            command=None if pid is None else cell(at.get("command", "-")),
-            values={column: cell(text) for column, text in zip(header, cells)
-                    if column not in named},
-            date=cell(at["date"]) if "date" in at else None,
-            time=cell(at["time"]) if "time" in at else None,
-        ))
+        expected.append(
+            PmonRow(
+                gpu=int(at["gpu"]),
+                pid=pid,
+                # an idle device's row is all `-`
+                type=None if pid is None else cell(at.get("type", "-")),
+                command=None if pid is None else cell(at.get("command", "-")),
+                values={
+                    column: cell(text)
+                    for column, text in zip(header, cells)
+                    if column not in named
+                },
+                date=cell(at["date"]) if "date" in at else None,
+                time=cell(at["time"]) if "time" in at else None,
+            )
+        )
     assert rows == expected
     assert parser.headers == reading.headers
     assert parser.skipped == len(reading.damaged)
@@ -225,17 +252,23 @@ def test_pmon_parser_reads_real_capture(name: str) -> None:
 
 # ---- topo -m ----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", TOPO)
 def test_topo_parser_reads_real_capture(name: str) -> None:
     """Plainly: the rows that start with a GPU's name and hold an X; each row's cells are the
     words after the name, as many as the header names devices (NICs too)."""
     text = (REAL / name).read_text(encoding="utf-8")
     matrix = parse_topology(text)
-    rows = {line.split()[0]: line.split()[1:] for line in text.splitlines()
-            if line.split()[:1] and re.fullmatch(r"GPU\d+", line.split()[0])
-            and "X" in line.split()}
-    header = next(line.split() for line in text.splitlines() if line.split()[:1] == ["GPU0"]
-                  and line.split()[1:2] != ["X"])
+    rows = {
+        line.split()[0]: line.split()[1:]
+        for line in text.splitlines()
+        if line.split()[:1] and re.fullmatch(r"GPU\d+", line.split()[0]) and "X" in line.split()
+    }
+    header = next(
+        line.split()
+        for line in text.splitlines()
+        if line.split()[:1] == ["GPU0"] and line.split()[1:2] != ["X"]
+    )
     names = [w for w in header if re.fullmatch(r"GPU\d+|NIC\d+|mlx5_\d+", w)]
     assert [f"GPU{g}" for g in matrix.gpus] == list(rows)
     for a, cells in rows.items():
@@ -249,6 +282,7 @@ def test_topo_parser_reads_real_capture(name: str) -> None:
 
 
 # ---- the collection itself ----------------------------------------------------------------------
+
 
 def test_every_capture_is_of_a_known_kind() -> None:
     """Each file is tested by one of the tests above, and each kind has captures."""

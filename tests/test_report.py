@@ -3,6 +3,7 @@ samples (written straight into the store, as the daemon writes them): the table,
 the daemon's 400s said under the option they name (status 2); and `--hosts`, summed over two
 daemons while a daemon with no store, a refusing port, a silent listener and a host that lies
 are each a line of their own."""
+
 import csv
 import io
 import json
@@ -25,14 +26,28 @@ from test_fleet import ENV
 from test_usage_store import interval
 
 BOB = Party(user="bob", account="bob")
-HEADER = ["GPU-HOURS", "SHARE", "ACTIVE", "IDLE-HELD", "UNUSED", "TRESPASS", "UNASKED", "FREE",
-          "LOST"]
+HEADER = [
+    "GPU-HOURS",
+    "SHARE",
+    "ACTIVE",
+    "IDLE-HELD",
+    "UNUSED",
+    "TRESPASS",
+    "UNASKED",
+    "FREE",
+    "LOST",
+]
 
 
 def patroller(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "patroller.cli", "report", *args],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT,
-                          env={**ENV, "PATROLLER_HOSTS": "", **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "patroller.cli", "report", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**ENV, "PATROLLER_HOSTS": "", **(env or {})},
+    )
 
 
 def stored(state, minutes, holder=None):
@@ -44,8 +59,10 @@ def stored(state, minutes, holder=None):
     keys, start = tables.Keys(), time.time() - 60 * minutes
     samples = interval()
     if holder is not None:
-        samples = [replace(samples[0], holder=holder, present=(Present(holder, own=True),)),
-                   samples[1]]
+        samples = [
+            replace(samples[0], holder=holder, present=(Present(holder, own=True),)),
+            samples[1],
+        ]
     for n in range(minutes):
         tables.write_interval(db, keys, start + 60 * n, samples)
     db.close()
@@ -62,10 +79,12 @@ def hosts(tmp_path_factory):
     """Two daemons with samples (alice: 2 h on one of two GPUs; bob: 1 h), one without a usage
     store, a refusing port, a silent listener and a host whose /usage lies."""
     where = tmp_path_factory.mktemp("report")
-    one = ServerProcess("--test", "--state-dir", str(stored(where / "one", 120)),
-                        "--usage-interval", "1h").start()
-    two = ServerProcess("--test", "--state-dir", str(stored(where / "two", 60, BOB)),
-                        "--usage-interval", "1h").start()
+    one = ServerProcess(
+        "--test", "--state-dir", str(stored(where / "one", 120)), "--usage-interval", "1h"
+    ).start()
+    two = ServerProcess(
+        "--test", "--state-dir", str(stored(where / "two", 60, BOB)), "--usage-interval", "1h"
+    ).start()
     bare = ServerProcess("--test").start()
     gone = ServerProcess("--test").start()
     gone.stop()  # its port now refuses
@@ -75,8 +94,14 @@ def hosts(tmp_path_factory):
     lie = json.loads(json.dumps(url_get(one, "/usage")))
     lie["rows"][0]["hours"]["active"] = "lots"
     liar = LyingServer({"/usage": json.dumps(lie).encode()}).start()
-    yield {"one": one, "two": two, "bare": bare.server, "gone": gone.server,
-           "silent": f"127.0.0.1:{silent.getsockname()[1]}", "liar": liar.host}
+    yield {
+        "one": one,
+        "two": two,
+        "bare": bare.server,
+        "gone": gone.server,
+        "silent": f"127.0.0.1:{silent.getsockname()[1]}",
+        "liar": liar.host,
+    }
     for server in (one, two, bare):
         server.stop()
     silent.close()
@@ -127,25 +152,50 @@ def test_json_is_the_answer_and_csv_a_row_per_key(hosts):
     done = patroller("--server", server, "--csv", "--by", "gpu")
     assert done.returncode == 0, done.stderr
     table = list(csv.reader(io.StringIO(done.stdout)))
-    assert table[0] == ["gpu", "number", "gpu_hours", "share", "active", "idle_held",
-                        "reserved_unused", "trespass", "unreserved", "free", "lost"]
-    assert table[1] == ["GPU-a", "0", "2.0", "0.5", "1.0", "1.0", "0.0", "0.0", "0.0", "0.0",
-                        "0.0"]
+    assert table[0] == [
+        "gpu",
+        "number",
+        "gpu_hours",
+        "share",
+        "active",
+        "idle_held",
+        "reserved_unused",
+        "trespass",
+        "unreserved",
+        "free",
+        "lost",
+    ]
+    assert table[1] == [
+        "GPU-a",
+        "0",
+        "2.0",
+        "0.5",
+        "1.0",
+        "1.0",
+        "0.0",
+        "0.0",
+        "0.0",
+        "0.0",
+        "0.0",
+    ]
     assert table[2][:3] == ["GPU-b", "1", "2.0"] and len(table) == 3
-    by_day = list(csv.reader(io.StringIO(patroller("--server", server, "--csv", "--by",
-                                                   "day").stdout)))
+    by_day = list(
+        csv.reader(io.StringIO(patroller("--server", server, "--csv", "--by", "day").stdout))
+    )
     assert by_day[0][0] == "day" and sum(float(row[1]) for row in by_day[1:]) == 4.0
 
 
-@pytest.mark.parametrize("args, said", [
-    (("--since", "2999-01-01"), "--since: since= is in the future"),
-    (("--until", "soon"), "--until: until='soon' is neither a duration"),
-    (("--since", "1h", "--until", "2h"), "--since: since= is not before until="),
-    (("--until", "2026-11-01T08:00"), "--until: until= needs a time zone"),
-    (("--by", "team"), "--by: by='team': must be one of user, account"),
-])
-def test_a_range_the_daemon_refuses_is_its_words_under_the_option_and_status_2(hosts, args,
-                                                                            said):
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (("--since", "2999-01-01"), "--since: since= is in the future"),
+        (("--until", "soon"), "--until: until='soon' is neither a duration"),
+        (("--since", "1h", "--until", "2h"), "--since: since= is not before until="),
+        (("--until", "2026-11-01T08:00"), "--until: until= needs a time zone"),
+        (("--by", "team"), "--by: by='team': must be one of user, account"),
+    ],
+)
+def test_a_range_the_daemon_refuses_is_its_words_under_the_option_and_status_2(hosts, args, said):
     done = patroller("--server", hosts["one"].server, *args)
     assert (done.returncode, done.stdout) == (2, ""), done.stderr
     assert done.stderr.startswith(f"patroller: {said}"), done.stderr
@@ -159,13 +209,21 @@ def test_no_store_is_77_and_no_server_69(hosts):
     done = patroller("--server", hosts["gone"])
     assert done.returncode == 69 and "cannot reach the server" in done.stderr, done.stderr
     done = patroller("--server", hosts["liar"])
-    assert done.returncode == 69 and "bad answer: /usage.rows[0].hours.'active' is a string" \
-        in done.stderr, done.stderr
+    assert (
+        done.returncode == 69
+        and "bad answer: /usage.rows[0].hours.'active' is a string" in done.stderr
+    ), done.stderr
 
 
 def test_many_hosts_are_summed_and_each_one_that_does_not_answer_is_a_line(hosts):
-    order = [hosts["one"].server, hosts["bare"], hosts["two"].server, hosts["gone"],
-             hosts["silent"], hosts["liar"]]
+    order = [
+        hosts["one"].server,
+        hosts["bare"],
+        hosts["two"].server,
+        hosts["gone"],
+        hosts["silent"],
+        hosts["liar"],
+    ]
     started = time.monotonic()
     done = patroller("--hosts", ",".join(order), "--host-timeout", "1")
     took = time.monotonic() - started
@@ -179,8 +237,10 @@ def test_many_hosts_are_summed_and_each_one_that_does_not_answer_is_a_line(hosts
     assert tail[0].startswith(f"{hosts['bare']}  not answering: 404: no usage store here")
     assert tail[1].startswith(f"{hosts['gone']}  not answering: Patroller at ")
     assert tail[2].startswith(f"{hosts['silent']}  not answering: ") and "timed out" in tail[2]
-    assert tail[3] == (f"{hosts['liar']}  not answering: bad answer: "
-                       "/usage.rows[0].hours.'active' is a string, not a number of hours")
+    assert tail[3] == (
+        f"{hosts['liar']}  not answering: bad answer: "
+        "/usage.rows[0].hours.'active' is a string, not a number of hours"
+    )
     assert tail[4] == "6 hosts asked, 4 not answering"
     assert took < 8, took  # the silent host held nobody up past its second
 
@@ -205,16 +265,32 @@ def test_by_gpu_over_hosts_keeps_each_hosts_gpus_apart_and_json_names_the_hosts(
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
     found = [(row["host"], row["key"], row["number"], row["gpu_hours"]) for row in answer["rows"]]
-    assert found == [(one, "GPU-a", 0, 2.0), (two, "GPU-a", 0, 1.0), (one, "GPU-b", 1, 2.0),
-                     (two, "GPU-b", 1, 1.0)]
+    assert found == [
+        (one, "GPU-a", 0, 2.0),
+        (two, "GPU-a", 0, 1.0),
+        (one, "GPU-b", 1, 2.0),
+        (two, "GPU-b", 1, 1.0),
+    ]
     assert [(h["host"], h["error"] is None) for h in answer["hosts"]] == [
-        (one, True), (two, True), (hosts["gone"], False)]
+        (one, True),
+        (two, True),
+        (hosts["gone"], False),
+    ]
     assert done.stderr.startswith(f"{hosts['gone']}  not answering: ")  # JSON alone on stdout
-    table = list(csv.reader(io.StringIO(patroller(
-        "--by", "gpu", "--csv", env={"PATROLLER_HOSTS": f"{one} {two}"}).stdout)))
+    table = list(
+        csv.reader(
+            io.StringIO(
+                patroller("--by", "gpu", "--csv", env={"PATROLLER_HOSTS": f"{one} {two}"}).stdout
+            )
+        )
+    )
     assert table[0][:4] == ["gpu", "host", "number", "gpu_hours"]
-    assert [row[:3] for row in table[1:]] == [["GPU-a", one, "0"], ["GPU-a", two, "0"],
-                                             ["GPU-b", one, "1"], ["GPU-b", two, "1"]]
+    assert [row[:3] for row in table[1:]] == [
+        ["GPU-a", one, "0"],
+        ["GPU-a", two, "0"],
+        ["GPU-b", one, "1"],
+        ["GPU-b", two, "1"],
+    ]
 
 
 def test_no_host_answering_is_69_and_every_one_without_a_store_77(hosts):
@@ -243,9 +319,15 @@ def test_two_keys_and_a_zone_one_host_and_many(hosts):
     hours = {}  # a user's GPU-hours over their days (midnight may split them in two rows)
     for cells in keyed:
         hours[cells[0]] = hours.get(cells[0], 0.0) + float(cells[2])
-    assert hours == {"alice": pytest.approx(2.0), "bob": pytest.approx(1.0),
-                     "(none)": pytest.approx(3.0)}
-    table = list(csv.reader(io.StringIO(patroller("--hosts", f"{one},{two}", "--csv", "--by",
-                                                  "day,user").stdout)))
+    assert hours == {
+        "alice": pytest.approx(2.0),
+        "bob": pytest.approx(1.0),
+        "(none)": pytest.approx(3.0),
+    }
+    table = list(
+        csv.reader(
+            io.StringIO(patroller("--hosts", f"{one},{two}", "--csv", "--by", "day,user").stdout)
+        )
+    )
     assert table[0][:3] == ["day", "user", "gpu_hours"]
     assert sum(float(row[2]) for row in table[1:]) == pytest.approx(6.0)

@@ -1,5 +1,6 @@
 """Reservations survive a restart: a real daemon killed (-9) or stopped, and started again on the
 same --state-dir."""
+
 import asyncio
 import json
 import os
@@ -13,8 +14,16 @@ import urllib.request
 import pytest
 
 from helpers import claimed_known
-from helpers import (ROOT, ScenarioFile, ServerProcess, alive, async_test, children_of, running,
-                     until)
+from helpers import (
+    ROOT,
+    ScenarioFile,
+    ServerProcess,
+    alive,
+    async_test,
+    children_of,
+    running,
+    until,
+)
 
 SIX = [{"minor": n} for n in range(6)]
 
@@ -40,8 +49,9 @@ def book(state):
 
 
 def held_by(status, user):
-    return sorted(u for u, entry in status.items()
-                  if (entry["claim"]["user"] or {}).get("user") == user)
+    return sorted(
+        u for u, entry in status.items() if (entry["claim"]["user"] or {}).get("user") == user
+    )
 
 
 @pytest.fixture
@@ -124,13 +134,29 @@ def test_a_second_daemon_on_the_same_state_dir_refuses_to_start(state):
     first = ServerProcess("--test", "--state-dir", state).start()
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "patroller", "--test", "--port", "0", "--address", "127.0.0.1",
-             "--state-dir", state], cwd=ROOT, capture_output=True, text=True, timeout=60,
-            env={**os.environ, "PYTHONPATH": ROOT})
+            [
+                sys.executable,
+                "-m",
+                "patroller",
+                "--test",
+                "--port",
+                "0",
+                "--address",
+                "127.0.0.1",
+                "--state-dir",
+                state,
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": ROOT},
+        )
         assert result.returncode == 1
         assert result.stderr.strip().splitlines() == [
             f"patroller: another patroller (pid {first.process.pid}) uses the state directory "
-            f"{state}; stop it, or give this one another --state-dir"]
+            f"{state}; stop it, or give this one another --state-dir"
+        ]
         ok(first, "/status")  # the first one is untouched
     finally:
         first.stop()
@@ -138,14 +164,16 @@ def test_a_second_daemon_on_the_same_state_dir_refuses_to_start(state):
 
 # -- GPU host mode, on the simulator ----------------------------------------------------------
 
+
 @pytest.fixture
 def scenario(tmp_path):
     return ScenarioFile(str(tmp_path / "scenario.json"), devices=SIX)
 
 
 def gpu_server(scenario, state):
-    return ServerProcess("--nvidia-smi", scenario.command, "--state-dir", state,
-                         "--lease", "60").start()
+    return ServerProcess(
+        "--nvidia-smi", scenario.command, "--state-dir", state, "--lease", "60"
+    ).start()
 
 
 def kill_hard(server):
@@ -210,7 +238,9 @@ async def test_a_book_that_cannot_be_written_hands_nothing_out_and_recovers_by_i
         assert (await h.ok("/metrics.json"))["lease_book"]["writable"] is False
         os.rmdir(state / "leases.json.tmp")  # room again: the book recovers by itself
         status, granted = await asyncio.wait_for(waiting, 10)
-        assert status == 200 and [g["uuid"] for g in granted] == [d["uuid"] for d in everything[:2]]
+        assert status == 200 and [g["uuid"] for g in granted] == [
+            d["uuid"] for d in everything[:2]
+        ]
         await h.ok(f"/release?user=alice&uuid={everything[2]['uuid']}")
         assert (await h.call("/request?gpu=1&user=bob"))[0] == 200  # handed out again
         assert (await h.ok("/metrics.json"))["lease_book"]["writable"] is True

@@ -3,6 +3,7 @@
 ProcessIdentifier: which engine is asked about each (none, when its socket is not there), LXD's
 names and shifted uids, and the host accounts of the rest. No engine runs here: the one engine
 configured is at a socket that does not exist, so a lookup routed to it shows as degraded."""
+
 import asyncio
 import logging
 import os
@@ -13,8 +14,15 @@ from dataclasses import replace
 
 import pytest
 
-from helpers import (NOBODY, ROOTLESS_UID as OWNER, SHIFTED_UID as SHIFTED, async_test,
-                     engines_in, process_in_cgroup, user_manager)
+from helpers import (
+    NOBODY,
+    ROOTLESS_UID as OWNER,
+    SHIFTED_UID as SHIFTED,
+    async_test,
+    engines_in,
+    process_in_cgroup,
+    user_manager,
+)
 from patroller.config import Config
 from patroller.identify.cgroups import ContainerRef
 from patroller.identify.containers import ContainerDirectory
@@ -45,8 +53,9 @@ def identifier_for(config):
 async def test_an_lxd_process_is_its_container_and_a_shifted_uid_is_no_account(version, config):
     identifier = identifier_for(config)
     name = f"{TAG}-box"
-    with process_in_cgroup(f"/lxc.payload.{name}/system.slice/ssh.service", SHIFTED,
-                           version) as pid:
+    with process_in_cgroup(
+        f"/lxc.payload.{name}/system.slice/ssh.service", SHIFTED, version
+    ) as pid:
         identity = await identifier.resolve(pid)
     assert identity.user == f"lxd:{name}" and identity.source == "container"
     assert identity.container == (name, name) and identity.email is None
@@ -77,8 +86,9 @@ async def test_a_host_process_is_its_account_even_with_a_high_uid(version, confi
     """A process in no container is the account it runs as, as Apptainer's are (it makes no
     container cgroup): a high uid outside a container is a real account (LDAP)."""
     identifier = identifier_for(config)
-    with process_in_cgroup(f"/user.slice/user-{SHIFTED}.slice/session-{TAG}.scope", SHIFTED,
-                           version) as pid:
+    with process_in_cgroup(
+        f"/user.slice/user-{SHIFTED}.slice/session-{TAG}.scope", SHIFTED, version
+    ) as pid:
         identity = await identifier.resolve(pid)
     assert identity == host_identity(SHIFTED) and identity.source == "host"
     assert identifier.docker_calls == 0
@@ -116,7 +126,8 @@ ROOTLESS = {
 @pytest.mark.parametrize("runtime", ROOTLESS)
 @async_test
 async def test_a_rootless_container_without_its_engine_is_itself_and_its_users(
-        runtime, version, config, caplog):
+    runtime, version, config, caplog
+):
     """Its user's engine has no socket: nothing is asked, nothing logged, and the system's
     Docker Engine is never asked about a container in a user's slice. It counts as the user
     whose slice holds it. (One of its processes running as a shifted uid, in the user's own
@@ -133,8 +144,9 @@ async def test_a_rootless_container_without_its_engine_is_itself_and_its_users(
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-@pytest.mark.parametrize("path", ["/machine.slice/libpod-{id}.scope",
-                                  "/libpod_parent/libpod-{id}"])
+@pytest.mark.parametrize(
+    "path", ["/machine.slice/libpod-{id}.scope", "/libpod_parent/libpod-{id}"]
+)
 @async_test
 async def test_a_podman_container_without_the_service_is_itself(path, version, config):
     cid = container_id()
@@ -146,8 +158,10 @@ async def test_a_podman_container_without_the_service_is_itself(path, version, c
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-@pytest.mark.parametrize("path", ["/system.slice/docker-{id}.scope", "/docker/{id}",
-                                  "/kubepods/burstable/pod{pod}/{id}"])
+@pytest.mark.parametrize(
+    "path",
+    ["/system.slice/docker-{id}.scope", "/docker/{id}", "/kubepods/burstable/pod{pod}/{id}"],
+)
 @async_test
 async def test_a_docker_container_is_asked_of_the_docker_engine(path, version, config):
     """As before: the Docker Engine (here unreachable: degraded, its container known), also
@@ -187,17 +201,21 @@ def test_routes():
     config = Config()
     assert route(ContainerRef("docker", "a" * 64), config).address is None
     assert route(ContainerRef("", "a" * 64), config).address is None
-    assert route(ContainerRef("podman", "a" * 64), config).address == \
-        "unix:///run/podman/podman.sock"
+    assert (
+        route(ContainerRef("podman", "a" * 64), config).address == "unix:///run/podman/podman.sock"
+    )
     assert route(rootless(1000), config).address == "unix:///run/user/1000/docker.sock"
     assert route(rootless(1000, ""), config).address == "unix:///run/user/1000/docker.sock"
-    assert route(rootless(1000, "podman"), config).address == \
-        "unix:///run/user/1000/podman/podman.sock"
+    assert (
+        route(rootless(1000, "podman"), config).address
+        == "unix:///run/user/1000/podman/podman.sock"
+    )
     for runtime in ("lxd", "containerd", "crio"):
         assert route(ContainerRef(runtime, "a" * 64), config) is None
         assert route(ContainerRef(runtime, "a" * 64, owner=1000), config) is None
-    off = replace(config, podman_socket=None, rootless_docker_socket=None,
-                  rootless_podman_socket=None)
+    off = replace(
+        config, podman_socket=None, rootless_docker_socket=None, rootless_podman_socket=None
+    )
     assert route(ContainerRef("podman", "a" * 64), off) is None
     assert route(rootless(1000), off) is None and route(rootless(1000, "podman"), off) is None
 
@@ -212,7 +230,8 @@ def listening_file(path):
 
 @async_test
 async def test_a_socket_is_looked_for_once_in_a_while_and_each_gets_one_client(
-        config, engine_sockets):
+    config, engine_sockets
+):
     config = replace(config, engine_socket_ttl=0.3, engine_clients=2)
     engines = Engines(config, ContainerDirectory(config))
     try:
@@ -224,8 +243,10 @@ async def test_a_socket_is_looked_for_once_in_a_while_and_each_gets_one_client(
         assert first is not None and first.base_url.endswith(f"/{OWNER}/docker.sock")
         assert await engines.directory(rootless(OWNER)) is first  # one client per socket
         assert first.engine == f"the rootless Docker Engine of uid {OWNER}"
-        others = [listening_file(os.path.join(engine_sockets, str(OWNER + n), "docker.sock"))
-                  for n in (1, 2)]
+        others = [
+            listening_file(os.path.join(engine_sockets, str(OWNER + n), "docker.sock"))
+            for n in (1, 2)
+        ]
         second = await engines.directory(rootless(OWNER + 1))
         third = await engines.directory(rootless(OWNER + 2))
         assert len({id(first), id(second), id(third)}) == 3

@@ -1,6 +1,7 @@
 """A GPU whose dmon rows stop while the others go on, and no stream says it is lost (as found:
 still granted 10 s later, found only at the next inventory reading, 60 s on). The daemon on
 the simulator, whose `silent` device prints no row; the rules on the fake clock."""
+
 import pytest
 
 from helpers import FakeClock, ScenarioFile, async_test, gpu_running, lease_manager, until
@@ -98,10 +99,8 @@ def test_each_silence_is_counted_and_said_with_how_long_the_device_was_quiet(cap
     devices = Inventory([Device(f"GPU-{n}", n) for n in range(2)])
     signals, clock = Signals(), FakeClock(100.0)
     told = []
-    signals.device_silent.connect(lambda sender, record: told.append((sender, record)),
-                                  weak=False)
-    signals.device_gone.connect(lambda sender, record: told.append((sender, record)),
-                                weak=False)
+    signals.device_silent.connect(lambda sender, record: told.append((sender, record)), weak=False)
+    signals.device_gone.connect(lambda sender, record: told.append((sender, record)), weak=False)
     watch = SilenceWatch(devices, signals, interval=1.0, quiet=2.0, clock=clock)
     watch.reconfigure()
     signals.sample.connect(watch._on_sample)
@@ -117,8 +116,13 @@ def test_each_silence_is_counted_and_said_with_how_long_the_device_was_quiet(cap
     said = [r.getMessage() for r in caplog.records if "granted to nobody" in r.getMessage()]
     assert said == [
         "GPU GPU-1 printed no statistics for 3 s while the others did: granted to nobody until "
-        "it is heard again; reading the inventory"] * 2 + [
+        "it is heard again; reading the inventory"
+    ] * 2 + [
         "GPU GPU-2 printed no statistics for 0 s while the others did: granted to nobody until "
-        "it is heard again; reading the inventory"]
-    assert [r.getMessage() for r in caplog.records if "again" in r.getMessage()
-            and "granted" not in r.getMessage()] == ["GPU GPU-1 prints statistics again"] * 2
+        "it is heard again; reading the inventory"
+    ]
+    assert [
+        r.getMessage()
+        for r in caplog.records
+        if "again" in r.getMessage() and "granted" not in r.getMessage()
+    ] == ["GPU GPU-1 prints statistics again"] * 2

@@ -2,8 +2,8 @@
 munged, slurmctld and slurmd with four GRES GPUs, proctrack/cgroup, the project's prolog and
 epilog writing the job map), jobs submitted with sbatch as nobody, and the simulator listing the
 jobs' real pids on their GPUs. Never skipped under CI=true (the fixture must start)."""
+
 import subprocess
-from typing import List
 
 from helpers import NOBODY, ScenarioFile, async_test, gpu_running, until
 
@@ -11,15 +11,14 @@ DEVICES = [{}, {}, {}, {}]  # as many as the node's GRES GPUs: index N is /dev/n
 SLEEP = "#!/bin/sh\nsleep 300\n"  # the batch shell and its sleep: two processes in the job
 
 
-def on_gpu(pids: List[int], gpu: int, name: str = "python") -> List[dict]:
+def on_gpu(pids: list[int], gpu: int, name: str = "python") -> list[dict]:
     return [{"pid": pid, "gpu": gpu, "name": name} for pid in pids]
 
 
 @async_test
 async def test_a_jobs_gpu_is_its_own_until_the_epilog_then_grantable_again(slurm_node, tmp_path):
     scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=DEVICES)
-    async with gpu_running(scenario, slurm_job_map=slurm_node.job_map,
-                           job_map_every=0.1) as h:
+    async with gpu_running(scenario, slurm_job_map=slurm_node.job_map, job_map_every=0.1) as h:
         job = slurm_node.sbatch(SLEEP, gpus=1, account="vision-lab")
         outsider = None
         try:
@@ -31,8 +30,15 @@ async def test_a_jobs_gpu_is_its_own_until_the_epilog_then_grantable_again(slurm
             # Allocated, nothing of the job on the GPU yet: shown with its job and user.
             await until(lambda: state() == "allocated", timeout=20)
             claim = (await h.ok("/status"))[uuid]["claim"]
-            assert claim["jobs"] == [{"id": job, "user": "nobody", "uid": NOBODY,
-                                      "account": "vision-lab", "partition": "gpu"}]
+            assert claim["jobs"] == [
+                {
+                    "id": job,
+                    "user": "nobody",
+                    "uid": NOBODY,
+                    "account": "vision-lab",
+                    "partition": "gpu",
+                }
+            ]
             assert claim["user"]["user"] == "nobody" and claim["hold"] == "slurm"
 
             # Never granted: the other three are, all four are not.
@@ -63,7 +69,8 @@ async def test_a_jobs_gpu_is_its_own_until_the_epilog_then_grantable_again(slurm
             await until(lambda: state() == "shared", timeout=20)
             trespasses = [e for e in await h.ok("/history") if e["event"] == "trespass"]
             assert [(e["user"], e["pid"], e["why"], e["jobs"]) for e in trespasses] == [
-                ("root", outsider.pid, "outside_job", [job])]
+                ("root", outsider.pid, "outside_job", [job])
+            ]
             assert (await h.ok("/users"))["root"]["trespassing"] == 1
             assert (await h.ok("/users"))["root"]["unreserved"] == 1  # it asked nobody
 
@@ -88,33 +95,36 @@ async def test_a_jobs_gpu_is_its_own_until_the_epilog_then_grantable_again(slurm
 @async_test
 async def test_two_jobs_on_two_gpus_each_hold_their_own(slurm_node, tmp_path):
     scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=DEVICES)
-    async with gpu_running(scenario, slurm_job_map=slurm_node.job_map,
-                           job_map_every=0.1) as h:
+    async with gpu_running(scenario, slurm_job_map=slurm_node.job_map, job_map_every=0.1) as h:
         first = slurm_node.sbatch(SLEEP, gpus=1)
         second = slurm_node.sbatch(SLEEP, gpus=2, account="physics")
         try:
             for job in (first, second):
                 slurm_node.wait_state(job, "RUNNING")
             gpus = {job: slurm_node.job_gpus(job) for job in (first, second)}
-            uuids = {job: [h.services.inventory.by_number(n).uuid for n in numbers]
-                     for job, numbers in gpus.items()}
+            uuids = {
+                job: [h.services.inventory.by_number(n).uuid for n in numbers]
+                for job, numbers in gpus.items()
+            }
 
             def allocated_to(uuid):
                 allocation = h.services.leases.holds[uuid].allocation
                 return list(allocation.ids()) if allocation is not None else []
 
-            await until(lambda: all(allocated_to(u) == [job] for job in uuids
-                                    for u in uuids[job]), timeout=20)
+            await until(
+                lambda: all(allocated_to(u) == [job] for job in uuids for u in uuids[job]),
+                timeout=20,
+            )
             status = await h.ok("/status")
-            assert sorted(status[u]["claim"]["jobs"][0]["account"] or ""
-                          for u in uuids[second]) == ["physics", "physics"]
+            assert sorted(
+                status[u]["claim"]["jobs"][0]["account"] or "" for u in uuids[second]
+            ) == ["physics", "physics"]
             free = [u for u in status if status[u]["claim"]["state"] == "free"]
             assert len(free) == 1  # 4 GPUs, 3 allocated
             # The first job's process on the second job's GPU: another job trespasses.
             pids = slurm_node.wait_pids(first, count=2)
             scenario.write(processes=on_gpu(pids[:1], gpus[second][0]))
-            await until(lambda: h.services.leases.state(uuids[second][0]) == "shared",
-                        timeout=20)
+            await until(lambda: h.services.leases.state(uuids[second][0]) == "shared", timeout=20)
             [trespass] = [e for e in await h.ok("/history") if e["event"] == "trespass"]
             assert trespass["job"] == first and trespass["jobs"] == [second]
         finally:
@@ -132,8 +142,13 @@ async def test_a_job_that_names_another_account_is_billed_to_its_own(slurm_node,
     runs with SLURM_JOB_ACCOUNT=physics in its environment. The prolog's job map says
     vision-lab, and /usage bills the job's GPU-time there: physics appears nowhere."""
     scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=DEVICES)
-    async with gpu_running(scenario, slurm_job_map=slurm_node.job_map, job_map_every=0.1,
-                           state_dir=str(tmp_path / "state"), usage_interval=0.2) as h:
+    async with gpu_running(
+        scenario,
+        slurm_job_map=slurm_node.job_map,
+        job_map_every=0.1,
+        state_dir=str(tmp_path / "state"),
+        usage_interval=0.2,
+    ) as h:
         job = slurm_node.sbatch(CHOSEN, gpus=1, account="vision-lab")
         try:
             slurm_node.wait_state(job, "RUNNING")
@@ -147,8 +162,10 @@ async def test_a_job_that_names_another_account_is_billed_to_its_own(slurm_node,
             store = h.services.usage
             settled = store.intervals
             await until(lambda: store.intervals > settled + 2, timeout=20)
-            rows = {row["key"]: row["hours"]
-                    for row in (await h.ok("/usage?by=slurm_account&since=1h"))["rows"]}
+            rows = {
+                row["key"]: row["hours"]
+                for row in (await h.ok("/usage?by=slurm_account&since=1h"))["rows"]
+            }
             assert "physics" not in rows and rows["vision-lab"]["active"] > 0, rows
             holder = (await h.ok("/status"))[uuid]["claim"]["user"]
             assert holder["job"]["account"] == "vision-lab", holder

@@ -1,6 +1,7 @@
 """The Slurm prolog and epilog of contrib/slurm: run by a real one-node cluster (tests/slurm.py:
 munged, slurmctld and slurmd, four fake GPUs, jobs as nobody), and run directly with a crafted
 environment in a temporary directory."""
+
 import os
 import re
 import stat
@@ -30,23 +31,28 @@ def cgroup_of(pid):
 
 
 def map_line(job, uid=NOBODY, user="nobody", account=None, partition="gpu"):
-    return " ".join([job, f"uid={uid}", f"user={user}"] + ([f"account={account}"] if account
-                                                            else []) + [f"partition={partition}"])
+    return " ".join(
+        [job, f"uid={uid}", f"user={user}"]
+        + ([f"account={account}"] if account else [])
+        + [f"partition={partition}"]
+    )
 
 
 # -- the real cluster ----------------------------------------------------------------------------
 
 
 def test_a_batch_job_runs_as_its_user_in_its_steps_cgroup_and_is_in_the_map_of_its_gpus(
-        slurm_node):
+    slurm_node,
+):
     job = slurm_node.sbatch(SLEEP, gpus=2, account="vision-lab")
     try:
         slurm_node.wait_state(job, "RUNNING")
         pids = slurm_node.wait_pids(job, count=2)
         for pid in pids:
             assert uid_of(pid) == {NOBODY}, pid
-            assert re.search(rf"^\d+:freezer:/\S*/uid_{NOBODY}/job_{job}/step_batch$",
-                             cgroup_of(pid), re.M), cgroup_of(pid)
+            assert re.search(
+                rf"^\d+:freezer:/\S*/uid_{NOBODY}/job_{job}/step_batch$", cgroup_of(pid), re.M
+            ), cgroup_of(pid)
         gpus = slurm_node.job_gpus(job)
         assert len(gpus) == 2
         # The prolog ran (the processes start after it) and named the job in its GPUs' files,
@@ -57,8 +63,9 @@ def test_a_batch_job_runs_as_its_user_in_its_steps_cgroup_and_is_in_the_map_of_i
         mode = os.stat(slurm_node.job_map).st_mode
         assert stat.S_IMODE(mode) == 0o755, oct(mode)
         for gpu in gpus:
-            assert stat.S_IMODE(os.stat(os.path.join(slurm_node.job_map, str(gpu))).st_mode) \
-                == 0o644
+            assert (
+                stat.S_IMODE(os.stat(os.path.join(slurm_node.job_map, str(gpu))).st_mode) == 0o644
+            )
     finally:
         state = slurm_node.cancel(job)
     assert state == "CANCELLED"
@@ -76,8 +83,10 @@ def test_an_srun_job_step_is_step_0_and_leaves_the_map_when_it_ends(slurm_node):
     try:
         slurm_node.wait_state(job, "RUNNING")
         pids = slurm_node.wait_pids(job)
-        assert any(re.search(rf"^\d+:freezer:/\S*/uid_{NOBODY}/job_{job}/step_0$",
-                             cgroup_of(pid), re.M) for pid in pids), [cgroup_of(p) for p in pids]
+        assert any(
+            re.search(rf"^\d+:freezer:/\S*/uid_{NOBODY}/job_{job}/step_0$", cgroup_of(pid), re.M)
+            for pid in pids
+        ), [cgroup_of(p) for p in pids]
         assert all(uid_of(pid) == {NOBODY} for pid in pids)
         (gpu,) = slurm_node.job_gpus(job)
         assert slurm_node.job_map_of(job) == {str(gpu): map_line(job)}
@@ -110,8 +119,7 @@ def test_two_one_gpu_jobs_are_in_different_files_and_each_leaves_only_its_own(sl
         assert files[str(gpu2)] == [map_line(second, account="physics")]
         slurm_node.cancel(first)
         files = slurm_node.job_map_files()
-        assert str(gpu1) not in files and files[str(gpu2)] == [map_line(second,
-                                                                         account="physics")]
+        assert str(gpu1) not in files and files[str(gpu2)] == [map_line(second, account="physics")]
     finally:
         slurm_node.cancel(first)
         slurm_node.cancel(second)
@@ -135,8 +143,9 @@ def test_a_job_without_gpus_leaves_the_map_alone(slurm_node):
 def test_a_job_may_open_only_its_own_gpus(slurm_node):
     """The devices cgroup (ConstrainDevices): its own device has no driver behind it (ENXIO),
     the others are refused (EPERM)."""
-    probe = "; ".join(f"head -c1 {path} 2>&1 | sed 's/^/{i} /'"
-                      for i, path in enumerate(slurm_node.devices))
+    probe = "; ".join(
+        f"head -c1 {path} 2>&1 | sed 's/^/{i} /'" for i, path in enumerate(slurm_node.devices)
+    )
     name = f"devices{time.monotonic_ns()}"
     done = slurm_node.srun(["sh", "-c", probe], gpus=1, name=name)
     said = dict(line.split(" ", 1) for line in done.stdout.splitlines())
@@ -181,10 +190,14 @@ def test_the_cluster_runs_the_lines_of_slurm_conf_example(slurm_node):
 
 def run(script, map_dir, **env):
     """Run the prolog or epilog with only `env` and the job map; (exit status, stderr)."""
-    environment = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PATROLLER_SLURM_JOB_MAP":
-                   str(map_dir), **env}
-    done = subprocess.run(["/bin/sh", script], env=environment, capture_output=True, text=True,
-                          timeout=60)
+    environment = {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "PATROLLER_SLURM_JOB_MAP": str(map_dir),
+        **env,
+    }
+    done = subprocess.run(
+        ["/bin/sh", script], env=environment, capture_output=True, text=True, timeout=60
+    )
     return done.returncode, done.stderr
 
 
@@ -197,18 +210,27 @@ def epilog(map_dir, job, gpus="", **env):
 
 
 def lines(map_dir):
-    return {name: (map_dir / name).read_text().splitlines()
-            for name in sorted(os.listdir(map_dir))}
+    return {
+        name: (map_dir / name).read_text().splitlines() for name in sorted(os.listdir(map_dir))
+    }
 
 
 def test_two_jobs_on_one_gpu_and_one_leaving(tmp_path):
     jobmap = tmp_path / "map" / "slurm-job-map"  # made, parents too
-    assert prolog(jobmap, "100", "0,1", SLURM_JOB_UID="1000", SLURM_JOB_USER="ana",
-                  SLURM_JOB_ACCOUNT="vision", SLURM_JOB_PARTITION="gpu") == (0, "")
+    assert prolog(
+        jobmap,
+        "100",
+        "0,1",
+        SLURM_JOB_UID="1000",
+        SLURM_JOB_USER="ana",
+        SLURM_JOB_ACCOUNT="vision",
+        SLURM_JOB_PARTITION="gpu",
+    ) == (0, "")
     assert prolog(jobmap, "101", "1", SLURM_JOB_UID="1001", SLURM_JOB_USER="bo") == (0, "")
     assert lines(jobmap) == {
         "0": ["100 uid=1000 user=ana account=vision partition=gpu"],
-        "1": ["100 uid=1000 user=ana account=vision partition=gpu", "101 uid=1001 user=bo"]}
+        "1": ["100 uid=1000 user=ana account=vision partition=gpu", "101 uid=1001 user=bo"],
+    }
     assert stat.S_IMODE(os.stat(jobmap).st_mode) == 0o755
     assert {stat.S_IMODE(os.stat(jobmap / name).st_mode) for name in "01"} == {0o644}
     assert epilog(jobmap, "100", "0,1") == (0, "")
@@ -235,8 +257,9 @@ def test_a_sluid_is_recorded_and_read_back_as_the_same_job(tmp_path):
 
 def test_ids_only(tmp_path):
     for job in ("5", "6"):
-        assert prolog(tmp_path, job, "3", SLURM_JOB_USER="ana",
-                      PATROLLER_SLURM_MAP_IDS_ONLY="1") == (0, "")
+        assert prolog(
+            tmp_path, job, "3", SLURM_JOB_USER="ana", PATROLLER_SLURM_MAP_IDS_ONLY="1"
+        ) == (0, "")
     assert lines(tmp_path) == {"3": ["5", "6"]}
     epilog(tmp_path, "5", "3")
     assert lines(tmp_path) == {"3": ["6"]}
@@ -261,8 +284,9 @@ def test_a_bad_gpu_index_is_skipped_and_the_others_recorded(tmp_path):
 
 
 def test_a_value_with_white_space_is_left_out(tmp_path):
-    status, said = prolog(tmp_path, "9", "0", SLURM_JOB_USER="ana", SLURM_JOB_ACCOUNT="a\nb c",
-                          SLURM_JOB_UID="12x")
+    status, said = prolog(
+        tmp_path, "9", "0", SLURM_JOB_USER="ana", SLURM_JOB_ACCOUNT="a\nb c", SLURM_JOB_UID="12x"
+    )
     assert status == 0 and "account" in said and "uid" in said
     assert lines(tmp_path) == {"0": ["9 user=ana"]}
 
@@ -275,12 +299,23 @@ def test_the_gpus_come_from_cuda_visible_devices_only_without_slurm_job_gpus(tmp
 
 
 def test_the_epilog_removes_the_job_from_every_gpu_file_and_nothing_else(tmp_path):
-    for name, text in {"0": "4 user=a\n5 user=b\n", "1.2": "4\n", "7": "45\n 4\n", "x4": "4\n",
-                       ".0.tmp": "4\n", "1.2.3": "4\n"}.items():
+    for name, text in {
+        "0": "4 user=a\n5 user=b\n",
+        "1.2": "4\n",
+        "7": "45\n 4\n",
+        "x4": "4\n",
+        ".0.tmp": "4\n",
+        "1.2.3": "4\n",
+    }.items():
         (tmp_path / name).write_text(text)
     assert epilog(tmp_path, "4", "0") == (0, "")  # told GPU 0 only
-    assert lines(tmp_path) == {".0.tmp": ["4"], "0": ["5 user=b"], "1.2.3": ["4"], "7": ["45"],
-                               "x4": ["4"]}
+    assert lines(tmp_path) == {
+        ".0.tmp": ["4"],
+        "0": ["5 user=b"],
+        "1.2.3": ["4"],
+        "7": ["45"],
+        "x4": ["4"],
+    }
 
 
 def test_always_exits_0_when_the_map_cannot_be_made(tmp_path):
@@ -333,16 +368,38 @@ def test_a_map_others_may_write_to_is_left_alone(tmp_path, how):
 def test_prologs_at_once_lose_no_line(tmp_path):
     """Forty prologs of different jobs on one GPU at once: the lock keeps every line."""
     jobs = [str(n) for n in range(40)]
-    started = [subprocess.Popen(["/bin/sh", PROLOG], env={
-        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PATROLLER_SLURM_JOB_MAP": str(tmp_path),
-        "SLURM_JOB_ID": job, "SLURM_JOB_GPUS": "0,1"}) for job in jobs]
+    started = [
+        subprocess.Popen(
+            ["/bin/sh", PROLOG],
+            env={
+                "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+                "PATROLLER_SLURM_JOB_MAP": str(tmp_path),
+                "SLURM_JOB_ID": job,
+                "SLURM_JOB_GPUS": "0,1",
+            },
+        )
+        for job in jobs
+    ]
     assert [process.wait(60) for process in started] == [0] * len(jobs)
-    assert {name: sorted(found, key=int) for name, found in lines(tmp_path).items()} == \
-        {"0": jobs, "1": jobs}
-    stopping = [subprocess.Popen(["/bin/sh", EPILOG], env={
-        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PATROLLER_SLURM_JOB_MAP": str(tmp_path),
-        "SLURM_JOB_ID": job, "SLURM_JOB_GPUS": "0,1"}) for job in jobs[::2]]
+    assert {name: sorted(found, key=int) for name, found in lines(tmp_path).items()} == {
+        "0": jobs,
+        "1": jobs,
+    }
+    stopping = [
+        subprocess.Popen(
+            ["/bin/sh", EPILOG],
+            env={
+                "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+                "PATROLLER_SLURM_JOB_MAP": str(tmp_path),
+                "SLURM_JOB_ID": job,
+                "SLURM_JOB_GPUS": "0,1",
+            },
+        )
+        for job in jobs[::2]
+    ]
     assert [process.wait(60) for process in stopping] == [0] * len(stopping)
-    assert {name: sorted(found, key=int) for name, found in lines(tmp_path).items()} == \
-        {"0": jobs[1::2], "1": jobs[1::2]}
+    assert {name: sorted(found, key=int) for name, found in lines(tmp_path).items()} == {
+        "0": jobs[1::2],
+        "1": jobs[1::2],
+    }
     assert not [name for name in os.listdir(tmp_path) if name.startswith(".")]

@@ -1,5 +1,6 @@
 """--socket with real daemons: a live one is never taken over, a stale file is replaced, and a
 daemon removes only its own socket file when it stops."""
+
 import os
 import signal
 import socket
@@ -42,9 +43,24 @@ def daemon(path):
 def refused_start(path):
     """Start a daemon that must refuse: (exit status, the lines it printed)."""
     result = subprocess.run(
-        [sys.executable, "-m", "patroller", "--test", "--port", "0", "--address", "127.0.0.1",
-         "--socket", path], cwd=ROOT, capture_output=True, text=True, timeout=30,
-        env={**os.environ, "PYTHONPATH": ROOT})
+        [
+            sys.executable,
+            "-m",
+            "patroller",
+            "--test",
+            "--port",
+            "0",
+            "--address",
+            "127.0.0.1",
+            "--socket",
+            path,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
     return result.returncode, (result.stdout + result.stderr).strip().splitlines()
 
 
@@ -54,8 +70,10 @@ def test_a_second_daemon_refuses_a_live_socket_and_leaves_it_alone(path):
         served = os.stat(path).st_ino
         status, lines = refused_start(path)
         assert status == 1
-        assert lines == [f"patroller: another Patroller is serving on {path}: stop it first, "
-                         "or choose another --socket"]
+        assert lines == [
+            f"patroller: another Patroller is serving on {path}: stop it first, "
+            "or choose another --socket"
+        ]
         assert os.stat(path).st_ino == served and answer_on(path) == "HTTP/1.1 200 OK"
     finally:
         assert first.stop() == 0
@@ -98,8 +116,10 @@ def test_a_regular_file_at_the_socket_path_is_one_line_and_kept(path):
         f.write("precious\n")
     status, lines = refused_start(path)
     assert status == 1
-    assert lines == [f"patroller: --socket {path} exists and is not a socket: remove it, or "
-                     "choose another --socket"]
+    assert lines == [
+        f"patroller: --socket {path} exists and is not a socket: remove it, or "
+        "choose another --socket"
+    ]
     with open(path) as f:
         assert f.read() == "precious\n"
 
@@ -108,4 +128,6 @@ def test_a_directory_at_the_socket_path_is_one_line(path):
     os.mkdir(path)
     status, lines = refused_start(path)
     assert status == 1 and len(lines) == 1, lines
-    assert lines[0].startswith(f"patroller: --socket {path} is a directory") and os.path.isdir(path)
+    assert lines[0].startswith(f"patroller: --socket {path} is a directory") and os.path.isdir(
+        path
+    )

@@ -1,5 +1,6 @@
 """state/directory.lock in-process, on real filesystems: a read-only bind mount (as a state
 directory on a read-only root is), a path that cannot be a directory, and the pid it writes."""
+
 import errno
 import os
 import subprocess
@@ -77,8 +78,10 @@ def test_a_path_through_a_file_is_refused_saying_why(private):
     (private / "file").write_text("")
     with pytest.raises(BookError) as caught:
         lock(str(private / "file" / "state"))
-    assert str(caught.value) == (f"cannot use the state directory {private}/file/state: "
-                                 f"{os.strerror(errno.ENOTDIR)}; choose another --state-dir")
+    assert str(caught.value) == (
+        f"cannot use the state directory {private}/file/state: "
+        f"{os.strerror(errno.ENOTDIR)}; choose another --state-dir"
+    )
 
 
 def dangling_lock(private):
@@ -94,14 +97,17 @@ def test_a_lock_file_that_cannot_be_opened_says_why(private):
     state = dangling_lock(private)
     with pytest.raises(BookError) as caught:
         lock(str(state))
-    assert str(caught.value) == (f"cannot use the state directory {state}: "
-                                 f"{os.strerror(errno.ELOOP)}; choose another --state-dir")
+    assert str(caught.value) == (
+        f"cannot use the state directory {state}: "
+        f"{os.strerror(errno.ELOOP)}; choose another --state-dir"
+    )
 
 
 def test_on_a_read_only_filesystem_a_lock_file_that_cannot_be_opened_is_refused(private):
     state = dangling_lock(private)
-    with read_only(state, private / "ro") as where:
-        with pytest.raises(BookError) as caught:
-            lock(where)
-    assert str(caught.value) == (f"cannot use the state directory {where}: "
-                                 f"{os.strerror(errno.ELOOP)}; choose another --state-dir")
+    with read_only(state, private / "ro") as where, pytest.raises(BookError) as caught:
+        lock(where)
+    assert str(caught.value) == (
+        f"cannot use the state directory {where}: "
+        f"{os.strerror(errno.ELOOP)}; choose another --state-dir"
+    )

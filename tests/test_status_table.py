@@ -3,13 +3,14 @@ under its GPU, figures coloured by how high they are, `--mine`, `--free` on this
 dead host on a line of its own. docs/command-line.md's examples are the output itself: drawn
 here from bodies live daemons answered (tests/fixtures/status/, taken by
 scripts/status_examples.py), and compared with the docs' text character for character."""
+
 import glob
 import json
 import os
 import re
 import subprocess
 import sys
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 import pytest
 
@@ -23,12 +24,15 @@ from patroller.cli.table import Cell, Cut, Drop, Shorten, fit, width_of
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "status")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 COLUMNS = 80  # the docs' examples: a terminal of 80 columns
-ENV = {name: value for name, value in os.environ.items()
-       if name not in ("PATROLLER_SERVER", "NO_COLOR", "COLUMNS", "PATROLLER_HOSTS")}
+ENV = {
+    name: value
+    for name, value in os.environ.items()
+    if name not in ("PATROLLER_SERVER", "NO_COLOR", "COLUMNS", "PATROLLER_HOSTS")
+}
 ENV["PYTHONPATH"] = ROOT
 
 
-def scenes() -> Dict[str, Dict[str, Any]]:
+def scenes() -> dict[str, dict[str, Any]]:
     """Every fixture, by its file's name."""
     found = {}
     for path in sorted(glob.glob(os.path.join(FIXTURES, "*.json"))):
@@ -37,45 +41,69 @@ def scenes() -> Dict[str, Dict[str, Any]]:
     return found
 
 
-def answers_of(scene: Dict[str, Any]) -> List[fleet.HostAnswer]:
-    return [fleet.HostAnswer(h["host"], h["status"], h["devices"], h["error"],
-                             state=None if h["error"] is None else h["state"])
-            for h in scene["hosts"]]
+def answers_of(scene: dict[str, Any]) -> list[fleet.HostAnswer]:
+    return [
+        fleet.HostAnswer(
+            h["host"],
+            h["status"],
+            h["devices"],
+            h["error"],
+            state=None if h["error"] is None else h["state"],
+        )
+        for h in scene["hosts"]
+    ]
 
 
-def drawn(scene: Dict[str, Any], colour: bool = False) -> List[Tuple[str, str]]:
+def drawn(scene: dict[str, Any], colour: bool = False) -> list[tuple[str, str]]:
     """(command, what it prints in 80 columns) for each example a scene gives the docs."""
     command = scene["command"]
     if "hosts" in scene:
         answers = answers_of(scene)
-        return [(command, fleet.fleet_table(answers, colour, COLUMNS)),
-                (command + " --free 1", fleet.free_lines(answers, 1))]
+        return [
+            (command, fleet.fleet_table(answers, colour, COLUMNS)),
+            (command + " --free 1", fleet.free_lines(answers, 1)),
+        ]
     status, devices = scene["status"], scene["devices"]
-    shown = [(command, format_status(status, devices, scene["queue"], colour, scene["users"],
-                                     COLUMNS))]
+    shown = [
+        (command, format_status(status, devices, scene["queue"], colour, scene["users"], COLUMNS))
+    ]
     if "whoami" in scene:
-        shown.append((command + " --mine",
-                       format_status(status, devices, scene["queue"], colour, scene["users"],
-                                     COLUMNS, mine=scene["whoami"]["user"])))
+        shown.append(
+            (
+                command + " --mine",
+                format_status(
+                    status,
+                    devices,
+                    scene["queue"],
+                    colour,
+                    scene["users"],
+                    COLUMNS,
+                    mine=scene["whoami"]["user"],
+                ),
+            )
+        )
     return shown
 
 
-def doc_blocks() -> List[str]:
+def doc_blocks() -> list[str]:
     with open(os.path.join(ROOT, "docs", "command-line.md"), encoding="utf-8") as f:
         return re.findall(r"^```(?:sh|console)?\n(.*?)^```$", f.read(), re.S | re.M)
 
 
 def test_the_docs_examples_are_what_the_command_line_prints():
     blocks = doc_blocks()
-    expected = [f"$ {command}\n{text}" for scene in scenes().values()
-                for command, text in drawn(scene)]
+    expected = [
+        f"$ {command}\n{text}" for scene in scenes().values() for command, text in drawn(scene)
+    ]
     assert len(expected) == 5
     for block in expected:
         assert block in blocks, "docs/command-line.md does not show, exactly:\n" + block
-    status_blocks = [b for b in blocks if b.startswith("$ patroller status")
-                     and "--server localhost:1" not in b]  # that one says an error
-    assert sorted(status_blocks) == sorted(expected), \
+    status_blocks = [
+        b for b in blocks if b.startswith("$ patroller status") and "--server localhost:1" not in b
+    ]  # that one says an error
+    assert sorted(status_blocks) == sorted(expected), (
         "an example of `patroller status` in the docs that no fixture draws"
+    )
 
 
 def test_the_fixtures_have_the_fields_a_daemon_answers_today():
@@ -130,13 +158,25 @@ def test_the_table_gives_way_step_by_step_to_a_narrow_terminal():
     scene = scenes()["gpuhost.json"]
     args = (scene["status"], scene["devices"], scene["queue"], False, scene["users"])
     wide = format_status(*args, None)  # a pipe: every column, nothing cut
-    assert wide.splitlines()[0].split() == ["GPU", "NAME", "STATE", "USER", "UTIL", "MEMORY",
-                                            "TEMP", "POWER", "TIME"]
+    assert wide.splitlines()[0].split() == [
+        "GPU",
+        "NAME",
+        "STATE",
+        "USER",
+        "UTIL",
+        "MEMORY",
+        "TEMP",
+        "POWER",
+        "TIME",
+    ]
     assert "while pid " in wide and "expires in " in wide
     for width in (100, 80, 60, 52):
         text = format_status(*args, width)
-        table = [line for line in text.splitlines()  # the notes are sentences: they wrap
-                 if not re.match(r"(GPU \d+|waiting \d+): |user ", line)]
+        table = [
+            line
+            for line in text.splitlines()  # the notes are sentences: they wrap
+            if not re.match(r"(GPU \d+|waiting \d+): |user ", line)
+        ]
         assert max(map(len, table)) <= width, (width, text)
     narrow = format_status(*args, 52).splitlines()
     assert narrow[0] == "4 x A100-SXM4-80GB"  # the model said once, its column left out
@@ -157,8 +197,15 @@ def test_fit_follows_its_plan_only_as_far_as_it_must():
 
 
 def test_figures_are_coloured_by_how_high_they_are():
-    assert [level(v, TEMP_LEVELS) for v in (30, 59, 60, 79, 80, "N/A", None)] == \
-        ["32", "32", "33", "33", "31", None, None]
+    assert [level(v, TEMP_LEVELS) for v in (30, 59, 60, 79, 80, "N/A", None)] == [
+        "32",
+        "32",
+        "33",
+        "33",
+        "31",
+        None,
+        None,
+    ]
     scene = scenes()["gpuhost.json"]
     text = format_status(scene["status"], scene["devices"], [], True, {}, None)
     busy = next(line for line in text.splitlines() if "\x1b[36mclaimed" in line)
@@ -177,8 +224,14 @@ def test_a_dead_host_is_a_line_of_its_own_and_widens_no_row():
     assert f"gpu2:8080  not answering: Patroller at gpu2:8080: {long}" in lines  # in full
     rows = [line for line in lines if "not answering" not in line]
     assert max(map(len, rows)) <= COLUMNS
-    assert max(map(len, rows)) == max(map(len, fleet.fleet_table(
-        [a for a in answers if a.status is not None], False, COLUMNS).splitlines()[:-1]))
+    assert max(map(len, rows)) == max(
+        map(
+            len,
+            fleet.fleet_table(
+                [a for a in answers if a.status is not None], False, COLUMNS
+            ).splitlines()[:-1],
+        )
+    )
     assert lines[-1] == "4 hosts, 2 not answering; 3 GPUs: 2 free, 1 reserved"
     with pytest.raises(Failure):
         fleet.free_lines(answers, 2)
@@ -202,6 +255,7 @@ def test_the_width_is_the_terminals_or_columns_and_a_pipe_is_not_cut(monkeypatch
         import fcntl
         import struct
         import termios
+
         fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 64, 0, 0))
         with os.fdopen(os.dup(follower), "w") as terminal:
             assert width_of(terminal) == 64
@@ -211,8 +265,14 @@ def test_the_width_is_the_terminals_or_columns_and_a_pipe_is_not_cut(monkeypatch
 
 
 def patroller(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "patroller.cli", *args], cwd=ROOT,
-                          env={**ENV, **env}, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "patroller.cli", *args],
+        cwd=ROOT,
+        env={**ENV, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -231,8 +291,9 @@ def test_mine_keeps_the_gpus_of_whom_the_server_takes_the_caller_for(testmode):
         done = patroller("status", "--mine", "--server", testmode, COLUMNS="80")
         assert done.returncode == 0, done.stderr
         rows = [line for line in done.stdout.splitlines() if re.match(r"\d+\s", line)]
-        assert [row.split()[:4] for row in rows] == [[str(mine["info"]["number"]),
-                                                      "A100-SXM4-80GB", "reserved", "test-user"]]
+        assert [row.split()[:4] for row in rows] == [
+            [str(mine["info"]["number"]), "A100-SXM4-80GB", "reserved", "test-user"]
+        ]
         assert "alice" not in done.stdout
         assert done.stdout.splitlines()[-1] == "user test-user: 1 held, 1 unused"
         everyone = patroller("status", "--server", testmode, COLUMNS="80")
@@ -262,8 +323,9 @@ def test_mine_on_many_hosts_asks_each_who_the_caller_is(testmode):
     client.get_json(testmode, "/request?gpu=1&user=alice@example.org")
     client.reserve(1, testmode, hold="lease")
     try:
-        done = patroller("status", "--mine", "--hosts", f"{testmode},127.0.0.1:1",
-                         "--host-timeout", "5")
+        done = patroller(
+            "status", "--mine", "--hosts", f"{testmode},127.0.0.1:1", "--host-timeout", "5"
+        )
         assert done.returncode == 0, done.stderr
         lines = done.stdout.splitlines()
         assert lines[1] == f"{testmode}  8 GPUs: 6 free, 2 reserved"
@@ -292,8 +354,9 @@ def test_control_characters_from_an_answer_never_reach_the_terminal():
     queue = [{"position": 1, "user": "eve" + evil, "wants": {"gpu": 1}, "waited": 3}]
     for width in (None, 80):
         for colour in (False, True):
-            text = format_status(status, devices, queue, colour, {"eve" + evil: {"waiting": 1}},
-                                 width)
+            text = format_status(
+                status, devices, queue, colour, {"eve" + evil: {"waiting": 1}}, width
+            )
             plain = ANSI.sub("", text)  # our own colours, and nothing else
             assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]", plain), repr(plain)
             assert "mallory?]0;pwned??[2J?31m" in plain.replace("…", "") or width == 80
@@ -315,7 +378,9 @@ def test_the_fleet_examples_dead_hosts_are_what_real_ones_answer_today():
     (real,) = fleet.ask_all([stopped.server], 10)
     refused = by_name["gpu2:8080"]
     assert (refused["state"], refused["error"]) == (
-        real.shown_state(), real.error.replace(stopped.server, "gpu2:8080"))
+        real.shown_state(),
+        real.error.replace(stopped.server, "gpu2:8080"),
+    )
     lying = json.loads(json.dumps(by_name["gpu3:8080"]["status"]))
     next(iter(lying.values()))["claim"]["users"] = "alice"
     with pytest.raises(answers.BadAnswer) as bad:

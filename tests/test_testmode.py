@@ -1,4 +1,5 @@
 """Test mode's synthetic devices and statistics."""
+
 import asyncio
 
 from helpers import async_test, running, until
@@ -25,8 +26,9 @@ def test_samples_reach_the_signal_and_stay_in_range():
     got = []
     signals.sample.connect(lambda sender, record: got.append(record), weak=False)
     held = {d.uuid for d in list(inventory)[4:]}
-    monitor = SyntheticMonitor(inventory, signals, Config().test_interval, seed=7,
-                               held=held.__contains__)
+    monitor = SyntheticMonitor(
+        inventory, signals, Config().test_interval, seed=7, held=held.__contains__
+    )
     for _ in range(200):
         monitor.sample()
     assert len(got) == 200 * 8
@@ -47,8 +49,9 @@ def test_a_free_device_stays_idle_and_a_held_one_busy_for_ten_minutes():
     inventory = synthetic_inventory(8)
     signals = Signals()
     got = {d.uuid: [] for d in inventory}
-    signals.sample.connect(lambda sender, record: got[record.uuid].append(record.values),
-                           weak=False)
+    signals.sample.connect(
+        lambda sender, record: got[record.uuid].append(record.values), weak=False
+    )
     held = {d.uuid for d in list(inventory)[:3]}
     monitor = SyntheticMonitor(inventory, signals, 1.0, seed=11, held=held.__contains__)
     for _ in range(600):  # ten minutes at one sample a second
@@ -66,8 +69,10 @@ def test_a_free_device_stays_idle_and_a_held_one_busy_for_ten_minutes():
     held.clear()
     for _ in range(30):
         monitor.sample()
-    assert all(got[uuid][-1]["sm"] <= config.idle_sm and got[uuid][-1]["fb"] < config.idle_memory
-               for uuid in got)
+    assert all(
+        got[uuid][-1]["sm"] <= config.idle_sm and got[uuid][-1]["fb"] < config.idle_memory
+        for uuid in got
+    )
 
 
 @async_test
@@ -84,12 +89,14 @@ async def test_in_the_daemon_a_reserved_device_looks_busy_and_a_free_one_idle():
 
 # -- --test-processes: processes that compute and idle, so that every usage category shows -----
 
+
 def script(holders, cycle=90.0, after=5.0):
     from patroller.observe.testprocesses import SyntheticProcesses
 
     inventory = synthetic_inventory(8)
-    return inventory, SyntheticProcesses(inventory, lambda uuid: holders.get(uuid), cycle,
-                                         after, 38000.0)
+    return inventory, SyntheticProcesses(
+        inventory, lambda uuid: holders.get(uuid), cycle, after, 38000.0
+    )
 
 
 def test_the_holders_process_comes_after_the_hold_computes_idles_and_goes_with_it():
@@ -132,7 +139,9 @@ def test_a_stranger_computes_on_the_last_gpu_a_third_of_every_other_cycle():
     assert [r.owner.user for r in here] == ["mallory@example.org"]
     assert stranger.pid not in [r.pid for r in here]  # a new process each run
     assert sorted(r.owner.user for r in processes.at(186.0)[last]) == [
-        "alice", "mallory@example.org"]
+        "alice",
+        "mallory@example.org",
+    ]
     assert all(processes.at(186.0)[u] == () for u in [d.uuid for d in inventory][:-1])
 
 
@@ -140,10 +149,15 @@ def test_a_stranger_computes_on_the_last_gpu_a_third_of_every_other_cycle():
 async def test_with_test_processes_every_usage_category_shows(tmp_path):
     # As found: test mode showed held GPUs at 70-80 % SM, and `users` and the report counted
     # them reserved_unused: it had no processes. A cycle of 4 s here (90 s by default).
-    async with running(test_processes=True, test_process_cycle=4.0, test_process_after=0.5,
-                       lease=0.5,  # a stranger's GPU is free soon after its process ends
-                       test_interval=0.05, usage_interval=0.25,
-                       state_dir=str(tmp_path / "state")) as h:
+    async with running(
+        test_processes=True,
+        test_process_cycle=4.0,
+        test_process_after=0.5,
+        lease=0.5,  # a stranger's GPU is free soon after its process ends
+        test_interval=0.05,
+        usage_interval=0.25,
+        state_dir=str(tmp_path / "state"),
+    ) as h:
         uuids = h.uuids()
         assert len(await h.ok("/request?gpu=6&user=alice&hold=1h")) == 6  # GPU 6 stays free
         seen = set()
@@ -152,9 +166,11 @@ async def test_with_test_processes_every_usage_category_shows(tmp_path):
             code, body = await h.call("/usage?since=1h&by=user")
             assert code == 200, body
             for row in body["rows"]:
-                seen.update((category, row["key"]) for category, hours in row["hours"].items()
-                            if hours > 0)
+                seen.update(
+                    (category, row["key"]) for category, hours in row["hours"].items() if hours > 0
+                )
             return {category for category, _ in seen}
+
         wanted = {"active", "idle_held", "reserved_unused", "trespass", "unreserved", "free"}
         deadline = asyncio.get_running_loop().time() + 60
         while not wanted <= await categories():
@@ -168,8 +184,11 @@ async def test_with_test_processes_every_usage_category_shows(tmp_path):
         assert ("unreserved", "mallory@example.org") in seen
         assert {("active", "alice"), ("idle_held", "alice"), ("reserved_unused", "alice")} <= seen
         status = await h.ok("/status")
-        users = {p["user"] for entry in status.values()
-                 for p in entry["claim"].get("process_detail") or []}
+        users = {
+            p["user"]
+            for entry in status.values()
+            for p in entry["claim"].get("process_detail") or []
+        }
         assert "alice" in users  # /status shows the synthetic processes as whose they are
 
 

@@ -1,4 +1,5 @@
 """Lease expiry driven by the event loop: one timer, moved to each new deadline."""
+
 import time
 
 from helpers import async_test, lease_manager, until
@@ -14,7 +15,9 @@ async def test_the_timer_follows_the_next_deadline_and_expires_on_it():
     [device] = leases.request(named_user("alice"), {"gpu": 1})
     uuid = device.uuid
     freed = []
-    leases.on_change(lambda: freed.append(time.monotonic()) if leases.state(uuid) == "free" else None)
+    leases.on_change(
+        lambda: freed.append(time.monotonic()) if leases.state(uuid) == "free" else None
+    )
     deadline = leases.next_deadline()
     assert timer._at == deadline
     await until(lambda: leases.state(uuid) == "free", timeout=5)

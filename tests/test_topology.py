@@ -1,17 +1,25 @@
 """GPU topology: `topo -m` read from real captures, the best-connected choice (core/topology.py),
 and its place in the lease rules: it decides which devices, never whether or when."""
+
 from __future__ import annotations
 
 import itertools
 import os
 import random
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import pytest
 
-from helpers import (FakeClock, ScenarioFile, async_test, gpu_running, host_user, lease_manager,
-                     until)
+from helpers import (
+    FakeClock,
+    ScenarioFile,
+    async_test,
+    gpu_running,
+    host_user,
+    lease_manager,
+    until,
+)
 from patroller.core.devices import Device, Inventory
 from patroller.core.errors import Busy, Unsatisfiable
 from patroller.core.topology import Search, Topology, best, strength, usable
@@ -22,37 +30,44 @@ REAL = Path(__file__).parent / "fixtures" / "nvsmi" / "real"
 WORDS = ["SYS", "NODE", "PHB", "PXB", "PIX", "NV1", "NV2", "NV4", "NV12"]
 
 
-def devices(n: int) -> List[Device]:
+def devices(n: int) -> list[Device]:
     return [Device(uuid=f"GPU-{i}", number=i) for i in range(n)]
 
 
-def from_capture(name: str) -> Tuple[List[Device], Topology]:
+def from_capture(name: str) -> tuple[list[Device], Topology]:
     matrix = parse_topology((REAL / name).read_text(encoding="utf-8"))
     found = devices(len(matrix.gpus))
     return found, bind(matrix, Inventory(found))
 
 
-def numbers(chosen: Optional[Sequence[Device]]) -> Optional[List[int]]:
+def numbers(chosen: Sequence[Device] | None) -> list[int] | None:
     return None if chosen is None else [d.number for d in chosen]
 
 
-def never(device: Device) -> Tuple[int, float]:
+def never(device: Device) -> tuple[int, float]:
     return 1, float("-inf")
 
 
-def choose(name: str, free: Sequence[int], count: int, link: Optional[str] = None,
-           search: Search = Search()) -> Optional[List[int]]:
+def choose(
+    name: str, free: Sequence[int], count: int, link: str | None = None, search: Search = Search()
+) -> list[int] | None:
     found, topology = from_capture(name)
     return numbers(best(topology, [found[i] for i in free], count, never, link, search))
 
 
 # -- the parser on each real capture -------------------------------------------------------
 
+
 def test_the_dgx1_capture_is_read_whatever_its_whitespace():
     found, topology = from_capture("dlperf-dgx1-v100-topo-r470.txt")
     link = lambda a, b: topology.link(f"GPU-{a}", f"GPU-{b}")  # noqa: E731
-    assert (link(0, 1), link(0, 2), link(0, 4), link(4, 3), link(7, 0)) == \
-        ("NV1", "NV2", "SYS", "NV1", "NV2")
+    assert (link(0, 1), link(0, 2), link(0, 4), link(4, 3), link(7, 0)) == (
+        "NV1",
+        "NV2",
+        "SYS",
+        "NV1",
+        "NV2",
+    )
     assert [topology.numa[d.uuid] for d in found] == ["0"] * 4 + ["1"] * 4
     assert topology.cpus["GPU-5"] == "24-47,72-95"
 
@@ -74,8 +89,11 @@ def test_gpu_numa_id_and_nic_legend_are_read_past():
 def test_every_real_capture_gives_a_symmetric_matrix_of_known_links(name):
     text = (REAL / name).read_text(encoding="utf-8")
     matrix = parse_topology(text)
-    rows = [line.split()[0] for line in text.splitlines()
-            if line.split()[:1] and line.split()[0].startswith("GPU") and "X" in line.split()]
+    rows = [
+        line.split()[0]
+        for line in text.splitlines()
+        if line.split()[:1] and line.split()[0].startswith("GPU") and "X" in line.split()
+    ]
     assert [f"GPU{g}" for g in matrix.gpus] == rows
     n = len(matrix.gpus)
     assert len(matrix.links) == n * (n - 1)
@@ -88,8 +106,15 @@ def test_every_real_capture_gives_a_symmetric_matrix_of_known_links(name):
         assert all(v is None for v in matrix.numa.values())
 
 
-@pytest.mark.parametrize("text", ["", "No devices were found\n", "\tGPU0\tGPU1\nGPU0\t X \tNV1\n",
-                                  "\tGPU0\tGPU1\nGPU0\t X \tNV1\nGPU1\tNV1\tNV1\n"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "No devices were found\n",
+        "\tGPU0\tGPU1\nGPU0\t X \tNV1\n",
+        "\tGPU0\tGPU1\nGPU0\t X \tNV1\nGPU1\tNV1\tNV1\n",
+    ],
+)
 def test_what_is_no_matrix_is_said_to_be_none(text):
     with pytest.raises(TopoError):
         parse_topology(text)
@@ -102,6 +127,7 @@ def test_a_matrix_of_other_gpus_than_the_inventory_is_not_known():
 
 
 # -- the choice -------------------------------------------------------------------------------
+
 
 def test_the_best_connected_pairs_and_groups_on_real_hosts():
     dgx1 = "dlperf-dgx1-v100-topo-r470.txt"
@@ -153,8 +179,14 @@ def random_hosts(seed: int, cases: int):
         n = rng.randint(2, 7)
         words = {pair: rng.choice(WORDS) for pair in itertools.combinations(range(n), 2)}
         free = {i for i in range(n) if rng.random() < 0.7} or {rng.randrange(n)}
-        yield (n, words, free, rng.randint(1, n), rng.choice([None, "nvlink", "numa"]),
-               [rng.randint(0, 1) for _ in range(n)])
+        yield (
+            n,
+            words,
+            free,
+            rng.randint(1, n),
+            rng.choice([None, "nvlink", "numa"]),
+            [rng.randint(0, 1) for _ in range(n)],
+        )
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -165,8 +197,10 @@ def test_the_chosen_set_is_never_worse_connected_than_another_free_set(seed):
 
 def check_the_choice(n, words, free_numbers, count, link, nodes):
     found = devices(n)
-    topology = Topology({(f"GPU-{a}", f"GPU-{b}"): w for (a, b), w in words.items()},
-                        {f"GPU-{i}": str(nodes[i]) for i in range(n)})
+    topology = Topology(
+        {(f"GPU-{a}", f"GPU-{b}"): w for (a, b), w in words.items()},
+        {f"GPU-{i}": str(nodes[i]) for i in range(n)},
+    )
     free = [d for d in found if d.number in free_numbers]
     chosen = best(topology, free, count, never, link)
     fitting = [list(s) for s in itertools.combinations(free, count) if topology.fits(s, link)]
@@ -175,9 +209,11 @@ def check_the_choice(n, words, free_numbers, count, link, nodes):
         return
     assert chosen is not None and topology.fits(chosen, link) and set(chosen) <= set(free)
 
-    def weakest_first(s: Sequence[Device]) -> List[int]:  # the rule, written out again here
-        return sorted(strength(words[(a.number, b.number)])
-                      for a, b in itertools.combinations(s, 2))
+    def weakest_first(s: Sequence[Device]) -> list[int]:  # the rule, written out again here
+        return sorted(
+            strength(words[(a.number, b.number)]) for a, b in itertools.combinations(s, 2)
+        )
+
     assert weakest_first(chosen) == max(weakest_first(s) for s in fitting), (words, free, link)
 
 
@@ -190,15 +226,23 @@ def test_beyond_the_exact_bound_the_greedy_search_finds_the_structure():
         greedy = best(topology, free, 3, never, search=Search(exact=0))
         assert exact is not None and greedy is not None
         assert topology.score(greedy) == topology.score(exact)
-        assert sorted(strength(topology.link(a.uuid, b.uuid) or "")
-                      for a, b in itertools.combinations(greedy, 2))[0] == strength("PIX")
+        assert sorted(
+            strength(topology.link(a.uuid, b.uuid) or "")
+            for a, b in itertools.combinations(greedy, 2)
+        )[0] == strength("PIX")
 
 
 def test_the_greedy_search_grows_by_the_strongest_weakest_link():
     # From GPU 0 (the most promising start): 1 and 2 are NVLinked to it; once 1 is in, 2 would
     # bring a SYS link (a sum of 105) and 3 two PHB links (6): 3 it is, as the rule says.
-    words = {(0, 1): "NV4", (0, 2): "NV4", (0, 3): "PHB", (1, 2): "SYS", (1, 3): "PHB",
-             (2, 3): "SYS"}
+    words = {
+        (0, 1): "NV4",
+        (0, 2): "NV4",
+        (0, 3): "PHB",
+        (1, 2): "SYS",
+        (1, 3): "PHB",
+        (2, 3): "SYS",
+    }
     topology = Topology({(f"GPU-{a}", f"GPU-{b}"): w for (a, b), w in words.items()})
     found = devices(4)
     assert numbers(best(topology, found, 3, never, search=Search(exact=0, seeds=1))) == [0, 1, 3]
@@ -215,10 +259,18 @@ def pairs_host(clock: FakeClock, **policy):
     """Four GPUs, NVLink between 0-2 and 1-3 (the simulator's nvlink-pairs)."""
     found = devices(4)
     leases = lease_manager(clock, Inventory(found), **policy)
-    words = {(0, 2): "NV4", (1, 3): "NV4", (0, 1): "PHB", (2, 3): "PHB", (0, 3): "SYS",
-             (1, 2): "SYS"}
-    leases.topology = Topology({(f"GPU-{a}", f"GPU-{b}"): w for (a, b), w in words.items()},
-                               {f"GPU-{i}": "0" if i < 2 else "1" for i in range(4)})
+    words = {
+        (0, 2): "NV4",
+        (1, 3): "NV4",
+        (0, 1): "PHB",
+        (2, 3): "PHB",
+        (0, 3): "SYS",
+        (1, 2): "SYS",
+    }
+    leases.topology = Topology(
+        {(f"GPU-{a}", f"GPU-{b}"): w for (a, b), w in words.items()},
+        {f"GPU-{i}": "0" if i < 2 else "1" for i in range(4)},
+    )
     return leases
 
 
@@ -248,7 +300,7 @@ def test_a_topology_preference_never_lets_a_user_overtake_the_queue():
     leases = pairs_host(clock)
     mine = leases.request(BOB, {"gpu": 2})  # 0 and 2: bob's last devices, once released
     leases.request(CAROL, {"gpu": 2})  # 1 and 3
-    granted: Dict[str, List[int]] = {}
+    granted: dict[str, list[int]] = {}
     leases.wait(ALICE, {"gpu": 2}, lambda ds: granted.setdefault("alice", numbers(ds)))
     clock.advance(1)
     leases.wait(BOB, {"gpu": 2}, lambda ds: granted.setdefault("bob", numbers(ds)))
@@ -276,10 +328,12 @@ def test_the_devices_set_aside_for_a_starving_waiter_are_those_it_would_get():
 
 # -- the daemon, on the simulator ---------------------------------------------------------------
 
+
 @pytest.fixture
 def pairs(tmp_path):
-    return ScenarioFile(str(tmp_path / "scenario.json"), devices=[{}, {}, {}, {}],
-                        topology="nvlink-pairs")
+    return ScenarioFile(
+        str(tmp_path / "scenario.json"), devices=[{}, {}, {}, {}], topology="nvlink-pairs"
+    )
 
 
 @async_test
@@ -289,8 +343,12 @@ async def test_the_daemon_grants_the_nvlink_pair_and_shows_the_links(pairs):
         status, grant = await h.call("/request?gpu=2")
         assert status == 200 and [g["info"]["number"] for g in grant] == [0, 2]
         shown = (await h.ok("/status"))[grant[0]["uuid"]]["topology"]
-        assert shown == {"numa": "0", "cpus": "0-15", "links": {"1": "PHB", "2": "NV4", "3": "SYS"},
-                         "nvlink": [2]}
+        assert shown == {
+            "numa": "0",
+            "cpus": "0-15",
+            "links": {"1": "PHB", "2": "NV4", "3": "SYS"},
+            "nvlink": [2],
+        }
         assert (await h.ok("/devices"))[grant[1]["uuid"]]["topology"]["nvlink"] == [0]
         status, busy = await h.call("/request?gpu=2&link=numa")
         assert status == 409 and busy["link"] == "numa", busy
@@ -326,16 +384,29 @@ async def test_without_topo_the_daemon_grants_the_lowest_numbers_and_refuses_a_l
         assert (await h.ok("/status"))[grant[0]["uuid"]]["topology"] is None
 
 
-@pytest.mark.parametrize("scenario, status, said", [
-    ({"topology": "nvlink-pairs"}, "ok", "NVLink between 0, 2; 1, 3; NUMA node 0: 0, 1; "
-     "NUMA node 1: 2, 3: the best-connected free GPUs are granted"),
-    ({"topology": "pcie-pairs", "topo_format": "r440"}, "ok", "no NVLink; cpus 0-15: 0, 1"),
-    ({}, "degraded", "Option topo is not recognized"),
-    ({"topology": "nvlink-all", "faults": {"topo": {"hang": True}}}, "degraded",
-     "no answer in 1 s: killed"),
-    ({"topology": "nvlink-all", "devices": [{}, {}, {"mig": "Enabled"}, {}]}, "degraded",
-     "MIG is on for GPU 2: the lowest free numbers are granted"),
-])
+@pytest.mark.parametrize(
+    "scenario, status, said",
+    [
+        (
+            {"topology": "nvlink-pairs"},
+            "ok",
+            "NVLink between 0, 2; 1, 3; NUMA node 0: 0, 1; "
+            "NUMA node 1: 2, 3: the best-connected free GPUs are granted",
+        ),
+        ({"topology": "pcie-pairs", "topo_format": "r440"}, "ok", "no NVLink; cpus 0-15: 0, 1"),
+        ({}, "degraded", "Option topo is not recognized"),
+        (
+            {"topology": "nvlink-all", "faults": {"topo": {"hang": True}}},
+            "degraded",
+            "no answer in 1 s: killed",
+        ),
+        (
+            {"topology": "nvlink-all", "devices": [{}, {}, {"mig": "Enabled"}, {}]},
+            "degraded",
+            "MIG is on for GPU 2: the lowest free numbers are granted",
+        ),
+    ],
+)
 def test_the_doctor_says_how_the_gpus_are_linked_or_why_not(tmp_path, scenario, status, said):
     import asyncio
     from dataclasses import replace
@@ -346,11 +417,15 @@ def test_the_doctor_says_how_the_gpus_are_linked_or_why_not(tmp_path, scenario, 
 
     file = ScenarioFile(str(tmp_path / "s.json"), **{"devices": [{}, {}, {}, {}], **scenario})
     hangs = bool(scenario.get("faults"))  # only then may the command be cut short
-    config = replace(Config(), nvidia_smi=file.command,
-                     topology_timeout=1.0 if hangs else Config.topology_timeout)
+    config = replace(
+        Config(),
+        nvidia_smi=file.command,
+        topology_timeout=1.0 if hangs else Config.topology_timeout,
+    )
     result = topology(asyncio.run(probe(config)))
-    assert (result.status, result.check) == (status, "GPU topology") and said in result.detail, \
+    assert (result.status, result.check) == (status, "GPU topology") and said in result.detail, (
         result
+    )
 
 
 def test_a_waiter_that_insists_on_a_link_holds_back_no_later_one_that_fits():
@@ -358,9 +433,10 @@ def test_a_waiter_that_insists_on_a_link_holds_back_no_later_one_that_fits():
     leases = pairs_host(clock)
     for user in (BOB, CAROL, host_user("dave", 1004)):
         leases.request(user, {"gpu": 1})  # 0, 1, 2: 3 is free
-    granted: Dict[str, List[int]] = {}
-    leases.wait(ALICE, {"gpu": 2}, lambda ds: granted.setdefault("alice", numbers(ds)),
-                link="nvlink")
+    granted: dict[str, list[int]] = {}
+    leases.wait(
+        ALICE, {"gpu": 2}, lambda ds: granted.setdefault("alice", numbers(ds)), link="nvlink"
+    )
     clock.advance(1)
     leases.wait(CAROL, {"gpu": 2}, lambda ds: granted.setdefault("carol", numbers(ds)))
     leases.release(BOB)  # 0 joins 3: two GPUs free, not linked by NVLink (SYS)
@@ -370,9 +446,10 @@ def test_a_waiter_that_insists_on_a_link_holds_back_no_later_one_that_fits():
 def test_ties_in_the_lease_rules_go_to_the_users_last_gpu_then_the_oldest_release():
     clock = FakeClock()
     leases = lease_manager(clock, Inventory(devices(4)))
-    leases.topology = Topology({(f"GPU-{a}", f"GPU-{b}"): "NODE"
-                                for a, b in itertools.combinations(range(4), 2)},
-                               {f"GPU-{i}": "0" for i in range(4)})
+    leases.topology = Topology(
+        {(f"GPU-{a}", f"GPU-{b}"): "NODE" for a, b in itertools.combinations(range(4), 2)},
+        {f"GPU-{i}": "0" for i in range(4)},
+    )
     for user, number in ((BOB, 2), (CAROL, 3), (ALICE, 1)):
         leases.request(user, {"gpu": 1})  # 0, then 1, then 2: lowest first, none released yet
     leases.release(ALICE)  # 2, freed at 1000
@@ -393,15 +470,22 @@ def test_the_command_line_asks_for_a_link(tmp_path):
     from helpers import ROOT, ServerProcess
     from patroller import client
 
-    scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=[{}, {}, {}, {}],
-                            topology="nvlink-pairs")
+    scenario = ScenarioFile(
+        str(tmp_path / "scenario.json"), devices=[{}, {}, {}, {}], topology="nvlink-pairs"
+    )
     server = ServerProcess("--nvidia-smi", scenario.command, "--lease", "300").start()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "PATROLLER_"))}
 
     def cli(command, *args):
-        return subprocess.run([sys.executable, "-m", "patroller.cli", command, "--server",
-                               server.server, *args], env={**env, "PYTHONPATH": ROOT}, cwd=ROOT,
-                              capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "patroller.cli", command, "--server", server.server, *args],
+            env={**env, "PYTHONPATH": ROOT},
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
     try:
         deadline = time.monotonic() + 20
         while all(v["topology"] is None for v in client.devices(server.server).values()):
@@ -409,11 +493,13 @@ def test_the_command_line_asks_for_a_link(tmp_path):
             time.sleep(0.05)
         reserved = cli("reserve", "-n", "2", "--link", "numa")
         assert (reserved.returncode, reserved.stdout) == (0, "0,1\n"), reserved
-        ran = cli("run", "-n", "2", "--link", "nvlink", "--", "sh", "-c",
-                  "echo $CUDA_VISIBLE_DEVICES")
+        ran = cli(
+            "run", "-n", "2", "--link", "nvlink", "--", "sh", "-c", "echo $CUDA_VISIBLE_DEVICES"
+        )
         assert (ran.returncode, ran.stdout) == (75, ""), ran  # 2 and 3: PHB, not NVLink
-        ran = cli("run", "-n", "2", "--link", "numa", "--", "sh", "-c",
-                  "echo $CUDA_VISIBLE_DEVICES")
+        ran = cli(
+            "run", "-n", "2", "--link", "numa", "--", "sh", "-c", "echo $CUDA_VISIBLE_DEVICES"
+        )
         assert (ran.returncode, ran.stdout) == (0, "2,3\n"), ran
         waited = cli("wait", "-n", "3", "--link", "nvlink", "--timeout", "5")
         assert waited.returncode == 77 and "no 3 gpu of this host" in waited.stderr, waited

@@ -1,5 +1,6 @@
 """Who a TCP caller is when it misbehaves: a socket closed at once, the host's own address,
 a Docker Engine that cannot be reached. Real daemons, real processes, real sockets."""
+
 import ctypes
 import json
 import os
@@ -26,14 +27,13 @@ CLIENT = ("127.0.0.1", 40000)
 SERVER = ("127.0.0.1", 8080)
 
 
-
-
 @pytest.fixture
 def scenario(tmp_path):
     return ScenarioFile(str(tmp_path / "scenario.json"), devices=[{}, {}, {}, {}])
 
 
 # -- the rule, on parsed socket-table entries (pure) ---------------------------------------------
+
 
 def entry(state=ESTABLISHED, uid=1000, inode=5151):
     return SocketEntry(CLIENT, SERVER, uid, inode, state)
@@ -63,16 +63,27 @@ def test_an_orphan_socket_names_nobody_though_its_uid_is_kept():
 
 def test_a_live_socket_nobody_holds_names_nobody():
     owner = owner_of(entry(), holder=None, hidden=False)
-    assert owner.pid is None and owner.uid is None and owner.reason == (
-        "no process of uid 1000 holds the connection from port 40000 any more: it was closed "
-        "before its caller could be identified, or handed to another user's process")
+    assert (
+        owner.pid is None
+        and owner.uid is None
+        and owner.reason
+        == (
+            "no process of uid 1000 holds the connection from port 40000 any more: it was closed "
+            "before its caller could be identified, or handed to another user's process"
+        )
+    )
 
 
 def test_a_search_stopped_at_its_budget_names_nobody():
     owner = owner_of(entry(), holder=None, hidden=True, exhausted=True)
-    assert owner.pid is None and owner.uid is None and owner.reason.startswith(
-        "the processes of uid 1000 hold too many descriptors to find the one holding the "
-        "connection from port 40000")
+    assert (
+        owner.pid is None
+        and owner.uid is None
+        and owner.reason.startswith(
+            "the processes of uid 1000 hold too many descriptors to find the one holding the "
+            "connection from port 40000"
+        )
+    )
 
 
 def test_a_live_socket_whose_holder_cannot_be_read_is_its_creators_account():
@@ -94,8 +105,6 @@ for _ in range(rounds):
 ROUNDS = 25
 
 
-
-
 def get(url, path):
     with urllib.request.urlopen(url + path, timeout=20) as answer:
         return json.loads(answer.read())
@@ -108,8 +117,9 @@ def own_state(tmp_path):
 
 def test_a_client_that_closes_at_once_never_acts_as_root(scenario, tmp_path):
     need_root("the closing client runs as an unprivileged uid")
-    server = ServerProcess("--nvidia-smi", scenario.command, "--lease", "300",
-                           env=own_state(tmp_path)).start()
+    server = ServerProcess(
+        "--nvidia-smi", scenario.command, "--lease", "300", env=own_state(tmp_path)
+    ).start()
     try:
         [grant] = get(server.url, "/request?gpu=1")  # root's, over a connection kept open
         booked = time.monotonic()
@@ -117,8 +127,14 @@ def test_a_client_that_closes_at_once_never_acts_as_root(scenario, tmp_path):
         assert mine["user"]["user"] == "root" and mine["user"]["uid"] == 0
         before = get(server.url, "/metrics.json")["caller_lookups"]
         host, port = server.server.split(":")
-        subprocess.run([python_for(NOBODY), "-c", CLOSER, host, port, str(ROUNDS)], check=True,
-                       timeout=120, user=NOBODY, group=NOBODY, extra_groups=[])
+        subprocess.run(
+            [python_for(NOBODY), "-c", CLOSER, host, port, str(ROUNDS)],
+            check=True,
+            timeout=120,
+            user=NOBODY,
+            group=NOBODY,
+            extra_groups=[],
+        )
         # every request the closer sent has been looked up (and answered, or refused)
         deadline = time.monotonic() + 30
         while get(server.url, "/metrics.json")["caller_lookups"] < before + 2 * ROUNDS:
@@ -160,6 +176,7 @@ def ip(*args):
 
 def entering(namespace, uid=None):
     """A preexec_fn: join the named network namespace, then (optionally) become `uid`."""
+
     def enter():
         libc = ctypes.CDLL(None, use_errno=True)
         fd = os.open(f"/run/netns/{namespace}", os.O_RDONLY)
@@ -170,6 +187,7 @@ def entering(namespace, uid=None):
             os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)
+
     return enter
 
 
@@ -197,9 +215,16 @@ def namespaces():
 @pytest.fixture
 def host_daemon(namespaces, scenario, tmp_path):
     """A GPU-host daemon in the host namespace on HOST, whose Docker Engine is nowhere."""
-    server = ServerProcess("--nvidia-smi", scenario.command, "--address", HOST,
-                           "--docker-host", f"unix://{tmp_path}/docker.sock",
-                           env=own_state(tmp_path), preexec_fn=entering(namespaces[0])).start()
+    server = ServerProcess(
+        "--nvidia-smi",
+        scenario.command,
+        "--address",
+        HOST,
+        "--docker-host",
+        f"unix://{tmp_path}/docker.sock",
+        env=own_state(tmp_path),
+        preexec_fn=entering(namespaces[0]),
+    ).start()
     try:
         yield server
     finally:
@@ -209,15 +234,21 @@ def host_daemon(namespaces, scenario, tmp_path):
 def ask_from(namespace, server, *paths):
     """[status, body] of each path, asked on one connection by `nobody` in the namespace."""
     host, port = server.server.rsplit(":", 1)
-    result = subprocess.run([python_for(NOBODY), "-c", ASK, host, port, *paths],
-                            capture_output=True, text=True, timeout=60,
-                            preexec_fn=entering(namespace, NOBODY))
+    result = subprocess.run(
+        [python_for(NOBODY), "-c", ASK, host, port, *paths],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=entering(namespace, NOBODY),
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
 
 def test_a_caller_through_the_hosts_own_address_is_its_account(namespaces, host_daemon):
-    [[status, grant], [_, view]] = ask_from(namespaces[0], host_daemon, "/request?gpu=1", "/status")
+    [[status, grant], [_, view]] = ask_from(
+        namespaces[0], host_daemon, "/request?gpu=1", "/status"
+    )
     assert status == 200, grant
     holder = view[grant[0]["uuid"]]["claim"]["user"]
     assert holder["source"] == "host" and holder["uid"] == NOBODY, holder
@@ -234,11 +265,13 @@ def test_a_caller_in_another_network_namespace_is_not_taken_for_local(namespaces
 def test_a_caller_whose_process_cannot_be_known_gets_no_process_hold(namespaces, tmp_path):
     # Test mode takes user= for the identity, but the process is still the kernel's word: a
     # caller from another network namespace has none that the daemon can see.
-    server = ServerProcess("--test", "--address", HOST, env=own_state(tmp_path),
-                           preexec_fn=entering(namespaces[0])).start()
+    server = ServerProcess(
+        "--test", "--address", HOST, env=own_state(tmp_path), preexec_fn=entering(namespaces[0])
+    ).start()
     try:
         [[status, body], [_, view]] = ask_from(
-            namespaces[1], server, "/request?gpu=1&hold=process&user=alice", "/status")
+            namespaces[1], server, "/request?gpu=1&hold=process&user=alice", "/status"
+        )
         assert status == 422 and body["hold"] == "process", body
         assert f"caller at {OTHER}" not in body["error"]  # test mode does not look it up
         assert "unix socket" in body["error"] and "hold=lease" in body["error"]
@@ -250,6 +283,7 @@ def test_a_caller_whose_process_cannot_be_known_gets_no_process_hold(namespaces,
 
 
 # -- Docker Engine unreachable: the reason in words ---------------------------------------------
+
 
 @async_test
 async def test_an_unreachable_docker_engine_is_said_in_words(tmp_path):
@@ -298,8 +332,15 @@ def test_a_pid_reused_while_its_connection_waits_does_not_lend_its_identity(scen
     where = tempfile.mkdtemp(prefix="psock", dir="/tmp")  # a directory uid 65534 may enter
     os.chmod(where, 0o755)
     path = os.path.join(where, "api.sock")
-    server = ServerProcess("--nvidia-smi", scenario.command, "--lease", "300", "--socket", path,
-                           env=own_state(tmp_path)).start()
+    server = ServerProcess(
+        "--nvidia-smi",
+        scenario.command,
+        "--lease",
+        "300",
+        "--socket",
+        path,
+        env=own_state(tmp_path),
+    ).start()
     reused = None
     borrower = None
     try:
@@ -307,9 +348,19 @@ def test_a_pid_reused_while_its_connection_waits_does_not_lend_its_identity(scen
         server.process.send_signal(signal.SIGSTOP)  # connections wait in the backlog meanwhile
         try:
             borrower = subprocess.Popen(
-                [python_for(NOBODY), "-c", BORROWER, path,
-                 f"/release?uuid={held['uuid']}&reason=borrowed"],
-                user=NOBODY, group=NOBODY, extra_groups=[], stdout=subprocess.PIPE, text=True)
+                [
+                    python_for(NOBODY),
+                    "-c",
+                    BORROWER,
+                    path,
+                    f"/release?uuid={held['uuid']}&reason=borrowed",
+                ],
+                user=NOBODY,
+                group=NOBODY,
+                extra_groups=[],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             pid = int(borrower.stdout.readline())
             borrower.wait(timeout=20)  # the caller has ended, and its pid is free
             reused = reuse_pid(pid)

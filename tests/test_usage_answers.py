@@ -3,6 +3,7 @@ while nothing was committed is answered without reading the file; anything commi
 writer, or by any other connection), a file replaced, or a read that failed forgets them all;
 and they hold at most `usage_report_cache_rows` rows, the least recently asked going first.
 Real stores on disk, real reader threads."""
+
 import asyncio
 import os
 import random
@@ -49,8 +50,10 @@ def test_a_commit_by_any_other_connection_forgets_the_answers(tmp_path):
         other.execute("UPDATE hourly SET seconds = seconds * 2")
         other.execute("UPDATE daily SET seconds = seconds * 2")
         other.close()
-        assert by_category(report(store, NOW - 2 * HOUR, NOW))[("alice", "active")] == \
-            2 * by_category(first)[("alice", "active")]
+        assert (
+            by_category(report(store, NOW - 2 * HOUR, NOW))[("alice", "active")]
+            == 2 * by_category(first)[("alice", "active")]
+        )
         assert store.metrics()["answered_again"] == 0
 
 
@@ -59,8 +62,9 @@ def test_a_report_in_another_zone_is_read_for_that_zone(tmp_path):
         store.put(NOW - 60, interval())
         wait(lambda: store.intervals == 1)
         in_utc = asyncio.run(store.grouped(NOW - 2 * HOUR, NOW, ("hour", "user"), timezone.utc))
-        east = asyncio.run(store.grouped(NOW - 2 * HOUR, NOW, ("hour", "user"),
-                                         timezone(timedelta(hours=5))))  # 5 hours later there
+        east = asyncio.run(
+            store.grouped(NOW - 2 * HOUR, NOW, ("hour", "user"), timezone(timedelta(hours=5)))
+        )  # 5 hours later there
         assert store.metrics()["answered_again"] == 0
         assert {key for key, *_ in east.rows} != {key for key, *_ in in_utc.rows}
 
@@ -159,12 +163,16 @@ def test_ranges_of_the_same_answer_key_read_the_same_rows(tmp_path):
             same_until = until
         key = queries.answer_key(since, until, by, None)
         assert queries.answer_key(same_since, same_until, by, None) == key
-        assert rounded(queries.totals(db, same_since, same_until, by)) == \
-            rounded(queries.totals(db, since, until, by)), (since, until, by)
+        assert rounded(queries.totals(db, same_since, same_until, by)) == rounded(
+            queries.totals(db, since, until, by)
+        ), (since, until, by)
     # until: the hour that ends at it or after it; since: the hour it is in
-    assert queries.answer_key(START, START + 1, "user", None) == \
-        queries.answer_key(START, START + HOUR, "user", None) != \
-        queries.answer_key(START, START + HOUR + 1, "user", None)
-    assert queries.answer_key(START - 1, START + HOUR, "user", None) != \
-        queries.answer_key(START, START + HOUR, "user", None)
+    assert (
+        queries.answer_key(START, START + 1, "user", None)
+        == queries.answer_key(START, START + HOUR, "user", None)
+        != queries.answer_key(START, START + HOUR + 1, "user", None)
+    )
+    assert queries.answer_key(START - 1, START + HOUR, "user", None) != queries.answer_key(
+        START, START + HOUR, "user", None
+    )
     assert schema.version(db) == schema.LATEST

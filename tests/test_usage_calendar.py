@@ -1,5 +1,6 @@
 """/usage with a range past the calendar, and a request that fails every time it is sent: a 400
 naming the field for the one, and one traceback a minute in the log at most for the other."""
+
 import logging
 
 import pytest
@@ -11,13 +12,16 @@ from test_openapi import answer_schema, undocumented
 
 @async_test
 async def test_a_range_past_the_calendar_is_a_400_naming_its_field_and_logs_nothing(
-        tmp_path, caplog):
+    tmp_path, caplog
+):
     async with running(state_dir=str(tmp_path / "state"), usage_interval=0.2) as h:
-        for path, field in (("/usage?since=1000000d", "since"),
-                            ("/usage?since=1e30d", "since"),
-                            ("/usage?since=0001-01-01T00:00:00%2B14:00", "since"),
-                            ("/usage?since=0001-01-01&tz=%2B05:00", "since"),
-                            ("/usage?since=1000000d&by=day,user&tz=Europe/Paris", "since")):
+        for path, field in (
+            ("/usage?since=1000000d", "since"),
+            ("/usage?since=1e30d", "since"),
+            ("/usage?since=0001-01-01T00:00:00%2B14:00", "since"),
+            ("/usage?since=0001-01-01&tz=%2B05:00", "since"),
+            ("/usage?since=1000000d&by=day,user&tz=Europe/Paris", "since"),
+        ):
             for _ in range(20):  # as the attack did: again and again
                 code, body = await h.call(path)
                 assert code == 400 and body["field"] == field, (path, code, body)
@@ -30,8 +34,9 @@ async def test_a_range_past_the_calendar_is_a_400_naming_its_field_and_logs_noth
 
 @pytest.mark.errors_expected
 @async_test
-async def test_a_request_that_fails_each_time_logs_one_traceback_a_minute(tmp_path, caplog,
-                                                                         monkeypatch):
+async def test_a_request_that_fails_each_time_logs_one_traceback_a_minute(
+    tmp_path, caplog, monkeypatch
+):
     def broken(args, now):
         raise RuntimeError("a fault no request should reach")
 

@@ -1,6 +1,7 @@
 """The usage store in real daemons: the categories of a simulated GPU host with real processes
 of real users, kill -9 and a stop, a full disk, a corrupt and a newer file, a read-only
 filesystem, retention at start, /usage's mistakes, and --hide-users."""
+
 import json
 import logging
 import os
@@ -14,8 +15,18 @@ import urllib.request
 import pytest
 
 from helpers import known_claim
-from helpers import (NOBODY, ScenarioFile, ServerProcess, async_test, find, gpu_running,
-                     need_root, running, scrape, until)
+from helpers import (
+    NOBODY,
+    ScenarioFile,
+    ServerProcess,
+    async_test,
+    find,
+    gpu_running,
+    need_root,
+    running,
+    scrape,
+    until,
+)
 from patroller.identify.resolver import host_identity
 from patroller.state.usage import schema
 from test_hide_users import PSEUDONYM, ask_as
@@ -39,9 +50,13 @@ def hourly(path):
     """GPU-seconds so far by GPU uuid and category, read from the file as it is."""
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        return {(uuid, category): seconds for uuid, category, seconds in db.execute(
-            "SELECT g.uuid, h.category, SUM(h.seconds) FROM hourly h JOIN gpus g "
-            "ON g.id = h.gpu GROUP BY 1, 2")}
+        return {
+            (uuid, category): seconds
+            for uuid, category, seconds in db.execute(
+                "SELECT g.uuid, h.category, SUM(h.seconds) FROM hourly h JOIN gpus g "
+                "ON g.id = h.gpu GROUP BY 1, 2"
+            )
+        }
     finally:
         db.close()
 
@@ -67,32 +82,43 @@ def scenario(tmp_path):
 @async_test
 async def test_each_gpu_counts_in_the_category_its_holder_and_processes_make(scenario, tmp_path):
     need_root("processes of other users")
-    mine, theirs, idle, intruder = (sleeping(0), sleeping(NOBODY), sleeping(NOBODY),
-                                    sleeping(NOBODY))
+    mine, theirs, idle, intruder = (
+        sleeping(0),
+        sleeping(NOBODY),
+        sleeping(NOBODY),
+        sleeping(NOBODY),
+    )
     try:
         # nobody computes on GPU 1 and holds GPU 2 without computing, both without asking
-        processes = [{"pid": theirs.pid, "gpu": 1, "sm": 80, "used_mib": 9000},
-                     {"pid": idle.pid, "gpu": 2, "sm": 0, "used_mib": 3000}]
+        processes = [
+            {"pid": theirs.pid, "gpu": 1, "sm": 80, "used_mib": 9000},
+            {"pid": idle.pid, "gpu": 2, "sm": 0, "used_mib": 3000},
+        ]
         scenario.write(processes=processes)
         state = tmp_path / "state"
-        async with gpu_running(scenario, state_dir=str(state), usage_interval=1.0,
-                               lease=600) as h:
+        async with gpu_running(scenario, state_dir=str(state), usage_interval=1.0, lease=600) as h:
             uuid = {d.number: d.uuid for d in h.services.inventory}
             leases = h.services.leases
-            await until(lambda: all(known_claim(leases, uuid[n]) for n in (1, 2)),
-                        timeout=20)
+            await until(lambda: all(known_claim(leases, uuid[n]) for n in (1, 2)), timeout=20)
             granted = [d["uuid"] for d in await h.ok("/request?gpu=3")]  # root's
             number = {u: n for n, u in uuid.items()}
             active, shared, unused = sorted(granted, key=number.get)
             # root computes on one, nobody intrudes on another, the third stays unused
-            processes += [{"pid": mine.pid, "gpu": number[active], "sm": 90},
-                          {"pid": intruder.pid, "gpu": number[shared], "sm": 50}]
+            processes += [
+                {"pid": mine.pid, "gpu": number[active], "sm": 90},
+                {"pid": intruder.pid, "gpu": number[shared], "sm": 50},
+            ]
             scenario.write(processes=processes)
             free = (set(uuid.values()) - set(granted) - {uuid[1], uuid[2]}).pop()
-            expected = {active: "claimed", shared: "shared", unused: "reserved",
-                        uuid[1]: "claimed", uuid[2]: "claimed", free: "free"}
-            await until(lambda: all(leases.state(u) == s for u, s in expected.items()),
-                        timeout=20)
+            expected = {
+                active: "claimed",
+                shared: "shared",
+                unused: "reserved",
+                uuid[1]: "claimed",
+                uuid[2]: "claimed",
+                free: "free",
+            }
+            await until(lambda: all(leases.state(u) == s for u, s in expected.items()), timeout=20)
             store = h.services.usage
             settled = store.intervals
             await until(lambda: store.intervals > settled + 1, timeout=20)  # one taken after
@@ -100,11 +126,17 @@ async def test_each_gpu_counts_in_the_category_its_holder_and_processes_make(sce
             await until(lambda: store.intervals > settled + 4, timeout=20)
             after = hourly(state / FILE)
             assert grown(before, after) == {
-                active: {"active"}, uuid[1]: {"unreserved"}, uuid[2]: {"idle_held"},
-                shared: {"reserved_unused", "trespass"}, unused: {"reserved_unused"},
-                free: {"free"}}
-            halves = [after[(shared, c)] - before.get((shared, c), 0.0)
-                      for c in ("reserved_unused", "trespass")]
+                active: {"active"},
+                uuid[1]: {"unreserved"},
+                uuid[2]: {"idle_held"},
+                shared: {"reserved_unused", "trespass"},
+                unused: {"reserved_unused"},
+                free: {"free"},
+            }
+            halves = [
+                after[(shared, c)] - before.get((shared, c), 0.0)
+                for c in ("reserved_unused", "trespass")
+            ]
             assert abs(halves[0] - halves[1]) < 1e-6  # two parties share the GPU's time
             root, nobody = host_identity(0).user, host_identity(NOBODY).user
             users = {row["key"]: row for row in (await h.ok("/usage?since=1h"))["rows"]}
@@ -128,8 +160,10 @@ async def test_each_gpu_counts_in_the_category_its_holder_and_processes_make(sce
 def samples(path):
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        return db.execute("SELECT at, seconds FROM samples s JOIN gpus g ON g.id = s.gpu "
-                          "WHERE g.number = 0 ORDER BY at").fetchall()
+        return db.execute(
+            "SELECT at, seconds FROM samples s JOIN gpus g ON g.id = s.gpu "
+            "WHERE g.number = 0 ORDER BY at"
+        ).fetchall()
     finally:
         db.close()
 
@@ -159,7 +193,7 @@ def test_kill_9_loses_at_most_the_interval_in_progress_and_a_restart_continues(t
     finally:
         server.stop()
     after = samples(f"{state}/{FILE}")
-    assert after[:len(before)] == before  # the first run's samples stay, and more follow
+    assert after[: len(before)] == before  # the first run's samples stay, and more follow
     (last_at, _), (first_at, first_seconds) = before[-1], after[len(before)]
     assert first_seconds < first_at - last_at  # the downtime is counted in no interval
     assert status == 200 and report["rows"][0]["key"] == "alice"
@@ -178,11 +212,11 @@ def test_a_stop_writes_the_interval_in_progress(tmp_path):
 
 @pytest.mark.errors_expected  # the failing writes are logged as an error
 @async_test
-async def test_a_full_disk_degrades_the_store_serving_goes_on_and_it_catches_up(tmp_path,
-                                                                              caplog):
+async def test_a_full_disk_degrades_the_store_serving_goes_on_and_it_catches_up(tmp_path, caplog):
     with tmpfs(tmp_path / "state", "1m") as state:
-        async with running(state_dir=str(state), usage_interval=0.1, usage_retry=0.1,
-                           usage_reserve=0) as h:  # no room kept: the disk fills
+        async with running(
+            state_dir=str(state), usage_interval=0.1, usage_retry=0.1, usage_reserve=0
+        ) as h:  # no room kept: the disk fills
             store = h.services.usage
             await until(lambda: store.intervals >= 2)
             filler = fill(state)
@@ -231,8 +265,11 @@ def test_a_corrupt_or_newer_file_is_set_aside_at_start_and_a_fresh_store_starts(
         assert get(server, "/metrics.json")[1]["usage"]["set_aside"] == 1
     finally:
         server.stop()
-    [aside] = [p for p in state.iterdir() if p.name.startswith(f"{FILE}.{kind}-")
-               and not p.name.endswith(("-wal", "-shm"))]
+    [aside] = [
+        p
+        for p in state.iterdir()
+        if p.name.startswith(f"{FILE}.{kind}-") and not p.name.endswith(("-wal", "-shm"))
+    ]
     assert aside.read_bytes() == kept
     lines = [line for line in server.log.splitlines() if "set aside as" in line]
     assert len(lines) == 1 and "WARNING" in lines[0] and aside.name in lines[0], server.log
@@ -242,15 +279,14 @@ def test_a_corrupt_or_newer_file_is_set_aside_at_start_and_a_fresh_store_starts(
 
 @async_test
 async def test_a_read_only_filesystem_runs_without_a_store_and_says_so(tmp_path, caplog):
-    with tmpfs(tmp_path / "ro", options=",ro") as where:
-        with caplog.at_level(logging.INFO):
-            async with running(state_dir=str(tmp_path / "state"), usage_dir=str(where)) as h:
-                found, _, _ = await scrape(h)
-                assert find(found, "patroller_usage_state", state="read_only") == [1.0]
-                assert find(found, "patroller_usage_writable") == [0.0]
-                code, body = await h.call("/usage")
-                assert code == 503 and "read-only filesystem" in body["error"]
-                await h.ok("/status")
+    with tmpfs(tmp_path / "ro", options=",ro") as where, caplog.at_level(logging.INFO):
+        async with running(state_dir=str(tmp_path / "state"), usage_dir=str(where)) as h:
+            found, _, _ = await scrape(h)
+            assert find(found, "patroller_usage_state", state="read_only") == [1.0]
+            assert find(found, "patroller_usage_writable") == [0.0]
+            code, body = await h.call("/usage")
+            assert code == 503 and "read-only filesystem" in body["error"]
+            await h.ok("/status")
     assert "read-only filesystem: running without a usage store" in caplog.text
     assert os.listdir(where) == []
 
@@ -261,6 +297,7 @@ def test_samples_past_the_retention_are_folded_at_start_and_still_reported(tmp_p
     db = sqlite3.connect(state / FILE, isolation_level=None)
     schema.migrate(db)
     from patroller.state.usage import tables
+
     old = time.time() - 90 * 86400
     for n in range(60):  # an hour of one-minute intervals, 90 days ago
         tables.write_interval(db, tables.Keys(), old + 60 * n, interval())
@@ -285,14 +322,20 @@ def test_samples_past_the_retention_are_folded_at_start_and_still_reported(tmp_p
 @async_test
 async def test_bad_ranges_are_400_naming_the_field_and_no_store_is_404(tmp_path):
     async with running(state_dir=str(tmp_path / "state"), usage_interval=0.2) as h:
-        for path, field in (("/usage?since=soon", "since"), ("/usage?until=2999-01-01", "until"),
-                            ("/usage?since=1h&until=2h", "since"), ("/usage?by=team", "by"),
-                            ("/usage?since=2026-13-01", "since"), ("/usage?group=x", "group"),
-                            ("/usage?until=soon", "until"), ("/usage?since=2999-01-01", "since"),
-                            ("/usage?since=-1h", "since"),
-                            ("/usage?until=2026-11-01T08:00", "until"),
-                            ("/usage?since=2026-11-02&until=2026-11-01", "since"),
-                            ("/usage?by=user&by=gpu", "by")):
+        for path, field in (
+            ("/usage?since=soon", "since"),
+            ("/usage?until=2999-01-01", "until"),
+            ("/usage?since=1h&until=2h", "since"),
+            ("/usage?by=team", "by"),
+            ("/usage?since=2026-13-01", "since"),
+            ("/usage?group=x", "group"),
+            ("/usage?until=soon", "until"),
+            ("/usage?since=2999-01-01", "since"),
+            ("/usage?since=-1h", "since"),
+            ("/usage?until=2026-11-01T08:00", "until"),
+            ("/usage?since=2026-11-02&until=2026-11-01", "since"),
+            ("/usage?by=user&by=gpu", "by"),
+        ):
             code, body = await h.call(path)
             assert code == 400 and body["field"] == field and field in body["error"], path
             assert list(undocumented(body, answer_schema("/usage", "get", 400))) == []
@@ -315,22 +358,35 @@ async def test_bad_ranges_are_400_naming_the_field_and_no_store_is_404(tmp_path)
 
 @async_test
 async def test_each_caller_sees_their_own_name_others_pseudonyms_and_root_every_name(
-        scenario, tmp_path):
+    scenario, tmp_path
+):
     need_root("the callers run as other uids, and root is the host's administrator")
     theirs, others = sleeping(NOBODY), sleeping(DAEMON)
     try:
-        scenario.write(processes=[{"pid": theirs.pid, "gpu": 0, "sm": 70},
-                                  {"pid": others.pid, "gpu": 1, "sm": 70}])
-        async with gpu_running(scenario, state_dir=str(tmp_path / "state"), hide_users=True,
-                               usage_interval=0.3) as h:
+        scenario.write(
+            processes=[
+                {"pid": theirs.pid, "gpu": 0, "sm": 70},
+                {"pid": others.pid, "gpu": 1, "sm": 70},
+            ]
+        )
+        async with gpu_running(
+            scenario, state_dir=str(tmp_path / "state"), hide_users=True, usage_interval=0.3
+        ) as h:
             nobody, daemon = host_identity(NOBODY).user, host_identity(DAEMON).user
             store = h.services.usage
-            await until(lambda: all(known_claim(h.services.leases, d.uuid)
-                                    for d in h.services.inventory if d.number < 2), timeout=20)
+            await until(
+                lambda: all(
+                    known_claim(h.services.leases, d.uuid)
+                    for d in h.services.inventory
+                    if d.number < 2
+                ),
+                timeout=20,
+            )
             written = store.intervals
             await until(lambda: store.intervals > written + 1)
-            [[_, users], [_, accounts]] = await ask_as(NOBODY, h, "/usage?since=1h",
-                                                       "/usage?by=account")
+            [[_, users], [_, accounts]] = await ask_as(
+                NOBODY, h, "/usage?since=1h", "/usage?by=account"
+            )
             keys = {row["key"] for row in users["rows"]}
             [other] = keys - {nobody, None}
             assert nobody in keys and PSEUDONYM.match(other)
@@ -350,16 +406,22 @@ async def test_each_caller_sees_their_own_name_others_pseudonyms_and_root_every_
 NOT_KEPT = "no usage history is kept: --usage sqlite needs a state directory"
 
 
-@pytest.mark.parametrize("flags,warned,level", [
-    (("--usage", "sqlite", "--state-dir", "none"), "(--state-dir none)", " WARNING "),
-    # test mode's default is no state directory (test daemons run many at once): a debug line
-    (("--test", "--usage", "sqlite", "--log-level", "debug"), "(test mode's default)",
-     " DEBUG "),
-    (("--test", "--usage", "sqlite"), None, None),  # nothing at the default level
-    (("--test", "--usage", "none"), None, None),  # said so: nothing to warn of
-], ids=["no state directory", "test mode, debug", "test mode", "usage none"])
-def test_a_usage_store_with_nowhere_to_live_is_a_warning_at_start(flags, warned, level,
-                                                                   tmp_path):
+@pytest.mark.parametrize(
+    "flags,warned,level",
+    [
+        (("--usage", "sqlite", "--state-dir", "none"), "(--state-dir none)", " WARNING "),
+        # test mode's default is no state directory (test daemons run many at once): a debug line
+        (
+            ("--test", "--usage", "sqlite", "--log-level", "debug"),
+            "(test mode's default)",
+            " DEBUG ",
+        ),
+        (("--test", "--usage", "sqlite"), None, None),  # nothing at the default level
+        (("--test", "--usage", "none"), None, None),  # said so: nothing to warn of
+    ],
+    ids=["no state directory", "test mode, debug", "test mode", "usage none"],
+)
+def test_a_usage_store_with_nowhere_to_live_is_a_warning_at_start(flags, warned, level, tmp_path):
     # As found: --usage sqlite without --state-dir kept nothing and said nothing.
     if "--test" not in flags:
         flags += ("--nvidia-smi", ScenarioFile(str(tmp_path / "s.json"), devices=[{}]).command)

@@ -3,6 +3,7 @@
 interval, the writer's map of parties stays bounded, and the store stops writing while the room
 left is the lease book's, so that /request goes on succeeding and the book is written; the
 doctor and /metrics say so."""
+
 import json
 import os
 import sqlite3
@@ -31,12 +32,22 @@ def flood(n, size=100_000):
     samples = []
     for p in range(PROCESSES):
         name = f"{n:06d}-{p:02d}-" + "x" * size
-        party = Party(user="mallory", account="mallory", job=f"{n * PROCESSES + p}",
-                      slurm_account=name)
-        samples.append(GpuSample(uuid=f"GPU-flood-{p:02d}", number=p, seconds=1.0,
-                                 state="claimed", hold="slurm", holder=party, reserved=True,
-                                 present=(Present(party, True, (1000 + p,), (name,)),),
-                                 name="A100"))
+        party = Party(
+            user="mallory", account="mallory", job=f"{n * PROCESSES + p}", slurm_account=name
+        )
+        samples.append(
+            GpuSample(
+                uuid=f"GPU-flood-{p:02d}",
+                number=p,
+                seconds=1.0,
+                state="claimed",
+                hold="slurm",
+                holder=party,
+                reserved=True,
+                present=(Present(party, True, (1000 + p,), (name,)),),
+                name="A100",
+            )
+        )
     return samples
 
 
@@ -52,16 +63,22 @@ def leave(directory, room):
 @async_test
 async def test_a_flood_of_distinct_long_names_never_stops_a_reservation(tmp_path):
     with tmpfs(tmp_path / "state", "8m") as state:
-        async with running(state_dir=str(state), usage_interval=3600, usage_retry=0.05,
-                           usage_reserve=2 << 20, usage_new_parties=8,
-                           usage_parties_remembered=32) as h:
+        async with running(
+            state_dir=str(state),
+            usage_interval=3600,
+            usage_retry=0.05,
+            usage_reserve=2 << 20,
+            usage_new_parties=8,
+            usage_parties_remembered=32,
+        ) as h:
             store = h.services.usage
             n = 0
             while not store.saving_room and store.state != "failing":
                 store.put(time.time(), flood(n))
                 n += 1
-                await until(lambda: store.metrics()["pending"] == 0 or store.state == "failing",
-                            timeout=30)
+                await until(
+                    lambda: store.metrics()["pending"] == 0 or store.state == "failing", timeout=30
+                )
                 assert n < 5000, store.metrics()
             # everyone can still reserve, and the grant is in the book
             code, body = await h.call("/request?gpu=1&user=alice")
@@ -92,12 +109,18 @@ async def test_a_flood_of_distinct_long_names_never_stops_a_reservation(tmp_path
         # every name written is cut; a bounded number of parties came in each interval
         db = sqlite3.connect(f"file:{state / FILE}?mode=ro", uri=True)
         try:
-            longest = db.execute("SELECT MAX(MAX(LENGTH(user), LENGTH(account), LENGTH(job), "
-                                 "LENGTH(slurm_account), LENGTH(namespace), LENGTH(pod))) "
-                                 "FROM parties").fetchone()[0]
+            longest = db.execute(
+                "SELECT MAX(MAX(LENGTH(user), LENGTH(account), LENGTH(job), "
+                "LENGTH(slurm_account), LENGTH(namespace), LENGTH(pod))) "
+                "FROM parties"
+            ).fetchone()[0]
             parties = db.execute("SELECT COUNT(*) FROM parties").fetchone()[0]
-            containers = [c for (text,) in db.execute("SELECT processes FROM samples")
-                          for p in json.loads(text) for c in p["containers"]]
+            containers = [
+                c
+                for (text,) in db.execute("SELECT processes FROM samples")
+                for p in json.loads(text)
+                for c in p["containers"]
+            ]
         finally:
             db.close()
         assert longest == NAME_CHARS
@@ -112,8 +135,9 @@ def test_parties_over_the_bound_are_counted_under_their_host_account(tmp_path):
     tables.write_interval(db, keys, 1000.0, flood(0, size=10))
     assert keys.overflow == PROCESSES - 3  # each counted once, though named three times
     assert len(keys.parties) <= 4
-    rows = db.execute("SELECT user, account, job, slurm_account FROM parties WHERE id > 0 "
-                      "ORDER BY id").fetchall()
+    rows = db.execute(
+        "SELECT user, account, job, slurm_account FROM parties WHERE id > 0 ORDER BY id"
+    ).fetchall()
     assert len(rows) == 3 + 1 and rows[-1] == ("mallory", "mallory", "", "")
     # the GPU-time is all there, the overflow's under mallory's account
     total = db.execute("SELECT SUM(seconds) FROM hourly").fetchone()[0]

@@ -4,6 +4,7 @@ GPU-hours anyone can add up, an hour moved to another day by an offset, a zone's
 summer time, daily totals (no hour), the one-key answers as before, bad by= and tz= named, and
 --hide-users for a table of callers (test mode's named users; real uids and root on the
 simulator)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -58,12 +59,23 @@ def three_hours(day: int):
     """Hours anyone can add up, on the day starting at `day` and the next: alice computes an
     hour on GPU 0 while bob leaves GPU 1 reserved and unused; alice computes half of the next
     hour and holds GPU 0 idle for the rest; bob computes from 23:00 UTC the next day."""
-    return [(day + 11 * HOUR, [gpu_hour(0, "claimed", "alice", True, [("alice", True)], busy=60),
-                               gpu_hour(1, "reserved", "bob", True)]),
-            (day + 12 * HOUR, [gpu_hour(0, "claimed", "alice", True, [("alice", True)], busy=30),
-                               gpu_hour(1)]),
-            (day + DAY + 24 * HOUR, [gpu_hour(0, "claimed", "bob", True, [("bob", True)],
-                                              busy=60), gpu_hour(1)])]
+    return [
+        (
+            day + 11 * HOUR,
+            [
+                gpu_hour(0, "claimed", "alice", True, [("alice", True)], busy=60),
+                gpu_hour(1, "reserved", "bob", True),
+            ],
+        ),
+        (
+            day + 12 * HOUR,
+            [gpu_hour(0, "claimed", "alice", True, [("alice", True)], busy=30), gpu_hour(1)],
+        ),
+        (
+            day + DAY + 24 * HOUR,
+            [gpu_hour(0, "claimed", "bob", True, [("bob", True)], busy=60), gpu_hour(1)],
+        ),
+    ]
 
 
 @pytest.fixture
@@ -82,7 +94,12 @@ async def test_by_day_and_user_each_hour_counts_in_its_day_and_user(state):
         answer = await h.ok(f"/usage?since={first}&until={utc_date(day + 4 * DAY)}&by=day,user")
         assert answer["by"] == "day,user" and answer["tz"] == "UTC"
         assert [row["key"] for row in answer["rows"]] == [
-            [first, "alice"], [first, "bob"], [first, None], [second, "bob"], [second, None]]
+            [first, "alice"],
+            [first, "bob"],
+            [first, None],
+            [second, "bob"],
+            [second, None],
+        ]
         assert hours(answer, "active") == {(first, "alice"): 1.5, (second, "bob"): 1.0}
         assert hours(answer, "idle_held") == {(first, "alice"): 0.5}
         assert hours(answer, "reserved_unused") == {(first, "bob"): 1.0}
@@ -91,15 +108,21 @@ async def test_by_day_and_user_each_hour_counts_in_its_day_and_user(state):
         assert list(undocumented(answer, answer_schema("/usage", "get", 200))) == []
         # Two hours east of UTC, bob's hour from 23:00 is the day after's, from 01:00; and a
         # date alone is midnight there
-        east = await h.ok(f"/usage?since={first}&until={utc_date(day + 4 * DAY)}&by=day,user"
-                          "&tz=%2B02:00")
+        east = await h.ok(
+            f"/usage?since={first}&until={utc_date(day + 4 * DAY)}&by=day,user&tz=%2B02:00"
+        )
         assert east["tz"] == "+02:00"
         assert east["since"].startswith(day_of(day - DAY) + "T22:00:00")
         assert hours(east, "active") == {(first, "alice"): 1.5, (third, "bob"): 1.0}
         # by user, then day: a user's days in time's order, the users by use
         flipped = await h.ok(f"/usage?since={first}&by=user,day")
         assert [row["key"] for row in flipped["rows"]] == [
-            ["alice", first], ["bob", first], ["bob", second], [None, first], [None, second]]
+            ["alice", first],
+            ["bob", first],
+            ["bob", second],
+            [None, first],
+            [None, second],
+        ]
 
 
 def latest_change(zone: ZoneInfo, before: float) -> int:
@@ -119,15 +142,22 @@ async def test_weekday_and_hour_in_utc_an_offset_and_a_zone_across_its_change_of
     zone = ZoneInfo("America/New_York")
     change = latest_change(zone, time.time() - 6 * DAY)  # 4 days after it: in the past
     starts = [change + n * 5 * HOUR for n in range(-20, 20)]  # some 4 days either side
-    write(str(state / FILE), [(start + HOUR, [gpu_hour(0, "claimed", "alice", True,
-                                                       [("alice", True)], busy=60)])
-                              for start in starts])
+    write(
+        str(state / FILE),
+        [
+            (start + HOUR, [gpu_hour(0, "claimed", "alice", True, [("alice", True)], busy=60)])
+            for start in starts
+        ],
+    )
     since = datetime.fromtimestamp(starts[0], UTC).isoformat()
     until = datetime.fromtimestamp(starts[-1] + HOUR, UTC).isoformat().replace("+", "%2B")
     since = since.replace("+", "%2B")
     async with running(state_dir=str(state), usage_interval=3600) as h:
-        for tz, moved in (("UTC", UTC), ("-05:00", timezone(timedelta(hours=-5))),
-                          ("America/New_York", zone)):
+        for tz, moved in (
+            ("UTC", UTC),
+            ("-05:00", timezone(timedelta(hours=-5))),
+            ("America/New_York", zone),
+        ):
             query = f"since={since}&until={until}&tz={tz.replace('+', '%2B')}"
             heat = await h.ok(f"/usage?{query}&by=weekday,hour")
             expected = {}
@@ -137,8 +167,9 @@ async def test_weekday_and_hour_in_utc_an_offset_and_a_zone_across_its_change_of
                 expected[key] = expected.get(key, 0) + 1.0
             assert hours(heat, "active") == expected, tz
             weekdays = [row["key"][0] for row in heat["rows"]]
-            assert weekdays == sorted(weekdays, key=["Mon", "Tue", "Wed", "Thu", "Fri", "Sat",
-                                                     "Sun"].index), tz
+            assert weekdays == sorted(
+                weekdays, key=["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"].index
+            ), tz
             alone = await h.ok(f"/usage?{query}&by=hour")
             by_hour = {}
             for (_, hour), value in expected.items():
@@ -153,7 +184,9 @@ def test_a_range_is_cut_where_the_offset_changes_and_nowhere_else():
     before = datetime.fromtimestamp(change - HOUR, zone).utcoffset().total_seconds()
     after = datetime.fromtimestamp(change, zone).utcoffset().total_seconds()
     assert spans(change - 40 * DAY, change + 40 * DAY, zone) == [
-        (None, change, before), (change, None, after)]
+        (None, change, before),
+        (change, None, after),
+    ]
     assert spans(change - 40 * DAY, change, zone) == [(None, None, before)]
     assert spans(change + 1, change + 30 * DAY, zone) == [(None, None, after)]
     assert spans(0, 400 * DAY, UTC) == [(None, None, 0)]
@@ -165,16 +198,25 @@ def test_a_change_from_utc_itself_or_on_the_half_hour_is_cut_at_the_hour_it_fall
     that begins within an hour is cut at the hours all the same."""
     london, spring = ZoneInfo("Europe/London"), 1743296400  # 2025-03-30 01:00 UTC
     assert spans(spring - 40 * DAY + 1800, spring + 40 * DAY, london) == [
-        (None, spring, 0), (spring, None, 3600)]
+        (None, spring, 0),
+        (spring, None, 3600),
+    ]
     st_johns, change = ZoneInfo("America/St_Johns"), 1741498200  # 2025-03-09 05:30 UTC
     assert spans(change // DAY * DAY - 10 * DAY, change + 10 * DAY, st_johns) == [
-        (None, change + 1800, -12600), (change + 1800, None, -9000)]
+        (None, change + 1800, -12600),
+        (change + 1800, None, -9000),
+    ]
 
 
 def alice_hours(path, ends):
     """An hour of alice's computing on GPU 0 ending at each of `ends`, written into the file."""
-    write(str(path), [(end, [gpu_hour(0, "claimed", "alice", True, [("alice", True)],
-                                      busy=60)]) for end in ends])
+    write(
+        str(path),
+        [
+            (end, [gpu_hour(0, "claimed", "alice", True, [("alice", True)], busy=60)])
+            for end in ends
+        ],
+    )
 
 
 def grouped(store, since, until, zone=UTC, by=("user",)):
@@ -182,8 +224,11 @@ def grouped(store, since, until, zone=UTC, by=("user",)):
 
 
 def active(totals):
-    return {keys: round(seconds / HOUR, 6) for keys, _, category, seconds in totals.rows
-            if category == "active"}
+    return {
+        keys: round(seconds / HOUR, 6)
+        for keys, _, category, seconds in totals.rows
+        if category == "active"
+    }
 
 
 def test_a_range_counts_the_hour_it_begins_in_and_none_before_and_says_the_first(state):
@@ -191,8 +236,9 @@ def test_a_range_counts_the_hour_it_begins_in_and_none_before_and_says_the_first
     alice_hours(state / FILE, [day + n * HOUR for n in (10, 11, 12)])
     with store_in(state) as store:
         wait(lambda: store.state == "writable")
-        hours = sorted(h for (h,) in sqlite3.connect(state / FILE).execute(
-            "SELECT hour FROM hourly"))
+        hours = sorted(
+            h for (h,) in sqlite3.connect(state / FILE).execute("SELECT hour FROM hourly")
+        )
         assert len(hours) == 3
         # from within the second hour: it counts, the first does not
         found = grouped(store, hours[1] + 1800, hours[2] + HOUR)
@@ -217,33 +263,60 @@ def test_daily_totals_count_from_the_day_the_range_begins_in_once_across_a_chang
 
 
 def test_two_keys_are_ordered_first_by_the_first_then_within_it():
-    rows = [(("2026-11-02", "bob"), "active", 3600.0), (("2026-11-01", "bob"), "active", 60.0),
-            (("2026-11-01", "alice"), "active", 7200.0), (("2026-11-01", None), "free", 9e4),
-            (("2026-11-01", "carol"), "idle_held", 7200.0)]
+    rows = [
+        (("2026-11-02", "bob"), "active", 3600.0),
+        (("2026-11-01", "bob"), "active", 60.0),
+        (("2026-11-01", "alice"), "active", 7200.0),
+        (("2026-11-01", None), "free", 9e4),
+        (("2026-11-01", "carol"), "idle_held", 7200.0),
+    ]
     found = summarize_grouped(rows, ("day", "user"))
     assert [r["key"] for r in found["rows"]] == [
-        ["2026-11-01", "alice"], ["2026-11-01", "carol"], ["2026-11-01", "bob"],
-        ["2026-11-01", None], ["2026-11-02", "bob"]]
+        ["2026-11-01", "alice"],
+        ["2026-11-01", "carol"],
+        ["2026-11-01", "bob"],
+        ["2026-11-01", None],
+        ["2026-11-02", "bob"],
+    ]
     assert found["total"]["gpu_hours"] == round((3600 + 60 + 7200 + 9e4 + 7200) / 3600, 6)
-    users = summarize_grouped([(("bob", "Sun"), "active", 1.0), (("bob", "Mon"), "active", 1.0),
-                               (("alice", "Tue"), "active", 5.0)], ("user", "weekday"))
-    assert [r["key"] for r in users["rows"]] == [["alice", "Tue"], ["bob", "Mon"],
-                                                 ["bob", "Sun"]]
+    users = summarize_grouped(
+        [
+            (("bob", "Sun"), "active", 1.0),
+            (("bob", "Mon"), "active", 1.0),
+            (("alice", "Tue"), "active", 5.0),
+        ],
+        ("user", "weekday"),
+    )
+    assert [r["key"] for r in users["rows"]] == [["alice", "Tue"], ["bob", "Mon"], ["bob", "Sun"]]
 
 
 def test_the_order_by_use_and_its_ties():
     """By use: a first key by the GPU-time used under all its second keys; a tie (up to float
     noise) by all GPU-time, free included; then by the key. Null keys last, at any place."""
     keys = lambda found: [r["key"] for r in found["rows"]]  # noqa: E731
-    rows = [(("ann", "d1"), "active", 40.0), (("ann", "d2"), "active", 40.0),
-            (("bob", "d1"), "active", 70.0), ((None, "d1"), "active", 500.0),
-            (("ann", None), "idle_held", 1.0)]
+    rows = [
+        (("ann", "d1"), "active", 40.0),
+        (("ann", "d2"), "active", 40.0),
+        (("bob", "d1"), "active", 70.0),
+        ((None, "d1"), "active", 500.0),
+        (("ann", None), "idle_held", 1.0),
+    ]
     # ann used 81 s in all, bob 70: ann first, though bob's one day is the longest
     assert keys(summarize_grouped(rows, ("user", "day"))) == [
-        ["ann", "d1"], ["ann", "d2"], ["ann", None], ["bob", "d1"], [None, "d1"]]
+        ["ann", "d1"],
+        ["ann", "d2"],
+        ["ann", None],
+        ["bob", "d1"],
+        [None, "d1"],
+    ]
     # a use equal up to float noise is a tie: all GPU-time decides, then the key
-    tie = [(("bob",), "active", 1.0), (("bob",), "free", 4.0),
-           (("ann",), "active", 1.0000001), (("cat",), "active", 1.0), (("dan",), "lost", 9.0)]
+    tie = [
+        (("bob",), "active", 1.0),
+        (("bob",), "free", 4.0),
+        (("ann",), "active", 1.0000001),
+        (("cat",), "active", 1.0),
+        (("dan",), "lost", 9.0),
+    ]
     found = summarize_grouped(tie, ("user",))
     assert keys(found) == ["bob", "ann", "cat", "dan"]
     assert found["rows"][1]["gpu_hours"] == round(1.0000001 / 3600, 6) == 0.000278
@@ -254,33 +327,61 @@ def test_the_order_by_use_and_its_ties():
     # weekdays in the week's order whatever their use; other keys in time's order by their text
     week = [(("Sun",), "active", 9.0), (("Mon",), "active", 1.0), ((None,), "active", 99.0)]
     assert keys(summarize_grouped(week, ("weekday",))) == ["Mon", "Sun", None]
-    days = [(("2026-11-02",), "active", 1.0), (("2026-11-01",), "active", 9.0),
-            (("Zed",), "active", 5.0), (("Fri",), "active", 5.0)]  # only a weekday's are
+    days = [
+        (("2026-11-02",), "active", 1.0),
+        (("2026-11-01",), "active", 9.0),
+        (("Zed",), "active", 5.0),
+        (("Fri",), "active", 5.0),
+    ]  # only a weekday's are
     assert keys(summarize_grouped(days, ("day",))) == ["2026-11-01", "2026-11-02", "Fri", "Zed"]
-    hours = [(("Tue", "10"), "active", 1.0), (("Mon", "11"), "active", 1.0),
-             (("Mon", "09"), "active", 1.0)]
+    hours = [
+        (("Tue", "10"), "active", 1.0),
+        (("Mon", "11"), "active", 1.0),
+        (("Mon", "09"), "active", 1.0),
+    ]
     assert keys(summarize_grouped(hours, ("weekday", "hour"))) == [
-        ["Mon", "09"], ["Mon", "11"], ["Tue", "10"]]
+        ["Mon", "09"],
+        ["Mon", "11"],
+        ["Tue", "10"],
+    ]
 
 
 def test_use_and_all_gpu_time_are_compared_to_the_microsecond():
     keys = lambda found: [r["key"] for r in found["rows"]]  # noqa: E731
     # used: 1.4 s against 1.2 (no tie, whatever the rest)
-    assert keys(summarize_grouped([(("ann",), "active", 1.2), (("ann",), "free", 9.0),
-                                   (("bob",), "active", 1.4)], ("user",))) == ["bob", "ann"]
+    assert keys(
+        summarize_grouped(
+            [(("ann",), "active", 1.2), (("ann",), "free", 9.0), (("bob",), "active", 1.4)],
+            ("user",),
+        )
+    ) == ["bob", "ann"]
     # the same use: all GPU-time, 4.4 s against 4.2, then a difference under a microsecond
     # is a tie, and the key decides
-    same = [(("ann",), "active", 1.0), (("ann",), "free", 3.2), (("bob",), "active", 1.0),
-            (("bob",), "free", 3.4), (("cat",), "active", 1.0), (("cat",), "free", 3.2000001)]
+    same = [
+        (("ann",), "active", 1.0),
+        (("ann",), "free", 3.2),
+        (("bob",), "active", 1.0),
+        (("bob",), "free", 3.4),
+        (("cat",), "active", 1.0),
+        (("cat",), "free", 3.2000001),
+    ]
     assert keys(summarize_grouped(same, ("user",))) == ["bob", "ann", "cat"]
     # a first key's use counts its rows' use only, not the free time of the rows before
-    free_first = [(("ann", "d1"), "active", 10.0), (("ann", "d1"), "free", 100.0),
-                  (("ann", "d2"), "active", 10.0), (("bob", "d1"), "active", 50.0)]
+    free_first = [
+        (("ann", "d1"), "active", 10.0),
+        (("ann", "d1"), "free", 100.0),
+        (("ann", "d2"), "active", 10.0),
+        (("bob", "d1"), "active", 50.0),
+    ]
     assert keys(summarize_grouped(free_first, ("user", "day"))) == [
-        ["bob", "d1"], ["ann", "d1"], ["ann", "d2"]]
+        ["bob", "d1"],
+        ["ann", "d1"],
+        ["ann", "d2"],
+    ]
     # a value that is no weekday, under weekday: before the week, by its text
-    assert keys(summarize_grouped([(("Mon",), "active", 1.0), (("Aaa",), "active", 1.0)],
-                                  ("weekday",))) == ["Aaa", "Mon"]
+    assert keys(
+        summarize_grouped([(("Mon",), "active", 1.0), (("Aaa",), "active", 1.0)], ("weekday",))
+    ) == ["Aaa", "Mon"]
 
 
 def daily_rows(path, table="daily") -> int:
@@ -300,15 +401,18 @@ async def test_daily_totals_keep_their_utc_day_and_have_no_hour(state):
     async with running(state_dir=str(state), usage_interval=3600, usage_days=30) as h:
         # folded by the writer at start: the daily totals were written with each interval,
         # so the fold is done once the hourly ones (60 days old) are gone
-        await until(lambda: daily_rows(state / FILE) > 0
-                    and daily_rows(state / FILE, "hourly") == 0)
+        await until(
+            lambda: daily_rows(state / FILE) > 0 and daily_rows(state / FILE, "hourly") == 0
+        )
         query = f"since={utc_date(day)}&until={utc_date(day + 3 * DAY)}"
         heat = await h.ok(f"/usage?{query}&by=weekday,hour&tz=Asia/Tokyo")
         weekday = datetime.fromtimestamp(day, UTC).strftime("%a")
         assert hours(heat, "active")[(weekday, None)] == 1.5
         daily = await h.ok(f"/usage?{query}&by=day,user&tz=-08:00")
-        assert hours(daily, "active") == {(utc_date(day), "alice"): 1.5,
-                                          (utc_date(day + DAY), "bob"): 1.0}
+        assert hours(daily, "active") == {
+            (utc_date(day), "alice"): 1.5,
+            (utc_date(day + DAY), "bob"): 1.0,
+        }
 
 
 @async_test
@@ -321,8 +425,16 @@ async def test_one_key_in_utc_answers_as_before_and_the_grouped_reading_agrees(s
             assert plain["rows"] and plain["rows"] == grouped["rows"], by
             assert plain["total"] == grouped["total"] and plain["tz"] == "UTC"
             assert {k: v for k, v in plain.items() if k != "tz"}.keys() == {
-                "since", "until", "by", "first", "interval", "busy_sm", "categories", "rows",
-                "total"}
+                "since",
+                "until",
+                "by",
+                "first",
+                "interval",
+                "busy_sm",
+                "categories",
+                "rows",
+                "total",
+            }
         pairs = await h.ok("/usage?since=7d&by=gpu,user")
         assert {row["number"] for row in pairs["rows"]} == {0, 1}
 
@@ -330,13 +442,23 @@ async def test_one_key_in_utc_answers_as_before_and_the_grouped_reading_agrees(s
 @async_test
 async def test_a_bad_by_or_tz_is_a_400_naming_it(state):
     async with running(state_dir=str(state), usage_interval=3600) as h:
-        for query, field in (("by=day,user,gpu", "by"), ("by=user,user", "by"),
-                             ("by=day,", "by"), ("by=week", "by"), ("by=,user", "by"),
-                             ("tz=Mars/Olympus", "tz"), ("tz=%2B15:00", "tz"),
-                             ("tz=../../etc/passwd", "tz"), ("tz=%2B02:61", "tz"),
-                             ("tz=/etc/localtime", "tz"), ("tz=Europe", "tz"), ("tz=", "tz"),
-                             ("tz=Europe/../Europe/Paris", "tz"), ("tz=a%00b", "tz"),
-                             ("since=2026-11-01T00:00&tz=UTC", "since")):
+        for query, field in (
+            ("by=day,user,gpu", "by"),
+            ("by=user,user", "by"),
+            ("by=day,", "by"),
+            ("by=week", "by"),
+            ("by=,user", "by"),
+            ("tz=Mars/Olympus", "tz"),
+            ("tz=%2B15:00", "tz"),
+            ("tz=../../etc/passwd", "tz"),
+            ("tz=%2B02:61", "tz"),
+            ("tz=/etc/localtime", "tz"),
+            ("tz=Europe", "tz"),
+            ("tz=", "tz"),
+            ("tz=Europe/../Europe/Paris", "tz"),
+            ("tz=a%00b", "tz"),
+            ("since=2026-11-01T00:00&tz=UTC", "since"),
+        ):
             code, body = await h.call(f"/usage?{query}")
             assert code == 400 and body["field"] == field, (query, body)
             assert list(undocumented(body, answer_schema("/usage", "get", 400))) == []
@@ -346,9 +468,11 @@ async def test_a_bad_by_or_tz_is_a_400_naming_it(state):
 
 def shared_hours(day: int, alice: str, bob: str, carol: str):
     """alice and carol compute under one host account (lab), bob under his own."""
-    lab = [gpu_hour(0, "claimed", alice, True, [(alice, True)], busy=60),
-           gpu_hour(1, "claimed", bob, True, [(bob, True)], busy=60),
-           gpu_hour(2, "claimed", carol, True, [(carol, True)], busy=60)]
+    lab = [
+        gpu_hour(0, "claimed", alice, True, [(alice, True)], busy=60),
+        gpu_hour(1, "claimed", bob, True, [(bob, True)], busy=60),
+        gpu_hour(2, "claimed", carol, True, [(carol, True)], busy=60),
+    ]
     for n, user in ((0, alice), (2, carol)):
         party = Party(user=user, account="lab")
         lab[n] = replace(lab[n], holder=party, present=(Present(party, own=True, pids=(7,)),))
@@ -379,8 +503,9 @@ async def test_test_mode_callers_see_their_own_name_and_pseudonyms_for_each_of_t
             assert any(account == "bob" for account, _ in shown) == (expect_bob == "bob")
             assert not any(account == "lab" for account, _ in shown), caller
             assert len({account for account, _ in shown}) == 2
-            assert heat["rows"] and all(not PSEUDONYM.match(str(k)) for row in heat["rows"]
-                                        for k in row["key"])
+            assert heat["rows"] and all(
+                not PSEUDONYM.match(str(k)) for row in heat["rows"] for k in row["key"]
+            )
             seen[caller] = alone
         # one pseudonym per user, the same for every caller who does not see the name
         assert seen["zed"] >= (seen["alice"] - {"alice"})
@@ -396,8 +521,9 @@ async def test_real_callers_see_their_own_name_and_root_every_name_by_two_keys(s
     need_root("the callers run as other uids, and root is the host's administrator")
     nobody, daemon = host_identity(NOBODY).user, host_identity(DAEMON).user
     write(str(state / FILE), shared_hours(midnight(2), nobody, daemon, "carol"))
-    async with gpu_running(scenario, state_dir=str(state), hide_users=True,
-                           usage_interval=3600) as h:
+    async with gpu_running(
+        scenario, state_dir=str(state), hide_users=True, usage_interval=3600
+    ) as h:
         path = "/usage?since=7d&by=day,user"
         table = {NOBODY: nobody, DAEMON: daemon}
         for uid, own in table.items():

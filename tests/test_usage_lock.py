@@ -3,6 +3,7 @@
 `usage_busy_timeout` at a time, never for good; the backlog is kept; what is dropped once it is
 full is counted in /metrics and /metrics.json and logged once a `repeat_log_every`; and once the
 lock is let go, what was kept is written."""
+
 import logging
 import subprocess
 import sys
@@ -27,14 +28,24 @@ db.close()
 @pytest.mark.errors_expected  # the writes that cannot get the lock are logged as an error
 @async_test
 async def test_a_lock_held_by_another_process_keeps_the_backlog_and_counts_what_is_dropped(
-        tmp_path, caplog):
+    tmp_path, caplog
+):
     state = tmp_path / "state"
-    async with running(state_dir=str(state), usage_interval=0.05, usage_retry=0.05,
-                       usage_backlog=3, usage_busy_timeout=0.2) as h:
+    async with running(
+        state_dir=str(state),
+        usage_interval=0.05,
+        usage_retry=0.05,
+        usage_backlog=3,
+        usage_busy_timeout=0.2,
+    ) as h:
         store = h.services.usage
         await until(lambda: store.intervals >= 2)
-        locker = subprocess.Popen([sys.executable, "-c", LOCKER, str(state / FILE)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        locker = subprocess.Popen(
+            [sys.executable, "-c", LOCKER, str(state / FILE)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert locker.stdout.readline().strip() == "locked"
             await until(lambda: store.state == "failing", timeout=30)

@@ -2,6 +2,7 @@
 usage_reports_waiting waiting for a turn (the next a 429 with Retry-After), none larger than usage_report_max_rows rows (a 400 that says
 to narrow the range or the grouping), and the reader's connection and answers let go once
 reports stop coming. (How much memory comes back is measured, not asserted: docs/performance.md.)"""
+
 import asyncio
 import json
 import threading
@@ -25,8 +26,12 @@ def history(state, days=3):
 @async_test
 async def test_reports_beyond_the_few_at_once_wait_and_past_those_waiting_are_a_429(tmp_path):
     history(tmp_path / "state")
-    async with running(state_dir=str(tmp_path / "state"), usage_reports_at_once=1,
-                       usage_reports_waiting=1, usage_report_retry_after=3) as h:
+    async with running(
+        state_dir=str(tmp_path / "state"),
+        usage_reports_at_once=1,
+        usage_reports_waiting=1,
+        usage_report_retry_after=3,
+    ) as h:
         reader = h.services.usage.reader
         held = threading.Event()
         reader._reading().submit(held.wait, 20)  # noqa: SLF001  # busy: a report waits
@@ -34,13 +39,18 @@ async def test_reports_beyond_the_few_at_once_wait_and_past_those_waiting_are_a_
         await until(lambda: reader.running == 1)
         second = asyncio.ensure_future(h.call("/usage?since=3d&by=day"))
         await until(lambda: reader.waiting == 1)  # its turn comes after the first's
-        response = await h.http.fetch(HTTPRequest(h.url + "/usage?since=2d&by=day"),
-                                      raise_error=False)
+        response = await h.http.fetch(
+            HTTPRequest(h.url + "/usage?since=2d&by=day"), raise_error=False
+        )
         body = json.loads(response.body)
         assert response.code == 429, (response.code, body)
         assert response.headers["Retry-After"] == "3"
-        assert (body["limit"], body["running"], body["waiting"], body["retry_after"]) == \
-            (1, 1, 1, 3)
+        assert (body["limit"], body["running"], body["waiting"], body["retry_after"]) == (
+            1,
+            1,
+            1,
+            3,
+        )
         assert list(undocumented(body, answer_schema("/usage", "get", 429))) == []
         assert not second.done()
         held.set()
@@ -57,12 +67,14 @@ async def test_reports_beyond_the_few_at_once_wait_and_past_those_waiting_are_a_
 
 
 @async_test
-async def test_a_report_of_more_rows_than_it_may_hold_is_refused_saying_how_to_narrow_it(
-        tmp_path):
+async def test_a_report_of_more_rows_than_it_may_hold_is_refused_saying_how_to_narrow_it(tmp_path):
     history(tmp_path / "state")
     async with running(state_dir=str(tmp_path / "state"), usage_report_max_rows=25) as h:
-        for path in ("/usage?since=3d&by=day,user", "/usage?since=3d&by=hour",
-                     "/usage?since=3d&by=day&tz=Europe/Paris"):
+        for path in (
+            "/usage?since=3d&by=day,user",
+            "/usage?since=3d&by=hour",
+            "/usage?since=3d&by=day&tz=Europe/Paris",
+        ):
             code, body = await h.call(path)
             assert code == 400, (path, code, body)
             assert "narrow the range" in body["error"] and "grouping" in body["error"]

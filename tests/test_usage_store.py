@@ -1,6 +1,7 @@
 """The usage store against real SQLite files: what it writes and reads back, the migrations,
 files set aside, retention folding, a broken file, a full disk and a read-only filesystem
 (real tmpfs mounts, as root), and the report's use of the indexes."""
+
 import asyncio
 import ctypes
 import errno
@@ -31,11 +32,26 @@ DAY = 86400
 
 def interval(seconds=60.0):
     """One interval of two GPUs: alice computes on hers half the time, bob's is free."""
-    return [GpuSample(uuid="GPU-a", number=0, seconds=seconds, state="claimed", hold="lease",
-                      holder=ALICE, reserved=True, readings=10, busy=5, sm_mean=48.0,
-                      sm_max=97.0, fb_mean=4000.0, fb_max=4100.0, name="A100",
-                      present=(Present(ALICE, own=True, pids=(42,), containers=("train",)),)),
-            GpuSample(uuid="GPU-b", number=1, seconds=seconds, state="free", name="A100")]
+    return [
+        GpuSample(
+            uuid="GPU-a",
+            number=0,
+            seconds=seconds,
+            state="claimed",
+            hold="lease",
+            holder=ALICE,
+            reserved=True,
+            readings=10,
+            busy=5,
+            sm_mean=48.0,
+            sm_max=97.0,
+            fb_mean=4000.0,
+            fb_max=4100.0,
+            name="A100",
+            present=(Present(ALICE, own=True, pids=(42,), containers=("train",)),),
+        ),
+        GpuSample(uuid="GPU-b", number=1, seconds=seconds, state="free", name="A100"),
+    ]
 
 
 def config(**changes):
@@ -62,6 +78,7 @@ def store_in(directory, wall=time.time, **changes):
 def report(store, since, until, by="user"):
     async def read():
         return await store.report(since, until, by)
+
     return asyncio.run(read())
 
 
@@ -81,15 +98,20 @@ def test_an_interval_is_one_row_per_gpu_and_its_categories_are_what_reports_read
         assert store.rows == 6 and store.state == "writable"
         totals = report(store, now - 3600, now)
         by_gpu = report(store, now - 3600, now, "gpu")
-    assert by_category(totals) == {("alice", "active"): 90.0, ("alice", "idle_held"): 90.0,
-                                   (None, "free"): 180.0}
+    assert by_category(totals) == {
+        ("alice", "active"): 90.0,
+        ("alice", "idle_held"): 90.0,
+        (None, "free"): 180.0,
+    }
     assert {key for key, *_ in by_gpu.rows} == {"GPU-a", "GPU-b"}
     assert by_gpu.numbers == {"GPU-a": 0, "GPU-b": 1}
     db = sqlite3.connect(tmp_path / FILE)
     assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-    row = db.execute("SELECT s.state, s.hold, p.user, s.readings, s.busy, s.sm_max, s.fb_mean, "
-                     "s.processes FROM samples s JOIN parties p ON p.id = s.holder "
-                     "ORDER BY s.at LIMIT 1").fetchone()
+    row = db.execute(
+        "SELECT s.state, s.hold, p.user, s.readings, s.busy, s.sm_max, s.fb_mean, "
+        "s.processes FROM samples s JOIN parties p ON p.id = s.holder "
+        "ORDER BY s.at LIMIT 1"
+    ).fetchone()
     assert row[:7] == ("claimed", "lease", "alice", 10, 5, 97.0, 4000.0)
     assert '"pids":[42]' in row[7] and '"containers":["train"]' in row[7]
 
@@ -105,15 +127,17 @@ def test_an_interval_is_written_whole_or_not_at_all(tmp_path, caplog):
         wait(lambda: store.intervals == 1 and store.dropped == 1)
         assert store.state == "writable" and store.rows == 2
         # the good interval alone, bob's too (not under the id the broken one gave him)
-        assert by_category(report(store, now - 3600, now + 60)) == \
-            {("bob", "reserved_unused"): 120.0}
+        assert by_category(report(store, now - 3600, now + 60)) == {
+            ("bob", "reserved_unused"): 120.0
+        }
     db = sqlite3.connect(tmp_path / FILE)
     assert db.execute("SELECT COUNT(*) FROM samples").fetchone() == (2,)
     assert "could not be written and is dropped" in caplog.text
 
 
 def test_a_new_file_is_made_at_the_latest_version_and_a_later_step_migrates_it_in_a_transaction(
-        tmp_path):
+    tmp_path,
+):
     latest, later = schema.LATEST, schema.LATEST + 1
     db = sqlite3.connect(tmp_path / "u.sqlite3", isolation_level=None)
     assert schema.migrate(db) == 0 and schema.version(db) == latest
@@ -159,13 +183,17 @@ def newer_file(path):
     db.close()
 
 
-@pytest.mark.parametrize("kind,make", [
-    ("corrupt", lambda path: path.write_bytes(b"not a database at all\n" * 100)),
-    ("corrupt", lambda path: sqlite3.connect(path).execute("CREATE TABLE other (x)")),
-    ("newer", newer_file),
-])
+@pytest.mark.parametrize(
+    "kind,make",
+    [
+        ("corrupt", lambda path: path.write_bytes(b"not a database at all\n" * 100)),
+        ("corrupt", lambda path: sqlite3.connect(path).execute("CREATE TABLE other (x)")),
+        ("newer", newer_file),
+    ],
+)
 def test_a_file_it_cannot_use_is_set_aside_with_one_line_and_a_fresh_store_starts(
-        tmp_path, caplog, kind, make):
+    tmp_path, caplog, kind, make
+):
     path = tmp_path / FILE
     make(path)
     (tmp_path / (FILE + "-wal")).write_bytes(b"a write-ahead log of that file")
@@ -222,8 +250,12 @@ def test_a_report_reads_the_totals_by_their_keys(tmp_path):
     since, until = start + 10 * DAY, start + 20 * DAY
     found = queries.ranges(int(since), int(since), until, queries.kept_from(db))
     for by in queries.KEYS:
-        plan = [row[-1] for row in db.execute("EXPLAIN QUERY PLAN " + queries.statement(by),
-                                              queries.bounds(found))]
+        plan = [
+            row[-1]
+            for row in db.execute(
+                "EXPLAIN QUERY PLAN " + queries.statement(by), queries.bounds(found)
+            )
+        ]
         assert any("hourly USING PRIMARY KEY (hour>? AND hour<?)" in p for p in plan), plan
         assert any("daily USING PRIMARY KEY (day>? AND day<?)" in p for p in plan), plan
     totals = queries.totals(db, since, until, "user")
@@ -237,28 +269,40 @@ def test_reports_are_read_in_a_thread_that_yields_the_cpu_to_serving(tmp_path):
         store.put(time.time(), interval())
         wait(lambda: store.intervals == 1)
         report(store, time.time() - DAY, time.time())
-        nice = {t.name: os.getpriority(os.PRIO_PROCESS, t.native_id)
-                for t in threading.enumerate() if t.native_id is not None}
+        nice = {
+            t.name: os.getpriority(os.PRIO_PROCESS, t.native_id)
+            for t in threading.enumerate()
+            if t.native_id is not None
+        }
         readers = [value for name, value in nice.items() if name.startswith("usage-reader")]
         assert readers == [13], nice
         assert nice["MainThread"] == os.getpriority(os.PRIO_PROCESS, 0)
-        assert all(value != 13 for name, value in nice.items()
-                   if not name.startswith("usage-reader")), nice
+        assert all(
+            value != 13 for name, value in nice.items() if not name.startswith("usage-reader")
+        ), nice
 
 
 def test_a_report_by_two_keys_asked_first_is_read_in_the_same_thread_at_the_same_priority(
-        tmp_path):
+    tmp_path,
+):
     """The first report may be a grouped one (`by=day,user`, `tz=`): the reader it makes is
     the one thread every report is read in, at Config.usage_report_nice."""
     now = time.time()
 
     def started():  # the threads started since, and their niceness
-        return {t.name: os.getpriority(os.PRIO_PROCESS, t.native_id)
-                for t in threading.enumerate() if t not in before}
+        return {
+            t.name: os.getpriority(os.PRIO_PROCESS, t.native_id)
+            for t in threading.enumerate()
+            if t not in before
+        }
 
     async def both(store):
-        grouped = await asyncio.gather(*(store.grouped(now - 3600, now + 3600, ("user", "gpu"),
-                                                       timezone.utc) for _ in range(8)))
+        grouped = await asyncio.gather(
+            *(
+                store.grouped(now - 3600, now + 3600, ("user", "gpu"), timezone.utc)
+                for _ in range(8)
+            )
+        )
         threads = started()  # the loop's own executor, if it had read, would be running still
         return grouped, threads, await store.report(now - 3600, now + 3600, "user")
 
@@ -271,8 +315,10 @@ def test_a_report_by_two_keys_asked_first_is_read_in_the_same_thread_at_the_same
         assert {n: v for n, v in started().items() if n.startswith("usage")} == threads
     for totals in grouped:
         assert {(keys, category): seconds for keys, _, category, seconds in totals.rows} == {
-            ((None, "GPU-b"), "free"): 60.0, (("alice", "GPU-a"), "active"): 30.0,
-            (("alice", "GPU-a"), "idle_held"): 30.0}
+            ((None, "GPU-b"), "free"): 60.0,
+            (("alice", "GPU-a"), "active"): 30.0,
+            (("alice", "GPU-a"), "idle_held"): 30.0,
+        }
     assert by_category(plain)[("alice", "active")] == 30.0
 
 
@@ -282,12 +328,16 @@ CAP_SYS_NICE = 23
 def without_cap_sys_nice():
     """Drop CAP_SYS_NICE from the calling thread alone (capabilities are a thread's own, and
     the threads it starts inherit them): it may raise its niceness, never lower it again."""
+
     class Header(ctypes.Structure):
         _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
 
     class Data(ctypes.Structure):
-        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                    ("inheritable", ctypes.c_uint32)]
+        _fields_ = [
+            ("effective", ctypes.c_uint32),
+            ("permitted", ctypes.c_uint32),
+            ("inheritable", ctypes.c_uint32),
+        ]
 
     libc = ctypes.CDLL(None, use_errno=True)
     header, data = Header(0x20080522, 0), (Data * 2)()  # _LINUX_CAPABILITY_VERSION_3
@@ -306,8 +356,11 @@ def test_a_reader_that_may_not_lower_its_niceness_says_so_and_reads(tmp_path, ca
         without_cap_sys_nice()
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         found["totals"] = report(store, now - 3600, now + 3600)
-        found["nice"] = {t.name: os.getpriority(os.PRIO_PROCESS, t.native_id)
-                         for t in threading.enumerate() if t.name.startswith("usage-reader")}
+        found["nice"] = {
+            t.name: os.getpriority(os.PRIO_PROCESS, t.native_id)
+            for t in threading.enumerate()
+            if t.name.startswith("usage-reader")
+        }
 
     resource.setrlimit(resource.RLIMIT_NICE, (0, hard))
     try:
@@ -323,7 +376,8 @@ def test_a_reader_that_may_not_lower_its_niceness_says_so_and_reads(tmp_path, ca
     assert found["nice"] == {"usage-reader_0": 19}
     assert by_category(found["totals"])[("alice", "active")] == 30.0
     assert records(caplog, logging.INFO, "priority") == [
-        "the usage reports' thread keeps the daemon's priority: [Errno 13] Permission denied"]
+        "the usage reports' thread keeps the daemon's priority: [Errno 13] Permission denied"
+    ]
 
 
 @pytest.mark.errors_expected  # the failing writes are logged as an error
@@ -348,8 +402,10 @@ def tmpfs(where, size="256k", options=""):
     """A real tmpfs of `size` mounted at `where` (root only); unmounted after."""
     need_root("it mounts a filesystem")
     os.makedirs(where, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700{options}", "tmpfs",
-                    str(where)], check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700{options}", "tmpfs", str(where)],
+        check=True,
+    )
     try:
         yield where
     finally:
@@ -391,12 +447,11 @@ def test_a_full_disk_degrades_the_store_and_it_catches_up_when_there_is_room(tmp
 
 
 def test_a_read_only_filesystem_runs_without_a_store_and_says_so(tmp_path, caplog):
-    with tmpfs(tmp_path / "ro", options=",ro") as where:
-        with store_in(where) as store:
-            assert store.state == "read_only" and store.metrics()["state"] == "read_only"
-            store.put(time.time(), interval())  # taken, and nothing is done with it
-            assert store.metrics()["pending"] == 0  # nor kept
-            said = f"the usage store's directory {store.directory} is on a read-only filesystem"
+    with tmpfs(tmp_path / "ro", options=",ro") as where, store_in(where) as store:
+        assert store.state == "read_only" and store.metrics()["state"] == "read_only"
+        store.put(time.time(), interval())  # taken, and nothing is done with it
+        assert store.metrics()["pending"] == 0  # nor kept
+        said = f"the usage store's directory {store.directory} is on a read-only filesystem"
     assert said + ": running without a usage store (no usage history is kept)" in caplog.messages
 
 
@@ -421,8 +476,10 @@ def test_a_file_set_aside_is_named_by_the_time_and_takes_the_first_free_number(t
     for name in (f"{FILE}.corrupt-{STAMP}", f"{FILE}.corrupt-{STAMP}-3"):  # left as they were
         assert (tmp_path / name).read_bytes() == name.encode()
     [line] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert line == (f"usage store {tmp_path / FILE} is not a usable usage store (file is not a "
-                    f"database); set aside as {aside}, and a fresh store starts")
+    assert line == (
+        f"usage store {tmp_path / FILE} is not a usable usage store (file is not a "
+        f"database); set aside as {aside}, and a fresh store starts"
+    )
 
 
 def test_a_newer_file_says_its_version_and_what_this_patroller_knows(tmp_path):
@@ -431,13 +488,15 @@ def test_a_newer_file_says_its_version_and_what_this_patroller_knows(tmp_path):
     with pytest.raises(schema.Newer) as raised:
         schema.migrate(db)
     assert raised.value.version == 7
-    assert str(raised.value) == \
-        f"holds schema version 7 (this Patroller knows up to {schema.LATEST})"
+    assert (
+        str(raised.value) == f"holds schema version 7 (this Patroller knows up to {schema.LATEST})"
+    )
 
 
 def records(caplog, level, words):
-    return [r.getMessage() for r in caplog.records if r.levelno == level
-            and words in r.getMessage()]
+    return [
+        r.getMessage() for r in caplog.records if r.levelno == level and words in r.getMessage()
+    ]
 
 
 @pytest.mark.errors_expected  # the file that cannot be set aside, and the failing store
@@ -453,10 +512,12 @@ def test_a_file_that_cannot_be_set_aside_fails_the_store_until_it_can_be_used(tm
             wait(lambda: records(caplog, logging.ERROR, "cannot write the usage store"))
             assert records(caplog, logging.ERROR, "cannot be set aside")[0] == (
                 f"usage store {path} is not a usable usage store (file is not a database) and "
-                "cannot be set aside: Device or resource busy")
+                "cannot be set aside: Device or resource busy"
+            )
             assert records(caplog, logging.ERROR, "cannot write the usage store") == [
                 f"cannot write the usage store {path}: file is not a database (1 failure(s) so "
-                "far); serving goes on, 0 interval(s) kept in memory, tried again every 0.05 s"]
+                "far); serving goes on, 0 interval(s) kept in memory, tried again every 0.05 s"
+            ]
             assert store.state == "failing" and store.why == "file is not a database"
             wait(lambda: store.failures >= 4)  # tried again every 0.05 s: said once
             assert len(records(caplog, logging.ERROR, "cannot be set aside")) == 1
@@ -498,10 +559,21 @@ def test_reports_follow_the_file_each_time_it_is_set_aside(tmp_path):
             wait(lambda: store.intervals == 1 + n)
             # the fresh file holds the one interval written since, not the one before
             assert by_category(report(store, now - 3600, now + 3600)) == {
-                ("alice", "active"): 30.0, ("alice", "idle_held"): 30.0, (None, "free"): 60.0}
+                ("alice", "active"): 30.0,
+                ("alice", "idle_held"): 30.0,
+                (None, "free"): 60.0,
+            }
         assert store.set_aside == 2
-    assert len([p for p in tmp_path.iterdir() if ".newer-" in p.name and "-wal" not in p.name
-                and "-shm" not in p.name]) == 2
+    assert (
+        len(
+            [
+                p
+                for p in tmp_path.iterdir()
+                if ".newer-" in p.name and "-wal" not in p.name and "-shm" not in p.name
+            ]
+        )
+        == 2
+    )
 
 
 def test_a_report_that_cannot_be_read_says_so_and_the_next_one_reads_again(tmp_path):
@@ -517,7 +589,8 @@ def test_a_report_that_cannot_be_read_says_so_and_the_next_one_reads_again(tmp_p
         assert raised.value.message == (
             f"the usage store {tmp_path / FILE} cannot be read now (holds tables (daily, gpus, "
             "hourly, parties, samples) but no schema version: not a usage store); try again "
-            "shortly")
+            "shortly"
+        )
         other.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
         other.execute("INSERT INTO schema_version VALUES (?)", (schema.LATEST,))
         other.close()
@@ -530,16 +603,20 @@ def test_reports_are_read_in_one_thread_of_their_own(tmp_path):
     now = time.time()
 
     async def many(store):
-        return await asyncio.gather(*(store.report(now - 3600, now + 3600, "user")
-                                      for _ in range(8)))
+        return await asyncio.gather(
+            *(store.report(now - 3600, now + 3600, "user") for _ in range(8))
+        )
 
     before = set(threading.enumerate())
     with store_in(tmp_path) as store:
         store.put(now, interval())
         wait(lambda: store.intervals == 1)
         totals = asyncio.run(many(store))
-        readers = [t.name for t in threading.enumerate()
-                   if t not in before and t.name.startswith("usage-reader")]
+        readers = [
+            t.name
+            for t in threading.enumerate()
+            if t not in before and t.name.startswith("usage-reader")
+        ]
         assert readers == ["usage-reader_0"]
     assert all(by_category(t)[("alice", "active")] == 30.0 for t in totals)
 
@@ -559,9 +636,11 @@ def test_a_range_counts_the_whole_hour_and_day_it_begins_in(tmp_path):
         assert by_category(totals)[("alice", "active")] == (30.0 if since > day else 60.0)
     assert queries.totals(db, day + 7200, WALL, "user").rows == []
     by_gpu = queries.totals(db, day, WALL, "gpu")
-    assert sorted(by_gpu.rows) == [("GPU-a", "alice", "active", 30.0),
-                                   ("GPU-a", "alice", "idle_held", 30.0),
-                                   ("GPU-b", None, "free", 60.0)]
+    assert sorted(by_gpu.rows) == [
+        ("GPU-a", "alice", "active", 30.0),
+        ("GPU-a", "alice", "idle_held", 30.0),
+        ("GPU-b", None, "free", 60.0),
+    ]
     assert by_gpu.first == day - DAY  # the day folded
 
 
@@ -581,14 +660,17 @@ def error(kind, message, name=None):
     return exc
 
 
-@pytest.mark.parametrize("exc, is_damaged", [
-    (error(sqlite3.DatabaseError, "file is not a database"), True),  # Python 3.10
-    (error(sqlite3.DatabaseError, "database disk image is malformed"), True),
-    (error(sqlite3.DatabaseError, "a damaged file", "SQLITE_CORRUPT"), True),  # 3.11: by name
-    (error(sqlite3.DatabaseError, "not a file of ours", "SQLITE_NOTADB"), True),
-    (error(sqlite3.OperationalError, "database is locked", "SQLITE_BUSY"), False),
-    (error(sqlite3.OperationalError, "disk I/O error"), False),
-])
+@pytest.mark.parametrize(
+    "exc, is_damaged",
+    [
+        (error(sqlite3.DatabaseError, "file is not a database"), True),  # Python 3.10
+        (error(sqlite3.DatabaseError, "database disk image is malformed"), True),
+        (error(sqlite3.DatabaseError, "a damaged file", "SQLITE_CORRUPT"), True),  # 3.11: by name
+        (error(sqlite3.DatabaseError, "not a file of ours", "SQLITE_NOTADB"), True),
+        (error(sqlite3.OperationalError, "database is locked", "SQLITE_BUSY"), False),
+        (error(sqlite3.OperationalError, "disk I/O error"), False),
+    ],
+)
 def test_a_file_is_damaged_when_sqlite_says_so_by_name_or_by_its_message(exc, is_damaged):
     assert damaged(exc) is is_damaged
 
@@ -611,10 +693,22 @@ def test_the_metrics_count_what_the_store_did_and_what_waits(tmp_path):
         found, disk = store.metrics(), os.statvfs(tmp_path)
         assert 0 < found.pop("free") <= disk.f_blocks * disk.f_frsize
         assert found == {
-            "path": str(tmp_path / FILE), "state": "writable", "rows": 6, "intervals": 3,
-            "failures": 0, "set_aside": 0, "pending": 0, "dropped": 0, "answered_again": 0,
-            "saving_room": False, "parties_overflow": 0, "reports_running": 0,
-            "reports_waiting": 0, "reports_busy": 0, "reports_too_large": 0}
+            "path": str(tmp_path / FILE),
+            "state": "writable",
+            "rows": 6,
+            "intervals": 3,
+            "failures": 0,
+            "set_aside": 0,
+            "pending": 0,
+            "dropped": 0,
+            "answered_again": 0,
+            "saving_room": False,
+            "parties_overflow": 0,
+            "reports_running": 0,
+            "reports_waiting": 0,
+            "reports_busy": 0,
+            "reports_too_large": 0,
+        }
 
 
 def test_folding_takes_whole_days_only(tmp_path):

@@ -1,6 +1,7 @@
 """Writing the usage store's tables row by row (state/usage/tables.py, schema.py), on a real
 SQLite file: what a sample's row holds of its processes, a GPU whose index changed, an interval
 that fails leaving the connection ready for the next, and the schema versions refused."""
+
 import json
 import sqlite3
 from dataclasses import replace
@@ -17,11 +18,14 @@ AT = 1_790_000_000 // HOUR * HOUR + 600
 def test_a_samples_row_holds_its_processes_as_compact_json(tmp_path):
     db = fresh(tmp_path / "u.sqlite3")
     tables.write_interval(db, tables.Keys(), AT, interval())
-    [(processes,)] = db.execute("SELECT processes FROM samples WHERE gpu = "
-                                "(SELECT id FROM gpus WHERE uuid = 'GPU-a')").fetchall()
+    [(processes,)] = db.execute(
+        "SELECT processes FROM samples WHERE gpu = (SELECT id FROM gpus WHERE uuid = 'GPU-a')"
+    ).fetchall()
     [alice] = db.execute("SELECT id FROM parties WHERE user = 'alice'").fetchone()
-    assert processes == json.dumps([{"party": alice, "own": True, "pids": [42],
-                                     "containers": ["train"]}], separators=(",", ":"))
+    assert processes == json.dumps(
+        [{"party": alice, "own": True, "pids": [42], "containers": ["train"]}],
+        separators=(",", ":"),
+    )
     assert processes == f'[{{"party":{alice},"own":true,"pids":[42],"containers":["train"]}}]'
 
 
@@ -53,8 +57,9 @@ def test_a_file_with_tables_but_no_version_is_named_by_its_first_five_tables(tmp
         db.execute(f"CREATE TABLE {name} (x)")
     with pytest.raises(schema.NotAStore) as raised:
         schema.version(db)
-    assert str(raised.value) == ("holds tables (a, b, c, d, e) but no schema version: not a "
-                                 "usage store")
+    assert str(raised.value) == (
+        "holds tables (a, b, c, d, e) but no schema version: not a usage store"
+    )
 
 
 @pytest.mark.parametrize("value", [None, "two", 2.0, 0, -1])

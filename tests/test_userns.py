@@ -1,6 +1,7 @@
 """The host account of a process in a user namespace, from the kernel's word on who made the
 namespace (NS_GET_OWNER_UID): a rootless container that no cgroup names (rootless engines on
 cgroup v1 make none) counts as the user who runs it, not as the subordinate uid it runs as."""
+
 import os
 import subprocess
 import time
@@ -41,7 +42,7 @@ def test_who_a_process_counts_as():
 def test_our_own_namespace_has_no_owner_to_tell(tmp_path):
     assert procfs.userns_owner(os.getpid()) is None
     assert procfs.userns_owner(os.getpid(), str(tmp_path)) is None  # a tree of a test's own
-    assert procfs.userns_owner(2 ** 22 + 1) is None  # no such process
+    assert procfs.userns_owner(2**22 + 1) is None  # no such process
 
 
 @pytest.fixture
@@ -63,7 +64,12 @@ def in_namespace(user, *inside):
     subordinate uids its others (newuidmap maps them)."""
     process = subprocess.Popen(
         ["unshare", "--user", "--map-auto", "--map-root-user", "--", *inside],
-        user=user.uid, group=user.gid, extra_groups=[], cwd="/", stderr=subprocess.PIPE)
+        user=user.uid,
+        group=user.gid,
+        extra_groups=[],
+        cwd="/",
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 10
     while procfs.userns_owner(process.pid) is None:
         assert process.poll() is None, process.stderr.read().decode()
@@ -97,18 +103,28 @@ A = ContainerRef("docker", "a" * 64, owner=1234)
 NESTED = ContainerRef("docker", "a" * 64, owner=1234, nested=0)
 
 
-@pytest.mark.parametrize("container,job,uid,ns_owner,refused", [
-    (A, None, 1234, None, False),  # the user's own rootless container, as the user
-    (A, None, SHIFTED_UID, 1234, False),  # as a shifted uid of the user's namespace
-    (A, None, 4321, None, True),  # another uid, in no namespace
-    (A, None, SHIFTED_UID, 4321, True),  # in another user's namespace
-    (A, None, SHIFTED_UID, None, True),  # a shifted uid in our own namespace: nobody's
-    (NESTED, None, 1234, None, True),  # another uid's slice nested in the user's
-    (ContainerRef("docker", "a" * 64), None, 4321, None, False),  # the system's: not judged here
-    (None, SlurmStep("4242", "0", 1001), 1001, None, False),  # slurmd's uid_1001, as uid 1001
-    (None, SlurmStep("4242", "0", 1001), 2002, None, True),  # as another uid
-    (None, SlurmStep("4242", "0"), 2002, None, False),  # v2 names no uid: the map's is checked
-])
-def test_what_a_cgroup_says_is_believed_only_of_its_own_users_process(container, job, uid,
-                                                                       ns_owner, refused):
+@pytest.mark.parametrize(
+    "container,job,uid,ns_owner,refused",
+    [
+        (A, None, 1234, None, False),  # the user's own rootless container, as the user
+        (A, None, SHIFTED_UID, 1234, False),  # as a shifted uid of the user's namespace
+        (A, None, 4321, None, True),  # another uid, in no namespace
+        (A, None, SHIFTED_UID, 4321, True),  # in another user's namespace
+        (A, None, SHIFTED_UID, None, True),  # a shifted uid in our own namespace: nobody's
+        (NESTED, None, 1234, None, True),  # another uid's slice nested in the user's
+        (
+            ContainerRef("docker", "a" * 64),
+            None,
+            4321,
+            None,
+            False,
+        ),  # the system's: not judged here
+        (None, SlurmStep("4242", "0", 1001), 1001, None, False),  # slurmd's uid_1001, as uid 1001
+        (None, SlurmStep("4242", "0", 1001), 2002, None, True),  # as another uid
+        (None, SlurmStep("4242", "0"), 2002, None, False),  # v2 names no uid: the map's is checked
+    ],
+)
+def test_what_a_cgroup_says_is_believed_only_of_its_own_users_process(
+    container, job, uid, ns_owner, refused
+):
     assert (misplaced(container, job, uid, ns_owner) is not None) == refused

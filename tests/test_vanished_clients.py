@@ -6,6 +6,7 @@ The daemons in this process share the tests' event loop: a blocking client here 
 and closes before the daemon has even accepted the connection, every time. The clients are real
 sockets; the daemon learns of their leaving from the kernel, as it would of any other.
 """
+
 import asyncio
 import json
 import logging
@@ -21,8 +22,14 @@ from helpers import ScenarioFile, ServerProcess, async_test, gpu_running, until
 from patroller.http import handlers
 
 CLOSE, HALF_CLOSE = "close", "half-close"
-GRANTS = ["/request?gpu=1", "/request?gpu=1&hold=process", "/request?gpu=1&hold=2h",
-          "/wait?gpu=1", "/wait?gpu=1&hold=process", "/wait?gpu=1&hold=2h&timeout=5"]
+GRANTS = [
+    "/request?gpu=1",
+    "/request?gpu=1&hold=process",
+    "/request?gpu=1&hold=2h",
+    "/wait?gpu=1",
+    "/wait?gpu=1&hold=process",
+    "/wait?gpu=1&hold=2h&timeout=5",
+]
 LEFT = 499  # the status the access log and /metrics count a client that left with
 
 
@@ -55,16 +62,23 @@ async def read_all(client: socket.socket) -> bytes:
 
 def answered(h, endpoint: str, status=None) -> int:
     """How many requests to `endpoint` the daemon has answered (with `status`)."""
-    return sum(count for (path, code), count in h.api.requests.answers.items()
-               if path == endpoint and status in (None, code))
+    return sum(
+        count
+        for (path, code), count in h.api.requests.answers.items()
+        if path == endpoint and status in (None, code)
+    )
 
 
 async def all_free(h) -> None:
     """Wait until /status shows no device held and /queue no waiter (or fail)."""
+
     async def free() -> bool:
         status = await h.ok("/status")
-        return (all(d["claim"]["state"] == "free" for d in status.values())
-                and await h.ok("/queue") == [])
+        return (
+            all(d["claim"]["state"] == "free" for d in status.values())
+            and await h.ok("/queue") == []
+        )
+
     deadline = asyncio.get_running_loop().time() + 10
     while not await free():
         assert asyncio.get_running_loop().time() < deadline, await h.ok("/status")
@@ -84,8 +98,9 @@ def four(tmp_path):
 @pytest.mark.parametrize("how", [CLOSE, HALF_CLOSE])
 @pytest.mark.parametrize("target", GRANTS)
 @async_test
-async def test_a_unix_client_that_leaves_at_once_is_granted_nothing(four, tmp_path, target,
-                                                                    how, caplog):
+async def test_a_unix_client_that_leaves_at_once_is_granted_nothing(
+    four, tmp_path, target, how, caplog
+):
     path = str(tmp_path / "api.sock")
     async with gpu_running(four, socket=path, lease=600) as h:
         endpoint = target.split("?")[0]
@@ -101,8 +116,9 @@ async def test_a_unix_client_that_leaves_at_once_is_granted_nothing(four, tmp_pa
 
 @pytest.mark.parametrize("target", GRANTS)
 @async_test
-async def test_a_grant_whose_answer_cannot_be_written_is_given_back(four, tmp_path, target,
-                                                                    monkeypatch):
+async def test_a_grant_whose_answer_cannot_be_written_is_given_back(
+    four, tmp_path, target, monkeypatch
+):
     # The client leaves just after the daemon looked: the write fails (a unix socket's peer
     # that has closed refuses it), and what was granted is given back.
     path, clients = str(tmp_path / "api.sock"), []
@@ -111,6 +127,7 @@ async def test_a_grant_whose_answer_cannot_be_written_is_given_back(four, tmp_pa
         while clients:
             clients.pop().close()
         return False
+
     monkeypatch.setattr(handlers, "left", leaves_just_after)
     async with gpu_running(four, socket=path, lease=600) as h:
         endpoint = target.split("?")[0]
@@ -126,8 +143,7 @@ async def test_a_grant_whose_answer_cannot_be_written_is_given_back(four, tmp_pa
 
 
 @async_test
-async def test_a_unix_client_that_leaves_while_it_waits_is_taken_out_of_the_queue(four,
-                                                                                 tmp_path):
+async def test_a_unix_client_that_leaves_while_it_waits_is_taken_out_of_the_queue(four, tmp_path):
     path = str(tmp_path / "api.sock")
     async with gpu_running(four, socket=path, lease=600) as h:
         await h.ok("/request?gpu=4")  # root's, over TCP
@@ -152,8 +168,12 @@ async def test_a_release_or_renew_whose_client_left_is_not_carried_out(four, tmp
         leases = h.services.leases
         deadlines = {uuid: leases.holds[uuid].deadline for uuid in mine}
         sent = {"/release": 0, "/renew": 0}
-        for target in ["/release", f"/release?uuid={min(mine)}", "/renew",
-                       f"/renew?uuid={min(mine)}"]:
+        for target in [
+            "/release",
+            f"/release?uuid={min(mine)}",
+            "/renew",
+            f"/renew?uuid={min(mine)}",
+        ]:
             endpoint = target.split("?")[0]
             client = send_and_leave(path, target, how)
             if how == HALF_CLOSE:
@@ -198,8 +218,9 @@ def test_a_daemon_process_grants_nothing_to_unix_clients_that_left(tmp_path):
     try:
         server.process.send_signal(signal.SIGSTOP)
         try:
-            clients = [send_and_leave(path, "/request?gpu=1", how)
-                       for how in (CLOSE, HALF_CLOSE) * 4]
+            clients = [
+                send_and_leave(path, "/request?gpu=1", how) for how in (CLOSE, HALF_CLOSE) * 4
+            ]
         finally:
             server.process.send_signal(signal.SIGCONT)
         half = [c for c in clients if c.fileno() != -1]

@@ -1,10 +1,10 @@
 """Cached response bodies, the fast lane at the connection's door, and /metrics."""
+
 import asyncio
 import json
 import time
 from dataclasses import replace
 from types import SimpleNamespace
-from typing import Dict, List, Tuple
 
 import pytest
 
@@ -118,14 +118,18 @@ async def test_test_mode_process_lists_are_never_stale():
         assert {e["claim"]["processes_stale"] for e in status.values()} == {False}
 
 
-async def answers(reader: asyncio.StreamReader, count: int) -> List[Tuple[str, Dict[str, str], bytes]]:
+async def answers(
+    reader: asyncio.StreamReader, count: int
+) -> list[tuple[str, dict[str, str], bytes]]:
     """`count` HTTP answers read off one connection: (status line, headers, body)."""
     found = []
     for _ in range(count):
         head = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)).decode("latin-1")
         lines = head.split("\r\n")
-        headers = {k.strip().lower(): v.strip() for k, v in
-                   (line.split(":", 1) for line in lines[1:] if line)}
+        headers = {
+            k.strip().lower(): v.strip()
+            for k, v in (line.split(":", 1) for line in lines[1:] if line)
+        }
         body = await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), 10)
         found.append((lines[0], headers, body))
     return found
@@ -137,8 +141,12 @@ PLAIN = b"GET /status HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n\r\n"
 @async_test
 async def test_the_simplest_polls_are_answered_at_the_door_and_the_rest_in_order_by_the_app():
     async with running() as h:
-        reader, writer = await h.raw(PLAIN + b"GET /queue HTTP/1.1\r\nHost: localhost\r\n\r\n"
-                                     + PLAIN + b"GET /status?x=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+        reader, writer = await h.raw(
+            PLAIN
+            + b"GET /queue HTTP/1.1\r\nHost: localhost\r\n\r\n"
+            + PLAIN
+            + b"GET /status?x=1 HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
         got = await answers(reader, 4)
         assert [line for line, _, _ in got] == ["HTTP/1.1 200 OK"] * 4
         assert json.loads(got[1][2]) == [] and list(json.loads(got[0][2])) == h.uuids()
@@ -164,6 +172,7 @@ async def test_the_fast_lane_sends_its_answers_straight_to_the_socket(monkeypatc
     def write(self, data):
         through_stream.append(len(data))
         return IOStream.write(self, data)
+
     monkeypatch.setattr(Connection, "write", write)
     async with running() as h:
         reader, writer = await h.raw(b"")
@@ -188,6 +197,7 @@ async def test_what_the_socket_does_not_take_goes_through_the_stream_in_order(mo
     def write(self, data):
         through_stream.append(len(data))
         return IOStream.write(self, data)
+
     monkeypatch.setattr(Connection, "write", write)
     async with running() as h:
         body = h.api.status.body()
@@ -270,7 +280,7 @@ def test_a_process_starting_renamed_and_ending_is_shown_at_once(parts):
     uuid = inventory.devices[0].uuid
     view.body()
 
-    def shown_after(change) -> Tuple[Dict, int]:
+    def shown_after(change) -> tuple[dict, int]:
         built = view.parts_built
         change()
         claim = json.loads(view.body())[uuid]["claim"]
@@ -295,8 +305,9 @@ def test_an_inventory_change_rebuilds_the_devices_it_names_alone():
     leases = lease_manager(clock, inventory)
     stats = StatsStore(inventory, stale_after=3, history_every=5, history_points=120, clock=clock)
     view = StatusView(inventory, leases, stats, None, 0.1, clock=clock)
-    receive = routes._inventory_changed(SimpleNamespace(
-        devices=SimpleNamespace(invalidate=lambda: None), status=view))
+    receive = routes._inventory_changed(
+        SimpleNamespace(devices=SimpleNamespace(invalidate=lambda: None), status=view)
+    )
     smaller, gone, kept = inventory.devices
     assert json.loads(view.body())[smaller.uuid]["fb_total"] == 81920
     built = view.parts_built
@@ -304,7 +315,9 @@ def test_an_inventory_change_rebuilds_the_devices_it_names_alone():
     leases.devices_changed()
     receive(None, record=change)
     shown = json.loads(view.body())
-    assert shown[smaller.uuid]["fb_total"] == 40960 and shown[gone.uuid]["claim"]["state"] == "lost"
+    assert (
+        shown[smaller.uuid]["fb_total"] == 40960 and shown[gone.uuid]["claim"]["state"] == "lost"
+    )
     assert view.parts_built == built + 6  # statistics, claim and processes of two devices
 
 
@@ -315,9 +328,17 @@ def test_the_body_and_the_data_say_the_same(parts):
     signals.sample.send(object(), record=Sample(inventory.devices[1].uuid, {"sm": 7}, 0.0))
     assert json.loads(view.body()) == view.latest() == view.data()
     entry = view.latest()[inventory.devices[1].uuid]
-    assert entry["claim"]["process_detail"] == [{"pid": 4242, "user": "bob", "command": "python",
-                                                 "trespass": False, "sm": None, "mem": None,
-                                                 "fb": None}]
+    assert entry["claim"]["process_detail"] == [
+        {
+            "pid": 4242,
+            "user": "bob",
+            "command": "python",
+            "trespass": False,
+            "sm": None,
+            "mem": None,
+            "fb": None,
+        }
+    ]
     assert entry["sm"] == 7 and entry["claim"]["state"] == "claimed"
 
 
@@ -334,8 +355,10 @@ def test_a_process_that_trespasses_is_marked_and_unmarked_as_its_holder_changes(
     leases.release(named_user("alice"), uuid)
     shown = json.loads(view.body())[uuid]["claim"]
     assert shown["user"]["user"] == "bob"
-    assert [(p["pid"], p["trespass"]) for p in shown["process_detail"]] == [(4242, False),
-                                                                           (4343, False)]
+    assert [(p["pid"], p["trespass"]) for p in shown["process_detail"]] == [
+        (4242, False),
+        (4343, False),
+    ]
 
 
 def test_a_host_with_no_device_has_an_empty_status():
@@ -389,33 +412,38 @@ def test_a_figure_not_known_this_interval_keeps_the_last_one(parts):
     seen = view.stats.process_view(uuid, 4242)
     assert (seen["sm"], seen["mem"], seen["fb"]) == (40, 12, 900)
     before = view.stats.figures_version(uuid)
-    signals.process_sampled.send(None, record=ProcessSamples(
-        {uuid: {4242: {"sm": None, "mem": 7, "fb": None}}}, 1.0))
+    signals.process_sampled.send(
+        None, record=ProcessSamples({uuid: {4242: {"sm": None, "mem": 7, "fb": None}}}, 1.0)
+    )
     seen = view.stats.process_view(uuid, 4242)
     assert (seen["sm"], seen["mem"], seen["fb"]) == (40, 7, 900)
     assert view.stats.figures_version(uuid) == before + 1  # shown again: something changed
-    signals.process_sampled.send(None, record=ProcessSamples(
-        {uuid: {4242: {"sm": None, "mem": None, "fb": None}}}, 2.0))  # `-` in every cell
+    signals.process_sampled.send(
+        None, record=ProcessSamples({uuid: {4242: {"sm": None, "mem": None, "fb": None}}}, 2.0)
+    )  # `-` in every cell
     seen = view.stats.process_view(uuid, 4242)
     assert (seen["sm"], seen["mem"], seen["fb"]) == (40, 7, 900)
     assert view.stats.figures_version(uuid) == before + 1  # nothing new: the device is not rebuilt
 
 
-@pytest.mark.parametrize("head, taken", [
-    (b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n", True),
-    (b"GET /status HTTP/1.1\r\nHost: x:8080\r\nConnection: keep-alive\r\n\r\n", True),
-    (b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", True),
-    # Tornado answers two Host lines with a 400: the lane must not answer 200
-    (b"GET /status HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", False),
-    (b"GET /status HTTP/1.1\r\n\r\n", False),  # no Host at all
-    # HTTP/1.0 is answered by Tornado, which closes it (the lane speaks 1.1 keep-alive)
-    (b"GET /status HTTP/1.0\r\nHost: x\r\n\r\n", False),
-    (b"GET /status HTTP/1.0\r\n\r\n", False),
-    # a Connection the lane does not know (an upgrade, a list) goes to Tornado
-    (b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\n\r\n", False),
-    (b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, upgrade\r\n\r\n", False),
-    (b"GET /status HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n\r\n", False),
-])
+@pytest.mark.parametrize(
+    "head, taken",
+    [
+        (b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n", True),
+        (b"GET /status HTTP/1.1\r\nHost: x:8080\r\nConnection: keep-alive\r\n\r\n", True),
+        (b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", True),
+        # Tornado answers two Host lines with a 400: the lane must not answer 200
+        (b"GET /status HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", False),
+        (b"GET /status HTTP/1.1\r\n\r\n", False),  # no Host at all
+        # HTTP/1.0 is answered by Tornado, which closes it (the lane speaks 1.1 keep-alive)
+        (b"GET /status HTTP/1.0\r\nHost: x\r\n\r\n", False),
+        (b"GET /status HTTP/1.0\r\n\r\n", False),
+        # a Connection the lane does not know (an upgrade, a list) goes to Tornado
+        (b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\n\r\n", False),
+        (b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, upgrade\r\n\r\n", False),
+        (b"GET /status HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n\r\n", False),
+    ],
+)
 def test_the_fast_lane_takes_only_the_heads_tornado_would_answer_the_same_way(head, taken):
     lane = FastLane({"/status": lambda connection: b"{}"}, lambda path, status: None, 60.0)
     answered = lane.answer(head)

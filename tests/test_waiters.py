@@ -1,7 +1,9 @@
 """/wait under misbehaviour: clients that leave at once, and one user trying to fill the queue."""
+
 import asyncio
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, List, Optional, Tuple
+from typing import Any
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -18,9 +20,9 @@ from patroller.observe.testmode import SyntheticMonitor, synthetic_inventory
 GHOST = b"GET /wait?gpu=1&user=ghost HTTP/1.1\r\nHost: x\r\n\r\n"
 
 
-def count_finished(h: Harness, path: str) -> List[int]:
+def count_finished(h: Harness, path: str) -> list[int]:
     """A list that grows by one as each request for `path` is answered (or dropped) and logged."""
-    finished: List[int] = []
+    finished: list[int] = []
     log_function = h.api.app.settings["log_function"]
 
     def counting(handler: Any) -> None:
@@ -32,7 +34,7 @@ def count_finished(h: Harness, path: str) -> List[int]:
     return finished
 
 
-async def holders(h: Harness) -> List[Optional[str]]:
+async def holders(h: Harness) -> list[str | None]:
     """Who holds each device, in device order, as /status says."""
     return [(e["claim"]["user"] or {}).get("user") for e in (await h.ok("/status")).values()]
 
@@ -62,12 +64,12 @@ class GatedCallers(NamedCallers):
     def __init__(self) -> None:
         super().__init__(Config())
         self.gate = asyncio.Event()
-        self.connections: List[Any] = []  # of every /wait caller, in arrival order
-        self.streams: List[Any] = []
+        self.connections: list[Any] = []  # of every /wait caller, in arrival order
+        self.streams: list[Any] = []
         self.identified = 0
         self.left_meanwhile = 0  # callers whose connection closed while they were identified
 
-    async def identify(self, request: Any, claimed: Optional[str]) -> Identity:
+    async def identify(self, request: Any, claimed: str | None) -> Identity:
         if request.path == "/wait":
             stream = request.connection.stream
             self.connections.append(request.connection)
@@ -79,7 +81,7 @@ class GatedCallers(NamedCallers):
 
 
 @asynccontextmanager
-async def gated(**settings: Any) -> AsyncIterator[Tuple[Harness, GatedCallers]]:
+async def gated(**settings: Any) -> AsyncIterator[tuple[Harness, GatedCallers]]:
     """A test-mode daemon, as build() makes one, with GatedCallers."""
     config = Config(test=True, port=0, address="127.0.0.1", **settings)
     signals, inventory = Signals(), synthetic_inventory(config.test_devices)
@@ -143,8 +145,11 @@ async def test_one_user_at_the_cap_gets_429_while_another_is_still_queued():
             await until(lambda: len(h.services.leases.waiters) == n + 1)
         status, body = await h.call("/wait?gpu=1&user=mallory")
         assert status == 429
-        assert body == {"error": "mallory already has 3 requests waiting, the most one user may "
-                                 "have", "limit": 3, "waiting": 3}
+        assert body == {
+            "error": "mallory already has 3 requests waiting, the most one user may have",
+            "limit": 3,
+            "waiting": 3,
+        }
         calls.append(asyncio.ensure_future(h.call("/wait?gpu=1&user=bob")))
         await until(lambda: len(h.services.leases.waiters) == 4)
         # One of mallory's is served: she may queue one more.

@@ -1,6 +1,7 @@
 """The web page in a real headless Chromium against live daemons: test mode and GPU host mode on
 the simulator, with real processes. Under CI=true these run; elsewhere, without a browser,
 they are skipped with the reason (tests/browser.py)."""
+
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ import signal
 import subprocess
 import threading
 import urllib.parse
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import pytest
 
@@ -54,16 +55,20 @@ def call(server: ServerProcess, path: str, **params: Any) -> Any:
 def opened(page: Browser, server: ServerProcess) -> None:
     """The page loaded and drawn from its first snapshot; a marker that a reload would lose."""
     page.open(server.url + "/")
-    page.until(lambda: page.js("return document.body.dataset.rendered === '1'"),
-               "the first snapshot drawn")
+    page.until(
+        lambda: page.js("return document.body.dataset.rendered === '1'"),
+        "the first snapshot drawn",
+    )
     page.js("window.notReloaded = true")
 
 
 def card_where(page: Browser, number: int, what: str, test, timeout: float = FOLLOWS):
     """The card of GPU `number` once test(card) holds."""
-    def probe() -> Optional[Dict[str, Any]]:
+
+    def probe() -> dict[str, Any] | None:
         found = page.card(number)
         return found if found is not None and test(found) else None
+
     return page.until(probe, f"GPU {number}: {what} (last card: {page.card(number)})", timeout)
 
 
@@ -97,17 +102,28 @@ def test_a_reservation_appears_without_reloading_and_a_release_shows_free(page, 
     status, grant = call(daemon, "/request", gpu=1, user="alice@example.org")
     assert status == 200, grant
     number = grant[0]["info"]["number"]
-    found = card_where(page, number, "reserved by alice",
-                       lambda c: c["state"] == "reserved" and c["holder"] == "alice@example.org")
+    found = card_where(
+        page,
+        number,
+        "reserved by alice",
+        lambda c: c["state"] == "reserved" and c["holder"] == "alice@example.org",
+    )
     assert "lease" in found["text"] and "left" in found["text"]
     # The user and the grant are in the users table and the recent events.
-    page.until(lambda: page.js(
-        "const r = document.querySelector('#users-body tr[data-user=\"alice@example.org\"]');"
-        "return r && r.cells[1].textContent === '1'"), "alice holding one GPU in the users table")
-    page.until(lambda: page.js(
-        "return Array.from(document.querySelectorAll('#events li')).some("
-        "(li) => /grant/.test(li.textContent) && /alice@example.org/.test(li.textContent))"),
-        "the grant among the recent events")
+    page.until(
+        lambda: page.js(
+            "const r = document.querySelector('#users-body tr[data-user=\"alice@example.org\"]');"
+            "return r && r.cells[1].textContent === '1'"
+        ),
+        "alice holding one GPU in the users table",
+    )
+    page.until(
+        lambda: page.js(
+            "return Array.from(document.querySelectorAll('#events li')).some("
+            "(li) => /grant/.test(li.textContent) && /alice@example.org/.test(li.textContent))"
+        ),
+        "the grant among the recent events",
+    )
 
     status, _ = call(daemon, "/release", user="alice@example.org")
     assert status == 200
@@ -121,9 +137,11 @@ def test_the_lease_counts_down_on_the_page(page, daemon):
     _, grant = call(daemon, "/request", gpu=1, user="alice@example.org")
     number = grant[0]["info"]["number"]
 
-    def left() -> Optional[int]:
-        text = page.js(f"const c = document.querySelector('.card[data-number=\"{number}\"] "
-                       ".countdown'); return c ? c.textContent : null")
+    def left() -> int | None:
+        text = page.js(
+            f'const c = document.querySelector(\'.card[data-number="{number}"] '
+            ".countdown'); return c ? c.textContent : null"
+        )
         if not text:
             return None
         minutes, seconds = text.split()[-2].split(":")[-2:]
@@ -140,29 +158,41 @@ def test_a_device_held_for_a_process_says_for_which(page, daemon):
     status, grant = call(daemon, "/request", gpu=1, user="alice@example.org", hold="process")
     assert status == 200, grant
     number = grant[0]["info"]["number"]
-    card_where(page, number, f"held while pid {os.getpid()} lives",
-               lambda c: f"while pid {os.getpid()} lives" in c["text"])
+    card_where(
+        page,
+        number,
+        f"held while pid {os.getpid()} lives",
+        lambda c: f"while pid {os.getpid()} lives" in c["text"],
+    )
 
 
 def test_the_queue_shows_who_waits_for_how_many(page, daemon):
     opened(page, daemon)
     call(daemon, "/request", gpu=1, user="alice@example.org")
-    answers: List[Any] = []
-    waiter = threading.Thread(target=lambda: answers.append(
-        call(daemon, "/wait", gpu=8, timeout=60, user="bob@example.org")))
+    answers: list[Any] = []
+    waiter = threading.Thread(
+        target=lambda: answers.append(
+            call(daemon, "/wait", gpu=8, timeout=60, user="bob@example.org")
+        )
+    )
     waiter.start()
     try:
-        text = page.until(lambda: page.js(
-            "const q = document.querySelector('#queue li'); return q ? q.textContent : null"),
-            "bob in the queue")
+        text = page.until(
+            lambda: page.js(
+                "const q = document.querySelector('#queue li'); return q ? q.textContent : null"
+            ),
+            "bob in the queue",
+        )
         assert "bob@example.org" in text and "8 gpu" in text and "waiting" in text, text
         assert page.js("return document.getElementById('queue-empty').hidden") is True
     finally:
         call(daemon, "/release", user="alice@example.org")
         waiter.join(30)
     assert answers and answers[0][0] == 200, answers
-    page.until(lambda: page.js("return document.querySelectorAll('#queue li').length === 0"),
-               "an empty queue once bob is served")
+    page.until(
+        lambda: page.js("return document.querySelectorAll('#queue li').length === 0"),
+        "an empty queue once bob is served",
+    )
     card_where(page, 0, "held by bob", lambda c: c["holder"] == "bob@example.org")
 
 
@@ -171,16 +201,27 @@ def test_html_from_the_daemon_is_shown_as_text(page, daemon):
     name = "<b>x</b><img/src=/nothing/onerror=window.hacked=1>"
     status, grant = call(daemon, "/request", gpu=1, user=name)
     assert status == 200, grant
-    found = card_where(page, grant[0]["info"]["number"], "held by the odd name",
-                       lambda c: c["state"] == "reserved")
+    found = card_where(
+        page,
+        grant[0]["info"]["number"],
+        "held by the odd name",
+        lambda c: c["state"] == "reserved",
+    )
     assert found["holder"] == name  # the very characters, as text
     assert found["bold"] == 0, found["holder_html"]  # no element made from them
-    assert page.js("return document.querySelectorAll('#gpus b, #users b, #events b, img')"
-                   ".length") == 0
+    assert (
+        page.js("return document.querySelectorAll('#gpus b, #users b, #events b, img').length")
+        == 0
+    )
     assert page.js("return window.hacked === undefined")
-    page.until(lambda: page.js(
-        "return Array.from(document.querySelectorAll('#users-body th'))"
-        ".some((th) => th.textContent === arguments[0])", name), "the name in the users table")
+    page.until(
+        lambda: page.js(
+            "return Array.from(document.querySelectorAll('#users-body th'))"
+            ".some((th) => th.textContent === arguments[0])",
+            name,
+        ),
+        "the name in the users table",
+    )
 
 
 def test_programs_still_get_json_and_a_browser_gets_the_page(daemon):
@@ -204,11 +245,25 @@ def test_a_process_shows_its_command_and_memory_in_gpu_host_mode(page, scenario)
         opened(page, server)
         assert [c["number"] for c in page.cards()] == [0, 1, 2, 3]
         assert all("H100" in c["text"] for c in page.cards())
-        scenario.write(processes=[{"pid": sleeper.pid, "gpu": 2, "type": "C",
-                                   "name": "<i>train</i>", "used_mib": 4096, "sm": 60}])
-        found = card_where(page, 2, "the sleep process listed",
-                           lambda c: any(p["pid"] == sleeper.pid for p in c["processes"]),
-                           timeout=20)
+        scenario.write(
+            processes=[
+                {
+                    "pid": sleeper.pid,
+                    "gpu": 2,
+                    "type": "C",
+                    "name": "<i>train</i>",
+                    "used_mib": 4096,
+                    "sm": 60,
+                }
+            ]
+        )
+        found = card_where(
+            page,
+            2,
+            "the sleep process listed",
+            lambda c: any(p["pid"] == sleeper.pid for p in c["processes"]),
+            timeout=20,
+        )
         process = next(p for p in found["processes"] if p["pid"] == sleeper.pid)
         # In GiB, as the cards say it (as found: the cards in GiB, the process table in MiB).
         assert process["command"] == "<i>train</i>" and process["memory"] == "4.0 GiB", process
@@ -224,13 +279,17 @@ def test_a_process_shows_its_command_and_memory_in_gpu_host_mode(page, scenario)
 
 
 def test_each_card_names_its_nvlink_peers_and_numa_node(page, tmp_path):
-    scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=H100,
-                            topology="nvlink-pairs")
+    scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=H100, topology="nvlink-pairs")
     server = ServerProcess("--nvidia-smi", scenario.command).start()
     try:
         opened(page, server)
-        found = card_where(page, 2, "its NVLink peer and node",
-                           lambda c: "NVLink\u00a0to\u00a00" in c["text"], timeout=20)
+        found = card_where(
+            page,
+            2,
+            "its NVLink peer and node",
+            lambda c: "NVLink\u00a0to\u00a00" in c["text"],
+            timeout=20,
+        )
         assert "NUMA\u00a01" in found["text"], found["text"]
         assert "NVLink\u00a0to\u00a03" in page.card(1)["text"]
     finally:
@@ -254,8 +313,12 @@ def test_a_stopped_daemon_shows_the_lost_connection_and_the_page_recovers(page):
         # Snapshots of the new daemon arrive: a reservation made there shows.
         status, grant = call(server, "/request", gpu=1, user="carol@example.org")
         assert status == 200, grant
-        card_where(page, grant[0]["info"]["number"], "reserved by carol",
-                   lambda c: c["holder"] == "carol@example.org")
+        card_where(
+            page,
+            grant[0]["info"]["number"],
+            "reserved by carol",
+            lambda c: c["holder"] == "carol@example.org",
+        )
         still_the_same_page(page)
     finally:
         server.stop()
@@ -265,8 +328,10 @@ def test_readable_on_a_phone_and_dark_when_the_system_is(daemon):
     phone = browser(width=390, height=844)
     try:
         opened(phone, daemon)
-        columns = phone.js("return new Set(Array.from(document.querySelectorAll('.card'))"
-                           ".map((c) => c.getBoundingClientRect().left)).size")
+        columns = phone.js(
+            "return new Set(Array.from(document.querySelectorAll('.card'))"
+            ".map((c) => c.getBoundingClientRect().left)).size"
+        )
         assert columns == 1
         assert phone.js("return document.scrollingElement.scrollWidth <= window.innerWidth + 1")
         phone.color_scheme("light")
@@ -275,18 +340,32 @@ def test_readable_on_a_phone_and_dark_when_the_system_is(daemon):
         dark = phone.js("return getComputedStyle(document.body).backgroundColor")
         assert light != dark, (light, dark)
         # Dark means dark: the background's brightness is low.
-        red, green, blue = (int(v) for v in dark[dark.index("(") + 1:-1].split(",")[:3])
+        red, green, blue = (int(v) for v in dark[dark.index("(") + 1 : -1].split(",")[:3])
         assert red + green + blue < 150, dark
     finally:
         phone.quit()
 
 
 def test_an_idle_reservation_and_a_lost_gpu_in_gpu_host_mode(page, tmp_path):
-    devices = [dict(H100[n], uuid=f"GPU-{n}000000-5a1e-4e57-8000-00000000000{n}",
-                    pci=f"00000000:{n + 1:02X}:00.0") for n in range(4)]
+    devices = [
+        dict(
+            H100[n],
+            uuid=f"GPU-{n}000000-5a1e-4e57-8000-00000000000{n}",
+            pci=f"00000000:{n + 1:02X}:00.0",
+        )
+        for n in range(4)
+    ]
     scenario = ScenarioFile(str(tmp_path / "scenario.json"), devices=devices)
-    server = ServerProcess("--nvidia-smi", scenario.command, "--lease", "300",
-                           "--idle-after", "1", "--inventory-every", "0.5").start()
+    server = ServerProcess(
+        "--nvidia-smi",
+        scenario.command,
+        "--lease",
+        "300",
+        "--idle-after",
+        "1",
+        "--inventory-every",
+        "0.5",
+    ).start()
     try:
         opened(page, server)
         status, grant = call(server, "/request", gpu=1)  # this host process's account
@@ -298,8 +377,13 @@ def test_an_idle_reservation_and_a_lost_gpu_in_gpu_host_mode(page, tmp_path):
         # the third; on the page it goes last.
         scenario.write(devices=[devices[0], devices[2], devices[3]])
         gone = devices[1]["uuid"]
-        page.until(lambda: next((c for c in page.cards() if c["uuid"] == gone
-                                 and c["state"] == "lost"), None), "the lost GPU", timeout=20)
+        page.until(
+            lambda: next(
+                (c for c in page.cards() if c["uuid"] == gone and c["state"] == "lost"), None
+            ),
+            "the lost GPU",
+            timeout=20,
+        )
         cards = page.cards()
         assert cards[-1]["uuid"] == gone and "LOST" in cards[-1]["text"].upper(), cards[-1]
         assert [c["state"] for c in cards].count("lost") == 1
@@ -313,16 +397,26 @@ def test_an_unhealthy_gpu_says_why_and_what_to_do_and_a_degraded_one_says_so(pag
     server = ServerProcess("--nvidia-smi", scenario.command, "--inventory-every", "0.5").start()
     try:
         opened(page, server)
-        scenario.write(devices=[H100[0], dict(H100[1], health={"remap_pending": True}),
-                                dict(H100[2], health={"slowdowns": ["hw_thermal_slowdown"]}),
-                                H100[3]])
-        sick = card_where(page, 1, "granted to nobody", lambda c: "granted to nobody:" in
-                          c["text"], timeout=20)
-        assert "row remap pending: reset the GPU (`nvidia-smi -r -i 1`) when nothing runs on " \
-            "it" in sick["text"], sick
+        scenario.write(
+            devices=[
+                H100[0],
+                dict(H100[1], health={"remap_pending": True}),
+                dict(H100[2], health={"slowdowns": ["hw_thermal_slowdown"]}),
+                H100[3],
+            ]
+        )
+        sick = card_where(
+            page, 1, "granted to nobody", lambda c: "granted to nobody:" in c["text"], timeout=20
+        )
+        assert (
+            "row remap pending: reset the GPU (`nvidia-smi -r -i 1`) when nothing runs on "
+            "it" in sick["text"]
+        ), sick
         slowed = card_where(page, 2, "degraded", lambda c: "degraded:" in c["text"])
-        assert "clocks slowed (hw_thermal_slowdown): check its cooling and power" in \
-            slowed["text"] and "granted to nobody" not in slowed["text"], slowed
+        assert (
+            "clocks slowed (hw_thermal_slowdown): check its cooling and power" in slowed["text"]
+            and "granted to nobody" not in slowed["text"]
+        ), slowed
         assert "granted to nobody" not in page.card(0)["text"]
         still_the_same_page(page)
     finally:
@@ -331,9 +425,11 @@ def test_an_unhealthy_gpu_says_why_and_what_to_do_and_a_degraded_one_says_so(pag
 
 def figures(page):
     """Each card's figures and the lines they take, once a held GPU draws three-digit watts."""
-    found = page.js("return Array.from(document.querySelectorAll('.card .facts')).map((f) =>"
-                    " [f.textContent, Math.round(f.getBoundingClientRect().height"
-                    " / (1.2 * parseFloat(getComputedStyle(f).fontSize)))])")  # lines
+    found = page.js(
+        "return Array.from(document.querySelectorAll('.card .facts')).map((f) =>"
+        " [f.textContent, Math.round(f.getBoundingClientRect().height"
+        " / (1.2 * parseFloat(getComputedStyle(f).fontSize)))])"
+    )  # lines
     return found if any(re.search(r"\d{3}[ \u00a0]W", t) for t, _ in found) else None
 
 
@@ -353,19 +449,22 @@ def test_a_cards_figures_keep_their_line(width, height):
         server.stop()
 
 
-USERS = ["alice.longname@example.org", "bob@example.org",
-         "carol.researcher@university.example.edu"]
+USERS = [
+    "alice.longname@example.org",
+    "bob@example.org",
+    "carol.researcher@university.example.edu",
+]
 
 
 @pytest.mark.parametrize("width", [1280, 1920, 2560])
-def test_the_users_table_fits_at_every_width_and_a_user_over_the_limit_stands_out(
-        width, tmp_path):
+def test_the_users_table_fits_at_every_width_and_a_user_over_the_limit_stands_out(width, tmp_path):
     # As found at 1,920 px: the sidebar overflowed (493 > 446 px), the "waiting" column was
     # hidden and a row wrapped; a user over their limit was not highlighted.
     limits = tmp_path / "limits.json"
     limits.write_text("{}")
-    server = ServerProcess("--test", "--lease", "300", "--max-per-user", "2", "--limits-file",
-                           str(limits)).start()
+    server = ServerProcess(
+        "--test", "--lease", "300", "--max-per-user", "2", "--limits-file", str(limits)
+    ).start()
     wide = browser(width=width, height=1200)
     try:
         # Before the first snapshot, no empty-state text claims that nobody waits: the page
@@ -378,11 +477,17 @@ def test_the_users_table_fits_at_every_width_and_a_user_over_the_limit_stands_ou
             assert call(server, "/request", gpu=2, user=user)[0] == 200
         limits.write_text(json.dumps({USERS[0]: 1}))  # alice's limit lowered: she is over it
         server.process.send_signal(signal.SIGHUP)
-        wide.until(lambda: wide.js(
-            "const r = document.querySelector('#users-body tr[data-user=\"%s\"]');"
-            "return r && r.dataset.over === '1'" % USERS[0]), "alice shown over her limit")
-        wide.until(lambda: wide.js("return document.querySelectorAll('#users-body tr').length")
-                   == 3, "three users")
+        wide.until(
+            lambda: wide.js(
+                "const r = document.querySelector('#users-body tr[data-user=\"%s\"]');"
+                "return r && r.dataset.over === '1'" % USERS[0]
+            ),
+            "alice shown over her limit",
+        )
+        wide.until(
+            lambda: wide.js("return document.querySelectorAll('#users-body tr').length") == 3,
+            "three users",
+        )
         fit = wide.js("""
             const table = document.getElementById('users'), panel = table.closest('.panel');
             const head = table.querySelector('thead tr').getBoundingClientRect().height;
@@ -406,7 +511,6 @@ def test_the_users_table_fits_at_every_width_and_a_user_over_the_limit_stands_ou
         server.stop()
 
 
-
 def test_a_gpu_allocated_to_a_slurm_job_shows_the_job_and_its_user(page, tmp_path):
     jobs = tmp_path / "jobs"
     jobs.mkdir()
@@ -415,8 +519,12 @@ def test_a_gpu_allocated_to_a_slurm_job_shows_the_job_and_its_user(page, tmp_pat
         opened(page, server)
         (jobs / ".3.new").write_text("4242 uid=1001 user=carol account=physics\n")
         os.replace(jobs / ".3.new", jobs / "3")
-        card = card_where(page, 3, "allocated to job 4242",
-                          lambda c: c["state"] == "allocated" and "Slurm job 4242" in c["text"])
+        card = card_where(
+            page,
+            3,
+            "allocated to job 4242",
+            lambda c: c["state"] == "allocated" and "Slurm job 4242" in c["text"],
+        )
         assert card["holder"] == "carol" and "job 4242 · physics" in card["text"]
         os.remove(jobs / "3")
         card_where(page, 3, "free again", lambda c: c["state"] == "free")
@@ -427,6 +535,7 @@ def test_a_gpu_allocated_to_a_slurm_job_shows_the_job_and_its_user(page, tmp_pat
 
 def test_a_gpu_assigned_to_a_pod_shows_the_pod(page, tmp_path):
     from kubelet import Kubelet, gpu_pod
+
     kubelet = Kubelet(str(tmp_path / "kubelet.sock")).start()
     server = ServerProcess("--test", "--kubelet-socket", kubelet.path).start()
     try:
@@ -434,9 +543,12 @@ def test_a_gpu_assigned_to_a_pod_shows_the_pod(page, tmp_path):
         _, devices = call(server, "/devices")
         uuid = next(u for u, d in devices.items() if d["number"] == 2)
         kubelet.pods = [gpu_pod("ml", "train-0", uuid)]
-        card = card_where(page, 2, "allocated to pod ml/train-0",
-                          lambda c: c["state"] == "allocated"
-                          and "Kubernetes pod ml/train-0" in c["text"])
+        card = card_where(
+            page,
+            2,
+            "allocated to pod ml/train-0",
+            lambda c: c["state"] == "allocated" and "Kubernetes pod ml/train-0" in c["text"],
+        )
         assert card["holder"] == "namespace:ml"
         kubelet.pods = []
         card_where(page, 2, "free again", lambda c: c["state"] == "free")

@@ -2,6 +2,7 @@
 for (what `patroller status --mine` keeps the GPUs of): in test mode whom user= names, on a GPU
 host the account the kernel says, under --hide-users every field of one's own identity, and for
 a caller the daemon cannot identify, 403 as /request would answer."""
+
 import asyncio
 
 from helpers import ServerProcess, async_test, gpu_running, need_root, running
@@ -32,7 +33,8 @@ async def test_under_hide_users_a_caller_sees_all_of_their_own_identity(scenario
     async with gpu_running(scenario, lease=300, hide_users=True) as h:
         loop = asyncio.get_running_loop()
         [[code, me], [_, [grant]], [_, status]] = await loop.run_in_executor(
-            None, lambda: ask(h.url, "/whoami", "/request?gpu=1", "/status", uid=NOBODY))
+            None, lambda: ask(h.url, "/whoami", "/request?gpu=1", "/status", uid=NOBODY)
+        )
         assert code == 200 and me["user"] == nobody.user
         assert (me["account"], me["uid"]) == (nobody.account, NOBODY)  # nothing hidden
         assert status[grant["uuid"]]["claim"]["user"] == me  # whom /request held it for
@@ -40,14 +42,22 @@ async def test_under_hide_users_a_caller_sees_all_of_their_own_identity(scenario
         assert root["user"] == "root" and root["uid"] == 0
 
 
-def test_a_caller_who_cannot_be_identified_is_refused_as_request_would(namespaces, scenario,
-                                                                       tmp_path):
-    server = ServerProcess("--nvidia-smi", scenario.command, "--address", HOST,
-                           "--docker-host", f"unix://{tmp_path}/docker.sock",
-                           preexec_fn=entering(namespaces[0])).start()
+def test_a_caller_who_cannot_be_identified_is_refused_as_request_would(
+    namespaces, scenario, tmp_path
+):
+    server = ServerProcess(
+        "--nvidia-smi",
+        scenario.command,
+        "--address",
+        HOST,
+        "--docker-host",
+        f"unix://{tmp_path}/docker.sock",
+        preexec_fn=entering(namespaces[0]),
+    ).start()
     try:
-        [[code, body], [request_code, refused]] = ask(server.url, "/whoami", "/request?gpu=1",
-                                                      namespace=namespaces[1])
+        [[code, body], [request_code, refused]] = ask(
+            server.url, "/whoami", "/request?gpu=1", namespace=namespaces[1]
+        )
         assert (code, request_code) == (403, 403), (body, refused)
         assert body["error"].startswith("cannot identify a caller at "), body
     finally:

@@ -4,6 +4,7 @@ two throwaway users' CUDA processes, each attributed to its user with its memory
 deadline; claim() from a third user's script, its process on the GPU granted, shown claimed;
 everything released. Whatever happens, the users, their processes and the daemon are gone
 at the end."""
+
 from __future__ import annotations
 
 import json
@@ -15,10 +16,10 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any
+from collections.abc import Callable
 
-from bench.gpucheck.host import (ROOT, CheckFailed, Daemon, User, capture, copy_client,
-                                 python_for)
+from bench.gpucheck.host import ROOT, CheckFailed, Daemon, User, capture, copy_client, python_for
 
 CLAIMANT = """
 import json, os, sys
@@ -37,7 +38,7 @@ release()
 @dataclass
 class Step:
     name: str
-    ok: Optional[bool] = None  # None: not reached
+    ok: bool | None = None  # None: not reached
     seconds: float = 0.0
     detail: str = ""
 
@@ -51,17 +52,23 @@ class Check:
         self.log = log
         self.work = tempfile.mkdtemp(prefix="gpucheck-", dir="/tmp")
         os.chmod(self.work, 0o755)  # the throwaway users read the client and worker here
-        self.steps: List[Step] = []
-        self.facts: Dict[str, Any] = {}
-        self.users: List[User] = []
-        self.workers: List[subprocess.Popen] = []
-        self.daemon: Optional[Daemon] = None
+        self.steps: list[Step] = []
+        self.facts: dict[str, Any] = {}
+        self.users: list[User] = []
+        self.workers: list[subprocess.Popen] = []
+        self.daemon: Daemon | None = None
 
     def run(self) -> bool:
-        plan = [("doctor", self.doctor), ("captures", self.captures),
-                ("parsers", self.parsers), ("daemon", self.start_daemon),
-                ("users", self.make_users), ("processes attributed", self.processes),
-                ("claim", self.claim), ("released", self.released)]
+        plan = [
+            ("doctor", self.doctor),
+            ("captures", self.captures),
+            ("parsers", self.parsers),
+            ("daemon", self.start_daemon),
+            ("users", self.make_users),
+            ("processes attributed", self.processes),
+            ("claim", self.claim),
+            ("released", self.released),
+        ]
         try:
             for name, step in plan:
                 if not self.step(name, step) and name in ("daemon", "users"):
@@ -86,25 +93,47 @@ class Check:
         self.log(f"{name}: {'ok' if ok else 'FAILED'}: {detail}")
         return ok
 
-    def result(self) -> Dict[str, Any]:
-        return {"ok": all(s.ok for s in self.steps), **self.facts,
-                "steps": [asdict(s) for s in self.steps]}
+    def result(self) -> dict[str, Any]:
+        return {
+            "ok": all(s.ok for s in self.steps),
+            **self.facts,
+            "steps": [asdict(s) for s in self.steps],
+        }
 
     # -- the steps ------------------------------------------------------------------------
 
     def doctor(self) -> str:
         done = subprocess.run(
-            [sys.executable, "-m", "patroller", "doctor", "--json", "--nvidia-smi",
-             self.options.nvidia_smi, "--port", "0", "--address", "127.0.0.1",
-             "--state-dir", os.path.join(self.work, "state")], cwd=ROOT, capture_output=True,
-            text=True, env={**os.environ, "PYTHONPATH": ROOT}, timeout=240)
+            [
+                sys.executable,
+                "-m",
+                "patroller",
+                "doctor",
+                "--json",
+                "--nvidia-smi",
+                self.options.nvidia_smi,
+                "--port",
+                "0",
+                "--address",
+                "127.0.0.1",
+                "--state-dir",
+                os.path.join(self.work, "state"),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": ROOT},
+            timeout=240,
+        )
         with open(os.path.join(self.out, "doctor.json"), "w") as f:
             f.write(done.stdout)
         try:
             results = json.loads(done.stdout)
         except ValueError:
-            raise CheckFailed(f"patroller doctor said no JSON (status {done.returncode}): "
-                              f"{done.stderr.strip()[-300:]}") from None
+            raise CheckFailed(
+                f"patroller doctor said no JSON (status {done.returncode}): "
+                f"{done.stderr.strip()[-300:]}"
+            ) from None
         self.facts["doctor"] = results
         bad = [f"{r['check']}: {r['status']}" for r in results if r["status"] != "ok"]
         if done.returncode != 0:
@@ -120,8 +149,7 @@ class Check:
         failing = {k: v for k, v in found["statuses"].items() if v != 0}
         if failing:
             raise CheckFailed(f"nvidia-smi failed: {failing}")
-        return f"{found['gpu']}, driver {found['driver']}: " \
-            f"{', '.join(found['files'].values())}"
+        return f"{found['gpu']}, driver {found['driver']}: {', '.join(found['files'].values())}"
 
     def parsers(self) -> str:
         from patroller.observe.nvsmi.discovery import parse_inventory
@@ -143,17 +171,26 @@ class Check:
             seen = {r.gpu for r in rows}
             said.append(f"{kind}: {len(rows)} rows, {parser.skipped} skipped")
             if parser.skipped or seen != numbers:
-                trouble.append(f"{kind}: GPUs {sorted(seen)} of {sorted(numbers)}, "
-                               f"{parser.skipped} line(s) skipped ({parser.last_skipped!r})")
+                trouble.append(
+                    f"{kind}: GPUs {sorted(seen)} of {sorted(numbers)}, "
+                    f"{parser.skipped} line(s) skipped ({parser.last_skipped!r})"
+                )
         if trouble:
             raise CheckFailed("; ".join(said + trouble))
         return "; ".join(said)
 
     def start_daemon(self) -> str:
-        self.daemon = Daemon(["--nvidia-smi", self.options.nvidia_smi, "--state-dir",
-                              os.path.join(self.work, "state"), "--socket",
-                              os.path.join(self.work, "api.sock")],
-                             os.path.join(self.out, "daemon.log"))
+        self.daemon = Daemon(
+            [
+                "--nvidia-smi",
+                self.options.nvidia_smi,
+                "--state-dir",
+                os.path.join(self.work, "state"),
+                "--socket",
+                os.path.join(self.work, "api.sock"),
+            ],
+            os.path.join(self.out, "daemon.log"),
+        )
         self.daemon.wait_ready(120)
         devices = self.daemon.devices()
         self.facts["gpus"] = len(devices)
@@ -164,18 +201,28 @@ class Check:
         self.lib = copy_client(self.work)
         for role in ("a", "b", "c"):
             self.users.append(User(role))
-        candidates = [self.options.python, sys.executable, os.path.realpath(sys.executable),
-                      "/usr/bin/python3", shutil.which("python3") or ""]
+        candidates = [
+            self.options.python,
+            sys.executable,
+            os.path.realpath(sys.executable),
+            "/usr/bin/python3",
+            shutil.which("python3") or "",
+        ]
         self.pythons = [python_for(user, candidates) for user in self.users]
-        return ", ".join(f"{u.name} (uid {u.uid}, {p})" for u, p in zip(self.users,
-                                                                         self.pythons))
+        return ", ".join(f"{u.name} (uid {u.uid}, {p})" for u, p in zip(self.users, self.pythons))
 
-    def environment(self, user: User, **more: str) -> Dict[str, str]:
+    def environment(self, user: User, **more: str) -> dict[str, str]:
         home = os.path.join(self.work, f"home-{user.name}")
         os.makedirs(home, exist_ok=True)
         os.chown(home, user.uid, user.gid)
-        return {**os.environ, "HOME": home, "USER": user.name, "LOGNAME": user.name,
-                "PYTHONPATH": self.lib, **more}
+        return {
+            **os.environ,
+            "HOME": home,
+            "USER": user.name,
+            "LOGNAME": user.name,
+            "PYTHONPATH": self.lib,
+            **more,
+        }
 
     def processes(self) -> str:
         assert self.daemon is not None
@@ -184,20 +231,32 @@ class Check:
         for index, (user, python) in enumerate(zip(self.users[:2], self.pythons)):
             number = index % gpus
             process = subprocess.Popen(
-                [python, os.path.join(self.lib, "worker.py"), "--cuda", self.options.cuda,
-                 "--libcuda", self.options.libcuda, "--mib", str(self.options.mib)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/",
-                env=self.environment(user, CUDA_DEVICE_ORDER="PCI_BUS_ID",
-                                     CUDA_VISIBLE_DEVICES=str(number)), **user.who())
+                [
+                    python,
+                    os.path.join(self.lib, "worker.py"),
+                    "--cuda",
+                    self.options.cuda,
+                    "--libcuda",
+                    self.options.libcuda,
+                    "--mib",
+                    str(self.options.mib),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                cwd="/",
+                env=self.environment(
+                    user, CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=str(number)
+                ),
+                **user.who(),
+            )
             self.workers.append(process)
             pid, backend = ready(process, 120)
             waited = self.attributed(self.numbers[number], pid, user.name)
-            said.append(f"{user.name}'s pid {pid} ({backend}) on GPU {number} in "
-                        f"{waited:.2f} s")
+            said.append(f"{user.name}'s pid {pid} ({backend}) on GPU {number} in {waited:.2f} s")
         return "; ".join(said)
 
-    def attributed(self, uuid: str, pid: int, name: str, state: Optional[str] = None
-                   ) -> float:
+    def attributed(self, uuid: str, pid: int, name: str, state: str | None = None) -> float:
         """Seconds until /status shows `pid` on `uuid` as `name`'s, with memory (and the
         device in `state`); CheckFailed after the deadline."""
         assert self.daemon is not None
@@ -206,14 +265,20 @@ class Check:
         while time.monotonic() - began < self.options.deadline:
             claim = self.daemon.status()[uuid]["claim"]
             seen = [p for p in claim.get("process_detail") or [] if p["pid"] == pid]
-            if seen and seen[0]["user"] == name and (seen[0].get("fb") or 0) > 0 and \
-                    (state is None or claim["state"] == state):
+            if (
+                seen
+                and seen[0]["user"] == name
+                and (seen[0].get("fb") or 0) > 0
+                and (state is None or claim["state"] == state)
+            ):
                 return time.monotonic() - began
             time.sleep(0.05)
-        raise CheckFailed(f"pid {pid} not shown as {name}'s on {uuid} with its memory"
-                          f"{f' and the GPU {state}' if state else ''} within "
-                          f"{self.options.deadline:g} s: {seen or 'not listed'} "
-                          f"({claim['state']})")
+        raise CheckFailed(
+            f"pid {pid} not shown as {name}'s on {uuid} with its memory"
+            f"{f' and the GPU {state}' if state else ''} within "
+            f"{self.options.deadline:g} s: {seen or 'not listed'} "
+            f"({claim['state']})"
+        )
 
     def claim(self) -> str:
         assert self.daemon is not None
@@ -223,10 +288,23 @@ class Check:
             self.daemon.release(self.numbers[number])
         user, python = self.users[2], self.pythons[2]
         process = subprocess.Popen(
-            [python, "-c", CLAIMANT, self.daemon.url[len("http://"):], "120",
-             self.options.cuda, self.options.libcuda, str(self.options.mib)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/",
-            env=self.environment(user), **user.who())
+            [
+                python,
+                "-c",
+                CLAIMANT,
+                self.daemon.url[len("http://") :],
+                "120",
+                self.options.cuda,
+                self.options.libcuda,
+                str(self.options.mib),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd="/",
+            env=self.environment(user),
+            **user.who(),
+        )
         self.workers.append(process)
         pid, backend, visible = ready(process, 180, with_visible=True)
         uuid = self.numbers[int(visible.split(",")[0])]
@@ -235,8 +313,9 @@ class Check:
         if holder != user.name:
             raise CheckFailed(f"GPU {visible} is claimed by {holder}, not {user.name}")
         self.claimed = (uuid, process)
-        return f"{user.name}'s pid {pid} ({backend}) granted GPU {visible}, claimed in " \
-            f"{waited:.2f} s"
+        return (
+            f"{user.name}'s pid {pid} ({backend}) granted GPU {visible}, claimed in {waited:.2f} s"
+        )
 
     def released(self) -> str:
         assert self.daemon is not None
@@ -256,11 +335,12 @@ class Check:
         for user in self.users:
             user.remove()
         shutil.rmtree(self.work, ignore_errors=True)
-        return f"{len(self.users)} user(s) removed" + \
-            (f", patroller stopped (status {status})" if self.daemon is not None else "")
+        return f"{len(self.users)} user(s) removed" + (
+            f", patroller stopped (status {status})" if self.daemon is not None else ""
+        )
 
 
-def ready(process: subprocess.Popen, timeout: float, with_visible: bool = False) -> Tuple:
+def ready(process: subprocess.Popen, timeout: float, with_visible: bool = False) -> tuple:
     """(pid, backend[, visible]) from a worker's `ready` line; CheckFailed otherwise."""
     assert process.stdout is not None
     with selectors.DefaultSelector() as selector:

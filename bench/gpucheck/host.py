@@ -1,5 +1,6 @@
 """What the GPU check needs of the host: throwaway users (useradd, userdel), a Python each may
 run, the daemon as a child, its /status, and the captures of nvidia-smi's answers."""
+
 from __future__ import annotations
 
 import json
@@ -15,7 +16,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
+from collections.abc import Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SERIAL = re.compile(r"<serial>[^<]*</serial>")
@@ -27,20 +29,34 @@ class CheckFailed(Exception):
 
 # -- users ----------------------------------------------------------------------------------
 
+
 class User:
     """A throwaway account (useradd), removed with everything it runs."""
 
     def __init__(self, role: str) -> None:
         self.uid = _unused_uid(61000 + secrets.randbelow(3000))
         self.name = f"gpuck{self.uid}{role}"
-        made = subprocess.run(["useradd", "--uid", str(self.uid), "--user-group",
-                               "--no-create-home", "--home-dir", "/nonexistent", "--shell",
-                               "/usr/sbin/nologin", self.name], capture_output=True, text=True)
+        made = subprocess.run(
+            [
+                "useradd",
+                "--uid",
+                str(self.uid),
+                "--user-group",
+                "--no-create-home",
+                "--home-dir",
+                "/nonexistent",
+                "--shell",
+                "/usr/sbin/nologin",
+                self.name,
+            ],
+            capture_output=True,
+            text=True,
+        )
         if made.returncode != 0:
             raise CheckFailed(f"useradd {self.name}: {made.stderr.strip()}")
         self.gid = pwd.getpwnam(self.name).pw_gid
 
-    def who(self) -> Dict[str, Any]:
+    def who(self) -> dict[str, Any]:
         """subprocess arguments that run a command as this user."""
         return dict(user=self.uid, group=self.gid, extra_groups=[])
 
@@ -66,7 +82,7 @@ def _unused_uid(start: int) -> int:
         uid += 1
 
 
-def pids_of(uid: int) -> List[int]:
+def pids_of(uid: int) -> list[int]:
     """Live processes whose real uid is `uid`."""
     found = []
     for name in os.listdir("/proc"):
@@ -89,8 +105,13 @@ def python_for(user: User, candidates: Sequence[str]) -> str:
         if not candidate:
             continue
         try:
-            done = subprocess.run([candidate, "-c", "import ctypes, json"], capture_output=True,
-                                  timeout=60, cwd="/", **user.who())
+            done = subprocess.run(
+                [candidate, "-c", "import ctypes, json"],
+                capture_output=True,
+                timeout=60,
+                cwd="/",
+                **user.who(),
+            )
         except (OSError, subprocess.SubprocessError):
             continue
         if done.returncode == 0:
@@ -100,6 +121,7 @@ def python_for(user: User, candidates: Sequence[str]) -> str:
 
 # -- the daemon -----------------------------------------------------------------------------
 
+
 class Daemon:
     """`python -m patroller` on a loopback port of its choosing, its log in a file."""
 
@@ -108,9 +130,13 @@ class Daemon:
         self.path = log
         self.log = open(log, "w")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "patroller", "--port", "0", "--address", "127.0.0.1",
-             *flags], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
-            stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log)
+            [sys.executable, "-m", "patroller", "--port", "0", "--address", "127.0.0.1", *flags],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": ROOT},
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=self.log,
+        )
 
     def wait_ready(self, timeout: float) -> None:
         """Until it says where it serves (discovery may take a while on a large host)."""
@@ -122,24 +148,26 @@ class Daemon:
                 self.url = found.group(1)
                 return
             if self.process.poll() is not None:
-                raise CheckFailed(f"patroller exited with status {self.process.returncode}: "
-                                  "see daemon.log")
+                raise CheckFailed(
+                    f"patroller exited with status {self.process.returncode}: see daemon.log"
+                )
             time.sleep(0.05)
         raise CheckFailed(f"patroller did not start serving in {timeout:g} s: see daemon.log")
 
-    def status(self) -> Dict[str, Any]:
+    def status(self) -> dict[str, Any]:
         with urllib.request.urlopen(self.url + "/status", timeout=5) as answer:
             return json.loads(answer.read())
 
-    def devices(self) -> Dict[str, Any]:
+    def devices(self) -> dict[str, Any]:
         with urllib.request.urlopen(self.url + "/devices", timeout=5) as answer:
             return json.loads(answer.read())
 
-    def release(self, uuid: str) -> Dict[str, Any]:
+    def release(self, uuid: str) -> dict[str, Any]:
         """Give back a GPU whoever holds it (we are the host's root, as the kernel says); {}
         when nobody held it (409)."""
-        request = urllib.request.Request(f"{self.url}/release?uuid={uuid}&reason=gpucheck",
-                                         data=b"", method="POST")
+        request = urllib.request.Request(
+            f"{self.url}/release?uuid={uuid}&reason=gpucheck", data=b"", method="POST"
+        )
         try:
             with urllib.request.urlopen(request, timeout=5) as answer:
                 return json.loads(answer.read())
@@ -148,7 +176,7 @@ class Daemon:
                 return {}
             raise
 
-    def stop(self) -> Optional[int]:
+    def stop(self) -> int | None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -162,12 +190,13 @@ class Daemon:
 
 # -- captures -------------------------------------------------------------------------------
 
-def run(argv: Sequence[str], timeout: float, env: Optional[Dict[str, str]] = None
-        ) -> Tuple[int, str, str]:
+
+def run(
+    argv: Sequence[str], timeout: float, env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
     """(status, stdout, stderr) of a command; status 127 when it cannot be started."""
     try:
-        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
-                              env=env)
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, env=env)
     except FileNotFoundError as exc:
         return 127, "", str(exc)
     except subprocess.TimeoutExpired as exc:
@@ -185,7 +214,7 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-") or "unknown"
 
 
-def capture(nvidia_smi: str, folder: str, seconds: int) -> Dict[str, Any]:
+def capture(nvidia_smi: str, folder: str, seconds: int) -> dict[str, Any]:
     """nvidia-smi -q -x (serials zeroed), -L, and `seconds` samples of dmon -s pucvmet and of
     pmon -s um, written to `folder` as <driver>-<gpu>-<what>: the driver, the GPU, the files
     by what they hold (q-x, L, dmon, pmon) and each command's exit status."""
@@ -195,14 +224,21 @@ def capture(nvidia_smi: str, folder: str, seconds: int) -> Dict[str, Any]:
         raise CheckFailed(f"nvidia-smi -q -x failed with status {status}: {said or xml}"[:300])
     driver = re.search(r"<driver_version>([^<]+)</driver_version>", xml)
     name = re.search(r"<product_name>([^<]+)</product_name>", xml)
-    stem = f"{slug(driver.group(1) if driver else 'unknown')}-" \
+    stem = (
+        f"{slug(driver.group(1) if driver else 'unknown')}-"
         f"{slug(name.group(1) if name else 'unknown')}"
+    )
     env = {**os.environ, "NVSMI_SHOW_ALL_DEVICES": "1"}
-    streams = {what: subprocess.Popen([*argv, kind, "-s", select, "-c", str(seconds)],
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True, env=env)
-               for what, kind, select in (("dmon-pucvmet", "dmon", "pucvmet"),
-                                          ("pmon-um", "pmon", "um"))}
+    streams = {
+        what: subprocess.Popen(
+            [*argv, kind, "-s", select, "-c", str(seconds)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for what, kind, select in (("dmon-pucvmet", "dmon", "pucvmet"), ("pmon-um", "pmon", "um"))
+    }
     listed = run([*argv, "-L"], 60)
     files = {"q-x": anonymised(xml), "L": listed[1]}
     statuses = {"-q -x": status, "-L": listed[0]}
@@ -220,8 +256,12 @@ def capture(nvidia_smi: str, folder: str, seconds: int) -> Dict[str, Any]:
         written[what] = f"{stem}-{names[what]}"
         with open(os.path.join(folder, written[what]), "w", encoding="utf-8") as f:
             f.write(text)
-    return {"driver": driver.group(1) if driver else None,
-            "gpu": name.group(1) if name else None, "files": written, "statuses": statuses}
+    return {
+        "driver": driver.group(1) if driver else None,
+        "gpu": name.group(1) if name else None,
+        "files": written,
+        "statuses": statuses,
+    }
 
 
 def copy_client(folder: str) -> str:
@@ -230,8 +270,10 @@ def copy_client(folder: str) -> str:
     lib = os.path.join(folder, "lib")
     os.makedirs(lib, mode=0o755, exist_ok=True)
     shutil.copy(os.path.join(ROOT, "patroller", "client.py"), os.path.join(lib, "client.py"))
-    shutil.copy(os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py"),
-                os.path.join(lib, "worker.py"))
+    shutil.copy(
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py"),
+        os.path.join(lib, "worker.py"),
+    )
     for name in os.listdir(lib):
         os.chmod(os.path.join(lib, name), 0o644)
     return lib

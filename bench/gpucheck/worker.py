@@ -6,13 +6,14 @@ nothing but the driver). `--libcuda` names another library (the tests' fake one)
 
 It prints one line, `ready <pid> <backend> <CUDA_VISIBLE_DEVICES>`, once the memory is held,
 then holds it until its standard input closes (or it is killed)."""
+
 from __future__ import annotations
 
 import argparse
 import ctypes
 import os
 import sys
-from typing import Any, List, Tuple
+from typing import Any
 
 BACKENDS = ("auto", "torch", "cupy", "libcuda")
 
@@ -21,7 +22,7 @@ class CudaFailed(Exception):
     """CUDA could not be started or memory not allocated; the message says where."""
 
 
-def _libcuda(path: str, mib: int) -> List[Any]:
+def _libcuda(path: str, mib: int) -> list[Any]:
     """A context on device 0 (of those visible) and `mib` MiB in it, through the driver API."""
     try:
         lib = ctypes.CDLL(path)
@@ -33,6 +34,7 @@ def _libcuda(path: str, mib: int) -> List[Any]:
         status = function(*args)
         if status != 0:
             raise CudaFailed(f"{name} returned CUDA error {status}")
+
     call("cuInit", ctypes.c_uint(0))
     device, context, pointer = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
     call("cuDeviceGet", ctypes.byref(device), ctypes.c_int(0))
@@ -41,7 +43,7 @@ def _libcuda(path: str, mib: int) -> List[Any]:
     return [lib, context, pointer]
 
 
-def hold(backend: str, libcuda: str, mib: int) -> Tuple[str, List[Any]]:
+def hold(backend: str, libcuda: str, mib: int) -> tuple[str, list[Any]]:
     """Hold `mib` MiB on the first visible GPU: (the backend used, what keeps it held)."""
     if backend in ("auto", "torch"):
         try:
@@ -62,7 +64,7 @@ def hold(backend: str, libcuda: str, mib: int) -> Tuple[str, List[Any]]:
     return "libcuda", _libcuda(libcuda, mib)
 
 
-def main(argv: List[str]) -> int:
+def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="worker.py")
     parser.add_argument("--cuda", choices=BACKENDS, default="auto")
     parser.add_argument("--libcuda", default="libcuda.so.1")

@@ -7,6 +7,7 @@ is there), `patroller.client`, `patroller.durations`, `patroller.hosts` and
 `patroller.answers`; nothing of the daemon (no Tornado, no Docker SDK), so that it runs
 wherever the client is installed.
 """
+
 from patroller.cli.commands import COMMANDS, main
 
 __all__ = ["COMMANDS", "main"]

@@ -1,4 +1,5 @@
 """`python -m patroller.cli ARGS`: the command line, as `patroller ARGS` runs it."""
+
 from patroller.cli import main
 
 raise SystemExit(main())

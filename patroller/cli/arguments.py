@@ -1,11 +1,11 @@
 """The command line's words read as values: a count, a duration, a redraw interval, a wait, a
 hold, and a time zone's offset written after its option (argparse would take `-10:00` for one).
 Standard library only (and durations.py), as the whole command line."""
+
 from __future__ import annotations
 
 import argparse
 import re
-from typing import List, Optional
 
 from patroller import durations
 
@@ -39,7 +39,7 @@ def watch_arg(text: str) -> float:
     return value
 
 
-def wait_arg(text: str) -> Optional[float]:
+def wait_arg(text: str) -> float | None:
     """A duration, or None for 'forever'."""
     if text.strip().lower() in ("forever", "inf", "infinity"):
         return None
@@ -51,8 +51,10 @@ def hold_arg(text: str) -> str:
     if text.strip().lower() == "lease":
         return "lease"
     if text.strip().lower() == "process":
-        raise argparse.ArgumentTypeError("a reservation made here has no process to last for: "
-                                         "use patroller run, which holds them while it runs")
+        raise argparse.ArgumentTypeError(
+            "a reservation made here has no process to last for: "
+            "use patroller run, which holds them while it runs"
+        )
     seconds_arg(text)
     if durations.parse(text) <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be a positive duration")
@@ -65,10 +67,10 @@ OFFSET = re.compile(r"[+-]\d{1,2}(:?\d{2})?")
 TAKES_OFFSET = ("--tz",)
 
 
-def offsets_joined(args: List[str]) -> List[str]:
+def offsets_joined(args: list[str]) -> list[str]:
     """`args` with each option of TAKES_OFFSET followed by an offset (`--tz -10:00`) written
     as one word (`--tz=-10:00`); what follows `--` is left as it is (a command of `run`)."""
-    out: List[str] = []
+    out: list[str] = []
     n = 0
     while n < len(args):
         word = args[n]

@@ -7,6 +7,7 @@ printed); 78 a check of `patroller doctor` failed (EX_CONFIG); 126 command not e
 waiting; 141 the reader of the output left (a pipe closed early: `| head`), as SIGPIPE ends a
 Unix tool. Once `run` has started the command, the status is the command's own.
 """
+
 from __future__ import annotations
 
 from patroller.client import RequestRefused
@@ -31,10 +32,15 @@ class Failure(Exception):
         super().__init__(message)
         self.code = code
 
+
 def error_text(refused: RequestRefused) -> str:
     """A refusal's words, printable: they are the daemon's, and may quote what others chose."""
-    return printable(str(refused.body.get("error", refused.body))
-                     if isinstance(refused.body, dict) else str(refused.body))
+    return printable(
+        str(refused.body.get("error", refused.body))
+        if isinstance(refused.body, dict)
+        else str(refused.body)
+    )
+
 
 def refused_code(refused: RequestRefused) -> int:
     """77 for a refusal (4xx), 69 for a server that cannot serve (5xx)."""

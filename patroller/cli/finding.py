@@ -7,12 +7,14 @@ place tried and why it failed, and how to name the server.
 The configuration file is read here only for those three keys (the client side imports nothing
 of the daemon); the daemon's own reader checks the whole file.
 """
+
 from __future__ import annotations
 
 import os
 import socket
 import sys
-from typing import List, Mapping, NamedTuple, Optional
+from typing import NamedTuple
+from collections.abc import Mapping
 
 from patroller import client
 from patroller.cli.exits import EX_UNAVAILABLE, Failure
@@ -48,27 +50,32 @@ def find(environ: Mapping[str, str]) -> str:
             return place.server
         tried.append(f"{place.server} ({place.named}: {failed})" if place.server else failed)
     config = environ.get("PATROLLER_CONFIG") or CONFIG_FILE
-    raise Failure("cannot find the Patroller daemon: tried " + "; ".join(tried)
-                  + ". Name it with --server HOST:PORT (or unix:///path/to/socket) or "
-                  f"PATROLLER_SERVER, or give the daemon's port or socket in {config}",
-                  EX_UNAVAILABLE)
+    raise Failure(
+        "cannot find the Patroller daemon: tried "
+        + "; ".join(tried)
+        + ". Name it with --server HOST:PORT (or unix:///path/to/socket) or "
+        f"PATROLLER_SERVER, or give the daemon's port or socket in {config}",
+        EX_UNAVAILABLE,
+    )
 
 
-def places_of(environ: Mapping[str, str]) -> List[Place]:
+def places_of(environ: Mapping[str, str]) -> list[Place]:
     """The places to try, in order, each once; with those that name none, and why (no
     PATROLLER_SERVER, no configuration file)."""
-    places = [Place("unix://" + (environ.get("PATROLLER_SOCKET") or SOCKET),
-                    "the daemon's socket")]
+    places = [
+        Place("unix://" + (environ.get("PATROLLER_SOCKET") or SOCKET), "the daemon's socket")
+    ]
     server = environ.get("PATROLLER_SERVER", "").strip()
-    places.append(Place(server, "PATROLLER_SERVER") if server
-                  else Place("", "PATROLLER_SERVER (not set)"))
+    places.append(
+        Place(server, "PATROLLER_SERVER") if server else Place("", "PATROLLER_SERVER (not set)")
+    )
     places += from_file(environ)
     places.append(Place(f"localhost:{client.DEFAULT_PORT}", "the default port"))
     servers = [place.server for place in places]
     return [p for n, p in enumerate(places) if not p.server or p.server not in servers[:n]]
 
 
-def from_file(environ: Mapping[str, str]) -> List[Place]:
+def from_file(environ: Mapping[str, str]) -> list[Place]:
     """The socket and the address and port the daemon's configuration file gives (PATROLLER_CONFIG,
     else CONFIG_FILE); or why it gives none."""
     path = environ.get("PATROLLER_CONFIG")
@@ -85,8 +92,11 @@ def from_file(environ: Mapping[str, str]) -> List[Place]:
     except (ValueError, UnicodeDecodeError):  # TOMLDecodeError is a ValueError
         return [Place("", f"{path} (not TOML: `patroller config` says why)")]
     named = f"{path}'s socket"
-    places = [Place("unix://" + data["socket"], named)] if isinstance(data.get("socket"), str) \
-        and data["socket"].startswith("/") else []
+    places = (
+        [Place("unix://" + data["socket"], named)]
+        if isinstance(data.get("socket"), str) and data["socket"].startswith("/")
+        else []
+    )
     port = data.get("port")
     port = int(port) if isinstance(port, str) and port.strip().isdigit() else port
     if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
@@ -99,7 +109,7 @@ def from_file(environ: Mapping[str, str]) -> List[Place]:
     return places or [Place("", f"{path} (names no port nor socket)")]
 
 
-def knock(server: str) -> Optional[str]:
+def knock(server: str) -> str | None:
     """None when `server` takes a connection (closed at once, nothing sent); else why not."""
     try:
         scheme, host, port = client.parse_server(server)
@@ -112,7 +122,7 @@ def knock(server: str) -> Optional[str]:
                 unix.connect(host)
         else:
             socket.create_connection((host, port), CONNECT_TIMEOUT).close()
-    except socket.timeout:
+    except TimeoutError:
         return f"no connection within {CONNECT_TIMEOUT:g} s"
     except OSError as exc:
         return (exc.strerror or str(exc)).lower()

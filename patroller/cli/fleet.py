@@ -12,6 +12,7 @@ hosts with N free GPUs now (answers.free), most free first; `--json` gives the s
 `--mine` keeps the caller's GPUs, the caller as each host's /whoami names them. The hosts come
 from `--hosts`, else `--hosts-file` (one a line, `#` comments), else PATROLLER_HOSTS.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,7 +20,8 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
+from typing import Any, TypeVar
+from collections.abc import Callable
 
 from patroller import answers, client, durations, hosts
 from patroller.answers import BadAnswer, check
@@ -43,11 +45,11 @@ class HostAnswer:
     """What one host answered: its /status and /devices, or why there is none."""
 
     host: str
-    status: Optional[Dict[str, Any]] = None
-    devices: Optional[Dict[str, Any]] = None
-    error: Optional[str] = None
-    me: Optional[str] = None  # with --mine: the caller's user there, as its /whoami says
-    state: Optional[str] = None  # with an error: REFUSED, LATE or DOWN (None: DOWN)
+    status: dict[str, Any] | None = None
+    devices: dict[str, Any] | None = None
+    error: str | None = None
+    me: str | None = None  # with --mine: the caller's user there, as its /whoami says
+    state: str | None = None  # with an error: REFUSED, LATE or DOWN (None: DOWN)
 
     def shown_state(self) -> str:
         return "up" if self.error is None and self.status is not None else self.state or DOWN
@@ -56,16 +58,19 @@ class HostAnswer:
         """GPUs one could reserve there now (answers.free), on a host that answered."""
         if self.status is None or self.devices is None:
             return 0
-        return sum(1 for uuid, info in self.devices.items()
-                   if answers.free(info, self.status.get(uuid) or {}))
+        return sum(
+            1
+            for uuid, info in self.devices.items()
+            if answers.free(info, self.status.get(uuid) or {})
+        )
 
 
-def server_name(server: Optional[str]) -> str:
+def server_name(server: str | None) -> str:
     """The one server, as the user named it (--server, PATROLLER_SERVER) or the default."""
     return server or os.environ.get("PATROLLER_SERVER") or client.DEFAULT_SERVER
 
 
-def hosts_from(given: Optional[str], path: Optional[str]) -> List[str]:
+def hosts_from(given: str | None, path: str | None) -> list[str]:
     """The hosts asked for: `--hosts a,b`, else the lines of `--hosts-file`, else
     PATROLLER_HOSTS; each once, in the order given. OSError if the file cannot be read."""
     if given is None and path is not None:
@@ -73,7 +78,7 @@ def hosts_from(given: Optional[str], path: Optional[str]) -> List[str]:
     return hosts.split(os.environ.get("PATROLLER_HOSTS", "") if given is None else given)
 
 
-def _answer(host: str, got: Dict[str, Any], mine: bool, deadline: float) -> HostAnswer:
+def _answer(host: str, got: dict[str, Any], mine: bool, deadline: float) -> HostAnswer:
     """One host's answer from what its requests got by the deadline (a body, or what was
     raised; a path missing: not answered yet)."""
     errors = [e for e in got.values() if isinstance(e, BaseException)]
@@ -97,16 +102,17 @@ def _answer(host: str, got: Dict[str, Any], mine: bool, deadline: float) -> Host
         return HostAnswer(host, status, devices)
     me = got["/whoami"]
     if not isinstance(me, dict) or not isinstance(me.get("user"), str):
-        return HostAnswer(host, error=f"cannot tell who you are there: {host}: /whoami names "
-                          "no user")
+        return HostAnswer(
+            host, error=f"cannot tell who you are there: {host}: /whoami names no user"
+        )
     return HostAnswer(host, status, devices, me=me["user"])
 
 
-def paths(mine: bool) -> Tuple[str, ...]:
+def paths(mine: bool) -> tuple[str, ...]:
     return ("/status", "/devices", "/whoami") if mine else ("/status", "/devices")
 
 
-def whoami(server: Optional[str], timeout: float = FLEET_TIMEOUT) -> str:
+def whoami(server: str | None, timeout: float = FLEET_TIMEOUT) -> str:
     """The caller's user as the server takes it (/whoami): what --mine keeps the GPUs of.
     RequestRefused when it cannot identify the caller (or is older than /whoami);
     ServerUnreachable when it answers no user."""
@@ -118,10 +124,10 @@ def whoami(server: Optional[str], timeout: float = FLEET_TIMEOUT) -> str:
 
 def said(why: str) -> str:
     """`why` cut to ERROR_SHOWN characters: a host's own words in it are the host's choice."""
-    return why if len(why) <= ERROR_SHOWN else why[:ERROR_SHOWN - 1] + "…"
+    return why if len(why) <= ERROR_SHOWN else why[: ERROR_SHOWN - 1] + "…"
 
 
-def deadline_from(given: Optional[float]) -> float:
+def deadline_from(given: float | None) -> float:
     """The overall deadline: --deadline, else PATROLLER_HOSTS_DEADLINE, else DEADLINE.
     Failure (usage) when the variable is not a number of seconds."""
     if given is not None:
@@ -147,8 +153,13 @@ def age() -> float:
         return 0.0
 
 
-def ask_all(hosts: List[str], timeout: float, mine: bool = False,
-            deadline: Optional[float] = None, spent: float = 0.0) -> List[HostAnswer]:
+def ask_all(
+    hosts: list[str],
+    timeout: float,
+    mine: bool = False,
+    deadline: float | None = None,
+    spent: float = 0.0,
+) -> list[HostAnswer]:
     """Every host's answer, in the order given (and with `mine`, who the caller is there):
     every request sent at once, each bounded by `timeout`, and all that came back by
     `deadline` seconds from the start, `spent` seconds ago (None: as long as one request may
@@ -156,7 +167,7 @@ def ask_all(hosts: List[str], timeout: float, mine: bool = False,
     if not hosts:
         return []
     wait = timeout + 1 if deadline is None else max(0.1, deadline - spent)
-    came: "queue.Queue[Tuple[int, str, Any]]" = queue.Queue()
+    came: queue.Queue[tuple[int, str, Any]] = queue.Queue()
 
     def get(n: int, path: str) -> None:
         try:
@@ -164,12 +175,13 @@ def ask_all(hosts: List[str], timeout: float, mine: bool = False,
         except (client.PatrollerError, ValueError) as exc:  # ValueError: not an address
             came.put((n, path, exc))
 
-    got: List[Dict[str, Any]] = [{} for _ in hosts]
+    got: list[dict[str, Any]] = [{} for _ in hosts]
     end = time.monotonic() + wait  # starting hundreds of threads takes a good part of it
     for n in range(len(hosts)):
         for path in paths(mine):  # daemon threads: one still waiting ends with the command
-            threading.Thread(target=get, args=(n, path), daemon=True,
-                             name=f"asking {hosts[n]}{path}").start()
+            threading.Thread(
+                target=get, args=(n, path), daemon=True, name=f"asking {hosts[n]}{path}"
+            ).start()
     pending = len(hosts) * len(paths(mine))
     while pending:
         try:
@@ -178,22 +190,25 @@ def ask_all(hosts: List[str], timeout: float, mine: bool = False,
             break
         got[n][path] = answer
         pending -= 1
-    return [_answer(host, answers, mine, wait if deadline is None else deadline)
-            for host, answers in zip(hosts, got)]
+    return [
+        _answer(host, answers, mine, wait if deadline is None else deadline)
+        for host, answers in zip(hosts, got)
+    ]
 
 
 Answer = TypeVar("Answer")
 
 
-def at_once(hosts: List[str], ask: Callable[[str], Answer], deadline: float,
-            late: Callable[[str], Answer]) -> List[Answer]:
+def at_once(
+    hosts: list[str], ask: Callable[[str], Answer], deadline: float, late: Callable[[str], Answer]
+) -> list[Answer]:
     """`ask(host)` for every host at once (up to 32 threads), in the order given; `late(host)`
     for a host not done within `deadline` seconds in all. The threads are daemon threads: one
     stuck on a host that trickles its answer (each read within the timeout) is left behind, and
     does not hold the command's exit (a pool's threads are joined at exit)."""
     if not hosts:
         return []
-    found: Dict[int, Any] = {}
+    found: dict[int, Any] = {}
     lock = threading.Lock()
     finished = threading.Event()
     pending = iter(range(len(hosts)))
@@ -225,14 +240,15 @@ def at_once(hosts: List[str], ask: Callable[[str], Answer], deadline: float,
     return answers
 
 
-def fleet_table(answers: List[HostAnswer], colour: bool = False, width: Optional[int] = None,
-                mine: bool = False) -> str:
+def fleet_table(
+    answers: list[HostAnswer], colour: bool = False, width: int | None = None, mine: bool = False
+) -> str:
     """One table for every host: a heading line per host (its GPUs by state), then a row per
     GPU and a line per process, fitted to `width` together; a host that did not answer is its
     heading line alone, saying why in full, which widens no row. Then the totals. `mine`: only
     the GPUs of the caller as each host names them (`me`)."""
-    groups: List[Any] = []
-    states: Dict[str, int] = {}
+    groups: list[Any] = []
+    states: dict[str, int] = {}
     for answer in answers:
         host = printable(answer.host)  # as a hosts file says it; its colour after
         name = f"\033[1m{host}\033[0m" if colour else host
@@ -241,7 +257,7 @@ def fleet_table(answers: List[HostAnswer], colour: bool = False, width: Optional
             groups.append((f"{name}  " + (f"\033[31m{why}\033[0m" if colour else why), []))
             continue
         devices = [(info, answer.status.get(uuid) or {}) for uuid, info in answer.devices.items()]
-        counts: Dict[str, int] = {}
+        counts: dict[str, int] = {}
         for _, entry in devices:
             state = str((entry.get("claim") or {}).get("state", "?"))
             counts[state] = counts.get(state, 0) + 1
@@ -250,40 +266,54 @@ def fleet_table(answers: List[HostAnswer], colour: bool = False, width: Optional
             devices = [(info, entry) for info, entry in devices if is_mine(entry, answer.me)]
         groups.append((f"{name}  {gpus_said(counts)}", devices))
     down = [a.state or DOWN for a in answers if a.status is None]
-    total = (f"{len(answers)} host{'s' if len(answers) != 1 else ''}"
-             + "".join(f", {down.count(state)} {state}" for state in (REFUSED, LATE, DOWN)
-                       if state in down) + f"; {gpus_said(states)}")
+    total = (
+        f"{len(answers)} host{'s' if len(answers) != 1 else ''}"
+        + "".join(
+            f", {down.count(state)} {state}" for state in (REFUSED, LATE, DOWN) if state in down
+        )
+        + f"; {gpus_said(states)}"
+    )
     if not any(devices for _, devices in groups):  # no GPU to show: no table head either
         return "".join(heading + "\n" for heading, _ in groups) + total + "\n"
     return tables(groups, colour, width) + total + "\n"
 
 
-def gpus_said(states: Dict[str, int]) -> str:
+def gpus_said(states: dict[str, int]) -> str:
     """'8 GPUs: 7 free, 1 reserved'."""
     gpus = sum(states.values())
     counts = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
     return f"{gpus} GPU{'s' if gpus != 1 else ''}" + (f": {counts}" if counts else "")
 
 
-def free_hosts(answers: List[HostAnswer], wanted: int) -> List[Tuple[str, int]]:
+def free_hosts(answers: list[HostAnswer], wanted: int) -> list[tuple[str, int]]:
     """(host, free GPUs) of the hosts with at least `wanted` free now, most free first."""
     found = [(a.host, a.free()) for a in answers if a.status is not None]
     return sorted([(h, n) for h, n in found if n >= wanted], key=lambda hn: -hn[1])
 
 
-def free_lines(answers: List[HostAnswer], wanted: int) -> str:
+def free_lines(answers: list[HostAnswer], wanted: int) -> str:
     """'host  N free' for each host with `wanted` GPUs free now, most first; a Failure (status
     75) when none has."""
     found = free_hosts(answers, wanted)
     if not found:
-        raise Failure(f"no host has {wanted} GPU{'s' if wanted != 1 else ''} free now",
-                      EX_TEMPFAIL)
+        raise Failure(
+            f"no host has {wanted} GPU{'s' if wanted != 1 else ''} free now", EX_TEMPFAIL
+        )
     return "".join(f"{host}  {free} free\n" for host, free in found)
 
 
-def fleet_json(answers: List[HostAnswer]) -> Dict[str, Any]:
+def fleet_json(answers: list[HostAnswer]) -> dict[str, Any]:
     """The same as JSON: every host's /status and /devices, or its error, and its free GPUs."""
-    return {"hosts": [{"host": a.host, "state": a.shown_state(),
-                       "free": a.free() if a.status is not None else None,
-                       "status": a.status, "devices": a.devices, "error": a.error}
-                      for a in answers]}
+    return {
+        "hosts": [
+            {
+                "host": a.host,
+                "state": a.shown_state(),
+                "free": a.free() if a.status is not None else None,
+                "status": a.status,
+                "devices": a.devices,
+                "error": a.error,
+            }
+            for a in answers
+        ]
+    }

@@ -3,6 +3,7 @@ uses and waits, and the waiting requests, as tables (or, with --json, the server
 
 Formatting is pure (tested on bodies from a live daemon); the commands only ask and print.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -10,7 +11,7 @@ import re
 import sys
 import time
 import urllib.parse
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from patroller import client, durations
 from patroller.cli.exits import EX_OK, EX_USAGE, Failure
@@ -25,8 +26,12 @@ _SHOWN = ("time", "at", "event", "user", "devices")
 # names, cut to what the other columns leave them (a name that fits is never cut).
 NAMES_CUT = (Cut("USER", 24), Rest("USER"))
 HISTORY_PLAN = (Shorten("TIME"), Cut("USER", 24), Rest("DETAIL"), Rest("USER"))
-USERS_PLAN = (Shorten("TRESPASS", "TRESP"), Shorten("UNASKED", "UNASK"), Rest("JOBS/PODS"),
-              *NAMES_CUT)
+USERS_PLAN = (
+    Shorten("TRESPASS", "TRESP"),
+    Shorten("UNASKED", "UNASK"),
+    Rest("JOBS/PODS"),
+    *NAMES_CUT,
+)
 QUEUE_PLAN = (Rest("HOLD"), *NAMES_CUT)
 ISO = re.compile(r"\d{4}-(\d\d-\d\d)T(\d\d:\d\d:\d\d)")
 
@@ -37,7 +42,7 @@ def time_cell(text: str) -> Cell:
     return Cell(text, short=f"{found.group(1)} {found.group(2)}" if found else None)
 
 
-def since_of(text: Optional[str], now: float) -> Optional[str]:
+def since_of(text: str | None, now: float) -> str | None:
     """--since as the server takes it: `2h` (a duration before now) as epoch seconds, an ISO
     time as it is; None for all."""
     if text is None:
@@ -48,11 +53,12 @@ def since_of(text: Optional[str], now: float) -> Optional[str]:
         pass
     if "T" in text or "-" in text:
         return text  # an ISO time: the server checks it, and names it if it is not one
-    raise Failure(f"--since: {text!r} is neither a duration (2h, 90m, 7d) nor an ISO time",
-                  EX_USAGE)
+    raise Failure(
+        f"--since: {text!r} is neither a duration (2h, 90m, 7d) nor an ISO time", EX_USAGE
+    )
 
 
-def detail(event: Dict[str, Any]) -> str:
+def detail(event: dict[str, Any]) -> str:
     """What an event says beyond its time, kind, user and GPUs, as `key=value` words; a hold for
     a duration as that duration (`hold=1h`, not `hold=duration seconds=3600.0`), and any other
     count of seconds as a duration too."""
@@ -76,58 +82,94 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def history_table(events: List[Dict[str, Any]], user: Optional[str] = None,
-                  colour: bool = False, width: Optional[int] = None) -> str:
+def history_table(
+    events: list[dict[str, Any]],
+    user: str | None = None,
+    colour: bool = False,
+    width: int | None = None,
+) -> str:
     """One row per event, oldest first; only those naming `user` (as its user, holder or by);
     fitted to `width`."""
-    rows: List[Cells] = []
+    rows: list[Cells] = []
     for event in events:
-        if user is not None and user not in (event.get("user"), event.get("holder"),
-                                             event.get("by")):
+        if user is not None and user not in (
+            event.get("user"),
+            event.get("holder"),
+            event.get("by"),
+        ):
             continue
         gpus = ",".join(str(d.get("number", "?")) for d in event.get("devices") or [])
-        rows.append([time_cell(str(event.get("time", "?")).replace("+00:00", "Z")),
-                     str(event.get("event")),
-                     str(event.get("user") or "-"), gpus or "-", detail(event)])
+        rows.append(
+            [
+                time_cell(str(event.get("time", "?")).replace("+00:00", "Z")),
+                str(event.get("event")),
+                str(event.get("user") or "-"),
+                gpus or "-",
+                detail(event),
+            ]
+        )
     if not rows:
         return "no events" + (f" of {user}" if user else "") + "\n"
-    return format_table(["TIME", "EVENT", "USER", "GPUS", "DETAIL"], rows, colour, width,
-                        HISTORY_PLAN)
+    return format_table(
+        ["TIME", "EVENT", "USER", "GPUS", "DETAIL"], rows, colour, width, HISTORY_PLAN
+    )
 
 
-def users_table(users: Dict[str, Dict[str, Any]], colour: bool = False,
-                width: Optional[int] = None) -> str:
+def users_table(
+    users: dict[str, dict[str, Any]], colour: bool = False, width: int | None = None
+) -> str:
     """One row per user, most GPUs held first; fitted to `width`."""
-    rows: List[Cells] = []
+    rows: list[Cells] = []
     for name, u in sorted(users.items(), key=lambda item: (-item[1].get("held", 0), item[0])):
         limit = u.get("limit")
         waiting = u.get("waiting", 0)
         waits = f"{waiting} ({duration(u.get('waited_max') or 0)})" if waiting else "0"
-        schedulers = [*(f"job {j}" for j in u.get("jobs") or []),
-                      *(f"pod {p}" for p in u.get("pods") or [])]
-        rows.append([name, str(u.get("held", 0)), str(u.get("reserved_unused", 0)),
-                     str(u.get("unreserved", 0)), str(u.get("idle", 0)), waits,
-                     str(u.get("trespassing", 0)), "-" if limit is None else str(limit),
-                     ", ".join(schedulers) or "-"])
+        schedulers = [
+            *(f"job {j}" for j in u.get("jobs") or []),
+            *(f"pod {p}" for p in u.get("pods") or []),
+        ]
+        rows.append(
+            [
+                name,
+                str(u.get("held", 0)),
+                str(u.get("reserved_unused", 0)),
+                str(u.get("unreserved", 0)),
+                str(u.get("idle", 0)),
+                waits,
+                str(u.get("trespassing", 0)),
+                "-" if limit is None else str(limit),
+                ", ".join(schedulers) or "-",
+            ]
+        )
     if not rows:
         return "nobody holds, uses or waits for a GPU\n"
-    return format_table(["USER", "HELD", "UNUSED", "UNASKED", "IDLE", "WAITING", "TRESPASS",
-                         "LIMIT", "JOBS/PODS"], rows, colour, width, USERS_PLAN)
+    return format_table(
+        ["USER", "HELD", "UNUSED", "UNASKED", "IDLE", "WAITING", "TRESPASS", "LIMIT", "JOBS/PODS"],
+        rows,
+        colour,
+        width,
+        USERS_PLAN,
+    )
 
 
-def queue_table(waiters: List[Dict[str, Any]], colour: bool = False,
-                width: Optional[int] = None) -> str:
+def queue_table(
+    waiters: list[dict[str, Any]], colour: bool = False, width: int | None = None
+) -> str:
     """One row per waiting request, in arrival order; fitted to `width`."""
-    rows = [[str(w.get("position", "?")), str(w.get("user", "?")),
-             ", ".join(amount(n, group) for group, n in (w.get("wants") or {}).items())
-             + (f" ({w['link']})" if w.get("link") else ""),
-             duration(w.get("waited") or 0),
-             f"process {w['pid']}" if w.get("pid") else str(w.get("hold") or "lease")]
-            for w in waiters]
+    rows = [
+        [
+            str(w.get("position", "?")),
+            str(w.get("user", "?")),
+            ", ".join(amount(n, group) for group, n in (w.get("wants") or {}).items())
+            + (f" ({w['link']})" if w.get("link") else ""),
+            duration(w.get("waited") or 0),
+            f"process {w['pid']}" if w.get("pid") else str(w.get("hold") or "lease"),
+        ]
+        for w in waiters
+    ]
     if not rows:
         return "nobody is waiting\n"
-    return format_table(["#", "USER", "WANTS", "WAITED", "HOLD"], rows, colour, width,
-                        QUEUE_PLAN)
+    return format_table(["#", "USER", "WANTS", "WAITED", "HOLD"], rows, colour, width, QUEUE_PLAN)
 
 
 def history_command(options: argparse.Namespace) -> int:
@@ -137,26 +179,34 @@ def history_command(options: argparse.Namespace) -> int:
         params["since"] = since
     events = client.get_json(options.server, "/history?" + urllib.parse.urlencode(params))
     if options.json:
-        chosen = [e for e in events if options.user in (None, e.get("user"), e.get("holder"),
-                                                        e.get("by"))]
+        chosen = [
+            e
+            for e in events
+            if options.user in (None, e.get("user"), e.get("holder"), e.get("by"))
+        ]
         print(json_text(chosen, indent=2))
     else:
-        print(history_table(events, options.user, options.colour, width_of(sys.stdout)),
-              end="")
+        print(history_table(events, options.user, options.colour, width_of(sys.stdout)), end="")
     return EX_OK
 
 
 def users_command(options: argparse.Namespace) -> int:
     users = client.users(options.server)
-    print(json_text(users, indent=2) if options.json
-          else users_table(users, options.colour, width_of(sys.stdout)),
-          end="\n" if options.json else "")
+    print(
+        json_text(users, indent=2)
+        if options.json
+        else users_table(users, options.colour, width_of(sys.stdout)),
+        end="\n" if options.json else "",
+    )
     return EX_OK
 
 
 def queue_command(options: argparse.Namespace) -> int:
     waiters = client.queue(options.server)
-    print(json_text(waiters, indent=2) if options.json
-          else queue_table(waiters, options.colour, width_of(sys.stdout)),
-          end="\n" if options.json else "")
+    print(
+        json_text(waiters, indent=2)
+        if options.json
+        else queue_table(waiters, options.colour, width_of(sys.stdout)),
+        end="\n" if options.json else "",
+    )
     return EX_OK

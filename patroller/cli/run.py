@@ -4,6 +4,7 @@ The reservation is held with hold=process for this very pid, which `exec` keeps:
 held exactly as long as the command runs. While the request waits, a progress line says where
 it stands in the queue.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,12 +15,18 @@ import shutil
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, TextIO
+from typing import Any, TextIO
 
 from patroller import client
 from patroller.cli.exits import EX_NOEXEC, EX_NOTFOUND, EX_OK, EX_TEMPFAIL, EX_USAGE, Failure
-from patroller.cli.render import (amount, describe, duration, holders_summary, numbers_of,
-                                  progress_message)
+from patroller.cli.render import (
+    amount,
+    describe,
+    duration,
+    holders_summary,
+    numbers_of,
+    progress_message,
+)
 from patroller.cli.table import cut
 from patroller.client import PatrollerError, RequestRefused
 from patroller.safetext import printable
@@ -43,8 +50,13 @@ def run_command(options: argparse.Namespace) -> int:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(numbers)
         os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     if not options.quiet:
-        print(printable(f"patroller: {describe(granted)} reserved while pid {os.getpid()} runs: "
-                        f"{shlex.join(command)}"), file=sys.stderr)
+        print(
+            printable(
+                f"patroller: {describe(granted)} reserved while pid {os.getpid()} runs: "
+                f"{shlex.join(command)}"
+            ),
+            file=sys.stderr,
+        )
     sys.stdout.flush()
     sys.stderr.flush()
     try:
@@ -58,6 +70,7 @@ def run_command(options: argparse.Namespace) -> int:
         code = EX_NOTFOUND if exc.errno == errno.ENOENT else EX_NOEXEC
         raise Failure(f"cannot run {command[0]}: {exc.strerror or exc}", code) from None
     return EX_OK  # not reached: exec replaced this process
+
 
 def check_command(name: str) -> None:
     """Fail before reserving anything when the command cannot be run."""
@@ -74,25 +87,35 @@ def check_command(name: str) -> None:
             raise Failure(f"{name}: not executable", EX_NOEXEC)
     raise Failure(f"{name}: command not found", EX_NOTFOUND)
 
-def reserve_for_run(options: argparse.Namespace) -> List[Dict[str, Any]]:
+
+def reserve_for_run(options: argparse.Namespace) -> list[dict[str, Any]]:
     if options.wait is False:  # no --wait: ask once
-        granted = client.reserve(options.count, options.server, 0, options.resource, "process",
-                                 options.link)
+        granted = client.reserve(
+            options.count, options.server, 0, options.resource, "process", options.link
+        )
         if granted is None:
-            raise Failure(busy_message(options.server, options.count, options.resource)
-                          + "; add --wait SECONDS or --wait forever to queue", EX_TEMPFAIL)
+            raise Failure(
+                busy_message(options.server, options.count, options.resource)
+                + "; add --wait SECONDS or --wait forever to queue",
+                EX_TEMPFAIL,
+            )
         return granted
     progress = Progress(options.server, options.count, options.resource, sys.stderr)
     progress.start()
     try:
-        granted = client.reserve(options.count, options.server, options.wait, options.resource,
-                                 "process", options.link)
+        granted = client.reserve(
+            options.count, options.server, options.wait, options.resource, "process", options.link
+        )
     finally:
         progress.stop()
     if granted is None:
-        raise Failure(f"{amount(options.count, options.resource)} not free within "
-                      f"{duration(options.wait or 0)}", EX_TEMPFAIL)
+        raise Failure(
+            f"{amount(options.count, options.resource)} not free within "
+            f"{duration(options.wait or 0)}",
+            EX_TEMPFAIL,
+        )
     return granted
+
 
 class Progress:
     """One line on stderr while a request waits: place in the queue, holders, time waited.
@@ -102,14 +125,14 @@ class Progress:
     what it says changes, at most every PIPED_PROGRESS_EVERY seconds.
     """
 
-    def __init__(self, server: Optional[str], count: int, resource: str, out: TextIO) -> None:
+    def __init__(self, server: str | None, count: int, resource: str, out: TextIO) -> None:
         self.server, self.count, self.resource, self.out = server, count, resource, out
         self.terminal = out.isatty()
         self.started = time.monotonic()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="patroller-progress", daemon=True)
         self._shown = False
-        self._last_key: Optional[str] = None
+        self._last_key: str | None = None
         self._last_print = -PIPED_PROGRESS_EVERY
 
     def start(self) -> None:
@@ -123,7 +146,7 @@ class Progress:
             self.out.flush()
 
     def _run(self) -> None:
-        inventory: Dict[str, Any] = {}
+        inventory: dict[str, Any] = {}
         while not self._stopping.is_set():
             try:
                 if not inventory:
@@ -135,14 +158,22 @@ class Progress:
             if self._stopping.is_set():
                 return
             waited = time.monotonic() - self.started
-            if (queued is not None and waited < QUEUE_GRACE
-                    and not any(w.get("pid") == os.getpid() for w in queued)):
+            if (
+                queued is not None
+                and waited < QUEUE_GRACE
+                and not any(w.get("pid") == os.getpid() for w in queued)
+            ):
                 self._stopping.wait(PROGRESS_EVERY / 10)  # the request is not in the queue yet
                 continue
-            key = progress_message(self.count, self.resource, os.getpid(), queued, claims,
-                                   inventory, None)
-            self._show(key, progress_message(self.count, self.resource, os.getpid(), queued,
-                                             claims, inventory, waited))
+            key = progress_message(
+                self.count, self.resource, os.getpid(), queued, claims, inventory, None
+            )
+            self._show(
+                key,
+                progress_message(
+                    self.count, self.resource, os.getpid(), queued, claims, inventory, waited
+                ),
+            )
             self._stopping.wait(PROGRESS_EVERY)
 
     def _show(self, key: str, line: str) -> None:
@@ -159,21 +190,24 @@ class Progress:
         self.out.flush()
         self._shown = True
 
-def busy_message(server: Optional[str], count: int, resource: str) -> str:
+
+def busy_message(server: str | None, count: int, resource: str) -> str:
     try:
         summary = "; " + holders_summary(client.status(server), client.devices(server), resource)
     except PatrollerError:
         summary = ""
     return f"busy: {amount(count, resource)} not free now{summary}"
 
-def optional_users(server: Optional[str]) -> Optional[Dict[str, Any]]:
+
+def optional_users(server: str | None) -> dict[str, Any] | None:
     """/users, or None from a server without it."""
     try:
         return client.users(server)
     except RequestRefused:
         return None
 
-def optional_queue(server: Optional[str]) -> Optional[List[Dict[str, Any]]]:
+
+def optional_queue(server: str | None) -> list[dict[str, Any]] | None:
     """/queue, or None from a server without it."""
     try:
         return client.queue(server)

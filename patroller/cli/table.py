@@ -8,12 +8,14 @@ Pure: the width is given (None: as wide as the content); `width_of` says what it
 output stream. Colours are ANSI codes around a cell's text, after its padding is counted, so
 that they never move a column.
 """
+
 from __future__ import annotations
 
 import os
 import sys
 from dataclasses import dataclass
-from typing import Dict, Mapping, NamedTuple, Optional, Sequence, Set, TextIO, Union
+from typing import NamedTuple, TextIO, Union
+from collections.abc import Mapping, Sequence
 
 # Every cell's text is printable (patroller/safetext.py): from another host's answer, an escape
 # sequence could retitle, recolour or rewrite the terminal.
@@ -29,11 +31,11 @@ class Cell(NamedTuple):
     them (`4m53s left` for `expires in 4m53s`)."""
 
     text: str
-    colour: Optional[str] = None
-    short: Optional[str] = None
+    colour: str | None = None
+    short: str | None = None
 
 
-Cells = Sequence[Union[str, Cell]]
+Cells = Sequence[str | Cell]
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ class Shorten:
     when given (`IDLE` for `IDLE-HELD`)."""
 
     header: str
-    title: Optional[str] = None
+    title: str | None = None
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,7 @@ class Rest:
 Step = Union[Cut, Drop, Shorten, Rest]
 
 
-def width_of(out: TextIO) -> Optional[int]:
+def width_of(out: TextIO) -> int | None:
     """The width to fit: COLUMNS when it is set to a number (a script, or a shell that exports
     it, chooses it so), else the terminal's, on a terminal that says; None for a pipe or a
     file, whose reader (grep, a log) gets every character."""
@@ -87,29 +89,30 @@ def width_of(out: TextIO) -> Optional[int]:
 
 
 def cut(text: str, width: int) -> str:
-    return text if len(text) <= width else text[:max(width - 1, 0)] + CUT
+    return text if len(text) <= width else text[: max(width - 1, 0)] + CUT
 
 
-def text_of(cell: Union[str, Cell], short: bool = False) -> str:
+def text_of(cell: str | Cell, short: bool = False) -> str:
     if not isinstance(cell, Cell):
         return cell
     return cell.short if short and cell.short is not None else cell.text
 
 
-def colour_of(cell: Union[str, Cell]) -> Optional[str]:
+def colour_of(cell: str | Cell) -> str | None:
     return cell.colour if isinstance(cell, Cell) else None
 
 
 class Layout:
     """Which columns a table shows, and how wide: `fit` makes one."""
 
-    def __init__(self, headers: Sequence[str], widths: Dict[str, int],
-                 right: Sequence[str] = ()) -> None:
+    def __init__(
+        self, headers: Sequence[str], widths: dict[str, int], right: Sequence[str] = ()
+    ) -> None:
         self.headers = list(headers)  # shown, in order
         self.widths = widths
         self.right = set(right)
-        self.short: Set[str] = set()  # the columns said in their short words
-        self.titles: Dict[str, str] = {}  # a header said in its short words
+        self.short: set[str] = set()  # the columns said in their short words
+        self.titles: dict[str, str] = {}  # a header said in its short words
 
     def title(self, header: str) -> str:
         return self.titles.get(header, header)
@@ -126,8 +129,9 @@ class Layout:
             at += self.widths[shown] + len(GAP)
         raise KeyError(header)
 
-    def line(self, cells: Mapping[str, Union[str, Cell]], colour: bool = False,
-             bold: bool = False) -> str:
+    def line(
+        self, cells: Mapping[str, str | Cell], colour: bool = False, bold: bool = False
+    ) -> str:
         """One row: each shown column's cell, cut, padded, coloured; no trailing blanks."""
         out = []
         for n, header in enumerate(self.headers):
@@ -146,16 +150,24 @@ class Layout:
         return self.line({h: self.title(h) for h in self.headers}, colour, bold=True)
 
 
-def fit(headers: Sequence[str], rows: Sequence[Mapping[str, Union[str, Cell]]],
-        width: Optional[int], plan: Sequence[Step] = (), right: Sequence[str] = (),
-        widest: Optional[Dict[str, int]] = None) -> Layout:
+def fit(
+    headers: Sequence[str],
+    rows: Sequence[Mapping[str, str | Cell]],
+    width: int | None,
+    plan: Sequence[Step] = (),
+    right: Sequence[str] = (),
+    widest: dict[str, int] | None = None,
+) -> Layout:
     """The layout of `rows` (cells by header) under `headers`: each column as wide as its
     widest cell (at most `widest`'s, for a column it names), then `plan`'s steps in order
     while it is wider than `width`."""
     limits = widest or {}
-    widths = {h: min(max([len(h)] + [len(text_of(r.get(h, ""))) for r in rows]),
-                     limits.get(h, sys.maxsize))
-              for h in headers}  # printable() keeps the length: one "?" a character
+    widths = {
+        h: min(
+            max([len(h)] + [len(text_of(r.get(h, ""))) for r in rows]), limits.get(h, sys.maxsize)
+        )
+        for h in headers
+    }  # printable() keeps the length: one "?" a character
     layout = Layout(headers, widths, right)
     for step in plan:
         if width is None or layout.total() <= width:
@@ -168,24 +180,37 @@ def fit(headers: Sequence[str], rows: Sequence[Mapping[str, Union[str, Cell]]],
             layout.short.add(step.header)
             if step.title is not None:
                 layout.titles[step.header] = step.title
-            widths[step.header] = min(widths[step.header], max(
-                [len(layout.title(step.header))]
-                + [len(text_of(r.get(step.header, ""), True)) for r in rows]))
+            widths[step.header] = min(
+                widths[step.header],
+                max(
+                    [len(layout.title(step.header))]
+                    + [len(text_of(r.get(step.header, ""), True)) for r in rows]
+                ),
+            )
         elif isinstance(step, Rest):
             left = width - (layout.total() - widths[step.header])
-            widths[step.header] = min(widths[step.header],
-                                      max(left, len(layout.title(step.header))))
+            widths[step.header] = min(
+                widths[step.header], max(left, len(layout.title(step.header)))
+            )
         else:
-            widths[step.header] = min(widths[step.header],
-                                      max(step.width, len(layout.title(step.header))))
+            widths[step.header] = min(
+                widths[step.header], max(step.width, len(layout.title(step.header)))
+            )
     return layout
 
 
-def format_table(headers: Sequence[str], rows: Sequence[Cells], colour: bool = False,
-                 width: Optional[int] = None, plan: Sequence[Step] = (),
-                 right: Sequence[str] = ()) -> str:
+def format_table(
+    headers: Sequence[str],
+    rows: Sequence[Cells],
+    colour: bool = False,
+    width: int | None = None,
+    plan: Sequence[Step] = (),
+    right: Sequence[str] = (),
+) -> str:
     """Rows of cells in the order of `headers`, under a bold header line, fitted to `width`."""
     by_header = [dict(zip(headers, row)) for row in rows]
     layout = fit(headers, by_header, width, plan, right)
-    return "".join(line + "\n" for line in [layout.header_line(colour)]
-                   + [layout.line(row, colour) for row in by_header])
+    return "".join(
+        line + "\n"
+        for line in [layout.header_line(colour)] + [layout.line(row, colour) for row in by_header]
+    )

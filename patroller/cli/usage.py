@@ -7,13 +7,15 @@ types (openapi.json's /usage), before it is summed or drawn. Sums over many host
 rows as /usage does (patroller/core/usage.py `summarize`): by use, the GPU-hours held or used
 (all but free and lost), the most first; by day, by day.
 """
+
 from __future__ import annotations
 
 import csv
 import io
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from datetime import datetime, timedelta
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any
+from collections.abc import Iterable, Sequence
 
 from patroller.answers import BadAnswer, fields, is_kind, kind, quoted
 from patroller.cli.render import duration
@@ -21,25 +23,55 @@ from patroller.cli.table import Cut, Drop, Rest, Shorten, Step, fit
 from patroller.safetext import CSV_QUOTING, csv_cell, printable
 
 UNUSED = ("free", "lost")  # GPU-time nobody held: not "use" when rows are ordered
-KEYS = {"user": "USER", "account": "ACCOUNT", "job": "JOB", "slurm_account": "SLURM ACCOUNT",
-        "namespace": "NAMESPACE", "pod": "POD", "gpu": "GPU", "day": "DAY",
-        "weekday": "WEEKDAY", "hour": "HOUR"}
+KEYS = {
+    "user": "USER",
+    "account": "ACCOUNT",
+    "job": "JOB",
+    "slurm_account": "SLURM ACCOUNT",
+    "namespace": "NAMESPACE",
+    "pod": "POD",
+    "gpu": "GPU",
+    "day": "DAY",
+    "weekday": "WEEKDAY",
+    "hour": "HOUR",
+}
 IN_TIME = ("day", "weekday", "hour")  # keys ordered in time's order, as /usage orders them
 WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 # The categories' columns, in the words of `patroller users` where it has them.
-COLUMNS = {"active": "ACTIVE", "idle_held": "IDLE-HELD", "reserved_unused": "UNUSED",
-           "trespass": "TRESPASS", "unreserved": "UNASKED", "free": "FREE", "lost": "LOST"}
+COLUMNS = {
+    "active": "ACTIVE",
+    "idle_held": "IDLE-HELD",
+    "reserved_unused": "UNUSED",
+    "trespass": "TRESPASS",
+    "unreserved": "UNASKED",
+    "free": "FREE",
+    "lost": "LOST",
+}
 NONE = "(none)"  # a row whose key is null: GPU-time with no such key (free GPUs have no user)
-ANSWER = {"since": ("string",), "until": ("string",), "by": ("string",),
-          "first": ("string", "null"), "categories": ("array",), "rows": ("array",),
-          "total": ("object",)}
-ROW = {"key": ("string", "null", "array"), "hours": ("object",), "gpu_hours": ("number",),
-       "share": ("number",), "number": ("integer", "null")}
-TOTAL: Dict[str, Tuple[str, ...]] = {"hours": ("object",), "gpu_hours": ("number",),
-                                     "shares": ("object",)}
+ANSWER = {
+    "since": ("string",),
+    "until": ("string",),
+    "by": ("string",),
+    "first": ("string", "null"),
+    "categories": ("array",),
+    "rows": ("array",),
+    "total": ("object",),
+}
+ROW = {
+    "key": ("string", "null", "array"),
+    "hours": ("object",),
+    "gpu_hours": ("number",),
+    "share": ("number",),
+    "number": ("integer", "null"),
+}
+TOTAL: dict[str, tuple[str, ...]] = {
+    "hours": ("object",),
+    "gpu_hours": ("number",),
+    "shares": ("object",),
+}
 
 
-def check(answer: Any) -> Dict[str, Any]:
+def check(answer: Any) -> dict[str, Any]:
     """`answer`, if it is a /usage answer in every field the report reads; else BadAnswer
     saying where and what is wrong."""
     fields(answer, ANSWER, "/usage")
@@ -52,10 +84,14 @@ def check(answer: Any) -> Dict[str, Any]:
     for n, row in enumerate(answer["rows"]):
         fields(row, ROW, f"/usage.rows[{n}]")
         key = row.get("key")
-        if isinstance(key, list) != (width > 1) or isinstance(key, list) and (
-                len(key) != width or not all(is_kind(k, "string") or k is None for k in key)):
-            raise BadAnswer(f"/usage.rows[{n}].key is {kind(key)}, not a key for by="
-                            f"{quoted(answer['by'])}")
+        if (
+            isinstance(key, list) != (width > 1)
+            or isinstance(key, list)
+            and (len(key) != width or not all(is_kind(k, "string") or k is None for k in key))
+        ):
+            raise BadAnswer(
+                f"/usage.rows[{n}].key is {kind(key)}, not a key for by={quoted(answer['by'])}"
+            )
         hours(row.get("hours", {}), f"/usage.rows[{n}].hours")
     fields(answer["total"], TOTAL, "/usage.total")
     hours(answer["total"].get("hours", {}), "/usage.total.hours")
@@ -63,26 +99,24 @@ def check(answer: Any) -> Dict[str, Any]:
     return answer
 
 
-def hours(found: Dict[str, Any], where: str) -> None:
+def hours(found: dict[str, Any], where: str) -> None:
     for category, value in found.items():
         if not is_kind(value, "number") or value < 0:
-            raise BadAnswer(f"{where}.{quoted(category)} is {kind(value)}, not a number of "
-                            "hours")
+            raise BadAnswer(f"{where}.{quoted(category)} is {kind(value)}, not a number of hours")
 
 
-def summed(answers: Sequence[Tuple[str, Dict[str, Any]]]) -> Dict[str, Any]:
+def summed(answers: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     """One answer from the answers of many hosts, (host, checked answer) in the order asked:
     each key's hours added up (by gpu, each host's GPUs apart: a row has its `host`), the
     shares of the sum, ordered as /usage orders."""
     by = answers[0][1]["by"]
-    categories: List[str] = []
-    rows: Dict[Tuple[Any, ...], Dict[str, Any]] = {}
+    categories: list[str] = []
+    rows: dict[tuple[Any, ...], dict[str, Any]] = {}
     for host, answer in answers:
         categories += [c for c in answer["categories"] if c not in categories]
         for row in answer["rows"]:
             key = row.get("key")
-            ident = (host, key) if by == "gpu" else tuple(key) if isinstance(key, list) \
-                else (key,)
+            ident = (host, key) if by == "gpu" else tuple(key) if isinstance(key, list) else (key,)
             if by != "gpu" and "gpu" in by.split(","):
                 ident = (host, *ident)  # a GPU is a host's: by its number, after the host
             entry = rows.setdefault(ident, {"key": row.get("key"), "hours": {}})
@@ -96,17 +130,26 @@ def summed(answers: Sequence[Tuple[str, Dict[str, Any]]]) -> Dict[str, Any]:
         entry["hours"] = {c: round(entry["hours"].get(c, 0.0), 6) for c in categories}
         entry["gpu_hours"] = round(sum(entry["hours"].values()), 6)
         entry["share"] = share(entry["gpu_hours"], everything)
-    return {"since": answers[0][1]["since"], "until": answers[0][1]["until"], "by": by,
-            "first": earliest(answer.get("first") for _, answer in answers),
-            "categories": categories,
-            "rows": (ordered(list(rows.values()), by == "day") if "," not in by
-                     else in_pairs(list(rows.values()), by.split(","))),
-            "total": {"hours": {c: round(h, 6) for c, h in whole.items()},
-                      "gpu_hours": round(everything, 6),
-                      "shares": {c: share(h, everything) for c, h in whole.items()}}}
+    return {
+        "since": answers[0][1]["since"],
+        "until": answers[0][1]["until"],
+        "by": by,
+        "first": earliest(answer.get("first") for _, answer in answers),
+        "categories": categories,
+        "rows": (
+            ordered(list(rows.values()), by == "day")
+            if "," not in by
+            else in_pairs(list(rows.values()), by.split(","))
+        ),
+        "total": {
+            "hours": {c: round(h, 6) for c, h in whole.items()},
+            "gpu_hours": round(everything, 6),
+            "shares": {c: share(h, everything) for c, h in whole.items()},
+        },
+    }
 
 
-def earliest(times: Iterable[Any]) -> Optional[str]:
+def earliest(times: Iterable[Any]) -> str | None:
     """The earliest of the hosts' first figures (ISO times; null for a host with none)."""
     found = []
     for text in times:
@@ -121,32 +164,39 @@ def share(part: float, whole: float) -> float:
     return round(part / whole, 4) if whole > 0 else 0.0
 
 
-def ordered(rows: List[Dict[str, Any]], chronological: bool) -> List[Dict[str, Any]]:
+def ordered(rows: list[dict[str, Any]], chronological: bool) -> list[dict[str, Any]]:
     """By use, the most first (then by GPU-hours in all, the null key last, by key); by key
     for days."""
-    def order(row: Dict[str, Any]) -> Tuple[Any, ...]:
+
+    def order(row: dict[str, Any]) -> tuple[Any, ...]:
         key = row["key"]
         if chronological:
             return (key is None, key or "")
         used = sum(h for c, h in row["hours"].items() if c not in UNUSED)
-        return (-round(used, 6), -round(row["gpu_hours"], 6), key is None, key or "",
-                row.get("host") or "")
+        return (
+            -round(used, 6),
+            -round(row["gpu_hours"], 6),
+            key is None,
+            key or "",
+            row.get("host") or "",
+        )
+
     return sorted(rows, key=order)
 
 
-def in_pairs(rows: List[Dict[str, Any]], by: List[str]) -> List[Dict[str, Any]]:
+def in_pairs(rows: list[dict[str, Any]], by: list[str]) -> list[dict[str, Any]]:
     """Rows keyed by two keys, as /usage orders them: by the first key, then by the second
     within it; a key of IN_TIME in time's order, any other by use (the most first); null keys
     last."""
-    sums: Dict[Tuple[Any, ...], Tuple[float, float]] = {}
+    sums: dict[tuple[Any, ...], tuple[float, float]] = {}
     for row in rows:
         used = sum(h for c, h in row["hours"].items() if c not in UNUSED)
         for n in range(1, len(by) + 1):
             was = sums.get(tuple(row["key"][:n]), (0.0, 0.0))
             sums[tuple(row["key"][:n])] = (was[0] + used, was[1] + row["gpu_hours"])
 
-    def order(row: Dict[str, Any]) -> Tuple[Any, ...]:
-        parts: List[Tuple[Any, ...]] = []
+    def order(row: dict[str, Any]) -> tuple[Any, ...]:
+        parts: list[tuple[Any, ...]] = []
         for n, (name, value) in enumerate(zip(by, row["key"])):
             if value is None:
                 parts.append((1, 0.0, 0.0, ""))
@@ -154,9 +204,10 @@ def in_pairs(rows: List[Dict[str, Any]], by: List[str]) -> List[Dict[str, Any]]:
                 place = WEEKDAYS.index(value) if value in WEEKDAYS else 0
                 parts.append((0, 0.0, float(place), value))
             else:
-                used, every = sums[tuple(row["key"][:n + 1])]
+                used, every = sums[tuple(row["key"][: n + 1])]
                 parts.append((0, -round(used, 6), -round(every, 6), value))
         return tuple(parts)
+
     return sorted(rows, key=order)
 
 
@@ -187,7 +238,7 @@ def when(text: str) -> str:
     return text[:16] + "Z" if text.endswith("+00:00") and len(text) >= 16 else text
 
 
-def counted(answer: Dict[str, Any]) -> Optional[Tuple[datetime, datetime]]:
+def counted(answer: dict[str, Any]) -> tuple[datetime, datetime] | None:
     """The whole hours a report counts (patroller/state/usage/queries.py): from the hour
     `since` is in to the end of the hour `until` is in; None for times that are not ISO."""
     try:
@@ -204,7 +255,7 @@ def minute(moment: datetime) -> str:
     return when(moment.isoformat())
 
 
-def title(answer: Dict[str, Any], width: Optional[int] = None) -> List[str]:
+def title(answer: dict[str, Any], width: int | None = None) -> list[str]:
     """What the report counts: 'GPU-hours by user in the whole hours from 2026-11-26T09:00Z to
     2026-12-03T10:00Z (7d01h)' (in two lines, before 'from', where one is wider than
     `width`), and 'nothing recorded before 2026-12-02T04:00Z' when the store's first figures
@@ -212,9 +263,11 @@ def title(answer: Dict[str, Any], width: Optional[int] = None) -> List[str]:
     hours = counted(answer)
     if hours is None:
         return [f"GPU-hours by {answer['by']} from {answer['since']} to {answer['until']}"]
-    lines = [f"GPU-hours by {answer['by']} in the whole hours",
-             f"from {minute(hours[0])} to {minute(hours[1])} "
-             f"({duration((hours[1] - hours[0]).total_seconds())})"]
+    lines = [
+        f"GPU-hours by {answer['by']} in the whole hours",
+        f"from {minute(hours[0])} to {minute(hours[1])} "
+        f"({duration((hours[1] - hours[0]).total_seconds())})",
+    ]
     if width is None or len(" ".join(lines)) <= width:
         lines = [" ".join(lines)]
     try:
@@ -227,7 +280,7 @@ def title(answer: Dict[str, Any], width: Optional[int] = None) -> List[str]:
     return lines
 
 
-def key_cells(row: Dict[str, Any], names: List[str], headers: List[str]) -> Dict[str, str]:
+def key_cells(row: dict[str, Any], names: list[str], headers: list[str]) -> dict[str, str]:
     """The row's key, a cell per key: a GPU by its number (after its host's name, over many
     hosts), as nvidia-smi numbers it; `(none)` for no such key."""
     key = row.get("key")
@@ -246,29 +299,37 @@ def key_cells(row: Dict[str, Any], names: List[str], headers: List[str]) -> Dict
 SHORT = {"GPU-HOURS": "HOURS", "IDLE-HELD": "IDLE", "TRESPASS": "TRESP", "UNASKED": "UNASK"}
 
 
-def plan(keys: List[str], names: List[str], zeros: List[str]) -> List[Step]:
+def plan(keys: list[str], names: list[str], zeros: list[str]) -> list[Step]:
     """What gives way, in order, to a narrow terminal: the GPUs' uuids; two long headers'
     words; the categories with no GPU-time in any row (a line under the table names them);
     keys past 24 characters (not times); two more headers; and last the names, cut to what
     the other columns leave them (a name that fits is never cut)."""
     cut = [header for header, name in zip(keys, names) if name not in IN_TIME]
-    dropped = [n for n in ("LOST", "TRESPASS", "UNASKED", "FREE", "UNUSED", "IDLE-HELD",
-                           "ACTIVE") if n in zeros]
-    return [Drop("UUID"), Shorten("GPU-HOURS", SHORT["GPU-HOURS"]),
-            Shorten("IDLE-HELD", SHORT["IDLE-HELD"]), *(Drop(n) for n in dropped),
-            *(Cut(k, 24) for k in cut),
-            Shorten("TRESPASS", SHORT["TRESPASS"]), Shorten("UNASKED", SHORT["UNASKED"]),
-            *(Rest(k) for k, name in zip(keys, names) if k in cut and name != "gpu")]
+    dropped = [
+        n
+        for n in ("LOST", "TRESPASS", "UNASKED", "FREE", "UNUSED", "IDLE-HELD", "ACTIVE")
+        if n in zeros
+    ]
+    return [
+        Drop("UUID"),
+        Shorten("GPU-HOURS", SHORT["GPU-HOURS"]),
+        Shorten("IDLE-HELD", SHORT["IDLE-HELD"]),
+        *(Drop(n) for n in dropped),
+        *(Cut(k, 24) for k in cut),
+        Shorten("TRESPASS", SHORT["TRESPASS"]),
+        Shorten("UNASKED", SHORT["UNASKED"]),
+        *(Rest(k) for k, name in zip(keys, names) if k in cut and name != "gpu"),
+    ]
 
 
-def table(answer: Dict[str, Any], colour: bool = False, width: Optional[int] = None) -> str:
+def table(answer: dict[str, Any], colour: bool = False, width: int | None = None) -> str:
     """What is counted, then a row per key (a column per key: by two, two): its GPU-hours,
     its share of the whole and its hours per category; then the total and each category's
     share; fitted to `width` (`plan`). By gpu, the uuid last."""
     by = answer["by"]
     if not answer["rows"]:
         said = " ".join(title(answer)[:2])
-        return f"no GPU-time recorded: {printable(said[len('GPU-hours '):])}\n"
+        return f"no GPU-time recorded: {printable(said[len('GPU-hours ') :])}\n"
     names = by.split(",")
     keys = [KEYS.get(name, name.upper()) for name in names]
     categories = list(answer["categories"])
@@ -276,21 +337,35 @@ def table(answer: Dict[str, Any], colour: bool = False, width: Optional[int] = N
     headers = [*keys, "GPU-HOURS", "SHARE", *columns] + (["UUID"] if by == "gpu" else [])
     rows = []
     for row in answer["rows"]:
-        cells = {**key_cells(row, names, keys), "GPU-HOURS": hours_text(row["gpu_hours"]),
-                 "SHARE": share_text(row["share"]), "UUID": str(row.get("key") or "-")}
-        cells.update({n: hours_text(row["hours"].get(c, 0.0))
-                      for c, n in zip(categories, columns)})
+        cells = {
+            **key_cells(row, names, keys),
+            "GPU-HOURS": hours_text(row["gpu_hours"]),
+            "SHARE": share_text(row["share"]),
+            "UUID": str(row.get("key") or "-"),
+        }
+        cells.update(
+            {n: hours_text(row["hours"].get(c, 0.0)) for c, n in zip(categories, columns)}
+        )
         rows.append(cells)
     total = answer["total"]
-    last = {keys[0]: "total", "GPU-HOURS": hours_text(total["gpu_hours"]),
-            "SHARE": "100%" if total["gpu_hours"] else "0%"}
+    last = {
+        keys[0]: "total",
+        "GPU-HOURS": hours_text(total["gpu_hours"]),
+        "SHARE": "100%" if total["gpu_hours"] else "0%",
+    }
     last.update({n: hours_text(total["hours"].get(c, 0.0)) for c, n in zip(categories, columns)})
     shares = {keys[0]: "share"}
-    shares.update({n: share_text(total["shares"].get(c, 0.0))
-                   for c, n in zip(categories, columns)})
+    shares.update(
+        {n: share_text(total["shares"].get(c, 0.0)) for c, n in zip(categories, columns)}
+    )
     zeros = [n for c, n in zip(categories, columns) if not total["hours"].get(c, 0.0)]
-    layout = fit(headers, rows + [last, shares], width, plan(keys, names, zeros),
-                 right=headers[len(keys):len(keys) + len(columns) + 2])
+    layout = fit(
+        headers,
+        rows + [last, shares],
+        width,
+        plan(keys, names, zeros),
+        right=headers[len(keys) : len(keys) + len(columns) + 2],
+    )
     lines = [printable(line) for line in title(answer, width)]  # a host's words in it
     lines += [layout.header_line(colour)]
     lines += [layout.line(cells, colour) for cells in rows]
@@ -301,7 +376,7 @@ def table(answer: Dict[str, Any], colour: bool = False, width: Optional[int] = N
     return "".join(line + "\n" for line in lines)
 
 
-def csv_text(answer: Dict[str, Any], hosts: bool = False) -> str:
+def csv_text(answer: dict[str, Any], hosts: bool = False) -> str:
     """A header, then one row per key: the key (empty for null), by gpu its number (and with
     `hosts` its host), the GPU-hours, the share and the hours per category, as answered. Every
     cell goes through safetext.csv_cell: a key is a user's, an account's or a job's name, which
@@ -313,12 +388,18 @@ def csv_text(answer: Dict[str, Any], hosts: bool = False) -> str:
     extra = (["host"] if hosts and by == "gpu" else []) + (["number"] if by == "gpu" else [])
     rows = [[*by.split(","), *extra, "gpu_hours", "share", *categories]]
     for row in answer["rows"]:
-        ours = ([row.get("host", "")] if hosts and by == "gpu" else []) + \
-            ([row.get("number", "")] if by == "gpu" else [])
+        ours = ([row.get("host", "")] if hosts and by == "gpu" else []) + (
+            [row.get("number", "")] if by == "gpu" else []
+        )
         key = row.get("key")
-        rows.append([*("" if k is None else k for k in (key if isinstance(key, list)
-                                                       else [key])), *ours,
-                     row["gpu_hours"], row["share"],
-                     *(row["hours"].get(c, 0.0) for c in categories)])
+        rows.append(
+            [
+                *("" if k is None else k for k in (key if isinstance(key, list) else [key])),
+                *ours,
+                row["gpu_hours"],
+                row["share"],
+                *(row["hours"].get(c, 0.0) for c in categories),
+            ]
+        )
     writer.writerows([csv_cell(cell) for cell in cells] for cells in rows)
     return out.getvalue()

@@ -10,9 +10,18 @@ built from it (with the per-user limits file), and whether a directory it names 
 May import: `patroller.core`, `patroller.durations` and `patroller.hosts`; `tomli` on Python
 3.10 (3.11's `tomllib` is the same parser).
 """
+
 from patroller.config.flags import default_state_dir, load, settings_table
 from patroller.config.policy import load_limits, policy_of
 from patroller.config.settings import DEFAULT_USER_LABELS, Config, ConfigError
 
-__all__ = ["DEFAULT_USER_LABELS", "Config", "ConfigError", "default_state_dir", "load",
-           "load_limits", "policy_of", "settings_table"]
+__all__ = [
+    "DEFAULT_USER_LABELS",
+    "Config",
+    "ConfigError",
+    "default_state_dir",
+    "load",
+    "load_limits",
+    "policy_of",
+    "settings_table",
+]

@@ -6,6 +6,7 @@ been given (flags.py then checks the value with the flag's own parser), with the
 so that every refusal names the file, the line and the key. A value is never repeated back in
 a message: some hold passwords (the notify URLs).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -14,7 +15,8 @@ import os
 import re
 import stat
 import sys
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, NamedTuple, Union
+from collections.abc import Mapping, Sequence
 
 from patroller.config.settings import ConfigError
 from patroller.core.text import printable
@@ -28,17 +30,26 @@ DEFAULT_PATH = "/etc/patroller/patroller.toml"  # read when it exists and no oth
 MAX_BYTES = 1024 * 1024  # a bigger file is not a configuration file
 # What each kind of key takes, as the refusal says it.
 SWITCH, REPEATED, LIST, VALUE = "switch", "repeated", "list", "value"
-EXPECTED = {SWITCH: "true or false", REPEATED: "a string or a list of strings",
-            LIST: "a string or a list of strings", VALUE: "a string or a number"}
+EXPECTED = {
+    SWITCH: "true or false",
+    REPEATED: "a string or a list of strings",
+    LIST: "a string or a list of strings",
+    VALUE: "a string or a number",
+}
 _AT = re.compile(r"at line (\d+)")  # where tomllib's message says the error is
 _KEY = re.compile(r"""\s*(?:"([^"]*)"|'([^']*)'|([A-Za-z0-9_-]+))\s*[=.]""")
 _TABLE = re.compile(r"""\s*\[\[?\s*(?:"([^"]*)"|'([^']*)'|([A-Za-z0-9_-]+))\s*[.\]]""")
 
 # flags whose value is a comma-separated list: the file may give a list of strings instead
-LISTS = ("--user-labels", "--user-info-labels", "--containerd-namespaces", "--notify-events",
-         "--fleet")
+LISTS = (
+    "--user-labels",
+    "--user-info-labels",
+    "--containerd-namespaces",
+    "--notify-events",
+    "--fleet",
+)
 NOT_IN_FILE = ("--config",)  # flags that are no key of the file
-Given = Union[str, bool, List[str]]  # a flag's text, a switch's value, a repeated flag's texts
+Given = Union[str, bool, list[str]]  # a flag's text, a switch's value, a repeated flag's texts
 
 
 class Setting(NamedTuple):
@@ -54,16 +65,28 @@ class Setting(NamedTuple):
         return f"{self.path}:{self.line}" if self.line else self.path
 
 
-def kinds(flags: Sequence[str], switches: Sequence[str], repeated: Sequence[str]
-          ) -> Dict[str, str]:
+def kinds(
+    flags: Sequence[str], switches: Sequence[str], repeated: Sequence[str]
+) -> dict[str, str]:
     """The file's keys (the long flags' names but NOT_IN_FILE) and the kind of value each takes."""
-    return {flag[2:]: (SWITCH if flag in switches else REPEATED if flag in repeated
-                       else LIST if flag in LISTS else VALUE)
-            for flag in flags if flag not in NOT_IN_FILE}
+    return {
+        flag[2:]: (
+            SWITCH
+            if flag in switches
+            else REPEATED
+            if flag in repeated
+            else LIST
+            if flag in LISTS
+            else VALUE
+        )
+        for flag in flags
+        if flag not in NOT_IN_FILE
+    }
 
 
-def named(given: Optional[str], environ: Mapping[str, str], keys: Mapping[str, str]
-          ) -> Tuple[Optional[str], Dict[str, Setting]]:
+def named(
+    given: str | None, environ: Mapping[str, str], keys: Mapping[str, str]
+) -> tuple[str | None, dict[str, Setting]]:
     """Blocking: the path of the file --config (`given`), PATROLLER_CONFIG or DEFAULT_PATH
     names (None: no file), and its settings by key."""
     found = chosen(given, environ, DEFAULT_PATH)
@@ -72,7 +95,7 @@ def named(given: Optional[str], environ: Mapping[str, str], keys: Mapping[str, s
     return found[0], read(found[0], keys)
 
 
-def read(path: str, keys: Mapping[str, str]) -> Dict[str, Setting]:
+def read(path: str, keys: Mapping[str, str]) -> dict[str, Setting]:
     """Blocking: the settings of the file at `path`, by key. `keys` maps each known key (a long
     flag's name without its dashes) to SWITCH, REPEATED, LIST or VALUE. ConfigError names the
     file (and the line, and the key) when the file cannot be read, is not TOML, names a key
@@ -97,8 +120,11 @@ def read(path: str, keys: Mapping[str, str]) -> Dict[str, Setting]:
 def unknown(key: str, keys: Mapping[str, str]) -> str:
     """The refusal of a key that is no flag's, with the closest name when one is close."""
     close = difflib.get_close_matches(key.replace("_", "-").lower(), list(keys), n=1)
-    hint = (f"did you mean {close[0]!r}?" if close
-            else "the keys are the long flags' names (patroller --help)")
+    hint = (
+        f"did you mean {close[0]!r}?"
+        if close
+        else "the keys are the long flags' names (patroller --help)"
+    )
     return f"unknown key {printable(key)!r}; {hint}"
 
 
@@ -107,16 +133,18 @@ def _text(path: str) -> str:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the configuration file: "
-                          f"{exc.strerror or exc}") from None
+        raise ConfigError(
+            f"{path}: cannot read the configuration file: {exc.strerror or exc}"
+        ) from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ConfigError(f"{path}: the configuration file is not a regular file")
         with os.fdopen(fd, "rb", closefd=False) as f:
             raw = f.read(MAX_BYTES + 1)
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the configuration file: "
-                          f"{exc.strerror or exc}") from None
+        raise ConfigError(
+            f"{path}: cannot read the configuration file: {exc.strerror or exc}"
+        ) from None
     finally:
         os.close(fd)
     if len(raw) > MAX_BYTES:
@@ -124,7 +152,7 @@ def _text(path: str) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
+        line = raw[: exc.start].count(b"\n") + 1
         raise ConfigError(f"{path}:{line}: not TOML: not UTF-8") from None
 
 
@@ -133,15 +161,17 @@ def _given(where: str, key: str, value: Any, kind: str) -> Given:
     ConfigError when its type is not what the key takes."""
     if kind == SWITCH and isinstance(value, bool):
         return value
-    if kind in (REPEATED, LIST) and isinstance(value, list) \
-            and all(isinstance(v, str) for v in value):
+    if (
+        kind in (REPEATED, LIST)
+        and isinstance(value, list)
+        and all(isinstance(v, str) for v in value)
+    ):
         return list(value) if kind == REPEATED else ",".join(value)
     if kind != SWITCH and isinstance(value, str):
         return [value] if kind == REPEATED else value
     if kind == VALUE and isinstance(value, (int, float)) and not isinstance(value, bool):
         return repr(value)
-    raise ConfigError(f"{where}: {key}: expected {EXPECTED[kind]}, not "
-                      f"{type_name(value, kind)}")
+    raise ConfigError(f"{where}: {key}: expected {EXPECTED[kind]}, not {type_name(value, kind)}")
 
 
 def type_name(value: Any, kind: str = VALUE) -> str:
@@ -157,11 +187,11 @@ def type_name(value: Any, kind: str = VALUE) -> str:
     return "a number" if isinstance(value, (int, float)) else "a string"
 
 
-def key_lines(text: str) -> Dict[str, int]:
+def key_lines(text: str) -> dict[str, int]:
     """The line each top-level key is first given on: `key = ...`, `key.sub = ...` before any
     table, or a table's header `[key]`, `[key.sub]`, `[[key]]`. tomllib says no line; a line
     inside a multi-line string is skipped."""
-    found: Dict[str, int] = {}
+    found: dict[str, int] = {}
     in_table = in_string = False
     for number, line in enumerate(text.splitlines(), 1):
         quotes = line.count('"""') + line.count("'''")
@@ -181,13 +211,15 @@ def key_lines(text: str) -> Dict[str, int]:
     return found
 
 
-def chosen(given: Optional[str], environ: Mapping[str, str], default: str
-           ) -> Optional[Tuple[str, str]]:
+def chosen(given: str | None, environ: Mapping[str, str], default: str) -> tuple[str, str] | None:
     """Which file is read, and who named it: --config's, else PATROLLER_CONFIG's, else
     `default` when it exists; None for no file (`none` or empty, or none at the default
     path)."""
-    text, named_by = ((given, "--config") if given is not None
-                      else (environ.get("PATROLLER_CONFIG"), "PATROLLER_CONFIG"))
+    text, named_by = (
+        (given, "--config")
+        if given is not None
+        else (environ.get("PATROLLER_CONFIG"), "PATROLLER_CONFIG")
+    )
     if text is None:
         return (default, "the default path") if os.path.exists(default) else None
     if text.strip().lower() in ("", "none"):

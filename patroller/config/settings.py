@@ -3,10 +3,10 @@
 A setting a user would change is a flag (config/flags.py gives each its PATROLLER_* variable);
 the rest are internal defaults, documented here, that tests and the benchmark may set.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
 
 DEFAULT_USER_LABELS = ("user.email", "email", "maintainer")
 KUBELET_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"  # the kubelet's own default
@@ -17,11 +17,20 @@ DEFAULT_POD_USER_KEYS = ("patroller/user",)
 # the daemon's own trouble (to the admin), a GPU unhealthy (to the admin and its holder), and
 # the weekly digest of usage (only with --notify-digest: naming it among the kinds turns
 # nothing on).
-NOTIFY_KINDS = ("trespass", "unreserved", "idle", "expiring", "granted", "lost", "unhealthy",
-                "daemon", "digest")
+NOTIFY_KINDS = (
+    "trespass",
+    "unreserved",
+    "idle",
+    "expiring",
+    "granted",
+    "lost",
+    "unhealthy",
+    "daemon",
+    "digest",
+)
 # When the weekly digest is due: (weekday, Monday 0; hour; minute; the zone, as given: UTC, an
 # offset from UTC or a zone's name), config/values.py's `weekly` reads it from the flag.
-Weekly = Tuple[int, int, int, str]
+Weekly = tuple[int, int, int, str]
 
 
 class ConfigError(Exception):
@@ -37,20 +46,20 @@ class Config:
     test_processes: bool = False  # with test: synthetic processes that compute and idle
     port: int = 8080  # the unit, the docs and the command line all say 8080
     address: str = ""  # all interfaces
-    socket: Optional[str] = None  # also serve on this unix socket
+    socket: str | None = None  # also serve on this unix socket
     log_level: str = "info"
 
     # -- leases and fair use (flags) ----------------------------------------------------------
     lease: float = 10.0  # seconds an unclaimed reservation is held
     max_waiting_per_user: int = 100  # /wait requests one user may have queued at once
-    max_per_user: Optional[int] = None  # devices one user may hold at once
-    limits_file: Optional[str] = None  # per-user overrides (JSON), read again on SIGHUP
+    max_per_user: int | None = None  # devices one user may hold at once
+    limits_file: str | None = None  # per-user overrides (JSON), read again on SIGHUP
     starvation_bound: float = 600.0  # seconds a waiting request may be overtaken
     max_hold: float = 12 * 3600.0  # the longest reservation one may ask for (hold=2h)
     idle_sm: float = 5.0  # %: at most this SM use ...
     idle_memory: float = 1024.0  # MiB: ... and less memory used than this is idle
     idle_after: float = 1800.0  # seconds idle before it shows
-    idle_release: Optional[float] = None  # seconds idle (no process) before it is released
+    idle_release: float | None = None  # seconds idle (no process) before it is released
 
     # -- nvidia-smi (flags) -------------------------------------------------------------------
     nvidia_smi: str = "nvidia-smi"
@@ -60,54 +69,60 @@ class Config:
     cross_check_every: float = 10.0  # seconds between compute-apps queries, when needed
 
     # -- identity (flags) ---------------------------------------------------------------------
-    user_labels: Tuple[str, ...] = DEFAULT_USER_LABELS
-    user_info_labels: Tuple[str, ...] = ()
-    docker_host: Optional[str] = None  # None: the Docker SDK's default socket
+    user_labels: tuple[str, ...] = DEFAULT_USER_LABELS
+    user_info_labels: tuple[str, ...] = ()
+    docker_host: str | None = None  # None: the Docker SDK's default socket
     # The other engines that serve the Docker API, by the containers' cgroups (None: not
     # asked): Podman's, and each user's own, {uid} being the uid of the user's slice.
-    podman_socket: Optional[str] = "unix:///run/podman/podman.sock"
-    rootless_docker_socket: Optional[str] = "unix:///run/user/{uid}/docker.sock"
-    rootless_podman_socket: Optional[str] = "unix:///run/user/{uid}/podman/podman.sock"
+    podman_socket: str | None = "unix:///run/podman/podman.sock"
+    rootless_docker_socket: str | None = "unix:///run/user/{uid}/docker.sock"
+    rootless_podman_socket: str | None = "unix:///run/user/{uid}/podman/podman.sock"
     # containerd's API (its containers, Kubernetes pods under containerd's CRI; None: not
     # asked), the namespaces looked in, in order (Docker's own, moby, is the Docker Engine's),
     # and the pod label or annotation keys that name a pod's user, before --user-labels.
-    containerd_socket: Optional[str] = "unix:///run/containerd/containerd.sock"
-    containerd_namespaces: Tuple[str, ...] = ("k8s.io", "default")
-    pod_user_keys: Tuple[str, ...] = DEFAULT_POD_USER_KEYS
+    containerd_socket: str | None = "unix:///run/containerd/containerd.sock"
+    containerd_namespaces: tuple[str, ...] = ("k8s.io", "default")
+    pod_user_keys: tuple[str, ...] = DEFAULT_POD_USER_KEYS
     # Host uids from here up, seen in a container, are shifted ones (a user namespace's, as
     # /etc/subuid hands them out): never looked up as host accounts.
     shifted_uids_from: int = 100000
-    slurm_job_map: Optional[str] = None  # the Slurm prolog's job map directory; None: none
+    slurm_job_map: str | None = None  # the Slurm prolog's job map directory; None: none
     # The kubelet's pod-resources socket; None: not asked (the flag's default is KUBELET_SOCKET
     # outside test mode, asked only while it is there).
-    kubelet_socket: Optional[str] = None
+    kubelet_socket: str | None = None
     # the kernel log followed for Xid lines (a GPU's faults; KERNEL_LOG from the command
     # line); None: not followed (test mode, --kernel-log none)
-    kernel_log: Optional[str] = None
+    kernel_log: str | None = None
     hide_users: bool = False  # others' names shown as pseudonyms (http/hiding.py)
 
     # -- state on disk (flags) ----------------------------------------------------------------
-    state_dir: Optional[str] = None  # the lease book's directory; None: keep no book
-    audit_log: Optional[str] = None  # also write the audit record here (JSON lines; - stdout)
+    state_dir: str | None = None  # the lease book's directory; None: keep no book
+    audit_log: str | None = None  # also write the audit record here (JSON lines; - stdout)
     usage: str = "sqlite"  # the usage store (<state-dir>/usage.sqlite3); "none": keep none
     usage_interval: float = 60.0  # seconds between usage samples: one row per GPU each
     usage_days: int = 400  # days each sample is kept; then folded into daily totals
     usage_busy_sm: float = 1.0  # %: a reading with at least this SM use counts as computing
 
     # -- notifications (flags; notify/) --------------------------------------------------------
-    notify: Tuple[str, ...] = ()  # the admin's destinations, as Apprise URLs (secrets in them)
-    notify_events: Tuple[str, ...] = NOTIFY_KINDS  # the kinds the admin is told of
+    notify: tuple[str, ...] = ()  # the admin's destinations, as Apprise URLs (secrets in them)
+    notify_events: tuple[str, ...] = NOTIFY_KINDS  # the kinds the admin is told of
     notify_repeat: float = 6 * 3600.0  # seconds before an episode still going on is told again
-    notify_escalate: float = 1800.0  # seconds a trespass lasts before the admin is told; 0: at once
-    notify_idle_after: float = 2 * 3600.0  # seconds a hold computes nothing before its holder is told
-    notify_before: float = 900.0  # seconds before a hold for a duration ends that its holder is told
+    notify_escalate: float = (
+        1800.0  # seconds a trespass lasts before the admin is told; 0: at once
+    )
+    notify_idle_after: float = (
+        2 * 3600.0
+    )  # seconds a hold computes nothing before its holder is told
+    notify_before: float = (
+        900.0  # seconds before a hold for a duration ends that its holder is told
+    )
     # a user's destination when she has set none: an Apprise URL with {user} (and {email}, for
     # a user whose name is an e-mail address) in it; None: a user with none is not told
-    notify_user_default: Optional[str] = None
+    notify_user_default: str | None = None
     # also write trespasses and ending holds on the users' own logged-in terminals (notify/
     # terminal.py), as `write` does; a user turns it off with `patroller notify mute terminal`
     notify_terminal: bool = False
-    notify_digest: Optional[Weekly] = None  # when each week's digest is sent; None: never
+    notify_digest: Weekly | None = None  # when each week's digest is sent; None: never
 
     # -- HTTP (flags) -------------------------------------------------------------------------
     body_timeout: float = 10.0  # seconds a request body may take to arrive
@@ -115,7 +130,7 @@ class Config:
     max_connections_per_caller: int = 512  # open at once per uid (or per address)
 
     # -- the fleet view: /fleet and /fleet.json (flags) ---------------------------------------
-    fleet: Tuple[str, ...] = ()  # the hosts shown, as given (host:port); none: no fleet view
+    fleet: tuple[str, ...] = ()  # the hosts shown, as given (host:port); none: no fleet view
     fleet_interval: float = 5.0  # seconds from one asking of a host's /status to the next
     fleet_timeout: float = 3.0  # seconds a host may take to answer: then it is not answering
     fleet_connect_timeout: float = 1.0  # seconds to connect to a host: then it is not answering
@@ -164,10 +179,33 @@ class Config:
     notify_terminal_width: int = 78
     notify_terminal_lines: int = 16
     notify_terminal_bytes: int = 2048
-    notify_user_schemes: Tuple[str, ...] = (
-        "mailto", "mailtos", "json", "jsons", "form", "forms", "ntfy", "ntfys", "slack",
-        "matrix", "matrixs", "mmost", "mmosts", "msteams", "discord", "tgram", "gotify",
-        "gotifys", "pushover", "rocket", "rockets", "zulip", "signal", "signals", "ifttt")
+    notify_user_schemes: tuple[str, ...] = (
+        "mailto",
+        "mailtos",
+        "json",
+        "jsons",
+        "form",
+        "forms",
+        "ntfy",
+        "ntfys",
+        "slack",
+        "matrix",
+        "matrixs",
+        "mmost",
+        "mmosts",
+        "msteams",
+        "discord",
+        "tgram",
+        "gotify",
+        "gotifys",
+        "pushover",
+        "rocket",
+        "rockets",
+        "zulip",
+        "signal",
+        "signals",
+        "ifttt",
+    )
 
     # -- internal defaults: the doctor (patroller doctor, GET /doctor) -------------------------
     doctor_slow: float = 10.0  # seconds: an nvidia-smi query that takes longer is reported slow
@@ -180,7 +218,7 @@ class Config:
     # -- internal defaults: core (the lease rules) --------------------------------------------
     # Host accounts whose holds count by identity alone, not by account as well: root, as which
     # containers run unless told otherwise, whoever starts them.
-    limits_uncounted_uids: Tuple[int, ...] = (0,)
+    limits_uncounted_uids: tuple[int, ...] = (0,)
     max_waiters: int = 10000  # /wait requests queued at once, all users together: 503 past it
 
     # -- internal defaults: observe (nvidia-smi's children, statistics) -----------------------
@@ -220,7 +258,7 @@ class Config:
     kubelet_timeout: float = 5.0  # seconds one call may take: then it failed
     # The resources of the kubelet's that are GPUs (shell patterns): the NVIDIA device plugin's
     # GPUs, its MIG devices (mixed strategy), and time-slicing's renamed replicas.
-    kubelet_resources: Tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/mig-*", "*.shared")
+    kubelet_resources: tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/mig-*", "*.shared")
     kubelet_ids_logged: int = 10  # device ids matching no GPU logged one by one per reading at
     # most; the rest are counted in one line
     # bytes: the largest answer taken from the kubelet or containerd (gRPC's own default); a
@@ -276,7 +314,7 @@ class Config:
     lifeline_poll: float = 0.5  # seconds between checks of a process held for, where pidfds
     # cannot be had
     pseudonyms_remembered: int = 65536  # pseudonyms kept once computed (--hide-users)
-    usage_dir: Optional[str] = None  # the usage store's directory; None: the state directory
+    usage_dir: str | None = None  # the usage store's directory; None: the state directory
     # (tests put it on a filesystem of its own: full, read-only; the benchmark elsewhere)
     usage_retry: float = 5.0  # seconds between tries while the usage store cannot be written
     usage_backlog: int = 1440  # intervals kept in memory meanwhile (a day at one a minute);

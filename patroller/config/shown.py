@@ -2,13 +2,15 @@
 PATROLLER_* variables and the configuration file) describe would run with, and where each
 came from: its default, the file and line, a variable, or a flag. The values of the secret
 flags (the notify URLs hold passwords) are shown starred."""
+
 from __future__ import annotations
 
 import argparse
 import json
 import sys
 import textwrap
-from typing import Any, Dict, List, Optional, Sequence, TextIO
+from typing import Any, TextIO
+from collections.abc import Sequence
 
 from patroller.config.flags import file_keys, load, settings_table
 from patroller.config.options import SECRET
@@ -30,13 +32,20 @@ def parser() -> argparse.ArgumentParser:
         "(in that order of precedence, each over the one before). Secrets are starred.",
         epilog="Give it the daemon's own flags (--config PATH, --port, ...; see `patroller "
         "--help`) to see what that daemon would run with. Exit status: 0, or 2 when a setting "
-        "could not be used (the file, line and key named).")
-    made.add_argument("--json", action="store_true",
-                      help='print {"file", "settings": [{"key", "value", "origin", "where"}]}')
-    made.add_argument("--example", action="store_true",
-                      help="print a configuration file with every key, each commented out at "
-                      "its default, and what it means: patroller config --example > "
-                      "/etc/patroller/patroller.toml")
+        "could not be used (the file, line and key named).",
+    )
+    made.add_argument(
+        "--json",
+        action="store_true",
+        help='print {"file", "settings": [{"key", "value", "origin", "where"}]}',
+    )
+    made.add_argument(
+        "--example",
+        action="store_true",
+        help="print a configuration file with every key, each commented out at "
+        "its default, and what it means: patroller config --example > "
+        "/etc/patroller/patroller.toml",
+    )
     return made
 
 
@@ -46,7 +55,7 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout) -> int:
     if options.example:
         out.write(example())
         return 0
-    origins: Dict[str, str] = {}
+    origins: dict[str, str] = {}
     try:
         config = load(rest, origins=origins)
     except ConfigError as exc:
@@ -60,20 +69,30 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout) -> int:
     out.write(printable(f"# configuration file: {path or 'none'}", 1000) + "\n")
     shown = [(origin_text(row), f"{row['key']} = {literal(row['value'])}") for row in rows]
     width = max(len(origin) for origin, _ in shown)
-    out.write("".join(printable(f"{origin:<{width}}  {setting}", 1000) + "\n"
-                      for origin, setting in shown))
+    out.write(
+        "".join(
+            printable(f"{origin:<{width}}  {setting}", 1000) + "\n" for origin, setting in shown
+        )
+    )
     return 0
 
 
-def settings(config: Config, origins: Dict[str, str]) -> List[Dict[str, Any]]:
+def settings(config: Config, origins: dict[str, str]) -> list[dict[str, Any]]:
     """One row a key of the file: its key, value (secrets starred), origin and where."""
     env_of = {flag: env for flag, env, _ in settings_table()}
     rows = []
     for key in file_keys():
         flag = "--" + key
-        where: Optional[str] = origins.get(flag)
-        origin = (DEFAULT if where is None else FLAG if where == flag
-                  else VARIABLE if where == env_of[flag] else FILE)
+        where: str | None = origins.get(flag)
+        origin = (
+            DEFAULT
+            if where is None
+            else FLAG
+            if where == flag
+            else VARIABLE
+            if where == env_of[flag]
+            else FILE
+        )
         value = value_of(config, key, origins)
         if flag in SECRET and value is not None:
             value = [starred(v) for v in value] if isinstance(value, list) else starred(value)
@@ -81,10 +100,14 @@ def settings(config: Config, origins: Dict[str, str]) -> List[Dict[str, Any]]:
     return rows
 
 
-def value_of(config: Config, key: str, origins: Dict[str, str]) -> Any:
+def value_of(config: Config, key: str, origins: dict[str, str]) -> Any:
     """The setting's value in the Config, as JSON has it (a tuple as a list)."""
-    if key == "fleet-file" and "--fleet-file" not in origins or key == "fleet" and (
-            "--fleet-file" in origins):
+    if (
+        key == "fleet-file"
+        and "--fleet-file" not in origins
+        or key == "fleet"
+        and ("--fleet-file" in origins)
+    ):
         return None  # the hosts were named the other way, or not at all
     value = getattr(config, ATTRIBUTES.get(key, key.replace("-", "_")))
     return list(value) if isinstance(value, tuple) else value
@@ -96,7 +119,7 @@ def starred(secret: str) -> str:
     return f"{scheme}://{STARS}" if sep else STARS
 
 
-def origin_text(row: Dict[str, Any]) -> str:
+def origin_text(row: dict[str, Any]) -> str:
     """Where a setting came from, in words: `default`, `file PATH:LINE`, `variable NAME` or
     `flag --NAME`."""
     words = {FILE: "file", VARIABLE: "variable", FLAG: "flag"}
@@ -120,17 +143,23 @@ def example() -> str:
     """A configuration file with every key commented out at its default (none where the default
     depends on the mode or the user: the help says it), under what it means."""
     defaults = Config()
-    parts = ["# Patroller's configuration (patroller --config; read from "
-             "/etc/patroller/patroller.toml\n# when that exists). Each key is a long flag's "
-             "name; a flag or its PATROLLER_* variable\n# wins over the file. `patroller config` "
-             "shows each setting and where it came from.\n"]
+    parts = [
+        "# Patroller's configuration (patroller --config; read from "
+        "/etc/patroller/patroller.toml\n# when that exists). Each key is a long flag's "
+        "name; a flag or its PATROLLER_* variable\n# wins over the file. `patroller config` "
+        "shows each setting and where it came from.\n"
+    ]
     for flag, env, text in settings_table():
         key = flag[2:]
         if key not in file_keys():
             continue
         value = value_of(defaults, key, {})
         shown = "" if value in (None, []) or key == "fleet-file" else " " + literal(value)
-        parts.append("\n" + "\n".join(textwrap.wrap(f"{text} [{env}]", 96, initial_indent="# ",
-                                                      subsequent_indent="# "))
-                     + f"\n# {key} ={shown}\n")
+        parts.append(
+            "\n"
+            + "\n".join(
+                textwrap.wrap(f"{text} [{env}]", 96, initial_indent="# ", subsequent_indent="# ")
+            )
+            + f"\n# {key} ={shown}\n"
+        )
     return "".join(parts)

@@ -11,12 +11,12 @@ root or the daemon's own user could have chosen what is in it, or where its path
 - the directory itself owned by another user, or writable by its group or by others: they
   could put in it what they like, a link to a secret among it.
 """
+
 from __future__ import annotations
 
 import os
 import stat
 from dataclasses import dataclass
-from typing import FrozenSet, Optional
 
 
 class Untrusted(Exception):
@@ -33,7 +33,7 @@ class Place:
     fix: str  # how to make it right: "make it ours and private (chmod 700)"
     root_may_own: bool = False  # root may own it as well as the daemon's own user
 
-    def owners(self) -> FrozenSet[int]:
+    def owners(self) -> frozenset[int]:
         """The uids that may own the directory."""
         return frozenset({os.geteuid()} | ({0} if self.root_may_own else set()))
 
@@ -52,20 +52,26 @@ def check_path(directory: str, place: Place) -> None:
         except FileNotFoundError:
             break
         except OSError as exc:
-            raise Untrusted(f"cannot use {place.what} {directory}: {exc.strerror or exc}; "
-                            f"choose another {place.flag}") from None
+            raise Untrusted(
+                f"cannot use {place.what} {directory}: {exc.strerror or exc}; "
+                f"choose another {place.flag}"
+            ) from None
         if stat.S_ISLNK(info.st_mode) and info.st_uid not in (0, os.geteuid()):
-            raise Untrusted(f"{place.what} {directory} is reached through {current}, a link "
-                            f"another user (uid {info.st_uid}) made; choose another "
-                            f"{place.flag}")
+            raise Untrusted(
+                f"{place.what} {directory} is reached through {current}, a link "
+                f"another user (uid {info.st_uid}) made; choose another "
+                f"{place.flag}"
+            )
     try:
         around = os.stat(os.path.dirname(path))
     except OSError:
         return  # not there yet: whoever makes it, the directory is checked once there
     if around.st_mode & 0o022 and not around.st_mode & stat.S_ISVTX:
-        raise Untrusted(f"{place.what} {directory} is in {os.path.dirname(path)}, which others "
-                        f"may write to (mode {around.st_mode & 0o7777:o}, not sticky); choose "
-                        f"a {place.flag} in a directory only its owner writes to")
+        raise Untrusted(
+            f"{place.what} {directory} is in {os.path.dirname(path)}, which others "
+            f"may write to (mode {around.st_mode & 0o7777:o}, not sticky); choose "
+            f"a {place.flag} in a directory only its owner writes to"
+        )
 
 
 def check_directory(info: os.stat_result, directory: str, place: Place) -> None:
@@ -77,11 +83,13 @@ def check_directory(info: os.stat_result, directory: str, place: Place) -> None:
     if info.st_uid in place.owners() and not others:
         return
     whose = "not ours" if not place.root_may_own else "not root's or ours"
-    raise Untrusted(f"{place.what} {directory} is {'writable by others' if others else whose} "
-                    f"(mode {info.st_mode & 0o7777:o}, uid {info.st_uid}); {place.fix}")
+    raise Untrusted(
+        f"{place.what} {directory} is {'writable by others' if others else whose} "
+        f"(mode {info.st_mode & 0o7777:o}, uid {info.st_uid}); {place.fix}"
+    )
 
 
-def check(directory: str, place: Place) -> Optional[os.stat_result]:
+def check(directory: str, place: Place) -> os.stat_result | None:
     """Both checks, on the directory as it is now: its stat, or None if it is not there (yet).
     Untrusted if either fails."""
     check_path(directory, place)
@@ -90,7 +98,9 @@ def check(directory: str, place: Place) -> Optional[os.stat_result]:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise Untrusted(f"cannot use {place.what} {directory}: {exc.strerror or exc}; "
-                        f"choose another {place.flag}") from None
+        raise Untrusted(
+            f"cannot use {place.what} {directory}: {exc.strerror or exc}; "
+            f"choose another {place.flag}"
+        ) from None
     check_directory(info, directory, place)
     return info

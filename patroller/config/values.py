@@ -1,6 +1,7 @@
 """The values of the daemon's flags: each parser takes the text given (a flag's or its
 environment variable's) and returns the setting, or raises ValueError saying what is wrong
 (flags.py names the flag or variable in front)."""
+
 from __future__ import annotations
 
 import math
@@ -8,7 +9,7 @@ import os
 import re
 import zoneinfo
 from datetime import timedelta, timezone, tzinfo
-from typing import List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 from patroller import durations, hosts
 from patroller.config.settings import NOTIFY_KINDS, Weekly
@@ -19,8 +20,12 @@ SIZE = re.compile(r"([0-9]+)\s*((?:[km](?:i?b)?|b)?)", re.IGNORECASE)
 _OFFSET = re.compile(r"([+-])(\d{2}):?(\d{2})?\Z")  # +02:00, -0530, +09
 _CLOCK = re.compile(r"(\d{1,2}):(\d{2})\Z")
 WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
-SIZE_UNITS = {"": 1, "b": 1, **{unit: 1 << 10 for unit in ("k", "kb", "kib")},
-              **{unit: 1 << 20 for unit in ("m", "mb", "mib")}}
+SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    **{unit: 1 << 10 for unit in ("k", "kb", "kib")},
+    **{unit: 1 << 20 for unit in ("m", "mb", "mib")},
+}
 
 
 def port(text: str) -> int:
@@ -77,7 +82,7 @@ def existing_file(text: str) -> str:
     return path
 
 
-def labels(text: str) -> Tuple[str, ...]:
+def labels(text: str) -> tuple[str, ...]:
     found = tuple(part.strip() for part in text.split(",") if part.strip())
     if any(any(c.isspace() for c in label) for label in found):
         raise ValueError("holds a label with white space")
@@ -90,7 +95,7 @@ def count(text: str) -> int:
     return int(text)
 
 
-def user_labels(text: str) -> Tuple[str, ...]:
+def user_labels(text: str) -> tuple[str, ...]:
     found = labels(text)
     if not found:
         raise ValueError("must name at least one label")
@@ -120,7 +125,7 @@ def socket_path(text: str) -> str:
     return path
 
 
-def optional_socket(text: str) -> Optional[str]:
+def optional_socket(text: str) -> str | None:
     """A unix socket another program serves, which need not be there (the kubelet's); `none`
     or empty: None."""
     if text.strip().lower() in ("", "none"):
@@ -131,7 +136,7 @@ def optional_socket(text: str) -> Optional[str]:
     return path
 
 
-def optional_path(text: str) -> Optional[str]:
+def optional_path(text: str) -> str | None:
     """A file another program writes, which need not be readable yet (the kernel log);
     `none` or empty: None."""
     if text.strip().lower() in ("", "none"):
@@ -139,7 +144,7 @@ def optional_path(text: str) -> Optional[str]:
     return os.path.abspath(os.path.expanduser(text.strip()))
 
 
-def directory(text: str) -> Optional[str]:
+def directory(text: str) -> str | None:
     """A directory, which need not be there yet (the lease book's is made at start; the Slurm
     job map's by the prolog at the first job); `none` or empty: None."""
     if text.strip().lower() in ("", "none"):
@@ -150,12 +155,11 @@ def directory(text: str) -> Optional[str]:
     return path
 
 
-
-def fleet(text: str) -> Tuple[str, ...]:
+def fleet(text: str) -> tuple[str, ...]:
     return fleet_hosts(hosts.split(text))
 
 
-def fleet_file(text: str) -> Tuple[str, ...]:
+def fleet_file(text: str) -> tuple[str, ...]:
     path = os.path.abspath(os.path.expanduser(text.strip()))
     try:
         found = hosts.read(path)
@@ -164,7 +168,7 @@ def fleet_file(text: str) -> Tuple[str, ...]:
     return fleet_hosts(found)
 
 
-def fleet_hosts(found: List[str]) -> Tuple[str, ...]:
+def fleet_hosts(found: list[str]) -> tuple[str, ...]:
     if not found:
         raise ValueError("names no host")
     for host in found:
@@ -209,12 +213,12 @@ def docker_host(text: str) -> str:
 
 
 def unix_path_fits(address: str) -> str:
-    if address.startswith("unix://") and len(address[len("unix://"):].encode()) > 107:
+    if address.startswith("unix://") and len(address[len("unix://") :].encode()) > 107:
         raise ValueError("is longer than a unix socket path may be (107 bytes)")
     return address
 
 
-def engine_address(text: str) -> Optional[str]:
+def engine_address(text: str) -> str | None:
     """An engine's address; None for none (or nothing); a path is a unix socket's."""
     address = text.strip()
     if address.lower() in ("", "none"):
@@ -222,7 +226,7 @@ def engine_address(text: str) -> Optional[str]:
     return docker_host("unix://" + address if address.startswith("/") else address)
 
 
-def engine_socket(text: str) -> Optional[str]:
+def engine_socket(text: str) -> str | None:
     address = engine_address(text)
     if address is None:
         return None
@@ -231,7 +235,7 @@ def engine_socket(text: str) -> Optional[str]:
     return unix_path_fits(address)
 
 
-def engine_template(text: str) -> Optional[str]:
+def engine_template(text: str) -> str | None:
     address = engine_address(text)
     if address is None:
         return None
@@ -245,12 +249,12 @@ def engine_template(text: str) -> Optional[str]:
     return address
 
 
-def containerd_socket(text: str) -> Optional[str]:
+def containerd_socket(text: str) -> str | None:
     """containerd's socket: a path or a unix:// address (it serves no other); none: not asked."""
     address = engine_address(text)
     if address is None:
         return None
-    if not address.startswith("unix://") or not address[len("unix://"):].startswith("/"):
+    if not address.startswith("unix://") or not address[len("unix://") :].startswith("/"):
         raise ValueError("must be a unix socket: a path, or unix:///path")
     return unix_path_fits(address)
 
@@ -258,7 +262,7 @@ def containerd_socket(text: str) -> Optional[str]:
 _NAMESPACE = re.compile(r"^[A-Za-z0-9]+(?:[._-][A-Za-z0-9]+)*$")  # as containerd checks them
 
 
-def namespaces(text: str) -> Tuple[str, ...]:
+def namespaces(text: str) -> tuple[str, ...]:
     found = tuple(part.strip() for part in text.split(",") if part.strip())
     if not found:
         raise ValueError("must name at least one namespace")
@@ -268,7 +272,7 @@ def namespaces(text: str) -> Tuple[str, ...]:
     return found
 
 
-def keys(given: Sequence[str]) -> Tuple[str, ...]:
+def keys(given: Sequence[str]) -> tuple[str, ...]:
     """Label or annotation keys, from a flag given once or more (each comma-separated)."""
     found = tuple(key for text in given for key in labels(text))
     if not found:
@@ -276,7 +280,7 @@ def keys(given: Sequence[str]) -> Tuple[str, ...]:
     return found
 
 
-def notify_urls(given: Sequence[str]) -> Tuple[str, ...]:
+def notify_urls(given: Sequence[str]) -> tuple[str, ...]:
     """Apprise URLs, from a flag given once or more (the variable: separated by spaces). Only
     their shape is checked here; Apprise says at start whether it knows each. A message never
     repeats one: they hold passwords and tokens."""
@@ -286,15 +290,16 @@ def notify_urls(given: Sequence[str]) -> Tuple[str, ...]:
     for n, url in enumerate(found, 1):
         scheme, sep, rest = url.partition("://")
         if not sep or not scheme or not rest or not _SCHEME.fullmatch(scheme):
-            raise ValueError(f"URL {n} is not a URL of the form scheme://... (mailtos://, "
-                             "json://, slack://, ntfy://, ...; Apprise's list of services)")
+            raise ValueError(
+                f"URL {n} is not a URL of the form scheme://... (mailtos://, "
+                "json://, slack://, ntfy://, ...; Apprise's list of services)"
+            )
     return found
 
 
-def notify_kinds(text: str) -> Tuple[str, ...]:
+def notify_kinds(text: str) -> tuple[str, ...]:
     """Kinds of notice, comma-separated: each one of NOTIFY_KINDS."""
-    found = tuple(dict.fromkeys(kind.strip().lower() for kind in text.split(",")
-                                if kind.strip()))
+    found = tuple(dict.fromkeys(kind.strip().lower() for kind in text.split(",") if kind.strip()))
     unknown = [kind for kind in found if kind not in NOTIFY_KINDS]
     if unknown or not found:
         raise ValueError(f"must name kinds among {', '.join(NOTIFY_KINDS)}")
@@ -334,19 +339,23 @@ def time_zone(text: str) -> tzinfo:
         return zoneinfo.ZoneInfo(given)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
         pass
-    raise ValueError("is neither UTC, an offset from UTC (+02:00) nor the name of a time zone "
-                     "this host knows (Europe/Paris)")
+    raise ValueError(
+        "is neither UTC, an offset from UTC (+02:00) nor the name of a time zone "
+        "this host knows (Europe/Paris)"
+    )
 
 
-def weekly(text: str) -> Optional[Weekly]:
+def weekly(text: str) -> Weekly | None:
     """A time of the week: a weekday and a time of day, in UTC or in the zone that follows
     (`mon 09:00`, `friday 17:30 Europe/Paris`, `mon 9:00 +02:00`); `off`: never."""
     words = text.split()
     if len(words) == 1 and words[0].lower() in ("off", "none"):
         return None
     if len(words) not in (2, 3):
-        raise ValueError("is not a weekday and a time, and a zone if not UTC: 'mon 09:00', "
-                         "'fri 17:30 Europe/Paris' (or off)")
+        raise ValueError(
+            "is not a weekday and a time, and a zone if not UTC: 'mon 09:00', "
+            "'fri 17:30 Europe/Paris' (or off)"
+        )
     day = words[0].lower()
     days = [n for n, name in enumerate(WEEKDAYS) if len(day) >= 3 and name.startswith(day)]
     clock = _CLOCK.match(words[1])

@@ -5,11 +5,13 @@ takes a fresh discovery. A device that is gone stays known, marked lost, so that
 it and nothing is ever granted on it; the others may be renumbered (nvidia-smi's index is the
 position in PCI order among the GPUs present).
 """
+
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any
+from collections.abc import Iterator, Sequence
 
 _MIB = re.compile(r"\s*(\d+)\s*MiB\s*$")
 
@@ -21,16 +23,20 @@ class MigInstance:
     Each field is None where the driver printed no number (no uuid: `-L` was not read, failed,
     or did not list it)."""
 
-    index: Optional[int]  # the MIG device's index within its GPU
-    gpu_instance_id: Optional[int]  # the two instance ids: what processes on it carry in -q -x
-    compute_instance_id: Optional[int]
-    memory_mib: Optional[int]  # its share of the framebuffer
-    uuid: Optional[str] = None  # `MIG-<uuid>` (R470 on) or `MIG-GPU-<uuid>/<gi>/<ci>` (before)
+    index: int | None  # the MIG device's index within its GPU
+    gpu_instance_id: int | None  # the two instance ids: what processes on it carry in -q -x
+    compute_instance_id: int | None
+    memory_mib: int | None  # its share of the framebuffer
+    uuid: str | None = None  # `MIG-<uuid>` (R470 on) or `MIG-GPU-<uuid>/<gi>/<ci>` (before)
 
-    def info(self) -> Dict[str, Any]:
-        return {"index": self.index, "gpu_instance_id": self.gpu_instance_id,
-                "compute_instance_id": self.compute_instance_id, "memory_mib": self.memory_mib,
-                "uuid": self.uuid}
+    def info(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "gpu_instance_id": self.gpu_instance_id,
+            "compute_instance_id": self.compute_instance_id,
+            "memory_mib": self.memory_mib,
+            "uuid": self.uuid,
+        }
 
 
 @dataclass(frozen=True)
@@ -39,19 +45,19 @@ class Device:
 
     uuid: str
     number: int  # nvidia-smi's index: PCI bus order, what dmon/pmon print and `-i` takes
-    name: Optional[str] = None
-    brand: Optional[str] = None
-    arch: Optional[str] = None
-    pci_address: Optional[str] = None
-    total_mem: Optional[str] = None
+    name: str | None = None
+    brand: str | None = None
+    arch: str | None = None
+    pci_address: str | None = None
+    total_mem: str | None = None
     group: str = "gpu"
-    minor_number: Optional[int] = None  # the N of /dev/nvidiaN: a different numbering
-    mig_mode: Optional[str] = None
-    mig_instances: Tuple[MigInstance, ...] = field(default=())
+    minor_number: int | None = None  # the N of /dev/nvidiaN: a different numbering
+    mig_mode: str | None = None
+    mig_instances: tuple[MigInstance, ...] = field(default=())
     lost: bool = False  # gone from the host (fell off the bus, removed): never granted
 
     @property
-    def memory_mib(self) -> Optional[int]:
+    def memory_mib(self) -> int | None:
         """Total memory in MiB, from `total_mem` ("81920 MiB"), or None."""
         found = _MIB.match(self.total_mem or "")
         return int(found.group(1)) if found else None
@@ -61,7 +67,7 @@ class Device:
         """Whether MIG is enabled: its processes are not attributed by pmon."""
         return (self.mig_mode or "").strip().lower() == "enabled"
 
-    def info(self) -> Dict[str, Any]:
+    def info(self) -> dict[str, Any]:
         """The inventory entry served by /devices and inside grants."""
         return {
             "name": self.name,
@@ -82,10 +88,10 @@ class Device:
 class InventoryChange:
     """What `Inventory.update` changed, by uuid."""
 
-    added: Tuple[str, ...] = ()  # new devices, and lost ones that came back
-    lost: Tuple[str, ...] = ()
-    renumbered: Tuple[str, ...] = ()  # present before and after, with another index
-    updated: Tuple[str, ...] = ()  # other facts changed (MIG mode, instances, memory)
+    added: tuple[str, ...] = ()  # new devices, and lost ones that came back
+    lost: tuple[str, ...] = ()
+    renumbered: tuple[str, ...] = ()  # present before and after, with another index
+    updated: tuple[str, ...] = ()  # other facts changed (MIG mode, instances, memory)
 
     def __bool__(self) -> bool:
         return bool(self.added or self.lost or self.renumbered or self.updated)
@@ -107,7 +113,7 @@ class Inventory:
             raise ValueError("device uuids must be unique")
         if len(self._by_number) != len(present):
             raise ValueError("device numbers must be unique")
-        self.groups: Dict[str, int] = {}
+        self.groups: dict[str, int] = {}
         for device in present:
             self.groups[device.group] = self.groups.get(device.group, 0) + 1
 
@@ -117,15 +123,15 @@ class Inventory:
     def __len__(self) -> int:
         return len(self.devices)
 
-    def present(self) -> List[Device]:
+    def present(self) -> list[Device]:
         """The devices the host has now, in index order."""
         return [d for d in self.devices if not d.lost]
 
-    def get(self, uuid: str) -> Optional[Device]:
+    def get(self, uuid: str) -> Device | None:
         """The device with this uuid (present or lost), or None."""
         return self._by_uuid.get(uuid)
 
-    def by_number(self, number: int) -> Optional[Device]:
+    def by_number(self, number: int) -> Device | None:
         """The present device with this nvidia-smi index, or None."""
         return self._by_number.get(number)
 
@@ -133,7 +139,7 @@ class Inventory:
         """Take a fresh discovery: new devices join, missing ones are lost, numbers follow."""
         fresh = {d.uuid: d for d in found}
         added, lost, renumbered, updated = [], [], [], []
-        devices: List[Device] = []
+        devices: list[Device] = []
         for old in self.devices:
             new = fresh.pop(old.uuid, None)
             if new is None:

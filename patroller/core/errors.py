@@ -1,8 +1,10 @@
 """Domain errors. Each carries a message and data; the HTTP layer maps classes to statuses."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Optional, Tuple
+from typing import Any
+from collections.abc import Iterable
 
 
 @dataclass(frozen=True)
@@ -11,9 +13,9 @@ class Private:
     hold under the caller's host account): whose it is, and the message and data a caller who
     may not see one of them (--hide-users) is told instead."""
 
-    users: Tuple[str, ...]
+    users: tuple[str, ...]
     message: str
-    data: Dict[str, Any]
+    data: dict[str, Any]
 
 
 class PatrollerError(Exception):
@@ -22,10 +24,10 @@ class PatrollerError(Exception):
     def __init__(self, message: str, **data: Any) -> None:
         super().__init__(message)
         self.message = message
-        self.data: Dict[str, Any] = data
-        self.private: Optional[Private] = None  # None: nothing in it is another user's
+        self.data: dict[str, Any] = data
+        self.private: Private | None = None  # None: nothing in it is another user's
 
-    def naming(self, users: Iterable[str], message: str, **data: Any) -> "PatrollerError":
+    def naming(self, users: Iterable[str], message: str, **data: Any) -> PatrollerError:
         """This error, noting that some of what it says is `users`': `message` and `data` say
         it without that."""
         self.private = Private(tuple(users), message, data)

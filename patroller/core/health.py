@@ -13,18 +13,20 @@ an Xid ends when the GPU is seen reset (it left the inventory and came back), or
 host's root says so (`patroller release --healthy GPU`), which also excuses the conditions that
 a reading shows now until a reading no longer shows them.
 """
+
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, Mapping, Optional, Set, Tuple
+from typing import Any
+from collections.abc import Mapping
 
 HEALTHY, DEGRADED, UNHEALTHY = "healthy", "degraded", "unhealthy"
 RESET, APPLICATION = "reset", "application"
 
 # NVIDIA's public Xid catalogue, in Patroller's words: the faults of the GPU or the driver that
 # want the GPU reset (unhealthy), and those an application caused (told against its process).
-XIDS: Mapping[int, Tuple[str, str]] = {
+XIDS: Mapping[int, tuple[str, str]] = {
     13: (APPLICATION, "graphics engine exception"),
     31: (APPLICATION, "GPU memory page fault"),
     43: (APPLICATION, "GPU stopped processing"),
@@ -46,11 +48,15 @@ XIDS: Mapping[int, Tuple[str, str]] = {
 
 # The clocks' event reasons that slow a GPU for its own protection (degraded); the others (idle,
 # an application's clocks, the power cap, sync boost, the display) are ordinary.
-SLOWDOWNS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown",
-             "sw_thermal_slowdown")
+SLOWDOWNS = (
+    "hw_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+    "sw_thermal_slowdown",
+)
 
 
-def xid_kind(number: int) -> Optional[str]:
+def xid_kind(number: int) -> str | None:
     """RESET, APPLICATION, or None for an Xid the catalogue above does not place."""
     known = XIDS.get(number)
     return known[0] if known else None
@@ -65,16 +71,16 @@ def xid_words(number: int) -> str:
 class Reading:
     """One `-q -x` reading's facts on one GPU's health; None: not printed, or `N/A`."""
 
-    remap_pending: Optional[bool] = None
-    remap_failure: Optional[bool] = None
-    remapped_uncorrectable: Optional[int] = None  # rows remapped for uncorrectable errors
-    retire_pending: Optional[bool] = None
-    retired_pages: Optional[int] = None  # single- and double-bit retirements
-    ecc_uncorrectable: Optional[int] = None  # volatile (since the last reset), summed
-    slowdowns: Tuple[str, ...] = ()  # the SLOWDOWNS active now
-    reset_required: Optional[bool] = None  # <gpu_reset_status><reset_required>
-    recovery_action: Optional[str] = None  # <gpu_recovery_action> other than None
-    broken: Optional[str] = None  # "GPU is lost", "GPU requires reset" printed for a value
+    remap_pending: bool | None = None
+    remap_failure: bool | None = None
+    remapped_uncorrectable: int | None = None  # rows remapped for uncorrectable errors
+    retire_pending: bool | None = None
+    retired_pages: int | None = None  # single- and double-bit retirements
+    ecc_uncorrectable: int | None = None  # volatile (since the last reset), summed
+    slowdowns: tuple[str, ...] = ()  # the SLOWDOWNS active now
+    reset_required: bool | None = None  # <gpu_reset_status><reset_required>
+    recovery_action: str | None = None  # <gpu_recovery_action> other than None
+    broken: str | None = None  # "GPU is lost", "GPU requires reset" printed for a value
 
 
 @dataclass(frozen=True)
@@ -86,9 +92,8 @@ class Problem:
     action: str
     grave: bool  # True: unhealthy, granted to nobody; False: degraded, shown only
 
-    def to_json(self) -> Dict[str, Any]:
-        return {"code": self.code, "words": self.words, "action": self.action,
-                "grave": self.grave}
+    def to_json(self) -> dict[str, Any]:
+        return {"code": self.code, "words": self.words, "action": self.action, "grave": self.grave}
 
 
 @dataclass(frozen=True)
@@ -98,8 +103,8 @@ class Fault:
 
     xid: int
     words: str
-    pid: Optional[int]
-    name: Optional[str]
+    pid: int | None
+    name: str | None
     at: float  # wall clock
 
     @property
@@ -107,18 +112,23 @@ class Fault:
         """APPLICATION (its process's own fault), or `unknown` (not in the catalogue)."""
         return xid_kind(self.xid) or "unknown"
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         """Its name is left out: the process named it, and --hide-users may hide its command."""
-        return {"xid": self.xid, "kind": self.kind, "words": self.words, "pid": self.pid,
-                "at": self.at}
+        return {
+            "xid": self.xid,
+            "kind": self.kind,
+            "words": self.words,
+            "pid": self.pid,
+            "at": self.at,
+        }
 
 
 @dataclass(frozen=True)
 class Health:
     """A GPU's health now: its problems, and the recent faults of processes on it."""
 
-    problems: Tuple[Problem, ...] = ()
-    faults: Tuple[Fault, ...] = ()
+    problems: tuple[Problem, ...] = ()
+    faults: tuple[Fault, ...] = ()
 
     @property
     def state(self) -> str:
@@ -127,7 +137,7 @@ class Health:
         return DEGRADED if self.problems else HEALTHY
 
     @property
-    def reason(self) -> Optional[str]:
+    def reason(self) -> str | None:
         """Why it is granted to nobody and what to do, or None while it may be granted."""
         grave = [f"{p.words}: {p.action}" for p in self.problems if p.grave]
         return "; ".join(grave) or None
@@ -137,9 +147,12 @@ class Health:
         """The problems' codes, comma-separated ("" when none): the metric's `reason`."""
         return ",".join(p.code for p in self.problems)
 
-    def to_json(self) -> Dict[str, Any]:
-        return {"state": self.state, "problems": [p.to_json() for p in self.problems],
-                "faults": [f.to_json() for f in self.faults]}
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "problems": [p.to_json() for p in self.problems],
+            "faults": [f.to_json() for f in self.faults],
+        }
 
 
 FINE = Health()
@@ -149,44 +162,79 @@ def _reset(number: int) -> str:
     return f"reset the GPU (`nvidia-smi -r -i {number}`) when nothing runs on it"
 
 
-def problems_of(reading: Reading, number: int, ecc_base: Optional[int]) -> Tuple[Problem, ...]:
+def problems_of(reading: Reading, number: int, ecc_base: int | None) -> tuple[Problem, ...]:
     """What a reading shows wrong with GPU `number`; `ecc_base`: the volatile uncorrectable ECC
     count that is not news (the first one seen since a reset), None if none yet."""
     found = []
     reset = _reset(number)
     if reading.remap_failure:
-        found.append(Problem("remap_failure", "row remap failed", "its memory cannot be "
-                             "repaired: have the GPU replaced", True))
+        found.append(
+            Problem(
+                "remap_failure",
+                "row remap failed",
+                "its memory cannot be repaired: have the GPU replaced",
+                True,
+            )
+        )
     if reading.remap_pending:
         found.append(Problem("remap_pending", "row remap pending", reset, True))
     if reading.retire_pending:
-        found.append(Problem("retire_pending", "page retirement pending",
-                             f"{reset} (or reboot the host)", True))
+        found.append(
+            Problem(
+                "retire_pending", "page retirement pending", f"{reset} (or reboot the host)", True
+            )
+        )
     ecc = reading.ecc_uncorrectable
     if ecc is not None and ecc_base is not None and ecc > ecc_base:
-        found.append(Problem("ecc_rising", f"uncorrectable ECC errors rose from {ecc_base} "
-                             f"to {ecc}", f"{reset}; if they come back, have the GPU checked",
-                             True))
+        found.append(
+            Problem(
+                "ecc_rising",
+                f"uncorrectable ECC errors rose from {ecc_base} to {ecc}",
+                f"{reset}; if they come back, have the GPU checked",
+                True,
+            )
+        )
     if reading.reset_required:
         found.append(Problem("reset_required", "the driver says it needs a reset", reset, True))
     if reading.recovery_action:
-        found.append(Problem("recovery_action", "the driver asks for a recovery action: "
-                             f"{reading.recovery_action}", "do as it asks when nothing runs "
-                             "on it", True))
+        found.append(
+            Problem(
+                "recovery_action",
+                f"the driver asks for a recovery action: {reading.recovery_action}",
+                "do as it asks when nothing runs on it",
+                True,
+            )
+        )
     if reading.broken:
-        found.append(Problem("gpu_lost", f"nvidia-smi says: {reading.broken}",
-                             f"{reset}, or reboot the host", True))
+        found.append(
+            Problem(
+                "gpu_lost",
+                f"nvidia-smi says: {reading.broken}",
+                f"{reset}, or reboot the host",
+                True,
+            )
+        )
     if reading.slowdowns:
-        found.append(Problem("slowdown", "clocks slowed (" + ", ".join(reading.slowdowns) + ")",
-                             "check its cooling and power", False))
+        found.append(
+            Problem(
+                "slowdown",
+                "clocks slowed (" + ", ".join(reading.slowdowns) + ")",
+                "check its cooling and power",
+                False,
+            )
+        )
     return tuple(found)
 
 
 def xid_problem(xid: int, number: int, detail: str = "") -> Problem:
     """The problem an Xid of a GPU or driver fault makes (sticky until a reset is seen)."""
     said = f" ({detail})" if detail else ""
-    return Problem(f"xid_{xid}", xid_words(xid) + said,
-                   f"{_reset(number)}; then `patroller release --healthy {number}`", True)
+    return Problem(
+        f"xid_{xid}",
+        xid_words(xid) + said,
+        f"{_reset(number)}; then `patroller release --healthy {number}`",
+        True,
+    )
 
 
 @dataclass
@@ -194,11 +242,11 @@ class _Gpu:
     """What the book keeps of one GPU."""
 
     number: int = 0
-    reading: Optional[Reading] = None
-    ecc_base: Optional[int] = None
-    xids: Dict[int, Problem] = field(default_factory=dict)
-    excused: Set[str] = field(default_factory=set)
-    faults: Deque[Fault] = field(default_factory=deque)
+    reading: Reading | None = None
+    ecc_base: int | None = None
+    xids: dict[int, Problem] = field(default_factory=dict)
+    excused: set[str] = field(default_factory=set)
+    faults: deque[Fault] = field(default_factory=deque)
     health: Health = FINE
 
 
@@ -208,7 +256,7 @@ class HealthBook:
 
     def __init__(self, faults_kept: int = 8) -> None:
         self.faults_kept = faults_kept
-        self._gpus: Dict[str, _Gpu] = {}
+        self._gpus: dict[str, _Gpu] = {}
 
     def get(self, uuid: str) -> Health:
         gpu = self._gpus.get(uuid)
@@ -219,7 +267,7 @@ class HealthBook:
         gpu.number = number
         return gpu
 
-    def read(self, uuid: str, number: int, reading: Reading) -> Optional[Health]:
+    def read(self, uuid: str, number: int, reading: Reading) -> Health | None:
         """A `-q -x` reading of the GPU."""
         gpu = self._gpu(uuid, number)
         ecc = reading.ecc_uncorrectable
@@ -228,8 +276,16 @@ class HealthBook:
         gpu.reading = reading
         return self._update(gpu)
 
-    def xid(self, uuid: str, number: int, xid: int, pid: Optional[int] = None,
-            name: Optional[str] = None, detail: str = "", at: float = 0.0) -> Optional[Health]:
+    def xid(
+        self,
+        uuid: str,
+        number: int,
+        xid: int,
+        pid: int | None = None,
+        name: str | None = None,
+        detail: str = "",
+        at: float = 0.0,
+    ) -> Health | None:
         """An Xid line of the kernel naming the GPU."""
         gpu = self._gpu(uuid, number)
         if xid_kind(xid) == RESET:
@@ -238,7 +294,7 @@ class HealthBook:
             gpu.faults.append(Fault(xid, xid_words(xid), pid, name, at))
         return self._update(gpu)
 
-    def reset(self, uuid: str) -> Optional[Health]:
+    def reset(self, uuid: str) -> Health | None:
         """The GPU was seen reset (it left the host's list and came back): its Xids end."""
         gpu = self._gpus.get(uuid)
         if gpu is None:
@@ -248,7 +304,7 @@ class HealthBook:
         gpu.ecc_base = None if gpu.reading is None else gpu.reading.ecc_uncorrectable
         return self._update(gpu)
 
-    def declare_healthy(self, uuid: str) -> Optional[Health]:
+    def declare_healthy(self, uuid: str) -> Health | None:
         """The host's root says the GPU is fine: its Xids end, and what the last reading shows
         is excused until a reading no longer shows it."""
         gpu = self._gpus.get(uuid)
@@ -260,7 +316,7 @@ class HealthBook:
             gpu.excused = {p.code for p in problems_of(gpu.reading, gpu.number, gpu.ecc_base)}
         return self._update(gpu)
 
-    def _update(self, gpu: _Gpu) -> Optional[Health]:
+    def _update(self, gpu: _Gpu) -> Health | None:
         shown = problems_of(gpu.reading, gpu.number, gpu.ecc_base) if gpu.reading else ()
         codes = {p.code for p in shown}
         gpu.excused &= codes  # a condition gone and back is news again

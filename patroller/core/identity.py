@@ -3,10 +3,12 @@
 Leases compare identities by `user` alone: the same person reserving from one container and
 computing in another is one user.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, NamedTuple
+from collections.abc import Mapping
 
 
 @dataclass(frozen=True)
@@ -17,20 +19,20 @@ class Identity:
     # "test", "container", "host", "slurm" (a job's process), "pod" (a Kubernetes pod's
     # process) or "unknown"
     source: str
-    email: Optional[str] = None
-    account: Optional[str] = None  # host account name
-    uid: Optional[int] = None
-    container: Optional[Tuple[str, Optional[str]]] = None  # (short id, name)
-    info: Tuple[Tuple[str, str], ...] = field(default=())  # extra labels, in configured order
+    email: str | None = None
+    account: str | None = None  # host account name
+    uid: int | None = None
+    container: tuple[str, str | None] | None = None  # (short id, name)
+    info: tuple[tuple[str, str], ...] = field(default=())  # extra labels, in configured order
     degraded: bool = False  # the user could not be learned just now (Docker unreachable)
     # A Slurm job's process: ("id", ...), ("step", ...) as its cgroup names them; a job's
     # holder, as the job map lists it: ("id", ...), and ("account", ...), ("partition", ...)
     # where the map gives them (never the process's environment: its user's to write). None
     # for any other process.
-    job: Optional[Tuple[Tuple[str, str], ...]] = None
+    job: tuple[tuple[str, str], ...] | None = None
     # A Kubernetes pod's process: ("namespace", ...), ("name", ...), and ("uid", ...),
     # ("container", ...) where known; None for any other process.
-    pod: Optional[Tuple[Tuple[str, str], ...]] = None
+    pod: tuple[tuple[str, str], ...] | None = None
     # A container whose engine could not be asked (its socket was not there): named by its id
     # for now, and asked about again later (identify/tracker.py). Not shown, not compared.
     pending: bool = field(default=False, compare=False)
@@ -43,11 +45,11 @@ class Identity:
     # is known. Never written to the lease book; shown as `unknown` (degraded).
     identifying: bool = False
 
-    def same_user(self, other: Optional["Identity"]) -> bool:
+    def same_user(self, other: Identity | None) -> bool:
         """Whether the two are the same user for the lease rules."""
         return other is not None and other.user == self.user
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         """The identity as /status shows it."""
         return {
             "user": self.user,
@@ -67,7 +69,7 @@ class Identity:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "Identity":
+    def from_json(cls, data: Mapping[str, Any]) -> Identity:
         """The identity `to_json` gave (read back from the lease book); ValueError if not one."""
         if not isinstance(data, Mapping):
             raise ValueError("an identity must be an object")
@@ -82,13 +84,17 @@ class Identity:
             raise ValueError("an identity's uid must be an integer")
         container = data.get("container")
         if container is not None:
-            if (not isinstance(container, Mapping) or not isinstance(container.get("id"), str)
-                    or not isinstance(container.get("name"), (str, type(None)))):
+            if (
+                not isinstance(container, Mapping)
+                or not isinstance(container.get("id"), str)
+                or not isinstance(container.get("name"), (str, type(None)))
+            ):
                 raise ValueError("an identity's container must have an id and a name")
             container = (container["id"], container.get("name"))
         info = data.get("info") or {}
         if not isinstance(info, Mapping) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in info.items()):
+            isinstance(k, str) and isinstance(v, str) for k, v in info.items()
+        ):
             raise ValueError("an identity's info must map strings to strings")
         degraded, claimed = data.get("degraded", False), data.get("claimed", False)
         if not isinstance(degraded, bool):
@@ -96,21 +102,34 @@ class Identity:
         if not isinstance(claimed, bool):
             raise ValueError("an identity's claimed must be true or false")
         job = data.get("job")  # a book written before jobs were known has none
-        if job is not None and (not isinstance(job, Mapping) or not isinstance(job.get("id"), str)
-                                or not all(isinstance(k, str) and isinstance(v, str)
-                                           for k, v in job.items())):
+        if job is not None and (
+            not isinstance(job, Mapping)
+            or not isinstance(job.get("id"), str)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in job.items())
+        ):
             raise ValueError("an identity's job must map strings to strings, with an id")
         pod = data.get("pod")  # nor one written before pods were
-        if pod is not None and (not isinstance(pod, Mapping)
-                                or not all(isinstance(pod.get(k), str) for k in ("namespace", "name"))
-                                or not all(isinstance(k, str) and isinstance(v, str)
-                                           for k, v in pod.items())):
-            raise ValueError("an identity's pod must map strings to strings, with a namespace "
-                             "and a name")
-        return cls(user=user, source=source, email=data.get("email"), account=data.get("account"),
-                   uid=uid, container=container, info=tuple(info.items()), degraded=degraded,
-                   claimed=claimed, job=tuple(job.items()) if job else None,
-                   pod=tuple(pod.items()) if pod else None)
+        if pod is not None and (
+            not isinstance(pod, Mapping)
+            or not all(isinstance(pod.get(k), str) for k in ("namespace", "name"))
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in pod.items())
+        ):
+            raise ValueError(
+                "an identity's pod must map strings to strings, with a namespace and a name"
+            )
+        return cls(
+            user=user,
+            source=source,
+            email=data.get("email"),
+            account=data.get("account"),
+            uid=uid,
+            container=container,
+            info=tuple(info.items()),
+            degraded=degraded,
+            claimed=claimed,
+            job=tuple(job.items()) if job else None,
+            pod=tuple(pod.items()) if pod else None,
+        )
 
 
 UNKNOWN = Identity(user="unknown", source="unknown")
@@ -124,10 +143,10 @@ class Viewer:
     that user (the lease rules' same user: by `user`) and to the host's root (`everything`),
     never to anyone else; a user string that names nobody, to everyone."""
 
-    user: Optional[str] = None  # the caller's `user`; None: not identified, or a scraper
+    user: str | None = None  # the caller's `user`; None: not identified, or a scraper
     everything: bool = False  # the host's root: every name
 
-    def sees(self, user: Optional[str]) -> bool:
+    def sees(self, user: str | None) -> bool:
         """Whether this caller may see `user` named."""
         return self.everything or user is None or user in NAMELESS or user == self.user
 
@@ -143,4 +162,3 @@ class ProcessRef(NamedTuple):
 def named_user(name: str) -> Identity:
     """The identity a test-mode caller gives itself with `user=`."""
     return Identity(user=name, source="test", email=name if "@" in name else None)
-

@@ -15,10 +15,11 @@ user is: the holder is the identity of a process of the pod once one is seen, an
 Both kinds of allocation answer the same small protocol (core/scheduled.py,
 SchedulerAllocation), which the lease rules use without asking which one they hold.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Optional, Tuple
+from typing import ClassVar
 
 from patroller.core.identity import Identity
 
@@ -35,19 +36,19 @@ class Pod:
 
     namespace: str
     name: str
-    containers: Tuple[str, ...] = ()
+    containers: tuple[str, ...] = ()
 
     @property
     def id(self) -> str:
         """`namespace/name`: what the audit record and /status call it."""
         return f"{self.namespace}/{self.name}"
 
-    def fields(self) -> Tuple[Tuple[str, str], ...]:
+    def fields(self) -> tuple[tuple[str, str], ...]:
         """The pod as an identity's `pod` shows it."""
         return (("namespace", self.namespace), ("name", self.name))
 
 
-def pod_id(owner: Optional[Identity]) -> Optional[str]:
+def pod_id(owner: Identity | None) -> str | None:
     """`namespace/name` of the pod `owner`'s process is in, or None (in none)."""
     found = dict(owner.pod) if owner is not None and owner.pod else {}
     if "namespace" not in found or "name" not in found:
@@ -60,7 +61,7 @@ class PodAllocation:
     """The pods one GPU is assigned to, in the kubelet's order (one, or several with
     time-slicing replicas or MIG devices of one GPU)."""
 
-    pods: Tuple[Pod, ...]
+    pods: tuple[Pod, ...]
 
     how: ClassVar[str] = "kubernetes"
     key: ClassVar[str] = "pods"
@@ -70,18 +71,18 @@ class PodAllocation:
     scheduler: ClassVar[str] = "Kubernetes"
     release_hint: ClassVar[str] = "it is released when the pod ends (kubectl delete pod)"
 
-    def ids(self) -> Tuple[str, ...]:
+    def ids(self) -> tuple[str, ...]:
         return tuple(pod.id for pod in self.pods)
 
-    def own(self, owner: Optional[Identity]) -> Optional[str]:
+    def own(self, owner: Identity | None) -> str | None:
         return pod_id(owner)
 
-    def member_of(self, owner: Optional[Identity]) -> Optional[Pod]:
+    def member_of(self, owner: Identity | None) -> Pod | None:
         """The pod of ours that `owner`'s process is in, or None."""
         name = pod_id(owner)
         return next((pod for pod in self.pods if pod.id == name), None) if name else None
 
-    def holder(self, seen: Optional[Identity] = None) -> Identity:
+    def holder(self, seen: Identity | None = None) -> Identity:
         """Who holds the GPU: `seen`, a process of one of the pods (its user came from the
         pod's labels), or else the first pod's namespace."""
         if seen is not None and self.member_of(seen) is not None:
@@ -101,5 +102,3 @@ class PodAllocation:
         if len(ids) > DESCRIBED:
             shown += f", and {len(ids) - DESCRIBED} more"
         return ("pod " if len(ids) == 1 else "pods ") + shown
-
-

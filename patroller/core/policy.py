@@ -3,10 +3,11 @@ how long a waiting request may be overtaken, how long a reservation may be asked
 a held GPU counts as idle. Pure: the lease manager and the idle watch read it; it is built from
 the configuration and the limits file (`patroller.config.policy_of`), again on SIGHUP.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import FrozenSet, Mapping, Optional
+from collections.abc import Mapping
 
 
 @dataclass(frozen=True)
@@ -14,17 +15,17 @@ class Policy:
     """What the administrator allows. Built from Config (`patroller.config.policy_of`), which
     holds the defaults: none is repeated here."""
 
-    max_per_user: Optional[int]  # devices one user may hold at once; None: unlimited
+    max_per_user: int | None  # devices one user may hold at once; None: unlimited
     starvation_bound: float  # seconds a waiting request may be overtaken
     max_hold: float  # the longest reservation one may ask for (hold=<duration>)
     idle_sm: float  # % of SM below which a held device is idle ...
     idle_memory_mib: float  # ... when its memory used is below this too
     idle_after: float  # seconds idle before /status says so
-    idle_release: Optional[float]  # seconds idle, with no process, before it is released
-    limits: Mapping[str, Optional[int]] = field(default_factory=dict)  # per-user overrides
+    idle_release: float | None  # seconds idle, with no process, before it is released
+    limits: Mapping[str, int | None] = field(default_factory=dict)  # per-user overrides
     # host accounts (uids) whose holds count by identity alone (core/leases/limits.py)
-    uncounted_uids: FrozenSet[int] = frozenset()
+    uncounted_uids: frozenset[int] = frozenset()
 
-    def limit_of(self, user: str) -> Optional[int]:
+    def limit_of(self, user: str) -> int | None:
         """The most devices `user` may hold at once, or None."""
         return self.limits[user] if user in self.limits else self.max_per_user

@@ -2,9 +2,10 @@
 (core/jobs.py) or the kubelet's pods (core/pods.py). The lease rules (core/leases) hold an
 allocated device through this protocol alone, never asking which scheduler it is.
 """
+
 from __future__ import annotations
 
-from typing import ClassVar, Optional, Protocol, Tuple
+from typing import ClassVar, Protocol
 
 from patroller.core.identity import Identity
 
@@ -28,16 +29,16 @@ class SchedulerAllocation(Protocol):
     scheduler: ClassVar[str]  # Slurm, Kubernetes
     release_hint: ClassVar[str]  # how such an allocation ends, for a refused /release
 
-    def ids(self) -> Tuple[str, ...]:
+    def ids(self) -> tuple[str, ...]:
         """The members' ids, in the scheduler's order."""
 
-    def member_of(self, owner: Optional[Identity]) -> Optional[Member]:
+    def member_of(self, owner: Identity | None) -> Member | None:
         """The member of ours that `owner`'s process is in, or None (in none, or another's)."""
 
-    def own(self, owner: Optional[Identity]) -> Optional[str]:
+    def own(self, owner: Identity | None) -> str | None:
         """The id of what `owner`'s process is in, of this kind, ours or not; None if nothing."""
 
-    def holder(self, seen: Optional[Identity] = None) -> Identity:
+    def holder(self, seen: Identity | None = None) -> Identity:
         """Who holds the device; `seen`: a process of one of the members, if one is known."""
 
     def named(self) -> bool:

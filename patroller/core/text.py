@@ -1,6 +1,7 @@
 """Text that others chose (a kubelet's device ids and pod names, a container's labels, a gRPC
 server's error details), made safe for one log line: a newline in it must not start a line of
 its own, nor an escape sequence drive a terminal."""
+
 from __future__ import annotations
 
 SHOWN = 200  # characters of such a text in a log line at most

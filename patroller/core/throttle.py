@@ -1,8 +1,9 @@
 """A bound on how often something is logged: at most N events per window, the rest counted."""
+
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional, Tuple
+from collections.abc import Callable
 
 
 class Throttle:
@@ -12,16 +13,17 @@ class Throttle:
     later window, so one log line can say how many were not logged.
     """
 
-    def __init__(self, limit: int, window: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, limit: int, window: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.limit = limit
         self.window = window
         self.clock = clock
-        self._start: Optional[float] = None
+        self._start: float | None = None
         self._passed = 0
         self._held = 0
 
-    def admit(self) -> Tuple[bool, int]:
+    def admit(self) -> tuple[bool, int]:
         """(whether this event may be logged, how many were held back before it and not yet told)."""
         now = self.clock()
         told = 0

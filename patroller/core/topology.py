@@ -17,12 +17,13 @@ only, and may miss the best (docs/fair-use.md says so).
 
 Pure: no I/O.
 """
+
 from __future__ import annotations
 
 import itertools
 import math
 import re
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from collections.abc import Callable, Mapping, Sequence
 
 from patroller.core.devices import Device
 
@@ -32,7 +33,7 @@ _NV = re.compile(r"NV(\d+)$")
 LINKS = ("nvlink", "numa")  # what a request may insist on
 
 # A device's preference among equals, lower first: (not the user's last, released at).
-Prefer = Callable[[Device], Tuple[int, float]]
+Prefer = Callable[[Device], tuple[int, float]]
 
 
 def strength(word: str) -> int:
@@ -47,20 +48,25 @@ class Topology:
     """The link between every two devices (by uuid) and each device's NUMA node. Empty:
     unknown (no `topo -m`, or one that did not match the devices)."""
 
-    def __init__(self, links: Mapping[Tuple[str, str], str] = {},  # noqa: B006 (read only)
-                 numa: Mapping[str, Optional[str]] = {}, cpus: Mapping[str, Optional[str]] = {},
-                 why: Optional[str] = None) -> None:
-        self.links: Dict[str, Dict[str, str]] = {}
+    def __init__(
+        self,
+        links: Mapping[tuple[str, str], str] = {},  # noqa: B006 (read only)
+        numa: Mapping[str, str | None] = {},
+        cpus: Mapping[str, str | None] = {},
+        why: str | None = None,
+    ) -> None:
+        self.links: dict[str, dict[str, str]] = {}
         for (a, b), word in links.items():
             self.links.setdefault(a, {})[b] = word
             self.links.setdefault(b, {})[a] = word
-        self._strength = {a: {b: strength(w) for b, w in row.items()}
-                          for a, row in self.links.items()}
+        self._strength = {
+            a: {b: strength(w) for b, w in row.items()} for a, row in self.links.items()
+        }
         self.numa = dict(numa)  # uuid -> its NUMA node ("0"), None where not said
         self.cpus = dict(cpus)  # uuid -> its CPU affinity ("0-23,48-71")
         self.why = why  # why it is unknown, when it is
-        self._kinds: Dict[str, int] = {}  # uuid -> a number shared by devices linked alike
-        self._order: Dict[str, List[Tuple[int, str]]] = {}  # uuid -> peers, strongest first
+        self._kinds: dict[str, int] = {}  # uuid -> a number shared by devices linked alike
+        self._order: dict[str, list[tuple[int, str]]] = {}  # uuid -> peers, strongest first
         # Whether every two devices of the matrix have a link (as `topo -m` gives): then a
         # device's row says it is covered, without looking at every pair (2,016 at 64 GPUs).
         self._whole = all(len(row) == len(self.links) - 1 for row in self.links.values())
@@ -74,11 +80,11 @@ class Topology:
             return all(u in self.links for u in uuids)
         return all(b in self.links.get(a, {}) for a, b in itertools.combinations(uuids, 2))
 
-    def link(self, a: str, b: str) -> Optional[str]:
+    def link(self, a: str, b: str) -> str | None:
         """The word of the matrix between two devices, or None."""
         return self.links.get(a, {}).get(b)
 
-    def node(self, uuid: str) -> Optional[str]:
+    def node(self, uuid: str) -> str | None:
         """Where the device sits: its NUMA node, else its CPU affinity, else None."""
         numa = self.numa.get(uuid)
         if numa is not None:
@@ -86,10 +92,10 @@ class Topology:
         cpus = self.cpus.get(uuid)
         return None if cpus is None else f"cpus {cpus}"
 
-    def groups(self, uuids: Sequence[str]) -> List[List[str]]:
+    def groups(self, uuids: Sequence[str]) -> list[list[str]]:
         """The devices in groups linked by NVLink to one another (each peer of each), in order."""
-        seen: Dict[str, int] = {}
-        groups: List[List[str]] = []
+        seen: dict[str, int] = {}
+        groups: list[list[str]] = []
         for uuid in uuids:
             if uuid in seen:
                 continue
@@ -112,13 +118,14 @@ class Topology:
             self.kind(uuid)
             self.order(uuid)
 
-    def order(self, uuid: str) -> List[Tuple[int, str]]:
+    def order(self, uuid: str) -> list[tuple[int, str]]:
         """The device's peers with the strength of the link to each, strongest first."""
         found = self._order.get(uuid)
         if found is None:
             found = self._order[uuid] = sorted(
                 ((s, peer) for peer, s in self._strength.get(uuid, {}).items()),
-                key=lambda sp: -sp[0])
+                key=lambda sp: -sp[0],
+            )
         return found
 
     def kind(self, uuid: str) -> int:
@@ -128,13 +135,13 @@ class Topology:
             self._kinds = self._twins()
         return self._kinds.get(uuid, -1)
 
-    def _twins(self) -> Dict[str, int]:
+    def _twins(self) -> dict[str, int]:
         """Each device's kind: those whose links to every third device are the same share one.
         Only devices with the same links in some order can be twins: compared within those."""
-        alike: Dict[Tuple[int, ...], List[str]] = {}
+        alike: dict[tuple[int, ...], list[str]] = {}
         for a, row in self._strength.items():
             alike.setdefault(tuple(sorted(row.values())), []).append(a)
-        kinds: Dict[str, int] = {}
+        kinds: dict[str, int] = {}
         for group in alike.values():
             for a in group:
                 if a in kinds:
@@ -147,28 +154,34 @@ class Topology:
                         kinds[b] = kinds[a]
         return kinds
 
-    def fits(self, devices: Sequence[Device], link: Optional[str]) -> bool:
+    def fits(self, devices: Sequence[Device], link: str | None) -> bool:
         """Whether these devices together are what `link` insists on."""
         uuids = [d.uuid for d in devices]
         if link == "nvlink":
-            return all(self._strength.get(a, {}).get(b, 0) > NVLINK
-                       for a, b in itertools.combinations(uuids, 2))
+            return all(
+                self._strength.get(a, {}).get(b, 0) > NVLINK
+                for a, b in itertools.combinations(uuids, 2)
+            )
         if link == "numa":
             return len({self.node(u) for u in uuids}) == 1 and self.node(uuids[0]) is not None
         return True
 
-    def score(self, devices: Sequence[Device]) -> Tuple[int, ...]:
+    def score(self, devices: Sequence[Device]) -> tuple[int, ...]:
         """The set's links from weakest to strongest, negated: lower is better connected."""
-        links = sorted(self._strength[a.uuid].get(b.uuid, 0)
-                       for a, b in itertools.combinations(devices, 2))
+        links = sorted(
+            self._strength[a.uuid].get(b.uuid, 0) for a, b in itertools.combinations(devices, 2)
+        )
         return tuple(-s for s in links)
 
 
 def usable(topology: Topology, devices: Sequence[Device]) -> bool:
     """Whether the topology can choose among these devices: known for each, none in MIG mode
     (a MIG instance is a slice of one GPU; the matrix links whole GPUs)."""
-    return bool(topology) and not any(d.mig for d in devices) and \
-        topology.covers([d.uuid for d in devices])
+    return (
+        bool(topology)
+        and not any(d.mig for d in devices)
+        and topology.covers([d.uuid for d in devices])
+    )
 
 
 class Search:
@@ -180,39 +193,59 @@ class Search:
         self.exact, self.seeds, self.near = exact, seeds, near
 
 
-def best(topology: Topology, free: Sequence[Device], count: int, prefer: Prefer,
-         link: Optional[str] = None, search: Search = Search()) -> Optional[List[Device]]:
+def best(
+    topology: Topology,
+    free: Sequence[Device],
+    count: int,
+    prefer: Prefer,
+    link: str | None = None,
+    search: Search = Search(),
+) -> list[Device] | None:
     """The best-connected `count` of `free` (in device order) by the rule above, meeting
     `link`; None if no such set is free. Needs `usable(topology, free)`."""
     if count <= 0:
         return []
-    pools: List[Sequence[Device]] = [free]
+    pools: list[Sequence[Device]] = [free]
     if link == "numa":
-        nodes: Dict[Optional[str], List[Device]] = {}
+        nodes: dict[str | None, list[Device]] = {}
         for device in free:
             nodes.setdefault(topology.node(device.uuid), []).append(device)
         pools = [pool for node, pool in nodes.items() if node is not None]
     floor = NVLINK + 1 if link == "nvlink" else 0
     prefs = {d.uuid: prefer(d) for d in free}
-    found = [chosen for pool in pools if len(pool) >= count
-             for chosen in [_search(topology, pool, count, prefs, floor, search)] if chosen]
+    found = [
+        chosen
+        for pool in pools
+        if len(pool) >= count
+        for chosen in [_search(topology, pool, count, prefs, floor, search)]
+        if chosen
+    ]
     if not found:
         return None
-    return sorted(min(found, key=lambda s: _key(topology, list(s), prefs)),
-                  key=lambda d: d.number)
+    return sorted(min(found, key=lambda s: _key(topology, list(s), prefs)), key=lambda d: d.number)
 
 
-def _key(topology: Topology, devices: Sequence[Device],
-         prefs: Mapping[str, Tuple[int, float]]) -> Tuple[object, ...]:
+def _key(
+    topology: Topology, devices: Sequence[Device], prefs: Mapping[str, tuple[int, float]]
+) -> tuple[object, ...]:
     """How a set ranks, lower first: its links, then the tie-breaks."""
     mine = [prefs[d.uuid] for d in devices]
-    return (topology.score(devices), sum(p[0] for p in mine), max(p[1] for p in mine),
-            sorted(d.number for d in devices))
+    return (
+        topology.score(devices),
+        sum(p[0] for p in mine),
+        max(p[1] for p in mine),
+        sorted(d.number for d in devices),
+    )
 
 
-def _search(topology: Topology, pool: Sequence[Device], count: int,
-            prefs: Mapping[str, Tuple[int, float]], floor: int,
-            search: Search) -> Optional[List[Device]]:
+def _search(
+    topology: Topology,
+    pool: Sequence[Device],
+    count: int,
+    prefs: Mapping[str, tuple[int, float]],
+    floor: int,
+    search: Search,
+) -> list[Device] | None:
     """The best set of `pool` with no link below `floor`: every set when they are few, else
     the greedy search."""
     if math.comb(len(pool), count) <= search.exact:
@@ -226,22 +259,32 @@ def _search(topology: Topology, pool: Sequence[Device], count: int,
         if not scored:
             return None
         top = min(score for score, _ in scored)
-        return list(min((c for score, c in scored if score == top),
-                        key=lambda c: _key(topology, list(c), prefs)))
+        return list(
+            min(
+                (c for score, c in scored if score == top),
+                key=lambda c: _key(topology, list(c), prefs),
+            )
+        )
     by_uuid = {d.uuid: d for d in pool}
-    grown = [_grow(topology, seed, near, count, prefs, floor)
-             for seed, near in _seeds(topology, by_uuid, count, prefs, search)]
+    grown = [
+        _grow(topology, seed, near, count, prefs, floor)
+        for seed, near in _seeds(topology, by_uuid, count, prefs, search)
+    ]
     sets = [s for s in grown if s is not None]
     return min(sets, key=lambda s: _key(topology, s, prefs)) if sets else None
 
 
-def _seeds(topology: Topology, pool: Mapping[str, Device], count: int,
-           prefs: Mapping[str, Tuple[int, float]],
-           search: Search) -> List[Tuple[Device, List[Device]]]:
+def _seeds(
+    topology: Topology,
+    pool: Mapping[str, Device],
+    count: int,
+    prefs: Mapping[str, tuple[int, float]],
+    search: Search,
+) -> list[tuple[Device, list[Device]]]:
     """Where the greedy searches start, each with the free peers it grows among: one device
     of each kind (twins search alike), those whose `count - 1`-th strongest free link is
     strongest first (no set holding a device is linked better than that), at most `seeds`."""
-    kinds: Dict[int, Tuple[Tuple[object, ...], Device]] = {}
+    kinds: dict[int, tuple[tuple[object, ...], Device]] = {}
     for uuid, device in pool.items():
         kind = topology.kind(uuid)
         if kind in kinds:
@@ -254,15 +297,17 @@ def _seeds(topology: Topology, pool: Mapping[str, Device], count: int,
                     bound = strength_
                     break
         kinds[kind] = ((-bound, prefs[uuid][0], -prefs[uuid][1], device.number), device)
-    ranked = sorted(kinds.values(), key=lambda k: k[0])[:search.seeds]
-    return [(device, _near(topology, device.uuid, pool, max(search.near, count - 1)))
-            for _, device in ranked]
+    ranked = sorted(kinds.values(), key=lambda k: k[0])[: search.seeds]
+    return [
+        (device, _near(topology, device.uuid, pool, max(search.near, count - 1)))
+        for _, device in ranked
+    ]
 
 
-def _near(topology: Topology, uuid: str, pool: Mapping[str, Device], most: int) -> List[Device]:
+def _near(topology: Topology, uuid: str, pool: Mapping[str, Device], most: int) -> list[Device]:
     """The device's `most` strongest-linked free peers, and those linked as strongly as the
     last of them (up to twice as many: ties are told apart by the preference)."""
-    near: List[Device] = []
+    near: list[Device] = []
     last = None
     for strength_, peer in topology.order(uuid):
         if peer not in pool:
@@ -274,8 +319,14 @@ def _near(topology: Topology, uuid: str, pool: Mapping[str, Device], most: int) 
     return near
 
 
-def _grow(topology: Topology, seed: Device, near: List[Device], count: int,
-          prefs: Mapping[str, Tuple[int, float]], floor: int) -> Optional[List[Device]]:
+def _grow(
+    topology: Topology,
+    seed: Device,
+    near: list[Device],
+    count: int,
+    prefs: Mapping[str, tuple[int, float]],
+    floor: int,
+) -> list[Device] | None:
     """From `seed`, add the peer whose weakest link to those chosen is strongest (then whose
     links sum highest, then the preferred) until `count`; None below `floor`."""
     chosen = [seed]

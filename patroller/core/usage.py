@@ -24,10 +24,12 @@ figure, such as a MIG one; observe/tally.py carries a GPU's last reading into an
 stream was down), and idle-held for the rest; an intruder's share is trespass whether
 it computes or not. docs/usage.md works an example through.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Optional
+from collections.abc import Iterable
 
 from patroller.core.identity import Identity
 
@@ -68,9 +70,14 @@ def party_of(identity: Identity, slurm_account: str = "") -> Party:
     the identity carries, which may have come from what its user wrote."""
     job = dict(identity.job or ())
     pod = dict(identity.pod or ())
-    return Party(user=identity.user, account=identity.account or "", job=job.get("id", ""),
-                 slurm_account=slurm_account, namespace=pod.get("namespace", ""),
-                 pod=pod.get("name", ""))
+    return Party(
+        user=identity.user,
+        account=identity.account or "",
+        job=job.get("id", ""),
+        slurm_account=slurm_account,
+        namespace=pod.get("namespace", ""),
+        pod=pod.get("name", ""),
+    )
 
 
 @dataclass(frozen=True)
@@ -79,8 +86,8 @@ class Present:
 
     party: Party
     own: bool  # it runs there by right: the holder's, in the allocation's job or pod, or unheld
-    pids: Tuple[int, ...] = ()
-    containers: Tuple[str, ...] = ()  # the containers' names (or short ids) they run in
+    pids: tuple[int, ...] = ()
+    containers: tuple[str, ...] = ()  # the containers' names (or short ids) they run in
 
 
 @dataclass(frozen=True)
@@ -92,25 +99,25 @@ class GpuSample:
     number: int
     seconds: float  # how long the interval was
     state: str  # one of STATES
-    hold: Optional[str] = None  # how it was held: lease, process, duration, slurm, kubernetes
-    holder: Optional[Party] = None
+    hold: str | None = None  # how it was held: lease, process, duration, slurm, kubernetes
+    holder: Party | None = None
     reserved: bool = False  # held by a grant or an allocation, not taken by computing
-    present: Tuple[Present, ...] = ()
+    present: tuple[Present, ...] = ()
     readings: int = 0  # statistics readings with an SM figure
     busy: int = 0  # of them, those with SM at least the threshold
-    sm_mean: Optional[float] = None  # SM utilisation, %
-    sm_max: Optional[float] = None
-    mem_mean: Optional[float] = None  # memory-controller utilisation, %
-    mem_max: Optional[float] = None
-    fb_mean: Optional[float] = None  # memory held, MiB
-    fb_max: Optional[float] = None
+    sm_mean: float | None = None  # SM utilisation, %
+    sm_max: float | None = None
+    mem_mean: float | None = None  # memory-controller utilisation, %
+    mem_max: float | None = None
+    fb_mean: float | None = None  # memory held, MiB
+    fb_max: float | None = None
     name: str = ""  # the GPU's model
 
 
-Share = Tuple[str, Party, float]  # (category, party, seconds)
+Share = tuple[str, Party, float]  # (category, party, seconds)
 
 
-def classify(sample: GpuSample) -> List[Share]:
+def classify(sample: GpuSample) -> list[Share]:
     """The sample's seconds by category and party (module docstring); they add up to
     `sample.seconds`, in a fixed order, zero ones left out."""
     seconds = sample.seconds
@@ -118,7 +125,7 @@ def classify(sample: GpuSample) -> List[Share]:
         return [("lost", sample.holder or NOBODY, seconds)]
     if sample.holder is None and not sample.present:
         return [("free", NOBODY, seconds)]
-    parties: List[Tuple[str, Party]] = []  # ("own" | "intruder" | "holder", party)
+    parties: list[tuple[str, Party]] = []  # ("own" | "intruder" | "holder", party)
     if sample.holder is not None and not any(p.own for p in sample.present):
         parties.append(("holder", sample.holder))
     for present in sample.present:
@@ -126,7 +133,7 @@ def classify(sample: GpuSample) -> List[Share]:
     each = seconds / len(parties)
     busy = sample.busy / sample.readings if sample.readings else 1.0
     computing = "active" if sample.reserved else "unreserved"
-    found: Dict[Tuple[str, Party], float] = {}
+    found: dict[tuple[str, Party], float] = {}
     for role, party in parties:
         if role == "holder":
             parts = [("reserved_unused", each)]
@@ -142,16 +149,16 @@ def classify(sample: GpuSample) -> List[Share]:
 
 # -- reports ----------------------------------------------------------------------------------
 
-Total = Tuple[Optional[str], str, float]  # (key, category, seconds)
+Total = tuple[str | None, str, float]  # (key, category, seconds)
 HOUR = 3600.0
 
 
-def summarize(totals: Iterable[Total], chronological: bool = False) -> Dict[str, Any]:
+def summarize(totals: Iterable[Total], chronological: bool = False) -> dict[str, Any]:
     """A report from GPU-seconds by key and category: per key, GPU-hours per category, in all,
     and its share of the whole; the whole, with each category's share. Keys in order of use
     (GPU-hours held or used: all but free and lost; the most first), or by key
     (`chronological`, for days)."""
-    rows: Dict[Optional[str], Dict[str, float]] = {}
+    rows: dict[str | None, dict[str, float]] = {}
     whole = dict.fromkeys(CATEGORIES, 0.0)
     for key, category, seconds in totals:
         if category not in whole:
@@ -161,25 +168,35 @@ def summarize(totals: Iterable[Total], chronological: bool = False) -> Dict[str,
         whole[category] += seconds
     everything = sum(whole.values())
 
-    def used(row: Dict[str, float]) -> float:
+    def used(row: dict[str, float]) -> float:
         return sum(s for c, s in row.items() if c not in UNUSED)
 
-    def order(item: Tuple[Optional[str], Dict[str, float]]) -> Tuple[object, ...]:
+    def order(item: tuple[str | None, dict[str, float]]) -> tuple[object, ...]:
         key, row = item
         if chronological:
             return (key is None, key or "")
         return (-round(used(row), 6), -round(sum(row.values()), 6), key is None, key or "")
 
-    entries = [{"key": key, "hours": _hours(row),
-                "gpu_hours": round(sum(row.values()) / HOUR, 6),
-                "share": _share(sum(row.values()), everything)}
-               for key, row in sorted(rows.items(), key=order)]
-    return {"rows": entries,
-            "total": {"hours": _hours(whole), "gpu_hours": round(everything / HOUR, 6),
-                      "shares": {c: _share(s, everything) for c, s in whole.items()}}}
+    entries = [
+        {
+            "key": key,
+            "hours": _hours(row),
+            "gpu_hours": round(sum(row.values()) / HOUR, 6),
+            "share": _share(sum(row.values()), everything),
+        }
+        for key, row in sorted(rows.items(), key=order)
+    ]
+    return {
+        "rows": entries,
+        "total": {
+            "hours": _hours(whole),
+            "gpu_hours": round(everything / HOUR, 6),
+            "shares": {c: _share(s, everything) for c, s in whole.items()},
+        },
+    }
 
 
-def _hours(row: Dict[str, float]) -> Dict[str, float]:
+def _hours(row: dict[str, float]) -> dict[str, float]:
     return {category: round(row[category] / HOUR, 6) for category in CATEGORIES}
 
 
@@ -188,15 +205,15 @@ def _share(part: float, whole: float) -> float:
 
 
 Key = Optional[str]
-Grouped = Tuple[Tuple[Key, ...], str, float]  # (a key per grouping, category, seconds)
+Grouped = tuple[tuple[Key, ...], str, float]  # (a key per grouping, category, seconds)
 
 
-def summarize_grouped(totals: Iterable[Grouped], by: Tuple[str, ...]) -> Dict[str, Any]:
+def summarize_grouped(totals: Iterable[Grouped], by: tuple[str, ...]) -> dict[str, Any]:
     """`summarize`, grouped by one key or two (`by`): a row per key (per pair of keys, whose
     `key` is then a list of the two). Rows in order of the first key, then of the second
     within it: a key of IN_TIME in time's order, any other by use (the most first), as
     `summarize` orders them; null keys after the others."""
-    rows: Dict[Tuple[Key, ...], Dict[str, float]] = {}
+    rows: dict[tuple[Key, ...], dict[str, float]] = {}
     whole = dict.fromkeys(CATEGORIES, 0.0)
     for key, category, seconds in totals:
         if category not in whole:
@@ -206,15 +223,15 @@ def summarize_grouped(totals: Iterable[Grouped], by: Tuple[str, ...]) -> Dict[st
         whole[category] += seconds
     everything = sum(whole.values())
     # GPU-seconds (used, then all) of every leading part of a key, for the order by use
-    sums: Dict[Tuple[Key, ...], Tuple[float, float]] = {}
+    sums: dict[tuple[Key, ...], tuple[float, float]] = {}
     for key, row in rows.items():
         used = sum(s for c, s in row.items() if c not in UNUSED)
         for n in range(1, len(key) + 1):
             was = sums.get(key[:n], (0.0, 0.0))
             sums[key[:n]] = (was[0] + used, was[1] + sum(row.values()))
 
-    def order(key: Tuple[Key, ...]) -> Tuple[object, ...]:
-        parts: List[object] = []
+    def order(key: tuple[Key, ...]) -> tuple[object, ...]:
+        parts: list[object] = []
         for n, (name, value) in enumerate(zip(by, key)):
             if value is None:
                 parts.append((1, 0.0, 0.0, ""))
@@ -222,14 +239,24 @@ def summarize_grouped(totals: Iterable[Grouped], by: Tuple[str, ...]) -> Dict[st
                 place = WEEKDAYS.index(value) if name == "weekday" and value in WEEKDAYS else 0
                 parts.append((0, 0.0, float(place), value))
             else:
-                used, every = sums[key[:n + 1]]
+                used, every = sums[key[: n + 1]]
                 parts.append((0, -round(used, 6), -round(every, 6), value))
         return tuple(parts)
 
-    entries = [{"key": list(key) if len(by) > 1 else key[0], "hours": _hours(row),
-                "gpu_hours": round(sum(row.values()) / HOUR, 6),
-                "share": _share(sum(row.values()), everything)}
-               for key, row in sorted(rows.items(), key=lambda item: order(item[0]))]
-    return {"rows": entries,
-            "total": {"hours": _hours(whole), "gpu_hours": round(everything / HOUR, 6),
-                      "shares": {c: _share(s, everything) for c, s in whole.items()}}}
+    entries = [
+        {
+            "key": list(key) if len(by) > 1 else key[0],
+            "hours": _hours(row),
+            "gpu_hours": round(sum(row.values()) / HOUR, 6),
+            "share": _share(sum(row.values()), everything),
+        }
+        for key, row in sorted(rows.items(), key=lambda item: order(item[0]))
+    ]
+    return {
+        "rows": entries,
+        "total": {
+            "hours": _hours(whole),
+            "gpu_hours": round(everything / HOUR, 6),
+            "shares": {c: _share(s, everything) for c, s in whole.items()},
+        },
+    }

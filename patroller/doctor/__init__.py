@@ -13,6 +13,7 @@ Owns: the probes, the checks, the examination (examine.py) and the command (comm
 May import: `patroller.state`, `patroller.identify`, `patroller.observe`, `patroller.config`,
 `patroller.core`; tornado (to bind as the daemon binds).
 """
+
 from patroller.doctor.examine import Doctor, examine
 from patroller.doctor.results import DEGRADED, FAILED, OK, Result
 

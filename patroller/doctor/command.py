@@ -6,13 +6,15 @@ A flag value (or PATROLLER_* variable) the daemon would refuse is a failed check
 with its fix, and the other checks examine the daemon without it: the doctor is there for
 such a host. A command line that cannot be read at all (an unknown flag, a flag without its
 value) is a usage error; with --json that too is a JSON list, never text alone."""
+
 from __future__ import annotations
 
 import argparse
 import asyncio
 import os
 import sys
-from typing import Dict, List, Mapping, NoReturn, Optional, Sequence, TextIO, Tuple
+from typing import NoReturn, TextIO
+from collections.abc import Mapping, Sequence
 
 from patroller.config import Config, ConfigError, load
 from patroller.config.flags import daemon_parser
@@ -35,7 +37,9 @@ class _Parser(argparse.ArgumentParser):
 
 def parser() -> argparse.ArgumentParser:
     made = _Parser(
-        prog="patroller doctor", parents=[daemon_parser()], conflict_handler="resolve",
+        prog="patroller doctor",
+        parents=[daemon_parser()],
+        conflict_handler="resolve",
         description="Check what the daemon would meet on this host: nvidia-smi and its "
         "commands, /proc and cgroups, the container engines, the kubelet, the Slurm job map, "
         "the state directory, the usage history, the port and socket, the systemd unit. One "
@@ -43,10 +47,14 @@ def parser() -> argparse.ArgumentParser:
         epilog="Give it the daemon's own flags (below), or their PATROLLER_* variables, to "
         "check what that daemon would meet. A value the daemon would refuse is a failed check. "
         "Exit status: 0 when nothing failed, 78 when a check failed, 2 for a command line that "
-        "cannot be read.")
-    made.add_argument("--json", action="store_true",
-                      help='print a JSON list of {"check", "status", "detail", "fix"}, always '
-                      "(a command line that cannot be read too)")
+        "cannot be read.",
+    )
+    made.add_argument(
+        "--json",
+        action="store_true",
+        help='print a JSON list of {"check", "status", "detail", "fix"}, always '
+        "(a command line that cannot be read too)",
+    )
     return made
 
 
@@ -70,19 +78,19 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout) -> str:
     return FAILING if any_failed(results) else HEALTHY
 
 
-def show(results: List[Result], as_json: bool, out: TextIO) -> None:
+def show(results: list[Result], as_json: bool, out: TextIO) -> None:
     if as_json:
         out.write(json_text([r.json() for r in results], indent=1) + "\n")
     else:
         out.write("\n".join(lines(results)) + "\n")
 
 
-def accepted(argv: List[str], environ: Mapping[str, str]) -> Tuple[Optional[Config], List[Result]]:
+def accepted(argv: list[str], environ: Mapping[str, str]) -> tuple[Config | None, list[Result]]:
     """The configuration the daemon would run with, less each value it would refuse, and a
     failed check for each of those (None, and the checks, when what is wrong cannot be left
     out)."""
     argv, environ = list(argv), dict(environ)
-    refused: List[Result] = []
+    refused: list[Result] = []
     for _ in range(len(argv) + len(environ) + 1):
         try:
             return load(argv, environ), refused
@@ -94,17 +102,29 @@ def accepted(argv: List[str], environ: Mapping[str, str]) -> Tuple[Optional[Conf
             elif source in environ:
                 del environ[source]
             else:
-                return None, refused + [failed("configuration", printable(str(exc)),
-                                               "correct it: the daemon would not start")]
+                return None, refused + [
+                    failed(
+                        "configuration",
+                        printable(str(exc)),
+                        "correct it: the daemon would not start",
+                    )
+                ]
             said = str(exc).partition(":")[2].strip()
-            refused.append(failed(source, printable(f"{said}: the daemon would refuse to start; "
-                                                    "the other checks are of it without "
-                                                    f"{source}"),
-                                  fix_for(source)))
+            refused.append(
+                failed(
+                    source,
+                    printable(
+                        f"{said}: the daemon would refuse to start; "
+                        "the other checks are of it without "
+                        f"{source}"
+                    ),
+                    fix_for(source),
+                )
+            )
     return None, refused
 
 
-def without(argv: List[str], flag: str) -> Optional[List[str]]:
+def without(argv: list[str], flag: str) -> list[str] | None:
     """`argv` with every `flag VALUE` and `flag=VALUE` left out; None if it has none."""
     kept, found, skip = [], False, False
     for word in argv:
@@ -119,7 +139,7 @@ def without(argv: List[str], flag: str) -> Optional[List[str]]:
     return kept if found else None
 
 
-FIXES: Dict[str, str] = {
+FIXES: dict[str, str] = {
     "--state-dir": "give --state-dir a directory (made at start if missing) or none",
     "--slurm-job-map": "give --slurm-job-map a directory (the prolog makes it) or leave it out",
     "--limits-file": "give --limits-file a readable file, or leave it out",

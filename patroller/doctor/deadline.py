@@ -4,6 +4,7 @@ and a doctor that waits for its whole answer never ends. `bounded` gives a socke
 read and write may take only what is left until one point on the monotonic clock; past it,
 `Overdue` (a TimeoutError, so that whatever catches a socket's timeout catches it), saying how
 long it waited and how much came."""
+
 from __future__ import annotations
 
 import socket

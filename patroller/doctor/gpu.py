@@ -4,6 +4,7 @@ its timeout), each timed, with what it printed. `-q -x` first; then, over the GP
 one sample of `dmon` and of `pmon` (`-c 1`, with the column groups the monitors ask for, fewer
 where refused, as they do), `--query-compute-apps`, `topo -m` and, where a GPU has MIG on,
 `-L`, together. The checks over these facts are gpuchecks.py's."""
+
 from __future__ import annotations
 
 import asyncio
@@ -12,7 +13,7 @@ import re
 import shutil
 import time
 from dataclasses import dataclass, field
-from typing import List, Mapping, Optional, Sequence, Tuple
+from collections.abc import Mapping, Sequence
 
 from patroller.config import Config
 from patroller.core.devices import Device
@@ -38,8 +39,12 @@ class Ran:
     @property
     def worked(self) -> bool:
         answer = self.answer
-        return answer.error is None and not answer.timed_out and not answer.stopped \
+        return (
+            answer.error is None
+            and not answer.timed_out
+            and not answer.stopped
             and answer.status == 0
+        )
 
     @property
     def text(self) -> str:
@@ -55,8 +60,11 @@ class Ran:
             return f"no answer in {self.timeout:g} s: killed"
         if answer.stopped:
             return "stopped before it answered"
-        status = f"signal {-(answer.status or 0)}" if (answer.status or 0) < 0 else \
-            f"status {answer.status}"
+        status = (
+            f"signal {-(answer.status or 0)}"
+            if (answer.status or 0) < 0
+            else f"status {answer.status}"
+        )
         return f"failed with {status}: {answer.account()}"
 
 
@@ -65,10 +73,10 @@ class Stream:
     """One sample of dmon or pmon: each column group tried (refused ones first), the rows of
     the run that answered."""
 
-    runs: Tuple[Ran, ...]
-    select: Optional[str]  # the column groups that worked ("" the default); None: none did
-    gpus: Tuple[int, ...] = ()  # the GPU indices that printed a row
-    processes: Tuple[PmonRow, ...] = ()  # pmon: the rows that name a process
+    runs: tuple[Ran, ...]
+    select: str | None  # the column groups that worked ("" the default); None: none did
+    gpus: tuple[int, ...] = ()  # the GPU indices that printed a row
+    processes: tuple[PmonRow, ...] = ()  # pmon: the rows that name a process
     skipped: int = 0  # lines that could not be read
 
 
@@ -77,22 +85,23 @@ class GpuFacts:
     """What nvidia-smi answered, command by command (None: not run, as an earlier one gave no
     GPU to ask about)."""
 
-    argv: Tuple[str, ...]
-    found: Optional[str]  # where argv[0] is on the PATH, or None
-    inventory: Optional[Ran] = None  # -q -x
-    discovery: Optional[Discovery] = None  # -q -x read, when it answered
-    unreadable: Optional[str] = None  # why its answer could not be read
-    dtd: Optional[str] = None  # the document's DOCTYPE version: "12"
-    dmon: Optional[Stream] = None
-    pmon: Optional[Stream] = None
-    apps: Optional[Ran] = None  # --query-compute-apps
-    listing: Optional[Ran] = None  # -L, only when a GPU has MIG on
-    topology: Optional[Ran] = None  # topo -m
-    devices: Tuple[Device, ...] = field(default=())
+    argv: tuple[str, ...]
+    found: str | None  # where argv[0] is on the PATH, or None
+    inventory: Ran | None = None  # -q -x
+    discovery: Discovery | None = None  # -q -x read, when it answered
+    unreadable: str | None = None  # why its answer could not be read
+    dtd: str | None = None  # the document's DOCTYPE version: "12"
+    dmon: Stream | None = None
+    pmon: Stream | None = None
+    apps: Ran | None = None  # --query-compute-apps
+    listing: Ran | None = None  # -L, only when a GPU has MIG on
+    topology: Ran | None = None  # topo -m
+    devices: tuple[Device, ...] = field(default=())
 
 
-async def timed(argv: Sequence[str], env: Optional[Mapping[str, str]], timeout: float,
-                config: Config) -> Ran:
+async def timed(
+    argv: Sequence[str], env: Mapping[str, str] | None, timeout: float, config: Config
+) -> Ran:
     """One run of `argv` through the supervisor, to its end or its timeout."""
     query = OneShotChild(list(argv), env, timeout, config)
     began = time.monotonic()
@@ -100,32 +109,45 @@ async def timed(argv: Sequence[str], env: Optional[Mapping[str, str]], timeout: 
     return Ran(" ".join(argv), time.monotonic() - began, answer, timeout)
 
 
-async def sample(argv: Sequence[str], kind: str, selects: Sequence[str], devices: Sequence[Device],
-                 env: Mapping[str, str], config: Config) -> Stream:
+async def sample(
+    argv: Sequence[str],
+    kind: str,
+    selects: Sequence[str],
+    devices: Sequence[Device],
+    env: Mapping[str, str],
+    config: Config,
+) -> Stream:
     """One interval of dmon or pmon over `devices`, asking for fewer column groups while a
     group is refused (as the monitors do)."""
     indices = ",".join(str(d.number) for d in devices)
-    runs: List[Ran] = []
+    runs: list[Ran] = []
     timeout = config.stream_startup + 2 * config.sample_interval
     for select in selects:
-        ran = await timed([*argv, kind, *(["-s", select] if select else []), "-i", indices,
-                           "-c", "1"], env, timeout, config)
+        ran = await timed(
+            [*argv, kind, *(["-s", select] if select else []), "-i", indices, "-c", "1"],
+            env,
+            timeout,
+            config,
+        )
         runs.append(ran)
         parser = DmonParser() if kind == "dmon" else PmonParser()
-        rows = [row for row in map(parser.feed, ran.answer.output.splitlines())
-                if row is not None]
+        rows = [row for row in map(parser.feed, ran.answer.output.splitlines()) if row is not None]
         refused = not rows and ran.answer.status and REFUSED.search(ran.text)
         if refused:
             continue
         if not ran.worked and not rows:
             return Stream(tuple(runs), None)
-        return Stream(tuple(runs), select, tuple(sorted({row.gpu for row in rows})),
-                      tuple(r for r in rows if isinstance(r, PmonRow) and r.pid is not None),
-                      parser.skipped)
+        return Stream(
+            tuple(runs),
+            select,
+            tuple(sorted({row.gpu for row in rows})),
+            tuple(r for r in rows if isinstance(r, PmonRow) and r.pid is not None),
+            parser.skipped,
+        )
     return Stream(tuple(runs), None)
 
 
-async def probe(config: Config, environ: Optional[Mapping[str, str]] = None) -> GpuFacts:
+async def probe(config: Config, environ: Mapping[str, str] | None = None) -> GpuFacts:
     """Run what the daemon would run, once each; never raises for what nvidia-smi does."""
     environ = os.environ if environ is None else environ
     argv = tuple(command(config.nvidia_smi))
@@ -140,8 +162,9 @@ async def probe(config: Config, environ: Optional[Mapping[str, str]] = None) -> 
         return GpuFacts(argv, found, inventory, unreadable=str(exc))
     dtd = _DTD.search(inventory.answer.output[:2000])
     devices = tuple(discovery.devices)
-    base = GpuFacts(argv, found, inventory, discovery, dtd=dtd.group(1) if dtd else None,
-                    devices=devices)
+    base = GpuFacts(
+        argv, found, inventory, discovery, dtd=dtd.group(1) if dtd else None, devices=devices
+    )
     if not devices:
         return base
     env = stream_env(environ)
@@ -151,9 +174,21 @@ async def probe(config: Config, environ: Optional[Mapping[str, str]] = None) -> 
         sample(argv, "pmon", PMON_SELECTS, devices, env, config),
         timed([*argv, *QUERY], env, config.cross_check_timeout, config),
         timed([*argv, "-L"], None, config.mig_list_timeout, config) if mig else _none(),
-        timed([*argv, "topo", "-m"], None, config.topology_timeout, config))
-    return GpuFacts(argv, found, inventory, discovery, dtd=base.dtd, dmon=dmon, pmon=pmon,
-                    apps=apps, listing=listing, topology=topology, devices=devices)
+        timed([*argv, "topo", "-m"], None, config.topology_timeout, config),
+    )
+    return GpuFacts(
+        argv,
+        found,
+        inventory,
+        discovery,
+        dtd=base.dtd,
+        dmon=dmon,
+        pmon=pmon,
+        apps=apps,
+        listing=listing,
+        topology=topology,
+        devices=devices,
+    )
 
 
 async def _none() -> None:

@@ -3,13 +3,14 @@ config/trust.py says, writable, with room) and the lease book in it, and the Slu
 
 `probe_*` functions read (blocking: the doctor runs them in the executor); `check_*` functions
 are pure, over what they read."""
+
 from __future__ import annotations
 
 import errno
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple
+from collections.abc import Callable
 
 from patroller.config import Config
 from patroller.config.trust import Untrusted, check
@@ -28,18 +29,18 @@ NO_BOOK = "--state-dir none"
 class StateFacts:
     """The state directory as the daemon would meet it at start."""
 
-    directory: Optional[str]  # None: no book
-    untrusted: Optional[str] = None  # why it may not be trusted
+    directory: str | None  # None: no book
+    untrusted: str | None = None  # why it may not be trusted
     exists: bool = False
-    made_in: Optional[str] = None  # not there: the nearest folder that is, where it is made
-    unwritable: Optional[str] = None  # why a file cannot be made there (or the folder made)
-    free_mib: Optional[int] = None
-    book: Optional[str] = None  # what the lease book holds, in words; None: no book there yet
-    bad_book: Optional[str] = None  # why the book there cannot be read: set aside at start
-    holder: Optional[int] = None  # the pid of the daemon that holds the directory's lock
+    made_in: str | None = None  # not there: the nearest folder that is, where it is made
+    unwritable: str | None = None  # why a file cannot be made there (or the folder made)
+    free_mib: int | None = None
+    book: str | None = None  # what the lease book holds, in words; None: no book there yet
+    bad_book: str | None = None  # why the book there cannot be read: set aside at start
+    holder: int | None = None  # the pid of the daemon that holds the directory's lock
 
 
-def probe_state(directory: Optional[str], proc: str = "/proc") -> StateFacts:
+def probe_state(directory: str | None, proc: str = "/proc") -> StateFacts:
     """Trust, existence, a real write, free space, the book and the lock's holder."""
     if directory is None:
         return StateFacts(None)
@@ -51,13 +52,15 @@ def probe_state(directory: Optional[str], proc: str = "/proc") -> StateFacts:
         folder = os.path.dirname(os.path.abspath(directory))
         while not os.path.isdir(folder) and folder != os.sep:
             folder = os.path.dirname(folder)
-        return StateFacts(directory, made_in=folder, unwritable=_cannot_make(folder),
-                          free_mib=_free(folder))
+        return StateFacts(
+            directory, made_in=folder, unwritable=_cannot_make(folder), free_mib=_free(folder)
+        )
     probe = os.path.join(directory, f".doctor-{os.getpid()}-{time.monotonic_ns()}")
     unwritable = None
     try:
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
+        fd = os.open(
+            probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
         try:
             os.write(fd, b"doctor\n")
         finally:
@@ -66,15 +69,21 @@ def probe_state(directory: Optional[str], proc: str = "/proc") -> StateFacts:
     except OSError as exc:
         unwritable = exc.strerror or str(exc)
     book, bad = _book(os.path.join(directory, FILE))
-    return StateFacts(directory, exists=True, unwritable=unwritable, free_mib=_free(directory),
-                      book=book, bad_book=bad, holder=_holder(os.path.join(directory, LOCK),
-                                                              proc))
+    return StateFacts(
+        directory,
+        exists=True,
+        unwritable=unwritable,
+        free_mib=_free(directory),
+        book=book,
+        bad_book=bad,
+        holder=_holder(os.path.join(directory, LOCK), proc),
+    )
 
 
 READ_ONLY = os.strerror(errno.EROFS)  # "Read-only file system": why a probe there failed
 
 
-def _cannot_make(folder: str) -> Optional[str]:
+def _cannot_make(folder: str) -> str | None:
     """Why a directory cannot be made in `folder`, found as the daemon would find it: by
     making one (empty, private, removed at once). Permissions alone do not say it: root may
     write anywhere by them, and /proc or a full inode table still refuse (as found: the doctor
@@ -93,14 +102,14 @@ def _cannot_make(folder: str) -> Optional[str]:
     return None
 
 
-def _readonly(folder: str) -> Optional[str]:
+def _readonly(folder: str) -> str | None:
     try:
         return READ_ONLY if os.statvfs(folder).f_flag & os.ST_RDONLY else None
     except OSError:
         return None
 
 
-def _free(folder: str, statvfs: Callable[[str], os.statvfs_result] = os.statvfs) -> Optional[int]:
+def _free(folder: str, statvfs: Callable[[str], os.statvfs_result] = os.statvfs) -> int | None:
     """MiB the daemon may still write under `folder`: the blocks available to a user that is
     not root (those reserved for root are not the daemon's to count on), or None."""
     try:
@@ -132,7 +141,7 @@ def _book(path: str) -> tuple:
     return f"{held} device(s) held{age}", None
 
 
-def _holder(lock: str, proc: str) -> Optional[int]:
+def _holder(lock: str, proc: str) -> int | None:
     """The pid holding the lock file's flock, from /proc/locks (nothing is locked here)."""
     try:
         info = os.stat(lock)
@@ -150,7 +159,7 @@ def _holder(lock: str, proc: str) -> Optional[int]:
     return None
 
 
-def said_and_fix(message: str) -> Tuple[str, str]:
+def said_and_fix(message: str) -> tuple[str, str]:
     """A trust refusal's message (config/trust.py: `what is wrong; what to do`) in two."""
     said, _, fix = message.rpartition("; ")
     return (said, fix) if said else (message, "")
@@ -161,35 +170,55 @@ def check_state(facts: StateFacts, config: Config) -> Result:
     name = "state directory"
     where = facts.directory
     if where is None:
-        return degraded(name, f"none ({NO_BOOK}): reservations do not survive a restart",
-                        "give --state-dir (the default as root: /var/lib/patroller)")
+        return degraded(
+            name,
+            f"none ({NO_BOOK}): reservations do not survive a restart",
+            "give --state-dir (the default as root: /var/lib/patroller)",
+        )
     if facts.untrusted is not None:
         return failed(name, *said_and_fix(facts.untrusted))
     if facts.unwritable is not None:
-        said = f"{where} cannot be made in {facts.made_in}" if not facts.exists else \
-            f"{where} is not writable"
+        said = (
+            f"{where} cannot be made in {facts.made_in}"
+            if not facts.exists
+            else f"{where} is not writable"
+        )
         if facts.unwritable == READ_ONLY:  # the daemon starts, and keeps nothing there
-            return degraded(name, f"{said}: {facts.unwritable}: the daemon reads the lease book "
-                            "at start and writes nothing there: reservations do not survive a "
-                            "restart, and no usage history is kept",
-                            "mount it read-write, or choose another --state-dir")
-        return failed(name, f"{said}: {facts.unwritable}",
-                      "choose another --state-dir, or make it writable (read-only mount? under "
-                      "systemd: StateDirectory=patroller)")
-    said = f"{where} is writable" if facts.exists else \
-        f"{where} is not there yet: it is made (private) at start, in {facts.made_in}"
+            return degraded(
+                name,
+                f"{said}: {facts.unwritable}: the daemon reads the lease book "
+                "at start and writes nothing there: reservations do not survive a "
+                "restart, and no usage history is kept",
+                "mount it read-write, or choose another --state-dir",
+            )
+        return failed(
+            name,
+            f"{said}: {facts.unwritable}",
+            "choose another --state-dir, or make it writable (read-only mount? under "
+            "systemd: StateDirectory=patroller)",
+        )
+    said = (
+        f"{where} is writable"
+        if facts.exists
+        else f"{where} is not there yet: it is made (private) at start, in {facts.made_in}"
+    )
     if facts.free_mib is not None:
         said += f", {facts.free_mib} MiB free"
         reserve = config.usage_reserve // MIB
         if config.usage == "sqlite" and config.usage_dir is None and facts.free_mib < reserve:
-            return degraded(name, f"{said}: under the {reserve} MiB the usage store leaves "
-                            "for the lease book: the usage store does not write (its history "
-                            "waits in memory, a day at most, then is dropped)",
-                            "free some room: the usage history resumes by itself")
+            return degraded(
+                name,
+                f"{said}: under the {reserve} MiB the usage store leaves "
+                "for the lease book: the usage store does not write (its history "
+                "waits in memory, a day at most, then is dropped)",
+                "free some room: the usage history resumes by itself",
+            )
         if facts.free_mib < config.doctor_min_free_mib:
-            return degraded(name, f"{said}: under {config.doctor_min_free_mib} MiB",
-                            "free some room: a lease book that cannot be written stops every "
-                            "grant")
+            return degraded(
+                name,
+                f"{said}: under {config.doctor_min_free_mib} MiB",
+                "free some room: a lease book that cannot be written stops every grant",
+            )
     return ok(name, said)
 
 
@@ -200,45 +229,62 @@ def check_usage(config: Config) -> Result:
     if config.usage == "none":
         return ok(name, "off (--usage none): none is kept; `patroller report` has nothing here")
     if directory is None:
-        return degraded(name, f"--usage {config.usage}, but there is no state directory "
-                        f"({'test mode' if config.test else NO_BOOK}): no usage history is "
-                        "kept, and `patroller report` and GET /usage have nothing to report",
-                        "give --state-dir DIR (the lease book and the usage store), or "
-                        "--usage none to keep none")
-    return ok(name, f"{os.path.join(directory, USAGE_FILE)}: a sample of every GPU every "
-              f"{config.usage_interval:g} s, kept {config.usage_days} days")
+        return degraded(
+            name,
+            f"--usage {config.usage}, but there is no state directory "
+            f"({'test mode' if config.test else NO_BOOK}): no usage history is "
+            "kept, and `patroller report` and GET /usage have nothing to report",
+            "give --state-dir DIR (the lease book and the usage store), or "
+            "--usage none to keep none",
+        )
+    return ok(
+        name,
+        f"{os.path.join(directory, USAGE_FILE)}: a sample of every GPU every "
+        f"{config.usage_interval:g} s, kept {config.usage_days} days",
+    )
 
 
 def check_book(facts: StateFacts) -> Result:
     """The lease book: readable, and who holds the directory."""
     name = "lease book"
     if facts.directory is None or not facts.exists or facts.untrusted is not None:
-        return ok(name, "none yet: made at start" if facts.directory is not None
-                  and facts.untrusted is None else "none (see the state directory)")
-    held = "" if facts.holder is None else \
-        "; this daemon holds its directory" if facts.holder == os.getpid() else \
-        f"; patroller pid {facts.holder} holds its directory (a second one there would not " \
+        return ok(
+            name,
+            "none yet: made at start"
+            if facts.directory is not None and facts.untrusted is None
+            else "none (see the state directory)",
+        )
+    held = (
+        ""
+        if facts.holder is None
+        else "; this daemon holds its directory"
+        if facts.holder == os.getpid()
+        else f"; patroller pid {facts.holder} holds its directory (a second one there would not "
         "start)"
+    )
     if facts.bad_book is not None:
-        return degraded(name, f"{facts.bad_book}: it is set aside at start, and the "
-                        f"reservations in it are lost{held}",
-                        "look at it; the daemon renames it *.corrupt-<time> and starts empty")
+        return degraded(
+            name,
+            f"{facts.bad_book}: it is set aside at start, and the "
+            f"reservations in it are lost{held}",
+            "look at it; the daemon renames it *.corrupt-<time> and starts empty",
+        )
     return ok(name, (facts.book or f"no {FILE} yet: written at the first change") + held)
 
 
 @dataclass(frozen=True)
 class JobMapFacts:
-    path: Optional[str]
-    untrusted: Optional[str] = None
+    path: str | None
+    untrusted: str | None = None
     exists: bool = False
-    unreadable: Optional[str] = None
+    unreadable: str | None = None
     files: int = 0
     jobs: int = 0
     problems: int = 0
     first_problem: str = ""
 
 
-def probe_job_map(path: Optional[str], limit: int) -> JobMapFacts:
+def probe_job_map(path: str | None, limit: int) -> JobMapFacts:
     """Read the Slurm job map once, as the watch reads it."""
     if path is None:
         return JobMapFacts(None)
@@ -254,9 +300,14 @@ def probe_job_map(path: Optional[str], limit: int) -> JobMapFacts:
     problems = dict(reading.problems)
     jobs = sum(len(found) for found in reading.entries.values())
     first = next(iter(sorted(problems.items())), ("", ""))
-    return JobMapFacts(path, exists=True, files=len(reading.entries), jobs=jobs,
-                       problems=len(problems) + len(reading.unread),
-                       first_problem=f"{first[0]} {first[1]}".strip())
+    return JobMapFacts(
+        path,
+        exists=True,
+        files=len(reading.entries),
+        jobs=jobs,
+        problems=len(problems) + len(reading.unread),
+        first_problem=f"{first[0]} {first[1]}".strip(),
+    )
 
 
 def check_job_map(facts: JobMapFacts) -> Result:
@@ -266,15 +317,23 @@ def check_job_map(facts: JobMapFacts) -> Result:
     if facts.untrusted is not None:
         return failed(name, *said_and_fix(facts.untrusted))
     if facts.unreadable is not None:
-        return failed(name, f"{facts.path} cannot be read: {facts.unreadable}",
-                      "make it readable by the daemon's user (root's, mode 755, as "
-                      "contrib/slurm's prolog makes it)")
+        return failed(
+            name,
+            f"{facts.path} cannot be read: {facts.unreadable}",
+            "make it readable by the daemon's user (root's, mode 755, as "
+            "contrib/slurm's prolog makes it)",
+        )
     if not facts.exists:
-        return degraded(name, f"{facts.path} is not there yet: no GPU is a job's until the "
-                        "prolog makes it", "check that slurm.conf runs contrib/slurm's prolog "
-                        "(docs/slurm.md)")
+        return degraded(
+            name,
+            f"{facts.path} is not there yet: no GPU is a job's until the prolog makes it",
+            "check that slurm.conf runs contrib/slurm's prolog (docs/slurm.md)",
+        )
     said = f"{facts.path}: {facts.files} file(s), {facts.jobs} job(s)"
     if facts.problems:
-        return degraded(name, f"{said}; {facts.problems} file(s) not read as a map: "
-                        f"{facts.first_problem}", "see docs/slurm.md for the files' format")
+        return degraded(
+            name,
+            f"{said}; {facts.problems} file(s) not read as a map: {facts.first_problem}",
+            "see docs/slurm.md for the files' format",
+        )
     return ok(name, said)

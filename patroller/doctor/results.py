@@ -1,10 +1,11 @@
 """What the doctor says: one result a check, each `ok`, `degraded` or `failed`, with what was
 found and how to make it right; and the results as lines for people or as JSON for programs.
 Pure: no I/O."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Sequence
+from collections.abc import Iterable, Sequence
 
 from patroller.safetext import printable
 
@@ -25,9 +26,8 @@ class Result:
         if self.status not in STATUSES:
             raise ValueError(f"status {self.status!r} is none of {STATUSES}")
 
-    def json(self) -> Dict[str, str]:
-        return {"check": self.check, "status": self.status, "detail": self.detail,
-                "fix": self.fix}
+    def json(self) -> dict[str, str]:
+        return {"check": self.check, "status": self.status, "detail": self.detail, "fix": self.fix}
 
 
 def ok(check: str, detail: str) -> Result:
@@ -46,12 +46,13 @@ def any_failed(results: Iterable[Result]) -> bool:
     return any(r.status == FAILED for r in results)
 
 
-def lines(results: Sequence[Result]) -> List[str]:
+def lines(results: Sequence[Result]) -> list[str]:
     """One line a result (`degraded  Docker Engine: ...; fix: ...`), then a count of each. Each
     printable: a detail may quote what a user's engine socket, the job map or a file said."""
-    shown = [printable(f"{r.status:<8}  {r.check}: {r.detail}" + (f"; fix: {r.fix}" if r.fix
-                                                                   else ""))
-             for r in results]
+    shown = [
+        printable(f"{r.status:<8}  {r.check}: {r.detail}" + (f"; fix: {r.fix}" if r.fix else ""))
+        for r in results
+    ]
     counts = {status: sum(r.status == status for r in results) for status in STATUSES}
     return shown + [", ".join(f"{counts[s]} {s}" for s in STATUSES)]
 

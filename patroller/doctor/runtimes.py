@@ -5,6 +5,7 @@ answering (stopped, or not ours to connect to), or answering, with its version.
 
 `probe_*` functions connect (blocking: the doctor runs them in the executor); `check_*`
 functions are pure, over what they found."""
+
 from __future__ import annotations
 
 import errno
@@ -15,7 +16,7 @@ import json
 import re
 import socket
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Callable, Sequence
 
 from patroller.config import Config
 from patroller.observe.protowire import Message, WireError
@@ -42,12 +43,17 @@ class Knock:
     version: str = ""  # "Docker 27.1.1 (API 1.46)", "containerd 1.6.20", "3 pod(s) with GPUs"
 
 
-def _path(address: str) -> Optional[str]:
-    return address[len("unix://"):] if address.startswith("unix://") else \
-        address if address.startswith("/") else None
+def _path(address: str) -> str | None:
+    return (
+        address[len("unix://") :]
+        if address.startswith("unix://")
+        else address
+        if address.startswith("/")
+        else None
+    )
 
 
-def _connect(path: str, timeout: float, address: Optional[str] = None) -> Optional[Knock]:
+def _connect(path: str, timeout: float, address: str | None = None) -> Knock | None:
     """None if a unix socket accepts at `path`; else a Knock saying why not (of `address`,
     as the flag gave it)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
@@ -55,9 +61,13 @@ def _connect(path: str, timeout: float, address: Optional[str] = None) -> Option
         try:
             sock.connect(path)
         except OSError as exc:
-            state = {errno.ENOENT: "absent", errno.ENOTDIR: "absent",
-                     errno.ECONNREFUSED: "refused", errno.EACCES: "denied",
-                     errno.EPERM: "denied"}.get(exc.errno or 0, "silent")
+            state = {
+                errno.ENOENT: "absent",
+                errno.ENOTDIR: "absent",
+                errno.ECONNREFUSED: "refused",
+                errno.EACCES: "denied",
+                errno.EPERM: "denied",
+            }.get(exc.errno or 0, "silent")
             return Knock(address or f"unix://{path}", state, exc.strerror or str(exc))
     return None
 
@@ -67,8 +77,7 @@ class _BoundedHTTP(http.client.HTTPConnection):
     which Podman serves too) whose whole exchange ends `timeout` seconds after it was made: a
     timeout on each read would let an engine that answers a byte at a time hold it for ever."""
 
-    def __init__(self, host: str, port: Optional[int], path: Optional[str],
-                 timeout: float) -> None:
+    def __init__(self, host: str, port: int | None, path: str | None, timeout: float) -> None:
         self.until = deadline(timeout)
         super().__init__(host, port, timeout=timeout)
         self.socket_path = path
@@ -113,8 +122,11 @@ def probe_docker_api(address: str, timeout: float) -> Knock:
         answer = json.loads(body)
         names = [c.get("Name", "") for c in answer.get("Components") or []]
         product = "Podman" if any("Podman" in n for n in names) else "Docker"
-        return Knock(address, "answered", version=f"{product} {answer['Version']} "
-                     f"(API {answer.get('ApiVersion', '?')})")
+        return Knock(
+            address,
+            "answered",
+            version=f"{product} {answer['Version']} (API {answer.get('ApiVersion', '?')})",
+        )
     except (ValueError, KeyError, TypeError, AttributeError):
         return Knock(address, "bad", "/version is not a Docker Engine's answer")
 
@@ -157,7 +169,7 @@ def probe_kubelet(path: str, config: Config) -> Knock:
         caller.close()
 
 
-def users_sockets(template: str) -> List[Tuple[int, str]]:
+def users_sockets(template: str) -> list[tuple[int, str]]:
     """(uid, address) of every user's socket the template finds there now."""
     path = _path(template)
     if path is None:
@@ -174,12 +186,12 @@ def users_sockets(template: str) -> List[Tuple[int, str]]:
 @dataclass(frozen=True)
 class EngineFacts:
     docker: Knock
-    podman: Optional[Knock]  # None: not asked
-    rootless_docker: Optional[List[Tuple[int, Knock]]]  # None: not asked
-    rootless_podman: Optional[List[Tuple[int, Knock]]]
-    containerd: Optional[Knock]
-    kubelet: Optional[Knock]
-    unlisted: Tuple[str, ...] = ()  # "docker", "podman": users' sockets still being listed
+    podman: Knock | None  # None: not asked
+    rootless_docker: list[tuple[int, Knock]] | None  # None: not asked
+    rootless_podman: list[tuple[int, Knock]] | None
+    containerd: Knock | None
+    kubelet: Knock | None
+    unlisted: tuple[str, ...] = ()  # "docker", "podman": users' sockets still being listed
 
 
 class EngineProbes:
@@ -189,36 +201,43 @@ class EngineProbes:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self._asked: Dict[str, str] = {}  # engine -> its address, for those asked at all
-        self._knocks: Dict[str, Knock] = {}  # engine -> what it said, once it said it
-        self._templates: Dict[str, str] = {}  # "docker"/"podman" -> the users' socket template
-        self._users: Dict[str, List[Tuple[int, str, Optional[Knock]]]] = {}  # once listed
-        self._asking: Dict[str, str] = {}  # "docker"/"podman" -> the user's socket asked now
+        self._asked: dict[str, str] = {}  # engine -> its address, for those asked at all
+        self._knocks: dict[str, Knock] = {}  # engine -> what it said, once it said it
+        self._templates: dict[str, str] = {}  # "docker"/"podman" -> the users' socket template
+        self._users: dict[str, list[tuple[int, str, Knock | None]]] = {}  # once listed
+        self._asking: dict[str, str] = {}  # "docker"/"podman" -> the user's socket asked now
 
-    def probes(self) -> List[Callable[[], None]]:
+    def probes(self) -> list[Callable[[], None]]:
         """The blocking calls to make, each in a thread of its own."""
         config, timeout = self.config, self.config.docker_timeout
-        made: List[Callable[[], None]] = []
+        made: list[Callable[[], None]] = []
 
-        def one(engine: str, address: Optional[str], knock: Callable[[str], Knock]) -> None:
+        def one(engine: str, address: str | None, knock: Callable[[str], Knock]) -> None:
             if address:
                 self._asked[engine] = address
                 made.append(lambda: self._knocks.__setitem__(engine, knock(address)))
+
         one("docker", config.docker_host or DOCKER_DEFAULT, lambda a: probe_docker_api(a, timeout))
         one("podman", config.podman_socket, lambda a: probe_docker_api(a, timeout))
-        one("containerd", config.containerd_socket,
-            lambda a: probe_containerd(a, config.containerd_timeout))
+        one(
+            "containerd",
+            config.containerd_socket,
+            lambda a: probe_containerd(a, config.containerd_timeout),
+        )
         one("kubelet", config.kubelet_socket, lambda a: probe_kubelet(a, config))
-        for runtime, template in (("docker", config.rootless_docker_socket),
-                                  ("podman", config.rootless_podman_socket)):
+        for runtime, template in (
+            ("docker", config.rootless_docker_socket),
+            ("podman", config.rootless_podman_socket),
+        ):
             if template is not None:
                 self._templates[runtime] = template
                 made.append(functools.partial(self._each_user, runtime))
         return made
 
     def _each_user(self, runtime: str) -> None:
-        listed: List[Tuple[int, str, Optional[Knock]]] = [
-            (uid, address, None) for uid, address in users_sockets(self._templates[runtime])]
+        listed: list[tuple[int, str, Knock | None]] = [
+            (uid, address, None) for uid, address in users_sockets(self._templates[runtime])
+        ]
         self._users[runtime] = listed
         for index, (uid, address, _) in enumerate(listed):
             self._asking[runtime] = address
@@ -229,43 +248,70 @@ class EngineProbes:
         bound = seconds(self.config.doctor_deadline)
         waited = f"waited {bound} for its answer"
 
-        def engine(name: str) -> Optional[Knock]:
+        def engine(name: str) -> Knock | None:
             if name not in self._asked:
                 return None
             return self._knocks.get(name) or Knock(self._asked[name], "overdue", waited)
 
-        def users(runtime: str) -> Optional[List[Tuple[int, Knock]]]:
+        def users(runtime: str) -> list[tuple[int, Knock]] | None:
             if runtime not in self._templates:
                 return None
             asking = self._asking.get(runtime)
-            return [(uid, knock or (Knock(address, "overdue", waited) if address == asking else
-                                    Knock(address, "unasked", f"the doctor's {bound} went on "
-                                          "those asked before it")))
-                    for uid, address, knock in list(self._users.get(runtime, []))]
+            return [
+                (
+                    uid,
+                    knock
+                    or (
+                        Knock(address, "overdue", waited)
+                        if address == asking
+                        else Knock(
+                            address,
+                            "unasked",
+                            f"the doctor's {bound} went on those asked before it",
+                        )
+                    ),
+                )
+                for uid, address, knock in list(self._users.get(runtime, []))
+            ]
+
         docker = engine("docker")  # always asked: --docker-host, or the SDK's default
-        return EngineFacts(docker or Knock(DOCKER_DEFAULT, "unasked"), engine("podman"),
-                           users("docker"), users("podman"), engine("containerd"),
-                           engine("kubelet"), tuple(r for r in self._templates
-                                                    if r not in self._users))
+        return EngineFacts(
+            docker or Knock(DOCKER_DEFAULT, "unasked"),
+            engine("podman"),
+            users("docker"),
+            users("podman"),
+            engine("containerd"),
+            engine("kubelet"),
+            tuple(r for r in self._templates if r not in self._users),
+        )
 
 
 # What each state means, and what to do: (status, words, fix).
 MEANING = {
-    "refused": ("degraded", "its socket is there but nobody answers: stopped",
-                "start it (systemctl start {unit}); meanwhile its containers' processes are "
-                "shown by their host account and container id"),
-    "denied": ("degraded", "not ours to connect to",
-               "run Patroller as root (or in the socket's group)"),
+    "refused": (
+        "degraded",
+        "its socket is there but nobody answers: stopped",
+        "start it (systemctl start {unit}); meanwhile its containers' processes are "
+        "shown by their host account and container id",
+    ),
+    "denied": (
+        "degraded",
+        "not ours to connect to",
+        "run Patroller as root (or in the socket's group)",
+    ),
     "silent": ("degraded", "no answer in time", "check the engine: it may be hung"),
-    "overdue": ("degraded", "no answer within the doctor's bound",
-                "check the engine: it may be hung, or answer a little at a time"),
+    "overdue": (
+        "degraded",
+        "no answer within the doctor's bound",
+        "check the engine: it may be hung, or answer a little at a time",
+    ),
     "unasked": ("degraded", "not asked", "check the engines asked before it: they were slow"),
     "bad": ("degraded", "answered, but not as expected", "check what serves on that socket"),
     "ungrpc": ("degraded", "cannot be asked: grpcio is not installed", INSTALL),
 }
 
 
-def check_engine(name: str, knock: Optional[Knock], unit: str, flag: str) -> Result:
+def check_engine(name: str, knock: Knock | None, unit: str, flag: str) -> Result:
     if knock is None:
         return ok(name, f"not asked ({flag} none)")
     if knock.state == "absent":
@@ -276,14 +322,23 @@ def check_engine(name: str, knock: Optional[Knock], unit: str, flag: str) -> Res
     return degraded(name, f"{knock.address}: {words} ({knock.why})", fix.format(unit=unit))
 
 
-def check_users_engines(name: str, found: Optional[List[Tuple[int, Knock]]], template: str,
-                        flag: str, unit: str, unlisted: bool = False) -> Result:
+def check_users_engines(
+    name: str,
+    found: list[tuple[int, Knock]] | None,
+    template: str,
+    flag: str,
+    unit: str,
+    unlisted: bool = False,
+) -> Result:
     if found is None:
         return ok(name, f"not asked ({flag} none)")
     if unlisted:
-        return degraded(name, f"its users' sockets ({_path(template) or template}) were still "
-                        "being listed when the doctor's bound came",
-                        "check the file system they are on: it may be hung")
+        return degraded(
+            name,
+            f"its users' sockets ({_path(template) or template}) were still "
+            "being listed when the doctor's bound came",
+            "check the file system they are on: it may be hung",
+        )
     if not found:
         return ok(name, f"none running (none at {_path(template) or template})")
     answered = [f"uid {uid}: {k.version}" for uid, k in found if k.state == "answered"]
@@ -293,25 +348,44 @@ def check_users_engines(name: str, found: Optional[List[Tuple[int, Knock]]], tem
         return ok(name, said)
     uid, knock = wrong[0]
     status, words, fix = MEANING[knock.state]
-    return degraded(name, f"{said}; {len(wrong)} not answering, uid {uid}'s at "
-                    f"{knock.address}: {words} ({knock.why})", fix.format(unit=unit))
+    return degraded(
+        name,
+        f"{said}; {len(wrong)} not answering, uid {uid}'s at "
+        f"{knock.address}: {words} ({knock.why})",
+        fix.format(unit=unit),
+    )
 
 
 def engine_results(facts: EngineFacts, config: Config) -> Sequence[Result]:
     kubelet = facts.kubelet
     if kubelet is not None and kubelet.state == "absent":
-        kubelet_result = ok("kubelet pod-resources", f"not there ({kubelet.address}): no "
-                            "kubelet here; asked whenever it appears")
+        kubelet_result = ok(
+            "kubelet pod-resources",
+            f"not there ({kubelet.address}): no kubelet here; asked whenever it appears",
+        )
     else:
-        kubelet_result = check_engine("kubelet pod-resources", kubelet, "kubelet",
-                                      "--kubelet-socket")
-    return [check_engine("Docker Engine", facts.docker, "docker", "--docker-host"),
-            check_users_engines("rootless Docker", facts.rootless_docker,
-                                config.rootless_docker_socket or "", "--rootless-docker-socket",
-                                "--user docker", "docker" in facts.unlisted),
-            check_engine("Podman", facts.podman, "podman.socket", "--podman-socket"),
-            check_users_engines("rootless Podman", facts.rootless_podman,
-                                config.rootless_podman_socket or "", "--rootless-podman-socket",
-                                "--user podman.socket", "podman" in facts.unlisted),
-            check_engine("containerd", facts.containerd, "containerd", "--containerd-socket"),
-            kubelet_result]
+        kubelet_result = check_engine(
+            "kubelet pod-resources", kubelet, "kubelet", "--kubelet-socket"
+        )
+    return [
+        check_engine("Docker Engine", facts.docker, "docker", "--docker-host"),
+        check_users_engines(
+            "rootless Docker",
+            facts.rootless_docker,
+            config.rootless_docker_socket or "",
+            "--rootless-docker-socket",
+            "--user docker",
+            "docker" in facts.unlisted,
+        ),
+        check_engine("Podman", facts.podman, "podman.socket", "--podman-socket"),
+        check_users_engines(
+            "rootless Podman",
+            facts.rootless_podman,
+            config.rootless_podman_socket or "",
+            "--rootless-podman-socket",
+            "--user podman.socket",
+            "podman" in facts.unlisted,
+        ),
+        check_engine("containerd", facts.containerd, "containerd", "--containerd-socket"),
+        kubelet_result,
+    ]

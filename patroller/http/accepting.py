@@ -12,12 +12,13 @@ with a count, and once more when accepting works again.
 Each accepted connection becomes a `Connection` (fastlane.py), handed to the server's
 `handle_stream` (the override point Tornado documents for a TCPServer).
 """
+
 from __future__ import annotations
 
 import errno
 import logging
 import socket
-from typing import Any, Dict, Optional, Protocol
+from typing import Any, Protocol
 
 from tornado.ioloop import IOLoop
 from tornado.iostream import IOStream
@@ -31,15 +32,25 @@ log = logging.getLogger(__name__)
 
 # accept() hands these over for one connection that failed in the queue: skip it, take the next
 # (Linux passes a new connection's pending network error to accept(); see accept(2)).
-SKIP = {errno.ECONNABORTED, errno.EPROTO, errno.ENOPROTOOPT, errno.EHOSTDOWN, errno.ENONET,
-        errno.EHOSTUNREACH, errno.EOPNOTSUPP, errno.ENETDOWN, errno.ENETUNREACH, errno.EPERM}
+SKIP = {
+    errno.ECONNABORTED,
+    errno.EPROTO,
+    errno.ENOPROTOOPT,
+    errno.EHOSTDOWN,
+    errno.ENONET,
+    errno.EHOSTUNREACH,
+    errno.EOPNOTSUPP,
+    errno.ENETDOWN,
+    errno.ENETUNREACH,
+    errno.EPERM,
+}
 
 
 class Server(Protocol):
     """What the Acceptor hands connections to: a Tornado TCPServer's public face."""
 
-    max_buffer_size: Optional[int]
-    read_chunk_size: Optional[int]
+    max_buffer_size: int | None
+    read_chunk_size: int | None
 
     def handle_stream(self, stream: IOStream, address: Any) -> None:
         """Serve one accepted connection."""
@@ -48,17 +59,18 @@ class Server(Protocol):
 class Acceptor:
     """Accepts on listening sockets and pauses them all while accept() fails (EMFILE, ENFILE...)."""
 
-    def __init__(self, server: Server, config: Config, requests: Requests,
-                 lane: Optional[FastLane] = None) -> None:
+    def __init__(
+        self, server: Server, config: Config, requests: Requests, lane: FastLane | None = None
+    ) -> None:
         self.server = server
         self.lane = lane  # at every connection's door
         self.batch = config.accept_batch
         self.first_pause = config.accept_first_pause
         self.max_pause = config.accept_max_pause
-        self.sockets: Dict[int, socket.socket] = {}
-        self.loop: Optional[IOLoop] = None
+        self.sockets: dict[int, socket.socket] = {}
+        self.loop: IOLoop | None = None
         self.pause = 0.0  # the current pause; 0 while accepting works
-        self.resume: Optional[object] = None  # the timeout that resumes watching, while paused
+        self.resume: object | None = None  # the timeout that resumes watching, while paused
         self.report = Throttle(1, config.accept_report_every)
         self.reported = False  # a failure was logged and its end not yet
         self.requests = requests  # where the failures are counted, for /metrics
@@ -102,8 +114,12 @@ class Acceptor:
 
     def _serve(self, connection: socket.socket, address: Any) -> None:
         try:
-            stream = Connection(connection, self.lane, max_buffer_size=self.server.max_buffer_size,
-                                read_chunk_size=self.server.read_chunk_size)
+            stream = Connection(
+                connection,
+                self.lane,
+                max_buffer_size=self.server.max_buffer_size,
+                read_chunk_size=self.server.read_chunk_size,
+            )
             self.server.handle_stream(stream, address)
         except Exception:  # as Tornado's TCPServer does: one connection's failure is not fatal
             log.exception("error in connection callback")
@@ -117,9 +133,13 @@ class Acceptor:
         admitted, held = self.report.admit()
         if admitted:
             more = f"; {held} more since the last report" if held else ""
-            log.warning("cannot accept connections: %s; new ones wait in the queue, open ones "
-                        "are served, accepting again within %g s%s",
-                        exc.strerror or exc, self.max_pause, more)
+            log.warning(
+                "cannot accept connections: %s; new ones wait in the queue, open ones "
+                "are served, accepting again within %g s%s",
+                exc.strerror or exc,
+                self.max_pause,
+                more,
+            )
             self.reported = True
         for sock in self.sockets.values():
             self.loop.remove_handler(sock)

@@ -1,10 +1,11 @@
 """The answers, accounted for: counted by endpoint and status for /metrics, and logged in
 bounded lines, client errors rate-limited."""
+
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from typing import Iterable, Tuple
+from collections.abc import Iterable
 
 import tornado.web
 
@@ -29,7 +30,7 @@ class Requests:
 
     def __init__(self, endpoints: Iterable[str] = ()) -> None:
         self.endpoints = set(endpoints)
-        self.answers: "Counter[Tuple[str, int]]" = Counter()
+        self.answers: Counter[tuple[str, int]] = Counter()
         self.identity_failures = 0
         self.accept_failures = 0  # EMFILE, ENFILE...: each one followed by a pause (accepting.py)
 
@@ -67,10 +68,20 @@ class AccessLog:
             if not admitted:
                 return
             if held:
-                access_log.info("%d client errors were not logged (at most %d per %g s)", held,
-                                self.throttle.limit, self.throttle.window)
+                access_log.info(
+                    "%d client errors were not logged (at most %d per %g s)",
+                    held,
+                    self.throttle.limit,
+                    self.throttle.window,
+                )
         request = handler.request
-        access_log.log(level, "%d %s %s%s (%s) %.1fms", status,
-                       shown(request.method or "", SHOWN_METHOD_CHARS), shown(request.path),
-                       "?..." if request.query else "", request.remote_ip,
-                       1000.0 * request.request_time())
+        access_log.log(
+            level,
+            "%d %s %s%s (%s) %.1fms",
+            status,
+            shown(request.method or "", SHOWN_METHOD_CHARS),
+            shown(request.path),
+            "?..." if request.query else "",
+            request.remote_ip,
+            1000.0 * request.request_time(),
+        )

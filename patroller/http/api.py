@@ -1,9 +1,10 @@
 """The one object every handler takes: the daemon's services, with what the HTTP layer adds to
 them. Built once by `patroller.http.routes.make_api`."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Mapping, Optional
+from collections.abc import Mapping
 
 import tornado.web
 
@@ -37,11 +38,11 @@ class Api:
     requests: Requests
     web: Mapping[str, bytes]  # the page's files by name (patroller/http/web)
     document: bytes  # the OpenAPI document, compact
-    fleet: Optional[Fleet] = None  # the other hosts, asked for /fleet; None without --fleet
-    endpoints: List[str] = field(default_factory=list)  # every route, for the 404's hint
-    app: Optional[tornado.web.Application] = None  # the routes (routes.make_app)
-    hiding: Optional[Hiding] = None  # --hide-users
-    doctor: Optional[Doctor] = None  # GET /doctor's examinations, one at a time
+    fleet: Fleet | None = None  # the other hosts, asked for /fleet; None without --fleet
+    endpoints: list[str] = field(default_factory=list)  # every route, for the 404's hint
+    app: tornado.web.Application | None = None  # the routes (routes.make_app)
+    hiding: Hiding | None = None  # --hide-users
+    doctor: Doctor | None = None  # GET /doctor's examinations, one at a time
     inflight: InFlight = field(default_factory=InFlight)  # the requests not yet answered
     # the requests that failed (500) whose traceback is logged: one a repeat_log_every
     tracebacks: Throttle = field(default_factory=lambda: Throttle(1, Config.repeat_log_every))

@@ -8,11 +8,12 @@ Where the standard library would write NaN or Infinity (not JSON), it writes nul
 The largest body many ask for, /fleet.json (2 MB at a thousand hosts), is also kept gzipped
 for those who accept it, as browsers do: a tenth of the bytes to send.
 """
+
 from __future__ import annotations
 
 import asyncio
 import gzip
-from typing import Any, Optional
+from typing import Any
 
 import orjson
 
@@ -47,11 +48,11 @@ class Gzipped:
     def __init__(self, level: int) -> None:
         self.level = level
         self.made = 0  # bodies compressed
-        self._body: Optional[bytes] = None  # the body `_gzip` is of
-        self._gzip: Optional[bytes] = None
-        self._making: Optional[bytes] = None  # the body being compressed now
+        self._body: bytes | None = None  # the body `_gzip` is of
+        self._gzip: bytes | None = None
+        self._making: bytes | None = None  # the body being compressed now
 
-    def of(self, body: bytes) -> Optional[bytes]:
+    def of(self, body: bytes) -> bytes | None:
         if body is self._body:
             return self._gzip
         if body is not self._making:
@@ -63,7 +64,7 @@ class Gzipped:
     def _compress(self, body: bytes) -> bytes:
         return gzip.compress(body, self.level, mtime=0)
 
-    def _made(self, body: bytes, future: "asyncio.Future[bytes]") -> None:
+    def _made(self, body: bytes, future: asyncio.Future[bytes]) -> None:
         if self._making is body:
             self._making = None
         if not future.cancelled() and future.exception() is None:

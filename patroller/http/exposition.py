@@ -1,6 +1,7 @@
 """What machines read of the daemon: its counters (/metrics for Prometheus, /metrics.json)
 and the API described (/openapi.json). Each built from the services and the Api, as the other
 views are."""
+
 from __future__ import annotations
 
 from patroller.http.handlers import View

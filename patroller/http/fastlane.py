@@ -16,32 +16,36 @@ benchmark's throughput and ceiling rows). A connection that has been answered he
 hands its next head to Tornado anyway, so that Tornado's idle timer, which runs while it waits
 for a head, never takes a busy connection for an idle one.
 """
+
 from __future__ import annotations
 
 import asyncio
 import re
 import socket
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any
+from collections.abc import Callable
 
 from tornado.iostream import StreamClosedError
 
 from patroller.identify.connection import Accepted
 
-Body = Callable[[Any], Optional[bytes]]  # the connection -> its body, or None: Tornado answers
+Body = Callable[[Any], bytes | None]  # the connection -> its body, or None: Tornado answers
 HEAD_END = b"\r?\n\r?\n"  # how Tornado's HTTP/1 server reads a request's head
 REQUEST_LINE = re.compile(rb"GET (/[a-z]+) HTTP/1\.1\r?\n")
 # Plain header lines: a token, a colon, a value of visible characters and blanks.
 HEADER_LINES = re.compile(rb"(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t\x20-\x7e]*\r?\n)*\r?\n")
 # Headers that change how a request is read or answered (If-None-Match: Tornado answers 304
 # when the ETag matches): such a request goes to Tornado.
-NOT_PLAIN = re.compile(rb"\n(?:content-length|transfer-encoding|expect|upgrade|te|if-none-match):",
-                       re.I)
+NOT_PLAIN = re.compile(
+    rb"\n(?:content-length|transfer-encoding|expect|upgrade|te|if-none-match):", re.I
+)
 CONNECTION = re.compile(rb"\nconnection:[ \t]*([^\r\n]*)", re.I)
 # HTTP/1.1 asks for one Host: a name or address, and a port; anything else goes to Tornado,
 # which checks it the way it does.
-HOST = re.compile(rb"\nhost:[ \t]*([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?[ \t]*\r?\n",
-                  re.I)
+HOST = re.compile(
+    rb"\nhost:[ \t]*([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?[ \t]*\r?\n", re.I
+)
 HOST_LINE = re.compile(rb"\nhost:", re.I)
 
 
@@ -54,18 +58,22 @@ class FastLane:
 
     MEMO = 256  # heads remembered: past that, each is read again (pollers are few)
 
-    def __init__(self, routes: Dict[str, Body], count: Callable[[str, int], None],
-                 hand_back_after: float,
-                 headers: Optional[Dict[str, Callable[[], bytes]]] = None) -> None:
+    def __init__(
+        self,
+        routes: dict[str, Body],
+        count: Callable[[str, int], None],
+        hand_back_after: float,
+        headers: dict[str, Callable[[], bytes]] | None = None,
+    ) -> None:
         self.routes = routes
         self.headers = headers or {}  # by path: the header lines its answer adds, as handlers do
         self.count = count  # told (path, status) of each answer, as the access log counts
         self.hand_back_after = hand_back_after  # seconds a connection is served here in a row
-        self._heads: Dict[bytes, Optional[Tuple[str, bool]]] = {}
+        self._heads: dict[bytes, tuple[str, bool] | None] = {}
         # -> (body, extra header lines, response)
-        self._answers: Dict[Tuple[str, bool], Tuple[bytes, bytes, bytes]] = {}
+        self._answers: dict[tuple[str, bool], tuple[bytes, bytes, bytes]] = {}
 
-    def answer(self, head: bytes, connection: Any = None) -> Optional[Tuple[bytes, bool]]:
+    def answer(self, head: bytes, connection: Any = None) -> tuple[bytes, bool] | None:
         """(the whole response, whether to close after it) for a head the lane answers on
         `connection`; None for one that goes to Tornado."""
         if head in self._heads:
@@ -87,7 +95,7 @@ class FastLane:
         self.count(path, 200)
         return known[2], close
 
-    def _read(self, head: bytes) -> Optional[Tuple[str, bool]]:
+    def _read(self, head: bytes) -> tuple[str, bool] | None:
         """(path, whether to close after) for a head the lane takes, else None."""
         line = REQUEST_LINE.match(head)
         if line is None:
@@ -108,10 +116,14 @@ class FastLane:
 
 
 def _response(body: bytes, close: bool, extra: bytes = b"") -> bytes:
-    return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=UTF-8\r\n"
-            b"Cache-Control: no-store\r\nServer: patroller\r\n" + extra
-            + (b"Connection: close\r\n" if close else b"")
-            + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    return (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=UTF-8\r\n"
+        b"Cache-Control: no-store\r\nServer: patroller\r\n"
+        + extra
+        + (b"Connection: close\r\n" if close else b"")
+        + b"Content-Length: %d\r\n\r\n" % len(body)
+        + body
+    )
 
 
 class Connection(Accepted):
@@ -124,12 +136,11 @@ class Connection(Accepted):
     go straight to the socket when the stream has nothing left to write (`_send`).
     """
 
-    def __init__(self, sock: socket.socket, lane: Optional[FastLane] = None,
-                 **kwargs: Any) -> None:
+    def __init__(self, sock: socket.socket, lane: FastLane | None = None, **kwargs: Any) -> None:
         super().__init__(sock, **kwargs)
         super().set_nodelay(True)  # a no-op for a unix socket
         self.lane = lane
-        self.on_close: Optional[Callable[[], None]] = None  # told once, as it closes
+        self.on_close: Callable[[], None] | None = None  # told once, as it closes
 
     def close(self, exc_info: Any = False) -> None:
         """Close, then tell `on_close` (every way a connection ends comes through here)."""
@@ -155,12 +166,12 @@ class Connection(Accepted):
         if sent < len(response):
             self.write(memoryview(response)[sent:])
 
-    def read_until_regex(self, regex: bytes, max_bytes: Optional[int] = None) -> "Any":
+    def read_until_regex(self, regex: bytes, max_bytes: int | None = None) -> Any:
         if self.lane is None or regex != HEAD_END:
             return super().read_until_regex(regex, max_bytes)
         return self._next_head(regex, max_bytes)
 
-    async def _next_head(self, regex: bytes, max_bytes: Optional[int]) -> bytes:
+    async def _next_head(self, regex: bytes, max_bytes: int | None) -> bytes:
         """The next head that is not answered here."""
         assert self.lane is not None
         began = time.monotonic()

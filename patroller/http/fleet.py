@@ -21,6 +21,7 @@ event loop, one host at a time as the askings trickle in: a host's 1 MiB of 350,
 identities takes 230 ms to check. Answers the same as last time are not read again. A host that
 fails is "failed", its error "bad answer: " and why; the others are not touched.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -29,7 +30,8 @@ import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import orjson
 from tornado.iostream import StreamClosedError
@@ -64,19 +66,19 @@ class Host:
     url: str  # where its API is: http://host:port
     since: float  # wall time it began to answer, or stopped: its state's start
     state: str = ASKING
-    error: Optional[str] = None  # why it is not up
-    last_seen: Optional[float] = None  # wall time of its last answer; None: not since we started
-    checked: Optional[float] = None  # wall time its last asking ended
-    gpus: List[Dict[str, Any]] = field(default_factory=list)  # while up
+    error: str | None = None  # why it is not up
+    last_seen: float | None = None  # wall time of its last answer; None: not since we started
+    checked: float | None = None  # wall time its last asking ended
+    gpus: list[dict[str, Any]] = field(default_factory=list)  # while up
     # How it is asked: its connection, the /devices body kept and its ETag, the bodies last
     # read (the same again is not read again), and its part of /fleet.json, serialized.
-    link: Optional[Link] = field(default=None, repr=False)
-    devices: Optional[bytes] = field(default=None, repr=False)
-    tag: Optional[str] = field(default=None, repr=False)
-    read: Optional[Tuple[bytes, bytes]] = field(default=None, repr=False)
-    shown: Optional[bytes] = field(default=None, repr=False)  # None: to serialize again
+    link: Link | None = field(default=None, repr=False)
+    devices: bytes | None = field(default=None, repr=False)
+    tag: str | None = field(default=None, repr=False)
+    read: tuple[bytes, bytes] | None = field(default=None, repr=False)
+    shown: bytes | None = field(default=None, repr=False)  # None: to serialize again
 
-    def answered(self, gpus: List[Dict[str, Any]], now: float) -> None:
+    def answered(self, gpus: list[dict[str, Any]], now: float) -> None:
         if self.state != UP:
             self.since = now
         self.state, self.error, self.gpus, self.shown = UP, None, gpus, None
@@ -90,16 +92,21 @@ class Host:
         self.state, self.error, self.gpus, self.shown = state, error, [], None
         self.checked = now
 
-    def to_json(self) -> Dict[str, Any]:
-        return {"host": self.host, "url": self.url, "state": self.state, "error": self.error,
-                "since": iso_time(self.since),
-                "last_seen": iso_time(self.last_seen) if self.last_seen is not None else None,
-                "checked": iso_time(self.checked) if self.checked is not None else None,
-                "free": sum(1 for gpu in self.gpus if gpu["free"]) if self.state == UP else None,
-                "gpus": self.gpus}
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "url": self.url,
+            "state": self.state,
+            "error": self.error,
+            "since": iso_time(self.since),
+            "last_seen": iso_time(self.last_seen) if self.last_seen is not None else None,
+            "checked": iso_time(self.checked) if self.checked is not None else None,
+            "free": sum(1 for gpu in self.gpus if gpu["free"]) if self.state == UP else None,
+            "gpus": self.gpus,
+        }
 
 
-def read(bodies: Sequence[bytes], max_gpus: int) -> List[Dict[str, Any]]:
+def read(bodies: Sequence[bytes], max_gpus: int) -> list[dict[str, Any]]:
     """One host's GPUs from the bodies of its /status and /devices. NotPatroller if they are
     not JSON; answers.BadAnswer if they are not as Patroller's schema says."""
     decoded = []
@@ -113,29 +120,42 @@ def read(bodies: Sequence[bytes], max_gpus: int) -> List[Dict[str, Any]]:
     return gpus_of(status, devices)
 
 
-def gpus_of(status: Dict[str, Any], devices: Dict[str, Any]) -> List[Dict[str, Any]]:
+def gpus_of(status: dict[str, Any], devices: dict[str, Any]) -> list[dict[str, Any]]:
     """One host's GPUs from its /status and /devices as answers.check passed them, in device
     order (a lost one last)."""
     found = []
     for uuid, info in devices.items():
         entry = status.get(uuid) or {}
         claim = entry.get("claim") or {}
-        found.append({
-            "uuid": uuid, "number": info.get("number"), "group": info.get("group", "gpu"),
-            "name": info.get("name"),
-            "state": "lost" if info.get("lost") else claim.get("state", "free"),
-            "user": claim.get("user"),  # the holder's identity, as /status shows it
-            "users": claim.get("users") or [],  # everyone whose processes run there
-            "withheld": bool(claim.get("withheld")), "idle_for": claim.get("idle_for"),
-            "free": answers.free(info, entry),  # the rule `patroller status --free` counts by
-            "sm": entry.get("sm"), "fb": entry.get("fb"),
-            "fb_total": entry.get("fb_total") or info.get("total_mem"),
-            "stale": bool(entry.get("stale"))})
-    return sorted(found, key=lambda gpu: (gpu["state"] == "lost", gpu["group"],
-                                          gpu["number"] if gpu["number"] is not None else -1))
+        found.append(
+            {
+                "uuid": uuid,
+                "number": info.get("number"),
+                "group": info.get("group", "gpu"),
+                "name": info.get("name"),
+                "state": "lost" if info.get("lost") else claim.get("state", "free"),
+                "user": claim.get("user"),  # the holder's identity, as /status shows it
+                "users": claim.get("users") or [],  # everyone whose processes run there
+                "withheld": bool(claim.get("withheld")),
+                "idle_for": claim.get("idle_for"),
+                "free": answers.free(info, entry),  # the rule `patroller status --free` counts by
+                "sm": entry.get("sm"),
+                "fb": entry.get("fb"),
+                "fb_total": entry.get("fb_total") or info.get("total_mem"),
+                "stale": bool(entry.get("stale")),
+            }
+        )
+    return sorted(
+        found,
+        key=lambda gpu: (
+            gpu["state"] == "lost",
+            gpu["group"],
+            gpu["number"] if gpu["number"] is not None else -1,
+        ),
+    )
 
 
-def cut(path: str, head: List[str], limit: int) -> Optional[str]:
+def cut(path: str, head: list[str], limit: int) -> str | None:
     """Why the answer to `path` whose head's lines are `head` ended in a closed connection,
     when that was the client's limit (it closes at the limit without saying so); None when the
     head was not all there, or said a length within the limit: then it broke off."""
@@ -158,8 +178,12 @@ def cut(path: str, head: List[str], limit: int) -> Optional[str]:
 class Fleet:
     """Asks every host of `config.fleet`, each in a loop of its own, and keeps their answers."""
 
-    def __init__(self, config: Config, clock: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        config: Config,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.clock = clock
         self.monotonic = monotonic
         self.interval = config.fleet_interval
@@ -171,13 +195,13 @@ class Fleet:
         self.gzipped = Gzipped(config.fleet_gzip_level)  # the body, for those who accept gzip
         started = clock()
         self.hosts = [Host(host, hosts.base_url(host), started) for host in config.fleet]
-        self.tcp: Optional[TCPClient] = None
-        self.reader: Optional[ThreadPoolExecutor] = None  # decodes and checks the answers
-        self.tasks: Set["asyncio.Task[None]"] = set()
-        self.asked: Dict[str, int] = {path: 0 for path in PATHS}  # answers taken, by path
+        self.tcp: TCPClient | None = None
+        self.reader: ThreadPoolExecutor | None = None  # decodes and checks the answers
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.asked: dict[str, int] = {path: 0 for path in PATHS}  # answers taken, by path
         self.builds = 0  # /fleet.json bodies built
-        self._body: Optional[bytes] = None
-        self._data: Optional[Dict[str, Any]] = None  # the body as data, once asked for
+        self._body: bytes | None = None
+        self._data: dict[str, Any] | None = None  # the body as data, once asked for
         self._built = 0.0
         self._changed = True  # a host changed since the body was built
 
@@ -188,11 +212,14 @@ class Fleet:
         self.reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleet")
         agent = f"patroller/{__version__} {FLEET_AGENT}"  # a host hides its users from it
         for host in self.hosts:
-            host.link = Link(host.url, self.tcp, self.connect_timeout, self.timeout,
-                             self.max_bytes, agent)
+            host.link = Link(
+                host.url, self.tcp, self.connect_timeout, self.timeout, self.max_bytes, agent
+            )
         count = len(self.hosts)
-        self.tasks = {asyncio.ensure_future(self._watch(host, n * self.interval / count))
-                      for n, host in enumerate(self.hosts)}
+        self.tasks = {
+            asyncio.ensure_future(self._watch(host, n * self.interval / count))
+            for n, host in enumerate(self.hosts)
+        }
 
     async def stop(self, grace: float) -> None:
         """Stop asking: every loop is cancelled, a request in flight with it."""
@@ -234,7 +261,7 @@ class Fleet:
         asked = self.clock()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
-        error: Optional[BaseException] = None
+        error: BaseException | None = None
         try:
             status = await self._get(host, "/status", deadline)
             tag = status.headers.get(DEVICES_TAG)
@@ -276,7 +303,7 @@ class Fleet:
         self.asked[path] += 1
         return reply
 
-    def trouble(self, error: BaseException) -> Tuple[str, str]:
+    def trouble(self, error: BaseException) -> tuple[str, str]:
         """(state, why) for what asking a host raised."""
         if isinstance(error, Silent):
             return SILENT, str(error)
@@ -303,7 +330,7 @@ class Fleet:
             self.builds += 1
         return self._body
 
-    def data(self) -> Dict[str, Any]:
+    def data(self) -> dict[str, Any]:
         """The body as data (never to be changed: it is shared until the next build)."""
         body = self.body()
         if self._data is None:
@@ -311,7 +338,7 @@ class Fleet:
         return self._data
 
     def _build(self) -> bytes:
-        states: Dict[str, int] = {}
+        states: dict[str, int] = {}
         answering = free = 0
         for host in self.hosts:
             if host.state == UP:
@@ -319,13 +346,24 @@ class Fleet:
                 free += sum(1 for gpu in host.gpus if gpu["free"])
             for gpu in host.gpus:
                 states[gpu["state"]] = states.get(gpu["state"], 0) + 1
-        head = {"time": iso_time(self.clock()), "interval": self.interval,
-                "timeout": self.timeout,
-                "totals": {"hosts": len(self.hosts), "answering": answering,
-                           "gpus": sum(states.values()), "free": free,
-                           "states": dict(sorted(states.items()))}}
+        head = {
+            "time": iso_time(self.clock()),
+            "interval": self.interval,
+            "timeout": self.timeout,
+            "totals": {
+                "hosts": len(self.hosts),
+                "answering": answering,
+                "gpus": sum(states.values()),
+                "free": free,
+                "states": dict(sorted(states.items())),
+            },
+        }
         for host in self.hosts:
             if host.shown is None:
                 host.shown = dumps(host.to_json())
-        return (dumps(head)[:-1] + b',"hosts":['
-                + b",".join(host.shown or b"" for host in self.hosts) + b"]}")
+        return (
+            dumps(head)[:-1]
+            + b',"hosts":['
+            + b",".join(host.shown or b"" for host in self.hosts)
+            + b"]}"
+        )

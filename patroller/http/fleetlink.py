@@ -12,12 +12,13 @@ Two timeouts, as the flags say: --fleet-connect-timeout for the connection (a ho
 off answers no SYN, and would hold an asking for the whole answer timeout), and --fleet-timeout
 for the answers of one asking, from the first request to the last byte.
 """
+
 from __future__ import annotations
 
 import asyncio
 import ssl
 import urllib.parse
-from typing import Dict, List, NamedTuple, Optional
+from typing import NamedTuple
 
 from tornado import httputil
 from tornado.http1connection import HTTP1Connection, HTTP1ConnectionParameters
@@ -37,7 +38,7 @@ class Cut(Exception):
     """The connection ended before the answer did; `head` is the answer's head as far as it
     came (its lines, the blank one last when it ended), to say why (fleet.cut)."""
 
-    def __init__(self, head: List[str]) -> None:
+    def __init__(self, head: list[str]) -> None:
         super().__init__("the connection closed before the answer ended")
         self.head = head
 
@@ -52,13 +53,16 @@ class _Reading(httputil.HTTPMessageDelegate):
     """One answer, as Tornado's reader hands it over."""
 
     def __init__(self) -> None:
-        self.start: Optional[httputil.ResponseStartLine] = None
+        self.start: httputil.ResponseStartLine | None = None
         self.headers = httputil.HTTPHeaders()
-        self.chunks: List[bytes] = []
+        self.chunks: list[bytes] = []
         self.done = False
 
-    def headers_received(self, start_line: httputil.RequestStartLine | httputil.ResponseStartLine,
-                         headers: httputil.HTTPHeaders) -> None:
+    def headers_received(
+        self,
+        start_line: httputil.RequestStartLine | httputil.ResponseStartLine,
+        headers: httputil.HTTPHeaders,
+    ) -> None:
         assert isinstance(start_line, httputil.ResponseStartLine)
         self.start, self.headers = start_line, headers
 
@@ -68,26 +72,40 @@ class _Reading(httputil.HTTPMessageDelegate):
     def finish(self) -> None:
         self.done = True
 
-    def head(self) -> List[str]:
+    def head(self) -> list[str]:
         if self.start is None:
             return []
-        return ([f"{self.start.version} {self.start.code} {self.start.reason}\r\n"]
-                + [f"{name}: {value}\r\n" for name, value in self.headers.get_all()] + ["\r\n"])
+        return (
+            [f"{self.start.version} {self.start.code} {self.start.reason}\r\n"]
+            + [f"{name}: {value}\r\n" for name, value in self.headers.get_all()]
+            + ["\r\n"]
+        )
 
     def keeps_open(self) -> bool:
         """Whether the connection may carry the next request."""
         assert self.start is not None
-        return (self.start.version == "HTTP/1.1"
-                and self.headers.get("Connection", "").lower() != "close"
-                and ("Content-Length" in self.headers
-                     or "chunked" in self.headers.get("Transfer-Encoding", "").lower()))
+        return (
+            self.start.version == "HTTP/1.1"
+            and self.headers.get("Connection", "").lower() != "close"
+            and (
+                "Content-Length" in self.headers
+                or "chunked" in self.headers.get("Transfer-Encoding", "").lower()
+            )
+        )
 
 
 class Link:
     """Requests to one host's API on one connection, kept open between them."""
 
-    def __init__(self, url: str, tcp: TCPClient, connect_timeout: float, timeout: float,
-                 max_bytes: int, user_agent: str) -> None:
+    def __init__(
+        self,
+        url: str,
+        tcp: TCPClient,
+        connect_timeout: float,
+        timeout: float,
+        max_bytes: int,
+        user_agent: str,
+    ) -> None:
         parts = urllib.parse.urlsplit(url)
         assert parts.hostname is not None and parts.port is not None  # hosts.base_url's
         self.host, self.port = parts.hostname, parts.port
@@ -98,7 +116,7 @@ class Link:
         self.timeout = timeout  # what the caller's deadlines allow, for the message
         self.max_bytes = max_bytes
         self.user_agent = user_agent
-        self.stream: Optional[IOStream] = None
+        self.stream: IOStream | None = None
         self.opened = 0  # connections opened so far
 
     def close(self) -> None:
@@ -106,8 +124,9 @@ class Link:
             self.stream.close()
             self.stream = None
 
-    async def get(self, path: str, deadline: float, headers: Optional[Dict[str, str]] = None
-                  ) -> Reply:
+    async def get(
+        self, path: str, deadline: float, headers: dict[str, str] | None = None
+    ) -> Reply:
         """GET `path`, answered before `deadline` (the loop's time); Silent if not."""
         loop = asyncio.get_running_loop()
         kept = self.stream is not None and not self.stream.closed()
@@ -135,13 +154,17 @@ class Link:
             # The stream's buffer is bounded too: older Tornado (6.5 among them) reads a body
             # without a length whole into it, up to 100 MB by default, before the body's own
             # bound is checked (.ci/tornado-range's oldest caught it).
-            self.stream = await self.tcp.connect(self.host, self.port, ssl_options=tls,
-                                                 timeout=self.connect_timeout,
-                                                 max_buffer_size=self.max_bytes
-                                                 + HEAD_MAX_BYTES + 1)
+            self.stream = await self.tcp.connect(
+                self.host,
+                self.port,
+                ssl_options=tls,
+                timeout=self.connect_timeout,
+                max_buffer_size=self.max_bytes + HEAD_MAX_BYTES + 1,
+            )
         except asyncio.TimeoutError:
-            raise Silent("no connection within "
-                         f"{durations.describe(self.connect_timeout)}") from None
+            raise Silent(
+                f"no connection within {durations.describe(self.connect_timeout)}"
+            ) from None
         except StreamClosedError as exc:  # how Tornado says that connecting failed, and why
             if isinstance(exc.real_error, OSError):
                 raise exc.real_error from None
@@ -149,12 +172,23 @@ class Link:
         self.opened += 1
         return self.stream
 
-    async def _get(self, path: str, headers: Optional[Dict[str, str]]) -> Reply:
+    async def _get(self, path: str, headers: dict[str, str] | None) -> Reply:
         stream = await self._connect()
-        connection = HTTP1Connection(stream, True, HTTP1ConnectionParameters(
-            max_header_size=HEAD_MAX_BYTES, max_body_size=self.max_bytes, decompress=False))
-        request = httputil.HTTPHeaders({"Host": self.netloc, "Accept": "application/json",
-                                        "User-Agent": self.user_agent, **(headers or {})})
+        connection = HTTP1Connection(
+            stream,
+            True,
+            HTTP1ConnectionParameters(
+                max_header_size=HEAD_MAX_BYTES, max_body_size=self.max_bytes, decompress=False
+            ),
+        )
+        request = httputil.HTTPHeaders(
+            {
+                "Host": self.netloc,
+                "Accept": "application/json",
+                "User-Agent": self.user_agent,
+                **(headers or {}),
+            }
+        )
         reading = _Reading()
         connection.write_headers(httputil.RequestStartLine("GET", path, "HTTP/1.1"), request)
         connection.finish()

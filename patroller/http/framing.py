@@ -21,6 +21,7 @@ After a JSON answer the connection is half-closed and what the client still send
 dropped for a moment (a "lingering close"): closing a socket with unread data makes the kernel
 send a reset, which can destroy the answer before the client reads it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,7 +29,8 @@ import http.client
 import logging
 import re
 import socket
-from typing import Awaitable, Optional, Union
+from typing import Union
+from collections.abc import Awaitable
 
 from tornado import gen, httputil
 from tornado.ioloop import IOLoop
@@ -64,7 +66,7 @@ def shown(text: str) -> str:
     return cut + ("..." if len(text) > MESSAGE_CHARS else "")
 
 
-def framing_error(headers: httputil.HTTPHeaders, max_body: int) -> Optional[FramingError]:
+def framing_error(headers: httputil.HTTPHeaders, max_body: int) -> FramingError | None:
     """What is wrong with a request's body framing, or None (pure).
 
     As strict as Tornado's body reader (6.5 and 6.6) or stricter, so that its own bare 400
@@ -73,45 +75,53 @@ def framing_error(headers: httputil.HTTPHeaders, max_body: int) -> Optional[Fram
     length = headers.get("Content-Length")
     if "Transfer-Encoding" in headers:
         if length is not None:
-            return FramingError(400, "a request may not have both Transfer-Encoding and "
-                                     "Content-Length")
+            return FramingError(
+                400, "a request may not have both Transfer-Encoding and Content-Length"
+            )
         coding = headers["Transfer-Encoding"]
         if coding.lower() != "chunked":
-            return FramingError(400, f"Transfer-Encoding {shown(coding)!r} is not taken: "
-                                     "send chunked, or a Content-Length")
+            return FramingError(
+                400,
+                f"Transfer-Encoding {shown(coding)!r} is not taken: "
+                "send chunked, or a Content-Length",
+            )
         return None
     if length is None:
         return None
     pieces = REPEATED.split(length)
     if not all(DIGITS.fullmatch(p) for p in pieces):
-        return FramingError(400, f"malformed request: Content-Length {shown(length)!r} is not "
-                                 "a whole number")
+        return FramingError(
+            400, f"malformed request: Content-Length {shown(length)!r} is not a whole number"
+        )
     if any(p != pieces[0] for p in pieces):
         return FramingError(400, f"malformed request: unequal Content-Lengths {shown(length)!r}")
     size = pieces[0].lstrip("0") or "0"
     if len(size) >= 15:  # int() takes 4,300 digits at most
-        return FramingError(413, f"the request body is over 10^14 bytes; at most {max_body} "
-                                 "are taken")
+        return FramingError(
+            413, f"the request body is over 10^14 bytes; at most {max_body} are taken"
+        )
     if int(size) > max_body:
-        return FramingError(413, f"the request body is {size} bytes; at most {max_body} "
-                                 "are taken")
+        return FramingError(413, f"the request body is {size} bytes; at most {max_body} are taken")
     return None
 
 
 def answer(status: int, message: str, head: bool = False) -> bytes:
     """A complete JSON error response that closes the connection (without its body for HEAD)."""
     body = dumps({"error": message})
-    return (f"HTTP/1.1 {status} {http.client.responses.get(status, 'Error')}\r\n"
-            "Content-Type: application/json; charset=UTF-8\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\nServer: patroller\r\n"
-            "\r\n").encode() + (b"" if head else body)
+    return (
+        f"HTTP/1.1 {status} {http.client.responses.get(status, 'Error')}\r\n"
+        "Content-Type: application/json; charset=UTF-8\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\nServer: patroller\r\n"
+        "\r\n"
+    ).encode() + (b"" if head else body)
 
 
 class Framing(httputil.HTTPServerConnectionDelegate):
     """The server's delegate: each request passes a Guard on its way to `inner`."""
 
-    def __init__(self, inner: httputil.HTTPServerConnectionDelegate, config: Config,
-                 reports: Throttle) -> None:
+    def __init__(
+        self, inner: httputil.HTTPServerConnectionDelegate, config: Config, reports: Throttle
+    ) -> None:
         self.inner = inner
         self.max_body = config.max_body
         self.body_timeout = config.body_timeout
@@ -119,14 +129,15 @@ class Framing(httputil.HTTPServerConnectionDelegate):
         self.linger_bytes = config.linger_bytes
         self.reports = reports  # how often refusals are logged: one Throttle per server
 
-    def start_request(self, server_conn: object,
-                      request_conn: httputil.HTTPConnection) -> httputil.HTTPMessageDelegate:
+    def start_request(
+        self, server_conn: object, request_conn: httputil.HTTPConnection
+    ) -> httputil.HTTPMessageDelegate:
         return Guard(self, request_conn, self.inner.start_request(server_conn, request_conn))
 
     def on_close(self, server_conn: object) -> None:
         self.inner.on_close(server_conn)
 
-    def report(self, error: FramingError, stream: Optional[IOStream]) -> None:
+    def report(self, error: FramingError, stream: IOStream | None) -> None:
         admitted, held = self.reports.admit()
         if admitted:
             more = f" ({held} more not logged)" if held else ""
@@ -136,18 +147,20 @@ class Framing(httputil.HTTPServerConnectionDelegate):
 class Guard(httputil.HTTPMessageDelegate):
     """One request on its way to the inner delegate, refused in JSON if its framing is wrong."""
 
-    def __init__(self, framing: Framing, conn: httputil.HTTPConnection,
-                 inner: httputil.HTTPMessageDelegate) -> None:
+    def __init__(
+        self, framing: Framing, conn: httputil.HTTPConnection, inner: httputil.HTTPMessageDelegate
+    ) -> None:
         self.framing = framing
         self.conn = conn
         self.inner = inner
         self.head = False
         self.received = 0  # body bytes handed on so far
-        self.timer: Optional[object] = None  # the body timeout, while a body is read
-        self.refused: Optional[Refused] = None  # answered while its body is read: dropped
+        self.timer: object | None = None  # the body timeout, while a body is read
+        self.refused: Refused | None = None  # answered while its body is read: dropped
 
-    def headers_received(self, start_line: StartLine,
-                         headers: httputil.HTTPHeaders) -> Optional[Awaitable[None]]:
+    def headers_received(
+        self, start_line: StartLine, headers: httputil.HTTPHeaders
+    ) -> Awaitable[None] | None:
         assert isinstance(start_line, httputil.RequestStartLine)
         self.head = start_line.method == "HEAD"
         if "Content-Length" in headers or "Transfer-Encoding" in headers:
@@ -163,14 +176,15 @@ class Guard(httputil.HTTPMessageDelegate):
             self._stop_timer()
             return self._refuse_now(FramingError(400, f"malformed request: {shown(str(exc))}"))
 
-    def data_received(self, chunk: bytes) -> Optional[Awaitable[None]]:
+    def data_received(self, chunk: bytes) -> Awaitable[None] | None:
         if self.refused is not None:
             self.refused.dropped(len(chunk))
             return None
         self.received += len(chunk)
         if self.received > self.framing.max_body:  # chunked: Content-Length was checked
-            self._refuse_reading(FramingError(413, "the request body is longer than "
-                                                   f"{self.framing.max_body} bytes"))
+            self._refuse_reading(
+                FramingError(413, f"the request body is longer than {self.framing.max_body} bytes")
+            )
             return None
         return self.inner.data_received(chunk)
 
@@ -195,8 +209,11 @@ class Guard(httputil.HTTPMessageDelegate):
 
     def _late(self) -> None:
         self.timer = None
-        self._refuse_reading(FramingError(408, "the request body did not arrive within "
-                                               f"{self.framing.body_timeout:g} s"))
+        self._refuse_reading(
+            FramingError(
+                408, f"the request body did not arrive within {self.framing.body_timeout:g} s"
+            )
+        )
 
     def _refuse_now(self, error: FramingError) -> Awaitable[None]:
         """Before the body: take the stream from Tornado (nothing more of it is read as HTTP),
@@ -204,8 +221,12 @@ class Guard(httputil.HTTPMessageDelegate):
         # HTTP1Connection has detach; the HTTPConnection interface it is typed as does not
         stream = self.conn.detach()  # type: ignore[attr-defined]
         self.framing.report(error, stream)
-        return _answer_and_linger(stream, answer(error.status, error.message, self.head),
-                                  self.framing.linger, self.framing.linger_bytes)
+        return _answer_and_linger(
+            stream,
+            answer(error.status, error.message, self.head),
+            self.framing.linger,
+            self.framing.linger_bytes,
+        )
 
     def _refuse_reading(self, error: FramingError) -> None:
         """While Tornado reads the body: answer, and let its reading drain the rest (dropped)
@@ -216,8 +237,12 @@ class Guard(httputil.HTTPMessageDelegate):
         self.inner.on_connection_close()  # the application hears no more of this request
         if stream is None or stream.closed():
             return
-        self.refused = Refused(stream, answer(error.status, error.message, self.head),
-                               self.framing.linger, self.framing.linger_bytes)
+        self.refused = Refused(
+            stream,
+            answer(error.status, error.message, self.head),
+            self.framing.linger,
+            self.framing.linger_bytes,
+        )
 
 
 class Refused:
@@ -229,11 +254,11 @@ class Refused:
         self.budget = budget
         self.ended = False  # the whole body is in
         self.loop = IOLoop.current()
-        self.closer: Optional[object] = self.loop.call_later(linger, self.close)
+        self.closer: object | None = self.loop.call_later(linger, self.close)
         self.sent = stream.write(data)
         self.sent.add_done_callback(self._half_close)
 
-    def _half_close(self, sent: "asyncio.Future[None]") -> None:
+    def _half_close(self, sent: asyncio.Future[None]) -> None:
         """The answer is out: the client reads it and sees the end."""
         try:
             if sent.exception() is None and self.stream.socket is not None:
@@ -278,15 +303,16 @@ async def _answer_and_linger(stream: IOStream, data: bytes, linger: float, budge
         await _answer(stream, data)
         while budget > 0 and not stream.closed():
             read = stream.read_bytes(READ, partial=True)
-            budget -= len(await gen.with_timeout(deadline, read,
-                                                 quiet_exceptions=StreamClosedError))
+            budget -= len(
+                await gen.with_timeout(deadline, read, quiet_exceptions=StreamClosedError)
+            )
     except (asyncio.TimeoutError, StreamClosedError, OSError):
         pass
     finally:
         stream.close()
 
 
-def _peer(stream: Optional[IOStream]) -> str:
+def _peer(stream: IOStream | None) -> str:
     """Who sent a refused request, for the log."""
     sock = getattr(stream, "socket", None)
     try:

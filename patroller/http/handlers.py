@@ -1,12 +1,14 @@
 """The JSON API's handlers: each parses its query, makes one call on the services, and writes
 what it answers. Every error, domain or HTTP, is answered in JSON by one `write_error`. The
 routes are in routes.py; the web page's handlers in page.py."""
+
 from __future__ import annotations
 
 import asyncio
 import http.client
 import logging
-from typing import Any, Awaitable, Callable, Dict, List, Optional
+from typing import Any
+from collections.abc import Awaitable, Callable
 
 import tornado.web
 from tornado.ioloop import IOLoop
@@ -14,9 +16,20 @@ from tornado.iostream import StreamClosedError
 
 from patroller import durations
 from patroller.core.devices import Device
-from patroller.core.errors import (BadRequest, Busy, NoCallerProcess, NotHeld, NotYours, OverLimit,
-                                   PatrollerError, TooManyReports, TooManyWaiting, Unavailable,
-                                   Unidentified, Unsatisfiable)
+from patroller.core.errors import (
+    BadRequest,
+    Busy,
+    NoCallerProcess,
+    NotHeld,
+    NotYours,
+    OverLimit,
+    PatrollerError,
+    TooManyReports,
+    TooManyWaiting,
+    Unavailable,
+    Unidentified,
+    Unsatisfiable,
+)
 from patroller.core.identity import Identity, ProcessRef
 from patroller.core.leases import Waiter
 from patroller.http import hiding, query
@@ -55,7 +68,7 @@ class Handler(tornado.web.RequestHandler):
     """JSON in every answer, errors included. Its one dependency, the Api (the services and
     the HTTP layer's views), arrives through initialize()."""
 
-    identity: Optional[Identity] = None  # the caller, once identified
+    identity: Identity | None = None  # the caller, once identified
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -79,24 +92,24 @@ class Handler(tornado.web.RequestHandler):
         self.inflight.add()  # a stop waits for the answer
         query.check_length(self.request.query)
 
-    def args(self) -> Dict[str, List[bytes]]:
+    def args(self) -> dict[str, list[bytes]]:
         """Query arguments, plus form arguments of a POST."""
         merged = {name: list(values) for name, values in self.request.query_arguments.items()}
         for name, values in self.request.body_arguments.items():
             merged.setdefault(name, []).extend(values)
         return merged
 
-    async def caller(self, claimed: Optional[str]) -> Identity:
+    async def caller(self, claimed: str | None) -> Identity:
         """Who is asking (remembered: a refusal shows them what they may see of names)."""
         self.identity = await self.services.callers.identify(self.request, claimed)
         return self.identity
 
-    async def viewer(self, claimed: Optional[str]) -> Viewer:
+    async def viewer(self, claimed: str | None) -> Viewer:
         """Who is asking, for the names they may see (--hide-users): a caller who cannot be
         identified sees no name. The caller of a plain request (no user=) is remembered for
         its connection, where the fast lane answers it next."""
         try:
-            identity: Optional[Identity] = await self.caller(claimed)
+            identity: Identity | None = await self.caller(claimed)
         except Unidentified:
             identity = None
         viewer = hiding.NOBODY if hiding.fleet_poll(self.request.headers) else viewer_of(identity)
@@ -104,15 +117,17 @@ class Handler(tornado.web.RequestHandler):
             self.api.hiding.remember(facts_of(self.request.connection), viewer)
         return viewer
 
-    def check_duration(self, duration: Optional[float]) -> None:
+    def check_duration(self, duration: float | None) -> None:
         """Refuse a reservation longer than the host's policy allows."""
         longest = self.leases.policy.max_hold
         if duration is not None and duration > longest:
-            raise BadRequest(f"hold: {durations.describe(duration)} is longer than the "
-                             f"{durations.describe(longest)} one may ask for on this host",
-                             max_hold=longest)
+            raise BadRequest(
+                f"hold: {durations.describe(duration)} is longer than the "
+                f"{durations.describe(longest)} one may ask for on this host",
+                max_hold=longest,
+            )
 
-    async def held_for(self, hold: str) -> Optional[ProcessRef]:
+    async def held_for(self, hold: str) -> ProcessRef | None:
         """The process a hold=process grant is held for (after `caller`); None for a lease."""
         if hold != "process":
             return None
@@ -139,7 +154,7 @@ class Handler(tornado.web.RequestHandler):
             stream.close()
         return True
 
-    async def grant(self, caller: Identity, devices: List[Device]) -> None:
+    async def grant(self, caller: Identity, devices: list[Device]) -> None:
         """Answer with a grant; if the answer could not be written (the client left after it
         was last asked: a unix caller's closed socket refuses the write), give it back."""
         kept = self.kept(caller, devices)
@@ -150,12 +165,15 @@ class Handler(tornado.web.RequestHandler):
         except StreamClosedError:  # closed before the write
             lost = True
         if lost:
-            log.debug("%s %s: the answer could not be written; the grant is given back",
-                      self.request.method, self.request.path)
+            log.debug(
+                "%s %s: the answer could not be written; the grant is given back",
+                self.request.method,
+                self.request.path,
+            )
             for device in kept:
                 self.leases.release(caller, device.uuid, "the client left before the answer")
 
-    def kept(self, caller: Identity, devices: List[Device]) -> List[Device]:
+    def kept(self, caller: Identity, devices: list[Device]) -> list[Device]:
         """The devices just granted, if the lease book could keep the grant; else they are
         given back and the request is refused (503): a grant the book does not hold would not
         survive a restart."""
@@ -167,7 +185,7 @@ class Handler(tornado.web.RequestHandler):
             self.leases.release(caller, device.uuid, "the lease book could not be written")
         raise Unavailable(refusal)
 
-    def send(self, body: Any, status: int = 200) -> "asyncio.Future[None]":
+    def send(self, body: Any, status: int = 200) -> asyncio.Future[None]:
         """Answer with a JSON body (bytes are already JSON); done once it is written, or once
         the connection is closed (the stream's `error` then says why)."""
         self.set_status(status)
@@ -181,12 +199,15 @@ class Handler(tornado.web.RequestHandler):
             self.set_status(STATUS.get(type(exc), 500))
             if "retry_after" in exc.data:  # when to ask again (a 429 of the usage reports)
                 self.set_header("Retry-After", str(exc.data["retry_after"]))
-            body = hiding.refusal(exc, viewer_of(self.identity) if self.api.hiding else
-                                  hiding.EVERYTHING)
+            body = hiding.refusal(
+                exc, viewer_of(self.identity) if self.api.hiding else hiding.EVERYTHING
+            )
         elif status_code == 405:
             method = shown(self.request.method or "", SHOWN_METHOD_CHARS)
-            body = {"error": f"{method} is not allowed on {shown(self.request.path)}",
-                    "allowed": self.allowed()}
+            body = {
+                "error": f"{method} is not allowed on {shown(self.request.path)}",
+                "allowed": self.allowed(),
+            }
             self.set_header("Allow", ", ".join(self.allowed()))
         elif isinstance(exc, tornado.web.HTTPError) and status_code < 500:
             # Tornado's messages may quote the request (a 60 kB Content-Encoding): cut them
@@ -198,8 +219,11 @@ class Handler(tornado.web.RequestHandler):
 
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
         if isinstance(value, (PatrollerError, tornado.web.HTTPError)):
-            status = (value.status_code if isinstance(value, tornado.web.HTTPError) else
-                      STATUS.get(type(value), 500))
+            status = (
+                value.status_code
+                if isinstance(value, tornado.web.HTTPError)
+                else STATUS.get(type(value), 500)
+            )
             if status < 500 or status == 503:
                 return  # an answer to the client (503: stopping, or a part down), not our fault
         else:
@@ -209,14 +233,23 @@ class Handler(tornado.web.RequestHandler):
         admitted, untold = self.api.tracebacks.admit()
         if admitted:
             also = f" ({untold} more failed meanwhile, not logged)" if untold else ""
-            log.error("%s %s answered %d%s", self.request.method, shown(self.request.path),
-                      status, also, exc_info=(typ, value, tb))
+            log.error(
+                "%s %s answered %d%s",
+                self.request.method,
+                shown(self.request.path),
+                status,
+                also,
+                exc_info=(typ, value, tb),
+            )
 
-    def allowed(self) -> List[str]:
+    def allowed(self) -> list[str]:
         """The methods this handler answers."""
         base = tornado.web.RequestHandler
-        return [m for m in ("GET", "HEAD", "POST")
-                if getattr(type(self), m.lower()) is not getattr(base, m.lower())]
+        return [
+            m
+            for m in ("GET", "HEAD", "POST")
+            if getattr(type(self), m.lower()) is not getattr(base, m.lower())
+        ]
 
 
 class View(Handler):
@@ -225,7 +258,7 @@ class View(Handler):
     def head(self) -> Any:
         return self.get()
 
-    def shown(self, data: Callable[[], Any], render: hiding.Render) -> Optional[Awaitable[None]]:
+    def shown(self, data: Callable[[], Any], render: hiding.Render) -> Awaitable[None] | None:
         """Send `data()`; with --hide-users, once the caller is known, as they may see it."""
         hidden = self.api.hiding
         if hidden is None:
@@ -245,8 +278,9 @@ class RequestHandler(Handler):
         self.check_duration(ask.duration)
         if self.unanswerable():
             return
-        await self.grant(caller, self.leases.request(caller, ask.wants, held_for, ask.duration,
-                                                          ask.link))
+        await self.grant(
+            caller, self.leases.request(caller, ask.wants, held_for, ask.duration, ask.link)
+        )
 
     post = get  # so that a client need not change state with a GET; the form joins the query
 
@@ -258,8 +292,8 @@ class WaitHandler(Handler):
     identified is never queued, and a grant that finds it gone is given straight back.
     """
 
-    waiter: Optional[Waiter] = None
-    outcome: Optional["asyncio.Future[Optional[List[Device]]]"] = None  # None: the client left
+    waiter: Waiter | None = None
+    outcome: asyncio.Future[list[Device] | None] | None = None  # None: the client left
 
     async def get(self) -> None:
         ask = query.parse_ask(self.args(), wait=True)
@@ -269,8 +303,9 @@ class WaitHandler(Handler):
         if self.unanswerable():  # it left while we looked it up: queue nothing for nobody
             return
         self.outcome = asyncio.get_running_loop().create_future()
-        self.waiter = self.leases.wait(caller, ask.wants, self._end_wait, self._fail, held_for,
-                                       ask.duration, ask.link)
+        self.waiter = self.leases.wait(
+            caller, ask.wants, self._end_wait, self._fail, held_for, ask.duration, ask.link
+        )
         timer = None
         if ask.timeout is not None and not self.outcome.done():
             timer = IOLoop.current().call_later(ask.timeout, self._timed_out, ask.wants)
@@ -289,7 +324,7 @@ class WaitHandler(Handler):
 
     post = get  # as /request: GET, the seed's contract, or POST
 
-    def _end_wait(self, devices: Optional[List[Device]]) -> None:
+    def _end_wait(self, devices: list[Device] | None) -> None:
         if self.outcome is not None and not self.outcome.done():
             self.outcome.set_result(devices)
 
@@ -297,7 +332,7 @@ class WaitHandler(Handler):
         if self.outcome is not None and not self.outcome.done():
             self.outcome.set_exception(error)
 
-    def _timed_out(self, wants: Dict[str, int]) -> None:
+    def _timed_out(self, wants: dict[str, int]) -> None:
         if self.waiter is not None and self.leases.cancel(self.waiter):
             self._fail(self.leases.busy(wants))
 
@@ -322,32 +357,46 @@ class ReleaseHandler(Handler):
             return
         holder = self.leases.holder(ask.uuid) if ask.uuid is not None else None
         now, later = self.leases.release(caller, ask.uuid, ask.reason, process)
-        kept = [] if ask.uuid is not None else [
-            d for d in self.leases.held_by(caller.user)
-            if self.leases.holds[d.uuid].held_for not in (None, process)]
-        why = ("held while its process runs: released by that process, by uuid, or when it "
-               "ends")
-        self.send({"released": device_json(now), "after_exit": device_json(later),
-                   "kept": [{**g, "why": why} for g in grant_json(kept, self.leases)],
-                   # whose reservation it was, when the host's root released another user's
-                   "holder": self.named(holder.user, caller) if holder and
-                   not holder.same_user(caller) and (now or later) else None})
+        kept = (
+            []
+            if ask.uuid is not None
+            else [
+                d
+                for d in self.leases.held_by(caller.user)
+                if self.leases.holds[d.uuid].held_for not in (None, process)
+            ]
+        )
+        why = "held while its process runs: released by that process, by uuid, or when it ends"
+        self.send(
+            {
+                "released": device_json(now),
+                "after_exit": device_json(later),
+                "kept": [{**g, "why": why} for g in grant_json(kept, self.leases)],
+                # whose reservation it was, when the host's root released another user's
+                "holder": self.named(holder.user, caller)
+                if holder and not holder.same_user(caller) and (now or later)
+                else None,
+            }
+        )
 
-    def healthy(self, caller: Identity, uuid: str) -> Dict[str, Any]:
+    def healthy(self, caller: Identity, uuid: str) -> dict[str, Any]:
         """The host's root says the device is healthy: its Xids end, what -q -x shows now is
         excused (core/health.py); it is granted again unless something else withholds it."""
         self.leases.check_admin(caller, uuid, "say a GPU is healthy")
         watch = self.services.health
         health = watch.declare_healthy(uuid, caller.user) if watch is not None else None
-        return {"healthy": uuid, "health": health.to_json() if health else None,
-                "withheld": self.leases.holds[uuid].withheld}
+        return {
+            "healthy": uuid,
+            "health": health.to_json() if health else None,
+            "withheld": self.leases.holds[uuid].withheld,
+        }
 
-    def named(self, user: str, caller: Identity) -> Optional[str]:
+    def named(self, user: str, caller: Identity) -> str | None:
         """`user` as the caller may see them (--hide-users)."""
         hidden = self.api.hiding
         return hidden.name(user, viewer_of(caller)) if hidden is not None else user
 
-    async def calling_process(self) -> Optional[ProcessRef]:
+    async def calling_process(self) -> ProcessRef | None:
         """The process asking, when the kernel can say (a unix or loopback caller), else None."""
         try:
             return await self.services.callers.process(self.request)
@@ -371,12 +420,12 @@ class RenewHandler(Handler):
 
 
 class QueueHandler(View):
-    def get(self) -> Optional[Awaitable[None]]:
+    def get(self) -> Awaitable[None] | None:
         return self.shown(lambda: queue_view(self.leases), hiding.queue)
 
 
 class UsersHandler(View):
-    def get(self) -> Optional[Awaitable[None]]:
+    def get(self) -> Awaitable[None] | None:
         return self.shown(lambda: users_view(self.leases, self.services.idle), hiding.users)
 
 
@@ -384,14 +433,19 @@ class HistoryHandler(View):
     """The recent events of the audit record, oldest first: ?since=<epoch seconds or ISO time>
     (default: all kept) and ?limit=N (default and most: 1000)."""
 
-    def get(self) -> Optional[Awaitable[None]]:
+    def get(self) -> Awaitable[None] | None:
         ask = query.parse_history(self.args())
-        return self.shown(lambda: self.services.audit.since(ask.since, ask.limit),
-                          hiding.events)
+        return self.shown(lambda: self.services.audit.since(ask.since, ask.limit), hiding.events)
 
 
 class NotFoundHandler(Handler):
     def prepare(self) -> None:  # its own words, whole: the path in them is cut already
         self.set_status(404)
-        self.finish(dumps({"error": f"no such endpoint: {shown(self.request.path)}; try "
-                                    f"{', '.join(self.api.endpoints)}"}))
+        self.finish(
+            dumps(
+                {
+                    "error": f"no such endpoint: {shown(self.request.path)}; try "
+                    f"{', '.join(self.api.endpoints)}"
+                }
+            )
+        )

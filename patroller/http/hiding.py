@@ -22,9 +22,11 @@ One build of the data is serialized once per way of seeing it: with every name (
 views' own body), with pseudonyms only (everyone the data names nothing of: most pollers share
 it), and once for each user it names who asks.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Mapping, Optional, Set
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from patroller.core.errors import PatrollerError
 from patroller.core.identity import NAMELESS, Identity, Viewer
@@ -44,7 +46,7 @@ EVERYTHING = Viewer(everything=True)  # without --hide-users, everyone
 FLEET_AGENT = "(fleet view)"
 
 
-def viewer_of(identity: Optional[Identity]) -> Viewer:
+def viewer_of(identity: Identity | None) -> Viewer:
     """The viewer a caller is: None for one that could not be identified."""
     if identity is None:
         return NOBODY
@@ -66,47 +68,63 @@ class Redaction:
     def __init__(self, viewer: Viewer, pseudonyms: Pseudonyms) -> None:
         self.viewer = viewer
         self.pseudonyms = pseudonyms
-        self.hidden: Set[str] = set()
+        self.hidden: set[str] = set()
 
-    def name(self, user: Optional[str]) -> Optional[str]:
+    def name(self, user: str | None) -> str | None:
         if user is None or self.viewer.sees(user):
             return user
         self.hidden.add(user)
         return self.pseudonyms.of(user)
 
-    def identity(self, data: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    def identity(self, data: dict[str, Any] | None) -> dict[str, Any] | None:
         """An identity (Identity.to_json) as the viewer sees it: its pseudonym, where it came
         from, and nothing else; every other field null, a field added later included."""
         if data is None or self.viewer.sees(data.get("user")):
             return data
-        shown: Dict[str, Any] = {key: None for key in data}
-        shown.update(user=self.name(data.get("user")), source=data.get("source"), info={},
-                     degraded=data.get("degraded", False))
+        shown: dict[str, Any] = {key: None for key in data}
+        shown.update(
+            user=self.name(data.get("user")),
+            source=data.get("source"),
+            info={},
+            degraded=data.get("degraded", False),
+        )
         return shown
 
 
 # -- each read model, as a viewer sees it (the data given is never changed) --------------------
 
-def status(data: Dict[str, Any], seen_by: Redaction) -> Dict[str, Any]:
+
+def status(data: dict[str, Any], seen_by: Redaction) -> dict[str, Any]:
     """/status (StatusView.data)."""
-    return {uuid: {**entry, "claim": claim(entry["claim"], seen_by)}
-            for uuid, entry in data.items()}
+    return {
+        uuid: {**entry, "claim": claim(entry["claim"], seen_by)} for uuid, entry in data.items()
+    }
 
 
-def claim(data: Dict[str, Any], seen_by: Redaction) -> Dict[str, Any]:
+def claim(data: dict[str, Any], seen_by: Redaction) -> dict[str, Any]:
     holder = (data.get("user") or {}).get("user")
-    return {**data, "user": seen_by.identity(data.get("user")),
-            "users": [seen_by.identity(u) for u in data.get("users", [])],
-            "process_detail": [{**p, "user": seen_by.name(p.get("user"))}
-                               for p in data.get("process_detail", [])],
-            "set_aside_for": seen_by.name(data.get("set_aside_for")),
-            "jobs": (None if data.get("jobs") is None else
-                     [job_seen(job, holder, seen_by) for job in data["jobs"]]),
-            "pods": (None if data.get("pods") is None else
-                     [pod_seen(pod, holder, seen_by) for pod in data["pods"]])}
+    return {
+        **data,
+        "user": seen_by.identity(data.get("user")),
+        "users": [seen_by.identity(u) for u in data.get("users", [])],
+        "process_detail": [
+            {**p, "user": seen_by.name(p.get("user"))} for p in data.get("process_detail", [])
+        ],
+        "set_aside_for": seen_by.name(data.get("set_aside_for")),
+        "jobs": (
+            None
+            if data.get("jobs") is None
+            else [job_seen(job, holder, seen_by) for job in data["jobs"]]
+        ),
+        "pods": (
+            None
+            if data.get("pods") is None
+            else [pod_seen(pod, holder, seen_by) for pod in data["pods"]]
+        ),
+    }
 
 
-def job_seen(job: Dict[str, Any], holder: Optional[str], seen_by: Redaction) -> Dict[str, Any]:
+def job_seen(job: dict[str, Any], holder: str | None, seen_by: Redaction) -> dict[str, Any]:
     """A Slurm job a device is allocated to (views.job_view): its user, or the holder's when
     the job map does not name one, decides; hidden, its id goes too (squeue names its user)."""
     user = job.get("user") or holder
@@ -115,7 +133,7 @@ def job_seen(job: Dict[str, Any], holder: Optional[str], seen_by: Redaction) -> 
     return {**job, "id": None, "user": seen_by.name(job.get("user")), "uid": None, "account": None}
 
 
-def pod_seen(pod: Dict[str, Any], holder: Optional[str], seen_by: Redaction) -> Dict[str, Any]:
+def pod_seen(pod: dict[str, Any], holder: str | None, seen_by: Redaction) -> dict[str, Any]:
     """A Kubernetes pod a device is assigned to (views.pod_view): the holder's (the kubelet
     names no user); hidden, its namespace, name and containers go (they name their team)."""
     if seen_by.viewer.sees(holder):
@@ -123,28 +141,33 @@ def pod_seen(pod: Dict[str, Any], holder: Optional[str], seen_by: Redaction) -> 
     return {**pod, "namespace": None, "name": None, "containers": []}
 
 
-def queue(data: List[Dict[str, Any]], seen_by: Redaction) -> List[Dict[str, Any]]:
+def queue(data: list[dict[str, Any]], seen_by: Redaction) -> list[dict[str, Any]]:
     """/queue (views.queue_view)."""
     return [{**waiter, "user": seen_by.name(waiter.get("user"))} for waiter in data]
 
 
-def users(data: Dict[str, Any], seen_by: Redaction) -> Dict[str, Any]:
+def users(data: dict[str, Any], seen_by: Redaction) -> dict[str, Any]:
     """/users (views.users_view): another user's accounts are their pseudonyms, with no uid,
     and their Slurm jobs and Kubernetes pods are not listed (a job's id names its user to
     squeue, a pod's name to kubectl)."""
-    shown: Dict[str, Any] = {}
+    shown: dict[str, Any] = {}
     for user, entry in data.items():
         if seen_by.viewer.sees(user):
             shown[user] = entry
             continue
         shown[str(seen_by.name(user))] = {
-            **entry, "jobs": [], "pods": [],
-            "accounts": [{**a, "account": seen_by.pseudonyms.of(a["account"]), "uid": None}
-                         for a in entry.get("accounts", [])]}
+            **entry,
+            "jobs": [],
+            "pods": [],
+            "accounts": [
+                {**a, "account": seen_by.pseudonyms.of(a["account"]), "uid": None}
+                for a in entry.get("accounts", [])
+            ],
+        }
     return shown
 
 
-def events(data: List[Dict[str, Any]], seen_by: Redaction) -> List[Dict[str, Any]]:
+def events(data: list[dict[str, Any]], seen_by: Redaction) -> list[dict[str, Any]]:
     """/history (the audit record's events): the users they name, and the account of an
     over-limit trespass, which is its user's."""
     shown = []
@@ -163,8 +186,11 @@ def events(data: List[Dict[str, Any]], seen_by: Redaction) -> List[Dict[str, Any
             if event.get(own) is not None and not seen_by.viewer.sees(event.get("user")):
                 seen[own] = None
             if event.get(listed) is not None:
-                owner = {"trespass": event.get("holder"), "allocated": event.get("user"),
-                         "deallocated": event.get("user")}.get(str(event.get("event")))
+                owner = {
+                    "trespass": event.get("holder"),
+                    "allocated": event.get("user"),
+                    "deallocated": event.get("user"),
+                }.get(str(event.get("event")))
                 viewer = seen_by.viewer
                 if not (viewer.everything or owner is not None and viewer.sees(owner)):
                     seen[listed] = None
@@ -172,7 +198,7 @@ def events(data: List[Dict[str, Any]], seen_by: Redaction) -> List[Dict[str, Any
     return shown
 
 
-def refusal(error: PatrollerError, viewer: Viewer) -> Dict[str, Any]:
+def refusal(error: PatrollerError, viewer: Viewer) -> dict[str, Any]:
     """A refusal's body (errors.PatrollerError): what it says of users the viewer may not see
     (their Slurm jobs, pods, devices) is said without it, in its message as in its data."""
     private = error.private
@@ -181,26 +207,42 @@ def refusal(error: PatrollerError, viewer: Viewer) -> Dict[str, Any]:
     return {"error": error.message, **error.data}
 
 
-def snapshot(data: Dict[str, Any], seen_by: Redaction) -> Dict[str, Any]:
+def snapshot(data: dict[str, Any], seen_by: Redaction) -> dict[str, Any]:
     """The web page's live feed (views.page_snapshot)."""
-    return {**data, "status": status(data["status"], seen_by),
-            "queue": queue(data["queue"], seen_by), "users": users(data["users"], seen_by),
-            "events": events(data["events"], seen_by)}
+    return {
+        **data,
+        "status": status(data["status"], seen_by),
+        "queue": queue(data["queue"], seen_by),
+        "users": users(data["users"], seen_by),
+        "events": events(data["events"], seen_by),
+    }
 
 
-def fleet(data: Dict[str, Any], seen_by: Redaction) -> Dict[str, Any]:
+def fleet(data: dict[str, Any], seen_by: Redaction) -> dict[str, Any]:
     """/fleet.json (fleet.Fleet.data): each host's GPUs as that host showed them to this daemon,
     which may have seen every name (its own host's root, over loopback); so each holder and
     user is hidden again, as this daemon's callers may see them (a pseudonym a host gave
     becomes another: its own key is not this daemon's)."""
-    return {**data, "hosts": [{**host, "gpus": [
-        {**gpu, "user": seen_by.identity(gpu.get("user")),
-         "users": [seen_by.identity(u) for u in gpu.get("users") or []]}
-        for gpu in host.get("gpus") or []]} for host in data.get("hosts", [])]}
+    return {
+        **data,
+        "hosts": [
+            {
+                **host,
+                "gpus": [
+                    {
+                        **gpu,
+                        "user": seen_by.identity(gpu.get("user")),
+                        "users": [seen_by.identity(u) for u in gpu.get("users") or []],
+                    }
+                    for gpu in host.get("gpus") or []
+                ],
+            }
+            for host in data.get("hosts", [])
+        ],
+    }
 
 
-def metric_labels(identity: Optional[Identity], label: Optional[Callable[[str], str]]
-                  ) -> Dict[str, str]:
+def metric_labels(identity: Identity | None, label: Callable[[str], str] | None) -> dict[str, str]:
     """The labels /metrics gives a holder or a process's owner: `user`, `container` and `job`
     and `pod` (a Slurm job's id, a Kubernetes pod's namespace/name). A scraper is nobody in
     particular: with --hide-users (`label`, Hiding.label) the user is its pseudonym and the
@@ -210,9 +252,12 @@ def metric_labels(identity: Optional[Identity], label: Optional[Callable[[str], 
     if label is not None:
         return {"user": label(identity.user), "container": "", "job": "", "pod": ""}
     container = (identity.container[1] or identity.container[0]) if identity.container else ""
-    return {"user": identity.user, "container": container,
-            "job": dict(identity.job).get("id", "") if identity.job else "",
-            "pod": pod_id(identity) or ""}
+    return {
+        "user": identity.user,
+        "container": container,
+        "job": dict(identity.job).get("id", "") if identity.job else "",
+        "pod": pod_id(identity) or "",
+    }
 
 
 Render = Callable[[Data, Redaction], Data]
@@ -221,8 +266,9 @@ Render = Callable[[Data, Redaction], Data]
 class Shown:
     """One build of some data, serialized once for each way of seeing it (see the module)."""
 
-    def __init__(self, data: Data, render: Render, pseudonyms: Pseudonyms,
-                 everything: Optional[bytes] = None) -> None:
+    def __init__(
+        self, data: Data, render: Render, pseudonyms: Pseudonyms, everything: bytes | None = None
+    ) -> None:
         self.data = data
         self.render = render
         self.pseudonyms = pseudonyms
@@ -230,7 +276,7 @@ class Shown:
         anonymous = Redaction(NOBODY, pseudonyms)
         self._anonymous = dumps(render(data, anonymous))
         self.names = anonymous.hidden  # every name in the data (a pass for nobody hides all)
-        self._own: Dict[str, bytes] = {}  # user -> the data as that user sees it
+        self._own: dict[str, bytes] = {}  # user -> the data as that user sees it
 
     def body(self, viewer: Viewer) -> bytes:
         if viewer.everything:
@@ -241,8 +287,9 @@ class Shown:
             return self._anonymous
         own = self._own.get(viewer.user)
         if own is None:
-            own = self._own[viewer.user] = dumps(self.render(self.data,
-                                                             Redaction(viewer, self.pseudonyms)))
+            own = self._own[viewer.user] = dumps(
+                self.render(self.data, Redaction(viewer, self.pseudonyms))
+            )
         return own
 
 
@@ -254,8 +301,8 @@ class Hiding:
     def __init__(self, pseudonyms: Pseudonyms, status_view: StatusView) -> None:
         self.pseudonyms = pseudonyms
         self.status_view = status_view
-        self._status: Optional[Shown] = None  # /status as each viewer sees it ...
-        self._status_of: Optional[bytes] = None  # ... for this build of the views' body
+        self._status: Shown | None = None  # /status as each viewer sees it ...
+        self._status_of: bytes | None = None  # ... for this build of the views' body
 
     def status_body(self, viewer: Viewer) -> bytes:
         """/status as `viewer` sees it, at most as old as the views' own body."""
@@ -267,14 +314,14 @@ class Hiding:
             self._status_of = body
         return self._status.body(viewer)
 
-    def lane_status(self, connection: Optional[Accepted]) -> Optional[bytes]:
+    def lane_status(self, connection: Accepted | None) -> bytes | None:
         """The fast lane's /status: for a connection whose caller is known; None sends the
         request to the handler, which identifies the caller (and remembers them)."""
         viewer = connection.facts.viewer if connection is not None else None
         return self.status_body(viewer) if viewer is not None else None
 
     @staticmethod
-    def remember(known: Optional[ConnectionFacts], viewer: Viewer) -> None:
+    def remember(known: ConnectionFacts | None, viewer: Viewer) -> None:
         """Who asked on a connection (a plain request: no user= of test mode): one
         connection, one caller."""
         if known is not None:
@@ -284,7 +331,7 @@ class Hiding:
         """Some data as `viewer` sees it."""
         return data if viewer.everything else render(data, Redaction(viewer, self.pseudonyms))
 
-    def name(self, user: Optional[str], viewer: Viewer) -> Optional[str]:
+    def name(self, user: str | None, viewer: Viewer) -> str | None:
         return Redaction(viewer, self.pseudonyms).name(user)
 
     def feed(self, data: Data) -> Shown:

@@ -9,11 +9,13 @@ loop then cancelled it. What a cancelled handler gets depends on the Tornado rel
 answers nothing and logs the cancellation as an error; 6.6 answers 500), so the handler's own
 methods answer it (`answered_on_stop`): the cancellation never reaches Tornado.
 """
+
 from __future__ import annotations
 
 import asyncio
 import functools
-from typing import Any, Awaitable, Callable, Optional, Protocol, Set, TypeVar
+from typing import Any, Protocol, TypeVar
+from collections.abc import Awaitable, Callable
 
 from patroller.core.errors import Unavailable
 
@@ -25,7 +27,7 @@ class InFlight:
     """The handlers' tasks that have not ended, and whether the daemon is stopping."""
 
     def __init__(self) -> None:
-        self.tasks: Set["asyncio.Task[Any]"] = set()
+        self.tasks: set[asyncio.Task[Any]] = set()
         self.stopping = False
 
     def add(self) -> None:
@@ -59,21 +61,24 @@ class Stoppable(Protocol):
     def unanswerable(self) -> bool: ...
 
 
-def answered_on_stop(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[Optional[T]]]:
+def answered_on_stop(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T | None]]:
     """A handler's method whose cancellation by the stop is answered, the same on every Tornado
     release: 503 (Unavailable, raised to the handler's error path), or nothing if its client
     has left. Any other cancellation (one of what it awaits) goes on as it came."""
 
     @functools.wraps(method)
-    async def answered(handler: Stoppable, *args: Any, **kwargs: Any) -> Optional[T]:
+    async def answered(handler: Stoppable, *args: Any, **kwargs: Any) -> T | None:
         try:
             return await method(handler, *args, **kwargs)
         except asyncio.CancelledError:
             task: Any = asyncio.current_task()
             # Python 3.10 has neither Task.cancelling nor uncancel: there the stop's cancel is
             # taken for the one this request got
-            if not handler.inflight.stopping or task is None or (
-                    hasattr(task, "cancelling") and not task.cancelling()):
+            if (
+                not handler.inflight.stopping
+                or task is None
+                or (hasattr(task, "cancelling") and not task.cancelling())
+            ):
                 raise
             if hasattr(task, "uncancel"):
                 task.uncancel()  # the stop's cancel is answered here, and ends with the request

@@ -9,10 +9,12 @@ with no page open a change costs one call that returns. With --hide-users each p
 snapshot as its caller may see it (hiding.py): serialized once per way of seeing it, not per
 page.
 """
+
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, Optional, Protocol, Set
+from typing import Any, Protocol
+from collections.abc import Callable
 
 from tornado.ioloop import IOLoop
 
@@ -34,9 +36,13 @@ class LiveFeed:
     """Sends `snapshot()` (JSON data) to every open page after changes, coalesced; as each
     page's caller sees it when `views` is given (--hide-users)."""
 
-    def __init__(self, snapshot: Callable[[], Dict[str, Any]], config: Config,
-                 clock: Callable[[], float] = time.monotonic,
-                 views: Optional[Callable[[Dict[str, Any]], Shown]] = None) -> None:
+    def __init__(
+        self,
+        snapshot: Callable[[], dict[str, Any]],
+        config: Config,
+        clock: Callable[[], float] = time.monotonic,
+        views: Callable[[dict[str, Any]], Shown] | None = None,
+    ) -> None:
         self.snapshot = snapshot
         self.views = views
         self.every = config.feed_every
@@ -46,14 +52,14 @@ class LiveFeed:
         self.max_pages_unidentified = config.max_pages_unidentified
         self.retry_ms = config.feed_retry_ms
         self.clock = clock
-        self.pages: Set[Page] = set()
-        self._of: Dict[Page, Optional[str]] = {}  # page -> its caller (None: unidentified)
-        self._per: Dict[Optional[str], int] = {}  # caller -> pages open
-        self._viewer: Dict[Page, Viewer] = {}  # page -> the names its caller may see
+        self.pages: set[Page] = set()
+        self._of: dict[Page, str | None] = {}  # page -> its caller (None: unidentified)
+        self._per: dict[str | None, int] = {}  # caller -> pages open
+        self._viewer: dict[Page, Viewer] = {}  # page -> the names its caller may see
         self._last = -self.every  # when the last snapshot was built
-        self._flush: Optional[object] = None
-        self._ping: Optional[object] = None
-        self._loop: Optional[IOLoop] = None
+        self._flush: object | None = None
+        self._ping: object | None = None
+        self._loop: IOLoop | None = None
 
     def start(self) -> None:
         self._loop = IOLoop.current()
@@ -72,7 +78,7 @@ class LiveFeed:
         self._viewer.clear()
         self._loop = None
 
-    def full(self, caller: Optional[str]) -> Optional[str]:
+    def full(self, caller: str | None) -> str | None:
         """Why one more page of `caller` (None: unidentified callers, who share a small pool)
         is refused, or None: the pages in all, or the caller's own, are at their limit."""
         if len(self.pages) >= self.max_pages:
@@ -81,11 +87,13 @@ class LiveFeed:
         limit = self.max_pages_unidentified if caller is None else self.max_pages_per_user
         if mine >= limit:
             who = "unidentified callers" if caller is None else caller
-            return f"{who} {'have' if caller is None else 'has'} {mine} pages open, the most " \
-                   "allowed: close one"
+            return (
+                f"{who} {'have' if caller is None else 'has'} {mine} pages open, the most "
+                "allowed: close one"
+            )
         return None
 
-    def add(self, page: Page, caller: Optional[str] = None, viewer: Viewer = NOBODY) -> None:
+    def add(self, page: Page, caller: str | None = None, viewer: Viewer = NOBODY) -> None:
         """A new page of `caller`, who sees names as `viewer` may: the retry delay and the
         current snapshot at once."""
         self.pages.add(page)
@@ -119,7 +127,7 @@ class LiveFeed:
         if not self.pages:
             return
         body_for = self._build()
-        messages: Dict[int, bytes] = {}  # id(body) -> its message: one per way of seeing it
+        messages: dict[int, bytes] = {}  # id(body) -> its message: one per way of seeing it
         for page in list(self.pages):
             body = body_for(self._viewer.get(page, NOBODY))
             message = messages.get(id(body))

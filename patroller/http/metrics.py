@@ -17,15 +17,16 @@ requests are counted by endpoint (the routes, or `other`) and status.
 With --hide-users, the scrapers (nobody in particular) see every user label as its pseudonym,
 and no container, job or pod label of a user's (hiding.metric_labels).
 """
+
 from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
-from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily,
-                                    Metric)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 
 from patroller import __version__
@@ -33,9 +34,16 @@ from patroller.http.access import Requests
 from patroller.http.healthmetrics import health_families
 from patroller.http.hiding import Hiding, metric_labels
 from patroller.http.notifymetrics import notification_families
-from patroller.observe.monitor import (FAILING, IDLE, STATES, CrossCheckMetrics,
-                                       InventoryMetrics, MonitorMetrics, SilenceMetrics,
-                                       first)
+from patroller.observe.monitor import (
+    FAILING,
+    IDLE,
+    STATES,
+    CrossCheckMetrics,
+    InventoryMetrics,
+    MonitorMetrics,
+    SilenceMetrics,
+    first,
+)
 from patroller.http.views import device_holds, usage, waiting_by_user
 from patroller.services import Services
 
@@ -61,15 +69,18 @@ GPU_FIGURES = (
 )
 
 
-def _number(value: Any) -> Optional[float]:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+def _number(value: Any) -> float | None:
+    return (
+        float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    )
 
 
 class DaemonCollector:
     """Every family Patroller exposes, built from the services' state at each scrape."""
 
-    def __init__(self, services: Services, requests: Requests,
-                 hiding: Optional[Hiding] = None) -> None:
+    def __init__(
+        self, services: Services, requests: Requests, hiding: Hiding | None = None
+    ) -> None:
         self.services = services
         self.requests = requests  # the HTTP answers counted
         self.hide = hiding.label if hiding is not None else None  # user -> its label
@@ -84,40 +95,51 @@ class DaemonCollector:
         yield from self._usage()
         yield from notification_families(self.services.notifier)
 
-    def _gpus(self, holds: Dict[str, Dict[str, Any]]) -> Iterator[Metric]:
+    def _gpus(self, holds: dict[str, dict[str, Any]]) -> Iterator[Metric]:
         services = self.services
-        families: Dict[str, GaugeMetricFamily] = {}
+        families: dict[str, GaugeMetricFamily] = {}
         for suffix, text, _, _, extra in GPU_FIGURES:
             if suffix not in families:
                 labels = GPU_LABELS + ((extra[0],) if extra else ())
-                families[suffix] = GaugeMetricFamily(f"patroller_gpu_{suffix}", text,
-                                                     labels=labels)
-        stale = GaugeMetricFamily("patroller_gpu_stale", "1 when the device's statistics (or "
-                                  "process list) are out of date", labels=GPU_LABELS + ("data",))
-        holder = InfoMetricFamily("patroller_gpu_holder", "Who holds each GPU, and its state "
-                                  "(job: the Slurm job of the holder's process, if any; pod: "
-                                  "its Kubernetes pod, namespace/name)",
-                                  labels=GPU_LABELS + ("state", "user", "container", "job",
-                                                       "pod"))
-        age = GaugeMetricFamily("patroller_gpu_state_seconds", "Seconds in the current state",
-                                labels=GPU_LABELS)
-        expiry = GaugeMetricFamily("patroller_gpu_lease_expiry_seconds",
-                                   "Seconds until the reservation's lease runs out (only while "
-                                   "a lease runs)", labels=GPU_LABELS)
-        idle = GaugeMetricFamily("patroller_gpu_idle_seconds",
-                                 "Seconds a held GPU has been idle (only once past --idle-after)",
-                                 labels=GPU_LABELS)
+                families[suffix] = GaugeMetricFamily(
+                    f"patroller_gpu_{suffix}", text, labels=labels
+                )
+        stale = GaugeMetricFamily(
+            "patroller_gpu_stale",
+            "1 when the device's statistics (or process list) are out of date",
+            labels=GPU_LABELS + ("data",),
+        )
+        holder = InfoMetricFamily(
+            "patroller_gpu_holder",
+            "Who holds each GPU, and its state "
+            "(job: the Slurm job of the holder's process, if any; pod: "
+            "its Kubernetes pod, namespace/name)",
+            labels=GPU_LABELS + ("state", "user", "container", "job", "pod"),
+        )
+        age = GaugeMetricFamily(
+            "patroller_gpu_state_seconds", "Seconds in the current state", labels=GPU_LABELS
+        )
+        expiry = GaugeMetricFamily(
+            "patroller_gpu_lease_expiry_seconds",
+            "Seconds until the reservation's lease runs out (only while a lease runs)",
+            labels=GPU_LABELS,
+        )
+        idle = GaugeMetricFamily(
+            "patroller_gpu_idle_seconds",
+            "Seconds a held GPU has been idle (only once past --idle-after)",
+            labels=GPU_LABELS,
+        )
         for device in services.inventory:
             ids = [str(device.number), device.uuid, device.name or ""]
             view = services.stats.view(device.uuid)
             for suffix, _, key, scale, extra in GPU_FIGURES:
                 value = _number(view.get(key))
                 if value is not None:
-                    families[suffix].add_metric(ids + ([extra[1]] if extra else []),
-                                                value * scale)
+                    families[suffix].add_metric(ids + ([extra[1]] if extra else []), value * scale)
             stale.add_metric(ids + ["statistics"], 1.0 if view.get("stale") else 0.0)
-            stale.add_metric(ids + ["processes"],
-                             1.0 if services.stats.processes_stale(device.uuid) else 0.0)
+            stale.add_metric(
+                ids + ["processes"], 1.0 if services.stats.processes_stale(device.uuid) else 0.0
+            )
             hold = holds[device.uuid]
             who = hold["holder"]
             holder.add_metric(ids, {"state": hold["state"], **metric_labels(who, self.hide)})
@@ -130,19 +152,29 @@ class DaemonCollector:
         yield from families.values()
         yield from (stale, holder, age, expiry, idle)
 
-    def _processes(self, holds: Dict[str, Dict[str, Any]]) -> Iterator[Metric]:
+    def _processes(self, holds: dict[str, dict[str, Any]]) -> Iterator[Metric]:
         services = self.services
-        memory = GaugeMetricFamily("patroller_process_gpu_memory_bytes",
-                                   "GPU memory of a process on a GPU, bytes",
-                                   labels=PROCESS_LABELS)
-        busy = GaugeMetricFamily("patroller_process_gpu_utilization_ratio",
-                                 "SM utilisation of a process on a GPU (0-1)",
-                                 labels=PROCESS_LABELS)
+        memory = GaugeMetricFamily(
+            "patroller_process_gpu_memory_bytes",
+            "GPU memory of a process on a GPU, bytes",
+            labels=PROCESS_LABELS,
+        )
+        busy = GaugeMetricFamily(
+            "patroller_process_gpu_utilization_ratio",
+            "SM utilisation of a process on a GPU (0-1)",
+            labels=PROCESS_LABELS,
+        )
         for device in services.inventory:
             for pid, owner, command in holds[device.uuid]["processes"]:
                 named = metric_labels(owner, self.hide)
-                labels = [str(device.number), device.uuid, str(pid), named["user"],
-                          named["container"], command or ""]
+                labels = [
+                    str(device.number),
+                    device.uuid,
+                    str(pid),
+                    named["user"],
+                    named["container"],
+                    command or "",
+                ]
                 figures = services.stats.process_view(device.uuid, pid)
                 fb, sm = _number(figures.get("fb")), _number(figures.get("sm"))
                 if fb is not None:
@@ -155,66 +187,105 @@ class DaemonCollector:
     def _users(self) -> Iterator[Metric]:
         leases = self.services.leases
         families = {
-            "held": GaugeMetricFamily("patroller_user_gpus_held",
-                                      "GPUs the user holds (reserved, claimed or shared)",
-                                      labels=["user"]),
+            "held": GaugeMetricFamily(
+                "patroller_user_gpus_held",
+                "GPUs the user holds (reserved, claimed or shared)",
+                labels=["user"],
+            ),
             "reserved_unused": GaugeMetricFamily(
                 "patroller_user_gpus_reserved_unused",
-                "GPUs the user holds with no process of theirs running on them", labels=["user"]),
+                "GPUs the user holds with no process of theirs running on them",
+                labels=["user"],
+            ),
             "unreserved": GaugeMetricFamily(
                 "patroller_user_gpus_unreserved",
-                "GPUs the user computes on without having asked for them", labels=["user"]),
+                "GPUs the user computes on without having asked for them",
+                labels=["user"],
+            ),
             "over_limit": GaugeMetricFamily(
                 "patroller_user_gpus_over_limit",
                 "GPUs the user took by computing beyond their limit, or their account's",
-                labels=["user"]),
+                labels=["user"],
+            ),
             "trespassing": GaugeMetricFamily(
                 "patroller_user_gpus_trespassing",
                 "GPUs the user runs a process on that are not theirs: another user holds them, "
-                "or a Slurm job their process is not in", labels=["user"]),
+                "or a Slurm job their process is not in",
+                labels=["user"],
+            ),
         }
         label = self.hide or (lambda user: user)
         for user, counts in sorted(usage(leases).items()):
             for key, family in families.items():
                 family.add_metric([label(user)], counts[key])
         yield from families.values()
-        waiting = GaugeMetricFamily("patroller_user_requests_waiting",
-                                    "Requests of the user waiting in the queue", labels=["user"])
-        longest = GaugeMetricFamily("patroller_user_wait_seconds_max",
-                                    "Seconds the user's longest waiting request has waited",
-                                    labels=["user"])
+        waiting = GaugeMetricFamily(
+            "patroller_user_requests_waiting",
+            "Requests of the user waiting in the queue",
+            labels=["user"],
+        )
+        longest = GaugeMetricFamily(
+            "patroller_user_wait_seconds_max",
+            "Seconds the user's longest waiting request has waited",
+            labels=["user"],
+        )
         queued = waiting_by_user(leases)
         for user, (count, seconds) in sorted(queued.items()):
             waiting.add_metric([label(user)], count)
             longest.add_metric([label(user)], seconds)
         yield waiting
         yield longest
-        yield GaugeMetricFamily("patroller_requests_waiting", "Requests waiting in the queue",
-                                value=len(leases.waiters))
-        yield GaugeMetricFamily("patroller_wait_seconds_max",
-                                "Seconds the longest waiting request has waited",
-                                value=max((s for _, s in queued.values()), default=0.0))
+        yield GaugeMetricFamily(
+            "patroller_requests_waiting",
+            "Requests waiting in the queue",
+            value=len(leases.waiters),
+        )
+        yield GaugeMetricFamily(
+            "patroller_wait_seconds_max",
+            "Seconds the longest waiting request has waited",
+            value=max((s for _, s in queued.values()), default=0.0),
+        )
 
     def _health(self) -> Iterator[Metric]:
         services = self.services
-        yield InfoMetricFamily("patroller_build", "The daemon's version and mode",
-                               value={"version": __version__, "mode": services.mode})
-        yield GaugeMetricFamily("patroller_devices", "Devices known (lost ones included)",
-                                value=len(services.inventory))
-        up = GaugeMetricFamily("patroller_monitor_up", "1 while the monitor works: its child "
-                               "runs, or it is idle by design (the cross-check with nothing to "
-                               "query, the inventory between readings); 0 while it fails",
-                               labels=["monitor"])
-        states = GaugeMetricFamily("patroller_monitor_state", "1 for the monitor's state: up, "
-                                   "idle (by design) or failing", labels=["monitor", "state"])
-        starts = CounterMetricFamily("patroller_monitor_starts", "Times the monitor's child was "
-                                     "started (restarts included)", labels=["monitor"])
-        hangs = CounterMetricFamily("patroller_monitor_hangs", "Times the monitor's child was "
-                                    "killed as hung: printing nothing, or no answer in time",
-                                    labels=["monitor"])
-        skipped = CounterMetricFamily("patroller_monitor_skipped_lines",
-                                      "Unreadable lines the monitor skipped", labels=["monitor"])
-        found: List[MonitorMetrics] = []
+        yield InfoMetricFamily(
+            "patroller_build",
+            "The daemon's version and mode",
+            value={"version": __version__, "mode": services.mode},
+        )
+        yield GaugeMetricFamily(
+            "patroller_devices",
+            "Devices known (lost ones included)",
+            value=len(services.inventory),
+        )
+        up = GaugeMetricFamily(
+            "patroller_monitor_up",
+            "1 while the monitor works: its child "
+            "runs, or it is idle by design (the cross-check with nothing to "
+            "query, the inventory between readings); 0 while it fails",
+            labels=["monitor"],
+        )
+        states = GaugeMetricFamily(
+            "patroller_monitor_state",
+            "1 for the monitor's state: up, idle (by design) or failing",
+            labels=["monitor", "state"],
+        )
+        starts = CounterMetricFamily(
+            "patroller_monitor_starts",
+            "Times the monitor's child was started (restarts included)",
+            labels=["monitor"],
+        )
+        hangs = CounterMetricFamily(
+            "patroller_monitor_hangs",
+            "Times the monitor's child was killed as hung: printing nothing, or no answer in time",
+            labels=["monitor"],
+        )
+        skipped = CounterMetricFamily(
+            "patroller_monitor_skipped_lines",
+            "Unreadable lines the monitor skipped",
+            labels=["monitor"],
+        )
+        found: list[MonitorMetrics] = []
         for monitor in services.monitors:
             name = monitor.name
             counters = monitor.metrics()
@@ -233,105 +304,174 @@ class DaemonCollector:
         check = first(found, CrossCheckMetrics) or CrossCheckMetrics(state=IDLE)
         inventory = first(found, InventoryMetrics) or InventoryMetrics(state=IDLE)
         quiet = first(found, SilenceMetrics) or SilenceMetrics(state=IDLE)
-        yield GaugeMetricFamily("patroller_devices_silent", "GPUs that print no statistics "
-                                "while the others do: granted to nobody", value=quiet.silent)
+        yield GaugeMetricFamily(
+            "patroller_devices_silent",
+            "GPUs that print no statistics while the others do: granted to nobody",
+            value=quiet.silent,
+        )
         for name, text, value in (
-                ("cross_check_runs", "Compute-apps queries run", check.runs),
-                ("cross_check_failures", "Compute-apps queries that failed", check.failures),
-                ("inventory_readings", "Readings of the GPU inventory after the first",
-                 inventory.readings),
-                ("inventory_changes", "Readings that found GPUs lost, added or renumbered",
-                 inventory.changes),
-                ("silences", "Times a GPU fell silent while the others printed", quiet.silences),
-                ("docker_calls", "Calls to the container engines' Docker API (Docker, Podman, "
-                 "users' rootless engines)", services.identifier.docker_calls),
-                ("proc_reads", "/proc entries of processes read", services.identifier.proc_reads),
-                ("caller_lookups", "TCP callers looked up in the kernel's socket table",
-                 services.callers.lookups),
-                ("caller_descriptors_read", "Descriptors read to find the processes of TCP "
-                 "callers", services.callers.descriptors_read),
-                ("identity_failures", "Requests refused because the caller could not be "
-                 "identified", self.requests.identity_failures),
-                ("accept_failures", "accept() calls that failed for want of descriptors (each "
-                 "followed by a pause without accepting)", self.requests.accept_failures)):
+            ("cross_check_runs", "Compute-apps queries run", check.runs),
+            ("cross_check_failures", "Compute-apps queries that failed", check.failures),
+            (
+                "inventory_readings",
+                "Readings of the GPU inventory after the first",
+                inventory.readings,
+            ),
+            (
+                "inventory_changes",
+                "Readings that found GPUs lost, added or renumbered",
+                inventory.changes,
+            ),
+            ("silences", "Times a GPU fell silent while the others printed", quiet.silences),
+            (
+                "docker_calls",
+                "Calls to the container engines' Docker API (Docker, Podman, "
+                "users' rootless engines)",
+                services.identifier.docker_calls,
+            ),
+            ("proc_reads", "/proc entries of processes read", services.identifier.proc_reads),
+            (
+                "caller_lookups",
+                "TCP callers looked up in the kernel's socket table",
+                services.callers.lookups,
+            ),
+            (
+                "caller_descriptors_read",
+                "Descriptors read to find the processes of TCP callers",
+                services.callers.descriptors_read,
+            ),
+            (
+                "identity_failures",
+                "Requests refused because the caller could not be identified",
+                self.requests.identity_failures,
+            ),
+            (
+                "accept_failures",
+                "accept() calls that failed for want of descriptors (each "
+                "followed by a pause without accepting)",
+                self.requests.accept_failures,
+            ),
+        ):
             yield CounterMetricFamily(f"patroller_{name}", text, value=value)
         book = services.book.metrics() if services.book is not None else {}
-        yield CounterMetricFamily("patroller_lease_book_writes", "Writes of the lease book",
-                                  value=book.get("writes", 0))
-        yield CounterMetricFamily("patroller_lease_book_failures",
-                                  "Writes of the lease book that failed",
-                                  value=book.get("failures", 0))
-        yield GaugeMetricFamily("patroller_lease_book_writable", "1 while the lease book can be "
-                                "written (else no reservation is handed out, but on a read-only "
-                                "filesystem); 1 with no book",
-                                value=1.0 if book.get("writable", True) else 0.0)
-        yield GaugeMetricFamily("patroller_lease_book_read_only", "1 when the state directory is "
-                                "on a read-only filesystem: the book was read at start and is "
-                                "never written, reservations do not survive a restart",
-                                value=1.0 if book.get("read_only") else 0.0)
-        answers = CounterMetricFamily("patroller_http_requests", "HTTP requests answered, by "
-                                      "endpoint and status", labels=["endpoint", "status"])
+        yield CounterMetricFamily(
+            "patroller_lease_book_writes", "Writes of the lease book", value=book.get("writes", 0)
+        )
+        yield CounterMetricFamily(
+            "patroller_lease_book_failures",
+            "Writes of the lease book that failed",
+            value=book.get("failures", 0),
+        )
+        yield GaugeMetricFamily(
+            "patroller_lease_book_writable",
+            "1 while the lease book can be "
+            "written (else no reservation is handed out, but on a read-only "
+            "filesystem); 1 with no book",
+            value=1.0 if book.get("writable", True) else 0.0,
+        )
+        yield GaugeMetricFamily(
+            "patroller_lease_book_read_only",
+            "1 when the state directory is "
+            "on a read-only filesystem: the book was read at start and is "
+            "never written, reservations do not survive a restart",
+            value=1.0 if book.get("read_only") else 0.0,
+        )
+        answers = CounterMetricFamily(
+            "patroller_http_requests",
+            "HTTP requests answered, by endpoint and status",
+            labels=["endpoint", "status"],
+        )
         for (endpoint, status), count in sorted(self.requests.answers.items()):
             answers.add_metric([endpoint, str(status)], count)
         yield answers
 
-
     def _usage(self) -> Iterator[Metric]:
         store = self.services.usage
-        found: Dict[str, Any] = store.metrics() if store is not None else {"state": "off"}
+        found: dict[str, Any] = store.metrics() if store is not None else {"state": "off"}
         state = found["state"]
-        yield GaugeMetricFamily("patroller_usage_writable", "1 while the usage store can be "
-                                "written; 0 while writes fail, or with no store because its "
-                                "directory is read-only; 1 with none asked for",
-                                value=0.0 if state in USAGE_TROUBLE else 1.0)
-        states = GaugeMetricFamily("patroller_usage_state", "1 for the usage store's state: off "
-                                   "(none asked for), starting, writable, failing, read_only "
-                                   "(none: its directory is read-only) or stopped",
-                                   labels=["state"])
+        yield GaugeMetricFamily(
+            "patroller_usage_writable",
+            "1 while the usage store can be "
+            "written; 0 while writes fail, or with no store because its "
+            "directory is read-only; 1 with none asked for",
+            value=0.0 if state in USAGE_TROUBLE else 1.0,
+        )
+        states = GaugeMetricFamily(
+            "patroller_usage_state",
+            "1 for the usage store's state: off "
+            "(none asked for), starting, writable, failing, read_only "
+            "(none: its directory is read-only) or stopped",
+            labels=["state"],
+        )
         for each in USAGE_STATES:
             states.add_metric([each], 1.0 if state == each else 0.0)
         yield states
         for name, text, key in (
-                ("rows_written", "Usage samples written: one row per GPU per interval", "rows"),
-                ("intervals_written", "Usage intervals written, each in one transaction",
-                 "intervals"),
-                ("failures", "Writes (or openings) of the usage store that failed", "failures"),
-                ("set_aside", "Usage store files set aside: corrupt, or of a newer schema",
-                 "set_aside"),
-                ("dropped_intervals", "Usage intervals dropped: past the backlog kept in "
-                 "memory while the store could not be written, or refused by it", "dropped")):
+            ("rows_written", "Usage samples written: one row per GPU per interval", "rows"),
+            ("intervals_written", "Usage intervals written, each in one transaction", "intervals"),
+            ("failures", "Writes (or openings) of the usage store that failed", "failures"),
+            (
+                "set_aside",
+                "Usage store files set aside: corrupt, or of a newer schema",
+                "set_aside",
+            ),
+            (
+                "dropped_intervals",
+                "Usage intervals dropped: past the backlog kept in "
+                "memory while the store could not be written, or refused by it",
+                "dropped",
+            ),
+        ):
             yield CounterMetricFamily(f"patroller_usage_{name}", text, value=found.get(key, 0))
-        yield GaugeMetricFamily("patroller_usage_pending_intervals", "Usage intervals kept in "
-                                "memory, not yet written", value=found.get("pending", 0))
-        yield GaugeMetricFamily("patroller_usage_saving_room", "1 while the usage store does "
-                                "not write: the room left on its filesystem (usage_reserve) is "
-                                "kept for the lease book", value=float(bool(found.get(
-                                    "saving_room"))))
+        yield GaugeMetricFamily(
+            "patroller_usage_pending_intervals",
+            "Usage intervals kept in memory, not yet written",
+            value=found.get("pending", 0),
+        )
+        yield GaugeMetricFamily(
+            "patroller_usage_saving_room",
+            "1 while the usage store does "
+            "not write: the room left on its filesystem (usage_reserve) is "
+            "kept for the lease book",
+            value=float(bool(found.get("saving_room"))),
+        )
         if found.get("free") is not None:
-            yield GaugeMetricFamily("patroller_usage_free_bytes", "Bytes free on the usage "
-                                    "store's filesystem at its last write",
-                                    value=found["free"])
-        refused = CounterMetricFamily("patroller_usage_reports_refused", "Usage reports "
-                                      "refused: busy (as many as may run at once were running: "
-                                      "429) or too_large (more rows than a report may hold: "
-                                      "400)", labels=["reason"])
+            yield GaugeMetricFamily(
+                "patroller_usage_free_bytes",
+                "Bytes free on the usage store's filesystem at its last write",
+                value=found["free"],
+            )
+        refused = CounterMetricFamily(
+            "patroller_usage_reports_refused",
+            "Usage reports "
+            "refused: busy (as many as may run at once were running: "
+            "429) or too_large (more rows than a report may hold: "
+            "400)",
+            labels=["reason"],
+        )
         for reason in ("busy", "too_large"):
             refused.add_metric([reason], found.get(f"reports_{reason}", 0))
         yield refused
-        yield CounterMetricFamily("patroller_usage_parties_overflow", "Parties over the bound "
-                                  "of new ones per interval (usage_new_parties), counted under "
-                                  "their host account alone",
-                                  value=found.get("parties_overflow", 0))
+        yield CounterMetricFamily(
+            "patroller_usage_parties_overflow",
+            "Parties over the bound "
+            "of new ones per interval (usage_new_parties), counted under "
+            "their host account alone",
+            value=found.get("parties_overflow", 0),
+        )
         yield self._gpu_seconds()
 
     def _gpu_seconds(self) -> Metric:
         """GPU-seconds by user and category, as the usage store counts them (the sampler's
         running totals): what contrib/prometheus's recording rules turn into GPU-hours."""
         family = CounterMetricFamily(
-            "patroller_usage_gpu_seconds", "GPU-seconds since the daemon started, by user and "
+            "patroller_usage_gpu_seconds",
+            "GPU-seconds since the daemon started, by user and "
             "usage category (active, idle_held, reserved_unused, trespass, unreserved, free, "
             "lost), split as the usage store splits them and added at each --usage-interval; "
-            "user is empty for GPU-time nobody had", labels=["user", "category"])
+            "user is empty for GPU-time nobody had",
+            labels=["user", "category"],
+        )
         sampler = self.services.sampler
         label = self.hide or (lambda user: user)
         for (user, category), seconds in sorted((sampler.seconds if sampler else {}).items()):
@@ -342,10 +482,10 @@ class DaemonCollector:
 class Collected:
     """Families already collected, as a registry the encoders take."""
 
-    def __init__(self, families: List[Metric]) -> None:
+    def __init__(self, families: list[Metric]) -> None:
         self.families = families
 
-    def collect(self) -> List[Metric]:
+    def collect(self) -> list[Metric]:
         return self.families
 
 
@@ -356,11 +496,12 @@ class Registries:
     the executor, not when the daemon is built.
     """
 
-    def __init__(self, services: Services, requests: Requests,
-                 hiding: Optional[Hiding] = None) -> None:
+    def __init__(
+        self, services: Services, requests: Requests, hiding: Hiding | None = None
+    ) -> None:
         self.collected = CollectorRegistry(auto_describe=False)
         self.collected.register(DaemonCollector(services, requests, hiding))
-        self._standard: Optional[CollectorRegistry] = None
+        self._standard: CollectorRegistry | None = None
         self._lock = threading.Lock()  # two scrapes at once make them once
 
     def standard(self) -> CollectorRegistry:
@@ -374,12 +515,12 @@ class Registries:
                 self._standard = registry
             return self._standard
 
-    def encode(self, families: List[Metric], accept: Optional[str]) -> Tuple[bytes, str]:
+    def encode(self, families: list[Metric], accept: str | None) -> tuple[bytes, str]:
         """Blocking: (body, content type), OpenMetrics when `accept` asks for it."""
         encoder, content_type = choose_encoder(accept or "")
         return encoder(Collected(families + list(self.standard().collect()))), content_type
 
-    async def exposition(self, accept: Optional[str]) -> Tuple[bytes, str]:
+    async def exposition(self, accept: str | None) -> tuple[bytes, str]:
         """The daemon's state taken on the loop, written out in the executor."""
         families = list(self.collected.collect())
         loop = asyncio.get_running_loop()

@@ -3,9 +3,10 @@ URL in the form body, never the query: it holds a password or a token), `/notify
 `/notify/mute?kind=K`, `/notify/unmute?kind=K` and `/notify/test` change or try them. The
 caller is identified as every caller is (the kernel, the container engines), and only ever
 reaches her own: no argument names another user. A caller who cannot be identified gets 403."""
+
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from patroller.config.settings import NOTIFY_KINDS
 from patroller.core.errors import BadRequest, Unavailable
@@ -16,9 +17,8 @@ from patroller.notify.notifier import Notifier
 from patroller.notify.people import TEST, People
 from patroller.notify.terminal import TERMINAL
 
-Args = Dict[str, List[bytes]]
-TAKES = {"add": ("url",), "remove": ("n",), "mute": ("kind",), "unmute": ("kind",),
-         "test": ()}
+Args = dict[str, list[bytes]]
+TAKES = {"add": ("url",), "remove": ("n",), "mute": ("kind",), "unmute": ("kind",), "test": ()}
 
 
 class NotifyHandler(View):
@@ -41,15 +41,17 @@ class NotifyChangeHandler(Handler):
         action = self.ACTION
         args = self.args()
         if "url" in self.request.query_arguments:
-            raise BadRequest("url: send it in the request's body (a form: url=...), never in "
-                             "the query, where it could be logged")
+            raise BadRequest(
+                "url: send it in the request's body (a form: url=...), never in "
+                "the query, where it could be logged"
+            )
         _only(args, TAKES[action], f"/notify/{action}")
         caller = await self.caller(query.parse_user(args))
         notifier = _notifier(self)
         if self.unanswerable():
             return
         try:
-            answer: Dict[str, Any]
+            answer: dict[str, Any]
             if action == "add":
                 number = await notifier.add(caller.user, _one(args, "url"))
                 answer = {"added": number}
@@ -71,18 +73,19 @@ class NotifyChangeHandler(Handler):
 
 
 def _notifier(handler: Handler) -> People:
-    notifier: Optional[Notifier] = handler.services.notifier
+    notifier: Notifier | None = handler.services.notifier
     if notifier is None:
         raise Unavailable("notifications are not part of this daemon")
     return notifier.people
 
 
-def _only(args: Args, names: Tuple[str, ...], endpoint: str) -> None:
+def _only(args: Args, names: tuple[str, ...], endpoint: str) -> None:
     for name in args:
         if name not in (*names, "user"):
             takes = " and ".join(f"{n}=" for n in names) or "nothing"
-            raise BadRequest(f"{endpoint} takes {takes} (and user= in test mode), not "
-                             f"{name[:64]}=")
+            raise BadRequest(
+                f"{endpoint} takes {takes} (and user= in test mode), not {name[:64]}="
+            )
 
 
 def _one(args: Args, name: str) -> str:
@@ -101,6 +104,11 @@ def _number(text: str) -> int:
     return int(text)
 
 
-CHANGES = {action: type(f"Notify{action.title()}Handler", (NotifyChangeHandler,),
-                        {"ACTION": action, "__doc__": f"POST /notify/{action}"})
-           for action in TAKES}  # the routes: /notify/add, /notify/remove, ...
+CHANGES = {
+    action: type(
+        f"Notify{action.title()}Handler",
+        (NotifyChangeHandler,),
+        {"ACTION": action, "__doc__": f"POST /notify/{action}"},
+    )
+    for action in TAKES
+}  # the routes: /notify/add, /notify/remove, ...

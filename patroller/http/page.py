@@ -2,11 +2,12 @@
 /web/<file> (its script and style, only what the package ships), /events (its live feed,
 Server-Sent Events), the usage report's page, /report, and with --fleet the fleet's page,
 /fleet, and its data, /fleet.json."""
+
 from __future__ import annotations
 
 import asyncio
 import importlib.resources
-from typing import Awaitable, Dict, Optional
+from collections.abc import Awaitable
 
 import tornado.web
 
@@ -21,11 +22,18 @@ from patroller.http.hiding import viewer_of
 from patroller.http.live import Page
 from patroller.identify.connection import stream_of
 
-PAGE_POLICY = ("default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
-               "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
-WEB_TYPES = {".html": "text/html; charset=UTF-8", ".js": "text/javascript; charset=UTF-8",
-             ".css": "text/css; charset=UTF-8", ".svg": "image/svg+xml", ".png": "image/png",
-             ".ico": "image/x-icon"}
+PAGE_POLICY = (
+    "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+    "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+)
+WEB_TYPES = {
+    ".html": "text/html; charset=UTF-8",
+    ".js": "text/javascript; charset=UTF-8",
+    ".css": "text/css; charset=UTF-8",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+    ".ico": "image/x-icon",
+}
 ENDPOINTS = {
     "/devices": "inventory",
     "/status": "live statistics and who holds what",
@@ -37,8 +45,8 @@ ENDPOINTS = {
     "/users": "per user: GPUs held, unused, used without asking, idle; limits",
     "/history[?since=T]": "the recent events of the audit record",
     "/usage[?since=T][&until=T][&by=K[,K]][&tz=Z]": "GPU-hours per category (active, "
-                                                    "idle-held, reserved-unused, ...) by user, "
-                                                    "account, job, GPU, day, weekday, hour",
+    "idle-held, reserved-unused, ...) by user, "
+    "account, job, GPU, day, weekday, hour",
     "/report": "the usage report's page: GPU-hours per day and user, when, idle and unused",
     "/whoami": "who the daemon takes the caller for (whom /request would hold devices for)",
     "/notify": "your own notification destinations, their secrets starred",
@@ -58,18 +66,21 @@ ENDPOINTS = {
 }
 
 
-def wants_html(accept: Optional[str]) -> bool:
+def wants_html(accept: str | None) -> bool:
     """Whether the client is a browser asking for a page (curl and programs ask for */* or JSON)."""
     return accept is not None and "text/html" in accept.lower()
 
 
-def web_files() -> Dict[str, bytes]:
+def web_files() -> dict[str, bytes]:
     """Blocking: the page's files, shipped in the package (patroller/http/web), by name."""
     folder = importlib.resources.files("patroller.http") / "web"
     if not folder.is_dir():
         return {}
-    return {entry.name: entry.read_bytes() for entry in folder.iterdir()
-            if entry.is_file() and not entry.name.startswith(".")}
+    return {
+        entry.name: entry.read_bytes()
+        for entry in folder.iterdir()
+        if entry.is_file() and not entry.name.startswith(".")
+    }
 
 
 class PageView(View):
@@ -92,8 +103,15 @@ class IndexHandler(PageView):
         if page is not None and wants_html(self.request.headers.get("Accept")):
             self.send_page(page)
             return
-        self.send({"name": "patroller", "version": __version__, "mode": self.services.mode,
-                   "devices": len(self.services.inventory), "endpoints": ENDPOINTS})
+        self.send(
+            {
+                "name": "patroller",
+                "version": __version__,
+                "mode": self.services.mode,
+                "devices": len(self.services.inventory),
+                "endpoints": ENDPOINTS,
+            }
+        )
 
 
 class ReportHandler(PageView):
@@ -108,9 +126,12 @@ class ReportHandler(PageView):
 
 
 def no_fleet() -> tornado.web.HTTPError:
-    return tornado.web.HTTPError(404, "no fleet view here: start the daemon with --fleet "
-                                      "host:port,host:port,... (or --fleet-file) to serve "
-                                      "/fleet and /fleet.json")
+    return tornado.web.HTTPError(
+        404,
+        "no fleet view here: start the daemon with --fleet "
+        "host:port,host:port,... (or --fleet-file) to serve "
+        "/fleet and /fleet.json",
+    )
 
 
 class FleetHandler(PageView):
@@ -127,7 +148,7 @@ class FleetJsonHandler(View):
     """With --fleet, every host's GPUs as this daemon last heard them; it never waits for a
     host. With --hide-users, the names in it as the caller may see them (hiding.fleet)."""
 
-    def get(self) -> Optional[Awaitable[None]]:
+    def get(self) -> Awaitable[None] | None:
         fleet = self.api.fleet
         if fleet is None:
             raise no_fleet()
@@ -151,7 +172,7 @@ class WebHandler(View):
         body = self.api.web.get(name)
         if body is None:
             raise tornado.web.HTTPError(404, f"no such file: /web/{shown(name, 60)}")
-        extension = name[name.rfind("."):] if "." in name else ""
+        extension = name[name.rfind(".") :] if "." in name else ""
         self.set_header("Content-Type", WEB_TYPES.get(extension, "application/octet-stream"))
         self.set_header("X-Content-Type-Options", "nosniff")
         self.finish(body)
@@ -164,7 +185,7 @@ class WebHandler(View):
 class _PageConnection(Page):
     """The feed's end of one /events connection."""
 
-    def __init__(self, handler: "EventsHandler") -> None:
+    def __init__(self, handler: EventsHandler) -> None:
         self.handler = handler
 
     def write(self, message: bytes) -> None:
@@ -184,8 +205,8 @@ class _PageConnection(Page):
 class EventsHandler(Handler):
     """Server-Sent Events: a snapshot of everything the page shows after each change."""
 
-    page: Optional[_PageConnection] = None
-    done: Optional["asyncio.Future[None]"] = None
+    page: _PageConnection | None = None
+    done: asyncio.Future[None] | None = None
     answered = False  # finish() was called (by us, or by Tornado on an error)
 
     async def get(self) -> None:
@@ -206,7 +227,7 @@ class EventsHandler(Handler):
         if not self.answered:
             self.finish()
 
-    async def page_caller(self, claimed: Optional[str]) -> Optional[Identity]:
+    async def page_caller(self, claimed: str | None) -> Identity | None:
         """Whose page this is, to count it against that user's slots, and for the names it
         may show (--hide-users); None for a caller who cannot be identified (they share a small
         pool, and see no name). The page itself needs no identity."""

@@ -2,9 +2,10 @@
 lane, fastlane.py, answers their simplest requests with the same bodies and headers): each
 carries the inventory's version, /devices as its ETag (a matching If-None-Match is answered
 304) and /status as X-Devices-ETag, so that a fleet daemon asks /devices only when it changed."""
+
 from __future__ import annotations
 
-from typing import Awaitable, Optional
+from collections.abc import Awaitable
 
 from patroller.http.handlers import View
 
@@ -13,13 +14,13 @@ class DevicesHandler(View):
     def get(self) -> None:
         self.send(self.api.devices.body())
 
-    def compute_etag(self) -> Optional[str]:
+    def compute_etag(self) -> str | None:
         """The view's own (Tornado sends it, and answers a matching If-None-Match with 304)."""
         return self.api.devices.etag
 
 
 class StatusHandler(View):
-    def get(self) -> Optional[Awaitable[None]]:
+    def get(self) -> Awaitable[None] | None:
         self.set_header("X-Devices-ETag", self.api.devices.etag)  # /devices' version now
         hidden = self.api.hiding
         if hidden is None:

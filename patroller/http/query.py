@@ -1,11 +1,12 @@
 """Parsing of the API's query strings into typed requests. Pure: every mistake is a BadRequest."""
+
 from __future__ import annotations
 
 import math
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone, tzinfo
-from typing import Dict, Mapping, Optional, Sequence, Tuple
+from collections.abc import Mapping, Sequence
 
 from patroller import durations
 from patroller.config.values import time_zone
@@ -29,21 +30,21 @@ Args = Mapping[str, Sequence[bytes]]
 class Ask:
     """A /request or /wait: how many devices of each group, and for whom."""
 
-    wants: Dict[str, int]
-    user: Optional[str] = None  # test mode only
-    timeout: Optional[float] = None  # /wait only; None waits for ever
+    wants: dict[str, int]
+    user: str | None = None  # test mode only
+    timeout: float | None = None  # /wait only; None waits for ever
     hold: str = "lease"  # or "process": held while the calling process lives; or "duration"
-    duration: Optional[float] = None  # seconds, for hold=<duration> (hold=2h)
-    link: Optional[str] = None  # "nvlink" or "numa": how the devices must be linked
+    duration: float | None = None  # seconds, for hold=<duration> (hold=2h)
+    link: str | None = None  # "nvlink" or "numa": how the devices must be linked
 
 
 @dataclass(frozen=True)
 class Release:
     """A /release or /renew: one device or all of them."""
 
-    uuid: Optional[str] = None
-    user: Optional[str] = None
-    reason: Optional[str] = None  # /release: recorded in the audit record
+    uuid: str | None = None
+    user: str | None = None
+    reason: str | None = None  # /release: recorded in the audit record
     healthy: bool = False  # /release?healthy=1: the host's root says the GPU is healthy
 
 
@@ -62,25 +63,33 @@ def parse_ask(args: Args, *, wait: bool) -> Ask:
     hold = _single(args, "hold")
     link = _single(args, "link")
     if link is not None and link not in LINKS:
-        raise BadRequest(f"link={link[:16]!r}: must be nvlink (every two of the devices linked "
-                         "by NVLink) or numa (all in one NUMA node)", links=list(LINKS))
+        raise BadRequest(
+            f"link={link[:16]!r}: must be nvlink (every two of the devices linked "
+            "by NVLink) or numa (all in one NUMA node)",
+            links=list(LINKS),
+        )
     duration = None
     if hold is not None and hold not in HOLDS:
         try:
             duration = durations.parse(hold)
         except ValueError:
-            raise BadRequest(f"hold={hold[:16]!r}: must be lease (the short lease, the default), "
-                             "process (held while the calling process lives) or a duration "
-                             "(90m, 2h)", holds=[*HOLDS, "<duration>"]) from None
+            raise BadRequest(
+                f"hold={hold[:16]!r}: must be lease (the short lease, the default), "
+                "process (held while the calling process lives) or a duration "
+                "(90m, 2h)",
+                holds=[*HOLDS, "<duration>"],
+            ) from None
         hold = "duration"
-    wants: Dict[str, int] = {}
+    wants: dict[str, int] = {}
     for name, values in args.items():
         if name in ("user", "timeout", "hold", "link"):
             continue
         if not _GROUP.match(name):
             raise BadRequest(f"{name[:64]!r} is not a device group name")
         if len(values) > 1:
-            raise BadRequest(f"{name} is given {len(values)} times; give each group once", group=name)
+            raise BadRequest(
+                f"{name} is given {len(values)} times; give each group once", group=name
+            )
         wants[name] = _count(name, _text(name, values[0]))
         if len(wants) > MAX_GROUPS:
             raise BadRequest(f"too many groups (at most {MAX_GROUPS})")
@@ -88,8 +97,14 @@ def parse_ask(args: Args, *, wait: bool) -> Ask:
         raise BadRequest("nothing requested: ask for devices as ?gpu=<count>")
     if sum(wants.values()) == 0:
         raise BadRequest("nothing requested: every count is zero", requested=wants)
-    return Ask(wants=wants, user=_user(user), timeout=_timeout(timeout_text),
-               hold=hold or "lease", duration=duration, link=link)
+    return Ask(
+        wants=wants,
+        user=_user(user),
+        timeout=_timeout(timeout_text),
+        hold=hold or "lease",
+        duration=duration,
+        link=link,
+    )
 
 
 def parse_release(args: Args, endpoint: str = "/release") -> Release:
@@ -98,8 +113,9 @@ def parse_release(args: Args, endpoint: str = "/release") -> Release:
     for name in args:
         if name not in names:
             takes = "uuid=, reason= and healthy=" if endpoint == "/release" else "uuid="
-            raise BadRequest(f"{endpoint} takes {takes} (and user= in test mode), not "
-                             f"{name[:64]}=")
+            raise BadRequest(
+                f"{endpoint} takes {takes} (and user= in test mode), not {name[:64]}="
+            )
     uuid = _single(args, "uuid")
     if uuid is not None and not _UUID.match(uuid):
         raise BadRequest(f"{uuid[:64]!r} is not a device uuid")
@@ -111,11 +127,15 @@ def parse_release(args: Args, endpoint: str = "/release") -> Release:
         raise BadRequest("healthy= is 1 (or true) or 0 (or false)")
     if healthy in ("1", "true") and uuid is None:
         raise BadRequest("healthy= names one device: uuid=")
-    return Release(uuid=uuid, user=_user(_single(args, "user")), reason=reason,
-                   healthy=healthy in ("1", "true"))
+    return Release(
+        uuid=uuid,
+        user=_user(_single(args, "user")),
+        reason=reason,
+        healthy=healthy in ("1", "true"),
+    )
 
 
-def parse_user(args: Args) -> Optional[str]:
+def parse_user(args: Args) -> str | None:
     """The user= of a read-only endpoint: in test mode, who asks (whose names --hide-users
     shows them); its other arguments are its own."""
     return _user(_single(args, "user"))
@@ -128,7 +148,7 @@ def _text(name: str, raw: bytes) -> str:
         raise BadRequest(f"{name}= is not valid UTF-8") from None
 
 
-def _single(args: Args, name: str) -> Optional[str]:
+def _single(args: Args, name: str) -> str | None:
     values = args.get(name)
     if not values:
         return None
@@ -144,18 +164,19 @@ def _count(group: str, text: str) -> int:
     if not (text.isascii() and text.isdigit()):
         raise BadRequest(f"{group}={shown!r}: the count must be a whole number", group=group)
     if len(text) > len(str(MAX_COUNT)) or int(text) > MAX_COUNT:
-        raise BadRequest(f"{group}={shown}: the count is absurdly large (at most {MAX_COUNT})",
-                         group=group)
+        raise BadRequest(
+            f"{group}={shown}: the count is absurdly large (at most {MAX_COUNT})", group=group
+        )
     return int(text)
 
 
-def _user(text: Optional[str]) -> Optional[str]:
+def _user(text: str | None) -> str | None:
     if text is not None and not _USER.match(text):
         raise BadRequest("user= must be 1 to 128 printable characters without spaces")
     return text
 
 
-def _timeout(text: Optional[str]) -> Optional[float]:
+def _timeout(text: str | None) -> float | None:
     if text is None:
         return None
     try:
@@ -163,8 +184,10 @@ def _timeout(text: Optional[str]) -> Optional[float]:
     except ValueError as exc:
         raise BadRequest(f"timeout={text[:16]!r} {exc}") from None
     if value > MAX_TIMEOUT:
-        raise BadRequest(f"timeout={text[:16]}: at most {durations.describe(MAX_TIMEOUT)}; "
-                         "leave it out to wait for ever")
+        raise BadRequest(
+            f"timeout={text[:16]}: at most {durations.describe(MAX_TIMEOUT)}; "
+            "leave it out to wait for ever"
+        )
     return value
 
 
@@ -184,8 +207,9 @@ def parse_history(args: Args) -> History:
     `parse_user`'s)."""
     for name in args:
         if name not in ("since", "limit", "user"):
-            raise BadRequest(f"/history takes since= and limit= (and user= in test mode), not "
-                             f"{name[:64]}=")
+            raise BadRequest(
+                f"/history takes since= and limit= (and user= in test mode), not {name[:64]}="
+            )
     since_text, limit_text = _single(args, "since"), _single(args, "limit")
     since = 0.0
     if since_text is not None:
@@ -194,11 +218,13 @@ def parse_history(args: Args) -> History:
         except ValueError:
             try:
                 # a "+" typed into a URL arrives as a space
-                moment = datetime.fromisoformat(since_text.replace("Z", "+00:00")
-                                                .replace(" ", "+"))
+                moment = datetime.fromisoformat(
+                    since_text.replace("Z", "+00:00").replace(" ", "+")
+                )
             except ValueError:
-                raise BadRequest(f"since={since_text[:40]!r} is neither epoch seconds nor an "
-                                 "ISO 8601 time") from None
+                raise BadRequest(
+                    f"since={since_text[:40]!r} is neither epoch seconds nor an ISO 8601 time"
+                ) from None
             if moment.tzinfo is None:
                 raise BadRequest("since= needs a time zone (2026-12-03T08:00:00Z)")
             since = moment.timestamp()
@@ -206,8 +232,11 @@ def parse_history(args: Args) -> History:
             raise BadRequest("since= must be a finite time")
     limit = MAX_HISTORY
     if limit_text is not None:
-        if (not (limit_text.isascii() and limit_text.isdigit()) or len(limit_text) > 6
-                or not 1 <= int(limit_text) <= MAX_HISTORY):
+        if (
+            not (limit_text.isascii() and limit_text.isdigit())
+            or len(limit_text) > 6
+            or not 1 <= int(limit_text) <= MAX_HISTORY
+        ):
             raise BadRequest(f"limit= must be a whole number from 1 to {MAX_HISTORY}")
         limit = int(limit_text)
     return History(since=since, limit=limit)
@@ -230,7 +259,7 @@ class UsageRange:
     zone: tzinfo = timezone.utc
 
     @property
-    def keys(self) -> Tuple[str, ...]:
+    def keys(self) -> tuple[str, ...]:
         return tuple(self.by.split(","))
 
 
@@ -241,31 +270,40 @@ def parse_usage(args: Args, now: float) -> UsageRange:
     by= or tz= that is not one."""
     for name in args:
         if name not in ("since", "until", "by", "tz", "user"):
-            raise BadRequest(f"/usage takes since=, until=, by= and tz= (and user= in test "
-                             f"mode), not {name[:64]}=", field=name[:64])
+            raise BadRequest(
+                f"/usage takes since=, until=, by= and tz= (and user= in test "
+                f"mode), not {name[:64]}=",
+                field=name[:64],
+            )
         if len(args[name]) > 1:
-            raise BadRequest(f"{name}= is given {len(args[name])} times; give it once",
-                             field=name)
+            raise BadRequest(f"{name}= is given {len(args[name])} times; give it once", field=name)
     by = _single(args, "by") or "user"
     keys = by.split(",")
-    if by not in USAGE_BY and (len(keys) > 2 or len(set(keys)) < len(keys)
-                               or not set(keys) <= set(USAGE_KEYS)):
-        raise BadRequest(f"by={by[:32]!r}: must be one of {', '.join(USAGE_KEYS)}, or two of "
-                         "them joined by a comma (day,user)", field="by", by=list(USAGE_KEYS))
+    if by not in USAGE_BY and (
+        len(keys) > 2 or len(set(keys)) < len(keys) or not set(keys) <= set(USAGE_KEYS)
+    ):
+        raise BadRequest(
+            f"by={by[:32]!r}: must be one of {', '.join(USAGE_KEYS)}, or two of "
+            "them joined by a comma (day,user)",
+            field="by",
+            by=list(USAGE_KEYS),
+        )
     tz, zone = _zone(_single(args, "tz"))
     since = _moment(args, "since", now, now - USAGE_SINCE, zone)
     until = _moment(args, "until", now, now, zone)
     for name, moment in (("since", since), ("until", until)):
         if moment > now:
-            raise BadRequest(f"{name}= is in the future: a report covers what has happened",
-                             field=name)
+            raise BadRequest(
+                f"{name}= is in the future: a report covers what has happened", field=name
+            )
     if since >= until:
-        raise BadRequest("since= is not before until=: the range is reversed or empty",
-                         field="since")
+        raise BadRequest(
+            "since= is not before until=: the range is reversed or empty", field="since"
+        )
     return UsageRange(since=since, until=until, by=by, tz=tz, zone=zone)
 
 
-def _zone(text: Optional[str]) -> Tuple[str, tzinfo]:
+def _zone(text: str | None) -> tuple[str, tzinfo]:
     """tz=: UTC (the default), an offset from UTC (+02:00, -0530, +09) or the name of a zone
     the host knows (Europe/Paris; config/values.py's `time_zone`, the one rule); as given, and
     as a tzinfo."""
@@ -278,8 +316,9 @@ def _zone(text: Optional[str]) -> Tuple[str, tzinfo]:
         raise BadRequest(f"tz={given[:40]!r} {exc}", field="tz") from None
 
 
-def _moment(args: Args, name: str, now: float, default: float,
-            zone: tzinfo = timezone.utc) -> float:
+def _moment(
+    args: Args, name: str, now: float, default: float, zone: tzinfo = timezone.utc
+) -> float:
     """A time given as a duration before `now` or as an ISO date (midnight in `zone`) or time."""
     text = _single(args, name)
     if text is None:
@@ -294,13 +333,18 @@ def _moment(args: Args, name: str, now: float, default: float,
         # a "+" typed into a URL arrives as a space
         moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace(" ", "+"))
     except ValueError:
-        raise BadRequest(f"{name}={text[:40]!r} is neither a duration before now (7d, 12h, 90m) "
-                         "nor an ISO date or time (2026-11-01, 2026-11-01T08:00:00Z)",
-                         field=name) from None
+        raise BadRequest(
+            f"{name}={text[:40]!r} is neither a duration before now (7d, 12h, 90m) "
+            "nor an ISO date or time (2026-11-01, 2026-11-01T08:00:00Z)",
+            field=name,
+        ) from None
     if moment.tzinfo is None:
         if not _DATE.match(text.strip()):
-            raise BadRequest(f"{name}= needs a time zone (2026-11-01T08:00:00Z), or give a "
-                             "date alone (midnight UTC, or in tz=)", field=name)
+            raise BadRequest(
+                f"{name}= needs a time zone (2026-11-01T08:00:00Z), or give a "
+                "date alone (midnight UTC, or in tz=)",
+                field=name,
+            )
         moment = moment.replace(tzinfo=zone)
     return _in_calendar(name, text, moment.timestamp(), zone)
 
@@ -312,6 +356,9 @@ def _in_calendar(name: str, text: str, moment: float, zone: tzinfo) -> float:
         datetime.fromtimestamp(moment, timezone.utc)
         datetime.fromtimestamp(moment, zone)
     except (ValueError, OverflowError, OSError):
-        raise BadRequest(f"{name}={text[:40]!r} is past the calendar (before the year 1 or "
-                         "after 9999): give a range within it", field=name) from None
+        raise BadRequest(
+            f"{name}={text[:40]!r} is past the calendar (before the year 1 or "
+            "after 9999): give a range within it",
+            field=name,
+        ) from None
     return moment

@@ -1,10 +1,12 @@
 """The whole API in one place: the HTTP layer built over the services, and every route with the
 handler that answers it."""
+
 from __future__ import annotations
 
 import json
 import pkgutil
-from typing import Any, Callable, Dict, List
+from typing import Any
+from collections.abc import Callable
 
 import tornado.web
 
@@ -15,9 +17,16 @@ from patroller.http.api import Api
 from patroller.http.doctor import DoctorHandler
 from patroller.http.fleet import Fleet
 from patroller.http.exposition import MetricsHandler, MetricsJsonHandler, OpenApiHandler
-from patroller.http.handlers import (HistoryHandler, NotFoundHandler, QueueHandler,
-                                     ReleaseHandler, RenewHandler, RequestHandler, UsersHandler,
-                                     WaitHandler)
+from patroller.http.handlers import (
+    HistoryHandler,
+    NotFoundHandler,
+    QueueHandler,
+    ReleaseHandler,
+    RenewHandler,
+    RequestHandler,
+    UsersHandler,
+    WaitHandler,
+)
 from patroller.http.polled import DevicesHandler, StatusHandler
 from patroller.http.fastlane import Body
 from patroller.http.hiding import Hiding
@@ -25,8 +34,15 @@ from patroller.http.usage import UsageHandler
 from patroller.http.live import LiveFeed
 from patroller.http.metrics import Registries
 from patroller.http.notifyapi import CHANGES, NotifyHandler
-from patroller.http.page import (EventsHandler, FleetHandler, FleetJsonHandler, IndexHandler,
-                                 ReportHandler, WebHandler, web_files)
+from patroller.http.page import (
+    EventsHandler,
+    FleetHandler,
+    FleetJsonHandler,
+    IndexHandler,
+    ReportHandler,
+    WebHandler,
+    web_files,
+)
 from patroller.http.encoding import dumps
 from patroller.http.statusview import StatusView
 from patroller.http.views import DevicesView, page_snapshot
@@ -38,18 +54,36 @@ def make_api(services: Services) -> Api:
     """The HTTP layer over `services`: its views, feed, counters, files, fleet view and routes.
     Reads the page's files and the API document from the package."""
     config = services.config
-    status = StatusView(services.inventory, services.leases, services.stats, services.idle,
-                        config.status_max_age, slice_=config.loop_slice)
+    status = StatusView(
+        services.inventory,
+        services.leases,
+        services.stats,
+        services.idle,
+        config.status_max_age,
+        slice_=config.loop_slice,
+    )
     devices = DevicesView(services.inventory, services.leases)
     hiding = Hiding(services.pseudonyms, status) if services.pseudonyms is not None else None
-    feed = LiveFeed(lambda: page_snapshot(services, status, devices), config,
-                    views=hiding.feed if hiding is not None else None)
+    feed = LiveFeed(
+        lambda: page_snapshot(services, status, devices),
+        config,
+        views=hiding.feed if hiding is not None else None,
+    )
     requests = Requests()
-    api = Api(services=services, status=status, devices=devices, feed=feed,
-              registries=Registries(services, requests, hiding), requests=requests,
-              web=web_files(), document=openapi_document(),
-              fleet=Fleet(config) if config.fleet else None, hiding=hiding,
-              doctor=Doctor(config), tracebacks=Throttle(1, config.repeat_log_every))
+    api = Api(
+        services=services,
+        status=status,
+        devices=devices,
+        feed=feed,
+        registries=Registries(services, requests, hiding),
+        requests=requests,
+        web=web_files(),
+        document=openapi_document(),
+        fleet=Fleet(config) if config.fleet else None,
+        hiding=hiding,
+        doctor=Doctor(config),
+        tracebacks=Throttle(1, config.repeat_log_every),
+    )
     # The views and the feed follow every change; the inventory's too.
     services.leases.on_change(feed.changed)
     services.stats.on_change(feed.changed)
@@ -63,6 +97,7 @@ def _inventory_changed(api: Api) -> Any:
     def receive(sender: Any, record: Any) -> None:
         api.devices.invalidate()
         api.status.invalidate(record.added + record.lost + record.renumbered + record.updated)
+
     return receive
 
 
@@ -70,19 +105,23 @@ def _topology_read(api: Api) -> Any:
     def receive(sender: Any, record: Any) -> None:
         api.devices.invalidate()
         api.status.invalidate([d.uuid for d in api.services.inventory])
+
     return receive
 
 
-def lane_routes(api: Api) -> Dict[str, Body]:
+def lane_routes(api: Api) -> dict[str, Body]:
     """What the fast lane answers: /status and /devices from their cached bodies; with
     --hide-users, /status only on a connection whose caller a handler has identified."""
     status, devices = api.status, api.devices
-    return {"/status": api.hiding.lane_status if api.hiding is not None
-            else lambda connection: status.body(),
-            "/devices": lambda connection: devices.body()}
+    return {
+        "/status": api.hiding.lane_status
+        if api.hiding is not None
+        else lambda connection: status.body(),
+        "/devices": lambda connection: devices.body(),
+    }
 
 
-def lane_headers(api: Api) -> Dict[str, Callable[[], bytes]]:
+def lane_headers(api: Api) -> dict[str, Callable[[], bytes]]:
     """The header lines the fast lane adds, as the handlers do: /devices' ETag, on /status
     answers too (X-Devices-ETag)."""
     devices = api.devices
@@ -100,7 +139,7 @@ def openapi_document() -> bytes:
 
 def make_app(api: Api) -> tornado.web.Application:
     """Every route and its handler. (GET /status and /devices also have a fast lane in front.)"""
-    routes: List[Any] = [
+    routes: list[Any] = [
         (r"/", IndexHandler),
         (r"/devices", DevicesHandler),
         (r"/status", StatusHandler),
@@ -125,15 +164,19 @@ def make_app(api: Api) -> tornado.web.Application:
         (r"/doctor", DoctorHandler),
         (r"/openapi\.json", OpenApiHandler),
     ]
-    api.endpoints = [path.split("(")[0] + "<file>" if "(" in path else path.replace("\\", "")
-                     for path, _ in routes if path != "/"]  # the 404 hint lists them all
+    api.endpoints = [
+        path.split("(")[0] + "<file>" if "(" in path else path.replace("\\", "")
+        for path, _ in routes
+        if path != "/"
+    ]  # the 404 hint lists them all
     api.requests.endpoints = {"/", "/web", *api.endpoints}
     config = api.services.config
     return tornado.web.Application(
         [(path, handler, dict(api=api)) for path, handler in routes],
         default_handler_class=NotFoundHandler,
         default_handler_args=dict(api=api),
-        log_function=AccessLog(Throttle(config.client_errors_logged, config.client_errors_window),
-                               api.requests),
+        log_function=AccessLog(
+            Throttle(config.client_errors_logged, config.client_errors_window), api.requests
+        ),
         compress_response=False,
     )

@@ -1,4 +1,5 @@
 """Where the API listens: TCP, and a unix socket whose callers the kernel identifies."""
+
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +9,8 @@ import os
 import socket
 import stat
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
 
 from tornado.httpserver import HTTPServer
 from tornado.httputil import HTTPServerConnectionDelegate
@@ -46,20 +48,29 @@ class PeerServer(HTTPServer):
     """
 
     # TCPServer.initialize takes none of these: HTTPServer's own, with the lane and config
-    def initialize(self, app: HTTPServerConnectionDelegate,  # type: ignore[override]
-                   lane: FastLane, config: Config,
-                   read_facts: Callable[[Credentials], Awaitable[Any]],
-                   requests: Requests) -> None:
+    def initialize(  # type: ignore[override]
+        self,
+        app: HTTPServerConnectionDelegate,
+        lane: FastLane,
+        config: Config,
+        read_facts: Callable[[Credentials], Awaitable[Any]],
+        requests: Requests,
+    ) -> None:
         reports = Throttle(config.framing_reports, config.framing_window)
         # Idle keep-alive connections end after a while (a waiting /wait is not idle); the
         # Guard bounds bodies, in size and in time.
-        super().initialize(Framing(app, config, reports), xheaders=False,
-                           idle_connection_timeout=config.header_timeout,
-                           max_body_size=UNLIMITED, body_timeout=None)
+        super().initialize(
+            Framing(app, config, reports),
+            xheaders=False,
+            idle_connection_timeout=config.header_timeout,
+            max_body_size=UNLIMITED,
+            body_timeout=None,
+        )
         self.read_facts = read_facts
         self.acceptor = Acceptor(self, config, requests, lane)
-        self.counts = ConnectionCounts(config.max_connections_per_caller,
-                                       Throttle(1, config.repeat_log_every))
+        self.counts = ConnectionCounts(
+            config.max_connections_per_caller, Throttle(1, config.repeat_log_every)
+        )
         self.tornado_reports = TornadoReports(reports)
         logging.getLogger(TORNADO_LOG).addFilter(self.tornado_reports)
 
@@ -95,11 +106,12 @@ class PeerServer(HTTPServer):
         super().handle_stream(stream, address)
 
 
-Caller = Tuple[str, Union[int, str, None]]  # ("uid", 1000) or ("address", "10.0.0.7")
+Caller = tuple[str, int | str | None]  # ("uid", 1000) or ("address", "10.0.0.7")
 
 
-def _caller_of(sock: Optional[socket.socket], address: Any,
-               credentials: Optional[Credentials]) -> Caller:
+def _caller_of(
+    sock: socket.socket | None, address: Any, credentials: Credentials | None
+) -> Caller:
     """Who holds a connection, for counting: the uid the kernel recorded for the client (the
     unix socket's peer, or a TCP client's socket on this host), else its address."""
     if sock is not None and sock.family == socket.AF_UNIX:
@@ -121,7 +133,7 @@ class ConnectionCounts:
     def __init__(self, limit: int, reports: Throttle) -> None:
         self.limit = limit
         self.reports = reports
-        self.open: Dict[Caller, int] = {}
+        self.open: dict[Caller, int] = {}
         self.refused = 0  # connections closed at once, for /metrics
 
     def admit(self, stream: IOStream, caller: Caller) -> bool:
@@ -132,9 +144,14 @@ class ConnectionCounts:
                 self.refused += 1
                 admitted, more = self.reports.admit()
                 if admitted:
-                    log.warning("closed a connection of %s %s at once: it holds %d, the most one "
-                                "caller may (--max-connections-per-caller)%s", caller[0],
-                                caller[1], held, f"; {more} more not logged" if more else "")
+                    log.warning(
+                        "closed a connection of %s %s at once: it holds %d, the most one "
+                        "caller may (--max-connections-per-caller)%s",
+                        caller[0],
+                        caller[1],
+                        held,
+                        f"; {more} more not logged" if more else "",
+                    )
                 stream.close()
                 return False
             return True  # not ours to count (a stream made elsewhere)
@@ -150,7 +167,7 @@ class ConnectionCounts:
             self.open.pop(caller, None)
 
 
-def tcp_sockets(port: int, address: str) -> List[socket.socket]:
+def tcp_sockets(port: int, address: str) -> list[socket.socket]:
     """Bound TCP sockets (every interface when address is empty). Raises OSError."""
     return bind_sockets(port, address or None)
 
@@ -188,8 +205,9 @@ def unix_socket(path: str) -> tuple[socket.socket, SocketFile]:
             except OSError as again:
                 if again.errno != errno.EADDRINUSE:
                     raise
-                raise SocketPathError(f"another Patroller is serving on {path}: it was bound "
-                                      "as this one started") from None
+                raise SocketPathError(
+                    f"another Patroller is serving on {path}: it was bound as this one started"
+                ) from None
         os.chmod(path, 0o666)
         sock.setblocking(False)
         sock.listen(128)
@@ -207,11 +225,14 @@ def _clear_stale(path: str) -> None:
     except FileNotFoundError:
         return  # gone meanwhile: bind again
     if stat.S_ISDIR(before.st_mode):
-        raise SocketPathError(f"--socket {path} is a directory: give the path of a socket "
-                              f"file to create, e.g. {path.rstrip('/')}/api.sock")
+        raise SocketPathError(
+            f"--socket {path} is a directory: give the path of a socket "
+            f"file to create, e.g. {path.rstrip('/')}/api.sock"
+        )
     if not stat.S_ISSOCK(before.st_mode):
-        raise SocketPathError(f"--socket {path} exists and is not a socket: remove it, or "
-                              "choose another --socket")
+        raise SocketPathError(
+            f"--socket {path} exists and is not a socket: remove it, or choose another --socket"
+        )
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         probe.settimeout(1.0)
         try:
@@ -220,11 +241,15 @@ def _clear_stale(path: str) -> None:
             pass  # stale: nobody listens on it any more
         except OSError as exc:  # not ours to connect to, or too busy to accept
             why = exc.strerror or "no answer"
-            raise SocketPathError(f"--socket {path} may be in use ({why}): stop whoever serves "
-                                  "on it, or choose another --socket") from None
+            raise SocketPathError(
+                f"--socket {path} may be in use ({why}): stop whoever serves "
+                "on it, or choose another --socket"
+            ) from None
         else:
-            raise SocketPathError(f"another Patroller is serving on {path}: stop it first, or "
-                                  "choose another --socket")
+            raise SocketPathError(
+                f"another Patroller is serving on {path}: stop it first, or "
+                "choose another --socket"
+            )
     try:
         now = os.lstat(path)
         if (now.st_dev, now.st_ino) == (before.st_dev, before.st_ino):  # not one bound since

@@ -14,12 +14,14 @@ samples and process figures, which come every second for every device, are built
 request path: a task on the event loop rebuilds the devices they changed, one at a time, and
 lets the loop serve between them; until it has, a body shows the figures before them.
 """
+
 from __future__ import annotations
 
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any
+from collections.abc import Callable, Iterable
 
 from patroller.config import Config
 from patroller.core.devices import Inventory
@@ -42,29 +44,45 @@ class Part:
     figures_version: int = -1  # StatsStore.figures_version when its processes were
     process_version: int = -1  # Hold.process_version when its processes were
     fingerprint: Any = None
-    stats: Dict[str, Any] = field(default_factory=dict)  # without `stale`
-    claim: Dict[str, Any] = field(default_factory=dict)  # without CLOCK_FIELDS, process_detail
-    detail: List[Dict[str, Any]] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)  # without `stale`
+    claim: dict[str, Any] = field(default_factory=dict)  # without CLOCK_FIELDS, process_detail
+    detail: list[dict[str, Any]] = field(default_factory=list)
     stats_json: bytes = b"{}"
     claim_json: bytes = b"{}"
     detail_json: bytes = b"[]"
 
 
-def fingerprint(hold: Hold, aside_for: Optional[str]) -> Tuple[Any, ...]:
+def fingerprint(hold: Hold, aside_for: str | None) -> tuple[Any, ...]:
     """Everything of a hold that its claim shows, except what moves with the clock: equal
     fingerprints, equal claims. Comparing two costs little (the same objects compare by
     identity; the processes by their version, not their thousands)."""
-    return (hold.holder, hold.lost, hold.held_for, hold.until is None, hold.asked,
-            hold.withheld, hold.health, hold.allocation, hold.process_version, aside_for)
+    return (
+        hold.holder,
+        hold.lost,
+        hold.held_for,
+        hold.until is None,
+        hold.asked,
+        hold.withheld,
+        hold.health,
+        hold.allocation,
+        hold.process_version,
+        aside_for,
+    )
 
 
 class StatusView:
     """The /status body (see the module)."""
 
-    def __init__(self, inventory: Inventory, leases: LeaseManager, stats: StatsStore,
-                 idle: Optional[IdleWatch], max_age: float,
-                 clock: Callable[[], float] = time.monotonic,
-                 slice_: float = Config.loop_slice) -> None:
+    def __init__(
+        self,
+        inventory: Inventory,
+        leases: LeaseManager,
+        stats: StatsStore,
+        idle: IdleWatch | None,
+        max_age: float,
+        clock: Callable[[], float] = time.monotonic,
+        slice_: float = Config.loop_slice,
+    ) -> None:
         self.inventory = inventory
         self.leases = leases
         self.stats = stats
@@ -74,17 +92,17 @@ class StatusView:
         self.slice = slice_  # seconds the background rebuild runs before it lets the loop serve
         self.builds = 0  # bodies put together
         self.parts_built = 0  # device parts serialized again
-        self._parts: Dict[str, Part] = {}
-        self._body: Optional[bytes] = None
+        self._parts: dict[str, Part] = {}
+        self._body: bytes | None = None
         # What _body says, as data (hiding.py derives from it): made from _shown when asked
-        self._data: Optional[Dict[str, Any]] = {}
-        self._shown: List[Tuple[Any, ...]] = []
+        self._data: dict[str, Any] | None = {}
+        self._shown: list[tuple[Any, ...]] = []
         self._built = 0.0
         self._holds_changed = True  # check the fingerprints before the next body
-        self._refreshing: Optional["asyncio.Task[None]"] = None
+        self._refreshing: asyncio.Task[None] | None = None
         # Each device's topology as shown, made once per reading of `topo -m` (or change of the
         # inventory: both invalidate), not at every sample: 255 links a device at 256 GPUs.
-        self._topology: Dict[str, Optional[Dict[str, Any]]] = {}
+        self._topology: dict[str, dict[str, Any] | None] = {}
         leases.on_change(self._leases_changed)
         stats.on_change(self._stats_changed)
 
@@ -155,11 +173,12 @@ class StatusView:
                     part.claim, part.claim_json = claim, dumps(claim)
                     self.parts_built += 1
                     if part.process_version != hold.process_version or any(
-                            trespasses(hold, owner) != shown.get("trespass")  # a new holder's
-                            for owner, shown in zip(hold.processes.values(), part.detail)):
+                        trespasses(hold, owner) != shown.get("trespass")  # a new holder's
+                        for owner, shown in zip(hold.processes.values(), part.detail)
+                    ):
                         self._build_detail(uuid, part)
 
-    def _set_aside(self) -> Dict[str, Optional[str]]:
+    def _set_aside(self) -> dict[str, str | None]:
         """Who each free device set aside for a starving waiter is kept for."""
         waiter, set_aside = self.leases.set_aside()
         return {uuid: waiter.user.user if waiter is not None else None for uuid in set_aside}
@@ -191,19 +210,29 @@ class StatusView:
         hold = self.leases.holds[uuid]
         part.process_version = hold.process_version
         view = self.stats.process_view
-        part.detail = [{"pid": pid, "user": owner.user, "command": hold.commands.get(pid),
-                        "trespass": trespasses(hold, owner), **view(uuid, pid)}
-                       for pid, owner in hold.processes.items()]
+        part.detail = [
+            {
+                "pid": pid,
+                "user": owner.user,
+                "command": hold.commands.get(pid),
+                "trespass": trespasses(hold, owner),
+                **view(uuid, pid),
+            }
+            for pid, owner in hold.processes.items()
+        ]
         part.detail_json = dumps(part.detail)
         self.parts_built += 1
 
-    def _clock_fields(self, uuid: str, now: float, wall: float) -> Dict[str, Any]:
+    def _clock_fields(self, uuid: str, now: float, wall: float) -> dict[str, Any]:
         hold = self.leases.holds[uuid]
         expires = hold.expires(now)
-        return {"age": round(now - hold.since, 3), "expires": expires,
-                "processes_stale": self.stats.processes_stale(uuid),
-                "ends_at": iso_time(wall + expires) if expires is not None else None,
-                "idle_for": self.idle.idle_for(uuid) if self.idle is not None else None}
+        return {
+            "age": round(now - hold.since, 3),
+            "expires": expires,
+            "processes_stale": self.stats.processes_stale(uuid),
+            "ends_at": iso_time(wall + expires) if expires is not None else None,
+            "idle_for": self.idle.idle_for(uuid) if self.idle is not None else None,
+        }
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -220,32 +249,48 @@ class StatusView:
 
     def _assemble(self, now: float, wall: float) -> None:
         # The pieces are joined once: a device's processes (kilobytes at 5,000) are copied once.
-        pieces: List[bytes] = []
-        shown: List[Tuple[str, Dict[str, Any], bool, Dict[str, Any], List[Dict[str, Any]],
-                          Dict[str, Any]]] = []
+        pieces: list[bytes] = []
+        shown: list[
+            tuple[str, dict[str, Any], bool, dict[str, Any], list[dict[str, Any]], dict[str, Any]]
+        ] = []
         for device in self.inventory:
             uuid, part = device.uuid, self._parts[device.uuid]
             stale = self.stats.stale(uuid)
             timed = self._clock_fields(uuid, now, wall)
-            pieces += (b"," if pieces else b"{", dumps(uuid), b":", part.stats_json[:-1],
-                       STALE_THEN_CLAIM[stale], part.claim_json[:-1], b',"process_detail":',
-                       part.detail_json, b",", dumps(timed)[1:], b"}")
+            pieces += (
+                b"," if pieces else b"{",
+                dumps(uuid),
+                b":",
+                part.stats_json[:-1],
+                STALE_THEN_CLAIM[stale],
+                part.claim_json[:-1],
+                b',"process_detail":',
+                part.detail_json,
+                b",",
+                dumps(timed)[1:],
+                b"}",
+            )
             shown.append((uuid, part.stats, stale, part.claim, part.detail, timed))
         pieces.append(b"}" if pieces else b"{}")
         self._body = b"".join(pieces)
         self._shown, self._data = shown, None
         self.builds += 1
 
-    def data(self) -> Dict[str, Any]:
+    def data(self) -> dict[str, Any]:
         """/status as data, as the body says it now."""
         self.body()
         return self.latest()
 
-    def latest(self) -> Dict[str, Any]:
+    def latest(self) -> dict[str, Any]:
         """The data of the body `body()` last returned (never to be changed: it is shared).
         Made when first asked: most bodies are only sent."""
         if self._data is None:
-            self._data = {uuid: {**stats, "stale": stale,
-                                 "claim": {**claim, "process_detail": detail, **timed}}
-                          for uuid, stats, stale, claim, detail, timed in self._shown}
+            self._data = {
+                uuid: {
+                    **stats,
+                    "stale": stale,
+                    "claim": {**claim, "process_detail": detail, **timed},
+                }
+                for uuid, stats, stale, claim, detail, timed in self._shown
+            }
         return self._data

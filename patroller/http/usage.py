@@ -12,16 +12,25 @@ every user counted under it is one the caller may see, and otherwise as a pseudo
 ... and 12 hex digits), so that its GPU-hours are still told apart but name no one. GPUs, days,
 weekdays and hours name no one. Each of two keys is shown as it would be alone.
 """
+
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any
+from collections.abc import Callable
 
 import tornado.web
 
 from patroller.core.errors import Unavailable
-from patroller.core.usage import (BY, CATEGORIES, CYCLES, Grouped, Total, summarize,
-                                  summarize_grouped)
+from patroller.core.usage import (
+    BY,
+    CATEGORIES,
+    CYCLES,
+    Grouped,
+    Total,
+    summarize,
+    summarize_grouped,
+)
 from patroller.http import query
 from patroller.http.handlers import View
 from patroller.core.identity import Viewer
@@ -40,15 +49,20 @@ class UsageHandler(View):
     async def get(self) -> None:
         store = self.services.usage
         if store is None:
-            raise tornado.web.HTTPError(404, "no usage store here: it lives in the state "
-                                        "directory; start the daemon with --state-dir (and "
-                                        "without --usage none) to keep usage history")
+            raise tornado.web.HTTPError(
+                404,
+                "no usage store here: it lives in the state "
+                "directory; start the daemon with --state-dir (and "
+                "without --usage none) to keep usage history",
+            )
         if store.state == READ_ONLY:
-            raise Unavailable(f"no usage store here: its directory {store.directory} is on a "
-                              "read-only filesystem")
+            raise Unavailable(
+                f"no usage store here: its directory {store.directory} is on a "
+                "read-only filesystem"
+            )
         args = self.args()
         asked = query.parse_usage(args, time.time())
-        viewer: Optional[Viewer] = None
+        viewer: Viewer | None = None
         if self.api.hiding is not None:
             viewer = await self.viewer(query.parse_user(args))
         pseudonyms = self.services.pseudonyms
@@ -59,52 +73,62 @@ class UsageHandler(View):
         async with store.reader.slot():
             if asked.by in BY and asked.tz == "UTC":  # one key of its own, in UTC
                 totals = await store.report(asked.since, asked.until, asked.by)
-                rename = (keys_seen(asked.by, viewer, pseudonyms)
-                          if viewer is not None and pseudonyms is not None else None)
+                rename = (
+                    keys_seen(asked.by, viewer, pseudonyms)
+                    if viewer is not None and pseudonyms is not None
+                    else None
+                )
                 body = report(totals, asked, config.usage_interval, config.usage_busy_sm, rename)
             else:
                 totals = await store.grouped(asked.since, asked.until, asked.keys, asked.zone)
-                renamed = (pairs_seen(asked.keys, viewer, pseudonyms)
-                           if viewer is not None and pseudonyms is not None else None)
-                body = grouped(totals, asked, config.usage_interval, config.usage_busy_sm,
-                               renamed)
+                renamed = (
+                    pairs_seen(asked.keys, viewer, pseudonyms)
+                    if viewer is not None and pseudonyms is not None
+                    else None
+                )
+                body = grouped(totals, asked, config.usage_interval, config.usage_busy_sm, renamed)
             await self.send(body)
 
 
-Rename = Callable[[List[Row]], List[Total]]
+Rename = Callable[[list[Row]], list[Total]]
 
 
 def keys_seen(by: str, viewer: Viewer, pseudonyms: Pseudonyms) -> Rename:
     """The totals' keys as `viewer` may see them (see the module)."""
     redaction = Redaction(viewer, pseudonyms)
 
-    def rename(rows: List[Row]) -> List[Total]:
+    def rename(rows: list[Row]) -> list[Total]:
         if viewer.everything or by in NAMELESS:
             return [(key, category, seconds) for key, _, category, seconds in rows]
         if by == "user":
             return [(redaction.name(key), category, seconds) for key, _, category, seconds in rows]
-        users: Dict[Optional[str], Set[Optional[str]]] = {}
+        users: dict[str | None, set[str | None]] = {}
         for key, user, _, _ in rows:
             users.setdefault(key, set()).add(user)
-        shown = {key: key if key is None or all(viewer.sees(u) for u in named)
-                 else pseudonym(by, key, pseudonyms) for key, named in users.items()}
+        shown = {
+            key: key
+            if key is None or all(viewer.sees(u) for u in named)
+            else pseudonym(by, key, pseudonyms)
+            for key, named in users.items()
+        }
         return [(shown[key], category, seconds) for key, _, category, seconds in rows]
+
     return rename
 
 
-RenameGrouped = Callable[[List[Any]], List[Grouped]]
+RenameGrouped = Callable[[list[Any]], list[Grouped]]
 
 
-def pairs_seen(keys: Tuple[str, ...], viewer: Viewer, pseudonyms: Pseudonyms) -> RenameGrouped:
+def pairs_seen(keys: tuple[str, ...], viewer: Viewer, pseudonyms: Pseudonyms) -> RenameGrouped:
     """The keys of a grouped report's totals as `viewer` may see them: each as `keys_seen`
     shows a key of its kind alone (a user by name or pseudonym; an account, job, ... by name
     when every user counted under it, in the whole range, is one the viewer may see)."""
     redaction = Redaction(viewer, pseudonyms)
 
-    def rename(rows: List[Any]) -> List[Grouped]:
+    def rename(rows: list[Any]) -> list[Grouped]:
         if viewer.everything:
             return [(key, category, seconds) for key, _, category, seconds in rows]
-        shown: List[Dict[Optional[str], Optional[str]]] = []
+        shown: list[dict[str | None, str | None]] = []
         for n, by in enumerate(keys):
             values = {key[n] for key, *_ in rows}
             if by in NAMELESS:
@@ -112,14 +136,22 @@ def pairs_seen(keys: Tuple[str, ...], viewer: Viewer, pseudonyms: Pseudonyms) ->
             elif by == "user":
                 shown.append({value: redaction.name(value) for value in values})
             else:
-                users: Dict[Optional[str], Set[Optional[str]]] = {}
+                users: dict[str | None, set[str | None]] = {}
                 for key, user, _, _ in rows:
                     users.setdefault(key[n], set()).add(user)
-                shown.append({value: value if value is None or all(viewer.sees(u) for u in named)
-                              else pseudonym(by, value, pseudonyms)
-                              for value, named in users.items()})
-        return [(tuple(shown[n][value] for n, value in enumerate(key)), category, seconds)
-                for key, _, category, seconds in rows]
+                shown.append(
+                    {
+                        value: value
+                        if value is None or all(viewer.sees(u) for u in named)
+                        else pseudonym(by, value, pseudonyms)
+                        for value, named in users.items()
+                    }
+                )
+        return [
+            (tuple(shown[n][value] for n, value in enumerate(key)), category, seconds)
+            for key, _, category, seconds in rows
+        ]
+
     return rename
 
 
@@ -127,14 +159,22 @@ def pseudonym(by: str, key: str, pseudonyms: Pseudonyms) -> str:
     """A hidden key: a host account as /users hides it, anything else `<by>-<12 hex>`."""
     if by == "account":
         return pseudonyms.of(key)
-    return f"{by}-" + pseudonyms.of(f"{by}:{key}")[len(PREFIX):]
+    return f"{by}-" + pseudonyms.of(f"{by}:{key}")[len(PREFIX) :]
 
 
-def report(totals: Totals, asked: query.UsageRange, interval: float, busy_sm: float,
-           rename: Optional[Rename] = None) -> Dict[str, Any]:
+def report(
+    totals: Totals,
+    asked: query.UsageRange,
+    interval: float,
+    busy_sm: float,
+    rename: Rename | None = None,
+) -> dict[str, Any]:
     """The /usage answer."""
-    rows = (rename(totals.rows) if rename is not None
-            else [(key, category, seconds) for key, _, category, seconds in totals.rows])
+    rows = (
+        rename(totals.rows)
+        if rename is not None
+        else [(key, category, seconds) for key, _, category, seconds in totals.rows]
+    )
     summary = summarize(rows, chronological=asked.by == "day")
     if asked.by == "gpu":
         for row in summary["rows"]:
@@ -142,13 +182,21 @@ def report(totals: Totals, asked: query.UsageRange, interval: float, busy_sm: fl
     return {**_head(totals, asked, interval, busy_sm), **summary}
 
 
-def grouped(totals: Totals, asked: query.UsageRange, interval: float, busy_sm: float,
-            rename: Optional[RenameGrouped] = None) -> Dict[str, Any]:
+def grouped(
+    totals: Totals,
+    asked: query.UsageRange,
+    interval: float,
+    busy_sm: float,
+    rename: RenameGrouped | None = None,
+) -> dict[str, Any]:
     """The /usage answer by two keys, or by one in a time zone: as `report`'s, each row's key
     a list of the two keys (by=day,user: ["2026-11-02", "alice"]), or the one key."""
     # a grouped report's keys are tuples (groupings.py), though Totals types a row's key as one
-    rows: List[Any] = (rename(totals.rows) if rename is not None else
-                       [(key, category, seconds) for key, _, category, seconds in totals.rows])
+    rows: list[Any] = (
+        rename(totals.rows)
+        if rename is not None
+        else [(key, category, seconds) for key, _, category, seconds in totals.rows]
+    )
     summary = summarize_grouped(rows, asked.keys)
     if "gpu" in asked.keys:
         where = asked.keys.index("gpu")
@@ -158,8 +206,16 @@ def grouped(totals: Totals, asked: query.UsageRange, interval: float, busy_sm: f
     return {**_head(totals, asked, interval, busy_sm), **summary}
 
 
-def _head(totals: Totals, asked: query.UsageRange, interval: float,
-          busy_sm: float) -> Dict[str, Any]:
-    return {"since": iso_time(asked.since), "until": iso_time(asked.until), "by": asked.by,
-            "tz": asked.tz, "first": iso_time(totals.first) if totals.first is not None else None,
-            "interval": interval, "busy_sm": busy_sm, "categories": list(CATEGORIES)}
+def _head(
+    totals: Totals, asked: query.UsageRange, interval: float, busy_sm: float
+) -> dict[str, Any]:
+    return {
+        "since": iso_time(asked.since),
+        "until": iso_time(asked.until),
+        "by": asked.by,
+        "tz": asked.tz,
+        "first": iso_time(totals.first) if totals.first is not None else None,
+        "interval": interval,
+        "busy_sm": busy_sm,
+        "categories": list(CATEGORIES),
+    }

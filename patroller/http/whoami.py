@@ -2,6 +2,7 @@
 it holds devices for). `patroller status --mine` asks it, and keeps the GPUs of that `user`:
 the client cannot know how the daemon names it (an e-mail from a container's labels, a Slurm
 job's account, a pod's namespace), so it asks rather than guesses."""
+
 from __future__ import annotations
 
 from patroller.http import query

@@ -1,11 +1,12 @@
 """Who is calling the API: the identity behind an HTTP request, and the process that sent it."""
+
 from __future__ import annotations
 
 import asyncio
 import logging
 import threading
 from collections import OrderedDict
-from typing import Optional, Protocol, Tuple, Union
+from typing import Protocol
 
 from tornado.httputil import HTTPServerRequest
 
@@ -16,18 +17,33 @@ from patroller.core.identity import Identity, ProcessRef, named_user
 from patroller.core.throttle import Throttle
 from patroller.identify import procfs
 from patroller.identify.holders import HolderSearch, holds
-from patroller.identify.sockets import (Address, Owner, SocketEntry, closed_reason, find_client,
-                                        is_loopback, normalize, owner_of)
+from patroller.identify.sockets import (
+    Address,
+    Owner,
+    SocketEntry,
+    closed_reason,
+    find_client,
+    is_loopback,
+    normalize,
+    owner_of,
+)
 from patroller.identify.connection import ConnectionFacts, facts_of, stream_of
-from patroller.identify.resolver import (ProcessIdentifier, ProcFacts, host_identity, read_facts,
-                                         runs_as)
+from patroller.identify.resolver import (
+    ProcessIdentifier,
+    ProcFacts,
+    host_identity,
+    read_facts,
+    runs_as,
+)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TEST_USER = "test-user"
-SOCKET_HINT = ("call over the daemon's unix socket (PATROLLER_SERVER=unix:///run/patroller/"
-               "api.sock, the directory mounted into the container) or from a process on the "
-               "host, or ask hold=lease")
+SOCKET_HINT = (
+    "call over the daemon's unix socket (PATROLLER_SERVER=unix:///run/patroller/"
+    "api.sock, the directory mounted into the container) or from a process on the "
+    "host, or ask hold=lease"
+)
 
 
 class CallerIdentifier(Protocol):
@@ -39,7 +55,7 @@ class CallerIdentifier(Protocol):
     def descriptors_read(self) -> int:
         """Descriptors read to find the processes of TCP callers (/metrics counts them)."""
 
-    async def identify(self, request: HTTPServerRequest, claimed: Optional[str]) -> Identity:
+    async def identify(self, request: HTTPServerRequest, claimed: str | None) -> Identity:
         """`claimed` is the request's user= (already checked for form), or None."""
 
     async def process(self, request: HTTPServerRequest) -> ProcessRef:
@@ -54,18 +70,19 @@ class LocalProcesses:
         self.proc = config.proc_root
         self.shifted_from = config.shifted_uids_from
         self.reports = Throttle(1, config.repeat_log_every)  # refusals of a borrowed pid, logged
-        self.holders = HolderSearch(self.proc, config.holder_search_budget,
-                                    config.holder_sockets_remembered)
+        self.holders = HolderSearch(
+            self.proc, config.holder_search_budget, config.holder_sockets_remembered
+        )
         self.recent_callers = config.recent_callers
-        self._recent: "OrderedDict[int, None]" = OrderedDict()  # pids that called lately
+        self._recent: OrderedDict[int, None] = OrderedDict()  # pids that called lately
         self._recent_lock = threading.Lock()  # used from executor threads
 
-    async def of_connection(self, known: Optional[ConnectionFacts]) -> Optional[ProcFacts]:
+    async def of_connection(self, known: ConnectionFacts | None) -> ProcFacts | None:
         """Facts of the unix-socket peer, or of the process found earlier for a TCP caller."""
         if known is None:
             return None
         if known.peer is not None:
-            facts: Union[ProcFacts, str] = await known.peer.facts
+            facts: ProcFacts | str = await known.peer.facts
             if isinstance(facts, str):  # its pid no longer names the process that connected
                 self._report(facts)
                 raise Unidentified(facts)
@@ -78,7 +95,7 @@ class LocalProcesses:
             more = f" ({held} more since the last such line)" if held else ""
             log.warning("caller refused: %s%s", reason, more)
 
-    def owner(self, entry: SocketEntry) -> Tuple[Owner, Optional[ProcFacts]]:
+    def owner(self, entry: SocketEntry) -> tuple[Owner, ProcFacts | None]:
         """Blocking: the owner of a local client socket, with its holder's /proc facts."""
         if closed_reason(entry):  # nobody can hold it: no need to look
             return owner_of(entry, None, False), None
@@ -107,14 +124,19 @@ class LocalProcesses:
         pid was reused meanwhile, or the socket is another uid's), or ""."""
         port = entry.local[1]
         if entry.uid not in facts.uids:
-            return (f"pid {facts.pid} is not the process that made the connection from port "
-                    f"{port}: it runs as uid {facts.uids[0]}, the socket is uid {entry.uid}'s")
+            return (
+                f"pid {facts.pid} is not the process that made the connection from port "
+                f"{port}: it runs as uid {facts.uids[0]}, the socket is uid {entry.uid}'s"
+            )
         # Holding the socket after its facts were read, and still the same process: the facts
         # are that holder's, not those of a process that took its pid in between.
         if not holds(facts.pid, entry.inode, self.proc) or not procfs.is_alive(
-                ProcessRef(facts.pid, facts.start), self.proc):
-            return (f"pid {facts.pid} is not the process that made the connection from port "
-                    f"{port}: it no longer holds it")
+            ProcessRef(facts.pid, facts.start), self.proc
+        ):
+            return (
+                f"pid {facts.pid} is not the process that made the connection from port "
+                f"{port}: it no longer holds it"
+            )
         return ""
 
 
@@ -132,7 +154,7 @@ class TestModeCallers:
         """Descriptors read to find the processes of TCP callers."""
         return self.local.holders.read
 
-    async def identify(self, request: HTTPServerRequest, claimed: Optional[str]) -> Identity:
+    async def identify(self, request: HTTPServerRequest, claimed: str | None) -> Identity:
         """The user named in the request, or the default test user."""
         return named_user(claimed or self.default)
 
@@ -145,11 +167,14 @@ class TestModeCallers:
             if facts is not None and known is not None:
                 known.process = facts
         if facts is None:
-            raise NoCallerProcess("hold=process: the calling process cannot be known for this "
-                                  "connection; " + SOCKET_HINT, hold="process")
+            raise NoCallerProcess(
+                "hold=process: the calling process cannot be known for this "
+                "connection; " + SOCKET_HINT,
+                hold="process",
+            )
         return ProcessRef(facts.pid, facts.start)
 
-    async def _by_address(self, request: HTTPServerRequest) -> Optional[ProcFacts]:
+    async def _by_address(self, request: HTTPServerRequest) -> ProcFacts | None:
         ends = _ends(request)
         if ends is None:
             return None
@@ -177,8 +202,9 @@ class SystemCallers:
       be spoofed on a shared network).
     """
 
-    def __init__(self, identifier: ProcessIdentifier, directory: Optional[ContainerDirectory],
-                 config: Config) -> None:
+    def __init__(
+        self, identifier: ProcessIdentifier, directory: ContainerDirectory | None, config: Config
+    ) -> None:
         self.identifier = identifier
         self.directory = directory
         self.proc = config.proc_root
@@ -190,11 +216,12 @@ class SystemCallers:
         """Descriptors read to find the processes of TCP callers."""
         return self.local.holders.read
 
-    async def identify(self, request: HTTPServerRequest, claimed: Optional[str]) -> Identity:
+    async def identify(self, request: HTTPServerRequest, claimed: str | None) -> Identity:
         """The caller's identity, or Unidentified."""
         if claimed is not None:
-            raise BadRequest("user= is accepted in test mode only: callers are identified "
-                             "by the system")
+            raise BadRequest(
+                "user= is accepted in test mode only: callers are identified by the system"
+            )
         known = facts_of(request.connection)
         if known is not None and known.peer is not None:
             facts = await self.local.of_connection(known)
@@ -219,12 +246,16 @@ class SystemCallers:
         if facts is None:
             ends = _ends(request)
             where = f" at {ends[0][0]}" if ends is not None else ""
-            raise NoCallerProcess(f"hold=process: the daemon cannot know the calling process of "
-                                  f"a caller{where}; " + SOCKET_HINT, hold="process")
+            raise NoCallerProcess(
+                f"hold=process: the daemon cannot know the calling process of "
+                f"a caller{where}; " + SOCKET_HINT,
+                hold="process",
+            )
         return ProcessRef(facts.pid, facts.start)
 
-    async def _by_address(self, ends: Optional[Tuple[Address, Address]]
-                          ) -> Tuple[Identity, Optional[ProcFacts]]:
+    async def _by_address(
+        self, ends: tuple[Address, Address] | None
+    ) -> tuple[Identity, ProcFacts | None]:
         """The caller of a TCP connection, with its process's facts when it is local."""
         if ends is None:
             raise Unidentified("the connection was closed before its caller could be identified")
@@ -236,21 +267,25 @@ class SystemCallers:
         if entry is not None:
             return await self._local(entry)
         if is_loopback(client[0]) or normalize(client[0]) == normalize(server[0]):
-            raise Unidentified(f"the connection from port {client[1]} is no longer in the "
-                               "kernel's socket table: it was closed before its caller could "
-                               "be identified")
+            raise Unidentified(
+                f"the connection from port {client[1]} is no longer in the "
+                "kernel's socket table: it was closed before its caller could "
+                "be identified"
+            )
         return await self._remote(client[0]), None
 
-    async def _local(self, entry: SocketEntry) -> Tuple[Identity, Optional[ProcFacts]]:
+    async def _local(self, entry: SocketEntry) -> tuple[Identity, ProcFacts | None]:
         loop = asyncio.get_running_loop()
         owner, facts = await loop.run_in_executor(None, self.local.owner, entry)
         if owner.reason:
             raise Unidentified(owner.reason)
         if owner.pid is not None:
             if facts is None:
-                raise Unidentified(f"the process holding the connection from port "
-                                   f"{entry.local[1]} (pid {owner.pid}) ended before it could "
-                                   "be identified")
+                raise Unidentified(
+                    f"the process holding the connection from port "
+                    f"{entry.local[1]} (pid {owner.pid}) ended before it could "
+                    "be identified"
+                )
             return await self.identifier.identify(facts), facts
         assert owner.uid is not None
         # Its holder is hidden from us (no CAP_SYS_PTRACE): the live socket's creator stands.
@@ -264,10 +299,13 @@ class SystemCallers:
         except DockerUnavailable as exc:
             raise Unidentified(f"cannot identify a caller at {address}: {exc}") from None
         if info is None:
-            raise Unidentified(f"no container has the address {address}: call from a container "
-                               "on this host, from the host itself, or over the unix socket")
-        identity = container_identity(info, self.identifier.user_labels,
-                                      self.identifier.info_labels)
+            raise Unidentified(
+                f"no container has the address {address}: call from a container "
+                "on this host, from the host itself, or over the unix socket"
+            )
+        identity = container_identity(
+            info, self.identifier.user_labels, self.identifier.info_labels
+        )
         if info.pid is None:
             return identity
         # The account it runs as: its first process's (the caller's own is not known).
@@ -280,14 +318,16 @@ class SystemCallers:
 def _known(identity: Identity) -> Identity:
     """Refuse a caller whose user cannot be told: nothing may be reserved for "unknown"."""
     if identity.degraded:
-        raise Unidentified("your container's labels cannot be read just now (its container "
-                           "engine is unreachable): try again shortly")
+        raise Unidentified(
+            "your container's labels cannot be read just now (its container "
+            "engine is unreachable): try again shortly"
+        )
     if identity.user == "unknown":
         raise Unidentified("the calling process cannot be identified")
     return identity
 
 
-def _ends(request: HTTPServerRequest) -> Optional[Tuple[Address, Address]]:
+def _ends(request: HTTPServerRequest) -> tuple[Address, Address] | None:
     """(client, our end) of the request's TCP connection."""
     known = facts_of(request.connection)
     stream = stream_of(request.connection)

@@ -40,19 +40,24 @@ names further down (in a user's delegated subtree, say) are anyone's to make, an
 Leading `..` components (a host process seen from inside a cgroup namespace) are passed over.
 Pure parsing; the file is read by procfs.py.
 """
+
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
 
 _ID = r"[0-9a-f]{64}"
 # A path component that is a container: a runtime prefix and a 64-hex id (systemd scopes), or
 # the bare id (cgroupfs: under /docker, a --cgroup-parent, /kubepods/.../pod<uid>, ...).
 _SCOPE = re.compile(rf"^(docker|libpod|cri-containerd|crio|containerd)-({_ID})(?:\.scope)?$")
 _BARE = re.compile(rf"^({_ID})$")
-_RUNTIMES = {"docker": "docker", "libpod": "podman", "cri-containerd": "containerd",
-             "containerd": "containerd", "crio": "crio"}
+_RUNTIMES = {
+    "docker": "docker",
+    "libpod": "podman",
+    "cri-containerd": "containerd",
+    "containerd": "containerd",
+    "crio": "crio",
+}
 # LXD names are letters, digits and '-'; a project's instances are <project>_<name>.
 _LXD = re.compile(r"^lxc\.payload\.([A-Za-z0-9][A-Za-z0-9_.-]*)$")
 # What names a user's uid on the path: the slice logind makes, and the manager's service in it.
@@ -71,10 +76,10 @@ class ContainerRef:
 
     runtime: str  # docker, podman, containerd, crio, lxd; "" when the path does not say
     id: str  # 64 hex digits; an LXD container's name
-    owner: Optional[int] = None  # rootless: the uid whose user slice holds it
-    pod: Optional[str] = None  # Kubernetes: the pod's uid, as the API shows it (with '-')
-    qos: Optional[str] = None  # and the pod's QoS class: guaranteed, burstable or besteffort
-    nested: Optional[int] = None  # another uid's slice the owner's subtree holds: forged
+    owner: int | None = None  # rootless: the uid whose user slice holds it
+    pod: str | None = None  # Kubernetes: the pod's uid, as the API shows it (with '-')
+    qos: str | None = None  # and the pod's QoS class: guaranteed, burstable or besteffort
+    nested: int | None = None  # another uid's slice the owner's subtree holds: forged
 
     @property
     def rootless(self) -> bool:
@@ -87,7 +92,7 @@ class ContainerRef:
         return self.id if self.runtime == "lxd" else self.id[:12]
 
 
-def container_of_path(path: str) -> Optional[ContainerRef]:
+def container_of_path(path: str) -> ContainerRef | None:
     """The container in one cgroup path, or None."""
     parts = [p for p in path.strip().split("/") if p]
     if parts:
@@ -105,7 +110,7 @@ def container_of_path(path: str) -> Optional[ContainerRef]:
     return None
 
 
-def _placed(runtime: str, cid: str, parents: List[str]) -> ContainerRef:
+def _placed(runtime: str, cid: str, parents: list[str]) -> ContainerRef:
     """The container, with its owner (the outermost user slice above it), another uid's slice
     nested under that one, if any, and its pod."""
     owner = nested = None
@@ -121,7 +126,7 @@ def _placed(runtime: str, cid: str, parents: List[str]) -> ContainerRef:
     return ContainerRef(runtime, cid, owner, pod, qos, nested)
 
 
-def _pod_of(parents: List[str]) -> Tuple[Optional[str], Optional[str]]:
+def _pod_of(parents: list[str]) -> tuple[str | None, str | None]:
     """The Kubernetes pod uid and QoS class its parents name, or (None, None)."""
     for index in range(len(parents) - 1, -1, -1):
         part = parents[index]
@@ -151,10 +156,10 @@ class SlurmStep:
 
     job: str  # the job id, or its SLUID
     step: str  # a number, "batch", "extern" or "interactive"
-    uid: Optional[int] = None  # the job's user, where the path says it (v1's uid_<uid>)
+    uid: int | None = None  # the job's user, where the path says it (v1's uid_<uid>)
 
 
-def slurm_of_path(path: str) -> Optional[SlurmStep]:
+def slurm_of_path(path: str) -> SlurmStep | None:
     """The Slurm job step in one cgroup path, where slurmd puts it, or None."""
     parts = [p for p in path.strip().split("/") if p]
     while parts and parts[0] == "..":
@@ -175,7 +180,7 @@ def slurm_of_path(path: str) -> Optional[SlurmStep]:
     return None
 
 
-def parse_slurm(text: str) -> Optional[SlurmStep]:
+def parse_slurm(text: str) -> SlurmStep | None:
     """The Slurm job step named in a /proc/<pid>/cgroup file (any hierarchy), or None."""
     for line in text.splitlines():
         fields = line.split(":", 2)
@@ -186,7 +191,7 @@ def parse_slurm(text: str) -> Optional[SlurmStep]:
     return None
 
 
-def parse_cgroup(text: str) -> Optional[ContainerRef]:
+def parse_cgroup(text: str) -> ContainerRef | None:
     """The container named in a /proc/<pid>/cgroup file; malformed lines are skipped."""
     for line in text.splitlines():
         fields = line.split(":", 2)

@@ -13,10 +13,11 @@ Tornado hands a handler the request's HTTP1Connection, not its stream: the strea
 connection's `stream` attribute, which Tornado does not document (requirements.txt says so).
 `stream_of` is the only reader of it; everything else asks `stream_of` or `facts_of`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any
 
 from tornado.iostream import IOStream
 
@@ -29,11 +30,11 @@ from patroller.identify.resolver import ProcFacts
 class ConnectionFacts:
     """Who is at the other end of one connection, and what was learned of them on it."""
 
-    peer: Optional[Peer] = None  # a unix-socket caller: the kernel's word, and its /proc facts
-    address: Optional[Tuple[str, int]] = None  # a TCP caller: where it came from, as accepted
-    caller: Optional[Identity] = None  # a TCP caller, once identified
-    process: Optional[ProcFacts] = None  # a TCP caller's process, when it is local and visible
-    viewer: Optional[Viewer] = None  # who asked, for the names they may see (http/hiding.py)
+    peer: Peer | None = None  # a unix-socket caller: the kernel's word, and its /proc facts
+    address: tuple[str, int] | None = None  # a TCP caller: where it came from, as accepted
+    caller: Identity | None = None  # a TCP caller, once identified
+    process: ProcFacts | None = None  # a TCP caller's process, when it is local and visible
+    viewer: Viewer | None = None  # who asked, for the names they may see (http/hiding.py)
 
 
 class Accepted(IOStream):
@@ -44,13 +45,13 @@ class Accepted(IOStream):
         self.facts = ConnectionFacts()
 
 
-def stream_of(connection: Any) -> Optional[IOStream]:
+def stream_of(connection: Any) -> IOStream | None:
     """The stream under an HTTP connection (a request's `connection`): Tornado's
     HTTP1Connection keeps it as `stream`, undocumented; None when there is none."""
     return getattr(connection, "stream", None)
 
 
-def facts_of(connection: Any) -> Optional[ConnectionFacts]:
+def facts_of(connection: Any) -> ConnectionFacts | None:
     """The facts of the connection under an HTTP connection; None for a stream the server did
     not accept (it has none)."""
     stream = stream_of(connection)

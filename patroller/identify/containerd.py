@@ -22,6 +22,7 @@ ContainerdUnavailable for `containerd_retry_after` seconds, then it is asked aga
 block, and they and the decoding of their answers run in this directory's own threads; a
 shutdown ends a call in flight at once.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,7 +31,7 @@ import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional
+from collections.abc import Mapping
 
 from patroller.config import Config
 from patroller.identify.lookups import SharedLookups
@@ -73,7 +74,7 @@ class Found:
 
     namespace: str
     container: CtrContainer
-    sandbox: Optional[CtrContainer] = None
+    sandbox: CtrContainer | None = None
 
 
 # -- the messages ------------------------------------------------------------------------------
@@ -84,7 +85,7 @@ def get_request(container_id: str) -> bytes:
     return protowire.string(1, container_id)
 
 
-def list_request(filters: List[str]) -> bytes:
+def list_request(filters: list[str]) -> bytes:
     """ListContainersRequest: those matching any of the filters."""
     return protowire.strings(1, filters)
 
@@ -113,12 +114,12 @@ def read_get(data: bytes) -> CtrContainer:
     return read_container(response.message(1))
 
 
-def read_list(data: bytes) -> List[CtrContainer]:
+def read_list(data: bytes) -> list[CtrContainer]:
     """ListContainersResponse. Raises WireError if it is not one."""
     return [read_container(entry) for entry in protowire.Message(data).messages(1)]
 
 
-def _annotations(spec: bytes) -> Dict[str, str]:
+def _annotations(spec: bytes) -> dict[str, str]:
     """The `annotations` of an OCI spec in JSON; none when it is not one (the spec is not
     needed for anything else, so a bad one costs only its annotations)."""
     if not spec:
@@ -143,7 +144,7 @@ class ContainerdDirectory:
     """containerd's containers by id, with their pods' sandboxes, cached."""
 
     def __init__(self, config: Config, address: str) -> None:
-        self.path = address[len("unix://"):] if address.startswith("unix://") else address
+        self.path = address[len("unix://") :] if address.startswith("unix://") else address
         self.namespaces = config.containerd_namespaces
         self.timeout = config.containerd_timeout
         self.retry_after = config.containerd_retry_after
@@ -153,10 +154,14 @@ class ContainerdDirectory:
         # Its own threads: a hung containerd must not hold up the /proc reads.
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="containerd")
         self._lookups: SharedLookups[Found] = SharedLookups(
-            self._pool, self._fetch, config.container_cache, config.container_ttl,
-            ContainerdUnavailable)
+            self._pool,
+            self._fetch,
+            config.container_cache,
+            config.container_ttl,
+            ContainerdUnavailable,
+        )
 
-    async def get(self, container_id: str) -> Optional[Found]:
+    async def get(self, container_id: str) -> Found | None:
         """The container, or None if no namespace has it. Raises ContainerdUnavailable."""
         return await self._lookups.get(container_id)
 
@@ -168,18 +173,19 @@ class ContainerdDirectory:
 
     # -- in the executor ----------------------------------------------------------------------
 
-    def _fetch(self, container_id: str) -> Optional[Found]:
+    def _fetch(self, container_id: str) -> Found | None:
         try:
             found = self._find(container_id)
         except WireError as exc:
-            self._went_down(f"containerd at {self.path} answered something that is not a "
-                            f"container ({exc})")
+            self._went_down(
+                f"containerd at {self.path} answered something that is not a container ({exc})"
+            )
             raise ContainerdUnavailable(self._lookups.reason) from None
         if self._lookups.came_up():
             log.info("containerd at %s is reachable again", self.path)
         return found
 
-    def _find(self, container_id: str) -> Optional[Found]:
+    def _find(self, container_id: str) -> Found | None:
         for namespace in self.namespaces:
             try:
                 container = read_get(self._call(GET, get_request(container_id), namespace))
@@ -191,12 +197,19 @@ class ContainerdDirectory:
             sandbox = None
             if _SAFE_UID.match(uid):
                 try:
-                    listed = read_list(self._call(LIST, list_request([sandbox_filter(uid)]),
-                                                  namespace))
+                    listed = read_list(
+                        self._call(LIST, list_request([sandbox_filter(uid)]), namespace)
+                    )
                 except _NotFound:
                     listed = []
-                sandbox = next((c for c in listed if c.labels.get(KIND) == "sandbox"
-                                and c.labels.get(POD_UID) == uid), None)
+                sandbox = next(
+                    (
+                        c
+                        for c in listed
+                        if c.labels.get(KIND) == "sandbox" and c.labels.get(POD_UID) == uid
+                    ),
+                    None,
+                )
             return Found(namespace, container, sandbox)
         return None
 
@@ -215,5 +228,8 @@ class ContainerdDirectory:
 
     def _went_down(self, reason: str) -> None:
         if self._lookups.went_down(reason, self.retry_after):
-            log.warning("cannot read containerd's containers: %s; their identities degrade to "
-                        "the container id until it is back", reason)
+            log.warning(
+                "cannot read containerd's containers: %s; their identities degrade to "
+                "the container id until it is back",
+                reason,
+            )

@@ -7,6 +7,7 @@ seconds. When the engine cannot be reached, lookups fail fast with DockerUnavail
 seconds and then try again: nothing waits on a dead engine, and it recovers by itself (lookups.py
 does this for every directory).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -15,7 +16,8 @@ import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from cachetools import TTLCache
 
@@ -39,15 +41,15 @@ class ContainerInfo:
     id: str
     name: str
     labels: Mapping[str, str]
-    addresses: Tuple[str, ...] = ()  # its IP addresses on container networks
-    pid: Optional[int] = None  # its first process, on the host (while it runs)
+    addresses: tuple[str, ...] = ()  # its IP addresses on container networks
+    pid: int | None = None  # its first process, on the host (while it runs)
 
     @property
     def short(self) -> str:
         return self.id[:12]
 
 
-def email_in(value: str) -> Optional[str]:
+def email_in(value: str) -> str | None:
     """The e-mail address in a label value: `alice@example.org` or `Alice <alice@example.org>`."""
     angled = re.search(r"<([^<>]+)>", value)
     text = angled.group(1).strip() if angled else value.strip()
@@ -55,8 +57,9 @@ def email_in(value: str) -> Optional[str]:
     return match.group(0) if match else None
 
 
-def container_identity(info: ContainerInfo, user_labels: Sequence[str],
-                       info_labels: Sequence[str]) -> Identity:
+def container_identity(
+    info: ContainerInfo, user_labels: Sequence[str], info_labels: Sequence[str]
+) -> Identity:
     """The identity of a container's user from its labels (pure)."""
     email = None
     for label in user_labels:
@@ -76,8 +79,12 @@ def container_identity(info: ContainerInfo, user_labels: Sequence[str],
 def unlabelled_identity(container_id: str, degraded: bool = False) -> Identity:
     """A container Docker does not know (another runtime), or cannot tell about (degraded)."""
     short = container_id[:12]
-    return Identity(user="unknown" if degraded else f"container:{short}", source="container",
-                    container=(short, None), degraded=degraded)
+    return Identity(
+        user="unknown" if degraded else f"container:{short}",
+        source="container",
+        container=(short, None),
+        degraded=degraded,
+    )
 
 
 def lxd_identity(name: str) -> Identity:
@@ -88,27 +95,40 @@ def lxd_identity(name: str) -> Identity:
 def _info(container: Any) -> ContainerInfo:
     attrs = container.attrs or {}
     networks = (attrs.get("NetworkSettings") or {}).get("Networks") or {}
-    addresses = tuple(sorted({addr for net in networks.values() for addr in
-                              ((net or {}).get("IPAddress"), (net or {}).get("GlobalIPv6Address"))
-                              if addr}))
+    addresses = tuple(
+        sorted(
+            {
+                addr
+                for net in networks.values()
+                for addr in ((net or {}).get("IPAddress"), (net or {}).get("GlobalIPv6Address"))
+                if addr
+            }
+        )
+    )
     pid = (attrs.get("State") or {}).get("Pid")
-    return ContainerInfo(container.id, container.name, dict(container.labels or {}), addresses,
-                         pid if isinstance(pid, int) and pid > 0 else None)
+    return ContainerInfo(
+        container.id,
+        container.name,
+        dict(container.labels or {}),
+        addresses,
+        pid if isinstance(pid, int) and pid > 0 else None,
+    )
 
 
 class ContainerDirectory:
     """Container labels by id (and by network address), from the Docker Engine, cached."""
 
-    def __init__(self, config: Config, base_url: Optional[str] = None,
-                 engine: str = "the Docker Engine") -> None:
+    def __init__(
+        self, config: Config, base_url: str | None = None, engine: str = "the Docker Engine"
+    ) -> None:
         # None: the configured Docker Engine (--docker-host), else the Docker SDK's default
         self.base_url = base_url or config.docker_host
         self.engine = engine  # what the log and the errors call it
         self.timeout = config.docker_timeout
         self.retry_after = config.docker_retry_after
         self.calls = 0  # Docker API calls made: the benchmark watches it
-        self._by_address: "TTLCache[str, Any]" = TTLCache(maxsize=1, ttl=config.address_ttl)
-        self._addresses: "Optional[asyncio.Future[Dict[str, ContainerInfo]]]" = None
+        self._by_address: TTLCache[str, Any] = TTLCache(maxsize=1, ttl=config.address_ttl)
+        self._addresses: asyncio.Future[dict[str, ContainerInfo]] | None = None
         self._client: Any = None
         self.closed = False  # shut down for good
         self._lock = threading.Lock()
@@ -116,16 +136,22 @@ class ContainerDirectory:
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="docker")
         self.deadline = config.docker_deadline
         self._lookups: SharedLookups[ContainerInfo] = SharedLookups(
-            self._pool, self._fetch, config.container_cache, config.container_ttl,
-            DockerUnavailable, config.docker_deadline, self._overdue)
+            self._pool,
+            self._fetch,
+            config.container_cache,
+            config.container_ttl,
+            DockerUnavailable,
+            config.docker_deadline,
+            self._overdue,
+        )
 
-    async def get(self, container_id: str) -> Optional[ContainerInfo]:
+    async def get(self, container_id: str) -> ContainerInfo | None:
         """The container, or None if the engine does not know it. Raises DockerUnavailable."""
         return await self._lookups.get(container_id)
 
-    async def by_address(self, address: str) -> Optional[ContainerInfo]:
+    async def by_address(self, address: str) -> ContainerInfo | None:
         """The container with this IP address on a container network, or None."""
-        table: Optional[Dict[str, ContainerInfo]] = self._by_address.get("all")
+        table: dict[str, ContainerInfo] | None = self._by_address.get("all")
         if table is None:
             if self._addresses is None:
                 self._lookups.check_up()
@@ -153,10 +179,11 @@ class ContainerDirectory:
         finally:
             self._lock.release()
 
-    async def _load_addresses(self) -> Dict[str, ContainerInfo]:
+    async def _load_addresses(self) -> dict[str, ContainerInfo]:
         loop = asyncio.get_running_loop()
         infos = await self._lookups.within_deadline(
-            loop.run_in_executor(self._pool, self._fetch_all))
+            loop.run_in_executor(self._pool, self._fetch_all)
+        )
         table = {address: info for info in infos for address in info.addresses}
         self._by_address["all"] = table
         for info in infos:
@@ -165,7 +192,7 @@ class ContainerDirectory:
 
     # -- in the executor --------------------------------------------------------------------
 
-    def _fetch(self, container_id: str) -> Optional[ContainerInfo]:
+    def _fetch(self, container_id: str) -> ContainerInfo | None:
         import docker.errors
 
         try:
@@ -177,8 +204,10 @@ class ContainerDirectory:
     def _fetch_all(self) -> Sequence[ContainerInfo]:
         # A container removed between the listing and the look at it is passed over, not an
         # error (NotFound would reach the caller being identified).
-        return [_info(c) for c in
-                self._call(lambda client: client.containers.list(ignore_removed=True))]
+        return [
+            _info(c)
+            for c in self._call(lambda client: client.containers.list(ignore_removed=True))
+        ]
 
     def _call(self, action: Any) -> Any:
         import docker
@@ -188,8 +217,9 @@ class ContainerDirectory:
             with self._lock:
                 if self._client is None:
                     self.calls += 1  # the version negotiation
-                    self._client = docker.DockerClient(base_url=self.base_url, version="auto",
-                                                       timeout=self.timeout)
+                    self._client = docker.DockerClient(
+                        base_url=self.base_url, version="auto", timeout=self.timeout
+                    )
                 client = self._client
             self.calls += 1
             result = action(client)
@@ -199,25 +229,37 @@ class ContainerDirectory:
             self._went_down(exc)
             raise DockerUnavailable(self._lookups.reason) from None
         if self._lookups.came_up():
-            log.info("%s at %s is reachable again", self.engine,
-                     self.base_url or "unix:///var/run/docker.sock")
+            log.info(
+                "%s at %s is reachable again",
+                self.engine,
+                self.base_url or "unix:///var/run/docker.sock",
+            )
         return result
 
     def _overdue(self) -> str:
         """A lookup took the whole deadline: the engine is down for a while (said once)."""
-        reason = f"{self.engine} at {self.base_url or 'unix:///var/run/docker.sock'} gave no " \
-                 f"whole answer within {self.deadline:g} s"
+        reason = (
+            f"{self.engine} at {self.base_url or 'unix:///var/run/docker.sock'} gave no "
+            f"whole answer within {self.deadline:g} s"
+        )
         if self._lookups.went_down(reason, self.retry_after):
-            log.warning("cannot read container labels: %s; identities degrade to the "
-                        "container id until it is back", reason)
+            log.warning(
+                "cannot read container labels: %s; identities degrade to the "
+                "container id until it is back",
+                reason,
+            )
         return reason
 
     def _went_down(self, exc: Exception) -> None:
-        reason = in_words(exc, self.base_url or "unix:///var/run/docker.sock", self.timeout,
-                          self.engine)
+        reason = in_words(
+            exc, self.base_url or "unix:///var/run/docker.sock", self.timeout, self.engine
+        )
         if self._lookups.went_down(reason, self.retry_after):
-            log.warning("cannot read container labels: %s; identities degrade to the "
-                        "container id until it is back", reason)
+            log.warning(
+                "cannot read container labels: %s; identities degrade to the "
+                "container id until it is back",
+                reason,
+            )
         self.close_quietly()
 
     def close_quietly(self) -> None:
@@ -227,9 +269,9 @@ class ContainerDirectory:
             self._client = None
 
 
-
-def in_words(exc: BaseException, where: str, timeout: float,
-             engine: str = "the Docker Engine") -> str:
+def in_words(
+    exc: BaseException, where: str, timeout: float, engine: str = "the Docker Engine"
+) -> str:
     """What went wrong talking to the engine, said in words, never an exception's repr.
 
     The SDK wraps the cause in requests' and urllib3's errors, whose text is a tuple's repr
@@ -255,7 +297,15 @@ def in_words(exc: BaseException, where: str, timeout: float,
             return f"{engine} at {where} answered {status}" + (f": {said}" if said else "")
         if cause.args and all(isinstance(arg, str) for arg in cause.args):
             words = cause
-        chain.extend(c for c in (cause.__cause__, cause.__context__, getattr(cause, "reason", None),
-                                 *cause.args) if isinstance(c, BaseException))
+        chain.extend(
+            c
+            for c in (
+                cause.__cause__,
+                cause.__context__,
+                getattr(cause, "reason", None),
+                *cause.args,
+            )
+            if isinstance(c, BaseException)
+        )
     text = str(words).splitlines()[0][:200] if str(words) else type(words).__name__
     return f"{engine} at {where} cannot be used: {text}"

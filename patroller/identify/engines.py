@@ -21,6 +21,7 @@ by their ids until it is there (`awaits`: the tracker asks again). One that is t
 not answer degrades like the Docker Engine, and is asked again later. A client is made
 for an engine when it is first needed, one per socket, and at most `engine_clients` are kept.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -30,7 +31,8 @@ import os
 import stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Set, Tuple
+from typing import Any
+from collections.abc import Callable
 
 from cachetools import LRUCache, TTLCache
 
@@ -61,10 +63,10 @@ class Route:
     """The engine to ask about a container."""
 
     engine: str  # what the log and the errors call it
-    address: Optional[str]  # its Docker API address; None: the Docker Engine (--docker-host)
+    address: str | None  # its Docker API address; None: the Docker Engine (--docker-host)
 
 
-def route(ref: ContainerRef, config: Config) -> Optional[Route]:
+def route(ref: ContainerRef, config: Config) -> Route | None:
     """The engine that may name this container, or None when none of those configured can."""
     if ref.runtime in UNASKED:
         return None
@@ -87,7 +89,7 @@ class _Clients(LRUCache):  # type: ignore[type-arg]  # cachetools: generic only 
         super().__init__(maxsize=maxsize)
         self._retired = retired
 
-    def popitem(self) -> Tuple[Any, Any]:
+    def popitem(self) -> tuple[Any, Any]:
         address, directory = super().popitem()
         self._retired(directory)
         return address, directory
@@ -100,24 +102,26 @@ class Engines:
         self.config = config
         self.docker = docker  # the Docker Engine: always there, degrading when it is down
         self._clients = _Clients(config.engine_clients, self._retire)
-        self._sockets: "TTLCache[str, bool]" = TTLCache(
-            maxsize=4096, ttl=config.engine_socket_ttl)
-        self._looking: Dict[str, "asyncio.Future[Tuple[bool, str]]"] = {}
-        self._reported: Set[str] = set()  # sockets whose trouble was logged once
+        self._sockets: TTLCache[str, bool] = TTLCache(maxsize=4096, ttl=config.engine_socket_ttl)
+        self._looking: dict[str, asyncio.Future[tuple[bool, str]]] = {}
+        self._reported: set[str] = set()  # sockets whose trouble was logged once
         self._retired_calls = 0
-        self._containerd: Optional[ContainerdDirectory] = None
-        self._grpc: Optional[bool] = None  # whether grpcio is installed, once known
+        self._containerd: ContainerdDirectory | None = None
+        self._grpc: bool | None = None  # whether grpcio is installed, once known
         # Its own thread: a socket on a hung file system must not hold up the /proc reads.
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-sockets")
 
     @property
     def calls(self) -> int:
         """Docker API calls made to every engine."""
-        found: int = (self.docker.calls + self._retired_calls
-                      + sum(d.calls for d in list(self._clients.values())))
+        found: int = (
+            self.docker.calls
+            + self._retired_calls
+            + sum(d.calls for d in list(self._clients.values()))
+        )
         return found
 
-    async def directory(self, ref: ContainerRef) -> Optional[ContainerDirectory]:
+    async def directory(self, ref: ContainerRef) -> ContainerDirectory | None:
         """The directory of the engine that may name this container; None when there is none
         to ask (not configured, or its socket is not there)."""
         found = route(ref, self.config)
@@ -136,7 +140,7 @@ class Engines:
         """gRPC calls made to containerd."""
         return self._containerd.calls if self._containerd is not None else 0
 
-    async def containerd(self) -> Optional[ContainerdDirectory]:
+    async def containerd(self) -> ContainerdDirectory | None:
         """containerd's directory; None when there is none to ask (not configured, its socket
         not there, or grpcio not installed)."""
         address = self.config.containerd_socket
@@ -176,7 +180,7 @@ class Engines:
     async def _socket_exists(self, address: str) -> bool:
         if not address.startswith("unix://"):
             return True  # a TCP engine: asking it is the only way to know
-        path = address[len("unix://"):]
+        path = address[len("unix://") :]
         known = self._sockets.get(path)
         if known is not None:
             return known
@@ -189,12 +193,11 @@ class Engines:
         self._sockets[path] = exists
         if trouble and path not in self._reported:
             self._reported.add(path)
-            log.warning("cannot use %s: %s; its containers are named by their ids", path,
-                        trouble)
+            log.warning("cannot use %s: %s; its containers are named by their ids", path, trouble)
         return exists
 
 
-def _is_socket(path: str) -> Tuple[bool, str]:
+def _is_socket(path: str) -> tuple[bool, str]:
     """Blocking: whether a unix socket is at `path`, and what is wrong if something else is."""
     try:
         mode = os.stat(path).st_mode

@@ -9,12 +9,13 @@ opened its connection. The pids seen calling lately, and the holders of the sock
 while searching, are tried before anything else. The search stops at a budget of descriptors
 read.
 """
+
 from __future__ import annotations
 
 import os
 import threading
 from dataclasses import dataclass
-from typing import Iterable, List, Optional, Tuple
+from collections.abc import Iterable
 
 from cachetools import LRUCache
 
@@ -28,7 +29,7 @@ HOLDS, NOT, HIDDEN, CUT = "holds", "not", "hidden", "cut"  # one process's descr
 class Search:
     """What a search for a socket's holder found, and what it cost."""
 
-    pid: Optional[int]  # the process found holding the socket, or None
+    pid: int | None  # the process found holding the socket, or None
     hidden: bool  # some candidate's descriptors could not be read: the holder may be one
     read: int  # descriptors read
     exhausted: bool  # stopped at the budget with candidates left unread
@@ -53,15 +54,16 @@ def holds(pid: int, inode: int, proc: str = "/proc") -> bool:
     return any(procfs.descriptor_target(pid, fd, proc) == target for fd in fds)
 
 
-def candidates(uid: int, proc: str, first: Iterable[int] = ()) -> List[int]:
+def candidates(uid: int, proc: str, first: Iterable[int] = ()) -> list[int]:
     """The processes of `uid` that may hold its socket: `first` (those still of that uid), then
     the others newest first (by pid: a caller has usually just started, or just connected;
     after the pids wrap round, the newest are found later). Raises OSError if /proc cannot be
     listed."""
     ahead = [pid for pid in dict.fromkeys(first) if owned_by(pid, uid, proc)]
     skip = set(ahead)
-    return ahead + [pid for pid in reversed(procfs.pids(proc))
-                    if pid not in skip and owned_by(pid, uid, proc)]
+    return ahead + [
+        pid for pid in reversed(procfs.pids(proc)) if pid not in skip and owned_by(pid, uid, proc)
+    ]
 
 
 class HolderSearch:
@@ -72,7 +74,7 @@ class HolderSearch:
     def __init__(self, proc: str, budget: int, remembered: int) -> None:
         self.proc = proc
         self.budget = budget
-        self._seen: "LRUCache[int, int]" = LRUCache(maxsize=remembered)  # inode -> pid
+        self._seen: LRUCache[int, int] = LRUCache(maxsize=remembered)  # inode -> pid
         self._lock = threading.Lock()
         self.read = 0  # descriptors read in all, for /metrics
 
@@ -97,7 +99,7 @@ class HolderSearch:
             hidden = hidden or verdict is HIDDEN
         return self._done(Search(None, hidden, read, False))
 
-    def _scan(self, pid: int, target: str, allowance: int) -> Tuple[str, int]:
+    def _scan(self, pid: int, target: str, allowance: int) -> tuple[str, int]:
         """(HOLDS, NOT, HIDDEN (its descriptors are not ours to read) or CUT (it has more than
         `allowance` and they were not all read), descriptors read). Remembers the sockets it
         passes."""
@@ -107,7 +109,7 @@ class HolderSearch:
             return HIDDEN, 0
         except OSError:
             return NOT, 0  # gone
-        seen: List[Tuple[int, int]] = []
+        seen: list[tuple[int, int]] = []
         verdict = NOT
         read = 0
         for fd in fds:

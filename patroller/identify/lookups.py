@@ -8,12 +8,14 @@ time; past the deadline the lookup fails as if the engine were down (its thread 
 when the engine lets it). What a fetch is, and what the engine's trouble is called, is each
 directory's own.
 """
+
 from __future__ import annotations
 
 import asyncio
 import time
 from concurrent.futures import Executor
-from typing import Any, Callable, Dict, Generic, Optional, TypeVar
+from typing import Any, Generic, TypeVar
+from collections.abc import Callable
 
 from cachetools import TTLCache
 
@@ -23,21 +25,29 @@ T = TypeVar("T")
 class SharedLookups(Generic[T]):
     """Values by key, fetched by `fetch` (blocking, run in `pool`), shared and cached."""
 
-    def __init__(self, pool: Executor, fetch: Callable[[str], Optional[T]], size: int,
-                 ttl: float, unavailable: Callable[[str], Exception],
-                 deadline: Optional[float] = None,
-                 overdue: Optional[Callable[[], str]] = None) -> None:
+    def __init__(
+        self,
+        pool: Executor,
+        fetch: Callable[[str], T | None],
+        size: int,
+        ttl: float,
+        unavailable: Callable[[str], Exception],
+        deadline: float | None = None,
+        overdue: Callable[[], str] | None = None,
+    ) -> None:
         self.pool = pool
         self.fetch = fetch
         self.deadline = deadline  # seconds a fetch may take in all; None: its client's own
         self.overdue = overdue  # marks the engine down past the deadline; says why, in words
-        self.cache: "TTLCache[str, Optional[T]]" = TTLCache(maxsize=size, ttl=ttl)  # key -> value (None: not known)
+        self.cache: TTLCache[str, T | None] = TTLCache(
+            maxsize=size, ttl=ttl
+        )  # key -> value (None: not known)
         self.unavailable = unavailable  # the exception a lookup raises while the engine is down
-        self._inflight: Dict[str, "asyncio.Future[Optional[T]]"] = {}
+        self._inflight: dict[str, asyncio.Future[T | None]] = {}
         self._down_until = 0.0
         self.reason = ""  # why the engine was last down, in words
 
-    async def get(self, key: str) -> Optional[T]:
+    async def get(self, key: str) -> T | None:
         """The value, cached or fetched now. Raises `unavailable` while the engine is down."""
         if key in self.cache:
             return self.cache[key]
@@ -68,14 +78,15 @@ class SharedLookups(Generic[T]):
         self._down_until = 0.0
         return was_down
 
-    async def _load(self, key: str) -> Optional[T]:
+    async def _load(self, key: str) -> T | None:
         loop = asyncio.get_running_loop()
-        value: Optional[T] = await self.within_deadline(
-            loop.run_in_executor(self.pool, self.fetch, key))
+        value: T | None = await self.within_deadline(
+            loop.run_in_executor(self.pool, self.fetch, key)
+        )
         self.cache[key] = value
         return value
 
-    async def within_deadline(self, fetching: "asyncio.Future[Any]") -> Any:
+    async def within_deadline(self, fetching: asyncio.Future[Any]) -> Any:
         """What a fetch in the pool gives, or `unavailable` once it has taken the deadline."""
         if self.deadline is None:
             return await fetching
@@ -84,6 +95,9 @@ class SharedLookups(Generic[T]):
         except asyncio.TimeoutError:
             # its outcome, when the engine lets it end, is nobody's: taken, not warned of
             fetching.add_done_callback(lambda done: done.cancelled() or done.exception())
-            reason = self.overdue() if self.overdue is not None else \
-                f"no whole answer within {self.deadline:g} s"
+            reason = (
+                self.overdue()
+                if self.overdue is not None
+                else f"no whole answer within {self.deadline:g} s"
+            )
             raise self.unavailable(reason) from None

@@ -6,6 +6,7 @@ The server reads a unix connection's credentials as it accepts it, starts readin
 and keeps both as a `Peer` in the connection's facts (connection.py), as it keeps a TCP
 connection's address; the callers layer reads them there.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -14,7 +15,7 @@ import select
 import socket
 import struct
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any
 
 from patroller.identify import procfs
 
@@ -32,10 +33,10 @@ class Credentials:
     uid: int
     gid: int
     accepted: int = 0  # clock ticks after boot, when the connection was accepted
-    pidfd: Optional[int] = None  # the connecting process itself, where the kernel gives one
+    pidfd: int | None = None  # the connecting process itself, where the kernel gives one
 
 
-def peer_credentials(sock: socket.socket) -> Optional[Credentials]:
+def peer_credentials(sock: socket.socket) -> Credentials | None:
     """The peer of a connected unix socket, as the kernel recorded it at connect(). The pidfd
     it may come with is the caller's to close (`not_the_caller` does)."""
     try:
@@ -46,13 +47,13 @@ def peer_credentials(sock: socket.socket) -> Optional[Credentials]:
     if pid <= 0:
         return None
     try:
-        pidfd: Optional[int] = sock.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD)
+        pidfd: int | None = sock.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD)
     except OSError:  # an older kernel: the start time stands in for it
         pidfd = None
     return Credentials(pid, uid, gid, procfs.boot_ticks(), pidfd)
 
 
-def not_the_caller(credentials: Credentials, uids: Tuple[int, ...], start: int) -> Optional[str]:
+def not_the_caller(credentials: Credentials, uids: tuple[int, ...], start: int) -> str | None:
     """Blocking: why the process now at the caller's pid, with these uids and start time
     (read from /proc), is not the process that connected, or None if it is. The kernel's
     record of the connecting process's uid is the ground truth; its pidfd, where there is one,
@@ -61,15 +62,21 @@ def not_the_caller(credentials: Credentials, uids: Tuple[int, ...], start: int) 
     Closes the pidfd."""
     try:
         if uids and credentials.uid not in uids:
-            return (f"pid {credentials.pid} is not the process that connected: it runs as uid "
-                    f"{uids[0]}, the connection was made by uid {credentials.uid}")
+            return (
+                f"pid {credentials.pid} is not the process that connected: it runs as uid "
+                f"{uids[0]}, the connection was made by uid {credentials.uid}"
+            )
         if credentials.pidfd is not None:
             if select.select([credentials.pidfd], [], [], 0)[0]:  # readable: it has exited
-                return (f"pid {credentials.pid} is not the process that connected: that "
-                        "process has ended")
+                return (
+                    f"pid {credentials.pid} is not the process that connected: that "
+                    "process has ended"
+                )
         elif start > credentials.accepted:
-            return (f"pid {credentials.pid} is not the process that connected: it started "
-                    "after the connection was made")
+            return (
+                f"pid {credentials.pid} is not the process that connected: it started "
+                "after the connection was made"
+            )
         return None
     finally:
         if credentials.pidfd is not None:
@@ -79,7 +86,7 @@ def not_the_caller(credentials: Credentials, uids: Tuple[int, ...], start: int) 
 class Peer:
     """A unix-socket caller: its credentials, and its /proc facts read as it connected."""
 
-    def __init__(self, credentials: Credentials, facts: "asyncio.Future[Any]") -> None:
+    def __init__(self, credentials: Credentials, facts: asyncio.Future[Any]) -> None:
         self.credentials = credentials
         self.facts = facts
 

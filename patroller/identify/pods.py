@@ -21,19 +21,24 @@ named by its id alone (`mismatch` says why, for the log).
 A container with no such labels is a plain containerd container (`ctr`, nerdctl): the Docker
 label rules, named by nerdctl's `nerdctl/name` where it has one.
 """
+
 from __future__ import annotations
 
 import re
 from dataclasses import replace
-from typing import List, Mapping, Optional, Sequence, Tuple
+from collections.abc import Mapping, Sequence
 
 from patroller.core.identity import Identity
 from patroller.core.pods import NAME_CHARS
 from patroller.core.text import printable
 from patroller.identify.cgroups import ContainerRef
 from patroller.identify.containerd import POD_UID, CtrContainer, Found
-from patroller.identify.containers import (ContainerInfo, container_identity, email_in,
-                                           unlabelled_identity)
+from patroller.identify.containers import (
+    ContainerInfo,
+    container_identity,
+    email_in,
+    unlabelled_identity,
+)
 
 POD_NAMESPACE = "io.kubernetes.pod.namespace"
 POD_NAME = "io.kubernetes.pod.name"
@@ -48,18 +53,25 @@ def is_pods(container: CtrContainer) -> bool:
     return bool(container.labels.get(POD_NAMESPACE)) and bool(container.labels.get(POD_NAME))
 
 
-def mismatch(found: Found, ref: ContainerRef) -> Optional[str]:
+def mismatch(found: Found, ref: ContainerRef) -> str | None:
     """Why the container's labels cannot be taken: they name a pod other than its cgroup's."""
     labelled = found.container.labels.get(POD_UID)
     if is_pods(found.container) and ref.pod is not None and labelled and labelled != ref.pod:
-        return (f"container {printable(found.container.short)} is labelled as pod "
-                f"{printable(labelled)}, but its cgroup is pod {ref.pod}'s: its labels are not "
-                "taken")
+        return (
+            f"container {printable(found.container.short)} is labelled as pod "
+            f"{printable(labelled)}, but its cgroup is pod {ref.pod}'s: its labels are not "
+            "taken"
+        )
     return None
 
 
-def containerd_identity(found: Found, ref: ContainerRef, pod_keys: Sequence[str],
-                        user_labels: Sequence[str], info_labels: Sequence[str]) -> Identity:
+def containerd_identity(
+    found: Found,
+    ref: ContainerRef,
+    pod_keys: Sequence[str],
+    user_labels: Sequence[str],
+    info_labels: Sequence[str],
+) -> Identity:
     """The identity of a containerd container's process (before its host account is added)."""
     if mismatch(found, ref) is not None:
         return unlabelled_identity(found.container.id)
@@ -67,42 +79,60 @@ def containerd_identity(found: Found, ref: ContainerRef, pod_keys: Sequence[str]
         return pod_identity(found, ref.pod, pod_keys, user_labels, info_labels)
     labels = found.container.labels
     name = labels.get(NERDCTL_NAME) or None
-    identity = container_identity(ContainerInfo(found.container.id, name or "", labels),
-                                  user_labels, info_labels)
+    identity = container_identity(
+        ContainerInfo(found.container.id, name or "", labels), user_labels, info_labels
+    )
     return replace(identity, container=(found.container.short, name))
 
 
-def pod_identity(found: Found, cgroup_uid: Optional[str], pod_keys: Sequence[str],
-                 user_labels: Sequence[str], info_labels: Sequence[str]) -> Identity:
+def pod_identity(
+    found: Found,
+    cgroup_uid: str | None,
+    pod_keys: Sequence[str],
+    user_labels: Sequence[str],
+    info_labels: Sequence[str],
+) -> Identity:
     """A pod's container: its pod, its name, and its user as the module says."""
     container, labels = found.container, found.container.labels
     namespace, name = (printable(labels[k], NAME_CHARS) for k in (POD_NAMESPACE, POD_NAME))
     uid = cgroup_uid or labels.get(POD_UID) or None
     sandbox = found.sandbox
-    if sandbox is not None and (sandbox.labels.get(POD_NAMESPACE) != labels[POD_NAMESPACE]
-                                or sandbox.labels.get(POD_NAME) != labels[POD_NAME]
-                                or (uid and sandbox.labels.get(POD_UID) != uid)):
+    if sandbox is not None and (
+        sandbox.labels.get(POD_NAMESPACE) != labels[POD_NAMESPACE]
+        or sandbox.labels.get(POD_NAME) != labels[POD_NAME]
+        or (uid and sandbox.labels.get(POD_UID) != uid)
+    ):
         sandbox = None  # another pod's: nothing of it is taken
-    sources: List[Mapping[str, str]] = [labels]
+    sources: list[Mapping[str, str]] = [labels]
     if sandbox is not None:
         sources += [sandbox.labels, sandbox.annotations]
     sources.append(container.annotations)
     user, email = _user(sources, pod_keys, user_labels)
     container_name = labels.get(CONTAINER_NAME) or None
-    pod: List[Tuple[str, str]] = [("namespace", namespace), ("name", name)]
+    pod: list[tuple[str, str]] = [("namespace", namespace), ("name", name)]
     if uid:
         pod.append(("uid", uid))
     if container_name:
         pod.append(("container", container_name))
     pod_labels = sandbox.labels if sandbox is not None else {}
-    info = tuple((key, labels[key] if key in labels else pod_labels[key]) for key in info_labels
-                 if key in labels or key in pod_labels)
-    return Identity(user=user or f"namespace:{namespace}", source="pod", email=email,
-                    container=(container.short, container_name), info=info, pod=tuple(pod))
+    info = tuple(
+        (key, labels[key] if key in labels else pod_labels[key])
+        for key in info_labels
+        if key in labels or key in pod_labels
+    )
+    return Identity(
+        user=user or f"namespace:{namespace}",
+        source="pod",
+        email=email,
+        container=(container.short, container_name),
+        info=info,
+        pod=tuple(pod),
+    )
 
 
-def _user(sources: Sequence[Mapping[str, str]], pod_keys: Sequence[str],
-          user_labels: Sequence[str]) -> Tuple[Optional[str], Optional[str]]:
+def _user(
+    sources: Sequence[Mapping[str, str]], pod_keys: Sequence[str], user_labels: Sequence[str]
+) -> tuple[str | None, str | None]:
     """(user, e-mail) from the first key that holds one, each key looked for in every source."""
     for key in (*pod_keys, *[k for k in user_labels if k not in pod_keys]):
         for source in sources:

@@ -5,13 +5,14 @@ Every reader takes the /proc root (Config.proc_root) so that tests can give a tr
 They are blocking: callers run them in the executor, never on the event loop. A process that is
 gone raises OSError where the caller must tell "gone" from "unreadable", else reads as None.
 """
+
 from __future__ import annotations
 
 import fcntl
 import os
 import struct
 import time
-from typing import List, NamedTuple, Optional, Tuple
+from typing import NamedTuple
 
 from patroller.core.identity import ProcessRef
 
@@ -39,7 +40,7 @@ def stat(pid: int, proc: str = "/proc") -> Stat:
         raise ValueError(f"/proc/{pid}/stat is not readable as one: {text[:80]!r}") from None
 
 
-def process_state(pid: int, proc: str = "/proc") -> Optional[Stat]:
+def process_state(pid: int, proc: str = "/proc") -> Stat | None:
     """The state and start time of a process, or None if it is gone or unreadable."""
     try:
         return stat(pid, proc)
@@ -53,12 +54,11 @@ def is_alive(ref: ProcessRef, proc: str = "/proc") -> bool:
     return found is not None and found.start == ref.start and found.state not in ENDED
 
 
-def uids(pid: int, proc: str = "/proc") -> Tuple[int, ...]:
+def uids(pid: int, proc: str = "/proc") -> tuple[int, ...]:
     """The real, effective, saved and file-system uids of a process (/proc/<pid>/status), or
     () if they cannot be read."""
     try:
-        with open(os.path.join(proc, str(pid), "status"), encoding="ascii",
-                  errors="replace") as f:
+        with open(os.path.join(proc, str(pid), "status"), encoding="ascii", errors="replace") as f:
             for line in f:
                 if line.startswith("Uid:"):
                     return tuple(int(field) for field in line.split()[1:5])
@@ -67,7 +67,7 @@ def uids(pid: int, proc: str = "/proc") -> Tuple[int, ...]:
     return ()
 
 
-def uid(pid: int, proc: str = "/proc") -> Optional[int]:
+def uid(pid: int, proc: str = "/proc") -> int | None:
     """The real uid of a process, or None if it cannot be read."""
     found = uids(pid, proc)
     return found[0] if found else None
@@ -79,7 +79,7 @@ def cgroup(pid: int, proc: str = "/proc") -> str:
         return f.read()
 
 
-def userns_owner(pid: int, proc: str = "/proc") -> Optional[int]:
+def userns_owner(pid: int, proc: str = "/proc") -> int | None:
     """The uid that made the process's user namespace (as the kernel keeps it), when that is not
     the reader's own namespace; None when it is, or when it cannot be told."""
     theirs = os.path.join(proc, str(pid), "ns", "user")
@@ -100,14 +100,14 @@ def userns_owner(pid: int, proc: str = "/proc") -> Optional[int]:
         os.close(fd)
 
 
-def descriptors(pid: int, proc: str = "/proc") -> List[str]:
+def descriptors(pid: int, proc: str = "/proc") -> list[str]:
     """The names of a process's open descriptors, newest (highest) first. Raises
     PermissionError when they are not ours to read, OSError when it is gone."""
     names = os.listdir(os.path.join(proc, str(pid), "fd"))
     return sorted(names, key=lambda name: -int(name) if name.isdigit() else 0)
 
 
-def descriptor_target(pid: int, fd: str, proc: str = "/proc") -> Optional[str]:
+def descriptor_target(pid: int, fd: str, proc: str = "/proc") -> str | None:
     """What one descriptor names (`socket:[123]`, a path), or None if it cannot be read."""
     try:
         return os.readlink(os.path.join(proc, str(pid), "fd", fd))
@@ -115,7 +115,7 @@ def descriptor_target(pid: int, fd: str, proc: str = "/proc") -> Optional[str]:
         return None
 
 
-def pids(proc: str = "/proc") -> List[int]:
+def pids(proc: str = "/proc") -> list[int]:
     """Every process's pid, in order. Raises OSError if /proc cannot be listed."""
     return sorted(int(name) for name in os.listdir(proc) if name.isdigit())
 
@@ -125,7 +125,7 @@ def boot_ticks() -> int:
     return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
 
 
-def boot_id(proc: str = "/proc") -> Optional[str]:
+def boot_id(proc: str = "/proc") -> str | None:
     """This boot's id: start times count from boot, so a process of another boot is none of
     this one's."""
     try:

@@ -7,13 +7,15 @@ container is its name; a process in no container is its host account (uid from
 the executor, never on the event loop. Identities are cached by (pid, start time), so a reused
 pid is never taken for the process that had it before.
 """
+
 from __future__ import annotations
 
 import asyncio
 import logging
 import pwd
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Optional, Protocol, Tuple, Union
+from typing import Any, Protocol
+from collections.abc import Callable
 
 from cachetools import TTLCache
 
@@ -21,8 +23,13 @@ from patroller.config import Config
 from patroller.identify import procfs
 from patroller.identify.cgroups import ContainerRef, SlurmStep, parse_cgroup, parse_slurm
 from patroller.identify.peers import Credentials, not_the_caller
-from patroller.identify.containers import (ContainerDirectory, DockerUnavailable,
-                                           container_identity, lxd_identity, unlabelled_identity)
+from patroller.identify.containers import (
+    ContainerDirectory,
+    DockerUnavailable,
+    container_identity,
+    lxd_identity,
+    unlabelled_identity,
+)
 from patroller.identify.containerd import ContainerdUnavailable
 from patroller.identify.engines import Engines, asks_containerd
 from patroller.identify.pods import containerd_identity, mismatch
@@ -55,7 +62,7 @@ def job_identity(host: Identity, step: SlurmStep) -> Identity:
     return replace(host, source="slurm", job=(("id", step.job), ("step", step.step)))
 
 
-def runs_as(identity: Identity, host: Optional[Identity]) -> Identity:
+def runs_as(identity: Identity, host: Identity | None) -> Identity:
     """A container's identity, with the host account its process runs as (`account`, `uid`):
     the kernel's word, which fair use counts as well as the labels' (core/leases/limits.py)."""
     if host is None:
@@ -74,8 +81,9 @@ def own_word(identity: Identity, container: ContainerRef) -> Identity:
     return replace(identity, user=identity.account or identity.user, claimed=True)
 
 
-def account_of(container: Optional[ContainerRef], uid: int, shifted_from: int,
-               ns_owner: Optional[int] = None) -> Optional[Identity]:
+def account_of(
+    container: ContainerRef | None, uid: int, shifted_from: int, ns_owner: int | None = None
+) -> Identity | None:
     """The host account a process counts as: a rootless container's is the user whose slice
     holds it (whose uid its root runs as); else a process in a user namespace that a user made
     (`ns_owner`, the kernel's word: a rootless container where no cgroup names it, as on cgroup
@@ -91,8 +99,9 @@ def account_of(container: Optional[ContainerRef], uid: int, shifted_from: int,
     return host_identity(uid)
 
 
-def misplaced(container: Optional[ContainerRef], job: Optional[SlurmStep], uid: int,
-              ns_owner: Optional[int]) -> Optional[str]:
+def misplaced(
+    container: ContainerRef | None, job: SlurmStep | None, uid: int, ns_owner: int | None
+) -> str | None:
     """Why a process's cgroup cannot be what it says, or None when it can be. A user may make
     any cgroup in their own delegated subtree: a rootless container there is the user's only
     when the process runs as that user or in a user namespace that user made (the kernel's
@@ -101,11 +110,15 @@ def misplaced(container: Optional[ContainerRef], job: Optional[SlurmStep], uid: 
     uid)."""
     if container is not None and container.owner is not None:
         if container.nested is not None:
-            return (f"its cgroup nests the slice of uid {container.nested} in that of uid "
-                    f"{container.owner}, around container {container.short}")
+            return (
+                f"its cgroup nests the slice of uid {container.nested} in that of uid "
+                f"{container.owner}, around container {container.short}"
+            )
         if container.owner not in (uid, ns_owner):
-            return (f"it runs as uid {uid}, not as uid {container.owner} whose slice holds "
-                    f"container {container.short}, nor in a user namespace of theirs")
+            return (
+                f"it runs as uid {uid}, not as uid {container.owner} whose slice holds "
+                f"container {container.short}, nor in a user namespace of theirs"
+            )
     if job is not None and job.uid is not None and job.uid != uid:
         return f"it runs as uid {uid}, not as uid {job.uid} of Slurm job {job.job}"
     return None
@@ -117,15 +130,16 @@ class ProcFacts:
 
     pid: int
     start: int  # clock ticks after boot: with the pid, names exactly one process
-    container: Optional[ContainerRef]
-    host: Optional[Identity]  # the host account it counts as (account_of); None: shifted
-    uids: Tuple[int, ...] = ()  # its real, effective, saved and file-system uids
-    job: Optional[SlurmStep] = None  # the Slurm job step its cgroup names
-    misplaced: Optional[str] = None  # why its cgroup's container or job was not believed
+    container: ContainerRef | None
+    host: Identity | None  # the host account it counts as (account_of); None: shifted
+    uids: tuple[int, ...] = ()  # its real, effective, saved and file-system uids
+    job: SlurmStep | None = None  # the Slurm job step its cgroup names
+    misplaced: str | None = None  # why its cgroup's container or job was not believed
 
 
-def read_facts(pid: int, proc: str = "/proc",
-               shifted_from: int = Config.shifted_uids_from) -> Optional[ProcFacts]:
+def read_facts(
+    pid: int, proc: str = "/proc", shifted_from: int = Config.shifted_uids_from
+) -> ProcFacts | None:
     """Blocking: the facts of a live pid, or None if it is gone or unreadable."""
     try:
         start = procfs.stat(pid, proc).start
@@ -141,16 +155,27 @@ def read_facts(pid: int, proc: str = "/proc",
     trouble = misplaced(container, job, uids[0], owner)
     if trouble is not None:  # nobody's container, no job: the process's own account
         container = job = None
-    return ProcFacts(pid, start, container, account_of(container, uids[0], shifted_from, owner),
-                     uids, job, trouble)
+    return ProcFacts(
+        pid,
+        start,
+        container,
+        account_of(container, uids[0], shifted_from, owner),
+        uids,
+        job,
+        trouble,
+    )
 
 
-def read_peer_facts(credentials: Credentials, proc: str,
-                    shifted_from: int = Config.shifted_uids_from) -> Union[ProcFacts, str]:
+def read_peer_facts(
+    credentials: Credentials, proc: str, shifted_from: int = Config.shifted_uids_from
+) -> ProcFacts | str:
     """Blocking: the facts of the process that connected, or why they cannot be had."""
     facts = read_facts(credentials.pid, proc, shifted_from)
-    refused = not_the_caller(credentials, facts.uids if facts is not None else (),
-                             facts.start if facts is not None else 0)
+    refused = not_the_caller(
+        credentials,
+        facts.uids if facts is not None else (),
+        facts.start if facts is not None else 0,
+    )
     if facts is None:
         return f"the calling process (pid {credentials.pid}) is gone or cannot be read"
     return refused if refused is not None else facts
@@ -160,7 +185,7 @@ class ProcessIdentifier:
     """Resolves pids to identities through /proc and (when given the Docker Engine's directory)
     the container engines."""
 
-    def __init__(self, config: Config, directory: Optional[ContainerDirectory] = None) -> None:
+    def __init__(self, config: Config, directory: ContainerDirectory | None = None) -> None:
         # No Docker Engine (test mode): no engine at all, containers are named by their ids.
         self.engines = Engines(config, directory) if directory is not None else None
         self.user_labels = config.user_labels
@@ -169,24 +194,27 @@ class ProcessIdentifier:
         self.proc = config.proc_root
         self.shifted_from = config.shifted_uids_from
         self.proc_reads = 0  # processes whose /proc entry was read: the benchmark watches it
-        self._cache: "TTLCache[Tuple[int, int], Identity]" = TTLCache(
-            maxsize=config.identity_cache, ttl=config.identity_ttl)
-        self._warned: "TTLCache[Any, bool]" = TTLCache(maxsize=config.identity_cache,
-                                                        ttl=config.identity_ttl)
+        self._cache: TTLCache[tuple[int, int], Identity] = TTLCache(
+            maxsize=config.identity_cache, ttl=config.identity_ttl
+        )
+        self._warned: TTLCache[Any, bool] = TTLCache(
+            maxsize=config.identity_cache, ttl=config.identity_ttl
+        )
 
-    async def facts(self, pid: int) -> Optional[ProcFacts]:
+    async def facts(self, pid: int) -> ProcFacts | None:
         """/proc facts of a pid, read off the loop."""
         self.proc_reads += 1
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, read_facts, pid, self.proc, self.shifted_from)
 
-    async def peer_facts(self, credentials: Credentials) -> Union[ProcFacts, str]:
+    async def peer_facts(self, credentials: Credentials) -> ProcFacts | str:
         """/proc facts of a unix-socket caller, read off the loop, if its pid still names the
         process that connected; else why not (`peers.not_the_caller`)."""
         self.proc_reads += 1
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, read_peer_facts, credentials, self.proc,
-                                          self.shifted_from)
+        return await loop.run_in_executor(
+            None, read_peer_facts, credentials, self.proc, self.shifted_from
+        )
 
     async def resolve(self, pid: int) -> Identity:
         """The identity of a live pid; UNKNOWN if /proc cannot tell."""
@@ -195,7 +223,7 @@ class ProcessIdentifier:
 
     async def identify(self, facts: ProcFacts) -> Identity:
         """The identity behind facts already read (a peer's, read when it connected)."""
-        key: Tuple[int, int] = (facts.pid, facts.start)
+        key: tuple[int, int] = (facts.pid, facts.start)
         cached = self._cache.get(key)
         if cached is not None:
             return cached
@@ -219,7 +247,7 @@ class ProcessIdentifier:
         self._cache[key] = identity
         return identity
 
-    async def _container(self, ref: ContainerRef) -> Optional[Identity]:
+    async def _container(self, ref: ContainerRef) -> Identity | None:
         """A container's identity from the engine that knows it, before its host account is
         added; None when it is degraded (not cached: asked again at the next lookup)."""
         if self.engines is None:  # no engine to ask: the container is all that is known
@@ -236,13 +264,16 @@ class ProcessIdentifier:
                     trouble = mismatch(found, ref)
                     if trouble is not None:
                         log.warning("%s", trouble)
-                    return containerd_identity(found, ref, self.pod_keys, self.user_labels,
-                                               self.info_labels)
+                    return containerd_identity(
+                        found, ref, self.pod_keys, self.user_labels, self.info_labels
+                    )
             if ref.runtime == "containerd":  # no other engine knows it
                 if containerd_down:
                     return None
-                return replace(unlabelled_identity(ref.id),  # pending only if not asked
-                               pending=directory is None and self.engines.awaits(ref))
+                return replace(
+                    unlabelled_identity(ref.id),  # pending only if not asked
+                    pending=directory is None and self.engines.awaits(ref),
+                )
         engine = await self.engines.directory(ref)
         if engine is None:  # pending where its engine is configured but not there
             return replace(unlabelled_identity(ref.id), pending=self.engines.awaits(ref))
@@ -274,11 +305,11 @@ class TestModeIdentifier(ProcessIdentifier):
     """Test mode's: the synthetic processes (`--test-processes`) named by whose they are; any
     other pid through /proc, as ever."""
 
-    def __init__(self, config: Config, synthetic: Callable[[int], Optional[Identity]]) -> None:
+    def __init__(self, config: Config, synthetic: Callable[[int], Identity | None]) -> None:
         super().__init__(config)
         self.synthetic = synthetic  # whose a synthetic pid is (None: not one)
 
-    async def facts(self, pid: int) -> Optional[ProcFacts]:
+    async def facts(self, pid: int) -> ProcFacts | None:
         owner = self.synthetic(pid)
         if owner is None:
             return await super().facts(pid)

@@ -5,6 +5,7 @@ and its inode; the inode leads to the process that holds it (holders.py). Only a
 holds names a caller: once closed, the kernel keeps a TIME_WAIT or orphan entry with inode 0
 (and uid 0 for TIME_WAIT) that belongs to nobody. Readers take an injectable /proc root.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -12,10 +13,10 @@ import os
 import socket
 import struct
 from dataclasses import dataclass
-from typing import Iterator, Optional, Tuple
+from collections.abc import Iterator
 
 
-Address = Tuple[str, int]
+Address = tuple[str, int]
 
 ESTABLISHED = 1  # the kernel's TCP state number (/proc/net/tcp's `st` 01, sock_diag's state)
 
@@ -35,21 +36,24 @@ class SocketEntry:
 class Owner:
     """Who a local client socket belongs to, as far as the kernel can tell."""
 
-    pid: Optional[int] = None  # the process found holding it
-    uid: Optional[int] = None  # else its creator, when some holders' descriptors are hidden
+    pid: int | None = None  # the process found holding it
+    uid: int | None = None  # else its creator, when some holders' descriptors are hidden
     reason: str = ""  # else why its owner cannot be known
 
 
 def closed_reason(entry: SocketEntry) -> str:
     """Why a socket can name no caller because it is closed or closing, or "" (pure)."""
     if entry.inode == 0 or entry.state != ESTABLISHED:
-        return (f"the connection from port {entry.local[1]} was closed before its caller could "
-                "be identified: keep it open until the answer comes")
+        return (
+            f"the connection from port {entry.local[1]} was closed before its caller could "
+            "be identified: keep it open until the answer comes"
+        )
     return ""
 
 
-def owner_of(entry: SocketEntry, holder: Optional[int], hidden: bool,
-             exhausted: bool = False) -> Owner:
+def owner_of(
+    entry: SocketEntry, holder: int | None, hidden: bool, exhausted: bool = False
+) -> Owner:
     """The owner of a client socket, from its table entry and a search for its holder among
     the processes of the socket's uid (pure).
 
@@ -66,14 +70,18 @@ def owner_of(entry: SocketEntry, holder: Optional[int], hidden: bool,
         return Owner(pid=holder)
     port = entry.local[1]
     if exhausted:
-        return Owner(reason=f"the processes of uid {entry.uid} hold too many descriptors to "
-                            f"find the one holding the connection from port {port}: try again "
-                            "from a process with fewer, or over the unix socket")
+        return Owner(
+            reason=f"the processes of uid {entry.uid} hold too many descriptors to "
+            f"find the one holding the connection from port {port}: try again "
+            "from a process with fewer, or over the unix socket"
+        )
     if hidden:
         return Owner(uid=entry.uid)
-    return Owner(reason=f"no process of uid {entry.uid} holds the connection from port {port} "
-                        "any more: it was closed before its caller could be identified, or "
-                        "handed to another user's process")
+    return Owner(
+        reason=f"no process of uid {entry.uid} holds the connection from port {port} "
+        "any more: it was closed before its caller could be identified, or "
+        "handed to another user's process"
+    )
 
 
 def normalize(host: str) -> str:
@@ -114,13 +122,18 @@ def parse_net_tcp(text: str) -> Iterator[SocketEntry]:
     for line in text.splitlines()[1:]:
         fields = line.split()
         try:
-            yield SocketEntry(_decode(fields[1]), _decode(fields[2]), int(fields[7]),
-                              int(fields[9]), int(fields[3], 16))
+            yield SocketEntry(
+                _decode(fields[1]),
+                _decode(fields[2]),
+                int(fields[7]),
+                int(fields[9]),
+                int(fields[3], 16),
+            )
         except (IndexError, ValueError):
             continue
 
 
-def _encode(address: Address, width: int) -> Optional[str]:
+def _encode(address: Address, width: int) -> str | None:
     """An address as the kernel prints it in /proc/net/tcp (width 4) or tcp6 (width 16)."""
     host, port = address
     try:
@@ -144,7 +157,7 @@ _NLMSG_ERROR = 2
 _NO_COOKIE = 0xFFFFFFFF
 
 
-def _diag_candidates(peer: Address, server: Address) -> Iterator[Tuple[int, Address, Address]]:
+def _diag_candidates(peer: Address, server: Address) -> Iterator[tuple[int, Address, Address]]:
     """(family, client, server) as the client's socket may have them: IPv4 first, then IPv6."""
     client_host, server_host = normalize(peer[0]), normalize(server[0])
     both_v4 = "." in client_host and "." in server_host
@@ -158,14 +171,19 @@ def _mapped(host: str) -> str:
     return "::ffff:" + host if "." in host else host
 
 
-def _diag(family: int, client: Address, server: Address) -> Optional[SocketEntry]:
+def _diag(family: int, client: Address, server: Address) -> SocketEntry | None:
     """One exact lookup through the kernel's sock_diag netlink interface."""
+
     def packed(host: str) -> bytes:
         raw = socket.inet_pton(family, host)
         return raw + bytes(16 - len(raw))
 
-    sockid = (struct.pack("!HH", client[1], server[1]) + packed(client[0]) + packed(server[0])
-              + struct.pack("=III", 0, _NO_COOKIE, _NO_COOKIE))
+    sockid = (
+        struct.pack("!HH", client[1], server[1])
+        + packed(client[0])
+        + packed(server[0])
+        + struct.pack("=III", 0, _NO_COOKIE, _NO_COOKIE)
+    )
     request = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF) + sockid
     header = struct.pack("=IHHII", 16 + len(request), _SOCK_DIAG_BY_FAMILY, 1, 1, 0)
     with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as link:
@@ -180,7 +198,7 @@ def _diag(family: int, client: Address, server: Address) -> Optional[SocketEntry
     return SocketEntry(client, server, uid, inode, state)
 
 
-def find_client(peer: Address, server: Address, proc: str = "/proc") -> Optional[SocketEntry]:
+def find_client(peer: Address, server: Address, proc: str = "/proc") -> SocketEntry | None:
     """The client end of a connection from `peer` to our `server` address, if it is local.
 
     Local means in our network namespace: over loopback, or from one of the host's own
@@ -192,16 +210,20 @@ def find_client(peer: Address, server: Address, proc: str = "/proc") -> Optional
             for family, client, ours in _diag_candidates(peer, server):
                 entry = _diag(family, client, ours)
                 if entry is not None:
-                    return SocketEntry((normalize(client[0]), client[1]),
-                                       (normalize(ours[0]), ours[1]), entry.uid, entry.inode,
-                                       entry.state)
+                    return SocketEntry(
+                        (normalize(client[0]), client[1]),
+                        (normalize(ours[0]), ours[1]),
+                        entry.uid,
+                        entry.inode,
+                        entry.state,
+                    )
             return None
         except (OSError, struct.error, ValueError):
             pass  # no netlink here: read the tables
     return find_client_in_tables(peer, server, proc)
 
 
-def socket_owner(peer: Address, server: Address) -> Optional[int]:
+def socket_owner(peer: Address, server: Address) -> int | None:
     """The uid the kernel recorded for the client socket of a connection from `peer` to our
     `server` address, if the client is on this host; None otherwise, or where netlink is not
     allowed. One exact sock_diag lookup per address family (30-80 µs): quick enough to make as a
@@ -216,8 +238,9 @@ def socket_owner(peer: Address, server: Address) -> Optional[int]:
     return None
 
 
-def find_client_in_tables(peer: Address, server: Address,
-                          proc: str = "/proc") -> Optional[SocketEntry]:
+def find_client_in_tables(
+    peer: Address, server: Address, proc: str = "/proc"
+) -> SocketEntry | None:
     """find_client through /proc/net/tcp and tcp6."""
     for name, width in (("tcp", 4), ("tcp6", 16)):
         local, remote = _encode(peer, width), _encode(server, width)
@@ -231,7 +254,7 @@ def find_client_in_tables(peer: Address, server: Address,
         at = text.find(f" {local} {remote} ")
         if at < 0:
             continue
-        line = text[text.rfind("\n", 0, at) + 1:text.find("\n", at)]
+        line = text[text.rfind("\n", 0, at) + 1 : text.find("\n", at)]
         for entry in parse_net_tcp("header\n" + line):
             return entry
     return None

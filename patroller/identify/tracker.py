@@ -11,12 +11,13 @@ has gone. So is a container's process whose engine's socket was not there (a pen
 Podman's service stopped, or never started), every `recheck` seconds (Config.engine_recheck):
 named by its container's id meanwhile, it gets its user once the engine is there.
 """
+
 from __future__ import annotations
 
 import asyncio
 import logging
 from dataclasses import replace
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
 
 from patroller.core.identity import IDENTIFYING, UNKNOWN, Identity
 from patroller.core.leases import LeaseManager
@@ -27,7 +28,7 @@ from patroller.observe.signals import GpuProcess, Signals
 log = logging.getLogger(__name__)
 
 
-def awaiting(facts: Optional[ProcFacts]) -> Identity:
+def awaiting(facts: ProcFacts | None) -> Identity:
     """Who a process is shown to be while its owner is looked up: `unknown` (degraded), in its
     container, as its host account, as far as /proc told."""
     if facts is None or facts.container is None:
@@ -39,14 +40,15 @@ def awaiting(facts: Optional[ProcFacts]) -> Identity:
 class ProcessTracker:
     """Resolves each new GPU process to an identity (off the loop) and tells the leases."""
 
-    def __init__(self, leases: LeaseManager, resolver: ProcessIdentifier, retry: float,
-                 recheck: float) -> None:
+    def __init__(
+        self, leases: LeaseManager, resolver: ProcessIdentifier, retry: float, recheck: float
+    ) -> None:
         self.leases = leases
         self.resolver = resolver
         self.retry = retry
         self.recheck = recheck
-        self._pending: Dict[Tuple[str, int], "asyncio.Future[None]"] = {}
-        self._unsettled: Dict[Tuple[str, int], "asyncio.Future[None]"] = {}
+        self._pending: dict[tuple[str, int], asyncio.Future[None]] = {}
+        self._unsettled: dict[tuple[str, int], asyncio.Future[None]] = {}
 
     def connect(self, signals: Signals) -> None:
         """Listen to the daemon's process signals."""
@@ -92,7 +94,7 @@ class ProcessTracker:
         if owner.degraded or owner.pending:
             self._unsettled[key] = asyncio.ensure_future(self._learn(record, owner))
 
-    async def _identify(self, pid: int, facts: Optional[ProcFacts]) -> Identity:
+    async def _identify(self, pid: int, facts: ProcFacts | None) -> Identity:
         if facts is None:
             return UNKNOWN
         try:

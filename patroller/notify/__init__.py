@@ -12,6 +12,7 @@ May import: `patroller.state`, `patroller.config`, `patroller.core`; cachetools,
 (the optional `notify` extra: without it nothing is sent but on terminals, and the doctor says
 so).
 """
+
 from patroller.notify.notifier import Notifier
 
 __all__ = ["Notifier"]

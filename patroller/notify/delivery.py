@@ -16,6 +16,7 @@ URLs hold passwords and tokens: they are never logged. A destination is named by
 URL (`json://user:****@host/hook`); Apprise's own log, which names a URL it cannot parse in
 full, is kept quiet.
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,7 +25,8 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from patroller.config import Config
 from patroller.notify.messages import Notice
@@ -51,7 +53,7 @@ class Outcome:
 
     notice: Notice
     recipient: str  # "admin", or the user whose destination it is
-    destination: Union[int, str]  # its number among the recipient's, from 1; or "terminal"
+    destination: int | str  # its number among the recipient's, from 1; or "terminal"
     result: str  # sent, failed (every try), dropped (its queue was full)
     tries: int
     key: str = ""  # the destination itself (a user's: its URL, never shown)
@@ -70,7 +72,7 @@ class Item:
 Sender = Callable[[str, str], bool]  # (title, body) -> whether the destination took it
 
 
-def apprise_senders(urls: Sequence[str], timeout: float) -> List[Any]:
+def apprise_senders(urls: Sequence[str], timeout: float) -> list[Any]:
     """One Apprise plugin for each URL, with `timeout` to connect and to be answered. NoApprise
     without the extra, BadDestination for a URL it does not take. Blocking (Apprise loads its
     plugins the first time, about 0.3 s): called at start, and in the router's thread."""
@@ -79,14 +81,16 @@ def apprise_senders(urls: Sequence[str], timeout: float) -> List[Any]:
         plugin = apprise_plugin(url, timeout)
         if plugin is None:
             scheme = url.partition("://")[0]
-            raise BadDestination(f"--notify: URL {n} ({scheme}://...) is not one Apprise "
-                                 "knows, or is missing a part its service needs (Apprise's "
-                                 "list of services says what each URL holds)")
+            raise BadDestination(
+                f"--notify: URL {n} ({scheme}://...) is not one Apprise "
+                "knows, or is missing a part its service needs (Apprise's "
+                "list of services says what each URL holds)"
+            )
         found.append(plugin)
     return found
 
 
-def apprise_plugin(url: str, timeout: float) -> Optional[Any]:
+def apprise_plugin(url: str, timeout: float) -> Any | None:
     """Apprise's plugin for `url`, or None if it takes no such URL; NoApprise without it."""
     try:
         import apprise
@@ -115,9 +119,18 @@ def shown(plugin: Any) -> str:
 class Destination:
     """One destination's queue and thread."""
 
-    def __init__(self, number: int, send: Sender, name: str, config: Config,
-                 told: Callable[[Outcome], None], counts: "Counts", key: str = "",
-                 outbox: Optional[Outbox] = None, tag: str = "") -> None:
+    def __init__(
+        self,
+        number: int,
+        send: Sender,
+        name: str,
+        config: Config,
+        told: Callable[[Outcome], None],
+        counts: Counts,
+        key: str = "",
+        outbox: Outbox | None = None,
+        tag: str = "",
+    ) -> None:
         self.number = number
         self.key = key
         self.tag = tag  # its name in the outbox (tag_of its URL)
@@ -127,15 +140,16 @@ class Destination:
         self.config = config
         self.told = told
         self.counts = counts
-        self._queue: "queue.Queue[Optional[Item]]" = queue.Queue(config.notify_queue)
+        self._queue: queue.Queue[Item | None] = queue.Queue(config.notify_queue)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"notify-{number}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def put(self, notice: Notice, recipient: str = "admin", number: int = 0,
-            ident: Optional[str] = None) -> None:
+    def put(
+        self, notice: Notice, recipient: str = "admin", number: int = 0, ident: str | None = None
+    ) -> None:
         """Queue a notice (never blocks); dropped and counted when the queue is full. `ident`:
         its id in the outbox, where it is already (None: it is written there now)."""
         number = number or self.number
@@ -204,16 +218,16 @@ class Counts:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counts: "Counter[Tuple[str, str]]" = Counter()
+        self._counts: Counter[tuple[str, str]] = Counter()
 
     def add(self, kind: str, result: str) -> None:
         with self._lock:
             self._counts[(kind, result)] += 1
 
-    def snapshot(self) -> Dict[str, Dict[str, int]]:
+    def snapshot(self) -> dict[str, dict[str, int]]:
         """{kind: {result: count}} for every kind and result seen."""
         with self._lock:
-            found: Dict[str, Dict[str, int]] = {}
+            found: dict[str, dict[str, int]] = {}
             for (kind, result), count in self._counts.items():
                 found.setdefault(kind, dict.fromkeys(RESULTS, 0))[result] = count
             return found
@@ -222,14 +236,21 @@ class Counts:
 class Delivery:
     """Every destination's queue and thread."""
 
-    def __init__(self, senders: Sequence[Sender], names: Sequence[str], config: Config,
-                 told: Callable[[Outcome], None], tags: Sequence[str] = (),
-                 outbox: Optional[Outbox] = None) -> None:
+    def __init__(
+        self,
+        senders: Sequence[Sender],
+        names: Sequence[str],
+        config: Config,
+        told: Callable[[Outcome], None],
+        tags: Sequence[str] = (),
+        outbox: Outbox | None = None,
+    ) -> None:
         self.counts = Counts()
         tags = list(tags) or [f"destination-{n}" for n in range(1, len(senders) + 1)]
-        self.destinations = [Destination(n, send, name, config, told, self.counts, tag=tag,
-                                         outbox=outbox)
-                             for n, (send, name, tag) in enumerate(zip(senders, names, tags), 1)]
+        self.destinations = [
+            Destination(n, send, name, config, told, self.counts, tag=tag, outbox=outbox)
+            for n, (send, name, tag) in enumerate(zip(senders, names, tags), 1)
+        ]
 
     def start(self) -> None:
         for destination in self.destinations:
@@ -241,8 +262,7 @@ class Delivery:
         for destination in self.destinations:
             destination.stop()
         deadline = time.monotonic() + timeout
-        return sum(not d.join(max(0.0, deadline - time.monotonic()))
-                   for d in self.destinations)
+        return sum(not d.join(max(0.0, deadline - time.monotonic())) for d in self.destinations)
 
 
 class Router:
@@ -251,29 +271,41 @@ class Router:
     its URL is in use. A URL Apprise no longer takes (an older one, after an upgrade) fails
     its notices, counted."""
 
-    def __init__(self, config: Config, told: Callable[[Outcome], None], counts: Counts,
-                 plugin_of: Callable[[str], Optional[Sender]],
-                 outbox: Optional[Outbox] = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        told: Callable[[Outcome], None],
+        counts: Counts,
+        plugin_of: Callable[[str], Sender | None],
+        outbox: Outbox | None = None,
+    ) -> None:
         self.config = config
         self.outbox = outbox or Outbox(None, config)
         self.told = told
         self.counts = counts
         self.plugin_of = plugin_of  # the sender for a URL, or None (blocking)
-        self._jobs: "queue.Queue[Any]" = queue.Queue(config.notify_queue * 10)
-        self._destinations: Dict[str, Destination] = {}
+        self._jobs: queue.Queue[Any] = queue.Queue(config.notify_queue * 10)
+        self._destinations: dict[str, Destination] = {}
         self._thread = threading.Thread(target=self._run, name="notify-router", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def put(self, notice: Notice, recipient: str, urls: Sequence[str],
-            numbers: Sequence[int] = (), idents: Sequence[str] = ()) -> None:
+    def put(
+        self,
+        notice: Notice,
+        recipient: str,
+        urls: Sequence[str],
+        numbers: Sequence[int] = (),
+        idents: Sequence[str] = (),
+    ) -> None:
         """Queue `notice` for `recipient`'s destinations (never blocks: dropped when full):
         `urls`, numbered from 1 unless `numbers` says; `idents`: their ids in the outbox
         where they are already (a restart's), else they are written there now."""
         numbers = tuple(numbers) or tuple(range(1, len(urls) + 1))
-        idents = tuple(idents) or tuple(self.outbox.queued(notice, recipient, tag_of(url), n)
-                                        for url, n in zip(urls, numbers))
+        idents = tuple(idents) or tuple(
+            self.outbox.queued(notice, recipient, tag_of(url), n) for url, n in zip(urls, numbers)
+        )
         try:
             self._jobs.put_nowait(("send", notice, recipient, tuple(zip(urls, numbers, idents))))
         except queue.Full:
@@ -319,7 +351,7 @@ class Router:
                 else:
                     destination.put(notice, recipient, number, ident)
 
-    def _make(self, url: str, recipient: str) -> Optional[Destination]:
+    def _make(self, url: str, recipient: str) -> Destination | None:
         try:
             send = self.plugin_of(url)
         except Exception:  # NoApprise, or a plugin that cannot be made: its notices fail
@@ -327,8 +359,17 @@ class Router:
             send = None
         if send is None:
             return None
-        made = Destination(0, send, recipient, self.config, self.told, self.counts, key=url,
-                           outbox=self.outbox, tag=tag_of(url))
+        made = Destination(
+            0,
+            send,
+            recipient,
+            self.config,
+            self.told,
+            self.counts,
+            key=url,
+            outbox=self.outbox,
+            tag=tag_of(url),
+        )
         made.start()
         self._destinations[url] = made
         return made

@@ -10,6 +10,7 @@ The file is rewritten whole (a temporary, then a rename) at each change. One tha
 read is set aside (`notify.json.corrupt-<time>`) with one warning, and the users start with
 none; without a state directory they are kept in memory only, and lost at a restart.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,6 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
 
 from patroller.state import private
 
@@ -36,24 +36,24 @@ class DestinationError(Exception):
 class Own:
     """One user's destinations, in the order she added them, and the kinds she muted."""
 
-    urls: Tuple[str, ...] = ()
-    muted: Tuple[str, ...] = ()
-    extra: Dict[str, object] = field(default_factory=dict)  # what a newer version wrote
+    urls: tuple[str, ...] = ()
+    muted: tuple[str, ...] = ()
+    extra: dict[str, object] = field(default_factory=dict)  # what a newer version wrote
 
 
 class UserDestinations:
     """Every user's own destinations; `directory` None: in memory only."""
 
-    def __init__(self, directory: Optional[str], most: int, longest: int) -> None:
+    def __init__(self, directory: str | None, most: int, longest: int) -> None:
         self.directory = directory
         self.most = most  # destinations one user may have
         self.longest = longest  # characters of one URL at most
         self.writes = 0
         self.failures = 0
-        self._users: Dict[str, Own] = {}
+        self._users: dict[str, Own] = {}
 
     @property
-    def path(self) -> Optional[str]:
+    def path(self) -> str | None:
         return os.path.join(self.directory, FILE) if self.directory is not None else None
 
     def open(self) -> None:
@@ -73,14 +73,19 @@ class UserDestinations:
                 os.rename(path, aside)
             except OSError:
                 aside = "(it could not be set aside)"
-            log.warning("the users' notification destinations %s cannot be read (%s); set aside "
-                        "as %s: every user starts with none", path, str(exc)[:200], aside)
+            log.warning(
+                "the users' notification destinations %s cannot be read (%s); set aside "
+                "as %s: every user starts with none",
+                path,
+                str(exc)[:200],
+                aside,
+            )
             self._users = {}
 
     def of(self, user: str) -> Own:
         return self._users.get(user) or Own()
 
-    def users(self) -> Tuple[str, ...]:
+    def users(self) -> tuple[str, ...]:
         return tuple(self._users)
 
     def add(self, user: str, url: str) -> int:
@@ -89,11 +94,14 @@ class UserDestinations:
         if len(url) > self.longest:
             raise DestinationError(f"url: longer than {self.longest} characters")
         if url in own.urls:
-            raise DestinationError(f"url: you have it already, as number "
-                                   f"{own.urls.index(url) + 1}")
+            raise DestinationError(
+                f"url: you have it already, as number {own.urls.index(url) + 1}"
+            )
         if len(own.urls) >= self.most:
-            raise DestinationError(f"you have {len(own.urls)} destinations, the most one may "
-                                   f"have; remove one first (patroller notify remove N)")
+            raise DestinationError(
+                f"you have {len(own.urls)} destinations, the most one may "
+                f"have; remove one first (patroller notify remove N)"
+            )
         self._set(user, Own(own.urls + (url,), own.muted, own.extra))
         return len(own.urls) + 1
 
@@ -101,14 +109,19 @@ class UserDestinations:
         """Remove `user`'s destination `number` (from 1); the URL removed."""
         own = self.of(user)
         if not 1 <= number <= len(own.urls):
-            raise DestinationError(f"n: you have no destination {number}" + (
-                f" (you have {len(own.urls)}: patroller notify list)" if own.urls else
-                " (you have none)"))
+            raise DestinationError(
+                f"n: you have no destination {number}"
+                + (
+                    f" (you have {len(own.urls)}: patroller notify list)"
+                    if own.urls
+                    else " (you have none)"
+                )
+            )
         url = own.urls[number - 1]
-        self._set(user, Own(own.urls[:number - 1] + own.urls[number:], own.muted, own.extra))
+        self._set(user, Own(own.urls[: number - 1] + own.urls[number:], own.muted, own.extra))
         return url
 
-    def mute(self, user: str, kind: str, muted: bool) -> Tuple[str, ...]:
+    def mute(self, user: str, kind: str, muted: bool) -> tuple[str, ...]:
         """Mute (or unmute) a kind for `user`; the kinds muted now."""
         own = self.of(user)
         kinds = tuple(k for k in own.muted if k != kind) + ((kind,) if muted else ())
@@ -129,22 +142,28 @@ class UserDestinations:
             else:
                 self._users[user] = before
             self.failures += 1
-            raise DestinationError(f"the change cannot be kept: {exc.strerror or exc}; try "
-                                   "again later") from None
+            raise DestinationError(
+                f"the change cannot be kept: {exc.strerror or exc}; try again later"
+            ) from None
 
     def _write(self) -> None:
         path = self.path
         if path is None:
             return
-        body = {"version": VERSION, "users": {
-            user: {"urls": list(own.urls), "muted": list(own.muted), **own.extra}
-            for user, own in sorted(self._users.items())}}
-        private.replace(path, json.dumps(body, separators=(",", ":"),
-                                         sort_keys=True).encode("utf-8"))
+        body = {
+            "version": VERSION,
+            "users": {
+                user: {"urls": list(own.urls), "muted": list(own.muted), **own.extra}
+                for user, own in sorted(self._users.items())
+            },
+        }
+        private.replace(
+            path, json.dumps(body, separators=(",", ":"), sort_keys=True).encode("utf-8")
+        )
         self.writes += 1
 
 
-def _decode(data: object) -> Dict[str, Own]:
+def _decode(data: object) -> dict[str, Own]:
     """The users of a file's JSON; ValueError if it is not one this version reads."""
     if not isinstance(data, dict) or data.get("version") != VERSION:
         raise ValueError("not a version 1 notification file")
@@ -156,8 +175,12 @@ def _decode(data: object) -> Dict[str, Own]:
         if not isinstance(entry, dict):
             raise ValueError(f"{user!r} is not an object")
         urls, muted = entry.get("urls", []), entry.get("muted", [])
-        if not (isinstance(urls, list) and all(isinstance(u, str) for u in urls)
-                and isinstance(muted, list) and all(isinstance(m, str) for m in muted)):
+        if not (
+            isinstance(urls, list)
+            and all(isinstance(u, str) for u in urls)
+            and isinstance(muted, list)
+            and all(isinstance(m, str) for m in muted)
+        ):
             raise ValueError(f"{user!r}: urls and muted are lists of strings")
         extra = {k: v for k, v in entry.items() if k not in ("urls", "muted")}
         found[user] = Own(tuple(urls), tuple(muted), extra)

@@ -1,11 +1,12 @@
 """Never twice, never in the way: each episode is told once, and again only after
 `notify_repeat` while it lasts; each destination gets at most `notify_rate` notices per
 window, and those held back are summed up in the next one it gets. Pure: the clock is given."""
+
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import replace
-from typing import Callable, Dict, Hashable, Optional, Tuple
+from collections.abc import Callable, Hashable
 
 from cachetools import LRUCache
 
@@ -21,28 +22,28 @@ class Episodes:
     def __init__(self, repeat: float, most: int, clock: Callable[[], float]) -> None:
         self.repeat = repeat
         self.clock = clock
-        self._told: "LRUCache[Tuple[str, ...], float]" = LRUCache(maxsize=most)
+        self._told: LRUCache[tuple[str, ...], float] = LRUCache(maxsize=most)
 
-    def admit(self, key: Tuple[str, ...], repeat: Optional[float] = None) -> bool:
+    def admit(self, key: tuple[str, ...], repeat: float | None = None) -> bool:
         """Whether the episode `key` is to be told now (and if so, it counts as told): not
         if it was within `repeat` seconds (default: the repeat of every episode)."""
         now = self.clock()
-        last: Optional[float] = self._told.get(key)
+        last: float | None = self._told.get(key)
         if last is not None and now - last < (self.repeat if repeat is None else repeat):
             return False
         self._told[key] = now
         return True
 
-    def restore(self, key: Tuple[str, ...], age: float) -> None:
+    def restore(self, key: tuple[str, ...], age: float) -> None:
         """An episode told `age` seconds ago (before a restart: outbox.py)."""
         self._told[key] = self.clock() - max(0.0, age)
 
-    def age(self, key: Tuple[str, ...]) -> Optional[float]:
+    def age(self, key: tuple[str, ...]) -> float | None:
         """Seconds since the episode `key` was last told; None if it was not (or is forgotten)."""
-        last: Optional[float] = self._told.get(key)
+        last: float | None = self._told.get(key)
         return None if last is None else self.clock() - last
 
-    def end(self, key: Tuple[str, ...]) -> bool:
+    def end(self, key: tuple[str, ...]) -> bool:
         """The episode is over (a GPU back): told again if it begins again. Whether it was told."""
         return self._told.pop(key, None) is not None
 
@@ -54,16 +55,15 @@ class Rates:
         self.limit = limit
         self.window = window
         self.clock = clock
-        self._throttles: Dict[Hashable, Throttle] = {}
-        self._held: "Dict[Hashable, Counter[str]]" = {}
+        self._throttles: dict[Hashable, Throttle] = {}
+        self._held: dict[Hashable, Counter[str]] = {}
 
-    def admit(self, destination: Hashable, notice: Notice) -> Optional[Notice]:
+    def admit(self, destination: Hashable, notice: Notice) -> Notice | None:
         """The notice to send to `destination` now (with a line on what was held back before
         it), or None: held back, counted."""
         throttle = self._throttles.get(destination)
         if throttle is None:
-            throttle = self._throttles[destination] = Throttle(self.limit, self.window,
-                                                                self.clock)
+            throttle = self._throttles[destination] = Throttle(self.limit, self.window, self.clock)
         passed, _ = throttle.admit()
         held = self._held.setdefault(destination, Counter())
         if not passed:
@@ -73,6 +73,9 @@ class Rates:
             return notice
         said = ", ".join(f"{count} {kind}" for kind, count in sorted(held.items()))
         held.clear()
-        return replace(notice, body=f"{notice.body}\n\nHeld back before this one, to send no "
-                       f"more than {self.limit} notices in {describe(self.window)}: "
-                       f"{said}. `patroller status` and the audit record have them all.")
+        return replace(
+            notice,
+            body=f"{notice.body}\n\nHeld back before this one, to send no "
+            f"more than {self.limit} notices in {describe(self.window)}: "
+            f"{said}. `patroller status` and the audit record have them all.",
+        )

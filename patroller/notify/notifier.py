@@ -17,22 +17,33 @@ counted from when it was first told).
 With --notify-digest, each week's digest (weekly.py, digest.py): each user's own week to her,
 the lab's table to the admin (if --notify-events names `digest`), once per week each, and not
 held back by a destination's rate (one a week is no flood)."""
+
 from __future__ import annotations
 
 import importlib.util
 import logging
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from tornado.ioloop import IOLoop, PeriodicCallback
 
 from patroller.config import Config
 from patroller.core.leases import Event, LeaseManager
 from patroller.core.throttle import Throttle
-from patroller.notify.delivery import (BadDestination, Delivery, NoApprise, Outcome, Router,
-                                       Sender, apprise_plugin, apprise_senders, sender_of,
-                                       shown)
+from patroller.notify.delivery import (
+    BadDestination,
+    Delivery,
+    NoApprise,
+    Outcome,
+    Router,
+    Sender,
+    apprise_plugin,
+    apprise_senders,
+    sender_of,
+    shown,
+)
 from patroller.notify.digest import KIND as DIGEST, WEEK
 from patroller.notify.episodes import Episodes, Rates
 from patroller.notify.messages import Notice, Reader, notices_of
@@ -56,54 +67,68 @@ class NotifyError(Exception):
     by number, never the URL)."""
 
 
-PluginOf = Callable[[str], Optional[Sender]]
+PluginOf = Callable[[str], Sender | None]
 
 
 class Notifier:
     """Tells the admin's and the users' destinations what the lease rules' events say, and
     what the watch finds (watch.py) every `notify_check_every` seconds."""
 
-    def __init__(self, config: Config, host: str, audit: Optional[AuditLog],
-                 directory: Optional[str] = None, leases: Optional[LeaseManager] = None,
-                 quiet_for: Callable[[str], Optional[float]] = lambda uuid: None,
-                 clock: Callable[[], float] = time.time,
-                 senders: Optional[Sequence[Sender]] = None,
-                 plugin_of: Optional[PluginOf] = None,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        config: Config,
+        host: str,
+        audit: AuditLog | None,
+        directory: str | None = None,
+        leases: LeaseManager | None = None,
+        quiet_for: Callable[[str], float | None] = lambda uuid: None,
+        clock: Callable[[], float] = time.time,
+        senders: Sequence[Sender] | None = None,
+        plugin_of: PluginOf | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.config = config
         self.host = host
         self.audit = audit
         self.leases = leases  # what the watch looks at (None: no watch)
         self.quiet_for = quiet_for  # seconds a held GPU has computed nothing (observe/idle.py)
         # the daemon's own trouble now: (key, what, what to do) each (services.troubles)
-        self.troubles: Callable[[], Sequence[Tuple[str, str, str]]] = lambda: ()
+        self.troubles: Callable[[], Sequence[tuple[str, str, str]]] = lambda: ()
         self._troubles = Troubles(config.notify_trouble_after)
-        self.usage: Optional[UsageStore] = None  # the weekly digest's figures (app.connect)
-        self.digests: Optional[Digests] = None  # with --notify-digest, once started
+        self.usage: UsageStore | None = None  # the weekly digest's figures (app.connect)
+        self.digests: Digests | None = None  # with --notify-digest, once started
         self.clock = clock
         self.state = OFF
         self.repeats = 0  # notices not sent: their episode was told within --notify-repeat
         self.held = 0  # notices held back by a destination's rate
         self._senders = senders  # tests give their own; else Apprise's, made at start
-        self.people = People(config, host, directory, plugin_of or self._apprise_sender,
-                             self._to_user, self._forget, clock)
-        self._delivery: Optional[Delivery] = None
-        self._router: Optional[Router] = None
+        self.people = People(
+            config,
+            host,
+            directory,
+            plugin_of or self._apprise_sender,
+            self._to_user,
+            self._forget,
+            clock,
+        )
+        self._delivery: Delivery | None = None
+        self._router: Router | None = None
         # episodes and rates count in `monotonic` seconds
         self._episodes = Episodes(config.notify_repeat, config.notify_episodes, monotonic)
         self._rates = Rates(config.notify_rate, config.notify_rate_window, monotonic)
-        self._terminal_rates = Rates(config.notify_terminal_rate,
-                                     config.notify_terminal_rate_window, monotonic)
-        self._terminals: Optional[Terminals] = None  # the users' terminals (--notify-terminal)
+        self._terminal_rates = Rates(
+            config.notify_terminal_rate, config.notify_terminal_rate_window, monotonic
+        )
+        self._terminals: Terminals | None = None  # the users' terminals (--notify-terminal)
         self._escalations = Escalations(config.notify_escalate)  # trespasses, for the admin
         self.outbox = Outbox(directory, config)
-        self._checks: Optional[PeriodicCallback] = None
+        self._checks: PeriodicCallback | None = None
         self._failing = Throttle(1, config.repeat_log_every)
         self._unsent = Throttle(1, config.repeat_log_every)
-        self._loop: Optional[IOLoop] = None
-        self._loop_thread: Optional[int] = None  # the loop's thread: _told from it records at once
+        self._loop: IOLoop | None = None
+        self._loop_thread: int | None = None  # the loop's thread: _told from it records at once
 
-    def _apprise_sender(self, url: str) -> Optional[Sender]:
+    def _apprise_sender(self, url: str) -> Sender | None:
         plugin = apprise_plugin(url, self.config.notify_timeout)
         return sender_of(plugin) if plugin is not None else None
 
@@ -119,10 +144,12 @@ class Notifier:
             senders, names = self._admins()
         except NoApprise as exc:
             self.state = NO_APPRISE
-            if self.config.notify or self.config.notify_user_default or \
-                    self.people.users.users():
-                log.warning("notifications %s: %s", "are off but on the users' terminals"
-                            if terminal else "are off", exc)
+            if self.config.notify or self.config.notify_user_default or self.people.users.users():
+                log.warning(
+                    "notifications %s: %s",
+                    "are off but on the users' terminals" if terminal else "are off",
+                    exc,
+                )
             if not terminal:
                 return
             senders, names = [], []
@@ -133,16 +160,22 @@ class Notifier:
         self._delivery = Delivery(senders, names, self.config, self._told, tags, self.outbox)
         self._delivery.start()
         if self.state != NO_APPRISE:
-            self._router = Router(self.config, self._told, self._delivery.counts,
-                                  self.people.plugin_of, self.outbox)
+            self._router = Router(
+                self.config, self._told, self._delivery.counts, self.people.plugin_of, self.outbox
+            )
             self._router.start()
-            resume(restored, self._delivery.destinations, self._router, self.people.urls_for,
-                   self.outbox, self.audit)
+            resume(
+                restored,
+                self._delivery.destinations,
+                self._router,
+                self.people.urls_for,
+                self.outbox,
+                self.audit,
+            )
             self.state = ON
             self.people.available = True
         if terminal:
-            self._terminals = Terminals(self.config, self.host, self._told,
-                                        self._delivery.counts)
+            self._terminals = Terminals(self.config, self.host, self._told, self._delivery.counts)
             self._terminals.start()
             self.people.terminal = True
         if self.leases is not None:
@@ -151,18 +184,25 @@ class Notifier:
         if self.config.notify_digest is not None:
             # the notifier's clock read at each look, not kept: the tests move it past the
             # time a digest is due
-            self.digests = Digests(self.config, self.host, self.usage, lambda: self.clock(),
-                                   self._tell_digest)
+            self.digests = Digests(
+                self.config, self.host, self.usage, lambda: self.clock(), self._tell_digest
+            )
             self.digests.start()
         if names:
-            log.info("notifications: %d destination(s) of the admin (%s), told of %s",
-                     len(names), "; ".join(names), ", ".join(self.config.notify_events))
+            log.info(
+                "notifications: %d destination(s) of the admin (%s), told of %s",
+                len(names),
+                "; ".join(names),
+                ", ".join(self.config.notify_events),
+            )
         if terminal:
-            log.info("notifications: trespasses and ending holds are also written on the "
-                     "terminals of the users concerned (login records: %s)",
-                     self.config.notify_utmp)
+            log.info(
+                "notifications: trespasses and ending holds are also written on the "
+                "terminals of the users concerned (login records: %s)",
+                self.config.notify_utmp,
+            )
 
-    def _admins(self) -> Tuple[List[Sender], List[str]]:
+    def _admins(self) -> tuple[list[Sender], list[str]]:
         """The admin's senders and their names. NoApprise without Apprise; NotifyError for a
         URL it does not take."""
         if self._senders is not None:
@@ -170,8 +210,9 @@ class Notifier:
             return senders, [f"destination {n}" for n in range(1, len(senders) + 1)]
         urls = self.config.notify
         try:  # without URLs of the admin's, Apprise is loaded when a user's is first used
-            plugins = apprise_senders(urls, self.config.notify_timeout) if urls else \
-                _apprise_there()
+            plugins = (
+                apprise_senders(urls, self.config.notify_timeout) if urls else _apprise_there()
+            )
         except BadDestination as exc:
             raise NotifyError(str(exc)) from None
         return [sender_of(plugin) for plugin in plugins], [shown(plugin) for plugin in plugins]
@@ -188,8 +229,10 @@ class Notifier:
             if notice.ends:
                 self.outbox.ended(notice.ends)
             told_before = self._episodes.age(notice.key)
-            if not self._episodes.admit(notice.key, self.config.notify_unreserved_repeat
-                                        if notice.kind == "unreserved" else None):
+            if not self._episodes.admit(
+                notice.key,
+                self.config.notify_unreserved_repeat if notice.kind == "unreserved" else None,
+            ):
                 self.repeats += 1
                 if event.kind == "trespass":  # told before a restart, perhaps: still escalated
                     self._escalations.add(event, notice.key, now - (told_before or 0.0))
@@ -201,13 +244,15 @@ class Notifier:
                 for destination in self._delivery.destinations:
                     self._send(destination.number, notice, destination.put)
             for user in notice.concerns:
-                urls = self.people.urls_for(user, notice.kind) if self._router is not None \
-                    else ()
+                urls = self.people.urls_for(user, notice.kind) if self._router is not None else ()
                 terminal = self.people.on_terminal(user, notice.kind)
                 if not urls and not terminal:
                     continue
-                words = notice if not self.config.hide_users else \
-                    notices_of(event, self.host, now, Reader(user))[index]
+                words = (
+                    notice
+                    if not self.config.hide_users
+                    else notices_of(event, self.host, now, Reader(user))[index]
+                )
                 if urls:
                     self._to_user(words, user, urls)
                 if terminal:
@@ -228,8 +273,9 @@ class Notifier:
             return
         holds = leases.holds
         numbers = {device.uuid: device.number for device in leases.inventory}
-        for event in due(holds, numbers, leases.state, self.quiet_for, self.config,
-                         self.clock(), leases.clock()):
+        for event in due(
+            holds, numbers, leases.state, self.quiet_for, self.config, self.clock(), leases.clock()
+        ):
             self.on_event(event)
         gone, troubles = self._troubles.look(self.troubles(), self.clock())
         for key in gone:  # its episode ends: told again if it comes back
@@ -237,10 +283,17 @@ class Notifier:
         for event in troubles:
             self.on_event(event)
         for event in self._escalations.ripe(self.clock()):
-            if still_trespassing(holds, event.devices[0][0], event.user,
-                                 event.details.get("holder")):
-                self.on_event(Event("escalated", event.user, event.devices, {
-                    **event.details, "lasting": self.config.notify_escalate}))
+            if still_trespassing(
+                holds, event.devices[0][0], event.user, event.details.get("holder")
+            ):
+                self.on_event(
+                    Event(
+                        "escalated",
+                        event.user,
+                        event.devices,
+                        {**event.details, "lasting": self.config.notify_escalate},
+                    )
+                )
 
     def _tell_digest(self, notice: Notice) -> None:
         """A digest to its recipient (the admin: user None), once: its key names its week."""
@@ -264,11 +317,15 @@ class Notifier:
     def _to_terminal(self, notice: Notice, user: str) -> None:
         terminals = self._terminals
         if terminals is not None:  # at its own rate, apart from her other destinations'
-            self._send(user, notice, lambda sent: terminals.put(sent, user),
-                       self._terminal_rates)
+            self._send(user, notice, lambda sent: terminals.put(sent, user), self._terminal_rates)
 
-    def _send(self, rate_key: Any, notice: Notice, put: Callable[[Notice], None],
-              rates: Optional[Rates] = None) -> None:
+    def _send(
+        self,
+        rate_key: Any,
+        notice: Notice,
+        put: Callable[[Notice], None],
+        rates: Rates | None = None,
+    ) -> None:
         sent = (rates or self._rates).admit(rate_key, notice)
         if sent is None:
             self.held += 1
@@ -309,22 +366,29 @@ class Notifier:
         if self.digests is not None:
             self.digests.stop()
         if hung:
-            log.warning("notifications: %d destination(s) still sending at stop; what they "
-                        "had queued is %s", hung, "sent at the next start" if self.outbox.on
-                        else "not sent")
+            log.warning(
+                "notifications: %d destination(s) still sending at stop; what they "
+                "had queued is %s",
+                hung,
+                "sent at the next start" if self.outbox.on else "not sent",
+            )
 
-    def metrics(self) -> Dict[str, Any]:
+    def metrics(self) -> dict[str, Any]:
         """For /metrics: the state, and the notices by kind and result."""
         delivery, router, terminals = self._delivery, self._router, self._terminals
-        return {"state": self.state,
-                "destinations": len(delivery.destinations) if delivery else 0,
-                "users": len(self.people.users.users()),
-                "terminal": "on" if terminals else "off",
-                "pending": (sum(d.pending() for d in delivery.destinations) if delivery else 0)
-                + (router.pending() if router else 0) + (terminals.pending() if terminals else 0),
-                "repeats": self.repeats, "held": self.held,
-                "digest_next": self.digests.due if self.digests else None,
-                "by_kind": delivery.counts.snapshot() if delivery else {}}
+        return {
+            "state": self.state,
+            "destinations": len(delivery.destinations) if delivery else 0,
+            "users": len(self.people.users.users()),
+            "terminal": "on" if terminals else "off",
+            "pending": (sum(d.pending() for d in delivery.destinations) if delivery else 0)
+            + (router.pending() if router else 0)
+            + (terminals.pending() if terminals else 0),
+            "repeats": self.repeats,
+            "held": self.held,
+            "digest_next": self.digests.due if self.digests else None,
+            "by_kind": delivery.counts.snapshot() if delivery else {},
+        }
 
     # -- from the destinations' threads -----------------------------------------------------
 
@@ -339,26 +403,46 @@ class Notifier:
     def _record(self, outcome: Outcome) -> None:
         notice = outcome.notice
         if outcome.recipient != ADMIN:
-            self.people.last[(outcome.recipient, outcome.key)] = (outcome.result,
-                                                                  round(time.time(), 3))
-        if outcome.result != "sent" and (outcome.destination != TERMINAL or
-                                         outcome.result == "dropped"):
+            self.people.last[(outcome.recipient, outcome.key)] = (
+                outcome.result,
+                round(time.time(), 3),
+            )
+        if outcome.result != "sent" and (
+            outcome.destination != TERMINAL or outcome.result == "dropped"
+        ):
             logged, unlogged = self._unsent.admit()  # a storm is one line a repeat_log_every
             if logged:
-                log.warning("notifications: a %s notice %s at %s's destination %s%s",
-                            notice.kind, "was dropped: its queue was full"
-                            if outcome.result == "dropped" else
-                            f"could not be sent in {outcome.tries} tries", outcome.recipient,
-                            outcome.destination, f" ({unlogged} more not sent since the last "
-                            "such line; /metrics counts them all)" if unlogged else "")
+                log.warning(
+                    "notifications: a %s notice %s at %s's destination %s%s",
+                    notice.kind,
+                    "was dropped: its queue was full"
+                    if outcome.result == "dropped"
+                    else f"could not be sent in {outcome.tries} tries",
+                    outcome.recipient,
+                    outcome.destination,
+                    f" ({unlogged} more not sent since the last "
+                    "such line; /metrics counts them all)"
+                    if unlogged
+                    else "",
+                )
         if self.audit is not None:
-            self.audit.record(Event("notify", notice.user, notice.devices, {
-                "kind": notice.kind, "recipient": outcome.recipient,
-                "destination": outcome.destination, "result": outcome.result,
-                "tries": outcome.tries}))
+            self.audit.record(
+                Event(
+                    "notify",
+                    notice.user,
+                    notice.devices,
+                    {
+                        "kind": notice.kind,
+                        "recipient": outcome.recipient,
+                        "destination": outcome.destination,
+                        "result": outcome.result,
+                        "tries": outcome.tries,
+                    },
+                )
+            )
 
 
-def _apprise_there() -> List[Any]:
+def _apprise_there() -> list[Any]:
     """No plugin; NoApprise if Apprise is not installed (found, not loaded: it takes 0.3 s)."""
     if importlib.util.find_spec("apprise") is None:
         raise NoApprise("Apprise is not installed: pip install 'patroller[notify]'")

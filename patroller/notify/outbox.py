@@ -27,6 +27,7 @@ cannot be written (a full disk) is counted and logged once a `repeat_log_every`;
 memory goes on, and the next rewrite puts the journal right again. Without a state directory
 nothing is kept.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -39,7 +40,7 @@ import secrets
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from patroller.config import Config
 from patroller.core.throttle import Throttle
@@ -74,29 +75,30 @@ class Pending:
 class Restored:
     """What the journal held at start."""
 
-    pending: List[Pending] = field(default_factory=list)  # to queue again
-    interrupted: List[Pending] = field(default_factory=list)  # a try cut short: not again
-    episodes: Dict[Tuple[str, ...], float] = field(default_factory=dict)  # key -> told at
+    pending: list[Pending] = field(default_factory=list)  # to queue again
+    interrupted: list[Pending] = field(default_factory=list)  # a try cut short: not again
+    episodes: dict[tuple[str, ...], float] = field(default_factory=dict)  # key -> told at
     unreadable: int = 0  # lines that were not a record of this version (a torn last one)
 
 
 class Outbox:
     """The journal of `directory` (None: nothing is kept)."""
 
-    def __init__(self, directory: Optional[str], config: Config) -> None:
+    def __init__(self, directory: str | None, config: Config) -> None:
         self.path = os.path.join(directory, FILE) if directory is not None else None
         self.config = config
         self.failures = 0  # lines that could not be written
         self.rewrites = 0
         self._prefix = secrets.token_hex(4)
         self._count = itertools.count(1)
-        self._lines: "queue.SimpleQueue[Optional[Tuple[Dict[str, Any], Optional[threading.Event]]]]" \
-            = queue.SimpleQueue()
-        self._pending: Dict[str, Pending] = {}  # the writer thread's alone
-        self._episodes: Dict[Tuple[str, ...], float] = {}  # the writer thread's alone
+        self._lines: queue.SimpleQueue[tuple[dict[str, Any], threading.Event | None] | None] = (
+            queue.SimpleQueue()
+        )
+        self._pending: dict[str, Pending] = {}  # the writer thread's alone
+        self._episodes: dict[tuple[str, ...], float] = {}  # the writer thread's alone
         self._written = 0  # lines in the file now
-        self._fd: Optional[int] = None
-        self._thread: Optional[threading.Thread] = None
+        self._fd: int | None = None
+        self._thread: threading.Thread | None = None
         self._failing = Throttle(1, config.repeat_log_every)
 
     @property
@@ -113,8 +115,12 @@ class Outbox:
         try:
             restored = self._read(now)
         except OSError as exc:
-            log.warning("notifications: the outbox %s cannot be read (%s): notices pending "
-                        "before the restart are not sent", self.path, exc.strerror or exc)
+            log.warning(
+                "notifications: the outbox %s cannot be read (%s): notices pending "
+                "before the restart are not sent",
+                self.path,
+                exc.strerror or exc,
+            )
         self._pending = {p.ident: p for p in restored.pending}
         self._episodes = dict(restored.episodes)
         try:
@@ -143,11 +149,11 @@ class Outbox:
         self._put({"q": ident, "to": recipient, "tag": tag, "n": number, "notice": notice})
         return ident
 
-    def told(self, key: Tuple[str, ...], at: float) -> None:
+    def told(self, key: tuple[str, ...], at: float) -> None:
         if self.path is not None:
             self._put({"e": list(key), "at": round(at, 3)})
 
-    def ended(self, key: Tuple[str, ...]) -> None:
+    def ended(self, key: tuple[str, ...]) -> None:
         if self.path is not None:
             self._put({"x": list(key)})
 
@@ -176,7 +182,7 @@ class Outbox:
         if ident:
             self._put({"d": ident, "r": result})
 
-    def _put(self, record: Dict[str, Any]) -> None:
+    def _put(self, record: dict[str, Any]) -> None:
         self._lines.put((record, None))
 
     # -- the writer's thread --------------------------------------------------------------------
@@ -205,7 +211,7 @@ class Outbox:
                 self._close()
                 return
 
-    def _write(self, records: List[Dict[str, Any]]) -> None:
+    def _write(self, records: list[dict[str, Any]]) -> None:
         try:
             if self._fd is None:
                 self._rewrite()  # from memory, which holds these records already
@@ -213,7 +219,7 @@ class Outbox:
             data = "".join(_line(r) for r in records).encode("utf-8", "surrogatepass")
             view = memoryview(data)
             while view:
-                view = view[os.write(self._fd, view):]
+                view = view[os.write(self._fd, view) :]
             self._written += len(records)
             if self._grown():
                 self._rewrite()
@@ -233,15 +239,23 @@ class Outbox:
         forget = time.time() - self.config.notify_repeat
         for key in [k for k, at in self._episodes.items() if at < forget]:
             del self._episodes[key]
-        records: List[Dict[str, Any]] = [{"outbox": VERSION}]
+        records: list[dict[str, Any]] = [{"outbox": VERSION}]
         records += [{"e": list(key), "at": at} for key, at in self._episodes.items()]
         for pending in self._pending.values():
-            records.append({"q": pending.ident, "to": pending.recipient, "tag": pending.tag,
-                            "n": pending.number, "notice": pending.notice})
+            records.append(
+                {
+                    "q": pending.ident,
+                    "to": pending.recipient,
+                    "tag": pending.tag,
+                    "n": pending.number,
+                    "notice": pending.notice,
+                }
+            )
             if pending.trying:
                 records.append({"s": pending.ident})
-        private.replace(self.path, "".join(_line(r) for r in records).encode(
-            "utf-8", "surrogatepass"))
+        private.replace(
+            self.path, "".join(_line(r) for r in records).encode("utf-8", "surrogatepass")
+        )
         self._fd = private.create(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
         self._written = len(records)
         self.rewrites += 1
@@ -254,14 +268,18 @@ class Outbox:
     def _failed(self, exc: OSError) -> None:
         self.failures += 1
         if self._failing.admit()[0]:
-            log.warning("notifications: the outbox %s cannot be written (%s): a restart now "
-                        "may lose or repeat notices", self.path, exc.strerror or exc)
+            log.warning(
+                "notifications: the outbox %s cannot be written (%s): a restart now "
+                "may lose or repeat notices",
+                self.path,
+                exc.strerror or exc,
+            )
 
     def _read(self, now: float) -> Restored:
         assert self.path is not None
         restored = Restored()
-        pending: Dict[str, Pending] = {}
-        episodes: Dict[Tuple[str, ...], float] = {}
+        pending: dict[str, Pending] = {}
+        episodes: dict[tuple[str, ...], float] = {}
         try:
             f = open(self.path, encoding="utf-8", errors="surrogateescape")
         except FileNotFoundError:
@@ -276,20 +294,25 @@ class Outbox:
                     restored.unreadable += 1
         forget = now - self.config.notify_repeat
         kept = [(k, at) for k, at in episodes.items() if at >= forget]
-        restored.episodes = dict(kept[max(0, len(kept) - self.config.notify_episodes):])
+        restored.episodes = dict(kept[max(0, len(kept) - self.config.notify_episodes) :])
         for item in pending.values():
             (restored.interrupted if item.trying else restored.pending).append(item)
         return restored
 
 
-def _apply(record: Dict[str, Any], pending: Dict[str, Pending],
-           episodes: Dict[Tuple[str, ...], float]) -> bool:
+def _apply(
+    record: dict[str, Any], pending: dict[str, Pending], episodes: dict[tuple[str, ...], float]
+) -> bool:
     """One record applied to what is pending and told; False if it is not one of ours."""
     if "q" in record:
         notice = record["notice"]
         pending[str(record["q"])] = Pending(
-            str(record["q"]), str(record["to"]), str(record["tag"]), int(record["n"]),
-            notice if isinstance(notice, Notice) else _decode(notice))
+            str(record["q"]),
+            str(record["to"]),
+            str(record["tag"]),
+            int(record["n"]),
+            notice if isinstance(notice, Notice) else _decode(notice),
+        )
     elif "s" in record or "f" in record:
         found = pending.get(str(record.get("s") or record.get("f")))
         if found is not None:
@@ -307,18 +330,17 @@ def _apply(record: Dict[str, Any], pending: Dict[str, Pending],
     return True
 
 
-def _line(record: Dict[str, Any]) -> str:
-    return json.dumps(record, separators=(",", ":"), ensure_ascii=False,
-                      default=_encode) + "\n"
+def _line(record: dict[str, Any]) -> str:
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=False, default=_encode) + "\n"
 
 
-def _key(value: Any) -> Tuple[str, ...]:
+def _key(value: Any) -> tuple[str, ...]:
     if not isinstance(value, (list, tuple)):
         raise ValueError("a key is a list")
     return tuple(str(part) for part in value)
 
 
-def _encode(value: Any) -> Dict[str, Any]:
+def _encode(value: Any) -> dict[str, Any]:
     if not isinstance(value, Notice):
         raise TypeError(f"{type(value).__name__} is not a notice")
     return asdict(value)
@@ -327,8 +349,13 @@ def _encode(value: Any) -> Dict[str, Any]:
 def _decode(value: Any) -> Notice:
     if not isinstance(value, dict):
         raise ValueError("a notice is an object")
-    return Notice(kind=str(value["kind"]), key=_key(value["key"]),
-                  user=None if value.get("user") is None else str(value["user"]),
-                  devices=tuple((str(uuid), int(number)) for uuid, number in value["devices"]),
-                  title=str(value["title"]), body=str(value["body"]),
-                  ends=_key(value.get("ends", [])), concerns=_key(value.get("concerns", [])))
+    return Notice(
+        kind=str(value["kind"]),
+        key=_key(value["key"]),
+        user=None if value.get("user") is None else str(value["user"]),
+        devices=tuple((str(uuid), int(number)) for uuid, number in value["devices"]),
+        title=str(value["title"]),
+        body=str(value["body"]),
+        ends=_key(value.get("ends", [])),
+        concerns=_key(value.get("concerns", [])),
+    )

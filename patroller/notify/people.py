@@ -2,12 +2,14 @@
 them on disk), the host's default for a user with none (--notify-user-default), and what became
 of the last notice at each. A user is always the caller the API identified: nothing here takes
 a name a caller gives."""
+
 from __future__ import annotations
 
 import asyncio
 import time
 import urllib.parse
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from patroller.config import Config
 from patroller.notify.delivery import NoApprise, Sender, apprise_plugin, shown
@@ -22,10 +24,16 @@ TEST = "test"  # the kind of a user's own test notice
 class People:
     """The users' side of notifications."""
 
-    def __init__(self, config: Config, host: str, directory: Optional[str],
-                 plugin_of: Callable[[str], Optional[Sender]],
-                 send: Callable[[Notice, str, Sequence[str]], None],
-                 forget: Callable[[str], None], clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        config: Config,
+        host: str,
+        directory: str | None,
+        plugin_of: Callable[[str], Sender | None],
+        send: Callable[[Notice, str, Sequence[str]], None],
+        forget: Callable[[str], None],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.config = config
         self.host = host
         self.plugin_of = plugin_of  # blocking: Apprise's sender for a URL, or None
@@ -34,11 +42,12 @@ class People:
         self.clock = clock
         self.available = False  # Apprise is there: set by the notifier at start
         self.terminal = False  # --notify-terminal: set by the notifier at start
-        self.users = UserDestinations(directory, config.notify_user_most,
-                                      config.notify_url_longest)
-        self.last: Dict[Tuple[str, str], Tuple[str, float]] = {}  # (user, url): result, when
+        self.users = UserDestinations(
+            directory, config.notify_user_most, config.notify_url_longest
+        )
+        self.last: dict[tuple[str, str], tuple[str, float]] = {}  # (user, url): result, when
 
-    def urls_for(self, user: str, kind: str) -> Tuple[str, ...]:
+    def urls_for(self, user: str, kind: str) -> tuple[str, ...]:
         """Where `user` is told of `kind`: her own destinations, or the default's; none if she
         muted the kind."""
         own = self.users.of(user)
@@ -66,13 +75,17 @@ class People:
         url = url.strip()
         scheme = url.partition("://")[0].lower()
         if "://" not in url or scheme not in self.config.notify_user_schemes:
-            raise DestinationError(f"url: {scheme[:20] + '://...' if '://' in url else 'not a URL'}"
-                                   " is not a service users may name here; these are: "
-                                   f"{', '.join(self.config.notify_user_schemes)}")
+            raise DestinationError(
+                f"url: {scheme[:20] + '://...' if '://' in url else 'not a URL'}"
+                " is not a service users may name here; these are: "
+                f"{', '.join(self.config.notify_user_schemes)}"
+            )
         made = await asyncio.get_running_loop().run_in_executor(None, self.plugin_of, url)
         if made is None:
-            raise DestinationError(f"url: Apprise does not take this {scheme}:// URL (a part "
-                                   "its service needs is missing or wrong)")
+            raise DestinationError(
+                f"url: Apprise does not take this {scheme}:// URL (a part "
+                "its service needs is missing or wrong)"
+            )
         return self.users.add(user, url)
 
     def remove(self, user: str, number: int) -> None:
@@ -81,39 +94,50 @@ class People:
         if not any(url in self.users.of(u).urls for u in self.users.users()):
             self.forget(url)
 
-    def mute(self, user: str, kind: str, muted: bool) -> Tuple[str, ...]:
+    def mute(self, user: str, kind: str, muted: bool) -> tuple[str, ...]:
         return self.users.mute(user, kind, muted)
 
-    async def listing(self, user: str) -> Dict[str, Any]:
+    async def listing(self, user: str) -> dict[str, Any]:
         """`user`'s destinations as she may see them (each in Apprise's privacy form, its
         secrets starred) with the last result at each, her muted kinds, the default, and her
         terminals when the host writes on them."""
         own = self.users.of(user)
-        shown_urls = await asyncio.get_running_loop().run_in_executor(
-            None, self._privately, own.urls) if self.available else \
-            ["(Apprise is not installed)"] * len(own.urls)
+        shown_urls = (
+            await asyncio.get_running_loop().run_in_executor(None, self._privately, own.urls)
+            if self.available
+            else ["(Apprise is not installed)"] * len(own.urls)
+        )
         listed = []
         for number, (url, words) in enumerate(zip(own.urls, shown_urls), 1):
             result, at = self.last.get((user, url), (None, None))
             listed.append({"n": number, "url": words, "last": result, "at": at})
-        default = not own.urls and bool(self.urls_for(user, "trespass") or
-                                        self.config.notify_user_default)
-        found = {"user": user, "destinations": listed, "muted": list(own.muted),
-                 "default": default, "state": ON if self.available else NO_APPRISE}
+        default = not own.urls and bool(
+            self.urls_for(user, "trespass") or self.config.notify_user_default
+        )
+        found = {
+            "user": user,
+            "destinations": listed,
+            "muted": list(own.muted),
+            "default": default,
+            "state": ON if self.available else NO_APPRISE,
+        }
         if self.terminal:  # the host writes on terminals: whether on hers, and how it went
             result, at = self.last.get((user, TERMINAL), (None, None))
             found["terminal"] = {"on": TERMINAL not in own.muted, "last": result, "at": at}
         return found
 
-    def _privately(self, urls: Sequence[str]) -> List[str]:
+    def _privately(self, urls: Sequence[str]) -> list[str]:
         found = []
         for url in urls:
             try:
                 plugin = apprise_plugin(url, self.config.notify_timeout)
             except NoApprise:
                 plugin = None
-            found.append(shown(plugin) if plugin is not None else
-                         url.partition("://")[0] + "://(not taken by Apprise)")
+            found.append(
+                shown(plugin)
+                if plugin is not None
+                else url.partition("://")[0] + "://(not taken by Apprise)"
+            )
         return found
 
     def test(self, user: str) -> int:
@@ -124,15 +148,23 @@ class People:
             raise DestinationError("you muted test notices: patroller notify unmute test")
         if not urls:
             raise DestinationError("you have no destination: patroller notify add URL")
-        notice = Notice(TEST, (TEST, user, str(self.clock())), user, (),
-                        f"{self.host}: a test from Patroller",
-                        f"This is a test notice for {user} from Patroller on {self.host}. "
-                        "Notices of trespasses, granted waits and lost GPUs that concern you "
-                        "come here.", concerns=(user,))
+        notice = Notice(
+            TEST,
+            (TEST, user, str(self.clock())),
+            user,
+            (),
+            f"{self.host}: a test from Patroller",
+            f"This is a test notice for {user} from Patroller on {self.host}. "
+            "Notices of trespasses, granted waits and lost GPUs that concern you "
+            "come here.",
+            concerns=(user,),
+        )
         self.send(notice, user, urls)
         return len(urls)
 
     def _check_available(self) -> None:
         if not self.available:
-            raise DestinationError("notifications are off on this host (Apprise is not "
-                                   "installed: pip install 'patroller[notify]')")
+            raise DestinationError(
+                "notifications are off on this host (Apprise is not "
+                "installed: pip install 'patroller[notify]')"
+            )

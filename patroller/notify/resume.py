@@ -2,10 +2,11 @@
 destination if its recipient still has it and has not muted its kind, else recorded as `gone`;
 a notice whose try was cut short by the end of the daemon is not tried again (its destination
 may have it already), and is recorded as `interrupted`."""
+
 from __future__ import annotations
 
 import logging
-from typing import Callable, Optional, Sequence, Tuple
+from collections.abc import Callable, Sequence
 
 from patroller.core.leases import Event
 from patroller.notify.delivery import Destination, Router
@@ -17,9 +18,14 @@ log = logging.getLogger(__name__)
 ADMIN = "admin"
 
 
-def resume(restored: Restored, admins: Sequence[Destination], router: Router,
-           urls_for: Callable[[str, str], Tuple[str, ...]], outbox: Outbox,
-           audit: Optional[AuditLog]) -> None:
+def resume(
+    restored: Restored,
+    admins: Sequence[Destination],
+    router: Router,
+    urls_for: Callable[[str, str], tuple[str, ...]],
+    outbox: Outbox,
+    audit: AuditLog | None,
+) -> None:
     """Queue again what was pending (`admins`: the admin's destinations now; `urls_for`: a
     user's destinations now for a kind), and record what is not sent."""
     by_tag = {d.tag: d for d in admins}
@@ -31,8 +37,11 @@ def resume(restored: Restored, admins: Sequence[Destination], router: Router,
                 destination.put(notice, ADMIN, destination.number, item.ident)
                 continue
         else:
-            found = [(n, url) for n, url in enumerate(urls_for(item.recipient, notice.kind), 1)
-                     if tag_of(url) == item.tag]
+            found = [
+                (n, url)
+                for n, url in enumerate(urls_for(item.recipient, notice.kind), 1)
+                if tag_of(url) == item.tag
+            ]
             if found:
                 number, url = found[0]
                 router.put(notice, item.recipient, [url], [number], [item.ident])
@@ -42,13 +51,27 @@ def resume(restored: Restored, admins: Sequence[Destination], router: Router,
     for item in restored.interrupted:
         _note(audit, item, "interrupted")
     if restored.pending or restored.interrupted:
-        log.info("notifications: %d notice(s) pending before the restart queued again, %d cut "
-                 "short while being sent not sent again", len(restored.pending),
-                 len(restored.interrupted))
+        log.info(
+            "notifications: %d notice(s) pending before the restart queued again, %d cut "
+            "short while being sent not sent again",
+            len(restored.pending),
+            len(restored.interrupted),
+        )
 
 
-def _note(audit: Optional[AuditLog], item: Pending, result: str) -> None:
+def _note(audit: AuditLog | None, item: Pending, result: str) -> None:
     if audit is not None:
-        audit.record(Event("notify", item.notice.user, item.notice.devices, {
-            "kind": item.notice.kind, "recipient": item.recipient,
-            "destination": item.number, "result": result, "tries": 0}))
+        audit.record(
+            Event(
+                "notify",
+                item.notice.user,
+                item.notice.devices,
+                {
+                    "kind": item.notice.kind,
+                    "recipient": item.recipient,
+                    "destination": item.number,
+                    "result": result,
+                    "tries": 0,
+                },
+            )
+        )

@@ -12,6 +12,7 @@ connection, ^S) gets what fits, never a wait. The text is made plain: every esca
 control character is removed, lines are wrapped, and the whole is bounded (Config). Which
 notices, at what rate, honouring the user's mute, is the notifier's (notifier.py); this is one
 more destination, with its thread and queue (delivery.py), that users cannot add themselves."""
+
 from __future__ import annotations
 
 import errno
@@ -22,7 +23,7 @@ import re
 import stat
 import textwrap
 import time
-from typing import Callable, List, Optional, Tuple
+from collections.abc import Callable
 
 from patroller.config import Config
 from patroller.notify.delivery import FAILED, SENT, Counts, Destination, Item, Outcome
@@ -38,10 +39,13 @@ DEV = "/dev"
 
 # An escape sequence: CSI (ESC [ or the one-byte CSI), OSC, DCS, SOS, PM and APC strings up to
 # their terminator (BEL or ST), or ESC and one more character.
-_ESCAPES = re.compile(r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"  # CSI
-                      r"|(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])"  # a string's start,
-                      r"[^\x07\x1b\x9c\n]*(?:\x07|\x1b\\|\x9c)?"  # up to its end
-                      r"|\x1b.?", re.DOTALL)
+_ESCAPES = re.compile(
+    r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"  # CSI
+    r"|(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])"  # a string's start,
+    r"[^\x07\x1b\x9c\n]*(?:\x07|\x1b\\|\x9c)?"  # up to its end
+    r"|\x1b.?",
+    re.DOTALL,
+)
 
 
 def plain(text: str) -> str:
@@ -56,37 +60,43 @@ def message(notice: Notice, host: str, at: float, config: Config) -> bytes:
     body made plain and wrapped, and how to turn it off; at most `notify_terminal_lines` lines
     and `notify_terminal_bytes` bytes, in UTF-8, lines ended with CR LF."""
     width = config.notify_terminal_width
-    header = f"Message from patroller@{plain(host)[:64]} at " \
-             f"{time.strftime('%H:%M UTC', time.gmtime(at))} ..."
+    header = (
+        f"Message from patroller@{plain(host)[:64]} at "
+        f"{time.strftime('%H:%M UTC', time.gmtime(at))} ..."
+    )
     lines = [header, ""]
     for paragraph in (plain(notice.title), *plain(notice.body).split("\n")):
         lines.extend(textwrap.wrap(paragraph, width, break_on_hyphens=False) or [""])
     footer = "(patroller notify mute terminal: no more of these)"
     most = max(1, config.notify_terminal_lines - 1)
     if len(lines) > most:
-        lines = lines[:most - 1] + ["..."]
+        lines = lines[: most - 1] + ["..."]
     text = "\r\n".join(["", *lines, footer, ""])
     data = text.encode("utf-8")
     if len(data) > config.notify_terminal_bytes:
-        cut = data[:config.notify_terminal_bytes - 7].decode("utf-8", "ignore").rstrip("\r")
+        cut = data[: config.notify_terminal_bytes - 7].decode("utf-8", "ignore").rstrip("\r")
         data = (cut + "...\r\n").encode("utf-8")
     return data
 
 
 def usable_line(line: str) -> bool:
     """Whether a record's line names a file under /dev: not empty, not absolute, no `..`."""
-    return bool(line) and not line.startswith("/") and ".." not in line.split("/") and \
-        all(c.isprintable() and not c.isspace() for c in line)
+    return (
+        bool(line)
+        and not line.startswith("/")
+        and ".." not in line.split("/")
+        and all(c.isprintable() and not c.isspace() for c in line)
+    )
 
 
-def terminals_of(user: str, data: bytes, most: int, dev: str = DEV) -> Tuple[int, List[str]]:
+def terminals_of(user: str, data: bytes, most: int, dev: str = DEV) -> tuple[int, list[str]]:
     """`user`'s uid and her terminals in utmp's bytes that accept messages (at most `most`,
     each once), as paths; (-1, []) for a name that is no local account."""
     try:
         uid = pwd.getpwnam(user).pw_uid
     except (KeyError, UnicodeEncodeError, ValueError):
         return -1, []
-    found: List[str] = []
+    found: list[str] = []
     for login in logins(data):
         if login.user != user or not usable_line(login.line):
             continue
@@ -106,16 +116,16 @@ def terminals_of(user: str, data: bytes, most: int, dev: str = DEV) -> Tuple[int
 
 def accepts(info: os.stat_result, uid: int) -> bool:
     """A character device of `uid`'s that takes messages (group-writable: `mesg y`)."""
-    return stat.S_ISCHR(info.st_mode) and info.st_uid == uid and \
-        bool(info.st_mode & stat.S_IWGRP)
+    return stat.S_ISCHR(info.st_mode) and info.st_uid == uid and bool(info.st_mode & stat.S_IWGRP)
 
 
 def write_on(path: str, uid: int, data: bytes) -> bool:
     """Write `data` on the terminal at `path` if it is still `uid`'s and accepts messages,
     without waiting: whether all of it went (a terminal that takes less gets what fits)."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_NOFOLLOW |
-                     os.O_CLOEXEC)
+        fd = os.open(
+            path, os.O_WRONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+        )
     except OSError:
         return False
     try:
@@ -143,11 +153,18 @@ class Terminals(Destination):
     once, on each of the recipient's terminals. Its result: sent (at least one terminal took
     it whole), no_terminal (none accepts messages), failed (none took it whole)."""
 
-    def __init__(self, config: Config, host: str, told: Callable[[Outcome], None],
-                 counts: Counts, clock: Callable[[], float] = time.time,
-                 dev: str = DEV) -> None:
-        super().__init__(0, lambda title, body: False, TERMINAL, config, told, counts,
-                         key=TERMINAL)
+    def __init__(
+        self,
+        config: Config,
+        host: str,
+        told: Callable[[Outcome], None],
+        counts: Counts,
+        clock: Callable[[], float] = time.time,
+        dev: str = DEV,
+    ) -> None:
+        super().__init__(
+            0, lambda title, body: False, TERMINAL, config, told, counts, key=TERMINAL
+        )
         self._thread.name = "notify-terminal"
         self.host = host
         self.clock = clock
@@ -173,11 +190,10 @@ class Terminals(Destination):
         return SENT if taken else FAILED
 
 
-def utmp_problem(config: Config) -> Optional[str]:
+def utmp_problem(config: Config) -> str | None:
     """Why the login records cannot be read, or None (blocking: the doctor's probe)."""
     try:
         read(config.notify_utmp, 1)
     except OSError as exc:
         return f"{config.notify_utmp} cannot be read ({exc.strerror or exc})"
     return None
-

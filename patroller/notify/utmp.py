@@ -6,11 +6,11 @@ A record is glibc's `struct utmp` on Linux x86-64 and aarch64 (both little-endia
 (the terminal's name under /dev: `pts/3`, `tty1`) and the user. Only USER_PROCESS records are
 logins; the others (boot time, run level, a login that ended: DEAD_PROCESS) are skipped. A
 partial record at the end (a file being written) is left out."""
+
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import List
 
 # ut_type (short, then 2 bytes of padding), ut_pid, ut_line[32], ut_id[4], ut_user[32],
 # ut_host[256], ut_exit (2 shorts), ut_session, ut_tv (2 x int32), ut_addr_v6[4], 20 reserved
@@ -27,7 +27,7 @@ class Login:
     pid: int
 
 
-def logins(data: bytes) -> List[Login]:
+def logins(data: bytes) -> list[Login]:
     """The logins (USER_PROCESS records) in utmp's bytes, in the file's order."""
     found = []
     for offset in range(0, len(data) - RECORD.size + 1, RECORD.size):

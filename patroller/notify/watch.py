@@ -4,9 +4,10 @@ that has computed nothing for --notify-idle-after, a hold for a duration that en
 admin is told). Each is handed to the notifier as an Event of its own kind (`idle`,
 `expiring`, `escalated`), which messages.py words. Pure: the lease state, the idle times and
 the clocks are given."""
+
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from patroller.config import Config
 from patroller.core.leases import Event, Hold
@@ -14,9 +15,15 @@ from patroller.core.leases import Event, Hold
 HELD = ("reserved", "allocated", "claimed", "shared")  # the states in which someone holds it
 
 
-def due(holds: Mapping[str, Hold], numbers: Mapping[str, int], state: Callable[[str], str],
-        quiet_for: Callable[[str], Optional[float]], config: Config, wall: float,
-        clock: float) -> List[Event]:
+def due(
+    holds: Mapping[str, Hold],
+    numbers: Mapping[str, int],
+    state: Callable[[str], str],
+    quiet_for: Callable[[str], float | None],
+    config: Config,
+    wall: float,
+    clock: float,
+) -> list[Event]:
     """The idle and expiring holds to tell of now (the notifier's episodes tell each once).
     `clock` is the lease manager's (deadlines, `until`); `wall` is epoch seconds, for words."""
     found = []
@@ -31,18 +38,37 @@ def due(holds: Mapping[str, Hold], numbers: Mapping[str, int], state: Callable[[
             release = None
             if config.idle_release is not None and state(uuid) == "reserved":  # no process
                 release = wall + max(0.0, config.idle_release - quiet)
-            found.append(Event("idle", user, device, {
-                "idle": round(quiet, 1), "since": round(wall - quiet, 3),
-                "released_at": release}))
+            found.append(
+                Event(
+                    "idle",
+                    user,
+                    device,
+                    {
+                        "idle": round(quiet, 1),
+                        "since": round(wall - quiet, 3),
+                        "released_at": release,
+                    },
+                )
+            )
         if hold.until is not None and 0 < hold.until - clock <= config.notify_before:
-            found.append(Event("expiring", user, device, {
-                "ends": round(wall + hold.until - clock, 3),
-                "left": round(hold.until - clock, 1), "until": hold.until}))
+            found.append(
+                Event(
+                    "expiring",
+                    user,
+                    device,
+                    {
+                        "ends": round(wall + hold.until - clock, 3),
+                        "left": round(hold.until - clock, 1),
+                        "until": hold.until,
+                    },
+                )
+            )
     return found
 
 
-def still_trespassing(holds: Mapping[str, Hold], uuid: str, trespasser: Optional[str],
-                      holder: Optional[str]) -> bool:
+def still_trespassing(
+    holds: Mapping[str, Hold], uuid: str, trespasser: str | None, holder: str | None
+) -> bool:
     """Whether `trespasser` still runs a process on the device `holder` (still) holds."""
     hold = holds.get(uuid)
     if hold is None or trespasser is None:
@@ -53,12 +79,15 @@ def still_trespassing(holds: Mapping[str, Hold], uuid: str, trespasser: Optional
     return any(owner.user == trespasser for owner in hold.processes.values())
 
 
-def escalations(pending: Iterable[Tuple[float, Event]], now: float
-                ) -> Tuple[List[Event], List[Tuple[float, Event]]]:
+def escalations(
+    pending: Iterable[tuple[float, Event]], now: float
+) -> tuple[list[Event], list[tuple[float, Event]]]:
     """(the trespasses whose time to reach the admin has come, those still to wait)."""
     listed = list(pending)
-    return ([event for when, event in listed if when <= now],
-            [(when, event) for when, event in listed if when > now])
+    return (
+        [event for when, event in listed if when <= now],
+        [(when, event) for when, event in listed if when > now],
+    )
 
 
 class Escalations:
@@ -67,14 +96,14 @@ class Escalations:
 
     def __init__(self, after: float) -> None:
         self.after = after
-        self._waiting: List[Tuple[float, Event, Tuple[str, ...]]] = []  # (when, trespass, key)
+        self._waiting: list[tuple[float, Event, tuple[str, ...]]] = []  # (when, trespass, key)
 
-    def add(self, event: Event, key: Tuple[str, ...], since: float) -> None:
+    def add(self, event: Event, key: tuple[str, ...], since: float) -> None:
         """The trespass `event`, of the episode `key` told at `since`, unless it waits already."""
         if self.after > 0 and all(key != waiting for _, _, waiting in self._waiting):
             self._waiting.append((since + self.after, event, key))
 
-    def ripe(self, now: float) -> List[Event]:
+    def ripe(self, now: float) -> list[Event]:
         """Those whose time has come (no longer waiting)."""
         ripe = [event for when, event, _ in self._waiting if when <= now]
         self._waiting = [waiting for waiting in self._waiting if waiting[0] > now]
@@ -87,10 +116,11 @@ class Troubles:
 
     def __init__(self, after: float) -> None:
         self.after = after
-        self._since: Dict[str, float] = {}
+        self._since: dict[str, float] = {}
 
-    def look(self, current: Sequence[Tuple[str, str, str]], now: float
-             ) -> Tuple[List[str], List[Event]]:
+    def look(
+        self, current: Sequence[tuple[str, str, str]], now: float
+    ) -> tuple[list[str], list[Event]]:
         """(the keys of the trouble gone since the last look, the `daemon` events to tell)."""
         found = {key: (what, fix) for key, what, fix in current}
         gone = [key for key in self._since if key not in found]
@@ -100,6 +130,12 @@ class Troubles:
         for key, (what, fix) in found.items():
             since = self._since.setdefault(key, now)
             if now - since >= self.after:
-                events.append(Event("daemon", None, (), {"trouble": key, "what": what,
-                                                         "fix": fix, "since": since}))
+                events.append(
+                    Event(
+                        "daemon",
+                        None,
+                        (),
+                        {"trouble": key, "what": what, "fix": fix, "since": since},
+                    )
+                )
         return gone, events

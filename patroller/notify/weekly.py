@@ -7,12 +7,14 @@ the notifier, which tells each user hers and the admin the lab's.
 No usage store (--usage none, no state directory, a read-only one): no digest, said once at
 start. A store failing to write when a digest is due (its week is not whole), or one that
 cannot be read: that week's digest is not sent, said in one log line; the timer goes on."""
+
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Optional
+from typing import Any
+from collections.abc import Callable
 
 from tornado.ioloop import IOLoop
 
@@ -30,8 +32,14 @@ UNREADABLE = ("failing", "read_only", "stopped")  # the store's states that give
 class Digests:
     """Each week's digest of the usage store's figures, due at Config.notify_digest."""
 
-    def __init__(self, config: Config, host: str, usage: Optional[UsageStore],
-                 clock: Callable[[], float], tell: Callable[[Notice], None]) -> None:
+    def __init__(
+        self,
+        config: Config,
+        host: str,
+        usage: UsageStore | None,
+        clock: Callable[[], float],
+        tell: Callable[[Notice], None],
+    ) -> None:
         assert config.notify_digest is not None
         self.config = config
         self.when = config.notify_digest
@@ -40,11 +48,11 @@ class Digests:
         self.usage = usage
         self.clock = clock  # wall clock, epoch seconds
         self.tell = tell  # a notice to its recipient: the admin (user None) or its user
-        self.due: Optional[float] = None  # the next digest's time; None: none will come
+        self.due: float | None = None  # the next digest's time; None: none will come
         self.weeks = 0  # digests read and told
-        self._timer: Optional[Any] = None  # IOLoop.call_later's handle
-        self._loop: Optional[IOLoop] = None
-        self._sending: Optional["asyncio.Future[int]"] = None
+        self._timer: Any | None = None  # IOLoop.call_later's handle
+        self._loop: IOLoop | None = None
+        self._sending: asyncio.Future[int] | None = None
 
     def start(self) -> None:
         """Arm the timer, unless there is no usage store to read (said once). Its first look
@@ -56,15 +64,22 @@ class Digests:
         self._loop = IOLoop.current()
         self.due = next_due(self.clock(), self.when, self.zone)
         weekday, hour, minute, zone = self.when
-        log.info("notifications: the weekly digest %s %02d:%02d %s, next at %s UTC",
-                 ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")[weekday], hour, minute,
-                 zone, time.strftime("%Y-%m-%d %H:%M", time.gmtime(self.due)))
+        log.info(
+            "notifications: the weekly digest %s %02d:%02d %s, next at %s UTC",
+            ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")[weekday],
+            hour,
+            minute,
+            zone,
+            time.strftime("%Y-%m-%d %H:%M", time.gmtime(self.due)),
+        )
         self._timer = self._loop.call_later(0, self._wake)
 
     def _none(self) -> None:
         self.due = None
-        log.warning("notifications: no weekly digest (--notify-digest): there is no usage "
-                    "store to read (--usage none, no state directory, or a read-only one)")
+        log.warning(
+            "notifications: no weekly digest (--notify-digest): there is no usage "
+            "store to read (--usage none, no state directory, or a read-only one)"
+        )
 
     def stop(self) -> None:
         """No more digests; callable from any thread (the notifier stops in one of its own):
@@ -99,7 +114,7 @@ class Digests:
             self._sending.add_done_callback(self._sent)
         self._arm()
 
-    def _sent(self, done: "asyncio.Future[int]") -> None:
+    def _sent(self, done: asyncio.Future[int]) -> None:
         """A bug of the digest's own is logged, never left in an unread future."""
         if not done.cancelled() and done.exception() is not None:
             log.error("notifications: the weekly digest failed", exc_info=done.exception())
@@ -109,15 +124,20 @@ class Digests:
         on (0: none, said in the log). The timer's work, and the tests' way to a digest now."""
         usage = self.usage
         if usage is None or usage.state in UNREADABLE:
-            log.warning("notifications: no weekly digest this time: the usage store is %s",
-                        usage.state if usage is not None else "off")
+            log.warning(
+                "notifications: no weekly digest this time: the usage store is %s",
+                usage.state if usage is not None else "off",
+            )
             return 0
         since = since_for(due)
         try:
             totals = await usage.report(since, due, "user")
         except Exception as exc:  # Unavailable, or the reader's own bug: no digest, no crash
-            log.warning("notifications: no weekly digest this time: the usage store could not "
-                        "be read (%s)", str(exc)[:200])
+            log.warning(
+                "notifications: no weekly digest this time: the usage store could not "
+                "be read (%s)",
+                str(exc)[:200],
+            )
             return 0
         lab = lab_of(totals.rows, self.config.notify_digest_least)
         when = span(since, due, self.zone, self.when[3])

@@ -7,12 +7,13 @@ handed out because a read failed.
 Each watch says what a reading is (`read`), with `failed` and `read_well` to report how it went,
 and hands what it found, by device uuid, to `tell`.
 """
+
 from __future__ import annotations
 
 import asyncio
 import logging
 from abc import abstractmethod
-from typing import Any, Dict, Optional
+from typing import Any
 
 from patroller.core.devices import Inventory
 from patroller.observe.monitor import FAILING, UP, AllocationMetrics, Monitor
@@ -26,8 +27,9 @@ class AllocationWatch(Monitor):
 
     source: str  # the lease manager's name for it: "slurm", "kubernetes"
 
-    def __init__(self, inventory: Inventory, signals: Signals, every: float, what: str,
-                 state: str = UP) -> None:
+    def __init__(
+        self, inventory: Inventory, signals: Signals, every: float, what: str, state: str = UP
+    ) -> None:
         self.inventory = inventory
         self.signals = signals
         self.every = every
@@ -35,9 +37,9 @@ class AllocationWatch(Monitor):
         self.readings = 0
         self.failures = 0
         self._state = state
-        self._told: Dict[str, Any] = {}  # uuid -> the allocation last told
-        self._task: Optional["asyncio.Future[None]"] = None
-        self._halt: Optional[asyncio.Event] = None
+        self._told: dict[str, Any] = {}  # uuid -> the allocation last told
+        self._task: asyncio.Future[None] | None = None
+        self._halt: asyncio.Event | None = None
 
     @abstractmethod
     async def read(self) -> None:
@@ -58,8 +60,12 @@ class AllocationWatch(Monitor):
         self.closed()
 
     def metrics(self) -> AllocationMetrics:
-        return AllocationMetrics(state=self._state, readings=self.readings,
-                                 failures=self.failures, allocated=len(self._told))
+        return AllocationMetrics(
+            state=self._state,
+            readings=self.readings,
+            failures=self.failures,
+            allocated=len(self._told),
+        )
 
     def failed(self, why: object, anew: bool = False) -> None:
         """A reading failed: the allocations known are kept; said once until one succeeds, or
@@ -76,7 +82,7 @@ class AllocationWatch(Monitor):
         self._state = state
         self.readings += 1
 
-    def tell(self, wanted: Dict[str, Any]) -> None:
+    def tell(self, wanted: dict[str, Any]) -> None:
         """Tell of every device whose allocation is not what was last told (`wanted`: the
         allocation of every device the source lists, by uuid)."""
         for uuid in [u for u in self._told if u not in wanted]:
@@ -86,7 +92,8 @@ class AllocationWatch(Monitor):
             if self._told.get(uuid) != allocation:
                 self._told[uuid] = allocation
                 self.signals.job_allocation.send(
-                    self, record=Allocated(uuid, allocation, self.source))
+                    self, record=Allocated(uuid, allocation, self.source)
+                )
 
     async def _run(self) -> None:
         assert self._halt is not None

@@ -7,6 +7,7 @@ Built on asyncio's subprocess support rather than `tornado.process.Subprocess`: 
 of exits through a SIGCHLD handler it installs once per process, on the first event loop that
 asks; once that loop is closed (each test runs its own), no later child's exit is heard.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -14,13 +15,13 @@ import ctypes
 import os
 import signal
 import time
-from typing import Callable, List, Mapping, Optional
+from collections.abc import Callable, Mapping
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 PIPE, DEVNULL = asyncio.subprocess.PIPE, asyncio.subprocess.DEVNULL
 
 
-def parent_death_kill() -> Optional[Callable[[], None]]:
+def parent_death_kill() -> Callable[[], None] | None:
     """A preexec_fn that has the kernel SIGKILL the child when this process dies; None off Linux.
 
     Resolved here, before the fork, so that the child only makes three system calls between
@@ -41,6 +42,7 @@ def parent_death_kill() -> Optional[Callable[[], None]]:
         prctl(PR_SET_PDEATHSIG, kill, 0, 0, 0)
         if os.getppid() != parent:  # the daemon died before the signal was armed
             os.kill(os.getpid(), kill)
+
     return arm
 
 
@@ -67,14 +69,19 @@ class Child:
         self._draining = asyncio.ensure_future(self._drain())
 
     @classmethod
-    async def start(cls, argv: List[str], env: Optional[Mapping[str, str]],
-                    stderr_tail: int) -> "Child":
+    async def start(
+        cls, argv: list[str], env: Mapping[str, str] | None, stderr_tail: int
+    ) -> Child:
         """Start `argv`; OSError if it cannot be (not found, not executable)."""
         process = await asyncio.create_subprocess_exec(
-            *argv, stdin=DEVNULL, stdout=PIPE, stderr=PIPE,
+            *argv,
+            stdin=DEVNULL,
+            stdout=PIPE,
+            stderr=PIPE,
             env=None if env is None else dict(env),
             start_new_session=True,  # its own group: a stop or a timeout ends all of it
-            preexec_fn=parent_death_kill())
+            preexec_fn=parent_death_kill(),
+        )
         return cls(process, stderr_tail)
 
     @property
@@ -122,4 +129,4 @@ class Child:
             if not chunk:
                 return
             self._stderr += chunk
-            del self._stderr[:-self._tail]
+            del self._stderr[: -self._tail]

@@ -27,12 +27,14 @@ logged at most once a minute (`repeat_log_every`), and retried at the next tick;
 announced until a query that works no longer lists it: a driver hiccup is not every process
 ending.
 """
+
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Set, Tuple
+from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping
 
 from patroller.config import Config
 from patroller.core.devices import Inventory
@@ -45,23 +47,25 @@ from patroller.observe.supervisor import OneShotChild, problem
 
 log = logging.getLogger(__name__)
 
-QUERY = ("--query-compute-apps=gpu_uuid,pid,used_memory,process_name",
-         "--format=csv,noheader,nounits")
-Key = Tuple[str, int]  # (device uuid, pid)
+QUERY = (
+    "--query-compute-apps=gpu_uuid,pid,used_memory,process_name",
+    "--format=csv,noheader,nounits",
+)
+Key = tuple[str, int]  # (device uuid, pid)
 
 
 class Listing(NamedTuple):
     """What one query listed, by device uuid, then pid (the last line of a pid counts): the
     processes, and their used memory as pmon's `fb` (MiB). Made off the loop."""
 
-    apps: Dict[str, Dict[int, ComputeApp]]
-    memory: Dict[str, Dict[int, Dict[str, Value]]]
+    apps: dict[str, dict[int, ComputeApp]]
+    memory: dict[str, dict[int, dict[str, Value]]]
 
 
-def listing(apps: List[ComputeApp]) -> Listing:
+def listing(apps: list[ComputeApp]) -> Listing:
     """`apps` by device."""
-    grouped: Dict[str, Dict[int, ComputeApp]] = {}
-    memory: Dict[str, Dict[int, Dict[str, Value]]] = {}
+    grouped: dict[str, dict[int, ComputeApp]] = {}
+    memory: dict[str, dict[int, dict[str, Value]]] = {}
     for app in apps:
         grouped.setdefault(app.uuid, {})[app.pid] = app
         memory.setdefault(app.uuid, {})[app.pid] = {"fb": app.used_mib}
@@ -77,9 +81,16 @@ class CrossCheck(Monitor):
 
     name = "cross_check"
 
-    def __init__(self, inventory: Inventory, signals: Signals, argv: List[str],
-                 env: Mapping[str, str], candidates: Callable[[], Set[str]],
-                 config: Config, unmeasured: Callable[[], Set[str]] = set) -> None:
+    def __init__(
+        self,
+        inventory: Inventory,
+        signals: Signals,
+        argv: list[str],
+        env: Mapping[str, str],
+        candidates: Callable[[], set[str]],
+        config: Config,
+        unmeasured: Callable[[], set[str]] = set,
+    ) -> None:
         self.inventory = inventory
         self.signals = signals
         self.query = OneShotChild([*argv, *QUERY], dict(env), config.cross_check_timeout, config)
@@ -91,10 +102,10 @@ class CrossCheck(Monitor):
         self.failures = 0
         self.skipped = 0  # unreadable output lines
         self.announced_total = 0
-        self.last_duration: Optional[float] = None  # seconds the last query took
-        self._announced: Dict[Key, GpuProcess] = {}
-        self._task: Optional["asyncio.Future[None]"] = None
-        self._wake: Optional[asyncio.Event] = None  # set by stop(): the tick ends
+        self.last_duration: float | None = None  # seconds the last query took
+        self._announced: dict[Key, GpuProcess] = {}
+        self._task: asyncio.Future[None] | None = None
+        self._wake: asyncio.Event | None = None  # set by stop(): the tick ends
         self._stopping = False
         self._failing = 0  # failures since the last success
         self._failures_logged = Throttle(1, config.repeat_log_every)
@@ -122,9 +133,15 @@ class CrossCheck(Monitor):
     def metrics(self) -> CrossCheckMetrics:
         return CrossCheckMetrics(
             state=FAILING if self._failing else UP if self.query.running else IDLE,
-            running=self.query.running, hangs=self.query.hangs, skipped_lines=self.skipped,
-            runs=self.runs, failures=self.failures, last_duration=self.last_duration,
-            processes=len(self._announced), announced=self.announced_total)
+            running=self.query.running,
+            hangs=self.query.hangs,
+            skipped_lines=self.skipped,
+            runs=self.runs,
+            failures=self.failures,
+            last_duration=self.last_duration,
+            processes=len(self._announced),
+            announced=self.announced_total,
+        )
 
     async def _tick(self) -> None:
         assert self._wake is not None
@@ -153,12 +170,14 @@ class CrossCheck(Monitor):
             self._failed(problem(answer, self.query))
             return
         if self._failing:
-            log.info("cross-check: `%s` answers again after %d failure(s)", self.shown,
-                     self._failing)
+            log.info(
+                "cross-check: `%s` answers again after %d failure(s)", self.shown, self._failing
+            )
             self._failing = 0
-        skipped: List[str] = []  # thousands of lines on a large host: read off the loop
+        skipped: list[str] = []  # thousands of lines on a large host: read off the loop
         apps = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: listing(parse_compute_apps(answer.output, skipped)))
+            None, lambda: listing(parse_compute_apps(answer.output, skipped))
+        )
         self._count_skips(skipped)
         self._reconcile(apps)
 
@@ -166,7 +185,7 @@ class CrossCheck(Monitor):
         """Announce new processes on candidates; end announced ones no longer listed. Only the
         devices watched are looked through."""
         apps, wanted = listed_now.apps, self.candidates()
-        listed: Dict[Key, ComputeApp] = {}
+        listed: dict[Key, ComputeApp] = {}
         for uuid in wanted | {uuid for uuid, _ in self._announced}:
             watched = uuid in wanted and self.inventory.get(uuid) is not None
             for pid, app in apps.get(uuid, {}).items():
@@ -182,7 +201,7 @@ class CrossCheck(Monitor):
                 self.signals.process_started.send(self, record=record)
         # The used memory, under pmon's name for it (MiB), of the processes it announces and of
         # those pmon lists without figures.
-        values: Dict[str, Dict[int, Dict[str, Value]]] = {}
+        values: dict[str, dict[int, dict[str, Value]]] = {}
         for uuid, pid in listed:
             values.setdefault(uuid, {})[pid] = listed_now.memory[uuid][pid]
         for uuid in self.unmeasured():
@@ -197,15 +216,24 @@ class CrossCheck(Monitor):
         self._failing += 1
         admitted, _ = self._failures_logged.admit()
         if admitted:
-            log.warning("cross-check: `%s` failed (%d time(s) in a row), %s; "
-                        "keeping the %d process(es) it announced, trying again every %g s",
-                        self.shown, self._failing, problem, len(self._announced), self.interval)
+            log.warning(
+                "cross-check: `%s` failed (%d time(s) in a row), %s; "
+                "keeping the %d process(es) it announced, trying again every %g s",
+                self.shown,
+                self._failing,
+                problem,
+                len(self._announced),
+                self.interval,
+            )
 
-    def _count_skips(self, skipped: List[str]) -> None:
+    def _count_skips(self, skipped: list[str]) -> None:
         self.skipped += len(skipped)
         if self.skipped > self._skips_reported and self._skips_logged.admit()[0]:
-            log.warning("cross-check: %d unreadable line(s) skipped, the last: %r",
-                        self.skipped - self._skips_reported, skipped[-1][:200] if skipped else "")
+            log.warning(
+                "cross-check: %d unreadable line(s) skipped, the last: %r",
+                self.skipped - self._skips_reported,
+                skipped[-1][:200] if skipped else "",
+            )
             self._skips_reported = self.skipped
 
 
@@ -216,15 +244,20 @@ class Unattributed:
     blind device stays one until pmon lists a process on it. The cross-check queries the
     processes of these devices."""
 
-    def __init__(self, inventory: Inventory, figures: Callable[[str], Mapping[str, Any]],
-                 pmon: PmonMonitor, busy_mib: int) -> None:
+    def __init__(
+        self,
+        inventory: Inventory,
+        figures: Callable[[str], Mapping[str, Any]],
+        pmon: PmonMonitor,
+        busy_mib: int,
+    ) -> None:
         self.inventory = inventory
         self.figures = figures
         self.pmon = pmon
         self.busy_mib = busy_mib
-        self.blind: Set[str] = set()
+        self.blind: set[str] = set()
 
-    def __call__(self) -> Set[str]:
+    def __call__(self) -> set[str]:
         seen = self.pmon.attributed()
         found = set()
         for device in self.inventory.present():
@@ -242,4 +275,5 @@ class Unattributed:
         view = self.figures(uuid)
         sm, used = view.get("sm"), view.get("fb")
         return (isinstance(sm, (int, float)) and sm > 0) or (
-            isinstance(used, (int, float)) and used >= self.busy_mib)
+            isinstance(used, (int, float)) and used >= self.busy_mib
+        )

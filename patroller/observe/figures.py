@@ -8,9 +8,10 @@ device's figures waits until they are read (the /status rebuild, which works a d
 in the background, or a scrape): the intervals are queued per device, with the ends of processes
 between them, and folded in order then. At most `backlog` intervals wait for a device.
 """
+
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Optional, Set, Union
+from collections.abc import Mapping
 
 from patroller.observe.signals import NOTHING, Value
 
@@ -29,12 +30,12 @@ class ProcessFigures:
 
     def __init__(self, backlog: int = 4) -> None:
         self.backlog = backlog
-        self._merged: Dict[str, Dict[int, Dict[str, Value]]] = {}  # uuid -> pid -> figures
+        self._merged: dict[str, dict[int, dict[str, Value]]] = {}  # uuid -> pid -> figures
         # uuid -> what came since the last merge, in order: an interval, or a pid that ended
-        self._queued: Dict[str, List[Union[Interval, int]]] = {}
-        self._pids: Dict[str, Set[int]] = {}  # uuid -> pids with an entry, merged or queued
+        self._queued: dict[str, list[Interval | int]] = {}
+        self._pids: dict[str, set[int]] = {}  # uuid -> pids with an entry, merged or queued
 
-    def add(self, uuid: str, interval: Interval, figured: Optional[bool] = None) -> bool:
+    def add(self, uuid: str, interval: Interval, figured: bool | None = None) -> bool:
         """One interval's figures of the processes on a device (the mapping is kept: the sender
         must not change it); `figured`: whether any has a figure, if the sender knows. True if
         what is shown of them changes: a figure is known, or a process is new."""
@@ -92,7 +93,8 @@ class ProcessFigures:
                 if known is None:
                     merged[pid] = dict(values)
                 elif not NOTHING.issuperset(values.values()):  # a figure known this time
-                    known.update({name: value for name, value in values.items()
-                                  if value is not None})
+                    known.update(
+                        {name: value for name, value in values.items() if value is not None}
+                    )
         if not merged:
             del self._merged[uuid]

@@ -13,13 +13,15 @@ is decoded: the call fails, saying so. Closing the caller ends a call in flight 
 thread is not held until the call's timeout) and every later one; the server's error details
 go into the log escaped (core/text.py).
 """
+
 from __future__ import annotations
 
 import importlib
 import logging
 import os
 import threading
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any
+from collections.abc import Sequence
 
 from patroller.config import Config
 from patroller.core.text import printable
@@ -33,7 +35,7 @@ _missing_told = threading.Event()
 class GrpcUnavailable(Exception):
     """The call could not be made or failed; the message says why, in words for the log."""
 
-    def __init__(self, why: str, code: Optional[str] = None) -> None:
+    def __init__(self, why: str, code: str | None = None) -> None:
         super().__init__(why)
         self.code = code  # gRPC's status code name (UNAVAILABLE, NOT_FOUND, ...), when it has one
 
@@ -50,8 +52,9 @@ def _grpc() -> Any:
     except ImportError:
         if not _missing_told.is_set():
             _missing_told.set()
-            log.warning("grpcio is not installed: containerd and the kubelet cannot be asked "
-                        "(%s)", INSTALL)
+            log.warning(
+                "grpcio is not installed: containerd and the kubelet cannot be asked (%s)", INSTALL
+            )
         raise GrpcUnavailable(f"grpcio is not installed ({INSTALL})") from None
 
 
@@ -68,8 +71,13 @@ def installed() -> bool:
 class UnixCaller:
     """Unary calls to one gRPC server on a unix socket."""
 
-    def __init__(self, path: str, timeout: float, max_message: int = Config.grpc_max_message,
-                 metadata: Sequence[Tuple[str, str]] = ()) -> None:
+    def __init__(
+        self,
+        path: str,
+        timeout: float,
+        max_message: int = Config.grpc_max_message,
+        metadata: Sequence[tuple[str, str]] = (),
+    ) -> None:
         self.path = path
         self.timeout = timeout
         self.max_message = max_message  # bytes: the largest answer taken
@@ -78,8 +86,7 @@ class UnixCaller:
         self._channel: Any = None
         self._lock = threading.Lock()
 
-    def call(self, method: str, request: bytes,
-             metadata: Sequence[Tuple[str, str]] = ()) -> bytes:
+    def call(self, method: str, request: bytes, metadata: Sequence[tuple[str, str]] = ()) -> bytes:
         """Blocking: the encoded answer of `method` (`/package.Service/Method`) to `request`."""
         grpc = _grpc()
         with self._lock:
@@ -88,12 +95,14 @@ class UnixCaller:
             if self._channel is None:  # unix:<absolute path>
                 self._channel = grpc.insecure_channel(
                     f"unix:{self.path}",
-                    options=[("grpc.max_receive_message_length", self.max_message)])
+                    options=[("grpc.max_receive_message_length", self.max_message)],
+                )
             channel = self._channel
         stub = channel.unary_unary(method)  # no (de)serializers: bytes in, bytes out
         try:
-            reply: bytes = stub(request, timeout=self.timeout,
-                                metadata=self.metadata + tuple(metadata) or None)
+            reply: bytes = stub(
+                request, timeout=self.timeout, metadata=self.metadata + tuple(metadata) or None
+            )
             return reply
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
@@ -102,10 +111,13 @@ class UnixCaller:
             if name == "UNAVAILABLE":
                 self._drop(channel)
             if name == "RESOURCE_EXHAUSTED" and "larger than max" in details:
-                details = (f"an answer larger than {self.max_message} bytes, the most taken "
-                           f"(grpc_max_message), refused ({details})")
-            raise GrpcUnavailable(f"{method} on {self.path}: {name or 'error'}: {details}",
-                                  name) from None
+                details = (
+                    f"an answer larger than {self.max_message} bytes, the most taken "
+                    f"(grpc_max_message), refused ({details})"
+                )
+            raise GrpcUnavailable(
+                f"{method} on {self.path}: {name or 'error'}: {details}", name
+            ) from None
         except ValueError as exc:  # a closed channel
             raise GrpcUnavailable(f"{method} on {self.path}: {exc}", "CANCELLED") from None
 

@@ -2,11 +2,13 @@
 (`xid`, mapped to a GPU by its PCI address) and each change of the inventory (a GPU that left
 and came back was reset: its Xids end) go into the health book (core/health.py); each change
 of a GPU's health is told to `on_change` (the lease rules withhold an unhealthy GPU)."""
+
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from patroller.config import Config
 from patroller.core.devices import Device, Inventory, InventoryChange
@@ -22,14 +24,14 @@ log = logging.getLogger(__name__)
 class HealthWatch:
     """Every GPU's health, kept up to date from the signals (see the module)."""
 
-    def __init__(self, inventory: Inventory, config: Config,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, inventory: Inventory, config: Config, clock: Callable[[], float] = time.time
+    ) -> None:
         self.inventory = inventory
         self.book = HealthBook(config.health_faults_kept)
         self.clock = clock
         # (uuid, its health, who said so: the host's root, or None when the GPU did)
-        self.on_change: Callable[[str, Health, Optional[str]], None] = \
-            lambda uuid, health, by: None
+        self.on_change: Callable[[str, Health, str | None], None] = lambda uuid, health, by: None
         self.first: Mapping[str, Reading] = {}  # discovery's reading, taken at start()
         self.xids = 0  # Xid lines that named a GPU of the host
         self.unmatched = 0  # Xid lines that named none
@@ -74,31 +76,51 @@ class HealthWatch:
             self.unmatched += 1
             admitted, held = self._unmatched_logged.admit()
             if admitted:
-                log.warning("Xid %d on PCI %s, which is no GPU of the inventory%s", line.xid,
-                            line.pci, f" ({held} more not logged)" if held else "")
+                log.warning(
+                    "Xid %d on PCI %s, which is no GPU of the inventory%s",
+                    line.xid,
+                    line.pci,
+                    f" ({held} more not logged)" if held else "",
+                )
             return
         self.xids += 1
         kind = xid_kind(line.xid)
         name = printable(line.name, 40) if line.name else None
         detail = printable(line.text, 120)
         if kind == RESET:
-            log.warning("GPU %d (%s): Xid %d, a fault of the GPU or its driver: %s",
-                        device.number, device.uuid, line.xid, detail)
+            log.warning(
+                "GPU %d (%s): Xid %d, a fault of the GPU or its driver: %s",
+                device.number,
+                device.uuid,
+                line.xid,
+                detail,
+            )
         else:
-            log.warning("GPU %d (%s): Xid %d%s: %s", device.number, device.uuid, line.xid,
-                        f" of pid {line.pid} ({name})" if line.pid is not None and
-                        kind == APPLICATION else "", detail)
-        self._tell(device.uuid, self.book.xid(device.uuid, device.number, line.xid, line.pid,
-                                              name, detail, self.clock()))
+            log.warning(
+                "GPU %d (%s): Xid %d%s: %s",
+                device.number,
+                device.uuid,
+                line.xid,
+                f" of pid {line.pid} ({name})"
+                if line.pid is not None and kind == APPLICATION
+                else "",
+                detail,
+            )
+        self._tell(
+            device.uuid,
+            self.book.xid(
+                device.uuid, device.number, line.xid, line.pid, name, detail, self.clock()
+            ),
+        )
 
     def declare_healthy(self, uuid: str, by: str) -> Health:
         """The host's root (`by`) says the GPU is fine (`patroller release --healthy`)."""
         self._tell(uuid, self.book.declare_healthy(uuid), by)
         return self.book.get(uuid)
 
-    def _by_pci(self) -> Dict[Optional[str], Device]:
+    def _by_pci(self) -> dict[str | None, Device]:
         return {pci_key(d.pci_address): d for d in self.inventory.present() if d.pci_address}
 
-    def _tell(self, uuid: str, health: Optional[Health], by: Optional[str] = None) -> None:
+    def _tell(self, uuid: str, health: Health | None, by: str | None = None) -> None:
         if health is not None:
             self.on_change(uuid, health, by)

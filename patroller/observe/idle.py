@@ -11,11 +11,13 @@ Slurm ends its jobs).
 
 Each sample updates one timestamp per device: no history is kept.
 """
+
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any
+from collections.abc import Callable
 
 from patroller.core.leases import LeaseManager
 from patroller.observe.signals import Sample, Signals
@@ -29,7 +31,7 @@ class IdleWatch:
     def __init__(self, leases: LeaseManager, clock: Callable[[], float] = time.monotonic) -> None:
         self.leases = leases
         self.clock = clock
-        self._since: Dict[str, Tuple[str, float]] = {}  # uuid -> (holder, when it became idle)
+        self._since: dict[str, tuple[str, float]] = {}  # uuid -> (holder, when it became idle)
 
     def connect(self, signals: Signals) -> None:
         signals.sample.connect(self._on_sample)
@@ -45,8 +47,12 @@ class IdleWatch:
             self._since.pop(uuid, None)
             return
         sm, used = _number(values.get("sm")), _number(values.get("fb"))
-        quiet = (sm is not None and sm <= policy.idle_sm
-                 and used is not None and used < policy.idle_memory_mib)
+        quiet = (
+            sm is not None
+            and sm <= policy.idle_sm
+            and used is not None
+            and used < policy.idle_memory_mib
+        )
         if not quiet:
             self._since.pop(uuid, None)
             return
@@ -57,18 +63,22 @@ class IdleWatch:
         if known is None or known[0] != user:  # idle from now, or held by someone else now
             known = self._since[uuid] = (user, now)
         since = known[1]
-        if (policy.idle_release is not None and state == "reserved"
-                and now - since >= policy.idle_release):
+        if (
+            policy.idle_release is not None
+            and state == "reserved"
+            and now - since >= policy.idle_release
+        ):
             if self.leases.release_idle(uuid, now - since):
                 self._since.pop(uuid, None)
 
-    def idle_for(self, uuid: str) -> Optional[float]:
+    def idle_for(self, uuid: str) -> float | None:
         """Seconds the held device has been idle, once that is at least `idle_after`."""
         idle = self.quiet_for(uuid)
-        return round(idle, 3) if idle is not None and idle >= self.leases.policy.idle_after \
-            else None
+        return (
+            round(idle, 3) if idle is not None and idle >= self.leases.policy.idle_after else None
+        )
 
-    def quiet_for(self, uuid: str) -> Optional[float]:
+    def quiet_for(self, uuid: str) -> float | None:
         """Seconds the held device has been idle under its holder now, however few."""
         known = self._since.get(uuid)
         holder = self.leases.holder(uuid)
@@ -77,5 +87,7 @@ class IdleWatch:
         return self.clock() - known[1]
 
 
-def _number(value: Any) -> Optional[float]:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+def _number(value: Any) -> float | None:
+    return (
+        float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    )

@@ -3,6 +3,7 @@ then by the inventory watch (GPUs fall off the bus, or are added), always under 
 hung query is killed like a hung stream. While a GPU has MIG on, each reading also runs
 `nvidia-smi -L` for its MIG devices' uuids (miguuids.py), which never fails the reading. Each
 reading also says what it shows of every GPU's health (`health_read`)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,7 +11,8 @@ import logging
 import shlex
 import time
 from dataclasses import replace
-from typing import Any, List, Mapping, Optional
+from typing import Any
+from collections.abc import Mapping
 
 from patroller.config import Config
 from patroller.core.devices import Device, Inventory, InventoryChange
@@ -31,13 +33,14 @@ class GpuHostError(Exception):
     """The GPUs cannot be discovered; the message is one line for the user."""
 
 
-def command(nvidia_smi: str) -> List[str]:
+def command(nvidia_smi: str) -> list[str]:
     """The configured nvidia-smi command as argv (it may carry arguments of its own)."""
     return shlex.split(nvidia_smi)
 
 
-def inventory_query(argv: List[str], env: Optional[Mapping[str, str]],
-                    config: Config) -> OneShotChild:
+def inventory_query(
+    argv: list[str], env: Mapping[str, str] | None, config: Config
+) -> OneShotChild:
     """`nvidia-smi -q -x`, killed after `discovery_timeout` s."""
     return OneShotChild([*argv, "-q", "-x"], env, config.discovery_timeout, config)
 
@@ -51,16 +54,22 @@ async def read_inventory(query: OneShotChild) -> Discovery:
     if isinstance(answer.error, PermissionError):
         raise GpuHostError(f"cannot list the GPUs: {name} is not executable; {HINT}")
     if answer.error is not None:
-        raise GpuHostError(f"cannot list the GPUs: cannot run {name}: "
-                           f"{answer.error.strerror or answer.error}; {HINT}")
+        raise GpuHostError(
+            f"cannot list the GPUs: cannot run {name}: "
+            f"{answer.error.strerror or answer.error}; {HINT}"
+        )
     if answer.timed_out:
-        raise GpuHostError(f"cannot list the GPUs: `{shown}` did not answer in "
-                           f"{query.timeout:g} s: killed; {HINT}")
+        raise GpuHostError(
+            f"cannot list the GPUs: `{shown}` did not answer in "
+            f"{query.timeout:g} s: killed; {HINT}"
+        )
     if answer.stopped:
         raise GpuHostError(f"cannot list the GPUs: `{shown}` was stopped")
     if answer.status:
-        raise GpuHostError(f"cannot list the GPUs: `{shown}` failed with "
-                           f"{status_text(answer.status)}: {answer.account()}; {HINT}")
+        raise GpuHostError(
+            f"cannot list the GPUs: `{shown}` failed with "
+            f"{status_text(answer.status)}: {answer.account()}; {HINT}"
+        )
     try:
         found = parse_inventory(answer.output)
     except DiscoveryError as exc:
@@ -72,16 +81,19 @@ async def read_inventory(query: OneShotChild) -> Discovery:
     return found
 
 
-async def discover(argv: List[str], env: Optional[Mapping[str, str]],
-                   config: Config) -> Discovery:
+async def discover(argv: list[str], env: Mapping[str, str] | None, config: Config) -> Discovery:
     """The GPUs at start; GpuHostError says why they cannot be listed."""
     return await read_inventory(inventory_query(argv, env, config))
 
 
-def devices_of(found: Discovery) -> List[Device]:
+def devices_of(found: Discovery) -> list[Device]:
     """The discovered devices, with their MIG instances."""
-    return [replace(device, mig_instances=tuple(found.mig[device.uuid]))
-            if found.mig.get(device.uuid) else device for device in found.devices]
+    return [
+        replace(device, mig_instances=tuple(found.mig[device.uuid]))
+        if found.mig.get(device.uuid)
+        else device
+        for device in found.devices
+    ]
 
 
 class InventoryWatch(Monitor):
@@ -93,9 +105,15 @@ class InventoryWatch(Monitor):
 
     name = "inventory"
 
-    def __init__(self, inventory: Inventory, signals: Signals, argv: List[str],
-                 env: Optional[Mapping[str, str]], config: Config,
-                 mig: Optional[MigUuids] = None) -> None:
+    def __init__(
+        self,
+        inventory: Inventory,
+        signals: Signals,
+        argv: list[str],
+        env: Mapping[str, str] | None,
+        config: Config,
+        mig: MigUuids | None = None,
+    ) -> None:
         self.inventory = inventory
         self.signals = signals
         self.query = inventory_query(argv, env, config)
@@ -105,9 +123,9 @@ class InventoryWatch(Monitor):
         self.readings = 0
         self.failures = 0
         self.changes = 0
-        self._wake: Optional[asyncio.Event] = None  # a poke, or stop()
-        self._halt: Optional[asyncio.Event] = None  # stop()
-        self._task: Optional["asyncio.Future[None]"] = None
+        self._wake: asyncio.Event | None = None  # a poke, or stop()
+        self._halt: asyncio.Event | None = None  # stop()
+        self._task: asyncio.Future[None] | None = None
         self._last = time.monotonic()
         self._stopping = False
         self._failing = 0  # readings that failed since the last that worked
@@ -137,9 +155,14 @@ class InventoryWatch(Monitor):
     def metrics(self) -> InventoryMetrics:
         return InventoryMetrics(
             state=FAILING if self._failing else UP if self.query.running else IDLE,
-            running=self.query.running, hangs=self.query.hangs, readings=self.readings,
-            failures=self.failures, changes=self.changes,
-            lost=sum(1 for d in self.inventory if d.lost), mig_list_failures=self.mig.failures)
+            running=self.query.running,
+            hangs=self.query.hangs,
+            readings=self.readings,
+            failures=self.failures,
+            changes=self.changes,
+            lost=sum(1 for d in self.inventory if d.lost),
+            mig_list_failures=self.mig.failures,
+        )
 
     def poke(self, why: str = "") -> None:
         """Read the inventory again soon (at most once per `soonest` seconds)."""
@@ -175,7 +198,7 @@ class InventoryWatch(Monitor):
         """One reading, applied to the inventory; what changed."""
         self._last = time.monotonic()
         self.readings += 1
-        reading: Optional[Discovery] = None
+        reading: Discovery | None = None
         try:
             reading = await read_inventory(self.query)
             found = await self.mig.attach(devices_of(reading))
@@ -187,8 +210,11 @@ class InventoryWatch(Monitor):
                 self._failing += 1
                 admitted, held = self._failures_logged.admit()
                 if admitted:
-                    log.warning("reading the GPU inventory again failed (%s); keeping it as it "
-                                "was%s", exc, f" ({held} more failures not logged)" if held else "")
+                    log.warning(
+                        "reading the GPU inventory again failed (%s); keeping it as it was%s",
+                        exc,
+                        f" ({held} more failures not logged)" if held else "",
+                    )
                 return InventoryChange()
             found = []
         self._failing = 0
@@ -199,8 +225,9 @@ class InventoryWatch(Monitor):
                 log.warning("GPU %s is gone from the host: lost, never granted", uuid)
             for uuid in change.added:
                 device = self.inventory.get(uuid)
-                log.warning("GPU %s (number %s) is on the host now", uuid,
-                            device.number if device else "?")
+                log.warning(
+                    "GPU %s (number %s) is on the host now", uuid, device.number if device else "?"
+                )
             self.signals.inventory_changed.send(self, record=change)
         if reading is not None:
             self.signals.health_read.send(self, record=reading.health)

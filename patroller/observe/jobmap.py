@@ -29,6 +29,7 @@ no allocation (the prolog makes it at the first job). One that cannot be read ke
 allocations known, and the watch is failing until it reads again: a GPU a job holds is never
 handed out because a read failed.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -38,8 +39,8 @@ import os
 import pwd
 import re
 import stat
-from typing import (Callable, Dict, FrozenSet, Iterable, List, NamedTuple, Optional, Set,
-                    Tuple)
+from typing import NamedTuple
+from collections.abc import Callable, Iterable
 
 from patroller.config import Config
 from patroller.config.trust import Place, Untrusted, check, check_directory, check_path
@@ -54,41 +55,50 @@ _NAME = re.compile(r"([0-9]+)(?:\.([0-9]+))?")
 _ID = re.compile(r"[0-9]{1,20}|s[0-9A-Z]{13}")  # a job id, or a SLUID
 _UID = re.compile(r"[0-9]{1,10}")
 _VALUE = re.compile(r"[0-9A-Za-z._@+$-]{1,64}")  # a user, an account, a partition
-_SHAPES = {"uid": _UID, "user": _VALUE, "account": _VALUE, "partition": _VALUE,
-           "sluid": re.compile(r"s[0-9A-Z]{13}")}
+_SHAPES = {
+    "uid": _UID,
+    "user": _VALUE,
+    "account": _VALUE,
+    "partition": _VALUE,
+    "sluid": re.compile(r"s[0-9A-Z]{13}"),
+}
 SHOWN = 5  # files or GPUs named in one warning; the others are counted
-JOB_MAP = Place("the Slurm job map", "--slurm-job-map",
-                "make it root's and writable by root alone (chown root; chmod 755), as "
-                "contrib/slurm's prolog makes it", root_may_own=True)
+JOB_MAP = Place(
+    "the Slurm job map",
+    "--slurm-job-map",
+    "make it root's and writable by root alone (chown root; chmod 755), as "
+    "contrib/slurm's prolog makes it",
+    root_may_own=True,
+)
 
-Allocations = Dict[int, Allocation]  # GPU index -> its jobs
-Jobs = Tuple[Job, ...]
+Allocations = dict[int, Allocation]  # GPU index -> its jobs
+Jobs = tuple[Job, ...]
 
 
 class Reading(NamedTuple):
     """What one reading of the map found."""
 
-    entries: Dict[str, Jobs]  # each file read, by name: its jobs
-    unread: FrozenSet[str]  # files there that could not be read now: their last jobs stand
-    problems: Dict[str, str]  # each file ignored, read in part or not read: why
+    entries: dict[str, Jobs]  # each file read, by name: its jobs
+    unread: frozenset[str]  # files there that could not be read now: their last jobs stand
+    problems: dict[str, str]  # each file ignored, read in part or not read: why
 
     @property
     def allocations(self) -> Allocations:
         return merge(self.entries)
 
 
-def gpu_index(name: str) -> Optional[int]:
+def gpu_index(name: str) -> int | None:
     """The GPU a job map file is of (`3`, or `3.1` for a MIG device of GPU 3), or None."""
     found = _NAME.fullmatch(name)
     return int(found.group(1)) if found else None
 
 
-def parse_line(line: str) -> Optional[Job]:
+def parse_line(line: str) -> Job | None:
     """One job from one line of a job map file, or None if the line names none."""
     words = line.split()
     if not words or not _ID.fullmatch(words[0]):
         return None
-    facts: Dict[str, str] = {}
+    facts: dict[str, str] = {}
     for n, word in enumerate(words[1:]):
         key, equals, value = word.partition("=")
         if equals and key in _SHAPES:
@@ -97,14 +107,19 @@ def parse_line(line: str) -> Optional[Job]:
         elif n == 0 and _UID.fullmatch(word):
             facts.setdefault("uid", word)
     uid = facts.get("uid")
-    return Job(id=words[0], uid=int(uid) if uid is not None else None,
-               user=facts.get("user"), account=facts.get("account"),
-               partition=facts.get("partition"), sluid=facts.get("sluid"))
+    return Job(
+        id=words[0],
+        uid=int(uid) if uid is not None else None,
+        user=facts.get("user"),
+        account=facts.get("account"),
+        partition=facts.get("partition"),
+        sluid=facts.get("sluid"),
+    )
 
 
 def jobs_in(text: str) -> Jobs:
     """The jobs one file names, each once, in order."""
-    found: Dict[str, Job] = {}
+    found: dict[str, Job] = {}
     for line in text.splitlines():
         job = parse_line(line)
         if job is not None:
@@ -112,10 +127,10 @@ def jobs_in(text: str) -> Jobs:
     return tuple(found.values())
 
 
-def merge(entries: Dict[str, Jobs]) -> Allocations:
+def merge(entries: dict[str, Jobs]) -> Allocations:
     """The allocations that the files' jobs (by file name) make, by GPU index: each job once,
     in the order of the files' names."""
-    jobs: Dict[int, Dict[str, Job]] = {}
+    jobs: dict[int, dict[str, Job]] = {}
     for name in sorted(entries):
         index = gpu_index(name)
         if index is None:
@@ -125,7 +140,7 @@ def merge(entries: Dict[str, Jobs]) -> Allocations:
     return {index: Allocation(tuple(found.values())) for index, found in jobs.items() if found}
 
 
-def parse_files(files: List[Tuple[str, str]]) -> Allocations:
+def parse_files(files: list[tuple[str, str]]) -> Allocations:
     """The allocations that files (name, text) say, by GPU index: each job once, in order."""
     return merge({name: jobs_in(text) for name, text in files})
 
@@ -136,7 +151,7 @@ def check_map(path: str) -> None:
     check(path, JOB_MAP)
 
 
-def read_map(path: str, limit: int, user_of: Callable[[int], Optional[str]]) -> Reading:
+def read_map(path: str, limit: int, user_of: Callable[[int], str | None]) -> Reading:
     """Blocking: what the directory's files say, with users named from uids where the map gives
     a uid only. None there: nothing. Untrusted if it is not to be trusted (then nothing in it is
     read), OSError if it cannot be read."""
@@ -147,10 +162,10 @@ def read_map(path: str, limit: int, user_of: Callable[[int], Optional[str]]) -> 
         return Reading({}, frozenset(), {})
     try:
         check_directory(os.fstat(directory), path, JOB_MAP)
-        entries: Dict[str, Jobs] = {}
-        unread: Set[str] = set()
-        problems: Dict[str, str] = {}
-        users: Dict[int, Optional[str]] = {}
+        entries: dict[str, Jobs] = {}
+        unread: set[str] = set()
+        problems: dict[str, str] = {}
+        users: dict[int, str | None] = {}
         for name in os.listdir(directory):
             if name.startswith(".") or gpu_index(name) is None:
                 continue
@@ -171,7 +186,7 @@ def read_map(path: str, limit: int, user_of: Callable[[int], Optional[str]]) -> 
     return Reading(entries, frozenset(unread), problems)
 
 
-def read_file(directory: int, name: str, limit: int) -> Tuple[Optional[str], Optional[str]]:
+def read_file(directory: int, name: str, limit: int) -> tuple[str | None, str | None]:
     """Blocking: the text of one file of the map (`directory`: the map's descriptor), and why
     it is not read whole, if so. (None, why): not a file of the map (a link, never followed,
     or not a regular file, never read); (None, None): gone meanwhile. OSError if it cannot be
@@ -183,8 +198,11 @@ def read_file(directory: int, name: str, limit: int) -> Tuple[Optional[str], Opt
     if not stat.S_ISREG(info.st_mode):
         return None, kind(info.st_mode)
     try:  # no link followed, no FIFO waited for: one may have been put there since the stat
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
-                     | os.O_CLOEXEC, dir_fd=directory)
+        fd = os.open(
+            name,
+            os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC,
+            dir_fd=directory,
+        )
     except FileNotFoundError:
         return None, None
     except OSError as exc:
@@ -200,7 +218,7 @@ def read_file(directory: int, name: str, limit: int) -> Tuple[Optional[str], Opt
         os.close(fd)
     problem = None
     if len(data) > limit:  # only its complete lines within the limit
-        data = data[:data.rfind(b"\n", 0, limit) + 1]
+        data = data[: data.rfind(b"\n", 0, limit) + 1]
         problem = f"over {limit} bytes: the lines past them are not read"
     return data.decode("utf-8", "replace"), problem
 
@@ -228,19 +246,24 @@ def kind(mode: int) -> str:
     return "not a regular file: not read"
 
 
-def named(jobs: Jobs, users: Dict[int, Optional[str]],
-          user_of: Callable[[int], Optional[str]]) -> Jobs:
+def named(jobs: Jobs, users: dict[int, str | None], user_of: Callable[[int], str | None]) -> Jobs:
     """The jobs, each whose map gives a uid and no user named by the uid (`users`: the names
     already looked up)."""
-    def user(uid: int) -> Optional[str]:
+
+    def user(uid: int) -> str | None:
         if uid not in users:
             users[uid] = user_of(uid)
         return users[uid]
-    return tuple(job if job.user is not None or job.uid is None else Job(
-        job.id, job.uid, user(job.uid), job.account, job.partition, job.sluid) for job in jobs)
+
+    return tuple(
+        job
+        if job.user is not None or job.uid is None
+        else Job(job.id, job.uid, user(job.uid), job.account, job.partition, job.sluid)
+        for job in jobs
+    )
 
 
-def account_name(uid: int) -> Optional[str]:
+def account_name(uid: int) -> str | None:
     """Blocking: the host account of `uid`, or None."""
     try:
         return pwd.getpwuid(uid).pw_name
@@ -263,19 +286,23 @@ class JobMapWatch(AllocationWatch):
 
     def __init__(self, inventory: Inventory, signals: Signals, config: Config) -> None:
         assert config.slurm_job_map is not None
-        super().__init__(inventory, signals, config.job_map_every,
-                         f"the Slurm job map {config.slurm_job_map}")
+        super().__init__(
+            inventory, signals, config.job_map_every, f"the Slurm job map {config.slurm_job_map}"
+        )
         self.path = config.slurm_job_map
         self.limit = config.job_map_file_limit
-        self._unknown: Set[int] = set()  # indices named in the map that no device has: told once
-        self._entries: Dict[str, Jobs] = {}  # the jobs last read of each file
-        self._problems: Dict[str, str] = {}  # files told of, and why: told again if it changes
-        self._distrust: Optional[str] = None  # why the map is not trusted now, as told
+        self._unknown: set[int] = set()  # indices named in the map that no device has: told once
+        self._entries: dict[str, Jobs] = {}  # the jobs last read of each file
+        self._problems: dict[str, str] = {}  # files told of, and why: told again if it changes
+        self._distrust: str | None = None  # why the map is not trusted now, as told
 
     def start(self) -> None:
         if not os.path.isdir(self.path):
-            log.info("the Slurm job map %s is not there yet: no GPU is allocated to a job "
-                     "until the prolog writes it", self.path)
+            log.info(
+                "the Slurm job map %s is not there yet: no GPU is allocated to a job "
+                "until the prolog writes it",
+                self.path,
+            )
         super().start()
 
     def apply(self, found: Allocations) -> None:
@@ -284,27 +311,34 @@ class JobMapWatch(AllocationWatch):
         by_index = {d.number: d.uuid for d in self.inventory if not d.lost}
         unknown = set(found) - set(by_index)
         if unknown - self._unknown:
-            log.warning("the Slurm job map names GPU(s) %s, which this host does not have: "
-                        "ignored (are Slurm's GRES indices nvidia-smi's?)",
-                        listed(str(i) for i in sorted(unknown - self._unknown)))
+            log.warning(
+                "the Slurm job map names GPU(s) %s, which this host does not have: "
+                "ignored (are Slurm's GRES indices nvidia-smi's?)",
+                listed(str(i) for i in sorted(unknown - self._unknown)),
+            )
         self._unknown = unknown
         self.tell({by_index[i]: a for i, a in found.items() if i in by_index})
 
-    def report(self, problems: Dict[str, str]) -> None:
+    def report(self, problems: dict[str, str]) -> None:
         """Warn of the files newly ignored, read in part or not read, in one line."""
-        new = sorted((name for name, why in problems.items()
-                      if self._problems.get(name) != why), key=lambda n: (gpu_index(n), n))
+        new = sorted(
+            (name for name, why in problems.items() if self._problems.get(name) != why),
+            key=lambda n: (gpu_index(n), n),
+        )
         self._problems = problems
         if new:
-            log.warning("%s: %d file(s) ignored or not read whole: %s", self.what, len(new),
-                        listed(f"{name} ({problems[name]})" for name in new))
+            log.warning(
+                "%s: %d file(s) ignored or not read whole: %s",
+                self.what,
+                len(new),
+                listed(f"{name} ({problems[name]})" for name in new),
+            )
 
     async def read(self) -> None:
         """Read the map now, and tell of what changed."""
         loop = asyncio.get_running_loop()
         try:
-            found = await loop.run_in_executor(None, read_map, self.path, self.limit,
-                                               account_name)
+            found = await loop.run_in_executor(None, read_map, self.path, self.limit, account_name)
         except Untrusted as exc:
             self.failed(f"not trusted: {exc}", anew=str(exc) != self._distrust)
             self._distrust = str(exc)

@@ -9,6 +9,7 @@ when, in microseconds since boot; a line of a plain file, which says nothing, do
 A log that cannot be opened is tried again every `kernel_log_retry` s; the monitor then says
 it fails, once in the log.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -17,7 +18,6 @@ import logging
 import os
 import threading
 import time
-from typing import List, Optional
 
 from patroller.config import Config
 from patroller.observe.monitor import FAILING, IDLE, UP, KernelLogMetrics, Monitor
@@ -46,8 +46,8 @@ class KernelLog(Monitor):
         self.failures = 0  # opens and reads that failed
         self._open = False
         self._halt = threading.Event()
-        self._thread: Optional[threading.Thread] = None
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -62,8 +62,9 @@ class KernelLog(Monitor):
 
     def metrics(self) -> KernelLogMetrics:
         state = UP if self._open else FAILING if self.failures else IDLE
-        return KernelLogMetrics(state=state, lines=self.lines, xids=self.xids,
-                                failures=self.failures)
+        return KernelLogMetrics(
+            state=state, lines=self.lines, xids=self.xids, failures=self.failures
+        )
 
     # -- the thread ---------------------------------------------------------------------------
 
@@ -75,8 +76,13 @@ class KernelLog(Monitor):
             except OSError as exc:
                 self.failures += 1
                 if not told:
-                    log.warning("cannot read the kernel log %s (%s): Xid errors are not seen; "
-                                "trying again every %g s", self.path, exc.strerror, self.retry)
+                    log.warning(
+                        "cannot read the kernel log %s (%s): Xid errors are not seen; "
+                        "trying again every %g s",
+                        self.path,
+                        exc.strerror,
+                        self.retry,
+                    )
                     told = True
                 self._halt.wait(self.retry)
                 continue
@@ -95,8 +101,11 @@ class KernelLog(Monitor):
         now, rest = time.monotonic(), [b""]
         for line in self._drain(fd, rest):
             found = parse_xid(line)
-            if found is not None and found.uptime is not None and \
-                    now - found.uptime <= self.recall:
+            if (
+                found is not None
+                and found.uptime is not None
+                and now - found.uptime <= self.recall
+            ):
                 self._send(found)
             self.lines += 1
         pending = rest[0]
@@ -112,7 +121,7 @@ class KernelLog(Monitor):
             for raw in lines:
                 self._line(raw.decode("utf-8", "replace"))
 
-    def _drain(self, fd: int, rest: List[bytes]) -> List[str]:
+    def _drain(self, fd: int, rest: list[bytes]) -> list[str]:
         """The lines in the log now (the last, unended, left in `rest`)."""
         data = b""
         while not self._halt.is_set():
@@ -123,7 +132,7 @@ class KernelLog(Monitor):
         *lines, rest[0] = data.split(b"\n")
         return [line.decode("utf-8", "replace") for line in lines]
 
-    def _read(self, fd: int) -> Optional[bytes]:
+    def _read(self, fd: int) -> bytes | None:
         """The next bytes; b"" when there are none now; None when the log failed."""
         try:
             return os.read(fd, CHUNK)
@@ -133,8 +142,9 @@ class KernelLog(Monitor):
             if exc.errno == errno.EPIPE:  # /dev/kmsg: records overwritten before read
                 return b""
             self.failures += 1
-            log.warning("reading the kernel log %s failed (%s): opening it again", self.path,
-                        exc.strerror)
+            log.warning(
+                "reading the kernel log %s failed (%s): opening it again", self.path, exc.strerror
+            )
             self._halt.wait(self.retry)
             return None
 

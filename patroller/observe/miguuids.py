@@ -8,11 +8,12 @@ degrades, never stops anything: it is logged once (until `-L` answers again), an
 instances keep the uuids the last listing that worked gave them (at discovery: none, so that
 a `MIG-<uuid>` id maps to no GPU until `-L` answers).
 """
+
 from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from collections.abc import Mapping, Sequence
 
 from patroller.config import Config
 from patroller.core.devices import Device, MigInstance
@@ -21,7 +22,7 @@ from patroller.observe.supervisor import OneShotChild, problem
 
 log = logging.getLogger(__name__)
 
-Key = Tuple[str, Optional[int], Optional[int], Optional[int]]  # GPU uuid, index, GI, CI
+Key = tuple[str, int | None, int | None, int | None]  # GPU uuid, index, GI, CI
 
 
 def _key(device: Device, instance: MigInstance) -> Key:
@@ -31,22 +32,21 @@ def _key(device: Device, instance: MigInstance) -> Key:
 class MigUuids:
     """Gives the MIG instances of discovered devices their uuids (see above)."""
 
-    def __init__(self, argv: List[str], env: Optional[Mapping[str, str]],
-                 config: Config) -> None:
+    def __init__(self, argv: list[str], env: Mapping[str, str] | None, config: Config) -> None:
         self.query = OneShotChild([*argv, "-L"], env, config.mig_list_timeout, config)
         self.shown = " ".join(self.query.argv)
         self.readings = 0
         self.failures = 0
         self.skipped = 0  # lines of -L that could not be read
         self._failing = False
-        self._known: Dict[Key, str] = {}  # what the last listing that worked gave
+        self._known: dict[Key, str] = {}  # what the last listing that worked gave
 
     @staticmethod
     def wanted(devices: Sequence[Device]) -> bool:
         """Whether `-L` is worth running: some GPU present has MIG on and instances."""
         return any(d.mig and d.mig_instances and not d.lost for d in devices)
 
-    async def attach(self, devices: Sequence[Device]) -> List[Device]:
+    async def attach(self, devices: Sequence[Device]) -> list[Device]:
         """The devices with their MIG instances' uuids; never raises for a failing `-L`."""
         if not self.wanted(devices):
             return list(devices)
@@ -57,9 +57,12 @@ class MigUuids:
         if answer.error is not None or answer.timed_out or answer.status:
             self.failures += 1
             if not self._failing:
-                log.warning("cannot list the MIG devices' uuids: `%s` failed, %s; until it "
-                            "answers, a MIG device it never listed maps to no GPU", self.shown,
-                            problem(answer, self.query))
+                log.warning(
+                    "cannot list the MIG devices' uuids: `%s` failed, %s; until it "
+                    "answers, a MIG device it never listed maps to no GPU",
+                    self.shown,
+                    problem(answer, self.query),
+                )
             self._failing = True
             return self._remembered(devices)
         if self._failing:
@@ -68,17 +71,29 @@ class MigUuids:
         listing = parse_list_gpus(answer.output)
         if listing.skipped:
             self.skipped += len(listing.skipped)
-            log.debug("`%s`: %d unreadable line(s) skipped, the last: %r", self.shown,
-                      len(listing.skipped), listing.skipped[-1][:200])
+            log.debug(
+                "`%s`: %d unreadable line(s) skipped, the last: %r",
+                self.shown,
+                len(listing.skipped),
+                listing.skipped[-1][:200],
+            )
         found = with_mig_uuids(devices, listing.mig)
         self._known = {_key(d, m): m.uuid for d in found for m in d.mig_instances if m.uuid}
         return found
 
-    def _remembered(self, devices: Sequence[Device]) -> List[Device]:
+    def _remembered(self, devices: Sequence[Device]) -> list[Device]:
         """The devices with the uuids the last good listing gave the same instances."""
-        return [replace(d, mig_instances=tuple(replace(m, uuid=self._known.get(_key(d, m)))
-                                               for m in d.mig_instances))
-                if d.mig_instances else d for d in devices]
+        return [
+            replace(
+                d,
+                mig_instances=tuple(
+                    replace(m, uuid=self._known.get(_key(d, m))) for m in d.mig_instances
+                ),
+            )
+            if d.mig_instances
+            else d
+            for d in devices
+        ]
 
     async def stop(self, grace: float) -> None:
         """End a run in progress; none starts after."""

@@ -5,11 +5,13 @@ Each monitor's `metrics()` is a typed object, one class per kind of monitor: /me
 cross-check's, the inventory's and the silence watch's figures by their type, not by the
 monitor's name, so a monitor renamed keeps its series; `to_json()` is what /metrics.json shows.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
-from typing import ClassVar, Dict, Iterable, Optional, Type, TypeVar
+from typing import ClassVar, TypeVar
+from collections.abc import Iterable
 
 # How a monitor is doing, its metrics' `state`: working (its child runs, or it watches), idle by
 # design (nothing to do now: the cross-check with no device to query, the inventory between
@@ -26,23 +28,26 @@ class MonitorMetrics:
     monitor does not have is None and left out of `to_json()`."""
 
     state: str
-    running: Optional[bool] = None
-    starts: Optional[int] = None
-    hangs: Optional[int] = None
-    skipped_lines: Optional[int] = None
+    running: bool | None = None
+    starts: int | None = None
+    hangs: int | None = None
+    skipped_lines: int | None = None
 
-    def to_json(self) -> Dict[str, object]:
+    def to_json(self) -> dict[str, object]:
         """The figures for /metrics.json: the common ones the monitor has, and all its own."""
         common = {f.name for f in fields(MonitorMetrics)}
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name not in common or getattr(self, f.name) is not None}
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in common or getattr(self, f.name) is not None
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
 class StreamMetrics(MonitorMetrics):
     """A dmon or pmon stream: how its last child ended (None before any exit)."""
 
-    last_exit: Optional[int] = None
+    last_exit: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,7 +71,7 @@ class CrossCheckMetrics(MonitorMetrics):
 
     runs: int = 0
     failures: int = 0
-    last_duration: Optional[float] = None
+    last_duration: float | None = None
     processes: int = 0
     announced: int = 0
 
@@ -119,7 +124,7 @@ class SyntheticMetrics(MonitorMetrics):
 M = TypeVar("M", bound=MonitorMetrics)
 
 
-def first(found: Iterable[MonitorMetrics], kind: Type[M]) -> Optional[M]:
+def first(found: Iterable[MonitorMetrics], kind: type[M]) -> M | None:
     """The first of `found` that is a `kind`, whatever its monitor is named; None if none."""
     return next((each for each in found if isinstance(each, kind)), None)
 

@@ -10,25 +10,32 @@ A stream that ends saying a device is gone (`GPU is lost`, `Unable to determine 
 handle`) calls `on_lost`: the daemon reads the inventory again. `reconfigure()` restarts a
 stream over the inventory as it is now (devices added, lost or renumbered).
 """
+
 from __future__ import annotations
 
 import logging
 import re
 import time
 from abc import abstractmethod
-from typing import Any, Dict, List, Mapping, Optional, Set, Tuple, Type, TypeVar
+from typing import Any, TypeVar
+from collections.abc import Mapping
 
 from tornado.ioloop import IOLoop
 
 from patroller.config import Config
 from patroller.core.devices import Inventory
 from patroller.core.throttle import Throttle
-from patroller.observe.monitor import (FAILING, UP, DmonMetrics, Monitor, PmonMetrics,
-                                       StreamMetrics)
+from patroller.observe.monitor import FAILING, UP, DmonMetrics, Monitor, PmonMetrics, StreamMetrics
 from patroller.observe.nvsmi.intervals import IntervalChange, PmonIntervals
 from patroller.observe.nvsmi.parsers import DmonParser, DmonRow, PmonParser, PmonRow
-from patroller.observe.signals import (NOTHING, GpuProcess, ProcessList, ProcessSamples, Sample,
-                                       Signals)
+from patroller.observe.signals import (
+    NOTHING,
+    GpuProcess,
+    ProcessList,
+    ProcessSamples,
+    Sample,
+    Signals,
+)
 from patroller.observe.supervisor import RestartingChild
 
 log = logging.getLogger(__name__)
@@ -36,18 +43,24 @@ S = TypeVar("S", bound=StreamMetrics)  # the metrics of one kind of stream
 
 DMON_SELECTS = ("pucvmt", "pucm", "")  # column groups asked of dmon, most first; "": the default
 PMON_SELECTS = ("um", "")
-REFUSED = re.compile(r"Failed to process command line|Not supported on the device|"
-                     r"Invalid combination of input arguments", re.I)
-DEVICE_GONE = re.compile(r"GPU is lost|Unable to determine the device handle|"
-                         r"No devices were found", re.I)
+REFUSED = re.compile(
+    r"Failed to process command line|Not supported on the device|"
+    r"Invalid combination of input arguments",
+    re.I,
+)
+DEVICE_GONE = re.compile(
+    r"GPU is lost|Unable to determine the device handle|"
+    r"No devices were found",
+    re.I,
+)
 
 
-def stream_env(base: Mapping[str, str]) -> Dict[str, str]:
+def stream_env(base: Mapping[str, str]) -> dict[str, str]:
     """The environment for dmon/pmon: all devices, not the default four."""
     return {**base, "NVSMI_SHOW_ALL_DEVICES": "1"}
 
 
-def all_devices(inventory: Inventory) -> List[str]:
+def all_devices(inventory: Inventory) -> list[str]:
     """`-i` with every index, so that no device is silently left out."""
     return ["-i", ",".join(str(d.number) for d in inventory.present())]
 
@@ -58,10 +71,17 @@ class StreamMonitor(Monitor):
     refused; telling the daemon when a device is gone; reporting unreadable lines now and then.
     """
 
-    selects: Tuple[str, ...] = ("",)
+    selects: tuple[str, ...] = ("",)
 
-    def __init__(self, inventory: Inventory, signals: Signals, nvidia_smi: List[str],
-                 env: Mapping[str, str], config: Config, parser: Any) -> None:
+    def __init__(
+        self,
+        inventory: Inventory,
+        signals: Signals,
+        nvidia_smi: list[str],
+        env: Mapping[str, str],
+        config: Config,
+        parser: Any,
+    ) -> None:
         self.inventory = inventory
         self.signals = signals
         self.nvidia_smi = nvidia_smi
@@ -71,14 +91,24 @@ class StreamMonitor(Monitor):
         self._ignoring = False  # lines of a child being replaced (a stale device mapping)
         self._skips_reported = 0
         self._skips_logged = Throttle(1, config.repeat_log_every)
-        self.child = RestartingChild(self.name, self.argv(), self._line, config,
-                                     env=stream_env(env), on_start=self._restarted,
-                                     on_exit=self._exited)
+        self.child = RestartingChild(
+            self.name,
+            self.argv(),
+            self._line,
+            config,
+            env=stream_env(env),
+            on_start=self._restarted,
+            on_exit=self._exited,
+        )
 
-    def argv(self) -> List[str]:
+    def argv(self) -> list[str]:
         select = self.selects[self._select]
-        return [*self.nvidia_smi, self.name, *(["-s", select] if select else []),
-                *all_devices(self.inventory)]
+        return [
+            *self.nvidia_smi,
+            self.name,
+            *(["-s", select] if select else []),
+            *all_devices(self.inventory),
+        ]
 
     @property
     def select(self) -> str:
@@ -94,12 +124,18 @@ class StreamMonitor(Monitor):
     def metrics(self) -> StreamMetrics:
         return self._metrics(StreamMetrics)
 
-    def _metrics(self, kind: Type[S], **own: Any) -> S:
+    def _metrics(self, kind: type[S], **own: Any) -> S:
         """The stream's figures as a `kind`, with the figures of its own kind (`own`)."""
         child = self.child
-        return kind(state=UP if child.running else FAILING, running=child.running,
-                    starts=child.starts, hangs=child.hangs, last_exit=child.last_exit,
-                    skipped_lines=self.parser.skipped, **own)
+        return kind(
+            state=UP if child.running else FAILING,
+            running=child.running,
+            starts=child.starts,
+            hangs=child.hangs,
+            last_exit=child.last_exit,
+            skipped_lines=self.parser.skipped,
+            **own,
+        )
 
     def reconfigure(self) -> None:
         """The inventory changed: run again over the devices it has now."""
@@ -130,9 +166,12 @@ class StreamMonitor(Monitor):
     def _exited(self, status: int, said: str) -> None:
         if self.rows == 0 and REFUSED.search(said) and self._select + 1 < len(self.selects):
             self._select += 1
-            log.warning("%s: the driver refused the column groups asked for (%s); asking for %s",
-                        self.name, said[:200], f"-s {self.select}" if self.select
-                        else "its default columns")
+            log.warning(
+                "%s: the driver refused the column groups asked for (%s); asking for %s",
+                self.name,
+                said[:200],
+                f"-s {self.select}" if self.select else "its default columns",
+            )
             self.child.argv = self.argv()
         if DEVICE_GONE.search(said):
             self.signals.device_gone.send(self, record=said)
@@ -141,8 +180,12 @@ class StreamMonitor(Monitor):
         """A line could not be read: say so now and then, never per line."""
         parser = self.parser
         if parser.skipped > self._skips_reported and self._skips_logged.admit()[0]:
-            log.warning("%s: %d unreadable line(s) skipped, the last: %r", self.name,
-                        parser.skipped - self._skips_reported, (parser.last_skipped or "")[:200])
+            log.warning(
+                "%s: %d unreadable line(s) skipped, the last: %r",
+                self.name,
+                parser.skipped - self._skips_reported,
+                (parser.last_skipped or "")[:200],
+            )
             self._skips_reported = parser.skipped
 
 
@@ -152,8 +195,14 @@ class DmonMonitor(StreamMonitor):
     name = "dmon"
     selects = DMON_SELECTS
 
-    def __init__(self, inventory: Inventory, signals: Signals, nvidia_smi: List[str],
-                 env: Mapping[str, str], config: Config) -> None:
+    def __init__(
+        self,
+        inventory: Inventory,
+        signals: Signals,
+        nvidia_smi: list[str],
+        env: Mapping[str, str],
+        config: Config,
+    ) -> None:
         super().__init__(inventory, signals, nvidia_smi, env, config, DmonParser())
 
     def metrics(self) -> DmonMetrics:
@@ -179,38 +228,45 @@ class PmonMonitor(StreamMonitor):
     name = "pmon"
     selects = PMON_SELECTS
 
-    def __init__(self, inventory: Inventory, signals: Signals, nvidia_smi: List[str],
-                 env: Mapping[str, str], config: Config) -> None:
+    def __init__(
+        self,
+        inventory: Inventory,
+        signals: Signals,
+        nvidia_smi: list[str],
+        env: Mapping[str, str],
+        config: Config,
+    ) -> None:
         super().__init__(inventory, signals, nvidia_smi, env, config, PmonParser())
         self.intervals = PmonIntervals()
         self.burst_gap = config.burst_gap
         self._last_number = max((d.number for d in inventory.present()), default=0)
         # By uuid, then pid: a device renumbered when another falls off keeps its processes.
-        self._announced: Dict[str, Dict[int, GpuProcess]] = {}
-        self._covered: Set[int] = set()  # devices with a row in the current interval
+        self._announced: dict[str, dict[int, GpuProcess]] = {}
+        self._covered: set[int] = set()  # devices with a row in the current interval
         # This interval's figures, by uuid, then pid: of announced processes only
-        self._values: Dict[str, Dict[int, Mapping[str, Any]]] = {}
-        self._figured: Set[str] = set()  # the devices with a figure in this interval's rows
-        self._figureless: Set[str] = set()  # devices whose rows carried no figure, last interval
-        self._timer: Optional[object] = None
+        self._values: dict[str, dict[int, Mapping[str, Any]]] = {}
+        self._figured: set[str] = set()  # the devices with a figure in this interval's rows
+        self._figureless: set[str] = set()  # devices whose rows carried no figure, last interval
+        self._timer: object | None = None
 
     async def stop(self, grace: float) -> None:
         self._disarm()
         await super().stop(grace)
 
     def metrics(self) -> PmonMetrics:
-        return self._metrics(PmonMetrics,
-                             processes=sum(len(on) for on in self._announced.values()))
+        return self._metrics(
+            PmonMetrics, processes=sum(len(on) for on in self._announced.values())
+        )
 
     def reconfigure(self) -> None:
         self._last_number = max((d.number for d in self.inventory.present()), default=0)
         super().reconfigure()
 
-    def attributed(self) -> Set[str]:
+    def attributed(self) -> set[str]:
         """The devices pmon lists a process on."""
         return set(self._announced)
 
-    def figureless(self) -> Set[str]:
+    def figureless(self) -> set[str]:
         """The devices pmon lists processes on without a figure for any (`-` in every cell, as
         590-series drivers print in MIG mode), in the last complete interval."""
         return set(self._figureless)

@@ -27,6 +27,7 @@ known, and the watch is failing until it reads again: a GPU a pod holds is never
 because a call failed. Stopping the watch ends a call in flight at once. Pod names and device
 ids are the kubelet's to choose: they reach the log escaped (core/text.py).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -34,7 +35,7 @@ import fnmatch
 import logging
 import os
 import re
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from collections.abc import Iterable, Sequence
 
 from patroller.config import Config
 from patroller.core.devices import Device, Inventory
@@ -60,7 +61,7 @@ DEVICE_RESOURCE, DEVICE_IDS = 1, 2  # ContainerDevices
 _OLD_MIG = re.compile(r"^MIG-(GPU-[0-9A-Fa-f-]+)/[0-9]+/[0-9]+$")
 _MINOR = re.compile(r"^nvidia([0-9]{1,9})$")  # more digits are no minor (nor an int() to make)
 
-Listed = List[Tuple[Pod, Tuple[str, ...]]]  # each pod with a GPU, and its GPU device ids
+Listed = list[tuple[Pod, tuple[str, ...]]]  # each pod with a GPU, and its GPU device ids
 
 
 def is_gpu(resource: str, patterns: Sequence[str]) -> bool:
@@ -73,18 +74,29 @@ def parse_list(data: bytes, patterns: Sequence[str]) -> Listed:
     have them and their device ids, in order, each once. WireError if it is not one."""
     listed: Listed = []
     for pod in Message(data).messages(RESPONSE_PODS):
-        containers: List[str] = []
-        ids: Dict[str, None] = {}
+        containers: list[str] = []
+        ids: dict[str, None] = {}
         for container in pod.messages(POD_CONTAINERS):
-            found = [i for device in container.messages(CONTAINER_DEVICES)
-                     if is_gpu(device.text(DEVICE_RESOURCE), patterns)
-                     for i in device.texts(DEVICE_IDS)]
+            found = [
+                i
+                for device in container.messages(CONTAINER_DEVICES)
+                if is_gpu(device.text(DEVICE_RESOURCE), patterns)
+                for i in device.texts(DEVICE_IDS)
+            ]
             if found:
                 containers.append(_name(container.text(CONTAINER_NAME)))
                 ids.update(dict.fromkeys(found))
         if ids:
-            listed.append((Pod(_name(pod.text(POD_NAMESPACE)), _name(pod.text(POD_NAME)),
-                               tuple(containers)), tuple(ids)))
+            listed.append(
+                (
+                    Pod(
+                        _name(pod.text(POD_NAMESPACE)),
+                        _name(pod.text(POD_NAME)),
+                        tuple(containers),
+                    ),
+                    tuple(ids),
+                )
+            )
     return listed
 
 
@@ -93,13 +105,13 @@ def _name(text: str) -> str:
     return printable(text, NAME_CHARS)
 
 
-Index = Tuple[Dict[str, str], Dict[int, str]]  # GPU and MIG uuids, and minor numbers -> uuid
+Index = tuple[dict[str, str], dict[int, str]]  # GPU and MIG uuids, and minor numbers -> uuid
 
 
 def index(devices: Iterable[Device]) -> Index:
     """What device ids can name each present GPU: its uuid, its MIG devices', its minor."""
-    uuids: Dict[str, str] = {}
-    minors: Dict[int, str] = {}
+    uuids: dict[str, str] = {}
+    minors: dict[int, str] = {}
     for device in devices:
         if device.lost:
             continue
@@ -112,8 +124,7 @@ def index(devices: Iterable[Device]) -> Index:
     return uuids, minors
 
 
-def gpu_of(device_id: str, devices: Iterable[Device],
-           known: Optional[Index] = None) -> Optional[str]:
+def gpu_of(device_id: str, devices: Iterable[Device], known: Index | None = None) -> str | None:
     """The uuid of the host's GPU a device id names (see above), or None (`known`: the
     devices' index, made once for many ids)."""
     uuids, minors = known if known is not None else index(devices)
@@ -127,13 +138,14 @@ def gpu_of(device_id: str, devices: Iterable[Device],
     return uuids.get(base)
 
 
-def allocations(listed: Listed,
-                devices: Iterable[Device]) -> Tuple[Dict[str, PodAllocation], Set[str]]:
+def allocations(
+    listed: Listed, devices: Iterable[Device]
+) -> tuple[dict[str, PodAllocation], set[str]]:
     """The pods of each GPU (by uuid), and the device ids that match no GPU. Linear in the
     pods and ids (a pod once per GPU through a dict, not a search of a list)."""
     known = index(devices)
-    pods: Dict[str, Dict[Pod, None]] = {}
-    unknown: Set[str] = set()
+    pods: dict[str, dict[Pod, None]] = {}
+    unknown: set[str] = set()
     for pod, ids in listed:
         for device_id in ids:
             uuid = gpu_of(device_id, (), known)
@@ -144,17 +156,16 @@ def allocations(listed: Listed,
     return {uuid: PodAllocation(tuple(found)) for uuid, found in pods.items()}, unknown
 
 
-Decoded = Tuple[Dict[str, PodAllocation], Set[str]]
+Decoded = tuple[dict[str, PodAllocation], set[str]]
 
 
-def decode(answer: Optional[bytes], patterns: Sequence[str],
-           devices: Sequence[Device]) -> Decoded:
+def decode(answer: bytes | None, patterns: Sequence[str], devices: Sequence[Device]) -> Decoded:
     """Blocking (in the executor): the pods of each GPU the answer lists, and the device ids
     that match none. WireError if it is no ListPodResourcesResponse."""
     return allocations([] if answer is None else parse_list(answer, patterns), devices)
 
 
-def ask(caller: UnixCaller) -> Optional[bytes]:
+def ask(caller: UnixCaller) -> bytes | None:
     """Blocking: the kubelet's encoded answer, or None when its socket is not there.
     GrpcUnavailable if it does not answer."""
     if not os.path.exists(caller.path):
@@ -170,30 +181,37 @@ class PodResourcesWatch(AllocationWatch):
 
     def __init__(self, inventory: Inventory, signals: Signals, config: Config) -> None:
         assert config.kubelet_socket is not None
-        super().__init__(inventory, signals, config.kubelet_every,
-                         "the kubelet's pod-resources", state=IDLE)
-        self.caller = UnixCaller(config.kubelet_socket, config.kubelet_timeout,
-                                 config.grpc_max_message)
+        super().__init__(
+            inventory, signals, config.kubelet_every, "the kubelet's pod-resources", state=IDLE
+        )
+        self.caller = UnixCaller(
+            config.kubelet_socket, config.kubelet_timeout, config.grpc_max_message
+        )
         self.patterns = config.kubelet_resources
         self.ids_logged = config.kubelet_ids_logged
         self._seen = False  # the socket was there once: its going away is a failure
-        self._unknown: Set[str] = set()  # device ids that match no GPU: told once
+        self._unknown: set[str] = set()  # device ids that match no GPU: told once
 
     async def stop(self, grace: float) -> None:
         self.caller.close()  # a call in flight ends now, not at its timeout
         await super().stop(grace)
 
-    def apply(self, wanted: Dict[str, PodAllocation], unknown: Set[str]) -> None:
+    def apply(self, wanted: dict[str, PodAllocation], unknown: set[str]) -> None:
         """Tell of every GPU whose pods are not what was last told; log the new ids that match
         no GPU (so many one by one at most, then their count)."""
         new = sorted(unknown - self._unknown)
-        for device_id in new[:self.ids_logged]:
-            log.warning("the kubelet assigns device %s, which is no GPU of this host that "
-                        "Patroller can tell: ignored (a MIG device nvidia-smi -L did not list, "
-                        "or another host's?)", printable(device_id))
+        for device_id in new[: self.ids_logged]:
+            log.warning(
+                "the kubelet assigns device %s, which is no GPU of this host that "
+                "Patroller can tell: ignored (a MIG device nvidia-smi -L did not list, "
+                "or another host's?)",
+                printable(device_id),
+            )
         if len(new) > self.ids_logged:
-            log.warning("the kubelet assigns %d more devices that are no GPU of this host: "
-                        "ignored", len(new) - self.ids_logged)
+            log.warning(
+                "the kubelet assigns %d more devices that are no GPU of this host: ignored",
+                len(new) - self.ids_logged,
+            )
         self._unknown = unknown  # one that comes back after it went is told again
         self.tell(wanted)
 
@@ -205,8 +223,9 @@ class PodResourcesWatch(AllocationWatch):
             answer = await loop.run_in_executor(None, ask, self.caller)
             if answer is None and self._seen:
                 raise GrpcUnavailable(f"{self.caller.path} is gone")
-            wanted, unknown = await loop.run_in_executor(None, decode, answer, self.patterns,
-                                                         devices)
+            wanted, unknown = await loop.run_in_executor(
+                None, decode, answer, self.patterns, devices
+            )
         except (GrpcUnavailable, WireError) as exc:
             if not self.caller.closed:  # closed: the watch is stopping, nothing failed
                 self.failed(exc)

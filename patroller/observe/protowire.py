@@ -12,9 +12,11 @@ nested message (`message`, `messages`), which only the .proto can tell. Fixed 32
 fields are skipped over (nothing read here has one). Malformed input raises WireError, never
 anything else. tests/test_protobuf_wire.py checks all this against the protobuf package.
 """
+
 from __future__ import annotations
 
-from typing import Dict, Iterable, Iterator, List, Mapping, Tuple, Union
+from typing import Union
+from collections.abc import Iterable, Iterator, Mapping
 
 VARINT, FIXED64, DELIMITED, FIXED32 = 0, 1, 2, 5
 _MAX_FIELD = (1 << 29) - 1
@@ -68,11 +70,12 @@ def strings(number: int, values: Iterable[str]) -> bytes:
 
 def string_map(number: int, values: Mapping[str, str]) -> bytes:
     """A map<string, string> field: a repeated entry message with key 1 and value 2."""
-    return b"".join(delimited(number, string(1, key) + string(2, value))
-                    for key, value in values.items())
+    return b"".join(
+        delimited(number, string(1, key) + string(2, value)) for key, value in values.items()
+    )
 
 
-def _read_varint(data: bytes, at: int) -> Tuple[int, int]:
+def _read_varint(data: bytes, at: int) -> tuple[int, int]:
     result = shift = 0
     while True:
         if at >= len(data):
@@ -87,7 +90,7 @@ def _read_varint(data: bytes, at: int) -> Tuple[int, int]:
             raise WireError("a varint longer than ten bytes")
 
 
-def fields(data: bytes) -> Iterator[Tuple[int, Value]]:
+def fields(data: bytes) -> Iterator[tuple[int, Value]]:
     """The (field number, value) pairs of an encoded message, in order."""
     at = 0
     while at < len(data):
@@ -102,7 +105,7 @@ def fields(data: bytes) -> Iterator[Tuple[int, Value]]:
             length, at = _read_varint(data, at)
             if at + length > len(data):
                 raise WireError(f"field {number} runs past the end")
-            yield number, bytes(data[at:at + length])
+            yield number, bytes(data[at : at + length])
             at += length
         elif kind in (FIXED64, FIXED32):
             at += 8 if kind == FIXED64 else 4
@@ -116,11 +119,11 @@ class Message:
     """A decoded message: its fields by number."""
 
     def __init__(self, data: bytes) -> None:
-        self._fields: Dict[int, List[Value]] = {}
+        self._fields: dict[int, list[Value]] = {}
         for number, value in fields(data):
             self._fields.setdefault(number, []).append(value)
 
-    def _all(self, number: int, kind: type) -> List[Value]:
+    def _all(self, number: int, kind: type) -> list[Value]:
         values = self._fields.get(number, [])
         for value in values:
             if not isinstance(value, kind):
@@ -135,7 +138,7 @@ class Message:
         values = self._all(number, bytes)
         return _decode(values[-1]) if values else default
 
-    def texts(self, number: int) -> List[str]:
+    def texts(self, number: int) -> list[str]:
         return [_decode(value) for value in self._all(number, bytes)]
 
     def raw(self, number: int) -> bytes:
@@ -143,16 +146,18 @@ class Message:
         # _all(number, bytes) keeps the length-delimited values alone: bytes, whatever Value says
         return values[-1] if values else b""  # type: ignore[return-value]
 
-    def message(self, number: int) -> "Message":
+    def message(self, number: int) -> Message:
         """The nested message: its pieces merged, as protobuf merges a singular embedded
         message that comes more than once (an empty one when the field is absent)."""
         return Message(b"".join(self._all(number, bytes)))  # type: ignore[arg-type]  # bytes
 
-    def messages(self, number: int) -> List["Message"]:
-        return [Message(value)  # type: ignore[arg-type]  # bytes alone, as in raw()
-                for value in self._all(number, bytes)]
+    def messages(self, number: int) -> list[Message]:
+        return [
+            Message(value)  # type: ignore[arg-type]  # bytes alone, as in raw()
+            for value in self._all(number, bytes)
+        ]
 
-    def string_map(self, number: int) -> Dict[str, str]:
+    def string_map(self, number: int) -> dict[str, str]:
         """A map<string, string> field."""
         return {entry.text(1): entry.text(2) for entry in self.messages(number)}
 

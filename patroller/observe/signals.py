@@ -4,10 +4,12 @@ Each daemon builds its own `Signals` (a private blinker namespace), so that two 
 one process (as in tests) never hear each other. Receivers are called on the event loop and
 must return quickly.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import AbstractSet, Mapping, Optional, Tuple, Union
+from typing import AbstractSet, Union
+from collections.abc import Mapping
 
 import blinker
 
@@ -32,15 +34,15 @@ class GpuProcess:
 
     uuid: str
     pid: int
-    type: Optional[str] = None  # C, G or C+G
-    command: Optional[str] = None  # as pmon prints it: cut at 15 characters
+    type: str | None = None  # C, G or C+G
+    command: str | None = None  # as pmon prints it: cut at 15 characters
 
 
 @dataclass(frozen=True)
 class ProcessList:
     """The process lists of these devices are current: pmon completed an interval over them."""
 
-    uuids: Tuple[str, ...]
+    uuids: tuple[str, ...]
     time: float  # wall clock, seconds since the epoch
 
 
@@ -54,7 +56,7 @@ class ProcessSamples:
     time: float  # wall clock, seconds since the epoch
     # the devices whose processes have a figure in it (not `-` in every cell), where the sender
     # counted them as the rows came; None: not counted
-    figured: Optional[AbstractSet[str]] = None
+    figured: AbstractSet[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,7 @@ class Silence:
     """A device fell silent (`why`), or is heard again (None)."""
 
     uuid: str
-    why: Optional[str]
+    why: str | None
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,7 @@ class Allocated:
     its now): the Slurm job map ("slurm"), or the kubelet ("kubernetes")."""
 
     uuid: str
-    allocation: Optional[SchedulerAllocation]
+    allocation: SchedulerAllocation | None
     source: str
 
 
@@ -94,23 +96,33 @@ class Signals:
     def __init__(self) -> None:
         namespace = blinker.Namespace()
         self.sample = namespace.signal("sample", doc="statistics for one device")
-        self.process_started = namespace.signal("process-started", doc="a process appeared on a device")
+        self.process_started = namespace.signal(
+            "process-started", doc="a process appeared on a device"
+        )
         self.process_ended = namespace.signal("process-ended", doc="a process left a device")
         self.processes_listed = namespace.signal(
-            "processes-listed", doc="the process lists of some devices are current")
+            "processes-listed", doc="the process lists of some devices are current"
+        )
         self.process_sampled = namespace.signal(
-            "process-sampled", doc="figures of some processes in one interval")
+            "process-sampled", doc="figures of some processes in one interval"
+        )
         self.device_gone = namespace.signal(
-            "device-gone", doc="a stream ended saying a device is gone: read the inventory")
+            "device-gone", doc="a stream ended saying a device is gone: read the inventory"
+        )
         self.device_silent = namespace.signal(
-            "device-silent", doc="a device printed nothing while the others did, or again")
+            "device-silent", doc="a device printed nothing while the others did, or again"
+        )
         self.job_allocation = namespace.signal(
             "job-allocation",
-            doc="the Slurm job map or the kubelet changed what a device is allocated to")
+            doc="the Slurm job map or the kubelet changed what a device is allocated to",
+        )
         self.inventory_changed = namespace.signal(
-            "inventory-changed", doc="devices were added, lost, renumbered or changed")
+            "inventory-changed", doc="devices were added, lost, renumbered or changed"
+        )
         self.topology_read = namespace.signal(
-            "topology-read", doc="`topo -m` was read: how the GPUs are linked (a Topology)")
+            "topology-read", doc="`topo -m` was read: how the GPUs are linked (a Topology)"
+        )
         self.health_read = namespace.signal(
-            "health-read", doc="a reading of -q -x: what it says of each device's health")
+            "health-read", doc="a reading of -q -x: what it says of each device's health"
+        )
         self.xid = namespace.signal("xid", doc="the kernel logged an Xid line")

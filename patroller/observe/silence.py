@@ -9,12 +9,14 @@ and tells the lease rules to grant it to nobody (`device_silent`). When its rows
 says so, and the device may be granted again. When every device is quiet, the stream itself is
 down or hung: that is the stream's staleness (stats.py), not any one device's silence.
 """
+
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Set
+from typing import Any
+from collections.abc import Callable, Iterable, Mapping
 
 from patroller.core.devices import Inventory
 from patroller.observe.monitor import UP, Monitor, SilenceMetrics
@@ -23,8 +25,9 @@ from patroller.observe.signals import Sample, Signals, Silence
 log = logging.getLogger(__name__)
 
 
-def silent(heard: Mapping[str, float], devices: Iterable[str], now: float,
-           quiet: float) -> Set[str]:
+def silent(
+    heard: Mapping[str, float], devices: Iterable[str], now: float, quiet: float
+) -> set[str]:
     """The devices last heard more than `quiet` s ago, while another was heard within it."""
     if not any(now - when <= quiet for when in heard.values()):
         return set()
@@ -36,18 +39,24 @@ class SilenceWatch(Monitor):
 
     name = "silence"
 
-    def __init__(self, inventory: Inventory, signals: Signals, interval: float, quiet: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        inventory: Inventory,
+        signals: Signals,
+        interval: float,
+        quiet: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.inventory = inventory
         self.signals = signals
         self.interval = interval
         self.quiet = quiet
         self.clock = clock
         self.silences = 0  # devices found silent, in all
-        self._heard: Dict[str, float] = {}  # uuid -> clock() of its last row
-        self._silent: Set[str] = set()
-        self._task: Optional["asyncio.Future[None]"] = None
-        self._halt: Optional[asyncio.Event] = None
+        self._heard: dict[str, float] = {}  # uuid -> clock() of its last row
+        self._silent: set[str] = set()
+        self._task: asyncio.Future[None] | None = None
+        self._halt: asyncio.Event | None = None
 
     def start(self) -> None:
         now = self.clock()
@@ -73,18 +82,22 @@ class SilenceWatch(Monitor):
     def metrics(self) -> SilenceMetrics:
         return SilenceMetrics(state=UP, silent=len(self._silent), silences=self.silences)
 
-    def check(self) -> Set[str]:
+    def check(self) -> set[str]:
         """Look now: tell of devices that fell silent or were heard again; the silent ones."""
         now = self.clock()
         watched = [d.uuid for d in self.inventory if not d.lost]
-        found = silent({u: self._heard[u] for u in watched if u in self._heard}, watched, now,
-                       self.quiet)
+        found = silent(
+            {u: self._heard[u] for u in watched if u in self._heard}, watched, now, self.quiet
+        )
         for uuid in sorted(found - self._silent):
             self.silences += 1
-            said = (f"GPU {uuid} printed no statistics for "
-                    f"{now - self._heard.get(uuid, now):.0f} s while the others did")
-            log.warning("%s: granted to nobody until it is heard again; reading the inventory",
-                        said)
+            said = (
+                f"GPU {uuid} printed no statistics for "
+                f"{now - self._heard.get(uuid, now):.0f} s while the others did"
+            )
+            log.warning(
+                "%s: granted to nobody until it is heard again; reading the inventory", said
+            )
             self.signals.device_silent.send(self, record=Silence(uuid, said))
             self.signals.device_gone.send(self, record=said)
         for uuid in sorted(self._silent - found):

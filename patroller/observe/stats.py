@@ -5,21 +5,49 @@ Every device's entry has the same keys whatever the driver prints (FIELDS): a fi
 does not print is None, never a missing key, so a reader of /status can index any of them on
 any host. Columns a future driver adds are passed on as they come.
 """
+
 from __future__ import annotations
 
 import time
 from collections import deque
 from datetime import datetime, timezone
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from patroller.core.devices import Inventory
 from patroller.observe.figures import ProcessFigures
-from patroller.observe.signals import GpuProcess, ProcessList, ProcessSamples, Sample, Signals, Value
+from patroller.observe.signals import (
+    GpuProcess,
+    ProcessList,
+    ProcessSamples,
+    Sample,
+    Signals,
+    Value,
+)
 
 # The figures of a device, by their stable names (dmon's columns, `pwr` as power, r384's
 # `temp` as gtemp), in the order /status shows them; `fb_total` comes from the inventory.
-FIELDS = ("power", "gtemp", "mtemp", "sm", "mem", "enc", "dec", "jpg", "ofa", "mclk", "pclk",
-          "fb", "fb_total", "bar1", "ccpm", "pviol", "tviol", "rxpci", "txpci")
+FIELDS = (
+    "power",
+    "gtemp",
+    "mtemp",
+    "sm",
+    "mem",
+    "enc",
+    "dec",
+    "jpg",
+    "ofa",
+    "mclk",
+    "pclk",
+    "fb",
+    "fb_total",
+    "bar1",
+    "ccpm",
+    "pviol",
+    "tviol",
+    "rxpci",
+    "txpci",
+)
 # The figures of a process: pmon's `-s um` columns, or the cross-check's used memory (fb).
 PROCESS_FIELDS = ("sm", "mem", "fb")
 _EMPTY: Mapping[str, Value] = {name: None for name in FIELDS}
@@ -38,23 +66,29 @@ class StatsStore:
     utilisation is also kept every `history_every` s, the last `history_points` of it.
     """
 
-    def __init__(self, inventory: Inventory, stale_after: float, history_every: float,
-                 history_points: int, clock: Callable[[], float] = time.monotonic,
-                 backlog: int = 4) -> None:
+    def __init__(
+        self,
+        inventory: Inventory,
+        stale_after: float,
+        history_every: float,
+        history_points: int,
+        clock: Callable[[], float] = time.monotonic,
+        backlog: int = 4,
+    ) -> None:
         self.inventory = inventory
         self.stale_after = stale_after
         self.history_every = history_every
         self.history_points = history_points
         self.clock = clock
-        self._last: Dict[str, Sample] = {}
-        self._seen: Dict[str, float] = {}  # uuid -> clock() when the last sample arrived
-        self._listed: Dict[str, float] = {}  # uuid -> clock() when its processes were listed
+        self._last: dict[str, Sample] = {}
+        self._seen: dict[str, float] = {}  # uuid -> clock() when the last sample arrived
+        self._listed: dict[str, float] = {}  # uuid -> clock() when its processes were listed
         self.figures = ProcessFigures(backlog)  # of the processes, merged when read
-        self._history: Dict[str, "deque[Optional[Value]]"] = {}  # uuid -> SM %, oldest first
-        self._history_at: Dict[str, float] = {}
-        self._sampled: Dict[str, int] = {}  # uuid -> samples of it kept
-        self._figured: Dict[str, int] = {}  # uuid -> changes of its processes' figures
-        self._on_change: List[Callable[[], None]] = []
+        self._history: dict[str, deque[Value | None]] = {}  # uuid -> SM %, oldest first
+        self._history_at: dict[str, float] = {}
+        self._sampled: dict[str, int] = {}  # uuid -> samples of it kept
+        self._figured: dict[str, int] = {}  # uuid -> changes of its processes' figures
+        self._on_change: list[Callable[[], None]] = []
 
     def connect(self, signals: Signals) -> None:
         """Listen to the daemon's samples."""
@@ -122,12 +156,12 @@ class StatsStore:
         seen = self._seen.get(uuid)
         return seen is None or self.clock() - seen > self.stale_after
 
-    def process_view(self, uuid: str, pid: int) -> Dict[str, Optional[Value]]:
+    def process_view(self, uuid: str, pid: int) -> dict[str, Value | None]:
         """A process's figures on a device: sm and mem in %, fb in MiB; None when not known."""
         values = self.figures.get(uuid, pid)
         return {name: values.get(name) for name in PROCESS_FIELDS}
 
-    def history(self) -> Dict[str, List[Optional[Value]]]:
+    def history(self) -> dict[str, list[Value | None]]:
         """Per device, its SM utilisation every `history_every` s over the last minutes."""
         return {uuid: list(points) for uuid, points in self._history.items()}
 
@@ -136,12 +170,12 @@ class StatsStore:
         listed = self._listed.get(uuid)
         return listed is None or self.clock() - listed > self.stale_after
 
-    def view(self, uuid: str) -> Dict[str, Any]:
+    def view(self, uuid: str) -> dict[str, Any]:
         """The statistics part of one device's /status entry: every FIELDS key, then columns
         beyond them, then `updated` and `stale`."""
         sample = self._last.get(uuid)
         values: Mapping[str, Value] = sample.values if sample is not None else _EMPTY
-        view: Dict[str, Any] = {name: values.get(name) for name in FIELDS}
+        view: dict[str, Any] = {name: values.get(name) for name in FIELDS}
         device = self.inventory.get(uuid)
         view["fb_total"] = device.memory_mib if device is not None else None
         for name, value in values.items():
@@ -153,4 +187,3 @@ class StatsStore:
         view["updated"] = iso_time(sample.time)
         view["stale"] = self.clock() - self._seen[uuid] > self.stale_after
         return view
-

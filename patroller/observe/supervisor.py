@@ -6,6 +6,7 @@ take longer than their timeout. Each run is a `Child` (child.py): its own proces
 parent-death signal, its exit awaited. Stopping either terminates the child's group, and kills
 it after the grace given.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -14,7 +15,7 @@ import logging
 import signal
 import time
 from dataclasses import dataclass
-from typing import Callable, Deque, List, Mapping, Optional, Tuple
+from collections.abc import Callable, Mapping
 
 from patroller.config import Config
 from patroller.core.throttle import Throttle
@@ -48,10 +49,16 @@ class RestartingChild:
     `on_exit(status, what it said)` hears of every exit that was not asked for.
     """
 
-    def __init__(self, name: str, argv: List[str], on_line: Callable[[str], None],
-                 config: Config, env: Optional[Mapping[str, str]] = None,
-                 on_start: Optional[Callable[[], None]] = None,
-                 on_exit: Optional[Callable[[int, str], None]] = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        on_line: Callable[[str], None],
+        config: Config,
+        env: Mapping[str, str] | None = None,
+        on_start: Callable[[], None] | None = None,
+        on_exit: Callable[[int, str], None] | None = None,
+    ) -> None:
         self.name = name
         self.argv = argv  # may be changed between runs: the next start uses it
         self.on_line = on_line
@@ -65,17 +72,17 @@ class RestartingChild:
         self.slice = config.loop_slice
         self.stderr_tail = config.stderr_tail
         self.linger = config.child_linger
-        self.child: Optional[Child] = None  # the current run, or the last one
+        self.child: Child | None = None  # the current run, or the last one
         self.starts = 0  # how many times the child was started
         self.hangs = 0  # how many times it was killed for printing nothing
-        self.last_exit: Optional[int] = None
-        self.heard: Optional[float] = None  # monotonic time of its last output in this run
+        self.last_exit: int | None = None
+        self.heard: float | None = None  # monotonic time of its last output in this run
         self._hung = False
         self._stopping = False
         self._again = False  # restart at once, not after the backoff delay
-        self._wake: Optional[asyncio.Event] = None
-        self._task: Optional["asyncio.Future[None]"] = None
-        self._recent: Deque[str] = collections.deque(maxlen=3)
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Future[None] | None = None
+        self._recent: collections.deque[str] = collections.deque(maxlen=3)
         self._handler_failures = Throttle(1, config.repeat_log_every)
 
     @property
@@ -219,9 +226,12 @@ class RestartingChild:
         except Exception:  # a handler's bug loses one line, not the stream
             admitted, held = self._handler_failures.admit()
             if admitted:
-                log.exception("%s: handling a line failed%s: %r", self.name,
-                              f" ({held} more since the last report)" if held else "",
-                              line[:200])
+                log.exception(
+                    "%s: handling a line failed%s: %r",
+                    self.name,
+                    f" ({held} more since the last report)" if held else "",
+                    line[:200],
+                )
 
     def _log_exit(self, code: int, ran: float, stderr: str) -> None:
         if self._stopping:
@@ -238,8 +248,13 @@ class RestartingChild:
                 self.on_exit(code, said)
             except Exception:
                 log.exception("%s: exit handler failed", self.name)
-        log.warning("%s: exited with %s after %.1f s%s", self.name, status_text(code), ran,
-                    f": {said[-500:]}" if said else "")
+        log.warning(
+            "%s: exited with %s after %.1f s%s",
+            self.name,
+            status_text(code),
+            ran,
+            f": {said[-500:]}" if said else "",
+        )
 
 
 @dataclass(frozen=True)
@@ -247,9 +262,9 @@ class Answer:
     """How one run of a OneShotChild ended."""
 
     output: str = ""  # its stdout
-    status: Optional[int] = None  # its exit status (negative: the signal); None: never started
+    status: int | None = None  # its exit status (negative: the signal); None: never started
     said: str = ""  # the tail of its stderr
-    error: Optional[OSError] = None  # why it could not be started
+    error: OSError | None = None  # why it could not be started
     timed_out: bool = False  # killed for taking longer than its timeout
     stopped: bool = False  # ended by stop(): whatever it printed is incomplete
 
@@ -263,14 +278,15 @@ class OneShotChild:
     killed, its whole group (a hung nvidia-smi need not answer SIGTERM), and counted in
     `hangs`. `stop()` ends a run in progress and refuses later ones."""
 
-    def __init__(self, argv: List[str], env: Optional[Mapping[str, str]], timeout: float,
-                 config: Config) -> None:
+    def __init__(
+        self, argv: list[str], env: Mapping[str, str] | None, timeout: float, config: Config
+    ) -> None:
         self.argv = argv
         self.env = env
         self.timeout = timeout
         self.stderr_tail = config.stderr_tail
         self.linger = config.child_linger
-        self.child: Optional[Child] = None  # the run in progress
+        self.child: Child | None = None  # the run in progress
         self.hangs = 0
         self._stopping = False
 
@@ -307,8 +323,13 @@ class OneShotChild:
             raise
         finally:
             self.child = None
-        return Answer(output.decode("utf-8", "replace"), code, child.said(),
-                      timed_out=timed_out, stopped=self._stopping)
+        return Answer(
+            output.decode("utf-8", "replace"),
+            code,
+            child.said(),
+            timed_out=timed_out,
+            stopped=self._stopping,
+        )
 
     async def stop(self, grace: float) -> None:
         """End the run in progress (its group killed after `grace` s); no run after this."""
@@ -316,7 +337,7 @@ class OneShotChild:
         if self.child is not None:
             await self.child.end(grace)
 
-    async def _finish(self, child: Child) -> Tuple[bytes, int]:
+    async def _finish(self, child: Child) -> tuple[bytes, int]:
         output = await child.stdout.read()
         return output, await child.exited(self.linger)
 

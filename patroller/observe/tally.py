@@ -9,10 +9,11 @@ down the whole interval: restarting, or the GPU removed and back) carries that l
 as one reading, busy or not as it was. Only a device that never gave an SM figure (MIG, whose
 driver prints none) keeps no reading, which core/usage.py counts as computing throughout.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Dict, Optional
+from typing import Any
 
 from patroller.core.devices import Inventory
 from patroller.observe.signals import Sample, Signals, Value
@@ -26,12 +27,12 @@ class Figures:
 
     readings: int = 0  # readings with an SM figure
     busy: int = 0  # of them, those with SM at least the threshold
-    sm_mean: Optional[float] = None
-    sm_max: Optional[float] = None
-    mem_mean: Optional[float] = None
-    mem_max: Optional[float] = None
-    fb_mean: Optional[float] = None
-    fb_max: Optional[float] = None
+    sm_mean: float | None = None
+    sm_max: float | None = None
+    mem_mean: float | None = None
+    mem_max: float | None = None
+    fb_mean: float | None = None
+    fb_max: float | None = None
 
 
 class _Sums:
@@ -40,10 +41,10 @@ class _Sums:
     def __init__(self) -> None:
         self.count = dict.fromkeys(FIGURES, 0)
         self.sum = dict.fromkeys(FIGURES, 0.0)
-        self.high: Dict[str, Optional[float]] = dict.fromkeys(FIGURES, None)
+        self.high: dict[str, float | None] = dict.fromkeys(FIGURES, None)
         self.busy = 0
 
-    def add(self, values: Dict[str, float], busy_sm: float) -> None:
+    def add(self, values: dict[str, float], busy_sm: float) -> None:
         for name, value in values.items():
             self.count[name] += 1
             self.sum[name] += value
@@ -53,12 +54,19 @@ class _Sums:
             self.busy += 1
 
     def figures(self) -> Figures:
-        def mean(name: str) -> Optional[float]:
+        def mean(name: str) -> float | None:
             return round(self.sum[name] / self.count[name], 2) if self.count[name] else None
-        return Figures(readings=self.count["sm"], busy=self.busy,
-                       sm_mean=mean("sm"), sm_max=self.high["sm"],
-                       mem_mean=mean("mem"), mem_max=self.high["mem"],
-                       fb_mean=mean("fb"), fb_max=self.high["fb"])
+
+        return Figures(
+            readings=self.count["sm"],
+            busy=self.busy,
+            sm_mean=mean("sm"),
+            sm_max=self.high["sm"],
+            mem_mean=mean("mem"),
+            mem_max=self.high["mem"],
+            fb_mean=mean("fb"),
+            fb_max=self.high["fb"],
+        )
 
 
 class Tally:
@@ -67,8 +75,8 @@ class Tally:
     def __init__(self, inventory: Inventory, busy_sm: float) -> None:
         self.inventory = inventory
         self.busy_sm = busy_sm  # % of SM use from which a reading counts as computing
-        self._sums: Dict[str, _Sums] = {}
-        self._last_busy: Dict[str, bool] = {}  # whether each device's last SM reading was busy
+        self._sums: dict[str, _Sums] = {}
+        self._last_busy: dict[str, bool] = {}  # whether each device's last SM reading was busy
 
     def connect(self, signals: Signals) -> None:
         """Listen to the daemon's samples."""
@@ -77,8 +85,12 @@ class Tally:
     def _on_sample(self, sender: Any, record: Sample) -> None:
         if self.inventory.get(record.uuid) is None:
             return
-        values = {name: number for name in FIGURES
-                  for number in [_number(record.values.get(name))] if number is not None}
+        values = {
+            name: number
+            for name in FIGURES
+            for number in [_number(record.values.get(name))]
+            if number is not None
+        }
         self._sums.setdefault(record.uuid, _Sums()).add(values, self.busy_sm)
         if "sm" in values:
             self._last_busy[record.uuid] = values["sm"] >= self.busy_sm
@@ -93,7 +105,7 @@ class Tally:
         return figures
 
 
-def _number(value: Value) -> Optional[float]:
+def _number(value: Value) -> float | None:
     """A figure as a number: None for `-`, text, and what is not finite."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None

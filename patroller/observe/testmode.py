@@ -1,18 +1,25 @@
 """Test mode: eight synthetic devices with live-looking statistics, for working without a GPU."""
+
 from __future__ import annotations
 
 import random
 import time
 import uuid as uuidlib
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from collections.abc import Callable
 
 from tornado.ioloop import PeriodicCallback
 
 from patroller.core.devices import Device, Inventory
 from patroller.observe.monitor import UP, Monitor, SyntheticMetrics
-from patroller.observe.signals import (GpuProcess, ProcessList, ProcessSamples, Sample,
-                                       Signals, Value)
+from patroller.observe.signals import (
+    GpuProcess,
+    ProcessList,
+    ProcessSamples,
+    Sample,
+    Signals,
+    Value,
+)
 from patroller.observe.testprocesses import Running, SyntheticProcesses
 
 _NAMESPACE = uuidlib.UUID("6c1f3e0a-6d2c-4b8e-9a57-0d7f1e3c5b21")
@@ -26,18 +33,20 @@ def synthetic_inventory(count: int) -> Inventory:
     devices = []
     for number in range(count):
         bus = _BUSES[number] if number < len(_BUSES) else format(number, "02X")
-        devices.append(Device(
-            uuid="GPU-" + str(uuidlib.uuid5(_NAMESPACE, f"patroller-test-{number}")),
-            number=number,
-            name="NVIDIA A100-SXM4-80GB",
-            brand="NVIDIA",
-            arch="Ampere",
-            pci_address=f"00000000:{bus}:00.0",
-            total_mem="81920 MiB",
-            group="gpu",
-            minor_number=number,
-            mig_mode="Disabled",
-        ))
+        devices.append(
+            Device(
+                uuid="GPU-" + str(uuidlib.uuid5(_NAMESPACE, f"patroller-test-{number}")),
+                number=number,
+                name="NVIDIA A100-SXM4-80GB",
+                brand="NVIDIA",
+                arch="Ampere",
+                pci_address=f"00000000:{bus}:00.0",
+                total_mem="81920 MiB",
+                group="gpu",
+                minor_number=number,
+                mig_mode="Disabled",
+            )
+        )
     return Inventory(devices)
 
 
@@ -72,11 +81,16 @@ class SyntheticMonitor(Monitor):
 
     name = "synthetic"
 
-    def __init__(self, inventory: Inventory, signals: Signals, interval: float,
-                 seed: Optional[int] = None,
-                 held: Callable[[str], bool] = lambda uuid: False,
-                 processes: Optional[SyntheticProcesses] = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        inventory: Inventory,
+        signals: Signals,
+        interval: float,
+        seed: int | None = None,
+        held: Callable[[str], bool] = lambda uuid: False,
+        processes: SyntheticProcesses | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.inventory = inventory
         self.signals = signals
         self.interval = interval
@@ -84,13 +98,13 @@ class SyntheticMonitor(Monitor):
         # --test-processes: the synthetic processes, whose computing the statistics follow
         self.processes = processes
         self.clock = clock
-        self._running: Dict[str, Dict[int, Running]] = {}  # uuid -> pid -> what ran last tick
+        self._running: dict[str, dict[int, Running]] = {}  # uuid -> pid -> what ran last tick
         self._random = random.Random(seed)
-        self._state: Dict[str, Dict[str, float]] = {
+        self._state: dict[str, dict[str, float]] = {
             d.uuid: {"power": _model(d).idle_power, "gtemp": 31.0, "sm": 0.0, "fb": 0.0}
             for d in inventory
         }
-        self._timer: Optional[PeriodicCallback] = None
+        self._timer: PeriodicCallback | None = None
         self.samples = 0
 
     def start(self) -> None:
@@ -111,21 +125,24 @@ class SyntheticMonitor(Monitor):
     def _tick(self) -> None:
         self.sample()
 
-    def sample(self) -> List[Sample]:
+    def sample(self) -> list[Sample]:
         """Emit one sample per device."""
         now = time.time()
         running = self._processes(now)
         samples = []
         for device in self.inventory:
-            state = self._state.setdefault(device.uuid, {"power": _model(device).idle_power,
-                                                         "gtemp": 31.0, "sm": 0.0, "fb": 0.0})
+            state = self._state.setdefault(
+                device.uuid,
+                {"power": _model(device).idle_power, "gtemp": 31.0, "sm": 0.0, "fb": 0.0},
+            )
             if running is None:  # no processes: a held device looks busy
                 busy = self.held(device.uuid)
                 values = self._wander(state, _model(device), busy, None)
             else:
                 here = running.get(device.uuid, ())
-                values = self._wander(state, _model(device), any(r.computing for r in here),
-                                      sum(r.fb for r in here))
+                values = self._wander(
+                    state, _model(device), any(r.computing for r in here), sum(r.fb for r in here)
+                )
             record = Sample(uuid=device.uuid, values=values, time=now)
             self.signals.sample.send(self, record=record)
             samples.append(record)
@@ -134,45 +151,61 @@ class SyntheticMonitor(Monitor):
         self.signals.processes_listed.send(self, record=listed)
         return samples
 
-    def _processes(self, now: float) -> Optional[Dict[str, Tuple[Running, ...]]]:
+    def _processes(self, now: float) -> dict[str, tuple[Running, ...]] | None:
         """With --test-processes: each device's synthetic processes now, the ones that started
         and ended since the last tick told, and their figures; None without."""
         if self.processes is None:
             return None
         running = self.processes.at(self.clock())
-        figures: Dict[str, Dict[int, Dict[str, Value]]] = {}
+        figures: dict[str, dict[int, dict[str, Value]]] = {}
         for device in self.inventory:
             before = self._running.get(device.uuid, {})
             now_here = {r.pid: r for r in running.get(device.uuid, ())}
             for pid in before.keys() - now_here.keys():
-                self.signals.process_ended.send(self, record=GpuProcess(device.uuid, pid, "C",
-                                                                        "python"))
+                self.signals.process_ended.send(
+                    self, record=GpuProcess(device.uuid, pid, "C", "python")
+                )
             for pid in sorted(now_here.keys() - before.keys()):
-                self.signals.process_started.send(self, record=GpuProcess(device.uuid, pid, "C",
-                                                                          "python"))
+                self.signals.process_started.send(
+                    self, record=GpuProcess(device.uuid, pid, "C", "python")
+                )
             self._running[device.uuid] = now_here
             if now_here:
-                figures[device.uuid] = {pid: {"fb": round(r.fb), "sm": None}
-                                        for pid, r in now_here.items()}
+                figures[device.uuid] = {
+                    pid: {"fb": round(r.fb), "sm": None} for pid, r in now_here.items()
+                }
         self.signals.process_sampled.send(self, record=ProcessSamples(figures, now))
         return running
 
-    def _wander(self, state: Dict[str, float], model: Model, busy: bool,
-                held_fb: Optional[float]) -> Dict[str, Value]:
+    def _wander(
+        self, state: dict[str, float], model: Model, busy: bool, held_fb: float | None
+    ) -> dict[str, Value]:
         noise = self._random.uniform
         sm_to, fb_to = (model.busy_sm, model.busy_fb) if busy else (0.0, 0.0)
         if held_fb is not None:  # the processes' own memory, computing or not
             fb_to = held_fb
-        state["sm"] = _clamp(state["sm"] + (sm_to - state["sm"]) * PULL
-                             + (noise(-4, 4) if busy else noise(-0.3, 0.3)), 0, 100)
-        state["fb"] = _clamp(state["fb"] + (fb_to - state["fb"]) * PULL
-                             + (noise(-300, 300) if fb_to else 0), 0, model.memory_mib)
+        state["sm"] = _clamp(
+            state["sm"]
+            + (sm_to - state["sm"]) * PULL
+            + (noise(-4, 4) if busy else noise(-0.3, 0.3)),
+            0,
+            100,
+        )
+        state["fb"] = _clamp(
+            state["fb"] + (fb_to - state["fb"]) * PULL + (noise(-300, 300) if fb_to else 0),
+            0,
+            model.memory_mib,
+        )
         power_to = model.idle_power + (model.max_power - model.idle_power) * state["sm"] / 100
-        state["power"] = _clamp(state["power"] + (power_to - state["power"]) * PULL
-                                + noise(-2, 2), model.idle_power * 0.9, model.max_power)
+        state["power"] = _clamp(
+            state["power"] + (power_to - state["power"]) * PULL + noise(-2, 2),
+            model.idle_power * 0.9,
+            model.max_power,
+        )
         temp_to = 30 + state["sm"] * 0.4
-        state["gtemp"] = _clamp(state["gtemp"] + (temp_to - state["gtemp"]) * PULL, 28,
-                                model.max_temp)
+        state["gtemp"] = _clamp(
+            state["gtemp"] + (temp_to - state["gtemp"]) * PULL, 28, model.max_temp
+        )
         return {
             "power": round(state["power"]),
             "gtemp": round(state["gtemp"]),

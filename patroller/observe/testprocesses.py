@@ -11,10 +11,11 @@ people's jobs would, by a fixed script. Pure: the synthetic monitor asks it each
 Their pids are above any the kernel hands out (`PID_BASE`: Linux's pid_max is at most 2^22),
 so none is a real process's; the identifier of test mode names them (identify/resolver.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Tuple
+from collections.abc import Callable
 
 from patroller.core.devices import Inventory
 from patroller.core.identity import Identity, named_user
@@ -37,28 +38,34 @@ class Running:
 class SyntheticProcesses:
     """Which synthetic processes run on which device at a moment, from who holds them."""
 
-    def __init__(self, inventory: Inventory, holder: Callable[[str], Optional[Identity]],
-                 cycle: float, after: float, busy_fb: float) -> None:
+    def __init__(
+        self,
+        inventory: Inventory,
+        holder: Callable[[str], Identity | None],
+        cycle: float,
+        after: float,
+        busy_fb: float,
+    ) -> None:
         self.inventory = inventory
         self.holder = holder  # who holds a device now (None: nobody)
         self.cycle = cycle
         self.after = after
         self.busy_fb = busy_fb
-        self._held_since: Dict[str, Tuple[Identity, float]] = {}  # uuid -> (holder, since)
-        self._current: Dict[Tuple[str, str], int] = {}  # (uuid, "holder"|"stranger") -> pid
-        self._owners: Dict[int, Identity] = {}  # the pids running now, and whose they are
+        self._held_since: dict[str, tuple[Identity, float]] = {}  # uuid -> (holder, since)
+        self._current: dict[tuple[str, str], int] = {}  # (uuid, "holder"|"stranger") -> pid
+        self._owners: dict[int, Identity] = {}  # the pids running now, and whose they are
         self._next = PID_BASE
-        self._origin: Optional[float] = None  # the first moment asked: the script's start
+        self._origin: float | None = None  # the first moment asked: the script's start
 
-    def at(self, now: float) -> Dict[str, Tuple[Running, ...]]:
+    def at(self, now: float) -> dict[str, tuple[Running, ...]]:
         """The processes on each device at `now` (seconds on any steady clock; the script
         starts at the first moment asked)."""
         if self._origin is None:
             self._origin = now
         now -= self._origin
-        found: Dict[str, Tuple[Running, ...]] = {}
+        found: dict[str, tuple[Running, ...]] = {}
         last = max((d.number for d in self.inventory), default=-1)
-        wanted: Dict[Tuple[str, str], Tuple[Identity, bool]] = {}
+        wanted: dict[tuple[str, str], tuple[Identity, bool]] = {}
         for device in self.inventory:
             holder = self.holder(device.uuid)
             since = self._held_since.get(device.uuid)
@@ -84,12 +91,12 @@ class SyntheticProcesses:
             found[key[0]] = found.get(key[0], ()) + (running,)
         return {d.uuid: found.get(d.uuid, ()) for d in self.inventory}
 
-    def owner(self, pid: int) -> Optional[Identity]:
+    def owner(self, pid: int) -> Identity | None:
         """Whose a synthetic pid running now is (None: not one of ours)."""
         return self._owners.get(pid)
 
 
-def asking_holder(hold: Hold) -> Optional[Identity]:
+def asking_holder(hold: Hold) -> Identity | None:
     """Who holds a device by asking (a grant, a scheduler's allocation), not by computing on
     it: the one whose job gets a process there."""
     if hold.holder is None or not (hold.asked or hold.allocation is not None):

@@ -8,12 +8,14 @@ a matrix, or a matrix whose GPUs are not the inventory's) gives an empty Topolog
 why: the lease rules then choose the lowest free numbers, as without a topology, and refuse a
 request that insists on a link. It is logged once, until a reading works again.
 """
+
 from __future__ import annotations
 
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any, List, Mapping, Optional
+from typing import Any
+from collections.abc import Mapping
 
 from patroller.config import Config
 from patroller.core.devices import Inventory
@@ -40,16 +42,21 @@ def bind(matrix: TopoMatrix, inventory: Inventory) -> Topology:
     are not exactly the inventory's."""
     present = {d.number: d for d in inventory.present()}
     if sorted(matrix.gpus) != sorted(present):
-        return Topology(why=f"`topo -m` lists GPUs {sorted(matrix.gpus)}, the inventory "
-                            f"{sorted(present)}")
-    return Topology({(present[a].uuid, present[b].uuid): word
-                     for (a, b), word in matrix.links.items() if a < b},
-                    {present[g].uuid: n for g, n in matrix.numa.items()},
-                    {present[g].uuid: c for g, c in matrix.cpus.items()})
+        return Topology(
+            why=f"`topo -m` lists GPUs {sorted(matrix.gpus)}, the inventory {sorted(present)}"
+        )
+    return Topology(
+        {
+            (present[a].uuid, present[b].uuid): word
+            for (a, b), word in matrix.links.items()
+            if a < b
+        },
+        {present[g].uuid: n for g, n in matrix.numa.items()},
+        {present[g].uuid: c for g, c in matrix.cpus.items()},
+    )
 
 
-def topology_query(argv: List[str], env: Optional[Mapping[str, str]],
-                   config: Config) -> OneShotChild:
+def topology_query(argv: list[str], env: Mapping[str, str] | None, config: Config) -> OneShotChild:
     """`nvidia-smi topo -m`, killed after `topology_timeout` s."""
     return OneShotChild([*argv, "topo", "-m"], env, config.topology_timeout, config)
 
@@ -64,7 +71,8 @@ async def read_topology(query: OneShotChild, inventory: Inventory) -> Topology:
     if answer.error is not None or answer.timed_out or answer.status:
         return Topology(why=f"`{shown}` failed, {problem(answer, query)}")
     return await asyncio.get_running_loop().run_in_executor(
-        None, made, answer.output, inventory, shown)
+        None, made, answer.output, inventory, shown
+    )
 
 
 def made(output: str, inventory: Inventory, shown: str) -> Topology:
@@ -82,16 +90,22 @@ class TopologyWatch(Monitor):
 
     name = "topology"
 
-    def __init__(self, inventory: Inventory, signals: Signals, argv: List[str],
-                 env: Optional[Mapping[str, str]], config: Config) -> None:
+    def __init__(
+        self,
+        inventory: Inventory,
+        signals: Signals,
+        argv: list[str],
+        env: Mapping[str, str] | None,
+        config: Config,
+    ) -> None:
         self.inventory = inventory
         self.signals = signals
         self.query = topology_query(argv, env, config)
         self.topology = Topology(why="not read yet")
         self.readings = 0
         self.failures = 0
-        self._wake: Optional[asyncio.Event] = None
-        self._task: Optional["asyncio.Future[None]"] = None
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Future[None] | None = None
         self._stopping = False
 
     def start(self) -> None:
@@ -117,9 +131,13 @@ class TopologyWatch(Monitor):
     def metrics(self) -> TopologyMetrics:
         # Not known is no failure of the watch: old drivers have no `topo` (said by `known`).
         return TopologyMetrics(
-            state=UP if self.query.running else IDLE, running=self.query.running,
-            hangs=self.query.hangs, readings=self.readings, failures=self.failures,
-            known=bool(self.topology))
+            state=UP if self.query.running else IDLE,
+            running=self.query.running,
+            hangs=self.query.hangs,
+            readings=self.readings,
+            failures=self.failures,
+            known=bool(self.topology),
+        )
 
     async def _run(self) -> None:
         assert self._wake is not None
@@ -141,7 +159,9 @@ class TopologyWatch(Monitor):
             if self.topology or self.readings == 1:  # told once (patroller doctor says it too)
                 (log.warning if self.topology else log.info)(
                     "how the GPUs are linked is not known (%s): they are granted lowest "
-                    "numbers first, and a request for a link is refused", topology.why)
+                    "numbers first, and a request for a link is refused",
+                    topology.why,
+                )
         elif not self.topology:
             log.info("GPU topology read: %d GPU(s)", len(topology.links))
         self.topology = topology

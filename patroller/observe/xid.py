@@ -7,19 +7,22 @@ driver prints the pid and the process name where it knows them (`pid=1234, name=
 faults of the GPU itself; a sub-code may follow the number (`149.38`, in newer tools' words).
 Pure: no I/O.
 """
+
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Optional
 
 _XID = re.compile(
     r"NVRM: Xid \(PCI:(?P<domain>[0-9a-fA-F]{4,8}):(?P<bus>[0-9a-fA-F]{2}):"
     r"(?P<device>[0-9a-fA-F]{2})(?:\.[0-7])?\): (?P<xid>\d{1,5})(?:\.\d+)?,\s*"
-    r"(?:pid=(?P<pid>'?[^,]*?'?), name=(?P<name>[^,]*?),\s*)?(?P<text>.*)$")
+    r"(?:pid=(?P<pid>'?[^,]*?'?), name=(?P<name>[^,]*?),\s*)?(?P<text>.*)$"
+)
 _KMSG = re.compile(r"^\d+,\d+,(?P<usec>\d+),[^;]*;")
-_PCI = re.compile(r"(?:(?P<domain>[0-9a-fA-F]{4,8}):)?(?P<bus>[0-9a-fA-F]{2}):"
-                  r"(?P<device>[0-9a-fA-F]{2})(?:\.[0-7])?$")
+_PCI = re.compile(
+    r"(?:(?P<domain>[0-9a-fA-F]{4,8}):)?(?P<bus>[0-9a-fA-F]{2}):"
+    r"(?P<device>[0-9a-fA-F]{2})(?:\.[0-7])?$"
+)
 
 
 @dataclass(frozen=True)
@@ -28,13 +31,13 @@ class XidLine:
 
     pci: str  # domain:bus:device, lower case, domain of 4 digits: `0000:3b:00`
     xid: int
-    pid: Optional[int]
-    name: Optional[str]  # as the driver printed it (the process's own name: not to be trusted)
+    pid: int | None
+    name: str | None  # as the driver printed it (the process's own name: not to be trusted)
     text: str  # the rest of the line
-    uptime: Optional[float] = None  # seconds since boot, where the line is /dev/kmsg's
+    uptime: float | None = None  # seconds since boot, where the line is /dev/kmsg's
 
 
-def pci_key(address: Optional[str]) -> Optional[str]:
+def pci_key(address: str | None) -> str | None:
     """A PCI address as `0000:3b:00` (domain, bus, device), whichever way it is printed:
     `00000000:3B:00.0` (nvidia-smi), `0000:3b:00` (the kernel). None if it is not one."""
     found = _PCI.match((address or "").strip())
@@ -44,7 +47,7 @@ def pci_key(address: Optional[str]) -> Optional[str]:
     return f"{domain:04x}:{found.group('bus').lower()}:{found.group('device').lower()}"
 
 
-def parse_xid(line: str) -> Optional[XidLine]:
+def parse_xid(line: str) -> XidLine | None:
     """The Xid in one kernel log line, or None if it has none."""
     found = _XID.search(line)
     if found is None:

@@ -119,6 +119,7 @@ or ``"--query-compute-apps"`` overrides them for that command only; all re-read 
 - ``repeat_header_every``: print the two header lines again every N intervals (default 30;
   0: only at the start).
 """
+
 from __future__ import annotations
 
 import json
@@ -130,38 +131,85 @@ import time
 import uuid as uuids
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
+from collections.abc import Sequence
 from xml.sax.saxutils import escape
 
 from patroller.simulator.topo import topo_matrix
 
-Scenario = Dict[str, Any]
+Scenario = dict[str, Any]
 COMMANDS = ("-q", "-L", "dmon", "pmon", "--query-compute-apps", "topo")
 # The namespace of the MIG uuids the simulator makes up (uuid5 of GPU uuid and instance ids).
 MIG_NAMESPACE = uuids.UUID("6d1c0e4a-3b8f-5e2a-9c71-4f0b2d8e6a13")
 
 FAILURES = {
-    "no_driver": ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
-                  " Make sure that the latest NVIDIA driver is installed and running.", 9),
+    "no_driver": (
+        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
+        " Make sure that the latest NVIDIA driver is installed and running.",
+        9,
+    ),
     "no_devices": ("No devices were found", 6),
     "mismatch": ("Failed to initialize NVML: Driver/library version mismatch", 18),
     "nvml_unknown": ("Failed to initialize NVML: Unknown Error", 255),
-    "handle_unknown": ("Unable to determine the device handle for GPU{sp}{pci}: Unknown Error",
-                       255),
-    "gpu_lost": ("Unable to determine the device handle for GPU{sp}{pci}: GPU is lost."
-                 " Reboot the system to recover this GPU", 15),
+    "handle_unknown": (
+        "Unable to determine the device handle for GPU{sp}{pci}: Unknown Error",
+        255,
+    ),
+    "gpu_lost": (
+        "Unable to determine the device handle for GPU{sp}{pci}: GPU is lost."
+        " Reboot the system to recover this GPU",
+        15,
+    ),
     "not_supported": ("Not supported on the device(s)\nFailed to process command line", 3),
 }
 
-UNITS = {"pwr": "W", "temp": "C", "gtemp": "C", "mtemp": "C", "sm": "%", "mem": "%", "enc": "%",
-         "dec": "%", "jpg": "%", "ofa": "%", "mclk": "MHz", "pclk": "MHz", "pviol": "%",
-         "tviol": "bool", "fb": "MB", "bar1": "MB", "ccpm": "MB", "sbecc": "errs",
-         "dbecc": "errs", "pci": "errs", "rxpci": "MB/s", "txpci": "MB/s"}
+UNITS = {
+    "pwr": "W",
+    "temp": "C",
+    "gtemp": "C",
+    "mtemp": "C",
+    "sm": "%",
+    "mem": "%",
+    "enc": "%",
+    "dec": "%",
+    "jpg": "%",
+    "ofa": "%",
+    "mclk": "MHz",
+    "pclk": "MHz",
+    "pviol": "%",
+    "tviol": "bool",
+    "fb": "MB",
+    "bar1": "MB",
+    "ccpm": "MB",
+    "sbecc": "errs",
+    "dbecc": "errs",
+    "pci": "errs",
+    "rxpci": "MB/s",
+    "txpci": "MB/s",
+}
 
-DEFAULT_STATS = {"pwr": 25, "gtemp": 30, "mtemp": None, "sm": 0, "mem": 0, "enc": 0, "dec": 0,
-                 "jpg": 0, "ofa": 0, "mclk": 1215, "pclk": 210, "pviol": 0, "tviol": 0,
-                 "bar1": 2, "ccpm": 0, "sbecc": None, "dbecc": None, "pci": 0, "rxpci": 0,
-                 "txpci": 0}
+DEFAULT_STATS = {
+    "pwr": 25,
+    "gtemp": 30,
+    "mtemp": None,
+    "sm": 0,
+    "mem": 0,
+    "enc": 0,
+    "dec": 0,
+    "jpg": 0,
+    "ofa": 0,
+    "mclk": 1215,
+    "pclk": 210,
+    "pviol": 0,
+    "tviol": 0,
+    "bar1": 2,
+    "ccpm": 0,
+    "sbecc": None,
+    "dbecc": None,
+    "pci": 0,
+    "rxpci": 0,
+    "txpci": 0,
+}
 
 # dmon's utilisation columns: not available for a GPU in MIG mode (printed as `-`).
 UTILISATION = ("sm", "mem", "enc", "dec", "jpg", "ofa")
@@ -184,8 +232,10 @@ ARCHITECTURES = (
 )
 
 # -o D / -o T: (header, units, strftime) segments that lead every line.
-STAMPS = {"D": ("Date       ", "YYYYMMDD   ", "%Y%m%d   "),
-          "T": ("Time       ", "HH:MM:SS   ", "%H:%M:%S   ")}
+STAMPS = {
+    "D": ("Date       ", "YYYYMMDD   ", "%Y%m%d   "),
+    "T": ("Time       ", "HH:MM:SS   ", "%H:%M:%S   "),
+}
 
 
 @dataclass(frozen=True)
@@ -194,7 +244,7 @@ class Era:
 
     dtd: str
     driver: str
-    cuda: Optional[str]
+    cuda: str | None
     width: int  # dmon and pmon metric columns
     pid_head: int  # the newest pmon prints its pid header one wider than its pid data
     pid_data: int
@@ -207,9 +257,15 @@ class Era:
 
 
 ERAS = {
-    "r384": Era("nvsmi_device_v9.dtd", "384.130", None, 5, 7, 7, 5, "   ", "", False, False, False),
-    "r470": Era("nvsmi_device_v11.dtd", "470.199.02", "11.4", 5, 10, 10, 5, "   ", "", True, False, False),
-    "r550": Era("nvsmi_device_v12.dtd", "550.54.15", "12.4", 6, 11, 10, 6, "    ", " ", True, True, True),
+    "r384": Era(
+        "nvsmi_device_v9.dtd", "384.130", None, 5, 7, 7, 5, "   ", "", False, False, False
+    ),
+    "r470": Era(
+        "nvsmi_device_v11.dtd", "470.199.02", "11.4", 5, 10, 10, 5, "   ", "", True, False, False
+    ),
+    "r550": Era(
+        "nvsmi_device_v12.dtd", "550.54.15", "12.4", 6, 11, 10, 6, "    ", " ", True, True, True
+    ),
 }
 
 
@@ -254,7 +310,7 @@ def _check(scn: Any) -> Scenario:
 class Source:
     """The scenario file, re-read when its stat changes; a bad read keeps the last good one."""
 
-    def __init__(self, path: Optional[str]) -> None:
+    def __init__(self, path: str | None) -> None:
         self.path = path
         self._stamp: Any = None
         self.scenario: Scenario = {}
@@ -294,16 +350,22 @@ def _architecture(name: str, modern: bool) -> str:
     return "Ampere" if modern else "Pascal"
 
 
-def _devices(scn: Scenario) -> List[Dict[str, Any]]:
+def _devices(scn: Scenario) -> list[dict[str, Any]]:
     """The devices in index order, defaults filled in."""
     modern = _era(scn).modern
     raw = scn.get("devices", [{}])  # an explicit [] is a host whose GPUs are gone
     out = []
     for i, dev in enumerate(raw):
-        full = {"uuid": f"GPU-{i:08x}-5a1e-4e57-8000-{i:012x}", "pci": f"00000000:{i + 1:02X}:00.0",
-                "minor": i, "name": "NVIDIA A100-SXM4-80GB" if modern else "Tesla P100-PCIE-16GB",
-                "brand": "NVIDIA" if modern else "Tesla", "memory_mib": 81920 if modern else 16280,
-                "reserved_mib": 512, "mig": "Disabled"}
+        full = {
+            "uuid": f"GPU-{i:08x}-5a1e-4e57-8000-{i:012x}",
+            "pci": f"00000000:{i + 1:02X}:00.0",
+            "minor": i,
+            "name": "NVIDIA A100-SXM4-80GB" if modern else "Tesla P100-PCIE-16GB",
+            "brand": "NVIDIA" if modern else "Tesla",
+            "memory_mib": 81920 if modern else 16280,
+            "reserved_mib": 512,
+            "mig": "Disabled",
+        }
         full.update(dev)
         if "arch" not in dev:
             full["arch"] = _architecture(str(full["name"]), modern)
@@ -312,19 +374,19 @@ def _devices(scn: Scenario) -> List[Dict[str, Any]]:
     return out
 
 
-def _mig(scn: Scenario, dev: Dict[str, Any]) -> bool:
+def _mig(scn: Scenario, dev: dict[str, Any]) -> bool:
     """Whether the device is in MIG mode (eras before r470 have no MIG)."""
     return _era(scn).modern and dev["mig"] == "Enabled"
 
 
-def _procs(scn: Scenario, index: int) -> List[Dict[str, Any]]:
+def _procs(scn: Scenario, index: int) -> list[dict[str, Any]]:
     procs = [p for p in scn.get("processes") or [] if p.get("gpu", 0) == index]
     if scn.get("live_pids_only"):  # like the driver: a process that has exited is not listed
         procs = [p for p in procs if os.path.exists(f"/proc/{p['pid']}")]
     return procs
 
 
-def _attributed(scn: Scenario, dev: Dict[str, Any]) -> List[Dict[str, Any]]:
+def _attributed(scn: Scenario, dev: dict[str, Any]) -> list[dict[str, Any]]:
     """The processes pmon prints for the device: none in MIG mode or on a blind device, unless
     it prints them without figures (590-series drivers in MIG mode)."""
     if dev.get("pmon_no_figures"):
@@ -340,7 +402,7 @@ def _number(value: Any) -> float:
     return value if ok else 0
 
 
-def _stats(scn: Scenario, dev: Dict[str, Any]) -> Dict[str, Any]:
+def _stats(scn: Scenario, dev: dict[str, Any]) -> dict[str, Any]:
     """dmon's figures for the device: the scenario's `stats`, else what its processes make."""
     procs = _procs(scn, dev["index"])
     given = dev.get("stats") or {}
@@ -358,14 +420,14 @@ def _stats(scn: Scenario, dev: Dict[str, Any]) -> Dict[str, Any]:
     return stats
 
 
-def _faults(scn: Scenario, command: str) -> Dict[str, Any]:
+def _faults(scn: Scenario, command: str) -> dict[str, Any]:
     raw = scn.get("faults") or {}
     knobs = {k: v for k, v in raw.items() if k not in COMMANDS}
     knobs.update(raw.get(command) or {})
     return knobs
 
 
-def _failure(scn: Scenario, knob: str, faults: Dict[str, Any], pci: Optional[str] = None) -> _Exit:
+def _failure(scn: Scenario, knob: str, faults: dict[str, Any], pci: str | None = None) -> _Exit:
     """The failure a knob names; a device message names `pci`, else the first device."""
     text, status = FAILURES.get(knob, (knob, 255))
     era, devs = _era(scn), _devices(scn)
@@ -377,7 +439,7 @@ def _failure(scn: Scenario, knob: str, faults: Dict[str, Any], pci: Optional[str
     return _Exit(text, int(faults.get("fail_status", status)))
 
 
-def _start(scn: Scenario, command: str) -> Dict[str, Any]:
+def _start(scn: Scenario, command: str) -> dict[str, Any]:
     """The command's faults, after acting on those that apply at start."""
     faults = _faults(scn, command)
     if faults.get("stderr"):
@@ -390,15 +452,18 @@ def _start(scn: Scenario, command: str) -> Dict[str, Any]:
     return faults
 
 
-def _select(devs: List[Dict[str, Any]], ids: Optional[str]) -> List[int]:
+def _select(devs: list[dict[str, Any]], ids: str | None) -> list[int]:
     """Indices named by -i (index, uuid or PCI id), in index order."""
     if ids is None:
         return [d["index"] for d in devs]
     chosen = set()
     for item in ids.split(","):
         item = item.strip().lower()
-        hits = [d["index"] for d in devs if item in (str(d["index"]), d["uuid"].lower(),
-                                                        d["pci"].lower(), d["pci"][4:].lower())]
+        hits = [
+            d["index"]
+            for d in devs
+            if item in (str(d["index"]), d["uuid"].lower(), d["pci"].lower(), d["pci"][4:].lower())
+        ]
         if not hits:
             raise _Exit("No devices were found", 6)
         chosen.update(hits)
@@ -407,7 +472,8 @@ def _select(devs: List[Dict[str, Any]], ids: Optional[str]) -> List[int]:
 
 # ---- -q -x -----------------------------------------------------------------------------------
 
-def _xml(depth: int, items: Sequence[Tuple[str, Any]]) -> List[str]:
+
+def _xml(depth: int, items: Sequence[tuple[str, Any]]) -> list[str]:
     """Tab-indented elements: a list nests, a tuple is raw text lines, None is left out."""
     pad, out = "\t" * depth, []
     for tag, value in items:
@@ -427,12 +493,12 @@ def _na(value: Any, fmt: str) -> str:
     return fmt.format(value) if isinstance(value, (int, float)) else str(value)
 
 
-def _instances(scn: Scenario, dev: Dict[str, Any]) -> List[Dict[str, Any]]:
+def _instances(scn: Scenario, dev: dict[str, Any]) -> list[dict[str, Any]]:
     """The device's MIG instances: its `mig_devices` while in MIG mode, else none."""
     return list(dev.get("mig_devices") or []) if _mig(scn, dev) else []
 
 
-def _instance_ids(scn: Scenario, dev: Dict[str, Any], proc: Dict[str, Any]) -> Tuple[Any, Any]:
+def _instance_ids(scn: Scenario, dev: dict[str, Any], proc: dict[str, Any]) -> tuple[Any, Any]:
     """A process's (gpu_instance_id, compute_instance_id): its gi/ci (else the first
     instance's) on a MIG device, N/A on a GPU without MIG, absent (None) before r470."""
     if not _era(scn).modern:
@@ -441,11 +507,13 @@ def _instance_ids(scn: Scenario, dev: Dict[str, Any], proc: Dict[str, Any]) -> T
     if not instances:
         return "N/A", "N/A"
     first = instances[0]
-    return (proc.get("gi", first.get("gpu_instance_id", 0)),
-            proc.get("ci", first.get("compute_instance_id", 0)))
+    return (
+        proc.get("gi", first.get("gpu_instance_id", 0)),
+        proc.get("ci", first.get("compute_instance_id", 0)),
+    )
 
 
-def _xml_mig_devices(scn: Scenario, dev: Dict[str, Any]) -> Any:
+def _xml_mig_devices(scn: Scenario, dev: dict[str, Any]) -> Any:
     """<mig_devices>: a <mig_device> per instance, or the text None."""
     era, instances = _era(scn), _instances(scn, dev)
     if not era.modern:
@@ -456,51 +524,94 @@ def _xml_mig_devices(scn: Scenario, dev: Dict[str, Any]) -> Any:
     for n, inst in enumerate(instances):
         gi = inst.get("gpu_instance_id", n + 1)
         total = inst.get("memory_mib", 9856)
-        used = sum(p.get("used_mib") or 0 for p in _procs(scn, dev["index"])
-                   if _instance_ids(scn, dev, p)[0] == gi)  # an instance's memory is its GI's
-        out.append(("mig_device", [
-            ("index", n), ("gpu_instance_id", gi),
-            ("compute_instance_id", inst.get("compute_instance_id", 0)),
-            ("fb_memory_usage", [("total", f"{total} MiB"),
-                                 ("reserved", "0 MiB" if era.arch else None),
-                                 ("used", f"{used} MiB"),
-                                 ("free", f"{max(0, total - used)} MiB")])]))
+        used = sum(
+            p.get("used_mib") or 0
+            for p in _procs(scn, dev["index"])
+            if _instance_ids(scn, dev, p)[0] == gi
+        )  # an instance's memory is its GI's
+        out.append(
+            (
+                "mig_device",
+                [
+                    ("index", n),
+                    ("gpu_instance_id", gi),
+                    ("compute_instance_id", inst.get("compute_instance_id", 0)),
+                    (
+                        "fb_memory_usage",
+                        [
+                            ("total", f"{total} MiB"),
+                            ("reserved", "0 MiB" if era.arch else None),
+                            ("used", f"{used} MiB"),
+                            ("free", f"{max(0, total - used)} MiB"),
+                        ],
+                    ),
+                ],
+            )
+        )
     return out
 
 
-def _xml_process(scn: Scenario, dev: Dict[str, Any], proc: Dict[str, Any]) -> Tuple[str, Any]:
+def _xml_process(scn: Scenario, dev: dict[str, Any], proc: dict[str, Any]) -> tuple[str, Any]:
     gi, ci = _instance_ids(scn, dev, proc)
-    return ("process_info", [
-        ("gpu_instance_id", gi), ("compute_instance_id", ci), ("pid", proc["pid"]),
-        ("type", proc.get("type", "C")), ("process_name", proc.get("name", "python")),
-        ("used_memory", _na(proc.get("used_mib"), "{} MiB"))])
+    return (
+        "process_info",
+        [
+            ("gpu_instance_id", gi),
+            ("compute_instance_id", ci),
+            ("pid", proc["pid"]),
+            ("type", proc.get("type", "C")),
+            ("process_name", proc.get("name", "python")),
+            ("used_memory", _na(proc.get("used_mib"), "{} MiB")),
+        ],
+    )
 
 
-def _xml_gpu(scn: Scenario, dev: Dict[str, Any]) -> List[str]:
+def _xml_gpu(scn: Scenario, dev: dict[str, Any]) -> list[str]:
     """One <gpu> element, with the elements this era's drivers print."""
     era, stats = _era(scn), _stats(scn, dev)
     modern = era.modern
     total, used = dev["memory_mib"], stats["fb"] or 0
     reserved = dev["reserved_mib"] if era.arch else 0
-    memory = [("total", f"{total} MiB"), ("reserved", f"{reserved} MiB" if era.arch else None),
-              ("used", f"{used} MiB"), ("free", f"{max(0, total - reserved - used)} MiB")]
+    memory = [
+        ("total", f"{total} MiB"),
+        ("reserved", f"{reserved} MiB" if era.arch else None),
+        ("used", f"{used} MiB"),
+        ("free", f"{max(0, total - reserved - used)} MiB"),
+    ]
     domain, bus, rest = dev["pci"].split(":")
     mig = [("current_mig", dev["mig"]), ("pending_mig", dev["mig"])]
     items = [
-        ("product_name", dev["name"]), ("product_brand", dev["brand"]),
+        ("product_name", dev["name"]),
+        ("product_brand", dev["brand"]),
         ("product_architecture", dev["arch"] if era.arch else None),
-        ("display_mode", "Disabled"), ("persistence_mode", "Enabled"),
-        ("mig_mode", mig if modern else None), ("mig_devices", _xml_mig_devices(scn, dev)),
-        ("uuid", dev["uuid"]), ("minor_number", dev["minor"]),
-        ("pci", [("pci_bus", bus), ("pci_device", rest[:2]), ("pci_domain", domain[-4:]),
-                 ("pci_bus_id", dev["pci"])]),
+        ("display_mode", "Disabled"),
+        ("persistence_mode", "Enabled"),
+        ("mig_mode", mig if modern else None),
+        ("mig_devices", _xml_mig_devices(scn, dev)),
+        ("uuid", dev["uuid"]),
+        ("minor_number", dev["minor"]),
+        (
+            "pci",
+            [
+                ("pci_bus", bus),
+                ("pci_device", rest[:2]),
+                ("pci_domain", domain[-4:]),
+                ("pci_bus_id", dev["pci"]),
+            ],
+        ),
         ("fb_memory_usage", memory),
-        ("utilization", [("gpu_util", _na(stats["sm"], "{} %")),
-                         ("memory_util", _na(stats["mem"], "{} %"))]),
-        ("temperature", [("gpu_temp", (dev.get("health") or {}).get("broken")
-                          or _na(stats["gtemp"], "{} C"))]),
-        ("gpu_power_readings" if era.newest else "power_readings",
-         [("power_draw", _na(stats["pwr"], "{:.2f} W"))]),
+        (
+            "utilization",
+            [("gpu_util", _na(stats["sm"], "{} %")), ("memory_util", _na(stats["mem"], "{} %"))],
+        ),
+        (
+            "temperature",
+            [("gpu_temp", (dev.get("health") or {}).get("broken") or _na(stats["gtemp"], "{} C"))],
+        ),
+        (
+            "gpu_power_readings" if era.newest else "power_readings",
+            [("power_draw", _na(stats["pwr"], "{:.2f} W"))],
+        ),
         *_xml_health(scn, dev),
         ("processes", [_xml_process(scn, dev, p) for p in _procs(scn, dev["index"])]),
     ]
@@ -508,16 +619,24 @@ def _xml_gpu(scn: Scenario, dev: Dict[str, Any]) -> List[str]:
 
 
 # The clocks' event reasons each era prints, in its order (r384 printed the first four).
-CLOCK_REASONS = ("gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown",
-                 "hw_thermal_slowdown", "hw_power_brake_slowdown", "sync_boost",
-                 "sw_thermal_slowdown", "display_clocks_setting")
+CLOCK_REASONS = (
+    "gpu_idle",
+    "applications_clocks_setting",
+    "sw_power_cap",
+    "hw_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+    "sync_boost",
+    "sw_thermal_slowdown",
+    "display_clocks_setting",
+)
 
 
 def _yes(value: Any) -> str:
     return "Yes" if value else "No"
 
 
-def _xml_health(scn: Scenario, dev: Dict[str, Any]) -> List[Tuple[str, Any]]:
+def _xml_health(scn: Scenario, dev: dict[str, Any]) -> list[tuple[str, Any]]:
     """The sections of a <gpu> that say its health, in the era's shape, as its `health` sets
     them: ECC errors (volatile uncorrectable), retired pages, remapped rows (r470 on), the
     clocks' reasons (`clocks_event_reasons` in r550, `clocks_throttle_reasons` before), the
@@ -525,29 +644,52 @@ def _xml_health(scn: Scenario, dev: Dict[str, Any]) -> List[Tuple[str, Any]]:
     era, health = _era(scn), dev.get("health") or {}
     ecc = int(health.get("ecc_uncorrectable", 0))
     if era.modern:
-        volatile: List[Tuple[str, Any]] = [
-            ("sram_correctable", 0), ("sram_uncorrectable", 0), ("dram_correctable", 0),
-            ("dram_uncorrectable", ecc)]
+        volatile: list[tuple[str, Any]] = [
+            ("sram_correctable", 0),
+            ("sram_uncorrectable", 0),
+            ("dram_correctable", 0),
+            ("dram_uncorrectable", ecc),
+        ]
     else:
-        volatile = [("single_bit", [("device_memory", 0), ("total", 0)]),
-                    ("double_bit", [("device_memory", ecc), ("total", ecc)])]
+        volatile = [
+            ("single_bit", [("device_memory", 0), ("total", 0)]),
+            ("double_bit", [("device_memory", ecc), ("total", ecc)]),
+        ]
     retired = int(health.get("retired_pages", 0))
-    pages = [("multiple_single_bit_retirement", [("retired_count", 0)]),
-             ("double_bit_retirement", [("retired_count", retired)]),
-             ("pending_blacklist", _yes(health.get("retire_pending")) if era.modern else None),
-             ("pending_retirement", _yes(health.get("retire_pending")))]
-    remapped = [("remapped_row_corr", 0), ("remapped_row_unc", int(bool(health.get(
-                "remap_pending") or health.get("remap_failure")))),
-                ("remapped_row_pending", _yes(health.get("remap_pending"))),
-                ("remapped_row_failure", _yes(health.get("remap_failure")))]
+    pages = [
+        ("multiple_single_bit_retirement", [("retired_count", 0)]),
+        ("double_bit_retirement", [("retired_count", retired)]),
+        ("pending_blacklist", _yes(health.get("retire_pending")) if era.modern else None),
+        ("pending_retirement", _yes(health.get("retire_pending"))),
+    ]
+    remapped = [
+        ("remapped_row_corr", 0),
+        (
+            "remapped_row_unc",
+            int(bool(health.get("remap_pending") or health.get("remap_failure"))),
+        ),
+        ("remapped_row_pending", _yes(health.get("remap_pending"))),
+        ("remapped_row_failure", _yes(health.get("remap_failure"))),
+    ]
     slowed = set(health.get("slowdowns") or ())
     section = "clocks_event_reason" if era.newest else "clocks_throttle_reason"
-    reasons = [(f"{section}_{name}", "Active" if name in slowed else "Not Active")
-               for name in (CLOCK_REASONS if era.modern else CLOCK_REASONS[:4] + tuple(
-                   n for n in CLOCK_REASONS[4:] if n in slowed))]
+    reasons = [
+        (f"{section}_{name}", "Active" if name in slowed else "Not Active")
+        for name in (
+            CLOCK_REASONS
+            if era.modern
+            else CLOCK_REASONS[:4] + tuple(n for n in CLOCK_REASONS[4:] if n in slowed)
+        )
+    ]
     return [
-        ("gpu_reset_status", [("reset_required", _yes(health.get("reset_required"))),
-                              ("drain_and_reset_recommended", "N/A")]) if era.newest
+        (
+            "gpu_reset_status",
+            [
+                ("reset_required", _yes(health.get("reset_required"))),
+                ("drain_and_reset_recommended", "N/A"),
+            ],
+        )
+        if era.newest
         else ("gpu_reset_status", None),
         ("gpu_recovery_action", health.get("recovery_action")),
         ("ecc_errors", [("volatile", volatile)]),
@@ -557,23 +699,27 @@ def _xml_health(scn: Scenario, dev: Dict[str, Any]) -> List[Tuple[str, Any]]:
     ]
 
 
-def query_xml(scn: Scenario, ids: Optional[str]) -> str:
+def query_xml(scn: Scenario, ids: str | None) -> str:
     """The document `nvidia-smi -q -x` prints."""
     era, devs, now = _era(scn), _devices(scn), datetime.now()
     doctype = scn.get("doctype", era.dtd)
     lines = ['<?xml version="1.0" ?>']
     lines += [f'<!DOCTYPE nvidia_smi_log SYSTEM "{doctype}">'] if doctype else []
-    lines += ["<nvidia_smi_log>"] + _xml(1, [
-        ("timestamp", f"{now:%a %b} {now.day:2d} {now:%H:%M:%S %Y}"),
-        ("driver_version", scn.get("driver_version", era.driver)),
-        ("cuda_version", scn.get("cuda_version", era.cuda)),
-        ("attached_gpus", len(devs))])
+    lines += ["<nvidia_smi_log>"] + _xml(
+        1,
+        [
+            ("timestamp", f"{now:%a %b} {now.day:2d} {now:%H:%M:%S %Y}"),
+            ("driver_version", scn.get("driver_version", era.driver)),
+            ("cuda_version", scn.get("cuda_version", era.cuda)),
+            ("attached_gpus", len(devs)),
+        ],
+    )
     for i in _select(devs, ids):
         lines += _xml_gpu(scn, devs[i])
     return "\n".join(lines + ["</nvidia_smi_log>", ""])
 
 
-def _mig_uuid(scn: Scenario, dev: Dict[str, Any], gi: Any, ci: Any, inst: Dict[str, Any]) -> str:
+def _mig_uuid(scn: Scenario, dev: dict[str, Any], gi: Any, ci: Any, inst: dict[str, Any]) -> str:
     """A MIG device's uuid in the form the scenario's drivers print."""
     if scn.get("legacy_mig_uuids"):
         return f"MIG-{dev['uuid']}/{gi}/{ci}"
@@ -582,7 +728,7 @@ def _mig_uuid(scn: Scenario, dev: Dict[str, Any], gi: Any, ci: Any, inst: Dict[s
     return "MIG-" + str(uuids.uuid5(MIG_NAMESPACE, f"{dev['uuid']}/{gi}/{ci}"))
 
 
-def list_gpus(scn: Scenario, ids: Optional[str]) -> str:
+def list_gpus(scn: Scenario, ids: str | None) -> str:
     """What `nvidia-smi -L` prints: each GPU, and the MIG devices of one in MIG mode."""
     devs, lines = _devices(scn), []
     legacy = bool(scn.get("legacy_mig_uuids"))
@@ -596,16 +742,25 @@ def list_gpus(scn: Scenario, ids: Optional[str]) -> str:
             sevenths = max(1, round(7 * memory / max(1, dev["memory_mib"])))
             profile = inst.get("profile", f"{sevenths}g.{round(memory / 1024)}gb")
             mig = _mig_uuid(scn, dev, gi, ci, inst)
-            lines.append(f"  MIG {profile} Device {n}: (UUID: {mig})" if legacy
-                         else f"  MIG {profile:<11} Device {n:>2}: (UUID: {mig})")
+            lines.append(
+                f"  MIG {profile} Device {n}: (UUID: {mig})"
+                if legacy
+                else f"  MIG {profile:<11} Device {n:>2}: (UUID: {mig})"
+            )
     return "\n".join(lines + [""])
 
 
 def query_apps(scn: Scenario, fields: Sequence[str], header: bool, units: bool) -> str:
     """The CSV `--query-compute-apps=...` prints: compute processes, by device."""
-    names = {"gpu_uuid": "gpu_uuid", "pid": "pid", "used_memory": "used_gpu_memory [MiB]",
-             "process_name": "process_name", "name": "process_name", "gpu_bus_id": "gpu_bus_id",
-             "gpu_name": "gpu_name"}
+    names = {
+        "gpu_uuid": "gpu_uuid",
+        "pid": "pid",
+        "used_memory": "used_gpu_memory [MiB]",
+        "process_name": "process_name",
+        "name": "process_name",
+        "gpu_bus_id": "gpu_bus_id",
+        "gpu_name": "gpu_name",
+    }
     for field in fields:
         if field not in names:
             raise _Exit(f'Field "{field}" is not a valid field to query.', 2)
@@ -615,9 +770,14 @@ def query_apps(scn: Scenario, fields: Sequence[str], header: bool, units: bool) 
             if "C" not in proc.get("type", "C"):
                 continue
             mem = proc.get("used_mib")
-            cells = {"gpu_uuid": dev["uuid"], "pid": proc["pid"], "gpu_bus_id": dev["pci"],
-                     "gpu_name": dev["name"], "process_name": proc.get("name", "python"),
-                     "used_memory": "[N/A]" if mem is None else f"{mem}{' MiB' if units else ''}"}
+            cells = {
+                "gpu_uuid": dev["uuid"],
+                "pid": proc["pid"],
+                "gpu_bus_id": dev["pci"],
+                "gpu_name": dev["name"],
+                "process_name": proc.get("name", "python"),
+                "used_memory": "[N/A]" if mem is None else f"{mem}{' MiB' if units else ''}",
+            }
             cells["name"] = cells["process_name"]
             lines.append(", ".join(str(cells[f]) for f in fields))
     return "".join(line + "\n" for line in lines)
@@ -625,17 +785,23 @@ def query_apps(scn: Scenario, fields: Sequence[str], header: bool, units: bool) 
 
 # ---- dmon / pmon ------------------------------------------------------------------------------
 
-def _columns(era: Era, kind: str, select: str) -> List[str]:
+
+def _columns(era: Era, kind: str, select: str) -> list[str]:
     """The metric columns after gpu (and pmon's pid, type), in the tool's fixed group order."""
     extra_u = ["jpg", "ofa"] if era.newest else []
     ccpm = ["ccpm"] if era.newest else []
     if kind == "pmon":
         groups = {"u": ["sm", "mem", "enc", "dec"] + extra_u, "m": ["fb"] + ccpm}
     else:
-        groups = {"p": ["pwr", "gtemp", "mtemp"] if era.modern else ["pwr", "temp"],
-                  "u": ["sm", "mem", "enc", "dec"] + extra_u, "c": ["mclk", "pclk"],
-                  "v": ["pviol", "tviol"], "m": ["fb", "bar1"] + ccpm,
-                  "e": ["sbecc", "dbecc", "pci"], "t": ["rxpci", "txpci"]}
+        groups = {
+            "p": ["pwr", "gtemp", "mtemp"] if era.modern else ["pwr", "temp"],
+            "u": ["sm", "mem", "enc", "dec"] + extra_u,
+            "c": ["mclk", "pclk"],
+            "v": ["pviol", "tviol"],
+            "m": ["fb", "bar1"] + ccpm,
+            "e": ["sbecc", "dbecc", "pci"],
+            "t": ["rxpci", "txpci"],
+        }
     if not select or any(ch not in groups for ch in select):
         raise _bad_args()
     return [c for g in ("pucvmet" if kind == "dmon" else "um") if g in select for c in groups[g]]
@@ -658,10 +824,12 @@ class Table:
         text = first + "".join(f" {c:>{w}}" for c, w in zip(cells, widths))
         return text + (self.era.gap + command if self.kind == "pmon" else "")
 
-    def headers(self) -> List[str]:
+    def headers(self) -> list[str]:
         """The two comment lines: names, then units."""
         w, pmon = self.era.width, self.kind == "pmon"
-        widths = ([self.era.pid_head, self.era.type_head] if pmon else []) + [w] * len(self.columns)
+        widths = ([self.era.pid_head, self.era.type_head] if pmon else []) + [w] * len(
+            self.columns
+        )
         names = (["pid", "type"] if pmon else []) + self.columns
         units = (["#", "C/G"] if pmon else []) + [UNITS[c] for c in self.columns]
         head = self._line("# gpu", names, widths, "command") + self.era.tail
@@ -678,11 +846,12 @@ class Table:
         widths = ([self.era.pid_data, 5] if pmon else []) + [self.era.width] * len(self.columns)
         lead = "".join(when.strftime(STAMPS[s][2]) for s in "DT" if s in self.stamp)
         command = (command or "-")[:15].ljust(15)  # cut and padded, as nvidia-smi does
-        text = (" " + lead if lead else "") + self._line(f"{gpu:>5}", [_cell(c) for c in cells],
-                                                         widths, command)
+        text = (" " + lead if lead else "") + self._line(
+            f"{gpu:>5}", [_cell(c) for c in cells], widths, command
+        )
         return text if pmon else text + self.era.tail
 
-    def rows(self, scn: Scenario, watched: Sequence[Tuple[int, Dict[str, Any]]]) -> List[str]:
+    def rows(self, scn: Scenario, watched: Sequence[tuple[int, dict[str, Any]]]) -> list[str]:
         """One interval: a (gpu column, device) pair's rows each, in order; pmon prints a row
         of `-` for a device with no process it can attribute."""
         now, out = datetime.now(), []
@@ -703,22 +872,30 @@ class Table:
         return out
 
 
-def _options(args: Sequence[str]) -> Dict[str, str]:
+def _options(args: Sequence[str]) -> dict[str, str]:
     """dmon/pmon options as {"i": .., "c": .., "d": .., "s": .., "o": ..}."""
-    long = {"--id": "i", "--count": "c", "--delay": "d", "--select": "s", "--options": "o",
-            "--filename": "f"}
-    opts: Dict[str, str] = {}
+    long = {
+        "--id": "i",
+        "--count": "c",
+        "--delay": "d",
+        "--select": "s",
+        "--options": "o",
+        "--filename": "f",
+    }
+    opts: dict[str, str] = {}
     it = iter(args)
     for arg in it:
         name, _, value = arg.partition("=")
-        key = long.get(name) or (name[1:] if name in ("-i", "-c", "-d", "-s", "-o", "-f") else None)
+        key = long.get(name) or (
+            name[1:] if name in ("-i", "-c", "-d", "-s", "-o", "-f") else None
+        )
         if key is None:
             raise _Exit(f"ERROR: Option {arg} is not recognized. Please run 'nvidia-smi -h'.", 2)
         opts[key] = value or next(it, "")
     return opts
 
 
-def _positive(text: Optional[str], kind: type) -> Optional[Any]:
+def _positive(text: str | None, kind: type) -> Any | None:
     if text is None:
         return None
     try:
@@ -733,7 +910,7 @@ def _positive(text: Optional[str], kind: type) -> Optional[Any]:
 class MonitorRun:
     """One dmon/pmon run: the counters that -c, faults and header repeats need."""
 
-    def __init__(self, kind: str, opts: Dict[str, str], all_env: bool) -> None:
+    def __init__(self, kind: str, opts: dict[str, str], all_env: bool) -> None:
         self.kind, self.ids, self.all_env = kind, opts.get("i"), all_env
         self.select = opts.get("s", "puc" if kind == "dmon" else "u")
         self.stamp = opts.get("o", "").upper()
@@ -744,7 +921,7 @@ class MonitorRun:
         self.rows = 0  # data rows printed, what the fault knobs count
         self.bursts = 0  # intervals printed
         self.traced: set = set()  # (pid, gpu) already written to the trace file
-        self.handles: List[Tuple[int, str, str]] = []  # (index, uuid, pci) chosen at start
+        self.handles: list[tuple[int, str, str]] = []  # (index, uuid, pci) chosen at start
 
     def watch(self, scn: Scenario) -> None:
         """Choose the devices once, at start, as the real tool takes its device handles: -i,
@@ -755,7 +932,7 @@ class MonitorRun:
             chosen = chosen[:4]
         self.handles = [(i, devs[i]["uuid"], devs[i]["pci"]) for i in chosen]
 
-    def watched(self, scn: Scenario) -> List[Tuple[int, Dict[str, Any]]]:
+    def watched(self, scn: Scenario) -> list[tuple[int, dict[str, Any]]]:
         """(gpu column, device now) for each device chosen at start, found by its uuid; one
         gone from the scenario is a lost GPU: the stream fails as the real one does."""
         by_uuid = {d["uuid"]: d for d in _devices(scn)}
@@ -764,7 +941,7 @@ class MonitorRun:
                 raise _failure(scn, "gpu_lost", {}, pci)
         return [(index, by_uuid[uuid]) for index, uuid, _ in self.handles]
 
-    def interval(self, scn: Scenario) -> Optional[int]:
+    def interval(self, scn: Scenario) -> int | None:
         """Print one interval's burst; an exit status when the stream must end."""
         faults = _faults(scn, self.kind)
         if faults.get("fail"):
@@ -800,17 +977,21 @@ class MonitorRun:
     def _trace(self, scn: Scenario) -> None:
         """Append `<time> <pid> <gpu>` for each process printed for the first time."""
         now = time.time()
-        fresh = [(p["pid"], i) for i, dev in self.watched(scn) for p in _attributed(scn, dev)
-                 if (p["pid"], i) not in self.traced]
+        fresh = [
+            (p["pid"], i)
+            for i, dev in self.watched(scn)
+            for p in _attributed(scn, dev)
+            if (p["pid"], i) not in self.traced
+        ]
         if fresh:
             self.traced.update(fresh)
             with open(scn["trace"], "a", encoding="ascii") as f:
                 f.write("".join(f"{now:.6f} {pid} {gpu}\n" for pid, gpu in fresh))
 
-    def _reached(self, faults: Dict[str, Any], knob: str) -> bool:
+    def _reached(self, faults: dict[str, Any], knob: str) -> bool:
         return faults.get(knob) is not None and self.rows >= int(faults[knob])
 
-    def _exit_status(self, faults: Dict[str, Any]) -> Optional[int]:
+    def _exit_status(self, faults: dict[str, Any]) -> int | None:
         if not self._reached(faults, "exit_after_lines"):
             return None
         return int(faults.get("exit_status", 1))
@@ -845,7 +1026,7 @@ def _ignore_sigterm() -> None:
         pass  # not the main thread: a test calling main() in-process
 
 
-def _hang_if_asked(faults: Dict[str, Any]) -> None:
+def _hang_if_asked(faults: dict[str, Any]) -> None:
     """The `hang` knob: print nothing, never end (until a signal ends the process)."""
     if not faults.get("hang"):
         return
@@ -855,7 +1036,7 @@ def _hang_if_asked(faults: Dict[str, Any]) -> None:
         time.sleep(3600)
 
 
-def one_shot(args: List[str], scn: Scenario) -> int:
+def one_shot(args: list[str], scn: Scenario) -> int:
     """`-q -x`, `-L` or `--query-compute-apps`."""
     ids, flags, query, fmt = None, set(), None, None
     it = iter(args)
@@ -887,7 +1068,7 @@ def one_shot(args: List[str], scn: Scenario) -> int:
     raise _bad_args()
 
 
-def topo(args: List[str], scn: Scenario) -> int:
+def topo(args: list[str], scn: Scenario) -> int:
     """`topo -m` (`--matrix`): the scenario's topology (simulator/topo.py)."""
     if args not in (["-m"], ["--matrix"]):
         raise _bad_args()
@@ -902,13 +1083,13 @@ def topo(args: List[str], scn: Scenario) -> int:
     return 0
 
 
-def _take_scenario(args: List[str]) -> Tuple[Optional[str], List[str]]:
+def _take_scenario(args: list[str]) -> tuple[str | None, list[str]]:
     """Split our own --scenario FILE off nvidia-smi's arguments."""
     for i, arg in enumerate(args):
         if arg == "--scenario" and i + 1 < len(args):
-            return args[i + 1], args[:i] + args[i + 2:]
+            return args[i + 1], args[:i] + args[i + 2 :]
         if arg.startswith("--scenario="):
-            return arg.split("=", 1)[1], args[:i] + args[i + 1:]
+            return arg.split("=", 1)[1], args[:i] + args[i + 1 :]
     return None, args
 
 
@@ -916,7 +1097,7 @@ def _on_signal(signum: int, frame: Any) -> None:
     raise _Stop(130 if signum == signal.SIGINT else 0)
 
 
-def _run(args: List[str]) -> int:
+def _run(args: list[str]) -> int:
     path, args = _take_scenario(args)
     path = path or os.environ.get("PATROLLER_SIM_SCENARIO") or None
     try:
@@ -936,7 +1117,7 @@ def _run(args: List[str]) -> int:
         return exc.status
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Act as nvidia-smi with argv; the exit status."""
     saved = {}
     for signum in (signal.SIGINT, signal.SIGTERM):

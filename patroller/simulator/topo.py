@@ -18,9 +18,10 @@ Named shapes (n devices): ``nvlink-all`` (NV18 between every two), ``nvlink-pair
 across halves), ``two-numa`` (NODE within a half, SYS across), ``pcie`` (PHB between all).
 Halves: the first half of the devices is NUMA node 0, the second node 1.
 """
+
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 LEGEND = """Legend:
 
@@ -35,7 +36,7 @@ LEGEND = """Legend:
 SHAPES = ("nvlink-all", "nvlink-pairs", "pcie-pairs", "two-numa", "pcie")
 
 
-def shape(name: str, n: int) -> List[List[str]]:
+def shape(name: str, n: int) -> list[list[str]]:
     """The matrix of a named shape for n devices; ValueError for an unknown name."""
     if name not in SHAPES:
         raise ValueError(f"unknown topology {name!r} (known: {', '.join(SHAPES)})")
@@ -58,10 +59,11 @@ def shape(name: str, n: int) -> List[List[str]]:
         if name == "two-numa":
             return "NODE" if same_half else "SYS"
         return "PHB"
+
     return [[word(a, b) for b in range(n)] for a in range(n)]
 
 
-def numa_of(scn: Dict[str, Any], n: int) -> List[int]:
+def numa_of(scn: dict[str, Any], n: int) -> list[int]:
     """Each device's NUMA node: the scenario's, else the halves (one node without halves)."""
     given = scn.get("numa")
     if isinstance(given, list) and len(given) == n:
@@ -71,7 +73,7 @@ def numa_of(scn: Dict[str, Any], n: int) -> List[int]:
     return [(1 if two and i >= half else 0) for i in range(n)]
 
 
-def topo_matrix(scn: Dict[str, Any], n: int) -> Optional[str]:
+def topo_matrix(scn: dict[str, Any], n: int) -> str | None:
     """What `topo -m` prints for n devices, or None where the scenario gives no topology."""
     given = scn.get("topology")
     if given is None:
@@ -84,14 +86,20 @@ def topo_matrix(scn: Dict[str, Any], n: int) -> Optional[str]:
     cpus = [f"{node * 16}-{node * 16 + 15}" for node in numa]
     nic = fmt == "r550"
     names = [f"GPU{i}" for i in range(n)] + (["NIC0"] if nic else [])
-    trailing = ["CPU Affinity"] + (["NUMA Affinity"] if fmt != "r440" else []) + \
-        (["GPU NUMA ID"] if fmt == "r550" else [])
+    trailing = (
+        ["CPU Affinity"]
+        + (["NUMA Affinity"] if fmt != "r440" else [])
+        + (["GPU NUMA ID"] if fmt == "r550" else [])
+    )
     rows = []
     for i in range(n):
         cells = [" X " if w == "X" and fmt != "r440" else w for w in matrix[i]]
         cells += ["PIX" if numa[i] == 0 else "SYS"] if nic else []
-        extra = [cpus[i]] + ([str(numa[i])] if fmt != "r440" else []) + \
-            (["", "N/A"] if fmt == "r550" else [])
+        extra = (
+            [cpus[i]]
+            + ([str(numa[i])] if fmt != "r440" else [])
+            + (["", "N/A"] if fmt == "r550" else [])
+        )
         rows.append([names[i], *cells, *extra])
     if nic:
         rows.append(["NIC0", *["PIX" if node == 0 else "SYS" for node in numa], " X "])

@@ -12,6 +12,7 @@ and, with --audit-log, also to a file (appended, one line per event; `-` is stan
 which is private (0600) as every file the daemon writes.
 The last `keep` events stay in memory for /history.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,7 +21,8 @@ import os
 import sys
 import time
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional, TextIO
+from typing import Any, TextIO
+from collections.abc import Callable
 
 from patroller.core.leases import Event
 from patroller.core.throttle import Throttle
@@ -37,13 +39,18 @@ class AuditLog:
     the count of failures so far; the daemon goes on.
     """
 
-    def __init__(self, path: Optional[str], keep: int, report_every: float,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        path: str | None,
+        keep: int,
+        report_every: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.path = path
         self.clock = clock
-        self.recent: Deque[Dict[str, Any]] = deque(maxlen=keep)
+        self.recent: deque[dict[str, Any]] = deque(maxlen=keep)
         self.failures = 0
-        self._file: Optional[TextIO] = None
+        self._file: TextIO | None = None
         self._reports = Throttle(1, report_every)
 
     def open(self) -> None:
@@ -67,11 +74,14 @@ class AuditLog:
 
     def record(self, event: Event) -> None:
         """One event: in memory, in the log, in the file."""
-        entry: Dict[str, Any] = {
-            "time": iso_time(self.clock()), "at": round(self.clock(), 3), "event": event.kind,
+        entry: dict[str, Any] = {
+            "time": iso_time(self.clock()),
+            "at": round(self.clock(), 3),
+            "event": event.kind,
             "user": event.user,
             "devices": [{"uuid": uuid, "number": number} for uuid, number in event.devices],
-            **event.details}
+            **event.details,
+        }
         self.recent.append(entry)
         line = json.dumps(entry, separators=(",", ":"))
         log.info("%s", line)
@@ -82,10 +92,13 @@ class AuditLog:
                 self.failures += 1
                 if self._reports.admit()[0]:
                     logging.getLogger(__name__).warning(
-                        "cannot write the audit log %s: %s (%d failures)", self.path,
-                        exc.strerror or exc, self.failures)
+                        "cannot write the audit log %s: %s (%d failures)",
+                        self.path,
+                        exc.strerror or exc,
+                        self.failures,
+                    )
 
-    def since(self, when: float, limit: int) -> List[Dict[str, Any]]:
+    def since(self, when: float, limit: int) -> list[dict[str, Any]]:
         """The kept events at or after `when` (epoch seconds), the most recent `limit`."""
         found = [e for e in self.recent if e["at"] >= when]
         return found[-limit:]

@@ -23,6 +23,7 @@ is in no file and does not survive a restart. It says so at start, as an error (
 /metrics (`patroller_lease_book_read_only`); a grant is not refused for it, as it is while
 writes fail on a writable filesystem (a full disk recovers by itself, a read-only mount does not).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -30,7 +31,8 @@ import logging
 import os
 import re
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any
+from collections.abc import Callable
 
 from patroller.core.leases import LeaseManager
 from patroller.state import schema
@@ -66,18 +68,18 @@ class LeaseBook:
         self.wall = wall
         self.writes = 0
         self.failures = 0
-        self.leases: Optional[LeaseManager] = None
-        self._lock: Optional[int] = None
+        self.leases: LeaseManager | None = None
+        self._lock: int | None = None
         self.read_only = False  # on a read-only filesystem: read at start, never written
-        self._written: Optional[Dict[str, Any]] = None  # the snapshot last on disk
-        self._offset: Optional[float] = None
-        self._boot: Optional[str] = None  # this boot's id, read as the book is opened
-        self._current: Optional[str] = None  # the leases-N.json that FILE links to
+        self._written: dict[str, Any] | None = None  # the snapshot last on disk
+        self._offset: float | None = None
+        self._boot: str | None = None  # this boot's id, read as the book is opened
+        self._current: str | None = None  # the leases-N.json that FILE links to
         self._next = 1  # N of the next file
         self._failing = False  # a write failed, and no write has worked since
         self._why = ""  # what the last failing write said
-        self._retry: Optional[asyncio.TimerHandle] = None  # the next try, while writes fail
-        self._reports: Optional[Throttle] = None  # on the lease manager's clock, once attached
+        self._retry: asyncio.TimerHandle | None = None  # the next try, while writes fail
+        self._reports: Throttle | None = None  # on the lease manager's clock, once attached
 
     # -- life ---------------------------------------------------------------------------------
 
@@ -89,20 +91,30 @@ class LeaseBook:
         locked = lock(self.directory)
         self._lock, self.read_only = locked.fd, locked.read_only
         if locked.tightened.directory_mode is not None:  # in a private one, files were safe
-            log.warning("the state directory was open to other users, and is private now: %s "
-                        "(under systemd: StateDirectoryMode=0700 and UMask=0077, as `patroller "
-                        "systemd-unit` prints)", locked.tightened.words(self.directory))
+            log.warning(
+                "the state directory was open to other users, and is private now: %s "
+                "(under systemd: StateDirectoryMode=0700 and UMask=0077, as `patroller "
+                "systemd-unit` prints)",
+                locked.tightened.words(self.directory),
+            )
         if self.read_only:
-            log.error("the state directory %s is on a read-only filesystem: the lease book is "
-                      "read, never written; reservations made from now on do not survive a "
-                      "restart (mount it read-write to keep them)", self.directory)
+            log.error(
+                "the state directory %s is on a read-only filesystem: the lease book is "
+                "read, never written; reservations made from now on do not survive a "
+                "restart (mount it read-write to keep them)",
+                self.directory,
+            )
         if locked.open_mode is not None:
-            log.error("the state directory %s (mode %o) is open to other users and on a "
-                      "read-only filesystem, so it cannot be made private: they may read the "
-                      "usage history and the lease book there (chmod 700 it where it is "
-                      "writable)", self.directory, locked.open_mode)
+            log.error(
+                "the state directory %s (mode %o) is open to other users and on a "
+                "read-only filesystem, so it cannot be made private: they may read the "
+                "usage history and the lease book there (chmod 700 it where it is "
+                "writable)",
+                self.directory,
+                locked.open_mode,
+            )
 
-    def attach(self, leases: LeaseManager) -> Optional[Restored]:
+    def attach(self, leases: LeaseManager) -> Restored | None:
         """Load the book into a fresh lease manager, then keep the file up to date with it."""
         self.leases = leases
         self._reports = Throttle(1, self.report_every, clock=leases.clock)
@@ -125,23 +137,29 @@ class LeaseBook:
             os.close(self._lock)
             self._lock = None
 
-    def metrics(self) -> Dict[str, Any]:
+    def metrics(self) -> dict[str, Any]:
         """Counters for /metrics."""
-        return {"path": self.path, "writes": self.writes, "failures": self.failures,
-                "writable": not self._failing and not self.read_only,
-                "read_only": self.read_only}
+        return {
+            "path": self.path,
+            "writes": self.writes,
+            "failures": self.failures,
+            "writable": not self._failing and not self.read_only,
+            "read_only": self.read_only,
+        }
 
-    def refusal(self) -> Optional[str]:
+    def refusal(self) -> str | None:
         """Why nothing may be handed out now (the book cannot be written: a reservation would
         not survive a restart), or None. The lease manager's gate."""
         if not self._failing:
             return None
-        return (f"the lease book {self.path} cannot be written ({self._why}): no reservation is "
-                "handed out until it can; try again shortly")
+        return (
+            f"the lease book {self.path} cannot be written ({self._why}): no reservation is "
+            "handed out until it can; try again shortly"
+        )
 
     # -- reading ------------------------------------------------------------------------------
 
-    def restore(self) -> Optional[Restored]:
+    def restore(self) -> Restored | None:
         """Give the devices in the file back to their holders; a bad file is set aside, logged."""
         assert self.leases is not None
         try:
@@ -161,15 +179,21 @@ class LeaseBook:
             # A process's start time counts from boot: after a reboot no process is alive.
             same_boot = book.get("boot") is not None and book.get("boot") == self._boot
             alive = (lambda ref: is_alive(ref, self.proc)) if same_boot else schema.ended
-            restored = schema.restore(self.leases, book.get("devices"), self._steady_offset(),
-                                      alive=alive)
+            restored = schema.restore(
+                self.leases, book.get("devices"), self._steady_offset(), alive=alive
+            )
         except (ValueError, RecursionError) as exc:  # JSON and UTF-8 errors are ValueErrors
             self._set_aside(f"is not a lease book ({str(exc)[:200]})")
             return None
-        log.info("lease book %s: %d device(s) held again, %d expired during the downtime, "
-                 "%d whose process ended, %d no longer on this host", self.path,
-                 len(restored.held), len(restored.expired), len(restored.ended),
-                 len(restored.dropped))
+        log.info(
+            "lease book %s: %d device(s) held again, %d expired during the downtime, "
+            "%d whose process ended, %d no longer on this host",
+            self.path,
+            len(restored.held),
+            len(restored.expired),
+            len(restored.ended),
+            len(restored.dropped),
+        )
         return restored
 
     def _set_aside(self, why: str) -> None:
@@ -188,11 +212,19 @@ class LeaseBook:
             else:
                 os.rename(self.path, aside)
         except OSError as exc:
-            log.warning("lease book %s %s and cannot be set aside (%s); starting with no "
-                        "reservations", self.path, why, exc.strerror or exc)
+            log.warning(
+                "lease book %s %s and cannot be set aside (%s); starting with no reservations",
+                self.path,
+                why,
+                exc.strerror or exc,
+            )
             return
-        log.warning("lease book %s %s; set aside as %s, starting with no reservations",
-                    self.path, why, aside)
+        log.warning(
+            "lease book %s %s; set aside as %s, starting with no reservations",
+            self.path,
+            why,
+            aside,
+        )
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -212,8 +244,12 @@ class LeaseBook:
         self._written = held
         self.writes += 1
         if self._failing:
-            log.warning("lease book %s is written again (%d write(s) failed); reservations are "
-                        "handed out again", self.path, self.failures)
+            log.warning(
+                "lease book %s is written again (%d write(s) failed); reservations are "
+                "handed out again",
+                self.path,
+                self.failures,
+            )
             self._failing = False
             if self._retry is not None:
                 self._retry.cancel()
@@ -244,14 +280,17 @@ class LeaseBook:
             name = f"leases-{self._next}.json"
             self._next += 1
             try:
-                fd = os.open(os.path.join(self.directory, name),
-                             os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                fd = os.open(
+                    os.path.join(self.directory, name),
+                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                    0o600,
+                )
             except FileExistsError:  # left by a daemon killed between writing and linking
                 continue
             try:
                 view = memoryview(body)
                 while view:
-                    view = view[os.write(fd, view):]
+                    view = view[os.write(fd, view) :]
             except OSError:
                 os.close(fd)
                 _remove(os.path.join(self.directory, name))
@@ -285,9 +324,13 @@ class LeaseBook:
         self._try_again()
         if not self._reports.admit()[0]:
             return
-        log.error("cannot write the lease book %s: %s (%d failed write(s) so far); no "
-                  "reservation is handed out until it can be written", self.path, self._why,
-                  self.failures)
+        log.error(
+            "cannot write the lease book %s: %s (%d failed write(s) so far); no "
+            "reservation is handed out until it can be written",
+            self.path,
+            self._why,
+            self.failures,
+        )
 
     def _try_again(self) -> None:
         """While writes fail, try again every `retry_every` seconds (on the running loop, if

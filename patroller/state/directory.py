@@ -13,13 +13,13 @@ A directory on a read-only filesystem (a read-only mount or bind mount) passes t
 and is `read_only`: the daemon reads it but writes nothing there, and holds the lock file's lock
 when there is one to open (a flock needs no write access), so a second daemon is still refused.
 """
+
 from __future__ import annotations
 
 import errno
 import fcntl
 import os
 from dataclasses import dataclass, field
-from typing import Optional
 
 from patroller.config.trust import Place, Untrusted, check, check_path
 from patroller.state.private import Tightened, open_to_others, tighten_directory
@@ -31,18 +31,23 @@ class BookError(Exception):
     """The state directory cannot be used; the message says why, in one line."""
 
 
-STATE_DIR = Place("the state directory", "--state-dir",
-                  "choose another --state-dir, or make it ours and private (chmod 700)")
+STATE_DIR = Place(
+    "the state directory",
+    "--state-dir",
+    "choose another --state-dir, or make it ours and private (chmod 700)",
+)
 
 
 @dataclass(frozen=True)
 class LockedDirectory:
     """A state directory, checked and locked for the daemon's life."""
 
-    fd: Optional[int]  # the lock's descriptor; None: read-only, with no lock file to hold
+    fd: int | None  # the lock's descriptor; None: read-only, with no lock file to hold
     read_only: bool = False  # on a read-only filesystem: read, never written
-    tightened: Tightened = field(default_factory=Tightened)  # what was open to others, and closed to them now
-    open_mode: Optional[int] = None  # read-only, and others may enter: its mode (not fixable)
+    tightened: Tightened = field(
+        default_factory=Tightened
+    )  # what was open to others, and closed to them now
+    open_mode: int | None = None  # read-only, and others may enter: its mode (not fixable)
 
 
 def lock(directory: str) -> LockedDirectory:
@@ -57,8 +62,10 @@ def lock(directory: str) -> LockedDirectory:
         except OSError as exc:
             if exc.errno == errno.EROFS:  # not there, and cannot be made: nothing in it to read
                 return LockedDirectory(None, read_only=True)
-            raise BookError(f"cannot use the state directory {directory}: "
-                            f"{exc.strerror or exc}; choose another --state-dir") from None
+            raise BookError(
+                f"cannot use the state directory {directory}: "
+                f"{exc.strerror or exc}; choose another --state-dir"
+            ) from None
         # Again: a link may have been slipped in meanwhile. Then whoever else may write there
         # could slip in a link for us to follow: refuse, as ssh does.
         check(directory, STATE_DIR)
@@ -77,19 +84,24 @@ def lock(directory: str) -> LockedDirectory:
     except OSError as exc:
         if read_only and exc.errno == errno.ENOENT:  # no lock file, and none can be made
             return LockedDirectory(None, read_only=True)
-        raise BookError(f"cannot use the state directory {directory}: "
-                        f"{exc.strerror or exc}; choose another --state-dir") from None
+        raise BookError(
+            f"cannot use the state directory {directory}: "
+            f"{exc.strerror or exc}; choose another --state-dir"
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
         owner = _pid_in(fd)
         os.close(fd)
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            raise BookError(f"another patroller{f' (pid {owner})' if owner else ''} uses the "
-                            f"state directory {directory}; stop it, or give this one "
-                            "another --state-dir") from None
-        raise BookError(f"cannot lock the state directory {directory}: "
-                        f"{exc.strerror or exc}") from None
+            raise BookError(
+                f"another patroller{f' (pid {owner})' if owner else ''} uses the "
+                f"state directory {directory}; stop it, or give this one "
+                "another --state-dir"
+            ) from None
+        raise BookError(
+            f"cannot lock the state directory {directory}: {exc.strerror or exc}"
+        ) from None
     if read_only:
         return LockedDirectory(fd, read_only=True, open_mode=open_mode)
     try:  # the pid only names us to a second daemon: not worth failing for
@@ -110,9 +122,11 @@ def make_private(directory: str) -> Tightened:
         finally:
             os.close(fd)
     except OSError as exc:
-        raise BookError(f"cannot make the state directory {directory} private: "
-                        f"{exc.strerror or exc}; make it ours and private (chmod 700), or "
-                        "choose another --state-dir") from None
+        raise BookError(
+            f"cannot make the state directory {directory} private: "
+            f"{exc.strerror or exc}; make it ours and private (chmod 700), or "
+            "choose another --state-dir"
+        ) from None
 
 
 def on_read_only(directory: str) -> bool:
@@ -124,7 +138,7 @@ def on_read_only(directory: str) -> bool:
         return False
 
 
-def _pid_in(fd: int) -> Optional[int]:
+def _pid_in(fd: int) -> int | None:
     """The pid the lock file's holder wrote into it, if readable."""
     try:
         text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()

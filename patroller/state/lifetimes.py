@@ -9,13 +9,13 @@ the process it was opened on for ever, so one check after the open is enough). W
 cannot be had, the processes are checked every `lifeline_poll` seconds (Config) instead. /proc is read in the
 executor, never on the loop.
 """
+
 from __future__ import annotations
 
 import asyncio
 import errno
 import logging
 import os
-from typing import Dict, Optional, Set
 
 from patroller.config import Config
 from patroller.core.identity import ProcessRef
@@ -24,7 +24,8 @@ from patroller.identify.procfs import is_alive
 
 log = logging.getLogger(__name__)
 
-def open_pidfd(ref: ProcessRef, proc: str = "/proc") -> Optional[int]:
+
+def open_pidfd(ref: ProcessRef, proc: str = "/proc") -> int | None:
     """Blocking: a pidfd on this very process, or None if it has ended. Raises OSError when
     pidfds cannot be had here (then the caller polls)."""
     pidfd_open = getattr(os, "pidfd_open", None)
@@ -49,11 +50,11 @@ class Lifelines:
         self.pidfds = pidfds  # False: poll, as where pidfds cannot be had
         self.poll = config.lifeline_poll
         self.ended = 0  # processes seen to end
-        self._fds: Dict[ProcessRef, int] = {}
-        self._polled: Set[ProcessRef] = set()
-        self._opening: Set[ProcessRef] = set()
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._poller: Optional["asyncio.Task[None]"] = None
+        self._fds: dict[ProcessRef, int] = {}
+        self._polled: set[ProcessRef] = set()
+        self._opening: set[ProcessRef] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._poller: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         """Follow the manager's changes on the running loop."""
@@ -71,7 +72,7 @@ class Lifelines:
             self._poller.cancel()
             self._poller = None
 
-    def metrics(self) -> Dict[str, int]:
+    def metrics(self) -> dict[str, int]:
         """Counters for /metrics."""
         return {"watched": len(self._fds), "polled": len(self._polled), "ended": self.ended}
 
@@ -91,7 +92,7 @@ class Lifelines:
 
     async def _watch(self, ref: ProcessRef) -> None:
         loop = asyncio.get_running_loop()
-        fd: Optional[int] = None
+        fd: int | None = None
         polled, alive = False, True
         try:
             if self.pidfds:
@@ -134,7 +135,7 @@ class Lifelines:
         self._polled.discard(ref)
         self.leases.process_exited(ref)
 
-    def _close(self, ref: ProcessRef, loop: Optional[asyncio.AbstractEventLoop]) -> None:
+    def _close(self, ref: ProcessRef, loop: asyncio.AbstractEventLoop | None) -> None:
         fd = self._fds.pop(ref, None)
         if fd is None:
             return
@@ -150,7 +151,8 @@ class Lifelines:
                 await asyncio.sleep(self.poll)
                 refs = list(self._polled)
                 alive = await loop.run_in_executor(
-                    None, lambda: [is_alive(ref, self.proc) for ref in refs])
+                    None, lambda: [is_alive(ref, self.proc) for ref in refs]
+                )
                 for ref, lives in zip(refs, alive):
                     if not lives and ref in self._polled:
                         self._ended(ref)

@@ -8,12 +8,12 @@ A mode is asked for when a file is made (`create`), and a file or directory foun
 others is closed to them (`tighten`, `tighten_directory`): a state directory made by an older
 version, or by systemd's StateDirectory= without a mode (0755), is made private at start.
 """
+
 from __future__ import annotations
 
 import os
 import stat
 from dataclasses import dataclass, field
-from typing import List, Optional
 
 FILE_MODE = 0o600
 DIRECTORY_MODE = 0o700
@@ -69,8 +69,9 @@ def tighten(path: str) -> bool:
     A link, anything but a regular file, a file of another user, or one that is gone is left
     as it is."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
-                     | os.O_CLOEXEC)
+        fd = os.open(
+            path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+        )
     except OSError:
         return False
     try:
@@ -87,8 +88,8 @@ class Tightened:
     """What `tighten_directory` closed to others: the directory's mode before (None: it was
     private already) and the names of the files."""
 
-    directory_mode: Optional[int] = None
-    files: List[str] = field(default_factory=list)
+    directory_mode: int | None = None
+    files: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return self.directory_mode is not None or bool(self.files)
@@ -115,8 +116,11 @@ def tighten_directory(fd: int) -> Tightened:
         done.directory_mode = mode
     for name in os.listdir(fd):
         try:
-            child = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
-                            | os.O_CLOEXEC, dir_fd=fd)
+            child = os.open(
+                name,
+                os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC,
+                dir_fd=fd,
+            )
         except OSError:  # a link, a socket, gone meanwhile: not a file we wrote
             continue
         try:

@@ -12,6 +12,7 @@ replaced by a new key, with a warning: the pseudonyms change, nothing else does.
 directory on a read-only filesystem with no key in it gets a key for the run alone, likewise
 with a warning.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,7 +21,6 @@ import logging
 import os
 import re
 import stat
-from typing import Dict, Optional
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +38,12 @@ class PseudonymError(Exception):
 class Pseudonyms:
     """User name -> pseudonym, under the key `open` reads or makes."""
 
-    def __init__(self, directory: Optional[str], remembered: int) -> None:
+    def __init__(self, directory: str | None, remembered: int) -> None:
         self.directory = directory  # the state directory (made and locked by the book), or None
         self.path = os.path.join(directory, KEY_FILE) if directory is not None else None
         self.remembered = remembered  # pseudonyms kept, so that each is computed once
-        self._key: Optional[bytes] = None
-        self._known: Dict[str, str] = {}
+        self._key: bytes | None = None
+        self._known: dict[str, str] = {}
 
     def open(self, read_only: bool = False) -> None:
         """Blocking: read the key, or make and write one; a key for this run when there is no
@@ -56,9 +56,11 @@ class Pseudonyms:
         if key is None:
             key = os.urandom(KEY_BYTES)
             if read_only:
-                log.warning("no pseudonyms' key %s, and its directory is read-only: a key for "
-                            "this run alone, so every pseudonym changes at the next start",
-                            self.path)
+                log.warning(
+                    "no pseudonyms' key %s, and its directory is read-only: a key for "
+                    "this run alone, so every pseudonym changes at the next start",
+                    self.path,
+                )
             else:
                 self._write(self.path, key)
         self._key = key
@@ -77,7 +79,7 @@ class Pseudonyms:
         return known
 
     @staticmethod
-    def _read(path: str) -> Optional[bytes]:
+    def _read(path: str) -> bytes | None:
         """The key in the file; None if there is no file, or one that holds no key (a
         warning: it is replaced)."""
         try:
@@ -85,24 +87,32 @@ class Pseudonyms:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise PseudonymError(f"cannot read the pseudonyms' key {path}: "
-                                 f"{exc.strerror or exc}") from None
+            raise PseudonymError(
+                f"cannot read the pseudonyms' key {path}: {exc.strerror or exc}"
+            ) from None
         try:
             found = os.fstat(fd)
             if not stat.S_ISREG(found.st_mode):
-                raise PseudonymError(f"the pseudonyms' key {path} is not a regular file: "
-                                     "remove it, and a new key is made")
+                raise PseudonymError(
+                    f"the pseudonyms' key {path} is not a regular file: "
+                    "remove it, and a new key is made"
+                )
             if found.st_mode & 0o077:  # the directory is private; the key stays so too
                 os.fchmod(fd, 0o600)
             text = os.read(fd, 4 * KEY_BYTES)
         except OSError as exc:
-            raise PseudonymError(f"cannot read the pseudonyms' key {path}: "
-                                 f"{exc.strerror or exc}") from None
+            raise PseudonymError(
+                f"cannot read the pseudonyms' key {path}: {exc.strerror or exc}"
+            ) from None
         finally:
             os.close(fd)
         if not _HEX_KEY.fullmatch(text):
-            log.warning("the pseudonyms' key %s holds no key (%d bytes): a new one replaces it, "
-                        "and every pseudonym changes", path, len(text))
+            log.warning(
+                "the pseudonyms' key %s holds no key (%d bytes): a new one replaces it, "
+                "and every pseudonym changes",
+                path,
+                len(text),
+            )
             return None
         return bytes.fromhex(text.decode("ascii"))
 
@@ -115,8 +125,9 @@ class Pseudonyms:
                 os.unlink(fresh)  # left by a start that died before the rename
             except FileNotFoundError:
                 pass
-            fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, 0o600)
+            fd = os.open(
+                fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+            )
             try:
                 os.write(fd, key.hex().encode("ascii") + b"\n")
                 os.fsync(fd)  # once in the daemon's life: a crash must not leave it empty
@@ -124,6 +135,7 @@ class Pseudonyms:
                 os.close(fd)
             os.rename(fresh, path)
         except OSError as exc:
-            raise PseudonymError(f"cannot write the pseudonyms' key {path}: "
-                                 f"{exc.strerror or exc}") from None
+            raise PseudonymError(
+                f"cannot write the pseudonyms' key {path}: {exc.strerror or exc}"
+            ) from None
         log.info("made the pseudonyms' key %s", path)

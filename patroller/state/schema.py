@@ -18,13 +18,15 @@ Times go to disk on the wall clock (the manager's clock + an offset), as the mon
 means nothing to the next process after a reboot. `state` is for people reading the file; a
 restart does not use it.
 """
+
 from __future__ import annotations
 
 import json
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, TypeGuard
+from typing import Any, TypeGuard
+from collections.abc import Callable, Mapping
 
 from patroller.core.identity import Identity, ProcessRef
 from patroller.core.leases import LeaseManager
@@ -40,19 +42,21 @@ DROPPED_SHOWN = 5  # devices named in the one line that says some were dropped
 class Restored:
     """What `restore` did with each device of the book, by uuid."""
 
-    held: List[str] = field(default_factory=list)  # given back to their holder
-    expired: List[str] = field(default_factory=list)  # the lease ran out during the downtime
-    dropped: List[str] = field(default_factory=list)  # no such device on this host any more
-    ended: List[str] = field(default_factory=list)  # the process it was held for has ended
+    held: list[str] = field(default_factory=list)  # given back to their holder
+    expired: list[str] = field(default_factory=list)  # the lease ran out during the downtime
+    dropped: list[str] = field(default_factory=list)  # no such device on this host any more
+    ended: list[str] = field(default_factory=list)  # the process it was held for has ended
 
 
-def encode(devices: Dict[str, Dict[str, Any]], saved: float, boot: Optional[str]) -> bytes:
+def encode(devices: dict[str, dict[str, Any]], saved: float, boot: str | None) -> bytes:
     """A whole book: the entries of `snapshot`, written at `saved` (epoch s) in boot `boot`."""
-    return json.dumps({"version": VERSION, "saved": round(saved, 3), "boot": boot,
-                       "devices": devices}, separators=(",", ":")).encode()
+    return json.dumps(
+        {"version": VERSION, "saved": round(saved, 3), "boot": boot, "devices": devices},
+        separators=(",", ":"),
+    ).encode()
 
 
-def decode(data: bytes) -> Dict[str, Any]:
+def decode(data: bytes) -> dict[str, Any]:
     """The book in `data`; ValueError if it is not one of this version (JSON and UTF-8 errors
     are ValueErrors too)."""
     book = json.loads(data)
@@ -63,7 +67,7 @@ def decode(data: bytes) -> Dict[str, Any]:
     return book
 
 
-def snapshot(leases: LeaseManager, offset: float) -> Dict[str, Dict[str, Any]]:
+def snapshot(leases: LeaseManager, offset: float) -> dict[str, dict[str, Any]]:
     """Every held device as the book keeps it; times as epoch seconds (clock() + offset)."""
     return {
         uuid: {
@@ -86,8 +90,9 @@ def ended(ref: ProcessRef) -> bool:
     return False
 
 
-def restore(leases: LeaseManager, held: Any, offset: float,
-            alive: Callable[[ProcessRef], bool] = ended) -> Restored:
+def restore(
+    leases: LeaseManager, held: Any, offset: float, alive: Callable[[ProcessRef], bool] = ended
+) -> Restored:
     """Give held devices back to their holders at start; ValueError, and no change, if bad.
 
     A reservation keeps its deadline, and is not restored if that passed while the daemon was
@@ -101,7 +106,7 @@ def restore(leases: LeaseManager, held: Any, offset: float,
     entries = [(uuid, *_book_entry(uuid, value)) for uuid, value in held.items()]
     now = leases.clock()
     restored = Restored()
-    gone: List[str] = []  # devices this host no longer has: one log line for all of them
+    gone: list[str] = []  # devices this host no longer has: one log line for all of them
     for uuid, holder, deadline, releasing, held_for, until, asked in entries:
         if uuid not in leases.holds:
             restored.dropped.append(uuid)
@@ -111,16 +116,23 @@ def restore(leases: LeaseManager, held: Any, offset: float,
             continue
         if held_for is not None:
             if not alive(held_for):
-                log.info("pid %d of %s, which held %s, ended while the daemon was down",
-                         held_for.pid, holder.user, uuid)
+                log.info(
+                    "pid %d of %s, which held %s, ended while the daemon was down",
+                    held_for.pid,
+                    holder.user,
+                    uuid,
+                )
                 restored.ended.append(uuid)
                 continue
             deadline, until = None, None
         elif until is not None:  # never longer than the longest hold one may ask for
             until = min(until - offset, now + leases.policy.max_hold)
             if until <= now + EARLY:
-                log.info("the reservation of %s on %s ended while the daemon was down",
-                         holder.user, uuid)
+                log.info(
+                    "the reservation of %s on %s ended while the daemon was down",
+                    holder.user,
+                    uuid,
+                )
                 restored.expired.append(uuid)
                 continue
             deadline = None
@@ -129,20 +141,22 @@ def restore(leases: LeaseManager, held: Any, offset: float,
         else:  # never more than a full lease: the wall clock may have been set back
             deadline = min(deadline - offset, now + leases.lease)
             if deadline <= now + EARLY:
-                log.info("lease of %s on %s ran out while the daemon was down", holder.user,
-                         uuid)
+                log.info("lease of %s on %s ran out while the daemon was down", holder.user, uuid)
                 restored.expired.append(uuid)
                 continue
         leases.give_back(uuid, holder, deadline, until, held_for, releasing, asked)
         restored.held.append(uuid)
     if gone:
         shown = ", ".join(gone[:DROPPED_SHOWN]) + (", ..." if len(gone) > DROPPED_SHOWN else "")
-        log.warning("the lease book holds %d device(s) this host no longer has: dropped: %s",
-                    len(gone), shown)
+        log.warning(
+            "the lease book holds %d device(s) this host no longer has: dropped: %s",
+            len(gone),
+            shown,
+        )
     return restored
 
 
-def _time(uuid: Any, name: str, value: Any) -> Optional[float]:
+def _time(uuid: Any, name: str, value: Any) -> float | None:
     """A time of the book (epoch seconds), or None; ValueError if it is not one."""
     if value is None:
         return None
@@ -157,8 +171,9 @@ def _time(uuid: Any, name: str, value: Any) -> Optional[float]:
     return float(value)
 
 
-def _book_entry(uuid: Any, value: Any) -> Tuple[Identity, Optional[float], bool,
-                                                Optional[ProcessRef], Optional[float], bool]:
+def _book_entry(
+    uuid: Any, value: Any
+) -> tuple[Identity, float | None, bool, ProcessRef | None, float | None, bool]:
     """(holder, deadline, releasing, process, until, asked) of one device in the book;
     ValueError if it is not one."""
     if not isinstance(value, Mapping):

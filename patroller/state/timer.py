@@ -1,7 +1,8 @@
 """Drives lease expiry from the event loop: one timer, always set to the next deadline."""
+
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from tornado.ioloop import IOLoop
 
@@ -13,9 +14,9 @@ class ExpiryTimer:
 
     def __init__(self, leases: LeaseManager) -> None:
         self.leases = leases
-        self._handle: Optional[Any] = None
-        self._at: Optional[float] = None
-        self._loop: Optional[IOLoop] = None
+        self._handle: Any | None = None
+        self._at: float | None = None
+        self._loop: IOLoop | None = None
 
     def start(self) -> None:
         """Follow the manager's changes on the current loop."""

@@ -6,10 +6,21 @@ request is refused (refusals), the queries others need (state) and the manager's
 (manager).
 May import: the rest of `patroller.core`.
 """
+
 from patroller.core.leases.holds import Clock, Event, Hold, Shape, Wants, is_admin
 from patroller.core.leases.manager import LeaseManager
 from patroller.core.leases.queue import WaitQueue, Waiter
 from patroller.core.leases.state import LeaseState
 
-__all__ = ["Clock", "Event", "Hold", "LeaseManager", "LeaseState", "Shape", "WaitQueue", "Waiter",
-           "Wants", "is_admin"]
+__all__ = [
+    "Clock",
+    "Event",
+    "Hold",
+    "LeaseManager",
+    "LeaseState",
+    "Shape",
+    "WaitQueue",
+    "Waiter",
+    "Wants",
+    "is_admin",
+]

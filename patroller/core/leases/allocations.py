@@ -9,10 +9,10 @@ there pass it to the owner of the oldest, or it is free. A device that one sched
 while the other lists it (sources.py says which holds) passes from one to the other: the first
 is `deallocated`, the second `allocated`, and nobody is told of a preemption.
 """
+
 from __future__ import annotations
 
 import logging
-from typing import Optional
 
 from patroller.core.devices import Device
 from patroller.core.leases.holds import Hold, Notices
@@ -22,34 +22,59 @@ from patroller.core.scheduled import SchedulerAllocation
 log = logging.getLogger(__name__)
 
 
-def apply(hold: Hold, allocation: Optional[SchedulerAllocation], device: Optional[Device],
-          now: float, notices: Notices) -> None:
+def apply(
+    hold: Hold,
+    allocation: SchedulerAllocation | None,
+    device: Device | None,
+    now: float,
+    notices: Notices,
+) -> None:
     """Make the hold what the allocation says (the caller serves waiters after)."""
     known = hold.allocation
     if known is not None and (allocation is None or allocation.how != known.how):
-        log.info("%s is no longer allocated to %s %s", hold.uuid, known.scheduler,
-                 known.describe())
-        notices.event("deallocated", hold.holder.user if hold.holder else None, [device],
-                      **{known.key: list(known.ids())})
+        log.info(
+            "%s is no longer allocated to %s %s", hold.uuid, known.scheduler, known.describe()
+        )
+        notices.event(
+            "deallocated",
+            hold.holder.user if hold.holder else None,
+            [device],
+            **{known.key: list(known.ids())},
+        )
         if allocation is None:
             hold.end(now)
             return
     if allocation is None:
         return
     if hold.allocation is None and hold.holder is not None:
-        log.warning("%s allocated %s to %s: the hold of %s on it ends", allocation.scheduler,
-                    hold.uuid, allocation.describe(), hold.holder.user)
-        notices.event("preempted", hold.holder.user, [device],
-                      **{allocation.key: list(allocation.ids())}, hold=hold.how)
+        log.warning(
+            "%s allocated %s to %s: the hold of %s on it ends",
+            allocation.scheduler,
+            hold.uuid,
+            allocation.describe(),
+            hold.holder.user,
+        )
+        notices.event(
+            "preempted",
+            hold.holder.user,
+            [device],
+            **{allocation.key: list(allocation.ids())},
+            hold=hold.how,
+        )
     members = [o for o in hold.processes.values() if allocation.member_of(o) is not None]
     hold.allocation = allocation
     # asked: the job (or pod) asked its scheduler for the device, as a grant is asked for
     hold.take(allocation.holder(members[0] if members else None), now, asked=True)
     if known is None or known.ids() != allocation.ids():
-        log.info("%s is allocated to %s %s", hold.uuid, allocation.scheduler,
-                 allocation.describe())
-        notices.event("allocated", hold.holder.user if hold.holder else None, [device],
-                      **{allocation.key: list(allocation.ids())})
+        log.info(
+            "%s is allocated to %s %s", hold.uuid, allocation.scheduler, allocation.describe()
+        )
+        notices.event(
+            "allocated",
+            hold.holder.user if hold.holder else None,
+            [device],
+            **{allocation.key: list(allocation.ids())},
+        )
     told, hold.trespassers = hold.trespassers, set()
     for pid, owner in hold.processes.items():
         if hold.place(owner, now) and hold.key(owner) not in told:

@@ -23,11 +23,13 @@ process (`held_for`: while that process lives), for a duration (`until`: whateve
 for a Slurm job or a Kubernetes pod (`allocation`: while the job map, or the kubelet, lists
 the device).
 """
+
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
+from typing import Any
+from collections.abc import Callable, Iterable, Mapping
 
 from patroller.core.devices import Device
 from patroller.core.health import FINE, Health
@@ -39,7 +41,7 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], float]
 Wants = Mapping[str, int]  # group -> count
 # wants in a fixed order, and the link insisted on: waiters of one shape queue together
-Shape = Tuple[Tuple[Tuple[str, int], ...], Optional[str]]
+Shape = tuple[tuple[tuple[str, int], ...], str | None]
 
 # A timer may fire a hair before its deadline, and a float sum may land a hair short of it:
 # an end within this many seconds from now is taken as reached. Not a tuning value: the
@@ -53,28 +55,28 @@ class Hold:
 
     since: float  # when `shown` last changed: the age of the state
     uuid: str = ""
-    holder: Optional[Identity] = None
-    deadline: Optional[float] = None  # while the holder has no process here
+    holder: Identity | None = None
+    deadline: float | None = None  # while the holder has no process here
     releasing: bool = False  # released by the holder: free once their processes end
-    held_for: Optional[ProcessRef] = None  # held while this process lives (hold=process)
-    until: Optional[float] = None  # held until then whatever runs (hold=<duration>)
+    held_for: ProcessRef | None = None  # held while this process lives (hold=process)
+    until: float | None = None  # held until then whatever runs (hold=<duration>)
     lost: bool = False  # the device is gone from the host
-    withheld: Optional[str] = None  # why it is granted to nobody now: `withholds`, joined
-    withholds: Dict[str, str] = field(default_factory=dict)  # cause (silent, health) -> why
+    withheld: str | None = None  # why it is granted to nobody now: `withholds`, joined
+    withholds: dict[str, str] = field(default_factory=dict)  # cause (silent, health) -> why
     health: Health = FINE  # what nvidia-smi and the kernel say of the device (core/health.py)
     asked: bool = False  # the holder asked for it (a grant), rather than took it by computing
     over_limit: bool = False  # the holder took it by computing, beyond a limit (a trespass)
-    allocation: Optional[SchedulerAllocation] = None  # the Slurm jobs or pods it is allocated to
-    processes: Dict[int, Identity] = field(default_factory=dict)  # pid -> owner, oldest first
-    commands: Dict[int, Optional[str]] = field(default_factory=dict)  # pid -> name nvidia-smi printed
-    trespassers: Set[str] = field(default_factory=set)  # users already logged
-    shown: Tuple[str, Optional[str]] = ("free", None)  # (state, holder) when `since` was set
+    allocation: SchedulerAllocation | None = None  # the Slurm jobs or pods it is allocated to
+    processes: dict[int, Identity] = field(default_factory=dict)  # pid -> owner, oldest first
+    commands: dict[int, str | None] = field(default_factory=dict)  # pid -> name nvidia-smi printed
+    trespassers: set[str] = field(default_factory=set)  # users already logged
+    shown: tuple[str, str | None] = ("free", None)  # (state, holder) when `since` was set
     # Changes of `processes` and `commands` (made only by add, rename and forget): a view
     # shows the process list again when it moves, without comparing the lists.
     process_version: int = 0
     # Who held it last, and when it was freed: the tie-breaks of the topology's choice.
-    last_user: Optional[str] = None
-    freed: Optional[float] = None
+    last_user: str | None = None
+    freed: float | None = None
 
     @property
     def free(self) -> bool:
@@ -112,7 +114,7 @@ class Hold:
             return owner.user
         return f"{owner.user} in {self.allocation.word} {self.allocation.own(owner) or '-'}"
 
-    def own_pids(self) -> List[int]:
+    def own_pids(self) -> list[int]:
         """The pids that hold the device: the holder's, or the jobs' on an allocated one."""
         return [pid for pid, owner in self.processes.items() if self.belongs(owner)]
 
@@ -125,18 +127,18 @@ class Hold:
             return "process"
         return "duration" if self.until is not None else "lease"
 
-    def expires(self, now: float) -> Optional[float]:
+    def expires(self, now: float) -> float | None:
         """Seconds until the hold ends: its lease, or the duration asked for."""
         end = self.until if self.until is not None else self.deadline
         return None if end is None else round(max(0.0, end - now), 3)
 
-    def pids_of(self, user: Optional[Identity]) -> List[int]:
+    def pids_of(self, user: Identity | None) -> list[int]:
         """The pids of `user`'s processes on the device."""
         return [pid for pid, owner in self.processes.items() if owner.same_user(user)]
 
-    def users(self) -> List[Identity]:
+    def users(self) -> list[Identity]:
         """The holder, then every other user whose processes run on the device."""
-        users: List[Identity] = [self.holder] if self.holder else []
+        users: list[Identity] = [self.holder] if self.holder else []
         for owner in self.processes.values():
             if not any(owner.same_user(u) for u in users):
                 users.append(owner)
@@ -148,9 +150,16 @@ class Hold:
         if shown != self.shown:
             self.shown, self.since = shown, now
 
-    def take(self, holder: Identity, now: float, deadline: Optional[float] = None,
-             until: Optional[float] = None, held_for: Optional[ProcessRef] = None,
-             releasing: bool = False, asked: bool = True) -> None:
+    def take(
+        self,
+        holder: Identity,
+        now: float,
+        deadline: float | None = None,
+        until: float | None = None,
+        held_for: ProcessRef | None = None,
+        releasing: bool = False,
+        asked: bool = True,
+    ) -> None:
         """Hold the device for `holder`, as granted: until `deadline` (a lease), until `until`
         (a duration), or while `held_for` lives. `asked`: by a grant (else taken by computing,
         as the lease book may say at start)."""
@@ -175,7 +184,7 @@ class Hold:
         self.touch(now)
         return trespass
 
-    def add(self, pid: int, owner: Identity, command: Optional[str]) -> None:
+    def add(self, pid: int, owner: Identity, command: str | None) -> None:
         """A process of `owner` (named `command`, when known) started here: its arrival is
         `place`'s."""
         self.processes[pid], self.commands[pid] = owner, command
@@ -188,9 +197,11 @@ class Hold:
         self.process_version += 1
         if old.identifying and not owner.identifying:
             return True
-        if self.holder is not None and (self.holder == old if old.identifying else (
-                self.allocation is None and self.holder.same_user(old)
-                and not self.pids_of(old))):
+        if self.holder is not None and (
+            self.holder == old
+            if old.identifying
+            else (self.allocation is None and self.holder.same_user(old) and not self.pids_of(old))
+        ):
             self.holder = owner  # the device was held only through this process
         return False
 
@@ -208,8 +219,12 @@ class Hold:
         elif self.holder is not None and not self.own_pids():
             if self.releasing:
                 self.end(now)
-            elif (self.deadline is None and self.held_for is None and self.until is None
-                    and self.allocation is None):
+            elif (
+                self.deadline is None
+                and self.held_for is None
+                and self.until is None
+                and self.allocation is None
+            ):
                 self.deadline = now + lease
         self.touch(now)
 
@@ -221,15 +236,18 @@ class Hold:
         self.end(now)
         return False
 
-    def ran_out(self, now: float) -> Optional[str]:
+    def ran_out(self, now: float) -> str | None:
         """What of the hold ran out by `now`, "duration" or "lease": then the hold ends. A
         duration over while the holder's processes run leaves them the device (None)."""
         if self.until is not None and self.until <= now + EARLY:
             self.until = None  # the duration asked for is over: the usual rules
             if not self.own_pids():
                 return "duration"
-            log.info("the reservation of %s on %s ended; their processes hold it",
-                     self.holder.user if self.holder else "?", self.uuid)
+            log.info(
+                "the reservation of %s on %s ended; their processes hold it",
+                self.holder.user if self.holder else "?",
+                self.uuid,
+            )
         elif self.deadline is not None and self.deadline <= now + EARLY:
             return "lease"
         return None
@@ -245,8 +263,9 @@ class Hold:
         self.trespassers.clear()
         if self.processes:  # a known owner before one still being looked up
             self.holder = min(self.processes.values(), key=lambda o: o.identifying)
-            self.trespassers = {o.user for o in self.processes.values()
-                                if not o.identifying} - {self.holder.user}
+            self.trespassers = {o.user for o in self.processes.values() if not o.identifying} - {
+                self.holder.user
+            }
         self.touch(now)
 
 
@@ -255,8 +274,8 @@ class Event:
     """Something the audit record keeps: a grant, a release, an expiry, a claim, ..."""
 
     kind: str
-    user: Optional[str]  # whose devices (the holder; the trespasser for a trespass)
-    devices: Tuple[Tuple[str, int], ...]  # (uuid, number)
+    user: str | None  # whose devices (the holder; the trespasser for a trespass)
+    devices: tuple[tuple[str, int], ...]  # (uuid, number)
     details: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -265,8 +284,8 @@ class Notices:
     the timer, ...), and callbacks for every event of the audit record."""
 
     def __init__(self) -> None:
-        self._on_change: List[Callable[[], None]] = []
-        self._on_event: List[Callable[[Event], None]] = []
+        self._on_change: list[Callable[[], None]] = []
+        self._on_event: list[Callable[[Event], None]] = []
 
     def on_change(self, callback: Callable[[], None]) -> None:
         """Call `callback()` after every change of state."""
@@ -283,13 +302,18 @@ class Notices:
             except Exception:  # a follower's bug must not corrupt the lease state
                 log.exception("lease change callback failed")
 
-    def event(self, kind: str, user: Optional[str], devices: Iterable[Optional[Device]],
-              **details: Any) -> None:
+    def event(
+        self, kind: str, user: str | None, devices: Iterable[Device | None], **details: Any
+    ) -> None:
         """Tell the audit record: `details` that are None are left out."""
         if not self._on_event:
             return
-        event = Event(kind, user, tuple((d.uuid, d.number) for d in devices if d is not None),
-                      {k: v for k, v in details.items() if v is not None})
+        event = Event(
+            kind,
+            user,
+            tuple((d.uuid, d.number) for d in devices if d is not None),
+            {k: v for k, v in details.items() if v is not None},
+        )
         for callback in list(self._on_event):
             try:
                 callback(event)

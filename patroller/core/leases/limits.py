@@ -12,10 +12,11 @@ Devices a Slurm job holds (core/jobs.py) count under neither: Slurm has limits o
 
 Pure: the lease manager asks, with its holds.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, List, Mapping, Optional
+from collections.abc import Callable, Iterable, Mapping
 
 from patroller.core.devices import Device, Inventory
 from patroller.core.identity import Identity
@@ -29,10 +30,10 @@ class Count:
 
     kind: str  # "user" (the identity) or "account" (the host account it runs as)
     name: str  # the identity's user, or the account's name
-    uid: Optional[int]  # the account's uid ("account" only)
+    uid: int | None  # the account's uid ("account" only)
     limit: int
-    held: List[Device]
-    holders: List[str]  # the user holding each of `held`
+    held: list[Device]
+    holders: list[str]  # the user holding each of `held`
 
     def room(self) -> int:
         """How many more devices it allows (negative: that many over)."""
@@ -46,18 +47,19 @@ class Count:
         return f"account {self.name} (uid {self.uid}), which {who.user} runs as,"
 
 
-def counted_uid(who: Identity, policy: Policy) -> Optional[int]:
+def counted_uid(who: Identity, policy: Policy) -> int | None:
     """The host account `who` counts under as well, or None (not known, or left uncounted)."""
     if who.uid is None or who.uid in policy.uncounted_uids:
         return None
     return who.uid
 
 
-def counts(who: Identity, policy: Policy, holds: Mapping[str, Hold],
-           inventory: Inventory) -> List[Count]:
+def counts(
+    who: Identity, policy: Policy, holds: Mapping[str, Hold], inventory: Inventory
+) -> list[Count]:
     """The limits that apply to `who` (none when the policy sets none), identity first."""
     present = [d for d in inventory if not d.lost]
-    out: List[Count] = []
+    out: list[Count] = []
     limit = policy.limit_of(who.user)
     if limit is not None:
         held = _held(present, holds, lambda h: h.user == who.user)
@@ -68,13 +70,13 @@ def counts(who: Identity, policy: Policy, holds: Mapping[str, Hold],
         limit = policy.limit_of(name)
         if limit is not None:
             held = _held(present, holds, lambda h: counted_uid(h, policy) == uid)
-            out.append(Count("account", name, uid, limit, held,
-                             [_holder(holds, d) for d in held]))
+            out.append(Count("account", name, uid, limit, held, [_holder(holds, d) for d in held]))
     return out
 
 
-def exceeded(who: Identity, asked: int, policy: Policy, holds: Mapping[str, Hold],
-             inventory: Inventory) -> Optional[Count]:
+def exceeded(
+    who: Identity, asked: int, policy: Policy, holds: Mapping[str, Hold], inventory: Inventory
+) -> Count | None:
     """The first count that `asked` more devices would take past its limit, or None."""
     for count in counts(who, policy, holds, inventory):
         if count.room() < asked:
@@ -82,12 +84,17 @@ def exceeded(who: Identity, asked: int, policy: Policy, holds: Mapping[str, Hold
     return None
 
 
-def _held(devices: Iterable[Device], holds: Mapping[str, Hold],
-          whose: Callable[[Identity], bool]) -> List[Device]:
+def _held(
+    devices: Iterable[Device], holds: Mapping[str, Hold], whose: Callable[[Identity], bool]
+) -> list[Device]:
     """The devices whose holder is `whose` (a Slurm job's are Slurm's to count, not ours)."""
-    return [d for d in devices
-            if (holder := holds[d.uuid].holder) is not None and whose(holder)
-            and holds[d.uuid].allocation is None]
+    return [
+        d
+        for d in devices
+        if (holder := holds[d.uuid].holder) is not None
+        and whose(holder)
+        and holds[d.uuid].allocation is None
+    ]
 
 
 def _holder(holds: Mapping[str, Hold], device: Device) -> str:

@@ -17,11 +17,13 @@ waiter that has waited the starvation bound is no longer overtaken: the free dev
 are set aside for it (neither /request nor a later waiter gets them) until it can be served. Every grant, release,
 expiry, claim and trespass is announced as an Event (the audit record) to `on_event` callbacks.
 """
+
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, List, Optional, Set, Tuple
+from typing import Any
+from collections.abc import Callable
 
 from patroller.core.devices import Device, Inventory
 from patroller.core.errors import Unavailable
@@ -51,22 +53,37 @@ class LeaseManager(LeaseState):
     to whom serving.py's, fair use's limits.py's and refusals' refusals.py's; its size is let
     past the usual cap for it alone (tests/test_layout.py says why)."""
 
-    def __init__(self, inventory: Inventory, *, lease: float, policy: Policy, max_waiters: int,
-                 max_waiting_per_user: int, clock: Clock = time.monotonic) -> None:
-        super().__init__(inventory, lease, policy, clock,
-                         WaitQueue(max_waiters, max_waiting_per_user))
+    def __init__(
+        self,
+        inventory: Inventory,
+        *,
+        lease: float,
+        policy: Policy,
+        max_waiters: int,
+        max_waiting_per_user: int,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        super().__init__(
+            inventory, lease, policy, clock, WaitQueue(max_waiters, max_waiting_per_user)
+        )
         self._notices = Notices()
         self.on_change = self._notices.on_change  # (callback): after every change of state
         self.on_event = self._notices.on_event  # (callback): every event of the audit record
         # Why nothing may be handed out now (a lease book that cannot be written), or None.
-        self.gate: Callable[[], Optional[str]] = lambda: None
+        self.gate: Callable[[], str | None] = lambda: None
         self._closed = False
         self._sources = Sources()  # each scheduler's allocations, kept apart
 
     # -- asking for devices -------------------------------------------------------------
 
-    def request(self, user: Identity, wants: Wants, held_for: Optional[ProcessRef] = None,
-                duration: Optional[float] = None, link: Optional[str] = None) -> List[Device]:
+    def request(
+        self,
+        user: Identity,
+        wants: Wants,
+        held_for: ProcessRef | None = None,
+        duration: float | None = None,
+        link: str | None = None,
+    ) -> list[Device]:
         """Reserve now, all or nothing (Busy): a lease, `duration` s, or while `held_for` lives;
         linked as `link` insists ("nvlink", "numa"), else the best-connected set."""
         self._admit(user, wants, link)
@@ -77,10 +94,16 @@ class LeaseManager(LeaseState):
         self._notices.changed()
         return picked
 
-    def wait(self, user: Identity, wants: Wants, on_grant: Callable[[List[Device]], None],
-             on_abort: Optional[Callable[[Exception], None]] = None,
-             held_for: Optional[ProcessRef] = None, duration: Optional[float] = None,
-             link: Optional[str] = None) -> Waiter:
+    def wait(
+        self,
+        user: Identity,
+        wants: Wants,
+        on_grant: Callable[[list[Device]], None],
+        on_abort: Callable[[Exception], None] | None = None,
+        held_for: ProcessRef | None = None,
+        duration: float | None = None,
+        link: str | None = None,
+    ) -> Waiter:
         """Queue a request: `on_grant(devices)` once reserved (maybe now), `on_abort` at close."""
         self._admit(user, wants, link)
         waiter = Waiter(user, wants, on_grant, on_abort, held_for, duration, link)
@@ -100,8 +123,13 @@ class LeaseManager(LeaseState):
         """Stop waiting; True if it was still waiting (and so got nothing)."""
         return self.waiters.remove(waiter)
 
-    def release(self, user: Identity, uuid: Optional[str] = None, reason: Optional[str] = None,
-                caller: Optional[ProcessRef] = None) -> Tuple[List[Device], List[Device]]:
+    def release(
+        self,
+        user: Identity,
+        uuid: str | None = None,
+        reason: str | None = None,
+        caller: ProcessRef | None = None,
+    ) -> tuple[list[Device], list[Device]]:
         """Give back the user's devices (all, or one): (freed now, freed when their processes
         end). All of them leaves those held for a process other than `caller` (the process
         asking): they are released by that process, by uuid, or when it ends. The host's root
@@ -110,8 +138,8 @@ class LeaseManager(LeaseState):
         if uuid is not None:
             admin = refusals.check_release(user, self._hold(uuid))  # root, another's device
             devices = [d for d in devices if d.uuid == uuid]
-        now_free: List[Device] = []
-        after_exit: List[Device] = []
+        now_free: list[Device] = []
+        after_exit: list[Device] = []
         for device in devices:
             hold = self._holds[device.uuid]
             owner = hold.holder
@@ -120,25 +148,42 @@ class LeaseManager(LeaseState):
             if uuid is None and (hold.held_for not in (None, caller) or hold.allocation):
                 continue  # another process's job, or a Slurm job or a pod, runs on it
             if admin:
-                self._notices.event("admin_release", owner.user, [device], by=user.user,
-                                    reason=reason or "released by the administrator")
-                log.warning("%s released %s, held by %s: %s", user.user, device.uuid,
-                            owner.user, reason or "no reason given")
+                self._notices.event(
+                    "admin_release",
+                    owner.user,
+                    [device],
+                    by=user.user,
+                    reason=reason or "released by the administrator",
+                )
+                log.warning(
+                    "%s released %s, held by %s: %s",
+                    user.user,
+                    device.uuid,
+                    owner.user,
+                    reason or "no reason given",
+                )
             else:
-                self._notices.event("release", owner.user, [device],
-                                    **({"reason": reason} if reason else {}))
+                self._notices.event(
+                    "release", owner.user, [device], **({"reason": reason} if reason else {})
+                )
             (after_exit if hold.release(self.clock()) else now_free).append(device)
         if now_free or after_exit:
             self._serve_and_announce()
         return now_free, after_exit
 
-    def renew(self, user: Identity, uuid: Optional[str] = None) -> List[Device]:
+    def renew(self, user: Identity, uuid: str | None = None) -> list[Device]:
         """Restart the lease of the user's reservations (all, or one); the devices they hold."""
         self._check_open()
         if uuid is not None:
             refusals.check_renew(user, self._hold(uuid))
-        devices = [d for d in self.inventory if d.uuid == uuid or uuid is None and user.same_user(
-            self._holds[d.uuid].holder) and not self._holds[d.uuid].releasing]
+        devices = [
+            d
+            for d in self.inventory
+            if d.uuid == uuid
+            or uuid is None
+            and user.same_user(self._holds[d.uuid].holder)
+            and not self._holds[d.uuid].releasing
+        ]
         deadline = self.clock() + self.lease
         for hold in (self._holds[d.uuid] for d in devices):
             if hold.deadline is not None:
@@ -173,24 +218,33 @@ class LeaseManager(LeaseState):
 
     # -- what the monitors see, and time ------------------------------------------------------
 
-    def withhold(self, uuid: str, why: Optional[str], cause: str = "silent",
-                 health: Optional[Health] = None, by: Optional[str] = None) -> None:
+    def withhold(
+        self,
+        uuid: str,
+        why: str | None,
+        cause: str = "silent",
+        health: Health | None = None,
+        by: str | None = None,
+    ) -> None:
         """Grant the device to nobody while `why` holds for `cause` (silent; health, with the
         device's `health`, `by` root if root said so); None: that cause is gone."""
         hold = self._holds.get(uuid)
-        if hold is not None and withholding.apply(hold, why, cause, health, self.inventory.get(
-                uuid), self._notices, by):
+        if hold is not None and withholding.apply(
+            hold, why, cause, health, self.inventory.get(uuid), self._notices, by
+        ):
             self._serve_and_announce()
 
-    def allocate(self, uuid: str, allocation: Optional[SchedulerAllocation],
-                 source: str = "slurm") -> None:
+    def allocate(
+        self, uuid: str, allocation: SchedulerAllocation | None, source: str = "slurm"
+    ) -> None:
         """A scheduler (Slurm's job map; "kubernetes": the kubelet) says the device is its
         jobs' or pods' (None: none of its now): allocations.py; two that list it: sources.py."""
         allocation = self._sources.tell(source, uuid, allocation)
         hold = self._holds.get(uuid)
         if hold is not None and hold.allocation != allocation:
-            allocations.apply(hold, allocation, self.inventory.get(uuid), self.clock(),
-                              self._notices)
+            allocations.apply(
+                hold, allocation, self.inventory.get(uuid), self.clock(), self._notices
+            )
             self._serve_and_announce()
 
     def devices_changed(self) -> None:
@@ -203,13 +257,17 @@ class LeaseManager(LeaseState):
             if hold.lost != device.lost:
                 hold.lost = device.lost
                 log.warning("%s is %s", device.uuid, "lost" if device.lost else "back")
-                self._notices.event("lost" if device.lost else "back",
-                                    hold.holder.user if hold.holder else None, [device])
+                self._notices.event(
+                    "lost" if device.lost else "back",
+                    hold.holder.user if hold.holder else None,
+                    [device],
+                )
             hold.touch(now)
         self._serve_and_announce()
 
-    def process_started(self, uuid: str, pid: int, owner: Identity,
-                        command: Optional[str] = None) -> None:
+    def process_started(
+        self, uuid: str, pid: int, owner: Identity, command: str | None = None
+    ) -> None:
         """A process of `owner` appeared on a device (`command`: its name, when known)."""
         hold = self._holds.get(uuid)
         if hold is None or pid in hold.processes:
@@ -238,7 +296,7 @@ class LeaseManager(LeaseState):
             self._forget(hold, pid)
             self._serve_and_announce()
 
-    def process_exited(self, ref: ProcessRef) -> List[Device]:
+    def process_exited(self, ref: ProcessRef) -> list[Device]:
         """A process devices were held for has ended: free them (the usual rules where the
         holder's processes run); the devices it held."""
         devices = [d for d in self.inventory if self._holds[d.uuid].held_for == ref]
@@ -252,8 +310,12 @@ class LeaseManager(LeaseState):
             hold.held_for = None
             user = hold.holder.user if hold.holder else "?"
             if hold.pids_of(hold.holder):
-                log.info("pid %d of %s ended; that user's processes still run on %s", ref.pid,
-                         user, device.uuid)
+                log.info(
+                    "pid %d of %s ended; that user's processes still run on %s",
+                    ref.pid,
+                    user,
+                    device.uuid,
+                )
             else:
                 log.info("pid %d of %s ended: %s is free", ref.pid, user, device.uuid)
                 self._notices.event("ended", user, [device], pid=ref.pid)
@@ -261,7 +323,7 @@ class LeaseManager(LeaseState):
         self._serve_and_announce()
         return devices
 
-    def expire(self) -> List[Device]:
+    def expire(self) -> list[Device]:
         """End every reservation whose lease (or duration) has run out; return those devices."""
         now, expired = self.clock(), []
         for device in self.inventory:
@@ -269,8 +331,13 @@ class LeaseManager(LeaseState):
             user, what = hold.holder.user if hold.holder else "?", hold.ran_out(now)
             if what is None:
                 continue
-            log.info("the reservation of %s on %s ended" if what == "duration" else
-                     "lease of %s on %s expired", user, device.uuid)
+            log.info(
+                "the reservation of %s on %s ended"
+                if what == "duration"
+                else "lease of %s on %s expired",
+                user,
+                device.uuid,
+            )
             self._notices.event("expire", user, [device], hold=what)
             hold.end(now)
             expired.append(device)
@@ -278,16 +345,23 @@ class LeaseManager(LeaseState):
             self._serve_and_announce()
         return expired
 
-    def give_back(self, uuid: str, holder: Identity, deadline: Optional[float] = None,
-                  until: Optional[float] = None, held_for: Optional[ProcessRef] = None,
-                  releasing: bool = False, asked: bool = True) -> None:
+    def give_back(
+        self,
+        uuid: str,
+        holder: Identity,
+        deadline: float | None = None,
+        until: float | None = None,
+        held_for: ProcessRef | None = None,
+        releasing: bool = False,
+        asked: bool = True,
+    ) -> None:
         """At start: hold a device again as the book says it was held (the book checked it)."""
         self._holds[uuid].take(holder, self.clock(), deadline, until, held_for, releasing, asked)
         self._notices.changed()
 
     # -- inside -----------------------------------------------------------------------------
 
-    def _admit(self, user: Identity, wants: Wants, link: Optional[str] = None) -> None:
+    def _admit(self, user: Identity, wants: Wants, link: str | None = None) -> None:
         self._check_open()
         self.check(wants, link)
         self.check_limit(user, wants)
@@ -299,28 +373,44 @@ class LeaseManager(LeaseState):
         if self._closed:
             raise Unavailable("the server is shutting down")
 
-    def _grant(self, user: Identity, devices: List[Device], held_for: Optional[ProcessRef],
-               duration: Optional[float], **details: Any) -> None:
+    def _grant(
+        self,
+        user: Identity,
+        devices: list[Device],
+        held_for: ProcessRef | None,
+        duration: float | None,
+        **details: Any,
+    ) -> None:
         now = self.clock()
         held = held_for is not None or duration is not None
         for device in devices:
-            self._holds[device.uuid].take(user, now, None if held else now + self.lease,
-                                          None if duration is None else now + duration, held_for)
-        how = ({"hold": "process", "pid": held_for.pid} if held_for is not None else
-               {"hold": "duration", "seconds": duration} if duration is not None else
-               {"hold": "lease"})
+            self._holds[device.uuid].take(
+                user,
+                now,
+                None if held else now + self.lease,
+                None if duration is None else now + duration,
+                held_for,
+            )
+        how = (
+            {"hold": "process", "pid": held_for.pid}
+            if held_for is not None
+            else {"hold": "duration", "seconds": duration}
+            if duration is not None
+            else {"hold": "lease"}
+        )
         self._notices.event("grant", user.user, devices, **details, **how)
 
     def _serve_and_announce(self) -> None:
         """After a change that may free devices: reserve, in arrival order, for every waiter
         that can be served now (one over its user's limit is passed over and waits on),
         announce the change, then hand out the grants (so that their callbacks see it whole)."""
-        granted: List[Waiter] = []
-        passed: Set[Waiter] = set()
+        granted: list[Waiter] = []
+        passed: set[Waiter] = set()
         free = self.free() if len(self.waiters) and self.gate() is None else {}
         while any(free.values()):
-            chosen = serving.choose(self.waiters, free, *self.set_aside(free), passed,
-                                    self.choose_for)
+            chosen = serving.choose(
+                self.waiters, free, *self.set_aside(free), passed, self.choose_for
+            )
             if chosen is None:
                 break
             waiter, devices = chosen
@@ -330,16 +420,28 @@ class LeaseManager(LeaseState):
             self.waiters.remove(waiter)
             free = {group: [d for d in ds if d not in devices] for group, ds in free.items()}
             waiter.granted = devices
-            self._grant(waiter.user, devices, waiter.held_for, waiter.duration,
-                        waited=round(self.clock() - waiter.since, 3))
+            self._grant(
+                waiter.user,
+                devices,
+                waiter.held_for,
+                waiter.duration,
+                waited=round(self.clock() - waiter.since, 3),
+            )
             granted.append(waiter)
         self._notices.changed()
         for waiter in granted:
             waiter.on_grant(waiter.granted or [])
 
     def _arrive(self, hold: Hold, pid: int, owner: Identity) -> None:
-        arrive(self._notices, self.inventory.get(hold.uuid), hold, pid, owner,
-               lambda: self.exceeded(owner, 1), self.clock())
+        arrive(
+            self._notices,
+            self.inventory.get(hold.uuid),
+            hold,
+            pid,
+            owner,
+            lambda: self.exceeded(owner, 1),
+            self.clock(),
+        )
 
     def _place(self, hold: Hold, pid: int, owner: Identity) -> None:
         """A process of `owner` is on a held device: it claims it, or trespasses (told once)."""
@@ -349,4 +451,3 @@ class LeaseManager(LeaseState):
     def _forget(self, hold: Hold, pid: int) -> None:
         log.debug("pid %d of %s left %s", pid, hold.processes[pid].user, hold.uuid)
         hold.forget(pid, self.clock(), self.lease)
-

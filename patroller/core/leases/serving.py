@@ -6,20 +6,22 @@ queue, the limits and the starvation bound decide whether and when a request is 
 `Choose` (the topology's best-connected set, core/topology.py, or the lowest numbers) decides
 which of the free devices it gets, the same way for a request, a waiter and a set-aside.
 """
+
 from __future__ import annotations
 
-from typing import AbstractSet, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
+from typing import AbstractSet
+from collections.abc import Callable, Iterable, Mapping
 
 from patroller.core.devices import Device, Inventory
 from patroller.core.leases.holds import Hold, Wants
 from patroller.core.leases.queue import WaitQueue, Waiter
 
-Free = Dict[str, List[Device]]  # group -> its free devices, in device order
+Free = dict[str, list[Device]]  # group -> its free devices, in device order
 # Which `count` of these free devices (in device order) to give, or None if none will do.
-Choose = Callable[[List[Device], int], Optional[List[Device]]]
+Choose = Callable[[list[Device], int], list[Device] | None]
 
 
-def lowest(usable: List[Device], count: int) -> Optional[List[Device]]:
+def lowest(usable: list[Device], count: int) -> list[Device] | None:
     """The lowest numbers: the choice where the topology is not known."""
     return usable[:count] if len(usable) >= count else None
 
@@ -35,9 +37,13 @@ def free_devices(inventory: Inventory, holds: Mapping[str, Hold]) -> Free:
     return free
 
 
-def set_aside(waiters: WaitQueue, free: Free, now: float, bound: float,
-              chooser: Callable[[Waiter], Choose] = lambda w: lowest,
-              ) -> Tuple[Optional[Waiter], Set[str]]:
+def set_aside(
+    waiters: WaitQueue,
+    free: Free,
+    now: float,
+    bound: float,
+    chooser: Callable[[Waiter], Choose] = lambda w: lowest,
+) -> tuple[Waiter | None, set[str]]:
     """The starving waiter, and the free devices held for it: of each group it wants, the set
     it would be given, or while too few (or none linked as it insists) are free, the largest
     such set there is (the lowest numbers without a topology)."""
@@ -45,7 +51,7 @@ def set_aside(waiters: WaitQueue, free: Free, now: float, bound: float,
     if waiter is None:
         return None, set()
     choose_for = chooser(waiter)
-    aside: Set[str] = set()
+    aside: set[str] = set()
     for group, n in waiter.wants.items():
         usable = free.get(group, [])
         for count in range(min(n, len(usable)), 0, -1):
@@ -56,8 +62,9 @@ def set_aside(waiters: WaitQueue, free: Free, now: float, bound: float,
     return waiter, aside
 
 
-def pick(wants: Wants, free: Free, aside: AbstractSet[str] = frozenset(),
-         choose: Choose = lowest) -> Optional[List[Device]]:
+def pick(
+    wants: Wants, free: Free, aside: AbstractSet[str] = frozenset(), choose: Choose = lowest
+) -> list[Device] | None:
     """Free devices for every group, but those set aside, as `choose` says; None if a group
     falls short. In device (PCI bus) order."""
     picked = []
@@ -70,17 +77,23 @@ def pick(wants: Wants, free: Free, aside: AbstractSet[str] = frozenset(),
     return sorted(picked, key=lambda d: d.number)
 
 
-def choose(waiters: WaitQueue, free: Free, starving: Optional[Waiter], aside: AbstractSet[str],
-           passed: Iterable[Waiter] = (), chooser: Callable[[Waiter], Choose] = lambda w: lowest,
-           ) -> Optional[Tuple[Waiter, List[Device]]]:
+def choose(
+    waiters: WaitQueue,
+    free: Free,
+    starving: Waiter | None,
+    aside: AbstractSet[str],
+    passed: Iterable[Waiter] = (),
+    chooser: Callable[[Waiter], Choose] = lambda w: lowest,
+) -> tuple[Waiter, list[Device]] | None:
     """The next waiter to serve and its devices: the earliest that fits what is free (only the
     starving one may have what is set aside for it), leaving out those `passed` over. One that
     wants more than is free does not hold back a later one that fits."""
-    found: Dict[Waiter, Optional[List[Device]]] = {}
+    found: dict[Waiter, list[Device] | None] = {}
 
     def fits(waiter: Waiter) -> bool:
-        found[waiter] = pick(waiter.wants, free, frozenset() if waiter is starving else aside,
-                             chooser(waiter))
+        found[waiter] = pick(
+            waiter.wants, free, frozenset() if waiter is starving else aside, chooser(waiter)
+        )
         return found[waiter] is not None
 
     waiter = waiters.first(fits, passed)

@@ -1,9 +1,11 @@
 """pmon's sampling intervals: which processes came and went, from the rows the parser reads.
 Pure, like the parser: the reader feeds rows and says when the stream has been quiet.
 """
+
 from __future__ import annotations
 
-from typing import Dict, Mapping, NamedTuple, Optional, Set, Tuple
+from typing import NamedTuple
+from collections.abc import Mapping
 
 from patroller.observe.nvsmi.parsers import PmonRow, ProcessKey
 
@@ -13,8 +15,8 @@ class PmonProcess(NamedTuple):
 
     gpu: int
     pid: int
-    type: Optional[str] = None
-    command: Optional[str] = None
+    type: str | None = None
+    command: str | None = None
 
 
 class IntervalChange:
@@ -24,20 +26,21 @@ class IntervalChange:
 
     __slots__ = ("_before", "_after")
 
-    def __init__(self, before: Mapping[ProcessKey, PmonProcess],
-                 after: Mapping[ProcessKey, PmonProcess]) -> None:
+    def __init__(
+        self, before: Mapping[ProcessKey, PmonProcess], after: Mapping[ProcessKey, PmonProcess]
+    ) -> None:
         self._before, self._after = before, after  # neither is changed after
 
     @property
-    def appeared(self) -> Tuple[PmonProcess, ...]:
+    def appeared(self) -> tuple[PmonProcess, ...]:
         return tuple(self._after[key] for key in sorted(self._after.keys() - self._before.keys()))
 
     @property
-    def disappeared(self) -> Tuple[PmonProcess, ...]:
+    def disappeared(self) -> tuple[PmonProcess, ...]:
         return tuple(self._before[key] for key in sorted(self._before.keys() - self._after.keys()))
 
     @property
-    def present(self) -> Tuple[PmonProcess, ...]:
+    def present(self) -> tuple[PmonProcess, ...]:
         """Every process of the completed interval, by gpu and pid."""
         return tuple(self._after[key] for key in sorted(self._after))
 
@@ -45,8 +48,10 @@ class IntervalChange:
         return self._before.keys() != self._after.keys()
 
     def __repr__(self) -> str:
-        return (f"IntervalChange(appeared={self.appeared!r}, disappeared={self.disappeared!r}, "
-                f"present={self.present!r})")
+        return (
+            f"IntervalChange(appeared={self.appeared!r}, disappeared={self.disappeared!r}, "
+            f"present={self.present!r})"
+        )
 
 
 class PmonIntervals:
@@ -60,26 +65,26 @@ class PmonIntervals:
     """
 
     def __init__(self) -> None:
-        self._known: Dict[ProcessKey, PmonProcess] = {}  # the last completed interval
-        self._current: Dict[ProcessKey, PmonProcess] = {}
-        self._busy: Set[int] = set()  # gpus with a process row in the current interval
-        self._idle: Set[int] = set()  # gpus with a `-` row in the current interval
+        self._known: dict[ProcessKey, PmonProcess] = {}  # the last completed interval
+        self._current: dict[ProcessKey, PmonProcess] = {}
+        self._busy: set[int] = set()  # gpus with a process row in the current interval
+        self._idle: set[int] = set()  # gpus with a `-` row in the current interval
         self._last_gpu = -1
-        self._stamp: Tuple[Optional[str], Optional[str]] = (None, None)
+        self._stamp: tuple[str | None, str | None] = (None, None)
         self._open = False
 
     @property
-    def known(self) -> Tuple[PmonProcess, ...]:
+    def known(self) -> tuple[PmonProcess, ...]:
         """The processes of the last completed interval, by gpu and pid."""
         return tuple(self._known[key] for key in sorted(self._known))
 
-    def feed(self, row: PmonRow) -> Optional[IntervalChange]:
+    def feed(self, row: PmonRow) -> IntervalChange | None:
         """Add a row; the change of the previous interval when this row starts a new one."""
         change = self.end_interval() if self._starts_interval(row) else None
         self._add(row)
         return change
 
-    def end_interval(self) -> Optional[IntervalChange]:
+    def end_interval(self) -> IntervalChange | None:
         """Complete the current interval now; None when no row arrived since the last end."""
         if not self._open:
             return None

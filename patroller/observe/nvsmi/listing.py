@@ -11,11 +11,13 @@ neither (damaged, cut short, a MIG device before any GPU or naming another GPU, 
 twice) is skipped and counted, never fatal; after a line that is no MIG device's, the MIG lines
 that follow belong to no GPU until the next GPU line.
 """
+
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import NamedTuple
+from collections.abc import Mapping, Sequence
 
 from patroller.core.devices import Device
 
@@ -33,9 +35,9 @@ class ListedMig(NamedTuple):
     # tuple.index, which nothing calls on it)
     index: int  # type: ignore[assignment]
     uuid: str  # `MIG-<uuid>`, or `MIG-GPU-<gpu uuid>/<gi>/<ci>` from drivers before R470
-    profile: Optional[str]  # `1g.10gb`, `1g.10gb+me`, `1c.3g.20gb`, ...
-    gpu_instance_id: Optional[int] = None  # only where the uuid carries them (the old form)
-    compute_instance_id: Optional[int] = None
+    profile: str | None  # `1g.10gb`, `1g.10gb+me`, `1c.3g.20gb`, ...
+    gpu_instance_id: int | None = None  # only where the uuid carries them (the old form)
+    compute_instance_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -43,17 +45,17 @@ class GpuListing:
     """What `nvidia-smi -L` says: the GPUs' uuids in order, the MIG devices of each (by the
     GPU's uuid, in listed order; a GPU without MIG devices has no entry), the lines skipped."""
 
-    gpus: Tuple[str, ...] = ()
-    mig: Dict[str, Tuple[ListedMig, ...]] = field(default_factory=dict)
-    skipped: Tuple[str, ...] = ()
+    gpus: tuple[str, ...] = ()
+    mig: dict[str, tuple[ListedMig, ...]] = field(default_factory=dict)
+    skipped: tuple[str, ...] = ()
 
 
 def parse_list_gpus(text: str) -> GpuListing:
     """The GPUs and MIG devices of `nvidia-smi -L`. Never raises."""
-    gpus: List[str] = []
-    mig: Dict[str, Dict[int, ListedMig]] = {}
-    skipped: List[str] = []
-    current: Optional[str] = None  # the uuid of the GPU the MIG lines that follow belong to
+    gpus: list[str] = []
+    mig: dict[str, dict[int, ListedMig]] = {}
+    skipped: list[str] = []
+    current: str | None = None  # the uuid of the GPU the MIG lines that follow belong to
     for raw in text.splitlines():
         line = raw.strip()
         if not line:
@@ -75,11 +77,12 @@ def parse_list_gpus(text: str) -> GpuListing:
             skipped.append(line)
             continue
         mig.setdefault(str(current), {})[listed.index] = listed
-    return GpuListing(tuple(gpus), {uuid: tuple(found.values()) for uuid, found in mig.items()},
-                      tuple(skipped))
+    return GpuListing(
+        tuple(gpus), {uuid: tuple(found.values()) for uuid, found in mig.items()}, tuple(skipped)
+    )
 
 
-def _mig_line(line: str, gpu: Optional[str]) -> Optional[ListedMig]:
+def _mig_line(line: str, gpu: str | None) -> ListedMig | None:
     """The MIG device a line lists under GPU `gpu`, or None."""
     found = _MIG.fullmatch(line) if gpu is not None and not _DAMAGE.search(line) else None
     if found is None:
@@ -95,8 +98,9 @@ def _mig_line(line: str, gpu: Optional[str]) -> Optional[ListedMig]:
     return ListedMig(index, uuid, profile)
 
 
-def with_mig_uuids(devices: Sequence[Device],
-                   listed: Mapping[str, Sequence[ListedMig]]) -> List[Device]:
+def with_mig_uuids(
+    devices: Sequence[Device], listed: Mapping[str, Sequence[ListedMig]]
+) -> list[Device]:
     """The devices, each MIG instance given the uuid `-L` lists for it: by its GPU and its
     index; a uuid of the old form must also carry the instance's GPU and compute instance ids.
     An instance that `-L` does not list has none."""
@@ -109,9 +113,14 @@ def with_mig_uuids(devices: Sequence[Device],
         instances = []
         for instance in device.mig_instances:
             match = by_index.get(instance.index) if instance.index is not None else None
-            if match is not None and match.gpu_instance_id is not None and (
+            if (
+                match is not None
+                and match.gpu_instance_id is not None
+                and (
                     (match.gpu_instance_id, match.compute_instance_id)
-                    != (instance.gpu_instance_id, instance.compute_instance_id)):
+                    != (instance.gpu_instance_id, instance.compute_instance_id)
+                )
+            ):
                 match = None
             instances.append(replace(instance, uuid=match.uuid if match else None))
         out.append(replace(device, mig_instances=tuple(instances)))

@@ -5,15 +5,16 @@ Nothing here reads a pipe, sleeps or logs: a reader feeds lines in one at a time
 when to log from the counters the parsers keep. Columns are learned from the header line,
 never assumed, because they change between drivers and `-s`/`-o` options.
 """
+
 from __future__ import annotations
 
 import re
 from types import MappingProxyType
-from typing import (Any, Dict, Generic, List, Mapping, NamedTuple, Optional, Sequence, Tuple,
-                    TypeVar, Union)
+from typing import Any, Generic, NamedTuple, TypeVar, Union
+from collections.abc import Mapping, Sequence
 
 Value = Union[int, float, str, None]
-ProcessKey = Tuple[int, int]  # (gpu index, pid)
+ProcessKey = tuple[int, int]  # (gpu index, pid)
 
 # Header names that differ between drivers, mapped to the names the rest of Patroller uses.
 STABLE_NAMES: Mapping[str, str] = {"pwr": "power", "temp": "gtemp"}
@@ -36,20 +37,20 @@ class DmonRow(NamedTuple):
 
     gpu: int  # nvidia-smi index, not the minor number
     values: Mapping[str, Value] = MappingProxyType({})
-    date: Optional[str] = None  # with `-o D`/`-o DT`, as printed (YYYYMMDD)
-    time: Optional[str] = None  # with `-o T`/`-o DT`, as printed (HH:MM:SS)
+    date: str | None = None  # with `-o D`/`-o DT`, as printed (YYYYMMDD)
+    time: str | None = None  # with `-o T`/`-o DT`, as printed (HH:MM:SS)
 
 
 class PmonRow(NamedTuple):
     """One pmon row: one process on one device in one interval, or an idle device (pid None)."""
 
     gpu: int
-    pid: Optional[int]
-    type: Optional[str] = None  # C, G, C+G
-    command: Optional[str] = None  # cut at 15 characters by nvidia-smi
+    pid: int | None
+    type: str | None = None  # C, G, C+G
+    command: str | None = None  # cut at 15 characters by nvidia-smi
     values: Mapping[str, Value] = MappingProxyType({})
-    date: Optional[str] = None
-    time: Optional[str] = None
+    date: str | None = None
+    time: str | None = None
 
 
 def parse_value(token: str) -> Value:
@@ -65,7 +66,7 @@ def parse_value(token: str) -> Value:
     return token
 
 
-class _Cells(Dict[str, Any]):
+class _Cells(dict[str, Any]):
     """parse_value with a memory: the same few hundred cell texts recur on every line."""
 
     LIMIT = 8192
@@ -77,12 +78,12 @@ class _Cells(Dict[str, Any]):
         return value
 
 
-def _index(token: str) -> Optional[int]:
+def _index(token: str) -> int | None:
     """A gpu index or pid: non-negative digits only, else None."""
     return int(token) if token.isdigit() and token.isascii() else None
 
 
-def _dash(token: str) -> Optional[str]:
+def _dash(token: str) -> str | None:
     """The text of a cell, None for `-`."""
     return None if token == "-" else token
 
@@ -93,12 +94,12 @@ Row = TypeVar("Row", "DmonRow", "PmonRow")
 class _StreamParser(Generic[Row]):
     """Header learning and skip accounting shared by the dmon and pmon parsers."""
 
-    required: Tuple[str, ...] = ("gpu",)
+    required: tuple[str, ...] = ("gpu",)
 
     def __init__(self) -> None:
-        self.columns: Optional[Tuple[str, ...]] = None  # lower-cased header names
+        self.columns: tuple[str, ...] | None = None  # lower-cased header names
         self.skipped = 0  # lines that could not be read, for the caller to log now and then
-        self.last_skipped: Optional[str] = None
+        self.last_skipped: str | None = None
         self.headers = 0  # header lines learned, repeats included
         self._cell = _Cells()
 
@@ -110,7 +111,7 @@ class _StreamParser(Generic[Row]):
         self.skipped += 1
         self.last_skipped = line
 
-    def feed(self, line: str) -> Optional[Row]:
+    def feed(self, line: str) -> Row | None:
         """Parse one line; a row for data lines, None for headers and skipped lines."""
         text = self._text(line)
         if text is None:
@@ -120,10 +121,10 @@ class _StreamParser(Generic[Row]):
             self._skip(line.strip())
         return row
 
-    def _row(self, text: str) -> Optional[Row]:
+    def _row(self, text: str) -> Row | None:
         raise NotImplementedError
 
-    def _text(self, line: str) -> Optional[str]:
+    def _text(self, line: str) -> str | None:
         """The text of a data line, or None when the line is not one (and was dealt with)."""
         text = line.rstrip("\r\n")
         stripped = text.strip()
@@ -156,13 +157,13 @@ class DmonParser(_StreamParser[DmonRow]):
 
     def __init__(self) -> None:
         super().__init__()
-        self._names: Tuple[str, ...] = ()
+        self._names: tuple[str, ...] = ()
         # Where the gpu, date and time cells are, and (name, position) of every statistic:
         # worked out once per header, not once per line.
         self._gpu_at = 0
-        self._date_at: Optional[int] = None
-        self._time_at: Optional[int] = None
-        self._values: Tuple[Tuple[str, int], ...] = ()
+        self._date_at: int | None = None
+        self._time_at: int | None = None
+        self._values: tuple[tuple[str, int], ...] = ()
 
     def _comment(self, line: str, words: Sequence[str]) -> None:
         super()._comment(line, words)
@@ -171,8 +172,11 @@ class DmonParser(_StreamParser[DmonRow]):
             at = {name: i for i, name in enumerate(self._names)}
             self._gpu_at = at["gpu"]
             self._date_at, self._time_at = at.get("date"), at.get("time")
-            self._values = tuple((name, i) for i, name in enumerate(self._names)
-                                 if name not in ("gpu", "date", "time"))
+            self._values = tuple(
+                (name, i)
+                for i, name in enumerate(self._names)
+                if name not in ("gpu", "date", "time")
+            )
 
     @staticmethod
     def _stable(name: str, columns: Sequence[str]) -> str:
@@ -180,7 +184,7 @@ class DmonParser(_StreamParser[DmonRow]):
         stable = STABLE_NAMES.get(name, name)
         return name if stable != name and stable in columns else stable
 
-    def _row(self, text: str) -> Optional[DmonRow]:
+    def _row(self, text: str) -> DmonRow | None:
         tokens = text.split()
         if len(tokens) != len(self._names) or not text.isascii():
             return None
@@ -202,20 +206,23 @@ class PmonParser(_StreamParser[PmonRow]):
     def __init__(self) -> None:
         super().__init__()
         # Positions worked out once per header: the named cells, and every statistic's.
-        self._at: Dict[str, Optional[int]] = {}
+        self._at: dict[str, int | None] = {}
         self._tail = False
-        self._values: Tuple[Tuple[str, int], ...] = ()
+        self._values: tuple[tuple[str, int], ...] = ()
 
     def _comment(self, line: str, words: Sequence[str]) -> None:
         super()._comment(line, words)
         if self.columns is not None:
             at = {name: i for i, name in enumerate(self.columns)}
-            self._at = {key: at.get(key) for key in ("gpu", "pid", "type", "command", "date", "time")}
+            self._at = {
+                key: at.get(key) for key in ("gpu", "pid", "type", "command", "date", "time")
+            }
             self._tail = self.columns[-1] == "command"
-            self._values = tuple((name, i) for i, name in enumerate(self.columns)
-                                 if name not in self._at)
+            self._values = tuple(
+                (name, i) for i, name in enumerate(self.columns) if name not in self._at
+            )
 
-    def _tokens(self, text: str) -> Optional[List[str]]:
+    def _tokens(self, text: str) -> list[str] | None:
         """The cells in column order; a last column `command` takes the rest of the line."""
         count = len(self.columns or ())
         if self._tail:
@@ -230,7 +237,7 @@ class PmonParser(_StreamParser[PmonRow]):
                 return None
         return tokens
 
-    def _row(self, text: str) -> Optional[PmonRow]:
+    def _row(self, text: str) -> PmonRow | None:
         tokens = self._tokens(text)
         if tokens is None:
             return None
@@ -244,12 +251,13 @@ class PmonParser(_StreamParser[PmonRow]):
         values = {name: cell[tokens[i]] for name, i in self._values}
         if self._misfit(tokens, values):
             return None
-        named = [None if i is None else _dash(tokens[i])
-                 for i in (at["type"], at["command"], at["date"], at["time"])]
+        named = [
+            None if i is None else _dash(tokens[i])
+            for i in (at["type"], at["command"], at["date"], at["time"])
+        ]
         if pid is None:  # an idle device: the row is all `-`
             named[0] = named[1] = None
         return PmonRow(gpu, pid, named[0], named[1], values, named[2], named[3])
-
 
     def _misfit(self, tokens: Sequence[str], values: Mapping[str, Value]) -> bool:
         """Whether the row has more cells than its header, which the last column (`command`,
@@ -260,8 +268,10 @@ class PmonParser(_StreamParser[PmonRow]):
             words = tokens[-1].split(None, 1)
             if len(words) == 2 and (words[0] == "-" or words[0].isdigit()):
                 return True
-        return any(name in PERCENT and isinstance(value, (int, float)) and not 0 <= value <= 100
-                   for name, value in values.items())
+        return any(
+            name in PERCENT and isinstance(value, (int, float)) and not 0 <= value <= 100
+            for name, value in values.items()
+        )
 
 
 # ---- --query-compute-apps ----------------------------------------------------------------------
@@ -275,11 +285,11 @@ class ComputeApp(NamedTuple):
 
     uuid: str  # the GPU's uuid
     pid: int
-    used_mib: Optional[int]  # None for `[N/A]`, `[Insufficient Permissions]`, ...
-    name: Optional[str]  # as listed, not cut; None when empty or a placeholder
+    used_mib: int | None  # None for `[N/A]`, `[Insufficient Permissions]`, ...
+    name: str | None  # as listed, not cut; None when empty or a placeholder
 
 
-def parse_compute_apps(text: str, skipped: Optional[List[str]] = None) -> List[ComputeApp]:
+def parse_compute_apps(text: str, skipped: list[str] | None = None) -> list[ComputeApp]:
     """The processes listed by `nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory,
     process_name --format=csv,noheader,nounits`. Never raises: blank lines are ignored, lines
     that cannot be read are left out and, when `skipped` is given, appended to it.
@@ -296,7 +306,7 @@ def parse_compute_apps(text: str, skipped: Optional[List[str]] = None) -> List[C
     return found
 
 
-def _compute_app(line: str) -> Optional[ComputeApp]:
+def _compute_app(line: str) -> ComputeApp | None:
     # The name comes last and may hold `, ` itself: only the first three separators count.
     cells = line.split(",", 3)
     if len(cells) < 3 or not line.isprintable():
@@ -306,7 +316,7 @@ def _compute_app(line: str) -> Optional[ComputeApp]:
     if not _APP_UUID.fullmatch(uuid) or pid is None:
         return None
     found = _APP_MIB.fullmatch(memory)
-    name: Optional[str] = cells[3].strip() if len(cells) == 4 else ""
+    name: str | None = cells[3].strip() if len(cells) == 4 else ""
     if not name or name in ("N/A", "-") or (name.startswith("[") and name.endswith("]")):
         name = None  # `[N/A]`, `[Not Found]`, `[Insufficient Permissions]`
     return ComputeApp(uuid, pid, int(found.group(1)) if found else None, name)

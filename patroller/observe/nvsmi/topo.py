@@ -10,11 +10,11 @@ is read for the columns, never positions; cells are split on whitespace (no cell
 space: an affinity is `0-23,48-71`). NIC rows and columns are read past: only links between
 GPUs matter here.
 """
+
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
 
 _GPU = re.compile(r"GPU(\d+)$")
 # The columns after the device columns, as printed (several words each).
@@ -32,14 +32,14 @@ class TopoMatrix:
     orders), and each GPU's CPU affinity and NUMA node (None where the column is absent or
     says N/A)."""
 
-    gpus: Tuple[int, ...]
-    links: Dict[Tuple[int, int], str] = field(default_factory=dict)
-    cpus: Dict[int, Optional[str]] = field(default_factory=dict)
-    numa: Dict[int, Optional[str]] = field(default_factory=dict)
-    nics: Tuple[str, ...] = ()
+    gpus: tuple[int, ...]
+    links: dict[tuple[int, int], str] = field(default_factory=dict)
+    cpus: dict[int, str | None] = field(default_factory=dict)
+    numa: dict[int, str | None] = field(default_factory=dict)
+    nics: tuple[str, ...] = ()
 
 
-def _header(tokens: List[str]) -> Tuple[List[str], List[str]]:
+def _header(tokens: list[str]) -> tuple[list[str], list[str]]:
     """The device columns and the trailing columns of a header row's words."""
     text = " ".join(tokens)
     trailing = [name for name in TRAILING if name in text]
@@ -57,10 +57,10 @@ def parse_topology(text: str) -> TopoMatrix:
     columns, trailing = _header(lines[start].split())
     gpus = [int(m.group(1)) for m in map(_GPU.match, columns) if m]
     nics = tuple(c for c in columns if not _GPU.match(c))
-    rows: Dict[int, List[str]] = {}
-    cpus: Dict[int, Optional[str]] = {}
-    numa: Dict[int, Optional[str]] = {}
-    for line in lines[start + 1:]:
+    rows: dict[int, list[str]] = {}
+    cpus: dict[int, str | None] = {}
+    numa: dict[int, str | None] = {}
+    for line in lines[start + 1 :]:
         words = line.split()
         if not words or words[0].rstrip(":") == "Legend":
             if rows:
@@ -69,18 +69,19 @@ def parse_topology(text: str) -> TopoMatrix:
         found = _GPU.match(words[0])
         if found is None:
             continue  # a NIC's row
-        cells = words[1:1 + len(columns)]
+        cells = words[1 : 1 + len(columns)]
         if len(cells) < len(columns):
-            raise TopoError(f"the row of {words[0]} has {len(cells)} cells for "
-                            f"{len(columns)} columns")
+            raise TopoError(
+                f"the row of {words[0]} has {len(cells)} cells for {len(columns)} columns"
+            )
         gpu = int(found.group(1))
         rows[gpu] = cells
-        extra = dict(zip(trailing, words[1 + len(columns):]))
+        extra = dict(zip(trailing, words[1 + len(columns) :]))
         cpus[gpu] = _value(extra.get("CPU Affinity"))
         numa[gpu] = _value(extra.get("NUMA Affinity"))
     if sorted(rows) != sorted(gpus):
         raise TopoError(f"rows for GPUs {sorted(rows)} but columns for {sorted(gpus)}")
-    links: Dict[Tuple[int, int], str] = {}
+    links: dict[tuple[int, int], str] = {}
     for gpu, cells in rows.items():
         for column, word in zip(columns, cells):
             other = _GPU.match(column)
@@ -100,5 +101,5 @@ def _is_header(line: str) -> bool:
     return bool(words) and words[0] == "GPU0" and (len(words) == 1 or words[1] != "X")
 
 
-def _value(cell: Optional[str]) -> Optional[str]:
+def _value(cell: str | None) -> str | None:
     return None if cell is None or cell in _ABSENT else cell

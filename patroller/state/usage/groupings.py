@@ -13,15 +13,24 @@ day: its key there is null. Where no key needs the hour and the days are UTC day
 grouped by no time at all), the days a piece covers whole are read as daily totals, as the
 one-key reports are (queries.ranges).
 """
+
 from __future__ import annotations
 
 import sqlite3
 from datetime import datetime, tzinfo
-from typing import Dict, List, Optional, Tuple
 
 from patroller.core.usage import WEEKDAYS
-from patroller.state.usage.queries import (DAY, HOUR, KEYS, Totals, TooLarge, kept_from, known,
-                                            ranges, reading)
+from patroller.state.usage.queries import (
+    DAY,
+    HOUR,
+    KEYS,
+    Totals,
+    TooLarge,
+    kept_from,
+    known,
+    ranges,
+    reading,
+)
 
 # The keys that say where an hour lies in time, as SQL over the totals (t), whose `local` is
 # the start of the hour (of the day, for a daily total) moved by the zone's offset.
@@ -31,7 +40,7 @@ TIMES = {
     "hour": "CASE WHEN t.daily THEN NULL ELSE strftime('%H', t.local, 'unixepoch') END",
 }
 
-Span = Tuple[Optional[int], Optional[int], int]  # (from, before: epoch s; None: open; offset)
+Span = tuple[int | None, int | None, int]  # (from, before: epoch s; None: open; offset)
 
 
 def offset(zone: tzinfo, at: float) -> int:
@@ -40,13 +49,13 @@ def offset(zone: tzinfo, at: float) -> int:
     return int(found.total_seconds()) if found is not None else 0
 
 
-def spans(since: float, until: float, zone: tzinfo) -> List[Span]:
+def spans(since: float, until: float, zone: tzinfo) -> list[Span]:
     """[since, until) cut at the hours where the zone's offset changes, each piece with its
     offset; the first is open below, the last above. (The offset is read at every day's end,
     and hour by hour through a day where it changed: some 400 readings for a year.)"""
     day = int(max(since, 0.0) // HOUR * HOUR)  # nothing was kept before 1970
-    pieces: List[Span] = []
-    began: Optional[int] = None
+    pieces: list[Span] = []
+    began: int | None = None
     current = offset(zone, day)
     while day < until:
         following = day + DAY
@@ -63,29 +72,38 @@ def spans(since: float, until: float, zone: tzinfo) -> List[Span]:
     return pieces
 
 
-def statement(by: Tuple[str, ...]) -> str:
+def statement(by: tuple[str, ...]) -> str:
     """The SQL of one piece of a report by `by`; its parameters are `parameters`'."""
     keys = ", ".join(TIMES[key] if key in TIMES else KEYS[key] for key in by)
     groups = ", ".join(str(n) for n in range(1, len(by) + 3))
-    first = ("SELECT hour AS start, hour + ? AS local, 0 AS daily, gpu, category, party, "
-             "seconds FROM hourly WHERE hour >= ? AND hour < ?")
-    hours = "SELECT hour, hour + ?, 0, gpu, category, party, seconds FROM hourly " \
+    first = (
+        "SELECT hour AS start, hour + ? AS local, 0 AS daily, gpu, category, party, "
+        "seconds FROM hourly WHERE hour >= ? AND hour < ?"
+    )
+    hours = (
+        "SELECT hour, hour + ?, 0, gpu, category, party, seconds FROM hourly "
         "WHERE hour >= ? AND hour < ?"
-    days = "SELECT day, day, 1, gpu, category, party, seconds FROM daily WHERE day >= ? AND day < ?"
-    return (f"SELECT {keys}, p.user, t.category, SUM(t.seconds) FROM ("
-            f"{first} UNION ALL {hours} UNION ALL {days} UNION ALL {days}) AS t "
-            "JOIN parties AS p ON p.id = t.party JOIN gpus AS g ON g.id = t.gpu "
-            f"GROUP BY {groups}")
+    )
+    days = (
+        "SELECT day, day, 1, gpu, category, party, seconds FROM daily WHERE day >= ? AND day < ?"
+    )
+    return (
+        f"SELECT {keys}, p.user, t.category, SUM(t.seconds) FROM ("
+        f"{first} UNION ALL {hours} UNION ALL {days} UNION ALL {days}) AS t "
+        "JOIN parties AS p ON p.id = t.party JOIN gpus AS g ON g.id = t.gpu "
+        f"GROUP BY {groups}"
+    )
 
 
-def whole_days(by: Tuple[str, ...], moved: int) -> bool:
+def whole_days(by: tuple[str, ...], moved: int) -> bool:
     """Whether a piece may read the days it covers whole as daily totals: where no key needs
     the hour, and the days it groups by are UTC days (or it groups by no time at all)."""
     return "hour" not in by and (moved == 0 or not set(by) & set(TIMES))
 
 
-def parameters(since: float, until: float, span: Span, kept: Optional[int],
-               by: Tuple[str, ...]) -> Tuple[float, ...]:
+def parameters(
+    since: float, until: float, span: Span, kept: int | None, by: tuple[str, ...]
+) -> tuple[float, ...]:
     """A piece's bounds: the hours, then the days, that begin in it and in [since rounded
     down, until) (queries.ranges: the days before `kept` have only daily totals)."""
     began, before, moved = span
@@ -96,18 +114,25 @@ def parameters(since: float, until: float, span: Span, kept: Optional[int],
     return (moved, *found.hours[0], moved, *found.hours[1], *found.days[0], *found.days[1])
 
 
-def totals(db: sqlite3.Connection, since: float, until: float, by: Tuple[str, ...],
-           zone: tzinfo, limit: Optional[int] = None) -> Totals:
+def totals(
+    db: sqlite3.Connection,
+    since: float,
+    until: float,
+    by: tuple[str, ...],
+    zone: tzinfo,
+    limit: int | None = None,
+) -> Totals:
     """GPU-seconds by the keys `by`, user and category over [since, until) (epoch seconds),
     read in one transaction; each row's key is a tuple of the keys. TooLarge past `limit`
     rows."""
-    found: Dict[Tuple[object, ...], float] = {}
+    found: dict[tuple[object, ...], float] = {}
     sql = statement(by)
     with reading(db):
         kept = kept_from(db)
         for span in spans(since, until, zone):
             for *keys, user, category, seconds in db.execute(
-                    sql, parameters(since, until, span, kept, by)):
+                sql, parameters(since, until, span, kept, by)
+            ):
                 shown = tuple(_key(name, value) for name, value in zip(by, keys))
                 row = (shown, user or None, category)
                 if limit is not None and row not in found and len(found) >= limit:
@@ -119,7 +144,7 @@ def totals(db: sqlite3.Connection, since: float, until: float, by: Tuple[str, ..
     return Totals(rows, numbers, first)  # type: ignore[arg-type]
 
 
-def _key(name: str, value: object) -> Optional[str]:
+def _key(name: str, value: object) -> str | None:
     if value is None or value == "":
         return None
     if name == "weekday":

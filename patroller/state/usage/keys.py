@@ -9,11 +9,11 @@ Unbounded, 20 processes with unique ~100 KB accounts grew the store by 4 MB and 
 new names costs a bounded number of rows an interval; and the map that spares a lookup per
 party holds the parties used lately, not every party ever seen.
 """
+
 from __future__ import annotations
 
 import sqlite3
 from dataclasses import replace
-from typing import Dict, Optional, Set, Tuple
 
 from cachetools import LRUCache
 
@@ -24,8 +24,14 @@ from patroller.core.usage import NOBODY, GpuSample, Party, Present
 def cut_party(party: Party) -> Party:
     """`party` with each name cut to NAME_CHARS characters (the same party when none is
     longer: the common case costs six length checks)."""
-    fields = (party.user, party.account, party.job, party.slurm_account, party.namespace,
-              party.pod)
+    fields = (
+        party.user,
+        party.account,
+        party.job,
+        party.slurm_account,
+        party.namespace,
+        party.pod,
+    )
     if all(len(name) <= NAME_CHARS for name in fields):
         return party
     return Party(*(name[:NAME_CHARS] for name in fields))
@@ -61,12 +67,12 @@ class Keys:
     Cleared whenever a transaction fails (an id it made may have been rolled back)."""
 
     def __init__(self, remembered: int = 1024, new_per_interval: int = 128) -> None:
-        self.gpus: Dict[str, Tuple[int, int, str]] = {}  # uuid -> (id, number, name): few
-        self.parties: "LRUCache[Party, int]" = LRUCache(remembered)
+        self.gpus: dict[str, tuple[int, int, str]] = {}  # uuid -> (id, number, name): few
+        self.parties: LRUCache[Party, int] = LRUCache(remembered)
         self.new_per_interval = new_per_interval
         self.overflow = 0  # parties counted under their host account: over the bound
         self._made = 0  # parties made in the interval being written
-        self._over: Set[Party] = set()  # those over the bound in it (each counted once)
+        self._over: set[Party] = set()  # those over the bound in it (each counted once)
 
     def clear(self) -> None:
         self.gpus.clear()
@@ -81,14 +87,16 @@ class Keys:
         known = self.gpus.get(sample.uuid)
         if known is not None and known[1:] == (sample.number, sample.name):
             return known[0]
-        db.execute("INSERT INTO gpus (uuid, number, name) VALUES (?, ?, ?) ON CONFLICT (uuid) "
-                   "DO UPDATE SET number = excluded.number, name = excluded.name",
-                   (sample.uuid, sample.number, sample.name))
+        db.execute(
+            "INSERT INTO gpus (uuid, number, name) VALUES (?, ?, ?) ON CONFLICT (uuid) "
+            "DO UPDATE SET number = excluded.number, name = excluded.name",
+            (sample.uuid, sample.number, sample.name),
+        )
         [found] = db.execute("SELECT id FROM gpus WHERE uuid = ?", (sample.uuid,)).fetchone()
         self.gpus[sample.uuid] = (found, sample.number, sample.name)
         return int(found)
 
-    def party(self, db: sqlite3.Connection, party: Optional[Party]) -> Optional[int]:
+    def party(self, db: sqlite3.Connection, party: Party | None) -> int | None:
         if party is None:
             return None
         party = cut_party(party)
@@ -97,10 +105,18 @@ class Keys:
         known = self.parties.get(party)
         if known is not None:
             return known
-        fields = (party.user, party.account, party.job, party.slurm_account, party.namespace,
-                  party.pod)
-        where = ("SELECT id FROM parties WHERE user = ? AND account = ? AND job = ? "
-                 "AND slurm_account = ? AND namespace = ? AND pod = ?")
+        fields = (
+            party.user,
+            party.account,
+            party.job,
+            party.slurm_account,
+            party.namespace,
+            party.pod,
+        )
+        where = (
+            "SELECT id FROM parties WHERE user = ? AND account = ? AND job = ? "
+            "AND slurm_account = ? AND namespace = ? AND pod = ?"
+        )
         row = db.execute(where, fields).fetchone()
         if row is None:
             backup = fallback(party)
@@ -109,8 +125,11 @@ class Keys:
                     self._over.add(party)
                     self.overflow += 1
                 return self.party(db, backup)
-            db.execute("INSERT INTO parties (user, account, job, slurm_account, namespace, "
-                       "pod) VALUES (?, ?, ?, ?, ?, ?)", fields)
+            db.execute(
+                "INSERT INTO parties (user, account, job, slurm_account, namespace, "
+                "pod) VALUES (?, ?, ?, ?, ?, ?)",
+                fields,
+            )
             self._made += 1
             row = db.execute(where, fields).fetchone()
         self.parties[party] = int(row[0])

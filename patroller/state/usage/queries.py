@@ -8,12 +8,13 @@ so a range reads its whole days from `daily` and only the hours at its two ends 
 (`ranges`): a 365-day report at 8 GPUs reads some 42,000 daily rows and at most 46 hours' worth,
 not 200,000 hourly rows. Each piece is one range scan of its table's primary key.
 """
+
 from __future__ import annotations
 
 import contextlib
 import sqlite3
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Tuple
+from collections.abc import Iterator
 
 from patroller.core.usage import BY
 
@@ -32,7 +33,7 @@ KEYS = {
 }
 assert set(KEYS) == set(BY)
 
-Row = Tuple[Optional[str], Optional[str], str, float]  # (key, user, category, seconds)
+Row = tuple[str | None, str | None, str, float]  # (key, user, category, seconds)
 
 
 class TooLarge(Exception):
@@ -50,31 +51,32 @@ class Totals:
     user: a free GPU has no user, a host process no job), each GPU's last known index, and
     the earliest time the store has figures for (None: none at all)."""
 
-    rows: List[Row] = field(default_factory=list)
-    numbers: Dict[str, int] = field(default_factory=dict)  # uuid -> index
-    first: Optional[float] = None
+    rows: list[Row] = field(default_factory=list)
+    numbers: dict[str, int] = field(default_factory=dict)  # uuid -> index
+    first: float | None = None
 
 
-Span = Tuple[float, float]  # [from, before): epoch seconds; empty where from >= before
+Span = tuple[float, float]  # [from, before): epoch seconds; empty where from >= before
 
 
 @dataclass(frozen=True)
 class Ranges:
     """Where a range is read: days of `daily` and hours of `hourly`, two spans of each."""
 
-    days: Tuple[Span, Span]
-    hours: Tuple[Span, Span]
+    days: tuple[Span, Span]
+    hours: tuple[Span, Span]
 
 
-def kept_from(db: sqlite3.Connection) -> Optional[int]:
+def kept_from(db: sqlite3.Connection) -> int | None:
     """The start of the first day that has hourly totals (days before it have only daily
     ones), or None where none has."""
     first = db.execute("SELECT MIN(hour) FROM hourly").fetchone()[0]
     return None if first is None else int(first) // DAY * DAY
 
 
-def ranges(hours_from: int, days_from: int, until: float, kept: Optional[int],
-           whole_days: bool = True) -> Ranges:
+def ranges(
+    hours_from: int, days_from: int, until: float, kept: int | None, whole_days: bool = True
+) -> Ranges:
     """Where [from, until) is read: the days before `kept` (only daily totals are left of them)
     from `days_from`; from `kept` on, the hours from `hours_from` that begin before `until`,
     of which those of the days they cover whole are read as daily totals (unless not
@@ -87,12 +89,13 @@ def ranges(hours_from: int, days_from: int, until: float, kept: Optional[int],
     last_hour_end = -(-until // HOUR) * HOUR  # the end of the last hour that begins before until
     after_whole = int(last_hour_end // DAY * DAY)
     if whole_days and first_whole < after_whole:
-        return Ranges((early, (first_whole, after_whole)),
-                      ((start, first_whole), (after_whole, until)))
+        return Ranges(
+            (early, (first_whole, after_whole)), ((start, first_whole), (after_whole, until))
+        )
     return Ranges((early, (until, until)), ((start, until), (until, until)))
 
 
-def answer_key(since: float, until: float, by: object, zone: object) -> Tuple[object, ...]:
+def answer_key(since: float, until: float, by: object, zone: object) -> tuple[object, ...]:
     """What a report's answer depends on besides the file: the hour `since` is in (and so its
     day), the end of the hour `until` is in (a range counts whole hours and days that begin
     before it), the grouping and the zone. Two ranges with the same key read the same rows."""
@@ -101,29 +104,33 @@ def answer_key(since: float, until: float, by: object, zone: object) -> Tuple[ob
 
 def statement(by: str) -> str:
     """The SQL of a report by `by`; its parameters are `bounds`'."""
-    days = "SELECT day AS start, gpu, category, party, seconds FROM daily " \
-        "WHERE day >= ? AND day < ?"
+    days = (
+        "SELECT day AS start, gpu, category, party, seconds FROM daily WHERE day >= ? AND day < ?"
+    )
     hours = "SELECT hour, gpu, category, party, seconds FROM hourly WHERE hour >= ? AND hour < ?"
-    return (f"SELECT {KEYS[by]}, p.user, t.category, SUM(t.seconds) FROM ("
-            f"{days} UNION ALL {days.replace(' AS start', '')} UNION ALL {hours} "
-            f"UNION ALL {hours}) AS t "
-            "JOIN parties AS p ON p.id = t.party JOIN gpus AS g ON g.id = t.gpu "
-            "GROUP BY 1, 2, 3")
+    return (
+        f"SELECT {KEYS[by]}, p.user, t.category, SUM(t.seconds) FROM ("
+        f"{days} UNION ALL {days.replace(' AS start', '')} UNION ALL {hours} "
+        f"UNION ALL {hours}) AS t "
+        "JOIN parties AS p ON p.id = t.party JOIN gpus AS g ON g.id = t.gpu "
+        "GROUP BY 1, 2, 3"
+    )
 
 
-def bounds(found: Ranges) -> Tuple[float, ...]:
+def bounds(found: Ranges) -> tuple[float, ...]:
     """The parameters of `statement`: the spans of days, then those of hours."""
     return tuple(edge for span in found.days + found.hours for edge in span)
 
 
-def totals(db: sqlite3.Connection, since: float, until: float, by: str,
-           limit: Optional[int] = None) -> Totals:
+def totals(
+    db: sqlite3.Connection, since: float, until: float, by: str, limit: int | None = None
+) -> Totals:
     """GPU-seconds by `by`, user and category over [since, until) (epoch seconds), read in
     one transaction: what the writer writes meanwhile is seen whole or not at all. TooLarge
     past `limit` rows."""
     with reading(db):
         found = ranges(int(since // HOUR * HOUR), int(since // DAY * DAY), until, kept_from(db))
-        rows: List[Row] = []
+        rows: list[Row] = []
         for key, user, category, seconds in db.execute(statement(by), bounds(found)):
             if limit is not None and len(rows) >= limit:
                 raise TooLarge(limit)
@@ -131,7 +138,7 @@ def totals(db: sqlite3.Connection, since: float, until: float, by: str,
         return Totals(rows, *known(db))
 
 
-def known(db: sqlite3.Connection) -> Tuple[Dict[str, int], Optional[float]]:
+def known(db: sqlite3.Connection) -> tuple[dict[str, int], float | None]:
     """Each GPU's last index by its uuid, and the earliest time with figures (None: none)."""
     numbers = {uuid: number for uuid, number in db.execute("SELECT uuid, number FROM gpus")}
     day = db.execute("SELECT MIN(day) FROM daily").fetchone()[0]

@@ -19,6 +19,7 @@ connection's page cache is Config.usage_reader_cache_kib, and once no report has
 Config.usage_reader_idle seconds the connection and the answers kept are let go and the heap
 trimmed, so that most of the daemon's memory comes back (docs/performance.md has the figures).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -35,7 +36,8 @@ import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from datetime import tzinfo
-from typing import Any, AsyncIterator, Dict, Optional, Tuple
+from typing import Any
+from collections.abc import AsyncIterator
 
 from cachetools import LRUCache
 
@@ -54,20 +56,21 @@ class Reader:
         self.config = config
         self.answered_again = 0  # reports answered from memory
         self._generation = 0  # how many times the file was replaced (the writer's count)
-        self._thread: Optional[ThreadPoolExecutor] = None
-        self._db: Optional[sqlite3.Connection] = None  # the reader thread's alone
+        self._thread: ThreadPoolExecutor | None = None
+        self._db: sqlite3.Connection | None = None  # the reader thread's alone
         self._db_generation = -1
         # each answer as (its rows, the bytes of its Totals), counted by its rows
-        self._answers: "LRUCache[Tuple[object, ...], Tuple[int, bytes]]" = LRUCache(
-            config.usage_report_cache_rows, getsizeof=lambda kept: kept[0] + 1)
-        self._answered: Optional[int] = None  # the data_version they were read at
+        self._answers: LRUCache[tuple[object, ...], tuple[int, bytes]] = LRUCache(
+            config.usage_report_cache_rows, getsizeof=lambda kept: kept[0] + 1
+        )
+        self._answered: int | None = None  # the data_version they were read at
         self.running = 0  # reports between `slot` and their answer written (the loop's count)
         self.waiting = 0  # reports waiting for a turn
-        self._turns: Optional[asyncio.Semaphore] = None
-        self.refused: Dict[str, int] = {"busy": 0, "too_large": 0}
+        self._turns: asyncio.Semaphore | None = None
+        self.refused: dict[str, int] = {"busy": 0, "too_large": 0}
         self.let_go = 0  # times the idle connection and answers were let go
         self._last = 0.0  # monotonic time the last report ended
-        self._idle: Optional[asyncio.TimerHandle] = None
+        self._idle: asyncio.TimerHandle | None = None
 
     @contextlib.asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
@@ -79,10 +82,15 @@ class Reader:
         if self.running >= limit and self.waiting >= self.config.usage_reports_waiting:
             self.refused["busy"] += 1
             retry = self.config.usage_report_retry_after
-            raise TooManyReports(f"{self.running} usage report(s) are being answered and "
-                                 f"{self.waiting} wait, the most there may be; ask again in "
-                                 f"{retry} s", running=self.running, limit=limit,
-                                 waiting=self.waiting, retry_after=retry)
+            raise TooManyReports(
+                f"{self.running} usage report(s) are being answered and "
+                f"{self.waiting} wait, the most there may be; ask again in "
+                f"{retry} s",
+                running=self.running,
+                limit=limit,
+                waiting=self.waiting,
+                retry_after=retry,
+            )
         if self._turns is None:  # made on the loop that uses it
             self._turns = asyncio.Semaphore(limit)
         self.waiting += 1
@@ -99,8 +107,9 @@ class Reader:
             self._last = time.monotonic()
             self._wait_idle()
 
-    async def read(self, since: float, until: float, by: Any,
-                   zone: Optional[tzinfo]) -> queries.Totals:
+    async def read(
+        self, since: float, until: float, by: Any, zone: tzinfo | None
+    ) -> queries.Totals:
         """A report by `by` (a key: queries.py; keys in `zone`: groupings.py) over
         [since, until), read off the event loop. Unavailable if the store cannot be read."""
         loop = asyncio.get_running_loop()
@@ -108,10 +117,12 @@ class Reader:
             return await loop.run_in_executor(self._reading(), self._read, since, until, by, zone)
         except queries.TooLarge as exc:
             self.refused["too_large"] += 1
-            raise BadRequest(f"the report would hold more than {exc.limit} rows, the most one "
-                             "may: narrow the range (since=, until=) or the grouping (by=: one "
-                             "key rather than two, day rather than hour)",
-                             max_rows=exc.limit) from None
+            raise BadRequest(
+                f"the report would hold more than {exc.limit} rows, the most one "
+                "may: narrow the range (since=, until=) or the grouping (by=: one "
+                "key rather than two, day rather than hour)",
+                max_rows=exc.limit,
+            ) from None
 
     def file_replaced(self) -> None:
         """The writer set the file aside and starts a fresh one: the next report opens it."""
@@ -126,12 +137,12 @@ class Reader:
 
     def _reading(self) -> ThreadPoolExecutor:
         if self._thread is None:
-            self._thread = ThreadPoolExecutor(1, thread_name_prefix="usage-reader",
-                                              initializer=self._lower_priority)
+            self._thread = ThreadPoolExecutor(
+                1, thread_name_prefix="usage-reader", initializer=self._lower_priority
+            )
         return self._thread
 
-    def _read(self, since: float, until: float, by: Any,
-              zone: Optional[tzinfo]) -> queries.Totals:
+    def _read(self, since: float, until: float, by: Any, zone: tzinfo | None) -> queries.Totals:
         try:
             if self._db is None or self._db_generation != self._generation:
                 self._close()
@@ -139,19 +150,24 @@ class Reader:
                     return queries.Totals()  # nothing written yet
                 self._db_generation = self._generation
                 self._db = sqlite3.connect(
-                    f"file:{urllib.parse.quote(self.path)}?mode=ro", uri=True,
-                    timeout=self.config.usage_busy_timeout, check_same_thread=False)
+                    f"file:{urllib.parse.quote(self.path)}?mode=ro",
+                    uri=True,
+                    timeout=self.config.usage_busy_timeout,
+                    check_same_thread=False,
+                )
                 self._db.execute(f"PRAGMA cache_size = -{int(self.config.usage_reader_cache_kib)}")
             if schema.version(self._db) != schema.LATEST:
                 return queries.Totals()  # the writer has not made it a store yet
             return self._answer(self._db, since, until, by, zone)
         except (sqlite3.Error, OSError, schema.NotAStore) as exc:
             self._close()
-            raise Unavailable(f"the usage store {self.path} cannot be read now ({exc}); try "
-                              "again shortly") from None
+            raise Unavailable(
+                f"the usage store {self.path} cannot be read now ({exc}); try again shortly"
+            ) from None
 
-    def _answer(self, db: sqlite3.Connection, since: float, until: float, by: Any,
-                zone: Optional[tzinfo]) -> queries.Totals:
+    def _answer(
+        self, db: sqlite3.Connection, since: float, until: float, by: Any, zone: tzinfo | None
+    ) -> queries.Totals:
         """The report read, or the same one read before if nothing was committed since."""
         version = db.execute("PRAGMA data_version").fetchone()[0]
         if version != self._answered:
@@ -171,19 +187,22 @@ class Reader:
             # kept as one block of bytes, not as the rows' thousands of small objects: held
             # for long among the reports' short-lived ones, those pinned the allocator's arenas
             # (a year of 8 GPUs' reports left 20 MiB more after they were let go)
-            self._answers[key] = (len(found.rows), marshal.dumps(
-                (found.rows, found.numbers, found.first)))
+            self._answers[key] = (
+                len(found.rows),
+                marshal.dumps((found.rows, found.numbers, found.first)),
+            )
         return found
 
     def _lower_priority(self) -> None:
         """In the reader thread: yield the CPU to serving (Config.usage_report_nice)."""
         try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
-                           self.config.usage_report_nice)
+            os.setpriority(
+                os.PRIO_PROCESS, threading.get_native_id(), self.config.usage_report_nice
+            )
         except OSError as exc:  # not allowed here: reports run at the daemon's priority
             log.info("the usage reports' thread keeps the daemon's priority: %s", exc)
 
-    def _wait_idle(self, delay: Optional[float] = None) -> None:
+    def _wait_idle(self, delay: float | None = None) -> None:
         """On the loop: let the connection go once no report came for usage_reader_idle s."""
         if self._idle is None and self._thread is not None:
             loop = asyncio.get_running_loop()
@@ -218,11 +237,10 @@ class Reader:
 
 
 @functools.lru_cache(maxsize=1)
-def _trim() -> Optional[Any]:
+def _trim() -> Any | None:
     """glibc's malloc_trim (None elsewhere: musl, or no C library found), found once."""
     name = ctypes.util.find_library("c")
     try:
-        return getattr(ctypes.CDLL(name), "malloc_trim") if name else None
+        return ctypes.CDLL(name).malloc_trim if name else None
     except (OSError, AttributeError):
         return None
-

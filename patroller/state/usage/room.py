@@ -6,6 +6,7 @@ A user can make the history grow (new names, new jobs); a full disk then stopped
 reservation, because the lease book could not be written. The check is one statvfs before each
 write (some microseconds); the largest one interval can add (Config.usage_new_parties new
 parties of six names cut to 253 characters, and their two indexes) is well under the reserve."""
+
 from __future__ import annotations
 
 import errno
@@ -18,9 +19,12 @@ class Low(OSError):
     """Writing would eat the room kept for the lease book (an ENOSPC of the store's own)."""
 
     def __init__(self, free: int, reserve: int) -> None:
-        super().__init__(errno.ENOSPC, f"{free / MIB:.1f} MiB free, under the "
-                         f"{reserve / MIB:.1f} MiB kept for the lease book (usage_reserve): "
-                         "the history waits in memory until there is room")
+        super().__init__(
+            errno.ENOSPC,
+            f"{free / MIB:.1f} MiB free, under the "
+            f"{reserve / MIB:.1f} MiB kept for the lease book (usage_reserve): "
+            "the history waits in memory until there is room",
+        )
         self.free = free
 
 

@@ -5,10 +5,11 @@ their owners) and the statistics tally of the interval. Taking one costs a walk 
 GPU-seconds by user and category that /metrics exposes (`seconds`), split by the same `classify`
 the store's hourly totals are, so that Prometheus's figures and the store's agree: some 260 µs
 an interval at 64 GPUs with two parties each (a two-core virtual machine)."""
+
 from __future__ import annotations
 
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Callable, Sequence
 
 from tornado.ioloop import PeriodicCallback
 
@@ -24,10 +25,16 @@ from patroller.state.usage.store import UsageStore
 class UsageSampler:
     """Takes the samples; the first interval runs from `start`, the last ends at `stop`."""
 
-    def __init__(self, inventory: Inventory, leases: LeaseManager, tally: Tally,
-                 store: UsageStore, interval: float,
-                 clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        inventory: Inventory,
+        leases: LeaseManager,
+        tally: Tally,
+        store: UsageStore,
+        interval: float,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self.inventory = inventory
         self.leases = leases
         self.tally = tally
@@ -38,9 +45,9 @@ class UsageSampler:
         self.samples = 0  # intervals sampled
         # GPU-seconds since the start by (user, category): "" for GPU-time no user had (free;
         # lost with no holder). One entry per user and category seen: bounded by the users.
-        self.seconds: Dict[Tuple[str, str], float] = {}
-        self._last: Optional[float] = None  # clock() at the last sample (or the start)
-        self._timer: Optional[PeriodicCallback] = None
+        self.seconds: dict[tuple[str, str], float] = {}
+        self._last: float | None = None  # clock() at the last sample (or the start)
+        self._timer: PeriodicCallback | None = None
 
     def start(self) -> None:
         """Sample every interval from now, on the current IOLoop."""
@@ -85,16 +92,33 @@ class UsageSampler:
         job map lists, whose accounts the parties in them are billed to."""
         hold = self.leases.holds[device.uuid]
         figures = self.tally.take(device.uuid)
-        state = hold.state if hold.lost or not hold.withheld else \
-            "unhealthy" if "health" in hold.withholds else "withheld"
+        state = (
+            hold.state
+            if hold.lost or not hold.withheld
+            else "unhealthy"
+            if "health" in hold.withholds
+            else "withheld"
+        )
         holder = billed_party(hold.holder, jobs) if hold.holder is not None else None
         return GpuSample(
-            uuid=device.uuid, number=device.number, name=device.name or "", seconds=seconds,
-            state=state, hold=hold.how if hold.holder is not None else None, holder=holder,
+            uuid=device.uuid,
+            number=device.number,
+            name=device.name or "",
+            seconds=seconds,
+            state=state,
+            hold=hold.how if hold.holder is not None else None,
+            holder=holder,
             reserved=hold.holder is not None and (hold.asked or hold.allocation is not None),
-            present=present(hold, jobs), readings=figures.readings, busy=figures.busy,
-            sm_mean=figures.sm_mean, sm_max=figures.sm_max, mem_mean=figures.mem_mean,
-            mem_max=figures.mem_max, fb_mean=figures.fb_mean, fb_max=figures.fb_max)
+            present=present(hold, jobs),
+            readings=figures.readings,
+            busy=figures.busy,
+            sm_mean=figures.sm_mean,
+            sm_max=figures.sm_max,
+            mem_mean=figures.mem_mean,
+            mem_max=figures.mem_max,
+            fb_mean=figures.fb_mean,
+            fb_max=figures.fb_max,
+        )
 
 
 def billed_party(owner: Identity, jobs: Sequence[Job]) -> Party:
@@ -102,10 +126,10 @@ def billed_party(owner: Identity, jobs: Sequence[Job]) -> Party:
     return party_of(owner, billed_to(owner, jobs))
 
 
-def present(hold: Hold, jobs: Sequence[Job] = ()) -> Tuple[Present, ...]:
+def present(hold: Hold, jobs: Sequence[Job] = ()) -> tuple[Present, ...]:
     """The parties with processes on a GPU, in the order their first process came: their pids,
     their containers, and whether they run there by right (on a GPU nobody holds, all do)."""
-    found: Dict[Party, Tuple[bool, List[int], List[str]]] = {}
+    found: dict[Party, tuple[bool, list[int], list[str]]] = {}
     for pid, owner in hold.processes.items():
         party = billed_party(owner, jobs)
         own = hold.holder is None or hold.belongs(owner)
@@ -115,8 +139,10 @@ def present(hold: Hold, jobs: Sequence[Job] = ()) -> Tuple[Present, ...]:
         if name and name not in containers:
             containers.append(name)
         found[party] = (was and own, pids, containers)
-    return tuple(Present(party, own, tuple(pids), tuple(containers))
-                 for party, (own, pids, containers) in found.items())
+    return tuple(
+        Present(party, own, tuple(pids), tuple(containers))
+        for party, (own, pids, containers) in found.items()
+    )
 
 
 def _container(owner: Identity) -> str:

@@ -22,10 +22,11 @@ days of its range from `daily` (some 25 times fewer rows) and only its first and
 A file with no table is version 0; each step runs in a transaction of its own, so a step that
 fails leaves the file at the version before it.
 """
+
 from __future__ import annotations
 
 import sqlite3
-from typing import Callable, Dict, Optional
+from collections.abc import Callable
 
 LATEST = 2
 
@@ -70,15 +71,17 @@ def _version_1(db: sqlite3.Connection) -> None:
 
 
 def _version_2(db: sqlite3.Connection) -> None:
-    db.execute("INSERT INTO daily (day, gpu, category, party, seconds) "
-               "SELECT hour - hour % 86400, gpu, category, party, SUM(seconds) FROM hourly "
-               "GROUP BY 1, 2, 3, 4 ON CONFLICT (day, gpu, category, party) "
-               "DO UPDATE SET seconds = seconds + excluded.seconds")
+    db.execute(
+        "INSERT INTO daily (day, gpu, category, party, seconds) "
+        "SELECT hour - hour % 86400, gpu, category, party, SUM(seconds) FROM hourly "
+        "GROUP BY 1, 2, 3, 4 ON CONFLICT (day, gpu, category, party) "
+        "DO UPDATE SET seconds = seconds + excluded.seconds"
+    )
 
 
 Step = Callable[[sqlite3.Connection], None]
 # version -> the step that makes it from the version before (a new version adds one here)
-STEPS: Dict[int, Step] = {1: _version_1, 2: _version_2}
+STEPS: dict[int, Step] = {1: _version_1, 2: _version_2}
 
 
 def version(db: sqlite3.Connection) -> int:
@@ -86,8 +89,10 @@ def version(db: sqlite3.Connection) -> int:
     tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     if "schema_version" not in tables:
         if tables:
-            raise NotAStore(f"holds tables ({', '.join(sorted(tables)[:5])}) but no schema "
-                            "version: not a usage store")
+            raise NotAStore(
+                f"holds tables ({', '.join(sorted(tables)[:5])}) but no schema "
+                "version: not a usage store"
+            )
         return 0
     row = db.execute("SELECT version FROM schema_version").fetchone()
     if row is None or not isinstance(row[0], int) or row[0] < 1:
@@ -95,8 +100,9 @@ def version(db: sqlite3.Connection) -> int:
     return row[0]
 
 
-def migrate(db: sqlite3.Connection, latest: Optional[int] = None,
-            steps: Optional[Dict[int, Step]] = None) -> int:
+def migrate(
+    db: sqlite3.Connection, latest: int | None = None, steps: dict[int, Step] | None = None
+) -> int:
     """Bring the file (a connection in autocommit mode) to `latest` (LATEST), one step (STEPS)
     per transaction; the version it had. Newer if it is past `latest`, NotAStore if it is not
     a store."""

@@ -26,6 +26,7 @@ What goes wrong, and what the store does:
     (`saving_room`). Names are cut and new parties bounded per interval (keys.py).
 Old samples are folded into daily totals (tables.py) at start and every `usage_fold_every`.
 """
+
 from __future__ import annotations
 
 import errno
@@ -37,7 +38,8 @@ import threading
 import time
 from collections import deque
 from datetime import tzinfo
-from typing import Any, Callable, Deque, Dict, Optional, Sequence, Tuple
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from patroller.config import Config
 from patroller.core.throttle import Throttle
@@ -54,25 +56,34 @@ SIDECARS = ("-wal", "-shm")  # WAL's files, which go where the database goes
 STOP = object()
 # States, as /metrics shows them.
 STARTING, WRITABLE, FAILING, READ_ONLY, STOPPED = (
-    "starting", "writable", "failing", "read_only", "stopped")
+    "starting",
+    "writable",
+    "failing",
+    "read_only",
+    "stopped",
+)
 STATES = (STARTING, WRITABLE, FAILING, READ_ONLY, STOPPED)
 
-Interval = Tuple[float, Sequence[GpuSample]]  # (its end, epoch seconds; a sample per GPU)
+Interval = tuple[float, Sequence[GpuSample]]  # (its end, epoch seconds; a sample per GPU)
 
 
 def damaged(exc: BaseException) -> bool:
     """Whether SQLite says the file is not a database, or a damaged one."""
     name = getattr(exc, "sqlite_errorname", "")  # Python 3.11 and later
     text = str(exc)
-    return (name in ("SQLITE_CORRUPT", "SQLITE_NOTADB") or "file is not a database" in text
-            or "malformed" in text)
+    return (
+        name in ("SQLITE_CORRUPT", "SQLITE_NOTADB")
+        or "file is not a database" in text
+        or "malformed" in text
+    )
 
 
 class UsageStore:
     """The usage store in `directory` (the state directory)."""
 
-    def __init__(self, directory: str, config: Config,
-                 wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, directory: str, config: Config, wall: Callable[[], float] = time.time
+    ) -> None:
         self.directory = directory
         self.path = os.path.join(directory, FILE)
         self.config = config
@@ -85,13 +96,13 @@ class UsageStore:
         self.set_aside = 0  # files renamed out of the way
         self.dropped = 0  # intervals dropped: the backlog was full, or they could not be written
         self._held = 0  # intervals the writer holds, not yet written
-        self.free: Optional[int] = None  # bytes free on its filesystem, at the last write
+        self.free: int | None = None  # bytes free on its filesystem, at the last write
         self.saving_room = False  # not written: the room left is the lease book's (room.py)
         self._keys = Keys(config.usage_parties_remembered, config.usage_new_parties)
         self._drops = Throttle(1, config.repeat_log_every)  # intervals dropped, said
-        self._queue: "queue.Queue[Any]" = queue.Queue()
-        self._thread: Optional[threading.Thread] = None
-        self._opening: Optional[sqlite3.Connection] = None  # the writer's, while it opens
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._opening: sqlite3.Connection | None = None  # the writer's, while it opens
         self._reports = Throttle(1, config.repeat_log_every)
         self._unmovable = Throttle(1, config.repeat_log_every)  # files it cannot set aside
         self.reader = Reader(self.path, config)
@@ -108,12 +119,19 @@ class UsageStore:
             read_only = exc.errno == errno.EROFS  # it could not even be made
         if read_only:
             self.state = READ_ONLY
-            log.warning("the usage store's directory %s is on a read-only filesystem: running "
-                        "without a usage store (no usage history is kept)", self.directory)
+            log.warning(
+                "the usage store's directory %s is on a read-only filesystem: running "
+                "without a usage store (no usage history is kept)",
+                self.directory,
+            )
             return
         config = self.config
-        log.info("usage store %s: a sample of every GPU every %g s, kept %d days, then daily "
-                 "totals", self.path, config.usage_interval, config.usage_days)
+        log.info(
+            "usage store %s: a sample of every GPU every %g s, kept %d days, then daily totals",
+            self.path,
+            config.usage_interval,
+            config.usage_days,
+        )
         self._thread = threading.Thread(target=self._run, name="usage-writer", daemon=True)
         self._thread.start()
 
@@ -134,18 +152,26 @@ class UsageStore:
         if self.state != READ_ONLY:
             self.state = STOPPED
 
-    def metrics(self) -> Dict[str, Any]:
+    def metrics(self) -> dict[str, Any]:
         """Counters for /metrics."""
-        return {"path": self.path, "state": self.state, "rows": self.rows,
-                "intervals": self.intervals, "failures": self.failures,
-                "set_aside": self.set_aside, "pending": self._held + self._queue.qsize(),
-                "dropped": self.dropped, "answered_again": self.reader.answered_again,
-                "free": self.free, "saving_room": self.saving_room,
-                "parties_overflow": self._keys.overflow,
-                "reports_running": self.reader.running,
-                "reports_waiting": self.reader.waiting,
-                "reports_busy": self.reader.refused["busy"],
-                "reports_too_large": self.reader.refused["too_large"]}
+        return {
+            "path": self.path,
+            "state": self.state,
+            "rows": self.rows,
+            "intervals": self.intervals,
+            "failures": self.failures,
+            "set_aside": self.set_aside,
+            "pending": self._held + self._queue.qsize(),
+            "dropped": self.dropped,
+            "answered_again": self.reader.answered_again,
+            "free": self.free,
+            "saving_room": self.saving_room,
+            "parties_overflow": self._keys.overflow,
+            "reports_running": self.reader.running,
+            "reports_waiting": self.reader.waiting,
+            "reports_busy": self.reader.refused["busy"],
+            "reports_too_large": self.reader.refused["too_large"],
+        }
 
     # -- reading (reader.py: a thread of its own) ---------------------------------------------
 
@@ -154,8 +180,9 @@ class UsageStore:
         store cannot be read."""
         return await self.reader.read(since, until, by, None)
 
-    async def grouped(self, since: float, until: float, by: Tuple[str, ...],
-                      zone: tzinfo) -> queries.Totals:
+    async def grouped(
+        self, since: float, until: float, by: tuple[str, ...], zone: tzinfo
+    ) -> queries.Totals:
         """GPU-seconds by one key or two (`by`), their time in `zone`, over [since, until)
         (groupings.py), read off the event loop as `report` is; each row's key is a tuple."""
         return await self.reader.read(since, until, by, zone)
@@ -163,15 +190,16 @@ class UsageStore:
     # -- writing (the writer thread) -----------------------------------------------------------
 
     def _run(self) -> None:
-        db: Optional[sqlite3.Connection] = None
+        db: sqlite3.Connection | None = None
         keys = self._keys
-        backlog: Deque[Interval] = deque()
-        folded: Optional[float] = None  # monotonic time of the last folding
+        backlog: deque[Interval] = deque()
+        folded: float | None = None  # monotonic time of the last folding
         stopping = False
         db, folded = self._write(db, keys, backlog, folded)  # opened (and folded) at start
         while True:
-            wait = self.config.usage_retry if self.state == FAILING else \
-                self.config.usage_fold_every
+            wait = (
+                self.config.usage_retry if self.state == FAILING else self.config.usage_fold_every
+            )
             try:
                 item = self._queue.get(timeout=wait)
             except queue.Empty:
@@ -193,14 +221,21 @@ class UsageStore:
             if stopping:
                 break
         if backlog:
-            log.warning("usage store %s: %d interval(s) could not be written before the stop",
-                        self.path, len(backlog))
+            log.warning(
+                "usage store %s: %d interval(s) could not be written before the stop",
+                self.path,
+                len(backlog),
+            )
         if db is not None:
             db.close()
 
-    def _write(self, db: Optional[sqlite3.Connection], keys: Keys,
-               backlog: Deque[Interval],
-               folded: Optional[float]) -> Tuple[Optional[sqlite3.Connection], Optional[float]]:
+    def _write(
+        self,
+        db: sqlite3.Connection | None,
+        keys: Keys,
+        backlog: deque[Interval],
+        folded: float | None,
+    ) -> tuple[sqlite3.Connection | None, float | None]:
         """Open the file if need be, write the backlog, fold if due; a failure is recorded and
         the backlog kept. (the connection, or None; when it last folded)"""
         for _ in range(2):  # a second time with a fresh file, after one is set aside
@@ -213,10 +248,15 @@ class UsageStore:
                     at, samples = backlog[0]
                     try:
                         self.rows += tables.write_interval(db, keys, at, samples)
-                    except (sqlite3.IntegrityError, sqlite3.ProgrammingError, ValueError,
-                            TypeError) as exc:  # this interval alone: never written
-                        log.error("usage store: an interval could not be written and is "
-                                  "dropped: %s", exc)
+                    except (
+                        sqlite3.IntegrityError,
+                        sqlite3.ProgrammingError,
+                        ValueError,
+                        TypeError,
+                    ) as exc:  # this interval alone: never written
+                        log.error(
+                            "usage store: an interval could not be written and is dropped: %s", exc
+                        )
                         self.dropped += 1
                     else:
                         self.intervals += 1
@@ -252,8 +292,9 @@ class UsageStore:
         private.touch(self.path)
         for suffix in SIDECARS:
             private.tighten(self.path + suffix)
-        db = self._opening = sqlite3.connect(self.path, timeout=self.config.usage_busy_timeout,
-                                             isolation_level=None)
+        db = self._opening = sqlite3.connect(
+            self.path, timeout=self.config.usage_busy_timeout, isolation_level=None
+        )
         if schema.version(db) > schema.LATEST:  # before anything is written to it
             raise schema.Newer(schema.version(db))
         db.execute("PRAGMA journal_mode = WAL")
@@ -261,8 +302,9 @@ class UsageStore:
         found = schema.migrate(db)
         self._opening = None
         if found != schema.LATEST:
-            log.info("usage store %s: schema version %d made from %d", self.path,
-                     schema.LATEST, found)
+            log.info(
+                "usage store %s: schema version %d made from %d", self.path, schema.LATEST, found
+            )
         return db
 
     def _fold(self, db: sqlite3.Connection) -> None:
@@ -270,9 +312,14 @@ class UsageStore:
         samples, hours = tables.fold(db, before)
         if samples or hours:
             day = time.strftime("%Y-%m-%d", time.gmtime(before))
-            log.info("usage store: %d sample(s) and %d hourly total(s) before %s folded into "
-                     "daily totals (--usage-days %d)", samples, hours, day,
-                     self.config.usage_days)
+            log.info(
+                "usage store: %d sample(s) and %d hourly total(s) before %s folded into "
+                "daily totals (--usage-days %d)",
+                samples,
+                hours,
+                day,
+                self.config.usage_days,
+            )
 
     def _set_aside(self, kind: str, why: str) -> bool:
         """Rename the file (and its WAL files) `<file>.<kind>-<time>`, saying why; False if it
@@ -289,13 +336,21 @@ class UsageStore:
                     os.rename(self.path + suffix, aside + suffix)
         except OSError as exc:  # said once a repeat_log_every: it is tried at every retry
             if self._unmovable.admit()[0]:
-                log.error("usage store %s %s and cannot be set aside: %s", self.path, why,
-                          exc.strerror or exc)
+                log.error(
+                    "usage store %s %s and cannot be set aside: %s",
+                    self.path,
+                    why,
+                    exc.strerror or exc,
+                )
             return False
         self.set_aside += 1
         self.reader.file_replaced()
-        log.warning("usage store %s %s; set aside as %s, and a fresh store starts", self.path,
-                    why, os.path.basename(aside))
+        log.warning(
+            "usage store %s %s; set aside as %s, and a fresh store starts",
+            self.path,
+            why,
+            os.path.basename(aside),
+        )
         return True
 
     def _room(self) -> None:
@@ -313,40 +368,58 @@ class UsageStore:
         interval goes, counted, and said once a repeat_log_every."""
         self.dropped += 1
         if self._drops.admit()[0]:
-            log.warning("usage store %s: %d interval(s) wait in memory, the most kept "
-                        "(usage_backlog): the oldest is dropped (%d dropped so far): %s",
-                        self.path, self.config.usage_backlog, self.dropped,
-                        self.why or "the store cannot be written")
+            log.warning(
+                "usage store %s: %d interval(s) wait in memory, the most kept "
+                "(usage_backlog): the oldest is dropped (%d dropped so far): %s",
+                self.path,
+                self.config.usage_backlog,
+                self.dropped,
+                self.why or "the store cannot be written",
+            )
 
     def _failed(self, exc: BaseException, kept: int) -> None:
         self.failures += 1
         self.state = FAILING
         self.why = str(getattr(exc, "strerror", None) or exc)
         if self._reports.admit()[0]:
-            log.error("cannot write the usage store %s: %s (%d failure(s) so far); serving goes "
-                      "on, %d interval(s) kept in memory, tried again every %g s", self.path,
-                      self.why, self.failures, kept, self.config.usage_retry)
+            log.error(
+                "cannot write the usage store %s: %s (%d failure(s) so far); serving goes "
+                "on, %d interval(s) kept in memory, tried again every %g s",
+                self.path,
+                self.why,
+                self.failures,
+                kept,
+                self.config.usage_retry,
+            )
 
     def _recovered(self) -> None:
         if self.state == FAILING:
-            log.warning("usage store %s is written again after %d failure(s); the intervals "
-                        "kept meanwhile are written", self.path, self.failures)
+            log.warning(
+                "usage store %s is written again after %d failure(s); the intervals "
+                "kept meanwhile are written",
+                self.path,
+                self.failures,
+            )
         self.state = WRITABLE
         self.why = ""
 
 
-def store_for(config: Config) -> Optional[UsageStore]:
+def store_for(config: Config) -> UsageStore | None:
     """The usage store the configuration asks for: in the state directory (or `usage_dir`),
     unless --usage none or there is no state directory."""
     directory = config.usage_dir or config.state_dir
     if config.usage == "none":
         return None
-    if directory is None:  # as found: --usage sqlite with no state directory kept nothing, silently
+    if (
+        directory is None
+    ):  # as found: --usage sqlite with no state directory kept nothing, silently
         # a warning on a GPU host; in test mode, whose default is no state directory (test
         # daemons run many at once, and the quick start gives one), a debug line
         (log.debug if config.test else log.warning)(
             "no usage history is kept: --usage %s needs a state directory, and there is none "
-            "(%s); give --state-dir DIR to keep one, or --usage none", config.usage,
-            "test mode's default" if config.test else "--state-dir none")
+            "(%s); give --state-dir DIR to keep one, or --usage none",
+            config.usage,
+            "test mode's default" if config.test else "--state-dir none",
+        )
         return None
     return UsageStore(directory, config)

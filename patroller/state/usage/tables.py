@@ -2,27 +2,33 @@
 one transaction, with its hourly and daily totals, and the removal of old samples and hourly
 totals, whose time stays in the daily ones. Run by the store's writer thread alone, on its
 connection (autocommit mode: each transaction is explicit)."""
+
 from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Sequence, Tuple
+from collections.abc import Sequence
 
 from patroller.core.usage import GpuSample, classify
 from patroller.state.usage.keys import Keys
 
 HOUR = 3600
 DAY = 86400
-ADD_HOURLY = ("INSERT INTO hourly (hour, gpu, category, party, seconds) VALUES (?, ?, ?, ?, ?) "
-              "ON CONFLICT (hour, gpu, category, party) "
-              "DO UPDATE SET seconds = seconds + excluded.seconds")
-ADD_DAILY = ("INSERT INTO daily (day, gpu, category, party, seconds) VALUES (?, ?, ?, ?, ?) "
-             "ON CONFLICT (day, gpu, category, party) "
-             "DO UPDATE SET seconds = seconds + excluded.seconds")
+ADD_HOURLY = (
+    "INSERT INTO hourly (hour, gpu, category, party, seconds) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (hour, gpu, category, party) "
+    "DO UPDATE SET seconds = seconds + excluded.seconds"
+)
+ADD_DAILY = (
+    "INSERT INTO daily (day, gpu, category, party, seconds) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (day, gpu, category, party) "
+    "DO UPDATE SET seconds = seconds + excluded.seconds"
+)
 
 
-def write_interval(db: sqlite3.Connection, keys: Keys, at: float,
-                   samples: Sequence[GpuSample]) -> int:
+def write_interval(
+    db: sqlite3.Connection, keys: Keys, at: float, samples: Sequence[GpuSample]
+) -> int:
     """One interval's samples, ending at `at` (epoch seconds), and their GPU-seconds by hour,
     category and party, in one transaction: all of them or none. The rows written."""
     keys.interval()
@@ -30,17 +36,38 @@ def write_interval(db: sqlite3.Connection, keys: Keys, at: float,
     try:
         for sample in samples:
             gpu = keys.gpu(db, sample)
-            processes = [{"party": keys.party(db, p.party), "own": p.own, "pids": list(p.pids),
-                          "containers": list(p.containers)} for p in sample.present]
+            processes = [
+                {
+                    "party": keys.party(db, p.party),
+                    "own": p.own,
+                    "pids": list(p.pids),
+                    "containers": list(p.containers),
+                }
+                for p in sample.present
+            ]
             db.execute(
                 "INSERT INTO samples (at, gpu, seconds, state, hold, holder, reserved, "
                 "processes, readings, busy, sm_mean, sm_max, mem_mean, mem_max, fb_mean, "
                 "fb_max) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (at, gpu, sample.seconds, sample.state, sample.hold,
-                 keys.party(db, sample.holder), int(sample.reserved),
-                 json.dumps(processes, separators=(",", ":")), sample.readings, sample.busy,
-                 sample.sm_mean, sample.sm_max, sample.mem_mean, sample.mem_max,
-                 sample.fb_mean, sample.fb_max))
+                (
+                    at,
+                    gpu,
+                    sample.seconds,
+                    sample.state,
+                    sample.hold,
+                    keys.party(db, sample.holder),
+                    int(sample.reserved),
+                    json.dumps(processes, separators=(",", ":")),
+                    sample.readings,
+                    sample.busy,
+                    sample.sm_mean,
+                    sample.sm_max,
+                    sample.mem_mean,
+                    sample.mem_max,
+                    sample.fb_mean,
+                    sample.fb_max,
+                ),
+            )
             # counted in the hour its interval began
             hour = int((at - sample.seconds) // HOUR * HOUR)
             for category, party, seconds in classify(sample):
@@ -64,7 +91,7 @@ def cutoff(now: float, days: int) -> int:
     return int((now - days * DAY) // DAY * DAY)
 
 
-def fold(db: sqlite3.Connection, before: int) -> Tuple[int, int]:
+def fold(db: sqlite3.Connection, before: int) -> tuple[int, int]:
     """Remove the hourly totals and the samples before `before` (epoch seconds, a day's
     start), in one transaction: their GPU-seconds stay in the daily totals, written with them.
     (samples removed, hourly totals removed)"""
