@@ -17,8 +17,8 @@ import statistics
 import tempfile
 import threading
 import time
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 from patroller.config import Config, policy_of
 from patroller.core.identity import Identity
@@ -31,7 +31,7 @@ from patroller.state.usage import schema, tables
 from patroller.state.usage.sampler import UsageSampler
 from patroller.state.usage.store import FILE, UsageStore
 
-from .harness import Daemon, wrk, have_wrk
+from .harness import Daemon, have_wrk, wrk
 
 MINUTE, DAY, BLOCK = 60, 86400, 4 * 3600
 USERS = [Party(user=f"user{n}@lab.example", account=f"user{n}") for n in range(20)]

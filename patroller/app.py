@@ -9,8 +9,8 @@ import os
 import socket
 import sys
 import time
-from typing import Any
 from collections.abc import Sequence
+from typing import Any
 
 from patroller.config import Config, policy_of
 from patroller.config.trust import Untrusted
@@ -37,22 +37,22 @@ from patroller.identify.tracker import ProcessTracker
 from patroller.notify import Notifier
 from patroller.notify.notifier import NotifyError
 from patroller.observe.crosscheck import CrossCheck, Unattributed
+from patroller.observe.health import HealthWatch
 from patroller.observe.idle import IdleWatch
-from patroller.observe.jobmap import JobMapWatch, check_map
 from patroller.observe.inventory import GpuHostError, InventoryWatch, command, devices_of, discover
+from patroller.observe.jobmap import JobMapWatch, check_map
+from patroller.observe.kernlog import KernelLog
 from patroller.observe.miguuids import MigUuids
-from patroller.observe.topology import TopologyWatch
 from patroller.observe.monitor import Monitor
 from patroller.observe.monitors import DmonMonitor, PmonMonitor
 from patroller.observe.podresources import PodResourcesWatch
 from patroller.observe.signals import Allocated, Signals, Silence
 from patroller.observe.silence import SilenceWatch
-from patroller.observe.health import HealthWatch
-from patroller.observe.kernlog import KernelLog
 from patroller.observe.stats import StatsStore
 from patroller.observe.tally import Tally
 from patroller.observe.testmode import MODELS, SyntheticMonitor, synthetic_inventory
 from patroller.observe.testprocesses import SyntheticProcesses, asking_holder
+from patroller.observe.topology import TopologyWatch
 from patroller.services import Services
 from patroller.state.audit import AuditLog
 from patroller.state.book import LeaseBook

@@ -29,13 +29,14 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
 from helpers import ScenarioFile, ServerProcess  # noqa: E402
+
 from patroller import answers  # noqa: E402
 from patroller.cli import fleet  # noqa: E402
 

@@ -13,8 +13,8 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Any, TypeVar
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -178,4 +178,4 @@ def browser(**options: Any) -> Browser:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI must run the web page's browser tests, but {exc}")
         pytest.skip(str(exc))
-        raise AssertionError("unreachable")
+        raise AssertionError("unreachable") from exc

@@ -20,6 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
 
 from containerd import Containerd  # noqa: E402 (after the path)
+
 from patroller.identify import containerd as ctrd  # noqa: E402
 
 OUT = os.path.join(HERE, "fixtures", "containerd", "answers.json")

@@ -19,7 +19,7 @@ import patroller.config.file  # noqa: E402
 
 patroller.config.file.DEFAULT_PATH = os.path.join(os.path.dirname(__file__), "no-such-file.toml")
 
-from helpers import FakeClock, engines_left_out, lease_manager, need_root
+from helpers import FakeClock, engines_left_out, lease_manager, need_root  # noqa: E402 (after the variable above)
 
 
 @pytest.fixture(autouse=True)

@@ -19,8 +19,8 @@ import json
 import os
 import socketserver
 import threading
-from http.server import BaseHTTPRequestHandler
 from collections.abc import Sequence
+from http.server import BaseHTTPRequestHandler
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "docker")
 FIXTURE = os.path.join(FIXTURES, "engine.json")

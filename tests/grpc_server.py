@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent import futures
 from collections.abc import Callable
+from concurrent import futures
 
 import grpc
 

@@ -12,10 +12,10 @@ import http.server
 import json
 import threading
 import time
-from typing import Any, Union
 from collections.abc import Callable, Iterator
+from typing import Any
 
-Answer = Union[bytes, Callable[["Handler"], None]]  # a body, or a writer of the whole answer
+Answer = bytes | Callable[["Handler"], None]  # a body, or a writer of the whole answer
 
 
 class Handler(http.server.BaseHTTPRequestHandler):

@@ -17,10 +17,12 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 
 import pytest
+from helpers import FakeClock, async_test, engines_in, process_in_cgroup
+from test_container_callers import ALICE, ByAddress, Engine
+from test_trust_callers import HOST, OTHER, namespaces  # noqa: F401 (a fixture)
 from tornado.http1connection import HTTP1Connection
 from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
 
-from helpers import FakeClock, async_test, engines_in, process_in_cgroup
 from patroller.config import Config
 from patroller.core.errors import NoCallerProcess, Unidentified
 from patroller.identify.callers import SOCKET_HINT, SystemCallers
@@ -29,8 +31,6 @@ from patroller.identify.connection import Accepted
 from patroller.identify.peers import Peer, peer_credentials
 from patroller.identify.procfs import process_state
 from patroller.identify.resolver import ProcessIdentifier
-from test_container_callers import ALICE, ByAddress, Engine
-from test_trust_callers import HOST, OTHER, namespaces  # noqa: F401 (a fixture)
 
 NOBODY = 65534
 CLONE_NEWNET = 0x40000000

@@ -15,18 +15,19 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
-from collections.abc import Callable
-
-import pytest
 
 import liars
+import pytest
 from browser import browser
 from helpers import ROOT, ServerProcess
-from patroller.config import Config
 from test_fleet_page import by_host, fleet_json, host_panels, panel_where
+
+from patroller.config import Config
 
 INTERVAL = 0.5  # --fleet-interval
 WEB = os.path.join(ROOT, "patroller", "http", "web")
@@ -64,7 +65,7 @@ def lying():
         for name, answers, words in liars.hostile(devices, status, Config.fleet_max_gpus):
             started.append(liars.LyingServer(answers).start())
             said[name] = words
-        by_attack = dict(zip(said, started))
+        by_attack = dict(zip(said, started, strict=True))
         daemon = ServerProcess(
             "--test",
             "--fleet",
@@ -296,7 +297,7 @@ def test_the_page_draws_each_host_on_its_own_whatever_fleet_json_says(lying):
     ]
     snapshot = dict(real, hosts=bad[:2] + [honest] + bad[2:])
     files = {
-        name: open(os.path.join(WEB, name), "rb").read()
+        name: Path(os.path.join(WEB, name)).read_bytes()
         for name in ("fleet.html", "common.js", "fleet.js", "fleet.css", "style.css")
     }
     page_server = liars.LyingServer(

@@ -10,17 +10,17 @@ import subprocess
 from dataclasses import replace as changed
 
 import pytest
-
-from helpers import known_claim
 from helpers import (
     NOBODY,
     ScenarioFile,
     async_test,
     gpu_running,
+    known_claim,
     running,
     slurm_job_process,
     until,
 )
+
 from patroller.config import Config
 from patroller.core.devices import Inventory
 from patroller.core.jobs import Allocation, Job

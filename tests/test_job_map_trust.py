@@ -21,8 +21,8 @@ import time
 import urllib.request
 
 import pytest
-
 from helpers import ROOT, ServerProcess, async_test, forked_as, running, until
+
 from patroller.config import Config
 from patroller.observe.jobmap import JobMapWatch, listed, read_map
 from patroller.observe.signals import Signals
@@ -83,7 +83,7 @@ def refused(map_dir):
     except subprocess.TimeoutExpired:
         process.kill()
         out, err = process.communicate()
-        raise AssertionError(f"it started on {map_dir}: {err}")
+        raise AssertionError(f"it started on {map_dir}: {err}") from None
     assert process.returncode == 1, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("patroller: the Slurm job map"), err

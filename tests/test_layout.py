@@ -13,9 +13,10 @@ import ast
 import os
 import re
 import sys
+from itertools import pairwise
+from pathlib import Path
 
 import pytest
-
 from helpers import ROOT
 
 PACKAGE = os.path.join(ROOT, "patroller")
@@ -151,7 +152,7 @@ def is_package(module: str) -> bool:
 
 def imports(module: str) -> list[tuple[str, int]]:
     """(imported module, line) for every import in the module, relative ones resolved."""
-    tree = ast.parse(open(MODULES[module], encoding="utf-8").read())
+    tree = ast.parse(Path(MODULES[module]).read_text(encoding="utf-8"))
     here = module if is_package(module) else module.rpartition(".")[0]
     found = []
     for node in ast.walk(tree):
@@ -189,9 +190,9 @@ def unit_of(module: str) -> str | None:
     units = [u for layer in LAYERS for u in layer] + list(LEAVES)
     best = None
     for unit in units:
-        if module == unit or module.startswith(unit + "."):
-            if best is None or len(unit) > len(best):
-                best = unit
+        inside = module == unit or module.startswith(unit + ".")
+        if inside and (best is None or len(unit) > len(best)):
+            best = unit
     return best
 
 
@@ -353,7 +354,7 @@ def test_each_package_says_what_it_owns_and_what_it_may_import():
     for module in MODULES:
         if not is_package(module) or module == "patroller":
             continue
-        doc = ast.get_docstring(ast.parse(open(MODULES[module], encoding="utf-8").read())) or ""
+        doc = ast.get_docstring(ast.parse(Path(MODULES[module]).read_text(encoding="utf-8"))) or ""
         assert "Owns:" in doc and "May import:" in doc, (
             f"{MODULES[module]}: the docstring says what the package owns and may import"
         )
@@ -361,7 +362,7 @@ def test_each_package_says_what_it_owns_and_what_it_may_import():
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if not m.startswith(SIZE_EXEMPT)))
 def test_modules_and_classes_are_of_a_size_one_can_read(module):
-    text = open(MODULES[module], encoding="utf-8").read()
+    text = Path(MODULES[module]).read_text(encoding="utf-8")
     lines = len(text.splitlines())
     assert lines <= MAX_MODULE_LINES, f"{MODULES[module]} has {lines} lines"
     for node in ast.walk(ast.parse(text)):
@@ -369,6 +370,39 @@ def test_modules_and_classes_are_of_a_size_one_can_read(module):
             size = node.end_lineno - node.lineno + 1
             most = CLASS_LINES.get(f"{module}.{node.name}", MAX_CLASS_LINES)
             assert size <= most, f"{MODULES[module]}: class {node.name} has {size} lines"
+
+
+def defined_twice(tree: ast.Module) -> list[str]:
+    """Names a module's top level (or a class's body) defines more than once: a second test of
+    one name hides the first, which pytest then never runs."""
+    found = []
+    for scope in [tree, *(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef))]:
+        seen: set[str] = set()
+        for node in scope.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                if node.name in seen:
+                    found.append(f"{node.name} (line {node.lineno})")
+                seen.add(node.name)
+    return found
+
+
+def test_no_test_file_defines_a_name_twice():
+    """What pyflakes' F811 guards against, which the lint leaves off in tests/ (a fixture
+    imported by name is named again by each test that takes it: pyproject.toml)."""
+    assert defined_twice(ast.parse("def test_a(): pass\nasync def test_a(): pass\n")) == [
+        "test_a (line 2)"
+    ]
+    assert defined_twice(
+        ast.parse("class T:\n    def test_b(self): pass\n    def test_b(self): pass\n")
+    )
+    folder = os.path.join(ROOT, "tests")
+    twice = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".py"):
+            tree = ast.parse(Path(os.path.join(folder, name)).read_text(encoding="utf-8"))
+            if found := defined_twice(tree):
+                twice[name] = found
+    assert not twice
 
 
 def test_the_tests_import_their_neighbours_by_module_name():
@@ -383,7 +417,7 @@ def test_the_tests_import_their_neighbours_by_module_name():
     for name in sorted(os.listdir(folder)):
         if not name.endswith(".py"):
             continue
-        tree = ast.parse(open(os.path.join(folder, name), encoding="utf-8").read())
+        tree = ast.parse(Path(os.path.join(folder, name)).read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 named = [alias.name for alias in node.names]
@@ -408,13 +442,13 @@ def hours_and_days_split(path: str) -> list[int]:
     tokens = [
         t
         for t in tokenize.generate_tokens(
-            io.StringIO(open(path, encoding="utf-8").read()).readline
+            io.StringIO(Path(path).read_text(encoding="utf-8")).readline
         )
         if t.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE)
     ]
     return [
         b.start[0]
-        for a, b in zip(tokens, tokens[1:])
+        for a, b in pairwise(tokens)
         if a.type == tokenize.OP
         and a.string in ("//", "%")
         and b.type == tokenize.NUMBER
@@ -437,7 +471,7 @@ def test_a_duration_is_formatted_in_one_place_per_language():
         name: len(
             re.findall(
                 r"\bduration\s*\(seconds\)\s*\{",
-                open(os.path.join(web, name), encoding="utf-8").read(),
+                Path(os.path.join(web, name)).read_text(encoding="utf-8"),
             )
         )
         for name in os.listdir(web)
@@ -445,5 +479,5 @@ def test_a_duration_is_formatted_in_one_place_per_language():
     }
     assert {name: n for name, n in defined.items() if n} == {"common.js": 1}, defined
     for page, script in (("index.html", "app.js"), ("fleet.html", "fleet.js")):
-        html = open(os.path.join(web, page), encoding="utf-8").read()
+        html = Path(os.path.join(web, page)).read_text(encoding="utf-8")
         assert html.index('src="/web/common.js"') < html.index(f'src="/web/{script}"'), page

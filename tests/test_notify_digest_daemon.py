@@ -17,7 +17,6 @@ from dataclasses import replace
 from datetime import datetime, timezone
 
 import pytest
-
 from helpers import ScenarioFile, async_test, gpu_running, running, until
 from receivers import Hooks, Smtp
 from test_usage_store import fill, tmpfs

@@ -11,8 +11,8 @@ import time
 from dataclasses import replace
 
 import pytest
-
 from helpers import FakeClock, async_test, host_user, lease_manager, until
+
 from patroller.config import Config, ConfigError, load
 from patroller.core.leases import Event
 from patroller.notify.delivery import Delivery, Outcome

@@ -1,4 +1,5 @@
-"""The OpenAPI document (patroller/openapi.json) checked against the daemon, so the two cannot drift.
+"""The OpenAPI document (patroller/openapi.json) checked against the daemon, so the two cannot
+drift.
 
 Paths against the routes, operations against the methods each handler implements and answers,
 error statuses against the API's table, and every field a live answer carries against the
@@ -9,14 +10,14 @@ import json
 import pkgutil
 import re
 import socket
-from typing import Any
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import tornado.web
+from helpers import ROOT, async_test, running, until
 from tornado.httpclient import HTTPRequest
 
-from helpers import ROOT, async_test, running, until
 from patroller import __version__
 from patroller.http import handlers as api
 

@@ -11,10 +11,10 @@ import subprocess
 from dataclasses import replace
 
 import pytest
-
-from helpers import ScenarioFile, async_test, find, gpu_running, running, scrape, until
 from grpc_server import Hang
+from helpers import ScenarioFile, async_test, find, gpu_running, running, scrape, until
 from kubelet import Kubelet, gpu_pod, pod
+
 from patroller.config import Config
 from patroller.config.flags import load
 from patroller.core.devices import Inventory, MigInstance

@@ -12,10 +12,10 @@ import sys
 import threading
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
@@ -220,7 +220,7 @@ def test_dmon_full_selection_adds_columns_in_fixed_order(scn_file: Path) -> None
         "txpci",
     ]
     assert "bool" in lines[1] and "errs" in lines[1] and "MB/s" in lines[1]
-    row = dict(zip(lines[0].split()[1:], lines[2].split()))
+    row = dict(zip(lines[0].split()[1:], lines[2].split(), strict=True))
     assert row["fb"] == "300" and row["mtemp"] == "-" and row["sbecc"] == "-"
 
 
@@ -607,7 +607,7 @@ def test_architecture_follows_the_product_name(scn_file: Path) -> None:
 def dmon_rows(out: str) -> list[dict[str, str]]:
     """dmon's data rows as {column: value}."""
     names = out.splitlines()[0].lstrip("#").split()
-    return [dict(zip(names, row)) for row in data(out)]
+    return [dict(zip(names, row, strict=True)) for row in data(out)]
 
 
 @pytest.mark.parametrize("era", ["r384", "r470", "r550"])

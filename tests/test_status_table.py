@@ -13,12 +13,12 @@ import sys
 from typing import Any
 
 import pytest
-
 from helpers import ROOT, ServerProcess
+
 from patroller import answers, client
 from patroller.cli import fleet
 from patroller.cli.exits import Failure
-from patroller.cli.status import format_status, level, TEMP_LEVELS
+from patroller.cli.status import TEMP_LEVELS, format_status, level
 from patroller.cli.table import Cell, Cut, Drop, Shorten, fit, width_of
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "status")
@@ -132,7 +132,9 @@ def test_the_fixtures_have_the_fields_a_daemon_answers_today():
 
 def test_each_example_fits_80_columns_and_colours_move_no_column():
     for name, scene in scenes().items():
-        for (command, plain), (_, coloured) in zip(drawn(scene), drawn(scene, colour=True)):
+        for (command, plain), (_, coloured) in zip(
+            drawn(scene), drawn(scene, colour=True), strict=True
+        ):
             assert ANSI.sub("", coloured) == plain, (name, command)
             table = [line for line in plain.splitlines() if "not answering" not in line]
             assert max(map(len, table)) <= COLUMNS, (name, command, plain)

@@ -13,12 +13,13 @@ from contextlib import contextmanager
 from dataclasses import replace
 from datetime import timedelta, timezone
 
+from test_usage_rollup import HOUR, START, fresh, history, rounded
+from test_usage_store import by_category, interval, report, store_in, wait
+
 from patroller.config import Config
 from patroller.state.usage import queries, schema, tables
 from patroller.state.usage.reader import Reader
 from patroller.state.usage.store import FILE
-from test_usage_rollup import HOUR, START, fresh, history, rounded
-from test_usage_store import by_category, interval, report, store_in, wait
 
 NOW = time.time() // HOUR * HOUR + 600  # ten minutes into an hour
 

@@ -11,8 +11,9 @@ import time
 from dataclasses import replace
 
 import pytest
-
 from helpers import async_test, find, running, scrape, until
+from test_usage_store import tmpfs
+
 from patroller.config import Config
 from patroller.core.pods import NAME_CHARS
 from patroller.core.usage import GpuSample, Party, Present
@@ -21,7 +22,6 @@ from patroller.state.book import FILE as BOOK
 from patroller.state.usage import schema, tables
 from patroller.state.usage.keys import Keys
 from patroller.state.usage.store import UsageStore
-from test_usage_store import tmpfs
 
 FILE = "usage.sqlite3"
 PROCESSES = 20  # job processes a GPU each, each with an account of its own

@@ -15,15 +15,15 @@ from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
 import pytest
-
 from helpers import ScenarioFile, async_test, gpu_running, need_root, running, until
-from patroller.core.usage import Party, Present, summarize_grouped
-from patroller.identify.resolver import host_identity
-from patroller.state.usage.groupings import spans
 from test_hide_users import PSEUDONYM, ask_as
 from test_openapi import answer_schema, undocumented
 from test_usage_store import store_in, wait
-from usage_history import HOUR, DAY, gpu_hour, write
+from usage_history import DAY, HOUR, gpu_hour, write
+
+from patroller.core.usage import Party, Present, summarize_grouped
+from patroller.identify.resolver import host_identity
+from patroller.state.usage.groupings import spans
 
 FILE = "usage.sqlite3"
 NOBODY, DAEMON = 65534, 1

@@ -1,17 +1,18 @@
 """What reports may take of a daemon, bounded: at most usage_reports_at_once answered at once,
-usage_reports_waiting waiting for a turn (the next a 429 with Retry-After), none larger than usage_report_max_rows rows (a 400 that says
+usage_reports_waiting waiting for a turn (the next a 429 with Retry-After), none larger than
+usage_report_max_rows rows (a 400 that says
 to narrow the range or the grouping), and the reader's connection and answers let go once
-reports stop coming. (How much memory comes back is measured, not asserted: docs/performance.md.)"""
+reports stop coming. (How much memory comes back is measured, not asserted:
+docs/performance.md.)"""
 
 import asyncio
 import json
 import threading
 import time
 
-from tornado.httpclient import HTTPRequest
-
 from helpers import async_test, find, running, scrape, until
 from test_openapi import answer_schema, undocumented
+from tornado.httpclient import HTTPRequest
 from usage_history import lab, write
 
 FILE = "usage.sqlite3"

@@ -7,11 +7,11 @@ import time
 from dataclasses import replace as changed
 
 import pytest
-
 from helpers import FakeClock, async_test, lease_manager
-from patroller.core.health import HealthBook, Reading
+
 from patroller.core.devices import Inventory
 from patroller.core.errors import BadRequest
+from patroller.core.health import HealthBook, Reading
 from patroller.core.identity import Identity
 from patroller.core.jobs import Job, billed_to
 from patroller.core.usage import (

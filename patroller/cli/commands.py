@@ -12,12 +12,11 @@ import argparse
 import os
 import sys
 import time
-from typing import Any
 from collections.abc import Sequence
+from typing import Any
 
-from patroller import client
 import patroller.cli.fleet as fleet
-from patroller.cli.finding import find
+from patroller import client
 from patroller.cli.arguments import (
     count_arg,
     hold_arg,
@@ -38,9 +37,9 @@ from patroller.cli.exits import (
     error_text,
     refused_code,
 )
-from patroller.cli.records import history_command, queue_command, users_command
+from patroller.cli.finding import find
 from patroller.cli.notify import add_parser as add_notify
-from patroller.cli.report import add_parser as add_report
+from patroller.cli.records import history_command, queue_command, users_command
 from patroller.cli.render import (
     amount,
     describe,
@@ -50,6 +49,7 @@ from patroller.cli.render import (
     release_message,
     use_colour,
 )
+from patroller.cli.report import add_parser as add_report
 from patroller.cli.run import optional_queue, optional_users, run_command
 from patroller.cli.status import format_status
 from patroller.cli.table import width_of

@@ -19,10 +19,10 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-from patroller import client
-from patroller.answers import BadAnswer
 import patroller.cli.fleet as fleet
 import patroller.cli.usage as usage
+from patroller import client
+from patroller.answers import BadAnswer
 from patroller.cli.exits import EX_NOPERM, EX_OK, EX_UNAVAILABLE, EX_USAGE, Failure
 from patroller.cli.table import width_of
 from patroller.client import PatrollerError, RequestRefused

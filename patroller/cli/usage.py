@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import csv
 import io
-from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
-from datetime import datetime, timedelta
-from typing import Any
 from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from typing import Any
 
 from patroller.answers import BadAnswer, fields, is_kind, kind, quoted
 from patroller.cli.render import duration
@@ -197,7 +197,7 @@ def in_pairs(rows: list[dict[str, Any]], by: list[str]) -> list[dict[str, Any]]:
 
     def order(row: dict[str, Any]) -> tuple[Any, ...]:
         parts: list[tuple[Any, ...]] = []
-        for n, (name, value) in enumerate(zip(by, row["key"])):
+        for n, (name, value) in enumerate(zip(by, row["key"], strict=True)):
             if value is None:
                 parts.append((1, 0.0, 0.0, ""))
             elif name in IN_TIME:
@@ -286,7 +286,7 @@ def key_cells(row: dict[str, Any], names: list[str], headers: list[str]) -> dict
     key = row.get("key")
     keys = key if isinstance(key, list) else [key]
     cells = {}
-    for name, header, value in zip(names, headers, keys):
+    for name, header, value in zip(names, headers, keys, strict=True):
         if name == "gpu" and row.get("number") is not None:
             number = str(row["number"])
             cells[header] = f"{row['host']} {number}" if row.get("host") else number
@@ -304,7 +304,7 @@ def plan(keys: list[str], names: list[str], zeros: list[str]) -> list[Step]:
     words; the categories with no GPU-time in any row (a line under the table names them);
     keys past 24 characters (not times); two more headers; and last the names, cut to what
     the other columns leave them (a name that fits is never cut)."""
-    cut = [header for header, name in zip(keys, names) if name not in IN_TIME]
+    cut = [header for header, name in zip(keys, names, strict=True) if name not in IN_TIME]
     dropped = [
         n
         for n in ("LOST", "TRESPASS", "UNASKED", "FREE", "UNUSED", "IDLE-HELD", "ACTIVE")
@@ -318,7 +318,7 @@ def plan(keys: list[str], names: list[str], zeros: list[str]) -> list[Step]:
         *(Cut(k, 24) for k in cut),
         Shorten("TRESPASS", SHORT["TRESPASS"]),
         Shorten("UNASKED", SHORT["UNASKED"]),
-        *(Rest(k) for k, name in zip(keys, names) if k in cut and name != "gpu"),
+        *(Rest(k) for k, name in zip(keys, names, strict=True) if k in cut and name != "gpu"),
     ]
 
 
@@ -344,7 +344,10 @@ def table(answer: dict[str, Any], colour: bool = False, width: int | None = None
             "UUID": str(row.get("key") or "-"),
         }
         cells.update(
-            {n: hours_text(row["hours"].get(c, 0.0)) for c, n in zip(categories, columns)}
+            {
+                n: hours_text(row["hours"].get(c, 0.0))
+                for c, n in zip(categories, columns, strict=True)
+            }
         )
         rows.append(cells)
     total = answer["total"]
@@ -353,12 +356,20 @@ def table(answer: dict[str, Any], colour: bool = False, width: int | None = None
         "GPU-HOURS": hours_text(total["gpu_hours"]),
         "SHARE": "100%" if total["gpu_hours"] else "0%",
     }
-    last.update({n: hours_text(total["hours"].get(c, 0.0)) for c, n in zip(categories, columns)})
+    last.update(
+        {
+            n: hours_text(total["hours"].get(c, 0.0))
+            for c, n in zip(categories, columns, strict=True)
+        }
+    )
     shares = {keys[0]: "share"}
     shares.update(
-        {n: share_text(total["shares"].get(c, 0.0)) for c, n in zip(categories, columns)}
+        {
+            n: share_text(total["shares"].get(c, 0.0))
+            for c, n in zip(categories, columns, strict=True)
+        }
     )
-    zeros = [n for c, n in zip(categories, columns) if not total["hours"].get(c, 0.0)]
+    zeros = [n for c, n in zip(categories, columns, strict=True) if not total["hours"].get(c, 0.0)]
     layout = fit(
         headers,
         rows + [last, shares],

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import os
 import stat
-from typing import Any
 from collections.abc import Mapping
+from typing import Any
 
 from patroller.config.settings import Config
 from patroller.core.policy import Policy

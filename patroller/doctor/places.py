@@ -9,8 +9,8 @@ from __future__ import annotations
 import errno
 import os
 import time
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from patroller.config import Config
 from patroller.config.trust import Untrusted, check

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import http.client
 import logging
-from typing import Any
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import tornado.web
 from tornado.ioloop import IOLoop
@@ -30,13 +30,12 @@ from patroller.core.errors import (
     Unidentified,
     Unsatisfiable,
 )
-from patroller.core.identity import Identity, ProcessRef
+from patroller.core.identity import Identity, ProcessRef, Viewer
 from patroller.core.leases import Waiter
 from patroller.http import hiding, query
 from patroller.http.access import SHOWN_METHOD_CHARS, shown
 from patroller.http.api import Api
 from patroller.http.encoding import dumps
-from patroller.core.identity import Viewer
 from patroller.http.hiding import viewer_of
 from patroller.http.inflight import answered_on_stop
 from patroller.http.views import device_json, grant_json, queue_view, users_view
@@ -286,7 +285,8 @@ class RequestHandler(Handler):
 
 
 class WaitHandler(Handler):
-    """Long-poll: answered when the lease manager grants, on timeout, or never if the client leaves.
+    """Long-poll: answered when the lease manager grants, on timeout, or never if the client
+    leaves.
 
     A waiter exists only while its client is connected: one that leaves while it is being
     identified is never queued, and a grant that finds it gone is given straight back.

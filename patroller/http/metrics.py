@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
@@ -34,6 +34,7 @@ from patroller.http.access import Requests
 from patroller.http.healthmetrics import health_families
 from patroller.http.hiding import Hiding, metric_labels
 from patroller.http.notifymetrics import notification_families
+from patroller.http.views import device_holds, usage, waiting_by_user
 from patroller.observe.monitor import (
     FAILING,
     IDLE,
@@ -44,7 +45,6 @@ from patroller.observe.monitor import (
     SilenceMetrics,
     first,
 )
-from patroller.http.views import device_holds, usage, waiting_by_user
 from patroller.services import Services
 
 MIB = 1024 * 1024

@@ -39,8 +39,8 @@ import os
 import pwd
 import re
 import stat
-from typing import NamedTuple
 from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 from patroller.config import Config
 from patroller.config.trust import Place, Untrusted, check, check_directory, check_path

@@ -12,7 +12,8 @@ other work loads it; swinging a link costs 0.07-0.09 ms (median), 0.2-0.4 ms p99
 (the benchmark's `persistence`), so the write stays on the loop. No fsync: the page cache
 outlives the daemon (kill -9, SIGTERM, a crash of Python); only a crash of the host loses the
 last writes (an fsync'd write: 0.6 ms quiet, 8-12 ms loaded), and that ends every job the book
-speaks for. The directory is locked (flock) for the daemon's life: one daemon, one book. A device held
+speaks for. The directory is locked (flock) for the daemon's life: one daemon, one book. A device
+held
 for a process keeps its pid and start time, with the boot's id: it is held again at start only
 if that very process still runs. What the file holds, and what a restart makes of each entry,
 is schema.py's.
@@ -31,14 +32,14 @@ import logging
 import os
 import re
 import time
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
-from patroller.core.leases import LeaseManager
-from patroller.state import schema
 from patroller.config import Config
+from patroller.core.leases import LeaseManager
 from patroller.core.throttle import Throttle
 from patroller.identify.procfs import boot_id, is_alive
+from patroller.state import schema
 from patroller.state.directory import lock
 from patroller.state.schema import Restored
 
@@ -197,7 +198,8 @@ class LeaseBook:
         return restored
 
     def _set_aside(self, why: str) -> None:
-        """Rename a file that cannot be restored, so that it is kept for a look, and say so once."""
+        """Rename a file that cannot be restored, so that it is kept for a look, and say so
+        once."""
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.wall()))
         aside = f"{self.path}.corrupt-{stamp}"
         n = 1
@@ -299,7 +301,8 @@ class LeaseBook:
             return name
 
     def _tidy(self) -> None:
-        """Remove what a killed daemon may have left: files the link does not name, the new link."""
+        """Remove what a killed daemon may have left: files the link does not name, the new
+        link."""
         try:
             target = os.readlink(self.path) if os.path.islink(self.path) else None
             names = os.listdir(self.directory)

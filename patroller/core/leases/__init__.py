@@ -9,7 +9,7 @@ May import: the rest of `patroller.core`.
 
 from patroller.core.leases.holds import Clock, Event, Hold, Shape, Wants, is_admin
 from patroller.core.leases.manager import LeaseManager
-from patroller.core.leases.queue import WaitQueue, Waiter
+from patroller.core.leases.queue import Waiter, WaitQueue
 from patroller.core.leases.state import LeaseState
 
 __all__ = [

@@ -14,7 +14,8 @@ held until then whatever runs on it; then the usual rules go on.
 Fair use (policy.py): a user, and the host account they run as (limits.py), may hold at most
 the policy's limit of devices (a process that takes a free device beyond it trespasses); a
 waiter that has waited the starvation bound is no longer overtaken: the free devices it needs
-are set aside for it (neither /request nor a later waiter gets them) until it can be served. Every grant, release,
+are set aside for it (neither /request nor a later waiter gets them) until it can be served. Every
+grant, release,
 expiry, claim and trespass is announced as an Event (the audit record) to `on_event` callbacks.
 """
 
@@ -22,24 +23,24 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
-from patroller.core.devices import Device, Inventory
-from patroller.core.errors import Unavailable
-from patroller.core.health import Health
-from patroller.core.identity import Identity, ProcessRef
 import patroller.core.leases.allocations as allocations
 import patroller.core.leases.refusals as refusals
 import patroller.core.leases.serving as serving
 import patroller.core.leases.withholding as withholding
+from patroller.core.devices import Device, Inventory
+from patroller.core.errors import Unavailable
+from patroller.core.health import Health
+from patroller.core.identity import Identity, ProcessRef
 from patroller.core.leases.holds import Clock, Hold, Notices, Wants
-from patroller.core.leases.queue import WaitQueue, Waiter
+from patroller.core.leases.queue import Waiter, WaitQueue
 from patroller.core.leases.sources import Sources
 from patroller.core.leases.state import LeaseState
 from patroller.core.leases.trespass import arrive, trespass
-from patroller.core.scheduled import SchedulerAllocation
 from patroller.core.policy import Policy
+from patroller.core.scheduled import SchedulerAllocation
 
 log = logging.getLogger(__name__)
 

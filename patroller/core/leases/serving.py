@@ -9,12 +9,11 @@ which of the free devices it gets, the same way for a request, a waiter and a se
 
 from __future__ import annotations
 
-from typing import AbstractSet
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Set
 
 from patroller.core.devices import Device, Inventory
 from patroller.core.leases.holds import Hold, Wants
-from patroller.core.leases.queue import WaitQueue, Waiter
+from patroller.core.leases.queue import Waiter, WaitQueue
 
 Free = dict[str, list[Device]]  # group -> its free devices, in device order
 # Which `count` of these free devices (in device order) to give, or None if none will do.
@@ -63,7 +62,7 @@ def set_aside(
 
 
 def pick(
-    wants: Wants, free: Free, aside: AbstractSet[str] = frozenset(), choose: Choose = lowest
+    wants: Wants, free: Free, aside: Set[str] = frozenset(), choose: Choose = lowest
 ) -> list[Device] | None:
     """Free devices for every group, but those set aside, as `choose` says; None if a group
     falls short. In device (PCI bus) order."""
@@ -81,7 +80,7 @@ def choose(
     waiters: WaitQueue,
     free: Free,
     starving: Waiter | None,
-    aside: AbstractSet[str],
+    aside: Set[str],
     passed: Iterable[Waiter] = (),
     chooser: Callable[[Waiter], Choose] = lambda w: lowest,
 ) -> tuple[Waiter, list[Device]] | None:
