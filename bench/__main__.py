@@ -91,7 +91,7 @@ def run(
                 results[name] = step(ctx)
             except ImportError as exc:  # a step's dependency (selenium, ...) is missing
                 results[name] = {"skipped": f"{exc.name or exc} is not installed"}
-            except Exception as exc:  # noqa: BLE001 (one step's failure loses no other's rows)
+            except Exception as exc:
                 traceback.print_exc()
                 results[name] = {"failed": f"{type(exc).__name__}: {exc}"}
             log(

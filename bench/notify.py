@@ -274,7 +274,7 @@ async def _watch_cost(gpus: int, processes: int, repeats: int) -> dict[str, Any]
     from patroller.observe.testmode import synthetic_inventory
 
     now = [1_800_000_000.0]
-    clock = lambda: now[0]  # noqa: E731
+    clock = lambda: now[0]
     config = replace(Config(), notify=("json://127.0.0.1:9/x",))
     inventory = synthetic_inventory(gpus)
     leases = LeaseManager(

@@ -122,7 +122,7 @@ def one_size(gpus: int, processes: int, repeats: int) -> dict[str, Any]:
 
 def _stepped(view: StatusView) -> list[float]:
     """Run the background rebuild by hand, one step (a slice on the loop) at a time."""
-    task = view._refresh_soon()  # noqa: SLF001 (the task the daemon runs, stepped here)
+    task = view._refresh_soon()
     took = []
     try:
         while True:

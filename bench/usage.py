@@ -231,7 +231,7 @@ def sampler_cost(gpus: int, intervals: int) -> dict[str, Any]:
     store = UsageStore(directory, config)
     store.open()
     sampler = UsageSampler(inventory, leases, tally, store, float(MINUTE))
-    sampler._last = time.monotonic() - MINUTE  # as if started a minute ago  # noqa: SLF001
+    sampler._last = time.monotonic() - MINUTE  # as if started a minute ago
     readings = [
         Sample(d.uuid, {"sm": 40 + r % 50, "mem": 20, "fb": 30_000}, 0.0)
         for r in range(MINUTE)
@@ -243,7 +243,7 @@ def sampler_cost(gpus: int, intervals: int) -> dict[str, Any]:
             began = time.thread_time()
             for reading in readings:
                 signals.sample.send(None, record=reading)
-            sampler._last = time.monotonic() - MINUTE  # noqa: SLF001
+            sampler._last = time.monotonic() - MINUTE
             sampler.sample()
             loop += time.thread_time() - began
         store.close(600)  # the writer writes what is queued, then stops

@@ -44,7 +44,7 @@ def _which(names: tuple[str, ...], extra: tuple[str, ...] = ()) -> str | None:
 def find() -> tuple[str, str]:
     """(browser, driver) paths; BrowserUnavailable when either or Selenium is missing."""
     try:
-        import selenium  # noqa: F401
+        import selenium  # noqa: F401 (is it installed?)
     except ImportError as exc:
         raise BrowserUnavailable(f"selenium is not installed ({exc}); {HINT}") from None
     binary = _which(BROWSERS, ("/usr/lib/chromium/chromium",))

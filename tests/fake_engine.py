@@ -94,7 +94,7 @@ class FakeEngine:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
+            def do_GET(self) -> None:
                 engine.requests += 1
                 if engine.hanging:
                     engine._stopped.wait(60)

@@ -96,9 +96,9 @@ async def test_a_close_whose_last_write_fails_leaves_no_try_behind(tmp_path, clo
     leases.request(alice, {"gpu": 1})
     blocked(tmp_path)
     leases.request(bob, {"gpu": 1})  # fails: a try is set for later
-    assert book._retry is not None  # noqa: SLF001
+    assert book._retry is not None
     book.close()  # its write fails again: nothing is left to try after the close
-    assert book.failures == 2 and book._retry is None  # noqa: SLF001
+    assert book.failures == 2 and book._retry is None
     blocked(tmp_path, False)
 
 

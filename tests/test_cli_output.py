@@ -25,7 +25,7 @@ from helpers import (
     slurm_job_process,
     until,
 )
-from test_cli import ENV, call, claims, eventually, gpuhost, on_gpu, scenario, uuid_of  # noqa: F401
+from test_cli import ENV, call, claims, eventually, gpuhost, on_gpu, scenario, uuid_of  # noqa: F401 (fixtures)
 from test_report import stored
 
 from patroller import client

@@ -19,7 +19,7 @@ from helpers import ROOTLESS_UID as OWNER
 from test_engine_answers import (
     ALICE,
     DEGRADES,
-    config_in,  # noqa: F401 (engines: a fixture)
+    config_in,
     warnings,
 )
 

@@ -280,7 +280,7 @@ async def test_a_round_that_runs_late_is_not_followed_by_every_round_it_missed_a
             await asyncio.sleep(1.4)
 
     fleet.ask = ask  # what the watch calls each round: here, no host at all
-    task = asyncio.ensure_future(fleet._watch(fleet.hosts[0], 0.0))  # noqa: SLF001
+    task = asyncio.ensure_future(fleet._watch(fleet.hosts[0], 0.0))
     try:
         await until(lambda: len(times) >= 3, timeout=10)
     finally:

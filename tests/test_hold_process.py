@@ -298,11 +298,11 @@ async def test_one_watched_process_after_another_each_end_is_seen(pidfds):
             try:
                 [device] = leases.request(alice, {"gpu": 1}, held_for=ref_of(process))
                 await until(lambda: lifelines.metrics()["watched" if pidfds else "polled"] == 1)
-                numbers.append(lifelines._fds.get(ref_of(process)))  # noqa: SLF001
+                numbers.append(lifelines._fds.get(ref_of(process)))
                 process.kill()
                 process.wait()
                 await until(lambda: leases.state(device.uuid) == "free", timeout=5)
-                await until(lambda: lifelines._poller is None)  # noqa: SLF001 (none left)
+                await until(lambda: lifelines._poller is None)
             finally:
                 process.kill()
                 process.wait()

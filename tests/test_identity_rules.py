@@ -177,7 +177,7 @@ async def test_the_tracker_learns_an_unsettled_owner_and_tells_the_leases(unsett
     signals.process_started.send(None, record=GpuProcess(uuid, 4242, "C", "python"))
     await until(lambda: leases.holder(uuid) == alice)
     assert resolver.asked == 3 and leases.state(uuid) == "claimed"
-    await until(lambda: not tracker._unsettled)  # noqa: SLF001 (its learner let go once done)
+    await until(lambda: not tracker._unsettled)
     tracker.close()
 
 

@@ -318,7 +318,7 @@ async def test_the_admin_gets_the_table_only_with_the_flag_and_the_kind(tmp_path
                     continue
                 assert await notifier.digests.send(notifier.digests.due) == 4
                 # the admin's table (or not), and each user's at the default for users
-                await until(lambda: len(audit.recent) == admin + 3)  # noqa: B023
+                await until(lambda: len(audit.recent) == admin + 3)
                 assert sorted(e["recipient"] for e in audit.recent) == ["admin"] * admin + [
                     "alice",
                     "bob",

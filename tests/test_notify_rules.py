@@ -543,7 +543,7 @@ async def test_the_daemons_own_trouble_reaches_the_admin_once_it_lasts_and_again
     notifier.troubles = lambda: trouble
     notifier.start()
     try:
-        queued = lambda: notifier.metrics()["by_kind"].get("daemon", {}).get("queued", 0)  # noqa
+        queued = lambda: notifier.metrics()["by_kind"].get("daemon", {}).get("queued", 0)
         notifier.check()
         clock.advance(config.notify_trouble_after - 1)
         notifier.check()

@@ -285,7 +285,7 @@ async def test_a_host_process_on_a_pods_gpu_trespasses(tmp_path):
     try:
         async with gpu_running(scenario, kubelet_socket=kubelet.path, kubelet_every=0.05) as h:
             uuid = h.uuids()[1]
-            state = lambda: h.services.leases.state(uuid)  # noqa: E731
+            state = lambda: h.services.leases.state(uuid)
             kubelet.pods = [gpu_pod("ml", "train-0", uuid)]
             await until(lambda: state() == "allocated", timeout=20)
             status, busy = await h.call("/request?gpu=2")

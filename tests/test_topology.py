@@ -64,7 +64,7 @@ def choose(
 
 def test_the_dgx1_capture_is_read_whatever_its_whitespace():
     found, topology = from_capture("dlperf-dgx1-v100-topo-r470.txt")
-    link = lambda a, b: topology.link(f"GPU-{a}", f"GPU-{b}")  # noqa: E731
+    link = lambda a, b: topology.link(f"GPU-{a}", f"GPU-{b}")
     assert (link(0, 1), link(0, 2), link(0, 4), link(4, 3), link(7, 0)) == (
         "NV1",
         "NV2",
@@ -162,7 +162,7 @@ def test_a_link_insisted_on():
 def test_ties_go_to_the_users_last_devices_then_the_oldest_release():
     found, topology = from_capture("nccl-tests-8x-rtx4090-topo-pix.txt")
     last = {2: (0, 5.0), 3: (0, 9.0), 5: (1, 1.0), 6: (1, 2.0), 7: (1, 3.0)}
-    prefer = lambda d: last.get(d.number, (1, float("-inf")))  # noqa: E731
+    prefer = lambda d: last.get(d.number, (1, float("-inf")))
     assert numbers(best(topology, found, 2, prefer)) == [2, 3]  # the user's own, PIX
     assert numbers(best(topology, found[4:], 2, prefer)) == [4, 5]  # 4 never, then 5 oldest
     assert numbers(best(topology, found[5:], 2, prefer)) == [5, 6]

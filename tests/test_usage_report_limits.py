@@ -35,7 +35,7 @@ async def test_reports_beyond_the_few_at_once_wait_and_past_those_waiting_are_a_
     ) as h:
         reader = h.services.usage.reader
         held = threading.Event()
-        reader._reading().submit(held.wait, 20)  # noqa: SLF001  # busy: a report waits
+        reader._reading().submit(held.wait, 20)  # busy: a report waits
         first = asyncio.ensure_future(h.call("/usage?since=3d&by=user"))
         await until(lambda: reader.running == 1)
         second = asyncio.ensure_future(h.call("/usage?since=3d&by=day"))
@@ -96,9 +96,9 @@ async def test_the_reader_lets_its_connection_and_answers_go_once_reports_stop(t
         reader = h.services.usage.reader
         for by in ("user", "day", "job"):
             assert (await h.call(f"/usage?since=3d&by={by}"))[0] == 200
-        assert reader._db is not None and len(reader._answers) == 3  # noqa: SLF001
+        assert reader._db is not None and len(reader._answers) == 3
         await until(lambda: reader.let_go == 1)
-        assert reader._db is None and len(reader._answers) == 0  # noqa: SLF001
+        assert reader._db is None and len(reader._answers) == 0
         assert (await h.call("/usage?since=3d&by=user"))[0] == 200  # opened again
-        assert reader._db is not None  # noqa: SLF001
+        assert reader._db is not None
         await until(lambda: reader.let_go == 2)

@@ -80,7 +80,7 @@ async def test_metrics_counts_what_the_daemon_does():
 def test_process_lists_are_stale_until_listed_and_after_three_intervals_without(parts):
     clock, inventory, leases, signals, view = parts
     first, second = (d.uuid for d in inventory)
-    claim = lambda uuid: json.loads(view.body())[uuid]["claim"]  # noqa: E731
+    claim = lambda uuid: json.loads(view.body())[uuid]["claim"]
     assert claim(first)["processes_stale"] is True  # nothing listed yet: unknown
     built = view.builds
     signals.processes_listed.send(object(), record=ProcessList((first,), 0.0))
@@ -207,7 +207,7 @@ async def test_what_the_socket_does_not_take_goes_through_the_stream_in_order(mo
         writer.write(PLAIN * many + queue + PLAIN)
         await until(lambda: through_stream, timeout=30)
         assert through_stream[0] < len(body) + 200  # the rest of an answer the socket cut
-        reader._limit = 1 << 30  # noqa: SLF001 (take the answers as they come)
+        reader._limit = 1 << 30
         writer.transport.resume_reading()
         got = await answers(reader, many + 2)
         uuids = h.uuids()  # each a whole /status (its figures move with the clock meanwhile)

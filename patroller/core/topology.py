@@ -50,7 +50,7 @@ class Topology:
 
     def __init__(
         self,
-        links: Mapping[tuple[str, str], str] = {},  # noqa: B006 (read only)
+        links: Mapping[tuple[str, str], str] = {},
         numa: Mapping[str, str | None] = {},
         cpus: Mapping[str, str | None] = {},
         why: str | None = None,

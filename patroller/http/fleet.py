@@ -272,7 +272,7 @@ class Fleet:
             if host.state != UP or bodies != host.read:
                 host.gpus = await loop.run_in_executor(self.reader, read, bodies, self.max_gpus)
                 host.read = bodies
-        except Exception as exc:  # noqa: BLE001 (whatever a host does is its state)
+        except Exception as exc:
             error = exc
         now = self.clock()
         if error is not None:
