@@ -410,6 +410,9 @@ FOREIGN = {
     "--now",
     "--full",  # systemctl enable --now, systemctl edit --full
     "--hpc-job-mapping-dir",  # dcgm-exporter
+    "--check",
+    "--fix",  # ruff format --check, ruff check --fix
+    "--ignore-revs-file",  # git blame
 }
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 

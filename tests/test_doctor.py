@@ -155,7 +155,7 @@ def test_the_human_output_is_one_line_a_check_and_a_count(scenario, engine_socke
     _, _, listed = doctor(*flags)  # the same checks, in the same order (times differ)
     shown = done.stdout.splitlines()
     assert len(shown) == len(listed) + 1, done.stdout
-    for line, result in zip(shown, listed, strict=True):
+    for line, result in zip(shown[:-1], listed, strict=True):
         assert line.split()[0] == result["status"]
         assert line.split(None, 1)[1].startswith(f"{result['check']}: "), line
         assert ("; fix: " in line) == (result["status"] != "ok")
