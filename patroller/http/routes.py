@@ -17,16 +17,9 @@ from patroller.http.api import Api
 from patroller.http.doctor import DoctorHandler
 from patroller.http.fleet import Fleet
 from patroller.http.exposition import MetricsHandler, MetricsJsonHandler, OpenApiHandler
-from patroller.http.handlers import (
-    HistoryHandler,
-    NotFoundHandler,
-    QueueHandler,
-    ReleaseHandler,
-    RenewHandler,
-    RequestHandler,
-    UsersHandler,
-    WaitHandler,
-)
+from patroller.http.handlers import NotFoundHandler
+from patroller.http.listings import HistoryHandler, QueueHandler, UsersHandler
+from patroller.http.reserving import ReleaseHandler, RenewHandler, RequestHandler, WaitHandler
 from patroller.http.polled import DevicesHandler, StatusHandler
 from patroller.http.fastlane import Body
 from patroller.http.hiding import Hiding
