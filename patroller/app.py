@@ -467,10 +467,10 @@ def connect(services: Services) -> None:
             uuid, now.reason, "health", now, by
         )
 
-    def job_allocation(sender: Any, record: Allocated) -> None:
+    def scheduler_allocation(sender: Any, record: Allocated) -> None:
         services.leases.allocate(record.uuid, record.allocation, record.source)
 
-    services.signals.job_allocation.connect(job_allocation, weak=False)
+    services.signals.scheduler_allocation.connect(scheduler_allocation, weak=False)
 
 
 def make_policy(config: Config) -> Policy:
