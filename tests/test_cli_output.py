@@ -30,7 +30,8 @@ from patroller import client
 from patroller.cli import status as status_table
 from patroller.cli.arguments import offsets_joined
 from patroller.cli.records import history_table, queue_table, users_table
-from patroller.cli.usage import summed, table as report_table, title
+from patroller.cli.usage import table as report_table, title
+from patroller.cli.usageanswers import summed
 from patroller.core.usage import Party
 from test_cli import ENV, call, claims, eventually, gpuhost, on_gpu, scenario, uuid_of  # noqa: F401
 from test_report import stored
