@@ -810,7 +810,7 @@ def _book_write_costs(directory: str, ctx: Context) -> dict[str, Any]:
     renamed: list[float] = []
     synced: list[float] = []
     ways: list[tuple[list[float], Callable[[], None]]] = [
-        (linked, lambda: writer._publish(body)),
+        (linked, lambda: writer.files.publish(body)),
         (renamed, lambda: _rename_over(path, body)),
     ]
     for samples, write in ways:  # each way in a row, as a daemon writes: the disk's queue counts

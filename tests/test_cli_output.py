@@ -32,8 +32,9 @@ from patroller import client
 from patroller.cli import status as status_table
 from patroller.cli.arguments import offsets_joined
 from patroller.cli.records import history_table, queue_table, users_table
-from patroller.cli.usage import summed, title
 from patroller.cli.usage import table as report_table
+from patroller.cli.usage import title
+from patroller.cli.usageanswers import summed
 from patroller.core.usage import Party
 
 ALICE = "alice@example.org"

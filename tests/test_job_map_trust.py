@@ -387,7 +387,7 @@ def test_a_file_that_cannot_be_read_keeps_its_jobs_and_spoils_no_other(stranger,
 
     def watch():
         signals, told = Signals(), []
-        signals.job_allocation.connect(
+        signals.scheduler_allocation.connect(
             lambda sender, record: told.append(
                 (record.uuid[-4:], record.allocation.ids() if record.allocation else None)
             ),

@@ -86,7 +86,8 @@ THIRD_PARTY: dict[str, set[str]] = {
 # of its own rank, nor one above). docs/development.md states the same order.
 CORE_ORDER: list[tuple[str, ...]] = [
     ("patroller.core", "patroller.core.leases"),  # the packages: they re-export
-    ("patroller.core.leases.manager",),  # the commands
+    ("patroller.core.leases.manager",),  # the callers' commands
+    ("patroller.core.leases.observed",),  # what the host tells; every change's end
     ("patroller.core.leases.state", "patroller.core.leases.allocations"),  # queries; schedulers'
     (
         "patroller.core.leases.refusals",
@@ -113,17 +114,18 @@ CORE_ORDER: list[tuple[str, ...]] = [
 ]
 MAX_MODULE_LINES = 400
 MAX_CLASS_LINES = 300
-# Classes allowed more, each with why. LeaseManager is one command object: each public method
-# is one command of the lease rules (request, wait, release, renew, a process started, ended or
-# exited, an allocation, expiry, give_back...), each keeping the same invariants over the same
-# holds and queue; its state and queries are LeaseState's (state.py) and its choices
-# serving.py's, and what is left would only scatter one object's invariants if split further.
-# Config is every setting, one field and its comment a line or two each: "every tuning value
-# lives in Config" makes it as long as there are values, and one place to find them all is
-# the point.
+# Classes allowed more, each with why. Config is every setting, one field and its comment a line
+# or two each: "every tuning value lives in Config" makes it as long as there are values, and
+# one place to find them all is the point.
 CLASS_LINES = {
-    "patroller.core.leases.manager.LeaseManager": 360,
     "patroller.config.settings.Config": 400,
+}
+# Modules allowed more, each with why. The client is one file that a training container copies
+# and imports alone (docs/api.md; test_client.py and bench/gpucheck copy it so): its calls, its
+# record of what this process reserved, the keep-alive thread and Claim cannot become modules
+# of their own without breaking that promise.
+MODULE_LINES = {
+    "patroller.client": 480,
 }
 # The simulator may be larger: it is a program of its own, imitating every era of nvidia-smi.
 SIZE_EXEMPT = ("patroller.simulator",)
@@ -364,7 +366,9 @@ def test_each_package_says_what_it_owns_and_what_it_may_import():
 def test_modules_and_classes_are_of_a_size_one_can_read(module):
     text = Path(MODULES[module]).read_text(encoding="utf-8")
     lines = len(text.splitlines())
-    assert lines <= MAX_MODULE_LINES, f"{MODULES[module]} has {lines} lines"
+    assert lines <= MODULE_LINES.get(module, MAX_MODULE_LINES), (
+        f"{MODULES[module]} has {lines} lines"
+    )
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.ClassDef):
             size = node.end_lineno - node.lineno + 1

@@ -161,7 +161,7 @@ def test_every_error_the_api_maps_is_documented():
     for error, status in api.STATUS.items():
         assert str(status) in statuses, f"{error.__name__} ({status}) is in no operation"
     with open(f"{ROOT}/patroller/http/framing.py", encoding="utf-8") as f:
-        framing = set(re.findall(r"FramingError\((\d{3}),", f.read()))
+        framing = set(re.findall(r"FramingError\(\s*(\d{3}),", f.read()))
     assert framing == {"400", "408", "413"}  # Tornado answers the rest itself, without JSON
     for path, ops in DOCUMENT["paths"].items():
         for method, op in ops.items():

@@ -168,7 +168,7 @@ def test_the_pods_of_each_gpu_each_once_and_ids_that_match_nothing():
 def test_an_id_that_matches_nothing_is_logged_once(caplog):
     inventory = synthetic_inventory(1)
     signals, told = Signals(), []
-    signals.job_allocation.connect(lambda sender, record: told.append(record), weak=False)
+    signals.scheduler_allocation.connect(lambda sender, record: told.append(record), weak=False)
     watch = PodResourcesWatch(inventory, signals, Config(kubelet_socket="/nonexistent.sock"))
     listed = [(Pod("ml", "a"), ("MIG-x", inventory.devices[0].uuid))]
     with caplog.at_level(logging.WARNING):

@@ -18,7 +18,7 @@ from patroller.config import Config
 from patroller.core.pods import NAME_CHARS
 from patroller.core.usage import GpuSample, Party, Present
 from patroller.doctor.places import check_state, probe_state
-from patroller.state.book import FILE as BOOK
+from patroller.state.bookfiles import FILE as BOOK
 from patroller.state.usage import schema, tables
 from patroller.state.usage.keys import Keys
 from patroller.state.usage.store import UsageStore

@@ -17,7 +17,8 @@ from patroller.config.trust import Untrusted, check
 from patroller.doctor.results import Result, degraded, failed, ok
 from patroller.observe.jobmap import JOB_MAP, read_map
 from patroller.state import schema
-from patroller.state.book import FILE, MAX_SIZE
+from patroller.state.book import MAX_SIZE
+from patroller.state.bookfiles import FILE
 from patroller.state.directory import LOCK, STATE_DIR
 from patroller.state.usage.store import FILE as USAGE_FILE
 

@@ -19,17 +19,9 @@ from patroller.http.encoding import dumps
 from patroller.http.exposition import MetricsHandler, MetricsJsonHandler, OpenApiHandler
 from patroller.http.fastlane import Body
 from patroller.http.fleet import Fleet
-from patroller.http.handlers import (
-    HistoryHandler,
-    NotFoundHandler,
-    QueueHandler,
-    ReleaseHandler,
-    RenewHandler,
-    RequestHandler,
-    UsersHandler,
-    WaitHandler,
-)
+from patroller.http.handlers import NotFoundHandler
 from patroller.http.hiding import Hiding
+from patroller.http.listings import HistoryHandler, QueueHandler, UsersHandler
 from patroller.http.live import LiveFeed
 from patroller.http.metrics import Registries
 from patroller.http.notifyapi import CHANGES, NotifyHandler
@@ -43,6 +35,7 @@ from patroller.http.page import (
     web_files,
 )
 from patroller.http.polled import DevicesHandler, StatusHandler
+from patroller.http.reserving import ReleaseHandler, RenewHandler, RequestHandler, WaitHandler
 from patroller.http.statusview import StatusView
 from patroller.http.usage import UsageHandler
 from patroller.http.views import DevicesView, page_snapshot

@@ -111,8 +111,8 @@ class Signals:
         self.device_silent = namespace.signal(
             "device-silent", doc="a device printed nothing while the others did, or again"
         )
-        self.job_allocation = namespace.signal(
-            "job-allocation",
+        self.scheduler_allocation = namespace.signal(
+            "scheduler-allocation",
             doc="the Slurm job map or the kubelet changed what a device is allocated to",
         )
         self.inventory_changed = namespace.signal(

@@ -2,8 +2,8 @@
 
 Owns: the hold of each device and its states (holds), the queue of waiting requests (queue),
 which free devices go to whom (serving), the limits by user and by host account (limits), why a
-request is refused (refusals), the queries others need (state) and the manager's commands
-(manager).
+request is refused (refusals), the queries others need (state), what the host tells the rules
+and how every change ends (observed) and the commands the callers give (manager).
 May import: the rest of `patroller.core`.
 """
 

@@ -27,7 +27,9 @@ def lowest(usable: list[Device], count: int) -> list[Device] | None:
 
 def free_devices(inventory: Inventory, holds: Mapping[str, Hold]) -> Free:
     """The free devices of every group of the inventory, in device order (those withheld, as
-    silent, are not)."""
+    silent, are not). The rule answers.py's `free` applies to another host's answers: written
+    twice because that one reads JSON on the client side, which imports nothing of the daemon;
+    tests/test_free_rule.py holds the two to each other."""
     free: Free = {group: [] for group in inventory.groups}
     for device in inventory:
         hold = holds[device.uuid]
