@@ -19,7 +19,7 @@ import traceback
 from typing import Any
 from collections.abc import Callable
 
-from . import callers, fleet, measures, notify, statusbuild, topology, usage
+from . import callers, crowded, fleet, measures, notify, statusbuild, topology, usage
 from .harness import ROOT, machine, raise_file_limit
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
@@ -37,6 +37,7 @@ NAMES = (
     "page",
     "usage",
     "status_build",
+    "crowded_gpu",
     "fleet",
     "notify",
     "topology",
@@ -68,6 +69,7 @@ def run(
         ("page", measures.page),
         ("usage", usage.usage),
         ("status_build", statusbuild.status_build),
+        ("crowded_gpu", crowded.crowded),
         ("fleet", fleet.fleet),
         ("notify", notify.notify),
         ("topology", topology.topology),
@@ -319,6 +321,13 @@ def checks(report: dict[str, Any]) -> list[dict[str, Any]]:
             "/status ms on the loop at 5000 processes, the most of any size: a body only older, "
             "one lease change, a slice of the background rebuild",
             _on_loop(r),
+            "<= 5",
+            lambda v: v <= 5,
+        ),
+        (
+            "one GPU with 5,000 processes: ms on the loop, the longest slice (a body only "
+            "older, a process starting or ending, a step of the background rebuild)",
+            _get(r, "crowded_gpu", "longest_slice_ms"),
             "<= 5",
             lambda v: v <= 5,
         ),

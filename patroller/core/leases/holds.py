@@ -137,12 +137,12 @@ class Hold:
         return [pid for pid, owner in self.processes.items() if owner.same_user(user)]
 
     def users(self) -> list[Identity]:
-        """The holder, then every other user whose processes run on the device."""
-        users: list[Identity] = [self.holder] if self.holder else []
+        """The holder, then every other user whose processes run on the device (the first
+        process of each names them): one look-up a process, for thousands of processes."""
+        users: dict[str, Identity] = {self.holder.user: self.holder} if self.holder else {}
         for owner in self.processes.values():
-            if not any(owner.same_user(u) for u in users):
-                users.append(owner)
-        return users
+            users.setdefault(owner.user, owner)  # the same user as same_user says
+        return list(users.values())
 
     def touch(self, now: float) -> None:
         """Restart the age when the state or the holder changed."""
