@@ -71,7 +71,7 @@ def test_new_figures_for_thousands_of_processes_are_built_a_hundred_rows_a_turn(
     assert {p["sm"] for p in shown(view, uuid)} == {None}
     figures(signals, uuid, 30)
     rows, lists = stepped(view)
-    assert sum(rows) == MANY and max(rows) <= processlist.ROWS_A_STEP
+    assert sum(rows) == MANY and max(rows) <= processlist.ROWS_A_STEP <= 100
     assert len(rows) >= 2 * MANY // processlist.ROWS_A_STEP  # the merge's steps, the rows'
     for body in lists[:-1]:
         listed = json.loads(body)[uuid]["claim"]["process_detail"]
@@ -131,11 +131,13 @@ def test_a_new_holder_flags_every_process_again_and_serializes_no_row(crowded):
 
 def test_the_list_keeps_the_hold_order_through_a_reused_pid_and_a_new_owner(crowded):
     """A pid that ends and starts again before the next body is shown last, as the hold has
-    it; a process whose owner becomes known is shown with its owner, in its place."""
+    it, whoever runs it; a process whose owner becomes known is shown with its owner, in its
+    place. Only their rows are serialized again."""
     clock, leases, signals, view, uuid = crowded
     leases.process_started(uuid, 9, IDENTIFYING, None)
     leases.process_started(uuid, 10, named_user("dora"), "python")
     view.body()
+    built = view.rows_built
     leases.process_ended(uuid, FIRST)
     leases.process_started(uuid, FIRST, named_user("erin"), "bash")
     leases.update_owner(uuid, 9, named_user("bob"))
@@ -143,6 +145,12 @@ def test_the_list_keeps_the_hold_order_through_a_reused_pid_and_a_new_owner(crow
     assert [p["pid"] for p in listed] == list(leases.holds[uuid].processes)
     assert listed[-1]["pid"] == FIRST and listed[-1]["user"] == "erin"
     assert listed[-3] == {**listed[-3], "pid": 9, "user": "bob"}
+    assert view.rows_built == built + 2
+    leases.process_ended(uuid, FIRST + 1)  # the same user and command again, under its pid
+    leases.process_started(uuid, FIRST + 1, named_user("bob"), "python")
+    listed = shown(view, uuid)
+    assert [p["pid"] for p in listed] == list(leases.holds[uuid].processes)
+    assert listed[-1]["pid"] == FIRST + 1
     assert json.loads(view.body()) == view.data()
 
 
@@ -172,3 +180,16 @@ def test_figures_that_come_while_processes_change_end_up_shown(crowded):
     assert {p["sm"] for p in listed if p["pid"] >= FIRST} == {40}
     assert {p["sm"] for p in listed if p["pid"] < FIRST} == {None}  # none came for them
     assert json.loads(view.body()) == view.data()
+
+
+def test_a_reused_pid_is_shown_last_among_processes_all_alike(crowded):
+    """On a GPU where every process is bob's `python` (a fork bomb), a pid that ends and
+    starts again is still shown where the hold has it: last."""
+    clock, leases, signals, view, uuid = crowded
+    other = next(device for device in leases.holds if device != uuid)
+    for pid in (1, 2, 3):
+        leases.process_started(other, pid, named_user("bob"), "python")
+    assert [p["pid"] for p in shown(view, other)] == [1, 2, 3]
+    leases.process_ended(other, 1)
+    leases.process_started(other, 1, named_user("bob"), "python")
+    assert [p["pid"] for p in shown(view, other)] == [2, 3, 1]
