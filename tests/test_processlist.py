@@ -5,6 +5,7 @@ stand for the 5,000 of the benchmark (bench/crowded.py): the lease manager's own
 of them makes the tests' set-up slow."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -193,3 +194,17 @@ def test_a_reused_pid_is_shown_last_among_processes_all_alike(crowded):
     leases.process_ended(other, 1)
     leases.process_started(other, 1, named_user("bob"), "python")
     assert [p["pid"] for p in shown(view, other)] == [2, 3, 1]
+
+
+def test_the_users_of_a_crowded_gpu_are_named_by_the_holder_then_their_first_process(crowded):
+    """claim.users: the holder as held, then each other user as their first process names
+    them (one look-up a process: Hold.users)."""
+    clock, leases, signals, view, uuid = crowded
+    other = next(device for device in leases.holds if device != uuid)
+    leases.request(named_user("bob"), {"gpu": 1})  # the other GPU: the first is taken
+    first, later = (replace(named_user("dora"), account=name) for name in ("dora1", "dora2"))
+    leases.process_started(other, 1, replace(named_user("bob"), account="bob-in-a-box"), "x")
+    leases.process_started(other, 2, first, "python")
+    leases.process_started(other, 3, later, "python")
+    users = json.loads(view.body())[other]["claim"]["users"]
+    assert [(u["user"], u["account"]) for u in users] == [("bob", None), ("dora", "dora1")]
