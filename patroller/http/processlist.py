@@ -92,6 +92,8 @@ class ProcessList:
         self.rows_built = 0  # rows serialized, all told (the tests count them)
         self._holder: Any = None  # the holder and allocation the flags are for
         self._changed: dict[int, None] = {}  # pids whose row is new since the list was shown
+        self._hold: Hold | None = None  # the hold the rows followed last, at which version
+        self._version = -1
 
     def _make(self, pid: int, owner: Identity, command: str | None, figures: Figures) -> Row:
         made = self.rows[pid] = row(pid, owner, command, figures)
@@ -114,6 +116,7 @@ class ProcessList:
         else:
             self._flag(hold, self._changed)
         self._changed.clear()
+        self._hold, self._version = hold, hold.process_version
         json = b"[" + b",".join(self.pieces.values()) + b"]"
         if json == self.shown.json and self.shown is not EMPTY:
             return False
@@ -125,8 +128,13 @@ class ProcessList:
         started since (the newest, last); whether the rows are then the hold's processes, in
         its order, with its owners and commands."""
         rows, processes, commands = self.rows, hold.processes, hold.commands
+        # Changes since the rows followed this hold (each an add, a rename or a forget)
+        moved = hold.process_version - self._version if self._hold is hold else None
+        ended: set[int] = set()
+        new: set[int] = set()
         if rows.keys() != processes.keys():
-            for pid in rows.keys() - processes.keys():
+            ended = rows.keys() - processes.keys()
+            for pid in ended:
                 del rows[pid]
                 self.pieces.pop(pid, None)
                 self.flags.pop(pid, None)
@@ -139,6 +147,8 @@ class ProcessList:
                 for pid in reversed(newest):
                     self._make(pid, processes[pid], commands.get(pid), figures_of(pid))
                     self._changed[pid] = None
+        if moved == len(ended) + len(new):  # a start for each new, an end for each ended: no
+            return True  # other change (a rename, a pid ended and reused) moved the rest
         return (
             list(rows) == list(processes)
             and list(map(_OWNER, rows.values())) == list(processes.values())
