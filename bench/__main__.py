@@ -19,7 +19,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from . import callers, fleet, measures, notify, statusbuild, topology, usage
+from . import callers, crowded, fleet, measures, notify, statusbuild, topology, usage
 from .harness import ROOT, machine, raise_file_limit
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
@@ -37,10 +37,43 @@ NAMES = (
     "page",
     "usage",
     "status_build",
+    "crowded_gpu",
     "fleet",
     "notify",
     "topology",
 )
+
+
+# Seconds each step may take in quick mode, together under QUICK_TOTAL_S (five minutes, the
+# daemons' start-up and the table included) on an idle machine. A step over its budget is
+# said (the log, the report's "steps", the table's first line), never cut short or left out:
+# its figures stand. A step not named here has DEFAULT_BUDGET_S.
+QUICK_BUDGET_S = {
+    "throughput": 45,
+    "reactions": 10,
+    "identity": 10,
+    "callers": 5,
+    "scale": 25,
+    "footprint": 20,
+    "parsers": 5,
+    "waiters": 15,
+    "persistence": 20,
+    "scrape": 15,
+    "page": 15,
+    "usage": 40,
+    "status_build": 5,
+    "crowded_gpu": 10,
+    "fleet": 25,
+    "notify": 25,
+    "topology": 2,
+}
+QUICK_TOTAL_S = 300
+DEFAULT_BUDGET_S = 15
+
+
+def budget(name: str, quick: bool) -> float | None:
+    """The step's budget in seconds (quick mode only: the full mode takes what it takes)."""
+    return QUICK_BUDGET_S.get(name, DEFAULT_BUDGET_S) if quick else None
 
 
 def log(text: str) -> None:
@@ -54,6 +87,7 @@ def run(
     installed is skipped, and one that fails is recorded as failed, with why: the others go on."""
     ctx = measures.Context(quick, log)
     results: dict[str, Any] = {}
+    steps_taken: dict[str, dict[str, Any]] = {}  # name -> seconds it took, its budget
     steps: list[tuple[str, Callable[[measures.Context], Any]]] = [
         ("throughput", measures.throughput),
         ("reactions", measures.reactions),
@@ -68,6 +102,7 @@ def run(
         ("page", measures.page),
         ("usage", usage.usage),
         ("status_build", statusbuild.status_build),
+        ("crowded_gpu", crowded.crowded),
         ("fleet", fleet.fleet),
         ("notify", notify.notify),
         ("topology", topology.topology),
@@ -79,6 +114,7 @@ def run(
             "mode": "quick" if quick else "full",
             "docker": ctx.docker,
             "results": dict(results),
+            "steps": dict(steps_taken),
         }
 
     try:
@@ -94,8 +130,13 @@ def run(
             except Exception as exc:
                 traceback.print_exc()
                 results[name] = {"failed": f"{type(exc).__name__}: {exc}"}
+            took, allowed = round(time.monotonic() - began, 1), budget(name, quick)
+            steps_taken[name] = {"seconds": took, "budget_s": allowed}
+            against = "" if allowed is None else f" of its {allowed} s"
+            if allowed is not None and took > allowed:
+                against += " (over its budget)"
             log(
-                f"{name} took {time.monotonic() - began:.0f} s"
+                f"{name} took {took:.0f} s{against}"
                 + "".join(
                     f"; {how}: {results[name][how]}"
                     for how in NOT_RUN
@@ -320,6 +361,13 @@ def checks(report: dict[str, Any]) -> list[dict[str, Any]]:
             "/status ms on the loop at 5000 processes, the most of any size: a body only older, "
             "one lease change, a slice of the background rebuild",
             _on_loop(r),
+            "<= 5",
+            lambda v: v <= 5,
+        ),
+        (
+            "one GPU with 5,000 processes: ms on the loop, the longest slice (a body only "
+            "older, a process starting or ending, a step of the background rebuild)",
+            _get(r, "crowded_gpu", "longest_slice_ms"),
             "<= 5",
             lambda v: v <= 5,
         ),
@@ -719,6 +767,23 @@ def _many(r: dict[str, Any]) -> str:
     return f"{w['waiters']} from {w['users']} users"
 
 
+def over_budget(report: dict[str, Any]) -> str:
+    """The quick mode's time against its budgets, in words; empty in full mode or for a report
+    saved before the steps were timed."""
+    steps = report.get("steps") or {}
+    if report.get("mode") != "quick" or not steps:
+        return ""
+    total = sum(step["seconds"] for step in steps.values())
+    over = [
+        f"{name} {step['seconds']:.0f} s of {step['budget_s']}"
+        for name, step in steps.items()
+        if step["budget_s"] is not None and step["seconds"] > step["budget_s"]
+    ]
+    return f" Steps took {total:.0f} s (budget {QUICK_TOTAL_S} s); " + (
+        f"over their budgets: {', '.join(over)}." if over else "each within its budget."
+    )
+
+
 def table(report: dict[str, Any]) -> str:
     """The results as a Markdown table (also readable in a terminal)."""
     m = report["machine"]
@@ -726,7 +791,8 @@ def table(report: dict[str, Any]) -> str:
         f"Measured {m['date']} on {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, "
         f"Python {m['python']}, Linux {m['kernel']}; load generator (wrk, 32 connections) "
         f"on the same cores; {report['mode']} mode; processes "
-        f"{'in labelled Docker containers' if report['docker'] else 'on the host'}.",
+        f"{'in labelled Docker containers' if report['docker'] else 'on the host'}."
+        + over_budget(report),
         "",
         "| target | measured | goal | met |",
         "| --- | --- | --- | --- |",
@@ -819,6 +885,8 @@ def main(argv: list[str] | None = None) -> int:
         if "fleet_json" in (report["results"].get("fleet") or {}):
             update_page(fleet.table(report), FLEET_PAGE)
             log(f"updated {FLEET_PAGE}")
+    if over_budget(report):
+        log(over_budget(report).strip())
     failed = [name for name, why in not_run(report["results"]).items() if why.startswith("failed")]
     if failed:
         log(f"failed: {', '.join(failed)}")

@@ -382,17 +382,19 @@ async def _hold_waiters(port: int, count: int) -> list[asyncio.Task]:
 
 def scale(ctx: Context, count: int = 1000) -> dict[str, Any]:
     """1,000 waiters held, /status p99 and memory meanwhile, then all served."""
+    began = time.monotonic()
     daemon = _started(
         Daemon(8, interval=1.0, lease=600, docker_host=ctx.docker_host),
         PATROLLER_MAX_WAITING_PER_USER=str(count),
     )  # all are the bench's user
-    result: dict[str, Any] = {"waiters": count}
+    result: dict[str, Any] = {"waiters": count, "start_s": round(time.monotonic() - began, 1)}
     try:
         daemon.ok("/request?gpu=8")
         time.sleep(1)
         rss_before = daemon.rss_mib()
 
         async def run() -> None:
+            holding = time.monotonic()
             tasks = await _hold_waiters(daemon.port, count)
             loop = asyncio.get_running_loop()
             deadline = time.monotonic() + 120
@@ -402,6 +404,7 @@ def scale(ctx: Context, count: int = 1000) -> dict[str, Any]:
                 if time.monotonic() > deadline:
                     raise RuntimeError("the waiters were not all held")
                 await asyncio.sleep(0.2)
+            result["held_s"] = round(time.monotonic() - holding, 1)  # all waiting, from none
             result["rss_added_mib"] = round(daemon.rss_mib() - rss_before, 1)
             if have_wrk():
                 result["status_while_waiting"] = await loop.run_in_executor(

@@ -1,11 +1,10 @@
 """What building /status costs the event loop, measured in-process (no daemon, no load):
 at 8, 64 and 256 GPUs with 0, 500 and 5,000 processes, the first whole build, a body that is
-only older (the clock's fields spliced in), a body after one lease change (a process starts on a
-GPU), and the longest
-slice of the background rebuild after a second of new samples for every device and process
-(the task is stepped by hand: each step is the time it held the loop). Times are the CPU
-time of the thread (what the loop spends), so that a shared machine's other work does not
-count.
+only older (the clock's fields spliced in), a body after one lease change (a process starts
+on a GPU), and the longest slice of the background rebuild after a second of new samples for
+every device and process (the task is stepped by hand: each step is the time it held the
+loop). Times are the CPU time of the thread (what the loop spends), so that a shared
+machine's other work does not count.
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from patroller.config import Config, policy_of
@@ -34,7 +34,7 @@ class Clock:
         return self.now
 
 
-def _ms(took: list[float], digits: int = 2) -> dict[str, float]:
+def ms(took: list[float], digits: int = 2) -> dict[str, float]:
     return {
         "median": round(statistics.median(took) * 1000, digits),
         "max": round(max(took) * 1000, digits),
@@ -48,10 +48,23 @@ def timed(action: Callable[[], Any], repeats: int, digits: int = 2) -> dict[str,
         began = time.thread_time()
         action()
         took.append(time.thread_time() - began)
-    return _ms(took, digits)
+    return ms(took, digits)
 
 
-def one_size(gpus: int, processes: int, repeats: int) -> dict[str, Any]:
+@dataclass
+class Scene:
+    """What one size measures, for a step that times more of it (bench/crowded.py)."""
+
+    view: StatusView
+    leases: LeaseManager
+    devices: list[Any]
+    clock: Clock
+
+
+def one_size(
+    gpus: int, processes: int, repeats: int, settled: Callable[[Scene], Any] = lambda scene: None
+) -> dict[str, Any]:
+    """One size; `settled(scene)` is called once it is set up, before anything is timed."""
     config, clock = Config(), Clock()
     inventory = synthetic_inventory(gpus)
     leases = LeaseManager(
@@ -73,6 +86,7 @@ def one_size(gpus: int, processes: int, repeats: int) -> dict[str, Any]:
         )
         leases.process_started(device.uuid, 100_000 + n, owner, "python")
     view = StatusView(inventory, leases, stats, None, config.status_max_age, clock=clock)
+    settled(Scene(view, leases, devices, clock))
 
     def second_of_samples() -> None:
         clock.now += 1.0
@@ -115,14 +129,14 @@ def one_size(gpus: int, processes: int, repeats: int) -> dict[str, Any]:
         "first_build_ms": round(first * 1000, 2),
         "older_ms": timed(older, repeats),
         "lease_change_ms": timed(lease_change, repeats),
-        "background_slice_ms": _ms(slices) if slices else None,
+        "background_slice_ms": ms(slices) if slices else None,
         "parts_built": view.parts_built,
     }
 
 
 def _stepped(view: StatusView) -> list[float]:
     """Run the background rebuild by hand, one step (a slice on the loop) at a time."""
-    task = view._refresh_soon()
+    task = view._refresh_soon()  # the task the daemon runs, stepped here
     took = []
     try:
         while True:

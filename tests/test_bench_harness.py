@@ -61,6 +61,33 @@ def test_only_skipped_steps_exit_zero(steps):
     }
 
 
+def test_a_step_over_its_budget_is_said_and_its_figures_stand(steps, capsys, monkeypatch):
+    """Quick mode: each step's time and budget are kept in the report; one over its budget
+    (here a budget no step can meet) is named in the table's first line and the log, and its
+    figures are in the table all the same. A step with no budget of its own has the default;
+    the full mode has none."""
+    out, _ = steps
+    budgets = {name: 10_000 for name in bench.QUICK_BUDGET_S}
+    budgets["footprint"] = -1
+    del budgets["page"]
+    monkeypatch.setattr(bench, "QUICK_BUDGET_S", budgets)
+    assert bench.main(["--quick", "--only", "footprint,page", "--out", str(out)]) == 0
+    saved = json.loads(out.read_text())
+    assert list(saved["steps"]) == ["footprint", "page"]
+    assert saved["steps"]["footprint"]["budget_s"] == -1
+    assert saved["steps"]["page"]["budget_s"] == bench.DEFAULT_BUDGET_S
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "over their budgets: footprint" in first and "page" not in first
+    assert "| idle RSS MiB | 40 | < 60 | yes |" in bench.table(saved)
+    budgets["footprint"] = 10_000
+    assert bench.main(["--quick", "--only", "footprint", "--out", str(out)]) == 0
+    assert "each within its budget" in capsys.readouterr().out.splitlines()[0]
+    assert bench.main(["--only", "footprint", "--out", str(out)]) == 0
+    saved = json.loads(out.read_text())
+    assert saved["steps"]["footprint"]["budget_s"] is None
+    assert "budget" not in bench.table(saved).splitlines()[0]
+
+
 def test_the_fleet_steps_table_for_docs_many_hosts():
     from bench import fleet
 

@@ -66,3 +66,54 @@ def test_a_device_never_read_keeps_fewer_than_the_backlog_waiting():
 def test_has_figure():
     assert not has_figure({}) and not has_figure({1: DASHES, 2: {}})
     assert has_figure({1: DASHES, 2: {"sm": None, "mem": 0}})  # 0 is a figure
+
+
+def _interval(count: int, sm: int) -> dict:
+    return {pid: {"sm": sm, "mem": pid % 7, "fb": None} for pid in range(count)}
+
+
+def _merged_plainly(*items) -> dict:
+    """What a read merges, all at once, from the same items (an interval, or a pid ended)."""
+    figures = ProcessFigures(backlog=100)
+    for item in items:
+        figures.add(GPU, item) if isinstance(item, dict) else figures.end(GPU, item)
+    return {pid: figures.get(GPU, pid) for pid in range(5000)}
+
+
+def test_a_merge_of_thousands_goes_a_step_of_processes_at_a_time_and_ends_the_same():
+    """5,000 processes over two intervals and an end: 100 processes merged between two
+    yields (the loop serves between), and then the same figures as a merge all at once."""
+    figures = ProcessFigures(backlog=100)
+    figures.add(GPU, _interval(5000, 10))
+    figures.end(GPU, 3)
+    figures.add(GPU, _interval(5000, 20))
+    steps = 0
+    for _ in figures.merging(GPU, step=100):
+        steps += 1
+        assert figures.waiting(GPU) >= 1  # not done: a read would merge the rest now
+    assert steps == 100 and figures.waiting(GPU) == 0
+    expected = _merged_plainly(_interval(5000, 10), 3, _interval(5000, 20))
+    assert {pid: figures.get(GPU, pid) for pid in range(5000)} == expected
+
+
+def test_a_read_or_news_in_the_middle_of_a_merge_still_reads_right():
+    """A read halfway merges the rest at once (the merge in steps stops); an interval or an
+    end that comes halfway is merged after the one in progress, in order."""
+    figures = ProcessFigures(backlog=100)
+    figures.add(GPU, _interval(5000, 10))
+    merging = figures.merging(GPU, step=100)
+    next(merging)
+    figures.add(GPU, _interval(5000, 20))
+    figures.end(GPU, 4)
+    next(merging)
+    assert figures.get(GPU, 4999) == {"sm": 20, "mem": 4999 % 7, "fb": None}
+    assert figures.get(GPU, 4) == {}
+    assert list(merging) == []  # it stopped: the read merged it all
+    assert figures.waiting(GPU) == 0
+    figures.add(GPU, _interval(5000, 30))
+    merging = figures.merging(GPU, step=1000)
+    next(merging)
+    figures.end(GPU, 5)
+    assert sum(1 for _ in merging) == 4
+    expected = _merged_plainly(_interval(5000, 10), _interval(5000, 20), 4, _interval(5000, 30), 5)
+    assert {pid: figures.get(GPU, pid) for pid in range(5000)} == expected

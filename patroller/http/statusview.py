@@ -2,8 +2,9 @@
 
 Each device's entry is kept in parts, each serialized once: its statistics (rebuilt when a
 sample for it arrives), its claim (when its hold changed: a fingerprint of the hold tells) and
-its processes with their figures (when either changed: the hold's `process_version` and the
-store's `figures_version` tell; a sample or a new holder alone leaves them be). What moves
+its processes with their figures, a row per process (processlist.py: when either changed, the
+hold's `process_version` and the store's `figures_version` tell; a sample alone leaves them
+be, and a new holder serializes no row again). What moves
 with the clock alone (`age`, `expires`, `ends_at`, `idle_for`, `stale`, `processes_stale`)
 is spliced in as the body is put together, at most every `max_age` seconds
 (Config.status_max_age): a body that is only older costs a join of bytes, never a rebuild.
@@ -12,14 +13,17 @@ A lease change is shown at once: the next body checks every hold's fingerprint a
 the claims that changed (read your writes: a /status after a /request shows the grant). New
 samples and process figures, which come every second for every device, are built off the
 request path: a task on the event loop rebuilds the devices they changed, one at a time, and
-lets the loop serve between them; until it has, a body shows the figures before them.
+lets the loop serve between them, and within a device between a few hundred of its processes
+(a GPU with 5,000 processes is 50 steps); until it has, a body shows the figures before them.
+A process list shown again before that (a process started) may show some processes' new
+figures and others' before them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +31,8 @@ from patroller.config import Config
 from patroller.core.devices import Inventory
 from patroller.core.leases import Hold, LeaseManager
 from patroller.http.encoding import dumps
-from patroller.http.views import claim_static, topology_view, trespasses
+from patroller.http.processlist import Detail, ProcessList
+from patroller.http.views import claim_static, topology_view
 from patroller.observe.idle import IdleWatch
 from patroller.observe.stats import StatsStore, iso_time
 
@@ -46,10 +51,10 @@ class Part:
     fingerprint: Any = None
     stats: dict[str, Any] = field(default_factory=dict)  # without `stale`
     claim: dict[str, Any] = field(default_factory=dict)  # without CLOCK_FIELDS, process_detail
-    detail: list[dict[str, Any]] = field(default_factory=list)
+    processes: ProcessList = field(default_factory=ProcessList)
     stats_json: bytes = b"{}"
     claim_json: bytes = b"{}"
-    detail_json: bytes = b"[]"
+    holder: Any = None  # the hold's holder and allocation when its processes were flagged
 
 
 def fingerprint(hold: Hold, aside_for: str | None) -> tuple[Any, ...]:
@@ -106,6 +111,11 @@ class StatusView:
         leases.on_change(self._leases_changed)
         stats.on_change(self._stats_changed)
 
+    @property
+    def rows_built(self) -> int:
+        """Processes' rows serialized in the process lists, all told (processlist.py)."""
+        return sum(part.processes.rows_built for part in self._parts.values())
+
     # -- what changed --------------------------------------------------------------------------
 
     def invalidate(self, uuids: Iterable[str]) -> None:
@@ -139,10 +149,14 @@ class StatusView:
         began = time.monotonic()
         for device in list(self.inventory):
             part = self._parts.get(device.uuid)
-            changed = part is not None and self._build_changed(device.uuid, part)
-            if changed and time.monotonic() - began > self.slice:
-                await asyncio.sleep(0)
-                began = time.monotonic()
+            if part is None:
+                continue
+            for _ in self._build_changed(device.uuid, part):  # a step: a few processes
+                if time.monotonic() - began > self.slice:
+                    await asyncio.sleep(0)
+                    began = time.monotonic()
+                    if self._parts.get(device.uuid) is not part:
+                        break  # the device changed meanwhile: its parts are built anew
         self._body = None  # what changed (a list fresh again, at least) is shown at once
 
     # -- building ------------------------------------------------------------------------------
@@ -160,7 +174,8 @@ class StatusView:
                 part = self._parts[uuid] = Part()
                 self._build_stats(uuid, part)
             elif not background:
-                self._build_changed(uuid, part)
+                for _ in self._build_changed(uuid, part):
+                    pass
             if check_holds or part.fingerprint is None:
                 if aside is None:
                     aside = self._set_aside()
@@ -172,10 +187,10 @@ class StatusView:
                     claim["set_aside_for"] = aside.get(uuid)
                     part.claim, part.claim_json = claim, dumps(claim)
                     self.parts_built += 1
-                    if part.process_version != hold.process_version or any(
-                        trespasses(hold, owner) != shown.get("trespass")  # a new holder's
-                        for owner, shown in zip(hold.processes.values(), part.detail, strict=True)
-                    ):
+                    holder = (hold.holder, hold.allocation)
+                    if part.process_version != hold.process_version or (
+                        hold.processes and part.holder != holder
+                    ):  # other processes, or their trespass flags for a new holder
                         self._build_detail(uuid, part)
 
     def _set_aside(self) -> dict[str, str | None]:
@@ -183,17 +198,21 @@ class StatusView:
         waiter, set_aside = self.leases.set_aside()
         return {uuid: waiter.user.user if waiter is not None else None for uuid in set_aside}
 
-    def _build_changed(self, uuid: str, part: Part) -> bool:
+    def _build_changed(self, uuid: str, part: Part) -> Iterator[None]:
         """Build again the statistics of a device with a new sample, and its processes if their
-        figures changed; whether anything was built."""
-        built = False
+        figures changed, yielding between steps of a few processes."""
         if part.stats_version != self.stats.sample_version(uuid):
             self._build_stats(uuid, part)
-            built = True
-        if part.figures_version != self.stats.figures_version(uuid):
-            self._build_detail(uuid, part)
-            built = True
-        return built
+            yield
+        version = self.stats.figures_version(uuid)
+        if part.figures_version != version:
+            yield from self.stats.merging(uuid)
+            hold = self.leases.holds[uuid]
+            yield from part.processes.refigure(
+                hold, lambda pid: self.stats.process_view(uuid, pid)
+            )
+            if self._parts.get(uuid) is part:
+                self._build_detail(uuid, part, version)
 
     def _build_stats(self, uuid: str, part: Part) -> None:
         part.stats_version = self.stats.sample_version(uuid)
@@ -205,23 +224,19 @@ class StatusView:
         part.stats, part.stats_json = stats, dumps(stats)
         self.parts_built += 1
 
-    def _build_detail(self, uuid: str, part: Part) -> None:
-        part.figures_version = self.stats.figures_version(uuid)
+    def _build_detail(self, uuid: str, part: Part, figures_version: int | None = None) -> None:
+        """Put the device's process list together from its rows (processlist.py); with
+        `figures_version`, the rows were all refigured when the store was at it."""
+        if figures_version is not None:
+            part.figures_version = figures_version
+        elif part.figures_version == -1:  # the first list: every row is made with its figures
+            part.figures_version = self.stats.figures_version(uuid)
         hold = self.leases.holds[uuid]
         part.process_version = hold.process_version
+        part.holder = (hold.holder, hold.allocation)
         view = self.stats.process_view
-        part.detail = [
-            {
-                "pid": pid,
-                "user": owner.user,
-                "command": hold.commands.get(pid),
-                "trespass": trespasses(hold, owner),
-                **view(uuid, pid),
-            }
-            for pid, owner in hold.processes.items()
-        ]
-        part.detail_json = dumps(part.detail)
-        self.parts_built += 1
+        if part.processes.put_together(hold, lambda pid: view(uuid, pid)):
+            self.parts_built += 1
 
     def _clock_fields(self, uuid: str, now: float, wall: float) -> dict[str, Any]:
         hold = self.leases.holds[uuid]
@@ -250,9 +265,7 @@ class StatusView:
     def _assemble(self, now: float, wall: float) -> None:
         # The pieces are joined once: a device's processes (kilobytes at 5,000) are copied once.
         pieces: list[bytes] = []
-        shown: list[
-            tuple[str, dict[str, Any], bool, dict[str, Any], list[dict[str, Any]], dict[str, Any]]
-        ] = []
+        shown: list[tuple[str, dict[str, Any], bool, dict[str, Any], Detail, dict[str, Any]]] = []
         for device in self.inventory:
             uuid, part = device.uuid, self._parts[device.uuid]
             stale = self.stats.stale(uuid)
@@ -265,12 +278,12 @@ class StatusView:
                 STALE_THEN_CLAIM[stale],
                 part.claim_json[:-1],
                 b',"process_detail":',
-                part.detail_json,
+                part.processes.shown.json,
                 b",",
                 dumps(timed)[1:],
                 b"}",
             )
-            shown.append((uuid, part.stats, stale, part.claim, part.detail, timed))
+            shown.append((uuid, part.stats, stale, part.claim, part.processes.shown, timed))
         pieces.append(b"}" if pieces else b"{}")
         self._body = b"".join(pieces)
         self._shown, self._data = shown, None
@@ -289,7 +302,7 @@ class StatusView:
                 uuid: {
                     **stats,
                     "stale": stale,
-                    "claim": {**claim, "process_detail": detail, **timed},
+                    "claim": {**claim, "process_detail": detail.data(), **timed},
                 }
                 for uuid, stats, stale, claim, detail, timed in self._shown
             }

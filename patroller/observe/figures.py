@@ -11,7 +11,7 @@ between them, and folded in order then. At most `backlog` intervals wait for a d
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from patroller.observe.signals import NOTHING, Value
 
@@ -82,6 +82,31 @@ class ProcessFigures:
         intervals)."""
         return len(self._queued.get(uuid, ()))
 
+    def merging(self, uuid: str, step: int = 100) -> Iterator[None]:
+        """Merge what waits for the device, `step` processes between two yields (an interval
+        of 5,000 is 50 steps), so that the loop serves in between. What is read meanwhile is
+        still right: a read merges the rest at once (the part merged already merges again to
+        the same figures), and what comes meanwhile is merged after, in order."""
+        queued = self._queued.get(uuid)
+        while queued is not None and queued and self._queued.get(uuid) is queued:
+            item = queued[0]
+            if not isinstance(item, int):
+                merged = self._merged.setdefault(uuid, {})
+                for n, (pid, values) in enumerate(list(item.items()), 1):
+                    _fold(merged, pid, values)
+                    if n % step == 0:
+                        yield
+                        if self._queued.get(uuid) is not queued:
+                            return  # a read merged it all meanwhile
+                        merged = self._merged.setdefault(uuid, {})
+            else:
+                self._merged.get(uuid, {}).pop(item, None)
+            queued.pop(0)
+        if self._queued.get(uuid) is queued and queued is not None:
+            del self._queued[uuid]
+            if not self._merged.get(uuid, True):
+                del self._merged[uuid]
+
     def _merge(self, uuid: str) -> None:
         merged = self._merged.setdefault(uuid, {})
         for item in self._queued.pop(uuid):
@@ -89,12 +114,15 @@ class ProcessFigures:
                 merged.pop(item, None)
                 continue
             for pid, values in item.items():
-                known = merged.get(pid)
-                if known is None:
-                    merged[pid] = dict(values)
-                elif not NOTHING.issuperset(values.values()):  # a figure known this time
-                    known.update(
-                        {name: value for name, value in values.items() if value is not None}
-                    )
+                _fold(merged, pid, values)
         if not merged:
             del self._merged[uuid]
+
+
+def _fold(merged: dict[int, dict[str, Value]], pid: int, values: Figures) -> None:
+    """One interval's figures of a process into those known: a None keeps the last one."""
+    known = merged.get(pid)
+    if known is None:
+        merged[pid] = dict(values)
+    elif not NOTHING.issuperset(values.values()):  # a figure known this time
+        known.update({name: value for name, value in values.items() if value is not None})

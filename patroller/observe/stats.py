@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
@@ -160,6 +160,11 @@ class StatsStore:
         """A process's figures on a device: sm and mem in %, fb in MiB; None when not known."""
         values = self.figures.get(uuid, pid)
         return {name: values.get(name) for name in PROCESS_FIELDS}
+
+    def merging(self, uuid: str) -> Iterator[None]:
+        """Merge the figures of the device's processes that wait, a few processes between two
+        yields: `process_view` reads them without a merge of thousands on the loop after."""
+        return self.figures.merging(uuid)
 
     def history(self) -> dict[str, list[Value | None]]:
         """Per device, its SM utilisation every `history_every` s over the last minutes."""
