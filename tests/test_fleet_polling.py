@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 import json
+import logging
 import socket
 import time
 from contextlib import asynccontextmanager
@@ -214,7 +215,8 @@ def unconnectable() -> tuple[socket.socket, list[socket.socket]]:
 
 
 @async_test
-async def test_a_host_that_does_not_connect_is_given_up_at_the_connect_timeout():
+async def test_a_host_that_does_not_connect_is_given_up_at_the_connect_timeout(caplog):
+    caplog.set_level(logging.INFO, logger="patroller.http.fleet")
     listener, filling = unconnectable()
     try:
         host = f"127.0.0.1:{listener.getsockname()[1]}"
@@ -224,6 +226,9 @@ async def test_a_host_that_does_not_connect_is_given_up_at_the_connect_timeout()
             [shown] = h.api.fleet.hosts
             await until(lambda: shown.state == "not answering", timeout=4.0)  # < 5 s
             assert shown.error == "no connection within 0.3s", shown.error
+        # the log says which host, once, when it went down
+        said = [r.getMessage() for r in caplog.records if r.name == "patroller.http.fleet"]
+        assert said.count(f"fleet: {host} not answering: no connection within 0.3s") == 1, said
     finally:
         listener.close()
         for sock in filling:
