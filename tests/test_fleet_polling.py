@@ -319,3 +319,22 @@ def test_the_totals_a_rebuild_only_on_change_and_what_each_failure_is_called():
     assert fleet.trouble(ConnectionRefusedError()) == (REFUSED, "connection refused")
     assert fleet.trouble(RuntimeError("it broke")) == (FAILED, "it broke")
     assert fleet.trouble(RuntimeError()) == (FAILED, "RuntimeError")
+
+
+def test_a_connection_is_kept_only_after_a_whole_http_1_1_answer_that_does_not_close_it():
+    from tornado import httputil
+
+    from patroller.http.fleetlink import _Reading
+
+    def kept(version: str, headers: dict[str, str]) -> bool:
+        reading = _Reading()
+        reading.headers_received(
+            httputil.ResponseStartLine(version, 200, "OK"), httputil.HTTPHeaders(headers)
+        )
+        return reading.keeps_open()
+
+    assert kept("HTTP/1.1", {"Content-Length": "2"})
+    assert kept("HTTP/1.1", {"Transfer-Encoding": "chunked"})
+    assert not kept("HTTP/1.1", {})  # read to its end: the connection ends with it
+    assert not kept("HTTP/1.1", {"Content-Length": "2", "Connection": "close"})
+    assert not kept("HTTP/1.0", {"Content-Length": "2"})
