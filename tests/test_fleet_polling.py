@@ -115,6 +115,51 @@ async def test_one_connection_carries_every_asking_of_a_host():
         await host.stop()
 
 
+class Closer(Recorder):
+    """A host that closes each connection after its first answer, saying nothing of it (as a
+    proxy's idle timeout does), when the next request comes on it."""
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            path = head.split(b" ", 2)[1].decode()
+            self.requests.append((time.monotonic(), path))
+            body = self.status if path == "/status" else self.devices
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            await writer.drain()
+            await reader.read(1)  # the next request comes: closed unanswered
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+@async_test
+async def test_a_kept_connection_the_host_closed_meanwhile_is_asked_again_on_a_new_one(caplog):
+    caplog.set_level(logging.INFO, logger="patroller.http.fleet")
+    async with running() as real:
+        status, devices = await bodies(real)
+    host = await Closer(status, devices, None).start()
+    try:
+        async with running(fleet=(host.host,), fleet_interval=0.3) as h:
+            [shown] = h.api.fleet.hosts
+            await until(lambda: len(host.requests) >= 6, timeout=15)
+            assert shown.state == "up", (shown.state, shown.error)
+        assert host.connections == len(host.requests)  # one answer a connection
+        said = [r.getMessage() for r in caplog.records if r.name == "patroller.http.fleet"]
+        # up once, and never down
+        assert [line for line in said if line.startswith(f"fleet: {host.host} ")] == [
+            f"fleet: {host.host} answers: 8 GPUs"
+        ], said
+    finally:
+        await host.stop()
+
+
 @async_test
 async def test_devices_is_asked_again_only_when_its_etag_changes():
     async with running() as real:
