@@ -49,6 +49,7 @@ from patroller.doctor.listening import (
 from patroller.doctor.notifications import NotifyFacts, check_notifications
 from patroller.doctor.places import (
     READ_ONLY,
+    JobMapFacts,
     StateFacts,
     check_book,
     check_job_map,
@@ -163,6 +164,18 @@ def test_without_grpcio_the_kubelet_and_containerd_say_so(tmp_path, monkeypatch)
             listener.close()
     for knock in knocks:
         assert knock.state == "ungrpc" and "grpcio is not installed" in knock.why, knock
+
+
+def test_the_users_engines_not_asked_name_their_flags():
+    facts = EngineFacts(Knock("unix:///run/e/docker.sock", "absent"), None, None, None, None, None)
+    results = {r.check: r for r in engine_results(facts, Config())}
+    assert results["rootless Docker"] == Result(
+        "rootless Docker", "ok", "not asked (--rootless-docker-socket none)"
+    )
+    assert results["rootless Podman"] == Result(
+        "rootless Podman", "ok", "not asked (--rootless-podman-socket none)"
+    )
+    assert results["Podman"] == Result("Podman", "ok", "not asked (--podman-socket none)")
 
 
 def test_each_engines_result_names_it_its_unit_and_its_flag():
@@ -503,6 +516,24 @@ def test_an_old_driver_and_refused_columns_are_said_word_for_word(tmp_path):
     assert pmon.status == "failed" and pmon.detail.endswith(
         ": no process is attributed to its user"
     ), pmon
+    # one that refuses both groups before the default: each refused one named
+    both = tmp_path / "nvidia-smi-both"
+    both.write_text(
+        '#!/bin/sh\ncase " $* " in *" -s pucvmt "*|*" -s pucm "*)\n'
+        "  echo 'Failed to process command line'; exit 3;;\nesac\n"
+        f'exec {old.command} "$@"\n'
+    )
+    both.chmod(0o755)
+    config = Config(nvidia_smi=str(both))
+    facts = asyncio.run(probe(config))
+    dmon = facts.dmon.runs[-1]
+    assert {r.check: r for r in gpu_results(facts, config)}["nvidia-smi dmon"] == Result(
+        "nvidia-smi dmon",
+        "degraded",
+        f"one sample in {seconds(dmon.seconds)}, columns the default (pucvmt and pucm "
+        "refused), a row from every GPU",
+        "nothing to do: the daemon asks for fewer columns, as here",
+    )
 
 
 def test_mig_a_blind_gpu_and_a_failing_query_of_compute_apps(tmp_path, sleeper):
@@ -588,6 +619,9 @@ def test_the_checks_of_probes_still_out_at_the_bound_are_each_named(tmp_path):
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     os.mkfifo(state / "leases.json", 0o600)
+    units = tmp_path / "units"
+    units.mkdir()
+    os.mkfifo(units / "patroller.service")  # the unit's read never returns either
     silent = socket.create_server(("127.0.0.1", 0))
     port = silent.getsockname()[1]
     config = replace(
@@ -597,10 +631,11 @@ def test_the_checks_of_probes_still_out_at_the_bound_are_each_named(tmp_path):
         **engines_in(str(tmp_path)),
     )
     try:
-        found = {r.check: r for r in asyncio.run(examine(config, unit_dirs=[str(tmp_path)]))}
+        found = {r.check: r for r in asyncio.run(examine(config, unit_dirs=[str(units)]))}
     finally:
         silent.close()  # the port's probe ends
-        os.close(os.open(state / "leases.json", os.O_WRONLY | os.O_NONBLOCK))  # the read ends
+        for fifo in (state / "leases.json", units / "patroller.service"):  # the reads end
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
     late = "find what is slow there: the daemon would wait on it too"
     for check in ("state directory", "lease book"):
         assert found[check] == Result(
@@ -614,6 +649,12 @@ def test_the_checks_of_probes_still_out_at_the_bound_are_each_named(tmp_path):
         "degraded",
         f"no answer within the doctor's 1.00 s: waited for port {port}: to bind it, or what "
         "holds it to answer",
+        late,
+    )
+    assert found["systemd unit"] == Result(
+        "systemd unit",
+        "degraded",
+        "no answer within the doctor's 1.00 s: waited for the systemd unit's files and systemctl",
         late,
     )
 
@@ -688,6 +729,16 @@ def test_a_state_directory_that_cannot_be_written_fails_saying_how_to_make_it_ri
 def test_a_refusal_without_its_fix_is_said_whole():
     assert said_and_fix("owned by uid 1000; chown it") == ("owned by uid 1000", "chown it")
     assert said_and_fix("owned by uid 1000") == ("owned by uid 1000", "")
+
+
+def test_a_job_map_not_given_or_read_whole_is_fine():
+    assert check_job_map(JobMapFacts(None)) == Result(
+        "Slurm job map", "ok", "not given (--slurm-job-map): no GPU is a Slurm job's"
+    )
+    whole = JobMapFacts("/run/slurm-gpus", exists=True, files=2, jobs=3)
+    assert check_job_map(whole) == Result(
+        "Slurm job map", "ok", "/run/slurm-gpus: 2 file(s), 3 job(s)"
+    )
 
 
 def test_the_job_map_is_counted_job_by_job(tmp_path):
