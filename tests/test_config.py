@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 from helpers import ROOT, ServerProcess
 
-from patroller.config import Config, ConfigError, default_state_dir, load, settings_table
+from patroller.config import (
+    Config,
+    ConfigError,
+    default_state_dir,
+    load,
+    policy_of,
+    settings_table,
+)
 
 
 def test_defaults():
@@ -116,6 +123,24 @@ def test_the_other_container_engines():
         {"PATROLLER_ROOTLESS_PODMAN_SOCKET": "None"},
     )
     assert off.podman_socket is off.rootless_docker_socket is off.rootless_podman_socket is None
+
+
+def test_containerds_socket_is_a_unix_socket_however_written():
+    assert load(["--containerd-socket", "unix:///srv/c.sock"], {}).containerd_socket == (
+        "unix:///srv/c.sock"
+    )
+    assert load([], {"PATROLLER_CONTAINERD_SOCKET": "/srv/c.sock"}).containerd_socket == (
+        "unix:///srv/c.sock"
+    )
+    assert load(["--containerd-socket", "none"], {}).containerd_socket is None
+    with pytest.raises(ConfigError, match="must be a unix socket: a path, or unix:///path"):
+        load(["--containerd-socket", "tcp://127.0.0.1:1"], {})
+
+
+def test_the_fair_use_policy_is_the_configurations():
+    config = load(["--idle-release", "600", "--idle-after", "60", "--max-per-user", "2"], {})
+    policy = policy_of(config)
+    assert (policy.idle_release, policy.idle_after, policy.max_per_user) == (600.0, 60.0, 2)
 
 
 def test_flags_win_over_the_environment():

@@ -582,3 +582,10 @@ def test_process_instance_ids(gi: object, ci: object, expected: tuple) -> None:
     (process,) = parse_inventory(minimal(extra=extra)).processes["GPU-aaaa-0001"]  # type: ignore
     assert (process.gpu_instance_id, process.compute_instance_id) == expected
     assert process.pid == 5150 and process.used_memory is None
+
+
+def test_an_inventory_refuses_a_uuid_or_a_number_twice_saying_which() -> None:
+    with pytest.raises(ValueError, match="^device uuids must be unique$"):
+        Inventory([Device("GPU-a", 0), Device("GPU-a", 1)])
+    with pytest.raises(ValueError, match="^device numbers must be unique$"):
+        Inventory([Device("GPU-a", 0), Device("GPU-b", 0)])

@@ -488,30 +488,6 @@ def test_an_engine_not_asked_names_the_flag_that_would_ask_it():
         assert found[check].status == "ok" and found[check].detail == f"not asked ({flag} none)"
 
 
-def test_without_grpcio_the_kubelet_and_containerd_say_so(tmp_path, monkeypatch):
-    """In process: grpcio made unimportable (None in sys.modules: what Python's import says for
-    a package not installed); something listens at both sockets."""
-    from patroller.doctor.runtimes import probe_containerd, probe_kubelet
-
-    monkeypatch.setitem(sys.modules, "grpc", None)
-    listeners = []
-    for name in ("kubelet.sock", "containerd.sock"):
-        listener = socket.socket(socket.AF_UNIX)
-        listener.bind(str(tmp_path / name))
-        listener.listen()
-        listeners.append(listener)
-    try:
-        knocks = [
-            probe_kubelet(str(tmp_path / "kubelet.sock"), Config()),
-            probe_containerd(f"unix://{tmp_path}/containerd.sock", 5),
-        ]
-    finally:
-        for listener in listeners:
-            listener.close()
-    for knock in knocks:
-        assert knock.state == "ungrpc" and "grpcio is not installed" in knock.why, knock
-
-
 def test_a_lease_book_that_cannot_be_read_is_degraded(tmp_path, engine_sockets):
     state = tmp_path / "state"
     state.mkdir(mode=0o700)

@@ -186,6 +186,12 @@ def test_a_lying_inventory_is_refused(devices, said):
     assert said in refused(STATUS, devices)
 
 
+def test_a_lying_device_is_named_by_its_uuid():
+    assert refused(STATUS, {UUID: dict(DEVICES[UUID], lost=0)}) == (
+        f"/devices '{UUID}'.lost is an integer, not a boolean"
+    )
+
+
 def test_a_host_may_claim_so_many_gpus_and_no_more():
     many = {f"GPU-{n}": dict(DEVICES[UUID], number=n) for n in range(257)}
     assert refused({}, many) == "/devices lists 257 GPUs, more than 256"
@@ -264,6 +270,24 @@ def test_the_daemon_decodes_checks_and_keeps_what_the_page_draws():
         "reserved",
         "alice@example.org",
     )
+    assert gpu == {
+        "uuid": UUID,
+        "number": 0,
+        "group": "gpu",
+        "name": "NVIDIA A100-SXM4-80GB",
+        "state": "reserved",
+        "user": IDENTITY,
+        "users": [IDENTITY],
+        "withheld": False,
+        "idle_for": None,
+        "free": False,
+        "sm": STATUS[UUID]["sm"],
+        "fb": 4096,
+        "fb_total": 81920,
+        "stale": False,
+    }
+    fpga = json.dumps({UUID: dict(DEVICES[UUID], group="fpga")}).encode()
+    assert read([bodies[0], fpga], 256)[0]["group"] == "fpga"
     with pytest.raises(NotPatroller, match="^/devices did not answer JSON$"):
         read([bodies[0], b"<html>"], 256)
     with pytest.raises(answers.BadAnswer, match=r"claim\.users\[0\] is null"):
@@ -321,6 +345,15 @@ def test_every_view_of_another_host_counts_free_gpus_by_one_rule(info, claim, fr
     assert cli_fleet.HostAnswer("gpu1:8080", status, devices).free() == int(free)
     said = render.holders_summary(status, devices, "gpu")
     assert said.endswith(f"{int(free)} free"), said
+
+
+def test_a_device_that_names_no_group_is_a_gpu():
+    """An answer without a group (the field is optional to the rule) counts in the GPUs'."""
+    info = {key: value for key, value in DEVICES[UUID].items() if key != "group"}
+    entry = {**STATUS[UUID], "claim": {**STATUS[UUID]["claim"], "withheld": None}}
+    entry["claim"]["state"] = "free"
+    assert answers.free(info, entry) is True
+    assert answers.free(info, entry, "fpga") is False
 
 
 def test_the_free_rule_is_written_once():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -116,6 +117,51 @@ async def test_one_connection_carries_every_asking_of_a_host():
         await host.stop()
 
 
+class Closer(Recorder):
+    """A host that closes each connection after its first answer, saying nothing of it (as a
+    proxy's idle timeout does), when the next request comes on it."""
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            path = head.split(b" ", 2)[1].decode()
+            self.requests.append((time.monotonic(), path))
+            body = self.status if path == "/status" else self.devices
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            await writer.drain()
+            await reader.read(1)  # the next request comes: closed unanswered
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+@async_test
+async def test_a_kept_connection_the_host_closed_meanwhile_is_asked_again_on_a_new_one(caplog):
+    caplog.set_level(logging.INFO, logger="patroller.http.fleet")
+    async with running() as real:
+        status, devices = await bodies(real)
+    host = await Closer(status, devices, None).start()
+    try:
+        async with running(fleet=(host.host,), fleet_interval=0.3) as h:
+            [shown] = h.api.fleet.hosts
+            await until(lambda: len(host.requests) >= 6, timeout=15)
+            assert shown.state == "up", (shown.state, shown.error)
+        assert host.connections == len(host.requests)  # one answer a connection
+        said = [r.getMessage() for r in caplog.records if r.name == "patroller.http.fleet"]
+        # up once, and never down
+        assert [line for line in said if line.startswith(f"fleet: {host.host} ")] == [
+            f"fleet: {host.host} answers: 8 GPUs"
+        ], said
+    finally:
+        await host.stop()
+
+
 @async_test
 async def test_devices_is_asked_again_only_when_its_etag_changes():
     async with running() as real:
@@ -216,7 +262,8 @@ def unconnectable() -> tuple[socket.socket, list[socket.socket]]:
 
 
 @async_test
-async def test_a_host_that_does_not_connect_is_given_up_at_the_connect_timeout():
+async def test_a_host_that_does_not_connect_is_given_up_at_the_connect_timeout(caplog):
+    caplog.set_level(logging.INFO, logger="patroller.http.fleet")
     listener, filling = unconnectable()
     try:
         host = f"127.0.0.1:{listener.getsockname()[1]}"
@@ -226,6 +273,9 @@ async def test_a_host_that_does_not_connect_is_given_up_at_the_connect_timeout()
             [shown] = h.api.fleet.hosts
             await until(lambda: shown.state == "not answering", timeout=4.0)  # < 5 s
             assert shown.error == "no connection within 0.3s", shown.error
+        # the log says which host, once, when it went down
+        said = [r.getMessage() for r in caplog.records if r.name == "patroller.http.fleet"]
+        assert said.count(f"fleet: {host} not answering: no connection within 0.3s") == 1, said
     finally:
         listener.close()
         for sock in filling:
@@ -316,3 +366,22 @@ def test_the_totals_a_rebuild_only_on_change_and_what_each_failure_is_called():
     assert fleet.trouble(ConnectionRefusedError()) == (REFUSED, "connection refused")
     assert fleet.trouble(RuntimeError("it broke")) == (FAILED, "it broke")
     assert fleet.trouble(RuntimeError()) == (FAILED, "RuntimeError")
+
+
+def test_a_connection_is_kept_only_after_a_whole_http_1_1_answer_that_does_not_close_it():
+    from tornado import httputil
+
+    from patroller.http.fleetlink import _Reading
+
+    def kept(version: str, headers: dict[str, str]) -> bool:
+        reading = _Reading()
+        reading.headers_received(
+            httputil.ResponseStartLine(version, 200, "OK"), httputil.HTTPHeaders(headers)
+        )
+        return reading.keeps_open()
+
+    assert kept("HTTP/1.1", {"Content-Length": "2"})
+    assert kept("HTTP/1.1", {"Transfer-Encoding": "chunked"})
+    assert not kept("HTTP/1.1", {})  # read to its end: the connection ends with it
+    assert not kept("HTTP/1.1", {"Content-Length": "2", "Connection": "close"})
+    assert not kept("HTTP/1.0", {"Content-Length": "2"})

@@ -675,3 +675,26 @@ async def until_free(server):
     await until(
         lambda: all(c["claim"]["state"] == "free" for c in get_status(server).values()), timeout=5
     )
+
+
+@async_test
+async def test_stopping_closes_each_pidfd_and_takes_it_off_the_loop():
+    leases = lease_manager()
+    lifelines = Lifelines(leases, Config())
+    lifelines.start()
+    process = sleeping()
+    try:
+        ref = ref_of(process)
+        leases.request(alice, {"gpu": 1}, held_for=ref)
+        await until(lambda: lifelines.metrics()["watched"] == 1)
+        fd = lifelines._fds[ref]
+        lifelines.stop()
+        assert lifelines.metrics()["watched"] == 0
+        # nothing left registered for that number: a later pidfd on it is watched afresh
+        assert asyncio.get_running_loop().remove_reader(fd) is False
+        with pytest.raises(OSError):
+            os.fstat(fd)  # closed
+    finally:
+        lifelines.stop()
+        process.kill()
+        process.wait()

@@ -166,8 +166,11 @@ def test_release_of_one_named_device(leases):
     a = leases.request(alice, {"gpu": 2})
     assert leases.release(alice, a[1].uuid) == ([a[1]], [])
     assert leases.state(a[0].uuid) == "reserved"
-    with pytest.raises(Unsatisfiable):
+    with pytest.raises(Unsatisfiable) as unknown:
         leases.release(alice, "GPU-no-such-device")
+    # the answer names the device asked for, for programs as for people
+    assert unknown.value.message == "there is no device 'GPU-no-such-device'"
+    assert unknown.value.data == {"uuid": "GPU-no-such-device"}
 
 
 def test_release_with_running_processes_frees_when_they_end_without_a_lease(leases):

@@ -249,6 +249,7 @@ def test_a_device_both_schedulers_list_is_said_once_and_slurm_holds_it(caplog):
         assert sources.tell("kubernetes", "GPU-1", PODS) is PODS  # alone: no clash
         assert sources.tell("slurm", "GPU-1", slurm) is slurm
         assert sources.tell("kubernetes", "GPU-1", other) is slurm  # still the same clash
+        assert sources.tell("kubernetes", "GPU-1", other) is slurm  # told again: not said again
         assert sources.tell("slurm", "GPU-1", None) is other
         assert sources.tell("slurm", "GPU-1", slurm) is slurm  # a clash again: said again
         assert sources.tell("slurm", "GPU-2", slurm) is slurm  # another device, one source

@@ -7,6 +7,7 @@ under the umask 0 a careless service manager could hand it; then a throwaway use
 tries what the review did: open the store read-only with SQLite, take a lock on its -shm (which
 stalled every write of the history), and grep the audit record for a name."""
 
+import errno
 import json
 import logging
 import os
@@ -24,7 +25,7 @@ from helpers import ServerProcess, forked_as
 from patroller.config import Config
 from patroller.doctor.privacy import check_privacy, probe_privacy
 from patroller.state.audit import AuditLog
-from patroller.state.directory import lock
+from patroller.state.directory import BookError, lock, make_private
 from patroller.state.private import Tightened, create, tighten, tighten_directory, touch
 from patroller.state.usage.store import FILE, UsageStore
 
@@ -285,3 +286,23 @@ def test_in_a_private_directory_open_files_are_closed_without_a_word(tmp_path, c
         assert not [r for r in caplog.records if "private" in r.getMessage()]
     finally:
         book.close()
+
+
+def test_a_state_directory_reached_through_a_link_or_no_directory_is_not_made_private(tmp_path):
+    """make_private opens the directory itself: a link to one is refused, not followed (its
+    target keeps its mode), and so is a file."""
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o755)
+    os.chmod(target, 0o755)
+    os.symlink(target, tmp_path / "state")
+    with pytest.raises(BookError) as linked:
+        make_private(str(tmp_path / "state"))
+    assert str(linked.value) == (
+        f"cannot make the state directory {tmp_path}/state private: "
+        f"{os.strerror(errno.ENOTDIR)}; make it ours and private (chmod 700), or choose "
+        "another --state-dir"
+    )
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o755
+    (tmp_path / "file").write_text("")
+    with pytest.raises(BookError, match=os.strerror(errno.ENOTDIR)):
+        make_private(str(tmp_path / "file"))

@@ -78,3 +78,8 @@ def test_a_version_that_is_a_positive_whole_number_is_read(tmp_path):
     db.execute("CREATE TABLE schema_version (version)")
     db.execute("INSERT INTO schema_version VALUES (1)")
     assert schema.version(db) == 1
+
+
+def test_a_report_over_the_room_says_how_many_rows_it_may_have():
+    refused = queries.TooLarge(5000)
+    assert (str(refused), refused.limit) == ("more than 5000 rows", 5000)
