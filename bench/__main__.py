@@ -634,7 +634,8 @@ def _notify_figures(n: dict[str, Any]) -> list[tuple[str, Any]]:
             (
                 "notification storm: events/s handed over (no rate, the default rate), RSS "
                 "growth MiB without / with (the most)",
-                f"{storm['events_per_s']}, {storm['rss_growth_mib_without']} / "
+                " / ".join(str(v) for v in storm["events_per_s"].values())
+                + f", {storm['rss_growth_mib_without']} / "
                 f"{storm['rss_growth_mib']}",
             )
         )
