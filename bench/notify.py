@@ -4,12 +4,14 @@ The storm: a test-mode daemon (its own process, `python -m bench.notify serve`) 
 `--notify` destination, a webhook that takes 5 s to answer each notice (a thread of this
 process), and its state directory (the outbox on). With `--events N` the daemon's own loop
 hands N trespass events a second (each a new episode: a new user on one of its GPUs) to the
-notifier, as the lease rules would, and no destination's rate holds any back: every notice
-goes through the words, the episodes, the outbox and a full queue, where most are dropped and
-counted. wrk measures /status without the storm and with it, in turn, `rounds` times (a shared
-machine's load changes). The storm runs FILL_S seconds first, so that the episodes remembered
-(10,000 at most) are full: the daemon's RSS, read before and after each run, then shows whether
-its memory is bounded.
+notifier, as the lease rules would. Three storms (STORMS): `with`, no destination's rate and no
+escalation holds any back: every notice goes through the words, the episodes, the outbox and
+a full queue, where most are dropped and counted; `with_rate`, the default rate (10 notices
+in 10 minutes), which holds almost all back; `with_defaults`, the default rate and escalation
+(a trespass waits 30 minutes before it reaches the admin). wrk measures /status without a
+storm and with each, in turn, `rounds` times (a shared machine's load changes). A storm runs
+FILL_S seconds first, so that the episodes remembered (10,000 at most) are full: the daemon's
+RSS, read before and after each run, then shows whether its memory is bounded.
 
 The watch: in this process, the notifier's look for idle and ending holds and trespasses to
 escalate (`Notifier.check`, on the loop every 30 s) over 256 GPUs, every one held (half for a
@@ -38,6 +40,12 @@ from .harness import ROOT, have_wrk, listening_port, rss_mib, wrk
 
 ANSWER_AFTER = 5.0  # seconds the slow destination takes to answer each notice
 FILL_S = 12.0  # seconds of the storm before it is measured: 10,000 episodes remembered
+# each storm's --rate and --escalate (None: Config's default)
+STORMS: dict[str, tuple[int | None, float | None]] = {
+    "with": (10**9, 0.0),
+    "with_rate": (None, 0.0),
+    "with_defaults": (None, None),
+}
 
 
 class SlowHook:
@@ -76,11 +84,12 @@ def storm(ctx: Any) -> dict[str, Any]:
     hook = SlowHook()
     rounds = 2 if ctx.quick else 3
     seconds = ctx.wrk_seconds
-    found: dict[str, list[dict[str, Any]]] = {"without": [], "with": []}
+    found: dict[str, list[dict[str, Any]]] = {"without": [], **{mode: [] for mode in STORMS}}
     try:
         for _ in range(rounds):
-            for mode, events in (("without", 0), ("with", 1000)):
-                found[mode].append(_one_run(hook.url, events, seconds))
+            found["without"].append(_one_run(hook.url, 0, seconds, (None, None)))
+            for mode, settings in STORMS.items():
+                found[mode].append(_one_run(hook.url, 1000, seconds, settings))
     finally:
         hook.close()
 
@@ -89,22 +98,33 @@ def storm(ctx: Any) -> dict[str, Any]:
         values = [v for v in values if v is not None]
         return round(statistics.median(values), 3) if values else None
 
-    without = median(found["without"], "status", "p99_ms")
-    during = median(found["with"], "status", "p99_ms")
-    ctx.log(f"notify storm: /status p99 {without} ms without, {during} ms with 1,000 events/s")
+    p99 = {mode: median(rows, "status", "p99_ms") for mode, rows in found.items()}
+    without = p99["without"]
+
+    def ratio(mode: str) -> float | None:
+        return round(p99[mode] / without, 3) if without and p99[mode] else None
+
+    ctx.log(
+        f"notify storm: /status p99 {without} ms without; with 1,000 events/s: "
+        + ", ".join(f"{mode} {p99[mode]} ms ({ratio(mode)}x)" for mode in STORMS)
+    )
     return {
         "rounds": rounds,
         "seconds": seconds,
         "answer_after_s": ANSWER_AFTER,
         "runs": found,
-        "p99_ms": {"without": without, "with": during},
-        "p99_ratio": round(during / without, 3) if without and during else None,
+        "p99_ms": p99,
+        "p99_ratio": ratio("with"),  # the hardest: no rate, no escalation
+        "p99_ratio_rate": ratio("with_rate"),
+        "p99_ratio_defaults": ratio("with_defaults"),
         "requests_per_s": {
-            "without": median(found["without"], "status", "requests_per_s"),
-            "with": median(found["with"], "status", "requests_per_s"),
+            mode: median(rows, "status", "requests_per_s") for mode, rows in found.items()
         },
-        "events_per_s": median(found["with"], "events_per_s"),
-        "rss_growth_mib": _growth(found["with"]),
+        # events counted as notices queued, dropped or held back (not those left to escalate)
+        "events_per_s": {
+            mode: median(found[mode], "events_per_s") for mode in ("with", "with_rate")
+        },
+        "rss_growth_mib": max(_growth(found[mode]) or 0.0 for mode in STORMS),
         "rss_growth_mib_without": _growth(found["without"]),
     }
 
@@ -125,7 +145,9 @@ def _dig(row: dict[str, Any], path: Any) -> float | None:
     return value if isinstance(value, (int, float)) else None
 
 
-def _one_run(url: str, events: int, seconds: float) -> dict[str, Any]:
+def _one_run(
+    url: str, events: int, seconds: float, settings: tuple[int | None, float | None]
+) -> dict[str, Any]:
     directory = tempfile.mkdtemp(prefix="pbench-notify")
     os.chmod(directory, 0o700)
     process = subprocess.Popen(
@@ -140,6 +162,8 @@ def _one_run(url: str, events: int, seconds: float) -> dict[str, Any]:
             str(events),
             "--state-dir",
             directory,
+            *(["--rate", str(settings[0])] if settings[0] is not None else []),
+            *(["--escalate", str(settings[1])] if settings[1] is not None else []),
         ],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": ROOT},
@@ -167,9 +191,7 @@ def _one_run(url: str, events: int, seconds: float) -> dict[str, Any]:
         took = time.monotonic() - began
         after = rss_mib(process.pid)
         ended = _notifications(base)
-        told = sum(
-            ended["by_kind"].get("trespass", {}).get(r, 0) for r in ("queued", "dropped")
-        ) - sum(counted["by_kind"].get("trespass", {}).get(r, 0) for r in ("queued", "dropped"))
+        told = _handled(ended) - _handled(counted)
         return {
             "events": events,
             "status": status,
@@ -189,6 +211,14 @@ def _one_run(url: str, events: int, seconds: float) -> dict[str, Any]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def _handled(notifications: dict[str, Any]) -> int:
+    """The notices the storm's events became so far: queued, dropped or held back by the rate
+    (a trespass waiting to be escalated is none of these: the storm with every default is not
+    counted)."""
+    trespass = notifications["by_kind"].get("trespass", {})
+    return int(trespass.get("queued", 0) + trespass.get("dropped", 0) + notifications["held"])
+
+
 def _notifications(base: str) -> dict[str, Any]:
     import urllib.request
 
@@ -204,7 +234,9 @@ def _log(directory: str) -> str:
 # -- the daemon of the storm (python -m bench.notify serve) -----------------------------------
 
 
-async def _serve(url: str, events: int, state_dir: str) -> None:
+async def _serve(
+    url: str, events: int, state_dir: str, rate: int | None, escalate: float | None
+) -> None:
     from dataclasses import replace
 
     from tornado.ioloop import PeriodicCallback
@@ -213,12 +245,13 @@ async def _serve(url: str, events: int, state_dir: str) -> None:
     from patroller.config import Config
     from patroller.core.leases import Event
 
+    config = Config(test=True, port=0, address="127.0.0.1")
     config = replace(
-        Config(test=True, port=0, address="127.0.0.1"),
+        config,
         notify=(url,),
         notify_events=("trespass",),
-        notify_escalate=0,
-        notify_rate=10**9,
+        notify_escalate=config.notify_escalate if escalate is None else escalate,
+        notify_rate=config.notify_rate if rate is None else rate,
         state_dir=state_dir,
         usage="none",
         max_connections_per_caller=1_000_000,
@@ -357,8 +390,10 @@ def main() -> None:
     parser.add_argument("--url", required=True)
     parser.add_argument("--events", type=int, default=0)
     parser.add_argument("--state-dir", required=True)
+    parser.add_argument("--rate", type=int, default=None)
+    parser.add_argument("--escalate", type=float, default=None)
     args = parser.parse_args()
-    asyncio.run(_serve(args.url, args.events, args.state_dir))
+    asyncio.run(_serve(args.url, args.events, args.state_dir, args.rate, args.escalate))
 
 
 if __name__ == "__main__":

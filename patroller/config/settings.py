@@ -155,6 +155,13 @@ class Config:
     notify_episodes: int = 10000  # episodes remembered (so that each is told once) at most
     notify_outbox_lines: int = 10000  # lines the outbox journal grows to before it is rewritten
     notify_outbox_wait: float = 2.0  # seconds a try waits for its start to be on disk at most
+    # seconds the outbox's writer gathers the lines handed over before it writes them (a try's
+    # start, which waits, is written at once): a storm wakes it 20 times a second, not 1,000
+    notify_outbox_gather: float = 0.05
+    # notices dropped at full queues written one by one in the audit record per
+    # repeat_log_every at most; the rest are counted, one line each kind, recipient and
+    # destination with their count (notify/outcomes.py)
+    notify_dropped_audited: int = 100
     notify_check_every: float = 30.0  # seconds between looks for idle and ending holds
     notify_unreserved_repeat: float = 3600.0  # a GPU used without asking: told once an hour
     notify_trouble_after: float = 60.0  # seconds the daemon's own trouble lasts before it is told

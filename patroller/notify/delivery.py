@@ -153,16 +153,16 @@ class Destination:
         """Queue a notice (never blocks); dropped and counted when the queue is full. `ident`:
         its id in the outbox, where it is already (None: it is written there now)."""
         number = number or self.number
-        if ident is None and not self._queue.full():  # one thread puts: it stays so
-            ident = self.outbox.queued(notice, recipient, self.tag, number)
-        item = Item(notice, recipient, number, ident or "")
-        try:
-            self._queue.put_nowait(item)
+        if not self._queue.full():  # one thread puts: it stays so
+            if ident is None:
+                ident = self.outbox.queued(notice, recipient, self.tag, number)
+            self._queue.put_nowait(Item(notice, recipient, number, ident))
             self.counts.add(notice.kind, QUEUED)
-        except queue.Full:
-            self.outbox.done(item.ident, DROPPED)
-            self.counts.add(notice.kind, DROPPED)
-            self.told(Outcome(notice, recipient, item.number, DROPPED, 0, self.key))
+            return
+        if ident:
+            self.outbox.done(ident, DROPPED)
+        self.counts.add(notice.kind, DROPPED)
+        self.told(Outcome(notice, recipient, number, DROPPED, 0, self.key))
 
     def pending(self) -> int:
         return self._queue.qsize()

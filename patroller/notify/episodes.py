@@ -65,7 +65,9 @@ class Rates:
         if throttle is None:
             throttle = self._throttles[destination] = Throttle(self.limit, self.window, self.clock)
         passed, _ = throttle.admit()
-        held = self._held.setdefault(destination, Counter())
+        held = self._held.get(destination)
+        if held is None:  # (setdefault would make a Counter at every notice)
+            held = self._held[destination] = Counter()
         if not passed:
             held[notice.kind] += 1
             return None

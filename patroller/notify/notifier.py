@@ -20,9 +20,7 @@ held back by a destination's rate (one a week is no flood)."""
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,27 +30,19 @@ from tornado.ioloop import IOLoop, PeriodicCallback
 from patroller.config import Config
 from patroller.core.leases import Event, LeaseManager
 from patroller.core.throttle import Throttle
-from patroller.notify.delivery import (
-    BadDestination,
-    Delivery,
-    NoApprise,
-    Outcome,
-    Router,
-    Sender,
-    apprise_plugin,
-    apprise_senders,
-    sender_of,
-    shown,
-)
+from patroller.notify.admins import NotifyError as NotifyError  # app.py's
+from patroller.notify.admins import admins, apprise_sender
+from patroller.notify.delivery import Delivery, NoApprise, Router, Sender
 from patroller.notify.digest import KIND as DIGEST
 from patroller.notify.digest import WEEK
 from patroller.notify.episodes import Episodes, Rates
 from patroller.notify.messages import Notice, Reader, notices_of
 from patroller.notify.outbox import Outbox, tag_of
+from patroller.notify.outcomes import Outcomes
 from patroller.notify.people import NO_APPRISE, ON, People
 from patroller.notify.resume import resume
-from patroller.notify.terminal import TERMINAL, Terminals
-from patroller.notify.watch import Escalations, Troubles, due, still_trespassing
+from patroller.notify.terminal import Terminals
+from patroller.notify.watch import Escalations, Troubles, look
 from patroller.notify.weekly import Digests
 from patroller.state.audit import AuditLog
 from patroller.state.usage.store import UsageStore
@@ -60,12 +50,6 @@ from patroller.state.usage.store import UsageStore
 log = logging.getLogger(__name__)
 
 OFF = "off"  # nobody is told (ON: sending; NO_APPRISE: Apprise is missing)
-ADMIN = "admin"
-
-
-class NotifyError(Exception):
-    """A destination that cannot be used: the daemon does not start (the message says which,
-    by number, never the URL)."""
 
 
 PluginOf = Callable[[str], Sender | None]
@@ -107,7 +91,7 @@ class Notifier:
             config,
             host,
             directory,
-            plugin_of or self._apprise_sender,
+            plugin_of or (lambda url: apprise_sender(url, config.notify_timeout)),
             self._to_user,
             self._forget,
             clock,
@@ -121,28 +105,26 @@ class Notifier:
             config.notify_terminal_rate, config.notify_terminal_rate_window, monotonic
         )
         self._terminals: Terminals | None = None  # the users' terminals (--notify-terminal)
-        self._escalations = Escalations(config.notify_escalate)  # trespasses, for the admin
+        self._escalations = Escalations(
+            config.notify_escalate, config.notify_episodes
+        )  # trespasses, for the admin
         self.outbox = Outbox(directory, config)
         self._checks: PeriodicCallback | None = None
         self._failing = Throttle(1, config.repeat_log_every)
-        self._unsent = Throttle(1, config.repeat_log_every)
+        self._outcomes = Outcomes(config, audit, self.people.last, monotonic)
+        self._told = self._outcomes.told
         self._loop: IOLoop | None = None
-        self._loop_thread: int | None = None  # the loop's thread: _told from it records at once
-
-    def _apprise_sender(self, url: str) -> Sender | None:
-        plugin = apprise_plugin(url, self.config.notify_timeout)
-        return sender_of(plugin) if plugin is not None else None
 
     def start(self) -> None:
         """Read the users' destinations and ready the admin's, the threads and the watch.
         NotifyError for an admin's URL that cannot be used; without Apprise, one warning when
         destinations were given, and nothing is sent but on the users' terminals."""
         self._loop = IOLoop.current()
-        self._loop_thread = threading.get_ident()
+        self._outcomes.start()
         self.people.users.open()
         terminal = self.config.notify_terminal
         try:
-            senders, names = self._admins()
+            senders, names = admins(self.config, self._senders)
         except NoApprise as exc:
             self.state = NO_APPRISE
             if self.config.notify or self.config.notify_user_default or self.people.users.users():
@@ -203,21 +185,6 @@ class Notifier:
                 self.config.notify_utmp,
             )
 
-    def _admins(self) -> tuple[list[Sender], list[str]]:
-        """The admin's senders and their names. NoApprise without Apprise; NotifyError for a
-        URL it does not take."""
-        if self._senders is not None:
-            senders = list(self._senders)
-            return senders, [f"destination {n}" for n in range(1, len(senders) + 1)]
-        urls = self.config.notify
-        try:  # without URLs of the admin's, Apprise is loaded when a user's is first used
-            plugins = (
-                apprise_senders(urls, self.config.notify_timeout) if urls else _apprise_there()
-            )
-        except BadDestination as exc:
-            raise NotifyError(str(exc)) from None
-        return [sender_of(plugin) for plugin in plugins], [shown(plugin) for plugin in plugins]
-
     # -- the lease rules' events, and the watch's (on the loop: quick, never blocks) ----------
 
     def on_event(self, event: Event) -> None:
@@ -269,32 +236,22 @@ class Notifier:
                 log.exception("notifications: the watch failed")
 
     def _check(self) -> None:
-        leases = self.leases
-        if leases is None or self._delivery is None:
+        if self.leases is None or self._delivery is None:
             return
-        holds = leases.holds
-        numbers = {device.uuid: device.number for device in leases.inventory}
-        for event in due(
-            holds, numbers, leases.state, self.quiet_for, self.config, self.clock(), leases.clock()
-        ):
+        ended, events = look(
+            self.leases,
+            self.quiet_for,
+            self._troubles,
+            self.troubles(),
+            self._escalations,
+            self.config,
+            self.clock(),
+        )
+        for key in ended:  # the daemon's trouble over: told again if it comes back
+            self._episodes.end(key)
+        for event in events:
             self.on_event(event)
-        gone, troubles = self._troubles.look(self.troubles(), self.clock())
-        for key in gone:  # its episode ends: told again if it comes back
-            self._episodes.end(("daemon", key))
-        for event in troubles:
-            self.on_event(event)
-        for event in self._escalations.ripe(self.clock()):
-            if still_trespassing(
-                holds, event.devices[0][0], event.user, event.details.get("holder")
-            ):
-                self.on_event(
-                    Event(
-                        "escalated",
-                        event.user,
-                        event.devices,
-                        {**event.details, "lasting": self.config.notify_escalate},
-                    )
-                )
+        self._outcomes.flush()  # the notices dropped and counted, not written one by one
 
     def _tell_digest(self, notice: Notice) -> None:
         """A digest to its recipient (the admin: user None), once: its key names its week."""
@@ -364,6 +321,7 @@ class Notifier:
             else:
                 checks.stop()
         self.outbox.stop(max(0.0, deadline - time.monotonic()))
+        self._outcomes.flush_soon()  # the dropped notices counted, into the audit record
         if self.digests is not None:
             self.digests.stop()
         if hung:
@@ -390,61 +348,3 @@ class Notifier:
             "digest_next": self.digests.due if self.digests else None,
             "by_kind": delivery.counts.snapshot() if delivery else {},
         }
-
-    # -- from the destinations' threads -----------------------------------------------------
-
-    def _told(self, outcome: Outcome) -> None:
-        """What became of a notice: recorded on the loop (a notice dropped at a full queue is
-        told on the loop itself, at once: a storm's drops do not wake it thousands of times)."""
-        if threading.get_ident() == self._loop_thread:
-            self._record(outcome)
-        elif self._loop is not None:
-            self._loop.add_callback(self._record, outcome)
-
-    def _record(self, outcome: Outcome) -> None:
-        notice = outcome.notice
-        if outcome.recipient != ADMIN:
-            self.people.last[(outcome.recipient, outcome.key)] = (
-                outcome.result,
-                round(time.time(), 3),
-            )
-        if outcome.result != "sent" and (
-            outcome.destination != TERMINAL or outcome.result == "dropped"
-        ):
-            logged, unlogged = self._unsent.admit()  # a storm is one line a repeat_log_every
-            if logged:
-                log.warning(
-                    "notifications: a %s notice %s at %s's destination %s%s",
-                    notice.kind,
-                    "was dropped: its queue was full"
-                    if outcome.result == "dropped"
-                    else f"could not be sent in {outcome.tries} tries",
-                    outcome.recipient,
-                    outcome.destination,
-                    f" ({unlogged} more not sent since the last "
-                    "such line; /metrics counts them all)"
-                    if unlogged
-                    else "",
-                )
-        if self.audit is not None:
-            self.audit.record(
-                Event(
-                    "notify",
-                    notice.user,
-                    notice.devices,
-                    {
-                        "kind": notice.kind,
-                        "recipient": outcome.recipient,
-                        "destination": outcome.destination,
-                        "result": outcome.result,
-                        "tries": outcome.tries,
-                    },
-                )
-            )
-
-
-def _apprise_there() -> list[Any]:
-    """No plugin; NoApprise if Apprise is not installed (found, not loaded: it takes 0.3 s)."""
-    if importlib.util.find_spec("apprise") is None:
-        raise NoApprise("Apprise is not installed: pip install 'patroller[notify]'")
-    return []

@@ -21,11 +21,12 @@ not told again. Then the journal is written anew with only what is still pending
 whenever it has grown past Config.notify_outbox_lines and four times what it holds.
 
 Writes are made by one thread, in the order they were asked for: the loop only hands a line
-over. A try's `s` is waited for (by the destination's thread, up to
-Config.notify_outbox_wait), so that a kill during a try is known at the restart. A line that
-cannot be written (a full disk) is counted and logged once a `repeat_log_every`; what is in
-memory goes on, and the next rewrite puts the journal right again. Without a state directory
-nothing is kept.
+over, and the writer gathers what comes within Config.notify_outbox_gather before it writes
+(a storm's thousand lines a second are a few writes). A try's `s` is written at once and
+waited for (by the destination's thread, up to Config.notify_outbox_wait), so that a kill
+during a try is known at the restart. A line that cannot be written (a full disk) is counted
+and logged once a `repeat_log_every`; what is in memory goes on, and the next rewrite puts the
+journal right again. Without a state directory nothing is kept.
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ class Outbox:
         self._pending: dict[str, Pending] = {}  # the writer thread's alone
         self._episodes: dict[tuple[str, ...], float] = {}  # the writer thread's alone
         self._written = 0  # lines in the file now
+        self._hurry = threading.Event()  # a line waited for was handed over: written at once
         self._fd: int | None = None
         self._thread: threading.Thread | None = None
         self._failing = Throttle(1, config.repeat_log_every)
@@ -136,6 +138,7 @@ class Outbox:
         if self._thread is None:
             return
         self._lines.put(None)
+        self._hurry.set()
         self._thread.join(timeout)
         self._thread = None
 
@@ -164,6 +167,7 @@ class Outbox:
         if ident and self._thread is not None:
             written = threading.Event()
             self._lines.put(({"s": ident}, written))
+            self._hurry.set()
             written.wait(self.config.notify_outbox_wait)
 
     def flush(self, timeout: float) -> bool:
@@ -172,6 +176,7 @@ class Outbox:
             return True
         written = threading.Event()
         self._lines.put(({}, written))
+        self._hurry.set()
         return written.wait(timeout)
 
     def failed_try(self, ident: str) -> None:
@@ -190,7 +195,10 @@ class Outbox:
     def _run(self) -> None:
         while True:
             batch = [self._lines.get()]
-            while len(batch) < 512:  # what else is waiting, written in one go
+            if batch[0] is not None and batch[0][1] is None:  # nobody waits for it: the lines
+                self._hurry.wait(self.config.notify_outbox_gather)  # after it are gathered
+            self._hurry.clear()
+            while len(batch) < 4096:  # what else is waiting, written in one go
                 try:
                     batch.append(self._lines.get_nowait())
                 except queue.Empty:
@@ -331,7 +339,7 @@ def _apply(
 
 
 def _line(record: dict[str, Any]) -> str:
-    return json.dumps(record, separators=(",", ":"), ensure_ascii=False, default=_encode) + "\n"
+    return _ENCODER.encode(record) + "\n"
 
 
 def _key(value: Any) -> tuple[str, ...]:
@@ -344,6 +352,10 @@ def _encode(value: Any) -> dict[str, Any]:
     if not isinstance(value, Notice):
         raise TypeError(f"{type(value).__name__} is not a notice")
     return asdict(value)
+
+
+# one encoder for every line (json.dumps with options would make one each time)
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=_encode)
 
 
 def _decode(value: Any) -> Notice:

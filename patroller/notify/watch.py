@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from patroller.config import Config
-from patroller.core.leases import Event, Hold
+from patroller.core.leases import Event, Hold, LeaseManager
 
 HELD = ("reserved", "allocated", "claimed", "shared")  # the states in which someone holds it
 
@@ -92,22 +92,25 @@ def escalations(
 
 class Escalations:
     """The trespasses to tell the admin of once they have lasted `after` seconds (0: none are
-    held back), each episode (its notice's key) waiting once."""
+    held back), each episode (its notice's key) waiting once; `most` wait at most (the first
+    added are forgotten first, as the episodes are: a storm of trespasses is bounded)."""
 
-    def __init__(self, after: float) -> None:
+    def __init__(self, after: float, most: int) -> None:
         self.after = after
-        self._waiting: list[tuple[float, Event, tuple[str, ...]]] = []  # (when, trespass, key)
+        self.most = most
+        self._waiting: dict[tuple[str, ...], tuple[float, Event]] = {}  # key -> (when, trespass)
 
     def add(self, event: Event, key: tuple[str, ...], since: float) -> None:
         """The trespass `event`, of the episode `key` told at `since`, unless it waits already."""
-        if self.after > 0 and all(key != waiting for _, _, waiting in self._waiting):
-            self._waiting.append((since + self.after, event, key))
+        if self.after > 0 and key not in self._waiting:
+            self._waiting[key] = (since + self.after, event)
+            if len(self._waiting) > self.most:
+                del self._waiting[next(iter(self._waiting))]
 
     def ripe(self, now: float) -> list[Event]:
         """Those whose time has come (no longer waiting)."""
-        ripe = [event for when, event, _ in self._waiting if when <= now]
-        self._waiting = [waiting for waiting in self._waiting if waiting[0] > now]
-        return ripe
+        ripe = [key for key, (when, _) in self._waiting.items() if when <= now]
+        return [self._waiting.pop(key)[1] for key in ripe]
 
 
 class Troubles:
@@ -139,3 +142,27 @@ class Troubles:
                     )
                 )
         return gone, events
+
+
+def look(
+    leases: LeaseManager,
+    quiet_for: Callable[[str], float | None],
+    troubles: Troubles,
+    trouble: Sequence[tuple[str, str, str]],
+    waiting: Escalations,
+    config: Config,
+    wall: float,
+) -> tuple[list[tuple[str, ...]], list[Event]]:
+    """One look (`wall`: epoch seconds): (the episodes of the daemon's trouble now over, the
+    events to tell in order: holds idle or ending, `trouble` that has lasted, trespasses still
+    going on --notify-escalate after they were told)."""
+    holds = leases.holds
+    numbers = {device.uuid: device.number for device in leases.inventory}
+    events = due(holds, numbers, leases.state, quiet_for, config, wall, leases.clock())
+    gone, lasting = troubles.look(trouble, wall)
+    events += lasting
+    for event in waiting.ripe(wall):
+        if still_trespassing(holds, event.devices[0][0], event.user, event.details.get("holder")):
+            details = {**event.details, "lasting": config.notify_escalate}
+            events.append(Event("escalated", event.user, event.devices, details))
+    return [("daemon", key) for key in gone], events

@@ -30,6 +30,7 @@ from patroller.observe.stats import iso_time
 from patroller.state import private
 
 log = logging.getLogger("patroller.audit")
+_ENCODER = json.JSONEncoder(separators=(",", ":"))  # one for every line, not one each
 
 
 class AuditLog:
@@ -83,7 +84,7 @@ class AuditLog:
             **event.details,
         }
         self.recent.append(entry)
-        line = json.dumps(entry, separators=(",", ":"))
+        line = _ENCODER.encode(entry)
         log.info("%s", line)
         if self._file is not None:
             try:

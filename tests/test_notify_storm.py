@@ -1,0 +1,121 @@
+"""A storm of notices is bounded in what it writes and what it keeps: notices dropped at a full
+queue past Config.notify_dropped_audited are counted, one audit line for many, and none is
+lost from the count; the trespasses waiting to reach the admin are bounded; the outbox gathers
+its lines, but writes a try's start, a flush and the stop's lines at once."""
+
+import json
+import threading
+import time
+from dataclasses import replace
+
+from helpers import async_test, lease_manager, until
+
+from patroller.config import Config
+from patroller.core.leases import Event
+from patroller.notify.messages import Notice
+from patroller.notify.notifier import Notifier
+from patroller.notify.outbox import FILE, Outbox
+from patroller.notify.watch import Escalations
+from patroller.state.audit import AuditLog
+
+GPU0 = (("GPU-0", 0),)
+
+
+def trespass(n):
+    return Event("trespass", f"user{n}", GPU0, {"pid": n, "holder": "alice"})
+
+
+def dropped(audit):
+    return [e for e in audit.recent if e["event"] == "notify" and e["result"] == "dropped"]
+
+
+@async_test
+async def test_a_storms_drops_past_the_bound_are_counted_in_one_line_and_none_is_lost():
+    hang, sending = threading.Event(), threading.Event()
+
+    def hung(title, body):
+        sending.set()
+        return hang.wait(30)
+
+    config = replace(
+        Config(),
+        notify=("json://admin/x",),
+        notify_queue=2,
+        notify_escalate=0,
+        notify_rate=10**6,
+        notify_dropped_audited=3,
+        repeat_log_every=3600,
+    )
+    audit = AuditLog(None, 1000, 60)
+    notifier = Notifier(config, "gpu1", audit, leases=lease_manager(), senders=[hung])
+    notifier.start()
+    try:
+        notifier.on_event(trespass(0))
+        await until(sending.is_set)  # the thread sends it, and hangs: the queue fills
+        for n in range(1, 23):  # two queued, twenty dropped
+            notifier.on_event(trespass(n))
+        assert notifier.metrics()["by_kind"]["trespass"]["dropped"] == 20
+        lines = dropped(audit)  # the first three one by one, with their own words
+        assert [(e["user"], e.get("count")) for e in lines] == [
+            ("user3", None),
+            ("user4", None),
+            ("user5", None),
+        ]
+        notifier.check()  # the watch's look writes what was counted
+        [counted] = dropped(audit)[3:]
+        assert {k: counted[k] for k in ("user", "kind", "recipient", "destination", "count")} == {
+            "user": None,
+            "kind": "trespass",
+            "recipient": "admin",
+            "destination": 1,
+            "count": 17,
+        }
+        for n in range(23, 28):  # the same window: counted, none written one by one
+            notifier.on_event(trespass(n))
+        assert len(dropped(audit)) == 4
+        notifier.check()
+        assert dropped(audit)[4]["count"] == 5
+        notifier.check()  # nothing more counted: no line
+        for n in range(28, 30):  # counted, and written at the stop
+            notifier.on_event(trespass(n))
+        total = notifier.metrics()["by_kind"]["trespass"]["dropped"]
+    finally:
+        hang.set()
+        notifier.stop(5)
+    lines = dropped(audit)
+    assert [e.get("count") for e in lines[3:]] == [17, 5, 2]
+    assert sum(e.get("count", 1) for e in lines) == total == 27
+
+
+def test_the_trespasses_waiting_to_reach_the_admin_are_bounded():
+    waiting = Escalations(600, 3)
+    events = [trespass(n) for n in range(5)]
+    for n, event in enumerate(events):
+        waiting.add(event, ("trespass", "GPU-0", f"user{n}", "alice"), 100.0 + n)
+    waiting.add(events[4], ("trespass", "GPU-0", "user4", "alice"), 200.0)  # waits already
+    assert waiting.ripe(703.0) == events[2:4]  # the first two forgotten
+    assert waiting.ripe(704.0) == [events[4]]  # its time is that of its first add
+    assert waiting.ripe(10_000.0) == []
+
+
+def test_the_outbox_gathers_its_lines_but_writes_a_tries_start_at_once(tmp_path):
+    config = Config(notify_outbox_gather=3600.0, notify_outbox_wait=3600.0)
+    outbox = Outbox(str(tmp_path), config)
+    outbox.open(time.time())
+    notice = Notice("trespass", ("trespass", "GPU-0", "bob", "alice"), "bob", GPU0, "t", "b")
+    ident = outbox.queued(notice, "admin", "t", 1)  # gathered, for an hour at most
+    trying = threading.Thread(target=outbox.trying, args=(ident,), daemon=True)
+    trying.start()  # a try's start is waited for: written now, and what was gathered with it
+    trying.join(60)
+    assert not trying.is_alive()
+    lines = [json.loads(line) for line in (tmp_path / FILE).read_text().splitlines()]
+    assert lines[-2]["q"] == ident and lines[-1] == {"s": ident}
+    outbox.told(("idle", "GPU-0"), 1_800_000_000.0)  # gathered ...
+    assert outbox.flush(60)  # ... and written at a flush
+    outbox.told(("idle", "GPU-1"), 1_800_000_000.0)  # gathered ...
+    outbox.stop(60)  # ... and written at the stop
+    lines = [json.loads(line) for line in (tmp_path / FILE).read_text().splitlines()]
+    assert lines[-2:] == [
+        {"e": ["idle", "GPU-0"], "at": 1_800_000_000.0},
+        {"e": ["idle", "GPU-1"], "at": 1_800_000_000.0},
+    ]
