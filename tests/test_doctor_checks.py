@@ -71,7 +71,8 @@ from patroller.doctor.runtimes import (
     probe_kubelet,
 )
 from patroller.state import schema
-from patroller.state.book import FILE, MAX_SIZE
+from patroller.state.book import MAX_SIZE
+from patroller.state.bookfiles import FILE
 from patroller.state.directory import LOCK
 
 # -- the engines ----------------------------------------------------------------------------
