@@ -2,6 +2,7 @@
 duration, the administrator's release, idle detection, and the audit record."""
 
 import json
+import os
 from dataclasses import replace
 import logging
 
@@ -17,6 +18,7 @@ from patroller.observe.idle import IdleWatch
 from patroller.core.identity import Identity, ProcessRef, named_user
 from patroller import durations
 from patroller.config import load_limits, policy_of
+from patroller.config.policy import MAX_LIMITS_BYTES
 from patroller.http.views import claims
 
 LEASE = Config().lease  # the shared factory's
@@ -76,6 +78,28 @@ def test_per_user_limits_override_the_default(clock, tmp_path):
         path.write_text(bad)
         with pytest.raises(ValueError):
             load_limits(str(path))
+
+
+def test_the_limits_file_is_read_as_the_configuration_file_is(tmp_path):
+    """One reader for both (config/regular.py): a missing file, a directory, a FIFO nobody
+    writes to (read to its end, it would wait for ever) and a file over the bound are refused
+    by name, never waited on."""
+    missing = tmp_path / "nope.json"
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"alice": 1, "x": "y" * MAX_LIMITS_BYTES}))
+    said = {}
+    for path in (missing, tmp_path, fifo, big):
+        with pytest.raises(ValueError) as refused:
+            load_limits(str(path))
+        said[path] = str(refused.value)
+    assert said == {
+        missing: f"cannot read {missing}: No such file or directory",
+        tmp_path: f"{tmp_path} is not a regular file",
+        fifo: f"{fifo} is not a regular file",
+        big: f"{big} is over {MAX_LIMITS_BYTES} bytes",
+    }
 
 
 def test_a_waiter_over_the_limit_is_refused_and_one_that_grew_over_it_waits_on(clock):
