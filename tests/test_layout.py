@@ -444,6 +444,50 @@ def test_a_duration_is_formatted_in_one_place_per_language():
         if name.endswith(".js")
     }
     assert {name: n for name, n in defined.items() if n} == {"common.js": 1}, defined
-    for page, script in (("index.html", "app.js"), ("fleet.html", "fleet.js")):
-        html = open(os.path.join(web, page), encoding="utf-8").read()
+    from patroller.http.page import web_files
+
+    served = web_files()
+    for page, script in (
+        ("index.html", "app.js"),
+        ("fleet.html", "fleet.js"),
+        ("report.html", "report.js"),
+    ):
+        html = served[page].decode("utf-8")
         assert html.index('src="/web/common.js"') < html.index(f'src="/web/{script}"'), page
+
+
+def test_the_pages_share_one_head():
+    """The pages' head is written once, in base.html, which each page extends (rendered by
+    page.pages when the daemon reads its files): no page writes a head of its own, each page
+    served opens with that head, and base.html itself is not served."""
+    from patroller.http.page import BASE_PAGE, web_files
+
+    web = os.path.join(PACKAGE, "http", "web")
+    written = {}
+    for name in sorted(os.listdir(web)):
+        if name.endswith(".html"):
+            with open(os.path.join(web, name), encoding="utf-8") as f:
+                written[name] = f.read()
+    assert [n for n, text in written.items() if re.search(r"<head[\s>]", text)] == [BASE_PAGE], (
+        written
+    )
+    served = web_files()
+    assert BASE_PAGE not in served
+    heads = {
+        name: served[name].decode("utf-8").split("</head>")[0].splitlines()
+        for name in written
+        if name != BASE_PAGE
+    }
+    assert len(heads) == 3 and all(
+        head[:5]
+        == [
+            "<!doctype html>",
+            '<html lang="en">',
+            "<head>",
+            '<meta charset="utf-8">',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        ]
+        and '<link rel="stylesheet" href="/web/style.css">' in head
+        and '<script src="/web/common.js" defer></script>' in head
+        for head in heads.values()
+    ), heads
