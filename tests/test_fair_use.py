@@ -283,10 +283,14 @@ def test_durations_are_read_in_any_unit():
 def test_durations_are_said_back_one_way_in_every_unit_or_two():
     """durations.describe, the one formatting of a duration in Python: every unit for the
     daemon's messages (nothing lost), two for the command line's tables."""
-    seconds = (0, 0.5, 4.99, 8, 12.4, 59.6, 90, 192, 3600, 3661, 7500, 46800, 273600, 604800, -3)
+    seconds = (0, 0.004, 0.21, 0.5, 4.56, 4.99, 8, 12.4, 59.6, 90, 192, 3600, 3661, 7500, 46800)
+    seconds += (273600, 604800, -3)
     assert [durations.describe(s) for s in seconds] == [
         "0s",
+        "0s",
+        "0.2s",  # a probe the doctor timed: to a tenth, as the command line's waits
         "0.5s",
+        "4.6s",
         "5s",
         "8s",
         "12s",
