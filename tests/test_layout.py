@@ -418,22 +418,6 @@ SECONDS_NOT_YET_DESCRIBED: dict[str, int] = {
     "patroller/app.py": 1,
     "patroller/client.py": 1,
     "patroller/core/leases/manager.py": 1,
-    "patroller/cli/arguments.py": 1,
-    "patroller/cli/finding.py": 1,
-    "patroller/cli/fleet.py": 1,
-    "patroller/cli/report.py": 1,
-    "patroller/http/accepting.py": 1,
-    "patroller/http/access.py": 1,
-    "patroller/http/framing.py": 1,
-    "patroller/identify/containers.py": 2,
-    "patroller/identify/lookups.py": 1,
-    "patroller/observe/crosscheck.py": 1,
-    "patroller/observe/inventory.py": 1,
-    "patroller/observe/kernlog.py": 1,
-    "patroller/observe/silence.py": 1,
-    "patroller/observe/supervisor.py": 5,
-    "patroller/state/usage/reader.py": 1,
-    "patroller/state/usage/store.py": 3,
 }
 
 
@@ -597,3 +581,23 @@ def test_the_pages_share_one_head():
         and '<script src="/web/common.js" defer></script>' in head
         for head in heads.values()
     ), heads
+
+
+def test_what_common_js_defines_no_page_script_defines_again():
+    """common.js is the one place of what the pages share (h, setAttrs, bar, duration, gib,
+    timeOfDay): a page's script takes each from window.Patroller, never writes its own."""
+    web = os.path.join(PACKAGE, "http", "web")
+    scripts = {}
+    for name in sorted(os.listdir(web)):
+        if name.endswith(".js"):
+            with open(os.path.join(web, name), encoding="utf-8") as f:
+                scripts[name] = f.read()
+    shared = re.findall(r"^  (\w+)\(.*\) \{$", scripts.pop("common.js"), re.MULTILINE)
+    assert {"h", "setAttrs", "bar", "duration", "gib", "timeOfDay"} <= set(shared), shared
+    again = {
+        (script, name)
+        for script, text in scripts.items()
+        for name in shared
+        if re.search(rf"\bfunction\s+{name}\s*\(|\b{name}\s*=\s*(function\b|\()", text)
+    }
+    assert not again, f"defined again outside common.js: {sorted(again)}"

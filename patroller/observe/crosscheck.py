@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping
 from patroller.config import Config
 from patroller.core.devices import Inventory
 from patroller.core.throttle import Throttle
+from patroller.durations import describe
 from patroller.observe.monitor import FAILING, IDLE, UP, CrossCheckMetrics, Monitor
 from patroller.observe.monitors import PmonMonitor
 from patroller.observe.nvsmi.parsers import ComputeApp, parse_compute_apps
@@ -218,12 +219,12 @@ class CrossCheck(Monitor):
         if admitted:
             log.warning(
                 "cross-check: `%s` failed (%d time(s) in a row), %s; "
-                "keeping the %d process(es) it announced, trying again every %g s",
+                "keeping the %d process(es) it announced, trying again every %s",
                 self.shown,
                 self._failing,
                 problem,
                 len(self._announced),
-                self.interval,
+                describe(self.interval),
             )
 
     def _count_skips(self, skipped: list[str]) -> None:
