@@ -522,16 +522,9 @@ def test_a_duration_is_formatted_in_one_place_per_language():
     )
     gone = {n: k for n, k in SECONDS_NOT_YET_DESCRIBED.items() if len(said.get(n, ())) != k}
     assert not gone, f"SECONDS_NOT_YET_DESCRIBED counts what is no longer there: {gone}"
-    web = os.path.join(PACKAGE, "http", "web")
     defined = {
-        name: len(
-            re.findall(
-                r"\bduration\s*\(seconds\)\s*\{",
-                open(os.path.join(web, name), encoding="utf-8").read(),
-            )
-        )
-        for name in os.listdir(web)
-        if name.endswith(".js")
+        name: len(re.findall(r"\bduration\s*\(seconds\)\s*\{", text))
+        for name, text in web_sources(".js").items()
     }
     assert {name: n for name, n in defined.items() if n} == {"common.js": 1}, defined
     from patroller.http.page import web_files
@@ -546,18 +539,24 @@ def test_a_duration_is_formatted_in_one_place_per_language():
         assert html.index('src="/web/common.js"') < html.index(f'src="/web/{script}"'), page
 
 
+def web_sources(ending: str) -> dict[str, str]:
+    """The text of each of the pages' files (patroller/http/web) whose name ends so, by name."""
+    web = os.path.join(PACKAGE, "http", "web")
+    found = {}
+    for name in sorted(os.listdir(web)):
+        if name.endswith(ending):
+            with open(os.path.join(web, name), encoding="utf-8") as f:
+                found[name] = f.read()
+    return found
+
+
 def test_the_pages_share_one_head():
     """The pages' head is written once, in base.html, which each page extends (rendered by
     page.pages when the daemon reads its files): no page writes a head of its own, each page
     served opens with that head, and base.html itself is not served."""
     from patroller.http.page import BASE_PAGE, web_files
 
-    web = os.path.join(PACKAGE, "http", "web")
-    written = {}
-    for name in sorted(os.listdir(web)):
-        if name.endswith(".html"):
-            with open(os.path.join(web, name), encoding="utf-8") as f:
-                written[name] = f.read()
+    written = web_sources(".html")
     assert [n for n, text in written.items() if re.search(r"<head[\s>]", text)] == [BASE_PAGE], (
         written
     )
@@ -586,12 +585,7 @@ def test_the_pages_share_one_head():
 def test_what_common_js_defines_no_page_script_defines_again():
     """common.js is the one place of what the pages share (h, setAttrs, bar, duration, gib,
     timeOfDay): a page's script takes each from window.Patroller, never writes its own."""
-    web = os.path.join(PACKAGE, "http", "web")
-    scripts = {}
-    for name in sorted(os.listdir(web)):
-        if name.endswith(".js"):
-            with open(os.path.join(web, name), encoding="utf-8") as f:
-                scripts[name] = f.read()
+    scripts = web_sources(".js")
     shared = re.findall(r"^  (\w+)\(.*\) \{$", scripts.pop("common.js"), re.MULTILINE)
     assert {"h", "setAttrs", "bar", "duration", "gib", "timeOfDay"} <= set(shared), shared
     again = {
