@@ -8,7 +8,7 @@ Try it against a test-mode server:
 import argparse
 import os
 
-from patroller.client import Claim, Busy, claim, release
+from patroller.client import Busy, Claim, claim, release
 
 
 def main() -> None:

@@ -36,7 +36,8 @@ setup(
     # the .proto files of tests/fixtures/proto (tests/test_protobuf_wire.py)
     # notify: notifications (e-mail, Slack, ntfy, webhooks, ...) are sent through Apprise;
     # the tests receive them with a real SMTP server (aiosmtpd) and HTTP receivers; the type
-    # checker (mypy, .ci/run; its settings in pyproject.toml) comes with the tests
+    # checker (mypy) and the linter and formatter (ruff; .ci/run runs both, their settings in
+    # pyproject.toml) come with the tests
     extras_require={
         "kubernetes": ["grpcio>=1.60"],
         "notify": ["apprise>=1.9"],
@@ -50,6 +51,7 @@ setup(
             "apprise>=1.9",
             "aiosmtpd>=1.4",
             "mypy>=1.10",
+            "ruff>=0.17,<0.18",  # the formatter's style may change at 0.18
             "schemathesis>=4,<5; python_version >= '3.11'",
         ],
         # scripts/mutation.sh: mutmut 3 (its [tool.mutmut] in pyproject.toml);

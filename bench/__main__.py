@@ -16,8 +16,8 @@ import re
 import sys
 import time
 import traceback
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 from . import callers, fleet, measures, notify, statusbuild, topology, usage
 from .harness import ROOT, machine, raise_file_limit
@@ -91,7 +91,7 @@ def run(
                 results[name] = step(ctx)
             except ImportError as exc:  # a step's dependency (selenium, ...) is missing
                 results[name] = {"skipped": f"{exc.name or exc} is not installed"}
-            except Exception as exc:  # noqa: BLE001: one step's failure loses no other's rows
+            except Exception as exc:
                 traceback.print_exc()
                 results[name] = {"failed": f"{type(exc).__name__}: {exc}"}
             log(
@@ -307,7 +307,8 @@ def checks(report: dict[str, Any]) -> list[dict[str, Any]]:
         ],
         *[
             (
-                f"/status p99 as a multiple of the ceiling's beside the same dmon and pmon, {gpus} "
+                "/status p99 as a multiple of the ceiling's beside the same dmon and pmon, "
+                f"{gpus} "
                 "GPUs + 5000 processes",
                 _get(r, "throughput", (gpus, 5000), "of_ceiling_beside_streams", "p99"),
                 "<= 2",
@@ -386,7 +387,8 @@ def checks(report: dict[str, Any]) -> list[dict[str, Any]]:
         ),
         *[
             (
-                f"choosing the best-connected {count} of {gpus} free GPUs ms (median), the slowest "
+                f"choosing the best-connected {count} of {gpus} free GPUs ms (median), the "
+                "slowest "
                 "shape",
                 _slowest_choice(r, gpus),
                 "< 1",
@@ -483,7 +485,8 @@ def other_figures(report: dict[str, Any]) -> list[tuple[str, Any]]:
         for key in ("register_ms", "release_serving_ms", "cancel_ms"):
             figures.append(
                 (
-                    f"{_many(r)} waiting: lease manager {key.replace('_ms', '').replace('_', ' ')} ms",
+                    f"{_many(r)} waiting: lease manager "
+                    f"{key.replace('_ms', '').replace('_', ' ')} ms",
                     f"median {w[key]['median']}, p99 {w[key]['p99']}, max {w[key]['max']}",
                 )
             )

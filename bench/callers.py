@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 import statistics
 import subprocess
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 from .harness import Daemon
 

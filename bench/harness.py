@@ -14,8 +14,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
 from collections.abc import Iterable
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))  # the private Docker Engine of the tests
@@ -104,7 +104,8 @@ class Containers:
         return self.engine.url if self.engine else None
 
     def run(self, email: str, processes: int) -> tuple[Any, list[int]]:
-        """A container labelled with `email` running `processes` sleeps; (container, their pids)."""
+        """A container labelled with `email` running `processes` sleeps; (container, their
+        pids)."""
         script = f"for i in $(seq {processes}); do sleep 86400 & done; wait"
         container = self.engine.run(
             labels={"user.email": email, "team": "bench"}, command=["sh", "-c", script]
@@ -168,7 +169,7 @@ class Daemon:
         self._next_gpu = 0
         self.process: subprocess.Popen | None = None
         self.port = 0
-        self._log = open(os.path.join(self.dir, "daemon.log"), "w+")
+        self._log = open(os.path.join(self.dir, "daemon.log"), "w+")  # noqa: SIM115 (closed when the child is stopped)
 
     def write(self, processes: list[dict[str, Any]] | None = None) -> None:
         """Rewrite the scenario (atomically): the simulator picks it up at its next interval."""

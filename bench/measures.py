@@ -12,8 +12,8 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 from .harness import ROOT, Containers, Daemon, Sleepers, Streams, have_wrk, processes_on, wrk
 
@@ -364,7 +364,7 @@ async def _hold_waiters(port: int, count: int) -> list[asyncio.Task]:
         await writer.drain()
         head = await reader.readuntil(b"\r\n\r\n")
         length = int(
-            [l for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")][0].split(
+            [h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")][0].split(
                 b":"
             )[1]
         )
@@ -567,9 +567,9 @@ def _spread(samples: list[float]) -> dict[str, float]:
 
 def _lease_manager_costs(users: int, per_user: int) -> dict[str, Any]:
     """The lease manager alone, on the 8 test-mode devices all held: each call timed."""
+    from patroller.config import Config, policy_of
     from patroller.core.identity import named_user
     from patroller.core.leases import LeaseManager
-    from patroller.config import Config, policy_of
     from patroller.observe.testmode import synthetic_inventory
 
     leases = LeaseManager(
@@ -755,8 +755,8 @@ def _book_write_costs(directory: str, ctx: Context) -> dict[str, Any]:
     from patroller.config import Config, policy_of
     from patroller.core.identity import Identity, named_user
     from patroller.core.leases import LeaseManager
-    from patroller.state import book as bookmodule
     from patroller.observe.testmode import synthetic_inventory
+    from patroller.state import book as bookmodule
 
     count = 2000 if ctx.quick else 20000
     someone = Identity(
@@ -810,7 +810,7 @@ def _book_write_costs(directory: str, ctx: Context) -> dict[str, Any]:
     renamed: list[float] = []
     synced: list[float] = []
     ways: list[tuple[list[float], Callable[[], None]]] = [
-        (linked, lambda: writer._publish(body)),
+        (linked, lambda: writer.files.publish(body)),
         (renamed, lambda: _rename_over(path, body)),
     ]
     for samples, write in ways:  # each way in a row, as a daemon writes: the disk's queue counts

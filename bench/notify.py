@@ -145,7 +145,7 @@ def _one_run(url: str, events: int, seconds: float) -> dict[str, Any]:
         env={**os.environ, "PYTHONPATH": ROOT},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
-        stderr=open(os.path.join(directory, "log"), "w"),
+        stderr=open(os.path.join(directory, "log"), "w"),  # noqa: SIM115 (the child owns it)
     )
     try:
         deadline = time.monotonic() + 30
@@ -274,7 +274,7 @@ async def _watch_cost(gpus: int, processes: int, repeats: int) -> dict[str, Any]
     from patroller.observe.testmode import synthetic_inventory
 
     now = [1_800_000_000.0]
-    clock = lambda: now[0]  # noqa: E731
+    clock = lambda: now[0]
     config = replace(Config(), notify=("json://127.0.0.1:9/x",))
     inventory = synthetic_inventory(gpus)
     leases = LeaseManager(
@@ -286,7 +286,7 @@ async def _watch_cost(gpus: int, processes: int, repeats: int) -> dict[str, Any]
         clock=clock,
     )
     devices = list(inventory)
-    for n, device in enumerate(devices):
+    for n in range(len(devices)):
         who = Identity(
             user=f"user{n % 40}", source="host", account=f"user{n % 40}", uid=2000 + n % 40
         )

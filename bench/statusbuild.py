@@ -1,6 +1,7 @@
 """What building /status costs the event loop, measured in-process (no daemon, no load):
 at 8, 64 and 256 GPUs with 0, 500 and 5,000 processes, the first whole build, a body that is
-only older (the clock's fields spliced in), a body after one lease change (a process starts on a GPU), and the longest
+only older (the clock's fields spliced in), a body after one lease change (a process starts on a
+GPU), and the longest
 slice of the background rebuild after a second of new samples for every device and process
 (the task is stepped by hand: each step is the time it held the loop). Times are the CPU
 time of the thread (what the loop spends), so that a shared machine's other work does not
@@ -11,8 +12,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 from patroller.config import Config, policy_of
 from patroller.core.identity import Identity
@@ -121,7 +122,7 @@ def one_size(gpus: int, processes: int, repeats: int) -> dict[str, Any]:
 
 def _stepped(view: StatusView) -> list[float]:
     """Run the background rebuild by hand, one step (a slice on the loop) at a time."""
-    task = view._refresh_soon()  # noqa: SLF001: the task the daemon runs, stepped here
+    task = view._refresh_soon()
     took = []
     try:
         while True:

@@ -17,8 +17,8 @@ import statistics
 import tempfile
 import threading
 import time
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 from patroller.config import Config, policy_of
 from patroller.core.identity import Identity
@@ -31,7 +31,7 @@ from patroller.state.usage import schema, tables
 from patroller.state.usage.sampler import UsageSampler
 from patroller.state.usage.store import FILE, UsageStore
 
-from .harness import Daemon, wrk, have_wrk
+from .harness import Daemon, have_wrk, wrk
 
 MINUTE, DAY, BLOCK = 60, 86400, 4 * 3600
 USERS = [Party(user=f"user{n}@lab.example", account=f"user{n}") for n in range(20)]
@@ -231,7 +231,7 @@ def sampler_cost(gpus: int, intervals: int) -> dict[str, Any]:
     store = UsageStore(directory, config)
     store.open()
     sampler = UsageSampler(inventory, leases, tally, store, float(MINUTE))
-    sampler._last = time.monotonic() - MINUTE  # as if started a minute ago  # noqa: SLF001
+    sampler._last = time.monotonic() - MINUTE  # as if started a minute ago
     readings = [
         Sample(d.uuid, {"sm": 40 + r % 50, "mem": 20, "fb": 30_000}, 0.0)
         for r in range(MINUTE)
@@ -243,7 +243,7 @@ def sampler_cost(gpus: int, intervals: int) -> dict[str, Any]:
             began = time.thread_time()
             for reading in readings:
                 signals.sample.send(None, record=reading)
-            sampler._last = time.monotonic() - MINUTE  # noqa: SLF001
+            sampler._last = time.monotonic() - MINUTE
             sampler.sample()
             loop += time.thread_time() - began
         store.close(600)  # the writer writes what is queued, then stops

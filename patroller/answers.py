@@ -115,7 +115,9 @@ def free(info: dict[str, Any], entry: dict[str, Any], group: str = "gpu") -> boo
     withheld, from its /devices `info` and its /status `entry` (as `check` passed them; a claim
     with no state counts as free, as the views show it). The one rule of every view of another
     daemon's answers: /fleet.json and /fleet, `patroller status --free`, and the holders that
-    `patroller run --wait` names while it waits."""
+    `patroller run --wait` names while it waits. The daemon grants by the same rule over its
+    own holds (core/leases/serving.py's `free_devices`): written twice because the client side
+    imports nothing of the daemon; tests/test_free_rule.py holds the two to each other."""
     claim = entry.get("claim") or {}
     return (
         info.get("group", "gpu") == group

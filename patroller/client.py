@@ -359,7 +359,7 @@ class Claim:
             try:
                 release(self.server, device["uuid"])
             except PatrollerError as error:  # never hide the block's own exception
-                warnings.warn(f"could not release {device['uuid']}: {error}")
+                warnings.warn(f"could not release {device['uuid']}: {error}", stacklevel=2)
         self.devices = []
 
 

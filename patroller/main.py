@@ -16,11 +16,10 @@ import resource
 import signal
 import sys
 from collections import Counter
-from typing import TYPE_CHECKING
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-from patroller import __version__
-from patroller import cli
+from patroller import __version__, cli
 
 if TYPE_CHECKING:
     from patroller.config import Config
@@ -59,7 +58,8 @@ def doctor_main(argv: Sequence[str]) -> int:
     """`patroller doctor`: what the daemon these flags describe would meet on this host. 0 when
     no check failed, 78 (EX_CONFIG) when one did, 2 for a bad flag."""
     from patroller.cli.exits import EX_CONFIG, EX_OK, EX_USAGE
-    from patroller.doctor.command import FAILING, HEALTHY, main as doctor
+    from patroller.doctor.command import FAILING, HEALTHY
+    from patroller.doctor.command import main as doctor
 
     return {HEALTHY: EX_OK, FAILING: EX_CONFIG}.get(doctor(argv), EX_USAGE)
 

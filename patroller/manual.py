@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from patroller import __version__
-from patroller.cli.commands import build_parser
+from patroller.cli.parser import build_parser
 from patroller.config.flags import daemon_parser
 
 SHELLS = ("bash", "zsh", "fish")

@@ -7,7 +7,8 @@ Prometheus collector read their parts from it (through `patroller.http.api.Api`,
 only HTTP needs).
 
 Owns: the record of the daemon's parts, typed.
-May import: `patroller.notify`, `patroller.state`, `patroller.identify`, `patroller.observe`, `patroller.config`,
+May import: `patroller.notify`, `patroller.state`, `patroller.identify`, `patroller.observe`,
+`patroller.config`,
 `patroller.core`.
 """
 
@@ -19,10 +20,10 @@ from patroller.config import Config
 from patroller.core.devices import Inventory
 from patroller.core.leases import LeaseManager
 from patroller.identify.callers import CallerIdentifier
-from patroller.notify import Notifier
 from patroller.identify.containers import ContainerDirectory
 from patroller.identify.resolver import ProcessIdentifier
 from patroller.identify.tracker import ProcessTracker
+from patroller.notify import Notifier
 from patroller.observe.health import HealthWatch
 from patroller.observe.idle import IdleWatch
 from patroller.observe.monitor import FAILING, Monitor

@@ -1,6 +1,7 @@
 """The mutation run: mutmut on the scope of pyproject.toml's [tool.mutmut], then the score.
 
-    scripts/mutation.sh [--fresh | --missed | --resume | --sample N [--seed S]] [--jobs N] [SCOPE ...]
+    scripts/mutation.sh [--fresh | --missed | --resume | --sample N [--seed S]] [--jobs N] [SCOPE
+...]
     .venv/bin/python scripts/mutation.py score [--modules] [SCOPE ...]  (the last runs' score)
 
 SCOPE is a package or a module of the scope, as a path under patroller/ (`core`, `state`,
@@ -44,8 +45,9 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from collections.abc import Sequence
+
+import tomllib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs", "development.md")
@@ -274,7 +276,8 @@ def draw(scopes: Sequence[str], settings: dict, size: int, seed: int) -> dict[st
     itself a uniform sample (a sample run stopped early is judged by the part of the draw it
     tested from the start; a larger size extends the same draw). The record of an earlier draw
     with the same seed, scope and mutants is kept with its results, and extended when `size`
-    is larger (a mutant set aside as equivalent since changes neither); any other is replaced. Written to SAMPLE, with the results mutants/ holds of
+    is larger (a mutant set aside as equivalent since changes neither); any other is replaced.
+    Written to SAMPLE, with the results mutants/ holds of
     the drawn mutants."""
     found = results()
     record = read_sample()

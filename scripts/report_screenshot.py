@@ -20,9 +20,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(ROOT, "tests")
 sys.path[:0] = [ROOT, TESTS]
 
-from browser import Browser  # noqa: E402
-from helpers import ServerProcess  # noqa: E402
-from usage_history import lab, write  # noqa: E402
+from browser import Browser
+from helpers import ServerProcess
+from usage_history import lab, write
 
 
 def main() -> None:

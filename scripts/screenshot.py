@@ -28,9 +28,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(ROOT, "tests")
 sys.path[:0] = [ROOT, TESTS]
 
-from browser import Browser  # noqa: E402
-from dockerd import Container, Engine  # noqa: E402
-from helpers import ScenarioFile, ServerProcess  # noqa: E402
+from browser import Browser
+from dockerd import Container, Engine
+from helpers import ScenarioFile, ServerProcess
 
 H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559}
 USERS = {  # container labels: who, and their team

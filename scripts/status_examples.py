@@ -29,15 +29,16 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
-from helpers import ScenarioFile, ServerProcess  # noqa: E402
-from patroller import answers  # noqa: E402
-from patroller.cli import fleet  # noqa: E402
+from helpers import ScenarioFile, ServerProcess
+
+from patroller import answers
+from patroller.cli import fleet
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "status")
 ENV = {**os.environ, "PYTHONPATH": ROOT}
@@ -84,7 +85,7 @@ def gpuhost() -> None:
         run = None
         try:
             server = daemon.server
-            claim = lambda n: get(server, "/status")[uuid(server, n)]["claim"]  # noqa: E731
+            claim = lambda n: get(server, "/status")[uuid(server, n)]["claim"]
             scenario.write(
                 processes=[
                     {"pid": mine.pid, "gpu": 1, "name": "python", "used_mib": 30000, "sm": 93}

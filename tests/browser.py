@@ -13,8 +13,8 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Any, TypeVar
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -44,7 +44,7 @@ def _which(names: tuple[str, ...], extra: tuple[str, ...] = ()) -> str | None:
 def find() -> tuple[str, str]:
     """(browser, driver) paths; BrowserUnavailable when either or Selenium is missing."""
     try:
-        import selenium  # noqa: F401
+        import selenium  # noqa: F401 (is it installed?)
     except ImportError as exc:
         raise BrowserUnavailable(f"selenium is not installed ({exc}); {HINT}") from None
     binary = _which(BROWSERS, ("/usr/lib/chromium/chromium",))
@@ -178,4 +178,4 @@ def browser(**options: Any) -> Browser:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI must run the web page's browser tests, but {exc}")
         pytest.skip(str(exc))
-        raise AssertionError("unreachable")
+        raise AssertionError("unreachable") from exc

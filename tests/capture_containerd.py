@@ -19,8 +19,9 @@ import grpc
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
 
-from containerd import Containerd  # noqa: E402 (after the path)
-from patroller.identify import containerd as ctrd  # noqa: E402
+from containerd import Containerd
+
+from patroller.identify import containerd as ctrd
 
 OUT = os.path.join(HERE, "fixtures", "containerd", "answers.json")
 # Fixed, so that the tests can name them.

@@ -15,11 +15,11 @@ os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
 # tests': the daemons, doctors and command lines they start read none unless a test names one,
 # and neither does load() called with an environment of its own.
 os.environ["PATROLLER_CONFIG"] = "none"
-import patroller.config.file  # noqa: E402
+import patroller.config.file
 
 patroller.config.file.DEFAULT_PATH = os.path.join(os.path.dirname(__file__), "no-such-file.toml")
 
-from helpers import FakeClock, engines_left_out, lease_manager, need_root
+from helpers import FakeClock, engines_left_out, lease_manager, need_root  # noqa: E402 (after the variable above)
 
 
 @pytest.fixture(autouse=True)

@@ -177,7 +177,7 @@ def _cmdline(pid: int) -> str:
 
 def _pids_in_cgroup_of(pid: int) -> list[int]:
     with open(f"/proc/{pid}/cgroup", encoding="ascii") as f:
-        line = next(l for l in f if ":memory:" in l or l.startswith("0::"))
+        line = next(x for x in f if ":memory:" in x or x.startswith("0::"))
     number, controllers, path = line.rstrip("\n").split(":", 2)
     mount = _mount_of(controllers)
     assert mount is not None

@@ -26,8 +26,8 @@ import socket
 from collections.abc import Mapping
 
 import grpc
-
 from grpc_server import Abort, Hang, Server
+
 from patroller.identify import containerd as ctrd
 from patroller.observe import protowire as pw
 

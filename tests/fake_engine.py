@@ -19,8 +19,8 @@ import json
 import os
 import socketserver
 import threading
-from http.server import BaseHTTPRequestHandler
 from collections.abc import Sequence
+from http.server import BaseHTTPRequestHandler
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "docker")
 FIXTURE = os.path.join(FIXTURES, "engine.json")
@@ -94,7 +94,7 @@ class FakeEngine:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
+            def do_GET(self) -> None:
                 engine.requests += 1
                 if engine.hanging:
                     engine._stopped.wait(60)

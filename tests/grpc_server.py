@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent import futures
 from collections.abc import Callable
+from concurrent import futures
 
 import grpc
 
@@ -42,7 +42,7 @@ class Server:
             return answer
 
         class Generic(grpc.GenericRpcHandler):
-            def service(inner, details):  # noqa: N805 (grpc's signature)
+            def service(inner, details):
                 if details.method not in self.methods:
                     return None  # UNIMPLEMENTED
                 return grpc.unary_unary_rpc_method_handler(behavior(details.method))

@@ -15,10 +15,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
 from typing import Any
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -188,7 +188,7 @@ class ServerProcess:
         self.preexec_fn = preexec_fn  # run in the child before it starts (resource limits)
         self.process: subprocess.Popen | None = None
         self.url = ""
-        self._log = tempfile.TemporaryFile(mode="w+")  # a file: a full pipe would stall it
+        self._log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed at stop) a file: a full pipe would stall it
 
     def start(self, timeout: float = 20) -> ServerProcess:
         """Start, and wait until it says where it listens."""

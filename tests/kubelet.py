@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import grpc
-
 from grpc_server import Abort, Hang, Server
+
 from patroller.observe import protowire as pw
 
 LIST = "/v1.PodResourcesLister/List"

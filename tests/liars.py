@@ -12,17 +12,17 @@ import http.server
 import json
 import threading
 import time
-from typing import Any, Union
 from collections.abc import Callable, Iterator
+from typing import Any
 
-Answer = Union[bytes, Callable[["Handler"], None]]  # a body, or a writer of the whole answer
+Answer = bytes | Callable[["Handler"], None]  # a body, or a writer of the whole answer
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
     server: LyingServer
     protocol_version = "HTTP/1.0"  # the connection ends with the answer: a body may too
 
-    def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
+    def do_GET(self) -> None:
         answer = self.server.answers.get(self.path.split("?")[0])
         self.server.asked[self.path] = self.server.asked.get(self.path, 0) + 1
         if answer is None:

@@ -27,10 +27,12 @@ import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 from helpers import cgroup_root, unused_uid, user_manager
-from patroller.identify.cgroups import parse_cgroup
 from private import LabelledRuns, PrivateDaemon, Unavailable, busybox_rootfs
+
+from patroller.identify.cgroups import parse_cgroup
 
 IMAGE = "localhost/patroller-test-busybox:latest"
 LIMITS = ("--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")
@@ -205,7 +207,7 @@ class Podman(PrivateDaemon, LabelledRuns["Container"]):
             _remove_cgroup(path)
         mounts = [
             line.split()[1]
-            for line in open("/proc/self/mounts", encoding="utf-8")
+            for line in Path("/proc/self/mounts").read_text(encoding="utf-8").splitlines()
             if line.split()[1].startswith(self.root + "/")
         ]
         for mount in reversed(mounts):

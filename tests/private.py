@@ -20,8 +20,8 @@ import tarfile
 import tempfile
 import time
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Generic, TypeVar
 from collections.abc import Callable
+from typing import Any, ClassVar, Generic, TypeVar
 
 
 class Unavailable(Exception):
@@ -56,7 +56,7 @@ class PrivateDaemon(ABC):
             raise
         return self
 
-    def prepare(self) -> None:
+    def prepare(self) -> None:  # noqa: B027 (a hook with a default: not abstract)
         """Before the daemon starts: check the tools, write its configuration. Nothing by
         default."""
 

@@ -17,8 +17,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, TypeVar
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 import pytest
 
@@ -131,7 +131,7 @@ class Prometheus:
         self.directory = tempfile.TemporaryDirectory(prefix="patroller-prometheus-")
         self.process: subprocess.Popen | None = None
         self.url = ""
-        self._log = tempfile.TemporaryFile(mode="w+")
+        self._log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed when the child is stopped)
 
     def config(self) -> dict[str, Any]:
         """prometheus.yml (JSON is YAML)."""

@@ -513,7 +513,7 @@ class SlurmNode:
         recorded them before they ran the script."""
         try:
             with open(os.path.join(self.logs, f"{which}.ran"), encoding="utf-8") as f:
-                return [(int(uid), job) for uid, job in (l.split() for l in f if l.strip())]
+                return [(int(uid), job) for uid, job in (x.split() for x in f if x.strip())]
         except OSError:
             return []
 
@@ -641,7 +641,8 @@ class SlurmNode:
                     f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs=8 Boards=1 SocketsPerBoard=1 "
                     f"CoresPerSocket=8 ThreadsPerCore=1 RealMemory=1024 Gres=gpu:{self.gpus} "
                     "State=UNKNOWN",
-                    f"PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE "
+                    f"PartitionName={self.partition} Nodes={self.node} Default=YES "
+                    "MaxTime=INFINITE "
                     "State=UP",
                     "",
                 ]

@@ -6,12 +6,14 @@ import logging
 from dataclasses import replace
 
 import pytest
+from helpers import host_user as host
+from helpers import lease_manager, recorded
+from helpers import uuid_of as uuid
 
-from helpers import host_user as host, lease_manager, recorded, uuid_of as uuid
 from patroller.config import Config, policy_of
+from patroller.core.devices import Device
 from patroller.core.errors import Busy, NotYours
 from patroller.core.identity import Identity, named_user
-from patroller.core.devices import Device
 from patroller.core.jobs import Allocation, Job
 from patroller.core.leases.holds import Hold, Notices
 from patroller.core.leases.limits import Count
@@ -283,7 +285,8 @@ def _trespasses():
             bob,
             True,
             None,
-            "trespassing: bob runs pid 9 on GPU-1 (in no job), allocated to Slurm job 4242 of alice",
+            "trespassing: bob runs pid 9 on GPU-1 (in no job), allocated to Slurm job 4242 of "
+            "alice",
             {"pid": 9, "holder": "alice", "why": "outside_job", "jobs": ["4242"]},
         ),
         (
@@ -293,7 +296,8 @@ def _trespasses():
             dave,
             True,
             None,
-            "trespassing: dave runs pid 10 on GPU-1 (job 4243), allocated to Slurm job 4242 of alice",
+            "trespassing: dave runs pid 10 on GPU-1 (job 4243), allocated to Slurm job 4242 of "
+            "alice",
             {"pid": 10, "holder": "alice", "why": "outside_job", "jobs": ["4242"], "job": "4243"},
         ),
         (
@@ -323,7 +327,8 @@ def _trespasses():
             account,
             True,
             over_account,
-            "trespassing: bob+2@example.org runs pid 13 on GPU-1, beyond the limit of 1 of account "
+            "trespassing: bob+2@example.org runs pid 13 on GPU-1, beyond the limit of 1 of "
+            "account "
             "bob (uid 1003), which bob+2@example.org runs as",
             {"pid": 13, "why": "over_limit", "limit": 1, "held": [1], "account": "bob"},
         ),

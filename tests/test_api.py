@@ -5,12 +5,11 @@ import subprocess
 import time
 
 import pytest
+from helpers import async_test, known_claim, running, until
 
-from helpers import known_claim
-from helpers import async_test, running, until
-from patroller.observe.signals import GpuProcess
 from patroller.identify.procfs import uid as read_uid
 from patroller.identify.resolver import host_identity
+from patroller.observe.signals import GpuProcess
 
 INFO_KEYS = {
     "name",

@@ -123,7 +123,7 @@ def test_the_streams_beside_the_ceiling_are_the_daemons_dmon_and_pmon_run_on_aft
     with streams:
         running = list(streams.processes)
         assert [p.poll() for p in running] == [None, None]
-        for process, argv in zip(running, ran):
+        for process, argv in zip(running, ran, strict=True):
             now = _command_line(process.pid)
             at = argv.index("--scenario") + 1
             assert now[:at] + now[at + 1 :] == argv[:at] + argv[at + 1 :]

@@ -11,15 +11,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
 from helpers import FakeClock, lease_manager
-from patroller.state.book import LeaseBook
-from patroller.state.directory import BookError
+
 from patroller.config import Config, ConfigError, default_state_dir, load
 from patroller.core.identity import Identity, ProcessRef, named_user
 from patroller.core.leases.holds import EARLY
 from patroller.http.views import claims, free_counts, usage
 from patroller.identify.procfs import boot_id
+from patroller.state.book import LeaseBook
+from patroller.state.directory import BookError
 from patroller.state.schema import decode, encode, restore, snapshot
 
 LEASE = Config().lease  # the shared factory's

@@ -11,16 +11,16 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
 from helpers import async_test, lease_manager, until
+from test_book import alice, bob, carol, on_disk, opened, uuids, wall  # noqa: F401 (fixture)
+from test_read_only_state import read_only_view
+from test_usage_store import fill, tmpfs
+
 from patroller.config import Config
 from patroller.core.identity import named_user
 from patroller.identify.procfs import boot_id
 from patroller.state.book import MAX_SIZE, LeaseBook
 from patroller.state.directory import BookError
-from test_book import alice, bob, carol, on_disk, opened, uuids, wall  # noqa: F401 (fixture)
-from test_read_only_state import read_only_view
-from test_usage_store import fill, tmpfs
 
 W = 1_800_000_000.0  # the `wall` fixture's time
 
@@ -96,9 +96,9 @@ async def test_a_close_whose_last_write_fails_leaves_no_try_behind(tmp_path, clo
     leases.request(alice, {"gpu": 1})
     blocked(tmp_path)
     leases.request(bob, {"gpu": 1})  # fails: a try is set for later
-    assert book._retry is not None  # noqa: SLF001
+    assert book._retry is not None
     book.close()  # its write fails again: nothing is left to try after the close
-    assert book.failures == 2 and book._retry is None  # noqa: SLF001
+    assert book.failures == 2 and book._retry is None
     blocked(tmp_path, False)
 
 

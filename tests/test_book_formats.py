@@ -20,15 +20,15 @@ import os
 import subprocess
 
 import pytest
+from helpers import ROOT, FakeClock, lease_manager
 
-from helpers import FakeClock, ROOT, lease_manager
+from patroller.config import Config
 from patroller.core.errors import NotHeld
 from patroller.core.identity import Identity, ProcessRef, named_user
 from patroller.http.views import claims
-from patroller.state.book import LeaseBook
 from patroller.identify.procfs import boot_id, process_state
+from patroller.state.book import LeaseBook
 from patroller.state.schema import restore
-from patroller.config import Config
 
 LEASE = 10.0  # the lease the book was written under, and restored under here
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "book", "leases-v1.json")

@@ -15,8 +15,8 @@ import time
 from dataclasses import replace
 
 import pytest
-
 from helpers import async_test, need_root, process_in_cgroup, python_for, reuse_pid
+
 from patroller.config import Config
 from patroller.core.errors import Unidentified
 from patroller.core.identity import UNKNOWN

@@ -17,10 +17,12 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 
 import pytest
+from helpers import FakeClock, async_test, engines_in, process_in_cgroup
+from test_container_callers import ALICE, ByAddress, Engine
+from test_trust_callers import HOST, OTHER, namespaces  # noqa: F401 (a fixture)
 from tornado.http1connection import HTTP1Connection
 from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
 
-from helpers import FakeClock, async_test, engines_in, process_in_cgroup
 from patroller.config import Config
 from patroller.core.errors import NoCallerProcess, Unidentified
 from patroller.identify.callers import SOCKET_HINT, SystemCallers
@@ -29,8 +31,6 @@ from patroller.identify.connection import Accepted
 from patroller.identify.peers import Peer, peer_credentials
 from patroller.identify.procfs import process_state
 from patroller.identify.resolver import ProcessIdentifier
-from test_container_callers import ALICE, ByAddress, Engine
-from test_trust_callers import HOST, OTHER, namespaces  # noqa: F401 (a fixture)
 
 NOBODY = 65534
 CLONE_NEWNET = 0x40000000
@@ -71,7 +71,7 @@ def request_on(stream, uri="/request?gpu=1&hold=process"):
 
 
 @asynccontextmanager
-async def request_from_elsewhere(namespaces, uri):  # noqa: F811 (the fixture's value)
+async def request_from_elsewhere(namespaces, uri):
     """A request on a TCP connection the daemon accepted on HOST, in the host's network
     namespace, from a client at OTHER, in another: as http/server.py's PeerServer hands it on
     (the accepted stream, with the client's address in its facts)."""
@@ -132,7 +132,7 @@ def system_callers(tmp_path):
 @async_test
 async def test_a_caller_from_elsewhere_is_the_container_at_its_address_once_per_connection(
     namespaces, system_callers
-):  # noqa: F811
+):
     callers, directory, cid, engine = system_callers
     with process_in_cgroup(f"/system.slice/docker-{cid}.scope", NOBODY) as pid:
         engine.pids[cid] = pid
@@ -160,7 +160,7 @@ async def test_a_caller_from_elsewhere_is_the_container_at_its_address_once_per_
 @async_test
 async def test_a_caller_from_elsewhere_at_no_containers_address_is_refused_each_time(
     namespaces, system_callers
-):  # noqa: F811
+):
     callers, directory, _, _ = system_callers
     directory.addresses.clear()
     async with request_from_elsewhere(namespaces, "/request?gpu=1") as request:
@@ -175,7 +175,7 @@ async def test_a_caller_from_elsewhere_at_no_containers_address_is_refused_each_
 @async_test
 async def test_in_test_mode_a_caller_from_elsewhere_is_whom_it_names_but_has_no_process(
     namespaces,
-):  # noqa: F811
+):
     callers = NamedCallers(Config())
     async with request_from_elsewhere(namespaces, "/request?gpu=1&hold=process") as request:
         assert (await callers.identify(request, "alice")).user == "alice"

@@ -212,7 +212,8 @@ def test_the_users_own_slices_nested_in_their_subtree_are_theirs():
         f"0::{USER}/app.slice/dbus.service\n",
         f"0::{USER}/user.slice/podman-pause-1a2b3c4d.scope\n",
         f"0::{USER}/init.scope\n",
-        "4:memory:/process_api/cb8c240692e8428b9fdc0a806cce55ac\n0::/\n",  # 32 hex: not a container
+        # 32 hex digits: not a container
+        "4:memory:/process_api/cb8c240692e8428b9fdc0a806cce55ac\n0::/\n",
         # ids one digit short, one too long, or not as runtimes write them
         f"0::/docker/{ID[:63]}\n",
         f"0::/system.slice/docker-{ID[:63]}.scope\n",

@@ -8,10 +8,11 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from itertools import pairwise
 
 import pytest
-
 from helpers import alive, async_test, until
+
 from patroller.config import Config
 from patroller.observe.child import parent_death_kill
 from patroller.observe.supervisor import Backoff, OneShotChild, RestartingChild
@@ -69,7 +70,7 @@ async def test_a_missing_command_is_retried_with_backoff_not_in_a_loop(caplog):
     await child.stop(0.5)
     assert child.starts == 0
     times = attempts()
-    gaps = [later - earlier for earlier, later in zip(times, times[1:])]
+    gaps = [later - earlier for earlier, later in pairwise(times)]
     assert min(gaps) >= 0.19, gaps  # each retry waited its 0.2 s: a slow host only adds to it
 
 

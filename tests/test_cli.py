@@ -12,11 +12,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
+from helpers import ROOT, ScenarioFile, ServerProcess, alive, claimed_known, need_root
 
-from helpers import claimed_known
-from helpers import ROOT, ScenarioFile, ServerProcess, alive, need_root
 from patroller import client
 from patroller.cli import render, status, table
 
@@ -452,7 +452,7 @@ def test_run_holds_the_gpus_for_the_commands_pid_and_ctrl_c_ends_it(gpuhost):
         held = eventually(lambda: held_for(server, running.pid), what="held for the run")
         assert [c["state"] for c in held] == ["reserved"] and held[0]["expires"] is None
         eventually(
-            lambda: open(f"/proc/{running.pid}/cmdline").read() == "sleep\x0060\x00",
+            lambda: Path(f"/proc/{running.pid}/cmdline").read_text() == "sleep\x0060\x00",
             what="the command in place of patroller",
         )
         os.killpg(running.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
@@ -645,7 +645,8 @@ def test_run_from_a_container_on_the_unix_socket(engine, scenario, socket_dir):
 
 
 def client_files():
-    """The files docs/command-line.md says the command line needs (after `<!-- client files -->`)."""
+    """The files docs/command-line.md says the command line needs (after `<!-- client files
+    -->`)."""
     with open(os.path.join(ROOT, "docs", "command-line.md"), encoding="utf-8") as f:
         text = f.read()
     said = text.split("<!-- client files -->", 1)[1].split("\n\n", 1)[0]
@@ -675,7 +676,7 @@ def test_the_command_line_needs_only_the_files_the_docs_list(test_server, tmp_pa
     assert "patroller/client.py" in files and any(f.startswith("patroller/cli/") for f in files)
     for name in files:
         os.makedirs(tmp_path / os.path.dirname(name), exist_ok=True)
-        (tmp_path / name).write_text(open(os.path.join(ROOT, name)).read())
+        (tmp_path / name).write_text(Path(os.path.join(ROOT, name)).read_text())
     for command in ("run", "status", "release", "wait", "reserve"):
         helped = subprocess.run(
             [python, "-m", "patroller.cli", command, "--help"],

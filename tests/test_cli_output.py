@@ -14,7 +14,6 @@ import threading
 import urllib.request
 
 import pytest
-
 from helpers import (
     NOBODY,
     ROOT,
@@ -26,14 +25,17 @@ from helpers import (
     slurm_job_process,
     until,
 )
+from test_cli import ENV, call, claims, eventually, gpuhost, on_gpu, scenario, uuid_of  # noqa: F401 (fixtures)
+from test_report import stored
+
 from patroller import client
 from patroller.cli import status as status_table
 from patroller.cli.arguments import offsets_joined
 from patroller.cli.records import history_table, queue_table, users_table
-from patroller.cli.usage import summed, table as report_table, title
+from patroller.cli.usage import table as report_table
+from patroller.cli.usage import title
+from patroller.cli.usageanswers import summed
 from patroller.core.usage import Party
-from test_cli import ENV, call, claims, eventually, gpuhost, on_gpu, scenario, uuid_of  # noqa: F401
-from test_report import stored
 
 ALICE = "alice@example.org"
 LONG = "a.rather.long.name.for.a.person@research-computing.example.org"  # 62 characters

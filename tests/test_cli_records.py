@@ -7,11 +7,11 @@ import re
 import threading
 
 import pytest
-
 from helpers import ServerProcess
+from test_cli import call, patroller
+
 from patroller import client
 from patroller.cli.records import detail, history_table, queue_table, since_of, users_table
-from test_cli import call, patroller
 
 
 @pytest.fixture

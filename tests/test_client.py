@@ -8,8 +8,8 @@ import threading
 import time
 
 import pytest
-
 from helpers import ROOT, ServerProcess
+
 from patroller import client
 from patroller.client import (
     Busy,

@@ -8,10 +8,11 @@ import subprocess
 import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
-
 from helpers import ROOT, ServerProcess
+
 from patroller.config import Config, ConfigError, default_state_dir, load, settings_table
 
 
@@ -336,7 +337,7 @@ def test_a_bad_value_stops_the_program_with_one_line_and_status_2(args, env, nam
 
 
 def test_the_docs_document_every_setting():
-    page = open(os.path.join(ROOT, "docs", "configuration.md"), encoding="utf-8").read()
+    page = Path(os.path.join(ROOT, "docs", "configuration.md")).read_text(encoding="utf-8")
     for flag, env, _ in settings_table():
         assert re.search(rf"`{flag}`.*`{env}`", page), flag
 

@@ -5,14 +5,14 @@ tests/fake_engine.py, answering as the real Docker Engine did; real processes in
 a real /proc. (The same against a real engine: test_identity_docker.)"""
 
 import secrets
-from contextlib import contextmanager
 import subprocess
+from contextlib import contextmanager
 from dataclasses import replace
 
 import pytest
-
 from fake_engine import FakeEngine
 from helpers import async_test, engines_in, process_in_cgroup
+
 from patroller.config import Config
 from patroller.core.errors import Unidentified
 from patroller.identify.callers import SystemCallers

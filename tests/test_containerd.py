@@ -15,9 +15,8 @@ import uuid
 from dataclasses import replace
 
 import pytest
+from helpers import ScenarioFile, async_test, engines_in, gpu_running, known_claim, until
 
-from helpers import known_claim
-from helpers import ScenarioFile, async_test, engines_in, gpu_running, until
 from patroller.config import Config
 from patroller.http.views import claims
 from patroller.identify import containerd as ctrd

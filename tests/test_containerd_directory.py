@@ -13,10 +13,10 @@ from dataclasses import replace
 
 import grpc
 import pytest
-
 from fake_containerd import FakeContainerd, recorded
 from grpc_server import Hang
 from helpers import async_test, until
+
 from patroller.config import Config
 from patroller.identify import containerd as ctrd
 from patroller.identify.containerd import ContainerdDirectory, ContainerdUnavailable

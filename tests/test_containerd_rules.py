@@ -12,9 +12,9 @@ import time
 from dataclasses import replace
 
 import pytest
-
 from fake_containerd import FakeContainerd, captured_container, made_like, recorded
 from helpers import async_test, engines_in
+
 from patroller.config import Config
 from patroller.identify import containerd as ctrd
 from patroller.identify.cgroups import ContainerRef

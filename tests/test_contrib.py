@@ -10,11 +10,10 @@ import re
 import subprocess
 import threading
 import urllib.parse
-from typing import Any
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
-
 from helpers import ROOT, ScenarioFile, ServerProcess
 from prometheus import PATROLLER_NAME, Prometheus, eventually, exposition, get, sample_names, tool
 
@@ -178,6 +177,7 @@ def test_the_dashboard_has_a_datasource_and_a_multi_host_instance_variable():
 
 def test_the_dashboard_has_the_panels_the_fleet_needs():
     by_title = {panel["title"]: panel for panel in panels(dashboard()["panels"])}
+    hours = "instance_user_category:patroller_gpu_hours"  # the recording rules' prefix
     wanted = {
         "GPUs by user": "sum by (user) (patroller_user_gpus_held",
         "GPU utilisation heat map": "patroller_gpu_utilization_ratio",
@@ -189,9 +189,9 @@ def test_the_dashboard_has_the_panels_the_fleet_needs():
         "GPU memory per process": "patroller_process_gpu_memory_bytes",
         "Monitors up": "patroller_monitor_up",
         "HTTP requests by status": "patroller_http_requests_total",
-        "GPU-hours per user and category, per day": "instance_user_category:patroller_gpu_hours:increase1h",
-        "GPU-hours per user and category, per hour": "instance_user_category:patroller_gpu_hours:increase1h",
-        "GPU-hours in the last 24 hours": "instance_user_category:patroller_gpu_hours:increase1d",
+        "GPU-hours per user and category, per day": f"{hours}:increase1h",
+        "GPU-hours per user and category, per hour": f"{hours}:increase1h",
+        "GPU-hours in the last 24 hours": f"{hours}:increase1d",
     }
     for title, fragment in wanted.items():
         assert title in by_title, title

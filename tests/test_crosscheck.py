@@ -6,15 +6,14 @@ import asyncio
 import os
 import shlex
 import subprocess
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterator
 
 import pytest
+from helpers import ScenarioFile, alive, async_test, children_of, gpu_running, known_claim, until
 
-from helpers import known_claim
-from helpers import ScenarioFile, alive, async_test, children_of, gpu_running, until
 from patroller.config import Config
 from patroller.core.devices import Device, Inventory
 from patroller.observe.crosscheck import CrossCheck

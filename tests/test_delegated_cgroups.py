@@ -16,7 +16,6 @@ import time
 from dataclasses import replace
 
 import pytest
-
 from delegated import Delegated
 from helpers import (
     ScenarioFile,
@@ -28,6 +27,7 @@ from helpers import (
     slurm_job_process,
     until,
 )
+
 from patroller.config import Config
 from patroller.identify import procfs
 from patroller.identify.resolver import ProcessIdentifier, host_identity

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+
 import pytest
 
-from patroller.core.devices import Device, Inventory
-from patroller.core.devices import MigInstance
+from patroller.core.devices import Device, Inventory, MigInstance
 from patroller.observe.nvsmi.discovery import DiscoveryError, ProcessInfo, parse_inventory
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nvsmi"
@@ -446,12 +446,14 @@ TRUNCATED = read("smi_q_x_v12_driver535.xml")[:3000]
         (" \n\t\n", "printed nothing"),
         ("No devices were found\n", "no XML: 'No devices were found'"),
         (
-            "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure "
+            "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make "
+            "sure "
             "that the latest NVIDIA driver is installed and running.\n",
             "no XML: .NVIDIA-SMI has failed because",
         ),
         (
-            "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 570.124\n",
+            "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: "
+            "570.124\n",
             "no XML: 'Failed to initialize NVML: Driver/library version mismatch",
         ),
         (TRUNCATED, r"not well-formed XML \(no element found"),

@@ -9,9 +9,11 @@ import subprocess
 import sys
 import time
 from collections import Counter
-
+from itertools import pairwise
+from pathlib import Path
 
 from helpers import ROOT
+
 from patroller.cli import COMMANDS  # every client command, as the command line lists them
 
 
@@ -40,7 +42,7 @@ def test_quick_start_has_two_set_up_commands():
     commands = quick_start_commands()
     assert "--test" in commands[0] and "pip install" in commands[0]
     assert "pytest" in commands[1] and "tests/setup.sh" in commands[1]
-    setup = open(os.path.join(ROOT, "tests", "setup.sh"), encoding="utf-8").read()
+    setup = Path(os.path.join(ROOT, "tests", "setup.sh")).read_text(encoding="utf-8")
     assert "-e '.[test]'" in setup and "docker.io busybox-static" in setup
 
 
@@ -92,7 +94,7 @@ def test_the_quick_starts_daemon_keeps_a_usage_store_that_report_reads(tmp_path)
 
 
 def test_ci_runs_the_readme_test_command():
-    ci = open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8").read().splitlines()
+    ci = Path(os.path.join(ROOT, ".ci", "run")).read_text(encoding="utf-8").splitlines()
     assert quick_start_commands()[1] in ci
 
 
@@ -152,13 +154,13 @@ def test_console_script_runs():
 
 
 def test_example_uses_the_client_without_copying_it():
-    example = open(os.path.join(ROOT, "example.py"), encoding="utf-8").read()
+    example = Path(os.path.join(ROOT, "example.py")).read_text(encoding="utf-8")
     assert "from patroller.client import" in example
     assert "def claim" not in example and "urllib" not in example and "http.client" not in example
 
 
 def test_dockerfile_copies_files_that_exist_and_runs_the_console_script():
-    lines = open(os.path.join(ROOT, "Dockerfile"), encoding="utf-8").read().splitlines()
+    lines = Path(os.path.join(ROOT, "Dockerfile")).read_text(encoding="utf-8").splitlines()
     for line in lines:
         if line.startswith("COPY "):
             for source in line.split()[1:-1]:
@@ -181,7 +183,7 @@ def docker_run(text, prefix=""):
 
 
 def test_the_dockerfile_recommends_the_docs_docker_run():
-    dockerfile = open(os.path.join(ROOT, "Dockerfile"), encoding="utf-8").read()
+    dockerfile = Path(os.path.join(ROOT, "Dockerfile")).read_text(encoding="utf-8")
     gpu_host = read("docs/gpu-host.md")
     assert docker_run(dockerfile, "#") == docker_run(gpu_host)
     assert "--network host" in docker_run(gpu_host)
@@ -209,10 +211,12 @@ def ignored(patterns, path):
 def test_the_build_context_is_what_the_dockerfile_copies():
     patterns = [
         line.strip()
-        for line in open(os.path.join(ROOT, ".dockerignore"), encoding="utf-8").read().splitlines()
+        for line in Path(os.path.join(ROOT, ".dockerignore"))
+        .read_text(encoding="utf-8")
+        .splitlines()
         if line.strip() and not line.startswith("#")
     ]
-    lines = open(os.path.join(ROOT, "Dockerfile"), encoding="utf-8").read().splitlines()
+    lines = Path(os.path.join(ROOT, "Dockerfile")).read_text(encoding="utf-8").splitlines()
     for line in lines:
         if line.startswith("COPY "):
             for source in line.split()[1:-1]:
@@ -365,7 +369,7 @@ def malformed(text):
     levels = [level for level, _ in found]
     if levels[:1] != [1] or levels.count(1) != 1:
         problems.append("not one top-level (#) heading, first")
-    for before, after in zip(levels, levels[1:]):
+    for before, after in pairwise(levels):
         if after > before + 1:
             problems.append(f"a level-{after} heading under a level-{before} one")
     return problems
@@ -407,6 +411,9 @@ FOREIGN = {
     "--now",
     "--full",  # systemctl enable --now, systemctl edit --full
     "--hpc-job-mapping-dir",  # dcgm-exporter
+    "--check",
+    "--fix",  # ruff format --check, ruff check --fix
+    "--ignore-revs-file",  # git blame
 }
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 
@@ -523,7 +530,8 @@ def test_every_flag_the_docs_name_belongs_to_someone():
 def test_a_flag_that_does_not_exist_is_found():
     text = (
         "| flag |\n| --- |\n| `--no-such-flag` | x |\n\n## `patroller run --bogus`\n\n"
-        "```sh\n$ patroller status \\\n    --watchh 2\n.venv/bin/patroller --tset -- cmd --x\n```\n"
+        "```sh\n$ patroller status \\\n    --watchh 2\n.venv/bin/patroller --tset -- cmd "
+        "--x\n```\n"
         "`PATROLLER_SERVER=x patroller wait --nope`, `docker run --gpus all`\n"
         "`patroller --nvidia-smi 'sim --scenario s' --watch 2 # --ok`, `patroller --a|b`\n"
     )

@@ -17,7 +17,6 @@ import threading
 from dataclasses import replace
 
 import pytest
-
 from helpers import (
     NOBODY,
     ROOT,
@@ -31,6 +30,7 @@ from helpers import (
     process_in_cgroup,
     python_for,
 )
+
 from patroller.config import Config
 from patroller.doctor import examine
 from patroller.doctor.host import check_cgroups, check_unit, probe_proc, probe_unit
@@ -155,7 +155,7 @@ def test_the_human_output_is_one_line_a_check_and_a_count(scenario, engine_socke
     _, _, listed = doctor(*flags)  # the same checks, in the same order (times differ)
     shown = done.stdout.splitlines()
     assert len(shown) == len(listed) + 1, done.stdout
-    for line, result in zip(shown, listed):
+    for line, result in zip(shown[:-1], listed, strict=True):
         assert line.split()[0] == result["status"]
         assert line.split(None, 1)[1].startswith(f"{result['check']}: "), line
         assert ("; fix: " in line) == (result["status"] != "ok")

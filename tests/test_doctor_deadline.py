@@ -12,11 +12,11 @@ import time
 from dataclasses import replace
 
 import pytest
-
 from helpers import ScenarioFile, async_test, children_of, engines_in
+from test_doctor import command_of, doctor, isolated
+
 from patroller.config import Config
 from patroller.doctor import examine
-from test_doctor import command_of, doctor, isolated
 
 DRIBBLE = 2.0  # seconds between the bytes the slow engine sends
 

@@ -12,9 +12,9 @@ import secrets
 from dataclasses import replace
 
 import pytest
-
 from fake_engine import Engines
 from helpers import NOBODY, async_test, engines_in, process_in_cgroup
+
 from patroller.config import Config
 from patroller.core.errors import Unidentified
 from patroller.identify.callers import SystemCallers

@@ -14,18 +14,17 @@ import uuid
 from dataclasses import replace
 
 import pytest
-
-from helpers import NOBODY, ROOTLESS_UID as OWNER, async_test, process_in_cgroup, user_manager
+from helpers import NOBODY, async_test, process_in_cgroup, user_manager
+from helpers import ROOTLESS_UID as OWNER
 from test_engine_answers import (
     ALICE,
     DEGRADES,
-    config_in,  # noqa: F401 (engines: a fixture)
-    engines,
+    config_in,
     warnings,
 )
+
 from patroller.identify.containers import ContainerDirectory
 from patroller.identify.resolver import ProcessIdentifier, host_identity
-
 
 # -- which engine is asked, and what it is called ------------------------------------------------
 
@@ -220,13 +219,13 @@ async def test_the_calls_of_an_engine_client_pushed_out_are_still_counted(engine
         engine = engines(f"{engine_sockets}/{uid}/docker.sock")
         served.append(engine)
     cids = [secrets.token_hex(32) for _ in owners]
-    for engine, cid in zip(served, cids):
+    for engine, cid in zip(served, cids, strict=True):
         engine.add(cid, ALICE)
         engine.start()
     config = config_in(engine_sockets, engine_clients=1)
     resolver = ProcessIdentifier(config, ContainerDirectory(config))
     try:
-        for uid, cid in zip(owners, cids):
+        for uid, cid in zip(owners, cids, strict=True):
             path = f"{user_manager(uid)}/user.slice/docker-{cid}.scope"
             with process_in_cgroup(path, uid) as pid:
                 found = await resolver.resolve(pid)  # the labels were asked: a claim

@@ -10,18 +10,20 @@ import socket
 from dataclasses import replace
 
 import pytest
-
-from helpers import known_claim
 from helpers import (
     ROOTLESS_UID as OWNER,
+)
+from helpers import (
     ScenarioFile,
     async_test,
     engines_in,
     gpu_running,
+    known_claim,
     process_in_cgroup,
     until,
     user_manager,
 )
+
 from patroller.config import Config
 from patroller.http.views import claims
 from patroller.identify.containers import ContainerDirectory

@@ -2,24 +2,23 @@
 duration, the administrator's release, idle detection, and the audit record."""
 
 import json
+import logging
 import os
 from dataclasses import replace
-import logging
 
 import pytest
-
 from helpers import lease_manager
-from patroller.config import Config
-from patroller.core.devices import Device, Inventory
-from patroller.state.audit import AuditLog
-from patroller.core.errors import Busy, NotYours, OverLimit
-from patroller.core.leases.queue import WaitQueue, Waiter
-from patroller.observe.idle import IdleWatch
-from patroller.core.identity import Identity, ProcessRef, named_user
+
 from patroller import durations
-from patroller.config import load_limits, policy_of
+from patroller.config import Config, load_limits, policy_of
 from patroller.config.policy import MAX_LIMITS_BYTES
+from patroller.core.devices import Device, Inventory
+from patroller.core.errors import Busy, NotYours, OverLimit
+from patroller.core.identity import Identity, ProcessRef, named_user
+from patroller.core.leases.queue import Waiter, WaitQueue
 from patroller.http.views import claims
+from patroller.observe.idle import IdleWatch
+from patroller.state.audit import AuditLog
 
 LEASE = Config().lease  # the shared factory's
 alice, bob, carol = named_user("alice"), named_user("bob"), named_user("carol")
@@ -401,7 +400,10 @@ def test_every_change_of_hands_is_recorded(clock, tmp_path):
     clock.advance(LEASE)
     leases.expire()
     log.close()
-    lines = [json.loads(line) for line in open(tmp_path / "audit.jsonl", encoding="utf-8")]
+    lines = [
+        json.loads(line)
+        for line in (tmp_path / "audit.jsonl").read_text(encoding="utf-8").splitlines()
+    ]
     assert [(e["event"], e["user"]) for e in lines] == [
         ("grant", "alice"),
         ("trespass", "bob"),

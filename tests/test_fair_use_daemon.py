@@ -11,11 +11,19 @@ import time
 import urllib.request
 
 import pytest
+from helpers import (
+    ROOT,
+    ScenarioFile,
+    ServerProcess,
+    async_test,
+    gpu_running,
+    known_claim,
+    running,
+    until,
+)
 
-from helpers import known_claim
-from helpers import ROOT, ScenarioFile, ServerProcess, async_test, gpu_running, running, until
-from patroller.main import JournalFormatter, under_journal
 from patroller.identify.resolver import host_identity
+from patroller.main import JournalFormatter, under_journal
 
 
 @async_test

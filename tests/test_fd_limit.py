@@ -16,6 +16,7 @@ import subprocess
 import time
 
 from helpers import ServerProcess
+
 from patroller.config import Config
 
 LIMIT = 64  # descriptors the daemon may hold: a test-mode daemon needs about 10 of them

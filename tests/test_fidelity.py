@@ -4,9 +4,17 @@ GPUs lost and added while the daemon runs, and processes pmon cannot attribute (
 import os
 
 import pytest
+from helpers import (
+    FakeClock,
+    ScenarioFile,
+    async_test,
+    gpu_running,
+    known_claim,
+    lease_manager,
+    running,
+    until,
+)
 
-from helpers import known_claim
-from helpers import FakeClock, ScenarioFile, async_test, gpu_running, lease_manager, running, until
 from patroller.core.devices import Device, Inventory
 from patroller.core.errors import Busy, Unsatisfiable
 from patroller.core.identity import named_user
@@ -30,7 +38,7 @@ async def test_every_figure_is_there_in_every_era(tmp_path, era):
     async with gpu_running(scenario) as h:
         await until(lambda: sampled(h))
         status = await h.ok("/status")
-        for uuid, entry in status.items():
+        for _uuid, entry in status.items():
             assert list(entry)[: len(FIELDS)] == list(FIELDS), era
             assert set(entry) == {*FIELDS, "updated", "topology", "stale", "claim"}, era
             assert isinstance(entry["fb"], int), (era, entry)  # dmon -s m: memory used

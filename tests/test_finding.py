@@ -8,11 +8,12 @@ import re
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from helpers import ROOT, ServerProcess
 
 import patroller.cli.finding as finding
-from helpers import ROOT, ServerProcess
 from patroller import client, hosts
 from patroller.cli import main as cli_main
 from patroller.config import Config
@@ -134,10 +135,10 @@ def test_one_default_port_everywhere():
     assert client.parse_server("gpu1")[2] == 8080
     assert hosts.base_url("gpu1") == "http://gpu1:8080"
     assert hosts.base_url("http://gpu1") == "http://gpu1:80"
-    unit = open(os.path.join(ROOT, "patroller", "cli", "patroller.service")).read()
+    unit = Path(os.path.join(ROOT, "patroller", "cli", "patroller.service")).read_text()
     assert "--port" not in unit.split("ExecStart=")[1].split("\n")[0]  # the default: 8080
     assert finding.SOCKET in unit and finding.CONFIG_FILE in unit
     import patroller.config.file as configfile  # its DEFAULT_PATH as written (conftest moves it)
 
-    source = open(configfile.__file__, encoding="utf-8").read()
+    source = Path(configfile.__file__).read_text(encoding="utf-8")
     assert f'\nDEFAULT_PATH = "{finding.CONFIG_FILE}"' in source

@@ -15,7 +15,6 @@ import urllib.request
 from types import SimpleNamespace
 
 import pytest
-
 from helpers import ROOT, ServerProcess
 from liars import LyingServer, trickle
 

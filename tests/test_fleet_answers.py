@@ -10,11 +10,12 @@ import copy
 import json
 import os
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
-
 from helpers import ROOT
+
 from patroller import answers
 from patroller.cli import fleet as cli_fleet
 from patroller.cli import render
@@ -334,7 +335,7 @@ def test_the_free_rule_is_written_once():
                 ("patroller/core/", "patroller/simulator/")
             ):
                 continue
-            text = open(os.path.join(ROOT, path), encoding="utf-8").read()
+            text = Path(os.path.join(ROOT, path)).read_text(encoding="utf-8")
             copies += [
                 f"{path}:{text[: m.start()].count(chr(10)) + 1}"
                 for m in rule.finditer(text)

@@ -9,8 +9,9 @@ import asyncio
 import json
 
 from helpers import async_test, gpu_running, need_root, running
-from patroller.identify.resolver import host_identity
 from test_hide_users import DAEMON, NOBODY, PSEUDONYM, ask_as, scenario  # noqa: F401 (a fixture)
+
+from patroller.identify.resolver import host_identity
 
 
 async def heard(fleet, uuid, asked):

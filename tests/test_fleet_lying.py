@@ -15,19 +15,19 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Callable
-
-import pytest
 
 import liars
+import pytest
 from browser import browser
 from helpers import ROOT, ServerProcess
+from test_fleet_page import by_host, fleet_json, host_panels, panel_where
+
 from patroller.config import Config
 from patroller.http.page import web_files
-from test_fleet_page import by_host, fleet_json, host_panels, panel_where
 
 INTERVAL = 0.5  # --fleet-interval
 
@@ -64,7 +64,7 @@ def lying():
         for name, answers, words in liars.hostile(devices, status, Config.fleet_max_gpus):
             started.append(liars.LyingServer(answers).start())
             said[name] = words
-        by_attack = dict(zip(said, started))
+        by_attack = dict(zip(said, started, strict=True))
         daemon = ServerProcess(
             "--test",
             "--fleet",

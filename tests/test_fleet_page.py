@@ -14,10 +14,10 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import pairwise
 from typing import Any
 
 import pytest
-
 from browser import browser
 from helpers import ServerProcess, async_test, running
 from prometheus import get
@@ -171,7 +171,7 @@ def test_a_live_host_is_asked_every_interval_whatever_the_silent_one_does(fleet)
         time.sleep(0.05)
     # On the daemon's clock, every 0.5 s; a host asked only with the silent one, every 4 s.
     ended = sorted(datetime.fromisoformat(c).timestamp() for c in checked)
-    assert max(b - a for a, b in zip(ended, ended[1:])) < TIMEOUT / 2, checked
+    assert max(b - a for a, b in pairwise(ended)) < TIMEOUT / 2, checked
 
 
 def test_a_host_that_comes_back_is_shown_again_by_itself(fleet):

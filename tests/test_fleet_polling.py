@@ -7,15 +7,17 @@ and requests), and a real daemon."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 import json
 import socket
 import time
-from contextlib import asynccontextmanager
-from typing import Any
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from itertools import pairwise
+from typing import Any
 
 from helpers import async_test, running, until
+
 from patroller.config import Config, load
 
 
@@ -91,7 +93,7 @@ async def test_each_host_is_first_asked_at_its_own_moment_of_the_interval():
             firsts = sorted(host.requests[0][0] for host in hosts)
             # Evenly: 0, 0.5, 1 and 1.5 s into the interval. All at once, as before: 0 apart.
             assert firsts[-1] - firsts[0] > 0.9, firsts
-            assert all(b - a > 0.2 for a, b in zip(firsts, firsts[1:])), firsts
+            assert all(b - a > 0.2 for a, b in pairwise(firsts)), firsts
             await until(lambda: all(host.asked("/status") >= 2 for host in hosts), timeout=15)
             answer = json.loads((await h.http.fetch(h.url + "/fleet.json")).body)
             assert [host["state"] for host in answer["hosts"]] == ["up"] * 4
@@ -278,7 +280,7 @@ async def test_a_round_that_runs_late_is_not_followed_by_every_round_it_missed_a
             await asyncio.sleep(1.4)
 
     fleet.ask = ask  # what the watch calls each round: here, no host at all
-    task = asyncio.ensure_future(fleet._watch(fleet.hosts[0], 0.0))  # noqa: SLF001
+    task = asyncio.ensure_future(fleet._watch(fleet.hosts[0], 0.0))
     try:
         await until(lambda: len(times) >= 3, timeout=10)
     finally:

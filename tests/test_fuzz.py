@@ -16,17 +16,16 @@ import pytest
 
 schemathesis = pytest.importorskip("schemathesis", reason="schemathesis 4 needs Python 3.11")
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402 (schemathesis brings it)
-from hypothesis.strategies import SearchStrategy  # noqa: E402
-from schemathesis import APIOperation, Case, GenerationMode  # noqa: E402
-from schemathesis.checks import not_a_server_error  # noqa: E402
+from helpers import ScenarioFile, ServerProcess
+from hypothesis import HealthCheck, given, settings
+from hypothesis.strategies import SearchStrategy
+from schemathesis import APIOperation, Case, GenerationMode
+from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
-    content_type_conformance,  # noqa: E402
+    content_type_conformance,
     response_schema_conformance,
     status_code_conformance,
 )
-
-from helpers import ScenarioFile, ServerProcess  # noqa: E402
 
 LEASE = "0.5"  # seconds: a /wait for busy devices is answered within a lease
 EXAMPLES = 15  # per operation and generation phase: the whole file stays well under a minute
@@ -174,10 +173,9 @@ def test_every_answer_matches_the_document(daemon):
 
             try:
                 fuzz()
-            except (
-                Exception,
-                BaseExceptionGroup,
-            ) as exc:  # every operation is tried, all reported
+            # every operation is tried, all reported (3.11's BaseExceptionGroup: schemathesis,
+            # imported above, needs 3.11)
+            except (Exception, BaseExceptionGroup) as exc:  # noqa: F821 (3.11, above)
                 failures.append(f"{operation.label} ({kind} input): {exc}")
     assert not failures, "\n\n".join(failures)
     succeeded = {label for (label, status) in daemon.answers if status == 200}

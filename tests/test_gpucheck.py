@@ -15,8 +15,8 @@ import tempfile
 import threading
 
 import pytest
-
 from helpers import ROOT, TESTS, ScenarioFile, need_root
+
 from bench.gpucheck.host import anonymised
 
 UUIDS = ["GPU-5d0ab2d1-0b0b-4c1e-9a55-0d1a2b3c4d5e", "GPU-8e7f6a5b-1c2d-4e3f-8a9b-0c1d2e3f4a5b"]

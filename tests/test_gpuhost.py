@@ -7,20 +7,21 @@ import signal
 import subprocess
 import sys
 import time
+from itertools import pairwise
 
 import pytest
-
-from helpers import known_claim
 from helpers import (
     ROOT,
     ScenarioFile,
     ServerProcess,
     alive,
     async_test,
-    streams_of,
     gpu_running,
+    known_claim,
+    streams_of,
     until,
 )
+
 from patroller.config import Config
 from patroller.identify.procfs import uid as read_uid
 from patroller.identify.resolver import host_identity
@@ -149,7 +150,7 @@ async def test_a_dying_child_is_restarted_without_spinning(scenario, caplog):
         started = [
             r.created for r in caplog.records if r.getMessage().startswith("dmon: started pid")
         ]
-        gaps = [later - earlier for earlier, later in zip(started, started[1:])]
+        gaps = [later - earlier for earlier, later in pairwise(started)]
         # Each restart waited its delay, doubling (a slow host only makes the gaps longer).
         assert gaps[0] >= 0.99 * first and gaps[1] >= 0.99 * 2 * first, gaps
         assert "exited with status 15" in caplog.text and "GPU is lost" in caplog.text

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 import grpc
 import pytest
-
+from grpc_server import Abort, Hang, Server
 from helpers import (
     ScenarioFile,
     ServerProcess,
@@ -29,6 +29,8 @@ from helpers import (
     running,
     until,
 )
+from kubelet import Kubelet, gpu_pod, pod
+
 from patroller.config import Config
 from patroller.core.pods import Pod, PodAllocation
 from patroller.http.views import claims
@@ -39,8 +41,6 @@ from patroller.identify.resolver import ProcessIdentifier
 from patroller.observe import protowire as pw
 from patroller.observe.podresources import allocations, gpu_of
 from patroller.observe.testmode import synthetic_inventory
-from grpc_server import Abort, Hang, Server
-from kubelet import Kubelet, gpu_pod, pod
 
 MIB = 1 << 20
 LIMIT = Config.grpc_max_message

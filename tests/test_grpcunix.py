@@ -2,8 +2,8 @@
 
 import grpc
 import pytest
-
 from grpc_server import Abort, Server
+
 from patroller.observe import protowire as pw
 from patroller.observe.grpcunix import GrpcUnavailable, UnixCaller
 

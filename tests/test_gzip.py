@@ -7,10 +7,10 @@ import gzip
 import json
 
 import pytest
-
 from helpers import async_test, until
-from patroller.http.encoding import Gzipped, accepts_gzip
 from test_fleet_polling import polling_recorders
+
+from patroller.http.encoding import Gzipped, accepts_gzip
 
 
 @pytest.mark.parametrize(

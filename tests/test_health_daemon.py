@@ -12,12 +12,12 @@ import sys
 import time
 
 import pytest
-
 from helpers import NOBODY, ROOT, ScenarioFile, async_test, gpu_running, python_for, until
 from receivers import Hooks
+
+from patroller.config import Config
 from patroller.core.devices import Device, Inventory, InventoryChange
 from patroller.core.health import Reading
-from patroller.config import Config
 from patroller.identify.resolver import host_identity
 from patroller.observe.health import HealthWatch
 from patroller.observe.signals import Signals
@@ -127,7 +127,7 @@ async def test_a_gpu_with_a_row_remap_pending_is_withheld_until_the_remap_is_don
         assert sorted(g["uuid"] for g in granted) == uuids[1:]
         metrics = (await h.http.fetch(h.url + "/metrics")).body.decode()
         assert metric(metrics, "patroller_gpu_healthy", 0).endswith(
-            'reason="remap_pending",state="unhealthy",uuid="%s"} 0.0' % uuids[0]
+            f'reason="remap_pending",state="unhealthy",uuid="{uuids[0]}"}} 0.0'
         )
         assert 'reason="slowdown",state="degraded"' in metric(metrics, "patroller_gpu_healthy", 2)
         assert metric(metrics, "patroller_gpu_healthy", 2).endswith(" 1.0")

@@ -8,8 +8,10 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-
 from helpers import FakeClock, lease_manager
+
+from patroller.cli.status import device_notes
+from patroller.core.errors import Busy
 from patroller.core.health import (
     APPLICATION,
     DEGRADED,
@@ -22,8 +24,6 @@ from patroller.core.health import (
     problems_of,
     xid_kind,
 )
-from patroller.cli.status import device_notes
-from patroller.core.errors import Busy
 from patroller.core.identity import named_user
 from patroller.core.leases import Event
 from patroller.notify.messages import notices_of

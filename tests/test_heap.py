@@ -9,8 +9,8 @@ import sys
 import weakref
 
 import pytest
-
 from helpers import async_test, running
+
 from patroller.heap import Heap
 
 

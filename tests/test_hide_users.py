@@ -12,7 +12,6 @@ import subprocess
 import urllib.request
 
 import pytest
-
 from helpers import (
     ScenarioFile,
     ServerProcess,
@@ -23,11 +22,12 @@ from helpers import (
     running,
     until,
 )
+from kubelet import Kubelet, gpu_pod
+from test_live import Reader
+from test_trust_callers import HOST, entering, namespaces  # noqa: F401 (a fixture)
+
 from patroller.identify.resolver import host_identity
 from patroller.state.pseudonyms import KEY_FILE, Pseudonyms
-from test_live import Reader
-from kubelet import Kubelet, gpu_pod
-from test_trust_callers import HOST, entering, namespaces  # noqa: F401 (a fixture)
 
 PSEUDONYM = re.compile(r"user-[0-9a-f]{12}\Z")
 NOBODY, DAEMON = 65534, 1  # two host accounts other than root
@@ -155,8 +155,9 @@ def test_a_key_open_to_others_on_a_read_only_filesystem_is_refused_saying_why(tm
     """A key others may read is made private as it is read; where it cannot be (a read-only
     filesystem), the daemon refuses it with the filesystem's word, rather than use a key that
     lets others turn pseudonyms back into names."""
-    from patroller.state.pseudonyms import PseudonymError
     from test_state_lock import read_only
+
+    from patroller.state.pseudonyms import PseudonymError
 
     made = tmp_path / "made"
     made.mkdir(mode=0o700)
@@ -174,10 +175,12 @@ def test_no_key_on_a_read_only_filesystem_is_a_key_for_this_run_said(tmp_path, c
 
     empty = tmp_path / "empty"
     empty.mkdir(mode=0o700)
-    with read_only(empty, tmp_path / "ro") as where:
-        with caplog.at_level(logging.WARNING, logger="patroller.state.pseudonyms"):
-            pseudonyms = Pseudonyms(where, 16)
-            pseudonyms.open(read_only=True)
+    with (
+        read_only(empty, tmp_path / "ro") as where,
+        caplog.at_level(logging.WARNING, logger="patroller.state.pseudonyms"),
+    ):
+        pseudonyms = Pseudonyms(where, 16)
+        pseudonyms.open(read_only=True)
     assert pseudonyms.of("alice").startswith("user-") and not os.listdir(empty)
     assert caplog.messages == [
         f"no pseudonyms' key {where}/{KEY_FILE}, and its directory is read-only: a key for this "
@@ -646,8 +649,9 @@ def test_a_key_its_group_or_others_may_touch_is_made_private_and_kept(tmp_path, 
 
 
 def test_a_key_its_group_may_read_on_a_read_only_filesystem_is_refused(tmp_path):
-    from patroller.state.pseudonyms import PseudonymError
     from test_state_lock import read_only
+
+    from patroller.state.pseudonyms import PseudonymError
 
     made = tmp_path / "made"
     made.mkdir(mode=0o700)

@@ -16,26 +16,25 @@ value (NAME), the named user's pseudonym (PSEUDONYM), or nothing (HIDDEN: null, 
 """
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any
-from collections.abc import Callable
 
 import orjson
 import pytest
-
 from helpers import FakeClock, lease_manager
+
 from patroller.cli.records import history_table, queue_table, users_table
 from patroller.cli.status import format_status
 from patroller.config import Config, policy_of
-from patroller.core.identity import Identity
-from patroller.core.leases import Event
+from patroller.core.identity import Identity, Viewer
 from patroller.core.jobs import Allocation, Job
+from patroller.core.leases import Event
 from patroller.core.pods import Pod, PodAllocation
 from patroller.http import hiding
 from patroller.http.access import Requests
 from patroller.http.fleet import Fleet, gpus_of
-from patroller.core.identity import Viewer
 from patroller.http.hiding import NOBODY, Hiding, Shown, viewer_of
 from patroller.http.metrics import DaemonCollector
 from patroller.http.statusview import StatusView
@@ -43,8 +42,8 @@ from patroller.http.views import DevicesView, job_view, queue_view, users_view
 from patroller.observe.idle import IdleWatch
 from patroller.observe.signals import ProcessSamples, Signals
 from patroller.observe.stats import StatsStore, iso_time
-from patroller.state.audit import AuditLog
 from patroller.observe.tally import Tally
+from patroller.state.audit import AuditLog
 from patroller.state.pseudonyms import Pseudonyms
 from patroller.state.usage.sampler import UsageSampler
 

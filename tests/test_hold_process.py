@@ -13,22 +13,22 @@ import subprocess
 import sys
 import time
 import urllib.request
-
-import pytest
 from dataclasses import replace
 from pathlib import Path
 
-from helpers import known_claim
+import pytest
 from helpers import (
     ScenarioFile,
     ServerProcess,
     async_test,
     gpu_running,
+    known_claim,
     lease_manager,
     reuse_pid,
     running,
     until,
 )
+
 from patroller.config import Config
 from patroller.core.errors import NotHeld, NotYours, Unsatisfiable
 from patroller.core.identity import ProcessRef, named_user
@@ -298,11 +298,11 @@ async def test_one_watched_process_after_another_each_end_is_seen(pidfds):
             try:
                 [device] = leases.request(alice, {"gpu": 1}, held_for=ref_of(process))
                 await until(lambda: lifelines.metrics()["watched" if pidfds else "polled"] == 1)
-                numbers.append(lifelines._fds.get(ref_of(process)))  # noqa: SLF001
+                numbers.append(lifelines._fds.get(ref_of(process)))
                 process.kill()
                 process.wait()
                 await until(lambda: leases.state(device.uuid) == "free", timeout=5)
-                await until(lambda: lifelines._poller is None)  # noqa: SLF001: none left
+                await until(lambda: lifelines._poller is None)
             finally:
                 process.kill()
                 process.wait()

@@ -19,8 +19,8 @@ import urllib.request
 
 import pytest
 import tornado.web
-
 from helpers import FakeClock, ScenarioFile, ServerProcess, async_test, gpu_running, running, until
+
 from patroller.config import Config
 from patroller.core.errors import PatrollerError, Unavailable
 from patroller.core.throttle import Throttle

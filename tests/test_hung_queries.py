@@ -13,12 +13,12 @@ import time
 from dataclasses import replace
 
 import pytest
-
 from helpers import ROOT, ScenarioFile, ServerProcess, alive, async_test, children_of, until
+
 from patroller.config import Config
 from patroller.core.devices import Inventory
-from patroller.observe.signals import Signals
 from patroller.observe.inventory import GpuHostError, InventoryWatch, command, devices_of, discover
+from patroller.observe.signals import Signals
 
 SIX = [{"minor": n} for n in range(6)]
 MIG = {
@@ -118,7 +118,7 @@ async def test_a_hung_reading_in_the_watch_is_killed_counted_logged_once_and_it_
 
 def start_daemon(scenario: ScenarioFile, *args: str) -> "subprocess.Popen[bytes]":
     """`python -m patroller` on the simulator, not waiting for it to listen (it may not)."""
-    log = tempfile.TemporaryFile()
+    log = tempfile.TemporaryFile()  # noqa: SIM115 (closed when the child is stopped)
     return subprocess.Popen(
         [
             sys.executable,

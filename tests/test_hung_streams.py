@@ -7,9 +7,17 @@ import subprocess
 import time
 
 import pytest
+from helpers import (
+    ScenarioFile,
+    ServerProcess,
+    alive,
+    async_test,
+    gpu_running,
+    known_claim,
+    streams_of,
+    until,
+)
 
-from helpers import known_claim
-from helpers import ScenarioFile, ServerProcess, alive, async_test, gpu_running, streams_of, until
 from patroller.app import build
 from patroller.config import Config, ConfigError, load
 

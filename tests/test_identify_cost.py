@@ -12,8 +12,8 @@ import sys
 import urllib.request
 
 import pytest
-
 from helpers import ScenarioFile, ServerProcess, need_root, python_for
+
 from patroller.identify.holders import HolderSearch, Search, candidates
 
 NOBODY = 65534

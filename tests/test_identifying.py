@@ -7,8 +7,8 @@ test_grpc_answers.py."""
 from dataclasses import replace
 
 import pytest
-
 from helpers import lease_manager
+
 from patroller.config import Config, policy_of
 from patroller.core.errors import Busy
 from patroller.core.identity import IDENTIFYING, UNKNOWN, Identity, named_user

@@ -5,28 +5,28 @@ import os
 import signal
 import subprocess
 import time
-
-import pytest
 from dataclasses import replace
 
-from helpers import known_claim
+import pytest
 from helpers import (
     ScenarioFile,
     alive,
     async_test,
     client_in,
     gpu_running,
+    known_claim,
     on_gpu,
     reuse_pid,
-    unused_uid,
     until,
+    unused_uid,
 )
+
+from patroller.config import Config
+from patroller.http.views import claims
+from patroller.identify.callers import SystemCallers
 from patroller.identify.containers import ContainerDirectory
 from patroller.identify.procfs import uid as read_uid
-from patroller.identify.callers import SystemCallers
 from patroller.identify.resolver import ProcessIdentifier, host_identity
-from patroller.http.views import claims
-from patroller.config import Config
 
 LABELS = ("user.email", "email", "maintainer")
 # The identity tests look at a reservation after the client has exited: a lease, not a process hold
@@ -116,10 +116,10 @@ async def test_a_caller_in_a_container_reserves_over_the_unix_socket(engine, sce
             bob,
             f"unix://{path}",
             (
-                "try:\n    client.release(server, uuid=%r)\n    print(json.dumps('released'))\n"
+                f"try:\n    client.release(server, uuid={uuid!r})\n    "
+                "print(json.dumps('released'))\n"
                 "except client.RequestRefused as e:\n    print(json.dumps(e.status))"
-            )
-            % uuid,
+            ),
         )
         assert refused == 403
 
@@ -197,8 +197,10 @@ async def test_docker_down_degrades_and_recovers(engine, scenario, socket_dir):
                 alice,
                 f"unix://{path}",
                 (
-                    "try:\n    client.reserve(1, server=server, hold='lease')\n    print(json.dumps(0))\n"
-                    "except client.RequestRefused as e:\n    print(json.dumps([e.status, e.body['error']]))"
+                    "try:\n    client.reserve(1, server=server, hold='lease')\n    "
+                    "print(json.dumps(0))\n"
+                    "except client.RequestRefused as e:\n    print(json.dumps([e.status, "
+                    "e.body['error']]))"
                 ),
             )
             assert refused[0] == 403 and "unreachable" in refused[1]
@@ -339,7 +341,7 @@ async def test_an_accounts_refusal_does_not_say_which_devices_others_hold(
     path = os.path.join(socket_dir, "api.sock")
     async with gpu_running(
         scenario, docker_host=engine.url, socket=path, max_per_user=1, hide_users=True
-    ) as h:
+    ):
         loop = asyncio.get_running_loop()
         status, _ = await loop.run_in_executor(
             None, client_as, alice, uid, f"unix://{path}", TRY_RESERVE

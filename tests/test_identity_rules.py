@@ -10,7 +10,6 @@ import secrets
 from dataclasses import replace
 
 import pytest
-
 from fake_engine import FakeEngine
 from helpers import (
     ScenarioFile,
@@ -22,6 +21,7 @@ from helpers import (
     process_in_cgroup,
     until,
 )
+
 from patroller.config import Config
 from patroller.core.identity import IDENTIFYING, UNKNOWN, Identity, named_user
 from patroller.identify.cgroups import ContainerRef
@@ -177,7 +177,7 @@ async def test_the_tracker_learns_an_unsettled_owner_and_tells_the_leases(unsett
     signals.process_started.send(None, record=GpuProcess(uuid, 4242, "C", "python"))
     await until(lambda: leases.holder(uuid) == alice)
     assert resolver.asked == 3 and leases.state(uuid) == "claimed"
-    await until(lambda: not tracker._unsettled)  # noqa: SLF001: its learner let go once done
+    await until(lambda: not tracker._unsettled)
     tracker.close()
 
 

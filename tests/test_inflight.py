@@ -4,8 +4,8 @@ which cancellation a handler answers, and which it lets through."""
 import asyncio
 
 import pytest
-
 from helpers import async_test
+
 from patroller.core.errors import Unavailable
 from patroller.http.inflight import STOPPING, InFlight, answered_on_stop
 

@@ -10,17 +10,17 @@ import subprocess
 from dataclasses import replace as changed
 
 import pytest
-
-from helpers import known_claim
 from helpers import (
     NOBODY,
     ScenarioFile,
     async_test,
     gpu_running,
+    known_claim,
     running,
     slurm_job_process,
     until,
 )
+
 from patroller.config import Config
 from patroller.core.devices import Inventory
 from patroller.core.jobs import Allocation, Job
@@ -270,7 +270,7 @@ def test_the_watch_matches_indices_to_devices_afresh_after_a_renumbering(tmp_pat
     index, and the device that no longer has it is told so."""
     devices = list(synthetic_inventory(2))
     signals, told = Signals(), []
-    signals.job_allocation.connect(lambda sender, record: told.append(record), weak=False)
+    signals.scheduler_allocation.connect(lambda sender, record: told.append(record), weak=False)
     watch = JobMapWatch(Inventory(devices), signals, Config(slurm_job_map=str(tmp_path)))
     allocation = {0: Allocation((Job("7"),))}
     watch.apply(allocation)
@@ -289,7 +289,7 @@ def test_a_lost_gpu_is_allocated_to_no_job(tmp_path):
     and once it is back the map's job holds it."""
     devices = list(synthetic_inventory(2))
     signals, told = Signals(), []
-    signals.job_allocation.connect(lambda sender, record: told.append(record), weak=False)
+    signals.scheduler_allocation.connect(lambda sender, record: told.append(record), weak=False)
     watch = JobMapWatch(
         Inventory([devices[0], changed(devices[1], lost=True)]),
         signals,

@@ -21,8 +21,8 @@ import time
 import urllib.request
 
 import pytest
-
 from helpers import ROOT, ServerProcess, async_test, forked_as, running, until
+
 from patroller.config import Config
 from patroller.observe.jobmap import JobMapWatch, listed, read_map
 from patroller.observe.signals import Signals
@@ -83,7 +83,7 @@ def refused(map_dir):
     except subprocess.TimeoutExpired:
         process.kill()
         out, err = process.communicate()
-        raise AssertionError(f"it started on {map_dir}: {err}")
+        raise AssertionError(f"it started on {map_dir}: {err}") from None
     assert process.returncode == 1, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("patroller: the Slurm job map"), err
@@ -387,7 +387,7 @@ def test_a_file_that_cannot_be_read_keeps_its_jobs_and_spoils_no_other(stranger,
 
     def watch():
         signals, told = Signals(), []
-        signals.job_allocation.connect(
+        signals.scheduler_allocation.connect(
             lambda sender, record: told.append(
                 (record.uuid[-4:], record.allocation.ids() if record.allocation else None)
             ),

@@ -9,8 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
 from helpers import async_test, until
+
 from patroller.config import Config, load
 from patroller.observe.kernlog import KernelLog
 from patroller.observe.signals import Signals

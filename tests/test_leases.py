@@ -5,8 +5,8 @@ import random
 from typing import Any
 
 import pytest
-
 from helpers import lease_manager
+
 from patroller.config import Config
 from patroller.core.devices import Device, Inventory
 from patroller.core.errors import Busy, NotYours, TooManyWaiting, Unavailable, Unsatisfiable
@@ -703,6 +703,7 @@ def test_a_released_device_whose_last_process_ends_is_free_from_then(leases, clo
 
 def test_a_process_claim_and_the_end_of_a_process_hold_are_told_whole(clock, caplog):
     from helpers import recorded
+
     from patroller.core.identity import ProcessRef
 
     leases = lease_manager(clock)
@@ -742,6 +743,7 @@ def test_a_process_claim_and_the_end_of_a_process_hold_are_told_whole(clock, cap
 
 def test_an_administrators_release_is_one_line_and_one_event_with_the_reason(leases, caplog):
     from helpers import recorded
+
     from patroller.core.identity import Identity
 
     root = Identity(user="root", source="host", account="root", uid=0)

@@ -5,8 +5,8 @@ the daemon with real containers of real uids in tests/test_identity_docker.py.""
 from dataclasses import replace
 
 import pytest
-
 from helpers import lease_manager
+
 from patroller.config import Config, policy_of
 from patroller.core.errors import OverLimit
 from patroller.core.identity import Identity

@@ -1,15 +1,15 @@
 """The web page's live feed (/events) on live daemons, and the feed's coalescing on its own."""
 
 import asyncio
-from dataclasses import replace
 import json
 import os
 import subprocess
+from dataclasses import replace
 
 import pytest
+from helpers import ScenarioFile, async_test, gpu_running, running, until
 from tornado.httpclient import HTTPRequest
 
-from helpers import ScenarioFile, async_test, gpu_running, running, until
 from patroller.config import Config
 from patroller.http.live import LiveFeed, Page
 

@@ -13,18 +13,18 @@ import sys
 from dataclasses import replace
 
 import pytest
+from helpers import async_test, cgroup_root, engines_in, process_in_cgroup
+from test_caller_process import Accepted, listening, loopback, me, request_on
+from test_container_callers import ALICE, Engine
 from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
 from tornado.iostream import IOStream
 
-from helpers import async_test, cgroup_root, engines_in, process_in_cgroup
 from patroller.config import Config
 from patroller.core.errors import BadRequest, NoCallerProcess, Unidentified
 from patroller.identify.callers import SOCKET_HINT, SystemCallers
 from patroller.identify.callers import TestModeCallers as NamedCallers  # not collected as a test
 from patroller.identify.containers import ContainerDirectory
 from patroller.identify.resolver import ProcessIdentifier, host_identity
-from test_caller_process import Accepted, listening, loopback, me, request_on
-from test_container_callers import ALICE, Engine
 
 
 @pytest.fixture

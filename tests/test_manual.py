@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import ROOT
+
 from patroller.cli import COMMANDS
 from patroller.config import settings_table
 

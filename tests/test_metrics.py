@@ -4,8 +4,8 @@ import asyncio
 import os
 
 import pytest
-
 from helpers import ScenarioFile, async_test, find, gpu_running, running, scrape, until
+
 from patroller.core.errors import Unidentified
 from patroller.identify.resolver import host_identity
 from patroller.observe.crosscheck import CrossCheck

@@ -9,7 +9,6 @@ import re
 import subprocess
 
 import pytest
-
 from helpers import SIMULATOR, ScenarioFile, async_test, gpu_running, until
 from kubelet import Kubelet, gpu_pod
 

@@ -5,6 +5,7 @@ import logging
 from dataclasses import replace
 
 from helpers import async_test, until
+
 from patroller.config import Config
 from patroller.observe.crosscheck import Unattributed
 from patroller.observe.monitors import DmonMonitor, PmonMonitor

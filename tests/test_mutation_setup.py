@@ -8,10 +8,10 @@ import importlib.util
 import json
 import os
 import subprocess
-import tomllib
+from pathlib import Path
 
 import pytest
-
+import tomllib
 from helpers import ROOT, WITHOUT_ENGINES, engines_left_out
 
 _spec = importlib.util.spec_from_file_location(
@@ -35,13 +35,13 @@ def test_the_one_command_parses_and_runs_the_driver():
     script = os.path.join(ROOT, "scripts", "mutation.sh")
     assert os.access(script, os.X_OK)
     subprocess.run(["sh", "-n", script], check=True)
-    assert "scripts/mutation.py run" in open(script, encoding="utf-8").read()
+    assert "scripts/mutation.py run" in Path(script).read_text(encoding="utf-8")
 
 
 def test_mutmut_is_a_development_extra_only():
-    setup = open(os.path.join(ROOT, "setup.py"), encoding="utf-8").read()
+    setup = Path(os.path.join(ROOT, "setup.py")).read_text(encoding="utf-8")
     assert '"mutation": ["mutmut>=3' in setup
-    requirements = open(os.path.join(ROOT, "requirements.txt"), encoding="utf-8").read()
+    requirements = Path(os.path.join(ROOT, "requirements.txt")).read_text(encoding="utf-8")
     assert "mutmut" not in requirements
 
 
@@ -88,7 +88,7 @@ def test_the_scope_is_the_one_the_docs_name_and_every_file_of_it_exists():
         "patroller/http/fleet.py",
         "patroller/http/fleetlink.py",
     }
-    docs = open(mutation.DOCS, encoding="utf-8").read()
+    docs = Path(mutation.DOCS).read_text(encoding="utf-8")
     for pattern in settings["only_mutate"]:
         assert f"`{pattern.removeprefix('patroller/').removesuffix('*')}`" in docs, pattern
     # the test files of the new scope's concerns stay in the mutation suite

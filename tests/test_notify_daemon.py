@@ -16,7 +16,6 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import (
     NOBODY,
     ROOT,
@@ -346,7 +345,7 @@ async def test_the_watch_tells_of_idle_and_ending_holds_unreserved_use_and_escal
                 await until(lambda: "trespass" in kinds(admin), timeout=30)
                 told_users = {
                     (b["title"].split(": ", 1)[1], path)
-                    for b, path in zip(users.bodies, users.paths)
+                    for b, path in zip(users.bodies, users.paths, strict=True)
                 }
         finally:
             stranger.kill()

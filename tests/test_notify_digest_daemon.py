@@ -17,7 +17,6 @@ from dataclasses import replace
 from datetime import datetime, timezone
 
 import pytest
-
 from helpers import ScenarioFile, async_test, gpu_running, running, until
 from receivers import Hooks, Smtp
 from test_usage_store import fill, tmpfs
@@ -319,7 +318,7 @@ async def test_the_admin_gets_the_table_only_with_the_flag_and_the_kind(tmp_path
                     continue
                 assert await notifier.digests.send(notifier.digests.due) == 4
                 # the admin's table (or not), and each user's at the default for users
-                await until(lambda: len(audit.recent) == admin + 3)  # noqa: B023
+                await until(lambda: len(audit.recent) == admin + 3)
                 assert sorted(e["recipient"] for e in audit.recent) == ["admin"] * admin + [
                     "alice",
                     "bob",

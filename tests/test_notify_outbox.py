@@ -15,7 +15,6 @@ import urllib.request
 from dataclasses import replace
 
 import pytest
-
 from helpers import (
     NOBODY,
     FakeClock,
@@ -26,12 +25,13 @@ from helpers import (
     lease_manager,
     until,
 )
+from receivers import Hooks, wait_for
+
 from patroller.config import Config
-from patroller.state.audit import AuditLog
 from patroller.notify import Notifier
 from patroller.notify.messages import Notice
 from patroller.notify.outbox import FILE, Outbox, tag_of
-from receivers import Hooks, wait_for
+from patroller.state.audit import AuditLog
 
 
 def notice(n, kind="trespass"):
@@ -51,7 +51,8 @@ def written(outbox):
     assert outbox.flush(10)
 
 
-def reopened(directory, config=Config()):
+def reopened(directory, config=None):
+    config = config or Config()
     fresh = Outbox(directory, config)
     restored = fresh.open(time.time())
     fresh.stop(5)

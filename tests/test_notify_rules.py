@@ -11,8 +11,8 @@ import time
 from dataclasses import replace
 
 import pytest
-
 from helpers import FakeClock, async_test, host_user, lease_manager, until
+
 from patroller.config import Config, ConfigError, load
 from patroller.core.leases import Event
 from patroller.notify.delivery import Delivery, Outcome
@@ -543,7 +543,7 @@ async def test_the_daemons_own_trouble_reaches_the_admin_once_it_lasts_and_again
     notifier.troubles = lambda: trouble
     notifier.start()
     try:
-        queued = lambda: notifier.metrics()["by_kind"].get("daemon", {}).get("queued", 0)  # noqa
+        queued = lambda: notifier.metrics()["by_kind"].get("daemon", {}).get("queued", 0)
         notifier.check()
         clock.advance(config.notify_trouble_after - 1)
         notifier.check()

@@ -19,8 +19,9 @@ import sys
 from dataclasses import replace
 
 import pytest
-
 from helpers import FakeClock, ScenarioFile, async_test, gpu_running, until
+from test_notify_users import as_user
+
 from patroller.config import Config, load
 from patroller.core.leases import Event
 from patroller.notify.messages import Notice
@@ -28,7 +29,6 @@ from patroller.notify.notifier import Notifier
 from patroller.notify.terminal import message, plain, terminals_of, usable_line
 from patroller.notify.utmp import USER_PROCESS, logins
 from patroller.state.audit import AuditLog
-from test_notify_users import as_user
 
 HOST = socket.gethostname()
 GPU0 = (("GPU-0", 0),)

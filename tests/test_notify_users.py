@@ -13,7 +13,6 @@ import urllib.parse
 import urllib.request
 
 import pytest
-
 from helpers import ScenarioFile, ServerProcess, python_for
 from receivers import Hooks, wait_for
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import logging
 import random
-from pathlib import Path
-from typing import Union
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
@@ -22,7 +21,7 @@ from patroller.observe.nvsmi.parsers import (
 )
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nvsmi"
-Cell = Union[int, float, str, None]
+Cell = int | float | str | None
 
 
 def lines(name: str) -> list[str]:
@@ -44,7 +43,7 @@ def dmon(
     time: str | None = None,
 ) -> DmonRow:
     assert len(keys) == len(cells)
-    return DmonRow(gpu, dict(zip(keys, cells)), date, time)
+    return DmonRow(gpu, dict(zip(keys, cells, strict=True)), date, time)
 
 
 def pmon(
@@ -58,7 +57,7 @@ def pmon(
     time: str | None = None,
 ) -> PmonRow:
     assert len(keys) == len(cells)
-    return PmonRow(gpu, pid, kind, command, dict(zip(keys, cells)), date, time)
+    return PmonRow(gpu, pid, kind, command, dict(zip(keys, cells, strict=True)), date, time)
 
 
 _ = None  # a `-` cell
@@ -150,7 +149,8 @@ def test_dmon_relearns_a_different_header_mid_stream() -> None:
             "# gpu     fb   bar1   ccpm \n",
             "# Idx     MB     MB     MB \n",
             "    0  40391      5      0 \n",
-            "    0    43    48     0     0     0     0  3505   556\n",  # old shape: no longer readable
+            # old shape: no longer readable
+            "    0    43    48     0     0     0     0  3505   556\n",
         ],
     )
     assert rows == [
@@ -512,7 +512,8 @@ def test_compute_apps_blank_lines_ignored_and_unreadable_lines_skipped() -> None
             [
                 "",
                 "   ",
-                "gpu_uuid, pid, used_gpu_memory [MiB], process_name",  # a header: noheader was lost
+                # a header: noheader was lost
+                "gpu_uuid, pid, used_gpu_memory [MiB], process_name",
                 "No running processes found",
                 "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
                 f"{A100}, -, 10, python",  # no pid

@@ -1,4 +1,5 @@
-"""The OpenAPI document (patroller/openapi.json) checked against the daemon, so the two cannot drift.
+"""The OpenAPI document (patroller/openapi.json) checked against the daemon, so the two cannot
+drift.
 
 Paths against the routes, operations against the methods each handler implements and answers,
 error statuses against the API's table, and every field a live answer carries against the
@@ -9,14 +10,14 @@ import json
 import pkgutil
 import re
 import socket
-from typing import Any
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import tornado.web
+from helpers import ROOT, async_test, running, until
 from tornado.httpclient import HTTPRequest
 
-from helpers import ROOT, async_test, running, until
 from patroller import __version__
 from patroller.http import handlers as api
 
@@ -160,7 +161,7 @@ def test_every_error_the_api_maps_is_documented():
     for error, status in api.STATUS.items():
         assert str(status) in statuses, f"{error.__name__} ({status}) is in no operation"
     with open(f"{ROOT}/patroller/http/framing.py", encoding="utf-8") as f:
-        framing = set(re.findall(r"FramingError\((\d{3}),", f.read()))
+        framing = set(re.findall(r"FramingError\(\s*(\d{3}),", f.read()))
     assert framing == {"400", "408", "413"}  # Tornado answers the rest itself, without JSON
     for path, ops in DOCUMENT["paths"].items():
         for method, op in ops.items():

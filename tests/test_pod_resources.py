@@ -11,10 +11,10 @@ import subprocess
 from dataclasses import replace
 
 import pytest
-
-from helpers import ScenarioFile, async_test, find, gpu_running, running, scrape, until
 from grpc_server import Hang
+from helpers import ScenarioFile, async_test, find, gpu_running, running, scrape, until
 from kubelet import Kubelet, gpu_pod, pod
+
 from patroller.config import Config
 from patroller.config.flags import load
 from patroller.core.devices import Inventory, MigInstance
@@ -168,7 +168,7 @@ def test_the_pods_of_each_gpu_each_once_and_ids_that_match_nothing():
 def test_an_id_that_matches_nothing_is_logged_once(caplog):
     inventory = synthetic_inventory(1)
     signals, told = Signals(), []
-    signals.job_allocation.connect(lambda sender, record: told.append(record), weak=False)
+    signals.scheduler_allocation.connect(lambda sender, record: told.append(record), weak=False)
     watch = PodResourcesWatch(inventory, signals, Config(kubelet_socket="/nonexistent.sock"))
     listed = [(Pod("ml", "a"), ("MIG-x", inventory.devices[0].uuid))]
     with caplog.at_level(logging.WARNING):
@@ -285,7 +285,7 @@ async def test_a_host_process_on_a_pods_gpu_trespasses(tmp_path):
     try:
         async with gpu_running(scenario, kubelet_socket=kubelet.path, kubelet_every=0.05) as h:
             uuid = h.uuids()[1]
-            state = lambda: h.services.leases.state(uuid)  # noqa: E731
+            state = lambda: h.services.leases.state(uuid)
             kubelet.pods = [gpu_pod("ml", "train-0", uuid)]
             await until(lambda: state() == "allocated", timeout=20)
             status, busy = await h.call("/request?gpu=2")

@@ -11,9 +11,6 @@ import urllib.request
 from dataclasses import replace
 
 import pytest
-
-from prometheus import eventually
-from helpers import known_claim
 from helpers import (
     ScenarioFile,
     ServerProcess,
@@ -21,9 +18,12 @@ from helpers import (
     client_in,
     engines_in,
     gpu_running,
+    known_claim,
     on_gpu,
     until,
 )
+from prometheus import eventually
+
 from patroller.config import Config
 from patroller.http.views import claims
 from patroller.identify.containers import ContainerDirectory
@@ -168,7 +168,7 @@ async def test_the_label_rules_are_dockers(runtime, request, engine_sockets):
         found = await asyncio.gather(*(identifier.resolve(c.pid) for c in containers))
     finally:
         identifier.close()
-    for container, identity, (_, user, email) in zip(containers, found, LABELLED):
+    for container, identity, (_, user, email) in zip(containers, found, LABELLED, strict=True):
         assert identity.user == (user or f"container:{container.short}")
         assert identity.email == email and not identity.degraded
         assert identity.container == (container.short, container.name)
@@ -257,7 +257,7 @@ async def test_a_rootless_podman_container_is_named_by_its_users_service(
     )
     bob.place()
     with open(f"/proc/{bob.pid}/status", encoding="ascii") as f:
-        real_uid = int(next(l for l in f if l.startswith("Uid:")).split()[1])
+        real_uid = int(next(x for x in f if x.startswith("Uid:")).split()[1])
     assert (real_uid != user.uid) == shifted
     identifier = identifier_for(
         engine_sockets, podman_socket=podman.url, rootless_podman_socket=rootless_podman.template

@@ -19,8 +19,8 @@ import time
 import urllib.request
 
 import pytest
-
 from helpers import ServerProcess, forked_as
+
 from patroller.config import Config
 from patroller.doctor.privacy import check_privacy, probe_privacy
 from patroller.state.audit import AuditLog

@@ -8,6 +8,7 @@ import sys
 import time
 
 from helpers import async_test, need_root, process_in_cgroup
+
 from patroller.config import Config
 from patroller.core.identity import ProcessRef
 from patroller.identify import procfs

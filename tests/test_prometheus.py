@@ -8,7 +8,6 @@ import json
 import subprocess
 
 import pytest
-
 from helpers import ScenarioFile, ServerProcess
 from prometheus import (
     OPENMETRICS,

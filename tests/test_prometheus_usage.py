@@ -17,11 +17,11 @@ import time
 from collections.abc import Iterator
 
 import pytest
-
 from helpers import NOBODY, ROOT, ScenarioFile, ServerProcess, need_root
-from patroller.identify.resolver import host_identity
 from prometheus import Prometheus, eventually, get
 from test_hide_users import PSEUDONYM
+
+from patroller.identify.resolver import host_identity
 
 RULES = os.path.join(ROOT, "contrib", "prometheus", "patroller-rules.yml")
 SCRAPE = 1.0  # seconds between scrapes and between evaluations of the rules

@@ -26,9 +26,11 @@ from google.protobuf import (
     message_factory,
     unknown_fields,
 )
-
 from helpers import ROOT
-from kubelet import LIST as KUBELET_LIST, Kubelet, gpu_pod, pod
+from kubelet import LIST as KUBELET_LIST
+from kubelet import Kubelet, gpu_pod, pod
+from test_containerd import container_message
+
 from patroller.config import Config
 from patroller.core.pods import Pod, PodAllocation
 from patroller.identify import containerd as ctrd
@@ -38,7 +40,6 @@ from patroller.observe import podresources
 from patroller.observe.grpcunix import UnixCaller
 from patroller.observe.protowire import WireError
 from patroller.observe.testmode import synthetic_inventory
-from test_containerd import container_message
 
 PROTOS = os.path.join(ROOT, "tests", "fixtures", "proto")
 GPUS = Config.kubelet_resources

@@ -9,11 +9,11 @@ import subprocess
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
 from helpers import ServerProcess, need_root
+from prometheus_client.parser import text_string_to_metric_families
 
 
 @contextmanager
@@ -54,7 +54,7 @@ def snapshot(directory):
     found = {}
     for name in sorted(os.listdir(directory)):
         path = os.path.join(directory, name)
-        found[name] = os.readlink(path) if os.path.islink(path) else open(path, "rb").read()
+        found[name] = os.readlink(path) if os.path.islink(path) else Path(path).read_bytes()
     return found
 
 

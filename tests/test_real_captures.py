@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
-from pathlib import Path
-from typing import NamedTuple, Union
 from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -30,7 +30,7 @@ TOPO = [name for name in CAPTURES if name.endswith(".txt") and "topo" in name]
 # Captures that end in a row cut short when the GPUs stopped answering (see SOURCES.md).
 CUT_LAST_ROW = {"pubsum-k80-dmon-pucet-crash-a.txt", "pubsum-k80-dmon-pucet-crash-b.txt"}
 
-Cell = Union[int, float, str, None]
+Cell = int | float | str | None
 
 
 # ---- the plain reading of -q -x ----------------------------------------------------------------
@@ -88,7 +88,7 @@ def test_discovery_reads_real_capture(name: str) -> None:
     assert found.driver_version == text_of(root.find("driver_version"))
     assert found.cuda_version == text_of(root.find("cuda_version"))
     assert len(found.devices) == len(gpus)
-    for number_in_document, (device, gpu) in enumerate(zip(found.devices, gpus)):
+    for number_in_document, (device, gpu) in enumerate(zip(found.devices, gpus, strict=True)):
         uuid = gpu.findtext("uuid", "").strip()
         assert device.uuid == uuid
         assert device.number == number_in_document
@@ -203,7 +203,7 @@ def test_dmon_parser_reads_real_capture(name: str) -> None:
                 int(cells[header.index("gpu")]),
                 [
                     cell(text)
-                    for column, text in zip(header, cells)
+                    for column, text in zip(header, cells, strict=True)
                     if column not in ("gpu", "date", "time")
                 ],
             )
@@ -226,7 +226,7 @@ def test_pmon_parser_reads_real_capture(name: str) -> None:
     named = ("gpu", "pid", "type", "command", "date", "time")
     expected = []
     for header, cells in reading.rows:
-        at = dict(zip(header, cells))
+        at = dict(zip(header, cells, strict=True))
         pid = cell(at["pid"])
         expected.append(
             PmonRow(
@@ -237,7 +237,7 @@ def test_pmon_parser_reads_real_capture(name: str) -> None:
                 command=None if pid is None else cell(at.get("command", "-")),
                 values={
                     column: cell(text)
-                    for column, text in zip(header, cells)
+                    for column, text in zip(header, cells, strict=True)
                     if column not in named
                 },
                 date=cell(at["date"]) if "date" in at else None,
@@ -272,7 +272,7 @@ def test_topo_parser_reads_real_capture(name: str) -> None:
     names = [w for w in header if re.fullmatch(r"GPU\d+|NIC\d+|mlx5_\d+", w)]
     assert [f"GPU{g}" for g in matrix.gpus] == list(rows)
     for a, cells in rows.items():
-        for b, word in zip(names, cells):
+        for b, word in zip(names, cells, strict=True):
             if b.startswith("GPU") and b != a:
                 assert matrix.links[(int(a[3:]), int(b[3:]))] == word
         assert matrix.cpus[int(a[3:])] == cells[len(names)]

@@ -17,13 +17,13 @@ import urllib.request
 from dataclasses import replace
 
 import pytest
-
 from helpers import ROOT, ServerProcess
 from liars import LyingServer, trickle
-from patroller.core.usage import Party, Present
-from patroller.state.usage import schema, tables
 from test_fleet import ENV
 from test_usage_store import interval
+
+from patroller.core.usage import Party, Present
+from patroller.state.usage import schema, tables
 
 BOB = Party(user="bob", account="bob")
 HEADER = [

@@ -16,13 +16,13 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
-
 from browser import Browser, browser
 from helpers import ScenarioFile, ServerProcess, need_root
-from patroller.cli.usage import hours_text
 from prometheus import get
 from test_hide_users import PSEUDONYM
 from usage_history import gpu_hour, lab, write
+
+from patroller.cli.usage import hours_text
 
 USED = ("active", "idle_held", "reserved_unused", "trespass", "unreserved")
 CATEGORIES = (*USED, "free", "lost")
@@ -239,7 +239,7 @@ def test_the_lists_are_the_users_most_idle_held_and_reserved_unused(page, daemon
         )[:10]
         shown = top(page, table)
         assert [name for name, _, _ in shown] == [r["key"] for r in rows], table
-        for (_, hours, share), row in zip(shown, rows):
+        for (_, hours, share), row in zip(shown, rows, strict=True):
             assert hours == hours_text(row["hours"][category])  # as `patroller report` says
             part = 100 * row["hours"][category] / used(row["hours"])
             assert float(share.split()[0]) == pytest.approx(part, abs=0.05)

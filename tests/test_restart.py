@@ -12,8 +12,6 @@ import urllib.error
 import urllib.request
 
 import pytest
-
-from helpers import claimed_known
 from helpers import (
     ROOT,
     ScenarioFile,
@@ -21,6 +19,7 @@ from helpers import (
     alive,
     async_test,
     children_of,
+    claimed_known,
     running,
     until,
 )

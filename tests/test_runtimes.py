@@ -13,16 +13,20 @@ import uuid
 from dataclasses import replace
 
 import pytest
-
 from helpers import (
     NOBODY,
-    ROOTLESS_UID as OWNER,
-    SHIFTED_UID as SHIFTED,
     async_test,
     engines_in,
     process_in_cgroup,
     user_manager,
 )
+from helpers import (
+    ROOTLESS_UID as OWNER,
+)
+from helpers import (
+    SHIFTED_UID as SHIFTED,
+)
+
 from patroller.config import Config
 from patroller.identify.cgroups import ContainerRef
 from patroller.identify.containers import ContainerDirectory

@@ -3,8 +3,8 @@ still granted 10 s later, found only at the next inventory reading, 60 s on). Th
 the simulator, whose `silent` device prints no row; the rules on the fake clock."""
 
 import pytest
-
 from helpers import FakeClock, ScenarioFile, async_test, gpu_running, lease_manager, until
+
 from patroller.core.devices import Device, Inventory
 from patroller.core.identity import named_user
 from patroller.http.views import claims

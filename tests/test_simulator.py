@@ -12,10 +12,10 @@ import sys
 import threading
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
@@ -220,7 +220,7 @@ def test_dmon_full_selection_adds_columns_in_fixed_order(scn_file: Path) -> None
         "txpci",
     ]
     assert "bool" in lines[1] and "errs" in lines[1] and "MB/s" in lines[1]
-    row = dict(zip(lines[0].split()[1:], lines[2].split()))
+    row = dict(zip(lines[0].split()[1:], lines[2].split(), strict=True))
     assert row["fb"] == "300" and row["mtemp"] == "-" and row["sbecc"] == "-"
 
 
@@ -252,7 +252,7 @@ def test_pmon_headers_per_era(
 
 def test_only_four_devices_unless_asked(scn_file: Path) -> None:
     write(scn_file, scenario(devices=6))
-    gpus = lambda out: sorted({row[0] for row in data(out.stdout)})  # noqa: E731
+    gpus = lambda out: sorted({row[0] for row in data(out.stdout)})
     assert gpus(run(scn_file, "dmon", "-c", "1")) == ["0", "1", "2", "3"]
     assert gpus(run(scn_file, "pmon", "-c", "1")) == ["0", "1", "2", "3"]
     assert gpus(run(scn_file, "dmon", "-c", "1", "-i", "0,1,2,3,4,5")) == list("012345")
@@ -302,7 +302,7 @@ def test_pmon_rows_seven_digit_pid_idle_devices_and_command(scn_file: Path) -> N
 
 def test_live_scenario_changes_reach_pmon(scn_file: Path) -> None:
     write(scn_file, scenario("r550"))
-    idle = lambda line: line.split()[:2] == ["0", "-"]  # noqa: E731
+    idle = lambda line: line.split()[:2] == ["0", "-"]
     with child(scn_file, "pmon", "-d", "0.1") as sim:
         sim.until(idle)
         write(scn_file, scenario("r550", procs=[{"pid": 31337, "name": "train.py", "sm": 90}]))
@@ -607,7 +607,7 @@ def test_architecture_follows_the_product_name(scn_file: Path) -> None:
 def dmon_rows(out: str) -> list[dict[str, str]]:
     """dmon's data rows as {column: value}."""
     names = out.splitlines()[0].lstrip("#").split()
-    return [dict(zip(names, row)) for row in data(out)]
+    return [dict(zip(names, row, strict=True)) for row in data(out)]
 
 
 @pytest.mark.parametrize("era", ["r384", "r470", "r550"])
@@ -847,7 +847,7 @@ def test_a_watched_device_that_goes_is_lost(scn_file: Path, kind: str, era: str,
         "pci": f"{boards[1]['pci']},{boards[2]['pci']}",
     }[how]
     write(scn_file, scenario(era, devices=boards))
-    first = lambda gpu: lambda line: line.split()[:1] == [gpu]  # noqa: E731
+    first = lambda gpu: lambda line: line.split()[:1] == [gpu]
     with child(scn_file, kind, "-d", "0.05", "-i", named) as sim:
         sim.until(first("2"))
         write(scn_file, scenario(era, devices=[boards[1], boards[2]]))  # unwatched 0 goes

@@ -25,7 +25,7 @@ async def test_a_jobs_gpu_is_its_own_until_the_epilog_then_grantable_again(slurm
             slurm_node.wait_state(job, "RUNNING")
             (gpu,) = slurm_node.job_gpus(job)
             uuid = h.services.inventory.by_number(gpu).uuid
-            state = lambda: h.services.leases.state(uuid)  # noqa: E731
+            state = lambda: h.services.leases.state(uuid)
 
             # Allocated, nothing of the job on the GPU yet: shown with its job and user.
             await until(lambda: state() == "allocated", timeout=20)

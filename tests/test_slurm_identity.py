@@ -4,9 +4,16 @@ writes (parser fixtures for every path shape; then a real process in a real cgro
 shape, made here as slurmstepd makes it, and the daemon on the simulator)."""
 
 import pytest
+from helpers import (
+    NOBODY,
+    ScenarioFile,
+    async_test,
+    gpu_running,
+    known_claim,
+    slurm_job_process,
+    until,
+)
 
-from helpers import known_claim
-from helpers import NOBODY, ScenarioFile, async_test, gpu_running, slurm_job_process, until
 from patroller.config import Config
 from patroller.identify.cgroups import SlurmStep, parse_cgroup, parse_slurm
 from patroller.identify.resolver import ProcessIdentifier

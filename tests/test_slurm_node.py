@@ -9,10 +9,10 @@ import subprocess
 import time
 
 import pytest
-
 from helpers import alive
-from patroller.observe.jobmap import read_map
 from slurm import EPILOG, NOBODY, PROLOG, start_node
+
+from patroller.observe.jobmap import read_map
 
 EXAMPLE = os.path.join(os.path.dirname(PROLOG), "slurm.conf.example")
 SLEEP = "#!/bin/sh\nsleep 300\n"  # a shell and its child: two processes in the batch step
@@ -21,7 +21,7 @@ SLEEP = "#!/bin/sh\nsleep 300\n"  # a shell and its child: two processes in the 
 def uid_of(pid):
     """The real, effective, saved and filesystem uids of a process."""
     with open(f"/proc/{pid}/status", encoding="ascii") as f:
-        line = next(l for l in f if l.startswith("Uid:"))
+        line = next(x for x in f if x.startswith("Uid:"))
     return {int(u) for u in line.split()[1:]}
 
 

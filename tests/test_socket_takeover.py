@@ -9,7 +9,6 @@ import sys
 import tempfile
 
 import pytest
-
 from helpers import ROOT, ServerProcess
 
 

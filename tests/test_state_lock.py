@@ -7,8 +7,8 @@ import subprocess
 from contextlib import contextmanager
 
 import pytest
-
 from helpers import need_root
+
 from patroller.state.directory import LOCK, BookError, LockedDirectory, lock
 
 

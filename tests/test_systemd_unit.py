@@ -5,9 +5,9 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-
 from helpers import ROOT
 
 UNIT = os.path.join(ROOT, "contrib", "systemd", "patroller.service")
@@ -25,7 +25,7 @@ def analyze():
 def settings():
     """The unit's [Service] settings, name -> value (the last one of a name)."""
     found, section = {}, None
-    for line in open(UNIT, encoding="utf-8"):
+    for line in Path(UNIT).read_text(encoding="utf-8").splitlines():
         line = line.strip()
         if line.startswith("["):
             section = line
@@ -92,7 +92,7 @@ def test_the_units_command_line_is_the_daemons():
 def test_the_docs_install_the_unit_the_installed_patroller_prints():
     """docs/gpu-host.md writes the unit with `patroller systemd-unit` of the install it made,
     and contrib/systemd's unit is the one that command prints (a link to it)."""
-    text = open(os.path.join(ROOT, "docs", "gpu-host.md"), encoding="utf-8").read()
+    text = Path(os.path.join(ROOT, "docs", "gpu-host.md")).read_text(encoding="utf-8")
     assert (
         "/opt/patroller/bin/patroller systemd-unit > /etc/systemd/system/patroller.service" in text
     )
@@ -111,7 +111,7 @@ def test_the_docs_install_the_unit_the_installed_patroller_prints():
         timeout=60,
         cwd=ROOT,
     )
-    shipped = open(UNIT, encoding="utf-8").read().splitlines(keepends=True)
+    shipped = Path(UNIT).read_text(encoding="utf-8").splitlines(keepends=True)
     assert done.returncode == 0 and done.stdout == "".join(
         line.replace("/usr/local/bin/patroller", "/opt/patroller/bin/patroller")
         if line.startswith("ExecStart=")

@@ -3,6 +3,7 @@
 import asyncio
 
 from helpers import async_test, running, until
+
 from patroller.config import Config
 from patroller.observe.signals import Signals
 from patroller.observe.testmode import SyntheticMonitor, synthetic_inventory
@@ -194,6 +195,7 @@ async def test_with_test_processes_every_usage_category_shows(tmp_path):
 
 def test_test_processes_are_test_modes_alone_and_off_unless_asked():
     import pytest
+
     from patroller.config import ConfigError, load
 
     assert load(["--test"], {}).test_processes is False

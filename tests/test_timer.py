@@ -3,6 +3,7 @@
 import time
 
 from helpers import async_test, lease_manager, until
+
 from patroller.core.identity import named_user
 from patroller.state.timer import ExpiryTimer
 

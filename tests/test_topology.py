@@ -6,11 +6,10 @@ from __future__ import annotations
 import itertools
 import os
 import random
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
-
 from helpers import (
     FakeClock,
     ScenarioFile,
@@ -20,6 +19,7 @@ from helpers import (
     lease_manager,
     until,
 )
+
 from patroller.core.devices import Device, Inventory
 from patroller.core.errors import Busy, Unsatisfiable
 from patroller.core.topology import Search, Topology, best, strength, usable
@@ -49,7 +49,11 @@ def never(device: Device) -> tuple[int, float]:
 
 
 def choose(
-    name: str, free: Sequence[int], count: int, link: str | None = None, search: Search = Search()
+    name: str,
+    free: Sequence[int],
+    count: int,
+    link: str | None = None,
+    search: Search | None = None,
 ) -> list[int] | None:
     found, topology = from_capture(name)
     return numbers(best(topology, [found[i] for i in free], count, never, link, search))
@@ -60,7 +64,7 @@ def choose(
 
 def test_the_dgx1_capture_is_read_whatever_its_whitespace():
     found, topology = from_capture("dlperf-dgx1-v100-topo-r470.txt")
-    link = lambda a, b: topology.link(f"GPU-{a}", f"GPU-{b}")  # noqa: E731
+    link = lambda a, b: topology.link(f"GPU-{a}", f"GPU-{b}")
     assert (link(0, 1), link(0, 2), link(0, 4), link(4, 3), link(7, 0)) == (
         "NV1",
         "NV2",
@@ -158,7 +162,7 @@ def test_a_link_insisted_on():
 def test_ties_go_to_the_users_last_devices_then_the_oldest_release():
     found, topology = from_capture("nccl-tests-8x-rtx4090-topo-pix.txt")
     last = {2: (0, 5.0), 3: (0, 9.0), 5: (1, 1.0), 6: (1, 2.0), 7: (1, 3.0)}
-    prefer = lambda d: last.get(d.number, (1, float("-inf")))  # noqa: E731
+    prefer = lambda d: last.get(d.number, (1, float("-inf")))
     assert numbers(best(topology, found, 2, prefer)) == [2, 3]  # the user's own, PIX
     assert numbers(best(topology, found[4:], 2, prefer)) == [4, 5]  # 4 never, then 5 oldest
     assert numbers(best(topology, found[5:], 2, prefer)) == [5, 6]
@@ -450,7 +454,7 @@ def test_ties_in_the_lease_rules_go_to_the_users_last_gpu_then_the_oldest_releas
         {(f"GPU-{a}", f"GPU-{b}"): "NODE" for a, b in itertools.combinations(range(4), 2)},
         {f"GPU-{i}": "0" for i in range(4)},
     )
-    for user, number in ((BOB, 2), (CAROL, 3), (ALICE, 1)):
+    for user, _number in ((BOB, 2), (CAROL, 3), (ALICE, 1)):
         leases.request(user, {"gpu": 1})  # 0, then 1, then 2: lowest first, none released yet
     leases.release(ALICE)  # 2, freed at 1000
     clock.advance(5)
@@ -468,6 +472,7 @@ def test_the_command_line_asks_for_a_link(tmp_path):
     import time
 
     from helpers import ROOT, ServerProcess
+
     from patroller import client
 
     scenario = ScenarioFile(

@@ -10,17 +10,17 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-
-import pytest
 from dataclasses import replace
 
+import pytest
 from helpers import ScenarioFile, ServerProcess, async_test, need_root, python_for, reuse_pid
+
+from patroller.config import Config
+from patroller.core.errors import Unidentified
 from patroller.identify.callers import SystemCallers
 from patroller.identify.containers import ContainerDirectory, DockerUnavailable
-from patroller.core.errors import Unidentified
-from patroller.identify.sockets import ESTABLISHED, SocketEntry, owner_of
 from patroller.identify.resolver import ProcessIdentifier
-from patroller.config import Config
+from patroller.identify.sockets import ESTABLISHED, SocketEntry, owner_of
 
 NOBODY = 65534
 CLIENT = ("127.0.0.1", 40000)

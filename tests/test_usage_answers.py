@@ -13,12 +13,13 @@ from contextlib import contextmanager
 from dataclasses import replace
 from datetime import timedelta, timezone
 
+from test_usage_rollup import HOUR, START, fresh, history, rounded
+from test_usage_store import by_category, interval, report, store_in, wait
+
 from patroller.config import Config
 from patroller.state.usage import queries, schema, tables
 from patroller.state.usage.reader import Reader
 from patroller.state.usage.store import FILE
-from test_usage_rollup import HOUR, START, fresh, history, rounded
-from test_usage_store import by_category, interval, report, store_in, wait
 
 NOW = time.time() // HOUR * HOUR + 600  # ten minutes into an hour
 
@@ -112,7 +113,7 @@ def reader_on(path, **settings):
 def test_a_read_that_fails_forgets_the_answers(tmp_path):
     with reader_on(one_interval(tmp_path)) as reader:
         first = read(reader, NOW - HOUR, NOW)
-        reader._close()  # noqa: SLF001  # as a failed read does, on the reader's connection
+        reader._close()  # as a failed read does, on the reader's connection
         assert read(reader, NOW - HOUR, NOW) == first
         assert reader.answered_again == 0
 
@@ -142,9 +143,9 @@ def test_the_answers_kept_hold_at_most_the_rows_configured(tmp_path):
 def test_the_close_lets_go_of_the_file_in_the_reader_thread(tmp_path):
     reader = Reader(str(one_interval(tmp_path)), Config())
     read(reader, NOW - HOUR, NOW)
-    assert reader._db is not None  # noqa: SLF001
+    assert reader._db is not None
     reader.close()
-    wait(lambda: reader._db is None)  # noqa: SLF001  # closed by the reader's own thread
+    wait(lambda: reader._db is None)  # closed by the reader's own thread
 
 
 def test_ranges_of_the_same_answer_key_read_the_same_rows(tmp_path):

@@ -4,10 +4,10 @@ naming the field for the one, and one traceback a minute in the log at most for 
 import logging
 
 import pytest
-
 from helpers import async_test, running
-from patroller.http import query
 from test_openapi import answer_schema, undocumented
+
+from patroller.http import query
 
 
 @async_test

@@ -13,8 +13,6 @@ import urllib.error
 import urllib.request
 
 import pytest
-
-from helpers import known_claim
 from helpers import (
     NOBODY,
     ScenarioFile,
@@ -22,16 +20,18 @@ from helpers import (
     async_test,
     find,
     gpu_running,
+    known_claim,
     need_root,
     running,
     scrape,
     until,
 )
-from patroller.identify.resolver import host_identity
-from patroller.state.usage import schema
 from test_hide_users import PSEUDONYM, ask_as
 from test_openapi import answer_schema, undocumented
 from test_usage_store import fill, interval, tmpfs
+
+from patroller.identify.resolver import host_identity
+from patroller.state.usage import schema
 
 FILE = "usage.sqlite3"
 DAEMON = 1  # a host account other than root and nobody

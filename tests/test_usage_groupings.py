@@ -15,15 +15,15 @@ from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
 import pytest
-
 from helpers import ScenarioFile, async_test, gpu_running, need_root, running, until
-from patroller.core.usage import Party, Present, summarize_grouped
-from patroller.identify.resolver import host_identity
-from patroller.state.usage.groupings import spans
 from test_hide_users import PSEUDONYM, ask_as
 from test_openapi import answer_schema, undocumented
 from test_usage_store import store_in, wait
-from usage_history import HOUR, DAY, gpu_hour, write
+from usage_history import DAY, HOUR, gpu_hour, write
+
+from patroller.core.usage import Party, Present, summarize_grouped
+from patroller.identify.resolver import host_identity
+from patroller.state.usage.groupings import spans
 
 FILE = "usage.sqlite3"
 NOBODY, DAEMON = 65534, 1
@@ -293,7 +293,7 @@ def test_two_keys_are_ordered_first_by_the_first_then_within_it():
 def test_the_order_by_use_and_its_ties():
     """By use: a first key by the GPU-time used under all its second keys; a tie (up to float
     noise) by all GPU-time, free included; then by the key. Null keys last, at any place."""
-    keys = lambda found: [r["key"] for r in found["rows"]]  # noqa: E731
+    keys = lambda found: [r["key"] for r in found["rows"]]
     rows = [
         (("ann", "d1"), "active", 40.0),
         (("ann", "d2"), "active", 40.0),
@@ -347,7 +347,7 @@ def test_the_order_by_use_and_its_ties():
 
 
 def test_use_and_all_gpu_time_are_compared_to_the_microsecond():
-    keys = lambda found: [r["key"] for r in found["rows"]]  # noqa: E731
+    keys = lambda found: [r["key"] for r in found["rows"]]
     # used: 1.4 s against 1.2 (no tie, whatever the rest)
     assert keys(
         summarize_grouped(

@@ -10,7 +10,6 @@ import sys
 import time
 
 import pytest
-
 from helpers import async_test, find, running, scrape, until
 
 FILE = "usage.sqlite3"

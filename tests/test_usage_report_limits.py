@@ -1,17 +1,18 @@
 """What reports may take of a daemon, bounded: at most usage_reports_at_once answered at once,
-usage_reports_waiting waiting for a turn (the next a 429 with Retry-After), none larger than usage_report_max_rows rows (a 400 that says
+usage_reports_waiting waiting for a turn (the next a 429 with Retry-After), none larger than
+usage_report_max_rows rows (a 400 that says
 to narrow the range or the grouping), and the reader's connection and answers let go once
-reports stop coming. (How much memory comes back is measured, not asserted: docs/performance.md.)"""
+reports stop coming. (How much memory comes back is measured, not asserted:
+docs/performance.md.)"""
 
 import asyncio
 import json
 import threading
 import time
 
-from tornado.httpclient import HTTPRequest
-
 from helpers import async_test, find, running, scrape, until
 from test_openapi import answer_schema, undocumented
+from tornado.httpclient import HTTPRequest
 from usage_history import lab, write
 
 FILE = "usage.sqlite3"
@@ -34,7 +35,7 @@ async def test_reports_beyond_the_few_at_once_wait_and_past_those_waiting_are_a_
     ) as h:
         reader = h.services.usage.reader
         held = threading.Event()
-        reader._reading().submit(held.wait, 20)  # noqa: SLF001  # busy: a report waits
+        reader._reading().submit(held.wait, 20)  # busy: a report waits
         first = asyncio.ensure_future(h.call("/usage?since=3d&by=user"))
         await until(lambda: reader.running == 1)
         second = asyncio.ensure_future(h.call("/usage?since=3d&by=day"))
@@ -95,9 +96,9 @@ async def test_the_reader_lets_its_connection_and_answers_go_once_reports_stop(t
         reader = h.services.usage.reader
         for by in ("user", "day", "job"):
             assert (await h.call(f"/usage?since=3d&by={by}"))[0] == 200
-        assert reader._db is not None and len(reader._answers) == 3  # noqa: SLF001
+        assert reader._db is not None and len(reader._answers) == 3
         await until(lambda: reader.let_go == 1)
-        assert reader._db is None and len(reader._answers) == 0  # noqa: SLF001
+        assert reader._db is None and len(reader._answers) == 0
         assert (await h.call("/usage?since=3d&by=user"))[0] == 200  # opened again
-        assert reader._db is not None  # noqa: SLF001
+        assert reader._db is not None
         await until(lambda: reader.let_go == 2)

@@ -10,9 +10,9 @@ from dataclasses import replace
 from datetime import timedelta, timezone
 
 import pytest
+from test_usage_store import BOB, by_category, interval
 
 from patroller.state.usage import groupings, queries, schema, tables
-from test_usage_store import BOB, by_category, interval
 
 HOUR, DAY = 3600, 86400
 START = 1_790_000_000 // DAY * DAY  # a day's start (UTC)

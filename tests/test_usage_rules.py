@@ -7,11 +7,11 @@ import time
 from dataclasses import replace as changed
 
 import pytest
-
 from helpers import FakeClock, async_test, lease_manager
-from patroller.core.health import HealthBook, Reading
+
 from patroller.core.devices import Inventory
 from patroller.core.errors import BadRequest
+from patroller.core.health import HealthBook, Reading
 from patroller.core.identity import Identity
 from patroller.core.jobs import Job, billed_to
 from patroller.core.usage import (
@@ -276,7 +276,7 @@ def test_a_report_adds_up_each_key_and_breaks_ties_by_time_held_then_by_name():
 
 
 def test_a_report_compares_use_and_all_gpu_time_to_the_microsecond():
-    keys = lambda report: [row["key"] for row in report["rows"]]  # noqa: E731
+    keys = lambda report: [row["key"] for row in report["rows"]]
     # used: 1.4 s against 1.2, whatever the rest (not a tie at whole seconds)
     assert keys(
         summarize([("ann", "active", 1.2), ("ann", "free", 9.0), ("bob", "active", 1.4)])

@@ -17,8 +17,8 @@ from dataclasses import replace
 from datetime import timezone
 
 import pytest
-
 from helpers import need_root
+
 from patroller.config import Config
 from patroller.core.errors import Unavailable
 from patroller.core.usage import GpuSample, Party, Present
@@ -167,9 +167,11 @@ def test_the_store_migrates_an_older_file_at_start(tmp_path, monkeypatch, caplog
     later = schema.LATEST + 1
     monkeypatch.setattr(schema, "LATEST", later)
     monkeypatch.setitem(schema.STEPS, later, lambda db: db.execute("CREATE TABLE notes (x)"))
-    with caplog.at_level(logging.INFO, logger="patroller.state.usage.store"):
-        with store_in(tmp_path) as store:
-            wait(lambda: store.state == "writable")
+    with (
+        caplog.at_level(logging.INFO, logger="patroller.state.usage.store"),
+        store_in(tmp_path) as store,
+    ):
+        wait(lambda: store.state == "writable")
     assert f"schema version {later} made from {later - 1}" in caplog.text
     db = sqlite3.connect(tmp_path / FILE)
     assert db.execute("SELECT version FROM schema_version").fetchall() == [(later,)]
@@ -198,11 +200,13 @@ def test_a_file_it_cannot_use_is_set_aside_with_one_line_and_a_fresh_store_start
     make(path)
     (tmp_path / (FILE + "-wal")).write_bytes(b"a write-ahead log of that file")
     before = path.read_bytes()
-    with caplog.at_level(logging.INFO, logger="patroller.state.usage.store"):
-        with store_in(tmp_path) as store:
-            store.put(time.time(), interval())
-            wait(lambda: store.intervals == 1)
-            assert store.set_aside == 1 and store.failures == 0
+    with (
+        caplog.at_level(logging.INFO, logger="patroller.state.usage.store"),
+        store_in(tmp_path) as store,
+    ):
+        store.put(time.time(), interval())
+        wait(lambda: store.intervals == 1)
+        assert store.set_aside == 1 and store.failures == 0
     aside = sorted(p.name for p in tmp_path.iterdir() if f".{kind}-" in p.name)
     assert aside[0] + "-wal" in aside  # its WAL went with it (and SQLite's -shm, if made)
     assert set(aside) <= {aside[0], aside[0] + "-wal", aside[0] + "-shm"}
@@ -224,12 +228,14 @@ def test_samples_past_the_retention_are_folded_into_daily_totals_not_dropped(tmp
         before = by_category(report(store, old - DAY, now))
         days = report(store, old - DAY, now, "day")
     assert before[("alice", "active")] == 150.0
-    with caplog.at_level(logging.INFO, logger="patroller.state.usage.store"):
-        with store_in(tmp_path, usage_days=400) as store:
-            wait(lambda: store.state == "writable")
-            assert by_category(report(store, old - DAY, now)) == before
-            assert report(store, old - DAY, now, "day").rows == days.rows
-            first = report(store, now - 3600, now).first
+    with (
+        caplog.at_level(logging.INFO, logger="patroller.state.usage.store"),
+        store_in(tmp_path, usage_days=400) as store,
+    ):
+        wait(lambda: store.state == "writable")
+        assert by_category(report(store, old - DAY, now)) == before
+        assert report(store, old - DAY, now, "day").rows == days.rows
+        first = report(store, now - 3600, now).first
     assert "8 sample(s) and" in caplog.text and "folded into daily totals" in caplog.text
     db = sqlite3.connect(tmp_path / FILE)
     assert db.execute("SELECT COUNT(*) FROM samples").fetchone() == (2,)
@@ -428,22 +434,24 @@ def fill(directory):
 
 @pytest.mark.errors_expected
 def test_a_full_disk_degrades_the_store_and_it_catches_up_when_there_is_room(tmp_path):
-    with tmpfs(tmp_path / "small", "1m") as where:
-        with store_in(where, usage_reserve=0) as store:  # no room kept: the disk fills
-            store.put(time.time(), interval())
-            wait(lambda: store.intervals == 1)
-            filler = fill(where)
-            now = time.time()
-            for n in range(30):  # enough for the write-ahead log to need another block; bob
-                # is new: the ids of the failed transactions must not be taken for his
-                store.put(now + n, [replace(s, holder=BOB, present=()) for s in interval()])
-            wait(lambda: store.state == "failing")
-            assert "full" in store.why or "No space" in store.why, store.why
-            os.unlink(filler)
-            wait(lambda: store.state == "writable" and store.intervals == 31)
-            assert store.dropped == 0
-            totals = by_category(report(store, now - 3600, now + 60))
-            assert totals[("bob", "reserved_unused")] == 2 * 30 * 60.0  # two GPUs each
+    with (
+        tmpfs(tmp_path / "small", "1m") as where,
+        store_in(where, usage_reserve=0) as store,
+    ):  # no room kept: the disk fills
+        store.put(time.time(), interval())
+        wait(lambda: store.intervals == 1)
+        filler = fill(where)
+        now = time.time()
+        for n in range(30):  # enough for the write-ahead log to need another block; bob
+            # is new: the ids of the failed transactions must not be taken for his
+            store.put(now + n, [replace(s, holder=BOB, present=()) for s in interval()])
+        wait(lambda: store.state == "failing")
+        assert "full" in store.why or "No space" in store.why, store.why
+        os.unlink(filler)
+        wait(lambda: store.state == "writable" and store.intervals == 31)
+        assert store.dropped == 0
+        totals = by_category(report(store, now - 3600, now + 60))
+        assert totals[("bob", "reserved_unused")] == 2 * 30 * 60.0  # two GPUs each
 
 
 def test_a_read_only_filesystem_runs_without_a_store_and_says_so(tmp_path, caplog):
@@ -455,7 +463,7 @@ def test_a_read_only_filesystem_runs_without_a_store_and_says_so(tmp_path, caplo
     assert said + ": running without a usage store (no usage history is kept)" in caplog.messages
 
 
-# -- edges the mutation run found unchecked (docs/development.md, "Mutation testing") --------------
+# -- edges the mutation run found unchecked (docs/development.md, "Mutation testing") -------
 
 WALL = 1_800_000_000.0  # 2027-01-15 08:00:00 UTC
 STAMP = "20270115T080000Z"
@@ -466,11 +474,13 @@ def test_a_file_set_aside_is_named_by_the_time_and_takes_the_first_free_number(t
     (tmp_path / FILE).write_bytes(NOT_A_DATABASE)
     for name in (f"{FILE}.corrupt-{STAMP}", f"{FILE}.corrupt-{STAMP}-3"):  # set aside before
         (tmp_path / name).write_bytes(name.encode())
-    with caplog.at_level(logging.INFO, logger="patroller.state.usage.store"):
-        with store_in(tmp_path, wall=lambda: WALL) as store:
-            store.put(WALL, interval())
-            wait(lambda: store.intervals == 1)
-            assert store.set_aside == 1
+    with (
+        caplog.at_level(logging.INFO, logger="patroller.state.usage.store"),
+        store_in(tmp_path, wall=lambda: WALL) as store,
+    ):
+        store.put(WALL, interval())
+        wait(lambda: store.intervals == 1)
+        assert store.set_aside == 1
     aside = f"{FILE}.corrupt-{STAMP}-2"
     assert (tmp_path / aside).read_bytes() == NOT_A_DATABASE
     for name in (f"{FILE}.corrupt-{STAMP}", f"{FILE}.corrupt-{STAMP}-3"):  # left as they were

@@ -7,10 +7,10 @@ import sqlite3
 from dataclasses import replace
 
 import pytest
-
-from patroller.state.usage import queries, schema, tables
 from test_usage_rollup import HOUR, fresh
 from test_usage_store import interval
+
+from patroller.state.usage import queries, schema, tables
 
 AT = 1_790_000_000 // HOUR * HOUR + 600
 

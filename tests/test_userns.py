@@ -7,8 +7,8 @@ import subprocess
 import time
 
 import pytest
-
 from helpers import SHIFTED_UID, async_test
+
 from patroller.config import Config
 from patroller.identify import procfs
 from patroller.identify.cgroups import ContainerRef, SlurmStep

@@ -17,8 +17,8 @@ import time
 import urllib.request
 
 import pytest
-
 from helpers import ScenarioFile, ServerProcess, async_test, gpu_running, until
+
 from patroller.http import handlers
 
 CLOSE, HALF_CLOSE = "close", "half-close"

@@ -7,17 +7,16 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
-
+from helpers import FakeClock, async_test, lease_manager, running, until
 from tornado.iostream import IOStream
 
-from helpers import FakeClock, async_test, lease_manager, running, until
+from patroller.core.identity import IDENTIFYING, named_user
 from patroller.http import routes
 from patroller.http.fastlane import Connection, FastLane
-from patroller.core.identity import IDENTIFYING, named_user
+from patroller.http.statusview import StatusView
 from patroller.observe.signals import ProcessList, ProcessSamples, Sample, Signals
 from patroller.observe.stats import StatsStore
 from patroller.observe.testmode import synthetic_inventory
-from patroller.http.statusview import StatusView
 
 
 @pytest.fixture
@@ -81,7 +80,7 @@ async def test_metrics_counts_what_the_daemon_does():
 def test_process_lists_are_stale_until_listed_and_after_three_intervals_without(parts):
     clock, inventory, leases, signals, view = parts
     first, second = (d.uuid for d in inventory)
-    claim = lambda uuid: json.loads(view.body())[uuid]["claim"]  # noqa: E731
+    claim = lambda uuid: json.loads(view.body())[uuid]["claim"]
     assert claim(first)["processes_stale"] is True  # nothing listed yet: unknown
     built = view.builds
     signals.processes_listed.send(object(), record=ProcessList((first,), 0.0))
@@ -208,7 +207,7 @@ async def test_what_the_socket_does_not_take_goes_through_the_stream_in_order(mo
         writer.write(PLAIN * many + queue + PLAIN)
         await until(lambda: through_stream, timeout=30)
         assert through_stream[0] < len(body) + 200  # the rest of an answer the socket cut
-        reader._limit = 1 << 30  # noqa: SLF001: take the answers as they come
+        reader._limit = 1 << 30
         writer.transport.resume_reading()
         got = await answers(reader, many + 2)
         uuids = h.uuids()  # each a whole /status (its figures move with the clock meanwhile)

@@ -1,19 +1,19 @@
 """/wait under misbehaviour: clients that leave at once, and one user trying to fill the queue."""
 
 import asyncio
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
-from collections.abc import AsyncIterator
 
 import pytest
-
 from helpers import Harness, async_test, running, started, until
+
 from patroller.app import assemble
-from patroller.identify.callers import TestModeCallers as NamedCallers  # not collected as a test
 from patroller.config import Config, ConfigError, load
 from patroller.core.identity import Identity, named_user
-from patroller.identify.resolver import ProcessIdentifier
 from patroller.http.views import claims
+from patroller.identify.callers import TestModeCallers as NamedCallers  # not collected as a test
+from patroller.identify.resolver import ProcessIdentifier
 from patroller.observe.signals import Signals
 from patroller.observe.testmode import SyntheticMonitor, synthetic_inventory
 

@@ -14,7 +14,6 @@ import urllib.parse
 from typing import Any
 
 import pytest
-
 from browser import Browser, browser
 from helpers import ScenarioFile, ServerProcess
 from prometheus import free_port, get
@@ -479,8 +478,8 @@ def test_the_users_table_fits_at_every_width_and_a_user_over_the_limit_stands_ou
         server.process.send_signal(signal.SIGHUP)
         wide.until(
             lambda: wide.js(
-                "const r = document.querySelector('#users-body tr[data-user=\"%s\"]');"
-                "return r && r.dataset.over === '1'" % USERS[0]
+                f"const r = document.querySelector('#users-body tr[data-user=\"{USERS[0]}\"]');"
+                "return r && r.dataset.over === '1'"
             ),
             "alice shown over her limit",
         )

@@ -6,9 +6,10 @@ a caller the daemon cannot identify, 403 as /request would answer."""
 import asyncio
 
 from helpers import ServerProcess, async_test, gpu_running, need_root, running
-from patroller.identify.resolver import host_identity
 from test_hide_users import NOBODY, ask, scenario  # noqa: F401 (a fixture)
 from test_trust_callers import HOST, entering, namespaces  # noqa: F401 (a fixture)
+
+from patroller.identify.resolver import host_identity
 
 
 @async_test

@@ -15,9 +15,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
-from collections.abc import Callable
 
 from bench.gpucheck.host import ROOT, CheckFailed, Daemon, User, capture, copy_client, python_for
 
@@ -209,7 +209,9 @@ class Check:
             shutil.which("python3") or "",
         ]
         self.pythons = [python_for(user, candidates) for user in self.users]
-        return ", ".join(f"{u.name} (uid {u.uid}, {p})" for u, p in zip(self.users, self.pythons))
+        return ", ".join(
+            f"{u.name} (uid {u.uid}, {p})" for u, p in zip(self.users, self.pythons, strict=False)
+        )
 
     def environment(self, user: User, **more: str) -> dict[str, str]:
         home = os.path.join(self.work, f"home-{user.name}")
@@ -228,7 +230,7 @@ class Check:
         assert self.daemon is not None
         gpus = len(self.numbers)
         said = []
-        for index, (user, python) in enumerate(zip(self.users[:2], self.pythons)):
+        for index, (user, python) in enumerate(zip(self.users[:2], self.pythons, strict=False)):
             number = index % gpus
             process = subprocess.Popen(
                 [

@@ -16,8 +16,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from typing import Any
 from collections.abc import Sequence
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SERIAL = re.compile(r"<serial>[^<]*</serial>")
@@ -128,7 +128,7 @@ class Daemon:
     def __init__(self, flags: Sequence[str], log: str) -> None:
         self.url = ""
         self.path = log
-        self.log = open(log, "w")
+        self.log = open(log, "w")  # noqa: SIM115 (closed when the child is stopped)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "patroller", "--port", "0", "--address", "127.0.0.1", *flags],
             cwd=ROOT,

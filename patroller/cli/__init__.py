@@ -8,6 +8,7 @@ is there), `patroller.client`, `patroller.durations`, `patroller.hosts` and
 wherever the client is installed.
 """
 
-from patroller.cli.commands import COMMANDS, main
+from patroller.cli.commands import main
+from patroller.cli.parser import COMMANDS
 
 __all__ = ["COMMANDS", "main"]

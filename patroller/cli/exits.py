@@ -3,7 +3,8 @@ carries one.
 
 0 done; 2 bad usage; 69 server unreachable (EX_UNAVAILABLE); 75 busy, or not free in time
 (EX_TEMPFAIL); 77 refused by the server (EX_NOPERM: any other 4xx, the server's error is
-printed); 78 a check of `patroller doctor` failed (EX_CONFIG); 126 command not executable; 127 command not found; 130 interrupted (Ctrl-C) while
+printed); 78 a check of `patroller doctor` failed (EX_CONFIG); 126 command not executable; 127
+command not found; 130 interrupted (Ctrl-C) while
 waiting; 141 the reader of the output left (a pipe closed early: `| head`), as SIGPIPE ends a
 Unix tool. Once `run` has started the command, the status is the command's own.
 """

@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from typing import NamedTuple
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from patroller import client
 from patroller.cli.exits import EX_UNAVAILABLE, Failure

@@ -19,9 +19,9 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from collections.abc import Callable
 
 from patroller import answers, client, durations, hosts
 from patroller.answers import BadAnswer, check
@@ -193,7 +193,7 @@ def ask_all(
         pending -= 1
     return [
         _answer(host, answers, mine, wait if deadline is None else deadline)
-        for host, answers in zip(hosts, got)
+        for host, answers in zip(hosts, got, strict=True)
     ]
 
 

@@ -4,8 +4,8 @@ terminal takes colours); the status table is cli/status.py, tables in general cl
 from __future__ import annotations
 
 import os
-from typing import Any, TextIO
 from collections.abc import Iterable
+from typing import Any, TextIO
 
 from patroller import answers, durations
 from patroller.safetext import printable

@@ -7,8 +7,8 @@ The range and the grouping go to the daemon as given: it checks them, and a 400 
 With many hosts, each is asked at once, each for at most `--host-timeout` seconds and all within
 one deadline; a host that refuses, says nothing in time, answers other than /usage does or has
 no usage store (404) is a line of its own, `host  not answering: why`, and the others are summed
-(cli/usage.py). No host answering: status 69 (77 when every one refused); every host refusing
-the range (400): status 2, as with one.
+(cli/usageanswers.py). No host answering: status 69 (77 when every one refused); every host
+refusing the range (400): status 2, as with one.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-from patroller import client
-from patroller.answers import BadAnswer
 import patroller.cli.fleet as fleet
 import patroller.cli.usage as usage
+import patroller.cli.usageanswers as usageanswers
+from patroller import client
+from patroller.answers import BadAnswer
 from patroller.cli.exits import EX_NOPERM, EX_OK, EX_UNAVAILABLE, EX_USAGE, Failure
 from patroller.cli.table import width_of
 from patroller.client import PatrollerError, RequestRefused
@@ -137,7 +138,7 @@ def report_command(options: argparse.Namespace) -> int:
     if hosts:
         return many(options, hosts)
     try:
-        answer = usage.check(client.get_json(options.server, path_of(options)))
+        answer = usageanswers.check(client.get_json(options.server, path_of(options)))
     except RequestRefused as refused:
         if refused.status == 400:
             raise Failure(range_error(refused), EX_USAGE) from None
@@ -162,7 +163,9 @@ def show(options: argparse.Namespace, answer: dict[str, Any], whole: dict[str, A
 
 def ask(host: str, path: str, timeout: float) -> HostUsage:
     try:
-        return HostUsage(host, usage.check(client.get_json(host, path, timeout, REPORT_MAX_BYTES)))
+        return HostUsage(
+            host, usageanswers.check(client.get_json(host, path, timeout, REPORT_MAX_BYTES))
+        )
     except BadAnswer as exc:
         return HostUsage(host, error=fleet.said(f"bad answer: {exc}"))
     except RequestRefused as refused:
@@ -197,7 +200,7 @@ def many(options: argparse.Namespace, hosts: list[str]) -> int:
         raise Failure(
             f"no host answered ({len(found)} asked)", EX_NOPERM if every else EX_UNAVAILABLE
         )
-    answer = usage.summed(answered)
+    answer = usageanswers.summed(answered)
     whole = {**answer, "hosts": [{"host": h.host, "error": h.error} for h in found]}
     show(options, answer, whole)
     down = len(found) - len(answered)

@@ -9,8 +9,8 @@ docs/command-line.md's examples are its output (tests/test_status_table.py).
 
 from __future__ import annotations
 
-from typing import Any
 from collections.abc import Sequence
+from typing import Any
 
 from patroller.cli.render import (
     device_label,
@@ -224,7 +224,7 @@ def tables(
     lines = [] if "NAME" in layout.headers else model_line(every)
     lines.append(layout.header_line(colour))
     n = 0
-    for (heading, _), group in zip(groups, rows):
+    for (heading, _), group in zip(groups, rows, strict=True):
         if heading:
             lines.append(heading)
         for row in group:

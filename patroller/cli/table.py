@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
-from typing import NamedTuple, TextIO, Union
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple, TextIO
 
 # Every cell's text is printable (patroller/safetext.py): from another host's answer, an escape
 # sequence could retitle, recolour or rewrite the terminal.
@@ -71,7 +71,7 @@ class Rest:
     header: str
 
 
-Step = Union[Cut, Drop, Shorten, Rest]
+Step = Cut | Drop | Shorten | Rest
 
 
 def width_of(out: TextIO) -> int | None:
@@ -208,7 +208,7 @@ def format_table(
     right: Sequence[str] = (),
 ) -> str:
     """Rows of cells in the order of `headers`, under a bold header line, fitted to `width`."""
-    by_header = [dict(zip(headers, row)) for row in rows]
+    by_header = [dict(zip(headers, row, strict=True)) for row in rows]
     layout = fit(headers, by_header, width, plan, right)
     return "".join(
         line + "\n"

@@ -2,7 +2,8 @@
 
 The unit (patroller.service, beside this file, and contrib/systemd/patroller.service, a link to
 it) names the daemon as /usr/local/bin/patroller; this prints it with the path of the
-`patroller` that runs the command in ExecStart= instead (a virtual environment under /opt, pipx, ...), since
+`patroller` that runs the command in ExecStart= instead (a virtual environment under /opt, pipx,
+...), since
 systemd needs the absolute path of what it starts.
 """
 

@@ -1,28 +1,22 @@
-"""`patroller report`'s words: what GET /usage answered, checked, summed over hosts, and drawn as
-a table or written as CSV.
+"""`patroller report`'s words: a /usage answer (checked, and summed over hosts, by
+usageanswers.py) drawn as a table fitted to the terminal or written as CSV.
 
 Pure: tested on answers from live daemons; the command (cli/report.py) only asks and prints.
-A host may answer anything: `check` holds an answer to the fields the report reads, with their
-types (openapi.json's /usage), before it is summed or drawn. Sums over many hosts order their
-rows as /usage does (patroller/core/usage.py `summarize`): by use, the GPU-hours held or used
-(all but free and lost), the most first; by day, by day.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from datetime import datetime, timedelta
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any
-from collections.abc import Iterable, Sequence
 
-from patroller.answers import BadAnswer, fields, is_kind, kind, quoted
 from patroller.cli.render import duration
 from patroller.cli.table import Cut, Drop, Rest, Shorten, Step, fit
+from patroller.cli.usageanswers import IN_TIME
 from patroller.safetext import CSV_QUOTING, csv_cell, printable
 
-UNUSED = ("free", "lost")  # GPU-time nobody held: not "use" when rows are ordered
 KEYS = {
     "user": "USER",
     "account": "ACCOUNT",
@@ -35,8 +29,6 @@ KEYS = {
     "weekday": "WEEKDAY",
     "hour": "HOUR",
 }
-IN_TIME = ("day", "weekday", "hour")  # keys ordered in time's order, as /usage orders them
-WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 # The categories' columns, in the words of `patroller users` where it has them.
 COLUMNS = {
     "active": "ACTIVE",
@@ -48,167 +40,6 @@ COLUMNS = {
     "lost": "LOST",
 }
 NONE = "(none)"  # a row whose key is null: GPU-time with no such key (free GPUs have no user)
-ANSWER = {
-    "since": ("string",),
-    "until": ("string",),
-    "by": ("string",),
-    "first": ("string", "null"),
-    "categories": ("array",),
-    "rows": ("array",),
-    "total": ("object",),
-}
-ROW = {
-    "key": ("string", "null", "array"),
-    "hours": ("object",),
-    "gpu_hours": ("number",),
-    "share": ("number",),
-    "number": ("integer", "null"),
-}
-TOTAL: dict[str, tuple[str, ...]] = {
-    "hours": ("object",),
-    "gpu_hours": ("number",),
-    "shares": ("object",),
-}
-
-
-def check(answer: Any) -> dict[str, Any]:
-    """`answer`, if it is a /usage answer in every field the report reads; else BadAnswer
-    saying where and what is wrong."""
-    fields(answer, ANSWER, "/usage")
-    for name in ("rows", "categories", "total"):
-        if name not in answer:
-            raise BadAnswer(f"/usage has no {name}")
-    if not all(is_kind(c, "string") for c in answer["categories"]):
-        raise BadAnswer("/usage.categories holds other than strings")
-    width = len(answer["by"].split(","))
-    for n, row in enumerate(answer["rows"]):
-        fields(row, ROW, f"/usage.rows[{n}]")
-        key = row.get("key")
-        if (
-            isinstance(key, list) != (width > 1)
-            or isinstance(key, list)
-            and (len(key) != width or not all(is_kind(k, "string") or k is None for k in key))
-        ):
-            raise BadAnswer(
-                f"/usage.rows[{n}].key is {kind(key)}, not a key for by={quoted(answer['by'])}"
-            )
-        hours(row.get("hours", {}), f"/usage.rows[{n}].hours")
-    fields(answer["total"], TOTAL, "/usage.total")
-    hours(answer["total"].get("hours", {}), "/usage.total.hours")
-    hours(answer["total"].get("shares", {}), "/usage.total.shares")
-    return answer
-
-
-def hours(found: dict[str, Any], where: str) -> None:
-    for category, value in found.items():
-        if not is_kind(value, "number") or value < 0:
-            raise BadAnswer(f"{where}.{quoted(category)} is {kind(value)}, not a number of hours")
-
-
-def summed(answers: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
-    """One answer from the answers of many hosts, (host, checked answer) in the order asked:
-    each key's hours added up (by gpu, each host's GPUs apart: a row has its `host`), the
-    shares of the sum, ordered as /usage orders."""
-    by = answers[0][1]["by"]
-    categories: list[str] = []
-    rows: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for host, answer in answers:
-        categories += [c for c in answer["categories"] if c not in categories]
-        for row in answer["rows"]:
-            key = row.get("key")
-            ident = (host, key) if by == "gpu" else tuple(key) if isinstance(key, list) else (key,)
-            if by != "gpu" and "gpu" in by.split(","):
-                ident = (host, *ident)  # a GPU is a host's: by its number, after the host
-            entry = rows.setdefault(ident, {"key": row.get("key"), "hours": {}})
-            if "gpu" in by.split(","):
-                entry.update(host=host, number=row.get("number"))
-            for category, value in row.get("hours", {}).items():
-                entry["hours"][category] = entry["hours"].get(category, 0.0) + value
-    whole = {c: sum(r["hours"].get(c, 0.0) for r in rows.values()) for c in categories}
-    everything = sum(whole.values())
-    for entry in rows.values():
-        entry["hours"] = {c: round(entry["hours"].get(c, 0.0), 6) for c in categories}
-        entry["gpu_hours"] = round(sum(entry["hours"].values()), 6)
-        entry["share"] = share(entry["gpu_hours"], everything)
-    return {
-        "since": answers[0][1]["since"],
-        "until": answers[0][1]["until"],
-        "by": by,
-        "first": earliest(answer.get("first") for _, answer in answers),
-        "categories": categories,
-        "rows": (
-            ordered(list(rows.values()), by == "day")
-            if "," not in by
-            else in_pairs(list(rows.values()), by.split(","))
-        ),
-        "total": {
-            "hours": {c: round(h, 6) for c, h in whole.items()},
-            "gpu_hours": round(everything, 6),
-            "shares": {c: share(h, everything) for c, h in whole.items()},
-        },
-    }
-
-
-def earliest(times: Iterable[Any]) -> str | None:
-    """The earliest of the hosts' first figures (ISO times; null for a host with none)."""
-    found = []
-    for text in times:
-        try:
-            found.append((datetime.fromisoformat(text), text))
-        except (TypeError, ValueError):
-            continue
-    return min(found)[1] if found else None
-
-
-def share(part: float, whole: float) -> float:
-    return round(part / whole, 4) if whole > 0 else 0.0
-
-
-def ordered(rows: list[dict[str, Any]], chronological: bool) -> list[dict[str, Any]]:
-    """By use, the most first (then by GPU-hours in all, the null key last, by key); by key
-    for days."""
-
-    def order(row: dict[str, Any]) -> tuple[Any, ...]:
-        key = row["key"]
-        if chronological:
-            return (key is None, key or "")
-        used = sum(h for c, h in row["hours"].items() if c not in UNUSED)
-        return (
-            -round(used, 6),
-            -round(row["gpu_hours"], 6),
-            key is None,
-            key or "",
-            row.get("host") or "",
-        )
-
-    return sorted(rows, key=order)
-
-
-def in_pairs(rows: list[dict[str, Any]], by: list[str]) -> list[dict[str, Any]]:
-    """Rows keyed by two keys, as /usage orders them: by the first key, then by the second
-    within it; a key of IN_TIME in time's order, any other by use (the most first); null keys
-    last."""
-    sums: dict[tuple[Any, ...], tuple[float, float]] = {}
-    for row in rows:
-        used = sum(h for c, h in row["hours"].items() if c not in UNUSED)
-        for n in range(1, len(by) + 1):
-            was = sums.get(tuple(row["key"][:n]), (0.0, 0.0))
-            sums[tuple(row["key"][:n])] = (was[0] + used, was[1] + row["gpu_hours"])
-
-    def order(row: dict[str, Any]) -> tuple[Any, ...]:
-        parts: list[tuple[Any, ...]] = []
-        for n, (name, value) in enumerate(zip(by, row["key"])):
-            if value is None:
-                parts.append((1, 0.0, 0.0, ""))
-            elif name in IN_TIME:
-                place = WEEKDAYS.index(value) if value in WEEKDAYS else 0
-                parts.append((0, 0.0, float(place), value))
-            else:
-                used, every = sums[tuple(row["key"][: n + 1])]
-                parts.append((0, -round(used, 6), -round(every, 6), value))
-        return tuple(parts)
-
-    return sorted(rows, key=order)
 
 
 def hours_text(value: float) -> str:
@@ -286,7 +117,7 @@ def key_cells(row: dict[str, Any], names: list[str], headers: list[str]) -> dict
     key = row.get("key")
     keys = key if isinstance(key, list) else [key]
     cells = {}
-    for name, header, value in zip(names, headers, keys):
+    for name, header, value in zip(names, headers, keys, strict=True):
         if name == "gpu" and row.get("number") is not None:
             number = str(row["number"])
             cells[header] = f"{row['host']} {number}" if row.get("host") else number
@@ -304,7 +135,7 @@ def plan(keys: list[str], names: list[str], zeros: list[str]) -> list[Step]:
     words; the categories with no GPU-time in any row (a line under the table names them);
     keys past 24 characters (not times); two more headers; and last the names, cut to what
     the other columns leave them (a name that fits is never cut)."""
-    cut = [header for header, name in zip(keys, names) if name not in IN_TIME]
+    cut = [header for header, name in zip(keys, names, strict=True) if name not in IN_TIME]
     dropped = [
         n
         for n in ("LOST", "TRESPASS", "UNASKED", "FREE", "UNUSED", "IDLE-HELD", "ACTIVE")
@@ -318,7 +149,7 @@ def plan(keys: list[str], names: list[str], zeros: list[str]) -> list[Step]:
         *(Cut(k, 24) for k in cut),
         Shorten("TRESPASS", SHORT["TRESPASS"]),
         Shorten("UNASKED", SHORT["UNASKED"]),
-        *(Rest(k) for k, name in zip(keys, names) if k in cut and name != "gpu"),
+        *(Rest(k) for k, name in zip(keys, names, strict=True) if k in cut and name != "gpu"),
     ]
 
 
@@ -344,7 +175,10 @@ def table(answer: dict[str, Any], colour: bool = False, width: int | None = None
             "UUID": str(row.get("key") or "-"),
         }
         cells.update(
-            {n: hours_text(row["hours"].get(c, 0.0)) for c, n in zip(categories, columns)}
+            {
+                n: hours_text(row["hours"].get(c, 0.0))
+                for c, n in zip(categories, columns, strict=True)
+            }
         )
         rows.append(cells)
     total = answer["total"]
@@ -353,12 +187,20 @@ def table(answer: dict[str, Any], colour: bool = False, width: int | None = None
         "GPU-HOURS": hours_text(total["gpu_hours"]),
         "SHARE": "100%" if total["gpu_hours"] else "0%",
     }
-    last.update({n: hours_text(total["hours"].get(c, 0.0)) for c, n in zip(categories, columns)})
+    last.update(
+        {
+            n: hours_text(total["hours"].get(c, 0.0))
+            for c, n in zip(categories, columns, strict=True)
+        }
+    )
     shares = {keys[0]: "share"}
     shares.update(
-        {n: share_text(total["shares"].get(c, 0.0)) for c, n in zip(categories, columns)}
+        {
+            n: share_text(total["shares"].get(c, 0.0))
+            for c, n in zip(categories, columns, strict=True)
+        }
     )
-    zeros = [n for c, n in zip(categories, columns) if not total["hours"].get(c, 0.0)]
+    zeros = [n for c, n in zip(categories, columns, strict=True) if not total["hours"].get(c, 0.0)]
     layout = fit(
         headers,
         rows + [last, shares],

@@ -14,8 +14,8 @@ import difflib
 import os
 import re
 import sys
-from typing import Any, NamedTuple, Union
 from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 from patroller.config.regular import read_regular
 from patroller.config.settings import ConfigError
@@ -49,7 +49,7 @@ LISTS = (
     "--fleet",
 )
 NOT_IN_FILE = ("--config",)  # flags that are no key of the file
-Given = Union[str, bool, list[str]]  # a flag's text, a switch's value, a repeated flag's texts
+Given = str | bool | list[str]  # a flag's text, a switch's value, a repeated flag's texts
 
 
 class Setting(NamedTuple):

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any, TypeVar
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
-from patroller import __version__, durations
 import patroller.config.file as configfile
 import patroller.config.values as values
-from patroller.config.options import SETTINGS, REPEATED, SECRET, SWITCHES
+from patroller import __version__, durations
+from patroller.config.options import REPEATED, SECRET, SETTINGS, SWITCHES
 from patroller.config.settings import (
     DEFAULT_POD_USER_KEYS,
     DEFAULT_USER_LABELS,

@@ -30,9 +30,9 @@ SETTINGS = (
     (
         "--test-processes",
         "PATROLLER_TEST_PROCESSES",
-        "with --test: synthetic processes that come, compute, idle and go on the GPUs, the holder's "
-        "on each held one and a stranger's on the last, so that every usage category shows within "
-        "minutes (default: none, a held GPU only looks busy)",
+        "with --test: synthetic processes that come, compute, idle and go on the GPUs, the "
+        "holder's on each held one and a stranger's on the last, so that every usage category "
+        "shows within minutes (default: none, a held GPU only looks busy)",
     ),
     ("--port", "PATROLLER_PORT", "TCP port to listen on (default 8080)"),
     ("--address", "PATROLLER_ADDRESS", "address to bind (default: all interfaces)"),
@@ -69,8 +69,8 @@ SETTINGS = (
     (
         "--cross-check-every",
         "PATROLLER_CROSS_CHECK_EVERY",
-        "seconds between queries of the compute processes (nvidia-smi --query-compute-apps) of GPUs "
-        "whose pmon cannot attribute processes: MIG, or busy with none listed (default 10)",
+        "seconds between queries of the compute processes (nvidia-smi --query-compute-apps) of "
+        "GPUs whose pmon cannot attribute processes: MIG, or busy with none listed (default 10)",
     ),
     (
         "--socket",
@@ -81,7 +81,8 @@ SETTINGS = (
         "--state-dir",
         "PATROLLER_STATE_DIR",
         "directory of the lease book, so that reservations survive a restart; none or empty: no "
-        "book (default /var/lib/patroller as root, else ~/.local/state/patroller; none in test mode)",
+        "book (default /var/lib/patroller as root, else ~/.local/state/patroller; none in "
+        "test mode)",
     ),
     (
         "--hide-users",

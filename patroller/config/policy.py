@@ -9,8 +9,8 @@ the identity: an e-mail, a host account, `container:<id>`); null means no limit 
 from __future__ import annotations
 
 import json
-from typing import Any
 from collections.abc import Mapping
+from typing import Any
 
 from patroller.config.regular import read_regular
 from patroller.config.settings import Config

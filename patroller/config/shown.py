@@ -9,8 +9,8 @@ import argparse
 import json
 import sys
 import textwrap
-from typing import Any, TextIO
 from collections.abc import Sequence
+from typing import Any, TextIO
 
 from patroller.config.flags import file_keys, load, settings_table
 from patroller.config.options import SECRET

@@ -8,8 +8,8 @@ import math
 import os
 import re
 import zoneinfo
-from datetime import timedelta, timezone, tzinfo
 from collections.abc import Sequence
+from datetime import timedelta, timezone, tzinfo
 
 from patroller import durations, hosts
 from patroller.config.settings import NOTIFY_KINDS, Weekly

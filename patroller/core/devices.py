@@ -9,9 +9,9 @@ position in PCI order among the GPUs present).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
-from collections.abc import Iterator, Sequence
 
 _MIB = re.compile(r"\s*(\d+)\s*MiB\s*$")
 

@@ -17,9 +17,9 @@ a reading shows now until a reading no longer shows them.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from collections.abc import Mapping
 
 HEALTHY, DEGRADED, UNHEALTHY = "healthy", "degraded", "unhealthy"
 RESET, APPLICATION = "reset", "application"

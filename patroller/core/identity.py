@@ -6,9 +6,9 @@ computing in another is one user.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
-from collections.abc import Mapping
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ by its SLUID (Slurm 26.05 and later name the cgroup after it).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import ClassVar
-from collections.abc import Iterable
 
 from patroller.core.identity import Identity
 

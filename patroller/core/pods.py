@@ -23,7 +23,6 @@ from typing import ClassVar
 
 from patroller.core.identity import Identity
 
-
 # Characters of a pod's namespace, name or container name taken at most (the most Kubernetes
 # allows): the kubelet's and containerd's are read printable and so cut (core/text.py).
 NAME_CHARS = 253

@@ -6,8 +6,8 @@ the configuration and the limits file (`patroller.config.policy_of`), again on S
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -28,4 +28,4 @@ class Policy:
 
     def limit_of(self, user: str) -> int | None:
         """The most devices `user` may hold at once, or None."""
-        return self.limits[user] if user in self.limits else self.max_per_user
+        return self.limits.get(user, self.max_per_user)

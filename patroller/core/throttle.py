@@ -24,7 +24,8 @@ class Throttle:
         self._held = 0
 
     def admit(self) -> tuple[bool, int]:
-        """(whether this event may be logged, how many were held back before it and not yet told)."""
+        """(whether this event may be logged, how many were held back before it and not yet
+        told)."""
         now = self.clock()
         told = 0
         if self._start is None or now - self._start >= self.window:

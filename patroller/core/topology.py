@@ -50,7 +50,7 @@ class Topology:
 
     def __init__(
         self,
-        links: Mapping[tuple[str, str], str] = {},  # noqa: B006 (read only)
+        links: Mapping[tuple[str, str], str] = {},
         numa: Mapping[str, str | None] = {},
         cpus: Mapping[str, str | None] = {},
         why: str | None = None,
@@ -199,12 +199,14 @@ def best(
     count: int,
     prefer: Prefer,
     link: str | None = None,
-    search: Search = Search(),
+    search: Search | None = None,
 ) -> list[Device] | None:
     """The best-connected `count` of `free` (in device order) by the rule above, meeting
-    `link`; None if no such set is free. Needs `usable(topology, free)`."""
+    `link`; None if no such set is free. Needs `usable(topology, free)`. `search`: how hard to
+    look (Config's topology_* values; Search's defaults when None)."""
     if count <= 0:
         return []
+    search = search or Search()
     pools: list[Sequence[Device]] = [free]
     if link == "numa":
         nodes: dict[str | None, list[Device]] = {}

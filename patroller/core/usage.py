@@ -27,9 +27,9 @@ it computes or not. docs/usage.md works an example through.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Optional
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 from patroller.core.identity import Identity
 
@@ -204,7 +204,7 @@ def _share(part: float, whole: float) -> float:
     return round(part / whole, 4) if whole > 0 else 0.0
 
 
-Key = Optional[str]
+Key = str | None
 Grouped = tuple[tuple[Key, ...], str, float]  # (a key per grouping, category, seconds)
 
 
@@ -232,7 +232,7 @@ def summarize_grouped(totals: Iterable[Grouped], by: tuple[str, ...]) -> dict[st
 
     def order(key: tuple[Key, ...]) -> tuple[object, ...]:
         parts: list[object] = []
-        for n, (name, value) in enumerate(zip(by, key)):
+        for n, (name, value) in enumerate(zip(by, key, strict=True)):
             if value is None:
                 parts.append((1, 0.0, 0.0, ""))
             elif name in IN_TIME:

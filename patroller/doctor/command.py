@@ -13,8 +13,8 @@ import argparse
 import asyncio
 import os
 import sys
-from typing import NoReturn, TextIO
 from collections.abc import Mapping, Sequence
+from typing import NoReturn, TextIO
 
 from patroller.config import Config, ConfigError, load
 from patroller.config.flags import daemon_parser

@@ -11,8 +11,8 @@ import asyncio
 import os
 import shutil
 import threading
-from typing import Any
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from patroller.config import Config
 from patroller.doctor.gpu import probe, timed
@@ -30,6 +30,7 @@ from patroller.doctor.host import (
     probe_unit,
 )
 from patroller.doctor.listening import check_port, check_socket, probe_port, probe_socket
+from patroller.doctor.notifications import check_notifications, probe_notifications
 from patroller.doctor.places import (
     check_book,
     check_job_map,
@@ -38,7 +39,6 @@ from patroller.doctor.places import (
     probe_job_map,
     probe_state,
 )
-from patroller.doctor.notifications import check_notifications, probe_notifications
 from patroller.doctor.privacy import check_privacy, probe_privacy
 from patroller.doctor.results import Result, degraded
 from patroller.doctor.runtimes import EngineProbes, engine_results

@@ -12,8 +12,8 @@ import os
 import re
 import shutil
 import time
-from dataclasses import dataclass, field
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from patroller.config import Config
 from patroller.core.devices import Device

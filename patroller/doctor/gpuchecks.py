@@ -7,8 +7,8 @@ import re
 
 from patroller.config import Config
 from patroller.core.devices import Inventory
-from patroller.doctor.gpu import GpuFacts, Ran, Stream
 from patroller.core.health import problems_of
+from patroller.doctor.gpu import GpuFacts, Ran, Stream
 from patroller.doctor.results import Result, degraded, failed, ok
 from patroller.durations import describe
 from patroller.observe.nvsmi.listing import parse_list_gpus
@@ -321,20 +321,13 @@ def topology(facts: GpuFacts) -> Result:
     nodes: dict = {}
     for uuid, number in numbers.items():
         nodes.setdefault(known.node(uuid), []).append(number)
-    said = (
-        (
-            f"{len(numbers)} GPU(s); NVLink between "
-            + "; ".join(", ".join(str(numbers[u]) for u in g) for g in groups)
-            if groups
-            else f"{len(numbers)} GPU(s), no NVLink"
-        )
-        + "; "
-        + "; ".join(
-            f"{'NUMA node ' + node if node and not node.startswith('cpus') else node or 'no node'}: "
-            + ", ".join(map(str, ns))
-            for node, ns in nodes.items()
-        )
-    )
+    if groups:
+        links = "; ".join(", ".join(str(numbers[u]) for u in g) for g in groups)
+        said = f"{len(numbers)} GPU(s); NVLink between {links}"
+    else:
+        said = f"{len(numbers)} GPU(s), no NVLink"
+    for node, ns in nodes.items():
+        said += f"; {_node_name(node)}: {', '.join(map(str, ns))}"
     mig_on = [d.number for d in facts.devices if d.mig]
     if mig_on:
         return degraded(
@@ -381,3 +374,10 @@ def health(facts: GpuFacts) -> list[Result]:
             )
         )
     return results
+
+
+def _node_name(node: str | None) -> str:
+    """A NUMA node as the topology check says it ("cpus ..." where no node was printed)."""
+    if node and not node.startswith("cpus"):
+        return "NUMA node " + node
+    return node or "no node"

@@ -13,9 +13,9 @@ import errno
 import os
 import re
 import shlex
-from dataclasses import dataclass, field
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from patroller.doctor.results import Result, degraded, failed, ok
 from patroller.identify import procfs

@@ -9,8 +9,8 @@ from __future__ import annotations
 import errno
 import os
 import time
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from patroller.config import Config
 from patroller.config.trust import Untrusted, check
@@ -18,7 +18,8 @@ from patroller.doctor.results import Result, degraded, failed, ok
 from patroller.durations import describe
 from patroller.observe.jobmap import JOB_MAP, read_map
 from patroller.state import schema
-from patroller.state.book import FILE, MAX_SIZE
+from patroller.state.book import MAX_SIZE
+from patroller.state.bookfiles import FILE
 from patroller.state.directory import LOCK, STATE_DIR
 from patroller.state.usage.store import FILE as USAGE_FILE
 

@@ -4,8 +4,8 @@ Pure: no I/O."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from patroller.safetext import printable
 

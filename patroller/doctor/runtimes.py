@@ -15,16 +15,16 @@ import http.client
 import json
 import re
 import socket
-from dataclasses import dataclass
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from patroller.config import Config
-from patroller.durations import describe
-from patroller.observe.protowire import Message, WireError
 from patroller.doctor.deadline import bounded, deadline, left
 from patroller.doctor.results import Result, degraded, ok
+from patroller.durations import describe
 from patroller.observe.grpcunix import INSTALL, GrpcUnavailable, UnixCaller
 from patroller.observe.podresources import ask, parse_list
+from patroller.observe.protowire import Message, WireError
 
 DOCKER_DEFAULT = "unix:///var/run/docker.sock"  # the Docker SDK's, when no --docker-host
 VERSION = "/containerd.services.version.v1.Version/Version"

@@ -58,7 +58,8 @@ class Server(Protocol):
 
 
 class Acceptor:
-    """Accepts on listening sockets and pauses them all while accept() fails (EMFILE, ENFILE...)."""
+    """Accepts on listening sockets and pauses them all while accept() fails (EMFILE,
+    ENFILE...)."""
 
     def __init__(
         self, server: Server, config: Config, requests: Requests, lane: FastLane | None = None

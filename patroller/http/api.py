@@ -3,8 +3,8 @@ them. Built once by `patroller.http.routes.make_api`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import tornado.web
 

@@ -23,8 +23,8 @@ import asyncio
 import re
 import socket
 import time
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 from tornado.iostream import StreamClosedError
 

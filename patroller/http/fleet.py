@@ -28,10 +28,10 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
-from collections.abc import Callable, Sequence
 
 import orjson
 from tornado.iostream import StreamClosedError
@@ -110,7 +110,7 @@ def read(bodies: Sequence[bytes], max_gpus: int) -> list[dict[str, Any]]:
     """One host's GPUs from the bodies of its /status and /devices. NotPatroller if they are
     not JSON; answers.BadAnswer if they are not as Patroller's schema says."""
     decoded = []
-    for path, body in zip(PATHS, bodies):
+    for path, body in zip(PATHS, bodies, strict=True):
         try:
             decoded.append(orjson.loads(body))
         except orjson.JSONDecodeError:
@@ -272,7 +272,7 @@ class Fleet:
             if host.state != UP or bodies != host.read:
                 host.gpus = await loop.run_in_executor(self.reader, read, bodies, self.max_gpus)
                 host.read = bodies
-        except Exception as exc:  # noqa: BLE001: whatever a host does is its state
+        except Exception as exc:
             error = exc
         now = self.clock()
         if error is not None:

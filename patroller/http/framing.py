@@ -29,7 +29,6 @@ import http.client
 import logging
 import re
 import socket
-from typing import Union
 from collections.abc import Awaitable
 
 from tornado import gen, httputil
@@ -49,11 +48,12 @@ DIGITS = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() takes "²", which in
 REPEATED = re.compile(r",[ \t]*")  # how Tornado splits repeated Content-Lengths (the stricter way)
 READ = 65536  # bytes asked for per read while draining
 
-StartLine = Union[httputil.RequestStartLine, httputil.ResponseStartLine]
+StartLine = httputil.RequestStartLine | httputil.ResponseStartLine
 
 
 class FramingError(Exception):
-    """A request that cannot be taken as framed; answered with `status`, then the connection closes."""
+    """A request that cannot be taken as framed; answered with `status`, then the connection
+    closes."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)

@@ -25,8 +25,8 @@ it), and once for each user it names who asks.
 
 from __future__ import annotations
 
-from typing import Any
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from patroller.core.errors import PatrollerError
 from patroller.core.identity import NAMELESS, Identity, Viewer

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import Any, Protocol, TypeVar
 from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
 from patroller.core.errors import Unavailable
 

@@ -13,14 +13,14 @@ page.
 from __future__ import annotations
 
 import time
-from typing import Any, Protocol
 from collections.abc import Callable
+from typing import Any, Protocol
 
 from tornado.ioloop import IOLoop
 
 from patroller.config import Config
-from patroller.http.encoding import dumps
 from patroller.core.identity import Viewer
+from patroller.http.encoding import dumps
 from patroller.http.hiding import NOBODY, Shown
 
 

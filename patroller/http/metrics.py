@@ -16,40 +16,33 @@ requests are counted by endpoint (the routes, or `other`) and status.
 
 With --hide-users, the scrapers (nobody in particular) see every user label as its pseudonym,
 and no container, job or pod label of a user's (hiding.metric_labels).
+
+The GPUs', processes' and users' families are built here; the daemon's own working's in
+daemonmetrics.py, the GPUs' health's in healthmetrics.py, the usage store's in usagemetrics.py
+and the notifications' in notifymetrics.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 
-from patroller import __version__
 from patroller.http.access import Requests
+from patroller.http.daemonmetrics import daemon_families
 from patroller.http.healthmetrics import health_families
 from patroller.http.hiding import Hiding, metric_labels
 from patroller.http.notifymetrics import notification_families
-from patroller.observe.monitor import (
-    FAILING,
-    IDLE,
-    STATES,
-    CrossCheckMetrics,
-    InventoryMetrics,
-    MonitorMetrics,
-    SilenceMetrics,
-    first,
-)
+from patroller.http.usagemetrics import usage_families
 from patroller.http.views import device_holds, usage, waiting_by_user
 from patroller.services import Services
 
 MIB = 1024 * 1024
-USAGE_STATES = ("off", "starting", "writable", "failing", "read_only", "stopped")
-USAGE_TROUBLE = ("failing", "read_only")
 MHZ = 1_000_000
 GPU_LABELS = ("gpu", "uuid", "model")
 PROCESS_LABELS = ("gpu", "uuid", "pid", "user", "container", "command")
@@ -90,9 +83,9 @@ class DaemonCollector:
         yield from self._gpus(holds)
         yield from self._processes(holds)
         yield from self._users()
-        yield from self._health()
+        yield from daemon_families(self.services, self.requests)
         yield from health_families(self.services)
-        yield from self._usage()
+        yield from usage_families(self.services, self.hide)
         yield from notification_families(self.services.notifier)
 
     def _gpus(self, holds: dict[str, dict[str, Any]]) -> Iterator[Metric]:
@@ -245,238 +238,6 @@ class DaemonCollector:
             "Seconds the longest waiting request has waited",
             value=max((s for _, s in queued.values()), default=0.0),
         )
-
-    def _health(self) -> Iterator[Metric]:
-        services = self.services
-        yield InfoMetricFamily(
-            "patroller_build",
-            "The daemon's version and mode",
-            value={"version": __version__, "mode": services.mode},
-        )
-        yield GaugeMetricFamily(
-            "patroller_devices",
-            "Devices known (lost ones included)",
-            value=len(services.inventory),
-        )
-        up = GaugeMetricFamily(
-            "patroller_monitor_up",
-            "1 while the monitor works: its child "
-            "runs, or it is idle by design (the cross-check with nothing to "
-            "query, the inventory between readings); 0 while it fails",
-            labels=["monitor"],
-        )
-        states = GaugeMetricFamily(
-            "patroller_monitor_state",
-            "1 for the monitor's state: up, idle (by design) or failing",
-            labels=["monitor", "state"],
-        )
-        starts = CounterMetricFamily(
-            "patroller_monitor_starts",
-            "Times the monitor's child was started (restarts included)",
-            labels=["monitor"],
-        )
-        hangs = CounterMetricFamily(
-            "patroller_monitor_hangs",
-            "Times the monitor's child was killed as hung: printing nothing, or no answer in time",
-            labels=["monitor"],
-        )
-        skipped = CounterMetricFamily(
-            "patroller_monitor_skipped_lines",
-            "Unreadable lines the monitor skipped",
-            labels=["monitor"],
-        )
-        found: list[MonitorMetrics] = []
-        for monitor in services.monitors:
-            name = monitor.name
-            counters = monitor.metrics()
-            found.append(counters)
-            up.add_metric([name], 0.0 if counters.state == FAILING else 1.0)
-            for each in STATES:
-                states.add_metric([name, each], 1.0 if counters.state == each else 0.0)
-            if counters.starts is not None:
-                starts.add_metric([name], counters.starts)
-            if counters.hangs is not None:
-                hangs.add_metric([name], counters.hangs)
-            if counters.skipped_lines is not None:
-                skipped.add_metric([name], counters.skipped_lines)
-        yield from (up, states, starts, hangs, skipped)
-        # Found by kind, not by name: a monitor renamed keeps its series (zeros where none runs).
-        check = first(found, CrossCheckMetrics) or CrossCheckMetrics(state=IDLE)
-        inventory = first(found, InventoryMetrics) or InventoryMetrics(state=IDLE)
-        quiet = first(found, SilenceMetrics) or SilenceMetrics(state=IDLE)
-        yield GaugeMetricFamily(
-            "patroller_devices_silent",
-            "GPUs that print no statistics while the others do: granted to nobody",
-            value=quiet.silent,
-        )
-        for name, text, value in (
-            ("cross_check_runs", "Compute-apps queries run", check.runs),
-            ("cross_check_failures", "Compute-apps queries that failed", check.failures),
-            (
-                "inventory_readings",
-                "Readings of the GPU inventory after the first",
-                inventory.readings,
-            ),
-            (
-                "inventory_changes",
-                "Readings that found GPUs lost, added or renumbered",
-                inventory.changes,
-            ),
-            ("silences", "Times a GPU fell silent while the others printed", quiet.silences),
-            (
-                "docker_calls",
-                "Calls to the container engines' Docker API (Docker, Podman, "
-                "users' rootless engines)",
-                services.identifier.docker_calls,
-            ),
-            ("proc_reads", "/proc entries of processes read", services.identifier.proc_reads),
-            (
-                "caller_lookups",
-                "TCP callers looked up in the kernel's socket table",
-                services.callers.lookups,
-            ),
-            (
-                "caller_descriptors_read",
-                "Descriptors read to find the processes of TCP callers",
-                services.callers.descriptors_read,
-            ),
-            (
-                "identity_failures",
-                "Requests refused because the caller could not be identified",
-                self.requests.identity_failures,
-            ),
-            (
-                "accept_failures",
-                "accept() calls that failed for want of descriptors (each "
-                "followed by a pause without accepting)",
-                self.requests.accept_failures,
-            ),
-        ):
-            yield CounterMetricFamily(f"patroller_{name}", text, value=value)
-        book = services.book.metrics() if services.book is not None else {}
-        yield CounterMetricFamily(
-            "patroller_lease_book_writes", "Writes of the lease book", value=book.get("writes", 0)
-        )
-        yield CounterMetricFamily(
-            "patroller_lease_book_failures",
-            "Writes of the lease book that failed",
-            value=book.get("failures", 0),
-        )
-        yield GaugeMetricFamily(
-            "patroller_lease_book_writable",
-            "1 while the lease book can be "
-            "written (else no reservation is handed out, but on a read-only "
-            "filesystem); 1 with no book",
-            value=1.0 if book.get("writable", True) else 0.0,
-        )
-        yield GaugeMetricFamily(
-            "patroller_lease_book_read_only",
-            "1 when the state directory is "
-            "on a read-only filesystem: the book was read at start and is "
-            "never written, reservations do not survive a restart",
-            value=1.0 if book.get("read_only") else 0.0,
-        )
-        answers = CounterMetricFamily(
-            "patroller_http_requests",
-            "HTTP requests answered, by endpoint and status",
-            labels=["endpoint", "status"],
-        )
-        for (endpoint, status), count in sorted(self.requests.answers.items()):
-            answers.add_metric([endpoint, str(status)], count)
-        yield answers
-
-    def _usage(self) -> Iterator[Metric]:
-        store = self.services.usage
-        found: dict[str, Any] = store.metrics() if store is not None else {"state": "off"}
-        state = found["state"]
-        yield GaugeMetricFamily(
-            "patroller_usage_writable",
-            "1 while the usage store can be "
-            "written; 0 while writes fail, or with no store because its "
-            "directory is read-only; 1 with none asked for",
-            value=0.0 if state in USAGE_TROUBLE else 1.0,
-        )
-        states = GaugeMetricFamily(
-            "patroller_usage_state",
-            "1 for the usage store's state: off "
-            "(none asked for), starting, writable, failing, read_only "
-            "(none: its directory is read-only) or stopped",
-            labels=["state"],
-        )
-        for each in USAGE_STATES:
-            states.add_metric([each], 1.0 if state == each else 0.0)
-        yield states
-        for name, text, key in (
-            ("rows_written", "Usage samples written: one row per GPU per interval", "rows"),
-            ("intervals_written", "Usage intervals written, each in one transaction", "intervals"),
-            ("failures", "Writes (or openings) of the usage store that failed", "failures"),
-            (
-                "set_aside",
-                "Usage store files set aside: corrupt, or of a newer schema",
-                "set_aside",
-            ),
-            (
-                "dropped_intervals",
-                "Usage intervals dropped: past the backlog kept in "
-                "memory while the store could not be written, or refused by it",
-                "dropped",
-            ),
-        ):
-            yield CounterMetricFamily(f"patroller_usage_{name}", text, value=found.get(key, 0))
-        yield GaugeMetricFamily(
-            "patroller_usage_pending_intervals",
-            "Usage intervals kept in memory, not yet written",
-            value=found.get("pending", 0),
-        )
-        yield GaugeMetricFamily(
-            "patroller_usage_saving_room",
-            "1 while the usage store does "
-            "not write: the room left on its filesystem (usage_reserve) is "
-            "kept for the lease book",
-            value=float(bool(found.get("saving_room"))),
-        )
-        if found.get("free") is not None:
-            yield GaugeMetricFamily(
-                "patroller_usage_free_bytes",
-                "Bytes free on the usage store's filesystem at its last write",
-                value=found["free"],
-            )
-        refused = CounterMetricFamily(
-            "patroller_usage_reports_refused",
-            "Usage reports "
-            "refused: busy (as many as may run at once were running: "
-            "429) or too_large (more rows than a report may hold: "
-            "400)",
-            labels=["reason"],
-        )
-        for reason in ("busy", "too_large"):
-            refused.add_metric([reason], found.get(f"reports_{reason}", 0))
-        yield refused
-        yield CounterMetricFamily(
-            "patroller_usage_parties_overflow",
-            "Parties over the bound "
-            "of new ones per interval (usage_new_parties), counted under "
-            "their host account alone",
-            value=found.get("parties_overflow", 0),
-        )
-        yield self._gpu_seconds()
-
-    def _gpu_seconds(self) -> Metric:
-        """GPU-seconds by user and category, as the usage store counts them (the sampler's
-        running totals): what contrib/prometheus's recording rules turn into GPU-hours."""
-        family = CounterMetricFamily(
-            "patroller_usage_gpu_seconds",
-            "GPU-seconds since the daemon started, by user and "
-            "usage category (active, idle_held, reserved_unused, trespass, unreserved, free, "
-            "lost), split as the usage store splits them and added at each --usage-interval; "
-            "user is empty for GPU-time nobody had",
-            labels=["user", "category"],
-        )
-        sampler = self.services.sampler
-        label = self.hide or (lambda user: user)
-        for (user, category), seconds in sorted((sampler.seconds if sampler else {}).items()):
-            family.add_metric([label(user) if user else "", category], seconds)
-        return family
 
 
 class Collected:

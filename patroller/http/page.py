@@ -69,7 +69,8 @@ ENDPOINTS = {
 
 
 def wants_html(accept: str | None) -> bool:
-    """Whether the client is a browser asking for a page (curl and programs ask for */* or JSON)."""
+    """Whether the client is a browser asking for a page (curl and programs ask for */* or
+    JSON)."""
     return accept is not None and "text/html" in accept.lower()
 
 

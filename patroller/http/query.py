@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone, tzinfo
-from collections.abc import Mapping, Sequence
 
 from patroller import durations
 from patroller.config.values import time_zone
 from patroller.core.errors import BadRequest
 from patroller.core.topology import LINKS
-from patroller.core.usage import BY as USAGE_BY, CYCLES
+from patroller.core.usage import BY as USAGE_BY
+from patroller.core.usage import CYCLES
 
 MAX_QUERY = 2048  # bytes of query string
 MAX_GROUPS = 16
@@ -226,7 +227,7 @@ def parse_history(args: Args) -> History:
                     f"since={since_text[:40]!r} is neither epoch seconds nor an ISO 8601 time"
                 ) from None
             if moment.tzinfo is None:
-                raise BadRequest("since= needs a time zone (2026-12-03T08:00:00Z)")
+                raise BadRequest("since= needs a time zone (2026-12-03T08:00:00Z)") from None
             since = moment.timestamp()
         if not math.isfinite(since):
             raise BadRequest("since= must be a finite time")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import pkgutil
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 import tornado.web
 
@@ -15,22 +15,13 @@ from patroller.doctor import Doctor
 from patroller.http.access import AccessLog, Requests
 from patroller.http.api import Api
 from patroller.http.doctor import DoctorHandler
-from patroller.http.fleet import Fleet
+from patroller.http.encoding import dumps
 from patroller.http.exposition import MetricsHandler, MetricsJsonHandler, OpenApiHandler
-from patroller.http.handlers import (
-    HistoryHandler,
-    NotFoundHandler,
-    QueueHandler,
-    ReleaseHandler,
-    RenewHandler,
-    RequestHandler,
-    UsersHandler,
-    WaitHandler,
-)
-from patroller.http.polled import DevicesHandler, StatusHandler
 from patroller.http.fastlane import Body
+from patroller.http.fleet import Fleet
+from patroller.http.handlers import NotFoundHandler
 from patroller.http.hiding import Hiding
-from patroller.http.usage import UsageHandler
+from patroller.http.listings import HistoryHandler, QueueHandler, UsersHandler
 from patroller.http.live import LiveFeed
 from patroller.http.metrics import Registries
 from patroller.http.notifyapi import CHANGES, NotifyHandler
@@ -43,8 +34,10 @@ from patroller.http.page import (
     WebHandler,
     web_files,
 )
-from patroller.http.encoding import dumps
+from patroller.http.polled import DevicesHandler, StatusHandler
+from patroller.http.reserving import ReleaseHandler, RenewHandler, RequestHandler, WaitHandler
 from patroller.http.statusview import StatusView
+from patroller.http.usage import UsageHandler
 from patroller.http.views import DevicesView, page_snapshot
 from patroller.http.whoami import WhoAmIHandler
 from patroller.services import Services

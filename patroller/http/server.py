@@ -8,9 +8,9 @@ import logging
 import os
 import socket
 import stat
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Awaitable, Callable, Iterable
 
 from tornado.httpserver import HTTPServer
 from tornado.httputil import HTTPServerConnectionDelegate
@@ -41,7 +41,8 @@ class PeerServer(HTTPServer):
 
     The pid from SO_PEERCRED is read at once, with its /proc facts (in the executor), because
     the caller may exit and its pid be reused before the request is handled; those facts are
-    kept only if the process at that pid is still the one that connected (its pidfd, its uid). Connections are
+    kept only if the process at that pid is still the one that connected (its pidfd, its uid).
+    Connections are
     accepted by an Acceptor (it pauses when descriptors run out), each with the fast lane at
     its door (fastlane.py); every other request passes framing.py's Guard first (framing
     errors get JSON answers where Tornado lets us answer), then goes to the application.

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
-from collections.abc import Callable, Iterable
 
 from patroller.config import Config
 from patroller.core.devices import Inventory
@@ -139,10 +139,10 @@ class StatusView:
         began = time.monotonic()
         for device in list(self.inventory):
             part = self._parts.get(device.uuid)
-            if part is not None and self._build_changed(device.uuid, part):
-                if time.monotonic() - began > self.slice:
-                    await asyncio.sleep(0)
-                    began = time.monotonic()
+            changed = part is not None and self._build_changed(device.uuid, part)
+            if changed and time.monotonic() - began > self.slice:
+                await asyncio.sleep(0)
+                began = time.monotonic()
         self._body = None  # what changed (a list fresh again, at least) is shown at once
 
     # -- building ------------------------------------------------------------------------------
@@ -174,7 +174,7 @@ class StatusView:
                     self.parts_built += 1
                     if part.process_version != hold.process_version or any(
                         trespasses(hold, owner) != shown.get("trespass")  # a new holder's
-                        for owner, shown in zip(hold.processes.values(), part.detail)
+                        for owner, shown in zip(hold.processes.values(), part.detail, strict=True)
                     ):
                         self._build_detail(uuid, part)
 

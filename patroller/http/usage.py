@@ -8,7 +8,8 @@ keys, a weekday or an hour, or a time zone (tz=) are state/usage/groupings.py's.
 
 With --hide-users a caller sees the users other than themselves as their pseudonyms, as
 everywhere (hiding.py); a host account, Slurm job or account, namespace or pod is shown when
-every user counted under it is one the caller may see, and otherwise as a pseudonym of its own (`account` as /users shows it, the others `job-`, `pod-`,
+every user counted under it is one the caller may see, and otherwise as a pseudonym of its own
+(`account` as /users shows it, the others `job-`, `pod-`,
 ... and 12 hex digits), so that its GPU-hours are still told apart but name no one. GPUs, days,
 weekdays and hours name no one. Each of two keys is shown as it would be alone.
 """
@@ -16,12 +17,13 @@ weekdays and hours name no one. Each of two keys is shown as it would be alone.
 from __future__ import annotations
 
 import time
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 import tornado.web
 
 from patroller.core.errors import Unavailable
+from patroller.core.identity import Viewer
 from patroller.core.usage import (
     BY,
     CATEGORIES,
@@ -33,7 +35,6 @@ from patroller.core.usage import (
 )
 from patroller.http import query
 from patroller.http.handlers import View
-from patroller.core.identity import Viewer
 from patroller.http.hiding import Redaction
 from patroller.observe.stats import iso_time
 from patroller.state.pseudonyms import PREFIX, Pseudonyms

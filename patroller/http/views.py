@@ -65,7 +65,7 @@ class DevicesView:
 
     def _build(self) -> None:
         self._body = dumps(self.data())
-        self.etag = '"%s"' % hashlib.blake2b(self._body, digest_size=8).hexdigest()
+        self.etag = f'"{hashlib.blake2b(self._body, digest_size=8).hexdigest()}"'
         self.etag_line = b"ETag: %s\r\n" % self.etag.encode("ascii")  # the fast lane's
         self.tag_line = b"X-Devices-ETag: %s\r\n" % self.etag.encode("ascii")
 

@@ -11,12 +11,20 @@ from typing import Protocol
 from tornado.httputil import HTTPServerRequest
 
 from patroller.config import Config
-from patroller.identify.containers import ContainerDirectory, DockerUnavailable, container_identity
 from patroller.core.errors import BadRequest, NoCallerProcess, Unidentified
 from patroller.core.identity import Identity, ProcessRef, named_user
 from patroller.core.throttle import Throttle
 from patroller.identify import procfs
+from patroller.identify.connection import ConnectionFacts, facts_of, stream_of
+from patroller.identify.containers import ContainerDirectory, DockerUnavailable, container_identity
 from patroller.identify.holders import HolderSearch, holds
+from patroller.identify.resolver import (
+    ProcessIdentifier,
+    ProcFacts,
+    host_identity,
+    read_facts,
+    runs_as,
+)
 from patroller.identify.sockets import (
     Address,
     Owner,
@@ -26,14 +34,6 @@ from patroller.identify.sockets import (
     is_loopback,
     normalize,
     owner_of,
-)
-from patroller.identify.connection import ConnectionFacts, facts_of, stream_of
-from patroller.identify.resolver import (
-    ProcessIdentifier,
-    ProcFacts,
-    host_identity,
-    read_facts,
-    runs_as,
 )
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,8 @@ containerd's api/services/containers/v1/containers.proto gives them:
   Container {id = 1, labels = 2 (map), image = 3, spec = 5 (google.protobuf.Any: type_url = 1,
              value = 2, the OCI runtime spec as JSON), ...}
 
-As with the Docker Engine (containers.py, through lookups.py): one call per container (concurrent lookups share
+As with the Docker Engine (containers.py, through lookups.py): one call per container (concurrent
+lookups share
 it), cached for `container_ttl` seconds; when containerd cannot be reached, or answers what is
 not a container (or more than Config.grpc_max_message bytes), lookups fail fast with
 ContainerdUnavailable for `containerd_retry_after` seconds, then it is asked again. The calls
@@ -29,14 +30,14 @@ import json
 import logging
 import re
 import threading
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from collections.abc import Mapping
 
 from patroller.config import Config
 from patroller.identify.lookups import SharedLookups
-from patroller.observe.grpcunix import GrpcUnavailable, UnixCaller
 from patroller.observe import protowire
+from patroller.observe.grpcunix import GrpcUnavailable, UnixCaller
 from patroller.observe.protowire import WireError
 
 log = logging.getLogger(__name__)

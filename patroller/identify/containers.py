@@ -14,10 +14,10 @@ import asyncio
 import logging
 import re
 import threading
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Mapping, Sequence
 
 from cachetools import TTLCache
 

@@ -29,10 +29,10 @@ import errno
 import logging
 import os
 import stat
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Callable
 
 from cachetools import LRUCache, TTLCache
 

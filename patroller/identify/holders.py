@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from cachetools import LRUCache
 
 from patroller.identify import procfs
-
 
 HOLDS, NOT, HIDDEN, CUT = "holds", "not", "hidden", "cut"  # one process's descriptors, read
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any, Generic, TypeVar
-from collections.abc import Callable
 
 from cachetools import TTLCache
 

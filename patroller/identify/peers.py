@@ -19,7 +19,6 @@ from typing import Any
 
 from patroller.identify import procfs
 
-
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5 and later
 UCRED = "iII"  # struct ucred: a pid_t, then a uid_t and a gid_t, which are unsigned
 

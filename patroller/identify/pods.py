@@ -25,8 +25,8 @@ label rules, named by nerdctl's `nerdctl/name` where it has one.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from patroller.core.identity import Identity
 from patroller.core.pods import NAME_CHARS

@@ -13,16 +13,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import pwd
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
-from collections.abc import Callable
 
 from cachetools import TTLCache
 
 from patroller.config import Config
+from patroller.core.identity import UNKNOWN, Identity
 from patroller.identify import procfs
 from patroller.identify.cgroups import ContainerRef, SlurmStep, parse_cgroup, parse_slurm
-from patroller.identify.peers import Credentials, not_the_caller
+from patroller.identify.containerd import ContainerdUnavailable
 from patroller.identify.containers import (
     ContainerDirectory,
     DockerUnavailable,
@@ -30,10 +31,9 @@ from patroller.identify.containers import (
     lxd_identity,
     unlabelled_identity,
 )
-from patroller.identify.containerd import ContainerdUnavailable
 from patroller.identify.engines import Engines, asks_containerd
+from patroller.identify.peers import Credentials, not_the_caller
 from patroller.identify.pods import containerd_identity, mismatch
-from patroller.core.identity import UNKNOWN, Identity
 
 log = logging.getLogger(__name__)
 

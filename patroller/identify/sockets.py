@@ -1,7 +1,8 @@
 """Who is at the other end of a local TCP connection: sock_diag and /proc/net/tcp{,6}.
 
 A local client's socket is listed in the host's /proc/net/tcp with its state, its creator's uid
-and its inode; the inode leads to the process that holds it (holders.py). Only a socket some process still
+and its inode; the inode leads to the process that holds it (holders.py). Only a socket some
+process still
 holds names a caller: once closed, the kernel keeps a TIME_WAIT or orphan entry with inode 0
 (and uid 0 for TIME_WAIT) that belongs to nobody. Readers take an injectable /proc root.
 """
@@ -12,9 +13,8 @@ import ipaddress
 import os
 import socket
 import struct
-from dataclasses import dataclass
 from collections.abc import Iterator
-
+from dataclasses import dataclass
 
 Address = tuple[str, int]
 

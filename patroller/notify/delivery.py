@@ -24,9 +24,9 @@ import queue
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Callable, Sequence
 
 from patroller.config import Config
 from patroller.notify.messages import Notice
@@ -249,7 +249,7 @@ class Delivery:
         tags = list(tags) or [f"destination-{n}" for n in range(1, len(senders) + 1)]
         self.destinations = [
             Destination(n, send, name, config, told, self.counts, tag=tag, outbox=outbox)
-            for n, (send, name, tag) in enumerate(zip(senders, names, tags), 1)
+            for n, (send, name, tag) in enumerate(zip(senders, names, tags, strict=True), 1)
         ]
 
     def start(self) -> None:
@@ -304,12 +304,15 @@ class Router:
         where they are already (a restart's), else they are written there now."""
         numbers = tuple(numbers) or tuple(range(1, len(urls) + 1))
         idents = tuple(idents) or tuple(
-            self.outbox.queued(notice, recipient, tag_of(url), n) for url, n in zip(urls, numbers)
+            self.outbox.queued(notice, recipient, tag_of(url), n)
+            for url, n in zip(urls, numbers, strict=True)
         )
         try:
-            self._jobs.put_nowait(("send", notice, recipient, tuple(zip(urls, numbers, idents))))
+            self._jobs.put_nowait(
+                ("send", notice, recipient, tuple(zip(urls, numbers, idents, strict=True)))
+            )
         except queue.Full:
-            for url, number, ident in zip(urls, numbers, idents):
+            for url, number, ident in zip(urls, numbers, idents, strict=True):
                 self.outbox.done(ident, DROPPED)
                 self.counts.add(notice.kind, DROPPED)
                 self.told(Outcome(notice, recipient, number, DROPPED, 0, url))

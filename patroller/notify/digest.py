@@ -22,10 +22,10 @@ A user's digest is her own figures alone, so it names nobody else, with or witho
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, tzinfo
 from datetime import time as clock_time
-from collections.abc import Iterable, Sequence
 
 from patroller.config.settings import Weekly
 from patroller.core.text import printable
@@ -131,7 +131,7 @@ def user_notice(host: str, week: Week, when: str, due: float) -> Notice:
     """`week.user`'s own digest (`when`: its span's words)."""
     name = printable(week.user, NAME)
     lines = [f"{name}'s GPU-hours on {host} {when}:"]
-    for n, ((_, part, _), seconds) in enumerate(zip(PARTS, week.seconds)):
+    for n, ((_, part, _), seconds) in enumerate(zip(PARTS, week.seconds, strict=True)):
         if n < ALWAYS or seconds > 0:
             lines.append(f"{part}: {_hours(seconds)}")
     lines.append(f"in all: {_hours(week.total)}")
@@ -161,7 +161,9 @@ def lab_notice(host: str, lab: Lab, when: str, due: float, most: int) -> Notice:
         rest = users[most:]
         if rest:
             body.append(f"and {len(rest)} more user(s): {_hours(sum(w.total for w in rest))}")
-        body.append(f"all users: {_line(tuple(map(sum, zip(*(w.seconds for w in users)))))}")
+        body.append(
+            f"all users: {_line(tuple(map(sum, zip(*(w.seconds for w in users), strict=True))))}"
+        )
     body.append(
         f"The host's GPUs: {_hours(lab.gpu_seconds)} GPU-hours, of which "
         f"{_hours(lab.free)} free and {_hours(lab.lost)} lost. {POINTER}"
@@ -180,7 +182,7 @@ def lab_notice(host: str, lab: Lab, when: str, due: float, most: int) -> Notice:
 def _line(seconds: Sequence[float]) -> str:
     parts = ", ".join(
         f"{part} {_hours(s)}"
-        for n, ((part, _, _), s) in enumerate(zip(PARTS, seconds))
+        for n, ((part, _, _), s) in enumerate(zip(PARTS, seconds, strict=True))
         if n < ALWAYS or s > 0
     )
     return f"{_hours(sum(seconds))} ({parts})"

@@ -5,8 +5,8 @@ window, and those held back are summed up in the next one it gets. Pure: the clo
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
 from collections.abc import Callable, Hashable
+from dataclasses import replace
 
 from cachetools import LRUCache
 

@@ -13,13 +13,13 @@ many of her processes arrive (episodes.py)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
-from collections.abc import Mapping, Sequence
 
 from patroller.core.leases import Event
-from patroller.durations import describe
 from patroller.core.text import printable
+from patroller.durations import describe
 
 NAME = 80  # characters of a user's name in a notice at most
 COMMAND = 60  # characters of a process's name in a notice at most

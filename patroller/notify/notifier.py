@@ -24,8 +24,8 @@ import importlib.util
 import logging
 import threading
 import time
-from typing import Any
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from tornado.ioloop import IOLoop, PeriodicCallback
 
@@ -44,12 +44,13 @@ from patroller.notify.delivery import (
     sender_of,
     shown,
 )
-from patroller.notify.digest import KIND as DIGEST, WEEK
+from patroller.notify.digest import KIND as DIGEST
+from patroller.notify.digest import WEEK
 from patroller.notify.episodes import Episodes, Rates
 from patroller.notify.messages import Notice, Reader, notices_of
 from patroller.notify.outbox import Outbox, tag_of
-from patroller.notify.resume import resume
 from patroller.notify.people import NO_APPRISE, ON, People
+from patroller.notify.resume import resume
 from patroller.notify.terminal import TERMINAL, Terminals
 from patroller.notify.watch import Escalations, Troubles, due, still_trespassing
 from patroller.notify.weekly import Digests

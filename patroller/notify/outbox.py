@@ -281,7 +281,7 @@ class Outbox:
         pending: dict[str, Pending] = {}
         episodes: dict[tuple[str, ...], float] = {}
         try:
-            f = open(self.path, encoding="utf-8", errors="surrogateescape")
+            f = open(self.path, encoding="utf-8", errors="surrogateescape")  # noqa: SIM115 (with below)
         except FileNotFoundError:
             return restored
         with f:

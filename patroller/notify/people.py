@@ -8,14 +8,15 @@ from __future__ import annotations
 import asyncio
 import time
 import urllib.parse
-from typing import Any
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from patroller.config import Config
 from patroller.notify.delivery import NoApprise, Sender, apprise_plugin, shown
 from patroller.notify.destinations import DestinationError, UserDestinations
 from patroller.notify.messages import Notice
-from patroller.notify.terminal import KINDS as ON_TERMINAL, TERMINAL
+from patroller.notify.terminal import KINDS as ON_TERMINAL
+from patroller.notify.terminal import TERMINAL
 
 ON, NO_APPRISE = "on", "no_apprise"
 TEST = "test"  # the kind of a user's own test notice
@@ -108,7 +109,7 @@ class People:
             else ["(Apprise is not installed)"] * len(own.urls)
         )
         listed = []
-        for number, (url, words) in enumerate(zip(own.urls, shown_urls), 1):
+        for number, (url, words) in enumerate(zip(own.urls, shown_urls, strict=True), 1):
             result, at = self.last.get((user, url), (None, None))
             listed.append({"n": number, "url": words, "last": result, "at": at})
         default = not own.urls and bool(

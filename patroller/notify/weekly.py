@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 from tornado.ioloop import IOLoop
 

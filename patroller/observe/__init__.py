@@ -2,7 +2,8 @@
 signals and statistics.
 
 Owns: the signals, the one supervisor of nvidia-smi's children, the interface every monitor
-offers the daemon (its metrics typed, one class per kind of monitor), the parsers of nvidia-smi's output (`nvsmi`), the dmon and pmon monitors, the
+offers the daemon (its metrics typed, one class per kind of monitor), the parsers of nvidia-smi's
+output (`nvsmi`), the dmon and pmon monitors, the
 inventory (read at start, and again by its watch, with the MIG devices' uuids of `-L`), the
 compute-apps cross-check, the latest statistics, idle detection, each GPU's health (`health`:
 -q -x's readings and the Xids of the kernel log, which `kernlog` follows and `xid` parses),

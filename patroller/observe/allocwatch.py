@@ -1,6 +1,6 @@
 """What the watches of a scheduler's allocations share (Slurm's job map, the kubelet's
 pod-resources): read every `every` seconds off the event loop, tell of each device whose
-allocation changed (`job_allocation`, with the source), and, when a reading fails, keep the
+allocation changed (`scheduler_allocation`, with the source), and, when a reading fails, keep the
 allocations known and show as failing until one succeeds: a GPU a job or a pod holds is never
 handed out because a read failed.
 
@@ -87,11 +87,11 @@ class AllocationWatch(Monitor):
         allocation of every device the source lists, by uuid)."""
         for uuid in [u for u in self._told if u not in wanted]:
             del self._told[uuid]
-            self.signals.job_allocation.send(self, record=Allocated(uuid, None, self.source))
+            self.signals.scheduler_allocation.send(self, record=Allocated(uuid, None, self.source))
         for uuid, allocation in wanted.items():
             if self._told.get(uuid) != allocation:
                 self._told[uuid] = allocation
-                self.signals.job_allocation.send(
+                self.signals.scheduler_allocation.send(
                     self, record=Allocated(uuid, allocation, self.source)
                 )
 

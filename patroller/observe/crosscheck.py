@@ -23,7 +23,8 @@ fails (each failure costs another interval). A device that only just became a ca
 waits for the next tick as well.
 
 A failing query (non-zero exit, nvidia-smi missing, killed for taking too long) is counted,
-logged at most once a minute (`repeat_log_every`), and retried at the next tick; what was announced stays
+logged at most once a minute (`repeat_log_every`), and retried at the next tick; what was announced
+stays
 announced until a query that works no longer lists it: a driver hiccup is not every process
 ending.
 """
@@ -33,8 +34,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, NamedTuple
 from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 from patroller.config import Config
 from patroller.core.devices import Inventory

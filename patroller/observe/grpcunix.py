@@ -20,8 +20,8 @@ import importlib
 import logging
 import os
 import threading
-from typing import Any
 from collections.abc import Sequence
+from typing import Any
 
 from patroller.config import Config
 from patroller.core.text import printable

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from patroller.config import Config
 from patroller.core.devices import Device, Inventory, InventoryChange

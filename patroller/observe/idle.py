@@ -1,6 +1,7 @@
 """Noticing waste: held GPUs that nobody uses.
 
-A device that someone holds (reserved, allocated to a Slurm job, claimed or shared) is idle while its SM use is at most
+A device that someone holds (reserved, allocated to a Slurm job, claimed or shared) is idle while
+its SM use is at most
 the policy's `idle_sm` (%) and its memory used under `idle_memory_mib` (canhazgpu's 1 GiB is the
 reference: a loaded model or a CUDA context of a live job uses more), as dmon reports them. A
 figure the driver does not print (`-`, MIG) is not taken for idle: nothing is marked idle or
@@ -16,8 +17,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 from patroller.core.leases import LeaseManager
 from patroller.observe.signals import Sample, Signals
@@ -67,9 +68,8 @@ class IdleWatch:
             policy.idle_release is not None
             and state == "reserved"
             and now - since >= policy.idle_release
-        ):
-            if self.leases.release_idle(uuid, now - since):
-                self._since.pop(uuid, None)
+        ) and self.leases.release_idle(uuid, now - since):
+            self._since.pop(uuid, None)
 
     def idle_for(self, uuid: str) -> float | None:
         """Seconds the held device has been idle, once that is at least `idle_after`."""

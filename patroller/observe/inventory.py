@@ -10,19 +10,19 @@ import asyncio
 import logging
 import shlex
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
-from collections.abc import Mapping
 
 from patroller.config import Config
 from patroller.core.devices import Device, Inventory, InventoryChange
 from patroller.core.throttle import Throttle
 from patroller.durations import describe
+from patroller.observe.child import status_text
 from patroller.observe.miguuids import MigUuids
 from patroller.observe.monitor import FAILING, IDLE, UP, InventoryMetrics, Monitor
 from patroller.observe.nvsmi.discovery import Discovery, DiscoveryError, parse_inventory
 from patroller.observe.signals import Signals
-from patroller.observe.child import status_text
 from patroller.observe.supervisor import OneShotChild
 
 log = logging.getLogger(__name__)

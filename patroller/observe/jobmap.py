@@ -24,10 +24,10 @@ or a partition 1 to 64 of [0-9A-Za-z._@+$-]. A word of another shape is dropped,
 whose first word is no job id names no job.
 
 The watch reads the directory every `job_map_every` seconds, off the event loop, and tells of
-every device whose allocation changed (`job_allocation`). A directory that is not there holds
-no allocation (the prolog makes it at the first job). One that cannot be read keeps the last
-allocations known, and the watch is failing until it reads again: a GPU a job holds is never
-handed out because a read failed.
+every device whose allocation changed (`scheduler_allocation`). A directory that is not there
+holds no allocation (the prolog makes it at the first job). One that cannot be read keeps the
+last allocations known, and the watch is failing until it reads again: a GPU a job holds is
+never handed out because a read failed.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ import os
 import pwd
 import re
 import stat
-from typing import NamedTuple
 from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 from patroller.config import Config
 from patroller.config.trust import Place, Untrusted, check, check_directory, check_path

@@ -12,8 +12,8 @@ a `MIG-<uuid>` id maps to no GPU until `-L` answers).
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from patroller.config import Config
 from patroller.core.devices import Device, MigInstance

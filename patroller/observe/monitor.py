@@ -9,9 +9,9 @@ monitor's name, so a monitor renamed keeps its series; `to_json()` is what /metr
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import ClassVar, TypeVar
-from collections.abc import Iterable
 
 # How a monitor is doing, its metrics' `state`: working (its child runs, or it watches), idle by
 # design (nothing to do now: the cross-check with no device to query, the inventory between
@@ -147,7 +147,7 @@ class Monitor(ABC):
     async def stop(self, grace: float) -> None:
         """Stop, ending its child (its group killed after `grace` s): nothing is left running."""
 
-    def reconfigure(self) -> None:
+    def reconfigure(self) -> None:  # noqa: B027 (a hook with a default: not abstract)
         """The host's devices changed (added, lost or renumbered). Nothing to do by default."""
 
     @abstractmethod

@@ -17,8 +17,8 @@ import logging
 import re
 import time
 from abc import abstractmethod
-from typing import Any, TypeVar
 from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from tornado.ioloop import IOLoop
 

@@ -19,13 +19,13 @@ matches no GPU, is logged once and otherwise ignored.
 
 The watch asks every `kubelet_every` seconds and decodes the answer in an executor (never on
 the event loop: an answer may be megabytes, and decoding costs time in proportion to its size),
-and tells of every GPU whose pods changed (`job_allocation`, source "kubernetes"). A socket that
-is not there (no kubelet on this host) costs a stat: nothing is logged and no GPU is allocated.
-One that answers no more (the kubelet restarts, and removes its socket meanwhile; an answer that
-is not a well-formed message, or larger than Config.grpc_max_message) keeps the last allocations
-known, and the watch is failing until it reads again: a GPU a pod holds is never handed out
-because a call failed. Stopping the watch ends a call in flight at once. Pod names and device
-ids are the kubelet's to choose: they reach the log escaped (core/text.py).
+and tells of every GPU whose pods changed (`scheduler_allocation`, source "kubernetes"). A
+socket that is not there (no kubelet on this host) costs a stat: nothing is logged and no GPU
+is allocated. One that answers no more (the kubelet restarts, and removes its socket meanwhile;
+an answer that is not a well-formed message, or larger than Config.grpc_max_message) keeps the
+last allocations known, and the watch is failing until it reads again: a GPU a pod holds is
+never handed out because a call failed. Stopping the watch ends a call in flight at once. Pod
+names and device ids are the kubelet's to choose: they reach the log escaped (core/text.py).
 """
 
 from __future__ import annotations

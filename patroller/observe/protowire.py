@@ -15,13 +15,12 @@ anything else. tests/test_protobuf_wire.py checks all this against the protobuf 
 
 from __future__ import annotations
 
-from typing import Union
 from collections.abc import Iterable, Iterator, Mapping
 
 VARINT, FIXED64, DELIMITED, FIXED32 = 0, 1, 2, 5
 _MAX_FIELD = (1 << 29) - 1
 
-Value = Union[int, bytes]
+Value = int | bytes
 
 
 class WireError(ValueError):

@@ -7,15 +7,14 @@ must return quickly.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Set
 from dataclasses import dataclass
-from typing import AbstractSet, Union
-from collections.abc import Mapping
 
 import blinker
 
 from patroller.core.scheduled import SchedulerAllocation
 
-Value = Union[float, int, str, None]
+Value = float | int | str | None
 NOTHING = frozenset([None])  # the figures of a process in an interval without a sample
 
 
@@ -56,7 +55,7 @@ class ProcessSamples:
     time: float  # wall clock, seconds since the epoch
     # the devices whose processes have a figure in it (not `-` in every cell), where the sender
     # counted them as the rows came; None: not counted
-    figured: AbstractSet[str] | None = None
+    figured: Set[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -112,8 +111,8 @@ class Signals:
         self.device_silent = namespace.signal(
             "device-silent", doc="a device printed nothing while the others did, or again"
         )
-        self.job_allocation = namespace.signal(
-            "job-allocation",
+        self.scheduler_allocation = namespace.signal(
+            "scheduler-allocation",
             doc="the Slurm job map or the kubelet changed what a device is allocated to",
         )
         self.inventory_changed = namespace.signal(

@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from patroller.core.devices import Inventory
 from patroller.durations import describe

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any
-from collections.abc import Callable, Mapping
 
 from patroller.core.devices import Inventory
 from patroller.observe.figures import ProcessFigures

@@ -14,8 +14,8 @@ import collections
 import logging
 import signal
 import time
-from dataclasses import dataclass
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from patroller.config import Config
 from patroller.core.throttle import Throttle

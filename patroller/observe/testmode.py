@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 import time
 import uuid as uuidlib
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from tornado.ioloop import PeriodicCallback
 

@@ -14,8 +14,8 @@ so none is a real process's; the identifier of test mode names them (identify/re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from patroller.core.devices import Inventory
 from patroller.core.identity import Identity, named_user

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Mapping
 
 from patroller.config import Config
 from patroller.core.devices import Inventory

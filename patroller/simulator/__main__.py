@@ -1,4 +1,5 @@
-"""`python -m patroller.simulator [--scenario FILE] <nvidia-smi arguments>`: the fake nvidia-smi."""
+"""`python -m patroller.simulator [--scenario FILE] <nvidia-smi arguments>`: the fake
+nvidia-smi."""
 
 from patroller.simulator.program import main
 

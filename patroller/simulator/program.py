@@ -129,10 +129,10 @@ import signal
 import sys
 import time
 import uuid as uuids
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-from collections.abc import Sequence
 from xml.sax.saxutils import escape
 
 from patroller.simulator.topo import topo_matrix
@@ -821,7 +821,7 @@ class Table:
         self.columns = _columns(era, kind, select)
 
     def _line(self, first: str, cells: Sequence[str], widths: Sequence[int], command: str) -> str:
-        text = first + "".join(f" {c:>{w}}" for c, w in zip(cells, widths))
+        text = first + "".join(f" {c:>{w}}" for c, w in zip(cells, widths, strict=True))
         return text + (self.era.gap + command if self.kind == "pmon" else "")
 
     def headers(self) -> list[str]:
@@ -936,7 +936,7 @@ class MonitorRun:
         """(gpu column, device now) for each device chosen at start, found by its uuid; one
         gone from the scenario is a lost GPU: the stream fails as the real one does."""
         by_uuid = {d["uuid"]: d for d in _devices(scn)}
-        for index, uuid, pci in self.handles:
+        for _index, uuid, pci in self.handles:
             if uuid not in by_uuid:
                 raise _failure(scn, "gpu_lost", {}, pci)
         return [(index, by_uuid[uuid]) for index, uuid, _ in self.handles]

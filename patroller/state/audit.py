@@ -21,8 +21,8 @@ import os
 import sys
 import time
 from collections import deque
-from typing import Any, TextIO
 from collections.abc import Callable
+from typing import Any, TextIO
 
 from patroller.core.leases import Event
 from patroller.core.throttle import Throttle

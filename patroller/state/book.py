@@ -2,20 +2,20 @@
 reservations survive a restart of the daemon.
 
 The book is written whenever it changes (a holder, a deadline, a releasing flag), synchronously,
-from the lease manager's change announcement, before the answer that made the change goes out:
-a CUDA_VISIBLE_DEVICES handed out is on disk. Each write is whole or not at all: a new file
+from the lease manager's change announcement, before the answer that made the change goes out: a
+CUDA_VISIBLE_DEVICES handed out is on disk. Each write is whole or not at all: a new file
 `leases-N.json`, then the link `leases.json` swung over to it with a rename, then the previous
-file removed. A temporary renamed over `leases.json` would do the same job, but ext4 (and
-btrfs) start writing back a file renamed over another one at the rename: on the benchmark's disk
-0.18 ms a write (median) when it is quiet, and 1 ms on average, 5 ms p99, up to 125 ms while
-other work loads it; swinging a link costs 0.07-0.09 ms (median), 0.2-0.4 ms p99, quiet or loaded
-(the benchmark's `persistence`), so the write stays on the loop. No fsync: the page cache
-outlives the daemon (kill -9, SIGTERM, a crash of Python); only a crash of the host loses the
-last writes (an fsync'd write: 0.6 ms quiet, 8-12 ms loaded), and that ends every job the book
-speaks for. The directory is locked (flock) for the daemon's life: one daemon, one book. A device held
-for a process keeps its pid and start time, with the boot's id: it is held again at start only
-if that very process still runs. What the file holds, and what a restart makes of each entry,
-is schema.py's.
+file removed (bookfiles.py). A temporary renamed over `leases.json` would do the same job, but
+ext4 (and btrfs) start writing back a file renamed over another one at the rename: on the
+benchmark's disk 0.18 ms a write (median) when it is quiet, and 1 ms on average, 5 ms p99, up to
+125 ms while other work loads it; swinging a link costs 0.07-0.09 ms (median), 0.2-0.4 ms p99,
+quiet or loaded (the benchmark's `persistence`), so the write stays on the loop. No fsync: the
+page cache outlives the daemon (kill -9, SIGTERM, a crash of Python); only a crash of the host
+loses the last writes (an fsync'd write: 0.6 ms quiet, 8-12 ms loaded), and that ends every job
+the book speaks for. The directory is locked (flock) for the daemon's life: one daemon, one
+book. A device held for a process keeps its pid and start time, with the boot's id: it is held
+again at start only if that very process still runs. What the file holds, and what a restart
+makes of each entry, is schema.py's.
 
 A state directory on a read-only filesystem is read, never written (`read_only`): the holds in
 the book come back at start as always, and the daemon serves, but what it hands out from then on
@@ -29,16 +29,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import time
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
-from patroller.core.leases import LeaseManager
-from patroller.state import schema
 from patroller.config import Config
+from patroller.core.leases import LeaseManager
 from patroller.core.throttle import Throttle
 from patroller.identify.procfs import boot_id, is_alive
+from patroller.state import schema
+from patroller.state.bookfiles import LinkedFiles
 from patroller.state.directory import lock
 from patroller.state.schema import Restored
 
@@ -46,8 +46,6 @@ log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 
-FILE = "leases.json"  # a link to the newest leases-N.json (a plain file is read as well)
-DATA = re.compile(r"leases-(\d+)\.json")
 # Bytes: a bigger file is not a lease book (one held device takes about 300 bytes: this is
 # room for thousands; a bigger file would only cost the start its time).
 MAX_SIZE = 1024 * 1024
@@ -61,7 +59,8 @@ class LeaseBook:
 
     def __init__(self, directory: str, config: Config, wall: Clock = time.time) -> None:
         self.directory = directory
-        self.path = os.path.join(directory, FILE)
+        self.files = LinkedFiles(directory)  # each write whole: bookfiles.py
+        self.path = self.files.path
         self.proc = config.proc_root
         self.report_every = config.repeat_log_every  # seconds between lines on failing writes
         self.retry_every = config.book_retry  # seconds between tries while writes fail
@@ -74,8 +73,6 @@ class LeaseBook:
         self._written: dict[str, Any] | None = None  # the snapshot last on disk
         self._offset: float | None = None
         self._boot: str | None = None  # this boot's id, read as the book is opened
-        self._current: str | None = None  # the leases-N.json that FILE links to
-        self._next = 1  # N of the next file
         self._failing = False  # a write failed, and no write has worked since
         self._why = ""  # what the last failing write said
         self._retry: asyncio.TimerHandle | None = None  # the next try, while writes fail
@@ -119,7 +116,7 @@ class LeaseBook:
         self.leases = leases
         self._reports = Throttle(1, self.report_every, clock=leases.clock)
         restored = self.restore()
-        self._tidy()  # on a read-only filesystem, removes nothing (write() writes nothing)
+        self.files.tidy()  # on a read-only filesystem, removes nothing (write() writes nothing)
         leases.on_change(self.write)
         self.write()
         return restored
@@ -197,20 +194,11 @@ class LeaseBook:
         return restored
 
     def _set_aside(self, why: str) -> None:
-        """Rename a file that cannot be restored, so that it is kept for a look, and say so once."""
+        """Set aside a file that cannot be restored (kept for a look: bookfiles.py), and say so
+        once."""
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.wall()))
-        aside = f"{self.path}.corrupt-{stamp}"
-        n = 1
-        while os.path.lexists(aside):
-            n += 1
-            aside = f"{self.path}.corrupt-{stamp}-{n}"
         try:
-            target = os.readlink(self.path) if os.path.islink(self.path) else ""
-            if DATA.fullmatch(target) and os.path.exists(self.path):
-                os.rename(os.path.join(self.directory, target), aside)  # the file, not the link
-                os.unlink(self.path)
-            else:
-                os.rename(self.path, aside)
+            aside = self.files.set_aside(stamp)
         except OSError as exc:
             log.warning(
                 "lease book %s %s and cannot be set aside (%s); starting with no reservations",
@@ -237,7 +225,7 @@ class LeaseBook:
             return
         body = schema.encode(held, self.wall(), self._boot)
         try:
-            self._publish(body)
+            self.files.publish(body)
         except OSError as exc:
             self._failed(exc)
             return
@@ -255,65 +243,6 @@ class LeaseBook:
                 self._retry.cancel()
                 self._retry = None
             self.leases.serve()  # the waiters held back meanwhile
-
-    def _publish(self, body: bytes) -> None:
-        """Put `body` in a new file, swing the link to it, remove the previous one."""
-        name = self._create(body)
-        link = self.path + ".tmp"
-        try:
-            try:
-                os.symlink(name, link)
-            except FileExistsError:  # left by a daemon killed at that very moment
-                os.unlink(link)
-                os.symlink(name, link)
-            os.replace(link, self.path)
-        except OSError:
-            _remove(os.path.join(self.directory, name))
-            raise
-        if self._current is not None:
-            _remove(os.path.join(self.directory, self._current))
-        self._current = name
-
-    def _create(self, body: bytes) -> str:
-        """A new leases-N.json holding `body`; its name."""
-        while True:
-            name = f"leases-{self._next}.json"
-            self._next += 1
-            try:
-                fd = os.open(
-                    os.path.join(self.directory, name),
-                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-                    0o600,
-                )
-            except FileExistsError:  # left by a daemon killed between writing and linking
-                continue
-            try:
-                view = memoryview(body)
-                while view:
-                    view = view[os.write(fd, view) :]
-            except OSError:
-                os.close(fd)
-                _remove(os.path.join(self.directory, name))
-                raise
-            os.close(fd)
-            return name
-
-    def _tidy(self) -> None:
-        """Remove what a killed daemon may have left: files the link does not name, the new link."""
-        try:
-            target = os.readlink(self.path) if os.path.islink(self.path) else None
-            names = os.listdir(self.directory)
-        except OSError:
-            return
-        if target is not None and DATA.fullmatch(target):
-            self._current = target
-        for name in names:
-            found = DATA.fullmatch(name)
-            if found:
-                self._next = max(self._next, int(found.group(1)) + 1)
-                if name != self._current:
-                    _remove(os.path.join(self.directory, name))
-        _remove(self.path + ".tmp")
 
     def _failed(self, exc: OSError) -> None:
         """Log a failing write now and then, not on every change."""
@@ -358,11 +287,3 @@ class LeaseBook:
         if self._offset is None or abs(offset - self._offset) > STEADY:
             self._offset = offset
         return self._offset
-
-
-def _remove(path: str) -> None:
-    """Remove a file if it is there; a failure leaves a stray that the next start removes."""
-    try:
-        os.unlink(path)
-    except OSError:
-        pass

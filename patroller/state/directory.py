@@ -7,7 +7,8 @@ may write (config/trust.py holds the rules, which the Slurm job map's directory 
 
 The directory is made private at start (0700, and each file of ours in it 0600: private.py)
 whatever mode it came with: systemd's StateDirectory= makes it 0755 unless told otherwise, and
-an older version left its usage store 0644. `LockedDirectory.tightened` says what was closed to others.
+an older version left its usage store 0644. `LockedDirectory.tightened` says what was closed to
+others.
 
 A directory on a read-only filesystem (a read-only mount or bind mount) passes the same checks
 and is `read_only`: the daemon reads it but writes nothing there, and holds the lock file's lock

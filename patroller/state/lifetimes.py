@@ -6,7 +6,8 @@ process exits, so the event loop learns of the end at once and nothing polls. Op
 a pid, which may have been handed to another process since the caller connected: the start time
 is read after the open, and a mismatch means that the process had already ended (a pidfd names
 the process it was opened on for ever, so one check after the open is enough). Where pidfds
-cannot be had, the processes are checked every `lifeline_poll` seconds (Config) instead. /proc is read in the
+cannot be had, the processes are checked every `lifeline_poll` seconds (Config) instead. /proc is
+read in the
 executor, never on the loop.
 """
 
@@ -150,12 +151,15 @@ class Lifelines:
             while self._polled and self._loop is not None:
                 await asyncio.sleep(self.poll)
                 refs = list(self._polled)
-                alive = await loop.run_in_executor(
-                    None, lambda: [is_alive(ref, self.proc) for ref in refs]
-                )
-                for ref, lives in zip(refs, alive):
+                alive = await loop.run_in_executor(None, _alive, refs, self.proc)
+                for ref, lives in zip(refs, alive, strict=True):
                     if not lives and ref in self._polled:
                         self._ended(ref)
         finally:
             if self._poller is asyncio.current_task():
                 self._poller = None
+
+
+def _alive(refs: list[ProcessRef], proc: str) -> list[bool]:
+    """Whether each process is still the one it was (in the executor: /proc reads)."""
+    return [is_alive(ref, proc) for ref in refs]

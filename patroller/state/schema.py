@@ -24,9 +24,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
-from collections.abc import Callable, Mapping
 
 from patroller.core.identity import Identity, ProcessRef
 from patroller.core.leases import LeaseManager

@@ -27,9 +27,9 @@ the device).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from collections.abc import Callable, Iterable, Mapping
 
 from patroller.core.devices import Device
 from patroller.core.health import FINE, Health

@@ -15,8 +15,8 @@ Pure: the lease manager asks, with its holds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
 from patroller.core.devices import Device, Inventory
 from patroller.core.identity import Identity

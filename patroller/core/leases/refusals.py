@@ -3,8 +3,8 @@ manager raises before anything changes (the API maps each to its status)."""
 
 from __future__ import annotations
 
-from typing import Any
 from collections.abc import Sequence
+from typing import Any
 
 from patroller.core.devices import Device, Inventory
 from patroller.core.errors import Busy, NotHeld, NotYours, OverLimit, Unsatisfiable
@@ -45,7 +45,7 @@ def over_limit(user: Identity, wants: Wants, count: Count) -> OverLimit:
     if others:
         mine: list[int | None] = [
             d.number if holder == user.user else None
-            for d, holder in zip(count.held, count.holders)
+            for d, holder in zip(count.held, count.holders, strict=True)
         ]
         error.naming(
             dict.fromkeys(others), _over(user, wants, count, mine), **{**data, "held": mine}

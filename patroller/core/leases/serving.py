@@ -9,12 +9,11 @@ which of the free devices it gets, the same way for a request, a waiter and a se
 
 from __future__ import annotations
 
-from typing import AbstractSet
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Set
 
 from patroller.core.devices import Device, Inventory
 from patroller.core.leases.holds import Hold, Wants
-from patroller.core.leases.queue import WaitQueue, Waiter
+from patroller.core.leases.queue import Waiter, WaitQueue
 
 Free = dict[str, list[Device]]  # group -> its free devices, in device order
 # Which `count` of these free devices (in device order) to give, or None if none will do.
@@ -28,7 +27,9 @@ def lowest(usable: list[Device], count: int) -> list[Device] | None:
 
 def free_devices(inventory: Inventory, holds: Mapping[str, Hold]) -> Free:
     """The free devices of every group of the inventory, in device order (those withheld, as
-    silent, are not)."""
+    silent, are not). The rule answers.py's `free` applies to another host's answers: written
+    twice because that one reads JSON on the client side, which imports nothing of the daemon;
+    tests/test_free_rule.py holds the two to each other."""
     free: Free = {group: [] for group in inventory.groups}
     for device in inventory:
         hold = holds[device.uuid]
@@ -63,7 +64,7 @@ def set_aside(
 
 
 def pick(
-    wants: Wants, free: Free, aside: AbstractSet[str] = frozenset(), choose: Choose = lowest
+    wants: Wants, free: Free, aside: Set[str] = frozenset(), choose: Choose = lowest
 ) -> list[Device] | None:
     """Free devices for every group, but those set aside, as `choose` says; None if a group
     falls short. In device (PCI bus) order."""
@@ -81,7 +82,7 @@ def choose(
     waiters: WaitQueue,
     free: Free,
     starving: Waiter | None,
-    aside: AbstractSet[str],
+    aside: Set[str],
     passed: Iterable[Waiter] = (),
     chooser: Callable[[Waiter], Choose] = lambda w: lowest,
 ) -> tuple[Waiter, list[Device]] | None:

@@ -5,19 +5,19 @@ aside, when the next reservation runs out). LeaseManager (manager.py) adds the c
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
-from collections.abc import Mapping
 
-from patroller.core.devices import Device, Inventory
-from patroller.core.identity import Identity, ProcessRef
 import patroller.core.leases.limits as limits
 import patroller.core.leases.refusals as refusals
 import patroller.core.leases.serving as serving
+from patroller.core.devices import Device, Inventory
 from patroller.core.errors import Busy, Unsatisfiable
+from patroller.core.identity import Identity, ProcessRef
 from patroller.core.leases.holds import Clock, Hold, Wants
 from patroller.core.leases.limits import Count
-from patroller.core.leases.queue import WaitQueue, Waiter
+from patroller.core.leases.queue import Waiter, WaitQueue
 from patroller.core.leases.serving import Choose, Free, lowest
 from patroller.core.policy import Policy
 from patroller.core.topology import Search, Topology, best, usable

@@ -3,7 +3,8 @@ to use.
 
 Three kinds: a process of another user on a held device; one that took a free device beyond
 its owner's limit (limits.py); and, on a device a Slurm job (core/jobs.py) or a Kubernetes
-pod (core/pods.py) holds, a process that is not in the job (or pod), whoever runs it. Each is logged and recorded (the audit record's
+pod (core/pods.py) holds, a process that is not in the job (or pod), whoever runs it. Each is
+logged and recorded (the audit record's
 `trespass` event); the hold remembers whom it has told of (Hold.trespassers).
 """
 

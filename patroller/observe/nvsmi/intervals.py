@@ -4,8 +4,8 @@ Pure, like the parser: the reader feeds rows and says when the stream has been q
 
 from __future__ import annotations
 
-from typing import NamedTuple
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from patroller.observe.nvsmi.parsers import PmonRow, ProcessKey
 

@@ -15,9 +15,9 @@ that follow belong to no GPU until the next GPU line.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
-from collections.abc import Mapping, Sequence
 
 from patroller.core.devices import Device
 

@@ -9,11 +9,11 @@ never assumed, because they change between drivers and `-s`/`-o` options.
 from __future__ import annotations
 
 import re
-from types import MappingProxyType
-from typing import Any, Generic, NamedTuple, TypeVar, Union
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, Generic, NamedTuple, TypeVar
 
-Value = Union[int, float, str, None]
+Value = int | float | str | None
 ProcessKey = tuple[int, int]  # (gpu index, pid)
 
 # Header names that differ between drivers, mapped to the names the rest of Patroller uses.

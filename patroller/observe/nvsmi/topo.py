@@ -76,14 +76,14 @@ def parse_topology(text: str) -> TopoMatrix:
             )
         gpu = int(found.group(1))
         rows[gpu] = cells
-        extra = dict(zip(trailing, words[1 + len(columns) :]))
+        extra = dict(zip(trailing, words[1 + len(columns) :], strict=False))
         cpus[gpu] = _value(extra.get("CPU Affinity"))
         numa[gpu] = _value(extra.get("NUMA Affinity"))
     if sorted(rows) != sorted(gpus):
         raise TopoError(f"rows for GPUs {sorted(rows)} but columns for {sorted(gpus)}")
     links: dict[tuple[int, int], str] = {}
     for gpu, cells in rows.items():
-        for column, word in zip(columns, cells):
+        for column, word in zip(columns, cells, strict=False):
             other = _GPU.match(column)
             if other is None:
                 continue

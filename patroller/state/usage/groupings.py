@@ -24,8 +24,8 @@ from patroller.state.usage.queries import (
     DAY,
     HOUR,
     KEYS,
-    Totals,
     TooLarge,
+    Totals,
     kept_from,
     known,
     ranges,
@@ -133,7 +133,7 @@ def totals(
             for *keys, user, category, seconds in db.execute(
                 sql, parameters(since, until, span, kept, by)
             ):
-                shown = tuple(_key(name, value) for name, value in zip(by, keys))
+                shown = tuple(_key(name, value) for name, value in zip(by, keys, strict=True))
                 row = (shown, user or None, category)
                 if limit is not None and row not in found and len(found) >= limit:
                     raise TooLarge(limit)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from dataclasses import dataclass, field
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 from patroller.core.usage import BY
 

@@ -34,10 +34,10 @@ import sqlite3
 import threading
 import time
 import urllib.parse
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import tzinfo
 from typing import Any
-from collections.abc import AsyncIterator
 
 from cachetools import LRUCache
 

@@ -37,9 +37,9 @@ import sqlite3
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from datetime import tzinfo
 from typing import Any
-from collections.abc import Callable, Sequence
 
 from patroller.config import Config
 from patroller.core.throttle import Throttle
