@@ -165,7 +165,7 @@ async def test_a_child_that_falls_silent_is_killed_once_and_restarted(caplog):
     assert child.hangs >= 1 and not alive(pids[0])
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     hung = [w for w in warnings if "hung" in w]
-    said = re.fullmatch(r"mute: printed nothing more for ([0-9.]+) s: hung, killing it", hung[0])
+    said = re.fullmatch(r"mute: printed nothing more for ([0-9.]+)s: hung, killing it", hung[0])
     assert said and float(said.group(1)) >= 0.3
     assert len(hung) == child.hangs  # one warning a hang; its exit is not a second one
     assert not [w for w in warnings if "exited with" in w]
@@ -182,7 +182,7 @@ async def test_a_child_that_prints_nothing_at_all_is_hung_after_the_startup_allo
     child.start()
     await until(lambda: child.hangs == 1)
     await child.stop(0.5)
-    said = re.search(r"dumb: printed nothing since it started for ([0-9.]+) s", caplog.text)
+    said = re.search(r"dumb: printed nothing since it started for ([0-9.]+)s", caplog.text)
     assert said and float(said.group(1)) >= 0.6  # `startup`, not `silence`, before any output
 
 

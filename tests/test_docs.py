@@ -117,6 +117,7 @@ def test_the_readme_names_every_package_the_test_setup_installs():
 
 
 PAGE_FILES = (
+    "patroller/http/web/base.html",
     "patroller/http/web/index.html",
     "patroller/http/web/app.js",
     "patroller/http/web/common.js",

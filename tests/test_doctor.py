@@ -307,7 +307,7 @@ async def test_a_hung_query_is_killed_at_its_timeout_and_leaves_no_child(tmp_pat
     )
     results = {r.check: r for r in await examine(config)}
     query = results["nvidia-smi -q -x"]
-    assert query.status == "failed" and "no answer in 1 s: killed" in query.detail, query
+    assert query.status == "failed" and "no answer in 1s: killed" in query.detail, query
     assert "hangs" in query.fix
     assert [pid for pid in children_of(os.getpid()) if hung.path in command_of(pid)] == []
 
@@ -651,7 +651,7 @@ def test_a_usage_store_with_nowhere_to_live_is_degraded(engine_sockets, tmp_path
         "check": "usage history",
         "status": "ok",
         "fix": "",
-        "detail": f"{state}/usage.sqlite3: a sample of every GPU every 60 s, kept 400 days",
+        "detail": f"{state}/usage.sqlite3: a sample of every GPU every 1m, kept 400 days",
     }
 
 

@@ -82,7 +82,7 @@ def test_a_rootless_engine_answering_a_byte_at_a_time_is_given_up_on(slow_engine
     rootless = found["rootless Docker"]
     assert rootless["status"] == "degraded", rootless
     assert f"uid 1000's at unix://{slow_engine.path}: no answer in time" in rootless["detail"]
-    assert "no whole answer within 5 s" in rootless["detail"], rootless  # Config.docker_timeout
+    assert "no whole answer within 5s" in rootless["detail"], rootless  # Config.docker_timeout
     assert "hung" in rootless["fix"]
     assert found["Docker Engine"]["status"] == "ok", found["Docker Engine"]  # not there: fine
 
@@ -111,7 +111,7 @@ async def test_the_whole_examination_ends_at_its_bound_saying_what_it_waited_for
     assert rootless.status == "degraded", rootless
     assert rootless.detail == (
         f"2 found; 2 not answering, uid 1000's at unix://{slow_engine.path}: no answer within "
-        "the doctor's bound (waited 2.00 s for its answer)"
+        "the doctor's bound (waited 2s for its answer)"
     )
     assert "answer a little at a time" in rootless.fix
     assert results["Docker Engine"].status == "ok"  # a slow engine holds up no other
@@ -141,7 +141,7 @@ async def test_a_probe_that_never_returns_is_degraded_and_its_checks_named(
     for check in ("/proc", "cgroups"):
         assert results[check].status == "degraded", results[check]
         assert (
-            results[check].detail == "no answer within the doctor's 1.00 s: waited for "
+            results[check].detail == "no answer within the doctor's 1s: waited for "
             "/proc's processes"
         )
     assert results["address and port"].status == "ok"
@@ -161,7 +161,7 @@ async def test_a_hung_nvidia_smi_is_cut_at_the_bound_and_leaves_no_child(tmp_pat
     found = {r.check: r for r in results}
     assert found["nvidia-smi"].status == "degraded", found["nvidia-smi"]
     assert found["nvidia-smi"].detail.startswith(
-        f"no answer within the doctor's 2.00 s: waited for {hung.command}: -q -x"
+        f"no answer within the doctor's 2s: waited for {hung.command}: -q -x"
     )
     assert [pid for pid in children_of(os.getpid()) if hung.path in command_of(pid)] == []
 
@@ -172,7 +172,7 @@ def test_what_the_bound_cut_short_is_said_check_by_check():
     from patroller.doctor.runtimes import EngineFacts, Knock, engine_results
 
     config = replace(Config(), **engines_in("/run/e"))
-    waited = Knock("unix:///run/e/docker.sock", "overdue", "waited 30 s for its answer")
+    waited = Knock("unix:///run/e/docker.sock", "overdue", "waited 30s for its answer")
     facts = EngineFacts(
         waited,
         None,
@@ -182,7 +182,7 @@ def test_what_the_bound_cut_short_is_said_check_by_check():
                 Knock(
                     "unix:///run/e/1000/docker.sock",
                     "unasked",
-                    "the doctor's 30 s went on those asked before it",
+                    "the doctor's 30s went on those asked before it",
                 ),
             )
         ],
@@ -194,11 +194,11 @@ def test_what_the_bound_cut_short_is_said_check_by_check():
     found = {r.check: r for r in engine_results(facts, config)}
     assert (
         found["Docker Engine"].detail == "unix:///run/e/docker.sock: no answer within the "
-        "doctor's bound (waited 30 s for its answer)"
+        "doctor's bound (waited 30s for its answer)"
     )
     assert found["rootless Docker"].detail == (
         "1 found; 1 not answering, uid 1000's at unix:///run/e/1000/docker.sock: not asked (the "
-        "doctor's 30 s went on those asked before it)"
+        "doctor's 30s went on those asked before it)"
     )
     assert "asked before it" in found["rootless Docker"].fix
     assert (
@@ -232,7 +232,7 @@ def test_a_bounded_socket_ends_the_whole_exchange_not_each_read():
             while True:
                 got += sock.recv(1)  # each read comes at once: only the deadline ends this
         assert time.monotonic() - began < 5
-        assert str(overdue.value) == f"no whole answer within 0.5 s ({len(got)} byte(s) came)"
+        assert str(overdue.value) == f"no whole answer within 0.5s ({len(got)} byte(s) came)"
         assert isinstance(overdue.value, TimeoutError) and got
     finally:
         stop.set()

@@ -52,9 +52,9 @@ FAILURES = {
     # how the engine fails: what Patroller says of it, after "the Docker Engine at <url> "
     "answers 500": "answered 500: the engine is restarting",
     "answers 502 with no body": "answered 502",
-    "never answers": "did not answer within 0.3 s",
+    "never answers": "did not answer within 0.3s",
     # each read within the timeout, the whole never: given up at the lookup's deadline
-    "answers a byte at a time": "gave no whole answer within 0.6 s",
+    "answers a byte at a time": "gave no whole answer within 0.6s",
     "closes the connection": "cannot be used: Remote end closed connection without response",
     "died, its socket left": "cannot be reached: connection refused",
     "is not there": "cannot be reached: no such file or directory",
@@ -350,7 +350,7 @@ def sdk_errors():
     return [
         (
             requests.exceptions.ReadTimeout("Read timed out. (read timeout=2.5)"),
-            "did not answer within 2.5 s",
+            "did not answer within 2.5s",
         ),
         (
             urllib3.exceptions.MaxRetryError(None, "/version", missing),

@@ -3,6 +3,7 @@ duration, the administrator's release, idle detection, and the audit record."""
 
 import json
 import logging
+import os
 from dataclasses import replace
 
 import pytest
@@ -10,6 +11,7 @@ from helpers import lease_manager
 
 from patroller import durations
 from patroller.config import Config, load_limits, policy_of
+from patroller.config.policy import MAX_LIMITS_BYTES
 from patroller.core.devices import Device, Inventory
 from patroller.core.errors import Busy, NotYours, OverLimit
 from patroller.core.identity import Identity, ProcessRef, named_user
@@ -75,6 +77,28 @@ def test_per_user_limits_override_the_default(clock, tmp_path):
         path.write_text(bad)
         with pytest.raises(ValueError):
             load_limits(str(path))
+
+
+def test_the_limits_file_is_read_as_the_configuration_file_is(tmp_path):
+    """One reader for both (config/regular.py): a missing file, a directory, a FIFO nobody
+    writes to (read to its end, it would wait for ever) and a file over the bound are refused
+    by name, never waited on."""
+    missing = tmp_path / "nope.json"
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"alice": 1, "x": "y" * MAX_LIMITS_BYTES}))
+    said = {}
+    for path in (missing, tmp_path, fifo, big):
+        with pytest.raises(ValueError) as refused:
+            load_limits(str(path))
+        said[path] = str(refused.value)
+    assert said == {
+        missing: f"cannot read {missing}: No such file or directory",
+        tmp_path: f"{tmp_path} is not a regular file",
+        fifo: f"{fifo} is not a regular file",
+        big: f"{big} is over {MAX_LIMITS_BYTES} bytes",
+    }
 
 
 def test_a_waiter_over_the_limit_is_refused_and_one_that_grew_over_it_waits_on(clock):
@@ -258,10 +282,14 @@ def test_durations_are_read_in_any_unit():
 def test_durations_are_said_back_one_way_in_every_unit_or_two():
     """durations.describe, the one formatting of a duration in Python: every unit for the
     daemon's messages (nothing lost), two for the command line's tables."""
-    seconds = (0, 0.5, 4.99, 8, 12.4, 59.6, 90, 192, 3600, 3661, 7500, 46800, 273600, 604800, -3)
+    seconds = (0, 0.004, 0.21, 0.5, 4.56, 4.99, 8, 12.4, 59.6, 90, 192, 3600, 3661, 7500, 46800)
+    seconds += (273600, 604800, -3)
     assert [durations.describe(s) for s in seconds] == [
         "0s",
+        "0s",
+        "0.2s",  # a probe the doctor timed: to a tenth, as the command line's waits
         "0.5s",
+        "4.6s",
         "5s",
         "8s",
         "12s",

@@ -114,7 +114,7 @@ def test_a_host_that_trickles_its_answer_is_left_behind_and_the_command_ends(fle
     finally:
         slow.shutdown()
     assert done.returncode == 0, done.stderr  # before: it never ended (a pool's thread, joined)
-    assert f"{slow.host}  no answer yet: none within the 1.5 s deadline" in done.stdout
+    assert f"{slow.host}  no answer yet: none within the 1.5s deadline" in done.stdout
 
 
 def silent_hosts(count):
@@ -156,7 +156,7 @@ def test_the_table_is_drawn_at_the_deadline_whatever_the_hosts_do(fleet, how):
     assert took < 120, took  # drawn at the deadline, not at the hosts' timeout
     lines = done.stdout.splitlines()
     for host in quiet:
-        assert f"{host}  no answer yet: none within the 4 s deadline" in lines, done.stdout
+        assert f"{host}  no answer yet: none within the 4s deadline" in lines, done.stdout
     assert f"{fleet[0]}  8 GPUs: 1 free, 7 reserved" in lines
     assert f"{fleet[1]}  refused: connection refused" in lines
     assert lines[-1] == "8 hosts, 1 refused, 5 no answer yet; 16 GPUs: 9 free, 7 reserved"
@@ -223,7 +223,7 @@ def test_the_deadline_counts_the_time_the_requests_took_to_start(monkeypatch):
     try:
         host = f"127.0.0.1:{late.getsockname()[1]}"
         [answer] = hosts_table.ask_all([host], timeout=30, deadline=1.5)
-        assert (answer.state, answer.error) == (hosts_table.LATE, "none within the 1.5 s deadline")
+        assert (answer.state, answer.error) == (hosts_table.LATE, "none within the 1.5s deadline")
         found = hosts_table.at_once(
             [host, host],
             lambda h: (time.sleep(0.5), "answered")[1],

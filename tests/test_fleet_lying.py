@@ -18,7 +18,6 @@ import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import liars
@@ -28,9 +27,9 @@ from helpers import ROOT, ServerProcess
 from test_fleet_page import by_host, fleet_json, host_panels, panel_where
 
 from patroller.config import Config
+from patroller.http.page import web_files
 
 INTERVAL = 0.5  # --fleet-interval
-WEB = os.path.join(ROOT, "patroller", "http", "web")
 
 
 def answer(server: ServerProcess, path: str) -> dict[str, Any]:
@@ -296,10 +295,7 @@ def test_the_page_draws_each_host_on_its_own_whatever_fleet_json_says(lying):
         None,
     ]
     snapshot = dict(real, hosts=bad[:2] + [honest] + bad[2:])
-    files = {
-        name: Path(os.path.join(WEB, name)).read_bytes()
-        for name in ("fleet.html", "common.js", "fleet.js", "fleet.css", "style.css")
-    }
+    files = web_files()  # the page as the daemon serves it: fleet.html on the shared head
     page_server = liars.LyingServer(
         {
             "/fleet": liars.served(files["fleet.html"], "text/html; charset=utf-8"),

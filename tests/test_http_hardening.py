@@ -350,7 +350,7 @@ async def test_a_body_that_trickles_in_is_refused_after_the_body_timeout():
             await asyncio.sleep(0.1)
         (line, headers), body = await asyncio.wait_for(answer, 10)
         assert line.startswith("HTTP/1.1 408 ") and sent < 100
-        assert json.loads(body) == {"error": "the request body did not arrive within 1 s"}
+        assert json.loads(body) == {"error": "the request body did not arrive within 1s"}
         assert await asyncio.wait_for(reader.read(), 10) == b""  # and the connection is closed
         writer.close()
         assert len(h.services.leases.waiters) == 0

@@ -69,7 +69,7 @@ async def test_discovery_that_hangs_is_killed_after_its_timeout(scenario):
     scenario.write(faults={"-q": HANG})
     config = replace(Config(), discovery_timeout=0.5)
     before = set(children_of(os.getpid()))
-    with pytest.raises(GpuHostError, match=r"`.* -q -x` did not answer in 0.5 s: killed"):
+    with pytest.raises(GpuHostError, match=r"`.* -q -x` did not answer in 0.5s: killed"):
         await discover(command(scenario.command), None, config)
     assert set(children_of(os.getpid())) <= before  # killed and reaped
 
@@ -106,7 +106,7 @@ async def test_a_hung_reading_in_the_watch_is_killed_counted_logged_once_and_it_
             and "reading the GPU inventory again failed" in r.getMessage()
         ]
         assert len(failed) == 1, failed  # once a minute, not once a reading
-        assert "did not answer in 0.5 s: killed" in failed[0] and "keeping it" in failed[0]
+        assert "did not answer in 0.5s: killed" in failed[0] and "keeping it" in failed[0]
         assert changes == [] and not any(d.lost for d in inventory)
         # It goes on: the query answers again, and a device gone from the host is seen.
         scenario.write(faults={}, devices=SIX[:5])

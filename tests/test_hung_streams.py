@@ -59,7 +59,7 @@ async def test_a_hung_pmon_is_killed_and_restarted_and_the_dead_claim_cleared(
             if r.levelno == logging.WARNING and "hung" in r.getMessage()
         ]
         said = re.fullmatch(
-            r"pmon: printed nothing more for ([0-9.]+) s: hung, killing it", hung[0]
+            r"pmon: printed nothing more for ([0-9.]+)s: hung, killing it", hung[0]
         )
         assert said and float(said.group(1)) >= 1.0
         assert not [

@@ -437,51 +437,199 @@ def test_the_tests_import_their_neighbours_by_module_name():
     assert not wrong, "import a test helper by its module name: " + "; ".join(wrong)
 
 
-def hours_and_days_split(path: str) -> list[int]:
-    """The lines of a module's code (not its strings: SQL may truncate to a day) that divide
-    by an hour or a day (`// 3600`, `% 86400`): the arithmetic of a duration said in words."""
-    import io
-    import tokenize
+# A number said in seconds, as a formatting writes it: `{x:g} s`, `{x:.1f}s`, `%.0f s`,
+# `{} seconds`. Milliseconds are not counted: a latency to a tenth of a millisecond (the access
+# log's, the heap's) is a measurement, not a duration said to people in words.
+UNIT_SIZES = (60, 3600, 86400)  # split by a minute, an hour or a day: a duration said in units
+_SECONDS = r"(?:s|secs?|seconds?|second\(s\))\b"
+_AFTER_ANY = re.compile(rf" {_SECONDS}")  # after any value: `{timeout} s`
+_AFTER_NUMBER = re.compile(rf" ?{_SECONDS}")  # after a number's format: `{x:.1f}s`
+_NUMBER_FORMAT = re.compile(r"[defgEFG%n]$")  # a format spec that writes a number
+_TEMPLATE = re.compile(  # %-formats (logging's) and str.format's, in a plain string
+    rf"%[-#0 +]*\d*(?:\.\d+)?[deEfFgGiu] ?{_SECONDS}|%s {_SECONDS}"
+    rf"|\{{[^{{}}]*\}} {_SECONDS}|\{{[^{{}}]*:[^{{}}]*[defgEFG]\}}{_SECONDS}"
+)
+# Said in seconds where another helper is at work this round (app/daemon.py, client.py, the
+# lease manager): by file, how many; the test fails when one more comes or one goes, so the
+# list only shrinks. Each goes through durations.describe when its file is next open.
+SECONDS_NOT_YET_DESCRIBED: dict[str, int] = {
+    "patroller/app/daemon.py": 1,
+    "patroller/client.py": 1,
+    "patroller/core/leases/manager.py": 1,
+}
 
-    tokens = [
-        t
-        for t in tokenize.generate_tokens(
-            io.StringIO(Path(path).read_text(encoding="utf-8")).readline
-        )
-        if t.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE)
-    ]
-    return [
-        b.start[0]
-        for a, b in pairwise(tokens)
-        if a.type == tokenize.OP
-        and a.string in ("//", "%")
-        and b.type == tokenize.NUMBER
-        and b.string in ("3600", "86400")
-    ]
+
+def _split_by_a_unit(node: ast.AST) -> bool:
+    """`x // 3600`, `x % 60`, `divmod(x, 86400)`: a number of seconds cut into units."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.FloorDiv, ast.Mod)):
+        by = node.right
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        by = node.args[1] if node.func.id == "divmod" and len(node.args) == 2 else None
+    else:
+        return False
+    return isinstance(by, ast.Constant) and by.value in UNIT_SIZES
+
+
+def seconds_said(source: str) -> list[tuple[int, str]]:
+    """Where a module says a number of seconds itself, read from its syntax tree, not its text:
+    a value formatted and followed by ` s` or ` seconds` (`f"within {timeout:g} s"`, a
+    number's format also by `s`: `{x:.1f}s`), a %- or str.format template that does the same
+    (`log.warning("... after %.1f s", ran)`), and `//`, `%` or divmod by a minute, an hour or a
+    day. Docstrings, comments and the text around a number (`{n} users`, `{word}s`) are not
+    counted: a plural is not a duration."""
+    tree = ast.parse(source)
+    found: list[tuple[int, str]] = []
+    skipped: set[int] = set()  # docstrings, and the strings inside an f-string
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                skipped.add(id(first.value))
+        if isinstance(node, ast.JoinedStr):
+            skipped.update(id(part) for part in node.values)
+            for value, text in pairwise(node.values):
+                if not (isinstance(value, ast.FormattedValue) and isinstance(text, ast.Constant)):
+                    continue
+                spec = value.format_spec
+                written = "".join(
+                    p.value for p in (spec.values if spec else []) if isinstance(p, ast.Constant)
+                )
+                after = _AFTER_NUMBER if _NUMBER_FORMAT.search(written) else _AFTER_ANY
+                if after.match(str(text.value)):
+                    found.append((node.lineno, f"{ast.unparse(value)}{text.value[:8]}"))
+        elif _split_by_a_unit(node):
+            found.append((node.lineno, ast.unparse(node)))
+    found.extend(
+        (node.lineno, repr(node.value[:60]))
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in skipped
+        and _TEMPLATE.search(node.value)
+    )
+    return sorted(found)
+
+
+SAID_IN_SECONDS = """
+f"no answer in {timeout:g} s: killed"
+f"within {self.timeout} s"
+f"saved {time.time() - saved:.0f} s ago"
+f"took {ran:.2f}s"
+f"after {n} seconds"
+log.warning("%s: restarting in %.0f s", name, delay)
+log.info("%s: waited %s seconds", name, wait)
+"every {:g} s".format(every)
+hours = left // 3600
+days, left = divmod(left, 86400)
+minutes = left % 60
+"""
+NOT_SAID_IN_SECONDS = '''
+"""A docstring may say `quiet` s ago, and `%.1f s`."""
+f"{n} {word}s"  # a plural
+f"{held} device(s), {count} users, {gib:.1f} GiB"
+f"{allocation.word}s and {x:.2f} ms"
+f"kept {days} days, every {describe(every)}"
+log.warning("%d client errors (at most %d per %s)", a, b, describe(c))
+"%s" % name
+share = used / 3600  # GPU-hours: a quantity, not a duration said in words
+'''
+
+
+def test_the_check_for_seconds_said_sees_each_way_and_no_plural():
+    """seconds_said, on code written to be found and on code written not to be."""
+    assert [line for line, _ in seconds_said(SAID_IN_SECONDS)] == list(range(2, 13))
+    assert seconds_said(NOT_SAID_IN_SECONDS) == []
 
 
 def test_a_duration_is_formatted_in_one_place_per_language():
     """patroller/durations.py says a duration in Python (daemon and command line alike), and
     patroller/http/web/common.js on the web pages: a second copy would drift from the first."""
-    python = [
-        f"{os.path.relpath(path, ROOT)}:{line}"
-        for module, path in MODULES.items()
-        if module not in ("patroller.durations",) and not module.startswith(SIZE_EXEMPT)
-        for line in hours_and_days_split(path)
-    ]
-    assert not python, f"a duration formatted outside patroller/durations.py: {python}"
-    web = os.path.join(PACKAGE, "http", "web")
-    defined = {
-        name: len(
-            re.findall(
-                r"\bduration\s*\(seconds\)\s*\{",
-                Path(os.path.join(web, name)).read_text(encoding="utf-8"),
+    said = {}
+    for module, path in MODULES.items():
+        if module != "patroller.durations" and not module.startswith(SIZE_EXEMPT):
+            said[os.path.relpath(path, ROOT)] = seconds_said(
+                Path(path).read_text(encoding="utf-8")
             )
-        )
-        for name in os.listdir(web)
-        if name.endswith(".js")
+    python = {
+        f"{name}:{line}": what
+        for name, found in said.items()
+        if len(found) != SECONDS_NOT_YET_DESCRIBED.get(name, 0)
+        for line, what in found
+    }
+    assert not python, (
+        f"seconds said outside patroller/durations.py (say them with durations.describe): {python}"
+    )
+    gone = {n: k for n, k in SECONDS_NOT_YET_DESCRIBED.items() if len(said.get(n, ())) != k}
+    assert not gone, f"SECONDS_NOT_YET_DESCRIBED counts what is no longer there: {gone}"
+    defined = {
+        name: len(re.findall(r"\bduration\s*\(seconds\)\s*\{", text))
+        for name, text in web_sources(".js").items()
     }
     assert {name: n for name, n in defined.items() if n} == {"common.js": 1}, defined
-    for page, script in (("index.html", "app.js"), ("fleet.html", "fleet.js")):
-        html = Path(os.path.join(web, page)).read_text(encoding="utf-8")
+    from patroller.http.page import web_files
+
+    served = web_files()
+    for page, script in (
+        ("index.html", "app.js"),
+        ("fleet.html", "fleet.js"),
+        ("report.html", "report.js"),
+    ):
+        html = served[page].decode("utf-8")
         assert html.index('src="/web/common.js"') < html.index(f'src="/web/{script}"'), page
+
+
+def web_sources(ending: str) -> dict[str, str]:
+    """The text of each of the pages' files (patroller/http/web) whose name ends so, by name."""
+    web = Path(PACKAGE, "http", "web")
+    return {
+        path.name: path.read_text(encoding="utf-8")
+        for path in sorted(web.iterdir())
+        if path.name.endswith(ending)
+    }
+
+
+def test_the_pages_share_one_head():
+    """The pages' head is written once, in base.html, which each page extends (rendered by
+    page.pages when the daemon reads its files): no page writes a head of its own, each page
+    served opens with that head, and base.html itself is not served."""
+    from patroller.http.page import BASE_PAGE, web_files
+
+    written = web_sources(".html")
+    assert [n for n, text in written.items() if re.search(r"<head[\s>]", text)] == [BASE_PAGE], (
+        written
+    )
+    served = web_files()
+    assert BASE_PAGE not in served
+    heads = {
+        name: served[name].decode("utf-8").split("</head>")[0].splitlines()
+        for name in written
+        if name != BASE_PAGE
+    }
+    assert len(heads) == 3 and all(
+        head[:5]
+        == [
+            "<!doctype html>",
+            '<html lang="en">',
+            "<head>",
+            '<meta charset="utf-8">',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        ]
+        and '<link rel="stylesheet" href="/web/style.css">' in head
+        and '<script src="/web/common.js" defer></script>' in head
+        for head in heads.values()
+    ), heads
+
+
+def test_what_common_js_defines_no_page_script_defines_again():
+    """common.js is the one place of what the pages share (h, setAttrs, bar, duration, gib,
+    timeOfDay): a page's script takes each from window.Patroller, never writes its own."""
+    scripts = web_sources(".js")
+    shared = re.findall(r"^  (\w+)\(.*\) \{$", scripts.pop("common.js"), re.MULTILINE)
+    assert {"h", "setAttrs", "bar", "duration", "gib", "timeOfDay"} <= set(shared), shared
+    again = {
+        (script, name)
+        for script, text in scripts.items()
+        for name in shared
+        if re.search(rf"\bfunction\s+{name}\s*\(|\b{name}\s*=\s*(function\b|\()", text)
+    }
+    assert not again, f"defined again outside common.js: {sorted(again)}"

@@ -254,7 +254,7 @@ def test_a_host_that_trickles_is_left_behind_at_the_deadline(hosts):
     finally:
         slow.shutdown()
     assert done.returncode == 0, done.stderr
-    assert f"{slow.host}  not answering: no answer within 1 s" in done.stdout
+    assert f"{slow.host}  not answering: no answer within 1s" in done.stdout
     assert rows_of(done.stdout)["alice"][0] == "2.00"
     assert took < 10, took  # one second, and one more for them all; not for ever
 

@@ -41,7 +41,7 @@ def test_the_watch_says_once_when_a_device_falls_silent_and_when_it_is_back():
         sample("GPU-0", "GPU-2")
         watch.check()
     assert [(r.uuid, r.why is not None) for r in told] == [("GPU-1", True)]  # once
-    assert len(pokes) == 1 and "GPU GPU-1 printed no statistics for 3 s" in pokes[0]
+    assert len(pokes) == 1 and "GPU GPU-1 printed no statistics for 3s" in pokes[0]
     assert watch.metrics().to_json() == {"silent": 1, "silences": 1, "state": "up"}
     sample("GPU-1")  # heard again: said at once
     assert [(r.uuid, r.why) for r in told][-1] == ("GPU-1", None)
@@ -115,10 +115,10 @@ def test_each_silence_is_counted_and_said_with_how_long_the_device_was_quiet(cap
     assert watch.silences == 3 and all(sender is watch for sender, _ in told)
     said = [r.getMessage() for r in caplog.records if "granted to nobody" in r.getMessage()]
     assert said == [
-        "GPU GPU-1 printed no statistics for 3 s while the others did: granted to nobody until "
+        "GPU GPU-1 printed no statistics for 3s while the others did: granted to nobody until "
         "it is heard again; reading the inventory"
     ] * 2 + [
-        "GPU GPU-2 printed no statistics for 0 s while the others did: granted to nobody until "
+        "GPU GPU-2 printed no statistics for 0s while the others did: granted to nobody until "
         "it is heard again; reading the inventory"
     ]
     assert [

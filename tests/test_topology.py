@@ -402,7 +402,7 @@ async def test_without_topo_the_daemon_grants_the_lowest_numbers_and_refuses_a_l
         (
             {"topology": "nvlink-all", "faults": {"topo": {"hang": True}}},
             "degraded",
-            "no answer in 1 s: killed",
+            "no answer in 1s: killed",
         ),
         (
             {"topology": "nvlink-all", "devices": [{}, {}, {"mig": "Enabled"}, {}]},

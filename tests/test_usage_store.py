@@ -526,7 +526,7 @@ def test_a_file_that_cannot_be_set_aside_fails_the_store_until_it_can_be_used(tm
             )
             assert records(caplog, logging.ERROR, "cannot write the usage store") == [
                 f"cannot write the usage store {path}: file is not a database (1 failure(s) so "
-                "far); serving goes on, 0 interval(s) kept in memory, tried again every 0.05 s"
+                "far); serving goes on, 0 interval(s) kept in memory, tried again every 0.05s"
             ]
             assert store.state == "failing" and store.why == "file is not a database"
             wait(lambda: store.failures >= 4)  # tried again every 0.05 s: said once

@@ -35,7 +35,9 @@ def watch_arg(text: str) -> float:
     """A redraw interval: a duration of at least WATCH_SOONEST."""
     value = seconds_arg(text)
     if value < WATCH_SOONEST:
-        raise argparse.ArgumentTypeError(f"{text!r} is too often: at least {WATCH_SOONEST} s")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is too often: at least {durations.describe(WATCH_SOONEST)}"
+        )
     return value
 
 

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from patroller import client
 from patroller.cli.exits import EX_UNAVAILABLE, Failure
+from patroller.durations import describe
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -123,7 +124,7 @@ def knock(server: str) -> str | None:
         else:
             socket.create_connection((host, port), CONNECT_TIMEOUT).close()
     except TimeoutError:
-        return f"no connection within {CONNECT_TIMEOUT:g} s"
+        return f"no connection within {describe(CONNECT_TIMEOUT)}"
     except OSError as exc:
         return (exc.strerror or str(exc)).lower()
     return None

@@ -27,6 +27,7 @@ from patroller import answers, client, durations, hosts
 from patroller.answers import BadAnswer, check
 from patroller.cli.exits import EX_TEMPFAIL, EX_USAGE, Failure
 from patroller.cli.status import is_mine, tables
+from patroller.durations import describe
 from patroller.safetext import printable
 
 FLEET_TIMEOUT = 5.0  # seconds a host may take to answer (--host-timeout)
@@ -92,7 +93,7 @@ def _answer(host: str, got: dict[str, Any], mine: bool, deadline: float) -> Host
             return HostAnswer(host, error=said(f"cannot tell who you are there: {error}"))
         return HostAnswer(host, error=said(str(error) or type(error).__name__), state=DOWN)
     if not all(path in got for path in paths(mine)):
-        return HostAnswer(host, error=f"none within the {deadline:g} s deadline", state=LATE)
+        return HostAnswer(host, error=f"none within the {describe(deadline)} deadline", state=LATE)
     status, devices = got["/status"], got["/devices"]
     try:
         check(status, devices, HOST_MAX_GPUS)

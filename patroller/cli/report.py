@@ -27,6 +27,7 @@ from patroller.answers import BadAnswer
 from patroller.cli.exits import EX_NOPERM, EX_OK, EX_UNAVAILABLE, EX_USAGE, Failure
 from patroller.cli.table import width_of
 from patroller.client import PatrollerError, RequestRefused
+from patroller.durations import describe
 from patroller.safetext import json_text, printable
 
 REPORT_TIMEOUT = 10.0  # seconds a host may take to answer (--host-timeout): a year's report
@@ -180,7 +181,7 @@ def many(options: argparse.Namespace, hosts: list[str]) -> int:
         hosts,
         lambda host: ask(host, path, timeout),
         timeout + 1,
-        lambda host: HostUsage(host, error=f"no answer within {timeout:g} s"),
+        lambda host: HostUsage(host, error=f"no answer within {describe(timeout)}"),
     )
     answered = [(h.host, h.answer) for h in found if h.answer is not None]
     lines = [

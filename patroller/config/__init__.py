@@ -5,8 +5,9 @@ explicitly.
 Owns: Config (settings and documented internal defaults), the command line that fills it, the
 configuration file (`file`: TOML, its keys the long flags' names), `patroller config` (`shown`:
 each setting and where it came from), what a reload may change (`live`), the fair-use policy
-built from it (with the per-user limits file), and whether a directory it names may be trusted
-(`trust`: its owner, its mode, the links on its path).
+built from it (with the per-user limits file), the one bounded reader of the files an operator
+names for it (`regular`: the configuration file, the limits file), and whether a directory it
+names may be trusted (`trust`: its owner, its mode, the links on its path).
 May import: `patroller.core`, `patroller.durations` and `patroller.hosts`; `tomli` on Python
 3.10 (3.11's `tomllib` is the same parser).
 """

@@ -13,11 +13,11 @@ import datetime
 import difflib
 import os
 import re
-import stat
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from patroller.config.regular import read_regular
 from patroller.config.settings import ConfigError
 from patroller.core.text import printable
 
@@ -131,24 +131,9 @@ def unknown(key: str, keys: Mapping[str, str]) -> str:
 def _text(path: str) -> str:
     """The file's text: a regular file only (a FIFO would block), MAX_BYTES of it at most."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ConfigError(
-            f"{path}: cannot read the configuration file: {exc.strerror or exc}"
-        ) from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ConfigError(f"{path}: the configuration file is not a regular file")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            raw = f.read(MAX_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(
-            f"{path}: cannot read the configuration file: {exc.strerror or exc}"
-        ) from None
-    finally:
-        os.close(fd)
-    if len(raw) > MAX_BYTES:
-        raise ConfigError(f"{path}: the configuration file is over {MAX_BYTES} bytes")
+        raw = read_regular(path, MAX_BYTES, "the configuration file")
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:

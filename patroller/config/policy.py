@@ -9,11 +9,10 @@ the identity: an e-mail, a host account, `container:<id>`); null means no limit 
 from __future__ import annotations
 
 import json
-import os
-import stat
 from collections.abc import Mapping
 from typing import Any
 
+from patroller.config.regular import read_regular
 from patroller.config.settings import Config
 from patroller.core.policy import Policy
 
@@ -44,21 +43,7 @@ def load_limits(path: str) -> dict[str, int | None]:
     Only a regular file is read (a FIFO or a device would block, or never end), at most
     MAX_LIMITS_BYTES of it; the object it holds is flat, so nesting is refused, not recursed into.
     """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError(f"{path} is not a regular file")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            raw = f.read(MAX_LIMITS_BYTES + 1)
-    except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    if len(raw) > MAX_LIMITS_BYTES:
-        raise ValueError(f"{path} is over {MAX_LIMITS_BYTES} bytes")
+    raw = read_regular(path, MAX_LIMITS_BYTES, path)
     try:
         data: Any = json.loads(raw)
     except RecursionError:

@@ -11,7 +11,8 @@ host.py, places.py, listening.py and runtimes.py).
 
 Owns: the probes, the checks, the examination (examine.py) and the command (command.py).
 May import: `patroller.state`, `patroller.identify`, `patroller.observe`, `patroller.config`,
-`patroller.core`; tornado (to bind as the daemon binds).
+`patroller.core`, `patroller.durations` (how long, said as everywhere else); tornado (to bind as
+the daemon binds).
 """
 
 from patroller.doctor.examine import Doctor, examine

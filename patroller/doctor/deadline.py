@@ -11,6 +11,8 @@ import socket
 import time
 from typing import Any
 
+from patroller.durations import describe
+
 
 class Overdue(TimeoutError):
     """The deadline passed before the whole answer came."""
@@ -30,7 +32,9 @@ class _Bounded(socket.socket):
         self.settimeout(left)
 
     def _overdue(self) -> Overdue:
-        return Overdue(f"no whole answer within {self.seconds:g} s ({self.came} byte(s) came)")
+        return Overdue(
+            f"no whole answer within {describe(self.seconds)} ({self.came} byte(s) came)"
+        )
 
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
         self._arm()

@@ -40,8 +40,9 @@ from patroller.doctor.places import (
     probe_state,
 )
 from patroller.doctor.privacy import check_privacy, probe_privacy
-from patroller.doctor.results import Result, degraded, seconds
+from patroller.doctor.results import Result, degraded
 from patroller.doctor.runtimes import EngineProbes, engine_results
+from patroller.durations import describe
 
 SYSTEMD_RUNNING = "/run/systemd/system"  # there when systemd is the init system (sd_booted)
 
@@ -116,7 +117,7 @@ async def examine(
         """The checks of a probe still out at the bound, degraded; None when it answered."""
         if name not in out or out[name][0] not in pending:
             return None
-        said = f"no answer within the doctor's {seconds(bound)}: waited for {out[name][1]}"
+        said = f"no answer within the doctor's {describe(bound)}: waited for {out[name][1]}"
         return [
             degraded(check, said, "find what is slow there: the daemon would wait on it too")
             for check in checks

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from patroller.config import Config
 from patroller.core.devices import Device
+from patroller.durations import describe
 from patroller.observe.crosscheck import QUERY
 from patroller.observe.inventory import command
 from patroller.observe.monitors import DMON_SELECTS, PMON_SELECTS, REFUSED, stream_env
@@ -57,7 +58,7 @@ class Ran:
         if answer.error is not None:
             return f"cannot be started: {answer.error.strerror or answer.error}"
         if answer.timed_out:
-            return f"no answer in {self.timeout:g} s: killed"
+            return f"no answer in {describe(self.timeout)}: killed"
         if answer.stopped:
             return "stopped before it answered"
         status = (

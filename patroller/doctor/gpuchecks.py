@@ -9,7 +9,8 @@ from patroller.config import Config
 from patroller.core.devices import Inventory
 from patroller.core.health import problems_of
 from patroller.doctor.gpu import GpuFacts, Ran, Stream
-from patroller.doctor.results import Result, degraded, failed, ok, seconds
+from patroller.doctor.results import Result, degraded, failed, ok
+from patroller.durations import describe
 from patroller.observe.nvsmi.listing import parse_list_gpus
 from patroller.observe.nvsmi.parsers import parse_compute_apps
 from patroller.observe.nvsmi.topo import TopoError, parse_topology
@@ -142,17 +143,17 @@ def query(facts: GpuFacts, config: Config) -> Result:
     if facts.unreadable is not None or facts.discovery is None:
         return failed(
             name,
-            f"answered in {seconds(ran.seconds)}, but not as nvidia-smi does: {facts.unreadable}",
+            f"answered in {describe(ran.seconds)}, but not as nvidia-smi does: {facts.unreadable}",
             RUN_BY_HAND,
         )
     if not facts.devices:
         return failed(
             name,
-            f"answered in {seconds(ran.seconds)}, listing no GPU with a uuid",
+            f"answered in {describe(ran.seconds)}, listing no GPU with a uuid",
             fix_for(ran.text),
         )
     gpus = ", ".join(f"{d.number} {d.name or 'unnamed'}" for d in facts.devices)
-    said = f"answered in {seconds(ran.seconds)}: {len(facts.devices)} GPU(s): {gpus}"
+    said = f"answered in {describe(ran.seconds)}: {len(facts.devices)} GPU(s): {gpus}"
     if facts.discovery.warnings:
         return degraded(
             name,
@@ -168,7 +169,7 @@ def _timely(name: str, said: str, ran: Ran, slow: float) -> Result:
     if ran.seconds > slow:
         return degraded(
             name,
-            f"{said}: slow (over {seconds(slow)})",
+            f"{said}: slow (over {describe(slow)})",
             "start nvidia-persistenced (persistence mode), so that NVML need not "
             "start afresh at each command",
         )
@@ -190,7 +191,7 @@ def stream(name: str, sample: Stream | None, facts: GpuFacts, config: Config) ->
             fix_for(last.text),
         )
     said = (
-        f"one sample in {seconds(last.seconds)}, columns "
+        f"one sample in {describe(last.seconds)}, columns "
         f"{'-s ' + sample.select if sample.select else 'the default'}"
     )
     if len(sample.runs) > 1:
@@ -213,7 +214,7 @@ def stream(name: str, sample: Stream | None, facts: GpuFacts, config: Config) ->
             name,
             f"{said}; GPU {', '.join(map(str, blind))} has compute "
             "processes (-q -x) that pmon does not list: the cross-check "
-            f"(--query-compute-apps, every {config.cross_check_every:g} s) "
+            f"(--query-compute-apps, every {describe(config.cross_check_every)}) "
             "attributes them, later and without utilisation",
             "nothing to do if the cross-check works (below); a newer driver may list them",
         )
@@ -254,7 +255,7 @@ def apps(facts: GpuFacts, config: Config) -> Result:
     listed = parse_compute_apps(ran.answer.output)
     return _timely(
         name,
-        f"answered in {seconds(ran.seconds)}: {len(listed)} compute process(es)",
+        f"answered in {describe(ran.seconds)}: {len(listed)} compute process(es)",
         ran,
         config.doctor_slow,
     )

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from patroller.config import Config
 from patroller.config.trust import Untrusted, check
 from patroller.doctor.results import Result, degraded, failed, ok
+from patroller.durations import describe
 from patroller.observe.jobmap import JOB_MAP, read_map
 from patroller.state import schema
 from patroller.state.book import MAX_SIZE
@@ -138,7 +139,7 @@ def _book(path: str) -> tuple:
     devices = book.get("devices")
     held = len(devices) if isinstance(devices, dict) else 0
     saved = book.get("saved")
-    age = f", saved {time.time() - saved:.0f} s ago" if isinstance(saved, (int, float)) else ""
+    age = f", saved {describe(time.time() - saved)} ago" if isinstance(saved, (int, float)) else ""
     return f"{held} device(s) held{age}", None
 
 
@@ -241,7 +242,7 @@ def check_usage(config: Config) -> Result:
     return ok(
         name,
         f"{os.path.join(directory, USAGE_FILE)}: a sample of every GPU every "
-        f"{config.usage_interval:g} s, kept {config.usage_days} days",
+        f"{describe(config.usage_interval)}, kept {config.usage_days} days",
     )
 
 

@@ -55,8 +55,3 @@ def lines(results: Sequence[Result]) -> list[str]:
     ]
     counts = {status: sum(r.status == status for r in results) for status in STATUSES}
     return shown + [", ".join(f"{counts[s]} {s}" for s in STATUSES)]
-
-
-def seconds(value: float) -> str:
-    """A duration as the doctor prints it: `0.21 s`, `12 s`."""
-    return f"{value:.2f} s" if value < 10 else f"{value:.0f} s"

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from patroller.config import Config
 from patroller.doctor.deadline import bounded, deadline, left
-from patroller.doctor.results import Result, degraded, ok, seconds
+from patroller.doctor.results import Result, degraded, ok
+from patroller.durations import describe
 from patroller.observe.grpcunix import INSTALL, GrpcUnavailable, UnixCaller
 from patroller.observe.podresources import ask, parse_list
 from patroller.observe.protowire import Message, WireError
@@ -245,7 +246,7 @@ class EngineProbes:
 
     def facts(self) -> EngineFacts:
         """What was found so far; what is still out, as overdue or unasked."""
-        bound = seconds(self.config.doctor_deadline)
+        bound = describe(self.config.doctor_deadline)
         waited = f"waited {bound} for its answer"
 
         def engine(name: str) -> Knock | None:

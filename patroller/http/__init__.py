@@ -5,5 +5,6 @@ the handlers, the query parsers, the read models and cached bodies of the views,
 page's live feed, the Prometheus metrics, the page's files, and which user names each caller
 may see (--hide-users).
 May import: every layer below it (`patroller.services`, `patroller.state`, `patroller.identify`,
-`patroller.observe`, `patroller.config`, `patroller.core`); Tornado, prometheus_client.
+`patroller.observe`, `patroller.config`, `patroller.core`), `patroller.durations`; Tornado,
+prometheus_client.
 """

@@ -25,6 +25,7 @@ from tornado.iostream import IOStream
 
 from patroller.config import Config
 from patroller.core.throttle import Throttle
+from patroller.durations import describe
 from patroller.http.access import Requests
 from patroller.http.fastlane import Connection, FastLane
 
@@ -136,9 +137,9 @@ class Acceptor:
             more = f"; {held} more since the last report" if held else ""
             log.warning(
                 "cannot accept connections: %s; new ones wait in the queue, open ones "
-                "are served, accepting again within %g s%s",
+                "are served, accepting again within %s%s",
                 exc.strerror or exc,
-                self.max_pause,
+                describe(self.max_pause),
                 more,
             )
             self.reported = True

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 import tornado.web
 
 from patroller.core.throttle import Throttle
+from patroller.durations import describe
 
 access_log = logging.getLogger("patroller.access")
 
@@ -69,10 +70,10 @@ class AccessLog:
                 return
             if held:
                 access_log.info(
-                    "%d client errors were not logged (at most %d per %g s)",
+                    "%d client errors were not logged (at most %d per %s)",
                     held,
                     self.throttle.limit,
-                    self.throttle.window,
+                    describe(self.throttle.window),
                 )
         request = handler.request
         access_log.log(

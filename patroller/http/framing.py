@@ -37,6 +37,7 @@ from tornado.iostream import IOStream, StreamClosedError
 
 from patroller.config import Config
 from patroller.core.throttle import Throttle
+from patroller.durations import describe
 from patroller.http.encoding import dumps
 from patroller.identify.connection import stream_of
 
@@ -211,7 +212,8 @@ class Guard(httputil.HTTPMessageDelegate):
         self.timer = None
         self._refuse_reading(
             FramingError(
-                408, f"the request body did not arrive within {self.framing.body_timeout:g} s"
+                408,
+                f"the request body did not arrive within {describe(self.framing.body_timeout)}",
             )
         )
 

@@ -9,6 +9,7 @@ import asyncio
 import importlib.resources
 from collections.abc import Awaitable
 
+import tornado.template
 import tornado.web
 
 from patroller import __version__
@@ -26,6 +27,7 @@ PAGE_POLICY = (
     "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
     "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
 )
+BASE_PAGE = "base.html"  # the head the pages share: each page extends it
 WEB_TYPES = {
     ".html": "text/html; charset=UTF-8",
     ".js": "text/javascript; charset=UTF-8",
@@ -73,15 +75,28 @@ def wants_html(accept: str | None) -> bool:
 
 
 def web_files() -> dict[str, bytes]:
-    """Blocking: the page's files, shipped in the package (patroller/http/web), by name."""
+    """Blocking: the page's files, shipped in the package (patroller/http/web), by name, each
+    page rendered (`pages`)."""
     folder = importlib.resources.files("patroller.http") / "web"
     if not folder.is_dir():
         return {}
-    return {
-        entry.name: entry.read_bytes()
-        for entry in folder.iterdir()
-        if entry.is_file() and not entry.name.startswith(".")
-    }
+    return pages(
+        {
+            entry.name: entry.read_bytes()
+            for entry in folder.iterdir()
+            if entry.is_file() and not entry.name.startswith(".")
+        }
+    )
+
+
+def pages(files: dict[str, bytes]) -> dict[str, bytes]:
+    """`files` with each page (index.html, fleet.html, report.html) rendered on BASE_PAGE, the
+    head they share, which is itself no file of the page's. Rendered once, when the files are
+    read: a page says nothing that changes from one answer to the next."""
+    texts = {name: body.decode("utf-8") for name, body in files.items() if name.endswith(".html")}
+    loader = tornado.template.DictLoader(texts, whitespace="all")
+    rendered = {name: loader.load(name).generate() for name in texts if name != BASE_PAGE}
+    return {name: rendered.get(name, body) for name, body in files.items() if name != BASE_PAGE}
 
 
 class PageView(View):

@@ -8,6 +8,7 @@ containerd), the owner of a local TCP socket, unix peer credentials, what is kno
 connection (`connection`: its facts, on it, and the one reader of Tornado's undocumented
 HTTP1Connection.stream), the pid-to-identity resolver, the caller of a request, and the tracker
 that tells the lease manager whose processes appear.
-May import: `patroller.observe`, `patroller.config`, `patroller.core`; Tornado (the request
-type, the IOStream a connection's facts ride on), the Docker SDK and cachetools.
+May import: `patroller.observe`, `patroller.config`, `patroller.core`, `patroller.durations`;
+Tornado (the request type, the IOStream a connection's facts ride on), the Docker SDK and
+cachetools.
 """

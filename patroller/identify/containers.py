@@ -23,6 +23,7 @@ from cachetools import TTLCache
 
 from patroller.config import Config
 from patroller.core.identity import Identity
+from patroller.durations import describe
 from patroller.identify.lookups import SharedLookups
 
 log = logging.getLogger(__name__)
@@ -240,7 +241,7 @@ class ContainerDirectory:
         """A lookup took the whole deadline: the engine is down for a while (said once)."""
         reason = (
             f"{self.engine} at {self.base_url or 'unix:///var/run/docker.sock'} gave no "
-            f"whole answer within {self.deadline:g} s"
+            f"whole answer within {describe(self.deadline)}"
         )
         if self._lookups.went_down(reason, self.retry_after):
             log.warning(
@@ -288,7 +289,7 @@ def in_words(
             continue
         seen.add(id(cause))
         if isinstance(cause, TimeoutError) or "Timeout" in type(cause).__name__:
-            return f"{engine} at {where} did not answer within {timeout:g} s"
+            return f"{engine} at {where} did not answer within {describe(timeout)}"
         if isinstance(cause, OSError) and cause.strerror:
             return f"{engine} at {where} cannot be reached: {cause.strerror.lower()}"
         status = getattr(cause, "status_code", None)

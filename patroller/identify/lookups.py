@@ -19,6 +19,8 @@ from typing import Any, Generic, TypeVar
 
 from cachetools import TTLCache
 
+from patroller.durations import describe
+
 T = TypeVar("T")
 
 
@@ -98,6 +100,6 @@ class SharedLookups(Generic[T]):
             reason = (
                 self.overdue()
                 if self.overdue is not None
-                else f"no whole answer within {self.deadline:g} s"
+                else f"no whole answer within {describe(self.deadline)}"
             )
             raise self.unavailable(reason) from None

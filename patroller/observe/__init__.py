@@ -11,5 +11,6 @@ test mode's synthetic devices,
 the watches of the schedulers' allocations (`allocwatch`: Slurm's job map, the kubelet's
 pod-resources), unary gRPC calls on a unix socket (`grpcunix`), and the protobuf wire format
 of their messages (`protowire`: a codec, as `nvsmi` parses nvidia-smi's text).
-May import: `patroller.core`, `patroller.config`; Tornado, blinker and (optional) grpcio.
+May import: `patroller.core`, `patroller.config`, `patroller.durations`; Tornado, blinker and
+(optional) grpcio.
 """

@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 from patroller.config import Config
 from patroller.core.devices import Inventory
 from patroller.core.throttle import Throttle
+from patroller.durations import describe
 from patroller.observe.monitor import FAILING, IDLE, UP, CrossCheckMetrics, Monitor
 from patroller.observe.monitors import PmonMonitor
 from patroller.observe.nvsmi.parsers import ComputeApp, parse_compute_apps
@@ -219,12 +220,12 @@ class CrossCheck(Monitor):
         if admitted:
             log.warning(
                 "cross-check: `%s` failed (%d time(s) in a row), %s; "
-                "keeping the %d process(es) it announced, trying again every %g s",
+                "keeping the %d process(es) it announced, trying again every %s",
                 self.shown,
                 self._failing,
                 problem,
                 len(self._announced),
-                self.interval,
+                describe(self.interval),
             )
 
     def _count_skips(self, skipped: list[str]) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 from patroller.config import Config
 from patroller.core.devices import Device, Inventory, InventoryChange
 from patroller.core.throttle import Throttle
+from patroller.durations import describe
 from patroller.observe.child import status_text
 from patroller.observe.miguuids import MigUuids
 from patroller.observe.monitor import FAILING, IDLE, UP, InventoryMetrics, Monitor
@@ -61,7 +62,7 @@ async def read_inventory(query: OneShotChild) -> Discovery:
     if answer.timed_out:
         raise GpuHostError(
             f"cannot list the GPUs: `{shown}` did not answer in "
-            f"{query.timeout:g} s: killed; {HINT}"
+            f"{describe(query.timeout)}: killed; {HINT}"
         )
     if answer.stopped:
         raise GpuHostError(f"cannot list the GPUs: `{shown}` was stopped")

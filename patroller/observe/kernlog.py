@@ -20,6 +20,7 @@ import threading
 import time
 
 from patroller.config import Config
+from patroller.durations import describe
 from patroller.observe.monitor import FAILING, IDLE, UP, KernelLogMetrics, Monitor
 from patroller.observe.signals import Signals
 from patroller.observe.xid import XidLine, parse_xid
@@ -78,10 +79,10 @@ class KernelLog(Monitor):
                 if not told:
                     log.warning(
                         "cannot read the kernel log %s (%s): Xid errors are not seen; "
-                        "trying again every %g s",
+                        "trying again every %s",
                         self.path,
                         exc.strerror,
-                        self.retry,
+                        describe(self.retry),
                     )
                     told = True
                 self._halt.wait(self.retry)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from patroller.core.devices import Inventory
+from patroller.durations import describe
 from patroller.observe.monitor import UP, Monitor, SilenceMetrics
 from patroller.observe.signals import Sample, Signals, Silence
 
@@ -93,7 +94,7 @@ class SilenceWatch(Monitor):
             self.silences += 1
             said = (
                 f"GPU {uuid} printed no statistics for "
-                f"{now - self._heard.get(uuid, now):.0f} s while the others did"
+                f"{describe(now - self._heard.get(uuid, now))} while the others did"
             )
             log.warning(
                 "%s: granted to nobody until it is heard again; reading the inventory", said

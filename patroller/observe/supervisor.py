@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from patroller.config import Config
 from patroller.core.throttle import Throttle
+from patroller.durations import describe
 from patroller.observe.child import Child, one_line, status_text
 
 log = logging.getLogger(__name__)
@@ -134,7 +135,7 @@ class RestartingChild:
                 log.info("%s: restarting with %s", self.name, " ".join(self.argv[-4:]))
                 continue
             delay = self.backoff.delay(time.monotonic() - started)
-            log.warning("%s: restarting in %.0f s", self.name, delay)
+            log.warning("%s: restarting in %s", self.name, describe(delay))
             try:
                 await asyncio.wait_for(self._wake.wait(), delay)
             except asyncio.TimeoutError:
@@ -184,7 +185,7 @@ class RestartingChild:
         self._hung = True
         self.hangs += 1
         said = "nothing since it started" if self.heard is None else "nothing more"
-        log.warning("%s: printed %s for %.1f s: hung, killing it", self.name, said, quiet)
+        log.warning("%s: printed %s for %s: hung, killing it", self.name, said, describe(quiet))
         child.signal(signal.SIGKILL)  # a hung nvidia-smi need not answer SIGTERM
 
     async def _read_lines(self, stdout: asyncio.StreamReader) -> None:
@@ -238,7 +239,7 @@ class RestartingChild:
             log.info("%s: stopped (status %s)", self.name, code)
             return
         if self._hung:  # the warning was given when it was killed
-            log.info("%s: hung child ended (status %s) after %.1f s", self.name, code, ran)
+            log.info("%s: hung child ended (status %s) after %s", self.name, code, describe(ran))
             return
         if self._again:  # restarted on purpose
             return
@@ -249,10 +250,10 @@ class RestartingChild:
             except Exception:
                 log.exception("%s: exit handler failed", self.name)
         log.warning(
-            "%s: exited with %s after %.1f s%s",
+            "%s: exited with %s after %s%s",
             self.name,
             status_text(code),
-            ran,
+            describe(ran),
             f": {said[-500:]}" if said else "",
         )
 
@@ -347,6 +348,6 @@ def problem(answer: Answer, query: OneShotChild) -> str:
     if answer.error is not None:
         return f"cannot start {query.argv[0]}: {answer.error.strerror or answer.error}"
     if answer.timed_out:
-        return f"no answer in {query.timeout:g} s: killed"
+        return f"no answer in {describe(query.timeout)}: killed"
     assert answer.status is not None
     return f"{status_text(answer.status)}: {answer.account()}"

@@ -5,6 +5,6 @@ Owns: the lease book with its files (each write whole), its whole on-disk schema
 locked directory, the audit record, the expiry timer, the lifelines (pidfds) of processes that
 hold devices, the pseudonyms of --hide-users and their key, and the usage store (state/usage:
 its SQLite file, schema, writer thread, reader and sampler).
-May import: `patroller.identify`, `patroller.observe`, `patroller.config`, `patroller.core`;
-Tornado, cachetools.
+May import: `patroller.identify`, `patroller.observe`, `patroller.config`, `patroller.core`,
+`patroller.durations`; Tornado, cachetools.
 """

@@ -12,7 +12,7 @@
   let receivedAt = 0;         // performance.now() when the last snapshot came
   let rendered = false;
 
-  const {duration, gib, h, setAttrs, timeOfDay} = window.Patroller;  // common.js
+  const {bar, duration, gib, h, setAttrs, timeOfDay} = window.Patroller;  // common.js
 
   function $(id) { return document.getElementById(id); }
 
@@ -80,16 +80,6 @@
       const d = el.dataset;
       el.textContent = tickText(Number(d.base), d.dir, d.fmt, Number(d.at), d.prefix, d.suffix);
     }
-  }
-
-  function bar(kind, label, fraction, text) {
-    const shown = typeof fraction === "number" && isFinite(fraction);
-    const fill = h("span", {class: "fill"});
-    fill.style.width = shown ? Math.min(100, Math.max(0, fraction * 100)).toFixed(1) + "%" : "0";
-    return h("div", {class: "bar " + kind, data: {value: shown ? fraction.toFixed(3) : ""}},
-      h("span", {class: "bar-label"}, label),
-      h("span", {class: "track", role: "img", "aria-label": label + " " + text}, fill),
-      h("span", {class: "bar-text"}, text));
   }
 
   // The SM utilisation of the last ten minutes (HISTORY points, one per interval), newest at

@@ -1,5 +1,5 @@
 // What Patroller's pages share (index.html's app.js, fleet.html's fleet.js, report.html's
-// report.js): the one element builder, a duration, memory, a time of day. Loaded before each
+// report.js): the one element builder, a bar, a duration, memory, a time of day. Loaded before each
 // page's own script, it defines window.Patroller and nothing else. The one duration formatting of the web; Python's is
 // patroller/durations.py (tests/test_layout.py keeps each the only one).
 "use strict";
@@ -29,6 +29,20 @@ window.Patroller = Object.freeze({
         el.setAttribute(key, String(value));
       }
     }
+  },
+
+  // A bar of `fraction` (0 to 1; anything else: an empty bar) as the live and the fleet page
+  // draw SM and memory: its label (shown on a phone only, where a table's head is not), the
+  // track, its text; the fraction also as data-value, for the tests.
+  bar(kind, label, fraction, text) {
+    const h = window.Patroller.h;
+    const shown = typeof fraction === "number" && isFinite(fraction);
+    const fill = h("span", {class: "fill"});
+    fill.style.width = shown ? Math.min(100, Math.max(0, fraction * 100)).toFixed(1) + "%" : "0";
+    return h("div", {class: "bar " + kind, data: {value: shown ? fraction.toFixed(3) : ""}},
+      h("span", {class: "bar-label"}, label),
+      h("span", {class: "track", role: "img", "aria-label": label + " " + text}, fill),
+      h("span", {class: "bar-text"}, text));
   },
 
   // 42 s, 12 min, 3 h 5 min, 2 d 4 h

@@ -19,7 +19,7 @@
   let compactAll = false;     // the page-wide choice: a line per host, or every GPU
   const opened = new Map();   // host -> its GPUs shown (true) or not: its own toggle
 
-  const {duration, gib, h, timeOfDay} = window.Patroller;  // common.js
+  const {bar, duration, gib, h, timeOfDay} = window.Patroller;  // common.js
 
   function $(id) { return document.getElementById(id); }
 
@@ -34,17 +34,6 @@
     if (identity.claimed) return identity.user + (identity.email ? " (claims " + identity.email + ")" : "");
     const container = identity.container || {};
     return identity.email || container.name || identity.user || "?";
-  }
-
-  // The label shows on a phone only, where the table's head is not shown.
-  function bar(kind, label, fraction, text) {
-    const shown = typeof fraction === "number" && isFinite(fraction);
-    const fill = h("span", {class: "fill"});
-    fill.style.width = shown ? Math.min(100, Math.max(0, fraction * 100)).toFixed(1) + "%" : "0";
-    return h("div", {class: "bar " + kind, data: {value: shown ? fraction.toFixed(3) : ""}},
-      h("span", {class: "bar-label"}, label),
-      h("span", {class: "track", role: "img", "aria-label": label + " " + text}, fill),
-      h("span", {class: "bar-text"}, text));
   }
 
   function gpuRow(gpu) {

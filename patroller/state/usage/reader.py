@@ -43,6 +43,7 @@ from cachetools import LRUCache
 
 from patroller.config import Config
 from patroller.core.errors import BadRequest, TooManyReports, Unavailable
+from patroller.durations import describe
 from patroller.state.usage import groupings, queries, schema
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ class Reader:
             raise TooManyReports(
                 f"{self.running} usage report(s) are being answered and "
                 f"{self.waiting} wait, the most there may be; ask again in "
-                f"{retry} s",
+                f"{describe(retry)}",
                 running=self.running,
                 limit=limit,
                 waiting=self.waiting,

@@ -44,6 +44,7 @@ from typing import Any
 from patroller.config import Config
 from patroller.core.throttle import Throttle
 from patroller.core.usage import GpuSample
+from patroller.durations import describe
 from patroller.state import private
 from patroller.state.usage import queries, room, schema, tables
 from patroller.state.usage.keys import Keys, cut_sample
@@ -127,9 +128,9 @@ class UsageStore:
             return
         config = self.config
         log.info(
-            "usage store %s: a sample of every GPU every %g s, kept %d days, then daily totals",
+            "usage store %s: a sample of every GPU every %s, kept %d days, then daily totals",
             self.path,
-            config.usage_interval,
+            describe(config.usage_interval),
             config.usage_days,
         )
         self._thread = threading.Thread(target=self._run, name="usage-writer", daemon=True)
@@ -147,7 +148,7 @@ class UsageStore:
             self._queue.put(STOP)
             self._thread.join(timeout)
             if self._thread.is_alive():
-                log.warning("the usage store did not finish writing within %.1f s", timeout)
+                log.warning("the usage store did not finish writing within %s", describe(timeout))
         self.reader.close()
         if self.state != READ_ONLY:
             self.state = STOPPED
@@ -384,12 +385,12 @@ class UsageStore:
         if self._reports.admit()[0]:
             log.error(
                 "cannot write the usage store %s: %s (%d failure(s) so far); serving goes "
-                "on, %d interval(s) kept in memory, tried again every %g s",
+                "on, %d interval(s) kept in memory, tried again every %s",
                 self.path,
                 self.why,
                 self.failures,
                 kept,
-                self.config.usage_retry,
+                describe(self.config.usage_retry),
             )
 
     def _recovered(self) -> None:
