@@ -559,7 +559,7 @@ def test_an_idle_release_is_one_line_and_one_event(clock, caplog):
     with caplog.at_level(logging.WARNING, logger="patroller.core.leases"):
         assert leases.release_idle(idle.uuid, 612.345) is True
     assert [r.getMessage() for r in caplog.records] == [
-        f"alice on {idle.uuid} was idle for 612 s with no process: released"
+        f"alice on {idle.uuid} was idle for 10m12s with no process: released"
     ]
     [event] = [e for e in events if e.kind == "idle_release"]
     assert (event.user, event.devices, dict(event.details)) == (

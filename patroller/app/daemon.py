@@ -10,6 +10,7 @@ import socket
 import sys
 import time
 
+from patroller.durations import describe
 from patroller.heap import Heap
 from patroller.http.api import Api
 from patroller.http.fastlane import FastLane
@@ -200,7 +201,7 @@ class Daemon:
         done, late = await asyncio.wait(stops, timeout=grace)
         for task in late:  # a child stuck in the kernel: it dies when it returns
             task.cancel()
-            log.warning("%s did not stop within %.1f s", stops[task].name, grace)
+            log.warning("%s did not stop within %s", stops[task].name, describe(grace))
         for task in done:
             if task.exception() is not None:
                 log.error("stopping %s failed", stops[task].name, exc_info=task.exception())

@@ -32,6 +32,7 @@ from patroller.core.identity import Identity, ProcessRef
 from patroller.core.leases.holds import Wants
 from patroller.core.leases.observed import Observed
 from patroller.core.leases.queue import Waiter
+from patroller.durations import describe
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +170,9 @@ class LeaseManager(Observed):
         if hold is None or hold.holder is None or hold.processes or hold.lost or hold.until:
             return False
         user = hold.holder.user
-        log.warning("%s on %s was idle for %.0f s with no process: released", user, uuid, idle)
+        log.warning(
+            "%s on %s was idle for %s with no process: released", user, uuid, describe(idle)
+        )
         self._notices.event("idle_release", user, [self.inventory.get(uuid)], idle=round(idle, 1))
         hold.end(self.clock())
         self._serve_and_announce()
