@@ -19,7 +19,7 @@ import traceback
 from typing import Any
 from collections.abc import Callable
 
-from . import callers, fleet, measures, notify, statusbuild, topology, usage
+from . import callers, fleet, fleetload, measures, notify, statusbuild, topology, usage
 from .harness import ROOT, machine, raise_file_limit
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
@@ -38,6 +38,7 @@ NAMES = (
     "usage",
     "status_build",
     "fleet",
+    "fleet_at_load",
     "notify",
     "topology",
 )
@@ -69,6 +70,7 @@ def run(
         ("usage", usage.usage),
         ("status_build", statusbuild.status_build),
         ("fleet", fleet.fleet),
+        ("fleet_at_load", fleetload.fleet_at_load),
         ("notify", notify.notify),
         ("topology", topology.topology),
     ]
@@ -364,6 +366,7 @@ def checks(report: dict[str, Any]) -> list[dict[str, Any]]:
             "< 2",
             lambda v: v < 2,
         ),
+        *fleetload.checks(r.get("fleet_at_load") or {}),
         (
             "/status p99 with 1,000 notification events/s through a destination that answers in "
             "5 s, as a multiple of without",
@@ -576,6 +579,7 @@ def other_figures(report: dict[str, Any]) -> list[tuple[str, Any]]:
         figures += _usage_figures(r["usage"])
     figures += _status_build_figures(r.get("status_build") or [])
     figures += _notify_figures(r.get("notify") or {})
+    figures += fleetload.figures(r.get("fleet_at_load") or {})
     for row in _get(r, "topology", "choices") or []:
         figures.append(
             (
