@@ -1,11 +1,11 @@
 """`patroller status --hosts h1:port,h2:port,...`: the GPUs of many hosts in one table.
 
-Every request goes out at once (a thread each: /status and /devices of every host, and /whoami
-with --mine), and the table is drawn at one overall deadline (--deadline, else
+Every request goes out at once (a task each on one event loop, cli/asking.py: /status and
+/devices of every host, and /whoami with --mine), and the table is drawn at one overall deadline (--deadline, else
 PATROLLER_HOSTS_DEADLINE, else DEADLINE = 1.5 s) whatever the hosts do: a host not answered by
 then is "no answer yet", one that refuses "refused", one that fails or answers nothing within
 --host-timeout "not answering" and why; each is a line of its own and never holds up the rest.
-The threads are daemon threads: one left waiting on a silent host ends with the command. A host
+A request still waiting on a silent host at the deadline is cancelled. A host
 that answers more than HOST_MAX_BYTES (nothing past them is read) or other than Patroller's
 schema says (answers.check) is "not answering: bad answer: " and why. `--free N` lists the
 hosts with N free GPUs now (answers.free), most free first; `--json` gives the same as JSON;
