@@ -19,7 +19,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from . import callers, crowded, fleet, measures, notify, statusbuild, topology, usage
+from . import callers, crowded, fleet, fleetload, measures, notify, statusbuild, topology, usage
 from .harness import ROOT, machine, raise_file_limit
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
@@ -39,6 +39,7 @@ NAMES = (
     "status_build",
     "crowded_gpu",
     "fleet",
+    "fleet_at_load",
     "notify",
     "topology",
 )
@@ -104,6 +105,7 @@ def run(
         ("status_build", statusbuild.status_build),
         ("crowded_gpu", crowded.crowded),
         ("fleet", fleet.fleet),
+        ("fleet_at_load", fleetload.fleet_at_load),
         ("notify", notify.notify),
         ("topology", topology.topology),
     ]
@@ -413,6 +415,7 @@ def checks(report: dict[str, Any]) -> list[dict[str, Any]]:
             "< 2",
             lambda v: v < 2,
         ),
+        *fleetload.checks(r.get("fleet_at_load") or {}),
         (
             "/status p99 with 1,000 notification events/s through a destination that answers in "
             "5 s, as a multiple of without",
@@ -639,6 +642,7 @@ def other_figures(report: dict[str, Any]) -> list[tuple[str, Any]]:
         figures += _usage_figures(r["usage"])
     figures += _status_build_figures(r.get("status_build") or [])
     figures += _notify_figures(r.get("notify") or {})
+    figures += fleetload.figures(r.get("fleet_at_load") or {})
     for row in _get(r, "topology", "choices") or []:
         figures.append(
             (

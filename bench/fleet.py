@@ -12,6 +12,7 @@ before a change: the same step over the old code).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from .harness import ROOT, cpu_seconds, have_wrk, listening_port, wrk
@@ -130,146 +132,188 @@ def stop_all(daemons: list[TestDaemon]) -> None:
         daemon.reap()
 
 
-def fleet(ctx: Any) -> dict[str, Any]:
-    if not have_wrk():
-        return {"skipped": "wrk is not installed"}
-    root = os.environ.get("PBENCH_FLEET_ROOT", ROOT)
-    # quick: 10 real daemons (the fewest it takes), the other 20 hosts replicas of them
-    hosts_wanted, daemons_wanted = (30, 10) if ctx.quick else (1000, 300)
+class Farm:
+    """The hosts of a fleet daemon and the daemon (`poller`) once it hears them all."""
+
+    def __init__(self) -> None:
+        self.skipped: str | None = None  # why there is none
+        self.facts: dict[str, Any] = {}
+        self.live: list[TestDaemon] = []
+        self.hosts: list[str] = []  # the answering ones: real daemons first, then replicas
+        self.refusing: list[str] = []
+        self.quiet: list[str] = []
+        self.listing = ""  # the file of every host, as --fleet-file reads it
+        self.poller: TestDaemon | None = None
+
+    def described(self) -> dict[str, Any]:
+        return dict(self.facts)
+
+
+@contextlib.contextmanager
+def fleet_hosts(root: str, hosts_wanted: int, daemons_wanted: int, log: Any) -> Iterator[Farm]:
+    """`daemons_wanted` test-mode daemons (fewer where memory does not hold them, said in
+    `facts`), topped up to `hosts_wanted` with replicas, 5 refusing ports and 5 silent
+    listeners, and a daemon with --fleet over them all that has heard every answering one."""
+    farm = Farm()
     available = available_mib()
     daemons = min(daemons_wanted, max(0, (available - RESERVE_MIB) // DAEMON_MIB))
-    result: dict[str, Any] = {
+    farm.facts = {
         "root": "this checkout" if root == ROOT else root,
         "memory_available_mib": available,
     }
     if daemons < daemons_wanted:
-        result["scaled_down"] = (
+        farm.facts["scaled_down"] = (
             f"{daemons} test-mode daemons, not {daemons_wanted}: "
             f"{available} MiB available, {DAEMON_MIB} MiB each, "
             f"{RESERVE_MIB} MiB kept free"
         )
     if daemons < 10:
-        return {"skipped": result.get("scaled_down", "no memory")}
-    live: list[TestDaemon] = []
+        farm.skipped = farm.facts.get("scaled_down", "no memory")
+        yield farm
+        return
     others: list[TestDaemon] = []
     silent: list[socket.socket] = []
-    farm: subprocess.Popen | None = None
+    replicas: subprocess.Popen | None = None
     where = tempfile.mkdtemp(prefix="pbench-fleet")
     try:
         began = time.monotonic()
-        live = start_many(root, daemons, ctx.log)
-        result["start_s"] = round(time.monotonic() - began, 1)
-        hosts = [f"127.0.0.1:{d.port}" for d in live]
-        replicas = hosts_wanted - daemons
-        if replicas > 0:
+        farm.live = start_many(root, daemons, log)
+        farm.facts["start_s"] = round(time.monotonic() - began, 1)
+        hosts = [f"127.0.0.1:{d.port}" for d in farm.live]
+        wanted = hosts_wanted - daemons
+        if wanted > 0:
             for path in ("/status", "/devices"):
                 with open(os.path.join(where, path[1:]), "wb") as f:
-                    f.write(live[0].get(path))
-            farm = subprocess.Popen(
+                    f.write(farm.live[0].get(path))
+            replicas = subprocess.Popen(
                 [
                     sys.executable,
                     "-m",
                     "bench.replicas",
                     os.path.join(where, "status"),
                     os.path.join(where, "devices"),
-                    str(replicas),
+                    str(wanted),
                 ],
                 cwd=ROOT,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
             )
-            assert farm.stdout is not None
-            hosts += [f"127.0.0.1:{port}" for port in farm.stdout.readline().split()]
-        refusing = []
+            assert replicas.stdout is not None
+            hosts += [f"127.0.0.1:{port}" for port in replicas.stdout.readline().split()]
         for _ in range(5):
             with socket.socket() as s:  # bound, then closed: nothing listens there
                 s.bind(("127.0.0.1", 0))
-                refusing.append(f"127.0.0.1:{s.getsockname()[1]}")
+                farm.refusing.append(f"127.0.0.1:{s.getsockname()[1]}")
         for _ in range(5):
             s = socket.socket()
             s.bind(("127.0.0.1", 0))
             s.listen(64)
             silent.append(s)
-        quiet = [f"127.0.0.1:{s.getsockname()[1]}" for s in silent]
-        answering = len(hosts)
-        listing = os.path.join(where, "fleet")
+        farm.quiet = [f"127.0.0.1:{s.getsockname()[1]}" for s in silent]
+        farm.hosts = hosts
+        listing = farm.listing = os.path.join(where, "fleet")
         with open(listing, "w", encoding="utf-8") as f:
-            f.write("\n".join(hosts + refusing + quiet) + "\n")
-        result.update(
+            f.write("\n".join(hosts + farm.refusing + farm.quiet) + "\n")
+        farm.facts.update(
             hosts=len(hosts) + 10,
             test_mode_daemons=daemons,
-            replicas=max(0, replicas),
+            replicas=max(0, wanted),
             refusing=5,
             silent=5,
         )
-        ctx.log(f"fleet: {daemons} daemons, {max(0, replicas)} replicas, 5 refusing, 5 silent")
-        poller = TestDaemon(root, "--fleet-file", listing, "--fleet-interval", str(INTERVAL))
-        plain = TestDaemon(root)
-        others = [poller, plain]
+        log(f"fleet: {daemons} daemons, {max(0, wanted)} replicas, 5 refusing, 5 silent")
+        farm.poller = TestDaemon(root, "--fleet-file", listing, "--fleet-interval", str(INTERVAL))
+        others = [farm.poller]
         deadline = time.monotonic() + 120
-        poller.wait(deadline), plain.wait(deadline)
+        farm.poller.wait(deadline)
         began = time.monotonic()
         while True:
-            totals = json.loads(poller.get("/fleet.json"))["totals"]
-            if totals["answering"] == answering:
+            totals = json.loads(farm.poller.get("/fleet.json"))["totals"]
+            if totals["answering"] == len(hosts):
                 break
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"the fleet daemon heard {totals['answering']} of {answering} hosts"
-                )
+            if time.monotonic() > deadline:  # a busy machine: some late every round
+                if totals["answering"] < 0.9 * len(hosts):
+                    raise RuntimeError(
+                        f"the fleet daemon heard {totals['answering']} of {len(hosts)} hosts"
+                    )
+                farm.facts["answering_at_start"] = totals["answering"]
+                break
             time.sleep(0.5)
-        result["all_up_s"] = round(time.monotonic() - began, 1)
-        time.sleep(INTERVAL)  # a whole round in the steady state
-        result["fleet_json_bytes"] = len(poller.get("/fleet.json"))
-        seconds = ctx.wrk_seconds if ctx.quick else 20
-        cpu = cpu_seconds(poller.process.pid)
-        time.sleep(2 * INTERVAL)
-        result["poller_core_fraction"] = round(
-            (cpu_seconds(poller.process.pid) - cpu) / (2 * INTERVAL), 3
-        )
-        # As the fleet page asks (a browser accepts gzip); then as a client that does not.
-        result["fleet_json"] = wrk(
-            poller.url + "/fleet.json", seconds, connections=4, headers=[GZIP]
-        )
-        result["fleet_json_one_client"] = wrk(
-            poller.url + "/fleet.json", seconds / 2, connections=1, headers=[GZIP]
-        )
-        result["fleet_json_plain"] = wrk(poller.url + "/fleet.json", seconds / 2, connections=4)
-        # A body new this round is sent plain until its gzip is made (in a thread, never
-        # waited for): ask again until the answer is gzip (its magic number).
-        for _ in range(50):
-            gzipped = poller.get("/fleet.json", GZIP)
-            if gzipped.startswith(b"\x1f\x8b"):
-                break
-            time.sleep(0.1)
-        result["fleet_json_gzip_bytes"] = len(gzipped)
-        # The machine is shared: the two daemons in turn, three times (once in quick mode),
-        # each side's median.
-        turns: dict[str, list[dict[str, float]]] = {"poller": [], "plain": []}
-        for _ in range(1 if ctx.quick else 3):
-            for name, daemon in (("plain", plain), ("poller", poller)):
-                turns[name].append(wrk(daemon.url + "/status", max(5.0, seconds / 3)))
-        for name, runs in turns.items():
-            result[f"status_{name}"] = {
-                key: statistics.median(run[key] for run in runs) for key in runs[0]
-            }
-            result[f"status_{name}"]["p99_ms_each"] = [run["p99_ms"] for run in runs]
-        result["status_p99_ratio"] = round(
-            result["status_poller"]["p99_ms"] / max(result["status_plain"]["p99_ms"], 0.01), 2
-        )
-        result["status_hosts"] = status_hosts(
-            root, hosts[:100], refusing, quiet, 2 if ctx.quick else 5
-        )
+        farm.facts["all_up_s"] = round(time.monotonic() - began, 1)
+        yield farm
     finally:
-        stop_all(others + live)
+        stop_all(others + farm.live)
         for s in silent:
             s.close()
-        if farm is not None:
-            assert farm.stdin is not None
-            farm.stdin.close()
-            farm.wait(10)
+        if replicas is not None:
+            assert replicas.stdin is not None
+            replicas.stdin.close()
+            replicas.wait(10)
         shutil.rmtree(where, ignore_errors=True)
+
+
+def fleet(ctx: Any) -> dict[str, Any]:
+    if not have_wrk():
+        return {"skipped": "wrk is not installed"}
+    root = os.environ.get("PBENCH_FLEET_ROOT", ROOT)
+    # quick: 10 real daemons (the fewest it takes), the other 20 hosts replicas of them
+    hosts_wanted, daemons_wanted = (30, 10) if ctx.quick else (1000, 300)
+    plain = TestDaemon(root)
+    try:
+        with fleet_hosts(root, hosts_wanted, daemons_wanted, ctx.log) as farm:
+            if farm.skipped:
+                return {"skipped": farm.skipped}
+            result = farm.described()
+            poller = farm.poller
+            assert poller is not None
+            plain.wait(time.monotonic() + 120)
+            time.sleep(INTERVAL)  # a whole round in the steady state
+            result["fleet_json_bytes"] = len(poller.get("/fleet.json"))
+            seconds = ctx.wrk_seconds if ctx.quick else 20
+            cpu = cpu_seconds(poller.process.pid)
+            time.sleep(2 * INTERVAL)
+            result["poller_core_fraction"] = round(
+                (cpu_seconds(poller.process.pid) - cpu) / (2 * INTERVAL), 3
+            )
+            # As the fleet page asks (a browser accepts gzip); then as a client that does not.
+            result["fleet_json"] = wrk(
+                poller.url + "/fleet.json", seconds, connections=4, headers=[GZIP]
+            )
+            result["fleet_json_one_client"] = wrk(
+                poller.url + "/fleet.json", seconds / 2, connections=1, headers=[GZIP]
+            )
+            result["fleet_json_plain"] = wrk(
+                poller.url + "/fleet.json", seconds / 2, connections=4
+            )
+            # An older daemon (PBENCH_FLEET_ROOT) sends a body new this round plain until its
+            # gzip is made: ask again until the answer is gzip (its magic number).
+            for _ in range(50):
+                gzipped = poller.get("/fleet.json", GZIP)
+                if gzipped.startswith(b"\x1f\x8b"):
+                    break
+                time.sleep(0.1)
+            result["fleet_json_gzip_bytes"] = len(gzipped)
+            # The machine is shared: the two daemons in turn, three times (once in quick
+            # mode), each side's median.
+            turns: dict[str, list[dict[str, float]]] = {"poller": [], "plain": []}
+            for _ in range(1 if ctx.quick else 3):
+                for name, daemon in (("plain", plain), ("poller", poller)):
+                    turns[name].append(wrk(daemon.url + "/status", max(5.0, seconds / 3)))
+            for name, runs in turns.items():
+                result[f"status_{name}"] = {
+                    key: statistics.median(run[key] for run in runs) for key in runs[0]
+                }
+                result[f"status_{name}"]["p99_ms_each"] = [run["p99_ms"] for run in runs]
+            result["status_p99_ratio"] = round(
+                result["status_poller"]["p99_ms"] / max(result["status_plain"]["p99_ms"], 0.01),
+                2,
+            )
+            result["status_hosts"] = status_hosts(
+                root, farm.hosts[:100], farm.refusing, farm.quiet, 2 if ctx.quick else 5
+            )
+    finally:
+        stop_all([plain])
     return result
 
 

@@ -1,11 +1,11 @@
 """`patroller status --hosts h1:port,h2:port,...`: the GPUs of many hosts in one table.
 
-Every request goes out at once (a thread each: /status and /devices of every host, and /whoami
-with --mine), and the table is drawn at one overall deadline (--deadline, else
-PATROLLER_HOSTS_DEADLINE, else DEADLINE = 1.5 s) whatever the hosts do: a host not answered by
+Every request goes out at once (a task each on one event loop, cli/asking.py: /status and
+/devices of every host, and /whoami with --mine), and the table is drawn at one overall
+deadline (--deadline, else PATROLLER_HOSTS_DEADLINE, else DEADLINE = 1.5 s) whatever the hosts do: a host not answered by
 then is "no answer yet", one that refuses "refused", one that fails or answers nothing within
 --host-timeout "not answering" and why; each is a line of its own and never holds up the rest.
-The threads are daemon threads: one left waiting on a silent host ends with the command. A host
+A request still waiting on a silent host at the deadline is cancelled. A host
 that answers more than HOST_MAX_BYTES (nothing past them is read) or other than Patroller's
 schema says (answers.check) is "not answering: bad answer: " and why. `--free N` lists the
 hosts with N free GPUs now (answers.free), most free first; `--json` gives the same as JSON;
@@ -15,8 +15,8 @@ from `--hosts`, else `--hosts-file` (one a line, `#` comments), else PATROLLER_H
 
 from __future__ import annotations
 
+import asyncio
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from patroller import answers, client, durations, hosts
 from patroller.answers import BadAnswer, check
+from patroller.cli import asking
 from patroller.cli.exits import EX_TEMPFAIL, EX_USAGE, Failure
 from patroller.cli.status import is_mine, tables
 from patroller.durations import describe
@@ -168,29 +169,11 @@ def ask_all(
     if not hosts:
         return []
     wait = timeout + 1 if deadline is None else max(0.1, deadline - spent)
-    came: queue.Queue[tuple[int, str, Any]] = queue.Queue()
-
-    def get(n: int, path: str) -> None:
-        try:
-            came.put((n, path, client.get_json(hosts[n], path, timeout, HOST_MAX_BYTES)))
-        except (client.PatrollerError, ValueError) as exc:  # ValueError: not an address
-            came.put((n, path, exc))
-
+    requests = [(host, path) for host in hosts for path in paths(mine)]
+    came = asyncio.run(asking.ask(requests, timeout, HOST_MAX_BYTES, wait))
     got: list[dict[str, Any]] = [{} for _ in hosts]
-    end = time.monotonic() + wait  # starting hundreds of threads takes a good part of it
-    for n in range(len(hosts)):
-        for path in paths(mine):  # daemon threads: one still waiting ends with the command
-            threading.Thread(
-                target=get, args=(n, path), daemon=True, name=f"asking {hosts[n]}{path}"
-            ).start()
-    pending = len(hosts) * len(paths(mine))
-    while pending:
-        try:
-            n, path, answer = came.get(timeout=max(0.0, end - time.monotonic()))
-        except queue.Empty:
-            break
-        got[n][path] = answer
-        pending -= 1
+    for n, answer in came.items():
+        got[n // len(paths(mine))][requests[n][1]] = answer
     return [
         _answer(host, answers, mine, wait if deadline is None else deadline)
         for host, answers in zip(hosts, got, strict=True)

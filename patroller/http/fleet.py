@@ -39,7 +39,8 @@ from tornado.tcpclient import TCPClient
 
 from patroller import __version__, answers, hosts
 from patroller.config import Config
-from patroller.http.encoding import Gzipped, dumps
+from patroller.http.encoding import dumps
+from patroller.http.fleetbody import Packed, Packer
 from patroller.http.fleetlink import Cut, Link, Reply, Silent
 from patroller.http.hiding import FLEET_AGENT
 from patroller.observe.stats import iso_time
@@ -192,7 +193,7 @@ class Fleet:
         self.max_bytes = config.fleet_max_bytes
         self.max_gpus = config.fleet_max_gpus
         self.build_every = config.fleet_build_every
-        self.gzipped = Gzipped(config.fleet_gzip_level)  # the body, for those who accept gzip
+        self.packer = Packer(config.fleet_gzip_level)  # the body gzipped, and its ETags
         started = clock()
         self.hosts = [Host(host, hosts.base_url(host), started) for host in config.fleet]
         self.tcp: TCPClient | None = None
@@ -329,6 +330,10 @@ class Fleet:
             self._body, self._data, self._built, self._changed = self._build(), None, now, False
             self.builds += 1
         return self._body
+
+    async def packed(self) -> Packed:
+        """The newest body packed (fleetbody.Packer): what an answer to /fleet.json copies."""
+        return await self.packer.of(self.body())
 
     def data(self) -> dict[str, Any]:
         """The body as data (never to be changed: it is shared until the next build)."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.resources
-from collections.abc import Awaitable
 
 import tornado.template
 import tornado.web
@@ -17,7 +16,6 @@ from patroller.core.errors import BadRequest, Unavailable, Unidentified
 from patroller.core.identity import Identity
 from patroller.http import hiding, query
 from patroller.http.access import shown
-from patroller.http.encoding import accepts_gzip
 from patroller.http.handlers import Handler, View
 from patroller.http.hiding import viewer_of
 from patroller.http.live import Page
@@ -162,23 +160,32 @@ class FleetHandler(PageView):
 
 class FleetJsonHandler(View):
     """With --fleet, every host's GPUs as this daemon last heard them; it never waits for a
-    host. With --hide-users, the names in it as the caller may see them (hiding.fleet)."""
+    host. Packed once per body (fleetbody): gzipped for a client that accepts it, each
+    encoding with its own ETag (If-None-Match: 304). With --hide-users, the names in it as the
+    caller may see them (hiding.fleet)."""
 
-    def get(self) -> Awaitable[None] | None:
+    tag: str | None = None  # the ETag of the bytes sent
+
+    async def get(self) -> None:
         fleet = self.api.fleet
         if fleet is None:
             raise no_fleet()
-        if self.api.hiding is None:
-            body = fleet.body()  # built once for every asker (Fleet.body)
-            self.set_header("Vary", "Accept-Encoding")
-            if accepts_gzip(self.request.headers.get("Accept-Encoding", "")):
-                packed = fleet.gzipped.of(body)  # None while it is being made
-                if packed is not None:
-                    self.set_header("Content-Encoding", "gzip")
-                    body = packed
-            self.send(body)
-            return None
-        return self.shown(fleet.data, hiding.fleet)
+        if self.api.hiding is not None:
+            shown = self.shown(fleet.data, hiding.fleet)
+            if shown is not None:
+                await shown
+            return
+        packed = await fleet.packed()
+        body, encoding, self.tag = packed.answer(self.request.headers.get("Accept-Encoding", ""))
+        self.set_header("Vary", "Accept-Encoding")
+        if encoding is not None:
+            self.set_header("Content-Encoding", encoding)
+        self.send(body)
+
+    def compute_etag(self) -> str | None:
+        """The packed body's own tag (nothing hashed per answer); Tornado sends it, and answers
+        a matching If-None-Match with 304."""
+        return self.tag if self.tag is not None else super().compute_etag()
 
 
 class WebHandler(View):
