@@ -414,6 +414,7 @@ FOREIGN = {
     "--check",
     "--fix",  # ruff format --check, ruff check --fix
     "--ignore-revs-file",  # git blame
+    "--max-children",  # mutmut run
 }
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 

@@ -1,17 +1,16 @@
 """`patroller status --hosts h1:port,h2:port,...`: the GPUs of many hosts in one table.
 
 Every request goes out at once (a task each on one event loop, cli/asking.py: /status and
-/devices of every host, and /whoami with --mine), and the table is drawn at one overall
-deadline (--deadline, else PATROLLER_HOSTS_DEADLINE, else DEADLINE = 1.5 s) whatever the hosts do: a host not answered by
-then is "no answer yet", one that refuses "refused", one that fails or answers nothing within
---host-timeout "not answering" and why; each is a line of its own and never holds up the rest.
-A request still waiting on a silent host at the deadline is cancelled. A host
-that answers more than HOST_MAX_BYTES (nothing past them is read) or other than Patroller's
-schema says (answers.check) is "not answering: bad answer: " and why. `--free N` lists the
-hosts with N free GPUs now (answers.free), most free first; `--json` gives the same as JSON;
-`--mine` keeps the caller's GPUs, the caller as each host's /whoami names them. The hosts come
-from `--hosts`, else `--hosts-file` (one a line, `#` comments), else PATROLLER_HOSTS.
-"""
+/devices of every host, and /whoami with --mine), and the table is drawn at one overall deadline
+(--deadline, else PATROLLER_HOSTS_DEADLINE, else DEADLINE = 1.5 s) whatever the hosts do: a host
+not answered by then is "no answer yet", one that refuses "refused", one that fails or answers
+nothing within --host-timeout "not answering" and why; each is a line of its own and never holds
+up the rest. A request still waiting on a silent host at the deadline is cancelled. A host that
+answers more than HOST_MAX_BYTES (nothing past them is read) or other than Patroller's schema
+says (answers.check) is "not answering: bad answer: " and why. `--free N` lists the hosts with N
+free GPUs now (answers.free), most free first; `--json` gives the same as JSON; `--mine` keeps
+the caller's GPUs, the caller as each host's /whoami names them. The hosts come from `--hosts`,
+else `--hosts-file` (one a line, `#` comments), else PATROLLER_HOSTS."""
 
 from __future__ import annotations
 
