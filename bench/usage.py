@@ -29,7 +29,8 @@ from patroller.observe.tally import Tally
 from patroller.observe.testmode import synthetic_inventory
 from patroller.state.usage import schema, tables
 from patroller.state.usage.sampler import UsageSampler
-from patroller.state.usage.store import FILE, UsageStore
+from patroller.state.usage.files import FILE
+from patroller.state.usage.store import UsageStore
 
 from .harness import Daemon, wrk, have_wrk
 

@@ -16,7 +16,7 @@ from datetime import timedelta, timezone
 from patroller.config import Config
 from patroller.state.usage import queries, schema, tables
 from patroller.state.usage.reader import Reader
-from patroller.state.usage.store import FILE
+from patroller.state.usage.files import FILE
 from test_usage_rollup import HOUR, START, fresh, history, rounded
 from test_usage_store import by_category, interval, report, store_in, wait
 

@@ -19,7 +19,7 @@ from patroller.observe.jobmap import JOB_MAP, read_map
 from patroller.state import schema
 from patroller.state.book import FILE, MAX_SIZE
 from patroller.state.directory import LOCK, STATE_DIR
-from patroller.state.usage.store import FILE as USAGE_FILE
+from patroller.state.usage.files import FILE as USAGE_FILE
 
 MIB = 1 << 20
 NO_BOOK = "--state-dir none"
