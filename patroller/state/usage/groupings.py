@@ -26,6 +26,7 @@ from patroller.state.usage.queries import (
     KEYS,
     Totals,
     TooLarge,
+    at_once,
     kept_from,
     known,
     ranges,
@@ -130,8 +131,10 @@ def totals(
     with reading(db):
         kept = kept_from(db)
         for span in spans(since, until, zone):
-            for *keys, user, category, seconds in db.execute(
-                sql, parameters(since, until, span, kept, by)
+            # one step of SQLite a piece, not one a row (queries.at_once); a piece of more
+            # than `limit` rows is one the whole report has too
+            for *keys, user, category, seconds in at_once(
+                db, sql, parameters(since, until, span, kept, by), len(by) + 3, limit
             ):
                 shown = tuple(_key(name, value) for name, value in zip(by, keys))
                 row = (shown, user or None, category)
