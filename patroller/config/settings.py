@@ -144,6 +144,11 @@ class Config:
     # keeps the interpreter before the event loop gets it back (sys.setswitchinterval; Python's
     # own is 0.005: a request waited up to 5 ms behind a scrape)
     gil_switch_interval: float = 0.0005
+    # the daemon on the C library's allocator (PYTHONMALLOC=malloc): started as a program
+    # without PYTHONMALLOC, it starts itself again once with it (main.py). Python's own keeps
+    # each arena any object made in it still holds: after year-long reports the daemon kept
+    # 21-38 MiB it had freed, with malloc 3-9 (docs/performance.md); False: as Python starts
+    system_allocator: bool = True
 
     # -- internal defaults: notifications (notify/) --------------------------------------------
     notify_queue: int = 100  # notices waiting for one destination at most; more are dropped
