@@ -19,7 +19,7 @@ import traceback
 from typing import Any
 from collections.abc import Callable
 
-from . import callers, fleet, measures, notify, statusbuild, topology, usage
+from . import callers, fleet, measures, notify, reports, statusbuild, topology, usage
 from .harness import ROOT, machine, raise_file_limit
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
@@ -40,6 +40,7 @@ NAMES = (
     "fleet",
     "notify",
     "topology",
+    "reports",
 )
 
 
@@ -71,6 +72,7 @@ def run(
         ("fleet", fleet.fleet),
         ("notify", notify.notify),
         ("topology", topology.topology),
+        ("reports", reports.reports),
     ]
 
     def report() -> dict[str, Any]:
@@ -401,6 +403,7 @@ def checks(report: dict[str, Any]) -> list[dict[str, Any]]:
             ">= 5000 (more than the API answers)",
             lambda v: v >= 5000,
         ),
+        *reports.checks(r),
     ]
     return [
         {
@@ -576,6 +579,7 @@ def other_figures(report: dict[str, Any]) -> list[tuple[str, Any]]:
         figures += _usage_figures(r["usage"])
     figures += _status_build_figures(r.get("status_build") or [])
     figures += _notify_figures(r.get("notify") or {})
+    figures += reports.figures(r.get("reports") or {})
     for row in _get(r, "topology", "choices") or []:
         figures.append(
             (

@@ -164,14 +164,15 @@ def measure(
             )
         else:
             results["under_load"] = {"skipped": "wrk is not installed"}
-        results["memory"] = memory(daemon, days, burst)
     finally:
         daemon.stop()
-    daemon = started(directory, {"PYTHONMALLOC": "pymalloc"})
-    try:
-        results["memory_pymalloc"] = memory(daemon, days, burst)
-    finally:
-        daemon.stop()
+    # each burst on a daemon of its own, so that idle is idle
+    for key, environment in (("memory", {}), ("memory_pymalloc", {"PYTHONMALLOC": "pymalloc"})):
+        daemon = started(directory, environment)
+        try:
+            results[key] = memory(daemon, days, burst)
+        finally:
+            daemon.stop()
     return results
 
 
@@ -280,3 +281,61 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# -- the rows of the benchmark's table (__main__.py) --------------------------------------------
+
+
+def checks(r: dict[str, Any]) -> list[tuple[str, Any, str, Any]]:
+    """The targets of issue 44: a report under load, /status meanwhile, and RSS after."""
+    own = (r.get("reports") or {}).get("under_load", {}).get("own") or {}
+    days = (r.get("reports") or {}).get("days", 365)
+    after = ((r.get("reports") or {}).get("memory") or {}).get("above_idle_mib")
+    return [
+        (
+            f"reports under load: a {days}-day GET /usage by day s (max) while wrk loads /status",
+            (own.get("report_s") or {}).get("max"),
+            "< 1",
+            lambda v: v < 1,
+        ),
+        (
+            "reports under load: /status p99 as a multiple of without",
+            own.get("p99_ratio"),
+            "<= 1.5",
+            lambda v: v <= 1.5,
+        ),
+        (
+            f"RSS after reports: MiB above idle 30 s after 8 clients' {days}-day reports",
+            after,
+            "<= 10",
+            lambda v: v <= 10,
+        ),
+    ]
+
+
+def figures(found: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The figures behind them: each priority of the reports' thread; RSS under each allocator."""
+    rows: list[tuple[str, Any]] = []
+    for nice, row in (found.get("under_load") or {}).items():
+        if "report_s" in row:
+            rows.append(
+                (
+                    f"{found.get('days')}-day reports by day under /status load, the reports' "
+                    f"thread at nice {nice}: s median, max; /status p99 ms alone, during; load",
+                    f"{row['report_s']['median']}, {row['report_s']['max']}; "
+                    f"{row['status_p99_ms']['alone']}, {row['status_p99_ms']['during']}; "
+                    f"{row['load']}",
+                )
+            )
+    for key, allocator in (("memory", "as it starts itself"), ("memory_pymalloc", "pymalloc")):
+        row = found.get(key) or {}
+        if "idle_mib" in row:
+            rows.append(
+                (
+                    f"RSS MiB around a burst of reports ({allocator}): idle, highest, 1 s, "
+                    "15 s, 30 s after",
+                    f"{row['idle_mib']}, {row['peak_mib']}, {row['after_mib']['1s']}, "
+                    f"{row['after_mib']['15s']}, {row['after_mib']['30s']}",
+                )
+            )
+    return rows
