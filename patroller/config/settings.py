@@ -334,8 +334,11 @@ class Config:
     # their host account alone (and counted: parties_overflow)
     usage_parties_remembered: int = 1024  # the writer's map of party ids (LRU): ~6 KB each at most
     # the niceness of the thread that reads reports (0-19): a year-long report is background
-    # work, and must not take the CPU that serving /status needs (19: it gets what is left)
-    usage_report_nice: int = 19
+    # work, and must not take much of the CPU that serving /status needs; at 19 it got what
+    # was left, none on two cores that serve /status flat out (a 365-day report took 0.76-2.5 s
+    # against 0.12-0.15 s alone); at 5 it weighs a third of the loop (SQLite reads without the
+    # interpreter's lock: queries.at_once). docs/performance.md, "Reports under /status load"
+    usage_report_nice: int = 5
     # rows of reports kept to answer the same report again while nothing was written (a page
     # reloaded, a dashboard, several people): some 100 bytes a row
     usage_report_cache_rows: int = 100_000
