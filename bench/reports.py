@@ -85,16 +85,16 @@ def reports_during(daemon: Daemon, days: int, seconds: float, start: int) -> dic
 
 
 def under_load(
-    daemon: Daemon, days: int, seconds: float, own_nice: int, rounds: int
+    daemon: Daemon, days: int, seconds: float, own_nice: int, rounds: int, nices: tuple[int, ...]
 ) -> dict[str, Any]:
-    """At the daemon's own priority (`own`) and at each of NICES: `rounds` turns of wrk alone,
-    then wrk with reports; the reports' median and slowest, /status's p99 during over alone
-    (the medians of the turns)."""
+    """At the daemon's own priority (`own`) and at each of `nices`: `rounds` turns of wrk
+    alone, then wrk with reports; the reports' median and slowest, /status's p99 during over
+    alone (the medians of the turns)."""
     daemon.ok(f"/usage?since={days * 24}h&by=day")  # the reports' thread is made
     tid = reader_thread(daemon.process.pid, own_nice) if daemon.process else None
     found: dict[str, Any] = {}
     asked = 1
-    for nice in ("own", *NICES):
+    for nice in ("own", *nices):
         if nice != "own":
             if tid is None:
                 found[str(nice)] = {"skipped": "the reports' thread was not found"}
@@ -150,9 +150,10 @@ def started(directory: str, environment: dict[str, str]) -> Daemon:
 
 
 def measure(
-    directory: str, days: int, seconds: float, rounds: int, burst: float
+    directory: str, days: int, seconds: float, rounds: int, burst: float, whole: bool = True
 ) -> dict[str, Any]:
-    """Both measures against daemons on the store in `directory`."""
+    """Both measures against daemons on the store in `directory`; not `whole` (quick mode):
+    at the daemon's own priority alone, and its burst on the allocator it starts itself on."""
     from patroller.config import Config
 
     results: dict[str, Any] = {"days": days}
@@ -160,14 +161,15 @@ def measure(
     try:
         if have_wrk():
             results["under_load"] = under_load(
-                daemon, days, seconds, Config.usage_report_nice, rounds
+                daemon, days, seconds, Config.usage_report_nice, rounds, NICES if whole else ()
             )
         else:
             results["under_load"] = {"skipped": "wrk is not installed"}
     finally:
         daemon.stop()
     # each burst on a daemon of its own, so that idle is idle
-    for key, environment in (("memory", {}), ("memory_pymalloc", {"PYTHONMALLOC": "pymalloc"})):
+    allocators = (("memory", {}), ("memory_pymalloc", {"PYTHONMALLOC": "pymalloc"}))
+    for key, environment in allocators if whole else allocators[:1]:
         daemon = started(directory, environment)
         try:
             results[key] = memory(daemon, days, burst)
@@ -177,14 +179,20 @@ def measure(
 
 
 def reports(ctx: Any) -> dict[str, Any]:
-    """The reports step of the benchmark: 30 days in quick mode, a year in full mode."""
+    """The reports step of the benchmark: 30 days in quick mode (the daemon as it is, no
+    sweep of priorities nor of allocators: some 90 s), a year in full mode."""
     days = 30 if ctx.quick else 365
     directory = tempfile.mkdtemp(prefix="pbench-reports")
     try:
         filled = fill(directory, 8, days, int(time.time()) // 60 * 60)
         ctx.log(f"reports: {days} days of 8 GPUs written in {filled['write_s']} s")
         found = measure(
-            directory, days, ctx.wrk_seconds, 1 if ctx.quick else 2, 10 if ctx.quick else 20
+            directory,
+            days,
+            ctx.wrk_seconds,
+            1 if ctx.quick else 2,
+            10 if ctx.quick else 20,
+            whole=not ctx.quick,
         )
     finally:
         shutil.rmtree(directory, ignore_errors=True)
