@@ -78,7 +78,14 @@ class UsageHandler(View):
                     if viewer is not None and pseudonyms is not None
                     else None
                 )
-                body = report(totals, asked, config.usage_interval, config.usage_busy_sm, rename)
+                body = await store.reader.made(
+                    report,
+                    totals,
+                    asked,
+                    config.usage_interval,
+                    config.usage_busy_sm,
+                    shown(rename, totals),
+                )
             else:
                 totals = await store.grouped(asked.since, asked.until, asked.keys, asked.zone)
                 renamed = (
@@ -86,11 +93,27 @@ class UsageHandler(View):
                     if viewer is not None and pseudonyms is not None
                     else None
                 )
-                body = grouped(totals, asked, config.usage_interval, config.usage_busy_sm, renamed)
+                body = await store.reader.made(
+                    grouped,
+                    totals,
+                    asked,
+                    config.usage_interval,
+                    config.usage_busy_sm,
+                    shown(renamed, totals),
+                )
             await self.send(body)
 
 
 Rename = Callable[[list[Row]], list[Total]]
+
+
+def shown(rename: Any, totals: Totals) -> Any:
+    """The keys renamed here, on the loop (the pseudonyms' memory is the loop's alone), for
+    the answer made in the reports' thread (reader.made): a rename that hands them over."""
+    if rename is None:
+        return None
+    rows = rename(totals.rows)
+    return lambda _: rows
 
 
 def keys_seen(by: str, viewer: Viewer, pseudonyms: Pseudonyms) -> Rename:
