@@ -122,6 +122,7 @@ def totals(
     by: tuple[str, ...],
     zone: tzinfo,
     limit: int | None = None,
+    chunk: int | None = None,
 ) -> Totals:
     """GPU-seconds by the keys `by`, user and category over [since, until) (epoch seconds),
     read in one transaction; each row's key is a tuple of the keys. TooLarge past `limit`
@@ -134,7 +135,7 @@ def totals(
             # one step of SQLite a piece, not one a row (queries.at_once); a piece of more
             # than `limit` rows is one the whole report has too
             for *keys, user, category, seconds in at_once(
-                db, sql, parameters(since, until, span, kept, by), len(by) + 3, limit
+                db, sql, parameters(since, until, span, kept, by), len(by) + 3, limit, chunk
             ):
                 shown = tuple(_key(name, value) for name, value in zip(by, keys))
                 row = (shown, user or None, category)

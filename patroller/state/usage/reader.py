@@ -189,11 +189,11 @@ class Reader:
         if kept is not None:
             self.answered_again += 1
             return queries.Totals(*marshal.loads(kept[1]))
-        limit = self.config.usage_report_max_rows
+        limit, chunk = self.config.usage_report_max_rows, self.config.usage_report_chunk_rows
         if zone is not None:
-            found = groupings.totals(db, since, until, by, zone, limit)
+            found = groupings.totals(db, since, until, by, zone, limit, chunk)
         else:
-            found = queries.totals(db, since, until, by, limit)
+            found = queries.totals(db, since, until, by, limit, chunk)
         if len(found.rows) < self._answers.maxsize:  # one larger than all of them is not kept
             # kept as one block of bytes, not as the rows' thousands of small objects: held
             # for long among the reports' short-lived ones, those pinned the allocator's arenas
