@@ -61,7 +61,9 @@ def reader_thread(pid: int, nice: int) -> int | None:
     return found[0] if len(found) == 1 else None
 
 
-def reports_during(daemon: Daemon, days: int, seconds: float, start: int) -> dict[str, Any]:
+def reports_during(
+    daemon: Daemon, days: int, seconds: float, start: int, by: str = "day"
+) -> dict[str, Any]:
     """`/status` under wrk while one client asks `days`-day reports by day back to back (the
     first `start` hours short of `days`): wrk's figures, and each report's seconds."""
     stop, took = threading.Event(), []
@@ -70,7 +72,7 @@ def reports_during(daemon: Daemon, days: int, seconds: float, start: int) -> dic
         n = start
         while not stop.is_set():
             began = time.monotonic()
-            daemon.ok(f"/usage?since={days * 24 - n % 720}h&by=day")
+            daemon.ok(f"/usage?since={days * 24 - n % 720}h&by={by}")
             took.append(time.monotonic() - began)
             n += 1
 
@@ -85,7 +87,13 @@ def reports_during(daemon: Daemon, days: int, seconds: float, start: int) -> dic
 
 
 def under_load(
-    daemon: Daemon, days: int, seconds: float, own_nice: int, rounds: int, nices: tuple[int, ...]
+    daemon: Daemon,
+    days: int,
+    seconds: float,
+    own_nice: int,
+    rounds: int,
+    nices: tuple[int, ...],
+    by: str = "day",
 ) -> dict[str, Any]:
     """At the daemon's own priority (`own`) and at each of `nices`: `rounds` turns of wrk
     alone, then wrk with reports; the reports' median and slowest, /status's p99 during over
@@ -108,7 +116,7 @@ def under_load(
         for _ in range(rounds):
             loads.append(load())
             alone.append(wrk(daemon.url + "/status", seconds)["p99_ms"])
-            turn = reports_during(daemon, days, seconds, asked)
+            turn = reports_during(daemon, days, seconds, asked, by)
             asked += len(turn["took"]) + 1
             during.append(turn["status"]["p99_ms"])
             took += turn["took"]
@@ -150,7 +158,13 @@ def started(directory: str, environment: dict[str, str]) -> Daemon:
 
 
 def measure(
-    directory: str, days: int, seconds: float, rounds: int, burst: float, whole: bool = True
+    directory: str,
+    days: int,
+    seconds: float,
+    rounds: int,
+    burst: float,
+    whole: bool = True,
+    by: str = "day",
 ) -> dict[str, Any]:
     """Both measures against daemons on the store in `directory`; not `whole` (quick mode):
     at the daemon's own priority alone, and its burst on the allocator it starts itself on."""
@@ -161,7 +175,7 @@ def measure(
     try:
         if have_wrk():
             results["under_load"] = under_load(
-                daemon, days, seconds, Config.usage_report_nice, rounds, NICES if whole else ()
+                daemon, days, seconds, Config.usage_report_nice, rounds, NICES if whole else (), by
             )
         else:
             results["under_load"] = {"skipped": "wrk is not installed"}
@@ -273,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--burst", type=float, default=20.0, help="the memory burst's seconds")
     parser.add_argument("--variants", action="store_true", help="the reader alone, per variant")
+    parser.add_argument("--by", default="day", help="the reports' grouping under load")
     args = parser.parse_args(argv)
     directory = args.store or tempfile.mkdtemp(prefix="pbench-reports")
     try:
@@ -281,7 +296,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.variants:
             print(json.dumps(variants(directory, args.days)))
         else:
-            print(json.dumps(measure(directory, args.days, args.seconds, args.rounds, args.burst)))
+            found = measure(
+                directory, args.days, args.seconds, args.rounds, args.burst, by=args.by
+            )
+            print(json.dumps(found))
     finally:
         if args.store is None:
             shutil.rmtree(directory, ignore_errors=True)
