@@ -19,7 +19,18 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from . import callers, crowded, fleet, fleetload, measures, notify, statusbuild, topology, usage
+from . import (
+    callers,
+    crowded,
+    fleet,
+    fleetload,
+    measures,
+    notify,
+    reports,
+    statusbuild,
+    topology,
+    usage,
+)
 from .harness import ROOT, machine, raise_file_limit
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
@@ -42,6 +53,7 @@ NAMES = (
     "fleet_at_load",
     "notify",
     "topology",
+    "reports",
 )
 
 
@@ -50,22 +62,24 @@ NAMES = (
 # said (the log, the report's "steps", the table's first line), never cut short or left out:
 # its figures stand. A step not named here has DEFAULT_BUDGET_S.
 QUICK_BUDGET_S = {
-    "throughput": 45,
+    "throughput": 35,
     "reactions": 10,
     "identity": 10,
     "callers": 5,
-    "scale": 25,
-    "footprint": 20,
+    "scale": 20,
+    "footprint": 15,
     "parsers": 5,
-    "waiters": 15,
-    "persistence": 20,
-    "scrape": 15,
-    "page": 15,
-    "usage": 40,
+    "waiters": 10,
+    "persistence": 15,
+    "scrape": 10,
+    "page": 10,
+    "usage": 30,
     "status_build": 5,
     "crowded_gpu": 10,
-    "fleet": 25,
-    "notify": 25,
+    "fleet": 20,
+    "fleet_at_load": 25,
+    "reports": 25,
+    "notify": 20,
     "topology": 2,
 }
 QUICK_TOTAL_S = 300
@@ -108,6 +122,7 @@ def run(
         ("fleet_at_load", fleetload.fleet_at_load),
         ("notify", notify.notify),
         ("topology", topology.topology),
+        ("reports", reports.reports),
     ]
 
     def report() -> dict[str, Any]:
@@ -466,6 +481,7 @@ def checks(report: dict[str, Any]) -> list[dict[str, Any]]:
             ">= 5000 (more than the API answers)",
             lambda v: v >= 5000,
         ),
+        *reports.checks(r),
     ]
     return [
         {
@@ -643,6 +659,7 @@ def other_figures(report: dict[str, Any]) -> list[tuple[str, Any]]:
     figures += _status_build_figures(r.get("status_build") or [])
     figures += _notify_figures(r.get("notify") or {})
     figures += fleetload.figures(r.get("fleet_at_load") or {})
+    figures += reports.figures(r.get("reports") or {})
     for row in _get(r, "topology", "choices") or []:
         figures.append(
             (

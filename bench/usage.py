@@ -28,8 +28,9 @@ from patroller.observe.signals import Sample, Signals
 from patroller.observe.tally import Tally
 from patroller.observe.testmode import synthetic_inventory
 from patroller.state.usage import schema, tables
+from patroller.state.usage.files import FILE
 from patroller.state.usage.sampler import UsageSampler
-from patroller.state.usage.store import FILE, UsageStore
+from patroller.state.usage.store import UsageStore
 
 from .harness import Daemon, have_wrk, wrk
 

@@ -51,7 +51,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args and args[0] == "serve":  # the daemon by name, for symmetry with the commands
         args = args[1:]
+    if argv is None:  # the program itself (not a caller in the same process: a test)
+        system_allocator()
     return daemon_main(args)
+
+
+def system_allocator() -> None:
+    """The daemon on the C library's allocator: unless the environment names one already,
+    start again, once, the same, with PYTHONMALLOC=malloc (before anything is opened: the
+    process id, descriptors and environment are kept). Config.system_allocator says why."""
+    from patroller.config.settings import Config
+
+    if not Config.system_allocator or "PYTHONMALLOC" in os.environ or not sys.executable:
+        return
+    os.environ["PYTHONMALLOC"] = "malloc"
+    os.execv(sys.executable, sys.orig_argv)
 
 
 def doctor_main(argv: Sequence[str]) -> int:

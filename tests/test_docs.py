@@ -455,7 +455,11 @@ def patroller_flags():
 
 @functools.lru_cache
 def bench_flags():
-    return options(help_text("-m", "bench")) | options(help_text("-m", "bench.gpucheck"))
+    return (
+        options(help_text("-m", "bench"))
+        | options(help_text("-m", "bench.gpucheck"))
+        | options(help_text("-m", "bench.reports"))
+    )
 
 
 def mutation_flags():

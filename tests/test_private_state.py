@@ -27,7 +27,8 @@ from patroller.doctor.privacy import check_privacy, probe_privacy
 from patroller.state.audit import AuditLog
 from patroller.state.directory import BookError, lock, make_private
 from patroller.state.private import Tightened, create, tighten, tighten_directory, touch
-from patroller.state.usage.store import FILE, UsageStore
+from patroller.state.usage.files import FILE
+from patroller.state.usage.store import UsageStore
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ from test_usage_store import by_category, interval, report, store_in, wait
 
 from patroller.config import Config
 from patroller.state.usage import queries, schema, tables
+from patroller.state.usage.files import FILE
 from patroller.state.usage.reader import Reader
-from patroller.state.usage.store import FILE
 
 NOW = time.time() // HOUR * HOUR + 600  # ten minutes into an hour
 

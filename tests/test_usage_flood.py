@@ -7,6 +7,7 @@ doctor and /metrics say so."""
 import json
 import os
 import sqlite3
+import threading
 import time
 from dataclasses import replace
 
@@ -105,7 +106,7 @@ async def test_a_flood_of_distinct_long_names_never_stops_a_reservation(tmp_path
             checked = check_state(probe_state(str(state)), h.services.config)
             assert checked.status == "degraded" and "usage store" in checked.detail, checked
             # memory: the writer's map of parties holds the ones used lately, no more
-            assert len(store._keys.parties) <= 32
+            assert len(store.writer.keys.parties) <= 32
         # every name written is cut; a bounded number of parties came in each interval
         db = sqlite3.connect(f"file:{state / FILE}?mode=ro", uri=True)
         try:
@@ -147,9 +148,9 @@ def test_parties_over_the_bound_are_counted_under_their_host_account(tmp_path):
 
 def test_names_are_cut_before_they_wait_in_memory():
     store = UsageStore("/nonexistent", replace(Config(), usage_retry=0.05))
-    store._thread = object()  # as if open: put queues
+    store.writer.thread = threading.Thread()  # as if open: put queues
     store.put(0.0, flood(0))
-    _, samples = store._queue.get_nowait()
+    _, samples = store.writer.queue.get_nowait()
     for sample in samples:
         assert len(sample.holder.slurm_account) == NAME_CHARS
         assert all(len(c) <= NAME_CHARS for p in sample.present for c in p.containers)

@@ -23,7 +23,8 @@ from patroller.config import Config
 from patroller.core.errors import Unavailable
 from patroller.core.usage import GpuSample, Party, Present
 from patroller.state.usage import queries, schema, tables
-from patroller.state.usage.store import FILE, UsageStore, damaged
+from patroller.state.usage.files import FILE, damaged
+from patroller.state.usage.store import UsageStore
 
 ALICE = Party(user="alice", account="alice")
 BOB = Party(user="bob", account="bob")

@@ -144,6 +144,11 @@ class Config:
     # keeps the interpreter before the event loop gets it back (sys.setswitchinterval; Python's
     # own is 0.005: a request waited up to 5 ms behind a scrape)
     gil_switch_interval: float = 0.0005
+    # the daemon on the C library's allocator (PYTHONMALLOC=malloc): started as a program
+    # without PYTHONMALLOC, it starts itself again once with it (main.py). Python's own keeps
+    # each arena any object made in it still holds: after year-long reports the daemon kept
+    # 21-38 MiB it had freed, with malloc 3-9 (docs/performance.md); False: as Python starts
+    system_allocator: bool = True
 
     # -- internal defaults: notifications (notify/) --------------------------------------------
     notify_queue: int = 100  # notices waiting for one destination at most; more are dropped
@@ -336,8 +341,11 @@ class Config:
     # their host account alone (and counted: parties_overflow)
     usage_parties_remembered: int = 1024  # the writer's map of party ids (LRU): ~6 KB each at most
     # the niceness of the thread that reads reports (0-19): a year-long report is background
-    # work, and must not take the CPU that serving /status needs (19: it gets what is left)
-    usage_report_nice: int = 19
+    # work, and must not take much of the CPU that serving /status needs; at 19 it got what
+    # was left, none on two cores that serve /status flat out (a 365-day report took 0.76-2.5 s
+    # against 0.12-0.15 s alone); at 5 it weighs a third of the loop (SQLite reads without the
+    # interpreter's lock: queries.at_once). docs/performance.md, "Reports under /status load"
+    usage_report_nice: int = 5
     # rows of reports kept to answer the same report again while nothing was written (a page
     # reloaded, a dashboard, several people): some 100 bytes a row
     usage_report_cache_rows: int = 100_000
@@ -348,6 +356,9 @@ class Config:
     # range or the grouping, found while it is read (70 to 90 bytes of answer a row measured:
     # a year of 20 users by day and user is 21,400 rows, 1.4 MB; so at most some 4.5 MB)
     usage_report_max_rows: int = 50_000
+    # rows of a report parsed in one call (queries.at_once), which holds the interpreter: a
+    # year by day's 21,500 rows in one held it 10-19 ms, in pieces of 2,000 some 1.5 ms each
+    usage_report_chunk_rows: int = 2000
     usage_reader_cache_kib: int = 2048  # the reader's SQLite page cache (SQLite's default)
     # seconds without a report after which the reader's connection and the answers it keeps
     # are let go, and the heap trimmed: most of the memory reports took comes back

@@ -21,7 +21,7 @@ from patroller.state import schema
 from patroller.state.book import MAX_SIZE
 from patroller.state.bookfiles import FILE
 from patroller.state.directory import LOCK, STATE_DIR
-from patroller.state.usage.store import FILE as USAGE_FILE
+from patroller.state.usage.files import FILE as USAGE_FILE
 
 MIB = 1 << 20
 NO_BOOK = "--state-dir none"

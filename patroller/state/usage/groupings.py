@@ -26,6 +26,7 @@ from patroller.state.usage.queries import (
     KEYS,
     TooLarge,
     Totals,
+    at_once,
     kept_from,
     known,
     ranges,
@@ -121,6 +122,7 @@ def totals(
     by: tuple[str, ...],
     zone: tzinfo,
     limit: int | None = None,
+    chunk: int | None = None,
 ) -> Totals:
     """GPU-seconds by the keys `by`, user and category over [since, until) (epoch seconds),
     read in one transaction; each row's key is a tuple of the keys. TooLarge past `limit`
@@ -130,8 +132,10 @@ def totals(
     with reading(db):
         kept = kept_from(db)
         for span in spans(since, until, zone):
-            for *keys, user, category, seconds in db.execute(
-                sql, parameters(since, until, span, kept, by)
+            # one step of SQLite a piece, not one a row (queries.at_once); a piece of more
+            # than `limit` rows is one the whole report has too
+            for *keys, user, category, seconds in at_once(
+                db, sql, parameters(since, until, span, kept, by), len(by) + 3, limit, chunk
             ):
                 shown = tuple(_key(name, value) for name, value in zip(by, keys, strict=True))
                 row = (shown, user or None, category)

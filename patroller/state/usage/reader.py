@@ -1,7 +1,9 @@
 """The usage store's reports, read in a thread of their own, on a connection of their own.
 
 The event loop never touches the file: each report is handed to the one `usage-reader` thread,
-made by the first report, at Config.usage_report_nice (a year-long report is background work).
+made by the first report, at Config.usage_report_nice (a year-long report is background work,
+but one that must end while /status is busy: settings.py says why 5). Each statement's rows
+come in one step of SQLite, which reads without the interpreter's lock (queries.at_once).
 Its read-only connection follows the file when the writer sets one aside and starts afresh
 (`file_replaced`). WAL lets it read while the writer writes; each report is read in one
 transaction (queries.py).
@@ -34,10 +36,10 @@ import sqlite3
 import threading
 import time
 import urllib.parse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import tzinfo
-from typing import Any
+from typing import Any, TypeVar
 
 from cachetools import LRUCache
 
@@ -47,6 +49,8 @@ from patroller.durations import describe
 from patroller.state.usage import groupings, queries, schema
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class Reader:
@@ -125,6 +129,13 @@ class Reader:
                 max_rows=exc.limit,
             ) from None
 
+    async def made(self, make: Callable[..., T], *args: Any) -> T:
+        """`make(*args)` in the reports' thread: the answer of a year by day (21,500 rows) is
+        20-40 ms of work, which on the event loop held every /status request behind it; in a
+        thread it shares the interpreter with the loop (Config.gil_switch_interval)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._reading(), make, *args)
+
     def file_replaced(self) -> None:
         """The writer set the file aside and starts a fresh one: the next report opens it."""
         self._generation += 1
@@ -179,11 +190,11 @@ class Reader:
         if kept is not None:
             self.answered_again += 1
             return queries.Totals(*marshal.loads(kept[1]))
-        limit = self.config.usage_report_max_rows
+        limit, chunk = self.config.usage_report_max_rows, self.config.usage_report_chunk_rows
         if zone is not None:
-            found = groupings.totals(db, since, until, by, zone, limit)
+            found = groupings.totals(db, since, until, by, zone, limit, chunk)
         else:
-            found = queries.totals(db, since, until, by, limit)
+            found = queries.totals(db, since, until, by, limit, chunk)
         if len(found.rows) < self._answers.maxsize:  # one larger than all of them is not kept
             # kept as one block of bytes, not as the rows' thousands of small objects: held
             # for long among the reports' short-lived ones, those pinned the allocator's arenas

@@ -32,11 +32,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import queue
-import sqlite3
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import tzinfo
 from typing import Any
@@ -45,38 +41,17 @@ from patroller.config import Config
 from patroller.core.throttle import Throttle
 from patroller.core.usage import GpuSample
 from patroller.durations import describe
-from patroller.state import private
-from patroller.state.usage import queries, room, schema, tables
-from patroller.state.usage.keys import Keys, cut_sample
+from patroller.state.usage import files, queries, room
+from patroller.state.usage.files import FILE
+from patroller.state.usage.keys import cut_sample
 from patroller.state.usage.reader import Reader
+from patroller.state.usage.writer import FAILING, Writer
 
 log = logging.getLogger(__name__)
 
-FILE = "usage.sqlite3"
-SIDECARS = ("-wal", "-shm")  # WAL's files, which go where the database goes
-STOP = object()
 # States, as /metrics shows them.
-STARTING, WRITABLE, FAILING, READ_ONLY, STOPPED = (
-    "starting",
-    "writable",
-    "failing",
-    "read_only",
-    "stopped",
-)
+STARTING, WRITABLE, READ_ONLY, STOPPED = ("starting", "writable", "read_only", "stopped")
 STATES = (STARTING, WRITABLE, FAILING, READ_ONLY, STOPPED)
-
-Interval = tuple[float, Sequence[GpuSample]]  # (its end, epoch seconds; a sample per GPU)
-
-
-def damaged(exc: BaseException) -> bool:
-    """Whether SQLite says the file is not a database, or a damaged one."""
-    name = getattr(exc, "sqlite_errorname", "")  # Python 3.11 and later
-    text = str(exc)
-    return (
-        name in ("SQLITE_CORRUPT", "SQLITE_NOTADB")
-        or "file is not a database" in text
-        or "malformed" in text
-    )
 
 
 class UsageStore:
@@ -96,17 +71,13 @@ class UsageStore:
         self.failures = 0  # writes (or openings) that failed
         self.set_aside = 0  # files renamed out of the way
         self.dropped = 0  # intervals dropped: the backlog was full, or they could not be written
-        self._held = 0  # intervals the writer holds, not yet written
         self.free: int | None = None  # bytes free on its filesystem, at the last write
         self.saving_room = False  # not written: the room left is the lease book's (room.py)
-        self._keys = Keys(config.usage_parties_remembered, config.usage_new_parties)
         self._drops = Throttle(1, config.repeat_log_every)  # intervals dropped, said
-        self._queue: queue.Queue[Any] = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self._opening: sqlite3.Connection | None = None  # the writer's, while it opens
         self._reports = Throttle(1, config.repeat_log_every)
         self._unmovable = Throttle(1, config.repeat_log_every)  # files it cannot set aside
         self.reader = Reader(self.path, config)
+        self.writer = Writer(self)
 
     # -- life (on the event loop) --------------------------------------------------------------
 
@@ -133,22 +104,18 @@ class UsageStore:
             describe(config.usage_interval),
             config.usage_days,
         )
-        self._thread = threading.Thread(target=self._run, name="usage-writer", daemon=True)
-        self._thread.start()
+        self.writer.start()
 
     def put(self, at: float, samples: Sequence[GpuSample]) -> None:
         """One interval's samples, for the writer (never blocks), their names cut (keys.py):
         what waits in memory while the store cannot be written is bounded too."""
-        if self._thread is not None and self.state != STOPPED:
-            self._queue.put((at, tuple(cut_sample(sample) for sample in samples)))
+        if self.writer.thread is not None and self.state != STOPPED:
+            self.writer.queue.put((at, tuple(cut_sample(sample) for sample in samples)))
 
     def close(self, timeout: float) -> None:
         """Blocking: write what is queued, within `timeout` seconds, and close."""
-        if self._thread is not None:
-            self._queue.put(STOP)
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                log.warning("the usage store did not finish writing within %s", describe(timeout))
+        if not self.writer.stop(timeout):
+            log.warning("the usage store did not finish writing within %s", describe(timeout))
         self.reader.close()
         if self.state != READ_ONLY:
             self.state = STOPPED
@@ -162,12 +129,12 @@ class UsageStore:
             "intervals": self.intervals,
             "failures": self.failures,
             "set_aside": self.set_aside,
-            "pending": self._held + self._queue.qsize(),
+            "pending": self.writer.held + self.writer.queue.qsize(),
             "dropped": self.dropped,
             "answered_again": self.reader.answered_again,
             "free": self.free,
             "saving_room": self.saving_room,
-            "parties_overflow": self._keys.overflow,
+            "parties_overflow": self.writer.keys.overflow,
             "reports_running": self.reader.running,
             "reports_waiting": self.reader.waiting,
             "reports_busy": self.reader.refused["busy"],
@@ -188,153 +155,14 @@ class UsageStore:
         (groupings.py), read off the event loop as `report` is; each row's key is a tuple."""
         return await self.reader.read(since, until, by, zone)
 
-    # -- writing (the writer thread) -----------------------------------------------------------
+    # -- what the writer tells it (writer.py) --------------------------------------------------
 
-    def _run(self) -> None:
-        db: sqlite3.Connection | None = None
-        keys = self._keys
-        backlog: deque[Interval] = deque()
-        folded: float | None = None  # monotonic time of the last folding
-        stopping = False
-        db, folded = self._write(db, keys, backlog, folded)  # opened (and folded) at start
-        while True:
-            wait = (
-                self.config.usage_retry if self.state == FAILING else self.config.usage_fold_every
-            )
-            try:
-                item = self._queue.get(timeout=wait)
-            except queue.Empty:
-                item = None
-            while item is not None:
-                if item is STOP:
-                    stopping = True
-                else:
-                    backlog.append(item)
-                    if len(backlog) > self.config.usage_backlog:
-                        backlog.popleft()
-                        self._dropped()
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    item = None
-            db, folded = self._write(db, keys, backlog, folded)
-            self._held = len(backlog)
-            if stopping:
-                break
-        if backlog:
-            log.warning(
-                "usage store %s: %d interval(s) could not be written before the stop",
-                self.path,
-                len(backlog),
-            )
-        if db is not None:
-            db.close()
-
-    def _write(
-        self,
-        db: sqlite3.Connection | None,
-        keys: Keys,
-        backlog: deque[Interval],
-        folded: float | None,
-    ) -> tuple[sqlite3.Connection | None, float | None]:
-        """Open the file if need be, write the backlog, fold if due; a failure is recorded and
-        the backlog kept. (the connection, or None; when it last folded)"""
-        for _ in range(2):  # a second time with a fresh file, after one is set aside
-            try:
-                self._room()
-                if db is None:
-                    db = self._connect()
-                    keys.clear()
-                while backlog:
-                    at, samples = backlog[0]
-                    try:
-                        self.rows += tables.write_interval(db, keys, at, samples)
-                    except (
-                        sqlite3.IntegrityError,
-                        sqlite3.ProgrammingError,
-                        ValueError,
-                        TypeError,
-                    ) as exc:  # this interval alone: never written
-                        log.error(
-                            "usage store: an interval could not be written and is dropped: %s", exc
-                        )
-                        self.dropped += 1
-                    else:
-                        self.intervals += 1
-                    backlog.popleft()
-                if folded is None or time.monotonic() - folded >= self.config.usage_fold_every:
-                    self._fold(db)
-                    folded = time.monotonic()
-                self._recovered()
-                return db, folded
-            except (sqlite3.Error, OSError, schema.NotAStore, schema.Newer) as exc:
-                # Set aside before the connection closes: closing removes the WAL files of
-                # the name it opened, and those of a file set aside go with it.
-                opened, db, self._opening = db or self._opening, None, None
-                if isinstance(exc, schema.Newer):
-                    why, kind = f"was written by a newer Patroller: it {exc}", "newer"
-                elif isinstance(exc, schema.NotAStore) or damaged(exc):
-                    why, kind = f"is not a usable usage store ({exc})", "corrupt"
-                else:
-                    why, kind = "", ""
-                done = bool(kind) and self._set_aside(kind, why)
-                if opened is not None:
-                    opened.close()
-                if not done:
-                    self._failed(exc, len(backlog))
-                    return None, folded
-        return db, folded
-
-    def _connect(self) -> sqlite3.Connection:
-        """The file, in WAL mode, at the latest schema (while it is being opened, the
-        connection is `_opening`, for `_write` to close after a failure). The file is made
-        0600 first (SQLite makes it with the umask's mode, and its -wal and -shm with the
-        file's), and made 0600 if an older version left it open to others."""
-        private.touch(self.path)
-        for suffix in SIDECARS:
-            private.tighten(self.path + suffix)
-        db = self._opening = sqlite3.connect(
-            self.path, timeout=self.config.usage_busy_timeout, isolation_level=None
-        )
-        if schema.version(db) > schema.LATEST:  # before anything is written to it
-            raise schema.Newer(schema.version(db))
-        db.execute("PRAGMA journal_mode = WAL")
-        db.execute("PRAGMA synchronous = NORMAL")
-        found = schema.migrate(db)
-        self._opening = None
-        if found != schema.LATEST:
-            log.info(
-                "usage store %s: schema version %d made from %d", self.path, schema.LATEST, found
-            )
-        return db
-
-    def _fold(self, db: sqlite3.Connection) -> None:
-        before = tables.cutoff(self.wall(), self.config.usage_days)
-        samples, hours = tables.fold(db, before)
-        if samples or hours:
-            day = time.strftime("%Y-%m-%d", time.gmtime(before))
-            log.info(
-                "usage store: %d sample(s) and %d hourly total(s) before %s folded into "
-                "daily totals (--usage-days %d)",
-                samples,
-                hours,
-                day,
-                self.config.usage_days,
-            )
-
-    def _set_aside(self, kind: str, why: str) -> bool:
+    def aside(self, kind: str, why: str) -> bool:
         """Rename the file (and its WAL files) `<file>.<kind>-<time>`, saying why; False if it
         cannot be renamed."""
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.wall()))
-        aside, n = f"{self.path}.{kind}-{stamp}", 1
-        while os.path.lexists(aside):
-            n += 1
-            aside = f"{self.path}.{kind}-{stamp}-{n}"
         try:
-            os.rename(self.path, aside)
-            for suffix in SIDECARS:
-                if os.path.lexists(self.path + suffix):
-                    os.rename(self.path + suffix, aside + suffix)
+            aside = files.set_aside(self.path, kind, stamp)
         except OSError as exc:  # said once a repeat_log_every: it is tried at every retry
             if self._unmovable.admit()[0]:
                 log.error(
@@ -354,7 +182,7 @@ class UsageStore:
         )
         return True
 
-    def _room(self) -> None:
+    def check_room(self) -> None:
         """Before each write: room.Low (an OSError: a failed write) while the room left on
         the filesystem is the lease book's."""
         try:
@@ -364,7 +192,7 @@ class UsageStore:
             raise
         self.saving_room = False
 
-    def _dropped(self) -> None:
+    def drop_oldest(self) -> None:
         """The backlog is full (the store has not been written for that long): its oldest
         interval goes, counted, and said once a repeat_log_every."""
         self.dropped += 1
@@ -378,7 +206,7 @@ class UsageStore:
                 self.why or "the store cannot be written",
             )
 
-    def _failed(self, exc: BaseException, kept: int) -> None:
+    def failed(self, exc: BaseException, kept: int) -> None:
         self.failures += 1
         self.state = FAILING
         self.why = str(getattr(exc, "strerror", None) or exc)
@@ -393,7 +221,7 @@ class UsageStore:
                 describe(self.config.usage_retry),
             )
 
-    def _recovered(self) -> None:
+    def recovered(self) -> None:
         if self.state == FAILING:
             log.warning(
                 "usage store %s is written again after %d failure(s); the intervals "
