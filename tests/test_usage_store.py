@@ -525,9 +525,10 @@ def test_a_file_that_cannot_be_set_aside_fails_the_store_until_it_can_be_used(tm
                 f"usage store {path} is not a usable usage store (file is not a database) and "
                 "cannot be set aside: Device or resource busy"
             )
+            # usage_retry is 0.05 s here, said to a tenth of a second
             assert records(caplog, logging.ERROR, "cannot write the usage store") == [
                 f"cannot write the usage store {path}: file is not a database (1 failure(s) so "
-                "far); serving goes on, 0 interval(s) kept in memory, tried again every 0.05s"
+                "far); serving goes on, 0 interval(s) kept in memory, tried again every 0.1s"
             ]
             assert store.state == "failing" and store.why == "file is not a database"
             wait(lambda: store.failures >= 4)  # tried again every 0.05 s: said once

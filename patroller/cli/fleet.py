@@ -22,9 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import patroller.cli.asking as asking
 from patroller import answers, client, durations, hosts
 from patroller.answers import BadAnswer, check
-from patroller.cli import asking
 from patroller.cli.exits import EX_TEMPFAIL, EX_USAGE, Failure
 from patroller.cli.status import is_mine, tables
 from patroller.durations import describe
