@@ -59,7 +59,7 @@ from patroller.doctor.places import (
     said_and_fix,
 )
 from patroller.doctor.privacy import PrivacyFacts, check_privacy
-from patroller.doctor.results import Result, seconds
+from patroller.doctor.results import Result
 from patroller.doctor.runtimes import (
     VERSION,
     EngineFacts,
@@ -70,6 +70,7 @@ from patroller.doctor.runtimes import (
     probe_docker_api,
     probe_kubelet,
 )
+from patroller.durations import describe
 from patroller.state import schema
 from patroller.state.book import MAX_SIZE
 from patroller.state.bookfiles import FILE
@@ -398,7 +399,7 @@ def two_gpus(tmp_path, sleeper):
 def test_a_healthy_host_is_said_command_by_command(two_gpus):
     facts, config = probed(two_gpus)
     took = {
-        name: seconds(ran.seconds)
+        name: describe(ran.seconds)
         for name, ran in (
             ("-q", facts.inventory),
             ("dmon", facts.dmon.runs[-1]),
@@ -447,13 +448,13 @@ def test_a_healthy_host_is_said_command_by_command(two_gpus):
     assert slow[1] == Result(
         "nvidia-smi -q -x",
         "degraded",
-        f"{results[1].detail}: slow (over 0.00 s)",
+        f"{results[1].detail}: slow (over 0s)",
         persist,
     )
     assert slow[4] == Result(
         "nvidia-smi --query-compute-apps",
         "degraded",
-        f"{results[4].detail}: slow (over 0.00 s)",
+        f"{results[4].detail}: slow (over 0s)",
         persist,
     )
     # a GPU that printed no dmon row
@@ -509,7 +510,7 @@ def test_an_old_driver_and_refused_columns_are_said_word_for_word(tmp_path):
     assert results["nvidia-smi dmon"] == Result(
         "nvidia-smi dmon",
         "degraded",
-        f"one sample in {seconds(dmon.seconds)}, columns -s pucm (pucvmt refused), a row "
+        f"one sample in {describe(dmon.seconds)}, columns -s pucm (pucvmt refused), a row "
         "from every GPU",
         "nothing to do: the daemon asks for fewer columns, as here",
     )
@@ -531,7 +532,7 @@ def test_an_old_driver_and_refused_columns_are_said_word_for_word(tmp_path):
     assert {r.check: r for r in gpu_results(facts, config)}["nvidia-smi dmon"] == Result(
         "nvidia-smi dmon",
         "degraded",
-        f"one sample in {seconds(dmon.seconds)}, columns the default (pucvmt and pucm "
+        f"one sample in {describe(dmon.seconds)}, columns the default (pucvmt and pucm "
         "refused), a row from every GPU",
         "nothing to do: the daemon asks for fewer columns, as here",
     )
@@ -561,10 +562,10 @@ def test_mig_a_blind_gpu_and_a_failing_query_of_compute_apps(tmp_path, sleeper):
     assert results["nvidia-smi pmon"] == Result(
         "nvidia-smi pmon",
         "degraded",
-        f"one sample in {seconds(pmon.seconds)}, columns -s um, 0 process row(s), a row from "
+        f"one sample in {describe(pmon.seconds)}, columns -s um, 0 process row(s), a row from "
         "every GPU; GPU 1 has compute processes (-q -x) that pmon does not list: the "
-        f"cross-check (--query-compute-apps, every {config.cross_check_every:g} s) attributes "
-        "them, later and without utilisation",
+        "cross-check (--query-compute-apps, every "
+        f"{describe(config.cross_check_every)}) attributes them, later and without utilisation",
         "nothing to do if the cross-check works (below); a newer driver may list them",
     )
     apps = facts.apps
@@ -642,20 +643,20 @@ def test_the_checks_of_probes_still_out_at_the_bound_are_each_named(tmp_path):
         assert found[check] == Result(
             check,
             "degraded",
-            f"no answer within the doctor's 1.00 s: waited for the state directory {state}",
+            f"no answer within the doctor's 1s: waited for the state directory {state}",
             late,
         )
     assert found["address and port"] == Result(
         "address and port",
         "degraded",
-        f"no answer within the doctor's 1.00 s: waited for port {port}: to bind it, or what "
+        f"no answer within the doctor's 1s: waited for port {port}: to bind it, or what "
         "holds it to answer",
         late,
     )
     assert found["systemd unit"] == Result(
         "systemd unit",
         "degraded",
-        "no answer within the doctor's 1.00 s: waited for the systemd unit's files and systemctl",
+        "no answer within the doctor's 1s: waited for the systemd unit's files and systemctl",
         late,
     )
 
