@@ -20,6 +20,7 @@ from test_engine_answers import (
     ALICE,
     DEGRADES,
     config_in,
+    engines,  # noqa: F401 (a fixture)
     warnings,
 )
 
