@@ -241,3 +241,18 @@ def reachable():
         yield path
     finally:
         shutil.rmtree(path)
+
+
+@pytest.fixture
+def read_only(tmp_path):
+    """A tmpfs with a private folder `state` in it, then made read-only (the doctor's tests)."""
+    need_root("it mounts a tmpfs")
+    where = tmp_path / "ro"
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "doctor", str(where)], check=True)
+    try:
+        (where / "state").mkdir(mode=0o700)
+        subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True)
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=True)

@@ -390,21 +390,6 @@ def test_as_another_user_what_it_cannot_read_fails_and_says_why(tmp_path, engine
     assert proc["fix"] == "run Patroller as root"
 
 
-@pytest.fixture
-def read_only(tmp_path):
-    """A tmpfs with a private folder `state` in it, then made read-only."""
-    need_root("it mounts a tmpfs")
-    where = tmp_path / "ro"
-    where.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "doctor", str(where)], check=True)
-    try:
-        (where / "state").mkdir(mode=0o700)
-        subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True)
-        yield where
-    finally:
-        subprocess.run(["umount", str(where)], check=True)
-
-
 def test_a_read_only_state_directory_is_degraded(read_only, engine_sockets):
     # the daemon starts there, without keeping anything (test_read_only_state.py)
     code, found, _ = doctor(

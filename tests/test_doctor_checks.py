@@ -11,7 +11,6 @@ import errno
 import fcntl
 import os
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -21,7 +20,7 @@ import pytest
 from fake_containerd import encode
 from fake_engine import FakeEngine, recorded
 from grpc_server import Server
-from helpers import ScenarioFile, engines_in, need_root
+from helpers import ScenarioFile, engines_in
 
 from patroller.config import Config
 from patroller.doctor.deadline import bounded, deadline
@@ -695,21 +694,6 @@ def test_a_lease_book_of_the_largest_size_is_read_and_its_holder_named(tmp_path)
     assert check_book(facts) == Result(
         "lease book", "ok", f"{facts.book}; this daemon holds its directory"
     )
-
-
-@pytest.fixture
-def read_only(tmp_path):
-    """A tmpfs with a private folder `state` in it, then made read-only."""
-    need_root("it mounts a tmpfs")
-    where = tmp_path / "ro"
-    where.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "doctor", str(where)], check=True)
-    try:
-        (where / "state").mkdir(mode=0o700)
-        subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True)
-        yield where
-    finally:
-        subprocess.run(["umount", str(where)], check=True)
 
 
 def test_a_read_only_state_directory_is_said_unwritable(read_only):
