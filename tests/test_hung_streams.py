@@ -80,8 +80,9 @@ async def test_processes_are_stale_while_pmon_is_silent_and_fresh_again_after(sc
             lambda: (
                 known_claim(h.services.leases, target)
                 and not h.services.stats.processes_stale(target)
+                and not h.services.stats.stale(target)
             )
-        )  # an interval completed
+        )  # a pmon interval completed, and dmon's first sample came (either may be first)
         entry = (await h.ok("/status"))[target]
         assert entry["claim"]["processes_stale"] is False and entry["stale"] is False
         scenario.write(faults={"pmon": {"stall_after_lines": 0}})

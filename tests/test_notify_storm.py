@@ -9,6 +9,7 @@ import time
 from dataclasses import replace
 
 from helpers import async_test, lease_manager, until
+from receivers import wait_for
 
 from patroller.config import Config
 from patroller.core.leases import Event
@@ -96,6 +97,20 @@ def test_the_trespasses_waiting_to_reach_the_admin_are_bounded():
     assert waiting.ripe(703.0) == events[2:4]  # the first two forgotten
     assert waiting.ripe(704.0) == [events[4]]  # its time is that of its first add
     assert waiting.ripe(10_000.0) == []
+
+
+def test_a_line_after_a_quiet_is_written_at_once(tmp_path):
+    """Gathering is for storms: the first line after nothing was written for
+    notify_outbox_gather goes to disk at once (a kill -9 just after a lone notice loses
+    nothing); the test below shows a line close behind a write waiting to be gathered."""
+    now = [1000.0]
+    config = Config(notify_outbox_gather=3600.0, notify_outbox_wait=3600.0)
+    outbox = Outbox(str(tmp_path), config, clock=lambda: now[0])
+    outbox.open(time.time())  # its rewrite is a write, at 1000
+    now[0] += 3601.0  # a quiet longer than the gathering
+    outbox.told(("idle", "GPU-0"), 1_800_000_000.0)
+    wait_for(lambda: '"GPU-0"' in (tmp_path / FILE).read_text(), timeout=60)
+    outbox.stop(60)
 
 
 def test_the_outbox_gathers_its_lines_but_writes_a_tries_start_at_once(tmp_path):

@@ -21,8 +21,10 @@ not told again. Then the journal is written anew with only what is still pending
 whenever it has grown past Config.notify_outbox_lines and four times what it holds.
 
 Writes are made by one thread, in the order they were asked for: the loop only hands a line
-over, and the writer gathers what comes within Config.notify_outbox_gather before it writes
-(a storm's thousand lines a second are a few writes). A try's `s` is written at once and
+over. A line that comes after a quiet (nothing written within Config.notify_outbox_gather) is
+written at once; in a storm, the writer gathers what comes within that time before it writes
+(a storm's thousand lines a second are a few writes), so a kill -9 may lose the last
+notify_outbox_gather of a storm's lines. A try's `s` is written at once and
 waited for (by the destination's thread, up to Config.notify_outbox_wait), so that a kill
 during a try is known at the restart. A line that cannot be written (a full disk) is counted
 and logged once a `repeat_log_every`; what is in memory goes on, and the next rewrite puts the
@@ -40,6 +42,7 @@ import queue
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -85,7 +88,12 @@ class Restored:
 class Outbox:
     """The journal of `directory` (None: nothing is kept)."""
 
-    def __init__(self, directory: str | None, config: Config) -> None:
+    def __init__(
+        self,
+        directory: str | None,
+        config: Config,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.path = os.path.join(directory, FILE) if directory is not None else None
         self.config = config
         self.failures = 0  # lines that could not be written
@@ -99,6 +107,8 @@ class Outbox:
         self._episodes: dict[tuple[str, ...], float] = {}  # the writer thread's alone
         self._written = 0  # lines in the file now
         self._hurry = threading.Event()  # a line waited for was handed over: written at once
+        self._clock = clock
+        self._last_write = -float("inf")  # when the writer last wrote (the clock's reading)
         self._fd: int | None = None
         self._thread: threading.Thread | None = None
         self._failing = Throttle(1, config.repeat_log_every)
@@ -195,8 +205,12 @@ class Outbox:
     def _run(self) -> None:
         while True:
             batch = [self._lines.get()]
-            if batch[0] is not None and batch[0][1] is None:  # nobody waits for it: the lines
-                self._hurry.wait(self.config.notify_outbox_gather)  # after it are gathered
+            if (
+                batch[0] is not None
+                and batch[0][1] is None  # nobody waits for it
+                and self._clock() - self._last_write < self.config.notify_outbox_gather
+            ):  # a storm: the lines after it are gathered (a line after a quiet, written now)
+                self._hurry.wait(self.config.notify_outbox_gather)
             self._hurry.clear()
             while len(batch) < 4096:  # what else is waiting, written in one go
                 try:
@@ -212,6 +226,7 @@ class Outbox:
                 del self._episodes[next(iter(self._episodes))]
             if records:
                 self._write(records)
+                self._last_write = self._clock()
             for _, written in items:
                 if written is not None:
                     written.set()
@@ -267,6 +282,7 @@ class Outbox:
         self._fd = private.create(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
         self._written = len(records)
         self.rewrites += 1
+        self._last_write = self._clock()
 
     def _close(self) -> None:
         if self._fd is not None:
