@@ -104,7 +104,8 @@ async def test_each_host_is_first_asked_at_its_own_moment_of_the_interval():
 
 
 @async_test
-async def test_one_connection_carries_every_asking_of_a_host():
+async def test_one_connection_carries_every_asking_of_a_host(caplog):
+    caplog.set_level(logging.INFO, logger="patroller.http.fleet")
     async with running() as real:
         status, devices = await bodies(real)
     host = await Recorder(status, devices, None).start()  # no tag: both asked every round
@@ -112,7 +113,11 @@ async def test_one_connection_carries_every_asking_of_a_host():
         async with running(fleet=(host.host,), fleet_interval=0.5):
             await until(lambda: len(host.requests) >= 8, timeout=15)
         assert host.asked("/devices") >= 4  # a host that says no version: asked every round
-        assert host.connections == 1, (host.connections, len(host.requests))
+        said = [r.getMessage() for r in caplog.records if r.name == "patroller.http.fleet"]
+        # A connection is opened again only after an asking failed (a loop stalled past
+        # --fleet-timeout on a loaded machine closes it): each such failure is said.
+        failed = [line for line in said if " answers: " not in line]
+        assert host.connections == 1 + len(failed), (host.connections, len(host.requests), said)
     finally:
         await host.stop()
 
