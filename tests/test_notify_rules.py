@@ -56,6 +56,8 @@ def test_a_trespass_on_a_jobs_or_pods_gpu_and_beyond_a_limit():
         )
     )
     assert "which is allocated to Slurm job 4242, 4243 of alice." in job.body
+    assert job.concerns == ("carol", "alice")
+    assert job.key == ("trespass", "GPU-0", "carol", "alice")
     pod = one(Event("trespass", "carol", GPU0, {"pid": 1, "pods": ["team-a/train-0"]}))
     assert "which is allocated to pod team-a/train-0." in pod.body
     over = one(
@@ -72,6 +74,7 @@ def test_a_trespass_on_a_jobs_or_pods_gpu_and_beyond_a_limit():
         "`patroller status` shows which."
     )
     assert over.key == ("trespass", "GPU-3", "carol", "over_limit")
+    assert over.concerns == ("carol",)  # told to her alone: nobody holds it
     account = one(
         Event(
             "trespass",
@@ -154,18 +157,28 @@ def test_a_destinations_rate_holds_back_and_says_so_in_the_next():
     clock = FakeClock()
     rates = Rates(limit=2, window=600, clock=clock)
     notice = Notice("lost", ("lost", "GPU-0"), None, GPU0, "t", "body")
-    assert rates.admit(1, notice) == notice and rates.admit(1, notice) == notice
-    assert rates.admit(1, notice) is None
-    assert rates.admit(1, replace(notice, kind="trespass")) is None
-    assert rates.admit(2, notice) == notice  # another destination has its own
+    made = []
+
+    def words() -> Notice:
+        made.append(1)
+        return notice
+
+    def never() -> Notice:
+        raise AssertionError("the words of a notice held back are never made")
+
+    assert rates.admit(1, "lost", words) == notice and rates.admit(1, "lost", words) == notice
+    assert rates.admit(1, "lost", never) is None
+    assert rates.admit(1, "trespass", never) is None
+    assert rates.admit(2, "lost", words) == notice  # another destination has its own
+    assert len(made) == 3
     clock.advance(600)
-    summed = rates.admit(1, notice)
+    summed = rates.admit(1, "lost", words)
     assert (
         summed.body == "body\n\nHeld back before this one, to send no more than 2 notices "
         "in 10m: 1 lost, 1 trespass. `patroller status` and the audit "
         "record have them all."
     )
-    assert rates.admit(1, notice) == notice  # told once
+    assert rates.admit(1, "lost", words) == notice  # told once
 
 
 def test_the_flags_never_repeat_a_url():

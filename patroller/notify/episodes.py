@@ -58,9 +58,12 @@ class Rates:
         self._throttles: dict[Hashable, Throttle] = {}
         self._held: dict[Hashable, Counter[str]] = {}
 
-    def admit(self, destination: Hashable, notice: Notice) -> Notice | None:
-        """The notice to send to `destination` now (with a line on what was held back before
-        it), or None: held back, counted."""
+    def admit(
+        self, destination: Hashable, kind: str, words: Callable[[], Notice]
+    ) -> Notice | None:
+        """The notice of `kind` to send to `destination` now, its words made by `words` (with
+        a line on what was held back before it), or None: held back, counted, and its words
+        never made."""
         throttle = self._throttles.get(destination)
         if throttle is None:
             throttle = self._throttles[destination] = Throttle(self.limit, self.window, self.clock)
@@ -69,8 +72,9 @@ class Rates:
         if held is None:  # (setdefault would make a Counter at every notice)
             held = self._held[destination] = Counter()
         if not passed:
-            held[notice.kind] += 1
+            held[kind] += 1
             return None
+        notice = words()
         if not held:
             return notice
         said = ", ".join(f"{count} {kind}" for kind, count in sorted(held.items()))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from patroller.core.leases import Event
@@ -61,162 +61,195 @@ class Reader:
 EVERYONE = Reader()
 
 
+@dataclass(frozen=True)
+class Told:
+    """A notice before its words: what the episodes and the rates need (its kind, its episode,
+    the episode it ends, whom it is told to), cheap to make. Its words are made by `notice`,
+    only for a notice that is sent: in a storm most are held back, or wait to be escalated."""
+
+    kind: str
+    key: tuple[str, ...]  # the episode it belongs to
+    event: Event
+    host: str
+    at: float
+    ends: tuple[str, ...] = ()
+    concerns: tuple[str, ...] = ()
+
+    def notice(self, reader: Reader = EVERYONE) -> Notice:
+        """The notice, in `reader`'s words."""
+        title, body = _words(self, reader)
+        event = self.event
+        daemon = event.kind == "daemon"
+        return Notice(
+            self.kind,
+            self.key,
+            None if daemon else event.user,
+            () if daemon else event.devices,
+            title,
+            body,
+            ends=self.ends,
+            concerns=self.concerns,
+        )
+
+
+class Words:
+    """A told notice's words for each reader, made at the first need and then kept."""
+
+    def __init__(self, told: Told) -> None:
+        self.told = told
+        self._made: dict[str | None, Notice] = {}
+
+    def everyone(self) -> Notice:
+        """In the admin's words (everyone's, when names are not hidden)."""
+        return self.of(None)
+
+    def of(self, user: str | None) -> Notice:
+        """In `user`'s words (None: everyone's)."""
+        made = self._made.get(user)
+        if made is None:
+            made = self._made[user] = self.told.notice(Reader(user))
+        return made
+
+
 def notices_of(event: Event, host: str, at: float, reader: Reader = EVERYONE) -> Sequence[Notice]:
-    """What `event` tells, if anything (most events tell nobody: a grant asked and given at
-    once, a release, a claim by its holder), in `reader`'s words."""
+    """What `event` tells, if anything, in `reader`'s words (tolds_of, each with its words)."""
+    return [told.notice(reader) for told in tolds_of(event, host, at)]
+
+
+def tolds_of(event: Event, host: str, at: float) -> Sequence[Told]:
+    """What `event` tells, if anything, without the words (most events tell nobody: a grant
+    asked and given at once, a release, a claim by its holder)."""
+    kind, user, details, devices = event.kind, event.user, event.details, event.devices
+    mine = _users(user)
+    if kind == "trespass" and devices:
+        concerns = _users(user, details.get("holder"))
+        return [Told("trespass", _trespass_key(event), event, host, at, concerns=concerns)]
+    if kind == "grant" and details.get("waited"):
+        key = ("granted", *(uuid for uuid, _ in devices), f"{at:.3f}")
+        return [Told("granted", key, event, host, at, concerns=mine)]
+    if kind == "claim" and devices and user:
+        return [Told("unreserved", ("unreserved", devices[0][0], user), event, host, at, (), mine)]
+    if kind == "idle" and devices:
+        return [Told("idle", ("idle", devices[0][0], user or ""), event, host, at, (), mine)]
+    if kind == "expiring" and devices:
+        key = ("expiring", devices[0][0], user or "", f"{details.get('until')}")
+        return [Told("expiring", key, event, host, at, concerns=mine)]
+    if kind == "escalated" and devices:
+        key = ("escalated", *_trespass_key(event)[1:])
+        return [Told("trespass", key, event, host, at)]
+    if kind == "daemon":
+        return [Told("daemon", ("daemon", str(details["trouble"])), event, host, at)]
+    if kind in ("lost", "back") and devices:
+        uuid = devices[0][0]
+        if kind == "lost":
+            return [Told("lost", ("lost", uuid), event, host, at, concerns=mine)]
+        ends = ("lost", uuid)
+        return [Told("lost", ("back", uuid, f"{at:.3f}"), event, host, at, ends, mine)]
+    if kind in ("unhealthy", "healthy") and devices:
+        uuid = devices[0][0]
+        if kind == "unhealthy":
+            return [Told("unhealthy", ("unhealthy", uuid), event, host, at, concerns=mine)]
+        ends = ("unhealthy", uuid)
+        return [Told("unhealthy", ("healthy", uuid, f"{at:.3f}"), event, host, at, ends, mine)]
+    return []
+
+
+def _trespass_key(event: Event) -> tuple[str, str, str, str]:
+    """A trespass's episode: one user on one GPU, beyond a limit or on another's hold (however
+    many of her processes arrive)."""
+    details = event.details
+    uuid, user = event.devices[0][0], event.user or ""
+    if details.get("why") == "over_limit":
+        return ("trespass", uuid, user, "over_limit")
+    return ("trespass", uuid, user, str(details.get("holder") or ""))
+
+
+def _words(told: Told, reader: Reader) -> tuple[str, str]:
+    """A notice's title and body."""
+    event, host, at = told.event, told.host, told.at
     gpus = _gpus(event.devices)
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(at))
     who = reader.name(event.user)
     details = event.details
-    if event.kind == "trespass" and event.devices:
-        return [_trespass(event, host, gpus, when, reader, details)]
-    if event.kind == "grant" and details.get("waited"):
-        uuids = tuple(uuid for uuid, _ in event.devices)
+    kind = event.kind
+    if kind == "trespass":
+        return _trespass(event, host, gpus, when, reader, details)
+    if kind == "grant":
         waited = describe(float(details["waited"]), most=2)
-        return [
-            Notice(
-                "granted",
-                ("granted", *uuids, f"{at:.3f}"),
-                event.user,
-                event.devices,
-                f"{host}: {gpus} granted to {who} after {waited}",
-                f"{who} waited {waited} and now holds {gpus} of {host} (since {when}). "
-                f"{_hold_words(details)}",
-                concerns=_users(event.user),
-            )
-        ]
-    if event.kind == "claim" and event.devices and event.user:
-        return [
-            Notice(
-                "unreserved",
-                ("unreserved", event.devices[0][0], event.user),
-                event.user,
-                event.devices,
-                f"{host}: {gpus} used by {who} without a reservation",
-                f"{who} runs process {details.get('pid')} on {gpus} of {host} (since "
-                f"{when}) without having reserved it: it is held for {who} while it runs, "
-                "and nobody was asked. Reserve first (`patroller run -n 1 -- ...`), so "
-                "that the queue stays fair and nobody's run lands on it.",
-                concerns=_users(event.user),
-            )
-        ]
-    if event.kind == "idle" and event.devices:
-        return [_idle(event, host, gpus, who, details)]
-    if event.kind == "expiring" and event.devices:
+        return (
+            f"{host}: {gpus} granted to {who} after {waited}",
+            f"{who} waited {waited} and now holds {gpus} of {host} (since {when}). "
+            f"{_hold_words(details)}",
+        )
+    if kind == "claim":
+        return (
+            f"{host}: {gpus} used by {who} without a reservation",
+            f"{who} runs process {details.get('pid')} on {gpus} of {host} (since "
+            f"{when}) without having reserved it: it is held for {who} while it runs, "
+            "and nobody was asked. Reserve first (`patroller run -n 1 -- ...`), so "
+            "that the queue stays fair and nobody's run lands on it.",
+        )
+    if kind == "idle":
+        return _idle(event, host, gpus, who, details)
+    if kind == "expiring":
         ends = _clock(float(details["ends"]))
-        return [
-            Notice(
-                "expiring",
-                ("expiring", event.devices[0][0], event.user or "", f"{details.get('until')}"),
-                event.user,
-                event.devices,
-                f"{host}: the hold of {gpus} by {who} ends at {ends}",
-                f"The hold of {gpus} of {host} that {who} asked for ends at {ends}, in "
-                f"{describe(float(details['left']), most=2)}. Save what runs there: the "
-                "GPU is then free for others (`patroller reserve --hold ...` asks again).",
-                concerns=_users(event.user),
-            )
-        ]
-    if event.kind == "escalated" and event.devices:
-        [told] = (_trespass(replace(event, kind="trespass"), host, gpus, when, reader, details),)
+        return (
+            f"{host}: the hold of {gpus} by {who} ends at {ends}",
+            f"The hold of {gpus} of {host} that {who} asked for ends at {ends}, in "
+            f"{describe(float(details['left']), most=2)}. Save what runs there: the "
+            "GPU is then free for others (`patroller reserve --hold ...` asks again).",
+        )
+    if kind == "escalated":
+        title, body = _trespass(event, host, gpus, when, reader, details)
         lasting = describe(float(details["lasting"]), most=2)
-        return [
-            replace(
-                told,
-                key=("escalated", *told.key[1:]),
-                concerns=(),
-                title=f"{told.title}, for {lasting}",
-                body=f"{told.body} It has gone on for {lasting}; the users concerned "
-                "were told when it began.",
-            )
-        ]
-    if event.kind == "daemon":
+        return (
+            f"{title}, for {lasting}",
+            f"{body} It has gone on for {lasting}; the users concerned were told when it began.",
+        )
+    if kind == "daemon":
         since = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(float(details["since"])))
-        return [
-            Notice(
-                "daemon",
-                ("daemon", str(details["trouble"])),
-                None,
-                (),
-                f"{host}: {details['what']}",
-                f"Patroller on {host}: {details['what']}, since {since}. {details['fix']}",
-            )
-        ]
-    if event.kind in ("lost", "back") and event.devices:
-        uuid = event.devices[0][0]
-        holder = f", held by {who}," if event.user else ""
-        if event.kind == "lost":
-            return [
-                Notice(
-                    "lost",
-                    ("lost", uuid),
-                    event.user,
-                    event.devices,
-                    f"{host}: {gpus} is lost",
-                    f"{gpus} of {host}{holder} is gone from nvidia-smi's list or has "
-                    f"stopped reporting, since {when}. Nobody is granted it until it is "
-                    "back; its holder keeps it. Look at the kernel log (Xid errors) and "
-                    "`nvidia-smi` on the host; a reset or a reboot may be needed.",
-                    concerns=_users(event.user),
-                )
-            ]
-        return [
-            Notice(
-                "lost",
-                ("back", uuid, f"{at:.3f}"),
-                event.user,
-                event.devices,
-                f"{host}: {gpus} is back",
-                f"{gpus} of {host}{holder} is reported "
-                f"again since {when}, and is granted as before.",
-                ends=("lost", uuid),
-                concerns=_users(event.user),
-            )
-        ]
-    if event.kind in ("unhealthy", "healthy") and event.devices:
-        return [_health(event, host, gpus, who, when, at)]
-    return []
-
-
-def _health(event: Event, host: str, gpus: str, who: str, when: str, at: float) -> Notice:
-    """A GPU unhealthy (granted to nobody until it is healthy again), or healthy again: the
-    admin and its holder are told, once an episode."""
-    uuid = event.devices[0][0]
+        return (
+            f"{host}: {details['what']}",
+            f"Patroller on {host}: {details['what']}, since {since}. {details['fix']}",
+        )
     holder = f", held by {who}," if event.user else ""
-    if event.kind == "unhealthy":
-        reason = printable(str(event.details.get("reason") or "a fault"), 600)
-        return Notice(
-            "unhealthy",
-            ("unhealthy", uuid),
-            event.user,
-            event.devices,
+    if kind == "lost":
+        return (
+            f"{host}: {gpus} is lost",
+            f"{gpus} of {host}{holder} is gone from nvidia-smi's list or has "
+            f"stopped reporting, since {when}. Nobody is granted it until it is "
+            "back; its holder keeps it. Look at the kernel log (Xid errors) and "
+            "`nvidia-smi` on the host; a reset or a reboot may be needed.",
+        )
+    if kind == "back":
+        return (
+            f"{host}: {gpus} is back",
+            f"{gpus} of {host}{holder} is reported again since {when}, and is granted as before.",
+        )
+    if kind == "unhealthy":
+        # A GPU unhealthy is granted to nobody until it is healthy again: the admin and its
+        # holder are told, once an episode.
+        reason = printable(str(details.get("reason") or "a fault"), 600)
+        return (
             f"{host}: {gpus} is unhealthy",
             f"{gpus} of {host}{holder} is unhealthy since {when}: {reason}. Nobody "
             "is granted it until it is healthy again; its holder keeps it (save "
             "what runs there and release it). Patroller sees it healthy again when "
             "nvidia-smi no longer shows the fault, or after a reset; the host's root "
             f"may say so (`patroller release --healthy {event.devices[0][1]}`).",
-            concerns=_users(event.user),
         )
-    return Notice(
-        "unhealthy",
-        ("healthy", uuid, f"{at:.3f}"),
-        event.user,
-        event.devices,
+    return (
         f"{host}: {gpus} is healthy again",
         f"{gpus} of {host}{holder} is healthy again since {when}, and is granted as before.",
-        ends=("unhealthy", uuid),
-        concerns=_users(event.user),
     )
 
 
 def _trespass(
     event: Event, host: str, gpus: str, when: str, reader: Reader, details: Mapping[str, Any]
-) -> Notice:
+) -> tuple[str, str]:
     pid = details.get("pid")
     command = details.get("command")  # the process's name, as nvidia-smi shows it
     holder = details.get("holder")
-    uuid = event.devices[0][0]
     who = reader.name(event.user)
     named = f" ({printable(str(command), COMMAND)})" if command else ""
     runs = f"{who} runs process {pid}{named} on {gpus} of {host} (since {when})"
@@ -231,7 +264,6 @@ def _trespass(
             + (f" (holding GPU {held})" if held else "")
             + ". One run is to end, or a GPU to be released: `patroller status` shows which."
         )
-        key = ("trespass", uuid, event.user or "", "over_limit")
     else:
         allocation = next(
             (
@@ -254,19 +286,12 @@ def _trespass(
             f"{runs}, which is {whose}. The run is to move to a free GPU (`patroller status` "
             "shows which), reserved first (`patroller run`)."
         )
-        key = ("trespass", uuid, event.user or "", str(holder or ""))
-    return Notice(
-        "trespass",
-        key,
-        event.user,
-        event.devices,
-        f"{host}: trespass on {gpus} by {who}",
-        body,
-        concerns=_users(event.user, holder),
-    )
+    return f"{host}: trespass on {gpus} by {who}", body
 
 
-def _idle(event: Event, host: str, gpus: str, who: str, details: Mapping[str, Any]) -> Notice:
+def _idle(
+    event: Event, host: str, gpus: str, who: str, details: Mapping[str, Any]
+) -> tuple[str, str]:
     numbers = " ".join(str(number) for _, number in event.devices)
     idle = describe(float(details["idle"]), most=2)
     body = (
@@ -279,15 +304,7 @@ def _idle(event: Event, host: str, gpus: str, who: str, details: Mapping[str, An
             f" It is released at {_clock(float(details['released_at']))} all the same "
             "(the host's --idle-release)."
         )
-    return Notice(
-        "idle",
-        ("idle", event.devices[0][0], event.user or ""),
-        event.user,
-        event.devices,
-        f"{host}: {gpus} held idle by {who} for {idle}",
-        body,
-        concerns=_users(event.user),
-    )
+    return f"{host}: {gpus} held idle by {who} for {idle}", body
 
 
 def _clock(at: float) -> str:

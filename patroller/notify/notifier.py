@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from tornado.ioloop import IOLoop, PeriodicCallback
@@ -36,7 +37,7 @@ from patroller.notify.delivery import Delivery, NoApprise, Router, Sender
 from patroller.notify.digest import KIND as DIGEST
 from patroller.notify.digest import WEEK
 from patroller.notify.episodes import Episodes, Rates
-from patroller.notify.messages import Notice, Reader, notices_of
+from patroller.notify.messages import Notice, Words, tolds_of
 from patroller.notify.outbox import Outbox, tag_of
 from patroller.notify.outcomes import Outcomes
 from patroller.notify.people import NO_APPRISE, ON, People
@@ -92,7 +93,7 @@ class Notifier:
             host,
             directory,
             plugin_of or (lambda url: apprise_sender(url, config.notify_timeout)),
-            self._to_user,
+            lambda notice, user, urls: self._to_user(notice.kind, lambda: notice, user, urls),
             self._forget,
             clock,
         )
@@ -191,40 +192,38 @@ class Notifier:
         if self._delivery is None:
             return
         now = self.clock()
-        for index, notice in enumerate(notices_of(event, self.host, now)):
-            if notice.ends and not self._episodes.end(notice.ends):
+        for told in tolds_of(event, self.host, now):
+            if told.ends and not self._episodes.end(told.ends):
                 continue  # the end of an episode nobody was told of
-            if notice.ends:
-                self.outbox.ended(notice.ends)
-            told_before = self._episodes.age(notice.key)
+            if told.ends:
+                self.outbox.ended(told.ends)
+            told_before = self._episodes.age(told.key)
             if not self._episodes.admit(
-                notice.key,
-                self.config.notify_unreserved_repeat if notice.kind == "unreserved" else None,
+                told.key,
+                self.config.notify_unreserved_repeat if told.kind == "unreserved" else None,
             ):
                 self.repeats += 1
                 if event.kind == "trespass":  # told before a restart, perhaps: still escalated
-                    self._escalations.add(event, notice.key, now - (told_before or 0.0))
+                    self._escalations.add(event, told.key, now - (told_before or 0.0))
                 continue
-            self.outbox.told(notice.key, now)
+            self.outbox.told(told.key, now)
+            # the words are made once, and only for a notice that is sent
+            words = Words(told)
             if event.kind == "trespass" and self.config.notify_escalate > 0:
-                self._escalations.add(event, notice.key, now)
-            elif notice.kind in self.config.notify_events:
+                self._escalations.add(event, told.key, now)
+            elif told.kind in self.config.notify_events:
                 for destination in self._delivery.destinations:
-                    self._send(destination.number, notice, destination.put)
-            for user in notice.concerns:
-                urls = self.people.urls_for(user, notice.kind) if self._router is not None else ()
-                terminal = self.people.on_terminal(user, notice.kind)
+                    self._send(destination.number, told.kind, words.everyone, destination.put)
+            for user in told.concerns:
+                urls = self.people.urls_for(user, told.kind) if self._router is not None else ()
+                terminal = self.people.on_terminal(user, told.kind)
                 if not urls and not terminal:
                     continue
-                words = (
-                    notice
-                    if not self.config.hide_users
-                    else notices_of(event, self.host, now, Reader(user))[index]
-                )
+                hers = words.everyone if not self.config.hide_users else partial(words.of, user)
                 if urls:
-                    self._to_user(words, user, urls)
+                    self._to_user(told.kind, hers, user, urls)
                 if terminal:
-                    self._to_terminal(words, user)
+                    self._to_terminal(told.kind, hers, user)
 
     def check(self) -> None:
         """The watch: holds idle or ending, and trespasses to escalate to the admin (a bug of
@@ -269,22 +268,26 @@ class Notifier:
         if urls:
             self._route(notice, notice.user, urls)
 
-    def _to_user(self, notice: Notice, user: str, urls: Sequence[str]) -> None:
-        self._send(("user", user), notice, lambda sent: self._route(sent, user, urls))
+    def _to_user(
+        self, kind: str, words: Callable[[], Notice], user: str, urls: Sequence[str]
+    ) -> None:
+        self._send(("user", user), kind, words, lambda sent: self._route(sent, user, urls))
 
-    def _to_terminal(self, notice: Notice, user: str) -> None:
+    def _to_terminal(self, kind: str, words: Callable[[], Notice], user: str) -> None:
         terminals = self._terminals
         if terminals is not None:  # at its own rate, apart from her other destinations'
-            self._send(user, notice, lambda sent: terminals.put(sent, user), self._terminal_rates)
+            put = lambda sent: terminals.put(sent, user)  # noqa: E731
+            self._send(user, kind, words, put, self._terminal_rates)
 
     def _send(
         self,
         rate_key: Any,
-        notice: Notice,
+        kind: str,
+        words: Callable[[], Notice],
         put: Callable[[Notice], None],
         rates: Rates | None = None,
     ) -> None:
-        sent = (rates or self._rates).admit(rate_key, notice)
+        sent = (rates or self._rates).admit(rate_key, kind, words)
         if sent is None:
             self.held += 1
         else:
