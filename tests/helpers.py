@@ -183,8 +183,16 @@ class ServerProcess:
     ) -> None:
         self.args = ["--port", "0", "--address", "127.0.0.1", *args]
         # No lease book unless the test names a --state-dir: in GPU host mode the default is
-        # the machine's own directory.
-        self.env = {**os.environ, "PYTHONPATH": ROOT, "PATROLLER_STATE_DIR": "", **(env or {})}
+        # the machine's own directory. The allocator named, as the systemd unit names it: the
+        # daemon then starts once, not again with it (main.system_allocator, which
+        # test_allocator.py tests without it).
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": ROOT,
+            "PATROLLER_STATE_DIR": "",
+            "PYTHONMALLOC": "malloc",
+            **(env or {}),
+        }
         self.preexec_fn = preexec_fn  # run in the child before it starts (resource limits)
         self.process: subprocess.Popen | None = None
         self.url = ""
