@@ -60,9 +60,11 @@ def system_allocator() -> None:
     """The daemon on the C library's allocator: unless the environment names one already,
     start again, once, the same, with PYTHONMALLOC=malloc (before anything is opened: the
     process id, descriptors and environment are kept). Config.system_allocator says why."""
+    if "PYTHONMALLOC" in os.environ or not sys.executable:
+        return  # named already (the systemd unit names it): nothing more imported for it
     from patroller.config.settings import Config
 
-    if not Config.system_allocator or "PYTHONMALLOC" in os.environ or not sys.executable:
+    if not Config.system_allocator:
         return
     os.environ["PYTHONMALLOC"] = "malloc"
     os.execv(sys.executable, sys.orig_argv)
