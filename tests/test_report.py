@@ -183,6 +183,12 @@ def test_json_is_the_answer_and_csv_a_row_per_key(hosts):
         csv.reader(io.StringIO(patroller("--server", server, "--csv", "--by", "day").stdout))
     )
     assert by_day[0][0] == "day" and sum(float(row[1]) for row in by_day[1:]) == 4.0
+    pairs = list(
+        csv.reader(io.StringIO(patroller("--server", server, "--csv", "--by", "gpu,user").stdout))
+    )
+    assert pairs[0][:5] == ["gpu", "user", "number", "gpu_hours", "share"], pairs[0]
+    numbers = {row[0]: row[2] for row in pairs[1:]}
+    assert numbers == {"GPU-a": "0", "GPU-b": "1"}, pairs  # the GPU's number, as by gpu alone
 
 
 @pytest.mark.parametrize(

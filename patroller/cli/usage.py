@@ -219,19 +219,21 @@ def table(answer: dict[str, Any], colour: bool = False, width: int | None = None
 
 
 def csv_text(answer: dict[str, Any], hosts: bool = False) -> str:
-    """A header, then one row per key: the key (empty for null), by gpu its number (and with
-    `hosts` its host), the GPU-hours, the share and the hours per category, as answered. Every
-    cell goes through safetext.csv_cell: a key is a user's, an account's or a job's name, which
-    its owner chose, and must not run in a spreadsheet nor drive a terminal."""
+    """A header, then one row per key: the key (empty for null; with two keys, a column each),
+    by gpu (alone or with another key) its number (and with `hosts` its host), the GPU-hours,
+    the share and the hours per category, as answered. Every cell goes through
+    safetext.csv_cell: a key is a user's, an account's or a job's name, which its owner chose,
+    and must not run in a spreadsheet nor drive a terminal."""
     by = answer["by"]
     categories = answer["categories"]
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n", quoting=CSV_QUOTING)
-    extra = (["host"] if hosts and by == "gpu" else []) + (["number"] if by == "gpu" else [])
+    gpu = "gpu" in by.split(",")  # by gpu alone, or with another key (gpu,user)
+    extra = (["host"] if hosts and gpu else []) + (["number"] if gpu else [])
     rows = [[*by.split(","), *extra, "gpu_hours", "share", *categories]]
     for row in answer["rows"]:
-        ours = ([row.get("host", "")] if hosts and by == "gpu" else []) + (
-            [row.get("number", "")] if by == "gpu" else []
+        ours = ([row.get("host", "")] if hosts and gpu else []) + (
+            [row.get("number", "")] if gpu else []
         )
         key = row.get("key")
         rows.append(
