@@ -102,5 +102,3 @@ async def test_the_reader_lets_its_connection_and_answers_go_once_reports_stop(t
         assert (await h.call("/usage?since=3d&by=user"))[0] == 200  # opened again
         assert reader._db is not None
         await until(lambda: reader.let_go == 2)
-
-
