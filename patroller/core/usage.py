@@ -27,7 +27,9 @@ it computes or not. docs/usage.md works an example through.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import heapq
+import itertools
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,9 +168,11 @@ class Summary:
         self._rows: dict[Any, dict[str, float]] = {}
         self._whole = dict.fromkeys(CATEGORIES, 0.0)
         self._tuples = False  # each key a tuple of keys (GroupedSummary)
+        self._ordered: list[tuple[Any, dict[str, float]]] | None = None  # `ordering`'s
 
     def add(self, totals: Iterable[Total] | Iterable[Grouped]) -> None:
         """GPU-seconds by key and category, added in the order given."""
+        self._ordered = None
         rows, whole, tuples = self._rows, self._whole, self._tuples
         key: Any
         for key, category, seconds in totals:
@@ -183,16 +187,50 @@ class Summary:
             whole[category] += seconds
 
     def ordered(self) -> list[tuple[Any, dict[str, float]]]:
-        """The keys added and their GPU-seconds by category, in the report's order."""
-        chronological = self.chronological
+        """The keys added and their GPU-seconds by category, in the report's order (made in
+        one piece unless `ordering` made it since the last `add`)."""
+        if self._ordered is None:
+            for _ in self.ordering(max(len(self._rows), 1)):
+                pass
+        assert self._ordered is not None
+        return self._ordered
 
-        def order(item: tuple[str | None, dict[str, float]]) -> tuple[object, ...]:
-            key, row = item
-            if chronological:
-                return (key is None, key or "")
-            return (-round(_used(row), 6), -round(sum(row.values()), 6), key is None, key or "")
+    def ordering(self, size: int) -> Iterator[None]:
+        """`ordered`, made `size` keys at a time, yielding between two parts (the daemon lets
+        its loop run then): each part's keys weighed and sorted, then the parts merged. The
+        order is `sorted`'s by the same weights (ties: in the order the keys came)."""
+        items = list(self._rows.items())
+        yield from self._weighing(items, size)
+        weigh = self._weight()
+        runs = []
+        for start in range(0, len(items), size):
+            part = items[start : start + size]
+            runs.append(sorted((weigh(key, row), n) for n, (key, row) in enumerate(part, start)))
+            yield
+        merged = heapq.merge(*runs)
+        ordered: list[tuple[Any, dict[str, float]]] = []
+        while taken := [items[n] for _, n in itertools.islice(merged, size)]:
+            ordered += taken
+            yield
+        self._ordered = ordered
+        while runs:  # let go of the weights a few parts a slice: 7,000 of them at once, 3 ms
+            del runs[:8]
+            yield
 
-        return sorted(self._rows.items(), key=order)
+    def _weighing(self, items: list[tuple[Any, dict[str, float]]], size: int) -> Iterator[None]:
+        """What the weights need, `size` keys at a time (GroupedSummary: each key's sums)."""
+        yield from ()
+
+    def _weight(self) -> Callable[[Any, dict[str, float]], tuple[object, ...]]:
+        """A key's place in the order: by key (`chronological`) or by use, the most first."""
+        if self.chronological:
+            return lambda key, row: (key is None, key or "")
+        return lambda key, row: (
+            -round(_used(row), 6),
+            -round(sum(row.values()), 6),
+            key is None,
+            key or "",
+        )
 
     def entries(self, part: list[tuple[Any, dict[str, float]]]) -> list[dict[str, Any]]:
         """The report's rows of a part of `ordered`, as answered."""
@@ -254,21 +292,27 @@ class GroupedSummary(Summary):
         super().__init__()
         self.by = by
         self._tuples = True
+        self._sums: dict[tuple[Key, ...], tuple[float, float]] = {}
 
     def _shown(self, key: Any) -> Any:
         return list(key) if len(self.by) > 1 else key[0]
 
-    def ordered(self) -> list[tuple[Any, dict[str, float]]]:
-        by, rows = self.by, self._rows
+    def _weighing(self, items: list[tuple[Any, dict[str, float]]], size: int) -> Iterator[None]:
         # GPU-seconds (used, then all) of every leading part of a key, for the order by use
         sums: dict[tuple[Key, ...], tuple[float, float]] = {}
-        for key, row in rows.items():
-            used = _used(row)
-            for n in range(1, len(key) + 1):
-                was = sums.get(key[:n], (0.0, 0.0))
-                sums[key[:n]] = (was[0] + used, was[1] + sum(row.values()))
+        for start in range(0, len(items), size):
+            for key, row in items[start : start + size]:
+                used = _used(row)
+                for n in range(1, len(key) + 1):
+                    was = sums.get(key[:n], (0.0, 0.0))
+                    sums[key[:n]] = (was[0] + used, was[1] + sum(row.values()))
+            yield
+        self._sums = sums
 
-        def order(key: tuple[Key, ...]) -> tuple[object, ...]:
+    def _weight(self) -> Callable[[Any, dict[str, float]], tuple[object, ...]]:
+        by, sums = self.by, self._sums
+
+        def order(key: tuple[Key, ...], row: dict[str, float]) -> tuple[object, ...]:
             parts: list[object] = []
             for n, (name, value) in enumerate(zip(by, key, strict=True)):
                 if value is None:
@@ -281,7 +325,7 @@ class GroupedSummary(Summary):
                     parts.append((0, -round(used, 6), -round(every, 6), value))
             return tuple(parts)
 
-        return sorted(rows.items(), key=lambda item: order(item[0]))
+        return order
 
 
 def summarize_grouped(totals: Iterable[Grouped], by: tuple[str, ...]) -> dict[str, Any]:

@@ -194,8 +194,9 @@ async def answered(
                 ]
             )
             await _turn()
+    for _ in summary.ordering(config.usage_report_chunk_entries):
+        await _turn()
     ordered = summary.ordered()
-    await _turn()
     keys = asked.keys if grouping else (asked.by,)
     where = keys.index("gpu") if "gpu" in keys else None
     head = dumps(_head(totals, asked, config.usage_interval, config.usage_busy_sm))
