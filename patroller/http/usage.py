@@ -2,9 +2,11 @@
 account, Kubernetes namespace or pod, GPU, day, weekday or hour of the day, or by two of these
 (day,user; weekday,hour), from the usage store (state/usage), as the caller may see it.
 
-The store's reader sums the GPU-seconds off the event loop, and the answer is made from them in
-its thread too (a year by day is 21,500 rows: 20-40 ms); the keys are renamed here, on the
-loop, which alone uses the pseudonyms. One key of state/usage/queries.py, in UTC, is its
+SQLite sums the GPU-seconds in the store's reader thread, which hands them over as JSON texts;
+on the event loop, their rows are parsed (state/usage/reader.py), the keys renamed (the loop
+alone uses the pseudonyms), and the answer made and encoded here (`answered`), each in slices
+of a millisecond or less with the loop free between two: a year by day is 21,500 rows, 20-40
+ms of Python. One key of state/usage/queries.py, in UTC, is its
 report; two keys, a weekday or an hour, or a time zone (tz=) are state/usage/groupings.py's.
 
 With --hide-users a caller sees the users other than themselves as their pseudonyms, as

@@ -3,7 +3,9 @@
 The event loop never touches the file: each report is handed to the one `usage-reader` thread,
 made by the first report, at Config.usage_report_nice (a year-long report is background work,
 but one that must end while /status is busy: settings.py says why 5). Each statement's rows
-come in one step of SQLite, which reads without the interpreter's lock (queries.at_once).
+come in one step of SQLite, which reads without the interpreter's lock, as JSON texts
+(queries.texts); the thread runs no other Python: the texts are parsed on the loop, in slices
+(`_parsed`), as the answer is made (http/usage.py).
 Its read-only connection follows the file when the writer sets one aside and starts afresh
 (`file_replaced`). WAL lets it read while the writer writes; each report is read in one
 transaction (queries.py).
