@@ -5,6 +5,7 @@ a year by day; docs/performance.md). Between two slices the loop runs what waits
 
 import asyncio
 import json
+import random
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -141,3 +142,44 @@ async def test_an_answer_made_in_slices_is_the_one_made_in_one_piece(tmp_path):
     for path, sliced, whole in zip(asked, *bodies, strict=True):
         assert json.loads(sliced)["rows"], path
         assert sliced == whole, path
+
+
+def test_a_summary_made_in_parts_is_the_one_made_at_once():
+    """Pure: rows added a few at a time and the order made a few keys a slice (each part
+    sorted, then the parts merged) give what one `add` and one sort give, ties included (keys
+    of equal use keep their order by name; days in time's order), for one key and for two."""
+    rnd = random.Random(5)
+    users = [f"u{n}" for n in range(9)] + [None]
+    days = [f"2026-01-{n:02d}" for n in range(1, 20)]
+    categories = [*core.CATEGORIES, "some_later_category"]
+    plain = [
+        (rnd.choice(users), rnd.choice(categories), float(rnd.choice((60, 120, 3600))))
+        for _ in range(400)
+    ]
+    grouped = [
+        (
+            (rnd.choice(days), rnd.choice(users)),
+            rnd.choice(categories),
+            float(rnd.choice((60, 3600))),
+        )
+        for _ in range(600)
+    ]
+    for make, rows in (
+        (lambda: core.Summary(), plain),
+        (lambda: core.Summary(chronological=True), [(d, c, s) for (d, _), c, s in grouped]),
+        (lambda: core.GroupedSummary(("day", "user")), grouped),
+        (
+            lambda: core.GroupedSummary(("user", "day")),
+            [((u, d), c, s) for (d, u), c, s in grouped],
+        ),
+    ):
+        whole = make()
+        whole.add(rows)
+        parts = make()
+        for start in range(0, len(rows), 7):
+            parts.add(rows[start : start + 7])
+        steps = sum(1 for _ in parts.ordering(3))
+        assert steps > 3  # several parts, merged
+        ordered = parts.ordered()
+        assert [key for key, _ in ordered] == [key for key, _ in whole.ordered()]
+        assert {"rows": parts.entries(ordered), "total": parts.total()} == whole.result()
