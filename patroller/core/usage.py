@@ -217,6 +217,16 @@ class Summary:
             del runs[:8]
             yield
 
+    def letting_go(self, size: int) -> Iterator[None]:
+        """What was summed let go, `size` keys a step (its thousands of small objects freed at
+        once took 4 ms of the loop for a year by day,user): the summary is empty after."""
+        self._ordered = None
+        for held in (self._rows, getattr(self, "_sums", {})):
+            while held:
+                for _ in range(min(size, len(held))):
+                    held.popitem()
+                yield
+
     def _weighing(self, items: list[tuple[Any, dict[str, float]]], size: int) -> Iterator[None]:
         """What the weights need, `size` keys at a time (GroupedSummary: each key's sums)."""
         yield from ()

