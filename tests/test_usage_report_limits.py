@@ -102,29 +102,3 @@ async def test_the_reader_lets_its_connection_and_answers_go_once_reports_stop(t
         assert (await h.call("/usage?since=3d&by=user"))[0] == 200  # opened again
         assert reader._db is not None
         await until(lambda: reader.let_go == 2)
-
-
-@async_test
-async def test_a_reports_answer_is_made_in_the_reports_thread_not_on_the_loop(
-    tmp_path, monkeypatch
-):
-    """A year by day is 21,500 rows: made into its answer on the loop, 20-40 ms that every
-    /status waited behind. Both kinds (one key; two) are made in the reports' thread, and
-    the answer is the same."""
-    from patroller.http import usage as handler
-
-    history(tmp_path / "state")
-    made_in = []
-    for name in ("report", "grouped"):
-        original = getattr(handler, name)
-
-        def recording(*args, original=original):
-            made_in.append(threading.current_thread().name)
-            return original(*args)
-
-        monkeypatch.setattr(handler, name, recording)
-    async with running(state_dir=str(tmp_path / "state")) as h:
-        by_day = await h.ok("/usage?since=3d&by=day")
-        by_two = await h.ok("/usage?since=3d&by=day,user")
-    assert by_day["rows"] and by_two["rows"]
-    assert len(made_in) == 2 and all(name.startswith("usage-reader") for name in made_in), made_in

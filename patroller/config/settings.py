@@ -356,9 +356,14 @@ class Config:
     # range or the grouping, found while it is read (70 to 90 bytes of answer a row measured:
     # a year of 20 users by day and user is 21,400 rows, 1.4 MB; so at most some 4.5 MB)
     usage_report_max_rows: int = 50_000
-    # rows of a report parsed in one call (queries.at_once), which holds the interpreter: a
-    # year by day's 21,500 rows in one held it 10-19 ms, in pieces of 2,000 some 1.5 ms each
-    usage_report_chunk_rows: int = 2000
+    # rows of a report in one slice of the event loop, which lets /status run between two
+    # (reader.py, http/usage.py): SQLite's JSON text of them parsed, merged (two keys), summed.
+    # A year by day's 21,500 rows in one call held the interpreter 10-19 ms; at 250, a year
+    # by day,user's pieces took 0.64 ms each (median; 1.03 the most), by day 0.2-0.4 ms
+    usage_report_chunk_rows: int = 250
+    # rows of a report's answer ordered, made (GPU-hours by category rounded, its share) and
+    # encoded in one slice of the event loop: some 10 us each measured, 50 at most 0.65 ms
+    usage_report_chunk_entries: int = 50
     usage_reader_cache_kib: int = 2048  # the reader's SQLite page cache (SQLite's default)
     # seconds without a report after which the reader's connection and the answers it keeps
     # are let go, and the heap trimmed: most of the memory reports took comes back

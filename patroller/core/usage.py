@@ -27,7 +27,9 @@ it computes or not. docs/usage.md works an example through.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import heapq
+import itertools
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,49 +153,135 @@ def classify(sample: GpuSample) -> list[Share]:
 
 Total = tuple[str | None, str, float]  # (key, category, seconds)
 HOUR = 3600.0
+Key = str | None
+Grouped = tuple[tuple[Key, ...], str, float]  # (a key per grouping, category, seconds)
 
 
-def summarize(totals: Iterable[Total], chronological: bool = False) -> dict[str, Any]:
-    """A report from GPU-seconds by key and category: per key, GPU-hours per category, in all,
-    and its share of the whole; the whole, with each category's share. Keys in order of use
-    (GPU-hours held or used: all but free and lost; the most first), or by key
-    (`chronological`, for days)."""
-    rows: dict[str | None, dict[str, float]] = {}
-    whole = dict.fromkeys(CATEGORIES, 0.0)
-    for key, category, seconds in totals:
-        if category not in whole:
-            continue  # a category a later version added: not this report's
-        row = rows.setdefault(key, dict.fromkeys(CATEGORIES, 0.0))
-        row[category] += seconds
-        whole[category] += seconds
-    everything = sum(whole.values())
+class Summary:
+    """A report summed a part at a time (`add`), then made (`result`): per key, GPU-hours per
+    category, in all, and its share of the whole; the whole, with each category's share. Keys
+    in order of use (GPU-hours held or used: all but free and lost; the most first), or by key
+    (`chronological`, for days). The daemon feeds it a slice of rows a turn of its loop."""
 
-    def used(row: dict[str, float]) -> float:
-        return sum(s for c, s in row.items() if c not in UNUSED)
+    def __init__(self, chronological: bool = False) -> None:
+        self.chronological = chronological
+        self._rows: dict[Any, dict[str, float]] = {}
+        self._whole = dict.fromkeys(CATEGORIES, 0.0)
+        self._tuples = False  # each key a tuple of keys (GroupedSummary)
+        self._ordered: list[tuple[Any, dict[str, float]]] | None = None  # `ordering`'s
 
-    def order(item: tuple[str | None, dict[str, float]]) -> tuple[object, ...]:
-        key, row = item
-        if chronological:
-            return (key is None, key or "")
-        return (-round(used(row), 6), -round(sum(row.values()), 6), key is None, key or "")
+    def add(self, totals: Iterable[Total] | Iterable[Grouped]) -> None:
+        """GPU-seconds by key and category, added in the order given."""
+        self._ordered = None
+        rows, whole, tuples = self._rows, self._whole, self._tuples
+        key: Any
+        for key, category, seconds in totals:
+            if category not in whole:
+                continue  # a category a later version added: not this report's
+            if tuples:
+                key = tuple(key)
+            row = rows.get(key)
+            if row is None:
+                row = rows[key] = dict.fromkeys(CATEGORIES, 0.0)
+            row[category] += seconds
+            whole[category] += seconds
 
-    entries = [
-        {
-            "key": key,
-            "hours": _hours(row),
-            "gpu_hours": round(sum(row.values()) / HOUR, 6),
-            "share": _share(sum(row.values()), everything),
-        }
-        for key, row in sorted(rows.items(), key=order)
-    ]
-    return {
-        "rows": entries,
-        "total": {
+    def ordered(self) -> list[tuple[Any, dict[str, float]]]:
+        """The keys added and their GPU-seconds by category, in the report's order (made in
+        one piece unless `ordering` made it since the last `add`)."""
+        if self._ordered is None:
+            for _ in self.ordering(max(len(self._rows), 1)):
+                pass
+        assert self._ordered is not None
+        return self._ordered
+
+    def ordering(self, size: int) -> Iterator[None]:
+        """`ordered`, made `size` keys at a time, yielding between two parts (the daemon lets
+        its loop run then): each part's keys weighed and sorted, then the parts merged. The
+        order is `sorted`'s by the same weights (ties: in the order the keys came)."""
+        items = list(self._rows.items())
+        yield from self._weighing(items, size)
+        weigh = self._weight()
+        runs = []
+        for start in range(0, len(items), size):
+            part = items[start : start + size]
+            runs.append(sorted((weigh(key, row), n) for n, (key, row) in enumerate(part, start)))
+            yield
+        merged = heapq.merge(*runs)
+        ordered: list[tuple[Any, dict[str, float]]] = []
+        while taken := [items[n] for _, n in itertools.islice(merged, size)]:
+            ordered += taken
+            yield
+        self._ordered = ordered
+        while runs:  # let go of the weights a few parts a slice: 7,000 of them at once, 3 ms
+            del runs[:8]
+            yield
+
+    def letting_go(self, size: int) -> Iterator[None]:
+        """What was summed let go, `size` keys a step (its thousands of small objects freed at
+        once took 4 ms of the loop for a year by day,user): the summary is empty after."""
+        self._ordered = None
+        for held in (self._rows, getattr(self, "_sums", {})):
+            while held:
+                for _ in range(min(size, len(held))):
+                    held.popitem()
+                yield
+
+    def _weighing(self, items: list[tuple[Any, dict[str, float]]], size: int) -> Iterator[None]:
+        """What the weights need, `size` keys at a time (GroupedSummary: each key's sums)."""
+        yield from ()
+
+    def _weight(self) -> Callable[[Any, dict[str, float]], tuple[object, ...]]:
+        """A key's place in the order: by key (`chronological`) or by use, the most first."""
+        if self.chronological:
+            return lambda key, row: (key is None, key or "")
+        return lambda key, row: (
+            -round(_used(row), 6),
+            -round(sum(row.values()), 6),
+            key is None,
+            key or "",
+        )
+
+    def entries(self, part: list[tuple[Any, dict[str, float]]]) -> list[dict[str, Any]]:
+        """The report's rows of a part of `ordered`, as answered."""
+        everything = sum(self._whole.values())
+        return [
+            {
+                "key": self._shown(key),
+                "hours": _hours(row),
+                "gpu_hours": round(sum(row.values()) / HOUR, 6),
+                "share": _share(sum(row.values()), everything),
+            }
+            for key, row in part
+        ]
+
+    def _shown(self, key: Any) -> Any:
+        return key
+
+    def total(self) -> dict[str, Any]:
+        """The report's whole, as answered."""
+        whole = self._whole
+        everything = sum(whole.values())
+        return {
             "hours": _hours(whole),
             "gpu_hours": round(everything / HOUR, 6),
             "shares": {c: _share(s, everything) for c, s in whole.items()},
-        },
-    }
+        }
+
+    def result(self) -> dict[str, Any]:
+        """The report of the rows added, in one piece."""
+        return {"rows": self.entries(self.ordered()), "total": self.total()}
+
+
+def summarize(totals: Iterable[Total], chronological: bool = False) -> dict[str, Any]:
+    """A report from GPU-seconds by key and category, in one piece (`Summary`)."""
+    summary = Summary(chronological)
+    summary.add(totals)
+    return summary.result()
+
+
+def _used(row: dict[str, float]) -> float:
+    return sum(s for c, s in row.items() if c not in UNUSED)
 
 
 def _hours(row: dict[str, float]) -> dict[str, float]:
@@ -204,59 +292,54 @@ def _share(part: float, whole: float) -> float:
     return round(part / whole, 4) if whole > 0 else 0.0
 
 
-Key = str | None
-Grouped = tuple[tuple[Key, ...], str, float]  # (a key per grouping, category, seconds)
+class GroupedSummary(Summary):
+    """`Summary`, grouped by one key or two (`by`): a row per key (per pair of keys, whose
+    `key` is then a list of the two). Rows in order of the first key, then of the second
+    within it: a key of IN_TIME in time's order, any other by use (the most first), as
+    `Summary` orders them; null keys after the others."""
+
+    def __init__(self, by: tuple[str, ...]) -> None:
+        super().__init__()
+        self.by = by
+        self._tuples = True
+        self._sums: dict[tuple[Key, ...], tuple[float, float]] = {}
+
+    def _shown(self, key: Any) -> Any:
+        return list(key) if len(self.by) > 1 else key[0]
+
+    def _weighing(self, items: list[tuple[Any, dict[str, float]]], size: int) -> Iterator[None]:
+        # GPU-seconds (used, then all) of every leading part of a key, for the order by use
+        sums: dict[tuple[Key, ...], tuple[float, float]] = {}
+        for start in range(0, len(items), size):
+            for key, row in items[start : start + size]:
+                used = _used(row)
+                for n in range(1, len(key) + 1):
+                    was = sums.get(key[:n], (0.0, 0.0))
+                    sums[key[:n]] = (was[0] + used, was[1] + sum(row.values()))
+            yield
+        self._sums = sums
+
+    def _weight(self) -> Callable[[Any, dict[str, float]], tuple[object, ...]]:
+        by, sums = self.by, self._sums
+
+        def order(key: tuple[Key, ...], row: dict[str, float]) -> tuple[object, ...]:
+            parts: list[object] = []
+            for n, (name, value) in enumerate(zip(by, key, strict=True)):
+                if value is None:
+                    parts.append((1, 0.0, 0.0, ""))
+                elif name in IN_TIME:
+                    place = WEEKDAYS.index(value) if name == "weekday" and value in WEEKDAYS else 0
+                    parts.append((0, 0.0, float(place), value))
+                else:
+                    used, every = sums[key[: n + 1]]
+                    parts.append((0, -round(used, 6), -round(every, 6), value))
+            return tuple(parts)
+
+        return order
 
 
 def summarize_grouped(totals: Iterable[Grouped], by: tuple[str, ...]) -> dict[str, Any]:
-    """`summarize`, grouped by one key or two (`by`): a row per key (per pair of keys, whose
-    `key` is then a list of the two). Rows in order of the first key, then of the second
-    within it: a key of IN_TIME in time's order, any other by use (the most first), as
-    `summarize` orders them; null keys after the others."""
-    rows: dict[tuple[Key, ...], dict[str, float]] = {}
-    whole = dict.fromkeys(CATEGORIES, 0.0)
-    for key, category, seconds in totals:
-        if category not in whole:
-            continue  # a category a later version added: not this report's
-        row = rows.setdefault(tuple(key), dict.fromkeys(CATEGORIES, 0.0))
-        row[category] += seconds
-        whole[category] += seconds
-    everything = sum(whole.values())
-    # GPU-seconds (used, then all) of every leading part of a key, for the order by use
-    sums: dict[tuple[Key, ...], tuple[float, float]] = {}
-    for key, row in rows.items():
-        used = sum(s for c, s in row.items() if c not in UNUSED)
-        for n in range(1, len(key) + 1):
-            was = sums.get(key[:n], (0.0, 0.0))
-            sums[key[:n]] = (was[0] + used, was[1] + sum(row.values()))
-
-    def order(key: tuple[Key, ...]) -> tuple[object, ...]:
-        parts: list[object] = []
-        for n, (name, value) in enumerate(zip(by, key, strict=True)):
-            if value is None:
-                parts.append((1, 0.0, 0.0, ""))
-            elif name in IN_TIME:
-                place = WEEKDAYS.index(value) if name == "weekday" and value in WEEKDAYS else 0
-                parts.append((0, 0.0, float(place), value))
-            else:
-                used, every = sums[key[: n + 1]]
-                parts.append((0, -round(used, 6), -round(every, 6), value))
-        return tuple(parts)
-
-    entries = [
-        {
-            "key": list(key) if len(by) > 1 else key[0],
-            "hours": _hours(row),
-            "gpu_hours": round(sum(row.values()) / HOUR, 6),
-            "share": _share(sum(row.values()), everything),
-        }
-        for key, row in sorted(rows.items(), key=lambda item: order(item[0]))
-    ]
-    return {
-        "rows": entries,
-        "total": {
-            "hours": _hours(whole),
-            "gpu_hours": round(everything / HOUR, 6),
-            "shares": {c: _share(s, everything) for c, s in whole.items()},
-        },
-    }
+    """`summarize`, grouped by one key or two (`GroupedSummary`), in one piece."""
+    summary = GroupedSummary(by)
+    summary.add(totals)
+    return summary.result()

@@ -16,21 +16,25 @@ one-key reports are (queries.ranges).
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from datetime import datetime, tzinfo
+from typing import Any
 
 from patroller.core.usage import WEEKDAYS
 from patroller.state.usage.queries import (
     DAY,
     HOUR,
     KEYS,
+    Row,
+    Texts,
     TooLarge,
     Totals,
-    at_once,
     kept_from,
     known,
     ranges,
     reading,
+    texts,
 )
 
 # The keys that say where an hour lies in time, as SQL over the totals (t), whose `local` is
@@ -125,27 +129,61 @@ def totals(
     chunk: int | None = None,
 ) -> Totals:
     """GPU-seconds by the keys `by`, user and category over [since, until) (epoch seconds),
-    read in one transaction; each row's key is a tuple of the keys. TooLarge past `limit`
-    rows."""
-    found: dict[tuple[object, ...], float] = {}
+    read in one transaction (`read`) and summed in the calling thread; each row's key is a
+    tuple of the keys. TooLarge past `limit` rows."""
+    found = read(db, since, until, by, spans(since, until, zone), limit, chunk)
+    merged = Merged(by, limit)
+    for text in found.texts:
+        merged.add(json.loads(text))
+    return Totals(summed(list(merged.found.items())), found.numbers, found.first)
+
+
+def read(
+    db: sqlite3.Connection,
+    since: float,
+    until: float,
+    by: tuple[str, ...],
+    pieces: list[Span],
+    limit: int | None = None,
+    chunk: int | None = None,
+) -> Texts:
+    """The texts of a report by the keys `by` over [since, until) cut in `pieces` (`spans`),
+    read in one transaction: one step of SQLite a piece, not one a row (queries.texts). A piece
+    of more than `limit` rows is one the whole report has too: TooLarge."""
     sql = statement(by)
+    found: list[tuple[str, int]] = []
     with reading(db):
         kept = kept_from(db)
-        for span in spans(since, until, zone):
-            # one step of SQLite a piece, not one a row (queries.at_once); a piece of more
-            # than `limit` rows is one the whole report has too
-            for *keys, user, category, seconds in at_once(
+        for span in pieces:
+            found += texts(
                 db, sql, parameters(since, until, span, kept, by), len(by) + 3, limit, chunk
-            ):
-                shown = tuple(_key(name, value) for name, value in zip(by, keys, strict=True))
-                row = (shown, user or None, category)
-                if limit is not None and row not in found and len(found) >= limit:
-                    raise TooLarge(limit)
-                found[row] = found.get(row, 0.0) + float(seconds)
-        numbers, first = known(db)
-    rows = [(keys, user, category, seconds) for (keys, user, category), seconds in found.items()]
-    # a grouped row's key is a tuple of keys, where Totals types the one key of a plain report
-    return Totals(rows, numbers, first)  # type: ignore[arg-type]
+            )
+        return Texts(tuple(text for text, _ in found), sum(n for _, n in found), *known(db))
+
+
+class Merged:
+    """The rows of a grouped report's pieces, parsed, summed by keys, user and category (a
+    pair of keys may be in two pieces: an offset changed within its day); TooLarge past
+    `limit` of them. Fed a parsed text at a time (reader.py, on the loop)."""
+
+    def __init__(self, by: tuple[str, ...], limit: int | None) -> None:
+        self.by, self.limit = by, limit
+        self.found: dict[tuple[object, ...], float] = {}
+
+    def add(self, parsed: list[list[Any]]) -> None:
+        by, limit, found = self.by, self.limit, self.found
+        for *keys, user, category, seconds in parsed:
+            shown = tuple(_key(name, value) for name, value in zip(by, keys, strict=True))
+            row = (shown, user or None, category)
+            if limit is not None and row not in found and len(found) >= limit:
+                raise TooLarge(limit)
+            found[row] = found.get(row, 0.0) + float(seconds)
+
+
+def summed(items: list[tuple[tuple[Any, ...], float]]) -> list[Row]:
+    """`Merged.found`'s items as rows; a grouped row's key is a tuple of keys, where Row types
+    the one key of a plain report."""
+    return [(keys, user, category, seconds) for (keys, user, category), seconds in items]
 
 
 def _key(name: str, value: object) -> str | None:

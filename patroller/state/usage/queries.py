@@ -124,6 +124,20 @@ def bounds(found: Ranges) -> tuple[float, ...]:
     return tuple(edge for span in found.days + found.hours for edge in span)
 
 
+@dataclass(frozen=True)
+class Texts:
+    """A report as SQLite gives it, unparsed: its rows as JSON texts of at most
+    Config.usage_report_chunk_rows rows each (each row a list: the key or keys, the user, the
+    category and the seconds as text: `at_once`), `rows` of them in all, and what `known`
+    says. Read in the reports' thread, which runs no other Python than the statements'; the
+    rows are parsed on the event loop a text a turn (reader.py)."""
+
+    texts: tuple[str, ...] = ()
+    rows: int = 0
+    numbers: dict[str, int] = field(default_factory=dict)
+    first: float | None = None
+
+
 def totals(
     db: sqlite3.Connection,
     since: float,
@@ -133,17 +147,37 @@ def totals(
     chunk: int | None = None,
 ) -> Totals:
     """GPU-seconds by `by`, user and category over [since, until) (epoch seconds), read in
-    one transaction: what the writer writes meanwhile is seen whole or not at all. TooLarge
-    past `limit` rows."""
+    one transaction (`read`) and parsed in the calling thread. TooLarge past `limit` rows."""
+    found = read(db, since, until, by, limit, chunk)
+    return Totals(
+        [row for text in found.texts for row in rows_of(json.loads(text))],
+        found.numbers,
+        found.first,
+    )
+
+
+def read(
+    db: sqlite3.Connection,
+    since: float,
+    until: float,
+    by: str,
+    limit: int | None = None,
+    chunk: int | None = None,
+) -> Texts:
+    """The texts of a report by `by` over [since, until), read in one transaction: what the
+    writer writes meanwhile is seen whole or not at all. TooLarge past `limit` rows."""
     with reading(db):
         found = ranges(int(since // HOUR * HOUR), int(since // DAY * DAY), until, kept_from(db))
-        rows: list[Row] = [
-            (key or None, user or None, category, float(seconds))
-            for key, user, category, seconds in at_once(
-                db, statement(by), bounds(found), 4, limit, chunk
-            )
-        ]
-        return Totals(rows, *known(db))
+        pieces = texts(db, statement(by), bounds(found), 4, limit, chunk)
+        return Texts(tuple(text for text, _ in pieces), sum(n for _, n in pieces), *known(db))
+
+
+def rows_of(parsed: list[list[Any]]) -> list[Row]:
+    """The rows of a parsed text of `read`'s."""
+    return [
+        (key or None, user or None, category, float(seconds))
+        for key, user, category, seconds in parsed
+    ]
 
 
 def at_once(
@@ -154,30 +188,46 @@ def at_once(
     limit: int | None = None,
     chunk: int | None = None,
 ) -> list[list[Any]]:
+    """The rows of `sql` (`texts`), parsed in the calling thread."""
+    rows: list[list[Any]] = []
+    for text, _ in texts(db, sql, parameters, width, limit, chunk):
+        rows += json.loads(text)
+    return rows
+
+
+def texts(
+    db: sqlite3.Connection,
+    sql: str,
+    parameters: tuple[float, ...],
+    width: int,
+    limit: int | None = None,
+    chunk: int | None = None,
+) -> list[tuple[str, int]]:
     """The rows of `sql` (`width` columns, the last a sum of seconds), read in one step of
-    SQLite as one JSON text: SQLite runs without the interpreter's lock, which the module
-    takes back after each row it steps to. Row by row, a report under load waited for the lock
-    once a row (by day, a year of 8 GPUs is 20,000 rows), behind a loop that serves /status:
-    0.76-2.5 s where it took 0.12-0.15 s alone (docs/performance.md). Each sum is its text
-    of 17 digits (the float it is, exactly); the rows in the order of their keys, as the
-    grouping gives them. TooLarge past `limit` rows, found by SQLite, which stops one row past
-    it. In texts of `chunk` rows at most (None: one), each parsed in one call that holds the
-    lock: a year by day in one text held it 10-19 ms, which /status's p99 showed."""
+    SQLite as JSON texts, each with its count of rows: SQLite runs without the interpreter's
+    lock, which the module takes back after each row it steps to. Row by row, a report under
+    load waited for the lock once a row (by day, a year of 8 GPUs is 20,000 rows), behind a
+    loop that serves /status: 0.76-2.5 s where it took 0.12-0.15 s alone
+    (docs/performance.md). Each sum is its text of 17 digits (the float it is, exactly); the
+    rows in the order of their keys, as the grouping gives them. TooLarge past `limit` rows,
+    found by SQLite, which stops one row past it. In texts of `chunk` rows at most (None:
+    one): each is parsed in one call that holds the lock (a year by day in one held it
+    10-19 ms, which /status's p99 showed)."""
     names = ", ".join(f"c{n}" for n in range(width))
     shown = ", ".join(f"c{n}" for n in range(width - 1)) + f", printf('%!.17g', c{width - 1})"
     keys = names.rsplit(", ", 1)[0]
-    rows: list[list[Any]] = []
-    for (text,) in db.execute(
-        f"WITH r({names}) AS ({sql}) "
-        f"SELECT json_group_array(json_array({shown})) FROM "
-        f"(SELECT *, (row_number() OVER (ORDER BY {keys}) - 1) / ? AS piece FROM r "
-        f"ORDER BY {keys} LIMIT ?) GROUP BY piece ORDER BY piece",
-        (*parameters, chunk or 1 << 62, -1 if limit is None else limit + 1),
-    ):
-        rows += json.loads(text)
-    if limit is not None and len(rows) > limit:
+    found: list[tuple[str, int]] = list(
+        db.execute(
+            f"WITH r({names}) AS ({sql}) "
+            f"SELECT json_group_array(json_array({shown})), count(*) FROM "
+            f"(SELECT *, (row_number() OVER (ORDER BY {keys}) - 1) / ? AS piece FROM r "
+            f"ORDER BY {keys} LIMIT ?) GROUP BY piece ORDER BY piece",
+            (*parameters, chunk or 1 << 62, -1 if limit is None else limit + 1),
+        )
+    )
+    if limit is not None and sum(n for _, n in found) > limit:
         raise TooLarge(limit)
-    return rows
+    return found
 
 
 def known(db: sqlite3.Connection) -> tuple[dict[str, int], float | None]:

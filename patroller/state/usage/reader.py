@@ -3,7 +3,9 @@
 The event loop never touches the file: each report is handed to the one `usage-reader` thread,
 made by the first report, at Config.usage_report_nice (a year-long report is background work,
 but one that must end while /status is busy: settings.py says why 5). Each statement's rows
-come in one step of SQLite, which reads without the interpreter's lock (queries.at_once).
+come in one step of SQLite, which reads without the interpreter's lock, as JSON texts
+(queries.texts); the thread runs no other Python: the texts are parsed on the loop, in slices
+(`_parsed`), as the answer is made (http/usage.py).
 Its read-only connection follows the file when the writer sets one aside and starts afresh
 (`file_replaced`). WAL lets it read while the writer writes; each report is read in one
 transaction (queries.py).
@@ -29,17 +31,17 @@ import contextlib
 import ctypes
 import ctypes.util
 import functools
+import json
 import logging
-import marshal
 import os
 import sqlite3
 import threading
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import tzinfo
-from typing import Any, TypeVar
+from typing import Any
 
 from cachetools import LRUCache
 
@@ -49,8 +51,6 @@ from patroller.durations import describe
 from patroller.state.usage import groupings, queries, schema
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 
 class Reader:
@@ -64,9 +64,9 @@ class Reader:
         self._thread: ThreadPoolExecutor | None = None
         self._db: sqlite3.Connection | None = None  # the reader thread's alone
         self._db_generation = -1
-        # each answer as (its rows, the bytes of its Totals), counted by its rows
-        self._answers: LRUCache[tuple[object, ...], tuple[int, bytes]] = LRUCache(
-            config.usage_report_cache_rows, getsizeof=lambda kept: kept[0] + 1
+        # each answer as SQLite's texts of it, counted by its rows (`_answer` says why)
+        self._answers: LRUCache[tuple[object, ...], queries.Texts] = LRUCache(
+            config.usage_report_cache_rows, getsizeof=lambda kept: kept.rows + 1
         )
         self._answered: int | None = None  # the data_version they were read at
         self.running = 0  # reports between `slot` and their answer written (the loop's count)
@@ -116,10 +116,17 @@ class Reader:
         self, since: float, until: float, by: Any, zone: tzinfo | None
     ) -> queries.Totals:
         """A report by `by` (a key: queries.py; keys in `zone`: groupings.py) over
-        [since, until), read off the event loop. Unavailable if the store cannot be read."""
+        [since, until): SQLite's part in the reports' thread, which returns its texts, and the
+        Python of it on the event loop, in slices (`_parsed`). Unavailable if the store cannot
+        be read."""
         loop = asyncio.get_running_loop()
+        # where a zone's offset changes: some 400 readings of it for a year, one slice
+        pieces = None if zone is None else groupings.spans(since, until, zone)
         try:
-            return await loop.run_in_executor(self._reading(), self._read, since, until, by, zone)
+            found = await loop.run_in_executor(
+                self._reading(), self._read, since, until, by, pieces
+            )
+            return await self._parsed(found, by if zone is not None else None)
         except queries.TooLarge as exc:
             self.refused["too_large"] += 1
             raise BadRequest(
@@ -129,12 +136,36 @@ class Reader:
                 max_rows=exc.limit,
             ) from None
 
-    async def made(self, make: Callable[..., T], *args: Any) -> T:
-        """`make(*args)` in the reports' thread: the answer of a year by day (21,500 rows) is
-        20-40 ms of work, which on the event loop held every /status request behind it; in a
-        thread it shares the interpreter with the loop (Config.gil_switch_interval)."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._reading(), make, *args)
+    async def _parsed(self, found: queries.Texts, grouped: Any) -> queries.Totals:
+        """On the event loop, the texts of a report parsed and its rows made, a text (at most
+        Config.usage_report_chunk_rows rows) a turn of the loop: the Python of a report in the
+        reports' thread held the interpreter's lock in long C calls (json.loads: 1.5 ms a text
+        of 2,000 rows), and the loop, which lets it go at each system call, waited for it back
+        once a call: /status's p99 went from 4 to 23-28 ms. `grouped`: the keys of a grouped
+        report, whose pieces are summed (groupings.Merged); None: a plain one."""
+        if grouped is None:
+            rows: list[queries.Row] = []
+            for text in found.texts:
+                rows += queries.rows_of(json.loads(text))
+                await asyncio.sleep(0)
+            return queries.Totals(rows, found.numbers, found.first)
+        merged = groupings.Merged(grouped, self.config.usage_report_max_rows)
+        for text in found.texts:
+            merged.add(json.loads(text))
+            await asyncio.sleep(0)
+        size = self.config.usage_report_chunk_rows
+        items = list(merged.found.items())
+        rows = []
+        for start in range(0, len(items), size):
+            rows += groupings.summed(items[start : start + size])
+            await asyncio.sleep(0)
+        # what merged them let go a slice at a time (21,500 at once: 2.5 ms of the loop)
+        while items:
+            del items[-size:]
+            for _ in range(min(size, len(merged.found))):
+                merged.found.popitem()
+            await asyncio.sleep(0)
+        return queries.Totals(rows, found.numbers, found.first)
 
     def file_replaced(self) -> None:
         """The writer set the file aside and starts a fresh one: the next report opens it."""
@@ -154,12 +185,14 @@ class Reader:
             )
         return self._thread
 
-    def _read(self, since: float, until: float, by: Any, zone: tzinfo | None) -> queries.Totals:
+    def _read(
+        self, since: float, until: float, by: Any, pieces: list[groupings.Span] | None
+    ) -> queries.Texts:
         try:
             if self._db is None or self._db_generation != self._generation:
                 self._close()
                 if not os.path.exists(self.path):
-                    return queries.Totals()  # nothing written yet
+                    return queries.Texts()  # nothing written yet
                 self._db_generation = self._generation
                 self._db = sqlite3.connect(
                     f"file:{urllib.parse.quote(self.path)}?mode=ro",
@@ -169,8 +202,8 @@ class Reader:
                 )
                 self._db.execute(f"PRAGMA cache_size = -{int(self.config.usage_reader_cache_kib)}")
             if schema.version(self._db) != schema.LATEST:
-                return queries.Totals()  # the writer has not made it a store yet
-            return self._answer(self._db, since, until, by, zone)
+                return queries.Texts()  # the writer has not made it a store yet
+            return self._answer(self._db, since, until, by, pieces)
         except (sqlite3.Error, OSError, schema.NotAStore) as exc:
             self._close()
             raise Unavailable(
@@ -178,31 +211,35 @@ class Reader:
             ) from None
 
     def _answer(
-        self, db: sqlite3.Connection, since: float, until: float, by: Any, zone: tzinfo | None
-    ) -> queries.Totals:
-        """The report read, or the same one read before if nothing was committed since."""
+        self,
+        db: sqlite3.Connection,
+        since: float,
+        until: float,
+        by: Any,
+        pieces: list[groupings.Span] | None,
+    ) -> queries.Texts:
+        """The report's texts, or those read before if nothing was committed since. They are
+        kept as SQLite gave them, not as rows: a few large strings (memory of their own, not
+        the allocator's arenas, which the rows' thousands of small objects pinned for as long
+        as they were kept: a year of 8 GPUs' reports left 20 MiB more after they were let go),
+        and no Python to run in this thread to keep or to take them back."""
         version = db.execute("PRAGMA data_version").fetchone()[0]
         if version != self._answered:
             self._answers.clear()
             self._answered = version
-        key = queries.answer_key(since, until, by, zone)
+        # the pieces are the zone's, read on the loop: two zones with the same are one report
+        key = queries.answer_key(since, until, by, None if pieces is None else tuple(pieces))
         kept = self._answers.get(key)
         if kept is not None:
             self.answered_again += 1
-            return queries.Totals(*marshal.loads(kept[1]))
+            return kept
         limit, chunk = self.config.usage_report_max_rows, self.config.usage_report_chunk_rows
-        if zone is not None:
-            found = groupings.totals(db, since, until, by, zone, limit, chunk)
+        if pieces is not None:
+            found = groupings.read(db, since, until, by, pieces, limit, chunk)
         else:
-            found = queries.totals(db, since, until, by, limit, chunk)
-        if len(found.rows) < self._answers.maxsize:  # one larger than all of them is not kept
-            # kept as one block of bytes, not as the rows' thousands of small objects: held
-            # for long among the reports' short-lived ones, those pinned the allocator's arenas
-            # (a year of 8 GPUs' reports left 20 MiB more after they were let go)
-            self._answers[key] = (
-                len(found.rows),
-                marshal.dumps((found.rows, found.numbers, found.first)),
-            )
+            found = queries.read(db, since, until, by, limit, chunk)
+        if found.rows < self._answers.maxsize:  # one larger than all of them is not kept
+            self._answers[key] = found
         return found
 
     def _lower_priority(self) -> None:
