@@ -36,6 +36,8 @@ class Context:
         self.steady_seconds = 8 if quick else 60
         self.footprint_seconds = 5 if quick else 30
         self.parser_lines = 60_000 if quick else 600_000
+        # usage stores written once a run, (GPUs, days) -> (directory, the fill's figures)
+        self.stores: dict[tuple[int, int], tuple[str, dict[str, Any]]] = {}
 
     def start(self, processes: int = 500) -> None:
         self.docker = self.containers.start()
@@ -56,6 +58,8 @@ class Context:
     def stop(self) -> None:
         self.sleepers.stop()
         self.containers.stop()
+        for directory, _ in self.stores.values():
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def ms(seconds: float) -> float:
