@@ -134,11 +134,13 @@ def run(
             "steps": dict(steps_taken),
         }
 
+    ctx.steps = [name for name, _ in steps if name in only]
     try:
         ctx.start()
         for name, step in steps:
             if name not in only:
                 continue
+            ctx.step = name
             began = time.monotonic()
             try:
                 results[name] = step(ctx)
@@ -407,7 +409,8 @@ def checks(report: dict[str, Any]) -> list[dict[str, Any]]:
             lambda v: v < 0.01,
         ),
         (
-            "/status throughput while year-long reports run, as a fraction of without",
+            "/status throughput while year-long reports run, as a fraction of without "
+            f"(turns: {_get(r, 'usage', 'status_during_reports', 'rounds') or 3})",
             _get(r, "usage", "status_during_reports", "ratio"),
             ">= 0.9 (at most 10% lower)",
             lambda v: v >= 0.9,

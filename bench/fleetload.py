@@ -107,7 +107,7 @@ def fleet_at_load(ctx: Any) -> dict[str, Any]:
     seconds = ctx.wrk_seconds
     old: TestDaemon | None = None
     # quick: 10 real daemons, replicas the other 990 hosts (the fleet step does the same)
-    with fleet_hosts(root, 1000, 10 if ctx.quick else LIVE, ctx.log) as farm:
+    with fleet_hosts(root, 1000, 10 if ctx.quick else LIVE, ctx.log, ctx) as farm:
         if farm.skipped:
             return {"skipped": farm.skipped}
         result: dict[str, Any] = farm.described()

@@ -38,6 +38,9 @@ class Context:
         self.parser_lines = 60_000 if quick else 600_000
         # usage stores written once a run, (GPUs, days) -> (directory, the fill's figures)
         self.stores: dict[tuple[int, int], tuple[str, dict[str, Any]]] = {}
+        self.steps: list[str] = []  # the steps this run runs, in order
+        self.step = ""  # the one running
+        self.shared: dict[str, Any] = {}  # what a step leaves to a later one (bench/fleet.py)
 
     def start(self, processes: int = 500) -> None:
         self.docker = self.containers.start()
@@ -60,6 +63,10 @@ class Context:
         self.containers.stop()
         for directory, _ in self.stores.values():
             shutil.rmtree(directory, ignore_errors=True)
+        for _, daemons in self.shared.values():  # left by a step whose follower did not run
+            for daemon in daemons:
+                daemon.stop()
+                daemon.reap()
 
 
 def ms(seconds: float) -> float:

@@ -27,10 +27,12 @@ from .usage import fill
 GROUPINGS = ["user", "day", "job", "gpu", "day,user", "hour", "weekday,hour", "account"]
 
 
-def measure(daemon: Daemon, days: int, clients: int, seconds: float) -> dict[str, Any]:
+def measure(
+    daemon: Daemon, days: int, clients: int, seconds: float, marks: tuple[int, ...] = (1, 15, 30)
+) -> dict[str, Any]:
     """RSS (MiB) idle, at its highest while `clients` ask `days`-day reports for `seconds`,
-    and after; each client asks the next grouping, an hour shorter each time (none answered
-    from memory), and waits 0.2 s after a 429."""
+    and `marks` seconds after; each client asks the next grouping, an hour shorter each time
+    (none answered from memory), and waits 0.2 s after a 429."""
     for _ in range(50):
         daemon.get("/status")
     time.sleep(3)
@@ -67,7 +69,7 @@ def measure(daemon: Daemon, days: int, clients: int, seconds: float) -> dict[str
         thread.join(120)
     after: dict[str, float] = {}
     began = time.monotonic()
-    for mark in (1, 15, 30):
+    for mark in marks:
         time.sleep(max(0.0, began + mark - time.monotonic()))
         after[f"{mark}s"] = round(daemon.rss_mib(), 1)
     return {
