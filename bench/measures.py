@@ -370,17 +370,10 @@ def _new_container(ctx: Context, daemon: Daemon) -> dict[str, Any]:
 
 
 async def _hold_waiters(port: int, count: int) -> list[asyncio.Task]:
-    """`count` connections waiting on /wait?gpu=1, opened 100 at a time: within the listen
-    backlog (128), where 1,000 at once had the kernel drop connections that then came back
-    after seconds of retransmission (21 s to hold them all, of a step of 31 s)."""
-
-    async def opened() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def one() -> float:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET /wait?gpu=1 HTTP/1.1\r\nHost: bench\r\n\r\n")
         await writer.drain()
-        return reader, writer
-
-    async def one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> float:
         head = await reader.readuntil(b"\r\n\r\n")
         length = int(
             [h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")][0].split(
@@ -396,11 +389,7 @@ async def _hold_waiters(port: int, count: int) -> list[asyncio.Task]:
         writer.close()
         return answered
 
-    tasks: list[asyncio.Task] = []
-    for start in range(0, count, 100):
-        batch = await asyncio.gather(*(opened() for _ in range(min(100, count - start))))
-        tasks += [asyncio.ensure_future(one(reader, writer)) for reader, writer in batch]
-    return tasks
+    return [asyncio.ensure_future(one()) for _ in range(count)]
 
 
 def scale(ctx: Context, count: int = 1000) -> dict[str, Any]:
