@@ -57,28 +57,30 @@ NAMES = (
 )
 
 
-# Seconds each step may take in quick mode, together under QUICK_TOTAL_S (five minutes, the
-# daemons' start-up and the table included) on an idle machine. A step over its budget is
-# said (the log, the report's "steps", the table's first line), never cut short or left out:
-# its figures stand. A step not named here has DEFAULT_BUDGET_S.
+# Seconds each step may take in quick mode on an idle machine; the goal is all of them under
+# QUICK_TOTAL_S (five minutes, the daemons' start-up and the table included), not met: scale,
+# usage, fleet, fleet_at_load and reports are at what they take now (docs/performance.md, "The
+# quick mode's time"): the budgets add up to 396 s. A step over its budget is said (the log, the
+# report's "steps", the table's first line), never cut short or left out: its figures stand. A
+# step not named here has DEFAULT_BUDGET_S.
 QUICK_BUDGET_S = {
     "throughput": 32,
     "reactions": 10,
     "identity": 10,
     "callers": 5,
-    "scale": 20,
+    "scale": 55,
     "footprint": 15,
     "parsers": 5,
-    "waiters": 10,
+    "waiters": 16,
     "persistence": 15,
     "scrape": 10,
     "page": 10,
-    "usage": 30,
+    "usage": 40,
     "status_build": 5,
     "crowded_gpu": 10,
-    "fleet": 20,
-    "fleet_at_load": 25,
-    "reports": 25,
+    "fleet": 41,
+    "fleet_at_load": 35,
+    "reports": 40,
     "notify": 40,
     "topology": 2,
 }
