@@ -168,3 +168,17 @@ def _command_line(pid):
         if found and "--scenario" in found or time.monotonic() > deadline:
             return found
         time.sleep(0.01)
+
+
+def test_a_fleet_run_at_load_that_completed_no_request_is_not_measured():
+    """wrk prints a p99 of 0 when no request completed (a machine too loaded): that is no
+    figure, and must not pass the goal."""
+    from bench import fleetload
+
+    found = {
+        "fleet_json_burning": {"p99_ms": 0.0, "requests_per_s": 0, "runnable_mean": 9.0},
+        "status_hosts_burning": {"max_s": 9.0},
+    }
+    assert fleetload.checks(found)[0][1] is None
+    found["fleet_json_burning"]["requests_per_s"] = 40
+    assert fleetload.checks(found)[0][1] == 0.0
