@@ -60,11 +60,11 @@ NAMES = (
 # Seconds each step may take in quick mode on an idle machine; the goal is all of them under
 # QUICK_TOTAL_S (five minutes, the daemons' start-up and the table included), not met: scale,
 # usage, fleet, fleet_at_load and reports are at what they take now (docs/performance.md, "The
-# quick mode's time"): the budgets add up to 396 s. A step over its budget is said (the log, the
+# quick mode's time"): the budgets add up to 409 s. A step over its budget is said (the log, the
 # report's "steps", the table's first line), never cut short or left out: its figures stand. A
 # step not named here has DEFAULT_BUDGET_S.
 QUICK_BUDGET_S = {
-    "throughput": 32,
+    "throughput": 40,
     "reactions": 10,
     "identity": 10,
     "callers": 5,
@@ -81,7 +81,7 @@ QUICK_BUDGET_S = {
     "fleet": 41,
     "fleet_at_load": 35,
     "reports": 40,
-    "notify": 40,
+    "notify": 45,
     "topology": 2,
 }
 QUICK_TOTAL_S = 300
