@@ -271,6 +271,35 @@ def _log(directory: str) -> str:
 # -- the daemon of the storm (python -m bench.notify serve) -----------------------------------
 
 
+def _storm_config(url: str, state_dir: str, rate: int | None, escalate: float | None) -> Any:
+    """A test-mode daemon's settings for a storm: one destination told of trespasses, the
+    storm's rate and escalation (None: Config's default), the outbox in `state_dir`."""
+    from dataclasses import replace
+
+    from patroller.config import Config
+
+    config = Config(test=True, port=0, address="127.0.0.1")
+    return replace(
+        config,
+        notify=(url,),
+        notify_events=("trespass",),
+        notify_escalate=config.notify_escalate if escalate is None else escalate,
+        notify_rate=config.notify_rate if rate is None else rate,
+        state_dir=state_dir,
+        usage="none",
+    )
+
+
+def _trespass(n: int, devices: list[tuple[str, int]]) -> Any:
+    """The storm's `n`th event: a new user's trespass (a new episode) on one of the GPUs."""
+    from patroller.core.leases import Event
+
+    uuid, number = devices[n % len(devices)]
+    return Event(
+        "trespass", f"user{n}", ((uuid, number),), {"pid": 100_000 + n, "holder": "alice"}
+    )
+
+
 async def _serve(
     url: str, events: int, state_dir: str, rate: int | None, escalate: float | None
 ) -> None:
@@ -279,19 +308,9 @@ async def _serve(
     from tornado.ioloop import PeriodicCallback
 
     from patroller.app import build
-    from patroller.config import Config
-    from patroller.core.leases import Event
 
-    config = Config(test=True, port=0, address="127.0.0.1")
     config = replace(
-        config,
-        notify=(url,),
-        notify_events=("trespass",),
-        notify_escalate=config.notify_escalate if escalate is None else escalate,
-        notify_rate=config.notify_rate if rate is None else rate,
-        state_dir=state_dir,
-        usage="none",
-        max_connections_per_caller=1_000_000,
+        _storm_config(url, state_dir, rate, escalate), max_connections_per_caller=1_000_000
     )
     daemon = await build(config)
     daemon.start()
@@ -310,15 +329,7 @@ async def _serve(
 
     def tell() -> None:
         count[0] += 1
-        uuid, number = devices[count[0] % len(devices)]
-        notifier.on_event(
-            Event(
-                "trespass",
-                f"user{count[0]}",
-                ((uuid, number),),
-                {"pid": 100_000 + count[0], "holder": "alice"},
-            )
-        )
+        notifier.on_event(_trespass(count[0], devices))
 
     def storm() -> None:
         if to_fill[0] < 0:
@@ -441,25 +452,13 @@ def notice_cost(ctx: Any) -> dict[str, float]:
 
 
 async def _notice_cost(settings: tuple[int | None, float | None], events: int) -> float:
-    from dataclasses import replace
-
     from patroller.app import build
-    from patroller.config import Config
-    from patroller.core.leases import Event
 
     rate, escalate = settings
     directory = tempfile.mkdtemp(prefix="pbench-notify")
     os.chmod(directory, 0o700)
-    config = Config(test=True, port=0, address="127.0.0.1")
-    config = replace(
-        config,
-        notify=("json://127.0.0.1:9/cost",),  # nothing listens: each try fails, off the loop
-        notify_events=("trespass",),
-        notify_escalate=config.notify_escalate if escalate is None else escalate,
-        notify_rate=config.notify_rate if rate is None else rate,
-        state_dir=directory,
-        usage="none",
-    )
+    # nothing listens at the destination: each try fails, off the loop
+    config = _storm_config("json://127.0.0.1:9/cost", directory, rate, escalate)
     daemon = await build(config)
     daemon.start()
     try:
@@ -470,15 +469,7 @@ async def _notice_cost(settings: tuple[int | None, float | None], events: int) -
         for round_ in range(3):
             began = time.thread_time()
             for n in range(round_ * events, (round_ + 1) * events):
-                uuid, number = devices[n % len(devices)]
-                notifier.on_event(
-                    Event(
-                        "trespass",
-                        f"user{n}",
-                        ((uuid, number),),
-                        {"pid": 100_000 + n, "holder": "alice"},
-                    )
-                )
+                notifier.on_event(_trespass(n, devices))
             best = min(best, (time.thread_time() - began) / events * 1e6)
             await asyncio.sleep(0.2)  # the other threads catch up
         return round(best, 1)
