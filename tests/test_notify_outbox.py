@@ -133,6 +133,21 @@ def test_episodes_older_than_the_repeat_are_forgotten_and_their_number_is_bounde
     ]
 
 
+def test_a_rewritten_journal_keeps_the_newest_episodes_told(tmp_path):
+    config = Config(notify_repeat=3600, notify_episodes=3, notify_outbox_lines=4)
+    outbox = Outbox(str(tmp_path), config)
+    outbox.open(time.time())
+    for n in range(40):
+        outbox.told(("idle", str(n)), time.time())
+        written(outbox)  # a batch each: the journal is rewritten as it grows
+    outbox.stop(5)
+    assert outbox.rewrites >= 3
+    records = [json.loads(line) for line in (tmp_path / FILE).read_text().splitlines()]
+    told = [int(r["e"][1]) for r in records if "e" in r]
+    # what a rewrite kept and what came after it: the newest episodes, none forgotten before
+    assert told == list(range(40 - len(told), 40)), told
+
+
 def test_the_journal_is_rewritten_when_it_grows(tmp_path):
     config = Config(notify_outbox_lines=50)
     outbox = Outbox(str(tmp_path), config)

@@ -42,6 +42,7 @@ import queue
 import secrets
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -104,7 +105,9 @@ class Outbox:
             queue.SimpleQueue()
         )
         self._pending: dict[str, Pending] = {}  # the writer thread's alone
-        self._episodes: dict[tuple[str, ...], float] = {}  # the writer thread's alone
+        # the writer thread's alone; the first told first (an OrderedDict: a plain dict's first
+        # key, after many taken from its front, is found by a scan past every slot emptied)
+        self._episodes: OrderedDict[tuple[str, ...], float] = OrderedDict()
         self._written = 0  # lines in the file now
         self._hurry = threading.Event()  # a line waited for was handed over: written at once
         self._clock = clock
@@ -134,7 +137,7 @@ class Outbox:
                 exc.strerror or exc,
             )
         self._pending = {p.ident: p for p in restored.pending}
-        self._episodes = dict(restored.episodes)
+        self._episodes = OrderedDict(restored.episodes)
         try:
             self._rewrite()
         except OSError as exc:
@@ -223,7 +226,7 @@ class Outbox:
             for record in records:
                 _apply(record, self._pending, self._episodes)
             while len(self._episodes) > self.config.notify_episodes:
-                del self._episodes[next(iter(self._episodes))]
+                self._episodes.popitem(last=False)
             if records:
                 self._write(records)
                 self._last_write = self._clock()

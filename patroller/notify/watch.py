@@ -7,6 +7,7 @@ the clocks are given."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from patroller.config import Config
@@ -98,14 +99,16 @@ class Escalations:
     def __init__(self, after: float, most: int) -> None:
         self.after = after
         self.most = most
-        self._waiting: dict[tuple[str, ...], tuple[float, Event]] = {}  # key -> (when, trespass)
+        # key -> (when, trespass), the first added first (an OrderedDict: a plain dict's first
+        # key, after many taken from its front, is found by a scan past every slot emptied)
+        self._waiting: OrderedDict[tuple[str, ...], tuple[float, Event]] = OrderedDict()
 
     def add(self, event: Event, key: tuple[str, ...], since: float) -> None:
         """The trespass `event`, of the episode `key` told at `since`, unless it waits already."""
         if self.after > 0 and key not in self._waiting:
             self._waiting[key] = (since + self.after, event)
             if len(self._waiting) > self.most:
-                del self._waiting[next(iter(self._waiting))]
+                self._waiting.popitem(last=False)
 
     def ripe(self, now: float) -> list[Event]:
         """Those whose time has come (no longer waiting)."""
