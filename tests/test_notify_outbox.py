@@ -148,6 +148,24 @@ def test_a_rewritten_journal_keeps_the_newest_episodes_told(tmp_path):
     assert told == list(range(40 - len(told), 40)), told
 
 
+def test_a_journal_holding_much_grows_to_four_times_what_it_holds_and_no_more(tmp_path):
+    config = Config(notify_outbox_lines=40)
+    outbox = Outbox(str(tmp_path), config)
+    outbox.open(time.time())
+    kept = [outbox.queued(notice(n), "admin", "t", 1) for n in range(30)]
+    written(outbox)
+    longest = 0
+    for n in range(300):
+        outbox.done(outbox.queued(notice(100 + n), "admin", "t", 1), "sent")
+        written(outbox)
+        longest = max(longest, len((tmp_path / FILE).read_text().splitlines()))
+    outbox.stop(5)
+    # a rewrite holds the version's line and the 30 pending; the journal is written anew
+    # once more than four times that were written, the rewrite's own lines counted
+    assert outbox.rewrites >= 3 and longest <= 4 * 31 + 2, (outbox.rewrites, longest)
+    assert [p.ident for p in reopened(str(tmp_path), config).pending] == kept
+
+
 def test_the_journal_is_rewritten_when_it_grows(tmp_path):
     config = Config(notify_outbox_lines=50)
     outbox = Outbox(str(tmp_path), config)

@@ -26,7 +26,14 @@ from patroller.config import Config
 from patroller.doctor.privacy import check_privacy, probe_privacy
 from patroller.state.audit import AuditLog
 from patroller.state.directory import BookError, lock, make_private
-from patroller.state.private import Tightened, create, tighten, tighten_directory, touch
+from patroller.state.private import (
+    Tightened,
+    create,
+    replace,
+    tighten,
+    tighten_directory,
+    touch,
+)
 from patroller.state.usage.files import FILE
 from patroller.state.usage.store import UsageStore
 
@@ -210,6 +217,22 @@ def test_every_file_is_made_0600_whatever_the_umask(tmp_path, umask_zero):
     assert mode(tmp_path / "usage") == 0o700
     for name in os.listdir(tmp_path / "usage"):
         assert mode(tmp_path / "usage" / name) == 0o600, name
+
+
+def test_a_file_replaced_in_parts_is_whole_and_private_or_left_as_it_was(tmp_path, umask_zero):
+    path = tmp_path / "journal"
+    replace(str(path), (f"line {n}\n".encode() for n in range(3000)))
+    assert path.read_text().splitlines() == [f"line {n}" for n in range(3000)]
+    assert mode(path) == 0o600
+
+    def broken():  # a part cannot be made (a full disk, say): the old file stays whole
+        yield b"half\n"
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError):
+        replace(str(path), broken())
+    assert path.read_text().splitlines()[-1] == "line 2999"
+    assert os.listdir(tmp_path) == ["journal"]  # no temporary file left
 
 
 def test_a_directory_is_tightened_through_its_descriptor_and_says_what(tmp_path):

@@ -43,7 +43,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -265,25 +265,32 @@ class Outbox:
         forget = time.time() - self.config.notify_repeat
         for key in [k for k, at in self._episodes.items() if at < forget]:
             del self._episodes[key]
-        records: list[dict[str, Any]] = [{"outbox": VERSION}]
-        records += [{"e": list(key), "at": at} for key, at in self._episodes.items()]
-        for pending in self._pending.values():
-            records.append(
-                {
+        counted = [0]
+
+        def records() -> Iterator[dict[str, Any]]:
+            yield {"outbox": VERSION}
+            for key, at in self._episodes.items():
+                yield {"e": list(key), "at": at}
+            for pending in self._pending.values():
+                yield {
                     "q": pending.ident,
                     "to": pending.recipient,
                     "tag": pending.tag,
                     "n": pending.number,
                     "notice": pending.notice,
                 }
-            )
-            if pending.trying:
-                records.append({"s": pending.ident})
-        private.replace(
-            self.path, "".join(_line(r) for r in records).encode("utf-8", "surrogatepass")
-        )
+                if pending.trying:
+                    yield {"s": pending.ident}
+
+        def parts() -> Iterator[bytes]:  # a thousand lines a write: never the whole in memory
+            every = records()
+            while batch := list(itertools.islice(every, 1000)):
+                counted[0] += len(batch)
+                yield "".join(_line(r) for r in batch).encode("utf-8", "surrogatepass")
+
+        private.replace(self.path, parts())
         self._fd = private.create(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
-        self._written = len(records)
+        self._written = counted[0]
         self.rewrites += 1
         self._last_write = self._clock()
 

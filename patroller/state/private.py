@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 FILE_MODE = 0o600
@@ -44,15 +45,17 @@ def touch(path: str) -> None:
     os.close(create(path, os.O_RDONLY | os.O_NOFOLLOW))
 
 
-def replace(path: str, data: bytes) -> None:
-    """Write `data` as the whole file at `path`, private, at once: a temporary file beside it
-    (0600), synced, then renamed over it; a reader sees the old file or the new, never a part.
+def replace(path: str, data: bytes | Iterable[bytes]) -> None:
+    """Write `data` (bytes, or its parts one after another: a large file never whole in
+    memory) as the whole file at `path`, private, at once: a temporary file beside it (0600),
+    synced, then renamed over it; a reader sees the old file or the new, never a part.
     OSError if it cannot be written (the temporary file is removed)."""
     fresh = f"{path}.tmp-{os.getpid()}"
     fd = create(fresh, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            for part in (data,) if isinstance(data, bytes) else data:
+                f.write(part)
             f.flush()
             os.fsync(f.fileno())
         os.replace(fresh, path)
