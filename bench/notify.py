@@ -9,12 +9,13 @@ escalation holds any back: every notice goes through the words, the episodes, th
 a full queue, where most are dropped and counted; `with_rate`, the default rate (10 notices
 in 10 minutes), which holds almost all back; `with_defaults`, the default rate and escalation
 (a trespass waits 30 minutes before it reaches the admin). Each storm has a daemon of its own:
-wrk measures its /status without the storm, then SIGUSR1 starts the storm, which first fills
-the episodes remembered (10,000 at most, a thousand events a tick) and says so by a file in its
-state directory, and wrk measures /status again: the ratio is of one daemon's two runs, which
-the load of a shared machine moves less than two daemons' would. The daemon's RSS, read before
-and after each run, shows whether its memory is bounded. Quick mode runs each storm once, the
-full mode three times (the median ratio).
+SIGUSR1 starts its storm, which first fills the episodes remembered (10,000 at most, a thousand
+events a tick) and says so by a file in its state directory; SIGUSR2 pauses it and SIGUSR1
+goes on with it. wrk measures /status with and without the storm in pairs, in turn
+(without-with, then with-without: a drift of the machine's load counts against each side
+alike), each pair's ratio of one daemon's own two runs, the median of the pairs the storm's
+ratio. The daemon's RSS, read before and after each run, shows whether its memory is bounded.
+Quick mode measures one pair a storm, the full mode four.
 
 The cost: in this process, a test-mode daemon's notifier handed 20,000 trespass events (5,000 in
 quick mode) in each storm's settings, the loop's thread time per event (the best of three):
@@ -91,13 +92,12 @@ def storm(ctx: Any) -> dict[str, Any]:
     if not have_wrk():
         return {"skipped": "wrk is not installed"}
     hook = SlowHook()
-    rounds = 1 if ctx.quick else 3
+    pairs = 1 if ctx.quick else 4
     seconds = ctx.wrk_seconds
-    found: dict[str, list[dict[str, Any]]] = {mode: [] for mode in STORMS}
+    found: dict[str, list[dict[str, Any]]] = {}
     try:
-        for _ in range(rounds):
-            for mode, settings in STORMS.items():
-                found[mode].append(_one_daemon(hook.url, seconds, settings))
+        for mode, settings in STORMS.items():
+            found[mode] = _one_daemon(hook.url, seconds, settings, pairs)
     finally:
         hook.close()
 
@@ -130,7 +130,7 @@ def storm(ctx: Any) -> dict[str, Any]:
     )
     rps_without = [v for m in STORMS for v in each(m, "without", "status", "requests_per_s")]
     return {
-        "rounds": rounds,
+        "pairs": pairs,
         "seconds": seconds,
         "answer_after_s": ANSWER_AFTER,
         "runs": found,
@@ -169,10 +169,11 @@ def _dig(row: dict[str, Any], path: Any) -> float | None:
 
 
 def _one_daemon(
-    url: str, seconds: float, settings: tuple[int | None, float | None]
-) -> dict[str, dict[str, Any]]:
-    """One storm's daemon: /status measured without the storm, then with it (SIGUSR1 starts
-    it: first the episodes remembered are filled, then 1,000 events a second)."""
+    url: str, seconds: float, settings: tuple[int | None, float | None], pairs: int
+) -> list[dict[str, dict[str, Any]]]:
+    """One storm's daemon: /status measured `pairs` times without and with the storm, in
+    turn (SIGUSR1 starts it: first the episodes remembered are filled, then 1,000 events a
+    second; SIGUSR2 pauses it, SIGUSR1 goes on)."""
     directory = tempfile.mkdtemp(prefix="pbench-notify")
     os.chmod(directory, 0o700)
     process = subprocess.Popen(
@@ -191,7 +192,8 @@ def _one_daemon(
             *(["--escalate", str(settings[1])] if settings[1] is not None else []),
         ],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": ROOT},
+        # on the C library's allocator, as `python -m patroller` runs (main.system_allocator)
+        env={**os.environ, "PYTHONPATH": ROOT, "PYTHONMALLOC": "malloc"},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=open(os.path.join(directory, "log"), "w"),  # noqa: SIM115 (the child owns it)
@@ -207,17 +209,26 @@ def _one_daemon(
         if not port:
             raise RuntimeError("the daemon did not start: " + _log(directory))
         base = f"http://127.0.0.1:{port}"
-        time.sleep(1.0)
-        without = _measured(process.pid, base, seconds)
         process.send_signal(signal.SIGUSR1)
-        # the storm under way: as many episodes remembered as may be, the queue full
+        # the storm begun: as many episodes remembered as may be, the queue full
         deadline = time.monotonic() + 60
         while not os.path.exists(os.path.join(directory, FILLED)):
             if time.monotonic() > deadline:
                 raise RuntimeError("the storm did not fill its episodes: " + _log(directory))
             time.sleep(0.2)
-        time.sleep(1.0)
-        return {"without": without, "with": _measured(process.pid, base, seconds)}
+        process.send_signal(signal.SIGUSR2)
+
+        def measured(storm: bool) -> dict[str, Any]:
+            process.send_signal(signal.SIGUSR1 if storm else signal.SIGUSR2)
+            time.sleep(1.0)  # the storm under way again, or its last tick over
+            return _measured(process.pid, base, seconds)
+
+        found = []
+        for n in range(pairs):
+            order = (False, True) if n % 2 == 0 else (True, False)
+            runs = {storm: measured(storm) for storm in order}
+            found.append({"without": runs[False], "with": runs[True]})
+        return found
     finally:
         process.send_signal(signal.SIGTERM)
         try:
@@ -322,17 +333,23 @@ async def _serve(
     every = 0.01  # seconds between ticks; each hands over the events due since the last
     due = [time.monotonic(), 0.0]
     to_fill = [-1]  # events of the fill left (-1: the storm not begun)
+    paused = [False]
 
-    def begin() -> None:  # SIGUSR1
-        to_fill[0] = config.notify_episodes
+    def begin() -> None:  # SIGUSR1: the storm begins (the fill first), or goes on
+        if to_fill[0] < 0:
+            to_fill[0] = config.notify_episodes
+        paused[0] = False
         due[:] = [time.monotonic(), 0.0]
+
+    def pause() -> None:  # SIGUSR2
+        paused[0] = True
 
     def tell() -> None:
         count[0] += 1
         notifier.on_event(_trespass(count[0], devices))
 
     def storm() -> None:
-        if to_fill[0] < 0:
+        if to_fill[0] < 0 or paused[0]:
             return
         if to_fill[0] > 0:  # first the episodes remembered are filled, a thousand a tick
             burst = min(to_fill[0], 1000)
@@ -354,6 +371,7 @@ async def _serve(
     loop = asyncio.get_running_loop()
     if events:
         loop.add_signal_handler(signal.SIGUSR1, begin)
+        loop.add_signal_handler(signal.SIGUSR2, pause)
         PeriodicCallback(storm, every * 1000).start()
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
