@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from .harness import ROOT, cpu_seconds, have_wrk, listening_port, wrk
+from .harness import ROOT, cpu_seconds, have_wrk, listening_port, middle, ratio, wrk
 
 DAEMON_MIB = 40  # a test-mode daemon's RSS, about (38 MiB measured)
 RESERVE_MIB = 4096  # left free for everything else on the machine
@@ -334,12 +334,11 @@ def fleet(ctx: Any) -> dict[str, Any]:
                     turns[name].append(wrk(daemon.url + "/status", max(5.0, seconds / 3)))
             for name, runs in turns.items():
                 result[f"status_{name}"] = {
-                    key: statistics.median(run[key] for run in runs) for key in runs[0]
+                    key: middle(run[key] for run in runs) for key in runs[0]
                 }
                 result[f"status_{name}"]["p99_ms_each"] = [run["p99_ms"] for run in runs]
-            result["status_p99_ratio"] = round(
-                result["status_poller"]["p99_ms"] / max(result["status_plain"]["p99_ms"], 0.01),
-                2,
+            result["status_p99_ratio"] = ratio(
+                result["status_poller"]["p99_ms"], result["status_plain"]["p99_ms"]
             )
             result["status_hosts"] = status_hosts(
                 root, farm.hosts[:100], farm.refusing, farm.quiet, 2 if ctx.quick else 5

@@ -10,6 +10,7 @@ import re
 import resource
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -411,9 +412,10 @@ def processes_on(status: dict[str, Any]) -> int:
 
 def wrk(
     url: str, seconds: float, connections: int = 32, headers: Iterable[str] = ()
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """Requests per second and latency percentiles from wrk (one thread, N connections), each
-    request with `headers` ("Name: value") added."""
+    request with `headers` ("Name: value") added; no percentile (None) where no request was
+    answered: wrk prints a latency of 0 for them, which a ratio would read as fast."""
     extra = [arg for header in headers for arg in ("-H", header)]
     result = subprocess.run(
         [
@@ -431,16 +433,30 @@ def wrk(
     )
     text = result.stdout
     rate = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
-    percentiles = {}
+    percentiles: dict[str, float | None] = {}
     for name, value, unit in re.findall(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$", text, re.M):
         scale = {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
         percentiles[f"p{name}_ms"] = round(float(value) * scale, 2)
+    done = re.search(r"(\d+) requests in", text)
+    if done is None or int(done.group(1)) == 0:  # wrk prints 0 for a run that ended none
+        percentiles = {"p50_ms": None, "p99_ms": None}
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
     return {
         "requests_per_s": round(rate),
         **percentiles,
         "errors": int(errors.group(1)) if errors else 0,
     }
+
+
+def middle(values: Iterable[float | None]) -> float | None:
+    """The median of the values measured (None: a run that measured nothing), or None."""
+    kept = [v for v in values if v is not None]
+    return statistics.median(kept) if kept else None
+
+
+def ratio(part: float | None, whole: float | None, digits: int = 2) -> float | None:
+    """`part` as a multiple of `whole`; None unless both were measured (and `whole` is not 0)."""
+    return round(part / whole, digits) if part is not None and whole else None
 
 
 def have_wrk() -> bool:

@@ -15,7 +15,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .harness import ROOT, Containers, Daemon, Sleepers, Streams, have_wrk, processes_on, wrk
+from .harness import (
+    ROOT,
+    Containers,
+    Daemon,
+    Sleepers,
+    Streams,
+    have_wrk,
+    processes_on,
+    ratio,
+    wrk,
+)
 
 LEASE = 3.0  # seconds, for the reaction runs: longer than a sampling interval, so that the
 # process-exit measurement cannot be answered by an expiring lease instead
@@ -129,7 +139,7 @@ def _of_ceiling(ours: dict[str, Any], ceiling: dict[str, Any]) -> dict[str, floa
     rate, p99 = ceiling.get("requests_per_s"), ceiling.get("p99_ms")
     return {
         "throughput": round(ours["requests_per_s"] / rate, 3) if rate else None,
-        "p99": round(ours["p99_ms"] / p99, 2) if p99 else None,
+        "p99": ratio(ours["p99_ms"], p99),
     }
 
 
@@ -703,7 +713,8 @@ def _live_waiters(ctx: Context, users: int, per_user: int) -> dict[str, Any]:
         # Full mode: again, warmed up as the run with waiters was; the lower p99 counts.
         if have_wrk() and not ctx.quick:
             again = wrk(daemon.url + "/status", ctx.wrk_seconds)
-            if again["p99_ms"] < result["status_without_waiters"]["p99_ms"]:
+            before = result["status_without_waiters"]["p99_ms"]
+            if again["p99_ms"] is not None and (before is None or again["p99_ms"] < before):
                 result["status_without_waiters"] = again
         result["rss_mib"] = round(daemon.rss_mib(), 1)
     finally:

@@ -33,7 +33,7 @@ import time
 from typing import Any
 
 from . import reportmemory
-from .harness import ROOT, Daemon, have_wrk, wrk
+from .harness import ROOT, Daemon, have_wrk, middle, ratio, wrk
 from .usage import fill, store
 
 NICES = (19, 10, 5, 0)  # the reports' thread's priorities weighed (0: the daemon's own)
@@ -120,7 +120,7 @@ def under_load(
             asked += len(turn["took"]) + 1
             during.append(turn["status"]["p99_ms"])
             took += turn["took"]
-        p99_alone, p99_during = statistics.median(alone), statistics.median(during)
+        p99_alone, p99_during = middle(alone), middle(during)
         found[str(nice)] = {
             "reports": len(took),
             "report_s": {
@@ -128,7 +128,7 @@ def under_load(
                 "max": round(max(took), 3) if took else None,
             },
             "status_p99_ms": {"alone": p99_alone, "during": p99_during},
-            "p99_ratio": round(p99_during / p99_alone, 2) if p99_alone else None,
+            "p99_ratio": ratio(p99_during, p99_alone),
             "load": loads,
         }
     return found

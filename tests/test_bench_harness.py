@@ -171,14 +171,34 @@ def _command_line(pid):
 
 
 def test_a_fleet_run_at_load_that_completed_no_request_is_not_measured():
-    """wrk prints a p99 of 0 when no request completed (a machine too loaded): that is no
-    figure, and must not pass the goal."""
+    """A run that answered no request (a machine too loaded) has no p99 (harness.wrk gives
+    None, not wrk's 0): that is no figure, and must not pass the goal."""
     from bench import fleetload
 
     found = {
-        "fleet_json_burning": {"p99_ms": 0.0, "requests_per_s": 0, "runnable_mean": 9.0},
+        "fleet_json_burning": {"p99_ms": None, "requests_per_s": 0, "runnable_mean": 9.0},
+        "fleet_json_quiet": {"p99_ms": 4.0, "requests_per_s": 900},
         "status_hosts_burning": {"max_s": 9.0},
     }
-    assert fleetload.checks(found)[0][1] is None
-    found["fleet_json_burning"]["requests_per_s"] = 40
-    assert fleetload.checks(found)[0][1] == 0.0
+    row = fleetload.checks(found)[0]
+    assert row[1] is None
+    found["fleet_json_burning"] |= {"p99_ms": 31.5, "requests_per_s": 40}
+    row = fleetload.checks(found)[0]
+    assert row[1] == 31.5 and row[3](row[1])
+
+
+def test_wrk_gives_no_latency_for_a_run_that_answered_nothing():
+    """A server that accepts and never answers: wrk prints a p99 of 0, which is no p99."""
+    import socket
+
+    from bench.harness import wrk
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    try:
+        found = wrk(f"http://127.0.0.1:{silent.getsockname()[1]}/status", 1, connections=2)
+    finally:
+        silent.close()
+    assert found["requests_per_s"] == 0
+    assert found["p50_ms"] is None and found["p99_ms"] is None
