@@ -178,11 +178,11 @@ def test_the_search_stops_at_its_budget_and_names_nobody():
     held = [os.open("/dev/null", os.O_RDONLY) for _ in range(50)]  # newer than the socket
     inode = os.fstat(client.fileno()).st_ino
     try:
-        whole = HolderSearch("/proc", budget=10**6, remembered=16).find(
+        whole = HolderSearch("/proc", budget=10**6, remembered=16, descriptors=1024).find(
             inode, os.geteuid(), [os.getpid()]
         )
         assert whole.pid == os.getpid() and not whole.exhausted and whole.read > 50
-        cut = HolderSearch("/proc", budget=20, remembered=16).find(
+        cut = HolderSearch("/proc", budget=20, remembered=16, descriptors=1024).find(
             inode, os.geteuid(), [os.getpid()]
         )
         assert cut.pid is None and cut.exhausted and cut.read == 20
@@ -216,7 +216,7 @@ def test_sockets_seen_in_a_search_are_found_at_once_later():
         }
         # Room for every socket of this uid on the machine (other root processes hold
         # thousands where other work runs), so that none of the children's is forgotten.
-        search = HolderSearch("/proc", budget=10**6, remembered=10**6)
+        search = HolderSearch("/proc", budget=10**6, remembered=10**6, descriptors=10**6)
         nowhere = search.find(1, os.geteuid())  # no process holds it: every one of ours is read
         assert nowhere.pid is None and nowhere.read >= 2 * DESCRIPTORS * 2
         second = [pid for pid in candidates(os.geteuid(), "/proc") if pid in inodes][-1]
@@ -259,9 +259,9 @@ def test_without_a_readable_proc_no_holder_is_named_and_the_reads_add_up(tmp_pat
     # A /proc (--proc-root) that cannot be listed names nobody and may hide the holder (the
     # socket's creator then stands, callers.py), at no cost; the descriptors read by each search
     # add up in `read`, as /metrics.json's `caller_descriptors_read` shows them.
-    blind = HolderSearch(str(tmp_path / "no-proc"), budget=10**6, remembered=16)
+    blind = HolderSearch(str(tmp_path / "no-proc"), budget=10**6, remembered=16, descriptors=1024)
     assert blind.find(1, os.geteuid()) == Search(None, True, 0, False) and blind.read == 0
-    search = HolderSearch("/proc", budget=10**6, remembered=16)
+    search = HolderSearch("/proc", budget=10**6, remembered=16, descriptors=1024)
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(1)

@@ -28,7 +28,9 @@ NOBODY = 65534
 
 
 def find_holder(inode, uid):
-    search = HolderSearch("/proc", budget=10**6, remembered=1024).find(inode, uid)
+    search = HolderSearch("/proc", budget=10**6, remembered=1024, descriptors=1024).find(
+        inode, uid
+    )
     return search.pid, search.hidden
 
 

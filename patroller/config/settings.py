@@ -318,6 +318,7 @@ class Config:
     engine_clients: int = 64  # engines (Podman's, users' own) with a client kept at most
     holder_search_budget: int = 50000  # descriptors read at most to find a TCP caller's process
     holder_sockets_remembered: int = 16384  # socket inodes seen in that search, remembered
+    holder_descriptors_remembered: int = 16384  # descriptors read in it (by pid): 5 MiB at most
     recent_callers: int = 16  # pids that called lately, searched first
 
     # -- internal defaults: state (the book, the audit record, lifetimes) ---------------------

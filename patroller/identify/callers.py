@@ -6,7 +6,8 @@ import asyncio
 import logging
 import threading
 from collections import OrderedDict
-from typing import Protocol
+from functools import partial
+from typing import Any, Protocol
 
 from tornado.httputil import HTTPServerRequest
 
@@ -15,9 +16,9 @@ from patroller.core.errors import BadRequest, NoCallerProcess, Unidentified
 from patroller.core.identity import Identity, ProcessRef, named_user
 from patroller.core.throttle import Throttle
 from patroller.identify import procfs
-from patroller.identify.connection import ConnectionFacts, facts_of, stream_of
+from patroller.identify.connection import ConnectionFacts, facts_of, stream_of, when_ended
 from patroller.identify.containers import ContainerDirectory, DockerUnavailable, container_identity
-from patroller.identify.holders import HolderSearch, holds
+from patroller.identify.holders import HolderSearch
 from patroller.identify.resolver import (
     ProcessIdentifier,
     ProcFacts,
@@ -71,7 +72,10 @@ class LocalProcesses:
         self.shifted_from = config.shifted_uids_from
         self.reports = Throttle(1, config.repeat_log_every)  # refusals of a borrowed pid, logged
         self.holders = HolderSearch(
-            self.proc, config.holder_search_budget, config.holder_sockets_remembered
+            self.proc,
+            config.holder_search_budget,
+            config.holder_sockets_remembered,
+            config.holder_descriptors_remembered,
         )
         self.recent_callers = config.recent_callers
         self._recent: OrderedDict[int, None] = OrderedDict()  # pids that called lately
@@ -94,6 +98,13 @@ class LocalProcesses:
         if logged:
             more = f" ({held} more since the last such line)" if held else ""
             log.warning("caller refused: %s%s", reason, more)
+
+    def forget_at_end(self, connection: Any, entry: SocketEntry) -> None:
+        """On the loop: once the connection ends, its client socket's place is forgotten, so
+        that the descriptor number it frees, which the client's next connection often gets, is
+        read early in the next search."""
+        if entry.inode:
+            when_ended(connection, partial(self.holders.forget, entry.inode))
 
     def owner(self, entry: SocketEntry) -> tuple[Owner, ProcFacts | None]:
         """Blocking: the owner of a local client socket, with its holder's /proc facts."""
@@ -130,7 +141,7 @@ class LocalProcesses:
             )
         # Holding the socket after its facts were read, and still the same process: the facts
         # are that holder's, not those of a process that took its pid in between.
-        if not holds(facts.pid, entry.inode, self.proc) or not procfs.is_alive(
+        if not self.holders.holds(facts.pid, entry.inode) or not procfs.is_alive(
             ProcessRef(facts.pid, facts.start), self.proc
         ):
             return (
@@ -183,6 +194,7 @@ class TestModeCallers:
         entry = await loop.run_in_executor(None, find_client, ends[0], ends[1], self.local.proc)
         if entry is None:
             return None
+        self.local.forget_at_end(request.connection, entry)
         owner, facts = await loop.run_in_executor(None, self.local.owner, entry)
         if owner.reason:
             raise Unidentified(owner.reason)
@@ -230,7 +242,7 @@ class SystemCallers:
         if known is not None and known.caller is not None:  # said before on it
             return known.caller
         try:
-            identity, facts = await self._by_address(_ends(request))
+            identity, facts = await self._by_address(_ends(request), request.connection)
             identity = _known(identity)
         finally:
             self.lookups += 1  # counted once the outcome is known (tests wait on it)
@@ -254,9 +266,10 @@ class SystemCallers:
         return ProcessRef(facts.pid, facts.start)
 
     async def _by_address(
-        self, ends: tuple[Address, Address] | None
+        self, ends: tuple[Address, Address] | None, connection: Any
     ) -> tuple[Identity, ProcFacts | None]:
-        """The caller of a TCP connection, with its process's facts when it is local."""
+        """The caller of a TCP connection (`connection`, a request's), with its process's
+        facts when it is local."""
         if ends is None:
             raise Unidentified("the connection was closed before its caller could be identified")
         client, server = ends
@@ -265,6 +278,7 @@ class SystemCallers:
         # host, over loopback or through one of the host's own addresses.
         entry = await loop.run_in_executor(None, find_client, client, server, self.proc)
         if entry is not None:
+            self.local.forget_at_end(connection, entry)
             return await self._local(entry)
         if is_loopback(client[0]) or normalize(client[0]) == normalize(server[0]):
             raise Unidentified(
