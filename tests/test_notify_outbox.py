@@ -12,7 +12,7 @@ import stat
 import subprocess
 import time
 import urllib.request
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 from helpers import (
@@ -90,6 +90,30 @@ def test_what_is_pending_and_told_comes_back_and_what_is_done_does_not(tmp_path)
     assert [p.ident for p in again.pending] == [waiting, retried] and again.interrupted == []
     assert list(again.episodes) == [("trespass", "GPU-1", "bob", "alice")]
     outbox.stop(5)
+
+
+def test_a_user_called_admin_is_not_the_admin_and_an_older_journal_still_reads(tmp_path):
+    outbox = Outbox(str(tmp_path), Config())
+    outbox.open(time.time())
+    hers = outbox.queued(notice(1), "admin", "t", 1)  # the account "admin", a user
+    theirs = outbox.queued(notice(2), "admin", "t", 1, admin=True)  # the admin (--notify)
+    written(outbox)
+    outbox.stop(5)
+    with open(tmp_path / FILE, "a", encoding="utf-8") as f:  # as a version before wrote it
+        line = {"q": "old-1", "to": "admin", "tag": "t", "n": 1, "notice": asdict(notice(3))}
+        f.write(json.dumps(line) + "\n")
+    restored = reopened(str(tmp_path))
+    assert {p.ident: p.admin for p in restored.pending} == {
+        hers: False,
+        theirs: True,
+        "old-1": True,
+    }
+    # and so it stays once the journal is written anew
+    assert {p.ident: p.admin for p in reopened(str(tmp_path)).pending} == {
+        hers: False,
+        theirs: True,
+        "old-1": True,
+    }
 
 
 def test_the_journal_is_private_and_holds_no_url(tmp_path):
@@ -289,18 +313,19 @@ def test_kill_9_mid_queue_then_restart_loses_nothing_and_sends_nothing_twice(tmp
     assert "127.0.0.1" not in (tmp_path / "state" / FILE).read_text()
 
 
+@pytest.mark.parametrize("user", ["bob", "admin"])  # an account may be called admin
 @async_test
 async def test_a_users_pending_notice_goes_to_her_destination_after_a_restart_if_she_has_it(
-    tmp_path,
+    tmp_path, user
 ):
     """A notice pending for a user's destination is sent there after a restart; one for a
     destination she has removed since, or a kind she muted, is not, and its audit line says
-    `gone`."""
+    `gone`. Her last result at her destination is kept for `patroller notify list`."""
     kept, removed = "json://127.0.0.1:9/kept", "json://127.0.0.1:9/removed"
     before = Outbox(str(tmp_path), Config())
     before.open(time.time())
     for n, url in ((1, kept), (2, removed), (3, kept)):
-        before.queued(notice(n, "granted" if n == 3 else "trespass"), "bob", tag_of(url), 1)
+        before.queued(notice(n, "granted" if n == 3 else "trespass"), user, tag_of(url), 1)
     written(before)  # and the daemon dies
     got = []
     audit = AuditLog(None, 100, 60)
@@ -312,17 +337,19 @@ async def test_a_users_pending_notice_goes_to_her_destination_after_a_restart_if
         senders=[],
         plugin_of=lambda url: lambda t, b: got.append((url, t)) or True,
     )
-    notifier.people.users.add("bob", kept)
-    notifier.people.users.mute("bob", "granted", True)
+    notifier.people.users.add(user, kept)
+    notifier.people.users.mute(user, "granted", True)
     notifier.start()
     try:
         await until(lambda: len([e for e in audit.recent if e["event"] == "notify"]) == 3)
         assert got == [(kept, "title 1")]
         assert sorted((e["result"], e["kind"], e["recipient"]) for e in audit.recent) == [
-            ("gone", "granted", "bob"),
-            ("gone", "trespass", "bob"),
-            ("sent", "trespass", "bob"),
+            ("gone", "granted", user),
+            ("gone", "trespass", user),
+            ("sent", "trespass", user),
         ]
+        await until(lambda: (user, kept) in notifier.people.last)
+        assert notifier.people.last[(user, kept)][0] == "sent"
         assert notifier.outbox.flush(10)
     finally:
         notifier.stop(5)

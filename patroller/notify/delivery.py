@@ -155,7 +155,8 @@ class Destination:
         number = number or self.number
         if not self._queue.full():  # one thread puts: it stays so
             if ident is None:
-                ident = self.outbox.queued(notice, recipient, self.tag, number)
+                # the admin's destinations have no key (a user's: its URL)
+                ident = self.outbox.queued(notice, recipient, self.tag, number, not self.key)
             self._queue.put_nowait(Item(notice, recipient, number, ident))
             self.counts.add(notice.kind, QUEUED)
             return

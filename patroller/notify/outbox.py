@@ -2,23 +2,14 @@
 waiting to be sent nor sends one twice, nor tells again an episode told before it.
 
 `<state-dir>/notify-outbox.jsonl` (0600, as every file the daemon writes) is a journal, one
-JSON object a line:
-
-    {"outbox": 1}                                              the first line: its version
-    {"q": "9f3a..-1", "to": "alice", "tag": "5be0..", "n": 1, "notice": {...}}   queued
-    {"s": "9f3a..-1"}     a try begins (on disk before the try does)
-    {"f": "9f3a..-1"}     that try failed: it is tried again
-    {"d": "9f3a..-1", "r": "sent"}                              done: sent, failed, dropped
-    {"e": ["trespass", "GPU-..", "bob", "alice"], "at": 1765000000.0}   an episode told
-    {"x": ["lost", "GPU-.."]}                                   an episode ended
-
-A destination is named by a tag, the first 16 hex digits of its URL's SHA-256: never the URL
-(users' URLs stay in notify.json alone). At start the journal is read: a notice queued and not
-done is queued again, at its recipient's destination with that tag if she still has it; one
-whose try had begun when the daemon died (`s` last) is not tried again, as the destination may
-have it already: its audit line says `interrupted`. Episodes told within --notify-repeat are
-not told again. Then the journal is written anew with only what is still pending, and again
-whenever it has grown past Config.notify_outbox_lines and four times what it holds.
+JSON object a line (journal.py says what each says and reads it back). A destination is named
+by a tag, the first 16 hex digits of its URL's SHA-256: never the URL (users' URLs stay in
+notify.json alone). At start the journal is read: a notice queued and not done is queued again,
+at its recipient's destination with that tag if she still has it; one whose try had begun when
+the daemon died (`s` last) is not tried again, as the destination may have it already: its
+audit line says `interrupted`. Episodes told within --notify-repeat are not told again. Then
+the journal is written anew with only what is still pending, and again whenever it has grown
+past Config.notify_outbox_lines and four times what it holds.
 
 Writes are made by one thread, in the order they were asked for: the loop only hands a line
 over. A line that comes after a quiet (nothing written within Config.notify_outbox_gather) is
@@ -35,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import logging
 import os
 import queue
@@ -44,46 +34,22 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from patroller.config import Config
 from patroller.core.throttle import Throttle
+from patroller.notify.journal import VERSION, Pending, Restored, apply, line, read
 from patroller.notify.messages import Notice
 from patroller.state import private
 
 log = logging.getLogger(__name__)
 
 FILE = "notify-outbox.jsonl"
-VERSION = 1
-LONGEST = 1 << 20  # characters of one line at most: a longer one is not read
 
 
 def tag_of(url: str) -> str:
     """A destination's name on disk: never its URL, which holds secrets."""
     return hashlib.sha256(url.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-
-
-@dataclass
-class Pending:
-    """A notice queued for one destination of one recipient and not yet done."""
-
-    ident: str
-    recipient: str  # "admin", or the user
-    tag: str  # the destination's tag_of(url)
-    number: int  # its number among the recipient's when it was queued
-    notice: Notice
-    trying: bool = False  # a try had begun and was not known to have failed
-
-
-@dataclass
-class Restored:
-    """What the journal held at start."""
-
-    pending: list[Pending] = field(default_factory=list)  # to queue again
-    interrupted: list[Pending] = field(default_factory=list)  # a try cut short: not again
-    episodes: dict[tuple[str, ...], float] = field(default_factory=dict)  # key -> told at
-    unreadable: int = 0  # lines that were not a record of this version (a torn last one)
 
 
 class Outbox:
@@ -128,7 +94,7 @@ class Outbox:
         if self.path is None:
             return restored
         try:
-            restored = self._read(now)
+            restored = read(self.path, now, self.config)
         except OSError as exc:
             log.warning(
                 "notifications: the outbox %s cannot be read (%s): notices pending "
@@ -157,12 +123,24 @@ class Outbox:
 
     # -- from the loop: never blocks -----------------------------------------------------------
 
-    def queued(self, notice: Notice, recipient: str, tag: str, number: int) -> str:
-        """A notice queued for a destination: its id ("" when nothing is kept)."""
+    def queued(
+        self, notice: Notice, recipient: str, tag: str, number: int, admin: bool = False
+    ) -> str:
+        """A notice queued for a destination (`admin`: one of the admin's): its id ("" when
+        nothing is kept)."""
         if self.path is None:
             return ""
         ident = f"{self._prefix}-{next(self._count)}"
-        self._put({"q": ident, "to": recipient, "tag": tag, "n": number, "notice": notice})
+        self._put(
+            {
+                "q": ident,
+                "to": recipient,
+                "admin": admin,
+                "tag": tag,
+                "n": number,
+                "notice": notice,
+            }
+        )
         return ident
 
     def told(self, key: tuple[str, ...], at: float) -> None:
@@ -224,7 +202,7 @@ class Outbox:
             items = [item for item in batch if item is not None]
             records = [record for record, _ in items if record]  # {}: a flush's, no line
             for record in records:
-                _apply(record, self._pending, self._episodes)
+                apply(record, self._pending, self._episodes)
             while len(self._episodes) > self.config.notify_episodes:
                 self._episodes.popitem(last=False)
             if records:
@@ -242,7 +220,7 @@ class Outbox:
             if self._fd is None:
                 self._rewrite()  # from memory, which holds these records already
                 return
-            data = "".join(_line(r) for r in records).encode("utf-8", "surrogatepass")
+            data = "".join(line(r) for r in records).encode("utf-8", "surrogatepass")
             view = memoryview(data)
             while view:
                 view = view[os.write(self._fd, view) :]
@@ -275,6 +253,7 @@ class Outbox:
                 yield {
                     "q": pending.ident,
                     "to": pending.recipient,
+                    "admin": pending.admin,
                     "tag": pending.tag,
                     "n": pending.number,
                     "notice": pending.notice,
@@ -286,7 +265,7 @@ class Outbox:
             every = records()
             while batch := list(itertools.islice(every, 1000)):
                 counted[0] += len(batch)
-                yield "".join(_line(r) for r in batch).encode("utf-8", "surrogatepass")
+                yield "".join(line(r) for r in batch).encode("utf-8", "surrogatepass")
 
         private.replace(self.path, parts())
         self._fd = private.create(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
@@ -308,92 +287,3 @@ class Outbox:
                 self.path,
                 exc.strerror or exc,
             )
-
-    def _read(self, now: float) -> Restored:
-        assert self.path is not None
-        restored = Restored()
-        pending: dict[str, Pending] = {}
-        episodes: dict[tuple[str, ...], float] = {}
-        try:
-            f = open(self.path, encoding="utf-8", errors="surrogateescape")  # noqa: SIM115 (with below)
-        except FileNotFoundError:
-            return restored
-        with f:
-            for line in f:
-                try:
-                    record = json.loads(line) if len(line) <= LONGEST else None
-                    if not isinstance(record, dict) or not _apply(record, pending, episodes):
-                        restored.unreadable += 1
-                except (ValueError, TypeError, KeyError, RecursionError):
-                    restored.unreadable += 1
-        forget = now - self.config.notify_repeat
-        kept = [(k, at) for k, at in episodes.items() if at >= forget]
-        restored.episodes = dict(kept[max(0, len(kept) - self.config.notify_episodes) :])
-        for item in pending.values():
-            (restored.interrupted if item.trying else restored.pending).append(item)
-        return restored
-
-
-def _apply(
-    record: dict[str, Any], pending: dict[str, Pending], episodes: dict[tuple[str, ...], float]
-) -> bool:
-    """One record applied to what is pending and told; False if it is not one of ours."""
-    if "q" in record:
-        notice = record["notice"]
-        pending[str(record["q"])] = Pending(
-            str(record["q"]),
-            str(record["to"]),
-            str(record["tag"]),
-            int(record["n"]),
-            notice if isinstance(notice, Notice) else _decode(notice),
-        )
-    elif "s" in record or "f" in record:
-        found = pending.get(str(record.get("s") or record.get("f")))
-        if found is not None:
-            found.trying = "s" in record
-    elif "d" in record:
-        pending.pop(str(record["d"]), None)
-    elif "e" in record:
-        key = _key(record["e"])
-        episodes.pop(key, None)  # the newest last: the first are forgotten first
-        episodes[key] = float(record["at"])
-    elif "x" in record:
-        episodes.pop(_key(record["x"]), None)
-    else:
-        return record.get("outbox") == VERSION
-    return True
-
-
-def _line(record: dict[str, Any]) -> str:
-    return _ENCODER.encode(record) + "\n"
-
-
-def _key(value: Any) -> tuple[str, ...]:
-    if not isinstance(value, (list, tuple)):
-        raise ValueError("a key is a list")
-    return tuple(str(part) for part in value)
-
-
-def _encode(value: Any) -> dict[str, Any]:
-    if not isinstance(value, Notice):
-        raise TypeError(f"{type(value).__name__} is not a notice")
-    return asdict(value)
-
-
-# one encoder for every line (json.dumps with options would make one each time)
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=_encode)
-
-
-def _decode(value: Any) -> Notice:
-    if not isinstance(value, dict):
-        raise ValueError("a notice is an object")
-    return Notice(
-        kind=str(value["kind"]),
-        key=_key(value["key"]),
-        user=None if value.get("user") is None else str(value["user"]),
-        devices=tuple((str(uuid), int(number)) for uuid, number in value["devices"]),
-        title=str(value["title"]),
-        body=str(value["body"]),
-        ends=_key(value.get("ends", [])),
-        concerns=_key(value.get("concerns", [])),
-    )

@@ -27,8 +27,6 @@ from patroller.state.audit import AuditLog
 
 log = logging.getLogger("patroller.notify.notifier")  # the notifier's words, as before
 
-ADMIN = "admin"
-
 Last = MutableMapping[tuple[str, str], tuple[str, float]]  # (user, destination) -> result, at
 
 
@@ -71,7 +69,7 @@ class Outcomes:
             self._loop.add_callback(self.flush)
 
     def record(self, outcome: Outcome) -> None:
-        if outcome.recipient != ADMIN:
+        if outcome.key:  # a user's own destination (the admin's have none), whatever her name
             self.last[(outcome.recipient, outcome.key)] = (outcome.result, round(time.time(), 3))
         if outcome.result != SENT and (
             outcome.destination != TERMINAL or outcome.result == DROPPED

@@ -10,7 +10,8 @@ from collections.abc import Callable, Sequence
 
 from patroller.core.leases import Event
 from patroller.notify.delivery import Destination, Router
-from patroller.notify.outbox import Outbox, Pending, Restored, tag_of
+from patroller.notify.journal import Pending, Restored
+from patroller.notify.outbox import Outbox, tag_of
 from patroller.state.audit import AuditLog
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ def resume(
     by_tag = {d.tag: d for d in admins}
     for item in restored.pending:
         notice = item.notice
-        if item.recipient == ADMIN:
+        if item.admin:  # (a user may be called "admin": her notices are hers)
             destination = by_tag.get(item.tag)
             if destination is not None:
                 destination.put(notice, ADMIN, destination.number, item.ident)
