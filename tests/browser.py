@@ -99,6 +99,10 @@ class Browser:
     def open(self, url: str) -> None:
         self.driver.get(url)
 
+    def resize(self, width: int, height: int) -> None:
+        """The window's size from now on (the page is laid out again)."""
+        self.driver.set_window_size(width, height)
+
     def js(self, script: str, *args: Any) -> Any:
         """The value of a JavaScript function body (`return ...`) run in the page."""
         return self.driver.execute_script(script, *args)

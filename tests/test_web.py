@@ -4,6 +4,7 @@ they are skipped with the reason (tests/browser.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import signal
 import subprocess
 import threading
 import urllib.parse
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,21 +24,44 @@ BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.
 # The feed sends at most one snapshot a second, so a change is on the page about a second
 # later; the deadline leaves room for a busy machine.
 FOLLOWS = 3.0
+SIZE = (1400, 1000)  # the module's browser's window, as Browser's default
 H100 = [{"name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "minor": n} for n in range(4)]
 
 
 @pytest.fixture(scope="module")
 def page():
-    opened = browser()
+    opened = browser(width=SIZE[0], height=SIZE[1])
     yield opened
     opened.quit()
 
 
-@pytest.fixture
-def daemon():
+@pytest.fixture(scope="module")
+def shared():
+    """One test-mode daemon for the module's tests that only reserve and release on it."""
     server = ServerProcess("--test", "--lease", "300").start()
     yield server
-    server.stop()
+    assert server.stop() == 0, server.log
+
+
+@pytest.fixture
+def daemon(shared):
+    """The shared daemon with every GPU free and nobody waiting, at the start and after."""
+    free_all(shared)
+    yield shared
+    free_all(shared)
+
+
+def free_all(server: ServerProcess) -> None:
+    """Every GPU given back, whoever holds it (test mode lets a request name anyone), and
+    nobody left waiting."""
+    _, status = call(server, "/status")
+    holders = {e["claim"]["user"]["user"] for e in status.values() if e["claim"]["user"]}
+    for user in holders:
+        assert call(server, "/release", user=user)[0] == 200
+    _, status = call(server, "/status")
+    assert all(e["claim"]["state"] == "free" for e in status.values()), status
+    _, queue = call(server, "/queue")
+    assert not queue, queue
 
 
 @pytest.fixture
@@ -432,20 +457,34 @@ def figures(page):
     return found if any(re.search(r"\d{3}[ \u00a0]W", t) for t, _ in found) else None
 
 
+@pytest.fixture(scope="module")
+def held():
+    """A test-mode daemon of its own with GPU 3 held by alice (its power soon at three digits)."""
+    server = ServerProcess("--test", "--lease", "300").start()
+    assert call(server, "/request", gpu=3, user="alice@example.org")[0] == 200
+    yield server
+    assert server.stop() == 0, server.log
+
+
+@contextlib.contextmanager
+def sized(page: Browser, width: int, height: int) -> Iterator[Browser]:
+    """The module's browser at `width` x `height`, and back to its own size after."""
+    page.resize(width, height)
+    try:
+        yield page
+    finally:
+        page.resize(*SIZE)
+
+
 @pytest.mark.parametrize("width,height", [(1920, 1080), (1366, 768), (390, 844)])
-def test_a_cards_figures_keep_their_line(width, height):
+def test_a_cards_figures_keep_their_line(page, held, width, height):
     """As found at 1,920 px: "GPU 39 °C · memory 44 °C · 133" ended a line and "W" stood on
     the next. The figures are one line on every card, the sparkline giving way."""
-    server = ServerProcess("--test", "--lease", "300").start()
-    wide = browser(width=width, height=height)
-    try:
-        assert call(server, "/request", gpu=3, user="alice@example.org")[0] == 200
-        wide.open(server.url + "/")
+    with sized(page, width, height) as wide:
+        wide.open(held.url + "/")
+        assert wide.js("return window.innerWidth") == width
         facts = wide.until(lambda: figures(wide), "a held GPU's power at three digits", 60)
         assert all(lines == 1 for _, lines in facts), facts
-    finally:
-        wide.quit()
-        server.stop()
 
 
 USERS = [
@@ -455,27 +494,37 @@ USERS = [
 ]
 
 
-@pytest.mark.parametrize("width", [1280, 1920, 2560])
-def test_the_users_table_fits_at_every_width_and_a_user_over_the_limit_stands_out(width, tmp_path):
-    # As found at 1,920 px: the sidebar overflowed (493 > 446 px), the "waiting" column was
-    # hidden and a row wrapped; a user over their limit was not highlighted.
-    limits = tmp_path / "limits.json"
+@pytest.fixture(scope="module")
+def crowded(tmp_path_factory):
+    """A test-mode daemon of its own, two GPUs a user at most: alice, bob and carol hold two
+    each, then alice's own limit is lowered to one (SIGHUP): she is over it."""
+    limits = tmp_path_factory.mktemp("limits") / "limits.json"
     limits.write_text("{}")
     server = ServerProcess(
         "--test", "--lease", "300", "--max-per-user", "2", "--limits-file", str(limits)
     ).start()
-    wide = browser(width=width, height=1200)
-    try:
-        # Before the first snapshot, no empty-state text claims that nobody waits: the page
-        # as served shows none (as found: "nobody is waiting" before anything was known).
-        _, _, html = get(server.url + "/", accept=BROWSER_ACCEPT)
-        empties = re.findall(r'<p id="[a-z]+-empty"[^>]*>', html.decode())
-        assert len(empties) == 3 and all(" hidden" in tag for tag in empties), empties
-        wide.open(server.url + "/")
-        for user in USERS:
-            assert call(server, "/request", gpu=2, user=user)[0] == 200
-        limits.write_text(json.dumps({USERS[0]: 1}))  # alice's limit lowered: she is over it
-        server.process.send_signal(signal.SIGHUP)
+    for user in USERS:
+        assert call(server, "/request", gpu=2, user=user)[0] == 200
+    limits.write_text(json.dumps({USERS[0]: 1}))  # alice's limit lowered: she is over it
+    server.process.send_signal(signal.SIGHUP)
+    yield server
+    assert server.stop() == 0, server.log
+
+
+@pytest.mark.parametrize("width", [1280, 1920, 2560])
+def test_the_users_table_fits_at_every_width_and_a_user_over_the_limit_stands_out(
+    page, crowded, width, tmp_path
+):
+    # As found at 1,920 px: the sidebar overflowed (493 > 446 px), the "waiting" column was
+    # hidden and a row wrapped; a user over their limit was not highlighted.
+    # Before the first snapshot, no empty-state text claims that nobody waits: the page as
+    # served shows none (as found: "nobody is waiting" before anything was known).
+    _, _, html = get(crowded.url + "/", accept=BROWSER_ACCEPT)
+    empties = re.findall(r'<p id="[a-z]+-empty"[^>]*>', html.decode())
+    assert len(empties) == 3 and all(" hidden" in tag for tag in empties), empties
+    with sized(page, width, 1200) as wide:
+        wide.open(crowded.url + "/")
+        assert wide.js("return window.innerWidth") == width
         wide.until(
             lambda: wide.js(
                 f"const r = document.querySelector('#users-body tr[data-user=\"{USERS[0]}\"]');"
@@ -505,9 +554,6 @@ def test_the_users_table_fits_at_every_width_and_a_user_over_the_limit_stands_ou
         facts = wide.until(lambda: figures(wide), "a held GPU's power at three digits", 60)
         assert all(lines == 1 for _, lines in facts), facts
         wide.screenshot(str(tmp_path / f"page-{width}.png"))
-    finally:
-        wide.quit()
-        server.stop()
 
 
 def test_a_gpu_allocated_to_a_slurm_job_shows_the_job_and_its_user(page, tmp_path):
