@@ -11,6 +11,7 @@ import os
 from dataclasses import replace
 
 import pytest
+from helpers import need_root
 
 from patroller.config import Config
 from patroller.doctor.host import (
@@ -152,7 +153,7 @@ SAID = (
 
 
 def test_processes_closed_to_a_root_doctor_with_every_capability_are_named(tmp_path):
-    assert os.geteuid() == 0, "a root doctor's fix"
+    need_root("the fix said to a root doctor")
     assert refused(tmp_path) == Result(
         "/proc",
         "degraded",
@@ -190,7 +191,7 @@ def test_processes_closed_to_a_root_doctor_with_every_capability_are_named(tmp_p
     ],
 )
 def test_why_a_root_doctor_is_refused_is_told_apart(tmp_path, settings, fix):
-    assert os.geteuid() == 0, "a root doctor's fix"
+    need_root("the fix said to a root doctor")
     assert refused(tmp_path, **settings) == Result("/proc", "degraded", SAID, fix)
 
 
