@@ -85,7 +85,11 @@ async def examine(
             blocking(probe_privacy, config.state_dir, config.audit_log),
             "the modes of the state directory's files and the audit record",
         ),
-        "notify": (blocking(probe_notifications, config), "Apprise, to load its services"),
+        "notify": (
+            blocking(probe_notifications, config),
+            "Apprise, to load its services"
+            + (f", and the login records {config.notify_utmp}" if config.notify_terminal else ""),
+        ),
     }
     if not config.test:
         out["kernel log"] = (

@@ -112,11 +112,10 @@ def driver(facts: GpuFacts) -> Result:
         )
     major = re.match(r"\d+", version)
     branch = int(major.group(0)) if major else None
-    said = (
-        f"{where}: driver {version}"
-        + (f" (R{branch} branch" if branch else " (")
-        + (f", document nvsmi_device_v{facts.dtd}.dtd)" if facts.dtd else ", no DOCTYPE)")
-        + (f", CUDA {found.cuda_version}" if found and found.cuda_version else "")
+    about = [f"R{branch} branch"] if branch else []  # none for a version without a number
+    about.append(f"document nvsmi_device_v{facts.dtd}.dtd" if facts.dtd else "no DOCTYPE")
+    said = f"{where}: driver {version} ({', '.join(about)})" + (
+        f", CUDA {found.cuda_version}" if found and found.cuda_version else ""
     )
     if branch is not None and branch < OLDEST_DRIVER:
         return degraded(
@@ -315,6 +314,8 @@ def topology(facts: GpuFacts) -> Result:
             RUN_BY_HAND,
         )
     if not known:
+        if known.why is None:  # one GPU: no two to link, nothing to choose between
+            return ok("GPU topology", f"{len(facts.devices)} GPU(s): no other GPU to link to")
         return degraded("GPU topology", f"{known.why}: {FALLBACK}", RUN_BY_HAND)
     numbers = {d.uuid: d.number for d in facts.devices}
     groups = [g for g in known.groups(list(numbers)) if len(g) > 1]

@@ -162,8 +162,9 @@ def _holder(lock: str, proc: str) -> int | None:
 
 
 def said_and_fix(message: str) -> tuple[str, str]:
-    """A trust refusal's message (config/trust.py: `what is wrong; what to do`) in two."""
-    said, _, fix = message.rpartition("; ")
+    """A trust refusal's message (config/trust.py: `what is wrong; what to do`) in two, at its
+    first `; `: what to do may hold one (the job map's `chown root; chmod 755`)."""
+    said, _, fix = message.partition("; ")
     return (said, fix) if said else (message, "")
 
 

@@ -1,0 +1,104 @@
+"""`patroller doctor` as its entry point runs it, in the test process (main.py calls
+`command.main`): a flag or variable the daemon would refuse is a failed check of its own, left
+out of what the other checks examine; a command line that cannot be read is a usage error,
+a JSON list with --json; each word compared whole. tests/test_doctor.py runs the command as a
+program, which a mutation run does not see (docs/development.md, "Mutation testing")."""
+
+import io
+import json
+import os
+
+import pytest
+from helpers import engines_in
+
+from patroller.doctor.command import FAILING, USAGE, accepted, main
+
+
+@pytest.fixture
+def no_variables(monkeypatch):
+    """No PATROLLER_* variable of the machine's reaches the doctor."""
+    for name in list(os.environ):
+        if name.startswith("PATROLLER_"):
+            monkeypatch.delenv(name)
+
+
+def isolated(folder):
+    """Flags that keep the doctor to what a test made: every engine's socket and the
+    kubelet's in `folder`, loopback, a port the kernel picks, synthetic devices."""
+    flags = ["--test", "--port", "0", "--address", "127.0.0.1"]
+    for name, value in engines_in(folder, kubelet_socket=f"{folder}/kubelet.sock").items():
+        flags += [f"--{name.replace('_', '-')}", value]
+    return flags
+
+
+def test_a_refused_flag_and_variable_are_checks_of_their_own_and_left_out():
+    """The flag left out, its variable counts; the `--flag=VALUE` form left out too."""
+    config, refused = accepted(
+        ["--port", "70000", "--address", "127.0.0.1", "--usage-interval=x"],
+        {"PATROLLER_PORT": "8001", "PATROLLER_USAGE_DAYS": "lots"},
+    )
+    assert config is not None
+    assert (config.port, config.address, config.usage_days) == (8001, "127.0.0.1", 400)
+    later = "the daemon would refuse to start; the other checks are of it without"
+    assert [(r.check, r.status, r.detail, r.fix) for r in refused] == [
+        (
+            "--port",
+            "failed",
+            f"'70000' is not a port number (0-65535): {later} --port",
+            "give --port a value the daemon takes (`patroller --help`), or leave it out",
+        ),
+        (
+            "--usage-interval",
+            "failed",
+            "'x' is not a number of seconds or a duration such as 90, 90s, 30m, 2h: "
+            f"{later} --usage-interval",
+            "give --usage-interval a value the daemon takes (`patroller --help`), or leave it out",
+        ),
+        (
+            "PATROLLER_USAGE_DAYS",
+            "failed",
+            f"'lots' is not a whole number of 1 or more: {later} PATROLLER_USAGE_DAYS",
+            "set PATROLLER_USAGE_DAYS to a value the daemon takes (`patroller --help`), or "
+            "unset it",
+        ),
+    ]
+
+
+def test_the_examination_follows_the_refused_flag_as_json(tmp_path, no_variables):
+    out = io.StringIO()
+    assert main(["--json", "--usage-days", "x", *isolated(str(tmp_path))], out) == FAILING
+    listed = json.loads(out.getvalue())
+    assert listed[0] == {
+        "check": "--usage-days",
+        "status": "failed",
+        "detail": "'x' is not a whole number of 1 or more: the daemon would refuse to start; "
+        "the other checks are of it without --usage-days",
+        "fix": "give --usage-days a value the daemon takes (`patroller --help`), or leave it out",
+    }
+    assert {"nvidia-smi", "state directory", "unix socket", "notifications"} <= {
+        r["check"] for r in listed
+    }
+    for result in listed:
+        assert sorted(result) == ["check", "detail", "fix", "status"], result
+
+
+def test_a_command_line_that_cannot_be_read_is_a_usage_error(capsys):
+    out = io.StringIO()
+    assert main(["--json", "--no-such-flag"], out) == USAGE
+    assert json.loads(out.getvalue()) == [
+        {
+            "check": "command line",
+            "status": "failed",
+            "detail": "the command line cannot be read: unrecognized arguments: --no-such-flag",
+            "fix": "see `patroller doctor --help`",
+        }
+    ]
+    # without --json: argparse's usage and the error, on stderr alone
+    out = io.StringIO()
+    assert main(["--no-such-flag"], out) == USAGE
+    printed = capsys.readouterr()
+    assert out.getvalue() == "" and printed.out == ""
+    assert printed.err.startswith("usage: patroller doctor ")
+    assert printed.err.endswith(
+        "\npatroller doctor: error: unrecognized arguments: --no-such-flag\n"
+    )
