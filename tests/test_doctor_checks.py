@@ -55,7 +55,6 @@ from patroller.doctor.places import (
     check_state,
     probe_job_map,
     probe_state,
-    said_and_fix,
 )
 from patroller.doctor.privacy import PrivacyFacts, check_privacy
 from patroller.doctor.results import Result
@@ -710,11 +709,6 @@ def test_a_state_directory_that_cannot_be_written_fails_saying_how_to_make_it_ri
         "choose another --state-dir, or make it writable (read-only mount? under systemd: "
         "StateDirectory=patroller)",
     )
-
-
-def test_a_refusal_without_its_fix_is_said_whole():
-    assert said_and_fix("owned by uid 1000; chown it") == ("owned by uid 1000", "chown it")
-    assert said_and_fix("owned by uid 1000") == ("owned by uid 1000", "")
 
 
 def test_a_job_map_not_given_or_read_whole_is_fine():

@@ -6,6 +6,8 @@ the doctor runs them; tests/test_doctor_checks.py has the others)."""
 import os
 import time
 
+import pytest
+
 from patroller.config import Config
 from patroller.doctor.places import (
     READ_ONLY,
@@ -43,8 +45,9 @@ def test_a_lease_book_holding_devices_is_counted(tmp_path):
     ), result
 
 
-def test_a_state_directory_others_may_write_to_fails_with_the_fix(tmp_path):
-    state = tmp_path / "state"
+@pytest.mark.parametrize("name", ["state", "lab; old"])  # a path may hold a `; ` too
+def test_a_state_directory_others_may_write_to_fails_with_the_fix(tmp_path, name):
+    state = tmp_path / name
     state.mkdir()
     state.chmod(0o777)
     assert check_state(probe_state(str(state)), Config()) == Result(
@@ -110,6 +113,6 @@ def test_a_job_map_not_there_yet_and_one_others_may_write_to(tmp_path):
         "make it root's and writable by root alone (chown root; chmod 755), as "
         "contrib/slurm's prolog makes it",
     )
-    assert check_job_map(JobMapFacts(str(jobs), untrusted="said alone")) == Result(
+    assert check_job_map(JobMapFacts(str(jobs), untrusted=("said alone", ""))) == Result(
         "Slurm job map", "failed", "said alone", ""
     )

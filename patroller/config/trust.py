@@ -20,8 +20,14 @@ from dataclasses import dataclass
 
 
 class Untrusted(Exception):
-    """The directory cannot be trusted, or its path cannot be looked at; the message says why,
-    in one line."""
+    """The directory cannot be trusted, or its path cannot be looked at: `said` what is wrong,
+    `fix` what to do (each may hold a `; `: a path, `chown root; chmod 755`); the message is
+    both, in one line."""
+
+    def __init__(self, said: str, fix: str) -> None:
+        super().__init__(f"{said}; {fix}")
+        self.said = said
+        self.fix = fix
 
 
 @dataclass(frozen=True)
@@ -53,14 +59,14 @@ def check_path(directory: str, place: Place) -> None:
             break
         except OSError as exc:
             raise Untrusted(
-                f"cannot use {place.what} {directory}: {exc.strerror or exc}; "
-                f"choose another {place.flag}"
+                f"cannot use {place.what} {directory}: {exc.strerror or exc}",
+                f"choose another {place.flag}",
             ) from None
         if stat.S_ISLNK(info.st_mode) and info.st_uid not in (0, os.geteuid()):
             raise Untrusted(
                 f"{place.what} {directory} is reached through {current}, a link "
-                f"another user (uid {info.st_uid}) made; choose another "
-                f"{place.flag}"
+                f"another user (uid {info.st_uid}) made",
+                f"choose another {place.flag}",
             )
     try:
         around = os.stat(os.path.dirname(path))
@@ -69,8 +75,8 @@ def check_path(directory: str, place: Place) -> None:
     if around.st_mode & 0o022 and not around.st_mode & stat.S_ISVTX:
         raise Untrusted(
             f"{place.what} {directory} is in {os.path.dirname(path)}, which others "
-            f"may write to (mode {around.st_mode & 0o7777:o}, not sticky); choose "
-            f"a {place.flag} in a directory only its owner writes to"
+            f"may write to (mode {around.st_mode & 0o7777:o}, not sticky)",
+            f"choose a {place.flag} in a directory only its owner writes to",
         )
 
 
@@ -78,14 +84,15 @@ def check_directory(info: os.stat_result, directory: str, place: Place) -> None:
     """Untrusted unless the directory (`info`: its stat, or better its open descriptor's)
     belongs to one of its owners and neither its group nor others may write to it."""
     if not stat.S_ISDIR(info.st_mode):
-        raise Untrusted(f"{place.what} {directory} is not a directory; {place.fix}")
+        raise Untrusted(f"{place.what} {directory} is not a directory", place.fix)
     others = info.st_mode & 0o022
     if info.st_uid in place.owners() and not others:
         return
     whose = "not ours" if not place.root_may_own else "not root's or ours"
     raise Untrusted(
         f"{place.what} {directory} is {'writable by others' if others else whose} "
-        f"(mode {info.st_mode & 0o7777:o}, uid {info.st_uid}); {place.fix}"
+        f"(mode {info.st_mode & 0o7777:o}, uid {info.st_uid})",
+        place.fix,
     )
 
 
@@ -99,8 +106,8 @@ def check(directory: str, place: Place) -> os.stat_result | None:
         return None
     except OSError as exc:
         raise Untrusted(
-            f"cannot use {place.what} {directory}: {exc.strerror or exc}; "
-            f"choose another {place.flag}"
+            f"cannot use {place.what} {directory}: {exc.strerror or exc}",
+            f"choose another {place.flag}",
         ) from None
     check_directory(info, directory, place)
     return info

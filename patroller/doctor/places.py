@@ -32,7 +32,7 @@ class StateFacts:
     """The state directory as the daemon would meet it at start."""
 
     directory: str | None  # None: no book
-    untrusted: str | None = None  # why it may not be trusted
+    untrusted: tuple[str, str] | None = None  # why it may not be trusted, and what to do
     exists: bool = False
     made_in: str | None = None  # not there: the nearest folder that is, where it is made
     unwritable: str | None = None  # why a file cannot be made there (or the folder made)
@@ -49,7 +49,7 @@ def probe_state(directory: str | None, proc: str = "/proc") -> StateFacts:
     try:
         info = check(directory, STATE_DIR)
     except Untrusted as exc:
-        return StateFacts(directory, untrusted=str(exc))
+        return StateFacts(directory, untrusted=(exc.said, exc.fix))
     if info is None:
         folder = os.path.dirname(os.path.abspath(directory))
         while not os.path.isdir(folder) and folder != os.sep:
@@ -161,13 +161,6 @@ def _holder(lock: str, proc: str) -> int | None:
     return None
 
 
-def said_and_fix(message: str) -> tuple[str, str]:
-    """A trust refusal's message (config/trust.py: `what is wrong; what to do`) in two, at its
-    first `; `: what to do may hold one (the job map's `chown root; chmod 755`)."""
-    said, _, fix = message.partition("; ")
-    return (said, fix) if said else (message, "")
-
-
 def check_state(facts: StateFacts, config: Config) -> Result:
     """The state directory: trusted, writable, with room."""
     name = "state directory"
@@ -179,7 +172,7 @@ def check_state(facts: StateFacts, config: Config) -> Result:
             "give --state-dir (the default as root: /var/lib/patroller)",
         )
     if facts.untrusted is not None:
-        return failed(name, *said_and_fix(facts.untrusted))
+        return failed(name, *facts.untrusted)
     if facts.unwritable is not None:
         said = (
             f"{where} cannot be made in {facts.made_in}"
@@ -278,7 +271,7 @@ def check_book(facts: StateFacts) -> Result:
 @dataclass(frozen=True)
 class JobMapFacts:
     path: str | None
-    untrusted: str | None = None
+    untrusted: tuple[str, str] | None = None  # why it may not be trusted, and what to do
     exists: bool = False
     unreadable: str | None = None
     files: int = 0
@@ -295,7 +288,7 @@ def probe_job_map(path: str | None, limit: int) -> JobMapFacts:
         check(path, JOB_MAP)
         reading = read_map(path, limit, lambda uid: None)
     except Untrusted as exc:
-        return JobMapFacts(path, untrusted=str(exc))
+        return JobMapFacts(path, untrusted=(exc.said, exc.fix))
     except OSError as exc:
         return JobMapFacts(path, exists=True, unreadable=exc.strerror or str(exc))
     if not os.path.isdir(path):
@@ -318,7 +311,7 @@ def check_job_map(facts: JobMapFacts) -> Result:
     if facts.path is None:
         return ok(name, "not given (--slurm-job-map): no GPU is a Slurm job's")
     if facts.untrusted is not None:
-        return failed(name, *said_and_fix(facts.untrusted))
+        return failed(name, *facts.untrusted)
     if facts.unreadable is not None:
         return failed(
             name,
