@@ -13,7 +13,7 @@ import time
 from helpers import async_test, find, running, scrape, until
 from test_openapi import answer_schema, undocumented
 from tornado.httpclient import HTTPRequest
-from usage_history import lab, write
+from usage_history import DAY, HOUR, gpu_hour, lab, write
 
 FILE = "usage.sqlite3"
 
@@ -67,10 +67,38 @@ async def test_reports_beyond_the_few_at_once_wait_and_past_those_waiting_are_a_
         assert find(found, "patroller_usage_reports_refused_total", reason="busy") == [1.0]
 
 
+def crowd(state, days=3, users=10, gpus=8):
+    """`days` of hours in which `users` take turns on `gpus` GPUs, computing: the same mix of
+    users every day, whatever the weekday and hour the test runs at (a lab's history does not
+    have it: on a Sunday evening its last three days hold fewer users)."""
+    state.mkdir(mode=0o700)
+    last = int(time.time() // HOUR * HOUR)
+    intervals = [
+        (
+            start + HOUR,
+            [
+                gpu_hour(
+                    n,
+                    "claimed",
+                    f"u{(h + n) % users}",
+                    True,
+                    [(f"u{(h + n) % users}", True)],
+                    busy=30,
+                )
+                for n in range(gpus)
+            ],
+        )
+        for h, start in enumerate(range(last - days * DAY, last, HOUR))
+    ]
+    write(str(state / FILE), intervals)
+
+
 @async_test
 async def test_a_report_of_more_rows_than_it_may_hold_is_refused_saying_how_to_narrow_it(tmp_path):
-    history(tmp_path / "state")
-    async with running(state_dir=str(tmp_path / "state"), usage_report_max_rows=25) as h:
+    # ten users: by user some 20-25 rows of the store, by day and user, by day in a zone and
+    # by hour over 40
+    crowd(tmp_path / "state")
+    async with running(state_dir=str(tmp_path / "state"), usage_report_max_rows=30) as h:
         for path in (
             "/usage?since=3d&by=day,user",
             "/usage?since=3d&by=hour",
@@ -79,7 +107,7 @@ async def test_a_report_of_more_rows_than_it_may_hold_is_refused_saying_how_to_n
             code, body = await h.call(path)
             assert code == 400, (path, code, body)
             assert "narrow the range" in body["error"] and "grouping" in body["error"]
-            assert body["max_rows"] == 25
+            assert body["max_rows"] == 30
             assert list(undocumented(body, answer_schema("/usage", "get", 400))) == []
         code, body = await h.call("/usage?since=3d&by=user")  # a narrower one is answered
         assert code == 200 and body["rows"]
