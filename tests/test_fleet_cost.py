@@ -117,3 +117,31 @@ def test_the_type_lookup_judges_every_value_as_is_kind_does(table):
                 passed = False
                 assert str(exc).startswith(f"here.{name} is "), str(exc)
             assert passed == expected, (name, kinds, value)
+
+
+@async_test
+async def test_an_asking_whose_deadline_passes_while_connecting_is_said_not_to_answer():
+    """Connecting is bounded by the answer's deadline as well as by the connect timeout, and a
+    connection made once the deadline's timer went off is given up, not read from without a
+    timer (here the deadline is already past; either guard alone says so, neither: it hangs)."""
+    import asyncio
+    import socket
+
+    from tornado.tcpclient import TCPClient
+
+    from patroller.http.fleetlink import Link, Silent
+
+    listener = socket.socket()  # accepts (the kernel's backlog), never answers
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    tcp = TCPClient()
+    link = Link(f"http://127.0.0.1:{listener.getsockname()[1]}", tcp, 5.0, 3.0, 1 << 20, "t")
+    try:
+        loop = asyncio.get_running_loop()
+        for _ in range(5):
+            with pytest.raises(Silent, match="no answer within 3s"):
+                await asyncio.wait_for(link.get("/status", loop.time() - 1.0), 10)
+    finally:
+        link.close()
+        tcp.close()
+        listener.close()

@@ -197,6 +197,8 @@ class Link:
 
     async def _get(self, path: str, headers: dict[str, str] | None, deadline: float) -> Reply:
         stream = await self._connect(deadline)
+        if self.expired:  # connected as the deadline passed: its timer closed nothing, then
+            raise StreamClosedError()
         connection = HTTP1Connection(
             stream,
             True,
