@@ -8,10 +8,12 @@ daemon's /status and /devices, under a real daemon's fleet view."""
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import gzip
 import json
 import math
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from itertools import pairwise
@@ -20,8 +22,10 @@ from typing import Any
 import pytest
 from helpers import async_test, running, until
 from test_fleet_polling import Recorder, bodies
+from tornado.tcpclient import TCPClient
 
 from patroller import answers
+from patroller.http.fleetlink import Link, Silent
 
 
 @asynccontextmanager
@@ -124,13 +128,6 @@ async def test_an_asking_whose_deadline_passes_while_connecting_is_said_not_to_a
     """Connecting is bounded by the answer's deadline as well as by the connect timeout, and a
     connection made once the deadline's timer went off is given up, not read from without a
     timer (here the deadline is already past; either guard alone says so, neither: it hangs)."""
-    import asyncio
-    import socket
-
-    from tornado.tcpclient import TCPClient
-
-    from patroller.http.fleetlink import Link, Silent
-
     listener = socket.socket()  # accepts (the kernel's backlog), never answers
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
