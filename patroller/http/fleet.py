@@ -5,7 +5,7 @@ Each host has a loop of its own on the event loop, first run at its own moment o
 --fleet-interval (host i of n at i/n of it: 1,000 hosts are a steady trickle of askings, not a
 burst every round), each moment put off to the end of its Config.fleet_slot (50 ms: the dozen
 hosts due in it are asked in one turn of the loop and their answers read in a few; at 1,000
-hosts that halved the loop's CPU for an asking, which had a turn or more of its own). Each
+hosts that nearly halved the loop's CPU for an asking, which had a turn or more of its own). Each
 asking: ask its /status on the connection kept open to it (fleetlink.Link), and its /devices
 only when the /status answer's X-Devices-ETag names another inventory than the one kept
 (a daemon that sends none, an older one, is asked both every round); keep the GPUs it answered,

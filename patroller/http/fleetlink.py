@@ -14,7 +14,7 @@ for the answers of one asking, from the first request to the last byte. The answ
 is one timer of the loop that closes the connection when it passes (Tornado's reader then stops
 where it is, and the request is Silent); a connection being made is bounded by both. It costs a
 request no task of its own: at 1,000 hosts every 5 s, `asyncio.wait_for`'s task and futures
-were a third of the event loop's time for a request (docs/performance.md).
+were over a quarter of the event loop's time for a request (docs/performance.md).
 """
 
 from __future__ import annotations
