@@ -135,7 +135,8 @@ def identity(user: Any, where: str) -> None:
 
 
 def fields(value: Any, table: dict[str, Kinds], where: str) -> None:
-    """`value` is an object whose fields in `table` have its types (the required ones there)."""
+    """`value` is an object whose fields in `table` have its types (the required ones there).
+    A decoder's own types are looked up (`passing`); anything else is asked of `is_kind`."""
     if not isinstance(value, dict):
         raise BadAnswer(f"{where} is {kind(value)}, not an object")
     for name, kinds in table.items():
@@ -143,11 +144,36 @@ def fields(value: Any, table: dict[str, Kinds], where: str) -> None:
             if name in REQUIRED:
                 raise BadAnswer(f"{where} has no {name}")
             continue
-        if not any(is_kind(value[name], k) for k in kinds):
+        item = value[name]
+        exact, floats = PASSING.get(kinds) or passing(kinds)
+        if type(item) in exact or (floats and type(item) is float and math.isfinite(item)):
+            continue
+        if not any(is_kind(item, k) for k in kinds):
             raise BadAnswer(
                 f"{where}.{name} is {kind(value[name])}, not "
                 + " or ".join(article(k) for k in kinds)
             )
+
+
+# The types a JSON decoder gives for each of the schema's types, where the type alone says that
+# a value is of it (a float is a number only when finite: `passing`).
+DECODED: dict[str, type] = {
+    "null": type(None),
+    "boolean": bool,
+    "integer": int,
+    "number": int,
+    "string": str,
+    "object": dict,
+    "array": list,
+}
+PASSING: dict[Kinds, tuple[frozenset[type], bool]] = {}  # passing's answers, kept
+
+
+def passing(kinds: Kinds) -> tuple[frozenset[type], bool]:
+    """(the decoded types that are of one of `kinds` whatever their value, whether a finite
+    float is): what `fields` looks up before it asks `is_kind`, which has the last word."""
+    found = PASSING[kinds] = (frozenset(DECODED[k] for k in kinds), "number" in kinds)
+    return found
 
 
 def is_kind(value: Any, name: str) -> bool:

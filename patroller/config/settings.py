@@ -396,5 +396,9 @@ class Config:
     max_pages_per_user: int = 20  # of them, one user's: nobody keeps the others' pages out
     max_pages_unidentified: int = 20  # of them, those of callers who cannot be identified
     fleet_max_gpus: int = 256  # GPUs one fleet host may list: more is a bad answer
+    # Seconds: each asking of a fleet host is put off to the next multiple of this on the loop's
+    # clock, so that the hosts due in one slot are asked in one turn of the event loop (0: each
+    # at its own moment). 50 ms: about ten hosts a slot at 1,000 hosts every 5 s.
+    fleet_slot: float = 0.05
     fleet_build_every: float = 0.5  # seconds at least between two builds of /fleet.json's body
     fleet_gzip_level: int = 6  # /fleet.json's gzip (made in a thread once per body), 1 to 9

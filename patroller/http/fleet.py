@@ -3,15 +3,19 @@ daemon, for /fleet.json and the /fleet page.
 
 Each host has a loop of its own on the event loop, first run at its own moment of
 --fleet-interval (host i of n at i/n of it: 1,000 hosts are a steady trickle of askings, not a
-burst every round): ask its /status on the connection kept open to it (fleetlink.Link), and its
-/devices only when the /status answer's X-Devices-ETag names another inventory than the one kept
+burst every round), each moment put off to the end of its Config.fleet_slot (50 ms: the dozen
+hosts due in it are asked in one turn of the loop and their answers read in a few; at 1,000
+hosts that nearly halved the loop's CPU for an asking, which had a turn or more of its own). Each
+asking: ask its /status on the connection kept open to it (fleetlink.Link), and its /devices
+only when the /status answer's X-Devices-ETag names another inventory than the one kept
 (a daemon that sends none, an older one, is asked both every round); keep the GPUs it answered,
 or why it did not answer (refused, not answering, failed) and since when; wait for its next
 moment; ask again. --fleet-connect-timeout bounds the connecting, --fleet-timeout the answers
 of one asking. A host that never answers costs its own loop one timeout a round and never holds
 up another host's. /fleet.json is built from each host's part, serialized once when the host
-was asked, at most once every Config.fleet_build_every and only after a change: a request
-copies bytes, and never waits for a host.
+was asked, at most once every Config.fleet_build_every, only after a change and only when
+someone asks for it (while nobody looks, nothing is built or packed): a request copies bytes,
+and never waits for a host.
 
 A host may answer anything, so what it sends is bounded before it is believed: no more than
 --fleet-max-bytes of an answer's body is read (Tornado's HTTP/1 reader stops there), and the two
@@ -193,6 +197,7 @@ class Fleet:
         self.max_bytes = config.fleet_max_bytes
         self.max_gpus = config.fleet_max_gpus
         self.build_every = config.fleet_build_every
+        self.slot = config.fleet_slot
         self.packer = Packer(config.fleet_gzip_level)  # the body gzipped, and its ETags
         started = clock()
         self.hosts = [Host(host, hosts.base_url(host), started) for host in config.fleet]
@@ -201,6 +206,7 @@ class Fleet:
         self.tasks: set[asyncio.Task[None]] = set()
         self.asked: dict[str, int] = {path: 0 for path in PATHS}  # answers taken, by path
         self.builds = 0  # /fleet.json bodies built
+        self.reads = 0  # answers decoded and checked (those the same as the last are not)
         self._body: bytes | None = None
         self._data: dict[str, Any] | None = None  # the body as data, once asked for
         self._built = 0.0
@@ -243,8 +249,11 @@ class Fleet:
     async def _watch(self, host: Host, delay: float) -> None:
         loop = asyncio.get_running_loop()
         due = loop.time() + delay
+        slot = self.slot
         while True:
-            await asyncio.sleep(max(0.0, due - loop.time()))
+            # at the end of the slot it falls in: the hosts of one slot wake together
+            wake = math.ceil(due / slot) * slot if slot > 0 else due
+            await asyncio.sleep(max(0.0, wake - loop.time()))
             try:
                 await self.ask(host)
             except Exception:  # a bug of ours: said, and the host asked again next round
@@ -271,6 +280,7 @@ class Fleet:
                 host.devices, host.tag = devices.body, devices.headers.get("ETag")
             bodies = (status.body, host.devices)
             if host.state != UP or bodies != host.read:
+                self.reads += 1
                 host.gpus = await loop.run_in_executor(self.reader, read, bodies, self.max_gpus)
                 host.read = bodies
         except Exception as exc:
