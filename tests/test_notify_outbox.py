@@ -308,6 +308,7 @@ def test_kill_9_mid_queue_then_restart_loses_nothing_and_sends_nothing_twice(tmp
     records = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     results = sorted(r["result"] for r in records if r["event"] == "notify")
     assert results == ["interrupted", "sent", "sent"], results
+    assert all(r["admin"] is True for r in records if r["event"] == "notify")
     [cut] = [r for r in records if r["event"] == "notify" and r["result"] == "interrupted"]
     assert first.endswith(f"GPU {cut['devices'][0]['number']} by nobody"), (first, cut)
     assert "127.0.0.1" not in (tmp_path / "state" / FILE).read_text()
@@ -350,6 +351,7 @@ async def test_a_users_pending_notice_goes_to_her_destination_after_a_restart_if
         ]
         await until(lambda: (user, kept) in notifier.people.last)
         assert notifier.people.last[(user, kept)][0] == "sent"
+        assert not [e for e in audit.recent if "admin" in e]  # hers, not the admin's
         assert notifier.outbox.flush(10)
     finally:
         notifier.stop(5)

@@ -86,6 +86,7 @@ async def test_a_storms_drops_past_the_bound_are_counted_in_one_line_and_none_is
     lines = dropped(audit)
     assert [e.get("count") for e in lines[3:]] == [17, 5, 2]
     assert sum(e.get("count", 1) for e in lines) == total == 27
+    assert all(e["admin"] is True for e in lines)  # the admin's, one by one or counted
 
 
 def test_the_trespasses_waiting_to_reach_the_admin_are_bounded():

@@ -15,6 +15,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, MutableMapping
+from typing import Any
 
 from tornado.ioloop import IOLoop
 
@@ -44,7 +45,9 @@ class Outcomes:
         self.last = last  # each user's last result at each destination of hers
         self._unsent = Throttle(1, config.repeat_log_every, monotonic)
         self._dropped = Throttle(config.notify_dropped_audited, config.repeat_log_every, monotonic)
-        self._counted: Counter[tuple[str, str, int | str]] = Counter()  # dropped, not written
+        self._counted: Counter[tuple[str, str, int | str, bool]] = (
+            Counter()
+        )  # dropped, not written
         self._loop: IOLoop | None = None
         self._loop_thread: int | None = None  # the loop's thread: told from it, recorded at once
 
@@ -81,7 +84,8 @@ class Outcomes:
             written, _ = self._dropped.admit()
             if not written:
                 kind = outcome.notice.kind
-                self._counted[(kind, outcome.recipient, outcome.destination)] += 1
+                key = (kind, outcome.recipient, outcome.destination, not outcome.key)
+                self._counted[key] += 1
                 return
             self.flush()  # a window begins: what the last one did not write, counted
         self._audit(outcome)
@@ -93,8 +97,8 @@ class Outcomes:
         counted, self._counted = self._counted, Counter()
         if self.audit is None:
             return
-        for (kind, recipient, destination), count in counted.items():
-            details = {
+        for (kind, recipient, destination, admin), count in counted.items():
+            details: dict[str, Any] = {
                 "kind": kind,
                 "recipient": recipient,
                 "destination": destination,
@@ -102,6 +106,8 @@ class Outcomes:
                 "tries": 0,
                 "count": count,
             }
+            if admin:
+                details["admin"] = True
             self.audit.record(Event("notify", None, (), details))
 
     def _warn(self, outcome: Outcome) -> None:
@@ -123,17 +129,13 @@ class Outcomes:
     def _audit(self, outcome: Outcome) -> None:
         assert self.audit is not None
         notice = outcome.notice
-        self.audit.record(
-            Event(
-                "notify",
-                notice.user,
-                notice.devices,
-                {
-                    "kind": notice.kind,
-                    "recipient": outcome.recipient,
-                    "destination": outcome.destination,
-                    "result": outcome.result,
-                    "tries": outcome.tries,
-                },
-            )
-        )
+        details: dict[str, Any] = {
+            "kind": notice.kind,
+            "recipient": outcome.recipient,
+            "destination": outcome.destination,
+            "result": outcome.result,
+            "tries": outcome.tries,
+        }
+        if not outcome.key:  # the admin's destination (a user's has a key), whatever her name
+            details["admin"] = True
+        self.audit.record(Event("notify", notice.user, notice.devices, details))

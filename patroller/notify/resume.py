@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from patroller.core.leases import Event
 from patroller.notify.delivery import Destination, Router
@@ -62,17 +63,13 @@ def resume(
 
 def _note(audit: AuditLog | None, item: Pending, result: str) -> None:
     if audit is not None:
-        audit.record(
-            Event(
-                "notify",
-                item.notice.user,
-                item.notice.devices,
-                {
-                    "kind": item.notice.kind,
-                    "recipient": item.recipient,
-                    "destination": item.number,
-                    "result": result,
-                    "tries": 0,
-                },
-            )
-        )
+        details: dict[str, Any] = {
+            "kind": item.notice.kind,
+            "recipient": item.recipient,
+            "destination": item.number,
+            "result": result,
+            "tries": 0,
+        }
+        if item.admin:  # the admin's destination, whatever a user's name
+            details["admin"] = True
+        audit.record(Event("notify", item.notice.user, item.notice.devices, details))
