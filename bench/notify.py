@@ -44,7 +44,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from .harness import ROOT, have_wrk, listening_port, rss_mib, wrk
+from .harness import ROOT, have_wrk, listening_port, middle, ratio, rss_mib, wrk
 
 ANSWER_AFTER = 5.0  # seconds the slow destination takes to answer each notice
 FILLED = "storm-filled"  # the storm's daemon writes it in its state directory once filled
@@ -101,9 +101,9 @@ def storm(ctx: Any) -> dict[str, Any]:
     finally:
         hook.close()
 
-    def median(values: list[float | None]) -> float | None:
-        kept = [v for v in values if v is not None]
-        return round(statistics.median(kept), 3) if kept else None
+    def median(values: list[float | None]) -> float | None:  # of those measured, rounded
+        found = middle(values)
+        return None if found is None else round(found, 3)
 
     def each(mode: str, part: str, *path: str) -> list[float | None]:
         return [_dig(pair[part], path) for pair in found[mode]]
@@ -114,7 +114,7 @@ def storm(ctx: Any) -> dict[str, Any]:
     ratios = {
         mode: median(
             [
-                w / wo if w is not None and wo else None
+                ratio(w, wo, 9)
                 for wo, w in zip(
                     each(mode, "without", "status", "p99_ms"),
                     each(mode, "with", "status", "p99_ms"),

@@ -178,6 +178,19 @@ def holder_of(actor, name):
     return body[0]["held_for_pid"]
 
 
+def handed_on(giver, taker, link):
+    """The giver connects twice and is named on the first (its descriptors read, newest first:
+    the second's socket is remembered where it is); then it hands the second to the taker over
+    a unix socket at `link` (SCM_RIGHTS) and closes its own. The descriptor number it freed."""
+    giver("connect", "first")
+    handed = giver("connect", "second")
+    assert holder_of(giver, "first") == giver.pid
+    taker("listen", link)
+    giver("give", "second", link)
+    taker("take", "second")
+    return handed
+
+
 def read_so_far(server):
     with urllib.request.urlopen(server.url + "/metrics.json", timeout=20) as answer:
         return json.loads(answer.read())["caller_descriptors_read"]
@@ -189,13 +202,7 @@ def test_a_socket_handed_on_after_it_was_seen_names_its_new_holder(server, actor
     # process (SCM_RIGHTS), closed here, and its number taken by a file: the remembered place
     # now holds something else, and the new holder is the one found.
     giver, taker = actors(), actors()
-    link = str(tmp_path / "link")
-    giver("connect", "first")
-    handed = giver("connect", "second")
-    assert holder_of(giver, "first") == giver.pid
-    taker("listen", link)
-    giver("give", "second", link)
-    taker("take", "second")
+    handed = handed_on(giver, taker, str(tmp_path / "link"))
     assert giver("open") == handed  # the remembered descriptor is a file now
     assert holder_of(taker, "second") == taker.pid
 
@@ -206,13 +213,7 @@ def test_a_socket_whose_holder_ended_and_whose_pid_was_taken_names_its_new_holde
     # As above, and the process that held it ends; another takes its pid and opens files at
     # the remembered descriptor numbers: only the one that holds the socket now is named.
     giver, taker = actors(), actors()
-    link = str(tmp_path / "link")
-    giver("connect", "first")
-    handed = giver("connect", "second")
-    assert holder_of(giver, "first") == giver.pid
-    taker("listen", link)
-    giver("give", "second", link)
-    taker("take", "second")
+    handed = handed_on(giver, taker, str(tmp_path / "link"))
     giver.stop()
     newcomer = reuse_pid(giver.pid)
     if newcomer is None:
