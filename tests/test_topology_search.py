@@ -73,3 +73,5 @@ def test_a_matrix_that_lacks_a_link_covers_only_the_devices_it_links():
     assert not usable(partial, [found[1], found[3]])  # 3 is not in the matrix at all
     whole = host({(0, 1): "NV4", (0, 2): "PIX", (1, 2): "PIX"})
     assert usable(whole, found[:3]) and not usable(whole, found)
+    assert not usable(whole, [found[3], found[0]])  # whichever comes first
+    assert not usable(whole, [found[3]])  # a device the whole matrix does not name
