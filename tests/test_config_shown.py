@@ -193,3 +193,40 @@ def test_the_help_says_what_is_shown_in_what_order_and_the_exit_status(capsys):
         "used (the file, line and key named).",
     ):
         assert words in said, (words, said)
+
+
+def test_the_json_is_indented_by_one(environ):
+    status, text = run(["--json"])
+    assert status == 0 and text == json.dumps(json.loads(text), indent=1) + "\n"
+
+
+def file_of_length(tmp_path, length):
+    """A configuration file whose path is `length` characters long (folders of 200)."""
+    folder = str(tmp_path)
+    while length - len(folder) - 1 > 250:
+        folder = os.path.join(folder, "d" * 200)
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "f" * (length - len(folder) - 1))
+    with open(path, "w", encoding="utf-8") as file:
+        file.write("port = 9004\n")
+    return path
+
+
+def test_a_line_is_shown_whole_up_to_1000_characters_then_cut(tmp_path, environ, capsys):
+    header = "# configuration file: "
+    whole, cut = (file_of_length(tmp_path / str(n), 1000 - len(header) + n) for n in (0, 1))
+    assert run(["--config", whole])[1].splitlines()[0] == header + whole
+    assert run(["--config", cut])[1].splitlines()[0] == (header + cut)[:1000] + "..."
+    setting = 'flag --nvidia-smi  nvidia-smi = "'  # the widest origin: the flag's
+    for extra, shown_line in ((0, lambda line: line), (1, lambda line: line[:1000] + "...")):
+        smi = "/" + "s" * (1000 - len(setting) - 2 + extra)
+        line = f'{setting}{smi}"'
+        assert len(line) == 1000 + extra
+        assert shown_line(line) in run(["--nvidia-smi", smi])[1].splitlines()
+    prefix = "patroller config: error: "
+    for extra in (0, 1):
+        port = "x" * (1000 - len("--port: '' is not a port number (0-65535)") + extra)
+        assert run(["--port", port]) == (2, "")
+        said = capsys.readouterr().err
+        message = f"--port: '{port}' is not a port number (0-65535)"
+        assert said == prefix + (message if extra == 0 else message[:1000] + "...") + "\n"
