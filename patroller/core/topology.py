@@ -285,7 +285,8 @@ def _seeds(
 ) -> list[tuple[Device, list[Device]]]:
     """Where the greedy searches start, each with the free peers it grows among: one device
     of each kind (twins search alike), those whose `count - 1`-th strongest free link is
-    strongest first (no set holding a device is linked better than that), at most `seeds`."""
+    strongest first (no set holding a device is linked better than that), then as the choice's
+    ties go (the user's last, then the longest released), at most `seeds`."""
     kinds: dict[int, tuple[tuple[object, ...], Device]] = {}
     for uuid, device in pool.items():
         kind = topology.kind(uuid)
@@ -298,7 +299,7 @@ def _seeds(
                 if seen == count - 1:
                     bound = strength_
                     break
-        kinds[kind] = ((-bound, prefs[uuid][0], -prefs[uuid][1], device.number), device)
+        kinds[kind] = ((-bound, prefs[uuid][0], prefs[uuid][1], device.number), device)
     ranked = sorted(kinds.values(), key=lambda k: k[0])[: search.seeds]
     return [
         (device, _near(topology, device.uuid, pool, max(search.near, count - 1)))
