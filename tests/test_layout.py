@@ -47,6 +47,7 @@ LEAVES: dict[str, tuple[str, ...]] = {
     "patroller.hosts": (),  # one reader of host lists, for the client side and the daemon
     "patroller.answers": (),  # another host's answers checked, for both fleet views
     "patroller.safetext": (),  # text others chose, written out safely, for every command
+    "patroller.background": (),  # background threads at a lower CPU priority than serving
     "patroller.client": ("patroller.durations",),
     "patroller.cli": (
         "patroller.client",
@@ -78,6 +79,7 @@ THIRD_PARTY: dict[str, set[str]] = {
     "patroller.hosts": set(),
     "patroller.answers": set(),
     "patroller.safetext": set(),
+    "patroller.background": set(),
     "patroller.client": set(),
     "patroller.cli": {"tomli"},  # Python 3.10's tomllib
     "patroller.simulator": set(),
@@ -238,6 +240,7 @@ def test_imports_go_down_the_layers_and_leaves_stay_apart(module):
                 "patroller.hosts",
                 "patroller.answers",
                 "patroller.safetext",
+                "patroller.background",
                 "patroller.cli",
             ), f"{where}: the daemon does not import {other}"
             # the entry point hands words to the command line; the manual reads its parser

@@ -19,6 +19,7 @@ from datetime import timezone
 import pytest
 from helpers import need_root
 
+from patroller import background
 from patroller.config import Config
 from patroller.core.errors import Unavailable
 from patroller.core.usage import GpuSample, Party, Present
@@ -282,7 +283,7 @@ def test_reports_are_read_in_a_thread_that_yields_the_cpu_to_serving(tmp_path):
             if t.native_id is not None
         }
         readers = [value for name, value in nice.items() if name.startswith("usage-reader")]
-        assert readers == [13], nice
+        assert readers == [max(13, nice["MainThread"])], nice
         assert nice["MainThread"] == os.getpriority(os.PRIO_PROCESS, 0)
         assert all(
             value != 13 for name, value in nice.items() if not name.startswith("usage-reader")
@@ -318,7 +319,7 @@ def test_a_report_by_two_keys_asked_first_is_read_in_the_same_thread_at_the_same
         wait(lambda: store.intervals == 1)
         before = set(threading.enumerate())
         grouped, threads, plain = asyncio.run(both(store))
-        assert threads == {"usage-reader_0": 13}
+        assert threads == {"usage-reader_0": max(13, os.getpriority(os.PRIO_PROCESS, 0))}
         assert {n: v for n, v in started().items() if n.startswith("usage")} == threads
     for totals in grouped:
         assert {(keys, category): seconds for keys, _, category, seconds in totals.rows} == {
@@ -353,9 +354,10 @@ def without_cap_sys_nice():
     assert libc.capset(ctypes.byref(header), data) == 0, os.strerror(ctypes.get_errno())
 
 
-def test_a_reader_that_may_not_lower_its_niceness_says_so_and_reads(tmp_path, caplog):
-    """A daemon at niceness 19 without CAP_SYS_NICE (nor RLIMIT_NICE room) cannot take the
-    reports' 13: the reader keeps the daemon's, says so once, and reads."""
+def test_a_daemon_started_nicer_keeps_its_reader_there_and_reads(tmp_path, caplog):
+    """A daemon started at niceness 19 (without CAP_SYS_NICE, nor RLIMIT_NICE room, as a user
+    would start it) asks its reports' thread for 13: the thread keeps the daemon's 19, never
+    above it, reads, and has nothing to say."""
     now, found = time.time(), {}
     soft, hard = resource.getrlimit(resource.RLIMIT_NICE)
 
@@ -374,7 +376,7 @@ def test_a_reader_that_may_not_lower_its_niceness_says_so_and_reads(tmp_path, ca
         with store_in(tmp_path, usage_report_nice=13) as store:
             store.put(now, interval())
             wait(lambda: store.intervals == 1)
-            with caplog.at_level(logging.INFO, logger="patroller.state.usage.reader"):
+            with caplog.at_level(logging.INFO, logger="patroller.background"):
                 thread = threading.Thread(target=daemon, args=(store,))
                 thread.start()
                 thread.join(30)
@@ -382,8 +384,28 @@ def test_a_reader_that_may_not_lower_its_niceness_says_so_and_reads(tmp_path, ca
         resource.setrlimit(resource.RLIMIT_NICE, (soft, hard))
     assert found["nice"] == {"usage-reader_0": 19}
     assert by_category(found["totals"])[("alice", "active")] == 30.0
+    assert records(caplog, logging.INFO, "priority") == []
+
+
+def test_a_thread_whose_priority_cannot_be_lowered_says_so_once_and_goes_on(monkeypatch, caplog):
+    """Linux always lets a thread lower its own priority; where the system refuses (another
+    kernel, a seccomp profile: refused here by hand, as it cannot be for real), the thread keeps
+    the daemon's, and each kind of thread says so once."""
+
+    def refused(*args):
+        raise PermissionError(13, "Permission denied")
+
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    monkeypatch.setattr(os, "setpriority", refused)
+    monkeypatch.setattr(os, "getpriority", lambda which, who: 0)  # a daemon at 0
+    with caplog.at_level(logging.INFO, logger="patroller.background"):
+        for _ in range(3):
+            assert not background.lower_priority(19, "the test's thread")
+        assert not background.lower_priority(0, "another thread")  # there already: not tried
+    monkeypatch.undo()
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base
     assert records(caplog, logging.INFO, "priority") == [
-        "the usage reports' thread keeps the daemon's priority: [Errno 13] Permission denied"
+        "the test's thread keeps the daemon's priority: [Errno 13] Permission denied"
     ]
 
 

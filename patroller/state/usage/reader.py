@@ -35,7 +35,6 @@ import json
 import logging
 import os
 import sqlite3
-import threading
 import time
 import urllib.parse
 from collections.abc import AsyncIterator
@@ -45,6 +44,7 @@ from typing import Any
 
 from cachetools import LRUCache
 
+from patroller import background
 from patroller.config import Config
 from patroller.core.errors import BadRequest, TooManyReports, Unavailable
 from patroller.durations import describe
@@ -244,12 +244,7 @@ class Reader:
 
     def _lower_priority(self) -> None:
         """In the reader thread: yield the CPU to serving (Config.usage_report_nice)."""
-        try:
-            os.setpriority(
-                os.PRIO_PROCESS, threading.get_native_id(), self.config.usage_report_nice
-            )
-        except OSError as exc:  # not allowed here: reports run at the daemon's priority
-            log.info("the usage reports' thread keeps the daemon's priority: %s", exc)
+        background.lower_priority(self.config.usage_report_nice, "the usage reports' thread")
 
     def _wait_idle(self, delay: float | None = None) -> None:
         """On the loop: let the connection go once no report came for usage_reader_idle s."""
