@@ -220,7 +220,7 @@ def _one_daemon(
 
         def measured(storm: bool) -> dict[str, Any]:
             process.send_signal(signal.SIGUSR1 if storm else signal.SIGUSR2)
-            time.sleep(1.0)  # the storm under way again, or its last tick over
+            time.sleep(0.5)  # the storm under way again (a tick every 10 ms), or its last over
             return _measured(process.pid, base, seconds)
 
         found = []

@@ -138,8 +138,8 @@ def memory(
     daemon: Daemon, days: int, seconds: float, marks: tuple[int, ...] = (1, 15, 30)
 ) -> dict[str, Any]:
     """bench/reportmemory.py's burst, with the machine's load; what stays above idle the last
-    of `marks` seconds after (30; 15 in quick mode: past the reader's letting go at 10 s, and
-    RSS only falls after it, so a figure at 15 s is no better than one at 30 s)."""
+    of `marks` seconds after (30; 12 in quick mode: past the reader's letting go at 10 s, and
+    RSS only falls after it, so a figure at 12 s is no better than one at 30 s)."""
     before = load()
     found = reportmemory.measure(daemon, days, 8, seconds, marks)
     found["load"] = [before, load()]
@@ -191,7 +191,7 @@ def measure(
     for key, environment in allocators if whole else allocators[:1]:
         daemon = started(directory, environment)
         try:
-            results[key] = memory(daemon, days, burst, (1, 15, 30) if whole else (1, 15))
+            results[key] = memory(daemon, days, burst, (1, 15, 30) if whole else (1, 12))
         finally:
             daemon.stop()
     return results
