@@ -84,6 +84,10 @@ def test_an_unknown_key_is_named_with_its_line_and_the_closest_name(tmp_path):
     assert refusal(path) == (
         f"{path}:1: unknown key 'zzzz'; the keys are the long flags' names (patroller --help)"
     )
+    # a control character in a key is escaped once, as the user would write it
+    path = written(tmp_path, '"\\u001b[31mprot" = 1\n')
+    said = refusal(path)
+    assert "\x1b" not in said and ": unknown key '\\x1b[31mprot'; the keys are" in said
 
 
 def test_a_wrong_type_is_named_with_its_line_and_what_was_expected(tmp_path):

@@ -125,7 +125,7 @@ def unknown(key: str, keys: Mapping[str, str]) -> str:
         if close
         else "the keys are the long flags' names (patroller --help)"
     )
-    return f"unknown key {printable(key)!r}; {hint}"
+    return f"unknown key '{printable(key)}'; {hint}"  # escaped once (repr would again)
 
 
 def _text(path: str) -> str:
