@@ -158,7 +158,7 @@ def run(
             if allowed is not None and took > allowed:
                 against += " (over its budget)"
             log(
-                f"{name} took {took:.0f} s{against}"
+                f"{name} took {took:.1f} s{against}"
                 + "".join(
                     f"; {how}: {results[name][how]}"
                     for how in NOT_RUN
@@ -826,7 +826,7 @@ def over_budget(report: dict[str, Any]) -> str:
         return ""
     total = sum(step["seconds"] for step in steps.values())
     over = [
-        f"{name} {step['seconds']:.0f} s of {step['budget_s']}"
+        f"{name} {step['seconds']:.1f} s of {step['budget_s']}"
         for name, step in steps.items()
         if step["budget_s"] is not None and step["seconds"] > step["budget_s"]
     ]
