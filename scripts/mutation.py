@@ -1,7 +1,7 @@
 """The mutation run: mutmut on the scope of pyproject.toml's [tool.mutmut], then the score.
 
-    scripts/mutation.sh [--fresh | --missed | --resume | --sample N [--seed S]] [--jobs N] [SCOPE
-...]
+    scripts/mutation.sh [--fresh | --missed | --resume | --sample N [--seed S] [--again]]
+                        [--jobs N] [SCOPE ...]
     .venv/bin/python scripts/mutation.py score [--modules] [SCOPE ...]  (the last runs' score)
 
 SCOPE is a package or a module of the scope, as a path under patroller/ (`core`, `state`,
@@ -16,6 +16,9 @@ mutant of SCOPE (less the equivalent ones), whatever the runs before did with th
 those of them not yet tested; the draw and each drawn mutant's result are kept in
 scripts/mutation-sample.json, in git: the same command again goes on with those left, and the
 score estimates the whole SCOPE's by the drawn mutants tested, with its 95% interval (Wilson's).
+`--again` with the recorded `--sample N --seed S` tests again the drawn mutants it missed, at
+the code and tests of now (the draw kept as it was): the estimate of tests added since that
+were not written against that draw's survivors, at the cost of that draw's misses alone.
 A whole run takes hours here (the mutants mutmut reaches last are those that many tests run,
 tens of seconds each), and a run stopped early has tested only the quickest: only the sample's
 figure speaks for the whole scope.
@@ -46,6 +49,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import tomllib
 
@@ -332,6 +336,37 @@ def merge_sample(
     return record
 
 
+def again(seed: int, found: dict[str, tuple[str, object]]) -> list[str]:
+    """`--sample N --seed S --again`: the drawn mutants the record says were missed, marked
+    untested so that the run tests them again at the code and tests as they are now; what each
+    was is kept in the record (`again`: where, and the result before), the draw is not made
+    anew (the population moves with the code: its fingerprint would replace the record). A
+    drawn name mutants/ no longer holds keeps its result; the ones caught stay caught (tests
+    are added, not taken away; a function changed since has its mutants numbered anew, so its
+    names may stand for other faults of it). Tests written after the draw against its own
+    survivors make the estimate biased: use it only where they were not."""
+    record: dict[str, Any] | None = read_sample()
+    if record is None or record.get("seed") != seed:
+        raise SystemExit(f"--again: no sample of seed {seed} recorded in {SAMPLE}")
+    drawn: dict[str, object] = record["results"]
+    aside = set(record.get("aside", [])) | set(equivalents())
+    before = {
+        name: code
+        for name, code in drawn.items()
+        if code not in CAUGHT and code not in UNTESTED and name not in aside and name in found
+    }
+    if before:
+        earlier: dict[str, object] = record.get("again", {}).get("before", {})
+        record = {
+            **record,
+            "results": {**drawn, **dict.fromkeys(before)},
+            "again": {"at": git_head(), "before": {**before, **earlier}},
+        }
+        write_sample(record)
+    names: list[str] = record["names"]
+    return [name for name in names if record["results"][name] in UNTESTED and name in found]
+
+
 def git_head() -> str:
     done = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"],
@@ -393,6 +428,14 @@ def estimate(record: dict[str, object], set_aside: dict[str, str]) -> list[str]:
             f"counted as missed (a floor): caught {floor}: "
             f"{100.0 * floor / len(counted):.1f}%, 95% interval "
             f"{100 * low:.1f}-{100 * high:.1f}% (Wilson)"
+        )
+    if "again" in record:
+        retested: dict[str, Any] = record["again"]  # type: ignore[assignment]
+        now = sum(drawn[name] in CAUGHT for name in retested["before"])
+        lines.append(
+            f"  {len(retested['before'])} of them missed at {record['commit']} tested again at "
+            f"{retested['at']}: {now} caught now (those caught at the draw counted as caught "
+            f"still)"
         )
     by_package: dict[str, list[int]] = {}
     for name in tested:
@@ -460,7 +503,9 @@ def run(args: argparse.Namespace, settings: dict) -> int:
                 f"{flag}: no earlier run in mutants/ (a plain run makes the "
                 f"mutants: scripts/mutation.sh --fresh doctor/results.py)"
             )
-        if args.sample:
+        if args.sample and args.again:
+            patterns = again(args.seed, results())
+        elif args.sample:
             record = draw(args.scope, settings, args.sample, args.seed)
             patterns = [
                 name
@@ -519,6 +564,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=1, help="of the --sample draw (default 1)")
     parser.add_argument(
+        "--again",
+        action="store_true",
+        help="with --sample: test again the drawn mutants the record says were missed",
+    )
+    parser.add_argument(
         "--modules", action="store_true", help="score: a line for each module, not each package"
     )
     parser.add_argument(
@@ -530,6 +580,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_intermixed_args(argv)
     if sum((args.fresh, args.missed, args.resume, bool(args.sample))) > 1:
         parser.error("--fresh, --missed, --resume and --sample go alone")
+    if args.again and not args.sample:
+        parser.error("--again goes with --sample N --seed S")
     if args.command == "run" and os.environ.get("CI") == "true":
         # the engine-free suite skips tests, which CI must never do (tests/conftest.py)
         raise SystemExit("a mutation run leaves the engines' tests out: not under CI=true")

@@ -1,6 +1,7 @@
 #!/bin/sh
 # The mutation run, in one command (docs/development.md, "Mutation testing"):
-#   scripts/mutation.sh [--fresh | --missed | --resume | --sample N [--seed S]] [--jobs N] [SCOPE ...]
+#   scripts/mutation.sh [--fresh | --missed | --resume | --sample N [--seed S] [--again]]
+#                       [--jobs N] [SCOPE ...]
 # SCOPE: core, state, identify, core/leases, observe/jobmap.py, ... (paths under patroller/);
 # none: the whole scope of pyproject.toml's [tool.mutmut]. mutmut comes from the `mutation`
 # extra, installed into .venv (made by tests/setup.sh) on the first run. --jobs (default 2, or

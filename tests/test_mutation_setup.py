@@ -355,3 +355,48 @@ def test_every_score_is_printed_beside_the_counts_tested_and_untested(
     assert out[3].endswith("(3 untested)")
     mutation.score(["answers.py"], mutation.config(), by_module=True)
     assert capsys.readouterr().out.splitlines()[1].startswith("answers.py ")
+
+
+def test_again_tests_the_draws_misses_anew_and_keeps_the_draw(tmp_path, monkeypatch, capsys):
+    # a draw of 20 from 40 mutants, all tested: some missed. The code moves (a mutant more: the
+    # population's fingerprint changes, which would make a plain --sample draw anew); --again
+    # keeps the draw, marks its misses untested (what they were kept), and the next results of
+    # those alone count, a name mutants/ no longer holds keeping its own
+    mutants = tmp_path / "mutants"
+    hiding = mutants / "patroller" / "http" / "hiding.py.meta"
+    hiding.parent.mkdir(parents=True)
+    h = "patroller.http.hiding.x_status__mutmut_"
+    codes = {h + str(n): (0 if n % 4 == 0 else 1) for n in range(40)}
+    hiding.write_text(json.dumps({"exit_code_by_key": codes}))
+    monkeypatch.setattr(mutation, "MUTANTS", str(mutants))
+    monkeypatch.setattr(mutation, "SAMPLE", str(tmp_path / "sample.json"))
+    settings = mutation.config()
+    record = mutation.draw(["http/hiding.py"], settings, 20, seed=3)
+    names = record["names"]
+    missed = [n for n in names if codes[n] == 0]
+    assert missed and all(record["results"][n] == 0 for n in missed)
+    gone = missed[0]  # its function changed: mutants/ holds it no more
+    now = {n: None for n in codes if n != gone} | {h + "40": None}
+    hiding.write_text(json.dumps({"exit_code_by_key": now}))
+    with pytest.raises(SystemExit):  # no record of that seed
+        mutation.again(4, mutation.results())
+    assert mutation.again(3, mutation.results()) == missed[1:]  # in the draw's order
+    kept = json.loads((tmp_path / "sample.json").read_text())
+    assert kept["names"] == names and kept["results"][gone] == 0
+    assert kept["again"]["before"] == dict.fromkeys(missed[1:], 0)
+    assert all(kept["results"][n] is None for n in missed[1:])
+    # a second --again before the run ends: the same left, what they were at the draw kept
+    assert mutation.again(3, mutation.results()) == missed[1:]
+    assert json.loads((tmp_path / "sample.json").read_text())["again"] == kept["again"]
+    # the run: the first of them caught now, the rest still missed
+    now |= {n: 0 for n in missed[1:]} | {missed[1]: 1}
+    hiding.write_text(json.dumps({"exit_code_by_key": now}))
+    mutation.score(["http/hiding.py"], settings)
+    out = capsys.readouterr().out
+    caught = 20 - len(missed) + 1
+    assert f"the first 20 of the draw, all tested: caught {caught} of 20: " in out
+    assert f"  {len(missed) - 1} of them missed at " in out and ": 1 caught now (" in out
+    assert f"sampled, survived: {gone}" in out and f"sampled, survived: {missed[1]}" not in out
+    with pytest.raises(SystemExit) as refused:  # --again only with --sample
+        mutation.main(["run", "--again"])
+    assert refused.value.code == 2
