@@ -39,6 +39,29 @@ def test_a_gpu_whose_index_changed_is_shown_at_its_new_one(tmp_path):
     assert db.execute("SELECT COUNT(*) FROM gpus").fetchone() == (2,)
 
 
+def test_each_gpu_of_an_interval_has_its_seconds_by_hour_and_by_day(tmp_path):
+    db = fresh(tmp_path / "u.sqlite3")
+    keys = tables.Keys()
+    tables.write_interval(db, keys, AT, interval())
+    tables.write_interval(db, keys, AT + 60, interval(seconds=30.0))  # the same hour: added
+    hour, day = (AT - 60) // HOUR * HOUR, (AT - 60) // 86400 * 86400
+    totals = (
+        "SELECT {0}, uuid, category, COALESCE(user, ''), seconds FROM {1} "
+        "JOIN gpus ON gpus.id = gpu LEFT JOIN parties ON parties.id = party ORDER BY 2, 3"
+    )
+    expected = [
+        ("GPU-a", "active", "alice", 45.0),  # computing half of 60 s and of 30 s
+        ("GPU-a", "idle_held", "alice", 45.0),
+        ("GPU-b", "free", "", 90.0),
+    ]
+    assert db.execute(totals.format("hour", "hourly")).fetchall() == [
+        (hour, *row) for row in expected
+    ]
+    assert db.execute(totals.format("day", "daily")).fetchall() == [
+        (day, *row) for row in expected
+    ]
+
+
 def test_an_interval_that_fails_is_rolled_back_and_the_next_is_written(tmp_path):
     db = fresh(tmp_path / "u.sqlite3")
     keys = tables.Keys()

@@ -99,6 +99,9 @@ class Keys:
     def party(self, db: sqlite3.Connection, party: Party | None) -> int | None:
         if party is None:
             return None
+        known = self.parties.get(party)  # a party remembered is cut already: no need to cut
+        if known is not None:
+            return known
         party = cut_party(party)
         if party == NOBODY:
             return 0  # the row every file has (schema.py)

@@ -24,6 +24,8 @@ ADD_DAILY = (
     "ON CONFLICT (day, gpu, category, party) "
     "DO UPDATE SET seconds = seconds + excluded.seconds"
 )
+# one encoder for every interval (json.dumps with separators makes a new one each call)
+_PROCESSES = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def write_interval(
@@ -32,6 +34,7 @@ def write_interval(
     """One interval's samples, ending at `at` (epoch seconds), and their GPU-seconds by hour,
     category and party, in one transaction: all of them or none. The rows written."""
     keys.interval()
+    hourly: list[tuple[int, int, str, int | None, float]] = []
     db.execute("BEGIN IMMEDIATE")
     try:
         for sample in samples:
@@ -57,7 +60,7 @@ def write_interval(
                     sample.hold,
                     keys.party(db, sample.holder),
                     int(sample.reserved),
-                    json.dumps(processes, separators=(",", ":")),
+                    _PROCESSES(processes),
                     sample.readings,
                     sample.busy,
                     sample.sm_mean,
@@ -70,10 +73,13 @@ def write_interval(
             )
             # counted in the hour its interval began
             hour = int((at - sample.seconds) // HOUR * HOUR)
-            for category, party, seconds in classify(sample):
-                row = (hour, gpu, category, keys.party(db, party), seconds)
-                db.execute(ADD_HOURLY, row)
-                db.execute(ADD_DAILY, (hour - hour % DAY, *row[1:]))
+            hourly.extend(
+                (hour, gpu, category, keys.party(db, party), seconds)
+                for category, party, seconds in classify(sample)
+            )
+        # the totals in two statements for the whole interval (a row twice adds up, as before)
+        db.executemany(ADD_HOURLY, hourly)
+        db.executemany(ADD_DAILY, [(hour - hour % DAY, *row) for hour, *row in hourly])
         db.execute("COMMIT")
     except BaseException:
         keys.clear()
