@@ -5,6 +5,7 @@ files; `check_notifications` over the facts it found (pure)."""
 
 import os
 import sys
+from dataclasses import replace
 
 from patroller.config import Config
 from patroller.doctor.notifications import (
@@ -111,3 +112,7 @@ def test_the_terminals_are_not_looked_at_unless_asked(tmp_path, monkeypatch):
     assert facts == NotifyFacts(1, shown=(shown,))  # no word of the terminals
     monkeypatch.setitem(sys.modules, "apprise", None)  # what Python says of a package not there
     assert probe_notifications(config) == NotifyFacts(1, apprise=False)
+    asked = replace(config, notify_terminal=True)
+    assert probe_notifications(asked) == NotifyFacts(
+        1, apprise=False, utmp=f"{tmp_path / 'utmp'} cannot be read ({os.strerror(2)})"
+    )

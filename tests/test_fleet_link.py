@@ -163,9 +163,13 @@ async def test_a_kept_connection_the_host_closed_while_idle_is_asked_again_on_a_
     host = Host(sized(b"1"), sized(b"2"), closes=(0,))  # closed after a keep-alive answer
     async with hosting(host) as link:
         assert (await ask(link)).body == b"1"
-        await asyncio.sleep(0)  # the close reaches the link or not: it asks again either way
-        assert (await ask(link)).body == b"2"
+        # the link reads nothing while idle: it learns of the close by asking
+        reply = await ask(link, "/devices", {"If-None-Match": '"7"'})
+        assert reply.body == b"2"
+        assert link.opened == 2
     assert host.connections == 2
+    assert [head[0] for head in host.heads] == ["GET /status HTTP/1.1", "GET /devices HTTP/1.1"]
+    assert host.heads[1][-1] == 'If-None-Match: "7"'  # the same request, asked again whole
 
 
 @async_test
