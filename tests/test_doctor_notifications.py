@@ -86,6 +86,20 @@ def test_terminals_without_login_records_add_their_fix_to_an_ok_answer(tmp_path)
     )
 
 
+def test_without_apprise_or_login_records_both_fixes_are_given():
+    facts = NotifyFacts(1, apprise=False, utmp="/run/utmp cannot be read (Permission denied)")
+    config = Config(notify=("json://x/",), notify_terminal=True, notify_utmp="/run/utmp")
+    assert check_notifications(facts, config) == Result(
+        NAME,
+        "degraded",
+        "off: 1 --notify destination(s) given, but Apprise is not installed: nobody is told of "
+        "anything; terminals: on, but /run/utmp cannot be read (Permission denied): no user's "
+        "terminal is found",
+        f"{EXTRA}; logins are recorded in /run/utmp where users log in on this host (sshd, "
+        "login); without it no terminal is found",
+    )
+
+
 def test_a_refused_url_fails_alone_whatever_the_terminals():
     config = Config(notify=("bogus://x",), notify_terminal=True, notify_utmp="/nonexistent")
     facts = probe_notifications(config)
