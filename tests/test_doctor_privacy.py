@@ -32,17 +32,18 @@ def test_the_modes_read_are_the_regular_files_and_links_and_folders_are_passed_o
     os.chmod(state, 0o705)
     book = made(state / "leases.json", 0o604)
     made(state / "pseudonyms.key", 0o600)
+    made(state / "usage.sqlite3", 0o600)
     outside = made(tmp_path / "outside", 0o666)
     os.symlink(outside, state / "link")  # not followed: the daemon passes links over
     (state / "folder").mkdir(mode=0o777)
     audit = made(tmp_path / "audit.jsonl", 0o640)
     assert probe_privacy(str(state), audit) == PrivacyFacts(
-        str(state), audit, ((str(state), 0o705),), ((book, 0o604), (audit, 0o640)), 3
+        str(state), audit, ((str(state), 0o705),), ((book, 0o604), (audit, 0o640)), 4
     )
     os.chmod(state, 0o700)
     os.chmod(book, 0o600)
     assert probe_privacy(str(state), audit) == PrivacyFacts(
-        str(state), audit, (), ((audit, 0o640),), 3
+        str(state), audit, (), ((audit, 0o640),), 4
     )
 
 

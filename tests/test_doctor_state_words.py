@@ -11,6 +11,7 @@ import time
 
 from patroller.config import Config
 from patroller.doctor.places import (
+    READ_ONLY,
     StateFacts,
     check_book,
     check_state,
@@ -65,6 +66,32 @@ def test_a_state_directory_that_cannot_be_made_fails_saying_why():
         "choose another --state-dir, or make it writable (read-only mount? under systemd: "
         "StateDirectory=patroller)",
     )
+
+
+def test_a_state_directory_not_trusted_or_not_writable_is_said_so():
+    untrusted = StateFacts("/s", untrusted=("the state directory /s is a link", "do this"))
+    assert check_state(untrusted, Config()) == Result(
+        STATE, "failed", "the state directory /s is a link", "do this"
+    )
+    assert check_book(untrusted) == Result(BOOK, "ok", "none (see the state directory)")
+    assert check_state(StateFacts("/s", exists=True, unwritable="No space"), Config()) == Result(
+        STATE,
+        "failed",
+        "/s is not writable: No space",
+        "choose another --state-dir, or make it writable (read-only mount? under systemd: "
+        "StateDirectory=patroller)",
+    )
+    for facts, said in (
+        (StateFacts("/s", exists=True, unwritable=READ_ONLY), "/s is not writable"),
+        (StateFacts("/s/new", made_in="/s", unwritable=READ_ONLY), "/s/new cannot be made in /s"),
+    ):
+        assert check_state(facts, Config()) == Result(
+            STATE,
+            "degraded",
+            f"{said}: {READ_ONLY}: the daemon reads the lease book at start and writes nothing "
+            "there: reservations do not survive a restart, and no usage history is kept",
+            "mount it read-write, or choose another --state-dir",
+        )
 
 
 def test_a_writable_state_directory_is_written_to_and_left_as_it_was(tmp_path):
