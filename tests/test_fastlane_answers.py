@@ -64,7 +64,9 @@ def test_a_head_asked_again_is_answered_again_with_what_changed_since():
     routes = Routes()
     lane = routes.lane()
     first = lane.answer(STATUS)
-    assert first is not None and lane.answer(STATUS) == first
+    again = lane.answer(STATUS)
+    # remembered whole while nothing changed: the same bytes, not built again for each poll
+    assert first is not None and again is not None and again[0] is first[0]
     routes.bodies["/status"] = b'{"a": 22}'  # a new body, the same header lines
     answered = lane.answer(STATUS)
     assert answered is not None and answered[0].endswith(b'Content-Length: 9\r\n\r\n{"a": 22}')
@@ -73,6 +75,17 @@ def test_a_head_asked_again_is_answered_again_with_what_changed_since():
     assert answered is not None and b"X-Devices-ETag: 8\r\n" in answered[0]
     assert b"X-Devices-ETag: 7" not in answered[0]
     assert len(routes.counted) == 4
+
+
+def test_a_route_decides_by_the_connection_it_is_asked_on():
+    known = object()
+    lane = FastLane(
+        {"/status": lambda connection: b"{}" if connection is known else None},
+        lambda path, status: None,
+        60.0,
+    )
+    assert lane.answer(STATUS, object()) is None  # its answer depends on who asks
+    assert lane.answer(STATUS, known) == (HEAD + b"Content-Length: 2\r\n\r\n{}", False)
 
 
 def test_a_route_that_declines_or_a_head_that_is_not_plain_goes_to_tornado_uncounted():
