@@ -235,6 +235,10 @@ def test_the_locks_holder_is_the_flock_on_the_lock_file_not_a_waiter_or_another_
         f"no {FILE} yet: written at the first change; patroller pid 4242 holds its directory "
         "(a second one there would not start)",
     )
+    ours = StateFacts(str(state), exists=True, book="2 device(s) held", holder=os.getpid())
+    assert check_book(ours) == Result(
+        BOOK, "ok", "2 device(s) held; this daemon holds its directory"
+    )
     bad = StateFacts(str(state), exists=True, bad_book="why", holder=4242)
     assert check_book(bad).detail == (
         "why: it is set aside at start, and the reservations in it are lost; patroller pid "
