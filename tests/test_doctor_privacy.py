@@ -104,6 +104,14 @@ def test_four_open_ones_are_all_named_and_a_fifth_is_counted():
         "/s is mode 755; /s/f0 is mode 644; /s/f1 is mode 644; /s/f2 is mode 644 and 1 more" + WHY,
         "chmod 700 /s; chmod 600 /s/f0 /s/f1 /s/f2 /s/f3" + AFTER,
     )
+    five = files + (("/s/f4", 0o640),)
+    assert check_privacy(PrivacyFacts("/s", None, (), five, 5)) == Result(
+        NAME,
+        "failed",
+        "/s/f0 is mode 644; /s/f1 is mode 644; /s/f2 is mode 644; /s/f3 is mode 644 and 1 more"
+        + WHY,
+        "chmod 600 /s/f0 /s/f1 /s/f2 /s/f3 ..." + AFTER,
+    )
     assert check_privacy(PrivacyFacts("/s", None, (("/s", 0o701),))) == Result(
         NAME, "failed", "/s is mode 701" + WHY, "chmod 700 /s" + AFTER
     )
