@@ -41,6 +41,18 @@ def test_each_state_of_an_engine_is_said_with_what_to_do():
         "E", "ok", f"not there ({AT}): none runs here"
     )
     assert check_engine("E", None, "e.service", "--e") == Result("E", "ok", "not asked (--e none)")
+    assert check_engine("E", Knock(AT, "answered", version="Docker 27"), "e", "--e") == Result(
+        "E", "ok", f"{AT}: Docker 27"
+    )
+    assert check_engine("E", Knock(AT, "refused", "Connection refused"), "e.service", "--e") == (
+        Result(
+            "E",
+            "degraded",
+            f"{AT}: its socket is there but nobody answers: stopped (Connection refused)",
+            "start it (systemctl start e.service); meanwhile its containers' processes are "
+            "shown by their host account and container id",
+        )
+    )
 
 
 def test_the_users_engines_are_counted_and_the_first_three_answering_named():
@@ -59,6 +71,9 @@ def test_the_users_engines_are_counted_and_the_first_three_answering_named():
         "7 found; uid 1000: Docker 0; uid 1001: Docker 1; uid 1002: Docker 2; 2 not answering, "
         "uid 1010's at unix:///u10: not ours to connect to (Permission denied)",
         "run Patroller as root (or in the socket's group)",
+    )
+    assert check_users_engines("R", None, template, "--r", "u") == Result(
+        "R", "ok", "not asked (--r none)"
     )
     assert check_users_engines("R", [], template, "--r", "u") == Result(
         "R", "ok", "none running (none at /run/user/{uid}/docker.sock)"

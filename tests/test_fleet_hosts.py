@@ -8,7 +8,7 @@ from tornado.iostream import StreamClosedError
 
 from patroller import answers
 from patroller.config import Config
-from patroller.http.fleet import FAILED, REFUSED, SILENT, Fleet, Host, NotPatroller
+from patroller.http.fleet import FAILED, REFUSED, SILENT, Fleet, Host, NotPatroller, cut
 from patroller.http.fleetlink import Cut, Silent
 
 GPUS = [{"free": True}, {"free": False}, {"free": True}]
@@ -72,10 +72,26 @@ def test_each_failure_of_an_asking_is_said_in_its_own_words():
         FAILED,
         "bad answer: /status did not answer JSON: is it a Patroller daemon?",
     )
-    for cut in (Cut([]), StreamClosedError()):
-        assert fleet.trouble(cut) == (FAILED, "the connection closed before the answer ended")
+    for closed in (Cut([]), StreamClosedError()):
+        assert fleet.trouble(closed) == (FAILED, "the connection closed before the answer ended")
     unreachable = OSError(errno.EHOSTUNREACH, "No route to host")
     assert fleet.trouble(unreachable) == (FAILED, "No route to host")
     assert fleet.trouble(OSError("resolver: no such host")) == (FAILED, "resolver: no such host")
     assert fleet.trouble(OSError()) == (FAILED, "OSError")
     assert fleet.trouble(TimeoutError()) == (FAILED, "TimeoutError")
+    assert fleet.trouble(ConnectionRefusedError(errno.ECONNREFUSED, "refused")) == (
+        REFUSED,
+        "connection refused",
+    )
+    assert fleet.trouble(RuntimeError("it broke")) == (FAILED, "it broke")
+    assert fleet.trouble(RuntimeError()) == (FAILED, "RuntimeError")
+
+
+def test_a_length_is_read_from_any_line_of_the_head_and_whole():
+    start = "HTTP/1.1 200 OK\r\n"
+    assert cut("/status", [start, "Content-Length: 9999\r\n", "\r\n"], 100) == (
+        "/status is 9999 bytes, more than 100"
+    )
+    assert cut("/status", [start, "Content-Length: 12:34\r\n", "\r\n"], 100) == (
+        "/status has a Content-Length that is not a number"
+    )
