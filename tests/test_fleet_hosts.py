@@ -92,6 +92,7 @@ def test_a_length_is_read_from_any_line_of_the_head_and_whole():
     assert cut("/status", [start, "Content-Length: 9999\r\n", "\r\n"], 100) == (
         "/status is 9999 bytes, more than 100"
     )
+    assert cut("/status", [start, "Content-Length: 100\r\n", "\r\n"], 100) is None  # broke off
     assert cut("/status", [start, "Content-Length: 12:34\r\n", "\r\n"], 100) == (
         "/status has a Content-Length that is not a number"
     )
