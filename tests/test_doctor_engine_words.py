@@ -19,6 +19,7 @@ from patroller.doctor.runtimes import (
     Knock,
     check_engine,
     check_users_engines,
+    probe_docker_api,
 )
 from patroller.durations import describe
 from patroller.observe.grpcunix import INSTALL
@@ -90,6 +91,11 @@ def test_the_users_engines_are_counted_and_the_first_three_answering_named():
         "its users' sockets (tcp://x/{uid}) were still being listed when the doctor's bound came",
         "check the file system they are on: it may be hung",
     )
+
+
+def test_an_engine_is_named_as_its_flag_gives_it(tmp_path):
+    for address in (str(tmp_path / "docker.sock"), f"unix://{tmp_path}/docker.sock"):
+        assert probe_docker_api(address, 1.0) == Knock(address, "absent", os.strerror(2))
 
 
 def test_engines_not_yet_asked_when_the_bound_comes():
