@@ -205,6 +205,17 @@ def test_no_lease_book_yet_and_one_without_a_time_are_said_so(tmp_path):
     assert check_book(probe_state(str(state))) == Result(BOOK, "ok", "0 device(s) held")
 
 
+def test_a_lease_book_is_said_by_the_devices_it_holds_and_its_age(tmp_path):
+    held = {"state": "reserved", "releasing": False, "asked": 1, "deadline": None}
+    held["holder"] = {"user": "alice"}
+    data = schema.encode({"GPU-a": held, "GPU-b": held, "GPU-c": held}, time.time() - 7300, None)
+    state = book_in(tmp_path, data)
+    said = probe_state(str(state)).book
+    assert said is not None and said.startswith("3 device(s) held, saved 2h01m"), said
+    assert said.endswith("s ago"), said  # 2h01m40s or so: the seconds the test took
+    assert check_book(probe_state(str(state))).detail.startswith("3 device(s) held, saved 2h")
+
+
 def locks_at(tmp_path, state, *lines: str) -> str:
     """A /proc of the test's own whose locks file says `lines`, WHERE standing for the lock's
     device and inode."""
