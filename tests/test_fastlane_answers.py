@@ -139,6 +139,33 @@ async def test_the_heads_the_lane_answers_are_written_and_the_next_one_handed_on
 
 
 @async_test
+async def test_answers_the_socket_cannot_take_at_once_are_queued_whole_and_in_order():
+    """Answers larger than the socket's buffer while the peer reads nothing: the first goes
+    partly to the socket and the rest through the stream, the next all through the stream
+    behind it; the route is asked with the connection itself."""
+    big = [bytes([65 + n]) * (1 << 20) for n in range(2)]
+    asked = []
+
+    def route(connection: object) -> bytes:
+        asked.append(connection)
+        return big[len(asked) - 1]
+
+    lane = FastLane({"/status": route}, lambda path, status: None, 60.0)
+    connection, theirs = await pair(lane)
+    theirs.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    other = b"GET /other HTTP/1.1\r\nHost: x\r\n\r\n"
+    theirs.send(STATUS + STATUS + other)
+    try:
+        head = await asyncio.wait_for(connection.read_until_regex(HEAD_END, 1024), 5)
+        assert head == other and asked == [connection, connection]
+        answers = [HEAD + b"Content-Length: %d\r\n\r\n" % len(body) + body for body in big]
+        assert await received(theirs, sum(map(len, answers))) == b"".join(answers)
+    finally:
+        connection.close()
+        theirs.close()
+
+
+@async_test
 async def test_a_head_asking_to_close_ends_the_connection_after_its_answer():
     routes = Routes()
     connection, theirs = await pair(routes.lane())
