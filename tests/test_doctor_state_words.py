@@ -235,6 +235,7 @@ def test_the_locks_holder_is_the_flock_on_the_lock_file_not_a_waiter_or_another_
         state,
         "1: POSIX  ADVISORY  WRITE 11 WHERE 0 EOF",
         "2: FLOCK  ADVISORY  WRITE 12 00:01:1 0 EOF",
+        "2: -> FLOCK  ADVISORY  WRITE 14 00:01:1 0 EOF",  # another lock's waiter, before ours
         "3: FLOCK  ADVISORY  WRITE 4242 WHERE 0 EOF",
         "3: -> FLOCK  ADVISORY  WRITE 13 WHERE 0 EOF",
     )
