@@ -98,6 +98,33 @@ def test_an_engine_is_named_as_its_flag_gives_it(tmp_path):
         assert probe_docker_api(address, 1.0) == Knock(address, "absent", os.strerror(2))
 
 
+def test_every_engine_asked_is_said_by_its_own_knock(tmp_path):
+    """Every probe run to its end (no engine here: each socket is absent), then the facts: each
+    engine's own knock, in its own place, and the users' engines listed (none)."""
+    kubelet = str(tmp_path / "kubelet.sock")
+    config = Config(**engines_in(str(tmp_path)), kubelet_socket=kubelet)
+    probes = EngineProbes(config)
+    for probe in probes.probes():
+        probe()
+    gone = os.strerror(2)
+    assert probes.facts() == EngineFacts(
+        docker=Knock(f"unix://{tmp_path}/docker.sock", "absent", gone),
+        podman=Knock(f"unix://{tmp_path}/podman.sock", "absent", gone),
+        rootless_docker=[],
+        rootless_podman=[],
+        containerd=Knock(f"unix://{tmp_path}/containerd.sock", "absent", gone),
+        kubelet=Knock(kubelet, "absent", gone),
+    )
+
+
+def test_a_stopped_users_engine_names_the_unit_to_start():
+    stopped = [(1001, Knock("unix:///u", "refused", "Connection refused"))]
+    assert check_users_engines("R", stopped, "unix:///{uid}", "--r", "--user e.socket").fix == (
+        "start it (systemctl start --user e.socket); meanwhile its containers' processes are "
+        "shown by their host account and container id"
+    )
+
+
 def test_engines_not_yet_asked_when_the_bound_comes():
     probes = EngineProbes(Config(podman_socket="unix:///run/podman.sock"))
     assert probes.facts() == EngineFacts(
