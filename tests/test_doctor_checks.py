@@ -164,6 +164,11 @@ def test_without_grpcio_the_kubelet_and_containerd_say_so(tmp_path, monkeypatch)
             listener.close()
     for knock in knocks:
         assert knock.state == "ungrpc" and "grpcio is not installed" in knock.why, knock
+    # each named as its flag gives it
+    assert [knock.address for knock in knocks] == [
+        str(tmp_path / "kubelet.sock"),
+        f"unix://{tmp_path}/containerd.sock",
+    ]
 
 
 def test_the_users_engines_not_asked_name_their_flags():

@@ -104,13 +104,6 @@ def _cannot_make(folder: str) -> str | None:
     return None
 
 
-def _readonly(folder: str) -> str | None:
-    try:
-        return READ_ONLY if os.statvfs(folder).f_flag & os.ST_RDONLY else None
-    except OSError:
-        return None
-
-
 def _free(folder: str, statvfs: Callable[[str], os.statvfs_result] = os.statvfs) -> int | None:
     """MiB the daemon may still write under `folder`: the blocks available to a user that is
     not root (those reserved for root are not the daemon's to count on), or None."""
