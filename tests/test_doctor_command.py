@@ -11,7 +11,7 @@ import os
 import pytest
 from helpers import engines_in
 
-from patroller.doctor.command import FAILING, USAGE, accepted, main, parser
+from patroller.doctor.command import FAILING, HEALTHY, USAGE, accepted, main, parser
 from patroller.doctor.results import failed
 
 
@@ -153,3 +153,48 @@ def test_the_examination_is_said_in_lines_without_json(tmp_path, no_variables):
     )
     assert said[1] == "ok        nvidia-smi: not used: --test serves synthetic devices"
     assert said[-1].endswith(" failed") and out.getvalue().endswith("\n")
+
+
+def test_a_switch_refused_on_the_command_line_is_left_out_with_the_whole_reason():
+    """The reason has a colon of its own: the flag is what comes before the first."""
+    config, refused = accepted(["--test-processes"], {})
+    assert config is not None and not config.test_processes
+    assert [(r.check, r.detail) for r in refused] == [
+        (
+            "--test-processes",
+            "only with --test: a GPU host's processes are its own: the daemon would refuse to "
+            "start; the other checks are of it without --test-processes",
+        )
+    ]
+
+
+def test_a_refused_variable_leaves_the_command_line_alone():
+    """Even a flag whose value is the variable's name."""
+    config, refused = accepted(
+        ["--address", "PATROLLER_USAGE_DAYS"], {"PATROLLER_USAGE_DAYS": "lots"}
+    )
+    assert config is not None and config.address == "PATROLLER_USAGE_DAYS"
+    assert [r.check for r in refused] == ["PATROLLER_USAGE_DAYS"]
+
+
+def test_a_configuration_the_daemon_would_refuse_whole_is_not_examined(no_variables, monkeypatch):
+    monkeypatch.setenv("PATROLLER_TEST_PROCESSES", "1")
+    out = io.StringIO()
+    assert main(["--json"], out) == FAILING
+    assert out.getvalue() == (
+        "[\n"
+        " {\n"
+        '  "check": "configuration",\n'
+        '  "status": "failed",\n'
+        '  "detail": "--test-processes: only with --test: a GPU host\'s processes are its '
+        'own",\n'
+        '  "fix": "correct it: the daemon would not start"\n'
+        " }\n"
+        "]\n"
+    )
+
+
+def test_a_host_where_nothing_fails_is_healthy(tmp_path, no_variables):
+    out = io.StringIO()
+    assert main(["--json", *isolated(str(tmp_path))], out) == HEALTHY
+    assert all(r["status"] != "failed" for r in json.loads(out.getvalue()))
