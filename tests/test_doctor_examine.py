@@ -5,6 +5,7 @@ probes are the real ones' stand-ins only in that they never return; the engines,
 history's check and the bound are the real ones."""
 
 import asyncio
+import socket
 import sys
 import threading
 from dataclasses import replace
@@ -135,3 +136,52 @@ def test_in_test_mode_neither_nvidia_smi_nor_the_kernel_log_is_waited_for(tmp_pa
         "no answer within the doctor's 0.3s: waited for Apprise, to load its services"
     )
     assert "doctor-probe_kernel_log" not in held
+
+
+@pytest.mark.timeout(30)
+def test_the_probes_answer_with_the_configurations_limits_without_waiting_on_a_full_socket(
+    tmp_path,
+):
+    """The job map read to the configured size of a file; a unix socket whose server takes no
+    more connections (its backlog full) answered at once, not waited on until the bound."""
+    jobs = tmp_path / "jobs"
+    jobs.mkdir(mode=0o755)
+    (jobs / "4242").write_text("x" * 100)
+    path = str(tmp_path / "s.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(0)
+    queued = []
+    while True:  # fill the backlog: a blocking connect now waits for room
+        knock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        knock.setblocking(False)
+        try:
+            knock.connect(path)
+        except BlockingIOError:
+            knock.close()
+            break
+        queued.append(knock)
+    config = replace(
+        Config(
+            test=True,
+            port=0,
+            address="127.0.0.1",
+            slurm_job_map=str(jobs),
+            socket=path,
+            **engines_in(str(tmp_path)),
+        ),
+        job_map_file_limit=16,
+        doctor_deadline=10.0,
+    )
+    try:
+        found = {r.check: r for r in asyncio.run(examine(config, unit_dirs=[str(tmp_path)]))}
+    finally:
+        for sock in [listener, *queued]:
+            sock.close()
+    assert found["Slurm job map"].detail == (
+        f"{jobs}: 1 file(s), 0 job(s); 1 file(s) not read as a map: 4242 over 16 bytes: the "
+        "lines past them are not read"
+    )
+    assert found["unix socket"].detail.startswith(
+        f"{path}: a stale socket nobody answers on, replaced at start"
+    )
