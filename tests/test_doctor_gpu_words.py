@@ -10,7 +10,7 @@ import pytest
 
 from patroller.config import Config
 from patroller.core.devices import Device
-from patroller.doctor.gpu import GpuFacts, Ran
+from patroller.doctor.gpu import GpuFacts, Ran, Stream
 from patroller.doctor.gpuchecks import (
     FALLBACK,
     FIXES,
@@ -23,9 +23,11 @@ from patroller.doctor.gpuchecks import (
     gpu_results,
     mig,
     query,
+    stream,
     topology,
 )
 from patroller.doctor.results import Result
+from patroller.observe.nvsmi.parsers import PmonRow
 from patroller.observe.supervisor import Answer
 
 ARGV = ("nvidia-smi",)
@@ -194,3 +196,72 @@ def test_a_numa_node_is_named_as_printed_or_said_to_be_none():
     assert _node_name("cpus 0-15") == "cpus 0-15"
     assert _node_name(None) == "no node"
     assert _node_name("") == "no node"
+
+
+DMON = "nvidia-smi dmon -i 0,1 -c 1"
+
+
+def sampled(kind, selects, answered=True, gpus=(0, 1), processes=()):
+    """A sample whose every column group but the last was refused."""
+    runs = [
+        ran(f"nvidia-smi {kind} -s {s} -i 0,1 -c 1", status=6, output="Not supported")
+        for s in selects[:-1]
+    ]
+    last = selects[-1]
+    shown = f"nvidia-smi {kind}" + (f" -s {last}" if last else "") + " -i 0,1 -c 1"
+    if answered:
+        runs.append(ran(shown, seconds=1.5, status=0))
+        return Stream(tuple(runs), last, gpus, processes)
+    runs.append(ran(shown, status=9, output=LOST))
+    return Stream(tuple(runs), None)
+
+
+def test_a_sample_with_no_answer_costs_statistics_for_dmon_and_owners_for_pmon():
+    facts = GpuFacts(ARGV, None, devices=PLAIN)
+    assert stream("nvidia-smi dmon", sampled("dmon", [""], False), facts, Config()) == Result(
+        "nvidia-smi dmon",
+        "degraded",
+        f"`{DMON}` failed with status 9: {LOST.strip()}: no statistics",
+        fix_for(LOST),
+    )
+    pmon = stream("nvidia-smi pmon", sampled("pmon", ["um", ""], False), facts, Config())
+    assert pmon == Result(
+        "nvidia-smi pmon",
+        "failed",
+        f"`nvidia-smi pmon -i 0,1 -c 1` failed with status 9: {LOST.strip()}: no process is "
+        "attributed to its user",
+        fix_for(LOST),
+    )
+
+
+def test_a_sample_says_its_columns_what_was_refused_and_the_gpus_without_a_row():
+    facts = GpuFacts(ARGV, None, devices=PLAIN)
+    first = stream("nvidia-smi dmon", sampled("dmon", ["pucvmt"]), facts, Config())
+    assert first == Result(
+        "nvidia-smi dmon",
+        "ok",
+        "one sample in 1.5s, columns -s pucvmt, a row from every GPU",
+    )
+    fewer = stream("nvidia-smi dmon", sampled("dmon", ["pucvmt", "pucm", ""]), facts, Config())
+    assert fewer == Result(
+        "nvidia-smi dmon",
+        "degraded",
+        "one sample in 1.5s, columns the default (pucvmt and pucm refused), a row from every GPU",
+        "nothing to do: the daemon asks for fewer columns, as here",
+    )
+    rows = (PmonRow(0, 4242, "C", "python"), PmonRow(0, 4243, "C", "python"))
+    missing = stream(
+        "nvidia-smi pmon", sampled("pmon", ["um"], gpus=(0,), processes=rows), facts, Config()
+    )
+    assert missing == Result(
+        "nvidia-smi pmon",
+        "degraded",
+        "one sample in 1.5s, columns -s um, 2 process row(s); GPU 1 printed no row",
+        "a GPU that prints nothing is granted to nobody: check it with `nvidia-smi -i N -q`",
+    )
+    whole = stream("nvidia-smi pmon", sampled("pmon", ["um"], processes=rows), facts, Config())
+    assert whole == Result(
+        "nvidia-smi pmon",
+        "ok",
+        "one sample in 1.5s, columns -s um, 2 process row(s), a row from every GPU",
+    )
