@@ -227,6 +227,7 @@ def proc_with(tmp_path, status=None, scope=None, label=None):
             {"label": "docker-default (enforce)\x00\n"},
             (None, None, False, "docker-default (enforce)"),
         ),
+        ({"label": "User::App::X\x00"}, (None, None, False, "User::App::X")),  # a Smack label
     ],
 )
 def test_why_a_root_doctor_may_be_refused_is_read_from_proc(tmp_path, files, found):
