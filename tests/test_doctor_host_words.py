@@ -208,6 +208,9 @@ def proc_with(tmp_path, status=None, scope=None, label=None):
     return str(proc)
 
 
+NOTHING = (None, None, False, None)  # nothing known, nothing confining
+
+
 @pytest.mark.parametrize(
     "files, found",
     [
@@ -228,6 +231,13 @@ def proc_with(tmp_path, status=None, scope=None, label=None):
             (None, None, False, "docker-default (enforce)"),
         ),
         ({"label": "User::App::X\x00"}, (None, None, False, "User::App::X")),  # a Smack label
+        # SELinux: an unconfined domain's context (a login's, a service's) confines nothing
+        ({"label": "unconfined_u:unconfined_r:unconfined_t:s0-s0:c0.c1023\n"}, NOTHING),
+        ({"label": "system_u:system_r:unconfined_service_t:s0\x00"}, NOTHING),
+        (
+            {"label": "system_u:system_r:container_t:s0:c1,c2\x00"},
+            (None, None, False, "system_u:system_r:container_t:s0:c1,c2"),
+        ),
     ],
 )
 def test_why_a_root_doctor_may_be_refused_is_read_from_proc(tmp_path, files, found):
