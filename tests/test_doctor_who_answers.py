@@ -2,12 +2,14 @@
 answers as scripted (in pieces, with or without a Server header, not HTTP at all, keeping the
 connection open after its head), and what the doctor makes of each answer."""
 
+import errno
+import os
 import socket
 import threading
 
 import pytest
 
-from patroller.doctor.listening import _who_answers
+from patroller.doctor.listening import PortFacts, _who_answers, probe_port
 
 REQUEST = b"GET /openapi.json HTTP/1.0\r\nHost: doctor\r\n\r\n"
 
@@ -93,3 +95,20 @@ def test_the_head_is_read_to_its_end_not_to_the_connections(serving):
     """A server that keeps the connection open after its head is not waited on."""
     server = serving([b"HTTP/1.1 200 OK\r\nServer: keeper\r\n\r\n"], hold=True)
     assert _who_answers("127.0.0.1", server.port, 5.0) == "keeper"
+
+
+@pytest.mark.timeout(20)
+def test_a_port_taken_on_the_address_given_is_asked_there(serving):
+    """127.0.0.2 is this host's (the loopback is 127/8), and only the server there answers."""
+    server = serving([b"HTTP/1.1 200 OK\r\nServer: there\r\n\r\n"], host="127.0.0.2")
+    assert _who_answers("127.0.0.2", server.port, 5.0) == "there"
+    server = serving([b"HTTP/1.1 200 OK\r\nServer: there\r\n\r\n"], host="127.0.0.2")
+    assert probe_port(server.port, "127.0.0.2", 5.0) == PortFacts(
+        server.port, "127.0.0.2", errno.EADDRINUSE, os.strerror(errno.EADDRINUSE), "there"
+    )
+
+
+def test_a_free_port_is_said_free_on_its_address():
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+    assert probe_port(port, "127.0.0.1", 5.0) == PortFacts(port, "127.0.0.1")
