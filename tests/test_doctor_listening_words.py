@@ -173,3 +173,35 @@ def test_a_datagram_socket_at_the_path_is_no_server(tmp_path):
         facts = probe_socket(path, 5.0)
     assert (facts.kind, facts.live, facts.mode) == ("socket", False, 0o666)
     assert stat.S_ISSOCK(os.lstat(path).st_mode)
+
+
+def test_what_is_at_the_socket_path_is_told_apart(tmp_path):
+    """Nothing, a directory, a file, a live socket, a stale one; the folder's closed parent
+    (pytest's base folder is 0700) named each time."""
+    parent = str(tmp_path.parent.parent)  # /tmp/pytest-of-<user>, 0700
+    closed = (parent, stat.S_IMODE(os.stat(parent).st_mode))
+    path = tmp_path / "s.sock"
+    facts = probe_socket(str(path), 5.0)
+    assert facts == SocketFacts(str(path), None, None, False, False, None, *closed)
+    path.mkdir()
+    assert probe_socket(str(path), 5.0) == SocketFacts(
+        str(path), "directory", stat.S_IMODE(path.stat().st_mode), False, False, None, *closed
+    )
+    path.rmdir()
+    path.write_text("")
+    path.chmod(0o640)
+    assert probe_socket(str(path), 5.0) == SocketFacts(
+        str(path), "file", 0o640, False, False, None, *closed
+    )
+    path.unlink()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(path))
+        os.chmod(path, 0o666)
+        server.listen(1)
+        assert probe_socket(str(path), 5.0) == SocketFacts(
+            str(path), "socket", 0o666, True, False, None, *closed
+        )
+    # the server gone, its socket file stays: stale
+    assert probe_socket(str(path), 5.0) == SocketFacts(
+        str(path), "socket", 0o666, False, False, None, *closed
+    )

@@ -112,3 +112,21 @@ def test_a_free_port_is_said_free_on_its_address():
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
     assert probe_port(port, "127.0.0.1", 5.0) == PortFacts(port, "127.0.0.1")
+
+
+@pytest.mark.timeout(20)
+def test_a_holder_that_takes_no_more_connections_is_given_up_on_at_the_timeout():
+    """Its accept queue full, the kernel drops the doctor's SYN: the connect is bounded too."""
+    with socket.create_server(("127.0.0.1", 0), backlog=0) as full:
+        port = full.getsockname()[1]
+        queued = []
+        try:
+            while True:  # each connect lands in the queue at once, until it is full
+                try:
+                    queued.append(socket.create_connection(("127.0.0.1", port), timeout=0.3))
+                except TimeoutError:
+                    break
+            assert _who_answers("127.0.0.1", port, 0.5) is None
+        finally:
+            for sock in queued:
+                sock.close()
