@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from patroller.doctor.listening import PortFacts, _who_answers, probe_port
+from patroller.doctor.listening import HEAD_LIMIT, PortFacts, _who_answers, probe_port
 
 REQUEST = b"GET /openapi.json HTTP/1.0\r\nHost: doctor\r\n\r\n"
 
@@ -130,3 +130,17 @@ def test_a_holder_that_takes_no_more_connections_is_given_up_on_at_the_timeout()
         finally:
             for sock in queued:
                 sock.close()
+
+
+@pytest.mark.timeout(20)
+def test_a_head_cut_short_by_the_close_is_read_as_far_as_it_came(serving):
+    server = serving([b"HTTP/1.0 200 OK\r\nServer: short\r\n"])
+    assert _who_answers("127.0.0.1", server.port, 5.0) == "short"
+
+
+@pytest.mark.timeout(20)
+def test_no_more_than_a_head_s_worth_is_read(serving):
+    """A head that never ends, held open: the doctor stops at its limit, not at the timeout."""
+    start = b"HTTP/1.1 200 OK\r\nServer: endless\r\nX-Pad: "
+    server = serving([start + b"a" * (HEAD_LIMIT - len(start))], hold=True)
+    assert _who_answers("127.0.0.1", server.port, 10.0) == "endless"
