@@ -144,3 +144,9 @@ def test_no_more_than_a_head_s_worth_is_read(serving):
     start = b"HTTP/1.1 200 OK\r\nServer: endless\r\nX-Pad: "
     server = serving([start + b"a" * (HEAD_LIMIT - len(start))], hold=True)
     assert _who_answers("127.0.0.1", server.port, 10.0) == "endless"
+
+
+@pytest.mark.timeout(20)
+def test_a_holder_whose_head_never_ends_is_given_up_on_at_the_bound(serving):
+    server = serving([b"HTTP/1.1 200 OK\r\nServer: slow\r\n"], hold=True)
+    assert _who_answers("127.0.0.1", server.port, 0.5) is None
