@@ -265,3 +265,17 @@ def test_a_sample_says_its_columns_what_was_refused_and_the_gpus_without_a_row()
         "ok",
         "one sample in 1.5s, columns -s um, 2 process row(s), a row from every GPU",
     )
+
+
+def test_one_refused_group_is_named_and_every_gpu_without_a_row():
+    facts = GpuFacts(ARGV, None, devices=PLAIN)
+    one = stream("nvidia-smi pmon", sampled("pmon", ["um", ""]), facts, Config())
+    assert one == Result(
+        "nvidia-smi pmon",
+        "degraded",
+        "one sample in 1.5s, columns the default (um refused), 0 process row(s), a row from "
+        "every GPU",
+        "nothing to do: the daemon asks for fewer columns, as here",
+    )
+    none = stream("nvidia-smi dmon", sampled("dmon", ["pucvmt"], gpus=()), facts, Config())
+    assert none.detail == "one sample in 1.5s, columns -s pucvmt; GPU 0, 1 printed no row"
