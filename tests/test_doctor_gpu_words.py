@@ -279,3 +279,9 @@ def test_one_refused_group_is_named_and_every_gpu_without_a_row():
     )
     none = stream("nvidia-smi dmon", sampled("dmon", ["pucvmt"], gpus=()), facts, Config())
     assert none.detail == "one sample in 1.5s, columns -s pucvmt; GPU 0, 1 printed no row"
+
+
+def test_every_gpu_with_mig_on_is_named():
+    both = tuple(replace(d, mig_mode="Enabled") for d in PLAIN)
+    said = mig(GpuFacts(ARGV, None, devices=both)).detail
+    assert said.startswith("on for GPU 0 (0 instance(s)), 1 (0 instance(s)): a MIG GPU")
