@@ -11,7 +11,8 @@ import os
 import pytest
 from helpers import engines_in
 
-from patroller.doctor.command import FAILING, USAGE, accepted, main
+from patroller.doctor.command import FAILING, HEALTHY, USAGE, accepted, main, parser
+from patroller.doctor.results import failed
 
 
 @pytest.fixture
@@ -102,3 +103,98 @@ def test_a_command_line_that_cannot_be_read_is_a_usage_error(capsys):
     assert printed.err.endswith(
         "\npatroller doctor: error: unrecognized arguments: --no-such-flag\n"
     )
+
+
+def test_the_help_says_what_is_checked_how_to_aim_it_and_the_exit_statuses():
+    """`patroller doctor --help`, as a user reads it (argparse's wrapping undone)."""
+    said = " ".join(parser().format_help().split())
+    assert said.startswith("usage: patroller doctor ")
+    assert (
+        "Check what the daemon would meet on this host: nvidia-smi and its commands, /proc and "
+        "cgroups, the container engines, the kubelet, the Slurm job map, the state directory, "
+        "the usage history, the port and socket, the systemd unit. One line each: ok, degraded "
+        "(works, with less) or failed, with how to fix it." in said
+    )
+    assert said.endswith(
+        "Give it the daemon's own flags (below), or their PATROLLER_* variables, to check what "
+        "that daemon would meet. A value the daemon would refuse is a failed check. Exit "
+        "status: 0 when nothing failed, 78 when a check failed, 2 for a command line that "
+        "cannot be read."
+    )
+    assert (
+        '--json print a JSON list of {"check", "status", "detail", "fix"}, always (a command '
+        "line that cannot be read too)" in said
+    )
+    assert "--state-dir" in said  # the daemon's own flags, to aim it
+
+
+def test_a_refusal_that_cannot_be_left_out_is_the_configuration_failed_once():
+    """The refused flag comes from a variable of another name: leaving nothing out of the
+    command line cannot mend it, so the doctor says it once and examines nothing."""
+    config, refused = accepted([], {"PATROLLER_TEST_PROCESSES": "1"})
+    assert config is None
+    assert refused == [
+        failed(
+            "configuration",
+            "--test-processes: only with --test: a GPU host's processes are its own",
+            "correct it: the daemon would not start",
+        )
+    ]
+
+
+def test_the_examination_is_said_in_lines_without_json(tmp_path, no_variables):
+    out = io.StringIO()
+    assert main(["--usage-days", "x", *isolated(str(tmp_path))], out) == FAILING
+    said = out.getvalue().splitlines()
+    assert said[0] == (
+        "failed    --usage-days: 'x' is not a whole number of 1 or more: the daemon would "
+        "refuse to start; the other checks are of it without --usage-days; fix: give "
+        "--usage-days a value the daemon takes (`patroller --help`), or leave it out"
+    )
+    assert said[1] == "ok        nvidia-smi: not used: --test serves synthetic devices"
+    assert said[-1].endswith(" failed") and out.getvalue().endswith("\n")
+
+
+def test_a_switch_refused_on_the_command_line_is_left_out_with_the_whole_reason():
+    """The reason has a colon of its own: the flag is what comes before the first."""
+    config, refused = accepted(["--test-processes"], {})
+    assert config is not None and not config.test_processes
+    assert [(r.check, r.detail) for r in refused] == [
+        (
+            "--test-processes",
+            "only with --test: a GPU host's processes are its own: the daemon would refuse to "
+            "start; the other checks are of it without --test-processes",
+        )
+    ]
+
+
+def test_a_refused_variable_leaves_the_command_line_alone():
+    """Even a flag whose value is the variable's name."""
+    config, refused = accepted(
+        ["--address", "PATROLLER_USAGE_DAYS"], {"PATROLLER_USAGE_DAYS": "lots"}
+    )
+    assert config is not None and config.address == "PATROLLER_USAGE_DAYS"
+    assert [r.check for r in refused] == ["PATROLLER_USAGE_DAYS"]
+
+
+def test_a_configuration_the_daemon_would_refuse_whole_is_not_examined(no_variables, monkeypatch):
+    monkeypatch.setenv("PATROLLER_TEST_PROCESSES", "1")
+    out = io.StringIO()
+    assert main(["--json"], out) == FAILING
+    assert out.getvalue() == (
+        "[\n"
+        " {\n"
+        '  "check": "configuration",\n'
+        '  "status": "failed",\n'
+        '  "detail": "--test-processes: only with --test: a GPU host\'s processes are its '
+        'own",\n'
+        '  "fix": "correct it: the daemon would not start"\n'
+        " }\n"
+        "]\n"
+    )
+
+
+def test_a_host_where_nothing_fails_is_healthy(tmp_path, no_variables):
+    out = io.StringIO()
+    assert main(["--json", *isolated(str(tmp_path))], out) == HEALTHY
+    assert all(r["status"] != "failed" for r in json.loads(out.getvalue()))

@@ -141,12 +141,19 @@ def _why_refused(proc: str) -> tuple[bool | None, int | None, bool, str | None]:
         pass
     scope = _first_line(os.path.join(proc, "sys", "kernel", "yama", "ptrace_scope"))
     label = _first_line(os.path.join(proc, "self", "attr", "current"))
-    confined = (
-        None
-        if label in (None, "", "unconfined") or label.startswith("unconfined ")
-        else label.rstrip("\x00")
-    )
+    confined = None if label is None or _unconfined(label) else label.rstrip("\x00")
     return ptrace, int(scope) if scope and scope.isdigit() else None, nested, confined
+
+
+def _unconfined(label: str) -> bool:
+    """AppArmor's `unconfined` (a mode may follow), or an SELinux context whose type is an
+    unconfined domain (`unconfined_t`, a service's `unconfined_service_t`)."""
+    fields = label.rstrip("\x00").split(":")
+    return (
+        label in ("", "unconfined")
+        or label.startswith("unconfined ")
+        or (len(fields) >= 3 and fields[2].startswith("unconfined_"))
+    )
 
 
 def _first_line(path: str) -> str | None:
