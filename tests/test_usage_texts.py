@@ -1,0 +1,63 @@
+"""How a report's rows leave SQLite (patroller/state/usage/queries.py `texts`, `at_once`): as
+JSON texts of at most `chunk` rows, in the order of their keys, each sum of seconds the exact
+float it is, and TooLarge past the rows a report may hold. In-process and fast: the mutation
+suite runs this file."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from patroller.state.usage.queries import TooLarge, at_once, texts
+
+SQL = "SELECT a, b, s FROM t WHERE s >= ?"
+# in an order that is neither the keys' nor the seconds'
+ROWS = [("b", "y", 0.1), ("b", "x", 3600.0), ("a", "z", 1 / 3), ("c", "w", 2.5), ("a", "y", 7.0)]
+IN_ORDER = [
+    ["a", "y", "7.0"],
+    ["a", "z", "0.33333333333333331"],
+    ["b", "x", "3600.0"],
+    ["b", "y", "0.10000000000000001"],
+    ["c", "w", "2.5"],
+]
+
+
+@pytest.fixture
+def db():
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE t (a TEXT, b TEXT, s REAL)")
+    db.executemany("INSERT INTO t VALUES (?, ?, ?)", ROWS)
+    yield db
+    db.close()
+
+
+def test_rows_come_in_texts_of_a_chunk_in_the_order_of_their_keys(db):
+    assert texts(db, SQL, (0.0,), 3, None, 2) == [
+        ('[["a","y","7.0"],["a","z","0.33333333333333331"]]', 2),
+        ('[["b","x","3600.0"],["b","y","0.10000000000000001"]]', 2),
+        ('[["c","w","2.5"]]', 1),
+    ]
+    whole = texts(db, SQL, (0.0,), 3)  # no chunk: one text
+    assert len(whole) == 1 and whole[0][1] == 5
+    assert float(IN_ORDER[1][2]) == 1 / 3 and float(IN_ORDER[3][2]) == 0.1  # exact
+
+
+def test_the_parameters_choose_the_rows(db):
+    assert at_once(db, SQL, (1.0,), 3) == [IN_ORDER[0], IN_ORDER[2], IN_ORDER[4]]
+    assert texts(db, SQL, (10_000.0,), 3) == []
+
+
+def test_at_once_parses_every_chunk_into_one_list(db):
+    assert at_once(db, SQL, (0.0,), 3, None, 2) == IN_ORDER
+    assert at_once(db, SQL, (0.0,), 3, 5, 2) == IN_ORDER
+    assert at_once(db, SQL, (0.0,), 3) == IN_ORDER
+
+
+def test_a_report_of_its_limit_is_whole_and_one_row_past_it_is_too_large(db):
+    assert sum(n for _, n in texts(db, SQL, (0.0,), 3, 5, 2)) == 5
+    with pytest.raises(TooLarge) as found:
+        texts(db, SQL, (0.0,), 3, 4, 2)
+    assert found.value.limit == 4 and str(found.value) == "more than 4 rows"
+    with pytest.raises(TooLarge):
+        at_once(db, SQL, (0.0,), 3, 4)
