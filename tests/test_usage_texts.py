@@ -6,9 +6,12 @@ suite runs this file."""
 from __future__ import annotations
 
 import sqlite3
+from datetime import timezone
 
 import pytest
+from usage_history import HOUR, gpu_hour, write
 
+from patroller.state.usage import groupings, queries
 from patroller.state.usage.queries import TooLarge, at_once, texts
 
 SQL = "SELECT a, b, s FROM t WHERE s >= ?"
@@ -61,3 +64,20 @@ def test_a_report_of_its_limit_is_whole_and_one_row_past_it_is_too_large(db):
     assert found.value.limit == 4 and str(found.value) == "more than 4 rows"
     with pytest.raises(TooLarge):
         at_once(db, SQL, (0.0,), 3, 4)
+
+
+def test_a_report_says_the_first_hour_the_store_has_whatever_its_range(tmp_path):
+    path = str(tmp_path / "usage.sqlite3")
+    start = 1_800_000_000 // HOUR * HOUR
+    write(path, [(start + n * HOUR, [gpu_hour(0, "claimed", holder="alice")]) for n in (1, 2, 3)])
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        [(first,)] = db.execute("SELECT MIN(hour) FROM hourly")
+        since, until = start + 2 * HOUR, start + 4 * HOUR  # not the first hour
+        plain = queries.totals(db, since, until, "user")
+        grouped = groupings.totals(db, since, until, ("user",), timezone.utc)
+    finally:
+        db.close()
+    assert plain.first == grouped.first == float(first)
+    assert {row[0] for row in plain.rows} == {"alice"}
+    assert {row[0] for row in grouped.rows} == {("alice",)}
