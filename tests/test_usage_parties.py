@@ -76,3 +76,12 @@ def test_names_are_cut_at_a_pod_names_length_and_a_party_within_it_is_kept_as_it
     assert cut_party(longer) == Party(user="u" * NAME_CHARS, account="a" * NAME_CHARS)
     made = Keys().party(db, longer)
     assert parties(db)[made] == Party(user="u" * NAME_CHARS, account="a" * NAME_CHARS)
+
+
+def test_the_bound_counts_every_party_made_in_the_interval(db):
+    keys = Keys(new_per_interval=2)
+    keys.interval()
+    alice, carol = keys.party(db, ALICE), keys.party(db, CAROL)
+    over = keys.party(db, EVE)
+    assert parties(db)[over] == Party(user="eve", account="eve")
+    assert keys.overflow == 1 and len({alice, carol, over}) == 3
