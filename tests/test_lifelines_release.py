@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+from dataclasses import replace
 
 import pytest
 from helpers import async_test, lease_manager, until
@@ -44,6 +45,23 @@ async def test_a_hold_released_while_its_process_lives_stops_its_watch():
         process.wait()
 
 
+@async_test
+async def test_a_hold_released_while_its_process_lives_is_polled_no_more():
+    leases = lease_manager()
+    lifelines = Lifelines(leases, replace(Config(), lifeline_poll=0.05), pidfds=False)
+    lifelines.start()
+    process = sleeping()
+    try:
+        [device] = leases.request(alice, {"gpu": 1}, held_for=ref_of(process))
+        await until(lambda: lifelines.metrics()["polled"] == 1)
+        assert leases.release(alice, device.uuid) == ([device], [])
+        assert lifelines.metrics() == {"watched": 0, "polled": 0, "ended": 0}
+    finally:
+        lifelines.stop()
+        process.kill()
+        process.wait()
+
+
 def test_without_pidfds_open_pidfd_says_so(monkeypatch):
     """What the watch's debug line says before it polls the process."""
     monkeypatch.delattr(os, "pidfd_open", raising=False)
@@ -56,3 +74,31 @@ def test_without_pidfds_open_pidfd_says_so(monkeypatch):
         process.wait()
     assert found.value.errno == errno.ENOSYS
     assert str(found.value) == f"[Errno {errno.ENOSYS}] os.pidfd_open is not available"
+
+
+def test_a_pidfd_is_had_on_a_live_process_by_the_hosts_proc_and_none_once_it_ended():
+    process = sleeping()
+    try:
+        ref = ref_of(process)
+        fd = open_pidfd(ref)  # the default /proc
+        assert fd is not None
+        os.close(fd)
+    finally:
+        process.kill()
+        process.wait()
+    assert open_pidfd(ref) is None
+
+
+def test_a_pid_the_proc_root_does_not_show_alive_gets_no_pidfd(tmp_path):
+    """Another proc root (a container's view), where the pid is not there: no descriptor, and
+    the one opened is closed; a zombie, which has ended, likewise."""
+    process = sleeping()
+    try:
+        assert open_pidfd(ref_of(process), str(tmp_path)) is None
+        ref = ref_of(process)
+        process.kill()
+        os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)  # a zombie, not reaped
+        assert open_pidfd(ref) is None
+    finally:
+        process.kill()
+        process.wait()
