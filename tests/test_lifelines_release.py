@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 from helpers import async_test, lease_manager, until
-from test_hold_process import alice, ref_of, sleeping
+from test_hold_process import alice, bob, ref_of, sleeping
 
 from patroller.config import Config
 from patroller.state.lifetimes import Lifelines, open_pidfd
@@ -100,5 +100,29 @@ def test_a_pid_the_proc_root_does_not_show_alive_gets_no_pidfd(tmp_path):
         os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)  # a zombie, not reaped
         assert open_pidfd(ref) is None
     finally:
+        process.kill()
+        process.wait()
+
+
+@async_test
+async def test_a_change_while_a_watch_is_opened_opens_no_second_one():
+    """The lease manager's change notices come at every change: one that comes while a pidfd
+    is being opened (in a thread) starts no second watch, and the process's end is seen once."""
+    leases = lease_manager()
+    lifelines = Lifelines(leases, Config())
+    lifelines.start()
+    process = sleeping()
+    try:
+        [device] = leases.request(alice, {"gpu": 1}, held_for=ref_of(process))
+        leases.request(bob, {"gpu": 1})  # a change before the watch is open
+        await until(lambda: lifelines.metrics()["watched"] == 1)
+        process.kill()
+        process.wait()
+        await until(lambda: leases.state(device.uuid) == "free", timeout=5)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert lifelines.metrics() == {"watched": 0, "polled": 0, "ended": 1}
+    finally:
+        lifelines.stop()
         process.kill()
         process.wait()
