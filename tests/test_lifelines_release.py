@@ -28,6 +28,8 @@ async def test_a_hold_released_while_its_process_lives_stops_its_watch():
         ref = ref_of(process)
         [device] = leases.request(alice, {"gpu": 1}, held_for=ref)
         await until(lambda: lifelines.metrics()["watched"] == 1)
+        leases.request(bob, {"gpu": 1})  # a change: the process is watched, not polled too
+        assert lifelines.metrics() == {"watched": 1, "polled": 0, "ended": 0}
         fd = lifelines._fds[ref]
         assert leases.release(alice, device.uuid) == ([device], [])
         assert lifelines.metrics() == {"watched": 0, "polled": 0, "ended": 0}

@@ -6,10 +6,11 @@ suite runs this file."""
 from __future__ import annotations
 
 import sqlite3
-from datetime import timezone
+import time
+from datetime import timedelta, timezone
 
 import pytest
-from usage_history import HOUR, gpu_hour, write
+from usage_history import DAY, HOUR, gpu_hour, write
 
 from patroller.state.usage import groupings, queries
 from patroller.state.usage.queries import TooLarge, at_once, texts
@@ -79,5 +80,32 @@ def test_a_report_says_the_first_hour_the_store_has_whatever_its_range(tmp_path)
     finally:
         db.close()
     assert plain.first == grouped.first == float(first)
+    assert plain.numbers == grouped.numbers and list(grouped.numbers.values()) == [0]
     assert {row[0] for row in plain.rows} == {"alice"}
     assert {row[0] for row in grouped.rows} == {("alice",)}
+
+
+USERS = ("alice", "bob")
+
+
+def test_a_grouped_report_has_its_days_in_its_zone_and_its_limit(tmp_path):
+    """Hours late in a UTC day are the next day's at +09:00; a limit holds however the texts
+    are cut (chunk)."""
+    path = str(tmp_path / "usage.sqlite3")
+    midnight = 1_800_000_000 // 86400 * 86400
+    ends = [midnight - 3 * HOUR, midnight - 2 * HOUR]  # 21:00-23:00 UTC the day before
+    write(
+        path,
+        [(at, [gpu_hour(0, "claimed", holder=who)]) for at, who in zip(ends, USERS, strict=True)],
+    )
+    since, until = midnight - DAY, midnight + DAY
+    tokyo = timezone(timedelta(hours=9))
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        days = groupings.totals(db, since, until, ("day", "user"), tokyo, None, 1)
+        with pytest.raises(TooLarge):
+            groupings.totals(db, since, until, ("day", "user"), tokyo, 1)
+    finally:
+        db.close()
+    next_day = time.strftime("%Y-%m-%d", time.gmtime(midnight))
+    assert {row[0] for row in days.rows} == {(next_day, "alice"), (next_day, "bob")}
