@@ -1,4 +1,5 @@
-"""A state directory on a read-only filesystem, in-process (patroller/state/directory.py
+"""A state directory at start, in-process: one open to others made private and said; one on a
+read-only filesystem (patroller/state/directory.py
 `lock`, patroller/state/book.py `LeaseBook.open`): read, locked where a lock file is there,
 and said once at start, with the mode of one open to others, which cannot be made private.
 test_read_only_state.py runs the daemon on one; the mutation suite runs this file."""
@@ -77,3 +78,25 @@ def test_one_without_a_lock_file_is_read_only_and_holds_no_lock(tmp_path):
     with read_only_view(source(tmp_path, 0o755, with_lock=False), tmp_path / "ro") as where:
         locked = lock(str(where))
         assert locked.read_only and locked.fd is None and locked.open_mode is None
+
+
+def test_a_writable_one_open_to_others_is_made_private_and_said(tmp_path, caplog):
+    where = tmp_path / "state"
+    where.mkdir()
+    (where / "leases.json").write_text("{}")
+    os.chmod(where / "leases.json", 0o644)
+    os.chmod(where, 0o755)
+    book = LeaseBook(str(where), Config())
+    book.open()
+    try:
+        assert not book.read_only
+    finally:
+        book.close()
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"the state directory was open to other users, and is private now: {where} was mode "
+        "755; 1 file(s) in it were open to others (leases.json) (under systemd: "
+        "StateDirectoryMode=0700 and UMask=0077, as `patroller systemd-unit` prints)"
+    ]
+    assert errors(caplog) == []
+    assert os.stat(where).st_mode & 0o777 == 0o700
+    assert os.stat(where / "leases.json").st_mode & 0o777 == 0o600
