@@ -16,7 +16,7 @@ import pytest
 from test_read_only_state import read_only_view
 
 from patroller.config import Config
-from patroller.core.usage import GpuSample
+from patroller.core.usage import GpuSample, Party
 from patroller.state.usage.files import FILE
 from patroller.state.usage.store import UsageStore, store_for
 
@@ -150,3 +150,21 @@ def test_intervals_past_the_backlog_before_any_failure_are_dropped_with_one_line
         f"usage store {tmp_path / FILE}: 1 interval(s) wait in memory, the most kept "
         "(usage_backlog): the oldest is dropped (1 dropped so far): the store cannot be written"
     ]
+
+
+def test_the_store_keeps_to_the_new_parties_an_interval_it_is_given(tmp_path):
+    store = UsageStore(str(tmp_path), replace(Config(), usage_new_parties=1))
+    store.open()
+    try:
+        store.put(
+            time.time(),
+            [
+                GpuSample(uuid=f"GPU-{n}", number=n, seconds=60.0, state="claimed", holder=party)
+                for n, party in enumerate(
+                    [Party(user="alice", account="alice"), Party(user="bob@lab", account="bob")]
+                )
+            ],
+        )
+    finally:
+        store.close(10)
+    assert store.intervals == 1 and store.metrics()["parties_overflow"] == 1
