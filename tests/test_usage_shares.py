@@ -57,7 +57,7 @@ def test_a_summary_is_let_go_size_keys_a_step_and_is_empty_after():
     summary.add(totals("a", "b", "c"))
     assert [row["key"] for row in summary.result()["rows"]] == ["c", "b", "a"]
     assert sum(1 for _ in summary.letting_go(2)) == 2  # 2 keys, then 1
-    assert summary.result()["rows"] == []
+    assert summary.ordered() == [] and summary.result()["rows"] == []
     summary.add(totals("d"))
     assert [row["key"] for row in summary.result()["rows"]] == ["d"]
 
