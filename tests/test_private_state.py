@@ -69,13 +69,19 @@ def mode(path):
     return stat.S_IMODE(os.lstat(path).st_mode)
 
 
-def files_in(directory):
-    """The regular files in `directory` (the lease book's name is a link to its latest)."""
-    return [
-        os.path.join(directory, name)
-        for name in os.listdir(directory)
-        if not os.path.islink(os.path.join(directory, name))
-    ]
+def modes_in(directory):
+    """The mode of each file in `directory`, links left out (the lease book's name is a link
+    to its latest). A file gone between the listing and its look (SQLite's journal of a
+    transaction just ended) is left out: what is there is judged, each file as it is."""
+    found = {}
+    for name in os.listdir(directory):
+        path = os.path.join(directory, name)
+        try:
+            if not os.path.islink(path):
+                found[path] = mode(path)
+        except FileNotFoundError:
+            continue
+    return found
 
 
 def what_a_stranger_gets(stranger, state, audit):
@@ -132,9 +138,9 @@ def test_another_user_can_read_nothing_of_the_history_the_audit_or_the_book(
             time.sleep(0.05)
         assert os.path.exists(f"{state}/{FILE}-shm")  # the store is open, in WAL mode
         assert mode(state) == 0o700, "the daemon makes its state directory private"
-        assert len(files_in(state)) >= 5  # lock, book, key, store and its WAL's files
-        for path in files_in(state):
-            assert mode(path) == 0o600, path
+        assert len(modes_in(state)) >= 5  # lock, book, key, store and its WAL's files
+        for path, found in modes_in(state).items():
+            assert found == 0o600, path
         assert mode(audit) == 0o600
         with open(audit, encoding="utf-8") as f:
             assert "alice" in f.read()  # the record is there, to be kept from others
@@ -148,8 +154,8 @@ def test_another_user_can_read_nothing_of_the_history_the_audit_or_the_book(
         assert "alice" not in json.dumps(got)
     finally:
         assert server.stop(signal.SIGTERM) == 0, server.log
-    for path in files_in(state):  # the stop wrote no file others may read either
-        assert mode(path) == 0o600, path
+    for path, found in modes_in(state).items():  # the stop wrote no file others may read
+        assert found == 0o600, path
 
 
 def test_a_state_directory_an_older_version_left_open_is_made_private_at_start(
@@ -171,8 +177,9 @@ def test_a_state_directory_an_older_version_left_open_is_made_private_at_start(
     server = ServerProcess("--test", "--state-dir", state).start()
     try:
         assert mode(state) == 0o700
-        assert len(files_in(state)) >= 6  # those four, the lock and the pseudonyms' key
-        assert all(mode(path) == 0o600 for path in files_in(state))
+        modes = modes_in(state)
+        assert len(modes) >= 6, modes  # those four, the lock and the pseudonyms' key
+        assert all(found == 0o600 for found in modes.values()), modes
         assert mode(elsewhere) == 0o644
         said = [line for line in server.log.splitlines() if "is private now" in line]
         assert len(said) == 1, server.log
