@@ -133,6 +133,11 @@ async def test_two_jobs_on_two_gpus_each_hold_their_own(slurm_node, tmp_path):
 
 
 # Inside her job a user sets the variable Slurm set, and runs her work under it.
+def environ(pid: int) -> bytes:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        return f.read()
+
+
 CHOSEN = "#!/bin/sh\nexport SLURM_JOB_ACCOUNT=physics SLURM_JOB_PARTITION=debug\nexec sleep 300\n"
 
 
@@ -155,8 +160,9 @@ async def test_a_job_that_names_another_account_is_billed_to_its_own(slurm_node,
             (gpu,) = slurm_node.job_gpus(job)
             uuid = h.services.inventory.by_number(gpu).uuid
             (pid,) = slurm_node.wait_pids(job, count=1)
-            with open(f"/proc/{pid}/environ", "rb") as f:  # the attack is in place
-                assert b"SLURM_JOB_ACCOUNT=physics\0" in f.read()
+            # the attack is in place once the script's shell has exec'd its process (found
+            # before it, the shell's own environment is the one slurmd gave)
+            await until(lambda: b"SLURM_JOB_ACCOUNT=physics\0" in environ(pid), timeout=20)
             scenario.write(processes=[{"pid": pid, "gpu": gpu, "name": "python", "sm": 90}])
             await until(lambda: h.services.leases.state(uuid) == "claimed", timeout=20)
             store = h.services.usage
