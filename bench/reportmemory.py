@@ -28,14 +28,20 @@ GROUPINGS = ["user", "day", "job", "gpu", "day,user", "hour", "weekday,hour", "a
 
 
 def measure(
-    daemon: Daemon, days: int, clients: int, seconds: float, marks: tuple[int, ...] = (1, 15, 30)
+    daemon: Daemon,
+    days: int,
+    clients: int,
+    seconds: float,
+    marks: tuple[int, ...] = (1, 15, 30),
+    settle: float = 3.0,
 ) -> dict[str, Any]:
-    """RSS (MiB) idle, at its highest while `clients` ask `days`-day reports for `seconds`,
-    and `marks` seconds after; each client asks the next grouping, an hour shorter each time
-    (none answered from memory), and waits 0.2 s after a 429."""
+    """RSS (MiB) idle (`settle` s after 50 /status), at its highest while `clients` ask
+    `days`-day reports for `seconds`, and `marks` seconds after; each client asks the next
+    grouping, an hour shorter each time (none answered from memory), and waits 0.2 s after a
+    429."""
     for _ in range(50):
         daemon.get("/status")
-    time.sleep(3)
+    time.sleep(settle)
     idle = daemon.rss_mib()
     stop = threading.Event()
     codes: dict[int, int] = {}
