@@ -29,8 +29,9 @@ from receivers import Hooks, wait_for
 
 from patroller.config import Config
 from patroller.notify import Notifier
+from patroller.notify.journal import line
 from patroller.notify.messages import Notice
-from patroller.notify.outbox import FILE, Outbox, tag_of
+from patroller.notify.outbox import FILE, Outbox, episode_line, tag_of
 from patroller.state.audit import AuditLog
 
 
@@ -155,6 +156,64 @@ def test_episodes_older_than_the_repeat_are_forgotten_and_their_number_is_bounde
         ("idle", "3"),
         ("idle", "4"),
     ]
+
+
+def test_an_episode_ended_then_told_again_at_once_is_kept_in_that_order(tmp_path):
+    config = Config(notify_repeat=3600)
+    outbox = Outbox(str(tmp_path), config)
+    outbox.open(time.time())
+    now = time.time()
+    # within one gathering of the writer: the order of the episodes' lines is what says
+    outbox.told(("lost", "GPU-1"), now - 10)
+    outbox.ended(("lost", "GPU-1"))
+    outbox.told(("lost", "GPU-1"), now)  # back, then lost again: told, so remembered
+    outbox.told(("lost", "GPU-2"), now)
+    outbox.ended(("lost", "GPU-2"))  # ended last: forgotten
+    outbox.stop(5)
+    records = [json.loads(line) for line in (tmp_path / FILE).read_text().splitlines()]
+    assert [r for r in records if "e" in r or "x" in r] == [
+        {"e": ["lost", "GPU-1"], "at": round(now - 10, 3)},
+        {"x": ["lost", "GPU-1"]},
+        {"e": ["lost", "GPU-1"], "at": round(now, 3)},
+        {"e": ["lost", "GPU-2"], "at": round(now, 3)},
+        {"x": ["lost", "GPU-2"]},
+    ]
+    assert reopened(str(tmp_path), config).episodes == {("lost", "GPU-1"): round(now, 3)}
+
+
+def test_a_storm_of_episodes_cues_the_writer_once_until_it_takes_them(tmp_path):
+    config = Config()
+    outbox = Outbox(str(tmp_path), config)  # its writer not started yet: nothing is taken
+    now = time.time()
+    for n in range(1000):
+        outbox.told(("trespass", f"GPU-{n}", f"user{n}", "alice"), now)
+    outbox.ended(("trespass", "GPU-0", "user0", "alice"))
+    assert outbox._lines.qsize() == 1  # one cue for the thousand and one
+    outbox.open(now)  # the writer takes them all at its cue
+    written(outbox)
+    outbox.told(("idle", "GPU-7", "carol"), now)  # after the cue was taken: cued again
+    outbox.stop(5)
+    episodes = reopened(str(tmp_path), config).episodes
+    assert len(episodes) == 1000, len(episodes)
+    assert ("trespass", "GPU-0", "user0", "alice") not in episodes
+    assert ("trespass", "GPU-999", "user999", "alice") in episodes
+    assert ("idle", "GPU-7", "carol") in episodes
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        ("trespass", "GPU-1", "bob", "alice"),
+        ('a"b\\c', "\x00\x1f\u2028\x7f", "é漢字", "\udcff"),  # quotes, controls, a lone surrogate
+        (),
+        ("granted", 3),  # a part that is not a string
+    ],
+)
+@pytest.mark.parametrize("at", [None, 1765000000.123, 0.1, 1e20, 1e-7, 5.0, 3, float("nan")])
+def test_an_episodes_line_is_what_the_journals_encoder_writes(key, at):
+    kind = "x" if at is None else "e"
+    record = {kind: list(key)} if at is None else {kind: list(key), "at": at}
+    assert episode_line(kind, key, at) == line(record)
 
 
 def test_a_rewritten_journal_keeps_the_newest_episodes_told(tmp_path):

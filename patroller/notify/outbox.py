@@ -15,7 +15,12 @@ Writes are made by one thread, in the order they were asked for: the loop only h
 over. A line that comes after a quiet (nothing written within Config.notify_outbox_gather) is
 written at once; in a storm, the writer gathers what comes within that time before it writes
 (a storm's thousand lines a second are a few writes), so a kill -9 may lose the last
-notify_outbox_gather of a storm's lines. A try's `s` is written at once and
+notify_outbox_gather of a storm's lines. The episodes told and ended, a line for each event of
+a storm, come to the writer in a queue of their own, the key and the time as they are: the
+loop appends them and wakes the writer once for all those it appends before the writer takes
+them, and their lines are made without a dictionary or the encoder's own loop. Their order
+among themselves is kept (an episode ended, then told again); against the notices' lines it
+does not matter, as neither changes what the other says. A try's `s` is written at once and
 waited for (by the destination's thread, up to Config.notify_outbox_wait), so that a kill
 during a try is known at the restart. A line that cannot be written (a full disk) is counted
 and logged once a `repeat_log_every`; what is in memory goes on, and the next rewrite puts the
@@ -27,13 +32,15 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import math
 import os
 import queue
 import secrets
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Iterator
+from json.encoder import encode_basestring  # what the journal's encoder writes strings with
 from typing import Any
 
 from patroller.config import Config
@@ -45,6 +52,7 @@ from patroller.state import private
 log = logging.getLogger(__name__)
 
 FILE = "notify-outbox.jsonl"
+_EPISODES: dict[str, Any] = {"episodes": True}  # the writer's cue: episodes wait to be taken
 
 
 def tag_of(url: str) -> str:
@@ -70,6 +78,10 @@ class Outbox:
         self._lines: queue.SimpleQueue[tuple[dict[str, Any], threading.Event | None] | None] = (
             queue.SimpleQueue()
         )
+        # episodes told (key, when) and ended (key, None), appended by the loop and taken by
+        # the writer; `_cued`: the writer is cued to take them (appending cues it once more)
+        self._marks: deque[tuple[tuple[str, ...], float | None]] = deque()
+        self._cued = False
         self._pending: dict[str, Pending] = {}  # the writer thread's alone
         # the writer thread's alone; the first told first (an OrderedDict: a plain dict's first
         # key, after many taken from its front, is found by a scan past every slot emptied)
@@ -145,11 +157,17 @@ class Outbox:
 
     def told(self, key: tuple[str, ...], at: float) -> None:
         if self.path is not None:
-            self._put({"e": list(key), "at": round(at, 3)})
+            self._mark(key, round(at, 3))
 
     def ended(self, key: tuple[str, ...]) -> None:
         if self.path is not None:
-            self._put({"x": list(key)})
+            self._mark(key, None)
+
+    def _mark(self, key: tuple[str, ...], at: float | None) -> None:
+        self._marks.append((key, at))  # before the cue is looked at: the writer takes it
+        if not self._cued:
+            self._cued = True
+            self._lines.put((_EPISODES, None))
 
     # -- from the destinations' threads --------------------------------------------------------
 
@@ -200,13 +218,17 @@ class Outbox:
                     break
             ending = None in batch
             items = [item for item in batch if item is not None]
-            records = [record for record, _ in items if record]  # {}: a flush's, no line
-            for record in records:
-                apply(record, self._pending, self._episodes)
+            texts: list[str] = []
+            for record, _ in items:
+                if record is _EPISODES:
+                    self._take_marks(texts)
+                elif record:  # {}: a flush's, no line
+                    apply(record, self._pending, self._episodes)
+                    texts.append(line(record))
             while len(self._episodes) > self.config.notify_episodes:
                 self._episodes.popitem(last=False)
-            if records:
-                self._write(records)
+            if texts:
+                self._write(texts)
                 self._last_write = self._clock()
             for _, written in items:
                 if written is not None:
@@ -215,16 +237,29 @@ class Outbox:
                 self._close()
                 return
 
-    def _write(self, records: list[dict[str, Any]]) -> None:
+    def _take_marks(self, texts: list[str]) -> None:
+        """The episodes appended so far, applied and their lines added to `texts`."""
+        self._cued = False  # before taking: one appended from now on cues the writer again
+        marks, episodes = self._marks, self._episodes
+        while marks:
+            key, at = marks.popleft()
+            episodes.pop(key, None)  # the newest last: the first are forgotten first
+            if at is None:
+                texts.append(episode_line("x", key))
+            else:
+                episodes[key] = at
+                texts.append(episode_line("e", key, at))
+
+    def _write(self, texts: list[str]) -> None:
         try:
             if self._fd is None:
                 self._rewrite()  # from memory, which holds these records already
                 return
-            data = "".join(line(r) for r in records).encode("utf-8", "surrogatepass")
+            data = "".join(texts).encode("utf-8", "surrogatepass")
             view = memoryview(data)
             while view:
                 view = view[os.write(self._fd, view) :]
-            self._written += len(records)
+            self._written += len(texts)
             if self._grown():
                 self._rewrite()
         except OSError as exc:
@@ -245,27 +280,29 @@ class Outbox:
             del self._episodes[key]
         counted = [0]
 
-        def records() -> Iterator[dict[str, Any]]:
-            yield {"outbox": VERSION}
+        def texts() -> Iterator[str]:
+            yield line({"outbox": VERSION})
             for key, at in self._episodes.items():
-                yield {"e": list(key), "at": at}
+                yield episode_line("e", key, at)
             for pending in self._pending.values():
-                yield {
-                    "q": pending.ident,
-                    "to": pending.recipient,
-                    "admin": pending.admin,
-                    "tag": pending.tag,
-                    "n": pending.number,
-                    "notice": pending.notice,
-                }
+                yield line(
+                    {
+                        "q": pending.ident,
+                        "to": pending.recipient,
+                        "admin": pending.admin,
+                        "tag": pending.tag,
+                        "n": pending.number,
+                        "notice": pending.notice,
+                    }
+                )
                 if pending.trying:
-                    yield {"s": pending.ident}
+                    yield line({"s": pending.ident})
 
         def parts() -> Iterator[bytes]:  # a thousand lines a write: never the whole in memory
-            every = records()
+            every = texts()
             while batch := list(itertools.islice(every, 1000)):
                 counted[0] += len(batch)
-                yield "".join(line(r) for r in batch).encode("utf-8", "surrogatepass")
+                yield "".join(batch).encode("utf-8", "surrogatepass")
 
         private.replace(self.path, parts())
         self._fd = private.create(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
@@ -287,3 +324,18 @@ class Outbox:
                 self.path,
                 exc.strerror or exc,
             )
+
+
+def episode_line(kind: str, key: Iterable[str], at: float | None = None) -> str:
+    """An episode's line, `e` (told at `at`) or `x` (ended), as journal.line writes it (the
+    same encoder's strings and floats), without the dictionary and the encoder's walk."""
+    try:
+        parts = ",".join(map(encode_basestring, key))
+        if at is None:
+            return f'{{"{kind}":[{parts}]}}\n'
+        if type(at) is float and math.isfinite(at):
+            return f'{{"{kind}":[{parts}],"at":{float.__repr__(at)}}}\n'
+    except TypeError:  # a part that is not a string
+        pass
+    # as the encoder writes it: a part that is no string, an integer, no number JSON has
+    return line({kind: list(key)} if at is None else {kind: list(key), "at": at})
