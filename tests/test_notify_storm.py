@@ -118,8 +118,12 @@ def test_the_outbox_gathers_its_lines_but_writes_a_tries_start_at_once(tmp_path)
     config = Config(notify_outbox_gather=3600.0, notify_outbox_wait=3600.0)
     outbox = Outbox(str(tmp_path), config)
     outbox.open(time.time())
+    outbox.told(("idle", "GPU-9"), 1_800_000_000.0)  # after a quiet: written at once ...
+    wait_for(lambda: '"GPU-9"' in (tmp_path / FILE).read_text(), timeout=60)
     notice = Notice("trespass", ("trespass", "GPU-0", "bob", "alice"), "bob", GPU0, "t", "b")
-    ident = outbox.queued(notice, "admin", "t", 1)  # gathered, for an hour at most
+    ident = outbox.queued(notice, "admin", "t", 1)  # ... so this one is gathered (an hour)
+    time.sleep(0.2)
+    assert f'"{ident}"' not in (tmp_path / FILE).read_text()
     trying = threading.Thread(target=outbox.trying, args=(ident,), daemon=True)
     trying.start()  # a try's start is waited for: written now, and what was gathered with it
     trying.join(60)

@@ -13,14 +13,15 @@ past Config.notify_outbox_lines and four times what it holds.
 
 Writes are made by one thread, in the order they were asked for: the loop only hands a line
 over. A line that comes after a quiet (nothing written within Config.notify_outbox_gather) is
-written at once; in a storm, the writer gathers what comes within that time before it writes
-(a storm's thousand lines a second are a few writes), so a kill -9 may lose the last
-notify_outbox_gather of a storm's lines. The episodes told and ended, a line for each event of
-a storm, come to the writer in a queue of their own, the key and the time as they are: the
-loop appends them and wakes the writer once for all those it appends before the writer takes
-them, and their lines are made without a dictionary or the encoder's own loop. Their order
-among themselves is kept (an episode ended, then told again); against the notices' lines it
-does not matter, as neither changes what the other says. A try's `s` is written at once and
+written at once; in a storm, the writer gathers what comes until that time after its last
+write before it takes it (a storm's thousand lines a second are 20 writes, each one wakeup of
+the writer), so a kill -9 may lose the last notify_outbox_gather of a storm's lines. The
+episodes told and ended, a line for each event of a storm, come to the writer in a queue of
+their own, the key and the time as they are: the loop appends them and cues the writer once for
+all those it appends before the writer takes them, and their lines are made without a
+dictionary or the encoder's walk. Their order among themselves is kept (an episode ended, then
+told again); against the notices' lines it does not matter, as neither changes what the other
+says. A try's `s` is written at once and
 waited for (by the destination's thread, up to Config.notify_outbox_wait), so that a kill
 during a try is known at the restart. A line that cannot be written (a full disk) is counted
 and logged once a `repeat_log_every`; what is in memory goes on, and the next rewrite puts the
@@ -202,15 +203,16 @@ class Outbox:
     # -- the writer's thread --------------------------------------------------------------------
 
     def _run(self) -> None:
+        gather = self.config.notify_outbox_gather
         while True:
-            batch = [self._lines.get()]
-            if (
-                batch[0] is not None
-                and batch[0][1] is None  # nobody waits for it
-                and self._clock() - self._last_write < self.config.notify_outbox_gather
-            ):  # a storm: the lines after it are gathered (a line after a quiet, written now)
-                self._hurry.wait(self.config.notify_outbox_gather)
+            # a storm (a write within `gather`): what comes until `gather` after that write is
+            # gathered before it is taken, one wakeup a write; after a quiet, a line is taken
+            # as soon as it comes; a line waited for hurries it
+            since = self._clock() - self._last_write
+            if since < gather:
+                self._hurry.wait(gather - since)
             self._hurry.clear()
+            batch = [self._lines.get()]
             while len(batch) < 4096:  # what else is waiting, written in one go
                 try:
                     batch.append(self._lines.get_nowait())
@@ -308,7 +310,6 @@ class Outbox:
         self._fd = private.create(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
         self._written = counted[0]
         self.rewrites += 1
-        self._last_write = self._clock()
 
     def _close(self) -> None:
         if self._fd is not None:
