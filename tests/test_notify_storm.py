@@ -13,6 +13,7 @@ from receivers import wait_for
 
 from patroller.config import Config
 from patroller.core.leases import Event
+from patroller.notify import messages
 from patroller.notify.messages import Notice
 from patroller.notify.notifier import Notifier
 from patroller.notify.outbox import FILE, Outbox
@@ -87,6 +88,55 @@ async def test_a_storms_drops_past_the_bound_are_counted_in_one_line_and_none_is
     assert [e.get("count") for e in lines[3:]] == [17, 5, 2]
     assert sum(e.get("count", 1) for e in lines) == total == 27
     assert all(e["admin"] is True for e in lines)  # the admin's, one by one or counted
+
+
+@async_test
+async def test_a_notice_dropped_at_a_full_queue_has_no_words_made_nor_a_place_in_the_rate(
+    monkeypatch,
+):
+    made = []
+    words = messages._words
+    monkeypatch.setattr(
+        messages, "_words", lambda told, reader: made.append(told.key) or words(told, reader)
+    )
+    hang, sending = threading.Event(), threading.Event()
+
+    def hung(title, body):
+        sending.set()
+        return hang.wait(30)
+
+    config = replace(
+        Config(),
+        notify=("json://admin/x",),
+        notify_queue=1,
+        notify_escalate=0,
+        notify_rate=3,
+        notify_rate_window=3600,
+        repeat_log_every=3600,
+    )
+    audit = AuditLog(None, 1000, 60)
+    notifier = Notifier(config, "gpu1", audit, leases=lease_manager(), senders=[hung])
+    notifier.start()
+    try:
+        notifier.on_event(trespass(0))
+        await until(sending.is_set)  # sent, and the thread hangs on it
+        notifier.on_event(trespass(1))  # queued: the queue of one is full
+        assert len(made) == 2
+        for n in range(2, 12):
+            notifier.on_event(trespass(n))
+        counts = notifier.metrics()["by_kind"]["trespass"]
+        assert counts["dropped"] == 10
+        assert made == [("trespass", "GPU-0", f"user{n}", "alice") for n in (0, 1)]
+        # each drop is audited as before, with whom it concerned
+        assert [e["user"] for e in dropped(audit)] == [f"user{n}" for n in range(2, 12)]
+        hang.set()
+        await until(lambda: notifier.metrics()["by_kind"]["trespass"].get("sent", 0) == 2)
+        notifier.on_event(trespass(12))  # the rate's third place: the drops took none
+        assert notifier.held == 0
+        assert notifier.metrics()["by_kind"]["trespass"]["queued"] == 3
+    finally:
+        hang.set()
+        notifier.stop(5)
 
 
 def test_the_trespasses_waiting_to_reach_the_admin_are_bounded():

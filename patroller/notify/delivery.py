@@ -160,10 +160,20 @@ class Destination:
             self._queue.put_nowait(Item(notice, recipient, number, ident))
             self.counts.add(notice.kind, QUEUED)
             return
+        self.drop(notice, recipient, number, ident)
+
+    def full(self) -> bool:
+        """Whether a notice put now is dropped (one thread puts: it stays so until it puts)."""
+        return self._queue.full()
+
+    def drop(
+        self, notice: Notice, recipient: str = "admin", number: int = 0, ident: str | None = None
+    ) -> None:
+        """A notice dropped at the full queue: counted, its outcome told."""
         if ident:
             self.outbox.done(ident, DROPPED)
         self.counts.add(notice.kind, DROPPED)
-        self.told(Outcome(notice, recipient, number, DROPPED, 0, self.key))
+        self.told(Outcome(notice, recipient, number or self.number, DROPPED, 0, self.key))
 
     def pending(self) -> int:
         return self._queue.qsize()

@@ -77,7 +77,14 @@ class Told:
 
     def notice(self, reader: Reader = EVERYONE) -> Notice:
         """The notice, in `reader`'s words."""
-        title, body = _words(self, reader)
+        return self._notice(*_words(self, reader))
+
+    def unworded(self) -> Notice:
+        """The notice without its words (no title, no body): all that a notice dropped at a
+        full queue is counted and audited by."""
+        return self._notice("", "")
+
+    def _notice(self, title: str, body: str) -> Notice:
         event = self.event
         daemon = event.kind == "daemon"
         return Notice(

@@ -213,7 +213,10 @@ class Notifier:
                 self._escalations.add(event, told.key, now)
             elif told.kind in self.config.notify_events:
                 for destination in self._delivery.destinations:
-                    self._send(destination.number, told.kind, words.everyone, destination.put)
+                    if destination.full():  # dropped before its words are made or it is rated
+                        destination.drop(told.unworded())
+                    else:
+                        self._send(destination.number, told.kind, words.everyone, destination.put)
             for user in told.concerns:
                 urls = self.people.urls_for(user, told.kind) if self._router is not None else ()
                 terminal = self.people.on_terminal(user, told.kind)
