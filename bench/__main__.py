@@ -61,9 +61,9 @@ NAMES = (
 # QUICK_TOTAL_S (five minutes, the daemons' start-up and the table included): each budget is
 # what the step took in the quiet run at 4c3395d with loads of 3 s (docs/performance.md, "The
 # quick mode's time"), notify and reports as they took at the run that shortened their stops
-# and bursts; they add up to 296 s, and the usage step's fill alone moves by 8 s between runs. A step over its budget is said (the log, the report's
-# "steps", the table's first line), never cut short or left out: its figures stand. A step
-# not named here has DEFAULT_BUDGET_S.
+# and bursts; they add up to 296 s, and the usage step's fill alone moves by 8 s between runs.
+# A step over its budget is said (the log, the report's "steps", the table's first line),
+# never cut short or left out: its figures stand. A step not named here has DEFAULT_BUDGET_S.
 QUICK_BUDGET_S = {
     "throughput": 30,
     "reactions": 13,
