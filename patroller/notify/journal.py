@@ -104,14 +104,20 @@ def apply(
     elif "d" in record:
         pending.pop(str(record["d"]), None)
     elif "e" in record:
-        key = key_of(record["e"])
-        episodes.pop(key, None)  # the newest last: the first are forgotten first
-        episodes[key] = float(record["at"])
+        mark(episodes, key_of(record["e"]), record["at"])
     elif "x" in record:
-        episodes.pop(key_of(record["x"]), None)
+        mark(episodes, key_of(record["x"]), None)
     else:
         return record.get("outbox") == VERSION
     return True
+
+
+def mark(episodes: dict[tuple[str, ...], float], key: tuple[str, ...], at: Any) -> None:
+    """The episode `key` told at `at` (the newest last: the first are forgotten first), or
+    ended (`at` None)."""
+    episodes.pop(key, None)
+    if at is not None:
+        episodes[key] = float(at)
 
 
 def line(record: dict[str, Any]) -> str:

@@ -46,7 +46,7 @@ from typing import Any
 
 from patroller.config import Config
 from patroller.core.throttle import Throttle
-from patroller.notify.journal import VERSION, Pending, Restored, apply, line, read
+from patroller.notify.journal import VERSION, Pending, Restored, apply, line, mark, read
 from patroller.notify.messages import Notice
 from patroller.state import private
 
@@ -245,12 +245,8 @@ class Outbox:
         marks, episodes = self._marks, self._episodes
         while marks:
             key, at = marks.popleft()
-            episodes.pop(key, None)  # the newest last: the first are forgotten first
-            if at is None:
-                texts.append(episode_line("x", key))
-            else:
-                episodes[key] = at
-                texts.append(episode_line("e", key, at))
+            mark(episodes, key, at)
+            texts.append(episode_line("x", key) if at is None else episode_line("e", key, at))
 
     def _write(self, texts: list[str]) -> None:
         try:
