@@ -31,8 +31,10 @@ def dropped(audit):
     return [e for e in audit.recent if e["event"] == "notify" and e["result"] == "dropped"]
 
 
-@async_test
-async def test_a_storms_drops_past_the_bound_are_counted_in_one_line_and_none_is_lost():
+def hung_admin(**settings):
+    """A started notifier whose one admin destination hangs on each notice until `hang` is
+    set (`sending`: it began one), with `settings` beside notify_escalate 0; its audit record
+    in memory. (notifier, audit, hang, sending)"""
     hang, sending = threading.Event(), threading.Event()
 
     def hung(title, body):
@@ -42,15 +44,21 @@ async def test_a_storms_drops_past_the_bound_are_counted_in_one_line_and_none_is
     config = replace(
         Config(),
         notify=("json://admin/x",),
-        notify_queue=2,
         notify_escalate=0,
-        notify_rate=10**6,
-        notify_dropped_audited=3,
         repeat_log_every=3600,
+        **settings,
     )
     audit = AuditLog(None, 1000, 60)
     notifier = Notifier(config, "gpu1", audit, leases=lease_manager(), senders=[hung])
     notifier.start()
+    return notifier, audit, hang, sending
+
+
+@async_test
+async def test_a_storms_drops_past_the_bound_are_counted_in_one_line_and_none_is_lost():
+    notifier, audit, hang, sending = hung_admin(
+        notify_queue=2, notify_rate=10**6, notify_dropped_audited=3
+    )
     try:
         notifier.on_event(trespass(0))
         await until(sending.is_set)  # the thread sends it, and hangs: the queue fills
@@ -99,24 +107,9 @@ async def test_a_notice_dropped_at_a_full_queue_has_no_words_made_nor_a_place_in
     monkeypatch.setattr(
         messages, "_words", lambda told, reader: made.append(told.key) or words(told, reader)
     )
-    hang, sending = threading.Event(), threading.Event()
-
-    def hung(title, body):
-        sending.set()
-        return hang.wait(30)
-
-    config = replace(
-        Config(),
-        notify=("json://admin/x",),
-        notify_queue=1,
-        notify_escalate=0,
-        notify_rate=3,
-        notify_rate_window=3600,
-        repeat_log_every=3600,
+    notifier, audit, hang, sending = hung_admin(
+        notify_queue=1, notify_rate=3, notify_rate_window=3600
     )
-    audit = AuditLog(None, 1000, 60)
-    notifier = Notifier(config, "gpu1", audit, leases=lease_manager(), senders=[hung])
-    notifier.start()
     try:
         notifier.on_event(trespass(0))
         await until(sending.is_set)  # sent, and the thread hangs on it
