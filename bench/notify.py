@@ -11,11 +11,14 @@ in 10 minutes), which holds almost all back; `with_defaults`, the default rate a
 (a trespass waits 30 minutes before it reaches the admin). Each storm has a daemon of its own:
 SIGUSR1 starts its storm, which first fills the episodes remembered (10,000 at most, a thousand
 events a tick) and says so by a file in its state directory; SIGUSR2 pauses it and SIGUSR1
-goes on with it. wrk measures /status with and without the storm in pairs, in turn
-(without-with, then with-without: a drift of the machine's load counts against each side
-alike), each pair's ratio of one daemon's own two runs, the median of the pairs the storm's
-ratio. The daemon's RSS, read before and after each run, shows whether its memory is bounded.
-Quick mode measures one pair a storm, the full mode four.
+goes on with it. wrk measures /status in rounds of three short runs, their order shuffled in
+each round: without the storm, without it again (the control), with it. The storm's ratio is
+the median of its p99s over the median of those without, with a 90% interval from resampling
+the rounds; the control's ratio, measured alike, is how far apart two runs of the same work
+read on the machine at the time: a storm's ratio within the control's reach is no effect
+shown. The daemon's RSS, read before and after each run: its growth after the first round (whose
+first run with the storm warms its structures up) shows whether its memory is bounded.
+Quick mode measures two rounds of 1 s runs a storm, the full mode twenty of 2 s.
 
 The cost: in this process, a test-mode daemon's notifier handed 20,000 trespass events (5,000 in
 quick mode) in each storm's settings, the loop's thread time per event (the best of three):
@@ -33,6 +36,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import shutil
 import signal
 import statistics
@@ -44,7 +48,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from .harness import ROOT, have_wrk, listening_port, middle, ratio, rss_mib, wrk
+from .harness import ROOT, compare, have_wrk, listening_port, middle, rss_mib, wrk
 
 ANSWER_AFTER = 5.0  # seconds the slow destination takes to answer each notice
 FILLED = "storm-filled"  # the storm's daemon writes it in its state directory once filled
@@ -85,19 +89,25 @@ class SlowHook:
         self._server.server_close()
 
 
+ARMS = ("without", "again", "with")  # a round's three runs: `again` is the control
+
+
 def storm(ctx: Any) -> dict[str, Any]:
     """/status p99 and throughput without and with 1,000 events a second; memory after. Each
-    storm's daemon is measured without its storm, then with it: a ratio of one daemon's two
-    runs, which the machine's load moves less than two daemons' would."""
+    storm's daemon is measured in rounds of three runs in a shuffled order: without its storm,
+    without it again (the control: what two runs that do the same work differ by here), and
+    with it. The storm's ratio is the median of its p99s with over the median without, with its
+    90% interval from resampling the rounds; the control's ratio beside it says how far apart
+    the same work reads on this machine."""
     if not have_wrk():
         return {"skipped": "wrk is not installed"}
     hook = SlowHook()
-    pairs = 1 if ctx.quick else 4
-    seconds = ctx.wrk_seconds
-    found: dict[str, list[dict[str, Any]]] = {}
+    rounds = 2 if ctx.quick else 20
+    seconds = 1 if ctx.quick else 2
+    found: dict[str, list[dict[str, dict[str, Any]]]] = {}
     try:
-        for mode, settings in STORMS.items():
-            found[mode] = _one_daemon(hook.url, seconds, settings, pairs)
+        for n, (mode, settings) in enumerate(STORMS.items()):
+            found[mode] = _one_daemon(hook.url, seconds, settings, rounds, seed=n)
     finally:
         hook.close()
 
@@ -105,39 +115,42 @@ def storm(ctx: Any) -> dict[str, Any]:
         found = middle(values)
         return None if found is None else round(found, 3)
 
-    def each(mode: str, part: str, *path: str) -> list[float | None]:
-        return [_dig(pair[part], path) for pair in found[mode]]
+    def each(mode: str, arm: str, *path: str) -> list[float | None]:
+        return [_dig(row[arm], path) for row in found[mode]]
 
+    def p99s(mode: str) -> list[dict[str, float | None]]:
+        return [{arm: _dig(row[arm], ("status", "p99_ms")) for arm in ARMS} for row in found[mode]]
+
+    compared = {mode: compare(p99s(mode), "with", "without") for mode in STORMS}
+    control = {mode: compare(p99s(mode), "again", "without") for mode in STORMS}
     without = [v for mode in STORMS for v in each(mode, "without", "status", "p99_ms")]
     p99 = {"without": median(without)}
     p99 |= {mode: median(each(mode, "with", "status", "p99_ms")) for mode in STORMS}
-    ratios = {
-        mode: median(
-            [
-                ratio(w, wo, 9)
-                for wo, w in zip(
-                    each(mode, "without", "status", "p99_ms"),
-                    each(mode, "with", "status", "p99_ms"),
-                    strict=True,
-                )
-            ]
-        )
-        for mode in STORMS
-    }
+
+    def point(mode: str) -> float | None:
+        found = compared[mode]
+        return None if found is None else found["ratio"]
+
     ctx.log(
         f"notify storm: /status p99 {p99['without']} ms without; with 1,000 events/s: "
-        + ", ".join(f"{mode} {p99[mode]} ms ({ratios[mode]}x its own without)" for mode in STORMS)
+        + ", ".join(
+            f"{mode} {p99[mode]} ms ({said(compared[mode])} its own without; control "
+            f"{said(control[mode])})"
+            for mode in STORMS
+        )
     )
     rps_without = [v for m in STORMS for v in each(m, "without", "status", "requests_per_s")]
     return {
-        "pairs": pairs,
+        "rounds": rounds,
         "seconds": seconds,
         "answer_after_s": ANSWER_AFTER,
         "runs": found,
         "p99_ms": p99,
-        "p99_ratio": ratios["with"],  # the hardest: no rate, no escalation
-        "p99_ratio_rate": ratios["with_rate"],
-        "p99_ratio_defaults": ratios["with_defaults"],
+        "p99_ratio": point("with"),  # the hardest: no rate, no escalation
+        "p99_ratio_rate": point("with_rate"),
+        "p99_ratio_defaults": point("with_defaults"),
+        "p99_compared": compared,  # each storm's ratio and its 90% interval
+        "p99_control": control,  # the same for a second run without the storm
         "requests_per_s": {
             "without": median(rps_without),
             **{mode: median(each(mode, "with", "status", "requests_per_s")) for mode in STORMS},
@@ -146,19 +159,27 @@ def storm(ctx: Any) -> dict[str, Any]:
         "events_per_s": {
             mode: median(each(mode, "with", "events_per_s")) for mode in ("with", "with_rate")
         },
-        "rss_growth_mib": max(_growth(found[mode], "with") or 0.0 for mode in STORMS),
-        "rss_growth_mib_without": max(_growth(found[mode], "without") or 0.0 for mode in STORMS),
+        # memory: what the first round took (the storm's first run warms its structures up),
+        # then what the others took, which is flat when memory is bounded
+        "rss_first_round_mib": max(_rss_growth(found[mode][:1]) for mode in STORMS),
+        "rss_growth_mib": max(_rss_growth(found[mode][1:]) for mode in STORMS),
     }
 
 
-def _growth(pairs: list[dict[str, Any]], part: str) -> float | None:
-    """The most the daemon's RSS grew during one measured run of `part` (with or without)."""
-    rows = [pair[part] for pair in pairs]
-    return (
-        round(max((row["rss_after_mib"] - row["rss_before_mib"] for row in rows), default=0.0), 2)
-        if rows
-        else None
-    )
+def said(compared: dict[str, Any] | None) -> str:
+    """A ratio and its interval, as the log and the table say them."""
+    if compared is None:
+        return "not measured"
+    return f"{compared['ratio']}x ({compared['low']}-{compared['high']})"
+
+
+def _rss_growth(rounds: list[dict[str, Any]]) -> float:
+    """How much more the daemon's RSS was after the last run of `rounds` than before their
+    first (MiB; the runs in the order they ran)."""
+    if not rounds:
+        return 0.0
+    first, last = next(iter(rounds[0].values())), list(rounds[-1].values())[-1]
+    return round(last["rss_after_mib"] - first["rss_before_mib"], 2)
 
 
 def _dig(row: dict[str, Any], path: Any) -> float | None:
@@ -169,11 +190,15 @@ def _dig(row: dict[str, Any], path: Any) -> float | None:
 
 
 def _one_daemon(
-    url: str, seconds: float, settings: tuple[int | None, float | None], pairs: int
+    url: str,
+    seconds: float,
+    settings: tuple[int | None, float | None],
+    rounds: int,
+    seed: int,
 ) -> list[dict[str, dict[str, Any]]]:
-    """One storm's daemon: /status measured `pairs` times without and with the storm, in
-    turn (SIGUSR1 starts it: first the episodes remembered are filled, then 1,000 events a
-    second; SIGUSR2 pauses it, SIGUSR1 goes on)."""
+    """One storm's daemon: /status measured in `rounds` rounds, each a run of every arm in
+    ARMS in a shuffled order (SIGUSR1 starts the storm: first the episodes remembered are
+    filled, then 1,000 events a second; SIGUSR2 pauses it, SIGUSR1 goes on)."""
     directory = tempfile.mkdtemp(prefix="pbench-notify")
     os.chmod(directory, 0o700)
     process = subprocess.Popen(
@@ -220,14 +245,15 @@ def _one_daemon(
 
         def measured(storm: bool) -> dict[str, Any]:
             process.send_signal(signal.SIGUSR1 if storm else signal.SIGUSR2)
-            time.sleep(0.5)  # the storm under way again (a tick every 10 ms), or its last over
+            time.sleep(0.3)  # the storm under way again (a tick every 10 ms), or its last over
             return _measured(process.pid, base, seconds)
 
+        shuffle = random.Random(seed)
         found = []
-        for n in range(pairs):
-            order = (False, True) if n % 2 == 0 else (True, False)
-            runs = {storm: measured(storm) for storm in order}
-            found.append({"without": runs[False], "with": runs[True]})
+        for _ in range(rounds):
+            order = list(ARMS)
+            shuffle.shuffle(order)
+            found.append({arm: measured(arm == "with") for arm in order})
         return found
     finally:
         process.send_signal(signal.SIGTERM)
