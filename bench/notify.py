@@ -132,8 +132,8 @@ def storm(ctx: Any) -> dict[str, Any]:
     p99 |= {mode: median(each(mode, "with", "status", "p99_ms")) for mode in STORMS}
 
     def point(mode: str) -> float | None:
-        found = compared[mode]
-        return None if found is None else found["ratio"]
+        its = compared[mode]
+        return None if its is None else its["ratio"]
 
     ctx.log(
         f"notify storm: /status p99 {p99['without']} ms without; with 1,000 events/s: "
