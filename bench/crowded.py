@@ -19,7 +19,7 @@ from typing import Any
 
 from patroller.core.identity import Identity
 
-from .statusbuild import Scene, ms, one_size
+from .statusbuild import Scene, frozen, ms, one_size
 
 PROCESSES = 5000
 TURNS = ("process_started", "body_after_start", "process_ended", "body_after_end")
@@ -32,8 +32,7 @@ def crowded(ctx: Any) -> dict[str, Any]:
 
     def settled(scene: Scene) -> None:
         scenes.append(scene)
-        gc.collect()
-        gc.freeze()
+        frozen(scene)
 
     try:
         row = one_size(1, PROCESSES, repeats, settled)

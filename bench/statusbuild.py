@@ -4,11 +4,15 @@ only older (the clock's fields spliced in), a body after one lease change (a pro
 on a GPU), and the longest slice of the background rebuild after a second of new samples for
 every device and process (the task is stepped by hand: each step is the time it held the
 loop). Times are the CPU time of the thread (what the loop spends), so that a shared
-machine's other work does not count.
+machine's other work does not count. What a size sets up is frozen out of the cycle collector
+before anything is timed, as the daemon freezes what it holds (patroller/heap.py): otherwise a
+full collection walking the bench's own objects (28-59 ms at 5,000 processes) lands in some
+slice, a pause the daemon does not have.
 """
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from collections.abc import Callable
@@ -148,11 +152,21 @@ def _stepped(view: StatusView) -> list[float]:
     return took[1:]  # the first step only yields
 
 
+def frozen(scene: Scene) -> None:
+    """What is set up so far, `scene` with it, frozen out of the cycle collector as the daemon
+    freezes what it holds (heap.py; gc.unfreeze() once the size is measured)."""
+    gc.collect()
+    gc.freeze()
+
+
 def status_build(ctx: Any) -> list[dict[str, Any]]:
     """The step: every size, in this process."""
     rows = []
     for gpus, processes in SIZES:
-        row = one_size(gpus, processes, 3 if ctx.quick else 10)
+        try:
+            row = one_size(gpus, processes, 3 if ctx.quick else 10, frozen)
+        finally:
+            gc.unfreeze()
         ctx.log(
             f"status build {gpus} GPUs {processes} processes: first "
             f"{row['first_build_ms']} ms, older {row['older_ms']['max']} ms, lease change "
