@@ -68,7 +68,7 @@ def make_api(services: Services) -> Api:
         status=status,
         devices=devices,
         feed=feed,
-        registries=Registries(services, requests, hiding),
+        registries=Registries(services, requests, hiding, config.loop_slice),
         requests=requests,
         web=web_files(),
         document=openapi_document(),
