@@ -153,6 +153,18 @@ def test_an_episode_is_told_once_again_after_the_repeat_and_when_it_ended():
     assert episodes.admit(key)
 
 
+def test_the_episode_looked_at_last_is_the_last_forgotten():
+    clock = FakeClock()
+    episodes = Episodes(repeat=3600, most=2, clock=clock)
+    first, second = ("lost", "GPU-0"), ("lost", "GPU-1")
+    assert episodes.admit(first) and episodes.admit(second)
+    clock.advance(10)
+    assert episodes.age(first) == 10  # looked at: now the most recent of the two
+    assert episodes.admit(("lost", "GPU-2"))  # the room is full: the least recent goes
+    assert not episodes.admit(first)
+    assert episodes.admit(second)
+
+
 def test_a_destinations_rate_holds_back_and_says_so_in_the_next():
     clock = FakeClock()
     rates = Rates(limit=2, window=600, clock=clock)

@@ -4,11 +4,9 @@ window, and those held back are summed up in the next one it gets. Pure: the clo
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import replace
-
-from cachetools import LRUCache
 
 from patroller.core.throttle import Throttle
 from patroller.durations import describe
@@ -16,31 +14,48 @@ from patroller.notify.messages import Notice
 
 
 class Episodes:
-    """Which episodes were told, and when. At most `most` are remembered (the oldest told are
-    forgotten first: told again if they come back)."""
+    """Which episodes were told, and when. At most `most` are remembered, the least recently
+    looked at forgotten first (told again if they come back): an ordered dictionary, its
+    least recent first, whose every operation is one call in C (a storm's event is one
+    look-up and one entry)."""
 
     def __init__(self, repeat: float, most: int, clock: Callable[[], float]) -> None:
         self.repeat = repeat
         self.clock = clock
-        self._told: LRUCache[tuple[str, ...], float] = LRUCache(maxsize=most)
+        self.most = most
+        self._told: OrderedDict[tuple[str, ...], float] = OrderedDict()
+
+    def _last(self, key: tuple[str, ...]) -> float | None:
+        """When `key` was told; a look-up makes it the most recent."""
+        last = self._told.get(key)
+        if last is not None:
+            self._told.move_to_end(key)
+        return last
+
+    def _keep(self, key: tuple[str, ...], at: float) -> None:
+        told = self._told
+        told[key] = at
+        told.move_to_end(key)
+        if len(told) > self.most:
+            told.popitem(last=False)
 
     def admit(self, key: tuple[str, ...], repeat: float | None = None) -> bool:
         """Whether the episode `key` is to be told now (and if so, it counts as told): not
         if it was within `repeat` seconds (default: the repeat of every episode)."""
         now = self.clock()
-        last: float | None = self._told.get(key)
+        last = self._last(key)
         if last is not None and now - last < (self.repeat if repeat is None else repeat):
             return False
-        self._told[key] = now
+        self._keep(key, now)
         return True
 
     def restore(self, key: tuple[str, ...], age: float) -> None:
         """An episode told `age` seconds ago (before a restart: outbox.py)."""
-        self._told[key] = self.clock() - max(0.0, age)
+        self._keep(key, self.clock() - max(0.0, age))
 
     def age(self, key: tuple[str, ...]) -> float | None:
         """Seconds since the episode `key` was last told; None if it was not (or is forgotten)."""
-        last: float | None = self._told.get(key)
+        last = self._last(key)
         return None if last is None else self.clock() - last
 
     def end(self, key: tuple[str, ...]) -> bool:

@@ -127,10 +127,10 @@ def tolds_of(event: Event, host: str, at: float) -> Sequence[Told]:
     """What `event` tells, if anything, without the words (most events tell nobody: a grant
     asked and given at once, a release, a claim by its holder)."""
     kind, user, details, devices = event.kind, event.user, event.details, event.devices
-    mine = _users(user)
-    if kind == "trespass" and devices:
+    if kind == "trespass" and devices:  # a storm's kind: nothing made that it does not use
         concerns = _users(user, details.get("holder"))
         return [Told("trespass", _trespass_key(event), event, host, at, concerns=concerns)]
+    mine = _users(user)
     if kind == "grant" and details.get("waited"):
         key = ("granted", *(uuid for uuid, _ in devices), f"{at:.3f}")
         return [Told("granted", key, event, host, at, concerns=mine)]
