@@ -32,13 +32,16 @@ class DestinationError(Exception):
     """A change a user may not make; the message says why, to her."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Own:
     """One user's destinations, in the order she added them, and the kinds she muted."""
 
     urls: tuple[str, ...] = ()
     muted: tuple[str, ...] = ()
     extra: dict[str, object] = field(default_factory=dict)  # what a newer version wrote
+
+
+NONE = Own()  # a user's who has none (shared: an Own is never changed, only replaced)
 
 
 class UserDestinations:
@@ -83,7 +86,7 @@ class UserDestinations:
             self._users = {}
 
     def of(self, user: str) -> Own:
-        return self._users.get(user) or Own()
+        return self._users.get(user) or NONE
 
     def users(self) -> tuple[str, ...]:
         return tuple(self._users)
