@@ -3,11 +3,12 @@
 Nothing is recorded per sample: a scrape walks what the daemon already holds (the last sample of
 each device, the lease manager's holds and queue, the monitors' counters) and builds the
 families from it, so the metrics cost nothing between scrapes. The walk is on the event loop (the
-state is the loop's), a group of families at a time: once it has held the loop for
-Config.loop_slice, the loop serves what is ready before the next group (at 64 GPUs and 500
-processes the walk is some 13 ms, its GPUs' and its processes' groups a third of it each);
-writing the text, three quarters of a scrape's cost, and the standard
-process and Python collectors (which read /proc) run in the executor. Names follow Prometheus's
+state is the loop's), a part at a time: once it has held the loop for Config.loop_slice, the
+loop serves what is ready before the next part (between the groups of families, and every
+PAUSE_GPUS GPUs or PAUSE_PROCESSES processes within theirs: at 64 GPUs and 500 processes the
+walk is some 13 ms, its GPUs' and its processes' groups a third of it each); writing the
+text, three quarters of a scrape's cost, and the standard process and Python collectors (which
+read /proc) run in the executor. Names follow Prometheus's
 conventions: the `patroller_` prefix, base units (`_bytes`, `_watts`, `_celsius`, `_hertz`,
 `_ratio`, `_seconds`), `_total` for counters, `_info` for a series whose labels are the value.
 
@@ -317,9 +318,9 @@ class Registries:
         return encoder(Collected(families + list(self.standard().collect()))), content_type
 
     async def exposition(self, accept: str | None) -> tuple[bytes, str]:
-        """The daemon's state taken on the loop, a group of families at a time (the loop
-        serves others between groups once the walk has held it `slice` seconds), then written
-        out in the executor."""
+        """The daemon's state taken on the loop, a part at a time (the loop serves others at
+        the walk's pause points once it has held it `slice` seconds: DaemonCollector.parts),
+        then written out in the executor."""
         families: list[Metric] = []
         began = time.monotonic()
         for family in self.collector.parts():
