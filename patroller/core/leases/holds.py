@@ -30,12 +30,13 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import compress
-from operator import attrgetter, not_
+from operator import attrgetter
 from typing import Any
 
 from patroller.core.devices import Device
 from patroller.core.health import FINE, Health
 from patroller.core.identity import Identity, ProcessRef
+from patroller.core.leases.tally import Tally
 from patroller.core.scheduled import SchedulerAllocation
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ Shape = tuple[tuple[tuple[str, int], ...], str | None]
 EARLY = 0.001
 
 
-_USER, _IDENTIFYING = attrgetter("user"), attrgetter("identifying")
+_USER = attrgetter("user")
 
 
 @dataclass(eq=False)
@@ -79,6 +80,9 @@ class Hold:
     # Changes of `processes` and `commands` (made only by add, rename and forget): a view
     # shows the process list again when it moves, without comparing the lists.
     process_version: int = 0
+    # The users of `processes`, counted as they change (the state and users at 5,000
+    # processes without a pass over them)
+    tally: Tally = field(default_factory=Tally, repr=False)
     # Who held it last, and when it was freed: the tie-breaks of the topology's choice.
     last_user: str | None = None
     freed: float | None = None
@@ -97,10 +101,9 @@ class Hold:
             return "free"
         if self.holder.identifying:
             return "claimed"
-        if self.allocation is None:  # belongs: the holder's user. In C: 5,000 processes
-            owners = self.processes.values()  # cost the loop a fraction of a millisecond
-            users = set(compress(map(_USER, owners), map(not_, map(_IDENTIFYING, owners))))
-            if users - {self.holder.user}:
+        if self.allocation is None:  # belongs: the holder's user, counted by the tally
+            users = self.tally.known
+            if len(users) > (self.holder.user in users):
                 return "shared"
             return "claimed" if users else "reserved"
         known = [owner for owner in self.processes.values() if not owner.identifying]
@@ -125,7 +128,16 @@ class Hold:
 
     def own_pids(self) -> list[int]:
         """The pids that hold the device: the holder's, or the jobs' on an allocated one."""
+        if self.allocation is None:
+            return self.pids_of(self.holder)
         return [pid for pid, owner in self.processes.items() if self.belongs(owner)]
+
+    def held_by_processes(self) -> bool:
+        """Whether a process here holds the device (`own_pids`, without listing them): on a
+        device held by its user, the tally says it."""
+        if self.allocation is not None:
+            return any(map(self.belongs, self.processes.values()))
+        return self.holder is not None and self.holder.user in self.tally.every
 
     @property
     def how(self) -> str:
@@ -142,16 +154,16 @@ class Hold:
         return None if end is None else round(max(0.0, end - now), 3)
 
     def pids_of(self, user: Identity | None) -> list[int]:
-        """The pids of `user`'s processes on the device."""
-        return [pid for pid, owner in self.processes.items() if owner.same_user(user)]
+        """The pids of `user`'s processes on the device (as `same_user` says, in C)."""
+        if user is None:
+            return []
+        owners = self.processes.values()
+        return list(compress(self.processes, map(user.user.__eq__, map(_USER, owners))))
 
     def users(self) -> list[Identity]:
         """The holder, then every other user whose processes run on the device (the first
-        process of each names them): one look-up a process, for thousands of processes."""
-        users: dict[str, Identity] = {self.holder.user: self.holder} if self.holder else {}
-        for owner in self.processes.values():
-            users.setdefault(owner.user, owner)  # the same user as same_user says
-        return list(users.values())
+        process of each names them), as the tally keeps them."""
+        return self.tally.users(self.processes, self.holder)  # users as same_user says
 
     def touch(self, now: float) -> None:
         """Restart the age when the state or the holder changed."""
@@ -196,20 +208,30 @@ class Hold:
     def add(self, pid: int, owner: Identity, command: str | None) -> None:
         """A process of `owner` (named `command`, when known) started here: its arrival is
         `place`'s."""
+        old = self.processes.get(pid)
         self.processes[pid], self.commands[pid] = owner, command
         self.process_version += 1
+        if old is None:
+            self.tally.arrived(pid, owner)
+        else:  # a pid seen again before its end: in its place
+            self.tally.changed(old, owner)
 
     def rename(self, pid: int, owner: Identity) -> bool:
         """The owner of a process here became known, or better known: True if it was being
         looked up and is known now (it arrives as if it had just started)."""
         old, self.processes[pid] = self.processes[pid], owner
         self.process_version += 1
+        self.tally.changed(old, owner)
         if old.identifying and not owner.identifying:
             return True
         if self.holder is not None and (
             self.holder == old
             if old.identifying
-            else (self.allocation is None and self.holder.same_user(old) and not self.pids_of(old))
+            else (
+                self.allocation is None
+                and self.holder.same_user(old)
+                and old.user not in self.tally.every
+            )
         ):
             self.holder = owner  # the device was held only through this process
         return False
@@ -220,12 +242,16 @@ class Hold:
         owner = self.processes.pop(pid)
         self.commands.pop(pid, None)
         self.process_version += 1
-        if not any(self.key(o) == self.key(owner) for o in self.processes.values()):
+        self.tally.left(pid, owner, self.processes)
+        if self.allocation is None:  # the key is the user
+            if owner.user not in self.tally.every:
+                self.trespassers.discard(owner.user)
+        elif not any(self.key(o) == self.key(owner) for o in self.processes.values()):
             self.trespassers.discard(self.key(owner))
         if self.holder is not None and self.holder.identifying:
             # held only by processes not known yet: by the next of them, or by nobody
             self.holder = next(iter(self.processes.values()), None)
-        elif self.holder is not None and not self.own_pids():
+        elif self.holder is not None and not self.held_by_processes():
             if self.releasing:
                 self.end(now)
             elif (
@@ -239,7 +265,7 @@ class Hold:
 
     def release(self, now: float) -> bool:
         """The holder gives it back: the hold ends now, or (True) once their processes here end."""
-        if self.own_pids():
+        if self.held_by_processes():
             self.releasing, self.held_for = True, None
             return True
         self.end(now)
@@ -250,7 +276,7 @@ class Hold:
         duration over while the holder's processes run leaves them the device (None)."""
         if self.until is not None and self.until <= now + EARLY:
             self.until = None  # the duration asked for is over: the usual rules
-            if not self.own_pids():
+            if not self.held_by_processes():
                 return "duration"
             log.info(
                 "the reservation of %s on %s ended; their processes hold it",
@@ -272,9 +298,7 @@ class Hold:
         self.trespassers.clear()
         if self.processes:  # a known owner before one still being looked up
             self.holder = min(self.processes.values(), key=lambda o: o.identifying)
-            self.trespassers = {o.user for o in self.processes.values() if not o.identifying} - {
-                self.holder.user
-            }
+            self.trespassers = self.tally.known.keys() - {self.holder.user}
         self.touch(now)
 
 
