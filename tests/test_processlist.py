@@ -81,6 +81,19 @@ def test_new_figures_for_thousands_of_processes_are_built_a_hundred_rows_a_turn(
     assert json.loads(view.body()) == view.data()
 
 
+def test_the_list_is_put_together_in_a_step_of_its_own_after_the_last_rows(crowded):
+    """The join of thousands of rows is a slice of its own, not added to the last rows'."""
+    clock, leases, signals, view, uuid = crowded
+    leases.process_ended(uuid, FIRST + 10)  # 1,999 rows: the last step of rows is not full
+    view.body()
+    figures(signals, uuid, 30)
+    rows, lists = stepped(view)
+    assert rows[-1] == 0 and rows[-2] == (MANY - 1) % processlist.ROWS_A_STEP  # 99
+    for body in lists:  # the last rows made: the list is still the old one
+        assert {p["sm"] for p in json.loads(body)[uuid]["claim"]["process_detail"]} == {None}
+    assert {p["sm"] for p in shown(view, uuid)} == {30}  # put together, alone, at the end
+
+
 def test_a_process_starting_or_ending_among_thousands_serializes_one_row_and_is_shown_at_once(
     crowded,
 ):

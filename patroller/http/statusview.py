@@ -211,6 +211,7 @@ class StatusView:
             yield from part.processes.refigure(
                 hold, lambda pid: self.stats.process_view(uuid, pid)
             )
+            yield  # the list put together is a step of its own: a join of thousands of rows
             if self._parts.get(uuid) is part:
                 self._build_detail(uuid, part, version)
 
