@@ -92,8 +92,8 @@ class ProcessFigures:
             item = queued[0]
             if not isinstance(item, int):
                 merged = self._merged.setdefault(uuid, {})
-                for n, (pid, values) in enumerate(list(item.items()), 1):
-                    _fold(merged, pid, values)
+                for n, pid in enumerate(list(item), 1):  # the pids alone copied: no tuples
+                    _fold(merged, pid, item[pid])
                     if n % step == 0:
                         yield
                         if self._queued.get(uuid) is not queued:
