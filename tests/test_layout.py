@@ -99,6 +99,7 @@ CORE_ORDER: list[tuple[str, ...]] = [
     ("patroller.core.leases.serving", "patroller.core.leases.limits"),  # who gets what; limits
     ("patroller.core.leases.queue", "patroller.core.leases.sources"),  # waiters; two schedulers
     ("patroller.core.leases.holds",),  # a device's hold, its states, events
+    ("patroller.core.leases.tally",),  # who runs on a device, counted
     ("patroller.core.scheduled",),  # what an allocation answers, whoever made it
     ("patroller.core.pods",),  # Kubernetes pods' allocations
     ("patroller.core.jobs",),  # Slurm jobs' allocations
