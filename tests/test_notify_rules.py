@@ -18,7 +18,7 @@ from patroller.core.leases import Event
 from patroller.notify.delivery import Delivery, Outcome
 from patroller.notify.destinations import DestinationError, UserDestinations
 from patroller.notify.episodes import Episodes, Rates
-from patroller.notify.messages import Notice, notices_of
+from patroller.notify.messages import Notice, notices_of, tolds_of
 from patroller.notify.notifier import Notifier
 from patroller.notify.watch import due, escalations, still_trespassing
 from patroller.state.audit import AuditLog
@@ -151,6 +151,53 @@ def test_an_episode_is_told_once_again_after_the_repeat_and_when_it_ended():
     for n in range(3):  # the room is bounded: the oldest told is forgotten
         assert episodes.admit(("lost", f"GPU-{n}"))
     assert episodes.admit(key)
+
+
+def test_an_episodes_look_says_whether_to_tell_and_since_when_it_was_told():
+    clock = FakeClock()
+    episodes = Episodes(repeat=3600, most=3, clock=clock)
+    key = ("trespass", "GPU-0", "carol", "alice")
+    assert episodes.look(key) == (True, None)  # never told: told now
+    clock.advance(10)
+    assert episodes.look(key) == (False, 10)
+    clock.advance(3590)
+    assert episodes.look(key) == (True, 3600)  # the repeat is over: told again, now
+    clock.advance(5)
+    assert episodes.look(key, repeat=5) == (True, 5)
+    assert episodes.age(key) == 0
+
+
+@pytest.mark.parametrize(
+    ("user", "holder", "concerns"),
+    [
+        ("carol", "alice", ("carol", "alice")),
+        ("alice", "alice", ("alice",)),
+        ("carol", None, ("carol",)),
+        ("carol", "", ("carol",)),
+        (None, "alice", ("alice",)),
+        (None, None, ()),
+    ],
+)
+def test_a_trespass_concerns_the_trespasser_then_the_holder_each_once(user, holder, concerns):
+    details = {"pid": 4242} if holder is None else {"pid": 4242, "holder": holder}
+    [told] = tolds_of(Event("trespass", user, GPU0, details), "gpu1", AT)
+    assert told.concerns == concerns
+
+
+def test_each_user_is_looked_at_only_where_some_user_may_be_told():
+    """A storm's thousand users a second are not asked of one by one when no user has a
+    destination, there is no default, and nothing is written on terminals."""
+    people = Notifier(Config(), "gpu1", None).people
+    assert not people.may_tell("trespass", routed=True)
+    people.users.add("alice", "ntfys://n/alice")
+    assert people.may_tell("trespass", routed=True)
+    assert not people.may_tell("trespass", routed=False)  # no Apprise: no user's destination
+    people.users.remove("alice", 1)
+    assert not people.may_tell("trespass", routed=True)
+    people.terminal = True
+    assert people.may_tell("trespass", routed=False) and not people.may_tell("lost", False)
+    default = replace(Config(), notify_user_default="mailtos://smtp.lab?to={user}@lab.example")
+    assert Notifier(default, "gpu1", None).people.may_tell("idle", routed=True)
 
 
 def test_the_episode_looked_at_last_is_the_last_forgotten():

@@ -91,6 +91,10 @@ class UserDestinations:
     def users(self) -> tuple[str, ...]:
         return tuple(self._users)
 
+    def anyone(self) -> bool:
+        """Whether any user has settings of her own (destinations, kinds muted)."""
+        return bool(self._users)
+
     def add(self, user: str, url: str) -> int:
         """Add `url` (checked by the caller) for `user`; its number, from 1."""
         own = self.of(user)

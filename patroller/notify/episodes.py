@@ -42,12 +42,20 @@ class Episodes:
     def admit(self, key: tuple[str, ...], repeat: float | None = None) -> bool:
         """Whether the episode `key` is to be told now (and if so, it counts as told): not
         if it was within `repeat` seconds (default: the repeat of every episode)."""
+        return self.look(key, repeat)[0]
+
+    def look(self, key: tuple[str, ...], repeat: float | None = None) -> tuple[bool, float | None]:
+        """`admit`, and the seconds since the episode was told before (None if it was not, or
+        is forgotten): one look-up for both (a storm's event asks both)."""
         now = self.clock()
         last = self._last(key)
-        if last is not None and now - last < (self.repeat if repeat is None else repeat):
-            return False
+        if last is None:
+            self._keep(key, now)
+            return True, None
+        if now - last < (self.repeat if repeat is None else repeat):
+            return False, now - last
         self._keep(key, now)
-        return True
+        return True, now - last
 
     def restore(self, key: tuple[str, ...], age: float) -> None:
         """An episode told `age` seconds ago (before a restart: outbox.py)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from patroller.core.leases import Event
 from patroller.core.text import printable
@@ -61,11 +61,11 @@ class Reader:
 EVERYONE = Reader()
 
 
-@dataclass(frozen=True)
-class Told:
+class Told(NamedTuple):
     """A notice before its words: what the episodes and the rates need (its kind, its episode,
-    the episode it ends, whom it is told to), cheap to make. Its words are made by `notice`,
-    only for a notice that is sent: in a storm most are held back, or wait to be escalated."""
+    the episode it ends, whom it is told to), cheap to make (a tuple: a storm makes a thousand a
+    second). Its words are made by `notice`, only for a notice that is sent: in a storm most
+    are held back, or wait to be escalated."""
 
     kind: str
     key: tuple[str, ...]  # the episode it belongs to
@@ -128,8 +128,13 @@ def tolds_of(event: Event, host: str, at: float) -> Sequence[Told]:
     asked and given at once, a release, a claim by its holder)."""
     kind, user, details, devices = event.kind, event.user, event.details, event.devices
     if kind == "trespass" and devices:  # a storm's kind: nothing made that it does not use
-        concerns = _users(user, details.get("holder"))
-        return [Told("trespass", _trespass_key(event), event, host, at, concerns=concerns)]
+        holder = details.get("holder")
+        # the trespasser, then the holder (both names, as _users makes them)
+        if not holder or str(holder) == user:
+            concerns: tuple[str, ...] = (str(user),) if user else ()
+        else:
+            concerns = (str(user), str(holder)) if user else (str(holder),)
+        return [Told("trespass", _trespass_key(event), event, host, at, (), concerns)]
     mine = _users(user)
     if kind == "grant" and details.get("waited"):
         key = ("granted", *(uuid for uuid, _ in devices), f"{at:.3f}")

@@ -197,36 +197,40 @@ class Notifier:
                 continue  # the end of an episode nobody was told of
             if told.ends:
                 self.outbox.ended(told.ends)
-            told_before = self._episodes.age(told.key)
-            if not self._episodes.admit(
-                told.key,
-                self.config.notify_unreserved_repeat if told.kind == "unreserved" else None,
-            ):
+            kind = told.kind
+            admitted, told_before = self._episodes.look(
+                told.key, self.config.notify_unreserved_repeat if kind == "unreserved" else None
+            )
+            if not admitted:
                 self.repeats += 1
                 if event.kind == "trespass":  # told before a restart, perhaps: still escalated
                     self._escalations.add(event, told.key, now - (told_before or 0.0))
                 continue
             self.outbox.told(told.key, now)
             # the words are made once, and only for a notice that is sent
-            words = Words(told)
+            words: Words | None = None
             if event.kind == "trespass" and self.config.notify_escalate > 0:
                 self._escalations.add(event, told.key, now)
-            elif told.kind in self.config.notify_events:
+            elif kind in self.config.notify_events:
                 for destination in self._delivery.destinations:
                     if destination.full():  # dropped before its words are made or it is rated
                         destination.drop(told.unworded())
                     else:
-                        self._send(destination.number, told.kind, words.everyone, destination.put)
+                        words = words or Words(told)
+                        self._send(destination.number, kind, words.everyone, destination.put)
+            if not told.concerns or not self.people.may_tell(kind, self._router is not None):
+                continue  # no user has a destination or a terminal for it (a look, not a user's)
             for user in told.concerns:
-                urls = self.people.urls_for(user, told.kind) if self._router is not None else ()
-                terminal = self.people.on_terminal(user, told.kind)
+                urls = self.people.urls_for(user, kind) if self._router is not None else ()
+                terminal = self.people.on_terminal(user, kind)
                 if not urls and not terminal:
                     continue
+                words = words or Words(told)
                 hers = words.everyone if not self.config.hide_users else partial(words.of, user)
                 if urls:
-                    self._to_user(told.kind, hers, user, urls)
+                    self._to_user(kind, hers, user, urls)
                 if terminal:
-                    self._to_terminal(told.kind, hers, user)
+                    self._to_terminal(kind, hers, user)
 
     def check(self) -> None:
         """The watch: holds idle or ending, and trespasses to escalate to the admin (a bug of

@@ -158,7 +158,7 @@ class Outbox:
 
     def told(self, key: tuple[str, ...], at: float) -> None:
         if self.path is not None:
-            self._mark(key, round(at, 3))
+            self._mark(key, at)  # rounded by the writer: the loop hands it over as it is
 
     def ended(self, key: tuple[str, ...]) -> None:
         if self.path is not None:
@@ -245,6 +245,7 @@ class Outbox:
         marks, episodes = self._marks, self._episodes
         while marks:
             key, at = marks.popleft()
+            at = None if at is None else round(at, 3)
             mark(episodes, key, at)
             texts.append(episode_line("x", key) if at is None else episode_line("e", key, at))
 

@@ -62,6 +62,15 @@ class People:
         quoted = urllib.parse.quote(user, safe="@")  # a name is one part of the URL, never more
         return (template.replace("{user}", quoted).replace("{email}", quoted),)
 
+    def may_tell(self, kind: str, routed: bool) -> bool:
+        """Whether any user may be told of `kind`, by what the settings say, before asking of
+        each (in a storm, a thousand users a second have no destination): some user has
+        settings of her own, or there is a default for those with none (`routed`: the users'
+        destinations are served), or the host writes `kind` on terminals."""
+        if routed and (self.users.anyone() or self.config.notify_user_default is not None):
+            return True
+        return self.terminal and kind in ON_TERMINAL
+
     def on_terminal(self, user: str, kind: str) -> bool:
         """Whether a notice of `kind` is written on `user`'s terminals: the host writes on
         terminals, that kind is one written there, and she muted neither it nor `terminal`."""
