@@ -50,6 +50,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from patroller.core.leases import Event
+
 from .harness import ROOT, compare, have_wrk, listening_port, middle, rss_mib, wrk
 
 ANSWER_AFTER = 5.0  # seconds the slow destination takes to answer each notice
@@ -341,9 +343,8 @@ def _storm_config(url: str, state_dir: str, rate: int | None, escalate: float | 
 
 
 def _trespass(n: int, devices: list[tuple[str, int]]) -> Any:
-    """The storm's `n`th event: a new user's trespass (a new episode) on one of the GPUs."""
-    from patroller.core.leases import Event
-
+    """The storm's `n`th event: a new user's trespass (a new episode) on one of the GPUs (the
+    event as the lease rules make it: its cost is the rules', in the storm's loop time)."""
     uuid, number = devices[n % len(devices)]
     return Event(
         "trespass", f"user{n}", ((uuid, number),), {"pid": 100_000 + n, "holder": "alice"}
