@@ -106,9 +106,8 @@ class Notifier:
             config.notify_terminal_rate, config.notify_terminal_rate_window, monotonic
         )
         self._terminals: Terminals | None = None  # the users' terminals (--notify-terminal)
-        self._escalations = Escalations(
-            config.notify_escalate, config.notify_episodes
-        )  # trespasses, for the admin
+        # the trespasses to tell the admin of, once they have lasted
+        self._escalations = Escalations(config.notify_escalate, config.notify_episodes)
         self.outbox = Outbox(directory, config)
         self._checks: PeriodicCallback | None = None
         self._failing = Throttle(1, config.repeat_log_every)
@@ -207,8 +206,7 @@ class Notifier:
                     self._escalations.add(event, told.key, now - (told_before or 0.0))
                 continue
             self.outbox.told(told.key, now)
-            # the words are made once, and only for a notice that is sent
-            words: Words | None = None
+            words: Words | None = None  # made once, and only for a notice that is sent
             if event.kind == "trespass" and self.config.notify_escalate > 0:
                 self._escalations.add(event, told.key, now)
             elif kind in self.config.notify_events:
