@@ -9,12 +9,19 @@ from collections import Counter
 import pytest
 
 from patroller.core.identity import IDENTIFYING, Identity, named_user
+from patroller.core.jobs import Allocation, Job
 from patroller.core.leases import Hold
 
 ALICE, BOB, CAROL = named_user("alice"), named_user("bob"), named_user("carol")
 # alice again, from a container of hers: the same user, another identity
 ALICE_BOX = Identity(user="alice", source="container", container=("c0ffee", "train"))
 OWNERS = (ALICE, BOB, CAROL, ALICE_BOX, IDENTIFYING)
+# A Slurm job's processes (carol's job 4242, two of its steps), and one of another job of hers
+JOB = Allocation((Job(id="4242", uid=1001, user="carol"),))
+STEPS = tuple(
+    Identity(user="carol", source="slurm", uid=1001, job=(("id", job), ("step", step)))
+    for job, step in (("4242", "0"), ("4242", "1"), ("9999", "0"))
+)
 
 
 def users_by_pass(hold: Hold) -> list[Identity]:
@@ -32,8 +39,12 @@ def state_by_pass(hold: Hold) -> str:
         return "free"
     if hold.holder.identifying:
         return "claimed"
-    known = {owner.user for owner in hold.processes.values() if not owner.identifying}
-    if known - {hold.holder.user}:
+    known = [owner for owner in hold.processes.values() if not owner.identifying]
+    if hold.allocation is not None:
+        if any(hold.allocation.member_of(owner) is None for owner in known):
+            return "shared"
+        return "claimed" if known else "allocated"
+    if {owner.user for owner in known} - {hold.holder.user}:
         return "shared"
     return "claimed" if known else "reserved"
 
@@ -42,9 +53,10 @@ def check(hold: Hold) -> None:
     owners = list(hold.processes.values())
     assert hold.tally.every == Counter(o.user for o in owners)
     assert hold.tally.known == Counter(o.user for o in owners if not o.identifying)
+    assert hold.tally.owners == Counter(owners)
     assert hold.users() == users_by_pass(hold)
     assert hold.state == state_by_pass(hold)
-    held = [pid for pid, o in hold.processes.items() if o.same_user(hold.holder)]
+    held = [pid for pid, o in hold.processes.items() if hold.belongs(o)]
     assert hold.own_pids() == held
     assert hold.held_by_processes() is bool(held)
 
@@ -73,6 +85,26 @@ def test_the_tally_is_what_a_pass_says_after_every_change(seed: int) -> None:
         else:
             hold.forget(rng.choice(pids), now, lease=60.0)
         check(hold)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_on_a_jobs_gpu_each_distinct_owner_is_asked_once_and_says_what_a_pass_says(seed: int):
+    rng = random.Random(seed)
+    hold = Hold(since=0.0, uuid="GPU-0", holder=named_user("carol"), allocation=JOB)
+    owners = (*STEPS, BOB, IDENTIFYING)
+    trespassers = []
+    for n in range(300):
+        pids = list(hold.processes)
+        if rng.random() < 0.5 or not pids:
+            pid, owner = 1000 + n, rng.choice(owners)  # a new pid (one seen again: above)
+            hold.add(pid, owner, "python")
+            hold.place(owner, float(n))
+        else:
+            hold.forget(rng.choice(pids), float(n), lease=60.0)
+        check(hold)
+        keys = {hold.key(o) for o in hold.processes.values() if not o.identifying}
+        trespassers.append(hold.trespassers <= keys)  # a key leaves with its last process
+    assert all(trespassers)
 
 
 def test_the_oldest_ending_first_keeps_the_order_without_a_pass() -> None:

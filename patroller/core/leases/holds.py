@@ -106,7 +106,7 @@ class Hold:
             if len(users) > (self.holder.user in users):
                 return "shared"
             return "claimed" if users else "reserved"
-        known = [owner for owner in self.processes.values() if not owner.identifying]
+        known = [owner for owner in self.tally.owners if not owner.identifying]  # distinct
         if any(not self.belongs(owner) for owner in known):
             return "shared"
         return "claimed" if known else "allocated"
@@ -135,8 +135,8 @@ class Hold:
     def held_by_processes(self) -> bool:
         """Whether a process here holds the device (`own_pids`, without listing them): on a
         device held by its user, the tally says it."""
-        if self.allocation is not None:
-            return any(map(self.belongs, self.processes.values()))
+        if self.allocation is not None:  # each distinct owner asked once
+            return any(map(self.belongs, self.tally.owners))
         return self.holder is not None and self.holder.user in self.tally.every
 
     @property
@@ -246,7 +246,7 @@ class Hold:
         if self.allocation is None:  # the key is the user
             if owner.user not in self.tally.every:
                 self.trespassers.discard(owner.user)
-        elif not any(self.key(o) == self.key(owner) for o in self.processes.values()):
+        elif not any(self.key(o) == self.key(owner) for o in self.tally.owners):
             self.trespassers.discard(self.key(owner))
         if self.holder is not None and self.holder.identifying:
             # held only by processes not known yet: by the next of them, or by nobody

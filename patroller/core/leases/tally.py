@@ -4,8 +4,10 @@ wild or a fork bomb, would otherwise cost the loop a pass at every process start
 
 A Tally follows one hold's `processes` (pid -> owner, oldest first), told of every change
 (Hold.add, Hold.rename and Hold.forget make them all). It knows how many processes each user
-has there, how many of them are known (not still being identified), and each user's first
-process, in the order of the users' first processes. That order is found again by one pass
+has there, how many of them are known (not still being identified), how many each distinct
+owner has (a Slurm job's or a pod's processes are a few owners, whatever their number: whether
+each is in the allocation is asked once an owner), and each user's first process, in the order
+of the users' first processes. That order is found again by one pass
 only when a change moves it: a process replaced by another user's, or the first process of a
 user who has more, ending while an older process of someone else runs.
 """
@@ -14,28 +16,30 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from operator import attrgetter
+from typing import Any
 
 from patroller.core.identity import Identity
 
 _USER = attrgetter("user")
 
 
-def _count(counts: dict[str, int], user: str, step: int) -> None:
-    left = counts.get(user, 0) + step
+def _count(counts: dict[Any, int], key: Any, step: int) -> None:
+    left = counts.get(key, 0) + step
     if left:
-        counts[user] = left
+        counts[key] = left
     else:
-        del counts[user]
+        del counts[key]
 
 
 class Tally:
     """The users of one device's processes (see the module's doc)."""
 
-    __slots__ = ("every", "known", "_first")
+    __slots__ = ("every", "known", "owners", "_first")
 
     def __init__(self) -> None:
         self.every: dict[str, int] = {}  # user -> processes here
         self.known: dict[str, int] = {}  # user -> processes here whose owner is known
+        self.owners: dict[Identity, int] = {}  # owner -> processes here
         # user -> pid of their first process, in the order of the users' first processes;
         # None: to be found again
         self._first: dict[str, int] | None = {}
@@ -82,6 +86,7 @@ class Tally:
         return [holder, *(owner for owner in named if owner.user != holder.user)]
 
     def _more(self, owner: Identity, step: int) -> None:
+        _count(self.owners, owner, step)
         _count(self.every, owner.user, step)
         if not owner.identifying:
             _count(self.known, owner.user, step)
