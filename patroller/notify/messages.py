@@ -128,12 +128,7 @@ def tolds_of(event: Event, host: str, at: float) -> Sequence[Told]:
     asked and given at once, a release, a claim by its holder)."""
     kind, user, details, devices = event.kind, event.user, event.details, event.devices
     if kind == "trespass" and devices:  # a storm's kind: nothing made that it does not use
-        holder = details.get("holder")
-        # the trespasser, then the holder (both names, as _users makes them)
-        if not holder or str(holder) == user:
-            concerns: tuple[str, ...] = (str(user),) if user else ()
-        else:
-            concerns = (str(user), str(holder)) if user else (str(holder),)
+        concerns = _users(user, details.get("holder"))
         return [Told("trespass", _trespass_key(event), event, host, at, (), concerns)]
     mine = _users(user)
     if kind == "grant" and details.get("waited"):
@@ -323,8 +318,14 @@ def _clock(at: float) -> str:
     return time.strftime("%H:%M UTC", time.gmtime(at))
 
 
-def _users(*names: str | None) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(str(name) for name in names if name))
+def _users(user: Any, other: Any = None) -> tuple[str, ...]:
+    """Whom a notice concerns: `user`, then `other` where another, each named once (a storm's
+    trespasses make a thousand a second: no generator, no dictionary)."""
+    first = str(user) if user else None
+    second = str(other) if other else None
+    if first is None:
+        return () if second is None else (second,)
+    return (first,) if second is None or second == first else (first, second)
 
 
 def _gpus(devices: Sequence[tuple[str, int]]) -> str:

@@ -126,15 +126,9 @@ class Hold:
             return owner.user
         return f"{owner.user} in {self.allocation.word} {self.allocation.own(owner) or '-'}"
 
-    def own_pids(self) -> list[int]:
-        """The pids that hold the device: the holder's, or the jobs' on an allocated one."""
-        if self.allocation is None:
-            return self.pids_of(self.holder)
-        return [pid for pid, owner in self.processes.items() if self.belongs(owner)]
-
     def held_by_processes(self) -> bool:
-        """Whether a process here holds the device (`own_pids`, without listing them): on a
-        device held by its user, the tally says it."""
+        """Whether a process here holds the device: the holder's, or on an allocated one a
+        process of its jobs (or pods), as the tally says."""
         if self.allocation is not None:  # each distinct owner asked once
             return any(map(self.belongs, self.tally.owners))
         return self.holder is not None and self.holder.user in self.tally.every
