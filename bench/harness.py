@@ -6,7 +6,6 @@ import http.client
 import json
 import os
 import platform
-import random
 import re
 import resource
 import shutil
@@ -462,37 +461,3 @@ def ratio(part: float | None, whole: float | None, digits: int = 2) -> float | N
 
 def have_wrk() -> bool:
     return shutil.which("wrk") is not None
-
-
-def compare(
-    rounds: list[dict[str, float | None]],
-    arm: str,
-    base: str,
-    seed: int = 1,
-    resamples: int = 2000,
-    level: float = 0.9,
-) -> dict[str, Any] | None:
-    """`arm` as a multiple of `base`, over rounds that each measured both (a round: one run of
-    each, in an order of its own): the ratio of their medians, and its `level` interval from
-    resampling the rounds (each drawn whole, so that a drift of the machine within a round
-    stays paired). None when fewer than two rounds measured both."""
-    pairs = [
-        (row[arm], row[base])
-        for row in rounds
-        if row.get(arm) is not None and row.get(base) is not None
-    ]
-    if len(pairs) < 2:
-        return None
-
-    def of(drawn: list[tuple[Any, Any]]) -> float:
-        return statistics.median(a for a, _ in drawn) / statistics.median(b for _, b in drawn)
-
-    draw = random.Random(seed)
-    spread = sorted(of(draw.choices(pairs, k=len(pairs))) for _ in range(resamples))
-    tail = (1 - level) / 2
-    return {
-        "ratio": round(of(pairs), 3),
-        "low": round(spread[int(tail * resamples)], 3),
-        "high": round(spread[min(resamples - 1, int((1 - tail) * resamples))], 3),
-        "rounds": len(pairs),
-    }

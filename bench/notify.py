@@ -10,17 +10,17 @@ a full queue, where most are dropped and counted; `with_rate`, the default rate 
 in 10 minutes), which holds almost all back; `with_defaults`, the default rate and escalation
 (a trespass waits 30 minutes before it reaches the admin). Each storm has a daemon of its own:
 SIGUSR1 starts its storm, which first fills the episodes remembered (10,000 at most, a thousand
-events a tick) and says so by a file in its state directory; SIGUSR2 pauses it and SIGUSR1
-goes on with it. wrk measures /status in rounds of three short runs, their order shuffled in
-each round: without the storm, without it again (the control), with it. The storm's ratio is
-the median of its p99s over the median of those without, with a 90% interval from resampling
-the rounds; the control's ratio, measured alike, is how far apart two runs of the same work
-read on the machine at the time: a storm's ratio within the control's reach is no effect
-shown. The daemon's RSS, read before and after each run: the most it grew in one run with the
-storm, and its growth in the first round (whose first run with the storm warms its structures
-up) and after it.
-Quick mode measures two rounds of 1 s runs a storm, without the control; the full mode twenty
-of 2 s.
+events a tick) and says so by a file in its state directory, then waits for the bench's
+schedule (windows.py): quarter-seconds in cycles of three, in an order shuffled in each cycle,
+one without the storm, one without it again (the control), one with it. The daemon storms in
+the windows `with` alone, while one run of wrk measures /status throughout, each request
+counted in the window it began in. Each arm's p99 is that of all its windows' requests; the
+storm's ratio is its p99 over the p99 without, with a 90% interval from resampling the cycles;
+the control's ratio, measured alike, is how far apart the same work reads in the windows of
+the same run: a storm's ratio within the control's reach is no effect shown. The daemon's RSS
+is read every half second: its growth in the run's first quarter (the warm-up) and after it.
+Quick mode measures four cycles of the storm and without, no control; the full mode two hundred
+cycles with the control (150 s a storm).
 
 The cost: in this process, a test-mode daemon's notifier handed 20,000 trespass events (5,000 in
 quick mode) in each storm's settings, the loop's thread time per event (the best of three):
@@ -38,7 +38,6 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import shutil
 import signal
 import statistics
@@ -52,10 +51,12 @@ from typing import Any
 
 from patroller.core.leases import Event
 
-from .harness import ROOT, compare, have_wrk, listening_port, middle, rss_mib, wrk
+from . import windows
+from .harness import ROOT, have_wrk, listening_port, rss_mib
 
 ANSWER_AFTER = 5.0  # seconds the slow destination takes to answer each notice
 FILLED = "storm-filled"  # the storm's daemon writes it in its state directory once filled
+SCHEDULE = "storm-schedule"  # the bench writes the windows' schedule there (windows.py)
 # each storm's --rate and --escalate (None: Config's default)
 STORMS: dict[str, tuple[int | None, float | None]] = {
     "with": (10**9, 0.0),
@@ -93,83 +94,96 @@ class SlowHook:
         self._server.server_close()
 
 
-ARMS = ("without", "again", "with")  # a round's three runs: `again` is the control
+ARMS = ("without", "again", "with")  # a cycle's three windows: `again` is the control
+WIDTH = 0.25  # seconds a window
+GUARD = 0.05  # a window's first seconds, not counted (the outbox's writer gathers 50 ms)
+CONNECTIONS = 32
 
 
 def storm(ctx: Any) -> dict[str, Any]:
-    """/status p99 and throughput without and with 1,000 events a second; memory after. Each
-    storm's daemon is measured in rounds of three runs in a shuffled order: without its storm,
-    without it again (the control: what two runs that do the same work differ by here), and
-    with it. The storm's ratio is the median of its p99s with over the median without, with its
-    90% interval from resampling the rounds; the control's ratio beside it says how far apart
-    the same work reads on this machine."""
+    """/status p99 and throughput without and with 1,000 events a second; memory meanwhile.
+    Each storm's daemon is measured in one run of wrk whose quarter-seconds take turns
+    (windows.py): without its storm, without it again (the control: what the same work reads
+    as in other windows), and with it, in an order shuffled in each cycle of three. Each arm's
+    p99 is of all its windows' requests; the storm's ratio is its p99 over the p99 without,
+    with its 90% interval from resampling the cycles, and the control's alike."""
     if not have_wrk():
         return {"skipped": "wrk is not installed"}
     hook = SlowHook()
-    rounds = 2 if ctx.quick else 20
-    seconds = 1 if ctx.quick else 2
-    # quick mode: no control (two rounds judge nothing; the step keeps to its budget)
+    cycles = 4 if ctx.quick else 200
+    # quick mode: no control (four cycles judge nothing; the step keeps to its budget)
     arms = ("without", "with") if ctx.quick else ARMS
-    found: dict[str, list[dict[str, dict[str, Any]]]] = {}
+    found: dict[str, dict[str, Any]] = {}
     try:
         for n, (mode, settings) in enumerate(STORMS.items()):
-            found[mode] = _one_daemon(hook.url, seconds, settings, rounds, arms, seed=n)
+            found[mode] = _one_daemon(hook.url, settings, cycles, arms, seed=n)
     finally:
         hook.close()
 
-    def median(values: list[float | None]) -> float | None:  # of those measured, rounded
-        found = middle(values)
-        return None if found is None else round(found, 3)
+    def p99(mode: str, arm: str) -> float | None:
+        its = windows.pooled(found[mode]["cycles"], arm)
+        return None if its is None else round(its, 3)
 
-    def each(mode: str, arm: str, *path: str) -> list[float | None]:
-        return [_dig(row[arm], path) for row in found[mode]]
+    def rate(mode: str, arm: str) -> int:
+        measured = cycles * (WIDTH - GUARD)
+        return round(windows.requests(found[mode]["cycles"], arm) / measured)
 
-    def p99s(mode: str) -> list[dict[str, float | None]]:
-        return [{arm: _dig(row[arm], ("status", "p99_ms")) for arm in arms} for row in found[mode]]
-
-    compared = {mode: compare(p99s(mode), "with", "without") for mode in STORMS}
-    control = {mode: compare(p99s(mode), "again", "without") for mode in STORMS}
-    without = [v for mode in STORMS for v in each(mode, "without", "status", "p99_ms")]
-    p99 = {"without": median(without)}
-    p99 |= {mode: median(each(mode, "with", "status", "p99_ms")) for mode in STORMS}
+    compared = {mode: windows.compare(found[mode]["cycles"], "with", "without") for mode in STORMS}
+    control = {
+        mode: windows.compare(found[mode]["cycles"], "again", "without") if not ctx.quick else None
+        for mode in STORMS
+    }
+    p99s = {mode: {arm: p99(mode, arm) for arm in arms} for mode in STORMS}
+    ctx.log(
+        "notify storm: /status p99 ms without / with 1,000 events/s: "
+        + ", ".join(
+            f"{mode} {p99s[mode]['without']} / {p99s[mode]['with']} ({said(compared[mode])}; "
+            f"control {said(control[mode])})"
+            for mode in STORMS
+        )
+    )
 
     def point(mode: str) -> float | None:
         its = compared[mode]
         return None if its is None else its["ratio"]
 
-    ctx.log(
-        f"notify storm: /status p99 {p99['without']} ms without; with 1,000 events/s: "
-        + ", ".join(
-            f"{mode} {p99[mode]} ms ({said(compared[mode])} its own without; control "
-            f"{said(control[mode])})"
-            for mode in STORMS
-        )
-    )
-    rps_without = [v for m in STORMS for v in each(m, "without", "status", "requests_per_s")]
     return {
-        "rounds": rounds,
-        "seconds": seconds,
+        "cycles": cycles,
+        "window_s": WIDTH,
+        "guard_s": GUARD,
+        "connections": CONNECTIONS,
         "answer_after_s": ANSWER_AFTER,
-        "runs": found,
-        "p99_ms": p99,
+        # each cycle's p99 and requests by arm, for a look at the run (the ratios are pooled)
+        "runs": {
+            mode: [
+                {
+                    arm: {
+                        "p99_ms": windows.pooled([cycle], arm),
+                        "requests": sum(cycle.get(arm, {}).values()),
+                    }
+                    for arm in arms
+                }
+                for cycle in found[mode]["cycles"]
+            ]
+            for mode in STORMS
+        },
+        "p99_ms": p99s,
         "p99_ratio": point("with"),  # the hardest: no rate, no escalation
         "p99_ratio_rate": point("with_rate"),
         "p99_ratio_defaults": point("with_defaults"),
         "p99_compared": compared,  # each storm's ratio and its 90% interval
-        "p99_control": control,  # the same for a second run without the storm
-        "requests_per_s": {
-            "without": median(rps_without),
-            **{mode: median(each(mode, "with", "status", "requests_per_s")) for mode in STORMS},
-        },
+        "p99_control": control,  # the same for the windows without the storm again
+        "requests_per_s": {mode: {arm: rate(mode, arm) for arm in arms} for mode in STORMS},
+        "errors": {mode: found[mode]["errors"] for mode in STORMS},
         # events counted as notices queued, dropped or held back (not those left to escalate)
-        "events_per_s": {
-            mode: median(each(mode, "with", "events_per_s")) for mode in ("with", "with_rate")
-        },
-        # memory: the most it grew in one run with the storm (the row); what the first round
-        # took (its first run with the storm warms the structures up) and the rounds after it
-        "rss_growth_mib": max(_most_in_a_run(found[mode], "with") for mode in STORMS),
-        "rss_first_round_mib": max(_rss_growth(found[mode][:1]) for mode in STORMS),
-        "rss_after_first_round_mib": max(_rss_growth(found[mode][1:]) for mode in STORMS),
+        "events_per_s": {mode: found[mode]["events_per_s"] for mode in ("with", "with_rate")},
+        # memory (its episodes filled before the run): what the daemon's RSS grew in the run's
+        # first quarter, where wrk's 32 connections and the first cycles warm it up (by as
+        # much with no storm), and after it (the row: the most of the storms), and each
+        # storm's readings every 5 s
+        "rss_growth_mib": max(found[mode]["rss"]["after"] for mode in STORMS),
+        "rss_mib": {mode: found[mode]["rss"] for mode in STORMS},
+        "rss_first_quarter_mib": max(found[mode]["rss"]["first_quarter"] for mode in STORMS),
     }
 
 
@@ -180,40 +194,16 @@ def said(compared: dict[str, Any] | None) -> str:
     return f"{compared['ratio']}x ({compared['low']}-{compared['high']})"
 
 
-def _most_in_a_run(rounds: list[dict[str, Any]], arm: str) -> float:
-    """The most the daemon's RSS grew during one run of `arm` (MiB)."""
-    return round(
-        max((r[arm]["rss_after_mib"] - r[arm]["rss_before_mib"] for r in rounds), default=0.0), 2
-    )
-
-
-def _rss_growth(rounds: list[dict[str, Any]]) -> float:
-    """How much more the daemon's RSS was after the last run of `rounds` than before their
-    first (MiB; the runs in the order they ran)."""
-    if not rounds:
-        return 0.0
-    first, last = next(iter(rounds[0].values())), list(rounds[-1].values())[-1]
-    return round(last["rss_after_mib"] - first["rss_before_mib"], 2)
-
-
-def _dig(row: dict[str, Any], path: Any) -> float | None:
-    value: Any = row
-    for key in path:
-        value = value.get(key) if isinstance(value, dict) else None
-    return value if isinstance(value, (int, float)) else None
-
-
 def _one_daemon(
     url: str,
-    seconds: float,
     settings: tuple[int | None, float | None],
-    rounds: int,
+    cycles: int,
     arms: tuple[str, ...],
     seed: int,
-) -> list[dict[str, dict[str, Any]]]:
-    """One storm's daemon: /status measured in `rounds` rounds, each a run of every one of
-    `arms` (of ARMS) in a shuffled order (SIGUSR1 starts the storm: first the episodes
-    remembered are filled, then 1,000 events a second; SIGUSR2 pauses it, SIGUSR1 goes on)."""
+) -> dict[str, Any]:
+    """One storm's daemon: SIGUSR1 starts its storm, which first fills the episodes
+    remembered, then waits for the schedule (in its state directory) and storms in the
+    windows of the arm `with`, 1,000 events a second, while wrk measures /status."""
     directory = tempfile.mkdtemp(prefix="pbench-notify")
     os.chmod(directory, 0o700)
     process = subprocess.Popen(
@@ -256,20 +246,35 @@ def _one_daemon(
             if time.monotonic() > deadline:
                 raise RuntimeError("the storm did not fill its episodes: " + _log(directory))
             time.sleep(0.2)
-        process.send_signal(signal.SIGUSR2)
-
-        def measured(storm: bool) -> dict[str, Any]:
-            process.send_signal(signal.SIGUSR1 if storm else signal.SIGUSR2)
-            time.sleep(0.3)  # the storm under way again (a tick every 10 ms), or its last over
-            return _measured(process.pid, base, seconds)
-
-        shuffle = random.Random(seed)
-        found = []
-        for _ in range(rounds):
-            order = list(arms)
-            shuffle.shuffle(order)
-            found.append({arm: measured(arm == "with") for arm in order})
-        return found
+        schedule = windows.Schedule.shuffled(arms, cycles, WIDTH, GUARD, lead=1.0, seed=seed)
+        counted = _notifications(base)
+        sampled: list[float] = []
+        sampler = threading.Thread(
+            target=_sample_rss, args=(process.pid, schedule.end, sampled), daemon=True
+        )
+        sampler.start()
+        found = windows.run(
+            base + "/status", schedule, os.path.join(directory, SCHEDULE), CONNECTIONS
+        )
+        sampler.join()
+        told = _handled(_notifications(base)) - _handled(counted)
+        storming = schedule.phases.count(arms.index("with")) * WIDTH
+        if settings[1] is not None and settings[1] <= 0 and told < 500 * storming:
+            # a storm whose events are counted (no escalation) that did not storm measures
+            # nothing: the step fails rather than saying so with figures
+            raise RuntimeError(f"the storm handed over {told} events in {storming} s")
+        quarter = max(1, len(sampled) // 4)
+        return {
+            "cycles": schedule.cycles(found.windows),
+            "errors": sum(found.errors.values()),
+            "events_per_s": round(told / storming),
+            "rss": {
+                "growth": round(max(sampled) - sampled[0], 2),
+                "first_quarter": round(sampled[quarter] - sampled[0], 2),
+                "after": round(sampled[-1] - sampled[quarter], 2),
+                "every_5_s": [round(v, 2) for v in sampled[::10]],
+            },
+        }
     finally:
         process.send_signal(signal.SIGTERM)
         try:
@@ -280,24 +285,13 @@ def _one_daemon(
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _measured(pid: int, base: str, seconds: float) -> dict[str, Any]:
-    """wrk on /status for `seconds`; the daemon's RSS and the notices handled meanwhile."""
-    before = rss_mib(pid)
-    counted = _notifications(base)
-    began = time.monotonic()
-    status = wrk(base + "/status", seconds)
-    took = time.monotonic() - began
-    after = rss_mib(pid)
-    ended = _notifications(base)
-    told = _handled(ended) - _handled(counted)
-    return {
-        "status": status,
-        "rss_before_mib": before,
-        "rss_after_mib": after,
-        "events_per_s": round(told / took),
-        "pending": ended["pending"],
-        "dropped": ended["by_kind"].get("trespass", {}).get("dropped", 0),
-    }
+def _sample_rss(pid: int, until: float, into: list[float]) -> None:
+    """The daemon's RSS (MiB) every half second until `until` (time.monotonic())."""
+    while True:
+        into.append(rss_mib(pid))
+        if time.monotonic() >= until:
+            return
+        time.sleep(0.5)
 
 
 def _handled(notifications: dict[str, Any]) -> int:
@@ -377,23 +371,18 @@ async def _serve(
     every = 0.01  # seconds between ticks; each hands over the events due since the last
     due = [time.monotonic(), 0.0]
     to_fill = [-1]  # events of the fill left (-1: the storm not begun)
-    paused = [False]
+    schedule: list[windows.Schedule] = []  # once read
 
-    def begin() -> None:  # SIGUSR1: the storm begins (the fill first), or goes on
+    def begin() -> None:  # SIGUSR1: the storm begins, the fill first
         if to_fill[0] < 0:
             to_fill[0] = config.notify_episodes
-        paused[0] = False
-        due[:] = [time.monotonic(), 0.0]
-
-    def pause() -> None:  # SIGUSR2
-        paused[0] = True
 
     def tell() -> None:
         count[0] += 1
         notifier.on_event(_trespass(count[0], devices))
 
     def storm() -> None:
-        if to_fill[0] < 0 or paused[0]:
+        if to_fill[0] < 0:
             return
         if to_fill[0] > 0:  # first the episodes remembered are filled, a thousand a tick
             burst = min(to_fill[0], 1000)
@@ -403,10 +392,19 @@ async def _serve(
             if to_fill[0] == 0:
                 with open(os.path.join(state_dir, FILLED), "w"):
                     pass
-                due[:] = [time.monotonic(), 0.0]
             return
+        if not schedule:  # then it waits for the bench's schedule
+            path = os.path.join(state_dir, SCHEDULE)
+            if not os.path.exists(path):
+                return
+            schedule.append(windows.Schedule.read(path))
         now = time.monotonic()
-        due[1] += events * (now - due[0])
+        if schedule[0].arm_at(now) != "with":
+            due[:] = [now, 0.0]  # no storm in this window: nothing becomes due
+            return
+        # the events due since the last tick, or since this window began
+        began = schedule[0].start + schedule[0].width * (schedule[0].window_at(now) or 0)
+        due[1] += events * (now - max(due[0], began))
         due[0] = now
         for _ in range(int(due[1])):
             due[1] -= 1
@@ -415,7 +413,6 @@ async def _serve(
     loop = asyncio.get_running_loop()
     if events:
         loop.add_signal_handler(signal.SIGUSR1, begin)
-        loop.add_signal_handler(signal.SIGUSR2, pause)
         PeriodicCallback(storm, every * 1000).start()
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)

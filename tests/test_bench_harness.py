@@ -209,29 +209,3 @@ def test_wrk_gives_no_latency_for_a_run_that_answered_nothing():
         silent.close()
     assert found["requests_per_s"] == 0
     assert found["p50_ms"] is None and found["p99_ms"] is None
-
-
-def test_a_comparison_over_rounds_keeps_each_round_whole():
-    """The storm's ratio: the median of one arm over the median of the other, and an interval
-    from resampling whole rounds, so that a drift of the machine between rounds (here tenfold)
-    moves both arms of a round alike and not the ratio."""
-    from bench.harness import compare
-
-    rounds = [{"with": 1.5 * base, "without": base} for base in (1.0, 10.0, 2.0, 7.0, 3.0)]
-    found = compare(rounds, "with", "without")
-    assert found == {"ratio": 1.5, "low": 1.5, "high": 1.5, "rounds": 5}
-
-
-def test_a_comparison_spreads_with_the_rounds_and_skips_those_not_measured():
-    from bench.harness import compare
-
-    rounds = [
-        {"with": w, "without": b}
-        for w, b in ((1.0, 1.0), (1.4, 1.0), (0.9, 1.1), (1.3, 0.9), (1.1, 1.0), (1.2, 1.05))
-    ]
-    found = compare(rounds + [{"with": None, "without": 1.0}, {"without": 2.0}], "with", "without")
-    assert found["rounds"] == 6
-    assert found["ratio"] == 1.15  # medians 1.15 and 1.0
-    assert found["low"] < found["ratio"] < found["high"]
-    assert compare(rounds, "with", "without", seed=2)["ratio"] == found["ratio"]
-    assert compare(rounds[:1], "with", "without") is None
