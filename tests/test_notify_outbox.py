@@ -231,6 +231,41 @@ def test_a_rewritten_journal_keeps_the_newest_episodes_told(tmp_path):
     assert told == list(range(40 - len(told), 40)), told
 
 
+def test_a_rewrite_writes_each_episodes_line_as_it_was_written_and_forgets_the_old(
+    tmp_path, monkeypatch
+):
+    """A storm's rewrite holds 10,000 episodes: their lines are written again as they were
+    made when each was told, none made anew (55 ms of the interpreter, taken from the loop,
+    when they were), and those told before --notify-repeat are left out."""
+    import patroller.notify.outbox as module
+
+    config = Config(notify_repeat=3600)
+    outbox = Outbox(str(tmp_path), config)
+    outbox.open(time.time())
+    now = time.time()
+    outbox.told(("idle", "old"), now - 7200.0004)
+    for n in range(20):
+        outbox.told(("trespass", f"GPU-{n % 3}", f"user{n}", "alice"), now + n / 7)
+    outbox.ended(("trespass", "GPU-1", "user4", "alice"))
+    outbox.told(("trespass", "GPU-2", "user2", "alice"), now + 30.0006)  # told again: last
+    written(outbox)
+    made = []
+    monkeypatch.setattr(
+        module, "episode_line", lambda *args: made.append(args) or episode_line(*args)
+    )
+    outbox._rewrite()  # the writer waits for a line: the test's thread rewrites
+    outbox.stop(5)
+    assert made == []
+    expected = [
+        (("trespass", f"GPU-{n % 3}", f"user{n}", "alice"), round(now + n / 7, 3))
+        for n in range(20)
+        if n not in (2, 4)
+    ] + [(("trespass", "GPU-2", "user2", "alice"), round(now + 30.0006, 3))]
+    lines = (tmp_path / FILE).read_text().splitlines(keepends=True)
+    assert lines[1:] == [line({"e": list(key), "at": at}) for key, at in expected]
+    assert list(reopened(str(tmp_path), config).episodes.items()) == expected
+
+
 def test_a_journal_holding_much_grows_to_four_times_what_it_holds_and_no_more(tmp_path):
     config = Config(notify_outbox_lines=40)
     outbox = Outbox(str(tmp_path), config)
