@@ -700,6 +700,15 @@ def _notify_figures(n: dict[str, Any]) -> list[tuple[str, Any]]:
                 " / ".join(str(v) for v in cost.values()),
             )
         )
+    rewrite = n.get("rewrite")
+    if rewrite:
+        figures.append(
+            (
+                f"the outbox's journal written anew, {rewrite['episodes']} episodes told: ms of "
+                "its thread's CPU, of wall time (the best of five)",
+                f"{rewrite['cpu_ms']}, {rewrite['wall_ms']}",
+            )
+        )
     if watch:
         figures.append(
             (
