@@ -266,7 +266,7 @@ def _one_daemon(
             # a storm whose events are counted (no escalation) that did not storm measures
             # nothing: the step fails rather than saying so with figures
             raise RuntimeError(f"the storm handed over {told} events in {storming} s")
-        quarter = max(1, len(sampled) // 4)
+        quarter = len(sampled) // 4  # (one reading at least: the sampler reads before it looks)
         return {
             "cycles": schedule.cycles(found.windows),
             "errors": sum(found.errors.values()),
@@ -402,11 +402,13 @@ async def _serve(
                 return
             schedule.append(windows.Schedule.read(path))
         now = time.monotonic()
-        if schedule[0].arm_at(now) != "with":
+        plan = schedule[0]
+        window = plan.window_at(now)
+        if window is None or plan.arms[plan.phases[window]] != "with":
             due[:] = [now, 0.0]  # no storm in this window: nothing becomes due
             return
         # the events due since the last tick, or since this window began
-        began = schedule[0].start + schedule[0].width * (schedule[0].window_at(now) or 0)
+        began = plan.start + plan.width * window
         due[1] += events * (now - max(due[0], began))
         due[0] = now
         for _ in range(int(due[1])):
