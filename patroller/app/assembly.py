@@ -237,7 +237,7 @@ def connect(services: Services) -> None:
         services.sampler.tally.connect(services.signals)
     services.leases.on_event(services.audit.record)
     if services.notifier is not None:
-        services.leases.on_event(services.notifier.on_event)
+        services.leases.on_event(services.notifier.turns.put)  # a few a turn of the loop
         services.notifier.quiet_for = services.idle.quiet_for
         services.notifier.troubles = services.troubles
         services.notifier.usage = services.usage

@@ -186,6 +186,7 @@ class Daemon:
                 None, services.usage.close, max(0.1, deadline - time.monotonic())
             )
         if services.notifier is not None:  # what is being sent meanwhile is given a moment
+            services.notifier.turns.finish()  # the events waiting for a turn, handled first
             await asyncio.get_running_loop().run_in_executor(
                 None, services.notifier.stop, max(0.1, deadline - time.monotonic())
             )

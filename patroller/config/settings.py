@@ -163,6 +163,10 @@ class Config:
     # seconds the outbox's writer gathers the lines handed over before it writes them (a try's
     # start, which waits, is written at once): a storm wakes it 20 times a second, not 1,000
     notify_outbox_gather: float = 0.05
+    # the lease rules' events the notifier handles in one turn of the loop at most; more wait
+    # for the next turns, the requests that came meanwhile served between (notify/turns.py)
+    notify_per_turn: int = 1
+    notify_backlog: int = 10000  # events waiting for a turn at most; more are dropped, counted
     # notices dropped at full queues written one by one in the audit record per
     # repeat_log_every at most; the rest are counted, one line each kind, recipient and
     # destination with their count (notify/outcomes.py)

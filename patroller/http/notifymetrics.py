@@ -1,5 +1,5 @@
 """/metrics' families of notifications (notify/): the notices by kind and what became of
-them, and those waiting now."""
+them, those waiting now, and the events waiting for a turn of the loop."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from patroller.notify import Notifier
 
 
 def notification_families(notifier: Notifier | None) -> Iterator[Metric]:
-    """Notices by kind and result (queued, sent, failed, retried, dropped), and those
-    waiting now."""
+    """Notices by kind and result (queued, sent, failed, retried, dropped), those
+    waiting now, and the events waiting to be handled and dropped before."""
     found = notifier.metrics() if notifier is not None else {}
     family = CounterMetricFamily(
         "patroller_notifications",
@@ -31,4 +31,14 @@ def notification_families(notifier: Notifier | None) -> Iterator[Metric]:
         "patroller_notifications_pending",
         "Notices queued for the destinations, not yet sent",
         value=found.get("pending", 0),
+    )
+    yield GaugeMetricFamily(
+        "patroller_notification_events_waiting",
+        "The lease rules' events waiting for a turn of the loop to be handled",
+        value=found.get("events_waiting", 0),
+    )
+    yield CounterMetricFamily(
+        "patroller_notification_events_dropped",
+        "The lease rules' events dropped, not handled: too many waited for a turn",
+        value=found.get("events_dropped", 0),
     )

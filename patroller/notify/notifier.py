@@ -43,6 +43,7 @@ from patroller.notify.outcomes import Outcomes
 from patroller.notify.people import NO_APPRISE, ON, People
 from patroller.notify.resume import resume
 from patroller.notify.terminal import Terminals
+from patroller.notify.turns import Turns
 from patroller.notify.watch import Escalations, Troubles, look
 from patroller.notify.weekly import Digests
 from patroller.state.audit import AuditLog
@@ -94,7 +95,7 @@ class Notifier:
             directory,
             plugin_of or (lambda url: apprise_sender(url, config.notify_timeout)),
             lambda notice, user, urls: self._to_user(notice.kind, lambda: notice, user, urls),
-            self._forget,
+            lambda url: None if self._router is None else self._router.forget(url),
             clock,
         )
         self._delivery: Delivery | None = None
@@ -114,12 +115,14 @@ class Notifier:
         self._outcomes = Outcomes(config, audit, self.people.last, monotonic)
         self._told = self._outcomes.told
         self._loop: IOLoop | None = None
+        self.turns = Turns(self.on_event, config)  # the lease rules' events, a few a turn
 
     def start(self) -> None:
         """Read the users' destinations and ready the admin's, the threads and the watch.
         NotifyError for an admin's URL that cannot be used; without Apprise, one warning when
         destinations were given, and nothing is sent but on the users' terminals."""
         self._loop = IOLoop.current()
+        self.turns.start()
         self._outcomes.start()
         self.people.users.open()
         terminal = self.config.notify_terminal
@@ -302,10 +305,6 @@ class Notifier:
         if self._router is not None:
             self._router.put(notice, user, urls)
 
-    def _forget(self, url: str) -> None:
-        if self._router is not None:
-            self._router.forget(url)
-
     # -- the end, and what is counted --------------------------------------------------------
 
     def stop(self, timeout: float) -> None:
@@ -353,6 +352,7 @@ class Notifier:
             + (terminals.pending() if terminals else 0),
             "repeats": self.repeats,
             "held": self.held,
+            **self.turns.counts(),
             "digest_next": self.digests.due if self.digests else None,
             "by_kind": delivery.counts.snapshot() if delivery else {},
         }
