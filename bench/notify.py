@@ -4,13 +4,15 @@ The storm: a test-mode daemon (its own process, `python -m bench.notify serve`) 
 `--notify` destination, a webhook that takes 5 s to answer each notice (a thread of this
 process), and its state directory (the outbox on). With `--events N` the daemon's own loop
 hands N trespass events a second (each a new episode: a new user on one of its GPUs) to the
-notifier, as the lease rules would. Three storms (STORMS): `with`, no destination's rate and no
-escalation holds any back: every notice goes through the words, the episodes, the outbox and
-a full queue, where most are dropped and counted; `with_rate`, the default rate (10 notices
-in 10 minutes), which holds almost all back; `with_defaults`, the default rate and escalation
-(a trespass waits 30 minutes before it reaches the admin). Each storm has a daemon of its own:
+notifier, as the lease rules do (through its turns: notify/turns.py). Three storms (STORMS):
+`with`, no destination's rate and no escalation holds any back: every notice goes through the
+words, the episodes, the outbox and a full queue, where most are dropped and counted;
+`with_rate`, the default rate (10 notices in 10 minutes), which holds almost all back;
+`with_defaults`, the default rate and escalation (a trespass waits 30 minutes before it
+reaches the admin). Each storm has a daemon of its own:
 SIGUSR1 starts its storm, which first fills the episodes remembered (10,000 at most, a thousand
-events a tick) and says so by a file in its state directory, then waits for the bench's
+events a tick) and, once the notifier has handled them all, says so by a file in its state
+directory, then waits for the bench's
 schedule (windows.py): quarter-seconds in cycles of three, in an order shuffled in each cycle,
 one without the storm, one without it again (the control), one with it. The daemon storms in
 the windows `with` alone, while one run of wrk measures /status throughout, each request
@@ -373,28 +375,32 @@ async def _serve(
     count = [0]
     every = 0.01  # seconds between ticks; each hands over the events due since the last
     due = [time.monotonic(), 0.0]
-    to_fill = [-1]  # events of the fill left (-1: the storm not begun)
+    to_fill = [-1]  # events of the fill left (-1: the storm not begun; -2: filled)
     schedule: list[windows.Schedule] = []  # once read
 
     def begin() -> None:  # SIGUSR1: the storm begins, the fill first
-        if to_fill[0] < 0:
+        if to_fill[0] == -1:
             to_fill[0] = config.notify_episodes
 
-    def tell() -> None:
+    def tell() -> None:  # as the lease rules hand their events over (app/assembly.py)
         count[0] += 1
-        notifier.on_event(_trespass(count[0], devices))
+        notifier.turns.put(_trespass(count[0], devices))
 
     def storm() -> None:
-        if to_fill[0] < 0:
+        if to_fill[0] == -1:
             return
         if to_fill[0] > 0:  # first the episodes remembered are filled, a thousand a tick
             burst = min(to_fill[0], 1000)
             for _ in range(burst):
                 tell()
             to_fill[0] -= burst
-            if to_fill[0] == 0:
-                with open(os.path.join(state_dir, FILLED), "w"):
-                    pass
+            return
+        if to_fill[0] == 0:  # filled once the notifier has handled every event of the fill
+            if notifier.turns.waiting:
+                return
+            to_fill[0] = -2
+            with open(os.path.join(state_dir, FILLED), "w"):
+                pass
             return
         if not schedule:  # then it waits for the bench's schedule
             path = os.path.join(state_dir, SCHEDULE)
