@@ -8,6 +8,7 @@ import logging
 import socket
 from dataclasses import replace
 
+import pytest
 from helpers import async_test, find, scrape, serving, until
 
 from patroller.config import Config
@@ -124,14 +125,46 @@ async def test_the_stop_handles_every_event_waiting_and_later_ones_as_they_come(
     assert seen[-1] is late
 
 
-def test_without_a_loop_each_event_is_handled_as_it_comes():
+@pytest.mark.errors_expected
+@async_test
+async def test_a_bug_in_one_events_handling_is_logged_once_and_the_others_are_handled(caplog):
     seen = []
-    turns = made(seen, 1, 10)
-    turns.start()  # no loop runs: a notifier off any loop
+    burst = events(6)
+
+    def handle(event):
+        if event.user in ("user1", "user3", "user5"):
+            raise RuntimeError(f"a bug at {event.user}")
+        seen.append(event)
+
+    turns = Turns(handle, Config(notify_per_turn=1, repeat_log_every=60))
+    turns.start()
+    with caplog.at_level(logging.ERROR, logger="patroller.notify.turns"):
+        for event in burst[:4]:  # the first at once, three wait; one fails at once
+            turns.put(event)
+        await turned(turns)
+        turns.put(burst[4])
+        turns.put(burst[5])  # waits, and fails at the stop
+        turns.finish()
+    assert seen == [burst[0], burst[2], burst[4]]
+    [logged] = [r for r in caplog.records if "could not be handled" in r.getMessage()]
+    assert logged.exc_info is not None and "a bug at user1" in str(logged.exc_info[1])
+
+
+@pytest.mark.errors_expected
+def test_without_a_loop_each_event_is_handled_as_it_comes_a_bug_logged():
+    seen = []
     burst = events(4)
+
+    def handle(event):
+        if event is burst[1]:
+            raise RuntimeError("a bug")
+        seen.append(event)
+
+    turns = Turns(handle, Config(notify_per_turn=1, notify_backlog=10))
+    turns.start()  # no loop runs: a notifier off any loop
     for event in burst:
         turns.put(event)
-    assert seen == burst and turns.waiting == 0
+    assert seen == [burst[0], *burst[2:]] and turns.waiting == 0
 
 
 @async_test

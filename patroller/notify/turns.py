@@ -12,7 +12,9 @@ a second handed in bursts of ten (bench/notify.py, the default rate, both in one
 whole, and 1.06x when one event was handled a turn (docs/performance.md).
 
 The backlog is bounded: past `most` events waiting, an event is dropped, counted and logged
-(once a `repeat_log_every`). At the stop what waits is handled at once (`finish`).
+(once a `repeat_log_every`). At the stop what waits is handled at once (`finish`). A bug in
+one event's handling is logged (its traceback once a `repeat_log_every`), and the events
+after it are handled still.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ class Turns:
         self._handled = 0  # events handled in this turn
         self._turning = False  # the next turn is asked for
         self._call_soon: Callable[[Callable[[], None]], Any] | None = None
-        self._failing = Throttle(1, config.repeat_log_every)
+        self._failing = Throttle(1, config.repeat_log_every)  # the warning of a drop
+        self._broken = Throttle(1, config.repeat_log_every)  # a bug's traceback
 
     def start(self) -> None:
         """On the running loop: its call_soon runs a callback at the loop's next turn (after
@@ -64,24 +67,24 @@ class Turns:
     def put(self, event: Event) -> None:
         """An event of the lease rules (on the loop): handled now, or at a later turn."""
         if self._call_soon is None:  # not started (or stopped): as it comes
-            self.handle(event)
+            self._handle(event)
             return
         if self._backlog or self._handled >= self.each:
             if len(self._backlog) >= self.most:
                 self._drop()
                 return
-            self._backlog.append(event)
+            self._backlog.append(event)  # a turn is asked for: one was, for those before it
         else:
             self._handled += 1
-            self.handle(event)
-        self._next()
+            self._next()  # the next turn counts afresh
+            self._handle(event)
 
     def finish(self) -> None:
         """Handle every event waiting, now (at the stop, on the loop); later ones as they come."""
         self._call_soon = None
         backlog = self._backlog
         while backlog:
-            self.handle(backlog.popleft())
+            self._handle(backlog.popleft())
 
     def _next(self) -> None:
         if not self._turning and self._call_soon is not None:
@@ -93,11 +96,22 @@ class Turns:
         self._turning = False
         self._handled = 0
         backlog = self._backlog
+        if backlog:  # this turn counts what comes later in it; the next one is asked
+            self._next()
         while backlog and self._handled < self.each:
             self._handled += 1
-            self.handle(backlog.popleft())
-        if self._handled:  # this turn counts what comes later in it; the next one is asked
-            self._next()
+            self._handle(backlog.popleft())
+
+    def _handle(self, event: Event) -> None:
+        """One event handled; a bug in its handling is logged (once a repeat_log_every) and
+        the next events are handled still (the stop too)."""
+        try:
+            self.handle(event)
+        except Exception:
+            if self._broken.admit()[0]:
+                log.exception(
+                    "notifications: an event of kind %s could not be handled", event.kind
+                )
 
     def _drop(self) -> None:
         self.dropped += 1
