@@ -58,7 +58,7 @@ class Turns:
 
     def counts(self) -> dict[str, int]:
         """For /metrics: the events waiting now and those dropped."""
-        return {"events_waiting": len(self._backlog), "events_dropped": self.dropped}
+        return {"events_waiting": self.waiting, "events_dropped": self.dropped}
 
     @property
     def waiting(self) -> int:
