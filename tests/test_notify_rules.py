@@ -3,6 +3,7 @@ once and again after the repeat, each destination's rate with what it held back,
 values (a URL never repeated in an error), and the destinations' queues and tries with senders
 of the test's own (Apprise's own senders meet real receivers in test_notify_daemon.py)."""
 
+import asyncio
 import logging
 import os
 import stat
@@ -676,4 +677,41 @@ async def test_a_storm_of_notices_not_sent_is_one_warning_and_every_one_is_count
         assert len(lines) == 1 and "was dropped: its queue was full" in lines[0], lines
     finally:
         hang.set()
+        notifier.stop(5)
+
+
+@async_test
+async def test_a_destination_no_user_names_any_more_ends_its_thread(tmp_path):
+    """A user's destination has a thread once a notice is put to it; when the last user who
+    names its URL removes it, that thread ends (a URL kept by another user keeps its own)."""
+    sent = []
+    config = replace(Config(), notify_escalate=0, notify_retry_first=0.01)
+
+    def plugin_of(url):
+        return lambda title, body: sent.append((url, title)) or True
+
+    notifier = Notifier(config, "gpu1", None, str(tmp_path), senders=[], plugin_of=plugin_of)
+    notifier.start()
+
+    def threads():
+        return sum(t.name == "notify-0" and t.is_alive() for t in threading.enumerate())
+
+    try:
+        assert await notifier.people.add("alice", "ntfys://n/alice") == 1
+        assert await notifier.people.add("alice", "ntfys://n/shared") == 2
+        assert await notifier.people.add("bob", "ntfys://n/shared") == 1
+        trespass = Event("trespass", "carol", GPU0, {"pid": 1, "holder": "alice"})
+        notifier.on_event(trespass)
+        await until(lambda: len(sent) == 2)
+        assert sorted(url for url, _ in sent) == ["ntfys://n/alice", "ntfys://n/shared"]
+        assert threads() == 2
+        notifier.people.remove("alice", 1)
+        await until(lambda: threads() == 1)
+        notifier.people.remove("alice", 1)  # now her second: bob still names it
+        assert notifier.people.users.of("alice").urls == ()
+        await asyncio.sleep(0.2)
+        assert threads() == 1
+        notifier.people.remove("bob", 1)
+        await until(lambda: threads() == 0)
+    finally:
         notifier.stop(5)
