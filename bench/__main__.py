@@ -458,9 +458,9 @@ def checks(report: dict[str, Any]) -> list[dict[str, Any]]:
             lambda v: v <= 1.1,
         ),
         (
-            "daemon RSS growth MiB in a storm's measured run after its first quarter (the "
-            "most), its 10,000 episodes remembered",
-            _get(r, "notify", "storm", "rss_growth_mib"),
+            "daemon heap growth MiB (the allocator's bytes in use) in a storm's measured run "
+            "after its first quarter (the most), its 10,000 episodes remembered",
+            _get(r, "notify", "storm", "heap_growth_mib"),
             "< 2 (bounded)",
             lambda v: v < 2,
         ),
@@ -748,6 +748,17 @@ def _notify_figures(n: dict[str, Any]) -> list[tuple[str, Any]]:
                 "growth MiB in the run's first quarter / after it (the most of the storms)",
                 " / ".join(str(v) for v in storm["events_per_s"].values())
                 + f", {storm.get('rss_first_quarter_mib')} / {storm.get('rss_growth_mib')}",
+            )
+        )
+        figures.append(
+            (
+                "notification storm: heap growth MiB after the run's first quarter, by storm "
+                "(the allocator's bytes in use)",
+                ", ".join(
+                    f"{mode} {'not read' if heap is None else heap['after']}"
+                    for mode, heap in (storm.get("heap_mib") or {}).items()
+                )
+                or "not read",
             )
         )
     return figures

@@ -19,8 +19,12 @@ the windows `with` alone, while one run of wrk measures /status throughout, each
 counted in the window it began in. Each arm's p99 is that of all its windows' requests; the
 storm's ratio is its p99 over the p99 without, with a 90% interval from resampling the cycles;
 the control's ratio, measured alike, is how far apart the same work reads in the windows of
-the same run: a storm's ratio within the control's reach is no effect shown. The daemon's RSS
-is read every half second: its growth in the run's first quarter (the warm-up) and after it.
+the same run: a storm's ratio within the control's reach is no effect shown. The daemon's
+memory is read every half second: what it holds (its heap, the bytes the C library's allocator
+handed out and did not have back, which the daemon itself reads: _sample_heap) and its RSS,
+each one's growth in the run's first quarter (the warm-up) and after it. The row judges the
+heap: a leak grows it with every event, where the RSS also rises by the allocator's steps of
+free memory kept (1.13 MiB each, at times in the run that differ from run to run).
 Quick mode measures four cycles of the storm and without, no control; the full mode two hundred
 cycles with the control (150 s a storm).
 
@@ -41,6 +45,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
+import ctypes.util
 import json
 import os
 import shutil
@@ -60,6 +66,7 @@ from . import windows
 from .harness import ROOT, have_wrk, listening_port, rss_mib
 
 ANSWER_AFTER = 5.0  # seconds the slow destination takes to answer each notice
+HEAP = "heap"  # the storm's daemon writes its heap's readings there (_sample_heap)
 FILLED = "storm-filled"  # the storm's daemon writes it in its state directory once filled
 SCHEDULE = "storm-schedule"  # the bench writes the windows' schedule there (windows.py)
 # each storm's --rate and --escalate (None: Config's default)
@@ -182,14 +189,27 @@ def storm(ctx: Any) -> dict[str, Any]:
         "errors": {mode: found[mode]["errors"] for mode in STORMS},
         # events counted as notices queued, dropped or held back (not those left to escalate)
         "events_per_s": {mode: found[mode]["events_per_s"] for mode in ("with", "with_rate")},
-        # memory (its episodes filled before the run): what the daemon's RSS grew in the run's
-        # first quarter, where wrk's 32 connections and the first cycles warm it up (by as
-        # much with no storm), and after it (the row: the most of the storms), and each
-        # storm's readings every 5 s
+        # memory (its episodes filled before the run): what the daemon holds (its heap: the
+        # bytes its allocator handed out and did not have back) grew after the run's first
+        # quarter, where wrk's 32 connections and the first cycles warm it up (the row: the
+        # most of the storms; None without glibc's count), and its RSS, which also counts
+        # what the allocator keeps free (it rises in steps of 1.13 MiB, at times in the run
+        # that differ from one run to the next, and stays); each storm's readings every 5 s
+        "heap_growth_mib": _most(found[mode]["heap"] for mode in STORMS),
+        "heap_mib": {mode: found[mode]["heap"] for mode in STORMS},
         "rss_growth_mib": max(found[mode]["rss"]["after"] for mode in STORMS),
         "rss_mib": {mode: found[mode]["rss"] for mode in STORMS},
         "rss_first_quarter_mib": max(found[mode]["rss"]["first_quarter"] for mode in STORMS),
     }
+
+
+def _most(readings: Any) -> float | None:
+    """The most growth after the first quarter among the storms' heaps (None where one was
+    not read)."""
+    found = list(readings)
+    if any(heap is None for heap in found):
+        return None
+    return max(heap["after"] for heap in found)
 
 
 def said(compared: dict[str, Any] | None) -> str:
@@ -269,7 +289,16 @@ def _one_daemon(
             # nothing: the step fails rather than saying so with figures
             raise RuntimeError(f"the storm handed over {told} events in {storming} s")
         quarter = len(sampled) // 4  # (one reading at least: the sampler reads before it looks)
+        heap = _heap_read(os.path.join(directory, HEAP), schedule.start, schedule.end)
         return {
+            "heap": {
+                "growth": round(max(heap) - heap[0], 2),
+                "first_quarter": round(heap[len(heap) // 4] - heap[0], 2),
+                "after": round(heap[-1] - heap[len(heap) // 4], 2),
+                "every_5_s": [round(v, 2) for v in heap[::10]],
+            }
+            if heap
+            else None,
             "cycles": schedule.cycles(found.windows),
             "errors": sum(found.errors.values()),
             "events_per_s": round(told / storming),
@@ -422,6 +451,9 @@ async def _serve(
             tell()
 
     loop = asyncio.get_running_loop()
+    threading.Thread(
+        target=_sample_heap, args=(os.path.join(state_dir, HEAP),), daemon=True
+    ).start()
     if events:
         loop.add_signal_handler(signal.SIGUSR1, begin)
         PeriodicCallback(storm, every * 1000).start()
@@ -429,6 +461,46 @@ async def _serve(
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     await stop.wait()
     await daemon.stop(config.shutdown_grace)
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd",
+            "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
+        )
+    ]  # fmt: skip
+
+
+def _sample_heap(path: str, every: float = 0.5) -> None:
+    """The C library's count of the bytes its allocator has handed out and not had back (in
+    its heaps and mapped alone; every object, as the daemon runs on it: PYTHONMALLOC=malloc),
+    every half second with the time (time.monotonic()), in `path`, for as long as the daemon
+    runs. What the daemon holds, where its RSS also counts what the allocator keeps free
+    (glibc's mallinfo2; nothing is written where there is none: musl, or glibc before 2.33)."""
+    name = ctypes.util.find_library("c")
+    mallinfo2 = getattr(ctypes.CDLL(name), "mallinfo2", None) if name else None
+    if mallinfo2 is None:
+        return
+    mallinfo2.restype = _Mallinfo2
+    with open(path, "w", encoding="ascii") as out:
+        while True:
+            found = mallinfo2()
+            out.write(f"{time.monotonic()} {(found.uordblks + found.hblkhd) / 2**20:.3f}\n")
+            out.flush()
+            time.sleep(every)
+
+
+def _heap_read(path: str, start: float, end: float) -> list[float]:
+    """The heap's readings (MiB) from `start` to `end` (time.monotonic(), the same clock in
+    every process of the machine); none where the daemon wrote none."""
+    try:
+        with open(path, encoding="ascii") as f:
+            rows = [line.split() for line in f if line.endswith("\n")]
+    except FileNotFoundError:
+        return []
+    return [float(mib) for at, mib in rows if start <= float(at) <= end]
 
 
 def watch_cost(ctx: Any, gpus: int = 256, processes: int = 5000) -> dict[str, Any]:

@@ -5,6 +5,7 @@ ones run in CI (`python -m bench --quick`)."""
 
 import json
 import os
+import threading
 import time
 
 import pytest
@@ -209,3 +210,27 @@ def test_wrk_gives_no_latency_for_a_run_that_answered_nothing():
         silent.close()
     assert found["requests_per_s"] == 0
     assert found["p50_ms"] is None and found["p99_ms"] is None
+
+
+def test_the_storms_heap_reading_counts_what_is_held_and_not_what_was_given_back(tmp_path):
+    """The notify step's memory row reads the daemon's heap (bench/notify.py, _sample_heap):
+    20 MiB held shows as 20 MiB more, and shows no longer once let go."""
+    from bench import notify
+
+    path = str(tmp_path / "heap")
+    threading.Thread(target=notify._sample_heap, args=(path, 0.05), daemon=True).start()
+
+    def latest():
+        time.sleep(0.3)  # a few readings after now
+        now = time.monotonic()
+        return notify._heap_read(path, now - 0.2, now)[-1]
+
+    before = latest()
+    held = bytearray(20 * 2**20)
+    during = latest()
+    del held
+    after = latest()
+    assert 19.5 < during - before < 21, (before, during)
+    assert abs(after - before) < 0.5, (before, after)
+    assert notify._heap_read(path, 0, 1) == []  # readings outside the times asked: none
+    assert notify._heap_read(str(tmp_path / "none"), 0, time.monotonic()) == []
