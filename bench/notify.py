@@ -288,26 +288,14 @@ def _one_daemon(
             # a storm whose events are counted (no escalation) that did not storm measures
             # nothing: the step fails rather than saying so with figures
             raise RuntimeError(f"the storm handed over {told} events in {storming} s")
-        quarter = len(sampled) // 4  # (one reading at least: the sampler reads before it looks)
+        # (one RSS reading at least: the sampler reads before it looks at the time)
         heap = _heap_read(os.path.join(directory, HEAP), schedule.start, schedule.end)
         return {
-            "heap": {
-                "growth": round(max(heap) - heap[0], 2),
-                "first_quarter": round(heap[len(heap) // 4] - heap[0], 2),
-                "after": round(heap[-1] - heap[len(heap) // 4], 2),
-                "every_5_s": [round(v, 2) for v in heap[::10]],
-            }
-            if heap
-            else None,
+            "heap": _growth(heap) if heap else None,
             "cycles": schedule.cycles(found.windows),
             "errors": sum(found.errors.values()),
             "events_per_s": round(told / storming),
-            "rss": {
-                "growth": round(max(sampled) - sampled[0], 2),
-                "first_quarter": round(sampled[quarter] - sampled[0], 2),
-                "after": round(sampled[-1] - sampled[quarter], 2),
-                "every_5_s": [round(v, 2) for v in sampled[::10]],
-            },
+            "rss": _growth(sampled),
         }
     finally:
         process.send_signal(signal.SIGTERM)
@@ -317,6 +305,18 @@ def _one_daemon(
             process.kill()
             process.wait()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def _growth(readings: list[float]) -> dict[str, Any]:
+    """Readings (MiB, every half second): the most they grew, what they grew in the first
+    quarter and after it, and one every 5 s."""
+    quarter = len(readings) // 4
+    return {
+        "growth": round(max(readings) - readings[0], 2),
+        "first_quarter": round(readings[quarter] - readings[0], 2),
+        "after": round(readings[-1] - readings[quarter], 2),
+        "every_5_s": [round(v, 2) for v in readings[::10]],
+    }
 
 
 def _sample_rss(pid: int, until: float, into: list[float]) -> None:
@@ -473,23 +473,27 @@ class _Mallinfo2(ctypes.Structure):
     ]  # fmt: skip
 
 
-def _sample_heap(path: str, every: float = 0.5) -> None:
+def _sample_heap(path: str, every: float = 0.5, until: threading.Event | None = None) -> None:
     """The C library's count of the bytes its allocator has handed out and not had back (in
     its heaps and mapped alone; every object, as the daemon runs on it: PYTHONMALLOC=malloc),
-    every half second with the time (time.monotonic()), in `path`, for as long as the daemon
-    runs. What the daemon holds, where its RSS also counts what the allocator keeps free
-    (glibc's mallinfo2; nothing is written where there is none: musl, or glibc before 2.33)."""
+    every half second with the time it was read from (time.monotonic()), in `path`, for as
+    long as the daemon runs (or until `until` is set). What the daemon holds, where its RSS
+    also counts what the allocator keeps free (glibc's mallinfo2; nothing is written where
+    there is none: musl, or glibc before 2.33)."""
     name = ctypes.util.find_library("c")
     mallinfo2 = getattr(ctypes.CDLL(name), "mallinfo2", None) if name else None
     if mallinfo2 is None:
         return
     mallinfo2.restype = _Mallinfo2
+    until = until or threading.Event()
     with open(path, "w", encoding="ascii") as out:
         while True:
+            at = time.monotonic()  # (a reading after a time was begun after it)
             found = mallinfo2()
-            out.write(f"{time.monotonic()} {(found.uordblks + found.hblkhd) / 2**20:.3f}\n")
+            out.write(f"{at} {(found.uordblks + found.hblkhd) / 2**20:.3f}\n")
             out.flush()
-            time.sleep(every)
+            if until.wait(every):
+                return
 
 
 def _heap_read(path: str, start: float, end: float) -> list[float]:

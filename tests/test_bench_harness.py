@@ -218,18 +218,28 @@ def test_the_storms_heap_reading_counts_what_is_held_and_not_what_was_given_back
     from bench import notify
 
     path = str(tmp_path / "heap")
-    threading.Thread(target=notify._sample_heap, args=(path, 0.05), daemon=True).start()
+    stop = threading.Event()
+    sampler = threading.Thread(target=notify._sample_heap, args=(path, 0.05, stop))
+    sampler.start()
 
-    def latest():
-        time.sleep(0.3)  # a few readings after now
+    def latest():  # the first reading taken after now
         now = time.monotonic()
-        return notify._heap_read(path, now - 0.2, now)[-1]
+        deadline = now + 30
+        while not (found := notify._heap_read(path, now, float("inf"))):
+            assert time.monotonic() < deadline, "the sampler wrote no reading"
+            time.sleep(0.01)
+        return found[0]
 
-    before = latest()
-    held = bytearray(20 * 2**20)
-    during = latest()
-    del held
-    after = latest()
+    try:
+        before = latest()
+        held = bytearray(20 * 2**20)
+        during = latest()
+        del held
+        after = latest()
+    finally:
+        stop.set()
+        sampler.join(10)
+    assert not sampler.is_alive()
     assert 19.5 < during - before < 21, (before, during)
     assert abs(after - before) < 0.5, (before, after)
     assert notify._heap_read(path, 0, 1) == []  # readings outside the times asked: none
